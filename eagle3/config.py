@@ -1,0 +1,322 @@
+"""Run configuration: one pydantic schema (``extra="forbid"``), YAML files in ``configs/``, ``-o a.b=c`` overrides.
+
+Every section belongs to one stage, so a stage's cache key can be built from its own section only.
+Units are in the field names or descriptions: tokens, seconds, bytes.
+
+Raises :class:`eagle3.errors.ConfigError` for unreadable files, unknown keys, wrong types and bad overrides;
+the message names the file and the dotted key with the expected and actual value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from eagle3.errors import ConfigError
+
+SECRET_MARKERS = ("token", "secret", "password", "api_key", "apikey", "credential")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PathsConfig(_Section):
+    """Where prepared assets and run outputs live (both outside git)."""
+
+    cache_dir: str | None = Field(
+        None, description="Prepared assets (converted target, datasets). Default: $EAGLE3_CACHE or "
+        "~/.cache/eagle3-pipeline.")
+    runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the working directory.")
+
+    def resolved_cache_dir(self) -> Path:
+        """The asset cache directory: ``cache_dir``, else ``$EAGLE3_CACHE``, else ``~/.cache/eagle3-pipeline``."""
+        raw = self.cache_dir or os.environ.get("EAGLE3_CACHE") or "~/.cache/eagle3-pipeline"
+        return Path(raw).expanduser().resolve()
+
+    def resolved_runs_dir(self) -> Path:
+        return Path(self.runs_dir).expanduser().resolve()
+
+
+class TinyRandomTarget(_Section):
+    """Shape of a randomly initialised Llama target (for fast tests). Weights come from ``seed``."""
+
+    num_hidden_layers: int = Field(6, ge=1)
+    hidden_size: int = Field(64, ge=8)
+    intermediate_size: int = Field(128, ge=8)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    vocab_size: int = Field(512, ge=16, description="The tokenizer is SmolLM2's, cut to this many ids.")
+    max_position_embeddings: int = Field(2048, ge=16)
+    rope_theta: float = 10000.0
+    seed: int = 0
+
+
+class TargetConfig(_Section):
+    """The target (verifier) model."""
+
+    kind: Literal["smollm2", "tiny-random", "hf"] = "smollm2"
+    path: str | None = Field(None, description="An HF model folder; required when kind == 'hf'.")
+    tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _path_for_hf(self) -> "TargetConfig":
+        if self.kind == "hf" and not self.path:
+            raise ValueError("target.path is required when target.kind is 'hf' (got none)")
+        return self
+
+
+class DataConfig(_Section):
+    """Training conversations."""
+
+    source: Literal["sharegpt", "file"] = "sharegpt"
+    path: str | None = Field(None, description="Conversations file when source == 'file' (JSON/JSONL/txt).")
+    num_conversations: int = Field(128, ge=1)
+    max_seq_len: int = Field(512, ge=16, description="Tokens per sample after templating; longer ones are cut "
+                             "and counted as truncated.")
+    val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _path_for_file(self) -> "DataConfig":
+        if self.source == "file" and not self.path:
+            raise ValueError("data.path is required when data.source is 'file' (got none)")
+        return self
+
+
+class ExtractConfig(_Section):
+    """Hidden-state extraction."""
+
+    backend: Literal["hf", "sglang"] = "hf"
+    aux_layer_ids: list[int] | None = Field(
+        None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, L//2, L-3].")
+    dtype: Literal["bfloat16", "float32", "fp8"] = "bfloat16"
+    batch_size: int = Field(4, ge=1)
+    shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
+    num_gpus: int = Field(1, ge=1)
+
+
+class TrainConfig(_Section):
+    """Draft training."""
+
+    ttt_steps: int = Field(3, ge=1)
+    draft_vocab_size: int = Field(8192, ge=2)
+    pad_draft_vocab: bool = False
+    num_layers: int = Field(1, ge=1)
+    schedule: Literal["epochs", "constant"] = "epochs"
+    epochs: float = Field(4.0, gt=0)
+    max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 = untrained).")
+    lr: float = Field(3e-4, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    grad_accum: int = Field(1, ge=1)
+    max_tokens_per_batch: int = Field(512, ge=16, description="Tokens per packed micro-batch.")
+    log_every: int = Field(10, ge=1)
+    eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each epoch end).")
+    keep_last: int = Field(2, ge=1)
+    seed: int = 0
+    device: str = "auto"
+    num_gpus: int = Field(1, ge=1)
+    precision: Literal["float32", "bf16-autocast"] = "float32"
+    norm_before_residual: bool | None = Field(
+        None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
+    allow_vocab_map_change: bool = False
+
+
+class ConvertConfig(_Section):
+    """Conversion to the serving engine's format."""
+
+    engine: Literal["sglang"] = "sglang"
+    engine_version: str = "0.5.23"
+    equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence check.")
+
+
+class ServeConfig(_Section):
+    """Deployment: which engine, its flags, and the readiness gate."""
+
+    engine: Literal["auto", "reference", "sglang"] = "auto"
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, ge=1, le=65535, description="None = a free port is chosen.")
+    speculative_num_steps: int = Field(3, ge=1)
+    speculative_eagle_topk: int = Field(1, ge=1)
+    speculative_num_draft_tokens: int = Field(4, ge=2)
+    tp: int = Field(1, ge=1)
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+    context_length: int | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(600.0, gt=0)
+    stall_timeout_s: float = Field(120.0, gt=0)
+    poll_interval_s: float = Field(1.0, gt=0)
+    probe_timeout_s: float = Field(120.0, gt=0)
+    retry_without_cuda_graph: bool = False
+
+
+class BenchConfig(_Section):
+    """Acceptance benchmark."""
+
+    prompts: str = Field("mtbench", description="mtbench | gsm8k | humaneval | a file path.")
+    num_prompts: int = Field(8, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    concurrency: int = Field(1, ge=1)
+    min_acceptance_length: float = Field(1.0, ge=0, description="The run fails below this.")
+    baseline_untrained: bool = True
+    request_timeout_s: float = Field(600.0, gt=0)
+
+
+class TrackingConfig(_Section):
+    """MLflow tracking (used by tasks/ and flows/, never by the library)."""
+
+    mlflow_uri: str | None = Field(None, description="Default: sqlite:///<runs_dir>/mlflow.db")
+    experiment: str = "eagle3-pipeline"
+
+
+class RunConfig(_Section):
+    """The whole run. One section per stage; ``name`` names the run directory."""
+
+    name: str = "run"
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    convert: ConvertConfig = Field(default_factory=ConvertConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    bench: BenchConfig = Field(default_factory=BenchConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    def run_dir(self) -> Path:
+        """``<runs_dir>/<name>``: where every stage of this run writes its output directory."""
+        return self.paths.resolved_runs_dir() / self.name
+
+    def mlflow_uri(self) -> str:
+        return self.tracking.mlflow_uri or f"sqlite:///{self.paths.resolved_runs_dir() / 'mlflow.db'}"
+
+    def section_hash(self, *sections: str) -> str:
+        """sha256 (hex, 16 chars) of the named sections' JSON, for cache keys and manifests."""
+        payload = {s: getattr(self, s).model_dump(mode="json") for s in sections}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the resolved config as YAML (``path`` may be a directory: then ``<dir>/config.yaml``)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.yaml"
+        path.write_text(self.to_yaml())
+        return path
+
+
+def _parse_value(raw: str) -> Any:
+    """YAML-parse an override's value so ``3``, ``1e-4``, ``true``, ``[2,5]`` and ``null`` get their types."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
+    """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
+
+    Raises ConfigError for an override without ``=`` or with an empty key.
+    Unknown keys are left for the schema to reject (with the dotted key in the message).
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected 'section.key=value', got no '='")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"override {item!r}: empty key")
+        node = data
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is a value ({child!r}), not a section")
+            node = child
+        node[parts[-1]] = _parse_value(raw)
+    return data
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        got = e.get("input")
+        got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+        lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]})")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML run config, apply ``-o`` overrides and validate.
+
+    Args:
+        path: YAML file, or None for all defaults.
+        overrides: ``["train.lr=1e-3", "data.num_conversations=64"]``.
+    Raises:
+        ConfigError: file missing or not YAML, top level not a mapping, unknown key, wrong type or value.
+    """
+    data: dict = {}
+    source = "<defaults>"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file {p}: not found")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p}: not valid YAML ({e})") from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p}: expected a mapping at the top level, got {type(loaded).__name__}")
+        data = loaded
+    apply_overrides(data, list(overrides or []))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from e
+
+
+def redact(obj: Any) -> Any:
+    """Copy of a config-like mapping with values under secret-looking keys replaced by ``'***'``."""
+    if isinstance(obj, dict):
+        return {k: ("***" if any(m in str(k).lower() for m in SECRET_MARKERS) else redact(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def flatten(obj: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}`` (lists kept as JSON strings)."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,49 @@
+"""Error taxonomy of the pipeline (../shared/DESIGN.md, "Errors").
+
+Only :class:`TransientError` may be retried by an orchestrator; every other error is a fact about the
+inputs and is never retried. Messages name the file, key or field and both the expected and actual value.
+"""
+
+
+class Eagle3Error(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class TransientError(Eagle3Error):
+    """A condition that may clear by itself (port in use, connection reset, a 5xx from a tracking server)."""
+
+
+class ConfigError(Eagle3Error):
+    """A configuration value is missing, malformed or inconsistent with another one."""
+
+
+class DataError(Eagle3Error):
+    """Input data (conversations, hidden states, manifests) is unreadable, empty or inconsistent."""
+
+
+class CheckpointInvalid(Eagle3Error):
+    """A draft checkpoint would load wrongly (or not at all) in the chosen serving engine.
+
+    ``problems`` holds the individual :class:`eagle3.validate.Problem` records when there are several.
+    """
+
+    def __init__(self, message: str, problems: list | None = None):
+        super().__init__(message)
+        self.problems = list(problems or [])
+
+
+class EngineUnsupported(Eagle3Error):
+    """The serving engine (or its installed version) cannot do what the configuration asks."""
+
+
+class GateFailed(Eagle3Error):
+    """The readiness gate ended with a verdict other than ``ready`` (crashed, stalled, timed out)."""
+
+    def __init__(self, message: str, verdict: str = "", diagnostics_dir: str | None = None):
+        super().__init__(message)
+        self.verdict = verdict
+        self.diagnostics_dir = diagnostics_dir
+
+
+class AcceptanceTooLow(Eagle3Error):
+    """The measured acceptance length is below the configured minimum."""

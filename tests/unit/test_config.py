@@ -1,0 +1,50 @@
+import pytest
+
+from eagle3.config import apply_overrides, load_config, redact
+from eagle3.errors import ConfigError
+from tests.conftest import CONFIGS
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.name
+    assert "#" in path.read_text().splitlines()[0], f"{path.name}: first line must be a header comment"
+
+
+def test_overrides_are_typed():
+    cfg = load_config(CONFIGS / "tiny-random.yaml", ["train.lr=0.01", "extract.aux_layer_ids=[1,2,3]",
+                                                      "serve.port=null", "bench.temperature=0.5"])
+    assert cfg.train.lr == 0.01
+    assert cfg.extract.aux_layer_ids == [1, 2, 3]
+    assert cfg.serve.port is None
+    assert cfg.bench.temperature == 0.5
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match=r"train\.learning_rate"):
+        load_config(CONFIGS / "tiny-random.yaml", ["train.learning_rate=1"])
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"train\.epochs.*'many'"):
+        load_config(None, ["train.epochs=many"])
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="no '='"):
+        apply_overrides({}, ["train.lr"])
+
+
+def test_missing_and_non_mapping_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)
+
+
+def test_redact_hides_secret_looking_keys():
+    assert redact({"a": 1, "hf_token": "x", "env": {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO"}}) == {
+        "a": 1, "hf_token": "***", "env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}}
