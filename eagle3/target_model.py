@@ -1,0 +1,131 @@
+"""The target (verifier) model: loading, the default aux-layer rule, and aux hidden-state capture.
+
+Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder layer i
+(index 0 = token embeddings, index L = output of the last layer *before* the final norm). This is the
+convention of speculators and vLLM (../shared/ENGINE_NOTES.md). SGLang's explicit ids are "output of layer k"
+= HF index k+1; conversion translates.
+
+Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so it
+works for full sequences (extraction) and for incremental decoding with a KV cache (speculative decoding)
+without ``output_hidden_states`` (which in transformers 5.x returns the *post*-norm last state and keeps
+every layer alive).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from eagle3.errors import ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` → ``torch.bfloat16``; raises ConfigError for an unknown name."""
+    if name not in _DTYPES:
+        raise ConfigError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``"auto"`` → ``cuda`` when available else ``cpu``; other values are passed to ``torch.device``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "auto",
+                trust_remote_code: bool = False):
+    """Load ``(model, tokenizer)`` from an HF folder, in eval mode, weights from safetensors only.
+
+    Attention is ``sdpa``. Raises ConfigError when the folder has no ``config.json``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir = Path(target_dir)
+    if not (target_dir / "config.json").is_file():
+        raise ConfigError(f"target {target_dir}: expected an HF model folder with config.json, found none")
+    model = AutoModelForCausalLM.from_pretrained(
+        target_dir, dtype=torch_dtype(dtype), attn_implementation="sdpa", use_safetensors=True,
+        trust_remote_code=trust_remote_code)
+    model.to(resolve_device(device)).eval()
+    tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=trust_remote_code)
+    return model, tok
+
+
+def num_layers(model_or_config) -> int:
+    """Number of decoder layers of a model or config (``num_hidden_layers``)."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    text_cfg = getattr(cfg, "text_config", None) or cfg
+    return int(text_cfg.num_hidden_layers)
+
+
+def default_aux_layer_ids(n_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high rule ``[2, L//2, L-3]`` as HF hidden_states indices.
+
+    Source: EAGLE-3 reference implementation and SGLang 0.5.23's default capture (inputs of layers
+    2, L//2, L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L < 7).
+    """
+    ids = [2, n_layers // 2, n_layers - 3]
+    validate_aux_layer_ids(ids, n_layers, rule="the default EAGLE-3 rule [2, L//2, L-3]")
+    return ids
+
+
+def validate_aux_layer_ids(ids: list[int], n_layers: int, rule: str = "extract.aux_layer_ids") -> None:
+    """Check HF-index aux ids: strictly increasing, each in ``[1, L]`` (0 = embeddings is not a layer output).
+
+    Raises ConfigError naming the field, the ids, the target's layer count and the allowed range.
+    """
+    if not ids:
+        raise ConfigError(f"{rule}: expected at least one layer id, got []")
+    bad = [i for i in ids if not 1 <= i <= n_layers]
+    if bad:
+        raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers "
+                          f"(expected HF hidden_states indices in [1, {n_layers}]; got {ids})")
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} "
+                          f"(target has {n_layers} layers)")
+
+
+def _decoder(model):
+    inner = getattr(model, "model", model)
+    inner = getattr(inner, "language_model", inner)
+    if not hasattr(inner, "layers") or not hasattr(inner, "norm"):
+        raise ConfigError(f"target {type(model).__name__}: expected .model.layers and .model.norm "
+                          "(a Llama-style decoder), found neither")
+    return inner
+
+
+@contextmanager
+def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Capture HF ``hidden_states[i]`` for each i in ``indices`` during forward passes inside the block.
+
+    Yields a dict that after each forward maps index → tensor ``[B, T, H]`` (model dtype) of that pass
+    (overwritten by the next pass). Index L (the layer count) is the last layer's output before the final
+    norm. Raises ConfigError for an index outside ``[0, L]``.
+    """
+    dec = _decoder(model)
+    n = len(dec.layers)
+    captured: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def hook_for(i):
+        def hook(_module, args, kwargs):
+            hs = args[0] if args else kwargs["hidden_states"]
+            captured[i] = hs
+        return hook
+
+    try:
+        for i in indices:
+            if not 0 <= i <= n:
+                raise ConfigError(f"capture index {i}: expected 0..{n} for a target with {n} layers")
+            module = dec.norm if i == n else dec.layers[i]
+            handles.append(module.register_forward_pre_hook(hook_for(i), with_kwargs=True))
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,53 @@
+import json
+
+import pytest
+
+from eagle3.artifacts import (atomic_directory, atomic_write_json, content_hash, read_manifest,
+                              write_manifest)
+from eagle3.errors import DataError
+
+
+def test_content_hash_changes_with_content_and_ignores_manifest(tmp_path):
+    (tmp_path / "a.txt").write_text("one")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.bin").write_bytes(b"\x00\x01")
+    h1 = content_hash(tmp_path)
+    write_manifest(tmp_path, "test")
+    assert content_hash(tmp_path) == h1
+    (tmp_path / "a.txt").write_text("two")
+    assert content_hash(tmp_path) != h1
+
+
+def test_manifest_roundtrip_and_kind_check(tmp_path):
+    m = write_manifest(tmp_path, "hidden_states", counts={"samples": 3}, config={"x": 1})
+    assert read_manifest(tmp_path, "hidden_states")["counts"] == {"samples": 3}
+    assert m["content_hash"] == content_hash(tmp_path)
+    with pytest.raises(DataError, match="kind expected 'draft_checkpoint', got 'hidden_states'"):
+        read_manifest(tmp_path, "draft_checkpoint")
+    with pytest.raises(DataError, match="manifest not found"):
+        read_manifest(tmp_path / "nowhere")
+
+
+def test_atomic_directory_removes_half_made_output(tmp_path):
+    final = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(final) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("boom")
+    assert not final.exists()
+    assert [p for p in tmp_path.iterdir()] == []
+
+
+def test_atomic_directory_replaces_only_when_complete(tmp_path):
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old").write_text("old")
+    with atomic_directory(final) as tmp:
+        (tmp / "new").write_text("new")
+    assert sorted(p.name for p in final.iterdir()) == ["new"]
+
+
+def test_atomic_write_json(tmp_path):
+    p = atomic_write_json(tmp_path / "x" / "m.json", {"b": 1, "a": [1, 2]})
+    assert json.loads(p.read_text()) == {"a": [1, 2], "b": 1}
+    assert [q.name for q in p.parent.iterdir()] == ["m.json"]
