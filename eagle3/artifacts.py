@@ -41,7 +41,8 @@ def sha256_file(path: str | Path) -> str:
 def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
     """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path.
 
-    Files named in ``exclude`` (top level or any depth) and temporary files (``*.tmp*``) are skipped.
+    Files named in ``exclude`` (top level or any depth), files under a folder named in ``exclude`` and
+    temporary files (``*.tmp*``) are skipped.
     Raises DataError if ``directory`` does not exist.
     """
     root = Path(directory)
@@ -50,6 +51,8 @@ def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) 
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
         if not p.is_file() or p.name in exclude or ".tmp" in p.name:
+            continue
+        if any(part in exclude for part in p.relative_to(root).parts[:-1]):  # an excluded folder
             continue
         h.update(str(p.relative_to(root)).encode())
         h.update(sha256_file(p).encode())
@@ -110,7 +113,7 @@ def utc_now() -> str:
 
 def write_manifest(directory: str | Path, kind: str, *, config: dict | None = None,
                    inputs: dict[str, str] | None = None, counts: dict | None = None,
-                   timings: dict | None = None, **extra: Any) -> dict:
+                   timings: dict | None = None, exclude: tuple[str, ...] = (MANIFEST,), **extra: Any) -> dict:
     """Write ``<directory>/manifest.json`` with the directory's content hash; returns the manifest."""
     directory = Path(directory)
     manifest = {
@@ -122,7 +125,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
         "counts": dict(counts or {}),
         "timings": dict(timings or {}),
         **extra,
-        "content_hash": content_hash(directory),
+        "content_hash": content_hash(directory, exclude=exclude),
     }
     atomic_write_json(directory / MANIFEST, manifest)
     return manifest

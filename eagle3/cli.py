@@ -167,6 +167,7 @@ def bench(
     concurrency: int = typer.Option(1, "--concurrency"),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Folder with the target's tokenizer"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.json and plots"),
+    baseline_url: Optional[str] = typer.Option(None, "--baseline-url", help="Same target without speculation"),
     override: Optional[List[str]] = OverridesOpt,
 ):
     """Measure acceptance length against ``--url``, or run the bench stage of CONFIG."""
@@ -179,7 +180,8 @@ def bench(
 
     try:
         report = run_bench(url, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-                           temperature=temperature, concurrency=concurrency, tokenizer_dir=tokenizer, out_dir=out)
+                           temperature=temperature, concurrency=concurrency, tokenizer_dir=tokenizer, out_dir=out,
+                           baseline_url=baseline_url)
     except (ConfigError, DataError) as e:
         _fail(str(e), 2)
     except Eagle3Error as e:

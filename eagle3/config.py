@@ -84,6 +84,9 @@ class DataConfig(_Section):
                              "and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="Template switches passed to apply_chat_template, e.g. "
+        "{enable_thinking: false}; recorded in the hidden-states manifest.")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> "DataConfig":
@@ -131,6 +134,20 @@ class TrainConfig(_Section):
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
     allow_vocab_map_change: bool = False
+    norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux states before fc.")
+    fc_norm: bool = Field(False, description="One RMSNorm per aux state before fc.")
+    norm_output: bool = Field(False, description="Feed the post-norm hidden state to the next draft step.")
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor of schedule 'epochs', as a fraction of lr.")
+    checkpoint_every: int = Field(0, ge=0, description="Optimizer steps between checkpoints (0 = at each evaluation).")
+    export: Literal["best", "last"] = Field(
+        "best", description="Weights written as the draft: best simulated acceptance length at an evaluation, or last.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state when present.")
+    init_from: str | None = Field(None, description="A speculators draft folder to start from (weights only).")
+    attn_implementation: Literal["auto", "sdpa", "eager"] = Field("auto", description="auto = sdpa on CPU and CUDA.")
+    compile: bool = Field(False, description="Keep speculators' torch.compile of forward on CUDA.")
+    max_eval_samples: int | None = Field(None, ge=1, description="Cap on validation samples per evaluation.")
+    loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) or JSON weights.")
+    loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")
 
 
 class ConvertConfig(_Section):
@@ -163,6 +180,9 @@ class ServeConfig(_Section):
     poll_interval_s: float = Field(1.0, gt=0)
     probe_timeout_s: float = Field(120.0, gt=0)
     retry_without_cuda_graph: bool = False
+    sglang_python: str | None = Field(
+        None, description="Python of the environment that has SGLang (e.g. .venv-sglang/bin/python); None = this one.")
+    stop_grace_s: float = Field(15.0, gt=0, description="Seconds between SIGTERM and SIGKILL of the engine's group.")
 
 
 class BenchConfig(_Section):

@@ -47,3 +47,8 @@ class GateFailed(Eagle3Error):
 
 class AcceptanceTooLow(Eagle3Error):
     """The measured acceptance length is below the configured minimum."""
+
+
+class TrainingDiverged(Eagle3Error):
+    """Training produced a NaN/Inf loss or gradient norm; the message names the optimizer step and the last
+    good checkpoint (which is kept)."""

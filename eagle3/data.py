@@ -1,0 +1,279 @@
+"""Conversation readers, chat templating with the target's tokenizer, and assistant-only loss masks.
+
+Readers (:func:`read_conversations`) accept
+
+- ShareGPT records ``{"id", "conversations": [{"from": "human"|"gpt"|"system", "value": str}]}``,
+- OpenAI-style records ``{"messages" | "conversations": [{"role": "user"|"assistant"|"system", "content": str}]}``,
+- in a JSONL file (one record per line), a JSON file (an array, or an object holding one list of records), or
+- a plain-text file (``.txt``): documents separated by blank lines, each trained on in full (no template).
+
+A record that cannot be used (malformed JSON line, no assistant turn, unknown role, non-text content) is
+skipped and counted by reason in :class:`ReadStats`; an empty or entirely unusable file is a
+:class:`~eagle3.errors.DataError`.
+
+Loss mask (:func:`tokenize_conversation`): 1 on the tokens the assistant produces (its content and its
+end-of-turn token), 0 elsewhere. Templates with ``{% generation %}`` markers use the tokenizer's own
+``return_assistant_tokens_mask``; other templates are rendered prefix by prefix (``messages[:i]`` with the
+generation prompt, then ``messages[:i+1]``) and the assistant's character span is the difference, mapped to
+tokens through the tokenizer's offsets. Trailing whitespace after the end-of-turn marker is not trained on
+(the model stops at the marker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from eagle3.errors import DataError
+
+ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+            "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
+# Variables every chat template may read; anything else it reads is a "template switch" (e.g. enable_thinking).
+_STANDARD_TEMPLATE_VARS = {"messages", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
+                           "unk_token", "tools", "documents", "raise_exception", "strftime_now", "range",
+                           "namespace", "loop", "date_string", "custom_tools", "tools_in_user_message",
+                           "builtin_tools", "continue_final_message"}
+
+
+@dataclass
+class Conversation:
+    """One usable record: ``messages`` (role/content dicts, roles user|assistant|system) or plain ``text``."""
+
+    id: str
+    messages: list[dict] | None = None
+    text: str | None = None
+
+
+@dataclass
+class ReadStats:
+    """What a reader saw: ``records`` read, ``usable``, and ``skipped`` by reason (with a few examples)."""
+
+    records: int = 0
+    usable: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def skip(self, reason: str, where: str) -> None:
+        self.skipped[reason] += 1
+        if len(self.examples) < 10:
+            self.examples.append(f"{where}: {reason}")
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+
+@dataclass
+class TokenizedSample:
+    """A templated conversation: ``input_ids`` and ``loss_mask`` (lists of int, same length, tokens)."""
+
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated: bool = False
+
+
+def _normalise(rec, where: str, stats: ReadStats) -> Conversation | None:
+    """Record → Conversation, or None (counted in ``stats``) when it has no usable assistant turn."""
+    if isinstance(rec, str):
+        return Conversation(id=where, text=rec) if rec.strip() else stats.skip("empty_text", where)
+    if not isinstance(rec, dict):
+        return stats.skip(f"record_not_an_object ({type(rec).__name__})", where)
+    turns = rec.get("conversations", rec.get("messages"))
+    if turns is None and isinstance(rec.get("text"), str):
+        return Conversation(id=str(rec.get("id", where)), text=rec["text"])
+    if not isinstance(turns, list) or not turns:
+        return stats.skip("no_conversation_list", where)
+    messages = []
+    for t in turns:
+        if not isinstance(t, dict):
+            return stats.skip("turn_not_an_object", where)
+        role = t.get("role", t.get("from"))
+        content = t.get("content", t.get("value"))
+        if role not in ROLE_MAP:
+            return stats.skip(f"unknown_role ({role!r})", where)
+        if not isinstance(content, str):
+            return stats.skip("non_text_content", where)
+        messages.append({"role": ROLE_MAP[role], "content": content})
+    if not any(m["role"] == "assistant" for m in messages):
+        return stats.skip("no_assistant_turn", where)
+    return Conversation(id=str(rec.get("id", where)), messages=messages)
+
+
+def _iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[object, str]]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise DataError(f"{path}: empty file (expected conversations as JSON, JSONL or text)")
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        for n, doc in enumerate(re.split(r"\n\s*\n", text)):
+            if doc.strip():
+                yield doc.strip(), f"{path.name}#doc{n}"
+        return
+    if suffix == ".json" or text.lstrip()[:1] == "[":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e}); expected an array of records") from e
+        if isinstance(obj, dict):
+            lists = [v for v in obj.values() if isinstance(v, list)]
+            if "conversations" in obj or "messages" in obj or len(lists) != 1:
+                obj = [obj]
+            else:
+                obj = lists[0]
+        if not isinstance(obj, list):
+            raise DataError(f"{path}: expected a JSON array of records, got {type(obj).__name__}")
+        for n, rec in enumerate(obj):
+            yield rec, f"{path.name}[{n}]"
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line), f"{path.name}:{n}"
+        except json.JSONDecodeError:
+            stats.records += 1
+            stats.skip("malformed_json_line", f"{path.name}:{n}")
+
+
+def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]:
+    """Read every record of a conversations file (JSONL, JSON or ``.txt``; format by suffix and content).
+
+    Returns (usable conversations in file order, stats). Raises DataError for a missing or empty file,
+    invalid JSON in a ``.json`` file, or a file with no usable record (the message lists skip reasons).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: conversations file not found")
+    stats = ReadStats()
+    out: list[Conversation] = []
+    for rec, where in _iter_records(path, stats):
+        stats.records += 1
+        conv = _normalise(rec, where, stats)
+        if conv is not None:
+            out.append(conv)
+    stats.usable = len(out)
+    if not out:
+        raise DataError(f"{path}: no usable conversation among {stats.records} records "
+                        f"(skipped: {dict(stats.skipped)}; e.g. {stats.examples[:3]})")
+    return out, stats
+
+
+# ----------------------------------------------------------------------------------------------- templating
+
+def template_hash(tokenizer) -> str:
+    """sha256 (hex) of the tokenizer's chat template text ("" when it has none)."""
+    return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 (hex) over the tokenizer's vocabulary (token → id, sorted) and its special tokens."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def template_switches(tokenizer, kwargs: dict | None = None) -> dict:
+    """The chat template's non-standard variables (e.g. ``enable_thinking``) with the values used (None = unset).
+
+    Found with jinja2's undeclared-variable analysis of the template source.
+    """
+    import jinja2
+    from jinja2 import meta
+
+    src = tokenizer.chat_template or ""
+    names = meta.find_undeclared_variables(jinja2.Environment().parse(src)) if src else set()
+    kwargs = dict(kwargs or {})
+    switches = {n: kwargs.get(n) for n in sorted(names - _STANDARD_TEMPLATE_VARS)}
+    switches.update({k: v for k, v in kwargs.items() if k not in switches})
+    return switches
+
+
+def has_generation_markers(tokenizer) -> bool:
+    """True when the chat template marks assistant text with ``{% generation %}``."""
+    return bool(re.search(r"\{%-?\s*generation\s*-?%\}", tokenizer.chat_template or ""))
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **kwargs)
+
+
+def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = None) -> tuple[str, list]:
+    """Render ``messages`` and return (text, [(start, end) character spans of each assistant turn]).
+
+    Each span is ``render(messages[:i+1])`` minus ``render(messages[:i], add_generation_prompt=True)``, with
+    trailing whitespace dropped (see :func:`_assistant_start` for templates whose generation prompt differs
+    from their history). Raises DataError when the template is not prefix-stable (a later render
+    does not start with an earlier one), naming the message index and the template hash.
+    """
+    kwargs = dict(kwargs or {})
+    full = _render(tokenizer, messages, False, kwargs)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        upto = _render(tokenizer, messages[: i + 1], False, kwargs)
+        start = _assistant_start(tokenizer, messages, i, upto, kwargs)
+        if start is None or not full.startswith(upto):
+            raise DataError(f"chat template {template_hash(tokenizer)[:12]}: rendering is not prefix-stable at "
+                            f"message {i} (assistant); cannot derive the loss mask without generation markers")
+        spans.append((start, max(len(upto.rstrip()), start)))
+    return full, spans
+
+
+def _assistant_start(tokenizer, messages, i: int, upto: str, kwargs: dict) -> int | None:
+    """Character offset in ``upto`` where assistant message ``i`` starts, or None when it cannot be located.
+
+    Normally ``len(render(messages[:i], add_generation_prompt=True))``. Templates whose generation prompt is
+    not what the history shows (e.g. an empty think block when ``enable_thinking`` is off) fall back to
+    finding the message's text after ``render(messages[:i])``.
+    """
+    before = _render(tokenizer, messages[:i], True, kwargs) if i else ""
+    if upto.startswith(before):
+        return len(before)
+    history = _render(tokenizer, messages[:i], False, kwargs) if i else ""
+    needle = messages[i]["content"].strip()
+    if not upto.startswith(history) or not needle:
+        return None
+    found = upto.find(needle, len(history))
+    return None if found < 0 else found
+
+
+def _mask_from_spans(offsets, spans) -> list[int]:
+    mask = []
+    for start, end in offsets:
+        mask.append(int(any(s <= start < e for s, e in spans) and end > start))
+    return mask
+
+
+def tokenize_conversation(tokenizer, conv: Conversation, max_seq_len: int,
+                          template_kwargs: dict | None = None) -> TokenizedSample:
+    """Template and tokenize one conversation; cut it to ``max_seq_len`` tokens (``truncated`` set).
+
+    ``input_ids``/``loss_mask`` have equal length ≤ ``max_seq_len``. Plain-text records are tokenized as is
+    (the tokenizer's special tokens added) with every token in the loss. Raises DataError for a tokenizer
+    without a chat template when the record is a conversation.
+    """
+    kwargs = dict(template_kwargs or {})
+    if conv.text is not None:
+        ids = tokenizer(conv.text, add_special_tokens=True)["input_ids"]
+        mask = [1] * len(ids)
+    elif not tokenizer.chat_template:
+        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')}: no chat_template, "
+                        "cannot template conversations")
+    elif has_generation_markers(tokenizer):
+        enc = tokenizer.apply_chat_template(conv.messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True, **kwargs)
+        ids, mask = list(enc["input_ids"]), [int(x) for x in enc["assistant_masks"]]
+    else:
+        text, spans = assistant_char_spans(tokenizer, conv.messages, kwargs)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, mask = list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
+    truncated = len(ids) > max_seq_len
+    return TokenizedSample(conv.id, ids[:max_seq_len], mask[:max_seq_len], truncated)

@@ -1,0 +1,313 @@
+"""The "more data or longer training" decision, from a training history and acceptance figures.
+
+Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decision.tags()`` and
+``Decision.to_markdown()``). The rules, checked in this order — the first that fires decides:
+
+1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference decoding),
+   judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.5) × (offline − 1) with
+   offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.acceptance.serving_gap`); or, without an offline
+   figure, the same test against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with
+   the looser ``simulated_gap_ratio`` (0.4), at low confidence. The draft is fine; the engine feeds it wrongly
+   (aux capture, key names, flags, layer ids, template).
+2. **stop** — served ≥ ``acceptance.target``; or acceptance has plateaued (the last two figures of
+   ``acceptance.history`` + served differ by < ``plateau_rel`` = 2 %) while validation loss is flat.
+3. **longer training** — validation loss still falling: least-squares slope over the last ``k`` (3) evals,
+   divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small
+   (< ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs`` (6).
+4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap over the
+   window); validation loss flat or rising while train loss still falls; epochs over the data ≥ ``high_epochs``;
+   or both losses flat (the schedule is exhausted and the data is the lever left).
+
+Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
+(train falls, val does not) or has seen its data many times is data-limited. A public report saw acceptance
+peak at ~4.6 epochs and fall while loss kept dropping (../shared/ENGINE_NOTES.md): hence the epoch cap and
+choosing by acceptance rather than loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from eagle3.acceptance import serving_gap
+from eagle3.errors import DataError
+
+OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Rule constants (see the module docstring). Relative slope/gap are fractions, not percent."""
+
+    serving_gap_ratio: float = 0.5
+    simulated_gap_ratio: float = 0.4
+    min_offline_excess: float = 0.05
+    k: int = 3
+    slope_eps: float = 0.005
+    gap_max: float = 0.10
+    gap_growth: float = 0.02
+    high_epochs: float = 6.0
+    plateau_rel: float = 0.02
+    min_gain: float = 0.02
+
+
+@dataclass
+class Decision:
+    """A recommendation (one of :data:`OUTCOMES`) with the rule that fired and its evidence."""
+
+    recommendation: str
+    rule: str
+    reasons: list[str]
+    evidence: dict = field(default_factory=dict)
+    confidence: str = "high"
+
+    def tags(self) -> dict[str, str]:
+        """Flat string tags for a tracker: ``decision``, ``decision.rule``, ``decision.<evidence key>``."""
+        out = {"decision": self.recommendation, "decision.rule": self.rule, "decision.confidence": self.confidence}
+        for k, v in self.evidence.items():
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                out[f"decision.{k}"] = f"{v:.4g}" if isinstance(v, float) else str(v)
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        """A markdown note: the recommendation, the rule, the evidence lines and a table of the numbers."""
+        lines = [f"# Decision: **{self.recommendation}**", "", f"Rule: `{self.rule}` (confidence: {self.confidence})",
+                 "", "## Evidence", ""]
+        lines += [f"- {r}" for r in self.reasons]
+        lines += ["", "| quantity | value |", "|---|---|"]
+        for k, v in self.evidence.items():
+            lines.append(f"| {k} | {f'{v:.4g}' if isinstance(v, float) else v} |")
+        return "\n".join(lines) + "\n"
+
+
+def _slope(ys: list[float]) -> float:
+    """Least-squares slope of ys against 0..n-1 (per evaluation)."""
+    n = len(ys)
+    mx, my = (n - 1) / 2, sum(ys) / n
+    den = sum((i - mx) ** 2 for i in range(n))
+    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / den
+
+
+def _floats(history: dict, key: str) -> list[float]:
+    v = history.get(key)
+    if v is None:
+        return []
+    vals = v if isinstance(v, list) else [v]
+    for x in vals:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise DataError(f"history[{key!r}]: expected finite numbers, got {x!r}")
+    return [float(x) for x in vals]
+
+
+def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
+    """Numbers the rules use, from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per eval],
+    "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (optional; else val − train)}``.
+
+    Returns relative val/train slopes over the last ``k`` evals (None with < 2 evals), the last relative gap
+    ((val − train) / train), its growth over the window, epochs and unique tokens.
+    """
+    val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
+    gaps = _floats(history, "train_val_gap")
+    if not gaps and val and train:
+        if len(train) == len(val):
+            gaps = [v - t for v, t in zip(val, train)]
+        else:
+            gaps = [val[-1] - train[-1]]
+    ref = train[-1] if train else (val[-1] if val else 1.0)
+    rel_gaps = [g / abs(ref) if ref else g for g in gaps]
+    w = th.k
+    sig = {"num_evals": len(val), "val_loss_last": val[-1] if val else None,
+           "train_loss_last": train[-1] if train else None,
+           "val_slope_rel": None, "train_slope_rel": None,
+           "gap_rel": rel_gaps[-1] if rel_gaps else None,
+           "gap_growth": (rel_gaps[-1] - rel_gaps[-min(w, len(rel_gaps))]) if len(rel_gaps) >= 2 else None,
+           "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens")}
+    if len(val) >= 2:
+        tail = val[-w:]
+        sig["val_slope_rel"] = _slope(tail) / abs(sum(tail) / len(tail))
+    if len(train) >= 2:
+        tail = train[-w:]
+        sig["train_slope_rel"] = _slope(tail) / abs(sum(tail) / len(tail))
+    return sig
+
+
+def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int | None = None,
+                         val_key: str = "val/loss", train_key: str = "train/loss") -> dict:
+    """A ``history`` for :func:`recommend` from training metric rows (``metrics.jsonl``: ``{"step", key: value}``).
+
+    ``val_loss`` = every ``val_key`` value in step order; ``train_loss`` = for each evaluation, the latest
+    ``train_key`` value logged at or before its step (None-free: evaluations before any train value are
+    skipped for the gap). ``epochs``/``unique_tokens`` come from the training/extraction manifests.
+    """
+    pts = sorted(((r.get("step", 0), r) for r in rows), key=lambda x: x[0])
+    val, train, last_train = [], [], None
+    for _, r in pts:
+        if isinstance(r.get(train_key), (int, float)):
+            last_train = float(r[train_key])
+        if isinstance(r.get(val_key), (int, float)):
+            val.append(float(r[val_key]))
+            train.append(last_train)
+    hist: dict = {"val_loss": val, "epochs": epochs, "unique_tokens": unique_tokens}
+    if train and all(t is not None for t in train):
+        hist["train_loss"] = train
+    elif last_train is not None:
+        hist["train_loss"] = last_train
+    return hist
+
+
+def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
+    served, offline, sim = acc.get("served"), acc.get("offline"), acc.get("simulated")
+    ev = {"served": served, "offline": offline, "simulated": sim}
+    if served is None:
+        return None
+    if serving_gap(served, offline, th.serving_gap_ratio, th.min_offline_excess):
+        return Decision("fix serving integration", "served_below_offline", [
+            f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline {offline:.3f} − 1) for "
+            "the same draft and prompts: the draft accepts tokens in-process but not as served",
+            "check: aux hidden-state capture (fc skipped on narrow inputs), tensor key names the engine loaded, "
+            "speculative flags, eagle_aux_hidden_state_layer_ids convention, chat template"], ev)
+    if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
+        return Decision("fix serving integration", "served_below_simulated", [
+            f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated {sim:.3f} − 1) "
+            "(from training accuracies); no offline figure, so confirm with eagle3.bench.offline_acceptance"],
+            ev, "low")
+    return None
+
+
+def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = None) -> Decision:
+    """One of :data:`OUTCOMES` for a training run, by the rules in the module docstring.
+
+    ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline", "simulated"}``
+    (acceptance lengths, bonus token counted; any may be None) plus optional ``"target"`` (acceptance length
+    that is good enough) and ``"history"`` (earlier served figures of this line of runs, oldest first).
+    Raises DataError for non-numeric history values.
+    """
+    th = thresholds or Thresholds()
+    serving = _serving_rule(acceptance, th)
+    if serving is not None:
+        return serving
+    s = training_signals(history, th)
+    ev = {**{k: v for k, v in s.items() if v is not None},
+          **{k: acceptance[k] for k in ("served", "offline", "simulated", "target") if acceptance.get(k) is not None}}
+    served, target = acceptance.get("served"), acceptance.get("target")
+    vs, ts, gap, growth, epochs = (s["val_slope_rel"], s["train_slope_rel"], s["gap_rel"], s["gap_growth"],
+                                   s["epochs"])
+    val_flat = vs is not None and vs >= -th.slope_eps
+    if served is not None and target is not None and served >= target:
+        return Decision("stop", "target_reached", [f"served acceptance {served:.3f} ≥ target {target:.3f}"], ev)
+    prev = [float(x) for x in acceptance.get("history") or []]
+    if served is not None and prev and val_flat:
+        last = prev[-1]
+        if abs(served - last) < th.plateau_rel * last:
+            return Decision("stop", "acceptance_plateau", [
+                f"served acceptance {served:.3f} within {th.plateau_rel:.0%} of the previous {last:.3f} and validation "
+                f"loss flat (slope {vs:+.2%}/eval): more of the same will not pay"], ev)
+    high_epochs = epochs is not None and epochs >= th.high_epochs
+    if vs is None:
+        reason = "fewer than 2 evaluations: no validation-loss trend; evaluate more often"
+        if high_epochs:
+            return Decision("more data", "high_epochs", [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
+        return Decision("longer training", "no_trend", [reason], ev, "low")
+    gap_ok = gap is None or gap < th.gap_max
+    growing = growth is not None and growth > th.gap_growth
+    if vs < -th.slope_eps and gap_ok and not growing and not high_epochs:
+        return Decision("longer training", "val_loss_falling", [
+            f"validation loss still falling: {vs:+.2%} per eval over the last {min(th.k, s['num_evals'])} evals "
+            f"(threshold −{th.slope_eps:.1%})",
+            f"train/val gap {0.0 if gap is None else gap:.1%} < {th.gap_max:.0%} and not growing; "
+            f"{'unknown' if epochs is None else f'{epochs:g}'} epochs < {th.high_epochs:g}"], ev)
+    reasons = []
+    if growing or not gap_ok:
+        reasons.append(f"train/val gap {gap:.1%} (growth {0.0 if growth is None else growth:+.1%} over the window): "
+                       "the draft is memorising its data")
+    if val_flat and ts is not None and ts < -th.slope_eps:
+        reasons.append(f"validation loss flat/rising ({vs:+.2%}/eval) while train loss falls ({ts:+.2%}/eval)")
+    if high_epochs:
+        reasons.append(f"{epochs:g} epochs over the data ≥ {th.high_epochs:g}")
+    if not reasons:
+        reasons.append(f"both losses flat (val {vs:+.2%}/eval, train "
+                       f"{'n/a' if ts is None else f'{ts:+.2%}'}/eval): the schedule is exhausted")
+    if s["unique_tokens"] is not None:
+        reasons.append(f"{s['unique_tokens']:,} unique training tokens")
+    rule = "overfitting" if (growing or not gap_ok or (val_flat and ts is not None and ts < -th.slope_eps)) \
+        else ("high_epochs" if high_epochs else "losses_flat")
+    return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
+
+
+def _data_gain(results: list[dict]) -> float | None:
+    """Mean gain in acceptance length per doubling of unique tokens (least squares per schedule, averaged)."""
+    gains = []
+    for sched in dict.fromkeys(r["schedule"] for r in results):
+        pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results if r["schedule"] == sched]
+        if len({x for x, _ in pts}) >= 2:
+            mx = sum(x for x, _ in pts) / len(pts)
+            my = sum(y for _, y in pts) / len(pts)
+            gains.append(sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+    return sum(gains) / len(gains) if gains else None
+
+
+def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
+    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest, per data size."""
+    gains, longest = [], None
+    for size in dict.fromkeys(r["data_size"] for r in results):
+        sel = sorted((r for r in results if r["data_size"] == size),
+                     key=lambda r: (r.get("optimizer_steps") or 0, r.get("epochs") or 0))
+        if len(sel) >= 2 and sel[0]["schedule"] != sel[-1]["schedule"]:
+            gains.append(sel[-1]["acceptance_length"] - sel[0]["acceptance_length"])
+            longest = sel[-1]["schedule"]
+    return (sum(gains) / len(gains) if gains else None), longest
+
+
+def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float | None = None,
+                   thresholds: Thresholds | None = None) -> Decision:
+    """The decision over a sweep of data sizes × schedules, plus the data-scaling plot.
+
+    ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
+    "acceptance_length": float (served), "offline": float|None, "epochs": float, "optimizer_steps": int}``.
+    Rules: any run with served < ratio × offline → fix serving; best ≥ ``target`` → stop; else compare the
+    gain per doubling of data with the gain of the longest schedule over the shortest at equal data: the larger
+    (if ≥ ``min_gain``) decides "more data" or "longer training"; both below → stop (plateau).
+    Raises DataError for an empty sweep or a result lacking a required key.
+    """
+    th = thresholds or Thresholds()
+    if not results:
+        raise DataError("sweep_decision: expected at least one result, got none")
+    for i, r in enumerate(results):
+        missing = [k for k in ("data_size", "schedule", "unique_tokens", "acceptance_length") if r.get(k) is None]
+        if missing:
+            raise DataError(f"sweep_decision: results[{i}] lacks {missing} (keys: {sorted(r)})")
+    ev: dict = {"runs": len(results)}
+    if plot_path is not None:
+        from eagle3.plots import plot_data_scaling
+
+        ev["plot"] = str(plot_data_scaling(results, plot_path))
+    for r in results:
+        d = _serving_rule({"served": r["acceptance_length"], "offline": r.get("offline")}, th)
+        if d is not None:
+            d.reasons.insert(0, f"run data_size={r['data_size']} schedule={r['schedule']}")
+            d.evidence.update(ev)
+            return d
+    best = max(results, key=lambda r: r["acceptance_length"])
+    ev.update(best_acceptance=best["acceptance_length"], best_data_size=best["data_size"],
+              best_schedule=best["schedule"])
+    if target is not None and best["acceptance_length"] >= target:
+        return Decision("stop", "target_reached", [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
+    dg = _data_gain(results)
+    sg, longest = _schedule_gain(results)
+    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest)
+    lines = [f"acceptance gain per doubling of unique tokens: {'n/a' if dg is None else f'{dg:+.3f}'}",
+             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal data: "
+             f"{'n/a' if sg is None else f'{sg:+.3f}'}",
+             f"best run: {best['data_size']} conversations, {best['schedule']}: {best['acceptance_length']:.3f}"]
+    dgv, sgv = (dg if dg is not None else -math.inf), (sg if sg is not None else -math.inf)
+    if max(dgv, sgv) < th.min_gain:
+        return Decision("stop", "sweep_plateau", lines + [f"both gains < {th.min_gain}: neither lever pays"], ev)
+    if dgv >= sgv:
+        return Decision("more data", "data_gain_dominates", lines + ["more data raised acceptance more than a "
+                                                                     "longer schedule did"], ev)
+    return Decision("longer training", "schedule_gain_dominates", lines + ["a longer schedule raised acceptance "
+                                                                           "more than doubling the data did"], ev)

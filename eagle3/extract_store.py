@@ -1,0 +1,207 @@
+"""On-disk storage of extracted hidden states: sample files, fp8 encoding, shard commits, resume, integrity.
+
+One file per sample, ``<out>/hidden_states/hs_{i}.safetensors`` (i = row of the ``data/`` dataset), the layout
+speculators' ``FileTransfer`` reads:
+
+    token_ids              [T] int64
+    hidden_states          [T, n_aux+1, H]  bfloat16 | float32 | float8_e4m3fn; slot -1 = last layer, pre-norm
+    hidden_states_scales   [T, n_aux+1, 1] float32   (fp8 only: value = fp8 * scale, one scale per token and slot;
+                                                      the key and rule of speculators' hs_connectors FP8Transfer)
+
+Samples are grouped in shards of ``extract.shard_size`` consecutive rows. A shard is committed when every
+file of it has been written under a temporary name, fsync'd and renamed, and then the marker
+``<out>/.progress/shard_{k}.json`` (file names and byte sizes) is written atomically. A resumed run keeps the
+committed shards and recomputes the others, so a SIGKILL at any moment loses at most one shard's work and
+never leaves a half-written file under its final name. Marker contents are deterministic (no timestamps),
+so an interrupted-and-resumed run has the same content hash as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle3.artifacts import atomic_write_json
+from eagle3.errors import DataError
+
+HS_DIR = "hidden_states"
+PROGRESS_DIR = ".progress"
+SCALES_KEY = "hidden_states_scales"
+STORE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
+
+
+def hs_name(index: int) -> str:
+    """File name of sample ``index``: ``hs_{index}.safetensors`` (speculators' naming)."""
+    return f"hs_{index}.safetensors"
+
+
+def bytes_per_token(n_slots: int, hidden_size: int, dtype: str) -> int:
+    """Bytes one token costs in a sample file: hidden states (+ fp8 scales) + its int64 token id."""
+    if dtype not in STORE_DTYPES:
+        raise DataError(f"extract.dtype: expected one of {sorted(STORE_DTYPES)}, got {dtype!r}")
+    elem = {"bfloat16": 2, "float32": 4, "fp8": 1}[dtype]
+    scales = 4 * n_slots if dtype == "fp8" else 0
+    return n_slots * hidden_size * elem + scales + 8
+
+
+def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    """``hidden [T, S, H]`` (any float dtype) → the tensors stored for it (see the module docstring).
+
+    fp8 uses e4m3 with a float32 scale per (token, slot): ``scale = amax / 448`` (hs_connectors' rule).
+    """
+    if dtype != "fp8":
+        return {"hidden_states": hidden.to(STORE_DTYPES[dtype]).contiguous()}
+    from hs_connectors.fp8_utils import quantize_tensor_to_fp8
+
+    t, s, h = hidden.shape
+    q, scale = quantize_tensor_to_fp8(hidden.reshape(t * s, h))  # [T*S, H] fp8, [T*S, 1] fp32
+    return {"hidden_states": q.reshape(t, s, h).contiguous(), SCALES_KEY: scale.reshape(t, s, 1).contiguous()}
+
+
+def decode(tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Stored tensors → ``hidden_states [T, S, H]`` in ``dtype`` (dequantizing fp8 with its scales)."""
+    hs = tensors["hidden_states"]
+    if SCALES_KEY in tensors:
+        return (hs.to(torch.float32) * tensors[SCALES_KEY].to(torch.float32)).to(dtype)
+    return hs.to(dtype)
+
+
+def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Read sample ``index``: ``{"token_ids" [T] int64, "hidden_states" [T, S, H] dtype}`` (fp8 decoded).
+
+    Raises DataError when the file is missing.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(out_dir) / HS_DIR / hs_name(index)
+    if not path.is_file():
+        raise DataError(f"{path}: hidden-states file of sample {index} not found")
+    tensors = load_file(path)
+    return {"token_ids": tensors["token_ids"], "hidden_states": decode(tensors, dtype)}
+
+
+def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: list[int],
+                 hidden: torch.Tensor) -> None:
+    """Integrity of one sample before it is written: rows = len(input_ids) = len(loss_mask), all finite.
+
+    Raises DataError naming the sample id, the file, and the expected and actual values.
+    """
+    rows = hidden.shape[0]
+    if not rows == len(input_ids) == len(loss_mask):
+        raise DataError(f"sample {sample_id} ({path}): hidden-state rows {rows}, len(input_ids) "
+                        f"{len(input_ids)}, len(loss_mask) {len(loss_mask)}; expected all equal")
+    finite = torch.isfinite(hidden)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()[0].tolist()
+        raise DataError(f"sample {sample_id} ({path}): hidden states contain NaN/Inf "
+                        f"(first at [token, slot, dim] = {bad}); expected all finite")
+
+
+def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: str) -> int:
+    """Write one sample file atomically (temp name, fsync, rename); returns its size in bytes.
+
+    Raises DataError when the disk is full (the temporary file is removed first).
+    """
+    from safetensors.torch import save_file
+
+    tensors = {"token_ids": torch.tensor(token_ids, dtype=torch.int64), **encode(hidden, dtype)}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp))
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"{path}: could not write hidden states ({e.strerror or e}); "
+                        "nothing was committed for its shard") from e
+    return path.stat().st_size
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shard ``index`` = dataset rows ``[start, stop)``."""
+
+    index: int
+    start: int
+    stop: int
+
+
+def make_shards(num_samples: int, shard_size: int) -> list[ShardSpec]:
+    """Consecutive shards of ``shard_size`` rows (the last may be shorter)."""
+    return [ShardSpec(k, s, min(s + shard_size, num_samples))
+            for k, s in enumerate(range(0, num_samples, shard_size))]
+
+
+def assign_shards(shards: list[ShardSpec], world: int) -> list[list[ShardSpec]]:
+    """Round-robin shards over ``world`` data-parallel workers (worker r gets shards k with k % world == r)."""
+    if world < 1:
+        raise DataError(f"data-parallel world size: expected >= 1, got {world}")
+    return [[s for s in shards if s.index % world == r] for r in range(world)]
+
+
+def marker_path(out_dir: Path, shard: int) -> Path:
+    return out_dir / PROGRESS_DIR / f"shard_{shard}.json"
+
+
+def commit_shard(out_dir: Path, spec: ShardSpec, sizes: dict[str, int]) -> None:
+    """Record shard ``spec`` as complete (its files already renamed into place)."""
+    atomic_write_json(marker_path(out_dir, spec.index),
+                      {"shard": spec.index, "rows": [spec.start, spec.stop], "files": dict(sorted(sizes.items()))})
+
+
+def completed_shards(out_dir: Path, shards: list[ShardSpec]) -> set[int]:
+    """Indices of shards whose marker exists and whose files all exist with the recorded sizes."""
+    done = set()
+    for spec in shards:
+        m = marker_path(out_dir, spec.index)
+        if not m.is_file():
+            continue
+        try:
+            files = json.loads(m.read_text())["files"]
+        except (json.JSONDecodeError, KeyError):
+            continue
+        ok = all((out_dir / HS_DIR / name).is_file() and (out_dir / HS_DIR / name).stat().st_size == size
+                 for name, size in files.items())
+        if ok and len(files) == spec.stop - spec.start:
+            done.add(spec.index)
+    return done
+
+
+def remove_stale_temporaries(out_dir: Path) -> int:
+    """Delete temporary sample files left by a killed run; returns how many were removed."""
+    n = 0
+    for p in (out_dir / HS_DIR).glob(".hs_*.tmp"):
+        p.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def start_or_resume(out_dir: Path, plan_hash: str, plan_info: dict) -> bool:
+    """Prepare ``out_dir`` for the extraction identified by ``plan_hash``; True when resuming.
+
+    Raises DataError when ``out_dir`` holds another extraction (a different plan hash) or hidden states
+    without a progress record — never mixing two extractions in one directory.
+    """
+    plan_file = out_dir / PROGRESS_DIR / "plan.json"
+    if plan_file.is_file():
+        have = json.loads(plan_file.read_text()).get("plan_hash")
+        if have != plan_hash:
+            raise DataError(f"{out_dir}: holds an extraction with plan hash {have}, this run's is {plan_hash} "
+                            "(different data, target, layers, dtype or shard size); use another output "
+                            "directory or delete this one")
+        (out_dir / HS_DIR).mkdir(parents=True, exist_ok=True)
+        return True
+    if (out_dir / HS_DIR).exists() and any((out_dir / HS_DIR).iterdir()):
+        raise DataError(f"{out_dir}/{HS_DIR}: has files but no {PROGRESS_DIR}/plan.json; "
+                        "not an extraction this code can resume — delete it or choose another directory")
+    (out_dir / HS_DIR).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(plan_file, {"plan_hash": plan_hash, **plan_info})
+    return False

@@ -1,0 +1,223 @@
+"""Process groups and process trees: start a server in its own group, measure the tree, end it.
+
+Every server the pipeline starts runs in its own session/process group (``start_new_session=True``), so the
+whole tree (SGLang's scheduler, detokenizer and TP workers included) can be signalled at once without touching
+anything else on the machine. Processes are ended by process-group id and by the pids of the tree collected
+with psutil — never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import psutil
+
+from eagle3.errors import TransientError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it by binding port 0).
+
+    Another process may still take it before the server binds; a server that then fails to bind exits, and
+    the gate reports it as crashed (the launcher retries once with a fresh port).
+    Raises TransientError if no port can be bound.
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    except OSError as e:
+        raise TransientError(f"could not bind a free port on host {host!r}: {e}") from e
+
+
+def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Path,
+                cwd: str | Path | None = None) -> subprocess.Popen:
+    """Start ``argv`` in a new session (its own process group, pgid == pid), stdout+stderr written to
+    ``log_path`` (truncated first, so log growth is this process's output), stdin closed. ``env`` is the
+    complete environment of the child.
+
+    Raises FileNotFoundError/PermissionError from ``subprocess`` when the executable cannot be started.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb", buffering=0) as log:
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(env), cwd=cwd, start_new_session=True)
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its live descendants (root first); empty if ``pid`` is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def tree_pids(pid: int) -> list[int]:
+    """Pids of :func:`process_tree` (root first)."""
+    return [p.pid for p in process_tree(pid)]
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, seconds) used so far by the tree of ``pid``: live members plus the reaped
+    children the root has accounted for. None when ``pid`` no longer exists."""
+    procs = process_tree(pid)
+    if not procs:
+        return None
+    total = 0.0
+    for i, p in enumerate(procs):
+        try:
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        total += t.user + t.system
+        if i == 0:
+            total += getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return total
+
+
+def exit_status(pid: int) -> tuple[bool, int | None]:
+    """Whether ``pid`` has exited, and its exit code when it is a child of this process.
+
+    For a child the status is read with ``waitid(WNOWAIT)``, which leaves the zombie for its ``Popen`` to
+    reap (so ``Popen.returncode`` stays right). A death by signal N is reported as ``-N`` (``subprocess``'s
+    convention). For a process that is not our child the code is unknown (None).
+    """
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        info = None  # not our child (or already reaped): ask psutil
+    else:
+        if info is None:
+            return False, None
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return True, code
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return True, None
+    return status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD), None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes whose process group is ``pgid`` (found by group id, not by name).
+
+    This finds members whose parent already exited (orphans re-parented to init) that
+    :func:`process_tree` can no longer reach."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p.pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
+    if pgid is not None and pgid != os.getpgid(0):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in pids:  # members that left the group (setsid) still belong to the tree we started
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def snapshot_tree(pid: int) -> dict[int, float]:
+    """``{pid: create_time}`` of the tree of ``pid`` now (keep it to end members that later leave the tree;
+    the create time guards against a reused pid)."""
+    out = {}
+    for p in process_tree(pid):
+        try:
+            out[p.pid] = p.create_time()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _still_same(known: dict[int, float]) -> set[int]:
+    same = set()
+    for p, created in known.items():
+        try:
+            if psutil.Process(p).create_time() == created:
+                same.add(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return same
+
+
+def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
+                   known_pids: dict[int, float] | None = None) -> dict:
+    """End a process group started by :func:`start_group`: SIGTERM to the group and every member of the
+    tree (descendants of the root, members of its group, and ``known_pids`` — ``{pid: create_time}`` of tree
+    members seen earlier by :func:`snapshot_tree`, which may since have been orphaned or left the group),
+    wait up to ``grace_s`` seconds, then SIGKILL whatever is left; reap the root.
+
+    Returns ``{"pids": [...], "killed": [...], "returncode": int | None, "seconds": float}``.
+    Idempotent: a tree that is already gone returns at once.
+    """
+    t0 = time.monotonic()
+    pid = proc.pid if isinstance(proc, subprocess.Popen) else int(proc)
+    pids = tree_pids(pid)
+    try:
+        pgid: int | None = os.getpgid(pid)
+    except ProcessLookupError:
+        pgid = pid if isinstance(proc, subprocess.Popen) else None  # start_group made pgid == pid
+    if pgid != pid:
+        pgid = None  # not a group leader: never signal a group we did not create (e.g. the user's shell)
+
+    def members() -> set[int]:
+        found = set(tree_pids(pid)) | _still_same(known_pids or {})
+        if pgid is not None:
+            found |= set(group_members(pgid))
+        return found - {os.getpid()}
+
+    pids = sorted(set(pids) | members())
+    _signal_all(pgid, pids, signal.SIGTERM)
+    deadline = t0 + grace_s
+    while time.monotonic() < deadline:
+        pids = sorted(set(pids) | members())  # children spawned during shutdown too
+        if isinstance(proc, subprocess.Popen):
+            proc.poll()
+        if not _alive(pids):
+            break
+        time.sleep(0.05)
+    leftover = _alive(sorted(set(pids) | members()))
+    if leftover:
+        _signal_all(pgid, leftover, signal.SIGKILL)
+    returncode = None
+    if isinstance(proc, subprocess.Popen):
+        try:
+            returncode = proc.wait(timeout=max(1.0, grace_s))
+        except subprocess.TimeoutExpired:
+            returncode = None
+    _wait_gone(leftover, 5.0)
+    return {"pids": pids, "killed": leftover, "returncode": returncode, "seconds": time.monotonic() - t0}
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -1,0 +1,200 @@
+"""What every flow shares: loading the config, the run's directories, the MLflow parent run, calling a stage
+task with cache checks, the Prefect markdown summary, and the local (ephemeral) Prefect settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from eagle3.config import RunConfig, SECRET_MARKERS, load_config, redact
+from eagle3.errors import DataError
+from tasks import caching, tracking
+
+SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"  # JSON list of overrides kept out of flow parameters
+VARIANTS = ("trained", "untrained")
+
+
+def is_secret_override(item: str) -> bool:
+    """True for ``-o`` overrides whose key looks like a secret (token, key, password, ...)."""
+    key = item.split("=", 1)[0].lower()
+    return any(m in key for m in SECRET_MARKERS)
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(public, secret) overrides: only the public ones become Prefect flow parameters."""
+    return [o for o in overrides if not is_secret_override(o)], [o for o in overrides if is_secret_override(o)]
+
+
+def load_run_config(config_path: str, overrides: list[str] | None) -> RunConfig:
+    """The validated RunConfig of a flow run: the file, the flow's overrides, then secret overrides passed
+    through ``$EAGLE3_SECRET_OVERRIDES`` (never a flow parameter). Raises ConfigError."""
+    secret = json.loads(os.environ.get(SECRET_OVERRIDES_ENV, "[]") or "[]")
+    return load_config(config_path, list(overrides or []) + list(secret))
+
+
+def untrained_config(cfg: RunConfig) -> RunConfig:
+    """The baseline: the same config with ``train.max_steps = 0`` (an untrained draft)."""
+    base = cfg.model_copy(deep=True)
+    base.train.max_steps = 0
+    return base
+
+
+def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
+    """Output folders of one run (docs/INTERNALS.md): extract, train, serving, deploy, bench (+ ``-untrained``)."""
+    suffix = "" if variant == "trained" else f"-{variant}"
+    rd = cfg.run_dir()
+    return {"extract": rd / "extract", "train": rd / f"train{suffix}", "serving": rd / f"serving{suffix}",
+            "deploy": rd / f"deploy{suffix}", "bench": rd / f"bench{suffix}"}
+
+
+def require_output(directory: Path, stage: str, command: str) -> Path:
+    """``directory`` if it holds a finished stage output, else DataError telling which command makes it."""
+    if not (directory / "manifest.json").is_file():
+        raise DataError(f"{directory}: no finished {stage} output (manifest.json missing); run `{command}` first")
+    return directory
+
+
+def save_resolved_config(cfg: RunConfig) -> Path:
+    """``<run_dir>/config.yaml`` with secret-looking values redacted (it is also logged to MLflow)."""
+    rd = cfg.run_dir()
+    rd.mkdir(parents=True, exist_ok=True)
+    path = rd / "config.yaml"
+    path.write_text(yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False))
+    return path
+
+
+def _name_error(exc: BaseException, label: str) -> None:
+    """Prefix the error message with the stage that failed (type kept, so callers can still catch it)."""
+    if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith("stage "):
+        exc.args = (f"stage {label} failed: {exc.args[0]}",) + tuple(exc.args[1:])
+
+
+def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: str = "trained",
+              refresh: bool = False, timeout_s: float | None = None, record: dict | None = None,
+              **params: Any) -> dict:
+    """Run one stage task and return its result dict; the single place where caching is handled.
+
+    - A cached result whose output folder no longer matches it (deleted, rebuilt) is recomputed.
+    - A cached stage gets a nested MLflow run pointing at the run that produced the artifact.
+    - ``record`` (optional) collects ``{label: "ran" | "cached"}`` for the summary.
+    - A failure is re-raised with ``stage <name> (<variant>) failed:`` in front of its message.
+    """
+    label = stage if variant == "trained" else f"{stage} ({variant})"
+    opts: dict = {"refresh_cache": True} if refresh else {}
+    if timeout_s is not None:
+        opts["timeout_seconds"] = timeout_s
+    t = task.with_options(task_run_name=label, **opts)
+    try:
+        state = t(cfg=cfg, parent_run_id=parent, **params, return_state=True)
+        result = state.result()
+        cached = state.name == "Cached"
+        if cached and not caching.output_matches(result):
+            get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label, result.get("dir"))
+            state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent, **params, return_state=True)
+            result, cached = state.result(), False
+    except BaseException as e:
+        _name_error(e, label)
+        raise
+    if cached:
+        tracking.record_cached_stage(cfg, parent, stage, variant, result)
+    if record is not None:
+        record[label] = "cached" if cached else "ran"
+    return result
+
+
+@contextmanager
+def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
+    """The MLflow parent run of this flow run (reused when the flow run is retried); FAILED with the error
+    when the body raises."""
+    config_file = save_resolved_config(cfg)
+    run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
+                                         config_file=config_file)
+    try:
+        yield run_id
+    except BaseException as e:
+        tracking.finish_run(cfg, run_id, error=e)
+        raise
+    tracking.finish_run(cfg, run_id)
+
+
+def mlflow_ui(cfg: RunConfig, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str, str]:
+    """(link to the run in the MLflow UI, command that opens the UI) for the config's tracking store."""
+    uri = cfg.mlflow_uri()
+    page = f"#/experiments/{experiment_id}/runs/{run_id}" if experiment_id and run_id else ""
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/{page}", f"open {uri}"
+    return (f"http://127.0.0.1:5000/{page}",
+            f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+
+
+def publish_summary(cfg: RunConfig, parent: str, title: str, lines: list[str]) -> None:
+    """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links."""
+    _, exp_id = tracking.client_for(cfg)
+    link, cmd = mlflow_ui(cfg, exp_id, parent)
+    md = "\n".join([f"# {title}", "", *lines, "", f"- MLflow run: [{parent}]({link}) (store `{cfg.mlflow_uri()}`)",
+                    f"- open the MLflow UI: `{cmd}`", f"- run directory: `{cfg.run_dir()}`"])
+    key = re.sub(r"[^a-z0-9-]", "-", f"eagle3-{cfg.name}".lower())
+    create_markdown_artifact(markdown=md, key=key, description=title)
+
+
+@contextmanager
+def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
+    """Prefect settings for a run without a server: the ephemeral API with its SQLite database, its home and
+    the task result storage under ``<runs_dir>/.prefect`` (works offline).
+
+    When ``PREFECT_API_URL`` is set (e.g. ``make stack-up``), only the result storage path is set. Yields the
+    settings applied (name → value).
+    """
+    from prefect.settings import (PREFECT_API_DATABASE_CONNECTION_URL, PREFECT_HOME, PREFECT_LOCAL_STORAGE_PATH,
+                                  PREFECT_SERVER_ANALYTICS_ENABLED, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+                                  temporary_settings)
+
+    base = cfg.paths.resolved_runs_dir() / ".prefect"
+    base.mkdir(parents=True, exist_ok=True)
+    updates: dict = {}
+    if not os.environ.get("PREFECT_LOCAL_STORAGE_PATH"):
+        updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "results")
+    if not os.environ.get("PREFECT_API_URL"):
+        updates.update({PREFECT_HOME: str(base),
+                        PREFECT_API_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{base / 'prefect.db'}",
+                        PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300})
+    env = {s.name: str(v) for s, v in updates.items()}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the ephemeral server subprocess inherits these
+    try:
+        with temporary_settings(updates=updates):
+            yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def stop_ephemeral_server() -> None:
+    """Stop the ephemeral Prefect API server this process started, if any (no server left behind).
+
+    Logs and events still queued are sent first (otherwise their workers retry a dead server at exit).
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+
+    if not SubprocessASGIServer._instances:
+        return
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
+
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()

@@ -1,0 +1,93 @@
+"""One flow per stage, so one stage can be (re-)run alone: ``eagle3 extract|train|convert|deploy CONFIG`` and
+the Prefect deployments ``eagle3-extract/…`` etc. Each reads the previous stage's output from the run
+directory (a DataError names the command that makes it when missing) and uses the same cached tasks as the
+whole pipeline, so a stage whose inputs did not change is served from the cache unless ``refresh`` is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows.common import (load_run_config, parent_run, publish_summary, require_output, run_stage, stage_dirs,
+                          untrained_config)
+from tasks import tracking
+from tasks.bench import gate_task
+from tasks.convert import convert_task
+from tasks.deploy import deploy_task, deploy_timeout_s
+from tasks.extract import extract_task
+from tasks.train import train_task
+
+
+def _variants(cfg: Any) -> list[tuple[str, Any]]:
+    return [("trained", cfg)] + ([("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else [])
+
+
+def _summary(cfg: Any, parent: str, flow_name: str, record: dict, **extra: Any) -> dict:
+    _, exp_id = tracking.client_for(cfg)
+    out = {"flow": flow_name, "config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": cfg.mlflow_uri(),
+           "experiment_id": exp_id, "parent_run_id": parent, "stages": record, **extra}
+    publish_summary(cfg, parent, f"{flow_name}: {cfg.name}", [f"- {k}: {v}" for k, v in record.items()])
+    return out
+
+
+@flow(name="eagle3-extract", log_prints=False)
+def extract_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
+    """Hidden-state extraction of CONFIG into ``<run_dir>/extract``."""
+    cfg = load_run_config(config_path, overrides)
+    record: dict = {}
+    with parent_run(cfg, "eagle3-extract") as parent:
+        run_stage(extract_task, cfg=cfg, parent=parent, stage="extract", out_dir=str(stage_dirs(cfg)["extract"]),
+                  refresh=refresh, record=record)
+        return _summary(cfg, parent, "eagle3-extract", record)
+
+
+@flow(name="eagle3-train", log_prints=False)
+def train_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
+    """Train the draft (and the untrained baseline) on ``<run_dir>/extract``."""
+    cfg = load_run_config(config_path, overrides)
+    data = require_output(stage_dirs(cfg)["extract"], "extract", f"eagle3 extract {config_path}")
+    record: dict = {}
+    with parent_run(cfg, "eagle3-train") as parent:
+        for variant, c in _variants(cfg):
+            run_stage(train_task, cfg=c, parent=parent, stage="train", variant=variant, data_dir=str(data),
+                      out_dir=str(stage_dirs(c, variant)["train"]), refresh=refresh, record=record)
+        return _summary(cfg, parent, "eagle3-train", record)
+
+
+@flow(name="eagle3-convert", log_prints=False)
+def convert_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
+    """Convert + validate + equivalence-check the trained (and untrained) drafts into ``<run_dir>/serving*``."""
+    cfg = load_run_config(config_path, overrides)
+    data = require_output(stage_dirs(cfg)["extract"], "extract", f"eagle3 extract {config_path}")
+    record: dict = {}
+    with parent_run(cfg, "eagle3-convert") as parent:
+        for variant, c in _variants(cfg):
+            d = stage_dirs(c, variant)
+            draft = require_output(d["train"], "train", f"eagle3 train {config_path}")
+            run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=variant, draft_dir=str(draft),
+                      data_dir=str(data), out_dir=str(d["serving"]), refresh=refresh, record=record)
+        return _summary(cfg, parent, "eagle3-convert", record)
+
+
+@flow(name="eagle3-deploy", log_prints=False)
+def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
+    """Deploy + benchmark the converted drafts behind the readiness gate, then the acceptance gate."""
+    cfg = load_run_config(config_path, overrides)
+    record: dict = {}
+    results: dict = {}
+    with parent_run(cfg, "eagle3-deploy") as parent:
+        for variant, c in _variants(cfg):
+            d = stage_dirs(c, variant)
+            serving = require_output(d["serving"], "convert", f"eagle3 convert {config_path}")
+            results[variant] = run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=variant,
+                                         serving_dir=str(serving), deploy_dir=str(d["deploy"]),
+                                         bench_dir=str(d["bench"]), timeout_s=deploy_timeout_s(c), refresh=refresh,
+                                         record=record)
+        gate = gate_task(cfg, results["trained"], results.get("untrained"), str(stage_dirs(cfg)["serving"]), parent)
+        return _summary(cfg, parent, "eagle3-deploy", record, acceptance_length=gate["served"],
+                        acceptance_length_untrained=gate["untrained"])
+
+
+STAGE_FLOWS = {"extract": extract_flow, "train": train_flow, "convert": convert_flow, "deploy": deploy_flow}

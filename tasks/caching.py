@@ -1,0 +1,176 @@
+"""Cache keys for the Prefect tasks: content hashes of the inputs, the stage's config sections and code.
+
+A stage's cache key is the sha256 (hex) of one JSON document::
+
+    {"stage": name, "out_dir": where it writes, "config": RunConfig.section_hash(*sections),
+     "inputs": {name: content_hash from the input directory's manifest.json},
+     "files": {name: fingerprint of an input file or folder (dataset, target model, prompts)},
+     "code": code_version(the stage's library modules)}
+
+so a changed training setting changes only the train key (and, through the new checkpoint's content hash,
+every key after it), and a changed dataset file changes the extraction key. Paths alone never make a key.
+
+Fingerprints (:func:`fingerprint`) are sha256 over file bytes; files larger than ``FULL_HASH_LIMIT`` bytes
+(multi-GB weights) are fingerprinted by (name, size in bytes, mtime in ns) instead, which is stated in the
+key document. Fingerprints are memoised per process by (path, size, mtime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from eagle3.artifacts import read_manifest, sha256_file
+from eagle3.errors import DataError
+
+FULL_HASH_LIMIT = 512 * 1024 * 1024  # bytes; larger files are fingerprinted by size and mtime
+
+# The library modules whose source defines each stage's output (a missing module is recorded as missing,
+# so the key changes when it lands).
+# "eagle3.train*" means every module of the package whose name starts with "train".
+STAGE_MODULES: dict[str, tuple[str, ...]] = {
+    "extract": ("eagle3.extract*", "eagle3.data", "eagle3.target_model", "eagle3.vocab", "eagle3.artifacts"),
+    "train": ("eagle3.train*", "eagle3.draft_model", "eagle3.vocab", "eagle3.artifacts"),
+    "convert": ("eagle3.convert", "eagle3.validate", "eagle3.equivalence", "eagle3.engines.sglang_profile",
+                "eagle3.engines.sglang_draft", "eagle3.engines.profiles", "eagle3.artifacts"),
+    "deploy": ("eagle3.engines", "eagle3.readiness", "eagle3.bench", "eagle3.acceptance", "eagle3.prompts",
+               "eagle3.specdec", "eagle3.procs"),
+}
+
+# The config sections each stage reads (RunConfig.section_hash).
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "extract": ("target", "data", "extract"),
+    "train": ("train",),
+    "convert": ("convert",),
+    # plus the bench settings that change the measurement (bench_settings()); the gate's minimum is not one.
+    "deploy": ("target", "serve"),
+}
+
+_memo: dict[tuple[str, int, int], str] = {}
+
+
+def code_version(modules: tuple[str, ...] | list[str]) -> str:
+    """sha256 (hex, 16 chars) over the source files of ``modules`` (a package: every ``*.py`` under it).
+
+    Modules are located with ``importlib.util.find_spec`` (their parent packages are imported, the modules
+    themselves are not). ``"pkg.prefix*"`` stands for every module of ``pkg`` whose file name starts with
+    ``prefix``. A module that does not exist is recorded as ``"<name>: missing"``.
+    """
+    h = hashlib.sha256()
+    for name in sorted(_expand(modules)):
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None or spec.origin is None:
+            h.update(f"{name}: missing\n".encode())
+            continue
+        origin = Path(spec.origin)
+        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+        for f in files:
+            h.update(f"{name}:{f.relative_to(origin.parent)}\n".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _expand(modules: tuple[str, ...] | list[str]) -> list[str]:
+    out = []
+    for name in modules:
+        if not name.endswith("*"):
+            out.append(name)
+            continue
+        pkg, prefix = name[:-1].rsplit(".", 1)
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            out.append(name)
+            continue
+        for loc in spec.submodule_search_locations:
+            out += [f"{pkg}.{f.stem}" for f in Path(loc).glob(f"{prefix}*.py")]
+    return out
+
+
+def fingerprint(path: str | Path) -> str:
+    """sha256 (hex) of a file, or of a folder's (relative path, file fingerprint) list sorted by path.
+
+    Files above ``FULL_HASH_LIMIT`` bytes contribute ``size:<bytes>:mtime_ns:<ns>`` instead of their bytes.
+    Raises DataError when ``path`` does not exist.
+    """
+    p = Path(path)
+    if p.is_file():
+        return _file_fingerprint(p)
+    if not p.is_dir():
+        raise DataError(f"{p}: expected an input file or folder to fingerprint, found nothing")
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.rglob("*") if x.is_file() and ".tmp" not in x.name and not x.name.startswith(".")):
+        h.update(str(f.relative_to(p)).encode())
+        h.update(_file_fingerprint(f).encode())
+    return h.hexdigest()
+
+
+def _file_fingerprint(f: Path) -> str:
+    st = f.stat()
+    key = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _memo:
+        if st.st_size > FULL_HASH_LIMIT:
+            _memo[key] = f"size:{st.st_size}:mtime_ns:{st.st_mtime_ns}"
+        else:
+            _memo[key] = sha256_file(f)
+    return _memo[key]
+
+
+def manifest_hash(directory: str | Path) -> str:
+    """``kind:content_hash`` from ``<directory>/manifest.json`` (DataError when missing or unreadable)."""
+    m = read_manifest(directory)
+    if "content_hash" not in m:
+        raise DataError(f"{Path(directory) / 'manifest.json'}: expected a 'content_hash' key, found none")
+    return f"{m.get('kind')}:{m['content_hash']}"
+
+
+def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
+              files: dict[str, str | Path] | None = None, sections: tuple[str, ...] | None = None,
+              extra: dict | None = None) -> str:
+    """The cache key of one stage run (see the module docstring); ``cfg`` is a RunConfig.
+
+    Args:
+        stage: one of ``STAGE_MODULES``. out_dir: the stage's output directory.
+        inputs: name -> input stage directory (its manifest's content hash enters the key).
+        files: name -> input file/folder outside the pipeline (dataset, target model) to fingerprint.
+        sections: config sections (default ``STAGE_SECTIONS[stage]``). extra: more JSON-able key material.
+    Raises DataError for an unknown stage or an input without a manifest.
+    """
+    if stage not in STAGE_MODULES:
+        raise DataError(f"cache key: unknown stage {stage!r}; expected one of {sorted(STAGE_MODULES)}")
+    doc = {
+        "stage": stage,
+        "out_dir": str(Path(out_dir).resolve()),
+        "config": cfg.section_hash(*(sections or STAGE_SECTIONS[stage])),
+        "inputs": {k: manifest_hash(v) for k, v in sorted((inputs or {}).items())},
+        "files": {k: fingerprint(v) for k, v in sorted((files or {}).items())},
+        "code": code_version(STAGE_MODULES[stage]),
+        "large_files": f"size+mtime above {FULL_HASH_LIMIT} bytes",
+        "extra": extra or {},
+    }
+    return f"eagle3-{stage}-" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def bench_settings(cfg: Any) -> dict:
+    """The bench section without the settings that only judge the result (the gate's minimum, the baseline
+    switch), so changing the minimum re-runs the gate, not the measurement."""
+    return cfg.bench.model_dump(mode="json", exclude={"min_acceptance_length", "baseline_untrained"})
+
+
+def output_matches(result: Any) -> bool:
+    """True when a (possibly cached) stage result still describes what is on disk.
+
+    ``result`` is a stage task's return value ``{"dir": str, "content_hash": str, ...}``; False when the
+    directory or its manifest is gone or its content hash differs (the output was rebuilt or edited since).
+    """
+    if not isinstance(result, dict) or "dir" not in result or "content_hash" not in result:
+        return False
+    try:
+        return read_manifest(result["dir"]).get("content_hash") == result["content_hash"]
+    except DataError:
+        return False

@@ -1,0 +1,73 @@
+"""Prefect task of convert → validate → equivalence, as one step.
+
+A failure anywhere in the step removes the half-made serving checkpoint, so nothing downstream (nor a
+re-run's cache) can pick up a checkpoint that was not validated and checked for equivalence.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks import caching, prefect_tags, stage_result, task_options, tracking
+
+TIMEOUT_S = 3600.0  # seconds
+
+
+def convert_key(context: Any, parameters: dict) -> str:
+    """Cache key: the draft's and the hidden states' content hashes, the convert section, the target folder,
+    the conversion/validation/equivalence code."""
+    from eagle3.assets import resolve_target
+
+    cfg = parameters["cfg"]
+    return caching.stage_key("convert", cfg, parameters["out_dir"],
+                             inputs={"draft": parameters["draft_dir"], "data": parameters["data_dir"]},
+                             files={"target": resolve_target(cfg)})
+
+
+def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: Path) -> tuple[dict, dict]:
+    """Convert, validate (problems → CheckpointInvalid listing every ``CODE: message``), check equivalence.
+
+    Returns (serving manifest, equivalence report). Removes ``out_dir`` when any of the three fails.
+    """
+    from eagle3.artifacts import read_manifest
+    from eagle3.assets import resolve_target
+    from eagle3.convert import convert
+    from eagle3.equivalence import check_equivalence
+    from eagle3.errors import CheckpointInvalid
+    from eagle3.validate import validate
+
+    target = resolve_target(cfg)
+    try:
+        manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target)
+        problems = validate(out_dir, target_dir=target, engine=cfg.convert.engine,
+                            data_manifest=read_manifest(data_dir))
+        if problems:
+            raise CheckpointInvalid(f"{out_dir}: {len(problems)} problem(s) for {cfg.convert.engine} "
+                                    f"{cfg.convert.engine_version}: " + "; ".join(str(p) for p in problems),
+                                    problems)
+        report = check_equivalence(draft_dir, out_dir, data_dir, atol=cfg.convert.equivalence_atol)
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    return manifest, report
+
+
+@task(name="convert-validate", cache_key_fn=convert_key, **task_options(TIMEOUT_S))
+def convert_task(cfg: Any, draft_dir: str, data_dir: str, out_dir: str, parent_run_id: str,
+                 variant: str = "trained") -> dict:
+    """Convert the speculators draft in ``draft_dir`` to the serving format in ``out_dir`` and check it."""
+    with tracking.stage_run(cfg, parent_run_id, "convert", variant, tags=prefect_tags()) as sr:
+        manifest, report = convert_validate_check(cfg, Path(draft_dir), Path(data_dir), Path(out_dir))
+        sr.log_manifest(out_dir)
+        sr.log_path(Path(out_dir) / "config.json", "serving")
+        sr.log_dict(report, "equivalence.json")
+        nums = {f"equivalence.{k}": float(v) for k, v in (report or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        sr.log_metrics(nums)
+        sr.set_tags({"eagle3.validation": "passed", "eagle3.engine": f"{cfg.convert.engine} "
+                     f"{cfg.convert.engine_version}"})
+    return stage_result("convert", out_dir, manifest, sr.run_id, nums, variant=variant)

@@ -1,0 +1,83 @@
+"""Prefect task of deploy + benchmark: launch the engine, pass the readiness gate, measure, tear down.
+
+The engine process is a context manager (``eagle3.engines.launcher.launch_engine``): it is stopped in
+``finally`` whatever happens, so a failed gate or benchmark leaves no server behind. The gate's phase
+timeline (seconds per phase) goes to MLflow as metrics and as ``gate.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks import caching, prefect_tags, stage_result, task_options, tracking
+
+
+def deploy_timeout_s(cfg: Any) -> float:
+    """Task timeout (seconds): start-up deadline + probe + every request at its own timeout + 10 min slack."""
+    s, b = cfg.serve, cfg.bench
+    return s.startup_timeout_s + s.probe_timeout_s + b.request_timeout_s * b.num_prompts / b.concurrency + 600.0
+
+
+def deploy_key(context: Any, parameters: dict) -> str:
+    """Cache key: the serving checkpoint's content hash, target + serve sections, the measuring bench settings
+    (not the gate's minimum), the target folder, the engine/gate/bench code."""
+    from eagle3.assets import resolve_target
+
+    cfg = parameters["cfg"]
+    return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving_dir"]},
+                             files={"target": resolve_target(cfg)}, extra={"bench": caching.bench_settings(cfg)})
+
+
+def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
+    """Launch → wait_ready (GateFailed unless ``ready``) → run_bench → teardown (in ``finally``). Returns the
+    acceptance report."""
+    from eagle3.assets import resolve_target
+    from eagle3.bench import run_bench
+    from eagle3.engines.launcher import launch_engine
+    from eagle3.errors import GateFailed
+    from eagle3.readiness import wait_ready
+
+    target = resolve_target(cfg)
+    deploy_dir.mkdir(parents=True, exist_ok=True)
+    s, b = cfg.serve, cfg.bench
+    with launch_engine(cfg, target, serving_dir, deploy_dir) as engine:
+        sr.set_tags({"eagle3.engine_url": engine.url, "eagle3.engine_pid": engine.pid})
+        gate = wait_ready(engine.url, pid=engine.pid, log_path=engine.log_path, timeout_s=s.startup_timeout_s,
+                          stall_timeout_s=s.stall_timeout_s, poll_interval_s=s.poll_interval_s,
+                          probe_timeout_s=s.probe_timeout_s, diagnostics_dir=deploy_dir / "diagnostics")
+        sr.log_metrics(gate.metrics())
+        sr.log_dict(gate.to_dict(), "gate.json")
+        sr.set_tags({"eagle3.gate_verdict": gate.verdict})
+        if not gate.ready:
+            raise GateFailed(gate.summary(), verdict=gate.verdict, diagnostics_dir=gate.diagnostics_dir)
+        return run_bench(engine.url, prompts=b.prompts, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens,
+                         temperature=b.temperature, concurrency=b.concurrency, tokenizer_dir=target,
+                         out_dir=bench_dir, request_timeout_s=b.request_timeout_s)
+
+
+@task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
+def deploy_task(cfg: Any, serving_dir: str, deploy_dir: str, bench_dir: str, parent_run_id: str,
+                variant: str = "trained") -> dict:
+    """Serve ``serving_dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``, shut down.
+
+    Raises GateFailed (verdict other than ready, with the diagnostics folder), the benchmark's errors.
+    """
+    from eagle3.artifacts import read_manifest
+
+    with tracking.stage_run(cfg, parent_run_id, "deploy-bench", variant, tags=prefect_tags()) as sr:
+        try:
+            report = serve_and_measure(cfg, Path(serving_dir), Path(deploy_dir), Path(bench_dir), sr)
+        finally:
+            sr.log_path(Path(deploy_dir), "deploy")  # engine log, diagnostics: also when it failed
+        s = report["summary"]
+        metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for i, v in enumerate(report.get("per_position") or []):
+            metrics[f"acceptance_per_position.{i}"] = float(v)
+        sr.log_metrics(metrics)
+        sr.log_path(Path(bench_dir))
+        manifest = read_manifest(bench_dir)
+    return stage_result("deploy-bench", bench_dir, manifest, sr.run_id, metrics, variant=variant,
+                        acceptance_length=s.get("acceptance_length"))

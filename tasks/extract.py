@@ -1,0 +1,44 @@
+"""Prefect task of the extraction stage (``eagle3.extract.extract``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks import caching, prefect_tags, stage_result, task_options, tracking
+
+TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
+
+
+def dataset_file(cfg: Any) -> Path:
+    """The conversations file extraction reads (``eagle3.extract.data_source_path``)."""
+    from eagle3.extract import data_source_path
+
+    return data_source_path(cfg)[1]
+
+
+def extract_key(context: Any, parameters: dict) -> str:
+    """Cache key: target + data + extract sections, the dataset file's bytes, the target folder, the code."""
+    from eagle3.assets import resolve_target
+
+    cfg = parameters["cfg"]
+    return caching.stage_key("extract", cfg, parameters["out_dir"],
+                             files={"dataset": dataset_file(cfg), "target": resolve_target(cfg)})
+
+
+@task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
+def extract_task(cfg: Any, out_dir: str, parent_run_id: str) -> dict:
+    """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow."""
+    from eagle3.extract import extract
+
+    with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
+        manifest = extract(cfg, Path(out_dir), progress=False)
+        sr.log_manifest(out_dir)
+        metrics = {f"counts.{k}": float(v) for k, v in manifest.get("counts", {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if isinstance(manifest.get("tokens_per_s"), (int, float)):
+            metrics["tokens_per_s"] = float(manifest["tokens_per_s"])
+            sr.log_metrics({"tokens_per_s": metrics["tokens_per_s"]})
+    return stage_result("extract", out_dir, manifest, sr.run_id, metrics)

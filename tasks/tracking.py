@@ -1,0 +1,280 @@
+"""MLflow helpers of the pipeline: one parent run per pipeline run, one nested run per stage.
+
+Everything goes through :class:`mlflow.MlflowClient` with explicit run ids (no fluent "active run" state),
+so tasks running in worker threads log to the right run. Layout of one pipeline run::
+
+    parent run   tags prefect.flow_run_id, prefect.flow_name, eagle3.config_name, eagle3.decision
+                 params = flattened resolved config (secret-looking keys redacted), artifact config.yaml
+                 metrics acceptance_length, acceptance_length_untrained (copied from the bench stages)
+    └ nested run per stage (tag mlflow.parentRunId; eagle3.stage, eagle3.variant "trained"/"untrained")
+                 step metrics through the stage's on_metrics callback, manifest.json as artifact,
+                 counts.* / timings.* from the manifest; a cached stage's run has eagle3.cached = "true"
+                 and eagle3.produced_by_run_id = the nested run that produced the artifact.
+
+Query a finished run with :func:`summarize_run` (what ``README.md`` shows)::
+
+    from tasks.tracking import summarize_run
+    summarize_run("<parent run id>", tracking_uri="sqlite:///runs/mlflow.db")
+
+Errors: a connection failure or 5xx from a tracking server becomes :class:`eagle3.errors.TransientError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+from eagle3.artifacts import read_manifest
+from eagle3.config import flatten, redact
+from eagle3.errors import DataError, TransientError
+
+FLOW_RUN_TAG = "prefect.flow_run_id"
+PARENT_TAG = "mlflow.parentRunId"
+_BATCH = 100  # MLflow's limit of params / tags per log_batch call
+_TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_EXCEEDED"}
+
+
+def _metric_key(key: str) -> str:
+    """MLflow keys allow ``[A-Za-z0-9_\\-. /]``; anything else becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", str(key))
+
+
+@contextmanager
+def _transient() -> Iterator[None]:
+    """Turn an unreachable/5xx tracking server into TransientError (retried by the task)."""
+    try:
+        yield
+    except MlflowException as e:
+        if getattr(e, "error_code", "") in _TRANSIENT_CODES:
+            raise TransientError(f"MLflow tracking server: {e}") from e
+        raise
+    except (ConnectionError, OSError) as e:
+        raise TransientError(f"MLflow tracking server unreachable: {e}") from e
+
+
+def client_for(cfg: Any) -> tuple[MlflowClient, str]:
+    """(client, experiment id) for a RunConfig: ``cfg.mlflow_uri()``, experiment ``cfg.tracking.experiment``.
+
+    A new experiment on a local store keeps its artifacts under ``<runs_dir>/mlartifacts``.
+    """
+    uri = cfg.mlflow_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=uri)
+    with _transient():
+        exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        if exp is not None:
+            return client, exp.experiment_id
+        location = None
+        if not uri.startswith(("http://", "https://", "databricks")):
+            location = (cfg.paths.resolved_runs_dir() / "mlartifacts").as_uri()
+        try:
+            return client, client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+        except MlflowException:  # created concurrently by another process
+            return client, client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+
+
+def config_params(cfg: Any) -> dict[str, str]:
+    """The resolved config flattened to ``section.key`` params, secret-looking values replaced by ``***``."""
+    return {k: str(v) for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
+
+
+def _log_batch(client: MlflowClient, run_id: str, *, metrics: list | None = None, params: dict | None = None,
+               tags: dict | None = None) -> None:
+    with _transient():
+        for i in range(0, len(metrics or []), _BATCH * 10):
+            client.log_batch(run_id, metrics=metrics[i:i + _BATCH * 10])
+        items = list((params or {}).items())
+        for i in range(0, len(items), _BATCH):
+            client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in items[i:i + _BATCH]])
+        titems = list((tags or {}).items())
+        for i in range(0, len(titems), _BATCH):
+            client.log_batch(run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in titems[i:i + _BATCH]])
+
+
+def numeric_leaves(prefix: str, d: dict | None) -> dict[str, float]:
+    """Flatten the numeric leaves of ``d`` into ``prefix.key`` metrics (booleans and others skipped)."""
+    out = {}
+    for k, v in flatten(d or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}.{k}"] = float(v)
+    return out
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """Log numeric ``metrics`` at ``step`` (non-numeric values are an error: DataError naming the key)."""
+    ts = int(time.time() * 1000)
+    batch = []
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DataError(f"metric {k!r}: expected a number, got {type(v).__name__} {v!r}")
+        batch.append(Metric(_metric_key(k), float(v), ts, int(step)))
+    _log_batch(client, run_id, metrics=batch)
+
+
+def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_file: Path | None = None) -> str:
+    """Create the parent run of a pipeline run, or reuse the one already tagged with ``flow_run_id``.
+
+    A retried Prefect flow run keeps its id, so its retry logs into the same parent run.
+    Returns the MLflow run id.
+    """
+    client, exp_id = client_for(cfg)
+    with _transient():
+        found = client.search_runs([exp_id], filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'",
+                                   max_results=1)
+        if found:
+            run_id = found[0].info.run_id
+            client.update_run(run_id, status="RUNNING")
+            client.set_tag(run_id, "eagle3.attempts", str(int(found[0].data.tags.get("eagle3.attempts", "1")) + 1))
+            return run_id
+        run = client.create_run(exp_id, run_name=f"{cfg.name}-{flow_run_id[:8]}", tags={
+            FLOW_RUN_TAG: flow_run_id, "prefect.flow_name": flow_name, "eagle3.config_name": cfg.name,
+            "eagle3.run_dir": str(cfg.run_dir()), "eagle3.attempts": "1"})
+    run_id = run.info.run_id
+    _log_batch(client, run_id, params=config_params(cfg))
+    if config_file is not None:
+        with _transient():
+            client.log_artifact(run_id, str(config_file))
+    return run_id
+
+
+def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> None:
+    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``."""
+    client, _ = client_for(cfg)
+    with _transient():
+        if error is not None:
+            client.set_tag(run_id, "eagle3.error", f"{type(error).__name__}: {error}"[:5000])
+        client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
+
+
+class StageRun:
+    """A nested MLflow run of one stage; use through :func:`stage_run`."""
+
+    def __init__(self, client: MlflowClient, run_id: str):
+        self.client = client
+        self.run_id = run_id
+
+    def on_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """The ``on_metrics(metrics, step)`` callback the library stages accept (step = optimizer step)."""
+        log_metrics(self.client, self.run_id, metrics, step)
+
+    def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        log_metrics(self.client, self.run_id, metrics, step)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        _log_batch(self.client, self.run_id, tags=tags)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        """Store ``obj`` as the JSON artifact ``name``."""
+        with _transient():
+            self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), name)
+
+    def log_path(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Store a file or a whole folder as artifacts (missing paths are skipped: optional plots)."""
+        p = Path(path)
+        with _transient():
+            if p.is_dir():
+                self.client.log_artifacts(self.run_id, str(p), artifact_path)
+            elif p.is_file():
+                self.client.log_artifact(self.run_id, str(p), artifact_path)
+
+    def log_manifest(self, directory: str | Path) -> dict:
+        """Store ``manifest.json`` of a stage output and log its counts and timings as metrics."""
+        m = read_manifest(directory)
+        self.log_path(Path(directory) / "manifest.json")
+        self.log_metrics({**numeric_leaves("counts", m.get("counts")), **numeric_leaves("timings", m.get("timings"))})
+        self.set_tags({"eagle3.output_dir": str(directory), "eagle3.content_hash": m.get("content_hash", "")})
+        return m
+
+
+@contextmanager
+def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained",
+              tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
+    """A nested run under ``parent_run_id`` for ``stage``; FINISHED on success, FAILED (with the error) else."""
+    client, exp_id = client_for(cfg)
+    name = stage if variant == "trained" else f"{stage}-{variant}"
+    with _transient():
+        run = client.create_run(exp_id, run_name=name, tags={
+            PARENT_TAG: parent_run_id, "eagle3.stage": stage, "eagle3.variant": variant, "eagle3.cached": "false",
+            **{k: str(v) for k, v in (tags or {}).items()}})
+    sr = StageRun(client, run.info.run_id)
+    try:
+        yield sr
+    except BaseException as e:
+        finish_run(cfg, sr.run_id, error=e)
+        raise
+    finish_run(cfg, sr.run_id)
+
+
+def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: dict,
+                        tags: dict[str, Any] | None = None) -> str:
+    """A nested run for a stage Prefect served from its cache, pointing to the run that made the artifact.
+
+    ``result`` is the cached task result (``{"dir", "content_hash", "mlflow_run_id", "metrics"?}``).
+    Returns the new run id.
+    """
+    with stage_run(cfg, parent_run_id, stage, variant, tags={
+            **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.get("mlflow_run_id", ""),
+            "eagle3.output_dir": result.get("dir", ""), "eagle3.content_hash": result.get("content_hash", "")}) as sr:
+        if result.get("metrics"):
+            sr.log_metrics(result["metrics"])
+    return sr.run_id
+
+
+def log_parent_metrics(cfg: Any, run_id: str, metrics: dict[str, float]) -> None:
+    """Headline numbers on the parent run (e.g. ``acceptance_length``, ``acceptance_length_untrained``)."""
+    client, _ = client_for(cfg)
+    log_metrics(client, run_id, {k: v for k, v in metrics.items() if v is not None})
+
+
+def set_parent_tags(cfg: Any, run_id: str, tags: dict[str, Any]) -> None:
+    client, _ = client_for(cfg)
+    _log_batch(client, run_id, tags=tags)
+
+
+def log_parent_artifact(cfg: Any, run_id: str, obj: Any, name: str) -> None:
+    client, _ = client_for(cfg)
+    StageRun(client, run_id).log_dict(obj, name)
+
+
+def summarize_run(parent_run_id: str, tracking_uri: str | None = None) -> dict:
+    """What MLflow holds for one pipeline run: the parent and its nested stage runs, in start order.
+
+    The query: ``client.get_run(parent)``, then ``client.search_runs([experiment], "tags.mlflow.parentRunId =
+    '<parent>'", order_by=["attributes.start_time ASC"])``. Returns ``{"run_id", "status", "flow_run_id",
+    "params": int (how many), "metrics": {...}, "tags": {eagle3.*}, "stages": [{"stage", "variant", "run_id",
+    "status", "cached", "produced_by", "metrics"}]}``. Raises DataError if the run does not exist.
+    """
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException as e:
+        raise DataError(f"MLflow run {parent_run_id!r} not found at {tracking_uri or 'the default store'}: "
+                        f"{e}") from e
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+                                  order_by=["attributes.start_time ASC"], max_results=1000)
+    stages = [{"stage": c.data.tags.get("eagle3.stage"), "variant": c.data.tags.get("eagle3.variant"),
+               "run_id": c.info.run_id, "status": c.info.status, "cached": c.data.tags.get("eagle3.cached") == "true",
+               "produced_by": c.data.tags.get("eagle3.produced_by_run_id"), "metrics": dict(c.data.metrics)}
+              for c in children]
+    return {"run_id": parent_run_id, "status": parent.info.status, "flow_run_id": parent.data.tags.get(FLOW_RUN_TAG),
+            "params": len(parent.data.params), "metrics": dict(parent.data.metrics),
+            "tags": {k: v for k, v in parent.data.tags.items() if k.startswith("eagle3.")}, "stages": stages}
+
+
+def metric_history(run_id: str, key: str, tracking_uri: str | None = None) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric of one run (e.g. a train run's ``loss``), by step."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+OnMetrics = Callable[[dict, int], None]

@@ -1,0 +1,38 @@
+"""Prefect task of the training stage (``eagle3.train.train``), trained and untrained (max_steps=0) drafts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks import caching, prefect_tags, stage_result, task_options, tracking
+
+TIMEOUT_S = 24 * 3600.0  # seconds
+
+
+def train_key(context: Any, parameters: dict) -> str:
+    """Cache key: the hidden states' content hash, the train section, the training code."""
+    return caching.stage_key("train", parameters["cfg"], parameters["out_dir"],
+                             inputs={"data": parameters["data_dir"]})
+
+
+@task(name="train", cache_key_fn=train_key, **task_options(TIMEOUT_S))
+def train_task(cfg: Any, data_dir: str, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
+    """Train a draft on ``data_dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
+    through ``on_metrics`` as they happen, the manifest and metrics.jsonl when done."""
+    from eagle3.train import train
+
+    with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
+        manifest = train(cfg, Path(data_dir), Path(out_dir), on_metrics=sr.on_metrics, progress=False)
+        sr.log_manifest(out_dir)
+        sr.log_path(Path(out_dir) / "metrics.jsonl")
+        sr.log_path(Path(out_dir) / "config.json", "draft")
+        summary = tracking.numeric_leaves("final", manifest.get("metrics"))
+        sim = (manifest.get("metrics") or {}).get("simulated_acceptance_length")
+        if isinstance(sim, (int, float)):
+            summary["simulated_acceptance_length"] = float(sim)
+        summary["optimizer_steps"] = float(manifest.get("optimizer_steps", 0))
+        sr.log_metrics(summary)
+    return stage_result("train", out_dir, manifest, sr.run_id, summary, variant=variant)

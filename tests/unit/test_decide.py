@@ -1,0 +1,126 @@
+"""The decision rules on constructed histories, one per outcome, plus the sweep decision."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eagle3.decide import OUTCOMES, Decision, Thresholds, recommend, sweep_decision, training_signals
+from eagle3.errors import DataError
+
+FALLING = {"val_loss": [3.0, 2.7, 2.45, 2.25], "train_loss": [2.95, 2.66, 2.41, 2.2], "epochs": 2.0,
+           "unique_tokens": 40_000}
+OVERFIT = {"val_loss": [2.5, 2.4, 2.41, 2.43], "train_loss": [2.4, 2.1, 1.85, 1.6], "epochs": 4.0,
+           "unique_tokens": 5_666}
+MANY_EPOCHS = {"val_loss": [2.4, 2.35, 2.3, 2.25], "train_loss": [2.38, 2.33, 2.28, 2.23], "epochs": 12.0}
+FLAT = {"val_loss": [2.3, 2.3, 2.299, 2.3], "train_loss": [2.29, 2.29, 2.289, 2.29], "epochs": 3.0}
+
+
+def test_signals_slope_and_gap():
+    s = training_signals(FALLING)
+    tail = FALLING["val_loss"][-3:]
+    assert s["val_slope_rel"] == pytest.approx(((2.25 - 2.7) / 2) / (sum(tail) / 3))
+    assert s["gap_rel"] == pytest.approx((2.25 - 2.2) / 2.2)
+    assert s["gap_growth"] == pytest.approx((0.05 - 0.04) / 2.2)
+
+
+def test_served_far_below_offline_is_a_serving_fault():
+    d = recommend(FALLING, {"served": 1.01, "offline": 1.6, "simulated": 1.65})
+    assert d.recommendation == "fix serving integration" and d.rule == "served_below_offline"
+    assert "aux hidden-state capture" in d.to_markdown()
+
+
+def test_served_below_simulated_without_offline_is_low_confidence_serving_fault():
+    d = recommend(FALLING, {"served": 1.0, "offline": None, "simulated": 1.6})
+    assert (d.recommendation, d.confidence) == ("fix serving integration", "low")
+
+
+def test_val_loss_falling_small_gap_means_longer_training():
+    d = recommend(FALLING, {"served": 1.3, "offline": 1.32, "simulated": 1.35})
+    assert d.recommendation == "longer training" and d.rule == "val_loss_falling"
+    assert d.tags()["decision"] == "longer training"
+    assert float(d.tags()["decision.val_slope_rel"]) < 0
+
+
+def test_overfitting_means_more_data():
+    d = recommend(OVERFIT, {"served": 1.24, "offline": 1.25})
+    assert d.recommendation == "more data" and d.rule == "overfitting"
+    assert any("5,666 unique" in r for r in d.reasons)
+
+
+def test_many_epochs_means_more_data_even_while_falling():
+    d = recommend(MANY_EPOCHS, {"served": 1.3, "offline": 1.3})
+    assert d.recommendation == "more data" and d.rule == "high_epochs"
+
+
+def test_target_reached_or_plateau_means_stop():
+    assert recommend(FALLING, {"served": 2.1, "offline": 2.1, "target": 2.0}).rule == "target_reached"
+    d = recommend(FLAT, {"served": 1.50, "offline": 1.52, "history": [1.2, 1.49]})
+    assert d.recommendation == "stop" and d.rule == "acceptance_plateau"
+    # same flat losses but acceptance still moving: not a plateau → both losses flat → more data (low confidence)
+    d2 = recommend(FLAT, {"served": 1.50, "offline": 1.52, "history": [1.2, 1.3]})
+    assert (d2.recommendation, d2.rule, d2.confidence) == ("more data", "losses_flat", "low")
+
+
+def test_thresholds_change_the_outcome():
+    # with a very strict epsilon, FALLING no longer counts as "still falling" -> not longer training
+    d = recommend(FALLING, {"served": 1.3}, Thresholds(slope_eps=0.5))
+    assert d.recommendation != "longer training"
+
+
+def test_too_few_evals_and_bad_values():
+    d = recommend({"val_loss": [2.0], "train_loss": 1.9}, {"served": 1.2})
+    assert (d.recommendation, d.confidence) == ("longer training", "low")
+    with pytest.raises(DataError, match="val_loss"):
+        recommend({"val_loss": [2.0, "x"]}, {"served": 1.2})
+
+
+def test_markdown_lists_evidence():
+    md = recommend(OVERFIT, {"served": 1.24, "offline": 1.25}).to_markdown()
+    assert md.startswith("# Decision: **more data**")
+    assert "| served | 1.24 |" in md and "| epochs | 4 |" in md
+    assert all(o in OUTCOMES for o in ("more data", "stop"))
+    assert isinstance(Decision("stop", "r", []).to_dict(), dict)
+
+
+def _sweep(acc):
+    """Results for sizes 128/256 × schedules; acc(size, schedule) gives the acceptance length."""
+    out = []
+    for size, uniq in ((128, 5000), (256, 9000), (512, 16000)):
+        for sched, epochs, steps in (("cosine-3ep", 3, 3 * size), ("constant-long", 8, 8 * size)):
+            out.append({"data_size": size, "schedule": sched, "unique_tokens": uniq, "epochs": epochs,
+                        "optimizer_steps": steps, "acceptance_length": acc(size, sched), "offline": None})
+    return out
+
+
+def test_sweep_data_dominates(tmp_path):
+    res = _sweep(lambda n, s: 1.1 + 0.1 * {128: 0, 256: 1, 512: 2}[n] + (0.02 if s == "constant-long" else 0))
+    d = sweep_decision(res, plot_path=tmp_path / "scaling.png")
+    assert d.recommendation == "more data"
+    xs = np.log2([5000, 9000, 16000])
+    assert d.evidence["data_gain_per_doubling"] == pytest.approx(np.polyfit(xs, [1.1, 1.2, 1.3], 1)[0])
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
+
+
+def test_sweep_schedule_dominates_and_plateau_and_serving():
+    res = _sweep(lambda n, s: 1.1 + 0.01 * {128: 0, 256: 1, 512: 2}[n] + (0.2 if s == "constant-long" else 0))
+    d = sweep_decision(res)
+    assert d.recommendation == "longer training" and d.evidence["longest_schedule"] == "constant-long"
+    flat = sweep_decision(_sweep(lambda n, s: 1.2))
+    assert flat.recommendation == "stop" and flat.rule == "sweep_plateau"
+    broken = _sweep(lambda n, s: 1.3)
+    broken[2]["acceptance_length"], broken[2]["offline"] = 1.0, 1.4
+    assert sweep_decision(broken).recommendation == "fix serving integration"
+    with pytest.raises(DataError, match="unique_tokens"):
+        sweep_decision([{"data_size": 1, "schedule": "a", "acceptance_length": 1.0}])
+
+
+def test_history_from_metrics_aligns_train_loss_with_evals():
+    from eagle3.decide import history_from_metrics
+
+    rows = [{"step": s, "train/loss": 3.0 - 0.1 * s} for s in range(1, 9)]
+    rows += [{"step": 4, "val/loss": 2.8}, {"step": 8, "val/loss": 2.5}]
+    h = history_from_metrics(rows, epochs=2.0, unique_tokens=1234)
+    assert h["val_loss"] == [2.8, 2.5]
+    assert h["train_loss"] == pytest.approx([2.6, 2.2])
+    assert (h["epochs"], h["unique_tokens"]) == (2.0, 1234)

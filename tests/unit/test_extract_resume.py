@@ -1,0 +1,91 @@
+"""Crash safety and data parallelism of extraction: SIGKILL at a random moment + resume, CPU workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3.artifacts import content_hash
+from eagle3.extract import extract
+from eagle3.extract_store import load_sample
+from tests.unit.test_extract import file_cfg, write_convs
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = """
+import sys
+from pathlib import Path
+from eagle3.config import RunConfig
+from eagle3.extract import extract
+cfg = RunConfig.model_validate_json(Path(sys.argv[1]).read_text())
+extract(cfg, Path(sys.argv[2]), progress=False)
+"""
+
+
+def _kill_at_random(cfg_json: Path, out: Path, after_shards: int, delay_s: float, timeout_s: float = 120) -> str:
+    """Start an extraction subprocess; once ``after_shards`` shards are committed (counting earlier runs'),
+    SIGKILL it after ``delay_s`` seconds; return what it reached."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(cfg_json), str(out)], cwd=REPO,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(list(out.glob(".progress/shard_*.json"))) < after_shards and proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("extraction subprocess did not start within the deadline")
+            time.sleep(0.02)
+        time.sleep(delay_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"child failed ({proc.returncode}): {proc.stderr.read().decode()[-2000:]}")
+    proc.stderr.close()
+    return "finished" if proc.returncode == 0 else f"killed after {len(list(out.glob('.progress/shard_*')))} shards"
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moment_then_resume_gives_identical_hash(tiny_cfg, tmp_path):
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 40, words=20), n=40, shard=2, batch_size=2,
+                   max_seq_len=256)
+    ref = extract(cfg, tmp_path / "ref", progress=False)
+    cfg_json = tmp_path / "cfg.json"
+    cfg_json.write_text(cfg.model_dump_json())
+    out = tmp_path / "run"
+    # first kill: in the middle of a random shard; second: anywhere from its first new shard to the end
+    first = rng.randint(1, 18)
+    reached = [_kill_at_random(cfg_json, out, first, rng.uniform(0.0, 0.05)),
+               _kill_at_random(cfg_json, out, first + 1, rng.uniform(0.0, ref["timings"]["extract_s"]))]
+    leftovers = list((out / "hidden_states").glob(".hs_*.tmp")) if out.exists() else []
+    print(f"seed {seed}: {reached}; temporaries left by the kill: {len(leftovers)}")
+    m = extract(cfg, out, progress=False)
+    assert m["content_hash"] == ref["content_hash"] == content_hash(out), (seed, reached)
+    assert not list((out / "hidden_states").glob(".hs_*.tmp"))
+    assert len(list((out / "hidden_states").glob("hs_*.safetensors"))) == 40, (seed, reached, leftovers)
+
+
+@pytest.mark.slow
+def test_cpu_data_parallel_workers_match_single_process(tiny_cfg, tmp_path):
+    src = write_convs(tmp_path / "c.jsonl", 9, words=12)
+    single = extract(file_cfg(tiny_cfg, src, n=9, shard=2), tmp_path / "one", progress=False)
+    multi = extract(file_cfg(tiny_cfg, src, n=9, shard=2, device="cpu", num_gpus=2), tmp_path / "two",
+                    progress=False)
+    assert multi["counts"] == single["counts"] and multi["shards"]["total"] == 5
+    assert (tmp_path / "one/data").exists() and sorted(p.name for p in (tmp_path / "two/.progress").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "one/.progress").iterdir())
+    for i in range(9):
+        a, b = load_sample(tmp_path / "one", i), load_sample(tmp_path / "two", i)
+        assert torch.equal(a["token_ids"], b["token_ids"])
+        torch.testing.assert_close(a["hidden_states"], b["hidden_states"], rtol=1e-5, atol=1e-5)
+    marks = [json.loads(p.read_text()) for p in sorted((tmp_path / "two/.progress").glob("shard_*.json"))]
+    assert sorted(r for m in marks for r in range(*m["rows"])) == list(range(9))

@@ -1,0 +1,99 @@
+"""Engine command lines built from cfg.serve (no process is started here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import load_config
+from eagle3.engines import launcher
+from eagle3.engines.launcher import build_command, is_cuda_graph_crash, resolve_engine
+from eagle3.errors import ConfigError, EngineUnsupported
+
+
+def _cfg(*overrides: str):
+    return load_config(None, list(overrides))
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_sglang_command_carries_every_configured_flag():
+    cfg = _cfg("serve.speculative_num_steps=5", "serve.speculative_eagle_topk=4",
+               "serve.speculative_num_draft_tokens=8",
+               "serve.tp=8", "serve.mem_fraction_static=0.7", "serve.cuda_graph_max_bs=16", "serve.context_length=4096",
+               "serve.dtype=bfloat16", "serve.host=0.0.0.0", "serve.sglang_python=/opt/sgl/bin/python",
+               "serve.extra_args=[--attention-backend, fa3, --disable-radix-cache]",
+               "serve.env={NCCL_P2P_DISABLE: '1', NCCL_DEBUG: INFO}")
+    argv, env = build_command(cfg, Path("/m/target"), Path("/m/draft"), 31234, engine="sglang")
+    assert argv[:3] == ["/opt/sgl/bin/python", "-m", "sglang.launch_server"]
+    assert _flag(argv, "--model-path") == "/m/target"
+    assert _flag(argv, "--speculative-algorithm") == "EAGLE3"
+    assert _flag(argv, "--speculative-draft-model-path") == "/m/draft"
+    assert (_flag(argv, "--speculative-num-steps"), _flag(argv, "--speculative-eagle-topk"),
+            _flag(argv, "--speculative-num-draft-tokens")) == ("5", "4", "8")
+    assert _flag(argv, "--tp-size") == "8" and _flag(argv, "--mem-fraction-static") == "0.7"
+    assert _flag(argv, "--cuda-graph-max-bs-decode") == "16"  # 0.5.23's name; plain --cuda-graph-max-bs is ambiguous
+    assert _flag(argv, "--context-length") == "4096" and _flag(argv, "--dtype") == "bfloat16"
+    assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("0.0.0.0", "31234")
+    assert "--enable-metrics" in argv and "--disable-cuda-graph" not in argv
+    assert argv[-3:] == ["--attention-backend", "fa3", "--disable-radix-cache"]  # pass-through, verbatim, last
+    assert env == {"PYTHONUNBUFFERED": "1", "NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO"}
+
+
+def test_disable_cuda_graph_and_no_draft_means_no_speculative_flags():
+    cfg = _cfg("serve.disable_cuda_graph=true")
+    argv, _ = build_command(cfg, Path("/t"), None, 1, engine="sglang")
+    assert "--disable-cuda-graph" in argv
+    assert not [a for a in argv if a.startswith("--speculative")]
+
+
+def test_reference_command_uses_this_interpreter_and_only_flags_it_implements():
+    cfg = _cfg("serve.engine=reference", "serve.context_length=512", "serve.disable_cuda_graph=true")
+    argv, env = build_command(cfg, Path("/t"), Path("/d"), 4242)
+    assert argv[:3] == [sys.executable, "-m", "eagle3.engines.reference"]
+    assert _flag(argv, "--speculative-num-steps") == "3" and _flag(argv, "--port") == "4242"
+    assert _flag(argv, "--context-length") == "512"
+    for gpu_only in ("--tp-size", "--enable-metrics", "--disable-cuda-graph", "--dtype"):  # dtype auto: omitted
+        assert gpu_only not in argv
+    assert env["PYTHONUNBUFFERED"] == "1"
+    argv32, _ = build_command(_cfg("serve.engine=reference", "serve.dtype=float32"), Path("/t"), Path("/d"), 1)
+    assert _flag(argv32, "--dtype") == "float32"
+
+
+@pytest.mark.parametrize("override, field", [("serve.tp=2", "serve.tp"),
+                                             ("serve.mem_fraction_static=0.8", "serve.mem_fraction_static"),
+                                             ("serve.cuda_graph_max_bs=8", "serve.cuda_graph_max_bs")])
+def test_reference_refuses_gpu_only_settings_by_name(override, field):
+    with pytest.raises(EngineUnsupported, match=field):
+        build_command(_cfg("serve.engine=reference", override), Path("/t"), Path("/d"), 1)
+
+
+def test_extra_args_may_not_repeat_a_generated_flag():
+    with pytest.raises(ConfigError, match=r"serve.extra_args.*--port"):
+        build_command(_cfg("serve.extra_args=[--port=9999]"), Path("/t"), Path("/d"), 1, engine="sglang")
+
+
+def test_resolve_engine(monkeypatch):
+    assert resolve_engine(_cfg("serve.engine=reference")) == "reference"
+    with pytest.raises(EngineUnsupported, match="serve.sglang_python"):
+        resolve_engine(_cfg("serve.engine=sglang", "serve.sglang_python=/nonexistent/python"))
+    monkeypatch.setattr(launcher, "sglang_installed", lambda python: True)
+    monkeypatch.setattr(launcher, "gpu_present", lambda: True)
+    assert resolve_engine(_cfg()) == "sglang"
+    monkeypatch.setattr(launcher, "gpu_present", lambda: False)
+    assert resolve_engine(_cfg()) == "reference"  # SGLang without a GPU: auto picks the CPU reference engine
+    monkeypatch.setattr(launcher, "gpu_present", lambda: True)
+    monkeypatch.setattr(launcher, "sglang_installed", lambda python: False)
+    assert resolve_engine(_cfg()) == "reference"
+
+
+def test_cuda_graph_crash_detection():
+    assert is_cuda_graph_crash("Exception: Capture cuda graph failed: CUDA error: out of memory\n")
+    capture_then_tb = "Capturing batches (bs=160 avail_mem=10.1 GB)\nTraceback (most recent call last):\n  x\nOOM"
+    assert is_cuda_graph_crash(capture_then_tb)
+    assert not is_cuda_graph_crash("Load weight end.\nTraceback (most recent call last):\nRuntimeError: shape")
+    assert not is_cuda_graph_crash("Capturing batches (bs=1)\nThe server is fired up and ready to roll!")

@@ -1,0 +1,134 @@
+"""The training stage on the tiny-random target: skeleton outputs, the untrained baseline, bad inputs."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3.errors import ConfigError, DataError, TrainingDiverged
+from eagle3.train import train
+from tests.support.hs_fixture import build_hidden_states_dir, edit_manifest, tiny_train_cfg
+
+
+@pytest.fixture(scope="module")
+def hs_dir(tmp_path_factory, tiny_target_dir):
+    return build_hidden_states_dir(tmp_path_factory.mktemp("hs") / "hs", tiny_target_dir, num_samples=14)
+
+
+@pytest.fixture
+def hs_copy(hs_dir, tmp_path):
+    return shutil.copytree(hs_dir, tmp_path / "hs")
+
+
+def test_trains_and_writes_a_speculators_draft(hs_dir, tmp_path, tiny_target_dir):
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=4", "train.eval_every=2")
+    seen = []
+    out = tmp_path / "train"
+    man = train(cfg, hs_dir, out, on_metrics=lambda m, s: seen.append((s, m)), progress=False)
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["speculators_model_type"] == "eagle3" and conf["architectures"] == ["Eagle3DraftModel"]
+    hs_man = json.loads((hs_dir / "manifest.json").read_text())
+    assert conf["eagle_aux_hidden_state_layer_ids"] == hs_man["aux_layer_ids"]
+    assert conf["norm_before_residual"] is False
+    sd = load_file(out / "model.safetensors")
+    for name in ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                 "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight"):
+        assert name in sd, name
+    assert sd["d2t"].shape == (128,) and int(sd["t2d"].sum()) == 128
+    assert man["kind"] == "draft_checkpoint" and man["optimizer_steps"] == 4
+    assert len(man["vocab_map_hash"]) == 64
+    assert man["metrics"]["simulated_acceptance_length"] >= 1.0
+    train_steps = [s for s, m in seen if "train/loss" in m]
+    eval_steps = [s for s, m in seen if "val/loss" in m]
+    assert train_steps == [1, 2, 3, 4] and eval_steps == [2, 4]
+    m = dict(seen[0][1])
+    for k in ("train/loss", "lr", "grad_norm", "tokens_per_s", "epochs_over_data"):
+        assert k in m and m[k] == m[k], k
+    for k in range(3):
+        assert {f"train/loss_{k}", f"train/acc_full_{k}", f"train/acc_cond_{k}"} <= set(m)
+    ev = [m for s, m in seen if "val/loss" in m][-1]
+    assert {"val/simulated_acceptance_length", "train_val_gap", "val/acc_cond_2"} <= set(ev)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if x["kind"] == "train"] == [1, 2, 3, 4]
+    # frozen parts stay the verifier's: embedding and the t2d-selected rows of the (tied) head
+    target = load_file(tiny_target_dir / "model.safetensors")
+    emb = target["model.embed_tokens.weight"]
+    assert torch.equal(sd["embed_tokens.weight"], emb)
+    assert torch.equal(sd["lm_head.weight"], emb[sd["t2d"]])
+
+
+def test_untrained_baseline_has_no_optimizer_step(hs_dir, tmp_path, tiny_target_dir):
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=0")
+    out = tmp_path / "untrained"
+    man = train(cfg, hs_dir, out, progress=False)
+    assert man["optimizer_steps"] == 0 and man["exported"]["step"] == 0
+    assert not list((out / "state").glob("ckpt-*"))
+    sd = load_file(out / "model.safetensors")
+    # same seed → the same random init of the trainable part as any run's step 0
+    cfg2 = tiny_train_cfg(tmp_path / "runs", "train.max_steps=0")
+    man2 = train(cfg2, hs_dir, tmp_path / "untrained2", progress=False)
+    assert torch.equal(sd["fc.weight"], load_file(tmp_path / "untrained2" / "model.safetensors")["fc.weight"])
+    assert man2["vocab_map_hash"] == man["vocab_map_hash"]
+    assert man["metrics"]["final_eval"]["val/simulated_acceptance_length"] >= 1.0
+
+
+def test_flag_the_engine_implements_differently_is_refused(hs_dir, tmp_path):
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.norm_before_residual=true")
+    with pytest.raises(ConfigError, match="norm_before_residual"):
+        train(cfg, hs_dir, tmp_path / "t", progress=False)
+    assert not (tmp_path / "t" / "model.safetensors").exists()
+
+
+def test_empty_dataset(tmp_path, tiny_target_dir):
+    d = build_hidden_states_dir(tmp_path / "empty", tiny_target_dir, empty=True)
+    with pytest.raises(DataError, match="empty dataset"):
+        train(tiny_train_cfg(tmp_path / "runs"), d, tmp_path / "t", progress=False)
+
+
+def test_hidden_size_disagreeing_with_target(hs_copy, tmp_path):
+    edit_manifest(hs_copy, target__hidden_size=128)
+    with pytest.raises(DataError, match=r"target.hidden_size 128.*hidden_size=64"):
+        train(tiny_train_cfg(tmp_path / "runs"), hs_copy, tmp_path / "t", progress=False)
+
+
+def test_hidden_states_wider_than_target(hs_copy, tmp_path):
+    from safetensors.torch import save_file
+
+    for f in (hs_copy / "hidden_states").glob("hs_*.safetensors"):
+        t = load_file(f)
+        save_file({"token_ids": t["token_ids"], "hidden_states": torch.cat([t["hidden_states"]] * 2, -1)}, f)
+    with pytest.raises(DataError, match=r"shape expected \[\d+, 4, 64\]"):
+        train(tiny_train_cfg(tmp_path / "runs"), hs_copy, tmp_path / "t", progress=False)
+
+
+def test_dataset_from_another_target(hs_copy, tmp_path):
+    edit_manifest(hs_copy, target__path=str(tmp_path / "some-other-model"))
+    with pytest.raises(DataError, match="another target"):
+        train(tiny_train_cfg(tmp_path / "runs"), hs_copy, tmp_path / "t", progress=False)
+
+
+def test_unwritable_output_dir(hs_dir, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        train(tiny_train_cfg(tmp_path / "runs"), hs_dir, blocker / "train", progress=False)
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(hs_dir, tmp_path, monkeypatch):
+    import eagle3.train_loop as loop
+
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=8", "train.checkpoint_every=2", "train.epochs=3")
+    out = tmp_path / "t"
+    real = loop.forward
+
+    def poisoned(run, batch, counts):  # the 4th optimizer step's loss becomes NaN
+        loss = real(run, batch, counts)
+        return loss * float("nan") if run.step == 3 else loss
+
+    monkeypatch.setattr(loop, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"optimizer step 4 .*ckpt-00000002"):
+        train(cfg, hs_dir, out, progress=False)
+    assert [p.name for p in (out / "state").glob("ckpt-*")] == ["ckpt-00000002"]
+    assert not (out / "manifest.json").exists()

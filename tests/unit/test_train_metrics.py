@@ -1,0 +1,60 @@
+import math
+
+import pytest
+import torch
+
+from eagle3.train_data import collate, pack
+from eagle3.train_metrics import add_batch, new_counts, simulated_acceptance_length, summarize
+from eagle3.train_state import lr_factor
+
+
+def test_simulated_acceptance_length_counts_the_bonus_token():
+    assert simulated_acceptance_length([0.0, 0.9, 0.9]) == 1.0
+    assert simulated_acceptance_length([1.0, 1.0, 1.0]) == 4.0
+    assert simulated_acceptance_length([0.5, 0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_full_and_conditional_accuracy_respect_documents_and_mask():
+    # 6 positions, two documents [0,0,0,1,1,1]; verifier argmax = 0..5
+    tgt = torch.arange(6)[None]
+    doc = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    # step 0 predicts tgt[p]: right at p=0,1,3 ; step 1 predicts tgt[p+1]: right at p=0,3 and (wrongly) p=2
+    d0 = torch.tensor([[0, 1, 9, 3, 9, 9]])
+    d1 = torch.tensor([[1, 9, 3, 4, 9, 9]])  # p=2 -> tgt[3] but crosses into doc 1: not valid
+    c = new_counts(2)
+    add_batch(c, [d0, d1], tgt, mask, doc, [torch.tensor(0.5), torch.tensor(0.25)])
+    m = summarize(c, "x")
+    assert m["x/acc_full_0"] == pytest.approx(3 / 5)
+    # step 1 valid starts: p=0,1 (targets 1,2 in doc 0), p=3 (target 4); p=4 -> target 5 masked
+    assert m["x/acc_full_1"] == pytest.approx(2 / 3)
+    # conditional: among valid starts whose step 0 was right (p=0,1,3): p=0 and p=3 right
+    assert m["x/acc_cond_1"] == pytest.approx(2 / 3)
+    assert m["x/simulated_acceptance_length"] == pytest.approx(1 + 0.6 + 0.6 * 2 / 3)
+    # chain: starts with valid step 0 (5): runs p0=2, p1=1, p2=0, p3=2, p4=0 -> mean 1.0 + 1
+    assert m["x/chain_acceptance_length"] == pytest.approx(1 + 5 / 5)
+    assert m["x/loss"] == pytest.approx(0.75)
+
+
+def test_lr_schedules():
+    kw = dict(warmup_steps=4, total_steps=14)
+    assert [lr_factor(s, schedule="epochs", **kw) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, schedule="epochs", **kw) == 1.0
+    assert lr_factor(9, schedule="epochs", **kw) == pytest.approx(0.5)
+    assert lr_factor(14, schedule="epochs", **kw) == pytest.approx(0.0)
+    assert lr_factor(14, schedule="epochs", min_ratio=0.1, **kw) == pytest.approx(0.1)
+    assert lr_factor(1000, schedule="constant", **kw) == 1.0
+    assert lr_factor(1, schedule="constant", **kw) == 0.5
+    assert math.isfinite(lr_factor(0, schedule="epochs", warmup_steps=0, total_steps=0))
+
+
+def test_packing_keeps_documents_and_budget():
+    batches = pack([5, 1, 7, 2], [40, 50, 30, 96], 96)
+    assert batches == [[5, 1], [7], [2]]
+    s = [{"hidden_states": torch.zeros(n, 6), "verifier_last_hidden_states": torch.zeros(n, 2),
+          "input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
+          "position_ids": torch.arange(1, n + 1)} for n in (3, 2)]
+    b = collate(s, torch.device("cpu"), torch.float32)
+    assert b["document_ids"].tolist() == [[0, 0, 0, 1, 1]]
+    assert b["position_ids"].tolist() == [[1, 2, 3, 1, 2]]
+    assert b["hidden_states"].shape == (1, 5, 6)
