@@ -62,3 +62,11 @@ $(SGLANG_VENV)/.installed:
 # Tier 2: the full SGLang server on the CPU (minutes; opt-in).
 test-sglang-server: env sglang-env
 	$(BIN)/python -m pytest -q -m sglang_server tests/sglang/test_tier2_server.py
+
+# Local stack (issue 8): Prefect server + MLflow server on 127.0.0.1 (SQLite) + the process serving the
+# deployments of prefect.yaml. `make stack-down` stops exactly the recorded process groups.
+stack-up: env
+	VENV_BIN=$(abspath $(BIN)) infra/stack.sh up
+
+stack-down:
+	infra/stack.sh down

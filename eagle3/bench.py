@@ -246,15 +246,22 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
             "server": main["window"], "settings": settings}
 
 
-def save_report(report: dict, out_dir: str | Path) -> Path:
-    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind ``acceptance_report``)."""
+def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) -> Path:
+    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind ``acceptance_report``).
+
+    ``offline``: an :func:`offline_acceptance` result for the same prompts; stored as ``report["offline"]``
+    (without its per-request rows) and ``summary["offline_acceptance_length"]``, and drawn beside the served bars.
+    """
     from eagle3.plots import plot_acceptance_by_category
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if offline is not None:
+        report["offline"] = {k: v for k, v in offline.items() if k != "per_request"}
+        report["summary"]["offline_acceptance_length"] = offline["acceptance_length"]
     atomic_write_json(out / "report.json", report)
     if any(v.get("acceptance_length") for v in report["per_category"].values()):
-        plot_acceptance_by_category(report, out / "acceptance_by_category.png")
+        plot_acceptance_by_category(report, out / "acceptance_by_category.png", offline=offline)
     s = report["summary"]
     write_manifest(out, "acceptance_report", config=report["settings"],
                    counts={"num_prompts": s["num_prompts"], "output_tokens": s["output_tokens"]},

@@ -14,7 +14,8 @@ as ``hf_id - 1`` (missing ids: the EAGLE-3 default rule written out explicitly, 
 ``target_dir`` is given; ``tie_word_embeddings`` is false and ``draft_vocab_size`` explicit; ``d2t`` (and ``t2d``,
 which SGLang ignores, for the map checks) are kept; legacy names become ``layers.0.*`` / ``fc_norm.{i}``; a draft
 flag the engine does not implement is a ConfigError (profile ``check_flags``); a speculators layer ``i >= 1``
-has its ``input_layernorm`` renamed ``hidden_norm`` (SGLang's later layers normalise with ``hidden_norm``).
+has its ``input_layernorm`` also written as ``hidden_norm`` (SGLang's later layers normalise their input with
+``hidden_norm``; checked by the equivalence test with a 2-layer draft).
 The result is written atomically, validated (:func:`eagle3.validate.validate`) before it is published, and
 SRC is only read.
 """
@@ -109,10 +110,10 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
             renamed[name] = "(dropped: training-only)"
             continue
         m = re.fullmatch(r"layers\.(\d+)\.input_layernorm\.weight", name)
-        new = f"layers.{m.group(1)}.hidden_norm.weight" if m and int(m.group(1)) >= 1 else name
-        if new != name:
-            renamed[name] = new
-        tensors[new] = t
+        if m and int(m.group(1)) >= 1:  # SGLang's later layers read hidden_norm; input_layernorm kept (unused)
+            tensors[f"layers.{m.group(1)}.hidden_norm.weight"] = t
+            renamed[name] = f"{name} + layers.{m.group(1)}.hidden_norm.weight (copy)"
+        tensors[name] = t
     trained = {k: bool(v) for k, v in flags.items() if v is not None}
     trained.setdefault("norm_before_residual", False)  # speculators 0.9.0's default
     return out, tensors, {"hf_ids": list(hf_ids), "trained_flags": trained, "renamed": renamed}
@@ -147,6 +148,14 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
     return cfg, tensors, {"hf_ids": list(hf_ids), "trained_flags": flags, "renamed": renamed}
 
 
+def _vocab_padded(src_manifest: dict) -> bool:
+    """True when training recorded an explicit pad decision (draft slots beyond the data's distinct tokens)."""
+    vocab = src_manifest.get("vocab") or {}
+    n_data, size = vocab.get("num_from_data"), vocab.get("draft_vocab_size")
+    return bool(src_manifest.get("vocab_padded")) or (isinstance(n_data, int) and isinstance(size, int)
+                                                       and n_data < size)
+
+
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -160,8 +169,9 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     Writes ``dst/config.json``, ``dst/model.safetensors`` and ``dst/manifest.json`` (kind
     ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (``layer_id_convention``
     ``"hf_hidden_states_index"``), ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
-    ``rope_from_target`` (keys whose value the target's config replaced), and the source draft manifest's
-    ``data_manifest_hash`` / ``target`` when present). ``dst`` appears only if the result validates.
+    ``rope_from_target`` (keys whose value the target's config replaced), ``vocab_padded``, and from the
+    source draft manifest ``data_manifest_hash``, ``data_content_hash`` (its ``inputs.hidden_states``), ``target``).
+    ``dst`` appears only if the result validates.
 
     Raises:
         ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need ``target_dir``.
@@ -196,7 +206,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
              "trained_flags": info["trained_flags"], "renamed": info["renamed"], "rope_from_target": rope_changed,
              "target": {"path": str(target_dir)} if target_dir is not None else src_manifest.get("target"),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
-             "vocab_padded": bool(src_manifest.get("vocab_padded", False))}
+             "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
+             "vocab_padded": _vocab_padded(src_manifest)}
     if "d2t" in tensors and "t2d" in tensors:
         from eagle3.vocab import vocab_map_hash
 

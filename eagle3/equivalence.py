@@ -63,8 +63,9 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor) ->
                       "norm": model.norm, "logits": model.lm_head}, got)
     try:
         with torch.no_grad():
-            model(hidden_states=aux[None].float(), input_ids=input_ids[None], document_ids=torch.zeros(1, T, dtype=torch.long),
-                  position_ids=torch.arange(1, T + 1)[None], ttt_steps=1)
+            model(hidden_states=aux[None].float(), input_ids=input_ids[None],  # [1, T, n_aux*H], [1, T]
+                  document_ids=torch.zeros(1, T, dtype=torch.long), position_ids=torch.arange(1, T + 1)[None],
+                  ttt_steps=1)
     finally:
         for h in handles:
             h.remove()
@@ -73,7 +74,9 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor) ->
     return out, model
 
 
-def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tensor, embed: torch.Tensor) -> tuple[dict, object]:
+def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tensor,
+                 embed: torch.Tensor) -> tuple[dict, object]:
+    """Run SGLangEagle3Draft (EXTEND, positions 0..T-1) with the target's embedding; per-component outputs."""
     from eagle3.engines.sglang_draft import SGLangEagle3Draft
 
     draft = SGLangEagle3Draft.from_dir(serving_dir, dtype=torch.float32, target_embed=embed.float())

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -217,6 +218,16 @@ class ModelIndex:
                       if any(method in c.methods for c in classes.values()))
 
 
+@functools.lru_cache(maxsize=4)
+def _cached_index(root: str, mtime_ns: int) -> ModelIndex:
+    return ModelIndex(EngineSource(root))
+
+
+def model_index(source: EngineSource) -> ModelIndex:
+    """:class:`ModelIndex` of ``source``, parsed once per process (keyed by path and modification time)."""
+    return _cached_index(str(source.root), source.root.stat().st_mtime_ns)
+
+
 def target_architecture(target_dir: str | Path) -> str:
     """``architectures[0]`` of the target's ``config.json``; DataError if unreadable or absent."""
     path = Path(target_dir) / "config.json"
@@ -246,7 +257,7 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
         get_profile(engine, version).require_aux_capture(target_class)
         return {"class": target_class, "engine": engine, "version": version, "captures": True,
                 "module": None, "how": "pinned profile list"}
-    index = ModelIndex(source)
+    index = model_index(source)
     if target_class not in index.entry_classes:
         raise EngineUnsupported(f"target class {target_class}: not a registered model class (EntryClass) of "
                                 f"{engine} {version} ({source.root}); it cannot serve as the target")
@@ -286,7 +297,8 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path, *, context_le
     """Static memory the engine needs vs what ``--mem-fraction-static`` grants (bytes).
 
     need = target weights (file sizes) + draft weights (file sizes; conservative: the engine allocates the
-    draft's embedding before replacing it by the target's) + KV cache of target and draft at ``context_length`` tokens × ``batch_size``
+    draft's embedding before replacing it by the target's) + KV cache of target and draft at
+    ``context_length`` tokens × ``batch_size``
     sequences (2 × layers × kv_heads × head_dim × bytes per token). budget = ``gpu_memory_bytes ×
     mem_fraction_static``. Returns every number and ``fits``; raises ConfigError when it does not fit,
     with the breakdown in the message (failure class 19).

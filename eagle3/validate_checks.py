@@ -5,6 +5,7 @@ Every message names the key, tensor or field and both the expected and the actua
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -155,7 +156,8 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
     if t2d is None:
         return out
     if t2d.dim() != 1 or t2d.numel() != vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"t2d: expected length vocab_size={vocab}, got shape {list(t2d.shape)}"))
+        out.append(Problem("VOCAB_MAP_INVALID", f"t2d: expected length vocab_size={vocab}, "
+                           f"got shape {list(t2d.shape)}"))
         return out
     n_true = int(t2d.to(torch.bool).sum())
     if n_true != draft_vocab:
@@ -175,9 +177,10 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         return [Problem("CONFIG_FIELD", f"config.json vocab_size: expected an integer, got {vocab!r}")]
     if dv is None:
         head = t.get("lm_head.weight")
-        if head is not None and head.shape[0] != vocab:
+        if head is not None and not cfg.get("tie_word_embeddings"):
             return [Problem("CONFIG_FIELD", f"config.json draft_vocab_size: expected {head.shape[0]} (lm_head rows), "
-                            f"got none (the engine then assumes vocab_size={vocab})")]
+                            f"got none: {profile.engine} {profile.version} then assumes vocab_size={vocab} and "
+                            f"replaces the draft's lm_head by the target's (load_lm_head_from_target)")]
         dv = vocab
     d2t = next((v for k, v in sorted(t.items()) if "d2t" in k), None)  # the loader matches by substring
     t2d = next((v for k, v in sorted(t.items()) if "t2d" in k), None)
@@ -195,7 +198,8 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
 
         actual = vocab_map_hash(d2t, t2d)
         if actual != recorded:
-            out.append(Problem("VOCAB_MAP_CHANGED", f"d2t/t2d: manifest.json vocab_map_hash expected {recorded[:12]}…, "
+            out.append(Problem("VOCAB_MAP_CHANGED", f"d2t/t2d: manifest.json vocab_map_hash expected "
+                               f"{recorded[:12]}…, "
                                f"got {actual[:12]}… (map regenerated: lm_head rows now mean other tokens)"))
     return out
 
@@ -218,7 +222,8 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
             else None
         extra = f"; top-level eagle_aux_hidden_state_layer_ids={top} is not read by {profile.engine}" if top else ""
         out.append(Problem("AUX_IDS_MISSING", f"{profile.aux_ids_key}: expected the draft's aux layer ids, got "
-                           f"{ids!r}: {profile.engine} {profile.version} falls back to {profile.aux_default_rule}{extra}"))
+                           f"{ids!r}: {profile.engine} {profile.version} falls back to "
+                           f"{profile.aux_default_rule}{extra}"))
         return out
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         return out + [Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}: expected integers, got {ids}")]
@@ -278,7 +283,8 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target) -> list
         out.append(Problem("TARGET_HIDDEN_SIZE", f"config.json target_hidden_size: expected {th} (draft hidden_size "
                            f"{cfg.get('hidden_size')} differs from the target's), got none"))
     if cfg.get("vocab_size") != tc.get("vocab_size"):
-        out.append(Problem("VOCAB_SIZE_MISMATCH", f"config.json vocab_size: expected the target's {tc.get('vocab_size')}, "
+        out.append(Problem("VOCAB_SIZE_MISMATCH", f"config.json vocab_size: expected the target's "
+                           f"{tc.get('vocab_size')}, "
                            f"got {cfg.get('vocab_size')}"))
     if _rope(cfg) != _rope(tc):
         out.append(Problem("ROPE_MISMATCH", f"config.json rope (theta, scaling): expected the target's {_rope(tc)}, "
@@ -312,9 +318,10 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
                            "decoding, got speculative settings"))
     dt = data.get("target") or {}
     man = ck.manifest or {}
-    if man.get("data_manifest_hash") and data.get("content_hash") and man["data_manifest_hash"] != data["content_hash"]:
-        out.append(Problem("DATA_INVALID", f"manifest.json data_manifest_hash: expected the given data's content_hash "
-                           f"{data['content_hash'][:12]}…, got {man['data_manifest_hash'][:12]}…"))
+    if man.get("data_content_hash") and data.get("content_hash") and man["data_content_hash"] != data["content_hash"]:
+        out.append(Problem("DATA_INVALID", f"manifest.json data_content_hash: the draft was trained on hidden states "
+                           f"{man['data_content_hash'][:12]}…, expected the given data's content_hash "
+                           f"{data['content_hash'][:12]}…"))
     if target is None:
         return out
     from eagle3.artifacts import sha256_file
@@ -328,19 +335,28 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     return out
 
 
-def _template_problems(target: Target, data: dict) -> list[Problem]:
+@functools.lru_cache(maxsize=8)
+def _tokenizer_hashes(path: str, stamp: tuple) -> dict[str, str]:
+    """``{chat_template_hash, tokenizer_hash}`` of the target's tokenizer, as extraction computes them
+    (:mod:`eagle3.data`); cached per folder and file mtimes (``stamp``)."""
     from transformers import AutoTokenizer
 
     from eagle3.data import template_hash, tokenizer_hash
 
+    tok = AutoTokenizer.from_pretrained(path)
+    return {"chat_template_hash": template_hash(tok), "tokenizer_hash": tokenizer_hash(tok)}
+
+
+def _template_problems(target: Target, data: dict) -> list[Problem]:
+    stamp = tuple(sorted((f.name, f.stat().st_mtime_ns) for f in target.path.iterdir()
+                         if f.suffix in (".json", ".jinja", ".txt", ".model")))
     try:
-        tok = AutoTokenizer.from_pretrained(str(target.path))
+        hashes = _tokenizer_hashes(str(target.path), stamp)
     except (OSError, ValueError) as e:
         return [Problem("TOKENIZER_MISMATCH", f"target tokenizer {target.path}: expected a loadable tokenizer ({e})")]
     out = []
-    for key, fn, code in (("chat_template_hash", template_hash, "CHAT_TEMPLATE_MISMATCH"),
-                          ("tokenizer_hash", tokenizer_hash, "TOKENIZER_MISMATCH")):
-        if key in data and data[key] != fn(tok):
-            out.append(Problem(code, f"data manifest {key}: expected the serving target's {fn(tok)[:12]}…, got "
+    for key, code in (("chat_template_hash", "CHAT_TEMPLATE_MISMATCH"), ("tokenizer_hash", "TOKENIZER_MISMATCH")):
+        if key in data and data[key] != hashes[key]:
+            out.append(Problem(code, f"data manifest {key}: expected the serving target's {hashes[key][:12]}…, got "
                                f"{str(data[key])[:12]}… (the draft learned other token streams)"))
     return out

@@ -128,7 +128,7 @@ def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
 
 def mlflow_ui(cfg: RunConfig, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str, str]:
     """(link to the run in the MLflow UI, command that opens the UI) for the config's tracking store."""
-    uri = cfg.mlflow_uri()
+    uri = tracking.tracking_uri(cfg)
     page = f"#/experiments/{experiment_id}/runs/{run_id}" if experiment_id and run_id else ""
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/{page}", f"open {uri}"
@@ -140,7 +140,7 @@ def publish_summary(cfg: RunConfig, parent: str, title: str, lines: list[str]) -
     """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links."""
     _, exp_id = tracking.client_for(cfg)
     link, cmd = mlflow_ui(cfg, exp_id, parent)
-    md = "\n".join([f"# {title}", "", *lines, "", f"- MLflow run: [{parent}]({link}) (store `{cfg.mlflow_uri()}`)",
+    md = "\n".join([f"# {title}", "", *lines, "", f"- MLflow run: [{parent}]({link}) (store `{tracking.tracking_uri(cfg)}`)",
                     f"- open the MLflow UI: `{cmd}`", f"- run directory: `{cfg.run_dir()}`"])
     key = re.sub(r"[^a-z0-9-]", "-", f"eagle3-{cfg.name}".lower())
     create_markdown_artifact(markdown=md, key=key, description=title)

@@ -12,9 +12,9 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (load_run_config, local_prefect, mlflow_ui, parent_run, publish_summary, run_stage,
-                          split_overrides, stage_dirs, stop_ephemeral_server, untrained_config,
-                          SECRET_OVERRIDES_ENV)
+from flows.common import (SECRET_OVERRIDES_ENV, load_run_config, local_prefect, mlflow_ui, parent_run,
+                          publish_summary, run_stage, split_overrides, stage_dirs, stop_ephemeral_server,
+                          untrained_config)
 from tasks import tracking
 from tasks.bench import decision_task, gate_task
 from tasks.convert import convert_task
@@ -25,35 +25,31 @@ from tasks.train import train_task
 FLOW_NAME = "eagle3-pipeline"
 
 
-def draft_line(cfg: Any, parent: str, data: dict, variant: str, record: dict) -> dict:
-    """train → convert+validate+equivalence → deploy+bench for one variant (trained, or untrained baseline)."""
-    d = stage_dirs(cfg, variant)
-    common = {"cfg": cfg, "parent": parent, "variant": variant, "record": record}
-    draft = run_stage(train_task, stage="train", data_dir=data["dir"], out_dir=str(d["train"]), **common)
-    serving = run_stage(convert_task, stage="convert", draft_dir=draft["dir"], data_dir=data["dir"],
-                        out_dir=str(d["serving"]), **common)
-    bench = run_stage(deploy_task, stage="deploy-bench", serving_dir=serving["dir"], deploy_dir=str(d["deploy"]),
-                      bench_dir=str(d["bench"]), timeout_s=deploy_timeout_s(cfg), **common)
-    return {"train": draft, "serving": serving, "bench": bench}
-
-
 @flow(name=FLOW_NAME, log_prints=False)
 def eagle3_pipeline(config_path: str, overrides: list[str] | None = None) -> dict:
     """The whole pipeline on one config. Returns the summary dict (acceptance lengths, decision, MLflow ids).
 
-    Raises the first stage's error (its message starts ``stage <name> failed:``); nothing is left running.
+    Stage by stage; the untrained baseline (``train.max_steps=0``) goes through every stage after extraction
+    next to the trained draft. Raises the first failing stage's error (its message starts ``stage <name>
+    failed:``); the MLflow parent run is then FAILED and no engine is left running.
     """
     cfg = load_run_config(config_path, overrides)
+    lines = [("trained", cfg)] + ([("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else [])
     record: dict[str, str] = {}
     with parent_run(cfg, FLOW_NAME) as parent:
-        data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract", out_dir=str(stage_dirs(cfg)["extract"]),
-                         record=record)
-        trained = draft_line(cfg, parent, data, "trained", record)
-        untrained = (draft_line(untrained_config(cfg), parent, data, "untrained", record)
-                     if cfg.bench.baseline_untrained else None)
-        gate = gate_task.with_options(task_run_name="acceptance-gate")(
-            cfg, trained["bench"], untrained["bench"] if untrained else None, trained["serving"]["dir"], parent)
-        decision = decision_task(cfg, trained["train"]["dir"], trained["train"], gate, parent)
+        data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
+                         out_dir=str(stage_dirs(cfg)["extract"]), record=record)
+        drafts = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, record=record,
+                               data_dir=data["dir"], out_dir=str(stage_dirs(c, v)["train"])) for v, c in lines}
+        serving = {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v, record=record,
+                                draft_dir=drafts[v]["dir"], data_dir=data["dir"],
+                                out_dir=str(stage_dirs(c, v)["serving"])) for v, c in lines}
+        bench = {v: run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
+                              serving_dir=serving[v]["dir"], deploy_dir=str(stage_dirs(c, v)["deploy"]),
+                              bench_dir=str(stage_dirs(c, v)["bench"]), timeout_s=deploy_timeout_s(c))
+                 for v, c in lines}
+        gate = gate_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"]["dir"], parent)
+        decision = decision_task(cfg, drafts["trained"]["dir"], drafts["trained"], gate, parent)
         summary = pipeline_summary(cfg, parent, gate, decision, record)
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
     return summary
@@ -67,7 +63,7 @@ def pipeline_summary(cfg: Any, parent: str, gate: dict, decision: dict, record: 
           f"- acceptance length, trained draft: **{fmt(gate.get('served'))}**",
           f"- acceptance length, untrained baseline: **{fmt(gate.get('untrained'))}**",
           f"- decision: **{decision.get('recommendation')}** (rule `{decision.get('rule')}`)"]
-    return {"config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": cfg.mlflow_uri(),
+    return {"config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": tracking.tracking_uri(cfg),
             "experiment_id": exp_id, "parent_run_id": parent, "stages": record,
             "acceptance_length": gate.get("served"), "acceptance_length_untrained": gate.get("untrained"),
             "acceptance_length_offline": gate.get("offline"), "beats_baseline": gate.get("beats_baseline"),

@@ -42,14 +42,16 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
 
     target = resolve_target(cfg)
     try:
-        manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target)
+        manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
+                           version=cfg.convert.engine_version)
         problems = validate(out_dir, target_dir=target, engine=cfg.convert.engine,
                             data_manifest=read_manifest(data_dir))
         if problems:
             raise CheckpointInvalid(f"{out_dir}: {len(problems)} problem(s) for {cfg.convert.engine} "
                                     f"{cfg.convert.engine_version}: " + "; ".join(str(p) for p in problems),
                                     problems)
-        report = check_equivalence(draft_dir, out_dir, data_dir, atol=cfg.convert.equivalence_atol)
+        report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target, atol=cfg.convert.equivalence_atol,
+                                   engine=cfg.convert.engine, version=cfg.convert.engine_version)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise

@@ -1,8 +1,9 @@
 """Prefect task of deploy + benchmark: launch the engine, pass the readiness gate, measure, tear down.
 
-The engine process is a context manager (``eagle3.engines.launcher.launch_engine``): it is stopped in
-``finally`` whatever happens, so a failed gate or benchmark leaves no server behind. The gate's phase
-timeline (seconds per phase) goes to MLflow as metrics and as ``gate.json``.
+The engine process is a context manager (``eagle3.engines.launcher.launch_ready``: launch_engine +
+wait_ready): its process group is ended in ``finally`` whatever happens, so a failed gate or benchmark
+leaves no server behind. The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as
+``gate.json``.
 """
 
 from __future__ import annotations
@@ -23,39 +24,46 @@ def deploy_timeout_s(cfg: Any) -> float:
 
 def deploy_key(context: Any, parameters: dict) -> str:
     """Cache key: the serving checkpoint's content hash, target + serve sections, the measuring bench settings
-    (not the gate's minimum), the target folder, the engine/gate/bench code."""
+    (not the gate's minimum), the target folder, a prompt file's bytes, the engine/gate/bench code."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
+    files = {"target": resolve_target(cfg)}
+    if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not only its name
+        files["prompts"] = Path(cfg.bench.prompts).expanduser()
     return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving_dir"]},
-                             files={"target": resolve_target(cfg)}, extra={"bench": caching.bench_settings(cfg)})
+                             files=files, extra={"bench": caching.bench_settings(cfg)})
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
-    """Launch → wait_ready (GateFailed unless ``ready``) → run_bench → teardown (in ``finally``). Returns the
-    acceptance report."""
+    """launch → readiness gate (``launch_ready``: GateFailed unless ready) → run_bench → teardown (the context
+    manager ends the engine's process group in every case). Returns the acceptance report."""
     from eagle3.assets import resolve_target
     from eagle3.bench import run_bench
-    from eagle3.engines.launcher import launch_engine
-    from eagle3.errors import GateFailed
-    from eagle3.readiness import wait_ready
+    from eagle3.engines.launcher import launch_ready
 
     target = resolve_target(cfg)
-    deploy_dir.mkdir(parents=True, exist_ok=True)
-    s, b = cfg.serve, cfg.bench
-    with launch_engine(cfg, target, serving_dir, deploy_dir) as engine:
-        sr.set_tags({"eagle3.engine_url": engine.url, "eagle3.engine_pid": engine.pid})
-        gate = wait_ready(engine.url, pid=engine.pid, log_path=engine.log_path, timeout_s=s.startup_timeout_s,
-                          stall_timeout_s=s.stall_timeout_s, poll_interval_s=s.poll_interval_s,
-                          probe_timeout_s=s.probe_timeout_s, diagnostics_dir=deploy_dir / "diagnostics")
+    b = cfg.bench
+    with launch_ready(cfg, target, serving_dir, deploy_dir) as (engine, gate):
+        sr.set_tags({"eagle3.engine": engine.engine, "eagle3.engine_url": engine.url, "eagle3.gate_verdict": gate.verdict})
         sr.log_metrics(gate.metrics())
         sr.log_dict(gate.to_dict(), "gate.json")
-        sr.set_tags({"eagle3.gate_verdict": gate.verdict})
-        if not gate.ready:
-            raise GateFailed(gate.summary(), verdict=gate.verdict, diagnostics_dir=gate.diagnostics_dir)
         return run_bench(engine.url, prompts=b.prompts, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens,
                          temperature=b.temperature, concurrency=b.concurrency, tokenizer_dir=target,
                          out_dir=bench_dir, request_timeout_s=b.request_timeout_s)
+
+
+def log_attempts(sr: Any, deploy_dir: Path) -> None:
+    """The gate's phase timeline of every launch attempt (``attempts.json``) as metrics ``attempt<i>.<phase>_s``
+    (also when the gate failed) and the whole deploy folder (engine logs, diagnostics) as artifacts."""
+    import json
+
+    path = deploy_dir / "attempts.json"
+    if path.is_file():
+        for a in json.loads(path.read_text()):
+            sr.log_metrics({f"attempt{a['attempt']}.{k}_s": float(v) for k, v in (a.get("phases") or {}).items()})
+            sr.set_tags({f"eagle3.attempt{a['attempt']}.verdict": a.get("verdict")})
+    sr.log_path(deploy_dir, "deploy")
 
 
 @task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
@@ -71,7 +79,7 @@ def deploy_task(cfg: Any, serving_dir: str, deploy_dir: str, bench_dir: str, par
         try:
             report = serve_and_measure(cfg, Path(serving_dir), Path(deploy_dir), Path(bench_dir), sr)
         finally:
-            sr.log_path(Path(deploy_dir), "deploy")  # engine log, diagnostics: also when it failed
+            log_attempts(sr, Path(deploy_dir))  # engine log, timeline, diagnostics: also when it failed
         s = report["summary"]
         metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for i, v in enumerate(report.get("per_position") or []):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,31 @@ def extract_key(context: Any, parameters: dict) -> str:
                              files={"dataset": dataset_file(cfg), "target": resolve_target(cfg)})
 
 
+def extract_superseding(cfg: Any, out_dir: Path) -> dict:
+    """``eagle3.extract.extract``, replacing an extraction of another plan that ``out_dir`` still holds.
+
+    The task runs only on a cache miss, i.e. when the data, target, settings or code changed. An output of the
+    same plan is reused or resumed by ``extract`` itself; one of a different plan (finished or partial) is
+    superseded: it is removed and the extraction starts over (``extract`` refuses to mix plans, with a
+    DataError naming the plan hashes, which is what is recognised here).
+    """
+    from eagle3.errors import DataError
+    from eagle3.extract import extract
+
+    try:
+        return extract(cfg, out_dir, progress=False)
+    except DataError as e:
+        if "plan hash" not in str(e) or not out_dir.is_dir():
+            raise
+    shutil.rmtree(out_dir)
+    return extract(cfg, out_dir, progress=False)
+
+
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
 def extract_task(cfg: Any, out_dir: str, parent_run_id: str) -> dict:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow."""
-    from eagle3.extract import extract
-
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
-        manifest = extract(cfg, Path(out_dir), progress=False)
+        manifest = extract_superseding(cfg, Path(out_dir))
         sr.log_manifest(out_dir)
         metrics = {f"counts.{k}": float(v) for k, v in manifest.get("counts", {}).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}

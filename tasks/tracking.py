@@ -22,6 +22,7 @@ Errors: a connection failure or 5xx from a tracking server becomes :class:`eagle
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from contextlib import contextmanager
@@ -60,12 +61,18 @@ def _transient() -> Iterator[None]:
         raise TransientError(f"MLflow tracking server unreachable: {e}") from e
 
 
+def tracking_uri(cfg: Any) -> str:
+    """Where a run logs: ``tracking.mlflow_uri`` when the config sets it, else ``$MLFLOW_TRACKING_URI`` (set by
+    ``infra/stack.sh``'s env.sh), else the local store ``sqlite:///<runs_dir>/mlflow.db``."""
+    return cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_uri()
+
+
 def client_for(cfg: Any) -> tuple[MlflowClient, str]:
-    """(client, experiment id) for a RunConfig: ``cfg.mlflow_uri()``, experiment ``cfg.tracking.experiment``.
+    """(client, experiment id) for a RunConfig: :func:`tracking_uri`, experiment ``cfg.tracking.experiment``.
 
     A new experiment on a local store keeps its artifacts under ``<runs_dir>/mlartifacts``.
     """
-    uri = cfg.mlflow_uri()
+    uri = tracking_uri(cfg)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(tracking_uri=uri)

@@ -15,6 +15,7 @@ graphs disabled, logged as such) or a lost race for an automatically chosen port
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import logging
@@ -173,6 +174,7 @@ class EngineProcess:
             self.remember_tree()
             self.stop_report = terminate_tree(self.popen, self.grace_s, known_pids=self._known)
             self.returncode = self.popen.returncode
+            atexit.unregister(self.stop)
         return self.stop_report
 
     def __enter__(self) -> "EngineProcess":
@@ -193,6 +195,7 @@ def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int, 
     popen = start_group(argv, {**os.environ, **env}, log_path)
     proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port, log_path=log_path,
                          grace_s=grace_s)
+    atexit.register(proc.stop)  # an interpreter that exits without leaving the with-block still ends the group
     record = {"engine": engine, "argv": argv, "env": redact(env), "url": proc.url, "pid": proc.pid}
     log_path.with_name(log_path.stem + ".command.json").write_text(json.dumps(record, indent=2))
     log.info("started %s", proc)

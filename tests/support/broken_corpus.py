@@ -71,7 +71,8 @@ def good_data_manifest(target_dir: Path, aux_ids=(2, 4, 5), unique_tokens: int =
     return {"kind": "hidden_states", "aux_layer_ids": list(aux_ids), "layer_id_convention": "hf_hidden_states_index",
             "target": {"path": str(target_dir), "config_hash": sha256_file(Path(target_dir) / "config.json")},
             "chat_template_hash": template_hash(tok), "tokenizer_hash": tokenizer_hash(tok),
-            "counts": {"unique_tokens": unique_tokens}, "config": {"extract": {"backend": "hf"}}}
+            "counts": {"unique_tokens": unique_tokens}, "config": {"extract": {"backend": "hf"}},
+            "content_hash": "4" * 64}
 
 
 @dataclass
@@ -183,6 +184,8 @@ CASES: list[Case] = [
     Case("head_dim_set", 3, "SHAPE_MISMATCH", "q_proj.weight", lambda c: _set(c.config, head_dim=32)),
     Case("lm_head_rows", 3, "SHAPE_MISMATCH", "lm_head.weight",
          lambda c: c.tensors.__setitem__("lm_head.weight", c.tensors["lm_head.weight"][:200].clone())),
+    Case("draft_vocab_size_missing", 3, "CONFIG_FIELD", "draft_vocab_size",
+         lambda c: c.config.pop("draft_vocab_size")),
     # 4 values
     Case("nan_fc", 4, "NAN_INF", "fc.weight", lambda c: _nan(c, "fc.weight")),
     Case("zero_o_proj", 4, "ALL_ZERO", "o_proj.weight",
@@ -201,7 +204,8 @@ CASES: list[Case] = [
     Case("no_d2t", 6, "VOCAB_MAP_MISSING", "d2t", lambda c: (c.tensors.pop("d2t"), c.tensors.pop("t2d"))),
     Case("d2t_side_file", 6, "VOCAB_MAP_MISSING", "d2t.pt", _side_file_map),
     # 7 map invariants
-    Case("d2t_short", 7, "VOCAB_MAP_INVALID", "d2t", lambda c: c.tensors.__setitem__("d2t", c.tensors["d2t"][:-1].clone())),
+    Case("d2t_short", 7, "VOCAB_MAP_INVALID", "d2t",
+         lambda c: c.tensors.__setitem__("d2t", c.tensors["d2t"][:-1].clone())),
     Case("t2d_short", 7, "VOCAB_MAP_INVALID", "t2d: expected length",
          lambda c: c.tensors.__setitem__("t2d", c.tensors["t2d"][:-5].clone())),
     Case("t2d_sum", 7, "VOCAB_MAP_INVALID", "t2d: sum",
@@ -217,7 +221,8 @@ CASES: list[Case] = [
     Case("map_regenerated", 9, "VOCAB_MAP_CHANGED", "vocab_map_hash", _regenerate_map),
     # 10 aux ids
     Case("aux_ids_top_level_only", 10, "AUX_IDS_MISSING", "eagle_config.eagle_aux_hidden_state_layer_ids",
-         lambda c: c.config.__setitem__("eagle_aux_hidden_state_layer_ids", c.eagle().pop("eagle_aux_hidden_state_layer_ids"))),
+         lambda c: c.config.__setitem__("eagle_aux_hidden_state_layer_ids",
+                                        c.eagle().pop("eagle_aux_hidden_state_layer_ids"))),
     Case("aux_ids_hf_convention", 10, "AUX_IDS_MISMATCH", "[2, 4, 5]",
          lambda c: c.eagle().__setitem__("eagle_aux_hidden_state_layer_ids", [2, 4, 5])),
     Case("aux_ids_vs_data", 10, "AUX_IDS_MISMATCH", "extraction manifest",
@@ -256,6 +261,8 @@ CASES: list[Case] = [
     Case("other_target", 14, "TARGET_MISMATCH", "config_hash",
          lambda c: c.data["target"].__setitem__("config_hash", "2" * 64), with_data=True),
     # 15/16 data
+    Case("other_data", 15, "DATA_INVALID", "data_content_hash",
+         lambda c: c.manifest.__setitem__("data_content_hash", "3" * 64), with_data=True),
     Case("speculative_extraction", 16, "DATA_INVALID", "speculative",
          lambda c: c.data["config"]["extract"].__setitem__("speculative_algorithm", "EAGLE3"), with_data=True),
     # 22 not an EAGLE-3 draft class

@@ -89,8 +89,8 @@ class Coverage:
     ``unconsumed``: tensor names that, loaded alone, filled no parameter and set no ``hot_token_id``.
     ``ignored_by_design``: ``t2d`` (SGLang skips it on purpose). ``replaced_at_runtime``: the draft's
     ``embed_tokens`` when no tensor fills it but SGLang's ``set_embed`` replaces it with the target's.
-    ``unfilled_unused``: parameters no tensor fills that SGLang's forward never reads (a NaN there leaves an
-    EXTEND forward finite), e.g. ``model.layers.{i>=1}.input_layernorm.weight``. ``error``: why building/loading raised.
+    ``unfilled_unused``: parameters no tensor fills that SGLang's forward never reads (changing them leaves an
+    EXTEND forward unchanged), e.g. ``model.layers.{i>=1}.input_layernorm.weight``. ``error``: why building/loading raised.
     """
 
     name: str

@@ -13,8 +13,8 @@ cost (~10 s) once. Each job is a dict; each result is a dict with the job's ``na
   that, loaded alone into a fresh NaN-filled model, filled nothing and set no ``hot_token_id``),
   ``ignored_by_design`` (``t2d``: SGLang skips it on purpose), ``replaced_at_runtime`` (``embed_tokens``
   left unfilled but replaced by the target's embedding at serving time), ``unfilled_unused`` (parameters no
-  tensor fills that SGLang's forward never reads: an EXTEND forward with only that one left NaN stays
-  finite; they are not in ``unfilled``), ``hot_token_id_set``, ``error`` (the
+  tensor fills that SGLang's forward never reads: changing that one alone leaves an EXTEND forward's
+  outputs unchanged; they are not in ``unfilled``), ``hot_token_id_set``, ``error`` (the
   exception text when building or loading raised, else ``None``).
 - ``op: "forward"``, ``dir``, ``inputs`` (safetensors: ``input_ids [T] int64``, ``positions [T] int64``,
   ``hidden_states [T, W] float32``, optional ``target_embed [V, H]``), ``out`` (safetensors path written
@@ -123,8 +123,8 @@ def coverage(draft_dir: Path) -> dict:
     return out
 
 
-def _finite_forward(model) -> bool:
-    """One EXTEND forward on random inputs; True when logits and the next-step hidden state are all finite."""
+def _probe_forward(model) -> torch.Tensor:
+    """One EXTEND forward on fixed random inputs; returns logits and next-step hidden state concatenated."""
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     g = torch.Generator().manual_seed(0)
@@ -135,27 +135,32 @@ def _finite_forward(model) -> bool:
     with forward_context(ForwardContext(attn_backend=backend)):
         backend.init_forward_metadata(batch)
         normed, aux = model.model(ids, torch.arange(n), batch)
-    logits = normed @ model.lm_head.weight.T
-    return bool(torch.isfinite(logits).all() and torch.isfinite(aux[0]).all())
+    return torch.cat([normed @ model.lm_head.weight.T, aux[0]], dim=-1)
 
 
 def _unused(model, unfilled: list[str], replaced: list[str]) -> list[str]:
     """Unfilled parameters SGLang's forward never reads (e.g. ``layers.{i>=1}.input_layernorm``).
 
-    Each is probed alone: every other unfilled (or runtime-replaced) parameter is given finite values, the
-    probed one stays NaN, and an EXTEND forward whose outputs stay finite shows the parameter is unused.
-    The parameters are left as found (NaN) afterwards.
+    Every unfilled (or runtime-replaced) parameter gets finite random values; then each unfilled one in turn
+    is given two different random values: identical EXTEND-forward outputs show it is unused. (A NaN
+    sentinel cannot be used for this probe: torch's CPU ``scaled_dot_product_attention`` returns finite
+    output when a whole key tensor is NaN, so a missing ``k_proj`` would look unused.) All of them are reset
+    to NaN afterwards.
     """
     params = dict(model.named_parameters())
+    gen = torch.Generator().manual_seed(1)
+    for name in unfilled + replaced:
+        params[name].normal_(0.0, 0.3, generator=gen)
     unused = []
     for name in unfilled:
-        for other in unfilled + replaced:
-            if other != name:
-                params[other].normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
-        if _finite_forward(model):
+        saved = params[name].detach().clone()
+        first = _probe_forward(model)
+        params[name].normal_(0.0, 0.3, generator=gen)
+        if torch.equal(first, _probe_forward(model)):
             unused.append(name)
-        for other in unfilled + replaced:
-            params[other].fill_(float("nan"))
+        params[name].copy_(saved)
+    for name in unfilled + replaced:
+        params[name].fill_(float("nan"))
     return unused
 
 

@@ -266,3 +266,16 @@ def test_gate_on_weak_draft_numbers_from_assets_md():
         check_acceptance(1.00, 1.24, 1.3)
     with pytest.raises(AcceptanceTooLow, match="both low"):
         check_acceptance(1.23, 1.24, 1.3)
+
+
+def test_save_report_with_offline(tmp_path):
+    from eagle3.bench import save_report
+
+    report = {"summary": {"acceptance_length": 1.2, "num_prompts": 2, "output_tokens": 20, "wall_s": 1.0},
+              "per_category": {"math": {"acceptance_length": 1.2}}, "settings": {"url": "x"}}
+    offline = {"acceptance_length": 1.25, "per_category": {"math": {"acceptance_length": 1.25}},
+               "per_request": [{"id": 1}]}
+    path = save_report(report, tmp_path / "b", offline=offline)
+    saved = json.loads(path.read_text())
+    assert saved["summary"]["offline_acceptance_length"] == 1.25 and "per_request" not in saved["offline"]
+    assert (tmp_path / "b" / "acceptance_by_category.png").exists()

@@ -143,3 +143,20 @@ def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
     assert runner.invoke(app, ["validate", str(tmp_path / "nowhere")]).exit_code == 2
     (out / "config.json").write_text("{not json")
     assert runner.invoke(app, ["validate", str(out)]).exit_code == 2
+
+
+@pytest.mark.slow
+def test_smollm2_round_trip(smollm2_dir, tmp_path):
+    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30 layers)."""
+    from eagle3.equivalence import check_equivalence
+    from tests.support.broken_corpus import make_speculators_draft
+
+    spec = make_speculators_draft(smollm2_dir, tmp_path / "spec", aux_ids=(2, 15, 27), draft_vocab=1024)
+    man = convert(spec, tmp_path / "serving", target_dir=smollm2_dir)
+    cfg = _cfg(tmp_path / "serving")
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert man["aux_layer_ids_hf"] == [2, 15, 27]
+    assert cfg["target_hidden_size"] == 576 and cfg["rope_parameters"]["rope_theta"] == 100000.0
+    assert validate(tmp_path / "serving", target_dir=smollm2_dir) == []
+    r = check_equivalence(spec, tmp_path / "serving", target_dir=smollm2_dir, atol=1e-3, num_tokens=12)
+    assert r["passed"] and r["engine_aux_hf"] == [2, 15, 27]

@@ -1,0 +1,114 @@
+"""``eagle3 doctor``: is this machine ready to run the pipeline, and where will it run?
+
+Checks (each one line, ``OK``/``WARN``/``FAIL``): Python, torch and its devices, SGLang (installed here?
+can it serve here? — it needs an NVIDIA GPU; without one the CPU reference engine serves), free disk under
+the runs and cache folders, the asset cache, and whether a Prefect server and an MLflow server answer.
+Servers are probed with httpx only (this module imports neither prefect nor mlflow). A server that is not
+configured and not running is fine (the ephemeral Prefect API and the local SQLite MLflow store are used);
+one that is configured through ``PREFECT_API_URL`` / ``MLFLOW_TRACKING_URI`` but does not answer is a FAIL.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+MIN_FREE_BYTES = 5 * 1024**3  # below this a run may not fit (hidden states, checkpoints)
+PREFECT_DEFAULT = "http://127.0.0.1:4200/api"  # infra/stack.sh
+MLFLOW_DEFAULT = "http://127.0.0.1:5000"
+SGLANG_PINNED = "0.5.23"
+
+
+def _probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """(answered with 2xx, short description) for ``GET url``."""
+    try:
+        r = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        return False, f"{type(e).__name__}"
+    return r.is_success, f"HTTP {r.status_code}"
+
+
+def check_torch() -> tuple[str, str]:
+    try:
+        import torch
+    except ImportError as e:
+        return "FAIL", f"torch not importable ({e}); run `make env`"
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        return "OK", f"torch {torch.__version__}, CUDA {torch.version.cuda}: {torch.cuda.device_count()} GPU(s) ({names})"
+    return "OK", f"torch {torch.__version__}, CPU only ({os.cpu_count()} cores): training and extraction on CPU"
+
+
+def check_sglang() -> tuple[str, str]:
+    try:
+        version = md.version("sglang")
+    except md.PackageNotFoundError:
+        version = None
+    sidecar = Path(".venv-sglang/bin/python")
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if version is None:
+        extra = f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)" if sidecar.exists() else ""
+        return "OK", (f"SGLang not installed in this environment: deploy uses the CPU reference engine{extra}")
+    pin = "" if version == SGLANG_PINNED else f" (the profiles are written for {SGLANG_PINNED})"
+    if gpu:
+        return ("OK" if not pin else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
+    return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed here "
+                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; ../shared/SGLANG_CPU.md)")
+
+
+def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:
+    out = []
+    for name, p in paths.items():
+        q = p
+        while not q.exists() and q != q.parent:
+            q = q.parent
+        free = shutil.disk_usage(q).free
+        status = "OK" if free >= MIN_FREE_BYTES else "FAIL"
+        out.append((status, f"{name} {p}: {free / 1024**3:.1f} GiB free (need ≥ {MIN_FREE_BYTES / 1024**3:.0f} GiB)"))
+    return out
+
+
+def check_server(name: str, env_var: str, default: str, health_path: str) -> tuple[str, str]:
+    configured = os.environ.get(env_var)
+    url = (configured or default).rstrip("/")
+    if configured and not configured.startswith(("http://", "https://")):
+        return "OK", f"{name}: {env_var}={configured} (a local store, no server needed)"
+    ok, what = _probe(url + health_path)
+    if ok:
+        return "OK", f"{name} server answers at {url} ({what})"
+    if configured:
+        return "FAIL", f"{name} server configured by {env_var}={configured} does not answer ({what}); " \
+                       "start it with `make stack-up` or unset the variable"
+    fallback = ("Prefect's ephemeral API will be used" if name == "Prefect"
+                else "the local SQLite store <runs_dir>/mlflow.db will be used")
+    return "OK", f"no {name} server at {url} ({what}): {fallback}"
+
+
+def run_doctor(echo: Callable[[str], None] = print) -> bool:
+    """Run every check, print one line each through ``echo``; True when none is a FAIL."""
+    from eagle3.config import PathsConfig
+
+    paths = PathsConfig()
+    results = [("OK" if sys.version_info[:2] in ((3, 11), (3, 12)) else "WARN",
+                f"Python {platform.python_version()} ({sys.executable})"), check_torch(), check_sglang()]
+    results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
+    smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
+    results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else
+                   ("WARN", f"assets: SmolLM2 not prepared yet ({smol.parent}); `make assets` prepares it"))
+    results.append(check_server("Prefect", "PREFECT_API_URL", PREFECT_DEFAULT, "/health"))
+    results.append(check_server("MLflow", "MLFLOW_TRACKING_URI", MLFLOW_DEFAULT, "/health"))
+    for status, text in results:
+        echo(f"{status:<4} {text}")
+    return all(s != "FAIL" for s, _ in results)

@@ -1,0 +1,50 @@
+"""``eagle3 decide RUN_ID``: the recorded recommendation of a pipeline (parent) run or a sweep, from MLflow.
+
+The decision step of a flow stores ``Decision.tags()`` as ``eagle3.decision*`` tags and ``decision.md`` /
+``decision.json`` as artifacts of the parent run; this reads them back. The tracking store is
+``$MLFLOW_TRACKING_URI`` when set, else the default local store ``sqlite:///<runs_dir>/mlflow.db`` of the
+default config (``runs/`` under the working directory).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from eagle3.config import RunConfig
+from eagle3.errors import DataError
+
+
+def default_tracking_uri() -> str:
+    """``$MLFLOW_TRACKING_URI``, else ``RunConfig().mlflow_uri()`` (``sqlite:///<cwd>/runs/mlflow.db``)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or RunConfig().mlflow_uri()
+
+
+def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
+    """The decision of ``run_id`` as text: the recommendation, its rule, the evidence (``decision.md``) and the
+    acceptance lengths on the run. Raises DataError when the run is unknown or has no decision yet."""
+    uri = tracking_uri or default_tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        raise DataError(f"MLflow run {run_id!r} not found in {uri} (set MLFLOW_TRACKING_URI?): {e}") from e
+    tags = run.data.tags
+    if "eagle3.decision" not in tags:
+        raise DataError(f"MLflow run {run_id} in {uri} has no eagle3.decision tag (status {run.info.status}; "
+                        f"error: {tags.get('eagle3.error', 'none')}): the flow did not reach its decision step")
+    try:
+        body = client.download_artifacts(run_id, "decision.md")
+        text = open(body).read().rstrip()
+    except (MlflowException, OSError):
+        text = f"# Decision: **{tags['eagle3.decision']}**\n\nRule: `{tags.get('eagle3.decision.rule')}`"
+    m = run.data.metrics
+    lines = [text, ""]
+    for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained", "untrained baseline"),
+                       ("acceptance_length_offline", "offline (in-process)")):
+        if key in m:
+            lines.append(f"acceptance length, {label}: {m[key]:.3f}")
+    lines.append(f"MLflow run {run_id} ({run.info.status}) in {uri}")
+    return "\n".join(lines)

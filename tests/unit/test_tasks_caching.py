@@ -1,0 +1,134 @@
+"""Cache keys (tasks/caching.py), the transient-only retry condition, and the MLflow helpers (tasks/tracking.py)
+against a real local MLflow store."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+
+from eagle3.artifacts import write_manifest  # noqa: E402
+from eagle3.config import load_config  # noqa: E402
+from eagle3.errors import DataError, GateFailed, TransientError  # noqa: E402
+from tasks import caching, retry_if_transient  # noqa: E402
+
+
+def _stage_dir(path, text: str):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "payload.txt").write_text(text)
+    write_manifest(path, "hidden_states")
+    return path
+
+
+def test_train_key_follows_train_settings_and_input_content(tmp_path):
+    data = _stage_dir(tmp_path / "extract", "v1")
+    cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
+    key = caching.stage_key("train", cfg, tmp_path / "train", inputs={"data": data})
+    same = caching.stage_key("train", load_config(None, [f"paths.runs_dir={tmp_path}"]), tmp_path / "train",
+                             inputs={"data": data})
+    other_lr = caching.stage_key("train", load_config(None, [f"paths.runs_dir={tmp_path}", "train.lr=1e-2"]),
+                                 tmp_path / "train", inputs={"data": data})
+    other_data_setting = caching.stage_key(
+        "train", load_config(None, [f"paths.runs_dir={tmp_path}", "data.num_conversations=7"]), tmp_path / "train",
+        inputs={"data": data})
+    assert key == same
+    assert other_lr != key
+    assert other_data_setting == key  # the train stage does not read the data section
+    _stage_dir(data, "v2")  # new hidden states, same path
+    assert caching.stage_key("train", cfg, tmp_path / "train", inputs={"data": data}) != key
+
+
+def test_extract_key_follows_the_dataset_bytes_not_train_settings(tmp_path):
+    ds = tmp_path / "conv.jsonl"
+    ds.write_text('{"id": 1}\n')
+    cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
+    key = caching.stage_key("extract", cfg, tmp_path / "extract", files={"dataset": ds})
+    cfg_lr = load_config(None, [f"paths.runs_dir={tmp_path}", "train.lr=1e-2"])
+    assert caching.stage_key("extract", cfg_lr, tmp_path / "extract", files={"dataset": ds}) == key
+    ds.write_text('{"id": 2}\n')
+    assert caching.stage_key("extract", cfg, tmp_path / "extract", files={"dataset": ds}) != key
+
+
+def test_deploy_key_ignores_the_gate_minimum(tmp_path):
+    serving = _stage_dir(tmp_path / "serving", "s")
+    key = lambda *o: caching.stage_key(  # noqa: E731
+        "deploy", load_config(None, [f"paths.runs_dir={tmp_path}", *o]), tmp_path / "bench",
+        inputs={"serving": serving}, extra={"bench": caching.bench_settings(load_config(None, list(o)))})
+    assert key() == key("bench.min_acceptance_length=3.5")
+    assert key() != key("bench.num_prompts=3")
+    assert key() != key("serve.speculative_num_steps=5")
+
+
+def test_code_version_changes_with_the_source(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakepkg_e3"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stage_a.py").write_text("X = 1\n")
+    (pkg / "stage_b.py").write_text("Y = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    v1 = caching.code_version(["fakepkg_e3.stage*"])
+    assert v1 == caching.code_version(["fakepkg_e3.stage_a", "fakepkg_e3.stage_b"])
+    (pkg / "stage_b.py").write_text(textwrap.dedent("Y = 2\n"))
+    assert caching.code_version(["fakepkg_e3.stage*"]) != v1
+    assert caching.code_version(["fakepkg_e3.nope"]) != caching.code_version(["fakepkg_e3.nope2"])
+    sys.modules.pop("fakepkg_e3", None)
+
+
+def test_missing_input_manifest_is_a_named_error(tmp_path):
+    cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
+    with pytest.raises(DataError, match="manifest"):
+        caching.stage_key("train", cfg, tmp_path / "train", inputs={"data": tmp_path / "nothing"})
+
+
+def test_output_matches_detects_a_rebuilt_output(tmp_path):
+    d = _stage_dir(tmp_path / "x", "a")
+    from eagle3.artifacts import read_manifest
+
+    result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    assert caching.output_matches(result)
+    _stage_dir(d, "b")
+    assert not caching.output_matches(result)
+    assert not caching.output_matches({"dir": str(tmp_path / "gone"), "content_hash": "x"})
+
+
+def test_retry_only_transient_errors():
+    from prefect.states import Failed
+
+    assert retry_if_transient(None, None, Failed(data=TransientError("port in use")))
+    assert not retry_if_transient(None, None, Failed(data=GateFailed("crashed", verdict="crashed")))
+    assert not retry_if_transient(None, None, Failed(data=ValueError("bug")))
+
+
+def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
+    from tasks import tracking
+
+    cfg = load_config(None, [f"paths.runs_dir={tmp_path}", "serve.env.HF_TOKEN=hf_secret_value"])
+    parent = tracking.start_pipeline_run(cfg, flow_run_id="flow-123", flow_name="t")
+    assert tracking.start_pipeline_run(cfg, flow_run_id="flow-123", flow_name="t") == parent  # retry → reuse
+    assert tracking.start_pipeline_run(cfg, flow_run_id="flow-456", flow_name="t") != parent
+    with tracking.stage_run(cfg, parent, "train") as sr:
+        sr.on_metrics({"train/loss": 2.5, "train/acc_0": 0.25}, 1)
+        sr.on_metrics({"train/loss": 2.0, "train/acc_0": 0.5}, 2)
+    with pytest.raises(DataError):
+        with tracking.stage_run(cfg, parent, "convert") as sr:
+            raise DataError("boom")
+    tracking.record_cached_stage(cfg, parent, "extract", "trained", {"dir": "/x", "content_hash": "h",
+                                                                    "mlflow_run_id": "producer", "metrics": {"n": 3}})
+    tracking.log_parent_metrics(cfg, parent, {"acceptance_length": 1.5, "acceptance_length_untrained": None})
+    tracking.finish_run(cfg, parent)
+    s = tracking.summarize_run(parent, cfg.mlflow_uri())
+    assert s["status"] == "FINISHED" and s["flow_run_id"] == "flow-123"
+    assert [(x["stage"], x["status"], x["cached"]) for x in s["stages"]] == [
+        ("train", "FINISHED", False), ("convert", "FAILED", False), ("extract", "FINISHED", True)]
+    assert s["stages"][2]["produced_by"] == "producer" and s["stages"][2]["metrics"] == {"n": 3.0}
+    assert tracking.metric_history(s["stages"][0]["run_id"], "train/loss", cfg.mlflow_uri()) == [(1, 2.5), (2, 2.0)]
+    assert s["metrics"] == {"acceptance_length": 1.5}
+    from mlflow import MlflowClient
+
+    params = MlflowClient(cfg.mlflow_uri()).get_run(parent).data.params
+    assert params["serve.env.HF_TOKEN"] == "***" and params["train.lr"] == "0.0003"
+    assert "hf_secret_value" not in str(params)

@@ -1,0 +1,126 @@
+"""Exact resume after SIGKILL, LR continuity, and what a resume may not change."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3.errors import ConfigError, DataError
+from eagle3.train import train
+from eagle3.train_state import lr_factor
+from tests.conftest import REPO
+from tests.support.hs_fixture import build_hidden_states_dir, tiny_train_cfg
+
+RESUME_OVERRIDES = ["train.epochs=2", "train.checkpoint_every=2", "train.eval_every=0", "train.max_tokens_per_batch=64",
+                    "train.warmup_steps=3", "train.keep_last=2"]
+KILL_AT = 5
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from tests.support.hs_fixture import tiny_train_cfg
+    from eagle3.train import train
+    runs, hs, out, kill_at, *ov = sys.argv[1:]
+    def on_metrics(m, step):
+        if "train/loss" in m and step == int(kill_at):
+            os.kill(os.getpid(), signal.SIGKILL)
+    train(tiny_train_cfg(Path(runs), *ov), Path(hs), Path(out), on_metrics=on_metrics, progress=False)
+""")
+
+
+@pytest.fixture(scope="module")
+def hs_dir(tmp_path_factory, tiny_target_dir):
+    return build_hidden_states_dir(tmp_path_factory.mktemp("hs") / "hs", tiny_target_dir, num_samples=14)
+
+
+def _train_records(out):
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"}
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(hs_dir, tmp_path):
+    ref_out, cut_out = tmp_path / "ref", tmp_path / "cut"
+    ref = train(tiny_train_cfg(tmp_path / "runs", *RESUME_OVERRIDES), hs_dir, ref_out, progress=False)
+    per_epoch = ref["counts"]["micro_batches_per_epoch"]
+    assert per_epoch > KILL_AT + 1, "the kill must land mid-epoch"
+
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "runs"), str(hs_dir), str(cut_out),
+                           str(KILL_AT), *RESUME_OVERRIDES], cwd=REPO, env=env, capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    ckpts = sorted(p.name for p in (cut_out / "state").glob("ckpt-*"))
+    assert ckpts[-1] == "ckpt-00000004"
+    info = json.loads((cut_out / "state" / ckpts[-1] / "state.json").read_text())
+    assert info["epoch"] == 0 and 0 < info["micro"] < per_epoch  # mid-epoch data position
+
+    # the LR the resumed run starts with is the fresh schedule's value at that step
+    from eagle3.train import prepare
+
+    cfg = tiny_train_cfg(tmp_path / "runs", *RESUME_OVERRIDES)
+    run = prepare(cfg, hs_dir, cut_out, rank=0, world=1, device=torch.device("cpu"), on_metrics=None)
+    fresh = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.train.lr),
+                                              run.scheduler.lr_lambdas[0])
+    for _ in range(run.step):
+        fresh.optimizer.step()
+        fresh.step()
+    assert run.step == 4
+    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(fresh.get_last_lr()[0], abs=0, rel=1e-12)
+    assert run.optimizer.param_groups[0]["lr"] == pytest.approx(cfg.train.lr * lr_factor(
+        4, schedule="epochs", warmup_steps=3, total_steps=ref["optimizer_steps"]), rel=1e-12)
+
+    resumed = train(cfg, hs_dir, cut_out, progress=False)
+    assert resumed["optimizer_steps"] == ref["optimizer_steps"]
+    a, b = load_file(ref_out / "model.safetensors"), load_file(cut_out / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k].double(), b[k].double(), rtol=0, atol=1e-6), k
+    ra, rb = _train_records(ref_out), _train_records(cut_out)
+    assert sorted(ra) == sorted(rb) == list(range(1, ref["optimizer_steps"] + 1))
+    for step in ra:
+        assert abs(ra[step]["train/loss"] - rb[step]["train/loss"]) <= 1e-6, step
+        assert ra[step]["lr"] == pytest.approx(rb[step]["lr"], rel=1e-12), step
+
+
+def test_resume_with_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_path):
+    out = tmp_path / "t"
+    train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.checkpoint_every=1", "train.epochs=5"),
+          hs_dir, out, progress=False)
+    other = shutil.copytree(hs_dir, tmp_path / "hs2")
+    freq = torch.load(other / "token_freq.pt")
+    least = sorted(freq, key=lambda t: freq[t])[:20]
+    torch.save({**freq, **{t: 10_000 for t in least}, **{t: 1 for t in sorted(freq, key=lambda t: -freq[t])[:20]}},
+               other / "token_freq.pt")
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5")
+    with pytest.raises(DataError, match="vocab map hash .* differs.*allow_vocab_map_change"):
+        train(cfg, other, out, progress=False)
+    cfg2 = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5",
+                          "train.allow_vocab_map_change=true")
+    man = train(cfg2, other, out, progress=False)
+    assert man["optimizer_steps"] == 3
+    sd = load_file(out / "model.safetensors")
+    from eagle3.vocab import vocab_map_hash
+
+    assert vocab_map_hash(sd["d2t"], sd["t2d"]) == man["vocab_map_hash"] != json.loads(
+        (out / "state" / "ckpt-00000002" / "state.json").read_text())["vocab_map_hash"]
+
+
+def test_resume_refuses_a_changed_seed_and_continues_with_a_constant_lr(hs_dir, tmp_path):
+    out = tmp_path / "t"
+    first = train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.eval_every=3"), hs_dir, out,
+                  progress=False)
+    with pytest.raises(ConfigError, match=r"train.seed is 1, the checkpoint was trained with 0"):
+        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.seed=1"), hs_dir, out, progress=False)
+    more = train(tiny_train_cfg(tmp_path / "runs", "train.schedule=constant", "train.max_steps=6",
+                                "train.eval_every=3", "train.lr=5e-4"), hs_dir, out, progress=False)
+    assert first["optimizer_steps"] == 3 and more["optimizer_steps"] == 6
+    recs = _train_records(out)
+    assert [recs[s]["lr"] for s in (4, 5, 6)] == [5e-4] * 3
