@@ -61,7 +61,7 @@ $(SGLANG_VENV)/.installed:
 
 # Tier 2: the full SGLang server on the CPU (minutes; opt-in).
 test-sglang-server: env sglang-env
-	$(BIN)/python -m pytest -q -m sglang_server tests/sglang/test_tier2_server.py
+	EAGLE3_SGLANG_SERVER=1 $(BIN)/python -m pytest -q -s -m sglang_server tests/sglang/test_tier2_server.py
 
 # Local stack (issue 8): Prefect server + MLflow server on 127.0.0.1 (SQLite) + the process serving the
 # deployments of prefect.yaml. `make stack-down` stops exactly the recorded process groups.

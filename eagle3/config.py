@@ -87,6 +87,11 @@ class DataConfig(_Section):
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="Template switches passed to apply_chat_template, e.g. "
         "{enable_thinking: false}; recorded in the hidden-states manifest.")
+    regenerate: Literal["none", "hf", "openai"] = Field(
+        "none", description="Replace assistant turns by the target's own greedy answers before extraction.")
+    regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when regenerate == "
+                                       "'openai'.")
+    regenerate_max_new_tokens: int = Field(256, ge=1, description="Tokens per regenerated assistant turn.")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> "DataConfig":

@@ -26,7 +26,9 @@ unique_tokens}, ``skipped_by_reason``, ``bytes`` (hidden_states/ total), ``bytes
 
 Selection: records are read (:mod:`eagle3.data`), put in a ``data.seed``-seeded random order, and the first
 ``data.num_conversations`` that template to at least one loss token are kept; samples longer than
-``data.max_seq_len`` tokens are cut and counted as truncated. Before any forward pass the bytes to write
+``data.max_seq_len`` tokens are cut and counted as truncated. With ``data.regenerate`` = ``hf`` | ``openai``
+the selected conversations' assistant turns are first replaced by the target's own answers
+(:mod:`eagle3.extract_regen`; cached in ``.progress/`` for resume; manifest key ``regenerated``). Before any forward pass the bytes to write
 are estimated and compared with free disk (DataError with both numbers). Crash safety and integrity:
 :mod:`eagle3.extract_store`; the forward passes: :mod:`eagle3.extract_hf`.
 """
@@ -78,41 +80,52 @@ def data_source_path(cfg) -> tuple[str, Path]:
     return "file", Path(cfg.data.path).expanduser()
 
 
-def build_plan(cfg, tokenizer) -> Plan:
+def build_plan(cfg, tokenizer, regen=None) -> Plan:
     """Read, order (seeded), template and select the samples; split train/val.
 
-    Raises DataError when the file is unreadable or no record gives a usable sample.
+    ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations' assistant turns
+    (:mod:`eagle3.extract_regen`) before they are templated again. Raises DataError when the file is
+    unreadable or no record gives a usable sample.
     """
-    from eagle3.data import read_conversations, tokenize_conversation
+    from eagle3.data import read_conversations
 
     kind, path = data_source_path(cfg)
     convs, stats = read_conversations(path)
     order = list(range(len(convs)))
     random.Random(cfg.data.seed).shuffle(order)
     skipped = Counter(stats.skipped)
-    ids, inputs, masks, truncated = [], [], [], 0
-    for j in order:
-        if len(ids) >= cfg.data.num_conversations:
+    chosen = _select(cfg, tokenizer, (convs[j] for j in order), skipped)
+    if regen is not None:
+        chosen = _select(cfg, tokenizer, regen([c for c, _ in chosen]), skipped)
+    if not chosen:
+        raise DataError(f"{path}: no usable sample among {stats.records} records (skipped: {dict(skipped)})")
+    samples = [s for _, s in chosen]
+    n = len(samples)
+    vf = cfg.data.val_fraction
+    n_val = 0 if vf == 0 or n < 2 else min(n - 1, max(1, round(n * vf)))
+    return Plan([s.id for s in samples], [s.input_ids for s in samples], [s.loss_mask for s in samples],
+                n - n_val, sum(s.truncated for s in samples), stats.records, skipped,
+                {"kind": kind, "path": str(path), "sha256": sha256_file(path)})
+
+
+def _select(cfg, tokenizer, convs, skipped: Counter) -> list:
+    """The first ``data.num_conversations`` conversations that template to >= 1 loss token, with their samples."""
+    from eagle3.data import tokenize_conversation
+
+    chosen = []
+    for conv in convs:
+        if len(chosen) >= cfg.data.num_conversations:
             break
         try:
-            s = tokenize_conversation(tokenizer, convs[j], cfg.data.max_seq_len, cfg.data.chat_template_kwargs)
+            s = tokenize_conversation(tokenizer, conv, cfg.data.max_seq_len, cfg.data.chat_template_kwargs)
         except DataError as e:
             skipped[f"template_error: {str(e)[:80]}"] += 1
             continue
         if not any(s.loss_mask):
             skipped["no_loss_tokens_after_truncation" if s.truncated else "no_loss_tokens"] += 1
             continue
-        truncated += int(s.truncated)
-        ids.append(s.id)
-        inputs.append(s.input_ids)
-        masks.append(s.loss_mask)
-    if not ids:
-        raise DataError(f"{path}: no usable sample among {stats.records} records (skipped: {dict(skipped)})")
-    n = len(ids)
-    vf = cfg.data.val_fraction
-    n_val = 0 if vf == 0 or n < 2 else min(n - 1, max(1, round(n * vf)))
-    return Plan(ids, inputs, masks, n - n_val, truncated, stats.records, skipped,
-                {"kind": kind, "path": str(path), "sha256": sha256_file(path)})
+        chosen.append((conv, s))
+    return chosen
 
 
 def target_identity(target_dir: Path, cfg) -> dict:
@@ -187,7 +200,16 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     target = target_identity(target_dir, cfg)
     aux = _aux_ids(cfg, target["num_layers"])
     tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
-    plan = build_plan(cfg, tok)
+    regen = None
+    if cfg.data.regenerate != "none":
+        from eagle3.extract_regen import regenerate_for_plan
+
+        def regen(convs):
+            key = hashlib.sha256(json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
+                                             target["weights_hash"]], sort_keys=True).encode()).hexdigest()[:16]
+            cache = out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl"
+            return regenerate_for_plan(cfg, target_dir, tok, convs, cache)
+    plan = build_plan(cfg, tok, regen)
     plan_hash = _plan_hash(plan, target, aux, cfg)
     if (out_dir / "manifest.json").is_file():
         done = json.loads((out_dir / "manifest.json").read_text())
@@ -215,7 +237,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION, "num_slots": n_slots,
         "dtype": cfg.extract.dtype, "splits": {"train": list(range(plan.num_train)),
                                                "val": list(range(plan.num_train, len(plan.ids)))},
-        "data_source": plan.source, "plan_hash": plan_hash, "resumed": resumed,
+        "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
+        "resumed": resumed,
         "shards": {"total": len(shards), "resumed": len(done)}, "skipped_by_reason": dict(plan.skipped),
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))

@@ -42,7 +42,7 @@ def training_history(train_dir: str | Path) -> dict:
             "unique_tokens": (manifest.get("counts") or {}).get("train_positions")}
 
 
-@task(name="acceptance-gate", **task_options(3600.0))
+@task(name="acceptance-gate", task_run_name="acceptance-gate", **task_options(3600.0))
 def gate_task(cfg: Any, trained: dict, untrained: dict | None, serving_dir: str, parent_run_id: str) -> dict:
     """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``.
 
@@ -75,7 +75,7 @@ def gate_task(cfg: Any, trained: dict, untrained: dict | None, serving_dir: str,
     return out
 
 
-@task(name="decision", **task_options(600.0))
+@task(name="decision", task_run_name="decision", **task_options(600.0))
 def decision_task(cfg: Any, train_dir: str, train_result: dict, gate: dict, parent_run_id: str) -> dict:
     """``eagle3.decide.recommend`` on the training history and the acceptance figures; stored on the parent run
     as tags (``eagle3.decision``, ``eagle3.decision.rule``, ...) and the artifacts ``decision.json`` /

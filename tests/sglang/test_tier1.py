@@ -20,7 +20,7 @@ from tests.sglang.conftest import SUMMARY, requires_sglang_env
 from tests.support import sglang_drafts
 from tests.support.sglang_harness import Coverage, sglang_forward_many
 
-pytestmark = [pytest.mark.sglang, requires_sglang_env]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, requires_sglang_env]
 
 FORWARD_ATOL = 1e-5
 DECODER_PARAMS = {f"model.layers.0.{p}.weight" for p in (

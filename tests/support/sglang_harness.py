@@ -206,6 +206,25 @@ def sglang_forward_many(cases: dict[str, tuple[Path, dict]], work_dir: Path, *,
     return out
 
 
+# The full server on the CPU (../shared/SGLANG_CPU.md): flags the launcher does not generate itself.
+CPU_SERVER_ARGS = ["--device", "cpu", "--attention-backend", "triton", "--disable-overlap-schedule",
+                   "--max-total-tokens", "4096"]
+
+
+def cpu_serve_config(cfg, *, num_steps: int = 3, startup_timeout_s: float = 420.0):
+    """A copy of ``cfg`` (RunConfig) whose ``serve`` section starts the real SGLang from ``.venv-sglang`` on the
+    CPU: ``engine=sglang``, float32, no CUDA graphs, context 512, chain drafting (topk 1, ``num_steps`` steps,
+    ``num_steps + 1`` draft tokens), the CPU flags above and :func:`sglang_env`'s Triton/shim variables."""
+    env = {k: v for k, v in sglang_env().items() if k in ("TRITON_INTERPRET", "PYTHONPATH", "PYTHONWARNINGS")}
+    serve = cfg.serve.model_copy(update={
+        "engine": "sglang", "sglang_python": str(sglang_python()), "dtype": "float32", "disable_cuda_graph": True,
+        "context_length": 512, "speculative_num_steps": num_steps, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": num_steps + 1, "extra_args": list(CPU_SERVER_ARGS), "env": env,
+        "startup_timeout_s": startup_timeout_s, "stall_timeout_s": 180.0, "probe_timeout_s": 300.0,
+        "mem_fraction_static": None, "cuda_graph_max_bs": None, "tp": 1})
+    return cfg.model_copy(update={"serve": serve})
+
+
 if __name__ == "__main__":  # manual use: python tests/support/sglang_harness.py DRAFT_DIR...
     dirs = {Path(p).name: Path(p) for p in sys.argv[1:]}
     for cov in coverage_many(dirs, Path("/tmp/sglang_harness")).values():

@@ -1,0 +1,60 @@
+"""The whole flow on configs/tiny-random.yaml through ``run_flow_cli`` (what ``eagle3 run`` calls): extract →
+train (+ untrained baseline) → convert+validate+equivalence → deploy behind the readiness gate (CPU reference
+engine) + bench → gate → decision; MLflow holds the parent run with one nested run per stage and variant."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+
+from tests.support.flow_runs import TINY  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
+    import psutil
+
+    from eagle3.config import load_config
+    from flows.decision import decision_text
+    from flows.pipeline import run_flow_cli
+    from tasks.tracking import metric_history, summarize_run
+
+    overrides = [f"paths.runs_dir={tmp_path / 'runs'}", "serve.env.HF_TOKEN=not-a-real-token"]
+    text = run_flow_cli("pipeline", str(TINY), overrides)
+    cfg = load_config(TINY, overrides)
+
+    lines = text.strip().splitlines()
+    assert lines[-1].startswith("MLflow UI: mlflow ui --backend-store-uri sqlite:///")
+    assert lines[-2].startswith(f"MLflow: {cfg.mlflow_uri()}")
+    trained = float(re.search(r"trained draft:\s+([0-9.]+)", text).group(1))
+    untrained = float(re.search(r"untrained baseline:\s+([0-9.]+)", text).group(1))
+    assert 1.0 <= untrained <= cfg.serve.speculative_num_steps + 1
+    assert 1.0 <= trained <= cfg.serve.speculative_num_steps + 1
+    parent = re.search(r"parent run ([0-9a-f]{32})", text).group(1)
+
+    s = summarize_run(parent, cfg.mlflow_uri())
+    assert s["status"] == "FINISHED"
+    got = sorted((x["stage"], x["variant"], x["status"]) for x in s["stages"])
+    assert got == sorted([("extract", "trained", "FINISHED")] + [
+        (st, v, "FINISHED") for st in ("train", "convert", "deploy-bench") for v in ("trained", "untrained")])
+    assert s["metrics"]["acceptance_length"] == pytest.approx(trained, abs=5e-4)
+    assert s["metrics"]["acceptance_length_untrained"] == pytest.approx(untrained, abs=5e-4)
+    extract_run = next(x for x in s["stages"] if x["stage"] == "extract")
+    assert extract_run["metrics"]["counts.samples"] >= 1 and extract_run["metrics"]["counts.tokens"] > 0
+    train_run = next(x for x in s["stages"] if x["stage"] == "train" and x["variant"] == "trained")
+    losses = metric_history(train_run["run_id"], "train/loss", cfg.mlflow_uri())
+    assert len(losses) >= 1 and all(v > 0 for _, v in losses)
+    assert s["tags"].get("eagle3.decision") in ("more data", "longer training", "fix serving integration", "stop")
+    assert "Decision" in decision_text(parent, cfg.mlflow_uri())
+    # secrets never reach MLflow; the resolved config next to the artifacts is redacted too
+    from mlflow import MlflowClient
+
+    assert MlflowClient(cfg.mlflow_uri()).get_run(parent).data.params["serve.env.HF_TOKEN"] == "***"
+    assert "not-a-real-token" not in (cfg.run_dir() / "config.yaml").read_text()
+    # nothing left running: no engine, no ephemeral Prefect server
+    assert psutil.Process().children(recursive=True) == []
