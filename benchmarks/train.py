@@ -8,6 +8,8 @@ as a markdown table.
     python benchmarks/train.py --device cpu --steps 6
     python benchmarks/train.py --device cuda --steps 30 --precision float32 bf16-autocast
     python benchmarks/train.py --device cuda --num-gpus 2 --steps 30      # torchrun + DDP
+    python benchmarks/train.py --device cuda --shape llama8b --seq-len 2048 --tokens-per-batch 2048 \
+        --draft-vocab 32000 --precision bf16-autocast                      # synthetic 8B-shaped target
 """
 
 from __future__ import annotations
@@ -23,6 +25,67 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+SHAPES = {  # synthetic targets: only the tensors the trainer reads (embedding, final norm, LM head)
+    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0,
+                    max_position_embeddings=8192, rms_norm_eps=1e-5),
+    "llama8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5),
+}
+
+
+def synthetic(work: Path, shape: str, samples: int, seq_len: int) -> tuple[Path, Path]:
+    """A target folder with random embedding/LM head/norm of ``shape`` and random hidden states (bf16).
+
+    Throughput does not depend on the values; the layout is the documented one.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    from eagle3.artifacts import write_manifest
+
+    spec = SHAPES[shape]
+    tgt, hs = work / f"target-{shape}", work / f"hs-{shape}-{samples}x{seq_len}"
+    g = torch.Generator().manual_seed(0)
+    if not (tgt / "model.safetensors").is_file():
+        tgt.mkdir(parents=True, exist_ok=True)
+        LlamaConfig(**spec).save_pretrained(tgt)
+        V, H = spec["vocab_size"], spec["hidden_size"]
+        w = {"model.embed_tokens.weight": (torch.randn(V, H, generator=g) * 0.02).bfloat16(),
+             "model.norm.weight": torch.ones(H, dtype=torch.bfloat16)}
+        if not spec["tie_word_embeddings"]:
+            w["lm_head.weight"] = (torch.randn(V, H, generator=g) * 0.02).bfloat16()
+        save_file(w, str(tgt / "model.safetensors"))
+    if not (hs / "manifest.json").is_file():
+        from datasets import Dataset
+
+        (hs / "hidden_states").mkdir(parents=True, exist_ok=True)
+        rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+        freq: dict[int, int] = {}
+        for i in range(samples):
+            ids = torch.randint(0, spec["vocab_size"], (seq_len,), generator=g)
+            mask = torch.ones(seq_len, dtype=torch.long)
+            mask[: seq_len // 4] = 0
+            save_file({"token_ids": ids, "hidden_states": torch.randn(seq_len, 4, spec["hidden_size"],
+                                                                      generator=g).bfloat16()},
+                      str(hs / "hidden_states" / f"hs_{i}.safetensors"))
+            rows["input_ids"].append(ids.tolist())
+            rows["loss_mask"].append(mask.tolist())
+            rows["seq_len"].append(seq_len)
+            for t in ids[mask.bool()].tolist():
+                freq[t] = freq.get(t, 0) + 1
+        Dataset.from_dict(rows).save_to_disk(str(hs / "data"))
+        torch.save(freq, hs / "token_freq.pt")
+        L = spec["num_hidden_layers"]
+        write_manifest(hs, "hidden_states", target={"path": str(tgt.resolve()), "hidden_size": spec["hidden_size"],
+                       "num_layers": L, "vocab_size": spec["vocab_size"]}, aux_layer_ids=[2, L // 2, L - 3],
+                       layer_id_convention="hf_hidden_states_index", dtype="bfloat16",
+                       splits={"train": list(range(samples - 2)), "val": [samples - 2, samples - 1]})
+    return tgt, hs
 
 
 def main() -> int:
@@ -42,8 +105,13 @@ def main() -> int:
     p.add_argument("--num-gpus", type=int, default=1)
     p.add_argument("--target", default=None, help="HF folder (default: the prepared SmolLM2)")
     p.add_argument("--precision", nargs="+", default=["float32"])
+    p.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                   help="synthetic target + random hidden states of this shape (no target forward)")
     a = p.parse_args()
     work = Path(a.work)
+    if a.shape:
+        tgt, _ = synthetic(work, a.shape, a.samples, a.seq_len)
+        a.target = str(tgt)
     base = [f"paths.runs_dir={work / 'runs'}", f"train.device={a.device}", f"train.max_steps={a.steps}",
             "train.schedule=constant", "train.log_every=1", "train.eval_every=0", "train.epochs=1000",
             f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true", "train.warmup_steps=0",
@@ -52,7 +120,7 @@ def main() -> int:
     base += [f"target.kind=hf", f"target.path={a.target}"] if a.target else ["target.kind=smollm2"]
     cfg = load_config(None, base)
     target = resolve_target(cfg)
-    hs = work / f"hs-{target.name}-{a.samples}x{a.seq_len}"
+    hs = work / (f"hs-{a.shape}-{a.samples}x{a.seq_len}" if a.shape else f"hs-{target.name}-{a.samples}x{a.seq_len}")
     if not (hs / "manifest.json").is_file():
         t0 = time.perf_counter()
         build_hidden_states_dir(hs, target, num_samples=a.samples, min_len=a.seq_len // 2, max_len=a.seq_len + 1,

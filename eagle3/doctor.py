@@ -42,7 +42,8 @@ def check_torch() -> tuple[str, str]:
         return "FAIL", f"torch not importable ({e}); run `make env`"
     if torch.cuda.is_available():
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-        return "OK", f"torch {torch.__version__}, CUDA {torch.version.cuda}: {torch.cuda.device_count()} GPU(s) ({names})"
+        n = torch.cuda.device_count()
+        return "OK", f"torch {torch.__version__}, CUDA {torch.version.cuda}: {n} GPU(s) ({names})"
     return "OK", f"torch {torch.__version__}, CPU only ({os.cpu_count()} cores): training and extraction on CPU"
 
 
@@ -59,7 +60,8 @@ def check_sglang() -> tuple[str, str]:
     except ImportError:
         gpu = False
     if version is None:
-        extra = f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)" if sidecar.exists() else ""
+        extra = (f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)"
+                 if sidecar.exists() else "")
         return "OK", (f"SGLang not installed in this environment: deploy uses the CPU reference engine{extra}")
     pin = "" if version == SGLANG_PINNED else f" (the profiles are written for {SGLANG_PINNED})"
     if gpu:

@@ -149,6 +149,23 @@ def set_attention(model, attn_impl: str) -> None:
                              else create_float_mask if attn_impl == "eager" else create_mask)
 
 
+def use_uncompiled_forward(model) -> bool:
+    """Bind the plain Python ``forward`` of speculators' draft to ``model``.
+
+    speculators wraps ``Eagle3DraftModel.forward`` in ``torch.compile`` whenever CUDA is available
+    (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled flex
+    paths failed on the H200 (ENGINE_NOTES.md). Returns True when a compiled wrapper was bypassed.
+    """
+    import types
+
+    fwd = type(model).forward
+    orig = getattr(fwd, "_torchdynamo_orig_callable", None) or getattr(fwd, "__wrapped__", None)
+    if orig is None:
+        return False
+    model.forward = types.MethodType(orig, model)
+    return True
+
+
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     """``(name, parameter)`` of what training updates: fc, decoder layers, final norm (and input norms).
 

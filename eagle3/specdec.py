@@ -125,19 +125,23 @@ class SpeculativeDecoder:
         self.eos_token_ids = set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
 
     @torch.no_grad()
-    def _target_forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target over ``ids`` after the cached prefix → ``(logits [T, V] float32, draft input [T, W])``."""
+    def _target_forward(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target over ``ids`` after the cached prefix → ``(logits [T, V] float32, draft input [T, W])``.
+
+        ``last_only``: logits of the last position only (``[1, V]``; prefill needs no more).
+        """
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        kw = {"logits_to_keep": 1} if last_only else {}
         if self.capture_aux:
             with capture_hidden_states(self.target, self.capture_indices) as cap:
-                out = self.target(input_ids=x, past_key_values=cache, use_cache=True)
+                out = self.target(input_ids=x, past_key_values=cache, use_cache=True, **kw)
             hidden = torch.cat([cap[i][0] for i in self.capture_indices], dim=-1)  # [T, n_aux*H]
         else:
             store = {}
             handle = self.target.get_decoder().norm.register_forward_hook(
                 lambda _m, _a, o: store.__setitem__("h", o))
             try:
-                out = self.target(input_ids=x, past_key_values=cache, use_cache=True)
+                out = self.target(input_ids=x, past_key_values=cache, use_cache=True, **kw)
             finally:
                 handle.remove()
             hidden = store["h"][0]                                                  # [T, H], after final norm
@@ -214,7 +218,7 @@ class SpeculativeDecoder:
         k = self.num_steps
         res = GenerationResult([], 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=len(input_ids))
         cache = DynamicCache(config=self.target.config)
-        logits, hidden = self._target_forward(input_ids, cache)
+        logits, hidden = self._target_forward(input_ids, cache, last_only=True)
         last = self._pick(logits[-1], temperature, top_p, gen)
         if self._emit(res, [last], stops, max_new_tokens)[1]:
             return res

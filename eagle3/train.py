@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from eagle3.artifacts import sha256_file, write_manifest
-from eagle3.draft_model import build_draft, read_target_config, resolve_flags, save_draft
+from eagle3.draft_model import build_draft, read_target_config, resolve_flags, save_draft, use_uncompiled_forward
 from eagle3.errors import ConfigError
 from eagle3.train_data import data_identity, open_hidden_states
 from eagle3.train_loop import Run, evaluate, run_loop
@@ -117,6 +117,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
                         num_layers=t.num_layers, ttt_steps=t.ttt_steps, flags=flags, attn_impl=_attn(t, device))
     if t.init_from and info is None:
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
+    if not t.compile:
+        use_uncompiled_forward(model)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
@@ -151,13 +153,16 @@ def _resume(run: Run, ckpt: Path, vmap) -> None:
     """Restore the full state from ``ckpt``; the LR is re-derived from the (possibly new) schedule."""
     t = run.t
     info = load_checkpoint(ckpt, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
+    run.tokens_seen = int(info["tokens_seen"])
+    run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get("last_train")
     if info.get("vocab_map_hash") != vmap.hash():  # allowed change: install the new map and its head rows
         run.model.load_vocab_mappings(vmap.t2d, vmap.d2t)
         run.model._load_verifier_weights(overwrite_lm_head=True)  # noqa: SLF001
         run.model.to(run.device)
-    run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
-    run.tokens_seen = int(info["tokens_seen"])
-    run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get("last_train")
+        run.best = None  # evaluations under the old map are not comparable (and its weights carry that map)
+        if run.rank == 0:
+            shutil.rmtree(run.state_dir / "best", ignore_errors=True)
     sched = run.scheduler
     sched.base_lrs = [t.lr for _ in sched.base_lrs]
     for g in run.optimizer.param_groups:
@@ -225,7 +230,8 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
         counts={"train_samples": len(d.train_ids), "val_samples": len(d.val_ids), "skipped_samples": len(d.skipped),
                 "truncated_samples": d.truncated, "train_positions": d.unique_train_tokens(),
                 "micro_batches_per_epoch": len(run.plan), "dropped_micro_batches_per_epoch": run.dropped_microbatches,
-                "optimizer_steps": run.step, "tokens_seen": run.tokens_seen},
+                "optimizer_steps": run.step, "tokens_seen": run.tokens_seen,
+                "steps_per_epoch": run.steps_per_epoch()},
         timings={"seconds": seconds},
         optimizer_steps=run.step, epochs_over_data=run.tokens_seen / max(1, d.unique_train_tokens()),
         vocab_map_hash=ex["vocab_map_hash"], data_manifest_hash=sha256_file(d.root / "manifest.json"),

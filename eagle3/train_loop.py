@@ -70,7 +70,11 @@ class Run:
         self.plan = plan[:keep]
 
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.plan) / (self.t.grad_accum * self.world))
+        """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (later epochs pack differently,
+        so a fixed reference keeps the schedule horizon the same for a fresh and a resumed run)."""
+        plan = plan_epoch(self.data, self.t.seed, 0)
+        n = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
+        return math.ceil(n / (self.t.grad_accum * self.world))
 
     def emit(self, kind: str, metrics: dict[str, float]) -> None:
         """Rank 0: append to ``metrics.jsonl`` and call ``on_metrics(metrics, step)``."""

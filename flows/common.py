@@ -94,12 +94,13 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
         opts["timeout_seconds"] = timeout_s
     t = task.with_options(task_run_name=label, **opts)
     try:
-        state = t(cfg=cfg, parent_run_id=parent, **params, return_state=True)
+        state = t(cfg=cfg, parent_run_id=parent, variant=variant, **params, return_state=True)
         result = state.result()
         cached = state.name == "Cached"
         if cached and not caching.output_matches(result):
             get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label, result.get("dir"))
-            state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent, **params, return_state=True)
+            state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent, variant=variant, **params,
+                                                       return_state=True)
             result, cached = state.result(), False
     except BaseException as e:
         _name_error(e, label)
@@ -140,7 +141,8 @@ def publish_summary(cfg: RunConfig, parent: str, title: str, lines: list[str]) -
     """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links."""
     _, exp_id = tracking.client_for(cfg)
     link, cmd = mlflow_ui(cfg, exp_id, parent)
-    md = "\n".join([f"# {title}", "", *lines, "", f"- MLflow run: [{parent}]({link}) (store `{tracking.tracking_uri(cfg)}`)",
+    store = tracking.tracking_uri(cfg)
+    md = "\n".join([f"# {title}", "", *lines, "", f"- MLflow run: [{parent}]({link}) (store `{store}`)",
                     f"- open the MLflow UI: `{cmd}`", f"- run directory: `{cfg.run_dir()}`"])
     key = re.sub(r"[^a-z0-9-]", "-", f"eagle3-{cfg.name}".lower())
     create_markdown_artifact(markdown=md, key=key, description=title)
@@ -149,7 +151,9 @@ def publish_summary(cfg: RunConfig, parent: str, title: str, lines: list[str]) -
 @contextmanager
 def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
     """Prefect settings for a run without a server: the ephemeral API with its SQLite database, its home and
-    the task result storage under ``<runs_dir>/.prefect`` (works offline).
+    the task result storage (the cache) under ``<runs_dir>/.prefect`` (works offline). The storage path is
+    Prefect's default under that home, so ``PREFECT_HOME=<runs_dir>/.prefect prefect flow-run retry ID
+    --entrypoint flows/pipeline.py:eagle3_pipeline`` finds the same database and cache.
 
     When ``PREFECT_API_URL`` is set (e.g. ``make stack-up``), only the result storage path is set. Yields the
     settings applied (name → value).
@@ -162,7 +166,7 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
     base.mkdir(parents=True, exist_ok=True)
     updates: dict = {}
     if not os.environ.get("PREFECT_LOCAL_STORAGE_PATH"):
-        updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "results")
+        updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "storage")  # = Prefect's default under PREFECT_HOME
     if not os.environ.get("PREFECT_API_URL"):
         updates.update({PREFECT_HOME: str(base),
                         PREFECT_API_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{base / 'prefect.db'}",

@@ -88,6 +88,23 @@ def format_summary(summary: dict, cfg: Any) -> str:
     return "\n".join(lines)
 
 
+def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
+    """The failed flow's exception, its message extended with how to re-run only what failed."""
+    exc = state.result(raise_on_failure=False)
+    if not isinstance(exc, BaseException):
+        from eagle3.errors import Eagle3Error
+
+        exc = Eagle3Error(f"flow run ended {state.name}: {state.message}")
+    home = env.get("PREFECT_HOME")
+    entry = "flows/pipeline.py:eagle3_pipeline" if stage == "pipeline" else f"flows/stages.py:{stage}_flow"
+    hint = (f" — re-run the same command (cached stages are skipped) or retry this flow run: "
+            f"{'PREFECT_HOME=' + home + ' ' if home else ''}prefect flow-run retry "
+            f"{state.state_details.flow_run_id} --entrypoint {entry}")
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (exc.args[0] + hint,) + tuple(exc.args[1:])
+    return exc
+
+
 def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     """Run ``stage`` ("pipeline", "extract", "train", "convert", "deploy") as its Prefect flow on Prefect's
     ephemeral API (no server needed) and return the printed summary.
@@ -110,10 +127,15 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
 
         os.environ[SECRET_OVERRIDES_ENV] = json.dumps(secret)
     try:
-        with local_prefect(cfg):
-            summary = flows[stage](config_path=str(config_path), overrides=public)
+        with local_prefect(cfg) as env:
+            state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
+            if not state.is_completed():
+                raise _with_retry_hint(state, stage, env)
+            summary = state.result()
     finally:
-        if secret:
-            os.environ.pop(SECRET_OVERRIDES_ENV, None) if old is None else os.environ.update({SECRET_OVERRIDES_ENV: old})
+        if secret and old is None:
+            os.environ.pop(SECRET_OVERRIDES_ENV, None)
+        elif secret:
+            os.environ[SECRET_OVERRIDES_ENV] = old
         stop_ephemeral_server()
     return format_summary(summary, cfg)

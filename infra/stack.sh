@@ -25,7 +25,7 @@ MLFLOW_URL="http://127.0.0.1:${MLFLOW_PORT}"
 export PREFECT_HOME="$STATE/prefect"
 export PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:///$STATE/prefect/prefect.db"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
-export PREFECT_LOCAL_STORAGE_PATH="$ROOT/runs/.prefect/results"
+export PREFECT_LOCAL_STORAGE_PATH="$ROOT/runs/.prefect/storage"  # the task cache (as `eagle3 run` uses)
 
 alive() { kill -0 "$1" 2>/dev/null; }
 
@@ -57,7 +57,7 @@ running_recorded() {
 up() {
   if running_recorded; then echo "stack already running (see $PIDS)"; status; return 0; fi
   rm -f "$PIDS"
-  mkdir -p "$STATE/prefect" "$STATE/mlartifacts" "$ROOT/runs/.prefect/results"
+  mkdir -p "$STATE/prefect" "$STATE/mlartifacts" "$ROOT/runs/.prefect/storage"
   trap 'echo "start-up failed; stopping what was started" >&2; down' ERR
   start prefect-server "$STATE/prefect-server.log" \
     "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"

@@ -67,8 +67,7 @@ def convert_task(cfg: Any, draft_dir: str, data_dir: str, out_dir: str, parent_r
         sr.log_manifest(out_dir)
         sr.log_path(Path(out_dir) / "config.json", "serving")
         sr.log_dict(report, "equivalence.json")
-        nums = {f"equivalence.{k}": float(v) for k, v in (report or {}).items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        nums = tracking.numeric_leaves("equivalence", report)
         sr.log_metrics(nums)
         sr.set_tags({"eagle3.validation": "passed", "eagle3.engine": f"{cfg.convert.engine} "
                      f"{cfg.convert.engine_version}"})

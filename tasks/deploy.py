@@ -45,7 +45,8 @@ def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: 
     target = resolve_target(cfg)
     b = cfg.bench
     with launch_ready(cfg, target, serving_dir, deploy_dir) as (engine, gate):
-        sr.set_tags({"eagle3.engine": engine.engine, "eagle3.engine_url": engine.url, "eagle3.gate_verdict": gate.verdict})
+        sr.set_tags({"eagle3.engine": engine.engine, "eagle3.engine_url": engine.url,
+                     "eagle3.gate_verdict": gate.verdict})
         sr.log_metrics(gate.metrics())
         sr.log_dict(gate.to_dict(), "gate.json")
         return run_bench(engine.url, prompts=b.prompts, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens,

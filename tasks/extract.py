@@ -50,8 +50,10 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
-def extract_task(cfg: Any, out_dir: str, parent_run_id: str) -> dict:
-    """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow."""
+def extract_task(cfg: Any, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
+    """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow.
+
+    ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
         manifest = extract_superseding(cfg, Path(out_dir))
         sr.log_manifest(out_dir)

@@ -30,7 +30,7 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Say hello."}\n{this line is not JSON\n')
     overrides = [f"paths.runs_dir={tmp_path / 'runs'}", "bench.baseline_untrained=false", f"bench.prompts={prompts}",
-                 "bench.num_prompts=2", "data.num_conversations=8"]
+                 "bench.num_prompts=2", "data.num_conversations=8", "train.draft_vocab_size=128"]
     cfg = load_config(TINY, overrides)
     try:
         with local_prefect(cfg):

@@ -75,7 +75,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(hs_dir, tmp_pat
     assert run.step == 4
     assert run.optimizer.param_groups[0]["lr"] == pytest.approx(fresh.get_last_lr()[0], abs=0, rel=1e-12)
     assert run.optimizer.param_groups[0]["lr"] == pytest.approx(cfg.train.lr * lr_factor(
-        4, schedule="epochs", warmup_steps=3, total_steps=ref["optimizer_steps"]), rel=1e-12)
+        4, schedule="epochs", warmup_steps=3, total_steps=2 * ref["counts"]["steps_per_epoch"]), rel=1e-12)  # cosine over 2 epochs
 
     resumed = train(cfg, hs_dir, cut_out, progress=False)
     assert resumed["optimizer_steps"] == ref["optimizer_steps"]

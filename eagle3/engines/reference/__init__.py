@@ -6,7 +6,6 @@ Run as ``python -m eagle3.engines.reference --model-path T --speculative-algorit
 (exit code 2). Endpoints, fields and log lines follow SGLang 0.5.23 (``sglang/srt/entrypoints/http_server.py``,
 ``managers/tokenizer_manager.py``); decoding is :class:`eagle3.specdec.SpeculativeDecoder`.
 
-
 Flag parsing: ``eagle3.engines.reference.__main__.parse_args``; the app: ``eagle3.engines.reference.server``.
 (Nothing is imported here, so ``python -m`` does not import ``__main__`` twice.)
 """
