@@ -25,7 +25,10 @@ from eagle3.procs import tree_cpu_seconds, tree_pids
 
 # Access-log lines caused by the gate's and the watchdog's own requests (uvicorn and http.server formats).
 GATE_NOISE = re.compile(r'"(GET|POST|HEAD) /(health_generate|health|ready|generate|get_server_info|server_info'
-                        r'|metrics)\b[^"]*"')
+                        r'|metrics)\b[^"]*"'
+                        # SGLang's HTTP front-end logs this every few seconds while the scheduler does not
+                        # answer (http_server.py, 0.5.23): a symptom of a hang, never a sign of progress.
+                        r"|Health check failed\. Server couldn't get a response from detokenizer")
 MAX_READ_BYTES = 1 << 20
 GPU_MIN_INTERVAL_S = 1.0
 

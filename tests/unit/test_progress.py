@@ -50,6 +50,10 @@ def test_log_growth_ignores_the_gates_own_access_lines(tmp_path):
         f.write('INFO:     127.0.0.1:5555 - "GET /health_generate HTTP/1.1" 503 Service Unavailable\n'
                 'INFO:     127.0.0.1:5556 - "POST /generate HTTP/1.1" 200 OK\n\n')
     assert mon.sample() == []  # a hung server behind a live HTTP front-end only logs our polls
+    with open(log, "a") as f:  # what SGLang 0.5.23's front-end prints while its scheduler is stopped
+        f.write("[2026-11-30 10:01:02] Health check failed. Server couldn't get a response from detokenizer "
+                "for last 20 seconds. tic start time: 10:00:42. last_heartbeat time: 10:00:40\n")
+    assert mon.sample() == []
     with open(log, "a") as f:
         f.write("Capturing batches (bs=128 avail_mem=60.1 GB)\n")
     assert mon.sample() == ["log"]
