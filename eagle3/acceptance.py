@@ -299,7 +299,7 @@ def server_window(before: dict, after: dict) -> dict:
                       "run; without counts it cannot be differenced"}
 
 
-SERVING_EXCESS_RATIO = 0.5
+SERVING_EXCESS_RATIO = 0.7
 MIN_OFFLINE_EXCESS = 0.05
 
 
@@ -311,6 +311,9 @@ def serving_gap(served: float | None, offline: float | None, ratio: float = SERV
     ratio × (offline − 1)``, and only when ``offline − 1 ≥ min_excess`` (a draft that accepts nothing offline
     cannot reveal a serving fault). Lengths near 1.0 hide a collapse as a ratio of lengths (1.00 vs 1.24 is
     0.81) but not as a ratio of excesses (0.00 vs 0.24). ``served`` None (no speculative fields) counts as 1.0.
+    The ratio 0.7 leaves 30 % for numeric drift between engines (served and offline decode the same prompts
+    greedily); a SmolLM2 draft (64 conversations, 1.5 epochs) decoded with its aux states withheld measured
+    excess 0.073 against 0.140 offline (ratio 0.52) on 8 MT-Bench prompts × 64 tokens.
     """
     if offline is None or offline - 1.0 < min_excess:
         return False

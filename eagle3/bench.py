@@ -273,7 +273,7 @@ def check_acceptance(served: float | None, offline: float | None, minimum: float
     """The acceptance gate: return if ``served >= minimum``, else raise AcceptanceTooLow with a diagnosis.
 
     Diagnosis: with an offline figure (same draft, same prompts, in-process reference decoding) and
-    :func:`eagle3.acceptance.serving_gap` (served − 1 < 0.5 × (offline − 1)) → "served ≪ offline: serving
+    :func:`eagle3.acceptance.serving_gap` (served − 1 < 0.7 × (offline − 1)) → "served ≪ offline: serving
     integration fault (aux capture, key names, flags, layer ids, template)"; otherwise → "both low: draft
     quality or data"; without an offline figure the cause is stated as undetermined.
     """

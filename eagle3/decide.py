@@ -4,10 +4,10 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 ``Decision.to_markdown()``). The rules, checked in this order — the first that fires decides:
 
 1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference decoding),
-   judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.5) × (offline − 1) with
+   judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) × (offline − 1) with
    offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.acceptance.serving_gap`); or, without an offline
    figure, the same test against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with
-   the looser ``simulated_gap_ratio`` (0.4), at low confidence. The draft is fine; the engine feeds it wrongly
+   the looser ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
    (aux capture, key names, flags, layer ids, template).
 2. **stop** — served ≥ ``acceptance.target``; or acceptance has plateaued (the last two figures of
    ``acceptance.history`` + served differ by < ``plateau_rel`` = 2 %) while validation loss is flat.
@@ -15,7 +15,8 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
    divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small
    (< ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs`` (6).
 4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap over the
-   window); validation loss flat or rising while train loss still falls; epochs over the data ≥ ``high_epochs``;
+   window, counted only while val is above train: early in training train loss falls faster than val from
+   below, which is not memorisation); validation loss flat or rising while train loss still falls; epochs over the data ≥ ``high_epochs``;
    or both losses flat (the schedule is exhausted and the data is the lever left).
 
 Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
@@ -40,8 +41,8 @@ OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
 class Thresholds:
     """Rule constants (see the module docstring). Relative slope/gap are fractions, not percent."""
 
-    serving_gap_ratio: float = 0.5
-    simulated_gap_ratio: float = 0.4
+    serving_gap_ratio: float = 0.7
+    simulated_gap_ratio: float = 0.5
     min_offline_excess: float = 0.05
     k: int = 3
     slope_eps: float = 0.005
@@ -213,7 +214,7 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
             return Decision("more data", "high_epochs", [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
         return Decision("longer training", "no_trend", [reason], ev, "low")
     gap_ok = gap is None or gap < th.gap_max
-    growing = growth is not None and growth > th.gap_growth
+    growing = growth is not None and growth > th.gap_growth and gap is not None and gap > 0
     if vs < -th.slope_eps and gap_ok and not growing and not high_epochs:
         return Decision("longer training", "val_loss_falling", [
             f"validation loss still falling: {vs:+.2%} per eval over the last {min(th.k, s['num_evals'])} evals "

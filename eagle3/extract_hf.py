@@ -22,6 +22,8 @@ import torch
 from eagle3.errors import ConfigError
 from eagle3.extract_store import HS_DIR, ShardSpec, check_sample, commit_shard, hs_name, write_sample
 
+WRITER_THREADS = 4  # sample files written in parallel (encode + fsync overlap; GIL released in I/O)
+
 
 @dataclass
 class WorkerJob:
@@ -76,10 +78,45 @@ def forward_capture(model, capture_ids: list[int], batch: list[list[int]], pad_i
         ids[b, : len(x)] = torch.tensor(x)
         mask[b, : len(x)] = 1
     body = getattr(model, "model", model)
+    pin = dev.type == "cuda"
     with torch.inference_mode(), capture_hidden_states(model, capture_ids) as cap:
-        body(input_ids=ids.to(dev), attention_mask=mask.to(dev) if min(lens) < t_max else None, use_cache=False)
+        body(input_ids=ids.pin_memory().to(dev, non_blocking=True) if pin else ids,
+             attention_mask=(mask.to(dev) if min(lens) < t_max else None), use_cache=False)
         stacked = torch.stack([cap[i] for i in capture_ids], dim=2)  # [B, T, S, H]
     return [stacked[b, :n] for b, n in enumerate(lens)]
+
+
+class _HostCopier:
+    """Device → host copies of a batch's states into pinned memory on a side stream (CUDA only).
+
+    ``submit(states)`` enqueues the copies after the forward pass that produced them and returns host views
+    plus a per-sample all-finite flag computed on the device, and an event the writer waits on; the next
+    forward pass runs on the compute stream meanwhile. On the CPU the states are returned as they are.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def submit(self, states: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[bool | None], object]:
+        if not self.cuda:
+            return states, [None] * len(states), None
+        main = torch.cuda.current_stream(states[0].device)
+        with torch.inference_mode():
+            finite = torch.stack([torch.isfinite(s).all() for s in states]).to("cpu", non_blocking=True)
+            rows = [s.shape[0] for s in states]
+            host = torch.empty((sum(rows), *states[0].shape[1:]), dtype=states[0].dtype, pin_memory=True)
+            self.stream.wait_stream(main)
+            with torch.cuda.stream(self.stream):
+                views, start = [], 0
+                for s, n in zip(states, rows):
+                    views.append(host[start:start + n])
+                    views[-1].copy_(s, non_blocking=True)
+                    s.record_stream(self.stream)
+                    start += n
+                done = torch.cuda.Event()
+                done.record(self.stream)
+        return views, finite, done
 
 
 def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | None = None) -> dict[int, int]:
@@ -98,16 +135,17 @@ def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | 
     pad_id = _pad_id(model, tok)
     out = Path(job.out_dir)
     written: dict[int, int] = {}
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hs-writer") as pool:
+    copier = _HostCopier(next(model.parameters()).device)
+    with ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="hs-writer") as pool:
         for spec in job.shards:
             rows = sorted(range(spec.start, spec.stop), key=lambda i: (len(job.input_ids[i]), i))
             pending: list[Future] = []
             for b in range(0, len(rows), job.batch_size):
                 chunk = rows[b: b + job.batch_size]
                 states = forward_capture(model, job.capture_ids, [job.input_ids[i] for i in chunk], pad_id)
-                states = [s.to("cpu", non_blocking=False) for s in states]
-                for i, hs in zip(chunk, states):
-                    pending.append(pool.submit(_check_and_write, job, out, i, hs))
+                states, finite, done = copier.submit(states)
+                for i, hs, ok in zip(chunk, states, finite):
+                    pending.append(pool.submit(_check_and_write, job, out, i, hs, ok, done))
                 for f in pending[: -2 * job.batch_size]:  # bound the memory held by queued writes
                     f.result()
                 if on_progress:
@@ -118,9 +156,13 @@ def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | 
     return written
 
 
-def _check_and_write(job: WorkerJob, out: Path, i: int, hs: torch.Tensor) -> tuple[str, int]:
+def _check_and_write(job: WorkerJob, out: Path, i: int, hs: torch.Tensor, finite=None,
+                     done=None) -> tuple[str, int]:
+    if done is not None:  # the device → host copy of this batch (and its finiteness flags) has landed
+        done.synchronize()
     path = out / HS_DIR / hs_name(i)
-    check_sample(job.sample_ids[i], path, job.input_ids[i], job.loss_masks[i], hs)
+    check_sample(job.sample_ids[i], path, job.input_ids[i], job.loss_masks[i], hs,
+                 all_finite=None if finite is None else bool(finite))
     return path.name, write_sample(path, job.input_ids[i], hs, job.store_dtype)
 
 

@@ -85,15 +85,19 @@ def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.floa
 
 
 def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: list[int],
-                 hidden: torch.Tensor) -> None:
+                 hidden: torch.Tensor, all_finite: bool | None = None) -> None:
     """Integrity of one sample before it is written: rows = len(input_ids) = len(loss_mask), all finite.
 
+    ``all_finite``: the finiteness already computed on the device (the GPU extractor reduces it there);
+    True skips the host scan, False or None scans ``hidden`` on the host (and names the first bad element).
     Raises DataError naming the sample id, the file, and the expected and actual values.
     """
     rows = hidden.shape[0]
     if not rows == len(input_ids) == len(loss_mask):
         raise DataError(f"sample {sample_id} ({path}): hidden-state rows {rows}, len(input_ids) "
                         f"{len(input_ids)}, len(loss_mask) {len(loss_mask)}; expected all equal")
+    if all_finite:
+        return
     finite = torch.isfinite(hidden)
     if not bool(finite.all()):
         bad = (~finite).nonzero()[0].tolist()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -201,8 +202,12 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int = 0, stop_token_ids: list[int] | None = None, ignore_eos: bool = False) -> GenerationResult:
+                 seed: int = 0, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
+                 on_tokens: Callable[[GenerationResult], None] | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with speculative decoding.
+
+        ``on_tokens(result)`` is called after every step that emitted tokens (the prefill token, then each
+        verify pass) with the result so far — the hook the reference engine streams from.
 
         Stops after the target's EOS ids (unless ``ignore_eos``) or any of ``stop_token_ids`` (the stop token is
         kept in ``output_ids``, as SGLang). ``temperature`` < 1e-6 is greedy; otherwise speculative sampling with
@@ -220,7 +225,10 @@ class SpeculativeDecoder:
         cache = DynamicCache(config=self.target.config)
         logits, hidden = self._target_forward(input_ids, cache, last_only=True)
         last = self._pick(logits[-1], temperature, top_p, gen)
-        if self._emit(res, [last], stops, max_new_tokens)[1]:
+        done = self._emit(res, [last], stops, max_new_tokens)[1]
+        if on_tokens is not None:
+            on_tokens(res)
+        if done:
             return res
         dcache = self.draft.new_cache()
         pend_ids, pend_h, start, committed = input_ids[1:] + [last], hidden, 0, len(input_ids)
@@ -245,6 +253,8 @@ class SpeculativeDecoder:
             for j in range(counted):
                 res.accepted_per_position[j] += 1
             res.histogram[counted] += 1
+            if on_tokens is not None:
+                on_tokens(res)
             if done:
                 return res
             pend_ids, pend_h, start = new, vhidden[: a + 1], committed

@@ -27,7 +27,8 @@ def _variants(cfg: Any) -> list[tuple[str, Any]]:
 def _summary(cfg: Any, parent: str, flow_name: str, record: dict, **extra: Any) -> dict:
     _, exp_id = tracking.client_for(cfg)
     out = {"flow": flow_name, "config": cfg.name, "run_dir": str(cfg.run_dir()),
-           "mlflow_uri": tracking.tracking_uri(cfg), "experiment_id": exp_id, "parent_run_id": parent, "stages": record, **extra}
+           "mlflow_uri": tracking.tracking_uri(cfg), "experiment_id": exp_id, "parent_run_id": parent,
+           "stages": record, **extra}
     publish_summary(cfg, parent, f"{flow_name}: {cfg.name}", [f"- {k}: {v}" for k, v in record.items()])
     return out
 

@@ -3,7 +3,8 @@
 Everything goes through :class:`mlflow.MlflowClient` with explicit run ids (no fluent "active run" state),
 so tasks running in worker threads log to the right run. Layout of one pipeline run::
 
-    parent run   tags prefect.flow_run_id, prefect.flow_name, eagle3.config_name, eagle3.decision
+    parent run   tags prefect.flow_run_id, eagle3.pipeline_flow_run_id, prefect.flow_name, eagle3.config_name,
+                 eagle3.decision
                  params = flattened resolved config (secret-looking keys redacted), artifact config.yaml
                  metrics acceptance_length, acceptance_length_untrained (copied from the bench stages)
     └ nested run per stage (tag mlflow.parentRunId; eagle3.stage, eagle3.variant "trained"/"untrained")
@@ -37,7 +38,8 @@ from eagle3.artifacts import read_manifest
 from eagle3.config import flatten, redact
 from eagle3.errors import DataError, TransientError
 
-FLOW_RUN_TAG = "prefect.flow_run_id"
+FLOW_RUN_TAG = "prefect.flow_run_id"  # on the parent and on every stage run
+PIPELINE_TAG = "eagle3.pipeline_flow_run_id"  # on the parent run only: how a retried flow run finds it
 PARENT_TAG = "mlflow.parentRunId"
 _BATCH = 100  # MLflow's limit of params / tags per log_batch call
 _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_EXCEEDED"}
@@ -135,7 +137,7 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_fil
     """
     client, exp_id = client_for(cfg)
     with _transient():
-        found = client.search_runs([exp_id], filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'",
+        found = client.search_runs([exp_id], filter_string=f"tags.`{PIPELINE_TAG}` = '{flow_run_id}'",
                                    max_results=1)
         if found:
             run_id = found[0].info.run_id
@@ -143,7 +145,8 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_fil
             client.set_tag(run_id, "eagle3.attempts", str(int(found[0].data.tags.get("eagle3.attempts", "1")) + 1))
             return run_id
         run = client.create_run(exp_id, run_name=f"{cfg.name}-{flow_run_id[:8]}", tags={
-            FLOW_RUN_TAG: flow_run_id, "prefect.flow_name": flow_name, "eagle3.config_name": cfg.name,
+            FLOW_RUN_TAG: flow_run_id, PIPELINE_TAG: flow_run_id, "prefect.flow_name": flow_name,
+            "eagle3.config_name": cfg.name,
             "eagle3.run_dir": str(cfg.run_dir()), "eagle3.attempts": "1"})
     run_id = run.info.run_id
     _log_batch(client, run_id, params=config_params(cfg))

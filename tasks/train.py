@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,23 @@ def train_key(context: Any, parameters: dict) -> str:
                              inputs={"data": parameters["data_dir"]})
 
 
+def supersede_finished(cfg: Any, out_dir: Path) -> bool:
+    """Remove a *finished* draft in ``out_dir`` that was trained with another train section; True if removed.
+
+    The task runs only on a cache miss. ``eagle3.train.train`` resumes whatever ``out_dir/state`` holds (the
+    right thing after an interruption), so a finished run of other settings would only be re-exported, not
+    retrained. A partial run (no manifest) is left for ``train`` to resume or reject.
+    """
+    from eagle3.artifacts import read_manifest
+
+    if not (out_dir / "manifest.json").is_file():
+        return False
+    if read_manifest(out_dir).get("config") == cfg.train.model_dump(mode="json"):
+        return False
+    shutil.rmtree(out_dir)
+    return True
+
+
 @task(name="train", cache_key_fn=train_key, **task_options(TIMEOUT_S))
 def train_task(cfg: Any, data_dir: str, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
     """Train a draft on ``data_dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
@@ -25,6 +43,8 @@ def train_task(cfg: Any, data_dir: str, out_dir: str, parent_run_id: str, varian
     from eagle3.train import train
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
+        if supersede_finished(cfg, Path(out_dir)):
+            sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
         manifest = train(cfg, Path(data_dir), Path(out_dir), on_metrics=sr.on_metrics, progress=False)
         sr.log_manifest(out_dir)
         sr.log_path(Path(out_dir) / "metrics.jsonl")

@@ -25,7 +25,7 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
     from eagle3.config import load_config
     from flows.common import local_prefect, stop_ephemeral_server
     from flows.pipeline import eagle3_pipeline
-    from tasks.tracking import FLOW_RUN_TAG, client_for, summarize_run
+    from tasks.tracking import PIPELINE_TAG, client_for, summarize_run
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Say hello."}\n{this line is not JSON\n')
@@ -61,7 +61,7 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
 
     # MLflow: the retried flow run kept its parent run; cached stages point at the runs that made them
     client, exp = client_for(cfg)
-    parents = client.search_runs([exp], f"tags.`{FLOW_RUN_TAG}` = '{fr}'")
+    parents = client.search_runs([exp], f"tags.`{PIPELINE_TAG}` = '{fr}'")
     assert len(parents) == 1 and parents[0].data.tags["eagle3.attempts"] == "2"
     s = summarize_run(parents[0].info.run_id, cfg.mlflow_uri())
     assert s["status"] == "FINISHED" and s["metrics"]["acceptance_length"] >= 1.0

@@ -174,11 +174,27 @@ def test_chat_server_info_and_metrics(served):
     assert gen > calls > 0 and "sglang:spec_accept_rate" in fams
 
 
+def test_generate_streams_cumulative_chunks_like_sglang(served, hf_target):
+    srv, _ = served
+    body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
+    whole = httpx.post(srv.url + "/generate", json=body, timeout=60).json()
+    events = []
+    with httpx.stream("POST", srv.url + "/generate", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and "text/event-stream" in r.headers["content-type"]
+        events = [ln[5:].strip() for ln in r.iter_lines() if ln.startswith("data:")]
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    chunks = [json.loads(e) for e in events[:-1]]
+    sizes = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert sizes == sorted(sizes) and sizes[0] >= 1  # cumulative, first chunk = the prefill token
+    assert chunks[-1]["output_ids"] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["spec_verify_ct"] == whole["meta_info"]["spec_verify_ct"]
+
+
 def test_unimplemented_request_fields_are_refused_by_name(served):
     srv, _ = served
     r = httpx.post(srv.url + "/generate", json={"text": "x", "sampling_params": {"frequency_penalty": 0.5}}, timeout=30)
     assert r.status_code == 400 and "frequency_penalty" in r.text
-    r = httpx.post(srv.url + "/generate", json={"text": "x", "stream": True}, timeout=30)
+    r = httpx.post(srv.url + "/generate", json={"text": ["x", "y"], "stream": True}, timeout=30)
     assert r.status_code == 400 and "stream" in r.text
     r = httpx.post(srv.url + "/generate", json={"input_ids": [10 ** 9]}, timeout=30)
     assert r.status_code == 400 and "outside the target vocabulary" in r.text

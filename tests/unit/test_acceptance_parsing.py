@@ -147,4 +147,4 @@ def test_serving_gap_compares_accepted_drafts_not_lengths():
     assert not serving_gap(1.22, 1.24)      # served ≈ offline
     assert not serving_gap(1.00, 1.03)      # offline accepts ~nothing: no evidence of a serving fault
     assert serving_gap(None, 1.5)           # no speculative fields at all while offline accepts
-    assert serving_gap(1.9, 3.0) and not serving_gap(2.2, 3.0)
+    assert serving_gap(1.9, 3.0) and not serving_gap(2.5, 3.0)

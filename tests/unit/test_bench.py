@@ -194,7 +194,7 @@ def test_acceptance_gate_diagnosis():
     with pytest.raises(AcceptanceTooLow, match="served ≪ offline: serving integration fault"):
         check_acceptance(1.02, 1.8, 1.3)
     with pytest.raises(AcceptanceTooLow, match="both low: draft quality or data"):
-        check_acceptance(1.1, 1.15, 1.3)
+        check_acceptance(1.12, 1.15, 1.3)
     with pytest.raises(AcceptanceTooLow, match="no offline figure"):
         check_acceptance(1.1, None, 1.3)
     with pytest.raises(AcceptanceTooLow, match="serving integration"):

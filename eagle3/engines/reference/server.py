@@ -15,16 +15,19 @@ A failure while loading prints the traceback and exits the process with code 1 (
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import random
 import threading
 import time
 import traceback
 import uuid
 from datetime import datetime
+from typing import Callable
 
 from fastapi import Body, FastAPI
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from eagle3.errors import DataError
 
@@ -116,26 +119,27 @@ class Engine:
             log("Load failed; exiting with code 1")
             os._exit(1)
 
-    def generate(self, input_ids: list[int], sp: dict | None, rid: str | None = None) -> dict:
-        """One request → ``{"text", "output_ids", "meta_info"}``; raises BadRequest / DataError for bad input."""
+    def generate(self, input_ids: list[int], sp: dict | None, rid: str | None = None,
+                 on_chunk: Callable[[dict], None] | None = None) -> dict:
+        """One request → ``{"text", "output_ids", "meta_info"}``; raises BadRequest / DataError for bad input.
+
+        ``on_chunk(body)`` receives the cumulative response after every verify pass (SGLang's streaming
+        chunks carry the cumulative text and meta_info too).
+        """
         kw = parse_sampling_params(sp)
         if kw["seed"] is None:
             kw["seed"] = self.rng.randrange(1 << 31)
+        rid = rid or uuid.uuid4().hex
         start = time.perf_counter()
+        hook = None
+        if on_chunk is not None:
+            def hook(partial):
+                on_chunk(self._body(partial, rid, time.perf_counter() - start))
         with self.lock:
-            res = self.decoder.generate(input_ids, **kw)
+            res = self.decoder.generate(input_ids, on_tokens=hook, **kw)
         elapsed = time.perf_counter() - start
-        text = self.decoder.tokenizer.decode(res.output_ids, skip_special_tokens=True) if self.decoder.tokenizer else ""
-        meta = {"id": rid or uuid.uuid4().hex, "finish_reason": res.finish_reason, "prompt_tokens": res.prompt_tokens,
-                "completion_tokens": res.completion_tokens, "cached_tokens": 0, "e2e_latency": elapsed}
-        if res.verify_ct > 0:  # SGLang adds the speculative fields only after at least one verify pass
-            hist = list(res.histogram)
-            while len(hist) > 1 and hist[-1] == 0:
-                hist.pop()
-            meta.update(spec_accept_rate=res.accept_rate, spec_accept_length=res.accept_length,
-                        spec_num_correct_drafts=res.num_correct_drafts, spec_num_proposed_drafts=res.num_draft_tokens,
-                        spec_verify_ct=res.verify_ct, spec_correct_drafts_histogram=hist,
-                        spec_accepted_per_position=list(res.accepted_per_position))
+        body = self._body(res, rid, elapsed)
+        meta = body["meta_info"]
         t = self.totals
         t["requests"] += 1
         t["prompt_tokens"] += res.prompt_tokens
@@ -146,7 +150,22 @@ class Engine:
         log(f"Request {meta['id'][:8]} done: #prompt: {res.prompt_tokens}, #gen: {res.completion_tokens}, "
             f"accept len: {res.accept_length:.2f}, accept rate: {res.accept_rate:.2f}, "
             f"gen throughput (token/s): {res.completion_tokens / max(elapsed, 1e-9):.2f}")
-        return {"text": text, "output_ids": res.output_ids, "meta_info": meta}
+        return body
+
+    def _body(self, res, rid: str, elapsed: float) -> dict:
+        """SGLang's ``/generate`` response body for a (possibly partial) GenerationResult."""
+        text = self.decoder.tokenizer.decode(res.output_ids, skip_special_tokens=True) if self.decoder.tokenizer else ""
+        meta = {"id": rid, "finish_reason": res.finish_reason or None, "prompt_tokens": res.prompt_tokens,
+                "completion_tokens": res.completion_tokens, "cached_tokens": 0, "e2e_latency": elapsed}
+        if res.verify_ct > 0:  # SGLang adds the speculative fields only after at least one verify pass
+            hist = list(res.histogram)
+            while len(hist) > 1 and hist[-1] == 0:
+                hist.pop()
+            meta.update(spec_accept_rate=res.accept_rate, spec_accept_length=res.accept_length,
+                        spec_num_correct_drafts=res.num_correct_drafts, spec_num_proposed_drafts=res.num_draft_tokens,
+                        spec_verify_ct=res.verify_ct, spec_correct_drafts_histogram=hist,
+                        spec_accepted_per_position=list(res.accepted_per_position))
+        return {"text": text, "output_ids": list(res.output_ids), "meta_info": meta}
 
     def avg_accept_length(self) -> float | None:
         """(accepted drafts + bonus) per verify pass since start; None before the first verify pass."""
@@ -246,9 +265,9 @@ def create_app(args) -> tuple[FastAPI, Engine]:
 def _generate(engine: Engine, body: dict):
     known = {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob"}
     extra = sorted(k for k, v in body.items() if k not in known and v not in (None, False))
-    if extra or body.get("stream") or body.get("return_logprob"):
+    if extra or body.get("return_logprob"):
         raise BadRequest(f"/generate fields not implemented by the reference engine: "
-                         f"{extra + [k for k in ('stream', 'return_logprob') if body.get(k)]}")
+                         f"{extra + (['return_logprob'] if body.get('return_logprob') else [])}")
     if (body.get("text") is None) == (body.get("input_ids") is None):
         raise BadRequest("/generate: expected exactly one of 'text' or 'input_ids'")
     if body.get("text") is not None:
@@ -264,14 +283,43 @@ def _generate(engine: Engine, body: dict):
     rids = rids if isinstance(rids, list) else [rids] * len(prompts)
     if not (len(sps) == len(rids) == len(prompts)):
         raise BadRequest(f"/generate: {len(prompts)} prompts but {len(sps)} sampling_params and {len(rids)} rids")
+    if body.get("stream"):
+        if batch:
+            raise BadRequest("/generate: stream is implemented for a single prompt only, got a batch")
+        return _stream(engine, prompts[0], sps[0], rids[0])
     out = [engine.generate(p, sp, rid) for p, sp, rid in zip(prompts, sps, rids)]
     return out if batch else out[0]
+
+
+def _stream(engine: Engine, prompt: list[int], sp: dict | None, rid: str | None) -> StreamingResponse:
+    """SGLang-style server-sent events: one ``data: {cumulative body}`` per verify pass, then ``data: [DONE]``."""
+    parse_sampling_params(sp)  # a bad request fails with 400 before the stream starts
+    chunks: queue.Queue = queue.Queue()
+    done = object()
+
+    def work():
+        try:
+            chunks.put(engine.generate(prompt, sp, rid, on_chunk=chunks.put))
+        except Exception as e:  # reported to the client as the stream's last event
+            chunks.put({"error": {"message": f"{type(e).__name__}: {e}", "code": 500}})
+        finally:
+            chunks.put(done)
+
+    threading.Thread(target=work, name="reference-stream", daemon=True).start()
+
+    def events():
+        while (item := chunks.get()) is not done:
+            yield f"data: {json.dumps(item)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def _chat(engine: Engine, args, body: dict):
     tok = engine.decoder.tokenizer
     if body.get("stream") or int(body.get("n") or 1) != 1:
-        raise BadRequest("/v1/chat/completions: stream and n > 1 are not implemented by the reference engine")
+        raise BadRequest("/v1/chat/completions: stream and n > 1 are not implemented by the reference engine "
+                         "(POST /generate streams)")
     messages = body.get("messages")
     if not messages:
         raise BadRequest("/v1/chat/completions: 'messages' is required and must be non-empty")

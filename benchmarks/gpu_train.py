@@ -1,0 +1,281 @@
+"""Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``, one run.
+
+Same generated data (``benchmarks/train.py``'s ``synthetic``: random bf16 hidden states of a Llama-3.1-8B-shaped
+target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same draft (``eagle3.draft_model.
+build_draft``: 1 layer, hidden 4096, draft vocab 32000 from the data's token frequencies padded, target vocab
+128256), same TTT steps (3), one sequence of ``--seq-len`` tokens per step, bf16 autocast, AdamW.
+
+- ours: ``eagle3.train.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
+  (positions per optimizer step / wall time of the step, the step ending in a device sync).
+- speculators: ``speculators.train.trainer.Trainer`` with its own data loader (``create_train_val_loaders``:
+  ``ArrowDataset`` + ``FileTransfer`` + multipack sampler, ``--workers`` workers), its model-call kwargs
+  (``Eagle3DraftModel.get_trainer_kwargs``: kl_div loss) and its loop; tokens/s = non-padding positions per
+  step / wall time between steps (one device sync per step, in ``step_callback``). Tried in speculators'
+  default configuration first (flex attention, fused loss, compiled forward), then with the settings that
+  work; every failure is printed with its error.
+
+The first ``--warmup`` steps of each are left out (compilation, caches). MFU = model FLOPs per token x
+tokens/s / 989e12 (H200 SXM dense bf16 datasheet); model FLOPs per token = TTT x (6 x trainable matmul
+params + 4 x frozen LM-head params) + attention (TTT x 12 x layers x hidden x mean context), context growing
+by one sequence per TTT step.
+
+    python benchmarks/gpu_train.py                     # H200
+    python benchmarks/gpu_train.py --num-gpus 2 --only ours   # torchrun, 2 GPUs
+    python benchmarks/gpu_train.py --tiny              # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEAK_BF16 = 989e12
+TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+            num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=4096,
+            rms_norm_eps=1e-5)
+
+
+def flops_per_token(model, ttt: int, seq: int) -> float:
+    """Model FLOPs per trained position (forward + backward), see the module docstring."""
+    train = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and p.dim() == 2
+                and "embed" not in n)
+    head = model.lm_head.weight.numel()
+    conf = model.config.transformer_layer_config
+    layers, hid = conf.num_hidden_layers, conf.num_attention_heads * conf.head_dim
+    attn = sum(12 * layers * hid * (seq * (k + 1) / 2 + seq * k) / seq * seq for k in range(ttt)) / seq
+    return ttt * (6 * train + 4 * head) + attn
+
+
+def base_overrides(a, work: Path, target: Path) -> list[str]:
+    return [f"paths.runs_dir={work / 'runs'}", f"train.device={'cuda' if a.cuda else 'cpu'}",
+            f"train.max_steps={a.steps}", "train.schedule=constant", "train.log_every=1", "train.eval_every=0",
+            "train.epochs=1000", f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true",
+            "train.warmup_steps=0", f"train.max_tokens_per_batch={a.seq_len}", f"train.num_gpus={a.num_gpus}",
+            "train.max_eval_samples=1", "train.keep_last=1", "train.precision=bf16-autocast",
+            f"train.ttt_steps={a.ttt}", "train.checkpoint_every=0", "train.export=last",
+            "target.kind=hf", f"target.path={target}", f"train.lr={a.lr}"]
+
+
+def run_ours(a, work: Path, target: Path, hs: Path) -> dict:
+    import torch
+
+    from eagle3.config import load_config
+    from eagle3.train import train
+
+    cfg = load_config(None, base_overrides(a, work, target))
+    out = work / f"out-ours-{a.num_gpus}"
+    import shutil
+    shutil.rmtree(out, ignore_errors=True)
+    tps: list[float] = []
+    if a.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    train(cfg, hs, out, progress=False,
+          on_metrics=lambda m, s: tps.append(m["tokens_per_s"]) if "tokens_per_s" in m else None)
+    if not tps:  # torchrun path
+        tps = [json.loads(x)["tokens_per_s"] for x in (out / "metrics.jsonl").read_text().splitlines()
+               if '"tokens_per_s"' in x]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda and a.num_gpus == 1 else float("nan")
+    steady = tps[a.warmup:] or tps
+    return {"name": f"ours ({a.num_gpus} GPU)" if a.cuda else "ours (cpu)", "tokens_per_s": statistics.median(steady),
+            "peak_gib": peak, "steps": len(tps), "settings": "sdpa, eager kl_div loss, uncompiled"}
+
+
+class _CountingLoader:
+    """Wraps a DataLoader: counts non-padding positions of each batch handed to the Trainer."""
+
+    def __init__(self, loader):
+        self.loader, self.tokens = loader, []
+
+    def __len__(self):
+        return len(self.loader)
+
+    @property
+    def batch_sampler(self):
+        return self.loader.batch_sampler
+
+    def __iter__(self):
+        for b in self.loader:
+            self.tokens.append(int((b["document_ids"] != -1).sum()) if "document_ids" in b else
+                               int(b["input_ids"].numel()))
+            yield b
+
+
+def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl: str, compiled: bool) -> dict:
+    import torch
+    from hs_connectors import FileTransfer
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.dataloader import create_train_val_loaders
+    from speculators.train.trainer import Trainer, TrainerConfig
+
+    from eagle3.artifacts import read_manifest
+    from eagle3.draft_model import build_draft, set_attention, use_uncompiled_forward
+    from eagle3.vocab import build_vocab_map, load_token_freq
+
+    man = read_manifest(hs)
+    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
+    tconf = json.loads((target / "config.json").read_text())
+    vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=True)
+    torch.manual_seed(0)
+    model = build_draft(target, aux_layer_ids=man["aux_layer_ids"], d2t=vmap.d2t, t2d=vmap.t2d, num_layers=1,
+                        ttt_steps=a.ttt, flags={}, attn_impl="sdpa")
+    set_attention(model, attn)
+    if not compiled:
+        use_uncompiled_forward(model)
+    train_loader, _ = create_train_val_loaders(
+        data_path=str(hs / "data"), total_seq_len=a.seq_len, hidden_states_dtype=torch.bfloat16,
+        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
+        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
+        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
+        num_target_layers=len(man["aux_layer_ids"]), num_workers=a.workers, prefetch_factor=4,
+        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
+    counting = _CountingLoader(train_loader)
+    train_kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_impl,
+                                                          ttt_steps=a.ttt, ttt_step_loss_decay=1.0)
+    save = work / f"out-spec-{attn}-{loss_impl}-{int(compiled)}"
+    import shutil
+    shutil.rmtree(save, ignore_errors=True)
+    cfg = TrainerConfig(lr=a.lr, num_epochs=1000, save_path=str(save), train_call_kwargs=train_kwargs,
+                        scheduler_type="none", weight_decay=0.0, hidden_states_dtype=torch.bfloat16,
+                        log_freq=10**9, checkpoint_freq=10**9, max_steps=a.steps)
+
+    class _Trainer(Trainer):
+        def setup_model(self):
+            if not a.cuda:  # CPU smoke test only: speculators moves the model to device index 0
+                self.local_rank, self.device_type = "cpu", "cpu"
+            super().setup_model()
+
+    if a.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:  # CPU smoke test only: its step timer synchronizes "the accelerator" on step 0
+        torch.accelerator.synchronize = lambda *x: None
+        torch.accelerator.memory_allocated = lambda *x: 0
+    trainer = _Trainer(model, cfg, counting, None)
+    stamps = [time.perf_counter()]
+
+    def tick():
+        if a.cuda:
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    epoch = 0
+    while trainer.global_step < a.steps:
+        trainer.train_epoch(epoch, step_callback=tick)
+        epoch += 1
+    dts = [b - s for s, b in zip(stamps, stamps[1:])]
+    tps = [t / d for t, d in zip(counting.tokens, dts)]
+    steady = tps[a.warmup:] or tps
+    peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda else float("nan")
+    settings = f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} forward, {a.workers} workers"
+    return {"name": "speculators Trainer", "tokens_per_s": statistics.median(steady), "peak_gib": peak,
+            "steps": len(tps), "settings": settings, "model": model}
+
+
+def torch_format(hs: Path) -> None:
+    """Give ``hs/data`` the torch format that extraction writes (speculators' reader compares tensors)."""
+    import shutil
+
+    import datasets
+
+    ds = datasets.load_from_disk(str(hs / "data"))
+    if ds.format["type"] == "torch":
+        return
+    ds = ds.cast(datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
+                                    "loss_mask": datasets.Sequence(datasets.Value("int64")),
+                                    "seq_len": datasets.Value("int64")}))
+    ds.set_format("torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True)
+    ds.save_to_disk(str(hs / "data.tmp"))
+    shutil.rmtree(hs / "data")
+    (hs / "data.tmp").rename(hs / "data")
+
+
+def main() -> int:
+    import torch
+
+    import benchmarks.train as bt
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--work", default="/tmp/eagle3-gpu-train")
+    p.add_argument("--samples", type=int, default=24)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--ttt", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--num-gpus", type=int, default=1)
+    p.add_argument("--only", choices=["ours", "speculators", "both"], default="both")
+    a = p.parse_args()
+    a.cuda = torch.cuda.is_available()
+    shape = "llama8b"
+    if a.tiny:
+        bt.SHAPES["tiny"] = TINY
+        shape, a.samples, a.seq_len, a.steps, a.warmup, a.draft_vocab, a.workers = "tiny", 6, 128, 4, 1, 512, 0
+    work = Path(a.work)
+    t0 = time.perf_counter()
+    target, hs = bt.synthetic(work, shape, a.samples, a.seq_len)
+    torch_format(hs)
+    print(f"data: {hs} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    rows, failures = [], []
+    if a.only in ("ours", "both"):
+        rows.append(run_ours(a, work, target, hs))
+    if a.only in ("speculators", "both"):
+        attempts = [("simple_flex_attention", "fused", True), ("sdpa", "fused", True), ("sdpa", "eager", True),
+                    ("sdpa", "eager", False)] if a.cuda else [("sdpa", "eager", False)]
+        for attn, loss_impl, compiled in attempts:
+            try:
+                rows.append(run_speculators(a, work, target, hs, attn, loss_impl, compiled))
+                break
+            except Exception as e:  # noqa: BLE001 - report and try the next configuration
+                failures.append(f"{attn}/{loss_impl}/{'compiled' if compiled else 'eager'}: "
+                                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                traceback.print_exc(limit=3)
+                torch._dynamo.reset()
+                if a.cuda:
+                    torch.cuda.empty_cache()
+    model = next((r.pop("model") for r in rows if "model" in r), None)
+    if model is None:
+        from eagle3.artifacts import read_manifest
+        from eagle3.draft_model import build_draft
+        from eagle3.vocab import build_vocab_map, load_token_freq
+
+        tconf = json.loads((target / "config.json").read_text())
+        vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=True)
+        model = build_draft(target, aux_layer_ids=read_manifest(hs)["aux_layer_ids"], d2t=vmap.d2t, t2d=vmap.t2d,
+                            num_layers=1, ttt_steps=a.ttt, flags={})
+    fpt = flops_per_token(model, a.ttt, a.seq_len)
+    name = torch.cuda.get_device_name() if a.cuda else "cpu"
+    import transformers
+    from importlib.metadata import version
+    print(f"device {name}; torch {torch.__version__}, transformers {transformers.__version__}, speculators "
+          f"{version('speculators')}; draft: 1 layer, hidden {model.config.transformer_layer_config.hidden_size}, "
+          f"draft vocab {a.draft_vocab}, TTT {a.ttt}, {a.seq_len}-token sequences, bf16 autocast, "
+          f"{a.steps} steps (first {a.warmup} left out); model FLOPs/token {fpt / 1e9:.2f} G")
+    for f in failures:
+        print(f"speculators Trainer FAILED with {f}")
+    print("| trainer | settings | tokens/s | peak GiB | MFU (989 TF/s) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['settings']} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} | "
+              f"{fpt * r['tokens_per_s'] / PEAK_BF16:.1%} |")
+    if len(rows) == 2:
+        print(f"ours / speculators Trainer tokens/s = {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())
