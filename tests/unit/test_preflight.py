@@ -63,3 +63,18 @@ def test_memory_estimate_numbers(tmp_path):
                         mem_fraction_static=0.5)
     msg = str(e.value)
     assert "mem_fraction_static 0.5" in msg and "draft_kv" in msg and "context 100 × batch 2" in msg
+
+
+@pytest.mark.parametrize("config,cls", [("kimi-k2.5.yaml", "KimiK25ForConditionalGeneration"),
+                                        ("llama3.1-8b.yaml", "LlamaForCausalLM")])
+def test_realistic_configs_pass_preflight(sglang_source, config, cls):
+    from eagle3.config import load_config
+    from tests.conftest import CONFIGS
+
+    cfg = load_config(CONFIGS / config)
+    assert cfg.serve.engine == "sglang"
+    check_aux_capture(cls, engine="sglang", version=cfg.convert.engine_version, source=sglang_source)
+    if config.startswith("kimi"):  # the seed story's serving settings
+        s = cfg.serve
+        assert (s.tp, s.speculative_num_steps, s.speculative_eagle_topk, s.speculative_num_draft_tokens) == (8, 3, 4, 5)
+        assert cfg.data.num_conversations == 10000 and cfg.target.trust_remote_code is True
