@@ -116,7 +116,7 @@ def main() -> int:
             "train.schedule=constant", "train.log_every=1", "train.eval_every=0", "train.epochs=1000",
             f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true", "train.warmup_steps=0",
             f"train.max_tokens_per_batch={a.tokens_per_batch}", f"train.num_gpus={a.num_gpus}",
-            "train.max_eval_samples=2", "train.keep_last=1"]
+            "train.max_eval_samples=2", "train.keep_last=1", "train.resume=false"]
     base += [f"target.kind=hf", f"target.path={a.target}"] if a.target else ["target.kind=smollm2"]
     cfg = load_config(None, base)
     target = resolve_target(cfg)

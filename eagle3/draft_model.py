@@ -17,13 +17,10 @@ from pathlib import Path
 
 import torch
 
-from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported
+from eagle3.errors import CheckpointInvalid, ConfigError
 
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
-# Fallback profile: only used while eagle3.engines.profiles is not importable (see resolve_flags).
-_FALLBACK_DEFAULTS = {("sglang", "0.5.23"): {"norm_before_residual": False}}
-_FALLBACK_MUST_EQUAL = {("sglang", "0.5.23"): {"norm_before_residual": False}}
 
 
 def resolve_flags(cfg) -> dict[str, bool]:
@@ -37,47 +34,17 @@ def resolve_flags(cfg) -> dict[str, bool]:
             ``check_flags``; names the flag, the configured and the supported value).
         EngineUnsupported: no profile for the engine/version.
     """
+    from eagle3.engines.profiles import get_profile
+
     t = cfg.train
-    engine, version = cfg.convert.engine, cfg.convert.engine_version
-    profile = _get_profile(engine, version)
-    nbr = t.norm_before_residual
-    if nbr is None:
-        nbr = bool(getattr(profile, "norm_before_residual", None)) if profile is not None else \
-            _fallback_default(engine, version)["norm_before_residual"]
+    profile = get_profile(cfg.convert.engine, cfg.convert.engine_version)
+    nbr = profile.norm_before_residual if t.norm_before_residual is None else t.norm_before_residual
     flags = {"norm_before_residual": bool(nbr), "norm_before_fc": bool(t.norm_before_fc),
              "fc_norm": bool(t.fc_norm), "norm_output": bool(t.norm_output)}
     if flags["norm_before_fc"] and flags["fc_norm"]:
         raise ConfigError("train.norm_before_fc and train.fc_norm: mutually exclusive (speculators), got both true")
-    if profile is not None:
-        profile.check_flags(flags)
-    else:
-        _fallback_check(engine, version, flags)
+    profile.check_flags(flags)
     return flags
-
-
-def _get_profile(engine: str, version: str):
-    try:
-        from eagle3.engines.profiles import get_profile
-    except ImportError:
-        return None
-    return get_profile(engine, version)
-
-
-def _fallback_default(engine: str, version: str) -> dict:
-    if (engine, version) not in _FALLBACK_DEFAULTS:
-        raise EngineUnsupported(f"convert.engine={engine!r} convert.engine_version={version!r}: no engine "
-                                f"profile known to the trainer (known: {sorted(_FALLBACK_DEFAULTS)})")
-    return _FALLBACK_DEFAULTS[(engine, version)]
-
-
-def _fallback_check(engine: str, version: str, flags: dict[str, bool]) -> None:
-    """SGLang 0.5.23 (llama_eagle3.py): residual before hidden_norm; understands norm_before_fc, fc_norm,
-    norm_output. Used only until the engine profile module exists."""
-    _fallback_default(engine, version)
-    for name, want in _FALLBACK_MUST_EQUAL[(engine, version)].items():
-        if flags[name] != want:
-            raise ConfigError(f"train.{name}: {engine} {version} computes {name}={want}; a draft trained with "
-                              f"{flags[name]} loads there and accepts less (ENGINE_NOTES.md)")
 
 
 def read_target_config(target_dir: str | Path):

@@ -110,7 +110,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     if info is not None:
         check_resume(info, identity, cfg, ckpts[-1])
     elif rank == 0:
-        shutil.rmtree(state_dir, ignore_errors=True)
+        for old in list_checkpoints(state_dir) + [state_dir / "best"]:  # a fresh start (launch files stay)
+            shutil.rmtree(old, ignore_errors=True)
         truncate_metrics(out_dir / "metrics.jsonl", -1)
     torch.manual_seed(t.seed)
     model = build_draft(target_dir, aux_layer_ids=data.aux_layer_ids, d2t=vmap.d2t, t2d=vmap.t2d,

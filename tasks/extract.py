@@ -41,12 +41,12 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
     from eagle3.extract import extract
 
     try:
-        return extract(cfg, out_dir, progress=False)
+        return extract(cfg, out_dir, progress=True)
     except DataError as e:
         if "plan hash" not in str(e) or not out_dir.is_dir():
             raise
     shutil.rmtree(out_dir)
-    return extract(cfg, out_dir, progress=False)
+    return extract(cfg, out_dir, progress=True)
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))

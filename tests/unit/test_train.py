@@ -123,8 +123,8 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(hs_dir, tmp_path, mo
     out = tmp_path / "t"
     real = loop.forward
 
-    def poisoned(run, batch, counts):  # the 4th optimizer step's loss becomes NaN
-        loss = real(run, batch, counts)
+    def poisoned(run, batch, counts, **kw):  # the 4th optimizer step's loss becomes NaN
+        loss = real(run, batch, counts, **kw)
         return loss * float("nan") if run.step == 3 else loss
 
     monkeypatch.setattr(loop, "forward", poisoned)
@@ -132,3 +132,37 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(hs_dir, tmp_path, mo
         train(cfg, hs_dir, out, progress=False)
     assert [p.name for p in (out / "state").glob("ckpt-*")] == ["ckpt-00000002"]
     assert not (out / "manifest.json").exists()
+
+
+def test_keep_last_best_by_acceptance_and_bf16_autocast(hs_dir, tmp_path):
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=4", "train.eval_every=1", "train.keep_last=2",
+                         "train.precision=bf16-autocast", "train.lr=3e-3")
+    out = tmp_path / "t"
+    seen = []
+    man = train(cfg, hs_dir, out, on_metrics=lambda m, s: seen.append((s, m)), progress=False)
+    assert sorted(p.name for p in (out / "state").glob("ckpt-*")) == ["ckpt-00000003", "ckpt-00000004"]
+    sims = {s: m["val/simulated_acceptance_length"] for s, m in seen if "val/loss" in m}
+    assert sorted(sims) == [1, 2, 3, 4]
+    best = max(sims, key=lambda s: (sims[s], -s))  # the first evaluation with the highest value
+    assert man["best"]["step"] == best and man["exported"] == {"which": "best", "step": best}
+    assert man["metrics"]["simulated_acceptance_length"] == pytest.approx(sims[best])
+    assert all(m["train/loss"] == m["train/loss"] for s, m in seen if "train/loss" in m)  # finite under bf16
+    if best != 4:  # the exported weights are the best evaluation's, not the last step's
+        assert torch.equal(load_file(out / "model.safetensors")["fc.weight"],
+                           load_file(out / "state" / "best" / "model.safetensors")["fc.weight"])
+
+
+def test_init_from_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_path):
+    first = tmp_path / "first"
+    train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=1"), hs_dir, first, progress=False)
+    other = shutil.copytree(hs_dir, tmp_path / "hs2")
+    freq = torch.load(other / "token_freq.pt")
+    torch.save({**freq, **{t: 10_000 for t in range(1000, 1040)}}, other / "token_freq.pt")
+    with pytest.raises(DataError, match="init_from.*another draft vocab map"):
+        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=1", f"train.init_from={first}"), other,
+              tmp_path / "second", progress=False)
+    man = train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=0", f"train.init_from={first}",
+                               "train.allow_vocab_map_change=true"), other, tmp_path / "second", progress=False)
+    a, b = load_file(first / "model.safetensors"), load_file(tmp_path / "second" / "model.safetensors")
+    assert torch.equal(a["fc.weight"], b["fc.weight"])  # trained weights carried over
+    assert not torch.equal(a["d2t"], b["d2t"]) and man["optimizer_steps"] == 0
