@@ -186,7 +186,7 @@ class ServeConfig(_Section):
     probe_timeout_s: float = Field(120.0, gt=0)
     retry_without_cuda_graph: bool = False
     sglang_python: str | None = Field(
-        None, description="Python of the environment that has SGLang (e.g. .venv-sglang/bin/python); None = this one.")
+        None, description="Python of the environment that has SGLang (e.g. ~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
     stop_grace_s: float = Field(15.0, gt=0, description="Seconds between SIGTERM and SIGKILL of the engine's group.")
 
 

@@ -52,7 +52,10 @@ def check_sglang() -> tuple[str, str]:
         version = md.version("sglang")
     except md.PackageNotFoundError:
         version = None
-    sidecar = Path(".venv-sglang/bin/python")
+    from eagle3.config import PathsConfig
+
+    sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or PathsConfig().resolved_cache_dir() / "venv-sglang")
+    sidecar = sidecar / "bin" / "python"
     try:
         import torch
 

@@ -1,6 +1,6 @@
 """Running the real SGLang 0.5.23 as the conformance oracle, from the project's own environment (test harness).
 
-SGLang lives in its own environment ``.venv-sglang`` (``make sglang-env``; CUDA torch 2.14.1, never mixed
+SGLang lives in its own environment ``<asset cache>/venv-sglang`` (``make sglang-env``; CUDA torch 2.14.1, never mixed
 into ``.venv``). This module runs code there as child processes with ``TRITON_INTERPRET=1`` (SGLang's Triton
 kernels run on the CPU in Triton's interpreter) and ``tests/support/sglang_shims`` on ``PYTHONPATH`` (a
 pure-torch ``vllm._custom_ops.rotary_embedding``, the ``spec_tree`` patches, and the ``sitecustomize`` hook
@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
-SGLANG_VENV = Path(os.environ.get("EAGLE3_SGLANG_VENV", REPO / ".venv-sglang"))
+def _default_sglang_venv() -> Path:
+    """``$EAGLE3_SGLANG_VENV``, else ``<asset cache>/venv-sglang`` (where ``make sglang-env`` puts it)."""
+    from eagle3.config import PathsConfig
+
+    return PathsConfig().resolved_cache_dir() / "venv-sglang"
+
+
+SGLANG_VENV = Path(os.environ.get("EAGLE3_SGLANG_VENV") or _default_sglang_venv())
 SHIMS_DIR = Path(__file__).resolve().parent / "sglang_shims"
 WORKER = Path(__file__).resolve().parent / "sglang_worker.py"
 SGLANG_VERSION = "0.5.23"
