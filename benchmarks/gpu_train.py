@@ -88,8 +88,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, compiled: bool = False) -> d
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda and a.num_gpus == 1 else float("nan")
     steady = tps[a.warmup:] or tps
     return {"name": f"ours ({a.num_gpus} GPU)" if a.cuda else "ours (cpu)", "tokens_per_s": statistics.median(steady),
-            "peak_gib": peak, "steps": len(tps), "settings": f"sdpa, eager kl_div loss, {'compiled' if compiled else 'uncompiled'} forward, "
-            "prefetch thread"}
+            "peak_gib": peak, "steps": len(tps), "settings": f"sdpa, eager kl_div loss, {'compiled' if compiled else 'uncompiled'} forward"}
 
 
 class _CountingLoader:

@@ -237,8 +237,6 @@ def collate(samples: list[dict[str, torch.Tensor]], device: torch.device, dtype:
     out = {k: torch.cat([s[k] for s in samples])[None] for k in samples[0]}
     out["document_ids"] = torch.cat([torch.full((s["input_ids"].numel(),), j, dtype=torch.long)
                                      for j, s in enumerate(samples)])[None]
-    pin = torch.device(device).type == "cuda"  # pinned host memory: the copy runs asynchronously
-    out = {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) for k, v in out.items()}
-    for k in ("hidden_states", "verifier_last_hidden_states"):  # converted on the device (half the bytes moved)
+    for k in ("hidden_states", "verifier_last_hidden_states"):
         out[k] = out[k].to(dtype)
-    return out
+    return {k: v.to(device, non_blocking=True) for k, v in out.items()}

@@ -53,7 +53,6 @@ class Run:
     dropped_microbatches: int = 0
     bar: object = None
     loss_config: dict | None = None
-    prefetch: object = None
 
     @property
     def t(self):
@@ -85,34 +84,6 @@ class Run:
             f.write(json.dumps({"step": self.step, "kind": kind, **metrics}) + "\n")
         if self.on_metrics is not None:
             self.on_metrics(dict(metrics), self.step)
-
-
-def load_microbatch(run: Run, j: int) -> dict:
-    """Read, check and collate micro-batch ``run.plan[j]`` onto ``run.device`` (float32 hidden states)."""
-    return collate([run.data.load_sample(i) for i in run.plan[j]], run.device, torch.float32)
-
-
-class Prefetcher:
-    """Loads this rank's next micro-batch of the epoch plan in a background thread while the current one trains.
-
-    ``get(run, j)`` returns micro-batch ``j`` (from the prefetch when it was asked for, else loaded now) and
-    starts loading ``j + world_size``, the rank's next one. Keys carry the epoch, so a new epoch's plan (or a
-    resumed run) never receives a stale batch; errors of the background load (DataError) are raised by ``get``.
-    """
-
-    def __init__(self):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagle3-prefetch")
-        self.key: tuple[int, int] | None = None
-        self.future = None
-
-    def get(self, run: Run, j: int) -> dict:
-        batch = self.future.result() if self.key == (run.epoch, j) else load_microbatch(run, j)
-        nxt = j + run.world
-        self.key, self.future = ((run.epoch, nxt), self.pool.submit(load_microbatch, run, nxt)) \
-            if nxt < len(run.plan) else (None, None)
-        return batch
 
 
 def autocast(run: Run):
@@ -165,10 +136,8 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     group = run.plan[run.micro:run.micro + G]
     share = group[run.rank::run.world]
     params = [p for p in run.model.parameters() if p.requires_grad]
-    if run.prefetch is None:
-        run.prefetch = Prefetcher()
     for j, ids in enumerate(share):
-        batch = run.prefetch.get(run, run.micro + run.rank + j * run.world)
+        batch = collate([run.data.load_sample(i) for i in ids], run.device, torch.float32)
         sync = j == len(share) - 1 or run.world == 1
         with contextlib.nullcontext() if sync else run.module.no_sync():
             loss = forward(run, batch, window)
