@@ -20,25 +20,27 @@ from tasks.bench import decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import extract_task
+from tasks.registry import register_task
 from tasks.train import train_task
 
 FLOW_NAME = "eagle3-pipeline"
 
 
 @flow(name=FLOW_NAME, log_prints=False)
-def eagle3_pipeline(config_path: str, overrides: list[str] | None = None) -> dict:
+def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extract_dir: str | None = None) -> dict:
     """The whole pipeline on one config. Returns the summary dict (acceptance lengths, decision, MLflow ids).
 
     Stage by stage; the untrained baseline (``train.max_steps=0``) goes through every stage after extraction
     next to the trained draft. Raises the first failing stage's error (its message starts ``stage <name>
-    failed:``); the MLflow parent run is then FAILED and no engine is left running.
+    failed:``); the MLflow parent run is then FAILED and no engine is left running. ``extract_dir``: where the
+    extraction is written instead of ``<run_dir>/extract`` (a sweep shares one per data size, flows/sweep.py).
     """
     cfg = load_run_config(config_path, overrides)
     lines = [("trained", cfg)] + ([("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else [])
     record: dict[str, str] = {}
     with parent_run(cfg, FLOW_NAME) as parent:
         data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
-                         out_dir=str(stage_dirs(cfg)["extract"]), record=record)
+                         out_dir=extract_dir or str(stage_dirs(cfg)["extract"]), record=record)
         drafts = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, record=record,
                                data_dir=data["dir"], out_dir=str(stage_dirs(c, v)["train"])) for v, c in lines}
         serving = {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v, record=record,
@@ -48,9 +50,12 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None) -> dic
                               serving_dir=serving[v]["dir"], deploy_dir=str(stage_dirs(c, v)["deploy"]),
                               bench_dir=str(stage_dirs(c, v)["bench"]), timeout_s=deploy_timeout_s(c))
                  for v, c in lines}
-        gate = gate_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"]["dir"], parent)
+        gate = gate_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"]["dir"], parent,
+                         train_result=drafts["trained"])
+        registered = register_task(cfg, serving["trained"], drafts["trained"], gate, parent)
         decision = decision_task(cfg, drafts["trained"]["dir"], drafts["trained"], gate, parent)
         summary = pipeline_summary(cfg, parent, gate, decision, record)
+        summary["registered_model"] = f"{registered['name']}/{registered['version']}"
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
     return summary
 
@@ -66,7 +71,8 @@ def pipeline_summary(cfg: Any, parent: str, gate: dict, decision: dict, record: 
     return {"config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": tracking.tracking_uri(cfg),
             "experiment_id": exp_id, "parent_run_id": parent, "stages": record,
             "acceptance_length": gate.get("served"), "acceptance_length_untrained": gate.get("untrained"),
-            "acceptance_length_offline": gate.get("offline"), "beats_baseline": gate.get("beats_baseline"),
+            "acceptance_length_offline": gate.get("offline"),
+            "acceptance_length_simulated": gate.get("simulated"), "beats_baseline": gate.get("beats_baseline"),
             "decision": decision.get("recommendation"), "decision_rule": decision.get("rule"), "markdown": md}
 
 

@@ -1,9 +1,17 @@
 """Flow ``eagle3-sweep``: the pipeline over data sizes × training schedules, then ``sweep_decision``.
 
 Each point is the whole pipeline as a subflow, on its own run directory (``<name>-n<size>-<schedule>``), with
-its own MLflow parent run; the sweep's parent run holds the table of points, the data-scaling plot and the
-decision ("more data" / "longer training" / "fix serving" / "stop"). A point that fails is recorded as failed
-and left out of the decision (the sweep fails only when no point succeeded).
+its own MLflow parent run tagged ``eagle3.sweep_run_id`` (and the point's data size, schedule, unique tokens,
+epochs over the data, optimizer steps as tags/metrics), so the comparison table is read back from MLflow
+(:func:`sweep_table`). The points of one data size share one extraction (``<sweep run dir>/extract-n<size>``:
+the extraction cache key does not depend on the training schedule, so the second schedule finds it cached).
+The sweep's parent run holds ``sweep.json``, the table (``sweep_table.md``), the data-scaling plot and the
+decision ("more data" / "longer training" / "fix serving integration" / "stop"). A point that fails is
+recorded as failed and left out of the decision (the sweep fails only when no point succeeded).
+
+Command line (Prefect's ephemeral API, like ``eagle3 run``)::
+
+    python -m flows.sweep configs/smollm2-cpu.yaml --size 64 --size 128 -o paths.runs_dir=/tmp/sweep-runs
 """
 
 from __future__ import annotations
@@ -18,16 +26,50 @@ from flows.common import load_run_config, parent_run, publish_summary
 from flows.pipeline import eagle3_pipeline
 from tasks import tracking
 
-DEFAULT_SCHEDULES = {"epochs1": ["train.epochs=1"], "epochs3": ["train.epochs=3"]}
+SWEEP_TAG = "eagle3.sweep_run_id"
+# schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run with
+# evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the checkpoint).
+DEFAULT_SCHEDULES = {"epochs3-cosine": ["train.schedule=epochs", "train.epochs=3"],
+                     "constant-long": ["train.schedule=constant", "train.epochs=8", "train.eval_every=50"]}
 
 
 def point_result(summary: dict, size: int, schedule: str) -> dict:
-    """One row for ``eagle3.decide.sweep_decision`` from a finished point's summary and its draft manifest."""
+    """One row for ``eagle3.decide.sweep_decision`` from a finished point's summary and its draft manifest
+    (``<run_dir>/train/manifest.json``): data size (conversations), unique tokens (``counts.train_positions``),
+    epochs over the data, optimizer steps, and the served / offline / simulated acceptance lengths."""
     m = read_manifest(Path(summary["run_dir"]) / "train")
     return {"data_size": size, "schedule": schedule, "unique_tokens": (m.get("counts") or {}).get("train_positions"),
             "acceptance_length": summary["acceptance_length"], "offline": summary.get("acceptance_length_offline"),
+            "simulated": summary.get("acceptance_length_simulated"),
             "epochs": m.get("epochs_over_data"), "optimizer_steps": m.get("optimizer_steps"),
-            "parent_run_id": summary["parent_run_id"]}
+            "parent_run_id": summary["parent_run_id"], "registered_model": summary.get("registered_model")}
+
+
+def tag_point(cfg, sweep_run_id: str, row: dict) -> None:
+    """Link a point's parent run to the sweep (tag :data:`SWEEP_TAG`) and store its sweep coordinates:
+    tags ``eagle3.sweep.data_size``/``eagle3.sweep.schedule``, metrics ``sweep.unique_tokens``,
+    ``sweep.epochs_over_data``, ``sweep.optimizer_steps``."""
+    run = row["parent_run_id"]
+    tracking.set_parent_tags(cfg, run, {SWEEP_TAG: sweep_run_id, "eagle3.sweep.data_size": row["data_size"],
+                                        "eagle3.sweep.schedule": row["schedule"]})
+    tracking.log_parent_metrics(cfg, run, {"sweep.unique_tokens": row["unique_tokens"],
+                                           "sweep.epochs_over_data": row["epochs"],
+                                           "sweep.optimizer_steps": row["optimizer_steps"]})
+
+
+def _point_overrides(base: list[str], cfg_name: str, size: int, name: str, sched: list[str]) -> list[str]:
+    return [*base, f"data.num_conversations={size}", *sched, f"name={cfg_name}-n{size}-{name}",
+            "bench.baseline_untrained=false"]
+
+
+def _publish(cfg, parent: str, results: list[dict], failed: dict, decision) -> None:
+    fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
+    publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
+        "| data size | schedule | served | offline | simulated |", "|---|---|---|---|---|",
+        *[f"| {r['data_size']} | {r['schedule']} | {fmt(r['acceptance_length'])} | {fmt(r['offline'])} | "
+          f"{fmt(r['simulated'])} |" for r in results],
+        *[f"| {k} | failed | {v} | | |" for k, v in failed.items()], "",
+        f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])
 
 
 @flow(name="eagle3-sweep", log_prints=False)
@@ -35,6 +77,7 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
                schedules: dict[str, list[str]] | None = None, target_acceptance: float | None = None) -> dict:
     """Run the pipeline for every (data size in conversations, schedule name → overrides) pair and decide.
 
+    Defaults: sizes = half and all of ``data.num_conversations``; schedules = :data:`DEFAULT_SCHEDULES`.
     Raises DataError when every point failed.
     """
     from eagle3.decide import sweep_decision
@@ -44,14 +87,17 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
     scheds = dict(schedules or DEFAULT_SCHEDULES)
     results, failed = [], {}
     with parent_run(cfg, "eagle3-sweep") as parent:
+        tracking.set_parent_tags(cfg, parent, {"eagle3.sweep.sizes": ",".join(map(str, sizes)),
+                                               "eagle3.sweep.schedules": ",".join(scheds)})
         for size in sizes:
+            shared_extract = str(cfg.run_dir() / f"extract-n{size}")
             for name, sched in scheds.items():
-                point = [*(overrides or []), f"data.num_conversations={size}", *sched,
-                         f"name={cfg.name}-n{size}-{name}", "bench.baseline_untrained=false"]
+                point = _point_overrides(list(overrides or []), cfg.name, size, name, sched)
                 state = eagle3_pipeline.with_options(flow_run_name=f"n{size}-{name}")(
-                    config_path=config_path, overrides=point, return_state=True)
+                    config_path=config_path, overrides=point, extract_dir=shared_extract, return_state=True)
                 if state.is_completed():
                     results.append(point_result(state.result(), size, name))
+                    tag_point(cfg, parent, results[-1])
                 else:
                     failed[f"n{size}-{name}"] = state.message or state.name
         tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed}, "sweep.json")
@@ -63,14 +109,91 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
         tracking.set_parent_tags(cfg, parent, {f"eagle3.{k}": v for k, v in decision.tags().items()})
         client, _ = tracking.client_for(cfg)
         client.log_text(parent, decision.to_markdown(), "decision.md")
+        client.log_text(parent, format_table(sweep_table(parent, tracking.tracking_uri(cfg))), "sweep_table.md")
         if plot.is_file():
             client.log_artifact(parent, str(plot))
-        publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
-            "| data size | schedule | acceptance length |", "|---|---|---|",
-            *[f"| {r['data_size']} | {r['schedule']} | {r['acceptance_length']:.3f} |" for r in results],
-            *[f"| {k} | failed | {v} |" for k, v in failed.items()], "",
-            f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])
+        _publish(cfg, parent, results, failed, decision)
     return {"flow": "eagle3-sweep", "config": cfg.name, "run_dir": str(cfg.run_dir()),
             "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results, "failed": failed,
-            "decision": decision.recommendation, "decision_rule": decision.rule,
+            "decision": decision.recommendation, "decision_rule": decision.rule, "plot": str(plot),
             "experiment_id": tracking.client_for(cfg)[1], "stages": {}}
+
+
+TABLE_COLUMNS = ("data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
+                 "simulated", "served", "offline", "registered_model", "run_id")
+
+
+def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
+    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>``,
+    sorted by (data size, schedule). Each row has :data:`TABLE_COLUMNS`: data size (conversations), schedule,
+    unique training tokens, epochs over the data, optimizer steps, and the acceptance lengths (bonus token
+    counted): simulated (training validation), served (engine), offline (in-process reference decoding).
+    Raises DataError when the sweep run is unknown."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        exp = client.get_run(sweep_run_id).info.experiment_id
+    except MlflowException as e:
+        raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
+    rows = []
+    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
+        m, t = r.data.metrics, r.data.tags
+        rows.append({"data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
+                     "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
+                     "optimizer_steps": m.get("sweep.optimizer_steps"),
+                     "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
+                     "offline": m.get("acceptance_length_offline"),
+                     "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id})
+    return sorted(rows, key=lambda x: (x["data_size"], x["schedule"] or ""))
+
+
+def format_table(rows: list[dict]) -> str:
+    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2)."""
+    def cell(k, v):
+        if v is None:
+            return "n/a"
+        if k in ("unique_tokens", "optimizer_steps"):
+            return f"{int(v):,}"
+        if k == "epochs_over_data":
+            return f"{v:.2f}"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.sweep CONFIG [--size N ...] [-o key=value ...] [--target X]``: run the sweep on
+    Prefect's ephemeral API, print the table, the decision and the MLflow ids. Returns the exit status."""
+    import argparse
+
+    from flows.common import local_prefect, stop_ephemeral_server
+
+    ap = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--size", type=int, action="append", help="data size in conversations (repeatable)")
+    ap.add_argument("-o", "--override", action="append", default=[], help="section.key=value (repeatable)")
+    ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
+    a = ap.parse_args(argv)
+    cfg = load_run_config(a.config, a.override)
+    try:
+        with local_prefect(cfg):
+            state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,
+                               target_acceptance=a.target, return_state=True)
+            if not state.is_completed():
+                print(f"sweep failed: {state.message}")
+                return 1
+            out = state.result()
+    finally:
+        stop_ephemeral_server()
+    print(format_table(sweep_table(out["parent_run_id"], out["mlflow_uri"])))
+    print(f"failed points: {out['failed'] or 'none'}")
+    print(f"decision: {out['decision']} (rule {out['decision_rule']}); plot {out['plot']}")
+    print(f"MLflow: {out['mlflow_uri']} sweep parent run {out['parent_run_id']}  "
+          f"(eagle3 decide {out['parent_run_id']} with MLFLOW_TRACKING_URI={out['mlflow_uri']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
