@@ -24,7 +24,8 @@ def default_tracking_uri() -> str:
 
 def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     """The decision of ``run_id`` as text: the recommendation, its rule, the evidence (``decision.md``) and the
-    acceptance lengths on the run. Raises DataError when the run is unknown or has no decision yet."""
+    acceptance lengths on the run (served, untrained, offline, simulated); for a sweep run also the table of its
+    points (flows.sweep.sweep_table). Raises DataError when the run is unknown or has no decision yet."""
     uri = tracking_uri or default_tracking_uri()
     client = MlflowClient(tracking_uri=uri)
     try:
@@ -43,8 +44,14 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     m = run.data.metrics
     lines = [text, ""]
     for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained", "untrained baseline"),
-                       ("acceptance_length_offline", "offline (in-process)")):
+                       ("acceptance_length_offline", "offline (in-process)"),
+                       ("acceptance_length_simulated", "simulated (training validation)")):
         if key in m:
             lines.append(f"acceptance length, {label}: {m[key]:.3f}")
+    if tags.get("prefect.flow_name") == "eagle3-sweep":
+        from flows.sweep import format_table, sweep_table
+
+        lines += ["", "Sweep points (from MLflow; acceptance lengths count the bonus token):", "",
+                  format_table(sweep_table(run_id, uri)), ""]
     lines.append(f"MLflow run {run_id} ({run.info.status}) in {uri}")
     return "\n".join(lines)

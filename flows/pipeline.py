@@ -8,6 +8,8 @@ after a failure re-executes only what failed and what depends on it.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from typing import Any
 
 from prefect import flow
@@ -132,6 +134,7 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         import json
 
         os.environ[SECRET_OVERRIDES_ENV] = json.dumps(secret)
+    previous = _terminate_as_interrupt()
     try:
         with local_prefect(cfg) as env:
             state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
@@ -144,4 +147,22 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         elif secret:
             os.environ[SECRET_OVERRIDES_ENV] = old
         stop_ephemeral_server()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return format_summary(summary, cfg)
+
+
+def _terminate_as_interrupt() -> dict:
+    """Make SIGTERM/SIGHUP raise KeyboardInterrupt in the main thread, so a killed ``eagle3 run`` still runs
+    every ``finally`` (engine process groups ended, the ephemeral Prefect server stopped) instead of dying
+    with its children orphaned. Returns the previous handlers (empty outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, interrupt)
+    return previous

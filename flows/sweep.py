@@ -30,7 +30,7 @@ SWEEP_TAG = "eagle3.sweep_run_id"
 # schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run with
 # evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the checkpoint).
 DEFAULT_SCHEDULES = {"epochs3-cosine": ["train.schedule=epochs", "train.epochs=3"],
-                     "constant-long": ["train.schedule=constant", "train.epochs=8", "train.eval_every=50"]}
+                     "constant-long": ["train.schedule=constant", "train.epochs=6", "train.eval_every=50"]}
 
 
 def point_result(summary: dict, size: int, schedule: str) -> dict:

@@ -1,0 +1,39 @@
+"""A killed ``eagle3 run`` leaves nothing behind: SIGTERM ends its children (the ephemeral Prefect server)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import CONFIGS, REPO
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_run_stops_every_child(tmp_path):
+    cmd = [sys.executable, "-m", "eagle3.cli", "run", str(CONFIGS / "tiny-random.yaml"),
+           "-o", f"paths.runs_dir={tmp_path / 'runs'}"]
+    log = open(tmp_path / "run.log", "w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        children = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            if children and "Beginning flow run" in (tmp_path / "run.log").read_text():
+                break
+            time.sleep(0.5)
+        assert children, f"no child process seen; log:\n{(tmp_path / 'run.log').read_text()[-2000:]}"
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        assert rc != 0, f"exit code {rc} after SIGTERM; log:\n{(tmp_path / 'run.log').read_text()[-1500:]}"
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"left behind: {[(p.pid, p.cmdline()[:4]) for p in alive]}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

@@ -1,0 +1,84 @@
+"""tasks.registry: validated drafts into MLflow's model registry (SQLite store, offline), alias ``best`` on the
+version with the highest served acceptance, idempotent by serving content hash."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from mlflow import MlflowClient  # noqa: E402
+
+from eagle3.artifacts import write_manifest  # noqa: E402
+from tasks import tracking  # noqa: E402
+from tasks.registry import BEST_ALIAS, model_name, register_draft  # noqa: E402
+
+
+def _stage_dirs(root, tag: str, payload: bytes):
+    """A serving folder (weights bytes ``payload``) and a train folder with a draft manifest."""
+    serving, train = root / f"serving-{tag}", root / f"train-{tag}"
+    serving.mkdir(parents=True)
+    train.mkdir(parents=True)
+    (serving / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
+    (serving / "model.safetensors").write_bytes(payload)
+    sm = write_manifest(serving, "serving_checkpoint")
+    write_manifest(train, "draft", counts={"train_positions": 1234}, epochs_over_data=3.0, optimizer_steps=45)
+    return {"dir": str(serving), "content_hash": sm["content_hash"]}, {"dir": str(train), "metrics": {}}
+
+
+def _parent(cfg) -> str:
+    client, exp = tracking.client_for(cfg)
+    return client.create_run(exp, run_name="pipeline").info.run_id
+
+
+def test_model_name_sanitises():
+    assert model_name("smollm2-135m-instruct") == "eagle3-draft-smollm2-135m-instruct"
+    assert model_name("org/My Model:v1") == "eagle3-draft-org-My-Model-v1"
+
+
+def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_path):
+    uri = tracking.tracking_uri(tiny_cfg)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    name = model_name(tiny_target_dir.name)
+
+    s1, t1 = _stage_dirs(tmp_path, "a", b"weights-a")
+    r1 = register_draft(tiny_cfg, s1, t1, {"served": 1.40, "offline": 1.42, "simulated": 1.55}, _parent(tiny_cfg))
+    assert (r1["name"], r1["version"], r1["best_version"], r1["new"]) == (name, "1", "1", True)
+    v1 = client.get_model_version(name, "1")
+    assert v1.tags["eagle3.acceptance_served"] == "1.4000"
+    assert v1.tags["eagle3.acceptance_offline"] == "1.4200"
+    assert v1.tags["eagle3.acceptance_simulated"] == "1.5500"
+    assert v1.tags["eagle3.unique_tokens"] == "1234" and v1.tags["eagle3.optimizer_steps"] == "45"
+    assert v1.tags["eagle3.data_conversations"] == str(tiny_cfg.data.num_conversations)
+    assert v1.tags["eagle3.schedule"].startswith(tiny_cfg.train.schedule)
+    assert v1.tags["eagle3.serving_content_hash"] == s1["content_hash"]
+    # the checkpoint folder itself is what was registered
+    files = {f.path for f in client.list_artifacts(v1.run_id, "draft")}
+    assert files == {"draft/config.json", "draft/model.safetensors", "draft/manifest.json"}
+    assert v1.source == f"runs:/{v1.run_id}/draft"
+
+    # a worse draft: new version, alias stays on version 1
+    s2, t2 = _stage_dirs(tmp_path, "b", b"weights-b")
+    r2 = register_draft(tiny_cfg, s2, t2, {"served": 1.20, "offline": 1.21, "simulated": 1.3}, _parent(tiny_cfg))
+    assert (r2["version"], r2["best_version"]) == ("2", "1")
+    assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "1"
+
+    # a better draft: the alias moves
+    s3, t3 = _stage_dirs(tmp_path, "c", b"weights-c")
+    r3 = register_draft(tiny_cfg, s3, t3, {"served": 1.60, "offline": 1.61, "simulated": 1.7}, _parent(tiny_cfg))
+    assert (r3["version"], r3["best_version"]) == ("3", "3")
+    assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "3"
+
+    # the same checkpoint again (a re-run with every stage cached): no new version, tags refreshed
+    again = register_draft(tiny_cfg, s2, t2, {"served": 1.70, "offline": 1.7, "simulated": 1.3}, _parent(tiny_cfg))
+    assert (again["version"], again["new"], again["best_version"]) == ("2", False, "2")
+    assert len(client.search_model_versions(f"name='{name}'")) == 3
+    assert client.get_model_version(name, "2").tags["eagle3.acceptance_served"] == "1.7000"
+
+
+def test_register_without_manifest_is_an_error(tiny_cfg, tiny_target_dir, tmp_path):
+    from eagle3.errors import DataError
+
+    s1, _ = _stage_dirs(tmp_path, "a", b"w")
+    with pytest.raises(DataError, match="manifest not found"):
+        register_draft(tiny_cfg, s1, {"dir": str(tmp_path / "nowhere")}, {"served": 1.2}, _parent(tiny_cfg))
