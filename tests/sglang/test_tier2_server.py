@@ -53,14 +53,19 @@ def _hf_greedy(target_dir: Path, input_ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_draft(tmp_path_factory, tiny_target_dir) -> Path:
-    """A converted draft for the tiny target (speculators format → eagle3.convert)."""
+    """A draft trained by the pipeline's own stages on the tiny config (extract → train → convert)."""
+    from eagle3.config import load_config
     from eagle3.convert import convert
+    from eagle3.extract import extract
+    from eagle3.train import train
 
-    from tests.support.broken_corpus import make_speculators_draft
+    from tests.conftest import CONFIGS
 
     work = tmp_path_factory.mktemp("tier2")
-    spec = make_speculators_draft(Path(tiny_target_dir), work / "speculators", seed=7)
-    convert(spec, work / "serving", engine="sglang", target_dir=Path(tiny_target_dir))
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={work / 'runs'}", "train.epochs=2"])
+    extract(cfg, work / "extract", progress=False)
+    train(cfg, work / "extract", work / "train", progress=False)
+    convert(work / "train", work / "serving", engine="sglang", target_dir=Path(tiny_target_dir))
     return work / "serving"
 
 
