@@ -163,6 +163,52 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
 
 
+def simulated_pivot(rows: list[dict]) -> str:
+    """Markdown: simulated acceptance length (training validation, bonus token counted) with schedules as
+    rows and data sizes (conversations; unique training tokens) as columns, from :func:`sweep_table` rows."""
+    sizes = sorted({r["data_size"] for r in rows})
+    toks = {r["data_size"]: r["unique_tokens"] for r in rows}
+    head = ["| schedule | " + " | ".join(f"{n} conv. ({int(toks[n] or 0):,} tokens)" for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes)]
+    body = []
+    for sched in sorted({r["schedule"] for r in rows}):
+        cells = []
+        for n in sizes:
+            r = next((x for x in rows if x["schedule"] == sched and x["data_size"] == n), None)
+            cells.append("n/a" if r is None or r["simulated"] is None else
+                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps)")
+        body.append(f"| {sched} | " + " | ".join(cells) + " |")
+    return "\n".join(head + body)
+
+
+def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | None = None,
+                 max_plot_bytes: int = 200_000) -> str:
+    """A markdown report of a finished sweep, all read from MLflow: the comparison table, the simulated
+    acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot (artifact
+    ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes`` bytes)."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from flows.decision import decision_text
+
+    rows = sweep_table(sweep_run_id, tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    plot_line = "data-scaling plot: not found"
+    try:
+        local = Path(client.download_artifacts(sweep_run_id, "data_scaling.png"))
+        plot_line = f"data-scaling plot: MLflow artifact `data_scaling.png` of run {sweep_run_id}"
+        if plot_copy is not None and local.stat().st_size <= max_plot_bytes:
+            shutil.copyfile(local, plot_copy)
+            plot_line += f", copied to `{plot_copy}`"
+    except Exception as e:  # noqa: BLE001 - reported in the text
+        plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
+    return "\n".join(["## MLflow comparison", "", format_table(rows), "",
+                      "## Simulated acceptance length by schedule × data size", "", simulated_pivot(rows), "",
+                      f"- {plot_line}", "", "## Decision (`eagle3 decide`)", "", "```",
+                      decision_text(sweep_run_id, tracking_uri), "```"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.sweep CONFIG [--size N ...] [-o key=value ...] [--target X]``: run the sweep on
     Prefect's ephemeral API, print the table, the decision and the MLflow ids. Returns the exit status."""
@@ -175,8 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, action="append", help="data size in conversations (repeatable)")
     ap.add_argument("-o", "--override", action="append", default=[], help="section.key=value (repeatable)")
     ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
+    ap.add_argument("--report", metavar="SWEEP_RUN_ID", help="print the markdown report of a finished sweep "
+                    "(tracking store of CONFIG + overrides) instead of running one")
+    ap.add_argument("--plot-copy", default=None, help="with --report: copy the data-scaling plot here")
     a = ap.parse_args(argv)
     cfg = load_run_config(a.config, a.override)
+    if a.report:
+        print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
+        return 0
     try:
         with local_prefect(cfg):
             state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,
