@@ -36,7 +36,7 @@ demo: assets
 	$(BIN)/eagle3 run $(DEMO_CONFIG)
 
 test: env
-	$(BIN)/python -m pytest -q -x --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 test-fast: env
 	$(BIN)/python -m pytest -q -m "not slow" tests
