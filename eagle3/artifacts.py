@@ -29,6 +29,12 @@ SCHEMA_VERSION = 1
 _CHUNK = 1 << 20
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
     h = hashlib.sha256()
@@ -69,6 +75,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are read by servers run as others
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -90,6 +97,7 @@ def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
         if final.exists():

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from eagle3.errors import ConfigError, DataError, Eagle3Error
+from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="EAGLE-3 draft models from extraction to a served, measured draft.")
@@ -102,8 +102,10 @@ def convert(
     src, dst = Path(args[0]), Path(args[1])
     try:
         manifest = do_convert(src, dst, engine=to, target_dir=target)
-    except (ConfigError, DataError, OSError) as e:
+    except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
+    except (ValueError, TypeError, KeyError) as e:  # a malformed field in SRC's config or tensors
+        _fail(f"{src}: unreadable draft ({type(e).__name__}: {e})", 2)
     except Eagle3Error as e:
         _fail(f"{type(e).__name__}: {e}", 1)
     problems = do_validate(dst, target_dir=target, engine=to)
@@ -127,7 +129,7 @@ def validate(
     try:
         data_manifest = read_manifest(data) if data else None
         problems = do_validate(directory, target_dir=target, engine=engine, data_manifest=data_manifest)
-    except (ConfigError, DataError, OSError) as e:
+    except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for p in problems:
         typer.echo(str(p))
@@ -182,7 +184,7 @@ def bench(
         report = run_bench(url, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, concurrency=concurrency, tokenizer_dir=tokenizer, out_dir=out,
                            baseline_url=baseline_url)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     except Eagle3Error as e:
         _fail(f"{type(e).__name__}: {e}", 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from eagle3.errors import ConfigError
 
-SECRET_MARKERS = ("token", "secret", "password", "api_key", "apikey", "credential")
+# A key is secret-looking when its last name part is one of these words (``hf_token``, ``WANDB_API_KEY``,
+# ``db.password``), not when the word is merely inside it (``max_new_tokens`` is a setting, not a secret).
+SECRET_KEY = re.compile(r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$",
+                        re.IGNORECASE)
+
+
+def is_secret_key(key: str) -> bool:
+    """True for a config key or environment variable name that looks like it holds a secret."""
+    return bool(SECRET_KEY.search(str(key)))
 
 
 class _Section(BaseModel):
@@ -326,7 +335,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def redact(obj: Any) -> Any:
     """Copy of a config-like mapping with values under secret-looking keys replaced by ``'***'``."""
     if isinstance(obj, dict):
-        return {k: ("***" if any(m in str(k).lower() for m in SECRET_MARKERS) else redact(v))
+        return {k: ("***" if is_secret_key(k) else redact(v))
                 for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]

@@ -22,6 +22,7 @@ SRC is only read.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -162,6 +163,30 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
 
 
+def check_destination(src: Path, dst: Path) -> None:
+    """Refuse a DST whose replacement would destroy anything but an earlier conversion.
+
+    DST may not exist, be an empty directory, or be an earlier serving checkpoint (``manifest.json`` of kind
+    ``serving_checkpoint``), which is replaced only once the new one is complete. Raises ConfigError for DST
+    equal to SRC, inside SRC, an ancestor of SRC, a file, or a non-empty directory of anything else.
+    """
+    if src == dst or src in dst.parents:
+        raise ConfigError(f"convert: DST {dst} must be outside SRC {src} (SRC is never modified)")
+    if dst in src.parents:
+        raise ConfigError(f"convert: DST {dst} contains SRC {src}; replacing it would delete SRC")
+    if dst.exists() and not dst.is_dir():
+        raise ConfigError(f"convert: DST {dst} is an existing file; expected a new or empty directory")
+    if dst.is_dir() and any(dst.iterdir()):
+        try:
+            kind = json.loads((dst / "manifest.json").read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
+            kind = None
+        if kind != "serving_checkpoint":
+            raise ConfigError(f"convert: DST {dst} is a non-empty directory that is not an earlier serving "
+                              f"checkpoint (manifest kind: expected 'serving_checkpoint', got {kind!r}); "
+                              "choose a new directory or empty it first")
+
+
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
             version: str | None = None) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the serving-checkpoint manifest.
@@ -179,8 +204,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         CheckpointInvalid: the converted draft fails :func:`eagle3.validate.validate` (``.problems``).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
-    if src == dst or src in dst.parents:
-        raise ConfigError(f"convert: DST {dst} must be outside SRC {src} (SRC is never modified)")
+    check_destination(src, dst)
     if engine != "sglang":
         raise EngineUnsupported(f"convert --to {engine}: only 'sglang' is a conversion target "
                                 f"(vLLM serves the speculators format directly)")

@@ -15,7 +15,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from eagle3.config import RunConfig, SECRET_MARKERS, load_config, redact
+from eagle3.config import RunConfig, is_secret_key, load_config, redact
 from eagle3.errors import DataError
 from tasks import caching, tracking
 
@@ -25,8 +25,7 @@ VARIANTS = ("trained", "untrained")
 
 def is_secret_override(item: str) -> bool:
     """True for ``-o`` overrides whose key looks like a secret (token, key, password, ...)."""
-    key = item.split("=", 1)[0].lower()
-    return any(m in key for m in SECRET_MARKERS)
+    return is_secret_key(item.split("=", 1)[0].strip())
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:

@@ -25,7 +25,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_children(eng, n: int, timeout_s: float = 10.0) -> list[int]:
+def _wait_children(eng, n: int, timeout_s: float = 60.0) -> list[int]:
     """Pids of the ``n`` children of the fake server once each has logged that it started (signal handlers
     installed). Bounded wait."""
     deadline = time.monotonic() + timeout_s

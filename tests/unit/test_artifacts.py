@@ -51,3 +51,17 @@ def test_atomic_write_json(tmp_path):
     p = atomic_write_json(tmp_path / "x" / "m.json", {"b": 1, "a": [1, 2]})
     assert json.loads(p.read_text()) == {"a": [1, 2], "b": 1}
     assert [q.name for q in p.parent.iterdir()] == ["m.json"]
+
+
+def test_outputs_are_readable_by_others(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "out") as tmp:
+            atomic_write_json(tmp / "m.json", {})
+        assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+        assert stat.S_IMODE((tmp_path / "out" / "m.json").stat().st_mode) == 0o644
+    finally:
+        os.umask(old)

@@ -48,3 +48,14 @@ def test_missing_and_non_mapping_files(tmp_path):
 def test_redact_hides_secret_looking_keys():
     assert redact({"a": 1, "hf_token": "x", "env": {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO"}}) == {
         "a": 1, "hf_token": "***", "env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}}
+
+
+def test_settings_that_mention_tokens_are_not_secrets():
+    from eagle3.config import is_secret_key
+
+    for key in ("max_new_tokens", "max_tokens_per_batch", "speculative_num_draft_tokens", "regenerate_max_new_tokens"):
+        assert not is_secret_key(key), key
+    for key in ("hf_token", "HF_TOKEN", "WANDB_API_KEY", "db.password", "aws_secret", "OPENAI_APIKEY", "token"):
+        assert is_secret_key(key), key
+    cfg = load_config(CONFIGS / "tiny-random.yaml")
+    assert redact(cfg.model_dump(mode="json"))["bench"]["max_new_tokens"] == cfg.bench.max_new_tokens

@@ -160,3 +160,30 @@ def test_smollm2_round_trip(smollm2_dir, tmp_path):
     assert validate(tmp_path / "serving", target_dir=smollm2_dir) == []
     r = check_equivalence(spec, tmp_path / "serving", target_dir=smollm2_dir, atol=1e-3, num_tokens=12)
     assert r["passed"] and r["engine_aux_hf"] == [2, 15, 27]
+
+
+def test_destination_that_is_not_an_earlier_conversion_is_refused(tmp_path):
+    from eagle3.convert import check_destination
+    from eagle3.errors import ConfigError
+
+    src = tmp_path / "parent" / "draft"
+    src.mkdir(parents=True)
+    (tmp_path / "parent" / "other.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="contains SRC"):
+        check_destination(src, tmp_path / "parent")
+    with pytest.raises(ConfigError, match="inside SRC|outside SRC"):
+        check_destination(src, src / "out")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="existing file"):
+        check_destination(src, tmp_path / "file")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="non-empty directory.*got None"):
+        check_destination(src, busy)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "manifest.json").write_text('{"kind": "serving_checkpoint"}')
+    check_destination(src, earlier)  # an earlier conversion may be replaced
+    check_destination(src, tmp_path / "new")
+    assert (tmp_path / "parent" / "other.txt").read_text() == "keep me"
