@@ -27,8 +27,11 @@ from eagle3.artifacts import atomic_write_json, write_manifest
 from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
 from eagle3.prompts import encode_prompts, load_prompts
 
-ACCEPTANCE_CONVENTION = ("acceptance_length = total completion tokens / total verify passes (counts the bonus "
-                         "token; 1.0 = no draft token accepted, max = num_steps + 1)")
+ACCEPTANCE_CONVENTION = ("acceptance_length = total completion tokens / total verify passes, SGLang 0.5.23's "
+                         "spec_accept_length definition (counts the bonus token). SGLang's first output token "
+                         "comes from the prefill pass, not a verify pass, so a draft never accepted shows "
+                         "N/(N-1) for N new tokens (1.016 at 64), not exactly 1.0; "
+                         "1 + accepted drafts / verify passes is the exact figure (acceptance_rate × steps + 1)")
 
 
 def _percentile(values: list[float], q: float) -> float | None:
