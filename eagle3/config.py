@@ -207,7 +207,7 @@ class BenchConfig(_Section):
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(0.0, ge=0)
     concurrency: int = Field(1, ge=1)
-    min_acceptance_length: float = Field(1.0, ge=0, description="The run fails below this.")
+    min_acceptance_length: float = Field(1.3, ge=0, description="The run fails below this (acceptance gate).")
     baseline_untrained: bool = True
     request_timeout_s: float = Field(600.0, gt=0)
 
