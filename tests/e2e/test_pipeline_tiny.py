@@ -60,3 +60,20 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     assert "not-a-real-token" not in (cfg.run_dir() / "config.yaml").read_text()
     # nothing left running: no engine, no ephemeral Prefect server
     assert psutil.Process().children(recursive=True) == []
+
+    # the stand-alone gate, as a user who starts a server by hand would run it: `eagle3 wait-ready` against the
+    # reference engine serving the draft the pipeline just converted
+    import subprocess
+    import sys
+
+    from eagle3.assets import resolve_target
+    from eagle3.engines.launcher import launch_engine
+
+    with launch_engine(cfg, resolve_target(cfg), cfg.run_dir() / "serving", tmp_path / "by-hand",
+                       engine="reference") as eng:
+        out = subprocess.run([sys.executable, "-m", "eagle3.cli", "wait-ready", "--url", eng.url, "--pid",
+                              str(eng.pid), "--log", str(eng.log_path), "--timeout", "120", "--stall-timeout", "60",
+                              "--poll-interval", "0.5"], capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "READY" in out.stdout and "spec_verify_ct" in out.stdout
+    assert psutil.Process().children(recursive=True) == []
