@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import psutil
@@ -25,17 +26,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_children(eng, n: int, timeout_s: float = 60.0) -> list[int]:
+def _wait_children(eng, n: int, timeout_s: float = 30.0) -> list[int]:
     """Pids of the ``n`` children of the fake server once each has logged that it started (signal handlers
-    installed). Bounded wait."""
+    installed). Bounded wait, shorter than the test's timeout so that a failure shows the log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        started = [int(ln.split("child ")[1].split()[0]) for ln in eng.log_path.read_text().splitlines()
-                   if "] child " in ln]
+        started = [int(pid) for pid in re.findall(r"\] child (\d+) started", eng.log_path.read_text())]
         if len(started) >= n:
             return started
         time.sleep(0.1)
-    raise AssertionError(f"{eng.pid} did not start {n} children within {timeout_s} s")
+    raise AssertionError(f"{eng.pid} did not log {n} started children within {timeout_s} s; log:\n"
+                         f"{eng.log_path.read_text()[-3000:]}")
 
 FAST_GATE = ["serve.startup_timeout_s=20", "serve.stall_timeout_s=2", "serve.poll_interval_s=0.25",
              "serve.probe_timeout_s=8", "serve.stop_grace_s=1"]

@@ -75,7 +75,9 @@ def leftovers(port: int) -> list[int]:
 
 
 def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    """One log line in a single write: ``print`` under ``python -u``/PYTHONUNBUFFERED writes the text and the
+    newline separately, so lines of a server and its children sharing the log file could merge."""
+    os.write(sys.stdout.fileno(), f"[{time.strftime('%H:%M:%S')}] {msg}\n".encode())
 
 
 class State:
