@@ -23,6 +23,7 @@ import torch
 
 from eagle3.artifacts import read_manifest
 from eagle3.errors import ConfigError, DataError
+from eagle3.extract_store import SCALES_KEY, decode
 
 CONVENTION = "hf_hidden_states_index"
 
@@ -70,7 +71,8 @@ class HiddenStatesData:
     def load_sample(self, i: int) -> dict[str, torch.Tensor]:
         """Read and shift sample ``i``: tensors of ``n = positions(i)`` rows.
 
-        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype),
+        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype; fp8 files,
+        which carry ``hidden_states_scales``, are dequantized to bf16),
         ``input_ids [n]`` int64, ``loss_mask [n]`` bool, ``position_ids [n]`` int64 (1..n).
         Raises DataError: file missing, token ids differing from ``data/``, wrong shape, NaN/Inf.
         """
@@ -83,6 +85,8 @@ class HiddenStatesData:
         if "token_ids" not in t or "hidden_states" not in t:
             raise DataError(f"{path}: expected tensors token_ids and hidden_states, got {sorted(t)}")
         tok, hs = t["token_ids"].long(), t["hidden_states"]
+        if SCALES_KEY in t:  # fp8 e4m3 storage: value = fp8 * per-(token, slot) scale, decoded to bf16
+            hs = decode(t, torch.bfloat16)
         ids = self.input_ids[i]
         if not torch.equal(tok, ids):
             raise DataError(f"{path}: token_ids ({tok.numel()} tokens) differ from data/ input_ids of sample {i} "

@@ -57,6 +57,7 @@ def extract_task(cfg: Any, out_dir: str, parent_run_id: str, variant: str = "tra
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
         manifest = extract_superseding(cfg, Path(out_dir))
         sr.log_manifest(out_dir)
+        sr.log_dataset(out_dir, "extraction")
         metrics = {f"counts.{k}": float(v) for k, v in manifest.get("counts", {}).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if isinstance(manifest.get("tokens_per_s"), (int, float)):

@@ -204,6 +204,41 @@ class StageRun:
         self.set_tags({"eagle3.output_dir": str(directory), "eagle3.content_hash": m.get("content_hash", "")})
         return m
 
+    def log_dataset(self, directory: str | Path, context: str) -> None:
+        """Log an extracted hidden-state folder as an MLflow dataset input of this run.
+
+        The dataset is an ``mlflow.data.meta_dataset.MetaDataset`` (metadata only: terabytes of states are
+        never copied): source = the folder, name = ``hidden-states-<target name>``, digest = the first 32 hex
+        digits of the manifest's ``content_hash`` (MLflow's SQL store holds at most 36 characters), profile =
+        the manifest's counts, bytes, bytes/token, dtype, aux layer ids and the full content hash. ``context``
+        becomes the input tag ``mlflow.data.context`` ("extraction" for the run that wrote it, "training" for
+        the runs that read it). Raises DataError when the folder has no manifest or it has no content_hash.
+        """
+        import warnings
+
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        m = read_manifest(directory)
+        full = m.get("content_hash")
+        if not isinstance(full, str) or len(full) < 32:
+            raise DataError(f"{Path(directory) / 'manifest.json'}: key 'content_hash' expected a hex digest of at "
+                            f"least 32 characters, got {full!r}")
+        target = (m.get("target") or {}).get("name") or "target"
+        with warnings.catch_warnings():  # MLflow registers its local-file source twice and says so; same class
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(str(Path(directory).resolve()))
+        entity = MetaDataset(source, name=f"hidden-states-{target}", digest=full[:32])._to_mlflow_entity()  # noqa: SLF001
+        profile = {"content_hash": full, "counts": m.get("counts"), "bytes": m.get("bytes"),
+                   "bytes_per_token": m.get("bytes_per_token"), "dtype": m.get("dtype"),
+                   "aux_layer_ids": m.get("aux_layer_ids"), "layer_id_convention": m.get("layer_id_convention")}
+        entity = Dataset(name=entity.name, digest=entity.digest, source_type=entity.source_type,
+                         source=entity.source, schema=entity.schema, profile=json.dumps(profile, default=str))
+        with _transient():
+            self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[
+                InputTag("mlflow.data.context", context)])])
+
 
 @contextmanager
 def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained",
@@ -261,7 +296,8 @@ def summarize_run(parent_run_id: str, tracking_uri: str | None = None) -> dict:
     The query: ``client.get_run(parent)``, then ``client.search_runs([experiment], "tags.mlflow.parentRunId =
     '<parent>'", order_by=["attributes.start_time ASC"])``. Returns ``{"run_id", "status", "flow_run_id",
     "params": int (how many), "metrics": {...}, "tags": {eagle3.*}, "stages": [{"stage", "variant", "run_id",
-    "status", "cached", "produced_by", "metrics"}]}``. Raises DataError if the run does not exist.
+    "status", "cached", "produced_by", "metrics", "datasets": [{"name", "digest", "source",
+    "context"}]}]}``. Raises DataError if the run does not exist.
     """
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
@@ -274,7 +310,10 @@ def summarize_run(parent_run_id: str, tracking_uri: str | None = None) -> dict:
                                   order_by=["attributes.start_time ASC"], max_results=1000)
     stages = [{"stage": c.data.tags.get("eagle3.stage"), "variant": c.data.tags.get("eagle3.variant"),
                "run_id": c.info.run_id, "status": c.info.status, "cached": c.data.tags.get("eagle3.cached") == "true",
-               "produced_by": c.data.tags.get("eagle3.produced_by_run_id"), "metrics": dict(c.data.metrics)}
+               "produced_by": c.data.tags.get("eagle3.produced_by_run_id"), "metrics": dict(c.data.metrics),
+               "datasets": [{"name": d.dataset.name, "digest": d.dataset.digest, "source": d.dataset.source,
+                             "context": {t.key: t.value for t in d.tags}.get("mlflow.data.context")}
+                            for d in (c.inputs.dataset_inputs if c.inputs else [])]}
               for c in children]
     return {"run_id": parent_run_id, "status": parent.info.status, "flow_run_id": parent.data.tags.get(FLOW_RUN_TAG),
             "params": len(parent.data.params), "metrics": dict(parent.data.metrics),

@@ -45,6 +45,7 @@ def train_task(cfg: Any, data_dir: str, out_dir: str, parent_run_id: str, varian
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
         if supersede_finished(cfg, Path(out_dir)):
             sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
+        sr.log_dataset(data_dir, "training")
         manifest = train(cfg, Path(data_dir), Path(out_dir), on_metrics=sr.on_metrics, progress=True)
         sr.log_manifest(out_dir)
         sr.log_path(Path(out_dir) / "metrics.jsonl")

@@ -4,6 +4,9 @@ engine) + bench → gate → decision; MLflow holds the parent run with one nest
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import re
 
 import pytest
@@ -49,6 +52,15 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     extract_run = next(x for x in s["stages"] if x["stage"] == "extract")
     assert extract_run["metrics"]["counts.samples"] >= 1 and extract_run["metrics"]["counts.tokens"] > 0
     train_run = next(x for x in s["stages"] if x["stage"] == "train" and x["variant"] == "trained")
+    # the hidden states are one MLflow dataset: written by extract, read by train, same digest (content hash)
+    from eagle3.artifacts import read_manifest
+
+    hs_dir = Path(json.loads(extract_run["datasets"][0]["source"])["uri"])
+    assert read_manifest(hs_dir)["content_hash"][:32] == extract_run["datasets"][0]["digest"]
+    assert [d["context"] for d in extract_run["datasets"]] == ["extraction"]
+    assert [(d["context"], d["digest"], d["source"]) for d in train_run["datasets"]] == [
+        ("training", extract_run["datasets"][0]["digest"], extract_run["datasets"][0]["source"])]
+    assert (hs_dir / "manifest.json").is_file()
     losses = metric_history(train_run["run_id"], "train/loss", cfg.mlflow_uri())
     assert len(losses) >= 1 and all(v > 0 for _, v in losses)
     assert s["tags"].get("eagle3.decision") in ("more data", "longer training", "fix serving integration", "stop")

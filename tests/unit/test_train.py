@@ -166,3 +166,24 @@ def test_init_from_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_path)
     a, b = load_file(first / "model.safetensors"), load_file(tmp_path / "second" / "model.safetensors")
     assert torch.equal(a["fc.weight"], b["fc.weight"])  # trained weights carried over
     assert not torch.equal(a["d2t"], b["d2t"]) and man["optimizer_steps"] == 0
+
+
+def test_fp8_stored_samples_are_dequantized_with_their_scales(hs_copy, tiny_target_dir):
+    from safetensors.torch import save_file
+
+    from eagle3.draft_model import read_target_config
+    from eagle3.extract_store import encode
+    from eagle3.train_data import open_hidden_states
+
+    conf = read_target_config(tiny_target_dir)
+    ref = open_hidden_states(hs_copy, tiny_target_dir, conf, max_tokens=512).load_sample(0)
+    path = hs_copy / "hidden_states" / "hs_0.safetensors"
+    t = load_file(path)
+    save_file({"token_ids": t["token_ids"], **encode(t["hidden_states"], "fp8")}, str(path))
+    got = open_hidden_states(hs_copy, tiny_target_dir, conf, max_tokens=512).load_sample(0)
+    for k in ("hidden_states", "verifier_last_hidden_states"):
+        assert got[k].dtype == torch.bfloat16
+        # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 of each row's amax (scale = amax / 448)
+        err = (got[k].float() - ref[k].float()).abs().max()
+        assert err <= ref[k].float().abs().max() / 16, (k, float(err))
+        assert err > 0  # really quantized, not the bf16 path

@@ -1,0 +1,421 @@
+"""Quality parity on SmolLM2-135M-Instruct + ShareGPT: this project's trainer vs speculators' ``Trainer``, and
+fp8- vs bf16-stored hidden states, in one run (issue 9).
+
+Stages (one process; each stage's figures are written to ``--out/results.json`` as soon as it ends, so a run
+stopped by a time limit still reports what it finished):
+
+1. target: SmolLM2-135M-Instruct as an HF folder, converted from its GGUF by the project's own
+   :func:`eagle3.assets.prepare_smollm2` (``--gguf``), or an existing folder (``--target``).
+2. extract bf16: :func:`eagle3.extract.extract` (backend hf), ``--max-convs`` conversations of ``--data``
+   (seeded order, first N usable), cut at ``--max-seq-len`` tokens, 5% held out (``data.val_fraction``).
+3. ours bf16: :func:`eagle3.train.train` on it (constant LR ``--lr``, no warmup, ``--epochs`` epochs, packed
+   micro-batches of ``--tokens-per-batch`` tokens, one per optimizer step, bf16 autocast, TTT 3, kl_div loss).
+4. speculators: ``speculators.train.trainer.Trainer`` on the same folder with its own loader
+   (``create_train_val_loaders``, multipack to ``--tokens-per-batch``), the same draft (same
+   :func:`eagle3.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div, eager), clip 1.0,
+   no weight decay, no schedule; uncompiled forward on both sides (``--compile`` compiles both).
+5. extract fp8 (``extract.dtype=fp8``) of the same conversations; ours fp8: step 3 on that folder.
+6. simulated acceptance length (the project's :func:`eagle3.train_loop.evaluate`: greedy chain acceptance of the
+   TTT steps' predictions against the verifier's argmax, bonus token counted) of every draft on the held-out
+   rows of the *bf16* folder: each draft is loaded with ``train.init_from`` into a ``train.max_steps=0`` run.
+7. offline acceptance length (:func:`eagle3.bench.offline_acceptance` with
+   :class:`eagle3.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
+   pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.convert`,
+   on the first user turns of ``--offline-prompts`` held-out conversations, ``--max-new-tokens`` tokens each.
+
+The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98 × speculators, fp8-trained ≥
+0.98 × bf16-trained, on both acceptance figures.
+
+    python benchmarks/gpu_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data sharegpt_en.jsonl \\
+        --max-convs 2000 --out $OUT                               # H200
+    python benchmarks/gpu_quality.py --device cpu --max-convs 16 --draft-vocab 512 --offline-prompts 2 \\
+        --max-new-tokens 16                                       # CPU smoke test (uses the asset cache)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GOAL = 0.98
+
+
+class Results:
+    """Figures by stage, rewritten to ``<out>/results.json`` after every change."""
+
+    def __init__(self, out: Path):
+        self.path = out / "results.json"
+        self.data: dict = {"stages": {}, "failures": []}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def put(self, key: str, value) -> None:
+        self.data["stages"][key] = value
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+    def fail(self, what: str, err: BaseException) -> None:
+        self.data["failures"].append(f"{what}: {type(err).__name__}: {str(err)[:400]}")
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def log(msg: str, t0: float = [time.perf_counter()]) -> None:  # noqa: B006 - process start time
+    print(f"[{time.perf_counter() - t0[0]:7.1f} s] {msg}", flush=True)
+
+
+def prepare_target(a, work: Path) -> Path:
+    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own converter."""
+    if a.target:
+        return Path(a.target)
+    import eagle3.assets as assets
+
+    if a.gguf:
+        gguf = Path(a.gguf).resolve()
+        orig = assets.package_file
+        assets.package_file = lambda pkg, rel: gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+        return assets.prepare_smollm2(work / "cache")
+    return assets.prepare_smollm2(Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser())
+
+
+def data_file(a, work: Path) -> Path:
+    src = Path(a.data).expanduser()
+    if src.suffix == ".gz":
+        dst = work / src.name[:-3]
+        if not dst.is_file():
+            with gzip.open(src, "rb") as f, open(dst, "wb") as g:
+                shutil.copyfileobj(f, g)
+        return dst
+    return src
+
+
+def overrides(a, work: Path, target: Path, data: Path) -> list[str]:
+    return [f"paths.runs_dir={work / 'runs'}", f"paths.cache_dir={work / 'cache'}", "target.kind=hf",
+            f"target.path={target}", "target.dtype=bfloat16", "data.source=file", f"data.path={data}",
+            f"data.num_conversations={a.max_convs}", f"data.max_seq_len={a.max_seq_len}", "data.val_fraction=0.05",
+            "extract.backend=hf", f"extract.batch_size={a.extract_batch}", f"extract.device={a.device}",
+            f"train.device={a.device}", f"train.ttt_steps={a.ttt}", f"train.draft_vocab_size={a.draft_vocab}",
+            "train.schedule=constant", "train.warmup_steps=0", f"train.epochs={a.epochs}", f"train.lr={a.lr}",
+            f"train.max_tokens_per_batch={a.tokens_per_batch}", "train.grad_accum=1",
+            "train.precision=bf16-autocast", "train.log_every=10", "train.eval_every=0", "train.export=last",
+            "train.keep_last=1", "train.loss=kl_div", "train.loss_implementation=eager",
+            f"train.compile={str(a.compile).lower()}", "train.resume=false", "train.weight_decay=0.0"]
+
+
+def memoize_plan():
+    """Tokenise the conversations once for both extractions (same data section → same plan)."""
+    import eagle3.extract as ex
+
+    orig, cache = ex.build_plan, {}
+
+    def build_plan(cfg, tokenizer, regen=None):
+        key = (cfg.data.model_dump_json(), id(regen) if regen else None)
+        if key not in cache:
+            cache[key] = orig(cfg, tokenizer, regen)
+        return cache[key]
+
+    ex.build_plan = build_plan
+
+
+def do_extract(a, base: list[str], out_dir: Path, dtype: str) -> dict:
+    from eagle3.config import load_config
+    from eagle3.extract import extract
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    m = extract(load_config(None, base + [f"extract.dtype={dtype}"]), out_dir, progress=False)
+    c = m["counts"]
+    return {"dir": str(out_dir), "seconds": time.perf_counter() - t0, "samples": c["samples"],
+            "train_samples": c["train_samples"], "val_samples": c["val_samples"], "tokens": c["tokens"],
+            "loss_tokens": c["loss_tokens"], "truncated": c["truncated"], "bytes": m["bytes"],
+            "bytes_per_token": m["bytes_per_token"], "tokens_per_s": m["tokens_per_s"], "records": c["records"],
+            "skipped": c["skipped"]}
+
+
+def do_train(a, base: list[str], hs: Path, out_dir: Path, extra: list[str] = ()) -> dict:
+    """This project's trainer; returns its figures (simulated acceptance from its own final evaluation)."""
+    import torch
+
+    from eagle3.config import load_config
+    from eagle3.train import train
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tps: list[float] = []
+    t0 = time.perf_counter()
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    man = train(load_config(None, base + list(extra)), hs, out_dir, progress=False,
+                on_metrics=lambda m, s: tps.append(m["tokens_per_s"]) if "tokens_per_s" in m else None)
+    ev = man["metrics"]["final_eval"]
+    return {"dir": str(out_dir), "seconds": time.perf_counter() - t0, "steps": man["optimizer_steps"],
+            "tokens_seen": man["counts"]["tokens_seen"], "epochs_over_data": man["epochs_over_data"],
+            "simulated_acceptance_length": ev.get("val/simulated_acceptance_length"),
+            "val_loss": ev.get("val/loss"), "val_acc_0": ev.get("val/acc_full_0"),
+            "train_tokens_per_s_median": sorted(tps)[len(tps) // 2] if tps else None,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None}
+
+
+def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
+    """speculators' own Trainer on ``hs`` (same draft, LR, epochs, TTT, loss); the draft saved to out_dir/draft."""
+    import torch
+    from hs_connectors import FileTransfer
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.dataloader import create_train_val_loaders
+    from speculators.train.trainer import Trainer, TrainerConfig
+
+    from eagle3.artifacts import read_manifest
+    from eagle3.draft_model import build_draft, resolve_flags, save_draft, set_attention, use_uncompiled_forward
+    from eagle3.config import load_config
+    from eagle3.vocab import build_vocab_map, load_token_freq
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cuda = a.device == "cuda"
+    man = read_manifest(hs)
+    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
+    tconf = json.loads((target / "config.json").read_text())
+    vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=False)
+    flags = resolve_flags(load_config(None, [f"target.path={target}", "target.kind=hf"]))
+    torch.manual_seed(0)  # train.seed: the same initial weights as ours
+    model = build_draft(target, aux_layer_ids=man["aux_layer_ids"], d2t=vmap.d2t, t2d=vmap.t2d, num_layers=1,
+                        ttt_steps=a.ttt, flags=flags, attn_impl="sdpa")
+    set_attention(model, "sdpa")
+    if not a.compile:
+        use_uncompiled_forward(model)
+    loader, _ = create_train_val_loaders(
+        data_path=str(hs / "data"), total_seq_len=a.tokens_per_batch, hidden_states_dtype=torch.bfloat16,
+        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
+        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
+        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
+        num_target_layers=len(man["aux_layer_ids"]), num_workers=a.workers, prefetch_factor=4 if a.workers else None,
+        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
+    kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager",
+                                                    ttt_steps=a.ttt, ttt_step_loss_decay=1.0)
+    cfg = TrainerConfig(lr=a.lr, num_epochs=a.epochs, save_path=str(out_dir / "trainer"), train_call_kwargs=kwargs,
+                        scheduler_type="none", weight_decay=0.0, hidden_states_dtype=torch.bfloat16,
+                        log_freq=10**9, checkpoint_freq=10**9)
+
+    class _Trainer(Trainer):
+        def setup_model(self):
+            if not cuda:  # CPU smoke test only: speculators moves the model to device index 0
+                self.local_rank, self.device_type = "cpu", "cpu"
+            super().setup_model()
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:  # CPU smoke test only: its step timer synchronizes "the accelerator"
+        torch.accelerator.synchronize = lambda *x: None
+        torch.accelerator.memory_allocated = lambda *x: 0
+    trainer = _Trainer(model, cfg, loader, None)
+    stamps = [time.perf_counter()]
+
+    def tick():
+        if cuda:
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    for epoch in range(int(a.epochs)):
+        trainer.train_epoch(epoch, step_callback=tick)
+    seconds = time.perf_counter() - t0
+    steps = len(stamps) - 1
+    dts = [b - s for s, b in zip(stamps, stamps[1:])]
+    model = trainer.model if not hasattr(trainer.model, "module") else trainer.model.module
+    save_draft(model, out_dir / "draft")
+    steady = sorted(dts[min(5, len(dts) - 1):]) if dts else []
+    return {"dir": str(out_dir / "draft"), "seconds": seconds, "steps": steps, "median_step_s":
+            steady[len(steady) // 2] if steady else None,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
+
+
+def sim_eval(a, base: list[str], hs: Path, draft: Path, out_dir: Path) -> dict:
+    """Simulated acceptance of ``draft`` on ``hs``'s held-out rows: a ``max_steps=0`` run started from it."""
+    r = do_train(a, base, hs, out_dir, [f"train.init_from={draft}", "train.max_steps=0"])
+    return {k: r[k] for k in ("dir", "simulated_acceptance_length", "val_loss", "val_acc_0", "seconds")}
+
+
+def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
+    """First user turns of the first ``k`` held-out conversations of ``hs`` (by id, from the source file)."""
+    import datasets
+
+    from eagle3.artifacts import read_manifest
+    from eagle3.data import read_conversations
+
+    val = read_manifest(hs)["splits"]["val"][:k]
+    ds = datasets.load_from_disk(str(hs / "data"))
+    ids = [ds[int(i)]["id"] for i in val]
+    convs = {c.id: c for c in read_conversations(data)[0]}
+    out = []
+    for i in ids:
+        first = next(m["content"] for m in convs[i].messages if m["role"] == "user")
+        out.append({"id": i, "category": "sharegpt-val", "text": first})
+    return out
+
+
+def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work: Path, res: Results) -> None:
+    import torch
+
+    from eagle3.bench import offline_acceptance
+    from eagle3.convert import convert
+    from eagle3.engines.sglang_draft import SGLangEagle3Draft
+    from eagle3.specdec import SpeculativeDecoder
+    from eagle3.target_model import load_target, torch_dtype
+
+    tgt, tok = load_target(target, dtype=a.offline_dtype, device=a.device)
+    for name, src in drafts.items():
+        try:
+            t0 = time.perf_counter()
+            dst = work / f"serving-{name}"
+            shutil.rmtree(dst, ignore_errors=True)
+            convert(src, dst, engine="sglang", target_dir=target)
+            draft = SGLangEagle3Draft.from_dir(dst, dtype=torch_dtype(a.offline_dtype), device=a.device,
+                                               target_embed=tgt.get_input_embeddings().weight.detach(),
+                                               target_head=tgt.get_output_embeddings().weight.detach())
+            dec = SpeculativeDecoder.from_models(tgt, draft, tok, num_steps=a.ttt)
+            r = offline_acceptance(target, dst, prompts, max_new_tokens=a.max_new_tokens, decoder=dec,
+                                   dtype=a.offline_dtype)
+            res.put(f"offline/{name}", {"acceptance_length": r["acceptance_length"],
+                                        "acceptance_rate": r["acceptance_rate"], "per_position": r["per_position"],
+                                        "completion_tokens": sum(x["completion_tokens"] for x in r["per_request"]),
+                                        "verify_passes": sum(x["verify_ct"] for x in r["per_request"]),
+                                        "prompts": len(prompts), "seconds": time.perf_counter() - t0})
+            log(f"offline {name}: {r['acceptance_length']:.4f}")
+            del draft, dec
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - report and go on with the next draft
+            traceback.print_exc(limit=4)
+            res.fail(f"offline {name}", e)
+
+
+def stage(res: Results, name: str, fn, *args):
+    log(f"{name} ...")
+    try:
+        out = fn(*args)
+    except Exception as e:  # noqa: BLE001 - later stages that do not need this one still run
+        traceback.print_exc(limit=6)
+        res.fail(name, e)
+        return None
+    res.put(name, out)
+    log(f"{name}: {json.dumps(out, default=str)[:400]}")
+    return out
+
+
+def table(res: Results) -> None:
+    s = res.data["stages"]
+    rows = [("ours, bf16 data", "sim/ours-bf16", "offline/ours-bf16", "train/ours-bf16"),
+            ("speculators Trainer, bf16 data", "sim/speculators-bf16", "offline/speculators-bf16",
+             "train/speculators-bf16"),
+            ("ours, fp8 data", "sim/ours-fp8", "offline/ours-fp8", "train/ours-fp8")]
+
+    def g(key, field):
+        return (s.get(key) or {}).get(field)
+
+    for f in res.data["failures"]:
+        print(f"FAILED: {f}")
+    ex = s.get("extract/bf16") or {}
+    print(f"data: {ex.get('samples')} conversations ({ex.get('train_samples')} train / {ex.get('val_samples')} "
+          f"held out), {ex.get('tokens')} tokens, {ex.get('loss_tokens')} loss tokens, {ex.get('truncated')} cut at "
+          f"the length cap; bytes/token bf16 {ex.get('bytes_per_token')}, fp8 "
+          f"{(s.get('extract/fp8') or {}).get('bytes_per_token')}")
+    print("| draft | simulated AL (held-out, bf16 states) | offline AL (SpeculativeDecoder) | train s | steps |")
+    print("|---|---|---|---|---|")
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    for label, sk, ok, tk in rows:
+        print(f"| {label} | {fmt(g(sk, 'simulated_acceptance_length'), '.4f')} | "
+              f"{fmt(g(ok, 'acceptance_length'), '.4f')} | {fmt(g(tk, 'seconds'), '.1f')} | {g(tk, 'steps')} |")
+    for what, num, den in (("ours / speculators", "ours-bf16", "speculators-bf16"),
+                           ("fp8-trained / bf16-trained", "ours-fp8", "ours-bf16")):
+        for kind, field in (("sim", "simulated_acceptance_length"), ("offline", "acceptance_length")):
+            x, y = g(f"{kind}/{num}", field), g(f"{kind}/{den}", field)
+            if x is not None and y:
+                print(f"{what} {kind} AL = {x / y:.4f} (goal ≥ {GOAL}: {'MET' if x / y >= GOAL else 'NOT MET'})")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", default="/tmp/eagle3-quality", help="local scratch folder (hidden states, drafts)")
+    p.add_argument("--out", default=None, help="results.json goes here (default: --work)")
+    p.add_argument("--gguf", default=None, help="SmolLM2-135M-Instruct GGUF to convert")
+    p.add_argument("--target", default=None, help="an HF target folder instead of --gguf")
+    p.add_argument("--data", default=".benchdata/sharegpt_en.jsonl.gz", help="ShareGPT JSONL (.gz ok)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--max-convs", type=int, default=11115)
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--extract-batch", type=int, default=32)
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--ttt", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--tokens-per-batch", type=int, default=2048)
+    p.add_argument("--workers", type=int, default=4, help="speculators loader workers")
+    p.add_argument("--compile", action="store_true", help="torch.compile the draft forward on both sides")
+    p.add_argument("--offline-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--offline-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--skip", default="", help="comma list of stages to skip: spec,fp8,offline")
+    a = p.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    res = Results(Path(a.out) if a.out else work)
+    import torch
+
+    from importlib.metadata import version
+    import transformers
+
+    res.put("env", {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+                    "torch": torch.__version__, "transformers": transformers.__version__,
+                    "speculators": version("speculators"), "args": vars(a)})
+    target = stage(res, "target", lambda: {"dir": str(prepare_target(a, work))})
+    if target is None:
+        table(res)
+        return 1
+    target = Path(target["dir"])
+    data = data_file(a, work)
+    base = overrides(a, work, target, data)
+    memoize_plan()
+    ex = stage(res, "extract/bf16", do_extract, a, base, work / "hs-bf16", "bfloat16")
+    if ex is None:
+        table(res)
+        return 1
+    hs = work / "hs-bf16"
+    drafts: dict[str, Path] = {}
+    if stage(res, "train/ours-bf16", do_train, a, base, hs, work / "ours-bf16"):
+        res.put("sim/ours-bf16", {k: res.data["stages"]["train/ours-bf16"][k]
+                                  for k in ("simulated_acceptance_length", "val_loss", "val_acc_0")})
+        drafts["ours-bf16"] = work / "ours-bf16"
+    if "spec" not in skip and stage(res, "train/speculators-bf16", do_speculators, a, target, hs,
+                                    work / "spec-bf16"):
+        if stage(res, "sim/speculators-bf16", sim_eval, a, base, hs, work / "spec-bf16" / "draft",
+                 work / "spec-bf16-eval"):
+            drafts["speculators-bf16"] = work / "spec-bf16-eval"
+    if "fp8" not in skip and stage(res, "extract/fp8", do_extract, a, base, work / "hs-fp8", "fp8"):
+        if stage(res, "train/ours-fp8", do_train, a, base, work / "hs-fp8", work / "ours-fp8"):
+            res.put("sim-own-fp8-val/ours-fp8", {k: res.data["stages"]["train/ours-fp8"][k]
+                                                 for k in ("simulated_acceptance_length", "val_loss")})
+            if stage(res, "sim/ours-fp8", sim_eval, a, base, hs, work / "ours-fp8", work / "ours-fp8-eval"):
+                drafts["ours-fp8"] = work / "ours-fp8-eval"
+    if "offline" not in skip and drafts:
+        prompts = held_out_prompts(hs, data, a.offline_prompts)
+        log(f"offline acceptance: {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens")
+        offline(a, target, drafts, prompts, work, res)
+    log("done")
+    table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())
