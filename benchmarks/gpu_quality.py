@@ -215,7 +215,10 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     else:  # CPU smoke test only: its step timer synchronizes "the accelerator"
         torch.accelerator.synchronize = lambda *x: None
         torch.accelerator.memory_allocated = lambda *x: 0
-    trainer = _Trainer(model, cfg, loader, None)
+    from benchmarks.gpu_train import _CountingLoader
+
+    counting = _CountingLoader(loader)
+    trainer = _Trainer(model, cfg, counting, None)
     stamps = [time.perf_counter()]
 
     def tick():
@@ -232,8 +235,10 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     model = trainer.model if not hasattr(trainer.model, "module") else trainer.model.module
     save_draft(model, out_dir / "draft")
     steady = sorted(dts[min(5, len(dts) - 1):]) if dts else []
+    tps = sorted(t / d for t, d in zip(counting.tokens[5:], dts[5:])) or [0.0]
     return {"dir": str(out_dir / "draft"), "seconds": seconds, "steps": steps, "median_step_s":
-            steady[len(steady) // 2] if steady else None,
+            steady[len(steady) // 2] if steady else None, "positions": sum(counting.tokens),
+            "train_tokens_per_s_median": tps[len(tps) // 2],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 

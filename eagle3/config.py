@@ -120,6 +120,14 @@ class ExtractConfig(_Section):
     shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     num_gpus: int = Field(1, ge=1)
+    sglang_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="backend 'sglang': extra keyword arguments of sglang.Engine (e.g. tp_size, "
+        "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter is serve.sglang_python.")
+    sglang_env: dict[str, str] = Field(
+        default_factory=dict, description="backend 'sglang': environment variables added for the SGLang worker "
+        "(a PYTHONPATH here is appended after the project's capture plugin).")
+    sglang_startup_timeout_s: float = Field(1800.0, gt=0, description="backend 'sglang': seconds for the engine to start.")
+    sglang_request_timeout_s: float = Field(3600.0, gt=0, description="backend 'sglang': seconds for one batch.")
 
 
 class TrainConfig(_Section):

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3.artifacts import atomic_directory, atomic_write_bytes, sha256_file, write_manifest
-from eagle3.errors import DataError, EngineUnsupported
+from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract_store import (HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
                                   make_shards, remove_stale_temporaries, start_or_resume)
 
@@ -186,7 +186,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
 
     ``free_bytes`` overrides the measured free disk (tests simulate a full disk with it).
     Raises ConfigError (bad aux ids, devices), DataError (inputs, integrity, disk, a directory holding another
-    extraction), EngineUnsupported (backend 'sglang' here).
+    extraction), EngineUnsupported (backend 'sglang' without a usable SGLang environment or when its engine
+    fails).
     """
     from transformers import AutoTokenizer
 
@@ -199,6 +200,10 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     target_dir = resolve_target(cfg)
     target = target_identity(target_dir, cfg)
     aux = _aux_ids(cfg, target["num_layers"])
+    if cfg.extract.backend == "sglang":
+        from eagle3.extract_sglang import sglang_layer_ids
+
+        sglang_layer_ids(aux + [target["num_layers"]], target["num_layers"])  # ConfigError before any work
     tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
     regen = None
     if cfg.data.regenerate != "none":
@@ -253,15 +258,19 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
 
 
 def _check_backend(cfg) -> None:
+    """For ``extract.backend='sglang'``: SGLang's Python can import sglang, and one worker is asked for
+    (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
     if cfg.extract.backend == "hf":
         return
-    try:
-        import sglang  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means the engine is unusable here
-        raise EngineUnsupported(f"extract.backend='sglang': SGLang is not importable in this environment ({e!r}); "
-                                "use extract.backend=hf, or run in the SGLang environment (make sglang-env)") from e
-    raise EngineUnsupported("extract.backend='sglang': the SGLang offline-engine extractor is not implemented in "
-                            "this version; use extract.backend=hf")
+    from eagle3.engines.launcher import sglang_installed, sglang_python
+
+    if cfg.extract.num_gpus != 1:
+        raise ConfigError(f"extract.num_gpus: expected 1 with extract.backend='sglang' (set tp_size/dp_size in "
+                          f"extract.sglang_engine_args instead), got {cfg.extract.num_gpus}")
+    if not sglang_installed(sglang_python(cfg)):
+        raise EngineUnsupported(f"extract.backend='sglang': {sglang_python(cfg)} (serve.sglang_python) cannot import "
+                                "sglang; expected an environment with sglang==0.5.23 (make sglang-env), or use "
+                                "extract.backend=hf")
 
 
 def _counts(plan: Plan) -> dict:
@@ -292,6 +301,12 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
     jobs = [j for j in jobs if j.shards]
     with tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", disable=not progress,
               dynamic_ncols=True) as bar:
+        if cfg.extract.backend == "sglang":
+            from eagle3.extract_sglang import run_sglang_shards
+
+            run_sglang_shards(cfg, target_dir, capture_ids, capture_ids[-1], plan.ids, plan.input_ids,
+                              plan.loss_masks, todo, out_dir, on_progress=bar.update)
+            return
         if len(jobs) == 1:
             run_shards(jobs[0], on_progress=bar.update)
             return

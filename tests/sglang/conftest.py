@@ -6,8 +6,9 @@ import pytest
 
 from tests.support.sglang_harness import sglang_env_missing
 
-# Filled by the tier-1 fixture; printed at the end of the run (CI logs carry the numbers).
+# Filled by the tier-1 fixture and the extraction test; printed at the end of the run (CI logs carry the numbers).
 SUMMARY: dict = {}
+EXTRACT_SUMMARY: dict = {}
 
 requires_sglang_env = pytest.mark.skipif(sglang_env_missing() is not None,
                                          reason=sglang_env_missing() or "SGLang environment present")
@@ -20,3 +21,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             "SGLang 0.5.23 conformance: {checkpoints} checkpoints loaded through LlamaForCausalLMEagle3.load_weights"
             " ({corpus} from the broken corpus); largest |project - SGLang| over {forwards} EXTEND forwards: "
             "logits {max_logit_diff:.3g}, hidden {max_hidden_diff:.3g}".format(**SUMMARY))
+    if EXTRACT_SUMMARY:
+        terminalreporter.write_line(
+            "SGLang 0.5.23 extraction backend vs hf backend: {samples} samples, {tokens} tokens, {slots} slots; "
+            "largest |SGLang - HF| / max|HF| = {worst:.3g}".format(**EXTRACT_SUMMARY))

@@ -225,10 +225,40 @@ def test_assign_shards_round_robin_covers_each_once():
         assign_shards(shards, 0)
 
 
-def test_sglang_backend_is_unsupported_here(tiny_cfg, tmp_path):
+def test_sglang_backend_without_sglang_environment_is_refused(tiny_cfg, tmp_path):
     from eagle3.errors import EngineUnsupported
 
     cfg = tiny_cfg.model_copy(deep=True)
     cfg.extract.backend = "sglang"  # validate_assignment checks the literal
-    with pytest.raises(EngineUnsupported, match="extract.backend='sglang'"):
+    cfg.serve.sglang_python = str(tmp_path / "no-such-python")
+    with pytest.raises(EngineUnsupported, match="serve.sglang_python.*cannot import sglang"):
         extract(cfg, tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()
+    cfg.extract.num_gpus = 2
+    with pytest.raises(ConfigError, match="extract.num_gpus: expected 1 with extract.backend='sglang'.*got 2"):
+        extract(cfg, tmp_path / "o", progress=False)
+
+
+def test_sglang_layer_ids_are_hf_indices_minus_one_and_index_0_is_refused():
+    from eagle3.extract_sglang import sglang_layer_ids
+
+    # SmolLM2-135M: 30 layers; EAGLE-3's default aux indices [2, 15, 27] + the last layer's output (index 30)
+    assert sglang_layer_ids([2, 15, 27, 30], 30) == [1, 14, 26, 29]
+    with pytest.raises(ConfigError, match=r"indices \[0\] cannot be captured by SGLang.*expected 1..30"):
+        sglang_layer_ids([0, 15, 27, 30], 30)
+    with pytest.raises(ConfigError, match=r"indices \[31\]"):
+        sglang_layer_ids([2, 15, 31, 30], 30)
+
+
+def test_sglang_worker_failure_is_reported_with_the_engine_error(tmp_path):
+    """The worker run by an interpreter without SGLang (this one): its ERROR line becomes EngineUnsupported."""
+    import sys
+
+    from eagle3.errors import EngineUnsupported
+    from eagle3.extract_sglang import SGLangWorker
+
+    with pytest.raises(EngineUnsupported, match="failed to start the engine: ModuleNotFoundError: No module named "
+                                                "'sglang'"):
+        SGLangWorker(sys.executable, {"target_dir": str(tmp_path), "dtype": "float32", "layer_ids": [0, 1]},
+                     tmp_path / "w", {"PATH": "/usr/bin:/bin"}, startup_timeout_s=60)
+    assert (tmp_path / "w" / "sglang_job.json").is_file() and (tmp_path / "w" / "sglang_extract.log").is_file()
