@@ -235,7 +235,8 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     model = trainer.model if not hasattr(trainer.model, "module") else trainer.model.module
     save_draft(model, out_dir / "draft")
     steady = sorted(dts[min(5, len(dts) - 1):]) if dts else []
-    tps = sorted(t / d for t, d in zip(counting.tokens[5:], dts[5:])) or [0.0]
+    rates = [t / d for t, d in zip(counting.tokens, dts)]  # positions/s of each step (one sync per step)
+    tps = sorted(rates[5:] or rates) or [float("nan")]  # the first 5 steps (loader start) left out
     return {"dir": str(out_dir / "draft"), "seconds": seconds, "steps": steps, "median_step_s":
             steady[len(steady) // 2] if steady else None, "positions": sum(counting.tokens),
             "train_tokens_per_s_median": tps[len(tps) // 2],

@@ -44,6 +44,18 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def _hashed_files(root: Path, exclude: tuple[str, ...]) -> list[Path]:
+    """The files :func:`content_hash` covers, sorted by path (see there for the exclusions)."""
+    out = []
+    for p in sorted(root.rglob("*")):
+        if not p.is_file() or p.name in exclude or ".tmp" in p.name:
+            continue
+        if any(part in exclude for part in p.relative_to(root).parts[:-1]):  # an excluded folder
+            continue
+        out.append(p)
+    return out
+
+
 def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
     """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path.
 
@@ -55,14 +67,34 @@ def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) 
     if not root.is_dir():
         raise DataError(f"{root}: expected a directory to hash, found none")
     h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if not p.is_file() or p.name in exclude or ".tmp" in p.name:
-            continue
-        if any(part in exclude for part in p.relative_to(root).parts[:-1]):  # an excluded folder
-            continue
+    for p in _hashed_files(root, exclude):
         h.update(str(p.relative_to(root)).encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> dict:
+    """``{"count": files, "bytes": their total size, "exclude": [...]}`` over the files :func:`content_hash`
+    covers: a cheap (stat-only) check that a finished output is still whole. DataError if no directory."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"{root}: expected a directory, found none")
+    files = _hashed_files(root, exclude)
+    return {"count": len(files), "bytes": sum(p.stat().st_size for p in files), "exclude": sorted(exclude)}
+
+
+def output_intact(directory: str | Path) -> tuple[bool, str]:
+    """Whether a finished output still holds the files its manifest was written over (count and bytes,
+    stat only; manifests without ``files`` pass). Returns ``(ok, why not)``."""
+    m = read_manifest(directory)
+    want = m.get("files")
+    if not isinstance(want, dict):
+        return True, ""
+    got = file_stats(directory, tuple(want.get("exclude") or (MANIFEST,)))
+    if (got["count"], got["bytes"]) != (want.get("count"), want.get("bytes")):
+        return False, (f"{Path(directory) / MANIFEST}: 'files' expected {want.get('count')} files of "
+                       f"{want.get('bytes')} bytes, found {got['count']} files of {got['bytes']} bytes")
+    return True, ""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -133,6 +165,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
         "counts": dict(counts or {}),
         "timings": dict(timings or {}),
         **extra,
+        "files": file_stats(directory, exclude=exclude),
         "content_hash": content_hash(directory, exclude=exclude),
     }
     atomic_write_json(directory / MANIFEST, manifest)

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3.artifacts import read_manifest, sha256_file
+from eagle3.artifacts import output_intact, read_manifest, sha256_file
 from eagle3.errors import DataError
 
 FULL_HASH_LIMIT = 512 * 1024 * 1024  # bytes; larger files are fingerprinted by size and mtime
@@ -166,11 +166,15 @@ def output_matches(result: Any) -> bool:
     """True when a (possibly cached) stage result still describes what is on disk.
 
     ``result`` is a stage task's return value ``{"dir": str, "content_hash": str, ...}``; False when the
-    directory or its manifest is gone or its content hash differs (the output was rebuilt or edited since).
+    directory or its manifest is gone, its content hash differs (the output was rebuilt or edited since), or
+    its files no longer add up to the count and bytes the manifest recorded (a file deleted or truncated:
+    ``eagle3.artifacts.output_intact``, stat only, so terabytes of hidden states are not re-read).
     """
     if not isinstance(result, dict) or "dir" not in result or "content_hash" not in result:
         return False
     try:
-        return read_manifest(result["dir"]).get("content_hash") == result["content_hash"]
+        if read_manifest(result["dir"]).get("content_hash") != result["content_hash"]:
+            return False
+        return output_intact(result["dir"])[0]
     except DataError:
         return False

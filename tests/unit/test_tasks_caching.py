@@ -95,6 +95,27 @@ def test_output_matches_detects_a_rebuilt_output(tmp_path):
     assert not caching.output_matches({"dir": str(tmp_path / "gone"), "content_hash": "x"})
 
 
+def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_intact(tmp_path):
+    from eagle3.artifacts import output_intact, read_manifest, write_manifest
+
+    d = tmp_path / "hs"
+    (d / "hidden_states").mkdir(parents=True)
+    for i in range(3):
+        (d / "hidden_states" / f"hs_{i}.safetensors").write_bytes(bytes(100 + i))
+    (d / ".progress").mkdir()
+    write_manifest(d, "hidden_states", exclude=("manifest.json", ".progress"))
+    result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    assert read_manifest(d)["files"] == {"count": 3, "bytes": 303, "exclude": [".progress", "manifest.json"]}
+    (d / ".progress" / "note.json").write_text("{}")  # excluded folders may change
+    assert caching.output_matches(result)
+    (d / "hidden_states" / "hs_1.safetensors").unlink()
+    assert not caching.output_matches(result)
+    assert output_intact(d) == (False, f"{d / 'manifest.json'}: 'files' expected 3 files of 303 bytes, found 2 "
+                                       f"files of 202 bytes")
+    (d / "hidden_states" / "hs_1.safetensors").write_bytes(bytes(50))  # back, but truncated
+    assert not caching.output_matches(result)
+
+
 def test_retry_only_transient_errors():
     from prefect.states import Failed
 
