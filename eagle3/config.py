@@ -170,6 +170,8 @@ class TrainConfig(_Section):
     max_eval_samples: int | None = Field(None, ge=1, description="Cap on validation samples per evaluation.")
     loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) or JSON weights.")
     loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")
+    loader_workers: int | None = Field(
+        None, ge=0, description="Processes that read hidden-state files ahead of the device; None = 4 on CUDA, 0 on CPU.")
 
 
 class ConvertConfig(_Section):

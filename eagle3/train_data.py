@@ -81,7 +81,11 @@ class HiddenStatesData:
         path = self.root / "hidden_states" / f"hs_{i}.safetensors"
         if not path.is_file():
             raise DataError(f"{path}: hidden-states file of sample {i} not found")
-        t = load_file(str(path))
+        try:
+            t = load_file(str(path))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a damaged header
+            raise DataError(f"{path}: unreadable hidden-states file of sample {i} ({type(e).__name__}: {e}); "
+                            f"re-run the extraction") from e
         if "token_ids" not in t or "hidden_states" not in t:
             raise DataError(f"{path}: expected tensors token_ids and hidden_states, got {sorted(t)}")
         tok, hs = t["token_ids"].long(), t["hidden_states"]
@@ -232,15 +236,78 @@ def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int
     return batches
 
 
-def collate(samples: list[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> dict:
-    """Concatenate shifted samples into one packed sequence of N positions (batch dim 1).
+def collate_host(samples: list[dict[str, torch.Tensor]]) -> dict:
+    """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the host.
 
-    Returns hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in ``dtype``,
-    input_ids / position_ids / document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool, on ``device``.
+    Returns hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the file dtype
+    (bf16 for bf16/fp8 storage: half the bytes of float32 for the host→device copy), input_ids /
+    position_ids / document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool.
     """
     out = {k: torch.cat([s[k] for s in samples])[None] for k in samples[0]}
     out["document_ids"] = torch.cat([torch.full((s["input_ids"].numel(),), j, dtype=torch.long)
                                      for j, s in enumerate(samples)])[None]
+    return out
+
+
+def to_device(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """Move a :func:`collate_host` batch to ``device`` and cast the two hidden-state tensors to ``dtype`` there."""
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     for k in ("hidden_states", "verifier_last_hidden_states"):
         out[k] = out[k].to(dtype)
-    return {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    return out
+
+
+def collate(samples: list[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> dict:
+    """:func:`collate_host` then :func:`to_device`."""
+    return to_device(collate_host(samples), device, dtype)
+
+
+class MicroBatches(torch.utils.data.Dataset):
+    """Micro-batch ``k`` = ``(sample ids, collate_host of their loaded samples, None)``, for a DataLoader whose
+    worker processes read and check the files while the device computes. A DataError of
+    :meth:`HiddenStatesData.load_sample` comes back as ``(ids, None, message)`` so that the training process
+    raises it as a DataError with its own message (not wrapped in the worker's traceback)."""
+
+    def __init__(self, data: HiddenStatesData, batches: list[list[int]]):
+        self.data, self.batches = data, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int) -> tuple[list[int], dict | None, str | None]:
+        ids = self.batches[k]
+        try:
+            return ids, collate_host([self.data.load_sample(i) for i in ids]), None
+        except DataError as e:
+            return ids, None, str(e)
+
+
+def _as_is(item):
+    return item
+
+
+def loader_workers(requested: int | None, device: torch.device) -> int:
+    """Loader processes: ``requested``, else 4 on CUDA and 0 (read in the training process) on the CPU, where
+    workers would only take cores from the computation."""
+    if requested is not None:
+        return requested
+    return 4 if device.type == "cuda" else 0
+
+
+def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], device: torch.device,
+                          workers: int | None = None):
+    """Yield ``(ids, host batch)`` for ``batches`` in order, read ahead by :func:`loader_workers` processes
+    (pinned memory on CUDA). The order never depends on the number of workers. Raises DataError (a sample
+    file missing, damaged or failing its checks) with the file's path."""
+    n = loader_workers(workers, device)
+    if n == 0:
+        for ids in batches:
+            yield ids, collate_host([data.load_sample(i) for i in ids])
+        return
+    loader = torch.utils.data.DataLoader(MicroBatches(data, batches), batch_size=None, shuffle=False,
+                                         num_workers=n, collate_fn=_as_is, pin_memory=device.type == "cuda",
+                                         prefetch_factor=4)
+    for ids, batch, error in loader:
+        if error is not None:
+            raise DataError(error)
+        yield ids, batch

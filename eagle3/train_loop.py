@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from eagle3.errors import TrainingDiverged
-from eagle3.train_data import HiddenStatesData, collate, pack, plan_epoch
+from eagle3.train_data import HiddenStatesData, iterate_micro_batches, pack, plan_epoch, to_device
 from eagle3.train_metrics import add_batch, all_reduce_, new_counts, summarize
 from eagle3.train_state import list_checkpoints, save_best, save_checkpoint
 
@@ -53,6 +53,23 @@ class Run:
     dropped_microbatches: int = 0
     bar: object = None
     loss_config: dict | None = None
+    stream: object = None  # this rank's (ids, host batch) iterator over the rest of the current plan
+    stream_at: tuple = ()  # (epoch, micro) the stream was made for
+
+    def rank_batches(self) -> list[list[int]]:
+        """This rank's micro-batches (sample ids) from ``micro`` to the end of the plan, in consumption order:
+        for each group of ``grad_accum * world`` micro-batches, every ``world``-th one from ``rank``."""
+        G = self.t.grad_accum * self.world
+        return [ids for g in range(self.micro, len(self.plan), G)
+                for ids in self.plan[g:g + G][self.rank::self.world]]
+
+    def next_batch(self) -> tuple[list[int], dict]:
+        """The next micro-batch of this rank (read ahead by loader workers, ``train.loader_workers``)."""
+        if self.stream is None or self.stream_at[0] != self.epoch:
+            self.stream = iter(iterate_micro_batches(self.data, self.rank_batches(), self.device,
+                                                     self.t.loader_workers))
+            self.stream_at = (self.epoch, self.micro)
+        return next(self.stream)
 
     @property
     def t(self):
@@ -112,11 +129,12 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
     return loss
 
 
-def _all_finite(run: Run, value: torch.Tensor) -> bool:
-    ok = torch.tensor([1.0 if bool(torch.isfinite(value).all()) else 0.0], device=run.device)
+def _finite_flags(run: Run, values: list[torch.Tensor]) -> list[bool]:
+    """Whether each scalar in ``values`` is finite on every rank: one device→host sync for all of them."""
+    ok = torch.stack([torch.isfinite(v.detach().float()).all() for v in values]).float()
     if run.world > 1:
         torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
-    return bool(ok.item() > 0)
+    return [x > 0 for x in ok.tolist()]
 
 
 def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDiverged:
@@ -136,16 +154,21 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     group = run.plan[run.micro:run.micro + G]
     share = group[run.rank::run.world]
     params = [p for p in run.model.parameters() if p.requires_grad]
-    for j, ids in enumerate(share):
-        batch = collate([run.data.load_sample(i) for i in ids], run.device, torch.float32)
+    losses: list[tuple[list[int], torch.Tensor]] = []
+    for j in range(len(share)):
+        ids, host = run.next_batch()
+        batch = to_device(host, run.device, torch.float32)
         sync = j == len(share) - 1 or run.world == 1
         with contextlib.nullcontext() if sync else run.module.no_sync():
             loss = forward(run, batch, window)
-            if not _all_finite(run, loss.detach()):
-                raise _diverged(run, "loss", float(loss.detach()), ids)
             (loss / len(share)).backward()
+        losses.append((ids, loss.detach()))
     grad_norm = torch.nn.utils.clip_grad_norm_(params, run.t.grad_clip)
-    if not _all_finite(run, grad_norm.detach()):
+    flags = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])  # before the step: weights stay good
+    for (ids, loss), ok in zip(losses, flags):
+        if not ok:
+            raise _diverged(run, "loss", float(loss), ids)
+    if not flags[-1]:
         raise _diverged(run, "gradient norm", float(grad_norm), share[0])
     run.optimizer.step()
     run.scheduler.step()
@@ -167,9 +190,8 @@ def evaluate(run: Run) -> dict[str, float]:
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
     try:
-        for mb in plan[run.rank::run.world]:
-            forward(run, collate([run.data.load_sample(i) for i in mb], run.device, torch.float32), counts,
-                    train=False)
+        for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device, run.t.loader_workers):
+            forward(run, to_device(host, run.device, torch.float32), counts, train=False)
     finally:
         run.model.train()
     out = summarize(all_reduce_(counts), "val")

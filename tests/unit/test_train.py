@@ -187,3 +187,26 @@ def test_fp8_stored_samples_are_dequantized_with_their_scales(hs_copy, tiny_targ
         err = (got[k].float() - ref[k].float()).abs().max()
         assert err <= ref[k].float().abs().max() / 16, (k, float(err))
         assert err > 0  # really quantized, not the bf16 path
+
+
+def test_loader_worker_processes_give_the_same_run_and_report_a_bad_file(hs_dir, hs_copy, tmp_path):
+    """train.loader_workers=2 (the CUDA default is 4) reads ahead in worker processes; the steps, losses and
+    weights are those of the in-process reader, and a file error still stops training with its path."""
+    runs = {}
+    for workers in (0, 2):
+        cfg = tiny_train_cfg(tmp_path / f"runs{workers}", "train.max_steps=5", "train.eval_every=5",
+                             f"train.loader_workers={workers}")
+        out = tmp_path / f"train{workers}"
+        train(cfg, hs_dir, out, progress=False)
+        runs[workers] = ([json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()],
+                         load_file(out / "model.safetensors"))
+    (m0, w0), (m2, w2) = runs[0], runs[2]
+    assert [(x["step"], x.get("train/loss"), x.get("val/loss")) for x in m0] == \
+        [(x["step"], x.get("train/loss"), x.get("val/loss")) for x in m2]
+    assert all(torch.equal(w0[k], w2[k]) for k in w0)
+    bad = hs_copy / "hidden_states" / "hs_3.safetensors"
+    bad.write_bytes(bad.read_bytes()[:100])  # truncated
+    cfg = tiny_train_cfg(tmp_path / "runs-bad", "train.max_steps=20", "train.loader_workers=2")
+    with pytest.raises(DataError, match=r"hs_3.safetensors: unreadable hidden-states file of sample 3 "
+                                        r"\(SafetensorError"):
+        train(cfg, hs_copy, tmp_path / "train-bad", progress=False)
