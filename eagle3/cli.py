@@ -149,11 +149,20 @@ def wait_ready(
     probe_timeout: float = typer.Option(120.0, "--probe-timeout", help="deadline of the generation probe, s"),
     diagnostics: Optional[Path] = typer.Option(None, "--diagnostics", help="where to save stack dumps and logs"),
 ):
-    """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out."""
+    """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out, 2 bad arguments."""
+    import psutil
+
     from eagle3.readiness import wait_ready as do_wait
 
-    result = do_wait(url, pid=pid, log_path=log, timeout_s=timeout, stall_timeout_s=stall_timeout,
-                     poll_interval_s=poll_interval, probe_timeout_s=probe_timeout, diagnostics_dir=diagnostics)
+    if pid is not None and not psutil.pid_exists(pid):
+        _fail(f"wait-ready: --pid: expected a running process, got {pid} (no such process)", 2)
+    if log is not None and not log.is_file():
+        _fail(f"wait-ready: --log: expected the server's log file, got {str(log)!r} (not a file)", 2)
+    try:
+        result = do_wait(url, pid=pid, log_path=log, timeout_s=timeout, stall_timeout_s=stall_timeout,
+                         poll_interval_s=poll_interval, probe_timeout_s=probe_timeout, diagnostics_dir=diagnostics)
+    except ConfigError as e:
+        _fail(f"wait-ready: {e}", 2)
     typer.echo(result.summary())
     raise typer.Exit(0 if result.verdict == "ready" else 1)
 
@@ -192,12 +201,15 @@ def bench(
 
 
 @app.command()
-def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (parent) run or a sweep")):
+def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (parent) run or a sweep"),
+           tracking_uri: Optional[str] = typer.Option(
+               None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db "
+               "under the current directory)")):
     """Print the recorded "more data / longer training / fix serving / stop" recommendation of a run."""
     from flows.decision import decision_text  # lazy: reads MLflow
 
     try:
-        typer.echo(decision_text(run_id))
+        typer.echo(decision_text(run_id, tracking_uri))
     except Eagle3Error as e:
         _fail(str(e), 1)
 

@@ -196,6 +196,22 @@ class _Timeline:
         return totals, self.entries
 
 
+def _check_arguments(url: str, seconds: dict[str, float]) -> None:
+    import httpx
+
+    from eagle3.errors import ConfigError
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as e:
+        raise ConfigError(f"url: expected http(s)://host[:port], got {url!r} ({e})") from e
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"url: expected http(s)://host[:port], got {url!r}")
+    for name, value in seconds.items():
+        if not value > 0:
+            raise ConfigError(f"{name}: expected a positive number of seconds, got {value}")
+
+
 def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None, timeout_s: float = 600.0,
                stall_timeout_s: float = 120.0, poll_interval_s: float = 1.0, probe_timeout_s: float = 120.0,
                diagnostics_dir: str | Path | None = None, require_spec_fields: bool = True,
@@ -213,7 +229,11 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
         require_spec_fields: the probe must see ``spec_*`` fields in ``meta_info``.
         probe_concurrency: concurrent probe requests (at least 2).
     Returns a :class:`GateResult`; raises nothing for a verdict (the caller raises ``GateFailed``).
+    Raises ConfigError before waiting for arguments that cannot work: a url that is not ``http(s)://host[:port]``,
+    a non-positive timeout or poll interval.
     """
+    _check_arguments(url, {"timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s,
+                                          "poll_interval_s": poll_interval_s, "probe_timeout_s": probe_timeout_s})
     url = url.rstrip("/")
     t0 = time.monotonic()
     mon = ProgressMonitor(pid, log_path, use_gpu=use_gpu)

@@ -9,6 +9,7 @@ default config (``runs/`` under the working directory).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
@@ -27,6 +28,10 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     acceptance lengths on the run (served, untrained, offline, simulated); for a sweep run also the table of its
     points (flows.sweep.sweep_table). Raises DataError when the run is unknown or has no decision yet."""
     uri = tracking_uri or default_tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # MLflow would create an empty store there and then report the run as unknown
+        raise DataError(f"MLflow store {uri}: no such database file; expected the store the pipeline printed "
+                        f"(--tracking-uri or MLFLOW_TRACKING_URI), e.g. sqlite:///<project>/runs/mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)

@@ -103,11 +103,19 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
         from eagle3.errors import Eagle3Error
 
         exc = Eagle3Error(f"flow run ended {state.name}: {state.message}")
+    from eagle3.errors import (AcceptanceTooLow, CheckpointInvalid, ConfigError, DataError, EngineUnsupported,
+                               TrainingDiverged)
+
     home = env.get("PREFECT_HOME")
     entry = "flows/pipeline.py:eagle3_pipeline" if stage == "pipeline" else f"flows/stages.py:{stage}_flow"
-    hint = (f" — re-run the same command (cached stages are skipped) or retry this flow run: "
-            f"{'PREFECT_HOME=' + home + ' ' if home else ''}prefect flow-run retry "
-            f"{state.state_details.flow_run_id} --entrypoint {entry}")
+    if isinstance(exc, (ConfigError, DataError, CheckpointInvalid, EngineUnsupported, TrainingDiverged,
+                        AcceptanceTooLow)):
+        # permanent: the same inputs fail the same way, so a plain retry is no advice
+        hint = " — fix what is named above, then re-run the same command (finished stages are cached)"
+    else:
+        hint = (f" — re-run the same command (cached stages are skipped) or retry this flow run: "
+                f"{'PREFECT_HOME=' + home + ' ' if home else ''}prefect flow-run retry "
+                f"{state.state_details.flow_run_id} --entrypoint {entry}")
     if exc.args and isinstance(exc.args[0], str):
         exc.args = (exc.args[0] + hint,) + tuple(exc.args[1:])
     return exc

@@ -1,0 +1,33 @@
+"""CLI commands refuse arguments that cannot work (exit 2 or 1, the option and the value named), before any
+waiting or any store is created."""
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle3.cli import app
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--url", "localhost:8000"], "url: expected http(s)://host[:port], got 'localhost:8000'"),
+    (["--url", "ftp://127.0.0.1:9"], "url: expected http(s)://host[:port], got 'ftp://127.0.0.1:9'"),
+    (["--url", "http://127.0.0.1:9", "--timeout", "-1"], "timeout_s: expected a positive number of seconds, got -1.0"),
+    (["--url", "http://127.0.0.1:9", "--poll-interval", "0"], "poll_interval_s: expected a positive number"),
+    (["--url", "http://127.0.0.1:9", "--pid", "999999999"], "--pid: expected a running process, got 999999999"),
+    (["--url", "http://127.0.0.1:9", "--log", "/no/such/server.log"], "--log: expected the server's log file"),
+])
+def test_bad_arguments_exit_2_with_the_value_named(args, message):
+    res = CliRunner().invoke(app, ["wait-ready", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+def test_decide_with_a_missing_store_names_it_and_creates_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    res = CliRunner().invoke(app, ["decide", "0123abcd"])
+    assert res.exit_code == 1
+    assert f"MLflow store sqlite:///{tmp_path}/runs/mlflow.db: no such database file" in res.output
+    res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", f"sqlite:///{tmp_path}/other.db"])
+    assert f"MLflow store sqlite:///{tmp_path}/other.db: no such database file" in res.output
+    assert list(tmp_path.iterdir()) == []  # no empty store left behind

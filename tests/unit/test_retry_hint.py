@@ -1,0 +1,28 @@
+"""The hint appended to a failed flow's error: a retry command for transient failures only."""
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("prefect")
+
+from eagle3.errors import DataError, GateFailed  # noqa: E402
+from flows.pipeline import _with_retry_hint  # noqa: E402
+
+
+def _state(exc):
+    return SimpleNamespace(result=lambda raise_on_failure=False: exc, name="Failed", message="boom",
+                           state_details=SimpleNamespace(flow_run_id="1234"))
+
+
+def test_permanent_error_gets_fix_advice_not_a_retry_command():
+    exc = _with_retry_hint(_state(DataError("data/x.jsonl: empty file")), "pipeline", {"PREFECT_HOME": "/h"})
+    assert isinstance(exc, DataError)
+    assert str(exc) == ("data/x.jsonl: empty file — fix what is named above, then re-run the same command "
+                        "(finished stages are cached)")
+
+
+def test_gate_failure_gets_the_retry_command():
+    exc = _with_retry_hint(_state(GateFailed("engine stalled", verdict="stalled", diagnostics_dir=None)), "train", {})
+    assert str(exc).startswith("engine stalled — re-run the same command (cached stages are skipped) or retry this "
+                               "flow run: prefect flow-run retry 1234 --entrypoint flows/stages.py:train_flow")
