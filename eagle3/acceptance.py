@@ -17,9 +17,13 @@ cumulative ratio since start (accepted tokens / forward passes); Prometheus ``/m
 ``sglang:spec_accept_length``/``sglang:spec_accept_rate`` and the counters ``sglang:generation_tokens_total``
 and ``sglang:spec_verify_calls_total`` whose difference around a run gives the run's own acceptance length.
 
-Convention (INTERNALS.md): acceptance length counts the bonus token — total completion tokens / total verify
-passes; 1.0 = no draft token ever accepted, maximum = num_steps + 1. As in SGLang, the token produced by
-prefill is in the numerator, so a short generation reads slightly high.
+Convention (INTERNALS.md): acceptance length counts the bonus token — 1 + accepted draft tokens / verify
+passes (:func:`exact_acceptance_length`); 1.0 = no draft token ever accepted, maximum = num_steps + 1.
+SGLang's own ``spec_accept_length`` is completion tokens / verify passes, which also counts the first output
+token (produced by the prefill pass, not by a verify pass), so it reads N/(N-1) for a draft that is never
+accepted (1.016 at 64 new tokens); it is kept beside ours as ``acceptance_length_sglang`` for comparison.
+Where a build sends no accepted-draft count, accepted = completion_tokens - 1 - verify passes (each verify
+pass emits its accepted drafts plus one bonus token; the prefill pass emits one token).
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from eagle3.errors import DataError
 
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
+    """1 + accepted draft tokens / verify passes (bonus token counted, prefill token not): 1.0 = nothing
+    accepted, num_steps + 1 = every draft token accepted. Raises DataError for verify_ct <= 0."""
+    if verify_ct <= 0:
+        raise DataError(f"acceptance length: verify_ct expected > 0, got {verify_ct}")
+    return 1.0 + accepted_drafts / verify_ct
 
 
 @dataclass
@@ -57,11 +69,25 @@ class RequestAcceptance:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def acceptance_length(self) -> float | None:
-        """completion_tokens / verify_ct (counts the bonus token); None without speculation."""
+    def accepted_or_derived(self) -> int | None:
+        """Accepted draft tokens: the server's count, else completion_tokens - 1 - verify_ct (>= 0)."""
         if not self.verify_ct:
             return None
-        return self.completion_tokens / self.verify_ct
+        if self.accepted_drafts is not None:
+            return self.accepted_drafts
+        return max(self.completion_tokens - 1 - self.verify_ct, 0)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """1 + accepted drafts / verify_ct (module docstring); None without speculation."""
+        if not self.verify_ct:
+            return None
+        return exact_acceptance_length(self.accepted_or_derived, self.verify_ct)
+
+    @property
+    def sglang_accept_length(self) -> float | None:
+        """completion_tokens / verify_ct: SGLang 0.5.23's ``spec_accept_length`` definition."""
+        return self.completion_tokens / self.verify_ct if self.verify_ct else None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -75,6 +101,7 @@ class RequestAcceptance:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["acceptance_length"] = self.acceptance_length
+        d["acceptance_length_sglang"] = self.sglang_accept_length
         d["acceptance_rate"] = self.acceptance_rate
         return d
 
@@ -148,10 +175,10 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
         rec.accepted_drafts = sum(j * n for j, n in enumerate(rec.histogram))
     if rec.verify_ct == 0 and completion > 0 and rec.generation != "none":
         rec.notes.append("spec fields present but 0 verify passes")
-    if rec.server_accept_length is not None and rec.acceptance_length is not None:
-        if abs(rec.server_accept_length - rec.acceptance_length) > 1e-3 * max(1.0, rec.acceptance_length):
+    if rec.server_accept_length is not None and rec.sglang_accept_length is not None:
+        if abs(rec.server_accept_length - rec.sglang_accept_length) > 1e-3 * max(1.0, rec.sglang_accept_length):
             rec.notes.append(f"server spec_accept_length {rec.server_accept_length:.4f} != completion/verify "
-                             f"{rec.acceptance_length:.4f}")
+                             f"{rec.sglang_accept_length:.4f}")
     return rec
 
 
@@ -180,8 +207,8 @@ def _sum_histograms(hists: list[list[int]]) -> list[int]:
 def aggregate(records: list[RequestAcceptance]) -> dict:
     """Acceptance over many requests (token-weighted, as SGLang's server-wide figure is).
 
-    Returns ``acceptance_length`` = Σ completion_tokens / Σ verify_ct over speculative requests (None when none
-    had speculation), ``acceptance_rate`` = Σ accepted / Σ proposed drafts (None when unknown),
+    Returns ``acceptance_length`` = 1 + Σ accepted drafts / Σ verify_ct over speculative requests (None when none
+    had speculation), ``acceptance_length_sglang`` = Σ completion_tokens / Σ verify_ct (SGLang's definition), ``acceptance_rate`` = Σ accepted / Σ proposed drafts (None when unknown),
     ``mean_request_acceptance_length`` (unweighted), ``per_position`` (from summed histograms, [] if none),
     ``histogram``, counts, and the field ``generations`` seen.
     """
@@ -197,8 +224,10 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
         rate = sum(r.accepted_drafts for r in with_rate) / sum(r.proposed_drafts for r in with_rate)
     elif spec and all(r.server_accept_rate is not None for r in spec):
         rate = sum(r.server_accept_rate * r.verify_ct for r in spec) / total_verify
+    total_accepted = sum(r.accepted_or_derived for r in spec)
     return {
-        "acceptance_length": (total_tokens / total_verify) if total_verify else None,
+        "acceptance_length": exact_acceptance_length(total_accepted, total_verify) if total_verify else None,
+        "acceptance_length_sglang": (total_tokens / total_verify) if total_verify else None,
         "acceptance_rate": rate,
         "mean_request_acceptance_length": (sum(lengths) / len(lengths)) if lengths else None,
         "per_position": per_position_from_histogram(hist) if hist else [],

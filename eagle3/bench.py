@@ -21,17 +21,16 @@ from typing import Any
 
 import httpx
 
-from eagle3.acceptance import (SERVING_EXCESS_RATIO, aggregate, parse_meta_info, parse_prometheus, parse_server_info,
+from eagle3.acceptance import (SERVING_EXCESS_RATIO, aggregate, exact_acceptance_length, parse_meta_info, parse_prometheus, parse_server_info,
                                server_window, serving_gap)
 from eagle3.artifacts import atomic_write_json, write_manifest
 from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
 from eagle3.prompts import encode_prompts, load_prompts
 
-ACCEPTANCE_CONVENTION = ("acceptance_length = total completion tokens / total verify passes, SGLang 0.5.23's "
-                         "spec_accept_length definition (counts the bonus token). SGLang's first output token "
-                         "comes from the prefill pass, not a verify pass, so a draft never accepted shows "
-                         "N/(N-1) for N new tokens (1.016 at 64), not exactly 1.0; "
-                         "1 + accepted drafts / verify passes is the exact figure (acceptance_rate × steps + 1)")
+ACCEPTANCE_CONVENTION = ("acceptance_length = 1 + accepted draft tokens / verify passes (counts the bonus token; "
+                         "1.0 = nothing accepted). acceptance_length_sglang = completion tokens / verify passes, "
+                         "SGLang 0.5.23's spec_accept_length, which also counts the first output token (made by "
+                         "the prefill pass, not a verify pass): N/(N-1) for a never-accepted draft, 1.016 at 64")
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -227,7 +226,8 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
         per_category[cat] = {k: agg[k] for k in ("acceptance_length", "acceptance_rate", "num_requests",
                                                   "completion_tokens", "verify_ct")}
     timing = _timing_summary(rows, main["wall_s"])
-    summary = {"acceptance_length": overall["acceptance_length"], "acceptance_rate": overall["acceptance_rate"],
+    summary = {"acceptance_length": overall["acceptance_length"],
+               "acceptance_length_sglang": overall["acceptance_length_sglang"], "acceptance_rate": overall["acceptance_rate"],
                "mean_request_acceptance_length": overall["mean_request_acceptance_length"],
                "num_prompts": len(rows), "num_speculative_requests": overall["num_speculative_requests"],
                **timing, "server_acceptance_length": main["window"].get("server_acceptance_length"),
@@ -335,7 +335,8 @@ def _offline_row(prompt: dict, res) -> dict:
     if verify <= 0:
         raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, got {verify}")
     return {"id": prompt["id"], "category": prompt["category"], "completion_tokens": n_out, "verify_ct": verify,
-            "acceptance_length": n_out / verify,
+            "acceptance_length": exact_acceptance_length(sum(res.accepted_per_position or []), verify),
+            "acceptance_length_sglang": n_out / verify,
             "accepted_per_position": [int(a) for a in (res.accepted_per_position or [])],
             "num_draft_tokens": getattr(res, "num_draft_tokens", None),
             "histogram": list(getattr(res, "histogram", None) or [])}
@@ -352,9 +353,11 @@ def _offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
     per_cat = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
         sel = [r for r in rows if r["category"] == cat]
-        per_cat[cat] = {"acceptance_length": sum(r["completion_tokens"] for r in sel) / sum(r["verify_ct"] for r in sel),
+        per_cat[cat] = {"acceptance_length": exact_acceptance_length(
+                            sum(sum(r["accepted_per_position"]) for r in sel), sum(r["verify_ct"] for r in sel)),
                         "num_requests": len(sel)}
-    return {"acceptance_length": sum(r["completion_tokens"] for r in rows) / total_v,
+    return {"acceptance_length": exact_acceptance_length(sum(accepted), total_v),
+            "acceptance_length_sglang": sum(r["completion_tokens"] for r in rows) / total_v,
             "acceptance_rate": (sum(accepted) / sum(proposed)) if None not in proposed and sum(proposed) else None,
             "per_position": [a / total_v for a in accepted], "histogram": hist, "per_category": per_cat,
             "per_request": rows, "wall_s": wall_s, "settings": settings}

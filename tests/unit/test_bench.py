@@ -116,7 +116,8 @@ def serve():
 
 
 def _expected_length(served: list[dict]) -> float:
-    return sum(s["completion_tokens"] for s in served) / sum(s["spec_verify_ct"] for s in served)
+    """1 + accepted drafts / verify passes over the fake's responses (this fake emits no prefill token)."""
+    return 1 + sum(s["spec_num_correct_drafts"] for s in served) / sum(s["spec_verify_ct"] for s in served)
 
 
 def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
@@ -217,7 +218,8 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
     out = offline_acceptance(smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec())
     vs = [r["verify_ct"] for r in out["per_request"]]
-    assert out["acceptance_length"] == pytest.approx(30 / sum(vs))
+    assert out["acceptance_length"] == pytest.approx(1 + 18 / sum(vs))  # 6 accepted drafts per prompt
+    assert out["acceptance_length_sglang"] == pytest.approx(30 / sum(vs))
     assert out["per_position"] == pytest.approx([9 / sum(vs), 6 / sum(vs), 3 / sum(vs)])
     assert out["acceptance_rate"] == pytest.approx(18 / (3 * sum(vs)))
     assert set(out["per_category"]) == {"writing", "roleplay", "reasoning"}
@@ -239,7 +241,10 @@ def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
     dec = SpeculativeDecoder(tiny_target_dir, draft, 2, "float32", capture_aux=False)
     ids = encode_prompts(load_prompts("mtbench", 2), AutoTokenizer.from_pretrained(str(tiny_target_dir)))
     res = [dec.generate(x, 8) for x in ids]
-    assert out["acceptance_length"] == pytest.approx(sum(len(r.output_ids) for r in res) / sum(r.verify_ct for r in res))
+    assert out["acceptance_length"] == pytest.approx(
+        1 + sum(sum(r.accepted_per_position) for r in res) / sum(r.verify_ct for r in res))
+    assert out["acceptance_length_sglang"] == pytest.approx(
+        sum(len(r.output_ids) for r in res) / sum(r.verify_ct for r in res))
     assert out["histogram"] == [sum(col) for col in zip(*(r.histogram for r in res))]
     assert 1.0 <= out["acceptance_length"] <= 3.0 and len(out["per_position"]) == 2
 
