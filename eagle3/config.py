@@ -167,6 +167,9 @@ class TrainConfig(_Section):
     init_from: str | None = Field(None, description="A speculators draft folder to start from (weights only).")
     attn_implementation: Literal["auto", "sdpa", "eager"] = Field("auto", description="auto = sdpa on CPU and CUDA.")
     compile: bool = Field(False, description="Keep speculators' torch.compile of forward on CUDA.")
+    pad_to_max_tokens: bool | None = Field(
+        None, description="Pad every micro-batch to max_tokens_per_batch (one shape: a compiled forward compiles "
+        "once); None = on exactly when compile is on. Padding carries no loss.")
     max_eval_samples: int | None = Field(None, ge=1, description="Cap on validation samples per evaluation.")
     loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) or JSON weights.")
     loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")

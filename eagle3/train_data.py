@@ -236,13 +236,32 @@ def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int
     return batches
 
 
-def collate_host(samples: list[dict[str, torch.Tensor]]) -> dict:
+def padding_sample(like: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """``n`` positions of padding shaped like a :meth:`HiddenStatesData.load_sample` result: zero states, token
+    0, ``loss_mask`` False (no loss, no metric), positions 1..n. Collated as its own document, so attention
+    never mixes it with real samples."""
+    return {"hidden_states": like["hidden_states"].new_zeros((n, like["hidden_states"].shape[1])),
+            "verifier_last_hidden_states": like["verifier_last_hidden_states"].new_zeros(
+                (n, like["verifier_last_hidden_states"].shape[1])),
+            "input_ids": torch.zeros(n, dtype=torch.long), "loss_mask": torch.zeros(n, dtype=torch.bool),
+            "position_ids": torch.arange(1, n + 1, dtype=torch.long)}
+
+
+def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = None) -> dict:
     """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the host.
 
-    Returns hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the file dtype
-    (bf16 for bf16/fp8 storage: half the bytes of float32 for the host→device copy), input_ids /
-    position_ids / document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool.
+    ``pad_to`` (positions): append a :func:`padding_sample` so that N == pad_to, giving every micro-batch one
+    shape (a compiled forward then compiles once instead of once per length). Returns hidden_states
+    ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the file dtype (bf16 for bf16/fp8
+    storage: half the bytes of float32 for the host→device copy), input_ids / position_ids / document_ids
+    ``[1, N]`` int64, loss_mask ``[1, N]`` bool. Raises ConfigError when the samples hold more than pad_to.
     """
+    n = sum(int(s["input_ids"].numel()) for s in samples)
+    if pad_to is not None:
+        if n > pad_to:
+            raise ConfigError(f"collate: {n} positions do not fit pad_to={pad_to} (train.max_tokens_per_batch)")
+        if n < pad_to:
+            samples = [*samples, padding_sample(samples[0], pad_to - n)]
     out = {k: torch.cat([s[k] for s in samples])[None] for k in samples[0]}
     out["document_ids"] = torch.cat([torch.full((s["input_ids"].numel(),), j, dtype=torch.long)
                                      for j, s in enumerate(samples)])[None]
@@ -268,8 +287,8 @@ class MicroBatches(torch.utils.data.Dataset):
     :meth:`HiddenStatesData.load_sample` comes back as ``(ids, None, message)`` so that the training process
     raises it as a DataError with its own message (not wrapped in the worker's traceback)."""
 
-    def __init__(self, data: HiddenStatesData, batches: list[list[int]]):
-        self.data, self.batches = data, batches
+    def __init__(self, data: HiddenStatesData, batches: list[list[int]], pad_to: int | None = None):
+        self.data, self.batches, self.pad_to = data, batches, pad_to
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -277,7 +296,7 @@ class MicroBatches(torch.utils.data.Dataset):
     def __getitem__(self, k: int) -> tuple[list[int], dict | None, str | None]:
         ids = self.batches[k]
         try:
-            return ids, collate_host([self.data.load_sample(i) for i in ids]), None
+            return ids, collate_host([self.data.load_sample(i) for i in ids], self.pad_to), None
         except DataError as e:
             return ids, None, str(e)
 
@@ -295,16 +314,17 @@ def loader_workers(requested: int | None, device: torch.device) -> int:
 
 
 def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], device: torch.device,
-                          workers: int | None = None):
+                          workers: int | None = None, pad_to: int | None = None):
     """Yield ``(ids, host batch)`` for ``batches`` in order, read ahead by :func:`loader_workers` processes
-    (pinned memory on CUDA). The order never depends on the number of workers. Raises DataError (a sample
+    (pinned memory on CUDA), each padded to ``pad_to`` positions when given (:func:`collate_host`). The order
+    never depends on the number of workers. Raises DataError (a sample
     file missing, damaged or failing its checks) with the file's path."""
     n = loader_workers(workers, device)
     if n == 0:
         for ids in batches:
-            yield ids, collate_host([data.load_sample(i) for i in ids])
+            yield ids, collate_host([data.load_sample(i) for i in ids], pad_to)
         return
-    loader = torch.utils.data.DataLoader(MicroBatches(data, batches), batch_size=None, shuffle=False,
+    loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None, shuffle=False,
                                          num_workers=n, collate_fn=_as_is, pin_memory=device.type == "cuda",
                                          prefetch_factor=4)
     for ids, batch, error in loader:

@@ -56,6 +56,13 @@ class Run:
     stream: object = None  # this rank's (ids, host batch) iterator over the rest of the current plan
     stream_at: tuple = ()  # (epoch, micro) the stream was made for
 
+    @property
+    def pad_to(self) -> int | None:
+        """Positions every micro-batch is padded to: ``train.max_tokens_per_batch`` when
+        ``train.pad_to_max_tokens`` (None = on exactly when ``train.compile``), else None (no padding)."""
+        pad = self.t.pad_to_max_tokens if self.t.pad_to_max_tokens is not None else self.t.compile
+        return self.data.max_tokens if pad else None
+
     def rank_batches(self) -> list[list[int]]:
         """This rank's micro-batches (sample ids) from ``micro`` to the end of the plan, in consumption order:
         for each group of ``grad_accum * world`` micro-batches, every ``world``-th one from ``rank``."""
@@ -67,7 +74,7 @@ class Run:
         """The next micro-batch of this rank (read ahead by loader workers, ``train.loader_workers``)."""
         if self.stream is None or self.stream_at[0] != self.epoch:
             self.stream = iter(iterate_micro_batches(self.data, self.rank_batches(), self.device,
-                                                     self.t.loader_workers))
+                                                     self.t.loader_workers, self.pad_to))
             self.stream_at = (self.epoch, self.micro)
         return next(self.stream)
 
@@ -190,7 +197,8 @@ def evaluate(run: Run) -> dict[str, float]:
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
     try:
-        for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device, run.t.loader_workers):
+        for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device, run.t.loader_workers,
+                                             run.pad_to):
             forward(run, to_device(host, run.device, torch.float32), counts, train=False)
     finally:
         run.model.train()

@@ -1,0 +1,82 @@
+"""Micro-batches padded to one length (``train.pad_to_max_tokens``, on with ``train.compile``): the run's losses
+are those of the unpadded run, and a compiled forward compiles once instead of once per micro-batch length
+(the recompile-limit failure of ``train.compile`` on the H200, benchmarks/RESULTS.md). The compiler here is
+torch.compile with a counting eager backend: the CPU has no Triton, and graph capture is what recompiles."""
+
+import json
+
+import pytest
+import torch
+
+from eagle3.train import train
+from tests.support.hs_fixture import build_hidden_states_dir, tiny_train_cfg
+
+
+@pytest.fixture(scope="module")
+def hs_dir(tmp_path_factory, tiny_target_dir):
+    return build_hidden_states_dir(tmp_path_factory.mktemp("hs") / "hs", tiny_target_dir, num_samples=14)
+
+
+def _losses(out):
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r.get("train/loss"), r.get("val/loss"), r.get("train/acc_full_0")) for r in rows]
+
+
+def _compile_counting(monkeypatch) -> list:
+    """Make eagle3.train's draft forward compiled (as speculators does on CUDA) with a backend that records each
+    graph it gets."""
+    import types
+
+    import eagle3.train as train_mod
+
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append(tuple(tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)))
+        return gm.forward
+
+    build = train_mod.build_draft
+
+    def build_compiled(*args, **kwargs):
+        model = build(*args, **kwargs)
+        fwd = type(model).forward
+        orig = getattr(fwd, "_torchdynamo_orig_callable", None) or getattr(fwd, "__wrapped__", None) or fwd
+        model.forward = torch.compile(types.MethodType(orig, model), backend=backend, dynamic=False)
+        return model
+
+    monkeypatch.setattr(train_mod, "build_draft", build_compiled)
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)  # restored after the test
+    return graphs
+
+
+def test_padding_keeps_the_losses(hs_dir, tmp_path):
+    out = {}
+    for pad in ("false", "true"):
+        cfg = tiny_train_cfg(tmp_path / f"runs-{pad}", "train.max_steps=4", "train.eval_every=4",
+                             f"train.pad_to_max_tokens={pad}")
+        train(cfg, hs_dir, tmp_path / f"t-{pad}", progress=False)
+        out[pad] = _losses(tmp_path / f"t-{pad}")
+    assert [r[0] for r in out["true"]] == [r[0] for r in out["false"]]
+    for a, b in zip(out["false"], out["true"]):
+        for x, y in zip(a[1:], b[1:]):
+            assert (x is None) == (y is None) and (x is None or y == pytest.approx(x, rel=1e-4, abs=1e-5)), (a, b)
+
+
+def test_compiled_forward_compiles_once_with_padding_and_per_length_without(hs_dir, tmp_path, monkeypatch):
+    def masks(graphs) -> set:
+        """Attention-mask shapes [1, 1, N, N*(k+1)] captured: one per TTT step k and micro-batch length N."""
+        return {x for g in graphs for x in g if len(x) == 4 and x[:2] == (1, 1)}
+
+    graphs = _compile_counting(monkeypatch)
+    cfg = tiny_train_cfg(tmp_path / "r1", "train.max_steps=4", "train.eval_every=4", "train.compile=true",
+                         "train.pad_to_max_tokens=false")
+    train(cfg, hs_dir, tmp_path / "unpadded", progress=False)
+    unpadded = list(graphs)
+    graphs.clear()
+    torch._dynamo.reset()
+    cfg = tiny_train_cfg(tmp_path / "r2", "train.max_steps=4", "train.eval_every=4", "train.compile=true")
+    train(cfg, hs_dir, tmp_path / "padded", progress=False)  # compile on: padding on by default
+    # padded: every micro-batch is 96 positions, so the 3 TTT steps give the only 3 mask shapes
+    assert masks(graphs) == {(1, 1, 96, 96), (1, 1, 96, 192), (1, 1, 96, 288)}
+    assert len(masks(unpadded)) > 3 * 2 and len(unpadded) > len(graphs), (len(unpadded), len(graphs))
