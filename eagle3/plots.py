@@ -136,8 +136,14 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
     for sched in dict.fromkeys(r.get("schedule", "?") for r in pts):
         sel = sorted((r for r in pts if r.get("schedule", "?") == sched), key=lambda r: r["unique_tokens"])
         ax.plot([r["unique_tokens"] for r in sel], [r["acceptance_length"] for r in sel], "-o", label=sched)
+    from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator
+
     ax.set_xscale("log")
-    ax.set_xlabel("unique training tokens")
+    sizes = sorted({r["unique_tokens"] for r in pts})
+    ax.xaxis.set_major_locator(FixedLocator(sizes))  # ticks at the measured sizes only: no crowded minor labels
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(EngFormatter(places=1 if len(sizes) > 1 else 0))
+    ax.set_xlabel("unique training tokens (log scale)")
     ax.set_ylabel("acceptance length")
     ax.set_title("Data scaling")
     ax.legend(fontsize=8)
