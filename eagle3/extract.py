@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import shutil
 import time
@@ -44,10 +45,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3.artifacts import atomic_directory, atomic_write_bytes, sha256_file, write_manifest
+from eagle3.artifacts import atomic_directory, atomic_write_bytes, output_intact, sha256_file, write_manifest
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract_store import (HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
                                   make_shards, remove_stale_temporaries, start_or_resume)
+
+log = logging.getLogger(__name__)
 
 LAYER_ID_CONVENTION = "hf_hidden_states_index"
 DATA_OVERHEAD_BYTES_PER_TOKEN = 24  # data/ arrow columns (input_ids + loss_mask int64) + slack
@@ -65,6 +68,7 @@ class Plan:
     records: int
     skipped: Counter = field(default_factory=Counter)
     source: dict = field(default_factory=dict)
+    skip_examples: list[str] = field(default_factory=list)  # "<file>:<line>: <reason>" of the reader's skips
 
     @property
     def num_tokens(self) -> int:
@@ -105,7 +109,7 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
     n_val = 0 if vf == 0 or n < 2 else min(n - 1, max(1, round(n * vf)))
     return Plan([s.id for s in samples], [s.input_ids for s in samples], [s.loss_mask for s in samples],
                 n - n_val, sum(s.truncated for s in samples), stats.records, skipped,
-                {"kind": kind, "path": str(path), "sha256": sha256_file(path)})
+                {"kind": kind, "path": str(path.resolve()), "sha256": sha256_file(path)}, list(stats.examples))
 
 
 def _select(cfg, tokenizer, convs, skipped: Counter) -> list:
@@ -163,6 +167,40 @@ def check_free_disk(out_dir: Path, need: int, free_bytes: int | None = None) -> 
     return free
 
 
+def known_layer_count(cfg) -> int | None:
+    """The target's decoder layer count when it is known without loading or preparing anything: the tiny
+    config's ``num_hidden_layers``, or ``config.json`` of a target folder that already exists; else None."""
+    if cfg.target.kind == "tiny-random":
+        return int(cfg.target.tiny.num_hidden_layers)
+    if cfg.target.kind == "smollm2":
+        from eagle3.assets import SMOLLM2_DIRNAME
+
+        path = cfg.paths.resolved_cache_dir() / "models" / SMOLLM2_DIRNAME / "config.json"
+    else:
+        path = Path(cfg.target.path).expanduser() / "config.json"
+    try:
+        conf = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    conf = conf.get("text_config") or conf
+    n = conf.get("num_hidden_layers")
+    return int(n) if isinstance(n, int) else None
+
+
+def check_before_run(cfg) -> None:
+    """What can be checked in a second before a run loads any model: ``data.path`` exists (source 'file')
+    and ``extract.aux_layer_ids`` fit the target (when its layer count is known: :func:`known_layer_count`).
+    Raises ConfigError naming the key and both values; the same checks run again inside the stage."""
+    if cfg.data.source == "file":
+        path = Path(cfg.data.path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"data.path: expected a conversations file (JSON, JSONL or text), got {str(path)!r} "
+                              f"(not found)")
+    n = known_layer_count(cfg)
+    if n is not None:
+        _aux_ids(cfg, n)
+
+
 def _aux_ids(cfg, n_layers: int) -> list[int]:
     from eagle3.target_model import default_aux_layer_ids, validate_aux_layer_ids
 
@@ -215,11 +253,21 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             cache = out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl"
             return regenerate_for_plan(cfg, target_dir, tok, convs, cache)
     plan = build_plan(cfg, tok, regen)
+    if plan.skipped or plan.truncated:
+        log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to data.max_seq_len=%d",
+                    plan.source["path"], sum(plan.skipped.values()), plan.records, dict(plan.skipped),
+                    f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "", plan.truncated,
+                    len(plan.ids), cfg.data.max_seq_len)
     plan_hash = _plan_hash(plan, target, aux, cfg)
     if (out_dir / "manifest.json").is_file():
         done = json.loads((out_dir / "manifest.json").read_text())
         if done.get("plan_hash") == plan_hash:
-            return done
+            intact, why = output_intact(out_dir)
+            if intact:
+                return done
+            # a file was deleted or truncated after the extraction finished: redo the shards that lost files
+            log.warning("%s; re-extracting the shards whose files are missing or of the wrong size", why)
+            (out_dir / "manifest.json").unlink()
     n_slots = len(aux) + 1
     shards = make_shards(len(plan.ids), cfg.extract.shard_size)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -245,6 +293,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
         "resumed": resumed,
         "shards": {"total": len(shards), "resumed": len(done)}, "skipped_by_reason": dict(plan.skipped),
+        "skipped_examples": plan.skip_examples,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)

@@ -114,8 +114,8 @@ class SGLangWorker:
             got_kind, _, payload = line[len(PREFIX):].partition(" ")
             data = json.loads(payload or "{}")
             if got_kind == "ERROR":
-                raise EngineUnsupported(f"SGLang extraction worker failed to {doing}: {data.get('error')}\n"
-                                        f"{data.get('traceback', '')}(log: {self.log_path})")
+                raise EngineUnsupported(f"SGLang extraction worker failed to {doing}: {data.get('error')} (full "
+                                        f"traceback in {self.log_path})")
             if got_kind == kind:
                 return data
 

@@ -122,10 +122,12 @@ def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: 
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except OSError as e:
+    except Exception as e:  # OSError, or safetensors' own SafetensorError (e.g. "No space left on device")
         tmp.unlink(missing_ok=True)
-        raise DataError(f"{path}: could not write hidden states ({e.strerror or e}); "
-                        "nothing was committed for its shard") from e
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        raise DataError(f"{path}: could not write hidden states ({why}); nothing was committed for its shard; "
+                        "free disk space (or lower data.num_conversations / use extract.dtype=fp8) and re-run: "
+                        "committed shards are kept") from e
     return path.stat().st_size
 
 

@@ -76,16 +76,22 @@ def default_aux_layer_ids(n_layers: int) -> list[int]:
 
 
 def validate_aux_layer_ids(ids: list[int], n_layers: int, rule: str = "extract.aux_layer_ids") -> None:
-    """Check HF-index aux ids: strictly increasing, each in ``[1, L]`` (0 = embeddings is not a layer output).
+    """Check HF-index aux ids: strictly increasing, each in ``[1, L-1]``.
 
-    Raises ConfigError naming the field, the ids, the target's layer count and the allowed range.
+    0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the verifier's
+    state, and serving engines capture aux states as inputs of layers, which the last layer's output is not
+    (SGLang 0.5.23 adds 1 to each id and never reaches L: ``eagle3.validate`` refuses it as AUX_IDS_RANGE),
+    so a draft trained on it could not be served. Raises ConfigError naming the field, the ids, the target's
+    layer count and the allowed range.
     """
     if not ids:
         raise ConfigError(f"{rule}: expected at least one layer id, got []")
-    bad = [i for i in ids if not 1 <= i <= n_layers]
+    bad = [i for i in ids if not 1 <= i <= n_layers - 1]
     if bad:
-        raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers "
-                          f"(expected HF hidden_states indices in [1, {n_layers}]; got {ids})")
+        raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers (expected HF "
+                          f"hidden_states indices in [1, {n_layers - 1}]: 0 is the embeddings, {n_layers} the last "
+                          f"layer's output, which is stored anyway and which engines cannot capture as an aux "
+                          f"state; got {ids})")
     if any(b <= a for a, b in zip(ids, ids[1:])):
         raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} "
                           f"(target has {n_layers} layers)")

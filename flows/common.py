@@ -121,7 +121,7 @@ def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
     try:
         yield run_id
     except BaseException as e:
-        tracking.finish_run(cfg, run_id, error=e)
+        tracking.record_failure(cfg, run_id, e)
         raise
     tracking.finish_run(cfg, run_id)
 
@@ -201,3 +201,16 @@ def stop_ephemeral_server() -> None:
 
     for server in list(SubprocessASGIServer._instances.values()):
         server.stop()
+
+
+def data_line(extract_dir: str | Path) -> str:
+    """One line on what extraction used: samples, tokens, skipped records by reason, truncated samples."""
+    from eagle3.artifacts import read_manifest
+
+    m = read_manifest(extract_dir)
+    c = m.get("counts") or {}
+    skipped = m.get("skipped_by_reason") or {}
+    line = (f"{c.get('samples')} samples ({c.get('tokens')} tokens, {c.get('loss_tokens')} in the loss) from "
+            f"{c.get('records')} records; skipped {c.get('skipped', 0)}")
+    line += f" {skipped}" if skipped else ""
+    return line + f"; truncated {c.get('truncated', 0)}"

@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (SECRET_OVERRIDES_ENV, load_run_config, local_prefect, mlflow_ui, parent_run,
+from flows.common import (SECRET_OVERRIDES_ENV, data_line, load_run_config, local_prefect, mlflow_ui, parent_run,
                           publish_summary, run_stage, split_overrides, stage_dirs, stop_ephemeral_server,
                           untrained_config)
 from tasks import tracking
@@ -56,13 +56,13 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
                          train_result=drafts["trained"])
         registered = register_task(cfg, serving["trained"], drafts["trained"], gate, parent)
         decision = decision_task(cfg, drafts["trained"]["dir"], drafts["trained"], gate, parent)
-        summary = pipeline_summary(cfg, parent, gate, decision, record)
+        summary = pipeline_summary(cfg, parent, gate, decision, record, data)
         summary["registered_model"] = f"{registered['name']}/{registered['version']}"
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
     return summary
 
 
-def pipeline_summary(cfg: Any, parent: str, gate: dict, decision: dict, record: dict) -> dict:
+def pipeline_summary(cfg: Any, parent: str, gate: dict, decision: dict, record: dict, data: dict | None = None) -> dict:
     """The numbers a user wants at the end, as a dict (also the lines of the Prefect markdown artifact)."""
     _, exp_id = tracking.client_for(cfg)
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
@@ -75,7 +75,8 @@ def pipeline_summary(cfg: Any, parent: str, gate: dict, decision: dict, record: 
             "acceptance_length": gate.get("served"), "acceptance_length_untrained": gate.get("untrained"),
             "acceptance_length_offline": gate.get("offline"),
             "acceptance_length_simulated": gate.get("simulated"), "beats_baseline": gate.get("beats_baseline"),
-            "decision": decision.get("recommendation"), "decision_rule": decision.get("rule"), "markdown": md}
+            "decision": decision.get("recommendation"), "decision_rule": decision.get("rule"), "markdown": md,
+            "data": data_line(data["dir"]) if data else None}
 
 
 def format_summary(summary: dict, cfg: Any) -> str:
@@ -85,6 +86,8 @@ def format_summary(summary: dict, cfg: Any) -> str:
     link, cmd = mlflow_ui(cfg, summary.get("experiment_id"), summary.get("parent_run_id"))
     lines = [f"{summary.get('flow', FLOW_NAME)} finished: {summary['config']} (run dir {summary['run_dir']})"]
     lines += [f"  {k:<28} {v}" for k, v in summary.get("stages", {}).items()]
+    if summary.get("data"):
+        lines.append(f"data: {summary['data']}")
     if summary.get("decision"):
         lines.append(f"decision: {summary['decision']} (rule {summary.get('decision_rule')})")
     if "acceptance_length" in summary:

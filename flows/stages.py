@@ -10,8 +10,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (load_run_config, parent_run, publish_summary, require_output, run_stage, stage_dirs,
-                          untrained_config)
+from flows.common import (data_line, load_run_config, parent_run, publish_summary, require_output, run_stage,
+                          stage_dirs, untrained_config)
 from tasks import tracking
 from tasks.bench import gate_task
 from tasks.convert import convert_task
@@ -39,9 +39,9 @@ def extract_flow(config_path: str, overrides: list[str] | None = None, refresh: 
     cfg = load_run_config(config_path, overrides)
     record: dict = {}
     with parent_run(cfg, "eagle3-extract") as parent:
-        run_stage(extract_task, cfg=cfg, parent=parent, stage="extract", out_dir=str(stage_dirs(cfg)["extract"]),
-                  refresh=refresh, record=record)
-        return _summary(cfg, parent, "eagle3-extract", record)
+        data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
+                         out_dir=str(stage_dirs(cfg)["extract"]), refresh=refresh, record=record)
+        return _summary(cfg, parent, "eagle3-extract", record, data=data_line(data["dir"]))
 
 
 @flow(name="eagle3-train", log_prints=False)

@@ -165,6 +165,16 @@ def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> 
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 
+def record_failure(cfg: Any, run_id: str, error: BaseException) -> None:
+    """Mark ``run_id`` FAILED with ``error``; if MLflow itself fails meanwhile (e.g. its SQLite file is on the
+    disk that just filled up), the stage's own error stays the one raised, with a note about MLflow."""
+    try:
+        finish_run(cfg, run_id, error=error)
+    except Exception as mlflow_error:  # noqa: BLE001 - never let bookkeeping hide the cause
+        error.add_note(f"(recording this failure in MLflow run {run_id} failed too: {type(mlflow_error).__name__}: "
+                       f"{mlflow_error})")
+
+
 class StageRun:
     """A nested MLflow run of one stage; use through :func:`stage_run`."""
 
@@ -254,7 +264,7 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
     try:
         yield sr
     except BaseException as e:
-        finish_run(cfg, sr.run_id, error=e)
+        record_failure(cfg, sr.run_id, e)
         raise
     finish_run(cfg, sr.run_id)
 
@@ -271,6 +281,9 @@ def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, 
             "eagle3.output_dir": result.get("dir", ""), "eagle3.content_hash": result.get("content_hash", "")}) as sr:
         if result.get("metrics"):
             sr.log_metrics(result["metrics"])
+        if stage == "extract" and (Path(result.get("dir", "")) / "manifest.json").is_file():
+            # the dataset this pipeline run uses, also when it was reused from the cache
+            sr.log_dataset(result["dir"], "extraction")
     return sr.run_id
 
 

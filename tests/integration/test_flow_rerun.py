@@ -74,6 +74,9 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
         made, cached = by[stage]
         assert (made["cached"], made["status"], cached["cached"]) == (False, "FINISHED", True)
         assert cached["produced_by"] == made["run_id"]
+    # the reused extraction is still this pipeline run's dataset: same digest on the producing and the cached run
+    assert [d["digest"] for d in by["extract"][1]["datasets"]] == [d["digest"] for d in by["extract"][0]["datasets"]]
+    assert len(by["extract"][0]["datasets"]) == 1
     assert [x["status"] for x in by["deploy-bench"]] == ["FAILED", "FINISHED"]
     failed_tags = MlflowClient(cfg.mlflow_uri()).get_run(by["deploy-bench"][0]["run_id"]).data.tags
     assert "prompts" in failed_tags["eagle3.error"] or str(prompts) in failed_tags["eagle3.error"]

@@ -31,3 +31,21 @@ def test_decide_with_a_missing_store_names_it_and_creates_nothing(tmp_path, monk
     res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", f"sqlite:///{tmp_path}/other.db"])
     assert f"MLflow store sqlite:///{tmp_path}/other.db: no such database file" in res.output
     assert list(tmp_path.iterdir()) == []  # no empty store left behind
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["extract.aux_layer_ids=[2,4,8]"], "extract.aux_layer_ids: ids [8] out of range for a target with 8 layers "
+                                        "(expected HF hidden_states indices in [1, 7]"),
+    (["extract.aux_layer_ids=[4,2,5]"], "extract.aux_layer_ids: expected strictly increasing"),
+    (["data.source=file", "data.path=/no/such/convs.jsonl"], "data.path: expected a conversations file"),
+])
+def test_run_refuses_settings_that_cannot_work_before_loading_anything(overrides, message, tmp_path):
+    from tests.conftest import CONFIGS
+
+    args = ["run", str(CONFIGS / "tiny-random.yaml"), "-o", f"paths.runs_dir={tmp_path}"]
+    for o in overrides:
+        args += ["-o", o]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert not (tmp_path / "tiny-random").exists()  # nothing started, nothing written

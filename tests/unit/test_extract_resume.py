@@ -89,3 +89,35 @@ def test_cpu_data_parallel_workers_match_single_process(tiny_cfg, tmp_path):
         torch.testing.assert_close(a["hidden_states"], b["hidden_states"], rtol=1e-5, atol=1e-5)
     marks = [json.loads(p.read_text()) for p in sorted((tmp_path / "two/.progress").glob("shard_*.json"))]
     assert sorted(r for m in marks for r in range(*m["rows"])) == list(range(9))
+
+
+def test_a_file_lost_after_the_run_finished_is_re_extracted_not_ignored(tiny_cfg, tmp_path):
+    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 8, words=12), n=8, shard=2)
+    ref = extract(cfg, tmp_path / "o", progress=False)
+    lost = tmp_path / "o" / "hidden_states" / "hs_3.safetensors"
+    lost.unlink()
+    truncated = tmp_path / "o" / "hidden_states" / "hs_6.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[:64])
+    m = extract(cfg, tmp_path / "o", progress=False)
+    assert lost.is_file() and m["content_hash"] == ref["content_hash"] == content_hash(tmp_path / "o")
+    assert m["shards"] == {"total": 4, "resumed": 2}  # only the two shards that lost a file ran again
+
+
+def test_disk_full_inside_safetensors_is_a_data_error_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """safetensors reports ENOSPC as its own error type, not OSError: still a DataError naming the file."""
+    import safetensors.torch
+
+    from eagle3.errors import DataError
+    from eagle3.extract_store import write_sample
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                           "\"No space left on device\" })")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    target = tmp_path / "hs_0.safetensors"
+    with pytest.raises(DataError, match=r"hs_0.safetensors: could not write hidden states \(RuntimeError: .*No "
+                                        r"space left on device.*free disk space"):
+        write_sample(target, [1, 2], torch.zeros(2, 2, 4), "bfloat16")
+    assert list(tmp_path.iterdir()) == []

@@ -15,6 +15,12 @@ def test_default_rule_and_range_errors():
         validate_aux_layer_ids([2, 15, 31], 30)
     with pytest.raises(ConfigError, match="strictly increasing"):
         validate_aux_layer_ids([15, 2, 27], 30)
+    # L itself (the last layer's output) is stored anyway and no engine can capture it as an aux state
+    with pytest.raises(ConfigError, match=r"ids \[30\] out of range.*expected HF hidden_states indices in \[1, 29\]"):
+        validate_aux_layer_ids([2, 15, 30], 30)
+    with pytest.raises(ConfigError, match=r"ids \[0\] out of range"):
+        validate_aux_layer_ids([0, 15, 27], 30)
+    validate_aux_layer_ids([1, 15, 29], 30)
 
 
 def test_capture_matches_hf_hidden_states_and_prenorm_last(tiny_target_dir):

@@ -153,3 +153,20 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
     params = MlflowClient(cfg.mlflow_uri()).get_run(parent).data.params
     assert params["serve.env.HF_TOKEN"] == "***" and params["train.lr"] == "0.0003"
     assert "hf_secret_value" not in str(params)
+
+
+def test_mlflow_failing_while_a_stage_fails_does_not_hide_the_stage_error(tmp_path, monkeypatch):
+    """A full disk also breaks MLflow's SQLite store: the stage's DataError must stay the error raised (not a
+    TransientError from MLflow, which would be retried as if the disk could heal)."""
+    from eagle3.errors import TransientError
+    from tasks import tracking
+
+    cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
+    with pytest.raises(DataError, match="No space left") as info:
+        with tracking.stage_run(cfg, "0" * 32, "extract") as sr:
+            def broken(*a, **k):
+                raise TransientError("MLflow tracking server: (sqlite3.OperationalError) database or disk is full")
+            monkeypatch.setattr(tracking, "finish_run", broken)
+            raise DataError("hs_3.safetensors: could not write hidden states (No space left on device)")
+    assert sr.run_id
+    assert any("database or disk is full" in n for n in info.value.__notes__)

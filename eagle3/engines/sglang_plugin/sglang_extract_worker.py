@@ -94,15 +94,38 @@ def serve(engine, n_slots: int, dtype: str) -> None:
         _say("RESULT", {"out": req["out"], "rows": rows})
 
 
+def watch_parent(interval_s: float = 1.0) -> None:
+    """End this worker's whole process group (the engine's schedulers included) as soon as the process that
+    started it is gone (e.g. killed with SIGKILL, which it cannot forward): a daemon thread polling the parent
+    pid, so an orphaned worker never keeps holding GPU memory through a model load."""
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=loop, daemon=True, name="eagle3-parent-watch").start()
+
+
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text())
+    if os.getpgid(0) == os.getpid():  # started in its own session by eagle3.extract_sglang: safe to end the group
+        watch_parent()
     engine = None
     try:
         engine, cls = start_engine(job)
         _say("READY", {"class": cls, "layer_ids": job["layer_ids"]})
         serve(engine, len(job["layer_ids"]), job["dtype"])
     except BaseException as e:  # reported to the parent on stdout, which turns it into its own error
-        _say("ERROR", {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]})
+        sys.stderr.write(traceback.format_exc())  # the whole traceback goes to the log; the parent gets its end
+        _say("ERROR", {"error": f"{type(e).__name__}: {e}",
+                       "traceback": "".join(traceback.format_exc().splitlines(True)[-4:])})
         return 1
     finally:
         if engine is not None:
