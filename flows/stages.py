@@ -24,6 +24,14 @@ def _variants(cfg: Any) -> list[tuple[str, Any]]:
     return [("trained", cfg)] + ([("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else [])
 
 
+def _command(stage: str, config_path: str, overrides: list[str] | None) -> str:
+    """The command that produces ``stage``'s output for the same config and overrides (shell-quoted)."""
+    import shlex
+
+    return " ".join(["eagle3", stage, shlex.quote(str(config_path)),
+                     *[f"-o {shlex.quote(o)}" for o in overrides or []]])
+
+
 def _summary(cfg: Any, parent: str, flow_name: str, record: dict, **extra: Any) -> dict:
     _, exp_id = tracking.client_for(cfg)
     out = {"flow": flow_name, "config": cfg.name, "run_dir": str(cfg.run_dir()),
@@ -48,7 +56,7 @@ def extract_flow(config_path: str, overrides: list[str] | None = None, refresh: 
 def train_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Train the draft (and the untrained baseline) on ``<run_dir>/extract``."""
     cfg = load_run_config(config_path, overrides)
-    data = require_output(stage_dirs(cfg)["extract"], "extract", f"eagle3 extract {config_path}")
+    data = require_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
     with parent_run(cfg, "eagle3-train") as parent:
         for variant, c in _variants(cfg):
@@ -61,12 +69,12 @@ def train_flow(config_path: str, overrides: list[str] | None = None, refresh: bo
 def convert_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check the trained (and untrained) drafts into ``<run_dir>/serving*``."""
     cfg = load_run_config(config_path, overrides)
-    data = require_output(stage_dirs(cfg)["extract"], "extract", f"eagle3 extract {config_path}")
+    data = require_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
     with parent_run(cfg, "eagle3-convert") as parent:
         for variant, c in _variants(cfg):
             d = stage_dirs(c, variant)
-            draft = require_output(d["train"], "train", f"eagle3 train {config_path}")
+            draft = require_output(d["train"], "train", _command("train", config_path, overrides))
             run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=variant, draft_dir=str(draft),
                       data_dir=str(data), out_dir=str(d["serving"]), refresh=refresh, record=record)
         return _summary(cfg, parent, "eagle3-convert", record)
@@ -81,7 +89,7 @@ def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: b
     with parent_run(cfg, "eagle3-deploy") as parent:
         for variant, c in _variants(cfg):
             d = stage_dirs(c, variant)
-            serving = require_output(d["serving"], "convert", f"eagle3 convert {config_path}")
+            serving = require_output(d["serving"], "convert", _command("convert", config_path, overrides))
             results[variant] = run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=variant,
                                          serving_dir=str(serving), deploy_dir=str(d["deploy"]),
                                          bench_dir=str(d["bench"]), timeout_s=deploy_timeout_s(c), refresh=refresh,

@@ -26,3 +26,15 @@ def test_gate_failure_gets_the_retry_command():
     exc = _with_retry_hint(_state(GateFailed("engine stalled", verdict="stalled", diagnostics_dir=None)), "train", {})
     assert str(exc).startswith("engine stalled — re-run the same command (cached stages are skipped) or retry this "
                                "flow run: prefect flow-run retry 1234 --entrypoint flows/stages.py:train_flow")
+
+
+def test_stage_hint_repeats_the_users_overrides(tmp_path):
+    """`eagle3 train` before `eagle3 extract`: the hint is the extract command with the same -o overrides."""
+    from eagle3.errors import DataError
+    from flows.common import require_output
+    from flows.stages import _command
+
+    hint = _command("extract", "configs/tiny-random.yaml", ["data.num_conversations=4", "name=my run"])
+    assert hint == "eagle3 extract configs/tiny-random.yaml -o data.num_conversations=4 -o 'name=my run'"
+    with pytest.raises(DataError, match="run `eagle3 extract configs/tiny-random.yaml -o data.num_conversations=4"):
+        require_output(tmp_path / "extract", "extract", hint)
