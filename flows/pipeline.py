@@ -7,10 +7,12 @@ after a failure re-executes only what failed and what depends on it.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from prefect import flow
 
@@ -147,7 +149,7 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         os.environ[SECRET_OVERRIDES_ENV] = json.dumps(secret)
     previous = _terminate_as_interrupt()
     try:
-        with local_prefect(cfg) as env:
+        with local_prefect(cfg) as env, _quiet_known_tracebacks():
             state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
             if not state.is_completed():
                 raise _with_retry_hint(state, stage, env)
@@ -161,6 +163,44 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return format_summary(summary, cfg)
+
+
+class _KnownErrorsWithoutTraceback(logging.Formatter):
+    """Console formatter that leaves out the traceback of this project's own errors (``Eagle3Error``: their
+    message names the file/key and both values, and the CLI prints it last), keeping it for anything else.
+    Wraps the handler's formatter; the record itself is restored, so Prefect's API log keeps the traceback."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        from eagle3.errors import Eagle3Error
+
+        if not (record.exc_info and isinstance(record.exc_info[1], Eagle3Error)):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+@contextmanager
+def _quiet_known_tracebacks() -> Iterator[None]:
+    """Install :class:`_KnownErrorsWithoutTraceback` on Prefect's console handler(s) for the duration."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+    saved = [h.formatter for h in handlers]
+    for h in handlers:
+        h.setFormatter(_KnownErrorsWithoutTraceback(h.formatter))
+    try:
+        yield
+    finally:
+        for h, f in zip(handlers, saved):
+            h.setFormatter(f)
 
 
 def _terminate_as_interrupt() -> dict:

@@ -38,3 +38,24 @@ def test_stage_hint_repeats_the_users_overrides(tmp_path):
     assert hint == "eagle3 extract configs/tiny-random.yaml -o data.num_conversations=4 -o 'name=my run'"
     with pytest.raises(DataError, match="run `eagle3 extract configs/tiny-random.yaml -o data.num_conversations=4"):
         require_output(tmp_path / "extract", "extract", hint)
+
+
+def test_console_leaves_out_tracebacks_of_known_errors_only():
+    import logging
+    import sys
+
+    from flows.pipeline import _KnownErrorsWithoutTraceback
+
+    fmt = _KnownErrorsWithoutTraceback(logging.Formatter("%(message)s"))
+
+    def record(exc):
+        try:
+            raise exc
+        except Exception:
+            return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+
+    known = record(DataError("x.jsonl: empty file"))
+    assert fmt.format(known) == "failed"
+    assert known.exc_info[0] is DataError  # restored: Prefect's API log still gets the traceback
+    bug = record(ValueError("a bug"))
+    assert "Traceback (most recent call last)" in fmt.format(bug) and "ValueError: a bug" in fmt.format(bug)
