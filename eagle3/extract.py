@@ -196,6 +196,9 @@ def check_before_run(cfg) -> None:
         if not path.is_file():
             raise ConfigError(f"data.path: expected a conversations file (JSON, JSONL or text), got {str(path)!r} "
                               f"(not found)")
+        if path.stat().st_size == 0:
+            raise ConfigError(f"data.path: expected a conversations file (JSON, JSONL or text), got {str(path)!r} "
+                              f"(empty: 0 bytes)")
     n = known_layer_count(cfg)
     if n is not None:
         _aux_ids(cfg, n)

@@ -38,14 +38,18 @@ def test_decide_with_a_missing_store_names_it_and_creates_nothing(tmp_path, monk
                                         "(expected HF hidden_states indices in [1, 7]"),
     (["extract.aux_layer_ids=[4,2,5]"], "extract.aux_layer_ids: expected strictly increasing"),
     (["data.source=file", "data.path=/no/such/convs.jsonl"], "data.path: expected a conversations file"),
+    (["data.source=file", "data.path=EMPTY"], "(empty: 0 bytes)"),
 ])
 def test_run_refuses_settings_that_cannot_work_before_loading_anything(overrides, message, tmp_path):
     from tests.conftest import CONFIGS
 
     args = ["run", str(CONFIGS / "tiny-random.yaml"), "-o", f"paths.runs_dir={tmp_path}"]
     for o in overrides:
+        if o.endswith("=EMPTY"):
+            (tmp_path / "empty.jsonl").write_text("")
+            o = o.replace("EMPTY", str(tmp_path / "empty.jsonl"))
         args += ["-o", o]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, res.output
     assert message in res.output
-    assert not (tmp_path / "tiny-random").exists()  # nothing started, nothing written
+    assert not (tmp_path / "tiny-random").exists() and not (tmp_path / ".prefect").exists()  # nothing started
