@@ -74,26 +74,45 @@ def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) 
 
 
 def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> dict:
-    """``{"count": files, "bytes": their total size, "exclude": [...]}`` over the files :func:`content_hash`
-    covers: a cheap (stat-only) check that a finished output is still whole. DataError if no directory."""
+    """``{"count", "bytes", "stat_digest", "exclude"}`` over the files :func:`content_hash` covers: a cheap
+    (stat-only) record to tell later whether a finished output is still what its manifest describes.
+    ``stat_digest`` = sha256 over (relative path, size, mtime in ns) of each file. DataError if no directory."""
     root = Path(directory)
     if not root.is_dir():
         raise DataError(f"{root}: expected a directory, found none")
     files = _hashed_files(root, exclude)
-    return {"count": len(files), "bytes": sum(p.stat().st_size for p in files), "exclude": sorted(exclude)}
+    h = hashlib.sha256()
+    total = 0
+    for p in files:
+        st = p.stat()
+        total += st.st_size
+        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return {"count": len(files), "bytes": total, "stat_digest": h.hexdigest(), "exclude": sorted(exclude)}
 
 
 def output_intact(directory: str | Path) -> tuple[bool, str]:
-    """Whether a finished output still holds the files its manifest was written over (count and bytes,
-    stat only; manifests without ``files`` pass). Returns ``(ok, why not)``."""
+    """Whether a finished output still holds what its manifest was written over. Returns ``(ok, why not)``.
+
+    Stat only while nothing changed: file count and bytes must match ``files``; if any file's size or
+    modification time differs from ``files.stat_digest`` (a file rewritten in place, or the folder copied), the
+    content hash is recomputed and must equal the manifest's ``content_hash``. Manifests without ``files``
+    pass. DataError when there is no manifest.
+    """
     m = read_manifest(directory)
     want = m.get("files")
     if not isinstance(want, dict):
         return True, ""
-    got = file_stats(directory, tuple(want.get("exclude") or (MANIFEST,)))
+    exclude = tuple(want.get("exclude") or (MANIFEST,))
+    got = file_stats(directory, exclude)
     if (got["count"], got["bytes"]) != (want.get("count"), want.get("bytes")):
         return False, (f"{Path(directory) / MANIFEST}: 'files' expected {want.get('count')} files of "
                        f"{want.get('bytes')} bytes, found {got['count']} files of {got['bytes']} bytes")
+    if want.get("stat_digest") in (None, got["stat_digest"]):
+        return True, ""
+    now = content_hash(directory, exclude)
+    if now != m.get("content_hash"):
+        return False, (f"{Path(directory) / MANIFEST}: 'content_hash' expected {m.get('content_hash')}, the files now "
+                       f"hash to {now} (a file was rewritten after the manifest)")
     return True, ""
 
 

@@ -128,12 +128,17 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
            "gap_growth": (rel_gaps[-1] - rel_gaps[-min(w, len(rel_gaps))]) if len(rel_gaps) >= 2 else None,
            "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens")}
     if len(val) >= 2:
-        tail = val[-w:]
-        sig["val_slope_rel"] = _slope(tail) / abs(sum(tail) / len(tail))
+        sig["val_slope_rel"] = _relative_slope(val[-w:])
     if len(train) >= 2:
-        tail = train[-w:]
-        sig["train_slope_rel"] = _slope(tail) / abs(sum(tail) / len(tail))
+        sig["train_slope_rel"] = _relative_slope(train[-w:])
     return sig
+
+
+def _relative_slope(tail: list[float]) -> float | None:
+    """Slope of the tail relative to its mean; None when the mean is 0 (a loss that never had a token to
+    measure: the rules then see "no signal" rather than dividing by zero)."""
+    mean = abs(sum(tail) / len(tail))
+    return _slope(tail) / mean if mean > 0 else None
 
 
 def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int | None = None,

@@ -262,20 +262,22 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                     f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "", plan.truncated,
                     len(plan.ids), cfg.data.max_seq_len)
     plan_hash = _plan_hash(plan, target, aux, cfg)
+    damaged = False
     if (out_dir / "manifest.json").is_file():
         done = json.loads((out_dir / "manifest.json").read_text())
         if done.get("plan_hash") == plan_hash:
             intact, why = output_intact(out_dir)
             if intact:
                 return done
-            # a file was deleted or truncated after the extraction finished: redo the shards that lost files
-            log.warning("%s; re-extracting the shards whose files are missing or of the wrong size", why)
+            # a file was deleted, truncated or rewritten after the extraction finished: redo those shards
+            log.warning("%s; re-extracting the shards whose files are missing, of the wrong size or rewritten", why)
             (out_dir / "manifest.json").unlink()
+            damaged = True
     n_slots = len(aux) + 1
     shards = make_shards(len(plan.ids), cfg.extract.shard_size)
     out_dir.mkdir(parents=True, exist_ok=True)
     resumed = (out_dir / PROGRESS_DIR / "plan.json").is_file()
-    done = completed_shards(out_dir, shards) if resumed else set()
+    done = completed_shards(out_dir, shards, written_before_marker=damaged) if resumed else set()
     todo = [s for s in shards if s.index not in done]
     todo_tokens = sum(len(plan.input_ids[i]) for s in todo for i in range(s.start, s.stop))
     check_free_disk(out_dir, estimate_bytes(todo_tokens, n_slots, target["hidden_size"], cfg.extract.dtype),
@@ -314,15 +316,15 @@ def _check_backend(cfg) -> None:
     (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
     if cfg.extract.backend == "hf":
         return
-    from eagle3.engines.launcher import sglang_installed, sglang_python
+    from eagle3.engines.launcher import sglang_installed, sglang_python, sglang_unusable_reason
 
     if cfg.extract.num_gpus != 1:
         raise ConfigError(f"extract.num_gpus: expected 1 with extract.backend='sglang' (set tp_size/dp_size in "
                           f"extract.sglang_engine_args instead), got {cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
-        raise EngineUnsupported(f"extract.backend='sglang': {sglang_python(cfg)} (serve.sglang_python) cannot import "
-                                "sglang; expected an environment with sglang==0.5.23 (make sglang-env), or use "
-                                "extract.backend=hf")
+        raise EngineUnsupported(f"extract.backend='sglang': serve.sglang_python: "
+                                f"{sglang_unusable_reason(sglang_python(cfg))}; expected the Python of an environment "
+                                "with sglang==0.5.23 (make sglang-env), or use extract.backend=hf")
 
 
 def _counts(plan: Plan) -> dict:

@@ -163,8 +163,13 @@ def commit_shard(out_dir: Path, spec: ShardSpec, sizes: dict[str, int]) -> None:
                       {"shard": spec.index, "rows": [spec.start, spec.stop], "files": dict(sorted(sizes.items()))})
 
 
-def completed_shards(out_dir: Path, shards: list[ShardSpec]) -> set[int]:
-    """Indices of shards whose marker exists and whose files all exist with the recorded sizes."""
+def completed_shards(out_dir: Path, shards: list[ShardSpec], *, written_before_marker: bool = False) -> set[int]:
+    """Indices of shards whose marker exists and whose files all exist with the recorded sizes.
+
+    ``written_before_marker``: also require every file to be no newer than its shard's marker (the marker is
+    written after the shard's files), so a file rewritten in place after its shard was committed marks the shard
+    incomplete. Used when a finished extraction no longer matches its manifest.
+    """
     done = set()
     for spec in shards:
         m = marker_path(out_dir, spec.index)
@@ -174,8 +179,13 @@ def completed_shards(out_dir: Path, shards: list[ShardSpec]) -> set[int]:
             files = json.loads(m.read_text())["files"]
         except (json.JSONDecodeError, KeyError):
             continue
-        ok = all((out_dir / HS_DIR / name).is_file() and (out_dir / HS_DIR / name).stat().st_size == size
-                 for name, size in files.items())
+        committed = m.stat().st_mtime_ns
+        ok = True
+        for name, size in files.items():
+            p = out_dir / HS_DIR / name
+            if not p.is_file() or p.stat().st_size != size or (written_before_marker and p.stat().st_mtime_ns > committed):
+                ok = False
+                break
         if ok and len(files) == spec.stop - spec.start:
             done.add(spec.index)
     return done

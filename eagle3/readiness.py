@@ -27,6 +27,8 @@ saves diagnostics (:func:`eagle3.diagnostics.collect_diagnostics`) and the calle
 
 from __future__ import annotations
 
+import math
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -207,9 +209,16 @@ def _check_arguments(url: str, seconds: dict[str, float]) -> None:
         raise ConfigError(f"url: expected http(s)://host[:port], got {url!r} ({e})") from e
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"url: expected http(s)://host[:port], got {url!r}")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(f"url: expected a port in 1..65535, got {parsed.port} ({url!r})")
     for name, value in seconds.items():
-        if not value > 0:
-            raise ConfigError(f"{name}: expected a positive number of seconds, got {value}")
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{name}: expected a positive, finite number of seconds, got {value}")
+    try:
+        socket.getaddrinfo(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"url: host {parsed.host!r} does not resolve ({e}); expected a reachable server address, "
+                          f"got {url!r}") from e
 
 
 def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None, timeout_s: float = 600.0,

@@ -13,6 +13,7 @@ final norm loaded, random fc and layer, no optimizer step): the pipeline's basel
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -34,6 +35,7 @@ from eagle3.train_resume import check_resume, load_init_from
 from eagle3.vocab import build_vocab_map, load_token_freq
 
 OnMetrics = Callable[[dict, int], None]
+log = logging.getLogger(__name__)
 
 
 def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = None, progress: bool = True) -> dict:
@@ -109,6 +111,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
                 "flags": flags, "world_size": world}
     if info is not None:
         check_resume(info, identity, cfg, ckpts[-1])
+        if rank == 0:
+            log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1], info.get("step"))
     elif rank == 0:
         for old in list_checkpoints(state_dir) + [state_dir / "best"]:  # a fresh start (launch files stay)
             shutil.rmtree(old, ignore_errors=True)
@@ -120,6 +124,9 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
     if not t.compile:
         use_uncompiled_forward(model)
+    elif device.type != "cuda" and rank == 0:
+        log.warning("train.compile=true: speculators compiles the draft's forward only on CUDA; on %s it runs "
+                    "eagerly (micro-batches are still padded to %d positions)", device.type, t.max_tokens_per_batch)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)

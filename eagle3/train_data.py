@@ -16,6 +16,7 @@ the same plan and skips to its saved micro-batch position.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import torch
 from eagle3.artifacts import read_manifest
 from eagle3.errors import ConfigError, DataError
 from eagle3.extract_store import SCALES_KEY, decode
+
+log = logging.getLogger(__name__)
 
 CONVENTION = "hf_hidden_states_index"
 
@@ -159,8 +162,25 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     data = HiddenStatesData(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask, train_ids=tr,
                             val_ids=va, aux_layer_ids=[int(a) for a in aux], hidden_size=int(target_conf.hidden_size),
                             max_tokens=max_tokens, skipped=skipped)
+    _check_loss_tokens(data)
     data.load_sample(tr[0])  # shape/hidden-size check on real data before any step
     return data
+
+
+def _check_loss_tokens(data: HiddenStatesData) -> None:
+    """Refuse a train split whose samples, cut to ``max_tokens`` positions, hold no loss-masked position (the
+    draft would train on a loss of exactly 0 and learn nothing); warn when the cut drops loss positions."""
+    kept = sum(int(data.loss_mask[i][1:data.positions(i) + 1].sum()) for i in data.train_ids)
+    total = sum(int(data.loss_mask[i][1:].sum()) for i in data.train_ids)
+    if kept == 0:
+        raise DataError(f"{data.root}: no loss-masked position within the first train.max_tokens_per_batch="
+                        f"{data.max_tokens} positions of any of the {len(data.train_ids)} train samples (they hold "
+                        f"{total} loss positions in all); expected train.max_tokens_per_batch >= the sample length "
+                        f"(longest: {max(int(data.input_ids[i].numel()) - 1 for i in data.train_ids)} positions)")
+    if kept < total:
+        log.warning("train.max_tokens_per_batch=%d cuts %d of %d train samples: %d of %d loss positions are "
+                    "not trained on", data.max_tokens, data.truncated, len(data.train_ids) + len(data.val_ids),
+                    total - kept, total)
 
 
 def data_identity(data: HiddenStatesData) -> str:

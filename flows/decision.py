@@ -23,15 +23,34 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or RunConfig().mlflow_uri()
 
 
+def _check_store(uri: str) -> None:
+    """Refuse, with the URI named and what was expected, a store that cannot answer: a plain path (MLflow would
+    treat it as its retired file store), a SQLite file that does not exist (MLflow would create an empty one),
+    an HTTP server that does not answer within 5 s (MLflow would retry for minutes)."""
+    if "://" not in uri:
+        hint = f"sqlite:///{Path(uri).expanduser().resolve()}" if uri.endswith(".db") else "sqlite:///<path>/mlflow.db"
+        raise DataError(f"MLflow store {uri!r}: expected a URI such as {hint} or http://host:port, got a plain path")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # MLflow would create an empty store there and then report the run as unknown
+        raise DataError(f"MLflow store {uri}: no such database file; expected the store the pipeline printed "
+                        f"(--tracking-uri or MLFLOW_TRACKING_URI), e.g. sqlite:///<project>/runs/mlflow.db")
+    if uri.startswith(("http://", "https://")):
+        import httpx
+
+        try:
+            httpx.get(uri.rstrip("/") + "/health", timeout=5.0)
+        except httpx.HTTPError as e:
+            raise DataError(f"MLflow server {uri}: not reachable ({type(e).__name__}: {e}); expected a running "
+                            f"tracking server (e.g. `make stack-up`)") from e
+
+
 def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     """The decision of ``run_id`` as text: the recommendation, its rule, the evidence (``decision.md``) and the
     acceptance lengths on the run (served, untrained, offline, simulated); for a sweep run also the table of its
     points (flows.sweep.sweep_table). Raises DataError when the run is unknown or has no decision yet."""
     uri = tracking_uri or default_tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        # MLflow would create an empty store there and then report the run as unknown
-        raise DataError(f"MLflow store {uri}: no such database file; expected the store the pipeline printed "
-                        f"(--tracking-uri or MLFLOW_TRACKING_URI), e.g. sqlite:///<project>/runs/mlflow.db")
+    _check_store(uri)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a text command: no progress bars
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)
@@ -39,6 +58,10 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
         raise DataError(f"MLflow run {run_id!r} not found in {uri} (set MLFLOW_TRACKING_URI?): {e}") from e
     tags = run.data.tags
     if "eagle3.decision" not in tags:
+        parent = tags.get("mlflow.parentRunId")
+        if tags.get("eagle3.stage") and parent:
+            raise DataError(f"MLflow run {run_id} is the {tags['eagle3.stage']} stage run of pipeline run {parent}; "
+                            f"expected a pipeline (parent) or sweep run id: eagle3 decide {parent}")
         raise DataError(f"MLflow run {run_id} in {uri} has no eagle3.decision tag (status {run.info.status}; "
                         f"error: {tags.get('eagle3.error', 'none')}): the flow did not reach its decision step")
     try:

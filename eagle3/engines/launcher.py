@@ -70,6 +70,14 @@ def sglang_installed(python: str) -> bool:
         return False
 
 
+def sglang_unusable_reason(python: str) -> str:
+    """Why ``python`` cannot run SGLang, for messages: not an executable file, or it cannot import sglang."""
+    p = Path(python)
+    if python != sys.executable and (not p.is_file() or not os.access(p, os.X_OK)):
+        return f"{python} is not an executable file"
+    return f"{python} cannot import sglang"
+
+
 def resolve_engine(cfg: RunConfig) -> str:
     """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine`` (``auto``: sglang when a GPU and an importable
     SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python cannot import it."""
@@ -79,8 +87,9 @@ def resolve_engine(cfg: RunConfig) -> str:
     has_sglang = sglang_installed(sglang_python(cfg))
     if engine == "sglang":
         if not has_sglang:
-            raise EngineUnsupported(f"serve.engine is 'sglang' but {sglang_python(cfg)} (serve.sglang_python) cannot "
-                                    f"import sglang; expected an environment with sglang==0.5.23 (make sglang-env)")
+            raise EngineUnsupported(f"serve.engine is 'sglang' but serve.sglang_python: "
+                                    f"{sglang_unusable_reason(sglang_python(cfg))}; expected the Python of an "
+                                    f"environment with sglang==0.5.23 (make sglang-env)")
         return engine
     return "sglang" if has_sglang and gpu_present() else "reference"
 

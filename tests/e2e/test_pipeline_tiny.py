@@ -65,6 +65,10 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     assert len(losses) >= 1 and all(v > 0 for _, v in losses)
     assert s["tags"].get("eagle3.decision") in ("more data", "longer training", "fix serving integration", "stop")
     assert "Decision" in decision_text(parent, cfg.mlflow_uri())
+    from eagle3.errors import DataError
+
+    with pytest.raises(DataError, match=f"is the extract stage run of pipeline run {parent}; expected a pipeline"):
+        decision_text(extract_run["run_id"], cfg.mlflow_uri())
     # secrets never reach MLflow; the resolved config next to the artifacts is redacted too
     from mlflow import MlflowClient
 

@@ -10,8 +10,12 @@ from eagle3.cli import app
 @pytest.mark.parametrize("args, message", [
     (["--url", "localhost:8000"], "url: expected http(s)://host[:port], got 'localhost:8000'"),
     (["--url", "ftp://127.0.0.1:9"], "url: expected http(s)://host[:port], got 'ftp://127.0.0.1:9'"),
-    (["--url", "http://127.0.0.1:9", "--timeout", "-1"], "timeout_s: expected a positive number of seconds, got -1.0"),
-    (["--url", "http://127.0.0.1:9", "--poll-interval", "0"], "poll_interval_s: expected a positive number"),
+    (["--url", "http://127.0.0.1:9", "--timeout", "-1"], "timeout_s: expected a positive, finite number of seconds, got -1.0"),
+    (["--url", "http://127.0.0.1:9", "--poll-interval", "0"], "poll_interval_s: expected a positive, finite number"),
+    (["--url", "http://127.0.0.1:9", "--timeout", "inf"], "timeout_s: expected a positive, finite number of seconds, "
+                                                           "got inf"),
+    (["--url", "http://127.0.0.1:99999"], "url: expected a port in 1..65535, got 99999"),
+    (["--url", "http://no-such-host.invalid:80"], "url: host 'no-such-host.invalid' does not resolve"),
     (["--url", "http://127.0.0.1:9", "--pid", "999999999"], "--pid: expected a running process, got 999999999"),
     (["--url", "http://127.0.0.1:9", "--log", "/no/such/server.log"], "--log: expected the server's log file"),
 ])
@@ -53,3 +57,14 @@ def test_run_refuses_settings_that_cannot_work_before_loading_anything(overrides
     assert res.exit_code == 2, res.output
     assert message in res.output
     assert not (tmp_path / "tiny-random").exists() and not (tmp_path / ".prefect").exists()  # nothing started
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("/somewhere/runs/mlflow.db", "expected a URI such as sqlite:////somewhere/runs/mlflow.db or http://host:port, "
+                                  "got a plain path"),
+    ("http://127.0.0.1:1", "MLflow server http://127.0.0.1:1: not reachable"),  # refused at once, no minutes of retries
+])
+def test_decide_names_a_store_that_cannot_answer(uri, message):
+    pytest.importorskip("mlflow")
+    res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", uri])
+    assert res.exit_code == 1 and message in res.output

@@ -131,3 +131,10 @@ def test_gap_growth_below_zero_is_not_overfitting():
     hist = {"val_loss": [13.26, 12.93], "train_loss": [17.78, 14.2], "epochs": 1.5}
     d = recommend(hist, {"served": 1.14, "offline": 1.14, "simulated": 1.21})
     assert d.recommendation == "longer training"
+
+
+def test_a_loss_of_exactly_zero_gives_no_slope_instead_of_dividing_by_zero():
+    zero = {"val_loss": [0.0, 0.0, 0.0], "train_loss": [0.0, 0.0, 0.0], "epochs": 1.0}
+    s = training_signals(zero)
+    assert s["val_slope_rel"] is None and s["train_slope_rel"] is None
+    assert recommend(zero, {"served": 1.0, "offline": 1.0, "simulated": 1.0}).recommendation in OUTCOMES

@@ -101,6 +101,19 @@ def test_a_file_lost_after_the_run_finished_is_re_extracted_not_ignored(tiny_cfg
     m = extract(cfg, tmp_path / "o", progress=False)
     assert lost.is_file() and m["content_hash"] == ref["content_hash"] == content_hash(tmp_path / "o")
     assert m["shards"] == {"total": 4, "resumed": 2}  # only the two shards that lost a file ran again
+    # rewritten in place, same size (e.g. a bad sector, a stray tool): found by mtime + content hash
+    hit = tmp_path / "o" / "hidden_states" / "hs_0.safetensors"
+    raw = bytearray(hit.read_bytes())
+    raw[-200:] = b"\xff" * 200
+    hit.write_bytes(bytes(raw))
+    m = extract(cfg, tmp_path / "o", progress=False)
+    assert m["content_hash"] == ref["content_hash"] == content_hash(tmp_path / "o")
+    assert m["shards"] == {"total": 4, "resumed": 3}
+    # only touched (same bytes, new mtime): intact after re-hashing, nothing re-extracted
+    import os
+
+    os.utime(hit)
+    assert extract(cfg, tmp_path / "o", progress=False)["shards"] == {"total": 4, "resumed": 3}
 
 
 def test_disk_full_inside_safetensors_is_a_data_error_and_leaves_no_temporary(tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_in
     (d / ".progress").mkdir()
     write_manifest(d, "hidden_states", exclude=("manifest.json", ".progress"))
     result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
-    assert read_manifest(d)["files"] == {"count": 3, "bytes": 303, "exclude": [".progress", "manifest.json"]}
+    files = read_manifest(d)["files"]
+    assert (files["count"], files["bytes"], files["exclude"]) == (3, 303, [".progress", "manifest.json"])
     (d / ".progress" / "note.json").write_text("{}")  # excluded folders may change
     assert caching.output_matches(result)
     (d / "hidden_states" / "hs_1.safetensors").unlink()
@@ -114,6 +115,11 @@ def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_in
                                        f"files of 202 bytes")
     (d / "hidden_states" / "hs_1.safetensors").write_bytes(bytes(50))  # back, but truncated
     assert not caching.output_matches(result)
+    (d / "hidden_states" / "hs_1.safetensors").write_bytes(bytes(101))  # the right bytes again: intact
+    assert caching.output_matches(result)
+    (d / "hidden_states" / "hs_2.safetensors").write_bytes(b"\x01" * 102)  # same size, other content
+    ok, why = output_intact(d)
+    assert not ok and "'content_hash' expected" in why and not caching.output_matches(result)
 
 
 def test_retry_only_transient_errors():

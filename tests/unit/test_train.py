@@ -210,3 +210,14 @@ def test_loader_worker_processes_give_the_same_run_and_report_a_bad_file(hs_dir,
     with pytest.raises(DataError, match=r"hs_3.safetensors: unreadable hidden-states file of sample 3 "
                                         r"\(SafetensorError"):
         train(cfg, hs_copy, tmp_path / "train-bad", progress=False)
+
+
+def test_batches_too_short_to_hold_any_loss_token_are_refused_before_training(tmp_path, tiny_target_dir):
+    """max_tokens_per_batch=16 cuts every sample (72-96 tokens, prompt = first quarter, >= 18 tokens) before its
+    first loss token: a loss of exactly 0 for the whole run used to pass silently and crash the decision step."""
+    hs = build_hidden_states_dir(tmp_path / "hs", tiny_target_dir, num_samples=6, min_len=72, max_len=96)
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_tokens_per_batch=16", "train.max_steps=2")
+    with pytest.raises(DataError, match=r"no loss-masked position within the first train.max_tokens_per_batch=16 "
+                                        r"positions of any of the 4 train samples"):
+        train(cfg, hs, tmp_path / "t", progress=False)
+    assert not (tmp_path / "t" / "model.safetensors").exists()
