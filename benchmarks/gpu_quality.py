@@ -53,20 +53,31 @@ GOAL = 0.98
 
 
 class Results:
-    """Figures by stage, rewritten to ``<out>/results.json`` after every change."""
+    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every change.
 
-    def __init__(self, out: Path):
-        self.path = out / "results.json"
+    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine, so that one
+    benchmark can be spread over several calls of limited length: stages recorded there are not run again."""
+
+    def __init__(self, work: Path, out: Path, resume: bool = False):
+        self.paths = list(dict.fromkeys([work / "results.json", out / "results.json"]))
         self.data: dict = {"stages": {}, "failures": []}
-        out.mkdir(parents=True, exist_ok=True)
+        if resume and self.paths[0].is_file():
+            self.data = json.loads(self.paths[0].read_text())
+            self.data["failures"] = []
+        for p in self.paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self) -> None:
+        for p in self.paths:
+            p.write_text(json.dumps(self.data, indent=1, default=str))
 
     def put(self, key: str, value) -> None:
         self.data["stages"][key] = value
-        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+        self._write()
 
     def fail(self, what: str, err: BaseException) -> None:
         self.data["failures"].append(f"{what}: {type(err).__name__}: {str(err)[:400]}")
-        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+        self._write()
 
 
 def log(msg: str, t0: float = [time.perf_counter()]) -> None:  # noqa: B006 - process start time
@@ -108,7 +119,8 @@ def overrides(a, work: Path, target: Path, data: Path) -> list[str]:
             f"train.max_tokens_per_batch={a.tokens_per_batch}", "train.grad_accum=1",
             "train.precision=bf16-autocast", "train.log_every=10", "train.eval_every=0", "train.export=last",
             "train.keep_last=1", "train.loss=kl_div", "train.loss_implementation=eager",
-            f"train.compile={str(a.compile).lower()}", "train.resume=false", "train.weight_decay=0.0"]
+            f"train.compile={str(a.compile).lower()}", "train.resume=false", "train.weight_decay=0.0",
+            f"train.compile_mode={a.compile_mode}"]
 
 
 def memoize_plan():
@@ -278,6 +290,9 @@ def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work:
 
     tgt, tok = load_target(target, dtype=a.offline_dtype, device=a.device)
     for name, src in drafts.items():
+        if f"offline/{name}" in res.data["stages"]:
+            log(f"offline {name}: done in an earlier call")
+            continue
         try:
             t0 = time.perf_counter()
             dst = work / f"serving-{name}"
@@ -304,6 +319,11 @@ def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work:
 
 
 def stage(res: Results, name: str, fn, *args):
+    if name in res.data["stages"]:
+        log(f"{name}: done in an earlier call")
+        return res.data["stages"][name]
+    if res.stop:
+        return None
     log(f"{name} ...")
     try:
         out = fn(*args)
@@ -313,6 +333,9 @@ def stage(res: Results, name: str, fn, *args):
         return None
     res.put(name, out)
     log(f"{name}: {json.dumps(out, default=str)[:400]}")
+    if name == res.until:
+        log(f"stopping after {name} (--until); run again with --resume for the rest")
+        res.stop = True
     return out
 
 
@@ -371,19 +394,25 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--offline-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--skip", default="", help="comma list of stages to skip: spec,fp8,offline")
+    p.add_argument("--compile-mode", default="default",
+                   help="train.compile_mode of ours with --compile (default, reduce-overhead, ...)")
+    p.add_argument("--resume", action="store_true", help="keep the stages <work>/results.json already has")
+    p.add_argument("--until", default=None, help="stop after this stage (e.g. train/speculators-bf16)")
     a = p.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = Results(Path(a.out) if a.out else work)
+    res = Results(work, Path(a.out) if a.out else work, resume=a.resume)
+    res.until, res.stop = a.until, False
     import torch
 
     from importlib.metadata import version
     import transformers
 
-    res.put("env", {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-                    "torch": torch.__version__, "transformers": transformers.__version__,
-                    "speculators": version("speculators"), "args": vars(a)})
+    calls = len([k for k in res.data["stages"] if k.startswith("env")])  # one env record per call
+    res.put(f"env/{calls}", {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+                             "torch": torch.__version__, "transformers": transformers.__version__,
+                             "speculators": version("speculators"), "args": vars(a)})
     target = stage(res, "target", lambda: {"dir": str(prepare_target(a, work))})
     if target is None:
         table(res)
@@ -397,23 +426,24 @@ def main() -> int:
         table(res)
         return 1
     hs = work / "hs-bf16"
+    fp8 = None if "fp8" in skip else stage(res, "extract/fp8", do_extract, a, base, work / "hs-fp8", "fp8")
     drafts: dict[str, Path] = {}
     if stage(res, "train/ours-bf16", do_train, a, base, hs, work / "ours-bf16"):
         res.put("sim/ours-bf16", {k: res.data["stages"]["train/ours-bf16"][k]
                                   for k in ("simulated_acceptance_length", "val_loss", "val_acc_0")})
         drafts["ours-bf16"] = work / "ours-bf16"
-    if "spec" not in skip and stage(res, "train/speculators-bf16", do_speculators, a, target, hs,
-                                    work / "spec-bf16"):
-        if stage(res, "sim/speculators-bf16", sim_eval, a, base, hs, work / "spec-bf16" / "draft",
-                 work / "spec-bf16-eval"):
-            drafts["speculators-bf16"] = work / "spec-bf16-eval"
-    if "fp8" not in skip and stage(res, "extract/fp8", do_extract, a, base, work / "hs-fp8", "fp8"):
+    if fp8:
         if stage(res, "train/ours-fp8", do_train, a, base, work / "hs-fp8", work / "ours-fp8"):
             res.put("sim-own-fp8-val/ours-fp8", {k: res.data["stages"]["train/ours-fp8"][k]
                                                  for k in ("simulated_acceptance_length", "val_loss")})
             if stage(res, "sim/ours-fp8", sim_eval, a, base, hs, work / "ours-fp8", work / "ours-fp8-eval"):
                 drafts["ours-fp8"] = work / "ours-fp8-eval"
-    if "offline" not in skip and drafts:
+    if "spec" not in skip and stage(res, "train/speculators-bf16", do_speculators, a, target, hs,
+                                    work / "spec-bf16"):
+        if stage(res, "sim/speculators-bf16", sim_eval, a, base, hs, work / "spec-bf16" / "draft",
+                 work / "spec-bf16-eval"):
+            drafts["speculators-bf16"] = work / "spec-bf16-eval"
+    if "offline" not in skip and drafts and not res.stop:
         prompts = held_out_prompts(hs, data, a.offline_prompts)
         log(f"offline acceptance: {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens")
         offline(a, target, drafts, prompts, work, res)

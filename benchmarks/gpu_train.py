@@ -6,7 +6,8 @@ build_draft``: 1 layer, hidden 4096, draft vocab 32000 from the data's token fre
 128256), same TTT steps (3), one sequence of ``--seq-len`` tokens per step, bf16 autocast, AdamW.
 
 - ours: ``eagle3.train.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
-  (positions per optimizer step / wall time of the step, the step ending in a device sync).
+  (positions of a window of ``--log-every`` optimizer steps / wall time of those steps, each step ending in one
+  device sync), median over the windows after the warm-up; a window's metrics cost one more sync.
 - speculators: ``speculators.train.trainer.Trainer`` with its own data loader (``create_train_val_loaders``:
   ``ArrowDataset`` + ``FileTransfer`` + multipack sampler, ``--workers`` workers), its model-call kwargs
   (``Eagle3DraftModel.get_trainer_kwargs``: kl_div loss) and its loop; tokens/s = non-padding positions per
@@ -46,6 +47,46 @@ TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_l
             rms_norm_eps=1e-5)
 
 
+class StepProfiler:
+    """``torch.profiler`` over optimizer steps ``start+1 .. start+n`` of one trainer (``step(i)`` is called after
+    step i ends). Writes the kernel table to ``<out>/profile-<name>.txt`` and returns, per step, the wall time and
+    the summed device (kernel) time: their ratio is how busy the GPU was (< 1 = launch/host bound)."""
+
+    def __init__(self, name: str, start: int, n: int, out: Path | None, per_call: int = 1):
+        self.name, self.start, self.n, self.out, self.prof, self.result = name, start, n, out, None, None
+        self.per_call = per_call  # optimizer steps between two step() calls (our loop reports per log window)
+
+    def step(self, i: int) -> None:
+        import torch
+
+        if self.n <= 0 or self.out is None:
+            return
+        cuda = torch.cuda.is_available()
+        if i == self.start:
+            if cuda:
+                torch.cuda.synchronize()
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.__enter__()
+            self.t0 = time.perf_counter()
+        elif i == self.start + self.n and self.prof is not None:
+            if cuda:
+                torch.cuda.synchronize()
+            steps = self.n * self.per_call
+            wall = (time.perf_counter() - self.t0) / steps
+            self.prof.__exit__(None, None, None)
+            ka = self.prof.key_averages()
+            gpu = [e for e in ka if e.device_type == torch.autograd.DeviceType.CUDA]  # kernels and copies only
+            busy = sum(e.self_device_time_total for e in gpu) / 1e6 / steps
+            kernels = sum(e.count for e in gpu) / steps
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / f"profile-{self.name}.txt").write_text(
+                ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
+            self.result = {"wall_ms": wall * 1e3, "kernel_ms": busy * 1e3, "gpu_busy": busy / wall,
+                           "kernels_per_step": kernels}
+            self.prof = None
+
+
 def flops_per_token(model, ttt: int, seq: int) -> float:
     """Model FLOPs per trained position (forward + backward), see the module docstring."""
     train = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and p.dim() == 2
@@ -59,36 +100,53 @@ def flops_per_token(model, ttt: int, seq: int) -> float:
 
 def base_overrides(a, work: Path, target: Path) -> list[str]:
     return [f"paths.runs_dir={work / 'runs'}", f"train.device={'cuda' if a.cuda else 'cpu'}",
-            f"train.max_steps={a.steps}", "train.schedule=constant", "train.log_every=1", "train.eval_every=0",
+            f"train.max_steps={a.steps}", "train.schedule=constant", f"train.log_every={a.log_every}", "train.eval_every=0",
             "train.epochs=1000", f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true",
             "train.warmup_steps=0", f"train.max_tokens_per_batch={a.seq_len}", f"train.num_gpus={a.num_gpus}",
             "train.max_eval_samples=1", "train.keep_last=1", "train.precision=bf16-autocast",
             f"train.ttt_steps={a.ttt}", "train.checkpoint_every=0", "train.export=last",
-            "target.kind=hf", f"target.path={target}", f"train.lr={a.lr}"]
+            "target.kind=hf", f"target.path={target}", f"train.lr={a.lr}"] + (
+                [f"train.loader_workers={a.ours_workers}"] if a.ours_workers is not None else [])
 
 
-def run_ours(a, work: Path, target: Path, hs: Path, compiled: bool = False) -> dict:
+def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict:
+    """This project's loop; ``mode`` = ``eager`` (no compile) or a ``train.compile_mode``."""
     import torch
 
     from eagle3.config import load_config
     from eagle3.train import train
 
-    cfg = load_config(None, base_overrides(a, work, target) + [f"train.compile={str(compiled).lower()}"])
-    out = work / f"out-ours-{a.num_gpus}-{int(compiled)}"
+    compiled = mode != "eager"
+    extra = [f"train.compile={str(compiled).lower()}"] + ([f"train.compile_mode={mode}"] if compiled else [])
+    cfg = load_config(None, base_overrides(a, work, target) + extra)
+    out = work / f"out-ours-{a.num_gpus}-{mode}"
     import shutil
     shutil.rmtree(out, ignore_errors=True)
-    tps: list[float] = []
+    tps: list[float] = []  # one figure per log window of a.log_every optimizer steps
+    L = a.log_every
+    wu, pw = -(-a.warmup // L), -(-a.profile // L) if a.num_gpus == 1 else 0
+    prof = StepProfiler(f"ours-{mode}", wu, pw, a.out, per_call=L)
     if a.cuda:
         torch.cuda.reset_peak_memory_stats()
-    train(cfg, hs, out, progress=False,
-          on_metrics=lambda m, s: tps.append(m["tokens_per_s"]) if "tokens_per_s" in m else None)
+
+    def on_metrics(m, s):
+        if "tokens_per_s" in m:
+            tps.append(m["tokens_per_s"])
+            prof.step(len(tps))
+
+    t0 = time.perf_counter()
+    train(cfg, hs, out, progress=False, on_metrics=on_metrics)
+    wall = time.perf_counter() - t0
     if not tps:  # torchrun path
         tps = [json.loads(x)["tokens_per_s"] for x in (out / "metrics.jsonl").read_text().splitlines()
                if '"tokens_per_s"' in x]
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda and a.num_gpus == 1 else float("nan")
-    steady = tps[a.warmup:] or tps
+    steady = [x for i, x in enumerate(tps) if i >= wu and not wu + 1 <= i + 1 <= wu + pw] or tps
+    how = f"compiled forward ({mode}, static shapes, padded)" if compiled else "uncompiled forward"
     return {"name": f"ours ({a.num_gpus} GPU)" if a.cuda else "ours (cpu)", "tokens_per_s": statistics.median(steady),
-            "peak_gib": peak, "steps": len(tps), "settings": f"sdpa, eager kl_div loss, {'compiled' if compiled else 'uncompiled'} forward"}
+            "peak_gib": peak, "steps": len(tps) * L, "wall_s": wall, "profile": prof.result,
+            "settings": f"sdpa, eager kl_div loss, {how}, "
+                        f"{a.ours_workers if a.ours_workers is not None else (4 if a.cuda else 0)} loader workers"}
 
 
 class _CountingLoader:
@@ -162,12 +220,16 @@ def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl:
         torch.accelerator.synchronize = lambda *x: None
         torch.accelerator.memory_allocated = lambda *x: 0
     trainer = _Trainer(model, cfg, counting, None)
-    stamps = [time.perf_counter()]
+    prof = StepProfiler(f"speculators-{attn}-{loss_impl}-{int(compiled)}", a.warmup, a.profile,
+                        a.out)
+    t0 = time.perf_counter()
+    stamps = [t0]
 
     def tick():
         if a.cuda:
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
+        prof.step(len(stamps) - 1)
 
     epoch = 0
     while trainer.global_step < a.steps:
@@ -175,11 +237,13 @@ def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl:
         epoch += 1
     dts = [b - s for s, b in zip(stamps, stamps[1:])]
     tps = [t / d for t, d in zip(counting.tokens, dts)]
-    steady = tps[a.warmup:] or tps
+    steady = [x for i, x in enumerate(tps) if i >= a.warmup and not a.warmup + 1 <= i + 1 <= a.warmup + a.profile]
+    steady = steady or tps
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda else float("nan")
     settings = f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} forward, {a.workers} workers"
     return {"name": "speculators Trainer", "tokens_per_s": statistics.median(steady), "peak_gib": peak,
-            "steps": len(tps), "settings": settings, "model": model}
+            "steps": len(tps), "settings": settings, "model": model, "wall_s": time.perf_counter() - t0,
+            "profile": prof.result}
 
 
 def torch_format(hs: Path) -> None:
@@ -221,25 +285,32 @@ def main() -> int:
                    help="start speculators at sdpa + eager loss (its flex/fused defaults failed on torch 2.11)")
     p.add_argument("--uncompiled-only", action="store_true", help="no torch.compile anywhere (short runs)")
     p.add_argument("--only", choices=["ours", "speculators", "both"], default="both")
+    p.add_argument("--shape", choices=["llama8b", "smollm2"], default="llama8b",
+                   help="target/draft shape (benchmarks/train.py SHAPES); smollm2 = hidden 576, vocab 49152")
+    p.add_argument("--modes", default="eager,default",
+                   help="our runs: comma list of eager (uncompiled) and train.compile_mode values "
+                        "(default, reduce-overhead, max-autotune-no-cudagraphs)")
+    p.add_argument("--ours-workers", type=int, default=None, help="train.loader_workers (None = 4 on CUDA)")
+    p.add_argument("--log-every", type=int, default=1,
+                   help="train.log_every of ours: one metrics sync per window (speculators' runs log never); "
+                        "ours' tokens/s is the median over windows")
+    p.add_argument("--profile", type=int, default=0,
+                   help="profile this many steps after the warm-up of each run (left out of tokens/s)")
+    p.add_argument("--out", default=None, help="folder for profile tables (e.g. $OUT)")
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
-    shape = "llama8b"
+    a.out = Path(a.out) if a.out else None
+    shape = a.shape
     if a.tiny:
         bt.SHAPES["tiny"] = TINY
-        shape, a.samples, a.seq_len, a.steps, a.warmup, a.draft_vocab, a.workers = "tiny", 6, 128, 4, 1, 512, 0
+        shape, a.samples, a.seq_len, a.steps, a.warmup, a.draft_vocab, a.workers = "tiny", 6, 128, 6, 1, 512, 0
+        a.log_every = 1
     work = Path(a.work)
     t0 = time.perf_counter()
     target, hs = bt.synthetic(work, shape, a.samples, a.seq_len)
     torch_format(hs)
     print(f"data: {hs} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     rows, failures = [], []
-    if a.only in ("ours", "both"):
-        rows.append(run_ours(a, work, target, hs))
-        if a.cuda and a.num_gpus == 1 and not a.uncompiled_only:  # speculators' compiled forward (its default on CUDA), kept by train.compile
-            try:
-                rows.append(run_ours(a, work, target, hs, compiled=True))
-            except Exception as e:  # noqa: BLE001
-                failures.append(f"ours compiled: {type(e).__name__}: {str(e)[:200]}")
     if a.only in ("speculators", "both"):
         attempts = [("simple_flex_attention", "fused", True), ("sdpa", "fused", True), ("sdpa", "eager", True),
                     ("sdpa", "eager", False)] if a.cuda else [("sdpa", "eager", False)]
@@ -250,11 +321,24 @@ def main() -> int:
         for attn, loss_impl, compiled in attempts:
             try:
                 rows.append(run_speculators(a, work, target, hs, attn, loss_impl, compiled))
+                print("ROW " + json.dumps({k: v for k, v in rows[-1].items() if k != "model"}), flush=True)
                 break
             except Exception as e:  # noqa: BLE001 - report and try the next configuration
                 failures.append(f"speculators Trainer {attn}/{loss_impl}/{'compiled' if compiled else 'eager'}: "
                                 f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
                 traceback.print_exc(limit=3)
+                torch._dynamo.reset()
+                if a.cuda:
+                    torch.cuda.empty_cache()
+    if a.only in ("ours", "both"):
+        modes = ["eager"] if a.uncompiled_only or not a.cuda else [m for m in a.modes.split(",") if m]
+        for mode in modes:
+            try:
+                rows.append(run_ours(a, work, target, hs, mode))
+                print("ROW " + json.dumps(rows[-1]), flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on with the next mode
+                traceback.print_exc(limit=4)
+                failures.append(f"ours {mode}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
                 torch._dynamo.reset()
                 if a.cuda:
                     torch.cuda.empty_cache()
@@ -278,11 +362,15 @@ def main() -> int:
           f"{a.steps} steps (first {a.warmup} left out); model FLOPs/token {fpt / 1e9:.2f} G")
     for f in failures:
         print(f"FAILED: {f}")
-    print("| trainer | settings | tokens/s | peak GiB | MFU (989 TF/s) |")
-    print("|---|---|---|---|---|")
+    print("| trainer | settings | tokens/s | peak GiB | MFU (989 TF/s) | run wall s | profiled step: wall ms, "
+          "kernel ms, GPU busy, kernels |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        pr = r.get("profile")
+        pcol = (f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, {pr['gpu_busy']:.0%}, {pr['kernels_per_step']:.0f}"
+                if pr else "")
         print(f"| {r['name']} | {r['settings']} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} | "
-              f"{fpt * r['tokens_per_s'] / PEAK_BF16:.1%} |")
+              f"{fpt * r['tokens_per_s'] / PEAK_BF16:.1%} | {r.get('wall_s', float('nan')):.0f} | {pcol} |")
     spec = [r for r in rows if r["name"].startswith("speculators")]
     for r in rows:
         if spec and r is not spec[0]:

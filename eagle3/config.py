@@ -166,7 +166,9 @@ class TrainConfig(_Section):
     resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state when present.")
     init_from: str | None = Field(None, description="A speculators draft folder to start from (weights only).")
     attn_implementation: Literal["auto", "sdpa", "eager"] = Field("auto", description="auto = sdpa on CPU and CUDA.")
-    compile: bool = Field(False, description="Keep speculators' torch.compile of forward on CUDA.")
+    compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static shapes; see compile_mode).")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA graphs.")
     pad_to_max_tokens: bool | None = Field(
         None, description="Pad every micro-batch to max_tokens_per_batch (one shape: a compiled forward compiles "
         "once); None = on exactly when compile is on. Padding carries no loss.")

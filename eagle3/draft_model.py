@@ -133,6 +133,34 @@ def use_uncompiled_forward(model) -> bool:
     return True
 
 
+def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
+    """Replace the draft's forward by ``torch.compile`` of its plain Python forward, with static shapes.
+
+    speculators compiles ``Eagle3DraftModel.forward`` with torch.compile's defaults (dynamic shapes allowed, mode
+    ``default``); here the wrapper is rebuilt with ``dynamic=False`` (the loop pads every micro-batch to one
+    length, so one graph per TTT layout serves the whole run) and the chosen ``mode``: ``"default"``,
+    ``"reduce-overhead"`` (CUDA graphs: removes the per-kernel launch cost that dominates small drafts) or
+    ``"max-autotune-no-cudagraphs"``. ``backend`` (None = inductor) exists for tests. Raises ConfigError for an
+    unknown mode.
+    """
+    import types
+
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
+    use_uncompiled_forward(model)
+    plain = model.forward if isinstance(model.forward, types.MethodType) else types.MethodType(type(model).forward,
+                                                                                               model)
+    kwargs = {"dynamic": False}
+    if backend is not None:
+        kwargs["backend"] = backend
+    if mode != "default":
+        kwargs["mode"] = mode
+    model.forward = torch.compile(plain, **kwargs)
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     """``(name, parameter)`` of what training updates: fc, decoder layers, final norm (and input norms).
 

@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from eagle3.artifacts import sha256_file, write_manifest
-from eagle3.draft_model import build_draft, read_target_config, resolve_flags, save_draft, use_uncompiled_forward
+from eagle3.draft_model import (build_draft, compile_forward, read_target_config, resolve_flags, save_draft,
+                                 use_uncompiled_forward)
 from eagle3.errors import ConfigError
 from eagle3.train_data import data_identity, open_hidden_states
 from eagle3.train_loop import Run, evaluate, run_loop
@@ -124,7 +125,9 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
     if not t.compile:
         use_uncompiled_forward(model)
-    elif device.type != "cuda" and rank == 0:
+    elif device.type == "cuda":
+        compile_forward(model, t.compile_mode)
+    elif rank == 0:
         log.warning("train.compile=true: speculators compiles the draft's forward only on CUDA; on %s it runs "
                     "eagerly (micro-batches are still padded to %d positions)", device.type, t.max_tokens_per_batch)
     model.to(device)

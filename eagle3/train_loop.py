@@ -123,6 +123,8 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
     validation micro-batches, and DDP's forward synchronises buffers across ranks.
     """
     m = run.model
+    if run.t.compile and run.t.compile_mode == "reduce-overhead" and run.device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call are consumed by now
     with autocast(run):
         draft_tokens, loss, met = (run.module if train else m)(
             hidden_states=batch["hidden_states"], input_ids=batch["input_ids"], document_ids=batch["document_ids"],
@@ -136,12 +138,14 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
     return loss
 
 
-def _finite_flags(run: Run, values: list[torch.Tensor]) -> list[bool]:
-    """Whether each scalar in ``values`` is finite on every rank: one device→host sync for all of them."""
+def _finite_flags(run: Run, values: list[torch.Tensor]) -> tuple[list[bool], float]:
+    """Whether each scalar in ``values`` is finite on every rank, and the last value as a float (this rank's):
+    one device→host sync for all of them."""
     ok = torch.stack([torch.isfinite(v.detach().float()).all() for v in values]).float()
     if run.world > 1:
         torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
-    return [x > 0 for x in ok.tolist()]
+    host = torch.cat([ok, values[-1].detach().float().reshape(1)]).tolist()
+    return [x > 0 for x in host[:-1]], host[-1]
 
 
 def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDiverged:
@@ -169,14 +173,15 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
         with contextlib.nullcontext() if sync else run.module.no_sync():
             loss = forward(run, batch, window)
             (loss / len(share)).backward()
-        losses.append((ids, loss.detach()))
+        losses.append((ids, loss.detach().clone()))  # a CUDA-graph replay reuses the output's memory
     grad_norm = torch.nn.utils.clip_grad_norm_(params, run.t.grad_clip)
-    flags = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])  # before the step: weights stay good
+    # before the step (weights stay good); the only device→host sync of the step
+    flags, norm = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])
     for (ids, loss), ok in zip(losses, flags):
         if not ok:
             raise _diverged(run, "loss", float(loss), ids)
     if not flags[-1]:
-        raise _diverged(run, "gradient norm", float(grad_norm), share[0])
+        raise _diverged(run, "gradient norm", norm, share[0])
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -184,7 +189,7 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     run.step += 1
     run.micro += len(group)
     run.tokens_seen += tokens
-    return float(grad_norm), tokens
+    return norm, tokens
 
 
 @torch.no_grad()
@@ -243,7 +248,7 @@ def run_loop(run: Run) -> None:
             run.set_plan()
         lr = run.scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
-        grad_norm, tokens = optimizer_step(run, window)  # float(grad_norm) synchronises the device
+        grad_norm, tokens = optimizer_step(run, window)  # synchronises once, before the optimizer update
         win_time += time.perf_counter() - t0
         win_tokens += tokens
         epoch_end = run.micro >= len(run.plan)

@@ -72,7 +72,7 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
         counts[base + 1] += valid.sum()
         counts[base + 2] += (hit & alive).sum()
         counts[base + 3] += (valid & alive).sum()
-        counts[base + 4] += float(step_losses[k])
+        counts[base + 4] += step_losses[k].detach().to(counts.dtype)  # on the device: no host sync
         counts[base + 5] += 1
         alive &= hit
         run += (alive & valid0).double()

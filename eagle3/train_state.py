@@ -14,6 +14,7 @@ the previous complete checkpoint or the new complete one, never a half-written o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from eagle3.artifacts import atomic_directory
-from eagle3.errors import DataError
+from eagle3.errors import DataError, Eagle3Error
 
 _CKPT = re.compile(r"^ckpt-(\d{8})$")
 
@@ -84,15 +85,36 @@ def list_checkpoints(state_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_CKPT.match(p.name).group(1)))
 
 
+@contextlib.contextmanager
+def _written(final: Path, what: str):
+    """Turn a failed write of ``final`` (a full disk shows up as OSError, safetensors' error or torch.save's
+    ``RuntimeError: ... unexpected pos``) into a DataError naming the folder, the cause and the free space.
+    :func:`eagle3.artifacts.atomic_directory` has removed the partial folder by then; older ones are kept."""
+    try:
+        yield
+    except Eagle3Error:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with the path and the disk's free space
+        try:
+            free = f"{shutil.disk_usage(final.parent).free / 2**30:.2f} GiB free there"
+        except OSError:
+            free = "free space unknown"
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e)[:200]}"
+        raise DataError(f"{final}: could not write the {what} ({why}; {free}); the previous checkpoints are kept. "
+                        "Free disk space, or write fewer (train.keep_last, train.checkpoint_every), then re-run: "
+                        "training resumes from the newest complete checkpoint") from e
+
+
 def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int) -> Path:
     """Write ``ckpt-<step>`` atomically, then delete all but the newest ``keep_last`` checkpoints.
 
-    ``info`` must hold ``step``; it is stored as ``state.json``. Returns the checkpoint directory.
+    ``info`` must hold ``step``; it is stored as ``state.json``. Returns the checkpoint directory. Raises
+    DataError (path, cause, free space) when the write fails, e.g. on a full disk.
     """
     from safetensors.torch import save_file
 
     final = state_dir / f"ckpt-{int(info['step']):08d}"
-    with atomic_directory(final) as tmp:
+    with _written(final, "training checkpoint"), atomic_directory(final) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                   str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -108,7 +130,7 @@ def save_best(state_dir: Path, *, model, info: dict) -> Path:
     from safetensors.torch import save_file
 
     final = state_dir / "best"
-    with atomic_directory(final) as tmp:
+    with _written(final, "best draft"), atomic_directory(final) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                   str(tmp / "model.safetensors"))
         (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))

@@ -22,6 +22,14 @@ def _losses(out):
     return [(r["step"], r.get("train/loss"), r.get("val/loss"), r.get("train/acc_full_0")) for r in rows]
 
 
+@pytest.fixture
+def recompile_limit_64():
+    """One compile per micro-batch length is what the unpadded run shows: allow more than dynamo's default 8
+    (``config.patch`` restores it; monkeypatch would delete the config entry on undo)."""
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+
+
 def _compile_counting(monkeypatch) -> list:
     """Make eagle3.train's draft forward compiled (as speculators does on CUDA) with a backend that records each
     graph it gets."""
@@ -46,7 +54,6 @@ def _compile_counting(monkeypatch) -> list:
 
     monkeypatch.setattr(train_mod, "build_draft", build_compiled)
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)  # restored after the test
     return graphs
 
 
@@ -63,7 +70,8 @@ def test_padding_keeps_the_losses(hs_dir, tmp_path):
             assert (x is None) == (y is None) and (x is None or y == pytest.approx(x, rel=1e-4, abs=1e-5)), (a, b)
 
 
-def test_compiled_forward_compiles_once_with_padding_and_per_length_without(hs_dir, tmp_path, monkeypatch):
+def test_compiled_forward_compiles_once_with_padding_and_per_length_without(hs_dir, tmp_path, monkeypatch,
+                                                                           recompile_limit_64):
     def masks(graphs) -> set:
         """Attention-mask shapes [1, 1, N, N*(k+1)] captured: one per TTT step k and micro-batch length N."""
         return {x for g in graphs for x in g if len(x) == 4 and x[:2] == (1, 1)}
@@ -80,3 +88,51 @@ def test_compiled_forward_compiles_once_with_padding_and_per_length_without(hs_d
     # padded: every micro-batch is 96 positions, so the 3 TTT steps give the only 3 mask shapes
     assert masks(graphs) == {(1, 1, 96, 96), (1, 1, 96, 192), (1, 1, 96, 288)}
     assert len(masks(unpadded)) > 3 * 2 and len(unpadded) > len(graphs), (len(unpadded), len(graphs))
+
+
+def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_target_dir):
+    """``eagle3.draft_model.compile_forward`` (what ``train.compile`` uses on CUDA): the compiled forward gives the
+    plain forward's loss and draft tokens, compiles with static shapes (a new length is a new graph, never a
+    dynamic one), and an unknown ``train.compile_mode`` is refused by name."""
+    from eagle3.draft_model import build_draft, compile_forward
+    from eagle3.errors import ConfigError
+    from eagle3.train_data import collate, open_hidden_states
+    from eagle3.vocab import build_vocab_map, load_token_freq
+
+    conf = json.loads((tiny_target_dir / "config.json").read_text())
+    vmap = build_vocab_map(load_token_freq(hs_dir / "token_freq.pt"), 128, conf["vocab_size"], pad=True)
+    aux = json.loads((hs_dir / "manifest.json").read_text())["aux_layer_ids"]
+    torch.manual_seed(0)
+    model = build_draft(tiny_target_dir, aux_layer_ids=aux, d2t=vmap.d2t, t2d=vmap.t2d, num_layers=1, ttt_steps=3,
+                        flags={})
+    from eagle3.draft_model import read_target_config
+
+    data = open_hidden_states(hs_dir, tiny_target_dir, read_target_config(tiny_target_dir), max_tokens=96)
+    batches = [collate([data.load_sample(i)], torch.device("cpu"), torch.float32) for i in (0, 1)]
+    assert batches[0]["input_ids"].shape != batches[1]["input_ids"].shape  # two lengths
+
+    from speculators.losses import resolve_loss_config
+
+    loss_config = resolve_loss_config("kl_div", "eager")
+
+    def call(b):
+        toks, loss, _ = model(**b, ttt_steps=3, loss_config=loss_config)
+        return [t.clone() for t in toks], loss.detach().clone()
+
+    plain = [call(b) for b in batches]
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append([tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)])
+        return gm.forward
+
+    torch._dynamo.reset()
+    compile_forward(model, "default", backend=backend)
+    compiled = [call(b) for b in batches]
+    for (pt, pl), (ct, cl) in zip(plain, compiled):
+        assert torch.allclose(pl, cl, rtol=1e-5, atol=1e-6), (pl, cl)
+        assert all(torch.equal(a, b) for a, b in zip(pt, ct))
+    lengths = {s[1] for g in graphs for s in g if len(s) == 2 and s[0] == 1}
+    assert {b["input_ids"].shape[1] for b in batches} <= lengths  # each length traced with its own static size
+    with pytest.raises(ConfigError, match=r"train.compile_mode.*'fast'"):
+        compile_forward(model, "fast")

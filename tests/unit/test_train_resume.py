@@ -122,3 +122,29 @@ def test_resume_refuses_a_changed_seed_and_continues_with_a_constant_lr(hs_dir, 
     assert first["optimizer_steps"] == 3 and more["optimizer_steps"] == 6
     recs = _train_records(out)
     assert [recs[s]["lr"] for s in (4, 5, 6)] == [5e-4] * 3
+
+
+def test_a_failed_checkpoint_write_is_a_data_error_and_keeps_the_older_checkpoint(hs_dir, tmp_path, monkeypatch):
+    """A full disk during ``torch.save`` (the H200 run's ``RuntimeError: [enforce fail at inline_container.cc]
+    unexpected pos``) stops training with the checkpoint folder, the cause and the free space named; the
+    partial folder is gone and the previous checkpoint stays complete, so a re-run resumes from it."""
+    import eagle3.train_state as ts
+
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *a, **k):
+        calls.append(str(f))
+        if "ckpt-00000004" in str(f):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1409292032 vs 1409291924")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(ts.torch, "save", save)
+    out = tmp_path / "t"
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0",
+                         "train.keep_last=3")
+    with pytest.raises(DataError, match=r"ckpt-00000004: could not write the training checkpoint "
+                                        r"\(RuntimeError: .*unexpected pos.*GiB free there\)"):
+        train(cfg, hs_dir, out, progress=False)
+    left = sorted(p.name for p in (out / "state").iterdir())
+    assert "ckpt-00000002" in left and not any("00000004" in n for n in left), left
+    assert (out / "state" / "ckpt-00000002" / "optimizer.pt").is_file()
