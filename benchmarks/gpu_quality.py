@@ -50,6 +50,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GOAL = 0.98
+STAGES = ("target", "extract/bf16", "extract/fp8", "train/ours-bf16", "train/ours-fp8", "sim/ours-fp8",
+          "train/speculators-bf16", "sim/speculators-bf16")  # in run order; offline acceptance comes last
 
 
 class Results:
@@ -400,6 +402,10 @@ def main() -> int:
     p.add_argument("--until", default=None, help="stop after this stage (e.g. train/speculators-bf16)")
     a = p.parse_args()
     skip = set(filter(None, a.skip.split(",")))
+    if skip - {"spec", "fp8", "offline"}:
+        p.error(f"--skip: expected a comma list of spec, fp8, offline; got {sorted(skip)}")
+    if a.until is not None and a.until not in STAGES:
+        p.error(f"--until: expected one of {', '.join(STAGES)}; got {a.until!r}")
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     res = Results(work, Path(a.out) if a.out else work, resume=a.resume)

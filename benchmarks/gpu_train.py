@@ -300,6 +300,13 @@ def main() -> int:
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
     a.out = Path(a.out) if a.out else None
+    from eagle3.draft_model import COMPILE_MODES
+
+    bad = [m for m in a.modes.split(",") if m and m != "eager" and m not in COMPILE_MODES]
+    if bad or not a.modes.strip(","):
+        p.error(f"--modes: expected a comma list of eager, {', '.join(COMPILE_MODES)}; got {a.modes!r}")
+    if min(a.steps, a.log_every, a.samples, a.seq_len) < 1 or a.warmup < 0 or a.profile < 0:
+        p.error("--steps, --log-every, --samples, --seq-len must be ≥ 1 and --warmup, --profile ≥ 0")
     shape = a.shape
     if a.tiny:
         bt.SHAPES["tiny"] = TINY

@@ -1,0 +1,64 @@
+"""The GPU benchmark scripts keep working on the CPU (their smoke modes), and ``gpu_quality``'s resume across
+device calls runs only the stages still missing."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def test_gpu_train_tiny_prints_both_trainers_and_writes_profiles(tmp_path):
+    out = tmp_path / "prof"
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--work", str(tmp_path / "w"),
+                        "--profile", "1", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x[4:]) for x in r.stdout.splitlines() if x.startswith("ROW ")]
+    assert [x["name"] for x in rows] == ["speculators Trainer", "ours (cpu)"]
+    assert all(x["tokens_per_s"] > 0 and x["profile"]["wall_ms"] > 0 for x in rows), rows
+    assert "/ speculators Trainer tokens/s = " in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["profile-ours-eager.txt", "profile-speculators-sdpa-eager-0.txt"]
+
+
+def test_gpu_train_refuses_an_unknown_compile_mode():
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--modes", "default,fast"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--modes: expected a comma list of eager, default" in r.stderr, r.stderr[-2000:]
+
+
+def test_gpu_quality_until_then_resume_runs_only_missing_stages(tmp_path):
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks import gpu_quality as gq
+    finally:
+        sys.path.remove(str(REPO))
+    calls = []
+
+    def fn(name):
+        return lambda: calls.append(name) or {"value": len(calls)}
+
+    res = gq.Results(tmp_path / "work", tmp_path / "out1")
+    res.until, res.stop = "extract/bf16", False
+    assert gq.stage(res, "target", fn("target")) == {"value": 1}
+    assert gq.stage(res, "extract/bf16", fn("extract/bf16")) == {"value": 2}
+    assert gq.stage(res, "extract/fp8", fn("extract/fp8")) is None  # stopped by --until
+    assert calls == ["target", "extract/bf16"]
+    assert json.loads((tmp_path / "out1" / "results.json").read_text())["stages"]["extract/bf16"] == {"value": 2}
+
+    res = gq.Results(tmp_path / "work", tmp_path / "out2", resume=True)
+    res.until, res.stop = None, False
+    assert gq.stage(res, "extract/bf16", fn("again")) == {"value": 2}  # kept from the first call
+    assert gq.stage(res, "extract/fp8", fn("extract/fp8")) == {"value": 3}
+    assert calls == ["target", "extract/bf16", "extract/fp8"]
+    both = json.loads((tmp_path / "out2" / "results.json").read_text())["stages"]
+    assert set(both) == {"target", "extract/bf16", "extract/fp8"}
+
+
+@pytest.mark.parametrize("args, message", [(["--until", "train/nope"], "--until: expected one of target"),
+                                            (["--skip", "spec,foo"], "--skip: expected a comma list")])
+def test_gpu_quality_refuses_unknown_stage_names(args, message):
+    r = subprocess.run([sys.executable, "benchmarks/gpu_quality.py", *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
