@@ -60,18 +60,36 @@ class Results:
     ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine, so that one
     benchmark can be spread over several calls of limited length: stages recorded there are not run again."""
 
-    def __init__(self, work: Path, out: Path, resume: bool = False):
+    def __init__(self, work: Path, out: Path, resume: bool = False, settings: dict | None = None):
+        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable results.json or one
+        made with other ``settings`` (the arguments that change the figures)."""
         self.paths = list(dict.fromkeys([work / "results.json", out / "results.json"]))
-        self.data: dict = {"stages": {}, "failures": []}
+        self.data: dict = {"stages": {}, "failures": [], "settings": settings or {}}
         if resume and self.paths[0].is_file():
-            self.data = json.loads(self.paths[0].read_text())
-            self.data["failures"] = []
+            try:
+                data = json.loads(self.paths[0].read_text())
+                if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
+                    raise ValueError(f"expected an object with a 'stages' object, got {type(data).__name__}")
+            except ValueError as e:  # JSONDecodeError is a ValueError
+                raise SystemExit(f"--resume: {self.paths[0]} is not a results file of this script ({e}); "
+                                 "delete it (or the whole --work folder) to start over") from e
+            old = data.get("settings", {})
+            diff = {k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v}
+            if diff:
+                raise SystemExit(f"--resume: {self.paths[0]} was made with other settings "
+                                 f"(name: earlier, now): {diff}; use the same arguments or another --work")
+            self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
+        elif resume:
+            print(f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
+                  flush=True)
         for p in self.paths:
             p.parent.mkdir(parents=True, exist_ok=True)
 
     def _write(self) -> None:
-        for p in self.paths:
-            p.write_text(json.dumps(self.data, indent=1, default=str))
+        for p in self.paths:  # atomic: a kill mid-write leaves the previous complete file
+            tmp = p.with_name(f".{p.name}.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, default=str))
+            os.replace(tmp, p)
 
     def put(self, key: str, value) -> None:
         self.data["stages"][key] = value
@@ -323,6 +341,9 @@ def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work:
 def stage(res: Results, name: str, fn, *args):
     if name in res.data["stages"]:
         log(f"{name}: done in an earlier call")
+        if name == res.until:
+            log(f"stopping after {name} (--until)")
+            res.stop = True
         return res.data["stages"][name]
     if res.stop:
         return None
@@ -406,9 +427,27 @@ def main() -> int:
         p.error(f"--skip: expected a comma list of spec, fp8, offline; got {sorted(skip)}")
     if a.until is not None and a.until not in STAGES:
         p.error(f"--until: expected one of {', '.join(STAGES)}; got {a.until!r}")
+    from eagle3.draft_model import COMPILE_MODES
+
+    if a.compile_mode not in COMPILE_MODES:
+        p.error(f"--compile-mode: expected one of {', '.join(COMPILE_MODES)}; got {a.compile_mode!r}")
+    if a.compile_mode != "default" and not a.compile:
+        p.error(f"--compile-mode {a.compile_mode} needs --compile")
+    if not a.target and not Path(a.data).expanduser().is_file():
+        p.error(f"--data: {a.data} is not a file (a ShareGPT JSONL, .gz allowed)")
+    if a.gguf and not Path(a.gguf).is_file():
+        p.error(f"--gguf: {a.gguf} is not a file")
+    for name in ("max_convs", "max_seq_len", "extract_batch", "draft_vocab", "ttt", "tokens_per_batch"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: expected ≥ 1, got {getattr(a, name)}")
+    if not (a.lr > 0 and a.epochs > 0) or a.workers < 0 or a.offline_prompts < 0 or a.max_new_tokens < 1:
+        p.error("--lr and --epochs must be > 0, --workers and --offline-prompts ≥ 0, --max-new-tokens ≥ 1")
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = Results(work, Path(a.out) if a.out else work, resume=a.resume)
+    settings = {k: getattr(a, k) for k in ("max_convs", "max_seq_len", "draft_vocab", "ttt", "epochs", "lr",
+                                          "tokens_per_batch", "compile", "compile_mode", "device", "data", "gguf",
+                                          "target")}
+    res = Results(work, Path(a.out) if a.out else work, resume=a.resume, settings=settings)
     res.until, res.stop = a.until, False
     import torch
 
@@ -451,11 +490,13 @@ def main() -> int:
             drafts["speculators-bf16"] = work / "spec-bf16-eval"
     if "offline" not in skip and drafts and not res.stop:
         prompts = held_out_prompts(hs, data, a.offline_prompts)
-        log(f"offline acceptance: {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens")
+        short = (f" (of {a.offline_prompts} asked: the held-out split has only {len(prompts)})"
+                 if len(prompts) < a.offline_prompts else "")
+        log(f"offline acceptance: {len(prompts)} held-out prompts{short}, {a.max_new_tokens} new tokens")
         offline(a, target, drafts, prompts, work, res)
     log("done")
     table(res)
-    return 0
+    return 1 if res.data["failures"] else 0
 
 
 if __name__ == "__main__":

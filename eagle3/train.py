@@ -79,13 +79,19 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
 
 
 def ensure_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` and write a probe file. Raises ConfigError naming the directory and the OS error."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-probe.", suffix=".tmp"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"train output dir {out_dir}: not writable ({type(e).__name__}: {e})") from e
+    """Create ``out_dir`` and its ``state/`` (checkpoints) and write a probe file in each, before any training step.
+
+    Raises ConfigError naming the directory and the OS error (read-only, permission, ``state`` being a file).
+    """
+    for d, what in ((out_dir, "train output dir"), (out_dir / "state", "checkpoint dir")):
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away and re-run")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".write-probe.", suffix=".tmp"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{what} {d}: not writable ({type(e).__name__}: {e})") from e
 
 
 def _attn(t, device: torch.device) -> str:
@@ -127,9 +133,11 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         use_uncompiled_forward(model)
     elif device.type == "cuda":
         compile_forward(model, t.compile_mode)
-    elif rank == 0:
-        log.warning("train.compile=true: speculators compiles the draft's forward only on CUDA; on %s it runs "
-                    "eagerly (micro-batches are still padded to %d positions)", device.type, t.max_tokens_per_batch)
+    elif rank == 0 and t.max_steps != 0:  # an evaluation-only run (max_steps=0) trains nothing to compile
+        padded = t.pad_to_max_tokens is not False
+        log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs eagerly%s",
+                    device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} positions)"
+                    if padded else "")
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)

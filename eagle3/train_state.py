@@ -100,9 +100,11 @@ def _written(final: Path, what: str):
         except OSError:
             free = "free space unknown"
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e)[:200]}"
-        raise DataError(f"{final}: could not write the {what} ({why}; {free}); the previous checkpoints are kept. "
-                        "Free disk space, or write fewer (train.keep_last, train.checkpoint_every), then re-run: "
-                        "training resumes from the newest complete checkpoint") from e
+        older = list_checkpoints(final.parent) if final.parent.is_dir() else []
+        kept = (f"the newest complete checkpoint, {older[-1].name}, is kept and a re-run resumes from it" if older
+                else "no complete checkpoint exists yet, so a re-run starts from step 0")
+        raise DataError(f"{final}: could not write the {what} ({why}; {free}); {kept}. If the disk is full, free "
+                        "space or write fewer checkpoints (train.keep_last, train.checkpoint_every)") from e
 
 
 def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int) -> Path:

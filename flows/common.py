@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from eagle3.config import RunConfig, is_secret_key, load_config, redact
-from eagle3.errors import DataError
+from eagle3.errors import ConfigError, DataError
 from tasks import caching, tracking
 
 SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"  # JSON list of overrides kept out of flow parameters
@@ -162,7 +162,11 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
                                   temporary_settings)
 
     base = cfg.paths.resolved_runs_dir() / ".prefect"
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"paths.runs_dir: cannot create {base} for Prefect's state ({type(e).__name__}: "
+                          f"{e.strerror or e}); choose a writable paths.runs_dir") from e
     updates: dict = {}
     if not os.environ.get("PREFECT_LOCAL_STORAGE_PATH"):
         updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "storage")  # = Prefect's default under PREFECT_HOME

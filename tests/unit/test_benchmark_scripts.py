@@ -55,6 +55,18 @@ def test_gpu_quality_until_then_resume_runs_only_missing_stages(tmp_path):
     both = json.loads((tmp_path / "out2" / "results.json").read_text())["stages"]
     assert set(both) == {"target", "extract/bf16", "extract/fp8"}
 
+    res = gq.Results(tmp_path / "work", tmp_path / "out3", resume=True)
+    res.until, res.stop = "target", False  # --until a stage an earlier call finished: stop at once
+    assert gq.stage(res, "target", fn("again")) == {"value": 1}
+    assert gq.stage(res, "train/ours-bf16", fn("train")) is None and "train" not in calls
+
+    (tmp_path / "work" / "results.json").write_text('{"stages": {"target": ')  # cut short by a kill
+    with pytest.raises(SystemExit, match=r"--resume: .*results.json is not a results file of this script"):
+        gq.Results(tmp_path / "work", tmp_path / "out4", resume=True)
+    (tmp_path / "work" / "results.json").write_text(json.dumps({"stages": {}, "settings": {"max_convs": 16}}))
+    with pytest.raises(SystemExit, match=r"made with other settings .*'max_convs': \(16, 64\)"):
+        gq.Results(tmp_path / "work", tmp_path / "out4", resume=True, settings={"max_convs": 64})
+
 
 @pytest.mark.parametrize("args, message", [(["--until", "train/nope"], "--until: expected one of target"),
                                             (["--skip", "spec,foo"], "--skip: expected a comma list")])

@@ -143,8 +143,18 @@ def test_a_failed_checkpoint_write_is_a_data_error_and_keeps_the_older_checkpoin
     cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0",
                          "train.keep_last=3")
     with pytest.raises(DataError, match=r"ckpt-00000004: could not write the training checkpoint "
-                                        r"\(RuntimeError: .*unexpected pos.*GiB free there\)"):
+                                        r"\(RuntimeError: .*unexpected pos.*GiB free there\); the newest complete "
+                                        r"checkpoint, ckpt-00000002, is kept"):
         train(cfg, hs_dir, out, progress=False)
     left = sorted(p.name for p in (out / "state").iterdir())
     assert "ckpt-00000002" in left and not any("00000004" in n for n in left), left
     assert (out / "state" / "ckpt-00000002" / "optimizer.pt").is_file()
+
+
+def test_a_state_file_where_the_checkpoint_folder_goes_is_refused_before_training(hs_dir, tmp_path):
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / "state").write_text("x")
+    with pytest.raises(ConfigError, match=r"checkpoint dir .*/t/state: expected a directory, found a file"):
+        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2"), hs_dir, out, progress=False)
+    assert not (out / "metrics.jsonl").exists()  # refused before any step
