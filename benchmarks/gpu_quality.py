@@ -70,8 +70,17 @@ class Results:
                 data = json.loads(self.paths[0].read_text())
                 if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
                     raise ValueError(f"expected an object with a 'stages' object, got {type(data).__name__}")
+                if not isinstance(data.get("settings", {}), dict):
+                    raise ValueError("'settings' is not an object")
+                bad = [k for k, v in data["stages"].items() if not isinstance(v, dict)]
+                if bad:
+                    raise ValueError(f"stages {bad[:3]} are not objects")
+                gone = [f"{k}: {v['dir']}" for k, v in data["stages"].items()
+                        if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()]
+                if gone:
+                    raise ValueError(f"outputs of finished stages are missing here ({'; '.join(gone[:3])})")
             except ValueError as e:  # JSONDecodeError is a ValueError
-                raise SystemExit(f"--resume: {self.paths[0]} is not a results file of this script ({e}); "
+                raise SystemExit(f"--resume: {self.paths[0]} cannot be resumed ({e}); "
                                  "delete it (or the whole --work folder) to start over") from e
             old = data.get("settings", {})
             diff = {k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v}
@@ -119,14 +128,20 @@ def prepare_target(a, work: Path) -> Path:
 
 
 def data_file(a, work: Path) -> Path:
+    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work`` once."""
+    import lzma
+
     src = Path(a.data).expanduser()
-    if src.suffix == ".gz":
-        dst = work / src.name[:-3]
-        if not dst.is_file():
-            with gzip.open(src, "rb") as f, open(dst, "wb") as g:
-                shutil.copyfileobj(f, g)
-        return dst
-    return src
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(src.suffix)
+    if opener is None:
+        return src
+    dst = work / src.name[: -len(src.suffix)]
+    if not dst.is_file():
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        with opener(src, "rb") as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.replace(tmp, dst)
+    return dst
 
 
 def overrides(a, work: Path, target: Path, data: Path) -> list[str]:
@@ -427,6 +442,9 @@ def main() -> int:
         p.error(f"--skip: expected a comma list of spec, fp8, offline; got {sorted(skip)}")
     if a.until is not None and a.until not in STAGES:
         p.error(f"--until: expected one of {', '.join(STAGES)}; got {a.until!r}")
+    skipped = {"spec": "speculators", "fp8": "fp8"}
+    if a.until and any(skipped[k] in a.until for k in skip if k in skipped):
+        p.error(f"--until {a.until}: that stage is skipped by --skip {a.skip}")
     from eagle3.draft_model import COMPILE_MODES
 
     if a.compile_mode not in COMPILE_MODES:
@@ -445,8 +463,9 @@ def main() -> int:
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     settings = {k: getattr(a, k) for k in ("max_convs", "max_seq_len", "draft_vocab", "ttt", "epochs", "lr",
-                                          "tokens_per_batch", "compile", "compile_mode", "device", "data", "gguf",
-                                          "target")}
+                                          "tokens_per_batch", "compile", "compile_mode", "device")}
+    settings.update({k: str(Path(getattr(a, k)).expanduser().resolve()) if getattr(a, k) else None
+                     for k in ("data", "gguf", "target")})  # the same file by another path is the same
     res = Results(work, Path(a.out) if a.out else work, resume=a.resume, settings=settings)
     res.until, res.stop = a.until, False
     import torch
@@ -461,7 +480,7 @@ def main() -> int:
     target = stage(res, "target", lambda: {"dir": str(prepare_target(a, work))})
     if target is None:
         table(res)
-        return 1
+        return 0 if res.stop else 1
     target = Path(target["dir"])
     data = data_file(a, work)
     base = overrides(a, work, target, data)
@@ -469,7 +488,7 @@ def main() -> int:
     ex = stage(res, "extract/bf16", do_extract, a, base, work / "hs-bf16", "bfloat16")
     if ex is None:
         table(res)
-        return 1
+        return 0 if res.stop and not res.data["failures"] else 1
     hs = work / "hs-bf16"
     fp8 = None if "fp8" in skip else stage(res, "extract/fp8", do_extract, a, base, work / "hs-fp8", "fp8")
     drafts: dict[str, Path] = {}

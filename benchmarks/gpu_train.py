@@ -147,7 +147,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
                            f"({len(tps)} windows): raise --steps")
     how = f"compiled forward ({mode}, static shapes, padded)" if compiled else "uncompiled forward"
     return {"name": f"ours ({a.num_gpus} GPU)" if a.cuda else "ours (cpu)", "tokens_per_s": statistics.median(steady),
-            "peak_gib": peak, "steps": len(tps) * L, "wall_s": wall, "profile": prof.result,
+            "peak_gib": peak, "steps": a.steps, "wall_s": wall, "profile": prof.result,
             "settings": f"sdpa, eager kl_div loss, {how}, "
                         f"{a.ours_workers if a.ours_workers is not None else (4 if a.cuda else 0)} loader workers"}
 
@@ -321,7 +321,13 @@ def main() -> int:
     for bad, msg in ((min(a.steps, a.log_every, a.seq_len, a.ttt, a.num_gpus) < 1,
                       "--steps, --log-every, --seq-len, --ttt and --num-gpus must be ≥ 1"),
                      (a.samples < 4, f"--samples: expected ≥ 4 (one is held out), got {a.samples}"),
-                     (not a.lr > 0, f"--lr: expected > 0, got {a.lr}"),
+                     (not 0 < a.lr < float("inf"), f"--lr: expected a finite value > 0, got {a.lr}"),
+                     (a.draft_vocab < 2, f"--draft-vocab: expected ≥ 2, got {a.draft_vocab}"),
+                     (a.workers < 0, f"--workers: expected ≥ 0, got {a.workers}"),
+                     (a.ours_workers is not None and a.ours_workers < 0,
+                      f"--ours-workers: expected ≥ 0, got {a.ours_workers}"),
+                     (a.out is not None and a.out.exists() and not a.out.is_dir(),
+                      f"--out: {a.out} exists and is not a folder"),
                      (a.warmup < 0 or a.profile < 0, "--warmup and --profile must be ≥ 0"),
                      (a.steps < a.warmup + a.profile + a.log_every,
                       f"--steps {a.steps}: expected ≥ --warmup + --profile + --log-every "

@@ -131,6 +131,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
     if not t.compile:
         use_uncompiled_forward(model)
+        if t.compile_mode != "default" and rank == 0:
+            log.warning("train.compile_mode=%s has no effect: train.compile is false", t.compile_mode)
     elif device.type == "cuda":
         compile_forward(model, t.compile_mode)
     elif rank == 0 and t.max_steps != 0:  # an evaluation-only run (max_steps=0) trains nothing to compile

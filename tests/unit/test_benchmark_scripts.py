@@ -61,7 +61,7 @@ def test_gpu_quality_until_then_resume_runs_only_missing_stages(tmp_path):
     assert gq.stage(res, "train/ours-bf16", fn("train")) is None and "train" not in calls
 
     (tmp_path / "work" / "results.json").write_text('{"stages": {"target": ')  # cut short by a kill
-    with pytest.raises(SystemExit, match=r"--resume: .*results.json is not a results file of this script"):
+    with pytest.raises(SystemExit, match=r"--resume: .*results.json cannot be resumed"):
         gq.Results(tmp_path / "work", tmp_path / "out4", resume=True)
     (tmp_path / "work" / "results.json").write_text(json.dumps({"stages": {}, "settings": {"max_convs": 16}}))
     with pytest.raises(SystemExit, match=r"made with other settings .*'max_convs': \(16, 64\)"):
