@@ -30,7 +30,7 @@ from eagle3.draft_model import (build_draft, compile_forward, read_target_config
 from eagle3.errors import ConfigError
 from eagle3.train_data import data_identity, open_hidden_states
 from eagle3.train_loop import Run, evaluate, run_loop
-from eagle3.train_state import list_checkpoints, load_checkpoint, lr_factor, make_scheduler, read_info, \
+from eagle3.train_state import check_checkpoint_space, list_checkpoints, load_checkpoint, lr_factor, make_scheduler, read_info, \
     truncate_metrics
 from eagle3.train_resume import check_resume, load_init_from
 from eagle3.vocab import build_vocab_map, load_token_freq
@@ -140,6 +140,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs eagerly%s",
                     device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} positions)"
                     if padded else "")
+    if rank == 0:
+        check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last, trains=t.max_steps != 0)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)

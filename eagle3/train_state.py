@@ -107,6 +107,29 @@ def _written(final: Path, what: str):
                         "space or write fewer checkpoints (train.keep_last, train.checkpoint_every)") from e
 
 
+def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True) -> int:
+    """Refuse to start training when ``state_dir``'s disk cannot hold what the run will write; returns the bytes
+    needed.
+
+    A checkpoint holds the full state dict (``model.safetensors``) and AdamW's two float32 moments per trainable
+    parameter (``optimizer.pt``). While one is written the ``keep_last`` older ones still exist, so ``keep_last + 1``
+    checkpoints must fit, plus ``best/`` and the exported draft (weights each). Space already taken by this
+    folder's checkpoints is counted as reusable. Raises DataError with the folder, the bytes needed and free.
+    """
+    weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
+    need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights
+    held = sum(f.stat().st_size for d in [*list_checkpoints(state_dir), state_dir / "best"] if d.is_dir()
+               for f in d.iterdir() if f.is_file())
+    free = shutil.disk_usage(state_dir).free
+    if free + held < need:
+        raise DataError(f"{state_dir}: the run needs about {need / 2**20:.1f} MiB for checkpoints "
+                        f"(train.keep_last={keep_last}: {keep_last + 1} x {(weights + moments) / 2**20:.1f} MiB while "
+                        f"one is written, plus best/ and the exported draft), but only {free / 2**20:.1f} MiB are free "
+                        f"there (+ {held / 2**20:.1f} MiB of older checkpoints); free space or lower train.keep_last")
+    return need
+
+
 def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int) -> Path:
     """Write ``ckpt-<step>`` atomically, then delete all but the newest ``keep_last`` checkpoints.
 

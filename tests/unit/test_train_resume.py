@@ -158,3 +158,33 @@ def test_a_state_file_where_the_checkpoint_folder_goes_is_refused_before_trainin
     with pytest.raises(ConfigError, match=r"checkpoint dir .*/t/state: expected a directory, found a file"):
         train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2"), hs_dir, out, progress=False)
     assert not (out / "metrics.jsonl").exists()  # refused before any step
+
+
+def test_too_little_disk_for_the_checkpoints_is_refused_before_training(hs_dir, tmp_path, monkeypatch):
+    """The needed bytes (keep_last + 1 checkpoints of weights + AdamW moments, best/ and the export) are compared
+    with the free space before the first step; the message gives both and the knob."""
+    import collections
+
+    import eagle3.train_state as ts
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(ts.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 2**20, 2**20))  # 1 MiB free
+    out = tmp_path / "t"
+    with pytest.raises(DataError, match=r"/t/state: the run needs about [\d.]+ MiB for checkpoints "
+                                        r"\(train.keep_last=2: 3 x [\d.]+ MiB .*only 1.0 MiB are free"):
+        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.keep_last=2"), hs_dir, out,
+              progress=False)
+    assert not (out / "metrics.jsonl").exists()
+    import eagle3.train as train_mod
+
+    needs = []
+    real_check = train_mod.check_checkpoint_space
+    monkeypatch.setattr(train_mod, "check_checkpoint_space", lambda *a, **k: needs.append(real_check(*a, **k)))
+    monkeypatch.setattr(ts.shutil, "disk_usage", lambda p: usage(10**12, 0, 10**12))
+    train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.keep_last=2", "train.checkpoint_every=1"),
+          hs_dir, out, progress=False)
+    ckpt = max(p for p in (out / "state").iterdir() if p.name.startswith("ckpt-"))
+    one = sum(f.stat().st_size for f in ckpt.iterdir() if f.name in ("model.safetensors", "optimizer.pt"))
+    weights = (ckpt / "model.safetensors").stat().st_size
+    # the estimate is the written sizes to within headers/pickling (a few %)
+    assert needs and needs[0] == pytest.approx(3 * one + 2 * weights, rel=0.05), (needs, one, weights)
