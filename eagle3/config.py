@@ -305,13 +305,16 @@ def apply_overrides(data: dict, overrides: list[str], known: dict | None = None)
     return data
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
+def _format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
+    """One line per invalid field; a field set by a ``-o`` override says so (the value did not come from the file)."""
+    given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
+    lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
         got = e.get("input")
         got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-        lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]})")
+        origin = next((f" [from -o {given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")
+        lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]}){origin}")
     return "\n".join(lines)
 
 
@@ -344,7 +347,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source)) from e
+        raise ConfigError(_format_validation_error(e, source, list(overrides or []))) from e
 
 
 def redact(obj: Any) -> Any:

@@ -31,6 +31,17 @@ def test_wrong_type_names_key_and_value():
         load_config(None, ["train.epochs=many"])
 
 
+def test_a_bad_value_from_an_override_is_attributed_to_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"tiny-random.yaml with -o overrides: invalid configuration\n"
+                                          r"  train.compile_mode: .*\(got 'fast'\) \[from -o train.compile_mode=fast\]"):
+        load_config(CONFIGS / "tiny-random.yaml", ["train.lr=0.01", "train.compile_mode=fast"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  compile_mode: fast\n")
+    with pytest.raises(ConfigError) as err:  # from the file: no override named
+        load_config(bad, ["train.lr=0.01"])
+    assert "(got 'fast')" in str(err.value) and "[from -o" not in str(err.value)
+
+
 def test_bad_override_syntax():
     with pytest.raises(ConfigError, match="no '='"):
         apply_overrides({}, ["train.lr"])
