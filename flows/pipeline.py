@@ -148,12 +148,14 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
 
         os.environ[SECRET_OVERRIDES_ENV] = json.dumps(secret)
     previous = _terminate_as_interrupt()
+    _RECEIVED.clear()
     try:
         with local_prefect(cfg) as env, _quiet_known_tracebacks():
             state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
             if not state.is_completed():
                 raise _with_retry_hint(state, stage, env)
             summary = state.result()
+        _raise_if_terminated()
     finally:
         if secret and old is None:
             os.environ.pop(SECRET_OVERRIDES_ENV, None)
@@ -203,6 +205,21 @@ def _quiet_known_tracebacks() -> Iterator[None]:
             h.setFormatter(f)
 
 
+_RECEIVED: list[int] = []  # termination signals received during the current run
+
+
+def _raise_if_terminated() -> None:
+    """Raise KeyboardInterrupt when a SIGTERM/SIGHUP arrived during the run but its KeyboardInterrupt was lost.
+
+    CPython swallows an exception raised by a signal handler inside an import's module-lock callback ("Exception
+    ignored in ... _get_module_lock"), and Prefect's engine may catch one too; the run then goes on. A run that
+    was told to stop must not then exit 0 as if nothing happened."""
+    if _RECEIVED:
+        names = ", ".join(signal.Signals(s).name for s in _RECEIVED)
+        raise KeyboardInterrupt(f"received {names} during the run; the interrupt was lost inside the run, which "
+                                "went on to its end: its outputs are complete, but it is reported as interrupted")
+
+
 def _terminate_as_interrupt() -> dict:
     """Make SIGTERM/SIGHUP raise KeyboardInterrupt in the main thread, so a killed ``eagle3 run`` still runs
     every ``finally`` (engine process groups ended, the ephemeral Prefect server stopped) instead of dying
@@ -211,6 +228,7 @@ def _terminate_as_interrupt() -> dict:
         return {}
 
     def interrupt(signum, _frame):
+        _RECEIVED.append(signum)
         raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
 
     previous = {}

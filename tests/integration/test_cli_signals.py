@@ -47,3 +47,25 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+def test_a_lost_sigterm_interrupt_still_fails_the_run():
+    """When the KeyboardInterrupt a SIGTERM raises is swallowed inside the run (CPython's module-lock callback,
+    or an ``except`` in a library), the run must still end as interrupted, not exit 0."""
+    from flows import pipeline
+
+    previous = pipeline._terminate_as_interrupt()
+    pipeline._RECEIVED.clear()
+    try:
+        pipeline._raise_if_terminated()  # nothing received: no error
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the handler runs at the next bytecode boundary
+        except KeyboardInterrupt:
+            pass  # swallowed, as CPython does inside the module-lock callback
+        with pytest.raises(KeyboardInterrupt, match=r"received SIGTERM during the run; the interrupt was lost"):
+            pipeline._raise_if_terminated()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        pipeline._RECEIVED.clear()
