@@ -6,21 +6,21 @@ stopped by a time limit still reports what it finished):
 
 1. target: SmolLM2-135M-Instruct as an HF folder, converted from its GGUF by the project's own
    :func:`eagle3.assets.prepare_smollm2` (``--gguf``), or an existing folder (``--target``).
-2. extract bf16: :func:`eagle3.extract.extract` (backend hf), ``--max-convs`` conversations of ``--data``
+2. extract bf16: :func:`eagle3.extract.stage.extract` (backend hf), ``--max-convs`` conversations of ``--data``
    (seeded order, first N usable), cut at ``--max-seq-len`` tokens, 5% held out (``data.val_fraction``).
-3. ours bf16: :func:`eagle3.train.train` on it (constant LR ``--lr``, no warmup, ``--epochs`` epochs, packed
+3. ours bf16: :func:`eagle3.train.stage.train` on it (constant LR ``--lr``, no warmup, ``--epochs`` epochs, packed
    micro-batches of ``--tokens-per-batch`` tokens, one per optimizer step, bf16 autocast, TTT 3, kl_div loss).
 4. speculators: ``speculators.train.trainer.Trainer`` on the same folder with its own loader
    (``create_train_val_loaders``, multipack to ``--tokens-per-batch``), the same draft (same
-   :func:`eagle3.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div, eager), clip 1.0,
+   :func:`eagle3.train.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div, eager), clip 1.0,
    no weight decay, no schedule; uncompiled forward on both sides (``--compile`` compiles both).
 5. extract fp8 (``extract.dtype=fp8``) of the same conversations; ours fp8: step 3 on that folder.
-6. simulated acceptance length (the project's :func:`eagle3.train_loop.evaluate`: greedy chain acceptance of the
+6. simulated acceptance length (the project's :func:`eagle3.train.loop.evaluate`: greedy chain acceptance of the
    TTT steps' predictions against the verifier's argmax, bonus token counted) of every draft on the held-out
    rows of the *bf16* folder: each draft is loaded with ``train.init_from`` into a ``train.max_steps=0`` run.
-7. offline acceptance length (:func:`eagle3.bench.offline_acceptance` with
-   :class:`eagle3.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
-   pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.convert`,
+7. offline acceptance length (:func:`eagle3.measure.bench.offline_acceptance` with
+   :class:`eagle3.serve.reference.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
+   pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.stage.convert`,
    on the first user turns of ``--offline-prompts`` held-out conversations, ``--max-new-tokens`` tokens each.
 
 The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98 × speculators, fp8-trained ≥
@@ -160,7 +160,7 @@ def overrides(a, work: Path, target: Path, data: Path) -> list[str]:
 
 def memoize_plan():
     """Tokenise the conversations once for both extractions (same data section → same plan)."""
-    import eagle3.extract as ex
+    import eagle3.extract.stage as ex
 
     orig, cache = ex.build_plan, {}
 
@@ -175,7 +175,7 @@ def memoize_plan():
 
 def do_extract(a, base: list[str], out_dir: Path, dtype: str) -> dict:
     from eagle3.config import load_config
-    from eagle3.extract import extract
+    from eagle3.extract.stage import extract
 
     shutil.rmtree(out_dir, ignore_errors=True)
     t0 = time.perf_counter()
@@ -193,7 +193,7 @@ def do_train(a, base: list[str], hs: Path, out_dir: Path, extra: list[str] = ())
     import torch
 
     from eagle3.config import load_config
-    from eagle3.train import train
+    from eagle3.train.stage import train
 
     shutil.rmtree(out_dir, ignore_errors=True)
     tps: list[float] = []
@@ -221,9 +221,9 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     from speculators.train.trainer import Trainer, TrainerConfig
 
     from eagle3.artifacts import read_manifest
-    from eagle3.draft_model import build_draft, resolve_flags, save_draft, set_attention, use_uncompiled_forward
+    from eagle3.train.draft_model import build_draft, resolve_flags, save_draft, set_attention, use_uncompiled_forward
     from eagle3.config import load_config
-    from eagle3.vocab import build_vocab_map, load_token_freq
+    from eagle3.train.vocab import build_vocab_map, load_token_freq
 
     shutil.rmtree(out_dir, ignore_errors=True)
     cuda = a.device == "cuda"
@@ -301,7 +301,7 @@ def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
     import datasets
 
     from eagle3.artifacts import read_manifest
-    from eagle3.data import read_conversations
+    from eagle3.extract.conversations import read_conversations
 
     val = read_manifest(hs)["splits"]["val"][:k]
     ds = datasets.load_from_disk(str(hs / "data"))
@@ -317,10 +317,10 @@ def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
 def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work: Path, res: Results) -> None:
     import torch
 
-    from eagle3.bench import offline_acceptance
-    from eagle3.convert import convert
-    from eagle3.engines.sglang_draft import SGLangEagle3Draft
-    from eagle3.specdec import SpeculativeDecoder
+    from eagle3.measure.bench import offline_acceptance
+    from eagle3.convert.stage import convert
+    from eagle3.engines.sglang.draft import SGLangEagle3Draft
+    from eagle3.serve.reference.specdec import SpeculativeDecoder
     from eagle3.target_model import load_target, torch_dtype
 
     tgt, tok = load_target(target, dtype=a.offline_dtype, device=a.device)
@@ -445,7 +445,7 @@ def main() -> int:
     skipped = {"spec": "speculators", "fp8": "fp8"}
     if a.until and any(skipped[k] in a.until for k in skip if k in skipped):
         p.error(f"--until {a.until}: that stage is skipped by --skip {a.skip}")
-    from eagle3.draft_model import COMPILE_MODES
+    from eagle3.train.draft_model import COMPILE_MODES
 
     if a.compile_mode not in COMPILE_MODES:
         p.error(f"--compile-mode: expected one of {', '.join(COMPILE_MODES)}; got {a.compile_mode!r}")

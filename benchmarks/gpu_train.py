@@ -1,11 +1,11 @@
 """Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``, one run.
 
 Same generated data (``benchmarks/train.py``'s ``synthetic``: random bf16 hidden states of a Llama-3.1-8B-shaped
-target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same draft (``eagle3.draft_model.
+target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same draft (``eagle3.train.draft_model.
 build_draft``: 1 layer, hidden 4096, draft vocab 32000 from the data's token frequencies padded, target vocab
 128256), same TTT steps (3), one sequence of ``--seq-len`` tokens per step, bf16 autocast, AdamW.
 
-- ours: ``eagle3.train.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
+- ours: ``eagle3.train.stage.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
   (positions of a window of ``--log-every`` optimizer steps / wall time of those steps, each step ending in one
   device sync), median over the windows after the warm-up; a window's metrics cost one more sync.
 - speculators: ``speculators.train.trainer.Trainer`` with its own data loader (``create_train_val_loaders``:
@@ -114,7 +114,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
     import torch
 
     from eagle3.config import load_config
-    from eagle3.train import train
+    from eagle3.train.stage import train
 
     compiled = mode != "eager"
     extra = [f"train.compile={str(compiled).lower()}"] + ([f"train.compile_mode={mode}"] if compiled else [])
@@ -181,8 +181,8 @@ def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl:
     from speculators.train.trainer import Trainer, TrainerConfig
 
     from eagle3.artifacts import read_manifest
-    from eagle3.draft_model import build_draft, set_attention, use_uncompiled_forward
-    from eagle3.vocab import build_vocab_map, load_token_freq
+    from eagle3.train.draft_model import build_draft, set_attention, use_uncompiled_forward
+    from eagle3.train.vocab import build_vocab_map, load_token_freq
 
     man = read_manifest(hs)
     n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
@@ -306,7 +306,7 @@ def main() -> int:
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
     a.out = Path(a.out) if a.out else None
-    from eagle3.draft_model import COMPILE_MODES
+    from eagle3.train.draft_model import COMPILE_MODES
 
     bad = [m for m in a.modes.split(",") if m and m != "eager" and m not in COMPILE_MODES]
     if bad or not a.modes.strip(","):
@@ -377,8 +377,8 @@ def main() -> int:
     model = next((r.pop("model") for r in rows if "model" in r), None)
     if model is None:
         from eagle3.artifacts import read_manifest
-        from eagle3.draft_model import build_draft
-        from eagle3.vocab import build_vocab_map, load_token_freq
+        from eagle3.train.draft_model import build_draft
+        from eagle3.train.vocab import build_vocab_map, load_token_freq
 
         tconf = json.loads((target / "config.json").read_text())
         vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=True)

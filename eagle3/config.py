@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 
 # A key is secret-looking when its last name part is one of these words (``hf_token``, ``WANDB_API_KEY``,
@@ -183,7 +184,7 @@ class ConvertConfig(_Section):
     """Conversion to the serving engine's format."""
 
     engine: Literal["sglang"] = "sglang"
-    engine_version: str = "0.5.23"
+    engine_version: str = SGLANG_VERSION
     equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence check.")
 
 

@@ -5,7 +5,7 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 
 1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference decoding),
    judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) × (offline − 1) with
-   offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.acceptance.serving_gap`); or, without an offline
+   offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.measure.acceptance.serving_gap`); or, without an offline
    figure, the same test against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with
    the looser ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
    (aux capture, key names, flags, layer ids, template).
@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from eagle3.acceptance import serving_gap
+from eagle3.measure.acceptance import serving_gap
 from eagle3.errors import DataError
 
 OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
@@ -179,7 +179,7 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
             f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated {sim:.3f} − 1) "
-            "(from training accuracies); no offline figure, so confirm with eagle3.bench.offline_acceptance"],
+            "(from training accuracies); no offline figure, so confirm with eagle3.measure.bench.offline_acceptance"],
             ev, "low")
     return None
 
@@ -288,7 +288,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
             raise DataError(f"sweep_decision: results[{i}] lacks {missing} (keys: {sorted(r)})")
     ev: dict = {"runs": len(results)}
     if plot_path is not None:
-        from eagle3.plots import plot_data_scaling
+        from eagle3.measure.plots import plot_data_scaling
 
         ev["plot"] = str(plot_data_scaling(results, plot_path))
     for r in results:

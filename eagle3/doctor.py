@@ -20,10 +20,12 @@ from typing import Callable
 
 import httpx
 
+from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+
 MIN_FREE_BYTES = 5 * 1024**3  # below this a run may not fit (hidden states, checkpoints)
 PREFECT_DEFAULT = "http://127.0.0.1:4200/api"  # infra/stack.sh
 MLFLOW_DEFAULT = "http://127.0.0.1:5000"
-SGLANG_PINNED = "0.5.23"
+SGLANG_PINNED = SGLANG_VERSION
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:

@@ -24,7 +24,7 @@ class DataError(Eagle3Error):
 class CheckpointInvalid(Eagle3Error):
     """A draft checkpoint would load wrongly (or not at all) in the chosen serving engine.
 
-    ``problems`` holds the individual :class:`eagle3.validate.Problem` records when there are several.
+    ``problems`` holds the individual :class:`eagle3.convert.validate.Problem` records when there are several.
     """
 
     def __init__(self, message: str, problems: list | None = None):

@@ -3,7 +3,7 @@
 Each point is the whole pipeline as a subflow, on its own run directory (``<name>-n<size>-<schedule>``), with
 its own MLflow parent run tagged ``eagle3.sweep_run_id`` (and the point's data size, schedule, unique tokens,
 epochs over the data, optimizer steps as tags/metrics), so the comparison table is read back from MLflow
-(:func:`sweep_table`). The points of one data size share one extraction (``<sweep run dir>/extract-n<size>``:
+(``tasks.reports.sweep_table``). The points of one data size share one extraction (``<sweep run dir>/extract-n<size>``:
 the extraction cache key does not depend on the training schedule, so the second schedule finds it cached).
 The sweep's parent run holds ``sweep.json``, the table (``sweep_table.md``), the data-scaling plot and the
 decision ("more data" / "longer training" / "fix serving integration" / "stop"). A point that fails is
@@ -25,8 +25,8 @@ from eagle3.errors import DataError
 from flows.common import load_run_config, parent_run, publish_summary
 from flows.pipeline import eagle3_pipeline
 from tasks import tracking
+from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
 
-SWEEP_TAG = "eagle3.sweep_run_id"
 # schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run with
 # evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the checkpoint).
 DEFAULT_SCHEDULES = {"epochs3-cosine": ["train.schedule=epochs", "train.epochs=3"],
@@ -117,96 +117,6 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
             "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results, "failed": failed,
             "decision": decision.recommendation, "decision_rule": decision.rule, "plot": str(plot),
             "experiment_id": tracking.client_for(cfg)[1], "stages": {}}
-
-
-TABLE_COLUMNS = ("data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
-                 "simulated", "served", "offline", "registered_model", "run_id")
-
-
-def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
-    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>``,
-    sorted by (data size, schedule). Each row has :data:`TABLE_COLUMNS`: data size (conversations), schedule,
-    unique training tokens, epochs over the data, optimizer steps, and the acceptance lengths (bonus token
-    counted): simulated (training validation), served (engine), offline (in-process reference decoding).
-    Raises DataError when the sweep run is unknown."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        exp = client.get_run(sweep_run_id).info.experiment_id
-    except MlflowException as e:
-        raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
-    rows = []
-    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
-        m, t = r.data.metrics, r.data.tags
-        rows.append({"data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
-                     "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
-                     "optimizer_steps": m.get("sweep.optimizer_steps"),
-                     "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
-                     "offline": m.get("acceptance_length_offline"),
-                     "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id})
-    return sorted(rows, key=lambda x: (x["data_size"], x["schedule"] or ""))
-
-
-def format_table(rows: list[dict]) -> str:
-    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2)."""
-    def cell(k, v):
-        if v is None:
-            return "n/a"
-        if k in ("unique_tokens", "optimizer_steps"):
-            return f"{int(v):,}"
-        if k == "epochs_over_data":
-            return f"{v:.2f}"
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-    head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
-
-
-def simulated_pivot(rows: list[dict]) -> str:
-    """Markdown: simulated acceptance length (training validation, bonus token counted) with schedules as
-    rows and data sizes (conversations; unique training tokens) as columns, from :func:`sweep_table` rows."""
-    sizes = sorted({r["data_size"] for r in rows})
-    toks = {r["data_size"]: r["unique_tokens"] for r in rows}
-    head = ["| schedule | " + " | ".join(f"{n} conv. ({int(toks[n] or 0):,} tokens)" for n in sizes) + " |",
-            "|---|" + "---|" * len(sizes)]
-    body = []
-    for sched in sorted({r["schedule"] for r in rows}):
-        cells = []
-        for n in sizes:
-            r = next((x for x in rows if x["schedule"] == sched and x["data_size"] == n), None)
-            cells.append("n/a" if r is None or r["simulated"] is None else
-                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps)")
-        body.append(f"| {sched} | " + " | ".join(cells) + " |")
-    return "\n".join(head + body)
-
-
-def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | None = None,
-                 max_plot_bytes: int = 200_000) -> str:
-    """A markdown report of a finished sweep, all read from MLflow: the comparison table, the simulated
-    acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot (artifact
-    ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes`` bytes)."""
-    import shutil
-
-    from mlflow import MlflowClient
-
-    from flows.decision import decision_text
-
-    rows = sweep_table(sweep_run_id, tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    plot_line = "data-scaling plot: not found"
-    try:
-        local = Path(client.download_artifacts(sweep_run_id, "data_scaling.png"))
-        plot_line = f"data-scaling plot: MLflow artifact `data_scaling.png` of run {sweep_run_id}"
-        if plot_copy is not None and local.stat().st_size <= max_plot_bytes:
-            shutil.copyfile(local, plot_copy)
-            plot_line += f", copied to `{plot_copy}`"
-    except Exception as e:  # noqa: BLE001 - reported in the text
-        plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
-    return "\n".join(["## MLflow comparison", "", format_table(rows), "",
-                      "## Simulated acceptance length by schedule × data size", "", simulated_pivot(rows), "",
-                      f"- {plot_line}", "", "## Decision (`eagle3 decide`)", "", "```",
-                      decision_text(sweep_run_id, tracking_uri), "```"])
 
 
 def main(argv: list[str] | None = None) -> int:

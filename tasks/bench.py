@@ -20,7 +20,7 @@ def training_history(train_dir: str | Path) -> dict:
     from the draft's ``metrics.jsonl`` (one JSON object per logged step) and ``manifest.json``.
 
     Rows ``{"step", "kind": "eval", "val/loss", ...}`` are evaluations, ``{"kind": "train", "train/loss"}`` training
-    logs (eagle3.train_loop). Epochs = the manifest's ``epochs_over_data``; unique tokens = its
+    logs (eagle3.train.loop). Epochs = the manifest's ``epochs_over_data``; unique tokens = its
     ``counts.train_positions``. Raises DataError when the folder has no manifest.
     """
     from eagle3.artifacts import read_manifest
@@ -45,7 +45,7 @@ def training_history(train_dir: str | Path) -> dict:
 def offline_settings(cfg: Any) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts, number of
     prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
-    CPU reference engine serves in (``serve.dtype``; ``auto`` = float32, eagle3.engines.reference)."""
+    CPU reference engine serves in (``serve.dtype``; ``auto`` = float32, eagle3.serve.reference)."""
     b = cfg.bench
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
@@ -53,7 +53,7 @@ def offline_settings(cfg: Any) -> dict:
 
 
 def offline_figure(cfg: Any, serving_dir: str | Path) -> dict:
-    """``eagle3.bench.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised in
+    """``eagle3.measure.bench.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised in
     ``<run_dir>/gate/offline_acceptance.json`` by (serving manifest content hash, settings).
 
     Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts × 64
@@ -62,7 +62,7 @@ def offline_figure(cfg: Any, serving_dir: str | Path) -> dict:
     """
     from eagle3.artifacts import atomic_write_json, read_manifest
     from eagle3.assets import resolve_target
-    from eagle3.bench import offline_acceptance
+    from eagle3.measure.bench import offline_acceptance
 
     key = {"serving_content_hash": read_manifest(serving_dir)["content_hash"], **offline_settings(cfg)}
     memo = cfg.run_dir() / "gate" / "offline_acceptance.json"
@@ -80,7 +80,7 @@ def offline_figure(cfg: Any, serving_dir: str | Path) -> dict:
 
 
 def simulated_figure(train_result: dict | None) -> float | None:
-    """The training run's simulated acceptance length (validation, bonus token counted; eagle3.train_metrics)
+    """The training run's simulated acceptance length (validation, bonus token counted; eagle3.train.metrics)
     from the train task's result, or None."""
     v = ((train_result or {}).get("metrics") or {}).get("simulated_acceptance_length")
     return float(v) if isinstance(v, (int, float)) else None
@@ -89,7 +89,7 @@ def simulated_figure(train_result: dict | None) -> float | None:
 def log_acceptance_plot(cfg: Any, parent_run_id: str, out: dict) -> Path:
     """``<run_dir>/gate/served_vs_offline.png`` (simulated / offline / served bars of the trained draft, and the
     untrained baseline's served bar when measured), logged on the parent run under ``plots/``."""
-    from eagle3.plots import plot_served_vs_offline
+    from eagle3.measure.plots import plot_served_vs_offline
 
     points = [{"label": "trained draft", "simulated": out["simulated"], "offline": out["offline"],
                "served": out["served"]}]
@@ -110,11 +110,11 @@ def gate_task(cfg: Any, trained: dict, untrained: dict | None, serving_dir: str,
     and the simulated (training validation) figure are always logged beside the served one
     (``acceptance_length``, ``acceptance_length_offline``, ``acceptance_length_simulated``,
     ``acceptance_gap_offline_minus_served``) with the plot ``plots/served_vs_offline.png``, so a serving gap is
-    visible even when the gate passes. Below the minimum ``eagle3.bench.check_acceptance`` says whether serving
+    visible even when the gate passes. Below the minimum ``eagle3.measure.bench.check_acceptance`` says whether serving
     or the draft is at fault. Raises AcceptanceTooLow. Returns ``{"served", "untrained", "gain",
     "beats_baseline", "offline", "simulated", "offline_wall_s"}``.
     """
-    from eagle3.bench import check_acceptance
+    from eagle3.measure.bench import check_acceptance
 
     served = trained.get("acceptance_length")
     base = untrained.get("acceptance_length") if untrained else None

@@ -30,14 +30,14 @@ FULL_HASH_LIMIT = 512 * 1024 * 1024  # bytes; larger files are fingerprinted by 
 
 # The library modules whose source defines each stage's output (a missing module is recorded as missing,
 # so the key changes when it lands).
-# "eagle3.train*" means every module of the package whose name starts with "train".
+# "eagle3.train.stage*" means every module of the package whose name starts with "train".
 STAGE_MODULES: dict[str, tuple[str, ...]] = {
-    "extract": ("eagle3.extract*", "eagle3.data", "eagle3.target_model", "eagle3.vocab", "eagle3.artifacts"),
-    "train": ("eagle3.train*", "eagle3.draft_model", "eagle3.vocab", "eagle3.artifacts"),
-    "convert": ("eagle3.convert", "eagle3.validate", "eagle3.equivalence", "eagle3.engines.sglang_profile",
-                "eagle3.engines.sglang_draft", "eagle3.engines.profiles", "eagle3.artifacts"),
-    "deploy": ("eagle3.engines", "eagle3.readiness", "eagle3.bench", "eagle3.acceptance", "eagle3.prompts",
-               "eagle3.specdec", "eagle3.procs"),
+    "extract": ("eagle3.extract.stage*", "eagle3.extract.conversations", "eagle3.target_model", "eagle3.train.vocab", "eagle3.artifacts"),
+    "train": ("eagle3.train.stage*", "eagle3.train.draft_model", "eagle3.train.vocab", "eagle3.artifacts"),
+    "convert": ("eagle3.convert.stage", "eagle3.convert.validate", "eagle3.convert.equivalence", "eagle3.engines.sglang.profile",
+                "eagle3.engines.sglang.draft", "eagle3.engines.profile", "eagle3.artifacts"),
+    "deploy": ("eagle3.engines", "eagle3.serve.readiness", "eagle3.measure.bench", "eagle3.measure.acceptance", "eagle3.measure.prompts",
+               "eagle3.serve.reference.specdec", "eagle3.serve.procs"),
 }
 
 # The config sections each stage reads (RunConfig.section_hash).

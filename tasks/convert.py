@@ -35,10 +35,10 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
     """
     from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
-    from eagle3.convert import convert
-    from eagle3.equivalence import check_equivalence
+    from eagle3.convert.stage import convert
+    from eagle3.convert.equivalence import check_equivalence
     from eagle3.errors import CheckpointInvalid
-    from eagle3.validate import validate
+    from eagle3.convert.validate import validate
 
     target = resolve_target(cfg)
     try:

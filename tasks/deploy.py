@@ -1,6 +1,6 @@
 """Prefect task of deploy + benchmark: launch the engine, pass the readiness gate, measure, tear down.
 
-The engine process is a context manager (``eagle3.engines.launcher.launch_ready``: launch_engine +
+The engine process is a context manager (``eagle3.serve.launcher.launch_ready``: launch_engine +
 wait_ready): its process group is ended in ``finally`` whatever happens, so a failed gate or benchmark
 leaves no server behind. The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as
 ``gate.json``.
@@ -39,8 +39,8 @@ def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: 
     """launch → readiness gate (``launch_ready``: GateFailed unless ready) → run_bench → teardown (the context
     manager ends the engine's process group in every case). Returns the acceptance report."""
     from eagle3.assets import resolve_target
-    from eagle3.bench import run_bench
-    from eagle3.engines.launcher import launch_ready
+    from eagle3.measure.bench import run_bench
+    from eagle3.serve.launcher import launch_ready
 
     target = resolve_target(cfg)
     b = cfg.bench

@@ -1,4 +1,4 @@
-"""Prefect task of the extraction stage (``eagle3.extract.extract``)."""
+"""Prefect task of the extraction stage (``eagle3.extract.stage.extract``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
 
 
 def dataset_file(cfg: Any) -> Path:
-    """The conversations file extraction reads (``eagle3.extract.data_source_path``)."""
-    from eagle3.extract import data_source_path
+    """The conversations file extraction reads (``eagle3.extract.stage.data_source_path``)."""
+    from eagle3.extract.stage import data_source_path
 
     return data_source_path(cfg)[1]
 
@@ -30,7 +30,7 @@ def extract_key(context: Any, parameters: dict) -> str:
 
 
 def extract_superseding(cfg: Any, out_dir: Path) -> dict:
-    """``eagle3.extract.extract``, replacing an extraction of another plan that ``out_dir`` still holds.
+    """``eagle3.extract.stage.extract``, replacing an extraction of another plan that ``out_dir`` still holds.
 
     The task runs only on a cache miss, i.e. when the data, target, settings or code changed. An output of the
     same plan is reused or resumed by ``extract`` itself; one of a different plan (finished or partial) is
@@ -38,7 +38,7 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
     DataError naming the plan hashes, which is what is recognised here).
     """
     from eagle3.errors import DataError
-    from eagle3.extract import extract
+    from eagle3.extract.stage import extract
 
     try:
         return extract(cfg, out_dir, progress=True)

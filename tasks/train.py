@@ -1,4 +1,4 @@
-"""Prefect task of the training stage (``eagle3.train.train``), trained and untrained (max_steps=0) drafts."""
+"""Prefect task of the training stage (``eagle3.train.stage.train``), trained and untrained (max_steps=0) drafts."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def train_key(context: Any, parameters: dict) -> str:
 def supersede_finished(cfg: Any, out_dir: Path) -> bool:
     """Remove a *finished* draft in ``out_dir`` that was trained with another train section; True if removed.
 
-    The task runs only on a cache miss. ``eagle3.train.train`` resumes whatever ``out_dir/state`` holds (the
+    The task runs only on a cache miss. ``eagle3.train.stage.train`` resumes whatever ``out_dir/state`` holds (the
     right thing after an interruption), so a finished run of other settings would only be re-exported, not
     retrained. A partial run (no manifest) is left for ``train`` to resume or reject.
     """
@@ -40,7 +40,7 @@ def supersede_finished(cfg: Any, out_dir: Path) -> bool:
 def train_task(cfg: Any, data_dir: str, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
     """Train a draft on ``data_dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
     through ``on_metrics`` as they happen, the manifest and metrics.jsonl when done."""
-    from eagle3.train import train
+    from eagle3.train.stage import train
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
         if supersede_finished(cfg, Path(out_dir)):

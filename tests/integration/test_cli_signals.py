@@ -20,7 +20,7 @@ from tests.conftest import CONFIGS, REPO
 
 @pytest.mark.slow
 def test_sigterm_during_a_run_stops_every_child(tmp_path):
-    cmd = [sys.executable, "-m", "eagle3.cli", "run", str(CONFIGS / "tiny-random.yaml"),
+    cmd = [sys.executable, "-m", "cli.main", "run", str(CONFIGS / "tiny-random.yaml"),
            "-o", f"paths.runs_dir={tmp_path / 'runs'}"]
     log = open(tmp_path / "run.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -51,21 +51,32 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path):
 
 def test_a_lost_sigterm_interrupt_still_fails_the_run():
     """When the KeyboardInterrupt a SIGTERM raises is swallowed inside the run (CPython's module-lock callback,
-    or an ``except`` in a library), the run must still end as interrupted, not exit 0."""
-    from flows import pipeline
+    or an ``except`` in a library), or another handler (Prefect's flow engine installs its own) takes the signal,
+    the run must still end as interrupted, not exit 0."""
+    from cli import run
 
-    previous = pipeline._terminate_as_interrupt()
-    pipeline._RECEIVED.clear()
+    record = run.SignalRecord()
+    assert record.install()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a handler that swallows it, like Prefect's path
     try:
-        pipeline._raise_if_terminated()  # nothing received: no error
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)  # the handler runs at the next bytecode boundary
-        except KeyboardInterrupt:
-            pass  # swallowed, as CPython does inside the module-lock callback
+        run.raise_if_terminated(record)  # nothing received: no error
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs at the next bytecode boundary
         with pytest.raises(KeyboardInterrupt, match=r"received SIGTERM during the run; the interrupt was lost"):
-            pipeline._raise_if_terminated()
+            run.raise_if_terminated(record)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        record.uninstall()
+
+
+def test_terminate_as_interrupt_raises_keyboard_interrupt():
+    from cli import run
+
+    previous = run.terminate_as_interrupt()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        pipeline._RECEIVED.clear()

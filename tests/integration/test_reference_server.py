@@ -18,8 +18,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from eagle3.engines.reference.__main__ import UsageError, parse_args
-from tests.support.sglang_drafts import make_random_draft
+from eagle3.serve.reference.__main__ import UsageError, parse_args
+from testkit.sglang_drafts import make_random_draft
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["Hello, how are you today?", "Write a haiku about the sea.", "1, 2, 3, 4,", "The capital of France"]
@@ -32,7 +32,7 @@ def _free_port() -> int:
 
 
 def _cmd(target, draft, port, *extra):
-    return [sys.executable, "-m", "eagle3.engines.reference", "--model-path", str(target),
+    return [sys.executable, "-m", "eagle3.serve.reference", "--model-path", str(target),
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", *extra]
@@ -233,7 +233,7 @@ def test_accepted_noop_flags_parse():
 def test_health_is_503_before_loading_in_process():
     from fastapi.testclient import TestClient
 
-    from eagle3.engines.reference.server import create_app
+    from eagle3.serve.reference.server import create_app
 
     app, engine = create_app(parse_args(_cmd("T", "D", 1)[3:]))
     client = TestClient(app)  # no lifespan: nothing loads

@@ -19,8 +19,9 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
 
     from eagle3.config import load_config
     from flows.common import local_prefect, stop_ephemeral_server
-    from flows.decision import decision_text
-    from flows.sweep import sweep_flow, sweep_table
+    from tasks.reports import decision_text
+    from flows.sweep import sweep_flow
+    from tasks.reports import sweep_table
     from tasks.registry import BEST_ALIAS, model_name
 
     overrides = [f"paths.runs_dir={tmp_path / 'runs'}", "train.draft_vocab_size=128", "bench.num_prompts=2",

@@ -12,7 +12,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from eagle3.bench import check_acceptance, offline_acceptance, run_bench
+from eagle3.measure.bench import check_acceptance, offline_acceptance, run_bench
 from eagle3.errors import AcceptanceTooLow, ConfigError, TransientError
 
 
@@ -123,7 +123,7 @@ def _expected_length(served: list[dict]) -> float:
 def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from eagle3.prompts import encode_prompts, load_prompts
+    from eagle3.measure.prompts import encode_prompts, load_prompts
 
     fake = FakeSGLang()
     url = serve(fake)
@@ -227,12 +227,12 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
 @pytest.mark.slow
 def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
-    """eagle3.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
+    """eagle3.serve.reference.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
     from transformers import AutoTokenizer
 
-    from eagle3.prompts import encode_prompts, load_prompts
-    from eagle3.specdec import SpeculativeDecoder
-    from tests.support.sglang_drafts import make_random_draft
+    from eagle3.measure.prompts import encode_prompts, load_prompts
+    from eagle3.serve.reference.specdec import SpeculativeDecoder
+    from testkit.sglang_drafts import make_random_draft
 
     draft = make_random_draft(tmp_path / "draft", tiny_target_dir)
     out = offline_acceptance(tiny_target_dir, draft, "mtbench", num_prompts=2, max_new_tokens=8, num_steps=2,
@@ -252,7 +252,7 @@ def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
 def test_cli_bench_url(serve, smollm2_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from eagle3.cli import app
+    from cli.main import app
 
     fake = FakeSGLang()
     url = serve(fake)
@@ -274,7 +274,7 @@ def test_gate_on_weak_draft_numbers_from_assets_md():
 
 
 def test_save_report_with_offline(tmp_path):
-    from eagle3.bench import save_report
+    from eagle3.measure.bench import save_report
 
     report = {"summary": {"acceptance_length": 1.2, "num_prompts": 2, "output_tokens": 20, "wall_s": 1.0},
               "per_category": {"math": {"acceptance_length": 1.2}}, "settings": {"url": "x"}}

@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from eagle3.data import Conversation
+from eagle3.extract.conversations import Conversation
 from eagle3.errors import DataError, TransientError
-from eagle3.extract import extract
-from eagle3.extract_regen import hf_answer_fn, openai_answer_fn, regenerate
+from eagle3.extract.stage import extract
+from eagle3.extract.regen import hf_answer_fn, openai_answer_fn, regenerate
 from tests.unit.test_extract import file_cfg, write_convs
 
 TWO_TURNS = Conversation("t", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "old1"},

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from eagle3.config import load_config
-from eagle3.extract import extract
-from eagle3.extract_store import load_sample
+from eagle3.extract.stage import extract
+from eagle3.extract.store import load_sample
 from tests.conftest import CONFIGS
 
 
@@ -46,7 +46,7 @@ def test_smollm2_sharegpt_walking_skeleton(smol_run, smollm2_dir):
 
 @pytest.mark.slow
 def test_smollm2_batch_vs_alone_determinism_probe(smol_run, smollm2_dir):
-    from eagle3.extract_hf import determinism_probe, forward_capture
+    from eagle3.extract.hf_backend import determinism_probe, forward_capture
     from eagle3.target_model import load_target
 
     cfg, out, m = smol_run

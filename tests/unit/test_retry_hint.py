@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("prefect")
 
 from eagle3.errors import DataError, GateFailed  # noqa: E402
-from flows.pipeline import _with_retry_hint  # noqa: E402
+from cli.run import _with_retry_hint  # noqa: E402
 
 
 def _state(exc):
@@ -44,7 +44,7 @@ def test_console_leaves_out_tracebacks_of_known_errors_only():
     import logging
     import sys
 
-    from flows.pipeline import _KnownErrorsWithoutTraceback
+    from cli.run import _KnownErrorsWithoutTraceback
 
     fmt = _KnownErrorsWithoutTraceback(logging.Formatter("%(message)s"))
 

@@ -1,0 +1,236 @@
+"""The ``eagle3`` command line (typer). Each command is a thin call into the library or a flow.
+
+Exit codes: 0 success; 1 the command ran and found a problem (invalid checkpoint, gate verdict other than
+ready, acceptance below the minimum, a failed stage); 2 usage error or unreadable input.
+Commands import ``flows``, ``tasks`` and the heavy parts of the library lazily, so ``eagle3 --help`` and the
+file-only commands start fast and never start Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="EAGLE-3 draft models from extraction to a served, measured draft.")
+
+OverridesOpt = typer.Option(None, "-o", "--override", help="section.key=value (repeatable)")
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
+    from eagle3.config import load_config
+
+    try:
+        cfg = load_config(config, overrides)  # fail fast on a bad config, before Prefect starts
+        if stage in ("pipeline", "extract"):
+            from eagle3.extract.stage import check_before_run
+
+            check_before_run(cfg)
+    except ConfigError as e:
+        _fail(str(e), 2)
+    from cli.run import run_flow_cli  # lazy: Prefect starts only for commands that run a flow
+
+    try:
+        summary = run_flow_cli(stage, str(config), list(overrides or []))
+    except Eagle3Error as e:
+        _fail(f"{stage} failed: {type(e).__name__}: {e}", 1)
+    if summary:
+        typer.echo(summary)
+
+
+@app.command()
+def prepare(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
+    """Prepare the real assets CONFIG needs (target model folder, conversations) in the cache; idempotent."""
+    from eagle3.assets import prepare_sharegpt, resolve_target
+    from eagle3.config import load_config
+
+    try:
+        cfg = load_config(config, override)
+        target = resolve_target(cfg)
+        data = prepare_sharegpt(cfg.paths.resolved_cache_dir()) if cfg.data.source == "sharegpt" else cfg.data.path
+    except (ConfigError, DataError) as e:
+        _fail(str(e), 2)
+    typer.echo(f"target: {target}\ndata:   {data}\ncache:  {cfg.paths.resolved_cache_dir()}")
+
+
+@app.command()
+def run(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
+    """Run the whole pipeline (extract → train → convert+validate → deploy → bench) as the Prefect flow."""
+    _run_flow("pipeline", config, override)
+
+
+@app.command()
+def extract(config: Path, override: Optional[List[str]] = OverridesOpt):
+    """Run the extraction stage of CONFIG."""
+    _run_flow("extract", config, override)
+
+
+@app.command()
+def train(config: Path, override: Optional[List[str]] = OverridesOpt):
+    """Run the training stage of CONFIG (extraction must have run)."""
+    _run_flow("train", config, override)
+
+
+@app.command()
+def deploy(config: Path, override: Optional[List[str]] = OverridesOpt):
+    """Deploy the converted draft of CONFIG behind the readiness gate, benchmark it, and shut it down."""
+    _run_flow("deploy", config, override)
+
+
+@app.command()
+def convert(
+    args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) or SRC DST (stand-alone)"),
+    to: str = typer.Option("sglang", "--to", help="Serving engine format"),
+    target: Optional[Path] = typer.Option(None, "--target", help="Target model folder (config.json)"),
+    override: Optional[List[str]] = OverridesOpt,
+):
+    """Convert a draft: ``eagle3 convert CONFIG`` (stage) or ``eagle3 convert SRC DST --to sglang``."""
+    if len(args) == 1:
+        _run_flow("convert", Path(args[0]), override)
+        return
+    if len(args) != 2:
+        _fail(f"convert: expected CONFIG or SRC DST, got {len(args)} arguments", 2)
+    from eagle3.convert.stage import convert as do_convert
+    from eagle3.convert.validate import validate as do_validate
+
+    src, dst = Path(args[0]), Path(args[1])
+    try:
+        manifest = do_convert(src, dst, engine=to, target_dir=target)
+    except (ConfigError, DataError, EngineUnsupported, OSError) as e:
+        _fail(str(e), 2)
+    except (ValueError, TypeError, KeyError) as e:  # a malformed field in SRC's config or tensors
+        _fail(f"{src}: unreadable draft ({type(e).__name__}: {e})", 2)
+    except Eagle3Error as e:
+        _fail(f"{type(e).__name__}: {e}", 1)
+    problems = do_validate(dst, target_dir=target, engine=to)
+    for p in problems:
+        typer.echo(str(p))
+    typer.echo(f"converted {src} -> {dst} ({to}); {len(problems)} problem(s); content {manifest['content_hash'][:12]}")
+    raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def validate(
+    directory: Path = typer.Argument(..., help="Draft checkpoint directory"),
+    target: Optional[Path] = typer.Option(None, "--target", help="Target model folder"),
+    engine: str = typer.Option("sglang", "--engine"),
+    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to compare with"),
+):
+    """Check a draft against the engine profile. Exit 0 valid, 1 problems (one ``CODE: message`` per line), 2 I/O."""
+    from eagle3.artifacts import read_manifest
+    from eagle3.convert.validate import validate as do_validate
+
+    try:
+        data_manifest = read_manifest(data) if data else None
+        problems = do_validate(directory, target_dir=target, engine=engine, data_manifest=data_manifest)
+    except (ConfigError, DataError, EngineUnsupported, OSError) as e:
+        _fail(str(e), 2)
+    for p in problems:
+        typer.echo(str(p))
+    if not problems:
+        typer.echo(f"{directory}: valid for {engine}")
+    raise typer.Exit(1 if problems else 0)
+
+
+@app.command("wait-ready")
+def wait_ready(
+    url: str = typer.Option(..., "--url"),
+    pid: Optional[int] = typer.Option(None, "--pid", help="Server process id (crash and CPU-time signals)"),
+    log: Optional[Path] = typer.Option(None, "--log", help="Server log file (growth is a progress signal)"),
+    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="seconds without progress → stalled"),
+    timeout: float = typer.Option(600.0, "--timeout", help="overall deadline, seconds"),
+    poll_interval: float = typer.Option(1.0, "--poll-interval"),
+    probe_timeout: float = typer.Option(120.0, "--probe-timeout", help="deadline of the generation probe, s"),
+    diagnostics: Optional[Path] = typer.Option(None, "--diagnostics", help="where to save stack dumps and logs"),
+):
+    """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out, 2 bad arguments."""
+    import psutil
+
+    from eagle3.serve.readiness import wait_ready as do_wait
+
+    if pid is not None and not psutil.pid_exists(pid):
+        _fail(f"wait-ready: --pid: expected a running process, got {pid} (no such process)", 2)
+    if log is not None and not log.is_file():
+        _fail(f"wait-ready: --log: expected the server's log file, got {str(log)!r} (not a file)", 2)
+    try:
+        result = do_wait(url, pid=pid, log_path=log, timeout_s=timeout, stall_timeout_s=stall_timeout,
+                         poll_interval_s=poll_interval, probe_timeout_s=probe_timeout, diagnostics_dir=diagnostics)
+    except ConfigError as e:
+        _fail(f"wait-ready: {e}", 2)
+    typer.echo(result.summary())
+    raise typer.Exit(0 if result.verdict == "ready" else 1)
+
+
+@app.command()
+def bench(
+    config: Optional[Path] = typer.Argument(None, help="CONFIG runs the pipeline's deploy+bench stage"),
+    url: Optional[str] = typer.Option(None, "--url", help="A running SGLang-compatible server"),
+    prompts: str = typer.Option("mtbench", "--prompts", help="mtbench | gsm8k | humaneval | FILE"),
+    num_prompts: int = typer.Option(8, "--num-prompts"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    concurrency: int = typer.Option(1, "--concurrency"),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Folder with the target's tokenizer"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.json and plots"),
+    baseline_url: Optional[str] = typer.Option(None, "--baseline-url", help="Same target without speculation"),
+    override: Optional[List[str]] = OverridesOpt,
+):
+    """Measure acceptance length against ``--url``, or run the bench stage of CONFIG."""
+    if config is not None:
+        _run_flow("deploy", config, override)
+        return
+    if not url:
+        _fail("bench: give CONFIG or --url URL", 2)
+    from eagle3.measure.bench import run_bench
+
+    try:
+        report = run_bench(url, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                           temperature=temperature, concurrency=concurrency, tokenizer_dir=tokenizer, out_dir=out,
+                           baseline_url=baseline_url)
+    except (ConfigError, DataError, OSError) as e:
+        _fail(str(e), 2)
+    except Eagle3Error as e:
+        _fail(f"{type(e).__name__}: {e}", 1)
+    typer.echo(json.dumps(report.get("summary", report), indent=2, default=str))
+
+
+@app.command()
+def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (parent) run or a sweep"),
+           tracking_uri: Optional[str] = typer.Option(
+               None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db "
+               "under the current directory)")):
+    """Print the recorded "more data / longer training / fix serving / stop" recommendation of a run."""
+    from tasks.reports import decision_text  # lazy: reads MLflow
+
+    try:
+        typer.echo(decision_text(run_id, tracking_uri))
+    except Eagle3Error as e:
+        _fail(str(e), 1)
+
+
+@app.command()
+def doctor():
+    """Check the environment: torch and device, SGLang, free disk, Prefect and MLflow servers."""
+    from eagle3.doctor import run_doctor
+
+    ok = run_doctor(echo=typer.echo)
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

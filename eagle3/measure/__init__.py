@@ -1,0 +1,5 @@
+"""Stage 5, measurement: acceptance length and throughput of a served (or in-process) draft.
+
+``bench`` is the benchmark client and the offline (in-process) figure, ``acceptance`` the arithmetic and the
+parsing of engine counters, ``prompts`` the prompt sets, ``plots`` the figures.
+"""

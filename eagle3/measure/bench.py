@@ -1,0 +1,363 @@
+"""Acceptance benchmark against any SGLang-compatible server, the offline figure, and the acceptance gate.
+
+``run_bench`` sends each prompt as one user turn, templated with the target's tokenizer exactly as SGLang's
+chat endpoint would (``apply_chat_template(add_generation_prompt=True)``), as ``input_ids`` to
+``POST /generate`` (streamed when the server streams, for time to first token), and reads every generation
+of SGLang's acceptance fields from ``meta_info`` (:mod:`eagle3.measure.acceptance`). Around the run it snapshots
+``/get_server_info`` (or ``/server_info``) and ``/metrics`` to get the server's own figure.
+
+Acceptance length overall = Σ completion tokens / Σ verify passes over all requests (token-weighted, the bonus
+token counted; 1.0 = no draft token accepted; INTERNALS.md). Per category the same ratio inside the category.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eagle3.measure.acceptance import (SERVING_EXCESS_RATIO, aggregate, exact_acceptance_length, parse_meta_info, parse_prometheus, parse_server_info,
+                               server_window, serving_gap)
+from eagle3.artifacts import atomic_write_json, write_manifest
+from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
+from eagle3.measure.prompts import encode_prompts, load_prompts
+
+ACCEPTANCE_CONVENTION = ("acceptance_length = 1 + accepted draft tokens / verify passes (counts the bonus token; "
+                         "1.0 = nothing accepted). acceptance_length_sglang = completion tokens / verify passes, "
+                         "SGLang 0.5.23's spec_accept_length, which also counts the first output token (made by "
+                         "the prefill pass, not a verify pass): N/(N-1) for a never-accepted draft, 1.016 at 64")
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]) of ``values``; None for an empty list."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[min(max(int(round(q)) - 1, 0), 98)]
+
+
+def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) -> Any:
+    """GET an optional endpoint: its JSON/text, or None when absent (404/405) or unparsable."""
+    try:
+        r = client.get(url + path)
+    except httpx.TransportError as e:
+        raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
+    if r.status_code != 200:
+        return None
+    if not as_json:
+        return r.text
+    try:
+        return r.json()
+    except json.JSONDecodeError:
+        return None
+
+
+def snapshot_server(client: httpx.Client, url: str) -> dict:
+    """Server-wide acceptance state now: ``{"server_info": {...}|None, "metrics": {...}|None, "raw_info": ...}``.
+
+    Tries ``/get_server_info`` then ``/server_info``, and ``/metrics`` (present with ``--enable-metrics``).
+    Raises TransientError when the server cannot be reached.
+    """
+    info = _get_json_or_text(client, url, "/get_server_info", True)
+    if info is None:
+        info = _get_json_or_text(client, url, "/server_info", True)
+    text = _get_json_or_text(client, url, "/metrics", False)
+    metrics = None
+    if text:
+        try:
+            metrics = parse_prometheus(text)
+        except DataError:
+            metrics = None
+    return {"server_info": parse_server_info(info) if isinstance(info, dict) else None, "metrics": metrics,
+            "raw_info": info if isinstance(info, dict) else None}
+
+
+def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
+    """One ``POST /generate`` (streamed if the server streams). Returns the final body plus timings (seconds).
+
+    Raises TransientError (connection failure, 5xx, per-request deadline passed) or DataError (4xx, bad JSON).
+    """
+    t0 = time.perf_counter()
+    deadline = t0 + timeout_s
+    ttft, final, chunks = None, None, 0
+    try:
+        with client.stream("POST", url + "/generate", json=payload) as r:
+            if r.status_code >= 400:
+                body = r.read().decode(errors="replace")[:300]
+                cls = TransientError if r.status_code >= 500 else DataError
+                raise cls(f"POST {url}/generate: expected 200, got {r.status_code}: {body}")
+            streamed = "text/event-stream" in r.headers.get("content-type", "")
+            if not streamed:
+                final = json.loads(r.read())
+            else:
+                for line in r.iter_lines():
+                    if time.perf_counter() > deadline:
+                        raise TransientError(f"POST {url}/generate: no end of stream after {timeout_s} s")
+                    line = line.strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    final = json.loads(data)
+                    chunks += 1
+                    if ttft is None and (final.get("meta_info") or {}).get("completion_tokens", 0) > 0:
+                        ttft = time.perf_counter() - t0
+    except httpx.TransportError as e:
+        raise TransientError(f"POST {url}/generate: {type(e).__name__}: {e}") from e
+    except json.JSONDecodeError as e:
+        raise DataError(f"POST {url}/generate: response is not JSON ({e})") from e
+    if isinstance(final, list):  # SGLang answers a batch with a list; we send one prompt at a time
+        final = final[0] if final else None
+    if not isinstance(final, dict) or "meta_info" not in final:
+        raise DataError(f"POST {url}/generate: expected an object with 'meta_info', got {str(final)[:200]!r}")
+    return {"body": final, "latency_s": time.perf_counter() - t0, "ttft_s": ttft, "streamed": chunks > 0}
+
+
+def _resolve_tokenizer(tokenizer_dir, info: dict | None):
+    """The target tokenizer: ``tokenizer_dir``, else the server's ``tokenizer_path``/``model_path`` if local."""
+    from transformers import AutoTokenizer
+
+    if tokenizer_dir is None and info:
+        for key in ("tokenizer_path", "model_path"):
+            cand = info.get(key)
+            if cand and Path(cand).is_dir():
+                tokenizer_dir = cand
+                break
+    if tokenizer_dir is None:
+        raise ConfigError("bench: tokenizer_dir (--tokenizer) is needed to apply the target's chat template; got "
+                          f"none, and the server's tokenizer_path/model_path "
+                          f"{(info or {}).get('tokenizer_path') or (info or {}).get('model_path')!r} is not a "
+                          "local folder")
+    if not Path(tokenizer_dir).is_dir():
+        raise ConfigError(f"bench: tokenizer_dir expected an existing folder, got {str(tokenizer_dir)!r}")
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir)), str(tokenizer_dir)
+
+
+def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s) -> tuple[list[dict], float]:
+    """All prompts through ``/generate`` with ``concurrency`` threads; returns per-request rows and wall seconds."""
+    def one(i: int) -> dict:
+        out = _post_generate(client, url, {"input_ids": ids[i], "sampling_params": sampling, "stream": True},
+                             timeout_s)
+        meta = out["body"]["meta_info"]
+        acc = parse_meta_info(meta)
+        return {"id": prompts[i]["id"], "category": prompts[i]["category"], "prompt_tokens": len(ids[i]),
+                "latency_s": out["latency_s"], "ttft_s": out["ttft_s"], "streamed": out["streamed"],
+                "text": out["body"].get("text"), "finish_reason": meta.get("finish_reason"),
+                **acc.to_dict(), "_acc": acc}
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        rows = list(pool.map(one, range(len(prompts))))
+    return rows, time.perf_counter() - t0
+
+
+def _timing_summary(rows: list[dict], wall_s: float) -> dict:
+    lat = [r["latency_s"] for r in rows]
+    ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
+    tokens = sum(r["completion_tokens"] for r in rows)
+    out = {"output_tokens": tokens, "wall_s": wall_s, "output_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+           "latency_p50_s": _percentile(lat, 50), "latency_p95_s": _percentile(lat, 95),
+           "ttft_p50_s": _percentile(ttfts, 50) if len(ttfts) == len(rows) else None}
+    if out["ttft_p50_s"] is None:
+        out["ttft_reason"] = "server did not stream /generate; time to first token not measurable"
+    return out
+
+
+def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s) -> dict:
+    before = snapshot_server(client, url)
+    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s)
+    after = snapshot_server(client, url)
+    return {"rows": rows, "wall_s": wall, "window": server_window(before, after), "info": after["raw_info"]}
+
+
+def run_bench(url: str, *, prompts: Any = "mtbench", num_prompts: int = 8, max_new_tokens: int = 64,
+              temperature: float = 0.0, concurrency: int = 1, tokenizer_dir: str | Path | None = None,
+              out_dir: str | Path | None = None, baseline_url: str | None = None,
+              request_timeout_s: float = 600.0) -> dict:
+    """Measure acceptance length, throughput and latency of a served draft; see the module docstring.
+
+    Args:
+        url: server base URL (``http://127.0.0.1:30000``). prompts: "mtbench" | "gsm8k" | "humaneval" | a file
+        path | a list of ``{"id","category","text"}``. max_new_tokens: tokens per request. temperature: 0 =
+        greedy. concurrency: requests in flight. tokenizer_dir: the target's tokenizer folder (else the server's
+        ``tokenizer_path`` when local). out_dir: where ``report.json``, ``manifest.json`` and PNGs go.
+        baseline_url: a server without speculation for ``speedup`` (= tokens/s here ÷ tokens/s there).
+    Returns the report ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
+    Raises ConfigError/DataError (bad settings, prompts, responses), TransientError (server unreachable).
+    """
+    url = url.rstrip("/")
+    if concurrency < 1 or max_new_tokens < 1 or request_timeout_s <= 0:
+        raise ConfigError(f"bench: expected concurrency >= 1, max_new_tokens >= 1, request_timeout_s > 0; got "
+                          f"{concurrency}, {max_new_tokens}, {request_timeout_s}")
+    plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
+    timeout = httpx.Timeout(request_timeout_s, connect=10.0)
+    sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature)}
+    with httpx.Client(timeout=timeout) as client:
+        info = snapshot_server(client, url)["raw_info"]
+        tok, tok_dir = _resolve_tokenizer(tokenizer_dir, info)
+        ids = encode_prompts(plist, tok)
+        main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s)
+        base = None
+        if baseline_url:
+            base = _measure(client, baseline_url.rstrip("/"), plist, ids, sampling, concurrency, request_timeout_s)
+    report = _build_report(main, base, plist, settings={
+        "url": url, "prompts": prompts if isinstance(prompts, str) else "list", "num_prompts": len(plist),
+        "max_new_tokens": max_new_tokens, "temperature": temperature, "concurrency": concurrency,
+        "tokenizer_dir": tok_dir, "input": "input_ids (target chat template, add_generation_prompt=True)",
+        "baseline_url": baseline_url, "request_timeout_s": request_timeout_s, "convention": ACCEPTANCE_CONVENTION})
+    if out_dir is not None:
+        save_report(report, out_dir)
+    return report
+
+
+def _build_report(main: dict, base: dict | None, plist: list[dict], settings: dict) -> dict:
+    rows = main["rows"]
+    overall = aggregate([r["_acc"] for r in rows])
+    per_category = {}
+    for cat in dict.fromkeys(p["category"] for p in plist):
+        agg = aggregate([r["_acc"] for r in rows if r["category"] == cat])
+        per_category[cat] = {k: agg[k] for k in ("acceptance_length", "acceptance_rate", "num_requests",
+                                                  "completion_tokens", "verify_ct")}
+    timing = _timing_summary(rows, main["wall_s"])
+    summary = {"acceptance_length": overall["acceptance_length"],
+               "acceptance_length_sglang": overall["acceptance_length_sglang"], "acceptance_rate": overall["acceptance_rate"],
+               "mean_request_acceptance_length": overall["mean_request_acceptance_length"],
+               "num_prompts": len(rows), "num_speculative_requests": overall["num_speculative_requests"],
+               **timing, "server_acceptance_length": main["window"].get("server_acceptance_length"),
+               "server_acceptance_method": main["window"].get("method"), "field_generations": overall["generations"],
+               "speedup": None}
+    if overall["acceptance_length"] is None:
+        summary["acceptance_reason"] = "no request carried speculative fields (spec_verify_ct etc.): " \
+                                       "is speculative decoding enabled on this server?"
+    baseline = None
+    if base is not None:
+        bt = _timing_summary(base["rows"], base["wall_s"])
+        summary["speedup"] = (timing["output_tokens_per_s"] / bt["output_tokens_per_s"]
+                              if bt["output_tokens_per_s"] else None)
+        same = [a["text"] == b["text"] for a, b in zip(rows, base["rows"]) if a["text"] is not None]
+        baseline = {**bt, "identical_outputs": sum(same), "compared_outputs": len(same)}
+    per_request = [{k: v for k, v in r.items() if k != "_acc"} for r in rows]
+    return {"summary": summary, "per_category": per_category, "per_position": overall["per_position"],
+            "histogram": overall["histogram"], "per_request": per_request, "baseline": baseline,
+            "server": main["window"], "settings": settings}
+
+
+def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) -> Path:
+    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind ``acceptance_report``).
+
+    ``offline``: an :func:`offline_acceptance` result for the same prompts; stored as ``report["offline"]``
+    (without its per-request rows) and ``summary["offline_acceptance_length"]``, and drawn beside the served bars.
+    """
+    from eagle3.measure.plots import plot_acceptance_by_category
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if offline is not None:
+        report["offline"] = {k: v for k, v in offline.items() if k != "per_request"}
+        report["summary"]["offline_acceptance_length"] = offline["acceptance_length"]
+    atomic_write_json(out / "report.json", report)
+    if any(v.get("acceptance_length") for v in report["per_category"].values()):
+        plot_acceptance_by_category(report, out / "acceptance_by_category.png", offline=offline)
+    s = report["summary"]
+    write_manifest(out, "acceptance_report", config=report["settings"],
+                   counts={"num_prompts": s["num_prompts"], "output_tokens": s["output_tokens"]},
+                   timings={"wall_s": s["wall_s"]}, acceptance_length=s["acceptance_length"])
+    return out / "report.json"
+
+
+def check_acceptance(served: float | None, offline: float | None, minimum: float) -> None:
+    """The acceptance gate: return if ``served >= minimum``, else raise AcceptanceTooLow with a diagnosis.
+
+    Diagnosis: with an offline figure (same draft, same prompts, in-process reference decoding) and
+    :func:`eagle3.measure.acceptance.serving_gap` (served − 1 < 0.7 × (offline − 1)) → "served ≪ offline: serving
+    integration fault (aux capture, key names, flags, layer ids, template)"; otherwise → "both low: draft
+    quality or data"; without an offline figure the cause is stated as undetermined.
+    """
+    if served is not None and served >= minimum:
+        return
+    got = "none (no speculative fields)" if served is None else f"{served:.3f}"
+    head = f"served acceptance length {got} < minimum {minimum:.3f}"
+    if offline is None:
+        raise AcceptanceTooLow(f"{head}; no offline figure to separate a serving fault from a weak draft — run "
+                               "offline_acceptance on the same prompts")
+    if serving_gap(served, offline):
+        raise AcceptanceTooLow(
+            f"{head}; offline (in-process) {offline:.3f} (served − 1 < {SERVING_EXCESS_RATIO} × (offline − 1)): "
+            "served ≪ offline: serving integration fault (aux capture, "
+            "key names, flags, layer ids, template) — check that the target captures the aux layers "
+            "(fc applied only to wider inputs), the tensor names the engine loaded, the speculative flags, "
+            "eagle_aux_hidden_state_layer_ids (output-of-layer convention) and the chat template")
+    raise AcceptanceTooLow(f"{head}; offline (in-process) {offline:.3f} is low too: both low: draft quality or "
+                           "data — train longer or on more data (see eagle3.decide)")
+
+
+def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = "mtbench", *,
+                       num_prompts: int = 8, max_new_tokens: int = 64, num_steps: int = 3, dtype: str = "float32",
+                       temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None) -> dict:
+    """The draft's acceptance length in-process (no server) with ``eagle3.serve.reference.specdec.SpeculativeDecoder``.
+
+    Same prompts and template as :func:`run_bench` (the target's tokenizer in ``target_dir``). Acceptance
+    length = Σ output tokens / Σ verify passes; ``per_position[k]`` = Σ passes that accepted draft position k+1
+    / Σ verify passes. ``capture_aux=False`` feeds the draft only the final hidden state (what an engine that
+    captures no aux states does) — the broken-integration reference. ``decoder``: an already built decoder
+    (then ``serving_dir``/``num_steps``/``dtype``/``capture_aux`` are not used).
+    Returns ``{"acceptance_length", "acceptance_rate", "per_position", "histogram", "per_category",
+    "per_request", "wall_s", "settings"}``. Raises DataError for a result with no verify pass.
+    """
+    from transformers import AutoTokenizer
+
+    plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
+    ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)))
+    if decoder is None:
+        from eagle3.serve.reference.specdec import SpeculativeDecoder
+
+        decoder = SpeculativeDecoder(target_dir, serving_dir, num_steps, dtype, capture_aux=capture_aux)
+    rows = []
+    t0 = time.perf_counter()
+    for p, x in zip(plist, ids):
+        res = decoder.generate(x, max_new_tokens, temperature=temperature, seed=seed)
+        rows.append(_offline_row(p, res))
+    return _offline_summary(rows, time.perf_counter() - t0, {
+        "target_dir": str(target_dir), "serving_dir": str(serving_dir), "num_steps": decoder.num_steps,
+        "dtype": dtype, "max_new_tokens": max_new_tokens, "temperature": temperature, "num_prompts": len(plist),
+        "capture_aux": getattr(decoder, "capture_aux", capture_aux), "convention": ACCEPTANCE_CONVENTION})
+
+
+def _offline_row(prompt: dict, res) -> dict:
+    n_out, verify = len(res.output_ids), int(res.verify_ct)
+    if verify <= 0:
+        raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, got {verify}")
+    return {"id": prompt["id"], "category": prompt["category"], "completion_tokens": n_out, "verify_ct": verify,
+            "acceptance_length": exact_acceptance_length(sum(res.accepted_per_position or []), verify),
+            "acceptance_length_sglang": n_out / verify,
+            "accepted_per_position": [int(a) for a in (res.accepted_per_position or [])],
+            "num_draft_tokens": getattr(res, "num_draft_tokens", None),
+            "histogram": list(getattr(res, "histogram", None) or [])}
+
+
+def _offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
+    total_v = sum(r["verify_ct"] for r in rows)
+    width = max((len(r["accepted_per_position"]) for r in rows), default=0)
+    accepted = [sum(r["accepted_per_position"][k] for r in rows if k < len(r["accepted_per_position"]))
+                for k in range(width)]
+    proposed = [r["num_draft_tokens"] for r in rows]
+    hist = [sum(r["histogram"][j] for r in rows if j < len(r["histogram"]))
+            for j in range(max((len(r["histogram"]) for r in rows), default=0))]
+    per_cat = {}
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        sel = [r for r in rows if r["category"] == cat]
+        per_cat[cat] = {"acceptance_length": exact_acceptance_length(
+                            sum(sum(r["accepted_per_position"]) for r in sel), sum(r["verify_ct"] for r in sel)),
+                        "num_requests": len(sel)}
+    return {"acceptance_length": exact_acceptance_length(sum(accepted), total_v),
+            "acceptance_length_sglang": sum(r["completion_tokens"] for r in rows) / total_v,
+            "acceptance_rate": (sum(accepted) / sum(proposed)) if None not in proposed and sum(proposed) else None,
+            "per_position": [a / total_v for a in accepted], "histogram": hist, "per_category": per_cat,
+            "per_request": rows, "wall_s": wall_s, "settings": settings}
