@@ -117,7 +117,7 @@ def main() -> int:
             f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true", "train.warmup_steps=0",
             f"train.max_tokens_per_batch={a.tokens_per_batch}", f"train.num_gpus={a.num_gpus}",
             "train.max_eval_samples=2", "train.keep_last=1", "train.resume=false"]
-    base += [f"target.kind=hf", f"target.path={a.target}"] if a.target else ["target.kind=smollm2"]
+    base += ["target.kind=hf", f"target.path={a.target}"] if a.target else ["target.kind=smollm2"]
     cfg = load_config(None, base)
     target = resolve_target(cfg)
     hs = work / (f"hs-{a.shape}-{a.samples}x{a.seq_len}" if a.shape else f"hs-{target.name}-{a.samples}x{a.seq_len}")

@@ -15,7 +15,7 @@ TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
 
 def dataset_file(cfg: Any) -> Path:
     """The conversations file extraction reads (``eagle3.extract.stage.data_source_path``)."""
-    from eagle3.extract.stage import data_source_path
+    from eagle3.extract.plan import data_source_path
 
     return data_source_path(cfg)[1]
 

@@ -107,8 +107,7 @@ def edit_manifest(directory: Path, **changes) -> dict:
 def tiny_train_cfg(runs_dir: Path, *overrides: str):
     """configs/tiny-random.yaml shaped for fast training tests (draft vocab 128, packed 96-token batches)."""
     from eagle3.config import load_config
-    from tests.conftest import CONFIGS
 
     base = [f"paths.runs_dir={runs_dir}", "train.draft_vocab_size=128", "train.max_tokens_per_batch=96",
             "train.log_every=1", "train.warmup_steps=2", "train.epochs=1"]
-    return load_config(CONFIGS / "tiny-random.yaml", base + list(overrides))
+    return load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny-random.yaml", base + list(overrides))

@@ -3,8 +3,6 @@ against a real local MLflow store."""
 
 from __future__ import annotations
 
-import sys
-import textwrap
 
 import pytest
 
@@ -63,20 +61,60 @@ def test_deploy_key_ignores_the_gate_minimum(tmp_path):
     assert key() != key("serve.speculative_num_steps=5")
 
 
-def test_code_version_changes_with_the_source(tmp_path, monkeypatch):
-    pkg = tmp_path / "fakepkg_e3"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "stage_a.py").write_text("X = 1\n")
-    (pkg / "stage_b.py").write_text("Y = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    v1 = caching.code_version(["fakepkg_e3.stage*"])
-    assert v1 == caching.code_version(["fakepkg_e3.stage_a", "fakepkg_e3.stage_b"])
-    (pkg / "stage_b.py").write_text(textwrap.dedent("Y = 2\n"))
-    assert caching.code_version(["fakepkg_e3.stage*"]) != v1
-    assert caching.code_version(["fakepkg_e3.nope"]) != caching.code_version(["fakepkg_e3.nope2"])
-    sys.modules.pop("fakepkg_e3", None)
+def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
+    """The key hashes the import closure of the stage's entries (tasks/code_closure.py): every file in it, one
+    edit at a time in a copy of the library, changes that stage's code version — and nothing else's file does."""
+    import shutil
 
+    from tasks.code_closure import closure
+
+    shutil.copytree(caching.CODE_ROOT / "eagle3", tmp_path / "eagle3",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for stage in caching.STAGE_ENTRIES:
+        before = caching.code_version(stage, tmp_path)
+        files = closure(tmp_path, caching.STAGE_ENTRIES[stage])
+        assert len(files) > 10
+        for name, f in files.items():
+            text = f.read_bytes()
+            f.write_bytes(text + b"\n# edited\n")
+            try:
+                assert caching.code_version(stage, tmp_path) != before, f"{stage}: editing {name} left the key"
+            finally:
+                f.write_bytes(text)
+        assert caching.code_version(stage, tmp_path) == before
+        outside = sorted(set((tmp_path / "eagle3").rglob("*.py")) - set(files.values()))
+        if outside:
+            outside[0].write_bytes(outside[0].read_bytes() + b"\n# edited\n")
+            assert caching.code_version(stage, tmp_path) == before, f"{stage}: {outside[0]} is not in its closure"
+
+
+def test_closures_hold_the_modules_the_old_hand_kept_lists_missed():
+    """The drift the hand-kept lists had: the convert key left out the validation checks and SGLang's loader
+    rules, the deploy key the accept rule and the target loader."""
+    from tasks.code_closure import closure
+
+    names = {s: set(closure(caching.CODE_ROOT, e)) for s, e in caching.STAGE_ENTRIES.items()}
+    assert {"eagle3.convert.checks", "eagle3.engines.sglang.draft_load"} <= names["convert"]
+    assert {"eagle3.serve.reference.sampling", "eagle3.target_model", "eagle3.serve.reference.server"} <= names["deploy"]
+    assert any(n.startswith("eagle3/engines/sglang/plugin:") for n in names["extract"])
+    assert "eagle3.train.worker" in names["train"] and "eagle3.train.loop" in names["train"]
+
+
+def test_closure_follows_lazy_and_relative_imports(tmp_path):
+    from tasks.code_closure import closure
+
+    pkg = tmp_path / "eagle3" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "eagle3" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from eagle3.sub import b\n    from . import c\n")
+    (pkg / "b.py").write_text("import os\n")
+    (pkg / "c.py").write_text("from .b import x\n")
+    (pkg / "d.py").write_text("")
+    got = set(closure(tmp_path, ["eagle3.sub.a"]))
+    assert got == {"eagle3", "eagle3.sub", "eagle3.sub.a", "eagle3.sub.b", "eagle3.sub.c"}
+    with pytest.raises(FileNotFoundError, match="eagle3.sub.nope"):
+        closure(tmp_path, ["eagle3.sub.nope"])
 
 def test_missing_input_manifest_is_a_named_error(tmp_path):
     cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
