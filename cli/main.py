@@ -102,21 +102,27 @@ def convert(
     if len(args) != 2:
         _fail(f"convert: expected CONFIG or SRC DST, got {len(args)} arguments", 2)
     from eagle3.convert.stage import convert as do_convert
-    from eagle3.convert.validate import validate as do_validate
+    from eagle3.errors import CheckpointInvalid
 
     src, dst = Path(args[0]), Path(args[1])
+    problems: list = []
     try:
-        manifest = do_convert(src, dst, engine=to, target_dir=target)
+        manifest = do_convert(src, dst, engine=to, target_dir=target)  # validates once; DST only if valid
+    except CheckpointInvalid as e:
+        problems = e.problems or [e]
+        manifest = None
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     except (ValueError, TypeError, KeyError) as e:  # a malformed field in SRC's config or tensors
         _fail(f"{src}: unreadable draft ({type(e).__name__}: {e})", 2)
     except Eagle3Error as e:
         _fail(f"{type(e).__name__}: {e}", 1)
-    problems = do_validate(dst, target_dir=target, engine=to)
     for p in problems:
         typer.echo(str(p))
-    typer.echo(f"converted {src} -> {dst} ({to}); {len(problems)} problem(s); content {manifest['content_hash'][:12]}")
+    if manifest is None:
+        typer.echo(f"not converted: {src} fails validation for {to} ({len(problems)} problem(s)); {dst} not written")
+    else:
+        typer.echo(f"converted {src} -> {dst} ({to}); 0 problem(s); content {manifest['content_hash'][:12]}")
     raise typer.Exit(1 if problems else 0)
 
 

@@ -319,8 +319,17 @@ def _format_validation_error(err: ValidationError, source: str, overrides: list[
     return "\n".join(lines)
 
 
+_PARSED: dict[tuple, "RunConfig"] = {}  # (file, its bytes' sha256, overrides) → validated config
+_PARSED_MAX = 32
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML run config, apply ``-o`` overrides and validate.
+
+    A run asks for its config in several places (the CLI checks it before Prefect starts, the flow loads it
+    from its parameters): the file is parsed and validated once per (file path, file bytes, overrides) in a
+    process; later calls get a deep copy of that result (callers may change their copy, e.g. the untrained
+    baseline's ``train.max_steps``), and an edited file is parsed again.
 
     Args:
         path: YAML file, or None for all defaults.
@@ -328,27 +337,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     Raises:
         ConfigError: file missing or not YAML, top level not a mapping, unknown key, wrong type or value.
     """
-    data: dict = {}
-    source = "<defaults>"
+    text = None
     if path is not None:
         p = Path(path)
-        source = str(p)
         if not p.is_file():
             raise ConfigError(f"config file {p}: not found")
+        text = p.read_text()
+    key = (str(Path(path).resolve()) if path is not None else None,
+           hashlib.sha256(text.encode()).hexdigest() if text is not None else None, tuple(overrides or []))
+    if key not in _PARSED:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = _parse(path, text, list(overrides or []))
+    return _PARSED[key].model_copy(deep=True)
+
+
+def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> RunConfig:
+    data: dict = {}
+    source = "<defaults>" if path is None else str(path)
+    if text is not None:
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({e})") from e
+            raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p}: expected a mapping at the top level, got {type(loaded).__name__}")
+            raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = loaded
-    apply_overrides(data, list(overrides or []))
+    apply_overrides(data, overrides)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source, list(overrides or []))) from e
+        raise ConfigError(_format_validation_error(e, source, overrides)) from e
 
 
 def redact(obj: Any) -> Any:

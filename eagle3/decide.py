@@ -165,6 +165,30 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None, uniqu
     return hist
 
 
+def read_training_history(train_dir: str | Path) -> dict:
+    """The ``history`` of a finished training run for :func:`recommend`: :func:`history_from_metrics` over the
+    rows of ``<train_dir>/metrics.jsonl`` (one JSON object per logged step: ``kind`` "train" rows carry
+    ``train/loss``, "eval" rows ``val/loss``), with epochs = the draft manifest's ``epochs_over_data`` and unique
+    tokens = its ``counts.train_positions``. Raises DataError when the folder has no draft manifest or a row is
+    not valid JSON (naming the file and line)."""
+    import json
+
+    from eagle3.artifacts import read_manifest
+
+    d = Path(train_dir)
+    manifest = read_manifest(d)
+    rows, path = [], d / "metrics.jsonl"
+    if path.is_file():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: expected a JSON object per line, got {line[:80]!r} ({e})") from e
+    return history_from_metrics(rows, epochs=manifest.get("epochs_over_data"),
+                                unique_tokens=(manifest.get("counts") or {}).get("train_positions"))
+
+
 def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
     served, offline, sim = acc.get("served"), acc.get("offline"), acc.get("simulated")
     ev = {"served": served, "offline": offline, "simulated": sim}

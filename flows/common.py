@@ -18,6 +18,7 @@ from prefect.runtime import flow_run
 from eagle3.config import RunConfig, is_secret_key, load_config, redact
 from eagle3.errors import ConfigError, DataError
 from tasks import caching, tracking
+from tasks.results import StageResult
 
 SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"  # JSON list of overrides kept out of flow parameters
 VARIANTS = ("trained", "untrained")
@@ -55,11 +56,15 @@ def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
             "deploy": rd / f"deploy{suffix}", "bench": rd / f"bench{suffix}"}
 
 
-def require_output(directory: Path, stage: str, command: str) -> Path:
-    """``directory`` if it holds a finished stage output, else DataError telling which command makes it."""
+def finished_output(directory: Path, stage: str, command: str) -> StageResult:
+    """The finished stage output in ``directory`` as a stage result (read from its manifest; the MLflow run that
+    made it is not known here), else DataError telling which command makes it."""
+    from eagle3.artifacts import read_manifest
+
     if not (directory / "manifest.json").is_file():
         raise DataError(f"{directory}: no finished {stage} output (manifest.json missing); run `{command}` first")
-    return directory
+    manifest = read_manifest(directory)
+    return StageResult(stage, directory, manifest.get("content_hash", ""), "")
 
 
 def save_resolved_config(cfg: RunConfig) -> Path:
@@ -79,8 +84,8 @@ def _name_error(exc: BaseException, label: str) -> None:
 
 def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: str = "trained",
               refresh: bool = False, timeout_s: float | None = None, record: dict | None = None,
-              **params: Any) -> dict:
-    """Run one stage task and return its result dict; the single place where caching is handled.
+              **params: Any) -> StageResult:
+    """Run one stage task and return its result; the single place where caching is handled.
 
     - A cached result whose output folder no longer matches it (deleted, rebuilt) is recomputed.
     - A cached stage gets a nested MLflow run pointing at the run that produced the artifact.
@@ -97,7 +102,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
         result = state.result()
         cached = state.name == "Cached"
         if cached and not caching.output_matches(result):
-            get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label, result.get("dir"))
+            get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label,
+                                     getattr(result, "dir", result))
             state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent, variant=variant, **params,
                                                        return_state=True)
             result, cached = state.result(), False
@@ -207,7 +213,7 @@ def stop_ephemeral_server() -> None:
         server.stop()
 
 
-def data_line(extract_dir: str | Path) -> str:
+def data_line(extract_dir: Path) -> str:
     """One line on what extraction used: samples, tokens, skipped records by reason, truncated samples."""
     from eagle3.artifacts import read_manifest
 

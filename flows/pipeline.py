@@ -7,6 +7,7 @@ after a failure re-executes only what failed and what depends on it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -14,7 +15,8 @@ from prefect import flow
 from flows.common import (data_line, load_run_config, parent_run, publish_summary, run_stage, stage_dirs,
                           untrained_config)
 from tasks import tracking
-from tasks.bench import decision_task, gate_task
+from tasks.results import AcceptanceFigures, StageResult
+from tasks.bench import acceptance_task, decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import extract_task
@@ -29,47 +31,50 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
     """The whole pipeline on one config. Returns the summary dict (acceptance lengths, decision, MLflow ids).
 
     Stage by stage; the untrained baseline (``train.max_steps=0``) goes through every stage after extraction
-    next to the trained draft. Raises the first failing stage's error (its message starts ``stage <name>
-    failed:``); the MLflow parent run is then FAILED and no engine is left running. ``extract_dir``: where the
-    extraction is written instead of ``<run_dir>/extract`` (a sweep shares one per data size, flows/sweep.py).
+    next to the trained draft. The acceptance figures and the decision are recorded before the acceptance gate
+    decides, so a run whose gate fails still has its decision in MLflow. Raises the first failing stage's error
+    (its message starts ``stage <name> failed:``); the MLflow parent run is then FAILED and no engine is left
+    running. ``extract_dir``: where the extraction is written instead of ``<run_dir>/extract`` (a sweep shares
+    one per data size, flows/sweep.py).
     """
     cfg = load_run_config(config_path, overrides)
     lines = [("trained", cfg)] + ([("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else [])
     record: dict[str, str] = {}
     with parent_run(cfg, FLOW_NAME) as parent:
         data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
-                         out_dir=extract_dir or str(stage_dirs(cfg)["extract"]), record=record)
+                         out_dir=Path(extract_dir) if extract_dir else stage_dirs(cfg)["extract"], record=record)
         drafts = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, record=record,
-                               data_dir=data["dir"], out_dir=str(stage_dirs(c, v)["train"])) for v, c in lines}
+                               data=data, out_dir=stage_dirs(c, v)["train"]) for v, c in lines}
         serving = {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v, record=record,
-                                draft_dir=drafts[v]["dir"], data_dir=data["dir"],
-                                out_dir=str(stage_dirs(c, v)["serving"])) for v, c in lines}
+                                draft=drafts[v], data=data, out_dir=stage_dirs(c, v)["serving"]) for v, c in lines}
         bench = {v: run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
-                              serving_dir=serving[v]["dir"], deploy_dir=str(stage_dirs(c, v)["deploy"]),
-                              bench_dir=str(stage_dirs(c, v)["bench"]), timeout_s=deploy_timeout_s(c))
+                              serving=serving[v], deploy_dir=stage_dirs(c, v)["deploy"],
+                              bench_dir=stage_dirs(c, v)["bench"], timeout_s=deploy_timeout_s(c))
                  for v, c in lines}
-        gate = gate_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"]["dir"], parent,
-                         train_result=drafts["trained"])
-        registered = register_task(cfg, serving["trained"], drafts["trained"], gate, parent)
-        decision = decision_task(cfg, drafts["trained"]["dir"], drafts["trained"], gate, parent)
-        summary = pipeline_summary(cfg, parent, gate, decision, record, data)
-        summary["registered_model"] = f"{registered['name']}/{registered['version']}"
+        figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"], parent,
+                                  train=drafts["trained"])
+        decision = decision_task(cfg, drafts["trained"], figures, parent)
+        gate_task(cfg, figures)
+        registered = register_task(cfg, serving["trained"], drafts["trained"], figures, parent)
+        summary = pipeline_summary(cfg, parent, figures, decision, record, data)
+        summary["registered_model"] = registered.ref
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
     return summary
 
 
-def pipeline_summary(cfg: Any, parent: str, gate: dict, decision: dict, record: dict, data: dict | None = None) -> dict:
-    """The numbers a user wants at the end, as a dict (also the lines of the Prefect markdown artifact)."""
+def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision: Any, record: dict,
+                     data: StageResult | None = None) -> dict:
+    """The numbers a user wants at the end, as a dict (the flow's result; also the lines of the Prefect markdown
+    artifact). ``decision`` is the ``eagle3.decide.Decision`` the decision task recorded."""
     _, exp_id = tracking.client_for(cfg)
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     md = ["| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()], "",
-          f"- acceptance length, trained draft: **{fmt(gate.get('served'))}**",
-          f"- acceptance length, untrained baseline: **{fmt(gate.get('untrained'))}**",
-          f"- decision: **{decision.get('recommendation')}** (rule `{decision.get('rule')}`)"]
+          f"- acceptance length, trained draft: **{fmt(figures.served)}**",
+          f"- acceptance length, untrained baseline: **{fmt(figures.untrained)}**",
+          f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"]
     return {"config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": tracking.tracking_uri(cfg),
             "experiment_id": exp_id, "parent_run_id": parent, "stages": record,
-            "acceptance_length": gate.get("served"), "acceptance_length_untrained": gate.get("untrained"),
-            "acceptance_length_offline": gate.get("offline"),
-            "acceptance_length_simulated": gate.get("simulated"), "beats_baseline": gate.get("beats_baseline"),
-            "decision": decision.get("recommendation"), "decision_rule": decision.get("rule"), "markdown": md,
-            "data": data_line(data["dir"]) if data else None}
+            "acceptance_length": figures.served, "acceptance_length_untrained": figures.untrained,
+            "acceptance_length_offline": figures.offline, "acceptance_length_simulated": figures.simulated,
+            "beats_baseline": figures.beats_baseline, "decision": decision.recommendation,
+            "decision_rule": decision.rule, "markdown": md, "data": data_line(data.dir) if data else None}

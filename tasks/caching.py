@@ -25,6 +25,7 @@ from typing import Any
 from eagle3.artifacts import output_intact, read_manifest, sha256_file
 from eagle3.errors import DataError
 from tasks.code_closure import code_hash
+from tasks.results import StageResult
 
 FULL_HASH_LIMIT = 512 * 1024 * 1024  # bytes; larger files are fingerprinted by size and mtime
 
@@ -130,16 +131,17 @@ def bench_settings(cfg: Any) -> dict:
 def output_matches(result: Any) -> bool:
     """True when a (possibly cached) stage result still describes what is on disk.
 
-    ``result`` is a stage task's return value ``{"dir": str, "content_hash": str, ...}``; False when the
-    directory or its manifest is gone, its content hash differs (the output was rebuilt or edited since), or
-    its files no longer add up to the count and bytes the manifest recorded (a file deleted or truncated:
-    ``eagle3.artifacts.output_intact``, stat only, so terabytes of hidden states are not re-read).
+    ``result`` is a stage task's :class:`tasks.results.StageResult` (anything else, e.g. a result cached by an
+    older version of this project, does not match); False when the directory or its manifest is gone, its
+    content hash differs (the output was rebuilt or edited since), or its files no longer add up to the count and
+    bytes the manifest recorded (a file deleted or truncated: ``eagle3.artifacts.output_intact``, stat only, so
+    terabytes of hidden states are not re-read).
     """
-    if not isinstance(result, dict) or "dir" not in result or "content_hash" not in result:
+    if not isinstance(result, StageResult):
         return False
     try:
-        if read_manifest(result["dir"]).get("content_hash") != result["content_hash"]:
+        if read_manifest(result.dir).get("content_hash") != result.content_hash:
             return False
-        return output_intact(result["dir"])[0]
+        return output_intact(result.dir)[0]
     except DataError:
         return False

@@ -14,6 +14,7 @@ from typing import Any
 from prefect import task
 
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
+from tasks.results import StageResult
 
 
 def deploy_timeout_s(cfg: Any) -> float:
@@ -31,7 +32,7 @@ def deploy_key(context: Any, parameters: dict) -> str:
     files = {"target": resolve_target(cfg)}
     if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not only its name
         files["prompts"] = Path(cfg.bench.prompts).expanduser()
-    return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving_dir"]},
+    return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving"].dir},
                              files=files, extra={"bench": caching.bench_settings(cfg)})
 
 
@@ -68,9 +69,9 @@ def log_attempts(sr: Any, deploy_dir: Path) -> None:
 
 
 @task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
-def deploy_task(cfg: Any, serving_dir: str, deploy_dir: str, bench_dir: str, parent_run_id: str,
-                variant: str = "trained") -> dict:
-    """Serve ``serving_dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``, shut down.
+def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Path, parent_run_id: str,
+                variant: str = "trained") -> StageResult:
+    """Serve ``serving.dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``, shut down.
 
     Raises GateFailed (verdict other than ready, with the diagnostics folder), the benchmark's errors.
     """
@@ -78,15 +79,15 @@ def deploy_task(cfg: Any, serving_dir: str, deploy_dir: str, bench_dir: str, par
 
     with tracking.stage_run(cfg, parent_run_id, "deploy-bench", variant, tags=prefect_tags()) as sr:
         try:
-            report = serve_and_measure(cfg, Path(serving_dir), Path(deploy_dir), Path(bench_dir), sr)
+            report = serve_and_measure(cfg, serving.dir, deploy_dir, bench_dir, sr)
         finally:
-            log_attempts(sr, Path(deploy_dir))  # engine log, timeline, diagnostics: also when it failed
+            log_attempts(sr, deploy_dir)  # engine log, timeline, diagnostics: also when it failed
         s = report["summary"]
         metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for i, v in enumerate(report.get("per_position") or []):
             metrics[f"acceptance_per_position.{i}"] = float(v)
         sr.log_metrics(metrics)
-        sr.log_path(Path(bench_dir))
+        sr.log_path(bench_dir)
         manifest = read_manifest(bench_dir)
     return stage_result("deploy-bench", bench_dir, manifest, sr.run_id, metrics, variant=variant,
                         acceptance_length=s.get("acceptance_length"))

@@ -9,6 +9,7 @@ from typing import Any
 from prefect import task
 
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
+from tasks.results import StageResult
 
 TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
 
@@ -50,12 +51,12 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
-def extract_task(cfg: Any, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
+def extract_task(cfg: Any, out_dir: Path, parent_run_id: str, variant: str = "trained") -> StageResult:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow.
 
     ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
-        manifest = extract_superseding(cfg, Path(out_dir))
+        manifest = extract_superseding(cfg, out_dir)
         sr.log_manifest(out_dir)
         sr.log_dataset(out_dir, "extraction")
         metrics = {f"counts.{k}": float(v) for k, v in manifest.get("counts", {}).items()

@@ -37,6 +37,7 @@ from mlflow.exceptions import MlflowException
 from eagle3.artifacts import read_manifest
 from eagle3.config import flatten, redact
 from eagle3.errors import DataError, TransientError
+from tasks.results import StageResult
 
 FLOW_RUN_TAG = "prefect.flow_run_id"  # on the parent and on every stage run
 PIPELINE_TAG = "eagle3.pipeline_flow_run_id"  # on the parent run only: how a retried flow run finds it
@@ -269,21 +270,20 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
     finish_run(cfg, sr.run_id)
 
 
-def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: dict,
+def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: StageResult,
                         tags: dict[str, Any] | None = None) -> str:
     """A nested run for a stage Prefect served from its cache, pointing to the run that made the artifact.
 
-    ``result`` is the cached task result (``{"dir", "content_hash", "mlflow_run_id", "metrics"?}``).
-    Returns the new run id.
+    ``result`` is the cached task result. Returns the new run id.
     """
     with stage_run(cfg, parent_run_id, stage, variant, tags={
-            **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.get("mlflow_run_id", ""),
-            "eagle3.output_dir": result.get("dir", ""), "eagle3.content_hash": result.get("content_hash", "")}) as sr:
-        if result.get("metrics"):
-            sr.log_metrics(result["metrics"])
-        if stage == "extract" and (Path(result.get("dir", "")) / "manifest.json").is_file():
+            **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.mlflow_run_id,
+            "eagle3.output_dir": str(result.dir), "eagle3.content_hash": result.content_hash}) as sr:
+        if result.metrics:
+            sr.log_metrics(result.metrics)
+        if stage == "extract" and (result.dir / "manifest.json").is_file():
             # the dataset this pipeline run uses, also when it was reused from the cache
-            sr.log_dataset(result["dir"], "extraction")
+            sr.log_dataset(result.dir, "extraction")
     return sr.run_id
 
 

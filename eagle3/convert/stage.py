@@ -190,7 +190,7 @@ def check_destination(src: Path, dst: Path) -> None:
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
-            version: str | None = None) -> dict:
+            version: str | None = None, data_manifest: dict | None = None) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the serving-checkpoint manifest.
 
     Writes ``dst/config.json``, ``dst/model.safetensors`` and ``dst/manifest.json`` (kind
@@ -198,7 +198,10 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ``"hf_hidden_states_index"``), ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
     ``rope_from_target`` (keys whose value the target's config replaced), ``vocab_padded``, and from the
     source draft manifest ``data_manifest_hash``, ``data_content_hash`` (its ``inputs.hidden_states``), ``target``).
-    ``dst`` appears only if the result validates.
+    ``dst`` appears only if the result validates: :func:`eagle3.convert.validate.validate` runs once, on the
+    files as written, with ``target_dir`` and ``data_manifest`` (the extraction manifest: aux ids, chat template,
+    tokenizer, target identity, vocabulary vs data) when given; the manifest records what was checked
+    (``validation``: engine, version, problems 0, whether target and data were checked).
 
     Raises:
         ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need ``target_dir``.
@@ -244,8 +247,12 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         manifest = write_manifest(
             tmp, "serving_checkpoint", config={"engine": engine, "engine_version": profile.version},
             inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
-            counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)}, **extra)
-        problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version)
+            counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)},
+            validation={"engine": engine, "version": profile.version, "problems": 0,
+                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None},
+            **extra)
+        problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
+                            data_manifest=data_manifest)
         if problems:
             raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} {profile.version}: "
                                     + "; ".join(map(str, problems)), problems)

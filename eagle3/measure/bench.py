@@ -272,8 +272,8 @@ def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) 
     return out / "report.json"
 
 
-def check_acceptance(served: float | None, offline: float | None, minimum: float) -> None:
-    """The acceptance gate: return if ``served >= minimum``, else raise AcceptanceTooLow with a diagnosis.
+def acceptance_verdict(served: float | None, offline: float | None, minimum: float) -> str | None:
+    """The acceptance gate's verdict: None when ``served >= minimum``, else the diagnosis (a message).
 
     Diagnosis: with an offline figure (same draft, same prompts, in-process reference decoding) and
     :func:`eagle3.measure.acceptance.serving_gap` (served − 1 < 0.7 × (offline − 1)) → "served ≪ offline: serving
@@ -281,21 +281,28 @@ def check_acceptance(served: float | None, offline: float | None, minimum: float
     quality or data"; without an offline figure the cause is stated as undetermined.
     """
     if served is not None and served >= minimum:
-        return
+        return None
     got = "none (no speculative fields)" if served is None else f"{served:.3f}"
     head = f"served acceptance length {got} < minimum {minimum:.3f}"
     if offline is None:
-        raise AcceptanceTooLow(f"{head}; no offline figure to separate a serving fault from a weak draft — run "
-                               "offline_acceptance on the same prompts")
+        return (f"{head}; no offline figure to separate a serving fault from a weak draft — run "
+                "offline_acceptance on the same prompts")
     if serving_gap(served, offline):
-        raise AcceptanceTooLow(
-            f"{head}; offline (in-process) {offline:.3f} (served − 1 < {SERVING_EXCESS_RATIO} × (offline − 1)): "
-            "served ≪ offline: serving integration fault (aux capture, "
-            "key names, flags, layer ids, template) — check that the target captures the aux layers "
-            "(fc applied only to wider inputs), the tensor names the engine loaded, the speculative flags, "
-            "eagle_aux_hidden_state_layer_ids (output-of-layer convention) and the chat template")
-    raise AcceptanceTooLow(f"{head}; offline (in-process) {offline:.3f} is low too: both low: draft quality or "
-                           "data — train longer or on more data (see eagle3.decide)")
+        return (f"{head}; offline (in-process) {offline:.3f} (served − 1 < {SERVING_EXCESS_RATIO} × (offline − 1)): "
+                "served ≪ offline: serving integration fault (aux capture, "
+                "key names, flags, layer ids, template) — check that the target captures the aux layers "
+                "(fc applied only to wider inputs), the tensor names the engine loaded, the speculative flags, "
+                "eagle_aux_hidden_state_layer_ids (output-of-layer convention) and the chat template")
+    return (f"{head}; offline (in-process) {offline:.3f} is low too: both low: draft quality or "
+            "data — train longer or on more data (see eagle3.decide)")
+
+
+def check_acceptance(served: float | None, offline: float | None, minimum: float) -> None:
+    """The acceptance gate: return if ``served >= minimum``, else raise AcceptanceTooLow with
+    :func:`acceptance_verdict`'s diagnosis."""
+    verdict = acceptance_verdict(served, offline, minimum)
+    if verdict is not None:
+        raise AcceptanceTooLow(verdict)
 
 
 def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = "mtbench", *,

@@ -46,7 +46,7 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
             st2 = retry_flow_run(eagle3_pipeline, fr)  # `prefect flow-run retry` of the same flow run
             assert st2.is_completed(), st2.message
             assert task_states(fr, since) == {**{s: ["Cached"] for s in UPSTREAM}, "deploy-bench": ["Completed"],
-                                              "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
+                                              "acceptance": ["Completed"], "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
                                               "decision": ["Completed"]}
 
             # a changed training setting: training and everything after it run again, extraction does not
@@ -55,7 +55,7 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
             assert st3.is_completed(), st3.message
             assert task_states(st3.state_details.flow_run_id) == {
                 "extract": ["Cached"], "train": ["Completed"], "convert": ["Completed"], "deploy-bench": ["Completed"],
-                "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
+                "acceptance": ["Completed"], "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
                 "decision": ["Completed"]}
             assert child_processes_except_prefect() == []
     finally:

@@ -3,6 +3,8 @@ against a real local MLflow store."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 import pytest
 
@@ -13,6 +15,7 @@ from eagle3.artifacts import write_manifest  # noqa: E402
 from eagle3.config import load_config  # noqa: E402
 from eagle3.errors import DataError, GateFailed, TransientError  # noqa: E402
 from tasks import caching, retry_if_transient  # noqa: E402
+from tasks.results import StageResult  # noqa: E402
 
 
 def _stage_dir(path, text: str):
@@ -126,11 +129,12 @@ def test_output_matches_detects_a_rebuilt_output(tmp_path):
     d = _stage_dir(tmp_path / "x", "a")
     from eagle3.artifacts import read_manifest
 
-    result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    result = StageResult("extract", d, read_manifest(d)["content_hash"], "r")
     assert caching.output_matches(result)
     _stage_dir(d, "b")
     assert not caching.output_matches(result)
-    assert not caching.output_matches({"dir": str(tmp_path / "gone"), "content_hash": "x"})
+    assert not caching.output_matches(StageResult("extract", tmp_path / "gone", "x", "r"))
+    assert not caching.output_matches({"dir": str(d), "content_hash": read_manifest(d)["content_hash"]})  # an old-style dict
 
 
 def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_intact(tmp_path):
@@ -142,7 +146,7 @@ def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_in
         (d / "hidden_states" / f"hs_{i}.safetensors").write_bytes(bytes(100 + i))
     (d / ".progress").mkdir()
     write_manifest(d, "hidden_states", exclude=("manifest.json", ".progress"))
-    result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    result = StageResult("extract", d, read_manifest(d)["content_hash"], "r")
     files = read_manifest(d)["files"]
     assert (files["count"], files["bytes"], files["exclude"]) == (3, 303, [".progress", "manifest.json"])
     (d / ".progress" / "note.json").write_text("{}")  # excluded folders may change
@@ -181,8 +185,8 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
     with pytest.raises(DataError):
         with tracking.stage_run(cfg, parent, "convert") as sr:
             raise DataError("boom")
-    tracking.record_cached_stage(cfg, parent, "extract", "trained", {"dir": "/x", "content_hash": "h",
-                                                                    "mlflow_run_id": "producer", "metrics": {"n": 3}})
+    tracking.record_cached_stage(cfg, parent, "extract", "trained",
+                                 StageResult("extract", Path("/x"), "h", "producer", {"n": 3}))
     tracking.log_parent_metrics(cfg, parent, {"acceptance_length": 1.5, "acceptance_length_untrained": None})
     tracking.finish_run(cfg, parent)
     s = tracking.summarize_run(parent, cfg.mlflow_uri())
