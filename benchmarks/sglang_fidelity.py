@@ -6,7 +6,7 @@ target, prompts and settings (greedy, chain drafting, topk 1).
         [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3]
 
 SGLang runs from ``.venv-sglang`` (``make sglang-env``) on the CPU with ``TRITON_INTERPRET=1`` and the shims of
-``testkit/sglang_shims`` (../shared/SGLANG_CPU.md), started by the project's launcher and readiness gate;
+``testkit/sglang_shims`` (docs/SGLANG_ON_CPU.md), started by the project's launcher and readiness gate;
 a start takes minutes. Without ``--draft`` a random draft for the config's target is made (speculators format →
 ``eagle3.convert.stage``). Prints the gate's phase timeline, both acceptance lengths, and last the ratio (goal >= 0.97).
 """

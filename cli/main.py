@@ -15,6 +15,8 @@ from typing import List, Optional
 
 import typer
 
+from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS, GATE_POLL_INTERVAL_S,
+                           GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S)
 from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -154,10 +156,10 @@ def wait_ready(
     url: str = typer.Option(..., "--url"),
     pid: Optional[int] = typer.Option(None, "--pid", help="Server process id (crash and CPU-time signals)"),
     log: Optional[Path] = typer.Option(None, "--log", help="Server log file (growth is a progress signal)"),
-    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="seconds without progress → stalled"),
-    timeout: float = typer.Option(600.0, "--timeout", help="overall deadline, seconds"),
-    poll_interval: float = typer.Option(1.0, "--poll-interval"),
-    probe_timeout: float = typer.Option(120.0, "--probe-timeout", help="deadline of the generation probe, s"),
+    stall_timeout: float = typer.Option(GATE_STALL_TIMEOUT_S, "--stall-timeout", help="seconds without progress → stalled"),
+    timeout: float = typer.Option(GATE_TIMEOUT_S, "--timeout", help="overall deadline, seconds"),
+    poll_interval: float = typer.Option(GATE_POLL_INTERVAL_S, "--poll-interval"),
+    probe_timeout: float = typer.Option(GATE_PROBE_TIMEOUT_S, "--probe-timeout", help="deadline of the generation probe, s"),
     diagnostics: Optional[Path] = typer.Option(None, "--diagnostics", help="where to save stack dumps and logs"),
 ):
     """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out, 2 bad arguments."""
@@ -182,9 +184,9 @@ def wait_ready(
 def bench(
     config: Optional[Path] = typer.Argument(None, help="CONFIG runs the pipeline's deploy+bench stage"),
     url: Optional[str] = typer.Option(None, "--url", help="A running SGLang-compatible server"),
-    prompts: str = typer.Option("mtbench", "--prompts", help="mtbench | gsm8k | humaneval | FILE"),
-    num_prompts: int = typer.Option(8, "--num-prompts"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts", help="mtbench | gsm8k | humaneval | FILE"),
+    num_prompts: int = typer.Option(BENCH_NUM_PROMPTS, "--num-prompts"),
+    max_new_tokens: int = typer.Option(BENCH_MAX_NEW_TOKENS, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature"),
     concurrency: int = typer.Option(1, "--concurrency"),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Folder with the target's tokenizer"),

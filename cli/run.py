@@ -14,8 +14,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from flows.common import (SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides,
-                          stop_ephemeral_server)
+from flows.common import SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides, stop_ephemeral_server
 from flows.pipeline import FLOW_NAME, eagle3_pipeline
 
 
@@ -46,8 +45,14 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
         from eagle3.errors import Eagle3Error
 
         exc = Eagle3Error(f"flow run ended {state.name}: {state.message}")
-    from eagle3.errors import (AcceptanceTooLow, CheckpointInvalid, ConfigError, DataError, EngineUnsupported,
-                               TrainingDiverged)
+    from eagle3.errors import (
+        AcceptanceTooLow,
+        CheckpointInvalid,
+        ConfigError,
+        DataError,
+        EngineUnsupported,
+        TrainingDiverged,
+    )
 
     home = env.get("PREFECT_HOME")
     entry = "flows/pipeline.py:eagle3_pipeline" if stage == "pipeline" else f"flows/stages.py:{stage}_flow"

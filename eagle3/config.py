@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
+from eagle3.overrides import apply_overrides, format_validation_error
 
 # A key is secret-looking when its last name part is one of these words (``hf_token``, ``WANDB_API_KEY``,
 # ``db.password``), not when the word is merely inside it (``max_new_tokens`` is a setting, not a secret).
@@ -31,6 +32,18 @@ SECRET_KEY = re.compile(r"(^|[._-])(token|secret|password|passwd|api[_-]?key|acc
 def is_secret_key(key: str) -> bool:
     """True for a config key or environment variable name that looks like it holds a secret."""
     return bool(SECRET_KEY.search(str(key)))
+
+
+# Defaults shared by a config section, the library function it feeds and the CLI option for the same thing:
+# each is written here once and imported.
+BENCH_PROMPTS = "mtbench"
+BENCH_NUM_PROMPTS = 8  # prompts (MT-Bench, round-robin over categories: one per category)
+BENCH_MAX_NEW_TOKENS = 64  # tokens generated per prompt
+BENCH_REQUEST_TIMEOUT_S = 600.0  # seconds per benchmark request
+GATE_TIMEOUT_S = 600.0  # seconds: the readiness gate's overall deadline (start-up included)
+GATE_STALL_TIMEOUT_S = 120.0  # seconds without any progress signal (log, CPU, GPU) → stalled
+GATE_POLL_INTERVAL_S = 1.0  # seconds between probes
+GATE_PROBE_TIMEOUT_S = 120.0  # seconds for the generation probe once /health answers
 
 
 class _Section(BaseModel):
@@ -205,10 +218,10 @@ class ServeConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(600.0, gt=0)
-    stall_timeout_s: float = Field(120.0, gt=0)
-    poll_interval_s: float = Field(1.0, gt=0)
-    probe_timeout_s: float = Field(120.0, gt=0)
+    startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)
+    stall_timeout_s: float = Field(GATE_STALL_TIMEOUT_S, gt=0)
+    poll_interval_s: float = Field(GATE_POLL_INTERVAL_S, gt=0)
+    probe_timeout_s: float = Field(GATE_PROBE_TIMEOUT_S, gt=0)
     retry_without_cuda_graph: bool = False
     sglang_python: str | None = Field(
         None, description="Python of the environment that has SGLang (e.g. ~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
@@ -218,14 +231,14 @@ class ServeConfig(_Section):
 class BenchConfig(_Section):
     """Acceptance benchmark."""
 
-    prompts: str = Field("mtbench", description="mtbench | gsm8k | humaneval | a file path.")
-    num_prompts: int = Field(8, ge=1)
-    max_new_tokens: int = Field(64, ge=1)
+    prompts: str = Field(BENCH_PROMPTS, description="mtbench | gsm8k | humaneval | a file path.")
+    num_prompts: int = Field(BENCH_NUM_PROMPTS, ge=1)
+    max_new_tokens: int = Field(BENCH_MAX_NEW_TOKENS, ge=1)
     temperature: float = Field(0.0, ge=0)
     concurrency: int = Field(1, ge=1)
     min_acceptance_length: float = Field(1.3, ge=0, description="The run fails below this (acceptance gate).")
     baseline_untrained: bool = True
-    request_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(BENCH_REQUEST_TIMEOUT_S, gt=0)
 
 
 class TrackingConfig(_Section):
@@ -271,52 +284,6 @@ class RunConfig(_Section):
             path = path / "config.yaml"
         path.write_text(self.to_yaml())
         return path
-
-
-def _parse_value(raw: str) -> Any:
-    """YAML-parse an override's value so ``3``, ``1e-4``, ``true``, ``[2,5]`` and ``null`` get their types."""
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-
-
-def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
-    """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
-
-    Raises ConfigError for an override without ``=`` or with an empty key.
-    Unknown keys are left for the schema to reject (with the dotted key in the message).
-    """
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected 'section.key=value', got no '='")
-        key, raw = item.split("=", 1)
-        parts = [p for p in key.strip().split(".") if p]
-        if not parts:
-            raise ConfigError(f"override {item!r}: empty key")
-        node = data
-        for p in parts[:-1]:
-            child = node.get(p)
-            if child is None:
-                child = node[p] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {p!r} is a value ({child!r}), not a section")
-            node = child
-        node[parts[-1]] = _parse_value(raw)
-    return data
-
-
-def _format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
-    """One line per invalid field; a field set by a ``-o`` override says so (the value did not come from the file)."""
-    given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
-    lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        got = e.get("input")
-        got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-        origin = next((f" [from -o {given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")
-        lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]}){origin}")
-    return "\n".join(lines)
 
 
 _PARSED: dict[tuple, "RunConfig"] = {}  # (file, its bytes' sha256, overrides) → validated config
@@ -369,7 +336,7 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source, overrides)) from e
+        raise ConfigError(format_validation_error(e, source, overrides)) from e
 
 
 def redact(obj: Any) -> Any:

@@ -21,7 +21,7 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 
 Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
 (train falls, val does not) or has seen its data many times is data-limited. A public report saw acceptance
-peak at ~4.6 epochs and fall while loss kept dropping (../shared/ENGINE_NOTES.md): hence the epoch cap and
+peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §8): hence the epoch cap and
 choosing by acceptance rather than loss.
 """
 
@@ -31,8 +31,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from eagle3.measure.acceptance import serving_gap
 from eagle3.errors import DataError
+from eagle3.measure.acceptance import MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO, SERVING_FAULT_CHECKS, serving_gap
 
 OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
 
@@ -41,9 +41,9 @@ OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
 class Thresholds:
     """Rule constants (see the module docstring). Relative slope/gap are fractions, not percent."""
 
-    serving_gap_ratio: float = 0.7
+    serving_gap_ratio: float = SERVING_EXCESS_RATIO
     simulated_gap_ratio: float = 0.5
-    min_offline_excess: float = 0.05
+    min_offline_excess: float = MIN_OFFLINE_EXCESS
     k: int = 3
     slope_eps: float = 0.005
     gap_max: float = 0.10
@@ -198,8 +198,7 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
         return Decision("fix serving integration", "served_below_offline", [
             f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline {offline:.3f} − 1) for "
             "the same draft and prompts: the draft accepts tokens in-process but not as served",
-            "check: aux hidden-state capture (fc skipped on narrow inputs), tensor key names the engine loaded, "
-            "speculative flags, eagle_aux_hidden_state_layer_ids convention, chat template"], ev)
+            f"check {SERVING_FAULT_CHECKS}"], ev)
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
             f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated {sim:.3f} − 1) "

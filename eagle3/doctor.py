@@ -72,7 +72,7 @@ def check_sglang() -> tuple[str, str]:
     if gpu:
         return ("OK" if not pin else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
     return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed here "
-                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; ../shared/SGLANG_CPU.md)")
+                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; docs/SGLANG_ON_CPU.md)")
 
 
 def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""Error taxonomy of the pipeline (../shared/DESIGN.md, "Errors").
+"""Error taxonomy of the pipeline (docs/DESIGN.md, "Errors").
 
 Only :class:`TransientError` may be retried by an orchestrator; every other error is a fact about the
 inputs and is never retried. Messages name the file, key or field and both the expected and actual value.

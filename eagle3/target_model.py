@@ -2,7 +2,7 @@
 
 Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder layer i
 (index 0 = token embeddings, index L = output of the last layer *before* the final norm). This is the
-convention of speculators and vLLM (../shared/ENGINE_NOTES.md). SGLang's explicit ids are "output of layer k"
+convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLang's explicit ids are "output of layer k"
 = HF index k+1; conversion translates.
 
 Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so it

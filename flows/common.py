@@ -163,9 +163,14 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
     When ``PREFECT_API_URL`` is set (e.g. ``make stack-up``), only the result storage path is set. Yields the
     settings applied (name → value).
     """
-    from prefect.settings import (PREFECT_API_DATABASE_CONNECTION_URL, PREFECT_HOME, PREFECT_LOCAL_STORAGE_PATH,
-                                  PREFECT_SERVER_ANALYTICS_ENABLED, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-                                  temporary_settings)
+    from prefect.settings import (
+        PREFECT_API_DATABASE_CONNECTION_URL,
+        PREFECT_HOME,
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     base = cfg.paths.resolved_runs_dir() / ".prefect"
     try:

@@ -12,15 +12,22 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (data_line, load_run_config, parent_run, publish_summary, run_stage, stage_dirs,
-                          untrained_config)
+from flows.common import (
+    data_line,
+    load_run_config,
+    parent_run,
+    publish_summary,
+    run_stage,
+    stage_dirs,
+    untrained_config,
+)
 from tasks import tracking
-from tasks.results import AcceptanceFigures, StageResult
 from tasks.bench import acceptance_task, decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import extract_task
 from tasks.registry import register_task
+from tasks.results import AcceptanceFigures, StageResult
 from tasks.train import train_task
 
 FLOW_NAME = "eagle3-pipeline"

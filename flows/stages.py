@@ -10,8 +10,16 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (data_line, finished_output, load_run_config, parent_run, publish_summary, run_stage,
-                          stage_dirs, untrained_config)
+from flows.common import (
+    data_line,
+    finished_output,
+    load_run_config,
+    parent_run,
+    publish_summary,
+    run_stage,
+    stage_dirs,
+    untrained_config,
+)
 from tasks import tracking
 from tasks.bench import acceptance_task, gate_task
 from tasks.convert import convert_task

@@ -36,7 +36,7 @@ STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "extract": ("eagle3.extract.stage", "eagle3/engines/sglang/plugin"),
     "train": ("eagle3.train.stage", "eagle3.train.worker"),
     "convert": ("eagle3.convert.stage", "eagle3.convert.validate", "eagle3.convert.equivalence"),
-    "deploy": ("eagle3.serve.launcher", "eagle3.serve.reference.__main__", "eagle3.measure.bench"),
+    "deploy": ("eagle3.measure.served", "eagle3.serve.reference.__main__"),
 }
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds eagle3/
 

@@ -1,9 +1,6 @@
-"""Prefect task of deploy + benchmark: launch the engine, pass the readiness gate, measure, tear down.
-
-The engine process is a context manager (``eagle3.serve.launcher.launch_ready``: launch_engine +
-wait_ready): its process group is ended in ``finally`` whatever happens, so a failed gate or benchmark
-leaves no server behind. The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as
-``gate.json``.
+"""Prefect task of deploy + benchmark (``eagle3.measure.served.serve_and_measure``: launch the engine, pass the
+readiness gate, measure under a watchdog, tear down; a failed gate or benchmark leaves no server behind).
+The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as ``gate.json``.
 """
 
 from __future__ import annotations
@@ -37,22 +34,17 @@ def deploy_key(context: Any, parameters: dict) -> str:
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
-    """launch → readiness gate (``launch_ready``: GateFailed unless ready) → run_bench → teardown (the context
-    manager ends the engine's process group in every case). Returns the acceptance report."""
+    """``eagle3.measure.served.serve_and_measure`` with the gate's verdict and timeline logged to the stage run."""
     from eagle3.assets import resolve_target
-    from eagle3.measure.bench import run_bench
-    from eagle3.serve.launcher import launch_ready
+    from eagle3.measure.served import serve_and_measure as measure
 
-    target = resolve_target(cfg)
-    b = cfg.bench
-    with launch_ready(cfg, target, serving_dir, deploy_dir) as (engine, gate):
+    def on_ready(engine, gate) -> None:
         sr.set_tags({"eagle3.engine": engine.engine, "eagle3.engine_url": engine.url,
                      "eagle3.gate_verdict": gate.verdict})
         sr.log_metrics(gate.metrics())
         sr.log_dict(gate.to_dict(), "gate.json")
-        return run_bench(engine.url, prompts=b.prompts, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens,
-                         temperature=b.temperature, concurrency=b.concurrency, tokenizer_dir=target,
-                         out_dir=bench_dir, request_timeout_s=b.request_timeout_s)
+
+    return measure(cfg, resolve_target(cfg), serving_dir, deploy_dir, bench_dir, on_ready=on_ready)
 
 
 def log_attempts(sr: Any, deploy_dir: Path) -> None:

@@ -102,8 +102,9 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
     """Register the serving checkpoint ``serving.dir`` (see the module doc) and return the version; also tags the parent run ``eagle3.registered_model`` = ``name/version``.
     Raises MlflowException from the registry (e.g. an unreachable server), DataError for a folder without a
     manifest."""
-    from eagle3.assets import resolve_target
     from mlflow.exceptions import MlflowException
+
+    from eagle3.assets import resolve_target
 
     client = registry_client(cfg)
     name = model_name(resolve_target(cfg).name)

@@ -77,7 +77,7 @@ def good_data_manifest(target_dir: Path, aux_ids=(2, 4, 5), unique_tokens: int =
 
 @dataclass
 class Case:
-    """One broken checkpoint: ``fclass`` (FAILURE_CLASSES.md number), expected ``code`` and ``needle``."""
+    """One broken checkpoint: ``fclass`` (docs/FAILURE_CLASSES.md number), expected ``code`` and ``needle``."""
 
     name: str
     fclass: int

@@ -5,7 +5,7 @@ into ``.venv``). This module runs code there as child processes with ``TRITON_IN
 kernels run on the CPU in Triton's interpreter) and ``testkit/sglang_shims`` on ``PYTHONPATH`` (a
 pure-torch ``vllm._custom_ops.rotary_embedding``, the ``spec_tree`` patches, and the ``sitecustomize`` hook
 that applies them in every process, SGLang's spawned schedulers included). Recipe and facts:
-../shared/SGLANG_CPU.md. Tensors cross between the two environments as safetensors files.
+docs/SGLANG_ON_CPU.md. Tensors cross between the two environments as safetensors files.
 
 The SGLang-side code is ``testkit/sglang_worker.py`` (coverage with a NaN sentinel fill and an
 EXTEND-mode forward of ``LlamaForCausalLMEagle3``); :func:`run_jobs` batches many checkpoints into one
@@ -213,7 +213,7 @@ def sglang_forward_many(cases: dict[str, tuple[Path, dict]], work_dir: Path, *,
     return out
 
 
-# The full server on the CPU (../shared/SGLANG_CPU.md): flags the launcher does not generate itself.
+# The full server on the CPU (docs/SGLANG_ON_CPU.md): flags the launcher does not generate itself.
 CPU_SERVER_ARGS = ["--device", "cpu", "--attention-backend", "triton", "--disable-overlap-schedule",
                    "--max-total-tokens", "4096"]
 

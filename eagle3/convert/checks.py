@@ -10,9 +10,9 @@ import json
 
 import torch
 
+from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get
 from eagle3.engines.profile import EngineProfile
 from eagle3.errors import ConfigError
-from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get
 
 AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 

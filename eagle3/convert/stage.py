@@ -8,7 +8,7 @@ Inputs (detected from ``config.json`` and the tensor names):
   ``layers.0.*``) tensors; aux ids, if any, already in SGLang's ``eagle_config`` (output-of-layer convention).
 - ``eagle``: the original EAGLE repo's release (``pytorch_model.bin`` with ``midlayer.*``, no embedding).
 
-What conversion does (../shared/ENGINE_NOTES.md): aux ids go to ``eagle_config.eagle_aux_hidden_state_layer_ids``
+What conversion does (docs/ENGINE_FACTS.md §2, §3): aux ids go to ``eagle_config.eagle_aux_hidden_state_layer_ids``
 as ``hf_id - 1`` (missing ids: the EAGLE-3 default rule written out explicitly, which needs the target);
 ``target_hidden_size``, RoPE settings and ``max_position_embeddings`` come from the target's config when
 ``target_dir`` is given; ``tie_word_embeddings`` is false and ``draft_vocab_size`` explicit; ``d2t`` (and ``t2d``,
@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from eagle3.artifacts import atomic_directory, atomic_write_json, content_hash, write_manifest
+from eagle3.convert.checkpoint import Checkpoint, Target, read_checkpoint
+from eagle3.convert.validate import validate
 from eagle3.engines.profile import EngineProfile
 from eagle3.engines.registry import default_version, get_profile
 from eagle3.errors import CheckpointInvalid, ConfigError, DataError, EngineUnsupported
-from eagle3.convert.checkpoint import Checkpoint, Target, read_checkpoint
-from eagle3.convert.validate import validate
 
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
 LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",

@@ -1,4 +1,4 @@
-"""Every check of a serving checkpoint that can be made from files (../shared/FAILURE_CLASSES.md).
+"""Every check of a serving checkpoint that can be made from files (docs/FAILURE_CLASSES.md).
 
 ``validate(ckpt_dir, target_dir=..., engine=..., data_manifest=...)`` returns a list of :class:`Problem`
 (empty = valid). The tensor checks replay the engine's loader from its profile

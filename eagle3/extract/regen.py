@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3.extract.conversations import Conversation
 from eagle3.errors import ConfigError, DataError, TransientError
+from eagle3.extract.conversations import Conversation
 
 
 def _rounds(convs: list[Conversation]) -> int:

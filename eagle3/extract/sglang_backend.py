@@ -9,7 +9,7 @@ states ``[T, S, H]`` and writes them through the same checks, encodings and atom
 
 Layer ids: this project's ids are HF ``hidden_states`` indices (i = input of decoder layer i, L = the last
 layer's output before the final norm). SGLang's explicit ids are "output of layer k" (it adds 1 internally;
-``../shared/ENGINE_NOTES.md``), so index i is SGLang id i-1, and index L is SGLang id L-1, which stock SGLang
+docs/ENGINE_FACTS.md §3), so index i is SGLang id i-1, and index L is SGLang id L-1, which stock SGLang
 cannot capture; the worker registers ``eagle3_sglang_capture`` (``SGLANG_EXTERNAL_MODEL_PACKAGE``), a subclass of
 the target's own SGLang class that takes it at the final norm. Index 0 (the embeddings) has no SGLang id.
 
@@ -49,7 +49,9 @@ def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
         raise ConfigError(f"extract.aux_layer_ids: HF hidden_states indices {bad} cannot be captured by SGLang "
                           f"(expected 1..{num_layers}: index i is the output of layer i-1; index 0, the embeddings, "
                           f"has no SGLang id), got {capture_ids[:-1]}")
-    return [i - 1 for i in capture_ids]
+    from eagle3.engines.registry import get_profile
+
+    return get_profile("sglang").hf_to_engine_ids(capture_ids)  # the profile owns the ±1 convention
 
 
 def worker_env(cfg, log_dir: Path) -> dict[str, str]:

@@ -38,17 +38,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections import Counter
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 from eagle3.artifacts import atomic_directory, atomic_write_bytes, output_intact, sha256_file, write_manifest
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
-from eagle3.extract.store import (HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
-                                  make_shards, remove_stale_temporaries, start_or_resume)
+from eagle3.extract.store import (
+    HS_DIR,
+    PROGRESS_DIR,
+    assign_shards,
+    bytes_per_token,
+    completed_shards,
+    make_shards,
+    remove_stale_temporaries,
+    start_or_resume,
+)
 
 log = logging.getLogger(__name__)
 

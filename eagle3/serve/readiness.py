@@ -16,7 +16,7 @@ Phases (observed from outside, in this order; seconds spent in each are reported
 Ready means ``GET /health_generate`` answered 200 *and* ``probe_concurrency`` (≥ 2) concurrent
 ``POST /generate`` requests (``max_new_tokens`` 4, temperature 0) each returned at least one token within
 ``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (SGLang 0.5.23: ``spec_verify_ct``,
-``spec_accept_length``, …; older builds other ``spec_*`` names — see ../shared/ENGINE_NOTES.md).
+``spec_accept_length``, …; older builds other ``spec_*`` names — see docs/ENGINE_FACTS.md §4).
 
 HTTP requests run in daemon threads, so a server that accepts connections and never answers cannot block
 the gate: the loop wakes every ``poll_interval_s`` and a verdict is reached within ``stall_timeout_s`` plus
@@ -38,9 +38,10 @@ from typing import Any, Callable
 import httpx
 
 from eagle3.artifacts import atomic_write_json
+from eagle3.config import GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
-from eagle3.serve.procs import exit_status
 from eagle3.serve.liveness import ProgressMonitor
+from eagle3.serve.procs import exit_status
 from eagle3.serve.watchdog import Watchdog  # noqa: F401  (re-exported: eagle3.serve.readiness.Watchdog)
 
 __all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready", "VERDICTS"]
@@ -221,8 +222,9 @@ def _check_arguments(url: str, seconds: dict[str, float]) -> None:
                           f"got {url!r}") from e
 
 
-def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None, timeout_s: float = 600.0,
-               stall_timeout_s: float = 120.0, poll_interval_s: float = 1.0, probe_timeout_s: float = 120.0,
+def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None,
+               timeout_s: float = GATE_TIMEOUT_S, stall_timeout_s: float = GATE_STALL_TIMEOUT_S,
+               poll_interval_s: float = GATE_POLL_INTERVAL_S, probe_timeout_s: float = GATE_PROBE_TIMEOUT_S,
                diagnostics_dir: str | Path | None = None, require_spec_fields: bool = True,
                probe_concurrency: int = 2, use_gpu: bool = True) -> GateResult:
     """Wait until the server at ``url`` is ready or a verdict says why it will not be (module docstring).

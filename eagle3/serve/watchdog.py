@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from eagle3.serve.diagnostics import collect_diagnostics
+from eagle3.config import GATE_POLL_INTERVAL_S, GATE_STALL_TIMEOUT_S
 from eagle3.errors import GateFailed
-from eagle3.serve.procs import exit_status
+from eagle3.serve.diagnostics import collect_diagnostics
 from eagle3.serve.liveness import ProgressMonitor
+from eagle3.serve.procs import exit_status
 
 
 class Watchdog:
@@ -38,7 +39,7 @@ class Watchdog:
     """
 
     def __init__(self, url: str, pid: int | None = None, log_path: str | Path | None = None, *,
-                 stall_timeout_s: float = 120.0, check_interval_s: float = 1.0, deadline_s: float | None = None,
+                 stall_timeout_s: float = GATE_STALL_TIMEOUT_S, check_interval_s: float = GATE_POLL_INTERVAL_S, deadline_s: float | None = None,
                  diagnostics_dir: str | Path | None = None, use_gpu: bool = True):
         self.url, self.pid, self.log_path = url, pid, log_path
         self.stall_timeout_s, self.check_interval_s, self.deadline_s = stall_timeout_s, check_interval_s, deadline_s

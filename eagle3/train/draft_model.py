@@ -1,6 +1,6 @@
 """Building, saving and loading speculators' EAGLE-3 draft for a target, configured for the serving engine.
 
-What is trained must be what the serving engine computes (../shared/ENGINE_NOTES.md): the four layer flags
+What is trained must be what the serving engine computes (docs/ENGINE_FACTS.md §2, §5): the four layer flags
 ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output`` are resolved from the config and
 checked against the engine profile (``eagle3.engines.profile.get_profile(engine, version).check_flags``)
 before any training. SGLang 0.5.23 takes the residual from the *un-normalised* incoming hidden state, which
@@ -121,7 +121,7 @@ def use_uncompiled_forward(model) -> bool:
 
     speculators wraps ``Eagle3DraftModel.forward`` in ``torch.compile`` whenever CUDA is available
     (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled flex
-    paths failed on the H200 (ENGINE_NOTES.md). Returns True when a compiled wrapper was bypassed.
+    paths failed on the H200 (docs/ENGINE_FACTS.md §7). Returns True when a compiled wrapper was bypassed.
     """
     import types
 

@@ -13,7 +13,7 @@ teacher-forced as in speculators' ``Eagle3DraftModel.forward``):
 - simulated acceptance length = ``1 + c0 + c0*c1 + c0*c1*c2 + ...`` over the conditional accuracies (chain
   drafting, greedy verification). **The bonus token is counted** (the leading 1), as SGLang's
   ``spec_accept_length`` counts it: 1.0 = no draft token accepted, maximum ``ttt_steps + 1``.
-  Source: ../shared/ENGINE_NOTES.md (within 0.02 of the measured acceptance length).
+  Source: docs/ENGINE_FACTS.md §5 (within 0.02 of the measured acceptance length).
 - chain acceptance length = ``1 + mean over starts of the leading run of correct steps`` (the same quantity
   counted per start instead of through the product of marginals).
 """

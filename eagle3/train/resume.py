@@ -3,7 +3,7 @@
 Refused (each a ConfigError/DataError naming the field, the saved and the new value):
 
 - a different draft vocabulary map (its hash) unless ``train.allow_vocab_map_change`` — the ``lm_head``
-  rows would silently mean other tokens (FAILURE_CLASSES.md 9);
+  rows would silently mean other tokens (docs/FAILURE_CLASSES.md 9);
 - other hidden-states data (:func:`eagle3.train.data.data_identity`: target, aux ids, splits, token ids and
   loss masks): the saved data position would point into another plan;
 - fields that change the model or the data order: ttt_steps, num_layers, draft_vocab_size, seed,

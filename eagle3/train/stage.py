@@ -25,14 +25,28 @@ from typing import Callable
 import torch
 
 from eagle3.artifacts import sha256_file, write_manifest
-from eagle3.train.draft_model import (build_draft, compile_forward, read_target_config, resolve_flags, save_draft,
-                                 use_uncompiled_forward)
 from eagle3.errors import ConfigError
 from eagle3.train.data import data_identity, open_hidden_states
+from eagle3.train.draft_model import (
+    build_draft,
+    compile_forward,
+    read_target_config,
+    resolve_flags,
+    save_draft,
+    use_uncompiled_forward,
+)
 from eagle3.train.loop import Run, evaluate, run_loop
-from eagle3.train.state import check_checkpoint_space, ensure_writable, list_checkpoints, load_checkpoint, lr_factor, make_scheduler, read_info, \
-    truncate_metrics
 from eagle3.train.resume import check_resume, load_init_from
+from eagle3.train.state import (
+    check_checkpoint_space,
+    ensure_writable,
+    list_checkpoints,
+    load_checkpoint,
+    lr_factor,
+    make_scheduler,
+    read_info,
+    truncate_metrics,
+)
 from eagle3.train.vocab import build_vocab_map, load_token_freq
 
 OnMetrics = Callable[[dict, int], None]

@@ -6,7 +6,7 @@
                      RNG states), state.json (step, epoch, micro-batch position, tokens seen, vocab-map hash,
                      data content hash, the train section, last metrics)
     best/            model.safetensors + state.json of the evaluation with the highest simulated acceptance
-                     length (chosen by acceptance, not by loss: FAILURE_CLASSES.md 18)
+                     length (chosen by acceptance, not by loss: docs/FAILURE_CLASSES.md 18)
 
 Each directory is written through :func:`eagle3.artifacts.atomic_directory`, so a SIGKILL leaves either
 the previous complete checkpoint or the new complete one, never a half-written one.

@@ -1,6 +1,6 @@
 """The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, their invariants and their hash.
 
-Conventions (speculators 0.9.0, SGLang 0.5.23; ../shared/ENGINE_NOTES.md):
+Conventions (speculators 0.9.0, SGLang 0.5.23; docs/ENGINE_FACTS.md §2, §5):
 
 - ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]`` for draft index ``i``.
 - ``t2d``: bool ``[vocab_size]``, True exactly at the target ids that have a draft index.
@@ -126,7 +126,7 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
 
 
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
-    """Check the map invariants of failure class 7 (../shared/FAILURE_CLASSES.md).
+    """Check the map invariants of failure class 7 (docs/FAILURE_CLASSES.md).
 
     ``len(t2d) == vocab_size``; ``t2d.sum() == len(d2t)``; every ``i + d2t[i]`` in ``[0, vocab)``,
     strictly increasing, and exactly the ids where ``t2d`` is True.

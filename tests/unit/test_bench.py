@@ -266,7 +266,7 @@ def test_cli_bench_url(serve, smollm2_dir, tmp_path):
 
 
 def test_gate_on_weak_draft_numbers_from_assets_md():
-    """ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served 1.23 is not."""
+    """docs/ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served 1.23 is not."""
     with pytest.raises(AcceptanceTooLow, match="serving integration fault"):
         check_acceptance(1.00, 1.24, 1.3)
     with pytest.raises(AcceptanceTooLow, match="both low"):

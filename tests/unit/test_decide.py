@@ -27,7 +27,7 @@ def test_signals_slope_and_gap():
 def test_served_far_below_offline_is_a_serving_fault():
     d = recommend(FALLING, {"served": 1.01, "offline": 1.6, "simulated": 1.65})
     assert d.recommendation == "fix serving integration" and d.rule == "served_below_offline"
-    assert "aux hidden-state capture" in d.to_markdown()
+    assert "the target captures the aux layers" in d.to_markdown()
 
 
 def test_served_below_simulated_without_offline_is_low_confidence_serving_fault():

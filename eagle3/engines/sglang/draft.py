@@ -36,9 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle3.engines.sglang.draft_load import (LEGACY_NAMES, STACKED, check_config as _check_config,
-                                              copy_param as _copy, load_shard as _load_shard,
-                                              rope_parameters, unfilled as _unfilled)
+from eagle3.engines.sglang.draft_load import LEGACY_NAMES, STACKED, rope_parameters
+from eagle3.engines.sglang.draft_load import check_config as _check_config
+from eagle3.engines.sglang.draft_load import copy_param as _copy
+from eagle3.engines.sglang.draft_load import load_shard as _load_shard
+from eagle3.engines.sglang.draft_load import unfilled as _unfilled
 from eagle3.errors import CheckpointInvalid, ConfigError
 
 log = logging.getLogger(__name__)

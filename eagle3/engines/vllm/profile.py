@@ -1,6 +1,6 @@
 """vLLM's EAGLE-3 draft loader — an UNPINNED profile (``pinned=False``).
 
-Built from the facts in ../shared/ENGINE_NOTES.md ("vLLM (second engine)"), not from a release's source:
+Built from the facts in docs/ENGINE_FACTS.md §6, not from a release's source:
 vLLM loads speculators-format drafts directly (``vllm serve DIR``); maps ``midlayer.`` → ``layers.0.``;
 **raises** on unknown tensor names; reads the aux ids from the top-level
 ``eagle_aux_hidden_state_layer_ids`` in the HF hidden_states-index convention; ``norm_before_residual``
@@ -71,7 +71,7 @@ def route(name: str, params: Mapping[str, ParamSpec]) -> Route:
 
 FLAGS = {
     "norm_before_residual": FlagRule("norm_before_residual", (False, True), True, ("norm_before_residual",),
-                                     "read from the config; True when missing (ENGINE_NOTES)"),
+                                     "read from the config; True when missing (docs/ENGINE_FACTS.md §6)"),
     "norm_before_fc": FlagRule("norm_before_fc", (False,), False, ("norm_before_fc",), "unpinned: default only"),
     "fc_norm": FlagRule("fc_norm", (False,), False, ("fc_norm",), "unpinned: default only"),
     "norm_output": FlagRule("norm_output", (False,), False, ("norm_output",), "unpinned: default only"),
@@ -83,7 +83,7 @@ FLAGS = {
 def build(version: str) -> EngineProfile:
     """The unpinned vLLM profile."""
     return EngineProfile(
-        engine="vllm", version=version, pinned=False, source_file="(unpinned: ENGINE_NOTES.md)",
+        engine="vllm", version=version, pinned=False, source_file="(unpinned: docs/ENGINE_FACTS.md §6)",
         draft_architectures=("Eagle3DraftModel", "Eagle3Speculator"),
         legacy_renames=(("midlayer.", "layers.0."),), stacked=(), name_prefixes=("",),
         unknown_tensor="raise", special_tensors={"d2t": "draft_id_to_target_id"}, ignored_tensors=("t2d",),
@@ -92,5 +92,5 @@ def build(version: str) -> EngineProfile:
         aux_default_rule="HF indices [2, L//2, L-3] when no ids are given", aux_capture_hf_range="[1, L-1]",
         residual_order="per config norm_before_residual (default True)", flags=FLAGS, flags_not_read=(),
         aux_capture_classes=frozenset(), max_draft_layers=None, param_fn=engine_params, route_fn=route,
-        notes=("unpinned: facts from ENGINE_NOTES.md, not from a vLLM release's source",),
+        notes=("unpinned: facts from docs/ENGINE_FACTS.md §6, not from a vLLM release's source",),
     )

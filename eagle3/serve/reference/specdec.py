@@ -31,9 +31,9 @@ from typing import Callable
 
 import torch
 
-from eagle3.serve.reference import sampling
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
+from eagle3.serve.reference import sampling
 from eagle3.target_model import capture_hidden_states, load_target, num_layers, torch_dtype
 
 

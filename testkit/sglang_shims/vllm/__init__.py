@@ -3,5 +3,5 @@
 This is not vLLM. Only ``vllm._custom_ops.rotary_embedding`` exists; every other ``vllm.*`` import keeps
 raising ``ImportError``, which SGLang already treats as "vLLM is not installed". It is put on ``PYTHONPATH``
 by ``testkit/sglang_harness.py`` for processes running in ``.venv-sglang`` (see
-../shared/SGLANG_CPU.md).
+docs/SGLANG_ON_CPU.md).
 """
