@@ -67,6 +67,26 @@ def prepare(config: Path = typer.Argument(..., help="YAML run config"), override
 
 
 @app.command()
+def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* selects the conversations)"),
+               out: Path = typer.Option(..., "--out", help="JSONL file to write (+ <out>.manifest.json)"),
+               override: Optional[List[str]] = OverridesOpt):
+    """Regenerate the assistant turns of CONFIG's conversations with the target itself, once, into a file that
+    many runs can share (``-o data.source=file -o data.path=OUT``). Uses ``data.regenerate`` (default hf)."""
+    from eagle3.config import load_config
+    from eagle3.extract.regen import regenerate_file
+
+    try:
+        cfg = load_config(config, override)
+        if cfg.data.regenerate == "none":
+            cfg.data.regenerate = "hf"
+        m = regenerate_file(cfg, out)
+    except (ConfigError, DataError, OSError) as e:
+        _fail(str(e), 2)
+    typer.echo(f"regenerated {m['counts']['answers']} answers of {m['counts']['conversations']} conversations in "
+               f"{m['seconds']:.1f} s -> {out}")
+
+
+@app.command()
 def run(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
     """Run the whole pipeline (extract → train → convert+validate → deploy → bench) as the Prefect flow."""
     _run_flow("pipeline", config, override)

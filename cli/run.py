@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -154,46 +155,94 @@ TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 class SignalRecord:
-    """Which termination signals reached this process during a run, whoever handled them.
+    """Which termination signals reached this process during a run, whoever handled them, and a deadline after
+    the first one.
 
     Prefect's flow engine installs its own SIGTERM handler while a flow runs, and CPython swallows an exception
     raised by a handler inside an import's module-lock callback; either way the run may go on to its end. The
     record does not depend on any Python handler: a self-pipe registered with :func:`signal.set_wakeup_fd`
     receives one byte (the signal number) for every signal delivered to a Python-level handler, ours or
-    Prefect's. Main thread only (``install`` returns False elsewhere)."""
+    Prefect's, and a thread reads it.
 
-    def __init__(self) -> None:
+    The deadline: a signal sent to the whole process group (Ctrl-C in a terminal, a supervisor) also ends
+    Prefect's ephemeral API server, and Prefect's engine then retries reporting the crash to it for minutes.
+    ``grace_s`` seconds after the first termination signal a process that has not exited ends itself: the
+    ``atexit`` handlers run (the launcher's end every engine process group), its remaining child processes are
+    terminated, and it exits with 128 + the signal number. Main thread only (``install`` returns False
+    elsewhere)."""
+
+    def __init__(self, grace_s: float = 30.0) -> None:
+        self.grace_s = grace_s
         self._r = self._w = -1
         self._previous_fd = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.seen: list[int] = []
 
     def install(self) -> bool:
         if threading.current_thread() is not threading.main_thread():
             return False
         self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
         self._previous_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="eagle3-signal-record", daemon=True)
+        self._thread.start()
         return True
 
+    def _watch(self) -> None:
+        import select
+
+        deadline = None
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._r], [], [], 0.5)
+            if ready:
+                chunk = os.read(self._r, 512)
+                new = [b for b in chunk if b in TERMINATING]
+                self.seen += new
+                if new and deadline is None:
+                    deadline = time.monotonic() + self.grace_s
+            if deadline is not None and time.monotonic() > deadline and not self._stop.is_set():
+                _end_now(self.seen[0], self.grace_s)
+
     def received(self) -> list[int]:
-        """The termination signals seen so far (drains the pipe; safe to call repeatedly)."""
-        if self._r >= 0:
-            try:
-                while chunk := os.read(self._r, 512):
-                    self.seen += [b for b in chunk if b in TERMINATING]
-            except BlockingIOError:
-                pass
+        """The termination signals seen so far."""
+        if self._thread is not None:
+            time.sleep(0.05)  # a byte written just now reaches the reader thread
         return list(self.seen)
 
     def uninstall(self) -> None:
         if self._r < 0:
             return
-        self.received()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
         signal.set_wakeup_fd(self._previous_fd)
         for fd in (self._r, self._w):
             os.close(fd)
         self._r = self._w = -1
+
+
+def _end_now(signum: int, grace_s: float) -> None:
+    """The run did not exit within ``grace_s`` of a termination signal: end engines (atexit), this process's own
+    children, then exit 128 + ``signum``."""
+    import atexit
+    import sys
+
+    import psutil
+
+    print(f"error: received {signal.Signals(signum).name} and the run did not stop within {grace_s:.0f} s "
+          "(Prefect's API server was ended with it); ending it now", file=sys.stderr, flush=True)
+    try:
+        atexit._run_exitfuncs()  # the launcher registers every engine's stop here
+    finally:
+        children = psutil.Process().children(recursive=True)
+        for c in children:
+            try:
+                c.terminate()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(children, timeout=5)
+        os._exit(128 + signum)
 
 
 def raise_if_terminated(record: SignalRecord) -> None:

@@ -114,7 +114,12 @@ class DataConfig(_Section):
         "none", description="Replace assistant turns by the target's own greedy answers before extraction.")
     regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when regenerate == "
                                        "'openai'.")
-    regenerate_max_new_tokens: int = Field(256, ge=1, description="Tokens per regenerated assistant turn.")
+    regenerate_max_new_tokens: int = Field(256, ge=1, le=32768, description="Tokens per regenerated assistant turn.")
+    regenerate_max_rounds: int | None = Field(
+        None, ge=1, description="Regenerate only the first N assistant turns and drop the turns after them "
+        "(None = every turn, in order).")
+    regenerate_batch_size: int | None = Field(
+        None, ge=1, le=4096, description="Conversations per batched generate call (None = extract.batch_size).")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> "DataConfig":
@@ -216,6 +221,8 @@ class ServeConfig(_Section):
     cuda_graph_max_bs: int | None = None
     context_length: int | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
+                        "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)

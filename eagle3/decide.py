@@ -34,7 +34,8 @@ from pathlib import Path
 from eagle3.errors import DataError
 from eagle3.measure.acceptance import MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO, SERVING_FAULT_CHECKS, serving_gap
 
-OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
+OUTCOMES = ("more data", "longer training", "regenerate data", "fix serving integration", "stop",
+            "more evidence needed")
 
 
 @dataclass(frozen=True)
@@ -267,11 +268,17 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
 
 
+def _variant(r: dict) -> str:
+    return r.get("data") or "as-is"
+
+
 def _data_gain(results: list[dict]) -> float | None:
-    """Mean gain in acceptance length per doubling of unique tokens (least squares per schedule, averaged)."""
+    """Mean gain in acceptance length per doubling of unique tokens (least squares per data variant and schedule,
+    averaged over the lines that have ≥ 2 sizes)."""
     gains = []
-    for sched in dict.fromkeys(r["schedule"] for r in results):
-        pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results if r["schedule"] == sched]
+    for line in dict.fromkeys((_variant(r), r["schedule"]) for r in results):
+        pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results
+               if (_variant(r), r["schedule"]) == line]
         if len({x for x, _ in pts}) >= 2:
             mx = sum(x for x, _ in pts) / len(pts)
             my = sum(y for _, y in pts) / len(pts)
@@ -280,10 +287,11 @@ def _data_gain(results: list[dict]) -> float | None:
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest, per data size."""
+    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest, per data
+    variant and size."""
     gains, longest = [], None
-    for size in dict.fromkeys(r["data_size"] for r in results):
-        sel = sorted((r for r in results if r["data_size"] == size),
+    for key in dict.fromkeys((_variant(r), r["data_size"]) for r in results):
+        sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key),
                      key=lambda r: (r.get("optimizer_steps") or 0, r.get("epochs") or 0))
         if len(sel) >= 2 and sel[0]["schedule"] != sel[-1]["schedule"]:
             gains.append(sel[-1]["acceptance_length"] - sel[0]["acceptance_length"])
@@ -291,15 +299,35 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
     return (sum(gains) / len(gains) if gains else None), longest
 
 
+def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
+    """Mean acceptance gain of the best other data variant over the first one (e.g. regenerated vs as-is), at
+    equal data size and schedule. Returns (gain, that variant's name)."""
+    variants = list(dict.fromkeys(_variant(r) for r in results))
+    if len(variants) < 2:
+        return None, None
+    base = {(r["data_size"], r["schedule"]): r["acceptance_length"] for r in results if _variant(r) == variants[0]}
+    best = (None, None)
+    for v in variants[1:]:
+        diffs = [r["acceptance_length"] - base[(r["data_size"], r["schedule"])] for r in results
+                 if _variant(r) == v and (r["data_size"], r["schedule"]) in base]
+        if diffs and (best[0] is None or sum(diffs) / len(diffs) > best[0]):
+            best = (sum(diffs) / len(diffs), v)
+    return best
+
+
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float | None = None,
                    thresholds: Thresholds | None = None) -> Decision:
-    """The decision over a sweep of data sizes × schedules, plus the data-scaling plot.
+    """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling plot.
 
     ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
-    "acceptance_length": float (served), "offline": float|None, "epochs": float, "optimizer_steps": int}``.
-    Rules: any run with served < ratio × offline → fix serving; best ≥ ``target`` → stop; else compare the
-    gain per doubling of data with the gain of the longest schedule over the shortest at equal data: the larger
-    (if ≥ ``min_gain``) decides "more data" or "longer training"; both below → stop (plateau).
+    "acceptance_length": float (the figure judged: offline on the full evaluation set where measured, else
+    served), "offline": float|None (same prompts as served), "served": float|None, "data": str (variant, e.g.
+    "as-is", "regenerated"), "epochs": float, "optimizer_steps": int}``.
+    Rules: any run with served ≪ offline → fix serving; best ≥ ``target`` → stop; else compare three levers — the
+    gain per doubling of data, the gain of the longest schedule over the shortest at equal data, and the gain
+    of the best other data variant over the first at equal size and schedule; the largest (if ≥ ``min_gain``)
+    decides "more data", "longer training" or "regenerate data" (for a variant named ``regen…``; its name is
+    in the evidence); all below → stop (plateau); none measurable (one point) → "more evidence needed".
     Raises DataError for an empty sweep or a result lacking a required key.
     """
     th = thresholds or Thresholds()
@@ -315,28 +343,40 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
 
         ev["plot"] = str(plot_data_scaling(results, plot_path))
     for r in results:
-        d = _serving_rule({"served": r["acceptance_length"], "offline": r.get("offline")}, th)
+        d = _serving_rule({"served": r.get("served", r["acceptance_length"]), "offline": r.get("offline")}, th)
         if d is not None:
-            d.reasons.insert(0, f"run data_size={r['data_size']} schedule={r['schedule']}")
+            d.reasons.insert(0, f"run data={_variant(r)} data_size={r['data_size']} schedule={r['schedule']}")
             d.evidence.update(ev)
             return d
     best = max(results, key=lambda r: r["acceptance_length"])
     ev.update(best_acceptance=best["acceptance_length"], best_data_size=best["data_size"],
-              best_schedule=best["schedule"])
+              best_schedule=best["schedule"], best_data=_variant(best))
     if target is not None and best["acceptance_length"] >= target:
         return Decision("stop", "target_reached", [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
     dg = _data_gain(results)
     sg, longest = _schedule_gain(results)
-    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest)
-    lines = [f"acceptance gain per doubling of unique tokens: {'n/a' if dg is None else f'{dg:+.3f}'}",
-             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal data: "
-             f"{'n/a' if sg is None else f'{sg:+.3f}'}",
-             f"best run: {best['data_size']} conversations, {best['schedule']}: {best['acceptance_length']:.3f}"]
-    dgv, sgv = (dg if dg is not None else -math.inf), (sg if sg is not None else -math.inf)
-    if max(dgv, sgv) < th.min_gain:
-        return Decision("stop", "sweep_plateau", lines + [f"both gains < {th.min_gain}: neither lever pays"], ev)
-    if dgv >= sgv:
-        return Decision("more data", "data_gain_dominates", lines + ["more data raised acceptance more than a "
-                                                                     "longer schedule did"], ev)
-    return Decision("longer training", "schedule_gain_dominates", lines + ["a longer schedule raised acceptance "
-                                                                           "more than doubling the data did"], ev)
+    vg, variant = _variant_gain(results)
+    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest, data_variant_gain=vg,
+              data_variant=variant)
+    fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")
+    lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
+             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal data: {fmt(sg)}",
+             f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal size and schedule: "
+             f"{fmt(vg)}",
+             f"best run: {_variant(best)}, {best['data_size']} conversations, {best['schedule']}: "
+             f"{best['acceptance_length']:.3f}"]
+    levers = [("more data", "data_gain_dominates", dg), ("longer training", "schedule_gain_dominates", sg),
+              ("regenerate data" if (variant or "").startswith("regen") else "more data", "data_variant_gain_dominates",
+               vg)]
+    known = [lv for lv in levers if lv[2] is not None]
+    if not known:
+        return Decision("more evidence needed", "no_lever_measured", lines + [
+            "one data size, one schedule and one data variant: no lever can be compared — add a second size, a "
+            "longer schedule or a regenerated data set"], ev, "low")
+    lever, rule, gain = max(known, key=lambda lv: lv[2])
+    if gain < th.min_gain:
+        return Decision("stop", "sweep_plateau", lines + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
+    why = {"data_gain_dominates": "more data raised acceptance more than the other levers did",
+           "schedule_gain_dominates": "a longer schedule raised acceptance more than the other levers did",
+           "data_variant_gain_dominates": f"data variant {variant} raised acceptance more than the other levers did"}
+    return Decision(lever, rule, lines + [why[rule]], ev)

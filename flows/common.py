@@ -132,6 +132,27 @@ def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
     tracking.finish_run(cfg, run_id)
 
 
+@contextmanager
+def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
+    """An earlier parent run continued by this flow run (a sweep spread over several sessions): marked RUNNING
+    with ``eagle3.attempts`` incremented, then FINISHED, or FAILED with the error. Raises DataError when the run
+    is not in the config's tracking store."""
+    client, _ = tracking.client_for(cfg)
+    try:
+        run = client.get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own types for an unknown id
+        raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} ({type(e).__name__}: "
+                        f"{e}); expected the id of an earlier run of this flow in the same store") from e
+    client.update_run(run_id, status="RUNNING")
+    client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts", "1")) + 1))
+    try:
+        yield run_id
+    except BaseException as e:
+        tracking.record_failure(cfg, run_id, e)
+        raise
+    tracking.finish_run(cfg, run_id)
+
+
 def mlflow_ui(cfg: RunConfig, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str, str]:
     """(link to the run in the MLflow UI, command that opens the UI) for the config's tracking store."""
     uri = tracking.tracking_uri(cfg)
@@ -200,21 +221,32 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
                 os.environ[k] = v
 
 
-def stop_ephemeral_server() -> None:
+def stop_ephemeral_server(drain_timeout_s: float = 15.0) -> None:
     """Stop the ephemeral Prefect API server this process started, if any (no server left behind).
 
-    Logs and events still queued are sent first (otherwise their workers retry a dead server at exit).
+    Logs and events still queued are sent first (otherwise their workers retry a dead server at exit), for at
+    most ``drain_timeout_s`` seconds in all, and only while the server still runs: when a signal sent to the whole
+    process group has already ended it, nothing can be delivered and waiting would hang the exit.
     """
+    import threading
+
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
 
-    if not SubprocessASGIServer._instances:
+    servers = list(SubprocessASGIServer._instances.values())
+    if not servers:
         return
-    APILogWorker.drain_all(timeout=10)
-    EventsWorker.drain_all(timeout=10)
+    alive = any(getattr(s, "server_process", None) is not None and s.server_process.poll() is None for s in servers)
+    if alive:
+        def drain() -> None:
+            APILogWorker.drain_all(timeout=drain_timeout_s / 2)
+            EventsWorker.drain_all(timeout=drain_timeout_s / 2)
 
-    for server in list(SubprocessASGIServer._instances.values()):
+        worker = threading.Thread(target=drain, name="eagle3-drain-prefect", daemon=True)
+        worker.start()
+        worker.join(drain_timeout_s)
+    for server in servers:
         server.stop()
 
 

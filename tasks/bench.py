@@ -20,11 +20,14 @@ from tasks.results import AcceptanceFigures, StageResult
 def offline_settings(cfg: Any) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts, number of
     prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
-    CPU reference engine serves in (``serve.dtype``; ``auto`` = float32, eagle3.serve.reference)."""
+    reference engine serves in (``serve.dtype``; ``auto`` = float32) and its device (``serve.device``)."""
+    from eagle3.serve.launcher import reference_device
+
     b = cfg.bench
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
-            "dtype": "float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype}
+            "dtype": "float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype,
+            "device": reference_device(cfg.serve.device)}
 
 
 def offline_figure(cfg: Any, serving_dir: Path) -> dict:
@@ -48,7 +51,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
             return old["result"]
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"], num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
-                             temperature=st["temperature"])
+                             temperature=st["temperature"], device=st["device"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
     return res

@@ -86,16 +86,24 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     return "\n".join(lines)
 
 
-TABLE_COLUMNS = ("data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
-                 "simulated", "served", "offline", "registered_model", "run_id")
+TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
+                 "simulated", "served", "offline", "offline_eval", "offline_eval_ci", "offline_gsm8k",
+                 "registered_model", "run_id")
+
+
+def _ci(metrics: dict, prefix: str) -> str | None:
+    lo, hi = metrics.get(f"{prefix}.ci_low"), metrics.get(f"{prefix}.ci_high")
+    return None if lo is None or hi is None else f"{lo:.3f}–{hi:.3f}"
 
 
 def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
-    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>``,
-    sorted by (data size, schedule). Each row has :data:`TABLE_COLUMNS`: data size (conversations), schedule,
-    unique training tokens, epochs over the data, optimizer steps, and the acceptance lengths (bonus token
-    counted): simulated (training validation), served (engine), offline (in-process reference decoding).
-    Raises DataError when the sweep run is unknown."""
+    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>`` and
+    FINISHED, sorted by (data variant, data size, schedule). Each row has :data:`TABLE_COLUMNS` — data variant,
+    data size (conversations), schedule, unique training tokens, epochs over the data, optimizer steps, and the
+    acceptance lengths (bonus token counted): simulated (training validation), served (engine, bench prompts),
+    offline (in-process, the same bench prompts), offline_eval (in-process on the sweep's first evaluation set,
+    all prompts, with its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir``
+    and per-set figures ``eval`` {set: {...}}. Raises DataError when the sweep run is unknown."""
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         exp = client.get_run(sweep_run_id).info.experiment_id
@@ -103,14 +111,26 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
         raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
     rows = []
     for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
+        if r.info.status != "FINISHED":
+            continue
         m, t = r.data.metrics, r.data.tags
-        rows.append({"data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
+        sets = sorted({k.split(".")[1] for k in m if k.startswith("offline.") and k.endswith(".acceptance_length")})
+        first = t.get("eagle3.sweep.eval_primary") or (sets[0] if sets else None)
+        gsm = next((s for s in sets if s.startswith("gsm8k")), None)
+        rows.append({"data": t.get("eagle3.sweep.data", "as-is"), "point": t.get("eagle3.sweep.point"),
+                     "data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
                      "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
                      "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
                      "offline": m.get("acceptance_length_offline"),
-                     "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id})
-    return sorted(rows, key=lambda x: (x["data_size"], x["schedule"] or ""))
+                     "offline_eval": m.get(f"offline.{first}.acceptance_length") if first else None,
+                     "offline_eval_ci": _ci(m, f"offline.{first}") if first else None,
+                     "offline_gsm8k": m.get(f"offline.{gsm}.acceptance_length") if gsm else None,
+                     "eval": {s: {k.split(".", 2)[2]: v for k, v in m.items() if k.startswith(f"offline.{s}.")}
+                              for s in sets},
+                     "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id,
+                     "run_dir": t.get("eagle3.run_dir")})
+    return sorted(rows, key=lambda x: (x["data"], x["data_size"], x["schedule"] or ""))
 
 
 def format_table(rows: list[dict]) -> str:
@@ -118,7 +138,7 @@ def format_table(rows: list[dict]) -> str:
     def cell(k, v):
         if v is None:
             return "n/a"
-        if k in ("unique_tokens", "optimizer_steps"):
+        if k in ("unique_tokens", "optimizer_steps", "data_size"):
             return f"{int(v):,}"
         if k == "epochs_over_data":
             return f"{v:.2f}"
@@ -128,20 +148,20 @@ def format_table(rows: list[dict]) -> str:
 
 
 def simulated_pivot(rows: list[dict]) -> str:
-    """Markdown: simulated acceptance length (training validation, bonus token counted) with schedules as
-    rows and data sizes (conversations; unique training tokens) as columns, from :func:`sweep_table` rows."""
+    """Markdown: simulated acceptance length (training validation, bonus token counted) with (data variant,
+    schedule) as rows and data sizes (conversations) as columns, from :func:`sweep_table` rows."""
     sizes = sorted({r["data_size"] for r in rows})
-    toks = {r["data_size"]: r["unique_tokens"] for r in rows}
-    head = ["| schedule | " + " | ".join(f"{n} conv. ({int(toks[n] or 0):,} tokens)" for n in sizes) + " |",
-            "|---|" + "---|" * len(sizes)]
+    head = ["| data / schedule | " + " | ".join(f"{n:,} conv." for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
     body = []
-    for sched in sorted({r["schedule"] for r in rows}):
+    for data, sched in sorted({(r["data"], r["schedule"] or "") for r in rows}):
         cells = []
         for n in sizes:
-            r = next((x for x in rows if x["schedule"] == sched and x["data_size"] == n), None)
+            r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data, sched) and x["data_size"] == n),
+                     None)
             cells.append("n/a" if r is None or r["simulated"] is None else
-                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps)")
-        body.append(f"| {sched} | " + " | ".join(cells) + " |")
+                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps, "
+                         f"{int(r['unique_tokens'] or 0):,} tok)")
+        body.append(f"| {data} / {sched} | " + " | ".join(cells) + " |")
     return "\n".join(head + body)
 
 

@@ -46,13 +46,11 @@ def data_source_path(cfg) -> tuple[str, Path]:
     return "file", Path(cfg.data.path).expanduser()
 
 
-def build_plan(cfg, tokenizer, regen=None) -> Plan:
-    """Read, order (seeded), template and select the samples; split train/val.
-
-    ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations' assistant turns
-    (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError when the file is
-    unreadable or no record gives a usable sample.
-    """
+def selected_conversations(cfg, tokenizer) -> tuple[list, object, Counter, Path, str]:
+    """The conversations an extraction of ``cfg`` would use, before any regeneration: every record of the data
+    source read, put in the ``data.seed``-seeded order, and the first ``data.num_conversations`` that template
+    to at least one loss token kept. Returns ``(chosen [(Conversation, TokenizedSample)], read stats,
+    skipped-by-reason counter, source path, source kind)``."""
     from eagle3.extract.conversations import read_conversations
 
     kind, path = data_source_path(cfg)
@@ -61,6 +59,17 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
     random.Random(cfg.data.seed).shuffle(order)
     skipped = Counter(stats.skipped)
     chosen = _select(cfg, tokenizer, (convs[j] for j in order), skipped)
+    return chosen, stats, skipped, path, kind
+
+
+def build_plan(cfg, tokenizer, regen=None) -> Plan:
+    """Read, order (seeded), template and select the samples; split train/val.
+
+    ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations' assistant turns
+    (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError when the file is
+    unreadable or no record gives a usable sample.
+    """
+    chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer)
     if regen is not None:
         chosen = _select(cfg, tokenizer, regen([c for c, _ in chosen]), skipped)
     if not chosen:

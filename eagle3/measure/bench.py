@@ -324,7 +324,8 @@ def check_acceptance(served: float | None, offline: float | None, minimum: float
 
 def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = BENCH_PROMPTS, *,
                        num_prompts: int = BENCH_NUM_PROMPTS, max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3, dtype: str = "float32",
-                       temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None) -> dict:
+                       temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None,
+                       device: str = "cpu") -> dict:
     """The draft's acceptance length in-process (no server) with ``eagle3.serve.reference.specdec.SpeculativeDecoder``.
 
     Same prompts and template as :func:`run_bench` (the target's tokenizer in ``target_dir``). Acceptance
@@ -342,7 +343,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     if decoder is None:
         from eagle3.serve.reference.specdec import SpeculativeDecoder
 
-        decoder = SpeculativeDecoder(target_dir, serving_dir, num_steps, dtype, capture_aux=capture_aux)
+        decoder = SpeculativeDecoder(target_dir, serving_dir, num_steps, dtype, device=device, capture_aux=capture_aux)
     rows = []
     t0 = time.perf_counter()
     for p, x in zip(plist, ids):

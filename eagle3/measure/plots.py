@@ -124,18 +124,23 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
-    """Acceptance length against unique training tokens (log x), one line per schedule.
+def _label(r: dict) -> str:
+    return r.get("label") or (f"{r['data']} / {r.get('schedule', '?')}" if r.get("data") else r.get("schedule", "?"))
 
-    ``results``: ``[{"schedule": str, "unique_tokens": int, "acceptance_length": float}]`` (sweep results).
+
+def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
+    """Acceptance length against unique training tokens (log x), one line per (data variant, schedule).
+
+    ``results``: ``[{"schedule": str, "unique_tokens": int, "acceptance_length": float, "data"?: str,
+    "label"?: str}]`` (sweep results). Raises DataError when no result has both numbers.
     """
     pts = [r for r in results if r.get("acceptance_length") is not None and r.get("unique_tokens")]
     if not pts:
         raise DataError("plot_data_scaling: no result with both unique_tokens and acceptance_length")
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for sched in dict.fromkeys(r.get("schedule", "?") for r in pts):
-        sel = sorted((r for r in pts if r.get("schedule", "?") == sched), key=lambda r: r["unique_tokens"])
-        ax.plot([r["unique_tokens"] for r in sel], [r["acceptance_length"] for r in sel], "-o", label=sched)
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for label in dict.fromkeys(_label(r) for r in pts):
+        sel = sorted((r for r in pts if _label(r) == label), key=lambda r: r["unique_tokens"])
+        ax.plot([r["unique_tokens"] for r in sel], [r["acceptance_length"] for r in sel], "-o", label=label)
     from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator
 
     ax.set_xscale("log")
@@ -143,8 +148,32 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
     ax.xaxis.set_major_locator(FixedLocator(sizes))  # ticks at the measured sizes only: no crowded minor labels
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(EngFormatter(places=1 if len(sizes) > 1 else 0))
+    ax.tick_params(axis="x", labelrotation=30)
     ax.set_xlabel("unique training tokens (log scale)")
-    ax.set_ylabel("acceptance length")
+    ax.set_ylabel("acceptance length (bonus token counted)")
     ax.set_title("Data scaling")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_training_length(curves: list[dict], path: str | Path) -> Path:
+    """Simulated acceptance length (validation, bonus token counted) against optimizer steps, one line per run:
+    still improving, plateaued or degrading is visible at a glance.
+
+    ``curves``: ``[{"label": str, "steps": [int], "acceptance": [float]}]`` (equal lengths, ≥ 1 point each).
+    Raises DataError for an empty list or a curve whose lists differ in length.
+    """
+    if not curves:
+        raise DataError("plot_training_length: no curve to draw")
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for c in curves:
+        if len(c["steps"]) != len(c["acceptance"]) or not c["steps"]:
+            raise DataError(f"plot_training_length: curve {c.get('label')!r}: expected as many steps as values "
+                            f"(≥ 1), got {len(c['steps'])} and {len(c['acceptance'])}")
+        ax.plot(c["steps"], c["acceptance"], "-o" if len(c["steps"]) < 30 else "-", markersize=3, label=c["label"])
+    ax.set_xlabel("optimizer steps")
+    ax.set_ylabel("simulated acceptance length (validation)")
+    ax.set_title("Training length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return _save(fig, path)

@@ -53,6 +53,15 @@ def gpu_present() -> bool:
     return any(line.startswith("GPU ") for line in out.splitlines())
 
 
+def reference_device(device: str) -> str:
+    """``serve.device`` resolved: ``auto`` = ``cuda`` when torch sees a GPU, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_engine(cfg: RunConfig) -> str:
     """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine`` (``auto``: sglang when a GPU and an importable
     SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python cannot import it."""
@@ -116,7 +125,7 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
         if unsupported:
             raise EngineUnsupported(f"the CPU reference engine cannot honour {unsupported}; expected serve.tp=1 and "
                                     f"mem_fraction_static/cuda_graph_max_bs unset (GPU-only settings)")
-        argv = [sys.executable, "-m", "eagle3.serve.reference", *common]
+        argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", reference_device(s.device)]
         if s.dtype != "auto":
             argv += ["--dtype", s.dtype]
     else:

@@ -19,7 +19,11 @@ from tests.conftest import CONFIGS, REPO
 
 
 @pytest.mark.slow
-def test_sigterm_during_a_run_stops_every_child(tmp_path):
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-run", "to-its-process-group"])
+def test_sigterm_during_a_run_stops_every_child(tmp_path, to_group):
+    """SIGTERM to the run alone, or to its whole process group (a terminal's Ctrl-C, a supervisor ending the
+    group): the ephemeral Prefect server then dies at the same moment, and the run must not hang draining logs
+    to it."""
     cmd = [sys.executable, "-m", "cli.main", "run", str(CONFIGS / "tiny-random.yaml"),
            "-o", f"paths.runs_dir={tmp_path / 'runs'}"]
     log = open(tmp_path / "run.log", "w")
@@ -34,7 +38,10 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path):
                 break
             time.sleep(0.5)
         assert children, f"no child process seen; log:\n{(tmp_path / 'run.log').read_text()[-2000:]}"
-        proc.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         try:
             rc = proc.wait(timeout=45)
         except subprocess.TimeoutExpired:

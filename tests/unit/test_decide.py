@@ -138,3 +138,13 @@ def test_a_loss_of_exactly_zero_gives_no_slope_instead_of_dividing_by_zero():
     s = training_signals(zero)
     assert s["val_slope_rel"] is None and s["train_slope_rel"] is None
     assert recommend(zero, {"served": 1.0, "offline": 1.0, "simulated": 1.0}).recommendation in OUTCOMES
+
+
+def test_sweep_regenerated_data_dominates_and_one_point_is_too_little_evidence():
+    res = _sweep(lambda n, s: 1.1 + 0.02 * {128: 0, 256: 1, 512: 2}[n])
+    regen = [{**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.5} for r in res]
+    d = sweep_decision([{**r, "data": "as-is"} for r in res] + regen)
+    assert (d.recommendation, d.rule) == ("regenerate data", "data_variant_gain_dominates")
+    assert d.evidence["data_variant"] == "regenerated" and d.evidence["data_variant_gain"] == pytest.approx(0.5)
+    one = sweep_decision([res[0]])
+    assert (one.recommendation, one.rule, one.confidence) == ("more evidence needed", "no_lever_measured", "low")
