@@ -79,7 +79,7 @@ def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
     if target is not None:
         out += ["target.kind=hf", f"target.path={target}"]
     if a.tiny:
-        out += ["train.draft_vocab_size=128", "bench.num_prompts=2", "bench.max_new_tokens=8",
+        out += ["train.draft_vocab_size=128", "train.pad_draft_vocab=true", "bench.num_prompts=2", "bench.max_new_tokens=8",
                 "data.regenerate_max_new_tokens=8", "data.regenerate_max_rounds=1", "data.regenerate_batch_size=4"]
     return out
 
