@@ -125,7 +125,8 @@ class FastDecoder:
             return f"off (device {self.device.type})"
         if use_cuda_graphs is False:
             return "off (disabled: --disable-cuda-graph)"
-        return capture_steps(list(self.steps.values()), self.device, self._reset)
+        with torch.no_grad():
+            return capture_steps(list(self.steps.values()), self.device, self._reset)
 
     def _reset(self) -> None:
         for t in (self.pos, self.start, self.vin, self.vbest, self.ptok, self.res):
