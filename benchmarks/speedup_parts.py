@@ -228,7 +228,8 @@ def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
     cfg = RunConfig.model_validate({"name": "gpu-speedup", "serve": {
         "engine": "reference", "dtype": a.dtype, "context_length": ctx, "disable_cuda_graph": a.disable_cuda_graph,
         "speculative_num_steps": k, "speculative_num_draft_tokens": k + 1, "extra_args": ["--device", a.device],
-        "startup_timeout_s": 900, "stall_timeout_s": 300}})
+        "startup_timeout_s": 900, "stall_timeout_s": 300,
+        "env": {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}}})
     plist = [{"id": p["id"], "category": p["category"], "text": p["text"]} for p in prompts]
     rows, work, gpu = [], Path(a.work), a.device.startswith("cuda")
     with ExitStack() as stack:

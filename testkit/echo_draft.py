@@ -20,17 +20,20 @@ import torch
 from testkit.sglang_drafts import draft_config, random_draft_tensors, write_draft
 
 
-def make_echo_draft(out_dir: Path, target_dir: Path, target_model, *, mix: float = 0.3, seed: int = 1) -> Path:
+def make_echo_draft(out_dir: Path, target_dir: Path, target_model, *, mix: float = 0.3, seed: int = 1,
+                    aux_hf_ids: list[int] | None = None, pass_chunk: int = 2) -> Path:
     """Write the draft for the HF ``target_model`` (loaded from ``target_dir``) into ``out_dir``; returns it.
 
-    Full draft vocabulary (identity d2t); aux ids (HF indices) ``[2, L//2, L-1]``.
+    Full draft vocabulary (identity d2t); aux ids (HF indices) ``aux_hf_ids``, default ``[2, L//2, L-1]``;
+    ``fc`` passes aux chunk ``pass_chunk`` through (the state of ``aux_hf_ids[pass_chunk]``).
     """
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     n_layers, h = tcfg["num_hidden_layers"], tcfg["hidden_size"]
-    cfg = draft_config(tcfg, aux_hf_ids=[2, n_layers // 2, n_layers - 1], draft_vocab_size=tcfg["vocab_size"])
-    t = random_draft_tensors(cfg, seed=seed)
-    fc = torch.zeros(h, 3 * h)
-    fc[:, 2 * h:] = torch.eye(h)
+    ids = aux_hf_ids or [2, n_layers // 2, n_layers - 1]
+    cfg = draft_config(tcfg, aux_hf_ids=ids, draft_vocab_size=tcfg["vocab_size"])
+    t = random_draft_tensors(cfg, seed=seed, n_aux=len(ids))
+    fc = torch.zeros(h, len(ids) * h)
+    fc[:, pass_chunk * h:(pass_chunk + 1) * h] = torch.eye(h)
     t["fc.weight"] = fc
     t["layers.0.self_attn.o_proj.weight"] *= mix
     t["layers.0.mlp.down_proj.weight"] *= mix

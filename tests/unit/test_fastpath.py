@@ -76,6 +76,40 @@ def test_fast_path_equals_slow_decoder_tokens_and_accept_counts(tmp_path, tiny, 
         assert counts == {0, 1, 2, 3}, counts
 
 
+def test_aux_states_equal_the_hook_captured_ones_repeated_ids_and_last_layer_included(tiny):
+    """The static target writes what eagle3.target_model.capture_hidden_states captures, every chunk filled."""
+    from eagle3.serve.reference.static_target import StaticLlamaTarget
+    from eagle3.target_model import capture_hidden_states
+
+    _, model, tok = tiny
+    n_layers = model.config.num_hidden_layers
+    ids = tok(PROMPTS[0])["input_ids"]
+    for capture in ([2, 2, 3], [1, n_layers // 2, n_layers]):
+        st = StaticLlamaTarget(model, 64, capture)
+        out = torch.full((len(ids), st.hidden_width), float("nan"))
+        logits = st.forward(torch.tensor(ids), torch.arange(len(ids)), len(ids), out)
+        with torch.no_grad(), capture_hidden_states(model, sorted(set(capture))) as cap:
+            ref = model(input_ids=torch.tensor([ids])).logits[0]
+        want = torch.cat([cap[i][0] for i in capture], -1)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_draft_reading_a_repeated_aux_id_gets_the_same_states_as_on_the_generic_path(tmp_path, tiny):
+    target_dir, model, tok = tiny
+    n_layers = model.config.num_hidden_layers   # 4: SGLang's default rule repeats index 2
+    d = make_echo_draft(tmp_path / "rep", target_dir, model, mix=0.0, aux_hf_ids=[2, 2, n_layers - 1],
+                        pass_chunk=1)
+    draft = SGLangEagle3Draft.from_dir(d, target_embed=_embed(model))
+    slow = SpeculativeDecoder.from_models(model, draft, tok, num_steps=3)
+    fast = FastDecoder(model, draft, tok, num_steps=3, max_context=256, static_shapes=True)
+    assert fast.capture_indices == [2, 2, n_layers - 1]
+    for text in PROMPTS:
+        ids = tok(text)["input_ids"]
+        a, b = slow.generate(ids, 24, ignore_eos=True), fast.generate(ids, 24, ignore_eos=True)
+        assert (b.output_ids, b.accept_counts) == (a.output_ids, a.accept_counts)
+
+
 def test_plain_decoding_equals_hf_greedy_and_stops_like_it(tmp_path, tiny):
     target_dir, model, tok = tiny
     fast = FastDecoder(model, None, tok, max_context=256)

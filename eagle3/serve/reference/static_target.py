@@ -72,7 +72,8 @@ def fuse_rows(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tenso
 class StaticLlamaTarget:
     """The HF ``LlamaForCausalLM`` ``model`` run with a :class:`StaticKVCache` of ``max_context`` positions.
 
-    ``capture``: sorted HF hidden_states indices of the aux states (width ``len(capture) · hidden``);
+    ``capture``: sorted HF hidden_states indices of the aux states (width ``len(capture) · hidden``; an index
+    may repeat, e.g. SGLang's default ``[2, L//2, L-3]`` on a 4-layer target, and then fills every chunk it names);
     ``capture_final``: capture the final normed state instead (width ``hidden``); neither: no capture.
     Attributes: ``hidden_width`` (W of the captured rows), ``cache``, ``vocab_size``, ``device``, ``dtype``.
     """
@@ -91,6 +92,9 @@ class StaticLlamaTarget:
         w = model.lm_head.weight
         self.device, self.dtype, self.vocab_size = w.device, w.dtype, int(w.shape[0])
         self.capture = list(capture or [])
+        self.slots: dict[int, list[int]] = {}        # HF index → chunk positions (an index may repeat)
+        for j, index in enumerate(self.capture):
+            self.slots.setdefault(index, []).append(j)
         self.capture_final = capture_final
         self.hidden_width = self.hidden * (1 if capture_final else len(self.capture))
         self.qkv = [fuse_rows([ly.self_attn.q_proj, ly.self_attn.k_proj, ly.self_attn.v_proj]) for ly in self.layers]
@@ -143,7 +147,7 @@ class StaticLlamaTarget:
         return self.model.lm_head(normed[-1:] if last_only else normed)
 
     def _store(self, out: torch.Tensor | None, index: int, h: torch.Tensor) -> None:
-        if out is None or self.capture_final or index not in self.capture:
+        if out is None or self.capture_final:
             return
-        j = self.capture.index(index)
-        out[:, j * self.hidden:(j + 1) * self.hidden].copy_(h)
+        for j in self.slots.get(index, ()):
+            out[:, j * self.hidden:(j + 1) * self.hidden].copy_(h)
