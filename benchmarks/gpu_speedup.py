@@ -13,9 +13,10 @@ Prediction (the figures printed next to the measured ratio): one verify iteratio
     t_iteration = t_verify + (k − 1)·t_draft + t_extend + t_host
 
 (k = ``--num-steps``; the first draft token of an iteration comes from the draft *extend* over the a+1 committed
-tokens, SGLang's EAGLE worker, so a chain of k tokens needs k − 1 draft steps; t_host = measured wall time per
-iteration minus the device time of its pieces: the one device→host transfer, emitting tokens, launching the
-next graphs). Plain decoding costs t_plain per token (wall, host included). So
+tokens, SGLang's EAGLE worker, so a chain of k tokens needs k − 1 draft steps; t_host = the time the device
+waits between the end of the verify pass and the start of the next extend: the one device→host transfer,
+emitting tokens, launching the next graph). Each is the median over the profiled round's iterations, timed by
+device events. Plain decoding costs t_plain = t_plain_step + t_plain_host per token. So
 
     tokens/s_spec ≈ AL / t_iteration,   speedup ≈ AL · t_plain / t_iteration,
 
@@ -39,6 +40,9 @@ Modes:
                                                                      # the MT-Bench wheel (SmolLM2 template)
     python benchmarks/gpu_speedup.py --tiny --device cpu --out /tmp/s.json   # CPU smoke run
 
+``--compare-generic N`` adds N alternating rounds on the first prompt of the fast path against the generic
+one (HF ``generate`` for plain decoding, ``SpeculativeDecoder`` for speculative): the host overhead removed.
+
 Prints one line per finished round, the table last; writes every figure to ``--out`` (JSON, rewritten after
 each stage). Exit 0; 1 when a stage failed or the float32 self-check found a real mismatch; 2 for bad arguments.
 """
@@ -57,8 +61,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.speedup_parts import (check_args, http_rounds, load_prompts_ids, predictions,  # noqa: E402
-                                      print_table, self_check, summarize_profile)
+from benchmarks.speedup_parts import (check_args, generic_compare, http_rounds, load_prompts_ids,  # noqa: E402
+                                      predictions, print_table, self_check, summarize_profile)
 
 AL_POINTS = (2.0, 2.5, 3.0)
 
@@ -93,6 +97,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also through the HTTP reference server (default on with --draft)")
     p.add_argument("--no-http", dest="http", action="store_false")
     p.add_argument("--concurrency", default="1,4", help="HTTP concurrencies, comma list")
+    p.add_argument("--compare-generic", type=int, default=0, metavar="ROUNDS",
+                   help="also time the generic path (HF generate, SpeculativeDecoder) against the fast path on the "
+                        "first prompt, this many rounds (default 0: off)")
     p.add_argument("--work", default="/tmp/eagle3-gpu-speedup", help="HTTP server logs and gate diagnostics")
     p.add_argument("--out", default="benchmarks/results/gpu_speedup.json")
     a = p.parse_args(argv)
@@ -252,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = run.stage("summary", lambda: timed_rounds(run, fast, prompts, a))
     if summary:
         run.stage("predicted", lambda: predictions(summary, AL_POINTS))
+    if a.compare_generic:
+        run.stage("generic_compare", lambda: generic_compare(fast, prompts[0]["input_ids"], a.max_new_tokens,
+                                                             a.compare_generic))
     if a.http:
         del fast, target, draft
         if dev.type == "cuda":

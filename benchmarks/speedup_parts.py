@@ -147,6 +147,38 @@ def self_check(fast, ids: list[int], n: int, strict: bool) -> dict:
     return out
 
 
+def generic_compare(fast, ids: list[int], n: int, rounds: int) -> dict:
+    """The fast path against the generic one on one prompt, alternating: plain (fast) vs HF ``generate``, and
+    speculative (fast) vs ``SpeculativeDecoder`` on the same models. Median tokens/s of ``rounds`` rounds."""
+    import time
+
+    import torch
+
+    dev = fast.device
+    runs = {"fast plain": lambda: fast.generate(ids, n, ignore_eos=True, speculative=False).completion_tokens,
+            "generic plain (HF generate)": lambda: len(_hf_greedy(fast.target, ids, n)),
+            "fast speculative": lambda: fast.generate(ids, n, ignore_eos=True).completion_tokens,
+            "generic speculative (SpeculativeDecoder)": lambda: fast.slow.generate(ids, n,
+                                                                                   ignore_eos=True).completion_tokens}
+    rows = []
+    for r in range(rounds):
+        for name, fn in runs.items():
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            tokens = fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            wall = time.perf_counter() - t0
+            rows.append({"round": r, "path": name, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall})
+            print(f"generic-compare round {r + 1}/{rounds} {name}: {tokens} tokens in {wall:.2f} s = "
+                  f"{tokens / wall:.1f} tokens/s ({1e3 * wall / tokens:.2f} ms/token)", flush=True)
+    med = {name: _med(x["tokens_per_s"] for x in rows if x["path"] == name) for name in runs}
+    return {"rows": rows, "tokens_per_s": med, "prompt_tokens": len(ids),
+            "fast_over_generic_plain": med["fast plain"] / med["generic plain (HF generate)"],
+            "fast_over_generic_speculative": med["fast speculative"] / med["generic speculative (SpeculativeDecoder)"]}
+
+
 # --- figures ---------------------------------------------------------------------------------------------
 
 def _med(xs) -> float | None:
@@ -175,8 +207,12 @@ def summarize_profile(rounds: list[dict], prof: dict, k: int) -> dict:
          "extend_ms_by_accepted": dict(sorted(ext.items())), "iteration_wall_ms": _med(sp["iteration"]),
          "host_gap_ms": _med(sp["host"]), "plain_host_gap_ms": _med(pp["host"])}
     t["draft_step_ms"] = t["chain_ms"] / (k - 1) if k > 1 else None
-    t["host_ms_per_iteration"] = t["iteration_wall_ms"] - (t["verify_ms"] + t["chain_ms"] + t["extend_ms"])
-    t["plain_host_ms_per_token"] = t["plain_token_wall_ms"] - t["plain_step_device_ms"]
+    # host work per iteration = the interval from the end of the verify pass (its transfer enqueued) to the
+    # start of the next extend: the device waits while the host syncs, emits tokens and launches the next step
+    t["host_ms_per_iteration"] = t["host_gap_ms"]
+    t["plain_host_ms_per_token"] = t["plain_host_gap_ms"]
+    t["iteration_sum_ms"] = t["verify_ms"] + t["chain_ms"] + t["extend_ms"] + t["host_gap_ms"]
+    t["plain_token_ms"] = t["plain_step_device_ms"] + t["plain_host_gap_ms"]
     verify, accepted = spec[-1]["verify_ct"], spec[-1]["accepted"]
     ratios = [s["tokens_per_s"] / p["tokens_per_s"] for p, s in zip(plain, spec)]
     return {"k": k, "rounds": len(plain), "plain_tokens_per_s": _med(r["tokens_per_s"] for r in plain),
@@ -202,9 +238,10 @@ def predictions(summary: dict, points) -> dict:
     def at(al: float) -> dict:
         it = t["verify_ms"] + t["chain_ms"] + extend_at(al) + t["host_ms_per_iteration"]
         return {"iteration_ms": it, "speculative_tokens_per_s": 1e3 * al / it,
-                "speedup": al * t["plain_token_wall_ms"] / it}
+                "speedup": al * t["plain_token_ms"] / it}
     al = summary["acceptance_length"]
-    return {"formula": "speedup = AL * t_plain_token / (t_verify + (k-1) * t_draft_step + t_extend(AL-1) + t_host)",
+    return {"formula": "speedup = AL * (t_plain_step + t_plain_host) / (t_verify + (k-1) * t_draft_step + "
+                       "t_extend(AL-1) + t_host), medians of the profiled round's device intervals",
             "at_measured_al": {"acceptance_length": al, **at(al)}, "at": {f"{p:.1f}": at(p) for p in points}}
 
 
@@ -290,12 +327,20 @@ def print_table(data: dict, a) -> None:
               f"{_f(t['extend_ms'])} |")
         print(f"| ms host per step / iteration | {_f(t['plain_host_ms_per_token'])} | "
               f"{_f(t['host_ms_per_iteration'])} |")
-        print(f"| ms per verify iteration (wall) | | {_f(t['iteration_wall_ms'])} |")
+        print(f"| ms per verify iteration (sum of pieces / measured wall) | | {_f(t['iteration_sum_ms'])} / "
+              f"{_f(t['iteration_wall_ms'])} |")
         print(f"| acceptance length (measured) | | {_f(s['acceptance_length'])} |")
     if pr:
         m = pr["at_measured_al"]
         preds = ", ".join(f"AL {k}: {v['speedup']:.2f}x" for k, v in pr["at"].items())
         print(f"| predicted speedup | | at measured AL {m['acceptance_length']:.3f}: {m['speedup']:.2f}x; {preds} |")
+    g = data.get("generic_compare")
+    if g:
+        tp = g["tokens_per_s"]
+        print(f"| fast / generic path, one prompt (tokens/s fast vs generic) | {g['fast_over_generic_plain']:.2f}x "
+              f"({tp['fast plain']:.1f} vs {tp['generic plain (HF generate)']:.1f}, HF generate) | "
+              f"{g['fast_over_generic_speculative']:.2f}x ({tp['fast speculative']:.1f} vs "
+              f"{tp['generic speculative (SpeculativeDecoder)']:.1f}, SpeculativeDecoder) |")
     h = data.get("http")
     if h:
         for c, v in h["by_concurrency"].items():
