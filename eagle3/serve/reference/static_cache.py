@@ -80,19 +80,36 @@ def causal_mask(kv_positions: torch.Tensor, positions: torch.Tensor) -> torch.Te
     return kv_positions[None, :] <= positions[:, None]
 
 
-def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def grouped_mask(mask: torch.Tensor, rep: int) -> torch.Tensor:
+    """``[T, S]`` → ``[1, 1, rep·T, S]``: the causal mask of the ``rep`` query heads stacked per KV head (build it
+    once per forward pass, every layer uses it)."""
+    return (mask.repeat(rep, 1) if rep > 1 else mask)[None, None]
+
+
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gmask: torch.Tensor,
                   scale: float) -> torch.Tensor:
-    """Attention of ``q`` ``[n_heads, T, d]`` over ``k, v`` ``[n_kv, S, d]`` with boolean ``mask`` ``[T, S]``
-    (True = attend) → ``[T, n_heads·d]``. Query heads are grouped per KV head (see the module docstring)."""
+    """Attention of ``q`` ``[n_heads, T, d]`` over ``k, v`` ``[n_kv, S, d]`` with the :func:`grouped_mask` of a
+    boolean ``[T, S]`` mask (True = attend) → ``[T, n_heads·d]``. Query heads are grouped per KV head (module
+    docstring)."""
     n_heads, t, d = q.shape
     n_kv = k.shape[0]
-    if n_heads % n_kv:
-        raise ValueError(f"gqa_attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
-    rep = n_heads // n_kv
-    qg = q.reshape(n_kv, rep * t, d)
-    m = mask.repeat(rep, 1) if rep > 1 else mask
-    out = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=m[None, None], scale=scale)[0]
+    if n_heads % n_kv or gmask.shape[-2] != t * (n_heads // n_kv):
+        raise ValueError(f"gqa_attention: n_heads {n_heads}, n_kv_heads {n_kv}, {t} queries: expected n_heads a "
+                         f"multiple of n_kv_heads and a grouped mask of {t * max(n_heads // n_kv, 1)} rows, got "
+                         f"{gmask.shape[-2]}")
+    qg = q.reshape(n_kv, (n_heads // n_kv) * t, d)
+    out = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=gmask, scale=scale)[0]
     return out.reshape(n_heads, t, d).transpose(0, 1).reshape(t, n_heads * d)
+
+
+def qkv_heads(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused projection output ``[T, (n_heads + 2·n_kv)·d]`` → ``q [n_heads, T, d]``, ``k, v [n_kv, T, d]`` with
+    RoPE applied to q and k in one elementwise pass (the same arithmetic as rotating each separately)."""
+    t = qkv.shape[0]
+    heads = qkv.view(t, n_heads + 2 * n_kv, head_dim)
+    qk = apply_rope(heads[:, :n_heads + n_kv].transpose(0, 1), cos, sin)
+    return qk[:n_heads], qk[n_heads:], heads[:, n_heads + n_kv:].transpose(0, 1)
 
 
 def kv_buckets(max_context: int, smallest: int = 256) -> list[int]:

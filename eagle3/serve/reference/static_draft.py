@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
-from eagle3.serve.reference.static_cache import (StaticKVCache, apply_rope, causal_mask, gqa_attention,
-                                                 rope_tables)
+from eagle3.serve.reference.static_cache import (StaticKVCache, causal_mask, gqa_attention, grouped_mask,
+                                                 qkv_heads, rope_tables)
 
 
 class StaticDraft:
@@ -47,12 +47,7 @@ class StaticDraft:
         return draft_ids if self.hot_token_id is None else self.hot_token_id[draft_ids]
 
     def _attention(self, i: int, attn, x, positions, cos, sin, mask, kv_len: int) -> torch.Tensor:
-        t = x.shape[0]
-        nq, nkv = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = attn.qkv_proj(x).split([nq, nkv, nkv], -1)
-        q = apply_rope(q.view(t, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
-        k = apply_rope(k.view(t, self.n_kv, self.head_dim).transpose(0, 1), cos, sin)
-        v = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
+        q, k, v = qkv_heads(attn.qkv_proj(x), self.n_heads, self.n_kv, self.head_dim, cos, sin)
         self.cache.write(i, positions, k, v)
         keys, values = self.cache.window(i, kv_len)
         return attn.o_proj(gqa_attention(q, keys, values, mask, attn.hd ** -0.5))
@@ -77,7 +72,7 @@ class StaticDraft:
         in the draft dtype; the cache gains the T positions."""
         m = self.model
         cos, sin = self.cos[positions], self.sin[positions]
-        mask = causal_mask(self.kv_positions[:kv_len], positions)
+        mask = grouped_mask(causal_mask(self.kv_positions[:kv_len], positions), self.n_heads // self.n_kv)
         embeds = m.embed_tokens(ids)
         h = self._fc(hidden.to(self.dtype), embeds.shape[-1])
         residual = None

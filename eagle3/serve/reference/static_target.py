@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eagle3.serve.reference.static_cache import (StaticKVCache, apply_rope, causal_mask, gqa_attention,
-                                                 rope_tables)
+from eagle3.serve.reference.static_cache import (StaticKVCache, causal_mask, gqa_attention, grouped_mask,
+                                                 qkv_heads, rope_tables)
 
 FAST_ARCHITECTURES = ("LlamaForCausalLM",)
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -105,13 +105,8 @@ class StaticLlamaTarget:
         self.kv_positions = torch.arange(max_context, device=self.device)
 
     def _attention(self, i: int, x: torch.Tensor, positions, cos, sin, mask, kv_len: int) -> torch.Tensor:
-        t = x.shape[0]
         w, b = self.qkv[i]
-        nq, nkv = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = F.linear(x, w, b).split([nq, nkv, nkv], dim=-1)
-        q = apply_rope(q.view(t, self.n_heads, self.head_dim).transpose(0, 1), cos, sin)
-        k = apply_rope(k.view(t, self.n_kv, self.head_dim).transpose(0, 1), cos, sin)
-        v = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
+        q, k, v = qkv_heads(F.linear(x, w, b), self.n_heads, self.n_kv, self.head_dim, cos, sin)
         self.cache.write(i, positions, k, v)
         keys, values = self.cache.window(i, kv_len)
         return self.layers[i].self_attn.o_proj(gqa_attention(q, keys, values, mask, self.scale))
@@ -132,7 +127,7 @@ class StaticLlamaTarget:
         with ``last_only``) in the model dtype.
         """
         cos, sin = self.cos[positions], self.sin[positions]
-        mask = causal_mask(self.kv_positions[:kv_len], positions)
+        mask = grouped_mask(causal_mask(self.kv_positions[:kv_len], positions), self.n_heads // self.n_kv)
         h = self.model.model.embed_tokens(ids)
         n = len(self.layers)
         for i, layer in enumerate(self.layers):
