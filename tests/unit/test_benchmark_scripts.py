@@ -96,7 +96,8 @@ def test_gpu_speedup_tiny_cpu_runs_both_modes_through_one_engine_and_writes_ever
 
 
 @pytest.mark.parametrize("args, message", [(["--rounds", "2"], "--rounds: expected >= 3, got 2"),
-                                            (["--draft", "/nonexistent"], "--target (or --gguf) and --draft: give both"),
+                                            (["--draft", "/nonexistent"],
+                                             "--target (or --gguf) and --draft: give both"),
                                             (["--http"], "--http: serves a trained draft"),
                                             (["--concurrency", "1,x"], "--concurrency: expected a comma list")])
 def test_gpu_speedup_refuses_bad_arguments_up_front(args, message):

@@ -73,8 +73,9 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eagle3.serve.reference", allow_abbrev=False,
-                                description="reference engine (SGLang-compatible API, real EAGLE-3 decoding; CPU or CUDA)")
+    p = argparse.ArgumentParser(
+        prog="python -m eagle3.serve.reference", allow_abbrev=False,
+        description="reference engine (SGLang-compatible API, real EAGLE-3 decoding; CPU or CUDA)")
     for flag, kw in _FLAGS:
         names = [flag, "--tp"] if flag == "--tp-size" else [flag]
         p.add_argument(*names, **kw)

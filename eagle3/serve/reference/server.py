@@ -1,6 +1,7 @@
 """HTTP side of the reference engine: SGLang 0.5.23's endpoints over the decoder of
-:func:`eagle3.serve.reference.loader.load_decoder` — the fast path (:class:`eagle3.serve.reference.fastpath.FastDecoder`,
-CUDA graphs on a CUDA device unless ``--disable-cuda-graph``) for Llama targets, the generic
+:func:`eagle3.serve.reference.loader.load_decoder` — the fast path
+(:class:`eagle3.serve.reference.fastpath.FastDecoder`, CUDA graphs on a CUDA device unless
+``--disable-cuda-graph``) for Llama targets, the generic
 :class:`eagle3.serve.reference.specdec.SpeculativeDecoder` otherwise; without ``--speculative-algorithm``, plain
 decoding on the fast path. The log's "Load weight end." line and ``/get_server_info`` (``decoder``) say which.
 

@@ -20,8 +20,8 @@ Both models keep KV caches: the target a transformers ``DynamicCache`` cropped a
 :class:`~eagle3.engines.sglang.draft.DraftKVCache`. Aux capture ids are the draft's
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` translated by the SGLang engine profile
 (``eagle3.engines.registry.get_profile("sglang").engine_to_hf_ids``: "output of layer k" → HF index k+1), else
-SGLang's default ``[2, L//2, L-3]`` (already inputs of layers). Acceptance length = completion tokens / verify passes, as
-SGLang's ``spec_accept_length``: it counts the bonus token, and the prefill token sits in the numerator.
+SGLang's default ``[2, L//2, L-3]`` (already inputs of layers). Acceptance length = completion tokens / verify
+passes, as SGLang's ``spec_accept_length``: it counts the bonus token, and the prefill token sits in the numerator.
 """
 
 from __future__ import annotations
