@@ -326,7 +326,9 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
                        num_prompts: int = BENCH_NUM_PROMPTS, max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3, dtype: str = "float32",
                        temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None,
                        device: str = "cpu") -> dict:
-    """The draft's acceptance length in-process (no server) with ``eagle3.serve.reference.specdec.SpeculativeDecoder``.
+    """The draft's acceptance length in-process (no server) with the reference engine's decoder
+    (``eagle3.serve.reference.loader.load_decoder``: the fast path for Llama targets, exactly equal to
+    ``SpeculativeDecoder`` in float32; the generic path otherwise).
 
     Same prompts and template as :func:`run_bench` (the target's tokenizer in ``target_dir``). Acceptance
     length = Σ output tokens / Σ verify passes; ``per_position[k]`` = Σ passes that accepted draft position k+1
@@ -341,9 +343,10 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
     ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)))
     if decoder is None:
-        from eagle3.serve.reference.specdec import SpeculativeDecoder
+        from eagle3.serve.reference.loader import load_decoder
 
-        decoder = SpeculativeDecoder(target_dir, serving_dir, num_steps, dtype, device=device, capture_aux=capture_aux)
+        decoder, _path = load_decoder(target_dir, serving_dir, num_steps=num_steps, dtype=dtype, device=device,
+                                      capture_aux=capture_aux)  # the reference engine's own decoder
     rows = []
     t0 = time.perf_counter()
     for p, x in zip(plist, ids):

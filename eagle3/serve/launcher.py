@@ -103,7 +103,7 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     :func:`resolve_engine`. Env always has ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal) plus
     ``serve.env``. Raises ConfigError for ``serve.extra_args`` repeating a generated flag, EngineUnsupported for
     a setting the reference engine cannot honour (``serve.tp`` > 1, ``mem_fraction_static``,
-    ``cuda_graph_max_bs``; ``disable_cuda_graph`` is trivially met: it has no CUDA graphs).
+    ``cuda_graph_max_bs``); ``disable_cuda_graph`` turns its fast path's CUDA graphs off.
     """
     s = cfg.serve
     engine = engine or resolve_engine(cfg)
@@ -128,6 +128,8 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
         argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", reference_device(s.device)]
         if s.dtype != "auto":
             argv += ["--dtype", s.dtype]
+        if s.disable_cuda_graph:
+            argv += ["--disable-cuda-graph"]
     else:
         raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or 'reference'")
     if s.context_length is not None:

@@ -42,7 +42,12 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token id drawn from ``probs [V]`` with ``generator`` (reproducible for a fixed seed)."""
+    """One token id drawn from ``probs [V]`` with ``generator`` (reproducible for a fixed seed).
+
+    ``probs`` is moved to the generator's device first (the decoders seed a CPU generator; ``torch.multinomial``
+    refuses a CPU generator for CUDA probabilities)."""
+    if probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

@@ -1,4 +1,9 @@
-"""HTTP side of the reference engine: SGLang 0.5.23's endpoints over :class:`eagle3.serve.reference.specdec.SpeculativeDecoder`.
+"""HTTP side of the reference engine: SGLang 0.5.23's endpoints over the decoder of
+:func:`eagle3.serve.reference.loader.load_decoder` — the fast path
+(:class:`eagle3.serve.reference.fastpath.FastDecoder`, CUDA graphs on a CUDA device unless
+``--disable-cuda-graph``) for Llama targets, the generic
+:class:`eagle3.serve.reference.specdec.SpeculativeDecoder` otherwise; without ``--speculative-algorithm``, plain
+decoding on the fast path. The log's "Load weight end." line and ``/get_server_info`` (``decoder``) say which.
 
 Endpoints (``sglang/srt/entrypoints/http_server.py``): ``GET /health`` and ``GET /health_generate`` answer 503
 until the models are loaded and one warm-up generation ran (and while shutting down), then 200;
@@ -48,7 +53,7 @@ class BadRequest(Exception):
 
 
 def parse_sampling_params(sp: dict | None, default_max_new_tokens: int = 128) -> dict:
-    """SGLang ``sampling_params`` → keyword arguments of ``SpeculativeDecoder.generate``.
+    """SGLang ``sampling_params`` → keyword arguments of the decoder's ``generate``.
 
     Defaults are SGLang's (temperature 1.0, top_p 1.0, max_new_tokens 128); ``top_k`` 1 means greedy, -1 (or 0)
     off. Raises BadRequest naming any parameter set to a value the engine does not implement.
@@ -84,6 +89,7 @@ class Engine:
         self.args = args
         self.state = "starting"           # starting → loading → warming → ready → stopping
         self.decoder = None
+        self.decoder_line = ""
         self.lock = threading.Lock()
         self.rng = random.Random(args.random_seed)
         self.totals = dict(requests=0, prompt_tokens=0, generation_tokens=0, verify_ct=0, correct_drafts=0,
@@ -92,22 +98,24 @@ class Engine:
     def load(self) -> None:
         """Load target + draft, warm up, mark ready; on any error print it and exit the process (code 1)."""
         try:
-            from eagle3.serve.reference.specdec import SpeculativeDecoder
+            from eagle3.serve.reference.loader import load_decoder
 
             a = self.args
             self.state = "loading"
-            log(f"Load weight begin. target={a.model_path} draft={a.speculative_draft_model_path} dtype={a.dtype}")
-            self.decoder = SpeculativeDecoder(a.model_path, a.speculative_draft_model_path,
-                                              num_steps=a.speculative_num_steps, dtype=a.dtype, device=a.device,
-                                              capture_aux=not a.disable_spec_aux_capture)
-            if a.context_length:
-                self.decoder.max_positions = a.context_length
+            log(f"Load weight begin. target={a.model_path} draft={a.speculative_draft_model_path} dtype={a.dtype} "
+                f"device={a.device}" + ("" if a.disable_cuda_graph else "; the fast path captures CUDA graphs on CUDA"))
+            self.decoder, self.decoder_line = load_decoder(
+                a.model_path, a.speculative_draft_model_path, num_steps=a.speculative_num_steps or 0,
+                dtype=a.dtype, device=a.device, capture_aux=not a.disable_spec_aux_capture,
+                context_length=a.context_length, cuda_graphs=not a.disable_cuda_graph)
             if a.tokenizer_path:
                 from transformers import AutoTokenizer
                 self.decoder.tokenizer = AutoTokenizer.from_pretrained(a.tokenizer_path)
             d = self.decoder
-            log(f"Load weight end. aux capture (HF hidden_states indices)={d.capture_indices if d.capture_aux else 'off'}"
-                f" draft load report={d.draft.load_report}")
+            aux = d.capture_indices if d.capture_aux else "off"
+            report = d.draft.load_report if d.draft is not None else "no draft (plain decoding)"
+            log(f"Load weight end. decoder: {self.decoder_line}; aux capture (HF hidden_states indices)={aux}; "
+                f"draft load report={report}")
             self.state = "warming"
             if not a.skip_server_warmup:
                 log("Warming up: one generation of 8 tokens")
@@ -249,12 +257,13 @@ def create_app(args) -> tuple[FastAPI, Engine]:
         state = {"state": engine.state}
         if (avg := engine.avg_accept_length()) is not None:
             state["avg_spec_accept_length"] = avg
-        return {"model_path": args.model_path, "speculative_algorithm": "EAGLE3",
+        return {"model_path": args.model_path, "speculative_algorithm": args.speculative_algorithm,
                 "speculative_draft_model_path": args.speculative_draft_model_path,
                 "speculative_num_steps": args.speculative_num_steps,
                 "speculative_eagle_topk": args.speculative_eagle_topk,
                 "speculative_num_draft_tokens": args.speculative_num_draft_tokens, "dtype": args.dtype,
-                "engine": "eagle3-reference", "version": f"{SGLANG_VERSION}-compatible", "internal_states": [state]}
+                "engine": "eagle3-reference", "version": f"{SGLANG_VERSION}-compatible", "internal_states": [state],
+                "decoder": engine.decoder_line, "device": args.device}
 
     @app.get("/metrics")
     def metrics():

@@ -18,9 +18,10 @@ Semantics follow SGLang 0.5.23's EAGLE worker (``sglang/srt/speculative/eagle_wo
 
 Both models keep KV caches: the target a transformers ``DynamicCache`` cropped after rejection, the draft a
 :class:`~eagle3.engines.sglang.draft.DraftKVCache`. Aux capture ids are the draft's
-``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang "output of layer k" → HF index k+1), else SGLang's
-default ``[2, L//2, L-3]`` (already inputs of layers). Acceptance length = completion tokens / verify passes, as
-SGLang's ``spec_accept_length``: it counts the bonus token, and the prefill token sits in the numerator.
+``eagle_config.eagle_aux_hidden_state_layer_ids`` translated by the SGLang engine profile
+(``eagle3.engines.registry.get_profile("sglang").engine_to_hf_ids``: "output of layer k" → HF index k+1), else
+SGLang's default ``[2, L//2, L-3]`` (already inputs of layers). Acceptance length = completion tokens / verify
+passes, as SGLang's ``spec_accept_length``: it counts the bonus token, and the prefill token sits in the numerator.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from eagle3.engines.registry import get_profile
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
 from eagle3.serve.reference import sampling
@@ -43,7 +45,8 @@ class GenerationResult:
     passes. ``accepted_per_position[j]``: verify passes whose draft token j (0-based) was accepted.
     ``num_draft_tokens``: draft tokens proposed (verify_ct × num_steps). ``histogram[j]``: passes that accepted
     exactly j draft tokens. ``finish_reason``: SGLang's ``{"type": "length", "length": N}`` or
-    ``{"type": "stop", "matched": id}``."""
+    ``{"type": "stop", "matched": id}``. ``accept_counts[i]``: draft tokens verify pass i accepted (before any
+    cut by a stop token or the token budget; the exactness tests compare it between decoders)."""
 
     output_ids: list[int]
     verify_ct: int
@@ -52,6 +55,7 @@ class GenerationResult:
     histogram: list[int]
     finish_reason: dict = field(default_factory=dict)
     prompt_tokens: int = 0
+    accept_counts: list[int] = field(default_factory=list)
 
     @property
     def completion_tokens(self) -> int:
@@ -71,6 +75,13 @@ class GenerationResult:
     def accept_rate(self) -> float:
         """Accepted / proposed draft tokens (SGLang ``spec_accept_rate``, bonus excluded); 0.0 when none."""
         return self.num_correct_drafts / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+def eos_token_ids(target) -> set[int]:
+    """The target's EOS ids: ``generation_config.eos_token_id``, else ``config.eos_token_id`` (int or list)."""
+    gen_cfg = getattr(target, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None) or target.config.eos_token_id
+    return set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
 
 
 class SpeculativeDecoder:
@@ -109,7 +120,7 @@ class SpeculativeDecoder:
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         n = num_layers(target)
         ids = draft.aux_layer_ids
-        self.capture_indices = sorted(k + 1 for k in ids) if ids else [2, n // 2, n - 3]
+        self.capture_indices = sorted(get_profile("sglang").engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
         bad = [i for i in self.capture_indices if not 0 <= i < n]
         if bad:
             raise EngineUnsupported(f"draft eagle_config.eagle_aux_hidden_state_layer_ids {ids}: SGLang 0.5.23 "
@@ -121,9 +132,7 @@ class SpeculativeDecoder:
             raise CheckpointInvalid(f"draft fc.weight expects {fc_in} input features, but the target feeds "
                                     f"{len(self.capture_indices)} aux states x hidden {target.config.hidden_size} "
                                     f"= {width}")
-        gen_cfg = getattr(target, "generation_config", None)
-        eos = getattr(gen_cfg, "eos_token_id", None) or target.config.eos_token_id
-        self.eos_token_ids = set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+        self.eos_token_ids = eos_token_ids(target)
 
     @torch.no_grad()
     def _target_forward(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,6 +257,7 @@ class SpeculativeDecoder:
             new = drafts[:a] + [bonus]
             res.verify_ct += 1
             res.num_draft_tokens += k
+            res.accept_counts.append(a)
             appended, done = self._emit(res, new, stops, max_new_tokens)
             counted = min(a, appended)                                         # accepted drafts actually emitted
             for j in range(counted):
