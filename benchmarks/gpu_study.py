@@ -128,27 +128,37 @@ def _plan(a, regen_file: str) -> dict:
 
 
 def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
-    """The sweep flow, continuing the MLflow sweep run of an earlier call when there is one."""
+    """The sweep flow, continuing the MLflow sweep run of an earlier call when there is one. The sweep run is made
+    (and recorded in results.json) before the flow starts, so a call cut off by its time limit mid-point still
+    leaves the next call its id: finished points are then skipped, cached stages reused, training resumed."""
+    import uuid
+
     from eagle3.config import load_config
     from flows.common import local_prefect, stop_ephemeral_server
     from flows.sweep import sweep_flow
+    from tasks import tracking
 
     plan = _plan(a, regen["path"] if regen else "")
-    earlier = res.data.get("sweep_partial") or {}
     cfg = load_config(config_path(a), base)
+    earlier = res.data.get("sweep_partial") or {}
+    if not earlier.get("parent_run_id"):
+        run_id = tracking.start_pipeline_run(cfg, flow_run_id=f"study-{uuid.uuid4()}", flow_name="eagle3-sweep")
+        earlier = {"parent_run_id": run_id, "mlflow_uri": tracking.tracking_uri(cfg), "run_dir": str(cfg.run_dir())}
+        res.data["sweep_partial"] = earlier
+        res._write()  # noqa: SLF001 - kept across calls
     try:
         with local_prefect(cfg):
             out = sweep_flow(config_path=str(config_path(a)), overrides=base, data_sizes=None,
                              schedules=plan["schedules"], data=plan["data"], points=plan["points"],
                              eval_sets=[s for s in a.eval_sets.split(",") if s] or None,
-                             eval_max_new_tokens=a.eval_tokens,
-                             deadline_s=a.deadline, sweep_run_id=earlier.get("parent_run_id"))
+                             eval_max_new_tokens=a.eval_tokens, deadline_s=a.deadline,
+                             sweep_run_id=earlier["parent_run_id"])
     finally:
         stop_ephemeral_server()
     summary = {"parent_run_id": out["parent_run_id"], "mlflow_uri": out["mlflow_uri"], "failed": out["failed"],
                "pending": out["pending"], "decision": out["decision"], "run_dir": out["run_dir"]}
     res.data["sweep_partial"] = summary
-    res._write()  # noqa: SLF001 - kept across calls: the next call continues this MLflow sweep run
+    res._write()  # noqa: SLF001
     if out["pending"]:
         raise RuntimeError(f"sweep not finished: {len(out['pending'])} point(s) pending ({', '.join(out['pending'])});"
                            f" run again with --resume")

@@ -155,7 +155,7 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
         todo = [p for p in todo if point_key(*p) not in done]
         results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo, scheds, variants,
                                                parent, None if deadline_s is None else t0 + deadline_s)
-        if eval_sets:
+        if eval_sets and not pending:  # once every point ran: the continuations are generated once for all
             evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
         rows = sweep_table(parent, tracking.tracking_uri(cfg))
         tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed, "pending": pending,
