@@ -11,6 +11,7 @@ Trained briefly it accepts a realistic mix (some passes nothing, some part of th
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -81,11 +82,12 @@ def _loss(draft, tokens, hidden, lengths, to_draft, num_steps):
 
 def distilled_draft(out_dir: Path, target, prompts: list[list[int]], *, max_new_tokens: int = 48,
                     hidden_size: int | None = None, draft_vocab_size: int = 512, num_steps: int = 3,
-                    steps: int = 150, lr: float = 3e-3, seed: int = 0) -> Path:
+                    steps: int = 150, lr: float = 3e-3, seed: int = 0, on_step=None) -> Path:
     """Train and write a draft for ``target`` on its greedy continuations of ``prompts``; returns ``out_dir``.
 
     ``hidden_size`` None: the target's width (embedding and tied head shared with the target); a smaller value
     makes a narrow draft with its own embedding (SGLang keeps it when ``target_hidden_size != hidden_size``).
+    ``on_step(step, loss)`` is called after every optimizer step (progress for long fits).
     """
     torch.manual_seed(seed)
     conts = greedy_continuations(target, prompts, max_new_tokens)
@@ -98,8 +100,8 @@ def distilled_draft(out_dir: Path, target, prompts: list[list[int]], *, max_new_
     embed = target.get_input_embeddings().weight.detach().float()
     if not own_embed:
         tensors["lm_head.weight"] = embed[hot].clone()
-    tmp = write_draft(Path(out_dir), cfg, tensors)
-    draft = SGLangEagle3Draft.from_dir(tmp, target_embed=embed).train()
+    with tempfile.TemporaryDirectory() as tmp:     # the final folder only ever holds the trained draft
+        draft = SGLangEagle3Draft.from_dir(write_draft(Path(tmp), cfg, tensors), target_embed=embed).train()
     draft.model.embed_tokens.weight.requires_grad_(own_embed)
     tokens, captured, _ = target_states(target, seqs, capture_indices(draft, target), 0)
     hidden = torch.cat([captured[i] for i in capture_indices(draft, target)], -1).float()
@@ -107,9 +109,12 @@ def distilled_draft(out_dir: Path, target, prompts: list[list[int]], *, max_new_
     to_draft = torch.full((vocab,), -100, dtype=torch.long)
     to_draft[hot] = torch.arange(hot.numel())
     opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=lr)
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         opt.zero_grad()
-        _loss(draft, tokens, hidden, lengths, to_draft, num_steps).backward()
+        loss = _loss(draft, tokens, hidden, lengths, to_draft, num_steps)
+        loss.backward()
         opt.step()
+        if on_step is not None:
+            on_step(step, float(loss.detach()))
     write_draft(Path(out_dir), cfg, _export(draft.eval(), hot, vocab, own_embed))
     return Path(out_dir)

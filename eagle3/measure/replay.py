@@ -160,8 +160,9 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
     ``resamples`` resamples seeded with ``seed``), ``no_verify_pass`` (request ids whose prefill token already
     ended them: not counted), ``wall_s`` (``replay``: this draft's forwards and walk; ``shared``: loading,
     generation and target forwards, paid once for all drafts), ``generation``, ``settings`` (with
-    ``ACCEPTANCE_CONVENTION``), ``decoder_check`` (None unless ``check_against_decoder`` > 0) and
-    ``per_request`` rows (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
+    ``ACCEPTANCE_CONVENTION``), ``decoder_check`` (None unless ``check_against_decoder`` > 0),
+    ``offline_format`` (all requests pooled in :func:`~eagle3.measure.bench.offline_acceptance`'s shape, for
+    ``save_report(offline=...)`` and ``check_acceptance``) and ``per_request`` rows (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
     """
     from tqdm.auto import tqdm
 
@@ -202,6 +203,8 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                             "capture_indices": capture_indices(draft, target)},
                "decoder_check": None}
         res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]
+        flat = _offline_summary(rows, draft_s[name], res["settings"])   # offline_acceptance's shape
+        res["offline_format"] = {k: v for k, v in flat.items() if k != "per_request"}
         if check_against_decoder:
             res["decoder_check"] = decoder_check(target, tok, draft, requests, results[name], check_against_decoder,
                                                  num_steps, max_new_tokens)

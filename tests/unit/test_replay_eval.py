@@ -123,6 +123,8 @@ def test_evaluate_drafts_generates_once_and_replays_every_draft(tiny_target_dir,
         assert o["acceptance_length"] == pytest.approx(1 + sum(o["histogram"][j] * j for j in range(4)) / o["verify_ct"])
         assert r["decoder_check"]["n"] == 3 and r["decoder_check"]["equal"] == 3, r["decoder_check"]
         assert r["wall_s"]["replay"] > 0 and r["wall_s"]["shared"] > r["wall_s"]["replay"]
+        flat = r["offline_format"]      # offline_acceptance's shape, all requests pooled
+        assert flat["acceptance_length"] == o["acceptance_length"] and set(flat["per_category"]) >= {"writing", "gsm8k"}
     assert out["random"]["overall"]["acceptance_length"] < out["trained"]["overall"]["acceptance_length"]
 
 
