@@ -176,16 +176,24 @@ def best_point(sweep: dict) -> dict:
 
 
 def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
+    """``benchmarks/gpu_speedup.py`` on the best point's draft: plain vs speculative decoding through the same
+    engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
     best = best_point(sweep)
     serving = Path(best["run_dir"]) / "serving"
     cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_speedup.py"), "--target", str(target), "--draft",
            str(serving), "--device", a.device, "--out", str(out), "--max-new-tokens", str(a.speedup_tokens),
-           "--served"] + (["--tiny"] if a.tiny else [])
+           "--work", str(Path(a.work) / "speedup")]
+    cmd += ["--num-prompts", "2", "--no-http", "--self-check-tokens", "8"] if a.tiny else ["--http"]
     log("speedup: " + " ".join(cmd))
     subprocess.run(cmd, check=True, timeout=a.speedup_timeout)
-    figures = json.loads(out.read_text())
-    return {"point": best["point"], "serving_dir": str(serving), "file": str(out), **{
-        k: figures.get(k) for k in ("speedup", "served_speedup", "acceptance_length", "summary") if k in figures}}
+    data = json.loads(out.read_text())
+    http = (data.get("http") or {}).get("by_concurrency") or {}
+    s = data.get("summary") or {}
+    return {"point": best["point"], "serving_dir": str(serving), "file": str(out),
+            "in_process_speedup": s.get("ratio_median"), "acceptance_length": s.get("acceptance_length"),
+            "plain_tokens_per_s": s.get("plain_tokens_per_s"), "speculative_tokens_per_s": s.get("speculative_tokens_per_s"),
+            "served_speedup": (http.get("1") or {}).get("ratio"), "served": http, "timings_ms": s.get("timings_ms"),
+            "predicted": data.get("predicted")}
 
 
 def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
@@ -204,7 +212,8 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
              "best": {"point": best["point"], "offline_mtbench": best.get("offline_eval"),
                       "offline_mtbench_ci": best.get("offline_eval_ci"), "offline_gsm8k": best.get("offline_gsm8k"),
                       "served": best.get("served"), "simulated": best.get("simulated")},
-             "served_speedup": (speedup or {}).get("served_speedup") or (speedup or {}).get("speedup"),
+             "served_speedup": (speedup or {}).get("served_speedup"),
+             "in_process_speedup": (speedup or {}).get("in_process_speedup"),
              "speedup": speedup, "decision": decision.splitlines()[0] if decision else None,
              "points": [{k: r.get(k) for k in ("point", "data", "data_size", "schedule", "unique_tokens",
                                                "epochs_over_data", "optimizer_steps", "simulated", "served", "offline",
@@ -238,6 +247,8 @@ def parse_args(argv=None):
     p.add_argument("--speedup-timeout", type=float, default=900.0)
     p.add_argument("--tiny", action="store_true", help="tiny-random target, 8 conversations (CPU smoke run)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--store-copy", action="store_true", help="write --out/mlflow_store.tar.xz (the MLflow store the "
+                   "run wrote: database and small artifacts, without weights)")
     p.add_argument("--resume", action="store_true", help="keep the stages <work>/results.json already has")
     p.add_argument("--until", default=None, choices=STAGES, help="stop after this stage")
     a = p.parse_args(argv)
@@ -283,9 +294,15 @@ def main(argv=None) -> int:
     speed = stage(res, "speedup", do_speedup, a, sweep, _target_dir(a, base), out / "gpu_speedup.json") \
         if sweep else None
     rep = stage(res, "report", do_report, a, sweep, speed, out) if sweep else None
-    db = work / "runs" / "mlflow.db"
-    if db.is_file():
-        shutil.copyfile(db, out / "mlflow.db")  # the store the run wrote, for reading back elsewhere
+    store = work / "runs"
+    if (store / "mlflow.db").is_file() and a.store_copy:  # the store the run wrote, for reading back elsewhere
+        import tarfile
+
+        with tarfile.open(out / "mlflow_store.tar.xz", "w:xz") as tar:
+            tar.add(store / "mlflow.db", "mlflow.db")
+            if (store / "mlartifacts").is_dir():  # metrics, tags and small artifacts; not the registered weights
+                tar.add(store / "mlartifacts", "mlartifacts",
+                        filter=lambda ti: None if ti.name.endswith((".safetensors", ".pt", ".bin")) else ti)
     log(f"done: {json.dumps(rep, default=str) if rep else 'report not written'}")
     return 0 if rep or res.stop else 1
 

@@ -3,8 +3,8 @@ prompt sets (``eagle3.measure.replay.evaluate_drafts``: the target's greedy cont
 draft's greedy chain decoding replayed on them, bootstrap intervals), logged on each point's MLflow run.
 
 Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token counted), ``.ci_low`` / ``.ci_high``
-(95 % bootstrap interval over prompts), ``.acceptance_rate``, ``.per_position.<k>``, ``.verify_passes``,
-``.prompts``; the artifact ``offline_eval.json`` holds the whole result (per category). Points that already have
+(bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``, ``.num_requests``,
+``.verify_ct``, ``.completion_tokens``; the artifact ``offline_eval.json`` holds the whole result (per category). Points that already have
 every set are skipped, so a resumed sweep evaluates only its new points.
 """
 
@@ -19,12 +19,18 @@ from tasks import task_options, tracking
 from tasks.reports import SWEEP_TAG
 
 
-def _metrics(set_name: str, res: dict) -> dict[str, float]:
+def _metrics(set_name: str, group: dict) -> dict[str, float]:
+    """MLflow metrics of one prompt set's group (``eagle3.measure.replay`` schema: acceptance figures, counts,
+    ``ci`` {low, high})."""
     out = {}
-    for k in ("acceptance_length", "acceptance_rate", "ci_low", "ci_high", "verify_passes", "prompts", "wall_s"):
-        if isinstance(res.get(k), (int, float)) and not isinstance(res.get(k), bool):
-            out[f"offline.{set_name}.{k}"] = float(res[k])
-    for i, v in enumerate(res.get("per_position") or []):
+    for k in ("acceptance_length", "acceptance_rate", "num_requests", "completion_tokens", "verify_ct"):
+        if isinstance(group.get(k), (int, float)) and not isinstance(group.get(k), bool):
+            out[f"offline.{set_name}.{k}"] = float(group[k])
+    ci = group.get("ci") or {}
+    for k in ("low", "high"):
+        if isinstance(ci.get(k), (int, float)):
+            out[f"offline.{set_name}.ci_{k}"] = float(ci[k])
+    for i, v in enumerate(group.get("per_position") or []):
         out[f"offline.{set_name}.per_position.{i}"] = float(v)
     return out
 
@@ -60,7 +66,8 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     res = evaluate_drafts(resolve_target(cfg), {k: d for k, (_, d) in todo.items()}, prompt_sets=sets,
                           max_new_tokens=max_new_tokens, num_steps=cfg.serve.speculative_num_steps,
-                          dtype="float32", device=device)
+                          dtype="float32", device=device, batch_size=64 if device == "cuda" else 8,
+                          include_requests=False, progress=False)
     out = {}
     for key, (run_id, _) in todo.items():
         per_set = res[key]["per_set"]
@@ -68,7 +75,8 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
         tracking.log_parent_metrics(cfg, run_id, metrics)
         tracking.set_parent_tags(cfg, run_id, {"eagle3.sweep.eval_primary": sets[0]})
         tracking.log_parent_artifact(cfg, run_id, res[key], "offline_eval.json")
-        out[key] = {s: {k: per_set[s].get(k) for k in ("acceptance_length", "ci_low", "ci_high")} for s in sets}
+        out[key] = {s: {"acceptance_length": per_set[s]["acceptance_length"], "ci": per_set[s].get("ci")}
+                    for s in sets}
     return out
 
 

@@ -11,6 +11,12 @@ list of those (or of strings), or plain text with one prompt per non-empty line 
 
 Selection with ``num_prompts``: round-robin over categories in file order, so 8 MT-Bench prompts are one per
 category (the usual small acceptance benchmark) and 16 are two per category.
+
+Multi-turn sets (:func:`load_conversations`, for replay acceptance): every conversation is
+``{"id", "category", "set", "turns": [str, ...]}``; turn r > 1 is asked after the target's own answers to the
+earlier turns (MT-Bench's multi-turn protocol, FastChat ``llm_judge``), templated by
+:func:`encode_conversation`. Names: ``mtbench2`` (80 questions × both turns), ``mtbench`` (first turns),
+``gsm8k`` (all 1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample` of N), ``humaneval``, or a file.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+import hashlib
+import re
 from typing import Iterable
 
 from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions, package_file
@@ -50,6 +58,28 @@ def gsm8k_prompts() -> list[dict]:
     path = package_file(*GSM8K_PACKAGE)
     return [{"id": f"gsm8k-{i}", "category": "gsm8k", "text": _required_text(r, path, i)}
             for i, r in enumerate(_read_jsonl(path))]
+
+
+def mtbench_conversations() -> list[dict]:
+    """MT-Bench with both turns: ``[{"id": "mtbench-81", "category": "writing", "turns": [t1, t2]}]`` (80)."""
+    return [{"id": f"mtbench-{q['question_id']}", "category": q["category"], "turns": list(q["turns"])}
+            for q in mtbench_questions()]
+
+
+GSM8K_SAMPLE_SEED = 0
+
+
+def gsm8k_sample(n: int, seed: int = GSM8K_SAMPLE_SEED) -> list[dict]:
+    """A fixed subset of ``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")`` over indices
+    i, returned in index order (depends only on n, seed and the file, not on any RNG implementation).
+
+    Raises DataError when ``n`` is not in ``[1, 1319]``.
+    """
+    pool = gsm8k_prompts()
+    if not 1 <= n <= len(pool):
+        raise DataError(f"gsm8k sample: expected 1 <= n <= {len(pool)}, got {n}")
+    rank = sorted(range(len(pool)), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    return [pool[i] for i in sorted(rank[:n])]
 
 
 def humaneval_prompts() -> list[dict]:
@@ -158,3 +188,49 @@ def encode_prompts(prompts: Iterable[dict], tokenizer) -> list[list[int]]:
             ids = ids["input_ids"]
         out.append([int(t) for t in ids])
     return out
+
+
+CONVERSATION_SETS = ("mtbench2", "mtbench", "gsm8k", "gsm8k<N>", "humaneval")
+
+
+def load_conversations(spec: str | Path) -> list[dict]:
+    """A prompt set for replay acceptance: ``[{"id", "category", "set", "turns": [str, ...]}]`` (module docstring).
+
+    Single-turn sets have one turn per conversation; ``set`` is ``spec`` (a file's path as given).
+    Raises DataError for an unknown name that is no existing file, or a bad ``gsm8k<N>``.
+    """
+    name = str(spec)
+    if name == "mtbench2":
+        convs = mtbench_conversations()
+    elif name in ("mtbench", "gsm8k", "humaneval"):
+        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
+                 for p in {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts, "humaneval": humaneval_prompts}[name]()]
+    elif re.fullmatch(r"gsm8k\d+", name):
+        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]} for p in gsm8k_sample(int(name[5:]))]
+    elif Path(name).is_file():
+        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]} for p in file_prompts(name)]
+    else:
+        raise DataError(f"prompt set: expected one of {CONVERSATION_SETS} or an existing file, got {name!r}")
+    return [{**c, "set": name} for c in convs]
+
+
+def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
+    """Token ids of turn ``len(questions)``: user ``questions[i]`` and assistant ``answers[i]`` alternating, then
+    the last question, with the target's chat template and the generation prompt (as :func:`encode_prompts`).
+
+    Raises DataError unless ``len(answers) == len(questions) - 1`` and the tokenizer has a chat template.
+    """
+    if len(answers) != len(questions) - 1 or not questions:
+        raise DataError(f"encode_conversation: expected len(answers) == len(questions) - 1 >= 0, got "
+                        f"{len(answers)} answers for {len(questions)} questions")
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("tokenizer: expected a chat_template (tokenizer_config.json 'chat_template'), got none")
+    messages = []
+    for q, a in zip(questions, answers + [None]):
+        messages.append({"role": "user", "content": q})
+        if a is not None:
+            messages.append({"role": "assistant", "content": a})
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]

@@ -104,3 +104,12 @@ def test_gpu_speedup_refuses_bad_arguments_up_front(args, message):
     r = subprocess.run([sys.executable, "benchmarks/gpu_speedup.py", "--tiny", *args], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+
+
+def test_offline_replay_tiny_prints_the_ratio_and_equal_requests(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/offline_replay.py", "--tiny", "--num-prompts", "2",
+                        "--max-new-tokens", "6", "--repeats", "1", "--work", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "requests equal 2/2" in r.stdout and "offline_acceptance / replay wall time = " in r.stdout
+    assert "get_cpu_capability() = " in r.stdout
