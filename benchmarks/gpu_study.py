@@ -152,14 +152,14 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
                              schedules=plan["schedules"], data=plan["data"], points=plan["points"],
                              eval_sets=[s for s in a.eval_sets.split(",") if s] or None,
                              eval_max_new_tokens=a.eval_tokens, deadline_s=a.deadline,
-                             sweep_run_id=earlier["parent_run_id"])
+                             sweep_run_id=earlier["parent_run_id"], evaluate_with_pending=a.last_call)
     finally:
         stop_ephemeral_server()
     summary = {"parent_run_id": out["parent_run_id"], "mlflow_uri": out["mlflow_uri"], "failed": out["failed"],
                "pending": out["pending"], "decision": out["decision"], "run_dir": out["run_dir"]}
     res.data["sweep_partial"] = summary
     res._write()  # noqa: SLF001
-    if out["pending"]:
+    if out["pending"] and not a.last_call:
         raise RuntimeError(f"sweep not finished: {len(out['pending'])} point(s) pending ({', '.join(out['pending'])});"
                            f" run again with --resume")
     return summary
@@ -219,6 +219,7 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
                                                "epochs_over_data", "optimizer_steps", "simulated", "served", "offline",
                                                "offline_eval", "offline_eval_ci", "offline_gsm8k", "eval")}
                         for r in rows],
+             "not_run": sweep.get("pending") or [], "failed": sweep.get("failed") or {},
              "mlflow": {"uri": sweep["mlflow_uri"], "sweep_run_id": sweep["parent_run_id"]}, "plots": plots}
     (out / "gpu_study.json").write_text(json.dumps(study, indent=1, default=str))
     (out / "sweep_report.md").write_text("\n".join([
@@ -243,6 +244,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-sets", default="mtbench2,gsm8k200", help="offline evaluation sets (eagle3.measure.replay)")
     p.add_argument("--eval-tokens", type=int, default=256, help="new tokens per evaluation prompt")
     p.add_argument("--deadline", type=float, default=None, help="seconds after which no new sweep point starts")
+    p.add_argument("--last-call", action="store_true", help="the study's last call: points still pending after "
+                   "--deadline are left out (listed as not run) and the evaluation, speedup and report run anyway")
     p.add_argument("--speedup-tokens", type=int, default=256)
     p.add_argument("--speedup-timeout", type=float, default=900.0)
     p.add_argument("--tiny", action="store_true", help="tiny-random target, 8 conversations (CPU smoke run)")

@@ -131,13 +131,16 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
                schedules: dict[str, list[str]] | None = None, target_acceptance: float | None = None,
                data: dict[str, list[str]] | None = None, points: list[list] | None = None,
                eval_sets: list[str] | None = None, eval_max_new_tokens: int = 256,
-               deadline_s: float | None = None, sweep_run_id: str | None = None) -> dict:
+               deadline_s: float | None = None, sweep_run_id: str | None = None,
+               evaluate_with_pending: bool = False) -> dict:
     """Run the pipeline for every point (module docstring) and decide.
 
     Defaults: sizes = half and all of ``data.num_conversations``; schedules = :data:`DEFAULT_SCHEDULES`; data
     = :data:`DEFAULT_DATA` (the config's data as it is); points = the whole grid. ``eval_sets``: prompt sets of
     ``eagle3.measure.replay`` (e.g. ``["mtbench2", "gsm8k200"]``) for the offline evaluation of every point,
-    ``eval_max_new_tokens`` tokens each. Raises DataError when every point failed (and none finished earlier).
+    ``eval_max_new_tokens`` tokens each, once no point is pending (or anyway with ``evaluate_with_pending``: the
+    last session of a sweep that ran out of time). Raises DataError when every point failed (and none finished
+    earlier).
     """
     from tasks.evaluate import evaluate_points
 
@@ -155,7 +158,7 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
         todo = [p for p in todo if point_key(*p) not in done]
         results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo, scheds, variants,
                                                parent, None if deadline_s is None else t0 + deadline_s)
-        if eval_sets and not pending:  # once every point ran: the continuations are generated once for all
+        if eval_sets and (evaluate_with_pending or not pending):  # the continuations are generated once for all
             evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
         rows = sweep_table(parent, tracking.tracking_uri(cfg))
         tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed, "pending": pending,
