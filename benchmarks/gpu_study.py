@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
 
 STAGES = ("target", "data", "regen", "sweep", "speedup", "report")
+T0 = time.monotonic()  # the study process's start: --deadline counts from here
 ALL = 0  # data size 0 = every usable conversation of the data file
 
 # The study: data variants (data-section overrides; "{regen}" is the regenerated file), schedules (train
@@ -78,6 +79,8 @@ def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
            f"data.path={data}", f"extract.device={a.device}", f"train.device={a.device}", f"serve.device={a.device}"]
     if target is not None:
         out += ["target.kind=hf", f"target.path={target}"]
+    if a.device == "cuda":  # fp8 hidden states: half the bytes of bf16, the same acceptance (benchmarks/RESULTS.md)
+        out += ["extract.dtype=fp8"]
     if a.tiny:
         out += ["train.draft_vocab_size=128", "train.pad_draft_vocab=true", "bench.num_prompts=2", "bench.max_new_tokens=8",
                 "data.regenerate_max_new_tokens=8", "data.regenerate_max_rounds=1", "data.regenerate_batch_size=4"]
@@ -151,7 +154,8 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
             out = sweep_flow(config_path=str(config_path(a)), overrides=base, data_sizes=None,
                              schedules=plan["schedules"], data=plan["data"], points=plan["points"],
                              eval_sets=[s for s in a.eval_sets.split(",") if s] or None,
-                             eval_max_new_tokens=a.eval_tokens, deadline_s=a.deadline,
+                             eval_max_new_tokens=a.eval_tokens,
+                             deadline_s=None if a.deadline is None else max(1.0, a.deadline - (time.monotonic() - T0)),
                              sweep_run_id=earlier["parent_run_id"], evaluate_with_pending=a.last_call)
     finally:
         stop_ephemeral_server()
@@ -243,7 +247,8 @@ def parse_args(argv=None):
     p.add_argument("--plan", default=None, help="a JSON study plan {data, schedules, points} instead of PLAN")
     p.add_argument("--eval-sets", default="mtbench2,gsm8k200", help="offline evaluation sets (eagle3.measure.replay)")
     p.add_argument("--eval-tokens", type=int, default=256, help="new tokens per evaluation prompt")
-    p.add_argument("--deadline", type=float, default=None, help="seconds after which no new sweep point starts")
+    p.add_argument("--deadline", type=float, default=None, help="seconds after this process started after which no "
+                   "new sweep point starts (at least one point runs per call)")
     p.add_argument("--last-call", action="store_true", help="the study's last call: points still pending after "
                    "--deadline are left out (listed as not run) and the evaluation, speedup and report run anyway")
     p.add_argument("--speedup-tokens", type=int, default=256)
