@@ -15,7 +15,8 @@ Stages (one process; each stage's figures go to ``--out/results.json`` as soon a
    decoding with bootstrap intervals).
 5. speedup: the best point (highest offline MT-Bench acceptance) served with and without its draft through the
    same engine, side by side (``benchmarks/gpu_speedup.py``).
-6. report: the sweep table, ``eagle3 decide``'s text and the plots read back from MLflow; ``gpu_study.json``.
+6. report: the sweep table, ``eagle3 decide``'s text and the plots read back from MLflow; ``gpu_study.json``
+   (written before the speedup stage and again, as ``final``, with its figures).
 
     python benchmarks/gpu_study.py --gguf SmolLM2.gguf --data sharegpt_en.jsonl.xz --assets .assets --out $OUT
     python benchmarks/gpu_study.py --tiny --device cpu --out /tmp/study   # CPU smoke run (tiny target, minutes)
@@ -41,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
 
-STAGES = ("target", "data", "regen", "sweep", "speedup", "report")
+STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
 ALL = 0  # data size 0 = every usable conversation of the data file
 
@@ -299,9 +300,11 @@ def main(argv=None) -> int:
     base = base_overrides(a, work, target, Path(d["dir"])) if d else None
     regen = stage(res, "regen", do_regen, a, base, work / "regenerated.jsonl") if base else None
     sweep = stage(res, "sweep", do_sweep, a, base, regen, res) if base else None
+    rep = stage(res, "report", do_report, a, sweep, None, out) if sweep else None  # before the speedup: a call
+    # cut off while measuring it still leaves the sweep's report
     speed = stage(res, "speedup", do_speedup, a, sweep, _target_dir(a, base), out / "gpu_speedup.json") \
-        if sweep else None
-    rep = stage(res, "report", do_report, a, sweep, speed, out) if sweep else None
+        if rep else None
+    rep = stage(res, "final", do_report, a, sweep, speed, out) if speed else rep
     store = work / "runs"
     if (store / "mlflow.db").is_file() and a.store_copy:  # the store the run wrote, for reading back elsewhere
         import tarfile

@@ -38,4 +38,4 @@ def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(tmp_path, tin
     assert "## eagle3 decide" in report and "regenerated" in report
     assert (out / "mlflow_store.tar.xz").stat().st_size > 10_000
     again = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("done in an earlier call") == 6, again.stdout[-3000:]
+    assert again.returncode == 0 and again.stdout.count("done in an earlier call") == 7, again.stdout[-3000:]
