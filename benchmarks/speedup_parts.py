@@ -282,7 +282,7 @@ def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
     k = a.num_steps
     cfg = RunConfig.model_validate({"name": "gpu-speedup", "serve": {
         "engine": "reference", "dtype": a.dtype, "context_length": ctx, "disable_cuda_graph": a.disable_cuda_graph,
-        "speculative_num_steps": k, "speculative_num_draft_tokens": k + 1, "extra_args": ["--device", a.device],
+        "speculative_num_steps": k, "speculative_num_draft_tokens": k + 1, "device": a.device,
         "startup_timeout_s": 900, "stall_timeout_s": 300,
         "env": {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}}})
     plist = [{"id": p["id"], "category": p["category"], "text": p["text"]} for p in prompts]
