@@ -170,7 +170,19 @@ class TrainConfig(_Section):
     keep_last: int = Field(2, ge=1)
     seed: int = 0
     device: str = "auto"
-    num_gpus: int = Field(1, ge=1)
+    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 launches torchrun.")
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable modules, gradients and "
+        "AdamW moments sharded over the ranks: for drafts whose trainable state is large).")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="With num_gpus > 1: every rank must have joined the process group within this "
+        "many seconds of the launch (else RankFailed naming the ranks that did not arrive).")
+    first_step_timeout_s: float = Field(
+        1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer step within this "
+        "many seconds of the last rank joining (loading data, building and compiling the draft included).")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance for this many "
+        "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
     precision: Literal["float32", "bf16-autocast"] = "float32"
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
