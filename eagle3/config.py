@@ -138,7 +138,13 @@ class ExtractConfig(_Section):
     batch_size: int = Field(4, ge=1)
     shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
-    num_gpus: int = Field(1, ge=1)
+    num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU workers on a CPU).")
+    startup_timeout_s: float = Field(
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded the target "
+        "within this many seconds of the start (else RankFailed naming the workers).")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch for this many "
+        "seconds (its first batch included) ends the extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="backend 'sglang': extra keyword arguments of sglang.Engine (e.g. tp_size, "
         "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter is serve.sglang_python.")
