@@ -138,7 +138,13 @@ class ExtractConfig(_Section):
     batch_size: int = Field(4, ge=1)
     shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
-    num_gpus: int = Field(1, ge=1)
+    num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU workers on a CPU).")
+    startup_timeout_s: float = Field(
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded the target "
+        "within this many seconds of the start (else RankFailed naming the workers).")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch for this many "
+        "seconds (its first batch included) ends the extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="backend 'sglang': extra keyword arguments of sglang.Engine (e.g. tp_size, "
         "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter is serve.sglang_python.")
@@ -170,7 +176,19 @@ class TrainConfig(_Section):
     keep_last: int = Field(2, ge=1)
     seed: int = 0
     device: str = "auto"
-    num_gpus: int = Field(1, ge=1)
+    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 launches torchrun.")
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable modules, gradients and "
+        "AdamW moments sharded over the ranks: for drafts whose trainable state is large).")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="With num_gpus > 1: every rank must have joined the process group within this "
+        "many seconds of the launch (else RankFailed naming the ranks that did not arrive).")
+    first_step_timeout_s: float = Field(
+        1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer step within this "
+        "many seconds of the last rank joining (loading data, building and compiling the draft included).")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance for this many "
+        "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
     precision: Literal["float32", "bf16-autocast"] = "float32"
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")

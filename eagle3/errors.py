@@ -52,3 +52,21 @@ class AcceptanceTooLow(Eagle3Error):
 class TrainingDiverged(Eagle3Error):
     """Training produced a NaN/Inf loss or gradient norm; the message names the optimizer step and the last
     good checkpoint (which is kept)."""
+
+
+class RankFailed(Eagle3Error):
+    """A process of a multi-process job (a training rank under torchrun, an extraction worker) did not arrive,
+    made no first step, stalled past its deadline, or died. The message names the process(es), the deadline and
+    its config key, each one's last status and its log files; re-running the same command resumes (training:
+    from the last complete checkpoint; extraction: from the committed shards).
+
+    Attributes: ``ranks`` (the indices at fault), ``kind`` (``not_arrived`` | ``no_first_step`` | ``stalled`` |
+    ``died`` (ended by a signal or without an error record) | ``failed`` (raised an error that is not a project
+    error: its class and message are in the text)), ``logs`` ({index: [paths]}).
+    """
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None, kind: str = "", logs: dict | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks or [])
+        self.kind = kind
+        self.logs = dict(logs or {})

@@ -6,12 +6,12 @@ batches of ``extract.batch_size`` (sorted by length inside the shard, right-padd
 (index L = last layer output before the final norm), and writes one file per sample through a writer
 thread so that the next batch's forward pass overlaps the writes. Only the decoder body runs (no LM head:
 extraction needs no logits). Several devices: one spawned process per device, shards round-robin
-(:func:`eagle3.extract.store.assign_shards`); on the CPU several workers split the cores (for tests).
+(:func:`eagle3.extract.store.assign_shards`), started and watched by :mod:`eagle3.extract.workers`; on the CPU
+several workers split the cores (for tests).
 """
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,11 +119,12 @@ class _HostCopier:
         return views, finite, done
 
 
-def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | None = None) -> dict[int, int]:
+def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | None = None,
+               on_ready: Callable[[], None] | None = None) -> dict[int, int]:
     """Extract every shard of ``job``; returns {shard index: bytes written}. Commits each shard when done.
 
-    ``on_progress(tokens)`` is called after each batch. Raises DataError from the integrity checks
-    (NaN/Inf, row counts) or a full disk; the failing shard is not committed.
+    ``on_ready()`` is called once the target is loaded, ``on_progress(tokens)`` after each batch. Raises
+    DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing shard is not committed.
     """
     from eagle3.target_model import load_target
 
@@ -132,6 +133,8 @@ def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | 
     tok = None
     if model is None:
         model, tok = load_target(job.target_dir, job.model_dtype, job.device, job.trust_remote_code)
+    if on_ready is not None:
+        on_ready()
     pad_id = _pad_id(model, tok)
     out = Path(job.out_dir)
     written: dict[int, int] = {}
@@ -172,39 +175,6 @@ def _pad_id(model, tok) -> int:
         if pid is not None:
             return int(pid)
     return 0
-
-
-def _worker_main(job: WorkerJob) -> dict[int, int]:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if job.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(job.device))
-    return run_shards(job)
-
-
-def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], poll_interval_s: float = 0.5) -> dict:
-    """Run one spawned process per job (one per device); ``poll()`` is called while they run.
-
-    Returns the merged {shard: bytes}. The first worker error is re-raised (its shards stay uncommitted, the
-    other workers' committed shards are kept for a resume).
-    """
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-
-    merged: dict[int, int] = {}
-    with ProcessPoolExecutor(max_workers=len(jobs), mp_context=mp.get_context("spawn")) as ex:
-        futures = [ex.submit(_worker_main, j) for j in jobs]
-        while True:
-            done, not_done = wait(futures, timeout=poll_interval_s, return_when=FIRST_EXCEPTION)
-            poll()
-            if any(f.exception() for f in done):
-                for f in not_done:
-                    f.cancel()
-                raise next(f.exception() for f in done if f.exception())
-            if not not_done:
-                break
-        for f in futures:
-            merged.update(f.result())
-    return merged
 
 
 def determinism_probe(model, capture_ids: list[int], samples: list[list[int]], pad_id: int) -> dict:

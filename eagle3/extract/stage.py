@@ -273,8 +273,11 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
 
     from tqdm.auto import tqdm
 
-    from eagle3.extract.hf_backend import WorkerJob, resolve_devices, run_data_parallel, run_shards
+    from eagle3.extract.hf_backend import WorkerJob, resolve_devices, run_shards
+    from eagle3.extract.workers import run_data_parallel
 
+    status_dir = out_dir / PROGRESS_DIR / "workers"
+    shutil.rmtree(status_dir, ignore_errors=True)  # an earlier failed run's worker files: never hashed
     if not todo:
         return
     devices = resolve_devices(cfg.extract.device, cfg.extract.num_gpus)
@@ -304,7 +307,8 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
                     seen.add(s.index)
                     bar.update(sum(len(plan.input_ids[i]) for i in range(s.start, s.stop)))
 
-        run_data_parallel(jobs, poll)
+        run_data_parallel(jobs, poll, status_dir=status_dir, startup_s=cfg.extract.startup_timeout_s,
+                          stall_s=cfg.extract.stall_timeout_s)
 
 
 def _finalize_data(out_dir: Path, plan: Plan) -> None:

@@ -170,8 +170,9 @@ def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def save_draft(model, out_dir: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in speculators format into ``out_dir``.
+def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in speculators format into ``out_dir`` (the tensors of
+    ``state_dict`` when given: the full weights gathered from shards; else the model's own).
 
     Checks after writing that every tensor of :data:`REQUIRED_TENSORS` is present and finite, and that
     ``config.json`` holds the top-level aux ids. Raises CheckpointInvalid otherwise.
@@ -179,7 +180,7 @@ def save_draft(model, out_dir: str | Path) -> Path:
     from safetensors import safe_open
 
     out_dir = Path(out_dir)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir, safe_serialization=True, state_dict=state_dict)
     conf = json.loads((out_dir / "config.json").read_text())
     if conf.get("eagle_aux_hidden_state_layer_ids") != list(model.config.eagle_aux_hidden_state_layer_ids):
         raise CheckpointInvalid(f"{out_dir}/config.json: eagle_aux_hidden_state_layer_ids expected "

@@ -22,6 +22,7 @@ import torch
 from eagle3.errors import TrainingDiverged
 from eagle3.train.data import HiddenStatesData, iterate_micro_batches, pack, plan_epoch, to_device
 from eagle3.train.metrics import add_batch, all_reduce_, new_counts, summarize
+from eagle3.train.parallel import Whole
 from eagle3.train.state import list_checkpoints, save_best, save_checkpoint
 
 
@@ -55,6 +56,8 @@ class Run:
     loss_config: dict | None = None
     stream: object = None  # this rank's (ids, host batch) iterator over the rest of the current plan
     stream_at: tuple = ()  # (epoch, micro) the stream was made for
+    parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
+    heartbeat: Callable | None = None  # called with the step after each optimizer step (the launcher's deadlines)
 
     @property
     def pad_to(self) -> int | None:
@@ -174,7 +177,7 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
             loss = forward(run, batch, window)
             (loss / len(share)).backward()
         losses.append((ids, loss.detach().clone()))  # a CUDA-graph replay reuses the output's memory
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, run.t.grad_clip)
+    grad_norm = run.parallel.clip_grad_norm_(params, run.t.grad_clip)
     # before the step (weights stay good); the only device→host sync of the step
     flags, norm = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])
     for (ids, loss), ok in zip(losses, flags):
@@ -202,9 +205,10 @@ def evaluate(run: Run) -> dict[str, float]:
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
     try:
-        for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device, run.t.loader_workers,
-                                             run.pad_to):
-            forward(run, to_device(host, run.device, torch.float32), counts, train=False)
+        with run.parallel.evaluating(run.model):  # ranks may hold different numbers of micro-batches
+            for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device,
+                                                 run.t.loader_workers, run.pad_to):
+                forward(run, to_device(host, run.device, torch.float32), counts, train=False)
     finally:
         run.model.train()
     out = summarize(all_reduce_(counts), "val")
@@ -215,20 +219,22 @@ def evaluate(run: Run) -> dict[str, float]:
     sim = out["val/simulated_acceptance_length"]
     if run.best is None or sim > run.best["simulated_acceptance_length"]:
         run.best = {"step": run.step, "simulated_acceptance_length": sim}
-        if run.rank == 0:
-            save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out})
+        with run.parallel.gathered(run.model) as (weights, _):  # every rank (fsdp: a collective)
+            if run.rank == 0:
+                save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out}, model_state=weights)
     out["best/simulated_acceptance_length"] = run.best["simulated_acceptance_length"]
     run.emit("eval", out)
     return out
 
 
 def checkpoint(run: Run) -> None:
-    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait for it."""
-    if run.rank == 0:
-        info = {"step": run.step, "epoch": run.epoch, "micro": run.micro, "tokens_seen": run.tokens_seen,
-                "best": run.best, "last_eval": run.last_eval, "last_train": run.last_train, **run.info_extra}
-        save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler,
-                        info=info, keep_last=run.t.keep_last)
+    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait for it (and under fsdp gather the state for it)."""
+    with run.parallel.gathered(run.model, run.optimizer) as (weights, moments):
+        if run.rank == 0:
+            info = {"step": run.step, "epoch": run.epoch, "micro": run.micro, "tokens_seen": run.tokens_seen,
+                    "best": run.best, "last_eval": run.last_eval, "last_train": run.last_train, **run.info_extra}
+            save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler,
+                            info=info, keep_last=run.t.keep_last, model_state=weights, optimizer_state=moments)
     if run.world > 1:
         torch.distributed.barrier()
 
@@ -249,6 +255,8 @@ def run_loop(run: Run) -> None:
         lr = run.scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
         grad_norm, tokens = optimizer_step(run, window)  # synchronises once, before the optimizer update
+        if run.heartbeat is not None:
+            run.heartbeat(run.step)
         win_time += time.perf_counter() - t0
         win_tokens += tokens
         epoch_end = run.micro >= len(run.plan)

@@ -7,7 +7,8 @@ Refused (each a ConfigError/DataError naming the field, the saved and the new va
 - other hidden-states data (:func:`eagle3.train.data.data_identity`: target, aux ids, splits, token ids and
   loss masks): the saved data position would point into another plan;
 - fields that change the model or the data order: ttt_steps, num_layers, draft_vocab_size, seed,
-  max_tokens_per_batch, grad_accum, the layer flags, the number of processes.
+  max_tokens_per_batch, grad_accum, the layer flags, the number of processes, ``train.distributed`` (ddp and fsdp
+  lay out the optimizer state differently).
 
 Allowed: lr, schedule, warm-up, epochs, max_steps, eval/log/checkpoint cadence, keep_last — a long
 constant-LR continuation of a finished run is a resume with a larger ``max_steps``. The LR of every later
@@ -47,6 +48,10 @@ def check_resume(info: dict, identity: dict, cfg, ckpt: Path) -> None:
     if info.get("world_size") != identity["world_size"]:
         raise ConfigError(f"resume: {identity['world_size']} processes, the checkpoint was written by "
                           f"{info.get('world_size')} (the data position depends on it) {hint}")
+    saved_mode = info.get("distributed", "ddp" if int(info.get("world_size") or 1) > 1 else "none")
+    if saved_mode != identity.get("distributed", saved_mode):
+        raise ConfigError(f"resume: train.distributed={identity['distributed']!r}, the checkpoint was written "
+                          f"under {saved_mode!r} (its optimizer state is laid out for that mode) {hint}")
 
 
 def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:

@@ -36,6 +36,7 @@ from eagle3.train.draft_model import (
     use_uncompiled_forward,
 )
 from eagle3.train.loop import Run, evaluate, run_loop
+from eagle3.train.parallel import make_parallel
 from eagle3.train.resume import check_resume, load_init_from
 from eagle3.train.state import (
     check_checkpoint_space,
@@ -78,6 +79,10 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
     try:
         t_start = time.perf_counter()
         run = prepare(cfg, data_dir, out_dir, rank=rank, world=world, device=device, on_metrics=on_metrics)
+        if world > 1:
+            from eagle3.workers import rank_status
+
+            run.heartbeat = rank_status().progress  # the launcher's first-step and stall deadlines
         if progress and rank == 0:
             from tqdm.auto import tqdm
 
@@ -112,8 +117,9 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     state_dir = out_dir / "state"
     ckpts = list_checkpoints(state_dir) if t.resume else []
     info = read_info(ckpts[-1]) if ckpts else None
+    parallel = make_parallel(t.distributed, world)
     identity = {"vocab_map_hash": vmap.hash(), "data_content_hash": data_identity(data),
-                "flags": flags, "world_size": world}
+                "flags": flags, "world_size": world, "distributed": parallel.name}
     if info is not None:
         check_resume(info, identity, cfg, ckpts[-1])
         if rank == 0:
@@ -141,10 +147,12 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     if rank == 0:
         check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last, trains=t.max_steps != 0)
     model.to(device)
+    remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
+    module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-    run = Run(cfg=cfg, data=data, model=model, module=model, optimizer=optimizer, scheduler=None, device=device,
-              out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics)
+    run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None, device=device,
+              out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics, parallel=parallel)
     run.loss_config = _loss_config(t)
     run.set_plan()
     horizon = math.ceil(t.epochs * run.steps_per_epoch())
@@ -155,9 +163,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     run.info_extra = {**identity, "vocab": {"num_from_data": vmap.num_from_data, "coverage": vmap.coverage},
                       "target_dir": str(target_dir), "train_config": t.model_dump(mode="json")}
     if info is not None:
-        _resume(run, ckpts[-1], vmap)
-    if world > 1:
-        run.module = _wrap_ddp(model, device)
+        _resume(run, ckpts[-1], remapped)
     return run
 
 
@@ -170,17 +176,31 @@ def _loss_config(t) -> dict:
         raise ConfigError(f"train.loss={t.loss!r} / train.loss_implementation={t.loss_implementation!r}: {e}") from e
 
 
-def _resume(run: Run, ckpt: Path, vmap) -> None:
-    """Restore the full state from ``ckpt``; the LR is re-derived from the (possibly new) schedule."""
+def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -> bool:
+    """Load the weights of ``ckpt`` into the bare draft (before any sharding); with an allowed new vocabulary map,
+    install it and its LM-head rows. Returns True when the map changed."""
+    from eagle3.train.state import load_weights
+
+    load_weights(model, ckpt)
+    if info.get("vocab_map_hash") == vmap.hash():
+        return False
+    model.load_vocab_mappings(vmap.t2d, vmap.d2t)
+    model._load_verifier_weights(overwrite_lm_head=True)  # noqa: SLF001
+    model.to(device)
+    return True
+
+
+def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
+    """Restore optimizer, schedule, RNG and position from ``ckpt`` (the weights are in already); the LR is
+    re-derived from the (possibly new) schedule."""
     t = run.t
-    info = load_checkpoint(ckpt, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler)
+    par, model, opt = run.parallel, run.model, run.optimizer
+    info = load_checkpoint(ckpt, model=None, optimizer=opt, scheduler=run.scheduler,
+                           load_optimizer=lambda state: par.load_optimizer_state(model, opt, state))
     run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
     run.tokens_seen = int(info["tokens_seen"])
     run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get("last_train")
-    if info.get("vocab_map_hash") != vmap.hash():  # allowed change: install the new map and its head rows
-        run.model.load_vocab_mappings(vmap.t2d, vmap.d2t)
-        run.model._load_verifier_weights(overwrite_lm_head=True)  # noqa: SLF001
-        run.model.to(run.device)
+    if remapped:  # an allowed new vocabulary map
         run.best = None  # evaluations under the old map are not comparable (and its weights carry that map)
         if run.rank == 0:
             shutil.rmtree(run.state_dir / "best", ignore_errors=True)
@@ -195,41 +215,37 @@ def _resume(run: Run, ckpt: Path, vmap) -> None:
         truncate_metrics(run.out_dir / "metrics.jsonl", run.step)
 
 
-def _wrap_ddp(model, device: torch.device):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ids = [device.index] if device.type == "cuda" else None
-    return DDP(model, device_ids=ids)
-
-
 def finish(run: Run, *, seconds: float) -> dict:
-    """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on rank 0."""
+    """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on rank 0.
+
+    Every rank takes part (under fsdp the last weights are gathered to rank 0); rank 0 writes."""
+    from safetensors.torch import load_file
+
     from eagle3.train.state import load_weights
 
-    if run.rank != 0:
-        if run.world > 1:
-            torch.distributed.barrier()
-        return {}
     t = run.t
-    exported = {"which": "last", "step": run.step}
     best_dir = run.state_dir / "best"
-    if t.export == "best" and run.best is not None and (best_dir / "model.safetensors").is_file() \
-            and run.best["step"] != run.step:
-        load_weights(run.model, best_dir)
-        exported = {"which": "best", "step": run.best["step"]}
-    elif t.export == "best" and run.best is not None:
-        exported = {"which": "best", "step": run.best["step"]}
-    _export_files(run.model, run.out_dir)
-    manifest = _write_manifest(run, exported, seconds)
+    best = t.export == "best" and run.best is not None
+    exported = {"which": "best", "step": run.best["step"]} if best else {"which": "last", "step": run.step}
+    manifest: dict = {}
+    with run.parallel.gathered(run.model) as (weights, _):  # fsdp: a collective, full weights on rank 0
+        if run.rank == 0:
+            if best and run.best["step"] != run.step and (best_dir / "model.safetensors").is_file():
+                if weights is None:
+                    load_weights(run.model, best_dir)
+                else:
+                    weights = load_file(str(best_dir / "model.safetensors"))
+            _export_files(run.model, run.out_dir, weights)
+            manifest = _write_manifest(run, exported, seconds)
     if run.world > 1:
         torch.distributed.barrier()
     return manifest
 
 
-def _export_files(model, out_dir: Path) -> None:
+def _export_files(model, out_dir: Path, weights: dict | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".export.", suffix=".tmp", dir=out_dir))
     try:
-        save_draft(model, tmp)
+        save_draft(model, tmp, state_dict=weights)
         for f in ("config.json", "model.safetensors"):
             os.replace(tmp / f, out_dir / f)
     finally:

@@ -131,19 +131,22 @@ def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bo
     return need
 
 
-def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int) -> Path:
+def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int,
+                    model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
     """Write ``ckpt-<step>`` atomically, then delete all but the newest ``keep_last`` checkpoints.
 
-    ``info`` must hold ``step``; it is stored as ``state.json``. Returns the checkpoint directory. Raises
-    DataError (path, cause, free space) when the write fails, e.g. on a full disk.
+    ``info`` must hold ``step``; it is stored as ``state.json``. ``model_state`` / ``optimizer_state``: the full
+    state dicts when they were gathered from shards (``eagle3.train.parallel``; None = ``model.state_dict()`` /
+    ``optimizer.state_dict()``). Returns the checkpoint directory. Raises DataError (path, cause, free space) when
+    the write fails, e.g. on a full disk.
     """
     from safetensors.torch import save_file
 
     final = state_dir / f"ckpt-{int(info['step']):08d}"
+    weights = model.state_dict() if model_state is None else model_state
     with _written(final, "training checkpoint"), atomic_directory(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-                  str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
         torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
     for old in list_checkpoints(state_dir)[:-keep_last]:
@@ -151,14 +154,15 @@ def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict,
     return final
 
 
-def save_best(state_dir: Path, *, model, info: dict) -> Path:
-    """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best."""
+def save_best(state_dir: Path, *, model, info: dict, model_state: dict | None = None) -> Path:
+    """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best. ``model_state``:
+    the full state dict gathered from shards (None = ``model.state_dict()``)."""
     from safetensors.torch import save_file
 
     final = state_dir / "best"
+    weights = model.state_dict() if model_state is None else model_state
     with _written(final, "best draft"), atomic_directory(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-                  str(tmp / "model.safetensors"))
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
         (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
     return final
 
@@ -183,10 +187,14 @@ def load_weights(model, ckpt: Path) -> None:
                         f"unexpected {unexpected[:5]})")
 
 
-def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
-    """Restore weights, optimizer, scheduler and RNG states from ``ckpt``; returns its ``state.json``."""
-    load_weights(model, ckpt)
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
+    """Restore weights (unless ``model`` is None: loaded earlier, before sharding), optimizer, scheduler and RNG
+    states from ``ckpt``; returns its ``state.json``. ``load_optimizer(state)`` replaces
+    ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through its own loader)."""
+    if model is not None:
+        load_weights(model, ckpt)
+    moments = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+    (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(moments)
     extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)  # own file: RNG tuples
     scheduler.load_state_dict(extra["scheduler"])
     set_rng_state(extra["rng"])

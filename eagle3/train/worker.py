@@ -1,37 +1,35 @@
 """The entry point torchrun runs in each process (``python -m eagle3.train.worker --config C --data D --out O``;
-started by ``eagle3.train.launch.launch``). A library error of rank 0 is written to
-``<out>/state/launch-error.json`` so the parent re-raises it with its class and message."""
+started by ``eagle3.train.launch.launch``). Each rank writes its status file (``eagle3.workers``): ``started``
+first, ``done`` when training returned, ``failed`` with the error's class and message when it raised, so the
+parent re-raises a project error with its class and message and names a rank that stopped without either."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from eagle3.errors import Eagle3Error
-from eagle3.train.launch import ERROR_FILE
+from eagle3.workers import rank_status
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point run by torchrun in each process."""
-    from eagle3.config import load_config
-    from eagle3.train.stage import train
-
+    status = rank_status()
+    status.mark("started")
     p = argparse.ArgumentParser(prog="python -m eagle3.train.worker")
     p.add_argument("--config", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    cfg = load_config(a.config)
     try:
-        train(cfg, Path(a.data), Path(a.out), progress=False)
-    except Eagle3Error as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            from eagle3.artifacts import atomic_write_json
+        from eagle3.config import load_config
+        from eagle3.train.stage import train
 
-            atomic_write_json(Path(a.out) / "state" / ERROR_FILE, {"type": type(e).__name__, "message": str(e)})
+        train(load_config(a.config), Path(a.data), Path(a.out), progress=False)
+    except BaseException as e:  # noqa: BLE001 - recorded for the parent, then re-raised
+        status.failed(e)
         raise
+    status.mark("done")
     return 0
 
 
