@@ -1,4 +1,4 @@
-"""Replay acceptance of many drafts on whole prompt sets: :func:`evaluate_drafts` and ``python -m eagle3.measure.replay``.
+"""Replay acceptance of many drafts on whole prompt sets: :func:`evaluate_drafts` and ``python -m eagle3.measure.replay_cli``.
 
 The method and its exactness argument are in :mod:`eagle3.measure.replay_core`: under greedy chain decoding
 (topk 1) the acceptance of a draft follows from the target's own greedy continuation, so the continuations are
@@ -212,9 +212,3 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
             res["per_request"] = rows
         out[name] = res
     return out
-
-
-if __name__ == "__main__":
-    from eagle3.measure.replay_cli import main
-
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
-"""``python -m eagle3.measure.replay``: replay acceptance of several drafts on prompt sets, one JSON file out.
+"""``python -m eagle3.measure.replay_cli``: replay acceptance of several drafts on prompt sets, one JSON file out.
 
-    python -m eagle3.measure.replay --target T --draft NAME=DIR [--draft NAME=DIR ...] \\
+    python -m eagle3.measure.replay_cli --target T --draft NAME=DIR [--draft NAME=DIR ...] \\
         [--sets mtbench2,gsm8k200] --out FILE [--max-new-tokens 256] [--num-steps 3] [--dtype float32] \\
         [--device auto] [--batch-size 16] [--resamples 2000] [--seed 0] [--check-against-decoder N] [--no-requests]
 
@@ -92,7 +92,7 @@ def run(target: Path = typer.Option(..., "--target", help="HF target folder"),
 
 
 def main() -> int:
-    """Entry of ``python -m eagle3.measure.replay``: runs the typer app; returns its exit code."""
+    """Entry of ``python -m eagle3.measure.replay_cli``: runs the typer app; returns its exit code."""
     try:
         app()
     except SystemExit as e:

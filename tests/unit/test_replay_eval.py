@@ -1,5 +1,5 @@
 """Prompt sets for replay (MT-Bench both turns, the GSM8K sample), the bootstrap spread, evaluate_drafts and the
-``python -m eagle3.measure.replay`` command."""
+``python -m eagle3.measure.replay_cli`` command."""
 
 from __future__ import annotations
 
