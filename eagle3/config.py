@@ -234,6 +234,9 @@ class ServeConfig(_Section):
     speculative_eagle_topk: int = Field(1, ge=1)
     speculative_num_draft_tokens: int = Field(4, ge=2)
     tp: int = Field(1, ge=1)
+    max_running_requests: int | None = Field(
+        None, ge=1, description="Requests the engine runs at once (SGLang --max-running-requests); None = SGLang's "
+        "default, which is 48 when speculative decoding is on.")
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
@@ -286,6 +289,15 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> "RunConfig":
+        from eagle3.config_checks import cross_section_problems  # reads this config by attribute only
+
+        problems = cross_section_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     def run_dir(self) -> Path:
         """``<runs_dir>/<name>``: where every stage of this run writes its output directory."""

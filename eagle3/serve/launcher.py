@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 from eagle3.config import RunConfig, redact
 from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+from eagle3.engines.sglang.serving import simulated_acceptance
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, nvidia_smi
 from eagle3.serve.procs import free_port, snapshot_tree, start_group, terminate_tree
@@ -112,6 +113,10 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     if engine == "sglang":
         argv = [sglang_python(cfg), "-m", "sglang.launch_server", *common, "--tp-size", str(s.tp),
                 "--dtype", s.dtype, "--enable-metrics"]
+        if s.max_running_requests is not None:
+            argv += ["--max-running-requests", str(s.max_running_requests)]
+        if cfg.data.chat_template_kwargs:  # the template switches the draft was trained with, for chat requests
+            argv += ["--default-chat-template-kwargs", json.dumps(cfg.data.chat_template_kwargs, sort_keys=True)]
         if s.mem_fraction_static is not None:
             argv += ["--mem-fraction-static", str(s.mem_fraction_static)]
         if s.disable_cuda_graph:
@@ -121,10 +126,12 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     elif engine == "reference":
         unsupported = {k: v for k, v in (("serve.tp", s.tp if s.tp != 1 else None),
                                          ("serve.mem_fraction_static", s.mem_fraction_static),
-                                         ("serve.cuda_graph_max_bs", s.cuda_graph_max_bs)) if v is not None}
+                                         ("serve.cuda_graph_max_bs", s.cuda_graph_max_bs),
+                                         ("serve.max_running_requests", s.max_running_requests)) if v is not None}
         if unsupported:
             raise EngineUnsupported(f"the CPU reference engine cannot honour {unsupported}; expected serve.tp=1 and "
-                                    f"mem_fraction_static/cuda_graph_max_bs unset (GPU-only settings)")
+                                    f"mem_fraction_static/cuda_graph_max_bs/max_running_requests unset (SGLang "
+                                    f"settings)")
         argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", reference_device(s.device)]
         if s.dtype != "auto":
             argv += ["--dtype", s.dtype]
@@ -135,7 +142,13 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     if s.context_length is not None:
         argv += ["--context-length", str(s.context_length)]
     _check_extra_args(argv, s.extra_args)
-    return argv + list(s.extra_args), {"PYTHONUNBUFFERED": "1", **s.env}
+    env = {"PYTHONUNBUFFERED": "1", **s.env}
+    sim = simulated_acceptance({**os.environ, **env}) if engine == "sglang" else None
+    if sim is not None:
+        where = "serve.env" if sim[0] in s.env else "this process's environment"
+        raise ConfigError(f"{sim[0]}={sim[1]!r} in the server's environment ({where}): expected unset, SGLang would "
+                          f"report a simulated acceptance length; no measured figure may come from such a server")
+    return argv + list(s.extra_args), env
 
 
 class EngineProcess:
