@@ -1,5 +1,6 @@
 """Engine launcher: builds the engine's command line from ``cfg.serve``, starts it in its own process group,
-and ends the whole group on exit (terminate, wait, kill; never by name).
+and ends the whole group on exit (terminate, wait, kill; never by name) — or, if this process dies first,
+whatever killed it, the engine's parent watch does (:mod:`eagle3.serve.supervise`).
 
 Engines (``cfg.serve.engine``): ``sglang`` — ``python -m sglang.launch_server`` (SGLang 0.5.23's flags, read
 from its released source: ``--tp-size``, ``--cuda-graph-max-bs-decode``; the deprecated but accepted
@@ -34,6 +35,7 @@ from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, nvidia_smi
 from eagle3.serve.procs import free_port, snapshot_tree, start_group, terminate_tree
 from eagle3.serve.readiness import GateResult, wait_ready
+from eagle3.serve.supervise import command as supervised
 
 log = logging.getLogger(__name__)
 CUDA_GRAPH_CRASH = re.compile(r"Capture cuda graph failed|CUDA graph capture fail|cuda_graph_runner.*Error", re.I)
@@ -198,9 +200,13 @@ class EngineProcess:
 def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int, log_path: str | Path,
                  engine: str = "custom", grace_s: float = 15.0) -> EngineProcess:
     """Start ``argv`` (environment = this one + ``env``) in its own process group, output to ``log_path``;
-    ``command.json`` (argv, added env with secret-looking values redacted, url) is written beside the log."""
+    ``command.json`` (argv, added env with secret-looking values redacted, url) is written beside the log.
+
+    The engine runs under a parent watch (:mod:`eagle3.serve.supervise`): its group is ended within about a second
+    of this process's death by any cause (SIGKILL included), not only at exit through ``atexit``.
+    """
     log_path = Path(log_path)
-    popen = start_group(argv, {**os.environ, **env}, log_path)
+    popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s), {**os.environ, **env}, log_path)
     proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port, log_path=log_path,
                          grace_s=grace_s)
     atexit.register(proc.stop)  # an interpreter that exits without leaving the with-block still ends the group
