@@ -22,7 +22,8 @@ def deploy_timeout_s(cfg: Any) -> float:
 
 def deploy_key(context: Any, parameters: dict) -> str:
     """Cache key: the serving checkpoint's content hash, target + serve sections, the measuring bench settings
-    (not the gate's minimum), the target folder, a prompt file's bytes, the engine/gate/bench code."""
+    (not the gate's minimum), the chat-template switches, the target folder, a prompt file's bytes, the
+    engine/gate/bench code."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
@@ -30,7 +31,9 @@ def deploy_key(context: Any, parameters: dict) -> str:
     if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not only its name
         files["prompts"] = Path(cfg.bench.prompts).expanduser()
     return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving"].dir},
-                             files=files, extra={"bench": caching.bench_settings(cfg)})
+                             files=files, extra={"bench": caching.bench_settings(cfg),
+                                                 # the launch and the benchmark render chat prompts with these
+                                                 "chat_template_kwargs": cfg.data.chat_template_kwargs})
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:

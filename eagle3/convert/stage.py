@@ -190,7 +190,7 @@ def check_destination(src: Path, dst: Path) -> None:
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
-            version: str | None = None, data_manifest: dict | None = None) -> dict:
+            version: str | None = None, data_manifest: dict | None = None, aux_capture: bool = True) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the serving-checkpoint manifest.
 
     Writes ``dst/config.json``, ``dst/model.safetensors`` and ``dst/manifest.json`` (kind
@@ -201,7 +201,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ``dst`` appears only if the result validates: :func:`eagle3.convert.validate.validate` runs once, on the
     files as written, with ``target_dir`` and ``data_manifest`` (the extraction manifest: aux ids, chat template,
     tokenizer, target identity, vocabulary vs data) when given; the manifest records what was checked
-    (``validation``: engine, version, problems 0, whether target and data were checked).
+    (``validation``: engine, version, problems 0, whether target and data were checked, and whether the target's
+    aux-state capture was: ``aux_capture`` False leaves it to the pre-flight of the deployment).
 
     Raises:
         ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need ``target_dir``.
@@ -253,10 +254,12 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
             inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
             counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
-                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None},
+                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None,
+                        "aux_capture_checked": "here" if aux_capture and target_dir is not None else
+                        "by the pre-flight of the deployment" if target_dir is not None else "no"},
             **extra)
         problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
-                            data_manifest=data_manifest)
+                            data_manifest=data_manifest, aux_capture=aux_capture)
         if problems:
             raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} {profile.version}: "
                                     + "; ".join(map(str, problems)), problems)

@@ -36,4 +36,4 @@ def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir:
             return wd.call(run_bench, engine.url, prompts=b.prompts, num_prompts=b.num_prompts,
                            max_new_tokens=b.max_new_tokens, temperature=b.temperature, concurrency=b.concurrency,
                            tokenizer_dir=target_dir, out_dir=bench_dir, request_timeout_s=b.request_timeout_s,
-                           on_request_done=wd.beat)
+                           on_request_done=wd.beat, chat_template_kwargs=cfg.data.chat_template_kwargs)
