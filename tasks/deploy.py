@@ -52,9 +52,15 @@ def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: 
 
 def log_attempts(sr: Any, deploy_dir: Path) -> None:
     """The gate's phase timeline of every launch attempt (``attempts.json``) as metrics ``attempt<i>.<phase>_s``
-    (also when the gate failed) and the whole deploy folder (engine logs, diagnostics) as artifacts."""
+    (also when the gate failed), what the engine really runs (``engine_settings.json``: scheduler, requests at
+    once) as tags, and the whole deploy folder (engine logs, diagnostics) as artifacts."""
     import json
 
+    settings = deploy_dir / "engine_settings.json"
+    if settings.is_file():
+        rec = json.loads(settings.read_text())
+        sr.set_tags({"eagle3.scheduler": str(rec.get("scheduler")),
+                     "eagle3.max_running_requests": str((rec.get("reported") or {}).get("max_running_requests"))})
     path = deploy_dir / "attempts.json"
     if path.is_file():
         for a in json.loads(path.read_text()):

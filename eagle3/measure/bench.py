@@ -23,6 +23,7 @@ import httpx
 
 from eagle3.artifacts import atomic_write_json, write_manifest
 from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS, BENCH_REQUEST_TIMEOUT_S
+from eagle3.engines.sglang.serving import running_problems
 from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
 from eagle3.measure.acceptance import (
     SERVING_EXCESS_RATIO,
@@ -224,6 +225,9 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature)}
     with httpx.Client(timeout=timeout) as client:
         info = snapshot_server(client, url)["raw_info"]
+        refused = running_problems(info, concurrency)
+        if refused:
+            raise ConfigError(f"bench {url}: " + "; ".join(refused))
         tok, tok_dir = _resolve_tokenizer(tokenizer_dir, info)
         ids = encode_prompts(plist, tok, chat_template_kwargs)
         main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s, on_request_done)

@@ -105,3 +105,24 @@ def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> di
     dos = reported.get("disable_overlap_schedule")
     return {"reported": reported, "changed": changed,
             "scheduler": None if dos is None else ("synchronous" if dos else "overlap")}
+
+
+def running_problems(info: Mapping[str, Any] | None, concurrency: int) -> list[str]:
+    """Why a measurement against a running server (its ``/server_info``) would not measure what it says: the
+    server reports fewer requests at once than ``concurrency``, or exposes (``SGLANG_EXPOSE_OWN_ENV_VARS``) a
+    simulated-acceptance variable. Fields the server does not report are not held against it."""
+    if not info:
+        return []
+    out = []
+    mrr = info.get("max_running_requests")
+    if isinstance(mrr, int) and not isinstance(mrr, bool) and mrr < concurrency:
+        out.append(f"server max_running_requests {mrr} < concurrency {concurrency}: the server runs at most {mrr} "
+                   f"requests at once (SGLang resets it to {SPEC_DEFAULT_MAX_RUNNING_REQUESTS} with speculation unless "
+                   f"--max-running-requests is given), so the benchmark would measure queueing")
+    for state in info.get("internal_states") or []:
+        sim = simulated_acceptance((state or {}).get("env_vars") or {}) if isinstance(state, Mapping) else None
+        if sim is not None:
+            out.append(f"server environment {sim[0]}={sim[1]!r}: the server reports a simulated acceptance length; no "
+                       f"measured figure may come from it")
+            break
+    return out
