@@ -126,3 +126,12 @@ def test_concurrency_above_sglangs_48_is_refused_unless_max_running_requests_is_
 def test_simulated_acceptance_in_serve_env_is_refused_at_load():
     msg = _refused("serve.env={SGLANG_SIMULATE_ACC_LEN: '3.0'}")
     assert "serve.env.SGLANG_SIMULATE_ACC_LEN: expected unset" in msg and "'3.0'" in msg
+
+
+@pytest.mark.parametrize("override, field", [("train.num_layers=1000000000", "train.num_layers"),
+                                             ("target.tiny.num_hidden_layers=1000000000", "target.tiny.num_hidden_layers"),
+                                             ("serve.speculative_num_steps=100000", "serve.speculative_num_steps"),
+                                             ("bench.concurrency=10000000", "bench.concurrency")])
+def test_absurd_numbers_that_size_loops_or_allocations_are_refused_at_load(override, field):
+    msg = _refused(override)
+    assert f"{field}: Input should be less than or equal to" in msg and f"[from -o {override}]" in msg
