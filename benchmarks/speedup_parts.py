@@ -280,7 +280,8 @@ def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
     from eagle3.serve.launcher import launch_ready
 
     k = a.num_steps
-    cfg = RunConfig.model_validate({"name": "gpu-speedup", "serve": {
+    # train.ttt_steps only so the config-load rule "served steps <= trained steps" holds for a given draft
+    cfg = RunConfig.model_validate({"name": "gpu-speedup", "train": {"ttt_steps": max(k, 3)}, "serve": {
         "engine": "reference", "dtype": a.dtype, "context_length": ctx, "disable_cuda_graph": a.disable_cuda_graph,
         "speculative_num_steps": k, "speculative_num_draft_tokens": k + 1, "device": a.device,
         "startup_timeout_s": 900, "stall_timeout_s": 300,

@@ -154,18 +154,27 @@ def validate(
     target: Optional[Path] = typer.Option(None, "--target", help="Target model folder"),
     engine: str = typer.Option("sglang", "--engine"),
     data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to compare with"),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size of the deployment (vLLM decides the "
+                           "embedding per rank)"),
 ):
-    """Check a draft against the engine profile. Exit 0 valid, 1 problems (one ``CODE: message`` per line), 2 I/O."""
+    """Check a draft against the engine profile. Exit 0 valid, 1 problems (one ``CODE: message`` per line), 2 I/O.
+    Decisions the engine will make (vLLM: share the target's embedding or not, per rank) follow as
+    ``decision: ...`` lines."""
     from eagle3.artifacts import read_manifest
     from eagle3.convert.validate import validate as do_validate
 
+    decisions: dict = {}
     try:
         data_manifest = read_manifest(data) if data else None
-        problems = do_validate(directory, target_dir=target, engine=engine, data_manifest=data_manifest)
+        problems = do_validate(directory, target_dir=target, engine=engine, data_manifest=data_manifest,
+                               tp_size=tp, decisions=decisions)
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for p in problems:
         typer.echo(str(p))
+    for name, d in decisions.items():
+        typer.echo(f"decision: {name}: {d['decision']} (per rank {d['per_rank']}; {d['reason']}; {d['engine']}, "
+                   f"tp {d['tp_size']})")
     if not problems:
         typer.echo(f"{directory}: valid for {engine}")
     raise typer.Exit(1 if problems else 0)
@@ -212,6 +221,9 @@ def bench(
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Folder with the target's tokenizer"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.json and plots"),
     baseline_url: Optional[str] = typer.Option(None, "--baseline-url", help="Same target without speculation"),
+    chat_template_kwargs: Optional[str] = typer.Option(
+        None, "--chat-template-kwargs", help='Template switches as JSON, e.g. \'{"enable_thinking": false}\' (the ones '
+        "the draft was trained with)"),
     override: Optional[List[str]] = OverridesOpt,
 ):
     """Measure acceptance length against ``--url``, or run the bench stage of CONFIG."""
@@ -223,14 +235,41 @@ def bench(
     from eagle3.measure.bench import run_bench
 
     try:
+        kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else None
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ValueError(f"expected a JSON object, got {type(kwargs).__name__}")
+    except ValueError as e:
+        _fail(f"bench: --chat-template-kwargs: expected a JSON object, got {chat_template_kwargs!r} ({e})", 2)
+    try:
         report = run_bench(url, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, concurrency=concurrency, tokenizer_dir=tokenizer, out_dir=out,
-                           baseline_url=baseline_url)
+                           baseline_url=baseline_url, chat_template_kwargs=kwargs)
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     except Eagle3Error as e:
         _fail(f"{type(e).__name__}: {e}", 1)
     typer.echo(json.dumps(report.get("summary", report), indent=2, default=str))
+
+
+@app.command()
+def preflight(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
+    """Check CONFIG's launch before any engine starts: aux capture of the target's class in the engine, memory on
+    the GPUs the launch will use, the settings the engine will really run, the environment, template switches.
+    Uses the run's converted draft and extraction when they exist (else the draft is sized from the config).
+    Exit 0 passed, 1 problems (one ``CODE: message`` a line), 2 bad config or unreadable input."""
+    from eagle3.config import load_config
+
+    try:
+        from eagle3.serve.deploy_check import preflight_of_run
+
+        cfg = load_config(config, override)
+        report = preflight_of_run(cfg, cfg.run_dir() / "serving", cfg.run_dir() / "extract")
+    except (ConfigError, DataError, EngineUnsupported, OSError) as e:
+        _fail(str(e), 2)
+    for line in report.lines():
+        typer.echo(line)
+    typer.echo(f"pre-flight {'passed' if report.passed else 'failed'} for serve.engine {report.engine}")
+    raise typer.Exit(0 if report.passed else 1)
 
 
 @app.command()

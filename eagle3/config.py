@@ -70,13 +70,13 @@ class PathsConfig(_Section):
 class TinyRandomTarget(_Section):
     """Shape of a randomly initialised Llama target (for fast tests). Weights come from ``seed``."""
 
-    num_hidden_layers: int = Field(6, ge=1)
-    hidden_size: int = Field(64, ge=8)
-    intermediate_size: int = Field(128, ge=8)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    vocab_size: int = Field(512, ge=16, description="The tokenizer is SmolLM2's, cut to this many ids.")
-    max_position_embeddings: int = Field(2048, ge=16)
+    num_hidden_layers: int = Field(6, ge=1, le=1024)
+    hidden_size: int = Field(64, ge=8, le=1 << 17)
+    intermediate_size: int = Field(128, ge=8, le=1 << 20)
+    num_attention_heads: int = Field(4, ge=1, le=4096)
+    num_key_value_heads: int = Field(2, ge=1, le=4096)
+    vocab_size: int = Field(512, ge=16, le=1 << 24, description="The tokenizer is SmolLM2's, cut to this many ids.")
+    max_position_embeddings: int = Field(2048, ge=16, le=1 << 31)
     rope_theta: float = 10000.0
     seed: int = 0
 
@@ -103,7 +103,7 @@ class DataConfig(_Section):
     source: Literal["sharegpt", "file"] = "sharegpt"
     path: str | None = Field(None, description="Conversations file when source == 'file' (JSON/JSONL/txt).")
     num_conversations: int = Field(128, ge=1)
-    max_seq_len: int = Field(512, ge=16, description="Tokens per sample after templating; longer ones are cut "
+    max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after templating; longer ones are cut "
                              "and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
@@ -135,8 +135,8 @@ class ExtractConfig(_Section):
     aux_layer_ids: list[int] | None = Field(
         None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, L//2, L-3].")
     dtype: Literal["bfloat16", "float32", "fp8"] = "bfloat16"
-    batch_size: int = Field(4, ge=1)
-    shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
+    batch_size: int = Field(4, ge=1, le=1 << 16)
+    shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU workers on a CPU).")
     startup_timeout_s: float = Field(
@@ -158,10 +158,10 @@ class ExtractConfig(_Section):
 class TrainConfig(_Section):
     """Draft training."""
 
-    ttt_steps: int = Field(3, ge=1)
-    draft_vocab_size: int = Field(8192, ge=2)
+    ttt_steps: int = Field(3, ge=1, le=64)
+    draft_vocab_size: int = Field(8192, ge=2, le=1 << 24)
     pad_draft_vocab: bool = False
-    num_layers: int = Field(1, ge=1)
+    num_layers: int = Field(1, ge=1, le=64)
     schedule: Literal["epochs", "constant"] = "epochs"
     epochs: float = Field(4.0, gt=0)
     max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 = untrained).")
@@ -169,8 +169,8 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    grad_accum: int = Field(1, ge=1)
-    max_tokens_per_batch: int = Field(512, ge=16, description="Tokens per packed micro-batch.")
+    grad_accum: int = Field(1, ge=1, le=1 << 16)
+    max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24, description="Tokens per packed micro-batch.")
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each epoch end).")
     keep_last: int = Field(2, ge=1)
@@ -230,14 +230,17 @@ class ServeConfig(_Section):
     engine: Literal["auto", "reference", "sglang"] = "auto"
     host: str = "127.0.0.1"
     port: int | None = Field(None, ge=1, le=65535, description="None = a free port is chosen.")
-    speculative_num_steps: int = Field(3, ge=1)
-    speculative_eagle_topk: int = Field(1, ge=1)
-    speculative_num_draft_tokens: int = Field(4, ge=2)
-    tp: int = Field(1, ge=1)
+    speculative_num_steps: int = Field(3, ge=1, le=64)
+    speculative_eagle_topk: int = Field(1, ge=1, le=64)
+    speculative_num_draft_tokens: int = Field(4, ge=2, le=4096)
+    tp: int = Field(1, ge=1, le=1024)
+    max_running_requests: int | None = Field(
+        None, ge=1, le=1 << 20, description="Requests the engine runs at once (SGLang --max-running-requests); None = SGLang's "
+        "default, which is 48 when speculative decoding is on.")
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
-    context_length: int | None = None
+    cuda_graph_max_bs: int | None = Field(None, ge=1, le=1 << 16)
+    context_length: int | None = Field(None, ge=1, le=1 << 31)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
                         "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
@@ -257,10 +260,10 @@ class BenchConfig(_Section):
     """Acceptance benchmark."""
 
     prompts: str = Field(BENCH_PROMPTS, description="mtbench | gsm8k | humaneval | a file path.")
-    num_prompts: int = Field(BENCH_NUM_PROMPTS, ge=1)
-    max_new_tokens: int = Field(BENCH_MAX_NEW_TOKENS, ge=1)
+    num_prompts: int = Field(BENCH_NUM_PROMPTS, ge=1, le=10 ** 6)
+    max_new_tokens: int = Field(BENCH_MAX_NEW_TOKENS, ge=1, le=1 << 20)
     temperature: float = Field(0.0, ge=0)
-    concurrency: int = Field(1, ge=1)
+    concurrency: int = Field(1, ge=1, le=1 << 16)
     min_acceptance_length: float = Field(1.3, ge=0, description="The run fails below this (acceptance gate).")
     baseline_untrained: bool = True
     request_timeout_s: float = Field(BENCH_REQUEST_TIMEOUT_S, gt=0)
@@ -286,6 +289,15 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> "RunConfig":
+        from eagle3.config_checks import cross_section_problems  # reads this config by attribute only
+
+        problems = cross_section_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     def run_dir(self) -> Path:
         """``<runs_dir>/<name>``: where every stage of this run writes its output directory."""

@@ -196,9 +196,14 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
     if served is None:
         return None
     if serving_gap(served, offline, th.serving_gap_ratio, th.min_offline_excess):
+        ratio = (served - 1.0) / (offline - 1.0)  # offline − 1 ≥ min_offline_excess > 0 here
+        ev.update(served_excess=served - 1.0, offline_excess=offline - 1.0, excess_ratio=ratio,
+                  serving_gap_ratio=th.serving_gap_ratio,
+                  **{f"preflight.{k}": v for k, v in (acc.get("preflight") or {}).items()})
         return Decision("fix serving integration", "served_below_offline", [
             f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline {offline:.3f} − 1) for "
-            "the same draft and prompts: the draft accepts tokens in-process but not as served",
+            f"the same draft and prompts (accepted drafts per verify pass {served - 1:.3f} served vs {offline - 1:.3f} "
+            f"offline, ratio {ratio:.2f}): the draft accepts tokens in-process but not as served",
             f"check {SERVING_FAULT_CHECKS}"], ev)
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
@@ -213,7 +218,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
 
     ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline", "simulated"}``
     (acceptance lengths, bonus token counted; any may be None) plus optional ``"target"`` (acceptance length
-    that is good enough) and ``"history"`` (earlier served figures of this line of runs, oldest first).
+    that is good enough), ``"history"`` (earlier served figures of this line of runs, oldest first) and
+    ``"preflight"`` (``{check: "status: detail"}`` of the deployment's pre-flight, evidence for "fix serving").
     Raises DataError for non-numeric history values.
     """
     th = thresholds or Thresholds()

@@ -50,6 +50,11 @@ def format_validation_error(err: ValidationError, source: str, overrides: list[s
     lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
+        if not loc:  # a rule across sections (eagle3.config_checks): one line per broken rule, keys in the text
+            for rule in str(e["msg"]).removeprefix("Value error, ").split("\n"):
+                origin = "".join(f" [from -o {item}]" for k, item in given.items() if k in rule)
+                lines.append(f"  {rule}{origin}")
+            continue
         got = e.get("input")
         got_s = repr(got) if not isinstance(got, dict) else "a mapping"
         origin = next((f" [from -o {given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")

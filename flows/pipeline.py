@@ -1,5 +1,5 @@
 """The flow ``eagle3-pipeline``: extract → train (+ the untrained baseline) → convert+validate+equivalence →
-deploy+bench (both drafts) → acceptance gate → decision. ``eagle3 run`` drives it from ``cli/run.py``.
+pre-flight → deploy+bench (both drafts) → acceptance figures → decision → acceptance gate → registry. ``eagle3 run`` drives it from ``cli/run.py``.
 
 Reads top to bottom like the recipe it is. Every stage is a cached task (``tasks/``): re-running this flow
 after a failure re-executes only what failed and what depends on it.
@@ -26,6 +26,7 @@ from tasks.bench import acceptance_task, decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import extract_task
+from tasks.preflight import preflight_task
 from tasks.registry import register_task
 from tasks.results import AcceptanceFigures, StageResult
 from tasks.train import train_task
@@ -54,13 +55,16 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
                                data=data, out_dir=stage_dirs(c, v)["train"]) for v, c in lines}
         serving = {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v, record=record,
                                 draft=drafts[v], data=data, out_dir=stage_dirs(c, v)["serving"]) for v, c in lines}
+        # before any engine starts: aux capture of the target's class, memory, settings, environment, template
+        pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record,
+                        serving=serving["trained"], data=data)
         bench = {v: run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
                               serving=serving[v], deploy_dir=stage_dirs(c, v)["deploy"],
                               bench_dir=stage_dirs(c, v)["bench"], timeout_s=deploy_timeout_s(c))
                  for v, c in lines}
         figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"], parent,
                                   train=drafts["trained"])
-        decision = decision_task(cfg, drafts["trained"], figures, parent)
+        decision = decision_task(cfg, drafts["trained"], figures, parent, preflight=pre)
         gate_task(cfg, figures)
         registered = register_task(cfg, serving["trained"], drafts["trained"], figures, parent)
         summary = pipeline_summary(cfg, parent, figures, decision, record, data)

@@ -21,10 +21,11 @@ from flows.common import (
     untrained_config,
 )
 from tasks import tracking
-from tasks.bench import acceptance_task, gate_task
+from tasks.bench import acceptance_task, decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import extract_task
+from tasks.preflight import preflight_task
 from tasks.train import train_task
 
 
@@ -90,12 +91,18 @@ def convert_flow(config_path: str, overrides: list[str] | None = None, refresh: 
 
 @flow(name="eagle3-deploy", log_prints=False)
 def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
-    """Deploy + benchmark the converted drafts behind the readiness gate, then the acceptance gate."""
+    """Pre-flight, deploy + benchmark the converted drafts behind the readiness gate, the acceptance figures, the
+    decision, then the acceptance gate."""
     cfg = load_run_config(config_path, overrides)
     record: dict = {}
     results: dict = {}
     servings: dict = {}
+    dirs = stage_dirs(cfg)
+    data = finished_output(dirs["extract"], "extract", "") if (dirs["extract"] / "manifest.json").is_file() else None
     with parent_run(cfg, "eagle3-deploy") as parent:
+        serving = finished_output(dirs["serving"], "convert", _command("convert", config_path, overrides))
+        pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record, serving=serving,
+                        data=data)
         for variant, c in _variants(cfg):
             d = stage_dirs(c, variant)
             serving = finished_output(d["serving"], "convert", _command("convert", config_path, overrides))
@@ -103,7 +110,10 @@ def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: b
             results[variant] = run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=variant,
                                          serving=serving, deploy_dir=d["deploy"], bench_dir=d["bench"],
                                          timeout_s=deploy_timeout_s(c), refresh=refresh, record=record)
-        figures = acceptance_task(cfg, results["trained"], results.get("untrained"), servings["trained"], parent)
+        train = finished_output(dirs["train"], "train", "") if (dirs["train"] / "manifest.json").is_file() else None
+        figures = acceptance_task(cfg, results["trained"], results.get("untrained"), servings["trained"], parent,
+                                  train=train)
+        decision_task(cfg, train, figures, parent, preflight=pre)  # recorded before the gate decides: pass or fail
         gate_task(cfg, figures)
         return _summary(cfg, parent, "eagle3-deploy", record, acceptance_length=figures.served,
                         acceptance_length_untrained=figures.untrained)

@@ -26,6 +26,7 @@ def offline_settings(cfg: Any) -> dict:
     b = cfg.bench
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
+            "chat_template_kwargs": dict(cfg.data.chat_template_kwargs),
             "dtype": "float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype,
             "device": reference_device(cfg.serve.device)}
 
@@ -51,7 +52,8 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
             return old["result"]
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"], num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
-                             temperature=st["temperature"], device=st["device"])
+                             temperature=st["temperature"], device=st["device"],
+                             chat_template_kwargs=st["chat_template_kwargs"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
     return res
@@ -123,14 +125,19 @@ def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
 
 
 @task(name="decision", task_run_name="decision", **task_options(600.0))
-def decision_task(cfg: Any, train: StageResult, figures: AcceptanceFigures, parent_run_id: str):
-    """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``) and the
-    acceptance figures; stored on the parent run as tags (``eagle3.decision``, ``eagle3.decision.rule``, ...)
-    and the artifacts ``decision.json`` / ``decision.md``. Returns the ``eagle3.decide.Decision``."""
+def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigures, parent_run_id: str,
+                  preflight: dict | None = None):
+    """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``; none when the
+    training output is not at hand) and the acceptance figures; stored on the parent run as tags
+    (``eagle3.decision``, ``eagle3.decision.rule``, ...) and the artifacts ``decision.json`` / ``decision.md``.
+    ``preflight``: the pre-flight report (dict), whose checks become evidence of a "fix serving" decision.
+    Returns the ``eagle3.decide.Decision``."""
     from eagle3.decide import read_training_history, recommend
 
-    decision = recommend(read_training_history(train.dir), {"served": figures.served, "offline": figures.offline,
-                                                             "simulated": figures.simulated})
+    history = read_training_history(train.dir) if train is not None else {}
+    checks = {c["name"]: f"{c['status']}: {c['detail']}" for c in (preflight or {}).get("checks", [])}
+    decision = recommend(history, {"served": figures.served, "offline": figures.offline,
+                                   "simulated": figures.simulated, "preflight": checks})
     tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k, v in decision.tags().items()})
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")
     client, _ = tracking.client_for(cfg)

@@ -31,7 +31,8 @@ def convert_key(context: Any, parameters: dict) -> str:
 
 def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: Path) -> tuple[dict, dict]:
     """Convert (which validates once, against the target and the extraction manifest: CheckpointInvalid listing
-    every ``CODE: message``), then check equivalence. Returns (serving manifest, equivalence report). Removes
+    every ``CODE: message``), then check equivalence; whether the target's class captures aux states in the
+    serving engine is the pre-flight's question (tasks/preflight.py), asked before deploy. Returns (serving manifest, equivalence report). Removes
     ``out_dir`` when either fails."""
     from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
@@ -40,10 +41,11 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
 
     target = resolve_target(cfg)
     try:
+        # the target class's aux capture depends on the serving engine: the pre-flight checks it before deploy
         manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
-                           version=cfg.convert.engine_version, data_manifest=read_manifest(data_dir))
+                           version=cfg.convert.engine_version, data_manifest=read_manifest(data_dir), aux_capture=False)
         report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target, atol=cfg.convert.equivalence_atol,
-                                   engine=cfg.convert.engine, version=cfg.convert.engine_version)
+                                   engine=cfg.convert.engine, version=cfg.convert.engine_version, assume_capture=True)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise

@@ -22,7 +22,8 @@ def deploy_timeout_s(cfg: Any) -> float:
 
 def deploy_key(context: Any, parameters: dict) -> str:
     """Cache key: the serving checkpoint's content hash, target + serve sections, the measuring bench settings
-    (not the gate's minimum), the target folder, a prompt file's bytes, the engine/gate/bench code."""
+    (not the gate's minimum), the chat-template switches, the target folder, a prompt file's bytes, the
+    engine/gate/bench code."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
@@ -30,7 +31,9 @@ def deploy_key(context: Any, parameters: dict) -> str:
     if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not only its name
         files["prompts"] = Path(cfg.bench.prompts).expanduser()
     return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving"].dir},
-                             files=files, extra={"bench": caching.bench_settings(cfg)})
+                             files=files, extra={"bench": caching.bench_settings(cfg),
+                                                 # the launch and the benchmark render chat prompts with these
+                                                 "chat_template_kwargs": cfg.data.chat_template_kwargs})
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
@@ -49,9 +52,15 @@ def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: 
 
 def log_attempts(sr: Any, deploy_dir: Path) -> None:
     """The gate's phase timeline of every launch attempt (``attempts.json``) as metrics ``attempt<i>.<phase>_s``
-    (also when the gate failed) and the whole deploy folder (engine logs, diagnostics) as artifacts."""
+    (also when the gate failed), what the engine really runs (``engine_settings.json``: scheduler, requests at
+    once) as tags, and the whole deploy folder (engine logs, diagnostics) as artifacts."""
     import json
 
+    settings = deploy_dir / "engine_settings.json"
+    if settings.is_file():
+        rec = json.loads(settings.read_text())
+        sr.set_tags({"eagle3.scheduler": str(rec.get("scheduler")),
+                     "eagle3.max_running_requests": str((rec.get("reported") or {}).get("max_running_requests"))})
     path = deploy_dir / "attempts.json"
     if path.is_file():
         for a in json.loads(path.read_text()):

@@ -64,12 +64,13 @@ def good_data_manifest(target_dir: Path, aux_ids=(2, 4, 5), unique_tokens: int =
     """An extraction manifest consistent with ``target_dir`` (hashes computed the way extraction does)."""
     from transformers import AutoTokenizer
 
-    from eagle3.artifacts import sha256_file
+    from eagle3.artifacts import sha256_file, weights_hash
     from eagle3.extract.conversations import template_hash, tokenizer_hash
 
     tok = AutoTokenizer.from_pretrained(str(target_dir))
     return {"kind": "hidden_states", "aux_layer_ids": list(aux_ids), "layer_id_convention": "hf_hidden_states_index",
-            "target": {"path": str(target_dir), "config_hash": sha256_file(Path(target_dir) / "config.json")},
+            "target": {"path": str(target_dir), "config_hash": sha256_file(Path(target_dir) / "config.json"),
+                       "weights_hash": weights_hash(target_dir)},
             "chat_template_hash": template_hash(tok), "tokenizer_hash": tokenizer_hash(tok),
             "counts": {"unique_tokens": unique_tokens}, "config": {"extract": {"backend": "hf"}},
             "content_hash": "4" * 64}
@@ -85,6 +86,7 @@ class Case:
     needle: str
     mutate: Callable[["Ckpt"], None] = field(repr=False)
     with_data: bool = False
+    loads_in_engine: bool = True  # False: the real engine cannot even build it (a billion layers): tier 1 skips it
     path: Path | None = None
     target_dir: Path | None = None
     data_manifest: dict | None = None
@@ -131,6 +133,30 @@ def _other_target(c: Ckpt, **changes) -> None:
     cfg.update(changes)
     (dst / "config.json").write_text(json.dumps(cfg))
     c.target_dir = dst
+
+
+def _target_weights_as(c: Ckpt, fmt: str, rename: Callable[[str], str] = lambda k: k) -> None:
+    """A copy of the target folder (config and tokenizer linked) whose weights are rewritten as ``fmt``
+    ("bin": ``pytorch_model.bin`` only, "safetensors") with tensor names passed through ``rename``."""
+    src = Path(c.target_dir)
+    dst = c.path.parent / f"{c.path.name}-target"
+    dst.mkdir(exist_ok=True)
+    weights = {}
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            weights.update(load_file(str(f)))
+        elif not (dst / f.name).exists():
+            (dst / f.name).symlink_to(f)
+    weights = {rename(k): v for k, v in weights.items()}
+    if fmt == "bin":
+        torch.save(weights, dst / "pytorch_model.bin")
+    else:
+        save_file(weights, str(dst / "model.safetensors"))
+    c.target_dir = dst
+
+
+def _reinit_embed(c: Ckpt) -> None:
+    c.tensors["embed_tokens.weight"] = torch.randn_like(c.tensors["embed_tokens.weight"])
 
 
 def _regenerate_map(c: Ckpt) -> None:
@@ -190,8 +216,11 @@ CASES: list[Case] = [
     Case("nan_fc", 4, "NAN_INF", "fc.weight", lambda c: _nan(c, "fc.weight")),
     Case("zero_o_proj", 4, "ALL_ZERO", "o_proj.weight",
          lambda c: c.tensors["layers.0.self_attn.o_proj.weight"].zero_()),
-    Case("embed_reinit", 4, "EMBED_MISMATCH", "embed_tokens.weight",
-         lambda c: c.tensors.__setitem__("embed_tokens.weight", torch.randn_like(c.tensors["embed_tokens.weight"]))),
+    Case("embed_reinit", 4, "EMBED_MISMATCH", "embed_tokens.weight", _reinit_embed),
+    Case("bin_target_embed_reinit", 4, "EMBED_MISMATCH", "embed_tokens.weight",
+         lambda c: (_target_weights_as(c, "bin"), _reinit_embed(c))),
+    Case("target_embed_not_found", 4, "EMBED_UNCHECKED", "pytorch_model.bin",
+         lambda c: _target_weights_as(c, "bin", lambda k: k.replace("embed_tokens", "word_embeddings"))),
     # 5 flags
     Case("norm_before_residual", 5, "UNSUPPORTED_FLAG", "norm_before_residual",
          lambda c: _set(c.config, norm_before_residual=True)),
@@ -200,6 +229,11 @@ CASES: list[Case] = [
     Case("fc_norm_flag_no_tensors", 5, "MISSING_TENSOR", "fc_norm.0.weight", lambda c: _set(c.config, fc_norm=True)),
     Case("attention_bias_flag", 5, "UNSUPPORTED_FLAG", "attention_bias", lambda c: _set(c.config, attention_bias=True)),
     Case("tied_head", 5, "UNSUPPORTED_FLAG", "tie_word_embeddings", lambda c: _set(c.config, tie_word_embeddings=True)),
+    Case("norm_output_nested", 5, "NESTED_FLAG", "eagle_config.norm_output",
+         lambda c: c.eagle().__setitem__("norm_output", True)),
+    Case("unknown_flag_top", 5, "UNKNOWN_FLAG", "use_gated_residual", lambda c: _set(c.config, use_gated_residual=True)),
+    Case("unknown_flag_nested", 5, "UNKNOWN_FLAG", "eagle_config.share_target_norm",
+         lambda c: c.eagle().__setitem__("share_target_norm", True)),
     # 6 map missing
     Case("no_d2t", 6, "VOCAB_MAP_MISSING", "d2t", lambda c: (c.tensors.pop("d2t"), c.tensors.pop("t2d"))),
     Case("d2t_side_file", 6, "VOCAB_MAP_MISSING", "d2t.pt", _side_file_map),
@@ -260,6 +294,8 @@ CASES: list[Case] = [
          lambda c: c.data.__setitem__("tokenizer_hash", "1" * 64), with_data=True),
     Case("other_target", 14, "TARGET_MISMATCH", "config_hash",
          lambda c: c.data["target"].__setitem__("config_hash", "2" * 64), with_data=True),
+    Case("other_weights", 14, "TARGET_WEIGHTS_MISMATCH", "weights_hash",
+         lambda c: c.data["target"].__setitem__("weights_hash", "5" * 64), with_data=True),
     # 15/16 data
     Case("other_data", 15, "DATA_INVALID", "data_content_hash",
          lambda c: c.manifest.__setitem__("data_content_hash", "3" * 64), with_data=True),
@@ -268,6 +304,13 @@ CASES: list[Case] = [
     # 22 not an EAGLE-3 draft class
     Case("plain_llama_arch", 22, "ARCHITECTURE", "LlamaForCausalLMEagle3",
          lambda c: _set(c.config, architectures=["LlamaForCausalLM"])),
+    Case("draft_class_second", 22, "ARCHITECTURE", "['LlamaForCausalLM'] would be built",
+         lambda c: _set(c.config, architectures=["LlamaForCausalLM", "LlamaForCausalLMEagle3"])),
+    # 26 numbers that would size a loop or a shape
+    Case("absurd_layer_count", 26, "CONFIG_FIELD", "'num_hidden_layers' expected an integer in [1, 1024]",
+         lambda c: _set(c.config, num_hidden_layers=10 ** 9), loads_in_engine=False),
+    Case("zero_heads", 26, "CONFIG_FIELD", "'num_attention_heads' expected an integer in [1, 4096], got 0",
+         lambda c: _set(c.config, num_attention_heads=0), loads_in_engine=False),
 ]
 
 
@@ -284,8 +327,8 @@ def build_corpus(good: Path, root: Path, target_dir: Path, data_manifest: dict |
         ck.target_dir = Path(target_dir)
         case.mutate(ck)
         ck.save()
-        out.append(Case(case.name, case.fclass, case.code, case.needle, case.mutate, case.with_data, dst,
-                        ck.target_dir, ck.data))
+        out.append(Case(case.name, case.fclass, case.code, case.needle, case.mutate, case.with_data,
+                        case.loads_in_engine, dst, ck.target_dir, ck.data))
     return out
 
 

@@ -105,7 +105,11 @@ class Target:
         return cls(path, raw.get("text_config") or raw, str(archs[0]))
 
     def embed(self) -> torch.Tensor | None:
-        """The target's input embedding ``[vocab, H]`` (first tensor named ``*embed_tokens.weight``)."""
+        """The target's input embedding ``[vocab, H]``: the first tensor named ``*embed_tokens.weight`` in its
+        ``*.safetensors`` files, else in its ``pytorch_model*.bin`` files (read with ``weights_only=True``: a
+        pickle that holds code is refused, and memory-mapped, so a large file is not read whole). None when no
+        weight file holds one (:attr:`embed_searched` then says what was searched). DataError on a corrupt file.
+        """
         if self._embed is None:
             from safetensors import safe_open
 
@@ -115,7 +119,23 @@ class Target:
                         if k.endswith("embed_tokens.weight"):
                             self._embed = h.get_tensor(k)
                             return self._embed
+            for f in sorted(self.path.glob("pytorch_model*.bin")):
+                try:
+                    part = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+                except Exception as e:  # pickle/zip raise many unrelated types on corrupt or unsafe input
+                    raise DataError(f"{f}: unreadable target weights ({type(e).__name__}: {e})") from e
+                found = [k for k in part if isinstance(k, str) and k.endswith("embed_tokens.weight")] \
+                    if isinstance(part, dict) else []
+                if found:
+                    self._embed = part[found[0]].clone()
+                    return self._embed
         return self._embed
+
+    @property
+    def embed_searched(self) -> str:
+        """What :meth:`embed` looks through, for a message when it finds nothing."""
+        files = sorted(p.name for g in ("*.safetensors", "pytorch_model*.bin") for p in self.path.glob(g))
+        return f"tensors named *embed_tokens.weight in {files or 'no *.safetensors or pytorch_model*.bin file'}"
 
 
 def cfg_get(config: dict, key: str, default: Any = None) -> Any:

@@ -18,13 +18,21 @@ AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 
 def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Class 22: the served config must name one of the engine's EAGLE-3 draft classes."""
+    """Class 22: the served config must name one of the engine's EAGLE-3 draft classes, and name it first:
+    engines build the first entry they support (SGLang 0.5.23 ``models/registry.py`` ``resolve_model_cls``), so
+    ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain Llama."""
     archs = ck.config.get("architectures") or []
-    if any(a in profile.draft_architectures for a in archs):
+    drafts = list(profile.draft_architectures)
+    if archs and archs[0] in drafts:
         return []
+    if any(a in drafts for a in archs):
+        first = next(i for i, a in enumerate(archs) if a in drafts)
+        return [Problem("ARCHITECTURE", f"config.json architectures: expected the draft class first ({drafts}), got "
+                                        f"{archs}: {profile.engine} {profile.version} builds the first entry it "
+                                        f"supports, so {archs[:first]} would be built instead of {archs[first]}")]
     hint = " (a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first)" \
         if ck.config.get("speculators_model_type") and profile.engine == "sglang" else ""
-    return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {list(profile.draft_architectures)} "
+    return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {drafts} "
                                     f"for {profile.engine} {profile.version}, got {archs}{hint}")]
 
 
@@ -110,8 +118,8 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     return out
 
 
-def check_values(ck: Checkpoint, target: Target | None) -> list[Problem]:
-    """Class 4: NaN/Inf and all-zero float tensors; a draft embedding unlike the target's."""
+def check_values(ck: Checkpoint) -> list[Problem]:
+    """Class 4: NaN/Inf and all-zero float tensors (the embedding's provenance: :mod:`eagle3.convert.embed_checks`)."""
     out: list[Problem] = []
     for name, t in sorted(ck.tensors.items()):
         if not t.is_floating_point() or t.numel() == 0:
@@ -121,19 +129,6 @@ def check_values(ck: Checkpoint, target: Target | None) -> list[Problem]:
             out.append(Problem("NAN_INF", f"tensor {name!r}: expected finite values, got {bad} NaN/Inf of {t.numel()}"))
         elif not bool(t.any()):
             out.append(Problem("ALL_ZERO", f"tensor {name!r}: expected trained values, got all {t.numel()} zeros"))
-    emb = ck.tensors.get("embed_tokens.weight", ck.tensors.get("model.embed_tokens.weight"))
-    if target is not None and emb is not None:
-        ref = target.embed()
-        if ref is not None and tuple(ref.shape) != tuple(emb.shape):
-            out.append(Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's shape {list(ref.shape)}, "
-                               f"got {list(emb.shape)}"))
-        elif ref is not None:
-            diff = float((emb.float() - ref.float()).abs().max())
-            tol = 1e-2 * float(ref.float().abs().max()) + 1e-6  # bf16 rounding of the target's weights
-            if diff > tol:
-                out.append(Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's embedding "
-                                   f"({target.path}), the engine serves with it; got max |diff| {diff:.4g} > {tol:.3g} "
-                                   f"(re-initialised or trained embedding)"))
     return out
 
 
@@ -268,10 +263,10 @@ def _rope(cfg: dict) -> tuple:
     return float(theta), json.dumps(scaling, sort_keys=True)
 
 
-def check_target(ck: Checkpoint, profile: EngineProfile, target: Target) -> list[Problem]:
-    """Classes 7, 11, 12, 13 against the target's config."""
+def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *, aux_capture: bool = True) -> list[Problem]:
+    """Classes 7, 11, 12, 13 against the target's config (11 only with ``aux_capture``)."""
     cfg, tc, out = ck.config, target.config, []
-    if profile.aux_capture_classes and target.architecture not in profile.aux_capture_classes:
+    if aux_capture and profile.aux_capture_classes and target.architecture not in profile.aux_capture_classes:
         out.append(Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0]: {target.architecture} has no "
                            f"set_eagle3_layers_to_capture in {profile.engine} {profile.version}: expected a capturing "
                            f"class, the draft would get no aux states (fc bypassed)"))
@@ -330,6 +325,14 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     if dt.get("config_hash") and dt["config_hash"] != th:
         out.append(Problem("TARGET_MISMATCH", f"data manifest target.config_hash: expected this target's {th[:12]}… "
                            f"({target.path}), got {dt['config_hash'][:12]}…"))
+    if dt.get("weights_hash"):  # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
+        from eagle3.artifacts import weights_hash
+
+        wh = weights_hash(target.path)
+        if wh != dt["weights_hash"]:
+            out.append(Problem("TARGET_WEIGHTS_MISMATCH", f"data manifest target.weights_hash: expected this "
+                               f"target's {str(wh)[:12]}… (sha256 of {target.path}/*.safetensors), got "
+                               f"{dt['weights_hash'][:12]}… (the hidden states came from other weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
     return out

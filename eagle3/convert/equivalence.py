@@ -103,13 +103,14 @@ def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tenso
 
 
 def _engine_hidden(serving_cfg: dict, target_arch: str, n_layers: int, hs: dict[int, torch.Tensor],
-                   engine: str, version: str) -> tuple[torch.Tensor, list[int] | None, str]:
-    """The hidden states the engine hands the draft: aux states at its ids, or one layer's (fc bypassed)."""
+                   engine: str, version: str, assume_capture: bool = False) -> tuple[torch.Tensor, list[int] | None, str]:
+    """The hidden states the engine hands the draft: aux states at its ids, or one layer's (fc bypassed).
+    ``assume_capture``: the target class's capture is checked elsewhere (the pre-flight, for the serving engine)."""
     from eagle3.engines.registry import get_profile
 
     profile = get_profile(engine, version)
     eagle = serving_cfg.get("eagle_config") or {}
-    if target_arch not in profile.aux_capture_classes:
+    if not assume_capture and target_arch not in profile.aux_capture_classes:
         return hs[n_layers], None, f"one layer's state ({target_arch} captures no aux states in {engine} {version})"
     if eagle.get("use_aux_hidden_state", True) is False:
         return hs[n_layers], None, "one layer's state (eagle_config.use_aux_hidden_state is false)"
@@ -138,7 +139,7 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
 
 def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data_dir: str | Path | None = None, *,
                       target_dir: str | Path | None = None, atol: float = 2e-2, num_tokens: int = 24,
-                      engine: str = "sglang", version: str = SGLANG_VERSION) -> dict:
+                      engine: str = "sglang", version: str = SGLANG_VERSION, assume_capture: bool = False) -> dict:
     """Compare the trained draft and the served draft on one real target forward of ``num_tokens`` tokens.
 
     Args:
@@ -147,6 +148,8 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data
             None, its manifest's ``target.path``.
         target_dir: the target's HF folder (run in float32 on CPU).
         atol: max absolute difference allowed per component (logits are float32; 2e-2 ≈ bf16 rounding).
+        assume_capture: compare as if the target's class captured aux states in ``engine`` (the pipeline leaves
+            that question to the pre-flight, :mod:`eagle3.serve.deploy_check`, which knows the serving engine).
     Returns ``{"passed": True, "num_tokens", "atol", "max_abs_diff": {component: float},
     "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``.
     Raises CheckpointInvalid naming the first diverging component with both values; ConfigError when no target.
@@ -166,7 +169,7 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data
         target(input_ids[None])
         hs = {i: h[0].float() for i, h in hs.items()}
     arch = (target.config.architectures or [type(target).__name__])[0]
-    served_in, engine_hf, how = _engine_hidden(serving_cfg, arch, n_layers, hs, engine, version)
+    served_in, engine_hf, how = _engine_hidden(serving_cfg, arch, n_layers, hs, engine, version, assume_capture)
     trained_in = torch.cat([hs[i] for i in trained_hf], -1)
     report = {"num_tokens": int(input_ids.numel()), "atol": atol, "trained_aux_hf": list(trained_hf),
               "engine_aux_hf": engine_hf}

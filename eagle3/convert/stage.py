@@ -31,6 +31,7 @@ import torch
 
 from eagle3.artifacts import atomic_directory, atomic_write_json, content_hash, write_manifest
 from eagle3.convert.checkpoint import Checkpoint, Target, read_checkpoint
+from eagle3.convert.flag_checks import check_unknown_flags, trained_flag
 from eagle3.convert.validate import validate
 from eagle3.engines.profile import EngineProfile
 from eagle3.engines.registry import default_version, get_profile
@@ -98,7 +99,7 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
     if tl.get("model_type", "llama") != "llama":
         raise EngineUnsupported(f"{ck.path}/config.json transformer_layer_config.model_type: {profile.engine} "
                                 f"{profile.version}'s {SGLANG_ARCH} computes a Llama layer, got {tl['model_type']!r}")
-    flags = {k: cfg.get(k) for k in FLAG_NAMES}
+    flags = {k: trained_flag(cfg, k, f"{ck.path}/config.json") for k in FLAG_NAMES}
     profile.check_flags(flags)
     hf_ids = cfg.get("eagle_aux_hidden_state_layer_ids") or _default_hf_ids(tcfg, "eagle_aux_hidden_state_layer_ids")
     out = {k: tl[k] for k in LLAMA_KEYS if k in tl}
@@ -128,10 +129,9 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
     engine_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     hf_ids = profile.engine_to_hf_ids(engine_ids) if engine_ids else \
         _default_hf_ids(tcfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
-    flags = {"norm_before_residual": bool(cfg.get("norm_before_residual", False)),
-             "norm_before_fc": bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
-             "fc_norm": bool(cfg.get("fc_norm") or cfg.get("use_aux_norm")),
-             "norm_output": bool(cfg.get("norm_output", False))}
+    where = f"{ck.path}/config.json"  # a flag nested under eagle_config counts where it is: SpecForge writes it there
+    flags = {name: bool(trained_flag(cfg, name, where)) for name in
+             ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")}
     profile.check_flags(flags)
     tensors, renamed = {}, {}
     for name, t in ck.tensors.items():
@@ -190,7 +190,7 @@ def check_destination(src: Path, dst: Path) -> None:
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
-            version: str | None = None, data_manifest: dict | None = None) -> dict:
+            version: str | None = None, data_manifest: dict | None = None, aux_capture: bool = True) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the serving-checkpoint manifest.
 
     Writes ``dst/config.json``, ``dst/model.safetensors`` and ``dst/manifest.json`` (kind
@@ -201,7 +201,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ``dst`` appears only if the result validates: :func:`eagle3.convert.validate.validate` runs once, on the
     files as written, with ``target_dir`` and ``data_manifest`` (the extraction manifest: aux ids, chat template,
     tokenizer, target identity, vocabulary vs data) when given; the manifest records what was checked
-    (``validation``: engine, version, problems 0, whether target and data were checked).
+    (``validation``: engine, version, problems 0, whether target and data were checked, and whether the target's
+    aux-state capture was: ``aux_capture`` False leaves it to the pre-flight of the deployment).
 
     Raises:
         ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need ``target_dir``.
@@ -217,6 +218,10 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     t0 = time.monotonic()
     ck = read_checkpoint(src)
     fmt = detect_format(ck)
+    unknown = check_unknown_flags(ck.config, profile)  # the output would drop them: report instead
+    if unknown:
+        raise CheckpointInvalid(f"{src}/config.json has flags no engine reads, which conversion would drop: "
+                                + "; ".join(map(str, unknown)), unknown)
     tcfg = _target_cfg(Path(target_dir) if target_dir is not None else None)
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)
@@ -249,10 +254,12 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
             inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
             counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
-                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None},
+                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None,
+                        "aux_capture_checked": "here" if aux_capture and target_dir is not None else
+                        "by the pre-flight of the deployment" if target_dir is not None else "no"},
             **extra)
         problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
-                            data_manifest=data_manifest)
+                            data_manifest=data_manifest, aux_capture=aux_capture)
         if problems:
             raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} {profile.version}: "
                                     + "; ".join(map(str, problems)), problems)

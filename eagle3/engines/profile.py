@@ -111,6 +111,15 @@ class EngineProfile:
     param_fn: Callable[[dict], dict[str, ParamSpec]] = field(repr=False, compare=False)
     route_fn: Callable[[str, Mapping[str, ParamSpec]], Route] = field(repr=False, compare=False)
     notes: tuple[str, ...] = ()
+    eagle_config_keys: tuple[str, ...] = ()  # keys the engine reads inside the draft's ``eagle_config``
+    other_bool_keys: tuple[str, ...] = ()  # top-level booleans the engine reads besides the flags (e.g. ``bias``)
+    config_view_fn: Callable[[dict], dict] | None = field(default=None, repr=False, compare=False)
+
+    def config_view(self, config: dict) -> dict:
+        """The served ``config.json`` as this engine reads its model fields: SGLang reads the top level as is;
+        vLLM reads a speculators-format draft's layer fields from ``transformer_layer_config`` (so a check of
+        ``hidden_size`` or ``vocab_size`` must look there). A new dict; the input is not changed."""
+        return dict(config) if self.config_view_fn is None else self.config_view_fn(config)
 
     def engine_params(self, config: dict) -> dict[str, ParamSpec]:
         """The engine draft module's parameters for a served ``config.json`` dict.

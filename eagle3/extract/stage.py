@@ -43,7 +43,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from eagle3.artifacts import atomic_directory, atomic_write_bytes, output_intact, sha256_file, write_manifest
+from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intact, sha256_file, weights_hash,
+                              write_manifest)
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
@@ -72,10 +73,9 @@ def target_identity(target_dir: Path, cfg) -> dict:
 
     conf = AutoConfig.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
     text = getattr(conf, "text_config", None) or conf
-    weights = sorted(target_dir.glob("*.safetensors"))
-    if not weights:
+    wh = weights_hash(target_dir)
+    if wh is None:
         raise DataError(f"target {target_dir}: no *.safetensors weights found")
-    wh = hashlib.sha256("".join(f"{p.name}:{sha256_file(p)}" for p in weights).encode()).hexdigest()
     return {"path": str(target_dir), "config_hash": sha256_file(target_dir / "config.json"), "weights_hash": wh,
             "num_layers": num_layers(conf), "hidden_size": int(text.hidden_size),
             "vocab_size": int(text.vocab_size), "architecture": (conf.architectures or [type(conf).__name__])[0],

@@ -23,6 +23,7 @@ import httpx
 
 from eagle3.artifacts import atomic_write_json, write_manifest
 from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS, BENCH_REQUEST_TIMEOUT_S
+from eagle3.engines.sglang.serving import running_problems
 from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
 from eagle3.measure.acceptance import (
     SERVING_EXCESS_RATIO,
@@ -199,7 +200,8 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
               max_new_tokens: int = BENCH_MAX_NEW_TOKENS,
               temperature: float = 0.0, concurrency: int = 1, tokenizer_dir: str | Path | None = None,
               out_dir: str | Path | None = None, baseline_url: str | None = None,
-              request_timeout_s: float = BENCH_REQUEST_TIMEOUT_S, on_request_done=None) -> dict:
+              request_timeout_s: float = BENCH_REQUEST_TIMEOUT_S, on_request_done=None,
+              chat_template_kwargs: dict | None = None) -> dict:
     """Measure acceptance length, throughput and latency of a served draft; see the module docstring.
 
     Args:
@@ -209,6 +211,8 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
         ``tokenizer_path`` when local). out_dir: where ``report.json``, ``manifest.json`` and PNGs go.
         baseline_url: a server without speculation for ``speedup`` (= tokens/s here ÷ tokens/s there).
         on_request_done: called with each finished request's row (e.g. ``Watchdog.beat``).
+        chat_template_kwargs: template switches the prompts are rendered with (the extraction's; recorded in
+        ``settings``).
     Returns the report ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
     Raises ConfigError/DataError (bad settings, prompts, responses), TransientError (server unreachable).
     """
@@ -221,8 +225,11 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature)}
     with httpx.Client(timeout=timeout) as client:
         info = snapshot_server(client, url)["raw_info"]
+        refused = running_problems(info, concurrency)
+        if refused:
+            raise ConfigError(f"bench {url}: " + "; ".join(refused))
         tok, tok_dir = _resolve_tokenizer(tokenizer_dir, info)
-        ids = encode_prompts(plist, tok)
+        ids = encode_prompts(plist, tok, chat_template_kwargs)
         main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s, on_request_done)
         base = None
         if baseline_url:
@@ -231,6 +238,7 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
         "url": url, "prompts": prompts if isinstance(prompts, str) else "list", "num_prompts": len(plist),
         "max_new_tokens": max_new_tokens, "temperature": temperature, "concurrency": concurrency,
         "tokenizer_dir": tok_dir, "input": "input_ids (target chat template, add_generation_prompt=True)",
+        "chat_template_kwargs": dict(chat_template_kwargs or {}),
         "baseline_url": baseline_url, "request_timeout_s": request_timeout_s, "convention": ACCEPTANCE_CONVENTION})
     if out_dir is not None:
         save_report(report, out_dir)
@@ -325,7 +333,7 @@ def check_acceptance(served: float | None, offline: float | None, minimum: float
 def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = BENCH_PROMPTS, *,
                        num_prompts: int = BENCH_NUM_PROMPTS, max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3, dtype: str = "float32",
                        temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None,
-                       device: str = "cpu") -> dict:
+                       device: str = "cpu", chat_template_kwargs: dict | None = None) -> dict:
     """The draft's acceptance length in-process (no server) with the reference engine's decoder
     (``eagle3.serve.reference.loader.load_decoder``: the fast path for Llama targets, exactly equal to
     ``SpeculativeDecoder`` in float32; the generic path otherwise).
@@ -341,7 +349,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     from transformers import AutoTokenizer
 
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
-    ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)))
+    ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)), chat_template_kwargs)
     if decoder is None:
         from eagle3.serve.reference.loader import load_decoder
 

@@ -171,11 +171,14 @@ def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
     return round_robin(pool, num_prompts)
 
 
-def encode_prompts(prompts: Iterable[dict], tokenizer) -> list[list[int]]:
+def encode_prompts(prompts: Iterable[dict], tokenizer, chat_template_kwargs: dict | None = None) -> list[list[int]]:
     """Token ids of each prompt as one user turn with the target's chat template and the generation prompt.
 
-    ``tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)`` —
-    what SGLang's ``/v1/chat/completions`` does with the model's template. Returns ``list[list[int]]``.
+    ``tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+    **chat_template_kwargs)`` — what SGLang's ``/v1/chat/completions`` does with the model's template and its
+    ``--default-chat-template-kwargs``. ``chat_template_kwargs``: the template switches the draft was trained
+    with (``data.chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); without them a template such as
+    Qwen3's renders other text than extraction did. Returns ``list[list[int]]``.
     Raises DataError when the tokenizer has no chat template.
     """
     if not getattr(tokenizer, "chat_template", None):
@@ -183,7 +186,7 @@ def encode_prompts(prompts: Iterable[dict], tokenizer) -> list[list[int]]:
     out = []
     for p in prompts:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}], add_generation_prompt=True,
-                                            tokenize=True)
+                                            tokenize=True, **dict(chat_template_kwargs or {}))
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
             ids = ids["input_ids"]
         out.append([int(t) for t in ids])

@@ -21,9 +21,11 @@ def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir:
 
     ``cfg``: a RunConfig (``serve`` and ``bench`` sections). ``on_ready(engine, gate)`` is called once the gate
     passed (the caller logs the gate timeline). Raises GateFailed (gate or watchdog verdict other than ready /
-    running), the benchmark's errors.
+    running), ConfigError when the engine does not run the settings asked
+    (:func:`eagle3.serve.engine_settings.check_running_settings`), the benchmark's errors.
     """
     from eagle3.measure.bench import run_bench
+    from eagle3.serve.engine_settings import check_running_settings
     from eagle3.serve.launcher import launch_ready
     from eagle3.serve.watchdog import Watchdog
 
@@ -31,9 +33,11 @@ def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir:
     with launch_ready(cfg, target_dir, serving_dir, deploy_dir) as (engine, gate):
         if on_ready is not None:
             on_ready(engine, gate)
+        # what the engine really runs (scheduler, draft tokens, requests at once): deploy_dir/engine_settings.json
+        check_running_settings(engine.url, cfg, engine.engine, deploy_dir)
         with Watchdog(engine.url, pid=engine.pid, log_path=engine.log_path, stall_timeout_s=s.stall_timeout_s,
                       check_interval_s=s.poll_interval_s, diagnostics_dir=Path(deploy_dir) / "watchdog") as wd:
             return wd.call(run_bench, engine.url, prompts=b.prompts, num_prompts=b.num_prompts,
                            max_new_tokens=b.max_new_tokens, temperature=b.temperature, concurrency=b.concurrency,
                            tokenizer_dir=target_dir, out_dir=bench_dir, request_timeout_s=b.request_timeout_s,
-                           on_request_done=wd.beat)
+                           on_request_done=wd.beat, chat_template_kwargs=cfg.data.chat_template_kwargs)

@@ -1,5 +1,6 @@
 """Engine launcher: builds the engine's command line from ``cfg.serve``, starts it in its own process group,
-and ends the whole group on exit (terminate, wait, kill; never by name).
+and ends the whole group on exit (terminate, wait, kill; never by name) — or, if this process dies first,
+whatever killed it, the engine's parent watch does (:mod:`eagle3.serve.supervise`).
 
 Engines (``cfg.serve.engine``): ``sglang`` — ``python -m sglang.launch_server`` (SGLang 0.5.23's flags, read
 from its released source: ``--tp-size``, ``--cuda-graph-max-bs-decode``; the deprecated but accepted
@@ -29,10 +30,12 @@ from typing import Callable, Iterator
 from eagle3.config import RunConfig, redact
 from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+from eagle3.engines.sglang.serving import simulated_acceptance
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, nvidia_smi
 from eagle3.serve.procs import free_port, snapshot_tree, start_group, terminate_tree
 from eagle3.serve.readiness import GateResult, wait_ready
+from eagle3.serve.supervise import command as supervised
 
 log = logging.getLogger(__name__)
 CUDA_GRAPH_CRASH = re.compile(r"Capture cuda graph failed|CUDA graph capture fail|cuda_graph_runner.*Error", re.I)
@@ -112,6 +115,10 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     if engine == "sglang":
         argv = [sglang_python(cfg), "-m", "sglang.launch_server", *common, "--tp-size", str(s.tp),
                 "--dtype", s.dtype, "--enable-metrics"]
+        if s.max_running_requests is not None:
+            argv += ["--max-running-requests", str(s.max_running_requests)]
+        if cfg.data.chat_template_kwargs:  # the template switches the draft was trained with, for chat requests
+            argv += ["--default-chat-template-kwargs", json.dumps(cfg.data.chat_template_kwargs, sort_keys=True)]
         if s.mem_fraction_static is not None:
             argv += ["--mem-fraction-static", str(s.mem_fraction_static)]
         if s.disable_cuda_graph:
@@ -121,10 +128,12 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     elif engine == "reference":
         unsupported = {k: v for k, v in (("serve.tp", s.tp if s.tp != 1 else None),
                                          ("serve.mem_fraction_static", s.mem_fraction_static),
-                                         ("serve.cuda_graph_max_bs", s.cuda_graph_max_bs)) if v is not None}
+                                         ("serve.cuda_graph_max_bs", s.cuda_graph_max_bs),
+                                         ("serve.max_running_requests", s.max_running_requests)) if v is not None}
         if unsupported:
             raise EngineUnsupported(f"the CPU reference engine cannot honour {unsupported}; expected serve.tp=1 and "
-                                    f"mem_fraction_static/cuda_graph_max_bs unset (GPU-only settings)")
+                                    f"mem_fraction_static/cuda_graph_max_bs/max_running_requests unset (SGLang "
+                                    f"settings)")
         argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", reference_device(s.device)]
         if s.dtype != "auto":
             argv += ["--dtype", s.dtype]
@@ -135,7 +144,13 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     if s.context_length is not None:
         argv += ["--context-length", str(s.context_length)]
     _check_extra_args(argv, s.extra_args)
-    return argv + list(s.extra_args), {"PYTHONUNBUFFERED": "1", **s.env}
+    env = {"PYTHONUNBUFFERED": "1", **s.env}
+    sim = simulated_acceptance({**os.environ, **env}) if engine == "sglang" else None
+    if sim is not None:
+        where = "serve.env" if sim[0] in s.env else "this process's environment"
+        raise ConfigError(f"{sim[0]}={sim[1]!r} in the server's environment ({where}): expected unset, SGLang would "
+                          f"report a simulated acceptance length; no measured figure may come from such a server")
+    return argv + list(s.extra_args), env
 
 
 class EngineProcess:
@@ -185,9 +200,13 @@ class EngineProcess:
 def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int, log_path: str | Path,
                  engine: str = "custom", grace_s: float = 15.0) -> EngineProcess:
     """Start ``argv`` (environment = this one + ``env``) in its own process group, output to ``log_path``;
-    ``command.json`` (argv, added env with secret-looking values redacted, url) is written beside the log."""
+    ``command.json`` (argv, added env with secret-looking values redacted, url) is written beside the log.
+
+    The engine runs under a parent watch (:mod:`eagle3.serve.supervise`): its group is ended within about a second
+    of this process's death by any cause (SIGKILL included), not only at exit through ``atexit``.
+    """
     log_path = Path(log_path)
-    popen = start_group(argv, {**os.environ, **env}, log_path)
+    popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s), {**os.environ, **env}, log_path)
     proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port, log_path=log_path,
                          grace_s=grace_s)
     atexit.register(proc.stop)  # an interpreter that exits without leaving the with-block still ends the group

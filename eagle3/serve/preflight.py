@@ -282,51 +282,66 @@ def _weights_bytes(model_dir: Path) -> int:
     return sum(f.stat().st_size for f in files)
 
 
-def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str) -> int:
+def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) -> int:
+    """KV-cache bytes per token on one GPU: 2 (K, V) × layers × KV heads on this GPU × head_dim × bytes; for a
+    multi-head-latent-attention model (``kv_lora_rank`` in the config: DeepSeek-V2/V3, Kimi) the latent is cached
+    instead, layers × (kv_lora_rank + qk_rope_head_dim) × bytes, replicated on every GPU. KV heads are split over
+    ``tp`` GPUs, at least one per GPU (fewer heads than GPUs are replicated)."""
+    from eagle3.engines.bounds import bounded_int
+
+    cfg = cfg.get("text_config") or cfg
     try:
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        layers = bounded_int(cfg, "num_hidden_layers", where=where)
+        if cfg.get("kv_lora_rank"):
+            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
+        heads = bounded_int(cfg, "num_attention_heads", where=where)
+        kv = bounded_int(cfg, "num_key_value_heads", heads, where=where)
+        head_dim = bounded_int(cfg, "head_dim", bounded_int(cfg, "hidden_size", where=where) // heads, where=where)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{where}: cannot size the KV cache, missing/bad field {e}") from e
-    return 2 * layers * kv * head_dim * dtype_bytes  # K and V
+    return 2 * layers * max(1, kv // tp) * head_dim * dtype_bytes  # K and V
 
 
-def estimate_memory(target_dir: str | Path, draft_dir: str | Path, *, context_length: int, batch_size: int,
-                    gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16") -> dict:
-    """Static memory the engine needs vs what ``--mem-fraction-static`` grants (bytes).
+def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, context_length: int, batch_size: int,
+                    gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16", tp: int = 1,
+                    draft_weights_bytes: int | None = None) -> dict:
+    """Static memory the engine needs on one GPU vs what ``--mem-fraction-static`` grants there (bytes).
 
-    need = target weights (file sizes) + draft weights (file sizes; conservative: the engine allocates the
-    draft's embedding before replacing it by the target's) + KV cache of target and draft at
-    ``context_length`` tokens × ``batch_size``
-    sequences (2 × layers × kv_heads × head_dim × bytes per token). budget = ``gpu_memory_bytes ×
-    mem_fraction_static``. Returns every number and ``fits``; raises ConfigError when it does not fit,
-    with the breakdown in the message (failure class 19).
+    need = (target weights (file sizes) + draft weights (file sizes; conservative: the engine allocates the
+    draft's embedding before replacing it by the target's)) / ``tp`` + KV cache of target and draft at
+    ``context_length`` tokens × ``batch_size`` sequences on one GPU (:func:`_kv_bytes_per_token`). budget =
+    ``gpu_memory_bytes × mem_fraction_static``. A draft not written yet is given as its ``config.json`` dict with
+    ``draft_weights_bytes`` (sized from the run config) instead of a folder. Returns every number and ``fits``; raises ConfigError when it does
+    not fit, with the breakdown in the message (failure class 19).
     """
-    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    target_dir = Path(target_dir)
     tcfg = json.loads((target_dir / "config.json").read_text())
-    dcfg = json.loads((draft_dir / "config.json").read_text())
+    if isinstance(draft_dir, dict):
+        dcfg, draft_dir = draft_dir, Path("<draft sized from the run config>")
+    else:
+        draft_dir = Path(draft_dir)
+        dcfg = json.loads((draft_dir / "config.json").read_text())
     nbytes = _BYTES.get(kv_dtype)
     if nbytes is None:
         raise ConfigError(f"kv_dtype: expected one of {sorted(_BYTES)}, got {kv_dtype!r}")
     tokens = int(context_length) * int(batch_size)
+    draft_w = _weights_bytes(draft_dir) if draft_weights_bytes is None else int(draft_weights_bytes)
     parts = {
-        "target_weights": _weights_bytes(target_dir),
-        "draft_weights": _weights_bytes(draft_dir),
-        "target_kv": tokens * _kv_bytes_per_token(tcfg, nbytes, f"{target_dir}/config.json"),
-        "draft_kv": tokens * _kv_bytes_per_token(dcfg, nbytes, f"{draft_dir}/config.json"),
+        "target_weights": _weights_bytes(target_dir) // tp,
+        "draft_weights": draft_w // tp,
+        "target_kv": tokens * _kv_bytes_per_token(tcfg, nbytes, f"{target_dir}/config.json", tp),
+        "draft_kv": tokens * _kv_bytes_per_token(dcfg, nbytes, f"{draft_dir}/config.json", tp),
     }
     need = sum(parts.values())
     budget = int(gpu_memory_bytes * mem_fraction_static)
     report = {**parts, "need_bytes": need, "budget_bytes": budget, "gpu_memory_bytes": int(gpu_memory_bytes),
               "mem_fraction_static": mem_fraction_static, "context_length": int(context_length),
-              "batch_size": int(batch_size), "kv_dtype": kv_dtype, "fits": need <= budget}
+              "batch_size": int(batch_size), "kv_dtype": kv_dtype, "tp": int(tp), "fits": need <= budget}
     if need > budget:
         gib = 1 << 30
         detail = ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in parts.items())
         raise ConfigError(
-            f"serve.mem_fraction_static: needs {need / gib:.2f} GiB ({detail}; context {context_length} × batch "
-            f"{batch_size}) but GPU {gpu_memory_bytes / gib:.2f} GiB × mem_fraction_static {mem_fraction_static} "
-            f"= {budget / gib:.2f} GiB")
+            f"serve.mem_fraction_static: needs {need / gib:.2f} GiB per GPU ({detail}; context {context_length} × "
+            f"batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / gib:.2f} GiB × mem_fraction_static "
+            f"{mem_fraction_static} = {budget / gib:.2f} GiB")
     return report

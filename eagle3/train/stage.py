@@ -40,6 +40,7 @@ from eagle3.train.parallel import make_parallel
 from eagle3.train.resume import check_resume, load_init_from
 from eagle3.train.state import (
     check_checkpoint_space,
+    check_complete,
     ensure_writable,
     list_checkpoints,
     load_checkpoint,
@@ -121,6 +122,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     identity = {"vocab_map_hash": vmap.hash(), "data_content_hash": data_identity(data),
                 "flags": flags, "world_size": world, "distributed": parallel.name}
     if info is not None:
+        check_complete(ckpts[-1], state_dir)  # before any model or data is built from it
         check_resume(info, identity, cfg, ckpts[-1])
         if rank == 0:
             log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1], info.get("step"))

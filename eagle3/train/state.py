@@ -78,6 +78,24 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "trainer.pt", "state.json")
+
+
+def check_complete(ckpt: Path, state_dir: Path | None = None) -> None:
+    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES` (a file deleted or lost after the
+    atomic write), naming the missing files, the previous checkpoint that is complete and the two ways on
+    (resume from that one by removing this folder, or start over) instead of a FileNotFoundError later."""
+    missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
+    if not missing:
+        return
+    older = [c for c in list_checkpoints(state_dir or ckpt.parent) if c != ckpt
+             and all((c / f).is_file() for f in CHECKPOINT_FILES)]
+    way = (f"remove {ckpt} to resume from the previous complete checkpoint {older[-1].name}" if older
+           else "no earlier complete checkpoint exists")
+    raise DataError(f"resume: checkpoint {ckpt} is incomplete: expected {list(CHECKPOINT_FILES)}, missing "
+                    f"{missing}; {way}, or set train.resume=false to start over")
+
+
 def list_checkpoints(state_dir: Path) -> list[Path]:
     """Complete ``ckpt-*`` directories under ``state_dir``, oldest first."""
     if not state_dir.is_dir():
@@ -190,13 +208,22 @@ def load_weights(model, ckpt: Path) -> None:
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
     """Restore weights (unless ``model`` is None: loaded earlier, before sharding), optimizer, scheduler and RNG
     states from ``ckpt``; returns its ``state.json``. ``load_optimizer(state)`` replaces
-    ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through its own loader)."""
+    ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through its own loader).
+
+    Raises DataError naming the file for a missing file (:func:`check_complete`) or one that does not load.
+    """
+    check_complete(ckpt)
     if model is not None:
         load_weights(model, ckpt)
-    moments = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
-    (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(moments)
-    extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)  # own file: RNG tuples
-    scheduler.load_state_dict(extra["scheduler"])
+    try:
+        moments = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(moments)
+        extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)  # own file: RNG tuples
+        scheduler.load_state_dict(extra["scheduler"])
+    except Exception as e:  # torch.load / load_state_dict raise many types on corrupt or foreign files
+        raise DataError(f"resume: {ckpt}/optimizer.pt or trainer.pt does not load ({type(e).__name__}: "
+                        f"{str(e)[:200]}); remove {ckpt} to resume from an earlier checkpoint, or set "
+                        f"train.resume=false to start over") from e
     set_rng_state(extra["rng"])
     return read_info(ckpt)
 

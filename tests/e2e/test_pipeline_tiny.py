@@ -45,7 +45,8 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     s = summarize_run(parent, cfg.mlflow_uri())
     assert s["status"] == "FINISHED"
     got = sorted((x["stage"], x["variant"], x["status"]) for x in s["stages"])
-    assert got == sorted([("extract", "trained", "FINISHED"), ("register", "trained", "FINISHED")] + [
+    assert got == sorted([("extract", "trained", "FINISHED"), ("register", "trained", "FINISHED"),
+                          ("preflight", "trained", "FINISHED")] + [
         (st, v, "FINISHED") for st in ("train", "convert", "deploy-bench") for v in ("trained", "untrained")])
     assert s["metrics"]["acceptance_length"] == pytest.approx(trained, abs=5e-4)
     assert s["metrics"]["acceptance_length_untrained"] == pytest.approx(untrained, abs=5e-4)

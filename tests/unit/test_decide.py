@@ -30,6 +30,20 @@ def test_served_far_below_offline_is_a_serving_fault():
     assert "the target captures the aux layers" in d.to_markdown()
 
 
+def test_fix_serving_carries_its_served_vs_offline_evidence_and_the_preflight():
+    pre = {"aux_capture": "passed: LlamaForCausalLM captures aux states in SGLang 0.5.23"}
+    d = recommend(FALLING, {"served": 1.05, "offline": 1.55, "simulated": 1.6, "preflight": pre})
+    assert d.recommendation == "fix serving integration"
+    ev = d.evidence
+    assert ev["served_excess"] == pytest.approx(0.05) and ev["offline_excess"] == pytest.approx(0.55)
+    assert ev["excess_ratio"] == pytest.approx(0.05 / 0.55) and ev["serving_gap_ratio"] == 0.7
+    assert ev["preflight.aux_capture"].startswith("passed")
+    tags = d.tags()
+    assert tags["decision.excess_ratio"] == "0.09091" and "ratio 0.09" in d.to_markdown()
+    near = recommend(FALLING, {"served": 1.45, "offline": 1.55, "simulated": 1.6})  # within the ratio: no fault
+    assert near.recommendation != "fix serving integration"
+
+
 def test_served_below_simulated_without_offline_is_low_confidence_serving_fault():
     d = recommend(FALLING, {"served": 1.0, "offline": None, "simulated": 1.6})
     assert (d.recommendation, d.confidence) == ("fix serving integration", "low")

@@ -22,7 +22,8 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def test_sglang_command_carries_every_configured_flag():
-    cfg = _cfg("serve.speculative_num_steps=5", "serve.speculative_eagle_topk=4",
+    cfg = _cfg("train.ttt_steps=5", "serve.speculative_num_steps=5", "serve.speculative_eagle_topk=4",
+               "serve.max_running_requests=64", "data.chat_template_kwargs={enable_thinking: false}",
                "serve.speculative_num_draft_tokens=8",
                "serve.tp=8", "serve.mem_fraction_static=0.7", "serve.cuda_graph_max_bs=16", "serve.context_length=4096",
                "serve.dtype=bfloat16", "serve.host=0.0.0.0", "serve.sglang_python=/opt/sgl/bin/python",
@@ -36,6 +37,8 @@ def test_sglang_command_carries_every_configured_flag():
     assert (_flag(argv, "--speculative-num-steps"), _flag(argv, "--speculative-eagle-topk"),
             _flag(argv, "--speculative-num-draft-tokens")) == ("5", "4", "8")
     assert _flag(argv, "--tp-size") == "8" and _flag(argv, "--mem-fraction-static") == "0.7"
+    assert _flag(argv, "--max-running-requests") == "64"  # else SGLang resets it to 48 with speculation on
+    assert _flag(argv, "--default-chat-template-kwargs") == '{"enable_thinking": false}'  # the extraction's switches
     assert _flag(argv, "--cuda-graph-max-bs-decode") == "16"  # 0.5.23's name; plain --cuda-graph-max-bs is ambiguous
     assert _flag(argv, "--context-length") == "4096" and _flag(argv, "--dtype") == "bfloat16"
     assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("0.0.0.0", "31234")
@@ -67,10 +70,22 @@ def test_reference_command_uses_this_interpreter_and_only_flags_it_implements():
 
 @pytest.mark.parametrize("override, field", [("serve.tp=2", "serve.tp"),
                                              ("serve.mem_fraction_static=0.8", "serve.mem_fraction_static"),
-                                             ("serve.cuda_graph_max_bs=8", "serve.cuda_graph_max_bs")])
+                                             ("serve.cuda_graph_max_bs=8", "serve.cuda_graph_max_bs"),
+                                             ("serve.max_running_requests=8", "serve.max_running_requests")])
 def test_reference_refuses_gpu_only_settings_by_name(override, field):
-    with pytest.raises(EngineUnsupported, match=field):
-        build_command(_cfg("serve.engine=reference", override), Path("/t"), Path("/d"), 1)
+    with pytest.raises(ConfigError, match=field):  # at config load, before any training (eagle3.config_checks)
+        _cfg("serve.engine=reference", override)
+    with pytest.raises(EngineUnsupported, match=field):  # and again at launch, when auto resolved to reference
+        build_command(_cfg("serve.engine=auto", override), Path("/t"), Path("/d"), 1, engine="reference")
+
+
+@pytest.mark.parametrize("name", ["SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN"])
+def test_simulated_acceptance_in_the_servers_environment_is_refused_at_launch(monkeypatch, name):
+    monkeypatch.setenv(name, "2.5")  # inherited from this process: not in the config, so config load cannot see it
+    with pytest.raises(ConfigError, match=f"{name}='2.5' in the server's environment .this process's environment"):
+        build_command(_cfg(), Path("/t"), Path("/d"), 1, engine="sglang")
+    monkeypatch.setenv(name, "-1")  # SGLang's default: off
+    build_command(_cfg(), Path("/t"), Path("/d"), 1, engine="sglang")
 
 
 def test_extra_args_may_not_repeat_a_generated_flag():

@@ -61,7 +61,7 @@ def test_deploy_key_ignores_the_gate_minimum(tmp_path):
         inputs={"serving": serving}, extra={"bench": caching.bench_settings(load_config(None, list(o)))})
     assert key() == key("bench.min_acceptance_length=3.5")
     assert key() != key("bench.num_prompts=3")
-    assert key() != key("serve.speculative_num_steps=5")
+    assert key() != key("serve.speculative_num_steps=2", "serve.speculative_num_draft_tokens=3")
 
 
 def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):

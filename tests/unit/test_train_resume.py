@@ -188,3 +188,20 @@ def test_too_little_disk_for_the_checkpoints_is_refused_before_training(hs_dir, 
     weights = (ckpt / "model.safetensors").stat().st_size
     # the estimate is the written sizes to within headers/pickling (a few %)
     assert needs and needs[0] == pytest.approx(3 * one + 2 * weights, rel=0.05), (needs, one, weights)
+
+
+@pytest.mark.parametrize("lost", ["optimizer.pt", "trainer.pt"])
+def test_resume_from_a_checkpoint_missing_its_optimizer_or_scheduler_file_is_a_named_error(hs_dir, tmp_path, lost):
+    out = tmp_path / "t"
+    train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.checkpoint_every=1", "train.keep_last=2",
+                         "train.epochs=5"), hs_dir, out, progress=False)
+    newest = out / "state" / "ckpt-00000002"
+    (newest / lost).unlink()
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5")
+    with pytest.raises(DataError) as e:  # was: FileNotFoundError from torch.load, with a traceback
+        train(cfg, hs_dir, out, progress=False)
+    msg = str(e.value)
+    assert f"checkpoint {newest} is incomplete" in msg and f"missing ['{lost}']" in msg
+    assert "previous complete checkpoint ckpt-00000001" in msg and "train.resume=false" in msg
+    shutil.rmtree(newest)  # the way on that the message names
+    assert train(cfg, hs_dir, out, progress=False)["optimizer_steps"] == 3

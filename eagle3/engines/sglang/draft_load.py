@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eagle3.engines.bounds import LIMITS, bounded_int
 from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -79,13 +80,16 @@ def rope_parameters(cfg: dict) -> dict:
 def check_config(cfg: dict) -> None:
     """Refuse a config this implementation cannot run faithfully (EngineUnsupported / ConfigError, naming the key)."""
     archs = cfg.get("architectures") or []
-    if ARCHITECTURE not in archs:
-        raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] (the class SGLang "
-                                f"0.5.23 loads for EAGLE-3), got {archs}")
+    if not archs or archs[0] != ARCHITECTURE:  # SGLang builds the first registered entry (models/registry.py)
+        raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] first (the class SGLang "
+                                f"0.5.23 loads for EAGLE-3; it builds the first registered entry), got {archs}")
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "num_hidden_layers", "vocab_size", "rms_norm_eps"):
         if key not in cfg:
             raise ConfigError(f"draft config.json: required key {key!r} missing")
+    for key in LIMITS:  # before any layer or tensor is built from them
+        if cfg.get(key) is not None:
+            bounded_int(cfg, key, where="draft config.json")
     if cfg.get("hidden_act", "silu") != "silu":
         raise EngineUnsupported(f"draft config.json hidden_act: expected 'silu', got {cfg['hidden_act']!r}")
     if cfg.get("tie_word_embeddings", False):

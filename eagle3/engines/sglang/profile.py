@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from eagle3.engines.bounds import bounded_int
 from eagle3.engines.profile import EngineProfile, FlagRule, ParamSpec, Route, dotted_get
-from eagle3.errors import ConfigError
 
 VERSION = "0.5.23"  # the SGLang release every fact here was read from (the one place it is written in code)
 VERSIONS = (VERSION,)
@@ -56,6 +56,11 @@ FLAGS = {
         "a trained embedding is discarded"),
 }
 
+# What SGLang 0.5.23 reads inside the draft's ``eagle_config``: the aux ids and ``use_aux_hidden_state``
+# (model_runner_components/spec_aux_hidden_state.py), ``norm_before_fc`` (llama_eagle3.py). Every other key there,
+# ``norm_output`` and ``fc_norm`` included (read at the top level only), is never read.
+EAGLE_CONFIG_KEYS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc")
+
 # Registered architectures (EntryClass) whose class implements set_eagle3_layers_to_capture in 0.5.23
 # (71 classes from 29 model files), read from the wheel by eagle3.serve.preflight.ModelIndex; the test
 # tests/unit/test_profiles.py re-derives this set from the released source.
@@ -82,13 +87,9 @@ Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration SarvamMoEFor
 
 
 def _int(config: Mapping, key: str, default=None) -> int:
-    value = config.get(key, default)
-    if value is None or isinstance(value, bool):
-        raise ConfigError(f"config.json: {key!r} expected an integer, got {value!r}")
-    try:
-        return int(value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config.json: {key!r} expected an integer, got {value!r}") from e
+    """``config[key]`` as an int in its plausible range (:mod:`eagle3.engines.bounds`), else ConfigError: checked
+    before a loop over layers or a shape is built from it."""
+    return bounded_int(config, key, default)
 
 
 def num_aux_states(config: Mapping) -> int:
@@ -192,6 +193,7 @@ def build(version: str) -> EngineProfile:
         param_fn=engine_params, route_fn=route,
         notes=("fc is bypassed when the incoming hidden states are as wide as the embeddings",
                "layers >= 1 normalise their input with hidden_norm, not input_layernorm"),
+        eagle_config_keys=EAGLE_CONFIG_KEYS, other_bool_keys=("bias", "use_aux_norm"),
     )
 
 

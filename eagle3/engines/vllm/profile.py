@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from eagle3.engines.bounds import bounded_int
 from eagle3.engines.profile import EngineProfile, FlagRule, ParamSpec, Route
 from eagle3.errors import ConfigError
 
@@ -27,16 +28,26 @@ def _tl(config: Mapping) -> Mapping:
     return tl
 
 
+def config_view(config: dict) -> dict:
+    """A speculators-format config as vLLM reads it: the layer fields of ``transformer_layer_config`` with the
+    top-level keys (draft vocabulary, target hidden size, aux ids, flags) over them; top-level None values (e.g.
+    speculators' ``target_hidden_size: null`` = "same as hidden_size") do not hide a layer field."""
+    tl = config.get("transformer_layer_config")
+    top = {k: v for k, v in config.items() if v is not None}
+    return {**tl, **top} if isinstance(tl, Mapping) else dict(config)
+
+
 def engine_params(config: dict) -> dict[str, ParamSpec]:
     """Speculators-named parameters of vLLM's Eagle3 draft for a speculators ``config.json``."""
-    tl = _tl(config)
-    hidden, heads = int(tl["hidden_size"]), int(tl["num_attention_heads"])
-    kv_heads = int(tl.get("num_key_value_heads") or heads)
-    head_dim = int(tl.get("head_dim") or hidden // heads)
-    inter, layers, vocab = int(tl["intermediate_size"]), int(tl["num_hidden_layers"]), int(tl["vocab_size"])
-    draft_vocab = int(config.get("draft_vocab_size") or vocab)
+    tl, where = _tl(config), "config.json transformer_layer_config"
+    hidden, heads = bounded_int(tl, "hidden_size", where=where), bounded_int(tl, "num_attention_heads", where=where)
+    kv_heads = bounded_int(tl, "num_key_value_heads", heads, where=where)
+    head_dim = bounded_int(tl, "head_dim", hidden // heads, where=where)
+    inter = bounded_int(tl, "intermediate_size", where=where)
+    layers, vocab = bounded_int(tl, "num_hidden_layers", where=where), bounded_int(tl, "vocab_size", where=where)
+    draft_vocab = bounded_int(config, "draft_vocab_size", vocab)
     n_aux = len(config.get("eagle_aux_hidden_state_layer_ids") or [0, 0, 0])
-    t_hidden = int(config.get("target_hidden_size") or hidden)
+    t_hidden = bounded_int(config, "target_hidden_size", hidden)
     p = {"embed_tokens.weight": ParamSpec((vocab, hidden)), "fc.weight": ParamSpec((hidden, t_hidden * n_aux)),
          "norm.weight": ParamSpec((hidden,)), "lm_head.weight": ParamSpec((draft_vocab, hidden))}
     for i in range(layers):
@@ -93,4 +104,5 @@ def build(version: str) -> EngineProfile:
         residual_order="per config norm_before_residual (default True)", flags=FLAGS, flags_not_read=(),
         aux_capture_classes=frozenset(), max_draft_layers=None, param_fn=engine_params, route_fn=route,
         notes=("unpinned: facts from docs/ENGINE_FACTS.md §6, not from a vLLM release's source",),
+        config_view_fn=config_view,
     )
