@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
@@ -87,7 +87,9 @@ class TargetConfig(_Section):
     kind: Literal["smollm2", "tiny-random", "hf"] = "smollm2"
     path: str | None = Field(None, description="An HF model folder; required when kind == 'hf'.")
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device (CUDA; a CPU "
+        "with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
@@ -134,7 +136,9 @@ class ExtractConfig(_Section):
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(
         None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, L//2, L-3].")
-    dtype: Literal["bfloat16", "float32", "fp8"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
+        "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is fast on the "
+        "extraction device, else float32 (eagle3.precision).")
     batch_size: int = Field(4, ge=1)
     shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
@@ -171,7 +175,9 @@ class TrainConfig(_Section):
     seed: int = 0
     device: str = "auto"
     num_gpus: int = Field(1, ge=1)
-    precision: Literal["float32", "bf16-autocast"] = "float32"
+    precision: Literal["auto", "float32", "bf16-autocast"] = Field(
+        "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; a CPU with "
+        "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
     allow_vocab_map_change: bool = False
@@ -220,7 +226,9 @@ class ServeConfig(_Section):
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
     context_length: int | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="SGLang: its own auto (the checkpoint's dtype). Reference engine and offline decoding: "
+        "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
                         "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
@@ -268,6 +276,14 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    # how each ``auto`` dtype/precision was resolved (eagle3.precision.resolve_config); not part of any hash
+    _auto_resolved: dict = PrivateAttr(default_factory=dict)
+
+    @property
+    def auto_resolved(self) -> dict[str, dict]:
+        """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}}`` for every
+        setting that was ``auto`` when :func:`load_config` resolved it (empty when none was)."""
+        return self._auto_resolved
 
     def run_dir(self) -> Path:
         """``<runs_dir>/<name>``: where every stage of this run writes its output directory."""
@@ -298,7 +314,13 @@ _PARSED_MAX = 32
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config, apply ``-o`` overrides and validate.
+    """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto`` dtype/precision.
+
+    ``auto`` (``target.dtype``, ``extract.dtype``, ``train.precision``, the reference engine's ``serve.dtype``)
+    becomes bf16 where bf16 is fast on the device that setting runs on, float32 otherwise
+    (:func:`eagle3.precision.resolve_config`; measured once per process on a CPU), so the returned config,
+    everything saved from it and every cache key built from it carry the concrete value; how each was
+    resolved is in :attr:`RunConfig.auto_resolved`.
 
     A run asks for its config in several places (the CLI checks it before Prefect starts, the flow loads it
     from its parameters): the file is parsed and validated once per (file path, file bytes, overrides) in a
@@ -322,7 +344,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if key not in _PARSED:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = _parse(path, text, list(overrides or []))
+        parsed = _parse(path, text, list(overrides or []))
+        from eagle3.precision import resolve_config
+
+        parsed._auto_resolved = resolve_config(parsed)
+        _PARSED[key] = parsed
     return _PARSED[key].model_copy(deep=True)
 
 

@@ -20,14 +20,16 @@ from tasks.results import AcceptanceFigures, StageResult
 def offline_settings(cfg: Any) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts, number of
     prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
-    reference engine serves in (``serve.dtype``; ``auto`` = float32) and its device (``serve.device``)."""
+    reference engine serves in (``serve.dtype``; ``auto`` = bf16 where it is fast on that device, else float32:
+    eagle3.precision) and its device (``serve.device``)."""
+    from eagle3.precision import resolve_dtype
     from eagle3.serve.launcher import reference_device
 
     b = cfg.bench
+    device = reference_device(cfg.serve.device)
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
-            "dtype": "float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype,
-            "device": reference_device(cfg.serve.device)}
+            "dtype": resolve_dtype(cfg.serve.dtype, device), "device": device}
 
 
 def offline_figure(cfg: Any, serving_dir: Path) -> dict:

@@ -332,7 +332,8 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     length = Σ output tokens / Σ verify passes; ``per_position[k]`` = Σ passes that accepted draft position k+1
     / Σ verify passes. ``capture_aux=False`` feeds the draft only the final hidden state (what an engine that
     captures no aux states does) — the broken-integration reference. ``decoder``: an already built decoder
-    (then ``serving_dir``/``num_steps``/``dtype``/``capture_aux`` are not used).
+    (then ``serving_dir``/``num_steps``/``dtype``/``capture_aux`` are not used). ``dtype``: float32, bfloat16,
+    float16 or ``auto`` (bf16 where it is fast on ``device``: eagle3.precision.resolve_dtype).
     Returns ``{"acceptance_length", "acceptance_rate", "per_position", "histogram", "per_category",
     "per_request", "wall_s", "settings"}``. Raises DataError for a result with no verify pass.
     """
@@ -341,8 +342,10 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
     ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)))
     if decoder is None:
+        from eagle3.precision import resolve_dtype
         from eagle3.serve.reference.specdec import SpeculativeDecoder
 
+        dtype = resolve_dtype(dtype, device)
         decoder = SpeculativeDecoder(target_dir, serving_dir, num_steps, dtype, device=device, capture_aux=capture_aux)
     rows = []
     t0 = time.perf_counter()

@@ -125,9 +125,11 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
         if unsupported:
             raise EngineUnsupported(f"the CPU reference engine cannot honour {unsupported}; expected serve.tp=1 and "
                                     f"mem_fraction_static/cuda_graph_max_bs unset (GPU-only settings)")
-        argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", reference_device(s.device)]
-        if s.dtype != "auto":
-            argv += ["--dtype", s.dtype]
+        from eagle3.precision import resolve_dtype
+
+        device = reference_device(s.device)
+        argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", device,
+                "--dtype", resolve_dtype(s.dtype, device)]
     else:
         raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or 'reference'")
     if s.context_length is not None:

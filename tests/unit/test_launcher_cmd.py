@@ -57,8 +57,9 @@ def test_reference_command_uses_this_interpreter_and_only_flags_it_implements():
     assert argv[:3] == [sys.executable, "-m", "eagle3.serve.reference"]
     assert _flag(argv, "--speculative-num-steps") == "3" and _flag(argv, "--port") == "4242"
     assert _flag(argv, "--context-length") == "512"
-    for gpu_only in ("--tp-size", "--enable-metrics", "--disable-cuda-graph", "--dtype"):  # dtype auto: omitted
+    for gpu_only in ("--tp-size", "--enable-metrics", "--disable-cuda-graph"):
         assert gpu_only not in argv
+    assert _flag(argv, "--dtype") == cfg.serve.dtype != "auto"  # auto resolved by load_config (test_precision.py)
     assert env["PYTHONUNBUFFERED"] == "1"
     argv32, _ = build_command(_cfg("serve.engine=reference", "serve.dtype=float32"), Path("/t"), Path("/d"), 1)
     assert _flag(argv32, "--dtype") == "float32"
