@@ -231,6 +231,10 @@ class ServeConfig(_Section):
         "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
                         "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    cpu_threads: int | None = Field(
+        1, ge=1, description="torch threads of the reference engine and of offline decoding on a CPU (None = torch's "
+        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more threads and ran "
+        "7-13x slower with 2 threads when the 2 cores were shared (measured, README).")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)

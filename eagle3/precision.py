@@ -19,6 +19,7 @@ stage cache keys all carry the concrete value (a bf16 extraction is never reused
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -241,3 +242,20 @@ def resolved(cfg):
     out = cfg.model_copy(deep=True)
     out._auto_resolved = resolve_config(out)  # noqa: SLF001 - RunConfig's own record
     return out
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """torch's CPU thread count set to ``n`` inside the block (unchanged for None), restored after: what
+    ``serve.cpu_threads`` applies to offline decoding."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -21,7 +21,7 @@ def offline_settings(cfg: Any) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts, number of
     prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
     reference engine serves in (``serve.dtype``; ``auto`` = bf16 where it is fast on that device, else float32:
-    eagle3.precision) and its device (``serve.device``)."""
+    eagle3.precision), its device (``serve.device``) and, on a CPU, its torch threads (``serve.cpu_threads``)."""
     from eagle3.precision import resolve_dtype
     from eagle3.serve.launcher import reference_device
 
@@ -29,7 +29,8 @@ def offline_settings(cfg: Any) -> dict:
     device = reference_device(cfg.serve.device)
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
-            "dtype": resolve_dtype(cfg.serve.dtype, device), "device": device}
+            "dtype": resolve_dtype(cfg.serve.dtype, device), "device": device,
+            "cpu_threads": cfg.serve.cpu_threads if device.startswith("cpu") else None}
 
 
 def offline_figure(cfg: Any, serving_dir: Path) -> dict:
@@ -53,7 +54,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
             return old["result"]
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"], num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
-                             temperature=st["temperature"], device=st["device"])
+                             temperature=st["temperature"], device=st["device"], cpu_threads=st["cpu_threads"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
     return res

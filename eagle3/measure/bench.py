@@ -325,7 +325,7 @@ def check_acceptance(served: float | None, offline: float | None, minimum: float
 def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = BENCH_PROMPTS, *,
                        num_prompts: int = BENCH_NUM_PROMPTS, max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3, dtype: str = "float32",
                        temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None,
-                       device: str = "cpu") -> dict:
+                       device: str = "cpu", cpu_threads: int | None = None) -> dict:
     """The draft's acceptance length in-process (no server) with ``eagle3.serve.reference.specdec.SpeculativeDecoder``.
 
     Same prompts and template as :func:`run_bench` (the target's tokenizer in ``target_dir``). Acceptance
@@ -333,7 +333,9 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     / Σ verify passes. ``capture_aux=False`` feeds the draft only the final hidden state (what an engine that
     captures no aux states does) — the broken-integration reference. ``decoder``: an already built decoder
     (then ``serving_dir``/``num_steps``/``dtype``/``capture_aux`` are not used). ``dtype``: float32, bfloat16,
-    float16 or ``auto`` (bf16 where it is fast on ``device``: eagle3.precision.resolve_dtype).
+    float16 or ``auto`` (bf16 where it is fast on ``device``: eagle3.precision.resolve_dtype). ``cpu_threads``:
+    torch threads while decoding on a CPU (restored after; None = unchanged), as ``serve.cpu_threads`` sets them
+    for the reference engine.
     Returns ``{"acceptance_length", "acceptance_rate", "per_position", "histogram", "per_category",
     "per_request", "wall_s", "settings"}``. Raises DataError for a result with no verify pass.
     """
@@ -349,9 +351,12 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
         decoder = SpeculativeDecoder(target_dir, serving_dir, num_steps, dtype, device=device, capture_aux=capture_aux)
     rows = []
     t0 = time.perf_counter()
-    for p, x in zip(plist, ids):
-        res = decoder.generate(x, max_new_tokens, temperature=temperature, seed=seed)
-        rows.append(_offline_row(p, res))
+    from eagle3.precision import torch_threads
+
+    with torch_threads(cpu_threads if str(device).startswith("cpu") else None):
+        for p, x in zip(plist, ids):
+            res = decoder.generate(x, max_new_tokens, temperature=temperature, seed=seed)
+            rows.append(_offline_row(p, res))
     return _offline_summary(rows, time.perf_counter() - t0, {
         "target_dir": str(target_dir), "serving_dir": str(serving_dir), "num_steps": decoder.num_steps,
         "dtype": dtype, "max_new_tokens": max_new_tokens, "temperature": temperature, "num_prompts": len(plist),

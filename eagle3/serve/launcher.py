@@ -100,8 +100,8 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     """The engine's argv and the environment variables to add to this process's environment.
 
     ``draft_dir`` None serves the target alone (no speculative flags: a baseline server). ``engine`` None =
-    :func:`resolve_engine`. Env always has ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal) plus
-    ``serve.env``. Raises ConfigError for ``serve.extra_args`` repeating a generated flag, EngineUnsupported for
+    :func:`resolve_engine`. Env always has ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal), for the
+    reference engine on a CPU ``OMP_NUM_THREADS=serve.cpu_threads``, then ``serve.env``. Raises ConfigError for ``serve.extra_args`` repeating a generated flag, EngineUnsupported for
     a setting the reference engine cannot honour (``serve.tp`` > 1, ``mem_fraction_static``,
     ``cuda_graph_max_bs``; ``disable_cuda_graph`` is trivially met: it has no CUDA graphs).
     """
@@ -135,7 +135,10 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     if s.context_length is not None:
         argv += ["--context-length", str(s.context_length)]
     _check_extra_args(argv, s.extra_args)
-    return argv + list(s.extra_args), {"PYTHONUNBUFFERED": "1", **s.env}
+    threads = {}
+    if engine == "reference" and s.cpu_threads is not None and reference_device(s.device) == "cpu":
+        threads = {"OMP_NUM_THREADS": str(s.cpu_threads)}  # torch's CPU thread count (serve.env may override it)
+    return argv + list(s.extra_args), {"PYTHONUNBUFFERED": "1", **threads, **s.env}
 
 
 class EngineProcess:

@@ -98,3 +98,19 @@ def test_cuda_graph_crash_detection():
     assert is_cuda_graph_crash(capture_then_tb)
     assert not is_cuda_graph_crash("Load weight end.\nTraceback (most recent call last):\nRuntimeError: shape")
     assert not is_cuda_graph_crash("Capturing batches (bs=1)\nThe server is fired up and ready to roll!")
+
+
+def test_reference_engine_on_a_cpu_gets_serve_cpu_threads_and_serve_env_wins():
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu"), Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "1"  # the default serve.cpu_threads
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.cpu_threads=2"),
+                           Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "2"
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.env={OMP_NUM_THREADS: '3'}"),
+                           Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "3"
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.cpu_threads=null"),
+                           Path("/t"), Path("/d"), 1)
+    assert "OMP_NUM_THREADS" not in env
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cuda"), Path("/t"), Path("/d"), 1)
+    assert "OMP_NUM_THREADS" not in env  # a GPU engine's CPU threads are not ours to cap
