@@ -18,7 +18,7 @@ stopped by a time limit still reports what it finished):
 6. simulated acceptance length (the project's :func:`eagle3.train.loop.evaluate`: greedy chain acceptance of the
    TTT steps' predictions against the verifier's argmax, bonus token counted) of every draft on the held-out
    rows of the *bf16* folder: each draft is loaded with ``train.init_from`` into a ``train.max_steps=0`` run.
-7. offline acceptance length (:func:`eagle3.measure.bench.offline_acceptance` with
+7. offline acceptance length (:func:`eagle3.measure.offline.offline_acceptance` with
    :class:`eagle3.serve.reference.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
    pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.stage.convert`,
    on the first user turns of ``--offline-prompts`` held-out conversations, ``--max-new-tokens`` tokens each.
@@ -149,7 +149,7 @@ def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
 def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work: Path, res: Results) -> None:
     import torch
 
-    from eagle3.measure.bench import offline_acceptance
+    from eagle3.measure.offline import offline_acceptance
     from eagle3.convert.stage import convert
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
     from eagle3.serve.reference.specdec import SpeculativeDecoder

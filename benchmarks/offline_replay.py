@@ -10,7 +10,7 @@ a draft is trained first by ``testkit.replay_drafts.distilled_draft`` (full targ
 kept in ``--work``. Then, alternating for ``--repeats`` rounds on the same ``--num-prompts`` MT-Bench prompts
 (round-robin over categories, as the pipeline's bench) × ``--max-new-tokens``:
 
-(a) ``eagle3.measure.bench.offline_acceptance(..., decoder=SpeculativeDecoder.from_models(...))``: its ``wall_s``
+(a) ``eagle3.measure.offline.offline_acceptance(..., decoder=SpeculativeDecoder.from_models(...))``: its ``wall_s``
     (the generate loop);
 (b) replay: ``generate_requests`` (batched greedy continuations) + ``replay_requests`` (one target pass, the
     draft's TTT forwards, the walk), ``--batch-size`` requests a batch.
@@ -66,7 +66,7 @@ def _draft(work: Path, target, tok, draft_arg: Path | None, tiny: bool, target_d
 
 
 def _offline(target_dir, plist, dec, max_new_tokens):
-    from eagle3.measure.bench import offline_acceptance
+    from eagle3.measure.offline import offline_acceptance
 
     r = offline_acceptance(target_dir, None, plist, max_new_tokens=max_new_tokens, decoder=dec)
     return r["wall_s"], r

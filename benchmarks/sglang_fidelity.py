@@ -1,5 +1,5 @@
 """Fidelity of the CPU reference engine to the real SGLang 0.5.23: acceptance length served by SGLang over the
-acceptance length of the project's in-process reference (``eagle3.measure.bench.offline_acceptance``), same draft,
+acceptance length of the project's in-process reference (``eagle3.measure.offline.offline_acceptance``), same draft,
 target, prompts and settings (greedy, chain drafting, topk 1).
 
     python benchmarks/sglang_fidelity.py [--config configs/tiny-random.yaml] [--draft SERVING_DIR]
@@ -40,7 +40,8 @@ def main(config: Path = typer.Option(REPO / "configs/tiny-random.yaml"), draft: 
          max_new_tokens: int = typer.Option(12), num_steps: int = typer.Option(3)) -> None:
     """Serve the draft on SGLang (CPU), measure acceptance there and in the reference; print the ratio last."""
     from eagle3.assets import resolve_target
-    from eagle3.measure.bench import offline_acceptance, run_bench
+    from eagle3.measure.bench import run_bench
+    from eagle3.measure.offline import offline_acceptance
     from eagle3.config import load_config
     from eagle3.serve.launcher import launch_ready
     from eagle3.measure.prompts import load_prompts

@@ -12,27 +12,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 from eagle3.overrides import apply_overrides, format_validation_error
-
-# A key is secret-looking when its last name part is one of these words (``hf_token``, ``WANDB_API_KEY``,
-# ``db.password``), not when the word is merely inside it (``max_new_tokens`` is a setting, not a secret).
-SECRET_KEY = re.compile(r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$",
-                        re.IGNORECASE)
-
-
-def is_secret_key(key: str) -> bool:
-    """True for a config key or environment variable name that looks like it holds a secret."""
-    return bool(SECRET_KEY.search(str(key)))
-
 
 # Defaults shared by a config section, the library function it feeds and the CLI option for the same thing:
 # each is written here once and imported.
@@ -87,11 +75,13 @@ class TargetConfig(_Section):
     kind: Literal["smollm2", "tiny-random", "hf"] = "smollm2"
     path: str | None = Field(None, description="An HF model folder; required when kind == 'hf'.")
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device (CUDA; a CPU "
+        "with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
-    def _path_for_hf(self) -> "TargetConfig":
+    def _path_for_hf(self) -> TargetConfig:
         if self.kind == "hf" and not self.path:
             raise ValueError("target.path is required when target.kind is 'hf' (got none)")
         return self
@@ -122,7 +112,7 @@ class DataConfig(_Section):
         None, ge=1, le=4096, description="Conversations per batched generate call (None = extract.batch_size).")
 
     @model_validator(mode="after")
-    def _path_for_file(self) -> "DataConfig":
+    def _path_for_file(self) -> DataConfig:
         if self.source == "file" and not self.path:
             raise ValueError("data.path is required when data.source is 'file' (got none)")
         return self
@@ -134,7 +124,9 @@ class ExtractConfig(_Section):
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(
         None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, L//2, L-3].")
-    dtype: Literal["bfloat16", "float32", "fp8"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
+        "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is fast on the "
+        "extraction device, else float32 (eagle3.precision).")
     batch_size: int = Field(4, ge=1, le=1 << 16)
     shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
@@ -189,7 +181,9 @@ class TrainConfig(_Section):
     stall_timeout_s: float = Field(
         1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance for this many "
         "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
-    precision: Literal["float32", "bf16-autocast"] = "float32"
+    precision: Literal["auto", "float32", "bf16-autocast"] = Field(
+        "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; a CPU with "
+        "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
     allow_vocab_map_change: bool = False
@@ -241,9 +235,15 @@ class ServeConfig(_Section):
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=1 << 16)
     context_length: int | None = Field(None, ge=1, le=1 << 31)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="SGLang: its own auto (the checkpoint's dtype). Reference engine and offline decoding: "
+        "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
                         "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    cpu_threads: int | None = Field(
+        1, ge=1, description="torch threads of the reference engine and of offline decoding on a CPU (None = torch's "
+        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more threads and ran "
+        "7-13x slower with 2 threads when the 2 cores were shared (measured, README).")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)
@@ -289,10 +289,20 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    # how each ``auto`` dtype/precision was resolved (eagle3.precision.resolve_config); not part of any hash
+    _auto_resolved: dict = PrivateAttr(default_factory=dict)
+
+    @property
+    def auto_resolved(self) -> dict[str, dict]:
+        """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}}`` for every
+        setting that was ``auto`` when :func:`load_config` resolved it (empty when none was)."""
+        return self._auto_resolved
 
     @model_validator(mode="after")
-    def _across_sections(self) -> "RunConfig":
-        from eagle3.config_checks import cross_section_problems  # reads this config by attribute only
+    def _across_sections(self) -> RunConfig:
+        from eagle3.config_checks import (
+            cross_section_problems,  # reads this config by attribute only
+        )
 
         problems = cross_section_problems(self)
         if problems:
@@ -323,12 +333,18 @@ class RunConfig(_Section):
         return path
 
 
-_PARSED: dict[tuple, "RunConfig"] = {}  # (file, its bytes' sha256, overrides) → validated config
+_PARSED: dict[tuple, RunConfig] = {}  # (file, its bytes' sha256, overrides) → validated config
 _PARSED_MAX = 32
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config, apply ``-o`` overrides and validate.
+    """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto`` dtype/precision.
+
+    ``auto`` (``target.dtype``, ``extract.dtype``, ``train.precision``, the reference engine's ``serve.dtype``)
+    becomes bf16 where bf16 is fast on the device that setting runs on, float32 otherwise
+    (:func:`eagle3.precision.resolve_config`; measured once per process on a CPU), so the returned config,
+    everything saved from it and every cache key built from it carry the concrete value; how each was
+    resolved is in :attr:`RunConfig.auto_resolved`.
 
     A run asks for its config in several places (the CLI checks it before Prefect starts, the flow loads it
     from its parameters): the file is parsed and validated once per (file path, file bytes, overrides) in a
@@ -352,7 +368,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if key not in _PARSED:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = _parse(path, text, list(overrides or []))
+        parsed = _parse(path, text, list(overrides or []))
+        from eagle3.precision import resolve_config
+
+        parsed._auto_resolved = resolve_config(parsed)
+        _PARSED[key] = parsed
     return _PARSED[key].model_copy(deep=True)
 
 
@@ -374,27 +394,3 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
         return RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source, overrides)) from e
-
-
-def redact(obj: Any) -> Any:
-    """Copy of a config-like mapping with values under secret-looking keys replaced by ``'***'``."""
-    if isinstance(obj, dict):
-        return {k: ("***" if is_secret_key(k) else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
-
-
-def flatten(obj: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}`` (lists kept as JSON strings)."""
-    out: dict[str, Any] = {}
-    for k, v in obj.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, list):
-            out[key] = json.dumps(v)
-        else:
-            out[key] = v
-    return out

@@ -208,7 +208,7 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
             f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated {sim:.3f} − 1) "
-            "(from training accuracies); no offline figure, so confirm with eagle3.measure.bench.offline_acceptance"],
+            "(from training accuracies); no offline figure, so confirm with eagle3.measure.offline.offline_acceptance"],
             ev, "low")
     return None
 

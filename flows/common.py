@@ -15,7 +15,8 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from eagle3.config import RunConfig, is_secret_key, load_config, redact
+from eagle3.config import RunConfig, load_config
+from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
 from tasks import caching, tracking
 from tasks.results import StageResult

@@ -20,19 +20,22 @@ from tasks.results import AcceptanceFigures, StageResult
 def offline_settings(cfg: Any) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts, number of
     prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
-    reference engine serves in (``serve.dtype``; ``auto`` = float32) and its device (``serve.device``)."""
+    reference engine serves in (``serve.dtype``; ``auto`` = bf16 where it is fast on that device, else float32:
+    eagle3.precision), its device (``serve.device``) and, on a CPU, its torch threads (``serve.cpu_threads``)."""
+    from eagle3.precision import resolve_dtype
     from eagle3.serve.launcher import reference_device
 
     b = cfg.bench
+    device = reference_device(cfg.serve.device)
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
             "chat_template_kwargs": dict(cfg.data.chat_template_kwargs),
-            "dtype": "float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype,
-            "device": reference_device(cfg.serve.device)}
+            "dtype": resolve_dtype(cfg.serve.dtype, device), "device": device,
+            "cpu_threads": cfg.serve.cpu_threads if device.startswith("cpu") else None}
 
 
 def offline_figure(cfg: Any, serving_dir: Path) -> dict:
-    """``eagle3.measure.bench.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised
+    """``eagle3.measure.offline.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised
     in ``<run_dir>/gate/offline_acceptance.json`` by (serving manifest content hash, settings).
 
     Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts × 64
@@ -41,7 +44,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
     """
     from eagle3.artifacts import atomic_write_json, read_manifest
     from eagle3.assets import resolve_target
-    from eagle3.measure.bench import offline_acceptance
+    from eagle3.measure.offline import offline_acceptance
 
     st = offline_settings(cfg)
     key = {"serving_content_hash": read_manifest(serving_dir)["content_hash"], **st}
@@ -53,7 +56,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"], num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
                              temperature=st["temperature"], device=st["device"],
-                             chat_template_kwargs=st["chat_template_kwargs"])
+                             chat_template_kwargs=st["chat_template_kwargs"], cpu_threads=st["cpu_threads"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
     return res

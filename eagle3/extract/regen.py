@@ -187,6 +187,9 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     if cfg.data.regenerate not in ("hf", "openai"):
         raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate a file, got "
                           f"{cfg.data.regenerate!r}")
+    from eagle3.precision import resolved
+
+    cfg = resolved(cfg)  # target.dtype concrete
     target = resolve_target(cfg)
     tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)
     chosen, stats, skipped, path, _ = selected_conversations(cfg, tok)

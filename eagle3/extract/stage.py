@@ -166,8 +166,10 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
 
     from eagle3.assets import resolve_target
     from eagle3.extract.conversations import template_hash, template_switches, tokenizer_hash
+    from eagle3.precision import resolved
 
     t0 = time.perf_counter()
+    cfg = resolved(cfg)  # every ``auto`` dtype concrete (load_config has done it already)
     out_dir = Path(out_dir)
     _check_backend(cfg)
     target_dir = resolve_target(cfg)
@@ -184,7 +186,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
 
         def regen(convs):
             key = hashlib.sha256(json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
-                                             target["weights_hash"]], sort_keys=True).encode()).hexdigest()[:16]
+                                             target["weights_hash"], cfg.target.dtype],
+                                            sort_keys=True).encode()).hexdigest()[:16]
             cache = out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl"
             return regenerate_for_plan(cfg, target_dir, tok, convs, cache)
     plan = build_plan(cfg, tok, regen)
@@ -225,7 +228,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "target": target, "tokenizer_hash": tokenizer_hash(tok), "chat_template_hash": template_hash(tok),
         "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
         "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION, "num_slots": n_slots,
-        "dtype": cfg.extract.dtype, "splits": {"train": list(range(plan.num_train)),
+        "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype, "auto_resolved": cfg.auto_resolved,
+        "splits": {"train": list(range(plan.num_train)),
                                                "val": list(range(plan.num_train, len(plan.ids)))},
         "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
         "resumed": resumed,

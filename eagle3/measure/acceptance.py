@@ -351,3 +351,10 @@ def serving_gap(served: float | None, offline: float | None, ratio: float = SERV
     if offline is None or offline - 1.0 < min_excess:
         return False
     return (1.0 if served is None else served) - 1.0 < ratio * (offline - 1.0)
+
+
+# The acceptance-length convention every report states (settings['convention'])
+ACCEPTANCE_CONVENTION = ("acceptance_length = 1 + accepted draft tokens / verify passes (counts the bonus token; "
+                         "1.0 = nothing accepted). acceptance_length_sglang = completion tokens / verify passes, "
+                         "SGLang 0.5.23's spec_accept_length, which also counts the first output token (made by "
+                         "the prefill pass, not a verify pass): N/(N-1) for a never-accepted draft, 1.016 at 64")

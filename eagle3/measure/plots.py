@@ -30,7 +30,7 @@ def plot_acceptance_by_category(report: dict, path: str | Path, offline: dict | 
     """Bars of served acceptance length per category (+ offline per category beside them when given).
 
     ``report``: a :func:`eagle3.measure.bench.run_bench` report (``per_category[c]["acceptance_length"]``);
-    ``offline``: an :func:`eagle3.measure.bench.offline_acceptance` result. A dashed line marks the overall figure.
+    ``offline``: an :func:`eagle3.measure.offline.offline_acceptance` result. A dashed line marks the overall figure.
     """
     cats = [c for c, v in report.get("per_category", {}).items() if v.get("acceptance_length") is not None]
     if not cats:

@@ -3,8 +3,8 @@
 The method and its exactness argument are in :mod:`eagle3.measure.replay_core`: under greedy chain decoding
 (topk 1) the acceptance of a draft follows from the target's own greedy continuation, so the continuations are
 generated once per target and prompt set (batched ``generate``) and every draft is replayed on them with a few
-batched forwards. Rows and summaries have the shape of :func:`eagle3.measure.bench.offline_acceptance`'s
-(``_offline_row`` / ``_offline_summary``), plus per set, per category, per turn and a bootstrap interval
+batched forwards. Rows and summaries have the shape of :func:`eagle3.measure.offline.offline_acceptance`'s
+(``offline_row`` / ``offline_summary``), plus per set, per category, per turn and a bootstrap interval
 (:mod:`eagle3.measure.spread`).
 
 ``check_against_decoder=N`` decodes N requests (spread over the list) again with
@@ -21,8 +21,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from eagle3.errors import ConfigError, DataError
-from eagle3.measure.bench import ACCEPTANCE_CONVENTION, _offline_row, _offline_summary
+from eagle3.errors import ConfigError
+from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
+from eagle3.measure.offline import offline_row, offline_summary
 from eagle3.measure.prompts import load_conversations
 from eagle3.measure.replay_core import Request, capture_indices, generate_requests, replay_requests
 from eagle3.measure.spread import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, METHOD, bootstrap_acceptance
@@ -63,9 +64,9 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
 
 
 def _group(rows: list[dict], resamples: int, seed: int) -> dict:
-    """One group's figures: ``_offline_summary``'s acceptance keys, counts and the bootstrap interval ``ci``
+    """One group's figures: ``offline_summary``'s acceptance keys, counts and the bootstrap interval ``ci``
     (``low``, ``high``, ``units``; resamples, seed, confidence and method are in ``settings["bootstrap"]``)."""
-    s = _offline_summary(rows, 0.0, {})
+    s = offline_summary(rows, 0.0, {})
     return {**{k: s[k] for k in GROUP_KEYS}, "num_requests": len(rows),
             "completion_tokens": sum(r["completion_tokens"] for r in rows),
             "verify_ct": sum(r["verify_ct"] for r in rows),
@@ -83,7 +84,7 @@ def _by(rows: list[dict], key) -> dict[str, list[dict]]:
 def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
     """Overall, per set, per category (inside each set), per turn and per category × turn (multi-turn sets).
 
-    ``rows``: ``_offline_row`` rows with ``set``, ``turn`` and ``conversation``. Keys of the turn groups are
+    ``rows``: ``offline_row`` rows with ``set``, ``turn`` and ``conversation``. Keys of the turn groups are
     ``"turn1"``, ``"turn2"``. Every group: see :func:`_group`.
     """
     g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
@@ -100,7 +101,7 @@ def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int
 
 
 def _row(req: Request, res) -> dict:
-    return {**_offline_row({"id": req.id, "category": req.category}, res), "set": req.set, "turn": req.turn,
+    return {**offline_row({"id": req.id, "category": req.category}, res), "set": req.set, "turn": req.turn,
             "conversation": f"{req.set}:{req.conversation}", "prompt_tokens": len(req.prompt_ids),
             "finish_reason": res.finish_reason}
 
@@ -161,7 +162,7 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
     ended them: not counted), ``wall_s`` (``replay``: this draft's forwards and walk; ``shared``: loading,
     generation and target forwards, paid once for all drafts), ``generation``, ``settings`` (with
     ``ACCEPTANCE_CONVENTION``), ``decoder_check`` (None unless ``check_against_decoder`` > 0),
-    ``offline_format`` (all requests pooled in :func:`~eagle3.measure.bench.offline_acceptance`'s shape, for
+    ``offline_format`` (all requests pooled in :func:`~eagle3.measure.offline.offline_acceptance`'s shape, for
     ``save_report(offline=...)`` and ``check_acceptance``) and ``per_request`` rows (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
     """
     from tqdm.auto import tqdm
@@ -203,7 +204,7 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                             "capture_indices": capture_indices(draft, target)},
                "decoder_check": None}
         res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]
-        flat = _offline_summary(rows, draft_s[name], res["settings"])   # offline_acceptance's shape
+        flat = offline_summary(rows, draft_s[name], res["settings"])   # offline_acceptance's shape
         res["offline_format"] = {k: v for k, v in flat.items() if k != "per_request"}
         if check_against_decoder:
             res["decoder_check"] = decoder_check(target, tok, draft, requests, results[name], check_against_decoder,

@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eagle3.config import RunConfig, redact
+from eagle3.config import RunConfig
+from eagle3.redaction import redact
 from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.engines.sglang.serving import simulated_acceptance
@@ -103,8 +104,9 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     """The engine's argv and the environment variables to add to this process's environment.
 
     ``draft_dir`` None serves the target alone (no speculative flags: a baseline server). ``engine`` None =
-    :func:`resolve_engine`. Env always has ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal) plus
-    ``serve.env``. Raises ConfigError for ``serve.extra_args`` repeating a generated flag, EngineUnsupported for
+    :func:`resolve_engine`. Env always has ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal), for the
+    reference engine on a CPU ``OMP_NUM_THREADS=serve.cpu_threads``, then ``serve.env``. Raises ConfigError for
+    ``serve.extra_args`` repeating a generated flag, EngineUnsupported for
     a setting the reference engine cannot honour (``serve.tp`` > 1, ``mem_fraction_static``,
     ``cuda_graph_max_bs``); ``disable_cuda_graph`` turns its fast path's CUDA graphs off.
     """
@@ -134,9 +136,11 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
             raise EngineUnsupported(f"the CPU reference engine cannot honour {unsupported}; expected serve.tp=1 and "
                                     f"mem_fraction_static/cuda_graph_max_bs/max_running_requests unset (SGLang "
                                     f"settings)")
-        argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", reference_device(s.device)]
-        if s.dtype != "auto":
-            argv += ["--dtype", s.dtype]
+        from eagle3.precision import resolve_dtype
+
+        device = reference_device(s.device)
+        argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", device,
+                "--dtype", resolve_dtype(s.dtype, device)]
         if s.disable_cuda_graph:
             argv += ["--disable-cuda-graph"]
     else:
@@ -144,7 +148,10 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     if s.context_length is not None:
         argv += ["--context-length", str(s.context_length)]
     _check_extra_args(argv, s.extra_args)
-    env = {"PYTHONUNBUFFERED": "1", **s.env}
+    threads = {}
+    if engine == "reference" and s.cpu_threads is not None and reference_device(s.device) == "cpu":
+        threads = {"OMP_NUM_THREADS": str(s.cpu_threads)}  # torch's CPU thread count (serve.env may override it)
+    env = {"PYTHONUNBUFFERED": "1", **threads, **s.env}
     sim = simulated_acceptance({**os.environ, **env}) if engine == "sglang" else None
     if sim is not None:
         where = "serve.env" if sim[0] in s.env else "this process's environment"

@@ -69,6 +69,9 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
             fewer distinct tokens than ``draft_vocab_size``; a different vocab map on resume.
         TrainingDiverged: NaN/Inf loss or gradient norm (names the step; the last checkpoint is kept).
     """
+    from eagle3.precision import resolved
+
+    cfg = resolved(cfg)  # train.precision concrete (load_config has done it already)
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if cfg.train.num_gpus > 1 and "LOCAL_RANK" not in os.environ:
         from eagle3.train.launch import launch
@@ -280,7 +283,8 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
         exported=exported, best=run.best,
         metrics={"simulated_acceptance_length": sim, "final_eval": final_eval, "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
-        device=str(run.device), world_size=run.world, precision=t.precision)
+        device=str(run.device), world_size=run.world, precision=t.precision,
+        auto_resolved={k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items() if k.startswith("train.")})
 
 
 __all__ = ["train", "ensure_writable", "prepare", "finish", "evaluate", "lr_factor"]

@@ -76,7 +76,8 @@ def _scheduler_pids(root: int) -> list[int]:
 
 
 def test_real_server_greedy_acceptance_fidelity_and_hang(tiny_cfg, tiny_target_dir, tiny_draft, tmp_path):
-    from eagle3.measure.bench import offline_acceptance, run_bench
+    from eagle3.measure.bench import run_bench
+    from eagle3.measure.offline import offline_acceptance
     from eagle3.serve.launcher import launch_ready
     from eagle3.serve.readiness import wait_ready
 

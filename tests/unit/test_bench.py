@@ -12,7 +12,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from eagle3.measure.bench import check_acceptance, offline_acceptance, run_bench
+from eagle3.measure.bench import check_acceptance, run_bench
+from eagle3.measure.offline import offline_acceptance
 from eagle3.errors import AcceptanceTooLow, ConfigError, TransientError
 
 
@@ -216,7 +217,15 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
         def generate(self, input_ids, max_new_tokens, temperature=0.0, seed=0):
             return Res(max_new_tokens, 4 + len(input_ids) % 3, [3, 2, 1])
 
-    out = offline_acceptance(smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec())
+    import torch
+
+    seen = []
+    Dec.generate_counted = Dec.generate
+    Dec.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or self.generate_counted(*a, **k)
+    before = torch.get_num_threads()
+    out = offline_acceptance(smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec(),
+                             cpu_threads=1)
+    assert seen == [1, 1, 1] and torch.get_num_threads() == before  # serve.cpu_threads while decoding, restored
     vs = [r["verify_ct"] for r in out["per_request"]]
     assert out["acceptance_length"] == pytest.approx(1 + 18 / sum(vs))  # 6 accepted drafts per prompt
     assert out["acceptance_length_sglang"] == pytest.approx(30 / sum(vs))

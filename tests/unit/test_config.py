@@ -1,6 +1,7 @@
 import pytest
 
-from eagle3.config import apply_overrides, load_config, redact
+from eagle3.config import apply_overrides, load_config
+from eagle3.redaction import redact
 from eagle3.errors import ConfigError
 from tests.conftest import CONFIGS
 
@@ -62,7 +63,7 @@ def test_redact_hides_secret_looking_keys():
 
 
 def test_settings_that_mention_tokens_are_not_secrets():
-    from eagle3.config import is_secret_key
+    from eagle3.redaction import is_secret_key
 
     for key in ("max_new_tokens", "max_tokens_per_batch", "speculative_num_draft_tokens", "regenerate_max_new_tokens"):
         assert not is_secret_key(key), key

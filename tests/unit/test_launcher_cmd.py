@@ -60,8 +60,9 @@ def test_reference_command_uses_this_interpreter_and_only_flags_it_implements():
     assert argv[:3] == [sys.executable, "-m", "eagle3.serve.reference"]
     assert _flag(argv, "--speculative-num-steps") == "3" and _flag(argv, "--port") == "4242"
     assert _flag(argv, "--context-length") == "512"
-    for gpu_only in ("--tp-size", "--enable-metrics", "--dtype"):  # dtype auto: omitted
+    for gpu_only in ("--tp-size", "--enable-metrics"):
         assert gpu_only not in argv
+    assert _flag(argv, "--dtype") == cfg.serve.dtype != "auto"  # auto resolved by load_config (test_precision.py)
     assert "--disable-cuda-graph" in argv  # the reference engine's fast path has CUDA graphs to turn off
     assert env["PYTHONUNBUFFERED"] == "1"
     argv32, _ = build_command(_cfg("serve.engine=reference", "serve.dtype=float32"), Path("/t"), Path("/d"), 1)
@@ -113,3 +114,19 @@ def test_cuda_graph_crash_detection():
     assert is_cuda_graph_crash(capture_then_tb)
     assert not is_cuda_graph_crash("Load weight end.\nTraceback (most recent call last):\nRuntimeError: shape")
     assert not is_cuda_graph_crash("Capturing batches (bs=1)\nThe server is fired up and ready to roll!")
+
+
+def test_reference_engine_on_a_cpu_gets_serve_cpu_threads_and_serve_env_wins():
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu"), Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "1"  # the default serve.cpu_threads
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.cpu_threads=2"),
+                           Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "2"
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.env={OMP_NUM_THREADS: '3'}"),
+                           Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "3"
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.cpu_threads=null"),
+                           Path("/t"), Path("/d"), 1)
+    assert "OMP_NUM_THREADS" not in env
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cuda"), Path("/t"), Path("/d"), 1)
+    assert "OMP_NUM_THREADS" not in env  # a GPU engine's CPU threads are not ours to cap

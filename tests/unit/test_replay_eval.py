@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from eagle3.errors import ConfigError, DataError
+from eagle3.errors import DataError
 from eagle3.measure import replay_core
 from eagle3.measure.prompts import (encode_conversation, encode_prompts, gsm8k_sample, load_conversations,
                                     mtbench_conversations)
@@ -103,7 +103,7 @@ def two_drafts(tmp_path_factory, tiny_target_dir):
 
 
 def test_evaluate_drafts_generates_once_and_replays_every_draft(tiny_target_dir, two_drafts, monkeypatch):
-    from eagle3.measure.bench import ACCEPTANCE_CONVENTION
+    from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
     from eagle3.measure.replay import evaluate_drafts
 
     calls = []

@@ -127,10 +127,18 @@ def _server_args(ns, algorithm: str | None, nums: tuple) -> ServerArgs:
         model_path=ns.model_path, tokenizer_path=ns.tokenizer_path, speculative_algorithm=algorithm,
         speculative_draft_model_path=ns.speculative_draft_model_path, speculative_num_steps=steps,
         speculative_eagle_topk=topk, speculative_num_draft_tokens=ndraft, host=ns.host, port=ns.port,
-        dtype="float32" if ns.dtype == "auto" else ns.dtype, context_length=ns.context_length,
+        dtype=_dtype(ns.dtype, ns.device), context_length=ns.context_length,
         served_model_name=ns.served_model_name or ns.model_path, device=ns.device,
         skip_server_warmup=ns.skip_server_warmup, disable_spec_aux_capture=ns.disable_spec_aux_capture,
         random_seed=ns.random_seed, log_level=ns.log_level, disable_cuda_graph=ns.disable_cuda_graph)
+
+
+def _dtype(value: str, device: str) -> str:
+    """``--dtype auto``: bfloat16 where bf16 is fast on ``device`` (CUDA; a CPU with AMX/AVX512-BF16, measured),
+    else float32 (eagle3.precision)."""
+    from eagle3.precision import resolve_dtype
+
+    return resolve_dtype(value, device)
 
 
 def main(argv: list[str] | None = None) -> int:
