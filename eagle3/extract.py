@@ -132,6 +132,15 @@ def _select(cfg, tokenizer, convs, skipped: Counter) -> list:
     return chosen
 
 
+def weights_hash(target_dir: Path) -> str:
+    """sha256 (hex) over ``<file name>:<sha256 of its bytes>`` of the target's ``*.safetensors`` files, sorted by
+    name: the manifest's ``target.weights_hash`` (reads every weight byte). DataError when there is none."""
+    weights = sorted(Path(target_dir).glob("*.safetensors"))
+    if not weights:
+        raise DataError(f"target {target_dir}: no *.safetensors weights found")
+    return hashlib.sha256("".join(f"{p.name}:{sha256_file(p)}" for p in weights).encode()).hexdigest()
+
+
 def target_identity(target_dir: Path, cfg) -> dict:
     """Target facts for the manifest: path, sha256 of config.json and of the weights, shape, architecture."""
     from transformers import AutoConfig
@@ -140,11 +149,8 @@ def target_identity(target_dir: Path, cfg) -> dict:
 
     conf = AutoConfig.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
     text = getattr(conf, "text_config", None) or conf
-    weights = sorted(target_dir.glob("*.safetensors"))
-    if not weights:
-        raise DataError(f"target {target_dir}: no *.safetensors weights found")
-    wh = hashlib.sha256("".join(f"{p.name}:{sha256_file(p)}" for p in weights).encode()).hexdigest()
-    return {"path": str(target_dir), "config_hash": sha256_file(target_dir / "config.json"), "weights_hash": wh,
+    return {"path": str(target_dir), "config_hash": sha256_file(target_dir / "config.json"),
+            "weights_hash": weights_hash(target_dir),
             "num_layers": num_layers(conf), "hidden_size": int(text.hidden_size),
             "vocab_size": int(text.vocab_size), "architecture": (conf.architectures or [type(conf).__name__])[0],
             "dtype": cfg.target.dtype}
