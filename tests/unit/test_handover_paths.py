@@ -87,3 +87,21 @@ def test_trainer_accepts_the_same_target_at_another_path_and_refuses_another(tmp
     old = {"target": {"path": str(made), "hidden_size": 4}}  # a manifest without the hashes: paths must agree
     with pytest.raises(DataError, match="dataset made from another target"):
         _check_target(tmp_path, old, here, conf)
+
+
+def test_equivalence_reads_the_target_where_this_machine_has_it(tmp_path, tiny_target_dir):
+    """A speculators draft names its target (verifier) by the path it had where training ran; convert +
+    equivalence on another machine (asset cache mounted elsewhere) must use this machine's target folder."""
+    from eagle3.convert import convert
+    from eagle3.equivalence import check_equivalence
+    from tests.support.broken_corpus import make_speculators_draft
+
+    gpu_node_target = tmp_path / "gpu-node" / "cache" / "tiny"
+    shutil.copytree(tiny_target_dir, gpu_node_target)
+    draft = make_speculators_draft(gpu_node_target, tmp_path / "train")
+    assert json.loads((draft / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == str(
+        gpu_node_target)
+    shutil.rmtree(gpu_node_target)  # this machine has the target only at its own mount point
+    convert(draft, tmp_path / "serving", target_dir=tiny_target_dir)
+    report = check_equivalence(draft, tmp_path / "serving", target_dir=tiny_target_dir, atol=1e-4, num_tokens=16)
+    assert report["passed"]
