@@ -252,28 +252,31 @@ def run_stage_deployment(cfg: Any, stage: str, deployment_name: str, parameters:
     deadline = stage_deadline_s(cfg, stage)
     fr = run_deployment(name, parameters=parameters, timeout=deadline, flow_run_name=f"{cfg.name}-{stage}")
     state = fr.state
-    tags = {f"eagle3.stage.{stage}.flow_run_id": str(fr.id), f"eagle3.stage.{stage}.work_pool": fr.work_pool_name}
+    pool = fr.work_pool_name or "none (served by flows/serve.py)"
+    tags = {f"eagle3.stage.{stage}.flow_run_id": str(fr.id), f"eagle3.stage.{stage}.work_pool": pool}
     if state is None or not state.is_completed():
         if state is None or not state.is_final():
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(fr.id, Cancelling(message=f"not finished after {deadline:.0f} s"))
-        what = "no state" if state is None else f"{state.name}: {state.message or ''}".strip()
-        why = (f"stage {stage} failed: flow run {fr.name!r} ({fr.id}) of deployment {name} on work pool "
-               f"{fr.work_pool_name!r} ended {what}")
+            what = f"{'without a state' if state is None else 'still ' + state.name} after {deadline:.0f} s (cancelled)"
+        else:
+            what = f"{state.name}: {state.message or ''}".strip()
+        why = (f"stage {stage} failed: flow run {fr.name!r} ({fr.id}) of deployment {name} on work pool {pool!r} "
+               f"ended {what}")
         orphans = fail_orphaned_stage_runs(cfg, str(fr.id), why)
         tracking.set_parent_tags(cfg, parent, tags)
         if orphans:
             why += f" (its MLflow runs left RUNNING, now FAILED: {', '.join(orphans)})"
-        raise StageRunFailed(why + f" — re-run with `prefect deployment run '{FLOW_NAME}/{deployment_name}'`: "
-                                   "finished stages are cached")
+        raise StageRunFailed(why + f" — re-run: `prefect flow-run retry {flow_run.id}` or `prefect deployment run "
+                                   f"'{FLOW_NAME}/{deployment_name}'` (finished stages are cached)")
     doc = read_handover(cfg, stage, str(fr.id))
     tags[f"eagle3.stage.{stage}.host"] = doc.get("host", "")
     tracking.set_parent_tags(cfg, parent, tags)
     if placements is not None:
-        placements[stage] = {"flow_run_id": str(fr.id), "work_pool": fr.work_pool_name, "host": doc.get("host")}
+        placements[stage] = {"flow_run_id": str(fr.id), "work_pool": pool, "host": doc.get("host")}
     record.update(doc.get("record") or {})
-    _logger().info("stage %s: flow run %s on work pool %s, host %s: %s", stage, fr.name, fr.work_pool_name,
-                   doc.get("host"), doc.get("record"))
+    _logger().info("stage %s: flow run %s on work pool %s, host %s: %s", stage, fr.name, pool, doc.get("host"),
+                   doc.get("record"))
     return doc["results"]
 
 
