@@ -9,7 +9,7 @@
 # cpu, gpu and postgres build the base first when it is missing. Idempotent: an existing base is kept (set
 # EAGLE3_REBUILD_BASE=1 to remake it); Docker's layer cache keeps the installed dependencies while pyproject.toml
 # and the Makefile are unchanged. Needs a running Docker engine (infra/docker-engine.sh up) and, for the base,
-# root and `debootstrap` (apt-get install debootstrap).
+# root (debootstrap is installed with apt-get when missing).
 #
 # Build inputs that never go into git (infra/.build/, ignored; only the deps stage sees them): the CA bundle pip inside the build trusts
 # ($EAGLE3_BUILD_CA, default Debian's /etc/ssl/certs/ca-certificates.crt: a proxy that re-signs TLS works), and for
@@ -41,8 +41,13 @@ base() {
   if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 && [[ "${EAGLE3_REBUILD_BASE:-0}" != 1 ]]; then
     echo "base image $BASE_IMAGE present"; return 0
   fi
-  command -v debootstrap >/dev/null || die "debootstrap not found; expected it on PATH (apt-get install -y debootstrap)"
   [[ "$(id -u)" == 0 ]] || die "debootstrap needs root (uid 0), running as uid $(id -u)"
+  if ! command -v debootstrap >/dev/null; then
+    echo "installing debootstrap (apt-get) ..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null; } \
+      || die "debootstrap missing and apt-get install debootstrap failed"
+  fi
   local dir t0=$SECONDS
   dir="$(mktemp -d /tmp/eagle3-rootfs.XXXXXX)"
   trap 'rm -rf "$dir"' RETURN
