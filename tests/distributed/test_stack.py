@@ -239,6 +239,7 @@ def test_distributed_stack(tmp_path):
         assert fr2.state.name == "Failed", fr2.state
         msg = fr2.state.message or ""
         assert "stage deploy failed" in msg and "Crashed" in msg and "137" in msg, msg
+        print(f"\nrun 2 failed as it should: {msg}", flush=True)
         time.sleep(2)
         assert _processes_of(cid) == [], "processes of the killed container survived"
         assert not Path(f"/proc/{engine_pid}").exists() or "eagle3.engines.reference" not in Path(
@@ -269,6 +270,8 @@ def test_distributed_stack(tmp_path):
                             ("convert", {"convert": "cached", "convert (untrained)": "cached"}),
                             ("deploy", {"deploy-bench": "ran", "deploy-bench (untrained)": "ran"})):
             assert json.loads((rd / "handover" / f"{stage}.json").read_text())["record"] == want, stage
+        print(f"\nretry: {s3['stages'] and sorted({(x['stage'], x['variant'], x['cached']) for x in s3['stages']})}",
+              flush=True)
     finally:
         if old_api is None:
             os.environ.pop("PREFECT_API_URL", None)
