@@ -52,7 +52,7 @@ clean-runs:
 
 # Real SGLang 0.5.23 as the conformance oracle (issue 10): a separate environment, never mixed into $(VENV)
 # (it brings its own CUDA torch, ~11 GB, which runs on the CPU under TRITON_INTERPRET=1; see
-# tests/support/sglang_harness.py). Idempotent through its stamp file.
+# testkit/sglang_harness.py). Idempotent through its stamp file.
 # Kept in the asset cache (outside the clone) so CI runs on the same machine reuse it.
 SGLANG_VENV ?= $(EAGLE3_CACHE)/venv-sglang
 export EAGLE3_SGLANG_VENV := $(abspath $(SGLANG_VENV))

@@ -2,7 +2,7 @@
 
     python benchmarks/extract.py [--config configs/smollm2-cpu.yaml] [--num-conversations 16] [--max-seq-len 128]
 
-One run, one process, one loaded model: the samples are selected and batched exactly as ``eagle3.extract``
+One run, one process, one loaded model: the samples are selected and batched exactly as ``eagle3.extract.stage``
 does (shards, sorted by length, ``extract.batch_size``), then, alternating for ``--repeats`` rounds,
 (a) the plain forward pass ``model(input_ids, attention_mask)`` (with the LM head, what serving computes),
 (b) the decoder body alone (no LM head), and (c) the extractor's ``run_shards`` (aux capture, integrity
@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False)
 
 
 def _batches(plan, shard_size: int, batch_size: int) -> list[list[list[int]]]:
-    from eagle3.extract_store import make_shards
+    from eagle3.extract.store import make_shards
 
     out = []
     for spec in make_shards(len(plan.ids), shard_size):
@@ -50,7 +50,7 @@ def _forward_s(model, batches, pad_id: int, body_only: bool) -> float:
 
 
 def _extract_s(model, job_args: dict, store_dtype: str, workdir: Path) -> tuple[float, int]:
-    from eagle3.extract_hf import WorkerJob, run_shards
+    from eagle3.extract.hf_backend import WorkerJob, run_shards
 
     out = Path(tempfile.mkdtemp(dir=workdir))
     (out / "hidden_states").mkdir()
@@ -68,9 +68,9 @@ def main(config: Path = typer.Option(Path("configs/smollm2-cpu.yaml")), num_conv
 
     from eagle3.assets import resolve_target
     from eagle3.config import load_config
-    from eagle3.extract import _aux_ids, build_plan, target_identity
-    from eagle3.extract_hf import resolve_devices
-    from eagle3.extract_store import make_shards
+    from eagle3.extract.stage import _aux_ids, build_plan, target_identity
+    from eagle3.extract.hf_backend import resolve_devices
+    from eagle3.extract.store import make_shards
     from eagle3.target_model import load_target
 
     over = [f"data.num_conversations={num_conversations}", f"data.max_seq_len={max_seq_len}"]

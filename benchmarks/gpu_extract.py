@@ -6,7 +6,7 @@ device; random token streams of ``--seq-len`` tokens are batched ``--batch-size`
 
 (a) plain forward of the whole model (with the LM head, as serving computes it),
 (b) the decoder body alone (what extraction must run: no logits are needed),
-(c) ``eagle3.extract_hf.run_shards`` (aux capture, device → pinned-host copies on a side stream, integrity
+(c) ``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side stream, integrity
     checks, encoding, atomic fsync'd writes by writer threads) into ``--out`` (a real disk), bf16 storage,
 (d) the same into ``/dev/shm`` (RAM) to separate the pipeline from the disk,
 then once with fp8 storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same bytes.
@@ -81,8 +81,8 @@ def main() -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eagle3.extract_hf import WorkerJob, forward_capture, run_shards
-    from eagle3.extract_store import make_shards
+    from eagle3.extract.hf_backend import WorkerJob, forward_capture, run_shards
+    from eagle3.extract.store import make_shards
     from eagle3.target_model import default_aux_layer_ids
 
     p = argparse.ArgumentParser()

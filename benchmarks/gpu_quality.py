@@ -6,21 +6,21 @@ stopped by a time limit still reports what it finished):
 
 1. target: SmolLM2-135M-Instruct as an HF folder, converted from its GGUF by the project's own
    :func:`eagle3.assets.prepare_smollm2` (``--gguf``), or an existing folder (``--target``).
-2. extract bf16: :func:`eagle3.extract.extract` (backend hf), ``--max-convs`` conversations of ``--data``
+2. extract bf16: :func:`eagle3.extract.stage.extract` (backend hf), ``--max-convs`` conversations of ``--data``
    (seeded order, first N usable), cut at ``--max-seq-len`` tokens, 5% held out (``data.val_fraction``).
-3. ours bf16: :func:`eagle3.train.train` on it (constant LR ``--lr``, no warmup, ``--epochs`` epochs, packed
+3. ours bf16: :func:`eagle3.train.stage.train` on it (constant LR ``--lr``, no warmup, ``--epochs`` epochs, packed
    micro-batches of ``--tokens-per-batch`` tokens, one per optimizer step, bf16 autocast, TTT 3, kl_div loss).
 4. speculators: ``speculators.train.trainer.Trainer`` on the same folder with its own loader
    (``create_train_val_loaders``, multipack to ``--tokens-per-batch``), the same draft (same
-   :func:`eagle3.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div, eager), clip 1.0,
+   :func:`eagle3.train.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div, eager), clip 1.0,
    no weight decay, no schedule; uncompiled forward on both sides (``--compile`` compiles both).
 5. extract fp8 (``extract.dtype=fp8``) of the same conversations; ours fp8: step 3 on that folder.
-6. simulated acceptance length (the project's :func:`eagle3.train_loop.evaluate`: greedy chain acceptance of the
+6. simulated acceptance length (the project's :func:`eagle3.train.loop.evaluate`: greedy chain acceptance of the
    TTT steps' predictions against the verifier's argmax, bonus token counted) of every draft on the held-out
    rows of the *bf16* folder: each draft is loaded with ``train.init_from`` into a ``train.max_steps=0`` run.
-7. offline acceptance length (:func:`eagle3.bench.offline_acceptance` with
-   :class:`eagle3.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
-   pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.convert`,
+7. offline acceptance length (:func:`eagle3.measure.offline.offline_acceptance` with
+   :class:`eagle3.serve.reference.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
+   pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.stage.convert`,
    on the first user turns of ``--offline-prompts`` held-out conversations, ``--max-new-tokens`` tokens each.
 
 The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98 × speculators, fp8-trained ≥
@@ -35,8 +35,6 @@ The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import logging
 import os
 import shutil
@@ -49,99 +47,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.peer import do_speculators  # noqa: E402
+from benchmarks.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
+
 GOAL = 0.98
 STAGES = ("target", "extract/bf16", "extract/fp8", "train/ours-bf16", "train/ours-fp8", "sim/ours-fp8",
           "train/speculators-bf16", "sim/speculators-bf16")  # in run order; offline acceptance comes last
-
-
-class Results:
-    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every change.
-
-    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine, so that one
-    benchmark can be spread over several calls of limited length: stages recorded there are not run again."""
-
-    def __init__(self, work: Path, out: Path, resume: bool = False, settings: dict | None = None):
-        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable results.json or one
-        made with other ``settings`` (the arguments that change the figures)."""
-        self.paths = list(dict.fromkeys([work / "results.json", out / "results.json"]))
-        self.data: dict = {"stages": {}, "failures": [], "settings": settings or {}}
-        if resume and self.paths[0].is_file():
-            try:
-                data = json.loads(self.paths[0].read_text())
-                if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
-                    raise ValueError(f"expected an object with a 'stages' object, got {type(data).__name__}")
-                if not isinstance(data.get("settings", {}), dict):
-                    raise ValueError("'settings' is not an object")
-                bad = [k for k, v in data["stages"].items() if not isinstance(v, dict)]
-                if bad:
-                    raise ValueError(f"stages {bad[:3]} are not objects")
-                gone = [f"{k}: {v['dir']}" for k, v in data["stages"].items()
-                        if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()]
-                if gone:
-                    raise ValueError(f"outputs of finished stages are missing here ({'; '.join(gone[:3])})")
-            except ValueError as e:  # JSONDecodeError is a ValueError
-                raise SystemExit(f"--resume: {self.paths[0]} cannot be resumed ({e}); "
-                                 "delete it (or the whole --work folder) to start over") from e
-            old = data.get("settings", {})
-            diff = {k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v}
-            if diff:
-                raise SystemExit(f"--resume: {self.paths[0]} was made with other settings "
-                                 f"(name: earlier, now): {diff}; use the same arguments or another --work")
-            self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
-        elif resume:
-            print(f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
-                  flush=True)
-        for p in self.paths:
-            p.parent.mkdir(parents=True, exist_ok=True)
-
-    def _write(self) -> None:
-        for p in self.paths:  # atomic: a kill mid-write leaves the previous complete file
-            tmp = p.with_name(f".{p.name}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=1, default=str))
-            os.replace(tmp, p)
-
-    def put(self, key: str, value) -> None:
-        self.data["stages"][key] = value
-        self._write()
-
-    def fail(self, what: str, err: BaseException) -> None:
-        self.data["failures"].append(f"{what}: {type(err).__name__}: {str(err)[:400]}")
-        self._write()
-
-
-def log(msg: str, t0: float = [time.perf_counter()]) -> None:  # noqa: B006 - process start time
-    print(f"[{time.perf_counter() - t0[0]:7.1f} s] {msg}", flush=True)
-
-
-def prepare_target(a, work: Path) -> Path:
-    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own converter."""
-    if a.target:
-        return Path(a.target)
-    import eagle3.assets as assets
-
-    if a.gguf:
-        gguf = Path(a.gguf).resolve()
-        orig = assets.package_file
-        assets.package_file = lambda pkg, rel: gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
-        return assets.prepare_smollm2(work / "cache")
-    return assets.prepare_smollm2(Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser())
-
-
-def data_file(a, work: Path) -> Path:
-    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work`` once."""
-    import lzma
-
-    src = Path(a.data).expanduser()
-    opener = {".gz": gzip.open, ".xz": lzma.open}.get(src.suffix)
-    if opener is None:
-        return src
-    dst = work / src.name[: -len(src.suffix)]
-    if not dst.is_file():
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        with opener(src, "rb") as f, open(tmp, "wb") as g:
-            shutil.copyfileobj(f, g)
-        os.replace(tmp, dst)
-    return dst
 
 
 def overrides(a, work: Path, target: Path, data: Path) -> list[str]:
@@ -160,7 +71,7 @@ def overrides(a, work: Path, target: Path, data: Path) -> list[str]:
 
 def memoize_plan():
     """Tokenise the conversations once for both extractions (same data section → same plan)."""
-    import eagle3.extract as ex
+    import eagle3.extract.stage as ex
 
     orig, cache = ex.build_plan, {}
 
@@ -175,7 +86,7 @@ def memoize_plan():
 
 def do_extract(a, base: list[str], out_dir: Path, dtype: str) -> dict:
     from eagle3.config import load_config
-    from eagle3.extract import extract
+    from eagle3.extract.stage import extract
 
     shutil.rmtree(out_dir, ignore_errors=True)
     t0 = time.perf_counter()
@@ -193,7 +104,7 @@ def do_train(a, base: list[str], hs: Path, out_dir: Path, extra: list[str] = ())
     import torch
 
     from eagle3.config import load_config
-    from eagle3.train import train
+    from eagle3.train.stage import train
 
     shutil.rmtree(out_dir, ignore_errors=True)
     tps: list[float] = []
@@ -211,85 +122,6 @@ def do_train(a, base: list[str], hs: Path, out_dir: Path, extra: list[str] = ())
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None}
 
 
-def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
-    """speculators' own Trainer on ``hs`` (same draft, LR, epochs, TTT, loss); the draft saved to out_dir/draft."""
-    import torch
-    from hs_connectors import FileTransfer
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import create_train_val_loaders
-    from speculators.train.trainer import Trainer, TrainerConfig
-
-    from eagle3.artifacts import read_manifest
-    from eagle3.draft_model import build_draft, resolve_flags, save_draft, set_attention, use_uncompiled_forward
-    from eagle3.config import load_config
-    from eagle3.vocab import build_vocab_map, load_token_freq
-
-    shutil.rmtree(out_dir, ignore_errors=True)
-    cuda = a.device == "cuda"
-    man = read_manifest(hs)
-    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
-    tconf = json.loads((target / "config.json").read_text())
-    vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=False)
-    flags = resolve_flags(load_config(None, [f"target.path={target}", "target.kind=hf"]))
-    torch.manual_seed(0)  # train.seed: the same initial weights as ours
-    model = build_draft(target, aux_layer_ids=man["aux_layer_ids"], d2t=vmap.d2t, t2d=vmap.t2d, num_layers=1,
-                        ttt_steps=a.ttt, flags=flags, attn_impl="sdpa")
-    set_attention(model, "sdpa")
-    if not a.compile:
-        use_uncompiled_forward(model)
-    loader, _ = create_train_val_loaders(
-        data_path=str(hs / "data"), total_seq_len=a.tokens_per_batch, hidden_states_dtype=torch.bfloat16,
-        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
-        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
-        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
-        num_target_layers=len(man["aux_layer_ids"]), num_workers=a.workers, prefetch_factor=4 if a.workers else None,
-        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
-    kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager",
-                                                    ttt_steps=a.ttt, ttt_step_loss_decay=1.0)
-    cfg = TrainerConfig(lr=a.lr, num_epochs=a.epochs, save_path=str(out_dir / "trainer"), train_call_kwargs=kwargs,
-                        scheduler_type="none", weight_decay=0.0, hidden_states_dtype=torch.bfloat16,
-                        log_freq=10**9, checkpoint_freq=10**9)
-
-    class _Trainer(Trainer):
-        def setup_model(self):
-            if not cuda:  # CPU smoke test only: speculators moves the model to device index 0
-                self.local_rank, self.device_type = "cpu", "cpu"
-            super().setup_model()
-
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    else:  # CPU smoke test only: its step timer synchronizes "the accelerator"
-        torch.accelerator.synchronize = lambda *x: None
-        torch.accelerator.memory_allocated = lambda *x: 0
-    from benchmarks.gpu_train import _CountingLoader
-
-    counting = _CountingLoader(loader)
-    trainer = _Trainer(model, cfg, counting, None)
-    stamps = [time.perf_counter()]
-
-    def tick():
-        if cuda:
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
-
-    t0 = time.perf_counter()
-    for epoch in range(int(a.epochs)):
-        trainer.train_epoch(epoch, step_callback=tick)
-    seconds = time.perf_counter() - t0
-    steps = len(stamps) - 1
-    dts = [b - s for s, b in zip(stamps, stamps[1:])]
-    model = trainer.model if not hasattr(trainer.model, "module") else trainer.model.module
-    save_draft(model, out_dir / "draft")
-    steady = sorted(dts[min(5, len(dts) - 1):]) if dts else []
-    rates = [t / d for t, d in zip(counting.tokens, dts)]  # positions/s of each step (one sync per step)
-    tps = sorted(rates[5:] or rates) or [float("nan")]  # the first 5 steps (loader start) left out
-    return {"dir": str(out_dir / "draft"), "seconds": seconds, "steps": steps, "median_step_s":
-            steady[len(steady) // 2] if steady else None, "positions": sum(counting.tokens),
-            "train_tokens_per_s_median": tps[len(tps) // 2],
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
-
-
 def sim_eval(a, base: list[str], hs: Path, draft: Path, out_dir: Path) -> dict:
     """Simulated acceptance of ``draft`` on ``hs``'s held-out rows: a ``max_steps=0`` run started from it."""
     r = do_train(a, base, hs, out_dir, [f"train.init_from={draft}", "train.max_steps=0"])
@@ -301,7 +133,7 @@ def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
     import datasets
 
     from eagle3.artifacts import read_manifest
-    from eagle3.data import read_conversations
+    from eagle3.extract.conversations import read_conversations
 
     val = read_manifest(hs)["splits"]["val"][:k]
     ds = datasets.load_from_disk(str(hs / "data"))
@@ -317,10 +149,10 @@ def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
 def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work: Path, res: Results) -> None:
     import torch
 
-    from eagle3.bench import offline_acceptance
-    from eagle3.convert import convert
-    from eagle3.engines.sglang_draft import SGLangEagle3Draft
-    from eagle3.specdec import SpeculativeDecoder
+    from eagle3.measure.offline import offline_acceptance
+    from eagle3.convert.stage import convert
+    from eagle3.engines.sglang.draft import SGLangEagle3Draft
+    from eagle3.serve.reference.specdec import SpeculativeDecoder
     from eagle3.target_model import load_target, torch_dtype
 
     tgt, tok = load_target(target, dtype=a.offline_dtype, device=a.device)
@@ -351,30 +183,6 @@ def offline(a, target: Path, drafts: dict[str, Path], prompts: list[dict], work:
         except Exception as e:  # noqa: BLE001 - report and go on with the next draft
             traceback.print_exc(limit=4)
             res.fail(f"offline {name}", e)
-
-
-def stage(res: Results, name: str, fn, *args):
-    if name in res.data["stages"]:
-        log(f"{name}: done in an earlier call")
-        if name == res.until:
-            log(f"stopping after {name} (--until)")
-            res.stop = True
-        return res.data["stages"][name]
-    if res.stop:
-        return None
-    log(f"{name} ...")
-    try:
-        out = fn(*args)
-    except Exception as e:  # noqa: BLE001 - later stages that do not need this one still run
-        traceback.print_exc(limit=6)
-        res.fail(name, e)
-        return None
-    res.put(name, out)
-    log(f"{name}: {json.dumps(out, default=str)[:400]}")
-    if name == res.until:
-        log(f"stopping after {name} (--until); run again with --resume for the rest")
-        res.stop = True
-    return out
 
 
 def table(res: Results) -> None:
@@ -445,7 +253,7 @@ def main() -> int:
     skipped = {"spec": "speculators", "fp8": "fp8"}
     if a.until and any(skipped[k] in a.until for k in skip if k in skipped):
         p.error(f"--until {a.until}: that stage is skipped by --skip {a.skip}")
-    from eagle3.draft_model import COMPILE_MODES
+    from eagle3.train.draft_model import COMPILE_MODES
 
     if a.compile_mode not in COMPILE_MODES:
         p.error(f"--compile-mode: expected one of {', '.join(COMPILE_MODES)}; got {a.compile_mode!r}")

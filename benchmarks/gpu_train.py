@@ -1,11 +1,11 @@
 """Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``, one run.
 
 Same generated data (``benchmarks/train.py``'s ``synthetic``: random bf16 hidden states of a Llama-3.1-8B-shaped
-target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same draft (``eagle3.draft_model.
+target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same draft (``eagle3.train.draft_model.
 build_draft``: 1 layer, hidden 4096, draft vocab 32000 from the data's token frequencies padded, target vocab
 128256), same TTT steps (3), one sequence of ``--seq-len`` tokens per step, bf16 autocast, AdamW.
 
-- ours: ``eagle3.train.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
+- ours: ``eagle3.train.stage.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
   (positions of a window of ``--log-every`` optimizer steps / wall time of those steps, each step ending in one
   device sync), median over the windows after the warm-up; a window's metrics cost one more sync.
 - speculators: ``speculators.train.trainer.Trainer`` with its own data loader (``create_train_val_loaders``:
@@ -42,60 +42,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PEAK_BF16 = 989e12
+from benchmarks.profiling import StepProfiler, flops_per_token  # noqa: E402
+
 TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
             num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=4096,
             rms_norm_eps=1e-5)
-
-
-class StepProfiler:
-    """``torch.profiler`` over optimizer steps ``start+1 .. start+n`` of one trainer (``step(i)`` is called after
-    step i ends). Writes the kernel table to ``<out>/profile-<name>.txt`` and returns, per step, the wall time and
-    the summed device (kernel) time: their ratio is how busy the GPU was (< 1 = launch/host bound)."""
-
-    def __init__(self, name: str, start: int, n: int, out: Path | None, per_call: int = 1):
-        self.name, self.start, self.n, self.out, self.prof, self.result = name, start, n, out, None, None
-        self.per_call = per_call  # optimizer steps between two step() calls (our loop reports per log window)
-
-    def step(self, i: int) -> None:
-        import torch
-
-        if self.n <= 0 or self.out is None:
-            return
-        cuda = torch.cuda.is_available()
-        if i == self.start:
-            if cuda:
-                torch.cuda.synchronize()
-            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-            self.prof = torch.profiler.profile(activities=acts)
-            self.prof.__enter__()
-            self.t0 = time.perf_counter()
-        elif i == self.start + self.n and self.prof is not None:
-            if cuda:
-                torch.cuda.synchronize()
-            steps = self.n * self.per_call
-            wall = (time.perf_counter() - self.t0) / steps
-            self.prof.__exit__(None, None, None)
-            ka = self.prof.key_averages()
-            gpu = [e for e in ka if e.device_type == torch.autograd.DeviceType.CUDA]  # kernels and copies only
-            busy = sum(e.self_device_time_total for e in gpu) / 1e6 / steps
-            kernels = sum(e.count for e in gpu) / steps
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / f"profile-{self.name}.txt").write_text(
-                ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
-            self.result = {"wall_ms": wall * 1e3, "kernel_ms": busy * 1e3, "gpu_busy": busy / wall,
-                           "kernels_per_step": kernels}
-            self.prof = None
-
-
-def flops_per_token(model, ttt: int, seq: int) -> float:
-    """Model FLOPs per trained position (forward + backward), see the module docstring."""
-    train = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and p.dim() == 2
-                and "embed" not in n)
-    head = model.lm_head.weight.numel()
-    conf = model.config.transformer_layer_config
-    layers, hid = conf.num_hidden_layers, conf.num_attention_heads * conf.head_dim
-    attn = sum(12 * layers * hid * (seq * (k + 1) / 2 + seq * k) / seq * seq for k in range(ttt)) / seq
-    return ttt * (6 * train + 4 * head) + attn
 
 
 def base_overrides(a, work: Path, target: Path) -> list[str]:
@@ -114,7 +65,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
     import torch
 
     from eagle3.config import load_config
-    from eagle3.train import train
+    from eagle3.train.stage import train
 
     compiled = mode != "eager"
     extra = [f"train.compile={str(compiled).lower()}"] + ([f"train.compile_mode={mode}"] if compiled else [])
@@ -181,8 +132,8 @@ def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl:
     from speculators.train.trainer import Trainer, TrainerConfig
 
     from eagle3.artifacts import read_manifest
-    from eagle3.draft_model import build_draft, set_attention, use_uncompiled_forward
-    from eagle3.vocab import build_vocab_map, load_token_freq
+    from eagle3.train.draft_model import build_draft, set_attention, use_uncompiled_forward
+    from eagle3.train.vocab import build_vocab_map, load_token_freq
 
     man = read_manifest(hs)
     n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
@@ -306,7 +257,7 @@ def main() -> int:
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
     a.out = Path(a.out) if a.out else None
-    from eagle3.draft_model import COMPILE_MODES
+    from eagle3.train.draft_model import COMPILE_MODES
 
     bad = [m for m in a.modes.split(",") if m and m != "eager" and m not in COMPILE_MODES]
     if bad or not a.modes.strip(","):
@@ -377,8 +328,8 @@ def main() -> int:
     model = next((r.pop("model") for r in rows if "model" in r), None)
     if model is None:
         from eagle3.artifacts import read_manifest
-        from eagle3.draft_model import build_draft
-        from eagle3.vocab import build_vocab_map, load_token_freq
+        from eagle3.train.draft_model import build_draft
+        from eagle3.train.vocab import build_vocab_map, load_token_freq
 
         tconf = json.loads((target / "config.json").read_text())
         vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=True)

@@ -1,14 +1,14 @@
 """Fidelity of the CPU reference engine to the real SGLang 0.5.23: acceptance length served by SGLang over the
-acceptance length of the project's in-process reference (``eagle3.bench.offline_acceptance``), same draft,
+acceptance length of the project's in-process reference (``eagle3.measure.offline.offline_acceptance``), same draft,
 target, prompts and settings (greedy, chain drafting, topk 1).
 
     python benchmarks/sglang_fidelity.py [--config configs/tiny-random.yaml] [--draft SERVING_DIR]
         [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3]
 
 SGLang runs from ``.venv-sglang`` (``make sglang-env``) on the CPU with ``TRITON_INTERPRET=1`` and the shims of
-``tests/support/sglang_shims`` (../shared/SGLANG_CPU.md), started by the project's launcher and readiness gate;
+``testkit/sglang_shims`` (docs/SGLANG_ON_CPU.md), started by the project's launcher and readiness gate;
 a start takes minutes. Without ``--draft`` a random draft for the config's target is made (speculators format →
-``eagle3.convert``). Prints the gate's phase timeline, both acceptance lengths, and last the ratio (goal >= 0.97).
+``eagle3.convert.stage``). Prints the gate's phase timeline, both acceptance lengths, and last the ratio (goal >= 0.97).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from pathlib import Path
 import typer
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.support.sglang_harness (the CPU server settings and shims)
+sys.path.insert(0, str(REPO))  # testkit.sglang_harness (the CPU server settings and shims)
 
 app = typer.Typer(add_completion=False)
 
 
 def _random_draft(target: Path, work: Path) -> Path:
-    from eagle3.convert import convert
-    from tests.support.broken_corpus import make_speculators_draft
+    from eagle3.convert.stage import convert
+    from testkit.broken_corpus import make_speculators_draft
 
     spec = make_speculators_draft(target, work / "speculators", seed=7)
     convert(spec, work / "serving", engine="sglang", target_dir=target)
@@ -40,11 +40,12 @@ def main(config: Path = typer.Option(REPO / "configs/tiny-random.yaml"), draft: 
          max_new_tokens: int = typer.Option(12), num_steps: int = typer.Option(3)) -> None:
     """Serve the draft on SGLang (CPU), measure acceptance there and in the reference; print the ratio last."""
     from eagle3.assets import resolve_target
-    from eagle3.bench import offline_acceptance, run_bench
+    from eagle3.measure.bench import run_bench
+    from eagle3.measure.offline import offline_acceptance
     from eagle3.config import load_config
-    from eagle3.engines.launcher import launch_ready
-    from eagle3.prompts import load_prompts
-    from tests.support.sglang_harness import cpu_serve_config, sglang_env_missing
+    from eagle3.serve.launcher import launch_ready
+    from eagle3.measure.prompts import load_prompts
+    from testkit.sglang_harness import cpu_serve_config, sglang_env_missing
 
     missing = sglang_env_missing()
     if missing:

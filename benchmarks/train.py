@@ -1,7 +1,7 @@
-"""Training throughput (tokens/s) of eagle3.train on SmolLM2-shaped data (hidden 576, 3 aux states).
+"""Training throughput (tokens/s) of eagle3.train.stage on SmolLM2-shaped data (hidden 576, 3 aux states).
 
 Hidden states are made by the real SmolLM2-135M-Instruct target on random token streams
-(tests/support/hs_fixture.py), once, into ``--work``. Then the same training code runs for ``--steps``
+(testkit/hs_fixture.py), once, into ``--work``. Then the same training code runs for ``--steps``
 optimizer steps per setting and the mean tokens/s of the logged steps (after the first, warm-up) is printed
 as a markdown table.
 
@@ -91,8 +91,8 @@ def synthetic(work: Path, shape: str, samples: int, seq_len: int) -> tuple[Path,
 def main() -> int:
     from eagle3.assets import resolve_target
     from eagle3.config import load_config
-    from eagle3.train import train
-    from tests.support.hs_fixture import build_hidden_states_dir
+    from eagle3.train.stage import train
+    from testkit.hs_fixture import build_hidden_states_dir
 
     p = argparse.ArgumentParser()
     p.add_argument("--work", default="/tmp/eagle3-bench-train")
@@ -117,7 +117,7 @@ def main() -> int:
             f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true", "train.warmup_steps=0",
             f"train.max_tokens_per_batch={a.tokens_per_batch}", f"train.num_gpus={a.num_gpus}",
             "train.max_eval_samples=2", "train.keep_last=1", "train.resume=false"]
-    base += [f"target.kind=hf", f"target.path={a.target}"] if a.target else ["target.kind=smollm2"]
+    base += ["target.kind=hf", f"target.path={a.target}"] if a.target else ["target.kind=smollm2"]
     cfg = load_config(None, base)
     target = resolve_target(cfg)
     hs = work / (f"hs-{a.shape}-{a.samples}x{a.seq_len}" if a.shape else f"hs-{target.name}-{a.samples}x{a.seq_len}")

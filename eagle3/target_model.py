@@ -2,7 +2,7 @@
 
 Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder layer i
 (index 0 = token embeddings, index L = output of the last layer *before* the final norm). This is the
-convention of speculators and vLLM (../shared/ENGINE_NOTES.md). SGLang's explicit ids are "output of layer k"
+convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLang's explicit ids are "output of layer k"
 = HF index k+1; conversion translates.
 
 Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so it
@@ -80,7 +80,7 @@ def validate_aux_layer_ids(ids: list[int], n_layers: int, rule: str = "extract.a
 
     0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the verifier's
     state, and serving engines capture aux states as inputs of layers, which the last layer's output is not
-    (SGLang 0.5.23 adds 1 to each id and never reaches L: ``eagle3.validate`` refuses it as AUX_IDS_RANGE),
+    (SGLang 0.5.23 adds 1 to each id and never reaches L: ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE),
     so a draft trained on it could not be served. Raises ConfigError naming the field, the ids, the target's
     layer count and the allowed range.
     """

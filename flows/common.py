@@ -15,9 +15,11 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from eagle3.config import RunConfig, is_secret_key, load_config, redact
+from eagle3.config import RunConfig, load_config
+from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
 from tasks import caching, tracking
+from tasks.results import StageResult
 
 SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"  # JSON list of overrides kept out of flow parameters
 VARIANTS = ("trained", "untrained")
@@ -55,11 +57,15 @@ def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
             "deploy": rd / f"deploy{suffix}", "bench": rd / f"bench{suffix}"}
 
 
-def require_output(directory: Path, stage: str, command: str) -> Path:
-    """``directory`` if it holds a finished stage output, else DataError telling which command makes it."""
+def finished_output(directory: Path, stage: str, command: str) -> StageResult:
+    """The finished stage output in ``directory`` as a stage result (read from its manifest; the MLflow run that
+    made it is not known here), else DataError telling which command makes it."""
+    from eagle3.artifacts import read_manifest
+
     if not (directory / "manifest.json").is_file():
         raise DataError(f"{directory}: no finished {stage} output (manifest.json missing); run `{command}` first")
-    return directory
+    manifest = read_manifest(directory)
+    return StageResult(stage, directory, manifest.get("content_hash", ""), "")
 
 
 def save_resolved_config(cfg: RunConfig) -> Path:
@@ -79,8 +85,8 @@ def _name_error(exc: BaseException, label: str) -> None:
 
 def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: str = "trained",
               refresh: bool = False, timeout_s: float | None = None, record: dict | None = None,
-              **params: Any) -> dict:
-    """Run one stage task and return its result dict; the single place where caching is handled.
+              **params: Any) -> StageResult:
+    """Run one stage task and return its result; the single place where caching is handled.
 
     - A cached result made where the runs directory is mounted at another path (another worker of a pool) is
       re-pointed at this machine's path of its output folder (``out_dir`` / ``bench_dir``).
@@ -102,7 +108,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
         if cached and local_dir is not None:  # made on a machine that mounts the runs directory elsewhere
             result = caching.relocate(result, local_dir)
         if cached and not caching.output_matches(result):
-            get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label, result.get("dir"))
+            get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label,
+                                     getattr(result, "dir", result))
             state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent, variant=variant, **params,
                                                        return_state=True)
             result, cached = state.result(), False
@@ -123,6 +130,27 @@ def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
     config_file = save_resolved_config(cfg)
     run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
                                          config_file=config_file)
+    try:
+        yield run_id
+    except BaseException as e:
+        tracking.record_failure(cfg, run_id, e)
+        raise
+    tracking.finish_run(cfg, run_id)
+
+
+@contextmanager
+def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
+    """An earlier parent run continued by this flow run (a sweep spread over several sessions): marked RUNNING
+    with ``eagle3.attempts`` incremented, then FINISHED, or FAILED with the error. Raises DataError when the run
+    is not in the config's tracking store."""
+    client, _ = tracking.client_for(cfg)
+    try:
+        run = client.get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own types for an unknown id
+        raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} ({type(e).__name__}: "
+                        f"{e}); expected the id of an earlier run of this flow in the same store") from e
+    client.update_run(run_id, status="RUNNING")
+    client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts", "1")) + 1))
     try:
         yield run_id
     except BaseException as e:
@@ -162,9 +190,14 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
     When ``PREFECT_API_URL`` is set (e.g. ``make stack-up``), only the result storage path is set. Yields the
     settings applied (name → value).
     """
-    from prefect.settings import (PREFECT_API_DATABASE_CONNECTION_URL, PREFECT_HOME, PREFECT_LOCAL_STORAGE_PATH,
-                                  PREFECT_SERVER_ANALYTICS_ENABLED, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-                                  temporary_settings)
+    from prefect.settings import (
+        PREFECT_API_DATABASE_CONNECTION_URL,
+        PREFECT_HOME,
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     base = cfg.paths.resolved_runs_dir() / ".prefect"
     try:
@@ -194,25 +227,36 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
                 os.environ[k] = v
 
 
-def stop_ephemeral_server() -> None:
+def stop_ephemeral_server(drain_timeout_s: float = 15.0) -> None:
     """Stop the ephemeral Prefect API server this process started, if any (no server left behind).
 
-    Logs and events still queued are sent first (otherwise their workers retry a dead server at exit).
+    Logs and events still queued are sent first (otherwise their workers retry a dead server at exit), for at
+    most ``drain_timeout_s`` seconds in all, and only while the server still runs: when a signal sent to the whole
+    process group has already ended it, nothing can be delivered and waiting would hang the exit.
     """
+    import threading
+
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
 
-    if not SubprocessASGIServer._instances:
+    servers = list(SubprocessASGIServer._instances.values())
+    if not servers:
         return
-    APILogWorker.drain_all(timeout=10)
-    EventsWorker.drain_all(timeout=10)
+    alive = any(getattr(s, "server_process", None) is not None and s.server_process.poll() is None for s in servers)
+    if alive:
+        def drain() -> None:
+            APILogWorker.drain_all(timeout=drain_timeout_s / 2)
+            EventsWorker.drain_all(timeout=drain_timeout_s / 2)
 
-    for server in list(SubprocessASGIServer._instances.values()):
+        worker = threading.Thread(target=drain, name="eagle3-drain-prefect", daemon=True)
+        worker.start()
+        worker.join(drain_timeout_s)
+    for server in servers:
         server.stop()
 
 
-def data_line(extract_dir: str | Path) -> str:
+def data_line(extract_dir: Path) -> str:
     """One line on what extraction used: samples, tokens, skipped records by reason, truncated samples."""
     from eagle3.artifacts import read_manifest
 

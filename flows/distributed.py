@@ -2,17 +2,21 @@
 
     eagle3-distributed     the orchestrator: the MLflow parent run; runs the stage deployments below one after
                            the other (``run_deployment``, each a flow run of its own on its own pool), then
-                           registers the draft and records the decision                    prefect.yaml: eagle3-cpu
+                           records the decision, enforces the acceptance gate, registers
+                           the draft (flows/pipeline.py's order)                           prefect.yaml: eagle3-cpu
     eagle3-stage-extract   hidden states → <run_dir>/extract                                             eagle3-gpu
     eagle3-stage-train     trained + untrained drafts → <run_dir>/train, train-untrained                 eagle3-gpu
     eagle3-stage-convert   convert + validate + equivalence → <run_dir>/serving, serving-untrained       eagle3-cpu
-    eagle3-stage-deploy    engine behind the readiness gate + bench (both drafts), acceptance gate       eagle3-gpu
+    eagle3-stage-deploy    pre-flight, engine behind the readiness gate + bench (both drafts), the       eagle3-gpu
+                           acceptance figures (offline decoding beside the served figure)
 
 Placement is prefect.yaml's (each deployment's ``work_pool``); the flows do not know it. Stages hand each other
 directories in the run directory, on storage that every worker mounts (``paths.runs_dir``; the worker image's
 ``runs`` is the volume at /runs). Each stage flow ends by writing ``<run_dir>/handover/<stage>.json``: its task
-results with every ``dir`` relative to the runs directory, its flow run id and host; the orchestrator reads it
-through its own mount of the same directory, wherever that is. The stage tasks are the cached tasks of the
+results (tasks/results.py types, written with their type name and every ``dir`` relative to the runs directory),
+its flow run id and host; the orchestrator reads them back as the same types through its own mount of the same
+directory, wherever that is. The pre-flight (tasks/preflight.py) is the deploy stage's first task: it checks the
+machine that is about to start the engine (installed engine, GPU memory, environment), before any engine starts. The stage tasks are the cached tasks of the
 one-process pipeline (flows/pipeline.py), their cache on the shared storage too (``PREFECT_LOCAL_STORAGE_PATH``),
 so running the orchestrator again (``prefect deployment run`` or ``prefect flow-run retry``) re-executes only
 what failed and what depends on it.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import socket
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,15 +38,17 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from eagle3.errors import ConfigError, DataError, Eagle3Error
-from flows.common import (load_run_config, parent_run, publish_summary, require_output, run_stage, stage_dirs,
+from flows.common import (finished_output, load_run_config, parent_run, publish_summary, run_stage, stage_dirs,
                           untrained_config)
 from tasks import caching, tracking
-from tasks.bench import decision_task, gate_task
+from tasks.bench import acceptance_task, decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import TIMEOUT_S as EXTRACT_TIMEOUT_S
 from tasks.extract import extract_task
+from tasks.preflight import preflight_task
 from tasks.registry import register_task
+from tasks.results import AcceptanceFigures, StageResult
 from tasks.train import TIMEOUT_S as TRAIN_TIMEOUT_S
 from tasks.train import train_task
 
@@ -70,18 +77,38 @@ def handover_path(cfg: Any, stage: str) -> Path:
     return cfg.run_dir() / "handover" / f"{stage}.json"
 
 
-def portable(cfg: Any, result: Any) -> Any:
-    """A task result whose ``dir`` is relative to the runs directory (``tasks.caching.run_relative``)."""
-    if isinstance(result, dict) and isinstance(result.get("dir"), str):
-        return {**result, "dir": caching.run_relative(result["dir"], cfg)}
-    return result
+def portable(cfg: Any, result: Any) -> dict:
+    """The JSON form of a stage task's result in a hand-over record (or a flow parameter): ``{"type": name, ...}``
+    with a :class:`StageResult`'s ``dir`` relative to the runs directory (``tasks.caching.run_relative``); an
+    :class:`AcceptanceFigures` as its fields; a plain dict (the pre-flight report) as ``{"type": "dict",
+    "value": ...}``. Raises DataError for any other type (nothing is dropped silently)."""
+    if isinstance(result, StageResult):
+        return {"type": "StageResult", **asdict(result), "dir": caching.run_relative(result.dir, cfg)}
+    if isinstance(result, AcceptanceFigures):
+        return {"type": "AcceptanceFigures", **asdict(result)}
+    if isinstance(result, dict):
+        return {"type": "dict", "value": result}
+    raise DataError(f"hand-over: a result of type StageResult, AcceptanceFigures or dict expected, got "
+                    f"{type(result).__name__}: {result!r:.200}")
 
 
-def localized(cfg: Any, result: Any) -> Any:
-    """The inverse of :func:`portable` on this machine: a relative ``dir`` joined to this runs directory."""
-    if isinstance(result, dict) and isinstance(result.get("dir"), str) and not Path(result["dir"]).is_absolute():
-        return {**result, "dir": str(cfg.paths.resolved_runs_dir() / result["dir"])}
-    return result
+def localized(cfg: Any, doc: dict) -> Any:
+    """The inverse of :func:`portable` on this machine: the typed result, a relative ``dir`` joined to this
+    machine's runs directory. Raises DataError for an unknown ``type`` or fields that do not fit it."""
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    fields = {k: v for k, v in doc.items() if k != "type"} if kind else {}
+    try:
+        if kind == "StageResult":
+            d = Path(fields.pop("dir"))
+            return StageResult(dir=d if d.is_absolute() else cfg.paths.resolved_runs_dir() / d, **fields)
+        if kind == "AcceptanceFigures":
+            return AcceptanceFigures(**fields)
+        if kind == "dict":
+            return fields["value"]
+    except (KeyError, TypeError) as e:
+        raise DataError(f"hand-over: {kind} fields {sorted(fields)} do not make a {kind} ({e})") from e
+    raise DataError(f"hand-over: type StageResult, AcceptanceFigures or dict expected, got {kind!r} "
+                    f"(a record written by an older version of flows/distributed.py? re-run the stage)")
 
 
 def write_handover(cfg: Any, stage: str, record: dict, results: dict) -> dict:
@@ -138,25 +165,25 @@ def _command(stage: str, config_path: str, overrides: list[str] | None) -> str:
 @flow(name=stage_flow_name("extract"), log_prints=False)
 def extract_stage(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
                   refresh: bool = False) -> dict:
-    """Hidden-state extraction into ``<run_dir>/extract``; hand-over ``{"extract": result}``."""
+    """Hidden-state extraction into ``<run_dir>/extract``; hand-over ``{"extract": StageResult}``."""
     cfg = load_run_config(config_path, overrides)
     record: dict = {}
     with _parent(cfg, parent_run_id, stage_flow_name("extract")) as parent:
         data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
-                         out_dir=str(stage_dirs(cfg)["extract"]), refresh=refresh, record=record)
+                         out_dir=stage_dirs(cfg)["extract"], refresh=refresh, record=record)
         return write_handover(cfg, "extract", record, {"extract": data})
 
 
 @flow(name=stage_flow_name("train"), log_prints=False)
 def train_stage(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
                 refresh: bool = False) -> dict:
-    """The trained and the untrained draft on ``<run_dir>/extract``; hand-over ``{variant: result}``."""
+    """The trained and the untrained draft on ``<run_dir>/extract``; hand-over ``{variant: StageResult}``."""
     cfg = load_run_config(config_path, overrides)
-    data = require_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
+    data = finished_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
     with _parent(cfg, parent_run_id, stage_flow_name("train")) as parent:
-        results = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, data_dir=str(data),
-                                out_dir=str(stage_dirs(c, v)["train"]), refresh=refresh, record=record)
+        results = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, data=data,
+                                out_dir=stage_dirs(c, v)["train"], refresh=refresh, record=record)
                    for v, c in _variants(cfg)}
         return write_handover(cfg, "train", record, results)
 
@@ -165,39 +192,47 @@ def train_stage(config_path: str, overrides: list[str] | None = None, parent_run
 def convert_stage(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
                   refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check both drafts into ``<run_dir>/serving*``; hand-over ``{variant:
-    result}``."""
+    StageResult}``."""
     cfg = load_run_config(config_path, overrides)
-    data = require_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
+    data = finished_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
     with _parent(cfg, parent_run_id, stage_flow_name("convert")) as parent:
         results = {}
         for v, c in _variants(cfg):
             d = stage_dirs(c, v)
-            draft = require_output(d["train"], "train", _command("train", config_path, overrides))
-            results[v] = run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v,
-                                   draft_dir=str(draft), data_dir=str(data), out_dir=str(d["serving"]),
-                                   refresh=refresh, record=record)
+            draft = finished_output(d["train"], "train", _command("train", config_path, overrides))
+            results[v] = run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v, draft=draft,
+                                   data=data, out_dir=d["serving"], refresh=refresh, record=record)
         return write_handover(cfg, "convert", record, results)
 
 
 @flow(name=stage_flow_name("deploy"), log_prints=False)
 def deploy_stage(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
                  train_result: dict | None = None, refresh: bool = False) -> dict:
-    """Serve + benchmark both drafts behind the readiness gate, then the acceptance gate (``train_result``: the
-    trained draft's train result, portable, for the simulated figure); hand-over ``{variant: result, "gate"}``."""
+    """Pre-flight (on this machine, before any engine starts), serve + benchmark both drafts behind the readiness
+    gate, then the acceptance figures (``train_result``: the trained draft's train result in :func:`portable`
+    form, for the simulated figure). Hand-over ``{variant: StageResult, "figures": AcceptanceFigures,
+    "preflight": report}``; the orchestrator records the decision and then enforces the acceptance gate."""
     cfg = load_run_config(config_path, overrides)
+    dirs = stage_dirs(cfg)
+    data = finished_output(dirs["extract"], "extract", "") if (dirs["extract"] / "manifest.json").is_file() else None
+    train = localized(cfg, train_result) if train_result else None
     record: dict = {}
     with _parent(cfg, parent_run_id, stage_flow_name("deploy")) as parent:
+        servings = {v: finished_output(stage_dirs(c, v)["serving"], "convert", _command("convert", config_path,
+                                                                                         overrides))
+                    for v, c in _variants(cfg)}
+        pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record,
+                        serving=servings["trained"], data=data)
         results = {}
         for v, c in _variants(cfg):
             d = stage_dirs(c, v)
-            serving = require_output(d["serving"], "convert", _command("convert", config_path, overrides))
             results[v] = run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v,
-                                   serving_dir=str(serving), deploy_dir=str(d["deploy"]), bench_dir=str(d["bench"]),
+                                   serving=servings[v], deploy_dir=d["deploy"], bench_dir=d["bench"],
                                    timeout_s=deploy_timeout_s(c), refresh=refresh, record=record)
-        gate = gate_task(cfg, results["trained"], results.get("untrained"), str(stage_dirs(cfg)["serving"]), parent,
-                         train_result=localized(cfg, train_result))
-        return write_handover(cfg, "deploy", record, {**results, "gate": gate})
+        figures = acceptance_task(cfg, results["trained"], results.get("untrained"), servings["trained"], parent,
+                                  train=train)
+        return write_handover(cfg, "deploy", record, {**results, "figures": figures, "preflight": pre})
 
 
 STAGE_FLOWS = {"extract": extract_stage, "train": train_stage, "convert": convert_stage, "deploy": deploy_stage}
@@ -206,9 +241,10 @@ STAGE_FLOWS = {"extract": extract_stage, "train": train_stage, "convert": conver
 # ---- the orchestrator -----------------------------------------------------------------------------------------
 
 def stage_deadline_s(cfg: Any, stage: str) -> float:
-    """Seconds the orchestrator waits for a stage's flow run: its tasks' timeouts (both variants) + queue slack."""
+    """Seconds the orchestrator waits for a stage's flow run: its tasks' timeouts (both variants) + queue slack
+    (deploy: the pre-flight's 600 s, both deploy-bench runs, the acceptance figures' 3600 s)."""
     tasks = {"extract": EXTRACT_TIMEOUT_S, "train": 2 * TRAIN_TIMEOUT_S, "convert": 2 * 3600.0,
-             "deploy": 2 * deploy_timeout_s(cfg) + 3600.0}
+             "deploy": 600.0 + 2 * deploy_timeout_s(cfg) + 3600.0}
     return tasks[stage] + QUEUE_SLACK_S
 
 
@@ -288,7 +324,8 @@ def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
 
     ``stage_deployment``: the deployment name of the stage flows (default: this flow run's own deployment name,
     e.g. ``tiny-random``). Raises StageRunFailed (message ``stage <name> failed: ...``) for a stage that did not
-    complete; the MLflow parent run is then FAILED.
+    complete, AcceptanceTooLow (after the decision is recorded) when the acceptance gate fails; the MLflow parent
+    run is then FAILED.
     """
     from flows.pipeline import pipeline_summary
 
@@ -308,11 +345,14 @@ def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
         data = stage("extract")["extract"]
         drafts = stage("train")
         serving = stage("convert")
-        gate = stage("deploy", train_result=portable(cfg, drafts["trained"]))["gate"]
-        registered = register_task(cfg, serving["trained"], drafts["trained"], gate, parent)
-        decision = decision_task(cfg, drafts["trained"]["dir"], drafts["trained"], gate, parent)
-        summary = pipeline_summary(cfg, parent, gate, decision, record, data)
-        summary["registered_model"] = f"{registered['name']}/{registered['version']}"
+        deployed = stage("deploy", train_result=portable(cfg, drafts["trained"]))
+        figures = deployed["figures"]
+        # flows/pipeline.py's order: the decision is recorded before the acceptance gate decides, pass or fail
+        decision = decision_task(cfg, drafts["trained"], figures, parent, preflight=deployed["preflight"])
+        gate_task(cfg, figures)
+        registered = register_task(cfg, serving["trained"], drafts["trained"], figures, parent)
+        summary = pipeline_summary(cfg, parent, figures, decision, record, data)
+        summary["registered_model"] = registered.ref
         summary["stage_flow_runs"] = placed
         summary["markdown"] += ["", "| stage | work pool | host | flow run |", "|---|---|---|---|",
                                 *[f"| {k} | {v['work_pool']} | {v['host']} | {v['flow_run_id']} |"

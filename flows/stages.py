@@ -10,13 +10,22 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (data_line, load_run_config, parent_run, publish_summary, require_output, run_stage,
-                          stage_dirs, untrained_config)
+from flows.common import (
+    data_line,
+    finished_output,
+    load_run_config,
+    parent_run,
+    publish_summary,
+    run_stage,
+    stage_dirs,
+    untrained_config,
+)
 from tasks import tracking
-from tasks.bench import gate_task
+from tasks.bench import acceptance_task, decision_task, gate_task
 from tasks.convert import convert_task
 from tasks.deploy import deploy_task, deploy_timeout_s
 from tasks.extract import extract_task
+from tasks.preflight import preflight_task
 from tasks.train import train_task
 
 
@@ -48,20 +57,20 @@ def extract_flow(config_path: str, overrides: list[str] | None = None, refresh: 
     record: dict = {}
     with parent_run(cfg, "eagle3-extract") as parent:
         data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
-                         out_dir=str(stage_dirs(cfg)["extract"]), refresh=refresh, record=record)
-        return _summary(cfg, parent, "eagle3-extract", record, data=data_line(data["dir"]))
+                         out_dir=stage_dirs(cfg)["extract"], refresh=refresh, record=record)
+        return _summary(cfg, parent, "eagle3-extract", record, data=data_line(data.dir))
 
 
 @flow(name="eagle3-train", log_prints=False)
 def train_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Train the draft (and the untrained baseline) on ``<run_dir>/extract``."""
     cfg = load_run_config(config_path, overrides)
-    data = require_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
+    data = finished_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
     with parent_run(cfg, "eagle3-train") as parent:
         for variant, c in _variants(cfg):
-            run_stage(train_task, cfg=c, parent=parent, stage="train", variant=variant, data_dir=str(data),
-                      out_dir=str(stage_dirs(c, variant)["train"]), refresh=refresh, record=record)
+            run_stage(train_task, cfg=c, parent=parent, stage="train", variant=variant, data=data,
+                      out_dir=stage_dirs(c, variant)["train"], refresh=refresh, record=record)
         return _summary(cfg, parent, "eagle3-train", record)
 
 
@@ -69,34 +78,45 @@ def train_flow(config_path: str, overrides: list[str] | None = None, refresh: bo
 def convert_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check the trained (and untrained) drafts into ``<run_dir>/serving*``."""
     cfg = load_run_config(config_path, overrides)
-    data = require_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
+    data = finished_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
     with parent_run(cfg, "eagle3-convert") as parent:
         for variant, c in _variants(cfg):
             d = stage_dirs(c, variant)
-            draft = require_output(d["train"], "train", _command("train", config_path, overrides))
-            run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=variant, draft_dir=str(draft),
-                      data_dir=str(data), out_dir=str(d["serving"]), refresh=refresh, record=record)
+            draft = finished_output(d["train"], "train", _command("train", config_path, overrides))
+            run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=variant, draft=draft,
+                      data=data, out_dir=d["serving"], refresh=refresh, record=record)
         return _summary(cfg, parent, "eagle3-convert", record)
 
 
 @flow(name="eagle3-deploy", log_prints=False)
 def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
-    """Deploy + benchmark the converted drafts behind the readiness gate, then the acceptance gate."""
+    """Pre-flight, deploy + benchmark the converted drafts behind the readiness gate, the acceptance figures, the
+    decision, then the acceptance gate."""
     cfg = load_run_config(config_path, overrides)
     record: dict = {}
     results: dict = {}
+    servings: dict = {}
+    dirs = stage_dirs(cfg)
+    data = finished_output(dirs["extract"], "extract", "") if (dirs["extract"] / "manifest.json").is_file() else None
     with parent_run(cfg, "eagle3-deploy") as parent:
+        serving = finished_output(dirs["serving"], "convert", _command("convert", config_path, overrides))
+        pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record, serving=serving,
+                        data=data)
         for variant, c in _variants(cfg):
             d = stage_dirs(c, variant)
-            serving = require_output(d["serving"], "convert", _command("convert", config_path, overrides))
+            serving = finished_output(d["serving"], "convert", _command("convert", config_path, overrides))
+            servings[variant] = serving
             results[variant] = run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=variant,
-                                         serving_dir=str(serving), deploy_dir=str(d["deploy"]),
-                                         bench_dir=str(d["bench"]), timeout_s=deploy_timeout_s(c), refresh=refresh,
-                                         record=record)
-        gate = gate_task(cfg, results["trained"], results.get("untrained"), str(stage_dirs(cfg)["serving"]), parent)
-        return _summary(cfg, parent, "eagle3-deploy", record, acceptance_length=gate["served"],
-                        acceptance_length_untrained=gate["untrained"])
+                                         serving=serving, deploy_dir=d["deploy"], bench_dir=d["bench"],
+                                         timeout_s=deploy_timeout_s(c), refresh=refresh, record=record)
+        train = finished_output(dirs["train"], "train", "") if (dirs["train"] / "manifest.json").is_file() else None
+        figures = acceptance_task(cfg, results["trained"], results.get("untrained"), servings["trained"], parent,
+                                  train=train)
+        decision_task(cfg, train, figures, parent, preflight=pre)  # recorded before the gate decides: pass or fail
+        gate_task(cfg, figures)
+        return _summary(cfg, parent, "eagle3-deploy", record, acceptance_length=figures.served,
+                        acceptance_length_untrained=figures.untrained)
 
 
 STAGE_FLOWS = {"extract": extract_flow, "train": train_flow, "convert": convert_flow, "deploy": deploy_flow}

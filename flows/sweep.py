@@ -1,13 +1,20 @@
-"""Flow ``eagle3-sweep``: the pipeline over data sizes × training schedules, then ``sweep_decision``.
+"""Flow ``eagle3-sweep``: the pipeline over data variants × data sizes × training schedules, then the decision.
 
-Each point is the whole pipeline as a subflow, on its own run directory (``<name>-n<size>-<schedule>``), with
-its own MLflow parent run tagged ``eagle3.sweep_run_id`` (and the point's data size, schedule, unique tokens,
-epochs over the data, optimizer steps as tags/metrics), so the comparison table is read back from MLflow
-(:func:`sweep_table`). The points of one data size share one extraction (``<sweep run dir>/extract-n<size>``:
-the extraction cache key does not depend on the training schedule, so the second schedule finds it cached).
-The sweep's parent run holds ``sweep.json``, the table (``sweep_table.md``), the data-scaling plot and the
-decision ("more data" / "longer training" / "fix serving integration" / "stop"). A point that fails is
-recorded as failed and left out of the decision (the sweep fails only when no point succeeded).
+Each point is the whole pipeline as a subflow, on its own run directory (``<name>-<data>-n<size>-<schedule>``),
+with its own MLflow parent run nested under the sweep's run (``mlflow.parentRunId``) and tagged
+``eagle3.sweep_run_id``, ``eagle3.sweep.point`` / ``.data`` / ``.data_size`` / ``.schedule`` (and the point's
+unique tokens, epochs over the data, optimizer steps as metrics), so the comparison table is read back from
+MLflow (``tasks.reports.sweep_table``). Points of one (data variant, size) share one extraction
+(``<sweep run dir>/extract-<data>-n<size>``: the extraction key does not depend on the schedule). With
+``eval_sets`` every finished point's draft is also measured offline on those prompt sets (``tasks.evaluate``:
+replayed greedy chain decoding, with bootstrap intervals), logged on the point's run as ``offline.<set>.*``.
+The sweep's run holds ``sweep.json``, the table (``sweep_table.md``), the data-scaling and training-length
+plots and the decision ("more data" / "longer training" / "regenerate data" / "fix serving integration" /
+"stop"). A point that fails is recorded as failed and left out of the decision.
+
+Long sweeps span several sessions: ``deadline_s`` stops starting new points after that many seconds (the rest
+are returned as ``pending``), and ``sweep_run_id`` continues an earlier sweep's MLflow run: points it already
+finished are not run again (their rows come from MLflow), others run (cached stages are skipped).
 
 Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 
@@ -16,197 +23,220 @@ Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import flow
 
 from eagle3.artifacts import read_manifest
 from eagle3.errors import DataError
-from flows.common import load_run_config, parent_run, publish_summary
+from flows.common import load_run_config, parent_run, publish_summary, reopen_run
 from flows.pipeline import eagle3_pipeline
 from tasks import tracking
+from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
 
-SWEEP_TAG = "eagle3.sweep_run_id"
 # schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run with
 # evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the checkpoint).
 DEFAULT_SCHEDULES = {"epochs3-cosine": ["train.schedule=epochs", "train.epochs=3"],
                      "constant-long": ["train.schedule=constant", "train.epochs=6", "train.eval_every=50"]}
+DEFAULT_DATA = {"as-is": []}  # data variant name → data overrides (e.g. a regenerated conversations file)
 
 
-def point_result(summary: dict, size: int, schedule: str) -> dict:
-    """One row for ``eagle3.decide.sweep_decision`` from a finished point's summary and its draft manifest
-    (``<run_dir>/train/manifest.json``): data size (conversations), unique tokens (``counts.train_positions``),
-    epochs over the data, optimizer steps, and the served / offline / simulated acceptance lengths."""
+def point_key(data: str, size: int, schedule: str) -> str:
+    """``<data>-n<size>-<schedule>``: a point's name in the sweep (run directory, MLflow tag, flow run name)."""
+    return f"{data}-n{size}-{schedule}"
+
+
+def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
+    """A finished point's coordinates and figures from its summary and its draft manifest
+    (``<run_dir>/train/manifest.json``): data variant, data size (conversations), schedule, unique tokens
+    (``counts.train_positions``), epochs over the data, optimizer steps, served / offline / simulated acceptance."""
     m = read_manifest(Path(summary["run_dir"]) / "train")
-    return {"data_size": size, "schedule": schedule, "unique_tokens": (m.get("counts") or {}).get("train_positions"),
+    return {"data": data, "data_size": size, "schedule": schedule, "key": point_key(data, size, schedule),
+            "unique_tokens": (m.get("counts") or {}).get("train_positions"),
             "acceptance_length": summary["acceptance_length"], "offline": summary.get("acceptance_length_offline"),
             "simulated": summary.get("acceptance_length_simulated"),
             "epochs": m.get("epochs_over_data"), "optimizer_steps": m.get("optimizer_steps"),
-            "parent_run_id": summary["parent_run_id"], "registered_model": summary.get("registered_model")}
+            "parent_run_id": summary["parent_run_id"], "run_dir": summary["run_dir"],
+            "registered_model": summary.get("registered_model")}
 
 
 def tag_point(cfg, sweep_run_id: str, row: dict) -> None:
-    """Link a point's parent run to the sweep (tag :data:`SWEEP_TAG`) and store its sweep coordinates:
-    tags ``eagle3.sweep.data_size``/``eagle3.sweep.schedule``, metrics ``sweep.unique_tokens``,
-    ``sweep.epochs_over_data``, ``sweep.optimizer_steps``."""
+    """Nest a point's parent run under the sweep's run and store its sweep coordinates: tags
+    :data:`SWEEP_TAG`, ``mlflow.parentRunId``, ``eagle3.sweep.point``/``.data``/``.data_size``/``.schedule``;
+    metrics ``sweep.unique_tokens``, ``sweep.epochs_over_data``, ``sweep.optimizer_steps``."""
     run = row["parent_run_id"]
-    tracking.set_parent_tags(cfg, run, {SWEEP_TAG: sweep_run_id, "eagle3.sweep.data_size": row["data_size"],
+    tracking.set_parent_tags(cfg, run, {SWEEP_TAG: sweep_run_id, tracking.PARENT_TAG: sweep_run_id,
+                                        "eagle3.sweep.point": row["key"], "eagle3.sweep.data": row["data"],
+                                        "eagle3.sweep.data_size": row["data_size"],
                                         "eagle3.sweep.schedule": row["schedule"]})
     tracking.log_parent_metrics(cfg, run, {"sweep.unique_tokens": row["unique_tokens"],
                                            "sweep.epochs_over_data": row["epochs"],
                                            "sweep.optimizer_steps": row["optimizer_steps"]})
 
 
-def _point_overrides(base: list[str], cfg_name: str, size: int, name: str, sched: list[str]) -> list[str]:
-    return [*base, f"data.num_conversations={size}", *sched, f"name={cfg_name}-n{size}-{name}",
+def _point_overrides(base: list[str], cfg_name: str, data: list[str], size: int, key: str,
+                     sched: list[str]) -> list[str]:
+    return [*base, *data, f"data.num_conversations={size}", *sched, f"name={cfg_name}-{key}",
             "bench.baseline_untrained=false"]
 
 
-def _publish(cfg, parent: str, results: list[dict], failed: dict, decision) -> None:
-    fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
-    publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
-        "| data size | schedule | served | offline | simulated |", "|---|---|---|---|---|",
-        *[f"| {r['data_size']} | {r['schedule']} | {fmt(r['acceptance_length'])} | {fmt(r['offline'])} | "
-          f"{fmt(r['simulated'])} |" for r in results],
-        *[f"| {k} | failed | {v} | | |" for k, v in failed.items()], "",
-        f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])
+def sweep_points(sizes: list[int], schedules: dict, data: dict, points: list | None) -> list[tuple[str, int, str]]:
+    """The (data variant, size, schedule) triples to run: ``points`` (each ``[data, size, schedule]``; names
+    checked against ``data`` and ``schedules``), else the whole grid in (data, size, schedule) order.
+    Raises DataError naming an unknown variant or schedule."""
+    if points is None:
+        return [(d, int(n), s) for d in data for n in sizes for s in schedules]
+    out = []
+    for i, pt in enumerate(points):
+        if len(pt) != 3:
+            raise DataError(f"sweep points[{i}]: expected [data, size, schedule], got {pt!r}")
+        d, n, s = pt
+        if d not in data or s not in schedules:
+            raise DataError(f"sweep points[{i}] = {pt!r}: expected data in {sorted(data)} and schedule in "
+                            f"{sorted(schedules)}")
+        out.append((str(d), int(n), str(s)))
+    return out
+
+
+def _finished_points(cfg, sweep_run_id: str) -> set[str]:
+    """Point keys that already have a FINISHED parent run under this sweep (resume)."""
+    client, exp = tracking.client_for(cfg)
+    runs = client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000)
+    return {r.data.tags.get("eagle3.sweep.point") for r in runs if r.info.status == "FINISHED"}
+
+
+def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds: dict, data: dict, parent: str,
+                deadline: float | None) -> tuple[list[dict], dict, list[str]]:
+    results, failed, pending = [], {}, []
+    for d, size, s in todo:
+        key = point_key(d, size, s)
+        if deadline is not None and time.monotonic() > deadline:
+            pending.append(key)
+            continue
+        point = _point_overrides(overrides, cfg.name, data[d], size, key, scheds[s])
+        state = eagle3_pipeline.with_options(flow_run_name=key)(
+            config_path=config_path, overrides=point, extract_dir=str(cfg.run_dir() / f"extract-{d}-n{size}"),
+            return_state=True)
+        if state.is_completed():
+            results.append(point_result(state.result(), d, size, s))
+            tag_point(cfg, parent, results[-1])
+        else:
+            failed[key] = state.message or state.name
+    return results, failed, pending
 
 
 @flow(name="eagle3-sweep", log_prints=False)
 def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes: list[int] | None = None,
-               schedules: dict[str, list[str]] | None = None, target_acceptance: float | None = None) -> dict:
-    """Run the pipeline for every (data size in conversations, schedule name → overrides) pair and decide.
+               schedules: dict[str, list[str]] | None = None, target_acceptance: float | None = None,
+               data: dict[str, list[str]] | None = None, points: list[list] | None = None,
+               eval_sets: list[str] | None = None, eval_max_new_tokens: int = 256,
+               deadline_s: float | None = None, sweep_run_id: str | None = None,
+               evaluate_with_pending: bool = False) -> dict:
+    """Run the pipeline for every point (module docstring) and decide.
 
-    Defaults: sizes = half and all of ``data.num_conversations``; schedules = :data:`DEFAULT_SCHEDULES`.
-    Raises DataError when every point failed.
+    Defaults: sizes = half and all of ``data.num_conversations``; schedules = :data:`DEFAULT_SCHEDULES`; data
+    = :data:`DEFAULT_DATA` (the config's data as it is); points = the whole grid. ``eval_sets``: prompt sets of
+    ``eagle3.measure.replay`` (e.g. ``["mtbench2", "gsm8k200"]``) for the offline evaluation of every point,
+    ``eval_max_new_tokens`` tokens each, once no point is pending (or anyway with ``evaluate_with_pending``: the
+    last session of a sweep that ran out of time). Raises DataError when every point failed (and none finished
+    earlier).
     """
-    from eagle3.decide import sweep_decision
+    from tasks.evaluate import evaluate_points
 
+    t0 = time.monotonic()
     cfg = load_run_config(config_path, overrides)
     sizes = list(data_sizes or [cfg.data.num_conversations // 2, cfg.data.num_conversations])
-    scheds = dict(schedules or DEFAULT_SCHEDULES)
-    results, failed = [], {}
-    with parent_run(cfg, "eagle3-sweep") as parent:
+    scheds, variants = dict(schedules or DEFAULT_SCHEDULES), dict(data or DEFAULT_DATA)
+    todo = sweep_points(sizes, scheds, variants, points)
+    run = parent_run(cfg, "eagle3-sweep") if sweep_run_id is None else reopen_run(cfg, sweep_run_id)
+    with run as parent:
         tracking.set_parent_tags(cfg, parent, {"eagle3.sweep.sizes": ",".join(map(str, sizes)),
-                                               "eagle3.sweep.schedules": ",".join(scheds)})
-        for size in sizes:
-            shared_extract = str(cfg.run_dir() / f"extract-n{size}")
-            for name, sched in scheds.items():
-                point = _point_overrides(list(overrides or []), cfg.name, size, name, sched)
-                state = eagle3_pipeline.with_options(flow_run_name=f"n{size}-{name}")(
-                    config_path=config_path, overrides=point, extract_dir=shared_extract, return_state=True)
-                if state.is_completed():
-                    results.append(point_result(state.result(), size, name))
-                    tag_point(cfg, parent, results[-1])
-                else:
-                    failed[f"n{size}-{name}"] = state.message or state.name
-        tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed}, "sweep.json")
-        if not results:
+                                               "eagle3.sweep.schedules": ",".join(scheds),
+                                               "eagle3.sweep.data": ",".join(variants)})
+        done = _finished_points(cfg, parent) if sweep_run_id else set()
+        todo = [p for p in todo if point_key(*p) not in done]
+        results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo, scheds, variants,
+                                               parent, None if deadline_s is None else t0 + deadline_s)
+        if eval_sets and (evaluate_with_pending or not pending):  # the continuations are generated once for all
+            evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
+        rows = sweep_table(parent, tracking.tracking_uri(cfg))
+        tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed, "pending": pending,
+                                                   "rows": rows}, "sweep.json")
+        if not rows:
             raise DataError(f"sweep {cfg.name}: every point failed: {failed}")
-        plot = cfg.run_dir() / "sweep" / "data_scaling.png"
-        plot.parent.mkdir(parents=True, exist_ok=True)
-        decision = sweep_decision(results, plot_path=plot, target=target_acceptance)
-        tracking.set_parent_tags(cfg, parent, {f"eagle3.{k}": v for k, v in decision.tags().items()})
-        client, _ = tracking.client_for(cfg)
-        client.log_text(parent, decision.to_markdown(), "decision.md")
-        client.log_text(parent, format_table(sweep_table(parent, tracking.tracking_uri(cfg))), "sweep_table.md")
-        if plot.is_file():
-            client.log_artifact(parent, str(plot))
-        _publish(cfg, parent, results, failed, decision)
+        decision = decide_and_plot(cfg, parent, rows, target_acceptance, pending)
+        _publish(cfg, parent, rows, failed, pending, decision)
     return {"flow": "eagle3-sweep", "config": cfg.name, "run_dir": str(cfg.run_dir()),
             "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results, "failed": failed,
-            "decision": decision.recommendation, "decision_rule": decision.rule, "plot": str(plot),
-            "experiment_id": tracking.client_for(cfg)[1], "stages": {}}
+            "pending": pending, "decision": decision.recommendation, "decision_rule": decision.rule,
+            "plot": str(cfg.run_dir() / "sweep" / "data_scaling.png"), "experiment_id": tracking.client_for(cfg)[1],
+            "stages": {}}
 
 
-TABLE_COLUMNS = ("data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
-                 "simulated", "served", "offline", "registered_model", "run_id")
+def decision_rows(rows: list[dict]) -> list[dict]:
+    """:func:`tasks.reports.sweep_table` rows as ``eagle3.decide.sweep_decision`` results: the acceptance length
+    judged is the offline MT-Bench figure (``offline_eval``, all prompts) where a point has one, else served."""
+    out = []
+    for r in rows:
+        best = r.get("offline_eval") if r.get("offline_eval") is not None else r.get("served")
+        out.append({**r, "acceptance_length": best, "served": r.get("served"), "offline": r.get("offline"),
+                    "epochs": r.get("epochs_over_data"), "figure": "offline_eval" if r.get("offline_eval") else "served"})
+    return [r for r in out if r["acceptance_length"] is not None]
 
 
-def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
-    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>``,
-    sorted by (data size, schedule). Each row has :data:`TABLE_COLUMNS`: data size (conversations), schedule,
-    unique training tokens, epochs over the data, optimizer steps, and the acceptance lengths (bonus token
-    counted): simulated (training validation), served (engine), offline (in-process reference decoding).
-    Raises DataError when the sweep run is unknown."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
+def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pending: list[str]):
+    """``sweep_decision`` over the table, the data-scaling and training-length plots, all logged on the sweep run.
+    Returns the Decision."""
+    from eagle3.decide import sweep_decision
+    from eagle3.measure.plots import plot_training_length
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        exp = client.get_run(sweep_run_id).info.experiment_id
-    except MlflowException as e:
-        raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
-    rows = []
-    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
-        m, t = r.data.metrics, r.data.tags
-        rows.append({"data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
-                     "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
-                     "optimizer_steps": m.get("sweep.optimizer_steps"),
-                     "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
-                     "offline": m.get("acceptance_length_offline"),
-                     "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id})
-    return sorted(rows, key=lambda x: (x["data_size"], x["schedule"] or ""))
-
-
-def format_table(rows: list[dict]) -> str:
-    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2)."""
-    def cell(k, v):
-        if v is None:
-            return "n/a"
-        if k in ("unique_tokens", "optimizer_steps"):
-            return f"{int(v):,}"
-        if k == "epochs_over_data":
-            return f"{v:.2f}"
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-    head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
+    out_dir = cfg.run_dir() / "sweep"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png", target=target)
+    if pending:
+        decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} — this decision covers "
+                                "the finished points only")
+    curves = training_curves(rows)
+    client, _ = tracking.client_for(cfg)
+    if curves:
+        client.log_artifact(parent, str(plot_training_length(curves, out_dir / "training_length.png")))
+    tracking.set_parent_tags(cfg, parent, {f"eagle3.{k}": v for k, v in decision.tags().items()})
+    tracking.set_parent_tags(cfg, parent, {"eagle3.sweep.pending": str(len(pending))})
+    client.log_text(parent, decision.to_markdown(), "decision.md")
+    client.log_text(parent, format_table(rows), "sweep_table.md")
+    if (out_dir / "data_scaling.png").is_file():
+        client.log_artifact(parent, str(out_dir / "data_scaling.png"))
+    return decision
 
 
-def simulated_pivot(rows: list[dict]) -> str:
-    """Markdown: simulated acceptance length (training validation, bonus token counted) with schedules as
-    rows and data sizes (conversations; unique training tokens) as columns, from :func:`sweep_table` rows."""
-    sizes = sorted({r["data_size"] for r in rows})
-    toks = {r["data_size"]: r["unique_tokens"] for r in rows}
-    head = ["| schedule | " + " | ".join(f"{n} conv. ({int(toks[n] or 0):,} tokens)" for n in sizes) + " |",
-            "|---|" + "---|" * len(sizes)]
-    body = []
-    for sched in sorted({r["schedule"] for r in rows}):
-        cells = []
-        for n in sizes:
-            r = next((x for x in rows if x["schedule"] == sched and x["data_size"] == n), None)
-            cells.append("n/a" if r is None or r["simulated"] is None else
-                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps)")
-        body.append(f"| {sched} | " + " | ".join(cells) + " |")
-    return "\n".join(head + body)
+def training_curves(rows: list[dict]) -> list[dict]:
+    """Simulated acceptance length (validation, bonus token counted) at every evaluation of each point's training,
+    against optimizer steps, from ``<run_dir>/train/metrics.jsonl``: ``[{"label", "steps", "acceptance"}]``."""
+    from eagle3.measure.plots import read_metrics_jsonl
+
+    curves = []
+    for r in rows:
+        path = Path(r.get("run_dir") or "") / "train" / "metrics.jsonl"
+        if not r.get("run_dir") or not path.is_file():
+            continue
+        evals = [x for x in read_metrics_jsonl(path) if isinstance(x.get("val/simulated_acceptance_length"), float)]
+        if evals:
+            curves.append({"label": r.get("point") or f"{r['data_size']}-{r['schedule']}",
+                           "steps": [int(x["step"]) for x in evals],
+                           "acceptance": [x["val/simulated_acceptance_length"] for x in evals]})
+    return curves
 
 
-def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | None = None,
-                 max_plot_bytes: int = 200_000) -> str:
-    """A markdown report of a finished sweep, all read from MLflow: the comparison table, the simulated
-    acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot (artifact
-    ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes`` bytes)."""
-    import shutil
-
-    from mlflow import MlflowClient
-
-    from flows.decision import decision_text
-
-    rows = sweep_table(sweep_run_id, tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
-    plot_line = "data-scaling plot: not found"
-    try:
-        local = Path(client.download_artifacts(sweep_run_id, "data_scaling.png"))
-        plot_line = f"data-scaling plot: MLflow artifact `data_scaling.png` of run {sweep_run_id}"
-        if plot_copy is not None and local.stat().st_size <= max_plot_bytes:
-            shutil.copyfile(local, plot_copy)
-            plot_line += f", copied to `{plot_copy}`"
-    except Exception as e:  # noqa: BLE001 - reported in the text
-        plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
-    return "\n".join(["## MLflow comparison", "", format_table(rows), "",
-                      "## Simulated acceptance length by schedule × data size", "", simulated_pivot(rows), "",
-                      f"- {plot_line}", "", "## Decision (`eagle3 decide`)", "", "```",
-                      decision_text(sweep_run_id, tracking_uri), "```"])
+def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str], decision) -> None:
+    fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
+    publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
+        "| point | served | offline (bench prompts) | offline (eval sets) | simulated |", "|---|---|---|---|---|",
+        *[f"| {r.get('point')} | {fmt(r['served'])} | {fmt(r['offline'])} | {fmt(r.get('offline_eval'))} | "
+          f"{fmt(r['simulated'])} |" for r in rows],
+        *[f"| {k} | failed: {v} | | | |" for k, v in failed.items()],
+        *[f"| {k} | pending | | | |" for k in pending], "",
+        f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,9 +6,11 @@ task, so these modules import while a stage is still missing) and records what i
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from eagle3.errors import TransientError
+from tasks.results import StageResult
 
 RETRIES = 2
 RETRY_DELAYS_S = [5, 30]  # seconds between attempts
@@ -18,7 +20,7 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn``: retry only when the task failed with :class:`TransientError`.
 
     Every other error (ConfigError, DataError, CheckpointInvalid, GateFailed, AcceptanceTooLow, timeouts)
-    is a fact about the inputs and is never retried (../shared/DESIGN.md, "Errors").
+    is a fact about the inputs and is never retried (docs/INTERNALS.md, "Errors").
     """
     exc = state.data if isinstance(state.data, BaseException) else None
     if exc is None:
@@ -50,7 +52,7 @@ def prefect_tags() -> dict[str, str]:
 
 
 def stage_result(stage: str, out_dir: Any, manifest: dict, mlflow_run_id: str, metrics: dict | None = None,
-                 **extra: Any) -> dict:
+                 variant: str = "trained", acceptance_length: float | None = None) -> StageResult:
     """The value every stage task returns (and Prefect caches): where the output is and what it was."""
-    return {"stage": stage, "dir": str(out_dir), "content_hash": manifest["content_hash"],
-            "mlflow_run_id": mlflow_run_id, "metrics": dict(metrics or {}), **extra}
+    return StageResult(stage, Path(out_dir), manifest["content_hash"], mlflow_run_id, dict(metrics or {}), variant,
+                       acceptance_length)

@@ -1,7 +1,8 @@
-"""Prefect tasks after the measurement: the acceptance gate and the decision.
+"""Prefect tasks after the measurement: the acceptance figures, the decision and the acceptance gate.
 
-Neither is cached: both are cheap and read only what the cached stages returned, so changing the gate's
-minimum re-runs the gate alone.
+In that order, so a run whose gate fails still records its decision ("more data / longer training / fix
+serving") — when it is needed most. None is cached: all are cheap and read only what the cached stages
+returned, so changing the gate's minimum re-runs the gate alone.
 """
 
 from __future__ import annotations
@@ -13,48 +14,29 @@ from typing import Any
 from prefect import task
 
 from tasks import prefect_tags, task_options, tracking
-
-
-def training_history(train_dir: str | Path) -> dict:
-    """``{"val_loss": [...], "train_loss": [...], "epochs", "unique_tokens"}`` for ``eagle3.decide.recommend``,
-    from the draft's ``metrics.jsonl`` (one JSON object per logged step) and ``manifest.json``.
-
-    Rows ``{"step", "kind": "eval", "val/loss", ...}`` are evaluations, ``{"kind": "train", "train/loss"}`` training
-    logs (eagle3.train_loop). Epochs = the manifest's ``epochs_over_data``; unique tokens = its
-    ``counts.train_positions``. Raises DataError when the folder has no manifest.
-    """
-    from eagle3.artifacts import read_manifest
-
-    d = Path(train_dir)
-    manifest = read_manifest(d)
-    val, train = [], []
-    path = d / "metrics.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if row.get("kind") == "eval" and isinstance(row.get("val/loss"), (int, float)):
-                val.append(float(row["val/loss"]))
-            elif row.get("kind") == "train" and isinstance(row.get("train/loss"), (int, float)):
-                train.append(float(row["train/loss"]))
-    return {"val_loss": val, "train_loss": train, "epochs": manifest.get("epochs_over_data"),
-            "unique_tokens": (manifest.get("counts") or {}).get("train_positions")}
+from tasks.results import AcceptanceFigures, StageResult
 
 
 def offline_settings(cfg: Any) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts, number of
     prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
-    CPU reference engine serves in (``serve.dtype``; ``auto`` = float32, eagle3.engines.reference)."""
+    reference engine serves in (``serve.dtype``; ``auto`` = bf16 where it is fast on that device, else float32:
+    eagle3.precision), its device (``serve.device``) and, on a CPU, its torch threads (``serve.cpu_threads``)."""
+    from eagle3.precision import resolve_dtype
+    from eagle3.serve.launcher import reference_device
+
     b = cfg.bench
+    device = reference_device(cfg.serve.device)
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
-            "dtype": "float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype}
+            "chat_template_kwargs": dict(cfg.data.chat_template_kwargs),
+            "dtype": resolve_dtype(cfg.serve.dtype, device), "device": device,
+            "cpu_threads": cfg.serve.cpu_threads if device.startswith("cpu") else None}
 
 
-def offline_figure(cfg: Any, serving_dir: str | Path) -> dict:
-    """``eagle3.bench.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised in
-    ``<run_dir>/gate/offline_acceptance.json`` by (serving manifest content hash, settings).
+def offline_figure(cfg: Any, serving_dir: Path) -> dict:
+    """``eagle3.measure.offline.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised
+    in ``<run_dir>/gate/offline_acceptance.json`` by (serving manifest content hash, settings).
 
     Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts × 64
     tokens: ≈ 30-40 s). Returns the offline result (``acceptance_length``, ``per_position``, ``wall_s`` seconds,
@@ -62,94 +44,105 @@ def offline_figure(cfg: Any, serving_dir: str | Path) -> dict:
     """
     from eagle3.artifacts import atomic_write_json, read_manifest
     from eagle3.assets import resolve_target
-    from eagle3.bench import offline_acceptance
+    from eagle3.measure.offline import offline_acceptance
 
-    key = {"serving_content_hash": read_manifest(serving_dir)["content_hash"], **offline_settings(cfg)}
+    st = offline_settings(cfg)
+    key = {"serving_content_hash": read_manifest(serving_dir)["content_hash"], **st}
     memo = cfg.run_dir() / "gate" / "offline_acceptance.json"
     if memo.is_file():
         old = json.loads(memo.read_text())
         if old.get("key") == key:
             return old["result"]
-    st = offline_settings(cfg)
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"], num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
-                             temperature=st["temperature"])
+                             temperature=st["temperature"], device=st["device"],
+                             chat_template_kwargs=st["chat_template_kwargs"], cpu_threads=st["cpu_threads"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
     return res
 
 
-def simulated_figure(train_result: dict | None) -> float | None:
-    """The training run's simulated acceptance length (validation, bonus token counted; eagle3.train_metrics)
-    from the train task's result, or None."""
-    v = ((train_result or {}).get("metrics") or {}).get("simulated_acceptance_length")
+def simulated_figure(train: StageResult | None) -> float | None:
+    """The training run's simulated acceptance length (validation, bonus token counted; eagle3.train.metrics)."""
+    v = train.metric("simulated_acceptance_length") if train is not None else None
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def log_acceptance_plot(cfg: Any, parent_run_id: str, out: dict) -> Path:
+def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) -> Path:
     """``<run_dir>/gate/served_vs_offline.png`` (simulated / offline / served bars of the trained draft, and the
     untrained baseline's served bar when measured), logged on the parent run under ``plots/``."""
-    from eagle3.plots import plot_served_vs_offline
+    from eagle3.measure.plots import plot_served_vs_offline
 
-    points = [{"label": "trained draft", "simulated": out["simulated"], "offline": out["offline"],
-               "served": out["served"]}]
-    if out.get("untrained") is not None:
-        points.append({"label": "untrained baseline", "simulated": None, "offline": None, "served": out["untrained"]})
+    points = [{"label": "trained draft", "simulated": fig.simulated, "offline": fig.offline, "served": fig.served}]
+    if fig.untrained is not None:
+        points.append({"label": "untrained baseline", "simulated": None, "offline": None, "served": fig.untrained})
     path = plot_served_vs_offline(points, cfg.run_dir() / "gate" / "served_vs_offline.png")
     client, _ = tracking.client_for(cfg)
     client.log_artifact(parent_run_id, str(path), "plots")
     return path
 
 
-@task(name="acceptance-gate", task_run_name="acceptance-gate", **task_options(3600.0))
-def gate_task(cfg: Any, trained: dict, untrained: dict | None, serving_dir: str, parent_run_id: str,
-              train_result: dict | None = None) -> dict:
-    """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``.
+@task(name="acceptance", task_run_name="acceptance", **task_options(3600.0))
+def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | None, serving: StageResult,
+                    parent_run_id: str, train: StageResult | None = None) -> AcceptanceFigures:
+    """The acceptance figures of the run, logged on the parent run whatever they are: served (the trained draft's
+    benchmark), untrained (the baseline's), offline (:func:`offline_figure`: in-process, same draft and prompts)
+    and simulated (training validation) — metrics ``acceptance_length``, ``acceptance_length_untrained``,
+    ``acceptance_length_offline``, ``acceptance_length_simulated``, ``acceptance_gap_offline_minus_served`` — with
+    the plot ``plots/served_vs_offline.png``, so a serving gap is visible even when the gate passes. Also the
+    gate's verdict against ``bench.min_acceptance_length`` (``passed``, ``failure``: the diagnosis), which
+    :func:`gate_task` enforces after the decision is recorded."""
+    from eagle3.measure.bench import acceptance_verdict
 
-    The offline (in-process, no server) figure of the same draft on the same prompts (:func:`offline_figure`)
-    and the simulated (training validation) figure are always logged beside the served one
-    (``acceptance_length``, ``acceptance_length_offline``, ``acceptance_length_simulated``,
-    ``acceptance_gap_offline_minus_served``) with the plot ``plots/served_vs_offline.png``, so a serving gap is
-    visible even when the gate passes. Below the minimum ``eagle3.bench.check_acceptance`` says whether serving
-    or the draft is at fault. Raises AcceptanceTooLow. Returns ``{"served", "untrained", "gain",
-    "beats_baseline", "offline", "simulated", "offline_wall_s"}``.
-    """
-    from eagle3.bench import check_acceptance
-
-    served = trained.get("acceptance_length")
-    base = untrained.get("acceptance_length") if untrained else None
-    off = offline_figure(cfg, serving_dir)
-    out = {"served": served, "untrained": base, "offline": off["acceptance_length"],
-           "simulated": simulated_figure(train_result), "offline_wall_s": off.get("wall_s"),
-           "gain": (served - base) if served is not None and base is not None else None}
-    out["beats_baseline"] = out["gain"] is not None and out["gain"] > 0
-    gap = out["offline"] - served if served is not None else None
+    off = offline_figure(cfg, serving.dir)
+    served, minimum = trained.acceptance_length, cfg.bench.min_acceptance_length
+    failure = acceptance_verdict(served, off["acceptance_length"], minimum)
+    fig = AcceptanceFigures(served=served, untrained=untrained.acceptance_length if untrained else None,
+                            offline=off["acceptance_length"], simulated=simulated_figure(train),
+                            offline_wall_s=off.get("wall_s"), minimum=minimum, passed=failure is None,
+                            failure=failure)
     tracking.log_parent_metrics(cfg, parent_run_id, {
-        "acceptance_length": served, "acceptance_length_untrained": base,
-        "acceptance_gain_over_untrained": out["gain"], "acceptance_length_offline": out["offline"],
-        "acceptance_length_simulated": out["simulated"], "acceptance_gap_offline_minus_served": gap,
-        "offline_acceptance_wall_s": out["offline_wall_s"]})
-    tracking.set_parent_tags(cfg, parent_run_id, {"eagle3.beats_untrained": str(out["beats_baseline"]).lower(),
+        "acceptance_length": fig.served, "acceptance_length_untrained": fig.untrained,
+        "acceptance_gain_over_untrained": fig.gain, "acceptance_length_offline": fig.offline,
+        "acceptance_length_simulated": fig.simulated,
+        "acceptance_gap_offline_minus_served": fig.offline - fig.served if fig.served is not None else None,
+        "offline_acceptance_wall_s": fig.offline_wall_s})
+    tracking.set_parent_tags(cfg, parent_run_id, {"eagle3.beats_untrained": str(fig.beats_baseline).lower(),
+                                                  "eagle3.acceptance_gate": "passed" if fig.passed else "failed",
                                                   **prefect_tags()})
     tracking.log_parent_artifact(cfg, parent_run_id, {k: v for k, v in off.items() if k != "per_request"},
                                  "offline_acceptance.json")
-    log_acceptance_plot(cfg, parent_run_id, out)
-    check_acceptance(served, out["offline"], cfg.bench.min_acceptance_length)
-    return out
+    log_acceptance_plot(cfg, parent_run_id, fig)
+    return fig
+
+
+@task(name="acceptance-gate", task_run_name="acceptance-gate", **task_options(60.0))
+def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
+    """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``; else raise
+    AcceptanceTooLow with the diagnosis (served ≪ offline: a serving fault; both low: the draft or data)."""
+    from eagle3.errors import AcceptanceTooLow
+
+    if not figures.passed:
+        raise AcceptanceTooLow(figures.failure)
+    return figures
 
 
 @task(name="decision", task_run_name="decision", **task_options(600.0))
-def decision_task(cfg: Any, train_dir: str, train_result: dict, gate: dict, parent_run_id: str) -> dict:
-    """``eagle3.decide.recommend`` on the training history and the acceptance figures; stored on the parent run
-    as tags (``eagle3.decision``, ``eagle3.decision.rule``, ...) and the artifacts ``decision.json`` /
-    ``decision.md``. Returns the decision as a dict."""
-    from eagle3.decide import recommend
+def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigures, parent_run_id: str,
+                  preflight: dict | None = None):
+    """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``; none when the
+    training output is not at hand) and the acceptance figures; stored on the parent run as tags
+    (``eagle3.decision``, ``eagle3.decision.rule``, ...) and the artifacts ``decision.json`` / ``decision.md``.
+    ``preflight``: the pre-flight report (dict), whose checks become evidence of a "fix serving" decision.
+    Returns the ``eagle3.decide.Decision``."""
+    from eagle3.decide import read_training_history, recommend
 
-    simulated = simulated_figure(train_result)
-    decision = recommend(training_history(train_dir), {"served": gate.get("served"), "offline": gate.get("offline"),
-                                                       "simulated": simulated})
+    history = read_training_history(train.dir) if train is not None else {}
+    checks = {c["name"]: f"{c['status']}: {c['detail']}" for c in (preflight or {}).get("checks", [])}
+    decision = recommend(history, {"served": figures.served, "offline": figures.offline,
+                                   "simulated": figures.simulated, "preflight": checks})
     tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k, v in decision.tags().items()})
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")
     client, _ = tracking.client_for(cfg)
     client.log_text(parent_run_id, decision.to_markdown(), "decision.md")
-    return decision.to_dict()
+    return decision

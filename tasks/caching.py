@@ -6,7 +6,7 @@ A stage's cache key is the sha256 (hex) of one JSON document::
      "config": RunConfig.section_hash(*sections),
      "inputs": {name: content_hash from the input directory's manifest.json},
      "files": {name: fingerprint of an input file or folder (dataset, target model, prompts)},
-     "code": code_version(the stage's library modules)}
+     "code": code_version(stage): the import closure of the stage's entry modules}
 
 so a changed training setting changes only the train key (and, through the new checkpoint's content hash,
 every key after it), and a changed dataset file changes the extraction key. Paths alone never make a key, and
@@ -22,27 +22,28 @@ key document. Fingerprints are memoised per process by (path, size, mtime).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eagle3.artifacts import output_intact, read_manifest, sha256_file
 from eagle3.errors import DataError
+from tasks.code_closure import code_hash
+from tasks.results import StageResult
 
 FULL_HASH_LIMIT = 512 * 1024 * 1024  # bytes; larger files are fingerprinted by size and mtime
 
-# The library modules whose source defines each stage's output (a missing module is recorded as missing,
-# so the key changes when it lands).
-# "eagle3.train*" means every module of the package whose name starts with "train".
-STAGE_MODULES: dict[str, tuple[str, ...]] = {
-    "extract": ("eagle3.extract*", "eagle3.data", "eagle3.target_model", "eagle3.vocab", "eagle3.artifacts"),
-    "train": ("eagle3.train*", "eagle3.draft_model", "eagle3.vocab", "eagle3.artifacts"),
-    "convert": ("eagle3.convert", "eagle3.validate", "eagle3.equivalence", "eagle3.engines.sglang_profile",
-                "eagle3.engines.sglang_draft", "eagle3.engines.profiles", "eagle3.artifacts"),
-    "deploy": ("eagle3.engines", "eagle3.readiness", "eagle3.bench", "eagle3.acceptance", "eagle3.prompts",
-               "eagle3.specdec", "eagle3.procs"),
+# Where each stage's code starts: the library modules its task calls (and modules or folders started from a
+# string: a ``python -m`` entry point, the SGLang plugin that runs in SGLang's interpreter). The key hashes
+# their whole import closure (tasks.code_closure), so editing any module a stage imports changes its key.
+STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
+    "extract": ("eagle3.extract.stage", "eagle3/engines/sglang/plugin"),
+    "train": ("eagle3.train.stage", "eagle3.train.worker"),
+    "convert": ("eagle3.convert.stage", "eagle3.convert.validate", "eagle3.convert.equivalence"),
+    "deploy": ("eagle3.measure.served", "eagle3.serve.reference.__main__"),
 }
+CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds eagle3/
 
 # The config sections each stage reads (RunConfig.section_hash).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -56,44 +57,10 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 _memo: dict[tuple[str, int, int], str] = {}
 
 
-def code_version(modules: tuple[str, ...] | list[str]) -> str:
-    """sha256 (hex, 16 chars) over the source files of ``modules`` (a package: every ``*.py`` under it).
-
-    Modules are located with ``importlib.util.find_spec`` (their parent packages are imported, the modules
-    themselves are not). ``"pkg.prefix*"`` stands for every module of ``pkg`` whose file name starts with
-    ``prefix``. A module that does not exist is recorded as ``"<name>: missing"``.
-    """
-    h = hashlib.sha256()
-    for name in sorted(_expand(modules)):
-        try:
-            spec = importlib.util.find_spec(name)
-        except ModuleNotFoundError:
-            spec = None
-        if spec is None or spec.origin is None:
-            h.update(f"{name}: missing\n".encode())
-            continue
-        origin = Path(spec.origin)
-        files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
-        for f in files:
-            h.update(f"{name}:{f.relative_to(origin.parent)}\n".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _expand(modules: tuple[str, ...] | list[str]) -> list[str]:
-    out = []
-    for name in modules:
-        if not name.endswith("*"):
-            out.append(name)
-            continue
-        pkg, prefix = name[:-1].rsplit(".", 1)
-        spec = importlib.util.find_spec(pkg)
-        if spec is None or not spec.submodule_search_locations:
-            out.append(name)
-            continue
-        for loc in spec.submodule_search_locations:
-            out += [f"{pkg}.{f.stem}" for f in Path(loc).glob(f"{prefix}*.py")]
-    return out
+def code_version(stage: str, root: Path | None = None) -> str:
+    """sha256 (hex, 16 chars) of the code ``stage`` runs: every file of the import closure of
+    ``STAGE_ENTRIES[stage]`` under ``root`` (default: this checkout), names and bytes."""
+    return code_hash(root or CODE_ROOT, STAGE_ENTRIES[stage])
 
 
 def fingerprint(path: str | Path) -> str:
@@ -145,22 +112,22 @@ def run_relative(path: str | Path, cfg: Any) -> str:
 
 
 def relocate(result: Any, local_dir: str | Path) -> Any:
-    """A cached stage result whose ``dir`` names another machine's path of ``local_dir`` (the runs directory
-    mounted elsewhere: the cache key holds the folder relative to the runs directory, so the cache is shared),
-    re-pointed at ``local_dir`` when the manifest there has the result's content hash. Anything else (same
-    path, a folder that is gone or holds other content, not a result dict) is returned unchanged, and
-    :func:`output_matches` then decides."""
-    if not isinstance(result, dict) or "dir" not in result or "content_hash" not in result:
+    """A cached :class:`tasks.results.StageResult` whose ``dir`` names another machine's path of ``local_dir``
+    (the runs directory mounted elsewhere: the cache key holds the folder relative to the runs directory, so the
+    cache is shared), re-pointed at ``local_dir`` when the manifest there has the result's content hash.
+    Anything else (same path, a folder that is gone or holds other content, not a StageResult) is returned
+    unchanged, and :func:`output_matches` then decides."""
+    if not isinstance(result, StageResult):
         return result
     local = Path(local_dir)
-    if str(result["dir"]) == str(local):
+    if Path(result.dir) == local:
         return result
     try:
-        if read_manifest(local).get("content_hash") != result["content_hash"]:
+        if read_manifest(local).get("content_hash") != result.content_hash:
             return result
     except DataError:
         return result
-    return {**result, "dir": str(local)}
+    return replace(result, dir=local)
 
 
 def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
@@ -169,22 +136,22 @@ def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, st
     """The cache key of one stage run (see the module docstring); ``cfg`` is a RunConfig.
 
     Args:
-        stage: one of ``STAGE_MODULES``. out_dir: the stage's output directory (enters the key relative to the
+        stage: one of ``STAGE_ENTRIES``. out_dir: the stage's output directory (enters the key relative to the
             runs directory, :func:`run_relative`).
         inputs: name -> input stage directory (its manifest's content hash enters the key).
         files: name -> input file/folder outside the pipeline (dataset, target model) to fingerprint.
         sections: config sections (default ``STAGE_SECTIONS[stage]``). extra: more JSON-able key material.
     Raises DataError for an unknown stage or an input without a manifest.
     """
-    if stage not in STAGE_MODULES:
-        raise DataError(f"cache key: unknown stage {stage!r}; expected one of {sorted(STAGE_MODULES)}")
+    if stage not in STAGE_ENTRIES:
+        raise DataError(f"cache key: unknown stage {stage!r}; expected one of {sorted(STAGE_ENTRIES)}")
     doc = {
         "stage": stage,
         "out_dir": run_relative(out_dir, cfg),
         "config": cfg.section_hash(*(sections or STAGE_SECTIONS[stage])),
         "inputs": {k: manifest_hash(v) for k, v in sorted((inputs or {}).items())},
         "files": {k: fingerprint(v) for k, v in sorted((files or {}).items())},
-        "code": code_version(STAGE_MODULES[stage]),
+        "code": code_version(stage),
         "large_files": f"size+mtime above {FULL_HASH_LIMIT} bytes",
         "extra": extra or {},
     }
@@ -200,16 +167,17 @@ def bench_settings(cfg: Any) -> dict:
 def output_matches(result: Any) -> bool:
     """True when a (possibly cached) stage result still describes what is on disk.
 
-    ``result`` is a stage task's return value ``{"dir": str, "content_hash": str, ...}``; False when the
-    directory or its manifest is gone, its content hash differs (the output was rebuilt or edited since), or
-    its files no longer add up to the count and bytes the manifest recorded (a file deleted or truncated:
-    ``eagle3.artifacts.output_intact``, stat only, so terabytes of hidden states are not re-read).
+    ``result`` is a stage task's :class:`tasks.results.StageResult` (anything else, e.g. a result cached by an
+    older version of this project, does not match); False when the directory or its manifest is gone, its
+    content hash differs (the output was rebuilt or edited since), or its files no longer add up to the count and
+    bytes the manifest recorded (a file deleted or truncated: ``eagle3.artifacts.output_intact``, stat only, so
+    terabytes of hidden states are not re-read).
     """
-    if not isinstance(result, dict) or "dir" not in result or "content_hash" not in result:
+    if not isinstance(result, StageResult):
         return False
     try:
-        if read_manifest(result["dir"]).get("content_hash") != result["content_hash"]:
+        if read_manifest(result.dir).get("content_hash") != result.content_hash:
             return False
-        return output_intact(result["dir"])[0]
+        return output_intact(result.dir)[0]
     except DataError:
         return False

@@ -1,4 +1,4 @@
-"""Prefect task of convert → validate → equivalence, as one step.
+"""Prefect task of convert (+ its one validation) → equivalence, as one step.
 
 A failure anywhere in the step removes the half-made serving checkpoint, so nothing downstream (nor a
 re-run's cache) can pick up a checkpoint that was not validated and checked for equivalence.
@@ -13,6 +13,7 @@ from typing import Any
 from prefect import task
 
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
+from tasks.results import StageResult
 
 TIMEOUT_S = 3600.0  # seconds
 
@@ -24,34 +25,27 @@ def convert_key(context: Any, parameters: dict) -> str:
 
     cfg = parameters["cfg"]
     return caching.stage_key("convert", cfg, parameters["out_dir"],
-                             inputs={"draft": parameters["draft_dir"], "data": parameters["data_dir"]},
+                             inputs={"draft": parameters["draft"].dir, "data": parameters["data"].dir},
                              files={"target": resolve_target(cfg)})
 
 
 def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: Path) -> tuple[dict, dict]:
-    """Convert, validate (problems → CheckpointInvalid listing every ``CODE: message``), check equivalence.
-
-    Returns (serving manifest, equivalence report). Removes ``out_dir`` when any of the three fails.
-    """
+    """Convert (which validates once, against the target and the extraction manifest: CheckpointInvalid listing
+    every ``CODE: message``), then check equivalence; whether the target's class captures aux states in the
+    serving engine is the pre-flight's question (tasks/preflight.py), asked before deploy. Returns (serving manifest, equivalence report). Removes
+    ``out_dir`` when either fails."""
     from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
-    from eagle3.convert import convert
-    from eagle3.equivalence import check_equivalence
-    from eagle3.errors import CheckpointInvalid
-    from eagle3.validate import validate
+    from eagle3.convert.equivalence import check_equivalence
+    from eagle3.convert.stage import convert
 
     target = resolve_target(cfg)
     try:
+        # the target class's aux capture depends on the serving engine: the pre-flight checks it before deploy
         manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
-                           version=cfg.convert.engine_version)
-        problems = validate(out_dir, target_dir=target, engine=cfg.convert.engine,
-                            data_manifest=read_manifest(data_dir))
-        if problems:
-            raise CheckpointInvalid(f"{out_dir}: {len(problems)} problem(s) for {cfg.convert.engine} "
-                                    f"{cfg.convert.engine_version}: " + "; ".join(str(p) for p in problems),
-                                    problems)
+                           version=cfg.convert.engine_version, data_manifest=read_manifest(data_dir), aux_capture=False)
         report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target, atol=cfg.convert.equivalence_atol,
-                                   engine=cfg.convert.engine, version=cfg.convert.engine_version)
+                                   engine=cfg.convert.engine, version=cfg.convert.engine_version, assume_capture=True)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
@@ -59,13 +53,13 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
 
 
 @task(name="convert-validate", cache_key_fn=convert_key, **task_options(TIMEOUT_S))
-def convert_task(cfg: Any, draft_dir: str, data_dir: str, out_dir: str, parent_run_id: str,
-                 variant: str = "trained") -> dict:
-    """Convert the speculators draft in ``draft_dir`` to the serving format in ``out_dir`` and check it."""
+def convert_task(cfg: Any, draft: StageResult, data: StageResult, out_dir: Path, parent_run_id: str,
+                 variant: str = "trained") -> StageResult:
+    """Convert the speculators draft ``draft.dir`` to the serving format in ``out_dir`` and check it."""
     with tracking.stage_run(cfg, parent_run_id, "convert", variant, tags=prefect_tags()) as sr:
-        manifest, report = convert_validate_check(cfg, Path(draft_dir), Path(data_dir), Path(out_dir))
+        manifest, report = convert_validate_check(cfg, draft.dir, data.dir, out_dir)
         sr.log_manifest(out_dir)
-        sr.log_path(Path(out_dir) / "config.json", "serving")
+        sr.log_path(out_dir / "config.json", "serving")
         sr.log_dict(report, "equivalence.json")
         nums = tracking.numeric_leaves("equivalence", report)
         sr.log_metrics(nums)

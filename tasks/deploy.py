@@ -1,9 +1,6 @@
-"""Prefect task of deploy + benchmark: launch the engine, pass the readiness gate, measure, tear down.
-
-The engine process is a context manager (``eagle3.engines.launcher.launch_ready``: launch_engine +
-wait_ready): its process group is ended in ``finally`` whatever happens, so a failed gate or benchmark
-leaves no server behind. The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as
-``gate.json``.
+"""Prefect task of deploy + benchmark (``eagle3.measure.served.serve_and_measure``: launch the engine, pass the
+readiness gate, measure under a watchdog, tear down; a failed gate or benchmark leaves no server behind).
+The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as ``gate.json``.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ from typing import Any
 from prefect import task
 
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
+from tasks.results import StageResult
 
 
 def deploy_timeout_s(cfg: Any) -> float:
@@ -24,41 +22,45 @@ def deploy_timeout_s(cfg: Any) -> float:
 
 def deploy_key(context: Any, parameters: dict) -> str:
     """Cache key: the serving checkpoint's content hash, target + serve sections, the measuring bench settings
-    (not the gate's minimum), the target folder, a prompt file's bytes, the engine/gate/bench code."""
+    (not the gate's minimum), the chat-template switches, the target folder, a prompt file's bytes, the
+    engine/gate/bench code."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
     files = {"target": resolve_target(cfg)}
     if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not only its name
         files["prompts"] = Path(cfg.bench.prompts).expanduser()
-    return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving_dir"]},
-                             files=files, extra={"bench": caching.bench_settings(cfg)})
+    return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving"].dir},
+                             files=files, extra={"bench": caching.bench_settings(cfg),
+                                                 # the launch and the benchmark render chat prompts with these
+                                                 "chat_template_kwargs": cfg.data.chat_template_kwargs})
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
-    """launch → readiness gate (``launch_ready``: GateFailed unless ready) → run_bench → teardown (the context
-    manager ends the engine's process group in every case). Returns the acceptance report."""
+    """``eagle3.measure.served.serve_and_measure`` with the gate's verdict and timeline logged to the stage run."""
     from eagle3.assets import resolve_target
-    from eagle3.bench import run_bench
-    from eagle3.engines.launcher import launch_ready
+    from eagle3.measure.served import serve_and_measure as measure
 
-    target = resolve_target(cfg)
-    b = cfg.bench
-    with launch_ready(cfg, target, serving_dir, deploy_dir) as (engine, gate):
+    def on_ready(engine, gate) -> None:
         sr.set_tags({"eagle3.engine": engine.engine, "eagle3.engine_url": engine.url,
                      "eagle3.gate_verdict": gate.verdict})
         sr.log_metrics(gate.metrics())
         sr.log_dict(gate.to_dict(), "gate.json")
-        return run_bench(engine.url, prompts=b.prompts, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens,
-                         temperature=b.temperature, concurrency=b.concurrency, tokenizer_dir=target,
-                         out_dir=bench_dir, request_timeout_s=b.request_timeout_s)
+
+    return measure(cfg, resolve_target(cfg), serving_dir, deploy_dir, bench_dir, on_ready=on_ready)
 
 
 def log_attempts(sr: Any, deploy_dir: Path) -> None:
     """The gate's phase timeline of every launch attempt (``attempts.json``) as metrics ``attempt<i>.<phase>_s``
-    (also when the gate failed) and the whole deploy folder (engine logs, diagnostics) as artifacts."""
+    (also when the gate failed), what the engine really runs (``engine_settings.json``: scheduler, requests at
+    once) as tags, and the whole deploy folder (engine logs, diagnostics) as artifacts."""
     import json
 
+    settings = deploy_dir / "engine_settings.json"
+    if settings.is_file():
+        rec = json.loads(settings.read_text())
+        sr.set_tags({"eagle3.scheduler": str(rec.get("scheduler")),
+                     "eagle3.max_running_requests": str((rec.get("reported") or {}).get("max_running_requests"))})
     path = deploy_dir / "attempts.json"
     if path.is_file():
         for a in json.loads(path.read_text()):
@@ -68,9 +70,9 @@ def log_attempts(sr: Any, deploy_dir: Path) -> None:
 
 
 @task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
-def deploy_task(cfg: Any, serving_dir: str, deploy_dir: str, bench_dir: str, parent_run_id: str,
-                variant: str = "trained") -> dict:
-    """Serve ``serving_dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``, shut down.
+def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Path, parent_run_id: str,
+                variant: str = "trained") -> StageResult:
+    """Serve ``serving.dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``, shut down.
 
     Raises GateFailed (verdict other than ready, with the diagnostics folder), the benchmark's errors.
     """
@@ -78,15 +80,15 @@ def deploy_task(cfg: Any, serving_dir: str, deploy_dir: str, bench_dir: str, par
 
     with tracking.stage_run(cfg, parent_run_id, "deploy-bench", variant, tags=prefect_tags()) as sr:
         try:
-            report = serve_and_measure(cfg, Path(serving_dir), Path(deploy_dir), Path(bench_dir), sr)
+            report = serve_and_measure(cfg, serving.dir, deploy_dir, bench_dir, sr)
         finally:
-            log_attempts(sr, Path(deploy_dir))  # engine log, timeline, diagnostics: also when it failed
+            log_attempts(sr, deploy_dir)  # engine log, timeline, diagnostics: also when it failed
         s = report["summary"]
         metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for i, v in enumerate(report.get("per_position") or []):
             metrics[f"acceptance_per_position.{i}"] = float(v)
         sr.log_metrics(metrics)
-        sr.log_path(Path(bench_dir))
+        sr.log_path(bench_dir)
         manifest = read_manifest(bench_dir)
     return stage_result("deploy-bench", bench_dir, manifest, sr.run_id, metrics, variant=variant,
                         acceptance_length=s.get("acceptance_length"))

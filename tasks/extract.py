@@ -1,4 +1,4 @@
-"""Prefect task of the extraction stage (``eagle3.extract.extract``)."""
+"""Prefect task of the extraction stage (``eagle3.extract.stage.extract``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import Any
 from prefect import task
 
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
+from tasks.results import StageResult
 
 TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
 
 
 def dataset_file(cfg: Any) -> Path:
-    """The conversations file extraction reads (``eagle3.extract.data_source_path``)."""
-    from eagle3.extract import data_source_path
+    """The conversations file extraction reads (``eagle3.extract.stage.data_source_path``)."""
+    from eagle3.extract.plan import data_source_path
 
     return data_source_path(cfg)[1]
 
@@ -30,7 +31,7 @@ def extract_key(context: Any, parameters: dict) -> str:
 
 
 def extract_superseding(cfg: Any, out_dir: Path) -> dict:
-    """``eagle3.extract.extract``, replacing an extraction of another plan that ``out_dir`` still holds.
+    """``eagle3.extract.stage.extract``, replacing an extraction of another plan that ``out_dir`` still holds.
 
     The task runs only on a cache miss, i.e. when the data, target, settings or code changed. An output of the
     same plan is reused or resumed by ``extract`` itself; one of a different plan (finished or partial) is
@@ -38,7 +39,7 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
     DataError naming the plan hashes, which is what is recognised here).
     """
     from eagle3.errors import DataError
-    from eagle3.extract import extract
+    from eagle3.extract.stage import extract
 
     try:
         return extract(cfg, out_dir, progress=True)
@@ -50,12 +51,12 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
-def extract_task(cfg: Any, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
+def extract_task(cfg: Any, out_dir: Path, parent_run_id: str, variant: str = "trained") -> StageResult:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow.
 
     ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
-        manifest = extract_superseding(cfg, Path(out_dir))
+        manifest = extract_superseding(cfg, out_dir)
         sr.log_manifest(out_dir)
         sr.log_dataset(out_dir, "extraction")
         metrics = {f"counts.{k}": float(v) for k, v in manifest.get("counts", {}).items()

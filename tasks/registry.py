@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 from prefect import task
 
 from tasks import prefect_tags, task_options, tracking
+from tasks.results import AcceptanceFigures, RegisteredDraft, StageResult
 
 BEST_ALIAS = "best"
 SERVED_TAG = "eagle3.acceptance_served"
@@ -46,26 +47,26 @@ def _fmt(v: Any) -> str:
     return "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
-def version_tags(cfg: Any, serving: dict, train_result: dict, gate: dict, parent_run_id: str) -> dict[str, str]:
+def version_tags(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
+                 parent_run_id: str) -> dict[str, str]:
     """The tags of a registered version (all strings; a missing figure is the empty string).
 
-    ``serving``/``train_result``: the convert and train task results (``{"dir", "content_hash", "metrics"}``);
-    ``gate``: the gate task's result (``served``, ``offline``, ``simulated`` acceptance lengths, bonus token
-    counted). Data size = ``data.num_conversations`` (conversations) and the draft manifest's
+    ``serving``/``train``: the convert and train task results; ``figures``: the run's acceptance lengths
+    (served, offline, simulated; bonus token counted). Data size = ``data.num_conversations`` (conversations) and the draft manifest's
     ``counts.train_positions`` (unique training tokens); schedule = ``train.schedule`` with its epochs and LR.
     """
     from eagle3.artifacts import read_manifest
 
-    m = read_manifest(train_result["dir"])
+    m = read_manifest(train.dir)
     t = cfg.train
-    return {SERVED_TAG: _fmt(gate.get("served")), "eagle3.acceptance_offline": _fmt(gate.get("offline")),
-            "eagle3.acceptance_simulated": _fmt(gate.get("simulated")),
+    return {SERVED_TAG: _fmt(figures.served), "eagle3.acceptance_offline": _fmt(figures.offline),
+            "eagle3.acceptance_simulated": _fmt(figures.simulated),
             "eagle3.data_conversations": str(cfg.data.num_conversations),
             "eagle3.unique_tokens": _fmt((m.get("counts") or {}).get("train_positions")),
             "eagle3.epochs_over_data": _fmt(m.get("epochs_over_data")),
             "eagle3.optimizer_steps": _fmt(m.get("optimizer_steps")),
             "eagle3.schedule": f"{t.schedule} epochs={t.epochs:g} lr={t.lr:g} precision={t.precision}",
-            "eagle3.config_hash": cfg.section_hash(*CONFIG_SECTIONS), HASH_TAG: serving["content_hash"],
+            "eagle3.config_hash": cfg.section_hash(*CONFIG_SECTIONS), HASH_TAG: serving.content_hash,
             "eagle3.config_name": cfg.name, "eagle3.pipeline_run_id": parent_run_id}
 
 
@@ -96,31 +97,32 @@ def _existing(client: MlflowClient, name: str, content_hash: str) -> Any | None:
     return None
 
 
-def register_draft(cfg: Any, serving: dict, train_result: dict, gate: dict, parent_run_id: str) -> dict:
-    """Register the serving checkpoint ``serving["dir"]`` (see the module doc). Returns ``{"name", "version",
-    "best_version", "source", "new"}``; also tags the parent run ``eagle3.registered_model`` = ``name/version``.
+def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
+                   parent_run_id: str) -> RegisteredDraft:
+    """Register the serving checkpoint ``serving.dir`` (see the module doc) and return the version; also tags the parent run ``eagle3.registered_model`` = ``name/version``.
     Raises MlflowException from the registry (e.g. an unreachable server), DataError for a folder without a
     manifest."""
-    from eagle3.assets import resolve_target
     from mlflow.exceptions import MlflowException
+
+    from eagle3.assets import resolve_target
 
     client = registry_client(cfg)
     name = model_name(resolve_target(cfg).name)
-    tags = version_tags(cfg, serving, train_result, gate, parent_run_id)
+    tags = version_tags(cfg, serving, train, figures, parent_run_id)
     try:
         client.create_registered_model(name, tags={"eagle3.target": resolve_target(cfg).name},
                                        description="EAGLE-3 drafts for this target, served by eagle3-pipeline")
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    old = _existing(client, name, serving["content_hash"])
+    old = _existing(client, name, serving.content_hash)
     if old is not None:
         for k, v in tags.items():
             client.set_model_version_tag(name, old.version, k, v)
         version, source, new = str(old.version), old.source, False
     else:
         with tracking.stage_run(cfg, parent_run_id, "register", tags=prefect_tags()) as sr:
-            sr.log_path(serving["dir"], "draft")
+            sr.log_path(serving.dir, "draft")
             source = f"runs:/{sr.run_id}/draft"
             mv = client.create_model_version(name, source, run_id=sr.run_id, tags=tags)
             version, new = str(mv.version), True
@@ -128,11 +130,12 @@ def register_draft(cfg: Any, serving: dict, train_result: dict, gate: dict, pare
     best = move_best_alias(client, name)
     tracking.set_parent_tags(cfg, parent_run_id, {"eagle3.registered_model": f"{name}/{version}",
                                                   "eagle3.registered_best": f"{name}@{BEST_ALIAS}={best}"})
-    return {"name": name, "version": version, "best_version": best, "source": source, "new": new}
+    return RegisteredDraft(name, version, best, source, new)
 
 
 @task(name="register-draft", task_run_name="register-draft", **task_options(1800.0))
-def register_task(cfg: Any, serving: dict, train_result: dict, gate: dict, parent_run_id: str) -> dict:
+def register_task(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
+                  parent_run_id: str) -> RegisteredDraft:
     """:func:`register_draft` as a Prefect task (not cached: registering twice is made idempotent by the
     serving content hash)."""
-    return register_draft(cfg, serving, train_result, gate, parent_run_id)
+    return register_draft(cfg, serving, train, figures, parent_run_id)

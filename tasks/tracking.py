@@ -4,8 +4,10 @@ Everything goes through :class:`mlflow.MlflowClient` with explicit run ids (no f
 so tasks running in worker threads log to the right run. Layout of one pipeline run::
 
     parent run   tags prefect.flow_run_id, eagle3.pipeline_flow_run_id, prefect.flow_name, eagle3.config_name,
-                 eagle3.decision
-                 params = flattened resolved config (secret-looking keys redacted), artifact config.yaml
+                 eagle3.decision, eagle3.auto_resolved (how each `auto` dtype/precision was resolved, with the
+                 measured bf16/float32 ratio: eagle3.precision)
+                 params = flattened resolved config (every `auto` dtype/precision concrete; secret-looking keys
+                 redacted), artifact config.yaml
                  metrics acceptance_length, acceptance_length_untrained (copied from the bench stages)
     └ nested run per stage (tag mlflow.parentRunId; eagle3.stage, eagle3.variant "trained"/"untrained")
                  step metrics through the stage's on_metrics callback, manifest.json as artifact,
@@ -35,8 +37,9 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from eagle3.artifacts import read_manifest
-from eagle3.config import flatten, redact
+from eagle3.redaction import flatten, redact
 from eagle3.errors import DataError, TransientError
+from tasks.results import StageResult
 
 FLOW_RUN_TAG = "prefect.flow_run_id"  # on the parent and on every stage run
 PIPELINE_TAG = "eagle3.pipeline_flow_run_id"  # on the parent run only: how a retried flow run finds it
@@ -150,6 +153,12 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_fil
             "eagle3.run_dir": str(cfg.run_dir()), "eagle3.attempts": "1"})
     run_id = run.info.run_id
     _log_batch(client, run_id, params=config_params(cfg))
+    auto = getattr(cfg, "auto_resolved", {})
+    if auto:  # how each `auto` dtype/precision was resolved here (the params carry the resolved values)
+        from eagle3.precision import summary_line
+
+        with _transient():
+            client.set_tag(run_id, "eagle3.auto_resolved", summary_line(auto)[:5000])
     if config_file is not None:
         with _transient():
             client.log_artifact(run_id, str(config_file))
@@ -269,21 +278,20 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
     finish_run(cfg, sr.run_id)
 
 
-def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: dict,
+def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: StageResult,
                         tags: dict[str, Any] | None = None) -> str:
     """A nested run for a stage Prefect served from its cache, pointing to the run that made the artifact.
 
-    ``result`` is the cached task result (``{"dir", "content_hash", "mlflow_run_id", "metrics"?}``).
-    Returns the new run id.
+    ``result`` is the cached task result. Returns the new run id.
     """
     with stage_run(cfg, parent_run_id, stage, variant, tags={
-            **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.get("mlflow_run_id", ""),
-            "eagle3.output_dir": result.get("dir", ""), "eagle3.content_hash": result.get("content_hash", "")}) as sr:
-        if result.get("metrics"):
-            sr.log_metrics(result["metrics"])
-        if stage == "extract" and (Path(result.get("dir", "")) / "manifest.json").is_file():
+            **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.mlflow_run_id,
+            "eagle3.output_dir": str(result.dir), "eagle3.content_hash": result.content_hash}) as sr:
+        if result.metrics:
+            sr.log_metrics(result.metrics)
+        if stage == "extract" and (result.dir / "manifest.json").is_file():
             # the dataset this pipeline run uses, also when it was reused from the cache
-            sr.log_dataset(result["dir"], "extraction")
+            sr.log_dataset(result.dir, "extraction")
     return sr.run_id
 
 

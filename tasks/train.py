@@ -1,4 +1,4 @@
-"""Prefect task of the training stage (``eagle3.train.train``), trained and untrained (max_steps=0) drafts."""
+"""Prefect task of the training stage (``eagle3.train.stage.train``), trained and untrained (max_steps=0) drafts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from prefect import task
 
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
+from tasks.results import StageResult
 
 TIMEOUT_S = 24 * 3600.0  # seconds
 
@@ -16,13 +17,13 @@ TIMEOUT_S = 24 * 3600.0  # seconds
 def train_key(context: Any, parameters: dict) -> str:
     """Cache key: the hidden states' content hash, the train section, the training code."""
     return caching.stage_key("train", parameters["cfg"], parameters["out_dir"],
-                             inputs={"data": parameters["data_dir"]})
+                             inputs={"data": parameters["data"].dir})
 
 
 def supersede_finished(cfg: Any, out_dir: Path) -> bool:
     """Remove a *finished* draft in ``out_dir`` that was trained with another train section; True if removed.
 
-    The task runs only on a cache miss. ``eagle3.train.train`` resumes whatever ``out_dir/state`` holds (the
+    The task runs only on a cache miss. ``eagle3.train.stage.train`` resumes whatever ``out_dir/state`` holds (the
     right thing after an interruption), so a finished run of other settings would only be re-exported, not
     retrained. A partial run (no manifest) is left for ``train`` to resume or reject.
     """
@@ -37,19 +38,20 @@ def supersede_finished(cfg: Any, out_dir: Path) -> bool:
 
 
 @task(name="train", cache_key_fn=train_key, **task_options(TIMEOUT_S))
-def train_task(cfg: Any, data_dir: str, out_dir: str, parent_run_id: str, variant: str = "trained") -> dict:
-    """Train a draft on ``data_dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
+def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
+               variant: str = "trained") -> StageResult:
+    """Train a draft on the hidden states ``data.dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
     through ``on_metrics`` as they happen, the manifest and metrics.jsonl when done."""
-    from eagle3.train import train
+    from eagle3.train.stage import train
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
-        if supersede_finished(cfg, Path(out_dir)):
+        if supersede_finished(cfg, out_dir):
             sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
-        sr.log_dataset(data_dir, "training")
-        manifest = train(cfg, Path(data_dir), Path(out_dir), on_metrics=sr.on_metrics, progress=True)
+        sr.log_dataset(data.dir, "training")
+        manifest = train(cfg, data.dir, out_dir, on_metrics=sr.on_metrics, progress=True)
         sr.log_manifest(out_dir)
-        sr.log_path(Path(out_dir) / "metrics.jsonl")
-        sr.log_path(Path(out_dir) / "config.json", "draft")
+        sr.log_path(out_dir / "metrics.jsonl")
+        sr.log_path(out_dir / "config.json", "draft")
         summary = tracking.numeric_leaves("final", manifest.get("metrics"))
         sim = (manifest.get("metrics") or {}).get("simulated_acceptance_length")
         if isinstance(sim, (int, float)):

@@ -1,5 +1,5 @@
-"""Serving engines: one module per engine with its declarative loader profile (and launcher).
+"""Serving engines' pinned facts, one folder per engine (``sglang/``, ``vllm/``): the declarative loader
+profile, conventions (aux-id translation), and for SGLang its draft forward and interpreter.
 
-``eagle3.engines.profiles.get_profile(engine, version)`` is the entry point for what an engine version's
-EAGLE-3 loader accepts; see ``sglang_profile`` (pinned to the released source) and ``vllm_profile``.
+``eagle3.engines.registry.get_profile(engine, version)`` is the entry point; ``profile`` holds the types.
 """

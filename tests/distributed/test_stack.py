@@ -148,8 +148,8 @@ def _check_mlflow(uri: str, parent: str, expect_cached: set[str], new_version: b
     s = summarize_run(parent, uri)
     assert s["status"] == "FINISHED", s
     stages = {(x["stage"], x["variant"]): x for x in s["stages"] if x["status"] == "FINISHED"}
-    want = {("extract", "trained")} | {(st, v) for st in ("train", "convert", "deploy-bench")
-                                       for v in ("trained", "untrained")}
+    want = {("extract", "trained"), ("preflight", "trained")} | {(st, v) for st in ("train", "convert", "deploy-bench")
+                                                                for v in ("trained", "untrained")}
     if new_version:
         want.add(("register", "trained"))
     assert set(stages) == want, sorted(set(stages))
@@ -268,7 +268,7 @@ def test_distributed_stack(tmp_path):
         for stage, want in (("extract", {"extract": "cached"}),
                             ("train", {"train": "cached", "train (untrained)": "cached"}),
                             ("convert", {"convert": "cached", "convert (untrained)": "cached"}),
-                            ("deploy", {"deploy-bench": "ran", "deploy-bench (untrained)": "ran"})):
+                            ("deploy", {"preflight": "ran", "deploy-bench": "ran", "deploy-bench (untrained)": "ran"})):
             assert json.loads((rd / "handover" / f"{stage}.json").read_text())["record"] == want, stage
         print(f"\nretry: {s3['stages'] and sorted({(x['stage'], x['variant'], x['cached']) for x in s3['stages']})}",
               flush=True)

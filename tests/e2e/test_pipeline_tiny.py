@@ -23,8 +23,8 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     import psutil
 
     from eagle3.config import load_config
-    from flows.decision import decision_text
-    from flows.pipeline import run_flow_cli
+    from tasks.reports import decision_text
+    from cli.run import run_flow_cli
     from tasks.tracking import metric_history, summarize_run
 
     # draft_vocab_size: the 16 tiny conversations hold fewer distinct tokens than the config's 512
@@ -45,7 +45,8 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     s = summarize_run(parent, cfg.mlflow_uri())
     assert s["status"] == "FINISHED"
     got = sorted((x["stage"], x["variant"], x["status"]) for x in s["stages"])
-    assert got == sorted([("extract", "trained", "FINISHED"), ("register", "trained", "FINISHED")] + [
+    assert got == sorted([("extract", "trained", "FINISHED"), ("register", "trained", "FINISHED"),
+                          ("preflight", "trained", "FINISHED")] + [
         (st, v, "FINISHED") for st in ("train", "convert", "deploy-bench") for v in ("trained", "untrained")])
     assert s["metrics"]["acceptance_length"] == pytest.approx(trained, abs=5e-4)
     assert s["metrics"]["acceptance_length_untrained"] == pytest.approx(untrained, abs=5e-4)
@@ -83,11 +84,11 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     import sys
 
     from eagle3.assets import resolve_target
-    from eagle3.engines.launcher import launch_engine
+    from eagle3.serve.launcher import launch_engine
 
     with launch_engine(cfg, resolve_target(cfg), cfg.run_dir() / "serving", tmp_path / "by-hand",
                        engine="reference") as eng:
-        out = subprocess.run([sys.executable, "-m", "eagle3.cli", "wait-ready", "--url", eng.url, "--pid",
+        out = subprocess.run([sys.executable, "-m", "cli.main", "wait-ready", "--url", eng.url, "--pid",
                               str(eng.pid), "--log", str(eng.log_path), "--timeout", "120", "--stall-timeout", "60",
                               "--poll-interval", "0.5"], capture_output=True, text=True, timeout=180)
         assert out.returncode == 0, out.stdout + out.stderr

@@ -19,8 +19,12 @@ from tests.conftest import CONFIGS, REPO
 
 
 @pytest.mark.slow
-def test_sigterm_during_a_run_stops_every_child(tmp_path):
-    cmd = [sys.executable, "-m", "eagle3.cli", "run", str(CONFIGS / "tiny-random.yaml"),
+@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-run", "to-its-process-group"])
+def test_sigterm_during_a_run_stops_every_child(tmp_path, to_group):
+    """SIGTERM to the run alone, or to its whole process group (a terminal's Ctrl-C, a supervisor ending the
+    group): the ephemeral Prefect server then dies at the same moment, and the run must not hang draining logs
+    to it."""
+    cmd = [sys.executable, "-m", "cli.main", "run", str(CONFIGS / "tiny-random.yaml"),
            "-o", f"paths.runs_dir={tmp_path / 'runs'}"]
     log = open(tmp_path / "run.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -34,7 +38,10 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path):
                 break
             time.sleep(0.5)
         assert children, f"no child process seen; log:\n{(tmp_path / 'run.log').read_text()[-2000:]}"
-        proc.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         try:
             rc = proc.wait(timeout=45)
         except subprocess.TimeoutExpired:
@@ -51,21 +58,32 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path):
 
 def test_a_lost_sigterm_interrupt_still_fails_the_run():
     """When the KeyboardInterrupt a SIGTERM raises is swallowed inside the run (CPython's module-lock callback,
-    or an ``except`` in a library), the run must still end as interrupted, not exit 0."""
-    from flows import pipeline
+    or an ``except`` in a library), or another handler (Prefect's flow engine installs its own) takes the signal,
+    the run must still end as interrupted, not exit 0."""
+    from cli import run
 
-    previous = pipeline._terminate_as_interrupt()
-    pipeline._RECEIVED.clear()
+    record = run.SignalRecord()
+    assert record.install()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a handler that swallows it, like Prefect's path
     try:
-        pipeline._raise_if_terminated()  # nothing received: no error
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)  # the handler runs at the next bytecode boundary
-        except KeyboardInterrupt:
-            pass  # swallowed, as CPython does inside the module-lock callback
+        run.raise_if_terminated(record)  # nothing received: no error
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs at the next bytecode boundary
         with pytest.raises(KeyboardInterrupt, match=r"received SIGTERM during the run; the interrupt was lost"):
-            pipeline._raise_if_terminated()
+            run.raise_if_terminated(record)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        record.uninstall()
+
+
+def test_terminate_as_interrupt_raises_keyboard_interrupt():
+    from cli import run
+
+    previous = run.terminate_as_interrupt()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        pipeline._RECEIVED.clear()

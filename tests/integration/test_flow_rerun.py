@@ -38,15 +38,17 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
             assert st.is_failed()
             assert "stage deploy-bench failed" in st.message and str(prompts) in st.message
             fr = st.state_details.flow_run_id
-            assert task_states(fr) == {**{s: ["Completed"] for s in UPSTREAM}, "deploy-bench": ["Failed"]}
+            assert task_states(fr) == {**{s: ["Completed"] for s in UPSTREAM}, "preflight": ["Completed"],
+                                       "deploy-bench": ["Failed"]}
             assert child_processes_except_prefect() == []  # the engine was torn down
 
             prompts.write_text('{"prompt": "Say hello."}\n{"prompt": "Count to five."}\n')
             since = dt.datetime.now(dt.timezone.utc)
             st2 = retry_flow_run(eagle3_pipeline, fr)  # `prefect flow-run retry` of the same flow run
             assert st2.is_completed(), st2.message
-            assert task_states(fr, since) == {**{s: ["Cached"] for s in UPSTREAM}, "deploy-bench": ["Completed"],
-                                              "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
+            assert task_states(fr, since) == {**{s: ["Cached"] for s in UPSTREAM}, "preflight": ["Completed"],
+                                              "deploy-bench": ["Completed"],
+                                              "acceptance": ["Completed"], "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
                                               "decision": ["Completed"]}
 
             # a changed training setting: training and everything after it run again, extraction does not
@@ -54,8 +56,9 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
             st3 = eagle3_pipeline(config_path=str(TINY), overrides=changed, return_state=True)
             assert st3.is_completed(), st3.message
             assert task_states(st3.state_details.flow_run_id) == {
-                "extract": ["Cached"], "train": ["Completed"], "convert": ["Completed"], "deploy-bench": ["Completed"],
-                "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
+                "extract": ["Cached"], "train": ["Completed"], "convert": ["Completed"], "preflight": ["Completed"],
+                "deploy-bench": ["Completed"],
+                "acceptance": ["Completed"], "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
                 "decision": ["Completed"]}
             assert child_processes_except_prefect() == []
     finally:

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from eagle3.engines.launcher import build_command, launch_engine, launch_ready
+from eagle3.serve.launcher import build_command, launch_engine, launch_ready
 from eagle3.errors import GateFailed
 from tests.support.fake_servers import fake_argv, leftovers
 
@@ -133,7 +133,7 @@ def test_launch_ready_stalled_engine_is_ended_with_diagnostics(cfg, tmp_path):
 def test_watchdog_fails_a_benchmark_whose_server_stops_answering(cfg, tmp_path):
     import httpx
 
-    from eagle3.readiness import Watchdog
+    from eagle3.serve.readiness import Watchdog
 
     with launch_ready(cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"engine": "sglang"})}),
                       tmp_path / "t", tmp_path / "d", tmp_path / "deploy", use_gpu=False,

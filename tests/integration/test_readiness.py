@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from eagle3.readiness import wait_ready
+from eagle3.serve.readiness import wait_ready
 from tests.support.fake_servers import leftovers, start_fake
 
 STALL, POLL = 2.0, 0.25
@@ -188,7 +188,7 @@ def test_wait_ready_command_end_to_end(tmp_path):
 
 
 def _cli(server, diag) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "eagle3.cli", "wait-ready", "--url", server.url, "--pid", str(server.pid),
+    argv = [sys.executable, "-m", "cli.main", "wait-ready", "--url", server.url, "--pid", str(server.pid),
             "--log", str(server.log_path), "--stall-timeout", str(STALL), "--poll-interval", str(POLL),
             "--timeout", "20", "--probe-timeout", "8", "--diagnostics", str(diag)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=40)

@@ -18,8 +18,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from eagle3.engines.reference.__main__ import UsageError, parse_args
-from tests.support.sglang_drafts import make_random_draft
+from eagle3.serve.reference.__main__ import UsageError, parse_args
+from testkit.sglang_drafts import make_random_draft
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["Hello, how are you today?", "Write a haiku about the sea.", "1, 2, 3, 4,", "The capital of France"]
@@ -32,7 +32,7 @@ def _free_port() -> int:
 
 
 def _cmd(target, draft, port, *extra):
-    return [sys.executable, "-m", "eagle3.engines.reference", "--model-path", str(target),
+    return [sys.executable, "-m", "eagle3.serve.reference", "--model-path", str(target),
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", *extra]
@@ -164,6 +164,7 @@ def test_chat_server_info_and_metrics(served):
     c = r.json()
     assert c["choices"][0]["message"]["role"] == "assistant" and c["usage"]["completion_tokens"] <= 6
     info = httpx.get(srv.url + "/get_server_info", timeout=10).json()
+    assert info["decoder"].startswith("fast path (LlamaForCausalLM") and info["speculative_algorithm"] == "EAGLE3"
     avg = info["internal_states"][0]["avg_spec_accept_length"]
     assert 1.0 <= avg <= 4.0
     assert httpx.get(srv.url + "/server_info", timeout=10).json()["speculative_num_steps"] == 3
@@ -226,14 +227,15 @@ def test_refused_flag_exits_2_with_name(tiny_target_dir, tmp_path):
 def test_accepted_noop_flags_parse():
     args = parse_args(_cmd("T", "D", 1, "--enable-metrics", "--disable-cuda-graph", "--tp", "1")[3:])
     assert (args.speculative_num_steps, args.speculative_num_draft_tokens, args.dtype) == (3, 4, "float32")
-    assert not args.disable_spec_aux_capture
+    assert not args.disable_spec_aux_capture and args.disable_cuda_graph
+    assert not parse_args(_cmd("T", "D", 1)[3:]).disable_cuda_graph
     assert parse_args(_cmd("T", "D", 1, "--disable-spec-aux-capture")[3:]).disable_spec_aux_capture
 
 
 def test_health_is_503_before_loading_in_process():
     from fastapi.testclient import TestClient
 
-    from eagle3.engines.reference.server import create_app
+    from eagle3.serve.reference.server import create_app
 
     app, engine = create_app(parse_args(_cmd("T", "D", 1)[3:]))
     client = TestClient(app)  # no lifespan: nothing loads
@@ -255,3 +257,47 @@ def test_load_failure_exits_nonzero_with_traceback(tiny_target_dir, tmp_path):
         srv.stop()
     assert srv.proc.returncode == 1
     assert "LlamaForCausalLMEagle3" in srv.log_path.read_text()
+
+
+def _plain_cmd(target, port, *extra):
+    return [sys.executable, "-m", "eagle3.serve.reference", "--model-path", str(target), "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", "float32", *extra]
+
+
+def test_without_speculative_algorithm_it_parses_as_plain_decoding_and_refuses_a_lone_draft():
+    args = parse_args(_plain_cmd("T", 1)[3:])
+    assert args.speculative_algorithm is None and args.speculative_draft_model_path is None
+    assert args.speculative_num_steps is None
+    with pytest.raises(UsageError, match="--speculative-draft-model-path: given without --speculative-algorithm"):
+        parse_args(_plain_cmd("T", 1, "--speculative-draft-model-path", "D")[3:])
+    with pytest.raises(UsageError, match="--speculative-num-steps"):
+        parse_args(_plain_cmd("T", 1, "--speculative-num-steps", "3")[3:])
+    with pytest.raises(UsageError, match="--context-length: expected >= 2"):
+        parse_args(_plain_cmd("T", 1, "--context-length", "0")[3:])
+
+
+def test_plain_server_decodes_greedily_through_the_fast_path(tiny_target_dir, hf_target):
+    """No --speculative-algorithm: the same engine serves the target alone (the speedup baseline)."""
+    from fastapi.testclient import TestClient
+
+    from eagle3.serve.reference.server import create_app
+
+    model, tok = hf_target
+    app, engine = create_app(parse_args(_plain_cmd(tiny_target_dir, 1, "--context-length", "256")[3:]))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, f"not ready: {engine.state}"
+            time.sleep(0.2)
+        info = client.get("/get_server_info").json()
+        assert info["speculative_algorithm"] is None and info["decoder"].startswith("fast path")
+        for text in PROMPTS[:2]:
+            r = client.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": 12,
+                                                                               "temperature": 0}})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["output_ids"] == _greedy(model, tok(text)["input_ids"], 12)
+            assert "spec_verify_ct" not in out["meta_info"]
+        r = client.post("/generate", json={"input_ids": list(range(5, 105)), "sampling_params": {
+            "max_new_tokens": 200}})
+        assert r.status_code == 400 and "exceeds the static KV cache of 256 positions" in r.text

@@ -19,8 +19,9 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
 
     from eagle3.config import load_config
     from flows.common import local_prefect, stop_ephemeral_server
-    from flows.decision import decision_text
-    from flows.sweep import sweep_flow, sweep_table
+    from tasks.reports import decision_text
+    from flows.sweep import sweep_flow
+    from tasks.reports import sweep_table
     from tasks.registry import BEST_ALIAS, model_name
 
     overrides = [f"paths.runs_dir={tmp_path / 'runs'}", "train.draft_vocab_size=128", "bench.num_prompts=2",
@@ -51,8 +52,8 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
         arts = {f.path for f in client.list_artifacts(r["run_id"], "plots")}
         assert "plots/served_vs_offline.png" in arts
     # extraction shared: one extraction folder for the size, the second point found it cached
-    assert (cfg.run_dir() / "extract-n8" / "manifest.json").is_file()
-    assert not (tmp_path / "runs" / "tiny-random-n8-long" / "extract").exists()
+    assert (cfg.run_dir() / "extract-as-is-n8" / "manifest.json").is_file()
+    assert not (tmp_path / "runs" / "tiny-random-as-is-n8-long" / "extract").exists()
     extract_runs = client.search_runs([client.get_run(rows[0]["run_id"]).info.experiment_id],
                                       filter_string="tags.`eagle3.stage` = 'extract'")
     assert sorted(r.data.tags["eagle3.cached"] for r in extract_runs) == ["false", "true"]
@@ -67,5 +68,5 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
 
     text = decision_text(out["parent_run_id"], uri)
     assert f"# Decision: **{out['decision']}**" in text
-    assert "| 8 | long |" in text and "| 8 | short |" in text
+    assert "| as-is | 8 | long |" in text and "| as-is | 8 | short |" in text
     assert (cfg.run_dir() / "sweep" / "data_scaling.png").stat().st_size > 1000

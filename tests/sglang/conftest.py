@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.sglang_harness import sglang_env_missing
+from testkit.sglang_harness import sglang_env_missing
 
 # Filled by the tier-1 fixture and the extraction test; printed at the end of the run (CI logs carry the numbers).
 SUMMARY: dict = {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.sglang.conftest import EXTRACT_SUMMARY, requires_sglang_env
-from tests.support.sglang_harness import sglang_env, sglang_python
+from testkit.sglang_harness import sglang_env, sglang_python
 
 pytestmark = [pytest.mark.sglang, requires_sglang_env]
 
@@ -39,8 +39,8 @@ def _cfg(tmp_path, backend: str):
 
 
 def test_sglang_backend_states_equal_hf_backend(tmp_path):
-    from eagle3.extract import extract
-    from eagle3.extract_store import load_sample
+    from eagle3.extract.stage import extract
+    from eagle3.extract.store import load_sample
 
     hf = extract(_cfg(tmp_path, "hf"), tmp_path / "hf", progress=False)
     sg = extract(_cfg(tmp_path, "sglang"), tmp_path / "sg", progress=False)

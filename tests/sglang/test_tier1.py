@@ -1,6 +1,6 @@
 """Tier 1: the real SGLang 0.5.23 ``LlamaForCausalLMEagle3`` as the oracle for loading and the draft forward.
 
-Everything SGLang computes here runs in ONE ``.venv-sglang`` process (``tests/support/sglang_harness.py``):
+Everything SGLang computes here runs in ONE ``.venv-sglang`` process (``testkit/sglang_harness.py``):
 coverage of every checkpoint (NaN sentinel fill + SGLang's own ``load_weights``), then EXTEND-mode float32
 forwards that are compared with the project's ``SGLangEagle3Draft`` (the forward used by the equivalence
 check and the reference engine). Skipped with the reason when ``.venv-sglang`` is absent (``make sglang-env``;
@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.sglang.conftest import SUMMARY, requires_sglang_env
-from tests.support import sglang_drafts
-from tests.support.sglang_harness import Coverage, sglang_forward_many
+from testkit import sglang_drafts
+from testkit.sglang_harness import Coverage, sglang_forward_many
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow, requires_sglang_env]
 
@@ -27,7 +27,7 @@ DECODER_PARAMS = {f"model.layers.0.{p}.weight" for p in (
     "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj", "input_layernorm",
     "post_attention_layernorm", "hidden_norm")}
 # Validator codes about naming, shape or coverage: SGLang must then leave a parameter unfilled, a tensor
-# unconsumed, or fail to load (eagle3/validate.py module docstring: failure classes 1-3).
+# unconsumed, or fail to load (eagle3/convert/validate.py module docstring: failure classes 1-3).
 LOADER_CODES = {"MISSING_TENSOR", "UNKNOWN_TENSOR", "SHAPE_MISMATCH"}
 
 
@@ -65,8 +65,8 @@ def _target_embed(target_dir: Path) -> torch.Tensor:
     raise FileNotFoundError(f"{target_dir}: no *embed_tokens.weight tensor")
 
 
-# Converted drafts: speculators-format checkpoints (speculators' Eagle3DraftModel via eagle3.draft_model) run
-# through eagle3.convert, one per layer-flag combination SGLang 0.5.23 implements and with 2 decoder layers.
+# Converted drafts: speculators-format checkpoints (speculators' Eagle3DraftModel via eagle3.train.draft_model) run
+# through eagle3.convert.stage, one per layer-flag combination SGLang 0.5.23 implements and with 2 decoder layers.
 CONVERTED = {
     "converted_default": {},
     "converted_norm_before_fc": {"flags": {"norm_before_fc": True}},
@@ -76,9 +76,9 @@ CONVERTED = {
 
 
 def _converted(work: Path, target: Path) -> dict[str, Path]:
-    from eagle3.convert import convert
+    from eagle3.convert.stage import convert
 
-    from tests.support.broken_corpus import make_speculators_draft
+    from testkit.broken_corpus import make_speculators_draft
 
     out = {}
     for i, (name, kw) in enumerate(CONVERTED.items()):
@@ -89,15 +89,16 @@ def _converted(work: Path, target: Path) -> dict[str, Path]:
 
 
 def _corpus(good: Path, work: Path, target: Path) -> list:
-    """The broken-checkpoint corpus of tests/support/broken_corpus.py (validated later by :func:`_validate`)."""
-    from tests.support.broken_corpus import build_corpus, good_data_manifest
+    """The broken-checkpoint corpus of testkit/broken_corpus.py (validated later by :func:`_validate`)."""
+    from testkit.broken_corpus import build_corpus, good_data_manifest
 
-    return build_corpus(good, work / "corpus", target, good_data_manifest(target))
+    cases = build_corpus(good, work / "corpus", target, good_data_manifest(target))
+    return [c for c in cases if c.loads_in_engine]  # SGLang would build a billion layers for the others
 
 
 def _validate(cases: list) -> None:
-    """Attach ``codes`` (the sorted Problem codes of ``eagle3.validate``) to each corpus case."""
-    from eagle3.validate import validate
+    """Attach ``codes`` (the sorted Problem codes of ``eagle3.convert.validate``) to each corpus case."""
+    from eagle3.convert.validate import validate
 
     for case in cases:
         case.codes = sorted({p.code for p in validate(case.path, target_dir=case.target_dir,
@@ -184,7 +185,7 @@ def test_draft_model_prefix_leaves_the_decoder_layer_unfilled_silently(tier1):
 
 
 def test_converted_drafts_are_complete_with_the_target_embedding(tier1):
-    """What eagle3.convert writes loads completely and SGLang's set_embed would replace the embedding."""
+    """What eagle3.convert.stage writes loads completely and SGLang's set_embed would replace the embedding."""
     for name in CONVERTED:
         cov = tier1["coverage"][name]
         assert cov.complete and cov.hot_token_id_set, cov.summary()
@@ -217,7 +218,7 @@ def test_validator_agrees_with_sglang_on_the_broken_corpus(tier1):
 
 
 def test_project_forward_equals_sglang_extend_forward(tier1):
-    from eagle3.engines.sglang_draft import SGLangEagle3Draft
+    from eagle3.engines.sglang.draft import SGLangEagle3Draft
 
     worst_logits = worst_hidden = 0.0
     for name, (draft_dir, inputs) in tier1["cases"].items():
@@ -237,7 +238,7 @@ def test_project_forward_equals_sglang_extend_forward(tier1):
 
 def test_forward_comparison_detects_a_wrong_residual_order(tier1):
     """The comparison can fail: a norm-before-residual variant of the project's draft differs from SGLang."""
-    from eagle3.engines.sglang_draft import SGLangEagle3Draft
+    from eagle3.engines.sglang.draft import SGLangEagle3Draft
 
     draft_dir, inputs = tier1["cases"]["aux_states"]
     draft = SGLangEagle3Draft.from_dir(draft_dir, dtype=torch.float32)

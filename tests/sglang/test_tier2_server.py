@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.sglang.conftest import requires_sglang_env
-from tests.support.sglang_harness import cpu_serve_config
+from testkit.sglang_harness import cpu_serve_config
 
 pytestmark = [pytest.mark.sglang, pytest.mark.sglang_server, pytest.mark.slow, requires_sglang_env,
               pytest.mark.skipif(os.environ.get("EAGLE3_SGLANG_SERVER") != "1",
@@ -55,9 +55,9 @@ def _hf_greedy(target_dir: Path, input_ids: list[int], n: int) -> list[int]:
 def tiny_draft(tmp_path_factory, tiny_target_dir) -> Path:
     """A draft trained by the pipeline's own stages on the tiny config (extract → train → convert)."""
     from eagle3.config import load_config
-    from eagle3.convert import convert
-    from eagle3.extract import extract
-    from eagle3.train import train
+    from eagle3.convert.stage import convert
+    from eagle3.extract.stage import extract
+    from eagle3.train.stage import train
 
     from tests.conftest import CONFIGS
 
@@ -76,9 +76,10 @@ def _scheduler_pids(root: int) -> list[int]:
 
 
 def test_real_server_greedy_acceptance_fidelity_and_hang(tiny_cfg, tiny_target_dir, tiny_draft, tmp_path):
-    from eagle3.bench import offline_acceptance, run_bench
-    from eagle3.engines.launcher import launch_ready
-    from eagle3.readiness import wait_ready
+    from eagle3.measure.bench import run_bench
+    from eagle3.measure.offline import offline_acceptance
+    from eagle3.serve.launcher import launch_ready
+    from eagle3.serve.readiness import wait_ready
 
     cfg = cpu_serve_config(tiny_cfg, num_steps=STEPS)
     target = Path(tiny_target_dir)
@@ -112,7 +113,7 @@ def test_real_server_greedy_acceptance_fidelity_and_hang(tiny_cfg, tiny_target_d
                     os.kill(pid, signal.SIGCONT)
         print("after SIGSTOP:", hung.summary())
         assert hung.verdict == "stalled", hung.summary()
-        dumps = list((tmp_path / "hang").rglob("pyspy-*.txt"))  # eagle3.diagnostics: one stack dump per process
+        dumps = list((tmp_path / "hang").rglob("pyspy-*.txt"))  # eagle3.serve.diagnostics: one stack dump per process
         assert dumps, sorted(p.name for p in (tmp_path / "hang").rglob("*"))
     assert not psutil.pid_exists(eng.pid) or psutil.Process(eng.pid).status() == psutil.STATUS_ZOMBIE
 
@@ -144,7 +145,7 @@ def _degenerate_pair(target_dir: Path, draft_dir: Path, out: Path) -> tuple[Path
 
 
 def test_always_agreeing_draft_reaches_the_maximum_acceptance(tiny_cfg, tiny_target_dir, tiny_draft, tmp_path):
-    from eagle3.engines.launcher import launch_ready
+    from eagle3.serve.launcher import launch_ready
 
     cfg = cpu_serve_config(tiny_cfg, num_steps=STEPS)
     tgt, drf = _degenerate_pair(Path(tiny_target_dir), tiny_draft, tmp_path)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eagle3.acceptance import (aggregate, parse_meta_info, parse_prometheus, parse_server_info,
+from eagle3.measure.acceptance import (aggregate, parse_meta_info, parse_prometheus, parse_server_info,
                                per_position_from_histogram, server_window)
 from eagle3.errors import DataError
 
@@ -145,7 +145,7 @@ def test_server_window_from_server_info():
 
 
 def test_serving_gap_compares_accepted_drafts_not_lengths():
-    from eagle3.acceptance import serving_gap
+    from eagle3.measure.acceptance import serving_gap
 
     assert serving_gap(1.00, 1.24)          # collapse of a weak-but-working draft: 0.00 vs 0.24 accepted/pass
     assert not serving_gap(1.22, 1.24)      # served ≈ offline

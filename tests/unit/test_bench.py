@@ -12,7 +12,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from eagle3.bench import check_acceptance, offline_acceptance, run_bench
+from eagle3.measure.bench import check_acceptance, run_bench
+from eagle3.measure.offline import offline_acceptance
 from eagle3.errors import AcceptanceTooLow, ConfigError, TransientError
 
 
@@ -123,7 +124,7 @@ def _expected_length(served: list[dict]) -> float:
 def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from eagle3.prompts import encode_prompts, load_prompts
+    from eagle3.measure.prompts import encode_prompts, load_prompts
 
     fake = FakeSGLang()
     url = serve(fake)
@@ -216,7 +217,15 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
         def generate(self, input_ids, max_new_tokens, temperature=0.0, seed=0):
             return Res(max_new_tokens, 4 + len(input_ids) % 3, [3, 2, 1])
 
-    out = offline_acceptance(smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec())
+    import torch
+
+    seen = []
+    Dec.generate_counted = Dec.generate
+    Dec.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or self.generate_counted(*a, **k)
+    before = torch.get_num_threads()
+    out = offline_acceptance(smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec(),
+                             cpu_threads=1)
+    assert seen == [1, 1, 1] and torch.get_num_threads() == before  # serve.cpu_threads while decoding, restored
     vs = [r["verify_ct"] for r in out["per_request"]]
     assert out["acceptance_length"] == pytest.approx(1 + 18 / sum(vs))  # 6 accepted drafts per prompt
     assert out["acceptance_length_sglang"] == pytest.approx(30 / sum(vs))
@@ -227,12 +236,12 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
 @pytest.mark.slow
 def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
-    """eagle3.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
+    """eagle3.serve.reference.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
     from transformers import AutoTokenizer
 
-    from eagle3.prompts import encode_prompts, load_prompts
-    from eagle3.specdec import SpeculativeDecoder
-    from tests.support.sglang_drafts import make_random_draft
+    from eagle3.measure.prompts import encode_prompts, load_prompts
+    from eagle3.serve.reference.specdec import SpeculativeDecoder
+    from testkit.sglang_drafts import make_random_draft
 
     draft = make_random_draft(tmp_path / "draft", tiny_target_dir)
     out = offline_acceptance(tiny_target_dir, draft, "mtbench", num_prompts=2, max_new_tokens=8, num_steps=2,
@@ -252,7 +261,7 @@ def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
 def test_cli_bench_url(serve, smollm2_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from eagle3.cli import app
+    from cli.main import app
 
     fake = FakeSGLang()
     url = serve(fake)
@@ -266,7 +275,7 @@ def test_cli_bench_url(serve, smollm2_dir, tmp_path):
 
 
 def test_gate_on_weak_draft_numbers_from_assets_md():
-    """ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served 1.23 is not."""
+    """docs/ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served 1.23 is not."""
     with pytest.raises(AcceptanceTooLow, match="serving integration fault"):
         check_acceptance(1.00, 1.24, 1.3)
     with pytest.raises(AcceptanceTooLow, match="both low"):
@@ -274,7 +283,7 @@ def test_gate_on_weak_draft_numbers_from_assets_md():
 
 
 def test_save_report_with_offline(tmp_path):
-    from eagle3.bench import save_report
+    from eagle3.measure.bench import save_report
 
     report = {"summary": {"acceptance_length": 1.2, "num_prompts": 2, "output_tokens": 20, "wall_s": 1.0},
               "per_category": {"math": {"acceptance_length": 1.2}}, "settings": {"url": "x"}}

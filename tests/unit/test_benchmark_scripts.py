@@ -74,3 +74,42 @@ def test_gpu_quality_refuses_unknown_stage_names(args, message):
     r = subprocess.run([sys.executable, "benchmarks/gpu_quality.py", *args], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+
+
+def test_gpu_speedup_tiny_cpu_runs_both_modes_through_one_engine_and_writes_every_figure(tmp_path, tiny_target_dir):
+    out = tmp_path / "speedup.json"
+    r = subprocess.run([sys.executable, "benchmarks/gpu_speedup.py", "--tiny", "--device", "cpu", "--tokenizer",
+                        str(tiny_target_dir), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("round ") >= 6 and "| output tokens/s |" in r.stdout and "predicted speedup" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["errors"] == [] and data["self_check_float32"]["verdict"] == "ok"
+    assert [x["mode"] for x in data["rounds"]] == ["plain", "speculative"] * 3
+    assert all(x["tokens"] == 2 * 16 and x["tokens_per_s"] > 0 for x in data["rounds"])
+    s, t = data["summary"], data["summary"]["timings_ms"]
+    assert s["acceptance_length"] >= 1.0 and s["verify_passes"] > 0
+    assert all(t[k] > 0 for k in ("plain_step_device_ms", "plain_token_wall_ms", "verify_ms", "draft_step_ms",
+                                  "extend_ms", "iteration_wall_ms"))
+    assert set(data["predicted"]["at"]) == {"2.0", "2.5", "3.0"}
+    assert data["predicted"]["at"]["3.0"]["speedup"] > data["predicted"]["at"]["2.0"]["speedup"] > 0
+
+
+@pytest.mark.parametrize("args, message", [(["--rounds", "2"], "--rounds: expected >= 3, got 2"),
+                                            (["--draft", "/nonexistent"],
+                                             "--target (or --gguf) and --draft: give both"),
+                                            (["--http"], "--http: serves a trained draft"),
+                                            (["--concurrency", "1,x"], "--concurrency: expected a comma list")])
+def test_gpu_speedup_refuses_bad_arguments_up_front(args, message):
+    r = subprocess.run([sys.executable, "benchmarks/gpu_speedup.py", "--tiny", *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+
+
+def test_offline_replay_tiny_prints_the_ratio_and_equal_requests(tmp_path):
+    r = subprocess.run([sys.executable, "benchmarks/offline_replay.py", "--tiny", "--num-prompts", "2",
+                        "--max-new-tokens", "6", "--repeats", "1", "--work", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "requests equal 2/2" in r.stdout and "offline_acceptance / replay wall time = " in r.stdout
+    assert "get_cpu_capability() = " in r.stdout

@@ -4,7 +4,7 @@ waiting or any store is created."""
 import pytest
 from typer.testing import CliRunner
 
-from eagle3.cli import app
+from cli.main import app
 
 
 @pytest.mark.parametrize("args, message", [

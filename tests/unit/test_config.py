@@ -1,6 +1,7 @@
 import pytest
 
-from eagle3.config import apply_overrides, load_config, redact
+from eagle3.config import apply_overrides, load_config
+from eagle3.redaction import redact
 from eagle3.errors import ConfigError
 from tests.conftest import CONFIGS
 
@@ -62,7 +63,7 @@ def test_redact_hides_secret_looking_keys():
 
 
 def test_settings_that_mention_tokens_are_not_secrets():
-    from eagle3.config import is_secret_key
+    from eagle3.redaction import is_secret_key
 
     for key in ("max_new_tokens", "max_tokens_per_batch", "speculative_num_draft_tokens", "regenerate_max_new_tokens"):
         assert not is_secret_key(key), key
@@ -70,3 +71,24 @@ def test_settings_that_mention_tokens_are_not_secrets():
         assert is_secret_key(key), key
     cfg = load_config(CONFIGS / "tiny-random.yaml")
     assert redact(cfg.model_dump(mode="json"))["bench"]["max_new_tokens"] == cfg.bench.max_new_tokens
+
+
+def test_a_config_is_parsed_once_per_file_content_and_overrides(tmp_path, monkeypatch):
+    """One parse per run: the CLI's check and the flow's load share one validation; copies are independent;
+    an edited file is parsed again."""
+    from eagle3 import config as config_mod
+
+    calls = []
+    real = config_mod._parse
+    monkeypatch.setattr(config_mod, "_parse", lambda *a: calls.append(a) or real(*a))
+    f = tmp_path / "c.yaml"
+    f.write_text("name: one\ntrain:\n  lr: 0.001\n")
+    a = config_mod.load_config(f, ["train.epochs=2"])
+    b = config_mod.load_config(f, ["train.epochs=2"])
+    assert len(calls) == 1 and a == b and a is not b
+    b.train.max_steps = 0
+    assert config_mod.load_config(f, ["train.epochs=2"]).train.max_steps is None
+    config_mod.load_config(f, ["train.epochs=3"])
+    assert len(calls) == 2
+    f.write_text("name: two\n")
+    assert config_mod.load_config(f, ["train.epochs=2"]).name == "two" and len(calls) == 3

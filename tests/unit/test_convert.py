@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from eagle3.artifacts import content_hash
-from eagle3.convert import convert
+from eagle3.convert.stage import convert
 from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported
-from eagle3.validate import validate
-from tests.support.broken_corpus import good_pair
+from eagle3.convert.validate import validate
+from testkit.broken_corpus import good_pair
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_specforge_and_eagle_inputs(pair, tmp_path, tiny_target_dir, fmt):
 
 
 def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
-    from eagle3.cli import app
+    from cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "cli-out"
@@ -148,8 +148,8 @@ def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
 @pytest.mark.slow
 def test_smollm2_round_trip(smollm2_dir, tmp_path):
     """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30 layers)."""
-    from eagle3.equivalence import check_equivalence
-    from tests.support.broken_corpus import make_speculators_draft
+    from eagle3.convert.equivalence import check_equivalence
+    from testkit.broken_corpus import make_speculators_draft
 
     spec = make_speculators_draft(smollm2_dir, tmp_path / "spec", aux_ids=(2, 15, 27), draft_vocab=1024)
     man = convert(spec, tmp_path / "serving", target_dir=smollm2_dir)
@@ -163,7 +163,7 @@ def test_smollm2_round_trip(smollm2_dir, tmp_path):
 
 
 def test_destination_that_is_not_an_earlier_conversion_is_refused(tmp_path):
-    from eagle3.convert import check_destination
+    from eagle3.convert.stage import check_destination
     from eagle3.errors import ConfigError
 
     src = tmp_path / "parent" / "draft"

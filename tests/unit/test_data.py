@@ -1,4 +1,4 @@
-"""Conversation readers, chat templating and assistant-only loss masks (eagle3.data) on real tokenizers."""
+"""Conversation readers, chat templating and assistant-only loss masks (eagle3.extract.conversations) on real tokenizers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eagle3.data import (Conversation, assistant_char_spans, has_generation_markers, read_conversations,
+from eagle3.extract.conversations import (Conversation, assistant_char_spans, has_generation_markers, read_conversations,
                          template_hash, template_switches, tokenize_conversation)
 from eagle3.errors import DataError
 

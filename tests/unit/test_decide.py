@@ -27,7 +27,21 @@ def test_signals_slope_and_gap():
 def test_served_far_below_offline_is_a_serving_fault():
     d = recommend(FALLING, {"served": 1.01, "offline": 1.6, "simulated": 1.65})
     assert d.recommendation == "fix serving integration" and d.rule == "served_below_offline"
-    assert "aux hidden-state capture" in d.to_markdown()
+    assert "the target captures the aux layers" in d.to_markdown()
+
+
+def test_fix_serving_carries_its_served_vs_offline_evidence_and_the_preflight():
+    pre = {"aux_capture": "passed: LlamaForCausalLM captures aux states in SGLang 0.5.23"}
+    d = recommend(FALLING, {"served": 1.05, "offline": 1.55, "simulated": 1.6, "preflight": pre})
+    assert d.recommendation == "fix serving integration"
+    ev = d.evidence
+    assert ev["served_excess"] == pytest.approx(0.05) and ev["offline_excess"] == pytest.approx(0.55)
+    assert ev["excess_ratio"] == pytest.approx(0.05 / 0.55) and ev["serving_gap_ratio"] == 0.7
+    assert ev["preflight.aux_capture"].startswith("passed")
+    tags = d.tags()
+    assert tags["decision.excess_ratio"] == "0.09091" and "ratio 0.09" in d.to_markdown()
+    near = recommend(FALLING, {"served": 1.45, "offline": 1.55, "simulated": 1.6})  # within the ratio: no fault
+    assert near.recommendation != "fix serving integration"
 
 
 def test_served_below_simulated_without_offline_is_low_confidence_serving_fault():
@@ -138,3 +152,13 @@ def test_a_loss_of_exactly_zero_gives_no_slope_instead_of_dividing_by_zero():
     s = training_signals(zero)
     assert s["val_slope_rel"] is None and s["train_slope_rel"] is None
     assert recommend(zero, {"served": 1.0, "offline": 1.0, "simulated": 1.0}).recommendation in OUTCOMES
+
+
+def test_sweep_regenerated_data_dominates_and_one_point_is_too_little_evidence():
+    res = _sweep(lambda n, s: 1.1 + 0.02 * {128: 0, 256: 1, 512: 2}[n])
+    regen = [{**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.5} for r in res]
+    d = sweep_decision([{**r, "data": "as-is"} for r in res] + regen)
+    assert (d.recommendation, d.rule) == ("regenerate data", "data_variant_gain_dominates")
+    assert d.evidence["data_variant"] == "regenerated" and d.evidence["data_variant_gain"] == pytest.approx(0.5)
+    one = sweep_decision([res[0]])
+    assert (one.recommendation, one.rule, one.confidence) == ("more evidence needed", "no_lever_measured", "low")

@@ -27,19 +27,30 @@ def _flow_run(state, pool="eagle3-gpu"):
 
 def test_handover_is_read_through_another_mount_point(tmp_path):
     from flows import distributed as d
+    from tasks.results import AcceptanceFigures, StageResult
 
     a, b = _cfg(tmp_path / "gpu-node" / "runs"), _cfg(tmp_path / "cpu-node" / "runs")
-    result = {"dir": str(a.run_dir() / "train"), "content_hash": "c", "metrics": {"x": 1.0}}
-    assert d.portable(a, result)["dir"] == "tiny/train"
-    assert d.localized(b, d.portable(a, result))["dir"] == str(b.run_dir() / "train")
-    assert d.localized(b, {"served": 1.2}) == {"served": 1.2}  # not a directory result: unchanged
+    result = StageResult("train", a.run_dir() / "train", "c", "run-9", {"x": 1.0}, "untrained")
+    moved = d.portable(a, result)
+    assert moved["dir"] == "tiny/train" and moved["type"] == "StageResult"
+    back = d.localized(b, json.loads(json.dumps(moved)))  # through JSON, as a record or a flow parameter goes
+    assert back == StageResult("train", b.run_dir() / "train", "c", "run-9", {"x": 1.0}, "untrained")
+    figures = AcceptanceFigures(1.4, 1.0, 1.5, None, 2.5, 1.0, True)
+    assert d.localized(b, json.loads(json.dumps(d.portable(a, figures)))) == figures
+    assert d.localized(b, d.portable(a, {"checks": [{"name": "memory"}]})) == {"checks": [{"name": "memory"}]}
+    with pytest.raises(DataError, match="a result of type StageResult, AcceptanceFigures or dict expected, got list"):
+        d.portable(a, [1])
+    with pytest.raises(DataError, match=r"type StageResult, AcceptanceFigures or dict expected, got None"):
+        d.localized(b, {"dir": "tiny/train", "content_hash": "c"})  # an untyped record (older version)
+    with pytest.raises(DataError, match=r"StageResult fields \['content_hash', 'stage'\] do not make a StageResult"):
+        d.localized(b, {"type": "StageResult", "dir": "tiny/train", "content_hash": "c", "stage": "train"})
     doc = {"stage": "train", "flow_run_id": "run-1", "host": "gpu-node", "record": {"train": "ran"},
-           "results": {"trained": d.portable(a, result)}}
+           "results": {"trained": moved}}
     path = d.handover_path(b, "train")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(doc))
     got = d.read_handover(b, "train", "run-1")
-    assert got["results"]["trained"]["dir"] == str(b.run_dir() / "train") and got["record"] == {"train": "ran"}
+    assert got["results"]["trained"].dir == b.run_dir() / "train" and got["record"] == {"train": "ran"}
     with pytest.raises(DataError, match="flow_run_id expected run-2 .* got 'run-1': a record of another run"):
         d.read_handover(b, "train", "run-2")
     with pytest.raises(DataError, match="convert.json: no hand-over record; expected stage convert's flow run r"):
@@ -78,8 +89,11 @@ def test_a_crashed_stage_fails_the_orchestrator_naming_it_and_fails_its_orphaned
     path = d.handover_path(cfg, "convert")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"flow_run_id": str(done.id), "host": "c0ffee", "record": {"convert": "cached"},
-                                "results": {"trained": {"dir": "tiny/serving", "content_hash": "h"}}}))
+                                "results": {"trained": {"type": "StageResult", "stage": "convert",
+                                                        "dir": "tiny/serving", "content_hash": "h",
+                                                        "mlflow_run_id": "m"}}}))
     record, placed = {}, {}
     out = d.run_stage_deployment(cfg, "convert", "tiny-random", {}, record, parent, placed)
-    assert out["trained"]["dir"] == str(cfg.run_dir() / "serving") and record == {"convert": "cached"}
+    assert out["trained"].dir == cfg.run_dir() / "serving" and out["trained"].content_hash == "h"
+    assert record == {"convert": "cached"}
     assert placed == {"convert": {"flow_run_id": str(done.id), "work_pool": "eagle3-cpu", "host": "c0ffee"}}

@@ -31,3 +31,21 @@ def test_doctor_passes_with_a_local_store(monkeypatch, tmp_path):
     lines: list[str] = []
     assert run_doctor(echo=lines.append), "\n".join(lines)
     assert any("a local store, no server needed" in ln for ln in lines)
+
+
+def test_doctor_says_which_cpu_features_it_found_and_what_auto_resolves_to(monkeypatch):
+    import torch
+
+    from eagle3 import precision
+    from eagle3.doctor import check_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for ratio, dtype, prec in ((0.021, "float32", "float32"), (6.0, "bfloat16", "bf16-autocast")):
+        probe = precision.Bf16Probe(float32_gflops=43.0, bfloat16_gflops=43.0 * ratio, threads=1, capability="AVX2",
+                                    features={"avx2": True, "avx512_bf16": False}, isa_env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+        monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: probe)
+        status, text = check_precision()
+        assert status == "OK"
+        assert "torch capability AVX2" in text and "flags avx2;" in text and "ONEDNN_MAX_CPU_ISA=AVX2" in text
+        assert f"({ratio:.3f}×" in text and "GFLOP/s vs float32 43.0 GFLOP/s" in text
+        assert f"dtype auto = {dtype}, train.precision auto = {prec}" in text

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from eagle3.convert import convert
-from eagle3.equivalence import check_equivalence
+from eagle3.convert.stage import convert
+from eagle3.convert.equivalence import check_equivalence
 from eagle3.errors import CheckpointInvalid
-from tests.support.broken_corpus import good_pair, make_speculators_draft
+from testkit.broken_corpus import good_pair, make_speculators_draft
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from eagle3.artifacts import content_hash
 from eagle3.errors import ConfigError, DataError
-from eagle3.extract import estimate_bytes, extract
-from eagle3.extract_store import (assign_shards, bytes_per_token, check_sample, decode, encode, load_sample,
+from eagle3.extract.stage import estimate_bytes, extract
+from eagle3.extract.store import (assign_shards, bytes_per_token, check_sample, decode, encode, load_sample,
                                   make_shards)
 
 
@@ -133,7 +133,7 @@ def test_integrity_checks_name_sample_and_file(tmp_path):
 
 
 def test_nan_target_stops_without_committing(tiny_cfg, tiny_target_dir, tmp_path):
-    from eagle3.extract_hf import WorkerJob, run_shards
+    from eagle3.extract.hf_backend import WorkerJob, run_shards
     from eagle3.target_model import load_target
 
     model, _ = load_target(tiny_target_dir, "float32", "cpu")
@@ -190,7 +190,7 @@ def test_other_extraction_in_directory_is_refused(tiny_cfg, tmp_path):
 
 
 def test_interrupted_run_resumes_to_identical_content(tiny_cfg, tmp_path, monkeypatch):
-    import eagle3.extract_hf as hf
+    import eagle3.extract.hf_backend as hf
 
     src = write_convs(tmp_path / "c.jsonl", 7)
     cfg = file_cfg(tiny_cfg, src, n=7, shard=2, batch_size=2)
@@ -240,7 +240,7 @@ def test_sglang_backend_without_sglang_environment_is_refused(tiny_cfg, tmp_path
 
 
 def test_sglang_layer_ids_are_hf_indices_minus_one_and_index_0_is_refused():
-    from eagle3.extract_sglang import sglang_layer_ids
+    from eagle3.extract.sglang_backend import sglang_layer_ids
 
     # SmolLM2-135M: 30 layers; EAGLE-3's default aux indices [2, 15, 27] + the last layer's output (index 30)
     assert sglang_layer_ids([2, 15, 27, 30], 30) == [1, 14, 26, 29]
@@ -255,7 +255,7 @@ def test_sglang_worker_failure_is_reported_with_the_engine_error(tmp_path):
     import sys
 
     from eagle3.errors import EngineUnsupported
-    from eagle3.extract_sglang import SGLangWorker
+    from eagle3.extract.sglang_backend import SGLangWorker
 
     with pytest.raises(EngineUnsupported, match="failed to start the engine: ModuleNotFoundError: No module named "
                                                 "'sglang'"):

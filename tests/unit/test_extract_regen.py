@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from eagle3.data import Conversation
+from eagle3.extract.conversations import Conversation
 from eagle3.errors import DataError, TransientError
-from eagle3.extract import extract
-from eagle3.extract_regen import hf_answer_fn, openai_answer_fn, regenerate
+from eagle3.extract.stage import extract
+from eagle3.extract.regen import hf_answer_fn, openai_answer_fn, regenerate
 from tests.unit.test_extract import file_cfg, write_convs
 
 TWO_TURNS = Conversation("t", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "old1"},
@@ -94,3 +94,49 @@ def test_openai_endpoint_regeneration(endpoint):
         fn([[{"role": "user", "content": "boom"}]])
     with pytest.raises(DataError, match="expected HTTP 200, got 404"):
         fn([[{"role": "user", "content": "missing"}]])
+
+
+def test_max_rounds_regenerates_the_first_turns_and_drops_the_rest():
+    calls = []
+
+    def fake(prefixes):
+        calls.append(len(prefixes))
+        return [f"new{len(p)}" for p in prefixes]
+
+    out = regenerate([TWO_TURNS], fake, batch_size=4, max_rounds=1)
+    assert [m["content"] for m in out[0].messages] == ["a", "new1"]  # the later turn answered the old reply
+    assert calls == [1]
+
+
+def test_a_too_long_prompt_keeps_its_original_answer_and_wrong_answer_counts_are_refused():
+    out = regenerate([TWO_TURNS], lambda ps: [None for _ in ps], batch_size=2)
+    assert [m["content"] for m in out[0].messages] == ["a", "old1", "b", "old2"]
+    with pytest.raises(DataError, match="expected 1 answers for a batch, got 0"):
+        regenerate([TWO_TURNS], lambda ps: [], batch_size=2)
+
+
+def test_batches_are_ordered_by_prompt_length():
+    convs = [Conversation(str(i), [{"role": "user", "content": "x" * n}, {"role": "assistant", "content": "o"}])
+             for i, n in enumerate([50, 5, 500, 10])]
+    batches = []
+    regenerate(convs, lambda ps: batches.append([len(p[0]["content"]) for p in ps]) or ["n"] * len(ps),
+               batch_size=2)
+    assert batches == [[5, 10], [50, 500]]
+
+
+@pytest.mark.slow
+def test_regenerate_file_writes_shared_conversations_and_a_manifest(tiny_cfg, tiny_target_dir, tmp_path):
+    from eagle3.extract.conversations import read_conversations
+    from eagle3.extract.regen import regenerate_file
+
+    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 4), n=3, regenerate="hf",
+                   regenerate_max_new_tokens=5, regenerate_max_rounds=1, regenerate_batch_size=2)
+    m = regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
+    assert m["kind"] == "regenerated_conversations" and m["counts"]["conversations"] == 3
+    assert m["settings"]["max_rounds"] == 1 and m["counts"]["answers"] == 3
+    convs, stats = read_conversations(tmp_path / "regen.jsonl")
+    assert len(convs) == 3 and all(c.messages[-1]["role"] == "assistant" for c in convs)
+    assert all(not c.messages[1]["content"].startswith("answer") for c in convs)
+    assert json.loads((tmp_path / "regen.jsonl.manifest.json").read_text())["sha256"] == m["sha256"]
+    with pytest.raises(Exception, match="expected 'hf' or 'openai'"):
+        regenerate_file(file_cfg(tiny_cfg, tmp_path / "c.jsonl", n=3), tmp_path / "x.jsonl", progress=False)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from eagle3.artifacts import content_hash
-from eagle3.extract import extract
-from eagle3.extract_store import load_sample
+from eagle3.extract.stage import extract
+from eagle3.extract.store import load_sample
 from tests.unit.test_extract import file_cfg, write_convs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ CHILD = """
 import sys
 from pathlib import Path
 from eagle3.config import RunConfig
-from eagle3.extract import extract
+from eagle3.extract.stage import extract
 cfg = RunConfig.model_validate_json(Path(sys.argv[1]).read_text())
 extract(cfg, Path(sys.argv[2]), progress=False)
 """
@@ -121,7 +121,7 @@ def test_disk_full_inside_safetensors_is_a_data_error_and_leaves_no_temporary(tm
     import safetensors.torch
 
     from eagle3.errors import DataError
-    from eagle3.extract_store import write_sample
+    from eagle3.extract.store import write_sample
 
     def full_disk(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"partial")

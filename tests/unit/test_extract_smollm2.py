@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from eagle3.config import load_config
-from eagle3.extract import extract
-from eagle3.extract_store import load_sample
+from eagle3.extract.stage import extract
+from eagle3.extract.store import load_sample
 from tests.conftest import CONFIGS
 
 
@@ -46,23 +46,32 @@ def test_smollm2_sharegpt_walking_skeleton(smol_run, smollm2_dir):
 
 @pytest.mark.slow
 def test_smollm2_batch_vs_alone_determinism_probe(smol_run, smollm2_dir):
-    from eagle3.extract_hf import determinism_probe, forward_capture
+    from eagle3.extract.hf_backend import determinism_probe, forward_capture
     from eagle3.target_model import load_target
 
     cfg, out, m = smol_run
-    model, tok = load_target(smollm2_dir, "bfloat16", "cpu")
     import datasets
 
     ds = datasets.load_from_disk(str(out / "data"))
     # mixed lengths: cut real samples to 7..80 tokens
     samples = [ds[i]["input_ids"][:n].tolist() for i, n in zip(range(4), (80, 7, 41, 23))]
+    # float32: batching must not change the states beyond float32 rounding (padding, masks, positions)
+    model32, tok = load_target(smollm2_dir, "float32", "cpu")
+    probe32 = determinism_probe(model32, [2, 15, 27, 30], samples, tok.pad_token_id)
+    assert probe32["max_rel_err"] < 1e-3, probe32
+    print("determinism probe float32", probe32)
+    del model32
+    # bf16 (what the extractor stores): the worst token of 151 x 4 slots differs by bf16 rounding
+    # (eps 2^-8) accumulated over 30 layers and kernel choices that depend on the batch shape: 0.02 on
+    # an AVX512-BF16 Xeon, 0.063 seen on CI's CPU; 0.1 leaves room and still sits far below 'far' (> 0.2)
+    model, tok = load_target(smollm2_dir, "bfloat16", "cpu")
     probe = determinism_probe(model, [2, 15, 27, 30], samples, tok.pad_token_id)
-    assert probe["max_rel_err"] < 0.05, probe  # bf16: eps 2^-8, accumulated over 30 layers
+    assert probe["max_rel_err"] < 0.1, probe
     # and the stored states (batched by the extractor) agree with a forward of the sample alone
     alone = forward_capture(model, [2, 15, 27, 30], [ds[5]["input_ids"].tolist()], tok.pad_token_id)[0]
     stored = load_sample(out, 5, torch.bfloat16)["hidden_states"]
     rel = ((alone.float() - stored.float()).norm(dim=-1) / alone.float().norm(dim=-1)).max().item()
-    assert rel < 0.05
+    assert rel < 0.1
     # a different sample is far away: the tolerance can fail
     other = load_sample(out, 6, torch.bfloat16)["hidden_states"][: alone.shape[0]]
     n = min(other.shape[0], alone.shape[0])

@@ -16,6 +16,7 @@ from eagle3.artifacts import read_manifest, sha256_file, write_manifest  # noqa:
 from eagle3.config import load_config  # noqa: E402
 from eagle3.errors import DataError  # noqa: E402
 from tasks import caching  # noqa: E402
+from tasks.results import StageResult  # noqa: E402
 
 
 def _stage_dir(path, text: str):
@@ -46,11 +47,13 @@ def test_cache_key_names_the_output_relative_to_the_runs_directory(tmp_path):
 
 def test_cached_result_is_re_pointed_at_this_machines_path(tmp_path):
     a, b = _two_mounts(tmp_path)
-    made_on_a = {"dir": str(a / "tiny" / "extract"),
-                 "content_hash": read_manifest(a / "tiny" / "extract")["content_hash"], "metrics": {}}
+    made_on_a = StageResult("extract", a / "tiny" / "extract",
+                            read_manifest(a / "tiny" / "extract")["content_hash"], "run-1")
     moved = caching.relocate(made_on_a, b / "tiny" / "extract")
-    assert moved["dir"] == str(b / "tiny" / "extract") and made_on_a["dir"] == str(a / "tiny" / "extract")
-    assert caching.output_matches(moved)
+    assert moved == StageResult("extract", b / "tiny" / "extract", made_on_a.content_hash, "run-1")
+    assert made_on_a.dir == a / "tiny" / "extract" and caching.output_matches(moved)
+    assert caching.relocate({"dir": str(a / "tiny" / "extract")}, b / "tiny" / "extract") == {
+        "dir": str(a / "tiny" / "extract")}  # not a StageResult (an older cached form): unchanged
     # another content at the local path, or nothing there: left as it was (output_matches decides)
     _stage_dir(b / "tiny" / "extract", "other states")
     assert caching.relocate(made_on_a, b / "tiny" / "extract") == made_on_a
@@ -69,8 +72,8 @@ def _target(path, weight: float):
 
 
 def test_trainer_accepts_the_same_target_at_another_path_and_refuses_another(tmp_path):
-    from eagle3.extract import weights_hash
-    from eagle3.train_data import _check_target
+    from eagle3.artifacts import weights_hash
+    from eagle3.train.data import _check_target
 
     made = _target(tmp_path / "gpu-node" / "cache" / "models" / "t", 1.0)
     manifest = {"target": {"path": str(made), "config_hash": sha256_file(made / "config.json"),
@@ -92,9 +95,9 @@ def test_trainer_accepts_the_same_target_at_another_path_and_refuses_another(tmp
 def test_equivalence_reads_the_target_where_this_machine_has_it(tmp_path, tiny_target_dir):
     """A speculators draft names its target (verifier) by the path it had where training ran; convert +
     equivalence on another machine (asset cache mounted elsewhere) must use this machine's target folder."""
-    from eagle3.convert import convert
-    from eagle3.equivalence import check_equivalence
-    from tests.support.broken_corpus import make_speculators_draft
+    from eagle3.convert.equivalence import check_equivalence
+    from eagle3.convert.stage import convert
+    from testkit.broken_corpus import make_speculators_draft
 
     gpu_node_target = tmp_path / "gpu-node" / "cache" / "tiny"
     shutil.copytree(tiny_target_dir, gpu_node_target)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import load_config
-from eagle3.engines import launcher
-from eagle3.engines.launcher import build_command, is_cuda_graph_crash, resolve_engine
+from eagle3.serve import launcher
+from eagle3.serve.launcher import build_command, is_cuda_graph_crash, resolve_engine
 from eagle3.errors import ConfigError, EngineUnsupported
 
 
@@ -22,7 +22,8 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def test_sglang_command_carries_every_configured_flag():
-    cfg = _cfg("serve.speculative_num_steps=5", "serve.speculative_eagle_topk=4",
+    cfg = _cfg("train.ttt_steps=5", "serve.speculative_num_steps=5", "serve.speculative_eagle_topk=4",
+               "serve.max_running_requests=64", "data.chat_template_kwargs={enable_thinking: false}",
                "serve.speculative_num_draft_tokens=8",
                "serve.tp=8", "serve.mem_fraction_static=0.7", "serve.cuda_graph_max_bs=16", "serve.context_length=4096",
                "serve.dtype=bfloat16", "serve.host=0.0.0.0", "serve.sglang_python=/opt/sgl/bin/python",
@@ -36,6 +37,8 @@ def test_sglang_command_carries_every_configured_flag():
     assert (_flag(argv, "--speculative-num-steps"), _flag(argv, "--speculative-eagle-topk"),
             _flag(argv, "--speculative-num-draft-tokens")) == ("5", "4", "8")
     assert _flag(argv, "--tp-size") == "8" and _flag(argv, "--mem-fraction-static") == "0.7"
+    assert _flag(argv, "--max-running-requests") == "64"  # else SGLang resets it to 48 with speculation on
+    assert _flag(argv, "--default-chat-template-kwargs") == '{"enable_thinking": false}'  # the extraction's switches
     assert _flag(argv, "--cuda-graph-max-bs-decode") == "16"  # 0.5.23's name; plain --cuda-graph-max-bs is ambiguous
     assert _flag(argv, "--context-length") == "4096" and _flag(argv, "--dtype") == "bfloat16"
     assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("0.0.0.0", "31234")
@@ -54,22 +57,36 @@ def test_disable_cuda_graph_and_no_draft_means_no_speculative_flags():
 def test_reference_command_uses_this_interpreter_and_only_flags_it_implements():
     cfg = _cfg("serve.engine=reference", "serve.context_length=512", "serve.disable_cuda_graph=true")
     argv, env = build_command(cfg, Path("/t"), Path("/d"), 4242)
-    assert argv[:3] == [sys.executable, "-m", "eagle3.engines.reference"]
+    assert argv[:3] == [sys.executable, "-m", "eagle3.serve.reference"]
     assert _flag(argv, "--speculative-num-steps") == "3" and _flag(argv, "--port") == "4242"
     assert _flag(argv, "--context-length") == "512"
-    for gpu_only in ("--tp-size", "--enable-metrics", "--disable-cuda-graph", "--dtype"):  # dtype auto: omitted
+    for gpu_only in ("--tp-size", "--enable-metrics"):
         assert gpu_only not in argv
+    assert _flag(argv, "--dtype") == cfg.serve.dtype != "auto"  # auto resolved by load_config (test_precision.py)
+    assert "--disable-cuda-graph" in argv  # the reference engine's fast path has CUDA graphs to turn off
     assert env["PYTHONUNBUFFERED"] == "1"
     argv32, _ = build_command(_cfg("serve.engine=reference", "serve.dtype=float32"), Path("/t"), Path("/d"), 1)
-    assert _flag(argv32, "--dtype") == "float32"
+    assert _flag(argv32, "--dtype") == "float32" and "--disable-cuda-graph" not in argv32
 
 
 @pytest.mark.parametrize("override, field", [("serve.tp=2", "serve.tp"),
                                              ("serve.mem_fraction_static=0.8", "serve.mem_fraction_static"),
-                                             ("serve.cuda_graph_max_bs=8", "serve.cuda_graph_max_bs")])
+                                             ("serve.cuda_graph_max_bs=8", "serve.cuda_graph_max_bs"),
+                                             ("serve.max_running_requests=8", "serve.max_running_requests")])
 def test_reference_refuses_gpu_only_settings_by_name(override, field):
-    with pytest.raises(EngineUnsupported, match=field):
-        build_command(_cfg("serve.engine=reference", override), Path("/t"), Path("/d"), 1)
+    with pytest.raises(ConfigError, match=field):  # at config load, before any training (eagle3.config_checks)
+        _cfg("serve.engine=reference", override)
+    with pytest.raises(EngineUnsupported, match=field):  # and again at launch, when auto resolved to reference
+        build_command(_cfg("serve.engine=auto", override), Path("/t"), Path("/d"), 1, engine="reference")
+
+
+@pytest.mark.parametrize("name", ["SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN"])
+def test_simulated_acceptance_in_the_servers_environment_is_refused_at_launch(monkeypatch, name):
+    monkeypatch.setenv(name, "2.5")  # inherited from this process: not in the config, so config load cannot see it
+    with pytest.raises(ConfigError, match=f"{name}='2.5' in the server's environment .this process's environment"):
+        build_command(_cfg(), Path("/t"), Path("/d"), 1, engine="sglang")
+    monkeypatch.setenv(name, "-1")  # SGLang's default: off
+    build_command(_cfg(), Path("/t"), Path("/d"), 1, engine="sglang")
 
 
 def test_extra_args_may_not_repeat_a_generated_flag():
@@ -97,3 +114,19 @@ def test_cuda_graph_crash_detection():
     assert is_cuda_graph_crash(capture_then_tb)
     assert not is_cuda_graph_crash("Load weight end.\nTraceback (most recent call last):\nRuntimeError: shape")
     assert not is_cuda_graph_crash("Capturing batches (bs=1)\nThe server is fired up and ready to roll!")
+
+
+def test_reference_engine_on_a_cpu_gets_serve_cpu_threads_and_serve_env_wins():
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu"), Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "1"  # the default serve.cpu_threads
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.cpu_threads=2"),
+                           Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "2"
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.env={OMP_NUM_THREADS: '3'}"),
+                           Path("/t"), Path("/d"), 1)
+    assert env["OMP_NUM_THREADS"] == "3"
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cpu", "serve.cpu_threads=null"),
+                           Path("/t"), Path("/d"), 1)
+    assert "OMP_NUM_THREADS" not in env
+    _, env = build_command(_cfg("serve.engine=reference", "serve.device=cuda"), Path("/t"), Path("/d"), 1)
+    assert "OMP_NUM_THREADS" not in env  # a GPU engine's CPU threads are not ours to cap

@@ -1,5 +1,6 @@
-"""The library never imports Prefect or MLflow (../shared/DESIGN.md, "Layers"): checked in a fresh
-interpreter, after importing ``eagle3`` and every one of its submodules."""
+"""The layers (docs/INTERNALS.md, "Layers"): the library never imports Prefect or MLflow (checked in a fresh
+interpreter, after importing ``eagle3`` and every one of its submodules), imports point down the layers in every
+direction, there is no import circle, and no module outgrows the size limit."""
 
 from __future__ import annotations
 
@@ -48,3 +49,77 @@ def test_library_source_has_no_orchestration_import():
             if s.startswith(("import prefect", "from prefect", "import mlflow", "from mlflow")):
                 offenders.append(f"{f.relative_to(REPO)}:{n}: {s}")
     assert offenders == []
+
+
+# Layers, top to bottom: cli → flows → tasks → eagle3 (library). testkit (fixtures shared by tests and
+# benchmarks) and benchmarks sit beside them. Each entry: a folder and the top-level packages it must never
+# import, lazily or not.
+FORBIDDEN = {
+    "eagle3": ("tasks", "flows", "cli", "testkit", "tests", "benchmarks", "prefect", "mlflow"),
+    "tasks": ("flows", "cli", "testkit", "tests", "benchmarks"),
+    "flows": ("cli", "testkit", "tests", "benchmarks"),
+    "cli": ("testkit", "tests", "benchmarks"),
+    "testkit": ("tasks", "flows", "cli", "tests", "benchmarks"),
+    "benchmarks": ("tests",),
+}
+MAX_LINES = 400
+
+
+def _sources(top: str):
+    for f in sorted((REPO / top).rglob("*.py")):
+        if "sglang_shims" in f.parts or "plugin" in f.parts:
+            continue  # run inside SGLang's interpreter, not part of this layering
+        name = ".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        yield name, f
+
+
+def _imports(name: str, f: Path) -> set[str]:
+    from tasks.code_closure import _imported_names
+
+    return _imported_names(f, name)
+
+
+def test_imports_point_down_the_layers():
+    offenders = []
+    for top, banned in FORBIDDEN.items():
+        for name, f in _sources(top):
+            for imp in _imports(name, f):
+                if imp.split(".")[0] in banned:
+                    offenders.append(f"{f.relative_to(REPO)} imports {imp}")
+    assert offenders == []
+
+
+def test_no_import_circle():
+    """No two modules of the project import each other, directly or through others (lazy imports count)."""
+    mods = {n: f for top in FORBIDDEN for n, f in _sources(top)}
+    graph = {n: {i for i in _imports(n, f) if i in mods and i != n} for n, f in mods.items()}
+    index, low, stack, on, circles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_no_module_over_the_size_limit():
+    big = [f"{f.relative_to(REPO)}: {n} lines" for top in FORBIDDEN for _, f in _sources(top)
+           if (n := len(f.read_text().splitlines())) > MAX_LINES]
+    assert big == [], f"modules over {MAX_LINES} lines (split them by reason)"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from eagle3.errors import DataError
-from eagle3.plots import (plot_acceptance_by_category, plot_data_scaling, plot_served_vs_offline,
+from eagle3.measure.plots import (plot_acceptance_by_category, plot_data_scaling, plot_served_vs_offline,
                           plot_training_curves, read_metrics_jsonl)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from eagle3.engines.profiles import get_profile
+from eagle3.engines.registry import get_profile
 from eagle3.errors import ConfigError, EngineUnsupported
 
 EAGLE3 = "sglang/srt/models/llama_eagle3.py"
@@ -19,7 +19,7 @@ EAGLE3 = "sglang/srt/models/llama_eagle3.py"
 
 @pytest.fixture(scope="module")
 def sglang_source(cache_dir):
-    from eagle3.preflight import find_engine_source
+    from eagle3.serve.preflight import find_engine_source
 
     try:
         src = find_engine_source("sglang", "0.5.23", cache_dir=cache_dir, download=True)
@@ -97,7 +97,7 @@ def test_aux_id_convention(sglang_source, profile):
 
 
 def test_capture_classes_pinned(sglang_source, profile):
-    from eagle3.preflight import ModelIndex
+    from eagle3.serve.preflight import ModelIndex
 
     index = ModelIndex(sglang_source)
     assert index.capturing_classes() == profile.aux_capture_classes

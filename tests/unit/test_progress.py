@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from eagle3.diagnostics import gpu_sample
-from eagle3.progress import ProgressMonitor
-from eagle3.readiness import GateResult
+from eagle3.serve.diagnostics import gpu_sample
+from eagle3.serve.liveness import ProgressMonitor
+from eagle3.serve.readiness import GateResult
 
 FAKE_SMI = """#!{python}
 import json, sys
@@ -71,7 +71,7 @@ def test_cpu_signal_needs_a_pid_and_real_work():
 
 
 def test_gpu_signal_busy_or_memory_change_counts_idle_loaded_gpu_does_not(fake_smi, monkeypatch):
-    monkeypatch.setattr("eagle3.progress.GPU_MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr("eagle3.serve.liveness.GPU_MIN_INTERVAL_S", 0.0)
     fake_smi([{"util": 0, "mem": 70000}, {"util": 0, "mem": 70000}])
     g = gpu_sample()
     assert [(x["index"], x["util_pct"], x["mem_used_mib"]) for x in g] == [(0, 0, 70000), (1, 0, 70000)]
@@ -86,7 +86,7 @@ def test_gpu_signal_busy_or_memory_change_counts_idle_loaded_gpu_does_not(fake_s
 
 
 def test_gpu_signal_only_looks_at_the_servers_gpus_when_known(fake_smi, monkeypatch):
-    monkeypatch.setattr("eagle3.progress.GPU_MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr("eagle3.serve.liveness.GPU_MIN_INTERVAL_S", 0.0)
     fake_smi([{"util": 0, "mem": 70000}, {"util": 90, "mem": 5000}], apps=[("GPU-0", os.getpid())])
     mon = ProgressMonitor(pid=os.getpid(), use_gpu=True, cpu_busy_fraction=1e9)  # cpu signal off
     assert mon.sample() == []  # GPU 1 is busy with someone else's job: not our progress

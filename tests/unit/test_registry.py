@@ -12,6 +12,7 @@ from mlflow import MlflowClient  # noqa: E402
 from eagle3.artifacts import write_manifest  # noqa: E402
 from tasks import tracking  # noqa: E402
 from tasks.registry import BEST_ALIAS, model_name, register_draft  # noqa: E402
+from tasks.results import AcceptanceFigures, StageResult  # noqa: E402
 
 
 def _stage_dirs(root, tag: str, payload: bytes):
@@ -23,7 +24,12 @@ def _stage_dirs(root, tag: str, payload: bytes):
     (serving / "model.safetensors").write_bytes(payload)
     sm = write_manifest(serving, "serving_checkpoint")
     write_manifest(train, "draft", counts={"train_positions": 1234}, epochs_over_data=3.0, optimizer_steps=45)
-    return {"dir": str(serving), "content_hash": sm["content_hash"]}, {"dir": str(train), "metrics": {}}
+    return (StageResult("convert", serving, sm["content_hash"], "run-c"),
+            StageResult("train", train, "h", "run-t"))
+
+
+def _fig(served: float, offline: float | None = None, simulated: float | None = None) -> AcceptanceFigures:
+    return AcceptanceFigures(served, None, offline, simulated, None, minimum=1.0, passed=True)
 
 
 def _parent(cfg) -> str:
@@ -42,8 +48,8 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     name = model_name(tiny_target_dir.name)
 
     s1, t1 = _stage_dirs(tmp_path, "a", b"weights-a")
-    r1 = register_draft(tiny_cfg, s1, t1, {"served": 1.40, "offline": 1.42, "simulated": 1.55}, _parent(tiny_cfg))
-    assert (r1["name"], r1["version"], r1["best_version"], r1["new"]) == (name, "1", "1", True)
+    r1 = register_draft(tiny_cfg, s1, t1, _fig(1.40, 1.42, 1.55), _parent(tiny_cfg))
+    assert (r1.name, r1.version, r1.best_version, r1.new) == (name, "1", "1", True)
     v1 = client.get_model_version(name, "1")
     assert v1.tags["eagle3.acceptance_served"] == "1.4000"
     assert v1.tags["eagle3.acceptance_offline"] == "1.4200"
@@ -51,7 +57,7 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert v1.tags["eagle3.unique_tokens"] == "1234" and v1.tags["eagle3.optimizer_steps"] == "45"
     assert v1.tags["eagle3.data_conversations"] == str(tiny_cfg.data.num_conversations)
     assert v1.tags["eagle3.schedule"].startswith(tiny_cfg.train.schedule)
-    assert v1.tags["eagle3.serving_content_hash"] == s1["content_hash"]
+    assert v1.tags["eagle3.serving_content_hash"] == s1.content_hash
     # the checkpoint folder itself is what was registered
     files = {f.path for f in client.list_artifacts(v1.run_id, "draft")}
     assert files == {"draft/config.json", "draft/model.safetensors", "draft/manifest.json"}
@@ -59,19 +65,19 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
 
     # a worse draft: new version, alias stays on version 1
     s2, t2 = _stage_dirs(tmp_path, "b", b"weights-b")
-    r2 = register_draft(tiny_cfg, s2, t2, {"served": 1.20, "offline": 1.21, "simulated": 1.3}, _parent(tiny_cfg))
-    assert (r2["version"], r2["best_version"]) == ("2", "1")
+    r2 = register_draft(tiny_cfg, s2, t2, _fig(1.20, 1.21, 1.3), _parent(tiny_cfg))
+    assert (r2.version, r2.best_version) == ("2", "1")
     assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "1"
 
     # a better draft: the alias moves
     s3, t3 = _stage_dirs(tmp_path, "c", b"weights-c")
-    r3 = register_draft(tiny_cfg, s3, t3, {"served": 1.60, "offline": 1.61, "simulated": 1.7}, _parent(tiny_cfg))
-    assert (r3["version"], r3["best_version"]) == ("3", "3")
+    r3 = register_draft(tiny_cfg, s3, t3, _fig(1.60, 1.61, 1.7), _parent(tiny_cfg))
+    assert (r3.version, r3.best_version) == ("3", "3")
     assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "3"
 
     # the same checkpoint again (a re-run with every stage cached): no new version, tags refreshed
-    again = register_draft(tiny_cfg, s2, t2, {"served": 1.70, "offline": 1.7, "simulated": 1.3}, _parent(tiny_cfg))
-    assert (again["version"], again["new"], again["best_version"]) == ("2", False, "2")
+    again = register_draft(tiny_cfg, s2, t2, _fig(1.70, 1.7, 1.3), _parent(tiny_cfg))
+    assert (again.version, again.new, again.best_version) == ("2", False, "2")
     assert len(client.search_model_versions(f"name='{name}'")) == 3
     assert client.get_model_version(name, "2").tags["eagle3.acceptance_served"] == "1.7000"
 
@@ -81,4 +87,4 @@ def test_register_without_manifest_is_an_error(tiny_cfg, tiny_target_dir, tmp_pa
 
     s1, _ = _stage_dirs(tmp_path, "a", b"w")
     with pytest.raises(DataError, match="manifest not found"):
-        register_draft(tiny_cfg, s1, {"dir": str(tmp_path / "nowhere")}, {"served": 1.2}, _parent(tiny_cfg))
+        register_draft(tiny_cfg, s1, StageResult("train", tmp_path / "nowhere", "h", "r"), _fig(1.2), _parent(tiny_cfg))

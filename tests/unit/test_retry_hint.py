@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("prefect")
 
 from eagle3.errors import DataError, GateFailed  # noqa: E402
-from flows.pipeline import _with_retry_hint  # noqa: E402
+from cli.run import _with_retry_hint  # noqa: E402
 
 
 def _state(exc):
@@ -31,20 +31,20 @@ def test_gate_failure_gets_the_retry_command():
 def test_stage_hint_repeats_the_users_overrides(tmp_path):
     """`eagle3 train` before `eagle3 extract`: the hint is the extract command with the same -o overrides."""
     from eagle3.errors import DataError
-    from flows.common import require_output
+    from flows.common import finished_output
     from flows.stages import _command
 
     hint = _command("extract", "configs/tiny-random.yaml", ["data.num_conversations=4", "name=my run"])
     assert hint == "eagle3 extract configs/tiny-random.yaml -o data.num_conversations=4 -o 'name=my run'"
     with pytest.raises(DataError, match="run `eagle3 extract configs/tiny-random.yaml -o data.num_conversations=4"):
-        require_output(tmp_path / "extract", "extract", hint)
+        finished_output(tmp_path / "extract", "extract", hint)
 
 
 def test_console_leaves_out_tracebacks_of_known_errors_only():
     import logging
     import sys
 
-    from flows.pipeline import _KnownErrorsWithoutTraceback
+    from cli.run import _KnownErrorsWithoutTraceback
 
     fmt = _KnownErrorsWithoutTraceback(logging.Formatter("%(message)s"))
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from eagle3.engines.sglang_draft import SGLangEagle3Draft, rope_parameters
+from eagle3.engines.sglang.draft import SGLangEagle3Draft, rope_parameters
 from eagle3.errors import CheckpointInvalid, EngineUnsupported
-from tests.support.sglang_drafts import draft_config, random_draft_tensors, write_draft
+from testkit.sglang_drafts import draft_config, random_draft_tensors, write_draft
 
 TARGET = {"hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
           "vocab_size": 100, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from eagle3 import sampling
-from eagle3.engines.sglang_draft import SGLangEagle3Draft
+from eagle3.serve.reference import sampling
+from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import EngineUnsupported
-from eagle3.specdec import SpeculativeDecoder
+from eagle3.serve.reference.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
-from tests.support.sglang_drafts import OracleDraft, draft_config, make_random_draft, random_draft_tensors, write_draft
+from testkit.sglang_drafts import OracleDraft, draft_config, make_random_draft, random_draft_tensors, write_draft
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
@@ -225,8 +225,8 @@ def test_smollm2_greedy_equals_target_greedy(tmp_path, smollm2_dir):
 
 
 def test_converted_speculators_draft_serves_with_unchanged_greedy_output(tmp_path, tiny):
-    """speculators checkpoint → eagle3.convert → SpeculativeDecoder (from folders): output is the target's."""
-    from tests.support.broken_corpus import good_pair
+    """speculators checkpoint → eagle3.convert.stage → SpeculativeDecoder (from folders): output is the target's."""
+    from testkit.broken_corpus import good_pair
 
     target_dir, model, tok = tiny
     _, serving = good_pair(tmp_path / "pair", target_dir)

@@ -3,8 +3,8 @@ against a real local MLflow store."""
 
 from __future__ import annotations
 
-import sys
-import textwrap
+from pathlib import Path
+
 
 import pytest
 
@@ -15,6 +15,7 @@ from eagle3.artifacts import write_manifest  # noqa: E402
 from eagle3.config import load_config  # noqa: E402
 from eagle3.errors import DataError, GateFailed, TransientError  # noqa: E402
 from tasks import caching, retry_if_transient  # noqa: E402
+from tasks.results import StageResult  # noqa: E402
 
 
 def _stage_dir(path, text: str):
@@ -60,23 +61,63 @@ def test_deploy_key_ignores_the_gate_minimum(tmp_path):
         inputs={"serving": serving}, extra={"bench": caching.bench_settings(load_config(None, list(o)))})
     assert key() == key("bench.min_acceptance_length=3.5")
     assert key() != key("bench.num_prompts=3")
-    assert key() != key("serve.speculative_num_steps=5")
+    assert key() != key("serve.speculative_num_steps=2", "serve.speculative_num_draft_tokens=3")
 
 
-def test_code_version_changes_with_the_source(tmp_path, monkeypatch):
-    pkg = tmp_path / "fakepkg_e3"
-    pkg.mkdir()
+def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
+    """The key hashes the import closure of the stage's entries (tasks/code_closure.py): every file in it, one
+    edit at a time in a copy of the library, changes that stage's code version — and nothing else's file does."""
+    import shutil
+
+    from tasks.code_closure import closure
+
+    shutil.copytree(caching.CODE_ROOT / "eagle3", tmp_path / "eagle3",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for stage in caching.STAGE_ENTRIES:
+        before = caching.code_version(stage, tmp_path)
+        files = closure(tmp_path, caching.STAGE_ENTRIES[stage])
+        assert len(files) > 10
+        for name, f in files.items():
+            text = f.read_bytes()
+            f.write_bytes(text + b"\n# edited\n")
+            try:
+                assert caching.code_version(stage, tmp_path) != before, f"{stage}: editing {name} left the key"
+            finally:
+                f.write_bytes(text)
+        assert caching.code_version(stage, tmp_path) == before
+        outside = sorted(set((tmp_path / "eagle3").rglob("*.py")) - set(files.values()))
+        if outside:
+            outside[0].write_bytes(outside[0].read_bytes() + b"\n# edited\n")
+            assert caching.code_version(stage, tmp_path) == before, f"{stage}: {outside[0]} is not in its closure"
+
+
+def test_closures_hold_the_modules_the_old_hand_kept_lists_missed():
+    """The drift the hand-kept lists had: the convert key left out the validation checks and SGLang's loader
+    rules, the deploy key the accept rule and the target loader."""
+    from tasks.code_closure import closure
+
+    names = {s: set(closure(caching.CODE_ROOT, e)) for s, e in caching.STAGE_ENTRIES.items()}
+    assert {"eagle3.convert.checks", "eagle3.engines.sglang.draft_load"} <= names["convert"]
+    assert {"eagle3.serve.reference.sampling", "eagle3.target_model", "eagle3.serve.reference.server"} <= names["deploy"]
+    assert any(n.startswith("eagle3/engines/sglang/plugin:") for n in names["extract"])
+    assert "eagle3.train.worker" in names["train"] and "eagle3.train.loop" in names["train"]
+
+
+def test_closure_follows_lazy_and_relative_imports(tmp_path):
+    from tasks.code_closure import closure
+
+    pkg = tmp_path / "eagle3" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "eagle3" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "stage_a.py").write_text("X = 1\n")
-    (pkg / "stage_b.py").write_text("Y = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    v1 = caching.code_version(["fakepkg_e3.stage*"])
-    assert v1 == caching.code_version(["fakepkg_e3.stage_a", "fakepkg_e3.stage_b"])
-    (pkg / "stage_b.py").write_text(textwrap.dedent("Y = 2\n"))
-    assert caching.code_version(["fakepkg_e3.stage*"]) != v1
-    assert caching.code_version(["fakepkg_e3.nope"]) != caching.code_version(["fakepkg_e3.nope2"])
-    sys.modules.pop("fakepkg_e3", None)
-
+    (pkg / "a.py").write_text("def f():\n    from eagle3.sub import b\n    from . import c\n")
+    (pkg / "b.py").write_text("import os\n")
+    (pkg / "c.py").write_text("from .b import x\n")
+    (pkg / "d.py").write_text("")
+    got = set(closure(tmp_path, ["eagle3.sub.a"]))
+    assert got == {"eagle3", "eagle3.sub", "eagle3.sub.a", "eagle3.sub.b", "eagle3.sub.c"}
+    with pytest.raises(FileNotFoundError, match="eagle3.sub.nope"):
+        closure(tmp_path, ["eagle3.sub.nope"])
 
 def test_missing_input_manifest_is_a_named_error(tmp_path):
     cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
@@ -88,11 +129,12 @@ def test_output_matches_detects_a_rebuilt_output(tmp_path):
     d = _stage_dir(tmp_path / "x", "a")
     from eagle3.artifacts import read_manifest
 
-    result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    result = StageResult("extract", d, read_manifest(d)["content_hash"], "r")
     assert caching.output_matches(result)
     _stage_dir(d, "b")
     assert not caching.output_matches(result)
-    assert not caching.output_matches({"dir": str(tmp_path / "gone"), "content_hash": "x"})
+    assert not caching.output_matches(StageResult("extract", tmp_path / "gone", "x", "r"))
+    assert not caching.output_matches({"dir": str(d), "content_hash": read_manifest(d)["content_hash"]})  # an old-style dict
 
 
 def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_intact(tmp_path):
@@ -104,7 +146,7 @@ def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_in
         (d / "hidden_states" / f"hs_{i}.safetensors").write_bytes(bytes(100 + i))
     (d / ".progress").mkdir()
     write_manifest(d, "hidden_states", exclude=("manifest.json", ".progress"))
-    result = {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    result = StageResult("extract", d, read_manifest(d)["content_hash"], "r")
     files = read_manifest(d)["files"]
     assert (files["count"], files["bytes"], files["exclude"]) == (3, 303, [".progress", "manifest.json"])
     (d / ".progress" / "note.json").write_text("{}")  # excluded folders may change
@@ -143,8 +185,8 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
     with pytest.raises(DataError):
         with tracking.stage_run(cfg, parent, "convert") as sr:
             raise DataError("boom")
-    tracking.record_cached_stage(cfg, parent, "extract", "trained", {"dir": "/x", "content_hash": "h",
-                                                                    "mlflow_run_id": "producer", "metrics": {"n": 3}})
+    tracking.record_cached_stage(cfg, parent, "extract", "trained",
+                                 StageResult("extract", Path("/x"), "h", "producer", {"n": 3}))
     tracking.log_parent_metrics(cfg, parent, {"acceptance_length": 1.5, "acceptance_length_untrained": None})
     tracking.finish_run(cfg, parent)
     s = tracking.summarize_run(parent, cfg.mlflow_uri())

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.errors import ConfigError, DataError, TrainingDiverged
-from eagle3.train import train
-from tests.support.hs_fixture import build_hidden_states_dir, edit_manifest, tiny_train_cfg
+from eagle3.train.stage import train
+from testkit.hs_fixture import build_hidden_states_dir, edit_manifest, tiny_train_cfg
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_unwritable_output_dir(hs_dir, tmp_path):
 
 
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(hs_dir, tmp_path, monkeypatch):
-    import eagle3.train_loop as loop
+    import eagle3.train.loop as loop
 
     cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=8", "train.checkpoint_every=2", "train.epochs=3")
     out = tmp_path / "t"
@@ -171,9 +171,9 @@ def test_init_from_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_path)
 def test_fp8_stored_samples_are_dequantized_with_their_scales(hs_copy, tiny_target_dir):
     from safetensors.torch import save_file
 
-    from eagle3.draft_model import read_target_config
-    from eagle3.extract_store import encode
-    from eagle3.train_data import open_hidden_states
+    from eagle3.train.draft_model import read_target_config
+    from eagle3.extract.store import encode
+    from eagle3.train.data import open_hidden_states
 
     conf = read_target_config(tiny_target_dir)
     ref = open_hidden_states(hs_copy, tiny_target_dir, conf, max_tokens=512).load_sample(0)

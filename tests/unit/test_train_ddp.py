@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3.train import train
-from tests.support.hs_fixture import build_hidden_states_dir, tiny_train_cfg
+from eagle3.train.stage import train
+from testkit.hs_fixture import build_hidden_states_dir, tiny_train_cfg
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from eagle3.train import train
-from tests.support.hs_fixture import build_hidden_states_dir, tiny_train_cfg
+from eagle3.train.stage import train
+from testkit.hs_fixture import build_hidden_states_dir, tiny_train_cfg
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,11 @@ def recompile_limit_64():
 
 
 def _compile_counting(monkeypatch) -> list:
-    """Make eagle3.train's draft forward compiled (as speculators does on CUDA) with a backend that records each
+    """Make eagle3.train.stage's draft forward compiled (as speculators does on CUDA) with a backend that records each
     graph it gets."""
     import types
 
-    import eagle3.train as train_mod
+    import eagle3.train.stage as train_mod
 
     graphs: list = []
 
@@ -91,13 +91,13 @@ def test_compiled_forward_compiles_once_with_padding_and_per_length_without(hs_d
 
 
 def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_target_dir):
-    """``eagle3.draft_model.compile_forward`` (what ``train.compile`` uses on CUDA): the compiled forward gives the
+    """``eagle3.train.draft_model.compile_forward`` (what ``train.compile`` uses on CUDA): the compiled forward gives the
     plain forward's loss and draft tokens, compiles with static shapes (a new length is a new graph, never a
     dynamic one), and an unknown ``train.compile_mode`` is refused by name."""
-    from eagle3.draft_model import build_draft, compile_forward
+    from eagle3.train.draft_model import build_draft, compile_forward
     from eagle3.errors import ConfigError
-    from eagle3.train_data import collate, open_hidden_states
-    from eagle3.vocab import build_vocab_map, load_token_freq
+    from eagle3.train.data import collate, open_hidden_states
+    from eagle3.train.vocab import build_vocab_map, load_token_freq
 
     conf = json.loads((tiny_target_dir / "config.json").read_text())
     vmap = build_vocab_map(load_token_freq(hs_dir / "token_freq.pt"), 128, conf["vocab_size"], pad=True)
@@ -105,7 +105,7 @@ def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_ta
     torch.manual_seed(0)
     model = build_draft(tiny_target_dir, aux_layer_ids=aux, d2t=vmap.d2t, t2d=vmap.t2d, num_layers=1, ttt_steps=3,
                         flags={})
-    from eagle3.draft_model import read_target_config
+    from eagle3.train.draft_model import read_target_config
 
     data = open_hidden_states(hs_dir, tiny_target_dir, read_target_config(tiny_target_dir), max_tokens=96)
     batches = [collate([data.load_sample(i)], torch.device("cpu"), torch.float32) for i in (0, 1)]

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from eagle3.train_data import collate, pack
-from eagle3.train_metrics import add_batch, new_counts, simulated_acceptance_length, summarize
-from eagle3.train_state import lr_factor
+from eagle3.train.data import collate, pack
+from eagle3.train.metrics import add_batch, new_counts, simulated_acceptance_length, summarize
+from eagle3.train.state import lr_factor
 
 
 def test_simulated_acceptance_length_counts_the_bonus_token():

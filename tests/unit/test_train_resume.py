@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.errors import ConfigError, DataError
-from eagle3.train import train
-from eagle3.train_state import lr_factor
+from eagle3.train.stage import train
+from eagle3.train.state import lr_factor
 from tests.conftest import REPO
-from tests.support.hs_fixture import build_hidden_states_dir, tiny_train_cfg
+from testkit.hs_fixture import build_hidden_states_dir, tiny_train_cfg
 
 RESUME_OVERRIDES = ["train.epochs=2", "train.max_steps=13", "train.checkpoint_every=2", "train.eval_every=0", "train.max_tokens_per_batch=64",
                     "train.warmup_steps=3", "train.keep_last=2"]
@@ -24,8 +24,8 @@ KILL_AT = 5
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from tests.support.hs_fixture import tiny_train_cfg
-    from eagle3.train import train
+    from testkit.hs_fixture import tiny_train_cfg
+    from eagle3.train.stage import train
     runs, hs, out, kill_at, *ov = sys.argv[1:]
     def on_metrics(m, step):
         if "train/loss" in m and step == int(kill_at):
@@ -63,7 +63,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(hs_dir, tmp_pat
     assert info["epoch"] == 0 and 0 < info["micro"] < per_epoch  # mid-epoch data position
 
     # the LR the resumed run starts with is the fresh schedule's value at that step
-    from eagle3.train import prepare
+    from eagle3.train.stage import prepare
 
     cfg = tiny_train_cfg(tmp_path / "runs", *RESUME_OVERRIDES)
     run = prepare(cfg, hs_dir, cut_out, rank=0, world=1, device=torch.device("cpu"), on_metrics=None)
@@ -105,7 +105,7 @@ def test_resume_with_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_pat
     man = train(cfg2, other, out, progress=False)
     assert man["optimizer_steps"] == 3
     sd = load_file(out / "model.safetensors")
-    from eagle3.vocab import vocab_map_hash
+    from eagle3.train.vocab import vocab_map_hash
 
     assert vocab_map_hash(sd["d2t"], sd["t2d"]) == man["vocab_map_hash"] != json.loads(
         (out / "state" / "ckpt-00000002" / "state.json").read_text())["vocab_map_hash"]
@@ -128,7 +128,7 @@ def test_a_failed_checkpoint_write_is_a_data_error_and_keeps_the_older_checkpoin
     """A full disk during ``torch.save`` (the H200 run's ``RuntimeError: [enforce fail at inline_container.cc]
     unexpected pos``) stops training with the checkpoint folder, the cause and the free space named; the
     partial folder is gone and the previous checkpoint stays complete, so a re-run resumes from it."""
-    import eagle3.train_state as ts
+    import eagle3.train.state as ts
 
     real_save, calls = torch.save, []
 
@@ -165,7 +165,7 @@ def test_too_little_disk_for_the_checkpoints_is_refused_before_training(hs_dir, 
     with the free space before the first step; the message gives both and the knob."""
     import collections
 
-    import eagle3.train_state as ts
+    import eagle3.train.state as ts
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(ts.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 2**20, 2**20))  # 1 MiB free
@@ -175,7 +175,7 @@ def test_too_little_disk_for_the_checkpoints_is_refused_before_training(hs_dir, 
         train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.keep_last=2"), hs_dir, out,
               progress=False)
     assert not (out / "metrics.jsonl").exists()
-    import eagle3.train as train_mod
+    import eagle3.train.stage as train_mod
 
     needs = []
     real_check = train_mod.check_checkpoint_space
@@ -188,3 +188,20 @@ def test_too_little_disk_for_the_checkpoints_is_refused_before_training(hs_dir, 
     weights = (ckpt / "model.safetensors").stat().st_size
     # the estimate is the written sizes to within headers/pickling (a few %)
     assert needs and needs[0] == pytest.approx(3 * one + 2 * weights, rel=0.05), (needs, one, weights)
+
+
+@pytest.mark.parametrize("lost", ["optimizer.pt", "trainer.pt"])
+def test_resume_from_a_checkpoint_missing_its_optimizer_or_scheduler_file_is_a_named_error(hs_dir, tmp_path, lost):
+    out = tmp_path / "t"
+    train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.checkpoint_every=1", "train.keep_last=2",
+                         "train.epochs=5"), hs_dir, out, progress=False)
+    newest = out / "state" / "ckpt-00000002"
+    (newest / lost).unlink()
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5")
+    with pytest.raises(DataError) as e:  # was: FileNotFoundError from torch.load, with a traceback
+        train(cfg, hs_dir, out, progress=False)
+    msg = str(e.value)
+    assert f"checkpoint {newest} is incomplete" in msg and f"missing ['{lost}']" in msg
+    assert "previous complete checkpoint ckpt-00000001" in msg and "train.resume=false" in msg
+    shutil.rmtree(newest)  # the way on that the message names
+    assert train(cfg, hs_dir, out, progress=False)["optimizer_steps"] == 3

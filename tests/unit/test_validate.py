@@ -8,10 +8,10 @@ import json
 import pytest
 
 from eagle3.errors import DataError
-from eagle3.validate import Problem, validate
-from tests.support.broken_corpus import CASES, build_corpus, good_data_manifest, good_pair
+from eagle3.convert.validate import Problem, validate
+from testkit.broken_corpus import CASES, build_corpus, good_data_manifest, good_pair
 
-FILE_CHECKABLE = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 22}
+FILE_CHECKABLE = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 26}
 
 
 @pytest.fixture(scope="module")

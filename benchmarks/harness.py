@@ -1,0 +1,129 @@
+"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one benchmark can be
+spread over several calls of limited length: ``--until STAGE`` stops after a stage, ``--resume`` skips the stages
+an earlier call on the same machine finished), a timestamped log line, and the inputs every script prepares (the
+SmolLM2 target converted from its GGUF, a conversations file that may be ``.gz``/``.xz``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+
+class Results:
+    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every change.
+
+    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine, so that one
+    benchmark can be spread over several calls of limited length: stages recorded there are not run again."""
+
+    def __init__(self, work: Path, out: Path, resume: bool = False, settings: dict | None = None):
+        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable results.json or one
+        made with other ``settings`` (the arguments that change the figures)."""
+        self.paths = list(dict.fromkeys([work / "results.json", out / "results.json"]))
+        self.data: dict = {"stages": {}, "failures": [], "settings": settings or {}}
+        if resume and self.paths[0].is_file():
+            try:
+                data = json.loads(self.paths[0].read_text())
+                if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
+                    raise ValueError(f"expected an object with a 'stages' object, got {type(data).__name__}")
+                if not isinstance(data.get("settings", {}), dict):
+                    raise ValueError("'settings' is not an object")
+                bad = [k for k, v in data["stages"].items() if not isinstance(v, dict)]
+                if bad:
+                    raise ValueError(f"stages {bad[:3]} are not objects")
+                gone = [f"{k}: {v['dir']}" for k, v in data["stages"].items()
+                        if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()]
+                if gone:
+                    raise ValueError(f"outputs of finished stages are missing here ({'; '.join(gone[:3])})")
+            except ValueError as e:  # JSONDecodeError is a ValueError
+                raise SystemExit(f"--resume: {self.paths[0]} cannot be resumed ({e}); "
+                                 "delete it (or the whole --work folder) to start over") from e
+            old = data.get("settings", {})
+            diff = {k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v}
+            if diff:
+                raise SystemExit(f"--resume: {self.paths[0]} was made with other settings "
+                                 f"(name: earlier, now): {diff}; use the same arguments or another --work")
+            self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
+        elif resume:
+            print(f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
+                  flush=True)
+        for p in self.paths:
+            p.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self) -> None:
+        for p in self.paths:  # atomic: a kill mid-write leaves the previous complete file
+            tmp = p.with_name(f".{p.name}.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, default=str))
+            os.replace(tmp, p)
+
+    def put(self, key: str, value) -> None:
+        self.data["stages"][key] = value
+        self._write()
+
+    def fail(self, what: str, err: BaseException) -> None:
+        self.data["failures"].append(f"{what}: {type(err).__name__}: {str(err)[:400]}")
+        self._write()
+
+
+def log(msg: str, t0: float = [time.perf_counter()]) -> None:  # noqa: B006 - process start time
+    print(f"[{time.perf_counter() - t0[0]:7.1f} s] {msg}", flush=True)
+
+
+def prepare_target(a, work: Path) -> Path:
+    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own converter."""
+    if a.target:
+        return Path(a.target)
+    import eagle3.assets as assets
+
+    if a.gguf:
+        gguf = Path(a.gguf).resolve()
+        orig = assets.package_file
+        assets.package_file = lambda pkg, rel: gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+        return assets.prepare_smollm2(work / "cache")
+    return assets.prepare_smollm2(Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser())
+
+
+def data_file(a, work: Path) -> Path:
+    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work`` once."""
+    import lzma
+
+    src = Path(a.data).expanduser()
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(src.suffix)
+    if opener is None:
+        return src
+    dst = work / src.name[: -len(src.suffix)]
+    if not dst.is_file():
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        with opener(src, "rb") as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.replace(tmp, dst)
+    return dst
+
+
+def stage(res: Results, name: str, fn, *args):
+    if name in res.data["stages"]:
+        log(f"{name}: done in an earlier call")
+        if name == res.until:
+            log(f"stopping after {name} (--until)")
+            res.stop = True
+        return res.data["stages"][name]
+    if res.stop:
+        return None
+    log(f"{name} ...")
+    try:
+        out = fn(*args)
+    except Exception as e:  # noqa: BLE001 - later stages that do not need this one still run
+        traceback.print_exc(limit=6)
+        res.fail(name, e)
+        return None
+    res.put(name, out)
+    log(f"{name}: {json.dumps(out, default=str)[:400]}")
+    if name == res.until:
+        log(f"stopping after {name} (--until); run again with --resume for the rest")
+        res.stop = True
+    return out

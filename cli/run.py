@@ -1,0 +1,269 @@
+"""``eagle3 run|extract|train|convert|deploy CONFIG``: a flow driven from the command line.
+
+Runs the stage's Prefect flow on Prefect's ephemeral API (no server needed), prints the summary, and turns a
+failed flow into its stage's error with advice on how to re-run only what failed. A SIGTERM/SIGHUP ends the run
+as an interrupt, so every ``finally`` runs (engine process groups ended, the ephemeral server stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from flows.common import SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides, stop_ephemeral_server
+from flows.pipeline import FLOW_NAME, eagle3_pipeline
+
+
+def format_summary(summary: dict, cfg: Any) -> str:
+    """The text ``eagle3 run`` prints; it ends with the acceptance lengths, the MLflow location and the UI
+    command."""
+    fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
+    link, cmd = mlflow_ui(cfg, summary.get("experiment_id"), summary.get("parent_run_id"))
+    lines = [f"{summary.get('flow', FLOW_NAME)} finished: {summary['config']} (run dir {summary['run_dir']})"]
+    lines += [f"  {k:<28} {v}" for k, v in summary.get("stages", {}).items()]
+    if summary.get("data"):
+        lines.append(f"data: {summary['data']}")
+    if summary.get("decision"):
+        lines.append(f"decision: {summary['decision']} (rule {summary.get('decision_rule')})")
+    if "acceptance_length" in summary:
+        lines.append(f"acceptance length, trained draft:      {fmt(summary['acceptance_length'])}")
+        lines.append(f"acceptance length, untrained baseline: {fmt(summary.get('acceptance_length_untrained'))}")
+    lines.append(f"MLflow: {summary['mlflow_uri']}  experiment {summary.get('experiment_id')}  "
+                 f"parent run {summary.get('parent_run_id')}  ({link})")
+    lines.append(f"MLflow UI: {cmd}")
+    return "\n".join(lines)
+
+
+def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
+    """The failed flow's exception, its message extended with how to re-run only what failed."""
+    exc = state.result(raise_on_failure=False)
+    if not isinstance(exc, BaseException):
+        from eagle3.errors import Eagle3Error
+
+        exc = Eagle3Error(f"flow run ended {state.name}: {state.message}")
+    from eagle3.errors import (
+        AcceptanceTooLow,
+        CheckpointInvalid,
+        ConfigError,
+        DataError,
+        EngineUnsupported,
+        TrainingDiverged,
+    )
+
+    home = env.get("PREFECT_HOME")
+    entry = "flows/pipeline.py:eagle3_pipeline" if stage == "pipeline" else f"flows/stages.py:{stage}_flow"
+    if isinstance(exc, (ConfigError, DataError, CheckpointInvalid, EngineUnsupported, TrainingDiverged,
+                        AcceptanceTooLow)):
+        # permanent: the same inputs fail the same way, so a plain retry is no advice
+        hint = " — fix what is named above, then re-run the same command (finished stages are cached)"
+    else:
+        hint = (f" — re-run the same command (cached stages are skipped) or retry this flow run: "
+                f"{'PREFECT_HOME=' + home + ' ' if home else ''}prefect flow-run retry "
+                f"{state.state_details.flow_run_id} --entrypoint {entry}")
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (exc.args[0] + hint,) + tuple(exc.args[1:])
+    return exc
+
+
+def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
+    """Run ``stage`` ("pipeline", "extract", "train", "convert", "deploy") as its Prefect flow on Prefect's
+    ephemeral API (no server needed) and return the printed summary.
+
+    Secret-looking overrides are passed through the environment, never as flow parameters. The ephemeral
+    Prefect server is stopped before returning. Raises ConfigError for an unknown stage, the stage's errors.
+    """
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+    from flows.stages import STAGE_FLOWS
+
+    flows = {"pipeline": eagle3_pipeline, **STAGE_FLOWS}
+    if stage not in flows:
+        raise ConfigError(f"stage {stage!r}: expected one of {sorted(flows)}")
+    cfg = load_config(config_path, overrides)
+    public, secret = split_overrides(list(overrides))
+    old = os.environ.get(SECRET_OVERRIDES_ENV)
+    if secret:
+        import json
+
+        os.environ[SECRET_OVERRIDES_ENV] = json.dumps(secret)
+    previous = terminate_as_interrupt()
+    record = SignalRecord()
+    record.install()
+    try:
+        with local_prefect(cfg) as env, _quiet_known_tracebacks():
+            state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
+            raise_if_terminated(record)
+            if not state.is_completed():
+                raise _with_retry_hint(state, stage, env)
+            summary = state.result()
+    finally:
+        record.uninstall()
+        if secret and old is None:
+            os.environ.pop(SECRET_OVERRIDES_ENV, None)
+        elif secret:
+            os.environ[SECRET_OVERRIDES_ENV] = old
+        stop_ephemeral_server()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return format_summary(summary, cfg)
+
+
+class _KnownErrorsWithoutTraceback(logging.Formatter):
+    """Console formatter that leaves out the traceback of this project's own errors (``Eagle3Error``: their
+    message names the file/key and both values, and the CLI prints it last), keeping it for anything else.
+    Wraps the handler's formatter; the record itself is restored, so Prefect's API log keeps the traceback."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        from eagle3.errors import Eagle3Error
+
+        if not (record.exc_info and isinstance(record.exc_info[1], Eagle3Error)):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+@contextmanager
+def _quiet_known_tracebacks() -> Iterator[None]:
+    """Install :class:`_KnownErrorsWithoutTraceback` on Prefect's console handler(s) for the duration."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+    saved = [h.formatter for h in handlers]
+    for h in handlers:
+        h.setFormatter(_KnownErrorsWithoutTraceback(h.formatter))
+    try:
+        yield
+    finally:
+        for h, f in zip(handlers, saved):
+            h.setFormatter(f)
+
+
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class SignalRecord:
+    """Which termination signals reached this process during a run, whoever handled them, and a deadline after
+    the first one.
+
+    Prefect's flow engine installs its own SIGTERM handler while a flow runs, and CPython swallows an exception
+    raised by a handler inside an import's module-lock callback; either way the run may go on to its end. The
+    record does not depend on any Python handler: a self-pipe registered with :func:`signal.set_wakeup_fd`
+    receives one byte (the signal number) for every signal delivered to a Python-level handler, ours or
+    Prefect's, and a thread reads it.
+
+    The deadline: a signal sent to the whole process group (Ctrl-C in a terminal, a supervisor) also ends
+    Prefect's ephemeral API server, and Prefect's engine then retries reporting the crash to it for minutes.
+    ``grace_s`` seconds after the first termination signal a process that has not exited ends itself: the
+    ``atexit`` handlers run (the launcher's end every engine process group), its remaining child processes are
+    terminated, and it exits with 128 + the signal number. Main thread only (``install`` returns False
+    elsewhere)."""
+
+    def __init__(self, grace_s: float = 30.0) -> None:
+        self.grace_s = grace_s
+        self._r = self._w = -1
+        self._previous_fd = -1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.seen: list[int] = []
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._previous_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="eagle3-signal-record", daemon=True)
+        self._thread.start()
+        return True
+
+    def _watch(self) -> None:
+        import select
+
+        deadline = None
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._r], [], [], 0.5)
+            if ready:
+                chunk = os.read(self._r, 512)
+                new = [b for b in chunk if b in TERMINATING]
+                self.seen += new
+                if new and deadline is None:
+                    deadline = time.monotonic() + self.grace_s
+            if deadline is not None and time.monotonic() > deadline and not self._stop.is_set():
+                _end_now(self.seen[0], self.grace_s)
+
+    def received(self) -> list[int]:
+        """The termination signals seen so far."""
+        if self._thread is not None:
+            time.sleep(0.05)  # a byte written just now reaches the reader thread
+        return list(self.seen)
+
+    def uninstall(self) -> None:
+        if self._r < 0:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        signal.set_wakeup_fd(self._previous_fd)
+        for fd in (self._r, self._w):
+            os.close(fd)
+        self._r = self._w = -1
+
+
+def _end_now(signum: int, grace_s: float) -> None:
+    """The run did not exit within ``grace_s`` of a termination signal: end engines (atexit), this process's own
+    children, then exit 128 + ``signum``."""
+    import atexit
+    import sys
+
+    import psutil
+
+    print(f"error: received {signal.Signals(signum).name} and the run did not stop within {grace_s:.0f} s "
+          "(Prefect's API server was ended with it); ending it now", file=sys.stderr, flush=True)
+    try:
+        atexit._run_exitfuncs()  # the launcher registers every engine's stop here
+    finally:
+        children = psutil.Process().children(recursive=True)
+        for c in children:
+            try:
+                c.terminate()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(children, timeout=5)
+        os._exit(128 + signum)
+
+
+def raise_if_terminated(record: SignalRecord) -> None:
+    """Raise KeyboardInterrupt when a SIGTERM/SIGHUP arrived during the run but its interrupt was lost (caught by
+    Prefect's engine or swallowed by CPython): a run that was told to stop must not then exit 0 as if nothing
+    happened."""
+    seen = record.received()
+    if seen:
+        names = ", ".join(sorted({signal.Signals(s).name for s in seen}))
+        raise KeyboardInterrupt(f"received {names} during the run; the interrupt was lost inside the run, which "
+                                "went on to its end: its outputs are complete, but it is reported as interrupted")
+
+
+def terminate_as_interrupt() -> dict:
+    """Make SIGTERM/SIGHUP raise KeyboardInterrupt in the main thread, so a killed ``eagle3 run`` still runs
+    every ``finally`` (engine process groups ended, the ephemeral Prefect server stopped) instead of dying
+    with its children orphaned. Returns the previous handlers (empty outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
+
+    return {sig: signal.signal(sig, interrupt) for sig in TERMINATING}

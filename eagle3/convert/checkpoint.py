@@ -1,0 +1,144 @@
+"""A draft folder read into memory for the checks: :class:`Checkpoint` (config, tensors, manifest),
+:class:`Target` (the target's config, lazily its embedding), :class:`Problem` (``CODE: message``).
+
+Only unreadable input raises (DataError naming the file).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3.engines.profile import dotted_get
+from eagle3.errors import DataError
+
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+VOCAB_SIDE_FILES = ("d2t*", "t2d*", "vocab_map*")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason the checkpoint would be served wrongly. ``str(p)`` is ``CODE: message``."""
+
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@dataclass
+class Checkpoint:
+    """A draft directory read into memory: ``config`` (dict), ``tensors`` {name: tensor}, ``manifest``."""
+
+    path: Path
+    config: dict
+    tensors: dict[str, torch.Tensor]
+    weight_files: list[Path]
+    manifest: dict | None
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: {what} not found") from e
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: {what} unreadable ({e})") from e
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: {what} expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of safetensors / ``pytorch_model*.bin`` files; DataError on a corrupt file or a name
+    present in two files."""
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
+                                                                                   weights_only=True)
+        except Exception as e:  # safetensors/pickle raise many unrelated types on corrupt input
+            raise DataError(f"{f}: unreadable weights ({type(e).__name__}: {e})") from e
+        if not isinstance(part, dict):
+            raise DataError(f"{f}: expected a name → tensor mapping, got {type(part).__name__}")
+        for name, t in part.items():
+            if name in out:
+                raise DataError(f"{f}: tensor {name!r} also appears in another weight file")
+            out[name] = t
+    return out
+
+
+def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
+    """Read ``config.json``, all weight files and ``manifest.json`` (optional) of a draft directory."""
+    path = Path(ckpt_dir)
+    if not path.is_dir():
+        raise DataError(f"{path}: checkpoint directory not found")
+    config = _read_json(path / "config.json", "config.json")
+    files = sorted({f for g in WEIGHT_GLOBS for f in path.glob(g)})
+    if not files:
+        raise DataError(f"{path}: no weight file (expected model.safetensors or pytorch_model.bin)")
+    manifest = _read_json(path / "manifest.json", "manifest.json") if (path / "manifest.json").is_file() else None
+    return Checkpoint(path, config, load_tensors(files), files, manifest)
+
+
+@dataclass
+class Target:
+    """The target's ``config.json`` (text config for multimodal ones) and lazily its embedding."""
+
+    path: Path
+    config: dict
+    architecture: str
+    _embed: torch.Tensor | None = None
+
+    @classmethod
+    def read(cls, target_dir: str | Path) -> "Target":
+        path = Path(target_dir)
+        raw = _read_json(path / "config.json", "target config.json")
+        archs = raw.get("architectures") or ["(none)"]
+        return cls(path, raw.get("text_config") or raw, str(archs[0]))
+
+    def embed(self) -> torch.Tensor | None:
+        """The target's input embedding ``[vocab, H]``: the first tensor named ``*embed_tokens.weight`` in its
+        ``*.safetensors`` files, else in its ``pytorch_model*.bin`` files (read with ``weights_only=True``: a
+        pickle that holds code is refused, and memory-mapped, so a large file is not read whole). None when no
+        weight file holds one (:attr:`embed_searched` then says what was searched). DataError on a corrupt file.
+        """
+        if self._embed is None:
+            from safetensors import safe_open
+
+            for f in sorted(self.path.glob("*.safetensors")):
+                with safe_open(str(f), framework="pt") as h:
+                    for k in h.keys():
+                        if k.endswith("embed_tokens.weight"):
+                            self._embed = h.get_tensor(k)
+                            return self._embed
+            for f in sorted(self.path.glob("pytorch_model*.bin")):
+                try:
+                    part = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+                except Exception as e:  # pickle/zip raise many unrelated types on corrupt or unsafe input
+                    raise DataError(f"{f}: unreadable target weights ({type(e).__name__}: {e})") from e
+                found = [k for k in part if isinstance(k, str) and k.endswith("embed_tokens.weight")] \
+                    if isinstance(part, dict) else []
+                if found:
+                    self._embed = part[found[0]].clone()
+                    return self._embed
+        return self._embed
+
+    @property
+    def embed_searched(self) -> str:
+        """What :meth:`embed` looks through, for a message when it finds nothing."""
+        files = sorted(p.name for g in ("*.safetensors", "pytorch_model*.bin") for p in self.path.glob(g))
+        return f"tensors named *embed_tokens.weight in {files or 'no *.safetensors or pytorch_model*.bin file'}"
+
+
+def cfg_get(config: dict, key: str, default: Any = None) -> Any:
+    """Dotted lookup with a default (``eagle_config.norm_before_fc``)."""
+    found, value = dotted_get(config, key)
+    return value if found else default

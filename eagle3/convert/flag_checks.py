@@ -1,0 +1,95 @@
+"""Draft config flags read from a place the engine never looks, and flags nobody knows (failure class 5).
+
+SGLang 0.5.23 reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of the draft's
+``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and inside ``eagle_config``
+nothing but the aux ids, ``use_aux_hidden_state`` and ``norm_before_fc`` (``EngineProfile.eagle_config_keys``).
+A SpecForge-style draft that says ``eagle_config.norm_output: true`` is therefore served with
+``norm_output=False``, without a message. A boolean key that no schema defines (transformers' config classes,
+speculators' ``Eagle3SpeculatorConfig``, the engine's flags and the other booleans it reads) is a flag some
+training code set and no engine reads: reported too, instead of ignored.
+
+Each function returns :class:`~eagle3.convert.checkpoint.Problem` lists: ``NESTED_FLAG`` (expected and actual
+value), ``UNKNOWN_FLAG`` (the key, its value and what is known). Non-boolean unknown keys are not flags and
+are not reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from eagle3.convert.checkpoint import Problem
+from eagle3.engines.profile import EngineProfile, dotted_get
+from eagle3.errors import ConfigError
+
+# Boolean keys of transformers' configs: PretrainedConfig (4.x and 5.x) and the Llama/Qwen-style decoder configs
+# drafts copy their fields from. A draft config written by any of them may carry these.
+HF_BOOL_KEYS = frozenset({
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
+    "do_sample", "early_stopping", "output_scores", "return_dict_in_generate", "remove_invalid_values",
+    "use_cache", "attention_bias", "mlp_bias", "use_sliding_window", "has_no_defaults_at_init",
+})
+
+
+def _bool_like(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def flag_values(config: Mapping, name: str) -> dict[str, bool]:
+    """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``; ``use_aux_norm`` for
+    ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left out."""
+    keys = [name, f"eagle_config.{name}"] + (["use_aux_norm", "eagle_config.use_aux_norm"] if name == "fc_norm" else [])
+    out = {}
+    for key in keys:
+        found, value = dotted_get(config, key)
+        if found and value is not None:
+            out[key] = bool(value)
+    return out
+
+
+def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool | None:
+    """The value of flag ``name`` the draft was trained with, wherever the config states it (None: not stated).
+
+    Raises ConfigError when two places state different values (``norm_output: false`` at the top level and
+    ``eagle_config.norm_output: true``): which one the training code read cannot be known from the file.
+    """
+    values = flag_values(config, name)
+    if len(set(values.values())) > 1:
+        raise ConfigError(f"{where}: flag {name} is stated twice with different values {values}; expected one "
+                          f"value (which one the training code read cannot be told from the file)")
+    return next(iter(values.values()), None)
+
+
+def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
+    """``NESTED_FLAG`` for each flag stated where ``profile``'s engine never reads it with a value other than the
+    one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang computes ``norm_output=False``)."""
+    out = []
+    for name, rule in profile.flags.items():
+        engine_value = profile.engine_flag_value(name, dict(config))
+        for key, value in flag_values(config, name).items():
+            if key not in rule.config_keys and value != engine_value:
+                out.append(Problem("NESTED_FLAG", f"config.json {key}: expected it where {profile.engine} "
+                                   f"{profile.version} reads {name} ({list(rule.config_keys) or 'nowhere: fixed in code'}),"
+                                   f" got {key}={value} there, so the engine computes {name}={engine_value}"))
+    return out
+
+
+def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
+    """``UNKNOWN_FLAG`` for boolean keys no schema defines, at the top level and inside ``eagle_config`` (where
+    any key but ``profile.eagle_config_keys`` and the flags is never read)."""
+    known_top = HF_BOOL_KEYS | set(profile.flags) | set(profile.other_bool_keys)
+    out = []
+    for key, value in sorted(config.items()):
+        if _bool_like(value) and key not in known_top:
+            out.append(Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags {profile.engine} "
+                               f"{profile.version} or transformers define ({sorted(set(profile.flags))} and the "
+                               f"model config's own), got {key!r}, which no engine reads"))
+    eagle = config.get("eagle_config")
+    if isinstance(eagle, Mapping):
+        known_nested = set(profile.eagle_config_keys) | set(profile.flags)
+        for key, value in sorted(eagle.items()):
+            if key not in known_nested:
+                out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: expected only "
+                                   f"{sorted(profile.eagle_config_keys)} inside eagle_config (what {profile.engine} "
+                                   f"{profile.version} reads there), got {key!r}, which it never reads"))
+    return out

@@ -1,0 +1,100 @@
+"""Loader rules of SGLang 0.5.23's ``LlamaForCausalLMEagle3.load_weights`` (``sglang/srt/models/llama_eagle3.py``)
+and the config checks of :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
+
+Names: legacy ``midlayer`` → ``layers.0`` and ``aux_norm_{low,mid,high}`` → ``fc_norm.{0,1,2}``; q/k/v are
+stacked into ``qkv_proj`` (rows q, then k, then v) and gate/up into ``gate_up_proj``; each name is tried as-is
+and with a ``model.`` prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eagle3.engines.bounds import LIMITS, bounded_int
+from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+# llama_eagle3.py load_weights: legacy names, then q/k/v and gate/up stacking.
+LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
+                "aux_norm_high": "fc_norm.2"}
+STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
+           (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
+
+
+def copy_param(param: nn.Parameter, w: torch.Tensor, key: str, orig: str, where) -> None:
+    """Copy tensor ``w`` (checkpoint name ``orig``) into ``param``; CheckpointInvalid on a shape mismatch."""
+    if tuple(param.shape) != tuple(w.shape):
+        raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, parameter {key} expects "
+                                f"{tuple(param.shape)}")
+    param.data.copy_(w.to(param.dtype))
+
+
+def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str, orig: str, where) -> None:
+    """Write one of q/k/v (rows of qkv_proj) or gate/up (halves of gate_up_proj)."""
+    if shard in ("q", "k", "v"):
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+        start, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard]
+    else:
+        size = param.shape[0] // 2
+        start = shard * size
+    target = param.data[start:start + size]
+    if tuple(target.shape) != tuple(w.shape):
+        raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, shard {shard!r} of {key} "
+                                f"expects {tuple(target.shape)}")
+    target.copy_(w.to(param.dtype))
+
+
+def unfilled(params: dict, filled: set[str]) -> list[str]:
+    """Parameter names (``key#shard`` for stacked ones) that no checkpoint tensor filled."""
+    out = []
+    for key, p in params.items():
+        if key.endswith("qkv_proj.weight"):
+            out += [f"{key}#{s}" for s in ("q", "k", "v") if f"{key}#{s}" not in filled]
+        elif key.endswith("gate_up_proj.weight"):
+            out += [f"{key}#{s}" for s in (0, 1) if f"{key}#{s}" not in filled]
+        elif key not in filled:
+            out.append(key)
+    return out
+
+
+def rope_parameters(cfg: dict) -> dict:
+    """RoPE settings as SGLang reads them: ``rope_parameters`` if present, else ``rope_theta`` + ``rope_scaling``.
+
+    Returns a transformers-5 ``rope_parameters`` dict (``rope_type``, ``rope_theta`` and scaling fields).
+    """
+    rp = cfg.get("rope_parameters")
+    if rp is not None:
+        out = dict(rp)
+        out.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    else:
+        out = dict(cfg.get("rope_scaling") or {})
+        out["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    if "type" in out and "rope_type" not in out:
+        out["rope_type"] = out.pop("type")
+    out.setdefault("rope_type", "default")
+    return out
+
+
+def check_config(cfg: dict) -> None:
+    """Refuse a config this implementation cannot run faithfully (EngineUnsupported / ConfigError, naming the key)."""
+    archs = cfg.get("architectures") or []
+    if not archs or archs[0] != ARCHITECTURE:  # SGLang builds the first registered entry (models/registry.py)
+        raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] first (the class SGLang "
+                                f"0.5.23 loads for EAGLE-3; it builds the first registered entry), got {archs}")
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "num_hidden_layers", "vocab_size", "rms_norm_eps"):
+        if key not in cfg:
+            raise ConfigError(f"draft config.json: required key {key!r} missing")
+    for key in LIMITS:  # before any layer or tensor is built from them
+        if cfg.get(key) is not None:
+            bounded_int(cfg, key, where="draft config.json")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise EngineUnsupported(f"draft config.json hidden_act: expected 'silu', got {cfg['hidden_act']!r}")
+    if cfg.get("tie_word_embeddings", False):
+        raise EngineUnsupported("draft config.json tie_word_embeddings: true makes SGLang 0.5.23 use the (target) "
+                                "embedding as a full-vocabulary lm_head; this reference draft runs untied heads only "
+                                "(expected false)")
+    if rope_parameters(cfg).get("mrope_section") is not None:
+        raise EngineUnsupported("draft config.json rope_scaling: mrope is not implemented here")

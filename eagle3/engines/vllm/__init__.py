@@ -1,0 +1,1 @@
+"""vLLM's facts (unpinned): its draft loader as data (``profile``)."""

@@ -1,0 +1,226 @@
+"""Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do: it raises acceptance,
+because the draft then learns the target's own token distribution rather than another model's).
+
+Every assistant turn is replaced, in order, by the target's greedy answer to the conversation so far (with the
+earlier turns already regenerated). Two ways:
+
+- ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), chat template of the target;
+- ``openai``: any OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0) through httpx.
+
+Extraction stores the regenerated conversations in ``<out>/.progress/regenerated.jsonl`` so a resumed run
+reuses them instead of generating again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eagle3.errors import ConfigError, DataError, TransientError
+from eagle3.extract.conversations import Conversation
+
+
+def _rounds(convs: list[Conversation]) -> int:
+    return max((sum(m["role"] == "assistant" for m in c.messages or []) for c in convs), default=0)
+
+
+def _turn_index(conv: Conversation, r: int) -> int | None:
+    idx = [i for i, m in enumerate(conv.messages or []) if m["role"] == "assistant"]
+    return idx[r] if r < len(idx) else None
+
+
+def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds: int | None = None,
+               on_batch=None) -> list[Conversation]:
+    """Replace each assistant turn with ``answer_fn(list of message prefixes) -> list of answers``, round by round.
+
+    ``max_rounds``: regenerate only the first N assistant turns of each conversation and drop every message after
+    the last regenerated one (a later turn answering the original reply would no longer fit the conversation).
+    Within a round the prefixes are batched by length (fewer pad tokens per batch); ``on_batch(n)`` is called
+    after each batch with the number of answers it produced (progress). Returns new Conversation objects
+    (inputs untouched); plain-text records pass through unchanged.
+    """
+    out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text) for c in convs]
+    rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
+    for r in range(rounds):
+        todo = [(c, i) for c in out if (i := _turn_index(c, r)) is not None]
+        todo.sort(key=lambda ci: sum(len(m["content"]) for m in ci[0].messages[:ci[1]]))
+        for b in range(0, len(todo), batch_size):
+            chunk = todo[b: b + batch_size]
+            answers = answer_fn([c.messages[:i] for c, i in chunk])
+            if len(answers) != len(chunk):
+                raise DataError(f"regeneration: expected {len(chunk)} answers for a batch, got {len(answers)}")
+            for (c, i), a in zip(chunk, answers):
+                if a is not None:  # None: not generated (prompt too long); the original turn stays
+                    c.messages[i]["content"] = a
+            if on_batch is not None:
+                on_batch(len(chunk))
+    if max_rounds is not None:
+        for c in out:
+            last = _turn_index(c, max_rounds - 1)
+            if c.messages and last is not None:
+                del c.messages[last + 1:]
+    return out
+
+
+def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
+                 max_prompt_tokens: int | None = None):
+    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding).
+
+    A prompt longer than ``max_prompt_tokens`` tokens is not generated for (its answer is ``None``: the caller
+    keeps the original turn), so one very long conversation does not pad a whole batch to its length."""
+    kwargs = dict(template_kwargs or {})
+
+    def answer(prefixes: list[list[dict]]) -> list[str | None]:
+        prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs)
+                   for p in prefixes]
+        if max_prompt_tokens is not None:
+            lengths = [len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in prompts]
+            keep = [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
+            if len(keep) < len(prompts):
+                got = answer_all([prompts[i] for i in keep]) if keep else []
+                out: list[str | None] = [None] * len(prompts)
+                for i, a in zip(keep, got):
+                    out[i] = a
+                return out
+        return answer_all(prompts)
+
+    def answer_all(prompts: list[str]) -> list[str]:
+        side = tokenizer.padding_side
+        tokenizer.padding_side = "left"
+        try:
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        finally:
+            tokenizer.padding_side = side
+        dev = next(model.parameters()).device
+        with torch.inference_mode():
+            gen = model.generate(**enc.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        new = gen[:, enc["input_ids"].shape[1]:]
+        return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in new]
+
+    return answer
+
+
+def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
+    """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature 0).
+
+    Raises TransientError for connection failures and 5xx answers, DataError for other non-200 answers.
+    """
+    import httpx
+
+    def answer(prefixes: list[list[dict]]) -> list[str]:
+        out = []
+        with httpx.Client(timeout=timeout_s) as client:
+            for msgs in prefixes:
+                body = {"model": model or "default", "messages": msgs, "temperature": 0.0,
+                        "max_tokens": max_new_tokens}
+                try:
+                    r = client.post(url.rstrip("/") + "/chat/completions", json=body)
+                except httpx.TransportError as e:
+                    raise TransientError(f"regeneration endpoint {url}: {e!r}") from e
+                if r.status_code >= 500:
+                    raise TransientError(f"regeneration endpoint {url}: HTTP {r.status_code}")
+                if r.status_code != 200:
+                    raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got {r.status_code}: "
+                                    f"{r.text[:200]}")
+                out.append(r.json()["choices"][0]["message"]["content"].strip())
+        return out
+
+    return answer
+
+
+def _answer_fn(cfg, target_dir: Path, tokenizer):
+    mode = cfg.data.regenerate
+    if mode == "hf":
+        from eagle3.target_model import load_target
+
+        model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device, cfg.target.trust_remote_code)
+        return hf_answer_fn(model, tokenizer, cfg.data.regenerate_max_new_tokens, cfg.data.chat_template_kwargs,
+                            max_prompt_tokens=cfg.data.max_seq_len)
+    if mode == "openai":
+        if not cfg.data.regenerate_url:
+            raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got none)")
+        return openai_answer_fn(cfg.data.regenerate_url, None, cfg.data.regenerate_max_new_tokens)
+    raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got {mode!r}")
+
+
+def _write_jsonl(path: Path, convs: list[Conversation]) -> None:
+    from eagle3.artifacts import atomic_write_bytes
+
+    atomic_write_bytes(path, "".join(json.dumps({"id": c.id, "messages": c.messages, "text": c.text}) + "\n"
+                                     for c in convs).encode())
+
+
+def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversation], cache: Path) -> list:
+    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) when it exists."""
+    if cache.is_file():
+        recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
+        if [r["id"] for r in recs] == [c.id for c in convs]:
+            return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
+    d = cfg.data
+    out = regenerate(convs, _answer_fn(cfg, target_dir, tokenizer), d.regenerate_batch_size or cfg.extract.batch_size,
+                     d.regenerate_max_rounds)
+    _write_jsonl(cache, out)
+    return out
+
+
+def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
+    """Regenerate the conversations an extraction of ``cfg`` would select (``data.*``: source, seed,
+    ``num_conversations``, ``max_seq_len``, template switches) once, into a conversations file many runs can share
+    (``data.source=file``, ``data.path=<out_path>``, ``data.regenerate=none``).
+
+    Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line, the reader's OpenAI-style records) and
+    ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source file and sha256, target identity,
+    the regeneration settings, counts, seconds, answers/s). ``cfg.data.regenerate`` must be ``hf`` or
+    ``openai``. Raises ConfigError for another mode, DataError when the source gives no usable conversation.
+    """
+    import time
+
+    from transformers import AutoTokenizer
+
+    from eagle3.artifacts import atomic_write_json, sha256_file
+    from eagle3.assets import resolve_target
+    from eagle3.extract.plan import selected_conversations
+
+    if cfg.data.regenerate not in ("hf", "openai"):
+        raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate a file, got "
+                          f"{cfg.data.regenerate!r}")
+    from eagle3.precision import resolved
+
+    cfg = resolved(cfg)  # target.dtype concrete
+    target = resolve_target(cfg)
+    tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)
+    chosen, stats, skipped, path, _ = selected_conversations(cfg, tok)
+    if not chosen:
+        raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: {dict(skipped)})")
+    convs = [c for c, _ in chosen]
+    d = cfg.data
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="regenerate", unit="answer")
+    t0 = time.perf_counter()
+    try:
+        out = regenerate(convs, _answer_fn(cfg, target, tok), d.regenerate_batch_size or cfg.extract.batch_size,
+                         d.regenerate_max_rounds, on_batch=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - t0
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(out_path, out)
+    answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
+    manifest = {"kind": "regenerated_conversations", "path": str(out_path), "sha256": sha256_file(out_path),
+                "source": {"path": str(path), "sha256": sha256_file(path)}, "target": str(target),
+                "settings": {"mode": d.regenerate, "max_new_tokens": d.regenerate_max_new_tokens,
+                             "max_rounds": d.regenerate_max_rounds, "seed": d.seed,
+                             "num_conversations": d.num_conversations, "max_seq_len": d.max_seq_len,
+                             "chat_template_kwargs": d.chat_template_kwargs, "target_dtype": cfg.target.dtype},
+                "counts": {"conversations": len(out), "answers": answers, "records": stats.records},
+                "seconds": round(seconds, 2), "answers_per_s": round(answers / seconds, 2) if seconds > 0 else None}
+    atomic_write_json(out_path.with_name(out_path.name + ".manifest.json"), manifest)
+    return manifest

@@ -1,0 +1,369 @@
+"""The pre-flight of a deployment: everything that can be known about a launch before any engine process starts
+(failure classes 11, 14, 19, 23, 24). Run by the pipeline's ``preflight`` step (``tasks/preflight.py``) before
+the deploy stage, and by ``eagle3 preflight CONFIG``.
+
+Checks, each recorded with its figures whether it passes or not (a ``Check``: passed / failed / skipped / note):
+
+- ``engine``: the engine the launch resolves to; for SGLang that its interpreter imports it and runs the pinned
+  version (the loader and capture facts are 0.5.23's).
+- ``aux_capture``: the target's class captures EAGLE-3 aux hidden states in that engine version (SGLang: read from
+  the released source when the wheel is found, else the pinned list; the reference engine hooks any HF target's
+  layers). Without it the draft's fusion layer is bypassed and acceptance falls to about 1.0 (the seed story).
+- ``memory``: target + draft weights and both KV caches for one full-context request, per GPU of the launch
+  (``serve.tp`` GPUs from the visible ones), against ``GPU memory × serve.mem_fraction_static`` and against what
+  other processes already hold; the reference engine: against free host (or GPU) memory.
+- ``settings``: what SGLang will really run (:mod:`eagle3.engines.sglang.serving`): which scheduler, how many
+  requests at once, how many draft tokens.
+- ``environment``: no variable that makes SGLang simulate acceptance.
+- ``template``: the chat-template switches the draft was trained with (extraction manifest) against what the
+  benchmark renders and what the server renders for chat requests (``--default-chat-template-kwargs``,
+  ``--chat-template`` overrides in ``serve.extra_args``).
+- ``steps``: served draft steps against trained TTT steps (refused at config load when larger; noted here).
+
+A failure names the class and the fix; :meth:`PreflightReport.raise_if_failed` raises EngineUnsupported (the
+engine cannot do it) or ConfigError (a setting), with every problem as ``CODE: message`` and ``.problems``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3.convert.checkpoint import Problem
+from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+from eagle3.engines.sglang.serving import flag_value, resolve, simulated_acceptance
+from eagle3.errors import ConfigError, EngineUnsupported
+
+GIB = 1 << 30
+ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT"}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class Check:
+    """One pre-flight check: ``status`` passed | failed | skipped | note, one line of ``detail``, its figures."""
+
+    name: str
+    status: str
+    detail: str
+    figures: dict = field(default_factory=dict)
+
+
+@dataclass
+class PreflightReport:
+    """Every check of one launch and the problems found (``CODE: message``)."""
+
+    engine: str
+    checks: list[Check]
+    problems: list[Problem]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "passed": self.passed, "checks": [asdict(c) for c in self.checks],
+                "problems": [str(p) for p in self.problems]}
+
+    def figures(self) -> dict[str, float]:
+        """Numeric figures as ``<check>.<name>`` (for a tracker's metrics)."""
+        return {f"{c.name}.{k}": float(v) for c in self.checks for k, v in c.figures.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    def lines(self) -> list[str]:
+        return [f"{c.name:<12} {c.status:<8} {c.detail}" for c in self.checks] + [str(p) for p in self.problems]
+
+    def raise_if_failed(self) -> None:
+        if self.passed:
+            return
+        cls = EngineUnsupported if any(p.code in ENGINE_CODES for p in self.problems) else ConfigError
+        err = cls(f"pre-flight of serve.engine {self.engine} failed before any engine started: "
+                  + "; ".join(map(str, self.problems)))
+        err.problems = list(self.problems)
+        raise err
+
+
+def _sglang_version(python: str) -> str | None:
+    import subprocess
+
+    code = "import importlib.metadata as m; print(m.version('sglang'))"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    if engine == "reference":
+        return Check("engine", "passed", f"reference engine (eagle3.serve.reference) in {sys.executable}"), []
+    from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
+
+    py = sglang_python(cfg)
+    if not sglang_installed(py):
+        p = Problem("ENGINE_MISSING", f"serve.sglang_python: expected the Python of an environment with "
+                    f"sglang=={SGLANG_VERSION}, got {sglang_unusable_reason(py)}; fix: make sglang-env and set "
+                    f"serve.sglang_python, or serve.engine reference")
+        return Check("engine", "failed", p.message), [p]
+    version = _sglang_version(py)
+    if version != SGLANG_VERSION:
+        p = Problem("ENGINE_VERSION", f"SGLang in {py}: expected {SGLANG_VERSION} (every loader, capture and serving "
+                    f"fact checked here is that release's), got {version}; fix: install sglang=={SGLANG_VERSION}")
+        return Check("engine", "failed", p.message), [p]
+    return Check("engine", "passed", f"SGLang {version} in {py}"), []
+
+
+def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Problem]]:
+    from eagle3.serve.preflight import check_aux_capture, find_engine_source, target_architecture
+
+    arch = target_architecture(target_dir)
+    if engine == "reference":
+        return Check("aux_capture", "passed", f"{arch}: the reference engine hooks the HF target's decoder layers "
+                     "(eagle3.target_model.capture_hidden_states)"), []
+    try:
+        source = find_engine_source("sglang", SGLANG_VERSION, cache_dir=Path(cfg.paths.resolved_cache_dir()))
+    except EngineUnsupported:
+        source = None  # the pinned list, itself checked against the wheel by the tests
+    try:
+        got = check_aux_capture(arch, engine="sglang", version=SGLANG_VERSION, source=source)
+    except EngineUnsupported as e:
+        p = Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0] {arch}: {e}; expected a class that implements "
+                    f"set_eagle3_layers_to_capture in SGLang {SGLANG_VERSION} (the draft's fc would be bypassed and "
+                    f"acceptance fall to about 1.0); fix: serve.engine reference, or a target class SGLang captures")
+        return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
+    return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {SGLANG_VERSION} ({got['how']})",
+                 {"captures": 1}), []
+
+
+def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
+    """The GPUs the launch will use: ``CUDA_VISIBLE_DEVICES`` (serve.env, else this environment) in its order,
+    from ``--base-gpu-id`` (serve.extra_args, default 0), ``serve.tp`` of them."""
+    raw = cfg.serve.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpus = sample
+    if raw is not None:
+        by = {str(g["index"]): g for g in sample} | {g["uuid"]: g for g in sample}
+        gpus = [by[x.strip()] for x in raw.split(",") if x.strip() in by]
+    base = int(flag_value(cfg.serve.extra_args, "--base-gpu-id") or 0)
+    return gpus[base:base + cfg.serve.tp]
+
+
+def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
+    """(config dict, weight bytes in the serving dtype) of the draft the run config will train, before it exists:
+    the target's layer shape (the draft copies it), ``train.num_layers`` layers, embedding ``[vocab, H]``, head
+    ``[train.draft_vocab_size, H]``, ``fc`` ``[H, n_aux · H]``."""
+    t = tcfg.get("text_config") or tcfg
+    h, inter, heads = int(t["hidden_size"]), int(t["intermediate_size"]), int(t["num_attention_heads"])
+    kv, hd = int(t.get("num_key_value_heads") or heads), int(t.get("head_dim") or h // heads)
+    n_aux = len(cfg.extract.aux_layer_ids or [0, 0, 0])
+    per_layer = (heads * hd + 2 * kv * hd) * 2 * h + h * heads * hd + 3 * h * inter + 3 * h
+    params = int(t["vocab_size"]) * h + cfg.train.draft_vocab_size * h + h * n_aux * h + h + cfg.train.num_layers * per_layer
+    dcfg = {"num_hidden_layers": cfg.train.num_layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "head_dim": hd, "hidden_size": h}
+    return dcfg, params * _DTYPE_BYTES.get(cfg.serve.dtype, 2)
+
+
+def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
+                  gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
+    from eagle3.serve.preflight import estimate_memory
+
+    s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
+    draft: Any = serving_dir if serving_dir is not None and (serving_dir / "config.json").is_file() else None
+    draft_bytes = None
+    if draft is None:
+        draft, draft_bytes = draft_size_from_config(cfg, tcfg)
+    ctx = s.context_length or int((tcfg.get("text_config") or tcfg).get("max_position_embeddings") or 4096)
+    if engine == "reference":
+        return _reference_memory(cfg, target_dir, draft, draft_bytes, ctx)
+    if gpus is None:
+        from eagle3.serve.diagnostics import gpu_sample
+
+        gpus = gpu_sample() or []
+    if (flag_value(s.extra_args, "--device") or "cuda") == "cpu":
+        return Check("memory", "skipped", "SGLang on --device cpu: no GPU memory to size"), []
+    used = _visible_gpus(cfg, gpus)
+    if len(used) < s.tp:
+        p = Problem("GPU_COUNT", f"serve.tp {s.tp}: expected {s.tp} visible GPU(s) for SGLang, found {len(used)} "
+                    f"(nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
+                    f"{s.env.get('CUDA_VISIBLE_DEVICES', os.environ.get('CUDA_VISIBLE_DEVICES'))!r})")
+        return Check("memory", "failed", p.message, {"gpus_visible": len(gpus)}), [p]
+    problems, worst = [], None
+    for g in used:
+        total, taken = g["mem_total_mib"] << 20, g["mem_used_mib"] << 20
+        frac = s.mem_fraction_static if s.mem_fraction_static is not None else max(total - taken, 0) / total
+        try:
+            r = estimate_memory(target_dir, draft, context_length=ctx, batch_size=1, gpu_memory_bytes=total,
+                                mem_fraction_static=frac, kv_dtype="float32" if s.dtype == "float32" else "bfloat16",
+                                tp=s.tp, draft_weights_bytes=draft_bytes)
+        except ConfigError as e:
+            problems.append(Problem("MEM_FRACTION_TOO_SMALL", f"GPU {g['index']}: {e}; fix: raise "
+                                    "serve.mem_fraction_static, serve.tp, or lower serve.context_length"))
+            continue
+        if s.mem_fraction_static is not None and total - taken < r["budget_bytes"]:
+            problems.append(Problem("GPU_BUSY", f"GPU {g['index']}: {taken / GIB:.2f} GiB already used by other "
+                                    f"processes; expected {r['budget_bytes'] / GIB:.2f} GiB free for mem_fraction_static "
+                                    f"{frac}, got {(total - taken) / GIB:.2f} GiB (an engine left running?)"))
+        worst = r if worst is None or r["need_bytes"] > worst["need_bytes"] else worst
+    figs = {f"{k.removesuffix('_bytes')}_gib": v / GIB for k, v in (worst or {}).items()
+            if k.endswith(("_bytes", "_weights", "_kv"))}
+    detail = (f"per GPU need {worst['need_bytes'] / GIB:.2f} GiB of {worst['budget_bytes'] / GIB:.2f} GiB "
+              f"(context {ctx}, tp {s.tp}, GPUs {[g['index'] for g in used]})" if worst else "; ".join(
+                  p.message for p in problems))
+    return Check("memory", "failed" if problems else "passed", detail, {**figs, "gpus": len(used)}), problems
+
+
+def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int | None, ctx: int):
+    import psutil
+
+    from eagle3.serve.launcher import reference_device
+    from eagle3.serve.preflight import _weights_bytes
+
+    device = reference_device(cfg.serve.device)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    stored = _DTYPE_BYTES.get(str(tcfg.get("torch_dtype") or tcfg.get("dtype") or "float32"), 4)
+    served = _DTYPE_BYTES.get("float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype, 4)
+    d_bytes = draft_bytes if draft_bytes is not None else _weights_bytes(Path(draft))
+    need = (_weights_bytes(target_dir) * served) // stored + d_bytes
+    if device.startswith("cuda"):
+        import torch
+
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+    else:
+        free = psutil.virtual_memory().available
+    figs = {"need_gib": need / GIB, "free_gib": free / GIB}
+    if need > free:
+        p = Problem("MEMORY_TOO_SMALL", f"reference engine on {device}: needs about {need / GIB:.2f} GiB (target and "
+                    f"draft weights in the serving dtype), {free / GIB:.2f} GiB free; fix: free memory or serve.dtype "
+                    "bfloat16")
+        return Check("memory", "failed", p.message, figs), [p]
+    return Check("memory", "passed", f"reference engine on {device}: about {need / GIB:.2f} GiB of {free / GIB:.2f} "
+                 f"GiB free (context up to {ctx})", figs), []
+
+
+def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    s, b = cfg.serve, cfg.bench
+    if engine == "reference":
+        queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
+        return Check("settings", "passed", f"chain drafting, {s.speculative_num_steps} steps; one request at a "
+                     f"time{queue}", {"max_running_requests": 1}), []
+    r = resolve(num_steps=s.speculative_num_steps, topk=s.speculative_eagle_topk,
+                num_draft_tokens=s.speculative_num_draft_tokens, max_running_requests=s.max_running_requests,
+                extra_args=s.extra_args)
+    problems = []
+    if r["num_draft_tokens_adjusted"]:
+        problems.append(Problem("SERVING_SETTING", f"serve.speculative_num_draft_tokens: SGLang {SGLANG_VERSION} runs "
+                                f"{r['num_draft_tokens']} with top-k 1, got {s.speculative_num_draft_tokens}"))
+    if b.concurrency > r["max_running_requests"]:
+        problems.append(Problem("SERVING_SETTING", f"bench.concurrency {b.concurrency}: expected at most the "
+                                f"{r['max_running_requests']} requests SGLang runs at once "
+                                f"({r['max_running_requests_source']}); set serve.max_running_requests"))
+    detail = (f"{r['worker']} with the {r['scheduler']} scheduler ({r['scheduler_reason']}), {r['drafting']} drafting "
+              f"{s.speculative_num_steps} steps × top-k {s.speculative_eagle_topk}, {r['num_draft_tokens']} draft "
+              f"tokens, max_running_requests {r['max_running_requests']} ({r['max_running_requests_source']})")
+    figs = {"max_running_requests": r["max_running_requests"], "num_draft_tokens": r["num_draft_tokens"],
+            "overlap_scheduler": int(r["scheduler"] == "overlap")}
+    return Check("settings", "failed" if problems else "passed", detail, figs), problems
+
+
+def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    sim = simulated_acceptance({**os.environ, **cfg.serve.env})
+    if sim is None:
+        return Check("environment", "passed", "no SGLANG_SIMULATE_ACC_LEN / SGL_SIMULATE_ACC_LEN above 0"), []
+    if engine == "reference":
+        return Check("environment", "note", f"{sim[0]}={sim[1]!r} is set; the reference engine does not read it"), []
+    p = Problem("SIMULATED_ACCEPTANCE", f"{sim[0]}={sim[1]!r} in the server's environment: expected unset; SGLang "
+                "would report a simulated acceptance length and no measured figure may come from it; fix: unset it")
+    return Check("environment", "failed", p.message), [p]
+
+
+def _check_template(cfg: Any, engine: str, target_dir: Path, data: dict | None) -> tuple[Check, list[Problem]]:
+    if data is None:
+        return Check("template", "skipped", "no extraction manifest to compare with"), []
+    from transformers import AutoTokenizer
+
+    from eagle3.extract.conversations import template_switches
+
+    trained = {k: v for k, v in (data.get("template_switches") or {}).items()}
+    bench = template_switches(AutoTokenizer.from_pretrained(str(target_dir)), cfg.data.chat_template_kwargs)
+    problems = []
+    if {k: v for k, v in bench.items() if v is not None} != {k: v for k, v in trained.items() if v is not None}:
+        problems.append(Problem("TEMPLATE_SWITCHES", f"chat-template switches: the extraction rendered {trained}, the "
+                                f"benchmark renders {bench} (data.chat_template_kwargs); expected the same"))
+    note = ""
+    if engine == "sglang":
+        problems += _server_template(cfg, trained, data)
+    elif any(v is not None for v in trained.values()):
+        note = "; the reference engine's /v1/chat/completions renders the template's defaults (the benchmark sends ids)"
+    status = "failed" if problems else ("note" if note else "passed")
+    return Check("template", status, f"switches {trained} at extraction, {bench} in the benchmark{note}"), problems
+
+
+def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
+    extra, out = cfg.serve.extra_args, []
+    raw = flag_value(extra, "--default-chat-template-kwargs")
+    server = cfg.data.chat_template_kwargs if raw is None else json.loads(raw)
+    wrong = {k: (trained.get(k), server.get(k)) for k in set(trained) | set(server)
+             if server.get(k) != trained.get(k)}  # a switch set on one side only renders other text too
+    if wrong:
+        out.append(Problem("TEMPLATE_SWITCHES", f"server chat requests: expected the extraction's switches, got "
+                           f"{ {k: v[1] for k, v in wrong.items()} } instead of { {k: v[0] for k, v in wrong.items()} }"
+                           " (--default-chat-template-kwargs)"))
+    tpl = flag_value(extra, "--chat-template")
+    if tpl is not None:
+        p = Path(tpl).expanduser()
+        got = hashlib.sha256(p.read_text().encode()).hexdigest() if p.is_file() else None
+        if got != data.get("chat_template_hash"):
+            why = f"a file whose text hashes to {got[:12]}…" if got else "a built-in template name (not comparable)"
+            out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --chat-template {tpl!r}: expected no override "
+                               f"or the extraction's template (sha256 {str(data.get('chat_template_hash'))[:12]}…), "
+                               f"got {why}"))
+    if flag_value(extra, "--hf-chat-template-name") is not None:
+        out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --hf-chat-template-name "
+                           f"{flag_value(extra, '--hf-chat-template-name')!r}: expected the tokenizer's default template "
+                           "(the one extraction used), got a named alternative"))
+    return out
+
+
+def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
+    s, t = cfg.serve.speculative_num_steps, cfg.train.ttt_steps
+    how = "equal" if s == t else f"trained steps {s + 1}..{t} go unused"
+    return Check("steps", "passed", f"{s} served draft steps, {t} trained TTT steps ({how})",
+                 {"served_steps": s, "ttt_steps": t}), []
+
+
+def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | None = None, *,
+                  data_manifest: dict | None = None, engine: str | None = None,
+                  gpus: list[dict] | None = None) -> PreflightReport:
+    """Every check of the module docstring for ``cfg`` (a RunConfig); nothing is started.
+
+    ``serving_dir``: the converted draft (None or missing: sized from the config). ``data_manifest``: the extraction
+    manifest (template switches). ``engine``: the resolved engine (None: ``serve.engine``, ``auto`` resolved).
+    ``gpus``: GPU readings as :func:`eagle3.serve.diagnostics.gpu_sample` returns them (None: read them now).
+    """
+    if engine is None:
+        from eagle3.serve.launcher import resolve_engine
+
+        engine = cfg.serve.engine if cfg.serve.engine != "auto" else resolve_engine(cfg)
+    target, serving = Path(target_dir), Path(serving_dir) if serving_dir is not None else None
+    results = [_check_engine(cfg, engine), _check_aux(cfg, engine, target),
+               _check_memory(cfg, engine, target, serving, gpus), _check_settings(cfg, engine),
+               _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest), _check_steps(cfg)]
+    return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
+
+
+def preflight_of_run(cfg: Any, serving_dir: str | Path | None, data_dir: str | Path | None) -> PreflightReport:
+    """:func:`run_preflight` for a run's folders: the target resolved from ``cfg`` (prepared if needed), the converted
+    draft in ``serving_dir`` when it holds one (else sized from the config), the extraction manifest of ``data_dir``
+    when it has one. Raises DataError/ConfigError only for unreadable inputs."""
+    from eagle3.artifacts import read_manifest
+    from eagle3.assets import resolve_target
+
+    serving = Path(serving_dir) if serving_dir is not None and (Path(serving_dir) / "config.json").is_file() else None
+    data = read_manifest(data_dir) if data_dir is not None and (Path(data_dir) / "manifest.json").is_file() else None
+    return run_preflight(cfg, resolve_target(cfg), serving, data_manifest=data)

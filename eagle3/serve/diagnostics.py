@@ -1,0 +1,174 @@
+"""What a stuck or dead server looked like: stack dumps, GPU state, log tails, saved as run artifacts.
+
+``collect_diagnostics`` is called by the readiness gate and the benchmark watchdog *before* the process group
+is ended, so the stacks show where every process of the tree was waiting. Each collector has its own time
+limit and records its own failure (py-spy missing, permission denied, no GPU) instead of raising: a failed
+diagnostic never hides the verdict it explains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable
+
+import psutil
+
+from eagle3.artifacts import atomic_write_json, utc_now
+from eagle3.serve.procs import group_members, process_tree
+
+GPU_QUERY = "index,uuid,utilization.gpu,memory.used,memory.total"
+PYSPY_TIMEOUT_S = 20.0
+NVSMI_TIMEOUT_S = 10.0
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """Run a short command; (exit code or None on timeout, stdout+stderr text)."""
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out + f"\n[timed out after {timeout_s:.0f} s]"
+    except OSError as e:
+        return None, f"[could not run {argv[0]}: {e}]"
+    return cp.returncode, (cp.stdout or "") + (cp.stderr or "")
+
+
+def nvidia_smi() -> str | None:
+    """Path of ``nvidia-smi``, or None where there is no NVIDIA driver tool."""
+    return shutil.which("nvidia-smi")
+
+
+def gpu_sample() -> list[dict] | None:
+    """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}`` (ints, % and
+    MiB as nvidia-smi reports them). ``pids`` maps GPU uuid → pids of compute processes on it.
+    None when there is no ``nvidia-smi`` or it fails (no GPU): the GPU signal is then simply absent."""
+    exe = nvidia_smi()
+    if exe is None:
+        return None
+    code, out = _run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"], NVSMI_TIMEOUT_S)
+    if code != 0:
+        return None
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5:
+            continue
+        try:
+            gpus.append({"index": int(parts[0]), "uuid": parts[1], "util_pct": _num(parts[2]),
+                         "mem_used_mib": _num(parts[3]), "mem_total_mib": _num(parts[4]), "pids": []})
+        except ValueError:
+            continue
+    code, out = _run([exe, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"], NVSMI_TIMEOUT_S)
+    if code == 0:
+        by_uuid = {g["uuid"]: g for g in gpus}
+        for line in out.strip().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 2 and parts[0] in by_uuid and parts[1].isdigit():
+                by_uuid[parts[0]]["pids"].append(int(parts[1]))
+    return gpus or None
+
+
+def _num(text: str) -> int:
+    """nvidia-smi prints ``[N/A]`` for unsupported fields: read those as 0."""
+    return 0 if text.startswith("[") else int(float(text))
+
+
+def log_tail(path: str | Path, max_lines: int = 200, max_bytes: int = 256 * 1024) -> str:
+    """The last ``max_lines`` lines (at most ``max_bytes`` bytes) of a log file; '' if it does not exist."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-max_lines:])
+
+
+def pyspy_exe() -> str | None:
+    """``py-spy`` next to the running interpreter, else on PATH; None if not installed."""
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def pyspy_dump(pid: int, timeout_s: float = PYSPY_TIMEOUT_S) -> str:
+    """``py-spy dump`` of one process (all threads, with locals off). The text says why when it failed."""
+    exe = pyspy_exe()
+    if exe is None:
+        return f"[py-spy not installed: no stack dump of pid {pid}]"
+    code, out = _run([exe, "dump", "--pid", str(pid)], timeout_s)
+    return out if code == 0 else f"[py-spy exit {code}]\n{out}"
+
+
+def _proc_info(p: psutil.Process) -> dict:
+    try:
+        with p.oneshot():
+            t = p.cpu_times()
+            return {"pid": p.pid, "ppid": p.ppid(), "status": p.status(), "cmdline": p.cmdline(),
+                    "cpu_user_s": t.user, "cpu_system_s": t.system, "num_threads": p.num_threads(),
+                    "rss_bytes": p.memory_info().rss, "create_time": p.create_time()}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess) as e:
+        return {"pid": p.pid, "error": type(e).__name__}
+
+
+def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None, log_paths: Iterable[str | Path] = (),
+                        reason: str = "", extra: dict | None = None) -> dict:
+    """Save what the server looks like now under ``out_dir`` and return the index (also ``index.json``).
+
+    Files: ``processes.json`` (psutil view of the tree of ``pid`` and of the members of its process group),
+    ``pyspy-<pid>.txt`` (one stack dump per process of the tree), ``gpu.txt`` (``nvidia-smi`` plain output) and ``gpu.json`` where a GPU exists,
+    ``tail-<log name>.txt`` (last 200 lines of each log). Never raises for a collector that fails.
+    """
+    t0 = time.monotonic()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    index: dict = {"reason": reason, "created_at": utc_now(), "pid": pid, "extra": extra or {}}
+
+    procs = process_tree(pid) if pid is not None else []
+    if pid is not None:  # members of the group led by pid whose parent already died (orphans)
+        seen = {p.pid for p in procs}
+        for gp in group_members(pid):
+            if gp not in seen:
+                try:
+                    procs.append(psutil.Process(gp))
+                except psutil.NoSuchProcess:
+                    continue
+    (out / "processes.json").write_text(json.dumps([_proc_info(p) for p in procs], indent=2))
+    files.append("processes.json")
+    dumps = {}
+    for p in procs:
+        text = pyspy_dump(p.pid)
+        name = f"pyspy-{p.pid}.txt"
+        (out / name).write_text(text)
+        files.append(name)
+        dumps[p.pid] = "ok" if not text.startswith("[") else text.splitlines()[0]
+    index["pyspy"] = dumps
+
+    exe = nvidia_smi()
+    if exe is not None:
+        _, text = _run([exe], NVSMI_TIMEOUT_S)
+        (out / "gpu.txt").write_text(text)
+        (out / "gpu.json").write_text(json.dumps(gpu_sample(), indent=2))
+        files += ["gpu.txt", "gpu.json"]
+        index["gpu"] = "nvidia-smi"
+    else:
+        index["gpu"] = "no nvidia-smi on this machine"
+
+    for lp in log_paths:
+        lp = Path(lp)
+        name = f"tail-{lp.name}.txt" if lp.suffix == ".log" else f"tail-{lp.name}.log.txt"
+        (out / name).write_text(log_tail(lp))
+        files.append(name)
+    index["files"] = files
+    index["seconds"] = round(time.monotonic() - t0, 3)
+    index["host_pid"] = os.getpid()
+    atomic_write_json(out / "index.json", index)
+    return index

@@ -1,0 +1,118 @@
+"""Progress signals of a server process: is it doing *anything*, even while it answers nothing useful?
+
+Three signals, each optional (a missing source is simply not consulted):
+
+- log: the log file grew by something other than access-log lines of the gate's own requests
+  (uvicorn writes ``"GET /health_generate HTTP/1.1" 503`` for every poll; a hung server behind a live HTTP
+  front-end would otherwise look busy forever);
+- cpu: the process tree's CPU time grew by at least ``cpu_busy_fraction`` × wall time since the last sample
+  (default 5 % of one core: a sleeping server answering health polls uses well under 1 %);
+- gpu: a GPU used by the tree (by all GPUs when nvidia-smi shows none of the tree's pids, e.g. inside a
+  container's pid namespace) shows utilisation above 0 % or a change of used memory.
+
+A hang that spins (busy-waiting NCCL, an infinite Python loop) keeps the cpu or gpu signal alive and is
+only caught by the overall deadline; that is the documented limit of progress-based stall detection.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from eagle3.serve.diagnostics import gpu_sample
+from eagle3.serve.procs import tree_cpu_seconds, tree_pids
+
+# Access-log lines caused by the gate's and the watchdog's own requests (uvicorn and http.server formats).
+GATE_NOISE = re.compile(r'"(GET|POST|HEAD) /(health_generate|health|ready|generate|get_server_info|server_info'
+                        r'|metrics)\b[^"]*"'
+                        # SGLang's HTTP front-end logs this every few seconds while the scheduler does not
+                        # answer (http_server.py, 0.5.23): a symptom of a hang, never a sign of progress.
+                        r"|Health check failed\. Server couldn't get a response from detokenizer")
+MAX_READ_BYTES = 1 << 20
+GPU_MIN_INTERVAL_S = 1.0
+
+
+class ProgressMonitor:
+    """Samples the progress signals of one server (see the module docstring).
+
+    Args:
+        pid: root of the server's process tree (None: no cpu signal).
+        log_path: the server's log file (None: no log signal).
+        use_gpu: consult nvidia-smi where it exists.
+        cpu_busy_fraction: CPU seconds per wall second (of one core) that count as progress.
+    """
+
+    def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *, use_gpu: bool = True,
+                 cpu_busy_fraction: float = 0.05):
+        self.pid = pid
+        self.log_path = Path(log_path) if log_path else None
+        self.cpu_busy_fraction = cpu_busy_fraction
+        self.log_pos = 0
+        self.log_bytes_meaningful = 0
+        self._cpu: tuple[float, float] | None = None  # (monotonic time, cpu seconds)
+        self._gpu_t = 0.0
+        self._gpu_prev: dict | None = None
+        self.gpu_available = use_gpu and gpu_sample() is not None
+        self.counts = {"log": 0, "cpu": 0, "gpu": 0}
+
+    @property
+    def sources(self) -> list[str]:
+        """Signal sources that can be observed for this server."""
+        return [name for name, ok in (("log", self.log_path is not None), ("cpu", self.pid is not None),
+                                      ("gpu", self.gpu_available)) if ok]
+
+    def sample(self) -> list[str]:
+        """Read every source once; the names of the signals that showed progress since the last call."""
+        progressed = [name for name, fn in (("log", self._log), ("cpu", self._cpu_grew), ("gpu", self._gpu))
+                      if fn()]
+        for name in progressed:
+            self.counts[name] += 1
+        return progressed
+
+    def _log(self) -> bool:
+        if self.log_path is None:
+            return False
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            return False
+        if size < self.log_pos:  # truncated or replaced: treat as new output
+            self.log_pos = 0
+        if size == self.log_pos:
+            return False
+        start, self.log_pos = self.log_pos, size
+        if size - start > MAX_READ_BYTES:
+            self.log_bytes_meaningful += size - start
+            return True
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            text = f.read(size - start).decode(errors="replace")
+        meaningful = [ln for ln in text.splitlines() if ln.strip() and not GATE_NOISE.search(ln)]
+        self.log_bytes_meaningful += sum(len(ln) + 1 for ln in meaningful)
+        return bool(meaningful)
+
+    def _cpu_grew(self) -> bool:
+        if self.pid is None:
+            return False
+        now, cpu = time.monotonic(), tree_cpu_seconds(self.pid)
+        if cpu is None:
+            return False
+        prev, self._cpu = self._cpu, (now, cpu)
+        if prev is None:
+            return False
+        return cpu - prev[1] >= self.cpu_busy_fraction * max(now - prev[0], 1e-3)
+
+    def _gpu(self) -> bool:
+        now = time.monotonic()
+        if not self.gpu_available or now - self._gpu_t < GPU_MIN_INTERVAL_S:
+            return False
+        self._gpu_t = now
+        gpus = gpu_sample() or []
+        pids = set(tree_pids(self.pid)) if self.pid is not None else set()
+        mine = [g for g in gpus if pids & set(g["pids"])] or gpus
+        current = {g["uuid"]: (g["util_pct"], g["mem_used_mib"]) for g in mine}
+        prev, self._gpu_prev = self._gpu_prev, current
+        busy = any(util > 0 for util, _ in current.values())
+        changed = prev is not None and any(prev.get(k, (0, mem))[1] != mem for k, (_, mem) in current.items())
+        return busy or changed

@@ -1,0 +1,359 @@
+"""The readiness gate: tells a server that is warming up from one that hung, crashed or never came up.
+
+Phases (observed from outside, in this order; seconds spent in each are reported):
+
+- ``launching``: the port refuses connections and the server has written nothing to its log yet;
+- ``loading``: the port still refuses connections, the log has started (SGLang binds its HTTP port only
+  after the weights are loaded);
+- ``warming``: the port answers, the health endpoint does not say 200 yet (SGLang answers 503 while it
+  captures CUDA graphs and runs its own warm-up — 503 is never by itself a failure);
+- ``probing``: ``/health_generate`` said 200; a real generation probe is in flight;
+- then one verdict: ``ready``, ``crashed`` (the process exited: exit code and log tail), ``stalled`` (no
+  progress signal for ``stall_timeout_s``: see :mod:`eagle3.serve.liveness`), ``timed_out`` (overall deadline, or
+  the probe's own deadline while the server kept showing progress), ``probe_failed`` (the probe was answered,
+  but without tokens, with an error status, or without speculative-decoding fields in ``meta_info``).
+
+Ready means ``GET /health_generate`` answered 200 *and* ``probe_concurrency`` (≥ 2) concurrent
+``POST /generate`` requests (``max_new_tokens`` 4, temperature 0) each returned at least one token within
+``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (SGLang 0.5.23: ``spec_verify_ct``,
+``spec_accept_length``, …; older builds other ``spec_*`` names — see docs/ENGINE_FACTS.md §4).
+
+HTTP requests run in daemon threads, so a server that accepts connections and never answers cannot block
+the gate: the loop wakes every ``poll_interval_s`` and a verdict is reached within ``stall_timeout_s`` plus
+two poll intervals of the last progress. The gate never ends the server: on a verdict other than ready it
+saves diagnostics (:func:`eagle3.serve.diagnostics.collect_diagnostics`) and the caller ends the process group.
+:class:`Watchdog` (from :mod:`eagle3.serve.watchdog`) keeps the same signals and diagnostics during a benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from eagle3.artifacts import atomic_write_json
+from eagle3.config import GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S
+from eagle3.serve.diagnostics import collect_diagnostics, log_tail
+from eagle3.serve.liveness import ProgressMonitor
+from eagle3.serve.procs import exit_status
+from eagle3.serve.watchdog import Watchdog  # noqa: F401  (re-exported: eagle3.serve.readiness.Watchdog)
+
+__all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready", "VERDICTS"]
+VERDICTS = ("ready", "crashed", "stalled", "timed_out", "probe_failed")
+PROBE_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
+SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
+             "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram")
+
+
+class Call:
+    """Runs ``fn(*args)`` in a daemon thread; ``.done()``, ``.result`` / ``.error`` afterwards."""
+
+    def __init__(self, fn: Callable, *args: Any):
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(fn, args), daemon=True).start()
+
+    def _run(self, fn: Callable, args: tuple) -> None:
+        try:
+            self.result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through .error
+            self.error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+def http_status(url: str, timeout_s: float) -> int | str:
+    """GET ``url``: the HTTP status code, or ``"refused"`` (nothing listening), ``"timeout"`` (connected or
+    connecting, no answer in ``timeout_s`` seconds), ``"error: ..."``. Proxies from the environment are not
+    used (``trust_env=False``): the gate talks to loopback."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+            return c.get(url).status_code
+    except httpx.ConnectError:
+        return "refused"
+    except httpx.TimeoutException:
+        return "timeout"
+    except httpx.HTTPError as e:
+        return f"error: {type(e).__name__}: {e}"
+
+
+def spec_fields(meta_info: dict) -> dict:
+    """The speculative-decoding fields of one ``meta_info`` (every ``spec_*`` key, any SGLang build)."""
+    return {k: v for k, v in meta_info.items() if k.startswith("spec_")}
+
+
+def probe_generate(url: str, prompt: str, timeout_s: float) -> dict:
+    """One ``POST /generate`` (4 new tokens, greedy). Returns ``{"status", "tokens", "spec", "seconds",
+    "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``)."""
+    t0 = time.monotonic()
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    out: dict = {"status": None, "tokens": 0, "spec": {}, "error": None}
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+            r = c.post(url.rstrip("/") + "/generate", json=body)
+        out["status"] = r.status_code
+        if r.status_code == 200:
+            data = r.json()
+            data = data[0] if isinstance(data, list) and data else data
+            meta = data.get("meta_info") or {} if isinstance(data, dict) else {}
+            out["tokens"] = int(meta.get("completion_tokens") or len(data.get("output_ids") or []))
+            out["spec"] = spec_fields(meta)
+            out["meta_keys"] = sorted(meta)
+        else:
+            out["error"] = r.text[:300]
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+@dataclass
+class GateResult:
+    """Outcome of :func:`wait_ready`. Times are seconds since the gate started."""
+
+    verdict: str
+    url: str
+    detail: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+    timeline: list[dict] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    last_progress_s: float = 0.0
+    exit_code: int | None = None
+    log_tail: str = ""
+    probe: list[dict] = field(default_factory=list)
+    signals: dict[str, int] = field(default_factory=dict)
+    signal_sources: list[str] = field(default_factory=list)
+    diagnostics_dir: str | None = None
+    diagnostics: dict | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.verdict == "ready"
+
+    def summary(self) -> str:
+        """One human-readable paragraph: verdict, phase times, why, and where the diagnostics are."""
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()) or "no phase"
+        text = f"Server {self.url}: {self.verdict.upper()} after {self.elapsed_s:.1f} s ({phases})."
+        if self.detail:
+            text += f" {self.detail}"
+        if self.ready and self.probe:
+            spec = self.probe[0].get("spec", {})
+            text += (f" Probe: {len(self.probe)} concurrent requests returned "
+                     f"{'/'.join(str(p['tokens']) for p in self.probe)} tokens in "
+                     f"{max(p['seconds'] for p in self.probe):.2f} s; speculative fields {spec}.")
+        sig = ", ".join(f"{k} {v}" for k, v in self.signals.items() if k in self.signal_sources)
+        text += f" Progress signals observed: {sig or 'none available'}"
+        text += f"; last progress at {self.last_progress_s:.1f} s."
+        if self.exit_code is not None:
+            text += f" Exit code {self.exit_code}."
+        if self.diagnostics_dir and not self.ready:
+            text += f" Diagnostics saved to {self.diagnostics_dir}."
+        if self.log_tail and not self.ready:
+            last = [ln for ln in self.log_tail.splitlines() if ln.strip()][-3:]
+            text += " Log tail: " + " | ".join(ln.strip()[:200] for ln in last)
+        return text
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers for a tracker (MLflow): ``gate_<phase>_s``, ``gate_total_s``, ``gate_ready``."""
+        out = {f"gate_{k}_s": round(v, 3) for k, v in self.phases.items()}
+        out["gate_total_s"] = round(self.elapsed_s, 3)
+        out["gate_ready"] = 1.0 if self.ready else 0.0
+        if self.probe:
+            out["gate_probe_latency_s"] = max(p["seconds"] for p in self.probe)
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Timeline:
+    def __init__(self, t0: float):
+        self.t0, self.entries = t0, [{"phase": "launching", "start_s": 0.0}]
+
+    @property
+    def phase(self) -> str:
+        return self.entries[-1]["phase"]
+
+    def enter(self, phase: str, now: float) -> bool:
+        if phase == self.phase:
+            return False
+        self.entries[-1]["end_s"] = round(now - self.t0, 3)
+        self.entries.append({"phase": phase, "start_s": round(now - self.t0, 3)})
+        return True
+
+    def close(self, now: float) -> tuple[dict[str, float], list[dict]]:
+        self.entries[-1]["end_s"] = round(now - self.t0, 3)
+        totals: dict[str, float] = {}
+        for e in self.entries:
+            totals[e["phase"]] = round(totals.get(e["phase"], 0.0) + e["end_s"] - e["start_s"], 3)
+        return totals, self.entries
+
+
+def _check_arguments(url: str, seconds: dict[str, float]) -> None:
+    import httpx
+
+    from eagle3.errors import ConfigError
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as e:
+        raise ConfigError(f"url: expected http(s)://host[:port], got {url!r} ({e})") from e
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"url: expected http(s)://host[:port], got {url!r}")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(f"url: expected a port in 1..65535, got {parsed.port} ({url!r})")
+    for name, value in seconds.items():
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{name}: expected a positive, finite number of seconds, got {value}")
+    try:
+        socket.getaddrinfo(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"url: host {parsed.host!r} does not resolve ({e}); expected a reachable server address, "
+                          f"got {url!r}") from e
+
+
+def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None,
+               timeout_s: float = GATE_TIMEOUT_S, stall_timeout_s: float = GATE_STALL_TIMEOUT_S,
+               poll_interval_s: float = GATE_POLL_INTERVAL_S, probe_timeout_s: float = GATE_PROBE_TIMEOUT_S,
+               diagnostics_dir: str | Path | None = None, require_spec_fields: bool = True,
+               probe_concurrency: int = 2, use_gpu: bool = True) -> GateResult:
+    """Wait until the server at ``url`` is ready or a verdict says why it will not be (module docstring).
+
+    Args:
+        url: ``http://host:port`` of an SGLang-compatible server.
+        pid: root of the server's process tree (exit → crashed; CPU time is a progress signal).
+        log_path: the server's log (growth is a progress signal; its tail goes into the result).
+        timeout_s: overall deadline, seconds. stall_timeout_s: seconds without any progress → stalled
+            (only when at least one signal source exists). poll_interval_s: loop period, seconds.
+        probe_timeout_s: deadline of the generation probe, seconds.
+        diagnostics_dir: ``gate.json`` is written there; on a verdict other than ready also the diagnostics.
+        require_spec_fields: the probe must see ``spec_*`` fields in ``meta_info``.
+        probe_concurrency: concurrent probe requests (at least 2).
+    Returns a :class:`GateResult`; raises nothing for a verdict (the caller raises ``GateFailed``).
+    Raises ConfigError before waiting for arguments that cannot work: a url that is not ``http(s)://host[:port]``,
+    a non-positive timeout or poll interval.
+    """
+    _check_arguments(url, {"timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s,
+                                          "poll_interval_s": poll_interval_s, "probe_timeout_s": probe_timeout_s})
+    url = url.rstrip("/")
+    t0 = time.monotonic()
+    mon = ProgressMonitor(pid, log_path, use_gpu=use_gpu)
+    stall_enabled = bool(mon.sources)
+    tl = _Timeline(t0)
+    state: dict = {"last_progress": t0, "health_path": "/health_generate", "health": None, "probe": None,
+                   "probe_t0": 0.0, "probe_results": []}
+    health_timeout = min(probe_timeout_s, max(2.0, 5 * poll_interval_s))
+    while True:
+        now = time.monotonic()
+        verdict, detail, code = _check_exit(pid)
+        if verdict is None:
+            if mon.sample():
+                state["last_progress"] = now
+            verdict, detail = _advance(url, state, tl, mon, now, health_timeout, probe_timeout_s,
+                                       require_spec_fields, max(2, probe_concurrency))
+        if verdict is None and stall_enabled and now - state["last_progress"] >= stall_timeout_s:
+            verdict = "stalled"
+            detail = (f"No progress signal ({', '.join(mon.sources)}) for {now - state['last_progress']:.1f} s "
+                      f"(stall_timeout_s={stall_timeout_s}) in phase {tl.phase}.")
+        if verdict is None and now - t0 >= timeout_s:
+            verdict, detail = "timed_out", f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
+        if verdict is not None:
+            return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now, diagnostics_dir)
+        time.sleep(max(0.0, poll_interval_s - (time.monotonic() - now)))
+
+
+def _check_exit(pid: int | None) -> tuple[str | None, str, int | None]:
+    if pid is None:
+        return None, "", None
+    exited, code = exit_status(pid)
+    if not exited:
+        return None, "", None
+    how = f"exit code {code}" if code is not None else "exit code unknown (not a child of this process)"
+    return "crashed", f"The server process {pid} exited ({how}).", code
+
+
+def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float, health_timeout: float,
+             probe_timeout: float, require_spec: bool, concurrency: int) -> tuple[str | None, str]:
+    """One step of the HTTP state machine (health polling, then the concurrent probe)."""
+    if st["probe"] is not None:
+        return _advance_probe(url, st, tl, now, probe_timeout, require_spec)
+    h = st["health"]
+    if h is None:
+        st["health"] = Call(http_status, url + st["health_path"], health_timeout)
+        return None, ""
+    if not h.done():
+        return None, ""
+    st["health"], status = None, h.result
+    if status == 404 and st["health_path"] == "/health_generate":
+        st["health_path"] = "/health"  # a server without /health_generate: fall back to /health
+        return None, ""
+    if status == "refused":
+        phase = "loading" if mon.log_pos > 0 else "launching"
+    elif status == 200:
+        phase = "probing"
+        st["probe_t0"] = now
+        st["probe"] = [Call(probe_generate, url, PROBE_PROMPTS[i % len(PROBE_PROMPTS)], probe_timeout)
+                       for i in range(concurrency)]
+    else:  # 503 while warming, any other status, or a connection that does not answer
+        phase = "warming"
+    if tl.enter(phase, now):
+        st["last_progress"] = now  # a phase change is progress
+    return None, ""
+
+
+def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout: float,
+                   require_spec: bool) -> tuple[str | None, str]:
+    calls = st["probe"]
+    if not all(c.done() for c in calls):
+        if now - st["probe_t0"] >= probe_timeout:
+            return "timed_out", (f"/health_generate answered 200 but the generation probe returned no tokens "
+                                 f"within probe_timeout_s={probe_timeout} while the server kept showing progress.")
+        return None, ""
+    st["probe"] = None
+    results = [c.result if c.error is None else {"status": None, "tokens": 0, "spec": {}, "seconds": 0.0,
+                                                 "error": repr(c.error)} for c in calls]
+    st["probe_results"] = results
+    if any(r["status"] in (None, 503) for r in results):
+        tl.enter("warming", now)  # not answered yet (503, reset): back to health polling
+        return None, ""
+    bad = [r for r in results if r["status"] != 200 or r["tokens"] < 1]
+    if bad:
+        return "probe_failed", (f"The generation probe was answered without tokens: status {bad[0]['status']}, "
+                                f"tokens {bad[0]['tokens']}, error {bad[0].get('error')!r}.")
+    if require_spec and not all(r["spec"] for r in results):
+        keys = next(r.get("meta_keys") for r in results if not r["spec"])
+        return "probe_failed", (f"The server generates, but meta_info has no speculative-decoding fields "
+                                f"(expected one of {list(SPEC_KEYS)}, got keys {keys}): it is not speculating.")
+    tl.enter("ready", now)
+    return "ready", ""
+
+
+def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | None, log_path, tl: _Timeline,
+            mon: ProgressMonitor, st: dict, t0: float, now: float, diagnostics_dir) -> GateResult:
+    if tl.phase == "ready":
+        tl.entries.pop()  # "ready" is the verdict, not a phase with a duration
+    phases, timeline = tl.close(now)
+    res = GateResult(verdict=verdict, url=url, detail=detail, phases=phases, timeline=timeline,
+                     elapsed_s=round(now - t0, 3), last_progress_s=round(st["last_progress"] - t0, 3),
+                     exit_code=code, probe=st["probe_results"], signals=dict(mon.counts),
+                     signal_sources=mon.sources)
+    if log_path is not None and verdict != "ready":
+        res.log_tail = log_tail(log_path, max_lines=40)
+    if diagnostics_dir is not None:
+        ddir = Path(diagnostics_dir)
+        if verdict != "ready":
+            res.diagnostics = collect_diagnostics(ddir, pid=pid, log_paths=[log_path] if log_path else [],
+                                                  reason=f"{verdict}: {detail}")
+            res.diagnostics_dir = str(ddir)
+        atomic_write_json(ddir / "gate.json", res.to_dict())
+    return res

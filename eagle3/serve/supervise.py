@@ -1,0 +1,169 @@
+"""A parent watch for every engine the launcher starts: the engine's process group ends within about a second of
+the launcher's death, whatever killed the launcher (failure class 25).
+
+Why: the launcher starts every engine in its own session and used to rely on ``atexit`` to end it. A parent
+that dies by a signal (SIGKILL; SIGTERM in a process without a handler, such as a test runner or a Prefect
+worker being stopped) never runs ``atexit``, and an engine was seen serving minutes after its parent had gone,
+re-parented to init; on a GPU host such an orphan keeps the GPUs' memory and the next launch fails.
+
+How: :func:`eagle3.serve.launcher.start_engine` runs ``python -m eagle3.serve.supervise --parent PID --grace S
+-- ENGINE ARGV...`` as the leader of a new session. That process forks a *watcher* (detached by a double fork
+into a session of its own, so it is neither in the engine's process tree nor in its group: stack dumps,
+CPU-time liveness, group signals and exit codes see only the engine) and then ``exec``s the engine itself,
+which keeps the pid the launcher knows, its exit status and its group. The watcher polls every ``POLL_S``
+seconds:
+
+- the launcher (pid and start time, so a reused pid is not mistaken for it): once it is gone, by any cause,
+  the watcher sends SIGTERM to the engine's group and to every process of the engine's tree it has seen (also
+  those that left the group), waits ``--grace`` seconds, sends SIGKILL to whatever is left, and exits;
+- the engine: once it has exited, the watcher exits too.
+
+No ``PR_SET_PDEATHSIG``: it fires when the forking *thread* ends, and the launcher's threads come and go under
+Prefect. SGLang's own scheduler and detokenizer processes SIGKILL themselves when their parent dies
+(``kill_itself_when_parent_died``), but ``sglang.launch_server`` does not watch its parent; the watcher covers
+it. The watcher writes to the engine's log only when it ends the group (one line), so it never fakes the log
+growth the readiness gate counts as progress.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+POLL_S = 0.2  # seconds between checks of the launcher and the engine
+SNAPSHOT_EVERY_S = 1.0  # seconds between records of the engine's process tree
+
+
+def _created(pid: int) -> float | None:
+    """Start time of a live, non-zombie process ``pid`` (psutil), None when it is gone."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return None if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) else p.create_time()
+    except psutil.Error:
+        return None
+
+
+def _tree(pid: int) -> dict[int, float]:
+    """``{pid: create_time}`` of ``pid``'s live process tree."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return {p.pid: p.create_time() for p in [root, *root.children(recursive=True)]}
+    except psutil.Error:
+        return {}
+
+
+def _members(pgid: int, known: dict[int, float]) -> list[int]:
+    """Live processes of group ``pgid`` and the recorded tree members still alive (same start time), not self."""
+    import psutil
+
+    out = set()
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    out |= {pid for pid, created in known.items() if _created(pid) == created}
+    out.discard(os.getpid())
+    return sorted(out)
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_group(pgid: int, known: dict[int, float], grace_s: float, why: str) -> list[int]:
+    """SIGTERM to group ``pgid`` and the known tree, up to ``grace_s`` seconds, SIGKILL to what is left (never to
+    the caller). Returns the pids that needed SIGKILL."""
+    print(f"[eagle3-supervise] {why}: ending engine group {pgid} (SIGTERM, SIGKILL after {grace_s:g} s)",
+          file=sys.stderr, flush=True)
+    _signal(_members(pgid, known), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _members(pgid, known):
+        time.sleep(0.05)
+    left = _members(pgid, known)
+    _signal(left, signal.SIGKILL)
+    return left
+
+
+def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
+    """The watcher's loop (see the module docstring); returns when the engine is gone."""
+    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's Ctrl-C reaches the group: the engine decides
+        signal.signal(sig, signal.SIG_IGN)
+    engine_created = _created(engine)
+    known, last = _tree(engine), time.monotonic()
+    while engine_created is not None and _created(engine) == engine_created:
+        if _created(parent) != parent_created:
+            end_group(engine, known, grace_s, f"launcher {parent} is gone")
+            return
+        if time.monotonic() - last >= SNAPSHOT_EVERY_S:
+            known.update(_tree(engine))
+            known.pop(os.getpid(), None)
+            last = time.monotonic()
+        time.sleep(POLL_S)
+
+
+def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
+    """Double fork: the grandchild becomes the watcher (``--watch``, a command line of its own, so nothing that
+    searches the process table for the engine's command finds it); the child exits at once and is reaped
+    before the engine starts."""
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        return
+    try:
+        if os.fork():
+            os._exit(0)
+        os.setsid()  # out of the engine's group: group signals, stack dumps and liveness see only the engine
+        os.execv(sys.executable, [sys.executable, "-m", "eagle3.serve.supervise", "--watch", str(engine),
+                                  str(parent), repr(parent_created), f"{grace_s:g}"])
+    finally:
+        os._exit(0)
+
+
+def command(argv: list[str], *, parent: int, grace_s: float) -> list[str]:
+    """The watched command line for ``argv`` (this interpreter runs the wrapper, which then becomes ``argv``)."""
+    return [sys.executable, "-m", "eagle3.serve.supervise", "--parent", str(parent), "--grace", f"{grace_s:g}",
+            "--", *argv]
+
+
+def main(args: list[str]) -> None:
+    """``--parent PID --grace S -- ARGV...``: start the watcher, then exec ``ARGV``. Exit 2 on a malformed command
+    line, 1 when the launcher is already gone, 127 when ``ARGV[0]`` cannot be executed.
+    (``--watch ENGINE PARENT PARENT_START GRACE`` is the watcher itself.)"""
+    if args[:1] == ["--watch"] and len(args) == 5:
+        watch(int(args[1]), int(args[2]), float(args[3]), float(args[4]))
+        return
+    try:
+        sep = args.index("--")
+        opts = dict(zip(args[:sep:2], args[1:sep:2]))
+        parent, grace, argv = int(opts["--parent"]), float(opts["--grace"]), args[sep + 1:]
+        if not argv:
+            raise ValueError("no engine command after --")
+    except (ValueError, KeyError) as e:
+        print(f"eagle3.serve.supervise: expected --parent PID --grace S -- ARGV..., got {args} ({e})",
+              file=sys.stderr)
+        sys.exit(2)
+    parent_created = _created(parent)
+    if os.getppid() != parent or parent_created is None:  # the launcher died before we started
+        sys.exit(1)
+    _start_watcher(os.getpid(), parent, parent_created, grace)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        print(f"eagle3.serve.supervise: cannot execute {argv[0]!r}: {e}", file=sys.stderr, flush=True)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,136 @@
+"""A watchdog for work that talks to a running server (the benchmark): a server that dies or stops making
+progress fails the work with the readiness gate's diagnostics instead of hanging it.
+
+Usage::
+
+    with Watchdog(url, pid=engine.pid, log_path=engine.log_path, stall_timeout_s=120,
+                  diagnostics_dir=run_dir / "deploy" / "watchdog") as wd:
+        report = wd.call(run_bench, url, prompts=..., on_request_done=wd.beat)
+
+``call`` runs the work in a daemon thread and returns its result, or raises ``GateFailed`` (verdict
+``crashed`` or ``stalled``, or ``timed_out`` past ``deadline_s``) as soon as the watchdog trips, leaving the
+blocked work behind; the caller then ends the server's process group, which unblocks it. Progress = the
+server's signals (:mod:`eagle3.serve.liveness`) or a ``beat()`` from the work (one per finished request).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from eagle3.config import GATE_POLL_INTERVAL_S, GATE_STALL_TIMEOUT_S
+from eagle3.errors import GateFailed
+from eagle3.serve.diagnostics import collect_diagnostics
+from eagle3.serve.liveness import ProgressMonitor
+from eagle3.serve.procs import exit_status
+
+
+class Watchdog:
+    """Context manager that watches one server while work runs against it (module docstring).
+
+    Args:
+        url: the server (only named in messages). pid, log_path: as for ``wait_ready``.
+        stall_timeout_s: seconds without any progress signal or beat → ``stalled``.
+        check_interval_s: seconds between checks. deadline_s: overall limit (None: none).
+        diagnostics_dir: where diagnostics go when it trips (None: not saved).
+    Raises GateFailed from ``call``/``check``/``__exit__`` once tripped.
+    """
+
+    def __init__(self, url: str, pid: int | None = None, log_path: str | Path | None = None, *,
+                 stall_timeout_s: float = GATE_STALL_TIMEOUT_S, check_interval_s: float = GATE_POLL_INTERVAL_S, deadline_s: float | None = None,
+                 diagnostics_dir: str | Path | None = None, use_gpu: bool = True):
+        self.url, self.pid, self.log_path = url, pid, log_path
+        self.stall_timeout_s, self.check_interval_s, self.deadline_s = stall_timeout_s, check_interval_s, deadline_s
+        self.diagnostics_dir = Path(diagnostics_dir) if diagnostics_dir else None
+        self.use_gpu = use_gpu
+        self.verdict: str | None = None
+        self.detail = ""
+        self.beats = 0
+        self._last_progress = time.monotonic()
+        self._tripped = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self, *_: Any, **__: Any) -> None:
+        """Record progress made by the work itself (accepts and ignores any arguments, so it can be passed as
+        a per-request callback)."""
+        self.beats += 1
+        self._last_progress = time.monotonic()
+
+    @property
+    def tripped(self) -> bool:
+        return self._tripped.is_set()
+
+    def __enter__(self) -> "Watchdog":
+        self._t0 = self._last_progress = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, name="eagle3-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * self.check_interval_s) + 60.0)
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """Raise GateFailed if the watchdog has tripped."""
+        if self.tripped:
+            raise GateFailed(f"server {self.url} failed during the benchmark: {self.verdict}: {self.detail}",
+                             verdict=self.verdict or "", diagnostics_dir=str(self.diagnostics_dir or "") or None)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or GateFailed."""
+        box: dict = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["result"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="eagle3-watched-work", daemon=True).start()
+        while not done.wait(timeout=min(0.2, self.check_interval_s)):
+            if self._tripped.wait(timeout=0):
+                self._tripped_wait_for_diagnostics()
+                self.check()
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    def _tripped_wait_for_diagnostics(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=120.0)  # diagnostics are written before the thread ends
+
+    def _watch(self) -> None:
+        mon = ProgressMonitor(self.pid, self.log_path, use_gpu=self.use_gpu)
+        sources = mon.sources + ["beat"]
+        while not self._stop.wait(self.check_interval_s):
+            now = time.monotonic()
+            if mon.sample():
+                self._last_progress = now
+            verdict = detail = None
+            if self.pid is not None:
+                exited, code = exit_status(self.pid)
+                if exited:
+                    verdict, detail = "crashed", f"server process {self.pid} exited (exit code {code})"
+            if verdict is None and now - self._last_progress >= self.stall_timeout_s:
+                verdict = "stalled"
+                detail = (f"no progress signal ({', '.join(sources)}) for {now - self._last_progress:.1f} s "
+                          f"(stall_timeout_s={self.stall_timeout_s}); {self.beats} requests had finished")
+            if verdict is None and self.deadline_s is not None and now - self._t0 >= self.deadline_s:
+                verdict, detail = "timed_out", f"deadline_s={self.deadline_s} reached"
+            if verdict is not None:
+                self.verdict, self.detail = verdict, detail
+                self._tripped.set()  # set first: call() waits for this thread to finish the diagnostics
+                if self.diagnostics_dir is not None:
+                    collect_diagnostics(self.diagnostics_dir, pid=self.pid,
+                                        log_paths=[self.log_path] if self.log_path else [],
+                                        reason=f"watchdog {verdict}: {detail}")
+                return

@@ -1,0 +1,280 @@
+"""The optimisation loop around speculators' ``Eagle3DraftModel``: micro-batches, gradient accumulation,
+DDP, bf16 autocast, logging, evaluation, checkpoints and the NaN/Inf stop.
+
+One optimizer step consumes ``grad_accum * world_size`` packed micro-batches of the epoch plan
+(:func:`eagle3.train.data.plan_epoch`); rank r takes every world_size-th one. The loss of each micro-batch
+is speculators' (KL to the verifier's distribution over the draft vocabulary, summed over TTT steps, mean over
+loss-masked positions), divided by the number of micro-batches the rank accumulates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eagle3.errors import TrainingDiverged
+from eagle3.train.data import HiddenStatesData, iterate_micro_batches, pack, plan_epoch, to_device
+from eagle3.train.metrics import add_batch, all_reduce_, new_counts, summarize
+from eagle3.train.parallel import Whole
+from eagle3.train.state import list_checkpoints, save_best, save_checkpoint
+
+
+@dataclass
+class Run:
+    """Everything the loop mutates. ``model`` is the bare draft; ``module`` is what is called (DDP or model)."""
+
+    cfg: object
+    data: HiddenStatesData
+    model: torch.nn.Module
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    device: torch.device
+    out_dir: Path
+    rank: int = 0
+    world: int = 1
+    total_steps: int = 0
+    step: int = 0
+    epoch: int = 0
+    micro: int = 0
+    tokens_seen: int = 0
+    best: dict | None = None
+    last_eval: dict | None = None
+    last_train: dict | None = None
+    info_extra: dict = field(default_factory=dict)
+    on_metrics: Callable | None = None
+    plan: list = field(default_factory=list)
+    dropped_microbatches: int = 0
+    bar: object = None
+    loss_config: dict | None = None
+    stream: object = None  # this rank's (ids, host batch) iterator over the rest of the current plan
+    stream_at: tuple = ()  # (epoch, micro) the stream was made for
+    parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
+    heartbeat: Callable | None = None  # called with the step after each optimizer step (the launcher's deadlines)
+
+    @property
+    def pad_to(self) -> int | None:
+        """Positions every micro-batch is padded to: ``train.max_tokens_per_batch`` when
+        ``train.pad_to_max_tokens`` (None = on exactly when ``train.compile``), else None (no padding)."""
+        pad = self.t.pad_to_max_tokens if self.t.pad_to_max_tokens is not None else self.t.compile
+        return self.data.max_tokens if pad else None
+
+    def rank_batches(self) -> list[list[int]]:
+        """This rank's micro-batches (sample ids) from ``micro`` to the end of the plan, in consumption order:
+        for each group of ``grad_accum * world`` micro-batches, every ``world``-th one from ``rank``."""
+        G = self.t.grad_accum * self.world
+        return [ids for g in range(self.micro, len(self.plan), G)
+                for ids in self.plan[g:g + G][self.rank::self.world]]
+
+    def next_batch(self) -> tuple[list[int], dict]:
+        """The next micro-batch of this rank (read ahead by loader workers, ``train.loader_workers``)."""
+        if self.stream is None or self.stream_at[0] != self.epoch:
+            self.stream = iter(iterate_micro_batches(self.data, self.rank_batches(), self.device,
+                                                     self.t.loader_workers, self.pad_to))
+            self.stream_at = (self.epoch, self.micro)
+        return next(self.stream)
+
+    @property
+    def t(self):
+        return self.cfg.train
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out_dir / "state"
+
+    def set_plan(self) -> None:
+        """Build the current epoch's plan (trimmed to a multiple of world_size; the rest is counted)."""
+        plan = plan_epoch(self.data, self.t.seed, self.epoch)
+        keep = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
+        self.dropped_microbatches = len(plan) - keep
+        self.plan = plan[:keep]
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (later epochs pack differently,
+        so a fixed reference keeps the schedule horizon the same for a fresh and a resumed run)."""
+        plan = plan_epoch(self.data, self.t.seed, 0)
+        n = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
+        return math.ceil(n / (self.t.grad_accum * self.world))
+
+    def emit(self, kind: str, metrics: dict[str, float]) -> None:
+        """Rank 0: append to ``metrics.jsonl`` and call ``on_metrics(metrics, step)``."""
+        if self.rank != 0:
+            return
+        with open(self.out_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": self.step, "kind": kind, **metrics}) + "\n")
+        if self.on_metrics is not None:
+            self.on_metrics(dict(metrics), self.step)
+
+
+def autocast(run: Run):
+    if run.t.precision == "bf16-autocast":
+        return torch.autocast(device_type=run.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) -> torch.Tensor:
+    """One micro-batch through the draft; adds its accuracy counts; returns the (scalar) loss.
+
+    ``train=False`` calls the bare model, not the DDP wrapper: ranks may hold different numbers of
+    validation micro-batches, and DDP's forward synchronises buffers across ranks.
+    """
+    m = run.model
+    if run.t.compile and run.t.compile_mode == "reduce-overhead" and run.device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call are consumed by now
+    with autocast(run):
+        draft_tokens, loss, met = (run.module if train else m)(
+            hidden_states=batch["hidden_states"], input_ids=batch["input_ids"], document_ids=batch["document_ids"],
+            loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
+            verifier_last_hidden_states=batch["verifier_last_hidden_states"], ttt_steps=run.t.ttt_steps,
+            loss_config=run.loss_config)
+        with torch.no_grad():  # verifier argmax in the draft vocabulary, [1, N]
+            target_ids = m.verifier_lm_head(m.verifier_norm(batch["verifier_last_hidden_states"])).argmax(-1)
+    step_losses = [met[f"loss_{k}_sum"].detach() for k in range(run.t.ttt_steps)]
+    add_batch(counts, draft_tokens, target_ids, batch["loss_mask"], batch["document_ids"], step_losses)
+    return loss
+
+
+def _finite_flags(run: Run, values: list[torch.Tensor]) -> tuple[list[bool], float]:
+    """Whether each scalar in ``values`` is finite on every rank, and the last value as a float (this rank's):
+    one device→host sync for all of them."""
+    ok = torch.stack([torch.isfinite(v.detach().float()).all() for v in values]).float()
+    if run.world > 1:
+        torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
+    host = torch.cat([ok, values[-1].detach().float().reshape(1)]).tolist()
+    return [x > 0 for x in host[:-1]], host[-1]
+
+
+def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDiverged:
+    ckpts = list_checkpoints(run.state_dir)
+    last = f"{ckpts[-1]} (kept)" if ckpts else "none written yet"
+    return TrainingDiverged(f"non-finite {what} ({value}) at optimizer step {run.step + 1} (epoch {run.epoch}, "
+                            f"micro-batch {run.micro}, samples {ids[:8]}); last good checkpoint: {last}")
+
+
+def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
+    """Accumulate this rank's micro-batches of the next group and take one optimizer step.
+
+    Returns ``(grad_norm, tokens in the whole group over all ranks)``. Raises TrainingDiverged on a
+    NaN/Inf loss or gradient norm, before the optimizer step (weights stay at the last good step).
+    """
+    G = run.t.grad_accum * run.world
+    group = run.plan[run.micro:run.micro + G]
+    share = group[run.rank::run.world]
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    losses: list[tuple[list[int], torch.Tensor]] = []
+    for j in range(len(share)):
+        ids, host = run.next_batch()
+        batch = to_device(host, run.device, torch.float32)
+        sync = j == len(share) - 1 or run.world == 1
+        with contextlib.nullcontext() if sync else run.module.no_sync():
+            loss = forward(run, batch, window)
+            (loss / len(share)).backward()
+        losses.append((ids, loss.detach().clone()))  # a CUDA-graph replay reuses the output's memory
+    grad_norm = run.parallel.clip_grad_norm_(params, run.t.grad_clip)
+    # before the step (weights stay good); the only device→host sync of the step
+    flags, norm = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])
+    for (ids, loss), ok in zip(losses, flags):
+        if not ok:
+            raise _diverged(run, "loss", float(loss), ids)
+    if not flags[-1]:
+        raise _diverged(run, "gradient norm", norm, share[0])
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    tokens = sum(run.data.positions(i) for ids in group for i in ids)
+    run.step += 1
+    run.micro += len(group)
+    run.tokens_seen += tokens
+    return norm, tokens
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict[str, float]:
+    """Validation metrics over the val split (or the train split, flagged, when val is empty)."""
+    ids = run.data.val_ids or run.data.train_ids
+    if run.t.max_eval_samples:
+        ids = ids[:run.t.max_eval_samples]
+    plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
+    counts = new_counts(run.t.ttt_steps, run.device)
+    run.model.eval()
+    try:
+        with run.parallel.evaluating(run.model):  # ranks may hold different numbers of micro-batches
+            for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device,
+                                                 run.t.loader_workers, run.pad_to):
+                forward(run, to_device(host, run.device, torch.float32), counts, train=False)
+    finally:
+        run.model.train()
+    out = summarize(all_reduce_(counts), "val")
+    out["val/on_train_split"] = 0.0 if run.data.val_ids else 1.0
+    if run.last_train is not None:
+        out["train_val_gap"] = run.last_train["train/loss"] - out["val/loss"]
+    run.last_eval = out
+    sim = out["val/simulated_acceptance_length"]
+    if run.best is None or sim > run.best["simulated_acceptance_length"]:
+        run.best = {"step": run.step, "simulated_acceptance_length": sim}
+        with run.parallel.gathered(run.model) as (weights, _):  # every rank (fsdp: a collective)
+            if run.rank == 0:
+                save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out}, model_state=weights)
+    out["best/simulated_acceptance_length"] = run.best["simulated_acceptance_length"]
+    run.emit("eval", out)
+    return out
+
+
+def checkpoint(run: Run) -> None:
+    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait for it (and under fsdp gather the state for it)."""
+    with run.parallel.gathered(run.model, run.optimizer) as (weights, moments):
+        if run.rank == 0:
+            info = {"step": run.step, "epoch": run.epoch, "micro": run.micro, "tokens_seen": run.tokens_seen,
+                    "best": run.best, "last_eval": run.last_eval, "last_train": run.last_train, **run.info_extra}
+            save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler,
+                            info=info, keep_last=run.t.keep_last, model_state=weights, optimizer_state=moments)
+    if run.world > 1:
+        torch.distributed.barrier()
+
+
+def run_loop(run: Run) -> None:
+    """Train until ``run.total_steps``; evaluate, log and checkpoint on the configured cadence."""
+    t = run.t
+    if run.step >= run.total_steps:
+        if run.last_eval is None:
+            evaluate(run)  # the untrained draft (max_steps=0) is evaluated too: the pipeline's baseline
+        return
+    unique = max(1, run.data.unique_train_tokens())
+    window, win_tokens, win_time = new_counts(t.ttt_steps, run.device), 0, 0.0
+    while run.step < run.total_steps:
+        if run.micro >= len(run.plan):
+            run.epoch, run.micro = run.epoch + 1, 0
+            run.set_plan()
+        lr = run.scheduler.get_last_lr()[0]
+        t0 = time.perf_counter()
+        grad_norm, tokens = optimizer_step(run, window)  # synchronises once, before the optimizer update
+        if run.heartbeat is not None:
+            run.heartbeat(run.step)
+        win_time += time.perf_counter() - t0
+        win_tokens += tokens
+        epoch_end = run.micro >= len(run.plan)
+        last = run.step == run.total_steps
+        if run.bar is not None:
+            run.bar.update(1)
+        if run.step % t.log_every == 0 or last:
+            m = summarize(all_reduce_(window), "train")
+            m.update({"lr": lr, "grad_norm": grad_norm, "tokens_per_s": win_tokens / max(win_time, 1e-9),
+                      "epochs_over_data": run.tokens_seen / unique,
+                      "epoch": run.epoch + min(1.0, run.micro / max(1, len(run.plan)))})
+            run.last_train = m
+            run.emit("train", m)
+            if run.bar is not None:
+                run.bar.set_postfix(loss=f"{m['train/loss']:.3f}", acc0=f"{m['train/acc_full_0']:.3f}")
+            window, win_tokens, win_time = new_counts(t.ttt_steps, run.device), 0, 0.0
+        do_eval = (t.eval_every and run.step % t.eval_every == 0) or (not t.eval_every and epoch_end) or last
+        if do_eval:
+            evaluate(run)
+        if do_eval or (t.checkpoint_every and run.step % t.checkpoint_every == 0):
+            checkpoint(run)

@@ -1,0 +1,112 @@
+"""Per-TTT-step accuracy, simulated acceptance length, and metric aggregation (also across ranks).
+
+Definitions (a draft *start* is a training position p; TTT step k predicts the verifier's token at p+k,
+teacher-forced as in speculators' ``Eagle3DraftModel.forward``):
+
+- valid_k(p): position p+k is loss-masked *and* in the same document (packing boundary) as p.
+- correct_k(p): the draft's argmax at step k equals the verifier's argmax at p+k, both within the draft
+  vocabulary (the verifier's logits are its LM head restricted to the draft vocabulary, as speculators
+  computes its targets).
+- ``acc_full_k`` (unconditional) = #(correct_k & valid_k) / #valid_k.
+- ``acc_cond_k`` (conditional)   = #(correct_k & valid_k & all earlier steps right) / #(valid_k & all earlier
+  steps right); ``acc_cond_0 == acc_full_0``.
+- simulated acceptance length = ``1 + c0 + c0*c1 + c0*c1*c2 + ...`` over the conditional accuracies (chain
+  drafting, greedy verification). **The bonus token is counted** (the leading 1), as SGLang's
+  ``spec_accept_length`` counts it: 1.0 = no draft token accepted, maximum ``ttt_steps + 1``.
+  Source: docs/ENGINE_FACTS.md §5 (within 0.02 of the measured acceptance length).
+- chain acceptance length = ``1 + mean over starts of the leading run of correct steps`` (the same quantity
+  counted per start instead of through the product of marginals).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# counts layout per TTT step: full_correct, full_total, cond_correct, cond_total, loss_sum, loss_n
+_PER_STEP = 6
+_TAIL = 2  # chain_sum, chain_total
+
+
+def simulated_acceptance_length(cond_acc: list[float]) -> float:
+    """``1 + Σ_k Π_{j<=k} cond_acc[j]``; counts the bonus token (1.0 = nothing accepted)."""
+    total, prod = 1.0, 1.0
+    for c in cond_acc:
+        prod *= float(c)
+        total += prod
+    return total
+
+
+def new_counts(ttt_steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A zeroed float64 counts vector ``[ttt_steps * 6 + 2]`` (see the layout above)."""
+    return torch.zeros(ttt_steps * _PER_STEP + _TAIL, dtype=torch.float64, device=device)
+
+
+@torch.no_grad()
+def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids: torch.Tensor,
+              loss_mask: torch.Tensor, document_ids: torch.Tensor, step_losses: list[torch.Tensor]) -> None:
+    """Add one packed micro-batch to ``counts`` (in place).
+
+    Args:
+        draft_tokens: per TTT step, ``[1, N]`` draft-vocab argmax (``forward``'s first output).
+        target_ids: ``[1, N]`` verifier argmax in the draft vocabulary.
+        loss_mask: ``[1, N]`` bool. document_ids: ``[1, N]`` int64.
+        step_losses: per TTT step, the scalar loss of that step (speculators' ``loss_{k}_sum``).
+    """
+    K = len(draft_tokens)
+    n = target_ids.shape[-1]
+    tgt, mask, doc = target_ids[0], loss_mask[0].bool(), document_ids[0]
+    alive = torch.ones(n, dtype=torch.bool, device=tgt.device)  # starts with all earlier steps right
+    run = torch.zeros(n, dtype=torch.float64, device=tgt.device)
+    valid0 = mask.clone()
+    for k in range(K):
+        valid = torch.zeros(n, dtype=torch.bool, device=tgt.device)
+        correct = torch.zeros(n, dtype=torch.bool, device=tgt.device)
+        if n > k:
+            valid[: n - k] = mask[k:] & (doc[k:] == doc[: n - k])
+            correct[: n - k] = draft_tokens[k][0, : n - k] == tgt[k:]
+        hit = correct & valid
+        base = k * _PER_STEP
+        counts[base + 0] += hit.sum()
+        counts[base + 1] += valid.sum()
+        counts[base + 2] += (hit & alive).sum()
+        counts[base + 3] += (valid & alive).sum()
+        counts[base + 4] += step_losses[k].detach().to(counts.dtype)  # on the device: no host sync
+        counts[base + 5] += 1
+        alive &= hit
+        run += (alive & valid0).double()
+    counts[K * _PER_STEP] += (run + valid0.double()).sum()
+    counts[K * _PER_STEP + 1] += valid0.sum()
+
+
+def all_reduce_(counts: torch.Tensor) -> torch.Tensor:
+    """Sum ``counts`` over ranks when torch.distributed is initialised (in place; returned)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return counts
+
+
+def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
+    """Metrics from a counts vector: ``{prefix}/loss`` (sum of step losses, mean over micro-batches),
+    ``{prefix}/loss_k``, ``{prefix}/acc_full_k``, ``{prefix}/acc_cond_k``,
+    ``{prefix}/simulated_acceptance_length``, ``{prefix}/chain_acceptance_length``. Ratios with an empty
+    denominator are 0.0 (and the acceptance lengths 1.0)."""
+    c = counts.double().cpu().tolist()
+    K = (len(c) - _TAIL) // _PER_STEP
+    out: dict[str, float] = {}
+    cond, total_loss = [], 0.0
+    for k in range(K):
+        fc, ft, cc, ct, ls, ln = c[k * _PER_STEP:(k + 1) * _PER_STEP]
+        out[f"{prefix}/loss_{k}"] = ls / ln if ln else math.nan
+        total_loss += out[f"{prefix}/loss_{k}"]
+        out[f"{prefix}/acc_full_{k}"] = fc / ft if ft else 0.0
+        out[f"{prefix}/acc_cond_{k}"] = cc / ct if ct else 0.0
+        cond.append(out[f"{prefix}/acc_cond_{k}"])
+    out[f"{prefix}/loss"] = total_loss
+    out[f"{prefix}/simulated_acceptance_length"] = simulated_acceptance_length(cond)
+    cs, cn = c[K * _PER_STEP], c[K * _PER_STEP + 1]
+    out[f"{prefix}/chain_acceptance_length"] = cs / cn if cn else 1.0
+    return out

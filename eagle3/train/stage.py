@@ -1,0 +1,290 @@
+"""Stage 2, train: a speculators EAGLE-3 draft from a hidden-states directory (docs/INTERNALS.md).
+
+``train(cfg, data_dir, out_dir)`` checks everything that can be checked before the first step (output dir
+writable, engine flags, dataset vs target, vocabulary), then runs :mod:`eagle3.train.loop` and writes into
+``out_dir``: ``config.json`` + ``model.safetensors`` (speculators format, with d2t/t2d and top-level
+``eagle_aux_hidden_state_layer_ids`` in HF-index convention), ``metrics.jsonl``, ``state/`` (resume state)
+and ``manifest.json`` (kind ``draft_checkpoint``).
+
+``train.max_steps = 0`` writes the *untrained* draft (vocab map built, verifier embedding / LM-head rows /
+final norm loaded, random fc and layer, no optimizer step): the pipeline's baseline.
+``train.num_gpus > 1`` outside torchrun launches ``torchrun -m eagle3.train.launch`` (see there).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eagle3.artifacts import sha256_file, write_manifest
+from eagle3.errors import ConfigError
+from eagle3.train.data import data_identity, open_hidden_states
+from eagle3.train.draft_model import (
+    build_draft,
+    compile_forward,
+    read_target_config,
+    resolve_flags,
+    save_draft,
+    use_uncompiled_forward,
+)
+from eagle3.train.loop import Run, evaluate, run_loop
+from eagle3.train.parallel import make_parallel
+from eagle3.train.resume import check_resume, load_init_from
+from eagle3.train.state import (
+    check_checkpoint_space,
+    check_complete,
+    ensure_writable,
+    list_checkpoints,
+    load_checkpoint,
+    lr_factor,
+    make_scheduler,
+    read_info,
+    truncate_metrics,
+)
+from eagle3.train.vocab import build_vocab_map, load_token_freq
+
+OnMetrics = Callable[[dict, int], None]
+log = logging.getLogger(__name__)
+
+
+def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = None, progress: bool = True) -> dict:
+    """Train (or resume) the draft; returns the ``draft_checkpoint`` manifest (``{}`` on ranks other than 0).
+
+    Args:
+        cfg: RunConfig (reads ``train``, ``target``, ``paths``, ``convert.engine[_version]``).
+        data_dir: hidden-states directory. out_dir: the stage's output directory (created).
+        on_metrics: called as ``on_metrics(metrics, step)`` per log step and per evaluation (rank 0).
+        progress: show a progress bar (rank 0).
+    Raises:
+        ConfigError: unwritable ``out_dir``; an engine flag the serving engine ignores; incompatible resume.
+        DataError: empty dataset; dataset from another target; hidden size disagreeing with the target;
+            fewer distinct tokens than ``draft_vocab_size``; a different vocab map on resume.
+        TrainingDiverged: NaN/Inf loss or gradient norm (names the step; the last checkpoint is kept).
+    """
+    from eagle3.precision import resolved
+
+    cfg = resolved(cfg)  # train.precision concrete (load_config has done it already)
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if cfg.train.num_gpus > 1 and "LOCAL_RANK" not in os.environ:
+        from eagle3.train.launch import launch
+
+        return launch(cfg, data_dir, out_dir, on_metrics=on_metrics)
+    from eagle3.train.distributed import setup_distributed, teardown_distributed
+
+    rank, world, device = setup_distributed(cfg.train)
+    try:
+        t_start = time.perf_counter()
+        run = prepare(cfg, data_dir, out_dir, rank=rank, world=world, device=device, on_metrics=on_metrics)
+        if world > 1:
+            from eagle3.workers import rank_status
+
+            run.heartbeat = rank_status().progress  # the launcher's first-step and stall deadlines
+        if progress and rank == 0:
+            from tqdm.auto import tqdm
+
+            run.bar = tqdm(total=run.total_steps, initial=run.step, desc="train", unit="step")
+        try:
+            run_loop(run)
+        finally:
+            if run.bar is not None:
+                run.bar.close()
+        return finish(run, seconds=time.perf_counter() - t_start)
+    finally:
+        teardown_distributed()
+
+
+def _attn(t, device: torch.device) -> str:
+    return "sdpa" if t.attn_implementation == "auto" else t.attn_implementation
+
+
+def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
+            on_metrics: OnMetrics | None) -> Run:
+    """All checks, the model, optimizer, schedule, and the resumed state: a :class:`Run` ready to loop."""
+    from eagle3.assets import resolve_target
+
+    t = cfg.train
+    ensure_writable(out_dir)
+    flags = resolve_flags(cfg)
+    target_dir = resolve_target(cfg)
+    tconf = read_target_config(target_dir)
+    data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
+    vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size, int(tconf.vocab_size),
+                           pad=t.pad_draft_vocab)
+    state_dir = out_dir / "state"
+    ckpts = list_checkpoints(state_dir) if t.resume else []
+    info = read_info(ckpts[-1]) if ckpts else None
+    parallel = make_parallel(t.distributed, world)
+    identity = {"vocab_map_hash": vmap.hash(), "data_content_hash": data_identity(data),
+                "flags": flags, "world_size": world, "distributed": parallel.name}
+    if info is not None:
+        check_complete(ckpts[-1], state_dir)  # before any model or data is built from it
+        check_resume(info, identity, cfg, ckpts[-1])
+        if rank == 0:
+            log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1], info.get("step"))
+    elif rank == 0:
+        for old in list_checkpoints(state_dir) + [state_dir / "best"]:  # a fresh start (launch files stay)
+            shutil.rmtree(old, ignore_errors=True)
+        truncate_metrics(out_dir / "metrics.jsonl", -1)
+    torch.manual_seed(t.seed)
+    model = build_draft(target_dir, aux_layer_ids=data.aux_layer_ids, d2t=vmap.d2t, t2d=vmap.t2d,
+                        num_layers=t.num_layers, ttt_steps=t.ttt_steps, flags=flags, attn_impl=_attn(t, device))
+    if t.init_from and info is None:
+        load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
+    if not t.compile:
+        use_uncompiled_forward(model)
+        if t.compile_mode != "default" and rank == 0:
+            log.warning("train.compile_mode=%s has no effect: train.compile is false", t.compile_mode)
+    elif device.type == "cuda":
+        compile_forward(model, t.compile_mode)
+    elif rank == 0 and t.max_steps != 0:  # an evaluation-only run (max_steps=0) trains nothing to compile
+        padded = t.pad_to_max_tokens is not False
+        log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs eagerly%s",
+                    device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} positions)"
+                    if padded else "")
+    if rank == 0:
+        check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last, trains=t.max_steps != 0)
+    model.to(device)
+    remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
+    module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None, device=device,
+              out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics, parallel=parallel)
+    run.loss_config = _loss_config(t)
+    run.set_plan()
+    horizon = math.ceil(t.epochs * run.steps_per_epoch())
+    run.total_steps = horizon if t.max_steps is None else (t.max_steps if t.schedule == "constant"
+                                                           else min(horizon, t.max_steps))
+    run.scheduler = make_scheduler(optimizer, schedule=t.schedule, warmup_steps=t.warmup_steps,
+                                   total_steps=horizon, min_ratio=t.lr_min_ratio)
+    run.info_extra = {**identity, "vocab": {"num_from_data": vmap.num_from_data, "coverage": vmap.coverage},
+                      "target_dir": str(target_dir), "train_config": t.model_dump(mode="json")}
+    if info is not None:
+        _resume(run, ckpts[-1], remapped)
+    return run
+
+
+def _loss_config(t) -> dict:
+    from speculators.losses import resolve_loss_config
+
+    try:
+        return resolve_loss_config(t.loss, t.loss_implementation)
+    except ValueError as e:
+        raise ConfigError(f"train.loss={t.loss!r} / train.loss_implementation={t.loss_implementation!r}: {e}") from e
+
+
+def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -> bool:
+    """Load the weights of ``ckpt`` into the bare draft (before any sharding); with an allowed new vocabulary map,
+    install it and its LM-head rows. Returns True when the map changed."""
+    from eagle3.train.state import load_weights
+
+    load_weights(model, ckpt)
+    if info.get("vocab_map_hash") == vmap.hash():
+        return False
+    model.load_vocab_mappings(vmap.t2d, vmap.d2t)
+    model._load_verifier_weights(overwrite_lm_head=True)  # noqa: SLF001
+    model.to(device)
+    return True
+
+
+def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
+    """Restore optimizer, schedule, RNG and position from ``ckpt`` (the weights are in already); the LR is
+    re-derived from the (possibly new) schedule."""
+    t = run.t
+    par, model, opt = run.parallel, run.model, run.optimizer
+    info = load_checkpoint(ckpt, model=None, optimizer=opt, scheduler=run.scheduler,
+                           load_optimizer=lambda state: par.load_optimizer_state(model, opt, state))
+    run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
+    run.tokens_seen = int(info["tokens_seen"])
+    run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get("last_train")
+    if remapped:  # an allowed new vocabulary map
+        run.best = None  # evaluations under the old map are not comparable (and its weights carry that map)
+        if run.rank == 0:
+            shutil.rmtree(run.state_dir / "best", ignore_errors=True)
+    sched = run.scheduler
+    sched.base_lrs = [t.lr for _ in sched.base_lrs]
+    for g in run.optimizer.param_groups:
+        g["initial_lr"] = t.lr
+        g["lr"] = t.lr * sched.lr_lambdas[0](run.step)
+    sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]  # noqa: SLF001
+    run.set_plan()
+    if run.rank == 0:
+        truncate_metrics(run.out_dir / "metrics.jsonl", run.step)
+
+
+def finish(run: Run, *, seconds: float) -> dict:
+    """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on rank 0.
+
+    Every rank takes part (under fsdp the last weights are gathered to rank 0); rank 0 writes."""
+    from safetensors.torch import load_file
+
+    from eagle3.train.state import load_weights
+
+    t = run.t
+    best_dir = run.state_dir / "best"
+    best = t.export == "best" and run.best is not None
+    exported = {"which": "best", "step": run.best["step"]} if best else {"which": "last", "step": run.step}
+    manifest: dict = {}
+    with run.parallel.gathered(run.model) as (weights, _):  # fsdp: a collective, full weights on rank 0
+        if run.rank == 0:
+            if best and run.best["step"] != run.step and (best_dir / "model.safetensors").is_file():
+                if weights is None:
+                    load_weights(run.model, best_dir)
+                else:
+                    weights = load_file(str(best_dir / "model.safetensors"))
+            _export_files(run.model, run.out_dir, weights)
+            manifest = _write_manifest(run, exported, seconds)
+    if run.world > 1:
+        torch.distributed.barrier()
+    return manifest
+
+
+def _export_files(model, out_dir: Path, weights: dict | None = None) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=".export.", suffix=".tmp", dir=out_dir))
+    try:
+        save_draft(model, tmp, state_dict=weights)
+        for f in ("config.json", "model.safetensors"):
+            os.replace(tmp / f, out_dir / f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
+    t, d = run.t, run.data
+    ex = run.info_extra
+    final_eval = run.last_eval or {}
+    best_sim = (run.best or {}).get("simulated_acceptance_length")
+    sim = best_sim if exported["which"] == "best" and best_sim is not None else \
+        final_eval.get("val/simulated_acceptance_length")
+    target = dict(d.manifest.get("target") or {})
+    return write_manifest(
+        run.out_dir, "draft_checkpoint", exclude=("manifest.json", "state"),
+        config=t.model_dump(mode="json"),
+        inputs={"hidden_states": d.manifest.get("content_hash")},
+        counts={"train_samples": len(d.train_ids), "val_samples": len(d.val_ids), "skipped_samples": len(d.skipped),
+                "truncated_samples": d.truncated, "train_positions": d.unique_train_tokens(),
+                "micro_batches_per_epoch": len(run.plan), "dropped_micro_batches_per_epoch": run.dropped_microbatches,
+                "optimizer_steps": run.step, "tokens_seen": run.tokens_seen,
+                "steps_per_epoch": run.steps_per_epoch()},
+        timings={"seconds": seconds},
+        optimizer_steps=run.step, epochs_over_data=run.tokens_seen / max(1, d.unique_train_tokens()),
+        vocab_map_hash=ex["vocab_map_hash"], data_manifest_hash=sha256_file(d.root / "manifest.json"),
+        target=target, aux_layer_ids=d.aux_layer_ids, layer_id_convention="hf_hidden_states_index",
+        flags=ex["flags"], engine={"name": run.cfg.convert.engine, "version": run.cfg.convert.engine_version},
+        vocab={"draft_vocab_size": t.draft_vocab_size, **ex["vocab"]},
+        exported=exported, best=run.best,
+        metrics={"simulated_acceptance_length": sim, "final_eval": final_eval, "final_train": run.last_train or {},
+                 "acceptance_length_counts_bonus_token": True},
+        device=str(run.device), world_size=run.world, precision=t.precision,
+        auto_resolved={k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items() if k.startswith("train.")})
+
+
+__all__ = ["train", "ensure_writable", "prepare", "finish", "evaluate", "lr_factor"]

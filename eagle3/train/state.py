@@ -1,0 +1,260 @@
+"""LR schedules and the training state on disk: atomic checkpoints, keep-last-k, best, exact resume.
+
+``<out_dir>/state/``::
+
+    ckpt-00000040/   model.safetensors (the draft's full state dict), optimizer.pt, trainer.pt (scheduler,
+                     RNG states), state.json (step, epoch, micro-batch position, tokens seen, vocab-map hash,
+                     data content hash, the train section, last metrics)
+    best/            model.safetensors + state.json of the evaluation with the highest simulated acceptance
+                     length (chosen by acceptance, not by loss: docs/FAILURE_CLASSES.md 18)
+
+Each directory is written through :func:`eagle3.artifacts.atomic_directory`, so a SIGKILL leaves either
+the previous complete checkpoint or the new complete one, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from eagle3.artifacts import atomic_directory
+from eagle3.errors import ConfigError, DataError, Eagle3Error
+
+_CKPT = re.compile(r"^ckpt-(\d{8})$")
+
+
+def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
+    """Multiplier of the base LR for optimizer step ``step`` (0-based: the LR the step-th update uses).
+
+    - warm-up (both schedules): ``(step + 1) / warmup_steps`` for ``step < warmup_steps``;
+    - ``epochs``: cosine from 1 to ``min_ratio`` over ``[warmup_steps, total_steps)``:
+      ``min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * progress))``, progress clipped to [0, 1];
+    - ``constant``: 1 after warm-up (a long run with periodic evaluation).
+    ``torch.optim.lr_scheduler.LambdaLR`` with this function gives the same LR at a step whether the run
+    was resumed or not (its state is the step count).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: int, min_ratio: float):
+    """A ``LambdaLR`` over :func:`lr_factor`."""
+    from functools import partial
+
+    fn = partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def rng_state() -> dict:
+    """Python, NumPy, torch CPU and CUDA RNG states."""
+    import numpy as np
+
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    import numpy as np
+
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available() and len(st["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "trainer.pt", "state.json")
+
+
+def check_complete(ckpt: Path, state_dir: Path | None = None) -> None:
+    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES` (a file deleted or lost after the
+    atomic write), naming the missing files, the previous checkpoint that is complete and the two ways on
+    (resume from that one by removing this folder, or start over) instead of a FileNotFoundError later."""
+    missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
+    if not missing:
+        return
+    older = [c for c in list_checkpoints(state_dir or ckpt.parent) if c != ckpt
+             and all((c / f).is_file() for f in CHECKPOINT_FILES)]
+    way = (f"remove {ckpt} to resume from the previous complete checkpoint {older[-1].name}" if older
+           else "no earlier complete checkpoint exists")
+    raise DataError(f"resume: checkpoint {ckpt} is incomplete: expected {list(CHECKPOINT_FILES)}, missing "
+                    f"{missing}; {way}, or set train.resume=false to start over")
+
+
+def list_checkpoints(state_dir: Path) -> list[Path]:
+    """Complete ``ckpt-*`` directories under ``state_dir``, oldest first."""
+    if not state_dir.is_dir():
+        return []
+    found = [p for p in state_dir.iterdir() if p.is_dir() and _CKPT.match(p.name) and (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(_CKPT.match(p.name).group(1)))
+
+
+@contextlib.contextmanager
+def _written(final: Path, what: str):
+    """Turn a failed write of ``final`` (a full disk shows up as OSError, safetensors' error or torch.save's
+    ``RuntimeError: ... unexpected pos``) into a DataError naming the folder, the cause and the free space.
+    :func:`eagle3.artifacts.atomic_directory` has removed the partial folder by then; older ones are kept."""
+    try:
+        yield
+    except Eagle3Error:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with the path and the disk's free space
+        try:
+            free = f"{shutil.disk_usage(final.parent).free / 2**30:.2f} GiB free there"
+        except OSError:
+            free = "free space unknown"
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e)[:200]}"
+        older = list_checkpoints(final.parent) if final.parent.is_dir() else []
+        kept = (f"the newest complete checkpoint, {older[-1].name}, is kept and a re-run resumes from it" if older
+                else "no complete checkpoint exists yet, so a re-run starts from step 0")
+        raise DataError(f"{final}: could not write the {what} ({why}; {free}); {kept}. If the disk is full, free "
+                        "space or write fewer checkpoints (train.keep_last, train.checkpoint_every)") from e
+
+
+def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True) -> int:
+    """Refuse to start training when ``state_dir``'s disk cannot hold what the run will write; returns the bytes
+    needed.
+
+    A checkpoint holds the full state dict (``model.safetensors``) and AdamW's two float32 moments per trainable
+    parameter (``optimizer.pt``). While one is written the ``keep_last`` older ones still exist, so ``keep_last + 1``
+    checkpoints must fit, plus ``best/`` and the exported draft (weights each). Space already taken by this
+    folder's checkpoints is counted as reusable. Raises DataError with the folder, the bytes needed and free.
+    """
+    weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
+    need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights
+    held = sum(f.stat().st_size for d in [*list_checkpoints(state_dir), state_dir / "best"] if d.is_dir()
+               for f in d.iterdir() if f.is_file())
+    free = shutil.disk_usage(state_dir).free
+    if free + held < need:
+        raise DataError(f"{state_dir}: the run needs about {need / 2**20:.1f} MiB for checkpoints "
+                        f"(train.keep_last={keep_last}: {keep_last + 1} x {(weights + moments) / 2**20:.1f} MiB while "
+                        f"one is written, plus best/ and the exported draft), but only {free / 2**20:.1f} MiB are free "
+                        f"there (+ {held / 2**20:.1f} MiB of older checkpoints); free space or lower train.keep_last")
+    return need
+
+
+def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int,
+                    model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
+    """Write ``ckpt-<step>`` atomically, then delete all but the newest ``keep_last`` checkpoints.
+
+    ``info`` must hold ``step``; it is stored as ``state.json``. ``model_state`` / ``optimizer_state``: the full
+    state dicts when they were gathered from shards (``eagle3.train.parallel``; None = ``model.state_dict()`` /
+    ``optimizer.state_dict()``). Returns the checkpoint directory. Raises DataError (path, cause, free space) when
+    the write fails, e.g. on a full disk.
+    """
+    from safetensors.torch import save_file
+
+    final = state_dir / f"ckpt-{int(info['step']):08d}"
+    weights = model.state_dict() if model_state is None else model_state
+    with _written(final, "training checkpoint"), atomic_directory(final) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
+        torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
+    for old in list_checkpoints(state_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_best(state_dir: Path, *, model, info: dict, model_state: dict | None = None) -> Path:
+    """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best. ``model_state``:
+    the full state dict gathered from shards (None = ``model.state_dict()``)."""
+    from safetensors.torch import save_file
+
+    final = state_dir / "best"
+    weights = model.state_dict() if model_state is None else model_state
+    with _written(final, "best draft"), atomic_directory(final) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
+    return final
+
+
+def read_info(ckpt: Path) -> dict:
+    """``state.json`` of a checkpoint or of ``best``. Raises DataError when missing or not JSON."""
+    path = ckpt / "state.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: unreadable training state ({e})") from e
+
+
+def load_weights(model, ckpt: Path) -> None:
+    """Load ``model.safetensors`` of ``ckpt`` into ``model`` (every key must match; else DataError)."""
+    from safetensors.torch import load_file
+
+    sd = load_file(str(ckpt / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise DataError(f"{ckpt}/model.safetensors: does not match the draft (missing {missing[:5]}, "
+                        f"unexpected {unexpected[:5]})")
+
+
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
+    """Restore weights (unless ``model`` is None: loaded earlier, before sharding), optimizer, scheduler and RNG
+    states from ``ckpt``; returns its ``state.json``. ``load_optimizer(state)`` replaces
+    ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through its own loader).
+
+    Raises DataError naming the file for a missing file (:func:`check_complete`) or one that does not load.
+    """
+    check_complete(ckpt)
+    if model is not None:
+        load_weights(model, ckpt)
+    try:
+        moments = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(moments)
+        extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)  # own file: RNG tuples
+        scheduler.load_state_dict(extra["scheduler"])
+    except Exception as e:  # torch.load / load_state_dict raise many types on corrupt or foreign files
+        raise DataError(f"resume: {ckpt}/optimizer.pt or trainer.pt does not load ({type(e).__name__}: "
+                        f"{str(e)[:200]}); remove {ckpt} to resume from an earlier checkpoint, or set "
+                        f"train.resume=false to start over") from e
+    set_rng_state(extra["rng"])
+    return read_info(ckpt)
+
+
+def truncate_metrics(path: Path, max_step: int) -> None:
+    """Drop ``metrics.jsonl`` lines logged after ``max_step`` (they are logged again after a resume)."""
+    from eagle3.artifacts import atomic_write_bytes
+
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= max_step:
+                keep.append(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill mid-write: the run logs that step again
+    atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
+
+
+def ensure_writable(out_dir: Path) -> None:
+    """Create ``out_dir`` and its ``state/`` (checkpoints) and write a probe file in each, before any training step.
+
+    Raises ConfigError naming the directory and the OS error (read-only, permission, ``state`` being a file).
+    """
+    for d, what in ((out_dir, "train output dir"), (out_dir / "state", "checkpoint dir")):
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away and re-run")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".write-probe.", suffix=".tmp"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{what} {d}: not writable ({type(e).__name__}: {e})") from e

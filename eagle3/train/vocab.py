@@ -1,0 +1,161 @@
+"""The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, their invariants and their hash.
+
+Conventions (speculators 0.9.0, SGLang 0.5.23; docs/ENGINE_FACTS.md §2, §5):
+
+- ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]`` for draft index ``i``.
+- ``t2d``: bool ``[vocab_size]``, True exactly at the target ids that have a draft index.
+- Draft index order is ascending target id (speculators' ``build_vocab_mappings_from_distribution``),
+  so the draft ``lm_head`` rows are the target LM-head rows selected by ``t2d``.
+
+The map is chosen by frequency over the loss-masked tokens of the train split (``token_freq.pt``, written
+by extraction). When the data holds fewer distinct tokens than ``draft_vocab_size`` the caller must decide
+(failure class 8): :func:`build_vocab_map` raises unless ``pad`` is set, in which case the lowest unused
+target ids fill the remaining draft slots (speculators' padding rule).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle3.errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    """A draft vocabulary map.
+
+    Attributes:
+        d2t: int64 ``[draft_vocab_size]`` offsets (``target_id = i + d2t[i]``).
+        t2d: bool ``[vocab_size]``.
+        num_from_data: draft slots filled from observed tokens (the rest are padding).
+        coverage: fraction (0..1) of the counted (loss-masked) tokens whose id is in the draft vocabulary.
+    """
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    num_from_data: int
+    coverage: float
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.d2t.numel())
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.t2d.numel())
+
+    def target_ids(self) -> torch.Tensor:
+        """int64 ``[draft_vocab_size]``: the target id of each draft index."""
+        return self.d2t + torch.arange(self.draft_vocab_size, dtype=torch.long)
+
+    def hash(self) -> str:
+        """See :func:`vocab_map_hash`."""
+        return vocab_map_hash(self.d2t, self.t2d)
+
+
+def load_token_freq(path: str | Path) -> dict[int, int]:
+    """Read ``token_freq.pt`` (a ``{token_id: count}`` dict saved with ``torch.save``).
+
+    Raises:
+        DataError: missing file, not a dict, a non-integer key/value, or a negative count.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: token frequency file not found (extraction writes token_freq.pt)")
+    try:
+        raw = torch.load(path, weights_only=True)
+    except Exception as e:  # torch raises several unrelated types for a corrupt file
+        raise DataError(f"{path}: not a readable torch file ({type(e).__name__}: {e})") from e
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a dict {{token_id: count}}, got {type(raw).__name__}")
+    freq: dict[int, int] = {}
+    for k, v in raw.items():
+        try:
+            tid, cnt = int(k), int(v)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{path}: entry {k!r}: {v!r} is not an integer token id and count") from e
+        if cnt < 0:
+            raise DataError(f"{path}: token {tid} has a negative count {cnt}")
+        freq[tid] = freq.get(tid, 0) + cnt
+    return freq
+
+
+def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_size: int, *,
+                    pad: bool = False) -> VocabMap:
+    """Choose the ``draft_vocab_size`` most frequent target ids (ties: lower id first).
+
+    Args:
+        token_freq: ``{target token id: count}``; zero counts are ignored.
+        draft_vocab_size: draft LM-head rows.
+        vocab_size: target vocabulary size (``t2d`` length).
+        pad: when the data has fewer distinct tokens than ``draft_vocab_size``, fill the rest with the
+            lowest unused ids instead of raising.
+    Raises:
+        ConfigError: ``draft_vocab_size`` not in ``[2, vocab_size)`` (an equal size needs no map, and
+            speculators then stores no d2t/t2d, which the serving conversion requires).
+        DataError: a token id outside ``[0, vocab_size)``; fewer distinct tokens than
+            ``draft_vocab_size`` and ``pad`` is False (names both numbers and ``train.pad_draft_vocab``).
+    """
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    if not 2 <= draft_vocab_size < vocab_size:
+        raise ConfigError(f"train.draft_vocab_size: expected 2 <= value < target vocab_size {vocab_size}, "
+                          f"got {draft_vocab_size}")
+    freq = {int(t): int(c) for t, c in token_freq.items() if int(c) > 0}
+    bad = [t for t in freq if not 0 <= t < vocab_size]
+    if bad:
+        raise DataError(f"token_freq: {len(bad)} token ids outside [0, {vocab_size}) of the target "
+                        f"vocabulary (e.g. {sorted(bad)[:5]}): data from another tokenizer?")
+    distinct = len(freq)
+    if distinct < draft_vocab_size and not pad:
+        raise DataError(
+            f"token_freq: the train split has {distinct} distinct loss-masked tokens, fewer than "
+            f"train.draft_vocab_size={draft_vocab_size}; set train.draft_vocab_size<={distinct}, "
+            f"add data, or set train.pad_draft_vocab=true to fill the rest with unused ids")
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, vocab_size)
+    total = sum(freq.values())
+    covered = sum(c for t, c in freq.items() if bool(t2d[t]))
+    vmap = VocabMap(d2t=d2t.to(torch.long), t2d=t2d.to(torch.bool), num_from_data=min(distinct, draft_vocab_size),
+                    coverage=(covered / total) if total else 0.0)
+    check_vocab_map(vmap.d2t, vmap.t2d, vocab_size)
+    return vmap
+
+
+def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
+    """Check the map invariants of failure class 7 (docs/FAILURE_CLASSES.md).
+
+    ``len(t2d) == vocab_size``; ``t2d.sum() == len(d2t)``; every ``i + d2t[i]`` in ``[0, vocab)``,
+    strictly increasing, and exactly the ids where ``t2d`` is True.
+    Raises DataError naming the broken invariant with expected and actual values.
+    """
+    if d2t.dim() != 1 or t2d.dim() != 1:
+        raise DataError(f"vocab map: d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)}, {tuple(t2d.shape)}")
+    if t2d.numel() != vocab_size:
+        raise DataError(f"vocab map: len(t2d) expected {vocab_size} (target vocab), got {t2d.numel()}")
+    n_true = int(t2d.to(torch.bool).sum())
+    if n_true != d2t.numel():
+        raise DataError(f"vocab map: t2d.sum() expected len(d2t)={d2t.numel()}, got {n_true}")
+    tid = d2t.to(torch.long) + torch.arange(d2t.numel(), dtype=torch.long)
+    if tid.numel() and (int(tid.min()) < 0 or int(tid.max()) >= vocab_size):
+        raise DataError(f"vocab map: i + d2t[i] expected in [0, {vocab_size}), got range "
+                        f"[{int(tid.min())}, {int(tid.max())}]")
+    if not torch.equal(tid, torch.nonzero(t2d.to(torch.bool)).flatten()):
+        raise DataError("vocab map: i + d2t[i] is not the ascending list of ids where t2d is True")
+
+
+def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
+    """sha256 (hex) over the map's contents: ``d2t`` as little-endian int64 bytes, then ``t2d`` as uint8.
+
+    Independent of device and of the dtype the tensors are held in, so a map read back from a
+    checkpoint hashes the same as the one that was built.
+    """
+    h = hashlib.sha256()
+    h.update(b"d2t:")
+    h.update(d2t.detach().cpu().to(torch.int64).contiguous().numpy().astype("<i8").tobytes())
+    h.update(b"t2d:")
+    h.update(t2d.detach().cpu().to(torch.bool).to(torch.uint8).contiguous().numpy().tobytes())
+    return h.hexdigest()

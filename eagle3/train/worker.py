@@ -1,0 +1,37 @@
+"""The entry point torchrun runs in each process (``python -m eagle3.train.worker --config C --data D --out O``;
+started by ``eagle3.train.launch.launch``). Each rank writes its status file (``eagle3.workers``): ``started``
+first, ``done`` when training returned, ``failed`` with the error's class and message when it raised, so the
+parent re-raises a project error with its class and message and names a rank that stopped without either."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from eagle3.workers import rank_status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point run by torchrun in each process."""
+    status = rank_status()
+    status.mark("started")
+    p = argparse.ArgumentParser(prog="python -m eagle3.train.worker")
+    p.add_argument("--config", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    try:
+        from eagle3.config import load_config
+        from eagle3.train.stage import train
+
+        train(load_config(a.config), Path(a.data), Path(a.out), progress=False)
+    except BaseException as e:  # noqa: BLE001 - recorded for the parent, then re-raised
+        status.failed(e)
+        raise
+    status.mark("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Prefect task of a sweep's offline evaluation: every finished point's draft measured in-process on whole
+prompt sets (``eagle3.measure.replay.evaluate_drafts``: the target's greedy continuations generated once, every
+draft's greedy chain decoding replayed on them, bootstrap intervals), logged on each point's MLflow run.
+
+Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token counted), ``.ci_low`` / ``.ci_high``
+(bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``, ``.num_requests``,
+``.verify_ct``, ``.completion_tokens``; the artifact ``offline_eval.json`` holds the whole result (per category). Points that already have
+every set are skipped, so a resumed sweep evaluates only its new points.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks import task_options, tracking
+from tasks.reports import SWEEP_TAG
+
+
+def _metrics(set_name: str, group: dict) -> dict[str, float]:
+    """MLflow metrics of one prompt set's group (``eagle3.measure.replay`` schema: acceptance figures, counts,
+    ``ci`` {low, high})."""
+    out = {}
+    for k in ("acceptance_length", "acceptance_rate", "num_requests", "completion_tokens", "verify_ct"):
+        if isinstance(group.get(k), (int, float)) and not isinstance(group.get(k), bool):
+            out[f"offline.{set_name}.{k}"] = float(group[k])
+    ci = group.get("ci") or {}
+    for k in ("low", "high"):
+        if isinstance(ci.get(k), (int, float)):
+            out[f"offline.{set_name}.ci_{k}"] = float(ci[k])
+    for i, v in enumerate(group.get("per_position") or []):
+        out[f"offline.{set_name}.per_position.{i}"] = float(v)
+    return out
+
+
+def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str, tuple[str, Path]]:
+    """``{point key: (its parent run id, its serving checkpoint folder)}`` for the sweep's FINISHED points that
+    lack one of ``sets``."""
+    client, exp = tracking.client_for(cfg)
+    todo = {}
+    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
+        if r.info.status != "FINISHED":
+            continue
+        if all(f"offline.{s}.acceptance_length" in r.data.metrics for s in sets):
+            continue
+        serving = Path(r.data.tags.get("eagle3.run_dir", "")) / "serving"
+        if (serving / "manifest.json").is_file():
+            todo[r.data.tags.get("eagle3.sweep.point", r.info.run_id)] = (r.info.run_id, serving)
+    return todo
+
+
+@task(name="offline-eval", task_run_name="offline-eval", **task_options(4 * 3600.0))
+def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
+    """Evaluate the points of :func:`points_to_evaluate` together and log each one's figures on its run.
+    Returns ``{point: {set: summary}}``."""
+    import torch
+
+    from eagle3.assets import resolve_target
+    from eagle3.measure.replay import evaluate_drafts
+
+    todo = points_to_evaluate(cfg, sweep_run_id, sets)
+    if not todo:
+        return {}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    res = evaluate_drafts(resolve_target(cfg), {k: d for k, (_, d) in todo.items()}, prompt_sets=sets,
+                          max_new_tokens=max_new_tokens, num_steps=cfg.serve.speculative_num_steps,
+                          dtype="float32", device=device, batch_size=64 if device == "cuda" else 8,
+                          include_requests=False, progress=False)
+    out = {}
+    for key, (run_id, _) in todo.items():
+        per_set = res[key]["per_set"]
+        metrics = {k: v for s in sets for k, v in _metrics(s, per_set[s]).items()}
+        tracking.log_parent_metrics(cfg, run_id, metrics)
+        tracking.set_parent_tags(cfg, run_id, {"eagle3.sweep.eval_primary": sets[0]})
+        tracking.log_parent_artifact(cfg, run_id, res[key], "offline_eval.json")
+        out[key] = {s: {"acceptance_length": per_set[s]["acceptance_length"], "ci": per_set[s].get("ci")}
+                    for s in sets}
+    return out
+
+
+def evaluate_points(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
+    """:func:`evaluate_task` (a function the sweep flow calls; a no-op when every point is evaluated)."""
+    return evaluate_task(cfg, sweep_run_id, list(sets), int(max_new_tokens))

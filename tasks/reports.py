@@ -1,0 +1,189 @@
+"""Reports read back from MLflow: ``eagle3 decide RUN_ID`` (the recorded recommendation of a pipeline (parent)
+run or a sweep) and a sweep's comparison table and markdown report.
+
+The decision step of a flow stores ``Decision.tags()`` as ``eagle3.decision*`` tags and ``decision.md`` /
+``decision.json`` as artifacts of the parent run; this reads them back. The tracking store is
+``$MLFLOW_TRACKING_URI`` when set, else the default local store ``sqlite:///<runs_dir>/mlflow.db`` of the
+default config (``runs/`` under the working directory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from eagle3.config import RunConfig
+from eagle3.errors import DataError
+
+SWEEP_TAG = "eagle3.sweep_run_id"  # tag of a sweep point's parent run: the sweep's run id
+
+
+def default_tracking_uri() -> str:
+    """``$MLFLOW_TRACKING_URI``, else ``RunConfig().mlflow_uri()`` (``sqlite:///<cwd>/runs/mlflow.db``)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or RunConfig().mlflow_uri()
+
+
+def _check_store(uri: str) -> None:
+    """Refuse, with the URI named and what was expected, a store that cannot answer: a plain path (MLflow would
+    treat it as its retired file store), a SQLite file that does not exist (MLflow would create an empty one),
+    an HTTP server that does not answer within 5 s (MLflow would retry for minutes)."""
+    if "://" not in uri:
+        hint = f"sqlite:///{Path(uri).expanduser().resolve()}" if uri.endswith(".db") else "sqlite:///<path>/mlflow.db"
+        raise DataError(f"MLflow store {uri!r}: expected a URI such as {hint} or http://host:port, got a plain path")
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # MLflow would create an empty store there and then report the run as unknown
+        raise DataError(f"MLflow store {uri}: no such database file; expected the store the pipeline printed "
+                        f"(--tracking-uri or MLFLOW_TRACKING_URI), e.g. sqlite:///<project>/runs/mlflow.db")
+    if uri.startswith(("http://", "https://")):
+        import httpx
+
+        try:
+            httpx.get(uri.rstrip("/") + "/health", timeout=5.0)
+        except httpx.HTTPError as e:
+            raise DataError(f"MLflow server {uri}: not reachable ({type(e).__name__}: {e}); expected a running "
+                            f"tracking server (e.g. `make stack-up`)") from e
+
+
+def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
+    """The decision of ``run_id`` as text: the recommendation, its rule, the evidence (``decision.md``) and the
+    acceptance lengths on the run (served, untrained, offline, simulated); for a sweep run also the table of its
+    points (:func:`sweep_table`). Raises DataError when the run is unknown or has no decision yet."""
+    uri = tracking_uri or default_tracking_uri()
+    _check_store(uri)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a text command: no progress bars
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        raise DataError(f"MLflow run {run_id!r} not found in {uri} (set MLFLOW_TRACKING_URI?): {e}") from e
+    tags = run.data.tags
+    if "eagle3.decision" not in tags:
+        parent = tags.get("mlflow.parentRunId")
+        if tags.get("eagle3.stage") and parent:
+            raise DataError(f"MLflow run {run_id} is the {tags['eagle3.stage']} stage run of pipeline run {parent}; "
+                            f"expected a pipeline (parent) or sweep run id: eagle3 decide {parent}")
+        raise DataError(f"MLflow run {run_id} in {uri} has no eagle3.decision tag (status {run.info.status}; "
+                        f"error: {tags.get('eagle3.error', 'none')}): the flow did not reach its decision step")
+    try:
+        body = client.download_artifacts(run_id, "decision.md")
+        text = open(body).read().rstrip()
+    except (MlflowException, OSError):
+        text = f"# Decision: **{tags['eagle3.decision']}**\n\nRule: `{tags.get('eagle3.decision.rule')}`"
+    m = run.data.metrics
+    lines = [text, ""]
+    for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained", "untrained baseline"),
+                       ("acceptance_length_offline", "offline (in-process)"),
+                       ("acceptance_length_simulated", "simulated (training validation)")):
+        if key in m:
+            lines.append(f"acceptance length, {label}: {m[key]:.3f}")
+    if tags.get("prefect.flow_name") == "eagle3-sweep":
+        lines += ["", "Sweep points (from MLflow; acceptance lengths count the bonus token):", "",
+                  format_table(sweep_table(run_id, uri)), ""]
+    lines.append(f"MLflow run {run_id} ({run.info.status}) in {uri}")
+    return "\n".join(lines)
+
+
+TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
+                 "simulated", "served", "offline", "offline_eval", "offline_eval_ci", "offline_gsm8k",
+                 "registered_model", "run_id")
+
+
+def _ci(metrics: dict, prefix: str) -> str | None:
+    lo, hi = metrics.get(f"{prefix}.ci_low"), metrics.get(f"{prefix}.ci_high")
+    return None if lo is None or hi is None else f"{lo:.3f}–{hi:.3f}"
+
+
+def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
+    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>`` and
+    FINISHED, sorted by (data variant, data size, schedule). Each row has :data:`TABLE_COLUMNS` — data variant,
+    data size (conversations), schedule, unique training tokens, epochs over the data, optimizer steps, and the
+    acceptance lengths (bonus token counted): simulated (training validation), served (engine, bench prompts),
+    offline (in-process, the same bench prompts), offline_eval (in-process on the sweep's first evaluation set,
+    all prompts, with its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir``
+    and per-set figures ``eval`` {set: {...}}. Raises DataError when the sweep run is unknown."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        exp = client.get_run(sweep_run_id).info.experiment_id
+    except MlflowException as e:
+        raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
+    rows = []
+    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
+        if r.info.status != "FINISHED":
+            continue
+        m, t = r.data.metrics, r.data.tags
+        sets = sorted({k.split(".")[1] for k in m if k.startswith("offline.") and k.endswith(".acceptance_length")})
+        first = t.get("eagle3.sweep.eval_primary") or (sets[0] if sets else None)
+        gsm = next((s for s in sets if s.startswith("gsm8k")), None)
+        rows.append({"data": t.get("eagle3.sweep.data", "as-is"), "point": t.get("eagle3.sweep.point"),
+                     "data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
+                     "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
+                     "optimizer_steps": m.get("sweep.optimizer_steps"),
+                     "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
+                     "offline": m.get("acceptance_length_offline"),
+                     "offline_eval": m.get(f"offline.{first}.acceptance_length") if first else None,
+                     "offline_eval_ci": _ci(m, f"offline.{first}") if first else None,
+                     "offline_gsm8k": m.get(f"offline.{gsm}.acceptance_length") if gsm else None,
+                     "eval": {s: {k.split(".", 2)[2]: v for k, v in m.items() if k.startswith(f"offline.{s}.")}
+                              for s in sets},
+                     "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id,
+                     "run_dir": t.get("eagle3.run_dir")})
+    return sorted(rows, key=lambda x: (x["data"], x["data_size"], x["schedule"] or ""))
+
+
+def format_table(rows: list[dict]) -> str:
+    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2)."""
+    def cell(k, v):
+        if v is None:
+            return "n/a"
+        if k in ("unique_tokens", "optimizer_steps", "data_size"):
+            return f"{int(v):,}"
+        if k == "epochs_over_data":
+            return f"{v:.2f}"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
+
+
+def simulated_pivot(rows: list[dict]) -> str:
+    """Markdown: simulated acceptance length (training validation, bonus token counted) with (data variant,
+    schedule) as rows and data sizes (conversations) as columns, from :func:`sweep_table` rows."""
+    sizes = sorted({r["data_size"] for r in rows})
+    head = ["| data / schedule | " + " | ".join(f"{n:,} conv." for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    body = []
+    for data, sched in sorted({(r["data"], r["schedule"] or "") for r in rows}):
+        cells = []
+        for n in sizes:
+            r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data, sched) and x["data_size"] == n),
+                     None)
+            cells.append("n/a" if r is None or r["simulated"] is None else
+                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps, "
+                         f"{int(r['unique_tokens'] or 0):,} tok)")
+        body.append(f"| {data} / {sched} | " + " | ".join(cells) + " |")
+    return "\n".join(head + body)
+
+
+def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | None = None,
+                 max_plot_bytes: int = 200_000) -> str:
+    """A markdown report of a finished sweep, all read from MLflow: the comparison table, the simulated
+    acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot (artifact
+    ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes`` bytes)."""
+    import shutil
+
+    rows = sweep_table(sweep_run_id, tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    plot_line = "data-scaling plot: not found"
+    try:
+        local = Path(client.download_artifacts(sweep_run_id, "data_scaling.png"))
+        plot_line = f"data-scaling plot: MLflow artifact `data_scaling.png` of run {sweep_run_id}"
+        if plot_copy is not None and local.stat().st_size <= max_plot_bytes:
+            shutil.copyfile(local, plot_copy)
+            plot_line += f", copied to `{plot_copy}`"
+    except Exception as e:  # noqa: BLE001 - reported in the text
+        plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
+    return "\n".join(["## MLflow comparison", "", format_table(rows), "",
+                      "## Simulated acceptance length by schedule × data size", "", simulated_pivot(rows), "",
+                      f"- {plot_line}", "", "## Decision (`eagle3 decide`)", "", "```",
+                      decision_text(sweep_run_id, tracking_uri), "```"])

@@ -1,0 +1,41 @@
+"""``benchmarks/gpu_study.py --tiny`` on the CPU: regeneration, a two-point sweep through the pipeline with the
+Prefect flow and the MLflow store, the offline evaluation, the speedup benchmark of the best point and the
+report — every stage path of the GPU study, at tiny sizes. Then ``--resume`` finds every stage done."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+PLAN = {"data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
+        "schedules": {"cosine-1ep": ["train.schedule=epochs", "train.epochs=1"]},
+        "points": [["regenerated", 8, "cosine-1ep"], ["as-is", 8, "cosine-1ep"]]}
+
+
+def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(tmp_path, tiny_target_dir, sharegpt_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "benchmarks/gpu_study.py", "--tiny", "--device", "cpu", "--work", str(tmp_path / "w"),
+           "--out", str(out), "--plan", str(plan), "--quiet", "--store-copy"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    study = json.loads((out / "gpu_study.json").read_text())
+    assert {p["point"] for p in study["points"]} == {"regenerated-n8-cosine-1ep", "as-is-n8-cosine-1ep"}
+    for p in study["points"]:
+        assert 1.0 <= p["offline_eval"] <= 4.0 and p["optimizer_steps"] > 0, p
+        assert 1.0 <= p["served"] <= 4.0 and p["eval"]["mtbench2"]["acceptance_length"] == p["offline_eval"]
+    assert study["best"]["point"] in {p["point"] for p in study["points"]}
+    assert study["speedup"]["file"].endswith("gpu_speedup.json")
+    report = (out / "sweep_report.md").read_text()
+    assert "## eagle3 decide" in report and "regenerated" in report
+    assert (out / "mlflow_store.tar.xz").stat().st_size > 10_000
+    again = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("done in an earlier call") == 7, again.stdout[-3000:]
