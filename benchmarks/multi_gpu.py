@@ -45,7 +45,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.train import SHAPES  # noqa: E402
+from benchmarks.train import SHAPES, write_synthetic_manifest  # noqa: E402
 
 TINY = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False, rope_theta=10000.0,
@@ -76,7 +76,6 @@ def train_data(work: Path, spec: dict, samples: int, distinct: int, seq_len: int
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
-    from eagle3.artifacts import write_manifest
 
     tag = f"{spec['hidden_size']}x{spec['vocab_size']}"
     tgt, hs = work / f"target-{tag}", work / f"hs-{tag}-{samples}x{seq_len}"
@@ -115,11 +114,7 @@ def train_data(work: Path, spec: dict, samples: int, distinct: int, seq_len: int
         for t in ids[seq_len // 4:].tolist():
             freq[t] = freq.get(t, 0) + 1
     torch.save(freq, hs / "token_freq.pt")
-    L = spec["num_hidden_layers"]
-    write_manifest(hs, "hidden_states", target={"path": str(tgt.resolve()), "hidden_size": spec["hidden_size"],
-                   "num_layers": L, "vocab_size": spec["vocab_size"]}, aux_layer_ids=[2, L // 2, L - 3],
-                   layer_id_convention="hf_hidden_states_index", dtype="bfloat16",
-                   splits={"train": list(range(samples - 2)), "val": [samples - 2, samples - 1]})
+    write_synthetic_manifest(hs, tgt, spec, samples)
     return tgt, hs
 
 

@@ -37,6 +37,18 @@ SHAPES = {  # synthetic targets: only the tensors the trainer reads (embedding, 
 }
 
 
+def write_synthetic_manifest(hs: Path, tgt: Path, spec: dict, samples: int) -> None:
+    """The hidden-states manifest of a synthetic set of ``samples`` bf16 samples of the target ``tgt`` (shape
+    ``spec``, a LlamaConfig dict): EAGLE-3's default aux ids [2, L//2, L-3], the last two samples for validation."""
+    from eagle3.artifacts import write_manifest
+
+    L = spec["num_hidden_layers"]
+    write_manifest(hs, "hidden_states", target={"path": str(tgt.resolve()), "hidden_size": spec["hidden_size"],
+                   "num_layers": L, "vocab_size": spec["vocab_size"]}, aux_layer_ids=[2, L // 2, L - 3],
+                   layer_id_convention="hf_hidden_states_index", dtype="bfloat16",
+                   splits={"train": list(range(samples - 2)), "val": [samples - 2, samples - 1]})
+
+
 def synthetic(work: Path, shape: str, samples: int, seq_len: int) -> tuple[Path, Path]:
     """A target folder with random embedding/LM head/norm of ``shape`` and random hidden states (bf16).
 
@@ -46,7 +58,6 @@ def synthetic(work: Path, shape: str, samples: int, seq_len: int) -> tuple[Path,
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
-    from eagle3.artifacts import write_manifest
 
     spec = SHAPES[shape]
     tgt, hs = work / f"target-{shape}", work / f"hs-{shape}-{samples}x{seq_len}"
@@ -80,11 +91,7 @@ def synthetic(work: Path, shape: str, samples: int, seq_len: int) -> tuple[Path,
                 freq[t] = freq.get(t, 0) + 1
         Dataset.from_dict(rows).save_to_disk(str(hs / "data"))
         torch.save(freq, hs / "token_freq.pt")
-        L = spec["num_hidden_layers"]
-        write_manifest(hs, "hidden_states", target={"path": str(tgt.resolve()), "hidden_size": spec["hidden_size"],
-                       "num_layers": L, "vocab_size": spec["vocab_size"]}, aux_layer_ids=[2, L // 2, L - 3],
-                       layer_id_convention="hf_hidden_states_index", dtype="bfloat16",
-                       splits={"train": list(range(samples - 2)), "val": [samples - 2, samples - 1]})
+        write_synthetic_manifest(hs, tgt, spec, samples)
     return tgt, hs
 
 

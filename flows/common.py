@@ -130,8 +130,15 @@ def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
     config_file = save_resolved_config(cfg)
     run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
                                          config_file=config_file)
-    try:
+    with _recorded(cfg, run_id):
         yield run_id
+
+
+@contextmanager
+def _recorded(cfg: RunConfig, run_id: str) -> Iterator[None]:
+    """The parent run ``run_id`` ends FINISHED when the block does, FAILED with the error when it raises."""
+    try:
+        yield
     except BaseException as e:
         tracking.record_failure(cfg, run_id, e)
         raise
@@ -151,12 +158,8 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
                         f"{e}); expected the id of an earlier run of this flow in the same store") from e
     client.update_run(run_id, status="RUNNING")
     client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts", "1")) + 1))
-    try:
+    with _recorded(cfg, run_id):
         yield run_id
-    except BaseException as e:
-        tracking.record_failure(cfg, run_id, e)
-        raise
-    tracking.finish_run(cfg, run_id)
 
 
 def mlflow_ui(cfg: RunConfig, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str, str]:

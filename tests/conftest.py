@@ -52,3 +52,13 @@ def tiny_target_dir(cache_dir) -> Path:
     from eagle3.config import load_config
 
     return resolve_target(load_config(CONFIGS / "tiny-random.yaml"))
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Small models on a shared 2-core machine: one intra-op thread is far faster than two contended ones
+    (restored after the test)."""
+    from eagle3.precision import torch_threads
+
+    with torch_threads(1):
+        yield

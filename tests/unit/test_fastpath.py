@@ -21,12 +21,7 @@ from testkit.sglang_drafts import draft_config, make_random_draft, random_draft_
 PROMPTS = ["Hello, how are you today?", "Write a haiku about the sea.", "1, 2, 3, 4,"]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

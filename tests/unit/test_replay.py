@@ -20,13 +20,7 @@ from testkit.sglang_drafts import draft_config, make_random_draft, random_draft_
 FIELDS = ("output_ids", "verify_ct", "accepted_per_position", "histogram", "finish_reason", "num_draft_tokens")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models on a shared 2-core machine: one intra-op thread avoids contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _load(draft_dir, model):

@@ -16,12 +16,7 @@ from eagle3.measure.spread import bootstrap_acceptance
 from testkit.sglang_drafts import make_random_draft
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # --- prompt sets ---

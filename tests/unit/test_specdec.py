@@ -16,13 +16,7 @@ from eagle3.serve.reference.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
 from testkit.sglang_drafts import OracleDraft, draft_config, make_random_draft, random_draft_tensors, write_draft
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~50x faster than two contended ones."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 PROMPTS = ["Hello, how are you today?", "Write a haiku about the sea.", "1, 2, 3, 4,"]

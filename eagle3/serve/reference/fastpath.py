@@ -35,10 +35,10 @@ from typing import Callable
 import torch
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
-from eagle3.errors import DataError, EngineUnsupported
+from eagle3.errors import EngineUnsupported
 from eagle3.serve.reference import sampling
 from eagle3.serve.reference.graphs import Step, capture_steps
-from eagle3.serve.reference.specdec import GenerationResult, SpeculativeDecoder, eos_token_ids
+from eagle3.serve.reference.specdec import GenerationResult, SpeculativeDecoder, check_request, eos_token_ids
 from eagle3.serve.reference.static_cache import kv_buckets
 from eagle3.serve.reference.static_draft import StaticDraft
 from eagle3.serve.reference.static_target import StaticLlamaTarget, unsupported_reason
@@ -193,13 +193,7 @@ class FastDecoder:
                 f"attention windows {self.buckets}, CUDA graphs {self.graph_status})")
 
     def _check(self, input_ids: list[int], max_new_tokens: int, k: int) -> None:
-        if not input_ids:
-            raise DataError("generate: input_ids is empty (expected at least one token)")
-        bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise DataError(f"generate: token ids {bad[:5]} outside the target vocabulary [0, {self.vocab_size})")
-        if max_new_tokens < 1:
-            raise DataError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_request(input_ids, max_new_tokens, self.vocab_size)
         self.tgt.cache.check_fits(len(input_ids) + max_new_tokens + k, f"prompt {len(input_ids)} + max_new_tokens "
                                   f"{max_new_tokens} + num_steps {k}")
 

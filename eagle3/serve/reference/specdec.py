@@ -84,6 +84,18 @@ def eos_token_ids(target) -> set[int]:
     return set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
 
 
+def check_request(input_ids: list[int], max_new_tokens: int, vocab_size: int) -> None:
+    """A generation request both decoders accept: at least one prompt token, every id in ``[0, vocab_size)``,
+    ``max_new_tokens`` >= 1 (tokens). Raises DataError naming the field, the expected and the actual value."""
+    if not input_ids:
+        raise DataError("generate: input_ids is empty (expected at least one token)")
+    bad = [t for t in input_ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise DataError(f"generate: token ids {bad[:5]} outside the target vocabulary [0, {vocab_size})")
+    if max_new_tokens < 1:
+        raise DataError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
 class SpeculativeDecoder:
     """Chain EAGLE-3 speculative decoding (topk 1) with an HF target and an SGLang-format draft, batch size 1.
 
@@ -197,13 +209,7 @@ class SpeculativeDecoder:
         return sampling.sample(sampling.probs_from_logits(logits, temperature, top_p), gen)
 
     def _check(self, input_ids: list[int], max_new_tokens: int) -> None:
-        if not input_ids:
-            raise DataError("generate: input_ids is empty (expected at least one token)")
-        bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise DataError(f"generate: token ids {bad[:5]} outside the target vocabulary [0, {self.vocab_size})")
-        if max_new_tokens < 1:
-            raise DataError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_request(input_ids, max_new_tokens, self.vocab_size)
         need = len(input_ids) + max_new_tokens + self.num_steps
         if need > self.max_positions:
             raise DataError(f"generate: prompt {len(input_ids)} + max_new_tokens {max_new_tokens} + num_steps "
