@@ -244,7 +244,7 @@ class StageRun:
         if not isinstance(full, str) or len(full) < 32:
             raise DataError(f"{Path(directory) / 'manifest.json'}: key 'content_hash' expected a hex digest of at "
                             f"least 32 characters, got {full!r}")
-        target = (m.get("target") or {}).get("name") or "target"
+        target = dataset_target_name(m)
         with warnings.catch_warnings():  # MLflow registers its local-file source twice and says so; same class
             warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
             source = resolve_dataset_source(str(Path(directory).resolve()))
@@ -257,6 +257,18 @@ class StageRun:
         with _transient():
             self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[
                 InputTag("mlflow.data.context", context)])])
+
+
+def dataset_target_name(manifest: dict) -> str:
+    """The target's name in a hidden-states manifest: ``target.name``, else the last part of ``target.path``
+    (manifests written before the name was recorded). Raises DataError when neither is there (a dataset named
+    after no target would look like every other one)."""
+    t = manifest.get("target") or {}
+    name = t.get("name") or (Path(t["path"]).name if t.get("path") else "")
+    if not name:
+        raise DataError(f"hidden-states manifest: key 'target.name' (or 'target.path') expected the target's name, "
+                        f"got target={t!r}")
+    return str(name)
 
 
 @contextmanager
