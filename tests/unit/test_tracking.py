@@ -8,7 +8,7 @@ pytest.importorskip("mlflow")
 
 from eagle3.artifacts import write_manifest  # noqa: E402
 from eagle3.errors import DataError  # noqa: E402
-from tasks import tracking  # noqa: E402
+from tasks import datasets, tracking  # noqa: E402
 
 
 def _hidden_states(root, target: dict):
@@ -41,7 +41,7 @@ def test_dataset_named_after_the_target(tiny_cfg, tmp_path):
 
 def test_dataset_without_target_is_an_error(tmp_path):
     with pytest.raises(DataError, match=r"target.name.*got target=\{\}"):
-        tracking.dataset_target_name({"target": {}})
+        datasets.dataset_target_name({"target": {}})
 
 
 def test_extract_manifest_records_the_target_name(tiny_target_dir, tiny_cfg):
@@ -49,4 +49,4 @@ def test_extract_manifest_records_the_target_name(tiny_target_dir, tiny_cfg):
 
     ident = target_identity(tiny_target_dir, tiny_cfg)
     assert ident["name"] == tiny_target_dir.name and ident["name"] != "target"
-    assert tracking.dataset_target_name({"target": ident}) == tiny_target_dir.name
+    assert datasets.dataset_target_name({"target": ident}) == tiny_target_dir.name
