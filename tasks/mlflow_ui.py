@@ -5,7 +5,9 @@ MLflow conventions used (mlflow 3.17, read from its UI bundle ``mlflow/server/js
 ``mlflow/demo/generators/traces.py``):
 
 - experiment tag ``mlflow.experimentKind`` = ``custom_model_development``: the experiment opens in the
-  model-training view (runs, metrics), not the GenAI one (traces overview, assistant panel);
+  model-training view (runs, metrics), not the GenAI one (traces overview, assistant panel); the UI's
+  global switch is its ``workflowType`` URL parameter (``machine_learning``), which every link here carries
+  (without it the UI opens the experiment on its last choice, GenAI by default);
 - experiment tag ``mlflow.sharedViewState.<key>`` = the run list's view state as JSON (``selectedColumns`` with
   column ids ``metrics.`<key>``` / ``tags.`<key>```, ``orderByKey``, ``orderByAsc``), opened by the URL
   ``#/experiments/<id>?viewStateShareKey=<key>`` (what the UI's own "Share" button makes);
@@ -23,17 +25,17 @@ MODEL_TRAINING = "custom_model_development"
 VIEW_KEY = "eagle3-runs"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
 NOTE_TAG = "mlflow.note.content"
+ML_VIEW = "workflowType=machine_learning"  # the UI's own switch (else its last choice, GenAI by default)
 HEADLINE_METRICS = ("acceptance_length", "acceptance_length_untrained", "acceptance_length_offline")
-HEADLINE_TAGS = ("eagle3.decision", "eagle3.acceptance_gate", "eagle3.config_name")
+HEADLINE_TAGS = ("eagle3.decision", "eagle3.acceptance_gate")
 
 
 def run_list_view() -> dict:
-    """The run list's view state: default attribute columns, then the acceptance lengths and the decision,
-    newest run first."""
-    cols = ["attributes.`Source`", "attributes.`Models`", "attributes.`Dataset`"]
-    cols += [f"metrics.`{k}`" for k in HEADLINE_METRICS] + [f"tags.`{k}`" for k in HEADLINE_TAGS]
-    return {"selectedColumns": cols, "orderByKey": "attributes.start_time", "orderByAsc": False,
-            "searchFilter": ""}
+    """The run list's view state: the acceptance lengths and the decision as the columns after the run name,
+    creation time and duration (MLflow's default Source / Models / Dataset columns left out, so they fit on one
+    screen), newest run first."""
+    cols = [f"metrics.`{k}`" for k in HEADLINE_METRICS] + [f"tags.`{k}`" for k in HEADLINE_TAGS]
+    return {"selectedColumns": cols, "orderByKey": "attributes.start_time", "orderByAsc": False, "searchFilter": ""}
 
 
 def experiment_tags() -> dict[str, str]:
@@ -61,17 +63,19 @@ def ui_command(tracking_uri: str, port: int = 5000) -> str:
 
 
 def run_url(base: str, experiment_id: str, run_id: str, tab: str = "") -> str:
-    """``<base>/#/experiments/<exp>/runs/<run>[/<tab>]`` (tab e.g. ``artifacts/error.txt``)."""
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}" + (f"/{tab}" if tab else "")
+    """``<base>/#/experiments/<exp>/runs/<run>[/<tab>]?workflowType=machine_learning`` (tab e.g.
+    ``artifacts``)."""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}" + (f"/{tab}" if tab else "") + f"?{ML_VIEW}"
 
 
 def experiment_url(base: str, experiment_id: str) -> str:
-    """The experiment's run list with :func:`run_list_view` (acceptance and decision columns)."""
-    return f"{base}/#/experiments/{experiment_id}?viewStateShareKey={quote(VIEW_KEY)}"
+    """The experiment's run list in the model-training view with :func:`run_list_view` (acceptance and
+    decision columns)."""
+    return f"{base}/#/experiments/{experiment_id}/runs?{ML_VIEW}&viewStateShareKey={quote(VIEW_KEY)}"
 
 
 def model_version_url(base: str, name: str, version: str) -> str:
-    return f"{base}/#/models/{quote(name)}/versions/{version}"
+    return f"{base}/#/models/{quote(name)}/versions/{version}?{ML_VIEW}"
 
 
 def prefect_ui_base() -> str | None:

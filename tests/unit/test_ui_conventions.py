@@ -38,7 +38,8 @@ def test_experiment_opens_in_model_training_mode_with_headline_columns(tiny_cfg)
     view = json.loads(tags[f"mlflow.sharedViewState.{mlflow_ui.VIEW_KEY}"])
     assert {"metrics.`acceptance_length`", "metrics.`acceptance_length_untrained`",
             "tags.`eagle3.decision`"} <= set(view["selectedColumns"])
-    assert mlflow_ui.experiment_url("http://h:5000", exp_id).endswith(f"?viewStateShareKey={mlflow_ui.VIEW_KEY}")
+    assert mlflow_ui.experiment_url("http://h:5000", exp_id) == (f"http://h:5000/#/experiments/{exp_id}/runs?workflowType="
+                                                                   f"machine_learning&viewStateShareKey={mlflow_ui.VIEW_KEY}")
 
 
 def test_stage_runs_named_by_cache_and_attempt_with_their_params(tiny_cfg, tmp_path):
@@ -86,7 +87,7 @@ def test_links_are_real_urls_or_the_ui_command(tiny_cfg):
     assert link is None and cmd == f"mlflow ui --backend-store-uri {tiny_cfg.mlflow_uri()} --host 127.0.0.1 --port 5000"
     served = tiny_cfg.model_copy(deep=True)
     served.tracking.mlflow_uri = "http://127.0.0.1:5999/"
-    assert summary.mlflow_ui(served, "1", "abc") == ("http://127.0.0.1:5999/#/experiments/1/runs/abc", None)
+    assert summary.mlflow_ui(served, "1", "abc") == ("http://127.0.0.1:5999/#/experiments/1/runs/abc?workflowType=machine_learning", None)
 
 
 def test_failure_lines_name_the_stage_and_its_run(tiny_cfg):
