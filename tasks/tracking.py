@@ -189,6 +189,8 @@ def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> 
         if error is not None:
             client.set_tag(run_id, "eagle3.error", f"{type(error).__name__}: {error}"[:5000])
             client.log_text(run_id, _error_text(error), "error.txt")
+            client.set_tag(run_id, mlflow_ui.NOTE_TAG, f"**Failed** — `{type(error).__name__}`: {error}"[:5000]
+                           + "\n\nTraceback: artifact `error.txt`.")
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 

@@ -120,7 +120,7 @@ def test_library_warnings_reach_the_prefect_run_log(tiny_cfg):
     def f():
         stage()
 
-    import prefect.logging.handlers as handlers
+    from prefect.logging import handlers
 
     original = handlers.emit_api_log
     handlers.emit_api_log = sent.append
