@@ -182,15 +182,17 @@ def _error_text(error: BaseException) -> str:
 
 
 def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> None:
-    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"`` and the artifact
-    ``error.txt`` (the traceback)."""
+    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``, the artifact
+    ``error.txt`` (the traceback) and the error on top of the run's description (a decision already there
+    stays below it)."""
     client, _ = client_for(cfg)
     with _transient():
         if error is not None:
             client.set_tag(run_id, "eagle3.error", f"{type(error).__name__}: {error}"[:5000])
             client.log_text(run_id, _error_text(error), "error.txt")
-            client.set_tag(run_id, mlflow_ui.NOTE_TAG, f"**Failed** — `{type(error).__name__}`: {error}"[:5000]
-                           + "\n\nTraceback: artifact `error.txt`.")
+            before = client.get_run(run_id).data.tags.get(mlflow_ui.NOTE_TAG)  # e.g. the decision: kept below
+            note = f"**Failed** — `{type(error).__name__}`: {error}"[:3000] + "\n\nTraceback: artifact `error.txt`."
+            client.set_tag(run_id, mlflow_ui.NOTE_TAG, note + (f"\n\n---\n\n{before}" if before else ""))
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 

@@ -104,6 +104,12 @@ def test_failure_lines_name_the_stage_and_its_run(tiny_cfg):
     assert any("ValueError: stage deploy-bench failed: POST /generate" in x for x in lines)
     assert any(x.startswith("- its MLflow run: deploy-bench (") and "error.txt" in x for x in lines)
     assert summary.failed_stage(RuntimeError("no stage here")) is None
+    # the failure goes on top of the run's description; a decision written there before stays below it
+    tracking.set_parent_tags(tiny_cfg, parent, {mlflow_ui.NOTE_TAG: "decision: **more data**"})
+    tracking.finish_run(tiny_cfg, parent, error=err)
+    note = client.get_run(parent).data.tags[mlflow_ui.NOTE_TAG]
+    assert note.startswith("**Failed** — `ValueError`: stage deploy-bench failed") and note.endswith(
+        "decision: **more data**")
 
 
 def test_library_warnings_reach_the_prefect_run_log(tiny_cfg):
