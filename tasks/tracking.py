@@ -266,7 +266,8 @@ def stage_params(cfg: Any, stage: str) -> dict[str, str]:
 
 def stage_run_name(stage: str, variant: str, cached: bool, attempt: int) -> str:
     """``train``, ``train-untrained``, ``extract (cached)``, ``deploy-bench #2`` (the second attempt under the
-    same parent run: a Prefect retry or a retried flow run)."""
+    same parent run: a Prefect retry or a retried flow run; a cached stage is no attempt and is never
+    numbered)."""
     name = stage if variant == "trained" else f"{stage}-{variant}"
     return name + (" (cached)" if cached else "") + (f" #{attempt}" if attempt > 1 else "")
 
@@ -287,11 +288,11 @@ def _announce(cfg: Any, exp_id: str, info: Any) -> None:
 
 
 def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str, variant: str) -> int:
-    """1 + the runs of this stage and variant already under ``parent_run_id``."""
+    """1 + the runs of this stage and variant that ran (not served from the cache) under ``parent_run_id``."""
     with _transient():
         earlier = client.search_runs([exp_id], filter_string=(
             f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`eagle3.stage` = '{stage}' and "
-            f"tags.`eagle3.variant` = '{variant}'"), max_results=1000)
+            f"tags.`eagle3.variant` = '{variant}' and tags.`eagle3.cached` = 'false'"), max_results=1000)
     return len(earlier) + 1
 
 
@@ -301,10 +302,10 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
     """A nested run under ``parent_run_id`` for ``stage``; FINISHED on success, FAILED (with the error) else."""
     client, exp_id = client_for(cfg)
     tags = {"eagle3.cached": "false", **{k: str(v) for k, v in (tags or {}).items()}}
-    attempt = _attempt(client, exp_id, parent_run_id, stage, variant)
+    cached = tags["eagle3.cached"] == "true"
+    attempt = 1 if cached else _attempt(client, exp_id, parent_run_id, stage, variant)
     with _transient():
-        run = client.create_run(exp_id, run_name=stage_run_name(stage, variant, tags["eagle3.cached"] == "true",
-                                                                attempt), tags={
+        run = client.create_run(exp_id, run_name=stage_run_name(stage, variant, cached, attempt), tags={
             PARENT_TAG: parent_run_id, "eagle3.stage": stage, "eagle3.variant": variant,
             "eagle3.attempt": str(attempt), **tags})
     sr = StageRun(client, run.info.run_id)

@@ -54,8 +54,11 @@ def test_stage_runs_named_by_cache_and_attempt_with_their_params(tiny_cfg, tmp_p
     out.mkdir()
     cached = tracking.record_cached_stage(tiny_cfg, parent, "train", "trained", StageResult(
         "train", out, "h", "run-0", {"final.final_val_loss": 2.0, "simulated_acceptance_length": 1.3}))
+    tracking.record_cached_stage(tiny_cfg, parent, "train", "trained", StageResult("train", out, "h", "run-0"))
+    with tracking.stage_run(tiny_cfg, parent, "train"):  # the cached ones were no attempts
+        pass
     runs = {r.info.run_name: r for r in client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{parent}'")}
-    assert set(runs) == {"deploy-bench", "deploy-bench #2", "train-untrained", "train (cached)"}
+    assert set(runs) == {"deploy-bench", "deploy-bench #2", "train-untrained", "train (cached)", "train"}
     assert runs["deploy-bench #2"].data.tags["eagle3.attempt"] == "2"
     assert runs["train (cached)"].data.tags["eagle3.cached"] == "true"
     # the stage's config section as params; a cached run charts no single-point copies of step metrics
