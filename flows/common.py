@@ -96,6 +96,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
               **params: Any) -> StageResult:
     """Run one stage task and return its result; the single place where caching is handled.
 
+    - A cached result made where the runs directory is mounted at another path (another worker of a pool) is
+      re-pointed at this machine's path of its output folder (``out_dir`` / ``bench_dir``).
     - A cached result whose output folder no longer matches it (deleted, rebuilt) is recomputed.
     - A cached stage gets a nested MLflow run pointing at the run that produced the artifact.
     - ``record`` (optional) collects ``{label: "ran" | "cached"}`` for the summary.
@@ -110,6 +112,9 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
         state = t(cfg=cfg, parent_run_id=parent, variant=variant, **params, return_state=True)
         result = state.result()
         cached = state.name == "Cached"
+        local_dir = params.get("out_dir", params.get("bench_dir"))
+        if cached and local_dir is not None:  # made on a machine that mounts the runs directory elsewhere
+            result = caching.relocate(result, local_dir)
         if cached and not caching.output_matches(result):
             get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label,
                                      getattr(result, "dir", result))

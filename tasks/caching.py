@@ -2,13 +2,17 @@
 
 A stage's cache key is the sha256 (hex) of one JSON document::
 
-    {"stage": name, "out_dir": where it writes, "config": RunConfig.section_hash(*sections),
+    {"stage": name, "out_dir": where it writes (relative to paths.runs_dir),
+     "config": RunConfig.section_hash(*sections),
      "inputs": {name: content_hash from the input directory's manifest.json},
      "files": {name: fingerprint of an input file or folder (dataset, target model, prompts)},
      "code": code_version(stage): the import closure of the stage's entry modules}
 
 so a changed training setting changes only the train key (and, through the new checkpoint's content hash,
-every key after it), and a changed dataset file changes the extraction key. Paths alone never make a key.
+every key after it), and a changed dataset file changes the extraction key. Paths alone never make a key, and
+the output folder enters it relative to the runs directory (:func:`run_relative`): workers of a work pool that
+mount the shared runs directory at different places compute the same key and find each other's cached results
+(:func:`relocate` re-points such a result at this machine's path of the same folder).
 
 Fingerprints (:func:`fingerprint`) are sha256 over file bytes; files larger than ``FULL_HASH_LIMIT`` bytes
 (multi-GB weights) are fingerprinted by (name, size in bytes, mtime in ns) instead, which is stated in the
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +100,44 @@ def manifest_hash(directory: str | Path) -> str:
     return f"{m.get('kind')}:{m['content_hash']}"
 
 
+def run_relative(path: str | Path, cfg: Any) -> str:
+    """``path`` relative to the runs directory (``cfg.paths.resolved_runs_dir()``) as a POSIX string when it lies
+    inside it, else its absolute path: the form in which a folder is named to other machines (cache keys,
+    hand-over records), so that the same folder has the same name wherever the runs directory is mounted."""
+    p = Path(path).expanduser().resolve()
+    try:
+        return p.relative_to(cfg.paths.resolved_runs_dir()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def relocate(result: Any, local_dir: str | Path) -> Any:
+    """A cached :class:`tasks.results.StageResult` whose ``dir`` names another machine's path of ``local_dir``
+    (the runs directory mounted elsewhere: the cache key holds the folder relative to the runs directory, so the
+    cache is shared), re-pointed at ``local_dir`` when the manifest there has the result's content hash.
+    Anything else (same path, a folder that is gone or holds other content, not a StageResult) is returned
+    unchanged, and :func:`output_matches` then decides."""
+    if not isinstance(result, StageResult):
+        return result
+    local = Path(local_dir)
+    if Path(result.dir) == local:
+        return result
+    try:
+        if read_manifest(local).get("content_hash") != result.content_hash:
+            return result
+    except DataError:
+        return result
+    return replace(result, dir=local)
+
+
 def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
               files: dict[str, str | Path] | None = None, sections: tuple[str, ...] | None = None,
               extra: dict | None = None) -> str:
     """The cache key of one stage run (see the module docstring); ``cfg`` is a RunConfig.
 
     Args:
-        stage: one of ``STAGE_ENTRIES``. out_dir: the stage's output directory.
+        stage: one of ``STAGE_ENTRIES``. out_dir: the stage's output directory (enters the key relative to the
+            runs directory, :func:`run_relative`).
         inputs: name -> input stage directory (its manifest's content hash enters the key).
         files: name -> input file/folder outside the pipeline (dataset, target model) to fingerprint.
         sections: config sections (default ``STAGE_SECTIONS[stage]``). extra: more JSON-able key material.
@@ -111,7 +147,7 @@ def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, st
         raise DataError(f"cache key: unknown stage {stage!r}; expected one of {sorted(STAGE_ENTRIES)}")
     doc = {
         "stage": stage,
-        "out_dir": str(Path(out_dir).resolve()),
+        "out_dir": run_relative(out_dir, cfg),
         "config": cfg.section_hash(*(sections or STAGE_SECTIONS[stage])),
         "inputs": {k: manifest_hash(v) for k, v in sorted((inputs or {}).items())},
         "files": {k: fingerprint(v) for k, v in sorted((files or {}).items())},

@@ -53,11 +53,13 @@ def _hooks(pairs: dict[str, torch.nn.Module], store: dict, first_only: bool = Tr
     return handles
 
 
-def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor) -> tuple[dict, object]:
-    """Run speculators' forward for one TTT step; returns per-component outputs ``[T, ·]`` and the model."""
+def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
+                  target_dir: Path | None = None) -> tuple[dict, object]:
+    """Run speculators' forward for one TTT step; returns per-component outputs ``[T, ·]`` and the model.
+    ``target_dir``: the target on this machine (not where the checkpoint was trained, eagle3.train.draft_model)."""
     from eagle3.train.draft_model import load_draft
 
-    model = load_draft(spec_dir, attn_impl="sdpa").eval()
+    model = load_draft(spec_dir, attn_impl="sdpa", verifier_dir=target_dir).eval()
     T = input_ids.numel()
     got: dict[str, torch.Tensor] = {}
     handles = _hooks({"embeddings": model.embed_tokens, "fc": model.fc, "layers": model.layers[-1],
@@ -182,7 +184,7 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data
             raise CheckpointInvalid(f"equivalence: first diverging component aux hidden states (layer ids): trained on "
                                     f"HF indices {list(trained_hf)}, the engine captures {how}")
     embed = target.get_input_embeddings().weight.detach()
-    trained, model = _trained_side(speculators_dir, trained_in, input_ids)
+    trained, model = _trained_side(speculators_dir, trained_in, input_ids, Path(target_dir))
     served, draft = _engine_side(serving_dir, served_in, input_ids, embed)
     diffs, label, why = _first_divergence(trained, served, atol)
     report["max_abs_diff"] = diffs

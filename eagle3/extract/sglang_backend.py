@@ -134,7 +134,7 @@ class SGLangWorker:
 
     def close(self, grace_s: float = 30.0) -> None:
         """Ask the engine to shut down; end the worker's process group if it does not within ``grace_s``."""
-        from eagle3.serve.procs import terminate_tree
+        from eagle3.procs import terminate_tree
 
         if self.proc.poll() is None:
             try:

@@ -20,7 +20,7 @@ from typing import Iterable
 import psutil
 
 from eagle3.artifacts import atomic_write_json, utc_now
-from eagle3.serve.procs import group_members, process_tree
+from eagle3.procs import group_members, process_tree
 
 GPU_QUERY = "index,uuid,utilization.gpu,memory.used,memory.total"
 PYSPY_TIMEOUT_S = 20.0

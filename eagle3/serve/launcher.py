@@ -34,7 +34,7 @@ from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.engines.sglang.serving import simulated_acceptance
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, nvidia_smi
-from eagle3.serve.procs import free_port, snapshot_tree, start_group, terminate_tree
+from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
 from eagle3.serve.readiness import GateResult, wait_ready
 from eagle3.serve.supervise import command as supervised
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from eagle3.serve.diagnostics import gpu_sample
-from eagle3.serve.procs import tree_cpu_seconds, tree_pids
+from eagle3.procs import tree_cpu_seconds, tree_pids
 
 # Access-log lines caused by the gate's and the watchdog's own requests (uvicorn and http.server formats).
 GATE_NOISE = re.compile(r'"(GET|POST|HEAD) /(health_generate|health|ready|generate|get_server_info|server_info'

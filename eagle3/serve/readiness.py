@@ -41,7 +41,7 @@ from eagle3.artifacts import atomic_write_json
 from eagle3.config import GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
 from eagle3.serve.liveness import ProgressMonitor
-from eagle3.serve.procs import exit_status
+from eagle3.procs import exit_status
 from eagle3.serve.watchdog import Watchdog  # noqa: F401  (re-exported: eagle3.serve.readiness.Watchdog)
 
 __all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready", "VERDICTS"]

@@ -24,7 +24,7 @@ from eagle3.config import GATE_POLL_INTERVAL_S, GATE_STALL_TIMEOUT_S
 from eagle3.errors import GateFailed
 from eagle3.serve.diagnostics import collect_diagnostics
 from eagle3.serve.liveness import ProgressMonitor
-from eagle3.serve.procs import exit_status
+from eagle3.procs import exit_status
 
 
 class Watchdog:

@@ -215,14 +215,30 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
         raise DataError(f"{root}/manifest.json: target expected a mapping, got {t!r}")
     if not t.get("path"):
         raise DataError(f"{root}/manifest.json: target.path missing")
-    if Path(t["path"]).expanduser().resolve() != target_dir.resolve():
+    if Path(t["path"]).expanduser().resolve() != target_dir.resolve() and not _same_target_elsewhere(t, target_dir):
         raise DataError(f"{root}/manifest.json: dataset made from another target: target.path {t['path']}, "
-                        f"configured target {target_dir.resolve()}")
+                        f"configured target {target_dir.resolve()} (other path, and its config.json or weights "
+                        f"differ from the manifest's target.config_hash / target.weights_hash)")
     for key, attr in (("hidden_size", "hidden_size"), ("num_layers", "num_hidden_layers"), ("vocab_size", "vocab_size")):
         want = int(getattr(conf, attr))
         if key in t and t[key] is not None and int(t[key]) != want:
             raise DataError(f"{root}/manifest.json: target.{key} {t[key]} disagrees with the target's "
                             f"config.json {attr}={want} ({target_dir})")
+
+
+def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:
+    """True when the manifest's target (recorded at another path: e.g. the extraction ran on another machine of a
+    work pool, which mounts the asset cache elsewhere) is ``target_dir``: its ``config.json`` sha256 and its
+    weights hash (every ``*.safetensors`` byte is read: ~10 s per 10 GB) equal the manifest's
+    ``target.config_hash`` and ``target.weights_hash``. False when the manifest lacks either."""
+    from eagle3.artifacts import sha256_file, weights_hash
+
+    if not t.get("config_hash") or not t.get("weights_hash") or not (target_dir / "config.json").is_file():
+        return False
+    if sha256_file(target_dir / "config.json") != t["config_hash"]:
+        return False
+    log.info("target %s: the hidden states name it at %s; comparing the weights by hash", target_dir, t["path"])
+    return weights_hash(target_dir) == t["weights_hash"]  # None (no *.safetensors here) never equals a hash
 
 
 def plan_epoch(data: HiddenStatesData, seed: int, epoch: int) -> list[list[int]]:

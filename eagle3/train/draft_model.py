@@ -198,10 +198,19 @@ def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Pa
     return out_dir
 
 
-def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa"):
-    """Load a speculators-format draft (float32) and set its attention implementation."""
+def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str | Path | None = None):
+    """Load a speculators-format draft (float32) and set its attention implementation.
+
+    speculators reads the target (verifier) at the checkpoint's ``speculators_config.verifier.name_or_path``: the
+    path it had where training ran. ``verifier_dir`` (the target's folder on this machine, which may mount the
+    asset cache elsewhere) is used instead when given; the checkpoint on disk is not changed."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    model = Eagle3DraftModel.from_pretrained(str(ckpt_dir))
+    if verifier_dir is None:
+        model = Eagle3DraftModel.from_pretrained(str(ckpt_dir))
+    else:
+        config = Eagle3DraftModel.config_class.from_pretrained(str(ckpt_dir))
+        config.speculators_config.verifier.name_or_path = str(verifier_dir)
+        model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
     set_attention(model, attn_impl)
     return model.float()

@@ -24,7 +24,7 @@ PARENT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from tests.support.fake_servers import fake_argv
     from eagle3.serve.launcher import start_engine
-    from eagle3.serve.procs import free_port
+    from eagle3.procs import free_port
     port = free_port()
     extra = ["--children", "2", "--child-ignores-term", "--max-life", "300"] + sys.argv[3:]
     eng = start_engine(fake_argv("hang_after_load", port, *extra), {"PYTHONUNBUFFERED": "1"}, host="127.0.0.1",

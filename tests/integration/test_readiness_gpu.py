@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from eagle3.serve.procs import free_port, start_group, terminate_tree
+from eagle3.procs import free_port, start_group, terminate_tree
 from eagle3.serve.readiness import wait_ready
 from tests.support.fake_servers import fake_argv, leftovers
 

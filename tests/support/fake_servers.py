@@ -52,7 +52,7 @@ def start_fake(behaviour: str, log_dir: str | Path, *extra: str, grace_s: float 
     """Start one fake server through the launcher's own ``start_engine`` (own process group, log file).
     Returns the ``EngineProcess`` (a context manager that ends the group)."""
     from eagle3.serve.launcher import start_engine
-    from eagle3.serve.procs import free_port
+    from eagle3.procs import free_port
 
     port = free_port()
     return start_engine(fake_argv(behaviour, port, *extra), {"PYTHONUNBUFFERED": "1"}, host="127.0.0.1", port=port,

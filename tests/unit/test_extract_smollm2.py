@@ -15,7 +15,10 @@ from tests.conftest import CONFIGS
 def smol_run(tmp_path_factory, smollm2_dir, sharegpt_path):
     out = tmp_path_factory.mktemp("smol") / "extract"
     cfg = load_config(CONFIGS / "smollm2-cpu.yaml", [f"paths.runs_dir={out.parent}", "data.num_conversations=8",
-                                                      "data.max_seq_len=96", "extract.shard_size=4"])
+                                                      "data.max_seq_len=96", "extract.shard_size=4",
+                                                      # bf16 storage is what these tests check: stated, not
+                                                      # left to `auto` (float32 on a CPU without fast bf16)
+                                                      "target.dtype=bfloat16", "extract.dtype=bfloat16"])
     return cfg, out, extract(cfg, out, progress=False)
 
 
