@@ -12,7 +12,7 @@ from typing import Iterator
 
 import httpx
 
-from eagle3.serve.procs import free_port, start_group, terminate_tree
+from eagle3.procs import free_port, start_group, terminate_tree
 
 
 @contextmanager

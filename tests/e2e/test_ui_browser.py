@@ -37,7 +37,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
 def _port() -> int:
-    from eagle3.serve.procs import free_port
+    from eagle3.procs import free_port
 
     return free_port()
 
