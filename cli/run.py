@@ -24,6 +24,7 @@ def format_summary(summary: dict, cfg: Any) -> str:
     command."""
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     link, cmd = mlflow_ui(cfg, summary.get("experiment_id"), summary.get("parent_run_id"))
+    where = link or "open the UI with the command below"
     lines = [f"{summary.get('flow', FLOW_NAME)} finished: {summary['config']} (run dir {summary['run_dir']})"]
     lines += [f"  {k:<28} {v}" for k, v in summary.get("stages", {}).items()]
     if summary.get("data"):
@@ -34,8 +35,8 @@ def format_summary(summary: dict, cfg: Any) -> str:
         lines.append(f"acceptance length, trained draft:      {fmt(summary['acceptance_length'])}")
         lines.append(f"acceptance length, untrained baseline: {fmt(summary.get('acceptance_length_untrained'))}")
     lines.append(f"MLflow: {summary['mlflow_uri']}  experiment {summary.get('experiment_id')}  "
-                 f"parent run {summary.get('parent_run_id')}  ({link})")
-    lines.append(f"MLflow UI: {cmd}")
+                 f"parent run {summary.get('parent_run_id')}  ({where})")
+    lines.append(f"MLflow UI: {cmd or link}")
     return "\n".join(lines)
 
 

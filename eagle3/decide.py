@@ -14,6 +14,8 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 3. **longer training** — validation loss still falling: least-squares slope over the last ``k`` (3) evals,
    divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small
    (< ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs`` (6).
+   Fewer than 2 evaluations (no trend to read): **more evidence needed** (rule ``too_few_evaluations``), unless
+   the epochs alone are ≥ ``high_epochs`` (then more data, low confidence).
 4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap over the
    window, counted only while val is above train: early in training train loss falls faster than val from
    below, which is not memorisation); validation loss flat or rising while train loss still falls; epochs over the data ≥ ``high_epochs``;
@@ -247,7 +249,10 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
         reason = "fewer than 2 evaluations: no validation-loss trend; evaluate more often"
         if high_epochs:
             return Decision("more data", "high_epochs", [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
-        return Decision("longer training", "no_trend", [reason], ev, "low")
+        return Decision("more evidence needed", "too_few_evaluations", [
+            reason, f"{s['num_evals']} validation loss value(s) decide neither way: set train.eval_every so that "
+            "training evaluates at least twice (more is better: the trend is fitted over the last "
+            f"{th.k})"], ev, "low")
     gap_ok = gap is None or gap < th.gap_max
     growing = growth is not None and growth > th.gap_growth and gap is not None and gap > 0
     if vs < -th.slope_eps and gap_ok and not growing and not high_epochs:

@@ -1,25 +1,33 @@
 """What every flow shares: loading the config, the run's directories, the MLflow parent run, calling a stage
-task with cache checks, the Prefect markdown summary, and the local (ephemeral) Prefect settings."""
+task with cache checks, and the local (ephemeral) Prefect settings; the run names, the library's logs in
+Prefect and the markdown artifacts come from ``flows.summary``."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from eagle3.config import RunConfig, load_config
 from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
+from flows.summary import (  # noqa: F401 - flow_run_label, mlflow_ui, publish_summary: for the flows and the CLI
+    attach_library_logs,
+    flow_run_label,
+    mlflow_ui,
+    publish_failure,
+    publish_summary,
+)
 from tasks import caching, tracking
 from tasks.results import StageResult
+
+attach_library_logs()  # the library's warnings (records skipped, samples truncated) in the task-run logs
 
 SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"  # JSON list of overrides kept out of flow parameters
 VARIANTS = ("trained", "untrained")
@@ -124,14 +132,19 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
 
 
 @contextmanager
-def parent_run(cfg: RunConfig, flow_name: str) -> Iterator[str]:
+def parent_run(cfg: RunConfig, flow_name: str, record: dict | None = None) -> Iterator[str]:
     """The MLflow parent run of this flow run (reused when the flow run is retried); FAILED with the error
-    when the body raises."""
+    when the body raises, and then a Prefect failure artifact (``flows.summary.publish_failure``: the failed
+    stage, links to its MLflow run and log, the stages of ``record`` that ran before)."""
     config_file = save_resolved_config(cfg)
     run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
                                          config_file=config_file)
     with _recorded(cfg, run_id):
-        yield run_id
+        try:
+            yield run_id
+        except BaseException as e:
+            publish_failure(cfg, run_id, f"{flow_name}: {cfg.name}", e, record if record is not None else {})
+            raise
 
 
 @contextmanager
@@ -160,27 +173,6 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
     client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts", "1")) + 1))
     with _recorded(cfg, run_id):
         yield run_id
-
-
-def mlflow_ui(cfg: RunConfig, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str, str]:
-    """(link to the run in the MLflow UI, command that opens the UI) for the config's tracking store."""
-    uri = tracking.tracking_uri(cfg)
-    page = f"#/experiments/{experiment_id}/runs/{run_id}" if experiment_id and run_id else ""
-    if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/{page}", f"open {uri}"
-    return (f"http://127.0.0.1:5000/{page}",
-            f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
-
-
-def publish_summary(cfg: RunConfig, parent: str, title: str, lines: list[str]) -> None:
-    """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links."""
-    _, exp_id = tracking.client_for(cfg)
-    link, cmd = mlflow_ui(cfg, exp_id, parent)
-    store = tracking.tracking_uri(cfg)
-    md = "\n".join([f"# {title}", "", *lines, "", f"- MLflow run: [{parent}]({link}) (store `{store}`)",
-                    f"- open the MLflow UI: `{cmd}`", f"- run directory: `{cfg.run_dir()}`"])
-    key = re.sub(r"[^a-z0-9-]", "-", f"eagle3-{cfg.name}".lower())
-    create_markdown_artifact(markdown=md, key=key, description=title)
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from prefect import flow
 
 from flows.common import (
     data_line,
+    flow_run_label,
     load_run_config,
     parent_run,
     publish_summary,
@@ -34,7 +35,11 @@ from tasks.train import train_task
 FLOW_NAME = "eagle3-pipeline"
 
 
-@flow(name=FLOW_NAME, log_prints=False)
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+@flow(name=FLOW_NAME, flow_run_name=flow_run_label, log_prints=False)
 def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extract_dir: str | None = None) -> dict:
     """The whole pipeline on one config. Returns the summary dict (acceptance lengths, decision, MLflow ids).
 
@@ -48,7 +53,7 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
     cfg = load_run_config(config_path, overrides)
     lines = [("trained", cfg)] + ([("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else [])
     record: dict[str, str] = {}
-    with parent_run(cfg, FLOW_NAME) as parent:
+    with parent_run(cfg, FLOW_NAME, record) as parent:
         data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
                          out_dir=Path(extract_dir) if extract_dir else stage_dirs(cfg)["extract"], record=record)
         drafts = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, record=record,
@@ -64,9 +69,14 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
                  for v, c in lines}
         figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"], parent,
                                   train=drafts["trained"])
+        record["acceptance"] = f"served {_fmt(figures.served)}, offline {_fmt(figures.offline)}"
         decision = decision_task(cfg, drafts["trained"], figures, parent, preflight=pre)
+        record["decision"] = f"{decision.recommendation} (rule {decision.rule})"
+        record["acceptance-gate"] = "failed" if not figures.passed else f"passed (minimum {figures.minimum:g})"
         gate_task(cfg, figures)
         registered = register_task(cfg, serving["trained"], drafts["trained"], figures, parent)
+        record["register-draft"] = (f"{registered.ref} ({'new version' if registered.new else 'already registered'}"
+                                    f"; alias best = version {registered.best_version})")
         summary = pipeline_summary(cfg, parent, figures, decision, record, data)
         summary["registered_model"] = registered.ref
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
@@ -78,11 +88,15 @@ def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision
     """The numbers a user wants at the end, as a dict (the flow's result; also the lines of the Prefect markdown
     artifact). ``decision`` is the ``eagle3.decide.Decision`` the decision task recorded."""
     _, exp_id = tracking.client_for(cfg)
-    fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
-    md = ["| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()], "",
-          f"- acceptance length, trained draft: **{fmt(figures.served)}**",
-          f"- acceptance length, untrained baseline: **{fmt(figures.untrained)}**",
-          f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"]
+    fmt = _fmt
+    md = [f"## Decision: **{decision.recommendation}** (rule `{decision.rule}`, confidence {decision.confidence})",
+          "", *[f"- {r}" for r in decision.reasons], "",
+          "| acceptance length (bonus token counted) | value |", "|---|---|",
+          f"| served, trained draft | **{fmt(figures.served)}** |",
+          f"| offline, same draft and prompts | {fmt(figures.offline)} |",
+          f"| simulated, training validation | {fmt(figures.simulated)} |",
+          f"| served, untrained baseline | {fmt(figures.untrained)} |", "",
+          "| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()]]
     return {"config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": tracking.tracking_uri(cfg),
             "experiment_id": exp_id, "parent_run_id": parent, "stages": record,
             "acceptance_length": figures.served, "acceptance_length_untrained": figures.untrained,

@@ -12,6 +12,7 @@ from prefect import flow
 
 from flows.common import (
     data_line,
+    flow_run_label,
     finished_output,
     load_run_config,
     parent_run,
@@ -50,37 +51,37 @@ def _summary(cfg: Any, parent: str, flow_name: str, record: dict, **extra: Any) 
     return out
 
 
-@flow(name="eagle3-extract", log_prints=False)
+@flow(name="eagle3-extract", flow_run_name=flow_run_label, log_prints=False)
 def extract_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Hidden-state extraction of CONFIG into ``<run_dir>/extract``."""
     cfg = load_run_config(config_path, overrides)
     record: dict = {}
-    with parent_run(cfg, "eagle3-extract") as parent:
+    with parent_run(cfg, "eagle3-extract", record) as parent:
         data = run_stage(extract_task, cfg=cfg, parent=parent, stage="extract",
                          out_dir=stage_dirs(cfg)["extract"], refresh=refresh, record=record)
         return _summary(cfg, parent, "eagle3-extract", record, data=data_line(data.dir))
 
 
-@flow(name="eagle3-train", log_prints=False)
+@flow(name="eagle3-train", flow_run_name=flow_run_label, log_prints=False)
 def train_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Train the draft (and the untrained baseline) on ``<run_dir>/extract``."""
     cfg = load_run_config(config_path, overrides)
     data = finished_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
-    with parent_run(cfg, "eagle3-train") as parent:
+    with parent_run(cfg, "eagle3-train", record) as parent:
         for variant, c in _variants(cfg):
             run_stage(train_task, cfg=c, parent=parent, stage="train", variant=variant, data=data,
                       out_dir=stage_dirs(c, variant)["train"], refresh=refresh, record=record)
         return _summary(cfg, parent, "eagle3-train", record)
 
 
-@flow(name="eagle3-convert", log_prints=False)
+@flow(name="eagle3-convert", flow_run_name=flow_run_label, log_prints=False)
 def convert_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check the trained (and untrained) drafts into ``<run_dir>/serving*``."""
     cfg = load_run_config(config_path, overrides)
     data = finished_output(stage_dirs(cfg)["extract"], "extract", _command("extract", config_path, overrides))
     record: dict = {}
-    with parent_run(cfg, "eagle3-convert") as parent:
+    with parent_run(cfg, "eagle3-convert", record) as parent:
         for variant, c in _variants(cfg):
             d = stage_dirs(c, variant)
             draft = finished_output(d["train"], "train", _command("train", config_path, overrides))
@@ -89,7 +90,7 @@ def convert_flow(config_path: str, overrides: list[str] | None = None, refresh: 
         return _summary(cfg, parent, "eagle3-convert", record)
 
 
-@flow(name="eagle3-deploy", log_prints=False)
+@flow(name="eagle3-deploy", flow_run_name=flow_run_label, log_prints=False)
 def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: bool = False) -> dict:
     """Pre-flight, deploy + benchmark the converted drafts behind the readiness gate, the acceptance figures, the
     decision, then the acceptance gate."""
@@ -99,7 +100,7 @@ def deploy_flow(config_path: str, overrides: list[str] | None = None, refresh: b
     servings: dict = {}
     dirs = stage_dirs(cfg)
     data = finished_output(dirs["extract"], "extract", "") if (dirs["extract"] / "manifest.json").is_file() else None
-    with parent_run(cfg, "eagle3-deploy") as parent:
+    with parent_run(cfg, "eagle3-deploy", record) as parent:
         serving = finished_output(dirs["serving"], "convert", _command("convert", config_path, overrides))
         pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record, serving=serving,
                         data=data)

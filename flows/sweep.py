@@ -30,7 +30,7 @@ from prefect import flow
 
 from eagle3.artifacts import read_manifest
 from eagle3.errors import DataError
-from flows.common import load_run_config, parent_run, publish_summary, reopen_run
+from flows.common import flow_run_label, load_run_config, parent_run, publish_summary, reopen_run
 from flows.pipeline import eagle3_pipeline
 from tasks import tracking
 from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
@@ -126,7 +126,7 @@ def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds:
     return results, failed, pending
 
 
-@flow(name="eagle3-sweep", log_prints=False)
+@flow(name="eagle3-sweep", flow_run_name=flow_run_label, log_prints=False)
 def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes: list[int] | None = None,
                schedules: dict[str, list[str]] | None = None, target_acceptance: float | None = None,
                data: dict[str, list[str]] | None = None, points: list[list] | None = None,

@@ -3,7 +3,8 @@
 # deployment of prefect.yaml (flows/serve.py).
 #
 #   infra/stack.sh up      start the three (idempotent: does nothing when the recorded ones still run)
-#   infra/stack.sh down    stop exactly the process groups recorded at `up` (TERM, then KILL after a grace)
+#   infra/stack.sh down    stop exactly the process groups recorded at `up`, newest first (the deployment server
+#                          before the servers it talks to), each TERM, then KILL after a grace
 #   infra/stack.sh status  show what is recorded and whether it runs
 #
 # State (databases, logs, the pid file, env.sh) lives in $EAGLE3_STACK_DIR (default: runs/stack).
@@ -25,6 +26,7 @@ MLFLOW_URL="http://127.0.0.1:${MLFLOW_PORT}"
 export PREFECT_HOME="$STATE/prefect"
 export PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:///$STATE/prefect/prefect.db"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_UI_API_URL="$PREFECT_API"  # the UI's pages call this API (Prefect's default is port 4200)
 export PREFECT_LOCAL_STORAGE_PATH="$ROOT/runs/.prefect/storage"  # the task cache (as `eagle3 run` uses)
 
 alive() { kill -0 "$1" 2>/dev/null; }
@@ -61,8 +63,11 @@ up() {
   trap 'echo "start-up failed; stopping what was started" >&2; down' ERR
   start prefect-server "$STATE/prefect-server.log" \
     "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
-  start mlflow-server "$STATE/mlflow-server.log" \
+  # no GenAI job runner (nothing of a training pipeline uses it), and uvicorn closes idle browser connections
+  # within 5 s of SIGTERM, so `down` needs no SIGKILL
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false start mlflow-server "$STATE/mlflow-server.log" \
     "$BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
+      --uvicorn-opts "--timeout-graceful-shutdown 5" \
       --backend-store-uri "sqlite:///$STATE/mlflow.db" --artifacts-destination "$STATE/mlartifacts"
   wait_http prefect-server "$PREFECT_API/health" "$(awk '$1=="prefect-server"{print $2}' "$PIDS")"
   wait_http mlflow-server "$MLFLOW_URL/health" "$(awk '$1=="mlflow-server"{print $2}' "$PIDS")"
@@ -84,34 +89,32 @@ ENV
   echo "next: source $STATE/env.sh && prefect deployment run 'eagle3-pipeline/smollm2-cpu'"
 }
 
-down() {
-  [[ -f "$PIDS" ]] || { echo "nothing recorded in $PIDS"; return 0; }
-  local name pid
-  while read -r name pid; do  # TERM each recorded group (pid == pgid: started with setsid)
-    if alive "$pid"; then kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; fi
-  done <"$PIDS"
-  local deadline=$((SECONDS + GRACE_S))
-  while (( SECONDS < deadline )); do
-    local left=0
-    while read -r name pid; do
-      if alive "$pid" || pgrep -g "$pid" >/dev/null 2>&1; then left=1; fi
-    done <"$PIDS"
-    (( left )) || break
-    sleep 0.5
-  done
-  while read -r name pid; do
-    if alive "$pid" || pgrep -g "$pid" >/dev/null 2>&1; then
-      echo "killing $name (group $pid)"; kill -KILL -- "-$pid" 2>/dev/null || true
-    fi
-    echo "stopped $name (pid/pgid $pid)"
-  done <"$PIDS"
-  deadline=$((SECONDS + 10))  # KILL is asynchronous: confirm every recorded group is empty
-  while read -r name pid; do
+group_alive() { alive "$1" || pgrep -g "$1" >/dev/null 2>&1; }
+
+stop_group() {  # stop_group NAME PID: TERM the group, wait up to GRACE_S, then KILL what is left
+  local name="$1" pid="$2" deadline=$((SECONDS + GRACE_S))
+  if group_alive "$pid"; then kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; fi
+  while group_alive "$pid" && (( SECONDS < deadline )); do sleep 0.5; done
+  if group_alive "$pid"; then
+    echo "killing $name (group $pid): still running ${GRACE_S}s after SIGTERM"; kill -KILL -- "-$pid" 2>/dev/null || true
+    deadline=$((SECONDS + 10))  # KILL is asynchronous: confirm the group is empty
     while pgrep -g "$pid" >/dev/null 2>&1; do
       (( SECONDS < deadline )) || { echo "error: group $pid ($name) still has processes" >&2; return 1; }
       sleep 0.2
     done
-  done <"$PIDS"
+  fi
+  echo "stopped $name (pid/pgid $pid)"
+}
+
+down() {
+  [[ -f "$PIDS" ]] || { echo "nothing recorded in $PIDS"; return 0; }
+  # newest first: the deployment server while the Prefect server it talks to still answers (it pauses its
+  # deployments there on the way out), then the MLflow and Prefect servers
+  local name pid rc=0
+  while read -r name pid; do
+    stop_group "$name" "$pid" || rc=1
+  done < <(tac "$PIDS")
+  (( rc == 0 )) || return 1
   rm -f "$PIDS" "$STATE/env.sh"
 }
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import task
 
-from tasks import prefect_tags, task_options, tracking
+from tasks import mlflow_ui, prefect_tags, task_options, tracking
 from tasks.results import AcceptanceFigures, StageResult
 
 
@@ -132,7 +132,8 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
                   preflight: dict | None = None):
     """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``; none when the
     training output is not at hand) and the acceptance figures; stored on the parent run as tags
-    (``eagle3.decision``, ``eagle3.decision.rule``, ...) and the artifacts ``decision.json`` / ``decision.md``.
+    (``eagle3.decision``, ``eagle3.decision.rule``, ...), its description (``mlflow.note.content``:
+    ``tasks.mlflow_ui.parent_note``) and the artifacts ``decision.json`` / ``decision.md``.
     ``preflight``: the pre-flight report (dict), whose checks become evidence of a "fix serving" decision.
     Returns the ``eagle3.decide.Decision``."""
     from eagle3.decide import read_training_history, recommend
@@ -142,6 +143,9 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
     decision = recommend(history, {"served": figures.served, "offline": figures.offline,
                                    "simulated": figures.simulated, "preflight": checks})
     tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k, v in decision.tags().items()})
+    # the run's description on its MLflow page: the decision with its evidence, the acceptance lengths
+    tracking.set_parent_tags(cfg, parent_run_id, {mlflow_ui.NOTE_TAG: mlflow_ui.parent_note(cfg.name, figures,
+                                                                                          decision)})
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")
     client, _ = tracking.client_for(cfg)
     client.log_text(parent_run_id, decision.to_markdown(), "decision.md")

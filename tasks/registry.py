@@ -2,20 +2,24 @@
 
 Runs after the acceptance gate (so only drafts that converted, validated, passed the equivalence check and the
 gate get here). The serving checkpoint folder (what the engine loads: ``config.json``, ``model.safetensors``,
-``manifest.json``) is logged as the artifacts ``draft/`` of a nested MLflow run ``register`` and registered as a
-new version of the registered model ``eagle3-draft-<target name>`` from ``runs:/<register run id>/draft`` (the
-generic run-artifact source: no ``mlflow.pyfunc`` flavour is needed; works offline on a SQLite store).
+``manifest.json``) is logged as the artifacts ``draft/`` of the pipeline's parent MLflow run (so its run page
+lists the registered model; a nested run ``register`` records the step) and registered as a new version of the
+registered model ``eagle3-draft-<target name>`` from ``<parent run's artifact uri>/draft`` (the run's own
+artifact location; an ``MLmodel`` file with the flavour ``eagle3_draft`` makes it a loadable MLflow
+model for the UI; no ``mlflow.pyfunc`` flavour is needed; works offline on a SQLite store).
 
 Each version carries the tags in :func:`version_tags` (served / offline / simulated acceptance length, data
 size, unique tokens, schedule, config hash, serving content hash). The alias ``best`` is moved to the version
 with the highest served acceptance length of that registered model. A draft whose serving content hash is
-already registered is not registered again: that version's tags are refreshed instead (a re-run of a cached
-pipeline adds no duplicate version).
+already registered is not registered again: that version's figures are refreshed instead (a re-run of a cached
+pipeline adds no duplicate version), its provenance (``eagle3.pipeline_run_id``) is kept.
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
@@ -27,6 +31,7 @@ from tasks.results import AcceptanceFigures, RegisteredDraft, StageResult
 BEST_ALIAS = "best"
 SERVED_TAG = "eagle3.acceptance_served"
 HASH_TAG = "eagle3.serving_content_hash"
+PROVENANCE_TAGS = ("eagle3.pipeline_run_id", "eagle3.config_name")  # who made the version: never refreshed
 CONFIG_SECTIONS = ("target", "data", "extract", "train", "convert", "serve", "bench")
 
 
@@ -68,6 +73,43 @@ def version_tags(cfg: Any, serving: StageResult, train: StageResult, figures: Ac
             "eagle3.schedule": f"{t.schedule} epochs={t.epochs:g} lr={t.lr:g} precision={t.precision}",
             "eagle3.config_hash": cfg.section_hash(*CONFIG_SECTIONS), HASH_TAG: serving.content_hash,
             "eagle3.config_name": cfg.name, "eagle3.pipeline_run_id": parent_run_id}
+
+
+def refreshed_tags(tags: dict[str, str], parent_run_id: str) -> dict[str, str]:
+    """The tags a re-registration of an already registered checkpoint writes: the new figures, but never the
+    version's provenance: ``eagle3.pipeline_run_id`` stays the run that made the draft; the re-run goes to
+    ``eagle3.last_pipeline_run_id``."""
+    return {**{k: v for k, v in tags.items() if k not in PROVENANCE_TAGS}, "eagle3.last_pipeline_run_id": parent_run_id}
+
+
+def _mlmodel_file(serving: StageResult, run_id: str, into: Path) -> Path:
+    """``<into>/MLmodel`` for the draft folder, so MLflow's model version page finds the file it reads (flavour
+    ``eagle3_draft``: the engine's format and the content hash; not a pyfunc, nothing to predict with)."""
+    from mlflow.models import Model
+
+    from eagle3.artifacts import read_manifest
+
+    m = read_manifest(serving.dir)
+    flavor = {"format": "sglang", "content_hash": serving.content_hash, "kind": m.get("kind"),
+              "files": sorted(p.name for p in serving.dir.iterdir() if p.is_file())}
+    path = into / "MLmodel"
+    Model(artifact_path="draft", run_id=run_id, flavors={"eagle3_draft": flavor}).save(str(path))
+    return path
+
+
+def _artifact_source(client: MlflowClient, run_id: str) -> str:
+    """The version's source: the run's own artifact location + ``/draft`` (e.g.
+    ``mlflow-artifacts:/1/<run>/artifacts/draft`` on a tracking server, ``file:///…`` on a local store), not
+    ``runs:/<run>/draft``: a tracking server with a SQLite backend cannot resolve ``runs:/`` when it serves the
+    model version's files (its own tracking URI is not http, so the UI's ``get-artifact`` request failed with
+    HTTP 500)."""
+    return client.get_run(run_id).info.artifact_uri.rstrip("/") + "/draft"
+
+
+def _version_description(cfg: Any, figures: AcceptanceFigures, parent_run_id: str) -> str:
+    return (f"EAGLE-3 draft from config {cfg.name} (pipeline run {parent_run_id}): acceptance length served "
+            f"{_fmt(figures.served) or 'n/a'}, offline {_fmt(figures.offline) or 'n/a'}, simulated "
+            f"{_fmt(figures.simulated) or 'n/a'} (bonus token counted).")
 
 
 def _served(version: Any) -> float:
@@ -117,14 +159,19 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
             raise
     old = _existing(client, name, serving.content_hash)
     if old is not None:
-        for k, v in tags.items():
+        for k, v in refreshed_tags(tags, parent_run_id).items():
             client.set_model_version_tag(name, old.version, k, v)
         version, source, new = str(old.version), old.source, False
     else:
         with tracking.stage_run(cfg, parent_run_id, "register", tags=prefect_tags()) as sr:
-            sr.log_path(serving.dir, "draft")
-            source = f"runs:/{sr.run_id}/draft"
-            mv = client.create_model_version(name, source, run_id=sr.run_id, tags=tags)
+            # into the parent run: the version's run is the pipeline run, whose page then lists the model
+            home = tracking.StageRun(sr.client, parent_run_id)
+            home.log_path(serving.dir, "draft")
+            with tempfile.TemporaryDirectory(prefix="eagle3-mlmodel-") as tmp:
+                home.log_path(_mlmodel_file(serving, parent_run_id, Path(tmp)), "draft")
+            source = _artifact_source(client, parent_run_id)
+            mv = client.create_model_version(name, source, run_id=parent_run_id, tags=tags,
+                                             description=_version_description(cfg, figures, parent_run_id))
             version, new = str(mv.version), True
             sr.set_tags({"eagle3.registered_model": f"{name}/{version}"})
     best = move_best_alias(client, name)

@@ -39,6 +39,7 @@ from mlflow.exceptions import MlflowException
 from eagle3.artifacts import read_manifest
 from eagle3.redaction import flatten, redact
 from eagle3.errors import DataError, TransientError
+from tasks import mlflow_ui
 from tasks.results import StageResult
 
 FLOW_RUN_TAG = "prefect.flow_run_id"  # on the parent and on every stage run
@@ -75,7 +76,8 @@ def tracking_uri(cfg: Any) -> str:
 def client_for(cfg: Any) -> tuple[MlflowClient, str]:
     """(client, experiment id) for a RunConfig: :func:`tracking_uri`, experiment ``cfg.tracking.experiment``.
 
-    A new experiment on a local store keeps its artifacts under ``<runs_dir>/mlartifacts``.
+    A new experiment on a local store keeps its artifacts under ``<runs_dir>/mlartifacts``. The experiment
+    carries ``tasks.mlflow_ui.experiment_tags`` (model-training mode, the run list's columns).
     """
     uri = tracking_uri(cfg)
     if uri.startswith("sqlite:///"):
@@ -83,15 +85,17 @@ def client_for(cfg: Any) -> tuple[MlflowClient, str]:
     client = MlflowClient(tracking_uri=uri)
     with _transient():
         exp = client.get_experiment_by_name(cfg.tracking.experiment)
-        if exp is not None:
-            return client, exp.experiment_id
-        location = None
-        if not uri.startswith(("http://", "https://", "databricks")):
-            location = (cfg.paths.resolved_runs_dir() / "mlartifacts").as_uri()
-        try:
-            return client, client.create_experiment(cfg.tracking.experiment, artifact_location=location)
-        except MlflowException:  # created concurrently by another process
-            return client, client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+        if exp is None:
+            location = None
+            if not uri.startswith(("http://", "https://", "databricks")):
+                location = (cfg.paths.resolved_runs_dir() / "mlartifacts").as_uri()
+            try:
+                client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+            except MlflowException:  # created concurrently by another process
+                pass
+            exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        mlflow_ui.ensure_experiment_ui(client, exp)  # model-training mode, run list with the headline columns
+        return client, exp.experiment_id
 
 
 def config_params(cfg: Any) -> dict[str, str]:
@@ -119,6 +123,12 @@ def numeric_leaves(prefix: str, d: dict | None) -> dict[str, float]:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"{prefix}.{k}"] = float(v)
     return out
+
+
+def chartable(summary: dict[str, float]) -> dict[str, float]:
+    """``summary`` without the ``final.*`` keys (end-of-training copies of step metrics: kept in
+    ``summary.json``, not charted twice)."""
+    return {k: v for k, v in summary.items() if not k.startswith("final.")}
 
 
 def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
@@ -165,12 +175,24 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_fil
     return run_id
 
 
+def _error_text(error: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(error))
+
+
 def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> None:
-    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``."""
+    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``, the artifact
+    ``error.txt`` (the traceback) and the error on top of the run's description (a decision already there
+    stays below it)."""
     client, _ = client_for(cfg)
     with _transient():
         if error is not None:
             client.set_tag(run_id, "eagle3.error", f"{type(error).__name__}: {error}"[:5000])
+            client.log_text(run_id, _error_text(error), "error.txt")
+            before = client.get_run(run_id).data.tags.get(mlflow_ui.NOTE_TAG)  # e.g. the decision: kept below
+            note = f"**Failed** — `{type(error).__name__}`: {error}"[:3000] + "\n\nTraceback: artifact `error.txt`."
+            client.set_tag(run_id, mlflow_ui.NOTE_TAG, note + (f"\n\n---\n\n{before}" if before else ""))
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 
@@ -224,39 +246,54 @@ class StageRun:
         return m
 
     def log_dataset(self, directory: str | Path, context: str) -> None:
-        """Log an extracted hidden-state folder as an MLflow dataset input of this run.
+        """``tasks.datasets.log_hidden_states`` into this run (the hidden states as an MLflow dataset input)."""
+        from tasks.datasets import log_hidden_states
 
-        The dataset is an ``mlflow.data.meta_dataset.MetaDataset`` (metadata only: terabytes of states are
-        never copied): source = the folder, name = ``hidden-states-<target name>``, digest = the first 32 hex
-        digits of the manifest's ``content_hash`` (MLflow's SQL store holds at most 36 characters), profile =
-        the manifest's counts, bytes, bytes/token, dtype, aux layer ids and the full content hash. ``context``
-        becomes the input tag ``mlflow.data.context`` ("extraction" for the run that wrote it, "training" for
-        the runs that read it). Raises DataError when the folder has no manifest or it has no content_hash.
-        """
-        import warnings
-
-        from mlflow.data.dataset_source_registry import resolve_dataset_source
-        from mlflow.data.meta_dataset import MetaDataset
-        from mlflow.entities import Dataset, DatasetInput, InputTag
-
-        m = read_manifest(directory)
-        full = m.get("content_hash")
-        if not isinstance(full, str) or len(full) < 32:
-            raise DataError(f"{Path(directory) / 'manifest.json'}: key 'content_hash' expected a hex digest of at "
-                            f"least 32 characters, got {full!r}")
-        target = (m.get("target") or {}).get("name") or "target"
-        with warnings.catch_warnings():  # MLflow registers its local-file source twice and says so; same class
-            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
-            source = resolve_dataset_source(str(Path(directory).resolve()))
-        entity = MetaDataset(source, name=f"hidden-states-{target}", digest=full[:32])._to_mlflow_entity()  # noqa: SLF001
-        profile = {"content_hash": full, "counts": m.get("counts"), "bytes": m.get("bytes"),
-                   "bytes_per_token": m.get("bytes_per_token"), "dtype": m.get("dtype"),
-                   "aux_layer_ids": m.get("aux_layer_ids"), "layer_id_convention": m.get("layer_id_convention")}
-        entity = Dataset(name=entity.name, digest=entity.digest, source_type=entity.source_type,
-                         source=entity.source, schema=entity.schema, profile=json.dumps(profile, default=str))
         with _transient():
-            self.client.log_inputs(self.run_id, datasets=[DatasetInput(entity, tags=[
-                InputTag("mlflow.data.context", context)])])
+            log_hidden_states(self.client, self.run_id, directory, context)
+
+
+STAGE_SECTIONS = {"extract": ("target", "data", "extract"), "train": ("train",), "convert": ("convert",),
+                  "preflight": ("serve",), "deploy-bench": ("serve", "bench")}  # config sections each stage reads
+
+
+def stage_params(cfg: Any, stage: str) -> dict[str, str]:
+    """The config sections ``stage`` reads (:data:`STAGE_SECTIONS`), as ``section.key`` params (the train run
+    shows ``train.lr``, ``train.epochs``, ...; secret-looking values redacted)."""
+    prefixes = tuple(f"{s}." for s in STAGE_SECTIONS.get(stage, ()))
+    return {k: v for k, v in config_params(cfg).items() if prefixes and k.startswith(prefixes)}
+
+
+def stage_run_name(stage: str, variant: str, cached: bool, attempt: int) -> str:
+    """``train``, ``train-untrained``, ``extract (cached)``, ``deploy-bench #2`` (the second attempt under the
+    same parent run: a Prefect retry or a retried flow run; a cached stage is no attempt and is never
+    numbered)."""
+    name = stage if variant == "trained" else f"{stage}-{variant}"
+    return name + (" (cached)" if cached else "") + (f" #{attempt}" if attempt > 1 else "")
+
+
+def _announce(cfg: Any, exp_id: str, info: Any) -> None:
+    """Inside a Prefect task: a task-run log line linking the stage's MLflow run (its URL on a tracking
+    server, its id and store otherwise)."""
+    from prefect.context import TaskRunContext
+
+    if TaskRunContext.get() is None:
+        return
+    from prefect import get_run_logger
+
+    uri = tracking_uri(cfg)
+    base = mlflow_ui.ui_base(uri)
+    where = mlflow_ui.run_url(base, exp_id, info.run_id) if base else f"{info.run_id} in {uri}"
+    get_run_logger().info("MLflow run %s: %s", info.run_name, where)
+
+
+def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str, variant: str) -> int:
+    """1 + the runs of this stage and variant that ran (not served from the cache) under ``parent_run_id``."""
+    with _transient():
+        earlier = client.search_runs([exp_id], filter_string=(
+            f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`eagle3.stage` = '{stage}' and "
+            f"tags.`eagle3.variant` = '{variant}' and tags.`eagle3.cached` = 'false'"), max_results=1000)
+    return len(earlier) + 1
 
 
 @contextmanager
@@ -264,12 +301,16 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
               tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
     """A nested run under ``parent_run_id`` for ``stage``; FINISHED on success, FAILED (with the error) else."""
     client, exp_id = client_for(cfg)
-    name = stage if variant == "trained" else f"{stage}-{variant}"
+    tags = {"eagle3.cached": "false", **{k: str(v) for k, v in (tags or {}).items()}}
+    cached = tags["eagle3.cached"] == "true"
+    attempt = 1 if cached else _attempt(client, exp_id, parent_run_id, stage, variant)
     with _transient():
-        run = client.create_run(exp_id, run_name=name, tags={
-            PARENT_TAG: parent_run_id, "eagle3.stage": stage, "eagle3.variant": variant, "eagle3.cached": "false",
-            **{k: str(v) for k, v in (tags or {}).items()}})
+        run = client.create_run(exp_id, run_name=stage_run_name(stage, variant, cached, attempt), tags={
+            PARENT_TAG: parent_run_id, "eagle3.stage": stage, "eagle3.variant": variant,
+            "eagle3.attempt": str(attempt), **tags})
     sr = StageRun(client, run.info.run_id)
+    _log_batch(client, sr.run_id, params=stage_params(cfg, stage))
+    _announce(cfg, exp_id, run.info)
     try:
         yield sr
     except BaseException as e:
@@ -287,8 +328,8 @@ def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, 
     with stage_run(cfg, parent_run_id, stage, variant, tags={
             **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.mlflow_run_id,
             "eagle3.output_dir": str(result.dir), "eagle3.content_hash": result.content_hash}) as sr:
-        if result.metrics:
-            sr.log_metrics(result.metrics)
+        if chartable(result.metrics or {}):
+            sr.log_metrics(chartable(result.metrics))
         if stage == "extract" and (result.dir / "manifest.json").is_file():
             # the dataset this pipeline run uses, also when it was reused from the cache
             sr.log_dataset(result.dir, "extraction")

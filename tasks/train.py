@@ -57,5 +57,8 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         if isinstance(sim, (int, float)):
             summary["simulated_acceptance_length"] = float(sim)
         summary["optimizer_steps"] = float(manifest.get("optimizer_steps", 0))
-        sr.log_metrics(summary)
+        # the end-of-training figures as one artifact; as metrics only those no step metric already charts
+        # (a single-point ``final.*`` metric would be a chart duplicating the last point of train/* and val/*)
+        sr.log_dict(summary, "summary.json")
+        sr.log_metrics(tracking.chartable(summary))
     return stage_result("train", out_dir, manifest, sr.run_id, summary, variant=variant)

@@ -14,7 +14,7 @@
     out_dir/.progress/             plan hash and one marker per committed shard (resume; deterministic content)
     out_dir/manifest.json          kind "hidden_states" (below)
 
-Manifest keys (stable; the trainer reads them): ``target`` {path, config_hash, weights_hash, num_layers,
+Manifest keys (stable; the trainer reads them): ``target`` {name (the folder's name), path, config_hash, weights_hash, num_layers,
 hidden_size, vocab_size, architecture, dtype}, ``tokenizer_hash``, ``chat_template_hash``,
 ``template_switches`` (e.g. ``{"enable_thinking": false}``), ``aux_layer_ids`` (HF indices),
 ``layer_id_convention`` = ``"hf_hidden_states_index"``, ``num_slots`` (n_aux+1), ``dtype``,
@@ -66,7 +66,7 @@ DATA_OVERHEAD_BYTES_PER_TOKEN = 24  # data/ arrow columns (input_ids + loss_mask
 
 
 def target_identity(target_dir: Path, cfg) -> dict:
-    """Target facts for the manifest: path, sha256 of config.json and of the weights, shape, architecture."""
+    """Target facts for the manifest: name (the folder's name, e.g. ``smollm2-135m-instruct``), path, sha256 of config.json and of the weights, shape, architecture."""
     from transformers import AutoConfig
 
     from eagle3.target_model import num_layers
@@ -76,7 +76,7 @@ def target_identity(target_dir: Path, cfg) -> dict:
     wh = weights_hash(target_dir)
     if wh is None:
         raise DataError(f"target {target_dir}: no *.safetensors weights found")
-    return {"path": str(target_dir), "config_hash": sha256_file(target_dir / "config.json"), "weights_hash": wh,
+    return {"name": target_dir.name, "path": str(target_dir), "config_hash": sha256_file(target_dir / "config.json"), "weights_hash": wh,
             "num_layers": num_layers(conf), "hidden_size": int(text.hidden_size),
             "vocab_size": int(text.vocab_size), "architecture": (conf.architectures or [type(conf).__name__])[0],
             "dtype": cfg.target.dtype}

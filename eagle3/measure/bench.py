@@ -90,10 +90,20 @@ def snapshot_server(client: httpx.Client, url: str) -> dict:
             "raw_info": info if isinstance(info, dict) else None}
 
 
+def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
+    """A request that outlived ``bench.request_timeout_s``: the setting, not the server, decides it (the server
+    accepted the request; a hung or dead one is the watchdog's and the gate's to report), so it is a
+    ConfigError, never retried: the same setting would cut the same request again."""
+    return ConfigError(f"POST {url}/generate: {what}: one request took longer than bench.request_timeout_s="
+                       f"{timeout_s:g} s (expected every request to finish within it); raise "
+                       f"bench.request_timeout_s (e.g. -o bench.request_timeout_s=600) to fit the server's speed")
+
+
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
     """One ``POST /generate`` (streamed if the server streams). Returns the final body plus timings (seconds).
 
-    Raises TransientError (connection failure, 5xx, per-request deadline passed) or DataError (4xx, bad JSON).
+    Raises TransientError (connection failure, 5xx), ConfigError (the request outlived ``timeout_s``, the
+    setting ``bench.request_timeout_s``) or DataError (4xx, bad JSON).
     """
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
@@ -110,7 +120,7 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
             else:
                 for line in r.iter_lines():
                     if time.perf_counter() > deadline:
-                        raise TransientError(f"POST {url}/generate: no end of stream after {timeout_s} s")
+                        raise _too_slow(url, timeout_s, f"no end of stream after {timeout_s} s")
                     line = line.strip()
                     if not line.startswith("data:"):
                         continue
@@ -121,6 +131,8 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
                     chunks += 1
                     if ttft is None and (final.get("meta_info") or {}).get("completion_tokens", 0) > 0:
                         ttft = time.perf_counter() - t0
+    except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # the server answers, just not within the setting
+        raise _too_slow(url, timeout_s, f"{type(e).__name__}") from e
     except httpx.TransportError as e:
         raise TransientError(f"POST {url}/generate: {type(e).__name__}: {e}") from e
     except json.JSONDecodeError as e:

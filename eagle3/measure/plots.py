@@ -102,11 +102,18 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
     return _save(fig, path)
 
 
+def missing_bars(points: list[dict], kinds: list[str]) -> list[tuple[int, str]]:
+    """(point index, kind) of every figure that is None (e.g. the untrained baseline has no simulated or
+    offline figure): the plot marks those slots "not measured" instead of leaving them silently empty."""
+    return [(i, k) for i, p in enumerate(points) for k in kinds if p.get(k) is None]
+
+
 def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
     """Simulated / offline / served acceptance length per draft, as grouped bars.
 
     ``points``: ``[{"label": str, "simulated": float|None, "offline": float|None, "served": float|None}]``.
-    A large served-below-offline gap is the signature of a serving integration fault.
+    A large served-below-offline gap is the signature of a serving integration fault. A None figure leaves
+    its slot empty with the note "not measured" (:func:`missing_bars`).
     """
     if not points:
         raise DataError("plot_served_vs_offline: no points")
@@ -116,6 +123,9 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
     for j, kind in enumerate(kinds):
         vals = [p.get(kind) or 0.0 for p in points]
         ax.bar([i + (j - 1) * width for i in range(len(points))], vals, width, label=kind)
+    for i, kind in missing_bars(points, kinds):  # an empty slot says why it is empty
+        ax.text(i + (kinds.index(kind) - 1) * width, 0.05, "not measured", rotation=90, ha="center", va="bottom",
+                fontsize=7, color="grey")
     ax.axhline(1.0, c="grey", lw=0.8)
     ax.set_xticks(range(len(points)), [p["label"] for p in points], rotation=20, ha="right")
     ax.set_ylabel("acceptance length")

@@ -64,7 +64,8 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     assert (hs_dir / "manifest.json").is_file()
     losses = metric_history(train_run["run_id"], "train/loss", cfg.mlflow_uri())
     assert len(losses) >= 1 and all(v > 0 for _, v in losses)
-    assert s["tags"].get("eagle3.decision") in ("more data", "longer training", "fix serving integration", "stop")
+    assert s["tags"].get("eagle3.decision") in ("more data", "longer training", "fix serving integration", "stop",
+                                                     "more evidence needed")
     assert "Decision" in decision_text(parent, cfg.mlflow_uri())
     from eagle3.errors import DataError
 

@@ -191,6 +191,16 @@ def test_errors_are_typed(serve, smollm2_dir):
         run_bench(dead, num_prompts=1, tokenizer_dir=smollm2_dir, request_timeout_s=5)
 
 
+def test_request_slower_than_the_setting_is_the_settings_fault(serve, smollm2_dir):
+    """A request cut by the user's own bench.request_timeout_s is a ConfigError (never retried), naming the key,
+    the value and what to do; not a TransientError (which the tasks retry and whose advice is a retry)."""
+    url = serve(FakeSGLang(delay_s=1.0))
+    with pytest.raises(ConfigError, match=r"ReadTimeout.*bench.request_timeout_s=0.2 s .*raise "
+                                          r"bench.request_timeout_s") as info:
+        run_bench(url, num_prompts=1, max_new_tokens=4, tokenizer_dir=smollm2_dir, request_timeout_s=0.2)
+    assert not isinstance(info.value, TransientError)
+
+
 def test_acceptance_gate_diagnosis():
     check_acceptance(1.5, 1.6, 1.3)  # passes: nothing raised
     with pytest.raises(AcceptanceTooLow, match="served ≪ offline: serving integration fault"):

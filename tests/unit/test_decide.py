@@ -84,7 +84,12 @@ def test_thresholds_change_the_outcome():
 
 def test_too_few_evals_and_bad_values():
     d = recommend({"val_loss": [2.0], "train_loss": 1.9}, {"served": 1.2})
-    assert (d.recommendation, d.confidence) == ("longer training", "low")
+    # one evaluation is no trend: say so rather than pick an answer the evidence does not support
+    assert (d.recommendation, d.rule, d.confidence) == ("more evidence needed", "too_few_evaluations", "low")
+    assert "fewer than 2 evaluations" in d.reasons[0] and "train.eval_every" in d.reasons[1]
+    assert d.tags()["decision"] == "more evidence needed"
+    d = recommend({"val_loss": [2.0], "train_loss": 1.9, "epochs": 8.0}, {"served": 1.2})
+    assert (d.recommendation, d.rule, d.confidence) == ("more data", "high_epochs", "low")
     with pytest.raises(DataError, match="val_loss"):
         recommend({"val_loss": [2.0, "x"]}, {"served": 1.2})
 

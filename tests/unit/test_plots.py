@@ -7,7 +7,7 @@ import json
 import pytest
 
 from eagle3.errors import DataError
-from eagle3.measure.plots import (plot_acceptance_by_category, plot_data_scaling, plot_served_vs_offline,
+from eagle3.measure.plots import (missing_bars, plot_acceptance_by_category, plot_data_scaling, plot_served_vs_offline,
                           plot_training_curves, read_metrics_jsonl)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -55,3 +55,10 @@ def test_served_vs_offline_and_data_scaling(tmp_path):
         plot_data_scaling([{"schedule": "x", "unique_tokens": 0, "acceptance_length": 1.0}], tmp_path / "e.png")
     with pytest.raises(DataError):
         plot_served_vs_offline([], tmp_path / "f.png")
+
+
+def test_missing_figures_are_marked_not_measured(tmp_path):
+    pts = [{"label": "trained draft", "simulated": 1.5, "offline": 1.4, "served": 1.3},
+           {"label": "untrained baseline", "simulated": None, "offline": None, "served": 1.0}]
+    assert missing_bars(pts, ["simulated", "offline", "served"]) == [(1, "simulated"), (1, "offline")]
+    assert _is_png(plot_served_vs_offline(pts, tmp_path / "m.png"))

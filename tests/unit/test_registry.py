@@ -48,7 +48,8 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     name = model_name(tiny_target_dir.name)
 
     s1, t1 = _stage_dirs(tmp_path, "a", b"weights-a")
-    r1 = register_draft(tiny_cfg, s1, t1, _fig(1.40, 1.42, 1.55), _parent(tiny_cfg))
+    r1_parent = _parent(tiny_cfg)
+    r1 = register_draft(tiny_cfg, s1, t1, _fig(1.40, 1.42, 1.55), r1_parent)
     assert (r1.name, r1.version, r1.best_version, r1.new) == (name, "1", "1", True)
     v1 = client.get_model_version(name, "1")
     assert v1.tags["eagle3.acceptance_served"] == "1.4000"
@@ -60,8 +61,16 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert v1.tags["eagle3.serving_content_hash"] == s1.content_hash
     # the checkpoint folder itself is what was registered
     files = {f.path for f in client.list_artifacts(v1.run_id, "draft")}
-    assert files == {"draft/config.json", "draft/model.safetensors", "draft/manifest.json"}
-    assert v1.source == f"runs:/{v1.run_id}/draft"
+    assert files == {"draft/config.json", "draft/model.safetensors", "draft/manifest.json", "draft/MLmodel"}
+    # the source is the run's own artifact location (not runs:/, which a SQLite-backed server cannot serve),
+    # the run is the pipeline's parent run (its page lists the model), MLmodel makes it a loadable model
+    assert v1.source == client.get_run(v1.run_id).info.artifact_uri.rstrip("/") + "/draft"
+    assert v1.run_id == v1.tags["eagle3.pipeline_run_id"]
+    assert client.get_run(v1.run_id).data.tags.get("mlflow.parentRunId") is None
+    from mlflow.models import Model
+
+    local = client.download_artifacts(v1.run_id, "draft/MLmodel", str(tmp_path / "dl"))
+    assert Model.load(local).flavors["eagle3_draft"]["content_hash"] == s1.content_hash
 
     # a worse draft: new version, alias stays on version 1
     s2, t2 = _stage_dirs(tmp_path, "b", b"weights-b")
@@ -75,11 +84,19 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert (r3.version, r3.best_version) == ("3", "3")
     assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "3"
 
-    # the same checkpoint again (a re-run with every stage cached): no new version, tags refreshed
-    again = register_draft(tiny_cfg, s2, t2, _fig(1.70, 1.7, 1.3), _parent(tiny_cfg))
+    # the same checkpoint again (a re-run with every stage cached): no new version, figures refreshed,
+    # provenance kept (the version still points at the run that made it; the re-run is recorded beside it)
+    made_by = client.get_model_version(name, "2").tags["eagle3.pipeline_run_id"]
+    later = _parent(tiny_cfg)
+    again = register_draft(tiny_cfg, s2, t2, _fig(1.70, 1.7, 1.3), later)
     assert (again.version, again.new, again.best_version) == ("2", False, "2")
     assert len(client.search_model_versions(f"name='{name}'")) == 3
-    assert client.get_model_version(name, "2").tags["eagle3.acceptance_served"] == "1.7000"
+    v2 = client.get_model_version(name, "2")
+    assert v2.tags["eagle3.acceptance_served"] == "1.7000"
+    assert made_by != later and v2.tags["eagle3.pipeline_run_id"] == made_by == v2.run_id
+    assert v2.tags["eagle3.last_pipeline_run_id"] == later
+    # the other versions keep theirs too
+    assert client.get_model_version(name, "1").tags["eagle3.pipeline_run_id"] == r1_parent
 
 
 def test_register_without_manifest_is_an_error(tiny_cfg, tiny_target_dir, tmp_path):

@@ -22,6 +22,15 @@ def test_permanent_error_gets_fix_advice_not_a_retry_command():
                         "(finished stages are cached)")
 
 
+def test_user_timeout_setting_gets_fix_advice_not_a_retry_command():
+    from eagle3.errors import ConfigError
+    from eagle3.measure.bench import _too_slow
+
+    exc = _with_retry_hint(_state(_too_slow("http://127.0.0.1:1", 0.01, "ReadTimeout")), "pipeline", {})
+    assert isinstance(exc, ConfigError) and "retry" not in str(exc)
+    assert "raise bench.request_timeout_s" in str(exc) and str(exc).endswith("(finished stages are cached)")
+
+
 def test_gate_failure_gets_the_retry_command():
     exc = _with_retry_hint(_state(GateFailed("engine stalled", verdict="stalled", diagnostics_dir=None)), "train", {})
     assert str(exc).startswith("engine stalled — re-run the same command (cached stages are skipped) or retry this "

@@ -1,0 +1,155 @@
+"""What a person sees of a flow run in the Prefect UI: its name, the library's log lines in the task-run logs,
+and a markdown artifact with the figures and real links — also for a run that failed.
+
+- Flow run names come from :func:`flow_run_label` (Prefect's ``flow_run_name``): ``<config name>-<first 8
+  characters of the flow run id>`` — the MLflow parent run's name — plus the overrides, e.g.
+  ``tiny-random-096d3bad [train.lr=1e-3]``.
+- Log records of the library's loggers (``eagle3.*``: records skipped, samples truncated, ...) go to the
+  current Prefect task or flow run (:func:`attach_library_logs`, what ``PREFECT_LOGGING_EXTRA_LOGGERS`` does,
+  silent outside a run).
+- Links: an MLflow tracking server's own URL; for a local SQLite store there is no server to link to, so the
+  artifact gives the command that opens the UI, as plain text.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact
+from prefect.logging.handlers import APILogHandler
+
+from tasks import mlflow_ui as ui
+from tasks import tracking
+
+LIBRARY_LOGGER = "eagle3"
+
+
+def flow_run_label() -> str:
+    """The flow run's name, from its parameters (``config_path``, ``overrides``) and id: ``<config name>-<id[:8]>``
+    and the overrides in brackets. The config's ``name`` is read from the file (a file that does not load gives
+    its stem; the flow then fails with the config's own error)."""
+    from prefect.runtime import flow_run
+
+    params = dict(flow_run.parameters or {})
+    path, overrides = str(params.get("config_path") or "run"), list(params.get("overrides") or [])
+    try:
+        from eagle3.config import load_config
+
+        name = load_config(path, overrides).name
+    except Exception:  # noqa: BLE001 - a name is needed before the flow reports the config's error
+        name = Path(path).stem
+    label = f"{name}-{str(flow_run.id)[:8]}"
+    return label + (f" [{' '.join(overrides)}]" if overrides else "")
+
+
+class _RunLogHandler(APILogHandler):
+    """Prefect's API log handler, silent where there is no run (the library also logs outside flows)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        if FlowRunContext.get() is None and TaskRunContext.get() is None:
+            return
+        super().emit(record)
+
+
+def attach_library_logs(name: str = LIBRARY_LOGGER, level: int = logging.INFO) -> logging.Logger:
+    """Send records of logger ``name`` (and its children) at ``level`` or above to the Prefect run they happen
+    in; idempotent. Records still reach the other handlers (the console, the deployment server's log)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(h, _RunLogHandler) for h in logger.handlers):
+        handler = _RunLogHandler()
+        handler.setLevel(level)
+        logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > level:
+        logger.setLevel(level)
+    return logger
+
+
+def mlflow_ui(cfg: Any, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str | None, str | None]:
+    """(URL of the run in the MLflow UI, None) on a tracking server; (None, the command that opens the UI) on a
+    local store."""
+    uri = tracking.tracking_uri(cfg)
+    base = ui.ui_base(uri)
+    if base is None:
+        return None, ui.ui_command(uri)
+    if experiment_id and run_id:
+        return ui.run_url(base, experiment_id, run_id), None
+    return base, None
+
+
+def _links(cfg: Any, exp_id: str, parent: str) -> list[str]:
+    uri = tracking.tracking_uri(cfg)
+    base = ui.ui_base(uri)
+    if base is None:
+        return [f"- MLflow: local store {uri}, parent run {parent}; open the UI with: {ui.ui_command(uri)}"]
+    return [f"- MLflow run: [{cfg.name} ({parent[:8]})]({ui.run_url(base, exp_id, parent)})",
+            f"- all runs of the experiment, with acceptance and decision columns: "
+            f"[{cfg.tracking.experiment}]({ui.experiment_url(base, exp_id)})"]
+
+
+def _key(cfg: Any, suffix: str = "") -> str:
+    return re.sub(r"[^a-z0-9-]", "-", f"eagle3-{cfg.name}{suffix}".lower())
+
+
+def publish_summary(cfg: Any, parent: str, title: str, lines: list[str]) -> None:
+    """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links."""
+    _, exp_id = tracking.client_for(cfg)
+    md = "\n".join([f"# {title}", "", *lines, "", *_links(cfg, exp_id, parent),
+                    f"- run directory: {cfg.run_dir()}"])
+    create_markdown_artifact(markdown=md, key=_key(cfg), description=title)
+
+
+def failed_stage(error: BaseException) -> str | None:
+    """The stage named by ``flows.common.run_stage``'s prefix ``stage <label> failed:``, else None."""
+    m = re.match(r"stage (.+?) failed:", str(error.args[0]) if error.args else "")
+    return m.group(1) if m else None
+
+
+def _failed_run(cfg: Any, exp_id: str, parent: str) -> Any | None:
+    """The newest FAILED nested run of ``parent`` (the stage that failed), if any."""
+    client, _ = tracking.client_for(cfg)
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{tracking.PARENT_TAG}` = '{parent}' and "
+                              "attributes.status = 'FAILED'", order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> list[str]:
+    """What failed and where to look: the stage, the error, the stage's MLflow run (its ``error.txt`` and
+    logged files: the engine log of deploy-bench), its Prefect task-run log."""
+    stage = failed_stage(error) or "the flow itself (before any stage)"
+    message = str(error)
+    lines = [f"**Failed stage: {stage}**", "", "```", f"{type(error).__name__}: {message[:3000]}", "```", ""]
+    run = _failed_run(cfg, exp_id, parent)
+    base = ui.ui_base(tracking.tracking_uri(cfg))
+    if run is not None and base is not None:
+        url = ui.run_url(base, exp_id, run.info.run_id)
+        lines += [f"- its MLflow run: [{run.info.run_name}]({url}); its log and error: "
+                  f"[artifacts (error.txt, logs)]({ui.run_url(base, exp_id, run.info.run_id, 'artifacts')})"]
+    elif run is not None:
+        lines += [f"- its MLflow run: {run.info.run_name} ({run.info.run_id}), error in its artifact error.txt"]
+    task_run = run.data.tags.get("prefect.task_run_id") if run is not None else None
+    prefect_base = ui.prefect_ui_base()
+    if task_run and prefect_base:
+        lines += [f"- its Prefect task-run log: [{stage}]({prefect_base}/runs/task-run/{task_run})"]
+    return lines
+
+
+def publish_failure(cfg: Any, parent: str, title: str, error: BaseException, record: dict) -> None:
+    """A Prefect markdown artifact for a failed flow run (key ``eagle3-<config name>-failed``): the failed
+    stage, its error, links to its MLflow run and log, what ran before. Never raises (the flow's own error is
+    what the run reports)."""
+    try:
+        _, exp_id = tracking.client_for(cfg)
+        table = ["| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()]]
+        stage = failed_stage(error)
+        if stage and stage not in record:
+            table.append(f"| {stage} | **failed** |")
+        md = "\n".join([f"# {title} — failed", "", *failure_lines(cfg, exp_id, parent, error), "", *table, "",
+                        *_links(cfg, exp_id, parent), f"- run directory: {cfg.run_dir()}"])
+        create_markdown_artifact(markdown=md, key=_key(cfg, "-failed"), description=f"{title}: failed")
+    except Exception as e:  # noqa: BLE001 - bookkeeping must not hide the stage's error
+        error.add_note(f"(the failure artifact could not be written: {type(e).__name__}: {e})")
