@@ -3,8 +3,7 @@ no engine): what ``benchmarks/sglang_fidelity.py`` reports for SGLang 0.5.23 aga
 
 An engine's request record is ``{"output_ids": [int], "accept_counts": [int | None], "verify_ct": int,
 "accepted": int}``: ``accept_counts[i]`` = draft tokens verify pass i accepted before any truncation at the token
-budget (``None`` where the pass is not known individually: SGLang coalesced two or more passes into one streamed
-chunk), ``accepted`` = their sum as the engine counts it (SGLang: ``spec_num_correct_drafts``). Acceptance length
+budget (``None`` where the pass is not known individually: SGLang coalesced passes into one streamed chunk), ``accepted`` = their sum as the engine counts it (SGLang: ``spec_num_correct_drafts``). Acceptance length
 follows the project's convention (``eagle3.measure.acceptance.ACCEPTANCE_CONVENTION``): ``1 + accepted / verify
 passes``, bonus token counted, 1.0 = nothing accepted.
 """
@@ -14,28 +13,31 @@ from __future__ import annotations
 from eagle3.measure.acceptance import exact_acceptance_length
 
 
-def passes_from_stream(chunks: list[tuple[int, int, int]]) -> list[int | None]:
-    """Per-verify-pass accepted draft counts from streamed cumulative counters.
+def passes_from_stream(tokens_so_far: list[int], verify_ct: int, correct_drafts: int) -> list[int | None]:
+    """Per-verify-pass accepted draft counts of one streamed SGLang 0.5.23 request.
 
-    ``chunks``: one ``(output tokens so far, spec_verify_ct so far, spec_num_correct_drafts so far)`` per
-    streamed chunk, in order (SGLang 0.5.23's non-incremental stream carries cumulative ``meta_info``; a chunk
-    before the first verify pass has counters 0). A chunk that advances ``spec_verify_ct`` by exactly 1 gives that
-    pass's count; one that advances it by ``n > 1`` (passes coalesced) gives ``n`` × ``None``. Raises ValueError
-    when a counter goes backwards (the stream is not what this reads it as).
+    SGLang puts ``spec_verify_ct`` / ``spec_num_correct_drafts`` into ``meta_info`` only when the request
+    finishes (``tokenizer_manager.py``: ``_calculate_spec_decoding_metrics`` is called in the ``finished``
+    branch), so the per-pass counts are read from the stream itself: ``tokens_so_far`` = output tokens after each
+    streamed chunk (non-incremental stream: cumulative ``output_ids``). The first chunk is the prefill token;
+    each later chunk is one scheduler step, i.e. one verify pass emitting its accepted drafts + the bonus token,
+    so pass i accepted ``Δtokens_i - 1``. The last pass can be cut at the token budget: it gets what the final
+    totals leave (``correct_drafts`` - the others). When the chunks are not one per pass (SGLang coalesced some
+    because the client lagged: fewer than ``verify_ct`` + 1 chunks) the passes are not known individually: all
+    ``None``. Raises ValueError when the token count goes backwards.
     """
-    out: list[int | None] = []
-    last_v = last_c = 0
-    for i, (_, v, c) in enumerate(chunks):
-        if v < last_v or c < last_c:
-            raise ValueError(f"stream chunk {i}: counters went backwards: verify {last_v} -> {v}, "
-                             f"correct drafts {last_c} -> {c}; expected cumulative counters")
-        step = v - last_v
-        if step == 1:
-            out.append(c - last_c)
-        elif step > 1:
-            out.extend([None] * step)
-        last_v, last_c = v, c
-    return out
+    deltas = [b - a for a, b in zip([0, *tokens_so_far], tokens_so_far)]
+    if any(d < 0 for d in deltas):
+        raise ValueError(f"stream: output token counts {tokens_so_far} go backwards; expected cumulative output_ids")
+    deltas = [d for d in deltas if d > 0]  # chunks that only carry meta_info (the final one, say) emit nothing
+    if len(deltas) != verify_ct + 1 or deltas[0] != 1:
+        return [None] * verify_ct
+    counts = [d - 1 for d in deltas[1:]]
+    if counts:
+        counts[-1] = correct_drafts - sum(counts[:-1])
+        if counts[-1] < deltas[-1] - 1:  # the totals contradict the chunk sizes: do not guess
+            return [None] * verify_ct
+    return counts
 
 
 def acceptance(rec: dict) -> float:

@@ -6,7 +6,7 @@ runs its whole budget), and the target's own greedy output (transformers, float3
         [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3] [--out benchmarks/results/sglang_fidelity.json]
 
 Per request it compares the output tokens (both engines against the target's greedy output), the draft tokens each
-verify pass accepted (SGLang's per-pass counts are read from its streamed cumulative ``meta_info`` counters) and the
+verify pass accepted (SGLang's per-pass counts are read from the sizes of its streamed chunks, one per pass) and the
 acceptance length (``1 + accepted drafts / verify passes``, the same definition on both sides: each engine's own
 count of accepted drafts, before truncation at the budget). Where the engines part, it names the first request,
 pass and output position and says why: the reference's logit gap between the two choices there (a near-tie that
@@ -93,13 +93,12 @@ def sglang_request(url: str, input_ids: list[int], n: int, timeout_s: float = 18
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
             last = json.loads(line[5:])
-            meta = last.get("meta_info", {})
-            chunks.append((len(last.get("output_ids") or []), int(meta.get("spec_verify_ct") or 0),
-                           int(meta.get("spec_num_correct_drafts") or 0)))
-    if last is None or not chunks or chunks[-1][1] <= 0:
-        raise RuntimeError(f"SGLang /generate: expected a stream ending with spec_verify_ct > 0, got {chunks[-3:]}")
-    meta = last["meta_info"]
-    return {"output_ids": list(last["output_ids"]), "accept_counts": passes_from_stream(chunks),
+            chunks.append(len(last.get("output_ids") or []))
+    meta = (last or {}).get("meta_info", {})
+    if not meta.get("spec_verify_ct"):
+        raise RuntimeError(f"SGLang /generate: expected a final chunk with spec_verify_ct > 0, got {meta}")
+    counts = passes_from_stream(chunks, int(meta["spec_verify_ct"]), int(meta["spec_num_correct_drafts"]))
+    return {"output_ids": list(last["output_ids"]), "accept_counts": counts,
             "verify_ct": int(meta["spec_verify_ct"]), "accepted": int(meta["spec_num_correct_drafts"]),
             "wall_s": time.perf_counter() - t0, "chunks": len(chunks),
             "meta_info": {k: v for k, v in meta.items() if k.startswith("spec_") or k == "completion_tokens"}}

@@ -19,12 +19,15 @@ def _rec(out, counts):
             "accepted": sum(c for c in counts if c is not None)}
 
 
-def test_passes_from_stream_reads_single_passes_and_marks_coalesced_ones():
-    # prefill chunk (no counters), pass 0 accepts 2, passes 1+2 coalesced (1 accepted in all), pass 3 accepts 0
-    chunks = [(1, 0, 0), (4, 1, 2), (7, 3, 3), (8, 4, 3)]
-    assert passes_from_stream(chunks) == [2, None, None, 0]
-    with pytest.raises(ValueError, match="counters went backwards: verify 3 -> 2"):
-        passes_from_stream([(1, 0, 0), (5, 3, 2), (6, 2, 2)])
+def test_passes_from_stream_reads_one_chunk_per_pass_and_cuts_the_last_at_the_budget():
+    # prefill token, pass 0 accepts 2 (3 tokens), pass 1 accepts 0, pass 2 accepted 3 but only 2 tokens fit
+    assert passes_from_stream([1, 4, 5, 7], verify_ct=3, correct_drafts=5) == [2, 0, 3]
+    assert passes_from_stream([1, 4, 5, 7, 7], verify_ct=3, correct_drafts=5) == [2, 0, 3]  # a meta-only chunk
+    # two passes coalesced into one chunk: no pass is known individually
+    assert passes_from_stream([1, 5, 7], verify_ct=3, correct_drafts=5) == [None, None, None]
+    assert passes_from_stream([1, 4, 8], verify_ct=2, correct_drafts=3) == [None, None]  # totals contradict
+    with pytest.raises(ValueError, match="go backwards"):
+        passes_from_stream([1, 4, 3], verify_ct=2, correct_drafts=1)
 
 
 def test_first_difference_and_pass_start():
