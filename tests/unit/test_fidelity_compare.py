@@ -71,3 +71,16 @@ def test_explain_margin_separates_a_rounding_tie_from_a_real_difference():
     assert "near-tie" in explain_margin(1e-5, 20.0, "x")
     assert "far above float32 rounding" in explain_margin(0.5, 20.0, "x")
     assert "outside the draft vocabulary" in explain_margin(None, 20.0, "x")
+
+
+def test_diagnose_output_calls_a_runner_up_pick_a_tie_only_when_the_gap_is_tiny():
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks.sglang_fidelity import diagnose_output
+    finally:
+        sys.path.remove(str(REPO))
+    margins = [{"top2": [7, 9], "gap": 2e-6, "scale": 30.0}, {"top2": [4, 5], "gap": 3.0, "scale": 30.0}]
+    assert "near-tie" in diagnose_output({"engine": "sglang", "position": 0, "got": 9}, margins)["why"]
+    assert "far above float32 rounding" in diagnose_output({"engine": "sglang", "position": 1, "got": 5}, margins)["why"]
+    assert "neither the target's top-1" in diagnose_output({"engine": "sglang", "position": 1, "got": 8}, margins)["why"]
+    assert "length differs" in diagnose_output({"engine": "sglang", "position": 2, "got": None}, margins)["why"]
