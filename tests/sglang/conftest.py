@@ -9,6 +9,7 @@ from testkit.sglang_harness import sglang_env_missing
 # Filled by the tier-1 fixture and the extraction test; printed at the end of the run (CI logs carry the numbers).
 SUMMARY: dict = {}
 EXTRACT_SUMMARY: dict = {}
+EAGLE31_SUMMARY: dict = {}
 
 requires_sglang_env = pytest.mark.skipif(sglang_env_missing() is not None,
                                          reason=sglang_env_missing() or "SGLang environment present")
@@ -25,3 +26,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             "SGLang 0.5.23 extraction backend vs hf backend: {samples} samples, {tokens} tokens, {slots} slots; "
             "largest |SGLang - HF| / max|HF| = {worst:.3g}".format(**EXTRACT_SUMMARY))
+    for name, fig in sorted(EAGLE31_SUMMARY.items()):
+        terminalreporter.write_line(f"SGLang 0.5.23 on the trained EAGLE-3.1 draft {name}: {fig}")

@@ -5,7 +5,9 @@ Each server start takes minutes here (SGLang's Triton kernels run in the interpr
 unless ``EAGLE3_SGLANG_SERVER=1`` (the make target sets it). Assertions: greedy output equals HF greedy of the
 target alone; ``spec_verify_ct > 0``; the project's benchmark reads the acceptance fields; the reference
 engine's acceptance on the same draft, prompts and settings (ratio reported); a draft that always agrees with
-the target reaches the maximum acceptance length; a SIGSTOPped scheduler is called stalled by the gate.
+the target reaches the maximum acceptance length; a SIGSTOPped scheduler is called stalled by the gate; drafts
+trained with the EAGLE-3.1 flags ``fc_norm`` and ``norm_output`` serve with the target's greedy output and the
+reference engine's acceptance.
 """
 
 from __future__ import annotations
@@ -155,3 +157,52 @@ def test_always_agreeing_draft_reaches_the_maximum_acceptance(tiny_cfg, tiny_tar
     print("always-agreeing draft:", {k: v for k, v in meta.items() if k.startswith("spec_")})
     assert verify > 0 and correct == STEPS * verify, meta
     assert 1 + correct / verify == STEPS + 1
+
+
+@pytest.fixture(scope="module", params=["fc_norm", "norm_output"])
+def eagle31_draft(request, tmp_path_factory, tiny_target_dir) -> tuple[str, Path]:
+    """A tiny draft trained by the pipeline's stages with one EAGLE-3.1 flag (``train.<flag>=true``)."""
+    from eagle3.config import load_config
+    from eagle3.convert.stage import convert
+    from eagle3.extract.stage import extract
+    from eagle3.train.stage import train
+
+    from tests.conftest import CONFIGS
+
+    work = tmp_path_factory.mktemp(f"tier2-{request.param}")
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={work / 'runs'}", "train.epochs=2",
+                                                     f"train.{request.param}=true"])
+    extract(cfg, work / "extract", progress=False)
+    train(cfg, work / "extract", work / "train", progress=False)
+    convert(work / "train", work / "serving", engine="sglang", target_dir=Path(tiny_target_dir))
+    return request.param, work / "serving"
+
+
+def test_eagle31_draft_serves_with_greedy_output_and_reference_acceptance(tiny_cfg, tiny_target_dir, eagle31_draft,
+                                                                         tmp_path):
+    from eagle3.serve.launcher import launch_ready
+    from eagle3.serve.reference.loader import load_decoder
+
+    flag, draft = eagle31_draft
+    assert json.loads((draft / "config.json").read_text())[flag] is True
+    target = Path(tiny_target_dir)
+    decoder, _ = load_decoder(target, draft, num_steps=STEPS, dtype="float32")
+    cfg = cpu_serve_config(tiny_cfg, num_steps=STEPS)
+    served = {"verify": 0, "accepted": 0}
+    ref = {"verify": 0, "accepted": 0}
+    with launch_ready(cfg, target, draft, tmp_path / "deploy", use_gpu=False) as (eng, gate):
+        print(f"{flag}: SGLang start, gate:", gate.summary())
+        for ids in PROMPTS:
+            out = _generate(eng.url, ids, NEW_TOKENS)
+            greedy = _hf_greedy(target, ids, NEW_TOKENS)
+            res = decoder.generate(ids, NEW_TOKENS, ignore_eos=True)
+            assert out["output_ids"] == greedy == res.output_ids, (out["output_ids"], greedy, res.output_ids)
+            meta = out["meta_info"]
+            assert meta["spec_verify_ct"] > 0, meta
+            served["verify"] += meta["spec_verify_ct"]
+            served["accepted"] += meta["spec_num_correct_drafts"]
+            ref["verify"] += res.verify_ct
+            ref["accepted"] += sum(res.accept_counts)
+    s_len, r_len = 1 + served["accepted"] / served["verify"], 1 + ref["accepted"] / ref["verify"]
+    print(f"{flag}: acceptance SGLang {s_len:.4f} ({served}), reference {r_len:.4f} ({ref}), ratio {s_len / r_len:.4f}")
+    assert s_len / r_len >= 0.97, (served, ref)

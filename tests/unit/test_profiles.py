@@ -83,6 +83,21 @@ def test_residual_order_and_flags(sglang_source, profile):
     assert "self.hidden_size_in * self.num_aux_hidden_states" in text
 
 
+def test_flag_source_lines_are_where_the_wheel_decides_each_flag(sglang_source, profile):
+    """Every flag's description (and so the validator's refusal of an unsupported value) cites file:line of the
+    released 0.5.23 source; that line must still say what the profile claims."""
+    from eagle3.engines.sglang.profile import FLAG_SOURCE_LINES
+
+    assert set(FLAG_SOURCE_LINES) == set(profile.flags)
+    for flag, (path, line, text) in FLAG_SOURCE_LINES.items():
+        assert text in sglang_source.read(path).splitlines()[line - 1], (flag, path, line)
+        assert f"{path}:{line}" in profile.flags[flag].how, profile.flags[flag].how
+    with pytest.raises(ConfigError, match=r"llama_eagle3\.py:99.*got norm_before_residual=True"):
+        profile.check_flags({"norm_before_residual": True})
+    with pytest.raises(ConfigError, match=r"eagle_worker_v2\.py:363.*got embed_requires_grad=True"):
+        profile.check_flags({"embed_requires_grad": True})
+
+
 def test_aux_id_convention(sglang_source, profile):
     llama = sglang_source.read("sglang/srt/models/llama.py")
     cap = ast.unparse(_function(ast.parse(llama), "LlamaForCausalLM", "set_eagle3_layers_to_capture"))

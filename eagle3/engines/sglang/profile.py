@@ -36,24 +36,42 @@ LEGACY_RENAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"), ("aux
 STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
+# Where SGLang 0.5.23 decides each flag: (file in the wheel, line, text on that line); the refusal of an unsupported
+# value and the description of a supported one cite it. Re-read from the wheel by tests/unit/test_profiles.py.
+FLAG_SOURCE_LINES = {
+    "norm_before_residual": ("sglang/srt/models/llama_eagle3.py", 99, "residual = hidden_states"),
+    "norm_before_fc": ("sglang/srt/models/llama_eagle3.py", 174,
+                       'eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False))'),
+    "fc_norm": ("sglang/srt/models/llama_eagle3.py", 185, 'use_fc_norm = getattr(config, "fc_norm", None) or getattr('),
+    "norm_output": ("sglang/srt/models/llama_eagle3.py", 207, 'self.norm_output = getattr(config, "norm_output", False)'),
+    "embed_requires_grad": ("sglang/srt/speculative/eagle_worker_v2.py", 363, "self.draft_runner.model.set_embed(embed)"),
+}
+
+
+def _at(flag: str) -> str:
+    path, line, _ = FLAG_SOURCE_LINES[flag]
+    return f"{path}:{line}"
+
+
 FLAGS = {
     "norm_before_residual": FlagRule(
         "norm_before_residual", (False,), False, (),
         "layer 0 takes the residual from the un-normalised hidden state, then applies hidden_norm "
-        "(llama_eagle3.py LlamaDecoderLayer.forward); the flag is not read"),
+        f"(LlamaDecoderLayer.forward, {_at('norm_before_residual')}); the flag is not read"),
     "norm_before_fc": FlagRule(
         "norm_before_fc", (False, True), False, ("eagle_config.norm_before_fc", "norm_before_fc"),
-        "RMSNorm over the concatenated aux states before fc, tensor input_norm.weight"),
+        f"RMSNorm over the concatenated aux states before fc, tensor input_norm.weight ({_at('norm_before_fc')})"),
     "fc_norm": FlagRule(
         "fc_norm", (False, True), False, ("fc_norm", "use_aux_norm"),
-        "one RMSNorm per aux chunk before fc, tensors fc_norm.{i}.weight"),
+        f"one RMSNorm per aux chunk before fc, tensors fc_norm.{{i}}.weight ({_at('fc_norm')}; EAGLE-3.1)"),
     "norm_output": FlagRule(
         "norm_output", (False, True), False, ("norm_output",),
-        "the next draft step receives the final-normed hidden state instead of the pre-norm one"),
+        "the next draft step receives the final-normed hidden state instead of the pre-norm one "
+        f"({_at('norm_output')}; EAGLE-3.1)"),
     "embed_requires_grad": FlagRule(
         "embed_requires_grad", (False,), False, (),
-        "the draft's embed_tokens is replaced by the target's at run time (eagle_worker_v2.py set_embed), so "
-        "a trained embedding is discarded"),
+        f"the draft's embed_tokens is replaced by the target's at run time (set_embed, {_at('embed_requires_grad')}), "
+        "so a trained embedding is discarded"),
 }
 
 # What SGLang 0.5.23 reads inside the draft's ``eagle_config``: the aux ids and ``use_aux_hidden_state``
