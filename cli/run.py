@@ -153,10 +153,14 @@ def _quiet_known_tracebacks() -> Iterator[None]:
 
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+# what the record counts and starts its deadline on: Ctrl-C too (Python's own SIGINT handler raises
+# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well; a new-user trial saw
+# Prefect's engine retry its crash report for 2 min 20 s before the run exited)
+RECORDED = (*TERMINATING, signal.SIGINT)
 
 
 class SignalRecord:
-    """Which termination signals reached this process during a run, whoever handled them, and a deadline after
+    """Which termination signals (SIGTERM, SIGHUP, SIGINT) reached this process during a run, whoever handled them, and a deadline after
     the first one.
 
     Prefect's flow engine installs its own SIGTERM handler while a flow runs, and CPython swallows an exception
@@ -198,7 +202,7 @@ class SignalRecord:
             ready, _, _ = select.select([self._r], [], [], 0.5)
             if ready:
                 chunk = os.read(self._r, 512)
-                new = [b for b in chunk if b in TERMINATING]
+                new = [b for b in chunk if b in RECORDED]
                 self.seen += new
                 if new and deadline is None:
                     deadline = time.monotonic() + self.grace_s

@@ -195,6 +195,10 @@ class TrainConfig(_Section):
     export: Literal["best", "last"] = Field(
         "best", description="Weights written as the draft: best simulated acceptance length at an evaluation, or last.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state when present.")
+    on_other_checkpoint: Literal["restart", "refuse"] = Field(
+        "restart", description="A checkpoint in <out_dir>/state made from other inputs (data, draft vocabulary, "
+        "frozen train fields, layer flags, processes): restart = it belongs to another training, start from step 0 "
+        "with a warning naming the difference; refuse = stop with that difference as the error.")
     init_from: str | None = Field(None, description="A speculators draft folder to start from (weights only).")
     attn_implementation: Literal["auto", "sdpa", "eager"] = Field("auto", description="auto = sdpa on CPU and CUDA.")
     compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static shapes; see compile_mode).")

@@ -19,6 +19,7 @@ Checks, each recorded with its figures whether it passes or not (a ``Check``: pa
   benchmark renders and what the server renders for chat requests (``--default-chat-template-kwargs``,
   ``--chat-template`` overrides in ``serve.extra_args``).
 - ``steps``: served draft steps against trained TTT steps (refused at config load when larger; noted here).
+- ``port``: a ``serve.port`` that is set is free on ``serve.host`` (PORT_IN_USE names it).
 
 A failure names the class and the fix; :meth:`PreflightReport.raise_if_failed` raises EngineUnsupported (the
 engine cannot do it) or ConfigError (a setting), with every problem as ``CODE: message`` and ``.problems``.
@@ -337,6 +338,23 @@ def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
                  {"served_steps": s, "ttt_steps": t}), []
 
 
+def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
+    s = cfg.serve
+    if s.port is None:
+        return Check("port", "passed", f"a free port on {s.host} is chosen at launch"), []
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET) as sock:
+        try:
+            sock.bind((s.host, s.port))
+        except OSError as e:
+            p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, binding it gives "
+                        f"{e.strerror or e}; fix: end what listens there, choose another serve.port, or leave "
+                        "serve.port unset (a free port is chosen)")
+            return Check("port", "failed", p.message), [p]
+    return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
+
+
 def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | None = None, *,
                   data_manifest: dict | None = None, engine: str | None = None,
                   gpus: list[dict] | None = None) -> PreflightReport:
@@ -353,7 +371,8 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
     target, serving = Path(target_dir), Path(serving_dir) if serving_dir is not None else None
     results = [_check_engine(cfg, engine), _check_aux(cfg, engine, target),
                _check_memory(cfg, engine, target, serving, gpus), _check_settings(cfg, engine),
-               _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest), _check_steps(cfg)]
+               _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest), _check_steps(cfg),
+               _check_port(cfg)]
     return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
 
 

@@ -10,6 +10,10 @@ Refused (each a ConfigError/DataError naming the field, the saved and the new va
   max_tokens_per_batch, grad_accum, the layer flags, the number of processes, ``train.distributed`` (ddp and fsdp
   lay out the optimizer state differently).
 
+Such a checkpoint belongs to another training (e.g. the pipeline re-run on other data writes to the same
+``<out_dir>``): with ``train.on_other_checkpoint=restart`` (the default) training starts from step 0 with a
+warning naming the difference, with ``refuse`` the difference is the error.
+
 Allowed: lr, schedule, warm-up, epochs, max_steps, eval/log/checkpoint cadence, keep_last — a long
 constant-LR continuation of a finished run is a resume with a larger ``max_steps``. The LR of every later
 step is then the new schedule's value at that step.
@@ -28,8 +32,26 @@ FROZEN_FIELDS = ("ttt_steps", "num_layers", "draft_vocab_size", "seed", "max_tok
 
 def check_resume(info: dict, identity: dict, cfg, ckpt: Path) -> None:
     """Compare a checkpoint's ``state.json`` (``info``) with the new run. Raises on a refused change."""
+    problem = resume_conflict(info, identity, cfg, ckpt)
+    if problem is not None:
+        raise problem
+
+
+def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError | DataError | None:
+    """The refused change between a checkpoint's ``state.json`` (``info``) and the new run, as the error to
+    raise (DataError for other data or vocabulary, ConfigError for other settings), or None when it may resume.
+    ``identity``: ``vocab_map_hash``, ``data_content_hash``, ``flags``, ``world_size``, ``distributed``."""
+    try:
+        _compare(info, identity, cfg, ckpt)
+    except (ConfigError, DataError) as e:
+        return e
+    return None
+
+
+def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
     t = cfg.train
-    hint = f"(checkpoint {ckpt}; set train.resume=false or use a new output dir to start over)"
+    hint = (f"(checkpoint {ckpt}; train.on_other_checkpoint=restart starts over from step 0, train.resume=false "
+            f"always does)")
     if info.get("vocab_map_hash") != identity["vocab_map_hash"] and not t.allow_vocab_map_change:
         raise DataError(f"resume: draft vocab map hash {identity['vocab_map_hash'][:16]} differs from the "
                         f"checkpoint's {str(info.get('vocab_map_hash'))[:16]}; lm_head rows would mean other "

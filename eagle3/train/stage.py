@@ -37,7 +37,7 @@ from eagle3.train.draft_model import (
 )
 from eagle3.train.loop import Run, evaluate, run_loop
 from eagle3.train.parallel import make_parallel
-from eagle3.train.resume import check_resume, load_init_from
+from eagle3.train.resume import load_init_from, resume_conflict
 from eagle3.train.state import (
     check_checkpoint_space,
     check_complete,
@@ -126,7 +126,15 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
                 "flags": flags, "world_size": world, "distributed": parallel.name}
     if info is not None:
         check_complete(ckpts[-1], state_dir)  # before any model or data is built from it
-        check_resume(info, identity, cfg, ckpts[-1])
+        other = resume_conflict(info, identity, cfg, ckpts[-1])
+        if other is not None and t.on_other_checkpoint == "refuse":
+            raise other
+        if other is not None:  # another training's state (e.g. the pipeline re-run on other data): start over
+            if rank == 0:
+                log.warning("not resuming: %s. Starting from step 0 and removing the old checkpoints "
+                            "(train.on_other_checkpoint=restart)", other)
+            info = None
+    if info is not None:
         if rank == 0:
             log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1], info.get("step"))
     elif rank == 0:

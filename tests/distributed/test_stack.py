@@ -164,7 +164,7 @@ def _check_mlflow(uri: str, parent: str, expect_cached: set[str], new_version: b
 
 
 def test_distributed_stack(tmp_path):
-    from eagle3.artifacts import content_hash, output_intact, read_manifest
+    from eagle3.artifacts import MANIFEST, content_hash, output_intact, read_manifest
 
     t_all = time.monotonic()
     times = Timer()
@@ -224,7 +224,10 @@ def test_distributed_stack(tmp_path):
 
         got = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp_path / "registered"),
                                                        tracking_uri=mlflow_uri))
-        assert content_hash(got) == serving_hash, "the registered draft differs from the validated serving folder"
+        # the registered files are the serving folder plus the MLmodel file that makes them an MLflow model
+        assert (got / "MLmodel").is_file(), sorted(p.name for p in got.iterdir())
+        assert content_hash(got, exclude=(MANIFEST, "MLmodel")) == serving_hash, \
+            "the registered draft differs from the validated serving folder"
         assert any((state / "mlartifacts").rglob("model.safetensors")), "artifacts not in the server's store"
         print(f"\nrun 1: stages {s1['stages'] and [(x['stage'], x['variant']) for x in s1['stages']]}; "
               f"hosts {hosts}; acceptance {s1['metrics']['acceptance_length']:.3f}; registered {name_}/{version}")

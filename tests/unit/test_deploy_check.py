@@ -131,7 +131,7 @@ def test_a_passing_reference_preflight_records_every_check(tiny_target_dir, serv
                            data_manifest=good_data_manifest(tiny_target_dir), engine="reference")
     assert report.passed, report.problems
     assert [c.name for c in report.checks] == ["engine", "aux_capture", "memory", "settings", "environment",
-                                               "template", "steps"]
+                                               "template", "steps", "port"]
     assert report.figures()["memory.need_gib"] > 0 and report.to_dict()["passed"] is True
     report.raise_if_failed()
 
@@ -142,3 +142,22 @@ def test_a_failing_setting_raises_a_config_error(tiny_target_dir, serving):
     report.problems = [p for p in report.problems if p.code == "MEM_FRACTION_TOO_SMALL"]
     with pytest.raises(ConfigError, match="MEM_FRACTION_TOO_SMALL"):
         report.raise_if_failed()
+
+
+def test_a_port_another_process_holds_is_named_before_any_engine_starts(tiny_target_dir, serving):
+    """A new-user trial: with serve.port taken, the launch used to spend 140 s and fail with 'address already in
+    use' at the end of a long log line."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        cfg = load_config(None, ["serve.engine=reference", f"serve.port={port}"])
+        report = run_preflight(cfg, tiny_target_dir, serving, engine="reference")
+        assert _codes(report) == ["PORT_IN_USE"] and _status(report, "port").status == "failed"
+        assert f"serve.port {port} on 127.0.0.1: expected a free port" in report.problems[0].message
+        with pytest.raises(ConfigError, match="PORT_IN_USE"):
+            report.raise_if_failed()
+    free = run_preflight(cfg, tiny_target_dir, serving, engine="reference")  # released: free again
+    assert _status(free, "port").status == "passed" and "PORT_IN_USE" not in _codes(free)

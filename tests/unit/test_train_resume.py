@@ -97,7 +97,8 @@ def test_resume_with_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_pat
     other = shutil.copytree(hs_dir, tmp_path / "hs2")
     freq = torch.load(other / "token_freq.pt")
     torch.save({**freq, **{t: 10_000 for t in range(1000, 1040)}}, other / "token_freq.pt")  # 40 new ids on top
-    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5")
+    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5",
+                         "train.on_other_checkpoint=refuse")
     with pytest.raises(DataError, match="vocab map hash .* differs.*allow_vocab_map_change"):
         train(cfg, other, out, progress=False)
     cfg2 = tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.checkpoint_every=1", "train.epochs=5",
@@ -116,7 +117,8 @@ def test_resume_refuses_a_changed_seed_and_continues_with_a_constant_lr(hs_dir, 
     first = train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.eval_every=3"), hs_dir, out,
                   progress=False)
     with pytest.raises(ConfigError, match=r"train.seed is 1, the checkpoint was trained with 0"):
-        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.seed=1"), hs_dir, out, progress=False)
+        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.seed=1",
+                             "train.on_other_checkpoint=refuse"), hs_dir, out, progress=False)
     more = train(tiny_train_cfg(tmp_path / "runs", "train.schedule=constant", "train.max_steps=6",
                                 "train.eval_every=3", "train.lr=5e-4"), hs_dir, out, progress=False)
     assert first["optimizer_steps"] == 3 and more["optimizer_steps"] == 6
@@ -205,3 +207,20 @@ def test_resume_from_a_checkpoint_missing_its_optimizer_or_scheduler_file_is_a_n
     assert "previous complete checkpoint ckpt-00000001" in msg and "train.resume=false" in msg
     shutil.rmtree(newest)  # the way on that the message names
     assert train(cfg, hs_dir, out, progress=False)["optimizer_steps"] == 3
+
+
+def test_a_checkpoint_of_other_inputs_is_another_training_and_restarts_from_step_0(hs_dir, tmp_path, caplog):
+    """The pipeline re-run with other data or frozen settings writes to the same train folder: its old state is
+    not this training's (found by a new-user trial: -o data.num_conversations=24 failed on the old checkpoint)."""
+    out = tmp_path / "t"
+    train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.eval_every=3"), hs_dir, out, progress=False)
+    old = json.loads((out / "state" / "ckpt-00000003" / "state.json").read_text())
+    with caplog.at_level("WARNING", logger="eagle3"):
+        again = train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=2", "train.eval_every=2", "train.seed=1"),
+                      hs_dir, out, progress=False)
+    assert again["optimizer_steps"] == 2  # from step 0: a resume of the 3-step run would have nothing to do
+    assert "not resuming: resume: train.seed is 1, the checkpoint was trained with 0" in caplog.text
+    assert not (out / "state" / "ckpt-00000003").exists()  # the other training's checkpoints are gone
+    assert sorted(_train_records(out)) == [1, 2]
+    assert json.loads((out / "state" / "ckpt-00000002" / "state.json").read_text())["train_config"]["seed"] == 1
+    assert old["train_config"]["seed"] == 0
