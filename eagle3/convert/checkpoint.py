@@ -78,6 +78,8 @@ def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
 def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
     """Read ``config.json``, all weight files and ``manifest.json`` (optional) of a draft directory."""
     path = Path(ckpt_dir)
+    if path.is_file():
+        raise DataError(f"{path}: is a file; expected a draft checkpoint directory (config.json + model.safetensors)")
     if not path.is_dir():
         raise DataError(f"{path}: checkpoint directory not found")
     config = _read_json(path / "config.json", "config.json")

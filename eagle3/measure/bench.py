@@ -230,6 +230,8 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     Raises ConfigError/DataError (bad settings, prompts, responses), TransientError (server unreachable).
     """
     url = url.rstrip("/")
+    if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
+        raise ConfigError(f"bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), got {url!r}")
     if concurrency < 1 or max_new_tokens < 1 or request_timeout_s <= 0:
         raise ConfigError(f"bench: expected concurrency >= 1, max_new_tokens >= 1, request_timeout_s > 0; got "
                           f"{concurrency}, {max_new_tokens}, {request_timeout_s}")

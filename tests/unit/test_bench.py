@@ -189,6 +189,9 @@ def test_errors_are_typed(serve, smollm2_dir):
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(TransientError, match="ConnectError"):
         run_bench(dead, num_prompts=1, tokenizer_dir=smollm2_dir, request_timeout_s=5)
+    for bad in ("notaurl", "localhost:30000"):  # not a transient failure: the argument is wrong
+        with pytest.raises(ConfigError, match=rf"bench url: expected http://HOST:PORT .*got '{bad}'"):
+            run_bench(bad, num_prompts=1, tokenizer_dir=smollm2_dir, request_timeout_s=5)
 
 
 def test_request_slower_than_the_setting_is_the_settings_fault(serve, smollm2_dir):

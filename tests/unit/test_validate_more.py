@@ -171,3 +171,17 @@ def test_vllm_rank_rows_pad_to_64():
 
     assert rank_rows(49152, 8) == [(i * 6144, (i + 1) * 6144) for i in range(8)]
     assert rank_rows(100, 2) == [(0, 64), (64, 100)]  # padded to 128, 64 rows per rank
+
+
+def test_a_training_output_not_converted_yet_is_one_problem_with_the_way_on(tmp_path, tiny_target_dir):
+    """A new-user trial ran `eagle3 validate runs/<name>/train`: the speculators checkpoint gave CONFIG_FIELD and
+    AUX_IDS_MISSING findings that only follow from its format; one problem that says to convert it is the answer."""
+    from eagle3.errors import DataError
+    from testkit.broken_corpus import make_speculators_draft
+
+    spec = make_speculators_draft(tiny_target_dir, tmp_path / "spec")
+    problems = validate(spec, target_dir=tiny_target_dir)
+    assert [p.code for p in problems] == ["ARCHITECTURE"]
+    assert "a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first" in problems[0].message
+    with pytest.raises(DataError, match=r"config.json: is a file; expected a draft checkpoint directory"):
+        validate(spec / "config.json")
