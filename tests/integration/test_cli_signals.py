@@ -28,8 +28,11 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group):
     cmd = [sys.executable, "-m", "cli.main", "run", str(CONFIGS / "tiny-random.yaml"),
            "-o", f"paths.runs_dir={tmp_path / 'runs'}"]
     log = open(tmp_path / "run.log", "w")
+    # as from a terminal: a test runner started in the background (`cmd &`) passes SIGINT on as ignored, and a
+    # Python started with SIGINT ignored keeps ignoring it
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         children = []
