@@ -270,11 +270,7 @@ class FastDecoder:
             for j in range(min(a, appended)):
                 res.accepted_per_position[j] += 1
             res.histogram[min(a, appended)] += 1
-            if on_tokens is not None:
-                on_tokens(res)
-            if done:
-                if tl:
-                    tl.mark("end")
+            if _reported(res, done, on_tokens, tl):
                 return
             start, hpos = hpos, hpos + a + 1
             if tl:
@@ -297,11 +293,7 @@ class FastDecoder:
         self.pos.fill_(n)
         hpos, done = n, SpeculativeDecoder._emit(res, [tok], stops, budget)[1]  # noqa: SLF001
         while True:
-            if on_tokens is not None:
-                on_tokens(res)
-            if done:
-                if tl:
-                    tl.mark("end")
+            if _reported(res, done, on_tokens, tl):
                 return
             if tl:
                 tl.mark("decode")
@@ -344,3 +336,14 @@ def build_decoder(target, draft: SGLangEagle3Draft | None, tokenizer=None, *, nu
     if max_context:
         dec.max_positions = max_context
     return dec, f"generic HF path (SpeculativeDecoder): {reason}"
+
+
+def _reported(res: GenerationResult, done: bool, on_tokens, tl) -> bool:
+    """After each pass: hand the tokens so far to ``on_tokens`` (streaming), and when the request is ``done`` mark
+    the timeline's end; returns ``done``."""
+    if on_tokens is not None:
+        on_tokens(res)
+    if done and tl:
+        tl.mark("end")
+    return done
+
