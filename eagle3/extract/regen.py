@@ -14,12 +14,15 @@ reuses them instead of generating again.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from eagle3.errors import ConfigError, DataError, TransientError
 from eagle3.extract.conversations import Conversation
+
+log = logging.getLogger(__name__)
 
 
 def _rounds(convs: list[Conversation]) -> int:
@@ -69,7 +72,10 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
     """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding).
 
     A prompt longer than ``max_prompt_tokens`` tokens is not generated for (its answer is ``None``: the caller
-    keeps the original turn), so one very long conversation does not pad a whole batch to its length."""
+    keeps the original turn), so one very long conversation does not pad a whole batch to its length. A batch
+    that runs out of device memory (``torch.OutOfMemoryError``) is generated again as two halves, with a
+    warning (greedy answers do not depend on the batch split beyond the dtype's rounding); a single prompt that
+    does not fit raises DataError."""
     kwargs = dict(template_kwargs or {})
 
     def answer(prefixes: list[list[dict]]) -> list[str | None]:
@@ -87,6 +93,21 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
         return answer_all(prompts)
 
     def answer_all(prompts: list[str]) -> list[str]:
+        try:
+            return generate(prompts)
+        except torch.OutOfMemoryError as e:
+            if len(prompts) < 2:
+                raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does not fit on the "
+                                f"device ({e}); lower data.max_seq_len or data.regenerate_max_new_tokens") from e
+            half = len(prompts) // 2
+            log.warning("regeneration: a batch of %d prompts ran out of device memory; generating it as two "
+                        "batches of %d and %d (lower data.regenerate_batch_size to avoid the retry)",
+                        len(prompts), half, len(prompts) - half)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return answer_all(prompts[:half]) + answer_all(prompts[half:])
+
+    def generate(prompts: list[str]) -> list[str]:
         side = tokenizer.padding_side
         tokenizer.padding_side = "left"
         try:

@@ -7,6 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+import torch
 
 from eagle3.extract.conversations import Conversation
 from eagle3.errors import DataError, TransientError
@@ -140,3 +141,32 @@ def test_regenerate_file_writes_shared_conversations_and_a_manifest(tiny_cfg, ti
     assert json.loads((tmp_path / "regen.jsonl.manifest.json").read_text())["sha256"] == m["sha256"]
     with pytest.raises(Exception, match="expected 'hf' or 'openai'"):
         regenerate_file(file_cfg(tiny_cfg, tmp_path / "c.jsonl", n=3), tmp_path / "x.jsonl", progress=False)
+
+
+def test_a_batch_that_runs_out_of_device_memory_is_generated_as_two_halves(tiny_target_dir, caplog):
+    from eagle3.target_model import load_target
+
+    model, tok = load_target(tiny_target_dir, "float32", "cpu")
+    prefixes = [[{"role": "user", "content": f"question {i}"}] for i in range(5)]
+    want = [hf_answer_fn(model, tok, 4)([p])[0] for p in prefixes]
+    real, sizes = model.generate, []
+
+    def tight(**kw):  # a device that holds at most 2 prompts per batch
+        sizes.append(kw["input_ids"].shape[0])
+        if kw["input_ids"].shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(**kw)
+
+    model.generate = tight
+    with caplog.at_level("WARNING", logger="eagle3.extract.regen"):
+        got = hf_answer_fn(model, tok, 4)(prefixes)
+    assert got == want
+    assert sizes == [5, 2, 3, 1, 2]  # 5 -> 2 + 3, then 3 -> 1 + 2
+    assert "a batch of 5 prompts ran out of device memory" in caplog.text
+
+    def never(**kw):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    model.generate = never
+    with pytest.raises(DataError, match="does not fit on the device"):
+        hf_answer_fn(model, tok, 4)(prefixes[:1])
