@@ -387,7 +387,12 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     lever, rule, gain = max(known, key=lambda lv: lv[2])
     if gain < th.min_gain:
         return Decision("stop", "sweep_plateau", lines + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
-    why = {"data_gain_dominates": "more data raised acceptance more than the other levers did",
-           "schedule_gain_dominates": "a longer schedule raised acceptance more than the other levers did",
-           "data_variant_gain_dominates": f"data variant {variant} raised acceptance more than the other levers did"}
-    return Decision(lever, rule, lines + [why[rule]], ev)
+    what = {"data_gain_dominates": "more data", "schedule_gain_dominates": "a longer schedule",
+            "data_variant_gain_dominates": f"data variant {variant}" if variant else "another data variant"}
+    unmeasured = [what[r] for _, r, g in levers if g is None]
+    if not unmeasured:
+        return Decision(lever, rule, lines + [f"{what[rule]} raised acceptance more than the other levers did"], ev)
+    # one lever measured and paying is a recommendation, not a comparison: the others were not weighed
+    return Decision(lever, rule, lines + [
+        f"{what[rule]} raised acceptance by {gain:+.3f}; not measured in this sweep: {', '.join(unmeasured)} — "
+        "this recommendation does not weigh them"], ev, "medium")

@@ -167,3 +167,20 @@ def test_sweep_regenerated_data_dominates_and_one_point_is_too_little_evidence()
     assert d.evidence["data_variant"] == "regenerated" and d.evidence["data_variant_gain"] == pytest.approx(0.5)
     one = sweep_decision([res[0]])
     assert (one.recommendation, one.rule, one.confidence) == ("more evidence needed", "no_lever_measured", "low")
+
+
+def test_one_measured_lever_recommends_it_at_medium_confidence_and_names_the_levers_not_weighed():
+    """The GPU study's second session: two data sizes of one variant and one schedule (docs/SWEEP.md)."""
+    rows = [{"data": "regenerated", "data_size": 1000, "schedule": "cosine-3ep", "unique_tokens": 565_513,
+             "acceptance_length": 1.379},
+            {"data": "regenerated", "data_size": 3000, "schedule": "cosine-3ep", "unique_tokens": 1_634_591,
+             "acceptance_length": 1.543}]
+    d = sweep_decision(rows)
+    assert (d.recommendation, d.rule, d.confidence) == ("more data", "data_gain_dominates", "medium")
+    assert d.evidence["data_gain_per_doubling"] == pytest.approx((1.543 - 1.379) / np.log2(1_634_591 / 565_513))
+    assert "not measured in this sweep: a longer schedule, another data variant" in d.reasons[-1]
+    full = _sweep(lambda n, s: 1.1 + 0.1 * {128: 0, 256: 1, 512: 2}[n])
+    regen = [{**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.01} for r in full]
+    both = sweep_decision([{**r, "data": "as-is"} for r in full] + regen)
+    assert (both.recommendation, both.confidence) == ("more data", "high")
+    assert "raised acceptance more than the other levers did" in both.reasons[-1]
