@@ -359,7 +359,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path: YAML file, or None for all defaults.
         overrides: ``["train.lr=1e-3", "data.num_conversations=64"]``.
     Raises:
-        ConfigError: file missing or not YAML, top level not a mapping, unknown key, wrong type or value.
+        ConfigError: file missing, empty or not YAML, top level not a mapping, unknown key, wrong type or value.
     """
     text = None
     if path is not None:
@@ -388,8 +388,9 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
-        if loaded is None:
-            loaded = {}
+        if loaded is None:  # an empty file (or comments only) is a mistake, not "all defaults"
+            raise ConfigError(f"config file {path}: expected a mapping of sections (name, target, data, extract, "
+                              "train, serve, bench, paths), got an empty document (configs/ has complete examples)")
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = loaded

@@ -92,3 +92,11 @@ def test_a_config_is_parsed_once_per_file_content_and_overrides(tmp_path, monkey
     assert len(calls) == 2
     f.write_text("name: two\n")
     assert config_mod.load_config(f, ["train.epochs=2"]).name == "two" and len(calls) == 3
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n"])
+def test_an_empty_config_file_is_refused_not_taken_as_all_defaults(tmp_path, text):
+    p = tmp_path / "empty.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=r"empty\.yaml: expected a mapping of sections .* got an empty document"):
+        load_config(p)
