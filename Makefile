@@ -41,8 +41,11 @@ assets: env
 demo: assets
 	$(BIN)/eagle3 run $(DEMO_CONFIG)
 
+# test files run in TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process, in order): most of
+# the suite waits on subprocesses and servers, so 2 workers halve it on 2 cores. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: env
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=15 tests
 
 test-fast: env
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -389,8 +389,7 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
         if loaded is None:  # an empty file (or comments only) is a mistake, not "all defaults"
-            raise ConfigError(f"config file {path}: expected a mapping of sections (name, target, data, extract, "
-                              "train, serve, bench, paths), got an empty document (configs/ has complete examples)")
+            raise ConfigError(f"config file {path}: expected a mapping of sections (name, target, data, ...), got an empty document")
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = loaded

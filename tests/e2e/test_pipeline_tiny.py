@@ -14,14 +14,12 @@ import pytest
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
-from tests.support.flow_runs import TINY  # noqa: E402
+from tests.support.flow_runs import TINY, child_processes  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
-    import psutil
-
     from eagle3.config import load_config
     from tasks.reports import decision_text
     from cli.run import run_flow_cli
@@ -77,7 +75,7 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
     assert MlflowClient(cfg.mlflow_uri()).get_run(parent).data.params["serve.env.HF_TOKEN"] == "***"
     assert "not-a-real-token" not in (cfg.run_dir() / "config.yaml").read_text()
     # nothing left running: no engine, no ephemeral Prefect server
-    assert psutil.Process().children(recursive=True) == []
+    assert child_processes() == []
 
     # the stand-alone gate, as a user who starts a server by hand would run it: `eagle3 wait-ready` against the
     # reference engine serving the draft the pipeline just converted
@@ -94,4 +92,4 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
                               "--poll-interval", "0.5"], capture_output=True, text=True, timeout=180)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "READY" in out.stdout and "spec_verify_ct" in out.stdout
-    assert psutil.Process().children(recursive=True) == []
+    assert child_processes() == []

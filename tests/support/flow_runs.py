@@ -43,17 +43,32 @@ def retry_flow_run(flow, flow_run_id):
     return run_flow(flow, flow_run=fr, parameters=fr.parameters, return_type="state")
 
 
-def child_processes_except_prefect() -> list[str]:
-    """Command lines of this process's live descendants, leaving out Prefect's own ephemeral API server."""
+# Python's multiprocessing starts one resource tracker per process that first uses its semaphores or shared
+# memory (a DataLoader with workers, a torch.multiprocessing queue) and keeps it until that process exits: under
+# pytest-xdist the worker that ran such a test earlier still has it. It is not a process the pipeline started.
+RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"
+
+
+def child_processes(ignore_prefect_server: bool = False) -> list[str]:
+    """Command lines of this process's live descendants (``pid: cmdline``), leaving out zombies, Python's
+    multiprocessing resource tracker (see :data:`RESOURCE_TRACKER`) and, with ``ignore_prefect_server``,
+    Prefect's own ephemeral API server."""
     import psutil
 
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
-            if p.status() == psutil.STATUS_ZOMBIE or "prefect.server.api.server:create_app" in cmd:
+            if p.status() == psutil.STATUS_ZOMBIE or RESOURCE_TRACKER in cmd:
+                continue
+            if ignore_prefect_server and "prefect.server.api.server:create_app" in cmd:
                 continue
             out.append(f"{p.pid}: {cmd[:200]}")
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def child_processes_except_prefect() -> list[str]:
+    """:func:`child_processes` without Prefect's own ephemeral API server."""
+    return child_processes(ignore_prefect_server=True)
