@@ -125,11 +125,19 @@ def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | 
 
     ``on_ready()`` is called once the target is loaded, ``on_progress(tokens)`` after each batch. Raises
     DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing shard is not committed.
+    ``job.num_threads`` (a CPU data-parallel worker's share of the cores) holds inside the call only: the
+    caller's torch thread count is restored after, since a float32 forward on some CPUs (AVX2 kernels) gives other
+    bits with another thread count, and a later extraction in this process must compute what a fresh one would.
     """
+    from eagle3.precision import torch_threads
+
+    with torch_threads(job.num_threads or None):
+        return _run_shards(job, model, on_progress, on_ready)
+
+
+def _run_shards(job: WorkerJob, model, on_progress, on_ready) -> dict[int, int]:
     from eagle3.target_model import load_target
 
-    if job.num_threads:
-        torch.set_num_threads(job.num_threads)
     tok = None
     if model is None:
         model, tok = load_target(job.target_dir, job.model_dtype, job.device, job.trust_remote_code)

@@ -61,3 +61,22 @@ def test_a_worker_that_never_gets_ready_is_named_within_the_startup_deadline(tin
     assert "worker 1: started" in msg and "expected all 2 ready, got 1 of 2" in msg, msg
     stack = tmp_path / "o" / ".progress" / "workers" / "worker-1.stack.txt"
     assert stack.is_file() and "_sleep" in stack.read_text() or "py-spy" in stack.read_text()
+
+
+def test_a_workers_thread_share_holds_inside_run_shards_only(tiny_target_dir, tmp_path):
+    """A CPU worker's share of the cores (``num_threads``) must not stay on the calling process: float32 bits
+    of a forward depend on the thread count on AVX2 CPUs, so a later extraction here would differ from a fresh
+    one (seen as a resume-hash mismatch under pytest-xdist on an AVX2 kernel set)."""
+    from eagle3.extract.hf_backend import WorkerJob, run_shards
+    from eagle3.extract.store import HS_DIR, make_shards
+
+    (tmp_path / HS_DIR).mkdir()
+    (tmp_path / ".progress").mkdir()
+    ids = [[1, 2, 3, 4], [5, 6, 7]]
+    job = WorkerJob(str(tiny_target_dir), "float32", "cpu", [1, 2], "float32", 2, str(tmp_path), ["a", "b"], ids,
+                    [[0, 1, 1, 1], [0, 1, 1]], make_shards(2, 2), num_threads=1)
+    before = torch.get_num_threads()
+    seen = []
+    written = run_shards(job, on_progress=lambda n: seen.append(torch.get_num_threads()))
+    assert seen == [1] and list(written) == [0]
+    assert torch.get_num_threads() == before
