@@ -52,15 +52,26 @@ def _kill_at_random(cfg_json: Path, out: Path, after_shards: int, delay_s: float
     return "finished" if proc.returncode == 0 else f"killed after {len(list(out.glob('.progress/shard_*')))} shards"
 
 
+def _extract_in_fresh_process(cfg_json: Path, out: Path) -> dict:
+    """One uninterrupted extraction in a new Python process; returns its manifest."""
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(cfg_json), str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError(f"extraction failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads((out / "manifest.json").read_text())
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moment_then_resume_gives_identical_hash(tiny_cfg, tmp_path):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 40, words=20), n=40, shard=2, batch_size=2,
                    max_seq_len=256)
-    ref = extract(cfg, tmp_path / "ref", progress=False)
     cfg_json = tmp_path / "cfg.json"
     cfg_json.write_text(cfg.model_dump_json())
+    # every extraction of this test runs in a fresh process (the reference, the killed ones, the resume): float32
+    # bits depend on torch's thread count on some CPUs, and this process's may have been changed by earlier tests
+    ref = _extract_in_fresh_process(cfg_json, tmp_path / "ref")
     out = tmp_path / "run"
     # first kill: in the middle of a random shard; second: anywhere from its first new shard to the end
     first = rng.randint(1, 18)
@@ -68,7 +79,7 @@ def test_sigkill_at_random_moment_then_resume_gives_identical_hash(tiny_cfg, tmp
                _kill_at_random(cfg_json, out, first + 1, rng.uniform(0.0, ref["timings"]["extract_s"]))]
     leftovers = list((out / "hidden_states").glob(".hs_*.tmp")) if out.exists() else []
     print(f"seed {seed}: {reached}; temporaries left by the kill: {len(leftovers)}")
-    m = extract(cfg, out, progress=False)
+    m = _extract_in_fresh_process(cfg_json, out)
     assert m["content_hash"] == ref["content_hash"] == content_hash(out), (seed, reached)
     assert not list((out / "hidden_states").glob(".hs_*.tmp"))
     assert len(list((out / "hidden_states").glob("hs_*.safetensors"))) == 40, (seed, reached, leftovers)
