@@ -227,9 +227,12 @@ class SignalRecord:
         self._r = self._w = -1
 
 
+EXIT_HANDLERS_S = 10.0  # what the exit handlers get once the grace time is over (seconds)
+
+
 def _end_now(signum: int, grace_s: float) -> None:
-    """The run did not exit within ``grace_s`` of a termination signal: end engines (atexit), this process's own
-    children, then exit 128 + ``signum``."""
+    """The run did not exit within ``grace_s`` of a termination signal: end engines (atexit, given at most
+    ``EXIT_HANDLERS_S``), this process's own children (SIGTERM, then SIGKILL after 5 s), then exit 128 + ``signum``."""
     import atexit
     import sys
 
@@ -238,7 +241,14 @@ def _end_now(signum: int, grace_s: float) -> None:
     print(f"error: received {signal.Signals(signum).name} and the run did not stop within {grace_s:.0f} s "
           "(Prefect's API server was ended with it); ending it now", file=sys.stderr, flush=True)
     try:
-        atexit._run_exitfuncs()  # the launcher registers every engine's stop here
+        # the launcher registers every engine's stop here; other exit handlers (logging's flush of Prefect's API
+        # log handler to a server that is already gone) can block, so they get a bounded time in a thread
+        runner = threading.Thread(target=atexit._run_exitfuncs, name="eagle3-exit-handlers", daemon=True)
+        runner.start()
+        runner.join(timeout=EXIT_HANDLERS_S)
+        if runner.is_alive():
+            print(f"error: exit handlers still running after {EXIT_HANDLERS_S:.0f} s; ending without them",
+                  file=sys.stderr, flush=True)
     finally:
         children = psutil.Process().children(recursive=True)
         for c in children:
@@ -246,7 +256,12 @@ def _end_now(signum: int, grace_s: float) -> None:
                 c.terminate()
             except psutil.Error:
                 pass
-        psutil.wait_procs(children, timeout=5)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for c in alive:
+            try:
+                c.kill()
+            except psutil.Error:
+                pass
         os._exit(128 + signum)
 
 

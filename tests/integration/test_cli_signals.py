@@ -94,3 +94,27 @@ def test_terminate_as_interrupt_raises_keyboard_interrupt():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_the_deadline_exit_is_bounded_when_an_exit_handler_blocks(tmp_path):
+    """Past the grace time the run ends even when an exit handler never returns (logging's flush to Prefect's
+    API server that died with the process group hung a Ctrl-C'd run for over 75 s): the handlers get
+    ``EXIT_HANDLERS_S``, children are ended, and the exit code is 128 + the signal."""
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import atexit, signal, subprocess, sys, time\n"
+        "from cli import run\n"
+        "run.EXIT_HANDLERS_S = 1.0\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print(child.pid, flush=True)\n"
+        "atexit.register(time.sleep, 600)\n"
+        "run._end_now(signal.SIGTERM, 0.0)\n")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    took = time.monotonic() - started
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "exit handlers still running after 1 s" in proc.stderr
+    assert took < 30, f"took {took:.1f} s"
+    child_pid = int(proc.stdout.split()[0])
+    assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
