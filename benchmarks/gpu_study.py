@@ -124,6 +124,10 @@ def do_regen(a, base: list[str], out: Path) -> dict:
 
 def _plan(a, regen_file: str) -> dict:
     plan = json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN)
+    needs = sorted(k for k, v in plan["data"].items() if any("{regen}" in o for o in v))
+    if needs and not regen_file:
+        raise RuntimeError(f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the regen "
+                           "stage has no result (see its failure above in results.json's 'failures')")
     data = {k: [o.replace("{regen}", regen_file) for o in v] for k, v in plan["data"].items()}
     all_n = a.all_size
     points = [[d, (all_n if n == ALL else n), s] for d, n, s in plan["points"]]
