@@ -39,3 +39,13 @@ def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(tmp_path, tin
     assert (out / "mlflow_store.tar.xz").stat().st_size > 10_000
     again = subprocess.run(cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("done in an earlier call") == 7, again.stdout[-3000:]
+    # a fresh machine's call reuses the regenerated file the first call carried back instead of regenerating
+    carried = out / "regenerated.jsonl.xz"
+    assert carried.stat().st_size > 100 and (out / "regenerated.jsonl.manifest.json").is_file()
+    fresh = [a if a != str(tmp_path / "w") else str(tmp_path / "w2") for a in cmd]
+    fresh = [a if a != str(out) else str(tmp_path / "out2") for a in fresh]
+    reuse = subprocess.run(fresh + ["--regen-file", str(carried), "--until", "regen"], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert reuse.returncode == 0 and "regen: reusing " in reuse.stdout + reuse.stderr, \
+        (reuse.stdout[-3000:], reuse.stderr[-3000:])
+    assert (tmp_path / "w2" / "regenerated.jsonl").read_bytes() == (tmp_path / "w" / "regenerated.jsonl").read_bytes()
