@@ -14,7 +14,11 @@ PART_BYTES=${PART_BYTES:-40000000}
 # what the GPU image already holds: benchmarks/gpu_image_packages.txt (`pip list --format=freeze` read on an
 # nvidia-h200 machine, 2026-12-02); those names are not carried (their versions there are the ones used)
 PRESENT="^($(sed -n 's/^\([A-Za-z0-9_.-]*\)\( @ \|==\).*/\1/p' benchmarks/gpu_image_packages.txt | tr 'A-Z_' 'a-z-' | paste -sd'|'))\$"
-WANT=(speculators==0.9.0 "prefect==3.9.1" mlflow-skinny "gguf>=0.10" typer rich httpx psutil fastapi uvicorn
+# mlflow-skinny at the local mlflow's version: a newer one migrates the carried store to a schema the local
+# MlflowClient refuses ("out-of-date database schema"), so the store that comes back could not be read here
+MLFLOW=$("$PY" -c 'import importlib.metadata as m; print(m.version("mlflow"))' 2>/dev/null \
+         || "$PY" -c 'import importlib.metadata as m; print(m.version("mlflow-skinny"))')
+WANT=(speculators==0.9.0 "prefect==3.9.1" "mlflow-skinny==$MLFLOW" "gguf>=0.10" typer rich httpx psutil fastapi uvicorn
       pydantic pydantic-settings prometheus-client matplotlib loguru==0.7.3 "datasets>=4.0.0,<=5.1.0" openai aiohttp
       "transformers==5.17.0" "torch==2.13.0")
 rm -rf .whl && mkdir -p .whl .benchdata

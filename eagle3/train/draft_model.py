@@ -199,9 +199,12 @@ def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Pa
 
 
 def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str | Path | None = None):
-    """Load a speculators-format draft (float32) and set its attention implementation.
+    """Load a speculators-format draft (float32) and set its attention implementation; its forward runs eager.
 
-    speculators reads the target (verifier) at the checkpoint's ``speculators_config.verifier.name_or_path``: the
+    speculators wraps the forward in ``torch.compile`` whenever CUDA is available, also for a draft loaded on the
+    CPU for conversion checks, where inductor's C++ code generation failed on the H200 machine (torch 2.11, "'tmp1'
+    was not declared in this scope"); a loaded draft is only run for a few checking forwards, so the plain forward
+    is bound (:func:`use_uncompiled_forward`). speculators reads the target (verifier) at the checkpoint's ``speculators_config.verifier.name_or_path``: the
     path it had where training ran. ``verifier_dir`` (the target's folder on this machine, which may mount the
     asset cache elsewhere) is used instead when given; the checkpoint on disk is not changed."""
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -213,4 +216,5 @@ def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str 
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
         model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
     set_attention(model, attn_impl)
+    use_uncompiled_forward(model)
     return model.float()

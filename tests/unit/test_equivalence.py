@@ -78,3 +78,27 @@ def test_two_layer_draft_equivalent(tmp_path, tiny_target_dir):
     convert(spec, tmp_path / "serving2", target_dir=tiny_target_dir)
     r = check_equivalence(spec, tmp_path / "serving2", target_dir=tiny_target_dir, atol=1e-4, num_tokens=16)
     assert r["passed"] and r["max_abs_diff"]["prenorm"] < 1e-4
+
+
+def test_loaded_draft_runs_eager_when_speculators_compiled_its_forward(pair, monkeypatch, tiny_target_dir):
+    """speculators compiles ``Eagle3DraftModel.forward`` at import when CUDA is available; the checking side of
+    conversion loads the draft on the CPU, where that compile failed on the H200 machine: load_draft binds the
+    plain forward, so no dynamo frame is compiled while the equivalence check runs."""
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    from eagle3.train.draft_model import load_draft
+
+    calls = []
+
+    def counting_backend(gm, example_inputs):
+        calls.append(len(gm.graph.nodes))
+        return gm.forward
+
+    plain = Eagle3DraftModel.forward
+    monkeypatch.setattr(Eagle3DraftModel, "forward", torch.compile(plain, backend=counting_backend))
+    model = load_draft(pair[0], verifier_dir=tiny_target_dir)
+    assert getattr(model.forward, "__func__", None) is plain
+    torch._dynamo.reset()
+    r = check_equivalence(*pair, target_dir=tiny_target_dir, atol=1e-4, num_tokens=16)
+    assert r["passed"] and calls == []
