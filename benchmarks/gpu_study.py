@@ -354,8 +354,8 @@ def main(argv=None) -> int:
     d = stage(res, "data", lambda: {"dir": str(data_file(a, work))} if a.data else {"dir": _cached_sharegpt(work)})
     base = base_overrides(a, work, target, Path(d["dir"])) if d else None
     regen = stage(res, "regen", do_regen, a, base, work / "regenerated.jsonl") if base else None
-    if regen:
-        carry_back_regen(Path(regen["path"]), out)
+    if regen and not regen.get("reused_from"):  # a reused file is already where it came from: the device
+        carry_back_regen(Path(regen["path"]), out)  # returns at most 8 files, so none is spent on a copy
     sweep = stage(res, "sweep", do_sweep, a, base, regen, res) if base else None
     rep = stage(res, "report", do_report, a, sweep, None, out) if sweep else None  # before the speedup: a call
     # cut off while measuring it still leaves the sweep's report

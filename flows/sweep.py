@@ -108,10 +108,13 @@ def _finished_points(cfg, sweep_run_id: str) -> set[str]:
 
 def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds: dict, data: dict, parent: str,
                 deadline: float | None) -> tuple[list[dict], dict, list[str]]:
+    """Run the ``todo`` points in order; once ``deadline`` (a ``time.monotonic()`` value) has passed no further point
+    starts, but the first one always does (a call whose set-up outlasted its deadline still makes progress).
+    Returns (results, failed {point: message}, pending point keys)."""
     results, failed, pending = [], {}, []
-    for d, size, s in todo:
+    for i, (d, size, s) in enumerate(todo):
         key = point_key(d, size, s)
-        if deadline is not None and time.monotonic() > deadline:
+        if i > 0 and deadline is not None and time.monotonic() > deadline:
             pending.append(key)
             continue
         point = _point_overrides(overrides, cfg.name, data[d], size, key, scheds[s])

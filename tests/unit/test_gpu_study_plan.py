@@ -74,3 +74,22 @@ def test_regen_file_made_for_another_count_or_truncated_or_without_manifest_is_r
     _manifest_of(src).unlink()
     with pytest.raises(RuntimeError, match=r"expected its manifest .*regenerated.jsonl.manifest.json"):
         reuse_regen(src, 3, tmp_path / "w.jsonl")
+
+
+def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
+    """The device returns at most 8 files from --out: a run given --regen-file spends none on a copy of it."""
+    import benchmarks.gpu_study as G
+
+    src = _regen(tmp_path)
+    first = tmp_path / "out1"
+    first.mkdir()
+    G.carry_back_regen(src, first)
+    out = tmp_path / "out2"
+    argv = ["--device", "cpu", "--work", str(tmp_path / "w2"), "--out", str(out), "--quiet",
+            "--regen-file", str(first / "regenerated.jsonl.xz"), "--until", "regen", "--regen", "3"]
+    monkeypatch.setattr(G, "prepare_target", lambda a, work: tmp_path)
+    monkeypatch.setattr(G, "_cached_sharegpt", lambda work: str(src))
+    monkeypatch.setattr(G, "base_overrides", lambda a, work, target, data: ["data.source=file"])
+    assert G.main(argv) == 0
+    assert (tmp_path / "w2" / "regenerated.jsonl").read_bytes() == src.read_bytes()
+    assert not (out / "regenerated.jsonl.xz").exists()

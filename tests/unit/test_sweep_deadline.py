@@ -1,0 +1,43 @@
+"""The sweep's per-call deadline: no point starts after it, except the first of a call (flows/sweep._run_points)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import flows.sweep as S
+
+
+class _Pipeline:
+    def __init__(self):
+        self.started = []
+
+    def with_options(self, flow_run_name):
+        def run(**kw):
+            self.started.append(flow_run_name)
+            return SimpleNamespace(is_completed=lambda: True, result=lambda: {"point": flow_run_name})
+        return run
+
+
+def _run(monkeypatch, deadline):
+    pipe = _Pipeline()
+    monkeypatch.setattr(S, "eagle3_pipeline", pipe)
+    monkeypatch.setattr(S, "_point_overrides", lambda *a: [])
+    monkeypatch.setattr(S, "point_result", lambda summary, d, size, s: {"point": S.point_key(d, size, s)})
+    monkeypatch.setattr(S, "tag_point", lambda cfg, parent, row: None)
+    cfg = SimpleNamespace(name="c", run_dir=lambda: __import__("pathlib").Path("/nonexistent"))
+    todo = [["regenerated", 3000, "cosine-20ep"], ["regenerated", 3000, "cosine-10ep"]]
+    scheds = {"cosine-20ep": [], "cosine-10ep": []}
+    res, failed, pending = S._run_points(cfg, "c.yaml", [], todo, scheds, {"regenerated": []}, "parent", deadline)
+    return pipe.started, [r["point"] for r in res], failed, pending
+
+
+def test_first_point_of_a_call_starts_even_when_the_deadline_has_passed(monkeypatch):
+    started, done, failed, pending = _run(monkeypatch, time.monotonic() - 5)
+    assert started == done == ["regenerated-n3000-cosine-20ep"]
+    assert pending == ["regenerated-n3000-cosine-10ep"] and failed == {}
+
+
+def test_every_point_runs_before_the_deadline(monkeypatch):
+    started, done, _, pending = _run(monkeypatch, time.monotonic() + 600)
+    assert started == ["regenerated-n3000-cosine-20ep", "regenerated-n3000-cosine-10ep"] and pending == []
