@@ -77,7 +77,8 @@ TINY_PLAN = {"data": {"as-is": [], "regenerated": ["data.source=file", "data.pat
 def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
     """The study's config overrides on top of configs/smollm2-gpu.yaml (or tiny-random with ``--tiny``)."""
     out = [f"paths.runs_dir={work / 'runs'}", f"paths.cache_dir={work / 'cache'}", "data.source=file",
-           f"data.path={data}", f"extract.device={a.device}", f"train.device={a.device}", f"serve.device={a.device}"]
+           f"data.path={data}", "data.regenerate=none",  # the regen stage regenerates once, for every point
+           f"extract.device={a.device}", f"train.device={a.device}", f"serve.device={a.device}"]
     if target is not None:
         out += ["target.kind=hf", f"target.path={target}"]
     if a.device == "cuda":  # fp8 hidden states: half the bytes of bf16, the same acceptance (benchmarks/RESULTS.md)
