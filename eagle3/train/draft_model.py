@@ -71,10 +71,16 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
         flags: :func:`resolve_flags`' result.
         attn_impl: ``sdpa`` (CPU and CUDA) or ``eager``; speculators' default flex attention has no CPU
             backward.
-    Returns the model in float32, train mode; random init of fc/layers comes from torch's global RNG.
+    Returns the model in float32, train mode; random init of fc/layers comes from torch's global RNG. The
+    accuracy counts of its forward are the static-shape ones (:mod:`eagle3.train.static_metrics`: no recompile
+    per micro-batch under ``train.compile``).
     Raises ConfigError for an invalid layer-id list (out of range, repeated).
     """
     from speculators.config import SpeculatorsConfig, VerifierConfig
+
+    from eagle3.train import static_metrics
+
+    static_metrics.install()
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from speculators.train.cli import create_transformer_layer_config

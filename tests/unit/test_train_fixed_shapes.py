@@ -136,3 +136,27 @@ def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_ta
     assert {b["input_ids"].shape[1] for b in batches} <= lengths  # each length traced with its own static size
     with pytest.raises(ConfigError, match=r"train.compile_mode.*'fast'"):
         compile_forward(model, "fast")
+
+
+def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(hs_dir, tmp_path, monkeypatch):
+    """Issue 17: with train.compile the draft's frames hold one graph per TTT step and grad mode (training and the
+    no-grad evaluation), all made by the first optimizer step and the first evaluation; later micro-batches,
+    steps and evaluations compile nothing, and no frame reaches dynamo's recompile limit (default 8, after which
+    it would run eagerly). Counted on the CPU with a counting backend: graph capture is what recompiles."""
+    from torch._dynamo.utils import guard_failures
+
+    graphs = _compile_counting(monkeypatch)
+    cfg = tiny_train_cfg(tmp_path / "r1", "train.max_steps=2", "train.eval_every=2", "train.compile=true")
+    train(cfg, hs_dir, tmp_path / "short", progress=False)
+    short = len(graphs)
+    graphs.clear()
+    torch._dynamo.reset()
+    guard_failures.clear()
+    cfg = tiny_train_cfg(tmp_path / "r2", "train.max_steps=5", "train.eval_every=2", "train.compile=true")
+    train(cfg, hs_dir, tmp_path / "long", progress=False)  # 2.5× the steps, 3 evaluations
+    assert len(graphs) == short > 0, (short, len(graphs))
+    ttt = cfg.train.ttt_steps
+    limit = torch._dynamo.config.recompile_limit
+    for code, reasons in guard_failures.items():  # one failed guard per extra cache entry of a frame
+        entries = len({str(r).split(":")[0] for r in reasons}) + 1
+        assert entries <= 2 * ttt < limit, (code.co_filename, code.co_firstlineno, entries, reasons[:3])

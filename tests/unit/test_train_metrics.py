@@ -58,3 +58,26 @@ def test_packing_keeps_documents_and_budget():
     assert b["document_ids"].tolist() == [[0, 0, 0, 1, 1]]
     assert b["position_ids"].tolist() == [[1, 2, 3, 1, 2]]
     assert b["hidden_states"].shape == (1, 5, 6)
+
+
+@pytest.mark.parametrize("with_mask,with_prev", [(True, True), (True, False), (False, True), (False, False)])
+def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(with_mask, with_prev):
+    """eagle3.train.static_metrics.accuracy_single_step: speculators' four counts and its in-place prev_correct
+    update, without masked_select's data-dependent shape."""
+    import torch
+    from speculators.models.metrics import compute_accuracy_single_step
+
+    from eagle3.train.static_metrics import accuracy_single_step
+
+    g = torch.Generator().manual_seed(3)
+    pred = torch.randint(0, 4, (1, 50), generator=g)
+    tgt = torch.randint(0, 4, (1, 50), generator=g)
+    mask = (torch.rand(1, 50, generator=g) > 0.3) if with_mask else None
+    prev = (torch.rand(1, 50, generator=g) > 0.4) if with_prev else None
+    prev_a, prev_b = (prev.clone(), prev.clone()) if with_prev else (None, None)
+    want = compute_accuracy_single_step(pred, tgt, mask, prev_a)
+    got = accuracy_single_step(pred, tgt, mask, prev_b)
+    assert [float(x) for x in got] == [float(x) for x in want]
+    assert float(got[1]) == (float(mask.sum()) if with_mask else 50.0) and 0 < float(got[0]) < float(got[1])
+    if with_prev:
+        assert torch.equal(prev_a, prev_b) and not torch.equal(prev_b, prev)
