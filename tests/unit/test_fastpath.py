@@ -210,14 +210,14 @@ def test_smollm2_fast_path_equals_slow_decoder_and_hf_greedy(tmp_path, smollm2_d
     slow = SpeculativeDecoder.from_models(model, draft, tok, num_steps=3)
     fast = FastDecoder(model, draft, tok, num_steps=3, max_context=256, static_shapes=True)
     accepted = 0
-    for text in PROMPTS:
+    for text in PROMPTS[::2]:  # a chat prompt and a counting one: 2 × 4 decodes of 32 tokens (CI time on AVX2)
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                       tokenize=True, return_dict=False)
-        a, b = slow.generate(ids, 40), fast.generate(ids, 40)
+        a, b = slow.generate(ids, 32), fast.generate(ids, 32)
         assert b.output_ids == a.output_ids and b.accept_counts == a.accept_counts
-        hf = _hf_greedy(model, ids, 40, eos=2)
+        hf = _hf_greedy(model, ids, 32, eos=2)
         assert b.output_ids == hf[: hf.index(2) + 1] if 2 in hf else b.output_ids == hf
-        assert fast.generate(ids, 40, speculative=False).output_ids == b.output_ids
+        assert fast.generate(ids, 32, speculative=False).output_ids == b.output_ids
         accepted += sum(b.accept_counts)
     assert accepted > 0
 
