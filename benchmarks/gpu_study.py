@@ -26,6 +26,7 @@ Stages (one process; each stage's figures go to ``--out/results.json`` as soon a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import lzma
 import os
@@ -136,8 +137,8 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
 
     ``src`` is ``regenerated.jsonl`` or ``.jsonl.xz`` with its manifest beside it (written by
     :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises RuntimeError when
-    the manifest is missing, was made for another ``--regen`` count, or its conversation count differs from the
-    file's line count (a truncated copy)."""
+    the manifest is missing, was made for another ``--regen`` count, its conversation count differs from the
+    file's line count (a truncated copy), the content's sha256 is not the recorded one, or the .xz is corrupt."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
         raise RuntimeError(f"--regen-file {src}: expected its manifest {man_path} beside it, found none")
@@ -146,12 +147,19 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     if made_for != expected:
         raise RuntimeError(f"--regen-file {src}: {man_path} settings.num_conversations is {made_for}, expected "
                            f"--regen {expected}")
-    data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
+    try:
+        data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
+    except lzma.LZMAError as e:
+        raise RuntimeError(f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}") from e
     lines = sum(1 for ln in data.splitlines() if ln.strip())
     want = (man.get("counts") or {}).get("conversations")
     if lines != want:
         raise RuntimeError(f"--regen-file {src}: {lines} conversations in the file, its manifest's "
                            f"counts.conversations says {want} (truncated copy?)")
+    digest = hashlib.sha256(data).hexdigest()
+    if man.get("sha256") != digest:
+        raise RuntimeError(f"--regen-file {src}: its content's sha256 is {digest}, {man_path} records "
+                           f"{man.get('sha256')!r} (a changed or different file)")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     man = {**man, "path": str(out), "reused_from": str(src)}
@@ -169,6 +177,34 @@ def carry_back_regen(regen_path: Path, out: Path) -> None:
         return
     dst.write_bytes(lzma.compress(regen_path.read_bytes(), preset=6))
     shutil.copyfile(_manifest_of(regen_path), _manifest_of(dst))
+
+
+def check_plan(path: str) -> dict:
+    """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and ``schedules``
+    (name → list of override strings) and a non-empty ``points`` list of ``[data, size, schedule]`` naming them
+    (size: conversations, 0 = all usable). Raises ValueError naming ``--plan``, the key and expected vs actual."""
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}") from e
+    if not isinstance(plan, dict):
+        raise ValueError(f"--plan {path}: expected a JSON object, got {type(plan).__name__}")
+    for key in ("data", "schedules"):
+        v = plan.get(key)
+        if not isinstance(v, dict) or not v or not all(isinstance(o, list) for o in v.values()):
+            raise ValueError(f"--plan {path}: '{key}' expected a non-empty object of name -> list of overrides, "
+                             f"got {v!r}")
+    points = plan.get("points")
+    if not isinstance(points, list) or not points:
+        raise ValueError(f"--plan {path}: 'points' expected a non-empty list of [data, size, schedule], "
+                         f"got {points!r}")
+    for i, pt in enumerate(points):
+        ok = (isinstance(pt, list) and len(pt) == 3 and pt[0] in plan["data"] and pt[2] in plan["schedules"]
+              and isinstance(pt[1], int) and not isinstance(pt[1], bool) and pt[1] >= 0)
+        if not ok:
+            raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
+                             f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]")
+    return plan
 
 
 def _plan(a, regen_file: str) -> dict:
@@ -316,7 +352,12 @@ def parse_args(argv=None):
     p.add_argument("--until", default=None, choices=STAGES, help="stop after this stage")
     a = p.parse_args(argv)
     if a.tiny:
-        a.regen, a.all_size, a.eval_sets, a.eval_tokens, a.speedup_tokens = 8, 12, "mtbench2", 8, 8
+        tiny = {"regen": 8, "all_size": 12, "eval_sets": "mtbench2", "eval_tokens": 8, "speedup_tokens": 8}
+        for name, value in tiny.items():
+            if getattr(a, name) != p.get_default(name) and getattr(a, name) != value:
+                print(f"warning: --tiny sets --{name.replace('_', '-')} {value} (given: {getattr(a, name)})",
+                      file=sys.stderr)
+            setattr(a, name, value)
     for name in ("regen", "all_size", "eval_tokens", "speedup_tokens"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(a, name)}")
@@ -324,6 +365,11 @@ def parse_args(argv=None):
         p.error(f"--deadline: expected seconds in (0, 1e6), got {a.deadline}")
     if a.data and not Path(a.data).expanduser().is_file():
         p.error(f"--data: expected a file, got {a.data!r}")
+    if a.plan:
+        try:
+            check_plan(a.plan)
+        except ValueError as e:
+            p.error(str(e))
     if a.regen_file and not Path(a.regen_file).is_file():
         p.error(f"--regen-file: expected a file, got {a.regen_file!r}")
     if a.assets and not Path(a.assets).is_dir():

@@ -89,7 +89,9 @@ def prepare_target(a, work: Path) -> Path:
 
 
 def data_file(a, work: Path) -> Path:
-    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work`` once."""
+    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``, again whenever
+    the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from the one the copy was made
+    from. Raises RuntimeError naming ``--data`` when the compressed file is cut short or corrupt."""
     import lzma
 
     src = Path(a.data).expanduser()
@@ -97,11 +99,20 @@ def data_file(a, work: Path) -> Path:
     if opener is None:
         return src
     dst = work / src.name[: -len(src.suffix)]
-    if not dst.is_file():
-        tmp = dst.with_name(f".{dst.name}.tmp")
+    st = src.stat()
+    made_from = {"path": str(src.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    record = dst.with_name(dst.name + ".source.json")
+    if dst.is_file() and record.is_file() and json.loads(record.read_text()) == made_from:
+        return dst
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    try:
         with opener(src, "rb") as f, open(tmp, "wb") as g:
             shutil.copyfileobj(f, g)
-        os.replace(tmp, dst)
+    except (EOFError, OSError, lzma.LZMAError) as e:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"--data {src}: expected a complete {src.suffix} file, decompressing failed: {e}") from e
+    os.replace(tmp, dst)
+    record.write_text(json.dumps(made_from))
     return dst
 
 
@@ -120,6 +131,9 @@ def stage(res: Results, name: str, fn, *args):
     except Exception as e:  # noqa: BLE001 - later stages that do not need this one still run
         traceback.print_exc(limit=6)
         res.fail(name, e)
+        if name == res.until:  # --until names the last stage to run, whether it ended well or not
+            log(f"stopping after {name} (--until), which failed: {e}")
+            res.stop = True
         return None
     res.put(name, out)
     log(f"{name}: {json.dumps(out, default=str)[:400]}")

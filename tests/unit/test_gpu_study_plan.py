@@ -1,6 +1,7 @@
 """benchmarks/gpu_study.py's plan: a failed regen stage stops the sweep with its own message, not a config error."""
 
 import argparse
+import hashlib
 import json
 
 import pytest
@@ -43,6 +44,7 @@ def _regen(tmp_path, n_lines=3, made_for=3, conversations=3):
                                                    {"role": "assistant", "content": f"a{i}"}]}) for i in range(n_lines)]
     src.write_text("\n".join(rows) + "\n")
     _manifest_of(src).write_text(json.dumps({"kind": "regenerated_conversations", "seconds": 12.5,
+                                             "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
                                              "settings": {"num_conversations": made_for},
                                              "counts": {"conversations": conversations, "answers": conversations}}))
     return src
@@ -93,3 +95,87 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     assert G.main(argv) == 0
     assert (tmp_path / "w2" / "regenerated.jsonl").read_bytes() == src.read_bytes()
     assert not (out / "regenerated.jsonl.xz").exists()
+
+
+def test_regen_file_with_changed_content_or_a_cut_xz_is_refused(tmp_path):
+    """Same line count, other content: the manifest's sha256 catches it; a byte-truncated .xz names the file."""
+    import lzma
+
+    from benchmarks.gpu_study import _manifest_of, reuse_regen
+
+    src = _regen(tmp_path)
+    src.write_text(src.read_text().replace("a1", "b1"))
+    with pytest.raises(RuntimeError, match=r"sha256 is [0-9a-f]{64}, .*manifest.json records '[0-9a-f]{64}'"):
+        reuse_regen(src, 3, tmp_path / "w" / "regenerated.jsonl")
+    cut = tmp_path / "cut" / "regenerated.jsonl.xz"
+    cut.parent.mkdir()
+    cut.write_bytes(lzma.compress(src.read_bytes())[:40])
+    _manifest_of(cut).write_bytes(_manifest_of(src).read_bytes())
+    with pytest.raises(RuntimeError, match=r"--regen-file .*cut/regenerated.jsonl.xz: expected a complete .xz"):
+        reuse_regen(cut, 3, tmp_path / "w" / "regenerated.jsonl")
+
+
+@pytest.mark.parametrize("text,match", [
+    ('{"data": {"as-is": []},\n', r"expected a readable JSON file, got JSONDecodeError"),
+    ('{"data": {"as-is": []}, "schedules": {"c": []}}', r"'points' expected a non-empty list .* got None"),
+    ('{"data": {"as-is": []}, "schedules": {"c": []}, "points": []}', r"'points' expected a non-empty list"),
+    ('{"data": {"as-is": []}, "schedules": {"c": []}, "points": [["as-is", 8, "nosuch"]]}',
+     r"points\[0\] = \['as-is', 8, 'nosuch'\]: expected \[data in \['as-is'\], size >= 0 \(0 = all\), "
+     r"schedule in \['c'\]\]"),
+    ('[1, 2]', r"expected a JSON object, got list"),
+])
+def test_bad_plan_is_refused_when_the_arguments_are_parsed(tmp_path, capsys, text, match):
+    """A bad --plan stops the study before its first stage (on a GPU, before the GGUF conversion and the
+    regeneration), naming --plan and the key."""
+    import re
+
+    from benchmarks.gpu_study import parse_args
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--device", "cpu", "--plan", str(plan)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--plan {plan}" in err and re.search(match, err), err
+
+
+def test_tiny_says_which_given_values_it_replaces(capsys):
+    from benchmarks.gpu_study import parse_args
+
+    a = parse_args(["--device", "cpu", "--tiny", "--regen", "5", "--eval-tokens", "8"])
+    err = capsys.readouterr().err
+    assert a.regen == 8 and "--tiny sets --regen 8 (given: 5)" in err and "eval-tokens" not in err
+
+
+def test_data_copy_follows_a_new_data_file_and_a_cut_xz_names_it(tmp_path):
+    """benchmarks.harness.data_file: a second --data with the same name on the same --work is decompressed again
+    (not the first file's copy reused); a cut .xz is refused naming --data."""
+    import lzma
+    from types import SimpleNamespace
+
+    from benchmarks.harness import data_file
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for name, n in (("A", 3), ("B", 11)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sg.jsonl.xz").write_bytes(lzma.compress(b"{}\n" * n))
+    assert data_file(SimpleNamespace(data=str(tmp_path / "A" / "sg.jsonl.xz")), work).read_bytes() == b"{}\n" * 3
+    assert data_file(SimpleNamespace(data=str(tmp_path / "B" / "sg.jsonl.xz")), work).read_bytes() == b"{}\n" * 11
+    cut = tmp_path / "cut.jsonl.xz"
+    cut.write_bytes(lzma.compress(b"{}\n" * 50)[:30])
+    with pytest.raises(RuntimeError, match=r"--data .*cut.jsonl.xz: expected a complete .xz file"):
+        data_file(SimpleNamespace(data=str(cut)), work)
+
+
+def test_until_stops_after_its_stage_also_when_it_failed(tmp_path):
+    from benchmarks.harness import Results, stage
+
+    res = Results(tmp_path, tmp_path, settings={})
+    res.until, res.stop = "regen", False
+
+    def boom():
+        raise RuntimeError("no manifest")
+
+    assert stage(res, "regen", boom) is None and res.stop
+    assert stage(res, "sweep", lambda: {"ran": True}) is None
