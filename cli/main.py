@@ -35,6 +35,9 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
 
     try:
         cfg = load_config(config, overrides)  # fail fast on a bad config, before Prefect starts
+        from eagle3.device_checks import check_devices
+
+        check_devices(cfg)  # a GPU config on a machine without the GPU, before Prefect starts
         if stage in ("pipeline", "extract"):
             from eagle3.extract.stage import check_before_run
 
@@ -262,7 +265,10 @@ def preflight(config: Path = typer.Argument(..., help="YAML run config"), overri
     try:
         from eagle3.serve.deploy_check import preflight_of_run
 
+        from eagle3.device_checks import check_devices
+
         cfg = load_config(config, override)
+        check_devices(cfg)
         report = preflight_of_run(cfg, cfg.run_dir() / "serving", cfg.run_dir() / "extract")
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)

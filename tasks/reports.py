@@ -37,6 +37,12 @@ def _check_store(uri: str) -> None:
         # MLflow would create an empty store there and then report the run as unknown
         raise DataError(f"MLflow store {uri}: no such database file; expected the store the pipeline printed "
                         f"(--tracking-uri or MLFLOW_TRACKING_URI), e.g. sqlite:///<project>/runs/mlflow.db")
+    if uri.startswith("sqlite:///"):
+        with open(uri[len("sqlite:///"):], "rb") as f:
+            head = f.read(16)
+        if head and head != b"SQLite format 3\x00":
+            raise DataError(f"MLflow store {uri}: expected an SQLite database (a file starting 'SQLite format 3'), "
+                            f"got a file starting {head[:12]!r}")
     if uri.startswith(("http://", "https://")):
         import httpx
 
@@ -58,7 +64,8 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     try:
         run = client.get_run(run_id)
     except MlflowException as e:
-        raise DataError(f"MLflow run {run_id!r} not found in {uri} (set MLFLOW_TRACKING_URI?): {e}") from e
+        hint = "" if tracking_uri else " (the default store; pass --tracking-uri or set MLFLOW_TRACKING_URI?)"
+        raise DataError(f"MLflow run {run_id!r} not found in {uri}{hint}: {e}") from e
     tags = run.data.tags
     if "eagle3.decision" not in tags:
         parent = tags.get("mlflow.parentRunId")

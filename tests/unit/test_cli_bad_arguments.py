@@ -37,6 +37,15 @@ def test_decide_with_a_missing_store_names_it_and_creates_nothing(tmp_path, monk
     assert list(tmp_path.iterdir()) == []  # no empty store left behind
 
 
+def test_decide_on_a_file_that_is_no_database_says_so_without_a_traceback(tmp_path):
+    pytest.importorskip("mlflow")
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"points": []}')
+    res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", f"sqlite:///{bad}"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert f"MLflow store sqlite:///{bad}: expected an SQLite database" in res.output and "b'{\"points\"" in res.output
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["extract.aux_layer_ids=[2,4,8]"], "extract.aux_layer_ids: ids [8] out of range for a target with 8 layers "
                                         "(expected HF hidden_states indices in [1, 7]"),
