@@ -253,7 +253,9 @@ def main() -> int:
                         "ours' tokens/s is the median over windows")
     p.add_argument("--profile", type=int, default=0,
                    help="profile this many steps after the warm-up of each run (left out of tokens/s)")
-    p.add_argument("--out", default=None, help="folder for profile tables (e.g. $OUT)")
+    p.add_argument("--out", default=None, help="folder for profile tables and gpu_train.json (e.g. $OUT)")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds (speculators, then ours, again): "
+                   "tokens/s is each trainer's median over rounds; profiles come from round 0")
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
     a.out = Path(a.out) if a.out else None
@@ -269,8 +271,8 @@ def main() -> int:
         a.log_every = 1
         print("--tiny: 6 samples x 128 tokens, 6 steps (first 1 left out), draft vocab 512, 0 workers, "
               "log every step", file=sys.stderr)
-    for bad, msg in ((min(a.steps, a.log_every, a.seq_len, a.ttt, a.num_gpus) < 1,
-                      "--steps, --log-every, --seq-len, --ttt and --num-gpus must be ≥ 1"),
+    for bad, msg in ((min(a.steps, a.log_every, a.seq_len, a.ttt, a.num_gpus, a.rounds) < 1,
+                      "--steps, --log-every, --seq-len, --ttt, --num-gpus and --rounds must be ≥ 1"),
                      (a.samples < 4, f"--samples: expected ≥ 4 (one is held out), got {a.samples}"),
                      (not 0 < a.lr < float("inf"), f"--lr: expected a finite value > 0, got {a.lr}"),
                      (a.draft_vocab < 2, f"--draft-vocab: expected ≥ 2, got {a.draft_vocab}"),
@@ -294,38 +296,47 @@ def main() -> int:
     torch_format(hs)
     print(f"data: {hs} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     rows, failures = [], []
-    if a.only in ("speculators", "both"):
-        attempts = [("simple_flex_attention", "fused", True), ("sdpa", "fused", True), ("sdpa", "eager", True),
-                    ("sdpa", "eager", False)] if a.cuda else [("sdpa", "eager", False)]
-        if a.skip_known_failures and a.cuda:
-            attempts = attempts[2:]
-        if a.uncompiled_only:
-            attempts = [("sdpa", "eager", False)]
-        for attn, loss_impl, compiled in attempts:
-            try:
-                rows.append(run_speculators(a, work, target, hs, attn, loss_impl, compiled))
-                print("ROW " + json.dumps({k: v for k, v in rows[-1].items() if k != "model"}), flush=True)
-                break
-            except Exception as e:  # noqa: BLE001 - report and try the next configuration
-                failures.append(f"speculators Trainer {attn}/{loss_impl}/{'compiled' if compiled else 'eager'}: "
-                                f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
-                traceback.print_exc(limit=3)
-                torch._dynamo.reset()
+    attempts = [("simple_flex_attention", "fused", True), ("sdpa", "fused", True), ("sdpa", "eager", True),
+                ("sdpa", "eager", False)] if a.cuda else [("sdpa", "eager", False)]
+    if a.skip_known_failures and a.cuda:
+        attempts = attempts[2:]
+    if a.uncompiled_only:
+        attempts = [("sdpa", "eager", False)]
+    modes = ["eager"] if a.uncompiled_only or not a.cuda else [m for m in a.modes.split(",") if m]
+    for rnd in range(a.rounds):
+        if rnd:
+            a.profile = 0  # profiles come from round 0
+        if a.only in ("speculators", "both"):
+            for attn, loss_impl, compiled in attempts:
+                try:
+                    rows.append({**run_speculators(a, work, target, hs, attn, loss_impl, compiled), "round": rnd})
+                    print("ROW " + json.dumps({k: v for k, v in rows[-1].items() if k != "model"}), flush=True)
+                    attempts = [(attn, loss_impl, compiled)]  # later rounds: the configuration that ran
+                    break
+                except Exception as e:  # noqa: BLE001 - report and try the next configuration
+                    failures.append(f"speculators Trainer {attn}/{loss_impl}/{'compiled' if compiled else 'eager'}: "
+                                    f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                    traceback.print_exc(limit=3)
+                    torch._dynamo.reset()
+                    if a.cuda:
+                        torch.cuda.empty_cache()
+            torch._dynamo.reset()  # speculators' frames are ours too: its graphs must not count against our
+            # runs' recompile limit
+        if a.only in ("ours", "both"):
+            for mode in modes:
+                try:
+                    rows.append({**run_ours(a, work, target, hs, mode), "round": rnd})
+                    print("ROW " + json.dumps(rows[-1]), flush=True)
+                except Exception as e:  # noqa: BLE001 - report and go on with the next mode
+                    traceback.print_exc(limit=4)
+                    failures.append(f"ours {mode} (round {rnd}): {type(e).__name__}: "
+                                    f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+                torch._dynamo.reset()  # each run compiles afresh: no graphs carried between trainers
                 if a.cuda:
                     torch.cuda.empty_cache()
-    if a.only in ("ours", "both"):
-        modes = ["eager"] if a.uncompiled_only or not a.cuda else [m for m in a.modes.split(",") if m]
-        for mode in modes:
-            try:
-                rows.append(run_ours(a, work, target, hs, mode))
-                print("ROW " + json.dumps(rows[-1]), flush=True)
-            except Exception as e:  # noqa: BLE001 - report and go on with the next mode
-                traceback.print_exc(limit=4)
-                failures.append(f"ours {mode}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
-                torch._dynamo.reset()
-                if a.cuda:
-                    torch.cuda.empty_cache()
-    model = next((r.pop("model") for r in rows if "model" in r), None)
+    models = [r.pop("model") for r in rows if "model" in r]  # every round's: none stays on the device
+    model = models[0] if models else None
+    del models
     if model is None:
         from eagle3.artifacts import read_manifest
         from eagle3.train.draft_model import build_draft
@@ -345,20 +356,16 @@ def main() -> int:
           f"{a.steps} steps (first {a.warmup} left out); model FLOPs/token {fpt / 1e9:.2f} G")
     for f in failures:
         print(f"FAILED: {f}")
-    print("| trainer | settings | tokens/s | peak GiB | MFU (989 TF/s) | run wall s | profiled step: wall ms, "
-          "kernel ms, GPU busy, kernels |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        pr = r.get("profile")
-        pcol = (f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, {pr['gpu_busy']:.0%}, {pr['kernels_per_step']:.0f}"
-                if pr else "")
-        print(f"| {r['name']} | {r['settings']} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} | "
-              f"{fpt * r['tokens_per_s'] / PEAK_BF16:.1%} | {r.get('wall_s', float('nan')):.0f} | {pcol} |")
+    from benchmarks.gpu_train_report import print_table, summarize, write_json
+
+    summary = summarize([r for r in rows if "tokens_per_s" in r], fpt, PEAK_BF16)
+    print_table(summary, rows)
     spec = [r for r in rows if r["name"].startswith("speculators")]
-    for r in rows:
-        if spec and r is not spec[0]:
-            print(f"{r['name']} [{r['settings']}] / speculators Trainer tokens/s = "
-                  f"{r['tokens_per_s'] / spec[0]['tokens_per_s']:.2f}")
+    if a.out is not None:
+        write_json(a.out / "gpu_train.json", summary, {
+            "device": name, "shape": shape, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+            "seq_len": a.seq_len, "draft_vocab": a.draft_vocab, "ttt": a.ttt, "model_flops_per_token": fpt,
+            "peak_flops": PEAK_BF16, "torch": torch.__version__, "failures": failures})
     # 1 when a run of ours failed or speculators ran in none of its configurations (its known-failing defaults
     # that a later configuration replaced do not count)
     ours_failed = any(f.startswith("ours ") for f in failures)

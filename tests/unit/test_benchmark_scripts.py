@@ -13,13 +13,25 @@ from tests.conftest import REPO
 def test_gpu_train_tiny_prints_both_trainers_and_writes_profiles(tmp_path):
     out = tmp_path / "prof"
     r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--work", str(tmp_path / "w"),
-                        "--profile", "1", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                        "--profile", "1", "--out", str(out), "--rounds", "2"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x[4:]) for x in r.stdout.splitlines() if x.startswith("ROW ")]
-    assert [x["name"] for x in rows] == ["speculators Trainer", "ours (cpu)"]
-    assert all(x["tokens_per_s"] > 0 and x["profile"]["wall_ms"] > 0 for x in rows), rows
-    assert "/ speculators Trainer tokens/s = " in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["profile-ours-eager.txt", "profile-speculators-sdpa-eager-0.txt"]
+    assert [(x["name"], x["round"]) for x in rows] == [("speculators Trainer", 0), ("ours (cpu)", 0),
+                                                       ("speculators Trainer", 1), ("ours (cpu)", 1)]
+    assert all(x["tokens_per_s"] > 0 for x in rows) and all(x["profile"]["wall_ms"] > 0 for x in rows[:2]), rows
+    assert "/ speculators Trainer tokens/s = " in r.stdout and "(rounds: " in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_train.json", "profile-ours-eager.txt",
+                                                     "profile-speculators-sdpa-eager-0.txt"]
+    res = json.loads((out / "gpu_train.json").read_text())
+    assert res["rounds"] == 2 and res["shape"] == "tiny" and [t["name"] for t in res["trainers"]] == [
+        "speculators Trainer", "ours (cpu)"]
+    spec, ours = res["trainers"]
+    assert ours["tokens_per_s_rounds"] == [rows[1]["tokens_per_s"], rows[3]["tokens_per_s"]]
+    (ratio,) = res["ratios"].values()
+    assert ratio["per_round"] == pytest.approx([rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"],
+                                                rows[3]["tokens_per_s"] / rows[2]["tokens_per_s"]])
+    assert ratio["ratio_of_medians"] == pytest.approx(ours["tokens_per_s"] / spec["tokens_per_s"]) and ours["mfu"] > 0
 
 
 def test_gpu_train_refuses_an_unknown_compile_mode():

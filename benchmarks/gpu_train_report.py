@@ -1,0 +1,69 @@
+"""The figures of ``benchmarks/gpu_train.py``: per trainer the median tokens/s over alternating rounds, peak memory
+and MFU, ours / speculators' ``Trainer`` ratios, printed as a table and written as JSON (``gpu_train.json``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+
+def summarize(rows: list[dict], fpt: float, peak_flops: float) -> dict:
+    """Group the runs (``rows``: one dict per trainer and round, with ``name``, ``settings``, ``round``,
+    ``tokens_per_s``, ``peak_gib``) by trainer; returns ``{"trainers": [...], "ratios": {...}}``.
+
+    Each trainer: the median of its rounds' tokens/s (``tokens_per_s``), every round's figure, the largest peak
+    memory (GiB) and MFU = ``fpt`` (model FLOPs per token) × tokens/s ÷ ``peak_flops`` (FLOP/s). Each of ours,
+    against the first speculators trainer: the ratio of the medians and the per-round ratios (same round index:
+    the runs alternate within a round, so a drift of the machine hits both)."""
+    trainers: dict[tuple, dict] = {}
+    for r in rows:
+        t = trainers.setdefault((r["name"], r["settings"]), {"name": r["name"], "settings": r["settings"],
+                                                              "rounds": {}, "peak_gib": float("nan")})
+        t["rounds"][r.get("round", 0)] = r["tokens_per_s"]
+        peak = r.get("peak_gib", float("nan"))
+        if peak == peak:
+            t["peak_gib"] = peak if t["peak_gib"] != t["peak_gib"] else max(t["peak_gib"], peak)
+    out = []
+    for t in trainers.values():
+        vals = [t["rounds"][k] for k in sorted(t["rounds"])]
+        out.append({"name": t["name"], "settings": t["settings"], "tokens_per_s": statistics.median(vals),
+                    "tokens_per_s_rounds": vals, "peak_gib": t["peak_gib"],
+                    "mfu": fpt * statistics.median(vals) / peak_flops})
+    spec = next((t for t in trainers.values() if t["name"].startswith("speculators")), None)
+    ratios = {}
+    if spec is not None:
+        s_med = statistics.median(spec["rounds"].values())
+        for t in trainers.values():
+            if t is spec or t["name"].startswith("speculators"):
+                continue
+            per = [t["rounds"][k] / spec["rounds"][k] for k in sorted(t["rounds"]) if k in spec["rounds"]]
+            ratios[f"{t['name']} [{t['settings']}]"] = {
+                "ratio_of_medians": statistics.median(t["rounds"].values()) / s_med, "per_round": per,
+                "peak_gib_ours": t["peak_gib"], "peak_gib_speculators": spec["peak_gib"]}
+    return {"trainers": out, "ratios": ratios}
+
+
+def print_table(summary: dict, rows: list[dict], echo=print) -> None:
+    """The markdown table (one line per trainer: median tokens/s, rounds, peak GiB, MFU, round-0 profile) and one
+    ``ours / speculators`` line per ratio."""
+    prof = {(r["name"], r["settings"]): r.get("profile") for r in rows if r.get("round", 0) == 0}
+    echo("| trainer | settings | tokens/s (median) | rounds | peak GiB | MFU | profiled step: wall ms, kernel ms, "
+         "GPU busy, kernels |")
+    echo("|---|---|---|---|---|---|---|")
+    for t in summary["trainers"]:
+        pr = prof.get((t["name"], t["settings"]))
+        pcol = (f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, {pr['gpu_busy']:.0%}, {pr['kernels_per_step']:.0f}"
+                if pr else "")
+        rounds = ", ".join(f"{x:,.0f}" for x in t["tokens_per_s_rounds"])
+        echo(f"| {t['name']} | {t['settings']} | {t['tokens_per_s']:,.0f} | {rounds} | {t['peak_gib']:.1f} | "
+             f"{t['mfu']:.1%} | {pcol} |")
+    for name, r in summary["ratios"].items():
+        per = ", ".join(f"{x:.2f}" for x in r["per_round"])
+        echo(f"{name} / speculators Trainer tokens/s = {r['ratio_of_medians']:.2f} (rounds: {per})")
+
+
+def write_json(path: Path, summary: dict, meta: dict) -> None:
+    """``summary`` and ``meta`` (device, shape, settings, failures) as one JSON file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**meta, **summary}, indent=1, default=str))
