@@ -69,7 +69,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
 
     compiled = mode != "eager"
     extra = [f"train.compile={str(compiled).lower()}"] + ([f"train.compile_mode={mode}"] if compiled else [])
-    cfg = load_config(None, base_overrides(a, work, target) + extra)
+    cfg = load_config(None, base_overrides(a, work, target) + extra + list(a.ours_override))
     out = work / f"out-ours-{a.num_gpus}-{mode}"
     import shutil
     shutil.rmtree(out, ignore_errors=True)
@@ -97,6 +97,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
         raise RuntimeError(f"no measured window left after {wu} warm-up and {pw} profiled windows of {L} steps "
                            f"({len(tps)} windows): raise --steps")
     how = f"compiled forward ({mode}, static shapes, padded)" if compiled else "uncompiled forward"
+    how += "".join(f", {o}" for o in a.ours_override)
     return {"name": f"ours ({a.num_gpus} GPU)" if a.cuda else "ours (cpu)", "tokens_per_s": statistics.median(steady),
             "peak_gib": peak, "steps": a.steps, "wall_s": wall, "profile": prof.result,
             "settings": f"sdpa, eager kl_div loss, {how}, "
@@ -248,6 +249,9 @@ def main() -> int:
                    help="our runs: comma list of eager (uncompiled) and train.compile_mode values "
                         "(default, reduce-overhead, max-autotune-no-cudagraphs)")
     p.add_argument("--ours-workers", type=int, default=None, help="train.loader_workers (None = 4 on CUDA)")
+    p.add_argument("--ours-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for our runs (repeatable), e.g. train.optimizer_impl=fused: one lever "
+                        "measured against the same speculators runs")
     p.add_argument("--log-every", type=int, default=1,
                    help="train.log_every of ours: one metrics sync per window (speculators' runs log never); "
                         "ours' tokens/s is the median over windows")
@@ -261,6 +265,13 @@ def main() -> int:
     a.out = Path(a.out) if a.out else None
     from eagle3.train.draft_model import COMPILE_MODES
 
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+
+    try:
+        load_config(None, list(a.ours_override))
+    except ConfigError as e:
+        p.error(f"--ours-override: {e}")
     bad = [m for m in a.modes.split(",") if m and m != "eager" and m not in COMPILE_MODES]
     if bad or not a.modes.strip(","):
         p.error(f"--modes: expected a comma list of eager, {', '.join(COMPILE_MODES)}; got {a.modes!r}")

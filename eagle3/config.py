@@ -212,6 +212,9 @@ class TrainConfig(_Section):
     loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")
     loader_workers: int | None = Field(
         None, ge=0, description="Processes that read hidden-state files ahead of the device; None = 4 on CUDA, 0 on CPU.")
+    optimizer_impl: Literal["default", "foreach", "fused"] = Field(
+        "default", description="torch AdamW implementation: default = torch's choice (foreach on CUDA), fused = one "
+        "kernel per parameter group (CUDA and CPU; torch.optim.AdamW(fused=True)).")
 
 
 class ConvertConfig(_Section):

@@ -163,7 +163,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
     module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[t.optimizer_impl]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, **impl)
     run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None, device=device,
               out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics, parallel=parallel)
     run.loss_config = _loss_config(t)

@@ -160,3 +160,28 @@ def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(hs_d
     for code, reasons in guard_failures.items():  # one failed guard per extra cache entry of a frame
         entries = len({str(r).split(":")[0] for r in reasons}) + 1
         assert entries <= 2 * ttt < limit, (code.co_filename, code.co_firstlineno, entries, reasons[:3])
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_optimizer_impl_keeps_the_losses(hs_dir, tmp_path, impl, monkeypatch):
+    """train.optimizer_impl (issue 17's fused-AdamW lever): the optimizer is built with it, and the run's losses
+    are those of torch's default AdamW."""
+    made = []
+
+    class Recording(torch.optim.AdamW):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append({k: self.defaults.get(k) for k in ("fused", "foreach")})
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    out = {}
+    for name in ("default", impl):
+        cfg = tiny_train_cfg(tmp_path / f"r-{name}", "train.max_steps=4", "train.eval_every=4",
+                             f"train.optimizer_impl={name}")
+        train(cfg, hs_dir, tmp_path / f"t-{name}", progress=False)
+        out[name] = _losses(tmp_path / f"t-{name}")
+    assert made[0] == {"fused": None, "foreach": None} and made[-1][impl] is True, made
+    assert [r[0] for r in out[impl]] == [r[0] for r in out["default"]] and len(out[impl]) >= 2
+    for a, b in zip(out["default"], out[impl]):
+        for x, y in zip(a[1:], b[1:]):
+            assert (x is None) == (y is None) and (x is None or y == pytest.approx(x, rel=1e-4, abs=1e-5)), (a, b)
