@@ -41,9 +41,8 @@ class _Section(BaseModel):
 class PathsConfig(_Section):
     """Where prepared assets and run outputs live (both outside git)."""
 
-    cache_dir: str | None = Field(
-        None, description="Prepared assets (converted target, datasets). Default: $EAGLE3_CACHE or "
-        "~/.cache/eagle3-pipeline.")
+    cache_dir: str | None = Field(None, description="Prepared assets (converted target, datasets). Default: "
+                                  "$EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
     runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the working directory.")
 
     def resolved_cache_dir(self) -> Path:
@@ -212,9 +211,7 @@ class TrainConfig(_Section):
     loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")
     loader_workers: int | None = Field(
         None, ge=0, description="Processes that read hidden-state files ahead of the device; None = 4 on CUDA, 0 on CPU.")
-    optimizer_impl: Literal["default", "foreach", "fused"] = Field(
-        "default", description="torch AdamW implementation: default = torch's choice (foreach on CUDA), fused = one "
-        "kernel per parameter group (CUDA and CPU; torch.optim.AdamW(fused=True)).")
+    optimizer_impl: Literal["default", "foreach", "fused"] = Field("default", description="torch AdamW kernels.")
 
 
 class ConvertConfig(_Section):

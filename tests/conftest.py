@@ -15,6 +15,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
+# The files with the longest tests (pytest --durations on CI's 2-core AVX2 CPU, 2026-12-03), longest first: with
+# `make test`'s two xdist workers and --dist loadfile, files are handed out in collection order, so starting the
+# long ones first keeps one of them from running alone at the end (the suite's wall time is its longest tail).
+HEAVY_FIRST = (
+    "tests/integration/test_gpu_study_smoke.py", "tests/integration/test_cli_signals.py",
+    "tests/integration/test_flow_rerun.py", "tests/unit/test_train_fixed_shapes.py", "tests/unit/test_train_ranks.py",
+    "tests/e2e/test_pipeline_preflight.py", "tests/sglang/test_extract_sglang.py", "tests/integration/test_sweep.py",
+    "tests/e2e/test_pipeline_tiny.py", "tests/unit/test_extract_resume.py",
+    "tests/integration/test_distributed_inprocess.py", "tests/unit/test_multi_gpu_bench.py", "tests/unit/test_replay.py",
+    "tests/sglang/test_tier1.py", "tests/unit/test_fastpath.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the :data:`HEAVY_FIRST` files first, in that order; every other file, and the tests inside each file,
+    keep their collection order (a stable sort)."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
