@@ -15,7 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
-# The files with the longest tests (pytest --durations on CI's 2-core AVX2 CPU, 2026-12-03), longest first: with
+# The files with the longest tests (pytest --durations of .ci/run, 2026-12-03, on a 2-core Intel Xeon with torch
+# capability AVX512 held to AVX2 by ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS), longest first: with
 # `make test`'s two xdist workers and --dist loadfile, files are handed out in collection order, so starting the
 # long ones first keeps one of them from running alone at the end (the suite's wall time is its longest tail).
 HEAVY_FIRST = (
