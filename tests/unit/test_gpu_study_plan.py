@@ -179,3 +179,30 @@ def test_until_stops_after_its_stage_also_when_it_failed(tmp_path):
 
     assert stage(res, "regen", boom) is None and res.stop
     assert stage(res, "sweep", lambda: {"ran": True}) is None
+
+
+def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(tmp_path, monkeypatch, tiny_target_dir):
+    """The speedup stage's subprocess gets MT-Bench as prompt ids made in the study's process from --assets (the
+    GPU machine has no MT-Bench wheel: the H200 speedup stage of 2026-12-03 failed without them)."""
+    import lzma
+
+    import eagle3.assets as A
+    from benchmarks.gpu_study import patch_assets, speedup_prompt_ids
+    from eagle3.errors import DataError
+
+    def no_wheel(pkg, rel):
+        raise DataError(f"package {pkg!r} is not installed")
+
+    monkeypatch.setattr(A, "package_file", no_wheel)  # restored after the test, also after patch_assets
+    with pytest.raises(DataError, match="is not installed"):
+        speedup_prompt_ids(tiny_target_dir, tmp_path / "w0", 2)
+    qs = [{"question_id": 900 + i, "category": c, "turns": [f"first turn {c}", "second"]}
+          for i, c in enumerate(["writing", "math", "coding"])]
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    (assets / "question.jsonl.xz").write_bytes(lzma.compress("\n".join(map(json.dumps, qs)).encode()))
+    patch_assets(assets)
+    path = speedup_prompt_ids(tiny_target_dir, tmp_path / "w", 2)
+    rows = json.loads(path.read_text())["prompts"]
+    assert [r["text"] for r in rows] == ["first turn writing", "first turn math"]
+    assert all(len(r["input_ids"]) > 3 and all(isinstance(t, int) for t in r["input_ids"]) for r in rows)
