@@ -29,6 +29,48 @@ HEAVY_FIRST = (
 )
 
 
+_PREFECT_SERVER = None
+
+
+def pytest_configure(config):
+    """Start one Prefect API server for this process's tests (each pytest-xdist worker gets its own; the xdist
+    controller runs no test and starts none) and point ``PREFECT_API_URL`` at it, also for the CLI subprocesses
+    the tests start: see :mod:`testkit.prefect_server` for why and what it costs otherwise. Left out when
+    ``PREFECT_API_URL`` is already set or ``EAGLE3_TEST_EPHEMERAL_PREFECT=1`` (every flow then starts its own
+    ephemeral server, as on a user's laptop); the tests that are about that mode ask for it with the
+    :func:`ephemeral_prefect` fixture."""
+    global _PREFECT_SERVER
+    is_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if is_controller or os.environ.get("PREFECT_API_URL") or os.environ.get("EAGLE3_TEST_EPHEMERAL_PREFECT") == "1":
+        return
+    import tempfile
+
+    from testkit.prefect_server import PID_ENV, start_prefect_server
+
+    home = Path(tempfile.mkdtemp(prefix="eagle3-test-prefect-"))
+    _PREFECT_SERVER, url = start_prefect_server(home)
+    os.environ["PREFECT_API_URL"] = url
+    os.environ[PID_ENV] = str(_PREFECT_SERVER.pid)
+
+
+def pytest_unconfigure(config):
+    global _PREFECT_SERVER
+    if _PREFECT_SERVER is not None:
+        from testkit.prefect_server import PID_ENV, stop_prefect_server
+
+        stop_prefect_server(_PREFECT_SERVER)
+        os.environ.pop("PREFECT_API_URL", None)
+        os.environ.pop(PID_ENV, None)
+        _PREFECT_SERVER = None
+
+
+@pytest.fixture
+def ephemeral_prefect(monkeypatch):
+    """This test's flows (and the CLI processes it starts) use Prefect's ephemeral API server, each its own, as
+    without the session server of :func:`pytest_configure`."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """Run the :data:`HEAVY_FIRST` files first, in that order; every other file, and the tests inside each file,
     keep their collection order (a stable sort)."""

@@ -19,7 +19,7 @@ from tests.support.flow_runs import TINY, child_processes  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path):
+def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path, ephemeral_prefect):
     from eagle3.config import load_config
     from tasks.reports import decision_text
     from cli.run import run_flow_cli

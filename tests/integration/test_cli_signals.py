@@ -21,7 +21,7 @@ from tests.conftest import CONFIGS, REPO
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, to_group", [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
                          ids=["to-the-run", "to-its-process-group", "ctrl-c-to-its-process-group"])
-def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group):
+def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemeral_prefect):
     """SIGTERM to the run alone, or to its whole process group (a supervisor ending the group), or SIGINT to the
     group (a terminal's Ctrl-C): the ephemeral Prefect server then dies at the same moment, and the run must not
     hang draining logs to it (a Ctrl-C took 2 min 20 s before SIGINT started the 30 s deadline too)."""

@@ -4,6 +4,7 @@ states of a flow run as Prefect recorded them."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,8 +57,18 @@ def child_processes(ignore_prefect_server: bool = False) -> list[str]:
     import psutil
 
     out = []
+    skip = set()
+    session = os.environ.get("EAGLE3_TEST_PREFECT_SERVER_PID")  # the tests' own server (tests/conftest.py)
+    if session:
+        try:
+            root = psutil.Process(int(session))
+            skip = {root.pid} | {c.pid for c in root.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
     for p in psutil.Process().children(recursive=True):
         try:
+            if p.pid in skip:
+                continue
             cmd = " ".join(p.cmdline())
             if p.status() == psutil.STATUS_ZOMBIE or RESOURCE_TRACKER in cmd:
                 continue
