@@ -118,6 +118,10 @@ class Run:
     def __init__(self, a: argparse.Namespace):
         self.path = Path(a.out)
         self.data: dict = {"settings": {k: v for k, v in vars(a).items()}, "rounds": [], "errors": []}
+        if a.draft:  # what identifies the draft when its figures are later joined to a study (study_speedup.py)
+            from benchmarks.study_speedup import draft_digest
+
+            self.data["draft_sha256"] = draft_digest(Path(a.draft))
 
     def save(self) -> None:
         from eagle3.artifacts import atomic_write_json

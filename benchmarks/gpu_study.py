@@ -42,8 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
-from benchmarks.study_inputs import _manifest_of, carry_back_regen, check_plan, reuse_regen  # noqa: E402,F401
-from benchmarks.study_speedup import speedup_summary  # noqa: E402
+from benchmarks.study_inputs import (ASSET_FILES, _manifest_of, carry_back_regen, check_plan, plan_digest,  # noqa: E402,F401
+                                     plan_problem, reuse_regen)
+from benchmarks.study_speedup import draft_digest, speedup_summary  # noqa: E402
 
 STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
@@ -238,7 +239,8 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
     study = {"date": time.strftime("%Y-%m-%d"), "device": a.device_name, "tiny": a.tiny,
              "best": {"point": best["point"], "offline_mtbench": best.get("offline_eval"),
                       "offline_mtbench_ci": best.get("offline_eval_ci"), "offline_gsm8k": best.get("offline_gsm8k"),
-                      "served": best.get("served"), "simulated": best.get("simulated")},
+                      "served": best.get("served"), "simulated": best.get("simulated"),
+                      "serving_sha256": draft_digest(Path(best["run_dir"]) / "serving") if best.get("run_dir") else None},
              "served_speedup": (speedup or {}).get("served_speedup"),
              "in_process_speedup": (speedup or {}).get("in_process_speedup"),
              "speedup": speedup, "decision": decision.splitlines()[0] if decision else None,
@@ -308,6 +310,12 @@ def parse_args(argv=None):
         p.error(f"--regen-file: expected a file, got {a.regen_file!r}")
     if a.assets and not Path(a.assets).is_dir():
         p.error(f"--assets: expected a folder, got {a.assets!r}")
+    if a.assets and not any((Path(a.assets) / n).is_file() for n in ASSET_FILES):
+        p.error(f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} there, found none")
+    problem = plan_problem(a, json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN),
+                           config_path(a))
+    if problem:
+        p.error(problem)
     if a.device == "cuda":
         import torch
 
@@ -326,7 +334,7 @@ def main(argv=None) -> int:
     work = Path(a.work)
     out = Path(a.out or work)
     out.mkdir(parents=True, exist_ok=True)
-    res = Results(work, out, resume=a.resume, settings={"tiny": a.tiny, "regen": a.regen, "plan": a.plan,
+    res = Results(work, out, resume=a.resume, settings={"tiny": a.tiny, "regen": a.regen, "plan": plan_digest(a),
                                                         "eval_sets": a.eval_sets, "eval_tokens": a.eval_tokens})
     res.until, res.stop = a.until, False
     patch_assets(Path(a.assets) if a.assets else None)
@@ -353,6 +361,8 @@ def main(argv=None) -> int:
                 tar.add(store / "mlartifacts", "mlartifacts",
                         filter=lambda ti: None if ti.name.endswith((".safetensors", ".pt", ".bin")) else ti)
     log(f"done: {json.dumps(rep, default=str) if rep else 'report not written'}")
+    if getattr(res, "until_failed", False):
+        return 1  # --until stopped after its stage, which failed
     return 0 if rep or res.stop else 1
 
 

@@ -133,7 +133,7 @@ def stage(res: Results, name: str, fn, *args):
         res.fail(name, e)
         if name == res.until:  # --until names the last stage to run, whether it ended well or not
             log(f"stopping after {name} (--until), which failed: {e}")
-            res.stop = True
+            res.stop = res.until_failed = True
         return None
     res.put(name, out)
     log(f"{name}: {json.dumps(out, default=str)[:400]}")

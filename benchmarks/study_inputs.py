@@ -90,3 +90,39 @@ def check_plan(path: str) -> dict:
             raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
                              f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]")
     return plan
+
+
+def plan_digest(a) -> str:
+    """What ``--resume`` compares: the sha256 of the plan's contents (a changed plan is refused, the same plan
+    under another path is not), or ``default`` / ``tiny`` for the built-in plans."""
+    if not a.plan:
+        return "tiny" if a.tiny else "default"
+    return hashlib.sha256(json.dumps(json.loads(Path(a.plan).read_text()), sort_keys=True).encode()).hexdigest()
+
+
+ASSET_FILES = ("question.jsonl", "question.jsonl.xz", "test.jsonl", "test.jsonl.xz")
+
+
+def plan_problem(a, plan: dict, config: Path) -> str | None:
+    """What is wrong with ``plan`` for these arguments, before any stage costs GPU time, or None: a point on the
+    regenerated file asking for more conversations than ``--regen`` makes (it would train on fewer and still be
+    labelled with its size), or override strings the config refuses (checked with :func:`load_config` on
+    ``config``, the study's config, ``{regen}`` standing for a file path)."""
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+
+    for d, n, sched in plan["points"]:
+        size = a.all_size if n == 0 else n  # 0 = all usable (gpu_study.ALL)
+        if any("{regen}" in o for o in plan["data"][d]) and size > a.regen:
+            return (f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, --regen makes "
+                    f"{a.regen}: raise --regen (and --all-size for size 0) or lower the point's size")
+    for kind in ("data", "schedules"):
+        for name, overrides in plan[kind].items():
+            bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
+            if bad:
+                return f"--plan: {kind}.{name}: expected KEY=VALUE strings, got {bad!r}"
+            try:
+                load_config(config, [o.replace("{regen}", "/regenerated.jsonl") for o in overrides])
+            except ConfigError as e:
+                return f"--plan: {kind}.{name}: {e}"
+    return None

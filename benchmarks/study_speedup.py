@@ -1,22 +1,42 @@
-"""The GPU study's speedup figures: the summary of one ``gpu_speedup.py`` result, and folding a speedup that was
-measured by a direct ``gpu_speedup.py`` call into the study's ``gpu_study.json``.
+"""Join a speedup measured by a direct ``gpu_speedup.py`` call to the GPU study's ``gpu_study.json``.
 
-The second use is for a study whose ``speedup`` stage failed or was cut off while the machine still held the best
-point's draft: ``gpu_speedup.py`` is then run by hand on that draft (same engine, same settings as the stage),
-and this script puts its figures where the stage would have put them::
+Also the summary of one ``gpu_speedup.py`` result that the study's speedup stage records. A direct call is for
+a study whose ``speedup`` stage failed or was cut off while the machine still held the best point's draft:
+``gpu_speedup.py`` is then run by hand on that draft (same engine, same settings as the stage), and this script
+puts its figures where the stage would have put them::
 
     python benchmarks/study_speedup.py benchmarks/results/gpu_study.json /path/to/gpu_speedup.json
 
-It refuses a speedup file whose draft is not the best point's serving folder (``.../<run>-<point>/serving``),
-whose device differs from the study's, or which has no in-process ratio. Exit 0 when written; 2 on a refusal.
+Identity: both files carry the sha256 of the draft's serving folder (``best.serving_sha256`` written by the
+study's report, ``draft_sha256`` by ``gpu_speedup.py``); they must be equal. Files written before those fields
+existed (the sixth session's) can only be matched by the draft's path and the device, which is weaker (the same
+path recurs in every session): that needs ``--match-by-path`` and is recorded as ``identity: "path"``.
+Exit 0 when written; 2 on a refusal (the message names the file and the field).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import sys
 from pathlib import Path
+
+
+def draft_digest(serving: Path) -> str | None:
+    """sha256 (hex) over the names and bytes of a serving folder's ``*.safetensors`` and ``config.json`` files,
+    in name order; None when the folder has no such file."""
+    files = sorted([*serving.glob("*.safetensors"), *serving.glob("config.json")]) if serving.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def speedup_summary(data: dict, point: str, serving: str, file: str) -> dict:
@@ -36,42 +56,77 @@ def speedup_summary(data: dict, point: str, serving: str, file: str) -> dict:
             "predicted": data.get("predicted")}
 
 
-def add_speedup(study: dict, data: dict, file: str) -> dict:
-    """``study`` (a ``gpu_study.json``) with the speedup of ``data`` (a ``gpu_speedup.json`` read from ``file``).
+def _ratio(value, where: str, required: bool) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if ok or (value is None and not required):
+        return value
+    raise ValueError(f"{where}: expected a positive number, got {value!r}")
 
-    Raises ValueError naming the field, expected and actual value when the speedup was measured on another
-    draft than the study's best point, on another device, or has no in-process ratio."""
-    point = (study.get("best") or {}).get("point")
-    draft = str((data.get("settings") or {}).get("draft") or "")
-    if not point or not draft.rstrip("/").endswith(f"-{point}/serving"):
+
+def add_speedup(study: dict, data: dict, study_file: str, file: str, match_by_path: bool = False) -> dict:
+    """``study`` (a ``gpu_study.json`` read from ``study_file``) with the speedup of ``data`` (a
+    ``gpu_speedup.json`` read from ``file``).
+
+    Raises ValueError naming the file, field, expected and actual value when either is not a JSON object, the
+    study has no best point, the draft digests differ (or are missing without ``match_by_path``), the draft path
+    is not the best point's serving folder, the device differs, or a ratio is not a positive number."""
+    for name, obj in ((study_file, study), (file, data)):
+        if not isinstance(obj, dict):
+            raise ValueError(f"{name}: expected a JSON object, got {type(obj).__name__}")
+    point = (study.get("best") or {}).get("point") if isinstance(study.get("best"), dict) else None
+    if not isinstance(point, str) or not point:
+        raise ValueError(f"{study_file}: best.point: expected the study's best point, got {point!r} "
+                         "(is this a gpu_study.json? the study file comes first)")
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    draft = str(settings.get("draft") or "")
+    if not draft.rstrip("/").endswith(f"-{point}/serving"):
         raise ValueError(f"{file}: settings.draft: expected the best point's serving folder (.../*-{point}/serving), "
                          f"got {draft!r}")
-    device = (data.get("device") or {}).get("name")
-    if device != study.get("device"):
-        raise ValueError(f"{file}: device.name: expected the study's {study.get('device')!r}, got {device!r}")
-    rec = speedup_summary(data, point, draft, file)
-    if rec["in_process_speedup"] is None:
-        raise ValueError(f"{file}: summary.ratio_median: expected a measured ratio, got None")
+    want, got = study["best"].get("serving_sha256"), data.get("draft_sha256")
+    if want and got and want != got:
+        raise ValueError(f"{file}: draft_sha256: expected the study's best.serving_sha256 {want}, got {got}")
+    if not (want and got) and not match_by_path:
+        raise ValueError(f"{file}: draft_sha256 / {study_file}: best.serving_sha256: both are needed to tell the "
+                         f"draft apart (got {got!r} and {want!r}); --match-by-path accepts the path alone")
+    device = (data.get("device") or {}).get("name") if isinstance(data.get("device"), dict) else None
+    study_device = str(study.get("device") or "")
+    if not device or not (study_device == device or study_device.startswith(f"{device} (")):
+        raise ValueError(f"{file}: device.name: expected the study's {study_device!r}, got {device!r}")
+    if not isinstance(data.get("summary"), dict):
+        raise ValueError(f"{file}: summary: expected an object, got {type(data.get('summary')).__name__}")
+    rec = speedup_summary(data, point, draft, Path(file).name)
+    _ratio(rec["in_process_speedup"], f"{file}: summary.ratio_median", True)
+    _ratio(rec["served_speedup"], f"{file}: http.by_concurrency.1.ratio", False)
     rec["measured_by"] = "a direct benchmarks/gpu_speedup.py call on the best point's draft (not the study's stage)"
+    rec["identity"] = "sha256" if want and got else "path"
     return {**study, "speedup": rec, "served_speedup": rec["served_speedup"],
             "in_process_speedup": rec["in_process_speedup"]}
 
 
+def _read(path: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: cannot be read as JSON ({e})") from e
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description="Join a speedup measured by a direct gpu_speedup.py call to "
+                                            "gpu_study.json (rewritten in place).")
     p.add_argument("study", help="gpu_study.json, rewritten in place")
     p.add_argument("speedup", help="gpu_speedup.json of the best point's draft")
+    p.add_argument("--match-by-path", action="store_true",
+                   help="accept files without draft digests, matched by the draft's path and the device only")
     a = p.parse_args(argv)
     try:
-        study = json.loads(Path(a.study).read_text())
-        data = json.loads(Path(a.speedup).read_text())
-        new = add_speedup(study, data, a.speedup)
-    except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+        new = add_speedup(_read(a.study), _read(a.speedup), a.study, a.speedup, a.match_by_path)
+    except ValueError as e:
         print(f"study_speedup: {e}", file=sys.stderr)
         return 2
     Path(a.study).write_text(json.dumps(new, indent=1, default=str))
+    served = new["served_speedup"]
     print(f"{a.study}: in-process speedup {new['in_process_speedup']:.3f}, served speedup "
-          f"{new['served_speedup'] if new['served_speedup'] is None else round(new['served_speedup'], 3)}")
+          f"{'not measured' if served is None else f'{served:.3f}'} (identity: {new['speedup']['identity']})")
     return 0
 
 

@@ -29,11 +29,16 @@ def start_prefect_server(home: Path, start_timeout_s: float = 300.0):
 
     Raises RuntimeError naming the log when the server exits or does not answer ``/api/health`` within
     ``start_timeout_s`` seconds (the group is then ended)."""
-    import prefect
+    import importlib.util
 
+    # found, not imported: Prefect reads its settings (PREFECT_API_URL) from the environment when it is imported,
+    # and the caller sets that variable only after this returns
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or not spec.origin:
+        raise RuntimeError("the tests' Prefect server: the prefect package is not installed (run `make env`)")
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent), "--factory",
+    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "error", "--lifespan", "on"]
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}

@@ -56,7 +56,16 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     global _PREFECT_SERVER
     if _PREFECT_SERVER is not None:
+        import sys
+
         from testkit.prefect_server import PID_ENV, stop_prefect_server
+
+        if "prefect" in sys.modules:  # logs and events this process still queues go out before the server ends
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=5)
+            EventsWorker.drain_all(timeout=5)
 
         stop_prefect_server(_PREFECT_SERVER)
         os.environ.pop("PREFECT_API_URL", None)

@@ -88,7 +88,8 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     G.carry_back_regen(src, first)
     out = tmp_path / "out2"
     argv = ["--device", "cpu", "--work", str(tmp_path / "w2"), "--out", str(out), "--quiet",
-            "--regen-file", str(first / "regenerated.jsonl.xz"), "--until", "regen", "--regen", "3"]
+            "--regen-file", str(first / "regenerated.jsonl.xz"), "--until", "regen", "--regen", "3",
+            "--plan", str(_args(tmp_path, {**PLAN, "points": [["regenerated", 3, "c"]]}).plan)]
     monkeypatch.setattr(G, "prepare_target", lambda a, work: tmp_path)
     monkeypatch.setattr(G, "_cached_sharegpt", lambda work: str(src))
     monkeypatch.setattr(G, "base_overrides", lambda a, work, target, data: ["data.source=file"])
@@ -177,7 +178,7 @@ def test_until_stops_after_its_stage_also_when_it_failed(tmp_path):
     def boom():
         raise RuntimeError("no manifest")
 
-    assert stage(res, "regen", boom) is None and res.stop
+    assert stage(res, "regen", boom) is None and res.stop and res.until_failed  # gpu_study then exits 1
     assert stage(res, "sweep", lambda: {"ran": True}) is None
 
 
@@ -206,3 +207,39 @@ def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(tmp_
     rows = json.loads(path.read_text())["prompts"]
     assert [r["text"] for r in rows] == ["first turn writing", "first turn math"]
     assert all(len(r["input_ids"]) > 3 and all(isinstance(t, int) for t in r["input_ids"]) for r in rows)
+
+
+def _parse_error(argv, capsys):
+    from benchmarks.gpu_study import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--device", "cpu", *argv])
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_plan_sizes_above_regen_and_bad_overrides_are_refused_when_parsed(tmp_path, capsys):
+    """Both used to surface only after the target, data and regen stages (minutes of GPU time), the first not at
+    all: a point asking 3,000 regenerated conversations trained on the 8 made and kept its label."""
+    big = _args(tmp_path, {**PLAN, "points": [["regenerated", 3000, "c"]]}).plan
+    assert "needs 3000 regenerated conversations, --regen makes 8" in _parse_error(["--plan", big, "--regen", "8"],
+                                                                                   capsys)
+    small = [["regenerated", 5, "c"], ["as-is", 10, "c"]]
+    bogus = _args(tmp_path, {**PLAN, "schedules": {"c": ["train.bogus=1"]}, "points": small}).plan
+    assert "schedules.c" in (err := _parse_error(["--plan", bogus], capsys)) and "train.bogus" in err
+    noeq = _args(tmp_path, {**PLAN, "data": {**PLAN["data"], "as-is": ["train.epochs"]}, "points": small}).plan
+    assert "expected KEY=VALUE strings" in _parse_error(["--plan", noeq], capsys)
+
+
+def test_assets_folder_without_prompt_files_is_refused(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert "found none" in _parse_error(["--assets", str(tmp_path / "empty")], capsys)
+
+
+def test_resume_compares_the_plan_contents_not_its_path(tmp_path):
+    from benchmarks.study_inputs import plan_digest
+
+    first = plan_digest(_args(tmp_path, PLAN))
+    (tmp_path / "copy.json").write_text(json.dumps(PLAN, indent=3))
+    assert plan_digest(argparse.Namespace(plan=str(tmp_path / "copy.json"), tiny=False)) == first
+    assert plan_digest(_args(tmp_path, {**PLAN, "points": PLAN["points"][:1]})) != first
