@@ -272,6 +272,17 @@ def main() -> int:
         load_config(None, list(a.ours_override))
     except ConfigError as e:
         p.error(f"--ours-override: {e}")
+    # keys this benchmark sets for both trainers (or that its figures are computed from): changing them for ours
+    # alone would compare unlike runs under the recorded settings
+    fixed = {"train.max_steps": "--steps", "train.ttt_steps": "--ttt", "train.lr": "--lr",
+             "train.draft_vocab_size": "--draft-vocab", "train.max_tokens_per_batch": "--seq-len",
+             "train.num_gpus": "--num-gpus", "train.precision": None, "train.schedule": None,
+             "train.warmup_steps": None, "target.path": None, "target.kind": None}
+    for o in a.ours_override:
+        key = o.split("=", 1)[0].strip()
+        if key in fixed:
+            p.error(f"--ours-override {o!r}: {key} is set by this benchmark for both trainers"
+                    + (f" (use {fixed[key]})" if fixed[key] else ""))
     bad = [m for m in a.modes.split(",") if m and m != "eager" and m not in COMPILE_MODES]
     if bad or not a.modes.strip(","):
         p.error(f"--modes: expected a comma list of eager, {', '.join(COMPILE_MODES)}; got {a.modes!r}")

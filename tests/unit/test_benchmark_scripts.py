@@ -125,3 +125,15 @@ def test_offline_replay_tiny_prints_the_ratio_and_equal_requests(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "requests equal 2/2" in r.stdout and "offline_acceptance / replay wall time = " in r.stdout
     assert "get_cpu_capability() = " in r.stdout
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.bogus=1", "train.bogus"),                        # not a config key
+    ("train.ttt_steps=5", "set by this benchmark for both trainers (use --ttt)"),
+    ("train.max_steps=3", "(use --steps)"),
+    ("train.lr=1e-3", "(use --lr)"),
+])
+def test_gpu_train_refuses_overrides_it_cannot_record_or_that_break_the_comparison(override, match):
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and match in r.stderr, r.stderr[-1500:]
