@@ -42,6 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PEAK_BF16 = 989e12
+from benchmarks.gpu_train_speculators import run_speculators  # noqa: E402
 from benchmarks.profiling import StepProfiler, flops_per_token  # noqa: E402
 
 TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
@@ -50,14 +51,21 @@ TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 def base_overrides(a, work: Path, target: Path) -> list[str]:
+    # no evaluation or checkpoint inside the measured steps (eval_every=0 would evaluate and write a checkpoint
+    # at every epoch end: with few samples several per run, whose disk writes then slowed the next runs' loaders)
     return [f"paths.runs_dir={work / 'runs'}", f"train.device={'cuda' if a.cuda else 'cpu'}",
-            f"train.max_steps={a.steps}", "train.schedule=constant", f"train.log_every={a.log_every}", "train.eval_every=0",
+            f"train.max_steps={a.steps}", "train.schedule=constant", f"train.log_every={a.log_every}",
+            f"train.eval_every={a.steps + 1}",
             "train.epochs=1000", f"train.draft_vocab_size={a.draft_vocab}", "train.pad_draft_vocab=true",
             "train.warmup_steps=0", f"train.max_tokens_per_batch={a.seq_len}", f"train.num_gpus={a.num_gpus}",
             "train.max_eval_samples=1", "train.keep_last=1", "train.precision=bf16-autocast",
             f"train.ttt_steps={a.ttt}", "train.checkpoint_every=0", "train.export=last",
             "target.kind=hf", f"target.path={target}", f"train.lr={a.lr}"] + (
                 [f"train.loader_workers={a.ours_workers}"] if a.ours_workers is not None else [])
+
+
+class _Measured(Exception):
+    """Raised from our run's metrics callback after its last measured window (nothing after it is timed)."""
 
 
 def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict:
@@ -80,13 +88,20 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
     if a.cuda:
         torch.cuda.reset_peak_memory_stats()
 
+    windows = a.steps // L  # the loop logs every L steps; the last window ends the measurement
+
     def on_metrics(m, s):
         if "tokens_per_s" in m:
             tps.append(m["tokens_per_s"])
             prof.step(len(tps))
+            if len(tps) >= windows and a.num_gpus == 1:
+                raise _Measured  # skip the final evaluation, checkpoint and export: they are not timed
 
     t0 = time.perf_counter()
-    train(cfg, hs, out, progress=False, on_metrics=on_metrics)
+    try:
+        train(cfg, hs, out, progress=False, on_metrics=on_metrics)
+    except _Measured:
+        pass
     wall = time.perf_counter() - t0
     if not tps:  # torchrun path
         tps = [json.loads(x)["tokens_per_s"] for x in (out / "metrics.jsonl").read_text().splitlines()
@@ -96,110 +111,23 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
     if not steady:
         raise RuntimeError(f"no measured window left after {wu} warm-up and {pw} profiled windows of {L} steps "
                            f"({len(tps)} windows): raise --steps")
-    how = f"compiled forward ({mode}, static shapes, padded)" if compiled else "uncompiled forward"
+    from eagle3.train.ttt_forward import choose
+
+    impl, attention = choose(cfg.train, "cuda" if a.cuda else "cpu", a.num_gpus)
+    opt = cfg.train.optimizer_impl if cfg.train.optimizer_impl != "auto" else ("fused" if a.cuda else "default")
+    how = f"compiled ({mode}, static shapes, padded)" if compiled and a.cuda else "uncompiled"
     how += "".join(f", {o}" for o in a.ours_override)
     return {"name": f"ours ({a.num_gpus} GPU)" if a.cuda else "ours (cpu)", "tokens_per_s": statistics.median(steady),
             "peak_gib": peak, "steps": a.steps, "wall_s": wall, "profile": prof.result,
-            "settings": f"sdpa, eager kl_div loss, {how}, "
+            "settings": f"{impl} forward, {attention} attention, {cfg.train.loss} loss, {how}, AdamW {opt}, "
                         f"{a.ours_workers if a.ours_workers is not None else (4 if a.cuda else 0)} loader workers"}
 
 
-class _CountingLoader:
-    """Wraps a DataLoader: counts non-padding positions of each batch handed to the Trainer."""
-
-    def __init__(self, loader):
-        self.loader, self.tokens = loader, []
-
-    def __len__(self):
-        return len(self.loader)
-
-    @property
-    def batch_sampler(self):
-        return self.loader.batch_sampler
-
-    def __iter__(self):
-        for b in self.loader:
-            self.tokens.append(int((b["document_ids"] != -1).sum()) if "document_ids" in b else
-                               int(b["input_ids"].numel()))
-            yield b
-
-
-def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl: str, compiled: bool) -> dict:
-    import torch
-    from hs_connectors import FileTransfer
-    from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import create_train_val_loaders
-    from speculators.train.trainer import Trainer, TrainerConfig
-
-    from eagle3.artifacts import read_manifest
-    from eagle3.train.draft_model import build_draft, set_attention, use_uncompiled_forward
-    from eagle3.train.vocab import build_vocab_map, load_token_freq
-
-    man = read_manifest(hs)
-    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
-    tconf = json.loads((target / "config.json").read_text())
-    vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=True)
-    torch.manual_seed(0)
-    model = build_draft(target, aux_layer_ids=man["aux_layer_ids"], d2t=vmap.d2t, t2d=vmap.t2d, num_layers=1,
-                        ttt_steps=a.ttt, flags={}, attn_impl="sdpa")
-    set_attention(model, attn)
-    if not compiled:
-        use_uncompiled_forward(model)
-    train_loader, _ = create_train_val_loaders(
-        data_path=str(hs / "data"), total_seq_len=a.seq_len, hidden_states_dtype=torch.bfloat16,
-        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
-        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
-        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
-        num_target_layers=len(man["aux_layer_ids"]), num_workers=a.workers, prefetch_factor=4,
-        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
-    counting = _CountingLoader(train_loader)
-    train_kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_impl,
-                                                          ttt_steps=a.ttt, ttt_step_loss_decay=1.0)
-    save = work / f"out-spec-{attn}-{loss_impl}-{int(compiled)}"
-    import shutil
-    shutil.rmtree(save, ignore_errors=True)
-    cfg = TrainerConfig(lr=a.lr, num_epochs=1000, save_path=str(save), train_call_kwargs=train_kwargs,
-                        scheduler_type="none", weight_decay=0.0, hidden_states_dtype=torch.bfloat16,
-                        log_freq=10**9, checkpoint_freq=10**9, max_steps=a.steps)
-
-    class _Trainer(Trainer):
-        def setup_model(self):
-            if not a.cuda:  # CPU smoke test only: speculators moves the model to device index 0
-                self.local_rank, self.device_type = "cpu", "cpu"
-            super().setup_model()
-
-    if a.cuda:
-        torch.cuda.reset_peak_memory_stats()
-    else:  # CPU smoke test only: its step timer synchronizes "the accelerator" on step 0
-        torch.accelerator.synchronize = lambda *x: None
-        torch.accelerator.memory_allocated = lambda *x: 0
-    trainer = _Trainer(model, cfg, counting, None)
-    prof = StepProfiler(f"speculators-{attn}-{loss_impl}-{int(compiled)}", a.warmup, a.profile,
-                        a.out)
-    t0 = time.perf_counter()
-    stamps = [t0]
-
-    def tick():
-        if a.cuda:
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
-        prof.step(len(stamps) - 1)
-
-    epoch = 0
-    while trainer.global_step < a.steps:
-        trainer.train_epoch(epoch, step_callback=tick)
-        epoch += 1
-    dts = [b - s for s, b in zip(stamps, stamps[1:])]
-    tps = [t / d for t, d in zip(counting.tokens, dts)]
-    steady = [x for i, x in enumerate(tps) if i >= a.warmup and not a.warmup + 1 <= i + 1 <= a.warmup + a.profile]
-    if not steady:
-        raise RuntimeError(f"no measured step left after {a.warmup} warm-up and {a.profile} profiled steps: raise --steps")
-    peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda else float("nan")
-    settings = f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} forward, {a.workers} workers"
-    return {"name": "speculators Trainer", "tokens_per_s": statistics.median(steady), "peak_gib": peak,
-            "steps": len(tps), "settings": settings, "model": model, "wall_s": time.perf_counter() - t0,
-            "profile": prof.result}
+def _partial(a, rows: list[dict], failures: list[str], rnd: int) -> None:
+    """``--out/gpu_train_rounds.json``: the rows (tokens/s, peak GiB, settings) of the rounds finished so far."""
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "gpu_train_rounds.json").write_text(json.dumps({"rounds_done": rnd + 1, "rows": rows,
+                                                             "failures": failures}, indent=1, default=str))
 
 
 def torch_format(hs: Path) -> None:
@@ -260,9 +188,20 @@ def main() -> int:
     p.add_argument("--out", default=None, help="folder for profile tables and gpu_train.json (e.g. $OUT)")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds (speculators, then ours, again): "
                    "tokens/s is each trainer's median over rounds; profiles come from round 0")
+    p.add_argument("--results", default=None, metavar="JSON",
+                   help="also merge this shape's figures (both trainers' tokens/s, the ratio, peak memory) into JSON "
+                        "under shapes.<shape> (e.g. benchmarks/results/gpu_train.json; written to --out/results/ "
+                        "when --out is given, else in place)")
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
     a.out = Path(a.out) if a.out else None
+    if a.results is not None:
+        from benchmarks.gpu_train_report import read_results
+
+        try:
+            read_results(Path(a.results))
+        except ValueError as e:
+            p.error(f"--results: {e}")
     from eagle3.train.draft_model import COMPILE_MODES
 
     from eagle3.config import load_config
@@ -325,14 +264,19 @@ def main() -> int:
     if a.uncompiled_only:
         attempts = [("sdpa", "eager", False)]
     modes = ["eager"] if a.uncompiled_only or not a.cuda else [m for m in a.modes.split(",") if m]
+    spec_model = None
     for rnd in range(a.rounds):
         if rnd:
             a.profile = 0  # profiles come from round 0
         if a.only in ("speculators", "both"):
             for attn, loss_impl, compiled in attempts:
                 try:
-                    rows.append({**run_speculators(a, work, target, hs, attn, loss_impl, compiled), "round": rnd})
-                    print("ROW " + json.dumps({k: v for k, v in rows[-1].items() if k != "model"}), flush=True)
+                    row = run_speculators(a, work, target, hs, attn, loss_impl, compiled)
+                    trained = row.pop("model")  # off the device: no round's model counts in a later run's peak
+                    spec_model = trained.to("cpu") if spec_model is None else spec_model
+                    del trained
+                    rows.append({**row, "round": rnd})
+                    print("ROW " + json.dumps(rows[-1]), flush=True)
                     attempts = [(attn, loss_impl, compiled)]  # later rounds: the configuration that ran
                     break
                 except Exception as e:  # noqa: BLE001 - report and try the next configuration
@@ -344,6 +288,8 @@ def main() -> int:
                         torch.cuda.empty_cache()
             torch._dynamo.reset()  # speculators' frames are ours too: its graphs must not count against our
             # runs' recompile limit
+            if a.cuda:
+                torch.cuda.empty_cache()
         if a.only in ("ours", "both"):
             for mode in modes:
                 try:
@@ -356,9 +302,9 @@ def main() -> int:
                 torch._dynamo.reset()  # each run compiles afresh: no graphs carried between trainers
                 if a.cuda:
                     torch.cuda.empty_cache()
-    models = [r.pop("model") for r in rows if "model" in r]  # every round's: none stays on the device
-    model = models[0] if models else None
-    del models
+        if a.out is not None:  # after every round: a call cut short keeps the rounds it finished
+            _partial(a, rows, failures, rnd)
+    model = spec_model  # speculators' first trained draft (on the CPU), for the FLOPs per token
     if model is None:
         from eagle3.artifacts import read_manifest
         from eagle3.train.draft_model import build_draft
@@ -383,11 +329,16 @@ def main() -> int:
     summary = summarize([r for r in rows if "tokens_per_s" in r], fpt, PEAK_BF16)
     print_table(summary, rows)
     spec = [r for r in rows if r["name"].startswith("speculators")]
-    if a.out is not None:
-        write_json(a.out / "gpu_train.json", summary, {
-            "device": name, "shape": shape, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+    meta = {"device": name, "shape": shape, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
             "seq_len": a.seq_len, "draft_vocab": a.draft_vocab, "ttt": a.ttt, "model_flops_per_token": fpt,
-            "peak_flops": PEAK_BF16, "torch": torch.__version__, "failures": failures})
+            "peak_flops": PEAK_BF16, "torch": torch.__version__, "failures": failures}
+    if a.out is not None:
+        write_json(a.out / "gpu_train.json", summary, meta)
+    if a.results is not None:
+        from benchmarks.gpu_train_report import merge_results
+
+        dest = merge_results(Path(a.results), a.out, summary, meta)
+        print(f"shape {shape} merged into {dest}")
     # 1 when a run of ours failed or speculators ran in none of its configurations (its known-failing defaults
     # that a later configuration replaced do not count)
     ours_failed = any(f.startswith("ours ") for f in failures)

@@ -63,7 +63,57 @@ def print_table(summary: dict, rows: list[dict], echo=print) -> None:
         echo(f"{name} / speculators Trainer tokens/s = {r['ratio_of_medians']:.2f} (rounds: {per})")
 
 
+def _finite(x):
+    """NaN (no CUDA: no peak memory) as JSON null, recursively."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
 def write_json(path: Path, summary: dict, meta: dict) -> None:
     """``summary`` and ``meta`` (device, shape, settings, failures) as one JSON file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**meta, **summary}, indent=1, default=str))
+    path.write_text(json.dumps(_finite({**meta, **summary}), indent=1, default=str))
+
+
+def shape_record(summary: dict, meta: dict) -> dict:
+    """One shape's entry of the results file: each trainer's median tokens/s, rounds, peak GiB and MFU, and each of
+    ours / speculators (ratio of medians, per-round ratios), with the run's settings."""
+    return _finite({"device": meta["device"], "torch": meta["torch"], "rounds": meta["rounds"], "steps": meta["steps"],
+                    "warmup": meta["warmup"], "seq_len": meta["seq_len"], "draft_vocab": meta["draft_vocab"],
+                    "ttt": meta["ttt"], "model_flops_per_token": meta["model_flops_per_token"],
+                    "trainers": [{k: t[k] for k in ("name", "settings", "tokens_per_s", "tokens_per_s_rounds",
+                                                    "peak_gib", "mfu")} for t in summary["trainers"]],
+                    "ratios": summary["ratios"], "failures": meta["failures"]})
+
+
+def read_results(path: Path) -> dict:
+    """A results file's content (``{"shapes": {}}`` when it does not exist yet). Raises ValueError naming the file
+    when it is not a JSON object with a ``shapes`` object (checked before a benchmark spends its time)."""
+    if not path.exists():
+        return {"shapes": {}}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("shapes"), dict):
+        got = f"an object with keys {sorted(data)[:5]}" if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: expected a JSON object with a 'shapes' object, got {got}")
+    return data
+
+
+def merge_results(path: Path, out: Path | None, summary: dict, meta: dict) -> Path:
+    """Read ``path`` (a results file, or nothing yet), set ``shapes[<shape>]`` to this run's :func:`shape_record`,
+    and write the whole file to ``out/results/<path name>`` (``out`` given) or back to ``path``. Returns where it was
+    written. Raises ValueError naming the file when it exists but is not a JSON object with a ``shapes`` object."""
+    data = read_results(path)
+    data["shapes"][meta["shape"]] = shape_record(summary, meta)
+    data["written_by"] = "benchmarks/gpu_train.py --results"
+    dest = out / "results" / path.name if out is not None else path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return dest

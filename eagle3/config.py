@@ -199,19 +199,21 @@ class TrainConfig(_Section):
         "frozen train fields, layer flags, processes): restart = it belongs to another training, start from step 0 "
         "with a warning naming the difference; refuse = stop with that difference as the error.")
     init_from: str | None = Field(None, description="A speculators draft folder to start from (weights only).")
-    attn_implementation: Literal["auto", "sdpa", "eager"] = Field("auto", description="auto = sdpa on CPU and CUDA.")
+    forward_impl: Literal["auto", "speculators", "project"] = Field("auto", description="project = eagle3/train/"
+        "ttt_forward.py (speculators' loss and gradients, one static graph); auto = project, speculators under fsdp.")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex"] = Field("auto", description="auto: project forward "
+        "flex (CUDA, compiled) / sdpa (CUDA) / eager (CPU); speculators' forward sdpa (flex refused).")
     compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static shapes; see compile_mode).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA graphs.")
-    pad_to_max_tokens: bool | None = Field(
-        None, description="Pad every micro-batch to max_tokens_per_batch (one shape: a compiled forward compiles "
-        "once); None = on exactly when compile is on. Padding carries no loss.")
+    pad_to_max_tokens: bool | None = Field(None, description="Pad every micro-batch to max_tokens_per_batch (one "
+        "shape: a compiled forward compiles once); None = on exactly when compile is on. Padding carries no loss.")
     max_eval_samples: int | None = Field(None, ge=1, description="Cap on validation samples per evaluation.")
     loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) or JSON weights.")
     loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")
     loader_workers: int | None = Field(
         None, ge=0, description="Processes that read hidden-state files ahead of the device; None = 4 on CUDA, 0 on CPU.")
-    optimizer_impl: Literal["default", "foreach", "fused"] = Field("default", description="torch AdamW kernels.")
+    optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field("auto", description="AdamW; auto = fused on CUDA")
 
 
 class ConvertConfig(_Section):
@@ -304,9 +306,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _across_sections(self) -> RunConfig:
-        from eagle3.config_checks import (
-            cross_section_problems,  # reads this config by attribute only
-        )
+        from eagle3.config_checks import cross_section_problems  # reads this config by attribute only
 
         problems = cross_section_problems(self)
         if problems:

@@ -16,6 +16,8 @@ ConfigError). The rules:
 - SGLang resets ``max_running_requests`` to 48 when speculation is on and it is unset: ``bench.concurrency``
   above the number of requests the engine runs at once would measure queueing.
 - ``SGLANG_SIMULATE_ACC_LEN`` in ``serve.env`` makes SGLang report made-up acceptance: refused.
+- ``train.forward_impl: project`` cannot run under ``train.distributed: fsdp`` on several GPUs, and
+  ``train.attn_implementation: flex`` is only for this project's forward (:mod:`eagle3.train.ttt_forward`).
 
 This module reads a ``RunConfig`` by attribute and never imports :mod:`eagle3.config` (which calls it).
 """
@@ -81,6 +83,19 @@ def _sglang(cfg: Any) -> list[str]:
     return out
 
 
+def _train_forward(cfg: Any) -> list[str]:
+    t = cfg.train
+    out = []
+    if t.forward_impl == "project" and t.distributed == "fsdp" and t.num_gpus > 1:
+        out.append("train.forward_impl project with train.distributed fsdp: FSDP gathers a layer's weights around that "
+                   "layer's own forward, which this project's forward does not call; expected train.distributed ddp, "
+                   "or train.forward_impl speculators / auto (auto takes speculators' forward under fsdp)")
+    if t.forward_impl == "speculators" and t.attn_implementation == "flex":
+        out.append("train.attn_implementation flex: expected auto, sdpa or eager with train.forward_impl speculators "
+                   "(its flex path failed under torch.compile on the H200), got flex")
+    return out
+
+
 def cross_section_problems(cfg: Any) -> list[str]:
     """Every cross-section rule of the module docstring that ``cfg`` (a RunConfig) breaks; empty when none."""
-    return _steps(cfg) + _reference(cfg) + _sglang(cfg)
+    return _steps(cfg) + _reference(cfg) + _sglang(cfg) + _train_forward(cfg)

@@ -304,11 +304,12 @@ def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = No
     return out
 
 
-def to_device(batch: dict, device: torch.device, dtype: torch.dtype) -> dict:
-    """Move a :func:`collate_host` batch to ``device`` and cast the two hidden-state tensors to ``dtype`` there."""
+def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None) -> dict:
+    """Move a :func:`collate_host` batch to ``device`` and cast the two hidden-state tensors to ``dtype`` there
+    (None: keep the stored dtype)."""
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     for k in ("hidden_states", "verifier_last_hidden_states"):
-        out[k] = out[k].to(dtype)
+        out[k] = out[k] if dtype is None else out[k].to(dtype)
     return out
 
 

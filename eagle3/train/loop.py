@@ -24,6 +24,7 @@ from eagle3.train.data import HiddenStatesData, iterate_micro_batches, pack, pla
 from eagle3.train.metrics import add_batch, all_reduce_, new_counts, summarize
 from eagle3.train.parallel import Whole
 from eagle3.train.state import list_checkpoints, save_best, save_checkpoint
+from eagle3.train.ttt_forward import uses_project_forward
 
 
 @dataclass
@@ -86,6 +87,13 @@ class Run:
         return self.cfg.train
 
     @property
+    def states_dtype(self) -> torch.dtype | None:
+        """The hidden states' dtype on the device: None (as stored: bf16 for bf16/fp8 files) under bf16 autocast
+        with this project's forward, which casts where speculators' computes in float32; else float32."""
+        keep = self.t.precision == "bf16-autocast" and uses_project_forward(self.model)
+        return None if keep else torch.float32
+
+    @property
     def state_dir(self) -> Path:
         return self.out_dir / "state"
 
@@ -128,6 +136,15 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
     m = run.model
     if run.t.compile and run.t.compile_mode == "reduce-overhead" and run.device.type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call are consumed by now
+    if uses_project_forward(m):  # eagle3.train.ttt_forward: the counts come out of the same graph
+        with autocast(run):
+            loss, stats = (run.module if train else m)(
+                hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
+                document_ids=batch["document_ids"], loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
+                verifier_last_hidden_states=batch["verifier_last_hidden_states"], ttt_steps=run.t.ttt_steps,
+                loss_config=run.loss_config)
+        counts.add_(stats.detach().to(counts.dtype))
+        return loss
     with autocast(run):
         draft_tokens, loss, met = (run.module if train else m)(
             hidden_states=batch["hidden_states"], input_ids=batch["input_ids"], document_ids=batch["document_ids"],
@@ -171,7 +188,7 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     losses: list[tuple[list[int], torch.Tensor]] = []
     for j in range(len(share)):
         ids, host = run.next_batch()
-        batch = to_device(host, run.device, torch.float32)
+        batch = to_device(host, run.device, run.states_dtype)
         sync = j == len(share) - 1 or run.world == 1
         with contextlib.nullcontext() if sync else run.module.no_sync():
             loss = forward(run, batch, window)
@@ -208,7 +225,7 @@ def evaluate(run: Run) -> dict[str, float]:
         with run.parallel.evaluating(run.model):  # ranks may hold different numbers of micro-batches
             for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device,
                                                  run.t.loader_workers, run.pad_to):
-                forward(run, to_device(host, run.device, torch.float32), counts, train=False)
+                forward(run, to_device(host, run.device, run.states_dtype), counts, train=False)
     finally:
         run.model.train()
     out = summarize(all_reduce_(counts), "val")

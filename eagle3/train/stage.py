@@ -26,6 +26,7 @@ import torch
 
 from eagle3.artifacts import sha256_file, write_manifest
 from eagle3.errors import ConfigError
+from eagle3.train import ttt_forward
 from eagle3.train.data import data_identity, open_hidden_states
 from eagle3.train.draft_model import (
     build_draft,
@@ -101,10 +102,6 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
         teardown_distributed()
 
 
-def _attn(t, device: torch.device) -> str:
-    return "sdpa" if t.attn_implementation == "auto" else t.attn_implementation
-
-
 def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
             on_metrics: OnMetrics | None) -> Run:
     """All checks, the model, optimizer, schedule, and the resumed state: a :class:`Run` ready to loop."""
@@ -142,17 +139,26 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
             shutil.rmtree(old, ignore_errors=True)
         truncate_metrics(out_dir / "metrics.jsonl", -1)
     torch.manual_seed(t.seed)
+    impl, attention = ttt_forward.choose(t, device.type, world)
     model = build_draft(target_dir, aux_layer_ids=data.aux_layer_ids, d2t=vmap.d2t, t2d=vmap.t2d,
-                        num_layers=t.num_layers, ttt_steps=t.ttt_steps, flags=flags, attn_impl=_attn(t, device))
+                        num_layers=t.num_layers, ttt_steps=t.ttt_steps, flags=flags,
+                        attn_impl=attention if impl == "speculators" else "sdpa")
     if t.init_from and info is None:
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
-    if not t.compile:
+    compiled = t.compile and device.type == "cuda"
+    if impl == "project":
+        ttt_forward.install(model, attention=attention, compile_mode=t.compile_mode if compiled else None)
+    elif compiled:
+        compile_forward(model, t.compile_mode)
+    else:
         use_uncompiled_forward(model)
+    if rank == 0:
+        log.info("training forward: %s, attention %s%s", impl, attention,
+                 f", compiled ({t.compile_mode})" if compiled else "")
+    if not t.compile:
         if t.compile_mode != "default" and rank == 0:
             log.warning("train.compile_mode=%s has no effect: train.compile is false", t.compile_mode)
-    elif device.type == "cuda":
-        compile_forward(model, t.compile_mode)
-    elif rank == 0 and t.max_steps != 0:  # an evaluation-only run (max_steps=0) trains nothing to compile
+    elif not compiled and rank == 0 and t.max_steps != 0:  # an evaluation-only run (max_steps=0) trains nothing to compile
         padded = t.pad_to_max_tokens is not False
         log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs eagerly%s",
                     device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} positions)"
@@ -163,7 +169,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
     module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
     params = [p for p in model.parameters() if p.requires_grad]
-    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[t.optimizer_impl]
+    opt = t.optimizer_impl if t.optimizer_impl != "auto" else ("fused" if device.type == "cuda" else "default")
+    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[opt]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, **impl)
     run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None, device=device,
               out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics, parallel=parallel)

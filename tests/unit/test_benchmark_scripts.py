@@ -12,17 +12,28 @@ from tests.conftest import REPO
 
 def test_gpu_train_tiny_prints_both_trainers_and_writes_profiles(tmp_path):
     out = tmp_path / "prof"
+    results = tmp_path / "gpu_train.json"
+    results.write_text(json.dumps({"shapes": {"llama8b": {"kept": True}}}))
     r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--work", str(tmp_path / "w"),
-                        "--profile", "1", "--out", str(out), "--rounds", "2"], cwd=REPO, capture_output=True,
-                       text=True, timeout=300)
+                        "--profile", "1", "--out", str(out), "--rounds", "2", "--results", str(results)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x[4:]) for x in r.stdout.splitlines() if x.startswith("ROW ")]
     assert [(x["name"], x["round"]) for x in rows] == [("speculators Trainer", 0), ("ours (cpu)", 0),
                                                        ("speculators Trainer", 1), ("ours (cpu)", 1)]
     assert all(x["tokens_per_s"] > 0 for x in rows) and all(x["profile"]["wall_ms"] > 0 for x in rows[:2]), rows
     assert "/ speculators Trainer tokens/s = " in r.stdout and "(rounds: " in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["gpu_train.json", "profile-ours-eager.txt",
-                                                     "profile-speculators-sdpa-eager-0.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_train.json", "gpu_train_rounds.json",
+                                                     "profile-ours-eager.txt", "profile-speculators-sdpa-eager-0.txt",
+                                                     "results"]
+    partial = json.loads((out / "gpu_train_rounds.json").read_text())  # written after each round
+    assert partial["rounds_done"] == 2 and len(partial["rows"]) == 4
+    merged = json.loads((out / "results" / "gpu_train.json").read_text())  # --results: this shape merged in
+    assert merged["shapes"]["llama8b"] == {"kept": True} and merged["written_by"].startswith("benchmarks/gpu_train.py")
+    tiny = merged["shapes"]["tiny"]
+    assert [t["name"] for t in tiny["trainers"]] == ["speculators Trainer", "ours (cpu)"]
+    assert tiny["trainers"][0]["peak_gib"] is None  # no CUDA: null, not NaN
+    assert list(tiny["ratios"].values())[0]["ratio_of_medians"] > 0
     res = json.loads((out / "gpu_train.json").read_text())
     assert res["rounds"] == 2 and res["shape"] == "tiny" and [t["name"] for t in res["trainers"]] == [
         "speculators Trainer", "ours (cpu)"]
@@ -137,3 +148,37 @@ def test_gpu_train_refuses_overrides_it_cannot_record_or_that_break_the_comparis
     r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and match in r.stderr, r.stderr[-1500:]
+
+
+def test_gpu_train_refuses_a_results_file_it_cannot_merge_into(tmp_path):
+    bad = tmp_path / "r.json"
+    bad.write_text('[1, 2]')
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--results", str(bad)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--results: {bad}: expected a JSON object with a 'shapes' object, got list" in r.stderr
+
+
+def test_gpu_forward_check_smoke_on_the_cpu(tmp_path):
+    """The check itself runs where there is no GPU (eager attention, uncompiled): same loss, gradients and counts."""
+    r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", "--seq-len", "128",
+                        "--device", "cpu", "--attention", "eager", "--repeats", "1", "--work", str(tmp_path / "w"),
+                        "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "gpu_forward_check_tiny.json").read_text())["results"]
+    assert res["float32"]["counts_equal"] and res["float32"]["loss_rel_diff"] < 1e-5
+    assert 0 < res["float32"]["max_grad_rel_diff"] < 1e-4 and "-> OK" in r.stdout
+
+
+def test_train_forward_quality_runs_both_forwards_on_the_same_data(tmp_path):
+    """Smoke test of issue 17's quality script on the tiny random target (whose drafts accept nothing: the real
+    comparison is on SmolLM2, benchmarks/RESULTS.md): both runs evaluated at the same steps, the ratio recorded."""
+    out = tmp_path / "q.json"
+    r = subprocess.run([sys.executable, "benchmarks/train_forward_quality.py", "configs/tiny-random.yaml",
+                        "-o", "train.max_steps=4", "-o", "train.eval_every=2", "--work", str(tmp_path / "w"),
+                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert [e["step"] for e in res["runs"]["speculators"]["evals"]] == [2, 4] == \
+        [e["step"] for e in res["runs"]["project"]["evals"]]
+    assert res["final_ratio"] == pytest.approx(1.0, abs=0.01) and res["runs"]["project"]["tokens_per_s_median"] > 0
+    assert "| 4 |" in r.stdout and "project / speculators = " in r.stdout

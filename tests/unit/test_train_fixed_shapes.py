@@ -12,6 +12,11 @@ from eagle3.train.stage import train
 from testkit.hs_fixture import build_hidden_states_dir, tiny_train_cfg
 
 
+# the compile-counting tests below are about speculators' own forward (train.forward_impl=speculators); this
+# project's forward has its own in tests/unit/test_ttt_forward.py
+SPECULATORS = "train.forward_impl=speculators"
+
+
 @pytest.fixture(scope="module")
 def hs_dir(tmp_path_factory, tiny_target_dir):
     return build_hidden_states_dir(tmp_path_factory.mktemp("hs") / "hs", tiny_target_dir, num_samples=14)
@@ -78,12 +83,13 @@ def test_compiled_forward_compiles_once_with_padding_and_per_length_without(hs_d
 
     graphs = _compile_counting(monkeypatch)
     cfg = tiny_train_cfg(tmp_path / "r1", "train.max_steps=4", "train.eval_every=4", "train.compile=true",
-                         "train.pad_to_max_tokens=false")
+                         "train.pad_to_max_tokens=false", SPECULATORS)
     train(cfg, hs_dir, tmp_path / "unpadded", progress=False)
     unpadded = list(graphs)
     graphs.clear()
     torch._dynamo.reset()
-    cfg = tiny_train_cfg(tmp_path / "r2", "train.max_steps=4", "train.eval_every=4", "train.compile=true")
+    cfg = tiny_train_cfg(tmp_path / "r2", "train.max_steps=4", "train.eval_every=4", "train.compile=true",
+                         SPECULATORS)
     train(cfg, hs_dir, tmp_path / "padded", progress=False)  # compile on: padding on by default
     # padded: every micro-batch is 96 positions, so the 3 TTT steps give the only 3 mask shapes
     assert masks(graphs) == {(1, 1, 96, 96), (1, 1, 96, 192), (1, 1, 96, 288)}
@@ -146,13 +152,15 @@ def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(hs_d
     from torch._dynamo.utils import guard_failures
 
     graphs = _compile_counting(monkeypatch)
-    cfg = tiny_train_cfg(tmp_path / "r1", "train.max_steps=2", "train.eval_every=2", "train.compile=true")
+    cfg = tiny_train_cfg(tmp_path / "r1", "train.max_steps=2", "train.eval_every=2", "train.compile=true",
+                         SPECULATORS)
     train(cfg, hs_dir, tmp_path / "short", progress=False)
     short = len(graphs)
     graphs.clear()
     torch._dynamo.reset()
     guard_failures.clear()
-    cfg = tiny_train_cfg(tmp_path / "r2", "train.max_steps=5", "train.eval_every=2", "train.compile=true")
+    cfg = tiny_train_cfg(tmp_path / "r2", "train.max_steps=5", "train.eval_every=2", "train.compile=true",
+                         SPECULATORS)
     train(cfg, hs_dir, tmp_path / "long", progress=False)  # 2.5× the steps, 3 evaluations
     assert len(graphs) == short > 0, (short, len(graphs))
     ttt = cfg.train.ttt_steps
@@ -175,13 +183,13 @@ def test_optimizer_impl_keeps_the_losses(hs_dir, tmp_path, impl, monkeypatch):
 
     monkeypatch.setattr(torch.optim, "AdamW", Recording)
     out = {}
-    for name in ("default", impl):
+    for name in ("auto", impl):  # auto = torch's default AdamW on the CPU
         cfg = tiny_train_cfg(tmp_path / f"r-{name}", "train.max_steps=4", "train.eval_every=4",
                              f"train.optimizer_impl={name}")
         train(cfg, hs_dir, tmp_path / f"t-{name}", progress=False)
         out[name] = _losses(tmp_path / f"t-{name}")
     assert made[0] == {"fused": None, "foreach": None} and made[-1][impl] is True, made
-    assert [r[0] for r in out[impl]] == [r[0] for r in out["default"]] and len(out[impl]) >= 2
-    for a, b in zip(out["default"], out[impl]):
+    assert [r[0] for r in out[impl]] == [r[0] for r in out["auto"]] and len(out[impl]) >= 2
+    for a, b in zip(out["auto"], out[impl]):
         for x, y in zip(a[1:], b[1:]):
             assert (x is None) == (y is None) and (x is None or y == pytest.approx(x, rel=1e-4, abs=1e-5)), (a, b)
