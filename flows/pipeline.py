@@ -7,6 +7,7 @@ after a failure re-executes only what failed and what depends on it.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from flows.common import (
     load_run_config,
     parent_run,
     publish_summary,
+    run_concurrently,
     run_stage,
     stage_dirs,
     untrained_config,
@@ -63,10 +65,16 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
         # before any engine starts: aux capture of the target's class, memory, settings, environment, template
         pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record,
                         serving=serving["trained"], data=data)
-        bench = {v: run_stage(deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
-                              serving=serving[v], deploy_dir=stage_dirs(c, v)["deploy"],
-                              bench_dir=stage_dirs(c, v)["bench"], timeout_s=deploy_timeout_s(c))
-                 for v, c in lines}
+        # both drafts served at once: each engine decodes on one thread (serve.cpu_threads), so on a 2-core CPU
+        # the pair takes about as long as one; the record keeps the trained-then-untrained order. In a worker
+        # thread Prefect's task timeout cannot interrupt anything (it warns): the stage is bounded by its own
+        # deadlines instead — the readiness gate's, each request's and the watchdog's (deploy_timeout_s sums them)
+        bench = run_concurrently({v: functools.partial(
+            run_stage, deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
+            serving=serving[v], deploy_dir=stage_dirs(c, v)["deploy"], bench_dir=stage_dirs(c, v)["bench"],
+            timeout_s=0 if len(lines) > 1 else deploy_timeout_s(c)) for v, c in lines})
+        order = [("deploy-bench" if v == "trained" else f"deploy-bench ({v})") for v, _ in lines]
+        record.update({k: record.pop(k) for k in order if k in record})
         figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"], parent,
                                   train=drafts["trained"])
         record["acceptance"] = f"served {_fmt(figures.served)}, offline {_fmt(figures.offline)}"
