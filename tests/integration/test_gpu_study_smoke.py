@@ -19,12 +19,37 @@ PLAN = {"data": {"as-is": [], "regenerated": ["data.source=file", "data.path={re
         "points": [["regenerated", 8, "cosine-1ep"], ["as-is", 8, "cosine-1ep"]]}
 
 
-def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(tmp_path, tiny_target_dir, sharegpt_path):
+def _seed_work_cache(work, smollm2_dir, tiny_target_dir):
+    """The study keeps its assets under ``<work>/cache``: link the asset cache's converted SmolLM2 (the tiny
+    target's tokenizer; converting its GGUF again costs ~20 s per call) and tiny target there (both only read)."""
+    models = work / "cache" / "models"
+    models.mkdir(parents=True)
+    for src in (smollm2_dir, tiny_target_dir):
+        (models / src.name).symlink_to(src, target_is_directory=True)
+
+
+def _assets(folder):
+    """``--assets``: the first MT-Bench question of each of the 8 categories (16 turns for the offline evaluation
+    instead of 160; the speedup stage's prompts come from here too)."""
+    from eagle3.assets import mtbench_questions
+
+    firsts = {}
+    for q in mtbench_questions():
+        firsts.setdefault(q["category"], q)
+    folder.mkdir()
+    (folder / "question.jsonl").write_text("".join(json.dumps(q) + "\n" for q in firsts.values()))
+    return folder
+
+
+def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(tmp_path, tiny_target_dir, smollm2_dir,
+                                                                   sharegpt_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(PLAN))
     out = tmp_path / "out"
+    for work in ("w", "w2"):
+        _seed_work_cache(tmp_path / work, smollm2_dir, tiny_target_dir)
     cmd = [sys.executable, "benchmarks/gpu_study.py", "--tiny", "--device", "cpu", "--work", str(tmp_path / "w"),
-           "--out", str(out), "--plan", str(plan), "--quiet", "--store-copy"]
+           "--out", str(out), "--plan", str(plan), "--quiet", "--store-copy", "--assets", str(_assets(tmp_path / "a"))]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     study = json.loads((out / "gpu_study.json").read_text())
