@@ -25,9 +25,9 @@ from flows.common import (
     untrained_config,
 )
 from tasks import tracking
-from tasks.bench import acceptance_task, decision_task, gate_task
+from tasks.bench import acceptance_task, decision_task, gate_task, prefetch_offline_figure
 from tasks.convert import convert_task
-from tasks.deploy import deploy_task, deploy_timeout_s
+from tasks.deploy import deploy_task
 from tasks.extract import extract_task
 from tasks.preflight import preflight_task
 from tasks.registry import register_task
@@ -68,11 +68,15 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None, extrac
         # both drafts served at once: each engine decodes on one thread (serve.cpu_threads), so on a 2-core CPU
         # the pair takes about as long as one; the record keeps the trained-then-untrained order. In a worker
         # thread Prefect's task timeout cannot interrupt anything (it warns): the stage is bounded by its own
-        # deadlines instead — the readiness gate's, each request's and the watchdog's (deploy_timeout_s sums them)
-        bench = run_concurrently({v: functools.partial(
+        # deadlines instead — the readiness gate's, each request's and the watchdog's (what deploy_timeout_s sums)
+        calls = {v: functools.partial(
             run_stage, deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
             serving=serving[v], deploy_dir=stage_dirs(c, v)["deploy"], bench_dir=stage_dirs(c, v)["bench"],
-            timeout_s=0 if len(lines) > 1 else deploy_timeout_s(c)) for v, c in lines})
+            timeout_s=0) for v, c in lines}
+        # the offline figure (in-process decoding of the same prompts, one thread) beside them; the acceptance task
+        # below reads it from its memo, or computes it there when this attempt failed
+        calls["offline"] = functools.partial(prefetch_offline_figure, cfg, serving["trained"].dir)
+        bench = run_concurrently(calls)
         order = [("deploy-bench" if v == "trained" else f"deploy-bench ({v})") for v, _ in lines]
         record.update({k: record.pop(k) for k in order if k in record})
         figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), serving["trained"], parent,
