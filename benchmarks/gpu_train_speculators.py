@@ -31,12 +31,33 @@ class _CountingLoader:
             yield b
 
 
-def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl: str, compiled: bool) -> dict:
+def speculators_loader(hs: Path, target: Path, seq_len: int, workers: int):
+    """speculators' own training loader over this project's offline layout in ``hs`` (``ArrowDataset`` +
+    ``FileTransfer`` + multipack sampler, ``shift_batch``; no vLLM endpoint: a missing file raises), its train
+    split as the hidden-states manifest records it; ``seq_len`` positions per packed batch."""
     import torch
     from hs_connectors import FileTransfer
-    from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.dataloader import create_train_val_loaders
+
+    from eagle3.artifacts import read_manifest
+
+    man = read_manifest(hs)
+    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
+    tconf = json.loads((target / "config.json").read_text())
+    loader, _ = create_train_val_loaders(
+        data_path=str(hs / "data"), total_seq_len=seq_len, hidden_states_dtype=torch.bfloat16,
+        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
+        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
+        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
+        num_target_layers=len(man["aux_layer_ids"]), num_workers=workers, prefetch_factor=4 if workers else None,
+        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
+    return loader
+
+
+def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl: str, compiled: bool) -> dict:
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.trainer import Trainer, TrainerConfig
 
     from eagle3.artifacts import read_manifest
@@ -44,7 +65,6 @@ def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl:
     from eagle3.train.vocab import build_vocab_map, load_token_freq
 
     man = read_manifest(hs)
-    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
     tconf = json.loads((target / "config.json").read_text())
     vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=True)
     torch.manual_seed(0)
@@ -53,13 +73,7 @@ def run_speculators(a, work: Path, target: Path, hs: Path, attn: str, loss_impl:
     set_attention(model, attn)
     if not compiled:
         use_uncompiled_forward(model)
-    train_loader, _ = create_train_val_loaders(
-        data_path=str(hs / "data"), total_seq_len=a.seq_len, hidden_states_dtype=torch.bfloat16,
-        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
-        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
-        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
-        num_target_layers=len(man["aux_layer_ids"]), num_workers=a.workers, prefetch_factor=4,
-        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
+    train_loader = speculators_loader(hs, target, a.seq_len, a.workers)
     counting = _CountingLoader(train_loader)
     train_kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation=loss_impl,
                                                           ttt_steps=a.ttt, ttt_step_loss_decay=1.0)

@@ -11,11 +11,10 @@ from pathlib import Path
 def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     """speculators' own Trainer on ``hs`` (same draft, LR, epochs, TTT, loss); the draft saved to out_dir/draft."""
     import torch
-    from hs_connectors import FileTransfer
     from speculators.models.eagle3 import Eagle3DraftModel
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.dataloader import create_train_val_loaders
     from speculators.train.trainer import Trainer, TrainerConfig
+
+    from benchmarks.gpu_train_speculators import speculators_loader
 
     from eagle3.artifacts import read_manifest
     from eagle3.train.draft_model import build_draft, resolve_flags, save_draft, set_attention, use_uncompiled_forward
@@ -25,7 +24,6 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     cuda = a.device == "cuda"
     man = read_manifest(hs)
-    n_train, n = len(man["splits"]["train"]), sum(len(v) for v in man["splits"].values())
     tconf = json.loads((target / "config.json").read_text())
     vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), a.draft_vocab, tconf["vocab_size"], pad=False)
     flags = resolve_flags(load_config(None, [f"target.path={target}", "target.kind=hf"]))
@@ -35,13 +33,7 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     set_attention(model, "sdpa")
     if not a.compile:
         use_uncompiled_forward(model)
-    loader, _ = create_train_val_loaders(
-        data_path=str(hs / "data"), total_seq_len=a.tokens_per_batch, hidden_states_dtype=torch.bfloat16,
-        transfer=FileTransfer(hs / "hidden_states"), vllm_endpoint="http://127.0.0.1:1/v1", on_missing="raise",
-        verifier_name_or_path=str(target), request_timeout=None, max_retries=0, generation_validation_retries=0,
-        max_consecutive_generation_failures=1, hidden_size=tconf["hidden_size"],
-        num_target_layers=len(man["aux_layer_ids"]), num_workers=a.workers, prefetch_factor=4 if a.workers else None,
-        preprocess=shift_batch, train_data_ratio=n_train / n, seed=0)
+    loader = speculators_loader(hs, target, a.tokens_per_batch, a.workers)
     kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager",
                                                     ttt_steps=a.ttt, ttt_step_loss_decay=1.0)
     cfg = TrainerConfig(lr=a.lr, num_epochs=a.epochs, save_path=str(out_dir / "trainer"), train_call_kwargs=kwargs,
@@ -59,7 +51,7 @@ def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
     else:  # CPU smoke test only: its step timer synchronizes "the accelerator"
         torch.accelerator.synchronize = lambda *x: None
         torch.accelerator.memory_allocated = lambda *x: 0
-    from benchmarks.gpu_train import _CountingLoader
+    from benchmarks.gpu_train_speculators import _CountingLoader
 
     counting = _CountingLoader(loader)
     trainer = _Trainer(model, cfg, counting, None)
