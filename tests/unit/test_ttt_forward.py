@@ -190,7 +190,7 @@ def test_choice_of_forward_and_attention(tmp_path):
     assert ttt_forward.choose(t("train.distributed=fsdp"), "cuda", 1) == ("project", "sdpa")  # one process: no fsdp
     with pytest.raises(ConfigError, match=r"forward_impl=project.*fsdp"):
         ttt_forward.choose(t("train.distributed=fsdp", "train.forward_impl=project"), "cuda", 2)
-    with pytest.raises(ConfigError, match=r"attn_implementation=flex.*speculators"):
+    with pytest.raises(ConfigError, match=r"attn_implementation.flex.*speculators"):
         ttt_forward.choose(t("train.forward_impl=speculators", "train.attn_implementation=flex"), "cuda", 1)
 
 
