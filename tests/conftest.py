@@ -12,6 +12,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _threads_per_xdist_worker() -> int | None:
+    """Under pytest-xdist, each worker's share of the CPU cores (at least 1); None in a plain pytest run."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 1:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
+
+
+# `make test`'s xdist workers each get their share of the cores as torch/OpenMP threads, inherited by the
+# processes they start (CLI runs, extraction workers, DDP ranks): with torch's default of one thread per core in
+# each of 2 workers, 2 cores run 4+ spinning OpenMP threads, and the tiny models' small matmuls ran 5-40x slower
+# (tests/unit/test_train.py 60 s -> 12 s on a 2-core AMD EPYC held to AVX2; serve.cpu_threads says the same of
+# the engines). Set before torch is imported; an OMP_NUM_THREADS already set wins.
+if (_share := _threads_per_xdist_worker()) is not None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
