@@ -98,3 +98,7 @@ def main() -> int:
     except SystemExit as e:
         return int(e.code or 0)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -147,3 +147,15 @@ def test_command_checks_arguments_before_loading(tmp_path, tiny_target_dir, two_
     saved = json.loads((tmp_path / "o.json").read_text())["drafts"]["trained"]
     assert saved["overall"]["num_requests"] + len(saved["no_verify_pass"]) == 4
     assert "decoder check: 2/2 equal" in r.output and "trained: acceptance length" in r.output
+
+
+def test_python_dash_m_runs_the_command(tmp_path, tiny_target_dir):
+    """``python -m eagle3.measure.replay_cli`` (the documented entry) parses its arguments and exits 2 on a bad
+    one; it used to import the module and exit 0 doing nothing."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "eagle3.measure.replay_cli", "--target", str(tiny_target_dir),
+                        "--draft", "nodir", "--out", str(tmp_path / "o.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "expected NAME=DIR, got 'nodir'" in r.stdout + r.stderr, (r.returncode, r.stderr)
