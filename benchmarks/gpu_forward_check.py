@@ -4,7 +4,8 @@ The CPU tests hold the two equal in float32 with the eager and sdpa attentions; 
 and bf16 autocast exist on CUDA only, so this script checks them there: one packed micro-batch of ``--seq-len``
 positions (three documents and a padding tail, as the loop packs them) of a draft of the ``--shape`` target,
 speculators' ``Eagle3DraftModel.forward`` (sdpa, uncompiled) as the reference, and ours compiled (``--attention``,
-default flex), in float32 and under bf16 autocast. Printed and written to ``--out/gpu_forward_check.json``: the
+default flex on CUDA, eager on the CPU), in float32 and under bf16 autocast. Printed and written to
+``--out/gpu_forward_check_<shape>.json``: the
 relative loss difference, the largest relative gradient difference over the trainable tensors, and whether the
 accuracy counts agree; then the wall time of one forward + backward of each (median of ``--repeats``).
 
@@ -85,18 +86,30 @@ def main() -> int:
     p.add_argument("--shape", default="smollm2", help="benchmarks/train.py SHAPES, or tiny (CPU smoke test)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--draft-vocab", type=int, default=None, help="default: 8192 (smollm2, tiny: 512) / 32000")
-    p.add_argument("--attention", default="flex", choices=list(ttt_forward.ATTENTIONS))
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--attention", default=None, choices=list(ttt_forward.ATTENTIONS),
+                   help="default: flex on CUDA, eager on the CPU (flex has no CPU backward)")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--tol", type=float, default=1e-3)
     p.add_argument("--work", default="/tmp/eagle3-forward-check")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    cuda = a.device.startswith("cuda")
+    try:
+        kind = torch.device(a.device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cuda", "cpu"):
+        p.error(f"--device: expected cuda, cuda:N or cpu, got {a.device!r}")
+    cuda = kind == "cuda"
     if cuda and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device here (use --device cpu --attention eager for a smoke test)")
+        p.error("--device cuda: no CUDA device here (use --device cpu for a smoke test)")
+    a.attention = a.attention or ("flex" if cuda else "eager")
+    if a.attention == "flex" and not cuda:
+        p.error("--attention flex: expected eager or sdpa with --device cpu (flex attention has no CPU backward)")
     if a.seq_len < 64 or a.repeats < 1 or not a.tol > 0:
-        p.error("--seq-len must be ≥ 64, --repeats ≥ 1 and --tol > 0")
+        p.error(f"--seq-len must be ≥ 64, --repeats ≥ 1 and --tol > 0; got {a.seq_len}, {a.repeats}, {a.tol}")
+    if a.draft_vocab is not None and a.draft_vocab < 1:
+        p.error(f"--draft-vocab: expected a positive number of draft tokens, got {a.draft_vocab}")
     if a.shape == "tiny":
         from benchmarks.gpu_train import TINY
 
@@ -107,6 +120,8 @@ def main() -> int:
     device = torch.device(a.device)
     target, hs = bt.synthetic(Path(a.work), a.shape, 4, a.seq_len)
     conf = json.loads((target / "config.json").read_text())
+    if dv > conf["vocab_size"]:
+        p.error(f"--draft-vocab: expected at most the target's vocabulary ({conf['vocab_size']}), got {dv}")
     vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), dv, conf["vocab_size"], pad=True)
     aux = json.loads((hs / "manifest.json").read_text())["aux_layer_ids"]
     torch.manual_seed(0)

@@ -196,10 +196,11 @@ def main() -> int:
     a.cuda = torch.cuda.is_available()
     a.out = Path(a.out) if a.out else None
     if a.results is not None:
-        from benchmarks.gpu_train_report import read_results
+        from benchmarks.gpu_train_report import read_results, results_destination
 
         try:
             read_results(Path(a.results))
+            results_destination(Path(a.results), a.out)
         except ValueError as e:
             p.error(f"--results: {e}")
     from eagle3.train.draft_model import COMPILE_MODES
@@ -208,7 +209,7 @@ def main() -> int:
     from eagle3.errors import ConfigError
 
     try:
-        load_config(None, list(a.ours_override))
+        load_config(None, [f"train.num_gpus={a.num_gpus}"] + list(a.ours_override))  # as our runs will load it
     except ConfigError as e:
         p.error(f"--ours-override: {e}")
     # keys this benchmark sets for both trainers (or that its figures are computed from): changing them for ours
@@ -298,7 +299,7 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - report and go on with the next mode
                     traceback.print_exc(limit=4)
                     failures.append(f"ours {mode} (round {rnd}): {type(e).__name__}: "
-                                    f"{str(e).splitlines()[0][:200] if str(e) else ''}")
+                                    f"{' / '.join(str(e).splitlines())[:600]}")
                 torch._dynamo.reset()  # each run compiles afresh: no graphs carried between trainers
                 if a.cuda:
                     torch.cuda.empty_cache()

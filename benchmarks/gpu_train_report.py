@@ -106,6 +106,23 @@ def read_results(path: Path) -> dict:
     return data
 
 
+def results_destination(path: Path, out: Path | None) -> Path:
+    """Where :func:`merge_results` will write: ``out/results/<path name>`` (``out`` given) or ``path``. Creates the
+    folder and raises ValueError naming it when it cannot be created or written (checked before a benchmark spends
+    its time, so its figures are not lost at the end)."""
+    import os
+
+    dest = out / "results" / path.name if out is not None else path
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{dest.parent}: cannot create the folder for {dest.name} ({e})") from e
+    if not os.access(dest.parent, os.W_OK) or dest.is_dir():
+        raise ValueError(f"{dest}: expected a writable file path, got "
+                         f"{'a folder' if dest.is_dir() else 'a folder without write permission'}")
+    return dest
+
+
 def merge_results(path: Path, out: Path | None, summary: dict, meta: dict) -> Path:
     """Read ``path`` (a results file, or nothing yet), set ``shapes[<shape>]`` to this run's :func:`shape_record`,
     and write the whole file to ``out/results/<path name>`` (``out`` given) or back to ``path``. Returns where it was
@@ -113,7 +130,6 @@ def merge_results(path: Path, out: Path | None, summary: dict, meta: dict) -> Pa
     data = read_results(path)
     data["shapes"][meta["shape"]] = shape_record(summary, meta)
     data["written_by"] = "benchmarks/gpu_train.py --results"
-    dest = out / "results" / path.name if out is not None else path
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest = results_destination(path, out)
     dest.write_text(json.dumps(data, indent=1, default=str) + "\n")
     return dest

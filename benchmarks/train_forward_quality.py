@@ -46,7 +46,19 @@ def main(config: Path = typer.Argument(..., exists=True, dir_okay=False, help="a
     from eagle3.extract.stage import extract
     from eagle3.train.stage import train
 
-    cfg = load_config(config, list(override) + [f"paths.runs_dir={work / 'runs'}", "train.export=last"])
+    from eagle3.errors import ConfigError
+
+    mine = [o for o in override if o.split("=", 1)[0].strip() == "train.forward_impl"]
+    if mine:
+        raise typer.BadParameter(f"{mine[0]!r}: this script sets train.forward_impl itself (speculators, then "
+                                 "project); leave it out", param_hint="-o")
+    run = "both runs"
+    try:  # both runs' configurations, checked before the extraction spends its time
+        cfg = load_config(config, list(override) + [f"paths.runs_dir={work / 'runs'}", "train.export=last"])
+        for run in ("speculators", "project"):
+            load_config(config, list(override) + [f"paths.runs_dir={work / 'runs'}", f"train.forward_impl={run}"])
+    except ConfigError as e:
+        raise typer.BadParameter(f"the {run} run's configuration: {e}", param_hint="-o") from e
     hs = work / "extract"
     t0 = time.perf_counter()
     extract(cfg, hs, progress=True)

@@ -17,7 +17,9 @@ ConfigError). The rules:
   above the number of requests the engine runs at once would measure queueing.
 - ``SGLANG_SIMULATE_ACC_LEN`` in ``serve.env`` makes SGLang report made-up acceptance: refused.
 - ``train.forward_impl: project`` cannot run under ``train.distributed: fsdp`` on several GPUs, and
-  ``train.attn_implementation: flex`` is only for this project's forward (:mod:`eagle3.train.ttt_forward`).
+  ``train.attn_implementation: flex`` is only for this project's forward (:mod:`eagle3.train.ttt_forward`;
+  ``forward_impl: auto`` takes speculators' under fsdp on several GPUs) and not for ``train.device: cpu`` (no
+  backward there; ``device: auto`` is checked when training starts, on the machine that trains).
 
 This module reads a ``RunConfig`` by attribute and never imports :mod:`eagle3.config` (which calls it).
 """
@@ -90,9 +92,15 @@ def _train_forward(cfg: Any) -> list[str]:
         out.append("train.forward_impl project with train.distributed fsdp: FSDP gathers a layer's weights around that "
                    "layer's own forward, which this project's forward does not call; expected train.distributed ddp, "
                    "or train.forward_impl speculators / auto (auto takes speculators' forward under fsdp)")
-    if t.forward_impl == "speculators" and t.attn_implementation == "flex":
-        out.append("train.attn_implementation flex: expected auto, sdpa or eager with train.forward_impl speculators "
+    auto_speculators = t.forward_impl == "auto" and t.distributed == "fsdp" and t.num_gpus > 1
+    if t.attn_implementation == "flex" and (t.forward_impl == "speculators" or auto_speculators):
+        why = (" (train.forward_impl auto takes speculators' forward under train.distributed fsdp with num_gpus > 1)"
+               if auto_speculators else "")
+        out.append(f"train.attn_implementation flex: expected auto, sdpa or eager with speculators' forward{why} "
                    "(its flex path failed under torch.compile on the H200), got flex")
+    elif t.attn_implementation == "flex" and t.device == "cpu":
+        out.append("train.attn_implementation flex: expected auto, sdpa or eager with train.device cpu (flex "
+                   "attention has no backward on the CPU; it is for compiled CUDA training), got flex")
     return out
 
 

@@ -42,14 +42,18 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
                variant: str = "trained") -> StageResult:
     """Train a draft on the hidden states ``data.dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
     through ``on_metrics`` as they happen, the manifest and metrics.jsonl when done."""
-    from eagle3.train.stage import train
+    from eagle3.precision import summary_line
+    from eagle3.train.stage import check_settings, train
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
+        check_settings(cfg)  # a refused setting must not cost the finished draft of earlier settings
         if supersede_finished(cfg, out_dir):
             sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
         sr.log_dataset(data.dir, "training")
         manifest = train(cfg, data.dir, out_dir, on_metrics=sr.on_metrics, progress=True)
         sr.log_manifest(out_dir)
+        if manifest.get("auto_resolved"):  # which forward, attention, optimizer and precision `auto` chose
+            sr.set_tags({"eagle3.auto_resolved": summary_line(manifest["auto_resolved"])[:5000]})
         sr.log_path(out_dir / "metrics.jsonl")
         sr.log_path(out_dir / "config.json", "draft")
         summary = tracking.numeric_leaves("final", manifest.get("metrics"))

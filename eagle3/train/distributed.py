@@ -11,7 +11,9 @@ import torch
 from eagle3.errors import ConfigError
 
 
-def _device_for(t, local_rank: int) -> torch.device:
+def device_for(t, local_rank: int) -> torch.device:
+    """The training device of local rank ``local_rank`` for a TrainConfig ``t`` (``train.device``: ``auto`` = cuda
+    when available, else cpu). Raises ConfigError when CUDA is asked for and not available."""
     want = t.device
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
@@ -33,7 +35,7 @@ def setup_distributed(t) -> tuple[int, int, torch.device]:
     enforces each deadline on its own.
     """
     if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1, _device_for(t, 0)
+        return 0, 1, device_for(t, 0)
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -41,7 +43,7 @@ def setup_distributed(t) -> tuple[int, int, torch.device]:
     from eagle3.workers import rank_status
 
     local = int(os.environ["LOCAL_RANK"])
-    device = _device_for(t, local)
+    device = device_for(t, local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():

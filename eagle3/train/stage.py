@@ -102,6 +102,15 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
         teardown_distributed()
 
 
+def check_settings(cfg) -> None:
+    """The checks of ``cfg.train`` that need neither data nor a model, for callers to run before they touch an
+    earlier output (the pipeline's task replaces a finished draft of other settings): the training device exists
+    and the training forward can run there (:func:`eagle3.train.ttt_forward.choose`). Raises ConfigError."""
+    from eagle3.train.distributed import device_for
+
+    ttt_forward.choose(cfg.train, device_for(cfg.train, 0).type, cfg.train.num_gpus)
+
+
 def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
             on_metrics: OnMetrics | None) -> Run:
     """All checks, the model, optimizer, schedule, and the resumed state: a :class:`Run` ready to loop."""
@@ -169,7 +178,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
     module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = t.optimizer_impl if t.optimizer_impl != "auto" else ("fused" if device.type == "cuda" else "default")
+    opt = ttt_forward.optimizer_impl(t, device.type)
     impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[opt]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, **impl)
     run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None, device=device,
@@ -300,7 +309,8 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
         metrics={"simulated_acceptance_length": sim, "final_eval": final_eval, "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
-        auto_resolved={k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items() if k.startswith("train.")})
+        auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items() if k.startswith("train.")},
+                       **ttt_forward.resolved_settings(t, run.device.type, run.world)})
 
 
-__all__ = ["train", "ensure_writable", "prepare", "finish", "evaluate", "lr_factor"]
+__all__ = ["train", "check_settings", "ensure_writable", "prepare", "finish", "evaluate", "lr_factor"]

@@ -70,10 +70,39 @@ def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
                           "train.forward_impl=speculators / auto), got fsdp")
     if impl == "speculators":
         if t.attn_implementation == "flex":
-            raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager with "
-                              "train.forward_impl=speculators (its flex path failed under torch.compile), got flex")
+            why = (" (train.forward_impl=auto takes speculators' forward under train.distributed=fsdp with "
+                   "num_gpus > 1)" if t.forward_impl == "auto" else "")
+            raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager with speculators' "
+                              f"forward{why} (its flex path failed under torch.compile), got flex")
         return impl, "sdpa" if t.attn_implementation == "auto" else t.attn_implementation
+    if t.attn_implementation == "flex" and device_type != "cuda":
+        raise ConfigError(f"train.attn_implementation=flex: expected auto, sdpa or eager on a {device_type} training "
+                          "device (flex attention has no backward there; it is for compiled CUDA training), got flex")
     return impl, resolve_attention(t.attn_implementation, device_type, bool(t.compile) and device_type == "cuda")
+
+
+def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict]:
+    """How this training resolves its ``auto`` forward, attention and optimizer settings, in the shape of
+    :attr:`eagle3.config.RunConfig.auto_resolved`: ``{"train.forward_impl": {"setting", "value", "device",
+    "why"}, ...}``, only for the keys set to ``auto``. Raises what :func:`choose` raises."""
+    t = train_cfg
+    impl, attention = choose(t, device_type, world)
+    opt = optimizer_impl(t, device_type)
+    why = {"train.forward_impl": "project, except speculators' forward under fsdp with several processes",
+           "train.attn_implementation": "flex on CUDA compiled, sdpa on CUDA uncompiled, eager on the CPU "
+                                        "(sdpa with speculators' forward)",
+           "train.optimizer_impl": "fused AdamW on CUDA, the default AdamW elsewhere"}
+    values = {"train.forward_impl": (t.forward_impl, impl), "train.attn_implementation": (t.attn_implementation,
+                                                                                         attention),
+              "train.optimizer_impl": (t.optimizer_impl, opt)}
+    return {k: {"setting": "auto", "value": v, "device": device_type, "why": why[k]}
+            for k, (setting, v) in values.items() if setting == "auto"}
+
+
+def optimizer_impl(train_cfg, device_type: str) -> str:
+    """``train.optimizer_impl`` made concrete: ``auto`` = ``fused`` on CUDA, ``default`` elsewhere."""
+    o = train_cfg.optimizer_impl
+    return o if o != "auto" else ("fused" if device_type == "cuda" else "default")
 
 
 def check_supported(model) -> None:

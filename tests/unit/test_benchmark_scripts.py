@@ -2,6 +2,7 @@
 device calls runs only the stages still missing."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -182,3 +183,42 @@ def test_train_forward_quality_runs_both_forwards_on_the_same_data(tmp_path):
         [e["step"] for e in res["runs"]["project"]["evals"]]
     assert res["final_ratio"] == pytest.approx(1.0, abs=0.01) and res["runs"]["project"]["tokens_per_s_median"] > 0
     assert "| 4 |" in r.stdout and "project / speculators = " in r.stdout
+
+
+def test_gpu_train_checks_results_destination_and_overrides_with_num_gpus_up_front(tmp_path):
+    """Found by a new user: an unwritable --results folder failed only after the whole benchmark, and an override
+    that conflicts with --num-gpus passed the up-front check."""
+    (tmp_path / "file").write_text("x")
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--results",
+                        str(tmp_path / "file" / "x.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--results:" in r.stderr and "cannot create the folder" in r.stderr, r.stderr[-800:]
+    assert "ROW" not in r.stdout
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--num-gpus", "2", "--ours-override",
+                        "train.forward_impl=project", "--ours-override", "train.distributed=fsdp"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "train.forward_impl project with train.distributed fsdp" in r.stderr, r.stderr[-800:]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "foo"], "--device: expected cuda, cuda:N or cpu, got 'foo'"),
+    (["--device", "cpu", "--attention", "flex"], "--attention flex: expected eager or sdpa with --device cpu"),
+    (["--device", "cpu", "--draft-vocab", "0"], "--draft-vocab: expected a positive number of draft tokens, got 0"),
+])
+def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, message):
+    r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.forward_impl=project", "this script sets train.forward_impl itself"),
+    ("train.attn_implementation=flex", "the speculators run's configuration"),
+    ("train.forward_impl=Bogus", "this script sets train.forward_impl itself"),
+])
+def test_train_forward_quality_refuses_bad_overrides_before_extracting(tmp_path, override, message):
+    r = subprocess.run([sys.executable, "benchmarks/train_forward_quality.py", "configs/tiny-random.yaml", "-o",
+                        override, "--work", str(tmp_path / "w")], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "COLUMNS": "400"})  # rich wraps the message at 80
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and message in out and "Traceback" not in out, out[-800:]
+    assert not (tmp_path / "w" / "extract").exists()

@@ -200,3 +200,65 @@ def test_unsupported_draft_is_refused(setup, tiny_target_dir):
     m.layers.append(torch.nn.Linear(2, 2))
     with pytest.raises(ConfigError, match=r"Llama draft layers.*Linear.*forward_impl=speculators"):
         ttt_forward.install(m, attention="eager")
+
+
+def test_flex_on_the_cpu_and_flex_under_auto_fsdp_are_refused_with_the_reason(tmp_path):
+    from eagle3.train.stage import check_settings
+
+    def t(*o):
+        return tiny_train_cfg(tmp_path, *o).train
+
+    with pytest.raises(ConfigError, match=r"attn_implementation=flex: expected auto, sdpa or eager on a cpu "
+                                          r"training device .*got flex"):
+        ttt_forward.choose(t("train.attn_implementation=flex"), "cpu", 1)
+    with pytest.raises(ConfigError, match=r"forward_impl=auto takes speculators' forward under .*fsdp"):
+        ttt_forward.choose(t("train.distributed=fsdp", "train.attn_implementation=flex"), "cuda", 2)
+    assert ttt_forward.choose(t("train.attn_implementation=flex"), "cuda", 1) == ("project", "flex")
+    if not torch.cuda.is_available():  # train.device auto resolves to the CPU here
+        with pytest.raises(ConfigError, match=r"on a cpu training device"):
+            check_settings(tiny_train_cfg(tmp_path, "train.attn_implementation=flex"))
+    # refused when the config loads where the device or the forward is already known from the config
+    with pytest.raises(ConfigError, match=r"flex: expected auto, sdpa or eager with train.device cpu"):
+        tiny_train_cfg(tmp_path, "train.device=cpu", "train.attn_implementation=flex")
+    with pytest.raises(ConfigError, match=r"forward_impl auto takes speculators' forward under train.distributed "
+                                          r"fsdp with num_gpus > 1"):
+        tiny_train_cfg(tmp_path, "train.num_gpus=2", "train.distributed=fsdp", "train.attn_implementation=flex")
+
+
+def test_what_auto_resolved_to_is_recorded(tmp_path):
+    def t(*o):
+        return tiny_train_cfg(tmp_path, *o).train
+
+    rec = ttt_forward.resolved_settings(t(), "cpu", 1)
+    assert {k: v["value"] for k, v in rec.items()} == {"train.forward_impl": "project",
+                                                         "train.attn_implementation": "eager",
+                                                         "train.optimizer_impl": "default"}
+    assert all(v["setting"] == "auto" and v["device"] == "cpu" and v["why"] for v in rec.values())
+    rec = ttt_forward.resolved_settings(t("train.compile=true"), "cuda", 1)
+    assert {k: v["value"] for k, v in rec.items()} == {"train.forward_impl": "project",
+                                                         "train.attn_implementation": "flex",
+                                                         "train.optimizer_impl": "fused"}
+    assert ttt_forward.resolved_settings(t("train.forward_impl=speculators", "train.attn_implementation=sdpa",
+                                           "train.optimizer_impl=foreach"), "cuda", 1) == {}
+
+
+def test_a_refused_setting_keeps_the_finished_draft_of_earlier_settings(tmp_path, monkeypatch):
+    """The task checks the settings before it replaces a finished draft of other settings (a flex-on-CPU run
+    used to delete the earlier draft, then fail)."""
+    import contextlib
+
+    import tasks.train as task_mod
+    from eagle3.artifacts import write_manifest
+
+    out = tmp_path / "train"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"weights of the earlier settings")
+    write_manifest(out, "draft_checkpoint", config={"lr": 1.0})
+    monkeypatch.setattr(task_mod.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext(None))
+    monkeypatch.setattr(task_mod, "prefect_tags", lambda: {})
+    cfg = tiny_train_cfg(tmp_path, "train.attn_implementation=flex")
+    if torch.cuda.is_available():
+        pytest.skip("train.device auto is CUDA here, where flex is allowed")
+    with pytest.raises(ConfigError, match="flex"):
+        task_mod.train_task.fn(cfg, None, out, "parent")
+    assert (out / "model.safetensors").read_bytes() == b"weights of the earlier settings"
