@@ -72,6 +72,18 @@ def _timed(fn, repeats: int, cuda: bool) -> float:
     return statistics.median(times) * 1e3
 
 
+def _writable_folder(folder: Path) -> bool:
+    """Create ``folder`` (parents too); True when it is then a writable folder. Checked before the run spends its
+    time, so its figures are not lost at the end."""
+    import os
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return folder.is_dir() and os.access(folder, os.W_OK)
+
+
 def main() -> int:
     import torch
 
@@ -108,8 +120,12 @@ def main() -> int:
         p.error("--attention flex: expected eager or sdpa with --device cpu (flex attention has no CPU backward)")
     if a.seq_len < 64 or a.repeats < 1 or not a.tol > 0:
         p.error(f"--seq-len must be ≥ 64, --repeats ≥ 1 and --tol > 0; got {a.seq_len}, {a.repeats}, {a.tol}")
-    if a.draft_vocab is not None and a.draft_vocab < 1:
-        p.error(f"--draft-vocab: expected a positive number of draft tokens, got {a.draft_vocab}")
+    if a.seq_len > 1 << 16:
+        p.error(f"--seq-len: expected at most {1 << 16} positions (one packed micro-batch), got {a.seq_len}")
+    if a.draft_vocab is not None and a.draft_vocab < 2:
+        p.error(f"--draft-vocab: expected at least 2 draft tokens, got {a.draft_vocab}")
+    if a.out and not _writable_folder(Path(a.out)):
+        p.error(f"--out {a.out}: expected a folder that exists or can be created, and is writable")
     if a.shape == "tiny":
         from benchmarks.gpu_train import TINY
 
@@ -117,11 +133,11 @@ def main() -> int:
     if a.shape not in bt.SHAPES:
         p.error(f"--shape: expected one of {sorted(bt.SHAPES)} or tiny, got {a.shape!r}")
     dv = a.draft_vocab or {"llama8b": 32000, "tiny": 512}.get(a.shape, 8192)
+    if dv >= bt.SHAPES[a.shape]["vocab_size"]:
+        p.error(f"--draft-vocab: expected fewer than the target's {bt.SHAPES[a.shape]['vocab_size']} tokens, got {dv}")
     device = torch.device(a.device)
     target, hs = bt.synthetic(Path(a.work), a.shape, 4, a.seq_len)
     conf = json.loads((target / "config.json").read_text())
-    if dv > conf["vocab_size"]:
-        p.error(f"--draft-vocab: expected at most the target's vocabulary ({conf['vocab_size']}), got {dv}")
     vmap = build_vocab_map(load_token_freq(hs / "token_freq.pt"), dv, conf["vocab_size"], pad=True)
     aux = json.loads((hs / "manifest.json").read_text())["aux_layer_ids"]
     torch.manual_seed(0)

@@ -209,7 +209,11 @@ def main() -> int:
     from eagle3.errors import ConfigError
 
     try:
-        load_config(None, [f"train.num_gpus={a.num_gpus}"] + list(a.ours_override))  # as our runs will load it
+        if a.num_gpus < 1:
+            p.error(f"--num-gpus: expected >= 1, got {a.num_gpus}")
+        # as our runs will load it (their device and process count), so a setting they would refuse is refused here
+        load_config(None, [f"train.num_gpus={a.num_gpus}", f"train.device={'cuda' if a.cuda else 'cpu'}"]
+                    + list(a.ours_override))
     except ConfigError as e:
         p.error(f"--ours-override: {e}")
     # keys this benchmark sets for both trainers (or that its figures are computed from): changing them for ours

@@ -52,13 +52,22 @@ def main(config: Path = typer.Argument(..., exists=True, dir_okay=False, help="a
     if mine:
         raise typer.BadParameter(f"{mine[0]!r}: this script sets train.forward_impl itself (speculators, then "
                                  "project); leave it out", param_hint="-o")
-    run = "both runs"
+    from eagle3.train.stage import check_settings
+
+    run = "the"
     try:  # both runs' configurations, checked before the extraction spends its time
         cfg = load_config(config, list(override) + [f"paths.runs_dir={work / 'runs'}", "train.export=last"])
-        for run in ("speculators", "project"):
-            load_config(config, list(override) + [f"paths.runs_dir={work / 'runs'}", f"train.forward_impl={run}"])
+        for run in ("the speculators run's", "the project run's"):
+            c = load_config(config, list(override) + [f"paths.runs_dir={work / 'runs'}",
+                                                      f"train.forward_impl={run.split()[1]}"])
+            check_settings(c)
     except ConfigError as e:
-        raise typer.BadParameter(f"the {run} run's configuration: {e}", param_hint="-o") from e
+        raise typer.BadParameter(f"{run} configuration: {e}", param_hint="-o") from e
+    if cfg.train.num_gpus != 1:
+        raise typer.BadParameter(f"train.num_gpus: expected 1 (this comparison trains in one process), got "
+                                 f"{cfg.train.num_gpus}", param_hint="-o")
+    if out is not None and (out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK)):
+        raise typer.BadParameter(f"{out}: expected a file path in an existing, writable folder", param_hint="--out")
     hs = work / "extract"
     t0 = time.perf_counter()
     extract(cfg, hs, progress=True)

@@ -166,7 +166,7 @@ class TrainConfig(_Section):
     eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each epoch end).")
     keep_last: int = Field(2, ge=1)
     seed: int = 0
-    device: str = "auto"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda or cuda:N.")
     num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 launches torchrun.")
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable modules, gradients and "

@@ -98,9 +98,12 @@ def _train_forward(cfg: Any) -> list[str]:
                if auto_speculators else "")
         out.append(f"train.attn_implementation flex: expected auto, sdpa or eager with speculators' forward{why} "
                    "(its flex path failed under torch.compile on the H200), got flex")
-    elif t.attn_implementation == "flex" and t.device == "cpu":
+    elif t.attn_implementation == "flex" and t.device.startswith("cpu"):
         out.append("train.attn_implementation flex: expected auto, sdpa or eager with train.device cpu (flex "
                    "attention has no backward on the CPU; it is for compiled CUDA training), got flex")
+    if t.loss_implementation == "fused" and t.device.startswith("cpu"):
+        out.append("train.loss_implementation fused: expected eager with train.device cpu (speculators' fused losses "
+                   "are Triton kernels for CUDA), got fused")
     return out
 
 

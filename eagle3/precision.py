@@ -222,7 +222,7 @@ def summary_line(record: dict[str, dict]) -> str:
     if not record:
         return ""
     values = ", ".join(f"{k}={v['value']}" for k, v in record.items())
-    whys = sorted({v["why"] for v in record.values()})
+    whys = list(dict.fromkeys(v["why"] for v in record.values()))  # in the order of the values
     return f"{values} (auto; {'; '.join(whys)})"
 
 

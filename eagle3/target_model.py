@@ -32,10 +32,14 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """``"auto"`` → ``cuda`` when available else ``cpu``; other values are passed to ``torch.device``."""
+    """``"auto"`` → ``cuda`` when available else ``cpu``; other values are passed to ``torch.device``. Raises
+    ConfigError naming the value when torch does not know it as a device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device: expected auto, cpu, cuda or cuda:N, got {name!r}") from e
 
 
 def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "auto",

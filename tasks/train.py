@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from prefect import task
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
 from tasks.results import StageResult
 
+log = logging.getLogger(__name__)
 TIMEOUT_S = 24 * 3600.0  # seconds
 
 
@@ -20,20 +22,37 @@ def train_key(context: Any, parameters: dict) -> str:
                              inputs={"data": parameters["data"].dir})
 
 
-def supersede_finished(cfg: Any, out_dir: Path) -> bool:
-    """Remove a *finished* draft in ``out_dir`` that was trained with another train section; True if removed.
+def supersede_finished(cfg: Any, out_dir: Path) -> Path | None:
+    """Move a *finished* draft in ``out_dir`` that was trained with another train section aside, to
+    ``<out_dir>.superseded``; returns that folder, or None when there was nothing to move.
 
     The task runs only on a cache miss. ``eagle3.train.stage.train`` resumes whatever ``out_dir/state`` holds (the
     right thing after an interruption), so a finished run of other settings would only be re-exported, not
-    retrained. A partial run (no manifest) is left for ``train`` to resume or reject.
+    retrained. A partial run (no manifest) is left for ``train`` to resume or reject. The earlier draft is kept
+    aside until the new training has finished (:func:`restore_superseded` puts it back when it fails first).
     """
     from eagle3.artifacts import read_manifest
 
     if not (out_dir / "manifest.json").is_file():
-        return False
+        return None
     if read_manifest(out_dir).get("config") == cfg.train.model_dump(mode="json"):
+        return None
+    aside = out_dir.with_name(out_dir.name + ".superseded")
+    shutil.rmtree(aside, ignore_errors=True)
+    out_dir.rename(aside)
+    return aside
+
+
+def restore_superseded(aside: Path, out_dir: Path) -> bool:
+    """After a training of new settings failed: put the earlier finished draft (``aside``) back in ``out_dir`` when
+    the failed training saved no checkpoint (nothing of it to resume); True if restored. A failed training that
+    did save checkpoints keeps them (a re-run resumes them) and the earlier draft stays in ``aside``."""
+    from eagle3.train.state import list_checkpoints
+
+    if list_checkpoints(out_dir / "state"):
         return False
-    shutil.rmtree(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    aside.rename(out_dir)
     return True
 
 
@@ -47,10 +66,19 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
         check_settings(cfg)  # a refused setting must not cost the finished draft of earlier settings
-        if supersede_finished(cfg, out_dir):
+        aside = supersede_finished(cfg, out_dir)
+        if aside is not None:
             sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
         sr.log_dataset(data.dir, "training")
-        manifest = train(cfg, data.dir, out_dir, on_metrics=sr.on_metrics, progress=True)
+        try:
+            manifest = train(cfg, data.dir, out_dir, on_metrics=sr.on_metrics, progress=True)
+        except BaseException:
+            if aside is not None and restore_superseded(aside, out_dir):
+                log.warning("training of the new settings failed before its first checkpoint: the finished draft "
+                            "of the earlier settings is back in %s", out_dir)
+            raise
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
         sr.log_manifest(out_dir)
         if manifest.get("auto_resolved"):  # which forward, attention, optimizer and precision `auto` chose
             sr.set_tags({"eagle3.auto_resolved": summary_line(manifest["auto_resolved"])[:5000]})

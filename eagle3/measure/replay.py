@@ -48,6 +48,9 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
             raise ConfigError(f"drafts: expected non-empty string names, got {name!r}")
         if not (Path(d) / "config.json").is_file():
             raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder with config.json, found none")
+        if "speculators_model_type" in _json_or_empty(Path(d) / "config.json"):
+            raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder, got a speculators training "
+                              f"checkpoint; convert it first: eagle3 convert {d} DST --to sglang")
     for label, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_steps", num_steps, 1),
                               ("batch_size", batch_size, 1), ("check_against_decoder", check_against_decoder, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -61,6 +64,17 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
     if not prompt_sets or len(set(prompt_sets)) != len(prompt_sets):
         raise ConfigError(f"prompt_sets: expected distinct set names, got {list(prompt_sets)}")
     return {s: load_conversations(s) for s in prompt_sets}
+
+
+def _json_or_empty(path: Path) -> dict:
+    """A JSON object file's content, or ``{}`` when it is not one (the loader reports that case)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _group(rows: list[dict], resamples: int, seed: int) -> dict:

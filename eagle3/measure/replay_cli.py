@@ -81,10 +81,15 @@ def run(target: Path = typer.Option(..., "--target", help="HF target folder"),
                         check_against_decoder)
     except (ConfigError, DataError) as e:
         _fail(str(e))
-    result = evaluate_drafts(target, drafts, prompt_sets=names, max_new_tokens=max_new_tokens, num_steps=num_steps,
-                             dtype=dtype, device=device, batch_size=batch_size, resamples=resamples, seed=seed,
-                             check_against_decoder=check_against_decoder, include_requests=not no_requests,
-                             progress=not quiet)
+    from eagle3.errors import EngineUnsupported
+
+    try:  # what only the loaded models can show (a draft this replay cannot run, a prompt past the context)
+        result = evaluate_drafts(target, drafts, prompt_sets=names, max_new_tokens=max_new_tokens,
+                                 num_steps=num_steps, dtype=dtype, device=device, batch_size=batch_size,
+                                 resamples=resamples, seed=seed, check_against_decoder=check_against_decoder,
+                                 include_requests=not no_requests, progress=not quiet)
+    except (ConfigError, DataError, EngineUnsupported) as e:
+        _fail(str(e))
     atomic_write_json(out, {"drafts": result})
     for name, r in result.items():
         typer.echo(_line(name, r))

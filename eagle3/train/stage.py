@@ -105,10 +105,27 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
 def check_settings(cfg) -> None:
     """The checks of ``cfg.train`` that need neither data nor a model, for callers to run before they touch an
     earlier output (the pipeline's task replaces a finished draft of other settings): the training device exists
-    and the training forward can run there (:func:`eagle3.train.ttt_forward.choose`). Raises ConfigError."""
+    and the training forward and loss can run there (:func:`eagle3.train.ttt_forward.choose`; ``fused`` losses
+    need CUDA and Triton). Raises ConfigError."""
     from eagle3.train.distributed import device_for
 
-    ttt_forward.choose(cfg.train, device_for(cfg.train, 0).type, cfg.train.num_gpus)
+    device_type = device_for(cfg.train, 0).type
+    ttt_forward.choose(cfg.train, device_type, cfg.train.num_gpus)
+    _check_loss_implementation(cfg.train, device_type)
+
+
+def _check_loss_implementation(t, device_type: str) -> None:
+    """ConfigError unless ``train.loss_implementation`` can run here: ``fused`` needs CUDA and Triton."""
+    if t.loss_implementation != "fused":
+        return
+    if device_type != "cuda":
+        raise ConfigError(f"train.loss_implementation=fused: expected eager on a {device_type} training device "
+                          "(speculators' fused losses are Triton kernels for CUDA), got fused")
+    try:
+        import speculators.losses.fused  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("train.loss_implementation=fused: expected eager in this environment: speculators' fused "
+                          f"losses need Triton, which does not import here ({e}), got fused") from e
 
 
 def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
@@ -149,6 +166,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         truncate_metrics(out_dir / "metrics.jsonl", -1)
     torch.manual_seed(t.seed)
     impl, attention = ttt_forward.choose(t, device.type, world)
+    _check_loss_implementation(t, device.type)
     model = build_draft(target_dir, aux_layer_ids=data.aux_layer_ids, d2t=vmap.d2t, t2d=vmap.t2d,
                         num_layers=t.num_layers, ttt_steps=t.ttt_steps, flags=flags,
                         attn_impl=attention if impl == "speculators" else "sdpa")

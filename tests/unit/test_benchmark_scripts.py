@@ -202,7 +202,10 @@ def test_gpu_train_checks_results_destination_and_overrides_with_num_gpus_up_fro
 @pytest.mark.parametrize("args, message", [
     (["--device", "foo"], "--device: expected cuda, cuda:N or cpu, got 'foo'"),
     (["--device", "cpu", "--attention", "flex"], "--attention flex: expected eager or sdpa with --device cpu"),
-    (["--device", "cpu", "--draft-vocab", "0"], "--draft-vocab: expected a positive number of draft tokens, got 0"),
+    (["--device", "cpu", "--draft-vocab", "1"], "--draft-vocab: expected at least 2 draft tokens, got 1"),
+    (["--device", "cpu", "--draft-vocab", "2048"], "--draft-vocab: expected fewer than the target's 2048 tokens"),
+    (["--device", "cpu", "--seq-len", "100000000"], "--seq-len: expected at most 65536 positions"),
+    (["--device", "cpu", "--out", "/proc/nope"], "--out /proc/nope: expected a folder"),
 ])
 def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, message):
     r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", *args], cwd=REPO,
@@ -214,6 +217,8 @@ def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, messa
     ("train.forward_impl=project", "this script sets train.forward_impl itself"),
     ("train.attn_implementation=flex", "the speculators run's configuration"),
     ("train.forward_impl=Bogus", "this script sets train.forward_impl itself"),
+    ("train.loss_implementation=fused", "the speculators run's configuration"),
+    ("train.num_gpus=2", "train.num_gpus: expected 1"),
 ])
 def test_train_forward_quality_refuses_bad_overrides_before_extracting(tmp_path, override, message):
     r = subprocess.run([sys.executable, "benchmarks/train_forward_quality.py", "configs/tiny-random.yaml", "-o",
@@ -222,3 +227,15 @@ def test_train_forward_quality_refuses_bad_overrides_before_extracting(tmp_path,
     out = r.stdout + r.stderr
     assert r.returncode == 2 and message in out and "Traceback" not in out, out[-800:]
     assert not (tmp_path / "w" / "extract").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.attn_implementation=flex", "flex: expected auto, sdpa or eager with train.device cpu"),
+    ("train.loss_implementation=fused", "loss_implementation fused: expected eager with train.device cpu"),
+])
+def test_gpu_train_refuses_what_its_cpu_runs_would_refuse_before_any_run(override, message):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("these settings are valid on CUDA")
+    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "ROW" not in r.stdout, r.stderr[-800:]

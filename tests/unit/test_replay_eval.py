@@ -129,13 +129,18 @@ def test_command_checks_arguments_before_loading(tmp_path, tiny_target_dir, two_
     from eagle3.measure.replay_cli import app
 
     ok = f"trained={two_drafts['trained']}"
+    spec = tmp_path / "speculators-checkpoint"
+    spec.mkdir()
+    (spec / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
     cases = [(["--draft", "nodir"], "expected NAME=DIR, got 'nodir'"),
              (["--draft", ok, "--draft", ok], "name 'trained' given twice"),
              (["--draft", f"x={tmp_path / 'missing'}"], "expected an SGLang draft folder with config.json"),
              (["--draft", ok, "--sets", "mtbench2,nosuchset"], "got 'nosuchset'"),
              (["--draft", ok, "--num-steps", "0"], "num_steps: expected an integer >= 1, got 0"),
              (["--draft", ok, "--dtype", "fp8"], "dtype: expected one of"),
-             (["--draft", ok, "--out", str(tmp_path / "no" / "x.json")], "expected a file path in an existing folder")]
+             (["--draft", ok, "--out", str(tmp_path / "no" / "x.json")], "expected a file path in an existing folder"),
+             (["--draft", f"s={spec}"], "got a speculators training checkpoint; convert it first: eagle3 convert"),
+             (["--draft", ok, "--device", "foo"], "device: expected auto, cpu, cuda or cuda:N, got 'foo'")]
     runner = CliRunner()
     for extra, message in cases:
         args = ["--target", str(tiny_target_dir), "--out", str(tmp_path / "o.json")] + extra

@@ -242,6 +242,74 @@ def test_what_auto_resolved_to_is_recorded(tmp_path):
                                            "train.optimizer_impl=foreach"), "cuda", 1) == {}
 
 
+def test_fused_loss_and_unknown_devices_are_refused_before_training(tmp_path):
+    from eagle3.train.stage import check_settings
+
+    with pytest.raises(ConfigError, match=r"loss_implementation fused: expected eager with train.device cpu"):
+        tiny_train_cfg(tmp_path, "train.device=cpu", "train.loss_implementation=fused")
+    with pytest.raises(ConfigError, match=r"train.device.*foo"):
+        tiny_train_cfg(tmp_path, "train.device=foo")
+    with pytest.raises(ConfigError, match=r"train.device: String should match pattern .*got 'cpu:0'"):
+        tiny_train_cfg(tmp_path, "train.device=cpu:0")
+    if not torch.cuda.is_available():  # train.device auto is the CPU here
+        with pytest.raises(ConfigError, match=r"loss_implementation=fused: expected eager on a cpu training device"):
+            check_settings(tiny_train_cfg(tmp_path, "train.loss_implementation=fused"))
+
+
+def test_a_training_that_fails_before_its_first_checkpoint_gives_the_earlier_draft_back(tmp_path, monkeypatch):
+    """A finished draft of other settings is moved aside, not deleted, and comes back when the new training fails
+    before it saved anything (e.g. a setting only the training itself refuses)."""
+    import contextlib
+
+    import tasks.train as task_mod
+    from eagle3.artifacts import write_manifest
+
+    out = tmp_path / "train"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"weights of the earlier settings")
+    write_manifest(out, "draft_checkpoint", config={"lr": 1.0})
+    monkeypatch.setattr(task_mod.tracking, "stage_run", lambda *a, **k: contextlib.nullcontext(_NoRun()))
+    monkeypatch.setattr(task_mod, "prefect_tags", lambda: {})
+
+    def failing_train(cfg, data_dir, out_dir, **_):
+        (out_dir / "state").mkdir(parents=True)
+        raise RuntimeError("refused at the first step")
+
+    monkeypatch.setattr("eagle3.train.stage.train", failing_train)
+    with pytest.raises(RuntimeError, match="first step"):
+        task_mod.train_task.fn(tiny_train_cfg(tmp_path), _Data(tmp_path), out, "parent")
+    assert (out / "model.safetensors").read_bytes() == b"weights of the earlier settings"
+    assert not (tmp_path / "train.superseded").exists()
+
+    def failing_after_a_checkpoint(cfg, data_dir, out_dir, **_):
+        (out_dir / "state" / "ckpt-00000005").mkdir(parents=True)
+        (out_dir / "state" / "ckpt-00000005" / "COMPLETE").write_text("")
+        raise RuntimeError("died at step 7")
+
+    monkeypatch.setattr("eagle3.train.stage.train", failing_after_a_checkpoint)
+    monkeypatch.setattr("eagle3.train.state.list_checkpoints",
+                        lambda d: sorted(p for p in d.glob("ckpt-*") if p.is_dir()))
+    with pytest.raises(RuntimeError, match="step 7"):
+        task_mod.train_task.fn(tiny_train_cfg(tmp_path), _Data(tmp_path), out, "parent")
+    assert (out / "state" / "ckpt-00000005").is_dir()          # the new training's progress, to resume
+    assert (tmp_path / "train.superseded" / "model.safetensors").is_file()  # the earlier draft, kept aside
+
+
+class _NoRun:
+    on_metrics = None
+
+    def set_tags(self, tags):
+        pass
+
+    def log_dataset(self, *a, **k):
+        pass
+
+
+class _Data:
+    def __init__(self, d):
+        self.dir = d
+
+
 def test_a_refused_setting_keeps_the_finished_draft_of_earlier_settings(tmp_path, monkeypatch):
     """The task checks the settings before it replaces a finished draft of other settings (a flex-on-CPU run
     used to delete the earlier draft, then fail)."""
