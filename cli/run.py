@@ -92,8 +92,9 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         import json
 
         os.environ[SECRET_OVERRIDES_ENV] = json.dumps(secret)
+    grace_s = stop_grace_s()
     previous = terminate_as_interrupt()
-    record = SignalRecord()
+    record = SignalRecord(grace_s)
     record.install()
     try:
         with local_prefect(cfg) as env, _quiet_known_tracebacks():
@@ -225,6 +226,28 @@ class SignalRecord:
         for fd in (self._r, self._w):
             os.close(fd)
         self._r = self._w = -1
+
+
+STOP_GRACE_ENV = "EAGLE3_STOP_GRACE_S"
+
+
+def stop_grace_s(environ: dict | None = None) -> float:
+    """Seconds a run gets to stop by itself after a termination signal before it ends itself
+    (:class:`SignalRecord`): ``$EAGLE3_STOP_GRACE_S``, default 30 (Kubernetes' default termination grace period;
+    set it below your supervisor's own, e.g. systemd's ``TimeoutStopSec``). Raises ConfigError naming the variable
+    and its value unless it is a number of seconds in [1, 3600]."""
+    from eagle3.errors import ConfigError
+
+    raw = (os.environ if environ is None else environ).get(STOP_GRACE_ENV)
+    if raw is None or raw.strip() == "":
+        return 30.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 1.0 <= value <= 3600.0:  # also refuses nan and inf
+        raise ConfigError(f"{STOP_GRACE_ENV}={raw!r}: expected seconds between 1 and 3600")
+    return value
 
 
 EXIT_HANDLERS_S = 10.0  # what the exit handlers get once the grace time is over (seconds)

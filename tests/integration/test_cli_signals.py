@@ -24,14 +24,15 @@ from tests.conftest import CONFIGS, REPO
 def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemeral_prefect):
     """SIGTERM to the run alone, or to its whole process group (a supervisor ending the group), or SIGINT to the
     group (a terminal's Ctrl-C): the ephemeral Prefect server then dies at the same moment, and the run must not
-    hang draining logs to it (a Ctrl-C took 2 min 20 s before SIGINT started the 30 s deadline too)."""
+    hang draining logs to it (a Ctrl-C took 2 min 20 s before SIGINT started the deadline too). The deadline is
+    ``EAGLE3_STOP_GRACE_S`` (default 30 s), 8 s here."""
     cmd = [sys.executable, "-m", "cli.main", "run", str(CONFIGS / "tiny-random.yaml"),
            "-o", f"paths.runs_dir={tmp_path / 'runs'}"]
     log = open(tmp_path / "run.log", "w")
     # as from a terminal: a test runner started in the background (`cmd &`) passes SIGINT on as ignored, and a
     # Python started with SIGINT ignored keeps ignoring it
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "EAGLE3_STOP_GRACE_S": "8"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
@@ -46,15 +47,19 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemer
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
-        try:  # one Ctrl-C must do: the 30 s deadline ends the run (+ engine stops; 2 min 20 s before the fix)
-            rc = proc.wait(timeout=75 if sig == signal.SIGINT else 45)
+        signalled = time.monotonic()
+        try:  # one Ctrl-C must do: the 8 s deadline ends the run (+ engine stops; 2 min 20 s before the fix)
+            rc = proc.wait(timeout=50 if sig == signal.SIGINT else 45)
         except subprocess.TimeoutExpired:
             if sig == signal.SIGINT:
-                raise AssertionError(f"still running 75 s after one Ctrl-C; log:\n"
+                raise AssertionError(f"still running 50 s after one Ctrl-C (deadline 8 s); log:\n"
                                      f"{(tmp_path / 'run.log').read_text()[-1500:]}") from None
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=60)
         assert rc != 0, f"exit code {rc} after SIGTERM; log:\n{(tmp_path / 'run.log').read_text()[-1500:]}"
+        text = (tmp_path / "run.log").read_text()
+        if "did not stop within" in text:  # ended by the deadline: EAGLE3_STOP_GRACE_S's, not the default 30 s
+            assert "did not stop within 8 s" in text and time.monotonic() - signalled >= 7.5, text[-1500:]
         gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left behind: {[(p.pid, p.cmdline()[:4]) for p in alive]}"
     finally:
@@ -81,6 +86,18 @@ def test_a_lost_sigterm_interrupt_still_fails_the_run():
     finally:
         signal.signal(signal.SIGTERM, previous)
         record.uninstall()
+
+
+def test_the_stop_grace_comes_from_its_environment_variable_and_is_checked():
+    from cli import run
+    from eagle3.errors import ConfigError
+
+    assert run.stop_grace_s({}) == 30.0 and run.stop_grace_s({"EAGLE3_STOP_GRACE_S": " "}) == 30.0
+    assert run.stop_grace_s({"EAGLE3_STOP_GRACE_S": "8"}) == 8.0
+    assert run.stop_grace_s({"EAGLE3_STOP_GRACE_S": "2.5"}) == 2.5
+    for bad in ("0", "-3", "abc", "nan", "inf", "7200"):
+        with pytest.raises(ConfigError, match=rf"EAGLE3_STOP_GRACE_S='{bad}': expected seconds between 1 and 3600"):
+            run.stop_grace_s({"EAGLE3_STOP_GRACE_S": bad})
 
 
 def test_terminate_as_interrupt_raises_keyboard_interrupt():

@@ -207,10 +207,24 @@ def test_gpu_train_checks_results_destination_and_overrides_with_num_gpus_up_fro
     (["--device", "cpu", "--seq-len", "100000000"], "--seq-len: expected at most 65536 positions"),
     (["--device", "cpu", "--out", "/proc/nope"], "--out /proc/nope: expected a folder"),
 ])
-def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, message):
-    r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", *args], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, message, monkeypatch, capsys):
+    """In this process (each run of the script as a subprocess spends its time importing torch and speculators):
+    ``main`` must end by argparse's exit 2 with the message, not by an exception; the command line itself is
+    checked once, in test_gpu_forward_check_command_line_refuses_without_a_traceback."""
+    import benchmarks.gpu_forward_check as script
+
+    monkeypatch.setattr(sys, "argv", ["gpu_forward_check.py", "--shape", "tiny", *args])
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err, err[-800:]
+
+
+def test_gpu_forward_check_command_line_refuses_without_a_traceback():
+    r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", "--device", "foo"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--device: expected cuda, cuda:N or cpu, got 'foo'" in r.stderr, r.stderr[-800:]
+    assert "Traceback" not in r.stderr, r.stderr[-800:]
 
 
 @pytest.mark.parametrize("override, message", [
