@@ -73,15 +73,17 @@ def _timed(fn, repeats: int, cuda: bool) -> float:
 
 
 def _writable_folder(folder: Path) -> bool:
-    """Create ``folder`` (parents too); True when it is then a writable folder. Checked before the run spends its
-    time, so its figures are not lost at the end."""
-    import os
+    """Create ``folder`` (parents too); True when a file can then be written in it (tried: ``os.access`` says yes
+    to root for /proc). Checked before the run spends its time, so its figures are not lost at the end."""
+    import tempfile
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
     except OSError:
         return False
-    return folder.is_dir() and os.access(folder, os.W_OK)
+    return True
 
 
 def main() -> int:
@@ -114,18 +116,24 @@ def main() -> int:
         p.error(f"--device: expected cuda, cuda:N or cpu, got {a.device!r}")
     cuda = kind == "cuda"
     if cuda and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device here (use --device cpu for a smoke test)")
+        p.error(f"--device {a.device}: no CUDA device here (use --device cpu for a smoke test)")
     a.attention = a.attention or ("flex" if cuda else "eager")
     if a.attention == "flex" and not cuda:
         p.error("--attention flex: expected eager or sdpa with --device cpu (flex attention has no CPU backward)")
-    if a.seq_len < 64 or a.repeats < 1 or not a.tol > 0:
-        p.error(f"--seq-len must be ≥ 64, --repeats ≥ 1 and --tol > 0; got {a.seq_len}, {a.repeats}, {a.tol}")
+    if a.seq_len < 64:
+        p.error(f"--seq-len: expected at least 64 positions, got {a.seq_len}")
+    if a.repeats < 1:
+        p.error(f"--repeats: expected at least 1, got {a.repeats}")
+    if not 0 < a.tol < float("inf"):
+        p.error(f"--tol: expected a finite relative tolerance > 0, got {a.tol}")
     if a.seq_len > 1 << 16:
         p.error(f"--seq-len: expected at most {1 << 16} positions (one packed micro-batch), got {a.seq_len}")
     if a.draft_vocab is not None and a.draft_vocab < 2:
         p.error(f"--draft-vocab: expected at least 2 draft tokens, got {a.draft_vocab}")
     if a.out and not _writable_folder(Path(a.out)):
         p.error(f"--out {a.out}: expected a folder that exists or can be created, and is writable")
+    if not _writable_folder(Path(a.work)):
+        p.error(f"--work {a.work}: expected a folder that exists or can be created, and is writable")
     if a.shape == "tiny":
         from benchmarks.gpu_train import TINY
 

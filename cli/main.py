@@ -42,9 +42,11 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
             from eagle3.extract.stage import check_before_run
 
             check_before_run(cfg)
+        from cli.run import run_flow_cli, stop_grace_s  # lazy: Prefect is imported only for commands that run a flow
+
+        stop_grace_s()  # $EAGLE3_STOP_GRACE_S, checked before Prefect starts
     except ConfigError as e:
         _fail(str(e), 2)
-    from cli.run import run_flow_cli  # lazy: Prefect starts only for commands that run a flow
 
     try:
         summary = run_flow_cli(stage, str(config), list(overrides or []))

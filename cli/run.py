@@ -235,7 +235,7 @@ def stop_grace_s(environ: dict | None = None) -> float:
     """Seconds a run gets to stop by itself after a termination signal before it ends itself
     (:class:`SignalRecord`): ``$EAGLE3_STOP_GRACE_S``, default 30 (Kubernetes' default termination grace period;
     set it below your supervisor's own, e.g. systemd's ``TimeoutStopSec``). Raises ConfigError naming the variable
-    and its value unless it is a number of seconds in [1, 3600]."""
+    and its value unless it is a number of seconds in [1, 3600] (fractions allowed; unset or blank = 30)."""
     from eagle3.errors import ConfigError
 
     raw = (os.environ if environ is None else environ).get(STOP_GRACE_ENV)

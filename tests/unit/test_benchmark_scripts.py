@@ -206,14 +206,24 @@ def test_gpu_train_checks_results_destination_and_overrides_with_num_gpus_up_fro
     (["--device", "cpu", "--draft-vocab", "2048"], "--draft-vocab: expected fewer than the target's 2048 tokens"),
     (["--device", "cpu", "--seq-len", "100000000"], "--seq-len: expected at most 65536 positions"),
     (["--device", "cpu", "--out", "/proc/nope"], "--out /proc/nope: expected a folder"),
+    # found by a new user: root may "access" /proc, a file as --work, an infinite tolerance, the value not named
+    (["--device", "cpu", "--out", "/proc"], "--out /proc: expected a folder"),
+    (["--device", "cpu", "--work", "FILE"], "--work FILE: expected a folder"),
+    (["--device", "cpu", "--tol", "inf"], "--tol: expected a finite relative tolerance > 0, got inf"),
+    (["--device", "cpu", "--repeats", "0"], "--repeats: expected at least 1, got 0"),
+    (["--device", "cpu", "--seq-len", "63"], "--seq-len: expected at least 64 positions, got 63"),
 ])
-def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, message, monkeypatch, capsys):
+def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, message, monkeypatch, capsys, tmp_path):
     """In this process (each run of the script as a subprocess spends its time importing torch and speculators):
     ``main`` must end by argparse's exit 2 with the message, not by an exception; the command line itself is
     checked once, in test_gpu_forward_check_command_line_refuses_without_a_traceback."""
     import benchmarks.gpu_forward_check as script
 
-    monkeypatch.setattr(sys, "argv", ["gpu_forward_check.py", "--shape", "tiny", *args])
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    args = [str(afile) if x == "FILE" else x for x in args]
+    message = message.replace("FILE", str(afile))
+    monkeypatch.setattr(sys, "argv", ["gpu_forward_check.py", "--shape", "tiny", "--work", str(tmp_path / "w"), *args])
     with pytest.raises(SystemExit) as e:
         script.main()
     err = capsys.readouterr().err

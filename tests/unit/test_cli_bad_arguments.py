@@ -68,6 +68,19 @@ def test_run_refuses_settings_that_cannot_work_before_loading_anything(overrides
     assert not (tmp_path / "tiny-random").exists() and not (tmp_path / ".prefect").exists()  # nothing started
 
 
+@pytest.mark.parametrize("value", ["0", "abc", "inf"])
+def test_run_refuses_a_bad_stop_grace_before_starting_anything(value, tmp_path, monkeypatch):
+    """Found by a new user: a bad ``EAGLE3_STOP_GRACE_S`` was reported as "pipeline failed" with exit 1."""
+    from tests.conftest import CONFIGS
+
+    monkeypatch.setenv("EAGLE3_STOP_GRACE_S", value)
+    res = CliRunner().invoke(app, ["run", str(CONFIGS / "tiny-random.yaml"), "-o", f"paths.runs_dir={tmp_path}"])
+    assert res.exit_code == 2, res.output
+    assert f"EAGLE3_STOP_GRACE_S='{value}': expected seconds between 1 and 3600" in res.output
+    assert "pipeline failed" not in res.output
+    assert not (tmp_path / "tiny-random").exists() and not (tmp_path / ".prefect").exists()  # nothing started
+
+
 @pytest.mark.parametrize("uri, message", [
     ("/somewhere/runs/mlflow.db", "expected a URI such as sqlite:////somewhere/runs/mlflow.db or http://host:port, "
                                   "got a plain path"),
