@@ -41,7 +41,7 @@ STAGE_ENTRIES: dict[str, tuple[str, ...]] = {
     "extract": ("eagle3.extract.stage", "eagle3/engines/sglang/plugin"),
     "train": ("eagle3.train.stage", "eagle3.train.worker"),
     "convert": ("eagle3.convert.stage", "eagle3.convert.validate", "eagle3.convert.equivalence"),
-    "deploy": ("eagle3.measure.served", "eagle3.serve.reference.__main__"),
+    "deploy": ("eagle3.measure.served", "refengine.launch_server"),
 }
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds eagle3/
 

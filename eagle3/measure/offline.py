@@ -22,7 +22,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
                        device: str = "cpu", chat_template_kwargs: dict | None = None,
                        cpu_threads: int | None = None) -> dict:
     """The draft's acceptance length in-process (no server) with the reference engine's decoder
-    (``eagle3.serve.reference.loader.load_decoder``: the fast path for Llama targets, exactly equal to
+    (``refengine.loader.load_decoder``: the fast path for Llama targets, exactly equal to
     ``SpeculativeDecoder`` in float32; the generic path otherwise).
 
     Same prompts and template as :func:`eagle3.measure.bench.run_bench` (the target's tokenizer in ``target_dir``). Acceptance
@@ -42,7 +42,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, p
     ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)), chat_template_kwargs)
     if decoder is None:
         from eagle3.precision import resolve_dtype
-        from eagle3.serve.reference.loader import load_decoder
+        from refengine.loader import load_decoder
 
         dtype = resolve_dtype(dtype, device)
 

@@ -8,7 +8,7 @@ batched forwards. Rows and summaries have the shape of :func:`eagle3.measure.off
 (:mod:`eagle3.measure.spread`).
 
 ``check_against_decoder=N`` decodes N requests (spread over the list) again with
-:class:`~eagle3.serve.reference.specdec.SpeculativeDecoder` and reports which agree in output tokens, verify
+:class:`~refengine.specdec.SpeculativeDecoder` and reports which agree in output tokens, verify
 passes, accepted drafts per position and histogram: the self-check to run first on a new device or dtype.
 """
 
@@ -128,7 +128,7 @@ def decoder_check(target, tokenizer, draft, requests: list[Request], results: li
     output (``first_output_difference`` = its token index) is a numeric near-tie in the continuation, differing
     counts with equal outputs a near-tie in a draft proposal (or a bug, in float32).
     """
-    from eagle3.serve.reference.specdec import SpeculativeDecoder
+    from refengine.specdec import SpeculativeDecoder
 
     t0 = time.perf_counter()
     dec = SpeculativeDecoder.from_models(target, draft, tokenizer, num_steps=num_steps)

@@ -43,7 +43,7 @@ from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
 from eagle3.measure.prompts import encode_conversation
 from eagle3.measure.replay_draft import chain_proposals
-from eagle3.serve.reference.specdec import GenerationResult
+from refengine.specdec import GenerationResult
 from eagle3.target_model import capture_hidden_states, default_aux_layer_ids, num_layers
 
 

@@ -19,7 +19,7 @@ base position ``t`` in one forward per draft step:
 
 Right padding needs no masking: a valid row only ever attends to rows at or before it. The layer control flow
 mirrors ``eagle3.engines.sglang.draft._Model.forward`` / ``_DecoderLayer.forward`` (the decoder in
-``eagle3/serve/reference/specdec.py`` runs those); ``tests/unit/test_replay.py`` checks the two agree token for
+``refengine/specdec.py`` runs those); ``tests/unit/test_replay.py`` checks the two agree token for
 token. Everything is differentiable (callers use ``torch.no_grad()`` for measurement).
 """
 

@@ -104,7 +104,7 @@ def _sglang_version(python: str) -> str | None:
 
 def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     if engine == "reference":
-        return Check("engine", "passed", f"reference engine (eagle3.serve.reference) in {sys.executable}"), []
+        return Check("engine", "passed", f"reference engine (refengine) in {sys.executable}"), []
     from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
 
     py = sglang_python(cfg)

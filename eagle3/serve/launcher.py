@@ -4,7 +4,7 @@ whatever killed it, the engine's parent watch does (:mod:`eagle3.serve.supervise
 
 Engines (``cfg.serve.engine``): ``sglang`` — ``python -m sglang.launch_server`` (SGLang 0.5.23's flags, read
 from its released source: ``--tp-size``, ``--cuda-graph-max-bs-decode``; the deprecated but accepted
-``--disable-cuda-graph``); ``reference`` — the CPU reference engine, ``python -m eagle3.serve.reference`` with
+``--disable-cuda-graph``); ``reference`` — the CPU reference engine, ``python -m refengine.launch_server`` with
 the same SGLang-style flags (only those it implements); ``auto`` — sglang where a GPU and an importable SGLang
 exist, else reference.
 
@@ -139,7 +139,7 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
         from eagle3.precision import resolve_dtype
 
         device = reference_device(s.device)
-        argv = [sys.executable, "-m", "eagle3.serve.reference", *common, "--device", device,
+        argv = [sys.executable, "-m", "refengine.launch_server", *common, "--device", device,
                 "--dtype", resolve_dtype(s.dtype, device)]
         if s.disable_cuda_graph:
             argv += ["--disable-cuda-graph"]

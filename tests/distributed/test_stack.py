@@ -114,7 +114,7 @@ def _kill_deploy_while_serving(since: float, timeout_s: float) -> tuple[str, int
                 continue
             cid = fr.infrastructure_pid.rsplit(":", 1)[1]
             top = subprocess.run(["docker", "top", cid, "-eo", "pid,args"], capture_output=True, text=True)
-            engine = [line for line in top.stdout.splitlines() if "eagle3.serve.reference" in line]
+            engine = [line for line in top.stdout.splitlines() if "refengine" in line]
             if engine:
                 pid = int(engine[0].split()[0])
                 print(f"\nkilling the deploy stage's container {cid[:12]} (flow run {fr.name}); engine host pid {pid}",
@@ -245,7 +245,7 @@ def test_distributed_stack(tmp_path):
         print(f"\nrun 2 failed as it should: {msg}", flush=True)
         time.sleep(2)
         assert _processes_of(cid) == [], "processes of the killed container survived"
-        assert not Path(f"/proc/{engine_pid}").exists() or "eagle3.serve.reference" not in Path(
+        assert not Path(f"/proc/{engine_pid}").exists() or "refengine" not in Path(
             f"/proc/{engine_pid}/cmdline").read_text(), "the engine survived its container"
         left = subprocess.run(["docker", "ps", "-aq", "--filter", f"id={cid}"], capture_output=True, text=True)
         assert left.stdout.strip() == "", "the killed container was not removed"

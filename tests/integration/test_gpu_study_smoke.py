@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_study.py --tiny`` on the CPU: regeneration, a two-point sweep through the pipeline with the
+"""``lab/gpu_study.py --tiny`` on the CPU: regeneration, a two-point sweep through the pipeline with the
 Prefect flow and the MLflow store, the offline evaluation, the speedup benchmark of the best point and the
 report — every stage path of the GPU study, at tiny sizes. Then ``--resume`` finds every stage done."""
 
@@ -48,7 +48,7 @@ def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(tmp_path, tin
     out = tmp_path / "out"
     for work in ("w", "w2"):
         _seed_work_cache(tmp_path / work, smollm2_dir, tiny_target_dir)
-    cmd = [sys.executable, "benchmarks/gpu_study.py", "--tiny", "--device", "cpu", "--work", str(tmp_path / "w"),
+    cmd = [sys.executable, "lab/gpu_study.py", "--tiny", "--device", "cpu", "--work", str(tmp_path / "w"),
            "--out", str(out), "--plan", str(plan), "--quiet", "--store-copy", "--assets", str(_assets(tmp_path / "a"))]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

@@ -18,7 +18,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from eagle3.serve.reference.__main__ import UsageError, parse_args
+from refengine.launch_server import UsageError, parse_args
 from testkit.sglang_drafts import make_random_draft
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def _free_port() -> int:
 
 
 def _cmd(target, draft, port, *extra):
-    return [sys.executable, "-m", "eagle3.serve.reference", "--model-path", str(target),
+    return [sys.executable, "-m", "refengine.launch_server", "--model-path", str(target),
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", *extra]
@@ -235,7 +235,7 @@ def test_accepted_noop_flags_parse():
 def test_health_is_503_before_loading_in_process():
     from fastapi.testclient import TestClient
 
-    from eagle3.serve.reference.server import create_app
+    from refengine.server import create_app
 
     app, engine = create_app(parse_args(_cmd("T", "D", 1)[3:]))
     client = TestClient(app)  # no lifespan: nothing loads
@@ -260,7 +260,7 @@ def test_load_failure_exits_nonzero_with_traceback(tiny_target_dir, tmp_path):
 
 
 def _plain_cmd(target, port, *extra):
-    return [sys.executable, "-m", "eagle3.serve.reference", "--model-path", str(target), "--host", "127.0.0.1",
+    return [sys.executable, "-m", "refengine.launch_server", "--model-path", str(target), "--host", "127.0.0.1",
             "--port", str(port), "--dtype", "float32", *extra]
 
 
@@ -280,7 +280,7 @@ def test_plain_server_decodes_greedily_through_the_fast_path(tiny_target_dir, hf
     """No --speculative-algorithm: the same engine serves the target alone (the speedup baseline)."""
     from fastapi.testclient import TestClient
 
-    from eagle3.serve.reference.server import create_app
+    from refengine.server import create_app
 
     model, tok = hf_target
     app, engine = create_app(parse_args(_plain_cmd(tiny_target_dir, 1, "--context-length", "256")[3:]))

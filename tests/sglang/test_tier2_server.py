@@ -181,7 +181,7 @@ def eagle31_draft(request, tmp_path_factory, tiny_target_dir) -> tuple[str, Path
 def test_eagle31_draft_serves_with_greedy_output_and_reference_acceptance(tiny_cfg, tiny_target_dir, eagle31_draft,
                                                                          tmp_path):
     from eagle3.serve.launcher import launch_ready
-    from eagle3.serve.reference.loader import load_decoder
+    from refengine.loader import load_decoder
 
     flag, draft = eagle31_draft
     assert json.loads((draft / "config.json").read_text())[flag] is True

@@ -249,11 +249,11 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
 @pytest.mark.slow
 def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
-    """eagle3.serve.reference.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
+    """refengine.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
     from transformers import AutoTokenizer
 
     from eagle3.measure.prompts import encode_prompts, load_prompts
-    from eagle3.serve.reference.specdec import SpeculativeDecoder
+    from refengine.specdec import SpeculativeDecoder
     from testkit.sglang_drafts import make_random_draft
 
     draft = make_random_draft(tmp_path / "draft", tiny_target_dir)

@@ -15,7 +15,7 @@ def test_gpu_train_tiny_prints_both_trainers_and_writes_profiles(tmp_path):
     out = tmp_path / "prof"
     results = tmp_path / "gpu_train.json"
     results.write_text(json.dumps({"shapes": {"llama8b": {"kept": True}}}))
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--work", str(tmp_path / "w"),
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--work", str(tmp_path / "w"),
                         "--profile", "1", "--out", str(out), "--rounds", "2", "--results", str(results)], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -30,7 +30,7 @@ def test_gpu_train_tiny_prints_both_trainers_and_writes_profiles(tmp_path):
     partial = json.loads((out / "gpu_train_rounds.json").read_text())  # written after each round
     assert partial["rounds_done"] == 2 and len(partial["rows"]) == 4
     merged = json.loads((out / "results" / "gpu_train.json").read_text())  # --results: this shape merged in
-    assert merged["shapes"]["llama8b"] == {"kept": True} and merged["written_by"].startswith("benchmarks/gpu_train.py")
+    assert merged["shapes"]["llama8b"] == {"kept": True} and merged["written_by"].startswith("lab/gpu_train.py")
     tiny = merged["shapes"]["tiny"]
     assert [t["name"] for t in tiny["trainers"]] == ["speculators Trainer", "ours (cpu)"]
     assert tiny["trainers"][0]["peak_gib"] is None  # no CUDA: null, not NaN
@@ -47,7 +47,7 @@ def test_gpu_train_tiny_prints_both_trainers_and_writes_profiles(tmp_path):
 
 
 def test_gpu_train_refuses_an_unknown_compile_mode():
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--modes", "default,fast"], cwd=REPO,
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--modes", "default,fast"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--modes: expected a comma list of eager, default" in r.stderr, r.stderr[-2000:]
 
@@ -95,14 +95,14 @@ def test_gpu_quality_until_then_resume_runs_only_missing_stages(tmp_path):
 @pytest.mark.parametrize("args, message", [(["--until", "train/nope"], "--until: expected one of target"),
                                             (["--skip", "spec,foo"], "--skip: expected a comma list")])
 def test_gpu_quality_refuses_unknown_stage_names(args, message):
-    r = subprocess.run([sys.executable, "benchmarks/gpu_quality.py", *args], cwd=REPO, capture_output=True,
+    r = subprocess.run([sys.executable, "lab/gpu_quality.py", *args], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
 
 
 def test_gpu_speedup_tiny_cpu_runs_both_modes_through_one_engine_and_writes_every_figure(tmp_path, tiny_target_dir):
     out = tmp_path / "speedup.json"
-    r = subprocess.run([sys.executable, "benchmarks/gpu_speedup.py", "--tiny", "--device", "cpu", "--tokenizer",
+    r = subprocess.run([sys.executable, "lab/gpu_speedup.py", "--tiny", "--device", "cpu", "--tokenizer",
                         str(tiny_target_dir), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -125,13 +125,13 @@ def test_gpu_speedup_tiny_cpu_runs_both_modes_through_one_engine_and_writes_ever
                                             (["--http"], "--http: serves a trained draft"),
                                             (["--concurrency", "1,x"], "--concurrency: expected a comma list")])
 def test_gpu_speedup_refuses_bad_arguments_up_front(args, message):
-    r = subprocess.run([sys.executable, "benchmarks/gpu_speedup.py", "--tiny", *args], cwd=REPO,
+    r = subprocess.run([sys.executable, "lab/gpu_speedup.py", "--tiny", *args], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
 
 
 def test_offline_replay_tiny_prints_the_ratio_and_equal_requests(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/offline_replay.py", "--tiny", "--num-prompts", "2",
+    r = subprocess.run([sys.executable, "lab/offline_replay.py", "--tiny", "--num-prompts", "2",
                         "--max-new-tokens", "6", "--repeats", "1", "--work", str(tmp_path)], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -146,7 +146,7 @@ def test_offline_replay_tiny_prints_the_ratio_and_equal_requests(tmp_path):
     ("train.lr=1e-3", "(use --lr)"),
 ])
 def test_gpu_train_refuses_overrides_it_cannot_record_or_that_break_the_comparison(override, match):
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and match in r.stderr, r.stderr[-1500:]
 
@@ -154,14 +154,14 @@ def test_gpu_train_refuses_overrides_it_cannot_record_or_that_break_the_comparis
 def test_gpu_train_refuses_a_results_file_it_cannot_merge_into(tmp_path):
     bad = tmp_path / "r.json"
     bad.write_text('[1, 2]')
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--results", str(bad)], cwd=REPO,
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--results", str(bad)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--results: {bad}: expected a JSON object with a 'shapes' object, got list" in r.stderr
 
 
 def test_gpu_forward_check_smoke_on_the_cpu(tmp_path):
     """The check itself runs where there is no GPU (eager attention, uncompiled): same loss, gradients and counts."""
-    r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", "--seq-len", "128",
+    r = subprocess.run([sys.executable, "lab/gpu_forward_check.py", "--shape", "tiny", "--seq-len", "128",
                         "--device", "cpu", "--attention", "eager", "--repeats", "1", "--work", str(tmp_path / "w"),
                         "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -172,9 +172,9 @@ def test_gpu_forward_check_smoke_on_the_cpu(tmp_path):
 
 def test_train_forward_quality_runs_both_forwards_on_the_same_data(tmp_path):
     """Smoke test of issue 17's quality script on the tiny random target (whose drafts accept nothing: the real
-    comparison is on SmolLM2, benchmarks/RESULTS.md): both runs evaluated at the same steps, the ratio recorded."""
+    comparison is on SmolLM2, lab/NOTEBOOK.md): both runs evaluated at the same steps, the ratio recorded."""
     out = tmp_path / "q.json"
-    r = subprocess.run([sys.executable, "benchmarks/train_forward_quality.py", "configs/tiny-random.yaml",
+    r = subprocess.run([sys.executable, "lab/train_forward_quality.py", "configs/tiny-random.yaml",
                         "-o", "train.max_steps=4", "-o", "train.eval_every=2", "--work", str(tmp_path / "w"),
                         "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -189,11 +189,11 @@ def test_gpu_train_checks_results_destination_and_overrides_with_num_gpus_up_fro
     """Found by a new user: an unwritable --results folder failed only after the whole benchmark, and an override
     that conflicts with --num-gpus passed the up-front check."""
     (tmp_path / "file").write_text("x")
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--results",
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--results",
                         str(tmp_path / "file" / "x.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--results:" in r.stderr and "cannot create the folder" in r.stderr, r.stderr[-800:]
     assert "ROW" not in r.stdout
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--num-gpus", "2", "--ours-override",
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--num-gpus", "2", "--ours-override",
                         "train.forward_impl=project", "--ours-override", "train.distributed=fsdp"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "train.forward_impl project with train.distributed fsdp" in r.stderr, r.stderr[-800:]
@@ -217,7 +217,7 @@ def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, messa
     """In this process (each run of the script as a subprocess spends its time importing torch and speculators):
     ``main`` must end by argparse's exit 2 with the message, not by an exception; the command line itself is
     checked once, in test_gpu_forward_check_command_line_refuses_without_a_traceback."""
-    import benchmarks.gpu_forward_check as script
+    import lab.gpu_forward_check as script
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -231,7 +231,7 @@ def test_gpu_forward_check_refuses_bad_arguments_without_a_traceback(args, messa
 
 
 def test_gpu_forward_check_command_line_refuses_without_a_traceback():
-    r = subprocess.run([sys.executable, "benchmarks/gpu_forward_check.py", "--shape", "tiny", "--device", "foo"],
+    r = subprocess.run([sys.executable, "lab/gpu_forward_check.py", "--shape", "tiny", "--device", "foo"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--device: expected cuda, cuda:N or cpu, got 'foo'" in r.stderr, r.stderr[-800:]
     assert "Traceback" not in r.stderr, r.stderr[-800:]
@@ -245,7 +245,7 @@ def test_gpu_forward_check_command_line_refuses_without_a_traceback():
     ("train.num_gpus=2", "train.num_gpus: expected 1"),
 ])
 def test_train_forward_quality_refuses_bad_overrides_before_extracting(tmp_path, override, message):
-    r = subprocess.run([sys.executable, "benchmarks/train_forward_quality.py", "configs/tiny-random.yaml", "-o",
+    r = subprocess.run([sys.executable, "lab/train_forward_quality.py", "configs/tiny-random.yaml", "-o",
                         override, "--work", str(tmp_path / "w")], cwd=REPO, capture_output=True, text=True,
                        timeout=120, env={**os.environ, "COLUMNS": "400"})  # rich wraps the message at 80
     out = r.stdout + r.stderr
@@ -260,6 +260,6 @@ def test_train_forward_quality_refuses_bad_overrides_before_extracting(tmp_path,
 def test_gpu_train_refuses_what_its_cpu_runs_would_refuse_before_any_run(override, message):
     if __import__("torch").cuda.is_available():
         pytest.skip("these settings are valid on CUDA")
-    r = subprocess.run([sys.executable, "benchmarks/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
+    r = subprocess.run([sys.executable, "lab/gpu_train.py", "--tiny", "--ours-override", override], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr and "ROW" not in r.stdout, r.stderr[-800:]

@@ -1,4 +1,4 @@
-"""The fast path (eagle3.serve.reference.fastpath) is exact: in float32 on the CPU it emits the same tokens and
+"""The fast path (refengine.fastpath) is exact: in float32 on the CPU it emits the same tokens and
 the same per-verify accept counts as SpeculativeDecoder, and its plain decoding equals HF greedy generation."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from eagle3.engines.registry import get_profile
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import DataError, EngineUnsupported
-from eagle3.serve.reference.fastpath import FastDecoder, build_decoder
-from eagle3.serve.reference.graphs import Step, capture_steps
-from eagle3.serve.reference.specdec import SpeculativeDecoder
+from refengine.fastpath import FastDecoder, build_decoder
+from refengine.graphs import Step, capture_steps
+from refengine.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
 from testkit.echo_draft import make_echo_draft
 from testkit.sglang_drafts import draft_config, make_random_draft, random_draft_tensors, write_draft
@@ -73,7 +73,7 @@ def test_fast_path_equals_slow_decoder_tokens_and_accept_counts(tmp_path, tiny, 
 
 def test_aux_states_equal_the_hook_captured_ones_repeated_ids_and_last_layer_included(tiny):
     """The static target writes what eagle3.target_model.capture_hidden_states captures, every chunk filled."""
-    from eagle3.serve.reference.static_target import StaticLlamaTarget
+    from refengine.static_target import StaticLlamaTarget
     from eagle3.target_model import capture_hidden_states
 
     _, model, tok = tiny

@@ -1,5 +1,5 @@
-"""benchmarks/fidelity_compare.py: per-pass counts from SGLang's streamed counters, the first place two engines
-part, and the rounding-or-real verdict (the comparison logic of benchmarks/sglang_fidelity.py)."""
+"""lab/fidelity_compare.py: per-pass counts from SGLang's streamed counters, the first place two engines
+part, and the rounding-or-real verdict (the comparison logic of lab/sglang_fidelity.py)."""
 
 import sys
 
@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO))
-from benchmarks.fidelity_compare import (compare_request, explain_margin, first_difference,  # noqa: E402
+from lab.fidelity_compare import (compare_request, explain_margin, first_difference,  # noqa: E402
                                          pass_start_position, passes_from_stream, pooled)
 
 sys.path.remove(str(REPO))
@@ -76,7 +76,7 @@ def test_explain_margin_separates_a_rounding_tie_from_a_real_difference():
 def test_diagnose_output_calls_a_runner_up_pick_a_tie_only_when_the_gap_is_tiny():
     sys.path.insert(0, str(REPO))
     try:
-        from benchmarks.sglang_fidelity import diagnose_output
+        from lab.sglang_fidelity import diagnose_output
     finally:
         sys.path.remove(str(REPO))
     margins = [{"top2": [7, 9], "gap": 2e-6, "scale": 30.0}, {"top2": [4, 5], "gap": 3.0, "scale": 30.0}]

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_study.py's plan: a failed regen stage stops the sweep with its own message, not a config error."""
+"""lab/gpu_study.py's plan: a failed regen stage stops the sweep with its own message, not a config error."""
 
 import argparse
 import hashlib
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.gpu_study import _plan
+from lab.gpu_study import _plan
 
 
 def _args(tmp_path, plan):
@@ -36,7 +36,7 @@ def test_plan_without_regenerated_variants_needs_no_regen_file(tmp_path):
 
 
 def _regen(tmp_path, n_lines=3, made_for=3, conversations=3):
-    from benchmarks.gpu_study import _manifest_of
+    from lab.gpu_study import _manifest_of
 
     src = tmp_path / "carried" / "regenerated.jsonl"
     src.parent.mkdir()
@@ -51,7 +51,7 @@ def _regen(tmp_path, n_lines=3, made_for=3, conversations=3):
 
 
 def test_carried_back_regen_file_is_reused_byte_for_byte_from_its_xz_copy(tmp_path):
-    from benchmarks.gpu_study import _manifest_of, carry_back_regen, reuse_regen
+    from lab.gpu_study import _manifest_of, carry_back_regen, reuse_regen
 
     src = _regen(tmp_path)
     out = tmp_path / "out"
@@ -66,7 +66,7 @@ def test_carried_back_regen_file_is_reused_byte_for_byte_from_its_xz_copy(tmp_pa
 
 
 def test_regen_file_made_for_another_count_or_truncated_or_without_manifest_is_refused(tmp_path):
-    from benchmarks.gpu_study import _manifest_of, reuse_regen
+    from lab.gpu_study import _manifest_of, reuse_regen
 
     src = _regen(tmp_path, n_lines=2, made_for=3, conversations=3)
     with pytest.raises(RuntimeError, match=r"num_conversations is 3, expected --regen 5"):
@@ -80,7 +80,7 @@ def test_regen_file_made_for_another_count_or_truncated_or_without_manifest_is_r
 
 def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     """The device returns at most 8 files from --out: a run given --regen-file spends none on a copy of it."""
-    import benchmarks.gpu_study as G
+    import lab.gpu_study as G
 
     src = _regen(tmp_path)
     first = tmp_path / "out1"
@@ -102,7 +102,7 @@ def test_regen_file_with_changed_content_or_a_cut_xz_is_refused(tmp_path):
     """Same line count, other content: the manifest's sha256 catches it; a byte-truncated .xz names the file."""
     import lzma
 
-    from benchmarks.gpu_study import _manifest_of, reuse_regen
+    from lab.gpu_study import _manifest_of, reuse_regen
 
     src = _regen(tmp_path)
     src.write_text(src.read_text().replace("a1", "b1"))
@@ -130,7 +130,7 @@ def test_bad_plan_is_refused_when_the_arguments_are_parsed(tmp_path, capsys, tex
     regeneration), naming --plan and the key."""
     import re
 
-    from benchmarks.gpu_study import parse_args
+    from lab.gpu_study import parse_args
 
     plan = tmp_path / "plan.json"
     plan.write_text(text)
@@ -141,7 +141,7 @@ def test_bad_plan_is_refused_when_the_arguments_are_parsed(tmp_path, capsys, tex
 
 
 def test_tiny_says_which_given_values_it_replaces(capsys):
-    from benchmarks.gpu_study import parse_args
+    from lab.gpu_study import parse_args
 
     a = parse_args(["--device", "cpu", "--tiny", "--regen", "5", "--eval-tokens", "8"])
     err = capsys.readouterr().err
@@ -149,12 +149,12 @@ def test_tiny_says_which_given_values_it_replaces(capsys):
 
 
 def test_data_copy_follows_a_new_data_file_and_a_cut_xz_names_it(tmp_path):
-    """benchmarks.harness.data_file: a second --data with the same name on the same --work is decompressed again
+    """lab.harness.data_file: a second --data with the same name on the same --work is decompressed again
     (not the first file's copy reused); a cut .xz is refused naming --data."""
     import lzma
     from types import SimpleNamespace
 
-    from benchmarks.harness import data_file
+    from lab.harness import data_file
 
     work = tmp_path / "work"
     work.mkdir()
@@ -170,7 +170,7 @@ def test_data_copy_follows_a_new_data_file_and_a_cut_xz_names_it(tmp_path):
 
 
 def test_until_stops_after_its_stage_also_when_it_failed(tmp_path):
-    from benchmarks.harness import Results, stage
+    from lab.harness import Results, stage
 
     res = Results(tmp_path, tmp_path, settings={})
     res.until, res.stop = "regen", False
@@ -188,7 +188,7 @@ def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(tmp_
     import lzma
 
     import eagle3.assets as A
-    from benchmarks.gpu_study import patch_assets, speedup_prompt_ids
+    from lab.gpu_study import patch_assets, speedup_prompt_ids
     from eagle3.errors import DataError
 
     def no_wheel(pkg, rel):
@@ -210,7 +210,7 @@ def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(tmp_
 
 
 def _parse_error(argv, capsys):
-    from benchmarks.gpu_study import parse_args
+    from lab.gpu_study import parse_args
 
     with pytest.raises(SystemExit) as e:
         parse_args(["--device", "cpu", *argv])
@@ -237,7 +237,7 @@ def test_assets_folder_without_prompt_files_is_refused(tmp_path, capsys):
 
 
 def test_resume_compares_the_plan_contents_not_its_path(tmp_path):
-    from benchmarks.study_inputs import plan_digest
+    from lab.study_inputs import plan_digest
 
     first = plan_digest(_args(tmp_path, PLAN))
     (tmp_path / "copy.json").write_text(json.dumps(PLAN, indent=3))

@@ -57,7 +57,7 @@ def test_disable_cuda_graph_and_no_draft_means_no_speculative_flags():
 def test_reference_command_uses_this_interpreter_and_only_flags_it_implements():
     cfg = _cfg("serve.engine=reference", "serve.context_length=512", "serve.disable_cuda_graph=true")
     argv, env = build_command(cfg, Path("/t"), Path("/d"), 4242)
-    assert argv[:3] == [sys.executable, "-m", "eagle3.serve.reference"]
+    assert argv[:3] == [sys.executable, "-m", "refengine.launch_server"]
     assert _flag(argv, "--speculative-num-steps") == "3" and _flag(argv, "--port") == "4242"
     assert _flag(argv, "--context-length") == "512"
     for gpu_only in ("--tp-size", "--enable-metrics"):

@@ -51,18 +51,22 @@ def test_library_source_has_no_orchestration_import():
     assert offenders == []
 
 
-# Layers, top to bottom: cli → flows → tasks → eagle3 (library). testkit (fixtures shared by tests and
-# benchmarks) and benchmarks sit beside them. Each entry: a folder and the top-level packages it must never
-# import, lazily or not.
+# Three homes. The product, top to bottom: cli -> flows -> tasks -> eagle3 (the library). Beside it the
+# reference engine (refengine: started by module name, as SGLang is) and the lab (benchmarks, studies,
+# GPU-machine scripts); testkit holds fixtures shared by the tests and the lab. The homes beside the product
+# may import it; the product never imports them. Each entry: a folder and the top-level packages it must
+# never import, lazily or not.
+OUTSIDE_PRODUCT = ("refengine", "lab", "testkit", "tests")
 FORBIDDEN = {
-    "eagle3": ("tasks", "flows", "cli", "testkit", "tests", "benchmarks", "prefect", "mlflow"),
-    "tasks": ("flows", "cli", "testkit", "tests", "benchmarks"),
-    "flows": ("cli", "testkit", "tests", "benchmarks"),
-    "cli": ("testkit", "tests", "benchmarks"),
-    "testkit": ("tasks", "flows", "cli", "tests", "benchmarks"),
-    "benchmarks": ("tests",),
+    "eagle3": ("tasks", "flows", "cli", *OUTSIDE_PRODUCT, "prefect", "mlflow"),
+    "tasks": ("flows", "cli", *OUTSIDE_PRODUCT),
+    "flows": ("cli", *OUTSIDE_PRODUCT),
+    "cli": OUTSIDE_PRODUCT,
+    "refengine": ("tasks", "flows", "cli", "lab", "testkit", "tests", "prefect", "mlflow"),
+    "testkit": ("tasks", "flows", "cli", "lab", "tests"),
+    "lab": ("tests",),
 }
-MAX_LINES = 400
+MAX_LINES = 600  # one concept per module: ~500 lines is a signal, 600 the limit
 
 
 def _sources(top: str):

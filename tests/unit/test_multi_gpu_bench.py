@@ -1,4 +1,4 @@
-"""benchmarks/multi_gpu.py keeps working on the CPU (``--tiny --device cpu``: 1 and 2 processes on gloo, training
+"""lab/multi_gpu.py keeps working on the CPU (``--tiny --device cpu``: 1 and 2 processes on gloo, training
 through torchrun and extraction through spawned workers) and writes its JSON itself."""
 
 import json
@@ -13,7 +13,7 @@ from tests.conftest import REPO
 @pytest.mark.slow
 def test_multi_gpu_tiny_cpu_writes_both_kinds_with_efficiencies(tmp_path):
     out = tmp_path / "multi_gpu.json"
-    r = subprocess.run([sys.executable, "benchmarks/multi_gpu.py", "--tiny", "--device", "cpu", "--gpus", "1,2",
+    r = subprocess.run([sys.executable, "lab/multi_gpu.py", "--tiny", "--device", "cpu", "--gpus", "1,2",
                         "--work", str(tmp_path / "w"), "--extract-dest", str(tmp_path / "x"), "--out", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -31,6 +31,6 @@ def test_multi_gpu_tiny_cpu_writes_both_kinds_with_efficiencies(tmp_path):
 
 
 def test_multi_gpu_refuses_unknown_kinds_and_modes(tmp_path):
-    r = subprocess.run([sys.executable, "benchmarks/multi_gpu.py", "--kinds", "train,serve", "--distributed", "zero",
+    r = subprocess.run([sys.executable, "lab/multi_gpu.py", "--kinds", "train,serve", "--distributed", "zero",
                         "--out", str(tmp_path / "o.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown ['serve', 'zero']" in r.stderr, r.stderr[-2000:]

@@ -123,7 +123,7 @@ def test_library_entry_points_resolve_a_directly_built_config(cpu_bf16):
 
 def test_reference_engine_and_offline_decoding_follow_the_rule(cpu_bf16):
     from eagle3.serve.launcher import build_command
-    from eagle3.serve.reference.__main__ import parse_args
+    from refengine.launch_server import parse_args
     from tasks.bench import offline_settings
 
     base = ["--model-path", "/t", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"]

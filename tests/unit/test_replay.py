@@ -12,7 +12,7 @@ from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.measure.replay_core import (Request, capture_indices, generate_requests, greedy_continuations,
                                         replay_requests, walk)
 from eagle3.measure.replay_draft import chain_states
-from eagle3.serve.reference.specdec import SpeculativeDecoder
+from refengine.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
 from testkit.replay_drafts import distilled_draft
 from testkit.sglang_drafts import draft_config, make_random_draft, random_draft_tensors, write_draft

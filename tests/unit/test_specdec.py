@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from eagle3.serve.reference import sampling
+from refengine import sampling
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import EngineUnsupported
-from eagle3.serve.reference.specdec import SpeculativeDecoder
+from refengine.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
 from testkit.sglang_drafts import OracleDraft, draft_config, make_random_draft, random_draft_tensors, write_draft
 

@@ -1,11 +1,11 @@
-"""benchmarks/study_speedup.py: a speedup measured by a direct gpu_speedup.py call joins gpu_study.json only when
+"""lab/study_speedup.py: a speedup measured by a direct gpu_speedup.py call joins gpu_study.json only when
 it was measured on the study's best draft (same sha256, or path + device with --match-by-path) and device."""
 
 import json
 
 import pytest
 
-from benchmarks.study_speedup import add_speedup, draft_digest, main
+from lab.study_speedup import add_speedup, draft_digest, main
 
 POINT = "regenerated-n3000-cosine-20ep"
 STUDY = {"device": "NVIDIA H200", "best": {"point": POINT, "serving_sha256": "ab" * 32}, "served_speedup": None,

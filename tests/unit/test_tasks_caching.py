@@ -98,7 +98,7 @@ def test_closures_hold_the_modules_the_old_hand_kept_lists_missed():
 
     names = {s: set(closure(caching.CODE_ROOT, e)) for s, e in caching.STAGE_ENTRIES.items()}
     assert {"eagle3.convert.checks", "eagle3.engines.sglang.draft_load"} <= names["convert"]
-    assert {"eagle3.serve.reference.sampling", "eagle3.target_model", "eagle3.serve.reference.server"} <= names["deploy"]
+    assert {"refengine.sampling", "eagle3.target_model", "refengine.server"} <= names["deploy"]
     assert any(n.startswith("eagle3/engines/sglang/plugin:") for n in names["extract"])
     assert "eagle3.train.worker" in names["train"] and "eagle3.train.loop" in names["train"]
 

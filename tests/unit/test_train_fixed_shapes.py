@@ -1,6 +1,6 @@
 """Micro-batches padded to one length (``train.pad_to_max_tokens``, on with ``train.compile``): the run's losses
 are those of the unpadded run, and a compiled forward compiles once instead of once per micro-batch length
-(the recompile-limit failure of ``train.compile`` on the H200, benchmarks/RESULTS.md). The compiler here is
+(the recompile-limit failure of ``train.compile`` on the H200, lab/NOTEBOOK.md). The compiler here is
 torch.compile with a counting eager backend: the CPU has no Triton, and graph capture is what recompiles."""
 
 import json
