@@ -21,19 +21,19 @@ def deploy_timeout_s(cfg: Any) -> float:
 
 
 def deploy_key(context: Any, parameters: dict) -> str:
-    """Cache key: the serving checkpoint's content hash, target + serve sections, the measuring bench settings
-    (not the gate's minimum), the chat-template switches, the target folder, a prompt file's bytes, the
-    engine/gate/bench code."""
+    """Cache key: the serving checkpoint's content hash, the target, serve and measuring bench settings
+    (tasks/stage_config.py), the chat-template switches, the target folder, a prompt file's bytes, the
+    code and the engine's version."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
     files = {"target": resolve_target(cfg)}
-    if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not only its name
+    if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not its name
         files["prompts"] = Path(cfg.bench.prompts).expanduser()
-    return caching.stage_key("deploy", cfg, parameters["bench_dir"], inputs={"serving": parameters["serving"].dir},
-                             files=files, extra={"bench": caching.bench_settings(cfg),
-                                                 # the launch and the benchmark render chat prompts with these
-                                                 "chat_template_kwargs": cfg.data.chat_template_kwargs})
+    # the launch and the benchmark render chat prompts with the template switches
+    return caching.stage_key("deploy-bench", cfg, parameters["bench_dir"],
+                             inputs={"serving": parameters["serving"].dir}, files=files,
+                             extra={"chat_template_kwargs": cfg.data.chat_template_kwargs})
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:

@@ -41,6 +41,7 @@ from eagle3.redaction import flatten, redact
 from eagle3.errors import DataError, TransientError
 from tasks import mlflow_ui
 from tasks.results import StageResult
+from tasks.stage_config import STAGE_CONFIG, stage_sections
 
 FLOW_RUN_TAG = "prefect.flow_run_id"  # on the parent and on every stage run
 PIPELINE_TAG = "eagle3.pipeline_flow_run_id"  # on the parent run only: how a retried flow run finds it
@@ -253,15 +254,12 @@ class StageRun:
             log_hidden_states(self.client, self.run_id, directory, context)
 
 
-STAGE_SECTIONS = {"extract": ("target", "data", "extract"), "train": ("train",), "convert": ("convert",),
-                  "preflight": ("serve",), "deploy-bench": ("serve", "bench")}  # config sections each stage reads
-
-
 def stage_params(cfg: Any, stage: str) -> dict[str, str]:
-    """The config sections ``stage`` reads (:data:`STAGE_SECTIONS`), as ``section.key`` params (the train run
-    shows ``train.lr``, ``train.epochs``, ...; secret-looking values redacted)."""
-    prefixes = tuple(f"{s}." for s in STAGE_SECTIONS.get(stage, ()))
-    return {k: v for k, v in config_params(cfg).items() if prefixes and k.startswith(prefixes)}
+    """The config sections ``stage`` reads (``tasks.stage_config.STAGE_CONFIG``) as ``section.key`` params
+    (the train run shows ``train.lr``, ...; secret-looking values redacted); none for a stage not there."""
+    if stage not in STAGE_CONFIG:
+        return {}
+    return {k: str(v) for k, v in flatten(redact(stage_sections(cfg, stage))).items()}
 
 
 def stage_run_name(stage: str, variant: str, cached: bool, attempt: int) -> str:

@@ -57,8 +57,8 @@ def test_extract_key_follows_the_dataset_bytes_not_train_settings(tmp_path):
 def test_deploy_key_ignores_the_gate_minimum(tmp_path):
     serving = _stage_dir(tmp_path / "serving", "s")
     key = lambda *o: caching.stage_key(  # noqa: E731
-        "deploy", load_config(None, [f"paths.runs_dir={tmp_path}", *o]), tmp_path / "bench",
-        inputs={"serving": serving}, extra={"bench": caching.bench_settings(load_config(None, list(o)))})
+        "deploy-bench", load_config(None, [f"paths.runs_dir={tmp_path}", "serve.engine=reference", *o]),
+        tmp_path / "bench", inputs={"serving": serving})
     assert key() == key("bench.min_acceptance_length=3.5")
     assert key() != key("bench.num_prompts=3")
     assert key() != key("serve.speculative_num_steps=2", "serve.speculative_num_draft_tokens=3")
@@ -93,14 +93,47 @@ def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
 
 def test_closures_hold_the_modules_the_old_hand_kept_lists_missed():
     """The drift the hand-kept lists had: the convert key left out the validation checks and SGLang's loader
-    rules, the deploy key the accept rule and the target loader."""
+    rules, the deploy key the acceptance figures and the engine's start and readiness."""
     from tasks.code_closure import closure
 
     names = {s: set(closure(caching.CODE_ROOT, e)) for s, e in caching.STAGE_ENTRIES.items()}
     assert {"eagle3.convert.checks", "eagle3.engines.sglang.draft_load"} <= names["convert"]
-    assert {"refengine.sampling", "eagle3.target_model", "refengine.server"} <= names["deploy"]
+    assert {"eagle3.measure.acceptance", "eagle3.serve.launcher",
+            "eagle3.serve.readiness"} <= names["deploy-bench"]
+    # the reference engine is named by its version and a digest of its files, not by a module path
+    assert not any(n.startswith("refengine") for s in names.values() for n in s)
     assert any(n.startswith("eagle3/engines/sglang/plugin:") for n in names["extract"])
     assert "eagle3.train.worker" in names["train"] and "eagle3.train.loop" in names["train"]
+
+
+def test_deploy_key_names_the_engine_by_its_version(tmp_path):
+    import shutil
+    import sys
+
+    from eagle3.engines.sglang.profile import VERSION
+
+    ref = tmp_path / "refengine"
+    shutil.copytree(caching.CODE_ROOT / "refengine", ref, ignore=shutil.ignore_patterns("__pycache__"))
+    init = ref / "__init__.py"
+    init.write_text(init.read_text() + '\n__version__ = "9.9.9"\n')
+    before = caching.reference_engine_identity(ref)
+    assert before.startswith("refengine 9.9.9 ")  # read from the file's text
+    for f in sorted(ref.glob("*.py")):  # any edit of the engine changes its identity
+        text = f.read_bytes()
+        f.write_bytes(text + b"\n# edited\n")
+        assert caching.reference_engine_identity(ref) != before, f.name
+        f.write_bytes(text)
+    assert caching.reference_engine_identity(tmp_path / "nothing") == "refengine absent"
+    cfg = lambda e: load_config(None, [f"paths.runs_dir={tmp_path}", f"serve.engine={e}"])  # noqa: E731
+    assert caching.engine_identity(cfg("sglang")) == f"sglang {VERSION}"
+    assert caching.engine_identity(cfg("reference")) == caching.reference_engine_identity(
+        caching.CODE_ROOT / "refengine")
+    loaded = "refengine" in sys.modules
+    serving = _stage_dir(tmp_path / "serving", "s")
+    keys = {e: caching.stage_key("deploy-bench", cfg(e), tmp_path / "bench", inputs={"serving": serving})
+            for e in ("sglang", "reference")}
+    assert keys["sglang"] != keys["reference"]
+    assert ("refengine" in sys.modules) == loaded  # located and read, never imported
 
 
 def test_closure_follows_lazy_and_relative_imports(tmp_path):
