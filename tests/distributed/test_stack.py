@@ -107,7 +107,7 @@ def _kill_deploy_while_serving(since: float, timeout_s: float) -> tuple[str, int
     after = dt.datetime.fromtimestamp(since, dt.timezone.utc)
     while time.monotonic() < deadline:
         with get_client(sync_client=True) as c:
-            runs = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eagle3-stage-deploy"])),
+            runs = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eagle3-deploy"])),
                                     flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=after)))
         for fr in runs:
             if not fr.infrastructure_pid or fr.state is None or fr.state.name != "Running":

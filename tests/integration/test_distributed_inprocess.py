@@ -18,13 +18,13 @@ pytestmark = pytest.mark.slow
 
 
 def _run_here(calls: list):
-    """A stand-in for ``prefect.deployments.run_deployment``: runs ``eagle3-stage-<stage>``'s flow in this process
+    """A stand-in for ``prefect.deployments.run_deployment``: runs ``eagle3-<stage>``'s flow in this process
     with the same parameters and returns its flow run, as Prefect does after the deployment's run finished."""
     from prefect.client.orchestration import get_client
 
-    from flows.distributed import STAGE_FLOWS, stage_flow_name
+    from flows.stages import STAGE_FLOWS, flow_name
 
-    by_name = {stage_flow_name(s): f for s, f in STAGE_FLOWS.items()}
+    by_name = {flow_name(s): f for s, f in STAGE_FLOWS.items()}
 
     def run_deployment(name, *, parameters, timeout, flow_run_name):
         calls.append((name, sorted(parameters), timeout))
@@ -56,7 +56,7 @@ def test_distributed_pipeline_hands_typed_results_over_and_runs_preflight_before
             assert st.is_completed(), st.message
             summary = st.result()
             own = {k: v for k, v in task_states(st.state_details.flow_run_id).items()
-                   if not k.startswith("eagle3-stage-")}  # the stage flow runs appear as tasks of the parent here
+                   if not k.startswith("eagle3-")}  # the stage flow runs appear as tasks of the parent here
             assert list(own) == ["decision", "acceptance-gate", "register-draft"]  # flows/pipeline.py's order
             deploy_run = summary["stage_flow_runs"]["deploy"]["flow_run_id"]
             assert task_states(deploy_run) == {"preflight": ["Completed"], "deploy-bench": ["Completed"],
@@ -66,8 +66,8 @@ def test_distributed_pipeline_hands_typed_results_over_and_runs_preflight_before
     finally:
         stop_ephemeral_server()
 
-    assert [c[0] for c in calls] == [f"eagle3-stage-{s}/tiny-random" for s in ("extract", "train", "convert",
-                                                                                 "deploy")]
+    assert [c[0] for c in calls] == [f"eagle3-{s}/{s}-tiny-random" for s in ("extract", "train", "convert",
+                                                                               "deploy")]
     assert calls[3][1] == ["config_path", "overrides", "parent_run_id", "train_result"]
     deploy = json.loads((cfg.run_dir() / "handover" / "deploy.json").read_text())
     assert deploy["record"] == {"preflight": "ran", "deploy-bench": "ran", "deploy-bench (untrained)": "ran"}

@@ -1,4 +1,4 @@
-"""flows/distributed.py without Docker: hand-over records across mount points, and what the orchestrator does
+"""flows/distributed.py and flows/handover.py without Docker: hand-over records across mount points, and what the orchestrator does
 when a stage's flow run (on another machine) ends other than Completed."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _flow_run(state, pool="eagle3-gpu"):
 
 
 def test_handover_is_read_through_another_mount_point(tmp_path):
-    from flows import distributed as d
+    from flows import handover as d
     from tasks.results import AcceptanceFigures, StageResult
 
     a, b = _cfg(tmp_path / "gpu-node" / "runs"), _cfg(tmp_path / "cpu-node" / "runs")
@@ -63,6 +63,7 @@ def test_a_crashed_stage_fails_the_orchestrator_naming_it_and_fails_its_orphaned
     from prefect.states import Completed, Crashed
 
     from flows import distributed as d
+    from flows.handover import handover_path
     from tasks import tracking
 
     cfg = _cfg(tmp_path / "runs")
@@ -73,11 +74,11 @@ def test_a_crashed_stage_fails_the_orchestrator_naming_it_and_fails_its_orphaned
     calls = []
     monkeypatch.setattr(prefect.deployments, "run_deployment", lambda name, **kw: calls.append((name, kw)) or crashed)
     with pytest.raises(d.StageRunFailed, match=r"stage deploy failed: flow run 'tiny-deploy' \(.*\) of deployment "
-                                               r"eagle3-stage-deploy/tiny-random on work pool 'eagle3-gpu' ended "
+                                               r"eagle3-deploy/deploy-tiny-random on work pool 'eagle3-gpu' ended "
                                                r"Crashed: Flow run infrastructure exited with non-zero status code "
                                                r"137.*now FAILED: " + orphan.info.run_id):
         d.run_stage_deployment(cfg, "deploy", "tiny-random", {"config_path": "c"}, {}, parent)
-    assert calls[0][0] == "eagle3-stage-deploy/tiny-random" and calls[0][1]["parameters"] == {"config_path": "c"}
+    assert calls[0][0] == "eagle3-deploy/deploy-tiny-random" and calls[0][1]["parameters"] == {"config_path": "c"}
     assert calls[0][1]["timeout"] == d.stage_deadline_s(cfg, "deploy")
     run = MlflowClient(tracking.tracking_uri(cfg)).get_run(orphan.info.run_id)
     assert run.info.status == "FAILED" and "exited with non-zero status code 137" in run.data.tags["eagle3.error"]
@@ -86,7 +87,7 @@ def test_a_crashed_stage_fails_the_orchestrator_naming_it_and_fails_its_orphaned
 
     done = _flow_run(Completed(), pool="eagle3-cpu")
     monkeypatch.setattr(prefect.deployments, "run_deployment", lambda name, **kw: done)
-    path = d.handover_path(cfg, "convert")
+    path = handover_path(cfg, "convert")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"flow_run_id": str(done.id), "host": "c0ffee", "record": {"convert": "cached"},
                                 "results": {"trained": {"type": "StageResult", "stage": "convert",

@@ -151,8 +151,14 @@ def test_prefect_yaml_deployments_are_on_the_two_pools_and_load():
         pools[(flow.name, d["name"])] = d["work_pool"]["name"]
         assert not (d["work_pool"].get("job_variables") or {}), "infrastructure belongs to the pool's template"
     assert set(pools.values()) == {"eagle3-gpu", "eagle3-cpu"}
-    for name in ("tiny-random", "smollm2-cpu"):
-        assert [pools[(f, name)] for f in ("eagle3-distributed", "eagle3-stage-extract", "eagle3-stage-train",
-                                           "eagle3-stage-convert", "eagle3-stage-deploy")] == [
+    from flows.distributed import stage_deployment
+    from flows.stages import STAGES
+
+    for name in ("tiny-random", "smollm2-cpu"):  # each stage the orchestrator runs, on its pool
+        placed = [pools[tuple(stage_deployment(s, name).split("/"))] for s in STAGES]
+        assert [pools[("eagle3-distributed", name)], *placed] == [
             "eagle3-cpu", "eagle3-gpu", "eagle3-gpu", "eagle3-cpu", "eagle3-gpu"]
     assert len(pools) == len(spec["deployments"]), "two deployments share a flow and a name"
+    # one flow per stage: the local per-stage deployments and the work-pool stages are the same flows
+    assert {f for f, _ in pools} == {"eagle3-pipeline", "eagle3-sweep", "eagle3-distributed",
+                                     *[f"eagle3-{s}" for s in STAGES]}
