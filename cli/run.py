@@ -1,8 +1,9 @@
 """``eagle3 run|extract|train|convert|deploy CONFIG``: a flow driven from the command line.
 
-Runs the stage's Prefect flow on Prefect's ephemeral API (no server needed), prints the summary, and turns a
-failed flow into its stage's error with advice on how to re-run only what failed. A SIGTERM/SIGHUP ends the run
-as an interrupt, so every ``finally`` runs (engine process groups ended, the ephemeral server stopped).
+Runs the stage's Prefect flow on Prefect's ephemeral API (no server needed), prints the summary, and
+turns a failed flow into its stage's error with advice on how to re-run only what failed. A
+SIGTERM/SIGHUP ends the run as an interrupt, so every ``finally`` runs (engine process groups ended,
+the ephemeral server stopped).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from flows.pipeline import FLOW_NAME, eagle3_pipeline
 
 
 def format_summary(summary: dict, cfg: Any) -> str:
-    """The text ``eagle3 run`` prints; it ends with the acceptance lengths, the MLflow location and the UI
-    command."""
+    """The text ``eagle3 run`` prints; it ends with the acceptance lengths, the MLflow location and
+    the UI command."""
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     link, cmd = mlflow_ui(cfg, summary.get("experiment_id"), summary.get("parent_run_id"))
     where = link or "open the UI with the command below"
@@ -72,11 +73,12 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
 
 
 def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
-    """Run ``stage`` ("pipeline", "extract", "train", "convert", "deploy") as its Prefect flow on Prefect's
-    ephemeral API (no server needed) and return the printed summary.
+    """Run ``stage`` ("pipeline", "extract", "train", "convert", "deploy") as its Prefect flow on
+    Prefect's ephemeral API (no server needed) and return the printed summary.
 
-    Secret-looking overrides are passed through the environment, never as flow parameters. The ephemeral
-    Prefect server is stopped before returning. Raises ConfigError for an unknown stage, the stage's errors.
+    Secret-looking overrides are passed through the environment, never as flow parameters. The
+    ephemeral Prefect server is stopped before returning. Raises ConfigError for an unknown stage,
+    the stage's errors.
     """
     from eagle3.config import load_config
     from eagle3.errors import ConfigError
@@ -116,9 +118,10 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
 
 
 class _KnownErrorsWithoutTraceback(logging.Formatter):
-    """Console formatter that leaves out the traceback of this project's own errors (``Eagle3Error``: their
-    message names the file/key and both values, and the CLI prints it last), keeping it for anything else.
-    Wraps the handler's formatter; the record itself is restored, so Prefect's API log keeps the traceback."""
+    """Console formatter that leaves out the traceback of this project's own errors
+    (``Eagle3Error``: their message names the file/key and both values, and the CLI prints it last),
+    keeping it for anything else. Wraps the handler's formatter; the record itself is restored, so
+    Prefect's API log keeps the traceback."""
 
     def __init__(self, inner: logging.Formatter | None):
         super().__init__()
@@ -139,7 +142,8 @@ class _KnownErrorsWithoutTraceback(logging.Formatter):
 
 @contextmanager
 def _quiet_known_tracebacks() -> Iterator[None]:
-    """Install :class:`_KnownErrorsWithoutTraceback` on Prefect's console handler(s) for the duration."""
+    """Install :class:`_KnownErrorsWithoutTraceback` on Prefect's console handler(s) for the
+    duration."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     handlers = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
@@ -155,27 +159,27 @@ def _quiet_known_tracebacks() -> Iterator[None]:
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 # what the record counts and starts its deadline on: Ctrl-C too (Python's own SIGINT handler raises
-# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well; a new-user trial saw
-# Prefect's engine retry its crash report for 2 min 20 s before the run exited)
+# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well; a new-user
+# trial saw Prefect's engine retry its crash report for 2 min 20 s before the run exited)
 RECORDED = (*TERMINATING, signal.SIGINT)
 
 
 class SignalRecord:
-    """Which termination signals (SIGTERM, SIGHUP, SIGINT) reached this process during a run, whoever handled them, and a deadline after
-    the first one.
+    """Which termination signals (SIGTERM, SIGHUP, SIGINT) reached this process during a run,
+    whoever handled them, and a deadline after the first one.
 
-    Prefect's flow engine installs its own SIGTERM handler while a flow runs, and CPython swallows an exception
-    raised by a handler inside an import's module-lock callback; either way the run may go on to its end. The
-    record does not depend on any Python handler: a self-pipe registered with :func:`signal.set_wakeup_fd`
-    receives one byte (the signal number) for every signal delivered to a Python-level handler, ours or
-    Prefect's, and a thread reads it.
+    Prefect's flow engine installs its own SIGTERM handler while a flow runs, and CPython swallows
+    an exception raised by a handler inside an import's module-lock callback; either way the run may
+    go on to its end. The record does not depend on any Python handler: a self-pipe registered with
+    :func:`signal.set_wakeup_fd` receives one byte (the signal number) for every signal delivered to
+    a Python-level handler, ours or Prefect's, and a thread reads it.
 
-    The deadline: a signal sent to the whole process group (Ctrl-C in a terminal, a supervisor) also ends
-    Prefect's ephemeral API server, and Prefect's engine then retries reporting the crash to it for minutes.
-    ``grace_s`` seconds after the first termination signal a process that has not exited ends itself: the
-    ``atexit`` handlers run (the launcher's end every engine process group), its remaining child processes are
-    terminated, and it exits with 128 + the signal number. Main thread only (``install`` returns False
-    elsewhere)."""
+    The deadline: a signal sent to the whole process group (Ctrl-C in a terminal, a supervisor) also
+    ends Prefect's ephemeral API server, and Prefect's engine then retries reporting the crash to it
+    for minutes. ``grace_s`` seconds after the first termination signal a process that has not
+    exited ends itself: the ``atexit`` handlers run (the launcher's end every engine process group),
+    its remaining child processes are terminated, and it exits with 128 + the signal number. Main
+    thread only (``install`` returns False elsewhere)."""
 
     def __init__(self, grace_s: float = 30.0) -> None:
         self.grace_s = grace_s
@@ -233,9 +237,10 @@ STOP_GRACE_ENV = "EAGLE3_STOP_GRACE_S"
 
 def stop_grace_s(environ: dict | None = None) -> float:
     """Seconds a run gets to stop by itself after a termination signal before it ends itself
-    (:class:`SignalRecord`): ``$EAGLE3_STOP_GRACE_S``, default 30 (Kubernetes' default termination grace period;
-    set it below your supervisor's own, e.g. systemd's ``TimeoutStopSec``). Raises ConfigError naming the variable
-    and its value unless it is a number of seconds in [1, 3600] (fractions allowed; unset or blank = 30)."""
+    (:class:`SignalRecord`): ``$EAGLE3_STOP_GRACE_S``, default 30 (Kubernetes' default termination
+    grace period; set it below your supervisor's own, e.g. systemd's ``TimeoutStopSec``). Raises
+    ConfigError naming the variable and its value unless it is a number of seconds in [1, 3600]
+    (fractions allowed; unset or blank = 30)."""
     from eagle3.errors import ConfigError
 
     raw = (os.environ if environ is None else environ).get(STOP_GRACE_ENV)
@@ -254,8 +259,9 @@ EXIT_HANDLERS_S = 10.0  # what the exit handlers get once the grace time is over
 
 
 def _end_now(signum: int, grace_s: float) -> None:
-    """The run did not exit within ``grace_s`` of a termination signal: end engines (atexit, given at most
-    ``EXIT_HANDLERS_S``), this process's own children (SIGTERM, then SIGKILL after 5 s), then exit 128 + ``signum``."""
+    """The run did not exit within ``grace_s`` of a termination signal: end engines (atexit, given
+    at most ``EXIT_HANDLERS_S``), this process's own children (SIGTERM, then SIGKILL after 5 s),
+    then exit 128 + ``signum``."""
     import atexit
     import sys
 
@@ -264,8 +270,9 @@ def _end_now(signum: int, grace_s: float) -> None:
     print(f"error: received {signal.Signals(signum).name} and the run did not stop within {grace_s:.0f} s "
           "(Prefect's API server was ended with it); ending it now", file=sys.stderr, flush=True)
     try:
-        # the launcher registers every engine's stop here; other exit handlers (logging's flush of Prefect's API
-        # log handler to a server that is already gone) can block, so they get a bounded time in a thread
+        # the launcher registers every engine's stop here; other exit handlers (logging's flush of
+        # Prefect's API log handler to a server that is already gone) can block, so they get a
+        # bounded time in a thread
         runner = threading.Thread(target=atexit._run_exitfuncs, name="eagle3-exit-handlers", daemon=True)
         runner.start()
         runner.join(timeout=EXIT_HANDLERS_S)
@@ -289,9 +296,9 @@ def _end_now(signum: int, grace_s: float) -> None:
 
 
 def raise_if_terminated(record: SignalRecord) -> None:
-    """Raise KeyboardInterrupt when a SIGTERM/SIGHUP arrived during the run but its interrupt was lost (caught by
-    Prefect's engine or swallowed by CPython): a run that was told to stop must not then exit 0 as if nothing
-    happened."""
+    """Raise KeyboardInterrupt when a SIGTERM/SIGHUP arrived during the run but its interrupt was
+    lost (caught by Prefect's engine or swallowed by CPython): a run that was told to stop must not
+    then exit 0 as if nothing happened."""
     seen = record.received()
     if seen:
         names = ", ".join(sorted({signal.Signals(s).name for s in seen}))
@@ -300,9 +307,10 @@ def raise_if_terminated(record: SignalRecord) -> None:
 
 
 def terminate_as_interrupt() -> dict:
-    """Make SIGTERM/SIGHUP raise KeyboardInterrupt in the main thread, so a killed ``eagle3 run`` still runs
-    every ``finally`` (engine process groups ended, the ephemeral Prefect server stopped) instead of dying
-    with its children orphaned. Returns the previous handlers (empty outside the main thread)."""
+    """Make SIGTERM/SIGHUP raise KeyboardInterrupt in the main thread, so a killed ``eagle3 run``
+    still runs every ``finally`` (engine process groups ended, the ephemeral Prefect server stopped)
+    instead of dying with its children orphaned. Returns the previous handlers (empty outside the
+    main thread)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 

@@ -1,6 +1,6 @@
-"""What every flow shares: loading the config, the run's directories, the MLflow parent run, calling a stage
-task with cache checks, and the local (ephemeral) Prefect settings; the run names, the library's logs in
-Prefect and the markdown artifacts come from ``flows.summary``."""
+"""What every flow shares: loading the config, the run's directories, the MLflow parent run, calling
+a stage task with cache checks, and the local (ephemeral) Prefect settings; the run names, the
+library's logs in Prefect and the markdown artifacts come from ``flows.summary``."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ from flows.summary import (  # noqa: F401 - flow_run_label, mlflow_ui, publish_s
 from tasks import caching, tracking
 from tasks.results import StageResult
 
-attach_library_logs()  # the library's warnings (records skipped, samples truncated) in the task-run logs
+# the library's warnings (records skipped, samples truncated) in the task-run logs
+attach_library_logs()
 
-SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"  # JSON list of overrides kept out of flow parameters
+# JSON list of overrides kept out of flow parameters
+SECRET_OVERRIDES_ENV = "EAGLE3_SECRET_OVERRIDES"
 VARIANTS = ("trained", "untrained")
 
 
@@ -44,8 +46,8 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def load_run_config(config_path: str, overrides: list[str] | None) -> RunConfig:
-    """The validated RunConfig of a flow run: the file, the flow's overrides, then secret overrides passed
-    through ``$EAGLE3_SECRET_OVERRIDES`` (never a flow parameter). Raises ConfigError."""
+    """The validated RunConfig of a flow run: the file, the flow's overrides, then secret overrides
+    passed through ``$EAGLE3_SECRET_OVERRIDES`` (never a flow parameter). Raises ConfigError."""
     secret = json.loads(os.environ.get(SECRET_OVERRIDES_ENV, "[]") or "[]")
     return load_config(config_path, list(overrides or []) + list(secret))
 
@@ -58,7 +60,8 @@ def untrained_config(cfg: RunConfig) -> RunConfig:
 
 
 def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
-    """Output folders of one run (docs/INTERNALS.md): extract, train, serving, deploy, bench (+ ``-untrained``)."""
+    """Output folders of one run (docs/INTERNALS.md): extract, train, serving, deploy, bench (+
+    ``-untrained``)."""
     suffix = "" if variant == "trained" else f"-{variant}"
     rd = cfg.run_dir()
     return {"extract": rd / "extract", "train": rd / f"train{suffix}", "serving": rd / f"serving{suffix}",
@@ -66,8 +69,8 @@ def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
 
 
 def finished_output(directory: Path, stage: str, command: str) -> StageResult:
-    """The finished stage output in ``directory`` as a stage result (read from its manifest; the MLflow run that
-    made it is not known here), else DataError telling which command makes it."""
+    """The finished stage output in ``directory`` as a stage result (read from its manifest; the
+    MLflow run that made it is not known here), else DataError telling which command makes it."""
     from eagle3.artifacts import read_manifest
 
     if not (directory / "manifest.json").is_file():
@@ -77,7 +80,8 @@ def finished_output(directory: Path, stage: str, command: str) -> StageResult:
 
 
 def save_resolved_config(cfg: RunConfig) -> Path:
-    """``<run_dir>/config.yaml`` with secret-looking values redacted (it is also logged to MLflow)."""
+    """``<run_dir>/config.yaml`` with secret-looking values redacted (it is also logged to MLflow).
+    """
     rd = cfg.run_dir()
     rd.mkdir(parents=True, exist_ok=True)
     path = rd / "config.yaml"
@@ -86,7 +90,8 @@ def save_resolved_config(cfg: RunConfig) -> Path:
 
 
 def _name_error(exc: BaseException, label: str) -> None:
-    """Prefix the error message with the stage that failed (type kept, so callers can still catch it)."""
+    """Prefix the error message with the stage that failed (type kept, so callers can still catch
+    it)."""
     if exc.args and isinstance(exc.args[0], str) and not exc.args[0].startswith("stage "):
         exc.args = (f"stage {label} failed: {exc.args[0]}",) + tuple(exc.args[1:])
 
@@ -96,7 +101,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
               **params: Any) -> StageResult:
     """Run one stage task and return its result; the single place where caching is handled.
 
-    - A cached result made where the runs directory is mounted at another path (another worker of a pool) is
+    - A cached result made where the runs directory is mounted at another path (another worker of a
+      pool) is
       re-pointed at this machine's path of its output folder (``out_dir`` / ``bench_dir``).
     - A cached result whose output folder no longer matches it (deleted, rebuilt) is recomputed.
     - A cached stage gets a nested MLflow run pointing at the run that produced the artifact.
@@ -105,7 +111,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
     """
     label = stage if variant == "trained" else f"{stage} ({variant})"
     opts: dict = {"refresh_cache": True} if refresh else {}
-    if timeout_s is not None:  # 0: none (a stage run in a worker thread, bounded by its own deadlines instead)
+    # 0: none (a stage run in a worker thread, bounded by its own deadlines instead)
+    if timeout_s is not None:
         opts["timeout_seconds"] = timeout_s  # Prefect's Task turns 0 into "no timeout"
     t = task.with_options(task_run_name=label, **opts)
     try:
@@ -113,7 +120,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
         result = state.result()
         cached = state.name == "Cached"
         local_dir = params.get("out_dir", params.get("bench_dir"))
-        if cached and local_dir is not None:  # made on a machine that mounts the runs directory elsewhere
+        # made on a machine that mounts the runs directory elsewhere
+        if cached and local_dir is not None:
             result = caching.relocate(result, local_dir)
         if cached and not caching.output_matches(result):
             get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label,
@@ -132,15 +140,15 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
 
 
 def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    """Run each zero-argument call of ``calls`` in its own thread (with a copy of this thread's context: the
-    Prefect flow run, so a task called inside is that flow run's task) and wait for **all** of them; then raise
-    the first failure (in ``calls`` order) or return ``{key: result}``.
+    """Run each zero-argument call of ``calls`` in its own thread (with a copy of this thread's
+    context: the Prefect flow run, so a task called inside is that flow run's task) and wait for
+    **all** of them; then raise the first failure (in ``calls`` order) or return ``{key: result}``.
 
-    For stages whose work is independent and single-threaded, such as the trained and the untrained draft's
-    deploy+bench (each engine decodes on one CPU thread, ``serve.cpu_threads``): both take about as long as one
-    (measured on a 2-core AMD EPYC held to AVX2: 41 and 45 s together against 42 s alone). Nothing is abandoned: a
-    failed call's sibling runs to its end (its engine is torn down by its own ``finally``) before the error
-    propagates."""
+    For stages whose work is independent and single-threaded, such as the trained and the untrained
+    draft's deploy+bench (each engine decodes on one CPU thread, ``serve.cpu_threads``): both take
+    about as long as one (measured on a 2-core AMD EPYC held to AVX2: 41 and 45 s together against
+    42 s alone). Nothing is abandoned: a failed call's sibling runs to its end (its engine is torn
+    down by its own ``finally``) before the error propagates."""
     import contextvars
     from concurrent.futures import ThreadPoolExecutor
 
@@ -156,9 +164,10 @@ def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
 
 @contextmanager
 def parent_run(cfg: RunConfig, flow_name: str, record: dict | None = None) -> Iterator[str]:
-    """The MLflow parent run of this flow run (reused when the flow run is retried); FAILED with the error
-    when the body raises, and then a Prefect failure artifact (``flows.summary.publish_failure``: the failed
-    stage, links to its MLflow run and log, the stages of ``record`` that ran before)."""
+    """The MLflow parent run of this flow run (reused when the flow run is retried); FAILED with the
+    error when the body raises, and then a Prefect failure artifact
+    (``flows.summary.publish_failure``: the failed stage, links to its MLflow run and log, the
+    stages of ``record`` that ran before)."""
     config_file = save_resolved_config(cfg)
     run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
                                          config_file=config_file)
@@ -172,7 +181,8 @@ def parent_run(cfg: RunConfig, flow_name: str, record: dict | None = None) -> It
 
 @contextmanager
 def _recorded(cfg: RunConfig, run_id: str) -> Iterator[None]:
-    """The parent run ``run_id`` ends FINISHED when the block does, FAILED with the error when it raises."""
+    """The parent run ``run_id`` ends FINISHED when the block does, FAILED with the error when it
+    raises."""
     try:
         yield
     except BaseException as e:
@@ -183,9 +193,9 @@ def _recorded(cfg: RunConfig, run_id: str) -> Iterator[None]:
 
 @contextmanager
 def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
-    """An earlier parent run continued by this flow run (a sweep spread over several sessions): marked RUNNING
-    with ``eagle3.attempts`` incremented, then FINISHED, or FAILED with the error. Raises DataError when the run
-    is not in the config's tracking store."""
+    """An earlier parent run continued by this flow run (a sweep spread over several sessions):
+    marked RUNNING with ``eagle3.attempts`` incremented, then FINISHED, or FAILED with the error.
+    Raises DataError when the run is not in the config's tracking store."""
     client, _ = tracking.client_for(cfg)
     try:
         run = client.get_run(run_id)
@@ -200,13 +210,14 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
 
 @contextmanager
 def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
-    """Prefect settings for a run without a server: the ephemeral API with its SQLite database, its home and
-    the task result storage (the cache) under ``<runs_dir>/.prefect`` (works offline). The storage path is
-    Prefect's default under that home, so ``PREFECT_HOME=<runs_dir>/.prefect prefect flow-run retry ID
-    --entrypoint flows/pipeline.py:eagle3_pipeline`` finds the same database and cache.
+    """Prefect settings for a run without a server: the ephemeral API with its SQLite database, its
+    home and the task result storage (the cache) under ``<runs_dir>/.prefect`` (works offline). The
+    storage path is Prefect's default under that home, so ``PREFECT_HOME=<runs_dir>/.prefect prefect
+    flow-run retry ID --entrypoint flows/pipeline.py:eagle3_pipeline`` finds the same database and
+    cache.
 
-    When ``PREFECT_API_URL`` is set (e.g. ``make stack-up``), only the result storage path is set. Yields the
-    settings applied (name → value).
+    When ``PREFECT_API_URL`` is set (e.g. ``make stack-up``), only the result storage path is set.
+    Yields the settings applied (name → value).
     """
     from prefect.settings import (
         PREFECT_API_DATABASE_CONNECTION_URL,
@@ -225,7 +236,8 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
                           f"{e.strerror or e}); choose a writable paths.runs_dir") from e
     updates: dict = {}
     if not os.environ.get("PREFECT_LOCAL_STORAGE_PATH"):
-        updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "storage")  # = Prefect's default under PREFECT_HOME
+        # = Prefect's default under PREFECT_HOME
+        updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "storage")
     if not os.environ.get("PREFECT_API_URL"):
         updates.update({PREFECT_HOME: str(base),
                         PREFECT_API_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{base / 'prefect.db'}",
@@ -248,9 +260,10 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
 def stop_ephemeral_server(drain_timeout_s: float = 15.0) -> None:
     """Stop the ephemeral Prefect API server this process started, if any (no server left behind).
 
-    Logs and events still queued are sent first (otherwise their workers retry a dead server at exit), for at
-    most ``drain_timeout_s`` seconds in all, and only while the server still runs: when a signal sent to the whole
-    process group has already ended it, nothing can be delivered and waiting would hang the exit.
+    Logs and events still queued are sent first (otherwise their workers retry a dead server at
+    exit), for at most ``drain_timeout_s`` seconds in all, and only while the server still runs:
+    when a signal sent to the whole process group has already ended it, nothing can be delivered and
+    waiting would hang the exit.
     """
     import threading
 
@@ -275,7 +288,8 @@ def stop_ephemeral_server(drain_timeout_s: float = 15.0) -> None:
 
 
 def data_line(extract_dir: Path) -> str:
-    """One line on what extraction used: samples, tokens, skipped records by reason, truncated samples."""
+    """One line on what extraction used: samples, tokens, skipped records by reason, truncated
+    samples."""
     from eagle3.artifacts import read_manifest
 
     m = read_manifest(extract_dir)

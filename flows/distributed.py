@@ -1,25 +1,32 @@
-"""The flow ``eagle3-distributed``: flows/pipeline.py's sequence with each stage a flow run of its own
-deployment, on the work pool of the machines it needs.
+"""The flow ``eagle3-distributed``: flows/pipeline.py's sequence with each stage a flow run of its
+own deployment, on the work pool of the machines it needs.
 
     eagle3-distributed   the orchestrator: the MLflow parent run; runs each stage's deployment
-                         ``eagle3-<stage>/<stage>-<config>`` (flows/stages.py) one after the other, then
-                         the decision, the acceptance gate and the registry         prefect.yaml: eagle3-cpu
-    eagle3-extract       hidden states → <run_dir>/extract                                        eagle3-gpu
-    eagle3-train         trained + untrained drafts → <run_dir>/train, train-untrained            eagle3-gpu
-    eagle3-convert       convert + validate + equivalence → <run_dir>/serving, serving-untrained  eagle3-cpu
+                         ``eagle3-<stage>/<stage>-<config>`` (flows/stages.py) one after the other,
+                         then
+                         the decision, the acceptance gate and the registry         prefect.yaml:
+                         eagle3-cpu
+    eagle3-extract       hidden states → <run_dir>/extract
+    eagle3-gpu
+    eagle3-train         trained + untrained drafts → <run_dir>/train, train-untrained
+    eagle3-gpu
+    eagle3-convert       convert + validate + equivalence → <run_dir>/serving, serving-untrained
+    eagle3-cpu
     eagle3-deploy        pre-flight, engines behind the readiness gate + bench (both drafts), the
-                         acceptance figures (offline decoding beside the served figure)           eagle3-gpu
+                         acceptance figures (offline decoding beside the served figure)
+                         eagle3-gpu
 
-Placement is prefect.yaml's (each deployment's ``work_pool``); the flows do not know it. Stages hand each
-other directories in the run directory, on storage every worker mounts (``paths.runs_dir``; the worker
-image's ``runs`` is the volume at /runs), and a hand-over record (flows/handover.py). The stage tasks are
-the cached tasks of the one-process pipeline, their cache on the shared storage too
+Placement is prefect.yaml's (each deployment's ``work_pool``); the flows do not know it. Stages hand
+each other directories in the run directory, on storage every worker mounts (``paths.runs_dir``; the
+worker image's ``runs`` is the volume at /runs), and a hand-over record (flows/handover.py). The
+stage tasks are the cached tasks of the one-process pipeline, their cache on the shared storage too
 (``PREFECT_LOCAL_STORAGE_PATH``), so running the orchestrator again (``prefect deployment run`` or
 ``prefect flow-run retry``) re-executes only what failed and what depends on it.
 
-A stage flow run that does not complete (failed; crashed, e.g. its container was killed; cancelled; not
-finished within its deadline) fails the orchestrator with :class:`StageRunFailed` naming the stage, the flow
-run, its work pool and state; the stage's MLflow runs that a killed container left RUNNING are marked FAILED.
+A stage flow run that does not complete (failed; crashed, e.g. its container was killed; cancelled;
+not finished within its deadline) fails the orchestrator with :class:`StageRunFailed` naming the
+stage, the flow run, its work pool and state; the stage's MLflow runs that a killed container left
+RUNNING are marked FAILED.
 """
 
 from __future__ import annotations
@@ -41,11 +48,13 @@ from tasks.extract import TIMEOUT_S as EXTRACT_TIMEOUT_S
 from tasks.train import TIMEOUT_S as TRAIN_TIMEOUT_S
 
 FLOW_NAME = "eagle3-distributed"
-QUEUE_SLACK_S = 3600.0  # seconds a stage flow run may wait for a worker, on top of its tasks' timeouts
+# seconds a stage flow run may wait for a worker, on top of its tasks' timeouts
+QUEUE_SLACK_S = 3600.0
 
 
 class StageRunFailed(Eagle3Error):
-    """A stage's flow run (on another machine) did not complete; names stage, flow run, pool, state."""
+    """A stage's flow run (on another machine) did not complete; names stage, flow run, pool, state.
+    """
 
 
 def stage_deployment(stage: str, config_deployment: str) -> str:
@@ -54,8 +63,9 @@ def stage_deployment(stage: str, config_deployment: str) -> str:
 
 
 def stage_deadline_s(cfg: Any, stage: str) -> float:
-    """Seconds the orchestrator waits for a stage's flow run: its tasks' timeouts (both variants) + queue
-    slack (deploy: the pre-flight's 600 s, both deploy-bench runs, the acceptance figures' 3600 s)."""
+    """Seconds the orchestrator waits for a stage's flow run: its tasks' timeouts (both variants) +
+    queue slack (deploy: the pre-flight's 600 s, both deploy-bench runs, the acceptance figures'
+    3600 s)."""
     tasks = {"extract": EXTRACT_TIMEOUT_S, "train": 2 * TRAIN_TIMEOUT_S, "convert": 2 * 3600.0,
              "deploy": 600.0 + 2 * deploy_timeout_s(cfg) + 3600.0}
     return tasks[stage] + QUEUE_SLACK_S
@@ -72,8 +82,8 @@ def _logger() -> Any:
 
 
 def fail_orphaned_stage_runs(cfg: Any, stage_flow_run_id: str, why: str) -> list[str]:
-    """Mark FAILED (tag ``eagle3.error`` = ``why``) the MLflow runs of a stage flow run still RUNNING: what
-    a killed container leaves behind. Returns their ids."""
+    """Mark FAILED (tag ``eagle3.error`` = ``why``) the MLflow runs of a stage flow run still
+    RUNNING: what a killed container leaves behind. Returns their ids."""
     client, exp_id = tracking.client_for(cfg)
     runs = client.search_runs([exp_id], filter_string=(
         f"tags.`{tracking.FLOW_RUN_TAG}` = '{stage_flow_run_id}' and attributes.status = 'RUNNING'"),
@@ -85,13 +95,14 @@ def fail_orphaned_stage_runs(cfg: Any, stage_flow_run_id: str, why: str) -> list
 
 def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameters: dict, record: dict,
                          parent: str, placements: dict | None = None) -> dict:
-    """Run ``stage``'s deployment (:func:`stage_deployment`) as a child flow run, wait for it (at most
-    :func:`stage_deadline_s`) and return its hand-over results (localized). ``record`` gets its ran/cached
-    lines, ``placements[stage]`` = ``{"flow_run_id", "work_pool", "host"}``, the parent MLflow run the tags
-    ``eagle3.stage.<stage>.{flow_run_id,work_pool,host}``.
+    """Run ``stage``'s deployment (:func:`stage_deployment`) as a child flow run, wait for it (at
+    most :func:`stage_deadline_s`) and return its hand-over results (localized). ``record`` gets its
+    ran/cached lines, ``placements[stage]`` = ``{"flow_run_id", "work_pool", "host"}``, the parent
+    MLflow run the tags ``eagle3.stage.<stage>.{flow_run_id,work_pool,host}``.
 
-    Raises StageRunFailed when the flow run ends other than Completed (or is not finished at the deadline:
-    it is then cancelled); DataError when it completed without a readable hand-over record."""
+    Raises StageRunFailed when the flow run ends other than Completed (or is not finished at the
+    deadline: it is then cancelled); DataError when it completed without a readable hand-over
+    record."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
@@ -132,8 +143,9 @@ def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameter
 
 def deployment_runner(cfg: Any, parent: str, record: dict, config_path: str, overrides: list[str],
                       config_deployment: str, placements: dict) -> Runner:
-    """Each stage as a flow run of its deployment; the stage flow reads its inputs from the run directory,
-    except the trained draft's train result, which the deploy stage gets as a parameter."""
+    """Each stage as a flow run of its deployment; the stage flow reads its inputs from the run
+    directory, except the trained draft's train result, which the deploy stage gets as a parameter.
+    """
     common = {"config_path": config_path, "overrides": list(overrides), "parent_run_id": parent}
 
     def run(stage: str, train: Any = None, **_from_run_dir: Any) -> dict:
@@ -146,13 +158,14 @@ def deployment_runner(cfg: Any, parent: str, record: dict, config_path: str, ove
 @flow(name=FLOW_NAME, log_prints=False)
 def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
                          stage_deployment: str | None = None) -> dict:
-    """The whole pipeline, each stage a flow run of its own deployment (see the module doc). Returns the
-    summary of flows/pipeline.py's ``run_sequence`` plus ``stage_flow_runs``.
+    """The whole pipeline, each stage a flow run of its own deployment (see the module doc). Returns
+    the summary of flows/pipeline.py's ``run_sequence`` plus ``stage_flow_runs``.
 
-    ``stage_deployment``: the config part of the stage deployments' names (default: this flow run's own
-    deployment name, e.g. ``tiny-random`` runs ``eagle3-extract/extract-tiny-random``, ...). Raises
-    StageRunFailed (``stage <name> failed: ...``) for a stage that did not complete, AcceptanceTooLow
-    (after the decision is recorded) when the acceptance gate fails; the MLflow parent run is then FAILED.
+    ``stage_deployment``: the config part of the stage deployments' names (default: this flow run's
+    own deployment name, e.g. ``tiny-random`` runs ``eagle3-extract/extract-tiny-random``, ...).
+    Raises StageRunFailed (``stage <name> failed: ...``) for a stage that did not complete,
+    AcceptanceTooLow (after the decision is recorded) when the acceptance gate fails; the MLflow
+    parent run is then FAILED.
     """
     cfg = load_run_config(config_path, overrides)
     name = stage_deployment or deployment.name

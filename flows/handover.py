@@ -1,9 +1,10 @@
-"""Hand-over records: what a stage flow run tells the orchestrator that started it on another machine.
+"""Hand-over records: what a stage flow run tells the orchestrator that started it on another
+machine.
 
-``<run_dir>/handover/<stage>.json`` holds the stage's task results (tasks/results.py types, written with
-their type name and every ``dir`` relative to the runs directory), its ``record`` of ran/cached lines, its
-flow run id and host. The orchestrator reads them back as the same types through its own mount of the runs
-directory, wherever that is.
+``<run_dir>/handover/<stage>.json`` holds the stage's task results (tasks/results.py types, written
+with their type name and every ``dir`` relative to the runs directory), its ``record`` of ran/cached
+lines, its flow run id and host. The orchestrator reads them back as the same types through its own
+mount of the runs directory, wherever that is.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def handover_path(cfg: Any, stage: str) -> Path:
 
 def portable(cfg: Any, result: Any) -> dict:
     """The JSON form of a stage result in a record (or a flow parameter): ``{"type": name, ...}``, a
-    :class:`StageResult`'s ``dir`` relative to the runs directory; an :class:`AcceptanceFigures` as its
-    fields; a dict (the pre-flight report) as ``{"type": "dict", "value": ...}``. DataError otherwise."""
+    :class:`StageResult`'s ``dir`` relative to the runs directory; an :class:`AcceptanceFigures` as
+    its fields; a dict (the pre-flight report) as ``{"type": "dict", "value": ...}``. DataError
+    otherwise."""
     if isinstance(result, StageResult):
         return {"type": "StageResult", **asdict(result), "dir": caching.run_relative(result.dir, cfg)}
     if isinstance(result, AcceptanceFigures):
@@ -39,8 +41,8 @@ def portable(cfg: Any, result: Any) -> dict:
 
 
 def localized(cfg: Any, doc: dict) -> Any:
-    """The inverse of :func:`portable` here: a relative ``dir`` joined to this machine's runs directory.
-    Raises DataError for an unknown ``type`` or fields that do not fit it."""
+    """The inverse of :func:`portable` here: a relative ``dir`` joined to this machine's runs
+    directory. Raises DataError for an unknown ``type`` or fields that do not fit it."""
     kind = doc.get("type") if isinstance(doc, dict) else None
     fields = {k: v for k, v in doc.items() if k != "type"} if kind else {}
     try:

@@ -1,10 +1,11 @@
 """The flow ``eagle3-pipeline`` and the one pipeline sequence every whole-pipeline flow runs.
 
-extract → train (+ the untrained baseline) → convert+validate+equivalence → pre-flight → deploy+bench (both
-drafts) → acceptance figures → decision → acceptance gate → registry. :func:`run_sequence` takes a stage
-runner: :func:`local_runner` runs each stage's cached tasks in this process (``eagle3 run``, this flow);
-flows/distributed.py's runs each stage as a flow run of its deployment on a work pool. Every stage is
-cached, so re-running after a failure re-executes only what failed and what depends on it.
+extract → train (+ the untrained baseline) → convert+validate+equivalence → pre-flight →
+deploy+bench (both drafts) → acceptance figures → decision → acceptance gate → registry.
+:func:`run_sequence` takes a stage runner: :func:`local_runner` runs each stage's cached tasks in
+this process (``eagle3 run``, this flow); flows/distributed.py's runs each stage as a flow run of
+its deployment on a work pool. Every stage is cached, so re-running after a failure re-executes only
+what failed and what depends on it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _fmt(v: float | None) -> str:
 
 
 def local_runner(cfg: Any, parent: str, record: dict, extract_dir: str | None = None) -> Runner:
-    """Each stage's step of flows/stages.py in this process; ``extract_dir``: where extraction writes."""
+    """Each stage's step of flows/stages.py in this process; ``extract_dir``: where extraction
+    writes."""
     def run(stage: str, **inputs: Any) -> dict:
         if stage == "extract" and extract_dir:
             inputs["out_dir"] = extract_dir
@@ -39,10 +41,11 @@ def local_runner(cfg: Any, parent: str, record: dict, extract_dir: str | None = 
 
 
 def run_sequence(cfg: Any, parent: str, record: dict, runner: Runner) -> dict:
-    """The pipeline on ``cfg`` under the MLflow parent run ``parent``, each stage through ``runner``;
-    ``record`` collects the summary's stage lines. The acceptance figures and the decision are recorded
-    before the acceptance gate decides, so a run whose gate fails still has its decision in MLflow.
-    Returns the summary (:func:`pipeline_summary`, plus ``registered_model``)."""
+    """The pipeline on ``cfg`` under the MLflow parent run ``parent``, each stage through
+    ``runner``; ``record`` collects the summary's stage lines. The acceptance figures and the
+    decision are recorded before the acceptance gate decides, so a run whose gate fails still has
+    its decision in MLflow. Returns the summary (:func:`pipeline_summary`, plus
+    ``registered_model``)."""
     data = runner("extract")["extract"]
     drafts = runner("train", data=data)
     serving = runner("convert", data=data, drafts=drafts)
@@ -65,10 +68,11 @@ def run_sequence(cfg: Any, parent: str, record: dict, runner: Runner) -> dict:
 @flow(name=FLOW_NAME, flow_run_name=flow_run_label, log_prints=False)
 def eagle3_pipeline(config_path: str, overrides: list[str] | None = None,
                     extract_dir: str | None = None) -> dict:
-    """The whole pipeline on one config, in this process. Returns the summary dict (acceptance lengths,
-    decision, MLflow ids). Raises the first failing stage's error (``stage <name> failed: ...``); the MLflow
-    parent run is then FAILED and no engine is left running. ``extract_dir``: where the extraction is
-    written instead of ``<run_dir>/extract`` (a sweep shares one per data size, flows/sweep.py)."""
+    """The whole pipeline on one config, in this process. Returns the summary dict (acceptance
+    lengths, decision, MLflow ids). Raises the first failing stage's error (``stage <name> failed:
+    ...``); the MLflow parent run is then FAILED and no engine is left running. ``extract_dir``:
+    where the extraction is written instead of ``<run_dir>/extract`` (a sweep shares one per data
+    size, flows/sweep.py)."""
     cfg = load_run_config(config_path, overrides)
     record: dict[str, str] = {}
     with parent_run(cfg, FLOW_NAME, record) as parent:
@@ -79,8 +83,8 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None,
 
 def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision: Any, record: dict,
                      data: StageResult | None = None) -> dict:
-    """The numbers a user wants at the end (the flow's result; its ``markdown`` lines are the Prefect
-    artifact). ``decision`` is the ``eagle3.decide.Decision`` the decision task recorded."""
+    """The numbers a user wants at the end (the flow's result; its ``markdown`` lines are the
+    Prefect artifact). ``decision`` is the ``eagle3.decide.Decision`` the decision task recorded."""
     _, exp_id = tracking.client_for(cfg)
     md = [f"## Decision: **{decision.recommendation}** (rule `{decision.rule}`, "
           f"confidence {decision.confidence})", "", *[f"- {r}" for r in decision.reasons], "",

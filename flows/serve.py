@@ -1,8 +1,9 @@
 """Serve every deployment of ``prefect.yaml`` from this one process (the local stack's runner).
 
-``python -m flows.serve`` (what ``infra/stack.sh up`` starts) builds each deployment from its entrypoint,
-name, parameters, description and tags in ``prefect.yaml`` and serves them all with ``prefect.serve``, so
-``prefect deployment run 'eagle3-pipeline/smollm2-cpu'`` runs here. Work pools are not used locally.
+``python -m flows.serve`` (what ``infra/stack.sh up`` starts) builds each deployment from its
+entrypoint, name, parameters, description and tags in ``prefect.yaml`` and serves them all with
+``prefect.serve``, so ``prefect deployment run 'eagle3-pipeline/smollm2-cpu'`` runs here. Work pools
+are not used locally.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_deployments(path: Path = REPO / "prefect.yaml") -> list:
-    """RunnerDeployments for every entry of ``path``'s ``deployments`` (ConfigError for a malformed entry)."""
+    """RunnerDeployments for every entry of ``path``'s ``deployments`` (ConfigError for a malformed
+    entry)."""
     spec = yaml.safe_load(path.read_text())
     out = []
     for i, d in enumerate(spec.get("deployments") or []):

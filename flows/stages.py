@@ -1,12 +1,14 @@
-"""The four stages, each as a step (its cached tasks, called in this process) and as a flow of its own.
+"""The four stages, each as a step (its cached tasks, called in this process) and as a flow of its
+own.
 
-A step runs one stage's tasks on the inputs it is given and returns ``{name: result}``; flows/pipeline.py's
-``run_sequence`` calls them in order through a stage runner. A stage flow (``eagle3-extract|train|convert|
-deploy``) runs one step alone, reading its inputs from the run directory (a DataError names the command that
-makes a missing one); it is ``eagle3 extract|train|convert|deploy CONFIG``, the deployments
-``eagle3-<stage>/<stage>-<config>`` and, given ``parent_run_id``, a stage of ``eagle3-distributed`` on its
-work pool: it then logs under the orchestrator's MLflow parent run and ends by writing its hand-over record
-(flows/handover.py), leaving the decision and the acceptance gate to the orchestrator.
+A step runs one stage's tasks on the inputs it is given and returns ``{name: result}``;
+flows/pipeline.py's ``run_sequence`` calls them in order through a stage runner. A stage flow
+(``eagle3-extract|train|convert| deploy``) runs one step alone, reading its inputs from the run
+directory (a DataError names the command that makes a missing one); it is ``eagle3
+extract|train|convert|deploy CONFIG``, the deployments ``eagle3-<stage>/<stage>-<config>`` and,
+given ``parent_run_id``, a stage of ``eagle3-distributed`` on its work pool: it then logs under the
+orchestrator's MLflow parent run and ends by writing its hand-over record (flows/handover.py),
+leaving the decision and the acceptance gate to the orchestrator.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ STAGES = ("extract", "train", "convert", "deploy")
 
 
 def variants(cfg: Any) -> list[tuple[str, Any]]:
-    """``[("trained", cfg)]`` plus ``("untrained", train.max_steps=0)`` when ``bench.baseline_untrained``."""
+    """``[("trained", cfg)]`` plus ``("untrained", train.max_steps=0)`` when
+    ``bench.baseline_untrained``."""
     base = [("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else []
     return [("trained", cfg), *base]
 
@@ -44,11 +47,13 @@ def flow_name(stage: str) -> str:
     return f"eagle3-{stage}"
 
 
-# ---- steps ------------------------------------------------------------------------------------------------
+# ---- steps
+# ------------------------------------------------------------------------------------------------
 
 def extract_step(cfg: Any, parent: str, record: dict, *, refresh: bool = False,
                  out_dir: str | Path | None = None) -> dict:
-    """Hidden states into ``out_dir`` (default ``<run_dir>/extract``): ``{"extract": StageResult}``."""
+    """Hidden states into ``out_dir`` (default ``<run_dir>/extract``): ``{"extract": StageResult}``.
+    """
     out = Path(out_dir) if out_dir else stage_dirs(cfg)["extract"]
     return {"extract": run_stage(extract_task, cfg=cfg, parent=parent, stage="extract", out_dir=out,
                                  refresh=refresh, record=record)}
@@ -71,14 +76,15 @@ def convert_step(cfg: Any, parent: str, record: dict, *, data: Any, drafts: dict
 
 def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dict, train: Any = None,
                 refresh: bool = False) -> dict:
-    """The pre-flight (before any engine starts), then both drafts served behind the readiness gate and
-    benchmarked at once, the offline figure beside them, then the acceptance figures (``train``: the trained
-    draft's train result, for the simulated figure). ``{variant: StageResult, "figures":
+    """The pre-flight (before any engine starts), then both drafts served behind the readiness gate
+    and benchmarked at once, the offline figure beside them, then the acceptance figures (``train``:
+    the trained draft's train result, for the simulated figure). ``{variant: StageResult, "figures":
     AcceptanceFigures, "preflight": report}``.
 
-    Each engine decodes on one thread (serve.cpu_threads), so on a 2-core CPU the pair takes about as long
-    as one. In a worker thread Prefect's task timeout cannot interrupt anything: the stage is bounded by
-    its own deadlines instead (the readiness gate's, each request's and the watchdog's)."""
+    Each engine decodes on one thread (serve.cpu_threads), so on a 2-core CPU the pair takes about
+    as long as one. In a worker thread Prefect's task timeout cannot interrupt anything: the stage
+    is bounded by its own deadlines instead (the readiness gate's, each request's and the
+    watchdog's)."""
     pre = run_stage(preflight_task, cfg=cfg, parent=parent, stage="preflight", record=record,
                     serving=servings["trained"], data=data)
     lines = variants(cfg)
@@ -100,7 +106,8 @@ def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dic
 STEPS = {"extract": extract_step, "train": train_step, "convert": convert_step, "deploy": deploy_step}
 
 
-# ---- stage flows ------------------------------------------------------------------------------------------
+# ---- stage flows
+# ------------------------------------------------------------------------------------------
 
 def _command(stage: str, config_path: str, overrides: list[str] | None, orchestrated: bool = False) -> str:
     """What makes ``stage``'s output for the same config and overrides (shell-quoted)."""
@@ -113,7 +120,8 @@ def _command(stage: str, config_path: str, overrides: list[str] | None, orchestr
 
 
 def _inputs(stage: str, cfg: Any, command: Any, train_result: dict | None) -> dict:
-    """The step's inputs, read from the run directory (``command(stage)``: what makes a missing one)."""
+    """The step's inputs, read from the run directory (``command(stage)``: what makes a missing
+    one)."""
     def need(d: Path, s: str) -> Any:
         return finished_output(d, s, command(s))
 
@@ -145,8 +153,8 @@ def _parent(cfg: Any, parent_run_id: str | None, name: str, record: dict) -> Ite
 
 def run_stage_flow(stage: str, config_path: str, overrides: list[str] | None, parent_run_id: str | None,
                    refresh: bool, train_result: dict | None = None) -> dict:
-    """One stage flow's body: the hand-over record when orchestrated (``parent_run_id``), else the summary
-    (after the decision and then the acceptance gate, for deploy)."""
+    """One stage flow's body: the hand-over record when orchestrated (``parent_run_id``), else the
+    summary (after the decision and then the acceptance gate, for deploy)."""
     cfg = load_run_config(config_path, overrides)
     command = functools.partial(_command, config_path=config_path, overrides=overrides,
                                 orchestrated=bool(parent_run_id))
@@ -189,15 +197,16 @@ def train_flow(config_path: str, overrides: list[str] | None = None, parent_run_
 @flow(name=flow_name("convert"), flow_run_name=flow_run_label, log_prints=False)
 def convert_flow(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
                  refresh: bool = False) -> dict:
-    """Convert + validate + equivalence-check the drafts of ``<run_dir>/train*`` into ``serving*``."""
+    """Convert + validate + equivalence-check the drafts of ``<run_dir>/train*`` into ``serving*``.
+    """
     return run_stage_flow("convert", config_path, overrides, parent_run_id, refresh)
 
 
 @flow(name=flow_name("deploy"), flow_run_name=flow_run_label, log_prints=False)
 def deploy_flow(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
                 train_result: dict | None = None, refresh: bool = False) -> dict:
-    """Pre-flight, deploy + benchmark the converted drafts, the acceptance figures; alone, also the decision
-    and then the acceptance gate. ``train_result``: the trained draft's train result in
+    """Pre-flight, deploy + benchmark the converted drafts, the acceptance figures; alone, also the
+    decision and then the acceptance gate. ``train_result``: the trained draft's train result in
     ``flows.handover.portable`` form (default: read from ``<run_dir>/train`` when there)."""
     return run_stage_flow("deploy", config_path, overrides, parent_run_id, refresh, train_result)
 

@@ -1,13 +1,17 @@
-"""What a person sees of a flow run in the Prefect UI: its name, the library's log lines in the task-run logs,
-and a markdown artifact with the figures and real links — also for a run that failed.
+"""What a person sees of a flow run in the Prefect UI: its name, the library's log lines in the
+task-run logs, and a markdown artifact with the figures and real links — also for a run that failed.
 
-- Flow run names come from :func:`flow_run_label` (Prefect's ``flow_run_name``): ``<config name>-<first 8
+- Flow run names come from :func:`flow_run_label` (Prefect's ``flow_run_name``): ``<config
+  name>-<first 8
   characters of the flow run id>`` — the MLflow parent run's name — plus the overrides, e.g.
   ``tiny-random-096d3bad [train.lr=1e-3]``.
-- Log records of the library's loggers (``eagle3.*``: records skipped, samples truncated, ...) go to the
-  current Prefect task or flow run (:func:`attach_library_logs`, what ``PREFECT_LOGGING_EXTRA_LOGGERS`` does,
+- Log records of the library's loggers (``eagle3.*``: records skipped, samples truncated, ...) go to
+  the
+  current Prefect task or flow run (:func:`attach_library_logs`, what
+  ``PREFECT_LOGGING_EXTRA_LOGGERS`` does,
   silent outside a run).
-- Links: an MLflow tracking server's own URL; for a local SQLite store there is no server to link to, so the
+- Links: an MLflow tracking server's own URL; for a local SQLite store there is no server to link
+  to, so the
   artifact gives the command that opens the UI, as plain text.
 """
 
@@ -28,9 +32,9 @@ LIBRARY_LOGGER = "eagle3"
 
 
 def flow_run_label() -> str:
-    """The flow run's name, from its parameters (``config_path``, ``overrides``) and id: ``<config name>-<id[:8]>``
-    and the overrides in brackets. The config's ``name`` is read from the file (a file that does not load gives
-    its stem; the flow then fails with the config's own error)."""
+    """The flow run's name, from its parameters (``config_path``, ``overrides``) and id: ``<config
+    name>-<id[:8]>`` and the overrides in brackets. The config's ``name`` is read from the file (a
+    file that does not load gives its stem; the flow then fails with the config's own error)."""
     from prefect.runtime import flow_run
 
     params = dict(flow_run.parameters or {})
@@ -46,7 +50,8 @@ def flow_run_label() -> str:
 
 
 class _RunLogHandler(APILogHandler):
-    """Prefect's API log handler, silent where there is no run (the library also logs outside flows)."""
+    """Prefect's API log handler, silent where there is no run (the library also logs outside
+    flows)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         from prefect.context import FlowRunContext, TaskRunContext
@@ -57,8 +62,9 @@ class _RunLogHandler(APILogHandler):
 
 
 def attach_library_logs(name: str = LIBRARY_LOGGER, level: int = logging.INFO) -> logging.Logger:
-    """Send records of logger ``name`` (and its children) at ``level`` or above to the Prefect run they happen
-    in; idempotent. Records still reach the other handlers (the console, the deployment server's log)."""
+    """Send records of logger ``name`` (and its children) at ``level`` or above to the Prefect run
+    they happen in; idempotent. Records still reach the other handlers (the console, the deployment
+    server's log)."""
     logger = logging.getLogger(name)
     if not any(isinstance(h, _RunLogHandler) for h in logger.handlers):
         handler = _RunLogHandler()
@@ -70,8 +76,8 @@ def attach_library_logs(name: str = LIBRARY_LOGGER, level: int = logging.INFO) -
 
 
 def mlflow_ui(cfg: Any, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str | None, str | None]:
-    """(URL of the run in the MLflow UI, None) on a tracking server; (None, the command that opens the UI) on a
-    local store."""
+    """(URL of the run in the MLflow UI, None) on a tracking server; (None, the command that opens
+    the UI) on a local store."""
     uri = tracking.tracking_uri(cfg)
     base = ui.ui_base(uri)
     if base is None:
@@ -96,7 +102,8 @@ def _key(cfg: Any, suffix: str = "") -> str:
 
 
 def publish_summary(cfg: Any, parent: str, title: str, lines: list[str]) -> None:
-    """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links."""
+    """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links.
+    """
     _, exp_id = tracking.client_for(cfg)
     md = "\n".join([f"# {title}", "", *lines, "", *_links(cfg, exp_id, parent),
                     f"- run directory: {cfg.run_dir()}"])
@@ -104,7 +111,8 @@ def publish_summary(cfg: Any, parent: str, title: str, lines: list[str]) -> None
 
 
 def failed_stage(error: BaseException) -> str | None:
-    """The stage named by ``flows.common.run_stage``'s prefix ``stage <label> failed:``, else None."""
+    """The stage named by ``flows.common.run_stage``'s prefix ``stage <label> failed:``, else None.
+    """
     m = re.match(r"stage (.+?) failed:", str(error.args[0]) if error.args else "")
     return m.group(1) if m else None
 
@@ -118,8 +126,8 @@ def _failed_run(cfg: Any, exp_id: str, parent: str) -> Any | None:
 
 
 def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> list[str]:
-    """What failed and where to look: the stage, the error, the stage's MLflow run (its ``error.txt`` and
-    logged files: the engine log of deploy-bench), its Prefect task-run log."""
+    """What failed and where to look: the stage, the error, the stage's MLflow run (its
+    ``error.txt`` and logged files: the engine log of deploy-bench), its Prefect task-run log."""
     stage = failed_stage(error) or "the flow itself (before any stage)"
     message = str(error)
     lines = [f"**Failed stage: {stage}**", "", "```", f"{type(error).__name__}: {message[:3000]}", "```", ""]
@@ -139,9 +147,9 @@ def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> l
 
 
 def publish_failure(cfg: Any, parent: str, title: str, error: BaseException, record: dict) -> None:
-    """A Prefect markdown artifact for a failed flow run (key ``eagle3-<config name>-failed``): the failed
-    stage, its error, links to its MLflow run and log, what ran before. Never raises (the flow's own error is
-    what the run reports)."""
+    """A Prefect markdown artifact for a failed flow run (key ``eagle3-<config name>-failed``): the
+    failed stage, its error, links to its MLflow run and log, what ran before. Never raises (the
+    flow's own error is what the run reports)."""
     try:
         _, exp_id = tracking.client_for(cfg)
         table = ["| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()]]

@@ -1,24 +1,28 @@
-"""Flow ``eagle3-sweep``: the pipeline over data variants × data sizes × training schedules, then the decision.
+"""Flow ``eagle3-sweep``: the pipeline over data variants × data sizes × training schedules, then
+the decision.
 
-Each point is the whole pipeline as a subflow, on its own run directory (``<name>-<data>-n<size>-<schedule>``),
-with its own MLflow parent run nested under the sweep's run (``mlflow.parentRunId``) and tagged
-``eagle3.sweep_run_id``, ``eagle3.sweep.point`` / ``.data`` / ``.data_size`` / ``.schedule`` (and the point's
-unique tokens, epochs over the data, optimizer steps as metrics), so the comparison table is read back from
-MLflow (``tasks.reports.sweep_table``). Points of one (data variant, size) share one extraction
-(``<sweep run dir>/extract-<data>-n<size>``: the extraction key does not depend on the schedule). With
-``eval_sets`` every finished point's draft is also measured offline on those prompt sets (``tasks.evaluate``:
-replayed greedy chain decoding, with bootstrap intervals), logged on the point's run as ``offline.<set>.*``.
-The sweep's run holds ``sweep.json``, the table (``sweep_table.md``), the data-scaling and training-length
-plots and the decision ("more data" / "longer training" / "regenerate data" / "fix serving integration" /
-"stop"). A point that fails is recorded as failed and left out of the decision.
+Each point is the whole pipeline as a subflow, on its own run directory
+(``<name>-<data>-n<size>-<schedule>``), with its own MLflow parent run nested under the sweep's run
+(``mlflow.parentRunId``) and tagged ``eagle3.sweep_run_id``, ``eagle3.sweep.point`` / ``.data`` /
+``.data_size`` / ``.schedule`` (and the point's unique tokens, epochs over the data, optimizer steps
+as metrics), so the comparison table is read back from MLflow (``tasks.reports.sweep_table``).
+Points of one (data variant, size) share one extraction (``<sweep run dir>/extract-<data>-n<size>``:
+the extraction key does not depend on the schedule). With ``eval_sets`` every finished point's draft
+is also measured offline on those prompt sets (``tasks.evaluate``: replayed greedy chain decoding,
+with bootstrap intervals), logged on the point's run as ``offline.<set>.*``. The sweep's run holds
+``sweep.json``, the table (``sweep_table.md``), the data-scaling and training-length plots and the
+decision ("more data" / "longer training" / "regenerate data" / "fix serving integration" / "stop").
+A point that fails is recorded as failed and left out of the decision.
 
-Long sweeps span several sessions: ``deadline_s`` stops starting new points after that many seconds (the rest
-are returned as ``pending``), and ``sweep_run_id`` continues an earlier sweep's MLflow run: points it already
-finished are not run again (their rows come from MLflow), others run (cached stages are skipped).
+Long sweeps span several sessions: ``deadline_s`` stops starting new points after that many seconds
+(the rest are returned as ``pending``), and ``sweep_run_id`` continues an earlier sweep's MLflow
+run: points it already finished are not run again (their rows come from MLflow), others run (cached
+stages are skipped).
 
 Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 
-    python -m flows.sweep configs/smollm2-cpu.yaml --size 64 --size 128 -o paths.runs_dir=/tmp/sweep-runs
+    python -m flows.sweep configs/smollm2-cpu.yaml --size 64 --size 128 -o
+    paths.runs_dir=/tmp/sweep-runs
 """
 
 from __future__ import annotations
@@ -35,22 +39,26 @@ from flows.pipeline import eagle3_pipeline
 from tasks import tracking
 from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
 
-# schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run with
-# evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the checkpoint).
+# schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run
+# with evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the
+# checkpoint).
 DEFAULT_SCHEDULES = {"epochs3-cosine": ["train.schedule=epochs", "train.epochs=3"],
                      "constant-long": ["train.schedule=constant", "train.epochs=6", "train.eval_every=50"]}
-DEFAULT_DATA = {"as-is": []}  # data variant name → data overrides (e.g. a regenerated conversations file)
+# data variant name → data overrides (e.g. a regenerated conversations file)
+DEFAULT_DATA = {"as-is": []}
 
 
 def point_key(data: str, size: int, schedule: str) -> str:
-    """``<data>-n<size>-<schedule>``: a point's name in the sweep (run directory, MLflow tag, flow run name)."""
+    """``<data>-n<size>-<schedule>``: a point's name in the sweep (run directory, MLflow tag, flow
+    run name)."""
     return f"{data}-n{size}-{schedule}"
 
 
 def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
     """A finished point's coordinates and figures from its summary and its draft manifest
-    (``<run_dir>/train/manifest.json``): data variant, data size (conversations), schedule, unique tokens
-    (``counts.train_positions``), epochs over the data, optimizer steps, served / offline / simulated acceptance."""
+    (``<run_dir>/train/manifest.json``): data variant, data size (conversations), schedule, unique
+    tokens (``counts.train_positions``), epochs over the data, optimizer steps, served / offline /
+    simulated acceptance."""
     m = read_manifest(Path(summary["run_dir"]) / "train")
     return {"data": data, "data_size": size, "schedule": schedule, "key": point_key(data, size, schedule),
             "unique_tokens": (m.get("counts") or {}).get("train_positions"),
@@ -63,8 +71,9 @@ def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
 
 def tag_point(cfg, sweep_run_id: str, row: dict) -> None:
     """Nest a point's parent run under the sweep's run and store its sweep coordinates: tags
-    :data:`SWEEP_TAG`, ``mlflow.parentRunId``, ``eagle3.sweep.point``/``.data``/``.data_size``/``.schedule``;
-    metrics ``sweep.unique_tokens``, ``sweep.epochs_over_data``, ``sweep.optimizer_steps``."""
+    :data:`SWEEP_TAG`, ``mlflow.parentRunId``,
+    ``eagle3.sweep.point``/``.data``/``.data_size``/``.schedule``; metrics ``sweep.unique_tokens``,
+    ``sweep.epochs_over_data``, ``sweep.optimizer_steps``."""
     run = row["parent_run_id"]
     tracking.set_parent_tags(cfg, run, {SWEEP_TAG: sweep_run_id, tracking.PARENT_TAG: sweep_run_id,
                                         "eagle3.sweep.point": row["key"], "eagle3.sweep.data": row["data"],
@@ -82,9 +91,9 @@ def _point_overrides(base: list[str], cfg_name: str, data: list[str], size: int,
 
 
 def sweep_points(sizes: list[int], schedules: dict, data: dict, points: list | None) -> list[tuple[str, int, str]]:
-    """The (data variant, size, schedule) triples to run: ``points`` (each ``[data, size, schedule]``; names
-    checked against ``data`` and ``schedules``), else the whole grid in (data, size, schedule) order.
-    Raises DataError naming an unknown variant or schedule."""
+    """The (data variant, size, schedule) triples to run: ``points`` (each ``[data, size,
+    schedule]``; names checked against ``data`` and ``schedules``), else the whole grid in (data,
+    size, schedule) order. Raises DataError naming an unknown variant or schedule."""
     if points is None:
         return [(d, int(n), s) for d in data for n in sizes for s in schedules]
     out = []
@@ -108,9 +117,10 @@ def _finished_points(cfg, sweep_run_id: str) -> set[str]:
 
 def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds: dict, data: dict, parent: str,
                 deadline: float | None) -> tuple[list[dict], dict, list[str]]:
-    """Run the ``todo`` points in order; once ``deadline`` (a ``time.monotonic()`` value) has passed no further point
-    starts, but the first one always does (a call whose set-up outlasted its deadline still makes progress).
-    Returns (results, failed {point: message}, pending point keys)."""
+    """Run the ``todo`` points in order; once ``deadline`` (a ``time.monotonic()`` value) has passed
+    no further point starts, but the first one always does (a call whose set-up outlasted its
+    deadline still makes progress). Returns (results, failed {point: message}, pending point keys).
+    """
     results, failed, pending = [], {}, []
     for i, (d, size, s) in enumerate(todo):
         key = point_key(d, size, s)
@@ -138,12 +148,12 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
                evaluate_with_pending: bool = False) -> dict:
     """Run the pipeline for every point (module docstring) and decide.
 
-    Defaults: sizes = half and all of ``data.num_conversations``; schedules = :data:`DEFAULT_SCHEDULES`; data
-    = :data:`DEFAULT_DATA` (the config's data as it is); points = the whole grid. ``eval_sets``: prompt sets of
-    ``eagle3.measure.replay`` (e.g. ``["mtbench2", "gsm8k200"]``) for the offline evaluation of every point,
-    ``eval_max_new_tokens`` tokens each, once no point is pending (or anyway with ``evaluate_with_pending``: the
-    last session of a sweep that ran out of time). Raises DataError when every point failed (and none finished
-    earlier).
+    Defaults: sizes = half and all of ``data.num_conversations``; schedules =
+    :data:`DEFAULT_SCHEDULES`; data = :data:`DEFAULT_DATA` (the config's data as it is); points =
+    the whole grid. ``eval_sets``: prompt sets of ``eagle3.measure.replay`` (e.g. ``["mtbench2",
+    "gsm8k200"]``) for the offline evaluation of every point, ``eval_max_new_tokens`` tokens each,
+    once no point is pending (or anyway with ``evaluate_with_pending``: the last session of a sweep
+    that ran out of time). Raises DataError when every point failed (and none finished earlier).
     """
     from tasks.evaluate import evaluate_points
 
@@ -161,7 +171,8 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
         todo = [p for p in todo if point_key(*p) not in done]
         results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo, scheds, variants,
                                                parent, None if deadline_s is None else t0 + deadline_s)
-        if eval_sets and (evaluate_with_pending or not pending):  # the continuations are generated once for all
+        # the continuations are generated once for all
+        if eval_sets and (evaluate_with_pending or not pending):
             evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
         rows = sweep_table(parent, tracking.tracking_uri(cfg))
         tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed, "pending": pending,
@@ -178,8 +189,9 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
 
 
 def decision_rows(rows: list[dict]) -> list[dict]:
-    """:func:`tasks.reports.sweep_table` rows as ``eagle3.decide.sweep_decision`` results: the acceptance length
-    judged is the offline MT-Bench figure (``offline_eval``, all prompts) where a point has one, else served."""
+    """:func:`tasks.reports.sweep_table` rows as ``eagle3.decide.sweep_decision`` results: the
+    acceptance length judged is the offline MT-Bench figure (``offline_eval``, all prompts) where a
+    point has one, else served."""
     out = []
     for r in rows:
         best = r.get("offline_eval") if r.get("offline_eval") is not None else r.get("served")
@@ -189,8 +201,8 @@ def decision_rows(rows: list[dict]) -> list[dict]:
 
 
 def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pending: list[str]):
-    """``sweep_decision`` over the table, the data-scaling and training-length plots, all logged on the sweep run.
-    Returns the Decision."""
+    """``sweep_decision`` over the table, the data-scaling and training-length plots, all logged on
+    the sweep run. Returns the Decision."""
     from eagle3.decide import sweep_decision
     from eagle3.measure.plots import plot_training_length
 
@@ -214,8 +226,9 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
 
 
 def training_curves(rows: list[dict]) -> list[dict]:
-    """Simulated acceptance length (validation, bonus token counted) at every evaluation of each point's training,
-    against optimizer steps, from ``<run_dir>/train/metrics.jsonl``: ``[{"label", "steps", "acceptance"}]``."""
+    """Simulated acceptance length (validation, bonus token counted) at every evaluation of each
+    point's training, against optimizer steps, from ``<run_dir>/train/metrics.jsonl``: ``[{"label",
+    "steps", "acceptance"}]``."""
     from eagle3.measure.plots import read_metrics_jsonl
 
     curves = []
@@ -243,8 +256,9 @@ def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.sweep CONFIG [--size N ...] [-o key=value ...] [--target X]``: run the sweep on
-    Prefect's ephemeral API, print the table, the decision and the MLflow ids. Returns the exit status."""
+    """``python -m flows.sweep CONFIG [--size N ...] [-o key=value ...] [--target X]``: run the
+    sweep on Prefect's ephemeral API, print the table, the decision and the MLflow ids. Returns the
+    exit status."""
     import argparse
 
     from flows.common import local_prefect, stop_ephemeral_server

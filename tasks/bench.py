@@ -1,8 +1,9 @@
-"""Prefect tasks after the measurement: the acceptance figures, the decision and the acceptance gate.
+"""Prefect tasks after the measurement: the acceptance figures, the decision and the acceptance
+gate.
 
-In that order, so a run whose gate fails still records its decision ("more data / longer training / fix
-serving") — when it is needed most. None is cached: all are cheap and read only what the cached stages
-returned, so changing the gate's minimum re-runs the gate alone.
+In that order, so a run whose gate fails still records its decision ("more data / longer training /
+fix serving") — when it is needed most. None is cached: all are cheap and read only what the cached
+stages returned, so changing the gate's minimum re-runs the gate alone.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from tasks.results import AcceptanceFigures, StageResult
 
 
 def offline_settings(cfg: Any) -> dict:
-    """The in-process decoding settings that match the served measurement: the bench's prompts, number of
-    prompts, max new tokens (tokens) and temperature, the engine's ``speculative_num_steps``, and the dtype the
-    reference engine serves in (``serve.dtype``; ``auto`` = bf16 where it is fast on that device, else float32:
-    eagle3.precision), its device (``serve.device``) and, on a CPU, its torch threads (``serve.cpu_threads``)."""
+    """The in-process decoding settings that match the served measurement: the bench's prompts,
+    number of prompts, max new tokens (tokens) and temperature, the engine's
+    ``speculative_num_steps``, and the dtype the reference engine serves in (``serve.dtype``;
+    ``auto`` = bf16 where it is fast on that device, else float32: eagle3.precision), its device
+    (``serve.device``) and, on a CPU, its torch threads (``serve.cpu_threads``)."""
     from eagle3.precision import resolve_dtype
     from eagle3.serve.launcher import reference_device
 
@@ -36,12 +38,13 @@ def offline_settings(cfg: Any) -> dict:
 
 
 def offline_figure(cfg: Any, serving_dir: Path) -> dict:
-    """``eagle3.measure.offline.offline_acceptance`` of the serving checkpoint with :func:`offline_settings`, memoised
-    in ``<run_dir>/gate/offline_acceptance.json`` by (serving manifest content hash, settings).
+    """``eagle3.measure.offline.offline_acceptance`` of the serving checkpoint with
+    :func:`offline_settings`, memoised in ``<run_dir>/gate/offline_acceptance.json`` by (serving
+    manifest content hash, settings).
 
-    Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts × 64
-    tokens: ≈ 30-40 s). Returns the offline result (``acceptance_length``, ``per_position``, ``wall_s`` seconds,
-    ...). Raises DataError when the serving folder has no manifest.
+    Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts ×
+    64 tokens: ≈ 30-40 s). Returns the offline result (``acceptance_length``, ``per_position``,
+    ``wall_s`` seconds, ...). Raises DataError when the serving folder has no manifest.
     """
     from eagle3.artifacts import atomic_write_json, read_manifest
     from eagle3.assets import resolve_target
@@ -64,9 +67,10 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
 
 
 def prefetch_offline_figure(cfg: Any, serving_dir: Path) -> bool:
-    """:func:`offline_figure` computed ahead (its memo is what the acceptance task then reads), e.g. while the
-    engines are benchmarked; True when it is ready. A failure here is only logged: the acceptance task computes the
-    figure again and fails there, as a task, with the error recorded on its run."""
+    """:func:`offline_figure` computed ahead (its memo is what the acceptance task then reads), e.g.
+    while the engines are benchmarked; True when it is ready. A failure here is only logged: the
+    acceptance task computes the figure again and fails there, as a task, with the error recorded on
+    its run."""
     try:
         offline_figure(cfg, serving_dir)
         return True
@@ -77,14 +81,16 @@ def prefetch_offline_figure(cfg: Any, serving_dir: Path) -> bool:
 
 
 def simulated_figure(train: StageResult | None) -> float | None:
-    """The training run's simulated acceptance length (validation, bonus token counted; eagle3.train.metrics)."""
+    """The training run's simulated acceptance length (validation, bonus token counted;
+    eagle3.train.metrics)."""
     v = train.metric("simulated_acceptance_length") if train is not None else None
     return float(v) if isinstance(v, (int, float)) else None
 
 
 def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) -> Path:
-    """``<run_dir>/gate/served_vs_offline.png`` (simulated / offline / served bars of the trained draft, and the
-    untrained baseline's served bar when measured), logged on the parent run under ``plots/``."""
+    """``<run_dir>/gate/served_vs_offline.png`` (simulated / offline / served bars of the trained
+    draft, and the untrained baseline's served bar when measured), logged on the parent run under
+    ``plots/``."""
     from eagle3.measure.plots import plot_served_vs_offline
 
     points = [{"label": "trained draft", "simulated": fig.simulated, "offline": fig.offline, "served": fig.served}]
@@ -99,13 +105,14 @@ def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) ->
 @task(name="acceptance", task_run_name="acceptance", **task_options(3600.0))
 def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | None, serving: StageResult,
                     parent_run_id: str, train: StageResult | None = None) -> AcceptanceFigures:
-    """The acceptance figures of the run, logged on the parent run whatever they are: served (the trained draft's
-    benchmark), untrained (the baseline's), offline (:func:`offline_figure`: in-process, same draft and prompts)
-    and simulated (training validation) — metrics ``acceptance_length``, ``acceptance_length_untrained``,
-    ``acceptance_length_offline``, ``acceptance_length_simulated``, ``acceptance_gap_offline_minus_served`` — with
-    the plot ``plots/served_vs_offline.png``, so a serving gap is visible even when the gate passes. Also the
-    gate's verdict against ``bench.min_acceptance_length`` (``passed``, ``failure``: the diagnosis), which
-    :func:`gate_task` enforces after the decision is recorded."""
+    """The acceptance figures of the run, logged on the parent run whatever they are: served (the
+    trained draft's benchmark), untrained (the baseline's), offline (:func:`offline_figure`:
+    in-process, same draft and prompts) and simulated (training validation) — metrics
+    ``acceptance_length``, ``acceptance_length_untrained``, ``acceptance_length_offline``,
+    ``acceptance_length_simulated``, ``acceptance_gap_offline_minus_served`` — with the plot
+    ``plots/served_vs_offline.png``, so a serving gap is visible even when the gate passes. Also the
+    gate's verdict against ``bench.min_acceptance_length`` (``passed``, ``failure``: the diagnosis),
+    which :func:`gate_task` enforces after the decision is recorded."""
     from eagle3.measure.bench import acceptance_verdict
 
     off = offline_figure(cfg, serving.dir)
@@ -132,8 +139,9 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
 
 @task(name="acceptance-gate", task_run_name="acceptance-gate", **task_options(60.0))
 def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
-    """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``; else raise
-    AcceptanceTooLow with the diagnosis (served ≪ offline: a serving fault; both low: the draft or data)."""
+    """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``;
+    else raise AcceptanceTooLow with the diagnosis (served ≪ offline: a serving fault; both low: the
+    draft or data)."""
     from eagle3.errors import AcceptanceTooLow
 
     if not figures.passed:
@@ -144,12 +152,12 @@ def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
 @task(name="decision", task_run_name="decision", **task_options(600.0))
 def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigures, parent_run_id: str,
                   preflight: dict | None = None):
-    """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``; none when the
-    training output is not at hand) and the acceptance figures; stored on the parent run as tags
-    (``eagle3.decision``, ``eagle3.decision.rule``, ...), its description (``mlflow.note.content``:
-    ``tasks.mlflow_ui.parent_note``) and the artifacts ``decision.json`` / ``decision.md``.
-    ``preflight``: the pre-flight report (dict), whose checks become evidence of a "fix serving" decision.
-    Returns the ``eagle3.decide.Decision``."""
+    """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``;
+    none when the training output is not at hand) and the acceptance figures; stored on the parent
+    run as tags (``eagle3.decision``, ``eagle3.decision.rule``, ...), its description
+    (``mlflow.note.content``: ``tasks.mlflow_ui.parent_note``) and the artifacts ``decision.json`` /
+    ``decision.md``. ``preflight``: the pre-flight report (dict), whose checks become evidence of a
+    "fix serving" decision. Returns the ``eagle3.decide.Decision``."""
     from eagle3.decide import read_training_history, recommend
 
     history = read_training_history(train.dir) if train is not None else {}
@@ -157,7 +165,8 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
     decision = recommend(history, {"served": figures.served, "offline": figures.offline,
                                    "simulated": figures.simulated, "preflight": checks})
     tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k, v in decision.tags().items()})
-    # the run's description on its MLflow page: the decision with its evidence, the acceptance lengths
+    # the run's description on its MLflow page: the decision with its evidence, the acceptance
+    # lengths
     tracking.set_parent_tags(cfg, parent_run_id, {mlflow_ui.NOTE_TAG: mlflow_ui.parent_note(cfg.name, figures,
                                                                                           decision)})
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")

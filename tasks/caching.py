@@ -1,4 +1,5 @@
-"""Cache keys for the Prefect tasks: content hashes of the inputs, the stage's config sections and code.
+"""Cache keys for the Prefect tasks: content hashes of the inputs, the stage's config sections and
+code.
 
 A stage's cache key is the sha256 (hex) of one JSON document::
 
@@ -9,14 +10,15 @@ A stage's cache key is the sha256 (hex) of one JSON document::
      "code": code_version(stage): the import closure of the stage's entry modules,
      "engine": engine_identity(cfg) for a stage that serves (else absent)}
 
-so a changed training setting changes only the train key (and, through the new checkpoint's content hash,
-every key after it), and a changed dataset file changes the extraction key. Paths alone never make a key;
-the output folder enters it relative to the runs directory (:func:`run_relative`), so workers of a pool that
-mount the shared runs directory at different places share results (:func:`relocate` re-points one).
+so a changed training setting changes only the train key (and, through the new checkpoint's content
+hash, every key after it), and a changed dataset file changes the extraction key. Paths alone never
+make a key; the output folder enters it relative to the runs directory (:func:`run_relative`), so
+workers of a pool that mount the shared runs directory at different places share results
+(:func:`relocate` re-points one).
 
 Fingerprints are sha256 over file bytes; files over ``FULL_HASH_LIMIT`` bytes (multi-GB weights) are
-fingerprinted by (name, size in bytes, mtime in ns), as the key document states. They are memoised per
-process by (path, size, mtime).
+fingerprinted by (name, size in bytes, mtime in ns), as the key document states. They are memoised
+per process by (path, size, mtime).
 """
 
 from __future__ import annotations
@@ -37,21 +39,25 @@ from tasks.stage_config import STAGE_CONFIG, sections_hash
 
 FULL_HASH_LIMIT = 512 * 1024 * 1024  # bytes; larger files are fingerprinted by size and mtime
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds eagle3/
-STAGE_ENTRIES = {s: c.code for s, c in STAGE_CONFIG.items() if c.code}  # the cached stages' code entries
-REFERENCE_ENGINE = "refengine"  # the reference engine's package, started by name, never imported here
+# the cached stages' code entries
+STAGE_ENTRIES = {s: c.code for s, c in STAGE_CONFIG.items() if c.code}
+# the reference engine's package, started by name, never imported here
+REFERENCE_ENGINE = "refengine"
 
 _memo: dict[tuple[str, int, int], str] = {}
 
 
 def code_version(stage: str, root: Path | None = None) -> str:
-    """sha256 (hex, 16 chars) of the code ``stage`` runs: every file of the import closure of its entries
-    (``STAGE_CONFIG[stage].code``) under ``root`` (default: this checkout), names and bytes."""
+    """sha256 (hex, 16 chars) of the code ``stage`` runs: every file of the import closure of its
+    entries (``STAGE_CONFIG[stage].code``) under ``root`` (default: this checkout), names and bytes.
+    """
     return code_hash(root or CODE_ROOT, STAGE_ENTRIES[stage])
 
 
 def reference_engine_identity(folder: Path | None = None) -> str:
-    """``refengine <__version__> <sha256[:16] of its *.py files>``, read as files from ``folder`` (default:
-    where Python finds the package, without importing it); ``refengine absent`` when there is none."""
+    """``refengine <__version__> <sha256[:16] of its *.py files>``, read as files from ``folder``
+    (default: where Python finds the package, without importing it); ``refengine absent`` when there
+    is none."""
     if folder is None:
         spec = importlib.util.find_spec(REFERENCE_ENGINE)
         locations = list(spec.submodule_search_locations or []) if spec else []
@@ -67,8 +73,8 @@ def reference_engine_identity(folder: Path | None = None) -> str:
 
 
 def engine_identity(cfg: Any) -> str:
-    """The serving engine ``cfg.serve.engine`` resolves to, by version: ``sglang <profile VERSION>`` or
-    :func:`reference_engine_identity`."""
+    """The serving engine ``cfg.serve.engine`` resolves to, by version: ``sglang <profile VERSION>``
+    or :func:`reference_engine_identity`."""
     from eagle3.engines.sglang.profile import VERSION
 
     engine = cfg.serve.engine
@@ -80,10 +86,11 @@ def engine_identity(cfg: Any) -> str:
 
 
 def fingerprint(path: str | Path) -> str:
-    """sha256 (hex) of a file, or of a folder's (relative path, file fingerprint) list sorted by path.
+    """sha256 (hex) of a file, or of a folder's (relative path, file fingerprint) list sorted by
+    path.
 
-    Files above ``FULL_HASH_LIMIT`` bytes contribute ``size:<bytes>:mtime_ns:<ns>`` instead of their bytes.
-    Raises DataError when ``path`` does not exist.
+    Files above ``FULL_HASH_LIMIT`` bytes contribute ``size:<bytes>:mtime_ns:<ns>`` instead of their
+    bytes. Raises DataError when ``path`` does not exist.
     """
     p = Path(path)
     if p.is_file():
@@ -108,7 +115,8 @@ def _file_fingerprint(f: Path) -> str:
 
 
 def manifest_hash(directory: str | Path) -> str:
-    """``kind:content_hash`` from ``<directory>/manifest.json`` (DataError when missing or unreadable)."""
+    """``kind:content_hash`` from ``<directory>/manifest.json`` (DataError when missing or
+    unreadable)."""
     m = read_manifest(directory)
     if "content_hash" not in m:
         raise DataError(f"{Path(directory) / 'manifest.json'}: expected a 'content_hash' key, found none")
@@ -116,8 +124,8 @@ def manifest_hash(directory: str | Path) -> str:
 
 
 def run_relative(path: str | Path, cfg: Any) -> str:
-    """``path`` relative to the runs directory as a POSIX string when it lies inside it, else its absolute
-    path: how a folder is named to other machines (cache keys, hand-over records)."""
+    """``path`` relative to the runs directory as a POSIX string when it lies inside it, else its
+    absolute path: how a folder is named to other machines (cache keys, hand-over records)."""
     p = Path(path).expanduser().resolve()
     try:
         return p.relative_to(cfg.paths.resolved_runs_dir()).as_posix()
@@ -126,9 +134,10 @@ def run_relative(path: str | Path, cfg: Any) -> str:
 
 
 def relocate(result: Any, local_dir: str | Path) -> Any:
-    """A cached :class:`StageResult` whose ``dir`` is another machine's path of ``local_dir``, re-pointed at
-    ``local_dir`` when the manifest there has the result's content hash. Anything else (same path, a folder
-    gone or of other content, not a StageResult) is returned unchanged; :func:`output_matches` decides."""
+    """A cached :class:`StageResult` whose ``dir`` is another machine's path of ``local_dir``,
+    re-pointed at ``local_dir`` when the manifest there has the result's content hash. Anything else
+    (same path, a folder gone or of other content, not a StageResult) is returned unchanged;
+    :func:`output_matches` decides."""
     if not isinstance(result, StageResult):
         return result
     local = Path(local_dir)
@@ -149,7 +158,8 @@ def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, st
     Args:
         stage: a cached stage of ``STAGE_CONFIG``. out_dir: the stage's output directory.
         inputs: name -> input stage directory (its manifest's content hash enters the key).
-        files: name -> input file/folder outside the pipeline (dataset, target model) to fingerprint.
+        files: name -> input file/folder outside the pipeline (dataset, target model) to
+        fingerprint.
         extra: more JSON-able key material.
     Raises DataError for an unknown stage or an input without a manifest.
     """
@@ -174,9 +184,10 @@ def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, st
 def output_matches(result: Any) -> bool:
     """True when a (possibly cached) stage result still describes what is on disk.
 
-    False for anything but a :class:`StageResult`, when its directory or manifest is gone, its content hash
-    differs (rebuilt or edited since), or its files no longer add up to the count and bytes the manifest
-    recorded (``eagle3.artifacts.output_intact``: stat only, so terabytes are not re-read).
+    False for anything but a :class:`StageResult`, when its directory or manifest is gone, its
+    content hash differs (rebuilt or edited since), or its files no longer add up to the count and
+    bytes the manifest recorded (``eagle3.artifacts.output_intact``: stat only, so terabytes are not
+    re-read).
     """
     if not isinstance(result, StageResult):
         return False

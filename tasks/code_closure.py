@@ -1,14 +1,16 @@
 """The library code a stage runs: the import closure of its entry modules, for cache keys.
 
-A stage's cache key must change whenever any module the stage runs changes (else an edited check or accept rule
-serves a stale cached result). Hand-kept module lists drift; this reads the imports instead. Starting from the
-stage's entry modules, it follows every ``import``/``from … import`` of ``eagle3`` modules found anywhere in a
-module's source — also inside functions (lazy imports run too) — plus the ``__init__.py`` of every package on the
-way (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``). Modules are read as files under ``root`` (the
-folder that holds ``eagle3/``), never imported.
+A stage's cache key must change whenever any module the stage runs changes (else an edited check or
+accept rule serves a stale cached result). Hand-kept module lists drift; this reads the imports
+instead. Starting from the stage's entry modules, it follows every ``import``/``from … import`` of
+``eagle3`` modules found anywhere in a module's source — also inside functions (lazy imports run
+too) — plus the ``__init__.py`` of every package on the way (importing ``a.b.c`` runs ``a/__init__``
+and ``a/b/__init__``). Modules are read as files under ``root`` (the folder that holds ``eagle3/``),
+never imported.
 
-Imports made from strings (``python -m eagle3.train.worker``, ``importlib.import_module``) are not seen: a stage
-names such modules (and folders run in another interpreter, e.g. the SGLang plugin) as entries itself.
+Imports made from strings (``python -m eagle3.train.worker``, ``importlib.import_module``) are not
+seen: a stage names such modules (and folders run in another interpreter, e.g. the SGLang plugin) as
+entries itself.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ PACKAGE = "eagle3"
 
 
 def module_file(root: Path, name: str) -> Path | None:
-    """``root/a/b/c.py`` or ``root/a/b/c/__init__.py`` for module ``a.b.c``; None when neither exists."""
+    """``root/a/b/c.py`` or ``root/a/b/c/__init__.py`` for module ``a.b.c``; None when neither
+    exists."""
     base = root.joinpath(*name.split("."))
     for f in (base.with_suffix(".py"), base / "__init__.py"):
         if f.is_file():
@@ -30,8 +33,8 @@ def module_file(root: Path, name: str) -> Path | None:
 
 
 def _imported_names(path: Path, module: str) -> set[str]:
-    """Dotted names this file imports (``import x.y`` → x.y; ``from x import y`` → x and x.y; relative
-    imports resolved against ``module``)."""
+    """Dotted names this file imports (``import x.y`` → x.y; ``from x import y`` → x and x.y;
+    relative imports resolved against ``module``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
@@ -52,9 +55,10 @@ def _imported_names(path: Path, module: str) -> set[str]:
 def closure(root: Path, entries: tuple[str, ...] | list[str]) -> dict[str, Path]:
     """Every ``eagle3`` module the entries reach: ``{module name: file}``, entries included.
 
-    An entry may also be a folder path relative to ``root`` (e.g. ``eagle3/engines/sglang/plugin``): all its
-    ``*.py`` files are included as ``<folder>:<relative file>`` without following their imports (they run in
-    another interpreter). Raises FileNotFoundError naming an entry that does not exist.
+    An entry may also be a folder path relative to ``root`` (e.g. ``eagle3/engines/sglang/plugin``):
+    all its ``*.py`` files are included as ``<folder>:<relative file>`` without following their
+    imports (they run in another interpreter). Raises FileNotFoundError naming an entry that does
+    not exist.
     """
     root = Path(root)
     found: dict[str, Path] = {}

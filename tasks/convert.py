@@ -1,7 +1,7 @@
 """Prefect task of convert (+ its one validation) → equivalence, as one step.
 
-A failure anywhere in the step removes the half-made serving checkpoint, so nothing downstream (nor a
-re-run's cache) can pick up a checkpoint that was not validated and checked for equivalence.
+A failure anywhere in the step removes the half-made serving checkpoint, so nothing downstream (nor
+a re-run's cache) can pick up a checkpoint that was not validated and checked for equivalence.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ TIMEOUT_S = 3600.0  # seconds
 
 
 def convert_key(context: Any, parameters: dict) -> str:
-    """Cache key: the draft's and the hidden states' content hashes, the convert section, the target folder,
-    the conversion/validation/equivalence code."""
+    """Cache key: the draft's and the hidden states' content hashes, the convert section, the target
+    folder, the conversion/validation/equivalence code."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
@@ -30,10 +30,11 @@ def convert_key(context: Any, parameters: dict) -> str:
 
 
 def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: Path) -> tuple[dict, dict]:
-    """Convert (which validates once, against the target and the extraction manifest: CheckpointInvalid listing
-    every ``CODE: message``), then check equivalence; whether the target's class captures aux states in the
-    serving engine is the pre-flight's question (tasks/preflight.py), asked before deploy. Returns (serving manifest, equivalence report). Removes
-    ``out_dir`` when either fails."""
+    """Convert (which validates once, against the target and the extraction manifest:
+    CheckpointInvalid listing every ``CODE: message``), then check equivalence; whether the target's
+    class captures aux states in the serving engine is the pre-flight's question
+    (tasks/preflight.py), asked before deploy. Returns (serving manifest, equivalence report).
+    Removes ``out_dir`` when either fails."""
     from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
     from eagle3.convert.equivalence import check_equivalence
@@ -41,7 +42,8 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
 
     target = resolve_target(cfg)
     try:
-        # the target class's aux capture depends on the serving engine: the pre-flight checks it before deploy
+        # the target class's aux capture depends on the serving engine: the pre-flight checks it
+        # before deploy
         manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
                            version=cfg.convert.engine_version, data_manifest=read_manifest(data_dir), aux_capture=False)
         report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target, atol=cfg.convert.equivalence_atol,
@@ -55,7 +57,8 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
 @task(name="convert-validate", cache_key_fn=convert_key, **task_options(TIMEOUT_S))
 def convert_task(cfg: Any, draft: StageResult, data: StageResult, out_dir: Path, parent_run_id: str,
                  variant: str = "trained") -> StageResult:
-    """Convert the speculators draft ``draft.dir`` to the serving format in ``out_dir`` and check it."""
+    """Convert the speculators draft ``draft.dir`` to the serving format in ``out_dir`` and check
+    it."""
     with tracking.stage_run(cfg, parent_run_id, "convert", variant, tags=prefect_tags()) as sr:
         manifest, report = convert_validate_check(cfg, draft.dir, data.dir, out_dir)
         sr.log_manifest(out_dir)

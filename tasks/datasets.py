@@ -12,9 +12,9 @@ from eagle3.errors import DataError
 
 
 def dataset_target_name(manifest: dict) -> str:
-    """The target's name in a hidden-states manifest: ``target.name``, else the last part of ``target.path``
-    (manifests written before the name was recorded). Raises DataError when neither is there (a dataset named
-    after no target would look like every other one)."""
+    """The target's name in a hidden-states manifest: ``target.name``, else the last part of
+    ``target.path`` (manifests written before the name was recorded). Raises DataError when neither
+    is there (a dataset named after no target would look like every other one)."""
     t = manifest.get("target") or {}
     name = t.get("name") or (Path(t["path"]).name if t.get("path") else "")
     if not name:
@@ -26,12 +26,13 @@ def dataset_target_name(manifest: dict) -> str:
 def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path, context: str) -> None:
     """Log an extracted hidden-state folder as an MLflow dataset input of this run.
 
-    The dataset is an ``mlflow.data.meta_dataset.MetaDataset`` (metadata only: terabytes of states are
-    never copied): source = the folder, name = ``hidden-states-<target name>``, digest = the first 32 hex
-    digits of the manifest's ``content_hash`` (MLflow's SQL store holds at most 36 characters), profile =
-    the manifest's counts, bytes, bytes/token, dtype, aux layer ids and the full content hash. ``context``
-    becomes the input tag ``mlflow.data.context`` ("extraction" for the run that wrote it, "training" for
-    the runs that read it). Raises DataError when the folder has no manifest or it has no content_hash.
+    The dataset is an ``mlflow.data.meta_dataset.MetaDataset`` (metadata only: terabytes of states
+    are never copied): source = the folder, name = ``hidden-states-<target name>``, digest = the
+    first 32 hex digits of the manifest's ``content_hash`` (MLflow's SQL store holds at most 36
+    characters), profile = the manifest's counts, bytes, bytes/token, dtype, aux layer ids and the
+    full content hash. ``context`` becomes the input tag ``mlflow.data.context`` ("extraction" for
+    the run that wrote it, "training" for the runs that read it). Raises DataError when the folder
+    has no manifest or it has no content_hash.
     """
     import warnings
 
@@ -45,7 +46,8 @@ def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path, 
         raise DataError(f"{Path(directory) / 'manifest.json'}: key 'content_hash' expected a hex digest of at "
                         f"least 32 characters, got {full!r}")
     target = dataset_target_name(m)
-    with warnings.catch_warnings():  # MLflow registers its local-file source twice and says so; same class
+    # MLflow registers its local-file source twice and says so; same class
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
         source = resolve_dataset_source(str(Path(directory).resolve()))
     entity = MetaDataset(source, name=f"hidden-states-{target}", digest=full[:32])._to_mlflow_entity()  # noqa: SLF001

@@ -1,6 +1,7 @@
-"""Prefect task of deploy + benchmark (``eagle3.measure.served.serve_and_measure``: launch the engine, pass the
-readiness gate, measure under a watchdog, tear down; a failed gate or benchmark leaves no server behind).
-The gate's phase timeline (seconds per phase) goes to MLflow as metrics and as ``gate.json``.
+"""Prefect task of deploy + benchmark (``eagle3.measure.served.serve_and_measure``: launch the
+engine, pass the readiness gate, measure under a watchdog, tear down; a failed gate or benchmark
+leaves no server behind). The gate's phase timeline (seconds per phase) goes to MLflow as metrics
+and as ``gate.json``.
 """
 
 from __future__ import annotations
@@ -15,20 +16,22 @@ from tasks.results import StageResult
 
 
 def deploy_timeout_s(cfg: Any) -> float:
-    """Task timeout (seconds): start-up deadline + probe + every request at its own timeout + 10 min slack."""
+    """Task timeout (seconds): start-up deadline + probe + every request at its own timeout + 10 min
+    slack."""
     s, b = cfg.serve, cfg.bench
     return s.startup_timeout_s + s.probe_timeout_s + b.request_timeout_s * b.num_prompts / b.concurrency + 600.0
 
 
 def deploy_key(context: Any, parameters: dict) -> str:
-    """Cache key: the serving checkpoint's content hash, the target, serve and measuring bench settings
-    (tasks/stage_config.py), the chat-template switches, the target folder, a prompt file's bytes, the
-    code and the engine's version."""
+    """Cache key: the serving checkpoint's content hash, the target, serve and measuring bench
+    settings (tasks/stage_config.py), the chat-template switches, the target folder, a prompt file's
+    bytes, the code and the engine's version."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
     files = {"target": resolve_target(cfg)}
-    if Path(cfg.bench.prompts).expanduser().is_file():  # a user prompt file: its bytes, not its name
+    # a user prompt file: its bytes, not its name
+    if Path(cfg.bench.prompts).expanduser().is_file():
         files["prompts"] = Path(cfg.bench.prompts).expanduser()
     # the launch and the benchmark render chat prompts with the template switches
     return caching.stage_key("deploy-bench", cfg, parameters["bench_dir"],
@@ -37,7 +40,8 @@ def deploy_key(context: Any, parameters: dict) -> str:
 
 
 def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
-    """``eagle3.measure.served.serve_and_measure`` with the gate's verdict and timeline logged to the stage run."""
+    """``eagle3.measure.served.serve_and_measure`` with the gate's verdict and timeline logged to
+    the stage run."""
     from eagle3.assets import resolve_target
     from eagle3.measure.served import serve_and_measure as measure
 
@@ -51,9 +55,10 @@ def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: 
 
 
 def log_attempts(sr: Any, deploy_dir: Path) -> None:
-    """The gate's phase timeline of every launch attempt (``attempts.json``) as metrics ``attempt<i>.<phase>_s``
-    (also when the gate failed), what the engine really runs (``engine_settings.json``: scheduler, requests at
-    once) as tags, and the whole deploy folder (engine logs, diagnostics) as artifacts."""
+    """The gate's phase timeline of every launch attempt (``attempts.json``) as metrics
+    ``attempt<i>.<phase>_s`` (also when the gate failed), what the engine really runs
+    (``engine_settings.json``: scheduler, requests at once) as tags, and the whole deploy folder
+    (engine logs, diagnostics) as artifacts."""
     import json
 
     settings = deploy_dir / "engine_settings.json"
@@ -72,9 +77,11 @@ def log_attempts(sr: Any, deploy_dir: Path) -> None:
 @task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
 def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Path, parent_run_id: str,
                 variant: str = "trained") -> StageResult:
-    """Serve ``serving.dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``, shut down.
+    """Serve ``serving.dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``,
+    shut down.
 
-    Raises GateFailed (verdict other than ready, with the diagnostics folder), the benchmark's errors.
+    Raises GateFailed (verdict other than ready, with the diagnostics folder), the benchmark's
+    errors.
     """
     from eagle3.artifacts import read_manifest
 

@@ -1,11 +1,13 @@
-"""Prefect task of a sweep's offline evaluation: every finished point's draft measured in-process on whole
-prompt sets (``eagle3.measure.replay.evaluate_drafts``: the target's greedy continuations generated once, every
-draft's greedy chain decoding replayed on them, bootstrap intervals), logged on each point's MLflow run.
+"""Prefect task of a sweep's offline evaluation: every finished point's draft measured in-process on
+whole prompt sets (``eagle3.measure.replay.evaluate_drafts``: the target's greedy continuations
+generated once, every draft's greedy chain decoding replayed on them, bootstrap intervals), logged
+on each point's MLflow run.
 
-Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token counted), ``.ci_low`` / ``.ci_high``
-(bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``, ``.num_requests``,
-``.verify_ct``, ``.completion_tokens``; the artifact ``offline_eval.json`` holds the whole result (per category). Points that already have
-every set are skipped, so a resumed sweep evaluates only its new points.
+Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token counted), ``.ci_low`` /
+``.ci_high`` (bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``,
+``.num_requests``, ``.verify_ct``, ``.completion_tokens``; the artifact ``offline_eval.json`` holds
+the whole result (per category). Points that already have every set are skipped, so a resumed sweep
+evaluates only its new points.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from tasks.reports import SWEEP_TAG
 
 
 def _metrics(set_name: str, group: dict) -> dict[str, float]:
-    """MLflow metrics of one prompt set's group (``eagle3.measure.replay`` schema: acceptance figures, counts,
-    ``ci`` {low, high})."""
+    """MLflow metrics of one prompt set's group (``eagle3.measure.replay`` schema: acceptance
+    figures, counts, ``ci`` {low, high})."""
     out = {}
     for k in ("acceptance_length", "acceptance_rate", "num_requests", "completion_tokens", "verify_ct"):
         if isinstance(group.get(k), (int, float)) and not isinstance(group.get(k), bool):
@@ -36,8 +38,8 @@ def _metrics(set_name: str, group: dict) -> dict[str, float]:
 
 
 def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str, tuple[str, Path]]:
-    """``{point key: (its parent run id, its serving checkpoint folder)}`` for the sweep's FINISHED points that
-    lack one of ``sets``."""
+    """``{point key: (its parent run id, its serving checkpoint folder)}`` for the sweep's FINISHED
+    points that lack one of ``sets``."""
     client, exp = tracking.client_for(cfg)
     todo = {}
     for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
@@ -53,8 +55,8 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str
 
 @task(name="offline-eval", task_run_name="offline-eval", **task_options(4 * 3600.0))
 def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
-    """Evaluate the points of :func:`points_to_evaluate` together and log each one's figures on its run.
-    Returns ``{point: {set: summary}}``."""
+    """Evaluate the points of :func:`points_to_evaluate` together and log each one's figures on its
+    run. Returns ``{point: {set: summary}}``."""
     import torch
 
     from eagle3.assets import resolve_target
@@ -81,5 +83,6 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
 
 
 def evaluate_points(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
-    """:func:`evaluate_task` (a function the sweep flow calls; a no-op when every point is evaluated)."""
+    """:func:`evaluate_task` (a function the sweep flow calls; a no-op when every point is
+    evaluated)."""
     return evaluate_task(cfg, sweep_run_id, list(sets), int(max_new_tokens))

@@ -22,7 +22,8 @@ def dataset_file(cfg: Any) -> Path:
 
 
 def extract_key(context: Any, parameters: dict) -> str:
-    """Cache key: target + data + extract sections, the dataset file's bytes, the target folder, the code."""
+    """Cache key: target + data + extract sections, the dataset file's bytes, the target folder, the
+    code."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
@@ -31,12 +32,14 @@ def extract_key(context: Any, parameters: dict) -> str:
 
 
 def extract_superseding(cfg: Any, out_dir: Path) -> dict:
-    """``eagle3.extract.stage.extract``, replacing an extraction of another plan that ``out_dir`` still holds.
+    """``eagle3.extract.stage.extract``, replacing an extraction of another plan that ``out_dir``
+    still holds.
 
-    The task runs only on a cache miss, i.e. when the data, target, settings or code changed. An output of the
-    same plan is reused or resumed by ``extract`` itself; one of a different plan (finished or partial) is
-    superseded: it is removed and the extraction starts over (``extract`` refuses to mix plans, with a
-    DataError naming the plan hashes, which is what is recognised here).
+    The task runs only on a cache miss, i.e. when the data, target, settings or code changed. An
+    output of the same plan is reused or resumed by ``extract`` itself; one of a different plan
+    (finished or partial) is superseded: it is removed and the extraction starts over (``extract``
+    refuses to mix plans, with a DataError naming the plan hashes, which is what is recognised
+    here).
     """
     from eagle3.errors import DataError
     from eagle3.extract.stage import extract
@@ -52,7 +55,8 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
 def extract_task(cfg: Any, out_dir: Path, parent_run_id: str, variant: str = "trained") -> StageResult:
-    """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to MLflow.
+    """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to
+    MLflow.
 
     ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:

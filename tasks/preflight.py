@@ -1,9 +1,10 @@
-"""Prefect task of the pre-flight (``eagle3.serve.deploy_check.run_preflight``): runs before the deploy stage, so no
-engine process starts for a launch that cannot serve the draft as trained.
+"""Prefect task of the pre-flight (``eagle3.serve.deploy_check.run_preflight``): runs before the
+deploy stage, so no engine process starts for a launch that cannot serve the draft as trained.
 
-Never cached (not even within a retried flow run): it reads live facts (the installed engine, the GPUs' memory now, the environment) and costs a few
-seconds. Its MLflow run (stage ``preflight``) holds every check's status as a tag, the numeric figures as metrics
-(GiB, counts) and ``preflight.json``; a failing pre-flight fails that run and the flow with the problems listed.
+Never cached (not even within a retried flow run): it reads live facts (the installed engine, the
+GPUs' memory now, the environment) and costs a few seconds. Its MLflow run (stage ``preflight``)
+holds every check's status as a tag, the numeric figures as metrics (GiB, counts) and
+``preflight.json``; a failing pre-flight fails that run and the flow with the problems listed.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from tasks.results import StageResult
 @task(name="preflight", task_run_name="preflight", cache_policy=NO_CACHE, **task_options(600.0))
 def preflight_task(cfg: Any, serving: StageResult | None, data: StageResult | None, parent_run_id: str,
                    variant: str = "trained") -> dict:
-    """Run the pre-flight and record it; raise EngineUnsupported / ConfigError (``.problems``) when it fails.
-    Returns the report as a dict."""
+    """Run the pre-flight and record it; raise EngineUnsupported / ConfigError (``.problems``) when
+    it fails. Returns the report as a dict."""
     with tracking.stage_run(cfg, parent_run_id, "preflight", variant, tags=prefect_tags()) as sr:
         from eagle3.serve.deploy_check import preflight_of_run
 

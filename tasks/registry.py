@@ -1,18 +1,21 @@
-"""Prefect task ``register-draft``: a validated draft into MLflow's model registry, alias ``best`` per target.
+"""Prefect task ``register-draft``: a validated draft into MLflow's model registry, alias ``best``
+per target.
 
-Runs after the acceptance gate (so only drafts that converted, validated, passed the equivalence check and the
-gate get here). The serving checkpoint folder (what the engine loads: ``config.json``, ``model.safetensors``,
-``manifest.json``) is logged as the artifacts ``draft/`` of the pipeline's parent MLflow run (so its run page
-lists the registered model; a nested run ``register`` records the step) and registered as a new version of the
-registered model ``eagle3-draft-<target name>`` from ``<parent run's artifact uri>/draft`` (the run's own
-artifact location; an ``MLmodel`` file with the flavour ``eagle3_draft`` makes it a loadable MLflow
-model for the UI; no ``mlflow.pyfunc`` flavour is needed; works offline on a SQLite store).
+Runs after the acceptance gate (so only drafts that converted, validated, passed the equivalence
+check and the gate get here). The serving checkpoint folder (what the engine loads: ``config.json``,
+``model.safetensors``, ``manifest.json``) is logged as the artifacts ``draft/`` of the pipeline's
+parent MLflow run (so its run page lists the registered model; a nested run ``register`` records the
+step) and registered as a new version of the registered model ``eagle3-draft-<target name>`` from
+``<parent run's artifact uri>/draft`` (the run's own artifact location; an ``MLmodel`` file with the
+flavour ``eagle3_draft`` makes it a loadable MLflow model for the UI; no ``mlflow.pyfunc`` flavour
+is needed; works offline on a SQLite store).
 
-Each version carries the tags in :func:`version_tags` (served / offline / simulated acceptance length, data
-size, unique tokens, schedule, config hash, serving content hash). The alias ``best`` is moved to the version
-with the highest served acceptance length of that registered model. A draft whose serving content hash is
-already registered is not registered again: that version's figures are refreshed instead (a re-run of a cached
-pipeline adds no duplicate version), its provenance (``eagle3.pipeline_run_id``) is kept.
+Each version carries the tags in :func:`version_tags` (served / offline / simulated acceptance
+length, data size, unique tokens, schedule, config hash, serving content hash). The alias ``best``
+is moved to the version with the highest served acceptance length of that registered model. A draft
+whose serving content hash is already registered is not registered again: that version's figures are
+refreshed instead (a re-run of a cached pipeline adds no duplicate version), its provenance
+(``eagle3.pipeline_run_id``) is kept.
 """
 
 from __future__ import annotations
@@ -31,19 +34,21 @@ from tasks.results import AcceptanceFigures, RegisteredDraft, StageResult
 BEST_ALIAS = "best"
 SERVED_TAG = "eagle3.acceptance_served"
 HASH_TAG = "eagle3.serving_content_hash"
-PROVENANCE_TAGS = ("eagle3.pipeline_run_id", "eagle3.config_name")  # who made the version: never refreshed
+# who made the version: never refreshed
+PROVENANCE_TAGS = ("eagle3.pipeline_run_id", "eagle3.config_name")
 CONFIG_SECTIONS = ("target", "data", "extract", "train", "convert", "serve", "bench")
 
 
 def model_name(target_name: str) -> str:
-    """``eagle3-draft-<target name>``, with characters other than letters, digits, ``-``, ``_``, ``.``
-    replaced by ``-`` (e.g. ``smollm2-135m-instruct`` → ``eagle3-draft-smollm2-135m-instruct``)."""
+    """``eagle3-draft-<target name>``, with characters other than letters, digits, ``-``, ``_``,
+    ``.`` replaced by ``-`` (e.g. ``smollm2-135m-instruct`` →
+    ``eagle3-draft-smollm2-135m-instruct``)."""
     return "eagle3-draft-" + re.sub(r"[^A-Za-z0-9._-]+", "-", target_name).strip("-")
 
 
 def registry_client(cfg: Any) -> MlflowClient:
-    """A client whose registry is the run's tracking store (``tasks.tracking.tracking_uri``): the SQLite file
-    of a local run, or the tracking server of ``make stack-up``."""
+    """A client whose registry is the run's tracking store (``tasks.tracking.tracking_uri``): the
+    SQLite file of a local run, or the tracking server of ``make stack-up``."""
     uri = tracking.tracking_uri(cfg)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
@@ -56,9 +61,10 @@ def version_tags(cfg: Any, serving: StageResult, train: StageResult, figures: Ac
                  parent_run_id: str) -> dict[str, str]:
     """The tags of a registered version (all strings; a missing figure is the empty string).
 
-    ``serving``/``train``: the convert and train task results; ``figures``: the run's acceptance lengths
-    (served, offline, simulated; bonus token counted). Data size = ``data.num_conversations`` (conversations) and the draft manifest's
-    ``counts.train_positions`` (unique training tokens); schedule = ``train.schedule`` with its epochs and LR.
+    ``serving``/``train``: the convert and train task results; ``figures``: the run's acceptance
+    lengths (served, offline, simulated; bonus token counted). Data size =
+    ``data.num_conversations`` (conversations) and the draft manifest's ``counts.train_positions``
+    (unique training tokens); schedule = ``train.schedule`` with its epochs and LR.
     """
     from eagle3.artifacts import read_manifest
 
@@ -76,15 +82,16 @@ def version_tags(cfg: Any, serving: StageResult, train: StageResult, figures: Ac
 
 
 def refreshed_tags(tags: dict[str, str], parent_run_id: str) -> dict[str, str]:
-    """The tags a re-registration of an already registered checkpoint writes: the new figures, but never the
-    version's provenance: ``eagle3.pipeline_run_id`` stays the run that made the draft; the re-run goes to
-    ``eagle3.last_pipeline_run_id``."""
+    """The tags a re-registration of an already registered checkpoint writes: the new figures, but
+    never the version's provenance: ``eagle3.pipeline_run_id`` stays the run that made the draft;
+    the re-run goes to ``eagle3.last_pipeline_run_id``."""
     return {**{k: v for k, v in tags.items() if k not in PROVENANCE_TAGS}, "eagle3.last_pipeline_run_id": parent_run_id}
 
 
 def _mlmodel_file(serving: StageResult, run_id: str, into: Path) -> Path:
-    """``<into>/MLmodel`` for the draft folder, so MLflow's model version page finds the file it reads (flavour
-    ``eagle3_draft``: the engine's format and the content hash; not a pyfunc, nothing to predict with)."""
+    """``<into>/MLmodel`` for the draft folder, so MLflow's model version page finds the file it
+    reads (flavour ``eagle3_draft``: the engine's format and the content hash; not a pyfunc, nothing
+    to predict with)."""
     from mlflow.models import Model
 
     from eagle3.artifacts import read_manifest
@@ -99,10 +106,10 @@ def _mlmodel_file(serving: StageResult, run_id: str, into: Path) -> Path:
 
 def _artifact_source(client: MlflowClient, run_id: str) -> str:
     """The version's source: the run's own artifact location + ``/draft`` (e.g.
-    ``mlflow-artifacts:/1/<run>/artifacts/draft`` on a tracking server, ``file:///…`` on a local store), not
-    ``runs:/<run>/draft``: a tracking server with a SQLite backend cannot resolve ``runs:/`` when it serves the
-    model version's files (its own tracking URI is not http, so the UI's ``get-artifact`` request failed with
-    HTTP 500)."""
+    ``mlflow-artifacts:/1/<run>/artifacts/draft`` on a tracking server, ``file:///…`` on a local
+    store), not ``runs:/<run>/draft``: a tracking server with a SQLite backend cannot resolve
+    ``runs:/`` when it serves the model version's files (its own tracking URI is not http, so the
+    UI's ``get-artifact`` request failed with HTTP 500)."""
     return client.get_run(run_id).info.artifact_uri.rstrip("/") + "/draft"
 
 
@@ -120,8 +127,9 @@ def _served(version: Any) -> float:
 
 
 def move_best_alias(client: MlflowClient, name: str) -> str:
-    """Point alias ``best`` of ``name`` at its version with the highest served acceptance length (ties: the
-    newest). Returns that version (a string). Raises DataError when the model has no version."""
+    """Point alias ``best`` of ``name`` at its version with the highest served acceptance length
+    (ties: the newest). Returns that version (a string). Raises DataError when the model has no
+    version."""
     from eagle3.errors import DataError
 
     versions = client.search_model_versions(f"name='{name}'")
@@ -141,9 +149,9 @@ def _existing(client: MlflowClient, name: str, content_hash: str) -> Any | None:
 
 def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
                    parent_run_id: str) -> RegisteredDraft:
-    """Register the serving checkpoint ``serving.dir`` (see the module doc) and return the version; also tags the parent run ``eagle3.registered_model`` = ``name/version``.
-    Raises MlflowException from the registry (e.g. an unreachable server), DataError for a folder without a
-    manifest."""
+    """Register the serving checkpoint ``serving.dir`` (see the module doc) and return the version;
+    also tags the parent run ``eagle3.registered_model`` = ``name/version``. Raises MlflowException
+    from the registry (e.g. an unreachable server), DataError for a folder without a manifest."""
     from mlflow.exceptions import MlflowException
 
     from eagle3.assets import resolve_target
@@ -164,7 +172,8 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
         version, source, new = str(old.version), old.source, False
     else:
         with tracking.stage_run(cfg, parent_run_id, "register", tags=prefect_tags()) as sr:
-            # into the parent run: the version's run is the pipeline run, whose page then lists the model
+            # into the parent run: the version's run is the pipeline run, whose page then lists the
+            # model
             home = tracking.StageRun(sr.client, parent_run_id)
             home.log_path(serving.dir, "draft")
             with tempfile.TemporaryDirectory(prefix="eagle3-mlmodel-") as tmp:
@@ -183,6 +192,6 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
 @task(name="register-draft", task_run_name="register-draft", **task_options(1800.0))
 def register_task(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
                   parent_run_id: str) -> RegisteredDraft:
-    """:func:`register_draft` as a Prefect task (not cached: registering twice is made idempotent by the
-    serving content hash)."""
+    """:func:`register_draft` as a Prefect task (not cached: registering twice is made idempotent by
+    the serving content hash)."""
     return register_draft(cfg, serving, train, figures, parent_run_id)

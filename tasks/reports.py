@@ -1,10 +1,10 @@
-"""Reports read back from MLflow: ``eagle3 decide RUN_ID`` (the recorded recommendation of a pipeline (parent)
-run or a sweep) and a sweep's comparison table and markdown report.
+"""Reports read back from MLflow: ``eagle3 decide RUN_ID`` (the recorded recommendation of a
+pipeline (parent) run or a sweep) and a sweep's comparison table and markdown report.
 
-The decision step of a flow stores ``Decision.tags()`` as ``eagle3.decision*`` tags and ``decision.md`` /
-``decision.json`` as artifacts of the parent run; this reads them back. The tracking store is
-``$MLFLOW_TRACKING_URI`` when set, else the default local store ``sqlite:///<runs_dir>/mlflow.db`` of the
-default config (``runs/`` under the working directory).
+The decision step of a flow stores ``Decision.tags()`` as ``eagle3.decision*`` tags and
+``decision.md`` / ``decision.json`` as artifacts of the parent run; this reads them back. The
+tracking store is ``$MLFLOW_TRACKING_URI`` when set, else the default local store
+``sqlite:///<runs_dir>/mlflow.db`` of the default config (``runs/`` under the working directory).
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ SWEEP_TAG = "eagle3.sweep_run_id"  # tag of a sweep point's parent run: the swee
 
 
 def default_tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI``, else ``RunConfig().mlflow_uri()`` (``sqlite:///<cwd>/runs/mlflow.db``)."""
+    """``$MLFLOW_TRACKING_URI``, else ``RunConfig().mlflow_uri()``
+    (``sqlite:///<cwd>/runs/mlflow.db``)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or RunConfig().mlflow_uri()
 
 
 def _check_store(uri: str) -> None:
-    """Refuse, with the URI named and what was expected, a store that cannot answer: a plain path (MLflow would
-    treat it as its retired file store), a SQLite file that does not exist (MLflow would create an empty one),
-    an HTTP server that does not answer within 5 s (MLflow would retry for minutes)."""
+    """Refuse, with the URI named and what was expected, a store that cannot answer: a plain path
+    (MLflow would treat it as its retired file store), a SQLite file that does not exist (MLflow
+    would create an empty one), an HTTP server that does not answer within 5 s (MLflow would retry
+    for minutes)."""
     if "://" not in uri:
         hint = f"sqlite:///{Path(uri).expanduser().resolve()}" if uri.endswith(".db") else "sqlite:///<path>/mlflow.db"
         raise DataError(f"MLflow store {uri!r}: expected a URI such as {hint} or http://host:port, got a plain path")
@@ -54,12 +56,14 @@ def _check_store(uri: str) -> None:
 
 
 def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
-    """The decision of ``run_id`` as text: the recommendation, its rule, the evidence (``decision.md``) and the
-    acceptance lengths on the run (served, untrained, offline, simulated); for a sweep run also the table of its
-    points (:func:`sweep_table`). Raises DataError when the run is unknown or has no decision yet."""
+    """The decision of ``run_id`` as text: the recommendation, its rule, the evidence
+    (``decision.md``) and the acceptance lengths on the run (served, untrained, offline, simulated);
+    for a sweep run also the table of its points (:func:`sweep_table`). Raises DataError when the
+    run is unknown or has no decision yet."""
     uri = tracking_uri or default_tracking_uri()
     _check_store(uri)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a text command: no progress bars
+    # a text command: no progress bars
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)
@@ -104,13 +108,14 @@ def _ci(metrics: dict, prefix: str) -> str | None:
 
 
 def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
-    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep run>`` and
-    FINISHED, sorted by (data variant, data size, schedule). Each row has :data:`TABLE_COLUMNS` — data variant,
-    data size (conversations), schedule, unique training tokens, epochs over the data, optimizer steps, and the
-    acceptance lengths (bonus token counted): simulated (training validation), served (engine, bench prompts),
-    offline (in-process, the same bench prompts), offline_eval (in-process on the sweep's first evaluation set,
-    all prompts, with its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir``
-    and per-set figures ``eval`` {set: {...}}. Raises DataError when the sweep run is unknown."""
+    """The sweep's points as read back from MLflow: every run tagged ``eagle3.sweep_run_id = <sweep
+    run>`` and FINISHED, sorted by (data variant, data size, schedule). Each row has
+    :data:`TABLE_COLUMNS` — data variant, data size (conversations), schedule, unique training
+    tokens, epochs over the data, optimizer steps, and the acceptance lengths (bonus token counted):
+    simulated (training validation), served (engine, bench prompts), offline (in-process, the same
+    bench prompts), offline_eval (in-process on the sweep's first evaluation set, all prompts, with
+    its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir`` and
+    per-set figures ``eval`` {set: {...}}. Raises DataError when the sweep run is unknown."""
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         exp = client.get_run(sweep_run_id).info.experiment_id
@@ -141,7 +146,8 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2)."""
+    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2).
+    """
     def cell(k, v):
         if v is None:
             return "n/a"
@@ -155,8 +161,9 @@ def format_table(rows: list[dict]) -> str:
 
 
 def simulated_pivot(rows: list[dict]) -> str:
-    """Markdown: simulated acceptance length (training validation, bonus token counted) with (data variant,
-    schedule) as rows and data sizes (conversations) as columns, from :func:`sweep_table` rows."""
+    """Markdown: simulated acceptance length (training validation, bonus token counted) with (data
+    variant, schedule) as rows and data sizes (conversations) as columns, from :func:`sweep_table`
+    rows."""
     sizes = sorted({r["data_size"] for r in rows})
     head = ["| data / schedule | " + " | ".join(f"{n:,} conv." for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
     body = []
@@ -174,9 +181,10 @@ def simulated_pivot(rows: list[dict]) -> str:
 
 def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | None = None,
                  max_plot_bytes: int = 200_000) -> str:
-    """A markdown report of a finished sweep, all read from MLflow: the comparison table, the simulated
-    acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot (artifact
-    ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes`` bytes)."""
+    """A markdown report of a finished sweep, all read from MLflow: the comparison table, the
+    simulated acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot
+    (artifact ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes``
+    bytes)."""
     import shutil
 
     rows = sweep_table(sweep_run_id, tracking_uri)

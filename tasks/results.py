@@ -1,9 +1,9 @@
 """Typed, frozen hand-overs between the stage tasks (what each task returns and Prefect caches).
 
-Tasks hand each other directories with a ``manifest.json`` (docs/INTERNALS.md); these handles say where a
-stage's output is and what it measured, so a flow reads ``draft.dir`` and ``bench.acceptance_length`` instead
-of string keys of a dict. All are frozen dataclasses (picklable for Prefect's result store); ``metrics`` are
-MLflow metric values (floats) keyed by metric name.
+Tasks hand each other directories with a ``manifest.json`` (docs/INTERNALS.md); these handles say
+where a stage's output is and what it measured, so a flow reads ``draft.dir`` and
+``bench.acceptance_length`` instead of string keys of a dict. All are frozen dataclasses (picklable
+for Prefect's result store); ``metrics`` are MLflow metric values (floats) keyed by metric name.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StageResult:
-    """One stage's output: ``dir`` (its folder, with ``manifest.json``), the manifest's ``content_hash``, the
-    MLflow run that made it, its metrics, the draft variant (``trained`` / ``untrained``) and, for a benchmark,
-    the served acceptance length (bonus token counted; None when the engine gave no speculative fields)."""
+    """One stage's output: ``dir`` (its folder, with ``manifest.json``), the manifest's
+    ``content_hash``, the MLflow run that made it, its metrics, the draft variant (``trained`` /
+    ``untrained``) and, for a benchmark, the served acceptance length (bonus token counted; None
+    when the engine gave no speculative fields)."""
 
     stage: str
     dir: Path
@@ -34,10 +35,11 @@ class StageResult:
 
 @dataclass(frozen=True)
 class AcceptanceFigures:
-    """The acceptance lengths of one pipeline run (bonus token counted): ``served`` (engine), ``untrained``
-    (the baseline draft served), ``offline`` (in-process reference decoding, same prompts), ``simulated``
-    (training validation), ``gain`` = served − untrained; ``minimum`` = the gate's threshold and ``passed``
-    whether served ≥ minimum, with the gate's diagnosis in ``failure`` when not."""
+    """The acceptance lengths of one pipeline run (bonus token counted): ``served`` (engine),
+    ``untrained`` (the baseline draft served), ``offline`` (in-process reference decoding, same
+    prompts), ``simulated`` (training validation), ``gain`` = served − untrained; ``minimum`` = the
+    gate's threshold and ``passed`` whether served ≥ minimum, with the gate's diagnosis in
+    ``failure`` when not."""
 
     served: float | None
     untrained: float | None
@@ -64,8 +66,9 @@ class AcceptanceFigures:
 
 @dataclass(frozen=True)
 class RegisteredDraft:
-    """A model-registry version: ``name`` (``eagle3-draft-<target>``), ``version``, the version alias ``best``
-    points at, the artifact ``source`` (``runs:/<run>/draft``) and whether this call created it."""
+    """A model-registry version: ``name`` (``eagle3-draft-<target>``), ``version``, the version
+    alias ``best`` points at, the artifact ``source`` (``runs:/<run>/draft``) and whether this call
+    created it."""
 
     name: str
     version: str

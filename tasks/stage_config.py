@@ -1,13 +1,13 @@
-"""What each stage reads: its config sections and where its code starts, the one table that the cache keys
-(tasks/caching.py) and the stage runs' MLflow params (tasks/tracking.py) derive from.
+"""What each stage reads: its config sections and where its code starts, the one table that the
+cache keys (tasks/caching.py) and the stage runs' MLflow params (tasks/tracking.py) derive from.
 
-Stages are named as their tasks and MLflow runs are (``deploy-bench``). ``sections`` are the sections of
-:class:`eagle3.config.RunConfig` whose values decide the stage's output; the target reaches train and convert
-through their inputs' content hashes and the target folder's fingerprint instead. ``judge_only`` keys only judge
-a result (the gate's minimum), so they are logged as params but stay out of the key. ``code`` names the
-modules (or folders run in another interpreter) where the stage's code starts: the key hashes their import
-closure (tasks/code_closure.py). ``engine``: the key also names the serving engine by its version
-(tasks/caching.py, ``engine_identity``).
+Stages are named as their tasks and MLflow runs are (``deploy-bench``). ``sections`` are the
+sections of :class:`eagle3.config.RunConfig` whose values decide the stage's output; the target
+reaches train and convert through their inputs' content hashes and the target folder's fingerprint
+instead. ``judge_only`` keys only judge a result (the gate's minimum), so they are logged as params
+but stay out of the key. ``code`` names the modules (or folders run in another interpreter) where
+the stage's code starts: the key hashes their import closure (tasks/code_closure.py). ``engine``:
+the key also names the serving engine by its version (tasks/caching.py, ``engine_identity``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ STAGE_CONFIG: dict[str, StageConfig] = {
 
 
 def stage_sections(cfg: Any, stage: str, *, keyed: bool = False) -> dict[str, dict]:
-    """``{section: its values}`` that ``stage`` reads from the RunConfig ``cfg`` (JSON form); ``keyed``: without
-    the ``judge_only`` keys (what the cache key hashes). KeyError for a stage not in the table."""
+    """``{section: its values}`` that ``stage`` reads from the RunConfig ``cfg`` (JSON form);
+    ``keyed``: without the ``judge_only`` keys (what the cache key hashes). KeyError for a stage not
+    in the table."""
     spec = STAGE_CONFIG[stage]
     out = {s: getattr(cfg, s).model_dump(mode="json") for s in spec.sections}
     for k in spec.judge_only if keyed else ():

@@ -1,17 +1,24 @@
 """MLflow helpers of the pipeline: one parent run per pipeline run, one nested run per stage.
 
-Everything goes through :class:`mlflow.MlflowClient` with explicit run ids (no fluent "active run" state),
+Everything goes through :class:`mlflow.MlflowClient` with explicit run ids (no fluent "active run"
+state),
 so tasks running in worker threads log to the right run. Layout of one pipeline run::
 
-    parent run   tags prefect.flow_run_id, eagle3.pipeline_flow_run_id, prefect.flow_name, eagle3.config_name,
-                 eagle3.decision, eagle3.auto_resolved (how each `auto` dtype/precision was resolved, with the
+    parent run   tags prefect.flow_run_id, eagle3.pipeline_flow_run_id, prefect.flow_name,
+    eagle3.config_name,
+                 eagle3.decision, eagle3.auto_resolved (how each `auto` dtype/precision was
+                 resolved, with the
                  measured bf16/float32 ratio: eagle3.precision)
-                 params = flattened resolved config (every `auto` dtype/precision concrete; secret-looking keys
+                 params = flattened resolved config (every `auto` dtype/precision concrete;
+                 secret-looking keys
                  redacted), artifact config.yaml
-                 metrics acceptance_length, acceptance_length_untrained (copied from the bench stages)
-    └ nested run per stage (tag mlflow.parentRunId; eagle3.stage, eagle3.variant "trained"/"untrained")
+                 metrics acceptance_length, acceptance_length_untrained (copied from the bench
+                 stages)
+    └ nested run per stage (tag mlflow.parentRunId; eagle3.stage, eagle3.variant
+    "trained"/"untrained")
                  step metrics through the stage's on_metrics callback, manifest.json as artifact,
-                 counts.* / timings.* from the manifest; a cached stage's run has eagle3.cached = "true"
+                 counts.* / timings.* from the manifest; a cached stage's run has eagle3.cached =
+                 "true"
                  and eagle3.produced_by_run_id = the nested run that produced the artifact.
 
 Query a finished run with :func:`summarize_run` (what ``README.md`` shows)::
@@ -19,7 +26,8 @@ Query a finished run with :func:`summarize_run` (what ``README.md`` shows)::
     from tasks.tracking import summarize_run
     summarize_run("<parent run id>", tracking_uri="sqlite:///runs/mlflow.db")
 
-Errors: a connection failure or 5xx from a tracking server becomes :class:`eagle3.errors.TransientError`.
+Errors: a connection failure or 5xx from a tracking server becomes
+:class:`eagle3.errors.TransientError`.
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ from tasks.results import StageResult
 from tasks.stage_config import STAGE_CONFIG, stage_sections
 
 FLOW_RUN_TAG = "prefect.flow_run_id"  # on the parent and on every stage run
-PIPELINE_TAG = "eagle3.pipeline_flow_run_id"  # on the parent run only: how a retried flow run finds it
+# on the parent run only: how a retried flow run finds it
+PIPELINE_TAG = "eagle3.pipeline_flow_run_id"
 PARENT_TAG = "mlflow.parentRunId"
 _BATCH = 100  # MLflow's limit of params / tags per log_batch call
 _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_EXCEEDED"}
@@ -69,16 +78,19 @@ def _transient() -> Iterator[None]:
 
 
 def tracking_uri(cfg: Any) -> str:
-    """Where a run logs: ``tracking.mlflow_uri`` when the config sets it, else ``$MLFLOW_TRACKING_URI`` (set by
-    ``infra/stack.sh``'s env.sh), else the local store ``sqlite:///<runs_dir>/mlflow.db``."""
+    """Where a run logs: ``tracking.mlflow_uri`` when the config sets it, else
+    ``$MLFLOW_TRACKING_URI`` (set by ``infra/stack.sh``'s env.sh), else the local store
+    ``sqlite:///<runs_dir>/mlflow.db``."""
     return cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_uri()
 
 
 def client_for(cfg: Any) -> tuple[MlflowClient, str]:
-    """(client, experiment id) for a RunConfig: :func:`tracking_uri`, experiment ``cfg.tracking.experiment``.
+    """(client, experiment id) for a RunConfig: :func:`tracking_uri`, experiment
+    ``cfg.tracking.experiment``.
 
-    A new experiment on a local store keeps its artifacts under ``<runs_dir>/mlartifacts``. The experiment
-    carries ``tasks.mlflow_ui.experiment_tags`` (model-training mode, the run list's columns).
+    A new experiment on a local store keeps its artifacts under ``<runs_dir>/mlartifacts``. The
+    experiment carries ``tasks.mlflow_ui.experiment_tags`` (model-training mode, the run list's
+    columns).
     """
     uri = tracking_uri(cfg)
     if uri.startswith("sqlite:///"):
@@ -95,12 +107,14 @@ def client_for(cfg: Any) -> tuple[MlflowClient, str]:
             except MlflowException:  # created concurrently by another process
                 pass
             exp = client.get_experiment_by_name(cfg.tracking.experiment)
-        mlflow_ui.ensure_experiment_ui(client, exp)  # model-training mode, run list with the headline columns
+        # model-training mode, run list with the headline columns
+        mlflow_ui.ensure_experiment_ui(client, exp)
         return client, exp.experiment_id
 
 
 def config_params(cfg: Any) -> dict[str, str]:
-    """The resolved config flattened to ``section.key`` params, secret-looking values replaced by ``***``."""
+    """The resolved config flattened to ``section.key`` params, secret-looking values replaced by
+    ``***``."""
     return {k: str(v) for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
 
 
@@ -118,7 +132,8 @@ def _log_batch(client: MlflowClient, run_id: str, *, metrics: list | None = None
 
 
 def numeric_leaves(prefix: str, d: dict | None) -> dict[str, float]:
-    """Flatten the numeric leaves of ``d`` into ``prefix.key`` metrics (booleans and others skipped)."""
+    """Flatten the numeric leaves of ``d`` into ``prefix.key`` metrics (booleans and others
+    skipped)."""
     out = {}
     for k, v in flatten(d or {}).items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -133,7 +148,8 @@ def chartable(summary: dict[str, float]) -> dict[str, float]:
 
 
 def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    """Log numeric ``metrics`` at ``step`` (non-numeric values are an error: DataError naming the key)."""
+    """Log numeric ``metrics`` at ``step`` (non-numeric values are an error: DataError naming the
+    key)."""
     ts = int(time.time() * 1000)
     batch = []
     for k, v in metrics.items():
@@ -144,10 +160,11 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], st
 
 
 def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_file: Path | None = None) -> str:
-    """Create the parent run of a pipeline run, or reuse the one already tagged with ``flow_run_id``.
+    """Create the parent run of a pipeline run, or reuse the one already tagged with
+    ``flow_run_id``.
 
-    A retried Prefect flow run keeps its id, so its retry logs into the same parent run.
-    Returns the MLflow run id.
+    A retried Prefect flow run keeps its id, so its retry logs into the same parent run. Returns the
+    MLflow run id.
     """
     client, exp_id = client_for(cfg)
     with _transient():
@@ -165,7 +182,8 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_fil
     run_id = run.info.run_id
     _log_batch(client, run_id, params=config_params(cfg))
     auto = getattr(cfg, "auto_resolved", {})
-    if auto:  # how each `auto` dtype/precision was resolved here (the params carry the resolved values)
+    # how each `auto` dtype/precision was resolved here (the params carry the resolved values)
+    if auto:
         from eagle3.precision import summary_line
 
         with _transient():
@@ -183,23 +201,25 @@ def _error_text(error: BaseException) -> str:
 
 
 def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> None:
-    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``, the artifact
-    ``error.txt`` (the traceback) and the error on top of the run's description (a decision already there
-    stays below it)."""
+    """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``, the
+    artifact ``error.txt`` (the traceback) and the error on top of the run's description (a decision
+    already there stays below it)."""
     client, _ = client_for(cfg)
     with _transient():
         if error is not None:
             client.set_tag(run_id, "eagle3.error", f"{type(error).__name__}: {error}"[:5000])
             client.log_text(run_id, _error_text(error), "error.txt")
-            before = client.get_run(run_id).data.tags.get(mlflow_ui.NOTE_TAG)  # e.g. the decision: kept below
+            # e.g. the decision: kept below
+            before = client.get_run(run_id).data.tags.get(mlflow_ui.NOTE_TAG)
             note = f"**Failed** — `{type(error).__name__}`: {error}"[:3000] + "\n\nTraceback: artifact `error.txt`."
             client.set_tag(run_id, mlflow_ui.NOTE_TAG, note + (f"\n\n---\n\n{before}" if before else ""))
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 
 def record_failure(cfg: Any, run_id: str, error: BaseException) -> None:
-    """Mark ``run_id`` FAILED with ``error``; if MLflow itself fails meanwhile (e.g. its SQLite file is on the
-    disk that just filled up), the stage's own error stays the one raised, with a note about MLflow."""
+    """Mark ``run_id`` FAILED with ``error``; if MLflow itself fails meanwhile (e.g. its SQLite file
+    is on the disk that just filled up), the stage's own error stays the one raised, with a note
+    about MLflow."""
     try:
         finish_run(cfg, run_id, error=error)
     except Exception as mlflow_error:  # noqa: BLE001 - never let bookkeeping hide the cause
@@ -215,7 +235,8 @@ class StageRun:
         self.run_id = run_id
 
     def on_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """The ``on_metrics(metrics, step)`` callback the library stages accept (step = optimizer step)."""
+        """The ``on_metrics(metrics, step)`` callback the library stages accept (step = optimizer
+        step)."""
         log_metrics(self.client, self.run_id, metrics, step)
 
     def log_metrics(self, metrics: dict[str, float], step: int = 0) -> None:
@@ -230,7 +251,8 @@ class StageRun:
             self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), name)
 
     def log_path(self, path: str | Path, artifact_path: str | None = None) -> None:
-        """Store a file or a whole folder as artifacts (missing paths are skipped: optional plots)."""
+        """Store a file or a whole folder as artifacts (missing paths are skipped: optional plots).
+        """
         p = Path(path)
         with _transient():
             if p.is_dir():
@@ -247,7 +269,8 @@ class StageRun:
         return m
 
     def log_dataset(self, directory: str | Path, context: str) -> None:
-        """``tasks.datasets.log_hidden_states`` into this run (the hidden states as an MLflow dataset input)."""
+        """``tasks.datasets.log_hidden_states`` into this run (the hidden states as an MLflow
+        dataset input)."""
         from tasks.datasets import log_hidden_states
 
         with _transient():
@@ -255,24 +278,25 @@ class StageRun:
 
 
 def stage_params(cfg: Any, stage: str) -> dict[str, str]:
-    """The config sections ``stage`` reads (``tasks.stage_config.STAGE_CONFIG``) as ``section.key`` params
-    (the train run shows ``train.lr``, ...; secret-looking values redacted); none for a stage not there."""
+    """The config sections ``stage`` reads (``tasks.stage_config.STAGE_CONFIG``) as ``section.key``
+    params (the train run shows ``train.lr``, ...; secret-looking values redacted); none for a stage
+    not there."""
     if stage not in STAGE_CONFIG:
         return {}
     return {k: str(v) for k, v in flatten(redact(stage_sections(cfg, stage))).items()}
 
 
 def stage_run_name(stage: str, variant: str, cached: bool, attempt: int) -> str:
-    """``train``, ``train-untrained``, ``extract (cached)``, ``deploy-bench #2`` (the second attempt under the
-    same parent run: a Prefect retry or a retried flow run; a cached stage is no attempt and is never
-    numbered)."""
+    """``train``, ``train-untrained``, ``extract (cached)``, ``deploy-bench #2`` (the second attempt
+    under the same parent run: a Prefect retry or a retried flow run; a cached stage is no attempt
+    and is never numbered)."""
     name = stage if variant == "trained" else f"{stage}-{variant}"
     return name + (" (cached)" if cached else "") + (f" #{attempt}" if attempt > 1 else "")
 
 
 def _announce(cfg: Any, exp_id: str, info: Any) -> None:
-    """Inside a Prefect task: a task-run log line linking the stage's MLflow run (its URL on a tracking
-    server, its id and store otherwise)."""
+    """Inside a Prefect task: a task-run log line linking the stage's MLflow run (its URL on a
+    tracking server, its id and store otherwise)."""
     from prefect.context import TaskRunContext
 
     if TaskRunContext.get() is None:
@@ -286,7 +310,8 @@ def _announce(cfg: Any, exp_id: str, info: Any) -> None:
 
 
 def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str, variant: str) -> int:
-    """1 + the runs of this stage and variant that ran (not served from the cache) under ``parent_run_id``."""
+    """1 + the runs of this stage and variant that ran (not served from the cache) under
+    ``parent_run_id``."""
     with _transient():
         earlier = client.search_runs([exp_id], filter_string=(
             f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`eagle3.stage` = '{stage}' and "
@@ -297,7 +322,8 @@ def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str, 
 @contextmanager
 def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained",
               tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
-    """A nested run under ``parent_run_id`` for ``stage``; FINISHED on success, FAILED (with the error) else."""
+    """A nested run under ``parent_run_id`` for ``stage``; FINISHED on success, FAILED (with the
+    error) else."""
     client, exp_id = client_for(cfg)
     tags = {"eagle3.cached": "false", **{k: str(v) for k, v in (tags or {}).items()}}
     cached = tags["eagle3.cached"] == "true"
@@ -319,7 +345,8 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
 
 def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: StageResult,
                         tags: dict[str, Any] | None = None) -> str:
-    """A nested run for a stage Prefect served from its cache, pointing to the run that made the artifact.
+    """A nested run for a stage Prefect served from its cache, pointing to the run that made the
+    artifact.
 
     ``result`` is the cached task result. Returns the new run id.
     """
@@ -335,7 +362,8 @@ def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, 
 
 
 def log_parent_metrics(cfg: Any, run_id: str, metrics: dict[str, float]) -> None:
-    """Headline numbers on the parent run (e.g. ``acceptance_length``, ``acceptance_length_untrained``)."""
+    """Headline numbers on the parent run (e.g. ``acceptance_length``,
+    ``acceptance_length_untrained``)."""
     client, _ = client_for(cfg)
     log_metrics(client, run_id, {k: v for k, v in metrics.items() if v is not None})
 
@@ -353,11 +381,12 @@ def log_parent_artifact(cfg: Any, run_id: str, obj: Any, name: str) -> None:
 def summarize_run(parent_run_id: str, tracking_uri: str | None = None) -> dict:
     """What MLflow holds for one pipeline run: the parent and its nested stage runs, in start order.
 
-    The query: ``client.get_run(parent)``, then ``client.search_runs([experiment], "tags.mlflow.parentRunId =
-    '<parent>'", order_by=["attributes.start_time ASC"])``. Returns ``{"run_id", "status", "flow_run_id",
-    "params": int (how many), "metrics": {...}, "tags": {eagle3.*}, "stages": [{"stage", "variant", "run_id",
-    "status", "cached", "produced_by", "metrics", "datasets": [{"name", "digest", "source",
-    "context"}]}]}``. Raises DataError if the run does not exist.
+    The query: ``client.get_run(parent)``, then ``client.search_runs([experiment],
+    "tags.mlflow.parentRunId = '<parent>'", order_by=["attributes.start_time ASC"])``. Returns
+    ``{"run_id", "status", "flow_run_id", "params": int (how many), "metrics": {...}, "tags":
+    {eagle3.*}, "stages": [{"stage", "variant", "run_id", "status", "cached", "produced_by",
+    "metrics", "datasets": [{"name", "digest", "source", "context"}]}]}``. Raises DataError if the
+    run does not exist.
     """
     client = MlflowClient(tracking_uri=tracking_uri)
     try:

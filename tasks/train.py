@@ -1,4 +1,5 @@
-"""Prefect task of the training stage (``eagle3.train.stage.train``), trained and untrained (max_steps=0) drafts."""
+"""Prefect task of the training stage (``eagle3.train.stage.train``), trained and untrained
+(max_steps=0) drafts."""
 
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ def supersede_finished(cfg: Any, out_dir: Path) -> Path | None:
     """Move a *finished* draft in ``out_dir`` that was trained with another train section aside, to
     ``<out_dir>.superseded``; returns that folder, or None when there was nothing to move.
 
-    The task runs only on a cache miss. ``eagle3.train.stage.train`` resumes whatever ``out_dir/state`` holds (the
-    right thing after an interruption), so a finished run of other settings would only be re-exported, not
-    retrained. A partial run (no manifest) is left for ``train`` to resume or reject. The earlier draft is kept
-    aside until the new training has finished (:func:`restore_superseded` puts it back when it fails first).
+    The task runs only on a cache miss. ``eagle3.train.stage.train`` resumes whatever
+    ``out_dir/state`` holds (the right thing after an interruption), so a finished run of other
+    settings would only be re-exported, not retrained. A partial run (no manifest) is left for
+    ``train`` to resume or reject. The earlier draft is kept aside until the new training has
+    finished (:func:`restore_superseded` puts it back when it fails first).
     """
     from eagle3.artifacts import read_manifest
 
@@ -44,9 +46,10 @@ def supersede_finished(cfg: Any, out_dir: Path) -> Path | None:
 
 
 def restore_superseded(aside: Path, out_dir: Path) -> bool:
-    """After a training of new settings failed: put the earlier finished draft (``aside``) back in ``out_dir`` when
-    the failed training saved no checkpoint (nothing of it to resume); True if restored. A failed training that
-    did save checkpoints keeps them (a re-run resumes them) and the earlier draft stays in ``aside``."""
+    """After a training of new settings failed: put the earlier finished draft (``aside``) back in
+    ``out_dir`` when the failed training saved no checkpoint (nothing of it to resume); True if
+    restored. A failed training that did save checkpoints keeps them (a re-run resumes them) and the
+    earlier draft stays in ``aside``."""
     from eagle3.train.state import list_checkpoints
 
     if list_checkpoints(out_dir / "state"):
@@ -59,13 +62,15 @@ def restore_superseded(aside: Path, out_dir: Path) -> bool:
 @task(name="train", cache_key_fn=train_key, **task_options(TIMEOUT_S))
 def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
                variant: str = "trained") -> StageResult:
-    """Train a draft on the hidden states ``data.dir`` into ``out_dir``; step metrics (loss, per-position accuracy) go to MLflow
-    through ``on_metrics`` as they happen, the manifest and metrics.jsonl when done."""
+    """Train a draft on the hidden states ``data.dir`` into ``out_dir``; step metrics (loss,
+    per-position accuracy) go to MLflow through ``on_metrics`` as they happen, the manifest and
+    metrics.jsonl when done."""
     from eagle3.precision import summary_line
     from eagle3.train.stage import check_settings, train
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
-        check_settings(cfg)  # a refused setting must not cost the finished draft of earlier settings
+        # a refused setting must not cost the finished draft of earlier settings
+        check_settings(cfg)
         aside = supersede_finished(cfg, out_dir)
         if aside is not None:
             sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
@@ -80,7 +85,8 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
         sr.log_manifest(out_dir)
-        if manifest.get("auto_resolved"):  # which forward, attention, optimizer and precision `auto` chose
+        # which forward, attention, optimizer and precision `auto` chose
+        if manifest.get("auto_resolved"):
             sr.set_tags({"eagle3.auto_resolved": summary_line(manifest["auto_resolved"])[:5000]})
         sr.log_path(out_dir / "metrics.jsonl")
         sr.log_path(out_dir / "config.json", "draft")
@@ -89,8 +95,9 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         if isinstance(sim, (int, float)):
             summary["simulated_acceptance_length"] = float(sim)
         summary["optimizer_steps"] = float(manifest.get("optimizer_steps", 0))
-        # the end-of-training figures as one artifact; as metrics only those no step metric already charts
-        # (a single-point ``final.*`` metric would be a chart duplicating the last point of train/* and val/*)
+        # the end-of-training figures as one artifact; as metrics only those no step metric already
+        # charts (a single-point ``final.*`` metric would be a chart duplicating the last point of
+        # train/* and val/*)
         sr.log_dict(summary, "summary.json")
         sr.log_metrics(tracking.chartable(summary))
     return stage_result("train", out_dir, manifest, sr.run_id, summary, variant=variant)
