@@ -59,7 +59,8 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
 
     home = env.get("PREFECT_HOME")
     entry = "flows/pipeline.py:eagle3_pipeline" if stage == "pipeline" else f"flows/stages.py:{stage}_flow"
-    if isinstance(exc, (ConfigError, DataError, CheckpointInvalid, EngineUnsupported, TrainingDiverged,
+    if isinstance(exc, (ConfigError, DataError, CheckpointInvalid, EngineUnsupported,
+                        TrainingDiverged,
                         AcceptanceTooLow)):
         # permanent: the same inputs fail the same way, so a plain retry is no advice
         hint = " — fix what is named above, then re-run the same command (finished stages are cached)"
@@ -195,7 +196,8 @@ class SignalRecord:
         self._r, self._w = os.pipe()
         os.set_blocking(self._w, False)
         self._previous_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._watch, name="eagle3-signal-record", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="eagle3-signal-record",
+                                        daemon=True)
         self._thread.start()
         return True
 
@@ -273,7 +275,8 @@ def _end_now(signum: int, grace_s: float) -> None:
         # the launcher registers every engine's stop here; other exit handlers (logging's flush of
         # Prefect's API log handler to a server that is already gone) can block, so they get a
         # bounded time in a thread
-        runner = threading.Thread(target=atexit._run_exitfuncs, name="eagle3-exit-handlers", daemon=True)
+        runner = threading.Thread(target=atexit._run_exitfuncs, name="eagle3-exit-handlers",
+                                  daemon=True)
         runner.start()
         runner.join(timeout=EXIT_HANDLERS_S)
         if runner.is_alive():

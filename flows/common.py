@@ -64,7 +64,8 @@ def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
     ``-untrained``)."""
     suffix = "" if variant == "trained" else f"-{variant}"
     rd = cfg.run_dir()
-    return {"extract": rd / "extract", "train": rd / f"train{suffix}", "serving": rd / f"serving{suffix}",
+    return {"extract": rd / "extract", "train": rd / f"train{suffix}",
+            "serving": rd / f"serving{suffix}",
             "deploy": rd / f"deploy{suffix}", "bench": rd / f"bench{suffix}"}
 
 
@@ -126,7 +127,8 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
         if cached and not caching.output_matches(result):
             get_run_logger().warning("%s: cached result no longer matches %s; recomputing", label,
                                      getattr(result, "dir", result))
-            state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent, variant=variant, **params,
+            state = t.with_options(refresh_cache=True)(cfg=cfg, parent_run_id=parent,
+                                                       variant=variant, **params,
                                                        return_state=True)
             result, cached = state.result(), False
     except BaseException as e:
@@ -175,7 +177,8 @@ def parent_run(cfg: RunConfig, flow_name: str, record: dict | None = None) -> It
         try:
             yield run_id
         except BaseException as e:
-            publish_failure(cfg, run_id, f"{flow_name}: {cfg.name}", e, record if record is not None else {})
+            publish_failure(cfg, run_id, f"{flow_name}: {cfg.name}", e,
+                            record if record is not None else {})
             raise
 
 
@@ -203,7 +206,8 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
         raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} ({type(e).__name__}: "
                         f"{e}); expected the id of an earlier run of this flow in the same store") from e
     client.update_run(run_id, status="RUNNING")
-    client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts", "1")) + 1))
+    client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts",
+                                                                        "1")) + 1))
     with _recorded(cfg, run_id):
         yield run_id
 
@@ -274,7 +278,8 @@ def stop_ephemeral_server(drain_timeout_s: float = 15.0) -> None:
     servers = list(SubprocessASGIServer._instances.values())
     if not servers:
         return
-    alive = any(getattr(s, "server_process", None) is not None and s.server_process.poll() is None for s in servers)
+    alive = any(getattr(s, "server_process",
+                        None) is not None and s.server_process.poll() is None for s in servers)
     if alive:
         def drain() -> None:
             APILogWorker.drain_all(timeout=drain_timeout_s / 2)

@@ -93,7 +93,8 @@ def fail_orphaned_stage_runs(cfg: Any, stage_flow_run_id: str, why: str) -> list
     return [r.info.run_id for r in runs]
 
 
-def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameters: dict, record: dict,
+def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameters: dict,
+                         record: dict,
                          parent: str, placements: dict | None = None) -> dict:
     """Run ``stage``'s deployment (:func:`stage_deployment`) as a child flow run, wait for it (at
     most :func:`stage_deadline_s`) and return its hand-over results (localized). ``record`` gets its
@@ -109,14 +110,17 @@ def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameter
 
     name = stage_deployment(stage, config_deployment)
     deadline = stage_deadline_s(cfg, stage)
-    fr = run_deployment(name, parameters=parameters, timeout=deadline, flow_run_name=f"{cfg.name}-{stage}")
+    fr = run_deployment(name, parameters=parameters, timeout=deadline,
+                        flow_run_name=f"{cfg.name}-{stage}")
     state = fr.state
     pool = fr.work_pool_name or "none (served by flows/serve.py)"
-    tags = {f"eagle3.stage.{stage}.flow_run_id": str(fr.id), f"eagle3.stage.{stage}.work_pool": pool}
+    tags = {f"eagle3.stage.{stage}.flow_run_id": str(fr.id),
+            f"eagle3.stage.{stage}.work_pool": pool}
     if state is None or not state.is_completed():
         if state is None or not state.is_final():
             with get_client(sync_client=True) as client:
-                client.set_flow_run_state(fr.id, Cancelling(message=f"not finished after {deadline:.0f} s"))
+                client.set_flow_run_state(fr.id,
+                                          Cancelling(message=f"not finished after {deadline:.0f} s"))
             now = "without a state" if state is None else "still " + state.name
             what = f"{now} after {deadline:.0f} s (cancelled)"
         else:
@@ -150,7 +154,8 @@ def deployment_runner(cfg: Any, parent: str, record: dict, config_path: str, ove
 
     def run(stage: str, train: Any = None, **_from_run_dir: Any) -> dict:
         params = {**common, "train_result": portable(cfg, train)} if stage == "deploy" else common
-        return run_stage_deployment(cfg, stage, config_deployment, params, record, parent, placements)
+        return run_stage_deployment(cfg, stage, config_deployment, params, record, parent,
+                                    placements)
 
     return run
 
@@ -175,7 +180,8 @@ def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
     record: dict[str, str] = {}
     placed: dict[str, dict] = {}
     with parent_run(cfg, FLOW_NAME, record) as parent:
-        runner = deployment_runner(cfg, parent, record, config_path, list(overrides or []), name, placed)
+        runner = deployment_runner(cfg, parent, record, config_path, list(overrides or []), name,
+                                   placed)
         summary = run_sequence(cfg, parent, record, runner)
         summary["stage_flow_runs"] = placed
         summary["markdown"] += ["", "| stage | work pool | host | flow run |", "|---|---|---|---|",

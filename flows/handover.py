@@ -31,7 +31,8 @@ def portable(cfg: Any, result: Any) -> dict:
     its fields; a dict (the pre-flight report) as ``{"type": "dict", "value": ...}``. DataError
     otherwise."""
     if isinstance(result, StageResult):
-        return {"type": "StageResult", **asdict(result), "dir": caching.run_relative(result.dir, cfg)}
+        return {"type": "StageResult", **asdict(result),
+                "dir": caching.run_relative(result.dir, cfg)}
     if isinstance(result, AcceptanceFigures):
         return {"type": "AcceptanceFigures", **asdict(result)}
     if isinstance(result, dict):
@@ -48,7 +49,8 @@ def localized(cfg: Any, doc: dict) -> Any:
     try:
         if kind == "StageResult":
             d = Path(fields.pop("dir"))
-            return StageResult(dir=d if d.is_absolute() else cfg.paths.resolved_runs_dir() / d, **fields)
+            return StageResult(dir=d if d.is_absolute() else cfg.paths.resolved_runs_dir() / d,
+                               **fields)
         if kind == "AcceptanceFigures":
             return AcceptanceFigures(**fields)
         if kind == "dict":

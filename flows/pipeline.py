@@ -52,7 +52,8 @@ def run_sequence(cfg: Any, parent: str, record: dict, runner: Runner) -> dict:
     deployed = runner("deploy", data=data, servings=serving, train=drafts["trained"])
     figures = deployed["figures"]
     record["acceptance"] = f"served {_fmt(figures.served)}, offline {_fmt(figures.offline)}"
-    decision = decision_task(cfg, drafts["trained"], figures, parent, preflight=deployed["preflight"])
+    decision = decision_task(cfg, drafts["trained"], figures, parent,
+                             preflight=deployed["preflight"])
     record["decision"] = f"{decision.recommendation} (rule {decision.rule})"
     record["acceptance-gate"] = (f"passed (minimum {figures.minimum:g})" if figures.passed
                                  else "failed")
@@ -94,7 +95,8 @@ def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision
           f"| simulated, training validation | {_fmt(figures.simulated)} |",
           f"| served, untrained baseline | {_fmt(figures.untrained)} |", "",
           "| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()]]
-    return {"config": cfg.name, "run_dir": str(cfg.run_dir()), "mlflow_uri": tracking.tracking_uri(cfg),
+    return {"config": cfg.name, "run_dir": str(cfg.run_dir()),
+            "mlflow_uri": tracking.tracking_uri(cfg),
             "experiment_id": exp_id, "parent_run_id": parent, "stages": record,
             "acceptance_length": figures.served, "acceptance_length_untrained": figures.untrained,
             "acceptance_length_offline": figures.offline,

@@ -69,12 +69,15 @@ def train_step(cfg: Any, parent: str, record: dict, *, data: Any, refresh: bool 
 def convert_step(cfg: Any, parent: str, record: dict, *, data: Any, drafts: dict,
                  refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check each draft: ``{variant: StageResult}``."""
-    return {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v, draft=drafts[v],
-                         data=data, out_dir=stage_dirs(c, v)["serving"], refresh=refresh, record=record)
+    return {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v,
+                         draft=drafts[v],
+                         data=data, out_dir=stage_dirs(c,
+                                                       v)["serving"], refresh=refresh, record=record)
             for v, c in variants(cfg)}
 
 
-def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dict, train: Any = None,
+def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dict,
+                train: Any = None,
                 refresh: bool = False) -> dict:
     """The pre-flight (before any engine starts), then both drafts served behind the readiness gate
     and benchmarked at once, the offline figure beside them, then the acceptance figures (``train``:
@@ -90,7 +93,8 @@ def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dic
     lines = variants(cfg)
     calls = {v: functools.partial(
         run_stage, deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
-        serving=servings[v], deploy_dir=stage_dirs(c, v)["deploy"], bench_dir=stage_dirs(c, v)["bench"],
+        serving=servings[v], deploy_dir=stage_dirs(c,
+                                                   v)["deploy"], bench_dir=stage_dirs(c, v)["bench"],
         timeout_s=0, refresh=refresh) for v, c in lines}
     # the acceptance task reads the offline figure from its memo, or computes it when this failed
     calls["offline"] = functools.partial(prefetch_offline_figure, cfg, servings["trained"].dir)
@@ -98,18 +102,21 @@ def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dic
     for k in ["deploy-bench" if v == "trained" else f"deploy-bench ({v})" for v, _ in lines]:
         if k in record:  # the record keeps the trained-then-untrained order
             record[k] = record.pop(k)
-    figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), servings["trained"], parent,
+    figures = acceptance_task(cfg, bench["trained"], bench.get("untrained"), servings["trained"],
+                              parent,
                               train=train)
     return {**{v: bench[v] for v, _ in lines}, "figures": figures, "preflight": pre}
 
 
-STEPS = {"extract": extract_step, "train": train_step, "convert": convert_step, "deploy": deploy_step}
+STEPS = {"extract": extract_step, "train": train_step, "convert": convert_step,
+         "deploy": deploy_step}
 
 
 # ---- stage flows
 # ------------------------------------------------------------------------------------------
 
-def _command(stage: str, config_path: str, overrides: list[str] | None, orchestrated: bool = False) -> str:
+def _command(stage: str, config_path: str, overrides: list[str] | None,
+             orchestrated: bool = False) -> str:
     """What makes ``stage``'s output for the same config and overrides (shell-quoted)."""
     if orchestrated:
         return (f"prefect deployment run '{flow_name(stage)}/{stage}-<config>' (or the whole pipeline, "
@@ -134,11 +141,13 @@ def _inputs(stage: str, cfg: Any, command: Any, train_result: dict | None) -> di
     if stage == "deploy":
         train = localized(cfg, train_result) if train_result else have(dirs["train"], "train")
         return {"data": have(dirs["extract"], "extract"), "train": train,
-                "servings": {v: need(stage_dirs(c, v)["serving"], "convert") for v, c in variants(cfg)}}
+                "servings": {v: need(stage_dirs(c, v)["serving"], "convert") for v,
+                             c in variants(cfg)}}
     data = need(dirs["extract"], "extract")
     if stage == "train":
         return {"data": data}
-    return {"data": data, "drafts": {v: need(stage_dirs(c, v)["train"], "train") for v, c in variants(cfg)}}
+    return {"data": data, "drafts": {v: need(stage_dirs(c, v)["train"], "train") for v,
+                                     c in variants(cfg)}}
 
 
 @contextmanager
@@ -151,7 +160,8 @@ def _parent(cfg: Any, parent_run_id: str | None, name: str, record: dict) -> Ite
         yield parent
 
 
-def run_stage_flow(stage: str, config_path: str, overrides: list[str] | None, parent_run_id: str | None,
+def run_stage_flow(stage: str, config_path: str, overrides: list[str] | None,
+                   parent_run_id: str | None,
                    refresh: bool, train_result: dict | None = None) -> dict:
     """One stage flow's body: the hand-over record when orchestrated (``parent_run_id``), else the
     summary (after the decision and then the acceptance gate, for deploy)."""
@@ -172,30 +182,35 @@ def run_stage_flow(stage: str, config_path: str, overrides: list[str] | None, pa
             figures = results["figures"]
             decision_task(cfg, inputs["train"], figures, parent, preflight=results["preflight"])
             gate_task(cfg, figures)  # after the decision is recorded: pass or fail
-            extra = {"acceptance_length": figures.served, "acceptance_length_untrained": figures.untrained}
+            extra = {"acceptance_length": figures.served,
+                     "acceptance_length_untrained": figures.untrained}
         _, exp_id = tracking.client_for(cfg)
-        publish_summary(cfg, parent, f"{name}: {cfg.name}", [f"- {k}: {v}" for k, v in record.items()])
+        publish_summary(cfg, parent, f"{name}: {cfg.name}", [f"- {k}: {v}" for k,
+                                                             v in record.items()])
         return {"flow": name, "config": cfg.name, "run_dir": str(cfg.run_dir()),
                 "mlflow_uri": tracking.tracking_uri(cfg), "experiment_id": exp_id, "parent_run_id": parent,
                 "stages": record, **extra}
 
 
 @flow(name=flow_name("extract"), flow_run_name=flow_run_label, log_prints=False)
-def extract_flow(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
+def extract_flow(config_path: str, overrides: list[str] | None = None,
+                 parent_run_id: str | None = None,
                  refresh: bool = False) -> dict:
     """Hidden-state extraction of CONFIG into ``<run_dir>/extract``."""
     return run_stage_flow("extract", config_path, overrides, parent_run_id, refresh)
 
 
 @flow(name=flow_name("train"), flow_run_name=flow_run_label, log_prints=False)
-def train_flow(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
+def train_flow(config_path: str, overrides: list[str] | None = None,
+               parent_run_id: str | None = None,
                refresh: bool = False) -> dict:
     """Train the draft (and the untrained baseline) on ``<run_dir>/extract``."""
     return run_stage_flow("train", config_path, overrides, parent_run_id, refresh)
 
 
 @flow(name=flow_name("convert"), flow_run_name=flow_run_label, log_prints=False)
-def convert_flow(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
+def convert_flow(config_path: str, overrides: list[str] | None = None,
+                 parent_run_id: str | None = None,
                  refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check the drafts of ``<run_dir>/train*`` into ``serving*``.
     """
@@ -203,7 +218,8 @@ def convert_flow(config_path: str, overrides: list[str] | None = None, parent_ru
 
 
 @flow(name=flow_name("deploy"), flow_run_name=flow_run_label, log_prints=False)
-def deploy_flow(config_path: str, overrides: list[str] | None = None, parent_run_id: str | None = None,
+def deploy_flow(config_path: str, overrides: list[str] | None = None,
+                parent_run_id: str | None = None,
                 train_result: dict | None = None, refresh: bool = False) -> dict:
     """Pre-flight, deploy + benchmark the converted drafts, the acceptance figures; alone, also the
     decision and then the acceptance gate. ``train_result``: the trained draft's train result in

@@ -75,7 +75,8 @@ def attach_library_logs(name: str = LIBRARY_LOGGER, level: int = logging.INFO) -
     return logger
 
 
-def mlflow_ui(cfg: Any, experiment_id: str | None = None, run_id: str | None = None) -> tuple[str | None, str | None]:
+def mlflow_ui(cfg: Any, experiment_id: str | None = None,
+              run_id: str | None = None) -> tuple[str | None, str | None]:
     """(URL of the run in the MLflow UI, None) on a tracking server; (None, the command that opens
     the UI) on a local store."""
     uri = tracking.tracking_uri(cfg)
@@ -120,7 +121,8 @@ def failed_stage(error: BaseException) -> str | None:
 def _failed_run(cfg: Any, exp_id: str, parent: str) -> Any | None:
     """The newest FAILED nested run of ``parent`` (the stage that failed), if any."""
     client, _ = tracking.client_for(cfg)
-    runs = client.search_runs([exp_id], filter_string=f"tags.`{tracking.PARENT_TAG}` = '{parent}' and "
+    runs = client.search_runs([exp_id],
+                              filter_string=f"tags.`{tracking.PARENT_TAG}` = '{parent}' and "
                               "attributes.status = 'FAILED'", order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
 
@@ -130,7 +132,8 @@ def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> l
     ``error.txt`` and logged files: the engine log of deploy-bench), its Prefect task-run log."""
     stage = failed_stage(error) or "the flow itself (before any stage)"
     message = str(error)
-    lines = [f"**Failed stage: {stage}**", "", "```", f"{type(error).__name__}: {message[:3000]}", "```", ""]
+    lines = [f"**Failed stage: {stage}**", "", "```", f"{type(error).__name__}: {message[:3000]}",
+             "```", ""]
     run = _failed_run(cfg, exp_id, parent)
     base = ui.ui_base(tracking.tracking_uri(cfg))
     if run is not None and base is not None:
@@ -152,12 +155,15 @@ def publish_failure(cfg: Any, parent: str, title: str, error: BaseException, rec
     flow's own error is what the run reports)."""
     try:
         _, exp_id = tracking.client_for(cfg)
-        table = ["| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()]]
+        table = ["| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k,
+                                                        v in record.items()]]
         stage = failed_stage(error)
         if stage and stage not in record:
             table.append(f"| {stage} | **failed** |")
-        md = "\n".join([f"# {title} — failed", "", *failure_lines(cfg, exp_id, parent, error), "", *table, "",
+        md = "\n".join([f"# {title} — failed", "", *failure_lines(cfg, exp_id, parent, error), "",
+                        *table, "",
                         *_links(cfg, exp_id, parent), f"- run directory: {cfg.run_dir()}"])
-        create_markdown_artifact(markdown=md, key=_key(cfg, "-failed"), description=f"{title}: failed")
+        create_markdown_artifact(markdown=md, key=_key(cfg, "-failed"),
+                                 description=f"{title}: failed")
     except Exception as e:  # noqa: BLE001 - bookkeeping must not hide the stage's error
         error.add_note(f"(the failure artifact could not be written: {type(e).__name__}: {e})")

@@ -43,7 +43,8 @@ from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
 # with evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the
 # checkpoint).
 DEFAULT_SCHEDULES = {"epochs3-cosine": ["train.schedule=epochs", "train.epochs=3"],
-                     "constant-long": ["train.schedule=constant", "train.epochs=6", "train.eval_every=50"]}
+                     "constant-long": ["train.schedule=constant", "train.epochs=6",
+                                       "train.eval_every=50"]}
 # data variant name → data overrides (e.g. a regenerated conversations file)
 DEFAULT_DATA = {"as-is": []}
 
@@ -60,7 +61,8 @@ def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
     tokens (``counts.train_positions``), epochs over the data, optimizer steps, served / offline /
     simulated acceptance."""
     m = read_manifest(Path(summary["run_dir"]) / "train")
-    return {"data": data, "data_size": size, "schedule": schedule, "key": point_key(data, size, schedule),
+    return {"data": data, "data_size": size, "schedule": schedule,
+            "key": point_key(data, size, schedule),
             "unique_tokens": (m.get("counts") or {}).get("train_positions"),
             "acceptance_length": summary["acceptance_length"], "offline": summary.get("acceptance_length_offline"),
             "simulated": summary.get("acceptance_length_simulated"),
@@ -90,7 +92,8 @@ def _point_overrides(base: list[str], cfg_name: str, data: list[str], size: int,
             "bench.baseline_untrained=false"]
 
 
-def sweep_points(sizes: list[int], schedules: dict, data: dict, points: list | None) -> list[tuple[str, int, str]]:
+def sweep_points(sizes: list[int], schedules: dict, data: dict,
+                 points: list | None) -> list[tuple[str, int, str]]:
     """The (data variant, size, schedule) triples to run: ``points`` (each ``[data, size,
     schedule]``; names checked against ``data`` and ``schedules``), else the whole grid in (data,
     size, schedule) order. Raises DataError naming an unknown variant or schedule."""
@@ -111,11 +114,13 @@ def sweep_points(sizes: list[int], schedules: dict, data: dict, points: list | N
 def _finished_points(cfg, sweep_run_id: str) -> set[str]:
     """Point keys that already have a FINISHED parent run under this sweep (resume)."""
     client, exp = tracking.client_for(cfg)
-    runs = client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000)
+    runs = client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'",
+                              max_results=1000)
     return {r.data.tags.get("eagle3.sweep.point") for r in runs if r.info.status == "FINISHED"}
 
 
-def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds: dict, data: dict, parent: str,
+def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds: dict, data: dict,
+                parent: str,
                 deadline: float | None) -> tuple[list[dict], dict, list[str]]:
     """Run the ``todo`` points in order; once ``deadline`` (a ``time.monotonic()`` value) has passed
     no further point starts, but the first one always does (a call whose set-up outlasted its
@@ -140,8 +145,10 @@ def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds:
 
 
 @flow(name="eagle3-sweep", flow_run_name=flow_run_label, log_prints=False)
-def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes: list[int] | None = None,
-               schedules: dict[str, list[str]] | None = None, target_acceptance: float | None = None,
+def sweep_flow(config_path: str, overrides: list[str] | None = None,
+               data_sizes: list[int] | None = None,
+               schedules: dict[str,
+                               list[str]] | None = None, target_acceptance: float | None = None,
                data: dict[str, list[str]] | None = None, points: list[list] | None = None,
                eval_sets: list[str] | None = None, eval_max_new_tokens: int = 256,
                deadline_s: float | None = None, sweep_run_id: str | None = None,
@@ -169,13 +176,15 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None, data_sizes:
                                                "eagle3.sweep.data": ",".join(variants)})
         done = _finished_points(cfg, parent) if sweep_run_id else set()
         todo = [p for p in todo if point_key(*p) not in done]
-        results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo, scheds, variants,
+        results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo,
+                                               scheds, variants,
                                                parent, None if deadline_s is None else t0 + deadline_s)
         # the continuations are generated once for all
         if eval_sets and (evaluate_with_pending or not pending):
             evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
         rows = sweep_table(parent, tracking.tracking_uri(cfg))
-        tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed, "pending": pending,
+        tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed,
+                                                   "pending": pending,
                                                    "rows": rows}, "sweep.json")
         if not rows:
             raise DataError(f"sweep {cfg.name}: every point failed: {failed}")
@@ -195,7 +204,8 @@ def decision_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         best = r.get("offline_eval") if r.get("offline_eval") is not None else r.get("served")
-        out.append({**r, "acceptance_length": best, "served": r.get("served"), "offline": r.get("offline"),
+        out.append({**r, "acceptance_length": best, "served": r.get("served"),
+                    "offline": r.get("offline"),
                     "epochs": r.get("epochs_over_data"), "figure": "offline_eval" if r.get("offline_eval") else "served"})
     return [r for r in out if r["acceptance_length"] is not None]
 
@@ -208,14 +218,16 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
 
     out_dir = cfg.run_dir() / "sweep"
     out_dir.mkdir(parents=True, exist_ok=True)
-    decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png", target=target)
+    decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png",
+                              target=target)
     if pending:
         decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} — this decision covers "
                                 "the finished points only")
     curves = training_curves(rows)
     client, _ = tracking.client_for(cfg)
     if curves:
-        client.log_artifact(parent, str(plot_training_length(curves, out_dir / "training_length.png")))
+        client.log_artifact(parent, str(plot_training_length(curves,
+                                                             out_dir / "training_length.png")))
     tracking.set_parent_tags(cfg, parent, {f"eagle3.{k}": v for k, v in decision.tags().items()})
     tracking.set_parent_tags(cfg, parent, {"eagle3.sweep.pending": str(len(pending))})
     client.log_text(parent, decision.to_markdown(), "decision.md")
@@ -244,7 +256,8 @@ def training_curves(rows: list[dict]) -> list[dict]:
     return curves
 
 
-def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str], decision) -> None:
+def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str],
+             decision) -> None:
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
         "| point | served | offline (bench prompts) | offline (eval sets) | simulated |", "|---|---|---|---|---|",
@@ -265,12 +278,16 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
-    ap.add_argument("--size", type=int, action="append", help="data size in conversations (repeatable)")
-    ap.add_argument("-o", "--override", action="append", default=[], help="section.key=value (repeatable)")
+    ap.add_argument("--size", type=int, action="append",
+                    help="data size in conversations (repeatable)")
+    ap.add_argument("-o", "--override", action="append", default=[],
+                    help="section.key=value (repeatable)")
     ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
-    ap.add_argument("--report", metavar="SWEEP_RUN_ID", help="print the markdown report of a finished sweep "
+    ap.add_argument("--report", metavar="SWEEP_RUN_ID",
+                    help="print the markdown report of a finished sweep "
                     "(tracking store of CONFIG + overrides) instead of running one")
-    ap.add_argument("--plot-copy", default=None, help="with --report: copy the data-scaling plot here")
+    ap.add_argument("--plot-copy", default=None,
+                    help="with --report: copy the data-scaling plot here")
     a = ap.parse_args(argv)
     cfg = load_run_config(a.config, a.override)
     if a.report:

@@ -37,7 +37,8 @@ def task_options(timeout_s: float) -> dict:
     """Keyword arguments shared by every stage task: transient-only retries, a timeout (seconds),
     persisted results (needed for caching; stored under the project-configured
     PREFECT_LOCAL_STORAGE_PATH)."""
-    return {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAYS_S, "retry_condition_fn": retry_if_transient,
+    return {"retries": RETRIES, "retry_delay_seconds": RETRY_DELAYS_S,
+            "retry_condition_fn": retry_if_transient,
             "timeout_seconds": timeout_s, "persist_result": True}
 
 
@@ -55,9 +56,11 @@ def prefect_tags() -> dict[str, str]:
     return tags
 
 
-def stage_result(stage: str, out_dir: Any, manifest: dict, mlflow_run_id: str, metrics: dict | None = None,
+def stage_result(stage: str, out_dir: Any, manifest: dict, mlflow_run_id: str,
+                 metrics: dict | None = None,
                  variant: str = "trained", acceptance_length: float | None = None) -> StageResult:
     """The value every stage task returns (and Prefect caches): where the output is and what it was.
     """
-    return StageResult(stage, Path(out_dir), manifest["content_hash"], mlflow_run_id, dict(metrics or {}), variant,
+    return StageResult(stage, Path(out_dir), manifest["content_hash"], mlflow_run_id,
+                       dict(metrics or {}), variant,
                        acceptance_length)

@@ -57,7 +57,8 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
         old = json.loads(memo.read_text())
         if old.get("key") == key:
             return old["result"]
-    res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"], num_prompts=st["num_prompts"],
+    res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"],
+                             num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
                              temperature=st["temperature"], device=st["device"],
                              chat_template_kwargs=st["chat_template_kwargs"], cpu_threads=st["cpu_threads"])
@@ -93,9 +94,11 @@ def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) ->
     ``plots/``."""
     from eagle3.measure.plots import plot_served_vs_offline
 
-    points = [{"label": "trained draft", "simulated": fig.simulated, "offline": fig.offline, "served": fig.served}]
+    points = [{"label": "trained draft", "simulated": fig.simulated, "offline": fig.offline,
+               "served": fig.served}]
     if fig.untrained is not None:
-        points.append({"label": "untrained baseline", "simulated": None, "offline": None, "served": fig.untrained})
+        points.append({"label": "untrained baseline", "simulated": None, "offline": None,
+                       "served": fig.untrained})
     path = plot_served_vs_offline(points, cfg.run_dir() / "gate" / "served_vs_offline.png")
     client, _ = tracking.client_for(cfg)
     client.log_artifact(parent_run_id, str(path), "plots")
@@ -103,7 +106,8 @@ def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) ->
 
 
 @task(name="acceptance", task_run_name="acceptance", **task_options(3600.0))
-def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | None, serving: StageResult,
+def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | None,
+                    serving: StageResult,
                     parent_run_id: str, train: StageResult | None = None) -> AcceptanceFigures:
     """The acceptance figures of the run, logged on the parent run whatever they are: served (the
     trained draft's benchmark), untrained (the baseline's), offline (:func:`offline_figure`:
@@ -118,7 +122,8 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
     off = offline_figure(cfg, serving.dir)
     served, minimum = trained.acceptance_length, cfg.bench.min_acceptance_length
     failure = acceptance_verdict(served, off["acceptance_length"], minimum)
-    fig = AcceptanceFigures(served=served, untrained=untrained.acceptance_length if untrained else None,
+    fig = AcceptanceFigures(served=served,
+                            untrained=untrained.acceptance_length if untrained else None,
                             offline=off["acceptance_length"], simulated=simulated_figure(train),
                             offline_wall_s=off.get("wall_s"), minimum=minimum, passed=failure is None,
                             failure=failure)
@@ -128,10 +133,12 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
         "acceptance_length_simulated": fig.simulated,
         "acceptance_gap_offline_minus_served": fig.offline - fig.served if fig.served is not None else None,
         "offline_acceptance_wall_s": fig.offline_wall_s})
-    tracking.set_parent_tags(cfg, parent_run_id, {"eagle3.beats_untrained": str(fig.beats_baseline).lower(),
+    tracking.set_parent_tags(cfg, parent_run_id,
+                             {"eagle3.beats_untrained": str(fig.beats_baseline).lower(),
                                                   "eagle3.acceptance_gate": "passed" if fig.passed else "failed",
                                                   **prefect_tags()})
-    tracking.log_parent_artifact(cfg, parent_run_id, {k: v for k, v in off.items() if k != "per_request"},
+    tracking.log_parent_artifact(cfg, parent_run_id, {k: v for k,
+                                                      v in off.items() if k != "per_request"},
                                  "offline_acceptance.json")
     log_acceptance_plot(cfg, parent_run_id, fig)
     return fig
@@ -150,7 +157,8 @@ def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
 
 
 @task(name="decision", task_run_name="decision", **task_options(600.0))
-def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigures, parent_run_id: str,
+def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigures,
+                  parent_run_id: str,
                   preflight: dict | None = None):
     """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``;
     none when the training output is not at hand) and the acceptance figures; stored on the parent
@@ -164,10 +172,12 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
     checks = {c["name"]: f"{c['status']}: {c['detail']}" for c in (preflight or {}).get("checks", [])}
     decision = recommend(history, {"served": figures.served, "offline": figures.offline,
                                    "simulated": figures.simulated, "preflight": checks})
-    tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k, v in decision.tags().items()})
+    tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k,
+                                                  v in decision.tags().items()})
     # the run's description on its MLflow page: the decision with its evidence, the acceptance
     # lengths
-    tracking.set_parent_tags(cfg, parent_run_id, {mlflow_ui.NOTE_TAG: mlflow_ui.parent_note(cfg.name, figures,
+    tracking.set_parent_tags(cfg, parent_run_id,
+                             {mlflow_ui.NOTE_TAG: mlflow_ui.parent_note(cfg.name, figures,
                                                                                           decision)})
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")
     client, _ = tracking.client_for(cfg)

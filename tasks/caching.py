@@ -64,7 +64,8 @@ def reference_engine_identity(folder: Path | None = None) -> str:
         folder = Path(locations[0]) if locations else None
     if folder is None or not (folder / "__init__.py").is_file():
         return f"{REFERENCE_ENGINE} absent"
-    m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", (folder / "__init__.py").read_text(), re.M)
+    m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", (folder / "__init__.py").read_text(),
+                  re.M)
     h = hashlib.sha256()
     for f in sorted(folder.rglob("*.py")):
         h.update(f"{f.relative_to(folder).as_posix()}\n".encode())

@@ -84,7 +84,8 @@ def closure(root: Path, entries: tuple[str, ...] | list[str]) -> dict[str, Path]
         found[name] = f
         parts = name.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages' __init__
-        todo += [n for n in _imported_names(f, name) if n.split(".")[0] == PACKAGE and n not in found]
+        todo += [n for n in _imported_names(f,
+                                            name) if n.split(".")[0] == PACKAGE and n not in found]
     return dict(sorted(found.items()))
 
 

@@ -25,11 +25,13 @@ def convert_key(context: Any, parameters: dict) -> str:
 
     cfg = parameters["cfg"]
     return caching.stage_key("convert", cfg, parameters["out_dir"],
-                             inputs={"draft": parameters["draft"].dir, "data": parameters["data"].dir},
+                             inputs={"draft": parameters["draft"].dir,
+                                     "data": parameters["data"].dir},
                              files={"target": resolve_target(cfg)})
 
 
-def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: Path) -> tuple[dict, dict]:
+def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path,
+                           out_dir: Path) -> tuple[dict, dict]:
     """Convert (which validates once, against the target and the extraction manifest:
     CheckpointInvalid listing every ``CODE: message``), then check equivalence; whether the target's
     class captures aux states in the serving engine is the pre-flight's question
@@ -46,7 +48,8 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path, out_dir: P
         # before deploy
         manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
                            version=cfg.convert.engine_version, data_manifest=read_manifest(data_dir), aux_capture=False)
-        report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target, atol=cfg.convert.equivalence_atol,
+        report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target,
+                                   atol=cfg.convert.equivalence_atol,
                                    engine=cfg.convert.engine, version=cfg.convert.engine_version, assume_capture=True)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)

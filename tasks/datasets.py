@@ -23,7 +23,8 @@ def dataset_target_name(manifest: dict) -> str:
     return str(name)
 
 
-def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path, context: str) -> None:
+def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path,
+                      context: str) -> None:
     """Log an extracted hidden-state folder as an MLflow dataset input of this run.
 
     The dataset is an ``mlflow.data.meta_dataset.MetaDataset`` (metadata only: terabytes of states
@@ -50,7 +51,8 @@ def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path, 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
         source = resolve_dataset_source(str(Path(directory).resolve()))
-    entity = MetaDataset(source, name=f"hidden-states-{target}", digest=full[:32])._to_mlflow_entity()  # noqa: SLF001
+    entity = MetaDataset(source, name=f"hidden-states-{target}",
+                         digest=full[:32])._to_mlflow_entity()  # noqa: SLF001
     profile = {"content_hash": full, "counts": m.get("counts"), "bytes": m.get("bytes"),
                "bytes_per_token": m.get("bytes_per_token"), "dtype": m.get("dtype"),
                "aux_layer_ids": m.get("aux_layer_ids"), "layer_id_convention": m.get("layer_id_convention")}

@@ -39,7 +39,8 @@ def deploy_key(context: Any, parameters: dict) -> str:
                              extra={"chat_template_kwargs": cfg.data.chat_template_kwargs})
 
 
-def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path, sr: Any) -> dict:
+def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path,
+                      sr: Any) -> dict:
     """``eagle3.measure.served.serve_and_measure`` with the gate's verdict and timeline logged to
     the stage run."""
     from eagle3.assets import resolve_target
@@ -69,13 +70,15 @@ def log_attempts(sr: Any, deploy_dir: Path) -> None:
     path = deploy_dir / "attempts.json"
     if path.is_file():
         for a in json.loads(path.read_text()):
-            sr.log_metrics({f"attempt{a['attempt']}.{k}_s": float(v) for k, v in (a.get("phases") or {}).items()})
+            sr.log_metrics({f"attempt{a['attempt']}.{k}_s": float(v) for k,
+                            v in (a.get("phases") or {}).items()})
             sr.set_tags({f"eagle3.attempt{a['attempt']}.verdict": a.get("verdict")})
     sr.log_path(deploy_dir, "deploy")
 
 
 @task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
-def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Path, parent_run_id: str,
+def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Path,
+                parent_run_id: str,
                 variant: str = "trained") -> StageResult:
     """Serve ``serving.dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``,
     shut down.
@@ -91,7 +94,8 @@ def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Pat
         finally:
             log_attempts(sr, deploy_dir)  # engine log, timeline, diagnostics: also when it failed
         s = report["summary"]
-        metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int,
+                                                                       float)) and not isinstance(v, bool)}
         for i, v in enumerate(report.get("per_position") or []):
             metrics[f"acceptance_per_position.{i}"] = float(v)
         sr.log_metrics(metrics)

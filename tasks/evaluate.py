@@ -25,7 +25,8 @@ def _metrics(set_name: str, group: dict) -> dict[str, float]:
     """MLflow metrics of one prompt set's group (``eagle3.measure.replay`` schema: acceptance
     figures, counts, ``ci`` {low, high})."""
     out = {}
-    for k in ("acceptance_length", "acceptance_rate", "num_requests", "completion_tokens", "verify_ct"):
+    for k in ("acceptance_length", "acceptance_rate", "num_requests", "completion_tokens",
+              "verify_ct"):
         if isinstance(group.get(k), (int, float)) and not isinstance(group.get(k), bool):
             out[f"offline.{set_name}.{k}"] = float(group[k])
     ci = group.get("ci") or {}
@@ -42,7 +43,8 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str
     points that lack one of ``sets``."""
     client, exp = tracking.client_for(cfg)
     todo = {}
-    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
+    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'",
+                                max_results=1000):
         if r.info.status != "FINISHED":
             continue
         if all(f"offline.{s}.acceptance_length" in r.data.metrics for s in sets):
@@ -66,7 +68,8 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
     if not todo:
         return {}
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    res = evaluate_drafts(resolve_target(cfg), {k: d for k, (_, d) in todo.items()}, prompt_sets=sets,
+    res = evaluate_drafts(resolve_target(cfg), {k: d for k, (_, d) in todo.items()},
+                          prompt_sets=sets,
                           max_new_tokens=max_new_tokens, num_steps=cfg.serve.speculative_num_steps,
                           dtype="float32", device=device, batch_size=64 if device == "cuda" else 8,
                           include_requests=False, progress=False)
@@ -77,7 +80,8 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
         tracking.log_parent_metrics(cfg, run_id, metrics)
         tracking.set_parent_tags(cfg, run_id, {"eagle3.sweep.eval_primary": sets[0]})
         tracking.log_parent_artifact(cfg, run_id, res[key], "offline_eval.json")
-        out[key] = {s: {"acceptance_length": per_set[s]["acceptance_length"], "ci": per_set[s].get("ci")}
+        out[key] = {s: {"acceptance_length": per_set[s]["acceptance_length"],
+                        "ci": per_set[s].get("ci")}
                     for s in sets}
     return out
 

@@ -54,7 +54,8 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
-def extract_task(cfg: Any, out_dir: Path, parent_run_id: str, variant: str = "trained") -> StageResult:
+def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
+                 variant: str = "trained") -> StageResult:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to
     MLflow.
 

@@ -41,12 +41,14 @@ def run_list_view() -> dict:
     run name, creation time and duration (MLflow's default Source / Models / Dataset columns left
     out, so they fit on one screen), newest run first."""
     cols = [f"metrics.`{k}`" for k in HEADLINE_METRICS] + [f"tags.`{k}`" for k in HEADLINE_TAGS]
-    return {"selectedColumns": cols, "orderByKey": "attributes.start_time", "orderByAsc": False, "searchFilter": ""}
+    return {"selectedColumns": cols, "orderByKey": "attributes.start_time", "orderByAsc": False,
+            "searchFilter": ""}
 
 
 def experiment_tags() -> dict[str, str]:
     """Tags every experiment of the pipeline carries (see the module doc)."""
-    return {EXPERIMENT_KIND_TAG: MODEL_TRAINING, VIEW_TAG: json.dumps(run_list_view(), sort_keys=True)}
+    return {EXPERIMENT_KIND_TAG: MODEL_TRAINING, VIEW_TAG: json.dumps(run_list_view(),
+                                                                      sort_keys=True)}
 
 
 def ensure_experiment_ui(client: Any, experiment: Any) -> None:

@@ -19,7 +19,8 @@ from tasks.results import StageResult
 
 
 @task(name="preflight", task_run_name="preflight", cache_policy=NO_CACHE, **task_options(600.0))
-def preflight_task(cfg: Any, serving: StageResult | None, data: StageResult | None, parent_run_id: str,
+def preflight_task(cfg: Any, serving: StageResult | None, data: StageResult | None,
+                   parent_run_id: str,
                    variant: str = "trained") -> dict:
     """Run the pre-flight and record it; raise EngineUnsupported / ConfigError (``.problems``) when
     it fails. Returns the report as a dict."""
@@ -27,10 +28,12 @@ def preflight_task(cfg: Any, serving: StageResult | None, data: StageResult | No
         from eagle3.serve.deploy_check import preflight_of_run
 
         report = preflight_of_run(cfg, serving.dir if serving else None, data.dir if data else None)
-        sr.set_tags({"eagle3.engine": report.engine, "eagle3.preflight": "passed" if report.passed else "failed",
+        sr.set_tags({"eagle3.engine": report.engine,
+                     "eagle3.preflight": "passed" if report.passed else "failed",
                      **{f"eagle3.preflight.{c.name}": c.status for c in report.checks}})
         sr.log_metrics(report.figures())
         sr.log_dict(report.to_dict(), "preflight.json")
-        tracking.set_parent_tags(cfg, parent_run_id, {"eagle3.preflight": "passed" if report.passed else "failed"})
+        tracking.set_parent_tags(cfg, parent_run_id,
+                                 {"eagle3.preflight": "passed" if report.passed else "failed"})
         report.raise_if_failed()
     return report.to_dict()

@@ -85,7 +85,8 @@ def refreshed_tags(tags: dict[str, str], parent_run_id: str) -> dict[str, str]:
     """The tags a re-registration of an already registered checkpoint writes: the new figures, but
     never the version's provenance: ``eagle3.pipeline_run_id`` stays the run that made the draft;
     the re-run goes to ``eagle3.last_pipeline_run_id``."""
-    return {**{k: v for k, v in tags.items() if k not in PROVENANCE_TAGS}, "eagle3.last_pipeline_run_id": parent_run_id}
+    return {**{k: v for k, v in tags.items() if k not in PROVENANCE_TAGS},
+            "eagle3.last_pipeline_run_id": parent_run_id}
 
 
 def _mlmodel_file(serving: StageResult, run_id: str, into: Path) -> Path:
@@ -180,7 +181,8 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
                 home.log_path(_mlmodel_file(serving, parent_run_id, Path(tmp)), "draft")
             source = _artifact_source(client, parent_run_id)
             mv = client.create_model_version(name, source, run_id=parent_run_id, tags=tags,
-                                             description=_version_description(cfg, figures, parent_run_id))
+                                             description=_version_description(cfg, figures,
+                                                                              parent_run_id))
             version, new = str(mv.version), True
             sr.set_tags({"eagle3.registered_model": f"{name}/{version}"})
     best = move_best_alias(client, name)

@@ -85,7 +85,8 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
         text = f"# Decision: **{tags['eagle3.decision']}**\n\nRule: `{tags.get('eagle3.decision.rule')}`"
     m = run.data.metrics
     lines = [text, ""]
-    for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained", "untrained baseline"),
+    for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained",
+                                                                "untrained baseline"),
                        ("acceptance_length_offline", "offline (in-process)"),
                        ("acceptance_length_simulated", "simulated (training validation)")):
         if key in m:
@@ -97,7 +98,8 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     return "\n".join(lines)
 
 
-TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_data", "optimizer_steps",
+TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_data",
+                 "optimizer_steps",
                  "simulated", "served", "offline", "offline_eval", "offline_eval_ci", "offline_gsm8k",
                  "registered_model", "run_id")
 
@@ -122,15 +124,18 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
     except MlflowException as e:
         raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
     rows = []
-    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'", max_results=1000):
+    for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'",
+                                max_results=1000):
         if r.info.status != "FINISHED":
             continue
         m, t = r.data.metrics, r.data.tags
         sets = sorted({k.split(".")[1] for k in m if k.startswith("offline.") and k.endswith(".acceptance_length")})
         first = t.get("eagle3.sweep.eval_primary") or (sets[0] if sets else None)
         gsm = next((s for s in sets if s.startswith("gsm8k")), None)
-        rows.append({"data": t.get("eagle3.sweep.data", "as-is"), "point": t.get("eagle3.sweep.point"),
-                     "data_size": int(t.get("eagle3.sweep.data_size", 0)), "schedule": t.get("eagle3.sweep.schedule"),
+        rows.append({"data": t.get("eagle3.sweep.data", "as-is"),
+                     "point": t.get("eagle3.sweep.point"),
+                     "data_size": int(t.get("eagle3.sweep.data_size",
+                                            0)), "schedule": t.get("eagle3.sweep.schedule"),
                      "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
                      "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
@@ -138,7 +143,8 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "offline_eval": m.get(f"offline.{first}.acceptance_length") if first else None,
                      "offline_eval_ci": _ci(m, f"offline.{first}") if first else None,
                      "offline_gsm8k": m.get(f"offline.{gsm}.acceptance_length") if gsm else None,
-                     "eval": {s: {k.split(".", 2)[2]: v for k, v in m.items() if k.startswith(f"offline.{s}.")}
+                     "eval": {s: {k.split(".", 2)[2]: v for k,
+                                  v in m.items() if k.startswith(f"offline.{s}.")}
                               for s in sets},
                      "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id,
                      "run_dir": t.get("eagle3.run_dir")})
@@ -157,7 +163,8 @@ def format_table(rows: list[dict]) -> str:
             return f"{v:.2f}"
         return f"{v:.3f}" if isinstance(v, float) else str(v)
     head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
+    return "\n".join(head + ["| " + " | ".join(cell(k,
+                                                    r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
 
 
 def simulated_pivot(rows: list[dict]) -> str:
@@ -165,12 +172,14 @@ def simulated_pivot(rows: list[dict]) -> str:
     variant, schedule) as rows and data sizes (conversations) as columns, from :func:`sweep_table`
     rows."""
     sizes = sorted({r["data_size"] for r in rows})
-    head = ["| data / schedule | " + " | ".join(f"{n:,} conv." for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    head = ["| data / schedule | " + " | ".join(f"{n:,} conv." for n in sizes) + " |",
+            "|---|" + "---|" * len(sizes)]
     body = []
     for data, sched in sorted({(r["data"], r["schedule"] or "") for r in rows}):
         cells = []
         for n in sizes:
-            r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data, sched) and x["data_size"] == n),
+            r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data,
+                                                                              sched) and x["data_size"] == n),
                      None)
             cells.append("n/a" if r is None or r["simulated"] is None else
                          f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps, "

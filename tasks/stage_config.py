@@ -34,7 +34,8 @@ STAGE_CONFIG: dict[str, StageConfig] = {
                                           "eagle3.convert.equivalence")),
     "preflight": StageConfig(("serve",)),  # never cached: it reads live facts of the machine
     "deploy-bench": StageConfig(("target", "serve", "bench"), ("eagle3.measure.served",),
-                                ("bench.min_acceptance_length", "bench.baseline_untrained"), engine=True),
+                                ("bench.min_acceptance_length",
+                                 "bench.baseline_untrained"), engine=True),
 }
 
 

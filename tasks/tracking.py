@@ -118,7 +118,8 @@ def config_params(cfg: Any) -> dict[str, str]:
     return {k: str(v) for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
 
 
-def _log_batch(client: MlflowClient, run_id: str, *, metrics: list | None = None, params: dict | None = None,
+def _log_batch(client: MlflowClient, run_id: str, *, metrics: list | None = None,
+               params: dict | None = None,
                tags: dict | None = None) -> None:
     with _transient():
         for i in range(0, len(metrics or []), _BATCH * 10):
@@ -128,7 +129,8 @@ def _log_batch(client: MlflowClient, run_id: str, *, metrics: list | None = None
             client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in items[i:i + _BATCH]])
         titems = list((tags or {}).items())
         for i in range(0, len(titems), _BATCH):
-            client.log_batch(run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in titems[i:i + _BATCH]])
+            client.log_batch(run_id, tags=[RunTag(k, str(v)[:5000]) for k,
+                                           v in titems[i:i + _BATCH]])
 
 
 def numeric_leaves(prefix: str, d: dict | None) -> dict[str, float]:
@@ -147,7 +149,8 @@ def chartable(summary: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in summary.items() if not k.startswith("final.")}
 
 
-def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
+                step: int = 0) -> None:
     """Log numeric ``metrics`` at ``step`` (non-numeric values are an error: DataError naming the
     key)."""
     ts = int(time.time() * 1000)
@@ -159,7 +162,8 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], st
     _log_batch(client, run_id, metrics=batch)
 
 
-def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_file: Path | None = None) -> str:
+def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str,
+                       config_file: Path | None = None) -> str:
     """Create the parent run of a pipeline run, or reuse the one already tagged with
     ``flow_run_id``.
 
@@ -168,12 +172,14 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str, config_fil
     """
     client, exp_id = client_for(cfg)
     with _transient():
-        found = client.search_runs([exp_id], filter_string=f"tags.`{PIPELINE_TAG}` = '{flow_run_id}'",
+        found = client.search_runs([exp_id],
+                                   filter_string=f"tags.`{PIPELINE_TAG}` = '{flow_run_id}'",
                                    max_results=1)
         if found:
             run_id = found[0].info.run_id
             client.update_run(run_id, status="RUNNING")
-            client.set_tag(run_id, "eagle3.attempts", str(int(found[0].data.tags.get("eagle3.attempts", "1")) + 1))
+            client.set_tag(run_id, "eagle3.attempts",
+                           str(int(found[0].data.tags.get("eagle3.attempts", "1")) + 1))
             return run_id
         run = client.create_run(exp_id, run_name=f"{cfg.name}-{flow_run_id[:8]}", tags={
             FLOW_RUN_TAG: flow_run_id, PIPELINE_TAG: flow_run_id, "prefect.flow_name": flow_name,
@@ -212,7 +218,8 @@ def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> 
             # e.g. the decision: kept below
             before = client.get_run(run_id).data.tags.get(mlflow_ui.NOTE_TAG)
             note = f"**Failed** — `{type(error).__name__}`: {error}"[:3000] + "\n\nTraceback: artifact `error.txt`."
-            client.set_tag(run_id, mlflow_ui.NOTE_TAG, note + (f"\n\n---\n\n{before}" if before else ""))
+            client.set_tag(run_id, mlflow_ui.NOTE_TAG,
+                           note + (f"\n\n---\n\n{before}" if before else ""))
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 
@@ -248,7 +255,8 @@ class StageRun:
     def log_dict(self, obj: Any, name: str) -> None:
         """Store ``obj`` as the JSON artifact ``name``."""
         with _transient():
-            self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), name)
+            self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True,
+                                                         default=str), name)
 
     def log_path(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Store a file or a whole folder as artifacts (missing paths are skipped: optional plots).
@@ -264,8 +272,10 @@ class StageRun:
         """Store ``manifest.json`` of a stage output and log its counts and timings as metrics."""
         m = read_manifest(directory)
         self.log_path(Path(directory) / "manifest.json")
-        self.log_metrics({**numeric_leaves("counts", m.get("counts")), **numeric_leaves("timings", m.get("timings"))})
-        self.set_tags({"eagle3.output_dir": str(directory), "eagle3.content_hash": m.get("content_hash", "")})
+        self.log_metrics({**numeric_leaves("counts", m.get("counts")),
+                          **numeric_leaves("timings", m.get("timings"))})
+        self.set_tags({"eagle3.output_dir": str(directory),
+                       "eagle3.content_hash": m.get("content_hash", "")})
         return m
 
     def log_dataset(self, directory: str | Path, context: str) -> None:
@@ -309,7 +319,8 @@ def _announce(cfg: Any, exp_id: str, info: Any) -> None:
     get_run_logger().info("MLflow run %s: %s", info.run_name, where)
 
 
-def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str, variant: str) -> int:
+def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str,
+             variant: str) -> int:
     """1 + the runs of this stage and variant that ran (not served from the cache) under
     ``parent_run_id``."""
     with _transient():
@@ -329,7 +340,8 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
     cached = tags["eagle3.cached"] == "true"
     attempt = 1 if cached else _attempt(client, exp_id, parent_run_id, stage, variant)
     with _transient():
-        run = client.create_run(exp_id, run_name=stage_run_name(stage, variant, cached, attempt), tags={
+        run = client.create_run(exp_id, run_name=stage_run_name(stage, variant, cached, attempt),
+                                tags={
             PARENT_TAG: parent_run_id, "eagle3.stage": stage, "eagle3.variant": variant,
             "eagle3.attempt": str(attempt), **tags})
     sr = StageRun(client, run.info.run_id)
@@ -397,19 +409,24 @@ def summarize_run(parent_run_id: str, tracking_uri: str | None = None) -> dict:
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
                                   order_by=["attributes.start_time ASC"], max_results=1000)
-    stages = [{"stage": c.data.tags.get("eagle3.stage"), "variant": c.data.tags.get("eagle3.variant"),
+    stages = [{"stage": c.data.tags.get("eagle3.stage"),
+               "variant": c.data.tags.get("eagle3.variant"),
                "run_id": c.info.run_id, "status": c.info.status, "cached": c.data.tags.get("eagle3.cached") == "true",
                "produced_by": c.data.tags.get("eagle3.produced_by_run_id"), "metrics": dict(c.data.metrics),
-               "datasets": [{"name": d.dataset.name, "digest": d.dataset.digest, "source": d.dataset.source,
+               "datasets": [{"name": d.dataset.name, "digest": d.dataset.digest,
+                             "source": d.dataset.source,
                              "context": {t.key: t.value for t in d.tags}.get("mlflow.data.context")}
                             for d in (c.inputs.dataset_inputs if c.inputs else [])]}
               for c in children]
-    return {"run_id": parent_run_id, "status": parent.info.status, "flow_run_id": parent.data.tags.get(FLOW_RUN_TAG),
+    return {"run_id": parent_run_id, "status": parent.info.status,
+            "flow_run_id": parent.data.tags.get(FLOW_RUN_TAG),
             "params": len(parent.data.params), "metrics": dict(parent.data.metrics),
-            "tags": {k: v for k, v in parent.data.tags.items() if k.startswith("eagle3.")}, "stages": stages}
+            "tags": {k: v for k,
+                     v in parent.data.tags.items() if k.startswith("eagle3.")}, "stages": stages}
 
 
-def metric_history(run_id: str, key: str, tracking_uri: str | None = None) -> list[tuple[int, float]]:
+def metric_history(run_id: str, key: str,
+                   tracking_uri: str | None = None) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric of one run (e.g. a train run's ``loss``), by step."""
     client = MlflowClient(tracking_uri=tracking_uri)
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
