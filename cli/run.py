@@ -160,8 +160,8 @@ def _quiet_known_tracebacks() -> Iterator[None]:
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 # what the record counts and starts its deadline on: Ctrl-C too (Python's own SIGINT handler raises
-# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well; a new-user
-# trial saw Prefect's engine retry its crash report for 2 min 20 s before the run exited)
+# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well, and Prefect's
+# engine then retries its crash report to it for minutes)
 RECORDED = (*TERMINATING, signal.SIGINT)
 
 

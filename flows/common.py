@@ -148,8 +148,7 @@ def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
 
     For stages whose work is independent and single-threaded, such as the trained and the untrained
     draft's deploy+bench (each engine decodes on one CPU thread, ``serve.cpu_threads``): both take
-    about as long as one (measured on a 2-core AMD EPYC held to AVX2: 41 and 45 s together against
-    42 s alone). Nothing is abandoned: a failed call's sibling runs to its end (its engine is torn
+    about as long as one. Nothing is abandoned: a failed call's sibling runs to its end (its engine is torn
     down by its own ``finally``) before the error propagates."""
     import contextvars
     from concurrent.futures import ThreadPoolExecutor
