@@ -157,31 +157,23 @@ def convert(
 def validate(
     directory: Path = typer.Argument(..., help="Draft checkpoint directory"),
     target: Optional[Path] = typer.Option(None, "--target", help="Target model folder"),
-    engine: str = typer.Option("sglang", "--engine"),
-    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to compare with"),
-    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size of the deployment (vLLM decides the "
-                           "embedding per rank)"),
+    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to "
+                                        "compare with"),
 ):
-    """Check a draft against the engine profile. Exit 0 valid, 1 problems (one ``CODE: message`` per line), 2 I/O.
-    Decisions the engine will make (vLLM: share the target's embedding or not, per rank) follow as
-    ``decision: ...`` lines."""
+    """Check a draft against the SGLang profile. Exit 0 valid, 1 problems (one ``CODE: message`` per
+    line), 2 I/O."""
     from eagle3.artifacts import read_manifest
     from eagle3.convert.validate import validate as do_validate
 
-    decisions: dict = {}
     try:
         data_manifest = read_manifest(data) if data else None
-        problems = do_validate(directory, target_dir=target, engine=engine, data_manifest=data_manifest,
-                               tp_size=tp, decisions=decisions)
+        problems = do_validate(directory, target_dir=target, data_manifest=data_manifest)
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for p in problems:
         typer.echo(str(p))
-    for name, d in decisions.items():
-        typer.echo(f"decision: {name}: {d['decision']} (per rank {d['per_rank']}; {d['reason']}; {d['engine']}, "
-                   f"tp {d['tp_size']})")
     if not problems:
-        typer.echo(f"{directory}: valid for {engine}")
+        typer.echo(f"{directory}: valid for sglang")
     raise typer.Exit(1 if problems else 0)
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
-from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 from eagle3.overrides import apply_overrides, format_validation_error
 
@@ -184,7 +185,7 @@ class TrainConfig(_Section):
         "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; a CPU with "
         "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
-        None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
+        None, description="None = what the serving engine's profile computes (SGLang: False).")
     allow_vocab_map_change: bool = False
     norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux states before fc.")
     fc_norm: bool = Field(False, description="One RMSNorm per aux state before fc.")
@@ -220,8 +221,17 @@ class ConvertConfig(_Section):
     """Conversion to the serving engine's format."""
 
     engine: Literal["sglang"] = "sglang"
-    engine_version: str = SGLANG_VERSION
+    engine_version: str = Field(SGLANG_VERSION, description="A pinned release: a key of "
+                                "eagle3.engines.sglang.profile.RELEASES.")
     equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence check.")
+
+    @field_validator("engine_version")
+    @classmethod
+    def _known_release(cls, v: str) -> str:
+        if v not in RELEASES:
+            raise ValueError(f"expected a pinned SGLang release, one of {sorted(RELEASES)} "
+                             f"(eagle3.engines.sglang.profile.RELEASES)")
+        return v
 
 
 class ServeConfig(_Section):

@@ -31,50 +31,9 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
                                         f"{archs}: {profile.engine} {profile.version} builds the first entry it "
                                         f"supports, so {archs[:first]} would be built instead of {archs[first]}")]
     hint = " (a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first)" \
-        if ck.config.get("speculators_model_type") and profile.engine == "sglang" else ""
+        if ck.config.get("speculators_model_type") else ""
     return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {drafts} "
                                     f"for {profile.engine} {profile.version}, got {archs}{hint}")]
-
-
-def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Class 5: flags the engine does not implement, implements differently, or would read otherwise.
-
-    Reads the flags as the draft was trained (``manifest.json`` ``trained_flags`` written by the converter,
-    else the config's own keys) and compares them with what the engine computes for this config.
-    """
-    out: list[Problem] = []
-    cfg = ck.config
-    trained = dict((ck.manifest or {}).get("trained_flags") or {})
-    for name in profile.flags:  # a flag the config states but the engine never reads: its value is a fact too
-        if name in cfg and cfg[name] is not None and not profile.flags[name].config_keys and bool(cfg[name]):
-            trained[name] = True
-        elif name not in trained and name in cfg and cfg[name] is not None:
-            trained[name] = bool(cfg[name])
-    for name, value in trained.items():
-        try:
-            profile.check_flags({name: value})
-        except ConfigError as e:
-            out.append(Problem("UNSUPPORTED_FLAG", str(e)))
-            continue
-        rule = profile.flags.get(name)
-        if rule is not None and rule.config_keys:
-            engine_value = profile.engine_flag_value(name, cfg)
-            if engine_value != bool(value):
-                out.append(Problem("FLAG_MISMATCH", f"{name}: the draft was trained with {name}={value} but "
-                                   f"{profile.engine} {profile.version} reads {name}={engine_value} from config.json "
-                                   f"(keys {list(rule.config_keys)})"))
-    if profile.engine == "sglang":
-        fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
-        for key, want in fixed.items():
-            if key in cfg and cfg[key] != want:
-                out.append(Problem("UNSUPPORTED_FLAG", f"config.json {key}: {profile.engine} {profile.version}'s "
-                                   f"EAGLE-3 layer computes {key}={want!r}, got {cfg[key]!r}"))
-        dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
-        if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
-            out.append(Problem("UNSUPPORTED_FLAG", f"config.json tie_word_embeddings: expected false with "
-                               f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no lm_head.weight "
-                               f"parameter, so the draft head is skipped), got true"))
-    return out
 
 
 def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
@@ -119,7 +78,7 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
 
 
 def check_values(ck: Checkpoint) -> list[Problem]:
-    """Class 4: NaN/Inf and all-zero float tensors (the embedding's provenance: :mod:`eagle3.convert.embed_checks`)."""
+    """Class 4: NaN/Inf and all-zero float tensors."""
     out: list[Problem] = []
     for name, t in sorted(ck.tensors.items()):
         if not t.is_floating_point() or t.numel() == 0:
@@ -130,6 +89,30 @@ def check_values(ck: Checkpoint) -> list[Problem]:
         elif not bool(t.any()):
             out.append(Problem("ALL_ZERO", f"tensor {name!r}: expected trained values, got all {t.numel()} zeros"))
     return out
+
+
+def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
+    """Class 4: the engine replaces the draft's embedding by the target's (``set_embed``,
+    docs/ENGINE_FACTS.md L10), so a draft embedding unlike the target's was trained for inputs the
+    engine never gives it (EMBED_MISMATCH); a target embedding not found in its weight files is
+    EMBED_UNCHECKED instead of a skipped check. Needs ``target``."""
+    emb = ck.tensors.get("embed_tokens.weight", ck.tensors.get("model.embed_tokens.weight"))
+    if target is None or emb is None:
+        return []
+    ref = target.embed()
+    if ref is None:
+        return [Problem("EMBED_UNCHECKED", f"embed_tokens.weight: expected the target's embedding to "
+                        f"compare with ({target.path}: {target.embed_searched}), found none")]
+    if tuple(ref.shape) != tuple(emb.shape):
+        return [Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's shape "
+                        f"{list(ref.shape)}, got {list(emb.shape)}")]
+    diff = float((emb.float() - ref.float()).abs().max())
+    tol = 1e-2 * float(ref.float().abs().max()) + 1e-6  # bf16 rounding of the target's weights
+    if diff > tol:
+        return [Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's embedding "
+                        f"({target.path}), the engine serves with it; got max |diff| {diff:.4g} > "
+                        f"{tol:.3g} (re-initialised or trained embedding)")]
+    return []
 
 
 def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, vocab: int) -> list[Problem]:

@@ -1,4 +1,5 @@
-"""Draft config flags read from a place the engine never looks, and flags nobody knows (failure class 5).
+"""Draft config flags (failure class 5): trained values the engine computes otherwise, flags read from a
+place the engine never looks, and flags nobody knows.
 
 SGLang 0.5.23 reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of the draft's
 ``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and inside ``eagle_config``
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from eagle3.convert.checkpoint import Problem
+from eagle3.convert.checkpoint import Checkpoint, Problem
 from eagle3.engines.profile import EngineProfile, dotted_get
 from eagle3.errors import ConfigError
 
@@ -92,4 +93,44 @@ def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem
                 out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: expected only "
                                    f"{sorted(profile.eagle_config_keys)} inside eagle_config (what {profile.engine} "
                                    f"{profile.version} reads there), got {key!r}, which it never reads"))
+    return out
+
+
+def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
+    """Class 5: flags the engine does not implement, implements differently, or would read otherwise.
+
+    Reads the flags as the draft was trained (``manifest.json`` ``trained_flags`` written by the converter,
+    else the config's own keys) and compares them with what the engine computes for this config.
+    """
+    out: list[Problem] = []
+    cfg = ck.config
+    trained = dict((ck.manifest or {}).get("trained_flags") or {})
+    for name in profile.flags:  # a flag the config states but the engine never reads: its value is a fact too
+        if name in cfg and cfg[name] is not None and not profile.flags[name].config_keys and bool(cfg[name]):
+            trained[name] = True
+        elif name not in trained and name in cfg and cfg[name] is not None:
+            trained[name] = bool(cfg[name])
+    for name, value in trained.items():
+        try:
+            profile.check_flags({name: value})
+        except ConfigError as e:
+            out.append(Problem("UNSUPPORTED_FLAG", str(e)))
+            continue
+        rule = profile.flags.get(name)
+        if rule is not None and rule.config_keys:
+            engine_value = profile.engine_flag_value(name, cfg)
+            if engine_value != bool(value):
+                out.append(Problem("FLAG_MISMATCH", f"{name}: the draft was trained with {name}={value} but "
+                                   f"{profile.engine} {profile.version} reads {name}={engine_value} from config.json "
+                                   f"(keys {list(rule.config_keys)})"))
+    fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
+    for key, want in fixed.items():
+        if key in cfg and cfg[key] != want:
+            out.append(Problem("UNSUPPORTED_FLAG", f"config.json {key}: {profile.engine} {profile.version}'s "
+                               f"EAGLE-3 layer computes {key}={want!r}, got {cfg[key]!r}"))
+    dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
+    if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
+        out.append(Problem("UNSUPPORTED_FLAG", f"config.json tie_word_embeddings: expected false with "
+                           f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no lm_head.weight "
+                           f"parameter, so the draft head is skipped), got true"))
     return out
