@@ -1,10 +1,10 @@
 """Every check of a serving checkpoint that can be made from files (docs/FAILURE_CLASSES.md).
 
-``validate(ckpt_dir, target_dir=..., data_manifest=...)`` returns a list of :class:`Problem` (empty =
-valid). The tensor checks replay the engine's loader from its profile (:mod:`eagle3.engines.profile`):
-every tensor must fill a parameter the engine has (SGLang skips unknown names in silence), every
-parameter it reads must be filled (else it keeps its random init), shapes must agree with the config.
-Codes, by failure class:
+``validate(ckpt_dir, target_dir=..., data_manifest=...)`` returns a list of :class:`Problem` (empty
+= valid). The tensor checks replay the engine's loader from its profile
+(:mod:`eagle3.engines.profile`): every tensor must fill a parameter the engine has (SGLang skips
+unknown names in silence), every parameter it reads must be filled (else it keeps its random init),
+shapes must agree with the config. Codes, by failure class:
 
     1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD
     4 NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED
@@ -13,7 +13,8 @@ Codes, by failure class:
     10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED
     11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE   13 ROPE_MISMATCH, CONTEXT_LENGTH
     14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH, TARGET_WEIGHTS_MISMATCH
-    15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26 CONFIG_FIELD (numbers out of range)
+    15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26 CONFIG_FIELD (numbers out of
+    range)
 
 Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
 target). Target checks need ``target_dir``; data checks need ``data_manifest``.
@@ -34,8 +35,8 @@ def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engi
              aux_capture: bool = True) -> list[Problem]:
     """All file-checkable problems of a serving checkpoint for ``engine`` (module docstring).
 
-    ``ckpt_dir``: ``config.json``, weights, optional ``manifest.json``. ``target_dir``: the target's HF
-    folder (embedding, hidden size, RoPE, context, layer range, aux capture, vocab size).
+    ``ckpt_dir``: ``config.json``, weights, optional ``manifest.json``. ``target_dir``: the target's
+    HF folder (embedding, hidden size, RoPE, context, layer range, aux capture, vocab size).
     ``version``: the profile's release (None: the pinned one). ``data_manifest``: the extraction
     manifest (aux ids, chat template, tokenizer, target identity, vocabulary vs data).
     ``aux_capture``: check the target class's capture here (class 11); the pipeline leaves it to the

@@ -1,12 +1,12 @@
 """Declarative profiles of a serving engine's EAGLE-3 draft loader: the types.
 
 A profile says, for one engine version, what its loader does with a draft checkpoint directory: the
-parameters of its draft module with shapes from the served ``config.json`` (:meth:`engine_params`); how
-each checkpoint tensor name is routed (legacy renames, stacked q/k/v and gate/up shards, name prefixes,
-tensors consumed specially or ignored, names matching nothing: :meth:`route`); which config flags it
-implements (:meth:`check_flags`); where it reads the aux layer ids and in which convention
-(:attr:`aux_id_offset`: engine id + offset = HF ``hidden_states`` index, the project's convention); which
-target classes capture aux hidden states (:attr:`aux_capture_classes`).
+parameters of its draft module with shapes from the served ``config.json`` (:meth:`engine_params`);
+how each checkpoint tensor name is routed (legacy renames, stacked q/k/v and gate/up shards, name
+prefixes, tensors consumed specially or ignored, names matching nothing: :meth:`route`); which
+config flags it implements (:meth:`check_flags`); where it reads the aux layer ids and in which
+convention (:attr:`aux_id_offset`: engine id + offset = HF ``hidden_states`` index, the project's
+convention); which target classes capture aux hidden states (:attr:`aux_capture_classes`).
 
 The facts live in ``eagle3/engines/sglang/profile.py`` (pinned to the released source by
 ``tests/unit/test_profiles.py``); ``eagle3.engines.registry.get_profile`` picks one.
@@ -22,9 +22,11 @@ from eagle3.errors import ConfigError, EngineUnsupported
 
 @dataclass(frozen=True)
 class FlagRule:
-    """How an engine treats one draft config flag (speculators' name): the values it computes the way
-    speculators trained them (``supported``), the value it assumes when the config lacks the flag, where it
-    reads it in the served ``config.json`` (dotted keys, first wins; empty: fixed in code) and ``how``: one
+    """How an engine treats one draft config flag (speculators' name): the values it computes the
+    way
+    speculators trained them (``supported``), the value it assumes when the config lacks the flag,
+    where it reads it in the served ``config.json`` (dotted keys, first wins; empty: fixed in code)
+    and ``how``: one
     line on what it computes, with the source location."""
 
     name: str
@@ -36,8 +38,10 @@ class FlagRule:
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One parameter of the engine's draft module: its full ``shape``; ``shards``: shard id → shape of the
-    checkpoint tensor filling that part (stacked q/k/v, gate/up); ``runtime_source``: where the engine fills
+    """One parameter of the engine's draft module: its full ``shape``; ``shards``: shard id → shape
+    of the
+    checkpoint tensor filling that part (stacked q/k/v, gate/up); ``runtime_source``: where the
+    engine fills
     it at run time instead (the target's embedding); ``unused``: the forward never reads it."""
 
     shape: tuple[int, ...]
@@ -48,8 +52,10 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class Route:
-    """Where the loader sends one checkpoint tensor. ``kind``: ``param`` (fills ``param``, or its shard
-    ``shard``), ``special`` (consumed otherwise: ``d2t``), ``ignored`` (``t2d``), ``unknown`` (matches no
+    """Where the loader sends one checkpoint tensor. ``kind``: ``param`` (fills ``param``, or its
+    shard
+    ``shard``), ``special`` (consumed otherwise: ``d2t``), ``ignored`` (``t2d``), ``unknown``
+    (matches no
     parameter: skipped silently). ``renamed``: the name after the loader's renames."""
 
     kind: str
@@ -60,7 +66,8 @@ class Route:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """What one engine version's EAGLE-3 draft loader accepts (module docstring). ``param_fn(config)`` and
+    """What one engine version's EAGLE-3 draft loader accepts (module docstring).
+    ``param_fn(config)`` and
     ``route_fn(name, params)`` hold the engine-specific logic; everything else is data."""
 
     engine: str
@@ -88,11 +95,14 @@ class EngineProfile:
     param_fn: Callable[[dict], dict[str, ParamSpec]] = field(repr=False, compare=False)
     route_fn: Callable[[str, Mapping[str, ParamSpec]], Route] = field(repr=False, compare=False)
     notes: tuple[str, ...] = ()
-    eagle_config_keys: tuple[str, ...] = ()  # keys the engine reads inside the draft's ``eagle_config``
-    other_bool_keys: tuple[str, ...] = ()  # top-level booleans it reads besides the flags (``bias``)
+    # keys the engine reads inside the draft's ``eagle_config``
+    eagle_config_keys: tuple[str, ...] = ()
+    # top-level booleans it reads besides the flags (``bias``)
+    other_bool_keys: tuple[str, ...] = ()
 
     def engine_params(self, config: dict) -> dict[str, ParamSpec]:
-        """The draft module's parameters for a served ``config.json`` dict; ConfigError naming the key
+        """The draft module's parameters for a served ``config.json`` dict; ConfigError naming the
+        key
         when a field the engine needs is missing or malformed."""
         return self.param_fn(config)
 
@@ -103,15 +113,17 @@ class EngineProfile:
     def check_flags(self, flags: Mapping[str, bool | None]) -> None:
         """ConfigError when a draft flag value would be computed differently by this engine.
 
-        ``flags``: flag name → value; None means "not set" (the engine's own behaviour, which the trainer
-        must then use). The message names the flag, the value asked and the value(s) computed here.
+        ``flags``: flag name → value; None means "not set" (the engine's own behaviour, which the
+        trainer must then use). The message names the flag, the value asked and the value(s)
+        computed here.
         """
         for name, value in flags.items():
             if value is None:
                 continue
             rule = self.flags.get(name)
             if rule is None:
-                raise ConfigError(f"flag {name}={value!r}: unknown to the {self.engine} {self.version} "
+                raise ConfigError(f"flag {name}={value!r}: unknown to the {self.engine} "
+                                  f"{self.version} "
                                   f"profile (known: {sorted(self.flags)})")
             if bool(value) not in rule.supported:
                 raise ConfigError(
@@ -124,7 +136,8 @@ class EngineProfile:
         return self.flags["norm_before_residual"].engine_default
 
     def engine_flag_value(self, name: str, config: dict) -> bool:
-        """The value of flag ``name`` the engine uses for a served ``config`` (its defaults applied)."""
+        """The value of flag ``name`` the engine uses for a served ``config`` (its defaults
+        applied)."""
         rule = self.flags[name]
         for key in rule.config_keys:
             found, value = dotted_get(config, key)
@@ -150,7 +163,8 @@ class EngineProfile:
 
 
 def dotted_get(config: Mapping, key: str) -> tuple[bool, Any]:
-    """``(found, value)`` for a dotted key such as ``eagle_config.eagle_aux_hidden_state_layer_ids``."""
+    """``(found, value)`` for a dotted key such as
+    ``eagle_config.eagle_aux_hidden_state_layer_ids``."""
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:

@@ -1,4 +1,5 @@
-"""The loader profile to use: ``get_profile(engine, version)``, for the releases the profile pins."""
+"""The loader profile to use: ``get_profile(engine, version)``, for the releases the profile
+pins."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def default_version(engine: str) -> str:
 
 
 def get_profile(engine: str = "sglang", version: str | None = None) -> EngineProfile:
-    """The loader profile of ``engine`` at ``version`` (None: :func:`default_version`); EngineUnsupported
+    """The loader profile of ``engine`` at ``version`` (None: :func:`default_version`);
+    EngineUnsupported
     naming the engine, the version asked and the releases that have a profile."""
     version = default_version(engine) if version is None else version
     module = _ENGINES[engine]

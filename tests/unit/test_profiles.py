@@ -19,7 +19,7 @@ EAGLE3 = "sglang/srt/models/llama_eagle3.py"
 
 @pytest.fixture(scope="module")
 def sglang_source(cache_dir):
-    from eagle3.serve.preflight import find_engine_source
+    from eagle3.engines.sglang.source import find_engine_source
 
     try:
         src = find_engine_source("sglang", "0.5.23", cache_dir=cache_dir, download=True)
@@ -112,7 +112,7 @@ def test_aux_id_convention(sglang_source, profile):
 
 
 def test_capture_classes_pinned(sglang_source, profile):
-    from eagle3.serve.preflight import ModelIndex
+    from eagle3.engines.sglang.source import ModelIndex
 
     index = ModelIndex(sglang_source)
     assert index.capturing_classes() == profile.aux_capture_classes
