@@ -69,7 +69,8 @@ def prepare(config: Path = typer.Argument(..., help="YAML run config"),
     try:
         cfg = load_config(config, override)
         target = resolve_target(cfg)
-        data = prepare_sharegpt(cfg.paths.resolved_cache_dir()) if cfg.data.source == "sharegpt" else cfg.data.path
+        data = (prepare_sharegpt(cfg.paths.resolved_cache_dir()) if cfg.data.source == "sharegpt"
+                else cfg.data.path)
     except (ConfigError, DataError) as e:
         _fail(str(e), 2)
     typer.echo(f"target: {target}\ndata:   {data}\ncache:  {cfg.paths.resolved_cache_dir()}")
@@ -82,8 +83,8 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
                                                            "<out>.manifest.json)"),
                override: Optional[List[str]] = OverridesOpt):
     """Regenerate the assistant turns of CONFIG's conversations with the target itself, once, into a
-    file that
-    many runs can share (``-o data.source=file -o data.path=OUT``). Uses ``data.regenerate`` (default hf)."""
+    file that many runs can share (``-o data.source=file -o data.path=OUT``). Uses
+    ``data.regenerate`` (default hf)."""
     from eagle3.config import load_config
     from eagle3.extract.regen import regenerate_file
 
@@ -95,8 +96,7 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     typer.echo(f"regenerated {m['counts']['answers']} answers of {m['counts']['conversations']} "
-               "conversations in "
-               f"{m['seconds']:.1f} s -> {out}")
+               f"conversations in {m['seconds']:.1f} s -> {out}")
 
 
 @app.command()
@@ -127,13 +127,12 @@ def deploy(config: Path, override: Optional[List[str]] = OverridesOpt):
 
 
 @app.command()
-def convert(
-    args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) or SRC DST (stand-alone)"),
-    to: str = typer.Option("sglang", "--to", help="Serving engine format"),
-    target: Optional[Path] = typer.Option(None, "--target", help="Target model folder "
-                                                                 "(config.json)"),
-    override: Optional[List[str]] = OverridesOpt,
-):
+def convert(args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) or SRC DST "
+                                                       "(stand-alone)"),
+            to: str = typer.Option("sglang", "--to", help="Serving engine format"),
+            target: Optional[Path] = typer.Option(None, "--target", help="Target model folder "
+                                                                         "(config.json)"),
+            override: Optional[List[str]] = OverridesOpt):
     """Convert a draft: ``eagle3 convert CONFIG`` (stage) or ``eagle3 convert SRC DST --to
     sglang``."""
     if len(args) == 1:
@@ -194,21 +193,20 @@ def validate(
 
 
 @app.command("wait-ready")
-def wait_ready(
-    url: str = typer.Option(..., "--url"),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Server process id (crash and CPU-time "
-                                                          "signals)"),
-    log: Optional[Path] = typer.Option(None, "--log", help="Server log file (growth is a progress "
-                                                           "signal)"),
-    stall_timeout: float = typer.Option(GATE_STALL_TIMEOUT_S, "--stall-timeout",
-                                        help="seconds without progress → stalled"),
-    timeout: float = typer.Option(GATE_TIMEOUT_S, "--timeout", help="overall deadline, seconds"),
-    poll_interval: float = typer.Option(GATE_POLL_INTERVAL_S, "--poll-interval"),
-    probe_timeout: float = typer.Option(GATE_PROBE_TIMEOUT_S, "--probe-timeout", help="deadline of "
-                                                                                      "the generation probe, s"),
-    diagnostics: Optional[Path] = typer.Option(None, "--diagnostics", help="where to save stack "
-                                                                           "dumps and logs"),
-):
+def wait_ready(url: str = typer.Option(..., "--url"),
+               pid: Optional[int] = typer.Option(None, "--pid", help="Server process id (crash and "
+                                                                     "CPU-time signals)"),
+               log: Optional[Path] = typer.Option(None, "--log", help="Server log file (growth is "
+                                                                      "a progress signal)"),
+               stall_timeout: float = typer.Option(GATE_STALL_TIMEOUT_S, "--stall-timeout",
+                                                   help="seconds without progress → stalled"),
+               timeout: float = typer.Option(GATE_TIMEOUT_S, "--timeout", help="overall deadline, "
+                                                                               "seconds"),
+               poll_interval: float = typer.Option(GATE_POLL_INTERVAL_S, "--poll-interval"),
+               probe_timeout: float = typer.Option(GATE_PROBE_TIMEOUT_S, "--probe-timeout",
+                                                   help="deadline of the generation probe, s"),
+               diagnostics: Optional[Path] = typer.Option(
+                   None, "--diagnostics", help="where to save stack dumps and logs")):
     """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out, 2 bad
     arguments."""
     import psutil
@@ -234,23 +232,21 @@ def wait_ready(
 @app.command()
 def bench(
     config: Optional[Path] = typer.Argument(None, help="CONFIG runs the pipeline's deploy+bench "
-                                                       "stage"),
+                                            "stage"),
     url: Optional[str] = typer.Option(None, "--url", help="A running SGLang-compatible server"),
-    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts", help="mtbench | gsm8k | humaneval | "
-                                                                 "FILE"),
+    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts", help="mtbench | gsm8k | humaneval | FILE"),
     num_prompts: int = typer.Option(BENCH_NUM_PROMPTS, "--num-prompts"),
     max_new_tokens: int = typer.Option(BENCH_MAX_NEW_TOKENS, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature"),
     concurrency: int = typer.Option(1, "--concurrency"),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Folder with the target's "
-                                                                       "tokenizer"),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer",
+                                             help="Folder with the target's tokenizer"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.json and plots"),
-    baseline_url: Optional[str] = typer.Option(None, "--baseline-url", help="Same target without "
-                                                                            "speculation"),
+    baseline_url: Optional[str] = typer.Option(None, "--baseline-url",
+                                               help="Same target without speculation"),
     chat_template_kwargs: Optional[str] = typer.Option(
         None, "--chat-template-kwargs", help='Template switches as JSON, e.g. '
-                                             '\'{"enable_thinking": false}\' (the ones '
-        "the draft was trained with)"),
+        '\'{"enable_thinking": false}\' (the ones the draft was trained with)'),
     override: Optional[List[str]] = OverridesOpt,
 ):
     """Measure acceptance length against ``--url``, or run the bench stage of CONFIG."""
@@ -285,11 +281,10 @@ def bench(
 def preflight(config: Path = typer.Argument(..., help="YAML run config"),
               override: Optional[List[str]] = OverridesOpt):
     """Check CONFIG's launch before any engine starts: aux capture of the target's class in the
-    engine, memory on
-    the GPUs the launch will use, the settings the engine will really run, the environment, template
-    switches. Uses the run's converted draft and extraction when they exist (else the draft is sized
-    from the config).
-    Exit 0 passed, 1 problems (one ``CODE: message`` a line), 2 bad config or unreadable input."""
+    engine, memory on the GPUs the launch will use, the settings the engine will really run, the
+    environment, template switches. Uses the run's converted draft and extraction when they exist
+    (else the draft is sized from the config). Exit 0 passed, 1 problems (one ``CODE: message`` a
+    line), 2 bad config or unreadable input."""
     from eagle3.config import load_config
 
     try:

@@ -67,8 +67,8 @@ class TinyRandomTarget(_Section):
     intermediate_size: int = Field(128, ge=8, le=1 << 20)
     num_attention_heads: int = Field(4, ge=1, le=4096)
     num_key_value_heads: int = Field(2, ge=1, le=4096)
-    vocab_size: int = Field(512, ge=16, le=1 << 24, description="The tokenizer is SmolLM2's, cut "
-                                                                "to this many ids.")
+    vocab_size: int = Field(512, ge=16, le=1 << 24,
+                            description="The tokenizer is SmolLM2's, cut to this many ids.")
     max_position_embeddings: int = Field(2048, ge=16, le=1 << 31)
     rope_theta: float = 10000.0
     seed: int = 0
@@ -100,9 +100,9 @@ class DataConfig(_Section):
     path: str | None = Field(None, description="Conversations file when source == 'file' "
                                                "(JSON/JSONL/txt).")
     num_conversations: int = Field(128, ge=1)
-    max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after "
-                                                                 "templating; longer ones are cut "
-                             "and counted as truncated.")
+    max_seq_len: int = Field(512, ge=16, le=1 << 22,
+                             description="Tokens per sample after templating; longer ones are cut "
+                                         "and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
@@ -112,15 +112,12 @@ class DataConfig(_Section):
         "none", description="Replace assistant turns by the target's own greedy answers before "
                             "extraction.")
     regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when "
-                                                         "regenerate == "
-                                       "'openai'.")
-    regenerate_max_new_tokens: int = Field(256, ge=1, le=32768, description="Tokens per "
-                                                                            "regenerated assistant "
-                                                                            "turn.")
+                                                         "regenerate == 'openai'.")
+    regenerate_max_new_tokens: int = Field(256, ge=1, le=32768,
+                                           description="Tokens per regenerated assistant turn.")
     regenerate_max_rounds: int | None = Field(
         None, ge=1, description="Regenerate only the first N assistant turns and drop the turns "
-                                "after them "
-        "(None = every turn, in order).")
+                                "after them (None = every turn, in order).")
     regenerate_batch_size: int | None = Field(
         None, ge=1, le=4096, description="Conversations per batched generate call (None = "
                                          "extract.batch_size).")
@@ -141,8 +138,7 @@ class ExtractConfig(_Section):
                           "L//2, L-3].")
     dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
         "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is "
-                            "fast on the "
-        "extraction device, else float32 (eagle3.precision).")
+                            "fast on the extraction device, else float32 (eagle3.precision).")
     batch_size: int = Field(4, ge=1, le=1 << 16)
     shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume "
                                                               "granularity).")
@@ -155,9 +151,8 @@ class ExtractConfig(_Section):
         "within this many seconds of the start (else RankFailed naming the workers).")
     stall_timeout_s: float = Field(
         1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch "
-                                  "for this many "
-        "seconds (its first batch included) ends the extraction with RankFailed; committed shards "
-        "are kept.")
+                                  "for this many seconds (its first batch included) ends the "
+                                  "extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="backend 'sglang': extra keyword arguments of "
                                           "sglang.Engine (e.g. tp_size, "
@@ -167,10 +162,11 @@ class ExtractConfig(_Section):
         default_factory=dict, description="backend 'sglang': environment variables added for the "
                                           "SGLang worker "
         "(a PYTHONPATH here is appended after the project's capture plugin).")
-    sglang_startup_timeout_s: float = Field(1800.0, gt=0, description="backend 'sglang': seconds "
-                                                                      "for the engine to start.")
-    sglang_request_timeout_s: float = Field(3600.0, gt=0, description="backend 'sglang': seconds "
-                                                                      "for one batch.")
+    sglang_startup_timeout_s: float = Field(1800.0, gt=0,
+                                            description="backend 'sglang': seconds for the engine "
+                                                        "to start.")
+    sglang_request_timeout_s: float = Field(3600.0, gt=0,
+                                            description="backend 'sglang': seconds for one batch.")
 
 
 class TrainConfig(_Section):
@@ -189,15 +185,15 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     grad_accum: int = Field(1, ge=1, le=1 << 16)
-    max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24, description="Tokens per packed "
-                                                                          "micro-batch.")
+    max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24,
+                                      description="Tokens per packed micro-batch.")
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each "
                                                  "epoch end).")
     keep_last: int = Field(2, ge=1)
     seed: int = 0
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda "
-                                                                                 "or cuda:N.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="auto, cpu, cuda or cuda:N.")
     num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 "
                                                "launches torchrun.")
     distributed: Literal["ddp", "fsdp"] = Field(
@@ -210,9 +206,8 @@ class TrainConfig(_Section):
         "many seconds of the launch (else RankFailed naming the ranks that did not arrive).")
     first_step_timeout_s: float = Field(
         1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer "
-                                  "step within this "
-        "many seconds of the last rank joining (loading data, building and compiling the draft "
-        "included).")
+                                  "step within this many seconds of the last rank joining (loading "
+                                  "data, building and compiling the draft included).")
     stall_timeout_s: float = Field(
         1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance "
                                   "for this many "
@@ -246,14 +241,12 @@ class TrainConfig(_Section):
         "with a warning naming the difference; refuse = stop with that difference as the error.")
     init_from: str | None = Field(None, description="A speculators draft folder to start from "
                                                     "(weights only).")
-    forward_impl: Literal["auto", "speculators", "project"] = Field("auto", description="project = "
-                                                                                        "eagle3/train/"
-        "ttt_forward.py (speculators' loss and gradients, one static graph); auto = project, "
-        "speculators under fsdp.")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flex"] = Field("auto",
-                                                                          description="auto: project forward "
-        "flex (CUDA, compiled) / sdpa (CUDA) / eager (CPU); speculators' forward sdpa (flex "
-        "refused).")
+    forward_impl: Literal["auto", "speculators", "project"] = Field(
+        "auto", description="project = eagle3/train/ttt_forward.py (speculators' loss and "
+        "gradients, one static graph); auto = project, speculators under fsdp.")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex"] = Field(
+        "auto", description="auto: project forward flex (CUDA, compiled) / sdpa (CUDA) / eager "
+        "(CPU); speculators' forward sdpa (flex refused).")
     compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static "
                                              "shapes; see compile_mode).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
@@ -263,17 +256,17 @@ class TrainConfig(_Section):
                                                              "max_tokens_per_batch (one "
         "shape: a compiled forward compiles once); None = on exactly when compile is on. Padding "
         "carries no loss.")
-    max_eval_samples: int | None = Field(None, ge=1, description="Cap on validation samples per "
-                                                                 "evaluation.")
+    max_eval_samples: int | None = Field(None, ge=1,
+                                         description="Cap on validation samples per evaluation.")
     loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) "
                                             "or JSON weights.")
-    loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs "
-                                                                                "Triton (CUDA).")
+    loss_implementation: Literal["eager", "fused"] = Field(
+        "eager", description="fused needs Triton (CUDA).")
     loader_workers: int | None = Field(
         None, ge=0, description="Processes that read hidden-state files ahead of the device; None "
                                 "= 4 on CUDA, 0 on CPU.")
-    optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field("auto",
-                                                                           description="AdamW; auto = fused on CUDA")
+    optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field(
+        "auto", description="AdamW; auto = fused on CUDA")
 
 
 class ConvertConfig(_Section):
@@ -317,16 +310,15 @@ class ServeConfig(_Section):
                             "offline decoding: "
         "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda "
-                                            "when available, "
-                        "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+                                            "when available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     cpu_threads: int | None = Field(
         1, ge=1, description="torch threads of the reference engine and of offline decoding on a "
                              "CPU (None = torch's "
         "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more "
         "threads and ran "
         "7-13x slower with 2 threads when the 2 cores were shared (measured, README).")
-    extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine "
-                                                                    "verbatim.")
+    extra_args: list[str] = Field(default_factory=list,
+                                  description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)
     stall_timeout_s: float = Field(GATE_STALL_TIMEOUT_S, gt=0)
@@ -348,8 +340,8 @@ class BenchConfig(_Section):
     max_new_tokens: int = Field(BENCH_MAX_NEW_TOKENS, ge=1, le=1 << 20)
     temperature: float = Field(0.0, ge=0)
     concurrency: int = Field(1, ge=1, le=1 << 16)
-    min_acceptance_length: float = Field(1.3, ge=0, description="The run fails below this "
-                                                                "(acceptance gate).")
+    min_acceptance_length: float = Field(1.3, ge=0,
+                                         description="The run fails below this (acceptance gate).")
     baseline_untrained: bool = True
     request_timeout_s: float = Field(BENCH_REQUEST_TIMEOUT_S, gt=0)
 
@@ -381,8 +373,8 @@ class RunConfig(_Section):
     @property
     def auto_resolved(self) -> dict[str, dict]:
         """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why":
-        ...}}`` for every
-        setting that was ``auto`` when :func:`load_config` resolved it (empty when none was)."""
+        ...}}`` for every setting that was ``auto`` when :func:`load_config` resolved it (empty when
+        none was)."""
         return self._auto_resolved
 
     @model_validator(mode="after")
@@ -400,7 +392,8 @@ class RunConfig(_Section):
         return self.paths.resolved_runs_dir() / self.name
 
     def mlflow_uri(self) -> str:
-        return self.tracking.mlflow_uri or f"sqlite:///{self.paths.resolved_runs_dir() / 'mlflow.db'}"
+        db = self.paths.resolved_runs_dir() / "mlflow.db"
+        return self.tracking.mlflow_uri or f"sqlite:///{db}"
 
     def section_hash(self, *sections: str) -> str:
         """sha256 (hex, 16 chars) of the named sections' JSON, for cache keys and manifests."""

@@ -33,17 +33,15 @@ def _serving(cfg: Any) -> list[str]:
     if s.speculative_num_steps > t.ttt_steps:
         out.append(f"serve.speculative_num_steps {s.speculative_num_steps} > train.ttt_steps "
                    f"{t.ttt_steps}: served draft steps "
-                   f"{t.ttt_steps + 1}..{s.speculative_num_steps} run "
-                   "the draft on its own hidden states further than training ever did, so those "
-                   "positions are untrained and accept little; expected "
-                   "serve.speculative_num_steps <= "
-                   f"train.ttt_steps (raise train.ttt_steps to {s.speculative_num_steps} or lower "
+                   f"{t.ttt_steps + 1}..{s.speculative_num_steps} run the draft on its own hidden "
+                   "states further than training ever did, so those positions are untrained and "
+                   "accept little; expected serve.speculative_num_steps <= train.ttt_steps (raise "
+                   f"train.ttt_steps to {s.speculative_num_steps} or lower "
                    "serve.speculative_num_steps)")
     out.append(draft_tokens_problem(s))
     bad = reference_refusals(s) if s.engine == "reference" else {}
     if bad:
-        out.append("serve.engine reference: it does chain drafting on one device and cannot "
-                   "honour "
+        out.append("serve.engine reference: it does chain drafting on one device and cannot honour "
                    f"{bad}; expected serve.speculative_eagle_topk 1, serve.tp 1 and "
                    "mem_fraction_static, cuda_graph_max_bs, max_running_requests unset (SGLang "
                    "settings), or serve.engine sglang")
@@ -66,14 +64,12 @@ def _train_forward(cfg: Any) -> list[str]:
     if t.attn_implementation == "flex" and (t.forward_impl == "speculators" or auto_speculators):
         why = (" (train.forward_impl auto takes speculators' forward under train.distributed fsdp "
                "with num_gpus > 1)" if auto_speculators else "")
-        out.append("train.attn_implementation flex: expected auto, sdpa or eager with "
-                   "speculators' "
+        out.append("train.attn_implementation flex: expected auto, sdpa or eager with speculators' "
                    f"forward{why} (its flex path fails under torch.compile), got flex")
     elif t.attn_implementation == "flex" and t.device.startswith("cpu"):
         out.append("train.attn_implementation flex: expected auto, sdpa or eager with train.device "
-                   "cpu "
-                   "(flex attention has no backward on the CPU; it is for compiled CUDA training), "
-                   "got flex")
+                   "cpu (flex attention has no backward on the CPU; it is for compiled CUDA "
+                   "training), got flex")
     if t.loss_implementation == "fused" and t.device.startswith("cpu"):
         out.append("train.loss_implementation fused: expected eager with train.device cpu "
                    "(speculators' fused losses are Triton kernels for CUDA), got fused")

@@ -1,6 +1,5 @@
 """``-o section.key=value`` overrides of a run config, and validation errors that name the override
-that set a
-bad value (so a user looks at the command line, not at the file)."""
+that set a bad value (so a user looks at the command line, not at the file)."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ def _parse_value(raw: str) -> Any:
 def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
     """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
 
-    Raises ConfigError for an override without ``=`` or with an empty key.
-    Unknown keys are left for the schema to reject (with the dotted key in the message).
+    Raises ConfigError for an override without ``=`` or with an empty key. Unknown keys are left for
+    the schema to reject (with the dotted key in the message).
     """
     for item in overrides:
         if "=" not in item:

@@ -1,6 +1,5 @@
 """Stage 3, conversion and checks: a speculators draft → what the serving engine loads, proven to
-load and
-to compute what was trained.
+load and to compute what was trained.
 
 ``stage.convert`` writes the serving checkpoint; ``validate`` runs every file-level check in
 ``checks`` (over the ``checkpoint`` reader) against the engine's profile (``eagle3.engines``);

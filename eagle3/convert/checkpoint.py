@@ -57,16 +57,14 @@ def _read_json(path: Path, what: str) -> dict:
 
 def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     """All tensors of safetensors / ``pytorch_model*.bin`` files; DataError on a corrupt file or a
-    name
-    present in two files."""
+    name present in two files."""
     from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f,
-                                                                                   map_location="cpu",
-                                                                                   weights_only=True)
+            part = (load_file(str(f)) if f.suffix == ".safetensors"
+                    else torch.load(f, map_location="cpu", weights_only=True))
         except Exception as e:  # safetensors/pickle raise many unrelated types on corrupt input
             raise DataError(f"{f}: unreadable weights ({type(e).__name__}: {e})") from e
         if not isinstance(part, dict):
@@ -114,11 +112,10 @@ class Target:
 
     def embed(self) -> torch.Tensor | None:
         """The target's input embedding ``[vocab, H]``: the first tensor named
-        ``*embed_tokens.weight`` in its
-        ``*.safetensors`` files, else in its ``pytorch_model*.bin`` files (read with
-        ``weights_only=True``: a pickle that holds code is refused, and memory-mapped, so a large
-        file is not read whole). None when no weight file holds one (:attr:`embed_searched` then
-        says what was searched). DataError on a corrupt file.
+        ``*embed_tokens.weight`` in its ``*.safetensors`` files, else in its ``pytorch_model*.bin``
+        files (read with ``weights_only=True``: a pickle that holds code is refused, and
+        memory-mapped, so a large file is not read whole). None when no weight file holds one
+        (:attr:`embed_searched` then says what was searched). DataError on a corrupt file.
         """
         if self._embed is None:
             from safetensors import safe_open
@@ -149,7 +146,8 @@ class Target:
         """What :meth:`embed` looks through, for a message when it finds nothing."""
         files = sorted(p.name for g in ("*.safetensors",
                                         "pytorch_model*.bin") for p in self.path.glob(g))
-        return f"tensors named *embed_tokens.weight in {files or 'no *.safetensors or pytorch_model*.bin file'}"
+        files = files or "no *.safetensors or pytorch_model*.bin file"
+        return f"tensors named *embed_tokens.weight in {files}"
 
 
 def cfg_get(config: dict, key: str, default: Any = None) -> Any:

@@ -22,8 +22,8 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     """Class 22: the served config must name one of the engine's EAGLE-3 draft classes, and name it
     first:
     engines build the first entry they support (SGLang 0.5.23 ``models/registry.py``
-    ``resolve_model_cls``), so
-    ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain Llama."""
+    ``resolve_model_cls``), so ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain
+    Llama."""
     archs = ck.config.get("architectures") or []
     drafts = list(profile.draft_architectures)
     if archs and archs[0] in drafts:
@@ -33,9 +33,8 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         return [Problem("ARCHITECTURE", "config.json architectures: expected the draft class "
                                         f"first ({drafts}), got "
                                         f"{archs}: {profile.engine} {profile.version} builds the "
-                                        "first entry it "
-                                        f"supports, so {archs[:first]} would be built instead of "
-                                        f"{archs[first]}")]
+                                        f"first entry it supports, so {archs[:first]} would be "
+                                        f"built instead of {archs[first]}")]
     hint = " (a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first)" \
         if ck.config.get("speculators_model_type") else ""
     return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {drafts} "
@@ -54,7 +53,8 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     for name, tensor in sorted(ck.tensors.items()):
         r = profile.route(name, params)
         if r.kind == "unknown":
-            how = "skipped without any message" if profile.unknown_tensor == "skip" else "a load error"
+            how = ("skipped without any message" if profile.unknown_tensor == "skip"
+                   else "a load error")
             out.append(Problem("UNKNOWN_TENSOR", f"tensor {name!r} (loader name {r.renamed!r}) "
                                                  "matches no parameter "
                                f"of {profile.engine} {profile.version}'s "
@@ -68,14 +68,12 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         if key in filled:
             out.append(Problem("DUPLICATE_TENSOR", f"tensor {name!r} fills {r.param}"
                                f"{'' if r.shard is None else f' shard {r.shard!r}'} already filled "
-                               "by "
-                               f"{filled[key]!r}: expected one tensor, got two"))
+                               f"by {filled[key]!r}: expected one tensor, got two"))
         filled[key] = name
         if want is not None and tuple(tensor.shape) != tuple(want):
             out.append(Problem("SHAPE_MISMATCH", f"tensor {name!r} → {r.param}"
                                f"{'' if r.shard is None else f'[{r.shard}]'}: expected shape "
-                               f"{list(want)} from "
-                               f"config.json, got {list(tensor.shape)}"))
+                               f"{list(want)} from config.json, got {list(tensor.shape)}"))
     for pname, spec in params.items():
         if spec.runtime_source or spec.unused:
             continue
@@ -164,8 +162,7 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
     off = int((~t2d.to(torch.bool)[tid]).sum())
     if off:
         out.append(Problem("VOCAB_MAP_INVALID", "d2t/t2d: expected t2d[i + d2t[i]] true for every "
-                                                "draft index, "
-                           f"got {off} of {draft_vocab} false"))
+                                                f"draft index, got {off} of {draft_vocab} false"))
     return out
 
 
@@ -181,11 +178,10 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         head = t.get("lm_head.weight")
         if head is not None and not cfg.get("tie_word_embeddings"):
             return [Problem("CONFIG_FIELD", "config.json draft_vocab_size: expected "
-                                            f"{head.shape[0]} (lm_head rows), "
-                            f"got none: {profile.engine} {profile.version} then assumes "
-                            f"vocab_size={vocab} and "
-                            "replaces the draft's lm_head by the target's "
-                            "(load_lm_head_from_target)")]
+                                            f"{head.shape[0]} (lm_head rows), got none: "
+                                            f"{profile.engine} {profile.version} then assumes "
+                                            f"vocab_size={vocab} and replaces the draft's lm_head "
+                                            "by the target's (load_lm_head_from_target)")]
         dv = vocab
     # the loader matches by substring
     d2t = next((v for k, v in sorted(t.items()) if "d2t" in k), None)
@@ -208,9 +204,8 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         if actual != recorded:
             out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
                                                     "expected "
-                               f"{recorded[:12]}…, "
-                               f"got {actual[:12]}… (map regenerated: lm_head rows now mean other "
-                               "tokens)"))
+                               f"{recorded[:12]}…, got {actual[:12]}… (map regenerated: lm_head "
+                               "rows now mean other tokens)"))
     return out
 
 
@@ -230,9 +225,9 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                            "no aux states and fc is bypassed), got false"))
     ids = cfg_get(cfg, profile.aux_ids_key)
     if not ids:
-        top = cfg.get("eagle_aux_hidden_state_layer_ids") if profile.aux_ids_key != "eagle_aux_hidden_state_layer_ids" \
-            else None
-        extra = f"; top-level eagle_aux_hidden_state_layer_ids={top} is not read by {profile.engine}" if top else ""
+        top_key = "eagle_aux_hidden_state_layer_ids"
+        top = cfg.get(top_key) if profile.aux_ids_key != top_key else None
+        extra = f"; top-level {top_key}={top} is not read by {profile.engine}" if top else ""
         out.append(Problem("AUX_IDS_MISSING", f"{profile.aux_ids_key}: expected the draft's aux "
                                               "layer ids, got "
                            f"{ids!r}: {profile.engine} {profile.version} falls back to "
@@ -255,20 +250,18 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
     if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
                                                        int) and fc.shape[1] != len(ids) * t_hidden:
         out.append(Problem("AUX_IDS_COUNT", f"fc.weight: expected {len(ids)} aux ids × target "
-                                            f"hidden {t_hidden} = "
-                           f"{len(ids) * t_hidden} input columns, got {fc.shape[1]} "
-                           f"({fc.shape[1] / t_hidden:g} aux "
-                           f"states)"))
+                                            f"hidden {t_hidden} = {len(ids) * t_hidden} input "
+                                            f"columns, got {fc.shape[1]} "
+                                            f"({fc.shape[1] / t_hidden:g} aux states)"))
     hf = profile.engine_to_hf_ids(ids)
     if target is not None:
         n_layers = target.config.get("num_hidden_layers")
         bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []
         if bad:
             out.append(Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}={ids}: HF indices {hf} "
-                                                "expected in "
-                               f"{profile.aux_capture_hf_range} = [1, {n_layers - 1}] for a target "
-                               f"of {n_layers} "
-                               f"layers, got {bad} out of range"))
+                                                f"expected in {profile.aux_capture_hf_range} = [1, "
+                                                f"{n_layers - 1}] for a target of {n_layers} "
+                                                f"layers, got {bad} out of range"))
     recorded = (ck.manifest or {}).get("aux_layer_ids_hf")
     for where, want in (("manifest.json aux_layer_ids_hf", recorded),
                         ("extraction manifest aux_layer_ids", (data or {}).get("aux_layer_ids"))):
@@ -295,7 +288,8 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
                  aux_capture: bool = True) -> list[Problem]:
     """Classes 7, 11, 12, 13 against the target's config (11 only with ``aux_capture``)."""
     cfg, tc, out = ck.config, target.config, []
-    if aux_capture and profile.aux_capture_classes and target.architecture not in profile.aux_capture_classes:
+    classes = profile.aux_capture_classes
+    if aux_capture and classes and target.architecture not in classes:
         out.append(Problem("TARGET_NO_AUX_CAPTURE", "target architectures[0]: "
                                                     f"{target.architecture} has no "
                            f"set_eagle3_layers_to_capture in {profile.engine} {profile.version}: "
@@ -312,12 +306,10 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
                            f"{cfg.get('hidden_size')} differs from the target's), got none"))
     if cfg.get("vocab_size") != tc.get("vocab_size"):
         out.append(Problem("VOCAB_SIZE_MISMATCH", f"config.json vocab_size: expected the target's "
-                           f"{tc.get('vocab_size')}, "
-                           f"got {cfg.get('vocab_size')}"))
+                           f"{tc.get('vocab_size')}, got {cfg.get('vocab_size')}"))
     if _rope(cfg) != _rope(tc):
         out.append(Problem("ROPE_MISMATCH", "config.json rope (theta, scaling): expected the "
-                                            f"target's {_rope(tc)}, "
-                           f"got {_rope(cfg)}"))
+                                            f"target's {_rope(tc)}, got {_rope(cfg)}"))
     dmax, tmax = cfg.get("max_position_embeddings"), tc.get("max_position_embeddings")
     if isinstance(tmax, int) and (not isinstance(dmax, int) or dmax < tmax):
         out.append(Problem("CONTEXT_LENGTH", "config.json max_position_embeddings: expected >= "
@@ -339,8 +331,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     counts = data.get("counts") or {}
     dv = ck.config.get("draft_vocab_size")
     uniq = counts.get("unique_tokens")
-    if isinstance(uniq, int) and isinstance(dv,
-                                            int) and uniq < dv and not (ck.manifest or {}).get("vocab_padded"):
+    padded = (ck.manifest or {}).get("vocab_padded")
+    if isinstance(uniq, int) and isinstance(dv, int) and uniq < dv and not padded:
         out.append(Problem("VOCAB_DATA_TOO_SMALL", f"draft_vocab_size {dv}: expected <= the {uniq} "
                                                    "distinct tokens "
                            "of the training data (or an explicit pad decision recorded as "
@@ -353,12 +345,12 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
                            "decoding, got speculative settings"))
     dt = data.get("target") or {}
     man = ck.manifest or {}
-    if man.get("data_content_hash") and data.get("content_hash") and man["data_content_hash"] != data["content_hash"]:
-        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was "
-                                           "trained on hidden states "
-                           f"{man['data_content_hash'][:12]}…, expected the given data's "
-                           "content_hash "
-                           f"{data['content_hash'][:12]}…"))
+    ours, theirs = man.get("data_content_hash"), data.get("content_hash")
+    if ours and theirs and ours != theirs:
+        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was trained "
+                                           f"on hidden states {man['data_content_hash'][:12]}…, "
+                                           "expected the given data's content_hash "
+                                           f"{data['content_hash'][:12]}…"))
     if target is None:
         return out
     from eagle3.artifacts import sha256_file
@@ -377,8 +369,7 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
             out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
                                                           "expected this "
                                f"target's {str(wh)[:12]}… (sha256 of {target.path}/*.safetensors), "
-                               "got "
-                               f"{dt['weights_hash'][:12]}… (the hidden states came from other "
+                               f"got {dt['weights_hash'][:12]}… (the hidden states came from other "
                                "weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
@@ -388,8 +379,7 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
 @functools.lru_cache(maxsize=8)
 def _tokenizer_hashes(path: str, stamp: tuple) -> dict[str, str]:
     """``{chat_template_hash, tokenizer_hash}`` of the target's tokenizer, as extraction computes
-    them
-    (:mod:`eagle3.extract.conversations`); cached per folder and file mtimes (``stamp``)."""
+    them (:mod:`eagle3.extract.conversations`); cached per folder and file mtimes (``stamp``)."""
     from transformers import AutoTokenizer
 
     from eagle3.extract.conversations import template_hash, tokenizer_hash

@@ -29,7 +29,8 @@ from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import CheckpointInvalid, ConfigError
 from eagle3.target_model import capture_hidden_states, default_aux_layer_ids, load_target
 
-DEFAULT_TEXT = "The capital of France is Paris. EAGLE drafts predict the next tokens from the target's features."
+DEFAULT_TEXT = ("The capital of France is Paris. EAGLE drafts predict the next tokens from the "
+                "target's features.")
 
 
 def _tokens(target_dir: Path, data_dir: Path | None, num_tokens: int, tokenizer) -> torch.Tensor:
@@ -57,8 +58,7 @@ def _hooks(pairs: dict[str, torch.nn.Module], store: dict, first_only: bool = Tr
 def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
                   target_dir: Path | None = None) -> tuple[dict, object]:
     """Run speculators' forward for one TTT step; returns per-component outputs ``[T, ·]`` and the
-    model.
-    ``target_dir``: the target on this machine (not where the checkpoint was trained,
+    model. ``target_dir``: the target on this machine (not where the checkpoint was trained,
                                                 eagle3.train.draft_model)."""
     from eagle3.train.draft_model import load_draft
 
@@ -112,18 +112,18 @@ def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tenso
 
 
 def _engine_hidden(serving_cfg: dict, target_arch: str, n_layers: int, hs: dict[int, torch.Tensor],
-                   engine: str, version: str, assume_capture: bool = False) -> tuple[torch.Tensor,
-                                                                                     list[int] | None, str]:
+                   engine: str, version: str,
+                   assume_capture: bool = False) -> tuple[torch.Tensor, list[int] | None, str]:
     """The hidden states the engine hands the draft: aux states at its ids, or one layer's (fc
-    bypassed).
-    ``assume_capture``: the target class's capture is checked elsewhere (the pre-flight,
+    bypassed). ``assume_capture``: the target class's capture is checked elsewhere (the pre-flight,
                                                                          for the serving engine)."""
     from eagle3.engines.registry import get_profile
 
     profile = get_profile(engine, version)
     eagle = serving_cfg.get("eagle_config") or {}
     if not assume_capture and target_arch not in profile.aux_capture_classes:
-        return hs[n_layers], None, f"one layer's state ({target_arch} captures no aux states in {engine} {version})"
+        return hs[n_layers], None, (f"one layer's state ({target_arch} captures no aux states in "
+                                    f"{engine} {version})")
     if eagle.get("use_aux_hidden_state", True) is False:
         return hs[n_layers], None, "one layer's state (eagle_config.use_aux_hidden_state is false)"
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
@@ -140,7 +140,8 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
     for key, label in order:
         a, b = trained.get(key), served.get(key)
         if b is None:
-            return diffs, label, "the engine never ran this component (fc bypassed: incoming width = hidden size)"
+            return diffs, label, ("the engine never ran this component (fc bypassed: incoming width "
+                                  "= hidden size)")
         if a.shape != b.shape:
             return diffs, label, f"shapes differ: trained {list(a.shape)}, engine {list(b.shape)}"
         diffs[key] = float((a - b).abs().max())
@@ -170,9 +171,9 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
             that question to the pre-flight, :mod:`eagle3.serve.preflight`, which knows the serving
             engine).
     Returns ``{"passed": True, "num_tokens", "atol", "max_abs_diff": {component: float},
-    "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``.
-    Raises CheckpointInvalid naming the first diverging component with both values; ConfigError when
-    no target.
+    "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``. Raises
+    CheckpointInvalid naming the first diverging component with both values; ConfigError when no
+    target.
     """
     speculators_dir, serving_dir = Path(speculators_dir), Path(serving_dir)
     if target_dir is None and data_dir is not None:
@@ -200,9 +201,8 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
     if served_in.shape != trained_in.shape or float((served_in - trained_in).abs().max()) > atol:
         if served_in.shape[-1] not in (trained_in.shape[-1], int(serving_cfg["hidden_size"])):
             raise CheckpointInvalid("equivalence: first diverging component aux hidden states (fc "
-                                    "input): trained on "
-                                    f"width {trained_in.shape[-1]} (HF {list(trained_hf)}), the "
-                                    "engine provides width "
+                                    f"input): trained on width {trained_in.shape[-1]} (HF "
+                                    f"{list(trained_hf)}), the engine provides width "
                                     f"{served_in.shape[-1]} ({how}) which its fc cannot take")
         if served_in.shape == trained_in.shape:
             raise CheckpointInvalid("equivalence: first diverging component aux hidden states "
@@ -215,10 +215,10 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
     report["max_abs_diff"] = diffs
     if label is not None:
         raise CheckpointInvalid(f"equivalence: first diverging component {label}: {why} (engine "
-                                f"input: {how}; "
-                                "diffs so far "
+                                f"input: {how}; diffs so far "
                                 f"{', '.join(f'{k} {v:.3g}' for k, v in diffs.items())})")
-    report["argmax_agreement"] = float((trained["logits"].argmax(-1) == served["logits"].argmax(-1)).float().mean())
+    same = trained["logits"].argmax(-1) == served["logits"].argmax(-1)
+    report["argmax_agreement"] = float(same.float().mean())
     report.update(_map_agreement(model, draft))
     report["passed"] = True
     return report
@@ -238,7 +238,6 @@ def _map_agreement(model, draft) -> dict:
     if not torch.equal(trained_ids, draft.hot_token_id.cpu().long()):
         bad = int((trained_ids != draft.hot_token_id.cpu().long()).sum())
         raise CheckpointInvalid("equivalence: first diverging component d2t (draft→target ids): "
-                                f"{bad} of "
-                                f"{d2t.numel()} draft indices map to other target tokens in the "
-                                "engine")
+                                f"{bad} of {d2t.numel()} draft indices map to other target tokens "
+                                "in the engine")
     return {"target_ids_agree": True}

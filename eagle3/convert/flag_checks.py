@@ -1,6 +1,5 @@
 """Draft config flags (failure class 5): trained values the engine computes otherwise, flags read
-from a
-place the engine never looks, and flags nobody knows.
+from a place the engine never looks, and flags nobody knows.
 
 SGLang 0.5.23 reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of the
 draft's ``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and
@@ -44,8 +43,8 @@ def _bool_like(value: Any) -> bool:
 
 def flag_values(config: Mapping, name: str) -> dict[str, bool]:
     """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``;
-    ``use_aux_norm`` for
-    ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left out."""
+    ``use_aux_norm`` for ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left
+    out."""
     keys = [name,
             f"eagle_config.{name}"] + (["use_aux_norm",
                                         "eagle_config.use_aux_norm"] if name == "fc_norm" else [])
@@ -75,8 +74,8 @@ def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool
 
 def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
     """``NESTED_FLAG`` for each flag stated where ``profile``'s engine never reads it with a value
-    other than the
-    one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang computes ``norm_output=False``)."""
+    other than the one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang
+    computes ``norm_output=False``)."""
     out = []
     for name, rule in profile.flags.items():
         engine_value = profile.engine_flag_value(name, dict(config))
@@ -93,8 +92,8 @@ def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]
 
 def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
     """``UNKNOWN_FLAG`` for boolean keys no schema defines, at the top level and inside
-    ``eagle_config`` (where
-    any key but ``profile.eagle_config_keys`` and the flags is never read)."""
+    ``eagle_config`` (where any key but ``profile.eagle_config_keys`` and the flags is never read).
+    """
     known_top = HF_BOOL_KEYS | set(profile.flags) | set(profile.other_bool_keys)
     out = []
     for key, value in sorted(config.items()):
@@ -112,9 +111,8 @@ def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem
                 out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: "
                                                    "expected only "
                                    f"{sorted(profile.eagle_config_keys)} inside eagle_config (what "
-                                   f"{profile.engine} "
-                                   f"{profile.version} reads there), got {key!r}, which it never "
-                                   "reads"))
+                                   f"{profile.engine} {profile.version} reads there), got {key!r}, "
+                                   "which it never reads"))
     return out
 
 
@@ -131,7 +129,8 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     trained = dict((ck.manifest or {}).get("trained_flags") or {})
     # a flag the config states but the engine never reads: its value is a fact too
     for name in profile.flags:
-        if name in cfg and cfg[name] is not None and not profile.flags[name].config_keys and bool(cfg[name]):
+        stated = name in cfg and cfg[name] is not None
+        if stated and not profile.flags[name].config_keys and bool(cfg[name]):
             trained[name] = True
         elif name not in trained and name in cfg and cfg[name] is not None:
             trained[name] = bool(cfg[name])
@@ -161,6 +160,5 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         out.append(Problem("UNSUPPORTED_FLAG", "config.json tie_word_embeddings: expected false "
                                                "with "
                            f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
-                           "lm_head.weight "
-                           f"parameter, so the draft head is skipped), got true"))
+                           "lm_head.weight parameter, so the draft head is skipped), got true"))
     return out

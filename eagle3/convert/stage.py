@@ -69,10 +69,8 @@ def detect_format(ck: Checkpoint) -> str:
     if SGLANG_ARCH in (cfg.get("architectures") or []) or has_mid:
         return "specforge"
     raise DataError(f"{ck.path}: unknown draft format: expected speculators_model_type 'eagle3', "
-                    "architectures "
-                    f"['{SGLANG_ARCH}'] or midlayer.* tensors; got architectures "
-                    f"{cfg.get('architectures')} and "
-                    f"tensors {sorted(names)[:6]}…")
+                    f"architectures ['{SGLANG_ARCH}'] or midlayer.* tensors; got architectures "
+                    f"{cfg.get('architectures')} and tensors {sorted(names)[:6]}…")
 
 
 def _target_cfg(target_dir: Path | None) -> dict | None:
@@ -82,8 +80,7 @@ def _target_cfg(target_dir: Path | None) -> dict | None:
 def _default_hf_ids(tcfg: dict | None, field: str) -> list[int]:
     if tcfg is None:
         raise ConfigError(f"{field}: missing in the draft config; give --target so the EAGLE-3 "
-                          "default "
-                          f"[2, L//2, L-3] can be written explicitly (got no target)")
+                          "default [2, L//2, L-3] can be written explicitly (got no target)")
     from eagle3.target_model import default_aux_layer_ids
 
     return default_aux_layer_ids(int(tcfg["num_hidden_layers"]))
@@ -114,9 +111,8 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
                         f"{tl!r}")
     if tl.get("model_type", "llama") != "llama":
         raise EngineUnsupported(f"{ck.path}/config.json transformer_layer_config.model_type: "
-                                f"{profile.engine} "
-                                f"{profile.version}'s {SGLANG_ARCH} computes a Llama layer, got "
-                                f"{tl['model_type']!r}")
+                                f"{profile.engine} {profile.version}'s {SGLANG_ARCH} computes a "
+                                f"Llama layer, got {tl['model_type']!r}")
     flags = {k: trained_flag(cfg, k, f"{ck.path}/config.json") for k in FLAG_NAMES}
     profile.check_flags(flags)
     hf_ids = cfg.get("eagle_aux_hidden_state_layer_ids") or _default_hf_ids(tcfg,
@@ -213,36 +209,29 @@ def check_destination(src: Path, dst: Path) -> None:
             kind = None
         if kind != "serving_checkpoint":
             raise ConfigError(f"convert: DST {dst} is a non-empty directory that is not an earlier "
-                              "serving "
-                              "checkpoint (manifest kind: expected 'serving_checkpoint', got "
-                              f"{kind!r}); "
-                              "choose a new directory or empty it first")
+                              "serving checkpoint (manifest kind: expected 'serving_checkpoint', "
+                              f"got {kind!r}); choose a new directory or empty it first")
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
-            version: str | None = None, data_manifest: dict | None = None,
-            aux_capture: bool = True) -> dict:
-    """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the
-    serving-checkpoint manifest.
+            version: str | None = None, data_manifest: dict | None = None, aux_capture: bool = True) -> dict:
+    """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the serving-checkpoint manifest.
 
     Writes ``dst/config.json``, ``dst/model.safetensors`` and ``dst/manifest.json`` (kind
     ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (``layer_id_convention``
-    ``"hf_hidden_states_index"``), ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``,
-    ``renamed``, ``rope_from_target`` (keys whose value the target's config replaced),
-    ``vocab_padded``, and from the source draft manifest ``data_manifest_hash``,
-    ``data_content_hash`` (its ``inputs.hidden_states``), ``target``). ``dst`` appears only if the
-    result validates: :func:`eagle3.convert.validate.validate` runs once, on the files as written,
-    with ``target_dir`` and ``data_manifest`` (the extraction manifest: aux ids, chat template,
-    tokenizer, target identity, vocabulary vs data) when given; the manifest records what was
-    checked (``validation``: engine, version, problems 0, whether target and data were checked, and
-    whether the target's aux-state capture was: ``aux_capture`` False leaves it to the pre-flight of
-    the deployment).
+    ``"hf_hidden_states_index"``), ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
+    ``rope_from_target`` (keys whose value the target's config replaced), ``vocab_padded``, and from the
+    source draft manifest ``data_manifest_hash``, ``data_content_hash`` (its ``inputs.hidden_states``), ``target``).
+    ``dst`` appears only if the result validates: :func:`eagle3.convert.validate.validate` runs once, on the
+    files as written, with ``target_dir`` and ``data_manifest`` (the extraction manifest: aux ids, chat template,
+    tokenizer, target identity, vocabulary vs data) when given; the manifest records what was checked
+    (``validation``: engine, version, problems 0, whether target and data were checked, and whether the target's
+    aux-state capture was: ``aux_capture`` False leaves it to the pre-flight of the deployment).
 
     Raises:
-        ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need
-        ``target_dir``. DataError: unreadable SRC or target. EngineUnsupported: unknown
-        engine/format/layer type. CheckpointInvalid: the converted draft fails
-        :func:`eagle3.convert.validate.validate` (``.problems``).
+        ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need ``target_dir``.
+        DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
+        CheckpointInvalid: the converted draft fails :func:`eagle3.convert.validate.validate` (``.problems``).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)
@@ -255,15 +244,13 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     fmt = detect_format(ck)
     unknown = check_unknown_flags(ck.config, profile)  # the output would drop them: report instead
     if unknown:
-        raise CheckpointInvalid(f"{src}/config.json has flags no engine reads, which conversion "
-                                "would drop: "
+        raise CheckpointInvalid(f"{src}/config.json has flags no engine reads, which conversion would drop: "
                                 + "; ".join(map(str, unknown)), unknown)
     tcfg = _target_cfg(Path(target_dir) if target_dir is not None else None)
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)
     rope_changed = _apply_target(out_cfg, tcfg, int(out_cfg["hidden_size"]))
-    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
-             "use_aux_hidden_state": True}
+    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]), "use_aux_hidden_state": True}
     for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
         out_cfg[k] = bool(info["trained_flags"].get(k, False))
     eagle["norm_before_fc"] = out_cfg["norm_before_fc"]
@@ -274,8 +261,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     extra = {"engine": engine, "engine_version": profile.version, "source_format": fmt,
              "aux_layer_ids_hf": info["hf_ids"], "layer_id_convention": "hf_hidden_states_index",
              "aux_layer_ids_engine": eagle["eagle_aux_hidden_state_layer_ids"],
-             "trained_flags": info["trained_flags"], "renamed": info["renamed"],
-             "rope_from_target": rope_changed,
+             "trained_flags": info["trained_flags"], "renamed": info["renamed"], "rope_from_target": rope_changed,
              "target": {"path": str(target_dir)} if target_dir is not None else src_manifest.get("target"),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
              "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
@@ -290,18 +276,15 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         manifest = write_manifest(
             tmp, "serving_checkpoint", config={"engine": engine, "engine_version": profile.version},
             inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
-            counts={"tensors": len(tensors)},
-            timings={"convert_s": round(time.monotonic() - t0, 3)},
+            counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
-                        "target_checked": target_dir is not None,
-                        "data_checked": data_manifest is not None,
+                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None,
                         "aux_capture_checked": "here" if aux_capture and target_dir is not None else
                         "by the pre-flight of the deployment" if target_dir is not None else "no"},
             **extra)
         problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
                             data_manifest=data_manifest, aux_capture=aux_capture)
         if problems:
-            raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} "
-                                    f"{profile.version}: "
+            raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} {profile.version}: "
                                     + "; ".join(map(str, problems)), problems)
     return manifest

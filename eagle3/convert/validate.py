@@ -6,15 +6,14 @@
 unknown names in silence), every parameter it reads must be filled (else it keeps its random init),
 shapes must agree with the config. Codes, by failure class:
 
-    1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD
-    4 NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED
-    5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG, UNKNOWN_FLAG   6 VOCAB_MAP_MISSING
-    7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH   8 VOCAB_DATA_TOO_SMALL   9 VOCAB_MAP_CHANGED
-    10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED
-    11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE   13 ROPE_MISMATCH, CONTEXT_LENGTH
-    14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH, TARGET_WEIGHTS_MISMATCH
-    15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26 CONFIG_FIELD (numbers out of
-    range)
+    1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD 4
+    NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED 5 UNSUPPORTED_FLAG, FLAG_MISMATCH,
+    NESTED_FLAG, UNKNOWN_FLAG   6 VOCAB_MAP_MISSING 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH   8
+    VOCAB_DATA_TOO_SMALL   9 VOCAB_MAP_CHANGED 10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE,
+    AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED 11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE
+    13 ROPE_MISMATCH, CONTEXT_LENGTH 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
+    TARGET_WEIGHTS_MISMATCH 15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26
+    CONFIG_FIELD (numbers out of range)
 
 Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
 target). Target checks need ``target_dir``; data checks need ``data_manifest``.
@@ -40,8 +39,8 @@ def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engi
     ``version``: the profile's release (None: the pinned one). ``data_manifest``: the extraction
     manifest (aux ids, chat template, tokenizer, target identity, vocabulary vs data).
     ``aux_capture``: check the target class's capture here (class 11); the pipeline leaves it to the
-    pre-flight (:mod:`eagle3.serve.preflight`), which knows the serving engine.
-    Raises DataError when an input cannot be read; EngineUnsupported for an unknown engine/release.
+    pre-flight (:mod:`eagle3.serve.preflight`), which knows the serving engine. Raises DataError
+    when an input cannot be read; EngineUnsupported for an unknown engine/release.
     """
     profile = get_profile(engine, version)
     ck = read_checkpoint(ckpt_dir)

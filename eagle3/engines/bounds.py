@@ -61,8 +61,8 @@ def bounded_int(config: Mapping[str, Any], key: str, default: Any = None, *,
 
 def out_of_bounds(config: Mapping[str, Any], *, where: str = "config.json") -> list[str]:
     """Messages for every key of ``LIMITS`` present in ``config`` (not None) whose value is out of
-    range or not
-    an integer; empty when all are plausible. For checks that report every problem instead of raising."""
+    range or not an integer; empty when all are plausible. For checks that report every problem
+    instead of raising."""
     out = []
     for key in LIMITS:
         if config.get(key) is None:

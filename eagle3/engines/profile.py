@@ -23,11 +23,9 @@ from eagle3.errors import ConfigError, EngineUnsupported
 @dataclass(frozen=True)
 class FlagRule:
     """How an engine treats one draft config flag (speculators' name): the values it computes the
-    way
-    speculators trained them (``supported``), the value it assumes when the config lacks the flag,
-    where it reads it in the served ``config.json`` (dotted keys, first wins; empty: fixed in code)
-    and ``how``: one
-    line on what it computes, with the source location."""
+    way speculators trained them (``supported``), the value it assumes when the config lacks the
+    flag, where it reads it in the served ``config.json`` (dotted keys, first wins; empty: fixed in
+    code) and ``how``: one line on what it computes, with the source location."""
 
     name: str
     supported: tuple[bool, ...]
@@ -39,10 +37,9 @@ class FlagRule:
 @dataclass(frozen=True)
 class ParamSpec:
     """One parameter of the engine's draft module: its full ``shape``; ``shards``: shard id → shape
-    of the
-    checkpoint tensor filling that part (stacked q/k/v, gate/up); ``runtime_source``: where the
-    engine fills
-    it at run time instead (the target's embedding); ``unused``: the forward never reads it."""
+    of the checkpoint tensor filling that part (stacked q/k/v, gate/up); ``runtime_source``: where
+    the engine fills it at run time instead (the target's embedding); ``unused``: the forward never
+    reads it."""
 
     shape: tuple[int, ...]
     shards: Mapping[Any, tuple[int, ...]] = field(default_factory=dict)
@@ -53,8 +50,7 @@ class ParamSpec:
 @dataclass(frozen=True)
 class Route:
     """Where the loader sends one checkpoint tensor. ``kind``: ``param`` (fills ``param``, or its
-    shard
-    ``shard``), ``special`` (consumed otherwise: ``d2t``), ``ignored`` (``t2d``), ``unknown``
+    shard ``shard``), ``special`` (consumed otherwise: ``d2t``), ``ignored`` (``t2d``), ``unknown``
     (matches no
     parameter: skipped silently). ``renamed``: the name after the loader's renames."""
 
@@ -67,8 +63,8 @@ class Route:
 @dataclass(frozen=True)
 class EngineProfile:
     """What one engine version's EAGLE-3 draft loader accepts (module docstring).
-    ``param_fn(config)`` and
-    ``route_fn(name, params)`` hold the engine-specific logic; everything else is data."""
+    ``param_fn(config)`` and ``route_fn(name, params)`` hold the engine-specific logic; everything
+    else is data."""
 
     engine: str
     version: str
@@ -123,8 +119,7 @@ class EngineProfile:
             rule = self.flags.get(name)
             if rule is None:
                 raise ConfigError(f"flag {name}={value!r}: unknown to the {self.engine} "
-                                  f"{self.version} "
-                                  f"profile (known: {sorted(self.flags)})")
+                                  f"{self.version} profile (known: {sorted(self.flags)})")
             if bool(value) not in rule.supported:
                 raise ConfigError(
                     f"flag {name}: {self.engine} {self.version} computes {name}="

@@ -20,8 +20,7 @@ def default_version(engine: str) -> str:
 
 def get_profile(engine: str = "sglang", version: str | None = None) -> EngineProfile:
     """The loader profile of ``engine`` at ``version`` (None: :func:`default_version`);
-    EngineUnsupported
-    naming the engine, the version asked and the releases that have a profile."""
+    EngineUnsupported naming the engine, the version asked and the releases that have a profile."""
     version = default_version(engine) if version is None else version
     module = _ENGINES[engine]
     if version not in module.RELEASES:

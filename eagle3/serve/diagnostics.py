@@ -49,9 +49,9 @@ def nvidia_smi() -> str | None:
 
 def gpu_sample() -> list[dict] | None:
     """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}``
-    (ints, % and
-    MiB as nvidia-smi reports them). ``pids`` maps GPU uuid → pids of compute processes on it.
-    None when there is no ``nvidia-smi`` or it fails (no GPU): the GPU signal is then simply absent."""
+    (ints, % and MiB as nvidia-smi reports them). ``pids`` maps GPU uuid → pids of compute processes
+    on it. None when there is no ``nvidia-smi`` or it fails (no GPU): the GPU signal is then simply
+    absent."""
     exe = nvidia_smi()
     if exe is None:
         return None

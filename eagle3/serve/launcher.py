@@ -1,7 +1,7 @@
 """Engine launcher: builds the engine's command line from ``cfg.serve``, starts it in its own
-process
-group, and ends the whole group on exit (terminate, wait, kill; never by name); if this process dies
-first, whatever killed it, the engine's parent watch does (:mod:`eagle3.serve.supervise`).
+process group, and ends the whole group on exit (terminate, wait, kill; never by name); if this
+process dies first, whatever killed it, the engine's parent watch does
+(:mod:`eagle3.serve.supervise`).
 
 Engines (``cfg.serve.engine``): ``sglang``: ``python -m sglang.launch_server`` with the flags of
 :data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`; ``reference``: the CPU reference engine,
@@ -30,7 +30,8 @@ from typing import Callable, Iterator
 
 from eagle3.config import RunConfig
 from eagle3.redaction import redact
-from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
+from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
+                                               sglang_unusable_reason)
 from eagle3.engines.sglang.profile import VERSION
 from eagle3.engines.sglang.serving import launch_args, reference_refusals, simulation_problem
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
@@ -70,8 +71,8 @@ def reference_device(device: str) -> str:
 
 def resolve_engine(cfg: RunConfig) -> str:
     """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine`` (``auto``: sglang when a GPU and an
-    importable
-    SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python cannot import it."""
+    importable SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python
+    cannot import it."""
     engine = cfg.serve.engine
     if engine == "reference":
         return engine
@@ -91,8 +92,7 @@ def _check_extra_args(generated: list[str], extra: list[str]) -> None:
     dup = sorted({a.split("=", 1)[0] for a in extra if a.startswith("--")} & ours)
     if dup:
         raise ConfigError(f"serve.extra_args: {dup} are already set from serve.* fields; expected "
-                          "only "
-                          f"flags the launcher does not generate, got extra_args={extra}")
+                          f"only flags the launcher does not generate, got extra_args={extra}")
 
 
 def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, port: int,
@@ -123,9 +123,8 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
         if bad:
             raise EngineUnsupported(f"the CPU reference engine cannot honour {bad}; expected "
                                     "serve.speculative_eagle_topk 1, serve.tp 1 and "
-                                    "mem_fraction_static/"
-                                    "cuda_graph_max_bs/max_running_requests unset (SGLang "
-                                    "settings)")
+                                    "mem_fraction_static/cuda_graph_max_bs/max_running_requests "
+                                    "unset (SGLang settings)")
         from eagle3.precision import resolve_dtype
 
         device = reference_device(s.device)
@@ -201,9 +200,8 @@ def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
                  log_path: str | Path,
                  engine: str = "custom", grace_s: float = 15.0) -> EngineProcess:
     """Start ``argv`` (environment = this one + ``env``) in its own process group, output to
-    ``log_path``;
-    ``command.json`` (argv, added env with secret-looking values redacted, url) is written beside
-    the log.
+    ``log_path``; ``command.json`` (argv, added env with secret-looking values redacted, url) is
+    written beside the log.
 
     The engine runs under a parent watch (:mod:`eagle3.serve.supervise`): its group is ended within
     about a second of this process's death by any cause (SIGKILL included), not only at exit through
@@ -237,8 +235,8 @@ def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     found.
     """
     engine = engine or (resolve_engine(cfg) if command_builder is None else cfg.serve.engine)
-    port = cfg.serve.port or free_port(cfg.serve.host if cfg.serve.host not in ("0.0.0.0",
-                                                                                "") else "127.0.0.1")
+    host = cfg.serve.host
+    port = cfg.serve.port or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
     if command_builder is None:
         argv, env = build_command(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None,
                                   port, engine)
@@ -252,8 +250,7 @@ def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
 
 def is_cuda_graph_crash(log_text: str) -> bool:
     """Whether a crashed engine's log shows a failure during CUDA-graph capture (SGLang's "Capture
-    cuda graph
-    failed", or a traceback right after its "Capturing batches" progress lines)."""
+    cuda graph failed", or a traceback right after its "Capturing batches" progress lines)."""
     if CUDA_GRAPH_CRASH.search(log_text):
         return True
     lines = log_text.splitlines()
@@ -261,15 +258,16 @@ def is_cuda_graph_crash(log_text: str) -> bool:
     return tb is not None and any(CAPTURING.search(ln) for ln in lines[max(0, tb - 20):tb])
 
 
-def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path, retried: set[str]) -> tuple[str,
-                                                                                              RunConfig] | None:
+def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path,
+                retried: set[str]) -> tuple[str, RunConfig] | None:
     if gate.verdict != "crashed":
         return None
     text = log_tail(log_path, max_lines=400)
     s = cfg.serve
     if s.retry_without_cuda_graph and "cuda_graph" not in retried and not s.disable_cuda_graph \
             and is_cuda_graph_crash(text):
-        return "cuda_graph", cfg.model_copy(update={"serve": s.model_copy(update={"disable_cuda_graph": True})})
+        serve = s.model_copy(update={"disable_cuda_graph": True})
+        return "cuda_graph", cfg.model_copy(update={"serve": serve})
     if s.port is None and "port" not in retried and PORT_IN_USE.search(text):
         return "port", cfg
     return None
@@ -287,8 +285,8 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
     Logs go to ``out_dir/engine-*.log``; the gate's ``gate.json`` and diagnostics to
     ``out_dir/diagnostics`` (``diagnostics-retry1`` for a retry); ``out_dir/attempts.json`` lists
     every attempt with its verdict, phase timeline and retry reason. ``require_spec_fields`` None =
-    only when a draft is served.
-    Raises GateFailed (verdict, diagnostics folder) when the last attempt is not ready.
+    only when a draft is served. Raises GateFailed (verdict, diagnostics folder) when the last
+    attempt is not ready.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

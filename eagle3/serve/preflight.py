@@ -90,7 +90,8 @@ class PreflightReport:
     def raise_if_failed(self) -> None:
         if self.passed:
             return
-        cls = EngineUnsupported if any(p.code in ENGINE_CODES for p in self.problems) else ConfigError
+        engine_side = any(p.code in ENGINE_CODES for p in self.problems)
+        cls = EngineUnsupported if engine_side else ConfigError
         err = cls(f"pre-flight of serve.engine {self.engine} failed before any engine started: "
                   + "; ".join(map(str, self.problems)))
         err.problems = list(self.problems)
@@ -123,16 +124,16 @@ def _weights_bytes(model_dir: Path) -> int:
 
 def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) -> int:
     """KV-cache bytes per token on one GPU: 2 (K, V) × layers × KV heads on this GPU × head_dim ×
-    bytes; for a
-    multi-head-latent-attention model (``kv_lora_rank`` in the config: DeepSeek-V2/V3, Kimi) the
-    latent is cached instead, layers × (kv_lora_rank + qk_rope_head_dim) × bytes, replicated on
-    every GPU. KV heads are split over
-    ``tp`` GPUs, at least one per GPU (fewer heads than GPUs are replicated)."""
+    bytes; for a multi-head-latent-attention model (``kv_lora_rank`` in the config: DeepSeek-V2/V3,
+    Kimi) the latent is cached instead, layers × (kv_lora_rank + qk_rope_head_dim) × bytes,
+    replicated on every GPU. KV heads are split over ``tp`` GPUs, at least one per GPU (fewer heads
+    than GPUs are replicated)."""
     cfg = cfg.get("text_config") or cfg
     try:
         layers = bounded_int(cfg, "num_hidden_layers", where=where)
         if cfg.get("kv_lora_rank"):
-            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
+            latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+            return layers * latent * dtype_bytes
         heads = bounded_int(cfg, "num_attention_heads", where=where)
         kv = bounded_int(cfg, "num_key_value_heads", heads, where=where)
         head_dim = bounded_int(cfg, "head_dim",
@@ -187,10 +188,8 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
         detail = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in parts.items())
         raise ConfigError(
             f"serve.mem_fraction_static: needs {need / GIB:.2f} GiB per GPU ({detail}; context "
-            f"{context_length} × "
-            f"batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / GIB:.2f} GiB × "
-            "mem_fraction_static "
-            f"{mem_fraction_static} = {budget / GIB:.2f} GiB")
+            f"{context_length} × batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / GIB:.2f} "
+            f"GiB × mem_fraction_static {mem_fraction_static} = {budget / GIB:.2f} GiB")
     return report
 
 
@@ -205,16 +204,13 @@ def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
         p = Problem("ENGINE_MISSING", "serve.sglang_python: expected the Python of an environment "
                                       "with "
                     f"sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env and "
-                    "set "
-                    f"serve.sglang_python, or serve.engine reference")
+                    "set serve.sglang_python, or serve.engine reference")
         return Check("engine", "failed", p.message), [p]
     version = sglang_version(py)
     if version != want:
         p = Problem("ENGINE_VERSION", f"SGLang in {py}: expected {want} (convert.engine_version: "
-                                      "every "
-                    f"loader, capture and serving fact checked is that release's), got {version}; "
-                    "fix: "
-                    f"install sglang=={want}")
+                                      "every loader, capture and serving fact checked is that "
+                                      f"release's), got {version}; fix: install sglang=={want}")
         return Check("engine", "failed", p.message), [p]
     return Check("engine", "passed", f"SGLang {version} in {py}"), []
 
@@ -234,12 +230,10 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
         got = check_aux_capture(arch, engine="sglang", version=v, source=source)
     except EngineUnsupported as e:
         p = Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0] {arch}: {e}; expected a "
-                                             "class "
-                    f"that implements set_eagle3_layers_to_capture in SGLang {v} (the draft's fc "
-                    "would "
-                    "be bypassed and acceptance fall to about 1.0); fix: serve.engine reference, "
-                    "or a "
-                    "target class SGLang captures")
+                                             "class that implements set_eagle3_layers_to_capture "
+                                             f"in SGLang {v} (the draft's fc would be bypassed and "
+                                             "acceptance fall to about 1.0); fix: serve.engine "
+                                             "reference, or a target class SGLang captures")
         return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
     return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {v} "
                                           f"({got['how']})",
@@ -248,8 +242,7 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
 
 def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
     """The GPUs the launch will use: ``CUDA_VISIBLE_DEVICES`` (serve.env, else this environment) in
-    its order,
-    from ``--base-gpu-id`` (serve.extra_args, default 0), ``serve.tp`` of them."""
+    its order, from ``--base-gpu-id`` (serve.extra_args, default 0), ``serve.tp`` of them."""
     raw = cfg.serve.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     gpus = sample
     if raw is not None:
@@ -261,16 +254,16 @@ def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
 
 def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
     """(config dict, weight bytes in the serving dtype) of the draft the run config will train,
-    before it exists:
-    the target's layer shape (the draft copies it), ``train.num_layers`` layers, embedding ``[vocab,
-    H]``, head
-    ``[train.draft_vocab_size, H]``, ``fc`` ``[H, n_aux · H]``."""
+    before it exists: the target's layer shape (the draft copies it), ``train.num_layers`` layers,
+    embedding ``[vocab, H]``, head ``[train.draft_vocab_size, H]``, ``fc`` ``[H, n_aux · H]``."""
     t = tcfg.get("text_config") or tcfg
-    h, inter, heads = int(t["hidden_size"]), int(t["intermediate_size"]), int(t["num_attention_heads"])
+    h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
+    heads = int(t["num_attention_heads"])
     kv, hd = int(t.get("num_key_value_heads") or heads), int(t.get("head_dim") or h // heads)
     n_aux = len(cfg.extract.aux_layer_ids or [0, 0, 0])
     per_layer = (heads * hd + 2 * kv * hd) * 2 * h + h * heads * hd + 3 * h * inter + 3 * h
-    params = int(t["vocab_size"]) * h + cfg.train.draft_vocab_size * h + h * n_aux * h + h + cfg.train.num_layers * per_layer
+    params = (int(t["vocab_size"]) * h + cfg.train.draft_vocab_size * h + h * n_aux * h + h
+              + cfg.train.num_layers * per_layer)
     dcfg = {"num_hidden_layers": cfg.train.num_layers, "num_attention_heads": heads,
             "num_key_value_heads": kv,
             "head_dim": hd, "hidden_size": h}
@@ -280,11 +273,13 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
 def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
                   gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
     s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
-    draft: Any = serving_dir if serving_dir is not None and (serving_dir / "config.json").is_file() else None
+    has = serving_dir is not None and (serving_dir / "config.json").is_file()
+    draft: Any = serving_dir if has else None
     draft_bytes = None
     if draft is None:
         draft, draft_bytes = draft_size_from_config(cfg, tcfg)
-    ctx = s.context_length or int((tcfg.get("text_config") or tcfg).get("max_position_embeddings") or 4096)
+    text_cfg = tcfg.get("text_config") or tcfg
+    ctx = s.context_length or int(text_cfg.get("max_position_embeddings") or 4096)
     if engine == "reference":
         return _reference_memory(cfg, target_dir, draft, draft_bytes, ctx)
     if gpus is None:
@@ -293,12 +288,12 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
         gpus = gpu_sample() or []
     if (flag_value(s.extra_args, "--device") or "cuda") == "cpu":
         return Check("memory", "skipped", "SGLang on --device cpu: no GPU memory to size"), []
-    used = _visible_gpus(cfg, gpus)
+    used, cvd = _visible_gpus(cfg, gpus), "CUDA_VISIBLE_DEVICES"
     if len(used) < s.tp:
         p = Problem("GPU_COUNT", f"serve.tp {s.tp}: expected {s.tp} visible GPU(s) for SGLang, "
                                  f"found {len(used)} "
                     f"(nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
-                    f"{s.env.get('CUDA_VISIBLE_DEVICES', os.environ.get('CUDA_VISIBLE_DEVICES'))!r})")
+                    f"{s.env.get(cvd, os.environ.get(cvd))!r})")
         return Check("memory", "failed", p.message, {"gpus_visible": len(gpus)}), [p]
     problems, worst = [], None
     for g in used:
@@ -320,15 +315,13 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
             problems.append(Problem("GPU_BUSY", f"GPU {g['index']}: {taken / GIB:.2f} GiB already "
                                                 "used by other "
                                     f"processes; expected {r['budget_bytes'] / GIB:.2f} GiB free "
-                                    "for mem_fraction_static "
-                                    f"{frac}, got {(total - taken) / GIB:.2f} GiB (an engine left "
-                                    "running?)"))
+                                    f"for mem_fraction_static {frac}, got "
+                                    f"{(total - taken) / GIB:.2f} GiB (an engine left running?)"))
         worst = r if worst is None or r["need_bytes"] > worst["need_bytes"] else worst
     figs = {f"{k.removesuffix('_bytes')}_gib": v / GIB for k, v in (worst or {}).items()
             if k.endswith(("_bytes", "_weights", "_kv"))}
     detail = (f"per GPU need {worst['need_bytes'] / GIB:.2f} GiB of "
-              f"{worst['budget_bytes'] / GIB:.2f} GiB "
-              f"(context {ctx}, tp {s.tp}, GPUs "
+              f"{worst['budget_bytes'] / GIB:.2f} GiB (context {ctx}, tp {s.tp}, GPUs "
               f"{[g['index'] for g in used]})" if worst else "; ".join(
                   p.message for p in problems))
     return Check("memory", "failed" if problems else "passed", detail,
@@ -355,14 +348,12 @@ def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int |
     figs = {"need_gib": need / GIB, "free_gib": free / GIB}
     if need > free:
         p = Problem("MEMORY_TOO_SMALL", f"reference engine on {device}: needs about "
-                                        f"{need / GIB:.2f} GiB (target and "
-                    f"draft weights in the serving dtype), {free / GIB:.2f} GiB free; fix: free "
-                    "memory or serve.dtype "
-                    "bfloat16")
+                                        f"{need / GIB:.2f} GiB (target and draft weights in the "
+                                        f"serving dtype), {free / GIB:.2f} GiB free; fix: free "
+                                        "memory or serve.dtype bfloat16")
         return Check("memory", "failed", p.message, figs), [p]
     return Check("memory", "passed", f"reference engine on {device}: about {need / GIB:.2f} GiB of "
-                                     f"{free / GIB:.2f} "
-                 f"GiB free (context up to {ctx})", figs), []
+                                     f"{free / GIB:.2f} GiB free (context up to {ctx})", figs), []
 
 
 def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
@@ -392,14 +383,13 @@ def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
                      "above 0"), []
     if engine == "reference":
         return Check("environment", "note", problem.split(":")[0] + "; the reference engine does "
-                                                                    "not "
-                     "read it"), []
+                                                                    "not read it"), []
     p = Problem("SIMULATED_ACCEPTANCE", problem + "; fix: unset it")
     return Check("environment", "failed", p.message), [p]
 
 
-def _check_template(cfg: Any, engine: str, target_dir: Path, data: dict | None) -> tuple[Check,
-                                                                                         list[Problem]]:
+def _check_template(cfg: Any, engine: str, target_dir: Path,
+                    data: dict | None) -> tuple[Check, list[Problem]]:
     if data is None:
         return Check("template", "skipped", "no extraction manifest to compare with"), []
     from transformers import AutoTokenizer
@@ -420,7 +410,8 @@ def _check_template(cfg: Any, engine: str, target_dir: Path, data: dict | None) 
     if engine == "sglang":
         problems += _server_template(cfg, trained, data)
     elif any(v is not None for v in trained.values()):
-        note = "; the reference engine's /v1/chat/completions renders the template's defaults (the benchmark sends ids)"
+        note = ("; the reference engine's /v1/chat/completions renders the template's defaults "
+                "(the benchmark sends ids)")
     status = "failed" if problems else ("note" if note else "passed")
     return Check("template", status, f"switches {trained} at extraction, {bench} in the "
                                      f"benchmark{note}"), problems
@@ -444,12 +435,12 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
         p = Path(tpl).expanduser()
         got = hashlib.sha256(p.read_text().encode()).hexdigest() if p.is_file() else None
         if got != data.get("chat_template_hash"):
-            why = f"a file whose text hashes to {got[:12]}…" if got else "a built-in template name (not comparable)"
+            why = (f"a file whose text hashes to {got[:12]}…" if got
+                   else "a built-in template name (not comparable)")
             out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --chat-template {tpl!r}: "
                                                     "expected no override "
                                "or the extraction's template (sha256 "
-                               f"{str(data.get('chat_template_hash'))[:12]}…), "
-                               f"got {why}"))
+                               f"{str(data.get('chat_template_hash'))[:12]}…), got {why}"))
     if flag_value(extra, "--hf-chat-template-name") is not None:
         out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --hf-chat-template-name "
                            f"{flag_value(extra, '--hf-chat-template-name')!r}: expected the "
@@ -476,10 +467,9 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
             sock.bind((s.host, s.port))
         except OSError as e:
             p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
-                                       "binding it gives "
-                        f"{e.strerror or e}; fix: end what listens there, choose another "
-                        "serve.port, or leave "
-                        "serve.port unset (a free port is chosen)")
+                                       f"binding it gives {e.strerror or e}; fix: end what listens "
+                                       "there, choose another serve.port, or leave serve.port "
+                                       "unset (a free port is chosen)")
             return Check("port", "failed", p.message), [p]
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
@@ -510,13 +500,15 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
 def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
                      data_dir: str | Path | None) -> PreflightReport:
     """:func:`run_preflight` for a run's folders: the target resolved from ``cfg`` (prepared if
-    needed), the converted
-    draft in ``serving_dir`` when it holds one (else sized from the config), the extraction manifest
-    of ``data_dir``
-    when it has one. Raises DataError/ConfigError only for unreadable inputs."""
+    needed), the converted draft in ``serving_dir`` when it holds one (else sized from the config),
+    the extraction manifest of ``data_dir`` when it has one. Raises DataError/ConfigError only for
+    unreadable inputs."""
     from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
 
-    serving = Path(serving_dir) if serving_dir is not None and (Path(serving_dir) / "config.json").is_file() else None
-    data = read_manifest(data_dir) if data_dir is not None and (Path(data_dir) / "manifest.json").is_file() else None
+    def has(folder, name):
+        return folder is not None and (Path(folder) / name).is_file()
+
+    serving = Path(serving_dir) if has(serving_dir, "config.json") else None
+    data = read_manifest(data_dir) if has(data_dir, "manifest.json") else None
     return run_preflight(cfg, resolve_target(cfg), serving, data_manifest=data)

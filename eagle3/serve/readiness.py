@@ -43,7 +43,8 @@ from typing import Any, Callable
 import httpx
 
 from eagle3.artifacts import atomic_write_json
-from eagle3.config import GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S
+from eagle3.config import (GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S,
+                           GATE_TIMEOUT_S)
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
 from eagle3.serve.liveness import ProgressMonitor
 from eagle3.procs import exit_status
@@ -81,10 +82,8 @@ class Call:
 
 def http_status(url: str, timeout_s: float) -> int | str:
     """GET ``url``: the HTTP status code, or ``"refused"`` (nothing listening), ``"timeout"``
-    (connected or
-    connecting, no answer in ``timeout_s`` seconds), ``"error: ..."``. Proxies from the environment
-    are not
-    used (``trust_env=False``): the gate talks to loopback."""
+    (connected or connecting, no answer in ``timeout_s`` seconds), ``"error: ..."``. Proxies from
+    the environment are not used (``trust_env=False``): the gate talks to loopback."""
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False) as c:
             return c.get(url).status_code
@@ -104,8 +103,8 @@ def spec_fields(meta_info: dict) -> dict:
 
 def probe_generate(url: str, prompt: str, timeout_s: float) -> dict:
     """One ``POST /generate`` (4 new tokens, greedy). Returns ``{"status", "tokens", "spec",
-    "seconds",
-    "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``)."""
+    "seconds", "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``).
+    """
     t0 = time.monotonic()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     out: dict = {"status": None, "tokens": 0, "spec": {}, "error": None}
@@ -232,8 +231,7 @@ def _check_arguments(url: str, seconds: dict[str, float]) -> None:
         socket.getaddrinfo(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
     except (socket.gaierror, UnicodeError) as e:
         raise ConfigError(f"url: host {parsed.host!r} does not resolve ({e}); expected a reachable "
-                          "server address, "
-                          f"got {url!r}") from e
+                          f"server address, got {url!r}") from e
 
 
 def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None,
@@ -286,7 +284,8 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
                       f"{now - state['last_progress']:.1f} s "
                       f"(stall_timeout_s={stall_timeout_s}) in phase {tl.phase}.")
         if verdict is None and now - t0 >= timeout_s:
-            verdict, detail = "timed_out", f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
+            verdict = "timed_out"
+            detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
         if verdict is not None:
             return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now,
                            diagnostics_dir)
@@ -299,7 +298,8 @@ def _check_exit(pid: int | None) -> tuple[str | None, str, int | None]:
     exited, code = exit_status(pid)
     if not exited:
         return None, "", None
-    how = f"exit code {code}" if code is not None else "exit code unknown (not a child of this process)"
+    how = (f"exit code {code}" if code is not None
+           else "exit code unknown (not a child of this process)")
     return "crashed", f"The server process {pid} exited ({how}).", code
 
 
@@ -340,9 +340,8 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
     if not all(c.done() for c in calls):
         if now - st["probe_t0"] >= probe_timeout:
             return "timed_out", ("/health_generate answered 200 but the generation probe returned "
-                                 "no tokens "
-                                 f"within probe_timeout_s={probe_timeout} while the server kept "
-                                 "showing progress.")
+                                 f"no tokens within probe_timeout_s={probe_timeout} while the "
+                                 "server kept showing progress.")
         return None, ""
     st["probe"] = None
     results = [c.result if c.error is None else {"status": None, "tokens": 0, "spec": {},
@@ -360,9 +359,8 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
     if require_spec and not all(r["spec"] for r in results):
         keys = next(r.get("meta_keys") for r in results if not r["spec"])
         return "probe_failed", ("The server generates, but meta_info has no speculative-decoding "
-                                "fields "
-                                f"(expected one of {list(SPEC_KEYS)}, got keys {keys}): it is not "
-                                "speculating.")
+                                f"fields (expected one of {list(SPEC_KEYS)}, got keys {keys}): it "
+                                "is not speculating.")
     tl.enter("ready", now)
     return "ready", ""
 

@@ -1,6 +1,5 @@
 """A parent watch for every engine the launcher starts: the engine's process group ends within about
-a second of
-the launcher's death, whatever killed the launcher (failure class 25).
+a second of the launcher's death, whatever killed the launcher (failure class 25).
 
 Why: the launcher starts every engine in its own session and used to rely on ``atexit`` to end it. A
 parent that dies by a signal (SIGKILL; SIGTERM in a process without a handler, such as a test runner
@@ -89,8 +88,7 @@ def _signal(pids: list[int], sig: int) -> None:
 
 def end_group(pgid: int, known: dict[int, float], grace_s: float, why: str) -> list[int]:
     """SIGTERM to group ``pgid`` and the known tree, up to ``grace_s`` seconds, SIGKILL to what is
-    left (never to
-    the caller). Returns the pids that needed SIGKILL."""
+    left (never to the caller). Returns the pids that needed SIGKILL."""
     print(f"[eagle3-supervise] {why}: ending engine group {pgid} (SIGTERM, SIGKILL after "
           f"{grace_s:g} s)",
           file=sys.stderr, flush=True)
@@ -123,10 +121,8 @@ def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> No
 
 def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
     """Double fork: the grandchild becomes the watcher (``--watch``, a command line of its own, so
-    nothing that
-    searches the process table for the engine's command finds it); the child exits at once and is
-    reaped
-    before the engine starts."""
+    nothing that searches the process table for the engine's command finds it); the child exits at
+    once and is reaped before the engine starts."""
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
@@ -153,9 +149,8 @@ def command(argv: list[str], *, parent: int, grace_s: float) -> list[str]:
 
 def main(args: list[str]) -> None:
     """``--parent PID --grace S -- ARGV...``: start the watcher, then exec ``ARGV``. Exit 2 on a
-    malformed command
-    line, 1 when the launcher is already gone, 127 when ``ARGV[0]`` cannot be executed.
-    (``--watch ENGINE PARENT PARENT_START GRACE`` is the watcher itself.)"""
+    malformed command line, 1 when the launcher is already gone, 127 when ``ARGV[0]`` cannot be
+    executed. (``--watch ENGINE PARENT PARENT_START GRACE`` is the watcher itself.)"""
     if args[:1] == ["--watch"] and len(args) == 5:
         watch(int(args[1]), int(args[2]), float(args[3]), float(args[4]))
         return

@@ -1,6 +1,5 @@
 """A watchdog for work that talks to a running server (the benchmark): a server that dies or stops
-making
-progress fails the work with the readiness gate's diagnostics instead of hanging it.
+making progress fails the work with the readiness gate's diagnostics instead of hanging it.
 
 Usage::
 
@@ -45,7 +44,8 @@ class Watchdog:
                  check_interval_s: float = GATE_POLL_INTERVAL_S, deadline_s: float | None = None,
                  diagnostics_dir: str | Path | None = None, use_gpu: bool = True):
         self.url, self.pid, self.log_path = url, pid, log_path
-        self.stall_timeout_s, self.check_interval_s, self.deadline_s = stall_timeout_s, check_interval_s, deadline_s
+        self.stall_timeout_s, self.check_interval_s = stall_timeout_s, check_interval_s
+        self.deadline_s = deadline_s
         self.diagnostics_dir = Path(diagnostics_dir) if diagnostics_dir else None
         self.use_gpu = use_gpu
         self.verdict: str | None = None
@@ -126,14 +126,16 @@ class Watchdog:
             if self.pid is not None:
                 exited, code = exit_status(self.pid)
                 if exited:
-                    verdict, detail = "crashed", f"server process {self.pid} exited (exit code {code})"
+                    verdict = "crashed"
+                    detail = f"server process {self.pid} exited (exit code {code})"
             if verdict is None and now - self._last_progress >= self.stall_timeout_s:
                 verdict = "stalled"
                 detail = (f"no progress signal ({', '.join(sources)}) for "
                           f"{now - self._last_progress:.1f} s "
                           f"(stall_timeout_s={self.stall_timeout_s}); {self.beats} requests had "
                           "finished")
-            if verdict is None and self.deadline_s is not None and now - self._t0 >= self.deadline_s:
+            late = self.deadline_s is not None and now - self._t0 >= self.deadline_s
+            if verdict is None and late:
                 verdict, detail = "timed_out", f"deadline_s={self.deadline_s} reached"
             if verdict is not None:
                 self.verdict, self.detail = verdict, detail

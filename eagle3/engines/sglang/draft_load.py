@@ -1,6 +1,6 @@
 """Loader rules of SGLang 0.5.23's ``LlamaForCausalLMEagle3.load_weights``
-(``sglang/srt/models/llama_eagle3.py``)
-and the config checks of :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
+(``sglang/srt/models/llama_eagle3.py``) and the config checks of
+:class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
 
 Names: legacy ``midlayer`` → ``layers.0`` and ``aux_norm_{low,mid,high}`` → ``fc_norm.{0,1,2}``;
 q/k/v are stacked into ``qkv_proj`` (rows q, then k, then v) and gate/up into ``gate_up_proj``; each
@@ -29,8 +29,7 @@ def copy_param(param: nn.Parameter, w: torch.Tensor, key: str, orig: str, where)
     mismatch."""
     if tuple(param.shape) != tuple(w.shape):
         raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, parameter "
-                                f"{key} expects "
-                                f"{tuple(param.shape)}")
+                                f"{key} expects {tuple(param.shape)}")
     param.data.copy_(w.to(param.dtype))
 
 
@@ -47,8 +46,7 @@ def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str,
     target = param.data[start:start + size]
     if tuple(target.shape) != tuple(w.shape):
         raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, shard "
-                                f"{shard!r} of {key} "
-                                f"expects {tuple(target.shape)}")
+                                f"{shard!r} of {key} expects {tuple(target.shape)}")
     target.copy_(w.to(param.dtype))
 
 
@@ -92,9 +90,8 @@ def check_config(cfg: dict) -> None:
     # SGLang builds the first registered entry (models/registry.py)
     if not archs or archs[0] != ARCHITECTURE:
         raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] "
-                                "first (the class SGLang "
-                                "0.5.23 loads for EAGLE-3; it builds the first registered entry), "
-                                f"got {archs}")
+                                "first (the class SGLang 0.5.23 loads for EAGLE-3; it builds the "
+                                f"first registered entry), got {archs}")
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "num_hidden_layers", "vocab_size", "rms_norm_eps"):
         if key not in cfg:
@@ -107,9 +104,7 @@ def check_config(cfg: dict) -> None:
                                 f"{cfg['hidden_act']!r}")
     if cfg.get("tie_word_embeddings", False):
         raise EngineUnsupported("draft config.json tie_word_embeddings: true makes SGLang 0.5.23 "
-                                "use the (target) "
-                                "embedding as a full-vocabulary lm_head; this reference draft runs "
-                                "untied heads only "
-                                "(expected false)")
+                                "use the (target) embedding as a full-vocabulary lm_head; this "
+                                "reference draft runs untied heads only (expected false)")
     if rope_parameters(cfg).get("mrope_section") is not None:
         raise EngineUnsupported("draft config.json rope_scaling: mrope is not implemented here")

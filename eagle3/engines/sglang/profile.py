@@ -82,8 +82,7 @@ def _flags(lines: dict) -> dict[str, FlagRule]:
         "norm_output": FlagRule(
             "norm_output", (False, True), False, ("norm_output",),
             "the next draft step receives the final-normed hidden state instead of the pre-norm "
-            "one "
-            f"({at('norm_output')}; EAGLE-3.1)"),
+            f"one ({at('norm_output')}; EAGLE-3.1)"),
         "embed_requires_grad": FlagRule(
             "embed_requires_grad", (False,), False, (),
             "the draft's embed_tokens is replaced by the target's at run time (set_embed, "

@@ -94,8 +94,7 @@ def reference_refusals(serve: Any) -> dict:
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value of ``flag`` in an argv list (``--flag V`` or ``--flag=V``; the last one wins), None
-    if
-    absent; ``"true"`` for a flag given without a value."""
+    if absent; ``"true"`` for a flag given without a value."""
     value = None
     for i, a in enumerate(argv):
         if a == flag:
@@ -108,7 +107,9 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
 
 def running_requests(serve: Any) -> tuple[int, int | None]:
     """``(requests SGLang runs at once, the limit given or None)``: ``--max-running-requests`` in
-    ``serve.extra_args``, else ``serve.max_running_requests``, else the release's speculative default."""
+    ``serve.extra_args``, else ``serve.max_running_requests``, else the release's speculative
+    default.
+    """
     arg = flag_value(serve.extra_args, "--max-running-requests")
     given = int(arg) if arg not in (None, "true") and arg.isdigit() else serve.max_running_requests
     return (SPEC_DEFAULT_MAX_RUNNING_REQUESTS if given is None else given), given
@@ -130,10 +131,9 @@ def draft_tokens_problem(serve: Any) -> str | None:
     if want == s.speculative_num_draft_tokens:
         return None
     return ("serve.speculative_num_draft_tokens: chain drafting (speculative_eagle_topk 1) "
-            "verifies "
-            f"speculative_num_steps + 1 = {want} tokens, got {s.speculative_num_draft_tokens} "
-            "(SGLang "
-            f"{VERSION} would silently use {want}; the reference engine refuses it)")
+            f"verifies speculative_num_steps + 1 = {want} tokens, got "
+            f"{s.speculative_num_draft_tokens} (SGLang {VERSION} would silently use {want}; the "
+            "reference engine refuses it)")
 
 
 def concurrency_problem(serve: Any, concurrency: int) -> str | None:
@@ -142,20 +142,18 @@ def concurrency_problem(serve: Any, concurrency: int) -> str | None:
     if concurrency <= running:
         return None
     why = (f"SGLang {VERSION} resets max_running_requests to {SPEC_DEFAULT_MAX_RUNNING_REQUESTS} "
-           "when "
-           "speculative decoding is on and it is unset" if given is None
+           "when speculative decoding is on and it is unset" if given is None
            else f"serve.max_running_requests is {given}")
     return (f"bench.concurrency {concurrency}: expected at most the {running} requests the engine "
-            "runs "
-            f"at once ({why}); the benchmark would measure queueing, not concurrency "
-            f"{concurrency}: set "
-            f"serve.max_running_requests >= {concurrency} or lower bench.concurrency")
+            f"runs at once ({why}); the benchmark would measure queueing, not concurrency "
+            f"{concurrency}: set serve.max_running_requests >= {concurrency} or lower "
+            "bench.concurrency")
 
 
 def simulated_acceptance(env: Mapping[str, str]) -> tuple[str, str] | None:
     """``(name, value)`` of the variable that makes SGLang simulate acceptance, None when none is
-    set
-    above 0. A value SGLang cannot parse as a float counts too: no measured figure can come from it."""
+    set above 0. A value SGLang cannot parse as a float counts too: no measured figure can come from
+    it."""
     for name in SIMULATE_ENV:
         raw = env.get(name)
         if raw is None or str(raw).strip() == "":
@@ -193,12 +191,14 @@ def resolve(serve: Any, device: str = "cuda") -> dict:
     if flag_value(extra, "--disable-overlap-schedule") is not None:
         scheduler, why = "synchronous", "--disable-overlap-schedule"
     elif device == "cpu":
-        scheduler, why = "synchronous", "device cpu (speculative_hook.py _disable_overlap_schedule_for_cpu)"
+        scheduler, why = "synchronous", ("device cpu (speculative_hook.py "
+                                         "_disable_overlap_schedule_for_cpu)")
     elif pp not in ("1", "true"):
         scheduler, why = "synchronous", (f"pipeline parallel size {pp} "
                                          "(overrides.py _pipeline_parallel_overlap_disable)")
     else:
-        scheduler, why = "overlap", "the default (no --disable-overlap-schedule, device not cpu, pp 1)"
+        scheduler, why = "overlap", ("the default (no --disable-overlap-schedule, device not cpu, "
+                                     "pp 1)")
     tokens = chain_draft_tokens(serve.speculative_num_steps, topk,
                                 serve.speculative_num_draft_tokens)
     return {"max_running_requests": running,
@@ -212,8 +212,7 @@ def resolve(serve: Any, device: str = "cuda") -> dict:
 
 def asked_settings(serve: Any, engine: str) -> dict:
     """What a launch asked for, in ``/server_info``'s names (None: not asked): the resolved fields
-    of
-    :data:`LAUNCH_FLAGS`; for SGLang an unset request limit is asked as the release's default."""
+    of :data:`LAUNCH_FLAGS`; for SGLang an unset request limit is asked as the release's default."""
     asked = {f.field: getattr(serve, f.field) for f in LAUNCH_FLAGS if f.resolved}
     asked["max_running_requests"] = running_requests(serve)[0] if engine == "sglang" else None
     return asked
@@ -235,20 +234,17 @@ def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> di
 def running_problems(info: Mapping[str, Any] | None, concurrency: int) -> list[str]:
     """Why a measurement against a running server (its ``/server_info``) would not measure what it
     says: fewer requests at once than ``concurrency``, or an exposed
-    (``SGLANG_EXPOSE_OWN_ENV_VARS``)
-    simulated-acceptance variable. Fields the server does not report are not held against it."""
+    (``SGLANG_EXPOSE_OWN_ENV_VARS``) simulated-acceptance variable. Fields the server does not
+    report are not held against it."""
     if not info:
         return []
     out = []
     mrr = info.get("max_running_requests")
     if isinstance(mrr, int) and not isinstance(mrr, bool) and mrr < concurrency:
         out.append(f"server max_running_requests {mrr} < concurrency {concurrency}: the server "
-                   "runs at "
-                   f"most {mrr} requests at once (SGLang resets it to "
-                   f"{SPEC_DEFAULT_MAX_RUNNING_REQUESTS} "
-                   "with speculation unless --max-running-requests is given), so the benchmark "
-                   "would "
-                   "measure queueing")
+                   f"runs at most {mrr} requests at once (SGLang resets it to "
+                   f"{SPEC_DEFAULT_MAX_RUNNING_REQUESTS} with speculation unless "
+                   "--max-running-requests is given), so the benchmark would measure queueing")
     for state in info.get("internal_states") or []:
         env = (state or {}).get("env_vars") or {} if isinstance(state, Mapping) else {}
         problem = simulation_problem(env, "the server's environment")

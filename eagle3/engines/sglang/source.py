@@ -105,9 +105,8 @@ def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
 
     Looks, in order, at ``$EAGLE3_<ENGINE>_SOURCE`` (a wheel or directory), ``<cache_dir>/wheels/``
     (a ``<engine>-<version>-*.whl``), and, when ``download`` is set, runs ``pip download --no-deps
-    <engine>==<version> -d <cache_dir>/wheels`` (the released wheel, a few tens of MB).
-    Raises EngineUnsupported when no source is found (naming what was tried), DataError on a bad
-    path.
+    <engine>==<version> -d <cache_dir>/wheels`` (the released wheel, a few tens of MB). Raises
+    EngineUnsupported when no source is found (naming what was tried), DataError on a bad path.
     """
     tried = []
     env = os.environ.get(f"EAGLE3_{engine.upper()}_SOURCE")
@@ -152,12 +151,10 @@ def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassI
     entry: list[str] = []
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
-            bases = tuple(b.id if isinstance(b, ast.Name) else b.attr if isinstance(b,
-                                                                                    ast.Attribute) else ""
-                          for b in node.bases)
-            methods = frozenset(n.name for n in node.body if isinstance(n,
-                                                                        (ast.FunctionDef,
-                                                                         ast.AsyncFunctionDef)))
+            bases = tuple(b.id if isinstance(b, ast.Name) else
+                          b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases)
+            fns = (ast.FunctionDef, ast.AsyncFunctionDef)
+            methods = frozenset(n.name for n in node.body if isinstance(n, fns))
             classes[node.name] = _ClassInfo(module, node.name, bases, methods)
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
@@ -249,8 +246,7 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
 
     With ``source`` the answer is read from that release's model files; without it, from the
     profile's pinned list (``EngineProfile.aux_capture_classes``, itself checked against the source
-    by the tests).
-    Returns ``{"class", "engine", "version", "captures": True, "module", "how"}``.
+    by the tests). Returns ``{"class", "engine", "version", "captures": True, "module", "how"}``.
     Raises EngineUnsupported naming the class and the engine version when it does not capture (or is
     not a registered architecture of that version).
     """
@@ -263,14 +259,12 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
     index = model_index(source)
     if target_class not in index.entry_classes:
         raise EngineUnsupported(f"target class {target_class}: not a registered model class "
-                                "(EntryClass) of "
-                                f"{engine} {version} ({source.root}); it cannot serve as the "
-                                "target")
+                                f"(EntryClass) of {engine} {version} ({source.root}); it cannot "
+                                "serve as the target")
     if not index.implements(target_class):
         raise EngineUnsupported(
             f"target class {target_class} ({index.entry_classes[target_class]}): {engine} "
-            f"{version} does not "
-            f"implement {CAPTURE_METHOD} for it, so the EAGLE-3 draft would receive no aux hidden "
-            "states")
+            f"{version} does not implement {CAPTURE_METHOD} for it, so the EAGLE-3 draft would "
+            "receive no aux hidden states")
     return {"class": target_class, "engine": engine, "version": version, "captures": True,
             "module": index.entry_classes[target_class], "how": f"read from {source.root}"}

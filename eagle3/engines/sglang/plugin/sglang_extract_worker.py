@@ -41,17 +41,15 @@ def _say(kind: str, payload: dict) -> None:
 
 def resolve_class(target_dir: str) -> str:
     """``module:Class`` of SGLang's implementation of the target's architecture (RuntimeError if
-    none, or if it
-    cannot capture EAGLE-3 aux states)."""
+    none, or if it cannot capture EAGLE-3 aux states)."""
     from sglang.srt.models.registry import ModelRegistry
 
     arch = json.loads((Path(target_dir) / "config.json").read_text())["architectures"][0]
     cls, _ = ModelRegistry.resolve_model_cls([arch])
     if not hasattr(cls, "set_eagle3_layers_to_capture"):
         raise RuntimeError(f"{target_dir}/config.json: architecture {arch} -> "
-                           f"{cls.__module__}.{cls.__name__} has no "
-                           "set_eagle3_layers_to_capture; this SGLang cannot capture EAGLE-3 aux "
-                           "hidden states for it")
+                           f"{cls.__module__}.{cls.__name__} has no set_eagle3_layers_to_capture; "
+                           "this SGLang cannot capture EAGLE-3 aux hidden states for it")
     return f"{cls.__module__}:{cls.__name__}"
 
 
@@ -92,8 +90,7 @@ def serve(engine, n_slots: int, dtype: str) -> None:
             hs = torch.tensor(got[0], dtype=torch.float32)
             if hs.dim() != 2 or hs.shape[0] != len(x) or hs.shape[1] % n_slots:
                 raise RuntimeError(f"prompt {i}: hidden_states shape {tuple(hs.shape)}, expected "
-                                   f"[{len(x)}, "
-                                   f"{n_slots} x hidden]")
+                                   f"[{len(x)}, {n_slots} x hidden]")
             tensors[f"s{i}"] = hs.view(len(x), n_slots, -1).to(store).contiguous()
             rows.append(len(x))
         tmp = req["out"] + ".tmp"
@@ -104,10 +101,9 @@ def serve(engine, n_slots: int, dtype: str) -> None:
 
 def watch_parent(interval_s: float = 1.0) -> None:
     """End this worker's whole process group (the engine's schedulers included) as soon as the
-    process that
-    started it is gone (e.g. killed with SIGKILL, which it cannot forward): a daemon thread polling
-    the parent
-    pid, so an orphaned worker never keeps holding GPU memory through a model load."""
+    process that started it is gone (e.g. killed with SIGKILL, which it cannot forward): a daemon
+    thread polling the parent pid, so an orphaned worker never keeps holding GPU memory through a
+    model load."""
     import signal
     import threading
     import time

@@ -54,8 +54,7 @@ def _make_capture_class(base):
                 for part in path.split("."):
                     if not hasattr(obj, part):
                         raise RuntimeError(f"{base.__module__}.{base.__name__}: attribute {path!r} "
-                                           "expected for the "
-                                           f"last-layer capture, not found")
+                                           "expected for the last-layer capture, not found")
                     obj = getattr(obj, part)
             self._eagle3_capture_last = False
             self._eagle3_last = None
@@ -82,14 +81,16 @@ def _make_capture_class(base):
                 self._eagle3_last = args[0].clone()
 
         def _eagle3_append_final(self, _module, args):
-            if not self._eagle3_capture_last or self._eagle3_last is None or len(args) < 5 or args[4] is None:
+            if (not self._eagle3_capture_last or self._eagle3_last is None or len(args) < 5
+                    or args[4] is None):
                 return None
             last, self._eagle3_last = self._eagle3_last, None
             aux = args[4]
             if isinstance(aux, torch.Tensor):
                 aux = torch.cat([aux, last.to(aux.dtype)], dim=-1)
             else:
-                aux = type(aux)(list(aux) + [last.to(aux[0].dtype)]) if len(aux) else type(aux)([last])
+                aux = (type(aux)(list(aux) + [last.to(aux[0].dtype)]) if len(aux)
+                       else type(aux)([last]))
             return (*args[:4], aux, *args[5:])
 
     CaptureLastLayer.__name__ = base.__name__
