@@ -234,7 +234,8 @@ def bench(
     config: Optional[Path] = typer.Argument(None, help="CONFIG runs the pipeline's deploy+bench "
                                             "stage"),
     url: Optional[str] = typer.Option(None, "--url", help="A running SGLang-compatible server"),
-    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts", help="mtbench | gsm8k | humaneval | FILE"),
+    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts",
+                                help="mtbench | gsm8k | humaneval | FILE"),
     num_prompts: int = typer.Option(BENCH_NUM_PROMPTS, "--num-prompts"),
     max_new_tokens: int = typer.Option(BENCH_MAX_NEW_TOKENS, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature"),

@@ -21,7 +21,7 @@ AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     """Class 22: the served config must name one of the engine's EAGLE-3 draft classes, and name it
     first:
-    engines build the first entry they support (SGLang 0.5.23 ``models/registry.py``
+    engines build the first entry they support (the pinned SGLang ``models/registry.py``
     ``resolve_model_cls``), so ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain
     Llama."""
     archs = ck.config.get("architectures") or []

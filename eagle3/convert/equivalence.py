@@ -5,7 +5,7 @@ Both sides get the same real target forward (HF ``hidden_states`` of the target 
 - *trained*: speculators' ``Eagle3DraftModel`` (``sdpa`` attention, float32) runs its own
   ``forward`` for one TTT step on ``cat(hidden_states[i] for i in the speculators config's ids)``,
   positions ``1..T`` as the trainer feeds them (:mod:`eagle3.train.data`);
-- *engine*: :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft` (SGLang 0.5.23
+- *engine*: :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft` (the pinned SGLang
   ``LlamaForCausalLMEagle3``, EXTEND) on ``cat(hidden_states[k + 1] for k in eagle_config ids)``
   (SGLang's "output of layer k"), positions ``0..T-1``, the target's embedding in place of the
   draft's, what the target class really captures (one layer's state, ``fc`` bypassed, when the
@@ -140,8 +140,8 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
     for key, label in order:
         a, b = trained.get(key), served.get(key)
         if b is None:
-            return diffs, label, ("the engine never ran this component (fc bypassed: incoming width "
-                                  "= hidden size)")
+            return diffs, label, ("the engine never ran this component (fc bypassed: incoming "
+                                  "width = hidden size)")
         if a.shape != b.shape:
             return diffs, label, f"shapes differ: trained {list(a.shape)}, engine {list(b.shape)}"
         diffs[key] = float((a - b).abs().max())

@@ -1,8 +1,8 @@
 """Draft config flags (failure class 5): trained values the engine computes otherwise, flags read
 from a place the engine never looks, and flags nobody knows.
 
-SGLang 0.5.23 reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of the
-draft's ``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and
+The pinned SGLang reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of
+the draft's ``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and
 inside ``eagle_config`` nothing but the aux ids, ``use_aux_hidden_state`` and ``norm_before_fc``
 (``EngineProfile.eagle_config_keys``). A SpecForge-style draft that says ``eagle_config.norm_output:
 true`` is therefore served with ``norm_output=False``, without a message. A boolean key that no

@@ -1,4 +1,4 @@
-"""Draft checkpoint → the serving engine's format (SGLang 0.5.23 ``LlamaForCausalLMEagle3``).
+"""Draft checkpoint → the serving engine's format (the pinned SGLang ``LlamaForCausalLMEagle3``).
 
 Inputs (detected from ``config.json`` and the tensor names):
 

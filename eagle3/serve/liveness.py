@@ -31,7 +31,7 @@ GATE_NOISE = re.compile(r'"(GET|POST|HEAD) '
                         r'/(health_generate|health|ready|generate|get_server_info|server_info'
                         r'|metrics)\b[^"]*"'
                         # SGLang's HTTP front-end logs this every few seconds while the scheduler
-                        # does not answer (http_server.py, 0.5.23): a symptom of a hang, never a
+                        # does not answer (http_server.py): a symptom of a hang, never a
                         # sign of progress.
                         r"|Health check failed\. Server couldn't get a response from detokenizer")
 MAX_READ_BYTES = 1 << 20

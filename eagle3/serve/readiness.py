@@ -17,7 +17,7 @@ Phases (observed from outside, in this order; seconds spent in each are reported
 
 Ready means ``GET /health_generate`` answered 200 *and* ``probe_concurrency`` (≥ 2) concurrent
 ``POST /generate`` requests (``max_new_tokens`` 4, temperature 0) each returned at least one token
-within ``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (SGLang 0.5.23:
+within ``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (the pinned SGLang:
 ``spec_verify_ct``, ``spec_accept_length``, …; older builds other ``spec_*`` names — see
 docs/ENGINE_FACTS.md §4).
 

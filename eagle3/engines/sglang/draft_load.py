@@ -1,4 +1,4 @@
-"""Loader rules of SGLang 0.5.23's ``LlamaForCausalLMEagle3.load_weights``
+"""Loader rules of the pinned SGLang's ``LlamaForCausalLMEagle3.load_weights``
 (``sglang/srt/models/llama_eagle3.py``) and the config checks of
 :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
 
@@ -90,7 +90,8 @@ def check_config(cfg: dict) -> None:
     # SGLang builds the first registered entry (models/registry.py)
     if not archs or archs[0] != ARCHITECTURE:
         raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] "
-                                "first (the class SGLang 0.5.23 loads for EAGLE-3; it builds the "
+                                "first (the class the pinned SGLang loads for EAGLE-3; it builds "
+                                "the "
                                 f"first registered entry), got {archs}")
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "num_hidden_layers", "vocab_size", "rms_norm_eps"):
@@ -103,7 +104,8 @@ def check_config(cfg: dict) -> None:
         raise EngineUnsupported("draft config.json hidden_act: expected 'silu', got "
                                 f"{cfg['hidden_act']!r}")
     if cfg.get("tie_word_embeddings", False):
-        raise EngineUnsupported("draft config.json tie_word_embeddings: true makes SGLang 0.5.23 "
+        raise EngineUnsupported("draft config.json tie_word_embeddings: true makes the pinned "
+                                "SGLang "
                                 "use the (target) embedding as a full-vocabulary lm_head; this "
                                 "reference draft runs untied heads only (expected false)")
     if rope_parameters(cfg).get("mrope_section") is not None:

@@ -1,6 +1,6 @@
 """The target's SGLang model class, plus capture of its *last* layer's output before the final norm.
 
-SGLang 0.5.23's ``--enable-return-aux-hidden-states`` (offline
+the pinned SGLang's ``--enable-return-aux-hidden-states`` (offline
 ``Engine(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",
 return_aux_hidden_state_layer_ids=[...])``) returns, per prompt token, the concatenated aux hidden
 states of the requested layers. Its hooks capture "the output of layer k" as the input of layer k+1
@@ -21,8 +21,8 @@ own architecture name, a subclass of SGLang's class that:
 The class to wrap is named by ``$EAGLE3_CAPTURE_CLASS`` = ``module:ClassName`` (e.g.
 ``sglang.srt.models.llama:LlamaForCausalLM``), set by the extraction worker, which resolves it
 through SGLang's own registry before the engine starts. Requires a model with ``model.norm`` and
-``logits_processor`` attributes (the Llama family and most decoder-only models of 0.5.23); anything
-else raises at construction with the missing attribute named.
+``logits_processor`` attributes (the Llama family and most decoder-only models of the pinned
+release); anything else raises at construction with the missing attribute named.
 """
 
 from __future__ import annotations
