@@ -1,9 +1,9 @@
 """The ``eagle3`` command line (typer). Each command is a thin call into the library or a flow.
 
-Exit codes: 0 success; 1 the command ran and found a problem (invalid checkpoint, gate verdict other than
-ready, acceptance below the minimum, a failed stage); 2 usage error or unreadable input.
-Commands import ``flows``, ``tasks`` and the heavy parts of the library lazily, so ``eagle3 --help`` and the
-file-only commands start fast and never start Prefect.
+Exit codes: 0 success; 1 the command ran and found a problem (invalid checkpoint, gate verdict other
+than ready, acceptance below the minimum, a failed stage); 2 usage error or unreadable input.
+Commands import ``flows``, ``tasks`` and the heavy parts of the library lazily, so ``eagle3 --help``
+and the file-only commands start fast and never start Prefect.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS, GATE_POLL_INTERVAL_S,
+from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
+                           GATE_POLL_INTERVAL_S,
                            GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S)
 from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
 
@@ -42,7 +43,8 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
             from eagle3.extract.stage import check_before_run
 
             check_before_run(cfg)
-        from cli.run import run_flow_cli, stop_grace_s  # lazy: Prefect is imported only for commands that run a flow
+        # lazy: Prefect is imported only for commands that run a flow
+        from cli.run import run_flow_cli, stop_grace_s
 
         stop_grace_s()  # $EAGLE3_STOP_GRACE_S, checked before Prefect starts
     except ConfigError as e:
@@ -57,26 +59,32 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
 
 
 @app.command()
-def prepare(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
-    """Prepare the real assets CONFIG needs (target model folder, conversations) in the cache; idempotent."""
+def prepare(config: Path = typer.Argument(..., help="YAML run config"),
+            override: Optional[List[str]] = OverridesOpt):
+    """Prepare the real assets CONFIG needs (target model folder, conversations) in the cache;
+    idempotent."""
     from eagle3.assets import prepare_sharegpt, resolve_target
     from eagle3.config import load_config
 
     try:
         cfg = load_config(config, override)
         target = resolve_target(cfg)
-        data = prepare_sharegpt(cfg.paths.resolved_cache_dir()) if cfg.data.source == "sharegpt" else cfg.data.path
+        data = (prepare_sharegpt(cfg.paths.resolved_cache_dir()) if cfg.data.source == "sharegpt"
+                else cfg.data.path)
     except (ConfigError, DataError) as e:
         _fail(str(e), 2)
     typer.echo(f"target: {target}\ndata:   {data}\ncache:  {cfg.paths.resolved_cache_dir()}")
 
 
 @app.command()
-def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* selects the conversations)"),
-               out: Path = typer.Option(..., "--out", help="JSONL file to write (+ <out>.manifest.json)"),
+def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* selects the "
+                                                       "conversations)"),
+               out: Path = typer.Option(..., "--out", help="JSONL file to write (+ "
+                                                           "<out>.manifest.json)"),
                override: Optional[List[str]] = OverridesOpt):
-    """Regenerate the assistant turns of CONFIG's conversations with the target itself, once, into a file that
-    many runs can share (``-o data.source=file -o data.path=OUT``). Uses ``data.regenerate`` (default hf)."""
+    """Regenerate the assistant turns of CONFIG's conversations with the target itself, once, into a
+    file that many runs can share (``-o data.source=file -o data.path=OUT``). Uses
+    ``data.regenerate`` (default hf)."""
     from eagle3.config import load_config
     from eagle3.extract.regen import regenerate_file
 
@@ -87,13 +95,15 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
         m = regenerate_file(cfg, out)
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
-    typer.echo(f"regenerated {m['counts']['answers']} answers of {m['counts']['conversations']} conversations in "
-               f"{m['seconds']:.1f} s -> {out}")
+    typer.echo(f"regenerated {m['counts']['answers']} answers of {m['counts']['conversations']} "
+               f"conversations in {m['seconds']:.1f} s -> {out}")
 
 
 @app.command()
-def run(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
-    """Run the whole pipeline (extract → train → convert+validate → deploy → bench) as the Prefect flow."""
+def run(config: Path = typer.Argument(..., help="YAML run config"),
+        override: Optional[List[str]] = OverridesOpt):
+    """Run the whole pipeline (extract → train → convert+validate → deploy → bench) as the Prefect
+    flow."""
     _run_flow("pipeline", config, override)
 
 
@@ -111,18 +121,20 @@ def train(config: Path, override: Optional[List[str]] = OverridesOpt):
 
 @app.command()
 def deploy(config: Path, override: Optional[List[str]] = OverridesOpt):
-    """Deploy the converted draft of CONFIG behind the readiness gate, benchmark it, and shut it down."""
+    """Deploy the converted draft of CONFIG behind the readiness gate, benchmark it, and shut it
+    down."""
     _run_flow("deploy", config, override)
 
 
 @app.command()
-def convert(
-    args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) or SRC DST (stand-alone)"),
-    to: str = typer.Option("sglang", "--to", help="Serving engine format"),
-    target: Optional[Path] = typer.Option(None, "--target", help="Target model folder (config.json)"),
-    override: Optional[List[str]] = OverridesOpt,
-):
-    """Convert a draft: ``eagle3 convert CONFIG`` (stage) or ``eagle3 convert SRC DST --to sglang``."""
+def convert(args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) or SRC DST "
+                                                       "(stand-alone)"),
+            to: str = typer.Option("sglang", "--to", help="Serving engine format"),
+            target: Optional[Path] = typer.Option(None, "--target", help="Target model folder "
+                                                                         "(config.json)"),
+            override: Optional[List[str]] = OverridesOpt):
+    """Convert a draft: ``eagle3 convert CONFIG`` (stage) or ``eagle3 convert SRC DST --to
+    sglang``."""
     if len(args) == 1:
         _run_flow("convert", Path(args[0]), override)
         return
@@ -134,7 +146,8 @@ def convert(
     src, dst = Path(args[0]), Path(args[1])
     problems: list = []
     try:
-        manifest = do_convert(src, dst, engine=to, target_dir=target)  # validates once; DST only if valid
+        # validates once; DST only if valid
+        manifest = do_convert(src, dst, engine=to, target_dir=target)
     except CheckpointInvalid as e:
         problems = e.problems or [e]
         manifest = None
@@ -147,9 +160,11 @@ def convert(
     for p in problems:
         typer.echo(str(p))
     if manifest is None:
-        typer.echo(f"not converted: {src} fails validation for {to} ({len(problems)} problem(s)); {dst} not written")
+        typer.echo(f"not converted: {src} fails validation for {to} ({len(problems)} problem(s)); "
+                   f"{dst} not written")
     else:
-        typer.echo(f"converted {src} -> {dst} ({to}); 0 problem(s); content {manifest['content_hash'][:12]}")
+        typer.echo(f"converted {src} -> {dst} ({to}); 0 problem(s); content "
+                   f"{manifest['content_hash'][:12]}")
     raise typer.Exit(1 if problems else 0)
 
 
@@ -157,46 +172,43 @@ def convert(
 def validate(
     directory: Path = typer.Argument(..., help="Draft checkpoint directory"),
     target: Optional[Path] = typer.Option(None, "--target", help="Target model folder"),
-    engine: str = typer.Option("sglang", "--engine"),
-    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to compare with"),
-    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size of the deployment (vLLM decides the "
-                           "embedding per rank)"),
+    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to "
+                                        "compare with"),
 ):
-    """Check a draft against the engine profile. Exit 0 valid, 1 problems (one ``CODE: message`` per line), 2 I/O.
-    Decisions the engine will make (vLLM: share the target's embedding or not, per rank) follow as
-    ``decision: ...`` lines."""
+    """Check a draft against the SGLang profile. Exit 0 valid, 1 problems (one ``CODE: message`` per
+    line), 2 I/O."""
     from eagle3.artifacts import read_manifest
     from eagle3.convert.validate import validate as do_validate
 
-    decisions: dict = {}
     try:
         data_manifest = read_manifest(data) if data else None
-        problems = do_validate(directory, target_dir=target, engine=engine, data_manifest=data_manifest,
-                               tp_size=tp, decisions=decisions)
+        problems = do_validate(directory, target_dir=target, data_manifest=data_manifest)
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for p in problems:
         typer.echo(str(p))
-    for name, d in decisions.items():
-        typer.echo(f"decision: {name}: {d['decision']} (per rank {d['per_rank']}; {d['reason']}; {d['engine']}, "
-                   f"tp {d['tp_size']})")
     if not problems:
-        typer.echo(f"{directory}: valid for {engine}")
+        typer.echo(f"{directory}: valid for sglang")
     raise typer.Exit(1 if problems else 0)
 
 
 @app.command("wait-ready")
-def wait_ready(
-    url: str = typer.Option(..., "--url"),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Server process id (crash and CPU-time signals)"),
-    log: Optional[Path] = typer.Option(None, "--log", help="Server log file (growth is a progress signal)"),
-    stall_timeout: float = typer.Option(GATE_STALL_TIMEOUT_S, "--stall-timeout", help="seconds without progress → stalled"),
-    timeout: float = typer.Option(GATE_TIMEOUT_S, "--timeout", help="overall deadline, seconds"),
-    poll_interval: float = typer.Option(GATE_POLL_INTERVAL_S, "--poll-interval"),
-    probe_timeout: float = typer.Option(GATE_PROBE_TIMEOUT_S, "--probe-timeout", help="deadline of the generation probe, s"),
-    diagnostics: Optional[Path] = typer.Option(None, "--diagnostics", help="where to save stack dumps and logs"),
-):
-    """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out, 2 bad arguments."""
+def wait_ready(url: str = typer.Option(..., "--url"),
+               pid: Optional[int] = typer.Option(None, "--pid", help="Server process id (crash and "
+                                                                     "CPU-time signals)"),
+               log: Optional[Path] = typer.Option(None, "--log", help="Server log file (growth is "
+                                                                      "a progress signal)"),
+               stall_timeout: float = typer.Option(GATE_STALL_TIMEOUT_S, "--stall-timeout",
+                                                   help="seconds without progress → stalled"),
+               timeout: float = typer.Option(GATE_TIMEOUT_S, "--timeout", help="overall deadline, "
+                                                                               "seconds"),
+               poll_interval: float = typer.Option(GATE_POLL_INTERVAL_S, "--poll-interval"),
+               probe_timeout: float = typer.Option(GATE_PROBE_TIMEOUT_S, "--probe-timeout",
+                                                   help="deadline of the generation probe, s"),
+               diagnostics: Optional[Path] = typer.Option(
+                   None, "--diagnostics", help="where to save stack dumps and logs")):
+    """Wait until a server is really ready; exit 0 ready, 1 crashed/stalled/timed out, 2 bad
+    arguments."""
     import psutil
 
     from eagle3.serve.readiness import wait_ready as do_wait
@@ -204,10 +216,13 @@ def wait_ready(
     if pid is not None and not psutil.pid_exists(pid):
         _fail(f"wait-ready: --pid: expected a running process, got {pid} (no such process)", 2)
     if log is not None and not log.is_file():
-        _fail(f"wait-ready: --log: expected the server's log file, got {str(log)!r} (not a file)", 2)
+        _fail(f"wait-ready: --log: expected the server's log file, got {str(log)!r} (not a "
+              "file)", 2)
     try:
-        result = do_wait(url, pid=pid, log_path=log, timeout_s=timeout, stall_timeout_s=stall_timeout,
-                         poll_interval_s=poll_interval, probe_timeout_s=probe_timeout, diagnostics_dir=diagnostics)
+        result = do_wait(url, pid=pid, log_path=log, timeout_s=timeout,
+                         stall_timeout_s=stall_timeout,
+                         poll_interval_s=poll_interval, probe_timeout_s=probe_timeout,
+                         diagnostics_dir=diagnostics)
     except ConfigError as e:
         _fail(f"wait-ready: {e}", 2)
     typer.echo(result.summary())
@@ -216,19 +231,23 @@ def wait_ready(
 
 @app.command()
 def bench(
-    config: Optional[Path] = typer.Argument(None, help="CONFIG runs the pipeline's deploy+bench stage"),
+    config: Optional[Path] = typer.Argument(None, help="CONFIG runs the pipeline's deploy+bench "
+                                            "stage"),
     url: Optional[str] = typer.Option(None, "--url", help="A running SGLang-compatible server"),
-    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts", help="mtbench | gsm8k | humaneval | FILE"),
+    prompts: str = typer.Option(BENCH_PROMPTS, "--prompts",
+                                help="mtbench | gsm8k | humaneval | FILE"),
     num_prompts: int = typer.Option(BENCH_NUM_PROMPTS, "--num-prompts"),
     max_new_tokens: int = typer.Option(BENCH_MAX_NEW_TOKENS, "--max-new-tokens"),
     temperature: float = typer.Option(0.0, "--temperature"),
     concurrency: int = typer.Option(1, "--concurrency"),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Folder with the target's tokenizer"),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer",
+                                             help="Folder with the target's tokenizer"),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for report.json and plots"),
-    baseline_url: Optional[str] = typer.Option(None, "--baseline-url", help="Same target without speculation"),
+    baseline_url: Optional[str] = typer.Option(None, "--baseline-url",
+                                               help="Same target without speculation"),
     chat_template_kwargs: Optional[str] = typer.Option(
-        None, "--chat-template-kwargs", help='Template switches as JSON, e.g. \'{"enable_thinking": false}\' (the ones '
-        "the draft was trained with)"),
+        None, "--chat-template-kwargs", help='Template switches as JSON, e.g. '
+        '\'{"enable_thinking": false}\' (the ones the draft was trained with)'),
     override: Optional[List[str]] = OverridesOpt,
 ):
     """Measure acceptance length against ``--url``, or run the bench stage of CONFIG."""
@@ -244,10 +263,13 @@ def bench(
         if kwargs is not None and not isinstance(kwargs, dict):
             raise ValueError(f"expected a JSON object, got {type(kwargs).__name__}")
     except ValueError as e:
-        _fail(f"bench: --chat-template-kwargs: expected a JSON object, got {chat_template_kwargs!r} ({e})", 2)
+        _fail("bench: --chat-template-kwargs: expected a JSON object, got "
+              f"{chat_template_kwargs!r} ({e})", 2)
     try:
-        report = run_bench(url, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-                           temperature=temperature, concurrency=concurrency, tokenizer_dir=tokenizer, out_dir=out,
+        report = run_bench(url, prompts=prompts, num_prompts=num_prompts,
+                           max_new_tokens=max_new_tokens,
+                           temperature=temperature, concurrency=concurrency,
+                           tokenizer_dir=tokenizer, out_dir=out,
                            baseline_url=baseline_url, chat_template_kwargs=kwargs)
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
@@ -257,15 +279,17 @@ def bench(
 
 
 @app.command()
-def preflight(config: Path = typer.Argument(..., help="YAML run config"), override: Optional[List[str]] = OverridesOpt):
-    """Check CONFIG's launch before any engine starts: aux capture of the target's class in the engine, memory on
-    the GPUs the launch will use, the settings the engine will really run, the environment, template switches.
-    Uses the run's converted draft and extraction when they exist (else the draft is sized from the config).
-    Exit 0 passed, 1 problems (one ``CODE: message`` a line), 2 bad config or unreadable input."""
+def preflight(config: Path = typer.Argument(..., help="YAML run config"),
+              override: Optional[List[str]] = OverridesOpt):
+    """Check CONFIG's launch before any engine starts: aux capture of the target's class in the
+    engine, memory on the GPUs the launch will use, the settings the engine will really run, the
+    environment, template switches. Uses the run's converted draft and extraction when they exist
+    (else the draft is sized from the config). Exit 0 passed, 1 problems (one ``CODE: message`` a
+    line), 2 bad config or unreadable input."""
     from eagle3.config import load_config
 
     try:
-        from eagle3.serve.deploy_check import preflight_of_run
+        from eagle3.serve.preflight import preflight_of_run
 
         from eagle3.device_checks import check_devices
 
@@ -276,16 +300,20 @@ def preflight(config: Path = typer.Argument(..., help="YAML run config"), overri
         _fail(str(e), 2)
     for line in report.lines():
         typer.echo(line)
-    typer.echo(f"pre-flight {'passed' if report.passed else 'failed'} for serve.engine {report.engine}")
+    typer.echo(f"pre-flight {'passed' if report.passed else 'failed'} for serve.engine "
+               f"{report.engine}")
     raise typer.Exit(0 if report.passed else 1)
 
 
 @app.command()
-def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (parent) run or a sweep"),
+def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (parent) run or a "
+                                                  "sweep"),
            tracking_uri: Optional[str] = typer.Option(
-               None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db "
+               None, "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else "
+                                            "sqlite:///runs/mlflow.db "
                "under the current directory)")):
-    """Print the recorded "more data / longer training / fix serving / stop" recommendation of a run."""
+    """Print the recorded "more data / longer training / fix serving / stop" recommendation of a
+    run."""
     from tasks.reports import decision_text  # lazy: reads MLflow
 
     try:

@@ -1,10 +1,11 @@
-"""Run configuration: one pydantic schema (``extra="forbid"``), YAML files in ``configs/``, ``-o a.b=c`` overrides.
+"""Run configuration: one pydantic schema (``extra="forbid"``), YAML files in ``configs/``, ``-o
+a.b=c`` overrides.
 
 Every section belongs to one stage, so a stage's cache key can be built from its own section only.
 Units are in the field names or descriptions: tokens, seconds, bytes.
 
-Raises :class:`eagle3.errors.ConfigError` for unreadable files, unknown keys, wrong types and bad overrides;
-the message names the file and the dotted key with the expected and actual value.
+Raises :class:`eagle3.errors.ConfigError` for unreadable files, unknown keys, wrong types and bad
+overrides; the message names the file and the dotted key with the expected and actual value.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
-from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 from eagle3.overrides import apply_overrides, format_validation_error
 
-# Defaults shared by a config section, the library function it feeds and the CLI option for the same thing:
-# each is written here once and imported.
+# Defaults shared by a config section, the library function it feeds and the CLI option for the same
+# thing: each is written here once and imported.
 BENCH_PROMPTS = "mtbench"
 BENCH_NUM_PROMPTS = 8  # prompts (MT-Bench, round-robin over categories: one per category)
 BENCH_MAX_NEW_TOKENS = 64  # tokens generated per prompt
@@ -41,12 +43,15 @@ class _Section(BaseModel):
 class PathsConfig(_Section):
     """Where prepared assets and run outputs live (both outside git)."""
 
-    cache_dir: str | None = Field(None, description="Prepared assets (converted target, datasets). Default: "
+    cache_dir: str | None = Field(None, description="Prepared assets (converted target, datasets). "
+                                                    "Default: "
                                   "$EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
-    runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the working directory.")
+    runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the "
+                                              "working directory.")
 
     def resolved_cache_dir(self) -> Path:
-        """The asset cache directory: ``cache_dir``, else ``$EAGLE3_CACHE``, else ``~/.cache/eagle3-pipeline``."""
+        """The asset cache directory: ``cache_dir``, else ``$EAGLE3_CACHE``, else
+        ``~/.cache/eagle3-pipeline``."""
         raw = self.cache_dir or os.environ.get("EAGLE3_CACHE") or "~/.cache/eagle3-pipeline"
         return Path(raw).expanduser().resolve()
 
@@ -62,7 +67,8 @@ class TinyRandomTarget(_Section):
     intermediate_size: int = Field(128, ge=8, le=1 << 20)
     num_attention_heads: int = Field(4, ge=1, le=4096)
     num_key_value_heads: int = Field(2, ge=1, le=4096)
-    vocab_size: int = Field(512, ge=16, le=1 << 24, description="The tokenizer is SmolLM2's, cut to this many ids.")
+    vocab_size: int = Field(512, ge=16, le=1 << 24,
+                            description="The tokenizer is SmolLM2's, cut to this many ids.")
     max_position_embeddings: int = Field(2048, ge=16, le=1 << 31)
     rope_theta: float = 10000.0
     seed: int = 0
@@ -75,7 +81,8 @@ class TargetConfig(_Section):
     path: str | None = Field(None, description="An HF model folder; required when kind == 'hf'.")
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device (CUDA; a CPU "
+        "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device "
+                            "(CUDA; a CPU "
         "with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     trust_remote_code: bool = False
 
@@ -90,25 +97,30 @@ class DataConfig(_Section):
     """Training conversations."""
 
     source: Literal["sharegpt", "file"] = "sharegpt"
-    path: str | None = Field(None, description="Conversations file when source == 'file' (JSON/JSONL/txt).")
+    path: str | None = Field(None, description="Conversations file when source == 'file' "
+                                               "(JSON/JSONL/txt).")
     num_conversations: int = Field(128, ge=1)
-    max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after templating; longer ones are cut "
-                             "and counted as truncated.")
+    max_seq_len: int = Field(512, ge=16, le=1 << 22,
+                             description="Tokens per sample after templating; longer ones are cut "
+                                         "and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="Template switches passed to apply_chat_template, e.g. "
         "{enable_thinking: false}; recorded in the hidden-states manifest.")
     regenerate: Literal["none", "hf", "openai"] = Field(
-        "none", description="Replace assistant turns by the target's own greedy answers before extraction.")
-    regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when regenerate == "
-                                       "'openai'.")
-    regenerate_max_new_tokens: int = Field(256, ge=1, le=32768, description="Tokens per regenerated assistant turn.")
+        "none", description="Replace assistant turns by the target's own greedy answers before "
+                            "extraction.")
+    regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when "
+                                                         "regenerate == 'openai'.")
+    regenerate_max_new_tokens: int = Field(256, ge=1, le=32768,
+                                           description="Tokens per regenerated assistant turn.")
     regenerate_max_rounds: int | None = Field(
-        None, ge=1, description="Regenerate only the first N assistant turns and drop the turns after them "
-        "(None = every turn, in order).")
+        None, ge=1, description="Regenerate only the first N assistant turns and drop the turns "
+                                "after them (None = every turn, in order).")
     regenerate_batch_size: int | None = Field(
-        None, ge=1, le=4096, description="Conversations per batched generate call (None = extract.batch_size).")
+        None, ge=1, le=4096, description="Conversations per batched generate call (None = "
+                                         "extract.batch_size).")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DataConfig:
@@ -122,28 +134,39 @@ class ExtractConfig(_Section):
 
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(
-        None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, L//2, L-3].")
+        None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, "
+                          "L//2, L-3].")
     dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
-        "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is fast on the "
-        "extraction device, else float32 (eagle3.precision).")
+        "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is "
+                            "fast on the extraction device, else float32 (eagle3.precision).")
     batch_size: int = Field(4, ge=1, le=1 << 16)
-    shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume granularity).")
+    shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume "
+                                                              "granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
-    num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU workers on a CPU).")
+    num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU "
+                                               "workers on a CPU).")
     startup_timeout_s: float = Field(
-        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded the target "
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded "
+                                  "the target "
         "within this many seconds of the start (else RankFailed naming the workers).")
     stall_timeout_s: float = Field(
-        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch for this many "
-        "seconds (its first batch included) ends the extraction with RankFailed; committed shards are kept.")
+        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch "
+                                  "for this many seconds (its first batch included) ends the "
+                                  "extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="backend 'sglang': extra keyword arguments of sglang.Engine (e.g. tp_size, "
-        "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter is serve.sglang_python.")
+        default_factory=dict, description="backend 'sglang': extra keyword arguments of "
+                                          "sglang.Engine (e.g. tp_size, "
+        "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter "
+        "is serve.sglang_python.")
     sglang_env: dict[str, str] = Field(
-        default_factory=dict, description="backend 'sglang': environment variables added for the SGLang worker "
+        default_factory=dict, description="backend 'sglang': environment variables added for the "
+                                          "SGLang worker "
         "(a PYTHONPATH here is appended after the project's capture plugin).")
-    sglang_startup_timeout_s: float = Field(1800.0, gt=0, description="backend 'sglang': seconds for the engine to start.")
-    sglang_request_timeout_s: float = Field(3600.0, gt=0, description="backend 'sglang': seconds for one batch.")
+    sglang_startup_timeout_s: float = Field(1800.0, gt=0,
+                                            description="backend 'sglang': seconds for the engine "
+                                                        "to start.")
+    sglang_request_timeout_s: float = Field(3600.0, gt=0,
+                                            description="backend 'sglang': seconds for one batch.")
 
 
 class TrainConfig(_Section):
@@ -155,73 +178,113 @@ class TrainConfig(_Section):
     num_layers: int = Field(1, ge=1, le=64)
     schedule: Literal["epochs", "constant"] = "epochs"
     epochs: float = Field(4.0, gt=0)
-    max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 = untrained).")
+    max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 "
+                                                          "= untrained).")
     lr: float = Field(3e-4, gt=0)
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     grad_accum: int = Field(1, ge=1, le=1 << 16)
-    max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24, description="Tokens per packed micro-batch.")
+    max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24,
+                                      description="Tokens per packed micro-batch.")
     log_every: int = Field(10, ge=1)
-    eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each epoch end).")
+    eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each "
+                                                 "epoch end).")
     keep_last: int = Field(2, ge=1)
     seed: int = 0
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda or cuda:N.")
-    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 launches torchrun.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="auto, cpu, cuda or cuda:N.")
+    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 "
+                                               "launches torchrun.")
     distributed: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable modules, gradients and "
+        "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable "
+                           "modules, gradients and "
         "AdamW moments sharded over the ranks: for drafts whose trainable state is large).")
     startup_timeout_s: float = Field(
-        600.0, gt=0, description="With num_gpus > 1: every rank must have joined the process group within this "
+        600.0, gt=0, description="With num_gpus > 1: every rank must have joined the process group "
+                                 "within this "
         "many seconds of the launch (else RankFailed naming the ranks that did not arrive).")
     first_step_timeout_s: float = Field(
-        1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer step within this "
-        "many seconds of the last rank joining (loading data, building and compiling the draft included).")
+        1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer "
+                                  "step within this many seconds of the last rank joining (loading "
+                                  "data, building and compiling the draft included).")
     stall_timeout_s: float = Field(
-        1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance for this many "
+        1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance "
+                                  "for this many "
         "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
     precision: Literal["auto", "float32", "bf16-autocast"] = Field(
-        "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; a CPU with "
+        "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; "
+                            "a CPU with "
         "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
-        None, description="None = what the serving engine's profile computes (SGLang 0.5.23: False).")
+        None, description="None = what the serving engine's profile computes (SGLang: False).")
     allow_vocab_map_change: bool = False
-    norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux states before fc.")
+    norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux states "
+                                                    "before fc.")
     fc_norm: bool = Field(False, description="One RMSNorm per aux state before fc.")
-    norm_output: bool = Field(False, description="Feed the post-norm hidden state to the next draft step.")
-    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor of schedule 'epochs', as a fraction of lr.")
-    checkpoint_every: int = Field(0, ge=0, description="Optimizer steps between checkpoints (0 = at each evaluation).")
+    norm_output: bool = Field(False, description="Feed the post-norm hidden state to the next "
+                                                 "draft step.")
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor of schedule 'epochs', "
+                                                             "as a fraction of lr.")
+    checkpoint_every: int = Field(0, ge=0, description="Optimizer steps between checkpoints (0 = "
+                                                       "at each evaluation).")
     export: Literal["best", "last"] = Field(
-        "best", description="Weights written as the draft: best simulated acceptance length at an evaluation, or last.")
-    resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state when present.")
+        "best", description="Weights written as the draft: best simulated acceptance length at an "
+                            "evaluation, or last.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state "
+                                           "when present.")
     on_other_checkpoint: Literal["restart", "refuse"] = Field(
-        "restart", description="A checkpoint in <out_dir>/state made from other inputs (data, draft vocabulary, "
-        "frozen train fields, layer flags, processes): restart = it belongs to another training, start from step 0 "
+        "restart", description="A checkpoint in <out_dir>/state made from other inputs (data, "
+                               "draft vocabulary, "
+        "frozen train fields, layer flags, processes): restart = it belongs to another training, "
+        "start from step 0 "
         "with a warning naming the difference; refuse = stop with that difference as the error.")
-    init_from: str | None = Field(None, description="A speculators draft folder to start from (weights only).")
-    forward_impl: Literal["auto", "speculators", "project"] = Field("auto", description="project = eagle3/train/"
-        "ttt_forward.py (speculators' loss and gradients, one static graph); auto = project, speculators under fsdp.")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flex"] = Field("auto", description="auto: project forward "
-        "flex (CUDA, compiled) / sdpa (CUDA) / eager (CPU); speculators' forward sdpa (flex refused).")
-    compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static shapes; see compile_mode).")
+    init_from: str | None = Field(None, description="A speculators draft folder to start from "
+                                                    "(weights only).")
+    forward_impl: Literal["auto", "speculators", "project"] = Field(
+        "auto", description="project = eagle3/train/ttt_forward.py (speculators' loss and "
+        "gradients, one static graph); auto = project, speculators under fsdp.")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex"] = Field(
+        "auto", description="auto: project forward flex (CUDA, compiled) / sdpa (CUDA) / eager "
+        "(CPU); speculators' forward sdpa (flex refused).")
+    compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static "
+                                             "shapes; see compile_mode).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA graphs.")
-    pad_to_max_tokens: bool | None = Field(None, description="Pad every micro-batch to max_tokens_per_batch (one "
-        "shape: a compiled forward compiles once); None = on exactly when compile is on. Padding carries no loss.")
-    max_eval_samples: int | None = Field(None, ge=1, description="Cap on validation samples per evaluation.")
-    loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) or JSON weights.")
-    loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused needs Triton (CUDA).")
+        "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA "
+                               "graphs.")
+    pad_to_max_tokens: bool | None = Field(None, description="Pad every micro-batch to "
+                                                             "max_tokens_per_batch (one "
+        "shape: a compiled forward compiles once); None = on exactly when compile is on. Padding "
+        "carries no loss.")
+    max_eval_samples: int | None = Field(None, ge=1,
+                                         description="Cap on validation samples per evaluation.")
+    loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) "
+                                            "or JSON weights.")
+    loss_implementation: Literal["eager", "fused"] = Field(
+        "eager", description="fused needs Triton (CUDA).")
     loader_workers: int | None = Field(
-        None, ge=0, description="Processes that read hidden-state files ahead of the device; None = 4 on CUDA, 0 on CPU.")
-    optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field("auto", description="AdamW; auto = fused on CUDA")
+        None, ge=0, description="Processes that read hidden-state files ahead of the device; None "
+                                "= 4 on CUDA, 0 on CPU.")
+    optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field(
+        "auto", description="AdamW; auto = fused on CUDA")
 
 
 class ConvertConfig(_Section):
     """Conversion to the serving engine's format."""
 
     engine: Literal["sglang"] = "sglang"
-    engine_version: str = SGLANG_VERSION
-    equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence check.")
+    engine_version: str = Field(SGLANG_VERSION, description="A pinned release: a key of "
+                                "eagle3.engines.sglang.profile.RELEASES.")
+    equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence "
+                                                            "check.")
+
+    @field_validator("engine_version")
+    @classmethod
+    def _known_release(cls, v: str) -> str:
+        if v not in RELEASES:
+            raise ValueError(f"expected a pinned SGLang release, one of {sorted(RELEASES)} "
+                             f"(eagle3.engines.sglang.profile.RELEASES)")
+        return v
 
 
 class ServeConfig(_Section):
@@ -235,22 +298,27 @@ class ServeConfig(_Section):
     speculative_num_draft_tokens: int = Field(4, ge=2, le=4096)
     tp: int = Field(1, ge=1, le=1024)
     max_running_requests: int | None = Field(
-        None, ge=1, le=1 << 20, description="Requests the engine runs at once (SGLang --max-running-requests); None = SGLang's "
+        None, ge=1, le=1 << 20, description="Requests the engine runs at once (SGLang "
+                                            "--max-running-requests); None = SGLang's "
         "default, which is 48 when speculative decoding is on.")
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=1 << 16)
     context_length: int | None = Field(None, ge=1, le=1 << 31)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="SGLang: its own auto (the checkpoint's dtype). Reference engine and offline decoding: "
+        "auto", description="SGLang: its own auto (the checkpoint's dtype). Reference engine and "
+                            "offline decoding: "
         "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
-    device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda when available, "
-                        "else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda "
+                                            "when available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     cpu_threads: int | None = Field(
-        1, ge=1, description="torch threads of the reference engine and of offline decoding on a CPU (None = torch's "
-        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more threads and ran "
+        1, ge=1, description="torch threads of the reference engine and of offline decoding on a "
+                             "CPU (None = torch's "
+        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more "
+        "threads and ran "
         "7-13x slower with 2 threads when the 2 cores were shared (measured, README).")
-    extra_args: list[str] = Field(default_factory=list, description="Passed through to the engine verbatim.")
+    extra_args: list[str] = Field(default_factory=list,
+                                  description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(GATE_TIMEOUT_S, gt=0)
     stall_timeout_s: float = Field(GATE_STALL_TIMEOUT_S, gt=0)
@@ -258,8 +326,10 @@ class ServeConfig(_Section):
     probe_timeout_s: float = Field(GATE_PROBE_TIMEOUT_S, gt=0)
     retry_without_cuda_graph: bool = False
     sglang_python: str | None = Field(
-        None, description="Python of the environment that has SGLang (e.g. ~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
-    stop_grace_s: float = Field(15.0, gt=0, description="Seconds between SIGTERM and SIGKILL of the engine's group.")
+        None, description="Python of the environment that has SGLang (e.g. "
+                          "~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
+    stop_grace_s: float = Field(15.0, gt=0, description="Seconds between SIGTERM and SIGKILL of "
+                                                        "the engine's group.")
 
 
 class BenchConfig(_Section):
@@ -270,7 +340,8 @@ class BenchConfig(_Section):
     max_new_tokens: int = Field(BENCH_MAX_NEW_TOKENS, ge=1, le=1 << 20)
     temperature: float = Field(0.0, ge=0)
     concurrency: int = Field(1, ge=1, le=1 << 16)
-    min_acceptance_length: float = Field(1.3, ge=0, description="The run fails below this (acceptance gate).")
+    min_acceptance_length: float = Field(1.3, ge=0,
+                                         description="The run fails below this (acceptance gate).")
     baseline_untrained: bool = True
     request_timeout_s: float = Field(BENCH_REQUEST_TIMEOUT_S, gt=0)
 
@@ -295,18 +366,21 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    # how each ``auto`` dtype/precision was resolved (eagle3.precision.resolve_config); not part of any hash
+    # how each ``auto`` dtype/precision was resolved (eagle3.precision.resolve_config); not part of
+    # any hash
     _auto_resolved: dict = PrivateAttr(default_factory=dict)
 
     @property
     def auto_resolved(self) -> dict[str, dict]:
-        """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}}`` for every
-        setting that was ``auto`` when :func:`load_config` resolved it (empty when none was)."""
+        """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why":
+        ...}}`` for every setting that was ``auto`` when :func:`load_config` resolved it (empty when
+        none was)."""
         return self._auto_resolved
 
     @model_validator(mode="after")
     def _across_sections(self) -> RunConfig:
-        from eagle3.config_checks import cross_section_problems  # reads this config by attribute only
+        # reads this config by attribute only
+        from eagle3.config_checks import cross_section_problems
 
         problems = cross_section_problems(self)
         if problems:
@@ -318,7 +392,8 @@ class RunConfig(_Section):
         return self.paths.resolved_runs_dir() / self.name
 
     def mlflow_uri(self) -> str:
-        return self.tracking.mlflow_uri or f"sqlite:///{self.paths.resolved_runs_dir() / 'mlflow.db'}"
+        db = self.paths.resolved_runs_dir() / "mlflow.db"
+        return self.tracking.mlflow_uri or f"sqlite:///{db}"
 
     def section_hash(self, *sections: str) -> str:
         """sha256 (hex, 16 chars) of the named sections' JSON, for cache keys and manifests."""
@@ -329,7 +404,8 @@ class RunConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def save(self, path: str | Path) -> Path:
-        """Write the resolved config as YAML (``path`` may be a directory: then ``<dir>/config.yaml``)."""
+        """Write the resolved config as YAML (``path`` may be a directory: then
+        ``<dir>/config.yaml``)."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.yaml"
@@ -342,24 +418,26 @@ _PARSED_MAX = 32
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto`` dtype/precision.
+    """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto``
+    dtype/precision.
 
-    ``auto`` (``target.dtype``, ``extract.dtype``, ``train.precision``, the reference engine's ``serve.dtype``)
-    becomes bf16 where bf16 is fast on the device that setting runs on, float32 otherwise
-    (:func:`eagle3.precision.resolve_config`; measured once per process on a CPU), so the returned config,
-    everything saved from it and every cache key built from it carry the concrete value; how each was
-    resolved is in :attr:`RunConfig.auto_resolved`.
+    ``auto`` (``target.dtype``, ``extract.dtype``, ``train.precision``, the reference engine's
+    ``serve.dtype``) becomes bf16 where bf16 is fast on the device that setting runs on, float32
+    otherwise (:func:`eagle3.precision.resolve_config`; measured once per process on a CPU), so the
+    returned config, everything saved from it and every cache key built from it carry the concrete
+    value; how each was resolved is in :attr:`RunConfig.auto_resolved`.
 
-    A run asks for its config in several places (the CLI checks it before Prefect starts, the flow loads it
-    from its parameters): the file is parsed and validated once per (file path, file bytes, overrides) in a
-    process; later calls get a deep copy of that result (callers may change their copy, e.g. the untrained
-    baseline's ``train.max_steps``), and an edited file is parsed again.
+    A run asks for its config in several places (the CLI checks it before Prefect starts, the flow
+    loads it from its parameters): the file is parsed and validated once per (file path, file bytes,
+    overrides) in a process; later calls get a deep copy of that result (callers may change their
+    copy, e.g. the untrained baseline's ``train.max_steps``), and an edited file is parsed again.
 
     Args:
         path: YAML file, or None for all defaults.
         overrides: ``["train.lr=1e-3", "data.num_conversations=64"]``.
     Raises:
-        ConfigError: file missing, empty or not YAML, top level not a mapping, unknown key, wrong type or value.
+        ConfigError: file missing, empty or not YAML, top level not a mapping, unknown key, wrong
+        type or value.
     """
     text = None
     if path is not None:
@@ -368,7 +446,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p}: not found")
         text = p.read_text()
     key = (str(Path(path).resolve()) if path is not None else None,
-           hashlib.sha256(text.encode()).hexdigest() if text is not None else None, tuple(overrides or []))
+           hashlib.sha256(text.encode()).hexdigest() if text is not None else None,
+           tuple(overrides or []))
     if key not in _PARSED:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))
@@ -389,9 +468,11 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
         if loaded is None:  # an empty file (or comments only) is a mistake, not "all defaults"
-            raise ConfigError(f"config file {path}: expected a mapping of sections (name, target, data, ...), got an empty document")
+            raise ConfigError(f"config file {path}: expected a mapping of sections (name, target, "
+                              "data, ...), got an empty document")
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(loaded).__name__}")
+            raise ConfigError(f"config file {path}: expected a mapping at the top level, got "
+                              f"{type(loaded).__name__}")
         data = loaded
     apply_overrides(data, overrides)
     try:

@@ -1,5 +1,5 @@
-"""``-o section.key=value`` overrides of a run config, and validation errors that name the override that set a
-bad value (so a user looks at the command line, not at the file)."""
+"""``-o section.key=value`` overrides of a run config, and validation errors that name the override
+that set a bad value (so a user looks at the command line, not at the file)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from eagle3.errors import ConfigError
 
 
 def _parse_value(raw: str) -> Any:
-    """YAML-parse an override's value so ``3``, ``1e-4``, ``true``, ``[2,5]`` and ``null`` get their types."""
+    """YAML-parse an override's value so ``3``, ``1e-4``, ``true``, ``[2,5]`` and ``null`` get their
+    types."""
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
@@ -22,8 +23,8 @@ def _parse_value(raw: str) -> Any:
 def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
     """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
 
-    Raises ConfigError for an override without ``=`` or with an empty key.
-    Unknown keys are left for the schema to reject (with the dotted key in the message).
+    Raises ConfigError for an override without ``=`` or with an empty key. Unknown keys are left for
+    the schema to reject (with the dotted key in the message).
     """
     for item in overrides:
         if "=" not in item:
@@ -45,18 +46,21 @@ def apply_overrides(data: dict, overrides: list[str], known: dict | None = None)
 
 
 def format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
-    """One line per invalid field; a field set by a ``-o`` override says so (the value did not come from the file)."""
+    """One line per invalid field; a field set by a ``-o`` override says so (the value did not come
+    from the file)."""
     given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
     lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
-        if not loc:  # a rule across sections (eagle3.config_checks): one line per broken rule, keys in the text
+        # a rule across sections (eagle3.config_checks): one line per broken rule, keys in the text
+        if not loc:
             for rule in str(e["msg"]).removeprefix("Value error, ").split("\n"):
                 origin = "".join(f" [from -o {item}]" for k, item in given.items() if k in rule)
                 lines.append(f"  {rule}{origin}")
             continue
         got = e.get("input")
         got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-        origin = next((f" [from -o {given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")
+        origin = next((" [from -o "
+                       f"{given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")
         lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]}){origin}")
     return "\n".join(lines)

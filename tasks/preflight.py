@@ -1,4 +1,4 @@
-"""Prefect task of the pre-flight (``eagle3.serve.deploy_check.run_preflight``): runs before the
+"""Prefect task of the pre-flight (``eagle3.serve.preflight.run_preflight``): runs before the
 deploy stage, so no engine process starts for a launch that cannot serve the draft as trained.
 
 Never cached (not even within a retried flow run): it reads live facts (the installed engine, the
@@ -25,7 +25,7 @@ def preflight_task(cfg: Any, serving: StageResult | None, data: StageResult | No
     """Run the pre-flight and record it; raise EngineUnsupported / ConfigError (``.problems``) when
     it fails. Returns the report as a dict."""
     with tracking.stage_run(cfg, parent_run_id, "preflight", variant, tags=prefect_tags()) as sr:
-        from eagle3.serve.deploy_check import preflight_of_run
+        from eagle3.serve.preflight import preflight_of_run
 
         report = preflight_of_run(cfg, serving.dir if serving else None, data.dir if data else None)
         sr.set_tags({"eagle3.engine": report.engine,

@@ -33,7 +33,8 @@ class Problem:
 
 @dataclass
 class Checkpoint:
-    """A draft directory read into memory: ``config`` (dict), ``tensors`` {name: tensor}, ``manifest``."""
+    """A draft directory read into memory: ``config`` (dict), ``tensors`` {name: tensor},
+    ``manifest``."""
 
     path: Path
     config: dict
@@ -55,15 +56,15 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    """All tensors of safetensors / ``pytorch_model*.bin`` files; DataError on a corrupt file or a name
-    present in two files."""
+    """All tensors of safetensors / ``pytorch_model*.bin`` files; DataError on a corrupt file or a
+    name present in two files."""
     from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
-                                                                                   weights_only=True)
+            part = (load_file(str(f)) if f.suffix == ".safetensors"
+                    else torch.load(f, map_location="cpu", weights_only=True))
         except Exception as e:  # safetensors/pickle raise many unrelated types on corrupt input
             raise DataError(f"{f}: unreadable weights ({type(e).__name__}: {e})") from e
         if not isinstance(part, dict):
@@ -76,17 +77,20 @@ def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
-    """Read ``config.json``, all weight files and ``manifest.json`` (optional) of a draft directory."""
+    """Read ``config.json``, all weight files and ``manifest.json`` (optional) of a draft
+    directory."""
     path = Path(ckpt_dir)
     if path.is_file():
-        raise DataError(f"{path}: is a file; expected a draft checkpoint directory (config.json + model.safetensors)")
+        raise DataError(f"{path}: is a file; expected a draft checkpoint directory (config.json + "
+                        "model.safetensors)")
     if not path.is_dir():
         raise DataError(f"{path}: checkpoint directory not found")
     config = _read_json(path / "config.json", "config.json")
     files = sorted({f for g in WEIGHT_GLOBS for f in path.glob(g)})
     if not files:
         raise DataError(f"{path}: no weight file (expected model.safetensors or pytorch_model.bin)")
-    manifest = _read_json(path / "manifest.json", "manifest.json") if (path / "manifest.json").is_file() else None
+    manifest = _read_json(path / "manifest.json",
+                          "manifest.json") if (path / "manifest.json").is_file() else None
     return Checkpoint(path, config, load_tensors(files), files, manifest)
 
 
@@ -107,10 +111,11 @@ class Target:
         return cls(path, raw.get("text_config") or raw, str(archs[0]))
 
     def embed(self) -> torch.Tensor | None:
-        """The target's input embedding ``[vocab, H]``: the first tensor named ``*embed_tokens.weight`` in its
-        ``*.safetensors`` files, else in its ``pytorch_model*.bin`` files (read with ``weights_only=True``: a
-        pickle that holds code is refused, and memory-mapped, so a large file is not read whole). None when no
-        weight file holds one (:attr:`embed_searched` then says what was searched). DataError on a corrupt file.
+        """The target's input embedding ``[vocab, H]``: the first tensor named
+        ``*embed_tokens.weight`` in its ``*.safetensors`` files, else in its ``pytorch_model*.bin``
+        files (read with ``weights_only=True``: a pickle that holds code is refused, and
+        memory-mapped, so a large file is not read whole). None when no weight file holds one
+        (:attr:`embed_searched` then says what was searched). DataError on a corrupt file.
         """
         if self._embed is None:
             from safetensors import safe_open
@@ -124,9 +129,12 @@ class Target:
             for f in sorted(self.path.glob("pytorch_model*.bin")):
                 try:
                     part = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-                except Exception as e:  # pickle/zip raise many unrelated types on corrupt or unsafe input
-                    raise DataError(f"{f}: unreadable target weights ({type(e).__name__}: {e})") from e
-                found = [k for k in part if isinstance(k, str) and k.endswith("embed_tokens.weight")] \
+                # pickle/zip raise many unrelated types on corrupt or unsafe input
+                except Exception as e:
+                    raise DataError(f"{f}: unreadable target weights ({type(e).__name__}: "
+                                    f"{e})") from e
+                found = [k for k in part if isinstance(k,
+                                                       str) and k.endswith("embed_tokens.weight")] \
                     if isinstance(part, dict) else []
                 if found:
                     self._embed = part[found[0]].clone()
@@ -136,8 +144,10 @@ class Target:
     @property
     def embed_searched(self) -> str:
         """What :meth:`embed` looks through, for a message when it finds nothing."""
-        files = sorted(p.name for g in ("*.safetensors", "pytorch_model*.bin") for p in self.path.glob(g))
-        return f"tensors named *embed_tokens.weight in {files or 'no *.safetensors or pytorch_model*.bin file'}"
+        files = sorted(p.name for g in ("*.safetensors",
+                                        "pytorch_model*.bin") for p in self.path.glob(g))
+        files = files or "no *.safetensors or pytorch_model*.bin file"
+        return f"tensors named *embed_tokens.weight in {files}"
 
 
 def cfg_get(config: dict, key: str, default: Any = None) -> Any:

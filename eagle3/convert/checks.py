@@ -1,4 +1,5 @@
-"""The individual checks behind :func:`eagle3.convert.validate.validate`; each returns a list of Problems.
+"""The individual checks behind :func:`eagle3.convert.validate.validate`; each returns a list of
+Problems.
 
 Every message names the key, tensor or field and both the expected and the actual value.
 """
@@ -18,63 +19,26 @@ AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 
 def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Class 22: the served config must name one of the engine's EAGLE-3 draft classes, and name it first:
-    engines build the first entry they support (SGLang 0.5.23 ``models/registry.py`` ``resolve_model_cls``), so
-    ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain Llama."""
+    """Class 22: the served config must name one of the engine's EAGLE-3 draft classes, and name it
+    first:
+    engines build the first entry they support (the pinned SGLang ``models/registry.py``
+    ``resolve_model_cls``), so ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain
+    Llama."""
     archs = ck.config.get("architectures") or []
     drafts = list(profile.draft_architectures)
     if archs and archs[0] in drafts:
         return []
     if any(a in drafts for a in archs):
         first = next(i for i, a in enumerate(archs) if a in drafts)
-        return [Problem("ARCHITECTURE", f"config.json architectures: expected the draft class first ({drafts}), got "
-                                        f"{archs}: {profile.engine} {profile.version} builds the first entry it "
-                                        f"supports, so {archs[:first]} would be built instead of {archs[first]}")]
+        return [Problem("ARCHITECTURE", "config.json architectures: expected the draft class "
+                                        f"first ({drafts}), got "
+                                        f"{archs}: {profile.engine} {profile.version} builds the "
+                                        f"first entry it supports, so {archs[:first]} would be "
+                                        f"built instead of {archs[first]}")]
     hint = " (a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first)" \
-        if ck.config.get("speculators_model_type") and profile.engine == "sglang" else ""
+        if ck.config.get("speculators_model_type") else ""
     return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {drafts} "
                                     f"for {profile.engine} {profile.version}, got {archs}{hint}")]
-
-
-def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Class 5: flags the engine does not implement, implements differently, or would read otherwise.
-
-    Reads the flags as the draft was trained (``manifest.json`` ``trained_flags`` written by the converter,
-    else the config's own keys) and compares them with what the engine computes for this config.
-    """
-    out: list[Problem] = []
-    cfg = ck.config
-    trained = dict((ck.manifest or {}).get("trained_flags") or {})
-    for name in profile.flags:  # a flag the config states but the engine never reads: its value is a fact too
-        if name in cfg and cfg[name] is not None and not profile.flags[name].config_keys and bool(cfg[name]):
-            trained[name] = True
-        elif name not in trained and name in cfg and cfg[name] is not None:
-            trained[name] = bool(cfg[name])
-    for name, value in trained.items():
-        try:
-            profile.check_flags({name: value})
-        except ConfigError as e:
-            out.append(Problem("UNSUPPORTED_FLAG", str(e)))
-            continue
-        rule = profile.flags.get(name)
-        if rule is not None and rule.config_keys:
-            engine_value = profile.engine_flag_value(name, cfg)
-            if engine_value != bool(value):
-                out.append(Problem("FLAG_MISMATCH", f"{name}: the draft was trained with {name}={value} but "
-                                   f"{profile.engine} {profile.version} reads {name}={engine_value} from config.json "
-                                   f"(keys {list(rule.config_keys)})"))
-    if profile.engine == "sglang":
-        fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
-        for key, want in fixed.items():
-            if key in cfg and cfg[key] != want:
-                out.append(Problem("UNSUPPORTED_FLAG", f"config.json {key}: {profile.engine} {profile.version}'s "
-                                   f"EAGLE-3 layer computes {key}={want!r}, got {cfg[key]!r}"))
-        dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
-        if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
-            out.append(Problem("UNSUPPORTED_FLAG", f"config.json tie_word_embeddings: expected false with "
-                               f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no lm_head.weight "
-                               f"parameter, so the draft head is skipped), got true"))
-    return out
 
 
 def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
@@ -82,15 +46,19 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     try:
         params = profile.engine_params(ck.config)
     except (ConfigError, KeyError, TypeError, ValueError) as e:
-        return [Problem("CONFIG_FIELD", f"config.json: cannot derive the engine's parameters ({e})")]
+        return [Problem("CONFIG_FIELD", "config.json: cannot derive the engine's parameters "
+                                        f"({e})")]
     out: list[Problem] = []
     filled: dict[tuple, str] = {}
     for name, tensor in sorted(ck.tensors.items()):
         r = profile.route(name, params)
         if r.kind == "unknown":
-            how = "skipped without any message" if profile.unknown_tensor == "skip" else "a load error"
-            out.append(Problem("UNKNOWN_TENSOR", f"tensor {name!r} (loader name {r.renamed!r}) matches no parameter "
-                               f"of {profile.engine} {profile.version}'s {profile.draft_architectures[0]}: {how}"))
+            how = ("skipped without any message" if profile.unknown_tensor == "skip"
+                   else "a load error")
+            out.append(Problem("UNKNOWN_TENSOR", f"tensor {name!r} (loader name {r.renamed!r}) "
+                                                 "matches no parameter "
+                               f"of {profile.engine} {profile.version}'s "
+                               f"{profile.draft_architectures[0]}: {how}"))
             continue
         if r.kind != "param":
             continue
@@ -99,13 +67,13 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         key = (r.param, r.shard)
         if key in filled:
             out.append(Problem("DUPLICATE_TENSOR", f"tensor {name!r} fills {r.param}"
-                               f"{'' if r.shard is None else f' shard {r.shard!r}'} already filled by "
-                               f"{filled[key]!r}: expected one tensor, got two"))
+                               f"{'' if r.shard is None else f' shard {r.shard!r}'} already filled "
+                               f"by {filled[key]!r}: expected one tensor, got two"))
         filled[key] = name
         if want is not None and tuple(tensor.shape) != tuple(want):
             out.append(Problem("SHAPE_MISMATCH", f"tensor {name!r} → {r.param}"
-                               f"{'' if r.shard is None else f'[{r.shard}]'}: expected shape {list(want)} from "
-                               f"config.json, got {list(tensor.shape)}"))
+                               f"{'' if r.shard is None else f'[{r.shard}]'}: expected shape "
+                               f"{list(want)} from config.json, got {list(tensor.shape)}"))
     for pname, spec in params.items():
         if spec.runtime_source or spec.unused:
             continue
@@ -113,40 +81,73 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         missing = [s for s in shards if (pname, s) not in filled]
         if missing:
             part = "" if missing == [None] else f" (shards {missing})"
-            out.append(Problem("MISSING_TENSOR", f"parameter {pname}{part}: expected a checkpoint tensor, found none; "
+            out.append(Problem("MISSING_TENSOR", f"parameter {pname}{part}: expected a checkpoint "
+                                                 "tensor, found none; "
                                f"{profile.engine} {profile.version} would keep its random init"))
     return out
 
 
 def check_values(ck: Checkpoint) -> list[Problem]:
-    """Class 4: NaN/Inf and all-zero float tensors (the embedding's provenance: :mod:`eagle3.convert.embed_checks`)."""
+    """Class 4: NaN/Inf and all-zero float tensors."""
     out: list[Problem] = []
     for name, t in sorted(ck.tensors.items()):
         if not t.is_floating_point() or t.numel() == 0:
             continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
-            out.append(Problem("NAN_INF", f"tensor {name!r}: expected finite values, got {bad} NaN/Inf of {t.numel()}"))
+            out.append(Problem("NAN_INF", f"tensor {name!r}: expected finite values, got {bad} "
+                                          f"NaN/Inf of {t.numel()}"))
         elif not bool(t.any()):
-            out.append(Problem("ALL_ZERO", f"tensor {name!r}: expected trained values, got all {t.numel()} zeros"))
+            out.append(Problem("ALL_ZERO", f"tensor {name!r}: expected trained values, got all "
+                                           f"{t.numel()} zeros"))
     return out
 
 
-def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, vocab: int) -> list[Problem]:
+def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
+    """Class 4: the engine replaces the draft's embedding by the target's (``set_embed``,
+    docs/ENGINE_FACTS.md L10), so a draft embedding unlike the target's was trained for inputs the
+    engine never gives it (EMBED_MISMATCH); a target embedding not found in its weight files is
+    EMBED_UNCHECKED instead of a skipped check. Needs ``target``."""
+    emb = ck.tensors.get("embed_tokens.weight", ck.tensors.get("model.embed_tokens.weight"))
+    if target is None or emb is None:
+        return []
+    ref = target.embed()
+    if ref is None:
+        return [Problem("EMBED_UNCHECKED", "embed_tokens.weight: expected the target's embedding "
+                                           "to "
+                        f"compare with ({target.path}: {target.embed_searched}), found none")]
+    if tuple(ref.shape) != tuple(emb.shape):
+        return [Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's shape "
+                        f"{list(ref.shape)}, got {list(emb.shape)}")]
+    diff = float((emb.float() - ref.float()).abs().max())
+    tol = 1e-2 * float(ref.float().abs().max()) + 1e-6  # bf16 rounding of the target's weights
+    if diff > tol:
+        return [Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's embedding "
+                        f"({target.path}), the engine serves with it; got max |diff| {diff:.4g} > "
+                        f"{tol:.3g} (re-initialised or trained embedding)")]
+    return []
+
+
+def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int,
+                    vocab: int) -> list[Problem]:
     out = []
     if d2t.dim() != 1 or d2t.numel() != draft_vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: expected length draft_vocab_size={draft_vocab}, "
+        out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected length "
+                                                f"draft_vocab_size={draft_vocab}, "
                            f"got shape {list(d2t.shape)}"))
         return out
     if d2t.is_floating_point() or d2t.dtype == torch.bool:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: expected an integer dtype (int64), got {d2t.dtype}"))
+        out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected an integer dtype (int64), got "
+                                                f"{d2t.dtype}"))
     tid = d2t.to(torch.long) + torch.arange(draft_vocab)
     lo, hi = int(tid.min()), int(tid.max())
     if lo < 0 or hi >= vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: i + d2t[i] expected in [0, {vocab}), got range [{lo}, {hi}]"))
+        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: i + d2t[i] expected in [0, {vocab}), got "
+                                                f"range [{lo}, {hi}]"))
         return out
     if int(tid.unique().numel()) != draft_vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: expected {draft_vocab} distinct target ids i + d2t[i], got "
+        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: expected {draft_vocab} distinct target ids "
+                                                "i + d2t[i], got "
                            f"{int(tid.unique().numel())} (two draft rows map to one target token)"))
     if t2d is None:
         return out
@@ -156,35 +157,43 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
         return out
     n_true = int(t2d.to(torch.bool).sum())
     if n_true != draft_vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"t2d: sum expected draft_vocab_size={draft_vocab}, got {n_true}"))
+        out.append(Problem("VOCAB_MAP_INVALID", "t2d: sum expected "
+                                                f"draft_vocab_size={draft_vocab}, got {n_true}"))
     off = int((~t2d.to(torch.bool)[tid]).sum())
     if off:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t/t2d: expected t2d[i + d2t[i]] true for every draft index, "
-                           f"got {off} of {draft_vocab} false"))
+        out.append(Problem("VOCAB_MAP_INVALID", "d2t/t2d: expected t2d[i + d2t[i]] true for every "
+                                                f"draft index, got {off} of {draft_vocab} false"))
     return out
 
 
 def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants, map hash."""
+    """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants, map
+    hash."""
     cfg, t = ck.config, ck.tensors
     vocab, dv = cfg.get("vocab_size"), cfg.get("draft_vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool):
-        return [Problem("CONFIG_FIELD", f"config.json vocab_size: expected an integer, got {vocab!r}")]
+        return [Problem("CONFIG_FIELD", "config.json vocab_size: expected an integer, got "
+                                        f"{vocab!r}")]
     if dv is None:
         head = t.get("lm_head.weight")
         if head is not None and not cfg.get("tie_word_embeddings"):
-            return [Problem("CONFIG_FIELD", f"config.json draft_vocab_size: expected {head.shape[0]} (lm_head rows), "
-                            f"got none: {profile.engine} {profile.version} then assumes vocab_size={vocab} and "
-                            f"replaces the draft's lm_head by the target's (load_lm_head_from_target)")]
+            return [Problem("CONFIG_FIELD", "config.json draft_vocab_size: expected "
+                                            f"{head.shape[0]} (lm_head rows), got none: "
+                                            f"{profile.engine} {profile.version} then assumes "
+                                            f"vocab_size={vocab} and replaces the draft's lm_head "
+                                            "by the target's (load_lm_head_from_target)")]
         dv = vocab
-    d2t = next((v for k, v in sorted(t.items()) if "d2t" in k), None)  # the loader matches by substring
+    # the loader matches by substring
+    d2t = next((v for k, v in sorted(t.items()) if "d2t" in k), None)
     t2d = next((v for k, v in sorted(t.items()) if "t2d" in k), None)
     if d2t is None:
         if dv < vocab:
             side = sorted(p.name for g in ("d2t*", "t2d*", "vocab_map*") for p in ck.path.glob(g))
             where = f"; side files {side} are not read by the engine" if side else ""
-            return [Problem("VOCAB_MAP_MISSING", f"d2t: draft_vocab_size {dv} < vocab_size {vocab} needs a d2t tensor "
-                            f"in the weights, found none{where}: the engine would use the identity map")]
+            return [Problem("VOCAB_MAP_MISSING", f"d2t: draft_vocab_size {dv} < vocab_size {vocab} "
+                                                 "needs a d2t tensor "
+                            f"in the weights, found none{where}: the engine would use the identity "
+                            "map")]
         return []
     out = _vocab_problems(d2t, t2d, dv, vocab)
     recorded = (ck.manifest or {}).get("vocab_map_hash")
@@ -193,9 +202,10 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
 
         actual = vocab_map_hash(d2t, t2d)
         if actual != recorded:
-            out.append(Problem("VOCAB_MAP_CHANGED", f"d2t/t2d: manifest.json vocab_map_hash expected "
-                               f"{recorded[:12]}…, "
-                               f"got {actual[:12]}… (map regenerated: lm_head rows now mean other tokens)"))
+            out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
+                                                    "expected "
+                               f"{recorded[:12]}…, got {actual[:12]}… (map regenerated: lm_head "
+                               "rows now mean other tokens)"))
     return out
 
 
@@ -206,49 +216,60 @@ def _aux_count(cfg: dict) -> int | None:
 
 def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                   data: dict | None) -> list[Problem]:
-    """Class 10: aux ids present where the engine reads them, right count, order, range and convention."""
+    """Class 10: aux ids present where the engine reads them, right count, order, range and
+    convention."""
     cfg, out = ck.config, []
     if cfg_get(cfg, "eagle_config.use_aux_hidden_state", True) is False:
-        out.append(Problem("AUX_DISABLED", "eagle_config.use_aux_hidden_state: expected true (else the target captures "
+        out.append(Problem("AUX_DISABLED", "eagle_config.use_aux_hidden_state: expected true (else "
+                                           "the target captures "
                            "no aux states and fc is bypassed), got false"))
     ids = cfg_get(cfg, profile.aux_ids_key)
     if not ids:
-        top = cfg.get("eagle_aux_hidden_state_layer_ids") if profile.aux_ids_key != "eagle_aux_hidden_state_layer_ids" \
-            else None
-        extra = f"; top-level eagle_aux_hidden_state_layer_ids={top} is not read by {profile.engine}" if top else ""
-        out.append(Problem("AUX_IDS_MISSING", f"{profile.aux_ids_key}: expected the draft's aux layer ids, got "
+        top_key = "eagle_aux_hidden_state_layer_ids"
+        top = cfg.get(top_key) if profile.aux_ids_key != top_key else None
+        extra = f"; top-level {top_key}={top} is not read by {profile.engine}" if top else ""
+        out.append(Problem("AUX_IDS_MISSING", f"{profile.aux_ids_key}: expected the draft's aux "
+                                              "layer ids, got "
                            f"{ids!r}: {profile.engine} {profile.version} falls back to "
                            f"{profile.aux_default_rule}{extra}"))
         return out
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return out + [Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}: expected integers, got {ids}")]
+        return out + [Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}: expected integers, got "
+                                               f"{ids}")]
     if any(b <= a for a, b in zip(ids, ids[1:])):
-        out.append(Problem("AUX_IDS_ORDER", f"{profile.aux_ids_key}: expected strictly increasing ids (the engine "
+        out.append(Problem("AUX_IDS_ORDER", f"{profile.aux_ids_key}: expected strictly increasing "
+                                            "ids (the engine "
                            f"captures in layer order and drops repeats), got {ids}"))
     fc = ck.tensors.get("fc.weight", ck.tensors.get("model.fc.weight"))
     t_hidden = cfg.get("target_hidden_size") or cfg.get("hidden_size")
     n_cfg = _aux_count(cfg)
     if n_cfg is not None and n_cfg != len(ids):
-        out.append(Problem("AUX_IDS_COUNT", f"num_aux_hidden_states {n_cfg}: expected len({profile.aux_ids_key}) = "
+        out.append(Problem("AUX_IDS_COUNT", f"num_aux_hidden_states {n_cfg}: expected "
+                                            f"len({profile.aux_ids_key}) = "
                            f"{len(ids)}, got {n_cfg}"))
-    if fc is not None and fc.dim() == 2 and isinstance(t_hidden, int) and fc.shape[1] != len(ids) * t_hidden:
-        out.append(Problem("AUX_IDS_COUNT", f"fc.weight: expected {len(ids)} aux ids × target hidden {t_hidden} = "
-                           f"{len(ids) * t_hidden} input columns, got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux "
-                           f"states)"))
+    if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
+                                                       int) and fc.shape[1] != len(ids) * t_hidden:
+        out.append(Problem("AUX_IDS_COUNT", f"fc.weight: expected {len(ids)} aux ids × target "
+                                            f"hidden {t_hidden} = {len(ids) * t_hidden} input "
+                                            f"columns, got {fc.shape[1]} "
+                                            f"({fc.shape[1] / t_hidden:g} aux states)"))
     hf = profile.engine_to_hf_ids(ids)
     if target is not None:
         n_layers = target.config.get("num_hidden_layers")
         bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []
         if bad:
-            out.append(Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}={ids}: HF indices {hf} expected in "
-                               f"{profile.aux_capture_hf_range} = [1, {n_layers - 1}] for a target of {n_layers} "
-                               f"layers, got {bad} out of range"))
+            out.append(Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}={ids}: HF indices {hf} "
+                                                f"expected in {profile.aux_capture_hf_range} = [1, "
+                                                f"{n_layers - 1}] for a target of {n_layers} "
+                                                f"layers, got {bad} out of range"))
     recorded = (ck.manifest or {}).get("aux_layer_ids_hf")
     for where, want in (("manifest.json aux_layer_ids_hf", recorded),
                         ("extraction manifest aux_layer_ids", (data or {}).get("aux_layer_ids"))):
         if want is not None and list(want) != hf:
-            out.append(Problem("AUX_IDS_MISMATCH", f"{profile.aux_ids_key}={ids} means HF indices {hf} in "
-                               f"{profile.engine} ({profile.aux_ids_convention}); {where} expected {list(want)} "
+            out.append(Problem("AUX_IDS_MISMATCH", f"{profile.aux_ids_key}={ids} means HF indices "
+                                                   f"{hf} in "
+                               f"{profile.engine} ({profile.aux_ids_convention}); {where} expected "
+                               f"{list(want)} "
                                f"(= {profile.aux_ids_key} {profile.hf_to_engine_ids(list(want))})"))
     return out
 
@@ -263,30 +284,36 @@ def _rope(cfg: dict) -> tuple:
     return float(theta), json.dumps(scaling, sort_keys=True)
 
 
-def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *, aux_capture: bool = True) -> list[Problem]:
+def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
+                 aux_capture: bool = True) -> list[Problem]:
     """Classes 7, 11, 12, 13 against the target's config (11 only with ``aux_capture``)."""
     cfg, tc, out = ck.config, target.config, []
-    if aux_capture and profile.aux_capture_classes and target.architecture not in profile.aux_capture_classes:
-        out.append(Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0]: {target.architecture} has no "
-                           f"set_eagle3_layers_to_capture in {profile.engine} {profile.version}: expected a capturing "
+    classes = profile.aux_capture_classes
+    if aux_capture and classes and target.architecture not in classes:
+        out.append(Problem("TARGET_NO_AUX_CAPTURE", "target architectures[0]: "
+                                                    f"{target.architecture} has no "
+                           f"set_eagle3_layers_to_capture in {profile.engine} {profile.version}: "
+                           "expected a capturing "
                            f"class, the draft would get no aux states (fc bypassed)"))
     th = tc.get("hidden_size")
     if "target_hidden_size" in cfg and cfg["target_hidden_size"] != th:
-        out.append(Problem("TARGET_HIDDEN_SIZE", f"config.json target_hidden_size: expected the target's hidden_size "
+        out.append(Problem("TARGET_HIDDEN_SIZE", "config.json target_hidden_size: expected the "
+                                                 "target's hidden_size "
                            f"{th}, got {cfg['target_hidden_size']!r}"))
     elif "target_hidden_size" not in cfg and cfg.get("hidden_size") != th:
-        out.append(Problem("TARGET_HIDDEN_SIZE", f"config.json target_hidden_size: expected {th} (draft hidden_size "
+        out.append(Problem("TARGET_HIDDEN_SIZE", f"config.json target_hidden_size: expected {th} "
+                                                 "(draft hidden_size "
                            f"{cfg.get('hidden_size')} differs from the target's), got none"))
     if cfg.get("vocab_size") != tc.get("vocab_size"):
         out.append(Problem("VOCAB_SIZE_MISMATCH", f"config.json vocab_size: expected the target's "
-                           f"{tc.get('vocab_size')}, "
-                           f"got {cfg.get('vocab_size')}"))
+                           f"{tc.get('vocab_size')}, got {cfg.get('vocab_size')}"))
     if _rope(cfg) != _rope(tc):
-        out.append(Problem("ROPE_MISMATCH", f"config.json rope (theta, scaling): expected the target's {_rope(tc)}, "
-                           f"got {_rope(cfg)}"))
+        out.append(Problem("ROPE_MISMATCH", "config.json rope (theta, scaling): expected the "
+                                            f"target's {_rope(tc)}, got {_rope(cfg)}"))
     dmax, tmax = cfg.get("max_position_embeddings"), tc.get("max_position_embeddings")
     if isinstance(tmax, int) and (not isinstance(dmax, int) or dmax < tmax):
-        out.append(Problem("CONTEXT_LENGTH", f"config.json max_position_embeddings: expected >= the target's {tmax} "
+        out.append(Problem("CONTEXT_LENGTH", "config.json max_position_embeddings: expected >= "
+                                             f"the target's {tmax} "
                            f"(the serving context), got {dmax!r}"))
     return out
 
@@ -295,7 +322,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     """Classes 8, 14, 15, 16 and identity: the extraction manifest vs the draft and the target."""
     out = []
     if data.get("kind") not in (None, "hidden_states"):
-        out.append(Problem("DATA_INVALID", f"data manifest kind: expected 'hidden_states', got {data.get('kind')!r}"))
+        out.append(Problem("DATA_INVALID", "data manifest kind: expected 'hidden_states', got "
+                                           f"{data.get('kind')!r}"))
     conv = data.get("layer_id_convention")
     if conv is not None and conv != "hf_hidden_states_index":
         out.append(Problem("AUX_IDS_MISMATCH", f"data manifest layer_id_convention: expected "
@@ -303,36 +331,46 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     counts = data.get("counts") or {}
     dv = ck.config.get("draft_vocab_size")
     uniq = counts.get("unique_tokens")
-    if isinstance(uniq, int) and isinstance(dv, int) and uniq < dv and not (ck.manifest or {}).get("vocab_padded"):
-        out.append(Problem("VOCAB_DATA_TOO_SMALL", f"draft_vocab_size {dv}: expected <= the {uniq} distinct tokens "
-                           f"of the training data (or an explicit pad decision recorded as vocab_padded), got {dv}"))
+    padded = (ck.manifest or {}).get("vocab_padded")
+    if isinstance(uniq, int) and isinstance(dv, int) and uniq < dv and not padded:
+        out.append(Problem("VOCAB_DATA_TOO_SMALL", f"draft_vocab_size {dv}: expected <= the {uniq} "
+                                                   "distinct tokens "
+                           "of the training data (or an explicit pad decision recorded as "
+                           f"vocab_padded), got {dv}"))
     cfg_data = data.get("config") or {}
     spec = json.dumps(cfg_data.get("extract", {})).lower()
     if "speculative" in spec:
-        out.append(Problem("DATA_INVALID", "data manifest config.extract: expected extraction without speculative "
+        out.append(Problem("DATA_INVALID", "data manifest config.extract: expected extraction "
+                                           "without speculative "
                            "decoding, got speculative settings"))
     dt = data.get("target") or {}
     man = ck.manifest or {}
-    if man.get("data_content_hash") and data.get("content_hash") and man["data_content_hash"] != data["content_hash"]:
-        out.append(Problem("DATA_INVALID", f"manifest.json data_content_hash: the draft was trained on hidden states "
-                           f"{man['data_content_hash'][:12]}…, expected the given data's content_hash "
-                           f"{data['content_hash'][:12]}…"))
+    ours, theirs = man.get("data_content_hash"), data.get("content_hash")
+    if ours and theirs and ours != theirs:
+        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was trained "
+                                           f"on hidden states {man['data_content_hash'][:12]}…, "
+                                           "expected the given data's content_hash "
+                                           f"{data['content_hash'][:12]}…"))
     if target is None:
         return out
     from eagle3.artifacts import sha256_file
 
     th = sha256_file(target.path / "config.json")
     if dt.get("config_hash") and dt["config_hash"] != th:
-        out.append(Problem("TARGET_MISMATCH", f"data manifest target.config_hash: expected this target's {th[:12]}… "
+        out.append(Problem("TARGET_MISMATCH", "data manifest target.config_hash: expected this "
+                                              f"target's {th[:12]}… "
                            f"({target.path}), got {dt['config_hash'][:12]}…"))
-    if dt.get("weights_hash"):  # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
+    # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
+    if dt.get("weights_hash"):
         from eagle3.artifacts import weights_hash
 
         wh = weights_hash(target.path)
         if wh != dt["weights_hash"]:
-            out.append(Problem("TARGET_WEIGHTS_MISMATCH", f"data manifest target.weights_hash: expected this "
-                               f"target's {str(wh)[:12]}… (sha256 of {target.path}/*.safetensors), got "
-                               f"{dt['weights_hash'][:12]}… (the hidden states came from other weights)"))
+            out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
+                                                          "expected this "
+                               f"target's {str(wh)[:12]}… (sha256 of {target.path}/*.safetensors), "
+                               f"got {dt['weights_hash'][:12]}… (the hidden states came from other "
+                               "weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
     return out
@@ -340,8 +378,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_hashes(path: str, stamp: tuple) -> dict[str, str]:
-    """``{chat_template_hash, tokenizer_hash}`` of the target's tokenizer, as extraction computes them
-    (:mod:`eagle3.extract.conversations`); cached per folder and file mtimes (``stamp``)."""
+    """``{chat_template_hash, tokenizer_hash}`` of the target's tokenizer, as extraction computes
+    them (:mod:`eagle3.extract.conversations`); cached per folder and file mtimes (``stamp``)."""
     from transformers import AutoTokenizer
 
     from eagle3.extract.conversations import template_hash, tokenizer_hash
@@ -356,10 +394,13 @@ def _template_problems(target: Target, data: dict) -> list[Problem]:
     try:
         hashes = _tokenizer_hashes(str(target.path), stamp)
     except (OSError, ValueError) as e:
-        return [Problem("TOKENIZER_MISMATCH", f"target tokenizer {target.path}: expected a loadable tokenizer ({e})")]
+        return [Problem("TOKENIZER_MISMATCH", f"target tokenizer {target.path}: expected a "
+                                              f"loadable tokenizer ({e})")]
     out = []
-    for key, code in (("chat_template_hash", "CHAT_TEMPLATE_MISMATCH"), ("tokenizer_hash", "TOKENIZER_MISMATCH")):
+    for key, code in (("chat_template_hash", "CHAT_TEMPLATE_MISMATCH"),
+                      ("tokenizer_hash", "TOKENIZER_MISMATCH")):
         if key in data and data[key] != hashes[key]:
-            out.append(Problem(code, f"data manifest {key}: expected the serving target's {hashes[key][:12]}…, got "
+            out.append(Problem(code, f"data manifest {key}: expected the serving target's "
+                                     f"{hashes[key][:12]}…, got "
                                f"{str(data[key])[:12]}… (the draft learned other token streams)"))
     return out

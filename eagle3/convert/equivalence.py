@@ -2,19 +2,20 @@
 
 Both sides get the same real target forward (HF ``hidden_states`` of the target on a few tokens):
 
-- *trained*: speculators' ``Eagle3DraftModel`` (``sdpa`` attention, float32) runs its own ``forward`` for one
-  TTT step on ``cat(hidden_states[i] for i in the speculators config's ids)``, positions ``1..T`` as the
-  trainer feeds them (:mod:`eagle3.train.data`);
-- *engine*: :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft` (SGLang 0.5.23 ``LlamaForCausalLMEagle3``,
-  EXTEND) on ``cat(hidden_states[k + 1] for k in eagle_config ids)`` (SGLang's "output of layer k"), positions
-  ``0..T-1``, the target's embedding in place of the draft's, what the target class really captures (one
-  layer's state, ``fc`` bypassed, when the profile says the class captures nothing or ``use_aux_hidden_state``
-  is false).
+- *trained*: speculators' ``Eagle3DraftModel`` (``sdpa`` attention, float32) runs its own
+  ``forward`` for one TTT step on ``cat(hidden_states[i] for i in the speculators config's ids)``,
+  positions ``1..T`` as the trainer feeds them (:mod:`eagle3.train.data`);
+- *engine*: :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft` (the pinned SGLang
+  ``LlamaForCausalLMEagle3``, EXTEND) on ``cat(hidden_states[k + 1] for k in eagle_config ids)``
+  (SGLang's "output of layer k"), positions ``0..T-1``, the target's embedding in place of the
+  draft's, what the target class really captures (one layer's state, ``fc`` bypassed, when the
+  profile says the class captures nothing or ``use_aux_hidden_state`` is false).
 
-Components are compared in data-flow order — aux hidden states (fc input), embeddings, fc output, decoder
-layer output (pre-norm residual sum), final norm, logits, draft→target id map — and the first whose max
-absolute difference exceeds ``atol`` is named in :class:`eagle3.errors.CheckpointInvalid`. This catches what
-no key check sees: residual order, a bypassed fc, dropped keys, layer ids off by one.
+Components are compared in data-flow order — aux hidden states (fc input), embeddings, fc output,
+decoder layer output (pre-norm residual sum), final norm, logits, draft→target id map — and the
+first whose max absolute difference exceeds ``atol`` is named in
+:class:`eagle3.errors.CheckpointInvalid`. This catches what no key check sees: residual order, a
+bypassed fc, dropped keys, layer ids off by one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import CheckpointInvalid, ConfigError
 from eagle3.target_model import capture_hidden_states, default_aux_layer_ids, load_target
 
-DEFAULT_TEXT = "The capital of France is Paris. EAGLE drafts predict the next tokens from the target's features."
+DEFAULT_TEXT = ("The capital of France is Paris. EAGLE drafts predict the next tokens from the "
+                "target's features.")
 
 
 def _tokens(target_dir: Path, data_dir: Path | None, num_tokens: int, tokenizer) -> torch.Tensor:
@@ -55,8 +57,9 @@ def _hooks(pairs: dict[str, torch.nn.Module], store: dict, first_only: bool = Tr
 
 def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
                   target_dir: Path | None = None) -> tuple[dict, object]:
-    """Run speculators' forward for one TTT step; returns per-component outputs ``[T, ·]`` and the model.
-    ``target_dir``: the target on this machine (not where the checkpoint was trained, eagle3.train.draft_model)."""
+    """Run speculators' forward for one TTT step; returns per-component outputs ``[T, ·]`` and the
+    model. ``target_dir``: the target on this machine (not where the checkpoint was trained,
+                                                eagle3.train.draft_model)."""
     from eagle3.train.draft_model import load_draft
 
     model = load_draft(spec_dir, attn_impl="sdpa", verifier_dir=target_dir).eval()
@@ -66,8 +69,10 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
                       "norm": model.norm, "logits": model.lm_head}, got)
     try:
         with torch.no_grad():
-            model(hidden_states=aux[None].float(), input_ids=input_ids[None],  # [1, T, n_aux*H], [1, T]
-                  document_ids=torch.zeros(1, T, dtype=torch.long), position_ids=torch.arange(1, T + 1)[None],
+            # [1, T, n_aux*H], [1, T]
+            model(hidden_states=aux[None].float(), input_ids=input_ids[None],
+                  document_ids=torch.zeros(1, T, dtype=torch.long),
+                  position_ids=torch.arange(1, T + 1)[None],
                   ttt_steps=1)
     finally:
         for h in handles:
@@ -79,14 +84,16 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
 
 def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tensor,
                  embed: torch.Tensor) -> tuple[dict, object]:
-    """Run SGLangEagle3Draft (EXTEND, positions 0..T-1) with the target's embedding; per-component outputs."""
+    """Run SGLangEagle3Draft (EXTEND, positions 0..T-1) with the target's embedding; per-component
+    outputs."""
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
 
     draft = SGLangEagle3Draft.from_dir(serving_dir, dtype=torch.float32, target_embed=embed.float())
     T = input_ids.numel()
     got: dict[str, object] = {}
     m = draft.model
-    handles = _hooks({"embeddings": m.embed_tokens, "fc": m.fc, "layers": m.layers[-1], "norm": m.norm,
+    handles = _hooks({"embeddings": m.embed_tokens, "fc": m.fc, "layers": m.layers[-1],
+                      "norm": m.norm,
                       "logits": draft.lm_head}, got)
     try:
         draft(input_ids, torch.arange(T), hidden.float())
@@ -105,15 +112,18 @@ def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tenso
 
 
 def _engine_hidden(serving_cfg: dict, target_arch: str, n_layers: int, hs: dict[int, torch.Tensor],
-                   engine: str, version: str, assume_capture: bool = False) -> tuple[torch.Tensor, list[int] | None, str]:
-    """The hidden states the engine hands the draft: aux states at its ids, or one layer's (fc bypassed).
-    ``assume_capture``: the target class's capture is checked elsewhere (the pre-flight, for the serving engine)."""
+                   engine: str, version: str,
+                   assume_capture: bool = False) -> tuple[torch.Tensor, list[int] | None, str]:
+    """The hidden states the engine hands the draft: aux states at its ids, or one layer's (fc
+    bypassed). ``assume_capture``: the target class's capture is checked elsewhere (the pre-flight,
+                                                                         for the serving engine)."""
     from eagle3.engines.registry import get_profile
 
     profile = get_profile(engine, version)
     eagle = serving_cfg.get("eagle_config") or {}
     if not assume_capture and target_arch not in profile.aux_capture_classes:
-        return hs[n_layers], None, f"one layer's state ({target_arch} captures no aux states in {engine} {version})"
+        return hs[n_layers], None, (f"one layer's state ({target_arch} captures no aux states in "
+                                    f"{engine} {version})")
     if eagle.get("use_aux_hidden_state", True) is False:
         return hs[n_layers], None, "one layer's state (eagle_config.use_aux_hidden_state is false)"
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
@@ -130,7 +140,8 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
     for key, label in order:
         a, b = trained.get(key), served.get(key)
         if b is None:
-            return diffs, label, "the engine never ran this component (fc bypassed: incoming width = hidden size)"
+            return diffs, label, ("the engine never ran this component (fc bypassed: incoming "
+                                  "width = hidden size)")
         if a.shape != b.shape:
             return diffs, label, f"shapes differ: trained {list(a.shape)}, engine {list(b.shape)}"
         diffs[key] = float((a - b).abs().max())
@@ -139,28 +150,38 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
     return diffs, None, ""
 
 
-def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data_dir: str | Path | None = None, *,
-                      target_dir: str | Path | None = None, atol: float = 2e-2, num_tokens: int = 24,
-                      engine: str = "sglang", version: str = SGLANG_VERSION, assume_capture: bool = False) -> dict:
-    """Compare the trained draft and the served draft on one real target forward of ``num_tokens`` tokens.
+def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
+                      data_dir: str | Path | None = None, *,
+                      target_dir: str | Path | None = None, atol: float = 2e-2,
+                      num_tokens: int = 24,
+                      engine: str = "sglang", version: str = SGLANG_VERSION,
+                      assume_capture: bool = False) -> dict:
+    """Compare the trained draft and the served draft on one real target forward of ``num_tokens``
+    tokens.
 
     Args:
         speculators_dir: the trained draft (speculators format). serving_dir: its converted form.
-        data_dir: optional extraction output; its first sample's tokens are used and, when ``target_dir`` is
+        data_dir: optional extraction output; its first sample's tokens are used and, when
+        ``target_dir`` is
             None, its manifest's ``target.path``.
         target_dir: the target's HF folder (run in float32 on CPU).
-        atol: max absolute difference allowed per component (logits are float32; 2e-2 ≈ bf16 rounding).
-        assume_capture: compare as if the target's class captured aux states in ``engine`` (the pipeline leaves
-            that question to the pre-flight, :mod:`eagle3.serve.deploy_check`, which knows the serving engine).
+        atol: max absolute difference allowed per component (logits are float32; 2e-2 ≈ bf16
+        rounding). assume_capture: compare as if the target's class captured aux states in
+        ``engine`` (the pipeline leaves
+            that question to the pre-flight, :mod:`eagle3.serve.preflight`, which knows the serving
+            engine).
     Returns ``{"passed": True, "num_tokens", "atol", "max_abs_diff": {component: float},
-    "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``.
-    Raises CheckpointInvalid naming the first diverging component with both values; ConfigError when no target.
+    "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``. Raises
+    CheckpointInvalid naming the first diverging component with both values; ConfigError when no
+    target.
     """
     speculators_dir, serving_dir = Path(speculators_dir), Path(serving_dir)
     if target_dir is None and data_dir is not None:
-        target_dir = json.loads((Path(data_dir) / "manifest.json").read_text()).get("target", {}).get("path")
+        target_dir = json.loads((Path(data_dir) / "manifest.json").read_text()).get("target",
+                                                                                    {}).get("path")
     if target_dir is None:
-        raise ConfigError("check_equivalence: target_dir expected (or data_dir with manifest target.path), got none")
+        raise ConfigError("check_equivalence: target_dir expected (or data_dir with manifest "
+                          "target.path), got none")
     spec_cfg = json.loads((speculators_dir / "config.json").read_text())
     serving_cfg = json.loads((serving_dir / "config.json").read_text())
     target, tok = load_target(target_dir, dtype="float32", device="cpu")
@@ -171,17 +192,21 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data
         target(input_ids[None])
         hs = {i: h[0].float() for i, h in hs.items()}
     arch = (target.config.architectures or [type(target).__name__])[0]
-    served_in, engine_hf, how = _engine_hidden(serving_cfg, arch, n_layers, hs, engine, version, assume_capture)
+    served_in, engine_hf, how = _engine_hidden(serving_cfg, arch, n_layers, hs, engine, version,
+                                               assume_capture)
     trained_in = torch.cat([hs[i] for i in trained_hf], -1)
-    report = {"num_tokens": int(input_ids.numel()), "atol": atol, "trained_aux_hf": list(trained_hf),
+    report = {"num_tokens": int(input_ids.numel()), "atol": atol,
+              "trained_aux_hf": list(trained_hf),
               "engine_aux_hf": engine_hf}
     if served_in.shape != trained_in.shape or float((served_in - trained_in).abs().max()) > atol:
         if served_in.shape[-1] not in (trained_in.shape[-1], int(serving_cfg["hidden_size"])):
-            raise CheckpointInvalid(f"equivalence: first diverging component aux hidden states (fc input): trained on "
-                                    f"width {trained_in.shape[-1]} (HF {list(trained_hf)}), the engine provides width "
+            raise CheckpointInvalid("equivalence: first diverging component aux hidden states (fc "
+                                    f"input): trained on width {trained_in.shape[-1]} (HF "
+                                    f"{list(trained_hf)}), the engine provides width "
                                     f"{served_in.shape[-1]} ({how}) which its fc cannot take")
         if served_in.shape == trained_in.shape:
-            raise CheckpointInvalid(f"equivalence: first diverging component aux hidden states (layer ids): trained on "
+            raise CheckpointInvalid("equivalence: first diverging component aux hidden states "
+                                    "(layer ids): trained on "
                                     f"HF indices {list(trained_hf)}, the engine captures {how}")
     embed = target.get_input_embeddings().weight.detach()
     trained, model = _trained_side(speculators_dir, trained_in, input_ids, Path(target_dir))
@@ -189,9 +214,11 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path, data
     diffs, label, why = _first_divergence(trained, served, atol)
     report["max_abs_diff"] = diffs
     if label is not None:
-        raise CheckpointInvalid(f"equivalence: first diverging component {label}: {why} (engine input: {how}; "
-                                f"diffs so far {', '.join(f'{k} {v:.3g}' for k, v in diffs.items())})")
-    report["argmax_agreement"] = float((trained["logits"].argmax(-1) == served["logits"].argmax(-1)).float().mean())
+        raise CheckpointInvalid(f"equivalence: first diverging component {label}: {why} (engine "
+                                f"input: {how}; diffs so far "
+                                f"{', '.join(f'{k} {v:.3g}' for k, v in diffs.items())})")
+    same = trained["logits"].argmax(-1) == served["logits"].argmax(-1)
+    report["argmax_agreement"] = float(same.float().mean())
     report.update(_map_agreement(model, draft))
     report["passed"] = True
     return report
@@ -201,13 +228,16 @@ def _map_agreement(model, draft) -> dict:
     d2t = getattr(model, "d2t", None)
     if d2t is None or draft.hot_token_id is None:
         if (d2t is None) != (draft.hot_token_id is None):
-            raise CheckpointInvalid("equivalence: first diverging component d2t (draft→target ids): trained "
+            raise CheckpointInvalid("equivalence: first diverging component d2t (draft→target "
+                                    "ids): trained "
                                     f"{'with' if d2t is not None else 'without'} a map, engine "
-                                    f"{'with' if draft.hot_token_id is not None else 'without'} hot_token_id")
+                                    f"{'with' if draft.hot_token_id is not None else 'without'} "
+                                    "hot_token_id")
         return {"target_ids_agree": True}
     trained_ids = d2t.long() + torch.arange(d2t.numel())
     if not torch.equal(trained_ids, draft.hot_token_id.cpu().long()):
         bad = int((trained_ids != draft.hot_token_id.cpu().long()).sum())
-        raise CheckpointInvalid(f"equivalence: first diverging component d2t (draft→target ids): {bad} of "
-                                f"{d2t.numel()} draft indices map to other target tokens in the engine")
+        raise CheckpointInvalid("equivalence: first diverging component d2t (draft→target ids): "
+                                f"{bad} of {d2t.numel()} draft indices map to other target tokens "
+                                "in the engine")
     return {"target_ids_agree": True}

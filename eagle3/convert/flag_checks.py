@@ -1,32 +1,38 @@
-"""Draft config flags read from a place the engine never looks, and flags nobody knows (failure class 5).
+"""Draft config flags (failure class 5): trained values the engine computes otherwise, flags read
+from a place the engine never looks, and flags nobody knows.
 
-SGLang 0.5.23 reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of the draft's
-``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and inside ``eagle_config``
-nothing but the aux ids, ``use_aux_hidden_state`` and ``norm_before_fc`` (``EngineProfile.eagle_config_keys``).
-A SpecForge-style draft that says ``eagle_config.norm_output: true`` is therefore served with
-``norm_output=False``, without a message. A boolean key that no schema defines (transformers' config classes,
-speculators' ``Eagle3SpeculatorConfig``, the engine's flags and the other booleans it reads) is a flag some
-training code set and no engine reads: reported too, instead of ignored.
+The pinned SGLang reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of
+the draft's ``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and
+inside ``eagle_config`` nothing but the aux ids, ``use_aux_hidden_state`` and ``norm_before_fc``
+(``EngineProfile.eagle_config_keys``). A SpecForge-style draft that says ``eagle_config.norm_output:
+true`` is therefore served with ``norm_output=False``, without a message. A boolean key that no
+schema defines (transformers' config classes, speculators' ``Eagle3SpeculatorConfig``, the engine's
+flags and the other booleans it reads) is a flag some training code set and no engine reads:
+reported too, instead of ignored.
 
-Each function returns :class:`~eagle3.convert.checkpoint.Problem` lists: ``NESTED_FLAG`` (expected and actual
-value), ``UNKNOWN_FLAG`` (the key, its value and what is known). Non-boolean unknown keys are not flags and
-are not reported.
+Each function returns :class:`~eagle3.convert.checkpoint.Problem` lists: ``NESTED_FLAG`` (expected
+and actual value), ``UNKNOWN_FLAG`` (the key, its value and what is known). Non-boolean unknown keys
+are not flags and are not reported.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from eagle3.convert.checkpoint import Problem
+from eagle3.convert.checkpoint import Checkpoint, Problem
 from eagle3.engines.profile import EngineProfile, dotted_get
 from eagle3.errors import ConfigError
 
-# Boolean keys of transformers' configs: PretrainedConfig (4.x and 5.x) and the Llama/Qwen-style decoder configs
-# drafts copy their fields from. A draft config written by any of them may carry these.
+# Boolean keys of transformers' configs: PretrainedConfig (4.x and 5.x) and the Llama/Qwen-style
+# decoder configs drafts copy their fields from. A draft config written by any of them may carry
+# these.
 HF_BOOL_KEYS = frozenset({
-    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
-    "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
-    "do_sample", "early_stopping", "output_scores", "return_dict_in_generate", "remove_invalid_values",
+    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
+    "tf_legacy_loss",
+    "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "add_cross_attention",
+    "tie_encoder_decoder",
+    "do_sample", "early_stopping", "output_scores", "return_dict_in_generate",
+    "remove_invalid_values",
     "use_cache", "attention_bias", "mlp_bias", "use_sliding_window", "has_no_defaults_at_init",
 })
 
@@ -36,9 +42,12 @@ def _bool_like(value: Any) -> bool:
 
 
 def flag_values(config: Mapping, name: str) -> dict[str, bool]:
-    """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``; ``use_aux_norm`` for
-    ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left out."""
-    keys = [name, f"eagle_config.{name}"] + (["use_aux_norm", "eagle_config.use_aux_norm"] if name == "fc_norm" else [])
+    """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``;
+    ``use_aux_norm`` for ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left
+    out."""
+    keys = [name,
+            f"eagle_config.{name}"] + (["use_aux_norm",
+                                        "eagle_config.use_aux_norm"] if name == "fc_norm" else [])
     out = {}
     for key in keys:
         found, value = dotted_get(config, key)
@@ -48,48 +57,108 @@ def flag_values(config: Mapping, name: str) -> dict[str, bool]:
 
 
 def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool | None:
-    """The value of flag ``name`` the draft was trained with, wherever the config states it (None: not stated).
+    """The value of flag ``name`` the draft was trained with, wherever the config states it (None:
+    not stated).
 
-    Raises ConfigError when two places state different values (``norm_output: false`` at the top level and
-    ``eagle_config.norm_output: true``): which one the training code read cannot be known from the file.
+    Raises ConfigError when two places state different values (``norm_output: false`` at the top
+    level and ``eagle_config.norm_output: true``): which one the training code read cannot be known
+    from the file.
     """
     values = flag_values(config, name)
     if len(set(values.values())) > 1:
-        raise ConfigError(f"{where}: flag {name} is stated twice with different values {values}; expected one "
+        raise ConfigError(f"{where}: flag {name} is stated twice with different values {values}; "
+                          "expected one "
                           f"value (which one the training code read cannot be told from the file)")
     return next(iter(values.values()), None)
 
 
 def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
-    """``NESTED_FLAG`` for each flag stated where ``profile``'s engine never reads it with a value other than the
-    one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang computes ``norm_output=False``)."""
+    """``NESTED_FLAG`` for each flag stated where ``profile``'s engine never reads it with a value
+    other than the one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang
+    computes ``norm_output=False``)."""
     out = []
     for name, rule in profile.flags.items():
         engine_value = profile.engine_flag_value(name, dict(config))
         for key, value in flag_values(config, name).items():
             if key not in rule.config_keys and value != engine_value:
-                out.append(Problem("NESTED_FLAG", f"config.json {key}: expected it where {profile.engine} "
-                                   f"{profile.version} reads {name} ({list(rule.config_keys) or 'nowhere: fixed in code'}),"
-                                   f" got {key}={value} there, so the engine computes {name}={engine_value}"))
+                out.append(Problem("NESTED_FLAG", f"config.json {key}: expected it where "
+                                                  f"{profile.engine} "
+                                   f"{profile.version} reads {name} "
+                                   f"({list(rule.config_keys) or 'nowhere: fixed in code'}),"
+                                   f" got {key}={value} there, so the engine computes "
+                                   f"{name}={engine_value}"))
     return out
 
 
 def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
-    """``UNKNOWN_FLAG`` for boolean keys no schema defines, at the top level and inside ``eagle_config`` (where
-    any key but ``profile.eagle_config_keys`` and the flags is never read)."""
+    """``UNKNOWN_FLAG`` for boolean keys no schema defines, at the top level and inside
+    ``eagle_config`` (where any key but ``profile.eagle_config_keys`` and the flags is never read).
+    """
     known_top = HF_BOOL_KEYS | set(profile.flags) | set(profile.other_bool_keys)
     out = []
     for key, value in sorted(config.items()):
         if _bool_like(value) and key not in known_top:
-            out.append(Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags {profile.engine} "
-                               f"{profile.version} or transformers define ({sorted(set(profile.flags))} and the "
+            out.append(Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags "
+                                               f"{profile.engine} "
+                               f"{profile.version} or transformers define "
+                               f"({sorted(set(profile.flags))} and the "
                                f"model config's own), got {key!r}, which no engine reads"))
     eagle = config.get("eagle_config")
     if isinstance(eagle, Mapping):
         known_nested = set(profile.eagle_config_keys) | set(profile.flags)
         for key, value in sorted(eagle.items()):
             if key not in known_nested:
-                out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: expected only "
-                                   f"{sorted(profile.eagle_config_keys)} inside eagle_config (what {profile.engine} "
-                                   f"{profile.version} reads there), got {key!r}, which it never reads"))
+                out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: "
+                                                   "expected only "
+                                   f"{sorted(profile.eagle_config_keys)} inside eagle_config (what "
+                                   f"{profile.engine} {profile.version} reads there), got {key!r}, "
+                                   "which it never reads"))
+    return out
+
+
+def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
+    """Class 5: flags the engine does not implement, implements differently, or would read
+    otherwise.
+
+    Reads the flags as the draft was trained (``manifest.json`` ``trained_flags`` written by the
+    converter, else the config's own keys) and compares them with what the engine computes for this
+    config.
+    """
+    out: list[Problem] = []
+    cfg = ck.config
+    trained = dict((ck.manifest or {}).get("trained_flags") or {})
+    # a flag the config states but the engine never reads: its value is a fact too
+    for name in profile.flags:
+        stated = name in cfg and cfg[name] is not None
+        if stated and not profile.flags[name].config_keys and bool(cfg[name]):
+            trained[name] = True
+        elif name not in trained and name in cfg and cfg[name] is not None:
+            trained[name] = bool(cfg[name])
+    for name, value in trained.items():
+        try:
+            profile.check_flags({name: value})
+        except ConfigError as e:
+            out.append(Problem("UNSUPPORTED_FLAG", str(e)))
+            continue
+        rule = profile.flags.get(name)
+        if rule is not None and rule.config_keys:
+            engine_value = profile.engine_flag_value(name, cfg)
+            if engine_value != bool(value):
+                out.append(Problem("FLAG_MISMATCH", f"{name}: the draft was trained with "
+                                                    f"{name}={value} but "
+                                   f"{profile.engine} {profile.version} reads "
+                                   f"{name}={engine_value} from config.json "
+                                   f"(keys {list(rule.config_keys)})"))
+    fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
+    for key, want in fixed.items():
+        if key in cfg and cfg[key] != want:
+            out.append(Problem("UNSUPPORTED_FLAG", f"config.json {key}: {profile.engine} "
+                                                   f"{profile.version}'s "
+                               f"EAGLE-3 layer computes {key}={want!r}, got {cfg[key]!r}"))
+    dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
+    if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
+        out.append(Problem("UNSUPPORTED_FLAG", "config.json tie_word_embeddings: expected false "
+                                               "with "
+                           f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
+                           "lm_head.weight parameter, so the draft head is skipped), got true"))
     return out

@@ -1,23 +1,27 @@
-"""Draft checkpoint → the serving engine's format (SGLang 0.5.23 ``LlamaForCausalLMEagle3``).
+"""Draft checkpoint → the serving engine's format (the pinned SGLang ``LlamaForCausalLMEagle3``).
 
 Inputs (detected from ``config.json`` and the tensor names):
 
-- ``speculators``: ``speculators_model_type: "eagle3"``, nested ``transformer_layer_config``, top-level
-  ``eagle_aux_hidden_state_layer_ids`` in HF hidden_states-index convention, ``layers.{i}.*`` tensors.
-- ``specforge``: ``architectures: ["LlamaForCausalLMEagle3"]``, ``model.safetensors`` with ``midlayer.*`` (or
-  ``layers.0.*``) tensors; aux ids, if any, already in SGLang's ``eagle_config`` (output-of-layer convention).
-- ``eagle``: the original EAGLE repo's release (``pytorch_model.bin`` with ``midlayer.*``, no embedding).
+- ``speculators``: ``speculators_model_type: "eagle3"``, nested ``transformer_layer_config``,
+  top-level ``eagle_aux_hidden_state_layer_ids`` in HF hidden_states-index convention,
+  ``layers.{i}.*`` tensors.
+- ``specforge``: ``architectures: ["LlamaForCausalLMEagle3"]``, ``model.safetensors`` with
+  ``midlayer.*`` (or ``layers.0.*``) tensors; aux ids, if any, already in SGLang's ``eagle_config``
+  (output-of-layer convention).
+- ``eagle``: the original EAGLE repo's release (``pytorch_model.bin`` with ``midlayer.*``, no
+  embedding).
 
-What conversion does (docs/ENGINE_FACTS.md §2, §3): aux ids go to ``eagle_config.eagle_aux_hidden_state_layer_ids``
-as ``hf_id - 1`` (missing ids: the EAGLE-3 default rule written out explicitly, which needs the target);
-``target_hidden_size``, RoPE settings and ``max_position_embeddings`` come from the target's config when
-``target_dir`` is given; ``tie_word_embeddings`` is false and ``draft_vocab_size`` explicit; ``d2t`` (and ``t2d``,
-which SGLang ignores, for the map checks) are kept; legacy names become ``layers.0.*`` / ``fc_norm.{i}``; a draft
-flag the engine does not implement is a ConfigError (profile ``check_flags``); a speculators layer ``i >= 1``
-has its ``input_layernorm`` also written as ``hidden_norm`` (SGLang's later layers normalise their input with
-``hidden_norm``; checked by the equivalence test with a 2-layer draft).
-The result is written atomically, validated (:func:`eagle3.convert.validate.validate`) before it is published, and
-SRC is only read.
+What conversion does (docs/ENGINE_FACTS.md §2, §3): aux ids go to
+``eagle_config.eagle_aux_hidden_state_layer_ids`` as ``hf_id - 1`` (missing ids: the EAGLE-3 default
+rule written out explicitly, which needs the target); ``target_hidden_size``, RoPE settings and
+``max_position_embeddings`` come from the target's config when ``target_dir`` is given;
+``tie_word_embeddings`` is false and ``draft_vocab_size`` explicit; ``d2t`` (and ``t2d``, which
+SGLang ignores, for the map checks) are kept; legacy names become ``layers.0.*`` / ``fc_norm.{i}``;
+a draft flag the engine does not implement is a ConfigError (profile ``check_flags``); a speculators
+layer ``i >= 1`` has its ``input_layernorm`` also written as ``hidden_norm`` (SGLang's later layers
+normalise their input with ``hidden_norm``; checked by the equivalence test with a 2-layer draft).
+The result is written atomically, validated (:func:`eagle3.convert.validate.validate`) before it is
+published, and SRC is only read.
 """
 
 from __future__ import annotations
@@ -37,9 +41,12 @@ from eagle3.engines.profile import EngineProfile
 from eagle3.engines.registry import default_version, get_profile
 from eagle3.errors import CheckpointInvalid, ConfigError, DataError, EngineUnsupported
 
-FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad")
-LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "num_hidden_layers", "hidden_act", "rms_norm_eps", "vocab_size", "bos_token_id", "eos_token_id",
+FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+              "embed_requires_grad")
+LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim",
+              "num_hidden_layers", "hidden_act", "rms_norm_eps", "vocab_size", "bos_token_id",
+              "eos_token_id",
               "pad_token_id", "attention_bias", "mlp_bias", "max_position_embeddings", "rope_theta",
               "rope_parameters", "rope_scaling", "initializer_range", "pretraining_tp")
 ROPE_KEYS = ("rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings")
@@ -47,21 +54,23 @@ SGLANG_ARCH = "LlamaForCausalLMEagle3"
 
 
 def detect_format(ck: Checkpoint) -> str:
-    """``"speculators"`` | ``"specforge"`` | ``"eagle"``; DataError naming what was seen otherwise."""
+    """``"speculators"`` | ``"specforge"`` | ``"eagle"``; DataError naming what was seen
+    otherwise."""
     cfg, names = ck.config, set(ck.tensors)
     kind = cfg.get("speculators_model_type")
     if kind == "eagle3":
         return "speculators"
     if kind is not None:
-        raise EngineUnsupported(f"{ck.path}/config.json speculators_model_type: expected 'eagle3', got {kind!r}")
+        raise EngineUnsupported(f"{ck.path}/config.json speculators_model_type: expected 'eagle3', "
+                                f"got {kind!r}")
     has_mid = any(n.startswith("midlayer.") for n in names)
     if has_mid and all(f.suffix == ".bin" for f in ck.weight_files):
         return "eagle"
     if SGLANG_ARCH in (cfg.get("architectures") or []) or has_mid:
         return "specforge"
-    raise DataError(f"{ck.path}: unknown draft format: expected speculators_model_type 'eagle3', architectures "
-                    f"['{SGLANG_ARCH}'] or midlayer.* tensors; got architectures {cfg.get('architectures')} and "
-                    f"tensors {sorted(names)[:6]}…")
+    raise DataError(f"{ck.path}: unknown draft format: expected speculators_model_type 'eagle3', "
+                    f"architectures ['{SGLANG_ARCH}'] or midlayer.* tensors; got architectures "
+                    f"{cfg.get('architectures')} and tensors {sorted(names)[:6]}…")
 
 
 def _target_cfg(target_dir: Path | None) -> dict | None:
@@ -70,15 +79,16 @@ def _target_cfg(target_dir: Path | None) -> dict | None:
 
 def _default_hf_ids(tcfg: dict | None, field: str) -> list[int]:
     if tcfg is None:
-        raise ConfigError(f"{field}: missing in the draft config; give --target so the EAGLE-3 default "
-                          f"[2, L//2, L-3] can be written explicitly (got no target)")
+        raise ConfigError(f"{field}: missing in the draft config; give --target so the EAGLE-3 "
+                          "default [2, L//2, L-3] can be written explicitly (got no target)")
     from eagle3.target_model import default_aux_layer_ids
 
     return default_aux_layer_ids(int(tcfg["num_hidden_layers"]))
 
 
 def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int) -> list[str]:
-    """target_hidden_size, RoPE and context from the target; returns the keys whose value changed."""
+    """target_hidden_size, RoPE and context from the target; returns the keys whose value
+    changed."""
     if tcfg is None:
         out["target_hidden_size"] = int(out.get("target_hidden_size") or fallback_hidden)
         return []
@@ -91,17 +101,22 @@ def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int) -> list[st
     return [k for k in ROPE_KEYS if before.get(k) != out.get(k) and before.get(k) is not None]
 
 
-def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict, dict, dict]:
+def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict,
+                                                                                          dict,
+                                                                                          dict]:
     cfg = ck.config
     tl = cfg.get("transformer_layer_config")
     if not isinstance(tl, dict):
-        raise DataError(f"{ck.path}/config.json transformer_layer_config: expected an object, got {tl!r}")
+        raise DataError(f"{ck.path}/config.json transformer_layer_config: expected an object, got "
+                        f"{tl!r}")
     if tl.get("model_type", "llama") != "llama":
-        raise EngineUnsupported(f"{ck.path}/config.json transformer_layer_config.model_type: {profile.engine} "
-                                f"{profile.version}'s {SGLANG_ARCH} computes a Llama layer, got {tl['model_type']!r}")
+        raise EngineUnsupported(f"{ck.path}/config.json transformer_layer_config.model_type: "
+                                f"{profile.engine} {profile.version}'s {SGLANG_ARCH} computes a "
+                                f"Llama layer, got {tl['model_type']!r}")
     flags = {k: trained_flag(cfg, k, f"{ck.path}/config.json") for k in FLAG_NAMES}
     profile.check_flags(flags)
-    hf_ids = cfg.get("eagle_aux_hidden_state_layer_ids") or _default_hf_ids(tcfg, "eagle_aux_hidden_state_layer_ids")
+    hf_ids = cfg.get("eagle_aux_hidden_state_layer_ids") or _default_hf_ids(tcfg,
+                                                                            "eagle_aux_hidden_state_layer_ids")
     out = {k: tl[k] for k in LLAMA_KEYS if k in tl}
     out.update(architectures=[SGLANG_ARCH], model_type="llama", tie_word_embeddings=False,
                draft_vocab_size=int(cfg.get("draft_vocab_size") or tl["vocab_size"]))
@@ -114,7 +129,8 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
             renamed[name] = "(dropped: training-only)"
             continue
         m = re.fullmatch(r"layers\.(\d+)\.input_layernorm\.weight", name)
-        if m and int(m.group(1)) >= 1:  # SGLang's later layers read hidden_norm; input_layernorm kept (unused)
+        # SGLang's later layers read hidden_norm; input_layernorm kept (unused)
+        if m and int(m.group(1)) >= 1:
             tensors[f"layers.{m.group(1)}.hidden_norm.weight"] = t
             renamed[name] = f"{name} + layers.{m.group(1)}.hidden_norm.weight (copy)"
         tensors[name] = t
@@ -123,13 +139,16 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
     return out, tensors, {"hf_ids": list(hf_ids), "trained_flags": trained, "renamed": renamed}
 
 
-def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict, dict, dict]:
+def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict,
+                                                                                          dict,
+                                                                                          dict]:
     cfg = dict(ck.config)
     eagle = dict(cfg.get("eagle_config") or {})
     engine_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     hf_ids = profile.engine_to_hf_ids(engine_ids) if engine_ids else \
         _default_hf_ids(tcfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
-    where = f"{ck.path}/config.json"  # a flag nested under eagle_config counts where it is: SpecForge writes it there
+    # a flag nested under eagle_config counts where it is: SpecForge writes it there
+    where = f"{ck.path}/config.json"
     flags = {name: bool(trained_flag(cfg, name, where)) for name in
              ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")}
     profile.check_flags(flags)
@@ -152,41 +171,46 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
 
 
 def _vocab_padded(src_manifest: dict) -> bool:
-    """True when training recorded an explicit pad decision (draft slots beyond the data's distinct tokens)."""
+    """True when training recorded an explicit pad decision (draft slots beyond the data's distinct
+    tokens)."""
     vocab = src_manifest.get("vocab") or {}
     n_data, size = vocab.get("num_from_data"), vocab.get("draft_vocab_size")
-    return bool(src_manifest.get("vocab_padded")) or (isinstance(n_data, int) and isinstance(size, int)
+    return bool(src_manifest.get("vocab_padded")) or (isinstance(n_data, int) and isinstance(size,
+                                                                                             int)
                                                        and n_data < size)
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path),
+              metadata={"format": "pt"})
 
 
 def check_destination(src: Path, dst: Path) -> None:
     """Refuse a DST whose replacement would destroy anything but an earlier conversion.
 
-    DST may not exist, be an empty directory, or be an earlier serving checkpoint (``manifest.json`` of kind
-    ``serving_checkpoint``), which is replaced only once the new one is complete. Raises ConfigError for DST
-    equal to SRC, inside SRC, an ancestor of SRC, a file, or a non-empty directory of anything else.
+    DST may not exist, be an empty directory, or be an earlier serving checkpoint (``manifest.json``
+    of kind ``serving_checkpoint``), which is replaced only once the new one is complete. Raises
+    ConfigError for DST equal to SRC, inside SRC, an ancestor of SRC, a file, or a non-empty
+    directory of anything else.
     """
     if src == dst or src in dst.parents:
         raise ConfigError(f"convert: DST {dst} must be outside SRC {src} (SRC is never modified)")
     if dst in src.parents:
         raise ConfigError(f"convert: DST {dst} contains SRC {src}; replacing it would delete SRC")
     if dst.exists() and not dst.is_dir():
-        raise ConfigError(f"convert: DST {dst} is an existing file; expected a new or empty directory")
+        raise ConfigError(f"convert: DST {dst} is an existing file; expected a new or empty "
+                          "directory")
     if dst.is_dir() and any(dst.iterdir()):
         try:
             kind = json.loads((dst / "manifest.json").read_text()).get("kind")
         except (OSError, ValueError, AttributeError):
             kind = None
         if kind != "serving_checkpoint":
-            raise ConfigError(f"convert: DST {dst} is a non-empty directory that is not an earlier serving "
-                              f"checkpoint (manifest kind: expected 'serving_checkpoint', got {kind!r}); "
-                              "choose a new directory or empty it first")
+            raise ConfigError(f"convert: DST {dst} is a non-empty directory that is not an earlier "
+                              "serving checkpoint (manifest kind: expected 'serving_checkpoint', "
+                              f"got {kind!r}); choose a new directory or empty it first")
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,

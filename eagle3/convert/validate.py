@@ -1,71 +1,62 @@
 """Every check of a serving checkpoint that can be made from files (docs/FAILURE_CLASSES.md).
 
-``validate(ckpt_dir, target_dir=..., engine=..., data_manifest=...)`` returns a list of :class:`Problem`
-(empty = valid). The tensor checks replay the engine's loader from its profile
-(:mod:`eagle3.engines.profile`): every tensor must fill a parameter the engine has (SGLang skips unknown
-names in silence), every parameter the engine reads must be filled (else it keeps its random init), and
+``validate(ckpt_dir, target_dir=..., data_manifest=...)`` returns a list of :class:`Problem` (empty
+= valid). The tensor checks replay the engine's loader from its profile
+(:mod:`eagle3.engines.profile`): every tensor must fill a parameter the engine has (SGLang skips
+unknown names in silence), every parameter it reads must be filled (else it keeps its random init),
 shapes must agree with the config. Codes, by failure class:
 
-    1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD
-    4 NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED, EMBED_SHARING_SPLIT (vLLM)
-    5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG, UNKNOWN_FLAG   6 VOCAB_MAP_MISSING
-    7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH   8 VOCAB_DATA_TOO_SMALL   9 VOCAB_MAP_CHANGED
-    10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED
-    11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE   13 ROPE_MISMATCH, CONTEXT_LENGTH
-    14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH, TARGET_WEIGHTS_MISMATCH   15/16 DATA_INVALID
-    22 ARCHITECTURE (the draft class must come first)   26 CONFIG_FIELD (numbers out of range, checked first)
+    1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD 4
+    NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED 5 UNSUPPORTED_FLAG, FLAG_MISMATCH,
+    NESTED_FLAG, UNKNOWN_FLAG   6 VOCAB_MAP_MISSING 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH   8
+    VOCAB_DATA_TOO_SMALL   9 VOCAB_MAP_CHANGED 10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE,
+    AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED 11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE
+    13 ROPE_MISMATCH, CONTEXT_LENGTH 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
+    TARGET_WEIGHTS_MISMATCH 15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26
+    CONFIG_FIELD (numbers out of range)
 
-Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable target).
-Target checks need ``target_dir``; data checks need ``data_manifest`` (the extraction manifest).
+Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
+target). Target checks need ``target_dir``; data checks need ``data_manifest``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from eagle3.convert import checks, flag_checks
 from eagle3.convert.checkpoint import Problem, Target, read_checkpoint
-from eagle3.convert.embed_checks import check_embedding
 from eagle3.engines.bounds import out_of_bounds
-from eagle3.engines.registry import default_version, get_profile
+from eagle3.engines.registry import get_profile
 
 
 def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engine: str = "sglang",
-             data_manifest: dict | None = None, version: str | None = None, aux_capture: bool = True,
-             tp_size: int = 1, decisions: dict | None = None) -> list[Problem]:
-    """All file-checkable problems of a serving checkpoint for ``engine`` (see the module docstring).
+             data_manifest: dict | None = None, version: str | None = None,
+             aux_capture: bool = True) -> list[Problem]:
+    """All file-checkable problems of a serving checkpoint for ``engine`` (module docstring).
 
-    Args:
-        ckpt_dir: the serving checkpoint (``config.json``, weights, optional ``manifest.json``).
-        target_dir: the target's HF folder; enables embedding, hidden size, RoPE, context, layer-range,
-            aux-capture and vocab-size checks.
-        engine, version: the engine profile (default version: the pinned one, SGLang 0.5.23).
-        data_manifest: the extraction manifest (kind ``hidden_states``); enables aux-id, chat-template,
-            tokenizer, target identity (config and weights) and vocabulary-size-vs-data checks.
-        aux_capture: check that the target's class captures aux states in ``engine`` (class 11); the pipeline
-            leaves that to the pre-flight (:mod:`eagle3.serve.deploy_check`), which knows the serving engine.
-        tp_size: the deployment's tensor-parallel size (vLLM decides the embedding per rank).
-        decisions: a dict that receives the engine's recorded decisions (vLLM: ``"embedding"``).
-    Raises DataError only when an input cannot be read; EngineUnsupported for an engine without a profile.
+    ``ckpt_dir``: ``config.json``, weights, optional ``manifest.json``. ``target_dir``: the target's
+    HF folder (embedding, hidden size, RoPE, context, layer range, aux capture, vocab size).
+    ``version``: the profile's release (None: the pinned one). ``data_manifest``: the extraction
+    manifest (aux ids, chat template, tokenizer, target identity, vocabulary vs data).
+    ``aux_capture``: check the target class's capture here (class 11); the pipeline leaves it to the
+    pre-flight (:mod:`eagle3.serve.preflight`), which knows the serving engine. Raises DataError
+    when an input cannot be read; EngineUnsupported for an unknown engine/release.
     """
-    profile = get_profile(engine, version or default_version(engine))
-    raw = read_checkpoint(ckpt_dir)
-    ck = replace(raw, config=profile.config_view(raw.config))  # model fields where this engine reads them
+    profile = get_profile(engine, version)
+    ck = read_checkpoint(ckpt_dir)
     target = Target.read(target_dir) if target_dir is not None else None
-    problems: list[Problem] = []
-    problems += checks.check_architecture(ck, profile)
-    if problems and raw.config.get("speculators_model_type") and profile.engine == "sglang":
-        return problems  # a training output not converted yet: every other finding would only follow from that
-    problems += checks.check_flags(ck, profile)
-    problems += flag_checks.check_nested_flags(raw.config, profile)
-    problems += flag_checks.check_unknown_flags(raw.config, profile)
+    problems = checks.check_architecture(ck, profile)
+    if problems and ck.config.get("speculators_model_type"):
+        return problems  # not converted yet: every other finding would only follow from that
+    problems += flag_checks.check_flags(ck, profile)
+    problems += flag_checks.check_nested_flags(ck.config, profile)
+    problems += flag_checks.check_unknown_flags(ck.config, profile)
     numbers = [Problem("CONFIG_FIELD", m) for m in out_of_bounds(ck.config)]
     if numbers:  # every later check sizes loops and shapes from these numbers
         return problems + numbers
     problems += checks.check_tensors(ck, profile)
     problems += checks.check_values(ck)
-    problems += check_embedding(ck, profile, target, tp_size=tp_size, decisions=decisions)
+    problems += checks.check_embedding(ck, target)
     problems += checks.check_vocab_map(ck, profile)
     problems += checks.check_aux_ids(ck, profile, target, data_manifest)
     if target is not None:

@@ -1,5 +1,3 @@
-"""Serving engines' pinned facts, one folder per engine (``sglang/``, ``vllm/``): the declarative loader
-profile, conventions (aux-id translation), and for SGLang its draft forward and interpreter.
-
-``eagle3.engines.registry.get_profile(engine, version)`` is the entry point; ``profile`` holds the types.
-"""
+"""The serving engine's pinned facts (``sglang/``): the declarative loader profile and its types,
+the serving settings it really runs, and its draft forward, interpreter and source.
+``eagle3.engines.registry.get_profile(engine, version)`` is the entry point."""

@@ -1,9 +1,10 @@
-"""What a stuck or dead server looked like: stack dumps, GPU state, log tails, saved as run artifacts.
+"""What a stuck or dead server looked like: stack dumps, GPU state, log tails, saved as run
+artifacts.
 
-``collect_diagnostics`` is called by the readiness gate and the benchmark watchdog *before* the process group
-is ended, so the stacks show where every process of the tree was waiting. Each collector has its own time
-limit and records its own failure (py-spy missing, permission denied, no GPU) instead of raising: a failed
-diagnostic never hides the verdict it explains.
+``collect_diagnostics`` is called by the readiness gate and the benchmark watchdog *before* the
+process group is ended, so the stacks show where every process of the tree was waiting. Each
+collector has its own time limit and records its own failure (py-spy missing, permission denied, no
+GPU) instead of raising: a failed diagnostic never hides the verdict it explains.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ NVSMI_TIMEOUT_S = 10.0
 def _run(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
     """Run a short command; (exit code or None on timeout, stdout+stderr text)."""
     try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                            stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout,
+                                                                       bytes) else (e.stdout or "")
         return None, out + f"\n[timed out after {timeout_s:.0f} s]"
     except OSError as e:
         return None, f"[could not run {argv[0]}: {e}]"
@@ -45,13 +48,15 @@ def nvidia_smi() -> str | None:
 
 
 def gpu_sample() -> list[dict] | None:
-    """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}`` (ints, % and
-    MiB as nvidia-smi reports them). ``pids`` maps GPU uuid → pids of compute processes on it.
-    None when there is no ``nvidia-smi`` or it fails (no GPU): the GPU signal is then simply absent."""
+    """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}``
+    (ints, % and MiB as nvidia-smi reports them). ``pids`` maps GPU uuid → pids of compute processes
+    on it. None when there is no ``nvidia-smi`` or it fails (no GPU): the GPU signal is then simply
+    absent."""
     exe = nvidia_smi()
     if exe is None:
         return None
-    code, out = _run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"], NVSMI_TIMEOUT_S)
+    code, out = _run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+                     NVSMI_TIMEOUT_S)
     if code != 0:
         return None
     gpus = []
@@ -61,10 +66,12 @@ def gpu_sample() -> list[dict] | None:
             continue
         try:
             gpus.append({"index": int(parts[0]), "uuid": parts[1], "util_pct": _num(parts[2]),
-                         "mem_used_mib": _num(parts[3]), "mem_total_mib": _num(parts[4]), "pids": []})
+                         "mem_used_mib": _num(parts[3]), "mem_total_mib": _num(parts[4]),
+                         "pids": []})
         except ValueError:
             continue
-    code, out = _run([exe, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"], NVSMI_TIMEOUT_S)
+    code, out = _run([exe, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
+                     NVSMI_TIMEOUT_S)
     if code == 0:
         by_uuid = {g["uuid"]: g for g in gpus}
         for line in out.strip().splitlines():
@@ -80,7 +87,8 @@ def _num(text: str) -> int:
 
 
 def log_tail(path: str | Path, max_lines: int = 200, max_bytes: int = 256 * 1024) -> str:
-    """The last ``max_lines`` lines (at most ``max_bytes`` bytes) of a log file; '' if it does not exist."""
+    """The last ``max_lines`` lines (at most ``max_bytes`` bytes) of a log file; '' if it does not
+    exist."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -99,7 +107,8 @@ def pyspy_exe() -> str | None:
 
 
 def pyspy_dump(pid: int, timeout_s: float = PYSPY_TIMEOUT_S) -> str:
-    """``py-spy dump`` of one process (all threads, with locals off). The text says why when it failed."""
+    """``py-spy dump`` of one process (all threads, with locals off). The text says why when it
+    failed."""
     exe = pyspy_exe()
     if exe is None:
         return f"[py-spy not installed: no stack dump of pid {pid}]"
@@ -118,13 +127,16 @@ def _proc_info(p: psutil.Process) -> dict:
         return {"pid": p.pid, "error": type(e).__name__}
 
 
-def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None, log_paths: Iterable[str | Path] = (),
+def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
+                        log_paths: Iterable[str | Path] = (),
                         reason: str = "", extra: dict | None = None) -> dict:
-    """Save what the server looks like now under ``out_dir`` and return the index (also ``index.json``).
+    """Save what the server looks like now under ``out_dir`` and return the index (also
+    ``index.json``).
 
-    Files: ``processes.json`` (psutil view of the tree of ``pid`` and of the members of its process group),
-    ``pyspy-<pid>.txt`` (one stack dump per process of the tree), ``gpu.txt`` (``nvidia-smi`` plain output) and ``gpu.json`` where a GPU exists,
-    ``tail-<log name>.txt`` (last 200 lines of each log). Never raises for a collector that fails.
+    Files: ``processes.json`` (psutil view of the tree of ``pid`` and of the members of its process
+    group), ``pyspy-<pid>.txt`` (one stack dump per process of the tree), ``gpu.txt``
+    (``nvidia-smi`` plain output) and ``gpu.json`` where a GPU exists, ``tail-<log name>.txt`` (last
+    200 lines of each log). Never raises for a collector that fails.
     """
     t0 = time.monotonic()
     out = Path(out_dir)

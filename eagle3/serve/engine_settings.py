@@ -1,11 +1,12 @@
-"""What the running engine really runs, read back after the readiness gate and before the benchmark (class 23).
+"""What the running engine really runs, read back after the readiness gate and before the benchmark
+(failure class 23).
 
-SGLang 0.5.23's ``/server_info`` returns its *resolved* settings (:mod:`eagle3.engines.sglang.serving`): after the
-launch this says which scheduler the engine got and whether it changed the speculative settings or the number
-of requests it runs at once. :func:`check_running_settings` writes the comparison to
-``<deploy_dir>/engine_settings.json`` and refuses a server that does not run what the benchmark would report
-(ConfigError naming the setting, what was asked and what runs). Keys a server does not report (the reference
-engine has no scheduler or request limit) are recorded as unreported, never as changes.
+SGLang's ``/server_info`` returns its *resolved* settings (:mod:`eagle3.engines.sglang.serving`):
+which scheduler the engine got and whether it changed the speculative settings or the number of
+requests it runs at once. :func:`check_running_settings` writes the comparison to
+``<deploy_dir>/engine_settings.json`` and refuses a server that does not run what the benchmark
+would report. Keys a server does not report (the reference engine has no scheduler or request limit)
+are recorded as unreported, never as changes.
 """
 
 from __future__ import annotations
@@ -16,27 +17,19 @@ from typing import Any
 
 import httpx
 
-from eagle3.engines.sglang.serving import SPEC_DEFAULT_MAX_RUNNING_REQUESTS, compare_server_info, running_problems
+from eagle3.engines.sglang.serving import asked_settings, compare_server_info, running_problems
 from eagle3.errors import ConfigError
-
-
-def asked_settings(cfg: Any, engine: str) -> dict:
-    """The settings the launch asked for, in ``/server_info``'s names (None: not asked)."""
-    s = cfg.serve
-    asked = {"speculative_num_steps": s.speculative_num_steps, "speculative_eagle_topk": s.speculative_eagle_topk,
-             "speculative_num_draft_tokens": s.speculative_num_draft_tokens, "max_running_requests": None}
-    if engine == "sglang":
-        asked["max_running_requests"] = s.max_running_requests or SPEC_DEFAULT_MAX_RUNNING_REQUESTS
-    return asked
 
 
 def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Path, *,
                            timeout_s: float = 10.0) -> dict:
-    """``GET <url>/server_info`` (``/get_server_info`` as fallback), compared with :func:`asked_settings`.
+    """``GET <url>/server_info`` (``/get_server_info`` as fallback) against what the launch asked
+    (:func:`~eagle3.engines.sglang.serving.asked_settings`).
 
-    Returns and writes ``{"engine", "asked", "reported", "changed", "scheduler"}``. Raises ConfigError when a
-    speculative setting or the request limit differs from what was asked, or the server's own report shows it
-    cannot measure ``bench.concurrency`` requests for real (:func:`running_problems`).
+    Returns and writes ``{"engine", "asked", "reported", "changed", "scheduler",
+    "server_info_found"}``. ConfigError when a speculative setting or the request limit differs from
+    what was asked, or the server's own report shows it cannot measure ``bench.concurrency``
+    requests for real (:func:`~eagle3.engines.sglang.serving.running_problems`).
     """
     info = None
     with httpx.Client(timeout=timeout_s) as client:
@@ -51,15 +44,18 @@ def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Pa
                 except ValueError:
                     info = None
                 break
-    asked = asked_settings(cfg, engine)
+    asked = asked_settings(cfg.serve, engine)
     cmp = compare_server_info(info or {}, asked)
     record = {"engine": engine, "asked": asked, **cmp, "server_info_found": info is not None}
     out = Path(deploy_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_settings.json").write_text(json.dumps(record, indent=2, default=str))
-    problems = [f"{k}: asked {v['asked']}, the engine runs {v['running']}" for k, v in cmp["changed"].items()]
+    problems = [f"{k}: asked {v['asked']}, the engine runs {v['running']}"
+                for k, v in cmp["changed"].items()]
     problems += running_problems(info, cfg.bench.concurrency)
     if problems:
-        raise ConfigError(f"engine at {url} does not run what was asked ({out / 'engine_settings.json'}): "
-                          + "; ".join(problems) + "; the benchmark would not measure what it reports")
+        raise ConfigError(f"engine at {url} does not run what was asked "
+                          f"({out / 'engine_settings.json'}): "
+                          + "; ".join(problems) + "; the benchmark would not measure what it "
+                                                  "reports")
     return record

@@ -1,17 +1,18 @@
-"""Engine launcher: builds the engine's command line from ``cfg.serve``, starts it in its own process group,
-and ends the whole group on exit (terminate, wait, kill; never by name) — or, if this process dies first,
-whatever killed it, the engine's parent watch does (:mod:`eagle3.serve.supervise`).
+"""Engine launcher: builds the engine's command line from ``cfg.serve``, starts it in its own
+process group, and ends the whole group on exit (terminate, wait, kill; never by name); if this
+process dies first, whatever killed it, the engine's parent watch does
+(:mod:`eagle3.serve.supervise`).
 
-Engines (``cfg.serve.engine``): ``sglang`` — ``python -m sglang.launch_server`` (SGLang 0.5.23's flags, read
-from its released source: ``--tp-size``, ``--cuda-graph-max-bs-decode``; the deprecated but accepted
-``--disable-cuda-graph``); ``reference`` — the CPU reference engine, ``python -m refengine.launch_server`` with
-the same SGLang-style flags (only those it implements); ``auto`` — sglang where a GPU and an importable SGLang
-exist, else reference.
+Engines (``cfg.serve.engine``): ``sglang``: ``python -m sglang.launch_server`` with the flags of
+:data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`; ``reference``: the CPU reference engine,
+``python -m refengine.launch_server`` with those of the same flags it implements; ``auto``: sglang
+where a GPU and an importable SGLang exist, else reference.
 
-``launch_engine`` is the low-level context manager (start → yield → stop). ``launch_ready`` adds the readiness
-gate, raises ``GateFailed`` on any verdict other than ready (after diagnostics, with the group ended), and
-retries once after a crash during CUDA-graph capture (``serve.retry_without_cuda_graph``: relaunched with CUDA
-graphs disabled, logged as such) or a lost race for an automatically chosen port.
+``launch_engine`` is the low-level context manager (start → yield → stop). ``launch_ready`` adds the
+readiness gate, raises ``GateFailed`` on any verdict other than ready (after diagnostics, with the
+group ended), and retries once after a crash during CUDA-graph capture
+(``serve.retry_without_cuda_graph``: relaunched with CUDA graphs disabled, logged as such) or a lost
+race for an automatically chosen port.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from typing import Callable, Iterator
 
 from eagle3.config import RunConfig
 from eagle3.redaction import redact
-from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
-from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
-from eagle3.engines.sglang.serving import simulated_acceptance
+from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
+                                               sglang_unusable_reason)
+from eagle3.engines.sglang.profile import VERSION
+from eagle3.engines.sglang.serving import launch_args, reference_refusals, simulation_problem
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, nvidia_smi
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
@@ -39,7 +41,8 @@ from eagle3.serve.readiness import GateResult, wait_ready
 from eagle3.serve.supervise import command as supervised
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_CRASH = re.compile(r"Capture cuda graph failed|CUDA graph capture fail|cuda_graph_runner.*Error", re.I)
+CUDA_GRAPH_CRASH = re.compile(r"Capture cuda graph failed|CUDA graph capture "
+                              r"fail|cuda_graph_runner.*Error", re.I)
 CAPTURING = re.compile(r"Capturing batches|capture_cuda_graph|cuda graph", re.I)
 PORT_IN_USE = re.compile(r"address already in use|Errno 98", re.I)
 CommandBuilder = Callable[[RunConfig, Path, "Path | None", int], "tuple[list[str], dict[str, str]]"]
@@ -67,8 +70,9 @@ def reference_device(device: str) -> str:
 
 
 def resolve_engine(cfg: RunConfig) -> str:
-    """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine`` (``auto``: sglang when a GPU and an importable
-    SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python cannot import it."""
+    """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine`` (``auto``: sglang when a GPU and an
+    importable SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python
+    cannot import it."""
     engine = cfg.serve.engine
     if engine == "reference":
         return engine
@@ -76,87 +80,71 @@ def resolve_engine(cfg: RunConfig) -> str:
     if engine == "sglang":
         if not has_sglang:
             raise EngineUnsupported(f"serve.engine is 'sglang' but serve.sglang_python: "
-                                    f"{sglang_unusable_reason(sglang_python(cfg))}; expected the Python of an "
-                                    f"environment with sglang=={SGLANG_VERSION} (make sglang-env)")
+                                    f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
+                                    "Python of an "
+                                    f"environment with sglang=={VERSION} (make sglang-env)")
         return engine
     return "sglang" if has_sglang and gpu_present() else "reference"
-
-
-def _spec_flags(cfg: RunConfig, draft_dir: Path | None) -> list[str]:
-    if draft_dir is None:
-        return []
-    s = cfg.serve
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft_dir),
-            "--speculative-num-steps", str(s.speculative_num_steps), "--speculative-eagle-topk",
-            str(s.speculative_eagle_topk), "--speculative-num-draft-tokens", str(s.speculative_num_draft_tokens)]
 
 
 def _check_extra_args(generated: list[str], extra: list[str]) -> None:
     ours = {a.split("=", 1)[0] for a in generated if a.startswith("--")}
     dup = sorted({a.split("=", 1)[0] for a in extra if a.startswith("--")} & ours)
     if dup:
-        raise ConfigError(f"serve.extra_args: {dup} are already set from serve.* fields; expected only flags the "
-                          f"launcher does not generate, got extra_args={extra}")
+        raise ConfigError(f"serve.extra_args: {dup} are already set from serve.* fields; expected "
+                          f"only flags the launcher does not generate, got extra_args={extra}")
 
 
 def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, port: int,
                   engine: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The engine's argv and the environment variables to add to this process's environment.
 
-    ``draft_dir`` None serves the target alone (no speculative flags: a baseline server). ``engine`` None =
-    :func:`resolve_engine`. Env always has ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal), for the
-    reference engine on a CPU ``OMP_NUM_THREADS=serve.cpu_threads``, then ``serve.env``. Raises ConfigError for
-    ``serve.extra_args`` repeating a generated flag, EngineUnsupported for
-    a setting the reference engine cannot honour (``serve.tp`` > 1, ``mem_fraction_static``,
-    ``cuda_graph_max_bs``); ``disable_cuda_graph`` turns its fast path's CUDA graphs off.
+    ``draft_dir`` None serves the target alone (no speculative flags: a baseline server). ``engine``
+    None = :func:`resolve_engine`. Env: ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal),
+    for the reference engine on a CPU ``OMP_NUM_THREADS=serve.cpu_threads``, then ``serve.env``.
+    Raises ConfigError for ``serve.extra_args`` repeating a generated flag or a simulated-acceptance
+    variable in SGLang's environment; EngineUnsupported for a setting the reference engine cannot
+    honour.
     """
     s = cfg.serve
     engine = engine or resolve_engine(cfg)
-    draft = Path(draft_dir) if draft_dir is not None else None
-    common = ["--model-path", str(target_dir), *_spec_flags(cfg, draft), "--host", s.host, "--port", str(port)]
+    spec = [] if draft_dir is None else ["--speculative-algorithm", "EAGLE3",
+                                         "--speculative-draft-model-path", str(draft_dir)]
+    common = ["--model-path", str(target_dir), *spec, "--host", s.host, "--port", str(port),
+              *launch_args(s, draft=draft_dir is not None, engine=engine)]
     if engine == "sglang":
-        argv = [sglang_python(cfg), "-m", "sglang.launch_server", *common, "--tp-size", str(s.tp),
-                "--dtype", s.dtype, "--enable-metrics"]
-        if s.max_running_requests is not None:
-            argv += ["--max-running-requests", str(s.max_running_requests)]
-        if cfg.data.chat_template_kwargs:  # the template switches the draft was trained with, for chat requests
-            argv += ["--default-chat-template-kwargs", json.dumps(cfg.data.chat_template_kwargs, sort_keys=True)]
-        if s.mem_fraction_static is not None:
-            argv += ["--mem-fraction-static", str(s.mem_fraction_static)]
-        if s.disable_cuda_graph:
-            argv += ["--disable-cuda-graph"]
-        if s.cuda_graph_max_bs is not None:
-            argv += ["--cuda-graph-max-bs-decode", str(s.cuda_graph_max_bs)]
+        argv = [sglang_python(cfg), "-m", "sglang.launch_server", *common, "--dtype", s.dtype,
+                "--enable-metrics"]
+        if cfg.data.chat_template_kwargs:  # the template switches the draft was trained with
+            argv += ["--default-chat-template-kwargs",
+                     json.dumps(cfg.data.chat_template_kwargs, sort_keys=True)]
     elif engine == "reference":
-        unsupported = {k: v for k, v in (("serve.tp", s.tp if s.tp != 1 else None),
-                                         ("serve.mem_fraction_static", s.mem_fraction_static),
-                                         ("serve.cuda_graph_max_bs", s.cuda_graph_max_bs),
-                                         ("serve.max_running_requests", s.max_running_requests)) if v is not None}
-        if unsupported:
-            raise EngineUnsupported(f"the CPU reference engine cannot honour {unsupported}; expected serve.tp=1 and "
-                                    f"mem_fraction_static/cuda_graph_max_bs/max_running_requests unset (SGLang "
-                                    f"settings)")
+        bad = reference_refusals(s)
+        if bad:
+            raise EngineUnsupported(f"the CPU reference engine cannot honour {bad}; expected "
+                                    "serve.speculative_eagle_topk 1, serve.tp 1 and "
+                                    "mem_fraction_static/cuda_graph_max_bs/max_running_requests "
+                                    "unset (SGLang settings)")
         from eagle3.precision import resolve_dtype
 
         device = reference_device(s.device)
         argv = [sys.executable, "-m", "refengine.launch_server", *common, "--device", device,
                 "--dtype", resolve_dtype(s.dtype, device)]
-        if s.disable_cuda_graph:
-            argv += ["--disable-cuda-graph"]
     else:
-        raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or 'reference'")
-    if s.context_length is not None:
-        argv += ["--context-length", str(s.context_length)]
+        raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or "
+                                "'reference'")
     _check_extra_args(argv, s.extra_args)
     threads = {}
     if engine == "reference" and s.cpu_threads is not None and reference_device(s.device) == "cpu":
-        threads = {"OMP_NUM_THREADS": str(s.cpu_threads)}  # torch's CPU thread count (serve.env may override it)
+        # torch's CPU threads (serve.env may override)
+        threads = {"OMP_NUM_THREADS": str(s.cpu_threads)}
     env = {"PYTHONUNBUFFERED": "1", **threads, **s.env}
-    sim = simulated_acceptance({**os.environ, **env}) if engine == "sglang" else None
-    if sim is not None:
-        where = "serve.env" if sim[0] in s.env else "this process's environment"
-        raise ConfigError(f"{sim[0]}={sim[1]!r} in the server's environment ({where}): expected unset, SGLang would "
-                          f"report a simulated acceptance length; no measured figure may come from such a server")
+    if engine == "sglang":
+        inherited = {k: v for k, v in os.environ.items() if k not in s.env}
+        for src, where in ((s.env, "serve.env"), (inherited, "this process's environment")):
+            problem = simulation_problem(src, f"the server's environment ({where})")
+            if problem:
+                raise ConfigError(problem)
     return argv + list(s.extra_args), env
 
 
@@ -164,10 +152,12 @@ class EngineProcess:
     """A running engine (context manager: ``__exit__`` ends its process group).
 
     Attributes: ``engine``, ``argv``, ``env`` (the added variables), ``host``, ``port``, ``url``
-    (``http://host:port``), ``pid``, ``log_path``, ``returncode`` (after :meth:`stop`), ``stop_report``.
+    (``http://host:port``), ``pid``, ``log_path``, ``returncode`` (after :meth:`stop`),
+    ``stop_report``.
     """
 
-    def __init__(self, popen: subprocess.Popen, *, engine: str, argv: list[str], env: dict[str, str], host: str,
+    def __init__(self, popen: subprocess.Popen, *, engine: str, argv: list[str],
+                 env: dict[str, str], host: str,
                  port: int, log_path: Path, grace_s: float = 15.0):
         self.popen, self.engine, self.argv, self.env = popen, engine, argv, env
         self.host, self.port, self.log_path, self.grace_s = host, port, Path(log_path), grace_s
@@ -179,14 +169,16 @@ class EngineProcess:
         self._known: dict[int, float] = {}
 
     def remember_tree(self) -> None:
-        """Record the pids of the current tree, so members that are orphaned later are still ended."""
+        """Record the pids of the current tree, so members that are orphaned later are still
+        ended."""
         self._known.update(snapshot_tree(self.pid))
 
     def poll(self) -> int | None:
         return self.popen.poll()
 
     def stop(self) -> dict:
-        """End the group: SIGTERM, wait ``grace_s``, SIGKILL; reap. Idempotent; returns the stop report."""
+        """End the group: SIGTERM, wait ``grace_s``, SIGKILL; reap. Idempotent; returns the stop
+        report."""
         if self.stop_report is None:
             self.remember_tree()
             self.stop_report = terminate_tree(self.popen, self.grace_s, known_pids=self._known)
@@ -204,49 +196,61 @@ class EngineProcess:
         return f"EngineProcess({self.engine}, pid={self.pid}, url={self.url}, log={self.log_path})"
 
 
-def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int, log_path: str | Path,
+def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
+                 log_path: str | Path,
                  engine: str = "custom", grace_s: float = 15.0) -> EngineProcess:
-    """Start ``argv`` (environment = this one + ``env``) in its own process group, output to ``log_path``;
-    ``command.json`` (argv, added env with secret-looking values redacted, url) is written beside the log.
+    """Start ``argv`` (environment = this one + ``env``) in its own process group, output to
+    ``log_path``; ``command.json`` (argv, added env with secret-looking values redacted, url) is
+    written beside the log.
 
-    The engine runs under a parent watch (:mod:`eagle3.serve.supervise`): its group is ended within about a second
-    of this process's death by any cause (SIGKILL included), not only at exit through ``atexit``.
+    The engine runs under a parent watch (:mod:`eagle3.serve.supervise`): its group is ended within
+    about a second of this process's death by any cause (SIGKILL included), not only at exit through
+    ``atexit``.
     """
     log_path = Path(log_path)
-    popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s), {**os.environ, **env}, log_path)
-    proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port, log_path=log_path,
+    popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s),
+                        {**os.environ, **env}, log_path)
+    proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port,
+                         log_path=log_path,
                          grace_s=grace_s)
-    atexit.register(proc.stop)  # an interpreter that exits without leaving the with-block still ends the group
+    # an interpreter that exits without leaving the with-block still ends the group
+    atexit.register(proc.stop)
     record = {"engine": engine, "argv": argv, "env": redact(env), "url": proc.url, "pid": proc.pid}
     log_path.with_name(log_path.stem + ".command.json").write_text(json.dumps(record, indent=2))
     log.info("started %s", proc)
     return proc
 
 
-def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, log_dir: str | Path, *,
+def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None,
+                  log_dir: str | Path, *,
                   command_builder: CommandBuilder | None = None, log_name: str | None = None,
                   engine: str | None = None) -> EngineProcess:
-    """Start the configured engine for ``target_dir`` + ``draft_dir``; use as ``with launch_engine(...) as e``.
+    """Start the configured engine for ``target_dir`` + ``draft_dir``; use as ``with
+    launch_engine(...) as e``.
 
-    Port: ``serve.port``, else a free one. Log: ``<log_dir>/engine-<engine>.log`` (``log_name`` overrides).
-    ``command_builder`` replaces :func:`build_command` (tests); ``engine`` None = :func:`resolve_engine`
-    (``serve.engine`` as written when a command builder is given). Raises ConfigError/EngineUnsupported from
-    the command builder, TransientError when no free port can be found.
+    Port: ``serve.port``, else a free one. Log: ``<log_dir>/engine-<engine>.log`` (``log_name``
+    overrides). ``command_builder`` replaces :func:`build_command` (tests); ``engine`` None =
+    :func:`resolve_engine` (``serve.engine`` as written when a command builder is given). Raises
+    ConfigError/EngineUnsupported from the command builder, TransientError when no free port can be
+    found.
     """
     engine = engine or (resolve_engine(cfg) if command_builder is None else cfg.serve.engine)
-    port = cfg.serve.port or free_port(cfg.serve.host if cfg.serve.host not in ("0.0.0.0", "") else "127.0.0.1")
+    host = cfg.serve.host
+    port = cfg.serve.port or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
     if command_builder is None:
-        argv, env = build_command(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None, port, engine)
+        argv, env = build_command(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None,
+                                  port, engine)
     else:
-        argv, env = command_builder(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None, port)
+        argv, env = command_builder(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None,
+                                    port)
     log_path = Path(log_dir) / (log_name or f"engine-{engine}.log")
     return start_engine(argv, env, host=cfg.serve.host, port=port, log_path=log_path, engine=engine,
                         grace_s=cfg.serve.stop_grace_s)
 
 
 def is_cuda_graph_crash(log_text: str) -> bool:
-    """Whether a crashed engine's log shows a failure during CUDA-graph capture (SGLang's "Capture cuda graph
-    failed", or a traceback right after its "Capturing batches" progress lines)."""
+    """Whether a crashed engine's log shows a failure during CUDA-graph capture (SGLang's "Capture
+    cuda graph failed", or a traceback right after its "Capturing batches" progress lines)."""
     if CUDA_GRAPH_CRASH.search(log_text):
         return True
     lines = log_text.splitlines()
@@ -254,29 +258,35 @@ def is_cuda_graph_crash(log_text: str) -> bool:
     return tb is not None and any(CAPTURING.search(ln) for ln in lines[max(0, tb - 20):tb])
 
 
-def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path, retried: set[str]) -> tuple[str, RunConfig] | None:
+def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path,
+                retried: set[str]) -> tuple[str, RunConfig] | None:
     if gate.verdict != "crashed":
         return None
     text = log_tail(log_path, max_lines=400)
     s = cfg.serve
     if s.retry_without_cuda_graph and "cuda_graph" not in retried and not s.disable_cuda_graph \
             and is_cuda_graph_crash(text):
-        return "cuda_graph", cfg.model_copy(update={"serve": s.model_copy(update={"disable_cuda_graph": True})})
+        serve = s.model_copy(update={"disable_cuda_graph": True})
+        return "cuda_graph", cfg.model_copy(update={"serve": serve})
     if s.port is None and "port" not in retried and PORT_IN_USE.search(text):
         return "port", cfg
     return None
 
 
 @contextmanager
-def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, out_dir: str | Path, *,
-                 require_spec_fields: bool | None = None, command_builder: CommandBuilder | None = None,
+def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None,
+                 out_dir: str | Path, *,
+                 require_spec_fields: bool | None = None,
+                 command_builder: CommandBuilder | None = None,
                  use_gpu: bool = True) -> Iterator[tuple[EngineProcess, GateResult]]:
-    """Launch, pass the readiness gate, yield ``(engine, gate)``; the group is ended on exit in every case.
+    """Launch, pass the readiness gate, yield ``(engine, gate)``; the group is ended on exit in
+    every case.
 
-    Logs go to ``out_dir/engine-*.log``; the gate's ``gate.json`` and diagnostics to ``out_dir/diagnostics``
-    (``diagnostics-retry1`` for a retry); ``out_dir/attempts.json`` lists every attempt with its verdict,
-    phase timeline and retry reason. ``require_spec_fields`` None = only when a draft is served.
-    Raises GateFailed (verdict, diagnostics folder) when the last attempt is not ready.
+    Logs go to ``out_dir/engine-*.log``; the gate's ``gate.json`` and diagnostics to
+    ``out_dir/diagnostics`` (``diagnostics-retry1`` for a retry); ``out_dir/attempts.json`` lists
+    every attempt with its verdict, phase timeline and retry reason. ``require_spec_fields`` None =
+    only when a draft is served. Raises GateFailed (verdict, diagnostics folder) when the last
+    attempt is not ready.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -291,13 +301,16 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
         engine = launch_engine(cfg, target_dir, draft_dir, out, command_builder=command_builder,
                                log_name=f"engine-{name}{suffix}.log", engine=name)
         try:
-            gate = wait_ready(engine.url, pid=engine.pid, log_path=engine.log_path, timeout_s=s.startup_timeout_s,
+            gate = wait_ready(engine.url, pid=engine.pid, log_path=engine.log_path,
+                              timeout_s=s.startup_timeout_s,
                               stall_timeout_s=s.stall_timeout_s, poll_interval_s=s.poll_interval_s,
-                              probe_timeout_s=s.probe_timeout_s, diagnostics_dir=out / f"diagnostics{suffix}",
+                              probe_timeout_s=s.probe_timeout_s,
+                              diagnostics_dir=out / f"diagnostics{suffix}",
                               require_spec_fields=require, use_gpu=use_gpu)
             engine.remember_tree()
             plan = None if gate.ready else _retry_plan(cfg, gate, engine.log_path, retried)
-            attempts.append({"attempt": n, "argv": engine.argv, "verdict": gate.verdict, "phases": gate.phases,
+            attempts.append({"attempt": n, "argv": engine.argv, "verdict": gate.verdict,
+                             "phases": gate.phases,
                              "log": str(engine.log_path), "retry": plan[0] if plan else None})
             (out / "attempts.json").write_text(json.dumps(attempts, indent=2))
             if gate.ready:
@@ -309,8 +322,10 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
             raise
         engine.stop()
         if plan is None:
-            raise GateFailed(gate.summary(), verdict=gate.verdict, diagnostics_dir=gate.diagnostics_dir)
+            raise GateFailed(gate.summary(), verdict=gate.verdict,
+                             diagnostics_dir=gate.diagnostics_dir)
         reason, cfg = plan
         retried.add(reason)
         log.warning("engine crashed (%s); retrying once %s", reason,
-                    "with CUDA graphs disabled (--disable-cuda-graph)" if reason == "cuda_graph" else "on a new port")
+                    "with CUDA graphs disabled "
+                    "(--disable-cuda-graph)" if reason == "cuda_graph" else "on a new port")

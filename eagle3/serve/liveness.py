@@ -1,17 +1,19 @@
-"""Progress signals of a server process: is it doing *anything*, even while it answers nothing useful?
+"""Progress signals of a server process: is it doing *anything*, even while it answers nothing
+useful?
 
 Three signals, each optional (a missing source is simply not consulted):
 
 - log: the log file grew by something other than access-log lines of the gate's own requests
-  (uvicorn writes ``"GET /health_generate HTTP/1.1" 503`` for every poll; a hung server behind a live HTTP
-  front-end would otherwise look busy forever);
-- cpu: the process tree's CPU time grew by at least ``cpu_busy_fraction`` × wall time since the last sample
-  (default 5 % of one core: a sleeping server answering health polls uses well under 1 %);
-- gpu: a GPU used by the tree (by all GPUs when nvidia-smi shows none of the tree's pids, e.g. inside a
-  container's pid namespace) shows utilisation above 0 % or a change of used memory.
+  (uvicorn writes ``"GET /health_generate HTTP/1.1" 503`` for every poll; a hung server behind a
+  live HTTP front-end would otherwise look busy forever);
+- cpu: the process tree's CPU time grew by at least ``cpu_busy_fraction`` × wall time since the last
+  sample (default 5 % of one core: a sleeping server answering health polls uses well under 1 %);
+- gpu: a GPU used by the tree (by all GPUs when nvidia-smi shows none of the tree's pids, e.g.
+  inside a container's pid namespace) shows utilisation above 0 % or a change of used memory.
 
-A hang that spins (busy-waiting NCCL, an infinite Python loop) keeps the cpu or gpu signal alive and is
-only caught by the overall deadline; that is the documented limit of progress-based stall detection.
+A hang that spins (busy-waiting NCCL, an infinite Python loop) keeps the cpu or gpu signal alive and
+is only caught by the overall deadline; that is the documented limit of progress-based stall
+detection.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from pathlib import Path
 from eagle3.serve.diagnostics import gpu_sample
 from eagle3.procs import tree_cpu_seconds, tree_pids
 
-# Access-log lines caused by the gate's and the watchdog's own requests (uvicorn and http.server formats).
-GATE_NOISE = re.compile(r'"(GET|POST|HEAD) /(health_generate|health|ready|generate|get_server_info|server_info'
+# Access-log lines caused by the gate's and the watchdog's own requests (uvicorn and http.server
+# formats).
+GATE_NOISE = re.compile(r'"(GET|POST|HEAD) '
+                        r'/(health_generate|health|ready|generate|get_server_info|server_info'
                         r'|metrics)\b[^"]*"'
-                        # SGLang's HTTP front-end logs this every few seconds while the scheduler does not
-                        # answer (http_server.py, 0.5.23): a symptom of a hang, never a sign of progress.
+                        # SGLang's HTTP front-end logs this every few seconds while the scheduler
+                        # does not answer (http_server.py): a symptom of a hang, never a
+                        # sign of progress.
                         r"|Health check failed\. Server couldn't get a response from detokenizer")
 MAX_READ_BYTES = 1 << 20
 GPU_MIN_INTERVAL_S = 1.0
@@ -43,7 +48,8 @@ class ProgressMonitor:
         cpu_busy_fraction: CPU seconds per wall second (of one core) that count as progress.
     """
 
-    def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *, use_gpu: bool = True,
+    def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *,
+                 use_gpu: bool = True,
                  cpu_busy_fraction: float = 0.05):
         self.pid = pid
         self.log_path = Path(log_path) if log_path else None
@@ -59,12 +65,15 @@ class ProgressMonitor:
     @property
     def sources(self) -> list[str]:
         """Signal sources that can be observed for this server."""
-        return [name for name, ok in (("log", self.log_path is not None), ("cpu", self.pid is not None),
+        return [name for name,
+                ok in (("log", self.log_path is not None), ("cpu", self.pid is not None),
                                       ("gpu", self.gpu_available)) if ok]
 
     def sample(self) -> list[str]:
-        """Read every source once; the names of the signals that showed progress since the last call."""
-        progressed = [name for name, fn in (("log", self._log), ("cpu", self._cpu_grew), ("gpu", self._gpu))
+        """Read every source once; the names of the signals that showed progress since the last
+        call."""
+        progressed = [name for name,
+                      fn in (("log", self._log), ("cpu", self._cpu_grew), ("gpu", self._gpu))
                       if fn()]
         for name in progressed:
             self.counts[name] += 1
@@ -114,5 +123,6 @@ class ProgressMonitor:
         current = {g["uuid"]: (g["util_pct"], g["mem_used_mib"]) for g in mine}
         prev, self._gpu_prev = self._gpu_prev, current
         busy = any(util > 0 for util, _ in current.values())
-        changed = prev is not None and any(prev.get(k, (0, mem))[1] != mem for k, (_, mem) in current.items())
+        changed = prev is not None and any(prev.get(k, (0, mem))[1] != mem for k,
+                                           (_, mem) in current.items())
         return busy or changed

@@ -1,232 +1,101 @@
-"""Pre-flight checks before a GPU is spent on serving: aux-state capture of the target class, and memory.
+"""The pre-flight of a deployment: everything that can be known about a launch before any engine
+process starts (failure classes 11, 14, 19, 23, 24). Run by the pipeline's ``preflight`` step
+(``tasks/preflight.py``) before the deploy stage, and by ``eagle3 preflight CONFIG``. Rules that
+need only the config are checked when it loads (:mod:`eagle3.config_checks`); these are the
+machine's facts.
 
-1. Aux capture (failure class 11). In SGLang a target model class feeds an EAGLE-3 draft only if it
-   implements ``set_eagle3_layers_to_capture`` (``model_runner_components/attention_backend_setup.py``,
-   0.5.23: ``configure_aux_hidden_state_capture``). This module answers that question by reading the engine's
-   released source *statically* (``ast``, no import): the model files under ``sglang/srt/models/``, their
-   ``EntryClass`` lists, each class's methods and its base classes followed through ``from … import``.
-   The source is a wheel (read in place from the zip) or an unpacked directory.
-2. Memory (failure class 19): target + draft weights + both KV caches at the configured context × batch
-   versus GPU memory × ``mem_fraction_static``, with every number in the message.
+Checks, each recorded with its figures (a ``Check``: passed / failed / skipped / note):
+
+- ``engine``: the engine the launch resolves to; for SGLang that its interpreter imports the pinned
+  release (the loader and capture facts are that release's).
+- ``aux_capture``: the target's class captures EAGLE-3 aux hidden states in that release (read from
+  the released source when the wheel is found, else the profile's list:
+  :mod:`eagle3.engines.sglang.source`); the reference engine hooks any HF target's layers. Without
+  it the draft's fc is bypassed and acceptance falls to about 1.0.
+- ``memory``: target + draft weights and both KV caches for one full-context request, per GPU of the
+  launch (``serve.tp`` of the visible ones), against ``GPU memory × serve.mem_fraction_static`` and
+  what other processes hold (:func:`estimate_memory`); the reference engine: free host or GPU
+  memory.
+- ``settings``: what SGLang will really run (:func:`eagle3.engines.sglang.serving.resolve`):
+  scheduler, requests at once, draft tokens.
+- ``environment``: no variable that makes SGLang simulate acceptance, in the server's environment.
+- ``template``: the chat-template switches the draft was trained with (extraction manifest) against
+  what the benchmark and the server render (``--default-chat-template-kwargs``,
+  ``--chat-template``).
+- ``steps``: served draft steps against trained TTT steps (noted).
+- ``port``: a ``serve.port`` that is set is free on ``serve.host`` (PORT_IN_USE).
+
+A failure names the class and the fix; :meth:`PreflightReport.raise_if_failed` raises
+EngineUnsupported (the engine cannot do it) or ConfigError (a setting), with every problem as
+``CODE: message`` and ``.problems``.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
+import hashlib
 import json
 import os
-import re
-import subprocess
 import sys
-import zipfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
+from eagle3.convert.checkpoint import Problem
+from eagle3.engines.bounds import bounded_int
+from eagle3.engines.sglang.serving import flag_value, resolve, simulation_problem
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 
-CAPTURE_METHOD = "set_eagle3_layers_to_capture"
-MODELS_DIR = "sglang/srt/models/"
+GIB = 1 << 30
+ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT"}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class EngineSource:
-    """Read-only access to an engine's released source: a wheel (zip) or an unpacked directory.
+@dataclass
+class Check:
+    """One pre-flight check: ``status`` passed | failed | skipped | note, one line of ``detail``,
+    its figures."""
 
-    ``root`` is the wheel file or the directory that contains the top-level package folder (e.g. the folder
-    holding ``sglang/``). Raises DataError when ``root`` is neither.
-    """
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-        self._zip = None
-        if self.root.is_file() and self.root.suffix == ".whl":
-            self._zip = zipfile.ZipFile(self.root)
-            self._names = set(self._zip.namelist())
-        elif self.root.is_dir():
-            self._names = None
-        else:
-            raise DataError(f"{self.root}: expected an engine wheel (.whl) or a source directory, found neither")
-
-    def __repr__(self) -> str:
-        return f"EngineSource({str(self.root)!r})"
-
-    def read(self, relpath: str) -> str:
-        """Text of ``relpath`` (e.g. ``sglang/srt/models/llama_eagle3.py``); DataError if absent."""
-        if self._zip is not None:
-            if relpath not in self._names:
-                raise DataError(f"{self.root}: {relpath} not in the wheel")
-            return self._zip.read(relpath).decode("utf-8")
-        path = self.root / relpath
-        if not path.is_file():
-            raise DataError(f"{self.root}: {relpath} not found")
-        return path.read_text(encoding="utf-8")
-
-    def list(self, prefix: str) -> list[str]:
-        """Relative paths of the ``.py`` files directly under ``prefix`` (a folder path ending in '/')."""
-        if self._zip is not None:
-            return sorted(n for n in self._names if n.startswith(prefix) and n.endswith(".py")
-                          and "/" not in n[len(prefix):])
-        folder = self.root / prefix
-        return sorted(f"{prefix}{p.name}" for p in folder.glob("*.py")) if folder.is_dir() else []
-
-    def version(self) -> str | None:
-        """The released version: ``Version:`` of the wheel's ``*.dist-info/METADATA``, else
-        ``__version__`` in ``sglang/version.py`` (an unpacked tree); None when neither is found."""
-        if self._zip is not None:
-            for name in sorted(self._names):
-                if name.endswith(".dist-info/METADATA"):
-                    m = re.search(r"^Version:\s*(\S+)", self._zip.read(name).decode("utf-8", "replace"), re.M)
-                    if m:
-                        return m.group(1)
-        else:
-            for meta in sorted(self.root.glob("*.dist-info/METADATA")):
-                m = re.search(r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M)
-                if m:
-                    return m.group(1)
-        for rel in ("sglang/version.py",):
-            try:
-                text = self.read(rel)
-            except DataError:
-                continue
-            m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", text)
-            if m:
-                return m.group(1)
-        return None
-
-
-def find_engine_source(engine: str = "sglang", version: str = SGLANG_VERSION, *, cache_dir: str | Path | None = None,
-                       download: bool = False) -> EngineSource:
-    """Locate the released source of ``engine==version`` without importing it.
-
-    Looks, in order, at ``$EAGLE3_<ENGINE>_SOURCE`` (a wheel or directory), ``<cache_dir>/wheels/`` (a
-    ``<engine>-<version>-*.whl``), and, when ``download`` is set, runs ``pip download --no-deps
-    <engine>==<version> -d <cache_dir>/wheels`` (the released wheel, a few tens of MB).
-    Raises EngineUnsupported when no source is found (naming what was tried), DataError on a bad path.
-    """
-    tried = []
-    env = os.environ.get(f"EAGLE3_{engine.upper()}_SOURCE")
-    if env:
-        return EngineSource(env)
-    tried.append(f"${'EAGLE3_' + engine.upper() + '_SOURCE'} (unset)")
-    wheels = Path(cache_dir).expanduser() / "wheels" if cache_dir else None
-    if wheels is not None:
-        found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
-        if found:
-            return EngineSource(found[0])
-        tried.append(f"{wheels}/{engine}-{version}-*.whl (none)")
-        if download:
-            wheels.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   f"{engine}=={version}", "-d", str(wheels)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
-            if found:
-                return EngineSource(found[0])
-            tried.append(f"`{' '.join(cmd)}` (exit {proc.returncode}: {proc.stderr.strip()[-300:]})")
-    raise EngineUnsupported(f"{engine} {version}: released source not found; tried " + "; ".join(tried))
-
-
-@dataclass(frozen=True)
-class _ClassInfo:
-    module: str
     name: str
-    bases: tuple[str, ...]
-    methods: frozenset[str]
+    status: str
+    detail: str
+    figures: dict = field(default_factory=dict)
 
 
-def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassInfo], dict[str, str], list[str]]:
-    """Classes of one model file, its ``from X import name`` map, and its ``EntryClass`` names."""
-    module = relpath[:-3].replace("/", ".")
-    tree = ast.parse(source.read(relpath), filename=relpath)
-    classes: dict[str, _ClassInfo] = {}
-    imports: dict[str, str] = {}
-    entry: list[str] = []
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            bases = tuple(b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
-                          for b in node.bases)
-            methods = frozenset(n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-            classes[node.name] = _ClassInfo(module, node.name, bases, methods)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                imports[alias.asname or alias.name] = node.module
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
-                                                   for t in node.targets):
-            value = node.value
-            items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
-            entry.extend(i.id for i in items if isinstance(i, ast.Name))
-    return classes, imports, entry
+@dataclass
+class PreflightReport:
+    """Every check of one launch and the problems found (``CODE: message``)."""
 
+    engine: str
+    checks: list[Check]
+    problems: list[Problem]
 
-class ModelIndex:
-    """Static index of an engine's model classes: which registered classes implement a method.
+    @property
+    def passed(self) -> bool:
+        return not self.problems
 
-    Built from every ``sglang/srt/models/*.py`` of ``source``. Inheritance is followed through bases defined
-    in the same file or imported with ``from <module> import <name>`` from another model file; a base
-    outside the models folder (``nn.Module`` …) contributes no methods.
-    """
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "passed": self.passed,
+                "checks": [asdict(c) for c in self.checks],
+                "problems": [str(p) for p in self.problems]}
 
-    def __init__(self, source: EngineSource, models_dir: str = MODELS_DIR):
-        self.source = source
-        self._modules: dict[str, tuple[dict[str, _ClassInfo], dict[str, str]]] = {}
-        self.entry_classes: dict[str, str] = {}  # class name -> module
-        for rel in source.list(models_dir):
-            try:
-                classes, imports, entry = _parse_module(source, rel)
-            except SyntaxError as e:
-                raise DataError(f"{source.root}: {rel} does not parse ({e})") from e
-            mod = rel[:-3].replace("/", ".")
-            self._modules[mod] = (classes, imports)
-            for name in entry:
-                self.entry_classes.setdefault(name, mod)
-        if not self.entry_classes:
-            raise DataError(f"{source.root}: no EntryClass found under {models_dir}")
+    def figures(self) -> dict[str, float]:
+        """Numeric figures as ``<check>.<name>`` (for a tracker's metrics)."""
+        return {f"{c.name}.{k}": float(v) for c in self.checks for k, v in c.figures.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
-    def implements(self, class_name: str, method: str = CAPTURE_METHOD, module: str | None = None) -> bool:
-        """True when ``class_name`` (a registered architecture unless ``module`` is given) has ``method``."""
-        module = module or self.entry_classes.get(class_name)
-        if module is None:
-            raise KeyError(class_name)
-        return self._has(module, class_name, method, set())
+    def lines(self) -> list[str]:
+        return [f"{c.name:<12} {c.status:<8} "
+                f"{c.detail}" for c in self.checks] + [str(p) for p in self.problems]
 
-    def _has(self, module: str, name: str, method: str, seen: set) -> bool:
-        if (module, name) in seen or module not in self._modules:
-            return False
-        seen.add((module, name))
-        classes, imports = self._modules[module]
-        info = classes.get(name)
-        if info is None:
-            src = imports.get(name)
-            return bool(src) and self._has(src, name, method, seen)
-        if method in info.methods:
-            return True
-        for base in info.bases:
-            if base in classes:
-                if self._has(module, base, method, seen):
-                    return True
-            elif base in imports and self._has(imports[base], base, method, seen):
-                return True
-        return False
-
-    def capturing_classes(self, method: str = CAPTURE_METHOD) -> frozenset[str]:
-        """All registered architectures (``EntryClass``) that implement ``method``."""
-        return frozenset(n for n in self.entry_classes if self.implements(n, method))
-
-    def files_defining(self, method: str = CAPTURE_METHOD) -> list[str]:
-        """Model modules where some class defines ``method`` itself."""
-        return sorted(m for m, (classes, _) in self._modules.items()
-                      if any(method in c.methods for c in classes.values()))
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_index(root: str, mtime_ns: int) -> ModelIndex:
-    return ModelIndex(EngineSource(root))
-
-
-def model_index(source: EngineSource) -> ModelIndex:
-    """:class:`ModelIndex` of ``source``, parsed once per process (keyed by path and modification time)."""
-    return _cached_index(str(source.root), source.root.stat().st_mtime_ns)
+    def raise_if_failed(self) -> None:
+        if self.passed:
+            return
+        engine_side = any(p.code in ENGINE_CODES for p in self.problems)
+        cls = EngineUnsupported if engine_side else ConfigError
+        err = cls(f"pre-flight of serve.engine {self.engine} failed before any engine started: "
+                  + "; ".join(map(str, self.problems)))
+        err.problems = list(self.problems)
+        raise err
 
 
 def target_architecture(target_dir: str | Path) -> str:
@@ -238,41 +107,12 @@ def target_architecture(target_dir: str | Path) -> str:
         raise DataError(f"{path}: unreadable target config ({e})") from e
     archs = cfg.get("architectures") or []
     if not archs:
-        raise DataError(f"{path}: 'architectures' expected a non-empty list, got {cfg.get('architectures')!r}")
+        raise DataError(f"{path}: 'architectures' expected a non-empty list, got "
+                        f"{cfg.get('architectures')!r}")
     return str(archs[0])
 
 
-def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str = SGLANG_VERSION,
-                      source: EngineSource | None = None) -> dict:
-    """Does ``engine==version`` capture EAGLE-3 aux hidden states for ``target_class``?
-
-    With ``source`` the answer is read from that release's model files; without it, from the profile's
-    pinned list (``EngineProfile.aux_capture_classes``, itself checked against the source by the tests).
-    Returns ``{"class", "engine", "version", "captures": True, "module", "how"}``.
-    Raises EngineUnsupported naming the class and the engine version when it does not capture (or is not a
-    registered architecture of that version).
-    """
-    if source is None:
-        from eagle3.engines.registry import get_profile
-
-        get_profile(engine, version).require_aux_capture(target_class)
-        return {"class": target_class, "engine": engine, "version": version, "captures": True,
-                "module": None, "how": "pinned profile list"}
-    index = model_index(source)
-    if target_class not in index.entry_classes:
-        raise EngineUnsupported(f"target class {target_class}: not a registered model class (EntryClass) of "
-                                f"{engine} {version} ({source.root}); it cannot serve as the target")
-    if not index.implements(target_class):
-        raise EngineUnsupported(
-            f"target class {target_class} ({index.entry_classes[target_class]}): {engine} {version} does not "
-            f"implement {CAPTURE_METHOD} for it, so the EAGLE-3 draft would receive no aux hidden states")
-    return {"class": target_class, "engine": engine, "version": version, "captures": True,
-            "module": index.entry_classes[target_class], "how": f"read from {source.root}"}
-
-
-# ---------------------------------------------------------------------------------------------- memory
-
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
+_KV_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
 
 
 def _weights_bytes(model_dir: Path) -> int:
@@ -283,36 +123,41 @@ def _weights_bytes(model_dir: Path) -> int:
 
 
 def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) -> int:
-    """KV-cache bytes per token on one GPU: 2 (K, V) × layers × KV heads on this GPU × head_dim × bytes; for a
-    multi-head-latent-attention model (``kv_lora_rank`` in the config: DeepSeek-V2/V3, Kimi) the latent is cached
-    instead, layers × (kv_lora_rank + qk_rope_head_dim) × bytes, replicated on every GPU. KV heads are split over
-    ``tp`` GPUs, at least one per GPU (fewer heads than GPUs are replicated)."""
-    from eagle3.engines.bounds import bounded_int
-
+    """KV-cache bytes per token on one GPU: 2 (K, V) × layers × KV heads on this GPU × head_dim ×
+    bytes; for a multi-head-latent-attention model (``kv_lora_rank`` in the config: DeepSeek-V2/V3,
+    Kimi) the latent is cached instead, layers × (kv_lora_rank + qk_rope_head_dim) × bytes,
+    replicated on every GPU. KV heads are split over ``tp`` GPUs, at least one per GPU (fewer heads
+    than GPUs are replicated)."""
     cfg = cfg.get("text_config") or cfg
     try:
         layers = bounded_int(cfg, "num_hidden_layers", where=where)
         if cfg.get("kv_lora_rank"):
-            return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)) * dtype_bytes
+            latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+            return layers * latent * dtype_bytes
         heads = bounded_int(cfg, "num_attention_heads", where=where)
         kv = bounded_int(cfg, "num_key_value_heads", heads, where=where)
-        head_dim = bounded_int(cfg, "head_dim", bounded_int(cfg, "hidden_size", where=where) // heads, where=where)
+        head_dim = bounded_int(cfg, "head_dim",
+                               bounded_int(cfg, "hidden_size", where=where) // heads, where=where)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{where}: cannot size the KV cache, missing/bad field {e}") from e
     return 2 * layers * max(1, kv // tp) * head_dim * dtype_bytes  # K and V
 
 
-def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, context_length: int, batch_size: int,
-                    gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16", tp: int = 1,
+def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, context_length: int,
+                    batch_size: int,
+                    gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16",
+                    tp: int = 1,
                     draft_weights_bytes: int | None = None) -> dict:
-    """Static memory the engine needs on one GPU vs what ``--mem-fraction-static`` grants there (bytes).
+    """Static memory the engine needs on one GPU vs what ``--mem-fraction-static`` grants there
+    (bytes).
 
-    need = (target weights (file sizes) + draft weights (file sizes; conservative: the engine allocates the
-    draft's embedding before replacing it by the target's)) / ``tp`` + KV cache of target and draft at
-    ``context_length`` tokens × ``batch_size`` sequences on one GPU (:func:`_kv_bytes_per_token`). budget =
-    ``gpu_memory_bytes × mem_fraction_static``. A draft not written yet is given as its ``config.json`` dict with
-    ``draft_weights_bytes`` (sized from the run config) instead of a folder. Returns every number and ``fits``; raises ConfigError when it does
-    not fit, with the breakdown in the message (failure class 19).
+    need = (target weights (file sizes) + draft weights (file sizes; conservative: the engine
+    allocates the draft's embedding before replacing it by the target's)) / ``tp`` + KV cache of
+    target and draft at ``context_length`` tokens × ``batch_size`` sequences on one GPU
+    (:func:`_kv_bytes_per_token`). budget = ``gpu_memory_bytes × mem_fraction_static``. A draft not
+    written yet is given as its ``config.json`` dict with ``draft_weights_bytes`` (sized from the
+    run config) instead of a folder. Returns every number and ``fits``; raises ConfigError when it
+    does not fit, with the breakdown in the message (failure class 19).
     """
     target_dir = Path(target_dir)
     tcfg = json.loads((target_dir / "config.json").read_text())
@@ -321,9 +166,9 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
     else:
         draft_dir = Path(draft_dir)
         dcfg = json.loads((draft_dir / "config.json").read_text())
-    nbytes = _BYTES.get(kv_dtype)
+    nbytes = _KV_BYTES.get(kv_dtype)
     if nbytes is None:
-        raise ConfigError(f"kv_dtype: expected one of {sorted(_BYTES)}, got {kv_dtype!r}")
+        raise ConfigError(f"kv_dtype: expected one of {sorted(_KV_BYTES)}, got {kv_dtype!r}")
     tokens = int(context_length) * int(batch_size)
     draft_w = _weights_bytes(draft_dir) if draft_weights_bytes is None else int(draft_weights_bytes)
     parts = {
@@ -334,14 +179,336 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
     }
     need = sum(parts.values())
     budget = int(gpu_memory_bytes * mem_fraction_static)
-    report = {**parts, "need_bytes": need, "budget_bytes": budget, "gpu_memory_bytes": int(gpu_memory_bytes),
+    report = {**parts, "need_bytes": need, "budget_bytes": budget,
+              "gpu_memory_bytes": int(gpu_memory_bytes),
               "mem_fraction_static": mem_fraction_static, "context_length": int(context_length),
-              "batch_size": int(batch_size), "kv_dtype": kv_dtype, "tp": int(tp), "fits": need <= budget}
+              "batch_size": int(batch_size), "kv_dtype": kv_dtype, "tp": int(tp),
+              "fits": need <= budget}
     if need > budget:
-        gib = 1 << 30
-        detail = ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in parts.items())
+        detail = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in parts.items())
         raise ConfigError(
-            f"serve.mem_fraction_static: needs {need / gib:.2f} GiB per GPU ({detail}; context {context_length} × "
-            f"batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / gib:.2f} GiB × mem_fraction_static "
-            f"{mem_fraction_static} = {budget / gib:.2f} GiB")
+            f"serve.mem_fraction_static: needs {need / GIB:.2f} GiB per GPU ({detail}; context "
+            f"{context_length} × batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / GIB:.2f} "
+            f"GiB × mem_fraction_static {mem_fraction_static} = {budget / GIB:.2f} GiB")
     return report
+
+
+def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    if engine == "reference":
+        return Check("engine", "passed", f"reference engine (refengine) in {sys.executable}"), []
+    from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
+                                                   sglang_unusable_reason, sglang_version)
+
+    py, want = sglang_python(cfg), cfg.convert.engine_version
+    if not sglang_installed(py):
+        p = Problem("ENGINE_MISSING", "serve.sglang_python: expected the Python of an environment "
+                                      "with "
+                    f"sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env and "
+                    "set serve.sglang_python, or serve.engine reference")
+        return Check("engine", "failed", p.message), [p]
+    version = sglang_version(py)
+    if version != want:
+        p = Problem("ENGINE_VERSION", f"SGLang in {py}: expected {want} (convert.engine_version: "
+                                      "every loader, capture and serving fact checked is that "
+                                      f"release's), got {version}; fix: install sglang=={want}")
+        return Check("engine", "failed", p.message), [p]
+    return Check("engine", "passed", f"SGLang {version} in {py}"), []
+
+
+def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Problem]]:
+    from eagle3.engines.sglang.source import check_aux_capture, find_engine_source
+
+    arch, v = target_architecture(target_dir), cfg.convert.engine_version
+    if engine == "reference":
+        return Check("aux_capture", "passed", f"{arch}: the reference engine hooks the HF target's "
+                     "decoder layers (eagle3.target_model.capture_hidden_states)"), []
+    try:
+        source = find_engine_source("sglang", v, cache_dir=Path(cfg.paths.resolved_cache_dir()))
+    except EngineUnsupported:
+        source = None  # the profile's list, itself checked against the wheel by the tests
+    try:
+        got = check_aux_capture(arch, engine="sglang", version=v, source=source)
+    except EngineUnsupported as e:
+        p = Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0] {arch}: {e}; expected a "
+                                             "class that implements set_eagle3_layers_to_capture "
+                                             f"in SGLang {v} (the draft's fc would be bypassed and "
+                                             "acceptance fall to about 1.0); fix: serve.engine "
+                                             "reference, or a target class SGLang captures")
+        return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
+    return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {v} "
+                                          f"({got['how']})",
+                 {"captures": 1}), []
+
+
+def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
+    """The GPUs the launch will use: ``CUDA_VISIBLE_DEVICES`` (serve.env, else this environment) in
+    its order, from ``--base-gpu-id`` (serve.extra_args, default 0), ``serve.tp`` of them."""
+    raw = cfg.serve.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpus = sample
+    if raw is not None:
+        by = {str(g["index"]): g for g in sample} | {g["uuid"]: g for g in sample}
+        gpus = [by[x.strip()] for x in raw.split(",") if x.strip() in by]
+    base = int(flag_value(cfg.serve.extra_args, "--base-gpu-id") or 0)
+    return gpus[base:base + cfg.serve.tp]
+
+
+def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
+    """(config dict, weight bytes in the serving dtype) of the draft the run config will train,
+    before it exists: the target's layer shape (the draft copies it), ``train.num_layers`` layers,
+    embedding ``[vocab, H]``, head ``[train.draft_vocab_size, H]``, ``fc`` ``[H, n_aux · H]``."""
+    t = tcfg.get("text_config") or tcfg
+    h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
+    heads = int(t["num_attention_heads"])
+    kv, hd = int(t.get("num_key_value_heads") or heads), int(t.get("head_dim") or h // heads)
+    n_aux = len(cfg.extract.aux_layer_ids or [0, 0, 0])
+    per_layer = (heads * hd + 2 * kv * hd) * 2 * h + h * heads * hd + 3 * h * inter + 3 * h
+    params = (int(t["vocab_size"]) * h + cfg.train.draft_vocab_size * h + h * n_aux * h + h
+              + cfg.train.num_layers * per_layer)
+    dcfg = {"num_hidden_layers": cfg.train.num_layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": hd, "hidden_size": h}
+    return dcfg, params * _DTYPE_BYTES.get(cfg.serve.dtype, 2)
+
+
+def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
+                  gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
+    s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
+    has = serving_dir is not None and (serving_dir / "config.json").is_file()
+    draft: Any = serving_dir if has else None
+    draft_bytes = None
+    if draft is None:
+        draft, draft_bytes = draft_size_from_config(cfg, tcfg)
+    text_cfg = tcfg.get("text_config") or tcfg
+    ctx = s.context_length or int(text_cfg.get("max_position_embeddings") or 4096)
+    if engine == "reference":
+        return _reference_memory(cfg, target_dir, draft, draft_bytes, ctx)
+    if gpus is None:
+        from eagle3.serve.diagnostics import gpu_sample
+
+        gpus = gpu_sample() or []
+    if (flag_value(s.extra_args, "--device") or "cuda") == "cpu":
+        return Check("memory", "skipped", "SGLang on --device cpu: no GPU memory to size"), []
+    used, cvd = _visible_gpus(cfg, gpus), "CUDA_VISIBLE_DEVICES"
+    if len(used) < s.tp:
+        p = Problem("GPU_COUNT", f"serve.tp {s.tp}: expected {s.tp} visible GPU(s) for SGLang, "
+                                 f"found {len(used)} "
+                    f"(nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
+                    f"{s.env.get(cvd, os.environ.get(cvd))!r})")
+        return Check("memory", "failed", p.message, {"gpus_visible": len(gpus)}), [p]
+    problems, worst = [], None
+    for g in used:
+        total, taken = g["mem_total_mib"] << 20, g["mem_used_mib"] << 20
+        frac = s.mem_fraction_static if s.mem_fraction_static is not None else max(total - taken,
+                                                                                   0) / total
+        try:
+            r = estimate_memory(target_dir, draft, context_length=ctx, batch_size=1,
+                                gpu_memory_bytes=total,
+                                mem_fraction_static=frac,
+                                kv_dtype="float32" if s.dtype == "float32" else "bfloat16",
+                                tp=s.tp, draft_weights_bytes=draft_bytes)
+        except ConfigError as e:
+            problems.append(Problem("MEM_FRACTION_TOO_SMALL", f"GPU {g['index']}: {e}; fix: raise "
+                                    "serve.mem_fraction_static, serve.tp, or lower "
+                                    "serve.context_length"))
+            continue
+        if s.mem_fraction_static is not None and total - taken < r["budget_bytes"]:
+            problems.append(Problem("GPU_BUSY", f"GPU {g['index']}: {taken / GIB:.2f} GiB already "
+                                                "used by other "
+                                    f"processes; expected {r['budget_bytes'] / GIB:.2f} GiB free "
+                                    f"for mem_fraction_static {frac}, got "
+                                    f"{(total - taken) / GIB:.2f} GiB (an engine left running?)"))
+        worst = r if worst is None or r["need_bytes"] > worst["need_bytes"] else worst
+    figs = {f"{k.removesuffix('_bytes')}_gib": v / GIB for k, v in (worst or {}).items()
+            if k.endswith(("_bytes", "_weights", "_kv"))}
+    detail = (f"per GPU need {worst['need_bytes'] / GIB:.2f} GiB of "
+              f"{worst['budget_bytes'] / GIB:.2f} GiB (context {ctx}, tp {s.tp}, GPUs "
+              f"{[g['index'] for g in used]})" if worst else "; ".join(
+                  p.message for p in problems))
+    return Check("memory", "failed" if problems else "passed", detail,
+                 {**figs, "gpus": len(used)}), problems
+
+
+def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int | None, ctx: int):
+    import psutil
+
+    from eagle3.serve.launcher import reference_device
+
+    device = reference_device(cfg.serve.device)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    stored = _DTYPE_BYTES.get(str(tcfg.get("torch_dtype") or tcfg.get("dtype") or "float32"), 4)
+    served = _DTYPE_BYTES.get("float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype, 4)
+    d_bytes = draft_bytes if draft_bytes is not None else _weights_bytes(Path(draft))
+    need = (_weights_bytes(target_dir) * served) // stored + d_bytes
+    if device.startswith("cuda"):
+        import torch
+
+        free = torch.cuda.mem_get_info(torch.device(device))[0]
+    else:
+        free = psutil.virtual_memory().available
+    figs = {"need_gib": need / GIB, "free_gib": free / GIB}
+    if need > free:
+        p = Problem("MEMORY_TOO_SMALL", f"reference engine on {device}: needs about "
+                                        f"{need / GIB:.2f} GiB (target and draft weights in the "
+                                        f"serving dtype), {free / GIB:.2f} GiB free; fix: free "
+                                        "memory or serve.dtype bfloat16")
+        return Check("memory", "failed", p.message, figs), [p]
+    return Check("memory", "passed", f"reference engine on {device}: about {need / GIB:.2f} GiB of "
+                                     f"{free / GIB:.2f} GiB free (context up to {ctx})", figs), []
+
+
+def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    s, b = cfg.serve, cfg.bench
+    if engine == "reference":
+        queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
+        return Check("settings", "passed", f"chain drafting, {s.speculative_num_steps} steps; one "
+                     f"request at a time{queue}", {"max_running_requests": 1}), []
+    # what it changes is refused at config load (eagle3.config_checks); recorded here
+    r = resolve(s)
+    detail = (f"{r['worker']} with the {r['scheduler']} scheduler ({r['scheduler_reason']}), "
+              f"{r['drafting']} drafting {s.speculative_num_steps} steps × top-k "
+              f"{s.speculative_eagle_topk}, {r['num_draft_tokens']} draft tokens, "
+              "max_running_requests "
+              f"{r['max_running_requests']} ({r['max_running_requests_source']})")
+    figs = {"max_running_requests": r["max_running_requests"],
+            "num_draft_tokens": r["num_draft_tokens"],
+            "overlap_scheduler": int(r["scheduler"] == "overlap")}
+    return Check("settings", "passed", detail, figs), []
+
+
+def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    env = {**os.environ, **cfg.serve.env}
+    problem = simulation_problem(env, "the server's environment")
+    if problem is None:
+        return Check("environment", "passed", "no SGLANG_SIMULATE_ACC_LEN / SGL_SIMULATE_ACC_LEN "
+                     "above 0"), []
+    if engine == "reference":
+        return Check("environment", "note", problem.split(":")[0] + "; the reference engine does "
+                                                                    "not read it"), []
+    p = Problem("SIMULATED_ACCEPTANCE", problem + "; fix: unset it")
+    return Check("environment", "failed", p.message), [p]
+
+
+def _check_template(cfg: Any, engine: str, target_dir: Path,
+                    data: dict | None) -> tuple[Check, list[Problem]]:
+    if data is None:
+        return Check("template", "skipped", "no extraction manifest to compare with"), []
+    from transformers import AutoTokenizer
+
+    from eagle3.extract.conversations import template_switches
+
+    trained = {k: v for k, v in (data.get("template_switches") or {}).items()}
+    bench = template_switches(AutoTokenizer.from_pretrained(str(target_dir)),
+                              cfg.data.chat_template_kwargs)
+    problems = []
+    if {k: v for k, v in bench.items() if v is not None} != {k: v for k,
+                                                             v in trained.items() if v is not None}:
+        problems.append(Problem("TEMPLATE_SWITCHES", "chat-template switches: the extraction "
+                                                     f"rendered {trained}, the "
+                                f"benchmark renders {bench} (data.chat_template_kwargs); expected "
+                                "the same"))
+    note = ""
+    if engine == "sglang":
+        problems += _server_template(cfg, trained, data)
+    elif any(v is not None for v in trained.values()):
+        note = ("; the reference engine's /v1/chat/completions renders the template's defaults "
+                "(the benchmark sends ids)")
+    status = "failed" if problems else ("note" if note else "passed")
+    return Check("template", status, f"switches {trained} at extraction, {bench} in the "
+                                     f"benchmark{note}"), problems
+
+
+def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
+    extra, out = cfg.serve.extra_args, []
+    raw = flag_value(extra, "--default-chat-template-kwargs")
+    server = cfg.data.chat_template_kwargs if raw is None else json.loads(raw)
+    wrong = {k: (trained.get(k), server.get(k)) for k in set(trained) | set(server)
+             # a switch set on one side only renders other text too
+             if server.get(k) != trained.get(k)}
+    if wrong:
+        out.append(Problem("TEMPLATE_SWITCHES", "server chat requests: expected the extraction's "
+                                                "switches, got "
+                           f"{ {k: v[1] for k, v in wrong.items()} } instead of "
+                           f"{ {k: v[0] for k, v in wrong.items()} }"
+                           " (--default-chat-template-kwargs)"))
+    tpl = flag_value(extra, "--chat-template")
+    if tpl is not None:
+        p = Path(tpl).expanduser()
+        got = hashlib.sha256(p.read_text().encode()).hexdigest() if p.is_file() else None
+        if got != data.get("chat_template_hash"):
+            why = (f"a file whose text hashes to {got[:12]}…" if got
+                   else "a built-in template name (not comparable)")
+            out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --chat-template {tpl!r}: "
+                                                    "expected no override "
+                               "or the extraction's template (sha256 "
+                               f"{str(data.get('chat_template_hash'))[:12]}…), got {why}"))
+    if flag_value(extra, "--hf-chat-template-name") is not None:
+        out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --hf-chat-template-name "
+                           f"{flag_value(extra, '--hf-chat-template-name')!r}: expected the "
+                           "tokenizer's default template "
+                           "(the one extraction used), got a named alternative"))
+    return out
+
+
+def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
+    s, t = cfg.serve.speculative_num_steps, cfg.train.ttt_steps
+    how = "equal" if s == t else f"trained steps {s + 1}..{t} go unused"
+    return Check("steps", "passed", f"{s} served draft steps, {t} trained TTT steps ({how})",
+                 {"served_steps": s, "ttt_steps": t}), []
+
+
+def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
+    s = cfg.serve
+    if s.port is None:
+        return Check("port", "passed", f"a free port on {s.host} is chosen at launch"), []
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET) as sock:
+        try:
+            sock.bind((s.host, s.port))
+        except OSError as e:
+            p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
+                                       f"binding it gives {e.strerror or e}; fix: end what listens "
+                                       "there, choose another serve.port, or leave serve.port "
+                                       "unset (a free port is chosen)")
+            return Check("port", "failed", p.message), [p]
+    return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
+
+
+def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | None = None, *,
+                  data_manifest: dict | None = None, engine: str | None = None,
+                  gpus: list[dict] | None = None) -> PreflightReport:
+    """Every check of the module docstring for ``cfg`` (a RunConfig); nothing is started.
+
+    ``serving_dir``: the converted draft (None or missing: sized from the config).
+    ``data_manifest``: the extraction manifest (template switches). ``engine``: the resolved engine
+    (None: ``serve.engine``, ``auto`` resolved). ``gpus``: GPU readings as
+    :func:`eagle3.serve.diagnostics.gpu_sample` returns them (None: read them now).
+    """
+    if engine is None:
+        from eagle3.serve.launcher import resolve_engine
+
+        engine = cfg.serve.engine if cfg.serve.engine != "auto" else resolve_engine(cfg)
+    target, serving = Path(target_dir), Path(serving_dir) if serving_dir is not None else None
+    results = [_check_engine(cfg, engine), _check_aux(cfg, engine, target),
+               _check_memory(cfg, engine, target, serving, gpus), _check_settings(cfg, engine),
+               _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest),
+               _check_steps(cfg),
+               _check_port(cfg)]
+    return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
+
+
+def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
+                     data_dir: str | Path | None) -> PreflightReport:
+    """:func:`run_preflight` for a run's folders: the target resolved from ``cfg`` (prepared if
+    needed), the converted draft in ``serving_dir`` when it holds one (else sized from the config),
+    the extraction manifest of ``data_dir`` when it has one. Raises DataError/ConfigError only for
+    unreadable inputs."""
+    from eagle3.artifacts import read_manifest
+    from eagle3.assets import resolve_target
+
+    def has(folder, name):
+        return folder is not None and (Path(folder) / name).is_file()
+
+    serving = Path(serving_dir) if has(serving_dir, "config.json") else None
+    data = read_manifest(data_dir) if has(data_dir, "manifest.json") else None
+    return run_preflight(cfg, resolve_target(cfg), serving, data_manifest=data)

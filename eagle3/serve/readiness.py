@@ -1,28 +1,33 @@
-"""The readiness gate: tells a server that is warming up from one that hung, crashed or never came up.
+"""The readiness gate: tells a server that is warming up from one that hung, crashed or never came
+up.
 
 Phases (observed from outside, in this order; seconds spent in each are reported):
 
 - ``launching``: the port refuses connections and the server has written nothing to its log yet;
-- ``loading``: the port still refuses connections, the log has started (SGLang binds its HTTP port only
-  after the weights are loaded);
-- ``warming``: the port answers, the health endpoint does not say 200 yet (SGLang answers 503 while it
-  captures CUDA graphs and runs its own warm-up — 503 is never by itself a failure);
+- ``loading``: the port still refuses connections, the log has started (SGLang binds its HTTP port
+  only after the weights are loaded);
+- ``warming``: the port answers, the health endpoint does not say 200 yet (SGLang answers 503 while
+  it captures CUDA graphs and runs its own warm-up — 503 is never by itself a failure);
 - ``probing``: ``/health_generate`` said 200; a real generation probe is in flight;
-- then one verdict: ``ready``, ``crashed`` (the process exited: exit code and log tail), ``stalled`` (no
-  progress signal for ``stall_timeout_s``: see :mod:`eagle3.serve.liveness`), ``timed_out`` (overall deadline, or
-  the probe's own deadline while the server kept showing progress), ``probe_failed`` (the probe was answered,
-  but without tokens, with an error status, or without speculative-decoding fields in ``meta_info``).
+- then one verdict: ``ready``, ``crashed`` (the process exited: exit code and log tail), ``stalled``
+  (no progress signal for ``stall_timeout_s``: see :mod:`eagle3.serve.liveness`), ``timed_out``
+  (overall deadline, or the probe's own deadline while the server kept showing progress),
+  ``probe_failed`` (the probe was answered, but without tokens, with an error status, or without
+  speculative-decoding fields in ``meta_info``).
 
 Ready means ``GET /health_generate`` answered 200 *and* ``probe_concurrency`` (≥ 2) concurrent
-``POST /generate`` requests (``max_new_tokens`` 4, temperature 0) each returned at least one token within
-``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (SGLang 0.5.23: ``spec_verify_ct``,
-``spec_accept_length``, …; older builds other ``spec_*`` names — see docs/ENGINE_FACTS.md §4).
+``POST /generate`` requests (``max_new_tokens`` 4, temperature 0) each returned at least one token
+within ``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (the pinned SGLang:
+``spec_verify_ct``, ``spec_accept_length``, …; older builds other ``spec_*`` names — see
+docs/ENGINE_FACTS.md §4).
 
-HTTP requests run in daemon threads, so a server that accepts connections and never answers cannot block
-the gate: the loop wakes every ``poll_interval_s`` and a verdict is reached within ``stall_timeout_s`` plus
-two poll intervals of the last progress. The gate never ends the server: on a verdict other than ready it
-saves diagnostics (:func:`eagle3.serve.diagnostics.collect_diagnostics`) and the caller ends the process group.
-:class:`Watchdog` (from :mod:`eagle3.serve.watchdog`) keeps the same signals and diagnostics during a benchmark.
+HTTP requests run in daemon threads, so a server that accepts connections and never answers cannot
+block the gate: the loop wakes every ``poll_interval_s`` and a verdict is reached within
+``stall_timeout_s`` plus two poll intervals of the last progress. The gate never ends the server: on
+a verdict other than ready it saves diagnostics
+(:func:`eagle3.serve.diagnostics.collect_diagnostics`) and the caller ends the process group.
+:class:`Watchdog` (from :mod:`eagle3.serve.watchdog`) keeps the same signals and diagnostics during
+a benchmark.
 """
 
 from __future__ import annotations
@@ -38,13 +43,16 @@ from typing import Any, Callable
 import httpx
 
 from eagle3.artifacts import atomic_write_json
-from eagle3.config import GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S
+from eagle3.config import (GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S,
+                           GATE_TIMEOUT_S)
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
 from eagle3.serve.liveness import ProgressMonitor
 from eagle3.procs import exit_status
-from eagle3.serve.watchdog import Watchdog  # noqa: F401  (re-exported: eagle3.serve.readiness.Watchdog)
+# noqa: F401  (re-exported: eagle3.serve.readiness.Watchdog)
+from eagle3.serve.watchdog import Watchdog
 
-__all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready", "VERDICTS"]
+__all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready",
+           "VERDICTS"]
 VERDICTS = ("ready", "crashed", "stalled", "timed_out", "probe_failed")
 PROBE_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
@@ -73,9 +81,9 @@ class Call:
 
 
 def http_status(url: str, timeout_s: float) -> int | str:
-    """GET ``url``: the HTTP status code, or ``"refused"`` (nothing listening), ``"timeout"`` (connected or
-    connecting, no answer in ``timeout_s`` seconds), ``"error: ..."``. Proxies from the environment are not
-    used (``trust_env=False``): the gate talks to loopback."""
+    """GET ``url``: the HTTP status code, or ``"refused"`` (nothing listening), ``"timeout"``
+    (connected or connecting, no answer in ``timeout_s`` seconds), ``"error: ..."``. Proxies from
+    the environment are not used (``trust_env=False``): the gate talks to loopback."""
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False) as c:
             return c.get(url).status_code
@@ -88,13 +96,15 @@ def http_status(url: str, timeout_s: float) -> int | str:
 
 
 def spec_fields(meta_info: dict) -> dict:
-    """The speculative-decoding fields of one ``meta_info`` (every ``spec_*`` key, any SGLang build)."""
+    """The speculative-decoding fields of one ``meta_info`` (every ``spec_*`` key, any SGLang
+    build)."""
     return {k: v for k, v in meta_info.items() if k.startswith("spec_")}
 
 
 def probe_generate(url: str, prompt: str, timeout_s: float) -> dict:
-    """One ``POST /generate`` (4 new tokens, greedy). Returns ``{"status", "tokens", "spec", "seconds",
-    "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``)."""
+    """One ``POST /generate`` (4 new tokens, greedy). Returns ``{"status", "tokens", "spec",
+    "seconds", "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``).
+    """
     t0 = time.monotonic()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     out: dict = {"status": None, "tokens": 0, "spec": {}, "error": None}
@@ -141,7 +151,8 @@ class GateResult:
         return self.verdict == "ready"
 
     def summary(self) -> str:
-        """One human-readable paragraph: verdict, phase times, why, and where the diagnostics are."""
+        """One human-readable paragraph: verdict, phase times, why, and where the diagnostics
+        are."""
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()) or "no phase"
         text = f"Server {self.url}: {self.verdict.upper()} after {self.elapsed_s:.1f} s ({phases})."
         if self.detail:
@@ -164,7 +175,8 @@ class GateResult:
         return text
 
     def metrics(self) -> dict[str, float]:
-        """Flat numbers for a tracker (MLflow): ``gate_<phase>_s``, ``gate_total_s``, ``gate_ready``."""
+        """Flat numbers for a tracker (MLflow): ``gate_<phase>_s``, ``gate_total_s``,
+        ``gate_ready``."""
         out = {f"gate_{k}_s": round(v, 3) for k, v in self.phases.items()}
         out["gate_total_s"] = round(self.elapsed_s, 3)
         out["gate_ready"] = 1.0 if self.ready else 0.0
@@ -218,39 +230,44 @@ def _check_arguments(url: str, seconds: dict[str, float]) -> None:
     try:
         socket.getaddrinfo(parsed.host, parsed.port or (443 if parsed.scheme == "https" else 80))
     except (socket.gaierror, UnicodeError) as e:
-        raise ConfigError(f"url: host {parsed.host!r} does not resolve ({e}); expected a reachable server address, "
-                          f"got {url!r}") from e
+        raise ConfigError(f"url: host {parsed.host!r} does not resolve ({e}); expected a reachable "
+                          f"server address, got {url!r}") from e
 
 
 def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None = None,
                timeout_s: float = GATE_TIMEOUT_S, stall_timeout_s: float = GATE_STALL_TIMEOUT_S,
-               poll_interval_s: float = GATE_POLL_INTERVAL_S, probe_timeout_s: float = GATE_PROBE_TIMEOUT_S,
+               poll_interval_s: float = GATE_POLL_INTERVAL_S,
+               probe_timeout_s: float = GATE_PROBE_TIMEOUT_S,
                diagnostics_dir: str | Path | None = None, require_spec_fields: bool = True,
                probe_concurrency: int = 2, use_gpu: bool = True) -> GateResult:
-    """Wait until the server at ``url`` is ready or a verdict says why it will not be (module docstring).
+    """Wait until the server at ``url`` is ready or a verdict says why it will not be (module
+    docstring).
 
     Args:
         url: ``http://host:port`` of an SGLang-compatible server.
         pid: root of the server's process tree (exit → crashed; CPU time is a progress signal).
         log_path: the server's log (growth is a progress signal; its tail goes into the result).
-        timeout_s: overall deadline, seconds. stall_timeout_s: seconds without any progress → stalled
+        timeout_s: overall deadline, seconds. stall_timeout_s: seconds without any progress →
+        stalled
             (only when at least one signal source exists). poll_interval_s: loop period, seconds.
         probe_timeout_s: deadline of the generation probe, seconds.
-        diagnostics_dir: ``gate.json`` is written there; on a verdict other than ready also the diagnostics.
-        require_spec_fields: the probe must see ``spec_*`` fields in ``meta_info``.
+        diagnostics_dir: ``gate.json`` is written there; on a verdict other than ready also the
+        diagnostics. require_spec_fields: the probe must see ``spec_*`` fields in ``meta_info``.
         probe_concurrency: concurrent probe requests (at least 2).
     Returns a :class:`GateResult`; raises nothing for a verdict (the caller raises ``GateFailed``).
-    Raises ConfigError before waiting for arguments that cannot work: a url that is not ``http(s)://host[:port]``,
-    a non-positive timeout or poll interval.
+    Raises ConfigError before waiting for arguments that cannot work: a url that is not
+    ``http(s)://host[:port]``, a non-positive timeout or poll interval.
     """
     _check_arguments(url, {"timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s,
-                                          "poll_interval_s": poll_interval_s, "probe_timeout_s": probe_timeout_s})
+                                          "poll_interval_s": poll_interval_s,
+                                          "probe_timeout_s": probe_timeout_s})
     url = url.rstrip("/")
     t0 = time.monotonic()
     mon = ProgressMonitor(pid, log_path, use_gpu=use_gpu)
     stall_enabled = bool(mon.sources)
     tl = _Timeline(t0)
-    state: dict = {"last_progress": t0, "health_path": "/health_generate", "health": None, "probe": None,
+    state: dict = {"last_progress": t0, "health_path": "/health_generate", "health": None,
+                   "probe": None,
                    "probe_t0": 0.0, "probe_results": []}
     health_timeout = min(probe_timeout_s, max(2.0, 5 * poll_interval_s))
     while True:
@@ -263,12 +280,15 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
                                        require_spec_fields, max(2, probe_concurrency))
         if verdict is None and stall_enabled and now - state["last_progress"] >= stall_timeout_s:
             verdict = "stalled"
-            detail = (f"No progress signal ({', '.join(mon.sources)}) for {now - state['last_progress']:.1f} s "
+            detail = (f"No progress signal ({', '.join(mon.sources)}) for "
+                      f"{now - state['last_progress']:.1f} s "
                       f"(stall_timeout_s={stall_timeout_s}) in phase {tl.phase}.")
         if verdict is None and now - t0 >= timeout_s:
-            verdict, detail = "timed_out", f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
+            verdict = "timed_out"
+            detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
         if verdict is not None:
-            return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now, diagnostics_dir)
+            return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now,
+                           diagnostics_dir)
         time.sleep(max(0.0, poll_interval_s - (time.monotonic() - now)))
 
 
@@ -278,11 +298,13 @@ def _check_exit(pid: int | None) -> tuple[str | None, str, int | None]:
     exited, code = exit_status(pid)
     if not exited:
         return None, "", None
-    how = f"exit code {code}" if code is not None else "exit code unknown (not a child of this process)"
+    how = (f"exit code {code}" if code is not None
+           else "exit code unknown (not a child of this process)")
     return "crashed", f"The server process {pid} exited ({how}).", code
 
 
-def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float, health_timeout: float,
+def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float,
+             health_timeout: float,
              probe_timeout: float, require_spec: bool, concurrency: int) -> tuple[str | None, str]:
     """One step of the HTTP state machine (health polling, then the concurrent probe)."""
     if st["probe"] is not None:
@@ -302,7 +324,8 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     elif status == 200:
         phase = "probing"
         st["probe_t0"] = now
-        st["probe"] = [Call(probe_generate, url, PROBE_PROMPTS[i % len(PROBE_PROMPTS)], probe_timeout)
+        st["probe"] = [Call(probe_generate, url, PROBE_PROMPTS[i % len(PROBE_PROMPTS)],
+                            probe_timeout)
                        for i in range(concurrency)]
     else:  # 503 while warming, any other status, or a connection that does not answer
         phase = "warming"
@@ -316,11 +339,13 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
     calls = st["probe"]
     if not all(c.done() for c in calls):
         if now - st["probe_t0"] >= probe_timeout:
-            return "timed_out", (f"/health_generate answered 200 but the generation probe returned no tokens "
-                                 f"within probe_timeout_s={probe_timeout} while the server kept showing progress.")
+            return "timed_out", ("/health_generate answered 200 but the generation probe returned "
+                                 f"no tokens within probe_timeout_s={probe_timeout} while the "
+                                 "server kept showing progress.")
         return None, ""
     st["probe"] = None
-    results = [c.result if c.error is None else {"status": None, "tokens": 0, "spec": {}, "seconds": 0.0,
+    results = [c.result if c.error is None else {"status": None, "tokens": 0, "spec": {},
+                                                 "seconds": 0.0,
                                                  "error": repr(c.error)} for c in calls]
     st["probe_results"] = results
     if any(r["status"] in (None, 503) for r in results):
@@ -328,23 +353,27 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
         return None, ""
     bad = [r for r in results if r["status"] != 200 or r["tokens"] < 1]
     if bad:
-        return "probe_failed", (f"The generation probe was answered without tokens: status {bad[0]['status']}, "
+        return "probe_failed", ("The generation probe was answered without tokens: status "
+                                f"{bad[0]['status']}, "
                                 f"tokens {bad[0]['tokens']}, error {bad[0].get('error')!r}.")
     if require_spec and not all(r["spec"] for r in results):
         keys = next(r.get("meta_keys") for r in results if not r["spec"])
-        return "probe_failed", (f"The server generates, but meta_info has no speculative-decoding fields "
-                                f"(expected one of {list(SPEC_KEYS)}, got keys {keys}): it is not speculating.")
+        return "probe_failed", ("The server generates, but meta_info has no speculative-decoding "
+                                f"fields (expected one of {list(SPEC_KEYS)}, got keys {keys}): it "
+                                "is not speculating.")
     tl.enter("ready", now)
     return "ready", ""
 
 
-def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | None, log_path, tl: _Timeline,
+def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | None, log_path,
+            tl: _Timeline,
             mon: ProgressMonitor, st: dict, t0: float, now: float, diagnostics_dir) -> GateResult:
     if tl.phase == "ready":
         tl.entries.pop()  # "ready" is the verdict, not a phase with a duration
     phases, timeline = tl.close(now)
     res = GateResult(verdict=verdict, url=url, detail=detail, phases=phases, timeline=timeline,
-                     elapsed_s=round(now - t0, 3), last_progress_s=round(st["last_progress"] - t0, 3),
+                     elapsed_s=round(now - t0, 3),
+                     last_progress_s=round(st["last_progress"] - t0, 3),
                      exit_code=code, probe=st["probe_results"], signals=dict(mon.counts),
                      signal_sources=mon.sources)
     if log_path is not None and verdict != "ready":
@@ -352,7 +381,8 @@ def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | No
     if diagnostics_dir is not None:
         ddir = Path(diagnostics_dir)
         if verdict != "ready":
-            res.diagnostics = collect_diagnostics(ddir, pid=pid, log_paths=[log_path] if log_path else [],
+            res.diagnostics = collect_diagnostics(ddir, pid=pid,
+                                                  log_paths=[log_path] if log_path else [],
                                                   reason=f"{verdict}: {detail}")
             res.diagnostics_dir = str(ddir)
         atomic_write_json(ddir / "gate.json", res.to_dict())

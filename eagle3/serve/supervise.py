@@ -1,28 +1,31 @@
-"""A parent watch for every engine the launcher starts: the engine's process group ends within about a second of
-the launcher's death, whatever killed the launcher (failure class 25).
+"""A parent watch for every engine the launcher starts: the engine's process group ends within about
+a second of the launcher's death, whatever killed the launcher (failure class 25).
 
-Why: the launcher starts every engine in its own session and used to rely on ``atexit`` to end it. A parent
-that dies by a signal (SIGKILL; SIGTERM in a process without a handler, such as a test runner or a Prefect
-worker being stopped) never runs ``atexit``, and an engine was seen serving minutes after its parent had gone,
-re-parented to init; on a GPU host such an orphan keeps the GPUs' memory and the next launch fails.
+Why: the launcher starts every engine in its own session and used to rely on ``atexit`` to end it. A
+parent that dies by a signal (SIGKILL; SIGTERM in a process without a handler, such as a test runner
+or a Prefect worker being stopped) never runs ``atexit``, and an engine was seen serving minutes
+after its parent had gone, re-parented to init; on a GPU host such an orphan keeps the GPUs' memory
+and the next launch fails.
 
-How: :func:`eagle3.serve.launcher.start_engine` runs ``python -m eagle3.serve.supervise --parent PID --grace S
--- ENGINE ARGV...`` as the leader of a new session. That process forks a *watcher* (detached by a double fork
-into a session of its own, so it is neither in the engine's process tree nor in its group: stack dumps,
-CPU-time liveness, group signals and exit codes see only the engine) and then ``exec``s the engine itself,
-which keeps the pid the launcher knows, its exit status and its group. The watcher polls every ``POLL_S``
+How: :func:`eagle3.serve.launcher.start_engine` runs ``python -m eagle3.serve.supervise --parent PID
+--grace S -- ENGINE ARGV...`` as the leader of a new session. That process forks a *watcher*
+(detached by a double fork into a session of its own, so it is neither in the engine's process tree
+nor in its group: stack dumps, CPU-time liveness, group signals and exit codes see only the engine)
+and then ``exec``s the engine itself, which keeps the pid the launcher knows, its exit status and
+its group. The watcher polls every ``POLL_S``
 seconds:
 
-- the launcher (pid and start time, so a reused pid is not mistaken for it): once it is gone, by any cause,
-  the watcher sends SIGTERM to the engine's group and to every process of the engine's tree it has seen (also
-  those that left the group), waits ``--grace`` seconds, sends SIGKILL to whatever is left, and exits;
+- the launcher (pid and start time, so a reused pid is not mistaken for it): once it is gone, by any
+  cause, the watcher sends SIGTERM to the engine's group and to every process of the engine's tree
+  it has seen (also those that left the group), waits ``--grace`` seconds, sends SIGKILL to whatever
+  is left, and exits;
 - the engine: once it has exited, the watcher exits too.
 
-No ``PR_SET_PDEATHSIG``: it fires when the forking *thread* ends, and the launcher's threads come and go under
-Prefect. SGLang's own scheduler and detokenizer processes SIGKILL themselves when their parent dies
-(``kill_itself_when_parent_died``), but ``sglang.launch_server`` does not watch its parent; the watcher covers
-it. The watcher writes to the engine's log only when it ends the group (one line), so it never fakes the log
-growth the readiness gate counts as progress.
+No ``PR_SET_PDEATHSIG``: it fires when the forking *thread* ends, and the launcher's threads come
+and go under Prefect. SGLang's own scheduler and detokenizer processes SIGKILL themselves when their
+parent dies (``kill_itself_when_parent_died``), but ``sglang.launch_server`` does not watch its
+parent; the watcher covers it. The watcher writes to the engine's log only when it ends the group
+(one line), so it never fakes the log growth the readiness gate counts as progress.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def _tree(pid: int) -> dict[int, float]:
 
 
 def _members(pgid: int, known: dict[int, float]) -> list[int]:
-    """Live processes of group ``pgid`` and the recorded tree members still alive (same start time), not self."""
+    """Live processes of group ``pgid`` and the recorded tree members still alive (same start time),
+    not self."""
     import psutil
 
     out = set()
@@ -83,9 +87,10 @@ def _signal(pids: list[int], sig: int) -> None:
 
 
 def end_group(pgid: int, known: dict[int, float], grace_s: float, why: str) -> list[int]:
-    """SIGTERM to group ``pgid`` and the known tree, up to ``grace_s`` seconds, SIGKILL to what is left (never to
-    the caller). Returns the pids that needed SIGKILL."""
-    print(f"[eagle3-supervise] {why}: ending engine group {pgid} (SIGTERM, SIGKILL after {grace_s:g} s)",
+    """SIGTERM to group ``pgid`` and the known tree, up to ``grace_s`` seconds, SIGKILL to what is
+    left (never to the caller). Returns the pids that needed SIGKILL."""
+    print(f"[eagle3-supervise] {why}: ending engine group {pgid} (SIGTERM, SIGKILL after "
+          f"{grace_s:g} s)",
           file=sys.stderr, flush=True)
     _signal(_members(pgid, known), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -98,7 +103,8 @@ def end_group(pgid: int, known: dict[int, float], grace_s: float, why: str) -> l
 
 def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
     """The watcher's loop (see the module docstring); returns when the engine is gone."""
-    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's Ctrl-C reaches the group: the engine decides
+    # a terminal's Ctrl-C reaches the group: the engine decides
+    for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     engine_created = _created(engine)
     known, last = _tree(engine), time.monotonic()
@@ -114,9 +120,9 @@ def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> No
 
 
 def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
-    """Double fork: the grandchild becomes the watcher (``--watch``, a command line of its own, so nothing that
-    searches the process table for the engine's command finds it); the child exits at once and is reaped
-    before the engine starts."""
+    """Double fork: the grandchild becomes the watcher (``--watch``, a command line of its own, so
+    nothing that searches the process table for the engine's command finds it); the child exits at
+    once and is reaped before the engine starts."""
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
@@ -124,23 +130,27 @@ def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: flo
     try:
         if os.fork():
             os._exit(0)
-        os.setsid()  # out of the engine's group: group signals, stack dumps and liveness see only the engine
-        os.execv(sys.executable, [sys.executable, "-m", "eagle3.serve.supervise", "--watch", str(engine),
+        # out of the engine's group: group signals, stack dumps and liveness see only the engine
+        os.setsid()
+        os.execv(sys.executable,
+                 [sys.executable, "-m", "eagle3.serve.supervise", "--watch", str(engine),
                                   str(parent), repr(parent_created), f"{grace_s:g}"])
     finally:
         os._exit(0)
 
 
 def command(argv: list[str], *, parent: int, grace_s: float) -> list[str]:
-    """The watched command line for ``argv`` (this interpreter runs the wrapper, which then becomes ``argv``)."""
-    return [sys.executable, "-m", "eagle3.serve.supervise", "--parent", str(parent), "--grace", f"{grace_s:g}",
+    """The watched command line for ``argv`` (this interpreter runs the wrapper, which then becomes
+    ``argv``)."""
+    return [sys.executable, "-m", "eagle3.serve.supervise", "--parent", str(parent), "--grace",
+            f"{grace_s:g}",
             "--", *argv]
 
 
 def main(args: list[str]) -> None:
-    """``--parent PID --grace S -- ARGV...``: start the watcher, then exec ``ARGV``. Exit 2 on a malformed command
-    line, 1 when the launcher is already gone, 127 when ``ARGV[0]`` cannot be executed.
-    (``--watch ENGINE PARENT PARENT_START GRACE`` is the watcher itself.)"""
+    """``--parent PID --grace S -- ARGV...``: start the watcher, then exec ``ARGV``. Exit 2 on a
+    malformed command line, 1 when the launcher is already gone, 127 when ``ARGV[0]`` cannot be
+    executed. (``--watch ENGINE PARENT PARENT_START GRACE`` is the watcher itself.)"""
     if args[:1] == ["--watch"] and len(args) == 5:
         watch(int(args[1]), int(args[2]), float(args[3]), float(args[4]))
         return
@@ -151,7 +161,8 @@ def main(args: list[str]) -> None:
         if not argv:
             raise ValueError("no engine command after --")
     except (ValueError, KeyError) as e:
-        print(f"eagle3.serve.supervise: expected --parent PID --grace S -- ARGV..., got {args} ({e})",
+        print(f"eagle3.serve.supervise: expected --parent PID --grace S -- ARGV..., got {args} "
+              f"({e})",
               file=sys.stderr)
         sys.exit(2)
     parent_created = _created(parent)
@@ -161,7 +172,8 @@ def main(args: list[str]) -> None:
     try:
         os.execvp(argv[0], argv)
     except OSError as e:
-        print(f"eagle3.serve.supervise: cannot execute {argv[0]!r}: {e}", file=sys.stderr, flush=True)
+        print(f"eagle3.serve.supervise: cannot execute {argv[0]!r}: "
+              f"{e}", file=sys.stderr, flush=True)
         sys.exit(127)
 
 

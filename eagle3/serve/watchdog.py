@@ -1,5 +1,5 @@
-"""A watchdog for work that talks to a running server (the benchmark): a server that dies or stops making
-progress fails the work with the readiness gate's diagnostics instead of hanging it.
+"""A watchdog for work that talks to a running server (the benchmark): a server that dies or stops
+making progress fails the work with the readiness gate's diagnostics instead of hanging it.
 
 Usage::
 
@@ -8,9 +8,10 @@ Usage::
         report = wd.call(run_bench, url, prompts=..., on_request_done=wd.beat)
 
 ``call`` runs the work in a daemon thread and returns its result, or raises ``GateFailed`` (verdict
-``crashed`` or ``stalled``, or ``timed_out`` past ``deadline_s``) as soon as the watchdog trips, leaving the
-blocked work behind; the caller then ends the server's process group, which unblocks it. Progress = the
-server's signals (:mod:`eagle3.serve.liveness`) or a ``beat()`` from the work (one per finished request).
+``crashed`` or ``stalled``, or ``timed_out`` past ``deadline_s``) as soon as the watchdog trips,
+leaving the blocked work behind; the caller then ends the server's process group, which unblocks it.
+Progress = the server's signals (:mod:`eagle3.serve.liveness`) or a ``beat()`` from the work (one
+per finished request).
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ class Watchdog:
     """
 
     def __init__(self, url: str, pid: int | None = None, log_path: str | Path | None = None, *,
-                 stall_timeout_s: float = GATE_STALL_TIMEOUT_S, check_interval_s: float = GATE_POLL_INTERVAL_S, deadline_s: float | None = None,
+                 stall_timeout_s: float = GATE_STALL_TIMEOUT_S,
+                 check_interval_s: float = GATE_POLL_INTERVAL_S, deadline_s: float | None = None,
                  diagnostics_dir: str | Path | None = None, use_gpu: bool = True):
         self.url, self.pid, self.log_path = url, pid, log_path
-        self.stall_timeout_s, self.check_interval_s, self.deadline_s = stall_timeout_s, check_interval_s, deadline_s
+        self.stall_timeout_s, self.check_interval_s = stall_timeout_s, check_interval_s
+        self.deadline_s = deadline_s
         self.diagnostics_dir = Path(diagnostics_dir) if diagnostics_dir else None
         self.use_gpu = use_gpu
         self.verdict: str | None = None
@@ -54,7 +57,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def beat(self, *_: Any, **__: Any) -> None:
-        """Record progress made by the work itself (accepts and ignores any arguments, so it can be passed as
+        """Record progress made by the work itself (accepts and ignores any arguments, so it can be
+        passed as
         a per-request callback)."""
         self.beats += 1
         self._last_progress = time.monotonic()
@@ -79,11 +83,14 @@ class Watchdog:
     def check(self) -> None:
         """Raise GateFailed if the watchdog has tripped."""
         if self.tripped:
-            raise GateFailed(f"server {self.url} failed during the benchmark: {self.verdict}: {self.detail}",
-                             verdict=self.verdict or "", diagnostics_dir=str(self.diagnostics_dir or "") or None)
+            raise GateFailed(f"server {self.url} failed during the benchmark: {self.verdict}: "
+                             f"{self.detail}",
+                             verdict=self.verdict or "",
+                             diagnostics_dir=str(self.diagnostics_dir or "") or None)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or GateFailed."""
+        """Run ``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or
+        GateFailed."""
         box: dict = {}
         done = threading.Event()
 
@@ -119,16 +126,21 @@ class Watchdog:
             if self.pid is not None:
                 exited, code = exit_status(self.pid)
                 if exited:
-                    verdict, detail = "crashed", f"server process {self.pid} exited (exit code {code})"
+                    verdict = "crashed"
+                    detail = f"server process {self.pid} exited (exit code {code})"
             if verdict is None and now - self._last_progress >= self.stall_timeout_s:
                 verdict = "stalled"
-                detail = (f"no progress signal ({', '.join(sources)}) for {now - self._last_progress:.1f} s "
-                          f"(stall_timeout_s={self.stall_timeout_s}); {self.beats} requests had finished")
-            if verdict is None and self.deadline_s is not None and now - self._t0 >= self.deadline_s:
+                detail = (f"no progress signal ({', '.join(sources)}) for "
+                          f"{now - self._last_progress:.1f} s "
+                          f"(stall_timeout_s={self.stall_timeout_s}); {self.beats} requests had "
+                          "finished")
+            late = self.deadline_s is not None and now - self._t0 >= self.deadline_s
+            if verdict is None and late:
                 verdict, detail = "timed_out", f"deadline_s={self.deadline_s} reached"
             if verdict is not None:
                 self.verdict, self.detail = verdict, detail
-                self._tripped.set()  # set first: call() waits for this thread to finish the diagnostics
+                # set first: call() waits for this thread to finish the diagnostics
+                self._tripped.set()
                 if self.diagnostics_dir is not None:
                     collect_diagnostics(self.diagnostics_dir, pid=self.pid,
                                         log_paths=[self.log_path] if self.log_path else [],

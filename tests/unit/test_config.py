@@ -100,3 +100,13 @@ def test_an_empty_config_file_is_refused_not_taken_as_all_defaults(tmp_path, tex
     p.write_text(text)
     with pytest.raises(ConfigError, match=r"empty\.yaml: expected a mapping of sections .* got an empty document"):
         load_config(p)
+
+
+def test_convert_engine_version_must_be_a_pinned_release():
+    from eagle3.engines.sglang.profile import RELEASES, VERSION
+
+    assert load_config(None).convert.engine_version == VERSION and VERSION in RELEASES
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["convert.engine_version=0.6.0"])
+    msg = str(e.value)
+    assert "convert.engine_version" in msg and f"{sorted(RELEASES)}" in msg and "'0.6.0'" in msg

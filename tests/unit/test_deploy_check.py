@@ -1,4 +1,4 @@
-"""The pre-flight of a deployment (eagle3.serve.deploy_check), one failure class per test with the code and the
+"""The pre-flight of a deployment (eagle3.serve.preflight), one failure class per test with the code and the
 key or class named: aux capture of the target class, memory for the launch's GPUs, settings SGLang changes,
 simulated acceptance, template switches and server-side template overrides; the reference engine checks what
 applies to it."""
@@ -12,7 +12,7 @@ import pytest
 
 from eagle3.config import load_config
 from eagle3.errors import ConfigError, EngineUnsupported
-from eagle3.serve.deploy_check import run_preflight
+from eagle3.serve.preflight import run_preflight
 from testkit.broken_corpus import good_data_manifest, good_pair
 
 H100 = [{"index": i, "uuid": f"GPU-{i}", "mem_total_mib": 81559, "mem_used_mib": 500, "util_pct": 0, "pids": []}

@@ -7,12 +7,13 @@ import json
 import pytest
 
 from eagle3.errors import ConfigError, EngineUnsupported
-from eagle3.serve.preflight import check_aux_capture, estimate_memory, target_architecture
+from eagle3.engines.sglang.source import check_aux_capture
+from eagle3.serve.preflight import estimate_memory, target_architecture
 
 
 @pytest.fixture(scope="module")
 def sglang_source(cache_dir):
-    from eagle3.serve.preflight import find_engine_source
+    from eagle3.engines.sglang.source import find_engine_source
 
     try:
         return find_engine_source("sglang", "0.5.23", cache_dir=cache_dir, download=True)

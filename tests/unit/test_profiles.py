@@ -19,7 +19,7 @@ EAGLE3 = "sglang/srt/models/llama_eagle3.py"
 
 @pytest.fixture(scope="module")
 def sglang_source(cache_dir):
-    from eagle3.serve.preflight import find_engine_source
+    from eagle3.engines.sglang.source import find_engine_source
 
     try:
         src = find_engine_source("sglang", "0.5.23", cache_dir=cache_dir, download=True)
@@ -112,7 +112,7 @@ def test_aux_id_convention(sglang_source, profile):
 
 
 def test_capture_classes_pinned(sglang_source, profile):
-    from eagle3.serve.preflight import ModelIndex
+    from eagle3.engines.sglang.source import ModelIndex
 
     index = ModelIndex(sglang_source)
     assert index.capturing_classes() == profile.aux_capture_classes
@@ -151,11 +151,8 @@ def test_engine_params_shapes(profile):
     assert profile.route("t2d", p).kind == "ignored" and profile.route("d2t", p).kind == "special"
 
 
-def test_vllm_profile_unpinned_and_unknown_engine():
-    v = get_profile("vllm", "unpinned")
-    assert v.pinned is False and v.unknown_tensor == "raise" and v.aux_id_offset == 0
-    v.check_flags({"norm_before_residual": True})
-    with pytest.raises(ConfigError, match="norm_output"):
-        v.check_flags({"norm_output": True})
+def test_unknown_release_and_engine_are_refused_by_name():
     with pytest.raises(EngineUnsupported, match="0.4.0"):
         get_profile("sglang", "0.4.0")
+    with pytest.raises(EngineUnsupported, match="vllm"):
+        get_profile("vllm")

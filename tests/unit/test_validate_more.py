@@ -127,52 +127,6 @@ def test_same_config_other_weights_is_a_target_mismatch(pair, tmp_path, tiny_tar
     assert "target.weights_hash" in problems[0].message and data["target"]["weights_hash"][:12] in problems[0].message
 
 
-# ------------------------------------------------------------------------------------------------ vLLM
-
-def test_vllm_reads_the_projects_own_draft_without_false_alarm(pair, tiny_target_dir, tmp_path):
-    spec, _ = pair
-    decisions: dict = {}
-    assert validate(spec, target_dir=tiny_target_dir, engine="vllm", decisions=decisions) == []
-    assert decisions["embedding"]["decision"] == "share"  # the draft's embedding is the target's
-    # the vocab-map checks now run on this path too
-    broken = _copy(spec, tmp_path / "d2t", tensors=lambda t: t.__setitem__("d2t", t["d2t"][:-1].clone()))
-    assert "VOCAB_MAP_INVALID" in [p.code for p in validate(broken, target_dir=tiny_target_dir, engine="vllm")]
-
-
-def test_vllm_embedding_decision_per_rank(pair, tiny_target_dir, tmp_path):
-    spec, _ = pair
-    emb = load_file(str(spec / "model.safetensors"))["embed_tokens.weight"]
-    vocab = emb.shape[0]
-
-    def rows(lo, hi):
-        def edit(t):
-            e = t["embed_tokens.weight"].clone()
-            e[lo:hi] += 1.0
-            t["embed_tokens.weight"] = e
-        return edit
-
-    own = _copy(spec, tmp_path / "own", tensors=rows(0, vocab))
-    d: dict = {}
-    assert validate(own, target_dir=tiny_target_dir, engine="vllm", tp_size=4, decisions=d) == []
-    assert d["embedding"]["decision"] == "own" and d["embedding"]["per_rank"] == ["own"] * 4
-    split = _copy(spec, tmp_path / "split", tensors=rows(vocab - 3, vocab))  # three rows on the last rank
-    d = {}
-    problems = validate(split, target_dir=tiny_target_dir, engine="vllm", tp_size=4, decisions=d)
-    assert d["embedding"]["per_rank"] == ["share", "share", "share", "own"]
-    assert [p.code for p in problems] == ["EMBED_SHARING_SPLIT"]
-    assert "ranks [0, 1, 2] sharing" in problems[0].message and "ranks [3] keeping" in problems[0].message
-    d = {}
-    assert validate(split, target_dir=tiny_target_dir, engine="vllm", tp_size=1, decisions=d) == []
-    assert d["embedding"]["decision"] == "own"  # one rank: one decision, consistent
-
-
-def test_vllm_rank_rows_pad_to_64():
-    from eagle3.engines.vllm.embedding import rank_rows
-
-    assert rank_rows(49152, 8) == [(i * 6144, (i + 1) * 6144) for i in range(8)]
-    assert rank_rows(100, 2) == [(0, 64), (64, 100)]  # padded to 128, 64 rows per rank
-
-
 def test_a_training_output_not_converted_yet_is_one_problem_with_the_way_on(tmp_path, tiny_target_dir):
     """A new-user trial ran `eagle3 validate runs/<name>/train`: the speculators checkpoint gave CONFIG_FIELD and
     AUX_IDS_MISSING findings that only follow from its format; one problem that says to convert it is the answer."""

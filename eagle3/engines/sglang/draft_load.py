@@ -1,9 +1,10 @@
-"""Loader rules of SGLang 0.5.23's ``LlamaForCausalLMEagle3.load_weights`` (``sglang/srt/models/llama_eagle3.py``)
-and the config checks of :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
+"""Loader rules of the pinned SGLang's ``LlamaForCausalLMEagle3.load_weights``
+(``sglang/srt/models/llama_eagle3.py``) and the config checks of
+:class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
 
-Names: legacy ``midlayer`` → ``layers.0`` and ``aux_norm_{low,mid,high}`` → ``fc_norm.{0,1,2}``; q/k/v are
-stacked into ``qkv_proj`` (rows q, then k, then v) and gate/up into ``gate_up_proj``; each name is tried as-is
-and with a ``model.`` prefix.
+Names: legacy ``midlayer`` → ``layers.0`` and ``aux_norm_{low,mid,high}`` → ``fc_norm.{0,1,2}``;
+q/k/v are stacked into ``qkv_proj`` (rows q, then k, then v) and gate/up into ``gate_up_proj``; each
+name is tried as-is and with a ``model.`` prefix.
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 # llama_eagle3.py load_weights: legacy names, then q/k/v and gate/up stacking.
 LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
                 "aux_norm_high": "fc_norm.2"}
-STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
+STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
+           (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
 
 
 def copy_param(param: nn.Parameter, w: torch.Tensor, key: str, orig: str, where) -> None:
-    """Copy tensor ``w`` (checkpoint name ``orig``) into ``param``; CheckpointInvalid on a shape mismatch."""
+    """Copy tensor ``w`` (checkpoint name ``orig``) into ``param``; CheckpointInvalid on a shape
+    mismatch."""
     if tuple(param.shape) != tuple(w.shape):
-        raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, parameter {key} expects "
-                                f"{tuple(param.shape)}")
+        raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, parameter "
+                                f"{key} expects {tuple(param.shape)}")
     param.data.copy_(w.to(param.dtype))
 
 
-def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str, orig: str, where) -> None:
+def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str, orig: str,
+               where) -> None:
     """Write one of q/k/v (rows of qkv_proj) or gate/up (halves of gate_up_proj)."""
     if shard in ("q", "k", "v"):
         hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -41,8 +45,8 @@ def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str,
         start = shard * size
     target = param.data[start:start + size]
     if tuple(target.shape) != tuple(w.shape):
-        raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, shard {shard!r} of {key} "
-                                f"expects {tuple(target.shape)}")
+        raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, shard "
+                                f"{shard!r} of {key} expects {tuple(target.shape)}")
     target.copy_(w.to(param.dtype))
 
 
@@ -60,9 +64,11 @@ def unfilled(params: dict, filled: set[str]) -> list[str]:
 
 
 def rope_parameters(cfg: dict) -> dict:
-    """RoPE settings as SGLang reads them: ``rope_parameters`` if present, else ``rope_theta`` + ``rope_scaling``.
+    """RoPE settings as SGLang reads them: ``rope_parameters`` if present, else ``rope_theta`` +
+    ``rope_scaling``.
 
-    Returns a transformers-5 ``rope_parameters`` dict (``rope_type``, ``rope_theta`` and scaling fields).
+    Returns a transformers-5 ``rope_parameters`` dict (``rope_type``, ``rope_theta`` and scaling
+    fields).
     """
     rp = cfg.get("rope_parameters")
     if rp is not None:
@@ -78,11 +84,15 @@ def rope_parameters(cfg: dict) -> dict:
 
 
 def check_config(cfg: dict) -> None:
-    """Refuse a config this implementation cannot run faithfully (EngineUnsupported / ConfigError, naming the key)."""
+    """Refuse a config this implementation cannot run faithfully (EngineUnsupported / ConfigError,
+    naming the key)."""
     archs = cfg.get("architectures") or []
-    if not archs or archs[0] != ARCHITECTURE:  # SGLang builds the first registered entry (models/registry.py)
-        raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] first (the class SGLang "
-                                f"0.5.23 loads for EAGLE-3; it builds the first registered entry), got {archs}")
+    # SGLang builds the first registered entry (models/registry.py)
+    if not archs or archs[0] != ARCHITECTURE:
+        raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] "
+                                "first (the class the pinned SGLang loads for EAGLE-3; it builds "
+                                "the "
+                                f"first registered entry), got {archs}")
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "num_hidden_layers", "vocab_size", "rms_norm_eps"):
         if key not in cfg:
@@ -91,10 +101,12 @@ def check_config(cfg: dict) -> None:
         if cfg.get(key) is not None:
             bounded_int(cfg, key, where="draft config.json")
     if cfg.get("hidden_act", "silu") != "silu":
-        raise EngineUnsupported(f"draft config.json hidden_act: expected 'silu', got {cfg['hidden_act']!r}")
+        raise EngineUnsupported("draft config.json hidden_act: expected 'silu', got "
+                                f"{cfg['hidden_act']!r}")
     if cfg.get("tie_word_embeddings", False):
-        raise EngineUnsupported("draft config.json tie_word_embeddings: true makes SGLang 0.5.23 use the (target) "
-                                "embedding as a full-vocabulary lm_head; this reference draft runs untied heads only "
-                                "(expected false)")
+        raise EngineUnsupported("draft config.json tie_word_embeddings: true makes the pinned "
+                                "SGLang "
+                                "use the (target) embedding as a full-vocabulary lm_head; this "
+                                "reference draft runs untied heads only (expected false)")
     if rope_parameters(cfg).get("mrope_section") is not None:
         raise EngineUnsupported("draft config.json rope_scaling: mrope is not implemented here")

@@ -1,7 +1,9 @@
-"""Where SGLang's interpreter is, and whether it can import ``sglang`` (found without importing it here).
+"""Where SGLang's interpreter is, and whether it can import ``sglang`` (found without importing it
+here).
 
-SGLang lives in an environment of its own (it brings its own CUDA torch; ``make sglang-env`` builds one), named
-by ``serve.sglang_python``; the launcher (serving) and the ``sglang`` extraction backend both start it.
+SGLang lives in an environment of its own (it brings its own CUDA torch; ``make sglang-env`` builds
+one), named by ``serve.sglang_python``; the launcher (serving) and the ``sglang`` extraction backend
+both start it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 
 def sglang_python(cfg) -> str:
-    """The interpreter that runs SGLang: ``cfg.serve.sglang_python`` (``cfg`` a RunConfig), else this one."""
+    """The interpreter that runs SGLang: ``cfg.serve.sglang_python`` (``cfg`` a RunConfig), else
+    this one."""
     return cfg.serve.sglang_python or sys.executable
 
 
@@ -26,14 +29,26 @@ def sglang_installed(python: str) -> bool:
         return False
     code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
     try:
-        return subprocess.run([python, "-c", code], capture_output=True, timeout=120).returncode == 0
+        return subprocess.run([python, "-c", code], capture_output=True,
+                              timeout=120).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
 def sglang_unusable_reason(python: str) -> str:
-    """Why ``python`` cannot run SGLang, for messages: not an executable file, or it cannot import sglang."""
+    """Why ``python`` cannot run SGLang, for messages: not an executable file, or it cannot import
+    sglang."""
     p = Path(python)
     if python != sys.executable and (not p.is_file() or not os.access(p, os.X_OK)):
         return f"{python} is not an executable file"
     return f"{python} cannot import sglang"
+
+
+def sglang_version(python: str) -> str | None:
+    """The sglang version ``python`` has installed (package metadata), None when it cannot tell."""
+    code = "import importlib.metadata as m; print(m.version('sglang'))"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None

@@ -1,22 +1,28 @@
-"""SGLang 0.5.23's EAGLE-3 draft loader, as data (``sglang/srt/models/llama_eagle3.py``).
+"""SGLang's EAGLE-3 draft loader as data (``sglang/srt/models/llama_eagle3.py``), per pinned
+release.
 
-Facts read from the released wheel (pinned by ``tests/unit/test_profiles.py``, which re-reads them):
+:data:`VERSION` is the one place the pinned release is written; :data:`RELEASES` holds what differs
+by release (source lines, capturing classes, serving defaults), keyed by version. Facts read from
+the released wheel (re-read by ``tests/unit/test_profiles.py``):
 
 - Draft class ``LlamaForCausalLMEagle3``; parameters ``model.embed_tokens``, ``model.fc`` (in =
   ``target_hidden_size`` (else ``hidden_size``) × num_aux, bias = ``config.bias``), optional
   ``model.input_norm`` (``norm_before_fc``), ``model.fc_norm.{i}`` (``fc_norm``/``use_aux_norm``),
-  ``model.layers.{i}`` (layer 0: q/k/v input ``2 × hidden``, qkv bias always False; ``hidden_norm``),
-  ``model.norm``, ``lm_head`` (``[draft_vocab_size, hidden]`` unless ``tie_word_embeddings``).
-- ``load_weights``: legacy ``midlayer``→``layers.0``, ``aux_norm_{low,mid,high}``→``fc_norm.{0,1,2}``
-  (substring replace); ``d2t`` → ``hot_token_id = d2t + arange``; ``t2d`` dropped; q/k/v and gate/up stacked;
-  each name tried as-is then with ``model.``; **a name matching no parameter is skipped silently**.
-- Decoder layer 0: ``residual = hidden_states`` *before* ``hidden_norm`` (norm_before_residual = False).
-  Layers ≥ 1 use ``hidden_norm`` (fused add) where a plain Llama layer uses ``input_layernorm``.
+  ``model.layers.{i}`` (layer 0: q/k/v input ``2 × hidden``, qkv bias always False;
+  ``hidden_norm``), ``model.norm``, ``lm_head`` (``[draft_vocab_size, hidden]`` unless
+  ``tie_word_embeddings``).
+- ``load_weights``: legacy ``midlayer``→``layers.0``,
+  ``aux_norm_{low,mid,high}``→``fc_norm.{0,1,2}`` (substring replace); ``d2t`` → ``hot_token_id =
+  d2t + arange``; ``t2d`` dropped; q/k/v and gate/up stacked; each name tried as-is then with
+  ``model.``; **a name matching no parameter is skipped silently**.
+- Decoder layer 0: ``residual = hidden_states`` *before* ``hidden_norm`` (norm_before_residual
+  False). Layers ≥ 1 use ``hidden_norm`` (fused add) where a plain Llama layer uses
+  ``input_layernorm``.
 - ``fc`` runs only if the incoming hidden states are wider than the embeddings.
 - Aux ids: ``eagle_config.eagle_aux_hidden_state_layer_ids`` (``model_runner_components/
-  spec_aux_hidden_state.py``), explicit id k captures the input of layer k+1 (``llama.py``
-  ``set_eagle3_layers_to_capture``: ``val + 1``) = HF index k+1; no ids → ``[2, L//2, L-3]``. Capture happens
-  at the input of layers ``0..L-1`` only, so HF index L (last layer's output) is never captured.
+  spec_aux_hidden_state.py``); explicit id k captures the input of layer k+1 (``llama.py``
+  ``set_eagle3_layers_to_capture``: ``val + 1``) = HF index k+1; no ids → ``[2, L//2, L-3]``.
+  Capture happens at the input of layers ``0..L-1`` only, so HF index L is never captured.
 - The target's embedding replaces the draft's (``eagle_worker_v2.py``: ``set_embed``).
 """
 
@@ -27,86 +33,109 @@ from typing import Mapping
 from eagle3.engines.bounds import bounded_int
 from eagle3.engines.profile import EngineProfile, FlagRule, ParamSpec, Route, dotted_get
 
-VERSION = "0.5.23"  # the SGLang release every fact here was read from (the one place it is written in code)
-VERSIONS = (VERSION,)
+VERSION = "0.5.23"  # the pinned SGLang release: the one place it is written
 SOURCE_FILE = "sglang/srt/models/llama_eagle3.py"
 
-LEGACY_RENAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"), ("aux_norm_mid", "fc_norm.1"),
+LEGACY_RENAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"),
+                  ("aux_norm_mid", "fc_norm.1"),
                   ("aux_norm_high", "fc_norm.2"))
-STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
+STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
+           (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
-# Where SGLang 0.5.23 decides each flag: (file in the wheel, line, text on that line); the refusal of an unsupported
-# value and the description of a supported one cite it. Re-read from the wheel by tests/unit/test_profiles.py.
+# Where the release decides each flag: (file in the wheel, line, text on that line); the refusal of
+# an unsupported value and the description of a supported one cite it. Re-read by
+# tests/unit/test_profiles.py.
 FLAG_SOURCE_LINES = {
     "norm_before_residual": ("sglang/srt/models/llama_eagle3.py", 99, "residual = hidden_states"),
     "norm_before_fc": ("sglang/srt/models/llama_eagle3.py", 174,
-                       'eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False))'),
-    "fc_norm": ("sglang/srt/models/llama_eagle3.py", 185, 'use_fc_norm = getattr(config, "fc_norm", None) or getattr('),
-    "norm_output": ("sglang/srt/models/llama_eagle3.py", 207, 'self.norm_output = getattr(config, "norm_output", False)'),
-    "embed_requires_grad": ("sglang/srt/speculative/eagle_worker_v2.py", 363, "self.draft_runner.model.set_embed(embed)"),
+                       'eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", '
+                       'False))'),
+    "fc_norm": ("sglang/srt/models/llama_eagle3.py", 185,
+                'use_fc_norm = getattr(config, "fc_norm", None) or getattr('),
+    "norm_output": ("sglang/srt/models/llama_eagle3.py", 207,
+                    'self.norm_output = getattr(config, "norm_output", False)'),
+    "embed_requires_grad": ("sglang/srt/speculative/eagle_worker_v2.py", 363,
+                            "self.draft_runner.model.set_embed(embed)"),
 }
 
 
-def _at(flag: str) -> str:
-    path, line, _ = FLAG_SOURCE_LINES[flag]
-    return f"{path}:{line}"
+def _flags(lines: dict) -> dict[str, FlagRule]:
+    def at(flag: str) -> str:
+        return f"{lines[flag][0]}:{lines[flag][1]}"
+
+    return {
+        "norm_before_residual": FlagRule(
+            "norm_before_residual", (False,), False, (),
+            "layer 0 takes the residual from the un-normalised hidden state, then applies "
+            "hidden_norm "
+            f"(LlamaDecoderLayer.forward, {at('norm_before_residual')}); the flag is not read"),
+        "norm_before_fc": FlagRule(
+            "norm_before_fc", (False, True), False, ("eagle_config.norm_before_fc",
+                                                     "norm_before_fc"),
+            "RMSNorm over the concatenated aux states before fc, tensor input_norm.weight "
+            f"({at('norm_before_fc')})"),
+        "fc_norm": FlagRule(
+            "fc_norm", (False, True), False, ("fc_norm", "use_aux_norm"),
+            f"one RMSNorm per aux chunk before fc, tensors fc_norm.{{i}}.weight ({at('fc_norm')}; "
+            "EAGLE-3.1)"),
+        "norm_output": FlagRule(
+            "norm_output", (False, True), False, ("norm_output",),
+            "the next draft step receives the final-normed hidden state instead of the pre-norm "
+            f"one ({at('norm_output')}; EAGLE-3.1)"),
+        "embed_requires_grad": FlagRule(
+            "embed_requires_grad", (False,), False, (),
+            "the draft's embed_tokens is replaced by the target's at run time (set_embed, "
+            f"{at('embed_requires_grad')}), so a trained embedding is discarded"),
+    }
 
 
-FLAGS = {
-    "norm_before_residual": FlagRule(
-        "norm_before_residual", (False,), False, (),
-        "layer 0 takes the residual from the un-normalised hidden state, then applies hidden_norm "
-        f"(LlamaDecoderLayer.forward, {_at('norm_before_residual')}); the flag is not read"),
-    "norm_before_fc": FlagRule(
-        "norm_before_fc", (False, True), False, ("eagle_config.norm_before_fc", "norm_before_fc"),
-        f"RMSNorm over the concatenated aux states before fc, tensor input_norm.weight ({_at('norm_before_fc')})"),
-    "fc_norm": FlagRule(
-        "fc_norm", (False, True), False, ("fc_norm", "use_aux_norm"),
-        f"one RMSNorm per aux chunk before fc, tensors fc_norm.{{i}}.weight ({_at('fc_norm')}; EAGLE-3.1)"),
-    "norm_output": FlagRule(
-        "norm_output", (False, True), False, ("norm_output",),
-        "the next draft step receives the final-normed hidden state instead of the pre-norm one "
-        f"({_at('norm_output')}; EAGLE-3.1)"),
-    "embed_requires_grad": FlagRule(
-        "embed_requires_grad", (False,), False, (),
-        f"the draft's embed_tokens is replaced by the target's at run time (set_embed, {_at('embed_requires_grad')}), "
-        "so a trained embedding is discarded"),
-}
+FLAGS = _flags(FLAG_SOURCE_LINES)
 
-# What SGLang 0.5.23 reads inside the draft's ``eagle_config``: the aux ids and ``use_aux_hidden_state``
-# (model_runner_components/spec_aux_hidden_state.py), ``norm_before_fc`` (llama_eagle3.py). Every other key there,
-# ``norm_output`` and ``fc_norm`` included (read at the top level only), is never read.
+# What the release reads inside the draft's ``eagle_config``: the aux ids and
+# ``use_aux_hidden_state`` (model_runner_components/spec_aux_hidden_state.py), ``norm_before_fc``
+# (llama_eagle3.py). Every other key there, ``norm_output`` and ``fc_norm`` included (read at the
+# top level only), is never read.
 EAGLE_CONFIG_KEYS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc")
 
-# Registered architectures (EntryClass) whose class implements set_eagle3_layers_to_capture in 0.5.23
-# (71 classes from 29 model files), read from the wheel by eagle3.serve.preflight.ModelIndex; the test
-# tests/unit/test_profiles.py re-derives this set from the released source.
+# Registered architectures (EntryClass) whose class implements set_eagle3_layers_to_capture (71
+# classes from 29 model files), read by eagle3.engines.sglang.source.ModelIndex; re-derived from the
+# released source by tests/unit/test_profiles.py.
 AUX_CAPTURE_CLASSES = frozenset("""
 ApertusForCausalLM BailingMoEForCausalLM BailingMoeForCausalLM BailingMoeV2ForCausalLM
 Cosmos3ForConditionalGeneration DeepseekV2ForCausalLM DeepseekV32ForCausalLM DeepseekV3ForCausalLM
-DeepseekV3ForCausalLMNextN EmbeddingGemmaModel ExaoneMoEForCausalLM ExaoneMoEForCausalLMMTP ExaoneMoeForCausalLM
-Gemma3ForCausalLM Gemma3ForConditionalGeneration Gemma4AssistantForCausalLM Gemma4ForCausalLM
-Gemma4ForConditionalGeneration Gemma4UnifiedAssistantForCausalLM Gemma4UnifiedForConditionalGeneration
-Glm4MoeForCausalLM Glm4MoeForCausalLMNextN Glm4MoeLiteForCausalLM Glm4MoeLiteForCausalLMNextN
-Glm5NextForConditionalGeneration Glm5NextForConditionalGenerationNextN GlmMoeDsaForCausalLM
-GlmMoeDsaForCausalLMNextN GptOssForCausalLM IQuestCoderForCausalLM InternLM3ForCausalLM
-InternS1ProForConditionalGeneration InternS2MobiusForConditionalGeneration InternS2PreviewForConditionalGeneration
+DeepseekV3ForCausalLMNextN EmbeddingGemmaModel ExaoneMoEForCausalLM ExaoneMoEForCausalLMMTP
+ExaoneMoeForCausalLM Gemma3ForCausalLM Gemma3ForConditionalGeneration Gemma4AssistantForCausalLM
+Gemma4ForCausalLM Gemma4ForConditionalGeneration Gemma4UnifiedAssistantForCausalLM
+Gemma4UnifiedForConditionalGeneration Glm4MoeForCausalLM Glm4MoeForCausalLMNextN
+Glm4MoeLiteForCausalLM Glm4MoeLiteForCausalLMNextN Glm5NextForConditionalGeneration
+Glm5NextForConditionalGenerationNextN GlmMoeDsaForCausalLM GlmMoeDsaForCausalLMNextN
+GptOssForCausalLM IQuestCoderForCausalLM InternLM3ForCausalLM InternS1ProForConditionalGeneration
+InternS2MobiusForConditionalGeneration InternS2PreviewForConditionalGeneration
 KimiK25ForConditionalGeneration Llama4ForCausalLM Llama4ForConditionalGeneration LlamaForCausalLM
 LlamaForCausalLMEagle LlamaForCausalLMEagle3 LongcatFlashForCausalLM LongcatFlashForCausalLMNextN
 MellumForCausalLM MindSporeForCausalLM MiniMaxM2ForCausalLM MiniMaxM3SparseForCausalLM
-MiniMaxM3SparseForConditionalGeneration Ministral3ForCausalLM MistralForCausalLM MistralForCausalLMEagle
-MistralLarge3ForCausalLM MistralLarge3ForCausalLMEagle Phi3ForCausalLM Qwen2ForCausalLM Qwen2ForCausalLMEagle
-Qwen2MoeForCausalLM Qwen2_5_VLForConditionalGeneration Qwen3ForCausalLM Qwen3MoeForCausalLM
-Qwen3MoeForCausalLMMTP Qwen3NextForCausalLM Qwen3NextForCausalLMMTP Qwen3VLForConditionalGeneration
-Qwen3VLMoeForConditionalGeneration Qwen3_5ForCausalLM Qwen3_5ForConditionalGeneration Qwen3_5MoeForCausalLM
-Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration SarvamMoEForCausalLM TeleFLMForCausalLM
+MiniMaxM3SparseForConditionalGeneration Ministral3ForCausalLM MistralForCausalLM
+MistralForCausalLMEagle MistralLarge3ForCausalLM MistralLarge3ForCausalLMEagle Phi3ForCausalLM
+Qwen2ForCausalLM Qwen2ForCausalLMEagle Qwen2MoeForCausalLM Qwen2_5_VLForConditionalGeneration
+Qwen3ForCausalLM Qwen3MoeForCausalLM Qwen3MoeForCausalLMMTP Qwen3NextForCausalLM
+Qwen3NextForCausalLMMTP Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration
+Qwen3_5ForCausalLM Qwen3_5ForConditionalGeneration Qwen3_5MoeForCausalLM
+Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration SarvamMoEForCausalLM
+TeleFLMForCausalLM
 """.split())
+
+# What differs by release, keyed by version. ``spec_max_running_requests``: the request limit SGLang
+# sets when speculation is on and none is given (arg_groups/speculative_hook.py
+# _handle_eagle_family).
+RELEASES: dict[str, dict] = {
+    VERSION: {"flag_source_lines": FLAG_SOURCE_LINES, "aux_capture_classes": AUX_CAPTURE_CLASSES,
+              "spec_max_running_requests": 48},
+}
 
 
 def _int(config: Mapping, key: str, default=None) -> int:
-    """``config[key]`` as an int in its plausible range (:mod:`eagle3.engines.bounds`), else ConfigError: checked
-    before a loop over layers or a shape is built from it."""
+    """``config[key]`` in its plausible range (:mod:`eagle3.engines.bounds`), else ConfigError."""
     return bounded_int(config, key, default)
 
 
@@ -120,14 +149,16 @@ def num_aux_states(config: Mapping) -> int:
 
 
 def target_hidden(config: Mapping) -> int:
-    """fc input width per aux state: ``target_hidden_size`` when the key exists, else ``hidden_size``."""
+    """fc input width per aux state: ``target_hidden_size`` when the key exists, else
+    ``hidden_size``."""
     if "target_hidden_size" in config:
         return _int(config, "target_hidden_size")
     return _int(config, "hidden_size")
 
 
 def engine_params(config: dict) -> dict[str, ParamSpec]:
-    """``LlamaForCausalLMEagle3``'s parameters for a served config (names as in ``named_parameters()``)."""
+    """``LlamaForCausalLMEagle3``'s parameters for a served config (names as in
+    ``named_parameters()``)."""
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads", heads)
@@ -140,7 +171,8 @@ def engine_params(config: dict) -> dict[str, ParamSpec]:
     n_aux, t_hidden = num_aux_states(config), target_hidden(config)
     eagle = config.get("eagle_config") or {}
     p: dict[str, ParamSpec] = {
-        "model.embed_tokens.weight": ParamSpec((vocab, hidden), runtime_source="target embed_tokens (set_embed)"),
+        "model.embed_tokens.weight": ParamSpec((vocab, hidden),
+                                               runtime_source="target embed_tokens (set_embed)"),
         "model.fc.weight": ParamSpec((hidden, t_hidden * n_aux)),
         "model.norm.weight": ParamSpec((hidden,)),
     }
@@ -160,8 +192,8 @@ def engine_params(config: dict) -> dict[str, ParamSpec]:
         p[pre + "self_attn.o_proj.weight"] = ParamSpec((hidden, q))
         if attn_bias:  # o_proj keeps attention_bias; the overridden qkv_proj is bias=False
             p[pre + "self_attn.o_proj.bias"] = ParamSpec((hidden,))
-        p[pre + "mlp.gate_up_proj.weight"] = ParamSpec((2 * inter, hidden), shards={0: (inter, hidden),
-                                                                                  1: (inter, hidden)})
+        p[pre + "mlp.gate_up_proj.weight"] = ParamSpec(
+            (2 * inter, hidden), shards={0: (inter, hidden), 1: (inter, hidden)})
         p[pre + "mlp.down_proj.weight"] = ParamSpec((hidden, inter))
         p[pre + "input_layernorm.weight"] = ParamSpec((hidden,), unused=i > 0)
         p[pre + "post_attention_layernorm.weight"] = ParamSpec((hidden,))
@@ -195,7 +227,8 @@ def route(name: str, params: Mapping[str, ParamSpec]) -> Route:
 
 
 def build(version: str) -> EngineProfile:
-    """The SGLang profile for ``version`` (one of :data:`VERSIONS`)."""
+    """The SGLang profile for ``version`` (a key of :data:`RELEASES`)."""
+    release = RELEASES[version]
     return EngineProfile(
         engine="sglang", version=version, pinned=True, source_file=SOURCE_FILE,
         draft_architectures=("LlamaForCausalLMEagle3",),
@@ -204,10 +237,13 @@ def build(version: str) -> EngineProfile:
         ignored_tensors=("t2d",), embed_from_target=True,
         aux_ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
         aux_ids_convention="output of layer k (captures the input of layer k+1)", aux_id_offset=1,
-        aux_default_rule="HF indices [2, L//2, L-3] when no ids are given", aux_capture_hf_range="[1, L-1]",
+        aux_default_rule="HF indices [2, L//2, L-3] when no ids are "
+                         "given", aux_capture_hf_range="[1, L-1]",
         residual_order="residual from the un-normalised hidden state (norm_before_residual=False)",
-        flags=FLAGS, flags_not_read=("norm_before_residual", "embed_requires_grad"),
-        aux_capture_classes=AUX_CAPTURE_CLASSES, max_draft_layers=None,
+        flags=_flags(release["flag_source_lines"]), flags_not_read=("norm_before_residual",
+                                                                    "embed_requires_grad"),
+        aux_capture_classes=release["aux_capture_classes"],
+        max_draft_layers=None,
         param_fn=engine_params, route_fn=route,
         notes=("fc is bypassed when the incoming hidden states are as wide as the embeddings",
                "layers >= 1 normalise their input with hidden_norm, not input_layernorm"),

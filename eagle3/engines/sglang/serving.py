@@ -1,39 +1,100 @@
-"""What SGLang 0.5.23 changes, or fakes, in the speculative serving settings it was given: as data and rules.
+"""The launch flags, and what the pinned SGLang release changes or fakes in the speculative settings
+it is given: one table and one rule each, read by the config checks, the launcher, the pre-flight
+and the read-back.
 
-Read from the released source (pinned by ``tests/unit/test_sglang_serving.py``, which re-reads these lines in
-the wheel; docs/ENGINE_FACTS.md §4 S11-S15):
+Read from the released source (re-read by ``tests/unit/test_sglang_serving.py``;
+docs/ENGINE_FACTS.md §4 S11-S15):
 
-- **max_running_requests** (S11): ``arg_groups/speculative_hook.py`` ``_handle_eagle_family`` sets it to 48 when
-  it is unset ("Max running requests is reset to 48 for speculative decoding"). A benchmark at a higher
-  concurrency then measures queueing, not what it says.
-- **draft tokens** (S12): with ``speculative_eagle_topk == 1`` it sets ``speculative_num_draft_tokens =
-  speculative_num_steps + 1`` whatever was asked (a warning in the log only).
-- **scheduler** (S13): EAGLE/EAGLE3 always run ``EAGLEWorkerV2`` (``speculative/spec_info.py``); the overlap
-  scheduler is on unless ``--disable-overlap-schedule``, device ``cpu`` (``_disable_overlap_schedule_for_cpu``)
-  or pipeline parallelism > 1 (``arg_groups/overrides.py``). In 0.5.23 top-k > 1 (tree drafting) runs under the
-  overlap scheduler too: no refusal and no silent switch was found in the source (public 2026 reports of
-  "overlap needs top-k 1" concern other builds), so the launch records which scheduler it gets instead.
-- **simulated acceptance** (S14): ``SGLANG_SIMULATE_ACC_LEN`` (``environ.py``, ``EnvFloat(-1)``; the legacy
-  ``SGL_`` prefix is rewritten to ``SGLANG_``) > 0 makes the engine accept a simulated number of draft tokens
-  (``speculative/spec_utils.py``): every acceptance figure of such a server is made up.
-- **/server_info** (S15) returns the *resolved* settings (``server_args.resolved_dict()``), so what the engine
-  really runs can be read back after launch (:func:`compare_server_info`).
+- **max_running_requests** (S11): ``arg_groups/speculative_hook.py`` ``_handle_eagle_family`` sets
+  it to ``RELEASES[v]["spec_max_running_requests"]`` (48) when unset. A benchmark at a higher
+  concurrency then measures queueing.
+- **draft tokens** (S12): with ``speculative_eagle_topk == 1`` it sets
+  ``speculative_num_draft_tokens = speculative_num_steps + 1`` whatever was asked (a log warning
+  only).
+- **scheduler** (S13): EAGLE/EAGLE3 always run ``EAGLEWorkerV2`` (``speculative/spec_info.py``); the
+  overlap scheduler is on unless ``--disable-overlap-schedule``, device ``cpu``
+  (``_disable_overlap_schedule_for_cpu``) or pipeline parallelism > 1 (``arg_groups/overrides.py``).
+  Tree drafting (top-k > 1) runs under the overlap scheduler too (no refusal or switch in the
+  source), so the launch records which scheduler it gets.
+- **simulated acceptance** (S14): ``SGLANG_SIMULATE_ACC_LEN`` (``environ.py``, ``EnvFloat(-1)``; the
+  legacy ``SGL_`` prefix is rewritten) > 0 makes the engine accept a simulated number of draft
+  tokens (``speculative/spec_utils.py``): every acceptance figure of such a server is made up.
+- **/server_info** (S15) returns the *resolved* settings (``server_args.resolved_dict()``), so what
+  the engine really runs is read back after launch (:func:`compare_server_info`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-SPEC_DEFAULT_MAX_RUNNING_REQUESTS = 48
+from eagle3.engines.sglang.profile import RELEASES, VERSION
+
+SPEC_DEFAULT_MAX_RUNNING_REQUESTS = RELEASES[VERSION]["spec_max_running_requests"]
 SIMULATE_ENV = ("SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN")
-RESOLVED_KEYS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                 "max_running_requests", "disable_overlap_schedule")
+
+
+@dataclass(frozen=True)
+class LaunchFlag:
+    """One ``serve.<field>`` and the launch flag that carries it.
+
+    ``spec``: only with a draft. ``switch``: a flag without value, given when the field is true.
+    ``skip``: the value for which the flag is left out. ``reference``: the values the CPU reference
+    engine honours (None: any); ``ref_flag``: the flag is passed to it too. ``resolved``:
+    ``/server_info`` reports it under the field's name (the read-back compares it).
+    """
+
+    field: str
+    flag: str
+    spec: bool = False
+    switch: bool = False
+    skip: Any = None
+    reference: tuple | None = (None,)
+    ref_flag: bool = False
+    resolved: bool = False
+
+
+LAUNCH_FLAGS = (
+    LaunchFlag("speculative_num_steps", "--speculative-num-steps", spec=True, reference=None,
+               ref_flag=True, resolved=True),
+    LaunchFlag("speculative_eagle_topk", "--speculative-eagle-topk", spec=True, reference=(1,),
+               ref_flag=True, resolved=True),
+    LaunchFlag("speculative_num_draft_tokens", "--speculative-num-draft-tokens", spec=True,
+               reference=None, ref_flag=True, resolved=True),
+    LaunchFlag("tp", "--tp-size", reference=(1,)),
+    LaunchFlag("max_running_requests", "--max-running-requests", resolved=True),
+    LaunchFlag("mem_fraction_static", "--mem-fraction-static"),
+    LaunchFlag("disable_cuda_graph", "--disable-cuda-graph", switch=True, skip=False,
+               reference=None,
+               ref_flag=True),
+    LaunchFlag("cuda_graph_max_bs", "--cuda-graph-max-bs-decode"),  # the release's unambiguous name
+    LaunchFlag("context_length", "--context-length", reference=None, ref_flag=True),
+)
+RESOLVED_KEYS = tuple(f.field for f in LAUNCH_FLAGS if f.resolved) + ("disable_overlap_schedule",)
+
+
+def launch_args(serve: Any, *, draft: bool, engine: str = "sglang") -> list[str]:
+    """The flags of :data:`LAUNCH_FLAGS` for ``serve`` (a ServeConfig) and ``engine`` (the reference
+    engine gets those marked ``ref_flag``), in table order."""
+    out: list[str] = []
+    for f in LAUNCH_FLAGS:
+        value = getattr(serve, f.field)
+        if (f.spec and not draft) or value == f.skip or (engine != "sglang" and not f.ref_flag):
+            continue
+        out += [f.flag] if f.switch else [f.flag, str(value)]
+    return out
+
+
+def reference_refusals(serve: Any) -> dict:
+    """``{"serve.<field>": value}`` for the settings the reference engine cannot honour."""
+    return {f"serve.{f.field}": getattr(serve, f.field) for f in LAUNCH_FLAGS
+            if f.reference is not None and getattr(serve, f.field) not in f.reference}
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` in an argv list (``--flag V`` or ``--flag=V``; the last one wins), None if absent;
-    ``"true"`` for a flag given without a value."""
+    """The value of ``flag`` in an argv list (``--flag V`` or ``--flag=V``; the last one wins), None
+    if absent; ``"true"`` for a flag given without a value."""
     value = None
     for i, a in enumerate(argv):
         if a == flag:
@@ -44,12 +105,55 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
-def simulated_acceptance(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """``(name, value)`` of the variable that makes SGLang simulate acceptance, None when none is set above 0.
-
-    A value SGLang cannot parse as a float also counts: the engine would refuse to start or (for a build that
-    reads it otherwise) simulate; either way no measured figure can come from it.
+def running_requests(serve: Any) -> tuple[int, int | None]:
+    """``(requests SGLang runs at once, the limit given or None)``: ``--max-running-requests`` in
+    ``serve.extra_args``, else ``serve.max_running_requests``, else the release's speculative
+    default.
     """
+    arg = flag_value(serve.extra_args, "--max-running-requests")
+    given = int(arg) if arg not in (None, "true") and arg.isdigit() else serve.max_running_requests
+    return (SPEC_DEFAULT_MAX_RUNNING_REQUESTS if given is None else given), given
+
+
+def chain_draft_tokens(steps: int, topk: int, asked: int) -> int:
+    """The draft tokens SGLang verifies: ``steps + 1`` for chain drafting (top-k 1), else
+    ``asked``."""
+    return steps + 1 if topk == 1 else asked
+
+
+# ------------------------------------------------------------------ rules, one message each
+
+def draft_tokens_problem(serve: Any) -> str | None:
+    """Chain drafting with ``speculative_num_draft_tokens`` other than ``steps + 1``."""
+    s = serve
+    want = chain_draft_tokens(s.speculative_num_steps, s.speculative_eagle_topk,
+                              s.speculative_num_draft_tokens)
+    if want == s.speculative_num_draft_tokens:
+        return None
+    return ("serve.speculative_num_draft_tokens: chain drafting (speculative_eagle_topk 1) "
+            f"verifies speculative_num_steps + 1 = {want} tokens, got "
+            f"{s.speculative_num_draft_tokens} (SGLang {VERSION} would silently use {want}; the "
+            "reference engine refuses it)")
+
+
+def concurrency_problem(serve: Any, concurrency: int) -> str | None:
+    """``bench.concurrency`` above the requests SGLang runs at once (the benchmark would queue)."""
+    running, given = running_requests(serve)
+    if concurrency <= running:
+        return None
+    why = (f"SGLang {VERSION} resets max_running_requests to {SPEC_DEFAULT_MAX_RUNNING_REQUESTS} "
+           "when speculative decoding is on and it is unset" if given is None
+           else f"serve.max_running_requests is {given}")
+    return (f"bench.concurrency {concurrency}: expected at most the {running} requests the engine "
+            f"runs at once ({why}); the benchmark would measure queueing, not concurrency "
+            f"{concurrency}: set serve.max_running_requests >= {concurrency} or lower "
+            "bench.concurrency")
+
+
+def simulated_acceptance(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(name, value)`` of the variable that makes SGLang simulate acceptance, None when none is
+    set above 0. A value SGLang cannot parse as a float counts too: no measured figure can come from
+    it."""
     for name in SIMULATE_ENV:
         raw = env.get(name)
         if raw is None or str(raw).strip() == "":
@@ -63,42 +167,62 @@ def simulated_acceptance(env: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def resolve(*, num_steps: int, topk: int, num_draft_tokens: int, max_running_requests: int | None,
-            extra_args: Sequence[str] = (), device: str = "cuda") -> dict:
-    """The settings SGLang 0.5.23 will run with for these launch settings (see the module docstring).
+def simulation_problem(env: Mapping[str, str], where: str) -> str | None:
+    """The message for a simulated-acceptance variable in ``env`` (``where``: whose environment)."""
+    sim = simulated_acceptance(env)
+    if sim is None:
+        return None
+    return (f"{sim[0]}={sim[1]!r} in {where}: expected unset (or <= 0); SGLang would report a "
+            "simulated acceptance length, and no measured figure may come from such a server")
 
-    ``extra_args``: flags passed through verbatim (``--max-running-requests``, ``--disable-overlap-schedule``,
-    ``--device``, ``--pp-size`` are read from them). Returns ``{"max_running_requests", "max_running_requests_source",
+
+def resolve(serve: Any, device: str = "cuda") -> dict:
+    """The settings the release will run with for ``serve`` (module docstring).
+
+    Reads ``--max-running-requests``, ``--disable-overlap-schedule``, ``--device``, ``--pp-size``
+    from ``serve.extra_args``. Returns ``{"max_running_requests", "max_running_requests_source",
     "num_draft_tokens", "num_draft_tokens_adjusted", "scheduler" ("overlap" | "synchronous"),
     "scheduler_reason", "drafting" ("chain" | "tree"), "worker"}``.
     """
-    mrr_arg = flag_value(extra_args, "--max-running-requests")
-    mrr = int(mrr_arg) if mrr_arg not in (None, "true") else max_running_requests
-    device = flag_value(extra_args, "--device") or device
-    pp = flag_value(extra_args, "--pp-size") or flag_value(extra_args, "--pipeline-parallel-size") or "1"
-    if flag_value(extra_args, "--disable-overlap-schedule") is not None:
+    extra, topk = serve.extra_args, serve.speculative_eagle_topk
+    running, given = running_requests(serve)
+    device = flag_value(extra, "--device") or device
+    pp = flag_value(extra, "--pp-size") or flag_value(extra, "--pipeline-parallel-size") or "1"
+    if flag_value(extra, "--disable-overlap-schedule") is not None:
         scheduler, why = "synchronous", "--disable-overlap-schedule"
     elif device == "cpu":
-        scheduler, why = "synchronous", "device cpu (speculative_hook.py _disable_overlap_schedule_for_cpu)"
+        scheduler, why = "synchronous", ("device cpu (speculative_hook.py "
+                                         "_disable_overlap_schedule_for_cpu)")
     elif pp not in ("1", "true"):
-        scheduler, why = "synchronous", f"pipeline parallel size {pp} (overrides.py _pipeline_parallel_overlap_disable)"
+        scheduler, why = "synchronous", (f"pipeline parallel size {pp} "
+                                         "(overrides.py _pipeline_parallel_overlap_disable)")
     else:
-        scheduler, why = "overlap", "the default (no --disable-overlap-schedule, device not cpu, pp 1)"
-    tokens = num_steps + 1 if topk == 1 else num_draft_tokens
-    return {"max_running_requests": SPEC_DEFAULT_MAX_RUNNING_REQUESTS if mrr is None else mrr,
-            "max_running_requests_source": "SGLang's speculative default (48)" if mrr is None else "set",
-            "num_draft_tokens": tokens, "num_draft_tokens_adjusted": tokens != num_draft_tokens,
-            "scheduler": scheduler, "scheduler_reason": why, "drafting": "chain" if topk == 1 else "tree",
-            "worker": "EAGLEWorkerV2"}
+        scheduler, why = "overlap", ("the default (no --disable-overlap-schedule, device not cpu, "
+                                     "pp 1)")
+    tokens = chain_draft_tokens(serve.speculative_num_steps, topk,
+                                serve.speculative_num_draft_tokens)
+    return {"max_running_requests": running,
+            "max_running_requests_source": ("set" if given is not None else
+                                            f"SGLang's speculative default ({running})"),
+            "num_draft_tokens": tokens,
+            "num_draft_tokens_adjusted": tokens != serve.speculative_num_draft_tokens,
+            "scheduler": scheduler, "scheduler_reason": why,
+            "drafting": "chain" if topk == 1 else "tree", "worker": "EAGLEWorkerV2"}
+
+
+def asked_settings(serve: Any, engine: str) -> dict:
+    """What a launch asked for, in ``/server_info``'s names (None: not asked): the resolved fields
+    of :data:`LAUNCH_FLAGS`; for SGLang an unset request limit is asked as the release's default."""
+    asked = {f.field: getattr(serve, f.field) for f in LAUNCH_FLAGS if f.resolved}
+    asked["max_running_requests"] = running_requests(serve)[0] if engine == "sglang" else None
+    return asked
 
 
 def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> dict:
-    """The running engine's resolved settings (``GET /server_info``) against what the launch asked for.
-
-    ``asked``: ``{key: value}`` for keys of :data:`RESOLVED_KEYS` (``disable_overlap_schedule`` as a bool).
-    Returns ``{"reported": {key: value or None}, "changed": {key: {"asked", "running"}}, "scheduler":
-    "overlap" | "synchronous" | None}``; a key the server does not report (another engine) is None, not a change.
-    """
+    """The running engine's resolved settings (``GET /server_info``) against ``asked`` (keys of
+    :data:`RESOLVED_KEYS`). Returns ``{"reported": {key: value or None}, "changed": {key: {"asked",
+    "running"}}, "scheduler": "overlap" | "synchronous" | None}``; a key the server does not report
+    (another engine) is None, not a change."""
     reported = {k: info.get(k) for k in RESOLVED_KEYS}
     changed = {k: {"asked": v, "running": reported[k]} for k, v in asked.items()
                if reported.get(k) is not None and v is not None and reported[k] != v}
@@ -108,21 +232,23 @@ def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> di
 
 
 def running_problems(info: Mapping[str, Any] | None, concurrency: int) -> list[str]:
-    """Why a measurement against a running server (its ``/server_info``) would not measure what it says: the
-    server reports fewer requests at once than ``concurrency``, or exposes (``SGLANG_EXPOSE_OWN_ENV_VARS``) a
-    simulated-acceptance variable. Fields the server does not report are not held against it."""
+    """Why a measurement against a running server (its ``/server_info``) would not measure what it
+    says: fewer requests at once than ``concurrency``, or an exposed
+    (``SGLANG_EXPOSE_OWN_ENV_VARS``) simulated-acceptance variable. Fields the server does not
+    report are not held against it."""
     if not info:
         return []
     out = []
     mrr = info.get("max_running_requests")
     if isinstance(mrr, int) and not isinstance(mrr, bool) and mrr < concurrency:
-        out.append(f"server max_running_requests {mrr} < concurrency {concurrency}: the server runs at most {mrr} "
-                   f"requests at once (SGLang resets it to {SPEC_DEFAULT_MAX_RUNNING_REQUESTS} with speculation unless "
-                   f"--max-running-requests is given), so the benchmark would measure queueing")
+        out.append(f"server max_running_requests {mrr} < concurrency {concurrency}: the server "
+                   f"runs at most {mrr} requests at once (SGLang resets it to "
+                   f"{SPEC_DEFAULT_MAX_RUNNING_REQUESTS} with speculation unless "
+                   "--max-running-requests is given), so the benchmark would measure queueing")
     for state in info.get("internal_states") or []:
-        sim = simulated_acceptance((state or {}).get("env_vars") or {}) if isinstance(state, Mapping) else None
-        if sim is not None:
-            out.append(f"server environment {sim[0]}={sim[1]!r}: the server reports a simulated acceptance length; no "
-                       f"measured figure may come from it")
+        env = (state or {}).get("env_vars") or {} if isinstance(state, Mapping) else {}
+        problem = simulation_problem(env, "the server's environment")
+        if problem is not None:
+            out.append(problem)
             break
     return out

@@ -1,25 +1,26 @@
-"""The SGLang side of the ``sglang`` extraction backend: runs ONLY in SGLang's environment (``serve.sglang_python``).
+"""The SGLang side of the ``sglang`` extraction backend: runs ONLY in SGLang's environment
+(``serve.sglang_python``).
 
-Started by :mod:`eagle3.extract.sglang_backend` as ``<sglang python> sglang_extract_worker.py JOB.json`` with this folder
-first on ``PYTHONPATH``. It imports sglang, torch and safetensors, never the ``eagle3`` package (that
-environment has a different torch). Steps:
+Started by :mod:`eagle3.extract.sglang_backend` as ``<sglang python> sglang_extract_worker.py
+JOB.json`` with this folder first on ``PYTHONPATH``. It imports sglang, torch and safetensors, never
+the ``eagle3`` package (that environment has a different torch). Steps:
 
-1. Resolve the target's architecture (``config.json`` ``architectures[0]``) through SGLang's own registry to
-   ``module:Class``; refuse a class without ``set_eagle3_layers_to_capture``.
+1. Resolve the target's architecture (``config.json`` ``architectures[0]``) through SGLang's own
+   registry to ``module:Class``; refuse a class without ``set_eagle3_layers_to_capture``.
 2. Start SGLang's offline ``Engine`` with aux capture on: ``enable_return_aux_hidden_states=True``,
    ``speculative_algorithm="EAGLE3"`` (names the capture convention; no draft is loaded),
-   ``return_aux_hidden_state_layer_ids`` = the job's ids in SGLang's convention (id k = output of layer k;
-   ``L-1`` = the last layer, delivered by the ``eagle3_sglang_capture`` package registered through
-   ``SGLANG_EXTERNAL_MODEL_PACKAGE``), ``skip_tokenizer_init`` (token ids in, states out),
+   ``return_aux_hidden_state_layer_ids`` = the job's ids in SGLang's convention (id k = output of
+   layer k; ``L-1`` = the last layer, delivered by the ``eagle3_sglang_capture`` package registered
+   through ``SGLANG_EXTERNAL_MODEL_PACKAGE``), ``skip_tokenizer_init`` (token ids in, states out),
    ``disable_radix_cache`` (a cached prefix would return states for the uncached suffix only) and
    ``chunked_prefill_size=-1`` (one prefill per prompt), plus the job's ``engine_args``.
 3. Print ``EAGLE3-READY {...}`` on stdout, then serve requests read from stdin, one JSON line each:
    ``{"ids": [[token ids], ...], "out": "path.safetensors"}``. Each prompt runs one prefill
-   (``max_new_tokens=1``, greedy, ``return_hidden_states=True``); the states ``[T, S, H]`` (S = number of
-   ids, in the model dtype) are saved as tensors ``s0, s1, ...`` to ``out`` (temporary name, then rename) and
-   ``EAGLE3-RESULT {"out": ..., "rows": [...]}`` is printed. ``{"quit": true}`` or end of input shuts the
-   engine down. Any failure prints ``EAGLE3-ERROR {"error": ...}`` and exits 1. SGLang's own log goes to
-   stderr.
+   (``max_new_tokens=1``, greedy, ``return_hidden_states=True``); the states ``[T, S, H]`` (S =
+   number of ids, in the model dtype) are saved as tensors ``s0, s1, ...`` to ``out`` (temporary
+   name, then rename) and ``EAGLE3-RESULT {"out": ..., "rows": [...]}`` is printed. ``{"quit":
+   true}`` or end of input shuts the engine down. Any failure prints ``EAGLE3-ERROR {"error": ...}``
+   and exits 1. SGLang's own log goes to stderr.
 """
 
 from __future__ import annotations
@@ -39,15 +40,16 @@ def _say(kind: str, payload: dict) -> None:
 
 
 def resolve_class(target_dir: str) -> str:
-    """``module:Class`` of SGLang's implementation of the target's architecture (RuntimeError if none, or if it
-    cannot capture EAGLE-3 aux states)."""
+    """``module:Class`` of SGLang's implementation of the target's architecture (RuntimeError if
+    none, or if it cannot capture EAGLE-3 aux states)."""
     from sglang.srt.models.registry import ModelRegistry
 
     arch = json.loads((Path(target_dir) / "config.json").read_text())["architectures"][0]
     cls, _ = ModelRegistry.resolve_model_cls([arch])
     if not hasattr(cls, "set_eagle3_layers_to_capture"):
-        raise RuntimeError(f"{target_dir}/config.json: architecture {arch} -> {cls.__module__}.{cls.__name__} has no "
-                           "set_eagle3_layers_to_capture; this SGLang cannot capture EAGLE-3 aux hidden states for it")
+        raise RuntimeError(f"{target_dir}/config.json: architecture {arch} -> "
+                           f"{cls.__module__}.{cls.__name__} has no set_eagle3_layers_to_capture; "
+                           "this SGLang cannot capture EAGLE-3 aux hidden states for it")
     return f"{cls.__module__}:{cls.__name__}"
 
 
@@ -56,9 +58,11 @@ def start_engine(job: dict):
 
     os.environ["EAGLE3_CAPTURE_CLASS"] = resolve_class(job["target_dir"])
     os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "eagle3_sglang_capture"
-    kwargs = dict(model_path=job["target_dir"], dtype=DTYPES[job["dtype"]], skip_tokenizer_init=True,
+    kwargs = dict(model_path=job["target_dir"], dtype=DTYPES[job["dtype"]],
+                  skip_tokenizer_init=True,
                   enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",
-                  return_aux_hidden_state_layer_ids=list(job["layer_ids"]), disable_radix_cache=True,
+                  return_aux_hidden_state_layer_ids=list(job["layer_ids"]),
+                  disable_radix_cache=True,
                   chunked_prefill_size=-1, log_level="warning")
     kwargs.update(job.get("engine_args") or {})
     return sglang.Engine(**kwargs), os.environ["EAGLE3_CAPTURE_CLASS"]
@@ -74,7 +78,8 @@ def serve(engine, n_slots: int, dtype: str) -> None:
         if req.get("quit"):
             return
         ids = [list(map(int, x)) for x in req["ids"]]
-        outs = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+        outs = engine.generate(input_ids=ids,
+                               sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                                return_hidden_states=True)
         tensors, rows = {}, []
         for i, (x, o) in enumerate(zip(ids, outs)):
@@ -84,8 +89,8 @@ def serve(engine, n_slots: int, dtype: str) -> None:
                                    f"{sorted((o.get('meta_info') or {}).keys())})")
             hs = torch.tensor(got[0], dtype=torch.float32)
             if hs.dim() != 2 or hs.shape[0] != len(x) or hs.shape[1] % n_slots:
-                raise RuntimeError(f"prompt {i}: hidden_states shape {tuple(hs.shape)}, expected [{len(x)}, "
-                                   f"{n_slots} x hidden]")
+                raise RuntimeError(f"prompt {i}: hidden_states shape {tuple(hs.shape)}, expected "
+                                   f"[{len(x)}, {n_slots} x hidden]")
             tensors[f"s{i}"] = hs.view(len(x), n_slots, -1).to(store).contiguous()
             rows.append(len(x))
         tmp = req["out"] + ".tmp"
@@ -95,9 +100,10 @@ def serve(engine, n_slots: int, dtype: str) -> None:
 
 
 def watch_parent(interval_s: float = 1.0) -> None:
-    """End this worker's whole process group (the engine's schedulers included) as soon as the process that
-    started it is gone (e.g. killed with SIGKILL, which it cannot forward): a daemon thread polling the parent
-    pid, so an orphaned worker never keeps holding GPU memory through a model load."""
+    """End this worker's whole process group (the engine's schedulers included) as soon as the
+    process that started it is gone (e.g. killed with SIGKILL, which it cannot forward): a daemon
+    thread polling the parent pid, so an orphaned worker never keeps holding GPU memory through a
+    model load."""
     import signal
     import threading
     import time
@@ -115,15 +121,18 @@ def watch_parent(interval_s: float = 1.0) -> None:
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text())
-    if os.getpgid(0) == os.getpid():  # started in its own session by eagle3.extract.sglang_backend: safe to end the group
+    # started in its own session by eagle3.extract.sglang_backend: safe to end the group
+    if os.getpgid(0) == os.getpid():
         watch_parent()
     engine = None
     try:
         engine, cls = start_engine(job)
         _say("READY", {"class": cls, "layer_ids": job["layer_ids"]})
         serve(engine, len(job["layer_ids"]), job["dtype"])
-    except BaseException as e:  # reported to the parent on stdout, which turns it into its own error
-        sys.stderr.write(traceback.format_exc())  # the whole traceback goes to the log; the parent gets its end
+    # reported to the parent on stdout, which turns it into its own error
+    except BaseException as e:
+        # the whole traceback goes to the log; the parent gets its end
+        sys.stderr.write(traceback.format_exc())
         _say("ERROR", {"error": f"{type(e).__name__}: {e}",
                        "traceback": "".join(traceback.format_exc().splitlines(True)[-4:])})
         return 1

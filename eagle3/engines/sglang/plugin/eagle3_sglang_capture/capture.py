@@ -1,25 +1,28 @@
 """The target's SGLang model class, plus capture of its *last* layer's output before the final norm.
 
-SGLang 0.5.23's ``--enable-return-aux-hidden-states`` (offline ``Engine(enable_return_aux_hidden_states=True,
-speculative_algorithm="EAGLE3", return_aux_hidden_state_layer_ids=[...])``) returns, per prompt token, the
-concatenated aux hidden states of the requested layers. Its hooks capture "the output of layer k" as the
-input of layer k+1 (``set_eagle3_layers_to_capture`` adds 1 to each id), so the last layer's output cannot
-be captured ("Most models cannot capture their last layer", ``layers/logits_processor.py``). EAGLE-3 training
-needs it too (it gives the verifier's distribution), so this package registers, under the target's own
-architecture name, a subclass of SGLang's class that:
+the pinned SGLang's ``--enable-return-aux-hidden-states`` (offline
+``Engine(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",
+return_aux_hidden_state_layer_ids=[...])``) returns, per prompt token, the concatenated aux hidden
+states of the requested layers. Its hooks capture "the output of layer k" as the input of layer k+1
+(``set_eagle3_layers_to_capture`` adds 1 to each id), so the last layer's output cannot be captured
+("Most models cannot capture their last layer", ``layers/logits_processor.py``). EAGLE-3 training
+needs it too (it gives the verifier's distribution), so this package registers, under the target's
+own architecture name, a subclass of SGLang's class that:
 
-- accepts id ``L-1`` (= output of the last layer) in ``set_eagle3_layers_to_capture`` and hands SGLang only
-  the others;
+- accepts id ``L-1`` (= output of the last layer) in ``set_eagle3_layers_to_capture`` and hands
+  SGLang only the others;
 - records the input of the final norm with a forward hook on ``model.norm`` (for a fused add-norm,
-  ``hidden + residual``, i.e. the last layer's output; the norm's own weights and names are untouched);
-- appends that tensor to the aux list with a forward pre-hook on ``logits_processor``, so SGLang's own
-  packing, count check (``expected_aux_hidden_states``) and return path carry it like any aux state.
+  ``hidden + residual``, i.e. the last layer's output; the norm's own weights and names are
+  untouched);
+- appends that tensor to the aux list with a forward pre-hook on ``logits_processor``, so SGLang's
+  own packing, count check (``expected_aux_hidden_states``) and return path carry it like any aux
+  state.
 
 The class to wrap is named by ``$EAGLE3_CAPTURE_CLASS`` = ``module:ClassName`` (e.g.
-``sglang.srt.models.llama:LlamaForCausalLM``), set by the extraction worker, which resolves it through
-SGLang's own registry before the engine starts. Requires a model with ``model.norm`` and
-``logits_processor`` attributes (the Llama family and most decoder-only models of 0.5.23); anything else
-raises at construction with the missing attribute named.
+``sglang.srt.models.llama:LlamaForCausalLM``), set by the extraction worker, which resolves it
+through SGLang's own registry before the engine starts. Requires a model with ``model.norm`` and
+``logits_processor`` attributes (the Llama family and most decoder-only models of the pinned
+release); anything else raises at construction with the missing attribute named.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def _base_class():
 
 def _make_capture_class(base):
     class CaptureLastLayer(base):
-        """``base`` whose EAGLE-3 capture also delivers the last layer's output (see module docstring)."""
+        """``base`` whose EAGLE-3 capture also delivers the last layer's output (see module
+        docstring)."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -49,8 +53,8 @@ def _make_capture_class(base):
                 obj = self
                 for part in path.split("."):
                     if not hasattr(obj, part):
-                        raise RuntimeError(f"{base.__module__}.{base.__name__}: attribute {path!r} expected for the "
-                                           f"last-layer capture, not found")
+                        raise RuntimeError(f"{base.__module__}.{base.__name__}: attribute {path!r} "
+                                           "expected for the last-layer capture, not found")
                     obj = getattr(obj, part)
             self._eagle3_capture_last = False
             self._eagle3_last = None
@@ -63,26 +67,30 @@ def _make_capture_class(base):
                 self._eagle3_capture_last = True
                 layer_ids = [int(i) for i in layer_ids[:-1]]
                 if not layer_ids:
-                    raise RuntimeError("EAGLE-3 capture: at least one aux layer besides the last one is required")
+                    raise RuntimeError("EAGLE-3 capture: at least one aux layer besides the last "
+                                       "one is required")
             return super().set_eagle3_layers_to_capture(layer_ids)
 
         def _eagle3_record_final(self, _module, args, output):
             if not self._eagle3_capture_last:
                 return
             if isinstance(output, tuple) and len(args) > 1 and args[1] is not None:
-                self._eagle3_last = output[1].clone()  # fused add-norm: the updated residual = hidden + residual
+                # fused add-norm: the updated residual = hidden + residual
+                self._eagle3_last = output[1].clone()
             else:
                 self._eagle3_last = args[0].clone()
 
         def _eagle3_append_final(self, _module, args):
-            if not self._eagle3_capture_last or self._eagle3_last is None or len(args) < 5 or args[4] is None:
+            if (not self._eagle3_capture_last or self._eagle3_last is None or len(args) < 5
+                    or args[4] is None):
                 return None
             last, self._eagle3_last = self._eagle3_last, None
             aux = args[4]
             if isinstance(aux, torch.Tensor):
                 aux = torch.cat([aux, last.to(aux.dtype)], dim=-1)
             else:
-                aux = type(aux)(list(aux) + [last.to(aux[0].dtype)]) if len(aux) else type(aux)([last])
+                aux = (type(aux)(list(aux) + [last.to(aux[0].dtype)]) if len(aux)
+                       else type(aux)([last]))
             return (*args[:4], aux, *args[5:])
 
     CaptureLastLayer.__name__ = base.__name__

@@ -1,0 +1,270 @@
+"""The installed SGLang release's source, read statically (``ast``, no import), and the question it
+answers before a GPU is spent: does the target's class capture EAGLE-3 aux hidden states (failure
+class 11)? A target class feeds an EAGLE-3 draft only if it implements
+``set_eagle3_layers_to_capture`` (``model_runner_components/attention_backend_setup.py``:
+``configure_aux_hidden_state_capture``).
+
+The source is a wheel (read in place from the zip) or an unpacked directory; :class:`ModelIndex`
+reads the model files under ``sglang/srt/models/``, their ``EntryClass`` lists, each class's methods
+and its bases followed through ``from … import``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3.engines.sglang.profile import VERSION
+from eagle3.errors import DataError, EngineUnsupported
+
+CAPTURE_METHOD = "set_eagle3_layers_to_capture"
+MODELS_DIR = "sglang/srt/models/"
+
+
+class EngineSource:
+    """Read-only access to an engine's released source: a wheel (zip) or an unpacked directory.
+
+    ``root`` is the wheel file or the directory that contains the top-level package folder (e.g. the
+    folder holding ``sglang/``). Raises DataError when ``root`` is neither.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._zip = None
+        if self.root.is_file() and self.root.suffix == ".whl":
+            self._zip = zipfile.ZipFile(self.root)
+            self._names = set(self._zip.namelist())
+        elif self.root.is_dir():
+            self._names = None
+        else:
+            raise DataError(f"{self.root}: expected an engine wheel (.whl) or a source directory, "
+                            "found neither")
+
+    def __repr__(self) -> str:
+        return f"EngineSource({str(self.root)!r})"
+
+    def read(self, relpath: str) -> str:
+        """Text of ``relpath`` (e.g. ``sglang/srt/models/llama_eagle3.py``); DataError if absent."""
+        if self._zip is not None:
+            if relpath not in self._names:
+                raise DataError(f"{self.root}: {relpath} not in the wheel")
+            return self._zip.read(relpath).decode("utf-8")
+        path = self.root / relpath
+        if not path.is_file():
+            raise DataError(f"{self.root}: {relpath} not found")
+        return path.read_text(encoding="utf-8")
+
+    def list(self, prefix: str) -> list[str]:
+        """Relative paths of the ``.py`` files directly under ``prefix`` (a folder path ending in
+        '/')."""
+        if self._zip is not None:
+            return sorted(n for n in self._names if n.startswith(prefix) and n.endswith(".py")
+                          and "/" not in n[len(prefix):])
+        folder = self.root / prefix
+        return sorted(f"{prefix}{p.name}" for p in folder.glob("*.py")) if folder.is_dir() else []
+
+    def version(self) -> str | None:
+        """The released version: ``Version:`` of the wheel's ``*.dist-info/METADATA``, else
+        ``__version__`` in ``sglang/version.py`` (an unpacked tree); None when neither is found."""
+        if self._zip is not None:
+            for name in sorted(self._names):
+                if name.endswith(".dist-info/METADATA"):
+                    m = re.search(r"^Version:\s*(\S+)",
+                                  self._zip.read(name).decode("utf-8", "replace"), re.M)
+                    if m:
+                        return m.group(1)
+        else:
+            for meta in sorted(self.root.glob("*.dist-info/METADATA")):
+                m = re.search(r"^Version:\s*(\S+)",
+                              meta.read_text(encoding="utf-8", errors="replace"), re.M)
+                if m:
+                    return m.group(1)
+        for rel in ("sglang/version.py",):
+            try:
+                text = self.read(rel)
+            except DataError:
+                continue
+            m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""",
+                          text)
+            if m:
+                return m.group(1)
+        return None
+
+
+def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
+                       cache_dir: str | Path | None = None,
+                       download: bool = False) -> EngineSource:
+    """Locate the released source of ``engine==version`` without importing it.
+
+    Looks, in order, at ``$EAGLE3_<ENGINE>_SOURCE`` (a wheel or directory), ``<cache_dir>/wheels/``
+    (a ``<engine>-<version>-*.whl``), and, when ``download`` is set, runs ``pip download --no-deps
+    <engine>==<version> -d <cache_dir>/wheels`` (the released wheel, a few tens of MB). Raises
+    EngineUnsupported when no source is found (naming what was tried), DataError on a bad path.
+    """
+    tried = []
+    env = os.environ.get(f"EAGLE3_{engine.upper()}_SOURCE")
+    if env:
+        return EngineSource(env)
+    tried.append(f"${'EAGLE3_' + engine.upper() + '_SOURCE'} (unset)")
+    wheels = Path(cache_dir).expanduser() / "wheels" if cache_dir else None
+    if wheels is not None:
+        found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
+        if found:
+            return EngineSource(found[0])
+        tried.append(f"{wheels}/{engine}-{version}-*.whl (none)")
+        if download:
+            wheels.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   f"{engine}=={version}", "-d", str(wheels)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
+            if found:
+                return EngineSource(found[0])
+            tried.append(f"`{' '.join(cmd)}` (exit {proc.returncode}: "
+                         f"{proc.stderr.strip()[-300:]})")
+    raise EngineUnsupported(f"{engine} {version}: released source not found; tried "
+                            "" + "; ".join(tried))
+
+
+@dataclass(frozen=True)
+class _ClassInfo:
+    module: str
+    name: str
+    bases: tuple[str, ...]
+    methods: frozenset[str]
+
+
+def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassInfo],
+                                                               dict[str, str], list[str]]:
+    """Classes of one model file, its ``from X import name`` map, and its ``EntryClass`` names."""
+    module = relpath[:-3].replace("/", ".")
+    tree = ast.parse(source.read(relpath), filename=relpath)
+    classes: dict[str, _ClassInfo] = {}
+    imports: dict[str, str] = {}
+    entry: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bases = tuple(b.id if isinstance(b, ast.Name) else
+                          b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases)
+            fns = (ast.FunctionDef, ast.AsyncFunctionDef)
+            methods = frozenset(n.name for n in node.body if isinstance(n, fns))
+            classes[node.name] = _ClassInfo(module, node.name, bases, methods)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                imports[alias.asname or alias.name] = node.module
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
+                                                   for t in node.targets):
+            value = node.value
+            items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+            entry.extend(i.id for i in items if isinstance(i, ast.Name))
+    return classes, imports, entry
+
+
+class ModelIndex:
+    """Static index of an engine's model classes: which registered classes implement a method.
+
+    Built from every ``sglang/srt/models/*.py`` of ``source``. Inheritance is followed through bases
+    defined in the same file or imported with ``from <module> import <name>`` from another model
+    file; a base outside the models folder (``nn.Module`` …) contributes no methods.
+    """
+
+    def __init__(self, source: EngineSource, models_dir: str = MODELS_DIR):
+        self.source = source
+        self._modules: dict[str, tuple[dict[str, _ClassInfo], dict[str, str]]] = {}
+        self.entry_classes: dict[str, str] = {}  # class name -> module
+        for rel in source.list(models_dir):
+            try:
+                classes, imports, entry = _parse_module(source, rel)
+            except SyntaxError as e:
+                raise DataError(f"{source.root}: {rel} does not parse ({e})") from e
+            mod = rel[:-3].replace("/", ".")
+            self._modules[mod] = (classes, imports)
+            for name in entry:
+                self.entry_classes.setdefault(name, mod)
+        if not self.entry_classes:
+            raise DataError(f"{source.root}: no EntryClass found under {models_dir}")
+
+    def implements(self, class_name: str, method: str = CAPTURE_METHOD,
+                   module: str | None = None) -> bool:
+        """True when ``class_name`` (a registered architecture unless ``module`` is given) has
+        ``method``."""
+        module = module or self.entry_classes.get(class_name)
+        if module is None:
+            raise KeyError(class_name)
+        return self._has(module, class_name, method, set())
+
+    def _has(self, module: str, name: str, method: str, seen: set) -> bool:
+        if (module, name) in seen or module not in self._modules:
+            return False
+        seen.add((module, name))
+        classes, imports = self._modules[module]
+        info = classes.get(name)
+        if info is None:
+            src = imports.get(name)
+            return bool(src) and self._has(src, name, method, seen)
+        if method in info.methods:
+            return True
+        for base in info.bases:
+            if base in classes:
+                if self._has(module, base, method, seen):
+                    return True
+            elif base in imports and self._has(imports[base], base, method, seen):
+                return True
+        return False
+
+    def capturing_classes(self, method: str = CAPTURE_METHOD) -> frozenset[str]:
+        """All registered architectures (``EntryClass``) that implement ``method``."""
+        return frozenset(n for n in self.entry_classes if self.implements(n, method))
+
+    def files_defining(self, method: str = CAPTURE_METHOD) -> list[str]:
+        """Model modules where some class defines ``method`` itself."""
+        return sorted(m for m, (classes, _) in self._modules.items()
+                      if any(method in c.methods for c in classes.values()))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_index(root: str, mtime_ns: int) -> ModelIndex:
+    return ModelIndex(EngineSource(root))
+
+
+def model_index(source: EngineSource) -> ModelIndex:
+    """:class:`ModelIndex` of ``source``, parsed once per process (keyed by path and modification
+    time)."""
+    return _cached_index(str(source.root), source.root.stat().st_mtime_ns)
+
+
+def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str = VERSION,
+                      source: EngineSource | None = None) -> dict:
+    """Does ``engine==version`` capture EAGLE-3 aux hidden states for ``target_class``?
+
+    With ``source`` the answer is read from that release's model files; without it, from the
+    profile's pinned list (``EngineProfile.aux_capture_classes``, itself checked against the source
+    by the tests). Returns ``{"class", "engine", "version", "captures": True, "module", "how"}``.
+    Raises EngineUnsupported naming the class and the engine version when it does not capture (or is
+    not a registered architecture of that version).
+    """
+    if source is None:
+        from eagle3.engines.registry import get_profile
+
+        get_profile(engine, version).require_aux_capture(target_class)
+        return {"class": target_class, "engine": engine, "version": version, "captures": True,
+                "module": None, "how": "pinned profile list"}
+    index = model_index(source)
+    if target_class not in index.entry_classes:
+        raise EngineUnsupported(f"target class {target_class}: not a registered model class "
+                                f"(EntryClass) of {engine} {version} ({source.root}); it cannot "
+                                "serve as the target")
+    if not index.implements(target_class):
+        raise EngineUnsupported(
+            f"target class {target_class} ({index.entry_classes[target_class]}): {engine} "
+            f"{version} does not implement {CAPTURE_METHOD} for it, so the EAGLE-3 draft would "
+            "receive no aux hidden states")
+    return {"class": target_class, "engine": engine, "version": version, "captures": True,
+            "module": index.entry_classes[target_class], "how": f"read from {source.root}"}

@@ -1,1 +1,0 @@
-"""vLLM's facts (unpinned): its draft loader as data (``profile``)."""
