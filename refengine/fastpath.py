@@ -36,11 +36,11 @@ import torch
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import EngineUnsupported
+from eagle3.measure.replay import GenerationResult, stop_ids
 from refengine import sampling
 from refengine.graphs import Step, capture_steps
-from refengine.specdec import GenerationResult, SpeculativeDecoder, check_request, eos_token_ids
-from refengine.static_cache import kv_buckets
-from refengine.static_draft import StaticDraft
+from refengine.specdec import SpeculativeDecoder, check_request
+from refengine.static_cache import StaticDraft, kv_buckets
 from refengine.static_target import StaticLlamaTarget, unsupported_reason
 from refengine.timeline import Timeline
 
@@ -78,7 +78,7 @@ class FastDecoder:
         else:
             self.capture_aux, self.capture_indices = False, []
         self.num_steps = num_steps if draft is not None else 0
-        self.eos_token_ids = eos_token_ids(target)
+        self.eos_token_ids = stop_ids(target)
         self.vocab_size = int(target.lm_head.weight.shape[0])
         capture_final = draft is not None and not self.capture_aux
         self.tgt = StaticLlamaTarget(target, self.max_positions, self.capture_indices if self.capture_aux else None,

@@ -1,87 +1,40 @@
-"""Real chain EAGLE-3 speculative decoding in-process: the HF target verifies, the SGLang-format draft proposes.
+"""Chain EAGLE-3 speculative decoding in-process: the HF target verifies, the SGLang-format draft
+proposes.
 
-Semantics follow SGLang 0.5.23's EAGLE worker (``sglang/srt/speculative/eagle_worker_v2.py``:
+Semantics of SGLang's EAGLE worker (``sglang/srt/speculative/eagle_worker_v2.py``:
 ``_draft_extend_for_prefill``, ``draft_forward``, ``_draft_extend_for_decode``; topk 1):
 
-- prefill: the target runs the prompt ``x_0..x_{n-1}``, capturing the aux hidden states ``h_0..h_{n-1}`` and
-  producing ``x_n``. Draft extend pairs ``h_p`` with token ``p+1``: input ids ``x_1..x_n`` at positions
-  ``0..n-1``; its last row proposes ``d_1``.
-- draft steps: ``d_i`` at position ``n+i-1`` with the draft's own (pre-norm) output of the previous row as
-  hidden state (width H, so ``fc`` is skipped) proposes ``d_{i+1}``; ``num_steps`` tokens in all.
-- verify: one target forward over ``[x_n, d_1..d_k]`` (positions ``n..n+k``). Greedy: accept while the target's
-  argmax equals the draft token; the target's token at the first mismatch (or after the last draft) is the
-  bonus. T > 0: speculative sampling (:mod:`refengine.sampling`) with the draft's distribution mapped to the target
-  vocabulary through ``hot_token_id``.
-- draft extend after verify: the committed tokens ``d_1..d_a, bonus`` paired with the target's aux states at
-  ``x_n, d_1..d_a``; the draft's KV entries of rejected positions are dropped, exactly as SGLang's extend
-  overwrites them (attention is causal, so accepted rows never see rejected ones).
+- prefill: the target runs the prompt ``x_0..x_{n-1}``, capturing the aux states ``h_0..h_{n-1}``,
+  and produces ``x_n``; the draft extend pairs ``h_p`` with token ``p+1`` (ids ``x_1..x_n`` at
+  positions ``0..n-1``); its last row proposes ``d_1``;
+- draft steps: ``d_i`` at position ``n+i-1`` with the draft's own (pre-norm) output of the previous
+  row (width H: ``fc`` skipped) proposes ``d_{i+1}``; ``num_steps`` tokens in all;
+- verify: one target forward over ``[x_n, d_1..d_k]``. Greedy: accept while the target's argmax
+  equals the draft token; the target's token at the first mismatch (or after the last draft) is the
+  bonus. T > 0: speculative sampling (:mod:`refengine.sampling`), the draft's distribution mapped to
+  the target vocabulary through ``hot_token_id``;
+- draft extend after verify: ``d_1..d_a, bonus`` paired with the target's aux states at ``x_n,
+  d_1..d_a``; the draft's KV entries of rejected positions are dropped, as SGLang's extend overwrites
+  them (attention is causal: accepted rows never see rejected ones).
 
-Both models keep KV caches: the target a transformers ``DynamicCache`` cropped after rejection, the draft a
-:class:`~eagle3.engines.sglang.draft.DraftKVCache`. Aux capture ids are the draft's
-``eagle_config.eagle_aux_hidden_state_layer_ids`` translated by the SGLang engine profile
-(``eagle3.engines.registry.get_profile("sglang").engine_to_hf_ids``: "output of layer k" → HF index k+1), else
-SGLang's default ``[2, L//2, L-3]`` (already inputs of layers). Acceptance length = completion tokens / verify
-passes, as SGLang's ``spec_accept_length``: it counts the bonus token, and the prefill token sits in the numerator.
+KV caches: the target's a transformers ``DynamicCache`` cropped after rejection, the draft's a
+``DraftKVCache``. Aux capture ids: ``eagle3.measure.replay.capture_indices`` (the engine profile's
+"output of layer k" → HF index k+1, else SGLang's default ``[2, L//2, L-3]``). Acceptance length =
+completion tokens / verify passes, as SGLang's ``spec_accept_length`` (bonus and prefill token counted).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from eagle3.engines.registry import get_profile
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
-from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
+from eagle3.errors import DataError, EngineUnsupported
+from eagle3.measure.replay import GenerationResult, capture_indices, stop_ids
+from eagle3.target_model import capture_hidden_states, load_target, torch_dtype
 from refengine import sampling
-from eagle3.target_model import capture_hidden_states, load_target, num_layers, torch_dtype
-
-
-@dataclass
-class GenerationResult:
-    """One generation. ``output_ids``: generated target token ids (prompt excluded). ``verify_ct``: target verify
-    passes. ``accepted_per_position[j]``: verify passes whose draft token j (0-based) was accepted.
-    ``num_draft_tokens``: draft tokens proposed (verify_ct × num_steps). ``histogram[j]``: passes that accepted
-    exactly j draft tokens. ``finish_reason``: SGLang's ``{"type": "length", "length": N}`` or
-    ``{"type": "stop", "matched": id}``. ``accept_counts[i]``: draft tokens verify pass i accepted (before any
-    cut by a stop token or the token budget; the exactness tests compare it between decoders)."""
-
-    output_ids: list[int]
-    verify_ct: int
-    accepted_per_position: list[int]
-    num_draft_tokens: int
-    histogram: list[int]
-    finish_reason: dict = field(default_factory=dict)
-    prompt_tokens: int = 0
-    accept_counts: list[int] = field(default_factory=list)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def num_correct_drafts(self) -> int:
-        """Draft tokens accepted (bonus excluded)."""
-        return sum(self.accepted_per_position)
-
-    @property
-    def accept_length(self) -> float:
-        """completion_tokens / verify_ct (SGLang ``spec_accept_length``); 1.0 when nothing was verified."""
-        return self.completion_tokens / self.verify_ct if self.verify_ct else 1.0
-
-    @property
-    def accept_rate(self) -> float:
-        """Accepted / proposed draft tokens (SGLang ``spec_accept_rate``, bonus excluded); 0.0 when none."""
-        return self.num_correct_drafts / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-
-def eos_token_ids(target) -> set[int]:
-    """The target's EOS ids: ``generation_config.eos_token_id``, else ``config.eos_token_id`` (int or list)."""
-    gen_cfg = getattr(target, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None) or target.config.eos_token_id
-    return set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
 
 
 def check_request(input_ids: list[int], max_new_tokens: int, vocab_size: int) -> None:
@@ -130,21 +83,8 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self.vocab_size = int(target.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
-        n = num_layers(target)
-        ids = draft.aux_layer_ids
-        self.capture_indices = sorted(get_profile("sglang").engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
-        bad = [i for i in self.capture_indices if not 0 <= i < n]
-        if bad:
-            raise EngineUnsupported(f"draft eagle_config.eagle_aux_hidden_state_layer_ids {ids}: SGLang 0.5.23 "
-                                    f"captures inputs of layers 0..{n - 1} (ids -1..{n - 2}); HF indices {bad} "
-                                    f"are never captured for a {n}-layer target")
-        width = int(target.config.hidden_size) * (len(self.capture_indices) if self.capture_aux else 1)
-        fc_in = draft.model.fc.in_features
-        if self.capture_aux and width != fc_in:
-            raise CheckpointInvalid(f"draft fc.weight expects {fc_in} input features, but the target feeds "
-                                    f"{len(self.capture_indices)} aux states x hidden {target.config.hidden_size} "
-                                    f"= {width}")
-        self.eos_token_ids = eos_token_ids(target)
+        self.capture_indices = capture_indices(draft, target, check_fc=self.capture_aux)
+        self.eos_token_ids = stop_ids(target)
 
     @torch.no_grad()
     def _target_forward(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

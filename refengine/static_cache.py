@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import DataError
 
 
@@ -110,6 +111,63 @@ def qkv_heads(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: to
     heads = qkv.view(t, n_heads + 2 * n_kv, head_dim)
     qk = apply_rope(heads[:, :n_heads + n_kv].transpose(0, 1), cos, sin)
     return qk[:n_heads], qk[n_heads:], heads[:, n_heads + n_kv:].transpose(0, 1)
+
+
+def cached_attention(cache: StaticKVCache, layer: int, qkv: torch.Tensor, heads: tuple[int, int, int],
+                     positions: torch.Tensor, cos, sin, gmask, kv_len: int, scale: float):
+    """One layer's attention over the cache: fused projection ``qkv [T, (nh + 2·nkv)·d]`` with
+    ``heads = (nh, nkv, d)`` → RoPE, keys/values written at ``positions``, :func:`gqa_attention` over
+    the first ``kv_len`` positions → ``[T, nh·d]`` (before ``o_proj``)."""
+    q, k, v = qkv_heads(qkv, *heads, cos, sin)
+    cache.write(layer, positions, k, v)
+    keys, values = cache.window(layer, kv_len)
+    return gqa_attention(q, keys, values, gmask, scale)
+
+
+class StaticDraft:
+    """``draft`` (an SGLangEagle3Draft) run by its own ``states`` with a :class:`StaticKVCache` of
+    ``max_context`` positions: the same forward, only the keys/values live in the preallocated cache
+    and GQA reads the shared KV heads without ``repeat_interleave``.
+
+    Attributes: ``hot_token_id`` (int64 ``[draft_vocab]`` on the draft's device; None = identity),
+    ``hidden_size``, ``dtype``, ``cache``.
+    """
+
+    def __init__(self, draft: SGLangEagle3Draft, max_context: int):
+        if not isinstance(draft, SGLangEagle3Draft):
+            raise TypeError(f"StaticDraft: expected an SGLangEagle3Draft, got {type(draft).__name__}")
+        self.draft, w = draft, draft.lm_head.weight
+        self.device, self.dtype = w.device, w.dtype
+        attn = draft.model.layers[0].self_attn
+        self.heads, self.rep = (attn.nh, attn.nkv, attn.hd), attn.nh // attn.nkv
+        self.hidden_size = draft.hidden_size
+        self.hot_token_id = None if draft.hot_token_id is None else draft.hot_token_id.to(self.device)
+        self.cache = StaticKVCache(len(draft.model.layers), attn.nkv, attn.hd, max_context, self.dtype,
+                                   self.device)
+        self.cos, self.sin = rope_tables(draft._rotary[0], max_context, self.dtype,  # noqa: SLF001
+                                         self.device)
+        self.kv_positions = torch.arange(max_context, device=self.device)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids → target ids (on the device; identity without ``d2t``)."""
+        return draft_ids if self.hot_token_id is None else self.hot_token_id[draft_ids]
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+                kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """EXTEND over T rows (``SGLangEagle3Draft.forward``'s inputs) attending over the first
+        ``kv_len`` cache positions; the cache gains the T positions. Returns ``(logits [T,
+        draft_vocab], hidden [T, H])`` in the draft dtype."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        mask = grouped_mask(causal_mask(self.kv_positions[:kv_len], positions), self.rep)
+
+        def attend(layer, attn, x, pos):
+            out = cached_attention(self.cache, layer, attn.qkv_proj(x), self.heads, pos, cos, sin,
+                                   mask, kv_len, attn.hd ** -0.5)
+            return attn.o_proj(out)
+
+        normed, h = self.draft.states(ids, positions, hidden, attend)
+        return self.draft.lm_head(normed), h
 
 
 def kv_buckets(max_context: int, smallest: int = 256) -> list[int]:

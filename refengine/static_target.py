@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from refengine.static_cache import (StaticKVCache, causal_mask, gqa_attention, grouped_mask,
-                                                 qkv_heads, rope_tables)
+from refengine.static_cache import (StaticKVCache, cached_attention, causal_mask, grouped_mask,
+                                    rope_tables)
 
 FAST_ARCHITECTURES = ("LlamaForCausalLM",)
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -106,10 +106,9 @@ class StaticLlamaTarget:
 
     def _attention(self, i: int, x: torch.Tensor, positions, cos, sin, mask, kv_len: int) -> torch.Tensor:
         w, b = self.qkv[i]
-        q, k, v = qkv_heads(F.linear(x, w, b), self.n_heads, self.n_kv, self.head_dim, cos, sin)
-        self.cache.write(i, positions, k, v)
-        keys, values = self.cache.window(i, kv_len)
-        return self.layers[i].self_attn.o_proj(gqa_attention(q, keys, values, mask, self.scale))
+        out = cached_attention(self.cache, i, F.linear(x, w, b), (self.n_heads, self.n_kv, self.head_dim),
+                               positions, cos, sin, mask, kv_len, self.scale)
+        return self.layers[i].self_attn.o_proj(out)
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
         w, b = self.gate_up[i]

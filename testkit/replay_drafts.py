@@ -3,7 +3,7 @@
 :func:`distilled_draft` fits a 1-layer draft to the target's own greedy continuations of a few prompts: the
 target's aux states are captured once, then the draft's trainable parameters (``fc``, the layer, the final
 norm, ``lm_head``; the embedding is the target's when the widths match) take ``steps`` Adam steps on the
-TTT-style loss of :func:`eagle3.measure.replay_draft.chain_states` (step j predicts ``s_{t+1+j}``). The result
+TTT-style loss of :func:`eagle3.measure.replay.chain_states` (step j predicts ``s_{t+1+j}``). The result
 is written under SGLang's checkpoint names and loads with ``SGLangEagle3Draft.from_dir`` like any served draft.
 Trained briefly it accepts a realistic mix (some passes nothing, some part of the chain, some all of it).
 """
@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
-from eagle3.measure.replay_core import target_states, capture_indices, greedy_continuations
-from eagle3.measure.replay_draft import chain_states
+from eagle3.measure.replay import capture_indices, chain_states, greedy_continuations, target_states
 from eagle3.target_model import default_aux_layer_ids, num_layers
 from testkit.sglang_drafts import draft_config, random_draft_tensors, write_draft
 
