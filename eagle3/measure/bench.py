@@ -315,18 +315,22 @@ def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) 
     return out / "report.json"
 
 
-def acceptance_verdict(served: float | None, offline: float | None, minimum: float) -> str | None:
+def acceptance_verdict(served: float | None, offline: float | None, minimum: float,
+                       unlike_served: str | None = None) -> str | None:
     """The acceptance gate's verdict: None when ``served >= minimum``, else the diagnosis (a message).
 
     Diagnosis: with an offline figure (same draft, same prompts, in-process reference decoding) and
     :func:`eagle3.measure.acceptance.serving_gap` (served − 1 < 0.7 × (offline − 1)) → "served ≪ offline: serving
     integration fault (aux capture, key names, flags, layer ids, template)"; otherwise → "both low: draft
-    quality or data"; without an offline figure the cause is stated as undetermined.
+    quality or data"; without an offline figure the cause is stated as undetermined, and so it is
+    when ``unlike_served`` (``offline.unlike_served``) says the bench settings make the figures unlike.
     """
     if served is not None and served >= minimum:
         return None
     got = "none (no speculative fields)" if served is None else f"{served:.3f}"
     head = f"served acceptance length {got} < minimum {minimum:.3f}"
+    if offline is not None and unlike_served:
+        return f"{head}; offline (in-process) {offline:.3f} not compared: {unlike_served}"
     if offline is None:
         return (f"{head}; no offline figure to separate a serving fault from a weak draft — run "
                 "offline_acceptance on the same prompts")
