@@ -1,14 +1,10 @@
 """The offline acceptance figure: what the served benchmark would measure if serving lost nothing.
 
-The draft runs in-process (no server) by exact greedy replay (:mod:`eagle3.measure.replay`): the
-same counts as chain speculative decoding with topk 1 at temperature 0, request by request. The gap
-between the served and the offline figure is the serving fault the acceptance gate reports
-(``bench.acceptance_verdict``); where the bench samples (temperature > 0) or drafts trees (topk > 1)
-the figure is labelled (:func:`unlike_served`), not compared.
-
-:func:`offline_acceptance` measures one draft on the bench prompts; :func:`evaluate_drafts` many
-drafts on whole prompt sets, generating the continuations once, with a bootstrap interval
-(:mod:`eagle3.measure.spread`). Both pool :func:`offline_row` rows with :func:`offline_summary`.
+The draft runs in-process by exact greedy replay (:mod:`eagle3.measure.replay`: the counts of chain
+speculative decoding, topk 1, temperature 0). The gap to the served figure is the serving fault the
+gate reports (``bench.acceptance_verdict``); bench settings the figure cannot follow are labelled
+(:func:`unlike_served`), not compared. :func:`offline_acceptance`: one draft on the bench prompts;
+:func:`evaluate_drafts`: many drafts on whole prompt sets with a bootstrap interval (``spread``).
 """
 
 from __future__ import annotations
@@ -69,23 +65,15 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
                        seed: int = 0, capture_aux: bool = True, decoder=None, device: str = "cpu",
                        chat_template_kwargs: dict | None = None, cpu_threads: int | None = None,
                        batch_size: int = 16) -> dict:
-    """The draft's acceptance length in-process on the prompts of ``run_bench`` (same set, template
-    and target tokenizer from ``target_dir``), by exact greedy replay, ``batch_size`` prompts a
-    batch.
-
-    Acceptance length = 1 + Σ accepted drafts / Σ verify passes; ``per_position[k]`` = Σ passes that
-    accepted draft position k+1 / Σ passes. ``capture_aux=False`` feeds the draft the final hidden
-    state only (an engine capturing no aux states: the broken-integration reference). ``dtype``:
-    float32, bfloat16, float16 or ``auto`` (``eagle3.precision.resolve_dtype`` on ``device``).
-    ``temperature`` / ``topk``: the served bench's, for :func:`unlike_served` (the result's
-    ``unlike_served``). ``decoder``: an object with
-    ``generate(ids, max_new_tokens, temperature=, seed=)`` and ``num_steps`` decoding each prompt
-    instead (``serving_dir``, ``dtype``, ``capture_aux`` then unused). ``cpu_threads``: torch
-    threads on a CPU while decoding (restored after), as ``serve.cpu_threads``. Returns
-    ``acceptance_length``, ``acceptance_rate``, ``per_position``, ``histogram``, ``per_category``,
-    ``per_request``, ``wall_s``, ``settings`` and ``unlike_served``. Raises DataError for a request
-    with no verify pass.
-    """
+    """The draft's acceptance length in-process on ``run_bench``'s prompts and template, by exact
+    greedy replay (``batch_size`` prompts a batch); ``per_position[k]`` = passes that accepted draft
+    k+1 / passes. ``capture_aux=False``: the draft gets the final hidden state only (the
+    broken-integration reference). ``dtype``: float32, bfloat16, float16 or ``auto``
+    (``resolve_dtype`` on ``device``). ``temperature`` / ``topk``: the bench's, for
+    :func:`unlike_served`. ``decoder``: an object with ``generate(ids, max_new_tokens,
+    temperature=, seed=)`` and ``num_steps`` decoding each prompt instead. ``cpu_threads``: torch
+    threads while decoding on a CPU (``serve.cpu_threads``). Returns the :func:`offline_summary`
+    keys plus ``unlike_served``. Raises DataError for a request with no verify pass."""
     from transformers import AutoTokenizer
 
     from eagle3.precision import resolve_dtype, torch_threads
@@ -170,9 +158,8 @@ def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
 def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max_new_tokens: int,
                     num_steps: int, dtype: str, device: str, batch_size: int, resamples: int,
                     check_against_decoder: int, make_decoder: Callable | None = None) -> dict:
-    """Check every argument of :func:`evaluate_drafts` before any model loads; returns the loaded
-    conversations per set. Raises ConfigError (folders, numbers, dtype, device) or DataError (prompt
-    sets), naming the argument with the expected and the actual value."""
+    """Every argument of :func:`evaluate_drafts`, before a model loads; returns the conversations
+    per set. ConfigError / DataError name the argument, the expected and the actual value."""
     from eagle3.target_model import resolve_device, torch_dtype
 
     if not (Path(target_dir) / "config.json").is_file():
@@ -264,13 +251,10 @@ def _row(req: Request, res) -> dict:
 
 def decoder_check(decoder, requests: list[Request], results: list, n: int,
                   max_new_tokens: int) -> dict:
-    """Decode ``n`` requests (spread over ``requests``) with ``decoder`` and compare with replay.
-
-    Returns
-    ``{"n", "equal", "different": [{"id", "fields", "first_output_difference"}], "wall_s"}``: a
-    differing output (its first differing token index) is a numeric near-tie in the continuation,
-    differing counts with equal outputs a near-tie in a draft proposal (or a bug, in float32).
-    """
+    """``n`` requests (spread over the list) decoded by ``decoder`` against replay's results:
+    ``{"n", "equal", "different": [{"id", "fields", "first_output_difference"}], "wall_s"}``. A
+    differing output is a near-tie in the continuation, differing counts with equal outputs one in a
+    draft proposal (or a bug, in float32)."""
     t0 = time.perf_counter()
     picks = sorted({int(i * len(requests) / n) for i in range(min(n, len(requests)))})
     different = []
@@ -293,22 +277,14 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                     batch_size: int = 16, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                     check_against_decoder: int = 0, make_decoder: Callable | None = None,
                     include_requests: bool = True, progress: bool = True) -> dict[str, dict]:
-    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``.
-
-    The target (``target_dir``, ``dtype``, ``device``: "auto" | "cpu" | "cuda" | "cuda:1") generates
-    the continuations of all sets once (``max_new_tokens`` each, ``batch_size`` prompts a batch;
-    multi-turn sets turn by turn), then runs once per batch for all drafts; each draft proposes
-    ``num_steps`` tokens per verify pass. ``check_against_decoder=N`` decodes N requests again with
-    ``make_decoder(target, draft, tokenizer, num_steps=)`` and compares (:func:`decoder_check`).
-    Returns ``{name: result}``, JSON-able: ``overall``, ``per_set``, ``per_category``, ``per_turn``,
-    ``per_category_turn`` (groups of :func:`summarize`: acceptance lengths, rate, per position,
-    histogram, counts, bootstrap ``ci`` of ``resamples`` resamples seeded with ``seed``),
-    ``no_verify_pass`` (ids whose prefill token ended them: not counted), ``wall_s`` (``replay``:
-    this draft's forwards and walk; ``shared``: loading, generation and target forwards, paid once),
-    ``generation``, ``settings`` (with ``ACCEPTANCE_CONVENTION``), ``decoder_check`` (None unless
-    asked), ``offline_format`` (all requests pooled in :func:`offline_acceptance`'s shape) and
-    ``per_request`` rows (``include_requests``). Raises what :func:`check_arguments` raises, before
-    loading.
+    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``:
+    the continuations generated once (``batch_size`` prompts a batch), the target run once per batch
+    for all drafts. ``check_against_decoder=N`` decodes N requests again with ``make_decoder(target,
+    draft, tokenizer, num_steps=)`` (:func:`decoder_check`). Returns ``{name: result}``: the groups
+    of :func:`summarize` (with bootstrap ``ci``), ``no_verify_pass`` ids, ``wall_s`` (``replay``:
+    this draft's; ``shared``: loading, generation, target forwards), ``generation``, ``settings``,
+    ``decoder_check``, ``offline_format`` (:func:`offline_acceptance`'s shape) and ``per_request``
+    (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
     """
     from tqdm.auto import tqdm
 

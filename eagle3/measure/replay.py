@@ -1,37 +1,24 @@
 """Exact greedy replay: the acceptance of EAGLE-3 drafts under greedy chain decoding (topk 1) from a
 few batched forwards instead of decoding request by request.
 
-Why it is exact. At temperature 0 speculative decoding emits the target's own greedy continuation
-``s_n, s_{n+1}, ...`` of the prompt ``s_0..s_{n-1}``, and the chain's proposals at a verify point
-depend only on the committed prefix: the draft cache holds the extend rows of the committed
-positions (token ``s_{p+1}`` with the target's draft input state of ``s_p``) and the chain continues
-from the last one. Given the continuation, the proposals at every possible verify point are computed
-at once and the decoder's bookkeeping is replayed on them:
+At temperature 0 speculative decoding emits the target's own greedy continuation, and the chain's
+proposals at a verify point depend only on the committed prefix. So: (1) the continuations, batched
+(:func:`greedy_continuations`, :func:`generate_requests`: turn 2 after the target's own turn-1
+answer); (2) the target once over prompt + continuation, capturing the draft inputs
+(:func:`target_states`, :func:`capture_indices`); (3) the proposals at every possible verify point
+at once (:func:`chain_states`); (4) the decoder's bookkeeping replayed on them (:func:`walk`):
+from base ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1``
+tokens, continue at ``t + a + 1``, stop at the budget or a stop token as the decoder counts.
 
-1. :func:`generate_requests` / :func:`greedy_continuations`: the target's greedy continuations,
-   batched (HF ``generate``, left padding, a plain generation config so no logits processor
-   applies), turn by turn for multi-turn sets (turn 2 asked after the target's own turn-1 answer);
-2. :func:`target_states`: the target once over prompt + continuation (right padding), capturing the
-   draft input states at the engine's capture indices (:func:`capture_indices`);
-3. :func:`chain_states`: the draft over all positions, TTT style (below);
-4. :func:`walk`: from base ``t = n-1`` accept the longest prefix ``j = 1..k`` with
-   ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1`` tokens, continue at ``t + a + 1``; stop at the
-   budget or a stop token, counting as the decoder does (drafts accepted beyond the budget are not
-   counted).
+The chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}`` with the state of ``s_t`` at
+position ``t``, causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (equal to the draft's own
+proposal whenever steps ``1..j-1`` were accepted, the only case where step ``j`` counts) with the
+draft's step ``j-1`` output (width H: ``fc`` skipped) at position ``t+j-1``, seeing the extend keys
+of rows ``<= t`` and its own chain's keys -- what the incremental decoder's cache holds.
 
-The chain (:func:`chain_states`): step 1 is the draft extend (row ``t`` is token ``s_{t+1}`` with
-the state of ``s_t`` at RoPE position ``t``, causal over rows ``<= t``); step ``j > 1`` at row ``t``
-is token ``s_{t+j}`` (the true token, equal to the draft's own step ``j-1`` proposal whenever steps
-``1..j-1`` were accepted, the only case in which step ``j`` matters) with the draft's own step
-``j-1`` output (width H, so ``fc`` is skipped) at position ``t+j-1``, attending to the extend keys
-of rows ``<= t`` and to its own chain's keys: causal over the extend block, diagonal over each chain
-block -- the keys a chain step sees in the incremental decoder. Right padding needs no mask: a row
-only attends to rows before it.
-
-Limits: greedy only, chain drafting (topk 1), and equal numerics: in float32 the batched argmaxes
-equal batch-1 decoding (``tests/unit/test_replay.py``); in bfloat16 a padded batch can flip a rare
-near-tie, so bf16 figures match batch-1 decoding statistically. A request whose prefill token
-already ends it (stop token, or a budget of 1) has no verify pass: listed, not counted.
+Limits: greedy chain only; in float32 the batched argmaxes equal batch-1 decoding
+(``tests/unit/test_replay.py``), in bfloat16 a padded batch can flip a rare near-tie. A request
+whose prefill token ends it has no verify pass: listed, not counted.
 """
 
 from __future__ import annotations
