@@ -1,4 +1,5 @@
-"""The CPU reference engine: an SGLang-compatible HTTP server doing real EAGLE-3 speculative decoding.
+"""The CPU reference engine: an SGLang-compatible HTTP server doing real EAGLE-3 speculative
+decoding.
 
 Run as ``python -m refengine.launch_server --model-path T --speculative-algorithm EAGLE3
 --speculative-draft-model-path D --speculative-num-steps 3 --speculative-eagle-topk 1

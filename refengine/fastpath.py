@@ -1,34 +1,24 @@
 """The reference engine's fast path: chain EAGLE-3 decoding (and plain decoding) with the host out
-of the loop.
+of the loop, token for token the semantics of :class:`refengine.specdec.SpeculativeDecoder`.
 
-Same semantics, token for token, as :class:`refengine.specdec.SpeculativeDecoder` (SGLang 0.5.23's
-EAGLE worker, topk 1; its module docstring has the rules), computed differently:
+- static KV caches sized ``max_context`` up front (:mod:`.static_cache`; a request that does not fit
+  is a DataError naming both lengths); the target is a minimal Llama forward over the HF weights
+  writing the aux states into a preallocated buffer (:mod:`.static_target`); the draft runs its own
+  ``states`` over its static cache (``StaticDraft``);
+- the draft chain, the greedy verify (argmax, compare, accept count ``a``, bonus) and the position
+  bookkeeping stay on the device: **one** device→host transfer per verify pass (``a`` and the k+1
+  argmaxes, needed to emit tokens) and one per plain decode step;
+- CUDA graphs (:mod:`.graphs`) for every fixed-shape step (decode: 1 token; chain: k-1 draft steps;
+  verify: k+1 tokens with the accept logic; extend after verify: a+1 tokens, one per a in 0..k),
+  each for every attention window of ``kv_buckets``; the prefill runs eagerly. A failed capture
+  leaves every step eager, said in :attr:`FastDecoder.graph_status`.
 
-- static KV caches for target and draft, sized ``max_context`` up front (:mod:`.static_cache`); a
-  request that would not fit is a DataError naming both lengths;
-- the target is a minimal Llama forward over the HF model's own weights (:mod:`.static_target`) that
-  writes the aux states straight into a preallocated buffer (no hook registered per call); the draft
-  runs its own modules over its static cache (:mod:`.static_draft`);
-- the draft chain, the greedy verify (argmax, compare, accept count ``a``, bonus) and all position
-  bookkeeping stay on the device; **one** device→host transfer per verify pass (``a`` and the k+1
-  verify argmaxes, needed anyway to emit tokens and check EOS) and one per plain decode step;
-- CUDA graphs (:mod:`.graphs`) for every fixed-shape step: the plain decode step (1 token), the
-  draft chain (k-1 draft steps), the verify pass (k+1 tokens, with the accept logic), the draft
-  extend after verify (a+1 tokens, one graph per a in 0..k); each for every attention window of
-  :func:`.static_cache.kv_buckets`. The prefill (prompt length varies) runs eagerly. Graph capture
-  that fails leaves every step eager and says so in :attr:`FastDecoder.graph_status`.
-
-Per verify iteration the device runs ``chain → verify → (copy a, tokens to the host)``, the host
-emits the tokens, checks stop tokens and the budget, then launches ``extend[a]`` and the next chain.
-Time per output token is therefore ≈ ``(t_verify + (k−1)·t_draft_step + t_extend + t_host) / AL``
-(``lab/gpu_speedup.py``).
-
-Greedy only: ``temperature`` > 0 with a draft runs on the slower generic path
-(``SpeculativeDecoder``, whose speculative sampling follows :mod:`.sampling`), on the same loaded
-models; plain decoding samples on the fast path (logits of each step copied to the host, sampled
-with the seeded CPU generator as ``SpeculativeDecoder`` does). Implemented for ``LlamaForCausalLM``
-targets (:func:`.static_target.unsupported_reason`); other architectures keep the generic path
-(:func:`build_decoder`). Not thread-safe: callers serialise requests.
+Per verify pass: ``chain → verify → copy to the host``, the host emits tokens and checks stops,
+then ``extend[a]``: time per token ≈ ``(t_verify + (k−1)·t_draft + t_extend + t_host) / AL``
+(``lab/gpu_speedup.py``). Greedy only: temperature > 0 with a draft runs on the generic path on the
+same models; plain decoding samples here with the seeded CPU generator, as ``SpeculativeDecoder``.
+``LlamaForCausalLM`` targets only (``unsupported_reason``; others: :func:`build_decoder`'s generic
+path). Not thread-safe: callers serialise requests.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
-"""HTTP side of the reference engine: SGLang 0.5.23's endpoints over the decoder of
-:func:`refengine.loader.load_decoder` — the fast path (:class:`refengine.fastpath.FastDecoder`, CUDA
-graphs on a CUDA device unless ``--disable-cuda-graph``) for Llama targets, the generic
-:class:`refengine.specdec.SpeculativeDecoder` otherwise; without ``--speculative-algorithm``, plain
-decoding on the fast path. The log's "Load weight end." line and ``/get_server_info`` (``decoder``)
-say which.
+"""HTTP side of the reference engine: SGLang's endpoints over
+:func:`refengine.loader.load_decoder`'s decoder (the fast path for Llama targets, CUDA graphs on a
+CUDA device unless ``--disable-cuda-graph``; the generic ``SpeculativeDecoder`` otherwise; plain
+decoding on the fast path without ``--speculative-algorithm``). "Load weight end." and
+``/get_server_info`` (``decoder``) say which.
 
-Endpoints (``sglang/srt/entrypoints/http_server.py``): ``GET /health`` and ``GET /health_generate``
-answer 503 until the models are loaded and one warm-up generation ran (and while shutting down),
-then 200; ``/health_generate`` runs a 1-token generation. ``GET /ready``; ``POST /generate`` (text
-or input_ids, single or batch) with ``meta_info`` as
-``tokenizer_manager._calculate_spec_decoding_metrics``; ``POST /v1/chat/completions`` (the target
-tokenizer's chat template); ``GET /get_server_info`` = ``/server_info`` with
-``internal_states[0].avg_spec_accept_length`` = accepted tokens / verify passes since start (bonus
-counted, prefill tokens not: ``scheduler_components/internal_state.py``); ``GET /metrics``
-(Prometheus). Requests share one model behind a lock, so concurrent requests run one after another
-and never mix state.
-
-Log lines on stdout: loading/warming progress, then SGLang's "The server is fired up and ready to
-roll!". A failure while loading prints the traceback and exits the process with code 1 (the gate
-sees a crash).
+Endpoints (``sglang/srt/entrypoints/http_server.py``): ``/health`` and ``/health_generate`` (a
+1-token generation) answer 503 until loaded and warmed up (and while shutting down), then 200;
+``/ready``; ``POST /generate`` (text or input_ids, single or batch; ``meta_info`` as
+``tokenizer_manager._calculate_spec_decoding_metrics``); ``POST /v1/chat/completions`` (the target's
+chat template); ``/get_server_info`` = ``/server_info``
+(``internal_states[0].avg_spec_accept_length`` = accepted tokens / verify passes since start,
+``internal_state.py``); ``/metrics`` (Prometheus). Requests share one model behind a lock (one after
+another). Stdout: progress, then SGLang's "The server is fired up and ready to roll!"; a failure
+while loading prints the traceback, exit code 1.
 """
 
 from __future__ import annotations
