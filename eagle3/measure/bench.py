@@ -209,18 +209,13 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
               chat_template_kwargs: dict | None = None) -> dict:
     """Acceptance length, throughput and latency of a served draft (module docstring).
 
-    Args: url: server base URL (``http://127.0.0.1:30000``). prompts: "mtbench" | "gsm8k" |
-        "humaneval" | a file path | a list of ``{"id","category","text"}``. max_new_tokens: tokens
-        per request. temperature: 0 = greedy. concurrency: requests in flight. tokenizer_dir: the
-        target's tokenizer folder (else the server's ``tokenizer_path`` when local). out_dir: where
-        ``report.json``, ``manifest.json`` and PNGs go. baseline_url: a server without speculation
-        for ``speedup`` (= tokens/s here ÷ tokens/s there). on_request_done: called with each
-        finished request's row (e.g. ``Watchdog.beat``). chat_template_kwargs: template switches the
-        prompts are rendered with (the extraction's; recorded in ``settings``). Returns the report
-        ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``. Raises
-        ConfigError/DataError (bad settings, prompts, responses), TransientError (server
-        unreachable).
-    """
+    ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | a list of ``{"id", "category",
+    "text"}``; ``tokenizer_dir``: the target's (else the server's ``tokenizer_path`` when local);
+    ``out_dir``: where ``report.json``, ``manifest.json`` and PNGs go; ``baseline_url``: a server
+    without speculation for ``speedup`` (tokens/s ratio); ``on_request_done(row)`` after each
+    request; ``chat_template_kwargs``: the extraction's template switches. Returns ``{"summary",
+    "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
+    DataError (settings, prompts, responses), TransientError (server unreachable)."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "

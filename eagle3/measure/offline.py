@@ -32,8 +32,8 @@ GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate"
 
 
 def unlike_served(temperature: float, topk: int = 1) -> str | None:
-    """Why a greedy chain figure does not predict a bench served at ``temperature`` with
-    ``speculative_eagle_topk`` ``topk`` (a sentence), or None when it does."""
+    """Why a greedy chain figure does not predict a bench served at ``temperature`` with topk
+    ``topk`` (a sentence), or None."""
     why = ([f"temperature {temperature:g} (sampling)"] if temperature >= 1e-6 else []) + \
         ([f"speculative_eagle_topk {topk} (tree drafting)"] if topk > 1 else [])
     if not why:
@@ -43,8 +43,8 @@ def unlike_served(temperature: float, topk: int = 1) -> str | None:
 
 
 def _load(target_dir, drafts: Mapping, dtype: str, device: str):
-    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``; drafts share the target's
-    embedding and head as SGLang's ``set_embed`` / ``load_lm_head_from_target``."""
+    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``, drafts sharing the target's
+    embedding and head as SGLang does."""
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
     from eagle3.target_model import load_target, torch_dtype
 
@@ -113,8 +113,8 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
 
 def offline_row(prompt: dict, res) -> dict:
     """One request's figures from a decoder result (``output_ids``, ``verify_ct``,
-    ``accepted_per_position``, optional ``num_draft_tokens``/``histogram``). Raises DataError for a
-    result with no verify pass."""
+    ``accepted_per_position``, optional ``num_draft_tokens`` / ``histogram``). Raises DataError
+    without a verify pass."""
     n_out, verify = len(res.output_ids), int(res.verify_ct)
     if verify <= 0:
         raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, "
@@ -129,8 +129,8 @@ def offline_row(prompt: dict, res) -> dict:
 
 
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
-    """:func:`offline_row` rows pooled: token-weighted acceptance length (bonus counted), rate, per
-    position, histogram and per category; ``wall_s`` in seconds."""
+    """Rows pooled: token-weighted acceptance length (bonus counted), rate, per position, histogram,
+    per category; ``wall_s`` seconds."""
     total_v = sum(r["verify_ct"] for r in rows)
     width = max((len(r["accepted_per_position"]) for r in rows), default=0)
     accepted = [sum(r["accepted_per_position"][k] for r in rows
@@ -198,7 +198,7 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
 
 
 def _json_or_empty(path: Path) -> dict:
-    """A JSON object file's content, or ``{}`` when it is not one (the loader reports that case)."""
+    """A JSON object file's content, else ``{}`` (the loader reports that case)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
@@ -207,8 +207,8 @@ def _json_or_empty(path: Path) -> dict:
 
 
 def _group(rows: list[dict], resamples: int, seed: int) -> dict:
-    """One group's figures: ``offline_summary``'s acceptance keys, counts and the bootstrap interval
-    ``ci`` (``low``, ``high``, ``units``; the method is in ``settings["bootstrap"]``)."""
+    """One group: ``offline_summary``'s acceptance keys, counts and the bootstrap ``ci`` (``low``,
+    ``high``, ``units``)."""
     s = offline_summary(rows, 0.0, {})
     ci = bootstrap_acceptance(rows, resamples=resamples, seed=seed)
     return {**{k: s[k] for k in GROUP_KEYS}, "num_requests": len(rows),
@@ -225,9 +225,8 @@ def _by(rows: list[dict], key) -> dict[str, list[dict]]:
 
 
 def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
-    """Overall, per set, per category (inside each set), per turn and per category × turn
-    (multi-turn sets) of ``offline_row`` rows with ``set``, ``turn`` and ``conversation``; turn keys
-    ``"turn1"``, ``"turn2"``; every group as :func:`_group`."""
+    """Overall, per set, per category, per turn and per category × turn (``"turn1"``...) of rows
+    with ``set``, ``turn`` and ``conversation``; groups as :func:`_group`."""
     g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
     turn = lambda r: f"turn{r['turn']}"  # noqa: E731
     out = {"overall": g(rows), "per_set": {}, "per_category": {}, "per_turn": {},

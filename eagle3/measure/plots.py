@@ -1,8 +1,6 @@
-"""PNG plots of the benchmark and the decision (matplotlib, Agg backend — no display needed).
-
-Each function takes plain dicts / a file, writes one PNG atomically-enough (to ``path``) and returns
-the path. Raises DataError when there is nothing to plot (the message says which field was empty).
-"""
+"""PNG plots of the benchmark and the decision (matplotlib, Agg backend): each function takes plain
+dicts or a file, writes one PNG to ``path`` and returns it; DataError names the empty field when
+there is nothing to plot."""
 
 from __future__ import annotations
 
@@ -28,14 +26,8 @@ def _save(fig, path: str | Path) -> Path:
 
 def plot_acceptance_by_category(report: dict, path: str | Path,
                                 offline: dict | None = None) -> Path:
-    """Bars of served acceptance length per category (+ offline per category beside them when
-    given).
-
-    ``report``: a :func:`eagle3.measure.bench.run_bench` report
-    (``per_category[c]["acceptance_length"]``); ``offline``: an
-    :func:`eagle3.measure.offline.offline_acceptance` result. A dashed line marks the overall
-    figure.
-    """
+    """Served acceptance length per category (a ``run_bench`` report), with an
+    ``offline_acceptance`` result's beside it when given; a dashed line marks the overall figure."""
     cats = [c for c, v in report.get("per_category", {}).items()
             if v.get("acceptance_length") is not None]
     if not cats:
@@ -81,13 +73,9 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> Path:
-    """Train/val loss against optimizer step, and per-position accuracies, from a ``metrics.jsonl``.
-
-    Rows are ``{"step": int, <metric>: float, ...}`` (the trainer's keys: ``train/loss``,
-    ``val/loss``, ``val/acc_cond_k``). Left panel: the total losses (``*/loss``; else every key
-    containing "loss"), val/eval dashed. Right panel: conditional accuracies (``acc_cond``; else
-    every key containing "acc"), at most 8.
-    """
+    """Train/val loss against optimizer step (left: ``*/loss``, else keys containing "loss";
+    val/eval dashed) and conditional accuracies (right: ``acc_cond``, else "acc", at most 8) from
+    ``metrics.jsonl`` rows ``{"step", <metric>: float}``."""
     rows = read_metrics_jsonl(metrics) if not isinstance(metrics, list) else metrics
     keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))
                    and k != "step"})
@@ -117,20 +105,15 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
 
 
 def missing_bars(points: list[dict], kinds: list[str]) -> list[tuple[int, str]]:
-    """(point index, kind) of every figure that is None (e.g. the untrained baseline has no
-    simulated or offline figure): the plot marks those slots "not measured" instead of leaving them
-    silently empty."""
+    """(point index, kind) of every None figure (e.g. the untrained baseline's simulated and
+    offline): the plot marks those slots "not measured"."""
     return [(i, k) for i, p in enumerate(points) for k in kinds if p.get(k) is None]
 
 
 def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
-    """Simulated / offline / served acceptance length per draft, as grouped bars.
-
-    ``points``:
-    ``[{"label": str, "simulated": float|None, "offline": float|None, "served": float|None}]``. A
-    large served-below-offline gap is the signature of a serving integration fault. A None figure
-    leaves its slot empty with the note "not measured" (:func:`missing_bars`).
-    """
+    """Simulated / offline / served acceptance length per draft as grouped bars; ``points``:
+    ``{"label", "simulated", "offline", "served"}`` (None: "not measured"). A large
+    served-below-offline gap is the signature of a serving fault."""
     if not points:
         raise DataError("plot_served_vs_offline: no points")
     kinds = ["simulated", "offline", "served"]
@@ -157,13 +140,9 @@ def _label(r: dict) -> str:
 
 
 def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
-    """Acceptance length against unique training tokens (log x), one line per (data variant,
-    schedule).
-
-    ``results``: sweep results, dicts with ``schedule`` (str), ``unique_tokens`` (int),
-    ``acceptance_length`` (float) and optionally ``data`` and ``label`` (str). Raises DataError when
-    no result has both numbers.
-    """
+    """Acceptance length against unique training tokens (log x), one line per (data, schedule);
+    ``results``: sweep results with ``schedule``, ``unique_tokens``, ``acceptance_length`` and
+    optional ``data`` / ``label``. DataError when no result has both numbers."""
     pts = [r for r in results if r.get("acceptance_length") is not None and r.get("unique_tokens")]
     if not pts:
         raise DataError("plot_data_scaling: no result with both unique_tokens and "
@@ -189,12 +168,9 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
 
 
 def plot_training_length(curves: list[dict], path: str | Path) -> Path:
-    """Simulated acceptance length (validation, bonus token counted) against optimizer steps, one
-    line per run: still improving, plateaued or degrading is visible at a glance.
-
-    ``curves``: ``[{"label": str, "steps": [int], "acceptance": [float]}]`` (equal lengths, ≥ 1
-    point each). Raises DataError for an empty list or a curve whose lists differ in length.
-    """
+    """Simulated acceptance length against optimizer steps, one line per run (improving, plateaued
+    or degrading at a glance); ``curves``: ``{"label", "steps", "acceptance"}`` of equal lengths.
+    DataError for no curve or unequal lengths."""
     if not curves:
         raise DataError("plot_training_length: no curve to draw")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))

@@ -40,12 +40,10 @@ LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [r
 
 @dataclass
 class GenerationResult:
-    """One generation. ``output_ids``: generated target ids (prompt excluded); ``verify_ct``: verify
-    passes; ``accepted_per_position[j]``: passes whose draft token j (0-based) was accepted;
-    ``num_draft_tokens``: drafts proposed (verify_ct × num_steps); ``histogram[j]``: passes that
-    accepted exactly j drafts; ``finish_reason``: SGLang's ``{"type": "length", "length": N}`` or
-    ``{"type": "stop", "matched": id}``; ``accept_counts[i]``: drafts pass i accepted before any cut
-    by a stop token or the budget."""
+    """One generation: ``output_ids`` (prompt excluded), ``verify_ct``, ``accepted_per_position[j]``
+    (passes that accepted draft j, 0-based), ``num_draft_tokens`` (proposed), ``histogram[j]``
+    (passes that accepted exactly j), ``finish_reason`` (SGLang's), ``accept_counts[i]`` (drafts
+    pass i accepted before a cut by a stop token or the budget)."""
 
     output_ids: list[int]
     verify_ct: int
@@ -67,22 +65,19 @@ class GenerationResult:
 
     @property
     def accept_length(self) -> float:
-        """completion_tokens / verify_ct (SGLang ``spec_accept_length``); 1.0 without a verify
-        pass."""
+        """SGLang's ``spec_accept_length``: completion_tokens / verify_ct (1.0 without a pass)."""
         return self.completion_tokens / self.verify_ct if self.verify_ct else 1.0
 
     @property
     def accept_rate(self) -> float:
-        """Accepted / proposed drafts (SGLang ``spec_accept_rate``, bonus excluded); 0.0 when
-        none."""
+        """SGLang's ``spec_accept_rate``: accepted / proposed drafts (0.0 when none)."""
         return self.num_correct_drafts / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
 @dataclass
 class Request:
-    """One generated turn: ``prompt_ids`` (templated), ``output_ids`` (the target's greedy
-    continuation, stop token kept), ``finish_reason`` as SGLang's; ``conversation``: the id its
-    turns share."""
+    """One generated turn: templated ``prompt_ids``, the target's greedy ``output_ids`` (stop token
+    kept), ``conversation``: the id its turns share."""
 
     id: str
     category: str
@@ -104,13 +99,9 @@ def stop_ids(target) -> set[int]:
 def capture_indices(draft: SGLangEagle3Draft, target, engine: str = "sglang",
                     check_fc: bool = True) -> list[int]:
     """HF ``hidden_states`` indices the engine captures for ``draft``: its aux ids through the
-    engine profile (``engine_to_hf_ids``), in layer order; without ids SGLang's default
-    ``[2, L//2, L-3]`` as it is (repeats kept, for targets under 7 layers).
-
-    Raises EngineUnsupported for an index the engine never captures (outside ``0..L-1``);
-    CheckpointInvalid (``check_fc``) when ``fc`` does not take ``len(indices) × hidden_size``
-    inputs.
-    """
+    engine profile (``engine_to_hf_ids``), in layer order, else SGLang's default ``[2, L//2, L-3]``
+    as it is. Raises EngineUnsupported for an index never captured, CheckpointInvalid (``check_fc``)
+    when ``fc`` does not take ``len(indices) × hidden_size`` inputs."""
     n = num_layers(target)
     ids = draft.aux_layer_ids
     indices = sorted(get_profile(engine).engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
@@ -132,8 +123,8 @@ def _device(model) -> torch.device:
 
 
 def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_steps: int) -> None:
-    """DataError for an empty or out-of-vocabulary prompt, a budget < 1 or a request past the
-    target's context (prompt + ``max_new_tokens`` + ``num_steps``)."""
+    """DataError for an empty or out-of-vocabulary prompt, a budget < 1, or a request past the
+    context (prompt + ``max_new_tokens`` + ``num_steps``)."""
     limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     vocab = int(target.get_output_embeddings().weight.shape[0])
     if max_new_tokens < 1:
@@ -160,13 +151,9 @@ def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, 
                          batch_size: int = 16, pad_id: int | None = None,
                          progress=None) -> list[list[int]]:
     """The target's greedy continuation of each prompt (stop token kept, at most
-    ``max_new_tokens``).
-
-    HF ``generate``, left padding, ``do_sample=False``, prompts sorted by length; the target's
-    ``generation_config`` is swapped for a plain one during the call (no repetition penalty or other
-    processor from the model's files: plain argmax, as the decoder). ``progress``: a tqdm bar
-    advanced by prompts. Returns one list per prompt, in input order.
-    """
+    ``max_new_tokens``), in input order: HF ``generate``, left padding, prompts sorted by length,
+    the model's ``generation_config`` swapped for a plain one (no processor: plain argmax).
+    ``progress``: a tqdm bar advanced by prompts."""
     from transformers import GenerationConfig
 
     stops = sorted(stop_ids(target))
@@ -201,14 +188,10 @@ def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, 
 
 def generate_requests(target, tokenizer, conversations: list[dict], max_new_tokens: int, *,
                       batch_size: int = 16, num_steps: int = 0, progress=None) -> list[Request]:
-    """Greedy answers to every turn of every conversation (``prompts.load_conversations``).
-
-    Turn r is templated after the questions and the target's own answers 1..r-1 (decoded, special
-    tokens skipped: what a chat client sends back); all turns r are generated in one batched pass.
-    ``num_steps``: draft tokens the replay adds (context-length check). Request ids are the
-    conversation id, with ``/turn<r>`` for conversations of several turns. Raises DataError for an
-    empty or over-long prompt.
-    """
+    """Greedy answers to every turn of every conversation (``prompts.load_conversations``): turn r
+    after the questions and the target's own decoded answers 1..r-1, all turns r in one batched
+    pass; ids get ``/turn<r>`` when a conversation has several turns. ``num_steps``: for the context
+    check. Raises DataError for an empty or over-long prompt."""
     stops = stop_ids(target)
     answers: dict[str, list[str]] = {c["id"]: [] for c in conversations}
     requests: list[Request] = []
@@ -236,14 +219,10 @@ def _block_mask(t: int, step: int, device) -> torch.Tensor:
 
 def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                  num_steps: int) -> list[torch.Tensor]:
-    """Normed draft outputs of every chain step at every base row (module docstring).
-
-    ``tokens`` int64 ``[B, L]`` (right padded, any pad id in the vocabulary), ``hidden``
-    ``[B, L, W]``: each token's draft input state. Returns ``num_steps`` tensors ``[B, L-1, H]``
-    (draft dtype): element ``j-1`` at row ``t`` is the state whose ``lm_head`` argmax proposes
-    ``s_{t+1+j}`` at base ``t``; rows at or past a sequence's length are padding. Differentiable.
-    Raises DataError for bad shapes or ``num_steps < 1``.
-    """
+    """Normed draft outputs of every chain step at every base row (module docstring): ``tokens``
+    int64 ``[B, L]`` (right padded), ``hidden`` ``[B, L, W]`` (each token's draft input). Returns
+    ``num_steps`` tensors ``[B, L-1, H]``: element ``j-1`` at row ``t`` proposes ``s_{t+1+j}`` at
+    base ``t``. Differentiable. Raises DataError for bad shapes or ``num_steps < 1``."""
     if tokens.dim() != 2 or hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(tokens.shape) \
             or tokens.shape[1] < 2 or num_steps < 1:
         raise DataError(f"chain_states: expected tokens [B, L >= 2], hidden [B, L, W], "
@@ -264,10 +243,8 @@ def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.T
 @torch.no_grad()
 def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                     num_steps: int, rows: int = LOGIT_ROWS) -> torch.Tensor:
-    """Greedy chain proposals at every base: int64 ``[B, L-1, num_steps]``, ``[b, t, j-1]`` = the
-    draft's target-vocabulary token for ``s_{t+1+j}`` when the last committed row is ``t``.
-    Arguments as :func:`chain_states`; ``lm_head`` runs ``rows`` rows at a time (float32 logits, as
-    the forward)."""
+    """Greedy chain proposals, int64 ``[B, L-1, num_steps]`` (target ids; ``[b, t, j-1]`` proposes
+    ``s_{t+1+j}``), ``lm_head`` over ``rows`` rows at a time (float32 logits, as the forward)."""
     out = []
     for normed in chain_states(draft, tokens, hidden, num_steps):
         flat = normed.reshape(-1, normed.shape[-1])
@@ -279,12 +256,10 @@ def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torc
 
 def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps: int,
          stops: set[int], max_new_tokens: int) -> GenerationResult:
-    """Replay the decoder's verify passes over a known greedy ``seq = prompt + continuation``.
-
-    ``proposals[t][j-1]``: the draft's token for ``seq[t+1+j]`` at base ``t``. The continuation ends
-    with a stop token or at the budget; a pass only matches tokens inside it (the decoder counts
-    ``min(accepted, emitted)``). Returns the decoder's counts as a :class:`GenerationResult`.
-    """
+    """The decoder's verify passes over a known greedy ``seq = prompt + continuation``
+    (``proposals[t][j-1]``: the proposal for ``seq[t+1+j]``), counting only drafts inside the
+    continuation, as the decoder's ``min(accepted, emitted)``. Returns its
+    :class:`GenerationResult`."""
     k, last = num_steps, len(seq) - 1
     out = list(seq[prompt_len:])
     res = GenerationResult(out, 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=prompt_len,
@@ -305,15 +280,15 @@ def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps:
 
 
 def draft_inputs(captured: dict, indices: list[int] | None, final: torch.Tensor | None):
-    """The draft's input states ``[B, L, W]``: the aux states at ``indices`` side by side, or (None)
-    the target's final normed state -- what an engine that captures no aux states feeds."""
+    """The draft's inputs ``[B, L, W]``: the aux states at ``indices`` side by side, or (None) the
+    final normed state (an engine that captures no aux states)."""
     return final if indices is None else torch.cat([captured[i] for i in indices], -1)
 
 
 @torch.no_grad()
 def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
-    """Target over right-padded ``seqs``: ``(tokens [B, L] on the device, {index: [B, L, H]}, final
-    normed state [B, L, H])``."""
+    """Target over right-padded ``seqs``: ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L,
+    H])``."""
     dev = _device(target)
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -336,14 +311,9 @@ def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
 def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: list[Request],
                     num_steps: int, *, max_new_tokens: int, batch_size: int = 16,
                     capture_aux: bool = True, progress=None):
-    """Replay every draft on every request; the target runs once per batch for all drafts.
-
-    ``max_new_tokens``: the budget (a longer continuation is cut: its prefix is the greedy
-    continuation with the smaller budget). ``capture_aux=False`` feeds each draft the target's final
-    normed state (fc bypassed: the broken-integration reference). Returns ``(results, draft_s,
-    target_s)``: ``{name: [GenerationResult] in request order}``, ``{name: seconds in its forwards
-    and walk}`` and the seconds in target forwards.
-    """
+    """Every draft on every request, the target once per batch for all drafts; continuations cut to
+    ``max_new_tokens``; ``capture_aux=False``: the final normed state (fc bypassed). Returns
+    ``({name: [GenerationResult]}, {name: draft seconds}, target seconds)``."""
     if num_steps < 1:
         raise EngineUnsupported(f"speculative num_steps: expected >= 1, got {num_steps}")
     stops = stop_ids(target)

@@ -1,21 +1,13 @@
 """The spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of
 sums.
 
-Statistic: acceptance length = 1 + Σ accepted draft tokens / Σ verify passes over the requests of a
-group (the token-weighted figure of :mod:`eagle3.measure.bench`, bonus token counted; INTERNALS.md).
-Method (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13, the percentile
-interval): draw ``resamples`` samples of the group's units with replacement (as many units as the
-group has), recompute the ratio of sums on each, and report the ``(1-c)/2`` and ``(1+c)/2``
-quantiles (numpy's linear interpolation) as the interval of confidence ``c``.
-
-The resampling unit is the *conversation* (``unit_key``), not the request: the two turns of an
-MT-Bench question share their first turn (turn 2 is asked after the target's turn-1 answer), so they
-are drawn together (a cluster bootstrap); for single-turn sets a conversation is one request. A
-ratio of sums weights a long answer more than a short one, as the pooled figure does. The generator
-is numpy's PCG64 seeded with ``seed``, so an interval is reproducible. It measures the spread due to
-*which prompts* were asked, not decoding noise (greedy decoding has none) and not the draft's
-training noise (a retrained draft needs its own runs).
-"""
+Statistic: 1 + Σ accepted drafts / Σ verify passes over a group's requests (bonus counted;
+INTERNALS.md). Method (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13): draw
+``resamples`` samples of the group's units with replacement, recompute the ratio on each, report the
+``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy's linear interpolation). The unit is the *conversation*
+(``unit_key``): MT-Bench's two turns share their first turn, so they are drawn together (a cluster
+bootstrap). numpy's PCG64 seeded with ``seed`` makes an interval reproducible. It measures which
+prompts were asked, not decoding noise (greedy has none) nor the draft's training noise."""
 
 from __future__ import annotations
 
@@ -44,15 +36,10 @@ def _units(rows: list[dict], unit_key: str) -> tuple[np.ndarray, np.ndarray]:
 def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                          confidence: float = DEFAULT_CONFIDENCE, unit_key: str = "conversation",
                          chunk: int = 500) -> dict:
-    """Percentile-bootstrap interval of the acceptance length of ``rows`` (see the module
-    docstring).
-
-    ``rows``: request rows with ``accepted_per_position`` (ints), ``verify_ct`` (int > 0) and
-    ``unit_key`` (else ``id``). Returns
-    ``{"low", "high", "confidence", "resamples", "seed", "units", "method"}`` (floats, ints,
-    strings: JSON-able). Raises DataError for no rows, a row without verify passes,
-    ``resamples < 1000`` or a confidence outside (0, 1).
-    """
+    """Percentile-bootstrap interval of the acceptance length of ``rows``
+    (``accepted_per_position``, ``verify_ct`` > 0, ``unit_key`` else ``id``): ``{"low", "high",
+    "confidence", "resamples", "seed", "units", "method"}``. Raises DataError for no rows, a row
+    without verify passes, ``resamples < 1000`` or a confidence outside (0, 1)."""
     if not rows:
         raise DataError("bootstrap: expected at least one request row, got none")
     if resamples < 1000 or not 0.0 < confidence < 1.0:
