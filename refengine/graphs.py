@@ -1,19 +1,13 @@
-"""Fixed-shape steps that run either eagerly or as captured CUDA graphs — the same Python function
-both ways.
+"""Fixed-shape steps that run eagerly or as captured CUDA graphs, the same Python function both
+ways.
 
-A :class:`Step` wraps a function of no arguments that reads and writes only preallocated tensors
-(inputs, outputs and state at fixed addresses). Eagerly (CPU, or graphs off) calling the step calls
-the function; after :func:`capture_steps` on CUDA, calling it replays the graph recorded from that
-very function. The eager call is therefore the CPU-testable twin of the graph: tests run the
-function with the graph's shapes.
-
-Capture follows PyTorch's documented recipe (``torch.cuda.graphs``): a few warm-up calls on a side
-stream (cuBLAS/SDPA workspaces and autotuning happen there), then one recorded call; all graphs
-share one memory pool, which is safe here because no step leaves a live tensor behind (everything
-crossing steps is in the preallocated buffers) and steps run one after another on one stream.
-Capture may fail (an op that synchronises, a driver without graph support); :func:`capture_steps`
-then drops every graph, says why in its return value, and the steps keep running eagerly.
-"""
+A :class:`Step` wraps a function of no arguments that reads and writes only preallocated tensors.
+Eagerly (CPU, graphs off) calling the step calls the function; after :func:`capture_steps` it
+replays the graph recorded from that very function, so the eager call is the CPU-testable twin of
+the graph. Capture follows ``torch.cuda.graphs``: warm-up calls on a side stream (workspaces,
+autotuning), then one recorded call; all graphs share one memory pool, safe because no step leaves a
+live tensor behind and steps run one after another on one stream. A failed capture drops every graph
+and says why; the steps keep running eagerly."""
 
 from __future__ import annotations
 
@@ -46,12 +40,8 @@ class Step:
 def capture_steps(steps: list[Step], device: torch.device, reset: Callable[[], None],
                   warmup: int = 2) -> str:
     """Capture a CUDA graph for every step (``reset()`` restores safe state before each warm-up and
-    capture).
-
-    Returns the status line: ``"on (N graphs)"``, or ``"off (capture of <step> failed: <error>)"``
-    after which no step has a graph. Raises nothing for a failed capture; ValueError when ``device``
-    is not CUDA.
-    """
+    capture). Returns ``"on (N graphs)"`` or ``"off (capture of <step> failed: <error>)"`` (then no
+    step has a graph); ValueError when ``device`` is not CUDA."""
     if device.type != "cuda":
         raise ValueError(f"capture_steps: CUDA graphs need a CUDA device, got {device}")
     current = None

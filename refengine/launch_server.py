@@ -1,4 +1,4 @@
-"""Command line of the reference engine, with SGLang 0.5.23's flag names
+"""Command line of the reference engine, with SGLang's flag names (the profile's release)
 (``sglang/srt/server_args.py``).
 
 Implemented: ``--model-path``, ``--tokenizer-path``, ``--speculative-algorithm EAGLE3``,

@@ -53,15 +53,10 @@ def check_request(input_ids: list[int], max_new_tokens: int, vocab_size: int) ->
 
 
 class SpeculativeDecoder:
-    """Chain EAGLE-3 speculative decoding (topk 1) with an HF target and an SGLang-format draft,
-    batch size 1.
-
-    ``target_dir``: HF folder; ``serving_draft_dir``: SGLang 0.5.23-format draft; ``num_steps``:
-    draft tokens per verify pass; ``dtype``: "float32" | "bfloat16" | "float16";
-    ``capture_aux=False`` feeds the draft only the target's final (normed) hidden state, width H —
-    what SGLang does for a target that captures no aux states: ``fc`` is bypassed silently and
-    acceptance collapses (failure class 11). Not thread-safe: callers serialise.
-    """
+    """Chain EAGLE-3 speculative decoding (topk 1), batch size 1, with an HF target and an
+    SGLang-format draft. ``capture_aux=False`` feeds the draft only the target's final normed state,
+    as SGLang for a target that captures no aux states (``fc`` bypassed, acceptance collapses:
+    failure class 11). Not thread-safe: callers serialise."""
 
     def __init__(self, target_dir: str | Path, serving_draft_dir: str | Path, num_steps: int = 3,
                  dtype: str = "float32", device: str = "cpu", capture_aux: bool = True):
@@ -94,11 +89,8 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def _target_forward(self, ids: list[int], cache, last_only: bool = False):
-        """Target over ``ids`` after the cached prefix →
-        ``(logits [T, V] float32, draft input [T, W])``.
-
-        ``last_only``: logits of the last position only (``[1, V]``; prefill needs no more).
-        """
+        """Target over ``ids`` after the cached prefix → ``(logits [T, V] float32, draft input [T,
+        W])``; ``last_only``: logits ``[1, V]`` of the last position."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         kw = {"logits_to_keep": 1} if last_only else {}
         if self.capture_aux:
@@ -174,16 +166,11 @@ class SpeculativeDecoder:
                  top_p: float = 1.0,
                  seed: int = 0, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
                  on_tokens: Callable[[GenerationResult], None] | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with speculative decoding.
-
-        ``on_tokens(result)`` is called after every step that emitted tokens (the prefill token,
-        then each verify pass) with the result so far — the hook the reference engine streams from.
-
-        Stops after the target's EOS ids (unless ``ignore_eos``) or any of ``stop_token_ids`` (the
-        stop token is kept in ``output_ids``, as SGLang). ``temperature`` < 1e-6 is greedy;
-        otherwise speculative sampling with ``top_p``; ``seed`` seeds a private generator. Raises
-        DataError for empty or out-of-vocabulary input and for a request longer than the context.
-        """
+        """Up to ``max_new_tokens`` tokens after ``input_ids``. ``on_tokens(result)`` after every
+        step that emitted tokens (the hook the engine streams from). Stops after an EOS id (unless
+        ``ignore_eos``) or one of ``stop_token_ids`` (kept, as SGLang). ``temperature`` < 1e-6 is
+        greedy, else speculative sampling with ``top_p``, seeded by ``seed``. Raises DataError for
+        empty or out-of-vocabulary input or a request past the context."""
         from transformers import DynamicCache
 
         input_ids = [int(t) for t in input_ids]

@@ -1,26 +1,14 @@
-"""Building blocks of the fast path: a preallocated KV cache, RoPE tables, and GQA attention over
-the cache.
+"""Building blocks of the fast path, on fixed-address tensors with positions as a *device* tensor
+(capturable in a CUDA graph: no host sync, no value-dependent allocation).
 
-Everything here works on fixed-address tensors and takes positions as a *device* tensor, so a step
-built from these pieces can be captured in a CUDA graph (no host synchronisation, no allocation that
-depends on values).
-
-- :class:`StaticKVCache`: keys and values of every layer,
-  ``[layers, n_kv_heads, max_context, head_dim]``, allocated once. Writing is ``index_copy_`` at the
-  token positions; nothing is ever cropped: positions past the committed length hold stale keys that
-  the causal mask never lets a query see before they are rewritten (a query at position p attends to
-  positions ≤ p, all written in this request by the time p is queried).
-- :func:`rope_tables`: the target's (or draft's) own HF rotary module evaluated once for positions
-  ``0..max_context-1``. The HF module computes ``cos(position · inv_freq)`` elementwise, so a row of
-  the table is bit-identical to what the module gives for that position inside a forward pass. RoPE
-  types whose frequencies depend on the sequence length (``dynamic``, ``longrope``) are refused by
-  the callers.
-- :func:`gqa_attention`: grouped-query attention without materialising repeated K/V: the
-  ``rep = n_heads // n_kv_heads`` query heads that share one KV head (HF ``repeat_kv``: query head h
-  reads KV head ``h // rep``) are stacked along the query axis, ``[n_kv, rep·T, d]``, and attend as
-  ordinary multi-head attention with ``n_kv`` heads. Works with every SDPA backend of torch ≥ 2.1
-  (no ``enable_gqa`` needed).
-"""
+- :class:`StaticKVCache`: ``[layers, n_kv_heads, max_context, head_dim]`` allocated once, written
+with ``index_copy_`` at the positions, never cropped: stale keys past the committed length are
+rewritten before the causal mask lets a query see them. - :func:`rope_tables`: the HF rotary module
+evaluated once for ``0..max_context-1``; elementwise, so a row is bit-identical to the module's
+value in a forward (length-dependent RoPE types are refused by the callers). -
+:func:`gqa_attention`: GQA without repeated K/V: the ``rep`` query heads sharing a KV head (HF
+``repeat_kv``) are stacked, ``[n_kv, rep·T, d]``, and attend as ``n_kv``-head attention (any SDPA
+backend of torch ≥ 2.1). - :class:`StaticDraft`: the draft's own forward over such a cache."""
 
 from __future__ import annotations
 
@@ -32,13 +20,9 @@ from eagle3.errors import DataError
 
 
 class StaticKVCache:
-    """Preallocated keys/values, ``k``/``v`` ``[num_layers, n_kv_heads, max_context, head_dim]``
-    (zeros at start).
-
-    ``max_context`` is the number of positions; a write at a position ``>= max_context`` would index
-    out of bounds on the device, so callers check request lengths against :attr:`max_context` first
-    (:meth:`check_fits`).
-    """
+    """Preallocated ``k``/``v`` ``[num_layers, n_kv_heads, max_context, head_dim]`` (zeros); a write
+    past ``max_context`` would index out of bounds on the device, so callers check lengths first
+    (:meth:`check_fits`)."""
 
     def __init__(self, num_layers: int, n_kv_heads: int, head_dim: int, max_context: int,
                  dtype: torch.dtype, device: torch.device | str):
@@ -140,13 +124,9 @@ def cached_attention(cache: StaticKVCache, layer: int, qkv: torch.Tensor, heads:
 
 
 class StaticDraft:
-    """``draft`` (an SGLangEagle3Draft) run by its own ``states`` with a :class:`StaticKVCache` of
-    ``max_context`` positions: the same forward, only the keys/values live in the preallocated cache
-    and GQA reads the shared KV heads without ``repeat_interleave``.
-
-    Attributes: ``hot_token_id`` (int64 ``[draft_vocab]`` on the draft's device; None = identity),
-    ``hidden_size``, ``dtype``, ``cache``.
-    """
+    """``draft`` (an SGLangEagle3Draft) run by its own ``states`` over a :class:`StaticKVCache` of
+    ``max_context`` positions. Attributes: ``hot_token_id`` (on the draft's device; None =
+    identity), ``hidden_size``, ``dtype``, ``cache``."""
 
     def __init__(self, draft: SGLangEagle3Draft, max_context: int):
         if not isinstance(draft, SGLangEagle3Draft):

@@ -1,22 +1,14 @@
-"""The target's forward pass for the fast path: a minimal Llama decoder over the HF model's own
-weights, with a static KV cache and aux-state capture into caller-given buffers (no hooks, no
-per-call allocation that a CUDA graph could not replay).
+"""The target's forward for the fast path: a minimal Llama decoder over the HF model's own weights,
+with a static KV cache and aux capture into caller-given buffers (no hooks, no allocation a CUDA
+graph could not replay).
 
-Computation per layer, as transformers' ``LlamaDecoderLayer`` (``models/llama/modeling_llama.py``):
-``h = h + o_proj(attn(rope(q), rope(k), v))`` on ``input_layernorm(h)``, then
-``h = h + down(act(gate(x)) · up(x))`` on ``post_attention_layernorm(h)``; logits
-``lm_head(norm(h))``. The RMSNorm modules are the model's own; q/k/v and gate/up are fused into one
-matmul each by re-pointing the HF linears' weights at row slices of one concatenated tensor (no copy
-is kept: the HF model keeps computing exactly as before, from the same memory).
-
-Aux capture uses the project's convention (HF ``hidden_states`` index i = the input of decoder layer
-i; index L = the last layer's output before the final norm; ``eagle3.target_model``).
-``capture_final`` captures the final *normed* state instead, what an engine without aux capture
-hands the draft (failure class 11).
-
-Only ``LlamaForCausalLM`` is implemented (SmolLM2, Llama-3.x); :func:`unsupported_reason` names
-anything else, and the caller then keeps the generic HF path (``SpeculativeDecoder``).
-"""
+Per layer as transformers' ``LlamaDecoderLayer``: ``h += o_proj(attn(...))`` on
+``input_layernorm(h)``, ``h += down(act(gate(x)) · up(x))`` on ``post_attention_layernorm(h)``;
+logits ``lm_head(norm(h))``. q/k/v and gate/up are fused by re-pointing the HF linears' weights at
+row slices of one tensor (no copy). Aux index i = the input of layer i, L = the last layer's output
+before the norm (``eagle3.target_model``); ``capture_final``: the final normed state instead
+(failure class 11). ``LlamaForCausalLM`` only: :func:`unsupported_reason` names anything else (the
+caller keeps ``SpeculativeDecoder``)."""
 
 from __future__ import annotations
 
@@ -75,15 +67,11 @@ def fuse_rows(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tenso
 
 
 class StaticLlamaTarget:
-    """The HF ``LlamaForCausalLM`` ``model`` run with a :class:`StaticKVCache` of ``max_context``
-    positions.
-
-    ``capture``: sorted HF hidden_states indices of the aux states (width ``len(capture) · hidden``;
-    an index may repeat, e.g. SGLang's default ``[2, L//2, L-3]`` on a 4-layer target, and then
-    fills every chunk it names); ``capture_final``: capture the final normed state instead (width
-    ``hidden``); neither: no capture. Attributes: ``hidden_width`` (W of the captured rows),
-    ``cache``, ``vocab_size``, ``device``, ``dtype``.
-    """
+    """The HF ``LlamaForCausalLM`` ``model`` over a :class:`StaticKVCache` of ``max_context``
+    positions. ``capture``: sorted HF indices of the aux states (an index may repeat, e.g. ``[2,
+    L//2, L-3]`` on a 4-layer target, filling every chunk it names); ``capture_final``: the final
+    normed state instead; neither: none. Attributes: ``hidden_width``, ``cache``, ``vocab_size``,
+    ``device``, ``dtype``."""
 
     def __init__(self, model, max_context: int, capture: list[int] | None = None,
                  capture_final: bool = False):
@@ -131,13 +119,9 @@ class StaticLlamaTarget:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv_len: int,
                 hidden_out: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
-        """Run ``ids`` (int64 ``[T]``) at ``positions`` (int64 ``[T]``, device) attending over the
-        first ``kv_len`` cache positions (≥ every position + 1); the cache gains the T positions'
-        keys/values.
-
-        ``hidden_out`` ``[T, hidden_width]``: receives the captured states. Returns logits
-        ``[T, V]`` (``[1, V]`` with ``last_only``) in the model dtype.
-        """
+        """``ids`` int64 ``[T]`` at device ``positions`` over the first ``kv_len`` cache positions;
+        the cache gains the T positions; ``hidden_out [T, hidden_width]`` receives the captured
+        states. Returns logits ``[T, V]`` (``[1, V]`` with ``last_only``) in the model dtype."""
         cos, sin = self.cos[positions], self.sin[positions]
         mask = grouped_mask(causal_mask(self.kv_positions[:kv_len], positions),
                             self.n_heads // self.n_kv)

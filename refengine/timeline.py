@@ -1,13 +1,8 @@
-"""Where the time of a decoding loop goes: marks between its pieces, timed on the device when it is
-a GPU.
-
-``mark(name)`` starts the interval ``name``; it lasts until the next mark. On CUDA a mark records an
-event on the current stream, so an interval is the *device* time between the two points of the
-stream — the GPU time of the piece launched in between, or, for a host-side interval (sync, emitting
-tokens, launching the next piece), the time the GPU sat idle waiting for the host. On the CPU a mark
-is ``time.perf_counter()`` (work is synchronous). Used only when asked for (profiling rounds of
-``lab/gpu_speedup.py``): it adds an event per piece.
-"""
+"""Where the time of a decoding loop goes: ``mark(name)`` starts interval ``name`` until the next
+mark. On CUDA a mark records an event on the current stream, so an interval is device time (a
+piece's GPU time, or for a host-side interval the time the GPU waited); on the CPU
+``time.perf_counter()``. Used only when asked (``lab/gpu_speedup.py``'s profiling rounds): an event
+per piece."""
 
 from __future__ import annotations
 
