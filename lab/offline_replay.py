@@ -1,4 +1,5 @@
-"""Exact greedy replay from the command line: ``evaluate`` drafts on prompt sets, or time it (``speed``).
+"""Exact greedy replay from the command line: ``evaluate`` drafts on prompt sets, or time it
+(``speed``).
 
     python lab/offline_replay.py evaluate --target T --draft NAME=DIR [--draft NAME=DIR ...] \\
         --out FILE [--sets mtbench2,gsm8k200] [--max-new-tokens 256] [--num-steps 3] \\
@@ -12,14 +13,14 @@ loads (exit 2 with ``error: ...``); the file holds ``{"drafts": {name: result}}`
 draft is printed. ``--check-against-decoder N`` decodes N requests again with the reference engine's
 ``SpeculativeDecoder`` and compares (the self-check to run first on a new device or dtype).
 
-``speed``: one target (SmolLM2-135M-Instruct, float32, CPU) and one draft; without ``--draft`` one is
-trained first by ``testkit.replay_drafts.distilled_draft`` (full width, 1 layer, draft vocab 2048, on
-the target's greedy answers to MT-Bench first turns 9..24, held out; 40 Adam steps) and kept in
-``--work``. Alternating for ``--repeats`` rounds on the same MT-Bench prompts: (a) decoding prompt by
-prompt (``offline_acceptance(decoder=SpeculativeDecoder)``), (b) replay (batched continuations, one
-target pass, the draft's TTT forwards, the walk). Prints both acceptance lengths, how many requests
-agree (replay must equal the decoder) and the minimum wall times with their ratio. ``--tiny``: the
-tiny-random target with a random draft (a smoke run, not a measurement).
+``speed``: one target (SmolLM2-135M-Instruct, float32, CPU) and one draft; without ``--draft`` one
+is trained first by ``testkit.replay_drafts.distilled_draft`` (full width, 1 layer, draft vocab
+2048, on the target's greedy answers to MT-Bench first turns 9..24, held out; 40 Adam steps) and
+kept in ``--work``. Alternating for ``--repeats`` rounds on the same MT-Bench prompts: (a) decoding
+prompt by prompt (``offline_acceptance(decoder=SpeculativeDecoder)``), (b) replay (batched
+continuations, one target pass, the draft's TTT forwards, the walk). Prints both acceptance lengths,
+how many requests agree (replay must equal the decoder) and the minimum wall times with their ratio.
+``--tiny``: the tiny-random target with a random draft (a smoke run, not a measurement).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _fail(message: str) -> None:
 
 
 def parse_drafts(specs: List[str]) -> dict[str, Path]:
-    """``["NAME=DIR", ...]`` → ``{NAME: Path(DIR)}``; ConfigError for a malformed or repeated name."""
+    """``["NAME=DIR", ...]`` → ``{NAME: Path(DIR)}``; ConfigError for a malformed or repeated
+    name."""
     out: dict[str, Path] = {}
     for s in specs:
         name, sep, path = s.partition("=")
@@ -86,9 +88,11 @@ def evaluate(target: Path = typer.Option(..., "--target", help="HF target folder
              dtype: str = typer.Option("float32", "--dtype"),
              device: str = typer.Option("auto", "--device"),
              batch_size: int = typer.Option(16, "--batch-size"),
-             resamples: int = typer.Option(2000, "--resamples"), seed: int = typer.Option(0, "--seed"),
+             resamples: int = typer.Option(2000, "--resamples"),
+             seed: int = typer.Option(0, "--seed"),
              check_against_decoder: int = typer.Option(
-                 0, "--check-against-decoder", help="also decode N requests with SpeculativeDecoder"),
+                 0, "--check-against-decoder",
+                 help="also decode N requests with SpeculativeDecoder"),
              no_requests: bool = typer.Option(False, "--no-requests",
                                               help="leave per-request rows out of the file"),
              quiet: bool = typer.Option(False, "--quiet", help="no progress bars")) -> None:
@@ -128,7 +132,8 @@ def _cpu() -> str:
                      if ln.startswith("Model name")), "?")
     except (OSError, subprocess.TimeoutExpired):
         name = platform.processor() or "?"
-    return f"{name}; torch.backends.cpu.get_cpu_capability() = {torch.backends.cpu.get_cpu_capability()}"
+    cap = torch.backends.cpu.get_cpu_capability()
+    return f"{name}; torch.backends.cpu.get_cpu_capability() = {cap}"
 
 
 def _draft(work: Path, target, tok, draft_arg: Path | None, tiny: bool, target_dir: Path) -> Path:
@@ -202,7 +207,8 @@ def speed(draft: Path = typer.Option(None, help="an SGLang draft for SmolLM2 (de
           f"{max_new_tokens} tokens, num_steps {num_steps}, replay batch {batch_size}")
     off_times, rep_times = [], []
     for rnd in range(repeats):
-        off = offline_acceptance(target_dir, None, plist, max_new_tokens=max_new_tokens, decoder=dec)
+        off = offline_acceptance(target_dir, None, plist, max_new_tokens=max_new_tokens,
+                                 decoder=dec)
         rep_s, parts, rep = _replay(target, tok, d, plist, max_new_tokens, num_steps, batch_size)
         off_times.append(off["wall_s"])
         rep_times.append(rep_s)

@@ -1,6 +1,6 @@
-"""The offline figure (eagle3.measure.offline.offline_acceptance, exact greedy replay) is the same number
-as decoding every bench prompt with the reference engine's decoder (refengine.loader.load_decoder), and
-bench settings it cannot follow are labelled, not compared."""
+"""The offline figure (eagle3.measure.offline.offline_acceptance, exact greedy replay) is the same
+number as decoding every bench prompt with the reference engine's decoder
+(refengine.loader.load_decoder), and bench settings it cannot follow are labelled, not compared."""
 
 from __future__ import annotations
 
@@ -63,4 +63,4 @@ def test_bench_settings_the_greedy_figure_cannot_follow_are_labelled_not_compare
     assert "not compared" in verdict and "serving integration" not in verdict
     assert acceptance_verdict(1.5, 1.8, 1.3, label) is None
     with pytest.raises(AcceptanceTooLow, match="serving integration"):
-        check_acceptance(1.02, 1.8, 1.3)                # comparable settings: the diagnosis as before
+        check_acceptance(1.02, 1.8, 1.3)        # comparable settings: the diagnosis as before
