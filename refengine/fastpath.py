@@ -56,9 +56,8 @@ class FastDecoder:
     """
 
     def __init__(self, target, draft: SGLangEagle3Draft | None = None, tokenizer=None, *,
-                 num_steps: int = 3,
-                 max_context: int | None = None, use_cuda_graphs: bool | None = None,
-                 capture_aux: bool = True,
+                 num_steps: int = 3, max_context: int | None = None,
+                 use_cuda_graphs: bool | None = None, capture_aux: bool = True,
                  static_shapes: bool = False):
         reason = unsupported_reason(target)
         if reason:
@@ -242,9 +241,8 @@ class FastDecoder:
             profile["iteration_ms"] = tl.host_intervals_ms("chain" if spec else "decode")
         return res
 
-    def _prefill(self, ids: list[int], hidden_width: int) -> tuple[torch.Tensor,
-                                                                   torch.Tensor | None,
-                                                                   torch.Tensor]:
+    def _prefill(self, ids: list[int], hidden_width: int):
+        """Prompt through the target: ``(last logits, captured states or None, ids on device)``."""
         n = len(ids)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         hidden = torch.empty(n, hidden_width, dtype=self.tgt.dtype,
@@ -287,8 +285,8 @@ class FastDecoder:
             res.verify_ct += 1
             res.num_draft_tokens += k
             res.accept_counts.append(a)
-            appended, done = SpeculativeDecoder._emit(res, vals[1:a + 2], stops,
-                                                      budget)  # noqa: SLF001
+            emit = SpeculativeDecoder._emit  # noqa: SLF001 - the shared emit rule
+            appended, done = emit(res, vals[1:a + 2], stops, budget)
             for j in range(min(a, appended)):
                 res.accepted_per_position[j] += 1
             res.histogram[min(a, appended)] += 1
@@ -310,8 +308,8 @@ class FastDecoder:
         if greedy:
             tok = self._fetch(logits.argmax(-1).view(1))[0]
         else:
-            tok = sampling.sample(sampling.probs_from_logits(logits.float().cpu(), temperature,
-                                                             top_p), gen)
+            probs = sampling.probs_from_logits(logits.float().cpu(), temperature, top_p)
+            tok = sampling.sample(probs, gen)
         self.ptok.fill_(tok)
         self.pos.fill_(n)
         hpos, done = n, SpeculativeDecoder._emit(res, [tok], stops, budget)[1]  # noqa: SLF001

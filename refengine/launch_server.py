@@ -99,10 +99,10 @@ def parse_args(argv: list[str]) -> ServerArgs:
         raise UsageError(f"--context-length: expected >= 2 positions, got {ns.context_length}")
     nums = (ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens)
     if ns.speculative_algorithm is None:
-        given = [f for f, v in (("--speculative-draft-model-path", ns.speculative_draft_model_path),
-                                ("--speculative-num-steps", nums[0]), ("--speculative-eagle-topk",
-                                                                       nums[1]),
-                                ("--speculative-num-draft-tokens", nums[2])) if v is not None]
+        flags = (("--speculative-draft-model-path", ns.speculative_draft_model_path),
+                 ("--speculative-num-steps", nums[0]), ("--speculative-eagle-topk", nums[1]),
+                 ("--speculative-num-draft-tokens", nums[2]))
+        given = [f for f, v in flags if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)}: given without --speculative-algorithm EAGLE3 "
                              "(plain decoding "

@@ -77,8 +77,8 @@ def parse_sampling_params(sp: dict | None, default_max_new_tokens: int = 128) ->
     if out["temperature"] < 0 or not 0 < out["top_p"] <= 1:
         raise BadRequest(f"sampling_params: expected temperature >= 0 and 0 < top_p <= 1, got "
                          f"{out['temperature']}, {out['top_p']}")
-    bad = {k: v for k, v in sp.items() if k not in _IGNORED and (k not in _NEUTRAL
-                                                                 or v != _NEUTRAL[k])}
+    bad = {k: v for k, v in sp.items()
+           if k not in _IGNORED and (k not in _NEUTRAL or v != _NEUTRAL[k])}
     if bad:
         raise BadRequest(f"sampling_params: not implemented by the reference engine: {bad}")
     return out

@@ -95,8 +95,8 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gmask: torc
                          f"{t * max(n_heads // n_kv, 1)} rows, got "
                          f"{gmask.shape[-2]}")
     qg = q.reshape(n_kv, (n_heads // n_kv) * t, d)
-    out = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=gmask,
-                                         scale=scale)[0]
+    out = F.scaled_dot_product_attention(qg[None], k[None], v[None], attn_mask=gmask, scale=scale)
+    out = out[0]
     return out.reshape(n_heads, t, d).transpose(0, 1).reshape(t, n_heads * d)
 
 
@@ -111,8 +111,7 @@ def qkv_heads(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, cos: to
     return qk[:n_heads], qk[n_heads:], heads[:, n_heads + n_kv:].transpose(0, 1)
 
 
-def cached_attention(cache: StaticKVCache, layer: int, qkv: torch.Tensor, heads: tuple[int, int,
-                                                                                       int],
+def cached_attention(cache: StaticKVCache, layer: int, qkv: torch.Tensor, heads: tuple,
                      positions: torch.Tensor, cos, sin, gmask, kv_len: int, scale: float):
     """One layer's attention over the cache: fused projection ``qkv [T, (nh + 2·nkv)·d]`` with
     ``heads = (nh, nkv, d)`` → RoPE, keys/values written at ``positions``, :func:`gqa_attention`
@@ -140,10 +139,9 @@ class StaticDraft:
         hot = draft.hot_token_id
         self.hot_token_id = None if hot is None else hot.to(self.device)
         self.cache = StaticKVCache(len(draft.model.layers), attn.nkv, attn.hd, max_context,
-                                   self.dtype,
-                                   self.device)
-        self.cos, self.sin = rope_tables(draft._rotary[0], max_context, self.dtype,  # noqa: SLF001
-                                         self.device)
+                                   self.dtype, self.device)
+        rotary = draft._rotary[0]  # noqa: SLF001 - the draft's own float32 rotary module
+        self.cos, self.sin = rope_tables(rotary, max_context, self.dtype, self.device)
         self.kv_positions = torch.arange(max_context, device=self.device)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -105,8 +105,8 @@ class StaticLlamaTarget:
     def _attention(self, i: int, x: torch.Tensor, positions, cos, sin, mask,
                    kv_len: int) -> torch.Tensor:
         w, b = self.qkv[i]
-        out = cached_attention(self.cache, i, F.linear(x, w, b), (self.n_heads, self.n_kv,
-                                                                  self.head_dim),
+        heads = (self.n_heads, self.n_kv, self.head_dim)
+        out = cached_attention(self.cache, i, F.linear(x, w, b), heads,
                                positions, cos, sin, mask, kv_len, self.scale)
         return self.layers[i].self_attn.o_proj(out)
 

@@ -67,8 +67,8 @@ def read_metrics_jsonl(path: str | Path) -> list[dict]:
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if isinstance(r.get(key),
-                                                                                (int, float))]
+    pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows)
+           if isinstance(r.get(key), (int, float))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -79,8 +79,8 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
     rows = read_metrics_jsonl(metrics) if not isinstance(metrics, list) else metrics
     keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))
                    and k != "step"})
-    loss_keys = [k for k in keys if k.endswith("/loss") or k == "loss"] or [k for k in keys
-                                                                            if "loss" in k]
+    loss_keys = ([k for k in keys if k.endswith("/loss") or k == "loss"]
+                 or [k for k in keys if "loss" in k])
     acc_keys = ([k for k in keys if "acc_cond" in k] or [k for k in keys if "acc" in k])[:8]
     if not loss_keys:
         raise DataError(f"plot_training_curves: no key containing 'loss' in {metrics!s:.120} "

@@ -327,8 +327,8 @@ def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: l
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
         t0 = time.perf_counter()
-        tokens, captured, final = target_states(target, [seqs[i] for i in batch], union,
-                                                next(iter(stops), 0))
+        pad = next(iter(stops), 0)
+        tokens, captured, final = target_states(target, [seqs[i] for i in batch], union, pad)
         target_s += time.perf_counter() - t0
         for name, draft in drafts.items():
             t0 = time.perf_counter()

@@ -29,8 +29,8 @@ def _units(rows: list[dict], unit_key: str) -> tuple[np.ndarray, np.ndarray]:
         key = str(r.get(unit_key, r.get("id")))
         acc[key] = acc.get(key, 0) + int(sum(r["accepted_per_position"]))
         ver[key] = ver.get(key, 0) + int(r["verify_ct"])
-    return np.array(list(acc.values()), dtype=np.float64), np.array(list(ver.values()),
-                                                                    dtype=np.float64)
+    as_array = lambda d: np.array(list(d.values()), dtype=np.float64)  # noqa: E731
+    return as_array(acc), as_array(ver)
 
 
 def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
