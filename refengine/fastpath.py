@@ -1,31 +1,24 @@
-"""The reference engine's fast path: chain EAGLE-3 decoding (and plain decoding) with the host out of the loop.
+"""The reference engine's fast path: chain EAGLE-3 decoding (and plain decoding) with the host out
+of the loop, token for token the semantics of :class:`refengine.specdec.SpeculativeDecoder`.
 
-Same semantics, token for token, as :class:`refengine.specdec.SpeculativeDecoder` (SGLang 0.5.23's
-EAGLE worker, topk 1; its module docstring has the rules), computed differently:
+- static KV caches sized ``max_context`` up front (:mod:`.static_cache`; a request that does not fit
+  is a DataError naming both lengths); the target is a minimal Llama forward over the HF weights
+  writing the aux states into a preallocated buffer (:mod:`.static_target`); the draft runs its own
+  ``states`` over its static cache (``StaticDraft``);
+- the draft chain, the greedy verify (argmax, compare, accept count ``a``, bonus) and the position
+  bookkeeping stay on the device: **one** device→host transfer per verify pass (``a`` and the k+1
+  argmaxes, needed to emit tokens) and one per plain decode step;
+- CUDA graphs (:mod:`.graphs`) for every fixed-shape step (decode: 1 token; chain: k-1 draft steps;
+  verify: k+1 tokens with the accept logic; extend after verify: a+1 tokens, one per a in 0..k),
+  each for every attention window of ``kv_buckets``; the prefill runs eagerly. A failed capture
+  leaves every step eager, said in :attr:`FastDecoder.graph_status`.
 
-- static KV caches for target and draft, sized ``max_context`` up front (:mod:`.static_cache`); a request
-  that would not fit is a DataError naming both lengths;
-- the target is a minimal Llama forward over the HF model's own weights (:mod:`.static_target`) that writes
-  the aux states straight into a preallocated buffer (no hook registered per call); the draft runs its own
-  modules over its static cache (:mod:`.static_draft`);
-- the draft chain, the greedy verify (argmax, compare, accept count ``a``, bonus) and all position bookkeeping
-  stay on the device; **one** device→host transfer per verify pass (``a`` and the k+1 verify argmaxes, needed
-  anyway to emit tokens and check EOS) and one per plain decode step;
-- CUDA graphs (:mod:`.graphs`) for every fixed-shape step: the plain decode step (1 token), the draft chain
-  (k-1 draft steps), the verify pass (k+1 tokens, with the accept logic), the draft extend after verify (a+1
-  tokens, one graph per a in 0..k); each for every attention window of :func:`.static_cache.kv_buckets`. The
-  prefill (prompt length varies) runs eagerly. Graph capture that fails leaves every step eager and says so in
-  :attr:`FastDecoder.graph_status`.
-
-Per verify iteration the device runs ``chain → verify → (copy a, tokens to the host)``, the host emits the tokens,
-checks stop tokens and the budget, then launches ``extend[a]`` and the next chain. Time per output token is
-therefore ≈ ``(t_verify + (k−1)·t_draft_step + t_extend + t_host) / AL`` (``lab/gpu_speedup.py``).
-
-Greedy only: ``temperature`` > 0 with a draft runs on the slower generic path (``SpeculativeDecoder``, whose
-speculative sampling follows :mod:`.sampling`), on the same loaded models; plain decoding samples on the fast
-path (logits of each step copied to the host, sampled with the seeded CPU generator as ``SpeculativeDecoder``
-does). Implemented for ``LlamaForCausalLM`` targets (:func:`.static_target.unsupported_reason`); other
-architectures keep the generic path (:func:`build_decoder`). Not thread-safe: callers serialise requests.
+Per verify pass: ``chain → verify → copy to the host``, the host emits tokens and checks stops,
+then ``extend[a]``: time per token ≈ ``(t_verify + (k−1)·t_draft + t_extend + t_host) / AL``
+(``lab/gpu_speedup.py``). Greedy only: temperature > 0 with a draft runs on the generic path on the
+same models; plain decoding samples here with the seeded CPU generator, as ``SpeculativeDecoder``.
+``LlamaForCausalLM`` targets only (``unsupported_reason``; others: :func:`build_decoder`'s generic
+path). Not thread-safe: callers serialise requests.
 """
 
 from __future__ import annotations
@@ -36,11 +29,11 @@ import torch
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import EngineUnsupported
+from eagle3.measure.replay import GenerationResult, stop_ids
 from refengine import sampling
 from refengine.graphs import Step, capture_steps
-from refengine.specdec import GenerationResult, SpeculativeDecoder, check_request, eos_token_ids
-from refengine.static_cache import kv_buckets
-from refengine.static_draft import StaticDraft
+from refengine.specdec import SpeculativeDecoder, check_request
+from refengine.static_cache import StaticDraft, kv_buckets
 from refengine.static_target import StaticLlamaTarget, unsupported_reason
 from refengine.timeline import Timeline
 
@@ -50,18 +43,21 @@ DEFAULT_MAX_CONTEXT_CAP = 8192
 class FastDecoder:
     """Fast chain EAGLE-3 / plain decoding, batch size 1 (see the module docstring).
 
-    ``target``: an HF ``LlamaForCausalLM`` (eval); ``draft``: an :class:`SGLangEagle3Draft` or None (plain decoding
-    only); ``num_steps``: draft tokens per verify pass; ``max_context``: positions of the static caches (default:
-    the target's ``max_position_embeddings``, at most 8192); ``use_cuda_graphs``: None = on for a CUDA target;
-    ``static_shapes``: run eager steps with the graphs' attention windows (the CPU twin of the graphs).
-    ``capture_aux=False``: feed the draft the target's final normed state (failure class 11, as SpeculativeDecoder).
-    Raises EngineUnsupported for a target the fast path does not implement, plus SpeculativeDecoder's checks
-    (aux ids, fc width). Attributes used by the server: ``tokenizer``, ``num_steps`` (0 without a draft),
-    ``max_positions``, ``capture_indices``, ``capture_aux``, ``draft``, ``graph_status``, :meth:`describe`.
+    ``target``: an HF ``LlamaForCausalLM`` (eval); ``draft``: an :class:`SGLangEagle3Draft` or None
+    (plain decoding only); ``num_steps``: draft tokens per verify pass; ``max_context``: positions
+    of the static caches (default: the target's ``max_position_embeddings``, at most 8192);
+    ``use_cuda_graphs``: None = on for a CUDA target; ``static_shapes``: run eager steps with the
+    graphs' attention windows (the CPU twin of the graphs). ``capture_aux=False``: feed the draft
+    the target's final normed state (failure class 11, as SpeculativeDecoder). Raises
+    EngineUnsupported for a target the fast path does not implement, plus SpeculativeDecoder's
+    checks (aux ids, fc width). Attributes used by the server: ``tokenizer``, ``num_steps`` (0
+    without a draft), ``max_positions``, ``capture_indices``, ``capture_aux``, ``draft``,
+    ``graph_status``, :meth:`describe`.
     """
 
-    def __init__(self, target, draft: SGLangEagle3Draft | None = None, tokenizer=None, *, num_steps: int = 3,
-                 max_context: int | None = None, use_cuda_graphs: bool | None = None, capture_aux: bool = True,
+    def __init__(self, target, draft: SGLangEagle3Draft | None = None, tokenizer=None, *,
+                 num_steps: int = 3, max_context: int | None = None,
+                 use_cuda_graphs: bool | None = None, capture_aux: bool = True,
                  static_shapes: bool = False):
         reason = unsupported_reason(target)
         if reason:
@@ -72,16 +68,19 @@ class FastDecoder:
         self.max_positions = int(max_context or min(limit, DEFAULT_MAX_CONTEXT_CAP))
         self.slow = None
         if draft is not None:
-            self.slow = SpeculativeDecoder.from_models(target, draft, tokenizer, num_steps, capture_aux)
+            self.slow = SpeculativeDecoder.from_models(target, draft, tokenizer, num_steps,
+                                                       capture_aux)
             self.slow.max_positions = self.max_positions
-            self.capture_aux, self.capture_indices = self.slow.capture_aux, self.slow.capture_indices
+            self.capture_aux = self.slow.capture_aux
+            self.capture_indices = self.slow.capture_indices
         else:
             self.capture_aux, self.capture_indices = False, []
         self.num_steps = num_steps if draft is not None else 0
-        self.eos_token_ids = eos_token_ids(target)
+        self.eos_token_ids = stop_ids(target)
         self.vocab_size = int(target.lm_head.weight.shape[0])
         capture_final = draft is not None and not self.capture_aux
-        self.tgt = StaticLlamaTarget(target, self.max_positions, self.capture_indices if self.capture_aux else None,
+        self.tgt = StaticLlamaTarget(target, self.max_positions, self.capture_indices
+                                     if self.capture_aux else None,
                                      capture_final=capture_final)
         self.sd = StaticDraft(draft, self.max_positions) if draft is not None else None
         self.buckets = kv_buckets(self.max_positions)
@@ -90,19 +89,24 @@ class FastDecoder:
         self.graph_status = self._maybe_capture(use_cuda_graphs)
         self.static = self.graph_status.startswith("on") or static_shapes
 
-    # --- buffers and steps -------------------------------------------------------------------------------
+    # --- buffers and steps ---
 
     def _buffers(self) -> None:
         k, dev, long = self.num_steps, self.device, torch.long
-        self.pos = torch.zeros(1, dtype=long, device=dev)        # committed positions (= position of vin[0])
-        self.start = torch.zeros(1, dtype=long, device=dev)      # first position of the pending draft extend
+        self.pos = torch.zeros(1, dtype=long,
+                               device=dev)        # committed positions (= position of vin[0])
+        self.start = torch.zeros(1, dtype=long,
+                                 device=dev)      # first position of the pending draft extend
         self.vin = torch.zeros(k + 1, dtype=long, device=dev)    # verify input: [last, d_1..d_k]
         self.vbest = torch.zeros(k + 1, dtype=long, device=dev)  # verify argmax
-        self.res = torch.zeros(k + 2, dtype=long, device=dev)    # [a, vbest...]: the one transfer per iteration
+        self.res = torch.zeros(k + 2, dtype=long,
+                               device=dev)    # [a, vbest...]: the one transfer per iteration
         self.ar = torch.arange(k + 1, dtype=long, device=dev)
-        self.aux = torch.zeros(k + 1, max(self.tgt.hidden_width, 1), dtype=self.tgt.dtype, device=dev)
+        self.aux = torch.zeros(k + 1, max(self.tgt.hidden_width, 1), dtype=self.tgt.dtype,
+                               device=dev)
         width = self.sd.hidden_size if self.sd is not None else 1
-        self.dh = torch.zeros(1, width, dtype=self.sd.dtype if self.sd else self.tgt.dtype, device=dev)
+        self.dh = torch.zeros(1, width, dtype=self.sd.dtype if self.sd else self.tgt.dtype,
+                              device=dev)
         self.ptok = torch.zeros(1, dtype=long, device=dev)       # plain decoding: the last token
         pin = dev.type == "cuda"
         self.host = torch.zeros(k + 2, dtype=long, pin_memory=pin)
@@ -117,7 +121,8 @@ class FastDecoder:
             if self.num_steps > 1:
                 steps[("chain", kv)] = Step(f"chain@{kv}", lambda kv=kv: self._chain(kv))
             for a in range(self.num_steps + 1):
-                steps[(f"extend{a}", kv)] = Step(f"extend{a}@{kv}", lambda kv=kv, a=a: self._extend(a, kv))
+                steps[(f"extend{a}", kv)] = Step(f"extend{a}@{kv}", lambda kv=kv,
+                                                 a=a: self._extend(a, kv))
         return steps
 
     def _maybe_capture(self, use_cuda_graphs: bool | None) -> str:
@@ -135,15 +140,17 @@ class FastDecoder:
         self.dh.zero_()
 
     def _run(self, name: str, end: int, eager: Callable[[int], None]) -> None:
-        """Run step ``name`` whose attention reaches position ``end - 1``: its graph (or graph-shaped eager
-        twin) for the smallest window holding ``end``, or eagerly over exactly ``end`` positions."""
+        """Run step ``name`` whose attention reaches position ``end - 1``: its graph (or
+        graph-shaped eager twin) for the smallest window holding ``end``, or eagerly over exactly
+        ``end`` positions."""
         if self.static:
             self.steps[(name, next(b for b in self.buckets if b >= end))]()
         else:
             eager(end)
 
     def _fetch(self, src: torch.Tensor) -> list[int]:
-        """The one device→host transfer of an iteration (pinned buffer, then wait for the stream)."""
+        """The one device→host transfer of an iteration (pinned buffer, then wait for the
+        stream)."""
         if self.device.type != "cuda":
             return src.tolist()
         n = src.numel()
@@ -151,7 +158,7 @@ class FastDecoder:
         torch.cuda.current_stream(self.device).synchronize()
         return self.host[:n].tolist()
 
-    # --- the device-side pieces (also the bodies of the graphs) ------------------------------------------
+    # --- the device-side pieces (also the bodies of the graphs) ---
 
     def _decode(self, kv_len: int, logits_out: list | None = None) -> None:
         logits = self.tgt.forward(self.ptok, self.pos + self.ar[:1], kv_len)
@@ -185,40 +192,48 @@ class FastDecoder:
         self.vin[1:2].copy_(self.sd.to_target_ids(logits[-1:].argmax(-1)))
         self.dh.copy_(h[-1:])
 
-    # --- requests ----------------------------------------------------------------------------------------
+    # --- requests ---
 
     def describe(self) -> str:
         """One line for logs: path, target class, cache size, graph status."""
-        return (f"fast path ({type(self.target).__name__}, static KV cache {self.max_positions} positions, "
+        return (f"fast path ({type(self.target).__name__}, static KV cache {self.max_positions} "
+                "positions, "
                 f"attention windows {self.buckets}, CUDA graphs {self.graph_status})")
 
     def _check(self, input_ids: list[int], max_new_tokens: int, k: int) -> None:
         check_request(input_ids, max_new_tokens, self.vocab_size)
-        self.tgt.cache.check_fits(len(input_ids) + max_new_tokens + k, f"prompt {len(input_ids)} + max_new_tokens "
+        self.tgt.cache.check_fits(len(input_ids) + max_new_tokens + k, f"prompt {len(input_ids)} + "
+                                                                       "max_new_tokens "
                                   f"{max_new_tokens} + num_steps {k}")
 
     @torch.no_grad()
-    def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+    def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0,
                  seed: int = 0, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
-                 on_tokens: Callable[[GenerationResult], None] | None = None, speculative: bool = True,
+                 on_tokens: Callable[[GenerationResult], None] | None = None,
+                 speculative: bool = True,
                  profile: dict | None = None) -> GenerationResult:
-        """``SpeculativeDecoder.generate``'s contract (stop tokens kept, ``on_tokens`` after each emitting step,
-        DataError for empty / out-of-vocabulary input and for a request longer than the static cache).
+        """``SpeculativeDecoder.generate``'s contract (stop tokens kept, ``on_tokens`` after each
+        emitting step, DataError for empty / out-of-vocabulary input and for a request longer than
+        the static cache).
 
-        ``speculative=False`` (or no draft): plain decoding on the same engine, one target step per token.
-        ``profile``: a dict filled with ``{"intervals_ms": {piece: [ms, ...]}, "iteration_ms": [...]}`` (device
-        time of each piece, see :mod:`.timeline`). Temperature > 0 with a draft: the generic path (no profile).
+        ``speculative=False`` (or no draft): plain decoding on the same engine, one target step per
+        token. ``profile``: a dict filled with
+        ``{"intervals_ms": {piece: [ms, ...]}, "iteration_ms": [...]}`` (device time of each piece,
+        see :mod:`.timeline`). Temperature > 0 with a draft: the generic path (no profile).
         """
         input_ids = [int(t) for t in input_ids]
         spec = speculative and self.sd is not None
         if spec and not sampling.is_greedy(temperature):
-            return self.slow.generate(input_ids, max_new_tokens, temperature, top_p, seed, stop_token_ids,
+            return self.slow.generate(input_ids, max_new_tokens, temperature, top_p, seed,
+                                      stop_token_ids,
                                       ignore_eos, on_tokens)
         self._check(input_ids, max_new_tokens, self.num_steps if spec else 0)
         stops = (set() if ignore_eos else set(self.eos_token_ids)) | set(stop_token_ids or [])
         tl = Timeline(self.device) if profile is not None else None
         k = self.num_steps if spec else 0
-        res = GenerationResult([], 0, [0] * k, 0, [0] * (k + 1) if spec else [], prompt_tokens=len(input_ids))
+        res = GenerationResult([], 0, [0] * k, 0, [0] * (k + 1) if spec else [],
+                               prompt_tokens=len(input_ids))
         run = self._speculate if spec else self._plain
         run(input_ids, res, stops, max_new_tokens, on_tokens, tl, (temperature, top_p, seed))
         if tl is not None:
@@ -226,10 +241,12 @@ class FastDecoder:
             profile["iteration_ms"] = tl.host_intervals_ms("chain" if spec else "decode")
         return res
 
-    def _prefill(self, ids: list[int], hidden_width: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def _prefill(self, ids: list[int], hidden_width: int):
+        """Prompt through the target: ``(last logits, captured states or None, ids on device)``."""
         n = len(ids)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
-        hidden = torch.empty(n, hidden_width, dtype=self.tgt.dtype, device=self.device) if hidden_width else None
+        hidden = torch.empty(n, hidden_width, dtype=self.tgt.dtype,
+                             device=self.device) if hidden_width else None
         logits = self.tgt.forward(ids_t, self.tgt.kv_positions[:n], n, hidden, last_only=True)
         return logits[-1], hidden, ids_t
 
@@ -240,12 +257,14 @@ class FastDecoder:
         logits, hidden, ids_t = self._prefill(ids, self.tgt.hidden_width)
         best = logits.argmax(-1)
         first = self._fetch(best.view(1))
-        done = SpeculativeDecoder._emit(res, first, stops, budget)[1]  # noqa: SLF001 - the shared emit rule
+        done = SpeculativeDecoder._emit(res, first, stops,
+                                        budget)[1]  # noqa: SLF001 - the shared emit rule
         if on_tokens is not None:
             on_tokens(res)
         if done:
             return
-        dl, dh = self.sd.forward(torch.cat([ids_t[1:], best.view(1)]), self.tgt.kv_positions[:n], hidden, n)
+        dl, dh = self.sd.forward(torch.cat([ids_t[1:], best.view(1)]), self.tgt.kv_positions[:n],
+                                 hidden, n)
         self.vin[:1].copy_(best.view(1))
         self.vin[1:2].copy_(self.sd.to_target_ids(dl[-1:].argmax(-1)))
         self.dh.copy_(dh[-1:])
@@ -266,7 +285,8 @@ class FastDecoder:
             res.verify_ct += 1
             res.num_draft_tokens += k
             res.accept_counts.append(a)
-            appended, done = SpeculativeDecoder._emit(res, vals[1:a + 2], stops, budget)  # noqa: SLF001
+            emit = SpeculativeDecoder._emit  # noqa: SLF001 - the shared emit rule
+            appended, done = emit(res, vals[1:a + 2], stops, budget)
             for j in range(min(a, appended)):
                 res.accepted_per_position[j] += 1
             res.histogram[min(a, appended)] += 1
@@ -288,7 +308,8 @@ class FastDecoder:
         if greedy:
             tok = self._fetch(logits.argmax(-1).view(1))[0]
         else:
-            tok = sampling.sample(sampling.probs_from_logits(logits.float().cpu(), temperature, top_p), gen)
+            probs = sampling.probs_from_logits(logits.float().cpu(), temperature, top_p)
+            tok = sampling.sample(probs, gen)
         self.ptok.fill_(tok)
         self.pos.fill_(n)
         hpos, done = n, SpeculativeDecoder._emit(res, [tok], stops, budget)[1]  # noqa: SLF001
@@ -308,7 +329,8 @@ class FastDecoder:
                 self._decode(kv, logits_out=out)
                 if tl:
                     tl.mark("host")
-                tok = sampling.sample(sampling.probs_from_logits(out[0].cpu(), temperature, top_p), gen)
+                tok = sampling.sample(sampling.probs_from_logits(out[0].cpu(), temperature, top_p),
+                                      gen)
                 self.ptok.fill_(tok)
             hpos += 1
             done = SpeculativeDecoder._emit(res, [tok], stops, budget)[1]  # noqa: SLF001
@@ -319,9 +341,10 @@ def build_decoder(target, draft: SGLangEagle3Draft | None, tokenizer=None, *, nu
                   use_cuda_graphs: bool | None = None) -> tuple[object, str]:
     """The decoder the reference engine serves with, and one line saying which path and why.
 
-    The fast path (:class:`FastDecoder`) for targets it implements; otherwise, with a draft, the generic HF path
-    (:class:`SpeculativeDecoder`, the line names the target class). Plain decoding (``draft`` None) exists only on
-    the fast path: EngineUnsupported names the target class otherwise.
+    The fast path (:class:`FastDecoder`) for targets it implements; otherwise, with a draft, the
+    generic HF path (:class:`SpeculativeDecoder`, the line names the target class). Plain decoding
+    (``draft`` None) exists only on the fast path: EngineUnsupported names the target class
+    otherwise.
     """
     reason = unsupported_reason(target)
     if reason is None and draft is not None and not isinstance(draft, SGLangEagle3Draft):
@@ -331,7 +354,8 @@ def build_decoder(target, draft: SGLangEagle3Draft | None, tokenizer=None, *, nu
                           use_cuda_graphs=use_cuda_graphs, capture_aux=capture_aux)
         return dec, dec.describe()
     if draft is None:
-        raise EngineUnsupported(f"plain decoding (no --speculative-algorithm) runs on the fast path only: {reason}")
+        raise EngineUnsupported("plain decoding (no --speculative-algorithm) runs on the fast "
+                                f"path only: {reason}")
     dec = SpeculativeDecoder.from_models(target, draft, tokenizer, num_steps, capture_aux)
     if max_context:
         dec.max_positions = max_context
@@ -339,8 +363,8 @@ def build_decoder(target, draft: SGLangEagle3Draft | None, tokenizer=None, *, nu
 
 
 def _reported(res: GenerationResult, done: bool, on_tokens, tl) -> bool:
-    """After each pass: hand the tokens so far to ``on_tokens`` (streaming), and when the request is ``done`` mark
-    the timeline's end; returns ``done``."""
+    """After each pass: hand the tokens so far to ``on_tokens`` (streaming), and when the request is
+    ``done`` mark the timeline's end; returns ``done``."""
     if on_tokens is not None:
         on_tokens(res)
     if done and tl:

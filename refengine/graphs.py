@@ -1,17 +1,13 @@
-"""Fixed-shape steps that run either eagerly or as captured CUDA graphs — the same Python function both ways.
+"""Fixed-shape steps that run eagerly or as captured CUDA graphs, the same Python function both
+ways.
 
-A :class:`Step` wraps a function of no arguments that reads and writes only preallocated tensors (inputs,
-outputs and state at fixed addresses). Eagerly (CPU, or graphs off) calling the step calls the function;
-after :func:`capture_steps` on CUDA, calling it replays the graph recorded from that very function. The
-eager call is therefore the CPU-testable twin of the graph: tests run the function with the graph's shapes.
-
-Capture follows PyTorch's documented recipe (``torch.cuda.graphs``): a few warm-up calls on a side stream
-(cuBLAS/SDPA workspaces and autotuning happen there), then one recorded call; all graphs share one memory
-pool, which is safe here because no step leaves a live tensor behind (everything crossing steps is in the
-preallocated buffers) and steps run one after another on one stream. Capture may fail (an op that synchronises,
-a driver without graph support); :func:`capture_steps` then drops every graph, says why in its return value,
-and the steps keep running eagerly.
-"""
+A :class:`Step` wraps a function of no arguments that reads and writes only preallocated tensors.
+Eagerly (CPU, graphs off) calling the step calls the function; after :func:`capture_steps` it
+replays the graph recorded from that very function, so the eager call is the CPU-testable twin of
+the graph. Capture follows ``torch.cuda.graphs``: warm-up calls on a side stream (workspaces,
+autotuning), then one recorded call; all graphs share one memory pool, safe because no step leaves a
+live tensor behind and steps run one after another on one stream. A failed capture drops every graph
+and says why; the steps keep running eagerly."""
 
 from __future__ import annotations
 
@@ -24,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class Step:
-    """A named fixed-shape step; ``step()`` replays its CUDA graph when captured, else runs ``fn`` eagerly."""
+    """A named fixed-shape step; ``step()`` replays its CUDA graph when captured, else runs ``fn``
+    eagerly."""
 
     def __init__(self, name: str, fn: Callable[[], None]):
         self.name, self.fn = name, fn
@@ -42,11 +39,9 @@ class Step:
 
 def capture_steps(steps: list[Step], device: torch.device, reset: Callable[[], None],
                   warmup: int = 2) -> str:
-    """Capture a CUDA graph for every step (``reset()`` restores safe state before each warm-up and capture).
-
-    Returns the status line: ``"on (N graphs)"``, or ``"off (capture of <step> failed: <error>)"`` after which
-    no step has a graph. Raises nothing for a failed capture; ValueError when ``device`` is not CUDA.
-    """
+    """Capture a CUDA graph for every step (``reset()`` restores safe state before each warm-up and
+    capture). Returns ``"on (N graphs)"`` or ``"off (capture of <step> failed: <error>)"`` (then no
+    step has a graph); ValueError when ``device`` is not CUDA."""
     if device.type != "cuda":
         raise ValueError(f"capture_steps: CUDA graphs need a CUDA device, got {device}")
     current = None
@@ -77,7 +72,8 @@ def capture_steps(steps: list[Step], device: torch.device, reset: Callable[[], N
         except Exception:  # noqa: BLE001 - a broken context shows up again at the next real step
             pass
         name = current.name if current is not None else "?"
-        msg = f"off (capture of {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})"
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        msg = f"off (capture of {name} failed: {type(e).__name__}: {first})"
         log.warning("CUDA graphs %s; running eagerly", msg)
         return msg
     return f"on ({len(steps)} graphs)"

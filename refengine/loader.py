@@ -1,11 +1,7 @@
-"""Load what the reference engine serves: the target, the draft (or none: plain decoding), and the decoder.
-
-``load_decoder`` loads the HF target (:func:`eagle3.target_model.load_target`) and the SGLang-format draft the way
-``SpeculativeDecoder.__init__`` does (the target's embedding and LM head handed to
-:meth:`SGLangEagle3Draft.from_dir`), then picks the path with
-:func:`refengine.fastpath.build_decoder`: the fast path for Llama targets (CUDA graphs on a CUDA
-device unless disabled), the generic HF path otherwise (with a draft only).
-"""
+"""Load what the reference engine serves: the HF target, the SGLang-format draft (with the target's
+embedding and head, as ``SpeculativeDecoder.__init__``; none: plain decoding), and the decoder
+:func:`refengine.fastpath.build_decoder` picks (the fast path for Llama targets, else the generic HF
+path, with a draft only)."""
 
 from __future__ import annotations
 
@@ -19,13 +15,11 @@ from eagle3.target_model import load_target, torch_dtype
 def load_decoder(model_path: str | Path, draft_path: str | Path | None, *, num_steps: int = 3,
                  dtype: str = "float32", device: str = "cpu", capture_aux: bool = True,
                  context_length: int | None = None, cuda_graphs: bool = True) -> tuple[object, str]:
-    """``(decoder, path line)`` for a target folder and an SGLang draft folder (None: plain decoding).
-
-    ``context_length``: positions of the static KV caches (fast path) / the longest request (generic path);
-    None = the target's ``max_position_embeddings`` capped at 8192 on the fast path. ``cuda_graphs=False``:
-    ``--disable-cuda-graph``. Raises what the loaders raise (ConfigError, CheckpointInvalid,
-    EngineUnsupported).
-    """
+    """``(decoder, path line)`` for a target and an SGLang draft folder (None: plain decoding).
+    ``context_length``: positions of the static KV caches (fast path) / the longest request (generic
+    path); None = ``max_position_embeddings`` capped at 8192 on the fast path.
+    ``cuda_graphs=False``: ``--disable-cuda-graph``. Raises the loaders' ConfigError,
+    CheckpointInvalid, EngineUnsupported."""
     target, tokenizer = load_target(model_path, dtype=dtype, device=device)
     draft = None
     if draft_path is not None:

@@ -1,14 +1,10 @@
 """Token sampling and the speculative-sampling accept/reject rule.
 
-Speculative sampling: Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding",
-Algorithm 1) and Chen et al. 2023 ("Accelerating LLM Decoding with Speculative Sampling"): a draft token d drawn
-from q is accepted with probability ``min(1, p(d) / q(d))``; on rejection the replacement is drawn from
-``norm(max(0, p - q))``. The emitted tokens then follow p exactly, whatever q is.
-
-Temperature and top-p follow SGLang's sampler (``sglang/srt/layers/sampler.py``): temperature below 1e-6 is
-greedy (argmax); otherwise ``softmax(logits / T)``, then top-p keeps the smallest prefix of tokens sorted by
-probability whose mass reaches ``top_p`` (a token is dropped when the mass before it already exceeds top_p).
-"""
+Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023: a draft token d drawn from q is accepted
+with probability ``min(1, p(d) / q(d))``, else replaced by a draw from ``norm(max(0, p - q))``; the
+emitted tokens follow p exactly. Temperature and top-p as SGLang's sampler
+(``sglang/srt/layers/sampler.py``): below 1e-6 greedy; else ``softmax(logits / T)``, top-p keeping
+the smallest prefix by probability whose mass reaches ``top_p``."""
 
 from __future__ import annotations
 
@@ -42,10 +38,8 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token id drawn from ``probs [V]`` with ``generator`` (reproducible for a fixed seed).
-
-    ``probs`` is moved to the generator's device first (the decoders seed a CPU generator; ``torch.multinomial``
-    refuses a CPU generator for CUDA probabilities)."""
+    """One token id drawn from ``probs [V]`` with ``generator`` (moved to the generator's device:
+    ``torch.multinomial`` refuses a CPU generator for CUDA probabilities)."""
     if probs.device != generator.device:
         probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
@@ -53,11 +47,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 def accept_or_resample(p: torch.Tensor, q: torch.Tensor, token: int,
                        generator: torch.Generator) -> tuple[bool, int | None]:
-    """The accept/reject step for one draft ``token`` drawn from ``q`` against the target's ``p`` (both ``[V]``).
-
-    Returns ``(True, None)`` when accepted, else ``(False, replacement)`` with the replacement drawn from
-    ``norm(max(0, p - q))`` (from p itself in the measure-zero case where that residual is all zero).
-    """
+    """Accept/reject one draft ``token`` drawn from ``q`` against ``p`` (both ``[V]``): ``(True,
+    None)``, or ``(False, replacement)`` drawn from ``norm(max(0, p - q))`` (from p when that
+    residual is all zero)."""
     ratio = float(p[token]) / max(float(q[token]), 1e-30)
     u = float(torch.rand((), generator=generator))
     if u < min(1.0, ratio):

@@ -1,21 +1,18 @@
-"""HTTP side of the reference engine: SGLang 0.5.23's endpoints over the decoder of
-:func:`refengine.loader.load_decoder` — the fast path
-(:class:`refengine.fastpath.FastDecoder`, CUDA graphs on a CUDA device unless
-``--disable-cuda-graph``) for Llama targets, the generic
-:class:`refengine.specdec.SpeculativeDecoder` otherwise; without ``--speculative-algorithm``, plain
-decoding on the fast path. The log's "Load weight end." line and ``/get_server_info`` (``decoder``) say which.
+"""HTTP side of the reference engine: SGLang's endpoints over
+:func:`refengine.loader.load_decoder`'s decoder (the fast path for Llama targets, CUDA graphs on a
+CUDA device unless ``--disable-cuda-graph``; the generic ``SpeculativeDecoder`` otherwise; plain
+decoding on the fast path without ``--speculative-algorithm``). "Load weight end." and
+``/get_server_info`` (``decoder``) say which.
 
-Endpoints (``sglang/srt/entrypoints/http_server.py``): ``GET /health`` and ``GET /health_generate`` answer 503
-until the models are loaded and one warm-up generation ran (and while shutting down), then 200;
-``/health_generate`` runs a 1-token generation. ``GET /ready``; ``POST /generate`` (text or input_ids, single or
-batch) with ``meta_info`` as ``tokenizer_manager._calculate_spec_decoding_metrics``; ``POST /v1/chat/completions``
-(the target tokenizer's chat template); ``GET /get_server_info`` = ``/server_info`` with
-``internal_states[0].avg_spec_accept_length`` = accepted tokens / verify passes since start (bonus counted,
-prefill tokens not: ``scheduler_components/internal_state.py``); ``GET /metrics`` (Prometheus). Requests share
-one model behind a lock, so concurrent requests run one after another and never mix state.
-
-Log lines on stdout: loading/warming progress, then SGLang's "The server is fired up and ready to roll!".
-A failure while loading prints the traceback and exits the process with code 1 (the gate sees a crash).
+Endpoints (``sglang/srt/entrypoints/http_server.py``): ``/health`` and ``/health_generate`` (a
+1-token generation) answer 503 until loaded and warmed up (and while shutting down), then 200;
+``/ready``; ``POST /generate`` (text or input_ids, single or batch; ``meta_info`` as
+``tokenizer_manager._calculate_spec_decoding_metrics``); ``POST /v1/chat/completions`` (the target's
+chat template); ``/get_server_info`` = ``/server_info``
+(``internal_states[0].avg_spec_accept_length`` = accepted tokens / verify passes since start,
+``internal_state.py``); ``/metrics`` (Prometheus). Requests share one model behind a lock (one after
+another). Stdout: progress, then SGLang's "The server is fired up and ready to roll!"; a failure
+while loading prints the traceback, exit code 1.
 """
 
 from __future__ import annotations
@@ -44,7 +41,8 @@ _IGNORED = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_tri
 
 
 def log(msg: str) -> None:
-    """One progress line on stdout, SGLang-style timestamp prefix, flushed (the gate watches the log grow)."""
+    """One progress line on stdout, SGLang-style timestamp prefix, flushed (the gate watches the log
+    grow)."""
     print(f"[{datetime.now():%Y-%m-%d %H:%M:%S}] {msg}", flush=True)
 
 
@@ -55,8 +53,9 @@ class BadRequest(Exception):
 def parse_sampling_params(sp: dict | None, default_max_new_tokens: int = 128) -> dict:
     """SGLang ``sampling_params`` → keyword arguments of the decoder's ``generate``.
 
-    Defaults are SGLang's (temperature 1.0, top_p 1.0, max_new_tokens 128); ``top_k`` 1 means greedy, -1 (or 0)
-    off. Raises BadRequest naming any parameter set to a value the engine does not implement.
+    Defaults are SGLang's (temperature 1.0, top_p 1.0, max_new_tokens 128); ``top_k`` 1 means
+    greedy, -1 (or 0) off. Raises BadRequest naming any parameter set to a value the engine does not
+    implement.
     """
     sp = dict(sp or {})
     out = {"max_new_tokens": int(sp.pop("max_new_tokens", None) or default_max_new_tokens),
@@ -69,21 +68,25 @@ def parse_sampling_params(sp: dict | None, default_max_new_tokens: int = 128) ->
     if top_k == 1:
         out["temperature"] = 0.0
     elif top_k not in (-1, 0):
-        raise BadRequest(f"sampling_params.top_k: the reference engine implements -1 (off) or 1 (greedy), got {top_k}")
+        raise BadRequest("sampling_params.top_k: the reference engine implements -1 (off) or 1 "
+                         f"(greedy), got {top_k}")
     stop = sp.pop("stop", None)
     if stop:
-        raise BadRequest(f"sampling_params.stop: stop strings are not implemented (use stop_token_ids), got {stop!r}")
+        raise BadRequest("sampling_params.stop: stop strings are not implemented (use "
+                         f"stop_token_ids), got {stop!r}")
     if out["temperature"] < 0 or not 0 < out["top_p"] <= 1:
         raise BadRequest(f"sampling_params: expected temperature >= 0 and 0 < top_p <= 1, got "
                          f"{out['temperature']}, {out['top_p']}")
-    bad = {k: v for k, v in sp.items() if k not in _IGNORED and (k not in _NEUTRAL or v != _NEUTRAL[k])}
+    bad = {k: v for k, v in sp.items()
+           if k not in _IGNORED and (k not in _NEUTRAL or v != _NEUTRAL[k])}
     if bad:
         raise BadRequest(f"sampling_params: not implemented by the reference engine: {bad}")
     return out
 
 
 class Engine:
-    """Loads the models in the background and serves generations one at a time (a lock around the model)."""
+    """Loads the models in the background and serves generations one at a time (a lock around the
+    model)."""
 
     def __init__(self, args):
         self.args = args
@@ -92,20 +95,25 @@ class Engine:
         self.decoder_line = ""
         self.lock = threading.Lock()
         self.rng = random.Random(args.random_seed)
-        self.totals = dict(requests=0, prompt_tokens=0, generation_tokens=0, verify_ct=0, correct_drafts=0,
+        self.totals = dict(requests=0, prompt_tokens=0, generation_tokens=0, verify_ct=0,
+                           correct_drafts=0,
                            proposed_drafts=0)
 
     def load(self) -> None:
-        """Load target + draft, warm up, mark ready; on any error print it and exit the process (code 1)."""
+        """Load target + draft, warm up, mark ready; on any error print it and exit the process
+        (code 1)."""
         try:
             from refengine.loader import load_decoder
 
             a = self.args
             self.state = "loading"
-            log(f"Load weight begin. target={a.model_path} draft={a.speculative_draft_model_path} dtype={a.dtype} "
-                f"device={a.device}" + ("" if a.disable_cuda_graph else "; the fast path captures CUDA graphs on CUDA"))
+            log(f"Load weight begin. target={a.model_path} draft={a.speculative_draft_model_path} "
+                f"dtype={a.dtype} "
+                f"device={a.device}" + ("" if a.disable_cuda_graph else "; the fast path captures "
+                                                                        "CUDA graphs on CUDA"))
             self.decoder, self.decoder_line = load_decoder(
-                a.model_path, a.speculative_draft_model_path, num_steps=a.speculative_num_steps or 0,
+                a.model_path, a.speculative_draft_model_path, num_steps=a.speculative_num_steps
+                or 0,
                 dtype=a.dtype, device=a.device, capture_aux=not a.disable_spec_aux_capture,
                 context_length=a.context_length, cuda_graphs=not a.disable_cuda_graph)
             if a.tokenizer_path:
@@ -114,12 +122,14 @@ class Engine:
             d = self.decoder
             aux = d.capture_indices if d.capture_aux else "off"
             report = d.draft.load_report if d.draft is not None else "no draft (plain decoding)"
-            log(f"Load weight end. decoder: {self.decoder_line}; aux capture (HF hidden_states indices)={aux}; "
+            log(f"Load weight end. decoder: {self.decoder_line}; aux capture (HF hidden_states "
+                f"indices)={aux}; "
                 f"draft load report={report}")
             self.state = "warming"
             if not a.skip_server_warmup:
                 log("Warming up: one generation of 8 tokens")
-                self.generate([0, 1, 2, 3], {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True})
+                self.generate([0, 1, 2, 3], {"max_new_tokens": 8, "temperature": 0.0,
+                                             "ignore_eos": True})
                 log("End of warmup.")
             self.state = "ready"
             log(READY_LINE)
@@ -130,10 +140,11 @@ class Engine:
 
     def generate(self, input_ids: list[int], sp: dict | None, rid: str | None = None,
                  on_chunk: Callable[[dict], None] | None = None) -> dict:
-        """One request → ``{"text", "output_ids", "meta_info"}``; raises BadRequest / DataError for bad input.
+        """One request → ``{"text", "output_ids", "meta_info"}``; raises BadRequest / DataError for
+        bad input.
 
-        ``on_chunk(body)`` receives the cumulative response after every verify pass (SGLang's streaming
-        chunks carry the cumulative text and meta_info too).
+        ``on_chunk(body)`` receives the cumulative response after every verify pass (SGLang's
+        streaming chunks carry the cumulative text and meta_info too).
         """
         kw = parse_sampling_params(sp)
         if kw["seed"] is None:
@@ -156,28 +167,34 @@ class Engine:
         t["verify_ct"] += res.verify_ct
         t["correct_drafts"] += res.num_correct_drafts
         t["proposed_drafts"] += res.num_draft_tokens
-        log(f"Request {meta['id'][:8]} done: #prompt: {res.prompt_tokens}, #gen: {res.completion_tokens}, "
+        log(f"Request {meta['id'][:8]} done: #prompt: {res.prompt_tokens}, #gen: "
+            f"{res.completion_tokens}, "
             f"accept len: {res.accept_length:.2f}, accept rate: {res.accept_rate:.2f}, "
             f"gen throughput (token/s): {res.completion_tokens / max(elapsed, 1e-9):.2f}")
         return body
 
     def _body(self, res, rid: str, elapsed: float) -> dict:
         """SGLang's ``/generate`` response body for a (possibly partial) GenerationResult."""
-        text = self.decoder.tokenizer.decode(res.output_ids, skip_special_tokens=True) if self.decoder.tokenizer else ""
-        meta = {"id": rid, "finish_reason": res.finish_reason or None, "prompt_tokens": res.prompt_tokens,
-                "completion_tokens": res.completion_tokens, "cached_tokens": 0, "e2e_latency": elapsed}
-        if res.verify_ct > 0:  # SGLang adds the speculative fields only after at least one verify pass
+        tok = self.decoder.tokenizer
+        text = tok.decode(res.output_ids, skip_special_tokens=True) if tok else ""
+        meta = {"id": rid, "finish_reason": res.finish_reason or None,
+                "prompt_tokens": res.prompt_tokens,
+                "completion_tokens": res.completion_tokens, "cached_tokens": 0,
+                "e2e_latency": elapsed}
+        if res.verify_ct > 0:  # SGLang adds the speculative fields after a verify pass
             hist = list(res.histogram)
             while len(hist) > 1 and hist[-1] == 0:
                 hist.pop()
             meta.update(spec_accept_rate=res.accept_rate, spec_accept_length=res.accept_length,
-                        spec_num_correct_drafts=res.num_correct_drafts, spec_num_proposed_drafts=res.num_draft_tokens,
+                        spec_num_correct_drafts=res.num_correct_drafts,
+                        spec_num_proposed_drafts=res.num_draft_tokens,
                         spec_verify_ct=res.verify_ct, spec_correct_drafts_histogram=hist,
                         spec_accepted_per_position=list(res.accepted_per_position))
         return {"text": text, "output_ids": list(res.output_ids), "meta_info": meta}
 
     def avg_accept_length(self) -> float | None:
-        """(accepted drafts + bonus) per verify pass since start; None before the first verify pass."""
+        """(accepted drafts + bonus) per verify pass since start; None before the first verify
+        pass."""
         t = self.totals
         return (t["correct_drafts"] + t["verify_ct"]) / t["verify_ct"] if t["verify_ct"] else None
 
@@ -192,7 +209,8 @@ def _err(status: int, msg: str) -> JSONResponse:
 
 
 def create_app(args) -> tuple[FastAPI, Engine]:
-    """The FastAPI app and its engine; the engine starts loading in a daemon thread when the app starts."""
+    """The FastAPI app and its engine; the engine starts loading in a daemon thread when the app
+    starts."""
     from contextlib import asynccontextmanager
 
     engine = Engine(args)
@@ -244,11 +262,13 @@ def create_app(args) -> tuple[FastAPI, Engine]:
 
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": args.served_model_name, "object": "model", "owned_by": "eagle3"}]}
+        return {"object": "list", "data": [{"id": args.served_model_name, "object": "model",
+                                            "owned_by": "eagle3"}]}
 
     @app.get("/get_model_info")
     def model_info():
-        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path or args.model_path,
+        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path
+                or args.model_path,
                 "is_generation": True}
 
     @app.get("/get_server_info")
@@ -261,8 +281,10 @@ def create_app(args) -> tuple[FastAPI, Engine]:
                 "speculative_draft_model_path": args.speculative_draft_model_path,
                 "speculative_num_steps": args.speculative_num_steps,
                 "speculative_eagle_topk": args.speculative_eagle_topk,
-                "speculative_num_draft_tokens": args.speculative_num_draft_tokens, "dtype": args.dtype,
-                "engine": "eagle3-reference", "version": f"{SGLANG_VERSION}-compatible", "internal_states": [state],
+                "speculative_num_draft_tokens": args.speculative_num_draft_tokens,
+                "dtype": args.dtype,
+                "engine": "eagle3-reference", "version": f"{SGLANG_VERSION}-compatible",
+                "internal_states": [state],
                 "decoder": engine.decoder_line, "device": args.device}
 
     @app.get("/metrics")
@@ -292,17 +314,21 @@ def _generate(engine: Engine, body: dict):
     rids = body.get("rid")
     rids = rids if isinstance(rids, list) else [rids] * len(prompts)
     if not (len(sps) == len(rids) == len(prompts)):
-        raise BadRequest(f"/generate: {len(prompts)} prompts but {len(sps)} sampling_params and {len(rids)} rids")
+        raise BadRequest(f"/generate: {len(prompts)} prompts but {len(sps)} sampling_params and "
+                         f"{len(rids)} rids")
     if body.get("stream"):
         if batch:
-            raise BadRequest("/generate: stream is implemented for a single prompt only, got a batch")
+            raise BadRequest("/generate: stream is implemented for a single prompt only, got a "
+                             "batch")
         return _stream(engine, prompts[0], sps[0], rids[0])
     out = [engine.generate(p, sp, rid) for p, sp, rid in zip(prompts, sps, rids)]
     return out if batch else out[0]
 
 
-def _stream(engine: Engine, prompt: list[int], sp: dict | None, rid: str | None) -> StreamingResponse:
-    """SGLang-style server-sent events: one ``data: {cumulative body}`` per verify pass, then ``data: [DONE]``."""
+def _stream(engine: Engine, prompt: list[int], sp: dict | None,
+            rid: str | None) -> StreamingResponse:
+    """SGLang-style server-sent events: one ``data: {cumulative body}`` per verify pass, then
+    ``data: [DONE]``."""
     parse_sampling_params(sp)  # a bad request fails with 400 before the stream starts
     chunks: queue.Queue = queue.Queue()
     done = object()
@@ -328,16 +354,19 @@ def _stream(engine: Engine, prompt: list[int], sp: dict | None, rid: str | None)
 def _chat(engine: Engine, args, body: dict):
     tok = engine.decoder.tokenizer
     if body.get("stream") or int(body.get("n") or 1) != 1:
-        raise BadRequest("/v1/chat/completions: stream and n > 1 are not implemented by the reference engine "
+        raise BadRequest("/v1/chat/completions: stream and n > 1 are not implemented by the "
+                         "reference engine "
                          "(POST /generate streams)")
     messages = body.get("messages")
     if not messages:
         raise BadRequest("/v1/chat/completions: 'messages' is required and must be non-empty")
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is None:  # SGLang: up to the context length
         max_tokens = engine.decoder.max_positions - len(ids) - engine.decoder.num_steps
-    sp = {"max_new_tokens": max_tokens, "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0)}
+    sp = {"max_new_tokens": max_tokens, "temperature": body.get("temperature", 1.0),
+          "top_p": body.get("top_p", 1.0)}
     if body.get("seed") is not None:
         sp["sampling_seed"] = body["seed"]
     if body.get("stop"):
@@ -347,10 +376,12 @@ def _chat(engine: Engine, args, body: dict):
     fr = m["finish_reason"]
     choice = {"index": 0, "message": {"role": "assistant", "content": r["text"]},
               "finish_reason": fr.get("type"), "matched_stop": fr.get("matched")}
-    return {"id": m["id"], "object": "chat.completion", "created": int(time.time()), "model": args.served_model_name,
-            "choices": [choice], "usage": {"prompt_tokens": m["prompt_tokens"],
-                                           "completion_tokens": m["completion_tokens"],
-                                           "total_tokens": m["prompt_tokens"] + m["completion_tokens"]},
+    return {"id": m["id"], "object": "chat.completion", "created": int(time.time()),
+            "model": args.served_model_name,
+            "choices": [choice],
+            "usage": {"prompt_tokens": m["prompt_tokens"],
+                      "completion_tokens": m["completion_tokens"],
+                      "total_tokens": m["prompt_tokens"] + m["completion_tokens"]},
             "meta_info": m}
 
 
@@ -361,12 +392,19 @@ def _prometheus(engine: Engine, model_name: str) -> str:
     lab = f'{{model_name="{escaped}"}}'
     rate = t["correct_drafts"] / t["proposed_drafts"] if t["proposed_drafts"] else 0.0
     rows = [("sglang:spec_accept_length", "gauge", engine.avg_accept_length() or 0.0,
-             "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward)."),
-            ("sglang:spec_accept_rate", "gauge", rate, "Speculative acceptance rate (accepted / proposed drafts)."),
-            ("sglang:prompt_tokens_total", "counter", t["prompt_tokens"], "Number of prefill tokens processed."),
-            ("sglang:generation_tokens_total", "counter", t["generation_tokens"], "Number of generation tokens."),
-            ("sglang:spec_verify_calls_total", "counter", t["verify_ct"], "Number of speculative verify calls."),
-            ("sglang:num_requests_total", "counter", t["requests"], "Number of requests processed.")]
+             "Mean acceptance length of speculative decoding (accepted drafts + bonus token per "
+             "forward)."),
+            ("sglang:spec_accept_rate", "gauge", rate, "Speculative acceptance rate (accepted / "
+                                                       "proposed drafts)."),
+            ("sglang:prompt_tokens_total", "counter", t["prompt_tokens"], "Number of prefill "
+                                                                          "tokens processed."),
+            ("sglang:generation_tokens_total", "counter", t["generation_tokens"], "Number of "
+                                                                                  "generation "
+                                                                                  "tokens."),
+            ("sglang:spec_verify_calls_total", "counter", t["verify_ct"], "Number of speculative "
+                                                                          "verify calls."),
+            ("sglang:num_requests_total", "counter", t["requests"],
+             "Number of requests processed.")]
     lines = []
     for name, kind, value, doc in rows:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{lab} {float(value)}"]

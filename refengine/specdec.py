@@ -1,109 +1,62 @@
-"""Real chain EAGLE-3 speculative decoding in-process: the HF target verifies, the SGLang-format draft proposes.
+"""Chain EAGLE-3 speculative decoding in-process: the HF target verifies, the SGLang-format draft
+proposes.
 
-Semantics follow SGLang 0.5.23's EAGLE worker (``sglang/srt/speculative/eagle_worker_v2.py``:
+Semantics of SGLang's EAGLE worker (``sglang/srt/speculative/eagle_worker_v2.py``:
 ``_draft_extend_for_prefill``, ``draft_forward``, ``_draft_extend_for_decode``; topk 1):
 
-- prefill: the target runs the prompt ``x_0..x_{n-1}``, capturing the aux hidden states ``h_0..h_{n-1}`` and
-  producing ``x_n``. Draft extend pairs ``h_p`` with token ``p+1``: input ids ``x_1..x_n`` at positions
-  ``0..n-1``; its last row proposes ``d_1``.
-- draft steps: ``d_i`` at position ``n+i-1`` with the draft's own (pre-norm) output of the previous row as
-  hidden state (width H, so ``fc`` is skipped) proposes ``d_{i+1}``; ``num_steps`` tokens in all.
-- verify: one target forward over ``[x_n, d_1..d_k]`` (positions ``n..n+k``). Greedy: accept while the target's
-  argmax equals the draft token; the target's token at the first mismatch (or after the last draft) is the
-  bonus. T > 0: speculative sampling (:mod:`refengine.sampling`) with the draft's distribution mapped to the target
-  vocabulary through ``hot_token_id``.
-- draft extend after verify: the committed tokens ``d_1..d_a, bonus`` paired with the target's aux states at
-  ``x_n, d_1..d_a``; the draft's KV entries of rejected positions are dropped, exactly as SGLang's extend
-  overwrites them (attention is causal, so accepted rows never see rejected ones).
+- prefill: the target runs the prompt ``x_0..x_{n-1}``, capturing the aux states ``h_0..h_{n-1}``,
+  and produces ``x_n``; the draft extend pairs ``h_p`` with token ``p+1`` (ids ``x_1..x_n`` at
+  positions ``0..n-1``); its last row proposes ``d_1``;
+- draft steps: ``d_i`` at position ``n+i-1`` with the draft's own (pre-norm) output of the previous
+  row (width H: ``fc`` skipped) proposes ``d_{i+1}``; ``num_steps`` tokens in all;
+- verify: one target forward over ``[x_n, d_1..d_k]``. Greedy: accept while the target's argmax
+  equals the draft token; the target's token at the first mismatch (or after the last draft) is the
+  bonus. T > 0: speculative sampling (:mod:`refengine.sampling`), the draft's distribution mapped to
+  the target vocabulary through ``hot_token_id``;
+- draft extend after verify: ``d_1..d_a, bonus`` paired with the target's aux states at
+  ``x_n, d_1..d_a``; the draft's KV entries of rejected positions are dropped, as SGLang's extend
+  overwrites them (attention is causal: accepted rows never see rejected ones).
 
-Both models keep KV caches: the target a transformers ``DynamicCache`` cropped after rejection, the draft a
-:class:`~eagle3.engines.sglang.draft.DraftKVCache`. Aux capture ids are the draft's
-``eagle_config.eagle_aux_hidden_state_layer_ids`` translated by the SGLang engine profile
-(``eagle3.engines.registry.get_profile("sglang").engine_to_hf_ids``: "output of layer k" → HF index k+1), else
-SGLang's default ``[2, L//2, L-3]`` (already inputs of layers). Acceptance length = completion tokens / verify
-passes, as SGLang's ``spec_accept_length``: it counts the bonus token, and the prefill token sits in the numerator.
+KV caches: the target's a transformers ``DynamicCache`` cropped after rejection, the draft's a
+``DraftKVCache``. Aux capture ids: ``eagle3.measure.replay.capture_indices`` (the engine profile's
+"output of layer k" → HF index k+1, else SGLang's default ``[2, L//2, L-3]``). Acceptance length =
+completion tokens / verify passes, as SGLang's ``spec_accept_length`` (bonus and prefill token
+counted).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from eagle3.engines.registry import get_profile
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
-from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
+from eagle3.errors import DataError, EngineUnsupported
+from eagle3.measure.replay import GenerationResult, capture_indices, stop_ids
+from eagle3.target_model import capture_hidden_states, load_target, torch_dtype
 from refengine import sampling
-from eagle3.target_model import capture_hidden_states, load_target, num_layers, torch_dtype
-
-
-@dataclass
-class GenerationResult:
-    """One generation. ``output_ids``: generated target token ids (prompt excluded). ``verify_ct``: target verify
-    passes. ``accepted_per_position[j]``: verify passes whose draft token j (0-based) was accepted.
-    ``num_draft_tokens``: draft tokens proposed (verify_ct × num_steps). ``histogram[j]``: passes that accepted
-    exactly j draft tokens. ``finish_reason``: SGLang's ``{"type": "length", "length": N}`` or
-    ``{"type": "stop", "matched": id}``. ``accept_counts[i]``: draft tokens verify pass i accepted (before any
-    cut by a stop token or the token budget; the exactness tests compare it between decoders)."""
-
-    output_ids: list[int]
-    verify_ct: int
-    accepted_per_position: list[int]
-    num_draft_tokens: int
-    histogram: list[int]
-    finish_reason: dict = field(default_factory=dict)
-    prompt_tokens: int = 0
-    accept_counts: list[int] = field(default_factory=list)
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def num_correct_drafts(self) -> int:
-        """Draft tokens accepted (bonus excluded)."""
-        return sum(self.accepted_per_position)
-
-    @property
-    def accept_length(self) -> float:
-        """completion_tokens / verify_ct (SGLang ``spec_accept_length``); 1.0 when nothing was verified."""
-        return self.completion_tokens / self.verify_ct if self.verify_ct else 1.0
-
-    @property
-    def accept_rate(self) -> float:
-        """Accepted / proposed draft tokens (SGLang ``spec_accept_rate``, bonus excluded); 0.0 when none."""
-        return self.num_correct_drafts / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-
-def eos_token_ids(target) -> set[int]:
-    """The target's EOS ids: ``generation_config.eos_token_id``, else ``config.eos_token_id`` (int or list)."""
-    gen_cfg = getattr(target, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None) or target.config.eos_token_id
-    return set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
 
 
 def check_request(input_ids: list[int], max_new_tokens: int, vocab_size: int) -> None:
-    """A generation request both decoders accept: at least one prompt token, every id in ``[0, vocab_size)``,
-    ``max_new_tokens`` >= 1 (tokens). Raises DataError naming the field, the expected and the actual value."""
+    """A generation request both decoders accept: at least one prompt token, every id in
+    ``[0, vocab_size)``, ``max_new_tokens`` >= 1 (tokens). Raises DataError naming the field, the
+    expected and the actual value."""
     if not input_ids:
         raise DataError("generate: input_ids is empty (expected at least one token)")
     bad = [t for t in input_ids if not 0 <= int(t) < vocab_size]
     if bad:
-        raise DataError(f"generate: token ids {bad[:5]} outside the target vocabulary [0, {vocab_size})")
+        raise DataError(f"generate: token ids {bad[:5]} outside the target vocabulary [0, "
+                        f"{vocab_size})")
     if max_new_tokens < 1:
         raise DataError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
 
 
 class SpeculativeDecoder:
-    """Chain EAGLE-3 speculative decoding (topk 1) with an HF target and an SGLang-format draft, batch size 1.
-
-    ``target_dir``: HF folder; ``serving_draft_dir``: SGLang 0.5.23-format draft; ``num_steps``: draft tokens per
-    verify pass; ``dtype``: "float32" | "bfloat16" | "float16"; ``capture_aux=False`` feeds the draft only the
-    target's final (normed) hidden state, width H — what SGLang does for a target that captures no aux states:
-    ``fc`` is bypassed silently and acceptance collapses (failure class 11). Not thread-safe: callers serialise.
-    """
+    """Chain EAGLE-3 speculative decoding (topk 1), batch size 1, with an HF target and an
+    SGLang-format draft. ``capture_aux=False`` feeds the draft only the target's final normed state,
+    as SGLang for a target that captures no aux states (``fc`` bypassed, acceptance collapses:
+    failure class 11). Not thread-safe: callers serialise."""
 
     def __init__(self, target_dir: str | Path, serving_draft_dir: str | Path, num_steps: int = 3,
                  dtype: str = "float32", device: str = "cpu", capture_aux: bool = True):
@@ -125,33 +78,19 @@ class SpeculativeDecoder:
     def _setup(self, target, draft, tokenizer, num_steps: int, capture_aux: bool) -> None:
         if num_steps < 1:
             raise EngineUnsupported(f"speculative num_steps: expected >= 1, got {num_steps}")
-        self.target, self.draft, self.tokenizer, self.num_steps = target.eval(), draft.eval(), tokenizer, num_steps
+        self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
+        self.num_steps = num_steps
         self.capture_aux = capture_aux and draft.use_aux_hidden_state
         self.device = next(target.parameters()).device
         self.vocab_size = int(target.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
-        n = num_layers(target)
-        ids = draft.aux_layer_ids
-        self.capture_indices = sorted(get_profile("sglang").engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
-        bad = [i for i in self.capture_indices if not 0 <= i < n]
-        if bad:
-            raise EngineUnsupported(f"draft eagle_config.eagle_aux_hidden_state_layer_ids {ids}: SGLang 0.5.23 "
-                                    f"captures inputs of layers 0..{n - 1} (ids -1..{n - 2}); HF indices {bad} "
-                                    f"are never captured for a {n}-layer target")
-        width = int(target.config.hidden_size) * (len(self.capture_indices) if self.capture_aux else 1)
-        fc_in = draft.model.fc.in_features
-        if self.capture_aux and width != fc_in:
-            raise CheckpointInvalid(f"draft fc.weight expects {fc_in} input features, but the target feeds "
-                                    f"{len(self.capture_indices)} aux states x hidden {target.config.hidden_size} "
-                                    f"= {width}")
-        self.eos_token_ids = eos_token_ids(target)
+        self.capture_indices = capture_indices(draft, target, check_fc=self.capture_aux)
+        self.eos_token_ids = stop_ids(target)
 
     @torch.no_grad()
-    def _target_forward(self, ids: list[int], cache, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target over ``ids`` after the cached prefix → ``(logits [T, V] float32, draft input [T, W])``.
-
-        ``last_only``: logits of the last position only (``[1, V]``; prefill needs no more).
-        """
+    def _target_forward(self, ids: list[int], cache, last_only: bool = False):
+        """Target over ``ids`` after the cached prefix → ``(logits [T, V] float32, draft input [T,
+        W])``; ``last_only``: logits ``[1, V]`` of the last position."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         kw = {"logits_to_keep": 1} if last_only else {}
         if self.capture_aux:
@@ -166,15 +105,17 @@ class SpeculativeDecoder:
                 out = self.target(input_ids=x, past_key_values=cache, use_cache=True, **kw)
             finally:
                 handle.remove()
-            hidden = store["h"][0]                                                  # [T, H], after final norm
+            hidden = store["h"][0]                                  # [T, H], after the final norm
         return out.logits[0].float(), hidden
 
     def _draft(self, ids: list[int], start: int, hidden: torch.Tensor, cache):
         pos = torch.arange(start, start + len(ids), device=self.device)
         return self.draft(torch.tensor(ids, device=self.device), pos, hidden, cache)
 
-    def _propose(self, logits: torch.Tensor, temperature: float, top_p: float, gen) -> tuple[int, torch.Tensor | None]:
-        """Draft logits ``[draft_vocab]`` → (target token id, its draft distribution over the target vocab or None)."""
+    def _propose(self, logits: torch.Tensor, temperature: float, top_p: float,
+                 gen) -> tuple[int, torch.Tensor | None]:
+        """Draft logits ``[draft_vocab]`` → (target token id, its draft distribution over the target
+        vocab or None)."""
         if sampling.is_greedy(temperature):
             return int(self.draft.to_target_ids(logits.argmax()).item()), None
         q_draft = sampling.probs_from_logits(logits, temperature, top_p)
@@ -183,12 +124,15 @@ class SpeculativeDecoder:
             q = torch.zeros(self.vocab_size, device=q_draft.device)
             q[: q_draft.shape[0]] = q_draft
         else:
-            q = torch.zeros(self.vocab_size, device=q_draft.device).index_add_(0, self.draft.hot_token_id, q_draft)
+            q = torch.zeros(self.vocab_size,
+                            device=q_draft.device).index_add_(0, self.draft.hot_token_id, q_draft)
         return int(self.draft.to_target_ids(torch.tensor(d)).item()), q
 
-    def _verify(self, logits: torch.Tensor, drafts: list[int], qs: list, temperature: float, top_p: float,
+    def _verify(self, logits: torch.Tensor, drafts: list[int], qs: list, temperature: float,
+                top_p: float,
                 gen) -> tuple[int, int]:
-        """Verify pass rows ``logits [k+1, V]`` against ``drafts`` → (accepted count, bonus token)."""
+        """Verify pass rows ``logits [k+1, V]`` against ``drafts`` → (accepted count, bonus
+        token)."""
         if sampling.is_greedy(temperature):
             best = logits.argmax(-1).tolist()
             a = 0
@@ -212,23 +156,21 @@ class SpeculativeDecoder:
         check_request(input_ids, max_new_tokens, self.vocab_size)
         need = len(input_ids) + max_new_tokens + self.num_steps
         if need > self.max_positions:
-            raise DataError(f"generate: prompt {len(input_ids)} + max_new_tokens {max_new_tokens} + num_steps "
-                            f"{self.num_steps} = {need} tokens exceeds the context length {self.max_positions}")
+            raise DataError(f"generate: prompt {len(input_ids)} + max_new_tokens {max_new_tokens} "
+                            "+ num_steps "
+                            f"{self.num_steps} = {need} tokens exceeds the context length "
+                            f"{self.max_positions}")
 
     @torch.no_grad()
-    def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+    def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0,
                  seed: int = 0, stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
                  on_tokens: Callable[[GenerationResult], None] | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with speculative decoding.
-
-        ``on_tokens(result)`` is called after every step that emitted tokens (the prefill token, then each
-        verify pass) with the result so far — the hook the reference engine streams from.
-
-        Stops after the target's EOS ids (unless ``ignore_eos``) or any of ``stop_token_ids`` (the stop token is
-        kept in ``output_ids``, as SGLang). ``temperature`` < 1e-6 is greedy; otherwise speculative sampling with
-        ``top_p``; ``seed`` seeds a private generator. Raises DataError for empty or out-of-vocabulary input and
-        for a request longer than the context.
-        """
+        """Up to ``max_new_tokens`` tokens after ``input_ids``. ``on_tokens(result)`` after every
+        step that emitted tokens (the hook the engine streams from). Stops after an EOS id (unless
+        ``ignore_eos``) or one of ``stop_token_ids`` (kept, as SGLang). ``temperature`` < 1e-6 is
+        greedy, else speculative sampling with ``top_p``, seeded by ``seed``. Raises DataError for
+        empty or out-of-vocabulary input or a request past the context."""
         from transformers import DynamicCache
 
         input_ids = [int(t) for t in input_ids]
@@ -248,24 +190,27 @@ class SpeculativeDecoder:
         dcache = self.draft.new_cache()
         pend_ids, pend_h, start, committed = input_ids[1:] + [last], hidden, 0, len(input_ids)
         while True:
-            dl, dh = self._draft(pend_ids, start, pend_h, dcache)          # draft extend (target states)
+            dl, dh = self._draft(pend_ids, start, pend_h,
+                                 dcache)          # draft extend (target states)
             drafts, qs = [], []
             for i in range(k):
                 tok, q = self._propose(dl[-1], temperature, top_p, gen)
                 drafts.append(tok)
                 qs.append(q)
                 if i < k - 1:
-                    dl, dh = self._draft([tok], committed + i, dh[-1:], dcache)  # draft step (own state)
+                    dl, dh = self._draft([tok], committed + i, dh[-1:],
+                                         dcache)  # draft step (own state)
             dcache.crop(committed)
-            vlogits, vhidden = self._target_forward([last] + drafts, cache)  # positions committed..committed+k
+            vlogits, vhidden = self._target_forward([last] + drafts,
+                                                    cache)  # positions committed..committed+k
             a, bonus = self._verify(vlogits, drafts, qs, temperature, top_p, gen)
-            cache.crop(-(k - a))                                              # keep committed + a + 1
+            cache.crop(-(k - a))                                    # keep committed + a + 1
             new = drafts[:a] + [bonus]
             res.verify_ct += 1
             res.num_draft_tokens += k
             res.accept_counts.append(a)
             appended, done = self._emit(res, new, stops, max_new_tokens)
-            counted = min(a, appended)                                         # accepted drafts actually emitted
+            counted = min(a, appended)                              # accepted drafts emitted
             for j in range(counted):
                 res.accepted_per_position[j] += 1
             res.histogram[counted] += 1
@@ -278,8 +223,10 @@ class SpeculativeDecoder:
             last = bonus
 
     @staticmethod
-    def _emit(res: GenerationResult, tokens: list[int], stops: set[int], max_new_tokens: int) -> tuple[int, bool]:
-        """Append tokens up to a stop token or the budget → (tokens appended, finished); sets finish_reason."""
+    def _emit(res: GenerationResult, tokens: list[int], stops: set[int],
+              max_new_tokens: int) -> tuple[int, bool]:
+        """Append tokens up to a stop token or the budget → (tokens appended, finished); sets
+        finish_reason."""
         for n, t in enumerate(tokens, start=1):
             res.output_ids.append(t)
             if t in stops:

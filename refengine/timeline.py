@@ -1,11 +1,8 @@
-"""Where the time of a decoding loop goes: marks between its pieces, timed on the device when it is a GPU.
-
-``mark(name)`` starts the interval ``name``; it lasts until the next mark. On CUDA a mark records an event on the
-current stream, so an interval is the *device* time between the two points of the stream — the GPU time of the
-piece launched in between, or, for a host-side interval (sync, emitting tokens, launching the next piece), the
-time the GPU sat idle waiting for the host. On the CPU a mark is ``time.perf_counter()`` (work is synchronous).
-Used only when asked for (profiling rounds of ``lab/gpu_speedup.py``): it adds an event per piece.
-"""
+"""Where the time of a decoding loop goes: ``mark(name)`` starts interval ``name`` until the next
+mark. On CUDA a mark records an event on the current stream, so an interval is device time (a
+piece's GPU time, or for a host-side interval the time the GPU waited); on the CPU
+``time.perf_counter()``. Used only when asked (``lab/gpu_speedup.py``'s profiling rounds): an event
+per piece."""
 
 from __future__ import annotations
 
@@ -15,7 +12,8 @@ import torch
 
 
 class Timeline:
-    """Marks of one generation; :meth:`durations_ms` gives ``{interval name: [ms, ...]}`` after it ended."""
+    """Marks of one generation; :meth:`durations_ms` gives ``{interval name: [ms, ...]}`` after it
+    ended."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -44,6 +42,7 @@ class Timeline:
         return out
 
     def host_intervals_ms(self, name: str) -> list[float]:
-        """Host wall milliseconds between consecutive marks called ``name`` (one loop iteration each)."""
+        """Host wall milliseconds between consecutive marks called ``name`` (one loop iteration
+        each)."""
         times = [t for n, t in self.host_marks if n == name]
         return [(b - a) * 1e3 for a, b in zip(times, times[1:])]

@@ -32,6 +32,7 @@ def offline_settings(cfg: Any) -> dict:
     device = reference_device(cfg.serve.device)
     return {"prompts": b.prompts, "num_prompts": b.num_prompts, "max_new_tokens": b.max_new_tokens,
             "temperature": b.temperature, "num_steps": cfg.serve.speculative_num_steps,
+            "topk": cfg.serve.speculative_eagle_topk,
             "chat_template_kwargs": dict(cfg.data.chat_template_kwargs),
             "dtype": resolve_dtype(cfg.serve.dtype, device), "device": device,
             "cpu_threads": cfg.serve.cpu_threads if device.startswith("cpu") else None}
@@ -60,7 +61,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"],
                              num_prompts=st["num_prompts"],
                              max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
-                             temperature=st["temperature"], device=st["device"],
+                             temperature=st["temperature"], topk=st["topk"], device=st["device"],
                              chat_template_kwargs=st["chat_template_kwargs"], cpu_threads=st["cpu_threads"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
@@ -121,7 +122,8 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
 
     off = offline_figure(cfg, serving.dir)
     served, minimum = trained.acceptance_length, cfg.bench.min_acceptance_length
-    failure = acceptance_verdict(served, off["acceptance_length"], minimum)
+    failure = acceptance_verdict(served, off["acceptance_length"], minimum,
+                                 off.get("unlike_served"))
     fig = AcceptanceFigures(served=served,
                             untrained=untrained.acceptance_length if untrained else None,
                             offline=off["acceptance_length"], simulated=simulated_figure(train),

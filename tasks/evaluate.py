@@ -1,5 +1,5 @@
 """Prefect task of a sweep's offline evaluation: every finished point's draft measured in-process on
-whole prompt sets (``eagle3.measure.replay.evaluate_drafts``: the target's greedy continuations
+whole prompt sets (``eagle3.measure.offline.evaluate_drafts``: the target's greedy continuations
 generated once, every draft's greedy chain decoding replayed on them, bootstrap intervals), logged
 on each point's MLflow run.
 
@@ -62,7 +62,7 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
     import torch
 
     from eagle3.assets import resolve_target
-    from eagle3.measure.replay import evaluate_drafts
+    from eagle3.measure.offline import evaluate_drafts
 
     todo = points_to_evaluate(cfg, sweep_run_id, sets)
     if not todo:

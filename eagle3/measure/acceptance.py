@@ -1,29 +1,22 @@
-"""Parse every generation of SGLang's acceptance fields into one shape (docs/ENGINE_FACTS.md §4).
+"""SGLang's acceptance fields, every generation of them, in one shape (docs/ENGINE_FACTS.md §4).
 
-Per request (``POST /generate`` → ``meta_info``), three generations of fields exist:
+Per request (``POST /generate`` → ``meta_info``): old builds send ``spec_verify_ct`` (and
+``completion_tokens``); middle builds ``spec_accept_token_num`` (accepted drafts, bonus excluded),
+``spec_draft_token_num`` (proposed) and ``spec_accept_histogram``; the profile's release
+(``managers/tokenizer_manager.py``) ``spec_verify_ct``, ``spec_accept_length`` (completion tokens /
+verify passes), ``spec_accept_rate`` (correct / proposed drafts), ``spec_num_correct_drafts``,
+``spec_num_proposed_drafts`` and ``spec_correct_drafts_histogram``. A histogram ``h[j]`` counts the
+verify passes that accepted exactly j drafts (``update_spec_correct_drafts_histogram``).
+Server-wide: ``/get_server_info`` ``internal_states[i].avg_spec_accept_length`` (a cumulative ratio
+since start) and the Prometheus gauges ``sglang:spec_accept_length`` / ``spec_accept_rate`` and
+counters ``sglang:generation_tokens_total`` / ``spec_verify_calls_total`` (differenced around a
+run).
 
-- old builds: ``spec_verify_ct`` only (plus ``completion_tokens``);
-- middle builds: ``spec_accept_token_num`` (draft tokens accepted, bonus excluded), ``spec_draft_token_num``
-  (draft tokens proposed) and ``spec_accept_histogram``;
-- SGLang 0.5.23 (``sglang/srt/managers/tokenizer_manager.py``): ``spec_verify_ct``, ``spec_accept_length``
-  (= completion_tokens / spec_verify_ct), ``spec_accept_rate`` (= correct drafts / proposed drafts, bonus
-  excluded), ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` and ``spec_correct_drafts_histogram``.
-
-Histograms (either name) are indexed by the number of draft tokens accepted in one verify pass (bonus
-excluded; ``schedule_batch.update_spec_correct_drafts_histogram``): ``h[j]`` = passes that accepted exactly j.
-
-Server-wide: ``/get_server_info`` (``/server_info``) → ``internal_states[i].avg_spec_accept_length`` is a
-cumulative ratio since start (accepted tokens / forward passes); Prometheus ``/metrics`` has the gauges
-``sglang:spec_accept_length``/``sglang:spec_accept_rate`` and the counters ``sglang:generation_tokens_total``
-and ``sglang:spec_verify_calls_total`` whose difference around a run gives the run's own acceptance length.
-
-Convention (INTERNALS.md): acceptance length counts the bonus token — 1 + accepted draft tokens / verify
-passes (:func:`exact_acceptance_length`); 1.0 = no draft token ever accepted, maximum = num_steps + 1.
-SGLang's own ``spec_accept_length`` is completion tokens / verify passes, which also counts the first output
-token (produced by the prefill pass, not by a verify pass), so it reads N/(N-1) for a draft that is never
-accepted (1.016 at 64 new tokens); it is kept beside ours as ``acceptance_length_sglang`` for comparison.
-Where a build sends no accepted-draft count, accepted = completion_tokens - 1 - verify passes (each verify
-pass emits its accepted drafts plus one bonus token; the prefill pass emits one token).
+Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus token
+counted; 1.0 = nothing accepted, at most num_steps + 1). SGLang's ``spec_accept_length`` also counts
+the prefill's token (N/(N-1) for a never-accepted draft: 1.016 at 64 tokens); it is kept beside ours
+as ``acceptance_length_sglang``. Without an accepted-draft count, accepted = completion_tokens - 1 -
+verify passes (each pass emits its accepted drafts plus a bonus token; the prefill one token).
 """
 
 from __future__ import annotations
@@ -34,14 +27,15 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from eagle3.engines.sglang.profile import VERSION
 from eagle3.errors import DataError
 
 HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
 def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
-    """1 + accepted draft tokens / verify passes (bonus token counted, prefill token not): 1.0 = nothing
-    accepted, num_steps + 1 = every draft token accepted. Raises DataError for verify_ct <= 0."""
+    """1 + accepted drafts / verify passes (module docstring). Raises DataError for verify_ct <=
+    0."""
     if verify_ct <= 0:
         raise DataError(f"acceptance length: verify_ct expected > 0, got {verify_ct}")
     return 1.0 + accepted_drafts / verify_ct
@@ -49,14 +43,10 @@ def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
 
 @dataclass
 class RequestAcceptance:
-    """Acceptance facts of one request, whatever field generation they came from.
-
-    ``completion_tokens``: tokens generated. ``verify_ct``: target verify passes (None: no speculation seen).
-    ``accepted_drafts`` / ``proposed_drafts``: draft tokens accepted / proposed (bonus excluded).
-    ``histogram[j]``: verify passes that accepted exactly j draft tokens. ``generation``: which field set
-    was found ("sglang-0.5.23", "middle", "verify_ct-only", "none"). ``server_accept_length``: the server's own
-    per-request figure when it sent one (kept to cross-check ours).
-    """
+    """One request's acceptance, whatever field generation it came in: ``verify_ct`` (None: no
+    speculation), ``accepted_drafts`` / ``proposed_drafts`` (bonus excluded), ``histogram``,
+    ``generation`` ("sglang-<VERSION>", "middle", "verify_ct-only", "none") and the server's own
+    figures when sent (kept to cross-check ours)."""
 
     completion_tokens: int
     verify_ct: int | None = None
@@ -70,7 +60,7 @@ class RequestAcceptance:
 
     @property
     def accepted_or_derived(self) -> int | None:
-        """Accepted draft tokens: the server's count, else completion_tokens - 1 - verify_ct (>= 0)."""
+        """The server's count, else completion_tokens - 1 - verify_ct (>= 0)."""
         if not self.verify_ct:
             return None
         if self.accepted_drafts is not None:
@@ -86,7 +76,7 @@ class RequestAcceptance:
 
     @property
     def sglang_accept_length(self) -> float | None:
-        """completion_tokens / verify_ct: SGLang 0.5.23's ``spec_accept_length`` definition."""
+        """completion_tokens / verify_ct: SGLang's ``spec_accept_length``."""
         return self.completion_tokens / self.verify_ct if self.verify_ct else None
 
     @property
@@ -110,9 +100,11 @@ def _int_field(meta: dict, key: str, required: bool = False) -> int | None:
     value = meta.get(key)
     if value is None:
         if required:
-            raise DataError(f"meta_info: key {key!r} expected (an int >= 0), got it missing; keys: {sorted(meta)}")
+            raise DataError(f"meta_info: key {key!r} expected (an int >= 0), got it missing; keys: "
+                            f"{sorted(meta)}")
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+    if isinstance(value, bool) or not isinstance(value,
+                                                 (int, float)) or value < 0 or value != int(value):
         raise DataError(f"meta_info[{key!r}]: expected an int >= 0, got {value!r}")
     return int(value)
 
@@ -138,13 +130,10 @@ def _histogram(meta: dict) -> list[int] | None:
 
 
 def parse_meta_info(meta: dict) -> RequestAcceptance:
-    """One request's ``meta_info`` (any field generation) → :class:`RequestAcceptance`.
-
-    verify_ct comes from ``spec_verify_ct``; without it from the histogram's sum; without that (middle builds)
-    from ``completion_tokens - spec_accept_token_num`` (each pass emits its accepted drafts + 1 bonus token).
-    Raises DataError when ``meta`` is not a mapping, ``completion_tokens`` is missing, or a field has the wrong
-    type (the message names the key and the value).
-    """
+    """One request's ``meta_info`` → :class:`RequestAcceptance`. verify_ct: ``spec_verify_ct``, else
+    the histogram's sum, else ``completion_tokens - spec_accept_token_num``. Raises DataError for a
+    non-mapping, a missing ``completion_tokens`` or a field of the wrong type (key and value
+    named)."""
     if not isinstance(meta, dict):
         raise DataError(f"meta_info: expected a JSON object, got {type(meta).__name__}")
     completion = _int_field(meta, "completion_tokens", required=True)
@@ -158,7 +147,7 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
     mid_accept = _int_field(meta, "spec_accept_token_num")
     mid_draft = _int_field(meta, "spec_draft_token_num")
     if correct is not None or rec.server_accept_length is not None:
-        rec.generation = "sglang-0.5.23"
+        rec.generation = f"sglang-{VERSION}"
         rec.accepted_drafts, rec.proposed_drafts = correct, proposed
     elif mid_accept is not None or mid_draft is not None or "spec_accept_histogram" in meta:
         rec.generation = "middle"
@@ -176,19 +165,16 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
     if rec.verify_ct == 0 and completion > 0 and rec.generation != "none":
         rec.notes.append("spec fields present but 0 verify passes")
     if rec.server_accept_length is not None and rec.sglang_accept_length is not None:
-        if abs(rec.server_accept_length - rec.sglang_accept_length) > 1e-3 * max(1.0, rec.sglang_accept_length):
-            rec.notes.append(f"server spec_accept_length {rec.server_accept_length:.4f} != completion/verify "
-                             f"{rec.sglang_accept_length:.4f}")
+        gap = abs(rec.server_accept_length - rec.sglang_accept_length)
+        if gap > 1e-3 * max(1.0, rec.sglang_accept_length):
+            rec.notes.append(f"server spec_accept_length {rec.server_accept_length:.4f} != "
+                             f"completion/verify {rec.sglang_accept_length:.4f}")
     return rec
 
 
 def per_position_from_histogram(histogram: list[int]) -> list[float]:
-    """P(draft position k accepted), k = 1..len(h)-1, from a histogram of accepted drafts per verify pass.
-
-    Chain drafting accepts a prefix, so position k is accepted in every pass that accepted >= k drafts:
-    ``p_k = sum_{j>=k} h[j] / sum(h)``. Also ``1 + sum_k p_k`` = mean accepted drafts + 1 (the acceptance
-    length when every pass is a verify pass). Empty list for an empty histogram.
-    """
+    """P(draft position k accepted), k = 1..len(h)-1: chain drafting accepts a prefix, so ``p_k =
+    sum_{j>=k} h[j] / sum(h)`` (and ``1 + sum_k p_k`` is the acceptance length); [] when empty."""
     total = sum(histogram)
     if total <= 0:
         return []
@@ -205,13 +191,10 @@ def _sum_histograms(hists: list[list[int]]) -> list[int]:
 
 
 def aggregate(records: list[RequestAcceptance]) -> dict:
-    """Acceptance over many requests (token-weighted, as SGLang's server-wide figure is).
-
-    Returns ``acceptance_length`` = 1 + Σ accepted drafts / Σ verify_ct over speculative requests (None when none
-    had speculation), ``acceptance_length_sglang`` = Σ completion_tokens / Σ verify_ct (SGLang's definition), ``acceptance_rate`` = Σ accepted / Σ proposed drafts (None when unknown),
-    ``mean_request_acceptance_length`` (unweighted), ``per_position`` (from summed histograms, [] if none),
-    ``histogram``, counts, and the field ``generations`` seen.
-    """
+    """Acceptance over many requests, token-weighted as SGLang's server-wide figure:
+    ``acceptance_length`` (None without speculation), ``acceptance_length_sglang``,
+    ``acceptance_rate`` (None when unknown), ``mean_request_acceptance_length`` (unweighted),
+    ``per_position`` (summed histograms), ``histogram``, counts and the ``generations`` seen."""
     spec = [r for r in records if r.verify_ct]
     total_tokens = sum(r.completion_tokens for r in spec)
     total_verify = sum(r.verify_ct for r in spec)
@@ -226,7 +209,8 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
         rate = sum(r.server_accept_rate * r.verify_ct for r in spec) / total_verify
     total_accepted = sum(r.accepted_or_derived for r in spec)
     return {
-        "acceptance_length": exact_acceptance_length(total_accepted, total_verify) if total_verify else None,
+        "acceptance_length":
+            exact_acceptance_length(total_accepted, total_verify) if total_verify else None,
         "acceptance_length_sglang": (total_tokens / total_verify) if total_verify else None,
         "acceptance_rate": rate,
         "mean_request_acceptance_length": (sum(lengths) / len(lengths)) if lengths else None,
@@ -241,34 +225,32 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
 
 
 def parse_server_info(info: Any) -> dict:
-    """``/get_server_info`` or ``/server_info`` JSON → ``{"avg_spec_accept_length": float|None, "per_dp": [...]}``.
-
-    ``internal_states`` is one dict per data-parallel rank; the mean over ranks that report a value is taken.
-    Raises DataError when ``info`` is not an object or ``internal_states`` is not a list.
-    """
+    """``/get_server_info`` JSON → ``{"avg_spec_accept_length", "per_dp"}``: the mean over the
+    data-parallel ranks (``internal_states``) that report one. Raises DataError for a bad shape."""
     if not isinstance(info, dict):
         raise DataError(f"server_info: expected a JSON object, got {type(info).__name__}")
     states = info.get("internal_states", [])
     if not isinstance(states, list):
-        raise DataError(f"server_info['internal_states']: expected a list, got {type(states).__name__}")
+        raise DataError("server_info['internal_states']: expected a list, got "
+                        f"{type(states).__name__}")
     values = []
     for i, st in enumerate(states):
         v = st.get("avg_spec_accept_length") if isinstance(st, dict) else None
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise DataError(f"server_info internal_states[{i}].avg_spec_accept_length: expected a number, got {v!r}")
+                raise DataError(f"server_info internal_states[{i}].avg_spec_accept_length: "
+                                f"expected a number, got {v!r}")
             values.append(float(v))
-    return {"avg_spec_accept_length": (sum(values) / len(values)) if values else None, "per_dp": values}
+    return {"avg_spec_accept_length": (sum(values) / len(values)) if values else None,
+            "per_dp": values}
 
 
 def parse_prometheus(text: str) -> dict:
-    """Prometheus text (``/metrics``) → the spec-decoding figures, summed over label sets.
-
-    Returns ``{"spec_accept_length", "spec_accept_rate", "generation_tokens_total", "spec_verify_calls_total"}``
-    (None where absent). Gauges are averaged over label sets; counters are summed.
-    Raises DataError when the text is not Prometheus exposition format.
-    """
-    wanted = {"sglang:spec_accept_length": "spec_accept_length", "sglang:spec_accept_rate": "spec_accept_rate",
+    """Prometheus ``/metrics`` text → ``spec_accept_length``, ``spec_accept_rate`` (gauges, averaged
+    over label sets), ``generation_tokens_total``, ``spec_verify_calls_total`` (counters, summed);
+    None where absent. Raises DataError for text not in the exposition format."""
+    wanted = {"sglang:spec_accept_length": "spec_accept_length",
+              "sglang:spec_accept_rate": "spec_accept_rate",
               "sglang:generation_tokens": "generation_tokens_total",
               "sglang:spec_verify_calls": "spec_verify_calls_total"}
     acc: dict[str, list[float]] = {v: [] for v in wanted.values()}
@@ -295,15 +277,11 @@ def parse_prometheus(text: str) -> dict:
 
 
 def server_window(before: dict, after: dict) -> dict:
-    """The server's own acceptance length over a benchmark window, from snapshots taken before and after.
-
-    Each snapshot: ``{"server_info": parse_server_info(...) or None, "metrics": parse_prometheus(...) or None}``.
-    Preference: (1) Prometheus counters: Δgeneration_tokens_total / Δspec_verify_calls_total (exact for the
-    window when nothing else ran); (2) ``avg_spec_accept_length`` when the server had no spec traffic before
-    (before is None), so the cumulative ratio covers only this run (and any warm-up); (3) otherwise the
-    cumulative ratio after the run, flagged as not differenced (a ratio cannot be differenced without counts).
-    Returns ``{"server_acceptance_length": float|None, "method": str, "before": ..., "after": ...}``.
-    """
+    """The server's own acceptance length over a run, from snapshots ``{"server_info", "metrics"}``
+    before and after: (1) Δgeneration_tokens_total / Δspec_verify_calls_total; (2) else
+    ``avg_spec_accept_length`` when there was no spec traffic before (the cumulative ratio covers
+    this run); (3) else that ratio after the run, flagged as not differenced. Returns
+    ``{"server_acceptance_length", "method", ...}``."""
     m0, m1 = (before or {}).get("metrics") or {}, (after or {}).get("metrics") or {}
     g0, g1 = m0.get("generation_tokens_total"), m1.get("generation_tokens_total")
     v0, v1 = m0.get("spec_verify_calls_total"), m1.get("spec_verify_calls_total")
@@ -319,42 +297,42 @@ def server_window(before: dict, after: dict) -> dict:
         if gauge is not None:
             return {"server_acceptance_length": gauge, "method": "prometheus_gauge_last_interval"}
         return {"server_acceptance_length": None, "method": "unavailable",
-                "reason": "no avg_spec_accept_length in server_info and no spec counters in /metrics"}
+                "reason": "no avg_spec_accept_length in server_info and no spec counters in "
+                          "/metrics"}
     if s0 is None:
-        return {"server_acceptance_length": s1, "method": "server_info_since_start", "before": None, "after": s1}
+        return {"server_acceptance_length": s1, "method": "server_info_since_start", "before": None,
+                "after": s1}
     return {"server_acceptance_length": s1, "method": "server_info_cumulative_not_differenced",
             "before": s0, "after": s1,
-            "reason": "avg_spec_accept_length is a cumulative ratio and the server had spec traffic before the "
-                      "run; without counts it cannot be differenced"}
+            "reason": "avg_spec_accept_length is a cumulative ratio and the server had spec "
+                      "traffic before the run; without counts it cannot be differenced"}
 
 
 SERVING_EXCESS_RATIO = 0.7
 MIN_OFFLINE_EXCESS = 0.05
-# What to check when served ≪ offline (the gate's diagnosis and the decision's "fix serving" advice share it).
-SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied only to inputs of the aux width), "
-                        "the tensor names the engine loaded, the speculative flags, "
-                        "eagle_aux_hidden_state_layer_ids (output-of-layer convention) and the chat template")
+# What to check when served ≪ offline (the gate's diagnosis, the decision's "fix serving" advice).
+SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied only to inputs of "
+                        "the aux width), the tensor names the engine loaded, the speculative "
+                        "flags, eagle_aux_hidden_state_layer_ids (output-of-layer convention) and "
+                        "the chat template")
 
 
 def serving_gap(served: float | None, offline: float | None, ratio: float = SERVING_EXCESS_RATIO,
                 min_excess: float = MIN_OFFLINE_EXCESS) -> bool:
-    """True when the served figure is far below the offline one for the same draft and prompts ("served ≪ offline").
-
-    Compared on the excess over the bonus token (accepted draft tokens per verify pass): ``served − 1 <
-    ratio × (offline − 1)``, and only when ``offline − 1 ≥ min_excess`` (a draft that accepts nothing offline
-    cannot reveal a serving fault). Lengths near 1.0 hide a collapse as a ratio of lengths (1.00 vs 1.24 is
-    0.81) but not as a ratio of excesses (0.00 vs 0.24). ``served`` None (no speculative fields) counts as 1.0.
-    The ratio 0.7 leaves 30 % for numeric drift between engines (served and offline decode the same prompts
-    greedily); a SmolLM2 draft (64 conversations, 1.5 epochs) decoded with its aux states withheld measured
-    excess 0.073 against 0.140 offline (ratio 0.52) on 8 MT-Bench prompts × 64 tokens.
-    """
+    """"Served ≪ offline" for the same draft and prompts: ``served − 1 < ratio × (offline − 1)``
+    (excesses over the bonus token: near 1.0 a ratio of lengths hides a collapse, 1.00 vs 1.24 is
+    0.81), only when ``offline − 1 ≥ min_excess`` (a draft accepting nothing offline reveals no
+    serving fault); ``served`` None counts as 1.0. The ratio 0.7 leaves 30 % for numeric drift
+    between engines; a SmolLM2 draft fed without its aux states measured excess 0.073 against 0.140
+    offline (ratio 0.52) on 8 MT-Bench prompts × 64 tokens."""
     if offline is None or offline - 1.0 < min_excess:
         return False
     return (1.0 if served is None else served) - 1.0 < ratio * (offline - 1.0)
 
 
 # The acceptance-length convention every report states (settings['convention'])
-ACCEPTANCE_CONVENTION = ("acceptance_length = 1 + accepted draft tokens / verify passes (counts the bonus token; "
-                         "1.0 = nothing accepted). acceptance_length_sglang = completion tokens / verify passes, "
-                         "SGLang 0.5.23's spec_accept_length, which also counts the first output token (made by "
-                         "the prefill pass, not a verify pass): N/(N-1) for a never-accepted draft, 1.016 at 64")
+ACCEPTANCE_CONVENTION = (
+    "acceptance_length = 1 + accepted draft tokens / verify passes (counts the bonus token; 1.0 = "
+    "nothing accepted). acceptance_length_sglang = completion tokens / verify passes, SGLang "
+    f"{VERSION}'s spec_accept_length, which also counts the first output token (made by the "
+    "prefill pass, not a verify pass): N/(N-1) for a never-accepted draft, 1.016 at 64")

@@ -1,14 +1,11 @@
-"""Acceptance benchmark against any SGLang-compatible server and the acceptance gate (the offline figure:
-:mod:`eagle3.measure.offline`).
+"""Acceptance benchmark against any SGLang-compatible server, and the acceptance gate.
 
-``run_bench`` sends each prompt as one user turn, templated with the target's tokenizer exactly as SGLang's
-chat endpoint would (``apply_chat_template(add_generation_prompt=True)``), as ``input_ids`` to
-``POST /generate`` (streamed when the server streams, for time to first token), and reads every generation
-of SGLang's acceptance fields from ``meta_info`` (:mod:`eagle3.measure.acceptance`). Around the run it snapshots
-``/get_server_info`` (or ``/server_info``) and ``/metrics`` to get the server's own figure.
-
-Acceptance length overall = Σ completion tokens / Σ verify passes over all requests (token-weighted, the bonus
-token counted; 1.0 = no draft token accepted; INTERNALS.md). Per category the same ratio inside the category.
+``run_bench`` sends each prompt as one user turn templated as SGLang's chat endpoint would
+(``apply_chat_template(add_generation_prompt=True)``), as ``input_ids`` to ``POST /generate``
+(streamed when the server streams, for time to first token), reads SGLang's acceptance fields from
+``meta_info`` (:mod:`eagle3.measure.acceptance`) and snapshots ``/get_server_info`` and ``/metrics``
+around the run for the server's own figure. Acceptance lengths are token-weighted over requests
+(bonus token counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`.
 """
 
 from __future__ import annotations
@@ -23,25 +20,14 @@ from typing import Any
 import httpx
 
 from eagle3.artifacts import atomic_write_json, write_manifest
-from eagle3.config import (
-    BENCH_MAX_NEW_TOKENS,
-    BENCH_NUM_PROMPTS,
-    BENCH_PROMPTS,
-    BENCH_REQUEST_TIMEOUT_S,
-)
+from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
+                           BENCH_REQUEST_TIMEOUT_S)
 from eagle3.engines.sglang.serving import running_problems
 from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
-from eagle3.measure.acceptance import (
-    ACCEPTANCE_CONVENTION,
-    SERVING_EXCESS_RATIO,
-    SERVING_FAULT_CHECKS,
-    aggregate,
-    parse_meta_info,
-    parse_prometheus,
-    parse_server_info,
-    server_window,
-    serving_gap,
-)
+from eagle3.measure.acceptance import (ACCEPTANCE_CONVENTION, SERVING_EXCESS_RATIO,
+                                       SERVING_FAULT_CHECKS, aggregate, parse_meta_info,
+                                       parse_prometheus, parse_server_info, server_window,
+                                       serving_gap)
 from eagle3.measure.prompts import encode_prompts, load_prompts
 
 
@@ -51,7 +37,8 @@ def _percentile(values: list[float], q: float) -> float | None:
         return None
     if len(values) == 1:
         return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[min(max(int(round(q)) - 1, 0), 98)]
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return cuts[min(max(int(round(q)) - 1, 0), 98)]
 
 
 def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) -> Any:
@@ -71,11 +58,9 @@ def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) 
 
 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
-    """Server-wide acceptance state now: ``{"server_info": {...}|None, "metrics": {...}|None, "raw_info": ...}``.
-
-    Tries ``/get_server_info`` then ``/server_info``, and ``/metrics`` (present with ``--enable-metrics``).
-    Raises TransientError when the server cannot be reached.
-    """
+    """Server-wide acceptance state now: ``{"server_info", "metrics", "raw_info"}`` (None where
+    absent) from ``/get_server_info`` (or ``/server_info``) and ``/metrics`` (with
+    ``--enable-metrics``). Raises TransientError when the server cannot be reached."""
     info = _get_json_or_text(client, url, "/get_server_info", True)
     if info is None:
         info = _get_json_or_text(client, url, "/server_info", True)
@@ -86,25 +71,23 @@ def snapshot_server(client: httpx.Client, url: str) -> dict:
             metrics = parse_prometheus(text)
         except DataError:
             metrics = None
-    return {"server_info": parse_server_info(info) if isinstance(info, dict) else None, "metrics": metrics,
-            "raw_info": info if isinstance(info, dict) else None}
+    info = info if isinstance(info, dict) else None
+    return {"server_info": parse_server_info(info) if info else None, "metrics": metrics,
+            "raw_info": info}
 
 
 def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
-    """A request that outlived ``bench.request_timeout_s``: the setting, not the server, decides it (the server
-    accepted the request; a hung or dead one is the watchdog's and the gate's to report), so it is a
-    ConfigError, never retried: the same setting would cut the same request again."""
-    return ConfigError(f"POST {url}/generate: {what}: one request took longer than bench.request_timeout_s="
-                       f"{timeout_s:g} s (expected every request to finish within it); raise "
-                       f"bench.request_timeout_s (e.g. -o bench.request_timeout_s=600) to fit the server's speed")
+    """A request that outlived ``bench.request_timeout_s``: the setting decided it (a hung server is
+    the watchdog's to report), so a ConfigError, never retried (it would be cut again)."""
+    return ConfigError(f"POST {url}/generate: {what}: one request took longer than "
+                       f"bench.request_timeout_s={timeout_s:g} s (expected every request to "
+                       "finish within it); raise bench.request_timeout_s (e.g. -o "
+                       "bench.request_timeout_s=600) to fit the server's speed")
 
 
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
-    """One ``POST /generate`` (streamed if the server streams). Returns the final body plus timings (seconds).
-
-    Raises TransientError (connection failure, 5xx), ConfigError (the request outlived ``timeout_s``, the
-    setting ``bench.request_timeout_s``) or DataError (4xx, bad JSON).
-    """
+    """One ``POST /generate`` (streamed if the server streams): the final body plus timings (s).
+    Raises TransientError (connection, 5xx), ConfigError (outlived ``timeout_s``) or DataError."""
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
     ttft, final, chunks = None, None, 0
@@ -129,23 +112,26 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
                         break
                     final = json.loads(data)
                     chunks += 1
-                    if ttft is None and (final.get("meta_info") or {}).get("completion_tokens", 0) > 0:
+                    done = (final.get("meta_info") or {}).get("completion_tokens", 0)
+                    if ttft is None and done > 0:
                         ttft = time.perf_counter() - t0
-    except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # the server answers, just not within the setting
+    except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # answering, not within the setting
         raise _too_slow(url, timeout_s, f"{type(e).__name__}") from e
     except httpx.TransportError as e:
         raise TransientError(f"POST {url}/generate: {type(e).__name__}: {e}") from e
     except json.JSONDecodeError as e:
         raise DataError(f"POST {url}/generate: response is not JSON ({e})") from e
-    if isinstance(final, list):  # SGLang answers a batch with a list; we send one prompt at a time
+    if isinstance(final, list):  # SGLang answers a batch with a list; we send one prompt
         final = final[0] if final else None
     if not isinstance(final, dict) or "meta_info" not in final:
-        raise DataError(f"POST {url}/generate: expected an object with 'meta_info', got {str(final)[:200]!r}")
-    return {"body": final, "latency_s": time.perf_counter() - t0, "ttft_s": ttft, "streamed": chunks > 0}
+        raise DataError(f"POST {url}/generate: expected an object with 'meta_info', got "
+                        f"{str(final)[:200]!r}")
+    return {"body": final, "latency_s": time.perf_counter() - t0, "ttft_s": ttft,
+            "streamed": chunks > 0}
 
 
 def _resolve_tokenizer(tokenizer_dir, info: dict | None):
-    """The target tokenizer: ``tokenizer_dir``, else the server's ``tokenizer_path``/``model_path`` if local."""
+    """``tokenizer_dir``, else the server's ``tokenizer_path``/``model_path`` when local."""
     from transformers import AutoTokenizer
 
     if tokenizer_dir is None and info:
@@ -155,26 +141,28 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
                 tokenizer_dir = cand
                 break
     if tokenizer_dir is None:
-        raise ConfigError("bench: tokenizer_dir (--tokenizer) is needed to apply the target's chat template; got "
-                          f"none, and the server's tokenizer_path/model_path "
-                          f"{(info or {}).get('tokenizer_path') or (info or {}).get('model_path')!r} is not a "
-                          "local folder")
+        where = (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
+        raise ConfigError("bench: tokenizer_dir (--tokenizer) is needed to apply the target's chat "
+                          "template; got none, and the server's tokenizer_path/model_path "
+                          f"{where!r} is not a local folder")
     if not Path(tokenizer_dir).is_dir():
-        raise ConfigError(f"bench: tokenizer_dir expected an existing folder, got {str(tokenizer_dir)!r}")
+        raise ConfigError("bench: tokenizer_dir expected an existing folder, got "
+                          f"{str(tokenizer_dir)!r}")
     return AutoTokenizer.from_pretrained(str(tokenizer_dir)), str(tokenizer_dir)
 
 
 def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
                   on_request_done=None) -> tuple[list[dict], float]:
-    """All prompts through ``/generate`` with ``concurrency`` threads; returns per-request rows and wall seconds.
-    ``on_request_done(row)`` is called as each request finishes (a watchdog's heartbeat)."""
+    """All prompts through ``/generate``, ``concurrency`` at once: ``(rows, wall seconds)``;
+    ``on_request_done(row)`` after each request (a watchdog's heartbeat)."""
     def one(i: int) -> dict:
-        out = _post_generate(client, url, {"input_ids": ids[i], "sampling_params": sampling, "stream": True},
-                             timeout_s)
+        payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
+        out = _post_generate(client, url, payload, timeout_s)
         meta = out["body"]["meta_info"]
         acc = parse_meta_info(meta)
-        return {"id": prompts[i]["id"], "category": prompts[i]["category"], "prompt_tokens": len(ids[i]),
-                "latency_s": out["latency_s"], "ttft_s": out["ttft_s"], "streamed": out["streamed"],
+        return {"id": prompts[i]["id"], "category": prompts[i]["category"],
+                "prompt_tokens": len(ids[i]), "latency_s": out["latency_s"],
+                "ttft_s": out["ttft_s"], "streamed": out["streamed"],
                 "text": out["body"].get("text"), "finish_reason": meta.get("finish_reason"),
                 **acc.to_dict(), "_acc": acc}
 
@@ -194,7 +182,8 @@ def _timing_summary(rows: list[dict], wall_s: float) -> dict:
     lat = [r["latency_s"] for r in rows]
     ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
     tokens = sum(r["completion_tokens"] for r in rows)
-    out = {"output_tokens": tokens, "wall_s": wall_s, "output_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+    out = {"output_tokens": tokens, "wall_s": wall_s,
+           "output_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
            "latency_p50_s": _percentile(lat, 50), "latency_p95_s": _percentile(lat, 95),
            "ttft_p50_s": _percentile(ttfts, 50) if len(ttfts) == len(rows) else None}
     if out["ttft_p50_s"] is None:
@@ -202,39 +191,39 @@ def _timing_summary(rows: list[dict], wall_s: float) -> dict:
     return out
 
 
-def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s, on_request_done=None) -> dict:
+def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
+             on_request_done=None) -> dict:
     before = snapshot_server(client, url)
-    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s, on_request_done)
+    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
+                               on_request_done)
     after = snapshot_server(client, url)
-    return {"rows": rows, "wall_s": wall, "window": server_window(before, after), "info": after["raw_info"]}
+    return {"rows": rows, "wall_s": wall, "window": server_window(before, after),
+            "info": after["raw_info"]}
 
 
 def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENCH_NUM_PROMPTS,
-              max_new_tokens: int = BENCH_MAX_NEW_TOKENS,
-              temperature: float = 0.0, concurrency: int = 1, tokenizer_dir: str | Path | None = None,
+              max_new_tokens: int = BENCH_MAX_NEW_TOKENS, temperature: float = 0.0,
+              concurrency: int = 1, tokenizer_dir: str | Path | None = None,
               out_dir: str | Path | None = None, baseline_url: str | None = None,
               request_timeout_s: float = BENCH_REQUEST_TIMEOUT_S, on_request_done=None,
               chat_template_kwargs: dict | None = None) -> dict:
-    """Measure acceptance length, throughput and latency of a served draft; see the module docstring.
+    """Acceptance length, throughput and latency of a served draft (module docstring).
 
-    Args:
-        url: server base URL (``http://127.0.0.1:30000``). prompts: "mtbench" | "gsm8k" | "humaneval" | a file
-        path | a list of ``{"id","category","text"}``. max_new_tokens: tokens per request. temperature: 0 =
-        greedy. concurrency: requests in flight. tokenizer_dir: the target's tokenizer folder (else the server's
-        ``tokenizer_path`` when local). out_dir: where ``report.json``, ``manifest.json`` and PNGs go.
-        baseline_url: a server without speculation for ``speedup`` (= tokens/s here ÷ tokens/s there).
-        on_request_done: called with each finished request's row (e.g. ``Watchdog.beat``).
-        chat_template_kwargs: template switches the prompts are rendered with (the extraction's; recorded in
-        ``settings``).
-    Returns the report ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
-    Raises ConfigError/DataError (bad settings, prompts, responses), TransientError (server unreachable).
-    """
+    ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | a list of ``{"id", "category",
+    "text"}``; ``tokenizer_dir``: the target's (else the server's ``tokenizer_path`` when local);
+    ``out_dir``: where ``report.json``, ``manifest.json`` and PNGs go; ``baseline_url``: a server
+    without speculation for ``speedup`` (tokens/s ratio); ``on_request_done(row)`` after each
+    request; ``chat_template_kwargs``: the extraction's template switches. Returns ``{"summary",
+    "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
+    DataError (settings, prompts, responses), TransientError (server unreachable)."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
-        raise ConfigError(f"bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), got {url!r}")
+        raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
+                          f"got {url!r}")
     if concurrency < 1 or max_new_tokens < 1 or request_timeout_s <= 0:
-        raise ConfigError(f"bench: expected concurrency >= 1, max_new_tokens >= 1, request_timeout_s > 0; got "
-                          f"{concurrency}, {max_new_tokens}, {request_timeout_s}")
+        raise ConfigError("bench: expected concurrency >= 1, max_new_tokens >= 1, "
+                          f"request_timeout_s > 0; got {concurrency}, {max_new_tokens}, "
+                          f"{request_timeout_s}")
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature)}
@@ -245,16 +234,20 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
             raise ConfigError(f"bench {url}: " + "; ".join(refused))
         tok, tok_dir = _resolve_tokenizer(tokenizer_dir, info)
         ids = encode_prompts(plist, tok, chat_template_kwargs)
-        main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s, on_request_done)
+        main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s,
+                        on_request_done)
         base = None
         if baseline_url:
-            base = _measure(client, baseline_url.rstrip("/"), plist, ids, sampling, concurrency, request_timeout_s)
+            base = _measure(client, baseline_url.rstrip("/"), plist, ids, sampling, concurrency,
+                            request_timeout_s)
     report = _build_report(main, base, plist, settings={
-        "url": url, "prompts": prompts if isinstance(prompts, str) else "list", "num_prompts": len(plist),
-        "max_new_tokens": max_new_tokens, "temperature": temperature, "concurrency": concurrency,
-        "tokenizer_dir": tok_dir, "input": "input_ids (target chat template, add_generation_prompt=True)",
+        "url": url, "prompts": prompts if isinstance(prompts, str) else "list",
+        "num_prompts": len(plist), "max_new_tokens": max_new_tokens, "temperature": temperature,
+        "concurrency": concurrency, "tokenizer_dir": tok_dir,
+        "input": "input_ids (target chat template, add_generation_prompt=True)",
         "chat_template_kwargs": dict(chat_template_kwargs or {}),
-        "baseline_url": baseline_url, "request_timeout_s": request_timeout_s, "convention": ACCEPTANCE_CONVENTION})
+        "baseline_url": baseline_url, "request_timeout_s": request_timeout_s,
+        "convention": ACCEPTANCE_CONVENTION})
     if out_dir is not None:
         save_report(report, out_dir)
     return report
@@ -266,19 +259,21 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
     per_category = {}
     for cat in dict.fromkeys(p["category"] for p in plist):
         agg = aggregate([r["_acc"] for r in rows if r["category"] == cat])
-        per_category[cat] = {k: agg[k] for k in ("acceptance_length", "acceptance_rate", "num_requests",
-                                                  "completion_tokens", "verify_ct")}
+        per_category[cat] = {k: agg[k] for k in ("acceptance_length", "acceptance_rate",
+                                                 "num_requests", "completion_tokens", "verify_ct")}
     timing = _timing_summary(rows, main["wall_s"])
     summary = {"acceptance_length": overall["acceptance_length"],
-               "acceptance_length_sglang": overall["acceptance_length_sglang"], "acceptance_rate": overall["acceptance_rate"],
+               "acceptance_length_sglang": overall["acceptance_length_sglang"],
+               "acceptance_rate": overall["acceptance_rate"],
                "mean_request_acceptance_length": overall["mean_request_acceptance_length"],
-               "num_prompts": len(rows), "num_speculative_requests": overall["num_speculative_requests"],
-               **timing, "server_acceptance_length": main["window"].get("server_acceptance_length"),
-               "server_acceptance_method": main["window"].get("method"), "field_generations": overall["generations"],
-               "speedup": None}
+               "num_prompts": len(rows),
+               "num_speculative_requests": overall["num_speculative_requests"], **timing,
+               "server_acceptance_length": main["window"].get("server_acceptance_length"),
+               "server_acceptance_method": main["window"].get("method"),
+               "field_generations": overall["generations"], "speedup": None}
     if overall["acceptance_length"] is None:
-        summary["acceptance_reason"] = "no request carried speculative fields (spec_verify_ct etc.): " \
-                                       "is speculative decoding enabled on this server?"
+        summary["acceptance_reason"] = ("no request carried speculative fields (spec_verify_ct "
+                                        "etc.): is speculative decoding enabled on this server?")
     baseline = None
     if base is not None:
         bt = _timing_summary(base["rows"], base["wall_s"])
@@ -287,17 +282,17 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
         same = [a["text"] == b["text"] for a, b in zip(rows, base["rows"]) if a["text"] is not None]
         baseline = {**bt, "identical_outputs": sum(same), "compared_outputs": len(same)}
     per_request = [{k: v for k, v in r.items() if k != "_acc"} for r in rows]
-    return {"summary": summary, "per_category": per_category, "per_position": overall["per_position"],
-            "histogram": overall["histogram"], "per_request": per_request, "baseline": baseline,
+    return {"summary": summary, "per_category": per_category,
+            "per_position": overall["per_position"], "histogram": overall["histogram"],
+            "per_request": per_request, "baseline": baseline,
             "server": main["window"], "settings": settings}
 
 
 def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) -> Path:
-    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind ``acceptance_report``).
-
-    ``offline``: an :func:`offline_acceptance` result for the same prompts; stored as ``report["offline"]``
-    (without its per-request rows) and ``summary["offline_acceptance_length"]``, and drawn beside the served bars.
-    """
+    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind
+    ``acceptance_report``). ``offline``: an ``offline_acceptance`` result for the same prompts,
+    stored as ``report["offline"]`` (no per-request rows) and
+    ``summary["offline_acceptance_length"]`` and drawn beside the served bars."""
     from eagle3.measure.plots import plot_acceptance_by_category
 
     out = Path(out_dir)
@@ -315,24 +310,25 @@ def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) 
     return out / "report.json"
 
 
-def acceptance_verdict(served: float | None, offline: float | None, minimum: float) -> str | None:
-    """The acceptance gate's verdict: None when ``served >= minimum``, else the diagnosis (a message).
-
-    Diagnosis: with an offline figure (same draft, same prompts, in-process reference decoding) and
-    :func:`eagle3.measure.acceptance.serving_gap` (served − 1 < 0.7 × (offline − 1)) → "served ≪ offline: serving
-    integration fault (aux capture, key names, flags, layer ids, template)"; otherwise → "both low: draft
-    quality or data"; without an offline figure the cause is stated as undetermined.
-    """
+def acceptance_verdict(served: float | None, offline: float | None, minimum: float,
+                       unlike_served: str | None = None) -> str | None:
+    """The gate's verdict: None when ``served >= minimum``, else the diagnosis: ``serving_gap`` →
+    "served ≪ offline: serving integration fault", otherwise "both low: draft quality or data";
+    undetermined without an offline figure or when ``unlike_served`` (``offline.unlike_served``)
+    says the bench settings make the two unlike."""
     if served is not None and served >= minimum:
         return None
     got = "none (no speculative fields)" if served is None else f"{served:.3f}"
     head = f"served acceptance length {got} < minimum {minimum:.3f}"
+    if offline is not None and unlike_served:
+        return f"{head}; offline (in-process) {offline:.3f} not compared: {unlike_served}"
     if offline is None:
         return (f"{head}; no offline figure to separate a serving fault from a weak draft — run "
                 "offline_acceptance on the same prompts")
     if serving_gap(served, offline):
-        return (f"{head}; offline (in-process) {offline:.3f} (served − 1 < {SERVING_EXCESS_RATIO} × (offline − 1)): "
-                f"served ≪ offline: serving integration fault — check {SERVING_FAULT_CHECKS}")
+        return (f"{head}; offline (in-process) {offline:.3f} (served − 1 < {SERVING_EXCESS_RATIO} "
+                "× (offline − 1)): served ≪ offline: serving integration fault — check "
+                f"{SERVING_FAULT_CHECKS}")
     return (f"{head}; offline (in-process) {offline:.3f} is low too: both low: draft quality or "
             "data — train longer or on more data (see eagle3.decide)")
 

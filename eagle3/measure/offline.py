@@ -1,88 +1,140 @@
-"""The offline acceptance figure: the draft decoded in-process (no server) by the reference engine's decoder.
+"""The offline acceptance figure: what the served benchmark would measure if serving lost nothing.
 
-What the served benchmark would measure if serving lost nothing; the gap between the two is the serving
-fault the acceptance gate reports (eagle3.measure.bench.acceptance_verdict).
+The draft runs in-process by exact greedy replay (:mod:`eagle3.measure.replay`: the counts of chain
+speculative decoding, topk 1, temperature 0). The gap to the served figure is the serving fault the
+gate reports (``bench.acceptance_verdict``); bench settings the figure cannot follow are labelled
+(:func:`unlike_served`), not compared. :func:`offline_acceptance`: one draft on the bench prompts;
+:func:`evaluate_drafts`: many drafts on whole prompt sets with a bootstrap interval (``spread``).
 """
 
 from __future__ import annotations
 
+import json
+import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
 
 from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS
-from eagle3.errors import DataError
+from eagle3.errors import ConfigError, DataError
 from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION, exact_acceptance_length
-from eagle3.measure.prompts import encode_prompts, load_prompts
+from eagle3.measure.prompts import encode_prompts, load_conversations, load_prompts
+from eagle3.measure.replay import (Request, capture_indices, check_lengths, generate_requests,
+                                   greedy_continuations, replay_requests)
+from eagle3.measure.spread import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, METHOD,
+                                   bootstrap_acceptance)
+
+DEFAULT_SETS = ("mtbench2", "gsm8k200")
+GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate", "per_position",
+              "histogram")
 
 
-def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None, prompts: Any = BENCH_PROMPTS, *,
-                       num_prompts: int = BENCH_NUM_PROMPTS, max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3, dtype: str = "float32",
-                       temperature: float = 0.0, seed: int = 0, capture_aux: bool = True, decoder=None,
-                       device: str = "cpu", chat_template_kwargs: dict | None = None,
-                       cpu_threads: int | None = None) -> dict:
-    """The draft's acceptance length in-process (no server) with the reference engine's decoder
-    (``refengine.loader.load_decoder``: the fast path for Llama targets, exactly equal to
-    ``SpeculativeDecoder`` in float32; the generic path otherwise).
+def unlike_served(temperature: float, topk: int = 1) -> str | None:
+    """Why a greedy chain figure does not predict a bench served at ``temperature`` with topk
+    ``topk`` (a sentence), or None."""
+    why = ([f"temperature {temperature:g} (sampling)"] if temperature >= 1e-6 else []) + \
+        ([f"speculative_eagle_topk {topk} (tree drafting)"] if topk > 1 else [])
+    if not why:
+        return None
+    return (f"the offline figure is greedy chain decoding (temperature 0, topk 1) and the bench "
+            f"serves with {' and '.join(why)}: reported beside the served figure, not compared")
 
-    Same prompts and template as :func:`eagle3.measure.bench.run_bench` (the target's tokenizer in ``target_dir``). Acceptance
-    length = Σ output tokens / Σ verify passes; ``per_position[k]`` = Σ passes that accepted draft position k+1
-    / Σ verify passes. ``capture_aux=False`` feeds the draft only the final hidden state (what an engine that
-    captures no aux states does) — the broken-integration reference. ``decoder``: an already built decoder
-    (then ``serving_dir``/``num_steps``/``dtype``/``capture_aux`` are not used). ``dtype``: float32, bfloat16,
-    float16 or ``auto`` (bf16 where it is fast on ``device``: eagle3.precision.resolve_dtype). ``cpu_threads``:
-    torch threads while decoding on a CPU (restored after; None = unchanged), as ``serve.cpu_threads`` sets them
-    for the reference engine.
-    Returns ``{"acceptance_length", "acceptance_rate", "per_position", "histogram", "per_category",
-    "per_request", "wall_s", "settings"}``. Raises DataError for a result with no verify pass.
-    """
+
+def _load(target_dir, drafts: Mapping, dtype: str, device: str):
+    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``, drafts sharing the target's
+    embedding and head as SGLang does."""
+    from eagle3.engines.sglang.draft import SGLangEagle3Draft
+    from eagle3.target_model import load_target, torch_dtype
+
+    target, tok = load_target(target_dir, dtype=dtype, device=device)
+    embed = target.get_input_embeddings().weight.detach()
+    head = target.get_output_embeddings().weight.detach()
+    dev = str(next(target.parameters()).device)
+    loaded = {n: SGLangEagle3Draft.from_dir(d, dtype=torch_dtype(dtype), device=dev,
+                                            target_embed=embed, target_head=head)
+              for n, d in drafts.items()}
+    return target, tok, loaded, dev
+
+
+def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
+                       prompts: Any = BENCH_PROMPTS, *, num_prompts: int = BENCH_NUM_PROMPTS,
+                       max_new_tokens: int = BENCH_MAX_NEW_TOKENS, num_steps: int = 3,
+                       dtype: str = "float32", temperature: float = 0.0, topk: int = 1,
+                       seed: int = 0, capture_aux: bool = True, decoder=None, device: str = "cpu",
+                       chat_template_kwargs: dict | None = None, cpu_threads: int | None = None,
+                       batch_size: int = 16) -> dict:
+    """The draft's acceptance length in-process on ``run_bench``'s prompts and template, by exact
+    greedy replay (``batch_size`` prompts a batch); ``per_position[k]`` = passes that accepted draft
+    k+1 / passes. ``capture_aux=False``: the draft gets the final hidden state only (the
+    broken-integration reference). ``dtype``: float32, bfloat16, float16 or ``auto``
+    (``resolve_dtype`` on ``device``). ``temperature`` / ``topk``: the bench's, for
+    :func:`unlike_served`. ``decoder``: an object with ``generate(ids, max_new_tokens,
+    temperature=, seed=)`` and ``num_steps`` decoding each prompt instead. ``cpu_threads``: torch
+    threads while decoding on a CPU (``serve.cpu_threads``). Returns the :func:`offline_summary`
+    keys plus ``unlike_served``. Raises DataError for a request with no verify pass."""
     from transformers import AutoTokenizer
 
+    from eagle3.precision import resolve_dtype, torch_threads
+
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
-    ids = encode_prompts(plist, AutoTokenizer.from_pretrained(str(target_dir)), chat_template_kwargs)
     if decoder is None:
-        from eagle3.precision import resolve_dtype
-        from refengine.loader import load_decoder
-
         dtype = resolve_dtype(dtype, device)
-
-        decoder, _path = load_decoder(target_dir, serving_dir, num_steps=num_steps, dtype=dtype, device=device,
-                                      capture_aux=capture_aux)  # the reference engine's own decoder
-    rows = []
+        target, tokenizer, drafts, _ = _load(target_dir, {"d": serving_dir}, dtype, device)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    ids = encode_prompts(plist, tokenizer, chat_template_kwargs)
     t0 = time.perf_counter()
-    from eagle3.precision import torch_threads
-
     with torch_threads(cpu_threads if str(device).startswith("cpu") else None):
-        for p, x in zip(plist, ids):
-            res = decoder.generate(x, max_new_tokens, temperature=temperature, seed=seed)
-            rows.append(offline_row(p, res))
-    return offline_summary(rows, time.perf_counter() - t0, {
-        "target_dir": str(target_dir), "serving_dir": str(serving_dir), "num_steps": decoder.num_steps,
-        "dtype": dtype, "max_new_tokens": max_new_tokens, "temperature": temperature, "num_prompts": len(plist),
-        "capture_aux": getattr(decoder, "capture_aux", capture_aux), "convention": ACCEPTANCE_CONVENTION})
+        if decoder is not None:
+            results = [decoder.generate(x, max_new_tokens, temperature=temperature, seed=seed)
+                       for x in ids]
+            num_steps, capture_aux = decoder.num_steps, getattr(decoder, "capture_aux", capture_aux)
+        else:
+            check_lengths(target, ids, max_new_tokens, num_steps)
+            conts = greedy_continuations(target, ids, max_new_tokens, batch_size=batch_size,
+                                         pad_id=tokenizer.pad_token_id)
+            reqs = [Request(p["id"], p["category"], "", 1, p["id"], x, c)
+                    for p, x, c in zip(plist, ids, conts)]
+            results = replay_requests(target, drafts, reqs, num_steps, batch_size=batch_size,
+                                      max_new_tokens=max_new_tokens,
+                                      capture_aux=capture_aux)[0]["d"]
+    rows = [offline_row(p, r) for p, r in zip(plist, results)]
+    out = offline_summary(rows, time.perf_counter() - t0, {
+        "target_dir": str(target_dir), "serving_dir": str(serving_dir), "num_steps": num_steps,
+        "dtype": dtype, "max_new_tokens": max_new_tokens,
+        "temperature": temperature if decoder is not None else 0.0,
+        "num_prompts": len(plist), "capture_aux": capture_aux, "convention": ACCEPTANCE_CONVENTION,
+        "method": "decoder" if decoder is not None else "replay (eagle3.measure.replay)"})
+    out["unlike_served"] = unlike_served(temperature if decoder is None else 0.0, topk)
+    return out
 
 
 def offline_row(prompt: dict, res) -> dict:
-    """One request's figures from a decoder result (``output_ids``, ``verify_ct``, ``accepted_per_position``,
-    optional ``num_draft_tokens``/``histogram``). Raises DataError for a result with no verify pass."""
+    """One request's figures from a decoder result (``output_ids``, ``verify_ct``,
+    ``accepted_per_position``, optional ``num_draft_tokens`` / ``histogram``). Raises DataError
+    without a verify pass."""
     n_out, verify = len(res.output_ids), int(res.verify_ct)
     if verify <= 0:
-        raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, got {verify}")
-    return {"id": prompt["id"], "category": prompt["category"], "completion_tokens": n_out, "verify_ct": verify,
-            "acceptance_length": exact_acceptance_length(sum(res.accepted_per_position or []), verify),
-            "acceptance_length_sglang": n_out / verify,
-            "accepted_per_position": [int(a) for a in (res.accepted_per_position or [])],
+        raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, "
+                        f"got {verify}")
+    accepted = [int(a) for a in (res.accepted_per_position or [])]
+    return {"id": prompt["id"], "category": prompt["category"], "completion_tokens": n_out,
+            "verify_ct": verify,
+            "acceptance_length": exact_acceptance_length(sum(accepted), verify),
+            "acceptance_length_sglang": n_out / verify, "accepted_per_position": accepted,
             "num_draft_tokens": getattr(res, "num_draft_tokens", None),
             "histogram": list(getattr(res, "histogram", None) or [])}
 
 
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
-    """:func:`offline_row` rows pooled: token-weighted acceptance length (bonus token counted), rate, per
-    position, histogram and per category; ``wall_s`` in seconds."""
+    """Rows pooled: token-weighted acceptance length (bonus counted), rate, per position, histogram,
+    per category; ``wall_s`` seconds."""
     total_v = sum(r["verify_ct"] for r in rows)
     width = max((len(r["accepted_per_position"]) for r in rows), default=0)
-    accepted = [sum(r["accepted_per_position"][k] for r in rows if k < len(r["accepted_per_position"]))
-                for k in range(width)]
+    accepted = [sum(r["accepted_per_position"][k] for r in rows
+                    if k < len(r["accepted_per_position"])) for k in range(width)]
     proposed = [r["num_draft_tokens"] for r in rows]
     hist = [sum(r["histogram"][j] for r in rows if j < len(r["histogram"]))
             for j in range(max((len(r["histogram"]) for r in rows), default=0))]
@@ -90,10 +142,201 @@ def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
     for cat in dict.fromkeys(r["category"] for r in rows):
         sel = [r for r in rows if r["category"] == cat]
         per_cat[cat] = {"acceptance_length": exact_acceptance_length(
-                            sum(sum(r["accepted_per_position"]) for r in sel), sum(r["verify_ct"] for r in sel)),
+                            sum(sum(r["accepted_per_position"]) for r in sel),
+                            sum(r["verify_ct"] for r in sel)),
                         "num_requests": len(sel)}
+    rate = (sum(accepted) / sum(proposed)) if None not in proposed and sum(proposed) else None
     return {"acceptance_length": exact_acceptance_length(sum(accepted), total_v),
             "acceptance_length_sglang": sum(r["completion_tokens"] for r in rows) / total_v,
-            "acceptance_rate": (sum(accepted) / sum(proposed)) if None not in proposed and sum(proposed) else None,
-            "per_position": [a / total_v for a in accepted], "histogram": hist, "per_category": per_cat,
-            "per_request": rows, "wall_s": wall_s, "settings": settings}
+            "acceptance_rate": rate, "per_position": [a / total_v for a in accepted],
+            "histogram": hist, "per_category": per_cat, "per_request": rows, "wall_s": wall_s,
+            "settings": settings}
+
+
+# --- many drafts on whole prompt sets ---
+
+def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max_new_tokens: int,
+                    num_steps: int, dtype: str, device: str, batch_size: int, resamples: int,
+                    check_against_decoder: int, make_decoder: Callable | None = None) -> dict:
+    """Every argument of :func:`evaluate_drafts`, before a model loads; returns the conversations
+    per set. ConfigError / DataError name the argument, the expected and the actual value."""
+    from eagle3.target_model import resolve_device, torch_dtype
+
+    if not (Path(target_dir) / "config.json").is_file():
+        raise ConfigError(f"target_dir {target_dir}: expected an HF model folder with config.json, "
+                          "found none")
+    if not drafts:
+        raise ConfigError("drafts: expected at least one {name: serving_dir}, got none")
+    for name, d in drafts.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"drafts: expected non-empty string names, got {name!r}")
+        if not (Path(d) / "config.json").is_file():
+            raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder with "
+                              "config.json, found none")
+        if "speculators_model_type" in _json_or_empty(Path(d) / "config.json"):
+            raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder, got a "
+                              f"speculators training checkpoint; convert it first: eagle3 convert "
+                              f"{d} DST --to sglang")
+    for label, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_steps", num_steps, 1),
+                              ("batch_size", batch_size, 1),
+                              ("check_against_decoder", check_against_decoder, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{label}: expected an integer >= {low}, got {value!r}")
+    if check_against_decoder and make_decoder is None:
+        raise ConfigError("check_against_decoder: needs make_decoder (a decoder factory, e.g. the "
+                          "reference engine's SpeculativeDecoder.from_models)")
+    if resamples < 1000:
+        raise ConfigError(f"resamples: expected >= 1000 bootstrap resamples, got {resamples}")
+    torch_dtype(dtype)
+    dev = resolve_device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device: {device!r} asked, but torch {torch.__version__} sees no CUDA "
+                          "device")
+    if not prompt_sets or len(set(prompt_sets)) != len(prompt_sets):
+        raise ConfigError(f"prompt_sets: expected distinct set names, got {list(prompt_sets)}")
+    return {s: load_conversations(s) for s in prompt_sets}
+
+
+def _json_or_empty(path: Path) -> dict:
+    """A JSON object file's content, else ``{}`` (the loader reports that case)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _group(rows: list[dict], resamples: int, seed: int) -> dict:
+    """One group: ``offline_summary``'s acceptance keys, counts and the bootstrap ``ci`` (``low``,
+    ``high``, ``units``)."""
+    s = offline_summary(rows, 0.0, {})
+    ci = bootstrap_acceptance(rows, resamples=resamples, seed=seed)
+    return {**{k: s[k] for k in GROUP_KEYS}, "num_requests": len(rows),
+            "completion_tokens": sum(r["completion_tokens"] for r in rows),
+            "verify_ct": sum(r["verify_ct"] for r in rows),
+            "ci": {k: v for k, v in ci.items() if k in ("low", "high", "units")}}
+
+
+def _by(rows: list[dict], key) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
+def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
+    """Overall, per set, per category, per turn and per category × turn (``"turn1"``...) of rows
+    with ``set``, ``turn`` and ``conversation``; groups as :func:`_group`."""
+    g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
+    turn = lambda r: f"turn{r['turn']}"  # noqa: E731
+    out = {"overall": g(rows), "per_set": {}, "per_category": {}, "per_turn": {},
+           "per_category_turn": {}}
+    for name, sel in _by(rows, lambda r: r["set"]).items():
+        out["per_set"][name] = g(sel)
+        out["per_category"][name] = {c: g(x) for c, x in _by(sel, lambda r: r["category"]).items()}
+        if len({r["turn"] for r in sel}) > 1:
+            out["per_turn"][name] = {t: g(x) for t, x in _by(sel, turn).items()}
+            out["per_category_turn"][name] = {
+                c: {t: g(y) for t, y in _by(x, turn).items()}
+                for c, x in _by(sel, lambda r: r["category"]).items()}
+    return out
+
+
+def _row(req: Request, res) -> dict:
+    return {**offline_row({"id": req.id, "category": req.category}, res), "set": req.set,
+            "turn": req.turn, "conversation": f"{req.set}:{req.conversation}",
+            "prompt_tokens": len(req.prompt_ids), "finish_reason": res.finish_reason}
+
+
+def decoder_check(decoder, requests: list[Request], results: list, n: int,
+                  max_new_tokens: int) -> dict:
+    """``n`` requests (spread over the list) decoded by ``decoder`` against replay's results:
+    ``{"n", "equal", "different": [{"id", "fields", "first_output_difference"}], "wall_s"}``. A
+    differing output is a near-tie in the continuation, differing counts with equal outputs one in a
+    draft proposal (or a bug, in float32)."""
+    t0 = time.perf_counter()
+    picks = sorted({int(i * len(requests) / n) for i in range(min(n, len(requests)))})
+    different = []
+    for i in picks:
+        got, want = results[i], decoder.generate(requests[i].prompt_ids, max_new_tokens)
+        fields = [f for f in ("output_ids", "verify_ct", "accepted_per_position", "histogram")
+                  if getattr(got, f) != getattr(want, f)]
+        if fields:
+            first = next((p for p, (a, b) in enumerate(zip(got.output_ids, want.output_ids))
+                          if a != b), min(len(got.output_ids), len(want.output_ids)))
+            different.append({"id": requests[i].id, "fields": fields,
+                              "first_output_difference": first if "output_ids" in fields else None})
+    return {"n": len(picks), "equal": len(picks) - len(different), "different": different,
+            "wall_s": time.perf_counter() - t0}
+
+
+def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
+                    prompt_sets: Sequence[str] = DEFAULT_SETS, max_new_tokens: int = 256,
+                    num_steps: int = 3, dtype: str = "float32", device: str = "auto",
+                    batch_size: int = 16, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                    check_against_decoder: int = 0, make_decoder: Callable | None = None,
+                    include_requests: bool = True, progress: bool = True) -> dict[str, dict]:
+    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``:
+    the continuations generated once (``batch_size`` prompts a batch), the target run once per batch
+    for all drafts. ``check_against_decoder=N`` decodes N requests again with ``make_decoder(target,
+    draft, tokenizer, num_steps=)`` (:func:`decoder_check`). Returns ``{name: result}``: the groups
+    of :func:`summarize` (with bootstrap ``ci``), ``no_verify_pass`` ids, ``wall_s`` (``replay``:
+    this draft's; ``shared``: loading, generation, target forwards), ``generation``, ``settings``,
+    ``decoder_check``, ``offline_format`` (:func:`offline_acceptance`'s shape) and ``per_request``
+    (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
+    """
+    from tqdm.auto import tqdm
+
+    sets = check_arguments(target_dir, drafts, list(prompt_sets), max_new_tokens, num_steps, dtype,
+                           device, batch_size, resamples, check_against_decoder, make_decoder)
+    t0 = time.perf_counter()
+    target, tok, loaded, dev = _load(target_dir, drafts, dtype, device)
+    load_s = time.perf_counter() - t0
+    convs = [c for s in sets.values() for c in s]
+    total = sum(len(c["turns"]) for c in convs)
+    t0 = time.perf_counter()
+    with tqdm(total=total, desc="generate", unit="req", disable=not progress) as bar:
+        requests = generate_requests(target, tok, convs, max_new_tokens, batch_size=batch_size,
+                                     num_steps=num_steps, progress=bar)
+    gen_s = time.perf_counter() - t0
+    with tqdm(total=total, desc=f"replay {len(loaded)} drafts", unit="req",
+              disable=not progress) as bar:
+        results, draft_s, target_s = replay_requests(target, loaded, requests, num_steps,
+                                                     max_new_tokens=max_new_tokens,
+                                                     batch_size=batch_size, progress=bar)
+    generation = {"requests": len(requests),
+                  "completion_tokens": sum(len(r.output_ids) for r in requests),
+                  "finished_by_stop": sum(r.finish_reason.get("type") == "stop" for r in requests),
+                  "wall_s": gen_s}
+    settings = {"target_dir": str(target_dir), "prompt_sets": list(sets),
+                "max_new_tokens": max_new_tokens, "num_steps": num_steps, "topk": 1,
+                "temperature": 0.0, "dtype": dtype, "device": dev, "batch_size": batch_size,
+                "method": "replay (eagle3.measure.replay)",
+                "bootstrap": {"resamples": resamples, "seed": seed,
+                              "confidence": DEFAULT_CONFIDENCE, "method": METHOD},
+                "convention": ACCEPTANCE_CONVENTION, "torch": torch.__version__,
+                "python": platform.python_version()}
+    out = {}
+    for name, draft in loaded.items():
+        rows = [_row(q, r) for q, r in zip(requests, results[name]) if r.verify_ct > 0]
+        res = {"draft": name, "serving_dir": str(drafts[name]),
+               **summarize(rows, resamples=resamples, seed=seed),
+               "no_verify_pass": [q.id for q, r in zip(requests, results[name])
+                                  if r.verify_ct == 0],
+               "wall_s": {"replay": draft_s[name], "shared": load_s + gen_s + target_s,
+                          "load": load_s, "generation": gen_s, "target_forward": target_s},
+               "generation": generation,
+               "settings": {**settings, "serving_dir": str(drafts[name]),
+                            "capture_indices": capture_indices(draft, target)},
+               "decoder_check": None}
+        res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]
+        flat = offline_summary(rows, draft_s[name], res["settings"])   # offline_acceptance's shape
+        res["offline_format"] = {k: v for k, v in flat.items() if k != "per_request"}
+        if check_against_decoder:
+            dec = make_decoder(target, draft, tok, num_steps=num_steps)
+            res["decoder_check"] = decoder_check(dec, requests, results[name],
+                                                 check_against_decoder, max_new_tokens)
+        if include_requests:
+            res["per_request"] = rows
+        out[name] = res
+    return out

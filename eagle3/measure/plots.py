@@ -1,8 +1,6 @@
-"""PNG plots of the benchmark and the decision (matplotlib, Agg backend — no display needed).
-
-Each function takes plain dicts / a file, writes one PNG atomically-enough (to ``path``) and returns the path.
-Raises DataError when there is nothing to plot (the message says which field was empty).
-"""
+"""PNG plots of the benchmark and the decision (matplotlib, Agg backend): each function takes plain
+dicts or a file, writes one PNG to ``path`` and returns it; DataError names the empty field when
+there is nothing to plot."""
 
 from __future__ import annotations
 
@@ -26,22 +24,23 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def plot_acceptance_by_category(report: dict, path: str | Path, offline: dict | None = None) -> Path:
-    """Bars of served acceptance length per category (+ offline per category beside them when given).
-
-    ``report``: a :func:`eagle3.measure.bench.run_bench` report (``per_category[c]["acceptance_length"]``);
-    ``offline``: an :func:`eagle3.measure.offline.offline_acceptance` result. A dashed line marks the overall figure.
-    """
-    cats = [c for c, v in report.get("per_category", {}).items() if v.get("acceptance_length") is not None]
+def plot_acceptance_by_category(report: dict, path: str | Path,
+                                offline: dict | None = None) -> Path:
+    """Served acceptance length per category (a ``run_bench`` report), with an
+    ``offline_acceptance`` result's beside it when given; a dashed line marks the overall figure."""
+    cats = [c for c, v in report.get("per_category", {}).items()
+            if v.get("acceptance_length") is not None]
     if not cats:
-        raise DataError("plot_acceptance_by_category: report['per_category'] has no acceptance_length values")
+        raise DataError("plot_acceptance_by_category: report['per_category'] has no "
+                        "acceptance_length values")
     served = [report["per_category"][c]["acceptance_length"] for c in cats]
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(cats) + 2), 3.6))
     width = 0.4 if offline else 0.7
     xs = range(len(cats))
     ax.bar([x - (width / 2 if offline else 0) for x in xs], served, width, label="served")
     if offline:
-        off = [(offline.get("per_category", {}).get(c) or {}).get("acceptance_length") or 0.0 for c in cats]
+        off = [(offline.get("per_category", {}).get(c) or {}).get("acceptance_length") or 0.0
+               for c in cats]
         ax.bar([x + width / 2 for x in xs], off, width, label="offline (in-process)")
     overall = report.get("summary", {}).get("acceptance_length")
     if overall is not None:
@@ -55,7 +54,8 @@ def plot_acceptance_by_category(report: dict, path: str | Path, offline: dict | 
 
 
 def read_metrics_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a training ``metrics.jsonl`` (one JSON object per line). Raises DataError on a bad line."""
+    """Rows of a training ``metrics.jsonl`` (one JSON object per line). Raises DataError on a bad
+    line."""
     rows = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
@@ -67,24 +67,26 @@ def read_metrics_jsonl(path: str | Path) -> list[dict]:
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
+    pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows)
+           if isinstance(r.get(key), (int, float))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> Path:
-    """Train/val loss against optimizer step, and per-position accuracies, from a ``metrics.jsonl``.
-
-    Rows are ``{"step": int, <metric>: float, ...}`` (the trainer's keys: ``train/loss``, ``val/loss``,
-    ``val/acc_cond_k``). Left panel: the total losses (``*/loss``; else every key containing "loss"), val/eval
-    dashed. Right panel: conditional accuracies (``acc_cond``; else every key containing "acc"), at most 8.
-    """
+    """Train/val loss against optimizer step (left: ``*/loss``, else keys containing "loss";
+    val/eval dashed) and conditional accuracies (right: ``acc_cond``, else "acc", at most 8) from
+    ``metrics.jsonl`` rows ``{"step", <metric>: float}``."""
     rows = read_metrics_jsonl(metrics) if not isinstance(metrics, list) else metrics
-    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and k != "step"})
-    loss_keys = [k for k in keys if k.endswith("/loss") or k == "loss"] or [k for k in keys if "loss" in k]
+    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))
+                   and k != "step"})
+    loss_keys = ([k for k in keys if k.endswith("/loss") or k == "loss"]
+                 or [k for k in keys if "loss" in k])
     acc_keys = ([k for k in keys if "acc_cond" in k] or [k for k in keys if "acc" in k])[:8]
     if not loss_keys:
-        raise DataError(f"plot_training_curves: no key containing 'loss' in {metrics!s:.120} (keys: {keys})")
-    fig, axes = plt.subplots(1, 2 if acc_keys else 1, figsize=(10 if acc_keys else 5.5, 3.6), squeeze=False)
+        raise DataError(f"plot_training_curves: no key containing 'loss' in {metrics!s:.120} "
+                        f"(keys: {keys})")
+    fig, axes = plt.subplots(1, 2 if acc_keys else 1, figsize=(10 if acc_keys else 5.5, 3.6),
+                             squeeze=False)
     for k in loss_keys:
         xs, ys = _series(rows, k)
         axes[0][0].plot(xs, ys, "--o" if ("val" in k or "eval" in k) else "-", ms=3, label=k)
@@ -103,18 +105,15 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
 
 
 def missing_bars(points: list[dict], kinds: list[str]) -> list[tuple[int, str]]:
-    """(point index, kind) of every figure that is None (e.g. the untrained baseline has no simulated or
-    offline figure): the plot marks those slots "not measured" instead of leaving them silently empty."""
+    """(point index, kind) of every None figure (e.g. the untrained baseline's simulated and
+    offline): the plot marks those slots "not measured"."""
     return [(i, k) for i, p in enumerate(points) for k in kinds if p.get(k) is None]
 
 
 def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
-    """Simulated / offline / served acceptance length per draft, as grouped bars.
-
-    ``points``: ``[{"label": str, "simulated": float|None, "offline": float|None, "served": float|None}]``.
-    A large served-below-offline gap is the signature of a serving integration fault. A None figure leaves
-    its slot empty with the note "not measured" (:func:`missing_bars`).
-    """
+    """Simulated / offline / served acceptance length per draft as grouped bars; ``points``:
+    ``{"label", "simulated", "offline", "served"}`` (None: "not measured"). A large
+    served-below-offline gap is the signature of a serving fault."""
     if not points:
         raise DataError("plot_served_vs_offline: no points")
     kinds = ["simulated", "offline", "served"]
@@ -124,7 +123,8 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
         vals = [p.get(kind) or 0.0 for p in points]
         ax.bar([i + (j - 1) * width for i in range(len(points))], vals, width, label=kind)
     for i, kind in missing_bars(points, kinds):  # an empty slot says why it is empty
-        ax.text(i + (kinds.index(kind) - 1) * width, 0.05, "not measured", rotation=90, ha="center", va="bottom",
+        ax.text(i + (kinds.index(kind) - 1) * width, 0.05, "not measured", rotation=90, ha="center",
+                va="bottom",
                 fontsize=7, color="grey")
     ax.axhline(1.0, c="grey", lw=0.8)
     ax.set_xticks(range(len(points)), [p["label"] for p in points], rotation=20, ha="right")
@@ -135,27 +135,28 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
 
 
 def _label(r: dict) -> str:
-    return r.get("label") or (f"{r['data']} / {r.get('schedule', '?')}" if r.get("data") else r.get("schedule", "?"))
+    return r.get("label") or (f"{r['data']} / {r.get('schedule', '?')}" if r.get("data")
+                              else r.get("schedule", "?"))
 
 
 def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
-    """Acceptance length against unique training tokens (log x), one line per (data variant, schedule).
-
-    ``results``: ``[{"schedule": str, "unique_tokens": int, "acceptance_length": float, "data"?: str,
-    "label"?: str}]`` (sweep results). Raises DataError when no result has both numbers.
-    """
+    """Acceptance length against unique training tokens (log x), one line per (data, schedule);
+    ``results``: sweep results with ``schedule``, ``unique_tokens``, ``acceptance_length`` and
+    optional ``data`` / ``label``. DataError when no result has both numbers."""
     pts = [r for r in results if r.get("acceptance_length") is not None and r.get("unique_tokens")]
     if not pts:
-        raise DataError("plot_data_scaling: no result with both unique_tokens and acceptance_length")
+        raise DataError("plot_data_scaling: no result with both unique_tokens and "
+                        "acceptance_length")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     for label in dict.fromkeys(_label(r) for r in pts):
         sel = sorted((r for r in pts if _label(r) == label), key=lambda r: r["unique_tokens"])
-        ax.plot([r["unique_tokens"] for r in sel], [r["acceptance_length"] for r in sel], "-o", label=label)
+        ax.plot([r["unique_tokens"] for r in sel], [r["acceptance_length"] for r in sel], "-o",
+                label=label)
     from matplotlib.ticker import EngFormatter, FixedLocator, NullLocator
 
     ax.set_xscale("log")
     sizes = sorted({r["unique_tokens"] for r in pts})
-    ax.xaxis.set_major_locator(FixedLocator(sizes))  # ticks at the measured sizes only: no crowded minor labels
+    ax.xaxis.set_major_locator(FixedLocator(sizes))  # ticks at the measured sizes only
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(EngFormatter(places=1 if len(sizes) > 1 else 0))
     ax.tick_params(axis="x", labelrotation=30)
@@ -167,20 +168,19 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
 
 
 def plot_training_length(curves: list[dict], path: str | Path) -> Path:
-    """Simulated acceptance length (validation, bonus token counted) against optimizer steps, one line per run:
-    still improving, plateaued or degrading is visible at a glance.
-
-    ``curves``: ``[{"label": str, "steps": [int], "acceptance": [float]}]`` (equal lengths, ≥ 1 point each).
-    Raises DataError for an empty list or a curve whose lists differ in length.
-    """
+    """Simulated acceptance length against optimizer steps, one line per run (improving, plateaued
+    or degrading at a glance); ``curves``: ``{"label", "steps", "acceptance"}`` of equal lengths.
+    DataError for no curve or unequal lengths."""
     if not curves:
         raise DataError("plot_training_length: no curve to draw")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     for c in curves:
         if len(c["steps"]) != len(c["acceptance"]) or not c["steps"]:
-            raise DataError(f"plot_training_length: curve {c.get('label')!r}: expected as many steps as values "
+            raise DataError(f"plot_training_length: curve {c.get('label')!r}: expected as many "
+                            "steps as values "
                             f"(≥ 1), got {len(c['steps'])} and {len(c['acceptance'])}")
-        ax.plot(c["steps"], c["acceptance"], "-o" if len(c["steps"]) < 30 else "-", markersize=3, label=c["label"])
+        ax.plot(c["steps"], c["acceptance"], "-o" if len(c["steps"]) < 30 else "-", markersize=3,
+                label=c["label"])
     ax.set_xlabel("optimizer steps")
     ax.set_ylabel("simulated acceptance length (validation)")
     ax.set_title("Training length")

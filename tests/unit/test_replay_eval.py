@@ -1,5 +1,5 @@
 """Prompt sets for replay (MT-Bench both turns, the GSM8K sample), the bootstrap spread, evaluate_drafts and the
-``python -m eagle3.measure.replay_cli`` command."""
+``lab/offline_replay.py evaluate`` command."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle3.errors import DataError
-from eagle3.measure import replay_core
+from eagle3.measure import replay
 from eagle3.measure.prompts import (encode_conversation, encode_prompts, gsm8k_sample, load_conversations,
                                     mtbench_conversations)
 from eagle3.measure.spread import bootstrap_acceptance
@@ -99,13 +99,15 @@ def two_drafts(tmp_path_factory, tiny_target_dir):
 
 def test_evaluate_drafts_generates_once_and_replays_every_draft(tiny_target_dir, two_drafts, monkeypatch):
     from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
-    from eagle3.measure.replay import evaluate_drafts
+    from eagle3.measure.offline import evaluate_drafts
+    from refengine.specdec import SpeculativeDecoder
 
     calls = []
-    real = replay_core.greedy_continuations
-    monkeypatch.setattr(replay_core, "greedy_continuations", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
+    real = replay.greedy_continuations
+    monkeypatch.setattr(replay, "greedy_continuations", lambda *a, **k: calls.append(len(a[1])) or real(*a, **k))
     out = evaluate_drafts(tiny_target_dir, two_drafts, prompt_sets=["mtbench2", "gsm8k6"], max_new_tokens=5,
-                          batch_size=64, check_against_decoder=3, progress=False)
+                          batch_size=64, check_against_decoder=3, make_decoder=SpeculativeDecoder.from_models,
+                          progress=False)
     assert calls == [86, 80]                      # turn 1 of every conversation, then turn 2: once for both drafts
     json.dumps(out)
     for name, r in out.items():
@@ -126,7 +128,7 @@ def test_evaluate_drafts_generates_once_and_replays_every_draft(tiny_target_dir,
 def test_command_checks_arguments_before_loading(tmp_path, tiny_target_dir, two_drafts):
     from typer.testing import CliRunner
 
-    from eagle3.measure.replay_cli import app
+    from lab.offline_replay import app
 
     ok = f"trained={two_drafts['trained']}"
     spec = tmp_path / "speculators-checkpoint"
@@ -143,10 +145,10 @@ def test_command_checks_arguments_before_loading(tmp_path, tiny_target_dir, two_
              (["--draft", ok, "--device", "foo"], "device: expected auto, cpu, cuda or cuda:N, got 'foo'")]
     runner = CliRunner()
     for extra, message in cases:
-        args = ["--target", str(tiny_target_dir), "--out", str(tmp_path / "o.json")] + extra
+        args = ["evaluate", "--target", str(tiny_target_dir), "--out", str(tmp_path / "o.json")] + extra
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and message in r.output, (extra, r.output)
-    r = runner.invoke(app, ["--target", str(tiny_target_dir), "--draft", ok, "--sets", "gsm8k4", "--quiet",
+    r = runner.invoke(app, ["evaluate", "--target", str(tiny_target_dir), "--draft", ok, "--sets", "gsm8k4", "--quiet",
                             "--out", str(tmp_path / "o.json"), "--max-new-tokens", "4", "--check-against-decoder", "2"])
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "o.json").read_text())["drafts"]["trained"]
@@ -155,12 +157,14 @@ def test_command_checks_arguments_before_loading(tmp_path, tiny_target_dir, two_
 
 
 def test_python_dash_m_runs_the_command(tmp_path, tiny_target_dir):
-    """``python -m eagle3.measure.replay_cli`` (the documented entry) parses its arguments and exits 2 on a bad
-    one; it used to import the module and exit 0 doing nothing."""
+    """``python lab/offline_replay.py evaluate`` (the documented entry) parses its arguments and exits 2 on
+    a bad one."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    r = subprocess.run([sys.executable, "-m", "eagle3.measure.replay_cli", "--target", str(tiny_target_dir),
+    script = Path(__file__).resolve().parents[2] / "lab" / "offline_replay.py"
+    r = subprocess.run([sys.executable, str(script), "evaluate", "--target", str(tiny_target_dir),
                         "--draft", "nodir", "--out", str(tmp_path / "o.json")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "expected NAME=DIR, got 'nodir'" in r.stdout + r.stderr, (r.returncode, r.stderr)
