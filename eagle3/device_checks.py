@@ -36,8 +36,8 @@ def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
             seen = (f"{cuda_count} CUDA device(s)" if cuda_count
                     else "no CUDA device (torch.cuda.is_available() is False)")
             out.append(f"{name}.device: expected a device this machine has, got {dev!r} and torch "
-                       f"sees {seen}; "
-                       f"fix: -o {name}.device=cpu (or auto), or run it on a machine with a GPU")
+                       f"sees {seen}; fix: -o {name}.device=cpu (or auto), or run it on a machine "
+                       f"with a GPU")
     return out
 
 

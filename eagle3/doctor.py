@@ -66,9 +66,8 @@ def check_precision() -> tuple[str, str]:
     flags = ", ".join(f for f, on in p.features.items() if on) or "none found"
     caps = "; caps " + ", ".join(f"{k}={v}" for k, v in p.isa_env.items()) if p.isa_env else ""
     text = (f"CPU: torch capability {p.capability}, flags {flags}{caps}; {p.describe()}; on the "
-            "CPU: "
-            f"target/extract/serve dtype auto = {resolve_dtype('auto', 'cpu')}, train.precision "
-            "auto = "
+            "CPU: target/extract/serve dtype auto = "
+            f"{resolve_dtype('auto', 'cpu')}, train.precision auto = "
             f"{resolve_precision('auto', 'cpu')}")
     if torch.cuda.is_available():
         text += f"; on CUDA auto = {resolve_dtype('auto', 'cuda')} ({bf16_is_fast('cuda')[1]})"
@@ -101,8 +100,7 @@ def check_sglang() -> tuple[str, str]:
         return ("OK" if not pin
             else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
     return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed "
-                    "here "
-                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; "
+                    "here (CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; "
                     "docs/SGLANG_ON_CPU.md)")
 
 

@@ -72,9 +72,8 @@ class Bf16Probe:
         """One line: the measured speeds, their ratio and the rule's verdict."""
         verdict = "fast: auto = bf16" if self.bf16_fast else "slow: auto = float32"
         return (f"bf16 matmul {self.bfloat16_gflops:.2f} GFLOP/s vs float32 "
-                f"{self.float32_gflops:.1f} GFLOP/s "
-                f"({self.ratio:.3f}×, {self.threads} thread(s); bf16 needs ≥ {BF16_MIN_SPEEDUP}×) "
-                f"→ {verdict}")
+                f"{self.float32_gflops:.1f} GFLOP/s ({self.ratio:.3f}×, {self.threads} thread(s); "
+                f"bf16 needs ≥ {BF16_MIN_SPEEDUP}×) → {verdict}")
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ratio": round(self.ratio, 4), "bf16_fast": self.bf16_fast,

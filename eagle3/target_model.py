@@ -98,15 +98,14 @@ def validate_aux_layer_ids(ids: list[int], n_layers: int,
     bad = [i for i in ids if not 1 <= i <= n_layers - 1]
     if bad:
         raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers "
-                          "(expected HF "
-                          f"hidden_states indices in [1, {n_layers - 1}]: 0 is the embeddings, "
-                          f"{n_layers} the last "
-                          "layer's output, which is stored anyway and which engines cannot "
-                          "capture as an aux "
-                          f"state; got {ids})")
+                          "(expected HF hidden_states indices in [1, "
+                          f"{n_layers - 1}]: 0 is the embeddings, {n_layers} the last layer's "
+                          "output, which is stored anyway and which engines cannot capture as an "
+                          "aux state; got "
+                          f"{ids})")
     if any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} "
-                          f"(target has {n_layers} layers)")
+        raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} (target "
+                          f"has {n_layers} layers)")
 
 
 def _decoder(model):

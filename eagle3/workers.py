@@ -270,8 +270,8 @@ def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int
     files = "; ".join(f"{noun} {k}: {', '.join(str(p) for p in logs.get(k, [])) or 'no log file'}"
                       for k in sorted(od.statuses))
     msg = (f"{who} of {total} {verb} {section}.{od.key}={od.deadline_s:g} s (waited "
-           f"{od.waited_s:.0f} s); "
-           f"expected {expected}, got {actual}. Last status: {last}. Logs: {files}")
+           f"{od.waited_s:.0f} s); expected {expected}, got {actual}. Last status: {last}. Logs: "
+           f"{files}")
     if stacks:
         msg += ". Stacks: " + "; ".join(f"{noun} {k}: {p}" for k, p in sorted(stacks.items()))
     return msg

@@ -173,8 +173,8 @@ def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]
             out.append(conv)
     stats.usable = len(out)
     if not out:
-        raise DataError(f"{path}: no usable conversation among {stats.records} records "
-                        f"(skipped: {dict(stats.skipped)}; e.g. {stats.examples[:3]})")
+        raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: "
+                        f"{dict(stats.skipped)}; e.g. {stats.examples[:3]})")
     return out, stats
 
 
@@ -242,9 +242,9 @@ def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = 
         start = _assistant_start(tokenizer, messages, i, upto, kwargs)
         if start is None or not full.startswith(upto):
             raise DataError(f"chat template {template_hash(tokenizer)[:12]}: rendering is not "
-                            "prefix-stable at "
-                            f"message {i} (assistant); cannot derive the loss mask without "
-                            "generation markers")
+                            "prefix-stable at message "
+                            f"{i} (assistant); cannot derive the loss mask without generation "
+                            "markers")
         spans.append((start, max(len(upto.rstrip()), start)))
     return full, spans
 

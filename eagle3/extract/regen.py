@@ -106,13 +106,13 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
         except torch.OutOfMemoryError as e:
             if len(prompts) < 2:
                 raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does "
-                                "not fit on the "
-                                f"device ({e}); lower data.max_seq_len or "
-                                "data.regenerate_max_new_tokens") from e
+                                "not fit on the device "
+                                f"({e}); lower data.max_seq_len or data.regenerate_max_new_tokens"
+                                ) from e
             half = len(prompts) // 2
             log.warning("regeneration: a batch of %d prompts ran out of device memory; generating "
-                        "it as two batches of %d and %d (lower data.regenerate_batch_size to "
-                        "avoid the retry)",
+                        "it as two batches of %d and %d (lower data.regenerate_batch_size to avoid "
+                        "the retry)",
                         len(prompts), half, len(prompts) - half)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -159,8 +159,7 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
                     raise TransientError(f"regeneration endpoint {url}: HTTP {r.status_code}")
                 if r.status_code != 200:
                     raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got "
-                                    f"{r.status_code}: "
-                                    f"{r.text[:200]}")
+                                    f"{r.status_code}: {r.text[:200]}")
                 out.append(r.json()["choices"][0]["message"]["content"].strip())
         return out
 

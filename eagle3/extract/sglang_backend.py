@@ -52,10 +52,10 @@ def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
     bad = [i for i in capture_ids if not 1 <= i <= num_layers]
     if bad:
         raise ConfigError(f"extract.aux_layer_ids: HF hidden_states indices {bad} cannot be "
-                          "captured by SGLang "
-                          f"(expected 1..{num_layers}: index i is the output of layer i-1; index "
-                          "0, the embeddings, "
-                          f"has no SGLang id), got {capture_ids[:-1]}")
+                          "captured by SGLang (expected "
+                          f"1..{num_layers}: index i is the output of layer i-1; index 0, the "
+                          "embeddings, has no SGLang id), got "
+                          f"{capture_ids[:-1]}")
     from eagle3.engines.registry import get_profile
 
     return get_profile("sglang").hf_to_engine_ids(capture_ids)  # the profile owns the ±1 convention
@@ -121,13 +121,13 @@ class SGLangWorker:
                 line = self._lines.get(timeout=max(0.0, left))
             except queue.Empty:
                 raise EngineUnsupported("SGLang extraction worker: no answer within "
-                                        f"{timeout_s:.0f} s to {doing}; "
-                                        f"log: {self.log_path}") from None
+                                        f"{timeout_s:.0f} s to {doing}; log: {self.log_path}"
+                                        ) from None
             if line is None:
                 code = self.proc.wait()
                 raise EngineUnsupported(f"SGLang extraction worker exited (code {code}) while "
-                                        f"trying to {doing}; "
-                                        f"last log lines:\n{_tail(self.log_path)}\n(full log: "
+                                        f"trying to {doing}; last log "
+                                        f"lines:\n{_tail(self.log_path)}\n(full log: "
                                         f"{self.log_path})")
             if not line.startswith(PREFIX):
                 self._log.write(line + "\n")
@@ -136,8 +136,7 @@ class SGLangWorker:
             data = json.loads(payload or "{}")
             if got_kind == "ERROR":
                 raise EngineUnsupported(f"SGLang extraction worker failed to {doing}: "
-                                        f"{data.get('error')} (full "
-                                        f"traceback in {self.log_path})")
+                                        f"{data.get('error')} (full traceback in {self.log_path})")
             if got_kind == kind:
                 return data
 

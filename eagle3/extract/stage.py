@@ -109,9 +109,8 @@ def check_free_disk(out_dir: Path, need: int, free_bytes: int | None = None) -> 
     free = shutil.disk_usage(probe).free if free_bytes is None else int(free_bytes)
     if need > free:
         raise DataError(f"{out_dir}: extraction needs about {need:,} bytes but only {free:,} bytes "
-                        "are free; "
-                        "free space, lower data.num_conversations / data.max_seq_len, or use "
-                        "extract.dtype=fp8")
+                        "are free; free space, lower data.num_conversations / data.max_seq_len, or "
+                        "use extract.dtype=fp8")
     return free
 
 
@@ -144,13 +143,11 @@ def check_before_run(cfg) -> None:
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
         if not path.is_file():
-            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), "
-                              f"got {str(path)!r} "
-                              f"(not found)")
+            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
+                              f"{str(path)!r} (not found)")
         if path.stat().st_size == 0:
-            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), "
-                              f"got {str(path)!r} "
-                              f"(empty: 0 bytes)")
+            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
+                              f"{str(path)!r} (empty: 0 bytes)")
     n = known_layer_count(cfg)
     if n is not None:
         _aux_ids(cfg, n)
@@ -296,13 +293,13 @@ def _check_backend(cfg) -> None:
 
     if cfg.extract.num_gpus != 1:
         raise ConfigError("extract.num_gpus: expected 1 with extract.backend='sglang' (set "
-                          "tp_size/dp_size in "
-                          f"extract.sglang_engine_args instead), got {cfg.extract.num_gpus}")
+                          "tp_size/dp_size in extract.sglang_engine_args instead), got "
+                          f"{cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
         raise EngineUnsupported(f"extract.backend='sglang': serve.sglang_python: "
                                 f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
-                                "Python of an environment "
-                                f"with sglang=={SGLANG_VERSION} (make sglang-env), or use "
+                                "Python of an environment with "
+                                f"sglang=={SGLANG_VERSION} (make sglang-env), or use "
                                 "extract.backend=hf")
 
 

@@ -113,8 +113,8 @@ def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: li
     finite = torch.isfinite(hidden)
     if not bool(finite.all()):
         bad = (~finite).nonzero()[0].tolist()
-        raise DataError(f"sample {sample_id} ({path}): hidden states contain NaN/Inf "
-                        f"(first at [token, slot, dim] = {bad}); expected all finite")
+        raise DataError(f"sample {sample_id} ({path}): hidden states contain NaN/Inf (first at "
+                        f"[token, slot, dim] = {bad}); expected all finite")
 
 
 def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: str) -> int:
@@ -139,10 +139,8 @@ def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: 
         tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
         raise DataError(f"{path}: could not write hidden states ({why}); nothing was committed for "
-                        "its shard; "
-                        "free disk space (or lower data.num_conversations / use extract.dtype=fp8) "
-                        "and re-run: "
-                        "committed shards are kept") from e
+                        "its shard; free disk space (or lower data.num_conversations / use "
+                        "extract.dtype=fp8) and re-run: committed shards are kept") from e
     return path.stat().st_size
 
 
@@ -231,16 +229,13 @@ def start_or_resume(out_dir: Path, plan_hash: str, plan_info: dict) -> bool:
         have = json.loads(plan_file.read_text()).get("plan_hash")
         if have != plan_hash:
             raise DataError(f"{out_dir}: holds an extraction with plan hash {have}, this run's is "
-                            f"{plan_hash} "
-                            "(different data, target, layers, dtype or shard size); use another "
-                            "output "
-                            "directory or delete this one")
+                            f"{plan_hash} (different data, target, layers, dtype or shard size); "
+                            "use another output directory or delete this one")
         (out_dir / HS_DIR).mkdir(parents=True, exist_ok=True)
         return True
     if (out_dir / HS_DIR).exists() and any((out_dir / HS_DIR).iterdir()):
-        raise DataError(f"{out_dir}/{HS_DIR}: has files but no {PROGRESS_DIR}/plan.json; "
-                        "not an extraction this code can resume — delete it or choose another "
-                        "directory")
+        raise DataError(f"{out_dir}/{HS_DIR}: has files but no {PROGRESS_DIR}/plan.json; not an "
+                        "extraction this code can resume — delete it or choose another directory")
     (out_dir / HS_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_json(plan_file, {"plan_hash": plan_hash, **plan_info})
     return False

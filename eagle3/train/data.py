@@ -92,8 +92,7 @@ class HiddenStatesData:
         # noqa: BLE001 - safetensors raises its own error type for a damaged header
         except Exception as e:
             raise DataError(f"{path}: unreadable hidden-states file of sample {i} "
-                            f"({type(e).__name__}: {e}); "
-                            f"re-run the extraction") from e
+                            f"({type(e).__name__}: {e}); re-run the extraction") from e
         if "token_ids" not in t or "hidden_states" not in t:
             raise DataError(
                 f"{path}: expected tensors token_ids and hidden_states, got {sorted(t)}")
@@ -104,8 +103,7 @@ class HiddenStatesData:
         ids = self.input_ids[i]
         if not torch.equal(tok, ids):
             raise DataError(f"{path}: token_ids ({tok.numel()} tokens) differ from data/ input_ids "
-                            f"of sample {i} "
-                            f"({ids.numel()} tokens)")
+                            f"of sample {i} ({ids.numel()} tokens)")
         want = (ids.numel(), self.n_aux + 1, self.hidden_size)
         if tuple(hs.shape) != want:
             raise DataError(f"{path}: hidden_states shape expected {list(want)} [T, n_aux+1, H], "
@@ -153,8 +151,8 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
         raise DataError(f"{root}/data: HF datasets folder not found")
     splits = m.get("splits") or {}
     if not splits.get("train"):
-        raise DataError(f"{root}: empty dataset: manifest splits.train has no sample ids "
-                        f"(counts: {m.get('counts')})")
+        raise DataError(f"{root}: empty dataset: manifest splits.train has no sample ids (counts: "
+                        f"{m.get('counts')})")
     try:
         rows = load_from_disk(str(root / "data"))
     # datasets raises these for empty/corrupt folders
@@ -200,8 +198,8 @@ def _check_loss_tokens(data: HiddenStatesData) -> None:
                         "positions)")
     if kept < total:
         log.warning("train.max_tokens_per_batch=%d cuts %d of %d train samples: %d of %d loss "
-                    "positions are "
-                    "not trained on", data.max_tokens, data.truncated, len(data.train_ids)
+                    "positions are not trained on"
+                    , data.max_tokens, data.truncated, len(data.train_ids)
                         + len(data.val_ids),
                     total - kept, total)
 
@@ -243,17 +241,16 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
     if Path(t["path"]).expanduser().resolve() != target_dir.resolve(
             ) and not _same_target_elsewhere(t, target_dir):
         raise DataError(f"{root}/manifest.json: dataset made from another target: target.path "
-                        f"{t['path']}, "
-                        f"configured target {target_dir.resolve()} (other path, and its "
-                        "config.json or weights "
-                        f"differ from the manifest's target.config_hash / target.weights_hash)")
+                        f"{t['path']}, configured target {target_dir.resolve()} (other path, and "
+                        f"its config.json or weights differ from the manifest's target.config_hash "
+                        f"/ target.weights_hash)")
     for key, attr in (("hidden_size", "hidden_size"), ("num_layers", "num_hidden_layers"),
                       ("vocab_size", "vocab_size")):
         want = int(getattr(conf, attr))
         if key in t and t[key] is not None and int(t[key]) != want:
             raise DataError(f"{root}/manifest.json: target.{key} {t[key]} disagrees with the "
-                            "target's "
-                            f"config.json {attr}={want} ({target_dir})")
+                            "target's config.json "
+                            f"{attr}={want} ({target_dir})")
 
 
 def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:

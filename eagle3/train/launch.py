@@ -104,8 +104,8 @@ def _check_devices(t) -> None:
     want = t.device if t.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if want.startswith("cuda") and t.num_gpus > torch.cuda.device_count():
         raise ConfigError(f"train.num_gpus: expected at most {torch.cuda.device_count()} (the CUDA "
-                          "devices visible "
-                          f"here), got {t.num_gpus}")
+                          "devices visible here), got "
+                          f"{t.num_gpus}")
 
 
 def launch(cfg, data_dir: Path, out_dir: Path, *, on_metrics=None, poll_s: float = 1.0) -> dict:

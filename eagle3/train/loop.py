@@ -189,9 +189,8 @@ def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDive
     ckpts = list_checkpoints(run.state_dir)
     last = f"{ckpts[-1]} (kept)" if ckpts else "none written yet"
     return TrainingDiverged(f"non-finite {what} ({value}) at optimizer step {run.step + 1} (epoch "
-                            f"{run.epoch}, "
-                            f"micro-batch {run.micro}, samples {ids[:8]}); last good checkpoint: "
-                            f"{last}")
+                            f"{run.epoch}, micro-batch {run.micro}, samples {ids[:8]}); last good "
+                            f"checkpoint: {last}")
 
 
 def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:

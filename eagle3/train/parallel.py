@@ -106,9 +106,8 @@ class FSDP(Whole):
         own = [n for n, p in model.named_parameters(recurse=False) if p.requires_grad]
         if own:
             raise ConfigError("train.distributed='fsdp': the draft holds trainable parameters "
-                              f"{own} outside any "
-                              "submodule; expected them inside fc / layers / norm (use "
-                              "train.distributed=ddp)")
+                              f"{own} outside any submodule; expected them inside fc / layers / "
+                              "norm (use train.distributed=ddp)")
         for name, child in model.named_children():
             parts = list(child) if isinstance(child, torch.nn.ModuleList) else [child]
             for part in parts:

@@ -129,14 +129,14 @@ def _check_loss_implementation(t, device_type: str) -> None:
         return
     if device_type != "cuda":
         raise ConfigError(f"train.loss_implementation=fused: expected eager on a {device_type} "
-                          "training device "
-                          "(speculators' fused losses are Triton kernels for CUDA), got fused")
+                          "training device (speculators' fused losses are Triton kernels for "
+                          "CUDA), got fused")
     try:
         import speculators.losses.fused  # noqa: F401
     except ImportError as e:
         raise ConfigError("train.loss_implementation=fused: expected eager in this environment: "
-                          "speculators' fused "
-                          f"losses need Triton, which does not import here ({e}), got fused") from e
+                          "speculators' fused losses need Triton, which does not import here "
+                          f"({e}), got fused") from e
 
 
 def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
@@ -169,8 +169,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         if other is not None:
             if rank == 0:
                 log.warning("not resuming: %s. Starting from step 0 and removing the old "
-                            "checkpoints "
-                            "(train.on_other_checkpoint=restart)", other)
+                            "checkpoints (train.on_other_checkpoint=restart)", other)
             info = None
     if info is not None:
         if rank == 0:

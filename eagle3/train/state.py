@@ -180,11 +180,10 @@ def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bo
     if free + held < need:
         raise DataError(f"{state_dir}: the run needs about {need / 2**20:.1f} MiB for checkpoints "
                         f"(train.keep_last={keep_last}: {keep_last + 1} x "
-                        f"{(weights + moments) / 2**20:.1f} MiB while "
-                        "one is written, plus best/ and the exported draft), but only "
-                        f"{free / 2**20:.1f} MiB are free "
-                        f"there (+ {held / 2**20:.1f} MiB of older checkpoints); free space or "
-                        "lower train.keep_last")
+                        f"{(weights + moments) / 2**20:.1f} MiB while one is written, plus best/ "
+                        "and the exported draft), but only "
+                        f"{free / 2**20:.1f} MiB are free there (+ {held / 2**20:.1f} MiB of older "
+                        f"checkpoints); free space or lower train.keep_last")
     return need
 
 
@@ -246,8 +245,7 @@ def load_weights(model, ckpt: Path) -> None:
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise DataError(f"{ckpt}/model.safetensors: does not match the draft (missing "
-                        f"{missing[:5]}, "
-                        f"unexpected {unexpected[:5]})")
+                        f"{missing[:5]}, unexpected {unexpected[:5]})")
 
 
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
@@ -271,10 +269,8 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=N
     # torch.load / load_state_dict raise many types on corrupt or foreign files
     except Exception as e:
         raise DataError(f"resume: {ckpt}/optimizer.pt or trainer.pt does not load "
-                        f"({type(e).__name__}: "
-                        f"{str(e)[:200]}); remove {ckpt} to resume from an earlier checkpoint, or "
-                        "set "
-                        f"train.resume=false to start over") from e
+                        f"({type(e).__name__}: {str(e)[:200]}); remove {ckpt} to resume from an "
+                        f"earlier checkpoint, or set train.resume=false to start over") from e
     set_rng_state(extra["rng"])
     return read_info(ckpt)
 
@@ -342,8 +338,7 @@ def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError 
 def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
     t = cfg.train
     hint = (f"(checkpoint {ckpt}; train.on_other_checkpoint=restart starts over from step 0, "
-            "train.resume=false "
-            f"always does)")
+            "train.resume=false always does)")
     if info.get("vocab_map_hash") != identity["vocab_map_hash"] and not t.allow_vocab_map_change:
         raise DataError(f"resume: draft vocab map hash {identity['vocab_map_hash'][:16]} differs "
                         f"from the checkpoint's {str(info.get('vocab_map_hash'))[:16]}; lm_head "
@@ -351,8 +346,8 @@ def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
                         f"re-map explicitly {hint}")
     if info.get("data_content_hash") != identity["data_content_hash"]:
         raise DataError(f"resume: hidden-states data identity {identity['data_content_hash']} "
-                        "differs from the "
-                        f"checkpoint's {info.get('data_content_hash')} {hint}")
+                        "differs from the checkpoint's "
+                        f"{info.get('data_content_hash')} {hint}")
     saved = info.get("train_config") or {}
     new = t.model_dump(mode="json")
     for name in FROZEN_FIELDS:
@@ -370,9 +365,8 @@ def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
     saved_mode = info.get("distributed", "ddp" if int(info.get("world_size") or 1) > 1 else "none")
     if saved_mode != identity.get("distributed", saved_mode):
         raise ConfigError(f"resume: train.distributed={identity['distributed']!r}, the checkpoint "
-                          "was written "
-                          f"under {saved_mode!r} (its optimizer state is laid out for that mode) "
-                          f"{hint}")
+                          "was written under "
+                          f"{saved_mode!r} (its optimizer state is laid out for that mode) {hint}")
 
 
 def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:

@@ -60,8 +60,8 @@ def resolve_attention(setting: str, device_type: str, compiled: bool) -> str:
         return "eager"
     if setting not in ATTENTIONS:
         raise ConfigError(f"train.attn_implementation: expected auto or one of {list(ATTENTIONS)} "
-                          "with "
-                          f"train.forward_impl=project, got {setting!r}")
+                          "with train.forward_impl=project, got "
+                          f"{setting!r}")
     return setting
 
 
@@ -78,22 +78,20 @@ def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
     impl = ("speculators" if fsdp else "project") if t.forward_impl == "auto" else t.forward_impl
     if impl == "project" and fsdp:
         raise ConfigError("train.forward_impl=project with train.distributed=fsdp: expected ddp "
-                          "(or "
-                          "train.forward_impl=speculators / auto), got fsdp")
+                          "(or train.forward_impl=speculators / auto), got fsdp")
     if impl == "speculators":
         if t.attn_implementation == "flex":
             why = (" (train.forward_impl=auto takes speculators' forward under "
-                   "train.distributed=fsdp with "
-                   "num_gpus > 1)" if t.forward_impl == "auto" else "")
+                   "train.distributed=fsdp with num_gpus > 1)"
+                   if t.forward_impl == "auto" else "")
             raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager with "
                               "speculators' "
                               f"forward{why} (its flex path failed under torch.compile), got flex")
         return impl, "sdpa" if t.attn_implementation == "auto" else t.attn_implementation
     if t.attn_implementation == "flex" and device_type != "cuda":
         raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager on a "
-                          f"{device_type} training "
-                          "device (flex attention has no backward there; it is for compiled CUDA "
-                          "training), got flex")
+                          f"{device_type} training device (flex attention has no backward there; "
+                          "it is for compiled CUDA training), got flex")
     return impl, resolve_attention(t.attn_implementation, device_type, bool(t.compile)
         and device_type == "cuda")
 
@@ -109,8 +107,7 @@ def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict
     why = {"train.forward_impl": "project, except speculators' forward under fsdp with several "
                                  "processes",
            "train.attn_implementation": "flex on CUDA compiled, sdpa on CUDA uncompiled, eager on "
-                                        "the CPU "
-                                        "(sdpa with speculators' forward)",
+                                        "the CPU (sdpa with speculators' forward)",
            "train.optimizer_impl": "fused AdamW on CUDA, the default AdamW elsewhere"}
     values = {"train.forward_impl": (t.forward_impl, impl),
               "train.attn_implementation": (t.attn_implementation,
@@ -141,9 +138,8 @@ def check_supported(model) -> None:
                           "use train.forward_impl=speculators")
     if model.uses_sliding_window_attn:
         raise ConfigError("train.forward_impl=project: sliding-window draft layers are not "
-                          "supported "
-                          f"(layers {model.sliding_window_indices}); use "
-                          "train.forward_impl=speculators")
+                          "supported (layers "
+                          f"{model.sliding_window_indices}); use train.forward_impl=speculators")
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:

@@ -109,8 +109,7 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
 
     if not 2 <= draft_vocab_size < vocab_size:
         raise ConfigError("train.draft_vocab_size: expected 2 <= value < target vocab_size "
-                          f"{vocab_size}, "
-                          f"got {draft_vocab_size}")
+                          f"{vocab_size}, got {draft_vocab_size}")
     freq = {int(t): int(c) for t, c in token_freq.items() if int(c) > 0}
     bad = [t for t in freq if not 0 <= t < vocab_size]
     if bad:
