@@ -73,9 +73,8 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
         it). aux_layer_ids: HF hidden_states indices of the aux states (``fc`` input = len(ids) ×
         hidden). d2t, t2d: the draft vocabulary map (:mod:`eagle3.train.vocab`). num_layers: draft
         decoder layers. ttt_steps: recorded as the greedy proposal's ``speculative_tokens``. flags:
-        :func:`resolve_flags`' result. attn_impl: ``sdpa`` (CPU and CUDA) or ``eager``; speculators'
-        default flex attention has no CPU
-            backward.
+        :func:`resolve_flags`' result. attn_impl: ``sdpa`` (CPU and CUDA) or ``eager``;
+        speculators' default flex attention has no CPU backward.
     Returns the model in float32, train mode; random init of fc/layers comes from torch's global
     RNG. The accuracy counts of its forward are the static-shape ones
     (:mod:`eagle3.train.metrics`: no recompile per micro-batch under ``train.compile``).
@@ -135,8 +134,8 @@ def use_uncompiled_forward(model) -> bool:
 
     speculators wraps ``Eagle3DraftModel.forward`` in ``torch.compile`` whenever CUDA is available
     (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled
-    flex paths failed on the H200 (docs/ENGINE_FACTS.md §7). Returns True when a compiled wrapper
-    was bypassed.
+    flex paths can fail (docs/ENGINE_FACTS.md §7). Returns True when a compiled wrapper was
+    bypassed.
     """
     import types
 
@@ -226,13 +225,11 @@ def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str 
     runs eager.
 
     speculators wraps the forward in ``torch.compile`` whenever CUDA is available, also for a draft
-    loaded on the CPU for conversion checks, where inductor's C++ code generation failed on the H200
-    machine (torch 2.11, "'tmp1' was not declared in this scope"); a loaded draft is only run for a
-    few checking forwards, so the plain forward is bound (:func:`use_uncompiled_forward`).
-    speculators reads the target (verifier) at the checkpoint's
-    ``speculators_config.verifier.name_or_path``: the path it had where training ran.
-    ``verifier_dir`` (the target's folder on this machine, which may mount the asset cache
-    elsewhere) is used instead when given; the checkpoint on disk is not changed."""
+    loaded on the CPU for conversion checks (where inductor's C++ code generation can fail); a
+    loaded draft only runs a few checking forwards, so the plain forward is bound
+    (:func:`use_uncompiled_forward`). speculators reads the target (verifier) at the checkpoint's
+    ``speculators_config.verifier.name_or_path`` (the path where training ran); ``verifier_dir``
+    (the target's folder here) is used instead when given; the checkpoint on disk is unchanged."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
     if verifier_dir is None:

@@ -17,18 +17,11 @@ p+k, teacher-forced as in speculators' ``Eagle3DraftModel.forward``):
 - chain acceptance length = ``1 + mean over starts of the leading run of correct steps`` (the same
   quantity counted per start instead of through the product of marginals).
 
-Static shapes under ``torch.compile``:
-speculators 0.9.0 counts the per-TTT-step accuracy in
-``speculators.models.metrics.compute_accuracy_single_step`` with ``torch.masked_select(correct,
-loss_mask)``: its output length is the number of loss positions of the micro-batch, a data-dependent
-shape. Under ``torch.compile`` that is a graph break, and the code after it is compiled once per
-distinct loss-token count — a new graph for almost every micro-batch until dynamo's recompile limit
-(8) is reached and that frame runs eagerly for the rest of the run (measured on the CPU with a
-counting backend: tests/unit/test_train_fixed_shapes.py).
-
-:func:`accuracy_single_step` gives the same four counts with masked sums (every shape fixed by the
-micro-batch's padded length); :func:`install` binds it where speculators' Eagle-3 metrics look it
-up. speculators' module definitions, losses and checkpoint format are untouched.
+Static shapes under ``torch.compile``: speculators 0.9.0 counts the per-TTT-step accuracy with
+``torch.masked_select`` (``compute_accuracy_single_step``), a data-dependent shape: a graph break
+and a recompile per distinct loss-token count until dynamo's limit (8) sends the frame to eager
+(tests/unit/test_train_fixed_shapes.py). :func:`accuracy_single_step` gives the same four counts
+with masked sums; :func:`install` binds it where speculators' Eagle-3 metrics look it up.
 """
 
 from __future__ import annotations

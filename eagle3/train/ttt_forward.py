@@ -1,5 +1,5 @@
-"""This project's training forward of speculators' ``Eagle3DraftModel`` (``train.forward_impl:
-project``, issue 17).
+"""This project's training forward of speculators' ``Eagle3DraftModel``
+(``train.forward_impl: project``).
 
 It computes what ``Eagle3DraftModel.forward`` computes in training — ``ttt_steps`` teacher-forced
 draft steps, each step's loss from speculators' own ``compound_loss`` (KL to the verifier over the
