@@ -239,15 +239,16 @@ def reraise_failed(statuses: dict[int, dict | None]) -> None:
                 raise cls(s.get("message", ""))
 
 
-def exit_text(code: int) -> str:
-    """A process's exit code in words: ``exit code N`` or ``ended by SIGNAME`` (SIGKILL: likely
-    causes added)."""
+def exit_text(code: int, kill_hint: bool = False) -> str:
+    """A process's exit code in words: ``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: the
+    likely causes of a SIGKILL added)."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        why = " (killed: the OOM killer, a preemption or a kill)" if -code == signal.SIGKILL else ""
+        kill = kill_hint and -code == signal.SIGKILL
+        why = " (killed: the OOM killer, a preemption or a kill)" if kill else ""
         return f"ended by {name}{why}"
     return f"exit code {code}"
 

@@ -198,7 +198,7 @@ def _raise_on_failure(cfg, returncode: int, ldir: Path, log: Path, out_dir: Path
     last = last_statuses(statuses, "rank", now)
     files = "; ".join(f"rank {r}: {', '.join(str(p) for p in logs[r]) or 'no log file'}"
         for r in sorted(logs))
-    how = exit_text(code) if code is not None else "stopped without an error record"
+    how = exit_text(code, kill_hint=True) if code is not None else "stopped without an error record"
     failed = any((statuses.get(r) or {}).get("phase") == "failed" for r in culprits)
     tail = ""
     err_logs = [p for r in culprits for p in logs.get(r, []) if p.name == "stderr.log"]
