@@ -2,7 +2,7 @@
 
 Each stage output directory holds ``manifest.json``::
 
-    {"kind": "hidden_states" | "draft_checkpoint" | "serving_checkpoint" | "acceptance_report" | ...,
+    {"kind": "hidden_states" | "draft_checkpoint" | "serving_checkpoint" | ...,
      "schema_version": 1, "created_at": ISO-8601 UTC, "inputs": {name: content_hash},
      "config": {...the stage's config section...}, "counts": {...}, "timings": {... seconds ...},
      "content_hash": sha256 over the files (manifest excluded), ...stage-specific keys}
@@ -48,15 +48,17 @@ _WEIGHTS_MEMO: dict[tuple, str] = {}
 
 
 def weights_hash(model_dir: str | Path) -> str | None:
-    """sha256 (hex) over ``"<name>:<sha256 of the file>"`` of a model folder's ``*.safetensors`` files in name
-    order (the extraction manifest's ``target.weights_hash``); None when the folder has none. Reads every byte
-    once per process and file state (memoised by path, name, size and mtime), about 1 GB/s per core."""
+    """sha256 (hex) over ``"<name>:<sha256 of the file>"`` of a model folder's ``*.safetensors``
+    files in name order (the extraction manifest's ``target.weights_hash``); None when the folder
+    has none. Reads every byte once per process and file state (memoised by path, name, size and
+    mtime), about 1 GB/s per core."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         return None
     key = tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     if key not in _WEIGHTS_MEMO:
-        _WEIGHTS_MEMO[key] = hashlib.sha256("".join(f"{p.name}:{sha256_file(p)}" for p in files).encode()).hexdigest()
+        _WEIGHTS_MEMO[key] = hashlib.sha256(
+            "".join(f"{p.name}:{sha256_file(p)}" for p in files).encode()).hexdigest()
     return _WEIGHTS_MEMO[key]
 
 
@@ -75,9 +77,8 @@ def _hashed_files(root: Path, exclude: tuple[str, ...]) -> list[Path]:
 def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
     """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path.
 
-    Files named in ``exclude`` (top level or any depth), files under a folder named in ``exclude`` and
-    temporary files (``*.tmp*``) are skipped.
-    Raises DataError if ``directory`` does not exist.
+    Files named in ``exclude`` (top level or any depth), files under a folder named in ``exclude``
+    and temporary files (``*.tmp*``) are skipped. Raises DataError if ``directory`` does not exist.
     """
     root = Path(directory)
     if not root.is_dir():
@@ -90,9 +91,10 @@ def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) 
 
 
 def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> dict:
-    """``{"count", "bytes", "stat_digest", "exclude"}`` over the files :func:`content_hash` covers: a cheap
-    (stat-only) record to tell later whether a finished output is still what its manifest describes.
-    ``stat_digest`` = sha256 over (relative path, size, mtime in ns) of each file. DataError if no directory."""
+    """``{"count", "bytes", "stat_digest", "exclude"}`` over the files :func:`content_hash` covers:
+    a cheap (stat-only) record to tell later whether a finished output is still what its manifest
+    describes. ``stat_digest`` = sha256 over (relative path, size, mtime in ns) of each file.
+    DataError if no directory."""
     root = Path(directory)
     if not root.is_dir():
         raise DataError(f"{root}: expected a directory, found none")
@@ -103,16 +105,18 @@ def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) ->
         st = p.stat()
         total += st.st_size
         h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return {"count": len(files), "bytes": total, "stat_digest": h.hexdigest(), "exclude": sorted(exclude)}
+    return {"count": len(files), "bytes": total, "stat_digest": h.hexdigest(),
+            "exclude": sorted(exclude)}
 
 
 def output_intact(directory: str | Path) -> tuple[bool, str]:
-    """Whether a finished output still holds what its manifest was written over. Returns ``(ok, why not)``.
+    """Whether a finished output still holds what its manifest was written over. Returns ``(ok, why
+    not)``.
 
-    Stat only while nothing changed: file count and bytes must match ``files``; if any file's size or
-    modification time differs from ``files.stat_digest`` (a file rewritten in place, or the folder copied), the
-    content hash is recomputed and must equal the manifest's ``content_hash``. Manifests without ``files``
-    pass. DataError when there is no manifest.
+    Stat only while nothing changed: file count and bytes must match ``files``; if any file's size
+    or modification time differs from ``files.stat_digest`` (a file rewritten in place, or the
+    folder copied), the content hash is recomputed and must equal the manifest's ``content_hash``.
+    Manifests without ``files`` pass. DataError when there is no manifest.
     """
     m = read_manifest(directory)
     want = m.get("files")
@@ -121,14 +125,17 @@ def output_intact(directory: str | Path) -> tuple[bool, str]:
     exclude = tuple(want.get("exclude") or (MANIFEST,))
     got = file_stats(directory, exclude)
     if (got["count"], got["bytes"]) != (want.get("count"), want.get("bytes")):
-        return False, (f"{Path(directory) / MANIFEST}: 'files' expected {want.get('count')} files of "
-                       f"{want.get('bytes')} bytes, found {got['count']} files of {got['bytes']} bytes")
+        return False, (f"{Path(directory) / MANIFEST}: 'files' expected {want.get('count')} files "
+                       "of "
+                       f"{want.get('bytes')} bytes, found {got['count']} files of {got['bytes']} "
+                       "bytes")
     if want.get("stat_digest") in (None, got["stat_digest"]):
         return True, ""
     now = content_hash(directory, exclude)
     if now != m.get("content_hash"):
-        return False, (f"{Path(directory) / MANIFEST}: 'content_hash' expected {m.get('content_hash')}, the files now "
-                       f"hash to {now} (a file was rewritten after the manifest)")
+        return False, (f"{Path(directory) / MANIFEST}: 'content_hash' expected "
+                       f"{m.get('content_hash')}, the files now hash to {now} (a file was "
+                       f"rewritten after the manifest)")
     return True, ""
 
 
@@ -142,7 +149,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are read by servers run as others
+        # mkstemp makes 0600; outputs are read by servers run as others
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -152,7 +160,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Atomically write ``obj`` as indented, key-sorted JSON."""
-    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+    return atomic_write_bytes(path,
+                              (json.dumps(obj, indent=2, sort_keys=True, default=str)
+                                  + "\n").encode())
 
 
 @contextmanager
@@ -188,8 +198,10 @@ def utc_now() -> str:
 
 def write_manifest(directory: str | Path, kind: str, *, config: dict | None = None,
                    inputs: dict[str, str] | None = None, counts: dict | None = None,
-                   timings: dict | None = None, exclude: tuple[str, ...] = (MANIFEST,), **extra: Any) -> dict:
-    """Write ``<directory>/manifest.json`` with the directory's content hash; returns the manifest."""
+                   timings: dict | None = None, exclude: tuple[str, ...] = (MANIFEST,),
+                   **extra: Any) -> dict:
+    """Write ``<directory>/manifest.json`` with the directory's content hash; returns the
+    manifest."""
     directory = Path(directory)
     manifest = {
         "kind": kind,

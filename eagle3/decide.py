@@ -3,28 +3,31 @@
 Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decision.tags()`` and
 ``Decision.to_markdown()``). The rules, checked in this order — the first that fires decides:
 
-1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference decoding),
-   judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) × (offline − 1) with
-   offline − 1 ≥ ``min_offline_excess`` (0.05) (:func:`eagle3.measure.acceptance.serving_gap`); or, without an offline
-   figure, the same test against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with
-   the looser ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
+1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference
+   decoding), judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) ×
+   (offline − 1) with offline − 1 ≥ ``min_offline_excess`` (0.05)
+   (:func:`eagle3.measure.acceptance.serving_gap`); or, without an offline figure, the same test
+   against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with the looser
+   ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
    (aux capture, key names, flags, layer ids, template).
 2. **stop** — served ≥ ``acceptance.target``; or acceptance has plateaued (the last two figures of
    ``acceptance.history`` + served differ by < ``plateau_rel`` = 2 %) while validation loss is flat.
-3. **longer training** — validation loss still falling: least-squares slope over the last ``k`` (3) evals,
-   divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small
-   (< ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs`` (6).
-   Fewer than 2 evaluations (no trend to read): **more evidence needed** (rule ``too_few_evaluations``), unless
-   the epochs alone are ≥ ``high_epochs`` (then more data, low confidence).
-4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap over the
-   window, counted only while val is above train: early in training train loss falls faster than val from
-   below, which is not memorisation); validation loss flat or rising while train loss still falls; epochs over the data ≥ ``high_epochs``;
-   or both losses flat (the schedule is exhausted and the data is the lever left).
+3. **longer training** — validation loss still falling: least-squares slope over the last ``k`` (3)
+   evals, divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small (<
+   ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs``
+   (6). Fewer than 2 evaluations (no trend to read): **more evidence needed** (rule
+   ``too_few_evaluations``), unless the epochs alone are ≥ ``high_epochs`` (then more data, low
+   confidence).
+4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap
+   over the window, counted only while val is above train: early in training train loss falls faster
+   than val from below, which is not memorisation); validation loss flat or rising while train loss
+   still falls; epochs over the data ≥ ``high_epochs``; or both losses flat (the schedule is
+   exhausted and the data is the lever left).
 
 Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
-(train falls, val does not) or has seen its data many times is data-limited. A public report saw acceptance
-peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §8): hence the epoch cap and
-choosing by acceptance rather than loss.
+(train falls, val does not) or has seen its data many times is data-limited. A public report saw
+acceptance peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §8): hence
+the epoch cap and choosing by acceptance rather than loss.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eagle3.errors import DataError
-from eagle3.measure.acceptance import MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO, SERVING_FAULT_CHECKS, serving_gap
+from eagle3.measure.acceptance import (MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO,
+                                      SERVING_FAULT_CHECKS, serving_gap)
 
 OUTCOMES = ("more data", "longer training", "regenerate data", "fix serving integration", "stop",
             "more evidence needed")
@@ -67,8 +71,10 @@ class Decision:
     confidence: str = "high"
 
     def tags(self) -> dict[str, str]:
-        """Flat string tags for a tracker: ``decision``, ``decision.rule``, ``decision.<evidence key>``."""
-        out = {"decision": self.recommendation, "decision.rule": self.rule, "decision.confidence": self.confidence}
+        """Flat string tags for a tracker: ``decision``, ``decision.rule``, ``decision.<evidence
+        key>``."""
+        out = {"decision": self.recommendation, "decision.rule": self.rule,
+               "decision.confidence": self.confidence}
         for k, v in self.evidence.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 out[f"decision.{k}"] = f"{v:.4g}" if isinstance(v, float) else str(v)
@@ -78,8 +84,10 @@ class Decision:
         return asdict(self)
 
     def to_markdown(self) -> str:
-        """A markdown note: the recommendation, the rule, the evidence lines and a table of the numbers."""
-        lines = [f"# Decision: **{self.recommendation}**", "", f"Rule: `{self.rule}` (confidence: {self.confidence})",
+        """A markdown note: the recommendation, the rule, the evidence lines and a table of the
+        numbers."""
+        lines = [f"# Decision: **{self.recommendation}**", "",
+                 f"Rule: `{self.rule}` (confidence: {self.confidence})",
                  "", "## Evidence", ""]
         lines += [f"- {r}" for r in self.reasons]
         lines += ["", "| quantity | value |", "|---|---|"]
@@ -108,11 +116,12 @@ def _floats(history: dict, key: str) -> list[float]:
 
 
 def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
-    """Numbers the rules use, from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per eval],
-    "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (optional; else val − train)}``.
+    """Numbers the rules use, from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per
+    eval], "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (optional; else
+    val − train)}``.
 
-    Returns relative val/train slopes over the last ``k`` evals (None with < 2 evals), the last relative gap
-    ((val − train) / train), its growth over the window, epochs and unique tokens.
+    Returns relative val/train slopes over the last ``k`` evals (None with < 2 evals), the last
+    relative gap ((val − train) / train), its growth over the window, epochs and unique tokens.
     """
     val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
     gaps = _floats(history, "train_val_gap")
@@ -128,7 +137,8 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
            "train_loss_last": train[-1] if train else None,
            "val_slope_rel": None, "train_slope_rel": None,
            "gap_rel": rel_gaps[-1] if rel_gaps else None,
-           "gap_growth": (rel_gaps[-1] - rel_gaps[-min(w, len(rel_gaps))]) if len(rel_gaps) >= 2 else None,
+           "gap_growth": (rel_gaps[-1] - rel_gaps[-min(w, len(rel_gaps))]) if len(rel_gaps) >= 2
+               else None,
            "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens")}
     if len(val) >= 2:
         sig["val_slope_rel"] = _relative_slope(val[-w:])
@@ -138,19 +148,22 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
 
 
 def _relative_slope(tail: list[float]) -> float | None:
-    """Slope of the tail relative to its mean; None when the mean is 0 (a loss that never had a token to
-    measure: the rules then see "no signal" rather than dividing by zero)."""
+    """Slope of the tail relative to its mean; None when the mean is 0 (a loss that never had a
+    token to measure: the rules then see "no signal" rather than dividing by zero)."""
     mean = abs(sum(tail) / len(tail))
     return _slope(tail) / mean if mean > 0 else None
 
 
-def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int | None = None,
+def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int
+        | None = None,
                          val_key: str = "val/loss", train_key: str = "train/loss") -> dict:
-    """A ``history`` for :func:`recommend` from training metric rows (``metrics.jsonl``: ``{"step", key: value}``).
+    """A ``history`` for :func:`recommend` from training metric rows (``metrics.jsonl``: ``{"step",
+    key: value}``).
 
-    ``val_loss`` = every ``val_key`` value in step order; ``train_loss`` = for each evaluation, the latest
-    ``train_key`` value logged at or before its step (None-free: evaluations before any train value are
-    skipped for the gap). ``epochs``/``unique_tokens`` come from the training/extraction manifests.
+    ``val_loss`` = every ``val_key`` value in step order; ``train_loss`` = for each evaluation, the
+    latest ``train_key`` value logged at or before its step (None-free: evaluations before any train
+    value are skipped for the gap). ``epochs``/``unique_tokens`` come from the training/extraction
+    manifests.
     """
     pts = sorted(((r.get("step", 0), r) for r in rows), key=lambda x: x[0])
     val, train, last_train = [], [], None
@@ -169,11 +182,12 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None, uniqu
 
 
 def read_training_history(train_dir: str | Path) -> dict:
-    """The ``history`` of a finished training run for :func:`recommend`: :func:`history_from_metrics` over the
-    rows of ``<train_dir>/metrics.jsonl`` (one JSON object per logged step: ``kind`` "train" rows carry
-    ``train/loss``, "eval" rows ``val/loss``), with epochs = the draft manifest's ``epochs_over_data`` and unique
-    tokens = its ``counts.train_positions``. Raises DataError when the folder has no draft manifest or a row is
-    not valid JSON (naming the file and line)."""
+    """The ``history`` of a finished training run for :func:`recommend`:
+    :func:`history_from_metrics` over the rows of ``<train_dir>/metrics.jsonl`` (one JSON object per
+    logged step: ``kind`` "train" rows carry ``train/loss``, "eval" rows ``val/loss``), with epochs
+    = the draft manifest's ``epochs_over_data`` and unique tokens = its ``counts.train_positions``.
+    Raises DataError when the folder has no draft manifest or a row is not valid JSON (naming the
+    file and line)."""
     import json
 
     from eagle3.artifacts import read_manifest
@@ -187,7 +201,8 @@ def read_training_history(train_dir: str | Path) -> dict:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: expected a JSON object per line, got {line[:80]!r} ({e})") from e
+                    raise DataError(f"{path}:{n}: expected a JSON object per line, got "
+                                    f"{line[:80]!r} ({e})") from e
     return history_from_metrics(rows, epochs=manifest.get("epochs_over_data"),
                                 unique_tokens=(manifest.get("counts") or {}).get("train_positions"))
 
@@ -203,14 +218,16 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
                   serving_gap_ratio=th.serving_gap_ratio,
                   **{f"preflight.{k}": v for k, v in (acc.get("preflight") or {}).items()})
         return Decision("fix serving integration", "served_below_offline", [
-            f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline {offline:.3f} − 1) for "
-            f"the same draft and prompts (accepted drafts per verify pass {served - 1:.3f} served vs {offline - 1:.3f} "
-            f"offline, ratio {ratio:.2f}): the draft accepts tokens in-process but not as served",
+            f"served acceptance {served:.3f}: served − 1 < {th.serving_gap_ratio} × (offline "
+            f"{offline:.3f} − 1) for the same draft and prompts (accepted drafts per verify pass "
+            f"{served - 1:.3f} served vs {offline - 1:.3f} offline, ratio {ratio:.2f}): the draft "
+            f"accepts tokens in-process but not as served",
             f"check {SERVING_FAULT_CHECKS}"], ev)
     if offline is None and serving_gap(served, sim, th.simulated_gap_ratio, th.min_offline_excess):
         return Decision("fix serving integration", "served_below_simulated", [
-            f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated {sim:.3f} − 1) "
-            "(from training accuracies); no offline figure, so confirm with eagle3.measure.offline.offline_acceptance"],
+            f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated "
+            f"{sim:.3f} − 1) (from training accuracies); no offline figure, so confirm with "
+            "eagle3.measure.offline.offline_acceptance"],
             ev, "low")
     return None
 
@@ -218,11 +235,12 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
 def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = None) -> Decision:
     """One of :data:`OUTCOMES` for a training run, by the rules in the module docstring.
 
-    ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline", "simulated"}``
-    (acceptance lengths, bonus token counted; any may be None) plus optional ``"target"`` (acceptance length
-    that is good enough), ``"history"`` (earlier served figures of this line of runs, oldest first) and
-    ``"preflight"`` (``{check: "status: detail"}`` of the deployment's pre-flight, evidence for "fix serving").
-    Raises DataError for non-numeric history values.
+    ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline",
+    "simulated"}`` (acceptance lengths, bonus token counted; any may be None) plus optional
+    ``"target"`` (acceptance length that is good enough), ``"history"`` (earlier served figures of
+    this line of runs, oldest first) and ``"preflight"`` (``{check: "status: detail"}`` of the
+    deployment's pre-flight, evidence for "fix serving"). Raises DataError for non-numeric history
+    values.
     """
     th = thresholds or Thresholds()
     serving = _serving_rule(acceptance, th)
@@ -230,43 +248,50 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
         return serving
     s = training_signals(history, th)
     ev = {**{k: v for k, v in s.items() if v is not None},
-          **{k: acceptance[k] for k in ("served", "offline", "simulated", "target") if acceptance.get(k) is not None}}
+          **{k: acceptance[k] for k in ("served", "offline", "simulated", "target")
+              if acceptance.get(k) is not None}}
     served, target = acceptance.get("served"), acceptance.get("target")
-    vs, ts, gap, growth, epochs = (s["val_slope_rel"], s["train_slope_rel"], s["gap_rel"], s["gap_growth"],
+    vs, ts, gap, growth, epochs = (s["val_slope_rel"], s["train_slope_rel"], s["gap_rel"],
+                                   s["gap_growth"],
                                    s["epochs"])
     val_flat = vs is not None and vs >= -th.slope_eps
     if served is not None and target is not None and served >= target:
-        return Decision("stop", "target_reached", [f"served acceptance {served:.3f} ≥ target {target:.3f}"], ev)
+        return Decision("stop", "target_reached",
+                        [f"served acceptance {served:.3f} ≥ target {target:.3f}"], ev)
     prev = [float(x) for x in acceptance.get("history") or []]
     if served is not None and prev and val_flat:
         last = prev[-1]
         if abs(served - last) < th.plateau_rel * last:
             return Decision("stop", "acceptance_plateau", [
-                f"served acceptance {served:.3f} within {th.plateau_rel:.0%} of the previous {last:.3f} and validation "
-                f"loss flat (slope {vs:+.2%}/eval): more of the same will not pay"], ev)
+                f"served acceptance {served:.3f} within {th.plateau_rel:.0%} of the previous "
+                f"{last:.3f} and validation loss flat (slope {vs:+.2%}/eval): more of the same "
+                f"will not pay"], ev)
     high_epochs = epochs is not None and epochs >= th.high_epochs
     if vs is None:
         reason = "fewer than 2 evaluations: no validation-loss trend; evaluate more often"
         if high_epochs:
-            return Decision("more data", "high_epochs", [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
+            return Decision("more data", "high_epochs",
+                            [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
         return Decision("more evidence needed", "too_few_evaluations", [
-            reason, f"{s['num_evals']} validation loss value(s) decide neither way: set train.eval_every so that "
-            "training evaluates at least twice (more is better: the trend is fitted over the last "
+            reason, f"{s['num_evals']} validation loss value(s) decide neither way: set "
+                    "train.eval_every so that training evaluates at least twice (more is better: "
+            "the trend is fitted over the last "
             f"{th.k})"], ev, "low")
     gap_ok = gap is None or gap < th.gap_max
     growing = growth is not None and growth > th.gap_growth and gap is not None and gap > 0
     if vs < -th.slope_eps and gap_ok and not growing and not high_epochs:
         return Decision("longer training", "val_loss_falling", [
-            f"validation loss still falling: {vs:+.2%} per eval over the last {min(th.k, s['num_evals'])} evals "
-            f"(threshold −{th.slope_eps:.1%})",
+            f"validation loss still falling: {vs:+.2%} per eval over the last "
+            f"{min(th.k, s['num_evals'])} evals (threshold −{th.slope_eps:.1%})",
             f"train/val gap {0.0 if gap is None else gap:.1%} < {th.gap_max:.0%} and not growing; "
             f"{'unknown' if epochs is None else f'{epochs:g}'} epochs < {th.high_epochs:g}"], ev)
     reasons = []
     if growing or not gap_ok:
-        reasons.append(f"train/val gap {gap:.1%} (growth {0.0 if growth is None else growth:+.1%} over the window): "
-                       "the draft is memorising its data")
+        reasons.append(f"train/val gap {gap:.1%} (growth {0.0 if growth is None else growth:+.1%} "
+                       "over the window): the draft is memorising its data")
     if val_flat and ts is not None and ts < -th.slope_eps:
-        reasons.append(f"validation loss flat/rising ({vs:+.2%}/eval) while train loss falls ({ts:+.2%}/eval)")
+        reasons.append(f"validation loss flat/rising ({vs:+.2%}/eval) while train loss falls "
+                       f"({ts:+.2%}/eval)")
     if high_epochs:
         reasons.append(f"{epochs:g} epochs over the data ≥ {th.high_epochs:g}")
     if not reasons:
@@ -274,7 +299,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
                        f"{'n/a' if ts is None else f'{ts:+.2%}'}/eval): the schedule is exhausted")
     if s["unique_tokens"] is not None:
         reasons.append(f"{s['unique_tokens']:,} unique training tokens")
-    rule = "overfitting" if (growing or not gap_ok or (val_flat and ts is not None and ts < -th.slope_eps)) \
+    rule = "overfitting" if (growing or not gap_ok
+        or (val_flat and ts is not None and ts < -th.slope_eps)) \
         else ("high_epochs" if high_epochs else "losses_flat")
     return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
 
@@ -284,8 +310,8 @@ def _variant(r: dict) -> str:
 
 
 def _data_gain(results: list[dict]) -> float | None:
-    """Mean gain in acceptance length per doubling of unique tokens (least squares per data variant and schedule,
-    averaged over the lines that have ≥ 2 sizes)."""
+    """Mean gain in acceptance length per doubling of unique tokens (least squares per data variant
+    and schedule, averaged over the lines that have ≥ 2 sizes)."""
     gains = []
     for line in dict.fromkeys((_variant(r), r["schedule"]) for r in results):
         pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results
@@ -293,13 +319,14 @@ def _data_gain(results: list[dict]) -> float | None:
         if len({x for x, _ in pts}) >= 2:
             mx = sum(x for x, _ in pts) / len(pts)
             my = sum(y for _, y in pts) / len(pts)
-            gains.append(sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+            gains.append(sum((x - mx) * (y - my) for x, y in pts)
+                / sum((x - mx) ** 2 for x, _ in pts))
     return sum(gains) / len(gains) if gains else None
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest, per data
-    variant and size."""
+    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest,
+    per data variant and size."""
     gains, longest = [], None
     for key in dict.fromkeys((_variant(r), r["data_size"]) for r in results):
         sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key),
@@ -311,12 +338,13 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 
 def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the best other data variant over the first one (e.g. regenerated vs as-is), at
-    equal data size and schedule. Returns (gain, that variant's name)."""
+    """Mean acceptance gain of the best other data variant over the first one (e.g. regenerated vs
+    as-is), at equal data size and schedule. Returns (gain, that variant's name)."""
     variants = list(dict.fromkeys(_variant(r) for r in results))
     if len(variants) < 2:
         return None, None
-    base = {(r["data_size"], r["schedule"]): r["acceptance_length"] for r in results if _variant(r) == variants[0]}
+    base = {(r["data_size"], r["schedule"]): r["acceptance_length"] for r in results if _variant(r)
+        == variants[0]}
     best = (None, None)
     for v in variants[1:]:
         diffs = [r["acceptance_length"] - base[(r["data_size"], r["schedule"])] for r in results
@@ -326,26 +354,30 @@ def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
     return best
 
 
-def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float | None = None,
+def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float
+        | None = None,
                    thresholds: Thresholds | None = None) -> Decision:
-    """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling plot.
+    """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling
+    plot.
 
-    ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
-    "acceptance_length": float (the figure judged: offline on the full evaluation set where measured, else
-    served), "offline": float|None (same prompts as served), "served": float|None, "data": str (variant, e.g.
-    "as-is", "regenerated"), "epochs": float, "optimizer_steps": int}``.
-    Rules: any run with served ≪ offline → fix serving; best ≥ ``target`` → stop; else compare three levers — the
-    gain per doubling of data, the gain of the longest schedule over the shortest at equal data, and the gain
-    of the best other data variant over the first at equal size and schedule; the largest (if ≥ ``min_gain``)
-    decides "more data", "longer training" or "regenerate data" (for a variant named ``regen…``; its name is
-    in the evidence); all below → stop (plateau); none measurable (one point) → "more evidence needed".
-    Raises DataError for an empty sweep or a result lacking a required key.
+    ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str,
+    "unique_tokens": int, "acceptance_length": float (the figure judged: offline on the full
+    evaluation set where measured, else served), "offline": float|None (same prompts as served),
+    "served": float|None, "data": str (variant, e.g. "as-is", "regenerated"), "epochs": float,
+    "optimizer_steps": int}``. Rules: any run with served ≪ offline → fix serving; best ≥ ``target``
+    → stop; else compare three levers — the gain per doubling of data, the gain of the longest
+    schedule over the shortest at equal data, and the gain of the best other data variant over the
+    first at equal size and schedule; the largest (if ≥ ``min_gain``) decides "more data", "longer
+    training" or "regenerate data" (for a variant named ``regen…``; its name is in the evidence);
+    all below → stop (plateau); none measurable (one point) → "more evidence needed". Raises
+    DataError for an empty sweep or a result lacking a required key.
     """
     th = thresholds or Thresholds()
     if not results:
         raise DataError("sweep_decision: expected at least one result, got none")
     for i, r in enumerate(results):
-        missing = [k for k in ("data_size", "schedule", "unique_tokens", "acceptance_length") if r.get(k) is None]
+        missing = [k for k in ("data_size", "schedule", "unique_tokens", "acceptance_length")
+            if r.get(k) is None]
         if missing:
             raise DataError(f"sweep_decision: results[{i}] lacks {missing} (keys: {sorted(r)})")
     ev: dict = {"runs": len(results)}
@@ -354,45 +386,57 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
 
         ev["plot"] = str(plot_data_scaling(results, plot_path))
     for r in results:
-        d = _serving_rule({"served": r.get("served", r["acceptance_length"]), "offline": r.get("offline")}, th)
+        d = _serving_rule(
+            {"served": r.get("served", r["acceptance_length"]), "offline": r.get("offline")}, th)
         if d is not None:
-            d.reasons.insert(0, f"run data={_variant(r)} data_size={r['data_size']} schedule={r['schedule']}")
+            d.reasons.insert(0, f"run data={_variant(r)} data_size={r['data_size']} "
+                                f"schedule={r['schedule']}")
             d.evidence.update(ev)
             return d
     best = max(results, key=lambda r: r["acceptance_length"])
     ev.update(best_acceptance=best["acceptance_length"], best_data_size=best["data_size"],
               best_schedule=best["schedule"], best_data=_variant(best))
     if target is not None and best["acceptance_length"] >= target:
-        return Decision("stop", "target_reached", [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
+        return Decision("stop", "target_reached",
+                        [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
     dg = _data_gain(results)
     sg, longest = _schedule_gain(results)
     vg, variant = _variant_gain(results)
-    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest, data_variant_gain=vg,
+    ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest,
+              data_variant_gain=vg,
               data_variant=variant)
     fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")
     lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
-             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal data: {fmt(sg)}",
-             f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal size and schedule: "
+             f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
+             f"data: {fmt(sg)}",
+             f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal size "
+             "and schedule: "
              f"{fmt(vg)}",
              f"best run: {_variant(best)}, {best['data_size']} conversations, {best['schedule']}: "
              f"{best['acceptance_length']:.3f}"]
-    levers = [("more data", "data_gain_dominates", dg), ("longer training", "schedule_gain_dominates", sg),
-              ("regenerate data" if (variant or "").startswith("regen") else "more data", "data_variant_gain_dominates",
+    levers = [("more data", "data_gain_dominates", dg),
+              ("longer training", "schedule_gain_dominates", sg),
+              ("regenerate data" if (variant or "").startswith("regen") else "more data",
+               "data_variant_gain_dominates",
                vg)]
     known = [lv for lv in levers if lv[2] is not None]
     if not known:
         return Decision("more evidence needed", "no_lever_measured", lines + [
-            "one data size, one schedule and one data variant: no lever can be compared — add a second size, a "
-            "longer schedule or a regenerated data set"], ev, "low")
+            "one data size, one schedule and one data variant: no lever can be compared — add a "
+            "second size, a longer schedule or a regenerated data set"], ev, "low")
     lever, rule, gain = max(known, key=lambda lv: lv[2])
     if gain < th.min_gain:
-        return Decision("stop", "sweep_plateau", lines + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
+        return Decision("stop", "sweep_plateau", lines
+            + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
     what = {"data_gain_dominates": "more data", "schedule_gain_dominates": "a longer schedule",
-            "data_variant_gain_dominates": f"data variant {variant}" if variant else "another data variant"}
+            "data_variant_gain_dominates": f"data variant {variant}" if variant
+                else "another data variant"}
     unmeasured = [what[r] for _, r, g in levers if g is None]
     if not unmeasured:
-        return Decision(lever, rule, lines + [f"{what[rule]} raised acceptance more than the other levers did"], ev)
-    # one lever measured and paying is a recommendation, not a comparison: the others were not weighed
+        return Decision(lever, rule, lines
+            + [f"{what[rule]} raised acceptance more than the other levers did"], ev)
+    # one lever measured and paying is a recommendation, not a comparison: the others were not
+    # weighed
     return Decision(lever, rule, lines + [
-        f"{what[rule]} raised acceptance by {gain:+.3f}; not measured in this sweep: {', '.join(unmeasured)} — "
-        "this recommendation does not weigh them"], ev, "medium")
+        f"{what[rule]} raised acceptance by {gain:+.3f}; not measured in this sweep: "
+        f"{', '.join(unmeasured)} — this recommendation does not weigh them"], ev, "medium")

@@ -1,12 +1,13 @@
 """``eagle3 doctor``: is this machine ready to run the pipeline, and where will it run?
 
-Checks (each one line, ``OK``/``WARN``/``FAIL``): Python, torch and its devices, the CPU's features and what
-``auto`` dtypes resolve to here with the measured bf16/float32 ratio (eagle3.precision), SGLang (installed here?
-can it serve here? — it needs an NVIDIA GPU; without one the CPU reference engine serves), free disk under
-the runs and cache folders, the asset cache, and whether a Prefect server and an MLflow server answer.
-Servers are probed with httpx only (this module imports neither prefect nor mlflow). A server that is not
-configured and not running is fine (the ephemeral Prefect API and the local SQLite MLflow store are used);
-one that is configured through ``PREFECT_API_URL`` / ``MLFLOW_TRACKING_URI`` but does not answer is a FAIL.
+Checks (each one line, ``OK``/``WARN``/``FAIL``): Python, torch and its devices, the CPU's features
+and what ``auto`` dtypes resolve to here with the measured bf16/float32 ratio (eagle3.precision),
+SGLang (installed here? can it serve here? — it needs an NVIDIA GPU; without one the CPU reference
+engine serves), free disk under the runs and cache folders, the asset cache, and whether a Prefect
+server and an MLflow server answer. Servers are probed with httpx only (this module imports neither
+prefect nor mlflow). A server that is not configured and not running is fine (the ephemeral Prefect
+API and the local SQLite MLflow store are used); one that is configured through ``PREFECT_API_URL``
+/ ``MLFLOW_TRACKING_URI`` but does not answer is a FAIL.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ def check_torch() -> tuple[str, str]:
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         n = torch.cuda.device_count()
         return "OK", f"torch {torch.__version__}, CUDA {torch.version.cuda}: {n} GPU(s) ({names})"
-    return "OK", f"torch {torch.__version__}, CPU only ({os.cpu_count()} cores): training and extraction on CPU"
+    return "OK", (f"torch {torch.__version__}, CPU only ({os.cpu_count()} cores): training and "
+                  "extraction on CPU")
 
 
 def check_precision() -> tuple[str, str]:
-    """The CPU features torch and ``/proc/cpuinfo`` report, the ISA caps set in the environment, the measured
-    bf16/float32 matmul ratio and what ``auto`` resolves to on the CPU (and on CUDA when present)."""
+    """The CPU features torch and ``/proc/cpuinfo`` report, the ISA caps set in the environment, the
+    measured bf16/float32 matmul ratio and what ``auto`` resolves to on the CPU (and on CUDA when
+    present)."""
     try:
         import torch
     except ImportError as e:
@@ -62,8 +65,9 @@ def check_precision() -> tuple[str, str]:
     p = probe_cpu_bf16()
     flags = ", ".join(f for f, on in p.features.items() if on) or "none found"
     caps = "; caps " + ", ".join(f"{k}={v}" for k, v in p.isa_env.items()) if p.isa_env else ""
-    text = (f"CPU: torch capability {p.capability}, flags {flags}{caps}; {p.describe()}; on the CPU: "
-            f"target/extract/serve dtype auto = {resolve_dtype('auto', 'cpu')}, train.precision auto = "
+    text = (f"CPU: torch capability {p.capability}, flags {flags}{caps}; {p.describe()}; on the "
+            "CPU: target/extract/serve dtype auto = "
+            f"{resolve_dtype('auto', 'cpu')}, train.precision auto = "
             f"{resolve_precision('auto', 'cpu')}")
     if torch.cuda.is_available():
         text += f"; on CUDA auto = {resolve_dtype('auto', 'cuda')} ({bf16_is_fast('cuda')[1]})"
@@ -77,7 +81,8 @@ def check_sglang() -> tuple[str, str]:
         version = None
     from eagle3.config import PathsConfig
 
-    sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or PathsConfig().resolved_cache_dir() / "venv-sglang")
+    sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or PathsConfig().resolved_cache_dir()
+        / "venv-sglang")
     sidecar = sidecar / "bin" / "python"
     try:
         import torch
@@ -88,12 +93,15 @@ def check_sglang() -> tuple[str, str]:
     if version is None:
         extra = (f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)"
                  if sidecar.exists() else "")
-        return "OK", (f"SGLang not installed in this environment: deploy uses the CPU reference engine{extra}")
+        return "OK", ("SGLang not installed in this environment: deploy uses the CPU reference "
+                      f"engine{extra}")
     pin = "" if version == SGLANG_PINNED else f" (the profiles are written for {SGLANG_PINNED})"
     if gpu:
-        return ("OK" if not pin else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
-    return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed here "
-                    "(CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; docs/SGLANG_ON_CPU.md)")
+        return ("OK" if not pin
+            else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
+    return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed "
+                    "here (CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; "
+                    "docs/SGLANG_ON_CPU.md)")
 
 
 def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:
@@ -104,7 +112,8 @@ def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:
             q = q.parent
         free = shutil.disk_usage(q).free
         status = "OK" if free >= MIN_FREE_BYTES else "FAIL"
-        out.append((status, f"{name} {p}: {free / 1024**3:.1f} GiB free (need ≥ {MIN_FREE_BYTES / 1024**3:.0f} GiB)"))
+        out.append((status, f"{name} {p}: {free / 1024**3:.1f} GiB free (need ≥ "
+                            f"{MIN_FREE_BYTES / 1024**3:.0f} GiB)"))
     return out
 
 
@@ -117,8 +126,8 @@ def check_server(name: str, env_var: str, default: str, health_path: str) -> tup
     if ok:
         return "OK", f"{name} server answers at {url} ({what})"
     if configured:
-        return "FAIL", f"{name} server configured by {env_var}={configured} does not answer ({what}); " \
-                       "start it with `make stack-up` or unset the variable"
+        return "FAIL", (f"{name} server configured by {env_var}={configured} does not answer "
+                       f"({what}); start it with `make stack-up` or unset the variable")
     fallback = ("Prefect's ephemeral API will be used" if name == "Prefect"
                 else "the local SQLite store <runs_dir>/mlflow.db will be used")
     return "OK", f"no {name} server at {url} ({what}): {fallback}"
@@ -130,12 +139,14 @@ def run_doctor(echo: Callable[[str], None] = print) -> bool:
 
     paths = PathsConfig()
     results = [("OK" if sys.version_info[:2] in ((3, 11), (3, 12)) else "WARN",
-                f"Python {platform.python_version()} ({sys.executable})"), check_torch(), check_precision(),
+                f"Python {platform.python_version()} ({sys.executable})"), check_torch(),
+                check_precision(),
                check_sglang()]
     results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
     smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
     results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else
-                   ("WARN", f"assets: SmolLM2 not prepared yet ({smol.parent}); `make assets` prepares it"))
+                   ("WARN", f"assets: SmolLM2 not prepared yet ({smol.parent}); `make assets` "
+                            "prepares it"))
     results.append(check_server("Prefect", "PREFECT_API_URL", PREFECT_DEFAULT, "/health"))
     results.append(check_server("MLflow", "MLFLOW_TRACKING_URI", MLFLOW_DEFAULT, "/health"))
     for status, text in results:

@@ -1,20 +1,22 @@
 """``auto`` dtypes and precision: bf16 where it is really fast on this machine, float32 otherwise.
 
-A bf16 matmul is fast on a CPU only where oneDNN can use AMX or AVX512-BF16; on an AVX2-only CPU (AMD before
-Zen 4, most Intel consumer chips, many cloud VMs) it is emulated and runs ~50× *slower* than float32 (measured:
-a 512×576 @ 576×1536 matmul, one thread, torch 2.13 CPU on an AMD EPYC: float32 43 GFLOP/s, bf16 0.9 GFLOP/s).
-Neither the CPU's name nor ``torch.backends.cpu.get_cpu_capability()`` tells this reliably (``AVX512`` is
-reported on CPUs without bf16 units, and ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below what the flags say), so
-the CPU rule is decided by **measurement**: :func:`probe_cpu_bf16` times one 256×512 @ 512×512 matmul in
-float32 and in bf16 on one thread (best of a few, alternately; ≈ 0.05 s; ≈ 0.6 s where bf16 is emulated)
-and bf16 is chosen when it runs at least ``BF16_MIN_SPEEDUP`` × the float32 speed. On CUDA bf16 is kept
-(float32 on a GPU without bf16 support).
+A bf16 matmul is fast on a CPU only where oneDNN can use AMX or AVX512-BF16; on an AVX2-only CPU
+(AMD before Zen 4, most Intel consumer chips, many cloud VMs) it is emulated and runs ~50× *slower*
+than float32 (measured: a 512×576 @ 576×1536 matmul, one thread, torch 2.13 CPU on an AMD EPYC:
+float32 43 GFLOP/s, bf16 0.9 GFLOP/s). Neither the CPU's name nor
+``torch.backends.cpu.get_cpu_capability()`` tells this reliably (``AVX512`` is reported on CPUs
+without bf16 units, and ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below what the flags say), so the CPU
+rule is decided by **measurement**: :func:`probe_cpu_bf16` times one 256×512 @ 512×512 matmul in
+float32 and in bf16 on one thread (best of a few, alternately; ≈ 0.05 s; ≈ 0.6 s where bf16 is
+emulated) and bf16 is chosen when it runs at least ``BF16_MIN_SPEEDUP`` × the float32 speed. On CUDA
+bf16 is kept (float32 on a GPU without bf16 support).
 
-Settings that accept ``auto`` (:data:`AUTO_FIELDS`): ``target.dtype`` and ``extract.dtype`` (where extraction
-runs, ``extract.device``), ``train.precision`` (``train.device``) and ``serve.dtype`` for the reference
-engine and offline decoding (``serve.device``; for SGLang ``auto`` stays SGLang's own ``auto``).
-:func:`resolve_config` replaces them by concrete values, so the resolved config, the manifests, MLflow and the
-stage cache keys all carry the concrete value (a bf16 extraction is never reused for a float32 run).
+Settings that accept ``auto`` (:data:`AUTO_FIELDS`): ``target.dtype`` and ``extract.dtype`` (where
+extraction runs, ``extract.device``), ``train.precision`` (``train.device``) and ``serve.dtype`` for
+the reference engine and offline decoding (``serve.device``; for SGLang ``auto`` stays SGLang's own
+``auto``). :func:`resolve_config` replaces them by concrete values, so the resolved config, the
+manifests, MLflow and the stage cache keys all carry the concrete value (a bf16 extraction is never
+reused for a float32 run).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ log = logging.getLogger(__name__)
 BF16_MIN_SPEEDUP = 1.5  # bf16 is chosen on a CPU when its matmul runs at ≥ this × the float32 speed
 PROBE_SHAPE = (256, 512, 512)  # (m, k, n) of the probe's matmul: 134 MFLOP per call
 PROBE_REPEATS = 5  # timed rounds (best taken); stops after two when bf16 is clearly slow
-CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")  # /proc/cpuinfo flags
-# environment variables that cap torch's CPU kernels: ATen's vectorised ops, oneDNN (bf16 matmuls), MKL (float32)
+# /proc/cpuinfo flags
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+# environment variables that cap torch's CPU kernels: ATen's vectorised ops, oneDNN (bf16 matmuls),
+# MKL (float32)
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -41,10 +45,11 @@ ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS
 class Bf16Probe:
     """What :func:`probe_cpu_bf16` measured on this CPU.
 
-    ``float32_gflops`` / ``bfloat16_gflops``: GFLOP/s (2·m·k·n per call) of the probe matmul at ``threads``
-    torch threads (best of the timed calls); ``capability``: ``torch.backends.cpu.get_cpu_capability()``;
-    ``features``: the :data:`CPU_FEATURES` flags found in ``/proc/cpuinfo`` (empty where it is unreadable);
-    ``isa_env``: the :data:`ISA_ENV` variables that were set.
+    ``float32_gflops`` / ``bfloat16_gflops``: GFLOP/s (2·m·k·n per call) of the probe matmul at
+    ``threads`` torch threads (best of the timed calls); ``capability``:
+    ``torch.backends.cpu.get_cpu_capability()``; ``features``: the :data:`CPU_FEATURES` flags found
+    in ``/proc/cpuinfo`` (empty where it is unreadable); ``isa_env``: the :data:`ISA_ENV` variables
+    that were set.
     """
 
     float32_gflops: float
@@ -66,8 +71,9 @@ class Bf16Probe:
     def describe(self) -> str:
         """One line: the measured speeds, their ratio and the rule's verdict."""
         verdict = "fast: auto = bf16" if self.bf16_fast else "slow: auto = float32"
-        return (f"bf16 matmul {self.bfloat16_gflops:.2f} GFLOP/s vs float32 {self.float32_gflops:.1f} GFLOP/s "
-                f"({self.ratio:.3f}×, {self.threads} thread(s); bf16 needs ≥ {BF16_MIN_SPEEDUP}×) → {verdict}")
+        return (f"bf16 matmul {self.bfloat16_gflops:.2f} GFLOP/s vs float32 "
+                f"{self.float32_gflops:.1f} GFLOP/s ({self.ratio:.3f}×, {self.threads} thread(s); "
+                f"bf16 needs ≥ {BF16_MIN_SPEEDUP}×) → {verdict}")
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ratio": round(self.ratio, 4), "bf16_fast": self.bf16_fast,
@@ -75,7 +81,8 @@ class Bf16Probe:
 
 
 def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
-    """The :data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when it cannot be read)."""
+    """The :data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when it cannot be
+    read)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
@@ -93,10 +100,12 @@ def _seconds(a, b) -> float:
     return time.perf_counter() - t0
 
 
-def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10.0) -> dict[str, float]:
-    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately (so a burst of load on the shared cores
-    hits both) over ``repeats`` rounds after one untimed warm-up call each (oneDNN builds its kernel on the
-    first call). Stops early once bf16's best is still ``slow_factor`` × float32's after two rounds."""
+def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10.0) -> dict[str,
+        float]:
+    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately (so a burst of load on the
+    shared cores hits both) over ``repeats`` rounds after one untimed warm-up call each (oneDNN
+    builds its kernel on the first call). Stops early once bf16's best is still ``slow_factor`` ×
+    float32's after two rounds."""
     for a, b in pairs.values():
         a @ b
     best = {k: float("inf") for k in pairs}
@@ -108,11 +117,14 @@ def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10
     return best
 
 
-def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = PROBE_REPEATS) -> Bf16Probe:
-    """Time one ``[m, k] @ [k, n]`` matmul in float32 and in bf16 on the CPU (no memo; see :func:`probe_cpu_bf16`).
+def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
+                 repeats: int = PROBE_REPEATS) -> Bf16Probe:
+    """Time one ``[m, k] @ [k, n]`` matmul in float32 and in bf16 on the CPU (no memo; see
+    :func:`probe_cpu_bf16`).
 
-    The bf16 measurement stops after its first timed call when that took more than 10× the float32 time (then
-    bf16 is at best 0.1× float32: slow, whatever the exact figure). Returns a :class:`Bf16Probe`.
+    The bf16 measurement stops after its first timed call when that took more than 10× the float32
+    time (then bf16 is at best 0.1× float32: slow, whatever the exact figure). Returns a
+    :class:`Bf16Probe`.
     """
     import torch
 
@@ -126,14 +138,17 @@ def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = PROBE
     finally:
         torch.set_num_threads(threads)
     flop = 2.0 * m * k * n
-    return Bf16Probe(float32_gflops=flop / best["float32"] / 1e9, bfloat16_gflops=flop / best["bfloat16"] / 1e9,
+    return Bf16Probe(float32_gflops=flop / best["float32"] / 1e9, bfloat16_gflops=flop
+        / best["bfloat16"] / 1e9,
                      threads=1, capability=torch.backends.cpu.get_cpu_capability(),
-                     features=cpu_features(), isa_env={v: os.environ[v] for v in ISA_ENV if v in os.environ})
+                     features=cpu_features(),
+                     isa_env={v: os.environ[v] for v in ISA_ENV if v in os.environ})
 
 
 @functools.lru_cache(maxsize=1)
 def probe_cpu_bf16() -> Bf16Probe:
-    """:func:`measure_bf16`, once per process (every ``auto`` of a process follows the same measurement)."""
+    """:func:`measure_bf16`, once per process (every ``auto`` of a process follows the same
+    measurement)."""
     return measure_bf16()
 
 
@@ -163,21 +178,24 @@ def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
 
 
 def resolve_dtype(value: str, device: str = "cpu") -> str:
-    """A dtype setting's value: ``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``, else
-    ``"float32"``; any other value is returned as it is (an explicit ``bfloat16`` is honoured)."""
+    """A dtype setting's value: ``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``,
+    else ``"float32"``; any other value is returned as it is (an explicit ``bfloat16`` is
+    honoured)."""
     if value != "auto":
         return value
     return "bfloat16" if bf16_is_fast(device)[0] else "float32"
 
 
 def resolve_precision(value: str, device: str = "cpu") -> str:
-    """``train.precision``: ``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else ``"float32"``."""
+    """``train.precision``: ``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else
+    ``"float32"``."""
     if value != "auto":
         return value
     return "bf16-autocast" if bf16_is_fast(device)[0] else "float32"
 
 
-# (section, field, device field, resolver); serve.dtype only when the reference engine serves (below)
+# (section, field, device field, resolver); serve.dtype only when the reference engine serves
+# (below)
 AUTO_FIELDS = (("target", "dtype", ("extract", "device"), resolve_dtype),
                ("extract", "dtype", ("extract", "device"), resolve_dtype),
                ("train", "precision", ("train", "device"), resolve_precision),
@@ -186,19 +204,22 @@ BF16_VALUES = ("bfloat16", "bf16-autocast")
 
 
 def _serves_reference(cfg) -> bool:
-    """serve.dtype ``auto`` is the reference engine's to resolve: engine 'reference', or 'auto' without CUDA
-    (SGLang serves only on a GPU); SGLang's ``--dtype auto`` (the checkpoint's dtype) is left to SGLang."""
+    """serve.dtype ``auto`` is the reference engine's to resolve: engine 'reference', or 'auto'
+    without CUDA (SGLang serves only on a GPU); SGLang's ``--dtype auto`` (the checkpoint's dtype)
+    is left to SGLang."""
     if cfg.serve.engine == "reference":
         return True
     return cfg.serve.engine == "auto" and _device_type("auto") == "cpu"
 
 
 def resolve_config(cfg) -> dict[str, dict]:
-    """Replace every ``auto`` of :data:`AUTO_FIELDS` in ``cfg`` (a RunConfig, changed in place) by its value.
+    """Replace every ``auto`` of :data:`AUTO_FIELDS` in ``cfg`` (a RunConfig, changed in place) by
+    its value.
 
-    Returns ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}, ...}`` for
-    each field that was ``auto`` (the record manifests and MLflow keep). An explicit bf16 setting on a CPU where
-    bf16 measures slow is honoured and logged as a warning (it is what made the demo look hung).
+    Returns ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...},
+    ...}`` for each field that was ``auto`` (the record manifests and MLflow keep). An explicit bf16
+    setting on a CPU where bf16 measures slow is honoured and logged as a warning (it is what made
+    the demo look hung).
     """
     record: dict[str, dict] = {}
     for section, name, (dev_section, dev_name), resolver in AUTO_FIELDS:
@@ -210,15 +231,18 @@ def resolve_config(cfg) -> dict[str, dict]:
         if value == "auto":
             setattr(sec, name, resolver(value, device))
             record[f"{section}.{name}"] = {"setting": "auto", "value": getattr(sec, name),
-                                           "device": _device_type(device), "why": bf16_is_fast(device)[1]}
+                                           "device": _device_type(device),
+                                           "why": bf16_is_fast(device)[1]}
         elif value in BF16_VALUES and _device_type(device) == "cpu" and not bf16_is_fast(device)[0]:
-            log.warning("%s.%s=%s is honoured, but bf16 is slow on this CPU (%s); `auto` would choose float32",
+            log.warning("%s.%s=%s is honoured, but bf16 is slow on this CPU (%s); `auto` would "
+                        "choose float32",
                         section, name, value, probe_cpu_bf16().describe())
     return record
 
 
 def summary_line(record: dict[str, dict]) -> str:
-    """``target.dtype=float32, train.precision=float32 (auto; CPU: bf16 matmul ...)`` or '' for an empty record."""
+    """``target.dtype=float32, train.precision=float32 (auto; CPU: bf16 matmul ...)`` or '' for an
+    empty record."""
     if not record:
         return ""
     values = ", ".join(f"{k}={v['value']}" for k, v in record.items())
@@ -227,16 +251,16 @@ def summary_line(record: dict[str, dict]) -> str:
 
 
 def has_auto(cfg) -> bool:
-    """True when a field of :data:`AUTO_FIELDS` of ``cfg`` is still ``auto`` (serve.dtype: only where the
-    reference engine resolves it)."""
+    """True when a field of :data:`AUTO_FIELDS` of ``cfg`` is still ``auto`` (serve.dtype: only
+    where the reference engine resolves it)."""
     return any(getattr(getattr(cfg, s), n) == "auto" and (s != "serve" or _serves_reference(cfg))
                for s, n, _, _ in AUTO_FIELDS)
 
 
 def resolved(cfg):
-    """``cfg`` itself when nothing in it is ``auto`` (what :func:`eagle3.config.load_config` returns), else a
-    resolved deep copy (how, in its ``auto_resolved``): what a stage function calls first, so a config built
-    directly (``RunConfig(...)``) runs with the same rule."""
+    """``cfg`` itself when nothing in it is ``auto`` (what :func:`eagle3.config.load_config`
+    returns), else a resolved deep copy (how, in its ``auto_resolved``): what a stage function calls
+    first, so a config built directly (``RunConfig(...)``) runs with the same rule."""
     if not has_auto(cfg):
         return cfg
     out = cfg.model_copy(deep=True)
@@ -246,8 +270,8 @@ def resolved(cfg):
 
 @contextlib.contextmanager
 def torch_threads(n: int | None):
-    """torch's CPU thread count set to ``n`` inside the block (unchanged for None), restored after: what
-    ``serve.cpu_threads`` applies to offline decoding."""
+    """torch's CPU thread count set to ``n`` inside the block (unchanged for None), restored after:
+    what ``serve.cpu_threads`` applies to offline decoding."""
     if n is None:
         yield
         return

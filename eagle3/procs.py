@@ -1,9 +1,9 @@
 """Process groups and process trees: start a server in its own group, measure the tree, end it.
 
-Every server the pipeline starts runs in its own session/process group (``start_new_session=True``), so the
-whole tree (SGLang's scheduler, detokenizer and TP workers included) can be signalled at once without touching
-anything else on the machine. Processes are ended by process-group id and by the pids of the tree collected
-with psutil — never by name.
+Every server the pipeline starts runs in its own session/process group (``start_new_session=True``),
+so the whole tree (SGLang's scheduler, detokenizer and TP workers included) can be signalled at once
+without touching anything else on the machine. Processes are ended by process-group id and by the
+pids of the tree collected with psutil — never by name.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from eagle3.errors import TransientError
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago (the OS picks it by binding port 0).
 
-    Another process may still take it before the server binds; a server that then fails to bind exits, and
-    the gate reports it as crashed (the launcher retries once with a fresh port).
-    Raises TransientError if no port can be bound.
+    Another process may still take it before the server binds; a server that then fails to bind
+    exits, and the gate reports it as crashed (the launcher retries once with a fresh port). Raises
+    TransientError if no port can be bound.
     """
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -38,16 +38,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Path,
                 cwd: str | Path | None = None) -> subprocess.Popen:
-    """Start ``argv`` in a new session (its own process group, pgid == pid), stdout+stderr written to
-    ``log_path`` (truncated first, so log growth is this process's output), stdin closed. ``env`` is the
-    complete environment of the child.
+    """Start ``argv`` in a new session (its own process group, pgid == pid), stdout+stderr written
+    to ``log_path`` (truncated first, so log growth is this process's output), stdin closed. ``env``
+    is the complete environment of the child.
 
-    Raises FileNotFoundError/PermissionError from ``subprocess`` when the executable cannot be started.
+    Raises FileNotFoundError/PermissionError from ``subprocess`` when the executable cannot be
+    started.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb", buffering=0) as log:
-        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT,
                                 env=dict(env), cwd=cwd, start_new_session=True)
 
 
@@ -66,8 +68,8 @@ def tree_pids(pid: int) -> list[int]:
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system, seconds) used so far by the tree of ``pid``: live members plus the reaped
-    children the root has accounted for. None when ``pid`` no longer exists."""
+    """CPU time (user + system, seconds) used so far by the tree of ``pid``: live members plus the
+    reaped children the root has accounted for. None when ``pid`` no longer exists."""
     procs = process_tree(pid)
     if not procs:
         return None
@@ -86,9 +88,10 @@ def tree_cpu_seconds(pid: int) -> float | None:
 def exit_status(pid: int) -> tuple[bool, int | None]:
     """Whether ``pid`` has exited, and its exit code when it is a child of this process.
 
-    For a child the status is read with ``waitid(WNOWAIT)``, which leaves the zombie for its ``Popen`` to
-    reap (so ``Popen.returncode`` stays right). A death by signal N is reported as ``-N`` (``subprocess``'s
-    convention). For a process that is not our child the code is unknown (None).
+    For a child the status is read with ``waitid(WNOWAIT)``, which leaves the zombie for its
+    ``Popen`` to reap (so ``Popen.returncode`` stays right). A death by signal N is reported as
+    ``-N`` (``subprocess``'s convention). For a process that is not our child the code is unknown
+    (None).
     """
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -134,7 +137,8 @@ def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
             pass
 
 
-def _alive(pids: list[int]) -> list[int]:
+def alive_pids(pids: list[int]) -> list[int]:
+    """The pids of ``pids`` that still run (not gone, zombie or dead)."""
     out = []
     for p in pids:
         try:
@@ -146,8 +150,8 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 def snapshot_tree(pid: int) -> dict[int, float]:
-    """``{pid: create_time}`` of the tree of ``pid`` now (keep it to end members that later leave the tree;
-    the create time guards against a reused pid)."""
+    """``{pid: create_time}`` of the tree of ``pid`` now (keep it to end members that later leave
+    the tree; the create time guards against a reused pid)."""
     out = {}
     for p in process_tree(pid):
         try:
@@ -170,10 +174,11 @@ def _still_same(known: dict[int, float]) -> set[int]:
 
 def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
                    known_pids: dict[int, float] | None = None) -> dict:
-    """End a process group started by :func:`start_group`: SIGTERM to the group and every member of the
-    tree (descendants of the root, members of its group, and ``known_pids`` — ``{pid: create_time}`` of tree
-    members seen earlier by :func:`snapshot_tree`, which may since have been orphaned or left the group),
-    wait up to ``grace_s`` seconds, then SIGKILL whatever is left; reap the root.
+    """End a process group started by :func:`start_group`: SIGTERM to the group and every member of
+    the tree (descendants of the root, members of its group, and ``known_pids`` — ``{pid:
+    create_time}`` of tree members seen earlier by :func:`snapshot_tree`, which may since have been
+    orphaned or left the group), wait up to ``grace_s`` seconds, then SIGKILL whatever is left; reap
+    the root.
 
     Returns ``{"pids": [...], "killed": [...], "returncode": int | None, "seconds": float}``.
     Idempotent: a tree that is already gone returns at once.
@@ -186,7 +191,8 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
     except ProcessLookupError:
         pgid = pid if isinstance(proc, subprocess.Popen) else None  # start_group made pgid == pid
     if pgid != pid:
-        pgid = None  # not a group leader: never signal a group we did not create (e.g. the user's shell)
+        # not a group leader: never signal a group we did not create (e.g. the user's shell)
+        pgid = None
 
     def members() -> set[int]:
         found = set(tree_pids(pid)) | _still_same(known_pids or {})
@@ -201,10 +207,10 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
         pids = sorted(set(pids) | members())  # children spawned during shutdown too
         if isinstance(proc, subprocess.Popen):
             proc.poll()
-        if not _alive(pids):
+        if not alive_pids(pids):
             break
         time.sleep(0.05)
-    leftover = _alive(sorted(set(pids) | members()))
+    leftover = alive_pids(sorted(set(pids) | members()))
     if leftover:
         _signal_all(pgid, leftover, signal.SIGKILL)
     returncode = None
@@ -214,10 +220,11 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
         except subprocess.TimeoutExpired:
             returncode = None
     _wait_gone(leftover, 5.0)
-    return {"pids": pids, "killed": leftover, "returncode": returncode, "seconds": time.monotonic() - t0}
+    return {"pids": pids, "killed": leftover, "returncode": returncode, "seconds": time.monotonic()
+        - t0}
 
 
 def _wait_gone(pids: list[int], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while _alive(pids) and time.monotonic() < deadline:
+    while alive_pids(pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,4 +1,5 @@
-"""What a config looks like in a record (MLflow params, manifests, logs): secrets masked, sections flattened."""
+"""What a config looks like in a record (MLflow params, manifests, logs): secrets masked, sections
+flattened."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import re
 from typing import Any
 
-# A key is secret-looking when its last name part is one of these words (``hf_token``, ``WANDB_API_KEY``,
-# ``db.password``), not when the word is merely inside it (``max_new_tokens`` is a setting, not a secret).
-SECRET_KEY = re.compile(r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$",
+# A key is secret-looking when its last name part is one of these words (``hf_token``,
+# ``WANDB_API_KEY``, ``db.password``), not when the word is merely inside it (``max_new_tokens`` is
+# a setting, not a secret).
+SECRET_KEY = re.compile(
+    r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$",
                         re.IGNORECASE)
 
 

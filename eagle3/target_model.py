@@ -1,14 +1,14 @@
 """The target (verifier) model: loading, the default aux-layer rule, and aux hidden-state capture.
 
-Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder layer i
-(index 0 = token embeddings, index L = output of the last layer *before* the final norm). This is the
-convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLang's explicit ids are "output of layer k"
-= HF index k+1; conversion translates.
+Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder
+layer i (index 0 = token embeddings, index L = output of the last layer *before* the final norm).
+This is the convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLang's explicit ids are
+"output of layer k" = HF index k+1; conversion translates.
 
-Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so it
-works for full sequences (extraction) and for incremental decoding with a KV cache (speculative decoding)
-without ``output_hidden_states`` (which in transformers 5.x returns the *post*-norm last state and keeps
-every layer alive).
+Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so
+it works for full sequences (extraction) and for incremental decoding with a KV cache (speculative
+decoding) without ``output_hidden_states`` (which in transformers 5.x returns the *post*-norm last
+state and keeps every layer alive).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """``"auto"`` → ``cuda`` when available else ``cpu``; other values are passed to ``torch.device``. Raises
-    ConfigError naming the value when torch does not know it as a device."""
+    """``"auto"`` → ``cuda`` when available else ``cpu``; other values are passed to
+    ``torch.device``. Raises ConfigError naming the value when torch does not know it as a
+    device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -52,7 +53,8 @@ def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "
 
     target_dir = Path(target_dir)
     if not (target_dir / "config.json").is_file():
-        raise ConfigError(f"target {target_dir}: expected an HF model folder with config.json, found none")
+        raise ConfigError(f"target {target_dir}: expected an HF model folder with config.json, "
+                          "found none")
     model = AutoModelForCausalLM.from_pretrained(
         target_dir, dtype=torch_dtype(dtype), attn_implementation="sdpa", use_safetensors=True,
         trust_remote_code=trust_remote_code)
@@ -72,33 +74,38 @@ def default_aux_layer_ids(n_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high rule ``[2, L//2, L-3]`` as HF hidden_states indices.
 
     Source: EAGLE-3 reference implementation and SGLang 0.5.23's default capture (inputs of layers
-    2, L//2, L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L < 7).
+    2, L//2, L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L <
+    7).
     """
     ids = [2, n_layers // 2, n_layers - 3]
     validate_aux_layer_ids(ids, n_layers, rule="the default EAGLE-3 rule [2, L//2, L-3]")
     return ids
 
 
-def validate_aux_layer_ids(ids: list[int], n_layers: int, rule: str = "extract.aux_layer_ids") -> None:
+def validate_aux_layer_ids(ids: list[int], n_layers: int,
+                           rule: str = "extract.aux_layer_ids") -> None:
     """Check HF-index aux ids: strictly increasing, each in ``[1, L-1]``.
 
-    0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the verifier's
-    state, and serving engines capture aux states as inputs of layers, which the last layer's output is not
-    (SGLang 0.5.23 adds 1 to each id and never reaches L: ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE),
-    so a draft trained on it could not be served. Raises ConfigError naming the field, the ids, the target's
-    layer count and the allowed range.
+    0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the
+    verifier's state, and serving engines capture aux states as inputs of layers, which the last
+    layer's output is not (SGLang 0.5.23 adds 1 to each id and never reaches L:
+    ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE), so a draft trained on it could not be
+    served. Raises ConfigError naming the field, the ids, the target's layer count and the allowed
+    range.
     """
     if not ids:
         raise ConfigError(f"{rule}: expected at least one layer id, got []")
     bad = [i for i in ids if not 1 <= i <= n_layers - 1]
     if bad:
-        raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers (expected HF "
-                          f"hidden_states indices in [1, {n_layers - 1}]: 0 is the embeddings, {n_layers} the last "
-                          f"layer's output, which is stored anyway and which engines cannot capture as an aux "
-                          f"state; got {ids})")
+        raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers "
+                          "(expected HF hidden_states indices in [1, "
+                          f"{n_layers - 1}]: 0 is the embeddings, {n_layers} the last layer's "
+                          "output, which is stored anyway and which engines cannot capture as an "
+                          "aux state; got "
+                          f"{ids})")
     if any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} "
-                          f"(target has {n_layers} layers)")
+        raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} (target "
+                          f"has {n_layers} layers)")
 
 
 def _decoder(model):
@@ -112,11 +119,12 @@ def _decoder(model):
 
 @contextmanager
 def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch.Tensor]]:
-    """Capture HF ``hidden_states[i]`` for each i in ``indices`` during forward passes inside the block.
+    """Capture HF ``hidden_states[i]`` for each i in ``indices`` during forward passes inside the
+    block.
 
-    Yields a dict that after each forward maps index → tensor ``[B, T, H]`` (model dtype) of that pass
-    (overwritten by the next pass). Index L (the layer count) is the last layer's output before the final
-    norm. Raises ConfigError for an index outside ``[0, L]``.
+    Yields a dict that after each forward maps index → tensor ``[B, T, H]`` (model dtype) of that
+    pass (overwritten by the next pass). Index L (the layer count) is the last layer's output before
+    the final norm. Raises ConfigError for an index outside ``[0, L]``.
     """
     dec = _decoder(model)
     n = len(dec.layers)
@@ -132,7 +140,8 @@ def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch
     try:
         for i in indices:
             if not 0 <= i <= n:
-                raise ConfigError(f"capture index {i}: expected 0..{n} for a target with {n} layers")
+                raise ConfigError(
+                    f"capture index {i}: expected 0..{n} for a target with {n} layers")
             module = dec.norm if i == n else dec.layers[i]
             handles.append(module.register_forward_pre_hook(hook_for(i), with_kwargs=True))
         yield captured

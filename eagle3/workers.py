@@ -1,29 +1,33 @@
-"""The processes of one multi-process job (training ranks under torchrun, extraction workers, one per GPU): each
-writes a small status file, and the parent holds them to three deadlines, so that a start-up or a step that hangs
-ends in a named error instead of silence.
+"""The processes of one multi-process job (training ranks under torchrun, extraction workers, one
+per GPU): each writes a small status file, and the parent holds them to three deadlines, so that a
+start-up or a step that hangs ends in a named error instead of silence.
 
-A worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid", "phase", "step", "time",
-...}`` with ``time`` in seconds since the epoch (the parent runs on the same host). Phases, in order::
+A worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid", "phase",
+"step", "time", ...}`` with ``time`` in seconds since the epoch (the parent runs on the same host).
+Phases, in order::
 
     started   the process runs (written before the heavy imports)
     arriving  (training) waiting at the rendezvous: torch.distributed.init_process_group
     ready     joined the process group (training) / loaded the target (extraction)
-    step      made progress: ``step`` = optimizer steps (training) or tokens written (extraction); rewritten at
-              most once per ``min_interval_s`` while progress continues, so a stale ``time`` means no progress
+    step      made progress: ``step`` = optimizer steps (training) or tokens written
+              (extraction); rewritten at most once per ``min_interval_s`` while progress
+              continues, so a stale ``time`` means no progress
     done      finished its share
-    failed    raised; ``error_type`` and ``message`` say what (the parent re-raises a project error of that class)
+    failed    raised; ``error_type`` and ``message`` say what (the parent re-raises a project
+              error of that class)
 
 The parent (:func:`overdue`) checks, like the serving gate tells warming from hung from crashed:
 
 - start-up: every worker ``ready`` within ``startup_s`` of the launch;
-- first step: every worker at ``step`` (or ``done``) within ``first_step_s`` of the moment the last one became
-  ready (the first step includes building the model and, with ``train.compile``, compiling it);
+- first step: every worker at ``step`` (or ``done``) within ``first_step_s`` of the moment the last
+  one became ready (the first step includes building the model and, with ``train.compile``,
+  compiling it);
 - stall: no worker's progress older than ``stall_s`` afterwards.
 
-A missed deadline becomes :class:`eagle3.errors.RankFailed` naming the workers, the deadline, the config key that
-sets it, each worker's last status and its log files (:func:`describe`). Before the parent ends the job it saves
-a ``py-spy dump`` of every live worker next to its status (:func:`dump_stacks`), so the error says where each
-one was waiting.
+A missed deadline becomes :class:`eagle3.errors.RankFailed` naming the workers, the deadline, the
+config key that sets it, each worker's last status and its log files (:func:`describe`). Before the
+parent ends the job it saves a ``py-spy dump`` of every live worker next to its status
+(:func:`dump_stacks`), so the error says where each one was waiting.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-STATUS_DIR_ENV = "EAGLE3_STATUS_DIR"  # set by the parent for its workers (training: every torchrun rank)
+# set by the parent for its workers (training: every torchrun rank)
+STATUS_DIR_ENV = "EAGLE3_STATUS_DIR"
 PHASES = ("started", "arriving", "ready", "step", "done", "failed")
 PYSPY_TIMEOUT_S = 20.0
 
@@ -46,12 +52,14 @@ PYSPY_TIMEOUT_S = 20.0
 class WorkerStatus:
     """The status file of worker ``index`` under ``directory`` (written by the worker itself).
 
-    Writes go through a temporary sibling and ``os.replace`` without fsync: a reader sees the old or the new
-    content, never half of one; nothing here has to survive a power loss. Errors writing it are swallowed
-    after the first one is reported on stderr: a full disk must not turn a status line into a crash.
+    Writes go through a temporary sibling and ``os.replace`` without fsync: a reader sees the old or
+    the new content, never half of one; nothing here has to survive a power loss. Errors writing it
+    are swallowed after the first one is reported on stderr: a full disk must not turn a status line
+    into a crash.
     """
 
-    def __init__(self, directory: str | Path, index: int, *, prefix: str = "rank", min_interval_s: float = 1.0):
+    def __init__(self, directory: str | Path, index: int, *, prefix: str = "rank",
+                 min_interval_s: float = 1.0):
         self.path = Path(directory) / f"{prefix}-{index}.json"
         self.index, self.min_interval_s = int(index), float(min_interval_s)
         self.fields: dict = {"index": self.index, "pid": os.getpid(), "phase": None, "step": None}
@@ -59,7 +67,8 @@ class WorkerStatus:
         self._warned = False
 
     def mark(self, phase: str, **fields) -> None:
-        """Record ``phase`` (one of :data:`PHASES`) with extra JSON-able ``fields``; written at once."""
+        """Record ``phase`` (one of :data:`PHASES`) with extra JSON-able ``fields``; written at
+        once."""
         if phase not in PHASES:
             raise ValueError(f"worker phase: expected one of {PHASES}, got {phase!r}")
         self.fields.update(fields, phase=phase)
@@ -68,7 +77,8 @@ class WorkerStatus:
         self._write()
 
     def progress(self, step: int) -> None:
-        """Record progress ``step``: written at once on the first one, then at most every ``min_interval_s``."""
+        """Record progress ``step``: written at once on the first one, then at most every
+        ``min_interval_s``."""
         first = self.fields["phase"] != "step"
         self.fields.update(phase="step", step=int(step))
         if first or time.monotonic() - self._last_write >= self.min_interval_s:
@@ -87,7 +97,8 @@ class WorkerStatus:
             os.replace(tmp, self.path)
         except OSError as e:
             if not self._warned:
-                print(f"[eagle3] could not write the status file {self.path}: {e}", file=sys.stderr, flush=True)
+                print(f"[eagle3] could not write the status file {self.path}: {e}", file=sys.stderr,
+                      flush=True)
                 self._warned = True
 
 
@@ -108,16 +119,18 @@ _CURRENT: dict = {}
 
 
 def rank_status():
-    """This torchrun rank's :class:`WorkerStatus` when the parent set ``EAGLE3_STATUS_DIR`` (else a no-op
-    object), one per process. The index is ``RANK`` (0 outside torchrun)."""
+    """This torchrun rank's :class:`WorkerStatus` when the parent set ``EAGLE3_STATUS_DIR`` (else a
+    no-op object), one per process. The index is ``RANK`` (0 outside torchrun)."""
     key = (os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK", "0"))
     if key not in _CURRENT:
         _CURRENT[key] = WorkerStatus(key[0], int(key[1])) if key[0] else _NoStatus()
     return _CURRENT[key]
 
 
-def read_statuses(directory: str | Path, count: int, *, prefix: str = "rank") -> dict[int, dict | None]:
-    """``{k: status dict or None}`` for workers ``0..count-1`` (None = no readable status file yet)."""
+def read_statuses(directory: str | Path, count: int, *, prefix: str = "rank") -> dict[int, dict
+        | None]:
+    """``{k: status dict or None}`` for workers ``0..count-1`` (None = no readable status file
+    yet)."""
     out: dict[int, dict | None] = {}
     for k in range(count):
         try:
@@ -139,8 +152,9 @@ class Deadlines:
 
 @dataclass
 class Overdue:
-    """A missed deadline: ``kind`` is ``not_arrived`` | ``no_first_step`` | ``stalled``; ``workers`` the
-    indices that missed it; ``deadline_s`` and ``key`` the deadline; ``waited_s`` how long the parent waited."""
+    """A missed deadline: ``kind`` is ``not_arrived`` | ``no_first_step`` | ``stalled``; ``workers``
+    the indices that missed it; ``deadline_s`` and ``key`` the deadline; ``waited_s`` how long the
+    parent waited."""
 
     kind: str
     workers: list[int]
@@ -154,29 +168,34 @@ def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
             deadlines: Deadlines) -> Overdue | None:
     """The first deadline the workers missed at time ``now`` (seconds since the epoch), or None.
 
-    ``launched_at``: when the parent started the job. Workers in phase ``done`` or ``failed`` are never overdue
-    (the process exits; the parent reads its exit instead).
+    ``launched_at``: when the parent started the job. Workers in phase ``done`` or ``failed`` are
+    never overdue (the process exits; the parent reads its exit instead).
     """
     live = {k: s for k, s in statuses.items() if not (s and s.get("phase") in ("done", "failed"))}
-    unready = [k for k, s in live.items() if not s or s.get("phase") in (None, "started", "arriving")]
+    unready = [k for k, s in live.items() if not s
+        or s.get("phase") in (None, "started", "arriving")]
     if unready:
         if now - launched_at <= deadlines.startup_s:
             return None
-        # at fault: the ones that never reached the rendezvous; only when all did, the ones waiting there
+        # at fault: the ones that never reached the rendezvous; only when all did, the ones waiting
+        # there
         absent = [k for k in unready if not live[k] or live[k].get("phase") != "arriving"]
         return Overdue("not_arrived", absent or unready, deadlines.startup_s, deadlines.keys[0],
                        now - launched_at, statuses)
-    ready_at = max((s.get("ready_time") or s.get("time") or launched_at) for s in statuses.values() if s)
+    ready_at = max((s.get("ready_time") or s.get("time") or launched_at) for s in statuses.values()
+        if s)
     no_step = [k for k, s in live.items() if s.get("phase") == "ready"]
     if no_step:
         if now - ready_at > deadlines.first_step_s:
-            return Overdue("no_first_step", no_step, deadlines.first_step_s, deadlines.keys[1], now - ready_at,
+            return Overdue("no_first_step", no_step, deadlines.first_step_s, deadlines.keys[1], now
+                - ready_at,
                            statuses)
         return None
     stale = [k for k, s in live.items() if now - float(s.get("time") or now) > deadlines.stall_s]
     if stale:
         since = min(float(live[k]["time"]) for k in stale)
-        return Overdue("stalled", stale, deadlines.stall_s, deadlines.keys[2], now - since, statuses)
+        return Overdue("stalled", stale, deadlines.stall_s, deadlines.keys[2], now - since,
+                       statuses)
     return None
 
 
@@ -195,36 +214,83 @@ def last_status(s: dict | None, now: float) -> str:
     return f"{what} ({ago}, pid {s.get('pid')})"
 
 
+def last_statuses(statuses: dict[int, dict | None], noun: str, now: float,
+                  label: Callable[[int], str] | None = None) -> str:
+    """``"<noun> k[ (label)]: <last_status>; ..."`` over ``statuses`` in index order."""
+    return "; ".join(f"{noun} {k}{f' ({label(k)})' if label else ''}: {last_status(s, now)}"
+                     for k, s in sorted(statuses.items()))
+
+
+def status_pids(statuses: dict[int, dict | None]) -> list[int]:
+    """The pids the workers wrote into their status files."""
+    return [int(s["pid"]) for s in statuses.values() if s and s.get("pid")]
+
+
+def reraise_failed(statuses: dict[int, dict | None]) -> None:
+    """Raise the project error (class and message) that a ``failed`` worker recorded, lowest index
+    first; return when none did."""
+    from eagle3 import errors
+
+    for k in sorted(statuses):
+        s = statuses[k]
+        if s and s.get("phase") == "failed":
+            cls = getattr(errors, str(s.get("error_type")), None)
+            if isinstance(cls, type) and issubclass(cls, errors.Eagle3Error):
+                raise cls(s.get("message", ""))
+
+
+def exit_text(code: int, kill_hint: bool = False) -> str:
+    """A process's exit code in words: ``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: the
+    likely causes of a SIGKILL added)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        kill = kill_hint and -code == signal.SIGKILL
+        why = " (killed: the OOM killer, a preemption or a kill)" if kill else ""
+        return f"ended by {name}{why}"
+    return f"exit code {code}"
+
+
 def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int, list[Path]],
              stacks: dict[int, Path] | None = None, now: float | None = None) -> str:
-    """The message of a missed deadline: which workers, the deadline and its key, what each worker last said,
-    the expected and the actual state, and the files to read."""
+    """The message of a missed deadline: which workers, the deadline and its key, what each worker
+    last said, the expected and the actual state, and the files to read."""
     now = time.time() if now is None else now
     who = ", ".join(f"{noun} {k}" for k in od.workers)
-    verb = {"not_arrived": "did not arrive (ready) within", "no_first_step": "made no first step within",
+    verb = {"not_arrived": "did not arrive (ready) within",
+            "no_first_step": "made no first step within",
             "stalled": "made no progress for more than"}[od.kind]
-    expected = {"not_arrived": f"all {total} ready", "no_first_step": f"all {total} past their first step",
+    expected = {"not_arrived": f"all {total} ready",
+                "no_first_step": f"all {total} past their first step",
                 "stalled": f"progress from all {total} at least every {od.deadline_s:g} s"}[od.kind]
-    actual = f"{total - len(od.workers)} of {total}" if od.kind != "stalled" else f"{len(od.workers)} silent"
-    last = "; ".join(f"{noun} {k}: {last_status(s, now)}" for k, s in sorted(od.statuses.items()))
+    actual = (f"{total - len(od.workers)} of {total}" if od.kind != "stalled"
+              else f"{len(od.workers)} silent")
+    last = last_statuses(od.statuses, noun, now)
     files = "; ".join(f"{noun} {k}: {', '.join(str(p) for p in logs.get(k, [])) or 'no log file'}"
                       for k in sorted(od.statuses))
-    msg = (f"{who} of {total} {verb} {section}.{od.key}={od.deadline_s:g} s (waited {od.waited_s:.0f} s); "
-           f"expected {expected}, got {actual}. Last status: {last}. Logs: {files}")
+    msg = (f"{who} of {total} {verb} {section}.{od.key}={od.deadline_s:g} s (waited "
+           f"{od.waited_s:.0f} s); expected {expected}, got {actual}. Last status: {last}. Logs: "
+           f"{files}")
     if stacks:
         msg += ". Stacks: " + "; ".join(f"{noun} {k}: {p}" for k, p in sorted(stacks.items()))
     return msg
 
 
-def dump_stacks(statuses: dict[int, dict | None], directory: Path, *, prefix: str = "rank") -> dict[int, Path]:
-    """``py-spy dump`` of each live worker into ``<directory>/<prefix>-<k>.stack.txt`` (each call bounded by
-    20 s; py-spy missing or refused is written into the file instead). Returns the files written."""
+def dump_stacks(statuses: dict[int, dict | None], directory: Path, *,
+                prefix: str = "rank") -> dict[int, Path]:
+    """``py-spy dump`` of each live worker into ``<directory>/<prefix>-<k>.stack.txt`` (each call
+    bounded by 20 s; py-spy missing or refused is written into the file instead). Returns the files
+    written."""
+    from eagle3.procs import alive_pids
+
     exe = Path(sys.executable).parent / "py-spy"
     exe = str(exe) if exe.exists() else shutil.which("py-spy")
     out: dict[int, Path] = {}
     for k, s in statuses.items():
         pid = (s or {}).get("pid")
-        if not pid or not _alive(int(pid)):
+        if not pid or not alive_pids([int(pid)]):
             continue
         path = directory / f"{prefix}-{k}.stack.txt"
         if exe is None:
@@ -233,7 +299,8 @@ def dump_stacks(statuses: dict[int, dict | None], directory: Path, *, prefix: st
             try:
                 r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
                                    timeout=PYSPY_TIMEOUT_S)
-                text = r.stdout + r.stderr if r.returncode == 0 else f"[py-spy exit {r.returncode}]\n{r.stderr}"
+                text = (r.stdout + r.stderr if r.returncode == 0
+                        else f"[py-spy exit {r.returncode}]\n{r.stderr}")
             except (OSError, subprocess.TimeoutExpired) as e:
                 text = f"[py-spy failed: {type(e).__name__}: {e}]"
         try:
@@ -244,20 +311,11 @@ def dump_stacks(statuses: dict[int, dict | None], directory: Path, *, prefix: st
     return out
 
 
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def end_processes(proc: subprocess.Popen, extra_pids: list[int], grace_s: float = 10.0) -> None:
-    """End ``proc`` (started with ``start_new_session=True``), its descendants, and ``extra_pids`` (workers that
-    live in sessions of their own, as torchrun starts them): SIGTERM to all, ``grace_s`` to exit, then SIGKILL
-    to what is left. Pids are matched with their start time, so a pid reused by another process meanwhile is
-    left alone. Never signals anything by name."""
+    """End ``proc`` (started with ``start_new_session=True``), its descendants, and ``extra_pids``
+    (workers that live in sessions of their own, as torchrun starts them): SIGTERM to all,
+    ``grace_s`` to exit, then SIGKILL to what is left. Pids are matched with their start time, so a
+    pid reused by another process meanwhile is left alone. Never signals anything by name."""
     import psutil
 
     procs: dict[int, psutil.Process] = {}

@@ -1,8 +1,9 @@
-"""A small builder of a hidden-states directory in the documented layout (docs/INTERNALS.md), for tests.
+"""A small builder of a hidden-states directory in the documented layout (docs/INTERNALS.md), for
+tests.
 
-Independent of ``eagle3.extract.stage``: it runs the (tiny) target itself on random token sequences, captures
-the aux states (HF ``hidden_states`` indices) and the last layer's output before the final norm with a
-forward pre-hook on the final norm, and writes::
+Independent of ``eagle3.extract.stage``: it runs the (tiny) target itself on random token sequences,
+captures the aux states (HF ``hidden_states`` indices) and the last layer's output before the final
+norm with a forward pre-hook on the final norm, and writes::
 
     <dir>/manifest.json   kind "hidden_states"
     <dir>/data/           HF datasets folder: input_ids, loss_mask, seq_len
@@ -22,7 +23,8 @@ import torch
 from eagle3.artifacts import sha256_file, write_manifest
 
 
-def _sequences(num_samples: int, min_len: int, max_len: int, token_range: tuple[int, int], seed: int):
+def _sequences(num_samples: int, min_len: int, max_len: int, token_range: tuple[int, int],
+               seed: int):
     g = torch.Generator().manual_seed(seed)
     lo, hi = token_range
     out = []
@@ -40,11 +42,14 @@ def _sequences(num_samples: int, min_len: int, max_len: int, token_range: tuple[
 
 
 @torch.no_grad()
-def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 12, min_len: int = 24,
+def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 12,
+                            min_len: int = 24,
                             max_len: int = 48, token_range: tuple[int, int] = (100, 400),
-                            aux_layer_ids: list[int] | None = None, val_samples: int = 2, seed: int = 0,
+                            aux_layer_ids: list[int] | None = None, val_samples: int = 2,
+                            seed: int = 0,
                             dtype: torch.dtype = torch.float32, empty: bool = False) -> Path:
-    """Write a hidden-states directory made by the real (tiny) target at ``target_dir``; returns ``out``.
+    """Write a hidden-states directory made by the real (tiny) target at ``target_dir``; returns
+    ``out``.
 
     ``empty=True`` writes a valid layout with zero samples (for the empty-dataset error).
     """
@@ -59,14 +64,17 @@ def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 1
     n_layers = conf.num_hidden_layers
     ids = aux_layer_ids or [2, n_layers // 2, n_layers - 3]
     captured = {}
-    hook = model.model.norm.register_forward_pre_hook(lambda m, a: captured.__setitem__("last", a[0]))
+    hook = model.model.norm.register_forward_pre_hook(lambda m,
+                                                      a: captured.__setitem__("last", a[0]))
     seqs = [] if empty else _sequences(num_samples, min_len, max_len, token_range, seed)
     rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
     for i, (seq, mask) in enumerate(seqs):
         res = model(seq[None], output_hidden_states=True)
         aux = [res.hidden_states[k][0] for k in ids]  # each [T, H]
-        hs = torch.stack(aux + [captured["last"][0]], dim=1).to(dtype).contiguous()  # [T, n_aux+1, H]
-        save_file({"token_ids": seq.contiguous(), "hidden_states": hs}, str(out / "hidden_states" / f"hs_{i}.safetensors"))
+        # [T, n_aux+1, H]
+        hs = torch.stack(aux + [captured["last"][0]], dim=1).to(dtype).contiguous()
+        save_file({"token_ids": seq.contiguous(), "hidden_states": hs},
+                  str(out / "hidden_states" / f"hs_{i}.safetensors"))
         rows["input_ids"].append(seq.tolist())
         rows["loss_mask"].append(mask.tolist())
         rows["seq_len"].append(int(seq.numel()))
@@ -81,7 +89,8 @@ def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 1
         for t in seq[mask.bool()].tolist():
             freq[t] = freq.get(t, 0) + 1
     torch.save(freq, out / "token_freq.pt")
-    target = {"path": str(Path(target_dir).resolve()), "config_hash": sha256_file(Path(target_dir) / "config.json"),
+    target = {"path": str(Path(target_dir).resolve()),
+              "config_hash": sha256_file(Path(target_dir) / "config.json"),
               "weights_hash": None, "num_layers": n_layers, "hidden_size": conf.hidden_size,
               "vocab_size": conf.vocab_size}
     write_manifest(out, "hidden_states", counts={"samples": n, "tokens": sum(rows["seq_len"])},
@@ -91,7 +100,8 @@ def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 1
 
 
 def edit_manifest(directory: Path, **changes) -> dict:
-    """Rewrite keys of ``<directory>/manifest.json`` (top level; ``target__x`` edits ``target.x``)."""
+    """Rewrite keys of ``<directory>/manifest.json`` (top level; ``target__x`` edits
+    ``target.x``)."""
     path = Path(directory) / "manifest.json"
     m = json.loads(path.read_text())
     for k, v in changes.items():
@@ -105,9 +115,12 @@ def edit_manifest(directory: Path, **changes) -> dict:
 
 
 def tiny_train_cfg(runs_dir: Path, *overrides: str):
-    """configs/tiny-random.yaml shaped for fast training tests (draft vocab 128, packed 96-token batches)."""
+    """configs/tiny-random.yaml shaped for fast training tests (draft vocab 128, packed 96-token
+    batches)."""
     from eagle3.config import load_config
 
-    base = [f"paths.runs_dir={runs_dir}", "train.draft_vocab_size=128", "train.max_tokens_per_batch=96",
+    base = [f"paths.runs_dir={runs_dir}", "train.draft_vocab_size=128",
+            "train.max_tokens_per_batch=96",
             "train.log_every=1", "train.warmup_steps=2", "train.epochs=1"]
-    return load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny-random.yaml", base + list(overrides))
+    return load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny-random.yaml", base
+        + list(overrides))

@@ -1,11 +1,13 @@
-"""Random-weight targets of published shapes and random SGLang-format drafts for them, built on the device.
+"""Random-weight targets of published shapes and random SGLang-format drafts for them, built on the
+device.
 
-Shapes (from the published ``config.json`` files): SmolLM2-135M-Instruct — 30 layers, hidden 576, FFN 1536,
-9 heads / 3 KV heads (head dim 64), vocab 49152, RoPE θ 1e5, tied embeddings, RMSNorm eps 1e-5; Llama-3.1-8B —
-32 layers, hidden 4096, FFN 14336, 32 heads / 8 KV heads, vocab 128256, RoPE θ 500000 with the ``llama3``
-scaling (factor 8, low/high frequency factors 1/4, original context 8192), untied, eps 1e-5. Their EAGLE-3
-drafts: one layer, draft vocabulary 8192 and 32000. ``tiny``: a CPU smoke shape with SmolLM2's vocabulary (so
-its tokenizer's ids are valid). Weights follow transformers' init (normal, std 0.02; norms 1).
+Shapes (from the published ``config.json`` files): SmolLM2-135M-Instruct — 30 layers, hidden 576,
+FFN 1536, 9 heads / 3 KV heads (head dim 64), vocab 49152, RoPE θ 1e5, tied embeddings, RMSNorm eps
+1e-5; Llama-3.1-8B — 32 layers, hidden 4096, FFN 14336, 32 heads / 8 KV heads, vocab 128256, RoPE θ
+500000 with the ``llama3`` scaling (factor 8, low/high frequency factors 1/4, original context
+8192), untied, eps 1e-5. Their EAGLE-3 drafts: one layer, draft vocabulary 8192 and 32000. ``tiny``:
+a CPU smoke shape with SmolLM2's vocabulary (so its tokenizer's ids are valid). Weights follow
+transformers' init (normal, std 0.02; norms 1).
 """
 
 from __future__ import annotations
@@ -14,29 +16,35 @@ import torch
 
 SHAPES: dict[str, dict] = {
     "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                    max_position_embeddings=8192,
                     rms_norm_eps=1e-5, tie_word_embeddings=True,
                     rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
-    "llama8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+    "llama8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                    max_position_embeddings=131072,
                     rms_norm_eps=1e-5, tie_word_embeddings=False,
                     rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                      "original_max_position_embeddings": 8192}),
     "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=2048,
                  rms_norm_eps=1e-6, tie_word_embeddings=True,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }
 DRAFT_VOCAB = {"smollm2": 8192, "llama8b": 32000, "tiny": 512}
 
 
-def random_target(shape: str, device: str | torch.device, dtype: torch.dtype = torch.float32, seed: int = 0):
-    """A random ``LlamaForCausalLM`` of ``shape`` (SHAPES), built directly on ``device`` in ``dtype``, eval,
-    sdpa attention; eos id 2 (SmolLM2's ``<|im_end|>``)."""
+def random_target(shape: str, device: str | torch.device, dtype: torch.dtype = torch.float32,
+                  seed: int = 0):
+    """A random ``LlamaForCausalLM`` of ``shape`` (SHAPES), built directly on ``device`` in
+    ``dtype``, eval, sdpa attention; eos id 2 (SmolLM2's ``<|im_end|>``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    conf = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=2, hidden_act="silu")
+    conf = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                       hidden_act="silu")
     conf._attn_implementation = "sdpa"  # noqa: SLF001
     torch.manual_seed(seed)
     before = torch.get_default_dtype()
@@ -49,10 +57,12 @@ def random_target(shape: str, device: str | torch.device, dtype: torch.dtype = t
     return model.eval()
 
 
-def random_draft(target, draft_vocab: int, device: str | torch.device, dtype: torch.dtype = torch.float32,
+def random_draft(target, draft_vocab: int, device: str | torch.device,
+                 dtype: torch.dtype = torch.float32,
                  seed: int = 0):
-    """A random one-layer :class:`SGLangEagle3Draft` for ``target`` (aux HF ids ``[2, L//2, L-3]``, a random sorted
-    hot-token set of ``draft_vocab`` target ids, the target's embedding), on ``device`` in ``dtype``."""
+    """A random one-layer :class:`SGLangEagle3Draft` for ``target`` (aux HF ids ``[2, L//2, L-3]``,
+    a random sorted hot-token set of ``draft_vocab`` target ids, the target's embedding), on
+    ``device`` in ``dtype``."""
     import json
 
     from eagle3.engines.sglang.draft import SGLangEagle3Draft

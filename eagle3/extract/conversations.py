@@ -3,20 +3,23 @@
 Readers (:func:`read_conversations`) accept
 
 - ShareGPT records ``{"id", "conversations": [{"from": "human"|"gpt"|"system", "value": str}]}``,
-- OpenAI-style records ``{"messages" | "conversations": [{"role": "user"|"assistant"|"system", "content": str}]}``,
-- in a JSONL file (one record per line), a JSON file (an array, or an object holding one list of records), or
-- a plain-text file (``.txt``): documents separated by blank lines, each trained on in full (no template).
+- OpenAI-style records ``{"messages" | "conversations": [{"role": "user"|"assistant"|"system",
+  "content": str}]}``,
+- in a JSONL file (one record per line), a JSON file (an array, or an object holding one list of
+  records), or
+- a plain-text file (``.txt``): documents separated by blank lines, each trained on in full (no
+  template).
 
-A record that cannot be used (malformed JSON line, no assistant turn, unknown role, non-text content) is
-skipped and counted by reason in :class:`ReadStats`; an empty or entirely unusable file is a
-:class:`~eagle3.errors.DataError`.
+A record that cannot be used (malformed JSON line, no assistant turn, unknown role, non-text
+content) is skipped and counted by reason in :class:`ReadStats`; an empty or entirely unusable file
+is a :class:`~eagle3.errors.DataError`.
 
-Loss mask (:func:`tokenize_conversation`): 1 on the tokens the assistant produces (its content and its
-end-of-turn token), 0 elsewhere. Templates with ``{% generation %}`` markers use the tokenizer's own
-``return_assistant_tokens_mask``; other templates are rendered prefix by prefix (``messages[:i]`` with the
-generation prompt, then ``messages[:i+1]``) and the assistant's character span is the difference, mapped to
-tokens through the tokenizer's offsets. Trailing whitespace after the end-of-turn marker is not trained on
-(the model stops at the marker).
+Loss mask (:func:`tokenize_conversation`): 1 on the tokens the assistant produces (its content and
+its end-of-turn token), 0 elsewhere. Templates with ``{% generation %}`` markers use the tokenizer's
+own ``return_assistant_tokens_mask``; other templates are rendered prefix by prefix
+(``messages[:i]`` with the generation prompt, then ``messages[:i+1]``) and the assistant's character
+span is the difference, mapped to tokens through the tokenizer's offsets. Trailing whitespace after
+the end-of-turn marker is not trained on (the model stops at the marker).
 """
 
 from __future__ import annotations
@@ -31,18 +34,24 @@ from typing import Iterator
 
 from eagle3.errors import DataError
 
-ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+            "chatgpt": "assistant",
             "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
-# Variables every chat template may read; anything else it reads is a "template switch" (e.g. enable_thinking).
-_STANDARD_TEMPLATE_VARS = {"messages", "add_generation_prompt", "bos_token", "eos_token", "pad_token",
-                           "unk_token", "tools", "documents", "raise_exception", "strftime_now", "range",
-                           "namespace", "loop", "date_string", "custom_tools", "tools_in_user_message",
+# Variables every chat template may read; anything else it reads is a "template switch" (e.g.
+# enable_thinking).
+_STANDARD_TEMPLATE_VARS = {"messages", "add_generation_prompt", "bos_token", "eos_token",
+                           "pad_token",
+                           "unk_token", "tools", "documents", "raise_exception", "strftime_now",
+                           "range",
+                           "namespace", "loop", "date_string", "custom_tools",
+                           "tools_in_user_message",
                            "builtin_tools", "continue_final_message"}
 
 
 @dataclass
 class Conversation:
-    """One usable record: ``messages`` (role/content dicts, roles user|assistant|system) or plain ``text``."""
+    """One usable record: ``messages`` (role/content dicts, roles user|assistant|system) or plain
+    ``text``."""
 
     id: str
     messages: list[dict] | None = None
@@ -51,7 +60,8 @@ class Conversation:
 
 @dataclass
 class ReadStats:
-    """What a reader saw: ``records`` read, ``usable``, and ``skipped`` by reason (with a few examples)."""
+    """What a reader saw: ``records`` read, ``usable``, and ``skipped`` by reason (with a few
+    examples)."""
 
     records: int = 0
     usable: int = 0
@@ -70,7 +80,8 @@ class ReadStats:
 
 @dataclass
 class TokenizedSample:
-    """A templated conversation: ``input_ids`` and ``loss_mask`` (lists of int, same length, tokens)."""
+    """A templated conversation: ``input_ids`` and ``loss_mask`` (lists of int, same length,
+    tokens)."""
 
     id: str
     input_ids: list[int]
@@ -79,7 +90,8 @@ class TokenizedSample:
 
 
 def _normalise(rec, where: str, stats: ReadStats) -> Conversation | None:
-    """Record → Conversation, or None (counted in ``stats``) when it has no usable assistant turn."""
+    """Record → Conversation, or None (counted in ``stats``) when it has no usable assistant
+    turn."""
     if isinstance(rec, str):
         return Conversation(id=where, text=rec) if rec.strip() else stats.skip("empty_text", where)
     if not isinstance(rec, dict):
@@ -142,10 +154,12 @@ def _iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[object, str]]:
 
 
 def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]:
-    """Read every record of a conversations file (JSONL, JSON or ``.txt``; format by suffix and content).
+    """Read every record of a conversations file (JSONL, JSON or ``.txt``; format by suffix and
+    content).
 
-    Returns (usable conversations in file order, stats). Raises DataError for a missing or empty file,
-    invalid JSON in a ``.json`` file, or a file with no usable record (the message lists skip reasons).
+    Returns (usable conversations in file order, stats). Raises DataError for a missing or empty
+    file, invalid JSON in a ``.json`` file, or a file with no usable record (the message lists skip
+    reasons).
     """
     path = Path(path)
     if not path.is_file():
@@ -159,12 +173,13 @@ def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]
             out.append(conv)
     stats.usable = len(out)
     if not out:
-        raise DataError(f"{path}: no usable conversation among {stats.records} records "
-                        f"(skipped: {dict(stats.skipped)}; e.g. {stats.examples[:3]})")
+        raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: "
+                        f"{dict(stats.skipped)}; e.g. {stats.examples[:3]})")
     return out, stats
 
 
-# ----------------------------------------------------------------------------------------------- templating
+# -----------------------------------------------------------------------------------------------
+# templating
 
 def template_hash(tokenizer) -> str:
     """sha256 (hex) of the tokenizer's chat template text ("" when it has none)."""
@@ -174,12 +189,14 @@ def template_hash(tokenizer) -> str:
 def tokenizer_hash(tokenizer) -> str:
     """sha256 (hex) over the tokenizer's vocabulary (token → id, sorted) and its special tokens."""
     vocab = sorted(tokenizer.get_vocab().items())
-    payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map}, sort_keys=True, default=str)
+    payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map}, sort_keys=True,
+                         default=str)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def template_switches(tokenizer, kwargs: dict | None = None) -> dict:
-    """The chat template's non-standard variables (e.g. ``enable_thinking``) with the values used (None = unset).
+    """The chat template's non-standard variables (e.g. ``enable_thinking``) with the values used
+    (None = unset).
 
     Found with jinja2's undeclared-variable analysis of the template source.
     """
@@ -200,17 +217,20 @@ def has_generation_markers(tokenizer) -> bool:
 
 
 def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt,
                                          **kwargs)
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = None) -> tuple[str, list]:
+def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = None) -> tuple[str,
+        list]:
     """Render ``messages`` and return (text, [(start, end) character spans of each assistant turn]).
 
-    Each span is ``render(messages[:i+1])`` minus ``render(messages[:i], add_generation_prompt=True)``, with
-    trailing whitespace dropped (see :func:`_assistant_start` for templates whose generation prompt differs
-    from their history). Raises DataError when the template is not prefix-stable (a later render
-    does not start with an earlier one), naming the message index and the template hash.
+    Each span is ``render(messages[:i+1])`` minus ``render(messages[:i],
+    add_generation_prompt=True)``, with trailing whitespace dropped (see :func:`_assistant_start`
+    for templates whose generation prompt differs from their history). Raises DataError when the
+    template is not prefix-stable (a later render does not start with an earlier one), naming the
+    message index and the template hash.
     """
     kwargs = dict(kwargs or {})
     full = _render(tokenizer, messages, False, kwargs)
@@ -221,18 +241,21 @@ def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = 
         upto = _render(tokenizer, messages[: i + 1], False, kwargs)
         start = _assistant_start(tokenizer, messages, i, upto, kwargs)
         if start is None or not full.startswith(upto):
-            raise DataError(f"chat template {template_hash(tokenizer)[:12]}: rendering is not prefix-stable at "
-                            f"message {i} (assistant); cannot derive the loss mask without generation markers")
+            raise DataError(f"chat template {template_hash(tokenizer)[:12]}: rendering is not "
+                            "prefix-stable at message "
+                            f"{i} (assistant); cannot derive the loss mask without generation "
+                            "markers")
         spans.append((start, max(len(upto.rstrip()), start)))
     return full, spans
 
 
 def _assistant_start(tokenizer, messages, i: int, upto: str, kwargs: dict) -> int | None:
-    """Character offset in ``upto`` where assistant message ``i`` starts, or None when it cannot be located.
+    """Character offset in ``upto`` where assistant message ``i`` starts, or None when it cannot be
+    located.
 
-    Normally ``len(render(messages[:i], add_generation_prompt=True))``. Templates whose generation prompt is
-    not what the history shows (e.g. an empty think block when ``enable_thinking`` is off) fall back to
-    finding the message's text after ``render(messages[:i])``.
+    Normally ``len(render(messages[:i], add_generation_prompt=True))``. Templates whose generation
+    prompt is not what the history shows (e.g. an empty think block when ``enable_thinking`` is off)
+    fall back to finding the message's text after ``render(messages[:i])``.
     """
     before = _render(tokenizer, messages[:i], True, kwargs) if i else ""
     if upto.startswith(before):
@@ -256,9 +279,9 @@ def tokenize_conversation(tokenizer, conv: Conversation, max_seq_len: int,
                           template_kwargs: dict | None = None) -> TokenizedSample:
     """Template and tokenize one conversation; cut it to ``max_seq_len`` tokens (``truncated`` set).
 
-    ``input_ids``/``loss_mask`` have equal length ≤ ``max_seq_len``. Plain-text records are tokenized as is
-    (the tokenizer's special tokens added) with every token in the loss. Raises DataError for a tokenizer
-    without a chat template when the record is a conversation.
+    ``input_ids``/``loss_mask`` have equal length ≤ ``max_seq_len``. Plain-text records are
+    tokenized as is (the tokenizer's special tokens added) with every token in the loss. Raises
+    DataError for a tokenizer without a chat template when the record is a conversation.
     """
     kwargs = dict(template_kwargs or {})
     if conv.text is not None:

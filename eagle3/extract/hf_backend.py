@@ -1,13 +1,15 @@
-"""The ``hf`` extraction backend: transformers forward passes with aux capture, one process per device.
+"""The ``hf`` extraction backend: transformers forward passes with aux capture, one process per
+device.
 
-A worker loads the target on its device, and for each shard assigned to it runs the shard's samples in
-batches of ``extract.batch_size`` (sorted by length inside the shard, right-padded), captures HF
-``hidden_states`` indices ``aux_layer_ids + [L]`` with :func:`eagle3.target_model.capture_hidden_states`
-(index L = last layer output before the final norm), and writes one file per sample through a writer
-thread so that the next batch's forward pass overlaps the writes. Only the decoder body runs (no LM head:
-extraction needs no logits). Several devices: one spawned process per device, shards round-robin
-(:func:`eagle3.extract.store.assign_shards`), started and watched by :mod:`eagle3.extract.workers`; on the CPU
-several workers split the cores (for tests).
+A worker loads the target on its device, and for each shard assigned to it runs the shard's samples
+in batches of ``extract.batch_size`` (sorted by length inside the shard, right-padded), captures HF
+``hidden_states`` indices ``aux_layer_ids + [L]`` with
+:func:`eagle3.target_model.capture_hidden_states` (index L = last layer output before the final
+norm), and writes one file per sample through a writer thread so that the next batch's forward pass
+overlaps the writes. Only the decoder body runs (no LM head: extraction needs no logits). Several
+devices: one spawned process per device, shards round-robin
+(:func:`eagle3.extract.store.assign_shards`), started and watched by :mod:`eagle3.extract.workers`;
+on the CPU several workers split the cores (for tests).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Callable
 import torch
 
 from eagle3.errors import ConfigError
-from eagle3.extract.store import HS_DIR, ShardSpec, check_sample, commit_shard, hs_name, write_sample
+from eagle3.extract.store import (HS_DIR, ShardSpec, check_sample, commit_shard, hs_name,
+                                  write_sample)
 
 WRITER_THREADS = 4  # sample files written in parallel (encode + fsync overlap; GIL released in I/O)
 
@@ -47,7 +50,8 @@ class WorkerJob:
 def resolve_devices(device: str, num_gpus: int) -> list[str]:
     """Devices of the data-parallel workers: ``num_gpus`` CUDA devices, or CPU workers.
 
-    ``device`` 'auto' means cuda when available. Raises ConfigError when more GPUs are asked for than exist.
+    ``device`` 'auto' means cuda when available. Raises ConfigError when more GPUs are asked for
+    than exist.
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,16 +60,19 @@ def resolve_devices(device: str, num_gpus: int) -> list[str]:
         if num_gpus == 1:
             return [device]
         if num_gpus > have:
-            raise ConfigError(f"extract.num_gpus: {num_gpus} requested, {have} CUDA devices visible")
+            raise ConfigError(
+                f"extract.num_gpus: {num_gpus} requested, {have} CUDA devices visible")
         return [f"cuda:{i}" for i in range(num_gpus)]
     return ["cpu"] * num_gpus
 
 
-def forward_capture(model, capture_ids: list[int], batch: list[list[int]], pad_id: int) -> list[torch.Tensor]:
-    """Run the decoder on a right-padded batch; returns per sample ``[T_i, len(capture_ids), H]`` (model dtype).
+def forward_capture(model, capture_ids: list[int], batch: list[list[int]],
+                    pad_id: int) -> list[torch.Tensor]:
+    """Run the decoder on a right-padded batch; returns per sample ``[T_i, len(capture_ids), H]``
+    (model dtype).
 
-    Padding does not change real tokens' states beyond kernel rounding (causal attention, masked pads,
-    positions 0..T_i-1); the determinism probe in the tests bounds that difference.
+    Padding does not change real tokens' states beyond kernel rounding (causal attention, masked
+    pads, positions 0..T_i-1); the determinism probe in the tests bounds that difference.
     """
     from eagle3.target_model import capture_hidden_states
 
@@ -89,23 +96,27 @@ def forward_capture(model, capture_ids: list[int], batch: list[list[int]], pad_i
 class _HostCopier:
     """Device → host copies of a batch's states into pinned memory on a side stream (CUDA only).
 
-    ``submit(states)`` enqueues the copies after the forward pass that produced them and returns host views
-    plus a per-sample all-finite flag computed on the device, and an event the writer waits on; the next
-    forward pass runs on the compute stream meanwhile. On the CPU the states are returned as they are.
+    ``submit(states)`` enqueues the copies after the forward pass that produced them and returns
+    host views plus a per-sample all-finite flag computed on the device, and an event the writer
+    waits on; the next forward pass runs on the compute stream meanwhile. On the CPU the states are
+    returned as they are.
     """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
 
-    def submit(self, states: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[bool | None], object]:
+    def submit(self, states: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[bool | None],
+                                                          object]:
         if not self.cuda:
             return states, [None] * len(states), None
         main = torch.cuda.current_stream(states[0].device)
         with torch.inference_mode():
-            finite = torch.stack([torch.isfinite(s).all() for s in states]).to("cpu", non_blocking=True)
+            finite = torch.stack([torch.isfinite(s).all() for s in states]).to("cpu",
+                non_blocking=True)
             rows = [s.shape[0] for s in states]
-            host = torch.empty((sum(rows), *states[0].shape[1:]), dtype=states[0].dtype, pin_memory=True)
+            host = torch.empty((sum(rows), *states[0].shape[1:]), dtype=states[0].dtype,
+                               pin_memory=True)
             self.stream.wait_stream(main)
             with torch.cuda.stream(self.stream):
                 views, start = [], 0
@@ -121,13 +132,15 @@ class _HostCopier:
 
 def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | None = None,
                on_ready: Callable[[], None] | None = None) -> dict[int, int]:
-    """Extract every shard of ``job``; returns {shard index: bytes written}. Commits each shard when done.
+    """Extract every shard of ``job``; returns {shard index: bytes written}. Commits each shard when
+    done.
 
-    ``on_ready()`` is called once the target is loaded, ``on_progress(tokens)`` after each batch. Raises
-    DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing shard is not committed.
-    ``job.num_threads`` (a CPU data-parallel worker's share of the cores) holds inside the call only: the
-    caller's torch thread count is restored after, since a float32 forward on some CPUs (AVX2 kernels) gives other
-    bits with another thread count, and a later extraction in this process must compute what a fresh one would.
+    ``on_ready()`` is called once the target is loaded, ``on_progress(tokens)`` after each batch.
+    Raises DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing
+    shard is not committed. ``job.num_threads`` (a CPU data-parallel worker's share of the cores)
+    holds inside the call only: the caller's torch thread count is restored after, since a float32
+    forward on some CPUs (AVX2 kernels) gives other bits with another thread count, and a later
+    extraction in this process must compute what a fresh one would.
     """
     from eagle3.precision import torch_threads
 
@@ -153,7 +166,8 @@ def _run_shards(job: WorkerJob, model, on_progress, on_ready) -> dict[int, int]:
             pending: list[Future] = []
             for b in range(0, len(rows), job.batch_size):
                 chunk = rows[b: b + job.batch_size]
-                states = forward_capture(model, job.capture_ids, [job.input_ids[i] for i in chunk], pad_id)
+                states = forward_capture(model, job.capture_ids, [job.input_ids[i] for i in chunk],
+                                         pad_id)
                 states, finite, done = copier.submit(states)
                 for i, hs, ok in zip(chunk, states, finite):
                     pending.append(pool.submit(_check_and_write, job, out, i, hs, ok, done))
@@ -169,7 +183,8 @@ def _run_shards(job: WorkerJob, model, on_progress, on_ready) -> dict[int, int]:
 
 def _check_and_write(job: WorkerJob, out: Path, i: int, hs: torch.Tensor, finite=None,
                      done=None) -> tuple[str, int]:
-    if done is not None:  # the device → host copy of this batch (and its finiteness flags) has landed
+    # the device → host copy of this batch (and its finiteness flags) has landed
+    if done is not None:
         done.synchronize()
     path = out / HS_DIR / hs_name(i)
     check_sample(job.sample_ids[i], path, job.input_ids[i], job.loss_masks[i], hs,
@@ -186,11 +201,12 @@ def _pad_id(model, tok) -> int:
 
 
 def determinism_probe(model, capture_ids: list[int], samples: list[list[int]], pad_id: int) -> dict:
-    """Extract ``samples`` one at a time and together in one right-padded batch of mixed lengths; compare.
+    """Extract ``samples`` one at a time and together in one right-padded batch of mixed lengths;
+    compare.
 
     Returns ``{"max_rel_err": float, "per_slot": [float]}``: the largest over samples and tokens of
-    ``|a - b| / |a|`` (L2 over the hidden dimension) per captured slot. Batch-independent extraction gives
-    a value at the level of the model dtype's rounding (bf16: ~1e-2, fp32: ~1e-6).
+    ``|a - b| / |a|`` (L2 over the hidden dimension) per captured slot. Batch-independent extraction
+    gives a value at the level of the model dtype's rounding (bf16: ~1e-2, fp32: ~1e-6).
     """
     alone = [forward_capture(model, capture_ids, [s], pad_id)[0].float() for s in samples]
     together = [x.float() for x in forward_capture(model, capture_ids, samples, pad_id)]

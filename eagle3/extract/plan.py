@@ -1,10 +1,11 @@
-"""Which samples an extraction writes: records read, put in a seeded random order, templated, selected and
-split into train/val rows (train rows first), with their provenance (the conversations file and its sha256).
+"""Which samples an extraction writes: records read, put in a seeded random order, templated,
+selected and split into train/val rows (train rows first), with their provenance (the conversations
+file and its sha256).
 
-Selection: the first ``data.num_conversations`` records that template to at least one loss token are kept;
-samples longer than ``data.max_seq_len`` are cut and counted as truncated. With ``data.regenerate`` the selected
-conversations' assistant turns are replaced by the target's own answers (:mod:`eagle3.extract.regen`) and
-templated again.
+Selection: the first ``data.num_conversations`` records that template to at least one loss token are
+kept; samples longer than ``data.max_seq_len`` are cut and counted as truncated. With
+``data.regenerate`` the selected conversations' assistant turns are replaced by the target's own
+answers (:mod:`eagle3.extract.regen`) and templated again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from eagle3.errors import DataError
 
 @dataclass
 class Plan:
-    """The samples an extraction will write, in row order (train rows first), and their provenance."""
+    """The samples an extraction will write, in row order (train rows first), and their
+    provenance."""
 
     ids: list[str]
     input_ids: list[list[int]]
@@ -30,7 +32,8 @@ class Plan:
     records: int
     skipped: Counter = field(default_factory=Counter)
     source: dict = field(default_factory=dict)
-    skip_examples: list[str] = field(default_factory=list)  # "<file>:<line>: <reason>" of the reader's skips
+    # "<file>:<line>: <reason>" of the reader's skips
+    skip_examples: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -47,10 +50,11 @@ def data_source_path(cfg) -> tuple[str, Path]:
 
 
 def selected_conversations(cfg, tokenizer) -> tuple[list, object, Counter, Path, str]:
-    """The conversations an extraction of ``cfg`` would use, before any regeneration: every record of the data
-    source read, put in the ``data.seed``-seeded order, and the first ``data.num_conversations`` that template
-    to at least one loss token kept. Returns ``(chosen [(Conversation, TokenizedSample)], read stats,
-    skipped-by-reason counter, source path, source kind)``."""
+    """The conversations an extraction of ``cfg`` would use, before any regeneration: every record
+    of the data source read, put in the ``data.seed``-seeded order, and the first
+    ``data.num_conversations`` that template to at least one loss token kept. Returns ``(chosen
+    [(Conversation, TokenizedSample)], read stats, skipped-by-reason counter, source path, source
+    kind)``."""
     from eagle3.extract.conversations import read_conversations
 
     kind, path = data_source_path(cfg)
@@ -65,26 +69,30 @@ def selected_conversations(cfg, tokenizer) -> tuple[list, object, Counter, Path,
 def build_plan(cfg, tokenizer, regen=None) -> Plan:
     """Read, order (seeded), template and select the samples; split train/val.
 
-    ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations' assistant turns
-    (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError when the file is
-    unreadable or no record gives a usable sample.
+    ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations'
+    assistant turns (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError
+    when the file is unreadable or no record gives a usable sample.
     """
     chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer)
     if regen is not None:
         chosen = _select(cfg, tokenizer, regen([c for c, _ in chosen]), skipped)
     if not chosen:
-        raise DataError(f"{path}: no usable sample among {stats.records} records (skipped: {dict(skipped)})")
+        raise DataError(f"{path}: no usable sample among {stats.records} records (skipped: "
+                        f"{dict(skipped)})")
     samples = [s for _, s in chosen]
     n = len(samples)
     vf = cfg.data.val_fraction
     n_val = 0 if vf == 0 or n < 2 else min(n - 1, max(1, round(n * vf)))
-    return Plan([s.id for s in samples], [s.input_ids for s in samples], [s.loss_mask for s in samples],
+    return Plan([s.id for s in samples], [s.input_ids for s in samples],
+                [s.loss_mask for s in samples],
                 n - n_val, sum(s.truncated for s in samples), stats.records, skipped,
-                {"kind": kind, "path": str(path.resolve()), "sha256": sha256_file(path)}, list(stats.examples))
+                {"kind": kind, "path": str(path.resolve()), "sha256": sha256_file(path)},
+                list(stats.examples))
 
 
 def _select(cfg, tokenizer, convs, skipped: Counter) -> list:
-    """The first ``data.num_conversations`` conversations that template to >= 1 loss token, with their samples."""
+    """The first ``data.num_conversations`` conversations that template to >= 1 loss token, with
+    their samples."""
     from eagle3.extract.conversations import tokenize_conversation
 
     chosen = []
@@ -92,7 +100,8 @@ def _select(cfg, tokenizer, convs, skipped: Counter) -> list:
         if len(chosen) >= cfg.data.num_conversations:
             break
         try:
-            s = tokenize_conversation(tokenizer, conv, cfg.data.max_seq_len, cfg.data.chat_template_kwargs)
+            s = tokenize_conversation(tokenizer, conv, cfg.data.max_seq_len,
+                                      cfg.data.chat_template_kwargs)
         except DataError as e:
             skipped[f"template_error: {str(e)[:80]}"] += 1
             continue

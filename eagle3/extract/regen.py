@@ -1,14 +1,17 @@
-"""Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do: it raises acceptance,
-because the draft then learns the target's own token distribution rather than another model's).
+"""Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do: it raises
+acceptance, because the draft then learns the target's own token distribution rather than another
+model's).
 
-Every assistant turn is replaced, in order, by the target's greedy answer to the conversation so far (with the
-earlier turns already regenerated). Two ways:
+Every assistant turn is replaced, in order, by the target's greedy answer to the conversation so far
+(with the earlier turns already regenerated). Two ways:
 
-- ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), chat template of the target;
-- ``openai``: any OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0) through httpx.
+- ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), chat template of
+  the target;
+- ``openai``: any OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0)
+  through httpx.
 
-Extraction stores the regenerated conversations in ``<out>/.progress/regenerated.jsonl`` so a resumed run
-reuses them instead of generating again.
+Extraction stores the regenerated conversations in ``<out>/.progress/regenerated.jsonl`` so a
+resumed run reuses them instead of generating again.
 """
 
 from __future__ import annotations
@@ -36,15 +39,18 @@ def _turn_index(conv: Conversation, r: int) -> int | None:
 
 def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds: int | None = None,
                on_batch=None) -> list[Conversation]:
-    """Replace each assistant turn with ``answer_fn(list of message prefixes) -> list of answers``, round by round.
+    """Replace each assistant turn with ``answer_fn(list of message prefixes) -> list of answers``,
+    round by round.
 
-    ``max_rounds``: regenerate only the first N assistant turns of each conversation and drop every message after
-    the last regenerated one (a later turn answering the original reply would no longer fit the conversation).
-    Within a round the prefixes are batched by length (fewer pad tokens per batch); ``on_batch(n)`` is called
-    after each batch with the number of answers it produced (progress). Returns new Conversation objects
-    (inputs untouched); plain-text records pass through unchanged.
+    ``max_rounds``: regenerate only the first N assistant turns of each conversation and drop every
+    message after the last regenerated one (a later turn answering the original reply would no
+    longer fit the conversation). Within a round the prefixes are batched by length (fewer pad
+    tokens per batch); ``on_batch(n)`` is called after each batch with the number of answers it
+    produced (progress). Returns new Conversation objects (inputs untouched); plain-text records
+    pass through unchanged.
     """
-    out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text) for c in convs]
+    out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text)
+        for c in convs]
     rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
     for r in range(rounds):
         todo = [(c, i) for c in out if (i := _turn_index(c, r)) is not None]
@@ -53,7 +59,8 @@ def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds
             chunk = todo[b: b + batch_size]
             answers = answer_fn([c.messages[:i] for c, i in chunk])
             if len(answers) != len(chunk):
-                raise DataError(f"regeneration: expected {len(chunk)} answers for a batch, got {len(answers)}")
+                raise DataError(f"regeneration: expected {len(chunk)} answers for a batch, got "
+                                f"{len(answers)}")
             for (c, i), a in zip(chunk, answers):
                 if a is not None:  # None: not generated (prompt too long); the original turn stays
                     c.messages[i]["content"] = a
@@ -71,15 +78,16 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
                  max_prompt_tokens: int | None = None):
     """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding).
 
-    A prompt longer than ``max_prompt_tokens`` tokens is not generated for (its answer is ``None``: the caller
-    keeps the original turn), so one very long conversation does not pad a whole batch to its length. A batch
-    that runs out of device memory (``torch.OutOfMemoryError``) is generated again as two halves, with a
-    warning (greedy answers do not depend on the batch split beyond the dtype's rounding); a single prompt that
-    does not fit raises DataError."""
+    A prompt longer than ``max_prompt_tokens`` tokens is not generated for (its answer is ``None``:
+    the caller keeps the original turn), so one very long conversation does not pad a whole batch to
+    its length. A batch that runs out of device memory (``torch.OutOfMemoryError``) is generated
+    again as two halves, with a warning (greedy answers do not depend on the batch split beyond the
+    dtype's rounding); a single prompt that does not fit raises DataError."""
     kwargs = dict(template_kwargs or {})
 
     def answer(prefixes: list[list[dict]]) -> list[str | None]:
-        prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs)
+        prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                                 **kwargs)
                    for p in prefixes]
         if max_prompt_tokens is not None:
             lengths = [len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in prompts]
@@ -97,11 +105,14 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
             return generate(prompts)
         except torch.OutOfMemoryError as e:
             if len(prompts) < 2:
-                raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does not fit on the "
-                                f"device ({e}); lower data.max_seq_len or data.regenerate_max_new_tokens") from e
+                raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does "
+                                "not fit on the device "
+                                f"({e}); lower data.max_seq_len or data.regenerate_max_new_tokens"
+                                ) from e
             half = len(prompts) // 2
-            log.warning("regeneration: a batch of %d prompts ran out of device memory; generating it as two "
-                        "batches of %d and %d (lower data.regenerate_batch_size to avoid the retry)",
+            log.warning("regeneration: a batch of %d prompts ran out of device memory; generating "
+                        "it as two batches of %d and %d (lower data.regenerate_batch_size to avoid "
+                        "the retry)",
                         len(prompts), half, len(prompts) - half)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -117,7 +128,8 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
         dev = next(model.parameters()).device
         with torch.inference_mode():
             gen = model.generate(**enc.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                 pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
         new = gen[:, enc["input_ids"].shape[1]:]
         return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in new]
 
@@ -125,9 +137,11 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
 
 
 def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
-    """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature 0).
+    """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature
+    0).
 
-    Raises TransientError for connection failures and 5xx answers, DataError for other non-200 answers.
+    Raises TransientError for connection failures and 5xx answers, DataError for other non-200
+    answers.
     """
     import httpx
 
@@ -144,8 +158,8 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
                 if r.status_code >= 500:
                     raise TransientError(f"regeneration endpoint {url}: HTTP {r.status_code}")
                 if r.status_code != 200:
-                    raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got {r.status_code}: "
-                                    f"{r.text[:200]}")
+                    raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got "
+                                    f"{r.status_code}: {r.text[:200]}")
                 out.append(r.json()["choices"][0]["message"]["content"].strip())
         return out
 
@@ -157,12 +171,15 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
     if mode == "hf":
         from eagle3.target_model import load_target
 
-        model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device, cfg.target.trust_remote_code)
-        return hf_answer_fn(model, tokenizer, cfg.data.regenerate_max_new_tokens, cfg.data.chat_template_kwargs,
+        model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device,
+                               cfg.target.trust_remote_code)
+        return hf_answer_fn(model, tokenizer, cfg.data.regenerate_max_new_tokens,
+                            cfg.data.chat_template_kwargs,
                             max_prompt_tokens=cfg.data.max_seq_len)
     if mode == "openai":
         if not cfg.data.regenerate_url:
-            raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got none)")
+            raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got "
+                              "none)")
         return openai_answer_fn(cfg.data.regenerate_url, None, cfg.data.regenerate_max_new_tokens)
     raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got {mode!r}")
 
@@ -170,18 +187,23 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
 def _write_jsonl(path: Path, convs: list[Conversation]) -> None:
     from eagle3.artifacts import atomic_write_bytes
 
-    atomic_write_bytes(path, "".join(json.dumps({"id": c.id, "messages": c.messages, "text": c.text}) + "\n"
+    atomic_write_bytes(path,
+                       "".join(json.dumps({"id": c.id, "messages": c.messages, "text": c.text})
+                           + "\n"
                                      for c in convs).encode())
 
 
-def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversation], cache: Path) -> list:
-    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) when it exists."""
+def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
+                        cache: Path) -> list:
+    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) when it
+    exists."""
     if cache.is_file():
         recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
         if [r["id"] for r in recs] == [c.id for c in convs]:
             return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
     d = cfg.data
-    out = regenerate(convs, _answer_fn(cfg, target_dir, tokenizer), d.regenerate_batch_size or cfg.extract.batch_size,
+    out = regenerate(convs, _answer_fn(cfg, target_dir, tokenizer), d.regenerate_batch_size
+        or cfg.extract.batch_size,
                      d.regenerate_max_rounds)
     _write_jsonl(cache, out)
     return out
@@ -189,13 +211,14 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
 
 def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     """Regenerate the conversations an extraction of ``cfg`` would select (``data.*``: source, seed,
-    ``num_conversations``, ``max_seq_len``, template switches) once, into a conversations file many runs can share
-    (``data.source=file``, ``data.path=<out_path>``, ``data.regenerate=none``).
+    ``num_conversations``, ``max_seq_len``, template switches) once, into a conversations file many
+    runs can share (``data.source=file``, ``data.path=<out_path>``, ``data.regenerate=none``).
 
-    Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line, the reader's OpenAI-style records) and
-    ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source file and sha256, target identity,
-    the regeneration settings, counts, seconds, answers/s). ``cfg.data.regenerate`` must be ``hf`` or
-    ``openai``. Raises ConfigError for another mode, DataError when the source gives no usable conversation.
+    Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line, the reader's OpenAI-style records)
+    and ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source file and sha256,
+    target identity, the regeneration settings, counts, seconds, answers/s). ``cfg.data.regenerate``
+    must be ``hf`` or ``openai``. Raises ConfigError for another mode, DataError when the source
+    gives no usable conversation.
     """
     import time
 
@@ -215,7 +238,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)
     chosen, stats, skipped, path, _ = selected_conversations(cfg, tok)
     if not chosen:
-        raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: {dict(skipped)})")
+        raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: "
+                        f"{dict(skipped)})")
     convs = [c for c, _ in chosen]
     d = cfg.data
     bar = None
@@ -225,7 +249,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         bar = tqdm(desc="regenerate", unit="answer")
     t0 = time.perf_counter()
     try:
-        out = regenerate(convs, _answer_fn(cfg, target, tok), d.regenerate_batch_size or cfg.extract.batch_size,
+        out = regenerate(convs, _answer_fn(cfg, target, tok), d.regenerate_batch_size
+            or cfg.extract.batch_size,
                          d.regenerate_max_rounds, on_batch=bar.update if bar is not None else None)
     finally:
         if bar is not None:
@@ -235,13 +260,16 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_path, out)
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
-    manifest = {"kind": "regenerated_conversations", "path": str(out_path), "sha256": sha256_file(out_path),
+    manifest = {"kind": "regenerated_conversations", "path": str(out_path),
+                "sha256": sha256_file(out_path),
                 "source": {"path": str(path), "sha256": sha256_file(path)}, "target": str(target),
                 "settings": {"mode": d.regenerate, "max_new_tokens": d.regenerate_max_new_tokens,
                              "max_rounds": d.regenerate_max_rounds, "seed": d.seed,
                              "num_conversations": d.num_conversations, "max_seq_len": d.max_seq_len,
-                             "chat_template_kwargs": d.chat_template_kwargs, "target_dtype": cfg.target.dtype},
+                             "chat_template_kwargs": d.chat_template_kwargs,
+                             "target_dtype": cfg.target.dtype},
                 "counts": {"conversations": len(out), "answers": answers, "records": stats.records},
-                "seconds": round(seconds, 2), "answers_per_s": round(answers / seconds, 2) if seconds > 0 else None}
+                "seconds": round(seconds, 2), "answers_per_s": round(answers / seconds, 2)
+                    if seconds > 0 else None}
     atomic_write_json(out_path.with_name(out_path.name + ".manifest.json"), manifest)
     return manifest

@@ -1,20 +1,22 @@
-"""The ``sglang`` extraction backend: SGLang's offline ``Engine`` with aux-state capture, for targets too large
-for transformers.
+"""The ``sglang`` extraction backend: SGLang's offline ``Engine`` with aux-state capture, for
+targets too large for transformers.
 
-SGLang lives in its own environment (``serve.sglang_python``; ``make sglang-env`` builds one), so the engine
-runs in a child process, ``eagle3/engines/sglang/plugin/sglang_extract_worker.py`` (see its docstring for the
-engine settings and the line protocol). This side plans the batches, sends token ids, reads the returned
-states ``[T, S, H]`` and writes them through the same checks, encodings and atomic shard commits as the
-``hf`` backend (:mod:`eagle3.extract.store`), so the dataset layout, resume and integrity guarantees are the same.
+SGLang lives in its own environment (``serve.sglang_python``; ``make sglang-env`` builds one), so
+the engine runs in a child process, ``eagle3/engines/sglang/plugin/sglang_extract_worker.py`` (see
+its docstring for the engine settings and the line protocol). This side plans the batches, sends
+token ids, reads the returned states ``[T, S, H]`` and writes them through the same checks,
+encodings and atomic shard commits as the ``hf`` backend (:mod:`eagle3.extract.store`), so the
+dataset layout, resume and integrity guarantees are the same.
 
-Layer ids: this project's ids are HF ``hidden_states`` indices (i = input of decoder layer i, L = the last
-layer's output before the final norm). SGLang's explicit ids are "output of layer k" (it adds 1 internally;
-docs/ENGINE_FACTS.md §3), so index i is SGLang id i-1, and index L is SGLang id L-1, which stock SGLang
-cannot capture; the worker registers ``eagle3_sglang_capture`` (``SGLANG_EXTERNAL_MODEL_PACKAGE``), a subclass of
-the target's own SGLang class that takes it at the final norm. Index 0 (the embeddings) has no SGLang id.
+Layer ids: this project's ids are HF ``hidden_states`` indices (i = input of decoder layer i, L =
+the last layer's output before the final norm). SGLang's explicit ids are "output of layer k" (it
+adds 1 internally; docs/ENGINE_FACTS.md §3), so index i is SGLang id i-1, and index L is SGLang id
+L-1, which stock SGLang cannot capture; the worker registers ``eagle3_sglang_capture``
+(``SGLANG_EXTERNAL_MODEL_PACKAGE``), a subclass of the target's own SGLang class that takes it at
+the final norm. Index 0 (the embeddings) has no SGLang id.
 
-Tested against the real SGLang 0.5.23 on the CPU (tests/sglang/test_extract_sglang.py: states equal the ``hf``
-backend's); it has not run on a GPU.
+Tested against the real SGLang 0.5.23 on the CPU (tests/sglang/test_extract_sglang.py: states equal
+the ``hf`` backend's); it has not run on a GPU.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from safetensors.torch import load_file
 
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
-from eagle3.extract.store import HS_DIR, PROGRESS_DIR, ShardSpec, check_sample, commit_shard, hs_name, write_sample
+from eagle3.extract.store import (HS_DIR, PROGRESS_DIR, ShardSpec, check_sample, commit_shard,
+                                  hs_name, write_sample)
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "engines" / "sglang" / "plugin"
 WORKER = PLUGIN_DIR / "sglang_extract_worker.py"
@@ -40,24 +43,30 @@ PREFIX = "EAGLE3-"
 
 
 def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
-    """SGLang's ids (output of layer k) for HF ``hidden_states`` indices ``capture_ids`` (last = ``num_layers``).
+    """SGLang's ids (output of layer k) for HF ``hidden_states`` indices ``capture_ids`` (last =
+    ``num_layers``).
 
-    Raises ConfigError for index 0 (the embedding output has no SGLang id) or an index above ``num_layers``.
+    Raises ConfigError for index 0 (the embedding output has no SGLang id) or an index above
+    ``num_layers``.
     """
     bad = [i for i in capture_ids if not 1 <= i <= num_layers]
     if bad:
-        raise ConfigError(f"extract.aux_layer_ids: HF hidden_states indices {bad} cannot be captured by SGLang "
-                          f"(expected 1..{num_layers}: index i is the output of layer i-1; index 0, the embeddings, "
-                          f"has no SGLang id), got {capture_ids[:-1]}")
+        raise ConfigError(f"extract.aux_layer_ids: HF hidden_states indices {bad} cannot be "
+                          "captured by SGLang (expected "
+                          f"1..{num_layers}: index i is the output of layer i-1; index 0, the "
+                          "embeddings, has no SGLang id), got "
+                          f"{capture_ids[:-1]}")
     from eagle3.engines.registry import get_profile
 
     return get_profile("sglang").hf_to_engine_ids(capture_ids)  # the profile owns the ±1 convention
 
 
 def worker_env(cfg, log_dir: Path) -> dict[str, str]:
-    """The worker's environment: this one without our virtualenv/PYTHONPATH, the plugin folder first on
-    ``PYTHONPATH`` (then ``extract.sglang_env``'s own ``PYTHONPATH``), then the rest of ``extract.sglang_env``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    """The worker's environment: this one without our virtualenv/PYTHONPATH, the plugin folder first
+    on ``PYTHONPATH`` (then ``extract.sglang_env``'s own ``PYTHONPATH``), then the rest of
+    ``extract.sglang_env``."""
+    env = {k: v for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     extra = dict(cfg.extract.sglang_env)
     paths = [str(PLUGIN_DIR)] + ([extra.pop("PYTHONPATH")] if extra.get("PYTHONPATH") else [])
     env.update(extra)
@@ -71,10 +80,12 @@ class SGLangWorker:
     """The worker process: start, ``request(ids, out)``, ``close()``; a context manager.
 
     stdout carries the protocol lines (read by a thread into a queue); stderr (SGLang's log) goes to
-    ``log_path``. Raises EngineUnsupported when the worker fails to start or reports an error, naming the log.
+    ``log_path``. Raises EngineUnsupported when the worker fails to start or reports an error,
+    naming the log.
     """
 
-    def __init__(self, python: str, job: dict, work_dir: Path, env: dict[str, str], startup_timeout_s: float):
+    def __init__(self, python: str, job: dict, work_dir: Path, env: dict[str, str],
+                 startup_timeout_s: float):
         self.work_dir = work_dir
         work_dir.mkdir(parents=True, exist_ok=True)
         job_path = work_dir / "sglang_job.json"
@@ -82,13 +93,17 @@ class SGLangWorker:
         self.log_path = work_dir / "sglang_extract.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
         try:
-            self.proc = subprocess.Popen([python, str(WORKER), str(job_path)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
+            self.proc = subprocess.Popen([python, str(WORKER), str(job_path)],
+                                         stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._log, env=env,
+                                         text=True,
                                          start_new_session=True, cwd=str(work_dir))
         except OSError as e:
             self._log.close()
-            raise EngineUnsupported(f"serve.sglang_python={python!r}: cannot start the SGLang extraction worker "
-                                    f"({e}); expected the interpreter of an environment with sglang=={SGLANG_VERSION}") from e
+            raise EngineUnsupported(f"serve.sglang_python={python!r}: cannot start the SGLang "
+                                    "extraction worker "
+                                    f"({e}); expected the interpreter of an environment with "
+                                    f"sglang=={SGLANG_VERSION}") from e
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="sglang-extract-stdout").start()
         self.ready = self._expect("READY", startup_timeout_s, "start the engine")
@@ -105,20 +120,23 @@ class SGLangWorker:
             try:
                 line = self._lines.get(timeout=max(0.0, left))
             except queue.Empty:
-                raise EngineUnsupported(f"SGLang extraction worker: no answer within {timeout_s:.0f} s to {doing}; "
-                                        f"log: {self.log_path}") from None
+                raise EngineUnsupported("SGLang extraction worker: no answer within "
+                                        f"{timeout_s:.0f} s to {doing}; log: {self.log_path}"
+                                        ) from None
             if line is None:
                 code = self.proc.wait()
-                raise EngineUnsupported(f"SGLang extraction worker exited (code {code}) while trying to {doing}; "
-                                        f"last log lines:\n{_tail(self.log_path)}\n(full log: {self.log_path})")
+                raise EngineUnsupported(f"SGLang extraction worker exited (code {code}) while "
+                                        f"trying to {doing}; last log "
+                                        f"lines:\n{_tail(self.log_path)}\n(full log: "
+                                        f"{self.log_path})")
             if not line.startswith(PREFIX):
                 self._log.write(line + "\n")
                 continue
             got_kind, _, payload = line[len(PREFIX):].partition(" ")
             data = json.loads(payload or "{}")
             if got_kind == "ERROR":
-                raise EngineUnsupported(f"SGLang extraction worker failed to {doing}: {data.get('error')} (full "
-                                        f"traceback in {self.log_path})")
+                raise EngineUnsupported(f"SGLang extraction worker failed to {doing}: "
+                                        f"{data.get('error')} (full traceback in {self.log_path})")
             if got_kind == kind:
                 return data
 
@@ -133,7 +151,8 @@ class SGLangWorker:
         return self._expect("RESULT", timeout_s, f"extract a batch of {len(ids)} samples")
 
     def close(self, grace_s: float = 30.0) -> None:
-        """Ask the engine to shut down; end the worker's process group if it does not within ``grace_s``."""
+        """Ask the engine to shut down; end the worker's process group if it does not within
+        ``grace_s``."""
         from eagle3.procs import terminate_tree
 
         if self.proc.poll() is None:
@@ -163,14 +182,19 @@ def _tail(path: Path, n: int = 15) -> str:
         return "(log unreadable)"
 
 
-def run_sglang_shards(cfg, target_dir: Path, capture_ids: list[int], num_layers: int, sample_ids: list[str],
-                      input_ids: list[list[int]], loss_masks: list[list[int]], shards: list[ShardSpec],
-                      out_dir: Path, on_progress: Callable[[int], None] | None = None) -> dict[int, int]:
-    """Extract ``shards`` through SGLang; returns {shard index: bytes written}; commits each shard when done.
+def run_sglang_shards(cfg, target_dir: Path, capture_ids: list[int], num_layers: int,
+                      sample_ids: list[str],
+                      input_ids: list[list[int]], loss_masks: list[list[int]],
+                      shards: list[ShardSpec],
+                      out_dir: Path, on_progress: Callable[[int], None] | None = None) -> dict[int,
+                          int]:
+    """Extract ``shards`` through SGLang; returns {shard index: bytes written}; commits each shard
+    when done.
 
-    ``capture_ids``: HF ``hidden_states`` indices, the last one = ``num_layers``. Samples of a shard are sent
-    in batches of ``extract.batch_size`` prompts, sorted by length. Raises ConfigError (ids SGLang cannot
-    capture), EngineUnsupported (worker start/engine failure, with the log's tail), DataError (integrity).
+    ``capture_ids``: HF ``hidden_states`` indices, the last one = ``num_layers``. Samples of a shard
+    are sent in batches of ``extract.batch_size`` prompts, sorted by length. Raises ConfigError (ids
+    SGLang cannot capture), EngineUnsupported (worker start/engine failure, with the log's tail),
+    DataError (integrity).
     """
     from eagle3.engines.sglang.environment import sglang_python
 
@@ -187,12 +211,14 @@ def run_sglang_shards(cfg, target_dir: Path, capture_ids: list[int], num_layers:
             for b in range(0, len(rows), cfg.extract.batch_size):
                 chunk = rows[b: b + cfg.extract.batch_size]
                 batch_file = work / f"batch_{spec.index}_{b}.safetensors"
-                worker.request([input_ids[i] for i in chunk], batch_file, cfg.extract.sglang_request_timeout_s)
+                worker.request([input_ids[i] for i in chunk], batch_file,
+                               cfg.extract.sglang_request_timeout_s)
                 states = load_file(str(batch_file))
                 for k, i in enumerate(chunk):
                     hs = states.get(f"s{k}")
                     if hs is None:
-                        raise DataError(f"{batch_file}: tensor 's{k}' (sample {sample_ids[i]}) missing")
+                        raise DataError(f"{batch_file}: tensor 's{k}' (sample {sample_ids[i]}) "
+                                        "missing")
                     path = out_dir / HS_DIR / hs_name(i)
                     check_sample(sample_ids[i], path, input_ids[i], loss_masks[i], hs)
                     sizes[path.name] = write_sample(path, input_ids[i], hs, cfg.extract.dtype)

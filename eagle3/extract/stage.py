@@ -1,35 +1,43 @@
-"""Hidden-state extraction: conversations → the target's aux hidden states, in speculators' offline layout.
+"""Hidden-state extraction: conversations → the target's aux hidden states, in speculators' offline
+layout.
 
-``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data`` and ``cfg.extract`` and writes ``out_dir``:
+``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data`` and ``cfg.extract`` and writes
+``out_dir``:
 
-    out_dir/data/                  HF ``datasets`` folder (torch format), one row per sample, rows in file-index
-                                   order: ``input_ids`` [T] int64, ``loss_mask`` [T] int64 (1 = assistant token),
-                                   ``seq_len`` int, ``id`` str (the conversation id of the source record)
+    out_dir/data/                  HF ``datasets`` folder (torch format), one row per sample,
+                                   rows in file-index order: ``input_ids`` [T] int64,
+                                   ``loss_mask`` [T] int64 (1 = assistant token), ``seq_len``
+                                   int, ``id`` str (the conversation id of the source record)
     out_dir/hidden_states/hs_{i}.safetensors
-                                   row i: ``token_ids`` [T] int64 (= input_ids), ``hidden_states`` [T, n_aux+1, H]
-                                   (bf16 default | float32 | fp8 e4m3 + ``hidden_states_scales`` [T, n_aux+1, 1]);
-                                   slot j < n_aux = HF ``hidden_states[aux_layer_ids[j]]`` (input of that layer),
-                                   slot -1 = last decoder layer's output before the final norm
-    out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked tokens of the train split (sorted by id)
-    out_dir/.progress/             plan hash and one marker per committed shard (resume; deterministic content)
+                                   row i: ``token_ids`` [T] int64 (= input_ids), ``hidden_states``
+                                   [T, n_aux+1, H] (bf16 default | float32 | fp8 e4m3 +
+                                   ``hidden_states_scales`` [T, n_aux+1, 1]); slot j < n_aux = HF
+                                   ``hidden_states[aux_layer_ids[j]]`` (input of that layer), slot
+                                   -1 = last decoder layer's output before the final norm
+    out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked tokens of the train
+                                   split (sorted by id)
+    out_dir/.progress/             plan hash and one marker per committed shard (resume;
+                                   deterministic content)
     out_dir/manifest.json          kind "hidden_states" (below)
 
-Manifest keys (stable; the trainer reads them): ``target`` {name (the folder's name), path, config_hash, weights_hash, num_layers,
-hidden_size, vocab_size, architecture, dtype}, ``tokenizer_hash``, ``chat_template_hash``,
-``template_switches`` (e.g. ``{"enable_thinking": false}``), ``aux_layer_ids`` (HF indices),
-``layer_id_convention`` = ``"hf_hidden_states_index"``, ``num_slots`` (n_aux+1), ``dtype``,
-``counts`` {samples, train_samples, val_samples, records, skipped, truncated, tokens, loss_tokens,
-unique_tokens}, ``skipped_by_reason``, ``bytes`` (hidden_states/ total), ``bytes_per_token``,
-``tokens_per_s`` (this invocation's extraction throughput), ``splits`` {"train": [row indices],
-"val": [row indices]} (train rows first, then val, so speculators' ``train_ratio`` split agrees),
-``data_source`` {kind, path, sha256}, ``plan_hash``, ``resumed`` and ``content_hash``.
+Manifest keys (stable; the trainer reads them): ``target`` {name (the folder's name), path,
+config_hash, weights_hash, num_layers, hidden_size, vocab_size, architecture, dtype},
+``tokenizer_hash``, ``chat_template_hash``, ``template_switches`` (e.g. ``{"enable_thinking":
+false}``), ``aux_layer_ids`` (HF indices), ``layer_id_convention`` = ``"hf_hidden_states_index"``,
+``num_slots`` (n_aux+1), ``dtype``, ``counts`` {samples, train_samples, val_samples, records,
+skipped, truncated, tokens, loss_tokens, unique_tokens}, ``skipped_by_reason``, ``bytes``
+(hidden_states/ total), ``bytes_per_token``, ``tokens_per_s`` (this invocation's extraction
+throughput), ``splits`` {"train": [row indices], "val": [row indices]} (train rows first, then val,
+so speculators' ``train_ratio`` split agrees), ``data_source`` {kind, path, sha256}, ``plan_hash``,
+``resumed`` and ``content_hash``.
 
-Selection: records are read (:mod:`eagle3.extract.conversations`), put in a ``data.seed``-seeded random order, and the first
-``data.num_conversations`` that template to at least one loss token are kept; samples longer than
-``data.max_seq_len`` tokens are cut and counted as truncated. With ``data.regenerate`` = ``hf`` | ``openai``
-the selected conversations' assistant turns are first replaced by the target's own answers
-(:mod:`eagle3.extract.regen`; cached in ``.progress/`` for resume; manifest key ``regenerated``). Before any forward pass the bytes to write
-are estimated and compared with free disk (DataError with both numbers). Crash safety and integrity:
+Selection: records are read (:mod:`eagle3.extract.conversations`), put in a ``data.seed``-seeded
+random order, and the first ``data.num_conversations`` that template to at least one loss token are
+kept; samples longer than ``data.max_seq_len`` tokens are cut and counted as truncated. With
+``data.regenerate`` = ``hf`` | ``openai`` the selected conversations' assistant turns are first
+replaced by the target's own answers (:mod:`eagle3.extract.regen`; cached in ``.progress/`` for
+resume; manifest key ``regenerated``). Before any forward pass the bytes to write are estimated and
+compared with free disk (DataError with both numbers). Crash safety and integrity:
 :mod:`eagle3.extract.store`; the forward passes: :mod:`eagle3.extract.hf_backend`.
 """
 
@@ -43,7 +51,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intact, sha256_file, weights_hash,
+from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intact, sha256_file,
+                              weights_hash,
                               write_manifest)
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
@@ -66,7 +75,8 @@ DATA_OVERHEAD_BYTES_PER_TOKEN = 24  # data/ arrow columns (input_ids + loss_mask
 
 
 def target_identity(target_dir: Path, cfg) -> dict:
-    """Target facts for the manifest: name (the folder's name, e.g. ``smollm2-135m-instruct``), path, sha256 of config.json and of the weights, shape, architecture."""
+    """Target facts for the manifest: name (the folder's name, e.g. ``smollm2-135m-instruct``),
+    path, sha256 of config.json and of the weights, shape, architecture."""
     from transformers import AutoConfig
 
     from eagle3.target_model import num_layers
@@ -76,32 +86,38 @@ def target_identity(target_dir: Path, cfg) -> dict:
     wh = weights_hash(target_dir)
     if wh is None:
         raise DataError(f"target {target_dir}: no *.safetensors weights found")
-    return {"name": target_dir.name, "path": str(target_dir), "config_hash": sha256_file(target_dir / "config.json"), "weights_hash": wh,
+    return {"name": target_dir.name, "path": str(target_dir),
+            "config_hash": sha256_file(target_dir / "config.json"), "weights_hash": wh,
             "num_layers": num_layers(conf), "hidden_size": int(text.hidden_size),
-            "vocab_size": int(text.vocab_size), "architecture": (conf.architectures or [type(conf).__name__])[0],
+            "vocab_size": int(text.vocab_size),
+            "architecture": (conf.architectures or [type(conf).__name__])[0],
             "dtype": cfg.target.dtype}
 
 
 def estimate_bytes(num_tokens: int, n_slots: int, hidden_size: int, dtype: str) -> int:
     """Bytes an extraction of ``num_tokens`` tokens writes: sample files + the ``data/`` columns."""
-    return num_tokens * (bytes_per_token(n_slots, hidden_size, dtype) + DATA_OVERHEAD_BYTES_PER_TOKEN)
+    return num_tokens * (bytes_per_token(n_slots, hidden_size, dtype)
+        + DATA_OVERHEAD_BYTES_PER_TOKEN)
 
 
 def check_free_disk(out_dir: Path, need: int, free_bytes: int | None = None) -> int:
-    """Raise DataError when ``need`` bytes exceed the free space at ``out_dir`` (or ``free_bytes`` if given)."""
+    """Raise DataError when ``need`` bytes exceed the free space at ``out_dir`` (or ``free_bytes``
+    if given)."""
     probe = out_dir
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free if free_bytes is None else int(free_bytes)
     if need > free:
-        raise DataError(f"{out_dir}: extraction needs about {need:,} bytes but only {free:,} bytes are free; "
-                        "free space, lower data.num_conversations / data.max_seq_len, or use extract.dtype=fp8")
+        raise DataError(f"{out_dir}: extraction needs about {need:,} bytes but only {free:,} bytes "
+                        "are free; free space, lower data.num_conversations / data.max_seq_len, or "
+                        "use extract.dtype=fp8")
     return free
 
 
 def known_layer_count(cfg) -> int | None:
-    """The target's decoder layer count when it is known without loading or preparing anything: the tiny
-    config's ``num_hidden_layers``, or ``config.json`` of a target folder that already exists; else None."""
+    """The target's decoder layer count when it is known without loading or preparing anything: the
+    tiny config's ``num_hidden_layers``, or ``config.json`` of a target folder that already exists;
+    else None."""
     if cfg.target.kind == "tiny-random":
         return int(cfg.target.tiny.num_hidden_layers)
     if cfg.target.kind == "smollm2":
@@ -120,17 +136,18 @@ def known_layer_count(cfg) -> int | None:
 
 
 def check_before_run(cfg) -> None:
-    """What can be checked in a second before a run loads any model: ``data.path`` exists (source 'file')
-    and ``extract.aux_layer_ids`` fit the target (when its layer count is known: :func:`known_layer_count`).
-    Raises ConfigError naming the key and both values; the same checks run again inside the stage."""
+    """What can be checked in a second before a run loads any model: ``data.path`` exists (source
+    'file') and ``extract.aux_layer_ids`` fit the target (when its layer count is known:
+    :func:`known_layer_count`). Raises ConfigError naming the key and both values; the same checks
+    run again inside the stage."""
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
         if not path.is_file():
-            raise ConfigError(f"data.path: expected a conversations file (JSON, JSONL or text), got {str(path)!r} "
-                              f"(not found)")
+            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
+                              f"{str(path)!r} (not found)")
         if path.stat().st_size == 0:
-            raise ConfigError(f"data.path: expected a conversations file (JSON, JSONL or text), got {str(path)!r} "
-                              f"(empty: 0 bytes)")
+            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
+                              f"{str(path)!r} (empty: 0 bytes)")
     n = known_layer_count(cfg)
     if n is not None:
         _aux_ids(cfg, n)
@@ -147,20 +164,24 @@ def _aux_ids(cfg, n_layers: int) -> list[int]:
 
 
 def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
-    payload = json.dumps({"ids": plan.ids, "input_ids": plan.input_ids, "loss_masks": plan.loss_masks,
-                          "num_train": plan.num_train, "weights": target["weights_hash"], "aux": aux,
+    payload = json.dumps(
+        {"ids": plan.ids, "input_ids": plan.input_ids, "loss_masks": plan.loss_masks,
+                          "num_train": plan.num_train, "weights": target["weights_hash"],
+                          "aux": aux,
                           "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
-                          "batch_size": cfg.extract.batch_size, "shard_size": cfg.extract.shard_size})
+                          "batch_size": cfg.extract.batch_size,
+                          "shard_size": cfg.extract.shard_size})
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None = None) -> dict:
-    """Extract hidden states for ``cfg`` into ``out_dir`` (resuming its committed shards); returns the manifest.
+    """Extract hidden states for ``cfg`` into ``out_dir`` (resuming its committed shards); returns
+    the manifest.
 
-    ``free_bytes`` overrides the measured free disk (tests simulate a full disk with it).
-    Raises ConfigError (bad aux ids, devices), DataError (inputs, integrity, disk, a directory holding another
-    extraction), EngineUnsupported (backend 'sglang' without a usable SGLang environment or when its engine
-    fails).
+    ``free_bytes`` overrides the measured free disk (tests simulate a full disk with it). Raises
+    ConfigError (bad aux ids, devices), DataError (inputs, integrity, disk, a directory holding
+    another extraction), EngineUnsupported (backend 'sglang' without a usable SGLang environment or
+    when its engine fails).
     """
     from transformers import AutoTokenizer
 
@@ -178,23 +199,28 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     if cfg.extract.backend == "sglang":
         from eagle3.extract.sglang_backend import sglang_layer_ids
 
-        sglang_layer_ids(aux + [target["num_layers"]], target["num_layers"])  # ConfigError before any work
+        # ConfigError before any work
+        sglang_layer_ids(aux + [target["num_layers"]], target["num_layers"])
     tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
     regen = None
     if cfg.data.regenerate != "none":
         from eagle3.extract.regen import regenerate_for_plan
 
         def regen(convs):
-            key = hashlib.sha256(json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
+            key = hashlib.sha256(
+                json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
                                              target["weights_hash"], cfg.target.dtype],
                                             sort_keys=True).encode()).hexdigest()[:16]
             cache = out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl"
             return regenerate_for_plan(cfg, target_dir, tok, convs, cache)
     plan = build_plan(cfg, tok, regen)
     if plan.skipped or plan.truncated:
-        log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to data.max_seq_len=%d",
-                    plan.source["path"], sum(plan.skipped.values()), plan.records, dict(plan.skipped),
-                    f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "", plan.truncated,
+        log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to "
+                    "data.max_seq_len=%d",
+                    plan.source["path"], sum(plan.skipped.values()), plan.records,
+                    dict(plan.skipped),
+                    f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
+                    plan.truncated,
                     len(plan.ids), cfg.data.max_seq_len)
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
@@ -204,8 +230,10 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             intact, why = output_intact(out_dir)
             if intact:
                 return done
-            # a file was deleted, truncated or rewritten after the extraction finished: redo those shards
-            log.warning("%s; re-extracting the shards whose files are missing, of the wrong size or rewritten", why)
+            # a file was deleted, truncated or rewritten after the extraction finished: redo those
+            # shards
+            log.warning("%s; re-extracting the shards whose files are missing, of the wrong size "
+                        "or rewritten", why)
             (out_dir / "manifest.json").unlink()
             damaged = True
     n_slots = len(aux) + 1
@@ -215,25 +243,30 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     done = completed_shards(out_dir, shards, written_before_marker=damaged) if resumed else set()
     todo = [s for s in shards if s.index not in done]
     todo_tokens = sum(len(plan.input_ids[i]) for s in todo for i in range(s.start, s.stop))
-    check_free_disk(out_dir, estimate_bytes(todo_tokens, n_slots, target["hidden_size"], cfg.extract.dtype),
+    check_free_disk(out_dir,
+                    estimate_bytes(todo_tokens, n_slots, target["hidden_size"], cfg.extract.dtype),
                     free_bytes)
     start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "num_shards": len(shards),
                                          "shard_size": cfg.extract.shard_size})
     remove_stale_temporaries(out_dir)
     t1 = time.perf_counter()
-    _run_backend(cfg, target_dir, aux + [target["num_layers"]], plan, todo, out_dir, progress, todo_tokens)
+    _run_backend(cfg, target_dir, aux + [target["num_layers"]], plan, todo, out_dir, progress,
+                 todo_tokens)
     t2 = time.perf_counter()
     _finalize_data(out_dir, plan)
     extra = {
-        "target": target, "tokenizer_hash": tokenizer_hash(tok), "chat_template_hash": template_hash(tok),
+        "target": target, "tokenizer_hash": tokenizer_hash(tok),
+        "chat_template_hash": template_hash(tok),
         "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
         "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION, "num_slots": n_slots,
-        "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype, "auto_resolved": cfg.auto_resolved,
+        "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype,
+        "auto_resolved": cfg.auto_resolved,
         "splits": {"train": list(range(plan.num_train)),
                                                "val": list(range(plan.num_train, len(plan.ids)))},
         "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
         "resumed": resumed,
-        "shards": {"total": len(shards), "resumed": len(done)}, "skipped_by_reason": dict(plan.skipped),
+        "shards": {"total": len(shards), "resumed": len(done)},
+        "skipped_by_reason": dict(plan.skipped),
         "skipped_examples": plan.skip_examples,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
@@ -241,33 +274,41 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     extra.update(bytes=hs_bytes, bytes_per_token=hs_bytes / max(1, counts["tokens"]),
                  tokens_per_s=todo_tokens / max(t2 - t1, 1e-9))
     timings = {"prepare_s": t1 - t0, "extract_s": t2 - t1, "finalize_s": time.perf_counter() - t2}
-    return write_manifest(out_dir, "hidden_states", config={"data": cfg.data.model_dump(mode="json"),
-                                                            "extract": cfg.extract.model_dump(mode="json")},
-                          inputs={"target_weights": target["weights_hash"], "data": plan.source["sha256"]},
+    return write_manifest(out_dir, "hidden_states",
+                          config={"data": cfg.data.model_dump(mode="json"),
+                                                            "extract": cfg.extract.model_dump(
+                                                                mode="json")},
+                          inputs={"target_weights": target["weights_hash"],
+                                  "data": plan.source["sha256"]},
                           counts=counts, timings=timings, **extra)
 
 
 def _check_backend(cfg) -> None:
-    """For ``extract.backend='sglang'``: SGLang's Python can import sglang, and one worker is asked for
-    (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
+    """For ``extract.backend='sglang'``: SGLang's Python can import sglang, and one worker is asked
+    for (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
     if cfg.extract.backend == "hf":
         return
-    from eagle3.engines.sglang.environment import sglang_installed, sglang_python, sglang_unusable_reason
+    from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
+                                                   sglang_unusable_reason)
 
     if cfg.extract.num_gpus != 1:
-        raise ConfigError(f"extract.num_gpus: expected 1 with extract.backend='sglang' (set tp_size/dp_size in "
-                          f"extract.sglang_engine_args instead), got {cfg.extract.num_gpus}")
+        raise ConfigError("extract.num_gpus: expected 1 with extract.backend='sglang' (set "
+                          "tp_size/dp_size in extract.sglang_engine_args instead), got "
+                          f"{cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
         raise EngineUnsupported(f"extract.backend='sglang': serve.sglang_python: "
-                                f"{sglang_unusable_reason(sglang_python(cfg))}; expected the Python of an environment "
-                                f"with sglang=={SGLANG_VERSION} (make sglang-env), or use extract.backend=hf")
+                                f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
+                                "Python of an environment with "
+                                f"sglang=={SGLANG_VERSION} (make sglang-env), or use "
+                                "extract.backend=hf")
 
 
 def _counts(plan: Plan) -> dict:
     masked = [t for ids, m in zip(plan.input_ids, plan.loss_masks) for t, k in zip(ids, m) if k]
     return {"samples": len(plan.ids), "train_samples": plan.num_train,
             "val_samples": len(plan.ids) - plan.num_train, "records": plan.records,
-            "skipped": sum(plan.skipped.values()), "truncated": plan.truncated, "tokens": plan.num_tokens,
+            "skipped": sum(plan.skipped.values()), "truncated": plan.truncated,
+            "tokens": plan.num_tokens,
             "loss_tokens": len(masked), "unique_tokens": len(set(masked))}
 
 
@@ -281,14 +322,16 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
     from eagle3.extract.workers import run_data_parallel
 
     status_dir = out_dir / PROGRESS_DIR / "workers"
-    shutil.rmtree(status_dir, ignore_errors=True)  # an earlier failed run's worker files: never hashed
+    # an earlier failed run's worker files: never hashed
+    shutil.rmtree(status_dir, ignore_errors=True)
     if not todo:
         return
     devices = resolve_devices(cfg.extract.device, cfg.extract.num_gpus)
     cpu_workers = sum(d == "cpu" for d in devices)
     threads = max(1, (os.cpu_count() or 1) // cpu_workers) if cpu_workers > 1 else None
     jobs = [WorkerJob(str(target_dir), cfg.target.dtype, dev, capture_ids, cfg.extract.dtype,
-                      cfg.extract.batch_size, str(out_dir), plan.ids, plan.input_ids, plan.loss_masks, mine,
+                      cfg.extract.batch_size, str(out_dir), plan.ids, plan.input_ids,
+                      plan.loss_masks, mine,
                       threads, cfg.target.trust_remote_code)
             for dev, mine in zip(devices, assign_shards(todo, len(devices)))]
     jobs = [j for j in jobs if j.shards]
@@ -297,7 +340,8 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
         if cfg.extract.backend == "sglang":
             from eagle3.extract.sglang_backend import run_sglang_shards
 
-            run_sglang_shards(cfg, target_dir, capture_ids, capture_ids[-1], plan.ids, plan.input_ids,
+            run_sglang_shards(cfg, target_dir, capture_ids, capture_ids[-1], plan.ids,
+                              plan.input_ids,
                               plan.loss_masks, todo, out_dir, on_progress=bar.update)
             return
         if len(jobs) == 1:
@@ -307,11 +351,13 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
 
         def poll() -> None:
             for s in todo:
-                if s.index not in seen and (out_dir / PROGRESS_DIR / f"shard_{s.index}.json").is_file():
+                if s.index not in seen and (out_dir / PROGRESS_DIR
+                        / f"shard_{s.index}.json").is_file():
                     seen.add(s.index)
                     bar.update(sum(len(plan.input_ids[i]) for i in range(s.start, s.stop)))
 
-        run_data_parallel(jobs, poll, status_dir=status_dir, startup_s=cfg.extract.startup_timeout_s,
+        run_data_parallel(jobs, poll, status_dir=status_dir,
+                          startup_s=cfg.extract.startup_timeout_s,
                           stall_s=cfg.extract.stall_timeout_s)
 
 
@@ -327,7 +373,8 @@ def _finalize_data(out_dir: Path, plan: Plan) -> None:
         "seq_len": [len(x) for x in plan.input_ids], "id": plan.ids,
     }, features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
                                    "loss_mask": datasets.Sequence(datasets.Value("int64")),
-                                   "seq_len": datasets.Value("int64"), "id": datasets.Value("string")}))
+                                   "seq_len": datasets.Value("int64"),
+                                   "id": datasets.Value("string")}))
     ds.set_format("torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True)
     was = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
@@ -337,7 +384,8 @@ def _finalize_data(out_dir: Path, plan: Plan) -> None:
     finally:
         if was:
             datasets.enable_progress_bars()
-    freq = Counter(t for ids, m in zip(plan.input_ids[: plan.num_train], plan.loss_masks[: plan.num_train])
+    freq = Counter(t for ids,
+                   m in zip(plan.input_ids[: plan.num_train], plan.loss_masks[: plan.num_train])
                    for t, k in zip(ids, m) if k)
     buf = io.BytesIO()
     torch.save({int(t): int(c) for t, c in sorted(freq.items())}, buf)

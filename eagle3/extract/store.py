@@ -1,19 +1,23 @@
-"""On-disk storage of extracted hidden states: sample files, fp8 encoding, shard commits, resume, integrity.
+"""On-disk storage of extracted hidden states: sample files, fp8 encoding, shard commits, resume,
+integrity.
 
-One file per sample, ``<out>/hidden_states/hs_{i}.safetensors`` (i = row of the ``data/`` dataset), the layout
-speculators' ``FileTransfer`` reads:
+One file per sample, ``<out>/hidden_states/hs_{i}.safetensors`` (i = row of the ``data/`` dataset),
+the layout speculators' ``FileTransfer`` reads:
 
     token_ids              [T] int64
-    hidden_states          [T, n_aux+1, H]  bfloat16 | float32 | float8_e4m3fn; slot -1 = last layer, pre-norm
-    hidden_states_scales   [T, n_aux+1, 1] float32   (fp8 only: value = fp8 * scale, one scale per token and slot;
-                                                      the key and rule of speculators' hs_connectors FP8Transfer)
+    hidden_states          [T, n_aux+1, H]  bfloat16 | float32 | float8_e4m3fn; slot -1 = last
+                           layer, pre-norm
+    hidden_states_scales   [T, n_aux+1, 1] float32 (fp8 only: value = fp8 * scale, one scale per
+                           token and slot; the key and rule of speculators' hs_connectors
+                           FP8Transfer)
 
-Samples are grouped in shards of ``extract.shard_size`` consecutive rows. A shard is committed when every
-file of it has been written under a temporary name, fsync'd and renamed, and then the marker
-``<out>/.progress/shard_{k}.json`` (file names and byte sizes) is written atomically. A resumed run keeps the
-committed shards and recomputes the others, so a SIGKILL at any moment loses at most one shard's work and
-never leaves a half-written file under its final name. Marker contents are deterministic (no timestamps),
-so an interrupted-and-resumed run has the same content hash as an uninterrupted one.
+Samples are grouped in shards of ``extract.shard_size`` consecutive rows. A shard is committed when
+every file of it has been written under a temporary name, fsync'd and renamed, and then the marker
+``<out>/.progress/shard_{k}.json`` (file names and byte sizes) is written atomically. A resumed run
+keeps the committed shards and recomputes the others, so a SIGKILL at any moment loses at most one
+shard's work and never leaves a half-written file under its final name. Marker contents are
+deterministic (no timestamps), so an interrupted-and-resumed run has the same content hash as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -49,9 +53,11 @@ def bytes_per_token(n_slots: int, hidden_size: int, dtype: str) -> int:
 
 
 def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-    """``hidden [T, S, H]`` (any float dtype) → the tensors stored for it (see the module docstring).
+    """``hidden [T, S, H]`` (any float dtype) → the tensors stored for it (see the module
+    docstring).
 
-    fp8 uses e4m3 with a float32 scale per (token, slot): ``scale = amax / 448`` (hs_connectors' rule).
+    fp8 uses e4m3 with a float32 scale per (token, slot): ``scale = amax / 448`` (hs_connectors'
+    rule).
     """
     if dtype != "fp8":
         return {"hidden_states": hidden.to(STORE_DTYPES[dtype]).contiguous()}
@@ -59,19 +65,23 @@ def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
 
     t, s, h = hidden.shape
     q, scale = quantize_tensor_to_fp8(hidden.reshape(t * s, h))  # [T*S, H] fp8, [T*S, 1] fp32
-    return {"hidden_states": q.reshape(t, s, h).contiguous(), SCALES_KEY: scale.reshape(t, s, 1).contiguous()}
+    return {"hidden_states": q.reshape(t, s, h).contiguous(),
+            SCALES_KEY: scale.reshape(t, s, 1).contiguous()}
 
 
 def decode(tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Stored tensors → ``hidden_states [T, S, H]`` in ``dtype`` (dequantizing fp8 with its scales)."""
+    """Stored tensors → ``hidden_states [T, S, H]`` in ``dtype`` (dequantizing fp8 with its
+    scales)."""
     hs = tensors["hidden_states"]
     if SCALES_KEY in tensors:
         return (hs.to(torch.float32) * tensors[SCALES_KEY].to(torch.float32)).to(dtype)
     return hs.to(dtype)
 
 
-def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Read sample ``index``: ``{"token_ids" [T] int64, "hidden_states" [T, S, H] dtype}`` (fp8 decoded).
+def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.float32) -> dict[str,
+        torch.Tensor]:
+    """Read sample ``index``: ``{"token_ids" [T] int64, "hidden_states" [T, S, H] dtype}`` (fp8
+    decoded).
 
     Raises DataError when the file is missing.
     """
@@ -86,11 +96,13 @@ def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.floa
 
 def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: list[int],
                  hidden: torch.Tensor, all_finite: bool | None = None) -> None:
-    """Integrity of one sample before it is written: rows = len(input_ids) = len(loss_mask), all finite.
+    """Integrity of one sample before it is written: rows = len(input_ids) = len(loss_mask), all
+    finite.
 
-    ``all_finite``: the finiteness already computed on the device (the GPU extractor reduces it there);
-    True skips the host scan, False or None scans ``hidden`` on the host (and names the first bad element).
-    Raises DataError naming the sample id, the file, and the expected and actual values.
+    ``all_finite``: the finiteness already computed on the device (the GPU extractor reduces it
+    there); True skips the host scan, False or None scans ``hidden`` on the host (and names the
+    first bad element). Raises DataError naming the sample id, the file, and the expected and actual
+    values.
     """
     rows = hidden.shape[0]
     if not rows == len(input_ids) == len(loss_mask):
@@ -101,8 +113,8 @@ def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: li
     finite = torch.isfinite(hidden)
     if not bool(finite.all()):
         bad = (~finite).nonzero()[0].tolist()
-        raise DataError(f"sample {sample_id} ({path}): hidden states contain NaN/Inf "
-                        f"(first at [token, slot, dim] = {bad}); expected all finite")
+        raise DataError(f"sample {sample_id} ({path}): hidden states contain NaN/Inf (first at "
+                        f"[token, slot, dim] = {bad}); expected all finite")
 
 
 def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: str) -> int:
@@ -122,12 +134,13 @@ def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: 
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except Exception as e:  # OSError, or safetensors' own SafetensorError (e.g. "No space left on device")
+    # OSError, or safetensors' own SafetensorError (e.g. "No space left on device")
+    except Exception as e:
         tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
-        raise DataError(f"{path}: could not write hidden states ({why}); nothing was committed for its shard; "
-                        "free disk space (or lower data.num_conversations / use extract.dtype=fp8) and re-run: "
-                        "committed shards are kept") from e
+        raise DataError(f"{path}: could not write hidden states ({why}); nothing was committed for "
+                        "its shard; free disk space (or lower data.num_conversations / use "
+                        "extract.dtype=fp8) and re-run: committed shards are kept") from e
     return path.stat().st_size
 
 
@@ -147,7 +160,8 @@ def make_shards(num_samples: int, shard_size: int) -> list[ShardSpec]:
 
 
 def assign_shards(shards: list[ShardSpec], world: int) -> list[list[ShardSpec]]:
-    """Round-robin shards over ``world`` data-parallel workers (worker r gets shards k with k % world == r)."""
+    """Round-robin shards over ``world`` data-parallel workers (worker r gets shards k with k %
+    world == r)."""
     if world < 1:
         raise DataError(f"data-parallel world size: expected >= 1, got {world}")
     return [[s for s in shards if s.index % world == r] for r in range(world)]
@@ -160,15 +174,18 @@ def marker_path(out_dir: Path, shard: int) -> Path:
 def commit_shard(out_dir: Path, spec: ShardSpec, sizes: dict[str, int]) -> None:
     """Record shard ``spec`` as complete (its files already renamed into place)."""
     atomic_write_json(marker_path(out_dir, spec.index),
-                      {"shard": spec.index, "rows": [spec.start, spec.stop], "files": dict(sorted(sizes.items()))})
+                      {"shard": spec.index, "rows": [spec.start, spec.stop],
+                       "files": dict(sorted(sizes.items()))})
 
 
-def completed_shards(out_dir: Path, shards: list[ShardSpec], *, written_before_marker: bool = False) -> set[int]:
+def completed_shards(out_dir: Path, shards: list[ShardSpec], *,
+                     written_before_marker: bool = False) -> set[int]:
     """Indices of shards whose marker exists and whose files all exist with the recorded sizes.
 
-    ``written_before_marker``: also require every file to be no newer than its shard's marker (the marker is
-    written after the shard's files), so a file rewritten in place after its shard was committed marks the shard
-    incomplete. Used when a finished extraction no longer matches its manifest.
+    ``written_before_marker``: also require every file to be no newer than its shard's marker (the
+    marker is written after the shard's files), so a file rewritten in place after its shard was
+    committed marks the shard incomplete. Used when a finished extraction no longer matches its
+    manifest.
     """
     done = set()
     for spec in shards:
@@ -183,7 +200,8 @@ def completed_shards(out_dir: Path, shards: list[ShardSpec], *, written_before_m
         ok = True
         for name, size in files.items():
             p = out_dir / HS_DIR / name
-            if not p.is_file() or p.stat().st_size != size or (written_before_marker and p.stat().st_mtime_ns > committed):
+            if not p.is_file() or p.stat().st_size != size or (written_before_marker
+                    and p.stat().st_mtime_ns > committed):
                 ok = False
                 break
         if ok and len(files) == spec.stop - spec.start:
@@ -203,21 +221,21 @@ def remove_stale_temporaries(out_dir: Path) -> int:
 def start_or_resume(out_dir: Path, plan_hash: str, plan_info: dict) -> bool:
     """Prepare ``out_dir`` for the extraction identified by ``plan_hash``; True when resuming.
 
-    Raises DataError when ``out_dir`` holds another extraction (a different plan hash) or hidden states
-    without a progress record — never mixing two extractions in one directory.
+    Raises DataError when ``out_dir`` holds another extraction (a different plan hash) or hidden
+    states without a progress record — never mixing two extractions in one directory.
     """
     plan_file = out_dir / PROGRESS_DIR / "plan.json"
     if plan_file.is_file():
         have = json.loads(plan_file.read_text()).get("plan_hash")
         if have != plan_hash:
-            raise DataError(f"{out_dir}: holds an extraction with plan hash {have}, this run's is {plan_hash} "
-                            "(different data, target, layers, dtype or shard size); use another output "
-                            "directory or delete this one")
+            raise DataError(f"{out_dir}: holds an extraction with plan hash {have}, this run's is "
+                            f"{plan_hash} (different data, target, layers, dtype or shard size); "
+                            "use another output directory or delete this one")
         (out_dir / HS_DIR).mkdir(parents=True, exist_ok=True)
         return True
     if (out_dir / HS_DIR).exists() and any((out_dir / HS_DIR).iterdir()):
-        raise DataError(f"{out_dir}/{HS_DIR}: has files but no {PROGRESS_DIR}/plan.json; "
-                        "not an extraction this code can resume — delete it or choose another directory")
+        raise DataError(f"{out_dir}/{HS_DIR}: has files but no {PROGRESS_DIR}/plan.json; not an "
+                        "extraction this code can resume — delete it or choose another directory")
     (out_dir / HS_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_json(plan_file, {"plan_hash": plan_hash, **plan_info})
     return False

@@ -1,32 +1,32 @@
-"""Several extraction workers (``extract.num_gpus > 1``, backend ``hf``): one spawned process per device, started,
-watched and ended by the extracting process.
+"""Several extraction workers (``extract.num_gpus > 1``, backend ``hf``): one spawned process per
+device, started, watched and ended by the extracting process.
 
-Each worker (:func:`_worker_main`) writes its output to ``<out>/.progress/workers/worker-<k>.log`` (stdout and
-stderr) and its status to ``worker-<k>.json`` beside it (``eagle3.workers``: ``started`` → ``ready`` once the target
-is loaded → ``step`` = tokens written, at most once a second → ``done`` | ``failed``). The parent holds them to
-``extract.startup_timeout_s`` (every worker ready) and ``extract.stall_timeout_s`` (no worker without a written
-batch for that long, its first batch included); a missed deadline saves each live worker's stack
-(``worker-<k>.stack.txt``), ends all workers and raises :class:`eagle3.errors.RankFailed`. A worker that exits
-non-zero ends the others too: its project error is re-raised with its class and message, anything else (a signal,
-the OOM killer, a bug) is a RankFailed naming the worker, its device, its exit and its log. Shards committed
-before the failure are kept, so a re-run extracts only the rest (:mod:`eagle3.extract.store`). After a run in
-which every worker finished, the folder is removed (it holds pids and times, and ``.progress/`` is part of the
-output's content hash).
+Each worker (:func:`_worker_main`) writes its output to ``<out>/.progress/workers/worker-<k>.log``
+(stdout and stderr) and its status to ``worker-<k>.json`` beside it (``eagle3.workers``: ``started``
+→ ``ready`` once the target is loaded → ``step`` = tokens written, at most once a second → ``done``
+| ``failed``). The parent holds them to ``extract.startup_timeout_s`` (every worker ready) and
+``extract.stall_timeout_s`` (no worker without a written batch for that long, its first batch
+included); a missed deadline saves each live worker's stack (``worker-<k>.stack.txt``), ends all
+workers and raises :class:`eagle3.errors.RankFailed`. A worker that exits non-zero ends the others
+too: its project error is re-raised with its class and message, anything else (a signal, the OOM
+killer, a bug) is a RankFailed naming the worker, its device, its exit and its log. Shards committed
+before the failure are kept, so a re-run extracts only the rest (:mod:`eagle3.extract.store`). After
+a run in which every worker finished, the folder is removed (it holds pids and times, and
+``.progress/`` is part of the output's content hash).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Callable
 
-from eagle3 import errors
-from eagle3.errors import Eagle3Error, RankFailed
+from eagle3.errors import RankFailed
 from eagle3.extract.hf_backend import WorkerJob, run_shards
-from eagle3.workers import Deadlines, WorkerStatus, describe, dump_stacks, last_status, overdue, read_statuses
+from eagle3.workers import (Deadlines, WorkerStatus, describe, dump_stacks, exit_text,
+                            last_statuses, overdue, read_statuses, reraise_failed)
 
 PREFIX = "worker"
 
@@ -34,7 +34,8 @@ PREFIX = "worker"
 def _worker_main(job: WorkerJob, status_dir: str, index: int) -> None:
     status = WorkerStatus(status_dir, index, prefix=PREFIX)
     status.mark("started", device=job.device, shards=[s.index for s in job.shards])
-    fd = os.open(Path(status_dir) / f"{PREFIX}-{index}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(Path(status_dir) / f"{PREFIX}-{index}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     tokens = 0
@@ -57,21 +58,24 @@ def _worker_main(job: WorkerJob, status_dir: str, index: int) -> None:
     status.mark("done", step=tokens)
 
 
-def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], *, status_dir: Path, startup_s: float,
+def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], *, status_dir: Path,
+                      startup_s: float,
                       stall_s: float, poll_interval_s: float = 0.5) -> None:
-    """Run one spawned process per job (one per device); ``poll()`` is called while they run and once after all
-    finished (before ``status_dir`` is removed: a benchmark reads the workers' final status files there).
+    """Run one spawned process per job (one per device); ``poll()`` is called while they run and
+    once after all finished (before ``status_dir`` is removed: a benchmark reads the workers' final
+    status files there).
 
-    Raises the first failing worker's Eagle3Error (class and message), or RankFailed (a missed deadline, a worker
-    ended by a signal or by an error that is not a project error). Every worker is ended before it returns or
-    raises; the shards they committed stay.
+    Raises the first failing worker's Eagle3Error (class and message), or RankFailed (a missed
+    deadline, a worker ended by a signal or by an error that is not a project error). Every worker
+    is ended before it returns or raises; the shards they committed stay.
     """
     import multiprocessing as mp
 
     shutil.rmtree(status_dir, ignore_errors=True)
     status_dir.mkdir(parents=True)
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker_main, args=(j, str(status_dir), k), name=f"eagle3-extract-{k}")
+    procs = [ctx.Process(target=_worker_main, args=(j, str(status_dir), k),
+                         name=f"eagle3-extract-{k}")
              for k, j in enumerate(jobs)]
     deadlines = Deadlines(startup_s, stall_s, stall_s, keys=("startup_timeout_s", "stall_timeout_s",
                                                              "stall_timeout_s"))
@@ -94,8 +98,10 @@ def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], *, status
                 stacks = dump_stacks(statuses, status_dir, prefix=PREFIX)
                 msg = describe(missed, section="extract", noun="worker", total=len(jobs),
                                logs=_logs(status_dir, len(jobs)), stacks=stacks)
-                raise RankFailed(f"extraction: {msg}. Committed shards are kept: a re-run extracts the rest",
-                                 ranks=missed.workers, kind=missed.kind, logs=_logs(status_dir, len(jobs)))
+                raise RankFailed(f"extraction: {msg}. Committed shards are kept: a re-run extracts "
+                                 "the rest",
+                                 ranks=missed.workers, kind=missed.kind,
+                                 logs=_logs(status_dir, len(jobs)))
     finally:
         _end(procs)
     poll()  # every worker's final status ("done") is in place now
@@ -106,25 +112,17 @@ def _logs(status_dir: Path, n: int) -> dict[int, list[Path]]:
     return {k: [status_dir / f"{PREFIX}-{k}.log"] for k in range(n)}
 
 
-def _raise_failed(k: int, code: int, jobs: list[WorkerJob], statuses: dict, status_dir: Path) -> None:
+def _raise_failed(k: int, code: int, jobs: list[WorkerJob], statuses: dict,
+                  status_dir: Path) -> None:
     s = statuses.get(k) or {}
-    if s.get("phase") == "failed":
-        cls = getattr(errors, str(s.get("error_type")), None)
-        if isinstance(cls, type) and issubclass(cls, Eagle3Error):
-            raise cls(s.get("message", ""))
-    if code < 0:
-        try:
-            how = f"ended by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"ended by signal {-code}"
-    else:
-        how = f"exit code {code}"
-    now = time.time()
-    last = "; ".join(f"worker {j} ({jobs[j].device}): {last_status(st, now)}" for j, st in sorted(statuses.items()))
+    reraise_failed({k: s})
+    how = exit_text(code)
+    last = last_statuses(statuses, "worker", time.time(), lambda j: jobs[j].device)
     log = status_dir / f"{PREFIX}-{k}.log"
     tail = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
     raise RankFailed(f"extraction: worker {k} of {len(jobs)} ({jobs[k].device}, shards "
-                     f"{[sh.index for sh in jobs[k].shards][:8]}) failed ({how}); expected exit code 0. Last status: "
+                     f"{[sh.index for sh in jobs[k].shards][:8]}) failed ({how}); expected exit "
+                     "code 0. Last status: "
                      f"{last}. Log: {log}. Committed shards are kept: a re-run extracts the rest"
                      + (f"\n--- last lines of {log} ---\n{tail}" if tail else ""),
                      ranks=[k], kind="failed" if s.get("phase") == "failed" else "died",
@@ -132,7 +130,8 @@ def _raise_failed(k: int, code: int, jobs: list[WorkerJob], statuses: dict, stat
 
 
 def _end(procs) -> None:
-    """SIGTERM every live worker, 10 s to exit, then SIGKILL (by the pid of each process started here)."""
+    """SIGTERM every live worker, 10 s to exit, then SIGKILL (by the pid of each process started
+    here)."""
     live = [p for p in procs if p.pid is not None and p.exitcode is None]
     for p in live:
         p.terminate()

@@ -1,17 +1,18 @@
 """Reading the hidden-states directory (extract → train) and packing it into training micro-batches.
 
-Layout (docs/INTERNALS.md): ``manifest.json`` (kind ``hidden_states``), ``data/`` (HF datasets: input_ids,
-loss_mask, seq_len), ``hidden_states/hs_{i}.safetensors`` (``token_ids [T]`` int64, ``hidden_states
-[T, n_aux+1, H]``, slot -1 = last layer output before the final norm), ``token_freq.pt``.
+Layout (docs/INTERNALS.md): ``manifest.json`` (kind ``hidden_states``), ``data/`` (HF datasets:
+input_ids, loss_mask, seq_len), ``hidden_states/hs_{i}.safetensors`` (``token_ids [T]`` int64,
+``hidden_states [T, n_aux+1, H]``, slot -1 = last layer output before the final norm),
+``token_freq.pt``.
 
-Alignment (speculators' ``shift_batch``): the draft at position p gets the aux states of token p and the
-embedding of token p+1, and learns the verifier's distribution at p+1 (which predicts token p+2). A sample
-of T tokens gives T-1 training positions with position ids 1..T-1.
+Alignment (speculators' ``shift_batch``): the draft at position p gets the aux states of token p and
+the embedding of token p+1, and learns the verifier's distribution at p+1 (which predicts token
+p+2). A sample of T tokens gives T-1 training positions with position ids 1..T-1.
 
-Packing: an epoch is a seeded permutation of the train samples, cut greedily into micro-batches of at most
-``max_tokens`` positions. Samples keep their boundaries through ``document_ids`` (attention never crosses a
-document; speculators' mask). The plan depends only on (seed, epoch, lengths), so a resumed run rebuilds
-the same plan and skips to its saved micro-batch position.
+Packing: an epoch is a seeded permutation of the train samples, cut greedily into micro-batches of
+at most ``max_tokens`` positions. Samples keep their boundaries through ``document_ids`` (attention
+never crosses a document; speculators' mask). The plan depends only on (seed, epoch, lengths), so a
+resumed run rebuilds the same plan and skips to its saved micro-batch position.
 """
 
 from __future__ import annotations
@@ -65,19 +66,21 @@ class HiddenStatesData:
 
     @property
     def truncated(self) -> int:
-        return sum(1 for i in self.train_ids + self.val_ids if self.input_ids[i].numel() - 1 > self.max_tokens)
+        return sum(1 for i in self.train_ids + self.val_ids if self.input_ids[i].numel()
+            - 1 > self.max_tokens)
 
     def unique_train_tokens(self) -> int:
-        """Training positions in one pass over the train split (the denominator of ``epochs_over_data``)."""
+        """Training positions in one pass over the train split (the denominator of
+        ``epochs_over_data``)."""
         return sum(self.positions(i) for i in self.train_ids)
 
     def load_sample(self, i: int) -> dict[str, torch.Tensor]:
         """Read and shift sample ``i``: tensors of ``n = positions(i)`` rows.
 
-        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype; fp8 files,
-        which carry ``hidden_states_scales``, are dequantized to bf16),
-        ``input_ids [n]`` int64, ``loss_mask [n]`` bool, ``position_ids [n]`` int64 (1..n).
-        Raises DataError: file missing, token ids differing from ``data/``, wrong shape, NaN/Inf.
+        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype;
+        fp8 files, which carry ``hidden_states_scales``, are dequantized to bf16), ``input_ids [n]``
+        int64, ``loss_mask [n]`` bool, ``position_ids [n]`` int64 (1..n). Raises DataError: file
+        missing, token ids differing from ``data/``, wrong shape, NaN/Inf.
         """
         from safetensors.torch import load_file
 
@@ -86,21 +89,25 @@ class HiddenStatesData:
             raise DataError(f"{path}: hidden-states file of sample {i} not found")
         try:
             t = load_file(str(path))
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a damaged header
-            raise DataError(f"{path}: unreadable hidden-states file of sample {i} ({type(e).__name__}: {e}); "
-                            f"re-run the extraction") from e
+        # noqa: BLE001 - safetensors raises its own error type for a damaged header
+        except Exception as e:
+            raise DataError(f"{path}: unreadable hidden-states file of sample {i} "
+                            f"({type(e).__name__}: {e}); re-run the extraction") from e
         if "token_ids" not in t or "hidden_states" not in t:
-            raise DataError(f"{path}: expected tensors token_ids and hidden_states, got {sorted(t)}")
+            raise DataError(
+                f"{path}: expected tensors token_ids and hidden_states, got {sorted(t)}")
         tok, hs = t["token_ids"].long(), t["hidden_states"]
-        if SCALES_KEY in t:  # fp8 e4m3 storage: value = fp8 * per-(token, slot) scale, decoded to bf16
+        # fp8 e4m3 storage: value = fp8 * per-(token, slot) scale, decoded to bf16
+        if SCALES_KEY in t:
             hs = decode(t, torch.bfloat16)
         ids = self.input_ids[i]
         if not torch.equal(tok, ids):
-            raise DataError(f"{path}: token_ids ({tok.numel()} tokens) differ from data/ input_ids of sample {i} "
-                            f"({ids.numel()} tokens)")
+            raise DataError(f"{path}: token_ids ({tok.numel()} tokens) differ from data/ input_ids "
+                            f"of sample {i} ({ids.numel()} tokens)")
         want = (ids.numel(), self.n_aux + 1, self.hidden_size)
         if tuple(hs.shape) != want:
-            raise DataError(f"{path}: hidden_states shape expected {list(want)} [T, n_aux+1, H], got {list(hs.shape)}")
+            raise DataError(f"{path}: hidden_states shape expected {list(want)} [T, n_aux+1, H], "
+                            f"got {list(hs.shape)}")
         if not bool(torch.isfinite(hs).all()):
             raise DataError(f"{path}: hidden_states contain NaN/Inf")
         n = self.positions(i)
@@ -113,7 +120,8 @@ class HiddenStatesData:
         }
 
 
-def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf, *, max_tokens: int) -> HiddenStatesData:
+def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf, *,
+                       max_tokens: int) -> HiddenStatesData:
     """Open ``data_dir`` and check it against the target before any training step.
 
     Args:
@@ -121,9 +129,10 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
         target_conf: the target's (text) config (hidden_size, num_hidden_layers, vocab_size).
         max_tokens: positions per micro-batch (a longer sample is cut to it).
     Raises:
-        DataError: missing/foreign manifest; a dataset made from another target (path or shape fields
-            differ); hidden size disagreeing with the target; empty train split; bad split ids; aux ids
-            in another convention.
+        DataError: missing/foreign manifest; a dataset made from another target (path or shape
+        fields
+            differ); hidden size disagreeing with the target; empty train split; bad split ids; aux
+            ids in another convention.
     """
     from datasets import load_from_disk
 
@@ -132,20 +141,24 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     _check_target(root, m, Path(target_dir), target_conf)
     conv = m.get("layer_id_convention")
     if conv != CONVENTION:
-        raise DataError(f"{root}/manifest.json: layer_id_convention expected {CONVENTION!r}, got {conv!r}")
+        raise DataError(f"{root}/manifest.json: layer_id_convention expected {CONVENTION!r}, got "
+                        f"{conv!r}")
     aux = m.get("aux_layer_ids")
     if not isinstance(aux, list) or not aux:
-        raise DataError(f"{root}/manifest.json: aux_layer_ids expected a non-empty list, got {aux!r}")
+        raise DataError(f"{root}/manifest.json: aux_layer_ids expected a non-empty list, got "
+                        f"{aux!r}")
     if not (root / "data").is_dir():
         raise DataError(f"{root}/data: HF datasets folder not found")
     splits = m.get("splits") or {}
     if not splits.get("train"):
-        raise DataError(f"{root}: empty dataset: manifest splits.train has no sample ids "
-                        f"(counts: {m.get('counts')})")
+        raise DataError(f"{root}: empty dataset: manifest splits.train has no sample ids (counts: "
+                        f"{m.get('counts')})")
     try:
         rows = load_from_disk(str(root / "data"))
-    except (OSError, ValueError, IndexError) as e:  # datasets raises these for empty/corrupt folders
-        raise DataError(f"{root}/data: not a readable HF datasets folder ({type(e).__name__}: {e})") from e
+    # datasets raises these for empty/corrupt folders
+    except (OSError, ValueError, IndexError) as e:
+        raise DataError(
+            f"{root}/data: not a readable HF datasets folder ({type(e).__name__}: {e})") from e
     for col in ("input_ids", "loss_mask", "seq_len"):
         if col not in rows.column_names:
             raise DataError(f"{root}/data: column {col!r} missing (columns: {rows.column_names})")
@@ -159,8 +172,10 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     if not tr:
         raise DataError(f"{root}: empty dataset: the train split has no sample with >= 2 tokens "
                         f"({len(rows)} rows in data/, {len(splits.get('train') or [])} train ids)")
-    data = HiddenStatesData(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask, train_ids=tr,
-                            val_ids=va, aux_layer_ids=[int(a) for a in aux], hidden_size=int(target_conf.hidden_size),
+    data = HiddenStatesData(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask,
+                            train_ids=tr,
+                            val_ids=va, aux_layer_ids=[int(a) for a in aux],
+                            hidden_size=int(target_conf.hidden_size),
                             max_tokens=max_tokens, skipped=skipped)
     _check_loss_tokens(data)
     data.load_sample(tr[0])  # shape/hidden-size check on real data before any step
@@ -168,25 +183,31 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
 
 
 def _check_loss_tokens(data: HiddenStatesData) -> None:
-    """Refuse a train split whose samples, cut to ``max_tokens`` positions, hold no loss-masked position (the
-    draft would train on a loss of exactly 0 and learn nothing); warn when the cut drops loss positions."""
+    """Refuse a train split whose samples, cut to ``max_tokens`` positions, hold no loss-masked
+    position (the draft would train on a loss of exactly 0 and learn nothing); warn when the cut
+    drops loss positions."""
     kept = sum(int(data.loss_mask[i][1:data.positions(i) + 1].sum()) for i in data.train_ids)
     total = sum(int(data.loss_mask[i][1:].sum()) for i in data.train_ids)
     if kept == 0:
-        raise DataError(f"{data.root}: no loss-masked position within the first train.max_tokens_per_batch="
-                        f"{data.max_tokens} positions of any of the {len(data.train_ids)} train samples (they hold "
-                        f"{total} loss positions in all); expected train.max_tokens_per_batch >= the sample length "
-                        f"(longest: {max(int(data.input_ids[i].numel()) - 1 for i in data.train_ids)} positions)")
+        raise DataError(f"{data.root}: no loss-masked position within the first "
+                        "train.max_tokens_per_batch="
+                        f"{data.max_tokens} positions of any of the {len(data.train_ids)} train "
+                        f"samples (they hold {total} loss positions in all); expected "
+                        "train.max_tokens_per_batch >= the sample length (longest: "
+                        f"{max(int(data.input_ids[i].numel()) - 1 for i in data.train_ids)} "
+                        "positions)")
     if kept < total:
-        log.warning("train.max_tokens_per_batch=%d cuts %d of %d train samples: %d of %d loss positions are "
-                    "not trained on", data.max_tokens, data.truncated, len(data.train_ids) + len(data.val_ids),
+        log.warning("train.max_tokens_per_batch=%d cuts %d of %d train samples: %d of %d loss "
+                    "positions are not trained on"
+                    , data.max_tokens, data.truncated, len(data.train_ids)
+                        + len(data.val_ids),
                     total - kept, total)
 
 
 def data_identity(data: HiddenStatesData) -> str:
-    """sha256 (hex) identifying the training data for resume checks: the manifest's target, aux ids and
-    splits plus the content of ``data/`` (token ids, loss masks). ``token_freq.pt`` is left out on purpose:
-    a changed vocabulary map is checked (and can be allowed) separately."""
+    """sha256 (hex) identifying the training data for resume checks: the manifest's target, aux ids
+    and splits plus the content of ``data/`` (token ids, loss masks). ``token_freq.pt`` is left out
+    on purpose: a changed vocabulary map is checked (and can be allowed) separately."""
     import hashlib
     import json
 
@@ -202,10 +223,12 @@ def data_identity(data: HiddenStatesData) -> str:
 def _split(root: Path, splits: dict, name: str, n_rows: int) -> list[int]:
     ids = splits.get(name)
     if ids is None:
-        raise DataError(f"{root}/manifest.json: splits.{name} missing (expected a list of sample indices)")
+        raise DataError(f"{root}/manifest.json: splits.{name} missing (expected a list of sample "
+                        "indices)")
     bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < n_rows]
     if bad:
-        raise DataError(f"{root}/manifest.json: splits.{name} has ids outside [0, {n_rows}): {bad[:5]}")
+        raise DataError(f"{root}/manifest.json: splits.{name} has ids outside [0, {n_rows}): "
+                        f"{bad[:5]}")
     return list(ids)
 
 
@@ -215,30 +238,38 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
         raise DataError(f"{root}/manifest.json: target expected a mapping, got {t!r}")
     if not t.get("path"):
         raise DataError(f"{root}/manifest.json: target.path missing")
-    if Path(t["path"]).expanduser().resolve() != target_dir.resolve() and not _same_target_elsewhere(t, target_dir):
-        raise DataError(f"{root}/manifest.json: dataset made from another target: target.path {t['path']}, "
-                        f"configured target {target_dir.resolve()} (other path, and its config.json or weights "
-                        f"differ from the manifest's target.config_hash / target.weights_hash)")
-    for key, attr in (("hidden_size", "hidden_size"), ("num_layers", "num_hidden_layers"), ("vocab_size", "vocab_size")):
+    if Path(t["path"]).expanduser().resolve() != target_dir.resolve(
+            ) and not _same_target_elsewhere(t, target_dir):
+        raise DataError(f"{root}/manifest.json: dataset made from another target: target.path "
+                        f"{t['path']}, configured target {target_dir.resolve()} (other path, and "
+                        f"its config.json or weights differ from the manifest's target.config_hash "
+                        f"/ target.weights_hash)")
+    for key, attr in (("hidden_size", "hidden_size"), ("num_layers", "num_hidden_layers"),
+                      ("vocab_size", "vocab_size")):
         want = int(getattr(conf, attr))
         if key in t and t[key] is not None and int(t[key]) != want:
-            raise DataError(f"{root}/manifest.json: target.{key} {t[key]} disagrees with the target's "
-                            f"config.json {attr}={want} ({target_dir})")
+            raise DataError(f"{root}/manifest.json: target.{key} {t[key]} disagrees with the "
+                            "target's config.json "
+                            f"{attr}={want} ({target_dir})")
 
 
 def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:
-    """True when the manifest's target (recorded at another path: e.g. the extraction ran on another machine of a
-    work pool, which mounts the asset cache elsewhere) is ``target_dir``: its ``config.json`` sha256 and its
-    weights hash (every ``*.safetensors`` byte is read: ~10 s per 10 GB) equal the manifest's
-    ``target.config_hash`` and ``target.weights_hash``. False when the manifest lacks either."""
+    """True when the manifest's target (recorded at another path: e.g. the extraction ran on another
+    machine of a work pool, which mounts the asset cache elsewhere) is ``target_dir``: its
+    ``config.json`` sha256 and its weights hash (every ``*.safetensors`` byte is read: ~10 s per 10
+    GB) equal the manifest's ``target.config_hash`` and ``target.weights_hash``. False when the
+    manifest lacks either."""
     from eagle3.artifacts import sha256_file, weights_hash
 
-    if not t.get("config_hash") or not t.get("weights_hash") or not (target_dir / "config.json").is_file():
+    if not t.get("config_hash") or not t.get("weights_hash") or not (target_dir
+            / "config.json").is_file():
         return False
     if sha256_file(target_dir / "config.json") != t["config_hash"]:
         return False
-    log.info("target %s: the hidden states name it at %s; comparing the weights by hash", target_dir, t["path"])
-    return weights_hash(target_dir) == t["weights_hash"]  # None (no *.safetensors here) never equals a hash
+    log.info("target %s: the hidden states name it at %s; comparing the weights by hash",
+             target_dir, t["path"])
+    # None (no *.safetensors here) never equals a hash
+    return weights_hash(target_dir) == t["weights_hash"]
 
 
 def plan_epoch(data: HiddenStatesData, seed: int, epoch: int) -> list[list[int]]:
@@ -261,7 +292,8 @@ def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int
     used = 0
     for i, n in zip(order, lengths):
         if n > max_tokens:
-            raise ConfigError(f"train.max_tokens_per_batch={max_tokens}: sample {i} has {n} positions")
+            raise ConfigError(f"train.max_tokens_per_batch={max_tokens}: sample {i} has {n} "
+                              "positions")
         if cur and used + n > max_tokens:
             batches.append(cur)
             cur, used = [], 0
@@ -273,29 +305,33 @@ def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int
 
 
 def padding_sample(like: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
-    """``n`` positions of padding shaped like a :meth:`HiddenStatesData.load_sample` result: zero states, token
-    0, ``loss_mask`` False (no loss, no metric), positions 1..n. Collated as its own document, so attention
-    never mixes it with real samples."""
+    """``n`` positions of padding shaped like a :meth:`HiddenStatesData.load_sample` result: zero
+    states, token 0, ``loss_mask`` False (no loss, no metric), positions 1..n. Collated as its own
+    document, so attention never mixes it with real samples."""
     return {"hidden_states": like["hidden_states"].new_zeros((n, like["hidden_states"].shape[1])),
             "verifier_last_hidden_states": like["verifier_last_hidden_states"].new_zeros(
                 (n, like["verifier_last_hidden_states"].shape[1])),
-            "input_ids": torch.zeros(n, dtype=torch.long), "loss_mask": torch.zeros(n, dtype=torch.bool),
+            "input_ids": torch.zeros(n, dtype=torch.long),
+            "loss_mask": torch.zeros(n, dtype=torch.bool),
             "position_ids": torch.arange(1, n + 1, dtype=torch.long)}
 
 
 def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = None) -> dict:
-    """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the host.
+    """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the
+    host.
 
-    ``pad_to`` (positions): append a :func:`padding_sample` so that N == pad_to, giving every micro-batch one
-    shape (a compiled forward then compiles once instead of once per length). Returns hidden_states
-    ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the file dtype (bf16 for bf16/fp8
-    storage: half the bytes of float32 for the host→device copy), input_ids / position_ids / document_ids
-    ``[1, N]`` int64, loss_mask ``[1, N]`` bool. Raises ConfigError when the samples hold more than pad_to.
+    ``pad_to`` (positions): append a :func:`padding_sample` so that N == pad_to, giving every
+    micro-batch one shape (a compiled forward then compiles once instead of once per length).
+    Returns hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the
+    file dtype (bf16 for bf16/fp8 storage: half the bytes of float32 for the host→device copy),
+    input_ids / position_ids / document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool. Raises
+    ConfigError when the samples hold more than pad_to.
     """
     n = sum(int(s["input_ids"].numel()) for s in samples)
     if pad_to is not None:
         if n > pad_to:
-            raise ConfigError(f"collate: {n} positions do not fit pad_to={pad_to} (train.max_tokens_per_batch)")
+            raise ConfigError(f"collate: {n} positions do not fit pad_to={pad_to} "
+                              "(train.max_tokens_per_batch)")
         if n < pad_to:
             samples = [*samples, padding_sample(samples[0], pad_to - n)]
     out = {k: torch.cat([s[k] for s in samples])[None] for k in samples[0]}
@@ -305,24 +341,26 @@ def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = No
 
 
 def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None) -> dict:
-    """Move a :func:`collate_host` batch to ``device`` and cast the two hidden-state tensors to ``dtype`` there
-    (None: keep the stored dtype)."""
+    """Move a :func:`collate_host` batch to ``device`` and cast the two hidden-state tensors to
+    ``dtype`` there (None: keep the stored dtype)."""
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     for k in ("hidden_states", "verifier_last_hidden_states"):
         out[k] = out[k] if dtype is None else out[k].to(dtype)
     return out
 
 
-def collate(samples: list[dict[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> dict:
+def collate(samples: list[dict[str, torch.Tensor]], device: torch.device,
+            dtype: torch.dtype) -> dict:
     """:func:`collate_host` then :func:`to_device`."""
     return to_device(collate_host(samples), device, dtype)
 
 
 class MicroBatches(torch.utils.data.Dataset):
-    """Micro-batch ``k`` = ``(sample ids, collate_host of their loaded samples, None)``, for a DataLoader whose
-    worker processes read and check the files while the device computes. A DataError of
-    :meth:`HiddenStatesData.load_sample` comes back as ``(ids, None, message)`` so that the training process
-    raises it as a DataError with its own message (not wrapped in the worker's traceback)."""
+    """Micro-batch ``k`` = ``(sample ids, collate_host of their loaded samples, None)``, for a
+    DataLoader whose worker processes read and check the files while the device computes. A
+    DataError of :meth:`HiddenStatesData.load_sample` comes back as ``(ids, None, message)`` so that
+    the training process raises it as a DataError with its own message (not wrapped in the worker's
+    traceback)."""
 
     def __init__(self, data: HiddenStatesData, batches: list[list[int]], pad_to: int | None = None):
         self.data, self.batches, self.pad_to = data, batches, pad_to
@@ -343,8 +381,8 @@ def _as_is(item):
 
 
 def loader_workers(requested: int | None, device: torch.device) -> int:
-    """Loader processes: ``requested``, else 4 on CUDA and 0 (read in the training process) on the CPU, where
-    workers would only take cores from the computation."""
+    """Loader processes: ``requested``, else 4 on CUDA and 0 (read in the training process) on the
+    CPU, where workers would only take cores from the computation."""
     if requested is not None:
         return requested
     return 4 if device.type == "cuda" else 0
@@ -352,17 +390,19 @@ def loader_workers(requested: int | None, device: torch.device) -> int:
 
 def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], device: torch.device,
                           workers: int | None = None, pad_to: int | None = None):
-    """Yield ``(ids, host batch)`` for ``batches`` in order, read ahead by :func:`loader_workers` processes
-    (pinned memory on CUDA), each padded to ``pad_to`` positions when given (:func:`collate_host`). The order
-    never depends on the number of workers. Raises DataError (a sample
-    file missing, damaged or failing its checks) with the file's path."""
+    """Yield ``(ids, host batch)`` for ``batches`` in order, read ahead by :func:`loader_workers`
+    processes (pinned memory on CUDA), each padded to ``pad_to`` positions when given
+    (:func:`collate_host`). The order never depends on the number of workers. Raises DataError (a
+    sample file missing, damaged or failing its checks) with the file's path."""
     n = loader_workers(workers, device)
     if n == 0:
         for ids in batches:
             yield ids, collate_host([data.load_sample(i) for i in ids], pad_to)
         return
-    loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None, shuffle=False,
-                                         num_workers=n, collate_fn=_as_is, pin_memory=device.type == "cuda",
+    loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None,
+                                         shuffle=False,
+                                         num_workers=n, collate_fn=_as_is, pin_memory=device.type
+                                             == "cuda",
                                          prefetch_factor=4)
     for ids, batch, error in loader:
         if error is not None:

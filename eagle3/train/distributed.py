@@ -1,6 +1,6 @@
-"""The process-group side of multi-GPU training, run in every rank: which device this rank uses, and the
-process group (NCCL on CUDA, gloo on CPU) when running under torchrun (``LOCAL_RANK`` set), with its status
-marks for the launcher's deadlines."""
+"""The process-group side of multi-GPU training, run in every rank: which device this rank uses, and
+the process group (NCCL on CUDA, gloo on CPU) when running under torchrun (``LOCAL_RANK`` set), with
+its status marks for the launcher's deadlines."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from eagle3.errors import ConfigError
 
 
 def device_for(t, local_rank: int) -> torch.device:
-    """The training device of local rank ``local_rank`` for a TrainConfig ``t`` (``train.device``: ``auto`` = cuda
-    when available, else cpu). Raises ConfigError when CUDA is asked for and not available."""
+    """The training device of local rank ``local_rank`` for a TrainConfig ``t`` (``train.device``:
+    ``auto`` = cuda when available, else cpu). Raises ConfigError when CUDA is asked for and not
+    available."""
     want = t.device
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,11 +29,11 @@ def device_for(t, local_rank: int) -> torch.device:
 def setup_distributed(t) -> tuple[int, int, torch.device]:
     """``(rank, world_size, device)``; initialises the process group when run under torchrun.
 
-    The rank's status file (:func:`eagle3.workers.rank_status`) says ``arriving`` before the rendezvous and
-    ``ready`` after it, so the launcher can name a rank that never arrives. The group's timeout (every
-    collective, the rendezvous included) is the largest of ``train.startup_timeout_s``,
-    ``first_step_timeout_s`` and ``stall_timeout_s``: a backstop for a torchrun started by hand; the launcher
-    enforces each deadline on its own.
+    The rank's status file (:func:`eagle3.workers.rank_status`) says ``arriving`` before the
+    rendezvous and ``ready`` after it, so the launcher can name a rank that never arrives. The
+    group's timeout (every collective, the rendezvous included) is the largest of
+    ``train.startup_timeout_s``, ``first_step_timeout_s`` and ``stall_timeout_s``: a backstop for a
+    torchrun started by hand; the launcher enforces each deadline on its own.
     """
     if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, device_for(t, 0)
@@ -49,8 +50,10 @@ def setup_distributed(t) -> tuple[int, int, torch.device]:
     if not dist.is_initialized():
         status = rank_status()
         status.mark("arriving")
-        timeout = timedelta(seconds=max(t.startup_timeout_s, t.first_step_timeout_s, t.stall_timeout_s))
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+        timeout = timedelta(
+            seconds=max(t.startup_timeout_s, t.first_step_timeout_s, t.stall_timeout_s))
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                timeout=timeout)
         status.mark("ready", world=dist.get_world_size(), device=str(device))
     return dist.get_rank(), dist.get_world_size(), device
 

@@ -1,10 +1,11 @@
-"""Building, saving and loading speculators' EAGLE-3 draft for a target, configured for the serving engine.
+"""Building, saving and loading speculators' EAGLE-3 draft for a target, configured for the serving
+engine.
 
-What is trained must be what the serving engine computes (docs/ENGINE_FACTS.md §2, §5): the four layer flags
-``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output`` are resolved from the config and
-checked against the engine profile (``eagle3.engines.profile.get_profile(engine, version).check_flags``)
-before any training. SGLang 0.5.23 takes the residual from the *un-normalised* incoming hidden state, which
-is ``norm_before_residual=False``.
+What is trained must be what the serving engine computes (docs/ENGINE_FACTS.md §2, §5): the four
+layer flags ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output`` are resolved
+from the config and checked against the engine profile (``eagle3.engines.profile.get_profile(engine,
+version).check_flags``) before any training. SGLang 0.5.23 takes the residual from the
+*un-normalised* incoming hidden state, which is ``norm_before_residual=False``.
 
 Aux layer ids are HF ``hidden_states`` indices (input of layer i), stored at the top level of the
 speculators ``config.json`` as ``eagle_aux_hidden_state_layer_ids``.
@@ -20,14 +21,15 @@ import torch
 from eagle3.errors import CheckpointInvalid, ConfigError
 
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t",
+                    "t2d")
 
 
 def resolve_flags(cfg) -> dict[str, bool]:
     """The draft's layer flags for ``cfg`` (a RunConfig), checked against the serving engine.
 
-    ``train.norm_before_residual = None`` takes the engine's value (SGLang 0.5.23: False). The engine is
-    ``cfg.convert.engine`` at ``cfg.convert.engine_version``.
+    ``train.norm_before_residual = None`` takes the engine's value (SGLang 0.5.23: False). The
+    engine is ``cfg.convert.engine`` at ``cfg.convert.engine_version``.
 
     Raises:
         ConfigError: a flag the engine ignores or implements differently (from the profile's
@@ -42,45 +44,47 @@ def resolve_flags(cfg) -> dict[str, bool]:
     flags = {"norm_before_residual": bool(nbr), "norm_before_fc": bool(t.norm_before_fc),
              "fc_norm": bool(t.fc_norm), "norm_output": bool(t.norm_output)}
     if flags["norm_before_fc"] and flags["fc_norm"]:
-        raise ConfigError("train.norm_before_fc and train.fc_norm: mutually exclusive (speculators), got both true")
+        raise ConfigError("train.norm_before_fc and train.fc_norm: mutually exclusive "
+                          "(speculators), got both true")
     profile.check_flags(flags)
     return flags
 
 
 def read_target_config(target_dir: str | Path):
-    """The target's text config (``text_config`` for multimodal configs). Raises ConfigError if unreadable."""
+    """The target's text config (``text_config`` for multimodal configs). Raises ConfigError if
+    unreadable."""
     from transformers import AutoConfig
 
     target_dir = Path(target_dir)
     if not (target_dir / "config.json").is_file():
-        raise ConfigError(f"target {target_dir}: expected an HF model folder with config.json, found none")
+        raise ConfigError(f"target {target_dir}: expected an HF model folder with config.json, "
+                          "found none")
     conf = AutoConfig.from_pretrained(target_dir)
     return getattr(conf, "text_config", None) or conf
 
 
-def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.Tensor, t2d: torch.Tensor,
+def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.Tensor,
+                t2d: torch.Tensor,
                 num_layers: int, ttt_steps: int, flags: dict[str, bool], attn_impl: str = "sdpa"):
     """A fresh ``Eagle3DraftModel`` for the target, with the vocab map and verifier weights loaded.
 
     Args:
-        target_dir: the target's HF folder (config, embeddings, LM head, final norm are read from it).
-        aux_layer_ids: HF hidden_states indices of the aux states (``fc`` input = len(ids) × hidden).
-        d2t, t2d: the draft vocabulary map (:mod:`eagle3.train.vocab`).
-        num_layers: draft decoder layers.
-        ttt_steps: recorded as the greedy proposal's ``speculative_tokens``.
-        flags: :func:`resolve_flags`' result.
-        attn_impl: ``sdpa`` (CPU and CUDA) or ``eager``; speculators' default flex attention has no CPU
-            backward.
-    Returns the model in float32, train mode; random init of fc/layers comes from torch's global RNG. The
-    accuracy counts of its forward are the static-shape ones (:mod:`eagle3.train.static_metrics`: no recompile
-    per micro-batch under ``train.compile``).
+        target_dir: the target's HF folder (config, embeddings, LM head, final norm are read from
+        it). aux_layer_ids: HF hidden_states indices of the aux states (``fc`` input = len(ids) ×
+        hidden). d2t, t2d: the draft vocabulary map (:mod:`eagle3.train.vocab`). num_layers: draft
+        decoder layers. ttt_steps: recorded as the greedy proposal's ``speculative_tokens``. flags:
+        :func:`resolve_flags`' result. attn_impl: ``sdpa`` (CPU and CUDA) or ``eager``;
+        speculators' default flex attention has no CPU backward.
+    Returns the model in float32, train mode; random init of fc/layers comes from torch's global
+    RNG. The accuracy counts of its forward are the static-shape ones
+    (:mod:`eagle3.train.metrics`: no recompile per micro-batch under ``train.compile``).
     Raises ConfigError for an invalid layer-id list (out of range, repeated).
     """
     from speculators.config import SpeculatorsConfig, VerifierConfig
 
-    from eagle3.train import static_metrics
+    from eagle3.train import metrics
 
-    static_metrics.install()
+    metrics.install()
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from speculators.train.cli import create_transformer_layer_config
@@ -91,7 +95,8 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
             min(aux_layer_ids) < 0 or max(aux_layer_ids) > n_target_layers:
         raise ConfigError(f"aux_layer_ids: expected distinct HF indices in [0, {n_target_layers}], "
                           f"got {aux_layer_ids}")
-    tl = create_transformer_layer_config(target_dir, num_layers, "llama", None, 0, list(range(num_layers)))
+    tl = create_transformer_layer_config(target_dir, num_layers, "llama", None, 0,
+                                         list(range(num_layers)))
     tl._attn_implementation = attn_impl  # noqa: SLF001  (speculators reads it in __init__)
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=tl, draft_vocab_size=int(d2t.numel()),
@@ -110,7 +115,8 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
 
 
 def set_attention(model, attn_impl: str) -> None:
-    """Choose the attention implementation of a built/loaded draft (``from_pretrained`` restores flex)."""
+    """Choose the attention implementation of a built/loaded draft (``from_pretrained`` restores
+    flex)."""
     from speculators.models.attention import create_float_mask
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
@@ -118,7 +124,8 @@ def set_attention(model, attn_impl: str) -> None:
     for layer in model.layers:
         layer.self_attn.config._attn_implementation = attn_impl  # noqa: SLF001
     model._attn_impl = attn_impl  # noqa: SLF001
-    model._create_mask_fn = (create_block_mask if attn_impl == "simple_flex_attention"  # noqa: SLF001
+    # noqa: SLF001
+    model._create_mask_fn = (create_block_mask if attn_impl == "simple_flex_attention"
                              else create_float_mask if attn_impl == "eager" else create_mask)
 
 
@@ -126,8 +133,9 @@ def use_uncompiled_forward(model) -> bool:
     """Bind the plain Python ``forward`` of speculators' draft to ``model``.
 
     speculators wraps ``Eagle3DraftModel.forward`` in ``torch.compile`` whenever CUDA is available
-    (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled flex
-    paths failed on the H200 (docs/ENGINE_FACTS.md §7). Returns True when a compiled wrapper was bypassed.
+    (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled
+    flex paths can fail (docs/ENGINE_FACTS.md §7). Returns True when a compiled wrapper was
+    bypassed.
     """
     import types
 
@@ -140,22 +148,24 @@ def use_uncompiled_forward(model) -> bool:
 
 
 def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
-    """Replace the draft's forward by ``torch.compile`` of its plain Python forward, with static shapes.
+    """Replace the draft's forward by ``torch.compile`` of its plain Python forward, with static
+    shapes.
 
-    speculators compiles ``Eagle3DraftModel.forward`` with torch.compile's defaults (dynamic shapes allowed, mode
-    ``default``); here the wrapper is rebuilt with ``dynamic=False`` (the loop pads every micro-batch to one
-    length, so one graph per TTT layout serves the whole run) and the chosen ``mode``: ``"default"``,
-    ``"reduce-overhead"`` (CUDA graphs: removes the per-kernel launch cost that dominates small drafts) or
-    ``"max-autotune-no-cudagraphs"``. ``backend`` (None = inductor) exists for tests. Raises ConfigError for an
-    unknown mode.
+    speculators compiles ``Eagle3DraftModel.forward`` with torch.compile's defaults (dynamic shapes
+    allowed, mode ``default``); here the wrapper is rebuilt with ``dynamic=False`` (the loop pads
+    every micro-batch to one length, so one graph per TTT layout serves the whole run) and the
+    chosen ``mode``: ``"default"``, ``"reduce-overhead"`` (CUDA graphs: removes the per-kernel
+    launch cost that dominates small drafts) or ``"max-autotune-no-cudagraphs"``. ``backend`` (None
+    = inductor) exists for tests. Raises ConfigError for an unknown mode.
     """
     import types
 
     if mode not in COMPILE_MODES:
-        raise ConfigError(f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
+        raise ConfigError(
+            f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
     use_uncompiled_forward(model)
-    plain = model.forward if isinstance(model.forward, types.MethodType) else types.MethodType(type(model).forward,
-                                                                                               model)
+    plain = (model.forward if isinstance(model.forward, types.MethodType)
+             else types.MethodType(type(model).forward, model))
     kwargs = {"dynamic": False}
     if backend is not None:
         kwargs["backend"] = backend
@@ -168,27 +178,30 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """``(name, parameter)`` of what training updates: fc, decoder layers, final norm (and input norms).
+    """``(name, parameter)`` of what training updates: fc, decoder layers, final norm (and input
+    norms).
 
-    The embedding, ``lm_head`` and the verifier's head/norm stay frozen, as speculators 0.9.0 freezes them
-    (``load_verifier_weights``).
+    The embedding, ``lm_head`` and the verifier's head/norm stay frozen, as speculators 0.9.0
+    freezes them (``load_verifier_weights``).
     """
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in speculators format into ``out_dir`` (the tensors of
-    ``state_dict`` when given: the full weights gathered from shards; else the model's own).
+    """Write ``config.json`` + ``model.safetensors`` in speculators format into ``out_dir`` (the
+    tensors of ``state_dict`` when given: the full weights gathered from shards; else the model's
+    own).
 
-    Checks after writing that every tensor of :data:`REQUIRED_TENSORS` is present and finite, and that
-    ``config.json`` holds the top-level aux ids. Raises CheckpointInvalid otherwise.
+    Checks after writing that every tensor of :data:`REQUIRED_TENSORS` is present and finite, and
+    that ``config.json`` holds the top-level aux ids. Raises CheckpointInvalid otherwise.
     """
     from safetensors import safe_open
 
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True, state_dict=state_dict)
     conf = json.loads((out_dir / "config.json").read_text())
-    if conf.get("eagle_aux_hidden_state_layer_ids") != list(model.config.eagle_aux_hidden_state_layer_ids):
+    if conf.get("eagle_aux_hidden_state_layer_ids") != list(
+            model.config.eagle_aux_hidden_state_layer_ids):
         raise CheckpointInvalid(f"{out_dir}/config.json: eagle_aux_hidden_state_layer_ids expected "
                                 f"{model.config.eagle_aux_hidden_state_layer_ids}, got "
                                 f"{conf.get('eagle_aux_hidden_state_layer_ids')}")
@@ -196,23 +209,27 @@ def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Pa
         names = set(f.keys())
         missing = [n for n in REQUIRED_TENSORS if n not in names]
         if missing:
-            raise CheckpointInvalid(f"{out_dir}/model.safetensors: required tensors missing: {missing}")
+            raise CheckpointInvalid(f"{out_dir}/model.safetensors: required tensors missing: "
+                                    f"{missing}")
         for n in names:
             t = f.get_tensor(n)
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise CheckpointInvalid(f"{out_dir}/model.safetensors: tensor {n} has NaN/Inf values")
+                raise CheckpointInvalid(f"{out_dir}/model.safetensors: tensor {n} has NaN/Inf "
+                                        "values")
     return out_dir
 
 
-def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str | Path | None = None):
-    """Load a speculators-format draft (float32) and set its attention implementation; its forward runs eager.
+def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str | Path
+        | None = None):
+    """Load a speculators-format draft (float32) and set its attention implementation; its forward
+    runs eager.
 
-    speculators wraps the forward in ``torch.compile`` whenever CUDA is available, also for a draft loaded on the
-    CPU for conversion checks, where inductor's C++ code generation failed on the H200 machine (torch 2.11, "'tmp1'
-    was not declared in this scope"); a loaded draft is only run for a few checking forwards, so the plain forward
-    is bound (:func:`use_uncompiled_forward`). speculators reads the target (verifier) at the checkpoint's ``speculators_config.verifier.name_or_path``: the
-    path it had where training ran. ``verifier_dir`` (the target's folder on this machine, which may mount the
-    asset cache elsewhere) is used instead when given; the checkpoint on disk is not changed."""
+    speculators wraps the forward in ``torch.compile`` whenever CUDA is available, also for a draft
+    loaded on the CPU for conversion checks (where inductor's C++ code generation can fail); a
+    loaded draft only runs a few checking forwards, so the plain forward is bound
+    (:func:`use_uncompiled_forward`). speculators reads the target (verifier) at the checkpoint's
+    ``speculators_config.verifier.name_or_path`` (the path where training ran); ``verifier_dir``
+    (the target's folder here) is used instead when given; the checkpoint on disk is unchanged."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
     if verifier_dir is None:

@@ -1,25 +1,28 @@
-"""Several processes for one training run, parent side: ``torchrun`` + DDP/FSDP, followed and held to deadlines.
+"""Several processes for one training run, parent side: ``torchrun`` + DDP/FSDP, followed and held
+to deadlines.
 
-``train(cfg, ...)`` with ``train.num_gpus > 1`` (outside torchrun) calls :func:`launch`. It moves the previous
-launch's files to ``<out_dir>/state/launch.prev/``, writes the resolved config to ``state/launch/config.yaml``
-and runs (:func:`torchrun_command`)::
+``train(cfg, ...)`` with ``train.num_gpus > 1`` (outside torchrun) calls :func:`launch`. It moves
+the previous launch's files to ``<out_dir>/state/launch.prev/``, writes the resolved config to
+``state/launch/config.yaml`` and runs (:func:`torchrun_command`)::
 
     torchrun --standalone --nproc-per-node=N --max-restarts=0 --rdzv-conf=join_timeout=<startup>
              --log-dir=state/launch/logs --tee=3 -m eagle3.train.worker --config C --data D --out O
 
-Each process calls ``eagle3.train.stage.train`` again (now inside torchrun: ``LOCAL_RANK`` is set); NCCL on CUDA,
-gloo on CPU (``train.device=cpu``, for tests). What the parent does meanwhile:
+Each process calls ``eagle3.train.stage.train`` again (now inside torchrun: ``LOCAL_RANK`` is set);
+NCCL on CUDA, gloo on CPU (``train.device=cpu``, for tests). What the parent does meanwhile:
 
-- forwards each new record of ``metrics.jsonl`` to ``on_metrics`` (MLflow logging stays in the caller's process);
-- reads every rank's status file ``state/launch/rank-<r>.json`` (``eagle3.workers``) and holds the ranks to
-  ``train.startup_timeout_s`` (all joined the process group), ``train.first_step_timeout_s`` (all past their first
-  optimizer step) and ``train.stall_timeout_s`` (no rank silent that long). A missed deadline saves each live
-  rank's stack (``rank-<r>.stack.txt``, py-spy), ends the job and raises :class:`eagle3.errors.RankFailed`;
-- when torchrun exits non-zero: re-raises a rank's project error with its class and message, or raises
-  RankFailed naming the rank torchrun saw fail first (its exit code or signal), every rank's last status, the
-  rank logs (``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``) and the checkpoint a re-run
-  resumes from (a re-run of the same command continues from the newest complete checkpoint, exactly as an
-  uninterrupted run would have: ``eagle3.train.state``).
+- forwards each new record of ``metrics.jsonl`` to ``on_metrics`` (MLflow logging stays in the
+  caller's process);
+- reads every rank's status file ``state/launch/rank-<r>.json`` (``eagle3.workers``) and holds the
+  ranks to ``train.startup_timeout_s`` (all joined the process group),
+  ``train.first_step_timeout_s`` (all past their first optimizer step) and ``train.stall_timeout_s``
+  (no rank silent that long). A missed deadline saves each live rank's stack
+  (``rank-<r>.stack.txt``, py-spy), ends the job and raises :class:`eagle3.errors.RankFailed`;
+- when torchrun exits non-zero: re-raises a rank's project error with its class and message, or
+  raises RankFailed naming the rank torchrun saw fail first (its exit code or signal), every rank's
+  last status, the rank logs (``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``)
+  and the checkpoint a re-run resumes from (a re-run of the same command continues from the newest
+  complete checkpoint, exactly as an uninterrupted run would have: ``eagle3.train.state``).
 """
 
 from __future__ import annotations
@@ -29,36 +32,28 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from eagle3 import errors
-from eagle3.errors import ConfigError, Eagle3Error, RankFailed
-from eagle3.workers import (
-    STATUS_DIR_ENV,
-    Deadlines,
-    describe,
-    dump_stacks,
-    end_processes,
-    last_status,
-    overdue,
-    read_statuses,
-)
+from eagle3.errors import ConfigError, RankFailed
+from eagle3.workers import (STATUS_DIR_ENV, Deadlines, describe, dump_stacks, end_processes,
+                            exit_text, last_statuses, overdue, read_statuses, reraise_failed,
+                            status_pids)
 
 LAUNCH_DIR = "launch"
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
-                         re.DOTALL)
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)"
+                         r".*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 _FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
 def _forward_metrics(path: Path, pos: tuple[int, int], on_metrics) -> tuple[int, int]:
-    """Send complete lines of ``metrics.jsonl`` after ``pos = (inode, byte offset)`` to ``on_metrics``.
+    """Send complete lines of ``metrics.jsonl`` after ``pos = (inode, byte offset)`` to
+    ``on_metrics``.
 
-    The trainer rewrites the file when it starts or resumes (a new inode): then it is read from the start,
-    so records up to the resumed step may be forwarded twice. Returns the new position.
+    The trainer rewrites the file when it starts or resumes (a new inode): then it is read from the
+    start, so records up to the resumed step may be forwarded twice. Returns the new position.
     """
     if not path.is_file():
         return pos
@@ -80,14 +75,17 @@ def _forward_metrics(path: Path, pos: tuple[int, int], on_metrics) -> tuple[int,
 def torchrun_command(cfg, conf: Path, data_dir: Path, out_dir: Path, log_dir: Path) -> list[str]:
     """The torchrun command line of one launch (see the module docstring)."""
     t = cfg.train
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={t.num_gpus}",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={t.num_gpus}",
             "--max-restarts=0", f"--rdzv-conf=join_timeout={math.ceil(t.startup_timeout_s)}",
             f"--log-dir={log_dir}", "--tee=3",
-            "-m", "eagle3.train.worker", "--config", str(conf), "--data", str(data_dir), "--out", str(out_dir)]
+            "-m", "eagle3.train.worker", "--config", str(conf), "--data", str(data_dir), "--out",
+            str(out_dir)]
 
 
 def rank_logs(launch_dir: Path, world: int) -> dict[int, list[Path]]:
-    """``{rank: [stdout.log, stderr.log]}`` that torchrun wrote for this launch (one node: rank = local rank)."""
+    """``{rank: [stdout.log, stderr.log]}`` that torchrun wrote for this launch (one node: rank =
+    local rank)."""
     return {r: sorted(launch_dir.glob(f"logs/*/attempt_*/{r}/std*.log")) for r in range(world)}
 
 
@@ -105,15 +103,17 @@ def _check_devices(t) -> None:
 
     want = t.device if t.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if want.startswith("cuda") and t.num_gpus > torch.cuda.device_count():
-        raise ConfigError(f"train.num_gpus: expected at most {torch.cuda.device_count()} (the CUDA devices visible "
-                          f"here), got {t.num_gpus}")
+        raise ConfigError(f"train.num_gpus: expected at most {torch.cuda.device_count()} (the CUDA "
+                          "devices visible here), got "
+                          f"{t.num_gpus}")
 
 
 def launch(cfg, data_dir: Path, out_dir: Path, *, on_metrics=None, poll_s: float = 1.0) -> dict:
     """Run the training under torchrun with ``cfg.train.num_gpus`` processes; returns the manifest.
 
-    Raises a rank's Eagle3Error subclass with its message; RankFailed when a rank did not arrive, made no first
-    step, stalled or died (see the module docstring); ConfigError for more GPUs than are visible.
+    Raises a rank's Eagle3Error subclass with its message; RankFailed when a rank did not arrive,
+    made no first step, stalled or died (see the module docstring); ConfigError for more GPUs than
+    are visible.
     """
     from eagle3.artifacts import read_manifest
     from eagle3.train.state import ensure_writable
@@ -131,33 +131,34 @@ def launch(cfg, data_dir: Path, out_dir: Path, *, on_metrics=None, poll_s: float
     log = ldir / "torchrun.log"
     env = {**os.environ, STATUS_DIR_ENV: str(ldir)}
     with open(log, "wb") as logf:
-        proc = subprocess.Popen(torchrun_command(cfg, conf, data_dir, out_dir, ldir / "logs"), stdout=logf,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = subprocess.Popen(torchrun_command(cfg, conf, data_dir, out_dir, ldir / "logs"),
+                                stdout=logf,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
         launched = time.time()
         try:
             while proc.poll() is None:
                 time.sleep(poll_s)
                 offset = _forward_metrics(metrics, offset, on_metrics)
                 statuses = read_statuses(ldir, world)
-                missed = overdue(statuses, launched_at=launched, now=time.time(), deadlines=deadlines)
+                missed = overdue(statuses, launched_at=launched, now=time.time(),
+                                 deadlines=deadlines)
                 if missed is not None and proc.poll() is None:
                     stacks = dump_stacks(statuses, ldir)
-                    end_processes(proc, _pids(statuses))
+                    end_processes(proc, status_pids(statuses))
                     logs = rank_logs(ldir, world)
-                    msg = describe(missed, section="train", noun="rank", total=world, logs=logs, stacks=stacks)
+                    msg = describe(missed, section="train", noun="rank", total=world, logs=logs,
+                                   stacks=stacks)
                     hint = _resume_hint(cfg, out_dir)
-                    raise RankFailed(f"train under torchrun: {msg}; torchrun's output: {log}. {hint}",
+                    raise RankFailed(f"train under torchrun: {msg}; torchrun's output: {log}. "
+                                     f"{hint}",
                                      ranks=missed.workers, kind=missed.kind, logs=logs)
         finally:
             if proc.poll() is None:
-                end_processes(proc, _pids(read_statuses(ldir, world)))
+                end_processes(proc, status_pids(read_statuses(ldir, world)))
     _forward_metrics(metrics, offset, on_metrics)
     _raise_on_failure(cfg, proc.returncode, ldir, log, out_dir)
     return read_manifest(out_dir, kind="draft_checkpoint")
-
-
-def _pids(statuses: dict) -> list[int]:
-    return [int(s["pid"]) for s in statuses.values() if s and s.get("pid")]
 
 
 def _resume_hint(cfg, out_dir: Path) -> str:
@@ -168,30 +169,16 @@ def _resume_hint(cfg, out_dir: Path) -> str:
     ckpts = list_checkpoints(out_dir / "state")
     if not ckpts:
         return "No complete checkpoint was written yet: a re-run starts from step 0"
-    return f"The newest complete checkpoint is {ckpts[-1]}: re-running the same command resumes from it"
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        why = " (killed: the OOM killer, a preemption or a kill)" if -code == signal.SIGKILL else ""
-        return f"ended by {name}{why}"
-    return f"exit code {code}"
+    return (f"The newest complete checkpoint is {ckpts[-1]}: re-running the same command resumes "
+            "from it")
 
 
 def _raise_on_failure(cfg, returncode: int, ldir: Path, log: Path, out_dir: Path) -> None:
-    """After torchrun exited: a rank's project error (rank 0's first), else RankFailed for a non-zero exit."""
+    """After torchrun exited: a rank's project error (rank 0's first), else RankFailed for a
+    non-zero exit."""
     world = cfg.train.num_gpus
     statuses = read_statuses(ldir, world)
-    for r in sorted(statuses):
-        s = statuses[r]
-        if s and s.get("phase") == "failed":
-            cls = getattr(errors, str(s.get("error_type")), None)
-            if isinstance(cls, type) and issubclass(cls, Eagle3Error):
-                raise cls(s.get("message", ""))
+    reraise_failed(statuses)
     if returncode == 0:
         return
     text = log.read_text(errors="replace") if log.is_file() else ""
@@ -202,20 +189,25 @@ def _raise_on_failure(cfg, returncode: int, ldir: Path, log: Path, out_dir: Path
     elif line:
         culprits, code = [int(line.group(2))], int(line.group(1))
     else:
-        culprits = [r for r, s in statuses.items() if not s or s.get("phase") not in ("done", "failed")] or \
+        culprits = [r for r, s in statuses.items() if not s
+            or s.get("phase") not in ("done", "failed")] or \
                    [r for r, s in statuses.items() if s and s.get("phase") == "failed"]
         code = None
     logs = rank_logs(ldir, world)
     now = time.time()
-    last = "; ".join(f"rank {r}: {last_status(s, now)}" for r, s in sorted(statuses.items()))
-    files = "; ".join(f"rank {r}: {', '.join(str(p) for p in logs[r]) or 'no log file'}" for r in sorted(logs))
-    how = _exit_text(code) if code is not None else "stopped without an error record"
+    last = last_statuses(statuses, "rank", now)
+    files = "; ".join(f"rank {r}: {', '.join(str(p) for p in logs[r]) or 'no log file'}"
+        for r in sorted(logs))
+    how = exit_text(code, kill_hint=True) if code is not None else "stopped without an error record"
     failed = any((statuses.get(r) or {}).get("phase") == "failed" for r in culprits)
     tail = ""
     err_logs = [p for r in culprits for p in logs.get(r, []) if p.name == "stderr.log"]
     if err_logs:
-        tail = "\n--- last lines of " + str(err_logs[0]) + " ---\n" + err_logs[0].read_text(errors="replace")[-1500:]
-    raise RankFailed(f"train under torchrun: {', '.join(f'rank {r}' for r in culprits)} of {world} failed first "
-                     f"({how}); expected every rank to exit 0, torchrun exited {returncode}. Last status: {last}. "
+        tail = "\n--- last lines of " + str(err_logs[0]) + " ---\n" + err_logs[0].read_text(
+            errors="replace")[-1500:]
+    raise RankFailed(f"train under torchrun: {', '.join(f'rank {r}' for r in culprits)} of {world} "
+                     "failed first "
+                     f"({how}); expected every rank to exit 0, torchrun exited {returncode}. Last "
+                     f"status: {last}. "
                      f"Logs: {files}; torchrun's output: {log}. {_resume_hint(cfg, out_dir)}{tail}",
                      ranks=culprits, kind="failed" if failed else "died", logs=logs)

@@ -1,10 +1,11 @@
-"""The optimisation loop around speculators' ``Eagle3DraftModel``: micro-batches, gradient accumulation,
-DDP, bf16 autocast, logging, evaluation, checkpoints and the NaN/Inf stop.
+"""The optimisation loop around speculators' ``Eagle3DraftModel``: micro-batches, gradient
+accumulation, DDP, bf16 autocast, logging, evaluation, checkpoints and the NaN/Inf stop.
 
 One optimizer step consumes ``grad_accum * world_size`` packed micro-batches of the epoch plan
-(:func:`eagle3.train.data.plan_epoch`); rank r takes every world_size-th one. The loss of each micro-batch
-is speculators' (KL to the verifier's distribution over the draft vocabulary, summed over TTT steps, mean over
-loss-masked positions), divided by the number of micro-batches the rank accumulates.
+(:func:`eagle3.train.data.plan_epoch`); rank r takes every world_size-th one. The loss of each
+micro-batch is speculators' (KL to the verifier's distribution over the draft vocabulary, summed
+over TTT steps, mean over loss-masked positions), divided by the number of micro-batches the rank
+accumulates.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from eagle3.train.ttt_forward import uses_project_forward
 
 @dataclass
 class Run:
-    """Everything the loop mutates. ``model`` is the bare draft; ``module`` is what is called (DDP or model)."""
+    """Everything the loop mutates. ``model`` is the bare draft; ``module`` is what is called (DDP
+    or model)."""
 
     cfg: object
     data: HiddenStatesData
@@ -55,27 +57,32 @@ class Run:
     dropped_microbatches: int = 0
     bar: object = None
     loss_config: dict | None = None
-    stream: object = None  # this rank's (ids, host batch) iterator over the rest of the current plan
+    # this rank's (ids, host batch) iterator over the rest of the current plan
+    stream: object = None
     stream_at: tuple = ()  # (epoch, micro) the stream was made for
     parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
-    heartbeat: Callable | None = None  # called with the step after each optimizer step (the launcher's deadlines)
+    # called with the step after each optimizer step (the launcher's deadlines)
+    heartbeat: Callable | None = None
 
     @property
     def pad_to(self) -> int | None:
         """Positions every micro-batch is padded to: ``train.max_tokens_per_batch`` when
-        ``train.pad_to_max_tokens`` (None = on exactly when ``train.compile``), else None (no padding)."""
+        ``train.pad_to_max_tokens`` (None = on exactly when ``train.compile``), else None (no
+        padding)."""
         pad = self.t.pad_to_max_tokens if self.t.pad_to_max_tokens is not None else self.t.compile
         return self.data.max_tokens if pad else None
 
     def rank_batches(self) -> list[list[int]]:
-        """This rank's micro-batches (sample ids) from ``micro`` to the end of the plan, in consumption order:
-        for each group of ``grad_accum * world`` micro-batches, every ``world``-th one from ``rank``."""
+        """This rank's micro-batches (sample ids) from ``micro`` to the end of the plan, in
+        consumption order: for each group of ``grad_accum * world`` micro-batches, every
+        ``world``-th one from ``rank``."""
         G = self.t.grad_accum * self.world
         return [ids for g in range(self.micro, len(self.plan), G)
                 for ids in self.plan[g:g + G][self.rank::self.world]]
 
     def next_batch(self) -> tuple[list[int], dict]:
-        """The next micro-batch of this rank (read ahead by loader workers, ``train.loader_workers``)."""
+        """The next micro-batch of this rank (read ahead by loader workers,
+        ``train.loader_workers``)."""
         if self.stream is None or self.stream_at[0] != self.epoch:
             self.stream = iter(iterate_micro_batches(self.data, self.rank_batches(), self.device,
                                                      self.t.loader_workers, self.pad_to))
@@ -88,8 +95,9 @@ class Run:
 
     @property
     def states_dtype(self) -> torch.dtype | None:
-        """The hidden states' dtype on the device: None (as stored: bf16 for bf16/fp8 files) under bf16 autocast
-        with this project's forward, which casts where speculators' computes in float32; else float32."""
+        """The hidden states' dtype on the device: None (as stored: bf16 for bf16/fp8 files) under
+        bf16 autocast with this project's forward, which casts where speculators' computes in
+        float32; else float32."""
         keep = self.t.precision == "bf16-autocast" and uses_project_forward(self.model)
         return None if keep else torch.float32
 
@@ -98,15 +106,17 @@ class Run:
         return self.out_dir / "state"
 
     def set_plan(self) -> None:
-        """Build the current epoch's plan (trimmed to a multiple of world_size; the rest is counted)."""
+        """Build the current epoch's plan (trimmed to a multiple of world_size; the rest is
+        counted)."""
         plan = plan_epoch(self.data, self.t.seed, self.epoch)
         keep = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
         self.dropped_microbatches = len(plan) - keep
         self.plan = plan[:keep]
 
     def steps_per_epoch(self) -> int:
-        """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (later epochs pack differently,
-        so a fixed reference keeps the schedule horizon the same for a fresh and a resumed run)."""
+        """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (later epochs pack
+        differently, so a fixed reference keeps the schedule horizon the same for a fresh and a
+        resumed run)."""
         plan = plan_epoch(self.data, self.t.seed, 0)
         n = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
         return math.ceil(n / (self.t.grad_accum * self.world))
@@ -135,32 +145,39 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
     """
     m = run.model
     if run.t.compile and run.t.compile_mode == "reduce-overhead" and run.device.type == "cuda":
-        torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call are consumed by now
+        # outputs of the previous call are consumed by now
+        torch.compiler.cudagraph_mark_step_begin()
     if uses_project_forward(m):  # eagle3.train.ttt_forward: the counts come out of the same graph
         with autocast(run):
             loss, stats = (run.module if train else m)(
                 hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
-                document_ids=batch["document_ids"], loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
-                verifier_last_hidden_states=batch["verifier_last_hidden_states"], ttt_steps=run.t.ttt_steps,
+                document_ids=batch["document_ids"], loss_mask=batch["loss_mask"],
+                position_ids=batch["position_ids"],
+                verifier_last_hidden_states=batch["verifier_last_hidden_states"],
+                ttt_steps=run.t.ttt_steps,
                 loss_config=run.loss_config)
         counts.add_(stats.detach().to(counts.dtype))
         return loss
     with autocast(run):
         draft_tokens, loss, met = (run.module if train else m)(
-            hidden_states=batch["hidden_states"], input_ids=batch["input_ids"], document_ids=batch["document_ids"],
+            hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
+            document_ids=batch["document_ids"],
             loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
-            verifier_last_hidden_states=batch["verifier_last_hidden_states"], ttt_steps=run.t.ttt_steps,
+            verifier_last_hidden_states=batch["verifier_last_hidden_states"],
+            ttt_steps=run.t.ttt_steps,
             loss_config=run.loss_config)
         with torch.no_grad():  # verifier argmax in the draft vocabulary, [1, N]
-            target_ids = m.verifier_lm_head(m.verifier_norm(batch["verifier_last_hidden_states"])).argmax(-1)
+            target_ids = m.verifier_lm_head(
+                m.verifier_norm(batch["verifier_last_hidden_states"])).argmax(-1)
     step_losses = [met[f"loss_{k}_sum"].detach() for k in range(run.t.ttt_steps)]
-    add_batch(counts, draft_tokens, target_ids, batch["loss_mask"], batch["document_ids"], step_losses)
+    add_batch(counts, draft_tokens, target_ids, batch["loss_mask"], batch["document_ids"],
+              step_losses)
     return loss
 
 
 def _finite_flags(run: Run, values: list[torch.Tensor]) -> tuple[list[bool], float]:
-    """Whether each scalar in ``values`` is finite on every rank, and the last value as a float (this rank's):
-    one device→host sync for all of them."""
+    """Whether each scalar in ``values`` is finite on every rank, and the last value as a float
+    (this rank's): one device→host sync for all of them."""
     ok = torch.stack([torch.isfinite(v.detach().float()).all() for v in values]).float()
     if run.world > 1:
         torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
@@ -171,8 +188,9 @@ def _finite_flags(run: Run, values: list[torch.Tensor]) -> tuple[list[bool], flo
 def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDiverged:
     ckpts = list_checkpoints(run.state_dir)
     last = f"{ckpts[-1]} (kept)" if ckpts else "none written yet"
-    return TrainingDiverged(f"non-finite {what} ({value}) at optimizer step {run.step + 1} (epoch {run.epoch}, "
-                            f"micro-batch {run.micro}, samples {ids[:8]}); last good checkpoint: {last}")
+    return TrainingDiverged(f"non-finite {what} ({value}) at optimizer step {run.step + 1} (epoch "
+                            f"{run.epoch}, micro-batch {run.micro}, samples {ids[:8]}); last good "
+                            f"checkpoint: {last}")
 
 
 def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
@@ -193,7 +211,8 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
         with contextlib.nullcontext() if sync else run.module.no_sync():
             loss = forward(run, batch, window)
             (loss / len(share)).backward()
-        losses.append((ids, loss.detach().clone()))  # a CUDA-graph replay reuses the output's memory
+        # a CUDA-graph replay reuses the output's memory
+        losses.append((ids, loss.detach().clone()))
     grad_norm = run.parallel.clip_grad_norm_(params, run.t.grad_clip)
     # before the step (weights stay good); the only device→host sync of the step
     flags, norm = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])
@@ -222,7 +241,8 @@ def evaluate(run: Run) -> dict[str, float]:
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
     try:
-        with run.parallel.evaluating(run.model):  # ranks may hold different numbers of micro-batches
+        # ranks may hold different numbers of micro-batches
+        with run.parallel.evaluating(run.model):
             for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device,
                                                  run.t.loader_workers, run.pad_to):
                 forward(run, to_device(host, run.device, run.states_dtype), counts, train=False)
@@ -238,20 +258,26 @@ def evaluate(run: Run) -> dict[str, float]:
         run.best = {"step": run.step, "simulated_acceptance_length": sim}
         with run.parallel.gathered(run.model) as (weights, _):  # every rank (fsdp: a collective)
             if run.rank == 0:
-                save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out}, model_state=weights)
+                save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out},
+                          model_state=weights)
     out["best/simulated_acceptance_length"] = run.best["simulated_acceptance_length"]
     run.emit("eval", out)
     return out
 
 
 def checkpoint(run: Run) -> None:
-    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait for it (and under fsdp gather the state for it)."""
+    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait for it (and under fsdp gather the state
+    for it)."""
     with run.parallel.gathered(run.model, run.optimizer) as (weights, moments):
         if run.rank == 0:
-            info = {"step": run.step, "epoch": run.epoch, "micro": run.micro, "tokens_seen": run.tokens_seen,
-                    "best": run.best, "last_eval": run.last_eval, "last_train": run.last_train, **run.info_extra}
-            save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer, scheduler=run.scheduler,
-                            info=info, keep_last=run.t.keep_last, model_state=weights, optimizer_state=moments)
+            info = {"step": run.step, "epoch": run.epoch, "micro": run.micro,
+                    "tokens_seen": run.tokens_seen,
+                    "best": run.best, "last_eval": run.last_eval, "last_train": run.last_train,
+                    **run.info_extra}
+            save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer,
+                            scheduler=run.scheduler,
+                            info=info, keep_last=run.t.keep_last, model_state=weights,
+                            optimizer_state=moments)
     if run.world > 1:
         torch.distributed.barrier()
 
@@ -261,7 +287,8 @@ def run_loop(run: Run) -> None:
     t = run.t
     if run.step >= run.total_steps:
         if run.last_eval is None:
-            evaluate(run)  # the untrained draft (max_steps=0) is evaluated too: the pipeline's baseline
+            # the untrained draft (max_steps=0) is evaluated too: the pipeline's baseline
+            evaluate(run)
         return
     unique = max(1, run.data.unique_train_tokens())
     window, win_tokens, win_time = new_counts(t.ttt_steps, run.device), 0, 0.0
@@ -271,7 +298,8 @@ def run_loop(run: Run) -> None:
             run.set_plan()
         lr = run.scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
-        grad_norm, tokens = optimizer_step(run, window)  # synchronises once, before the optimizer update
+        # synchronises once, before the optimizer update
+        grad_norm, tokens = optimizer_step(run, window)
         if run.heartbeat is not None:
             run.heartbeat(run.step)
         win_time += time.perf_counter() - t0
@@ -282,15 +310,18 @@ def run_loop(run: Run) -> None:
             run.bar.update(1)
         if run.step % t.log_every == 0 or last:
             m = summarize(all_reduce_(window), "train")
-            m.update({"lr": lr, "grad_norm": grad_norm, "tokens_per_s": win_tokens / max(win_time, 1e-9),
+            m.update(
+                {"lr": lr, "grad_norm": grad_norm, "tokens_per_s": win_tokens / max(win_time, 1e-9),
                       "epochs_over_data": run.tokens_seen / unique,
                       "epoch": run.epoch + min(1.0, run.micro / max(1, len(run.plan)))})
             run.last_train = m
             run.emit("train", m)
             if run.bar is not None:
-                run.bar.set_postfix(loss=f"{m['train/loss']:.3f}", acc0=f"{m['train/acc_full_0']:.3f}")
+                run.bar.set_postfix(loss=f"{m['train/loss']:.3f}",
+                                    acc0=f"{m['train/acc_full_0']:.3f}")
             window, win_tokens, win_time = new_counts(t.ttt_steps, run.device), 0, 0.0
-        do_eval = (t.eval_every and run.step % t.eval_every == 0) or (not t.eval_every and epoch_end) or last
+        do_eval = (t.eval_every and run.step % t.eval_every == 0) or (not t.eval_every
+            and epoch_end) or last
         if do_eval:
             evaluate(run)
         if do_eval or (t.checkpoint_every and run.step % t.checkpoint_every == 0):

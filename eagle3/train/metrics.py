@@ -1,21 +1,27 @@
 """Per-TTT-step accuracy, simulated acceptance length, and metric aggregation (also across ranks).
 
-Definitions (a draft *start* is a training position p; TTT step k predicts the verifier's token at p+k,
-teacher-forced as in speculators' ``Eagle3DraftModel.forward``):
+Definitions (a draft *start* is a training position p; TTT step k predicts the verifier's token at
+p+k, teacher-forced as in speculators' ``Eagle3DraftModel.forward``):
 
 - valid_k(p): position p+k is loss-masked *and* in the same document (packing boundary) as p.
-- correct_k(p): the draft's argmax at step k equals the verifier's argmax at p+k, both within the draft
-  vocabulary (the verifier's logits are its LM head restricted to the draft vocabulary, as speculators
-  computes its targets).
+- correct_k(p): the draft's argmax at step k equals the verifier's argmax at p+k, both within the
+  draft vocabulary (the verifier's logits are its LM head restricted to the draft vocabulary, as
+  speculators computes its targets).
 - ``acc_full_k`` (unconditional) = #(correct_k & valid_k) / #valid_k.
-- ``acc_cond_k`` (conditional)   = #(correct_k & valid_k & all earlier steps right) / #(valid_k & all earlier
-  steps right); ``acc_cond_0 == acc_full_0``.
-- simulated acceptance length = ``1 + c0 + c0*c1 + c0*c1*c2 + ...`` over the conditional accuracies (chain
-  drafting, greedy verification). **The bonus token is counted** (the leading 1), as SGLang's
+- ``acc_cond_k`` (conditional) = #(correct_k & valid_k & all earlier steps right) /
+  #(valid_k & all earlier steps right); ``acc_cond_0 == acc_full_0``.
+- simulated acceptance length = ``1 + c0 + c0*c1 + c0*c1*c2 + ...`` over the conditional accuracies
+  (chain drafting, greedy verification). **The bonus token is counted** (the leading 1), as SGLang's
   ``spec_accept_length`` counts it: 1.0 = no draft token accepted, maximum ``ttt_steps + 1``.
   Source: docs/ENGINE_FACTS.md §5 (within 0.02 of the measured acceptance length).
-- chain acceptance length = ``1 + mean over starts of the leading run of correct steps`` (the same quantity
-  counted per start instead of through the product of marginals).
+- chain acceptance length = ``1 + mean over starts of the leading run of correct steps`` (the same
+  quantity counted per start instead of through the product of marginals).
+
+Static shapes under ``torch.compile``: speculators 0.9.0 counts the per-TTT-step accuracy with
+``torch.masked_select`` (``compute_accuracy_single_step``), a data-dependent shape: a graph break
+and a recompile per distinct loss-token count until dynamo's limit (8) sends the frame to eager
+(tests/unit/test_train_fixed_shapes.py). :func:`accuracy_single_step` gives the same four counts
+with masked sums; :func:`install` binds it where speculators' Eagle-3 metrics look it up.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ def new_counts(ttt_steps: int, device: torch.device | str = "cpu") -> torch.Tens
 
 @torch.no_grad()
 def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids: torch.Tensor,
-              loss_mask: torch.Tensor, document_ids: torch.Tensor, step_losses: list[torch.Tensor]) -> None:
+              loss_mask: torch.Tensor, document_ids: torch.Tensor,
+              step_losses: list[torch.Tensor]) -> None:
     """Add one packed micro-batch to ``counts`` (in place).
 
     Args:
@@ -57,7 +64,8 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
     K = len(draft_tokens)
     n = target_ids.shape[-1]
     tgt, mask, doc = target_ids[0], loss_mask[0].bool(), document_ids[0]
-    alive = torch.ones(n, dtype=torch.bool, device=tgt.device)  # starts with all earlier steps right
+    # starts with all earlier steps right
+    alive = torch.ones(n, dtype=torch.bool, device=tgt.device)
     run = torch.zeros(n, dtype=torch.float64, device=tgt.device)
     valid0 = mask.clone()
     for k in range(K):
@@ -90,10 +98,10 @@ def all_reduce_(counts: torch.Tensor) -> torch.Tensor:
 
 
 def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
-    """Metrics from a counts vector: ``{prefix}/loss`` (sum of step losses, mean over micro-batches),
-    ``{prefix}/loss_k``, ``{prefix}/acc_full_k``, ``{prefix}/acc_cond_k``,
-    ``{prefix}/simulated_acceptance_length``, ``{prefix}/chain_acceptance_length``. Ratios with an empty
-    denominator are 0.0 (and the acceptance lengths 1.0)."""
+    """Metrics from a counts vector: ``{prefix}/loss`` (sum of step losses, mean over
+    micro-batches), ``{prefix}/loss_k``, ``{prefix}/acc_full_k``, ``{prefix}/acc_cond_k``,
+    ``{prefix}/simulated_acceptance_length``, ``{prefix}/chain_acceptance_length``. Ratios with an
+    empty denominator are 0.0 (and the acceptance lengths 1.0)."""
     c = counts.double().cpu().tolist()
     K = (len(c) - _TAIL) // _PER_STEP
     out: dict[str, float] = {}
@@ -110,3 +118,48 @@ def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
     cs, cn = c[K * _PER_STEP], c[K * _PER_STEP + 1]
     out[f"{prefix}/chain_acceptance_length"] = cs / cn if cn else 1.0
     return out
+
+
+def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor
+        | None,
+                         prev_correct: torch.Tensor | None):
+    """Full and conditional accuracy counts of one TTT step, as speculators'
+    ``compute_accuracy_single_step``.
+
+    Args:
+        pred_ids, target_ids: ``[1, S]`` int64 draft / verifier argmax token ids (draft vocabulary).
+        loss_mask: ``[1, S]`` bool/int or None: positions that count. prev_correct: ``[1, S]`` bool
+        or None: positions whose earlier TTT steps were all correct; updated in place
+            to ``prev_correct & (pred_ids == target_ids)`` (speculators' contract: the caller reads
+            it next step).
+
+    Returns:
+        ``(full_correct, full_total, cond_correct, cond_total)``, float32 scalars on the inputs'
+        device: correct chain positions among the loss positions, the number of loss positions (S
+        without a mask), the same correct count again, and the number of positions correct before
+        this step (S at step 0) — the values speculators' version returns, with no data-dependent
+        shape.
+    """
+    correct = pred_ids == target_ids
+    if prev_correct is not None:
+        cond_total = prev_correct.sum().float()
+        correct = torch.logical_and(prev_correct, correct)
+        prev_correct.copy_(correct)
+    else:
+        cond_total = torch.tensor(correct.numel(), dtype=torch.float, device=correct.device)
+    if loss_mask is not None:
+        mask = loss_mask.to(torch.bool)
+        correct_sum = torch.logical_and(correct, mask).float().sum()
+        full_total = mask.sum().float()
+    else:
+        correct_sum = correct.float().sum()
+        full_total = torch.tensor(correct.numel(), dtype=torch.float, device=correct.device)
+    return correct_sum, full_total, correct_sum.clone(), cond_total
+
+
+def install() -> None:
+    """Make speculators' Eagle-3 ``compute_metrics`` use :func:`accuracy_single_step` (idempotent;
+    process-wide)."""
+    import speculators.models.eagle3.metrics as eagle3_metrics
+
+    eagle3_metrics.compute_accuracy_single_step = accuracy_single_step

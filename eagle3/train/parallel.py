@@ -1,19 +1,23 @@
-"""How the draft is spread over the ranks of one training run (``train.distributed``, when ``train.num_gpus > 1``).
+"""How the draft is spread over the ranks of one training run (``train.distributed``, when
+``train.num_gpus > 1``).
 
-- ``ddp``: every rank holds the whole draft and its AdamW state; gradients are all-reduced (``torch.nn.parallel.
-  DistributedDataParallel``).
-- ``fsdp``: torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) shards the *trainable* modules — ``fc``, each
-  decoder layer, the final norm and any other child holding trainable parameters — over the ranks: their weights,
-  gradients and AdamW moments take 1/N of the memory per rank; each module's weights are all-gathered for its
-  forward and backward and its gradients reduce-scattered. The frozen tensors (embedding, LM heads, verifier
-  norm, d2t/t2d) stay whole on every rank, so the loop can call them directly. For drafts whose trainable state
-  is large (e.g. a 1.2B-parameter draft: 4.8 GB of float32 weights + 9.6 GB of moments per rank under ``ddp``).
+- ``ddp``: every rank holds the whole draft and its AdamW state; gradients are all-reduced
+  (``torch.nn.parallel. DistributedDataParallel``).
+- ``fsdp``: torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) shards the *trainable* modules —
+  ``fc``, each decoder layer, the final norm and any other child holding trainable parameters — over
+  the ranks: their weights, gradients and AdamW moments take 1/N of the memory per rank; each
+  module's weights are all-gathered for its forward and backward and its gradients reduce-scattered.
+  The frozen tensors (embedding, LM heads, verifier norm, d2t/t2d) stay whole on every rank, so the
+  loop can call them directly. For drafts whose trainable state is large (e.g. a 1.2B-parameter
+  draft: 4.8 GB of float32 weights + 9.6 GB of moments per rank under ``ddp``).
 
-Checkpoints keep one layout whatever the mode (``eagle3.train.state``): ``model.safetensors`` holds the full state
-dict (gathered to rank 0 under ``fsdp``), so export, ``best/`` and resume read the same file. ``optimizer.pt`` is
-``optimizer.state_dict()`` under ``ddp`` and one process, and torch's full optimizer state dict keyed by parameter
-name (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``) under ``fsdp``; ``state.json`` records
-the mode and a resume in another mode is refused (:mod:`eagle3.train.resume`).
+Checkpoints keep one layout whatever the mode (``eagle3.train.state``): ``model.safetensors`` holds
+the full state dict (gathered to rank 0 under ``fsdp``), so export, ``best/`` and resume read the
+same file. ``optimizer.pt`` is ``optimizer.state_dict()`` under ``ddp`` and one process, and torch's
+full optimizer state dict keyed by parameter name
+(``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``) under ``fsdp``;
+``state.json`` records the mode and a resume in another mode is refused
+(:mod:`eagle3.train.state`).
 
 Every method that gathers is a collective: all ranks call it, in the same order.
 """
@@ -36,12 +40,14 @@ class Whole:
         return model
 
     def clip_grad_norm_(self, params: list, max_norm: float) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` over every rank's gradients; the total norm as a plain tensor."""
+        """``torch.nn.utils.clip_grad_norm_`` over every rank's gradients; the total norm as a plain
+        tensor."""
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     @contextlib.contextmanager
     def gathered(self, model: torch.nn.Module, optimizer=None):
-        """``(model state, optimizer state)`` to write, full on rank 0; ``(None, None)`` = read them directly."""
+        """``(model state, optimizer state)`` to write, full on rank 0; ``(None, None)`` = read them
+        directly."""
         yield None, None
 
     @contextlib.contextmanager
@@ -59,12 +65,14 @@ class DDP(Whole):
     def wrap(self, model, device):
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+            else None)
 
 
 class _ShardedCall:
-    """What the loop calls under FSDP: the draft itself, plus DDP's ``no_sync()`` (gradients of the micro-batches
-    before the last of a step are kept unreduced: FSDP2's ``set_requires_gradient_sync(False)``)."""
+    """What the loop calls under FSDP: the draft itself, plus DDP's ``no_sync()`` (gradients of the
+    micro-batches before the last of a step are kept unreduced: FSDP2's
+    ``set_requires_gradient_sync(False)``)."""
 
     def __init__(self, model, units):
         self.model, self.units = model, units
@@ -90,14 +98,16 @@ class FSDP(Whole):
         self.units: list = []
 
     def wrap(self, model, device):
-        """Shard the trainable children of ``model`` in place (each decoder layer on its own). Raises ConfigError
-        when a trainable parameter sits on the draft itself, where no child could own it."""
+        """Shard the trainable children of ``model`` in place (each decoder layer on its own).
+        Raises ConfigError when a trainable parameter sits on the draft itself, where no child could
+        own it."""
         from torch.distributed.fsdp import fully_shard
 
         own = [n for n, p in model.named_parameters(recurse=False) if p.requires_grad]
         if own:
-            raise ConfigError(f"train.distributed='fsdp': the draft holds trainable parameters {own} outside any "
-                              "submodule; expected them inside fc / layers / norm (use train.distributed=ddp)")
+            raise ConfigError("train.distributed='fsdp': the draft holds trainable parameters "
+                              f"{own} outside any submodule; expected them inside fc / layers / "
+                              "norm (use train.distributed=ddp)")
         for name, child in model.named_children():
             parts = list(child) if isinstance(child, torch.nn.ModuleList) else [child]
             for part in parts:
@@ -122,12 +132,14 @@ class FSDP(Whole):
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(model, options=opts)
-        moments = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+        moments = get_optimizer_state_dict(model, optimizer,
+                                           options=opts) if optimizer is not None else None
         yield weights, moments
 
     @contextlib.contextmanager
     def evaluating(self, model):
-        """Gather every sharded module once and keep it whole until the end (no collective per forward pass)."""
+        """Gather every sharded module once and keep it whole until the end (no collective per
+        forward pass)."""
         for u in self.units:
             u.set_reshard_after_forward(False)
             u.unshard()
@@ -139,13 +151,16 @@ class FSDP(Whole):
                 u.set_reshard_after_forward(True)
 
     def load_optimizer_state(self, model, optimizer, state):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             set_optimizer_state_dict)
 
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
 
 
 def make_parallel(mode: str, world: int) -> Whole:
-    """The strategy for ``train.distributed=mode`` with ``world`` processes (one process: :class:`Whole`)."""
+    """The strategy for ``train.distributed=mode`` with ``world`` processes (one process:
+    :class:`Whole`)."""
     if world <= 1:
         return Whole()
     if mode == "ddp":

@@ -1,13 +1,14 @@
 """Stage 2, train: a speculators EAGLE-3 draft from a hidden-states directory (docs/INTERNALS.md).
 
-``train(cfg, data_dir, out_dir)`` checks everything that can be checked before the first step (output dir
-writable, engine flags, dataset vs target, vocabulary), then runs :mod:`eagle3.train.loop` and writes into
-``out_dir``: ``config.json`` + ``model.safetensors`` (speculators format, with d2t/t2d and top-level
-``eagle_aux_hidden_state_layer_ids`` in HF-index convention), ``metrics.jsonl``, ``state/`` (resume state)
-and ``manifest.json`` (kind ``draft_checkpoint``).
+``train(cfg, data_dir, out_dir)`` checks everything that can be checked before the first step
+(output dir writable, engine flags, dataset vs target, vocabulary), then runs
+:mod:`eagle3.train.loop` and writes into ``out_dir``: ``config.json`` + ``model.safetensors``
+(speculators format, with d2t/t2d and top-level ``eagle_aux_hidden_state_layer_ids`` in HF-index
+convention), ``metrics.jsonl``, ``state/`` (resume state) and ``manifest.json`` (kind
+``draft_checkpoint``).
 
-``train.max_steps = 0`` writes the *untrained* draft (vocab map built, verifier embedding / LM-head rows /
-final norm loaded, random fc and layer, no optimizer step): the pipeline's baseline.
+``train.max_steps = 0`` writes the *untrained* draft (vocab map built, verifier embedding / LM-head
+rows / final norm loaded, random fc and layer, no optimizer step): the pipeline's baseline.
 ``train.num_gpus > 1`` outside torchrun launches ``torchrun -m eagle3.train.launch`` (see there).
 """
 
@@ -38,8 +39,9 @@ from eagle3.train.draft_model import (
 )
 from eagle3.train.loop import Run, evaluate, run_loop
 from eagle3.train.parallel import make_parallel
-from eagle3.train.resume import load_init_from, resume_conflict
 from eagle3.train.state import (
+    load_init_from,
+    resume_conflict,
     check_checkpoint_space,
     check_complete,
     ensure_writable,
@@ -56,19 +58,23 @@ OnMetrics = Callable[[dict, int], None]
 log = logging.getLogger(__name__)
 
 
-def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = None, progress: bool = True) -> dict:
-    """Train (or resume) the draft; returns the ``draft_checkpoint`` manifest (``{}`` on ranks other than 0).
+def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = None,
+          progress: bool = True) -> dict:
+    """Train (or resume) the draft; returns the ``draft_checkpoint`` manifest (``{}`` on ranks other
+    than 0).
 
     Args:
         cfg: RunConfig (reads ``train``, ``target``, ``paths``, ``convert.engine[_version]``).
         data_dir: hidden-states directory. out_dir: the stage's output directory (created).
-        on_metrics: called as ``on_metrics(metrics, step)`` per log step and per evaluation (rank 0).
-        progress: show a progress bar (rank 0).
+        on_metrics: called as ``on_metrics(metrics, step)`` per log step and per evaluation (rank
+        0). progress: show a progress bar (rank 0).
     Raises:
-        ConfigError: unwritable ``out_dir``; an engine flag the serving engine ignores; incompatible resume.
-        DataError: empty dataset; dataset from another target; hidden size disagreeing with the target;
+        ConfigError: unwritable ``out_dir``; an engine flag the serving engine ignores; incompatible
+        resume. DataError: empty dataset; dataset from another target; hidden size disagreeing with
+        the target;
             fewer distinct tokens than ``draft_vocab_size``; a different vocab map on resume.
-        TrainingDiverged: NaN/Inf loss or gradient norm (names the step; the last checkpoint is kept).
+        TrainingDiverged: NaN/Inf loss or gradient norm (names the step; the last checkpoint is
+        kept).
     """
     from eagle3.precision import resolved
 
@@ -83,7 +89,8 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
     rank, world, device = setup_distributed(cfg.train)
     try:
         t_start = time.perf_counter()
-        run = prepare(cfg, data_dir, out_dir, rank=rank, world=world, device=device, on_metrics=on_metrics)
+        run = prepare(cfg, data_dir, out_dir, rank=rank, world=world, device=device,
+                      on_metrics=on_metrics)
         if world > 1:
             from eagle3.workers import rank_status
 
@@ -103,10 +110,11 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
 
 
 def check_settings(cfg) -> None:
-    """The checks of ``cfg.train`` that need neither data nor a model, for callers to run before they touch an
-    earlier output (the pipeline's task replaces a finished draft of other settings): the training device exists
-    and the training forward and loss can run there (:func:`eagle3.train.ttt_forward.choose`; ``fused`` losses
-    need CUDA and Triton). Raises ConfigError."""
+    """The checks of ``cfg.train`` that need neither data nor a model, for callers to run before
+    they touch an earlier output (the pipeline's task replaces a finished draft of other settings):
+    the training device exists and the training forward and loss can run there
+    (:func:`eagle3.train.ttt_forward.choose`; ``fused`` losses need CUDA and Triton). Raises
+    ConfigError."""
     from eagle3.train.distributed import device_for
 
     device_type = device_for(cfg.train, 0).type
@@ -115,22 +123,26 @@ def check_settings(cfg) -> None:
 
 
 def _check_loss_implementation(t, device_type: str) -> None:
-    """ConfigError unless ``train.loss_implementation`` can run here: ``fused`` needs CUDA and Triton."""
+    """ConfigError unless ``train.loss_implementation`` can run here: ``fused`` needs CUDA and
+    Triton."""
     if t.loss_implementation != "fused":
         return
     if device_type != "cuda":
-        raise ConfigError(f"train.loss_implementation=fused: expected eager on a {device_type} training device "
-                          "(speculators' fused losses are Triton kernels for CUDA), got fused")
+        raise ConfigError(f"train.loss_implementation=fused: expected eager on a {device_type} "
+                          "training device (speculators' fused losses are Triton kernels for "
+                          "CUDA), got fused")
     try:
         import speculators.losses.fused  # noqa: F401
     except ImportError as e:
-        raise ConfigError("train.loss_implementation=fused: expected eager in this environment: speculators' fused "
-                          f"losses need Triton, which does not import here ({e}), got fused") from e
+        raise ConfigError("train.loss_implementation=fused: expected eager in this environment: "
+                          "speculators' fused losses need Triton, which does not import here "
+                          f"({e}), got fused") from e
 
 
 def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
             on_metrics: OnMetrics | None) -> Run:
-    """All checks, the model, optimizer, schedule, and the resumed state: a :class:`Run` ready to loop."""
+    """All checks, the model, optimizer, schedule, and the resumed state: a :class:`Run` ready to
+    loop."""
     from eagle3.assets import resolve_target
 
     t = cfg.train
@@ -139,7 +151,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     target_dir = resolve_target(cfg)
     tconf = read_target_config(target_dir)
     data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
-    vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size, int(tconf.vocab_size),
+    vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size,
+                           int(tconf.vocab_size),
                            pad=t.pad_draft_vocab)
     state_dir = out_dir / "state"
     ckpts = list_checkpoints(state_dir) if t.resume else []
@@ -152,16 +165,19 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         other = resume_conflict(info, identity, cfg, ckpts[-1])
         if other is not None and t.on_other_checkpoint == "refuse":
             raise other
-        if other is not None:  # another training's state (e.g. the pipeline re-run on other data): start over
+        # another training's state (e.g. the pipeline re-run on other data): start over
+        if other is not None:
             if rank == 0:
-                log.warning("not resuming: %s. Starting from step 0 and removing the old checkpoints "
-                            "(train.on_other_checkpoint=restart)", other)
+                log.warning("not resuming: %s. Starting from step 0 and removing the old "
+                            "checkpoints (train.on_other_checkpoint=restart)", other)
             info = None
     if info is not None:
         if rank == 0:
-            log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1], info.get("step"))
+            log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1],
+                        info.get("step"))
     elif rank == 0:
-        for old in list_checkpoints(state_dir) + [state_dir / "best"]:  # a fresh start (launch files stay)
+        # a fresh start (launch files stay)
+        for old in list_checkpoints(state_dir) + [state_dir / "best"]:
             shutil.rmtree(old, ignore_errors=True)
         truncate_metrics(out_dir / "metrics.jsonl", -1)
     torch.manual_seed(t.seed)
@@ -174,7 +190,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
     compiled = t.compile and device.type == "cuda"
     if impl == "project":
-        ttt_forward.install(model, attention=attention, compile_mode=t.compile_mode if compiled else None)
+        ttt_forward.install(model, attention=attention, compile_mode=t.compile_mode if compiled
+            else None)
     elif compiled:
         compile_forward(model, t.compile_mode)
     else:
@@ -184,14 +201,19 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
                  f", compiled ({t.compile_mode})" if compiled else "")
     if not t.compile:
         if t.compile_mode != "default" and rank == 0:
-            log.warning("train.compile_mode=%s has no effect: train.compile is false", t.compile_mode)
-    elif not compiled and rank == 0 and t.max_steps != 0:  # an evaluation-only run (max_steps=0) trains nothing to compile
+            log.warning("train.compile_mode=%s has no effect: train.compile is false",
+                        t.compile_mode)
+    # an evaluation-only run (max_steps=0) trains nothing to compile
+    elif not compiled and rank == 0 and t.max_steps != 0:
         padded = t.pad_to_max_tokens is not False
-        log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs eagerly%s",
-                    device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} positions)"
+        log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs "
+                    "eagerly%s",
+                    device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} "
+                                 "positions)"
                     if padded else "")
     if rank == 0:
-        check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last, trains=t.max_steps != 0)
+        check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last, trains=t.max_steps
+            != 0)
     model.to(device)
     remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
     module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
@@ -199,7 +221,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     opt = ttt_forward.optimizer_impl(t, device.type)
     impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[opt]
     optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, **impl)
-    run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None, device=device,
+    run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None,
+              device=device,
               out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics, parallel=parallel)
     run.loss_config = _loss_config(t)
     run.set_plan()
@@ -208,7 +231,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
                                                            else min(horizon, t.max_steps))
     run.scheduler = make_scheduler(optimizer, schedule=t.schedule, warmup_steps=t.warmup_steps,
                                    total_steps=horizon, min_ratio=t.lr_min_ratio)
-    run.info_extra = {**identity, "vocab": {"num_from_data": vmap.num_from_data, "coverage": vmap.coverage},
+    run.info_extra = {**identity,
+                      "vocab": {"num_from_data": vmap.num_from_data, "coverage": vmap.coverage},
                       "target_dir": str(target_dir), "train_config": t.model_dump(mode="json")}
     if info is not None:
         _resume(run, ckpts[-1], remapped)
@@ -221,12 +245,13 @@ def _loss_config(t) -> dict:
     try:
         return resolve_loss_config(t.loss, t.loss_implementation)
     except ValueError as e:
-        raise ConfigError(f"train.loss={t.loss!r} / train.loss_implementation={t.loss_implementation!r}: {e}") from e
+        raise ConfigError(f"train.loss={t.loss!r} / "
+                          f"train.loss_implementation={t.loss_implementation!r}: {e}") from e
 
 
 def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -> bool:
-    """Load the weights of ``ckpt`` into the bare draft (before any sharding); with an allowed new vocabulary map,
-    install it and its LM-head rows. Returns True when the map changed."""
+    """Load the weights of ``ckpt`` into the bare draft (before any sharding); with an allowed new
+    vocabulary map, install it and its LM-head rows. Returns True when the map changed."""
     from eagle3.train.state import load_weights
 
     load_weights(model, ckpt)
@@ -239,17 +264,19 @@ def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -
 
 
 def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
-    """Restore optimizer, schedule, RNG and position from ``ckpt`` (the weights are in already); the LR is
-    re-derived from the (possibly new) schedule."""
+    """Restore optimizer, schedule, RNG and position from ``ckpt`` (the weights are in already); the
+    LR is re-derived from the (possibly new) schedule."""
     t = run.t
     par, model, opt = run.parallel, run.model, run.optimizer
     info = load_checkpoint(ckpt, model=None, optimizer=opt, scheduler=run.scheduler,
                            load_optimizer=lambda state: par.load_optimizer_state(model, opt, state))
     run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
     run.tokens_seen = int(info["tokens_seen"])
-    run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get("last_train")
+    run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get(
+        "last_train")
     if remapped:  # an allowed new vocabulary map
-        run.best = None  # evaluations under the old map are not comparable (and its weights carry that map)
+        # evaluations under the old map are not comparable (and its weights carry that map)
+        run.best = None
         if run.rank == 0:
             shutil.rmtree(run.state_dir / "best", ignore_errors=True)
     sched = run.scheduler
@@ -264,7 +291,8 @@ def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
 
 
 def finish(run: Run, *, seconds: float) -> dict:
-    """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on rank 0.
+    """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on
+    rank 0.
 
     Every rank takes part (under fsdp the last weights are gathered to rank 0); rank 0 writes."""
     from safetensors.torch import load_file
@@ -274,9 +302,11 @@ def finish(run: Run, *, seconds: float) -> dict:
     t = run.t
     best_dir = run.state_dir / "best"
     best = t.export == "best" and run.best is not None
-    exported = {"which": "best", "step": run.best["step"]} if best else {"which": "last", "step": run.step}
+    exported = {"which": "best", "step": run.best["step"]} if best else {"which": "last",
+        "step": run.step}
     manifest: dict = {}
-    with run.parallel.gathered(run.model) as (weights, _):  # fsdp: a collective, full weights on rank 0
+    # fsdp: a collective, full weights on rank 0
+    with run.parallel.gathered(run.model) as (weights, _):
         if run.rank == 0:
             if best and run.best["step"] != run.step and (best_dir / "model.safetensors").is_file():
                 if weights is None:
@@ -312,23 +342,32 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
         run.out_dir, "draft_checkpoint", exclude=("manifest.json", "state"),
         config=t.model_dump(mode="json"),
         inputs={"hidden_states": d.manifest.get("content_hash")},
-        counts={"train_samples": len(d.train_ids), "val_samples": len(d.val_ids), "skipped_samples": len(d.skipped),
+        counts={"train_samples": len(d.train_ids), "val_samples": len(d.val_ids),
+                "skipped_samples": len(d.skipped),
                 "truncated_samples": d.truncated, "train_positions": d.unique_train_tokens(),
-                "micro_batches_per_epoch": len(run.plan), "dropped_micro_batches_per_epoch": run.dropped_microbatches,
+                "micro_batches_per_epoch": len(run.plan),
+                "dropped_micro_batches_per_epoch": run.dropped_microbatches,
                 "optimizer_steps": run.step, "tokens_seen": run.tokens_seen,
                 "steps_per_epoch": run.steps_per_epoch()},
         timings={"seconds": seconds},
-        optimizer_steps=run.step, epochs_over_data=run.tokens_seen / max(1, d.unique_train_tokens()),
-        vocab_map_hash=ex["vocab_map_hash"], data_manifest_hash=sha256_file(d.root / "manifest.json"),
+        optimizer_steps=run.step, epochs_over_data=run.tokens_seen
+            / max(1, d.unique_train_tokens()),
+        vocab_map_hash=ex["vocab_map_hash"],
+        data_manifest_hash=sha256_file(d.root / "manifest.json"),
         target=target, aux_layer_ids=d.aux_layer_ids, layer_id_convention="hf_hidden_states_index",
-        flags=ex["flags"], engine={"name": run.cfg.convert.engine, "version": run.cfg.convert.engine_version},
+        flags=ex["flags"],
+        engine={"name": run.cfg.convert.engine, "version": run.cfg.convert.engine_version},
         vocab={"draft_vocab_size": t.draft_vocab_size, **ex["vocab"]},
         exported=exported, best=run.best,
-        metrics={"simulated_acceptance_length": sim, "final_eval": final_eval, "final_train": run.last_train or {},
+        metrics={"simulated_acceptance_length": sim, "final_eval": final_eval,
+                 "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
-        auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items() if k.startswith("train.")},
+        auto_resolved={
+            **{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
+                if k.startswith("train.")},
                        **ttt_forward.resolved_settings(t, run.device.type, run.world)})
 
 
-__all__ = ["train", "check_settings", "ensure_writable", "prepare", "finish", "evaluate", "lr_factor"]
+__all__ = ["train", "check_settings", "ensure_writable", "prepare", "finish", "evaluate",
+           "lr_factor"]

@@ -2,14 +2,35 @@
 
 ``<out_dir>/state/``::
 
-    ckpt-00000040/   model.safetensors (the draft's full state dict), optimizer.pt, trainer.pt (scheduler,
-                     RNG states), state.json (step, epoch, micro-batch position, tokens seen, vocab-map hash,
-                     data content hash, the train section, last metrics)
-    best/            model.safetensors + state.json of the evaluation with the highest simulated acceptance
-                     length (chosen by acceptance, not by loss: docs/FAILURE_CLASSES.md 18)
+    ckpt-00000040/   model.safetensors (the draft's full state dict), optimizer.pt, trainer.pt
+                     (scheduler, RNG states), state.json (step, epoch, micro-batch position,
+                     tokens seen, vocab-map hash, data content hash, train section, last metrics)
+    best/            model.safetensors + state.json of the evaluation with the highest simulated
+                     acceptance length (chosen by acceptance, not by loss: FAILURE_CLASSES.md 18)
 
-Each directory is written through :func:`eagle3.artifacts.atomic_directory`, so a SIGKILL leaves either
-the previous complete checkpoint or the new complete one, never a half-written one.
+Each directory is written through :func:`eagle3.artifacts.atomic_directory`, so a SIGKILL leaves
+either the previous complete checkpoint or the new complete one, never a half-written one.
+
+Resuming: what may change between a checkpoint and the run that continues from it (resume
+or fine-tuning).
+
+Refused (each a ConfigError/DataError naming the field, the saved and the new value):
+
+- a different draft vocabulary map (its hash) unless ``train.allow_vocab_map_change`` — the
+  ``lm_head`` rows would silently mean other tokens (docs/FAILURE_CLASSES.md 9);
+- other hidden-states data (:func:`eagle3.train.data.data_identity`: target, aux ids, splits, token
+  ids and loss masks): the saved data position would point into another plan;
+- fields that change the model or the data order: ttt_steps, num_layers, draft_vocab_size, seed,
+  max_tokens_per_batch, grad_accum, the layer flags, the number of processes, ``train.distributed``
+  (ddp and fsdp lay out the optimizer state differently).
+
+Such a checkpoint belongs to another training (e.g. the pipeline re-run on other data writes to the
+same ``<out_dir>``): with ``train.on_other_checkpoint=restart`` (the default) training starts from
+step 0 with a warning naming the difference, with ``refuse`` the difference is the error.
+
+Allowed: lr, schedule, warm-up, epochs, max_steps, eval/log/checkpoint cadence, keep_last — a long
+constant-LR continuation of a finished run is a resume with a larger ``max_steps``. The LR of every
+later step is then the new schedule's value at that step.
 """
 
 from __future__ import annotations
@@ -31,15 +52,17 @@ from eagle3.errors import ConfigError, DataError, Eagle3Error
 _CKPT = re.compile(r"^ckpt-(\d{8})$")
 
 
-def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
-    """Multiplier of the base LR for optimizer step ``step`` (0-based: the LR the step-th update uses).
+def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int,
+              min_ratio: float = 0.0) -> float:
+    """Multiplier of the base LR for optimizer step ``step`` (0-based: the LR the step-th update
+    uses).
 
     - warm-up (both schedules): ``(step + 1) / warmup_steps`` for ``step < warmup_steps``;
     - ``epochs``: cosine from 1 to ``min_ratio`` over ``[warmup_steps, total_steps)``:
       ``min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * progress))``, progress clipped to [0, 1];
     - ``constant``: 1 after warm-up (a long run with periodic evaluation).
-    ``torch.optim.lr_scheduler.LambdaLR`` with this function gives the same LR at a step whether the run
-    was resumed or not (its state is the step count).
+    ``torch.optim.lr_scheduler.LambdaLR`` with this function gives the same LR at a step whether the
+    run was resumed or not (its state is the step count).
     """
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -50,11 +73,13 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int, 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: int, min_ratio: float):
+def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: int,
+                   min_ratio: float):
     """A ``LambdaLR`` over :func:`lr_factor`."""
     from functools import partial
 
-    fn = partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_ratio)
+    fn = partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps,
+                 min_ratio=min_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
@@ -62,7 +87,8 @@ def rng_state() -> dict:
     """Python, NumPy, torch CPU and CUDA RNG states."""
     import numpy as np
 
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    st = {"python": random.getstate(), "numpy": np.random.get_state(),
+          "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
@@ -82,17 +108,20 @@ CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "trainer.pt", "state.js
 
 
 def check_complete(ckpt: Path, state_dir: Path | None = None) -> None:
-    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES` (a file deleted or lost after the
-    atomic write), naming the missing files, the previous checkpoint that is complete and the two ways on
-    (resume from that one by removing this folder, or start over) instead of a FileNotFoundError later."""
+    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES` (a file deleted or lost
+    after the atomic write), naming the missing files, the previous checkpoint that is complete and
+    the two ways on (resume from that one by removing this folder, or start over) instead of a
+    FileNotFoundError later."""
     missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
     if not missing:
         return
     older = [c for c in list_checkpoints(state_dir or ckpt.parent) if c != ckpt
              and all((c / f).is_file() for f in CHECKPOINT_FILES)]
-    way = (f"remove {ckpt} to resume from the previous complete checkpoint {older[-1].name}" if older
+    way = (f"remove {ckpt} to resume from the previous complete checkpoint {older[-1].name}"
+        if older
            else "no earlier complete checkpoint exists")
-    raise DataError(f"resume: checkpoint {ckpt} is incomplete: expected {list(CHECKPOINT_FILES)}, missing "
+    raise DataError(f"resume: checkpoint {ckpt} is incomplete: expected {list(CHECKPOINT_FILES)}, "
+                    "missing "
                     f"{missing}; {way}, or set train.resume=false to start over")
 
 
@@ -100,15 +129,17 @@ def list_checkpoints(state_dir: Path) -> list[Path]:
     """Complete ``ckpt-*`` directories under ``state_dir``, oldest first."""
     if not state_dir.is_dir():
         return []
-    found = [p for p in state_dir.iterdir() if p.is_dir() and _CKPT.match(p.name) and (p / "state.json").is_file()]
+    found = [p for p in state_dir.iterdir() if p.is_dir() and _CKPT.match(p.name)
+        and (p / "state.json").is_file()]
     return sorted(found, key=lambda p: int(_CKPT.match(p.name).group(1)))
 
 
 @contextlib.contextmanager
 def _written(final: Path, what: str):
-    """Turn a failed write of ``final`` (a full disk shows up as OSError, safetensors' error or torch.save's
-    ``RuntimeError: ... unexpected pos``) into a DataError naming the folder, the cause and the free space.
-    :func:`eagle3.artifacts.atomic_directory` has removed the partial folder by then; older ones are kept."""
+    """Turn a failed write of ``final`` (a full disk shows up as OSError, safetensors' error or
+    torch.save's ``RuntimeError: ... unexpected pos``) into a DataError naming the folder, the cause
+    and the free space. :func:`eagle3.artifacts.atomic_directory` has removed the partial folder by
+    then; older ones are kept."""
     try:
         yield
     except Eagle3Error:
@@ -118,34 +149,41 @@ def _written(final: Path, what: str):
             free = f"{shutil.disk_usage(final.parent).free / 2**30:.2f} GiB free there"
         except OSError:
             free = "free space unknown"
-        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e)[:200]}"
+        why = (e.strerror if isinstance(e, OSError) and e.strerror
+               else f"{type(e).__name__}: {str(e)[:200]}")
         older = list_checkpoints(final.parent) if final.parent.is_dir() else []
-        kept = (f"the newest complete checkpoint, {older[-1].name}, is kept and a re-run resumes from it" if older
+        kept = (f"the newest complete checkpoint, {older[-1].name}, is kept and a re-run resumes "
+                "from it" if older
                 else "no complete checkpoint exists yet, so a re-run starts from step 0")
-        raise DataError(f"{final}: could not write the {what} ({why}; {free}); {kept}. If the disk is full, free "
-                        "space or write fewer checkpoints (train.keep_last, train.checkpoint_every)") from e
+        raise DataError(f"{final}: could not write the {what} ({why}; {free}); {kept}. If the disk "
+                        "is full, free space or write fewer checkpoints (train.keep_last, "
+                        "train.checkpoint_every)") from e
 
 
 def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True) -> int:
-    """Refuse to start training when ``state_dir``'s disk cannot hold what the run will write; returns the bytes
-    needed.
+    """Refuse to start training when ``state_dir``'s disk cannot hold what the run will write;
+    returns the bytes needed.
 
-    A checkpoint holds the full state dict (``model.safetensors``) and AdamW's two float32 moments per trainable
-    parameter (``optimizer.pt``). While one is written the ``keep_last`` older ones still exist, so ``keep_last + 1``
-    checkpoints must fit, plus ``best/`` and the exported draft (weights each). Space already taken by this
-    folder's checkpoints is counted as reusable. Raises DataError with the folder, the bytes needed and free.
+    A checkpoint holds the full state dict (``model.safetensors``) and AdamW's two float32 moments
+    per trainable parameter (``optimizer.pt``). While one is written the ``keep_last`` older ones
+    still exist, so ``keep_last + 1`` checkpoints must fit, plus ``best/`` and the exported draft
+    (weights each). Space already taken by this folder's checkpoints is counted as reusable. Raises
+    DataError with the folder, the bytes needed and free.
     """
     weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
     moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
     need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights
-    held = sum(f.stat().st_size for d in [*list_checkpoints(state_dir), state_dir / "best"] if d.is_dir()
+    held = sum(f.stat().st_size for d in [*list_checkpoints(state_dir), state_dir / "best"]
+        if d.is_dir()
                for f in d.iterdir() if f.is_file())
     free = shutil.disk_usage(state_dir).free
     if free + held < need:
         raise DataError(f"{state_dir}: the run needs about {need / 2**20:.1f} MiB for checkpoints "
-                        f"(train.keep_last={keep_last}: {keep_last + 1} x {(weights + moments) / 2**20:.1f} MiB while "
-                        f"one is written, plus best/ and the exported draft), but only {free / 2**20:.1f} MiB are free "
-                        f"there (+ {held / 2**20:.1f} MiB of older checkpoints); free space or lower train.keep_last")
+                        f"(train.keep_last={keep_last}: {keep_last + 1} x "
+                        f"{(weights + moments) / 2**20:.1f} MiB while one is written, plus best/ "
+                        "and the exported draft), but only "
+                        f"{free / 2**20:.1f} MiB are free there (+ {held / 2**20:.1f} MiB of older "
+                        f"checkpoints); free space or lower train.keep_last")
     return need
 
 
@@ -153,18 +191,21 @@ def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict,
                     model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
     """Write ``ckpt-<step>`` atomically, then delete all but the newest ``keep_last`` checkpoints.
 
-    ``info`` must hold ``step``; it is stored as ``state.json``. ``model_state`` / ``optimizer_state``: the full
-    state dicts when they were gathered from shards (``eagle3.train.parallel``; None = ``model.state_dict()`` /
-    ``optimizer.state_dict()``). Returns the checkpoint directory. Raises DataError (path, cause, free space) when
-    the write fails, e.g. on a full disk.
+    ``info`` must hold ``step``; it is stored as ``state.json``. ``model_state`` /
+    ``optimizer_state``: the full state dicts when they were gathered from shards
+    (``eagle3.train.parallel``; None = ``model.state_dict()`` / ``optimizer.state_dict()``). Returns
+    the checkpoint directory. Raises DataError (path, cause, free space) when the write fails, e.g.
+    on a full disk.
     """
     from safetensors.torch import save_file
 
     final = state_dir / f"ckpt-{int(info['step']):08d}"
     weights = model.state_dict() if model_state is None else model_state
     with _written(final, "training checkpoint"), atomic_directory(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
+                  str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp
+            / "optimizer.pt")
         torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
     for old in list_checkpoints(state_dir)[:-keep_last]:
@@ -173,14 +214,15 @@ def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict,
 
 
 def save_best(state_dir: Path, *, model, info: dict, model_state: dict | None = None) -> Path:
-    """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best. ``model_state``:
-    the full state dict gathered from shards (None = ``model.state_dict()``)."""
+    """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best.
+    ``model_state``: the full state dict gathered from shards (None = ``model.state_dict()``)."""
     from safetensors.torch import save_file
 
     final = state_dir / "best"
     weights = model.state_dict() if model_state is None else model_state
     with _written(final, "best draft"), atomic_directory(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
+                  str(tmp / "model.safetensors"))
         (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
     return final
 
@@ -195,22 +237,25 @@ def read_info(ckpt: Path) -> dict:
 
 
 def load_weights(model, ckpt: Path) -> None:
-    """Load ``model.safetensors`` of ``ckpt`` into ``model`` (every key must match; else DataError)."""
+    """Load ``model.safetensors`` of ``ckpt`` into ``model`` (every key must match; else
+    DataError)."""
     from safetensors.torch import load_file
 
     sd = load_file(str(ckpt / "model.safetensors"))
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
-        raise DataError(f"{ckpt}/model.safetensors: does not match the draft (missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]})")
+        raise DataError(f"{ckpt}/model.safetensors: does not match the draft (missing "
+                        f"{missing[:5]}, unexpected {unexpected[:5]})")
 
 
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
-    """Restore weights (unless ``model`` is None: loaded earlier, before sharding), optimizer, scheduler and RNG
-    states from ``ckpt``; returns its ``state.json``. ``load_optimizer(state)`` replaces
-    ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through its own loader).
+    """Restore weights (unless ``model`` is None: loaded earlier, before sharding), optimizer,
+    scheduler and RNG states from ``ckpt``; returns its ``state.json``. ``load_optimizer(state)``
+    replaces ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through
+    its own loader).
 
-    Raises DataError naming the file for a missing file (:func:`check_complete`) or one that does not load.
+    Raises DataError naming the file for a missing file (:func:`check_complete`) or one that does
+    not load.
     """
     check_complete(ckpt)
     if model is not None:
@@ -218,18 +263,21 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=N
     try:
         moments = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
         (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(moments)
-        extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)  # own file: RNG tuples
+        # own file: RNG tuples
+        extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
         scheduler.load_state_dict(extra["scheduler"])
-    except Exception as e:  # torch.load / load_state_dict raise many types on corrupt or foreign files
-        raise DataError(f"resume: {ckpt}/optimizer.pt or trainer.pt does not load ({type(e).__name__}: "
-                        f"{str(e)[:200]}); remove {ckpt} to resume from an earlier checkpoint, or set "
-                        f"train.resume=false to start over") from e
+    # torch.load / load_state_dict raise many types on corrupt or foreign files
+    except Exception as e:
+        raise DataError(f"resume: {ckpt}/optimizer.pt or trainer.pt does not load "
+                        f"({type(e).__name__}: {str(e)[:200]}); remove {ckpt} to resume from an "
+                        f"earlier checkpoint, or set train.resume=false to start over") from e
     set_rng_state(extra["rng"])
     return read_info(ckpt)
 
 
 def truncate_metrics(path: Path, max_step: int) -> None:
-    """Drop ``metrics.jsonl`` lines logged after ``max_step`` (they are logged again after a resume)."""
+    """Drop ``metrics.jsonl`` lines logged after ``max_step`` (they are logged again after a
+    resume)."""
     from eagle3.artifacts import atomic_write_bytes
 
     if not path.is_file():
@@ -245,16 +293,116 @@ def truncate_metrics(path: Path, max_step: int) -> None:
 
 
 def ensure_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` and its ``state/`` (checkpoints) and write a probe file in each, before any training step.
+    """Create ``out_dir`` and its ``state/`` (checkpoints) and write a probe file in each, before
+    any training step.
 
-    Raises ConfigError naming the directory and the OS error (read-only, permission, ``state`` being a file).
+    Raises ConfigError naming the directory and the OS error (read-only, permission, ``state`` being
+    a file).
     """
     for d, what in ((out_dir, "train output dir"), (out_dir / "state", "checkpoint dir")):
         if d.exists() and not d.is_dir():
-            raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away and re-run")
+            raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away and "
+                              "re-run")
         try:
             d.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=d, prefix=".write-probe.", suffix=".tmp"):
                 pass
         except OSError as e:
             raise ConfigError(f"{what} {d}: not writable ({type(e).__name__}: {e})") from e
+
+
+FROZEN_FIELDS = ("ttt_steps", "num_layers", "draft_vocab_size", "seed", "max_tokens_per_batch",
+                 "grad_accum")
+
+
+def check_resume(info: dict, identity: dict, cfg, ckpt: Path) -> None:
+    """Compare a checkpoint's ``state.json`` (``info``) with the new run. Raises on a refused
+    change."""
+    problem = resume_conflict(info, identity, cfg, ckpt)
+    if problem is not None:
+        raise problem
+
+
+def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError | DataError | None:
+    """The refused change between a checkpoint's ``state.json`` (``info``) and the new run, as the
+    error to raise (DataError for other data or vocabulary, ConfigError for other settings), or None
+    when it may resume. ``identity``: ``vocab_map_hash``, ``data_content_hash``, ``flags``,
+    ``world_size``, ``distributed``."""
+    try:
+        _compare(info, identity, cfg, ckpt)
+    except (ConfigError, DataError) as e:
+        return e
+    return None
+
+
+def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
+    t = cfg.train
+    hint = (f"(checkpoint {ckpt}; train.on_other_checkpoint=restart starts over from step 0, "
+            "train.resume=false always does)")
+    if info.get("vocab_map_hash") != identity["vocab_map_hash"] and not t.allow_vocab_map_change:
+        raise DataError(f"resume: draft vocab map hash {identity['vocab_map_hash'][:16]} differs "
+                        f"from the checkpoint's {str(info.get('vocab_map_hash'))[:16]}; lm_head "
+                        "rows would mean other tokens. Set train.allow_vocab_map_change=true to "
+                        f"re-map explicitly {hint}")
+    if info.get("data_content_hash") != identity["data_content_hash"]:
+        raise DataError(f"resume: hidden-states data identity {identity['data_content_hash']} "
+                        "differs from the checkpoint's "
+                        f"{info.get('data_content_hash')} {hint}")
+    saved = info.get("train_config") or {}
+    new = t.model_dump(mode="json")
+    for name in FROZEN_FIELDS:
+        if name in saved and saved[name] != new[name]:
+            raise ConfigError(f"resume: train.{name} is {new[name]!r}, the checkpoint was trained "
+                              "with "
+                              f"{saved[name]!r} {hint}")
+    if info.get("flags") != identity["flags"]:
+        raise ConfigError(f"resume: layer flags {identity['flags']} differ from the checkpoint's "
+                          f"{info.get('flags')} {hint}")
+    if info.get("world_size") != identity["world_size"]:
+        raise ConfigError(f"resume: {identity['world_size']} processes, the checkpoint was written "
+                          "by "
+                          f"{info.get('world_size')} (the data position depends on it) {hint}")
+    saved_mode = info.get("distributed", "ddp" if int(info.get("world_size") or 1) > 1 else "none")
+    if saved_mode != identity.get("distributed", saved_mode):
+        raise ConfigError(f"resume: train.distributed={identity['distributed']!r}, the checkpoint "
+                          "was written under "
+                          f"{saved_mode!r} (its optimizer state is laid out for that mode) {hint}")
+
+
+def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
+    """Start from the weights of the speculators draft in ``src`` (fine-tuning; optimizer starts
+    fresh).
+
+    Raises DataError when ``src`` has no ``model.safetensors``, a tensor shape differs, or its
+    d2t/t2d differ from ``vmap`` and ``allow_change`` is False. With ``allow_change`` the new map is
+    kept and ``lm_head`` rows come from the verifier for the new map.
+    """
+    from safetensors.torch import load_file
+
+    from eagle3.train.vocab import vocab_map_hash
+
+    path = Path(src) / "model.safetensors"
+    if not path.is_file():
+        raise DataError(f"train.init_from: {path} not found")
+    sd = load_file(str(path))
+    if "d2t" not in sd or "t2d" not in sd:
+        raise DataError(f"train.init_from: {path} has no d2t/t2d (tensors: {sorted(sd)[:8]})")
+    same_map = vocab_map_hash(sd["d2t"], sd["t2d"]) == vmap.hash()
+    if not same_map and not allow_change:
+        raise DataError(f"train.init_from: {path} was trained with another draft vocab map (hash "
+                        f"{vocab_map_hash(sd['d2t'], sd['t2d'])[:16]} vs {vmap.hash()[:16]}); set "
+                        f"train.allow_vocab_map_change=true to re-map")
+    own = model.state_dict()
+    skip = {"d2t", "t2d", "lm_head.weight"} if not same_map else {"d2t", "t2d"}
+    for name, tensor in sd.items():
+        if name in skip or name not in own:
+            continue
+        if tuple(own[name].shape) != tuple(tensor.shape):
+            raise DataError(f"train.init_from: {path} tensor {name} shape {list(tensor.shape)}, "
+                            "draft expects "
+                            f"{list(own[name].shape)}")
+        with torch.no_grad():
+            own[name].copy_(tensor)
+    unknown = [n for n in sd if n not in own]
+    if unknown:
+        raise DataError(f"train.init_from: {path} has tensors the draft does not: {unknown[:5]}")

@@ -1,30 +1,37 @@
-"""This project's training forward of speculators' ``Eagle3DraftModel`` (``train.forward_impl: project``, issue 17).
+"""This project's training forward of speculators' ``Eagle3DraftModel``
+(``train.forward_impl: project``).
 
-It computes what ``Eagle3DraftModel.forward`` computes in training — ``ttt_steps`` teacher-forced draft steps, each
-step's loss from speculators' own ``compound_loss`` (KL to the verifier over the draft vocabulary by default) on the
-positions ``speculators.models.eagle3.metrics.align_for_step`` aligns — with the draft's own modules (``fc``, the
-decoder layers' norms, projections and MLP, ``norm``, ``lm_head``, the rotary embedding) and its checkpoint format
-untouched. What changes is how, so that ``torch.compile`` makes one static graph of the whole micro-batch:
+It computes what ``Eagle3DraftModel.forward`` computes in training — ``ttt_steps`` teacher-forced
+draft steps, each step's loss from speculators' own ``compound_loss`` (KL to the verifier over the
+draft vocabulary by default) on the positions ``speculators.models.eagle3.metrics.align_for_step``
+aligns — with the draft's own modules (``fc``, the decoder layers' norms, projections and MLP,
+``norm``, ``lm_head``, the rotary embedding) and its checkpoint format untouched. What changes is
+how, so that ``torch.compile`` makes one static graph of the whole micro-batch:
 
-- **Attention by structure, not by a growing dense mask.** At TTT step k a query at position p attends the keys of
-  step 0 at positions j ≤ p of its own document, plus its own position's keys of steps 1..k (speculators'
-  ``create_combined_mask_mod``: causal ∧ same document, or the diagonal of every later block). speculators
-  concatenates all k+1 key blocks and masks a dense ``[S, (k+1)·S]`` matrix (a new mask shape per step; (k+1)× the
-  attention work). Here: ``eager`` = step-0 scores ``[S, S]`` plus k diagonal scores, one softmax over both (CPU);
-  ``flex`` = ``flex_attention`` over the concatenated keys with a block-sparse mask, whose later blocks cost one
-  diagonal block each (CUDA, compiled); ``sdpa`` = speculators' dense layout through SDPA (any device).
-- **The embedding half of q/k/v once per micro-batch.** Step k feeds the embeddings of ``input_ids`` shifted left by
-  k (zeros appended). The first layer's q/k/v projections are linear in ``cat([norm(embeds), norm(hidden)])``, so
-  the embedding half is projected once for the ``S + ttt_steps - 1`` shifted ids and step k takes rows ``k..k+S``.
-- **No in-place update of an input, no data-dependent shape, no graph break** (speculators' accuracy count uses
-  ``masked_select`` and an ``out=`` update; its first layer has a forced graph break): the accuracy and chain
-  counts of :mod:`eagle3.train.metrics` are computed inside the graph and returned as one ``stats`` vector.
-- **The verifier's argmax from the targets already computed** (the loop's second verifier-head matmul is gone).
+- **Attention by structure, not by a growing dense mask.** At TTT step k a query at position p
+  attends the keys of step 0 at positions j ≤ p of its own document, plus its own position's keys of
+  steps 1..k (speculators' ``create_combined_mask_mod``: causal ∧ same document, or the diagonal of
+  every later block). speculators concatenates all k+1 key blocks and masks a dense ``[S, (k+1)·S]``
+  matrix (a new mask shape per step; (k+1)× the attention work). Here: ``eager`` = step-0 scores
+  ``[S, S]`` plus k diagonal scores, one softmax over both (CPU); ``flex`` = ``flex_attention`` over
+  the concatenated keys with a block-sparse mask, whose later blocks cost one diagonal block each
+  (CUDA, compiled); ``sdpa`` = speculators' dense layout through SDPA (any device).
+- **The embedding half of q/k/v once per micro-batch.** Step k feeds the embeddings of ``input_ids``
+  shifted left by k (zeros appended). The first layer's q/k/v projections are linear in
+  ``cat([norm(embeds), norm(hidden)])``, so the embedding half is projected once for the ``S +
+  ttt_steps - 1`` shifted ids and step k takes rows ``k..k+S``.
+- **No in-place update of an input, no data-dependent shape, no graph break** (speculators' accuracy
+  count uses ``masked_select`` and an ``out=`` update; its first layer has a forced graph break):
+  the accuracy and chain counts of :mod:`eagle3.train.metrics` are computed inside the graph and
+  returned as one ``stats`` vector.
+- **The verifier's argmax from the targets already computed** (the loop's second verifier-head
+  matmul is gone).
 
-Supported drafts: speculators' Llama flavour (``LlamaDecoderEagle3FirstLayer`` first, plain ``LlamaDecoderLayer``
-after it), every layer flag (``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``), no sliding
-window. :func:`check_supported` raises ConfigError otherwise. Equality with speculators' forward (loss, gradients,
-draft tokens) is tested in float32 on the CPU: tests/unit/test_ttt_forward.py.
+Supported drafts: speculators' Llama flavour (``LlamaDecoderEagle3FirstLayer`` first, plain
+``LlamaDecoderLayer`` after it), every layer flag (``norm_before_residual``, ``norm_before_fc``,
+``fc_norm``, ``norm_output``), no sliding window. :func:`check_supported` raises ConfigError
+otherwise. Equality with speculators' forward (loss, gradients, draft tokens) is tested in float32
+on the CPU: tests/unit/test_ttt_forward.py.
 """
 
 from __future__ import annotations
@@ -43,56 +50,67 @@ ATTENTIONS = ("eager", "sdpa", "flex")
 def resolve_attention(setting: str, device_type: str, compiled: bool) -> str:
     """The attention of this forward for ``train.attn_implementation`` = ``setting``.
 
-    ``auto``: ``flex`` on CUDA when the forward is compiled (flex attention is a compiled kernel; uncompiled it
-    materialises every score), ``sdpa`` on CUDA uncompiled, ``eager`` on the CPU (a quarter of the dense layout's
-    score work at 3 TTT steps). Raises ConfigError for an unknown setting."""
+    ``auto``: ``flex`` on CUDA when the forward is compiled (flex attention is a compiled kernel;
+    uncompiled it materialises every score), ``sdpa`` on CUDA uncompiled, ``eager`` on the CPU (a
+    quarter of the dense layout's score work at 3 TTT steps). Raises ConfigError for an unknown
+    setting."""
     if setting == "auto":
         if device_type == "cuda":
             return "flex" if compiled else "sdpa"
         return "eager"
     if setting not in ATTENTIONS:
-        raise ConfigError(f"train.attn_implementation: expected auto or one of {list(ATTENTIONS)} with "
-                          f"train.forward_impl=project, got {setting!r}")
+        raise ConfigError(f"train.attn_implementation: expected auto or one of {list(ATTENTIONS)} "
+                          "with train.forward_impl=project, got "
+                          f"{setting!r}")
     return setting
 
 
 def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
-    """``(forward, attention)`` for a TrainConfig: ``("project", eager|sdpa|flex)`` or ``("speculators", sdpa|eager)``.
+    """``(forward, attention)`` for a TrainConfig: ``("project", eager|sdpa|flex)`` or
+    ``("speculators", sdpa|eager)``.
 
-    ``forward_impl: auto`` is ``project`` except under ``distributed: fsdp`` with several processes (FSDP2 gathers
-    a sharded layer's weights around that layer's own ``forward`` call, which this forward does not make). Raises
-    ConfigError for ``project`` under fsdp and for ``flex`` with speculators' forward."""
+    ``forward_impl: auto`` is ``project`` except under ``distributed: fsdp`` with several processes
+    (FSDP2 gathers a sharded layer's weights around that layer's own ``forward`` call, which this
+    forward does not make). Raises ConfigError for ``project`` under fsdp and for ``flex`` with
+    speculators' forward."""
     t = train_cfg
     fsdp = t.distributed == "fsdp" and world > 1
     impl = ("speculators" if fsdp else "project") if t.forward_impl == "auto" else t.forward_impl
     if impl == "project" and fsdp:
-        raise ConfigError("train.forward_impl=project with train.distributed=fsdp: expected ddp (or "
-                          "train.forward_impl=speculators / auto), got fsdp")
+        raise ConfigError("train.forward_impl=project with train.distributed=fsdp: expected ddp "
+                          "(or train.forward_impl=speculators / auto), got fsdp")
     if impl == "speculators":
         if t.attn_implementation == "flex":
-            why = (" (train.forward_impl=auto takes speculators' forward under train.distributed=fsdp with "
-                   "num_gpus > 1)" if t.forward_impl == "auto" else "")
-            raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager with speculators' "
+            why = (" (train.forward_impl=auto takes speculators' forward under "
+                   "train.distributed=fsdp with num_gpus > 1)"
+                   if t.forward_impl == "auto" else "")
+            raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager with "
+                              "speculators' "
                               f"forward{why} (its flex path failed under torch.compile), got flex")
         return impl, "sdpa" if t.attn_implementation == "auto" else t.attn_implementation
     if t.attn_implementation == "flex" and device_type != "cuda":
-        raise ConfigError(f"train.attn_implementation=flex: expected auto, sdpa or eager on a {device_type} training "
-                          "device (flex attention has no backward there; it is for compiled CUDA training), got flex")
-    return impl, resolve_attention(t.attn_implementation, device_type, bool(t.compile) and device_type == "cuda")
+        raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager on a "
+                          f"{device_type} training device (flex attention has no backward there; "
+                          "it is for compiled CUDA training), got flex")
+    return impl, resolve_attention(t.attn_implementation, device_type, bool(t.compile)
+        and device_type == "cuda")
 
 
 def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict]:
-    """How this training resolves its ``auto`` forward, attention and optimizer settings, in the shape of
-    :attr:`eagle3.config.RunConfig.auto_resolved`: ``{"train.forward_impl": {"setting", "value", "device",
-    "why"}, ...}``, only for the keys set to ``auto``. Raises what :func:`choose` raises."""
+    """How this training resolves its ``auto`` forward, attention and optimizer settings, in the
+    shape of :attr:`eagle3.config.RunConfig.auto_resolved`: ``{"train.forward_impl": {"setting",
+    "value", "device", "why"}, ...}``, only for the keys set to ``auto``. Raises what :func:`choose`
+    raises."""
     t = train_cfg
     impl, attention = choose(t, device_type, world)
     opt = optimizer_impl(t, device_type)
-    why = {"train.forward_impl": "project, except speculators' forward under fsdp with several processes",
-           "train.attn_implementation": "flex on CUDA compiled, sdpa on CUDA uncompiled, eager on the CPU "
-                                        "(sdpa with speculators' forward)",
+    why = {"train.forward_impl": "project, except speculators' forward under fsdp with several "
+                                 "processes",
+           "train.attn_implementation": "flex on CUDA compiled, sdpa on CUDA uncompiled, eager on "
+                                        "the CPU (sdpa with speculators' forward)",
            "train.optimizer_impl": "fused AdamW on CUDA, the default AdamW elsewhere"}
-    values = {"train.forward_impl": (t.forward_impl, impl), "train.attn_implementation": (t.attn_implementation,
+    values = {"train.forward_impl": (t.forward_impl, impl),
+              "train.attn_implementation": (t.attn_implementation,
                                                                                          attention),
               "train.optimizer_impl": (t.optimizer_impl, opt)}
     return {k: {"setting": "auto", "value": v, "device": device_type, "why": why[k]}
@@ -100,13 +118,15 @@ def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict
 
 
 def optimizer_impl(train_cfg, device_type: str) -> str:
-    """``train.optimizer_impl`` made concrete: ``auto`` = ``fused`` on CUDA, ``default`` elsewhere."""
+    """``train.optimizer_impl`` made concrete: ``auto`` = ``fused`` on CUDA, ``default``
+    elsewhere."""
     o = train_cfg.optimizer_impl
     return o if o != "auto" else ("fused" if device_type == "cuda" else "default")
 
 
 def check_supported(model) -> None:
-    """Raise ConfigError unless ``model`` is a draft this forward reproduces exactly (see the module docstring)."""
+    """Raise ConfigError unless ``model`` is a draft this forward reproduces exactly (see the module
+    docstring)."""
     from speculators.models.eagle3.model_definitions import LlamaDecoderEagle3FirstLayer
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -117,12 +137,14 @@ def check_supported(model) -> None:
                           f"(LlamaDecoderEagle3FirstLayer, then LlamaDecoderLayer), got {kinds}; "
                           "use train.forward_impl=speculators")
     if model.uses_sliding_window_attn:
-        raise ConfigError("train.forward_impl=project: sliding-window draft layers are not supported "
-                          f"(layers {model.sliding_window_indices}); use train.forward_impl=speculators")
+        raise ConfigError("train.forward_impl=project: sliding-window draft layers are not "
+                          "supported (layers "
+                          f"{model.sliding_window_indices}); use train.forward_impl=speculators")
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """``[S, S]`` bool: query p sees key j of step 0 (j ≤ p, same document, p not padding) or j == p.
+    """``[S, S]`` bool: query p sees key j of step 0 (j ≤ p, same document, p not padding) or j ==
+    p.
 
     ``document_ids``: ``[1, S]`` int64 (-1 = padding, speculators' convention). Source: speculators'
     ``create_combined_mask_mod`` restricted to the first key block."""
@@ -135,8 +157,9 @@ def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 def flex_block_masks(document_ids: torch.Tensor, ttt_steps: int) -> list:
-    """One flex-attention ``BlockMask`` per TTT step k over ``(k+1)·S`` keys (speculators' mask: causal ∧ same
-    document on the first block, the diagonal on every later one). Traceable: torch.compile builds them in-graph."""
+    """One flex-attention ``BlockMask`` per TTT step k over ``(k+1)·S`` keys (speculators' mask:
+    causal ∧ same document on the first block, the diagonal on every later one). Traceable:
+    torch.compile builds them in-graph."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     doc = document_ids[0]
@@ -146,7 +169,8 @@ def flex_block_masks(document_ids: torch.Tensor, ttt_steps: int) -> list:
         first = (kv < S) & (q >= kv) & (doc[q] != -1) & (doc[q] == doc[kv % S])
         return first | (kv % S == q)
 
-    return [create_block_mask(mask_mod, None, None, S, (k + 1) * S, device=doc.device) for k in range(ttt_steps)]
+    return [create_block_mask(mask_mod, None, None, S, (k + 1) * S, device=doc.device)
+        for k in range(ttt_steps)]
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -155,7 +179,8 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """Key/value heads repeated for grouped-query attention: ``[1, kv, S, d]`` → ``[1, kv·groups, S, d]``."""
+    """Key/value heads repeated for grouped-query attention: ``[1, kv, S, d]`` → ``[1, kv·groups, S,
+    d]``."""
     if groups == 1:
         return x
     b, kv, s, d = x.shape
@@ -163,25 +188,28 @@ def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _attend(q, keys, values, attention: str, mask, scale: float):
-    """Attention of one TTT step. ``q``: ``[1, H, S, d]``; ``keys``/``values``: per earlier step and this one,
-    ``[1, KV, S, d]``; ``mask``: :func:`document_mask` (eager, sdpa) or this step's BlockMask (flex).
-    Returns ``[1, H, S, d]``."""
+    """Attention of one TTT step. ``q``: ``[1, H, S, d]``; ``keys``/``values``: per earlier step and
+    this one, ``[1, KV, S, d]``; ``mask``: :func:`document_mask` (eager, sdpa) or this step's
+    BlockMask (flex). Returns ``[1, H, S, d]``."""
     groups = q.shape[1] // keys[0].shape[1]
     S = q.shape[2]
     if attention == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
-        return flex_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), block_mask=mask, scale=scale,
+        return flex_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), block_mask=mask,
+                              scale=scale,
                               enable_gqa=groups > 1)
     if attention == "sdpa":
         eye = torch.eye(S, dtype=torch.bool, device=q.device)
         dense = torch.cat([mask] + [eye] * (len(keys) - 1), dim=-1)  # [S, (k+1)·S]
         return F.scaled_dot_product_attention(q, _repeat(torch.cat(keys, dim=2), groups),
-                                              _repeat(torch.cat(values, dim=2), groups), attn_mask=dense, scale=scale)
+                                              _repeat(torch.cat(values, dim=2), groups),
+                                              attn_mask=dense, scale=scale)
     k0, v0 = _repeat(keys[0], groups), _repeat(values[0], groups)
     scores = (q @ k0.transpose(-1, -2)) * scale  # [1, H, S, S]
     scores = scores.masked_fill(~mask, float("-inf"))
-    diag = [(q * _repeat(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [1, H, S, 1]
+    # each [1, H, S, 1]
+    diag = [(q * _repeat(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
     probs = torch.cat([scores, *diag], dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     out = probs[..., :S] @ v0
     for m, v in enumerate(values[1:]):
@@ -199,10 +227,12 @@ def _qkv(attn, x: torch.Tensor, head_dim: int, cos, sin):
 
 
 class _EmbedProjections:
-    """The first layer's q/k/v projections of ``norm(embed(ids shifted by k))`` for every step, made once.
+    """The first layer's q/k/v projections of ``norm(embed(ids shifted by k))`` for every step, made
+    once.
 
-    ``q_proj(cat([e, h])) = e @ Wq[:, :H]ᵀ + h @ Wq[:, H:]ᵀ + b``: ``e`` depends only on the (shifted) token ids,
-    so one projection of ``S + K - 1`` positions serves all K steps (rows ``k..k+S`` at step k)."""
+    ``q_proj(cat([e, h])) = e @ Wq[:, :H]ᵀ + h @ Wq[:, H:]ᵀ + b``: ``e`` depends only on the
+    (shifted) token ids, so one projection of ``S + K - 1`` positions serves all K steps (rows
+    ``k..k+S`` at step k)."""
 
     def __init__(self, layer, embeds_normed: torch.Tensor, hidden_size: int):
         a = layer.self_attn
@@ -215,7 +245,8 @@ class _EmbedProjections:
 
 
 def _first_layer(layer, h, embed_parts, head_dim, cos, sin, cache, attention, mask):
-    """speculators' ``Eagle3FirstLayerMixin.forward`` for one step, the embedding half precomputed."""
+    """speculators' ``Eagle3FirstLayerMixin.forward`` for one step, the embedding half
+    precomputed."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     a, H = layer.self_attn, h.shape[-1]
@@ -237,7 +268,8 @@ def _plain_layer(layer, h, head_dim, cos, sin, cache, attention, mask):
 
 def _layer_tail(layer, residual, q, k, v, cache, attention, mask):
     """Cache this step's keys/values, attend, project, add the residual, then the MLP block."""
-    dtype = v.dtype  # rotated q/k come out in float32 under autocast (float32 cos/sin); SDPA would cast them
+    # rotated q/k come out in float32 under autocast (float32 cos/sin); SDPA would cast them
+    dtype = v.dtype
     cache[0].append(k.to(dtype))
     cache[1].append(v)
     a = layer.self_attn
@@ -247,9 +279,9 @@ def _layer_tail(layer, residual, q, k, v, cache, attention, mask):
 
 
 def _step_stats(pred, tgt, valid_base, doc, k: int, alive, run):
-    """The :mod:`eagle3.train.metrics` counts of TTT step k (``add_batch``'s rules) as tensors; updates
-    ``alive``/``run`` functionally. ``pred``/``tgt``: ``[S]`` draft and verifier argmax; ``valid_base``: ``[S]``
-    loss mask (bool)."""
+    """The :mod:`eagle3.train.metrics` counts of TTT step k (``add_batch``'s rules) as tensors;
+    updates ``alive``/``run`` functionally. ``pred``/``tgt``: ``[S]`` draft and verifier argmax;
+    ``valid_base``: ``[S]`` loss mask (bool)."""
     S = pred.shape[0]
     if k >= S:
         valid = torch.zeros_like(valid_base)
@@ -258,33 +290,38 @@ def _step_stats(pred, tgt, valid_base, doc, k: int, alive, run):
         valid = F.pad(valid_base[k:] & (doc[k:] == doc[:S - k]), (0, k))
         correct = F.pad(pred[:S - k] == tgt[k:], (0, k))
     hit = correct & valid
-    counts = torch.stack([hit.sum(), valid.sum(), (hit & alive).sum(), (valid & alive).sum()]).float()
+    counts = torch.stack(
+        [hit.sum(), valid.sum(), (hit & alive).sum(), (valid & alive).sum()]).float()
     alive = alive & hit
     run = run + (alive & valid_base).float()
     return counts, alive, run
 
 
-def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor, document_ids: torch.Tensor,
+def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
+                document_ids: torch.Tensor,
                 loss_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                verifier_last_hidden_states: torch.Tensor, ttt_steps: int = 3, ttt_step_loss_decay: float = 1.0,
+                verifier_last_hidden_states: torch.Tensor, ttt_steps: int = 3,
+                ttt_step_loss_decay: float = 1.0,
                 loss_config: dict | None = None, attention: str = "eager", masks=None):
     """One packed micro-batch through the draft's ``ttt_steps`` training steps.
 
     Args:
-        model: speculators' ``Eagle3DraftModel`` (:func:`check_supported`).
-        hidden_states: ``[1, S, n_aux·H]`` aux states (float32 or bf16; cast by autocast where it is on).
-        input_ids, document_ids, position_ids: ``[1, S]`` int64 (position_ids None = 1..S, speculators' default).
-        loss_mask: ``[1, S]`` bool/int, or None (every position).
-        verifier_last_hidden_states: ``[1, S, H]``: the verifier's last hidden state (before its final norm).
-        ttt_steps, ttt_step_loss_decay, loss_config: as speculators' ``forward`` (``loss_config`` None = eager KL).
-        attention: ``eager`` | ``sdpa`` | ``flex`` (:func:`resolve_attention`).
-        masks: the step masks (:func:`document_mask` for eager/sdpa, :func:`flex_block_masks` for flex); None =
+        model: speculators' ``Eagle3DraftModel`` (:func:`check_supported`). hidden_states: ``[1, S,
+        n_aux·H]`` aux states (float32 or bf16; cast by autocast where it is on). input_ids,
+        document_ids, position_ids: ``[1, S]`` int64 (position_ids None = 1..S, speculators'
+        default). loss_mask: ``[1, S]`` bool/int, or None (every position).
+        verifier_last_hidden_states: ``[1, S, H]``: the verifier's last hidden state (before its
+        final norm). ttt_steps, ttt_step_loss_decay, loss_config: as speculators' ``forward``
+        (``loss_config`` None = eager KL). attention: ``eager`` | ``sdpa`` | ``flex``
+        (:func:`resolve_attention`). masks: the step masks (:func:`document_mask` for eager/sdpa,
+        :func:`flex_block_masks` for flex); None =
             built here from ``document_ids`` (inside the graph when compiled).
 
     Returns:
-        ``(loss, stats)``: the scalar loss (sum over steps of speculators' per-step loss) and a float32
-        ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout (per step: correct, valid,
-        correct given all earlier steps right, valid given that, the step's loss, 1; then the chain counts).
+        ``(loss, stats)``: the scalar loss (sum over steps of speculators' per-step loss) and a
+        float32 ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout (per
+        step: correct, valid, correct given all earlier steps right, valid given that, the step's
+        loss, 1; then the chain counts).
     """
     from speculators.losses import compound_loss, exp_loss_decay, resolve_loss_config
 
@@ -303,10 +340,12 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor, 
     H = model.hidden_size
     head_dim = first.self_attn.head_dim
 
-    with torch.no_grad():  # verifier targets over the draft vocabulary, computed once: [1, S, V_draft]
+    # verifier targets over the draft vocabulary, computed once: [1, S, V_draft]
+    with torch.no_grad():
         targets = model.verifier_lm_head(model.verifier_norm(verifier_last_hidden_states.float()))
         target_ids = targets.argmax(-1)[0]  # [S]
-        embeds = model.embed_tokens(F.pad(input_ids, (0, K - 1)))  # step k: rows k..k+S  [1, S+K-1, H]
+        # step k: rows k..k+S  [1, S+K-1, H]
+        embeds = model.embed_tokens(F.pad(input_ids, (0, K - 1)))
     embed_proj = _EmbedProjections(first, first.input_layernorm(embeds), H)
 
     x = hidden_states
@@ -315,7 +354,9 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor, 
     if model.input_norm is not None:
         x = model.input_norm(x)
     if model.fc_norm is not None:
-        x = torch.cat([norm(c) for norm, c in zip(model.fc_norm, x.chunk(len(model.fc_norm), dim=-1))], dim=-1)
+        x = torch.cat(
+            [norm(c) for norm, c in zip(model.fc_norm, x.chunk(len(model.fc_norm), dim=-1))], dim=
+                -1)
     h = model.fc(x)  # [1, S, H]
 
     caches = [([], []) for _ in model.layers]
@@ -330,7 +371,8 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor, 
     for k in range(K):
         cos, sin = model.rotary_emb(embeds, position_ids + k)
         mask = masks[k] if attention == "flex" else masks
-        h = _first_layer(first, h, embed_proj.at(k, S), head_dim, cos, sin, caches[0], attention, mask)
+        h = _first_layer(first, h, embed_proj.at(k, S), head_dim, cos, sin, caches[0], attention,
+                         mask)
         for layer, cache in zip(model.layers[1:], caches[1:]):
             h = _plain_layer(layer, h, head_dim, cos, sin, cache, attention, mask)
         if model.config.norm_output:
@@ -341,11 +383,14 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor, 
         # speculators' align_for_step: logits of starts 0..S-k-1 against targets k..S-1
         s_logits, s_targets, s_mask = logits[:, :S - k], targets[:, k:], mask_bool[:, k:]
         pos_idx = torch.full((1, S - k), k, device=device, dtype=torch.long)
-        s_loss, _ = compound_loss(s_logits, s_targets, s_mask, pos_idx, loss_config=loss_config, decay_fn=decay)
+        s_loss, _ = compound_loss(s_logits, s_targets, s_mask, pos_idx, loss_config=loss_config,
+                                  decay_fn=decay)
         loss = loss + s_loss
         with torch.no_grad():
-            counts, alive, run = _step_stats(logits[0].argmax(-1), target_ids, valid_base, doc, k, alive, run)
-            stats.append(torch.cat([counts, s_loss.detach().float().reshape(1), counts.new_ones(1)]))
+            counts, alive, run = _step_stats(logits[0].argmax(-1), target_ids, valid_base, doc, k,
+                                             alive, run)
+            stats.append(
+                torch.cat([counts, s_loss.detach().float().reshape(1), counts.new_ones(1)]))
     with torch.no_grad():
         chain = torch.stack([(run + valid_base.float()).sum(), valid_base.float().sum()])
         out = torch.cat([*stats, chain])
@@ -361,12 +406,13 @@ def step_masks(document_ids: torch.Tensor, ttt_steps: int, attention: str):
 
 def install(model, *, attention: str, compile_mode: str | None = None, backend: str | None = None,
             fullgraph: bool = False) -> None:
-    """Make ``model.forward`` this forward (called as the loop calls speculators' forward, through DDP too).
+    """Make ``model.forward`` this forward (called as the loop calls speculators' forward, through
+    DDP too).
 
-    ``compile_mode`` None: eager; else ``torch.compile`` of the whole micro-batch with static shapes and that mode
-    (``default``, ``reduce-overhead``, ``max-autotune-no-cudagraphs``), the attention masks built inside the graph
-    from ``document_ids``. ``backend``/``fullgraph`` exist for tests. Raises ConfigError (:func:`check_supported`, unknown
-    attention or mode)."""
+    ``compile_mode`` None: eager; else ``torch.compile`` of the whole micro-batch with static shapes
+    and that mode (``default``, ``reduce-overhead``, ``max-autotune-no-cudagraphs``), the attention
+    masks built inside the graph from ``document_ids``. ``backend``/``fullgraph`` exist for tests.
+    Raises ConfigError (:func:`check_supported`, unknown attention or mode)."""
     from eagle3.train.draft_model import COMPILE_MODES
 
     check_supported(model)
@@ -375,7 +421,8 @@ def install(model, *, attention: str, compile_mode: str | None = None, backend: 
     core = functools.partial(ttt_forward, model, attention=attention)
     if compile_mode is not None:
         if compile_mode not in COMPILE_MODES:
-            raise ConfigError(f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {compile_mode!r}")
+            raise ConfigError(f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got "
+                              f"{compile_mode!r}")
         kwargs: dict = {"dynamic": False, "fullgraph": fullgraph}
         if backend is not None:
             kwargs["backend"] = backend
@@ -395,5 +442,6 @@ def uses_project_forward(model) -> bool:
     return getattr(model, "_eagle3_forward", None) == "project"
 
 
-__all__ = ["ATTENTIONS", "choose", "resolve_attention", "check_supported", "ttt_forward", "install", "uses_project_forward",
+__all__ = ["ATTENTIONS", "choose", "resolve_attention", "check_supported", "ttt_forward", "install",
+           "uses_project_forward",
            "document_mask", "flex_block_masks", "step_masks"]

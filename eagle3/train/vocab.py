@@ -1,16 +1,19 @@
-"""The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, their invariants and their hash.
+"""The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, their invariants and their
+hash.
 
 Conventions (speculators 0.9.0, SGLang 0.5.23; docs/ENGINE_FACTS.md §2, §5):
 
-- ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]`` for draft index ``i``.
+- ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]`` for draft index
+  ``i``.
 - ``t2d``: bool ``[vocab_size]``, True exactly at the target ids that have a draft index.
-- Draft index order is ascending target id (speculators' ``build_vocab_mappings_from_distribution``),
-  so the draft ``lm_head`` rows are the target LM-head rows selected by ``t2d``.
+- Draft index order is ascending target id (speculators'
+  ``build_vocab_mappings_from_distribution``), so the draft ``lm_head`` rows are the target LM-head
+  rows selected by ``t2d``.
 
-The map is chosen by frequency over the loss-masked tokens of the train split (``token_freq.pt``, written
-by extraction). When the data holds fewer distinct tokens than ``draft_vocab_size`` the caller must decide
-(failure class 8): :func:`build_vocab_map` raises unless ``pad`` is set, in which case the lowest unused
-target ids fill the remaining draft slots (speculators' padding rule).
+The map is chosen by frequency over the loss-masked tokens of the train split (``token_freq.pt``,
+written by extraction). When the data holds fewer distinct tokens than ``draft_vocab_size`` the
+caller must decide (failure class 8): :func:`build_vocab_map` raises unless ``pad`` is set, in which
+case the lowest unused target ids fill the remaining draft slots (speculators' padding rule).
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ class VocabMap:
     """A draft vocabulary map.
 
     Attributes:
-        d2t: int64 ``[draft_vocab_size]`` offsets (``target_id = i + d2t[i]``).
-        t2d: bool ``[vocab_size]``.
-        num_from_data: draft slots filled from observed tokens (the rest are padding).
-        coverage: fraction (0..1) of the counted (loss-masked) tokens whose id is in the draft vocabulary.
+        d2t: int64 ``[draft_vocab_size]`` offsets (``target_id = i + d2t[i]``). t2d: bool
+        ``[vocab_size]``. num_from_data: draft slots filled from observed tokens (the rest are
+        padding). coverage: fraction (0..1) of the counted (loss-masked) tokens whose id is in the
+        draft vocabulary.
     """
 
     d2t: torch.Tensor
@@ -77,7 +80,8 @@ def load_token_freq(path: str | Path) -> dict[int, int]:
         try:
             tid, cnt = int(k), int(v)
         except (TypeError, ValueError) as e:
-            raise DataError(f"{path}: entry {k!r}: {v!r} is not an integer token id and count") from e
+            raise DataError(
+                f"{path}: entry {k!r}: {v!r} is not an integer token id and count") from e
         if cnt < 0:
             raise DataError(f"{path}: token {tid} has a negative count {cnt}")
         freq[tid] = freq.get(tid, 0) + cnt
@@ -89,22 +93,23 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
     """Choose the ``draft_vocab_size`` most frequent target ids (ties: lower id first).
 
     Args:
-        token_freq: ``{target token id: count}``; zero counts are ignored.
-        draft_vocab_size: draft LM-head rows.
-        vocab_size: target vocabulary size (``t2d`` length).
-        pad: when the data has fewer distinct tokens than ``draft_vocab_size``, fill the rest with the
+        token_freq: ``{target token id: count}``; zero counts are ignored. draft_vocab_size: draft
+        LM-head rows. vocab_size: target vocabulary size (``t2d`` length). pad: when the data has
+        fewer distinct tokens than ``draft_vocab_size``, fill the rest with the
             lowest unused ids instead of raising.
     Raises:
-        ConfigError: ``draft_vocab_size`` not in ``[2, vocab_size)`` (an equal size needs no map, and
+        ConfigError: ``draft_vocab_size`` not in ``[2, vocab_size)`` (an equal size needs no map,
+        and
             speculators then stores no d2t/t2d, which the serving conversion requires).
         DataError: a token id outside ``[0, vocab_size)``; fewer distinct tokens than
-            ``draft_vocab_size`` and ``pad`` is False (names both numbers and ``train.pad_draft_vocab``).
+            ``draft_vocab_size`` and ``pad`` is False (names both numbers and
+            ``train.pad_draft_vocab``).
     """
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     if not 2 <= draft_vocab_size < vocab_size:
-        raise ConfigError(f"train.draft_vocab_size: expected 2 <= value < target vocab_size {vocab_size}, "
-                          f"got {draft_vocab_size}")
+        raise ConfigError("train.draft_vocab_size: expected 2 <= value < target vocab_size "
+                          f"{vocab_size}, got {draft_vocab_size}")
     freq = {int(t): int(c) for t, c in token_freq.items() if int(c) > 0}
     bad = [t for t in freq if not 0 <= t < vocab_size]
     if bad:
@@ -119,7 +124,8 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, vocab_size)
     total = sum(freq.values())
     covered = sum(c for t, c in freq.items() if bool(t2d[t]))
-    vmap = VocabMap(d2t=d2t.to(torch.long), t2d=t2d.to(torch.bool), num_from_data=min(distinct, draft_vocab_size),
+    vmap = VocabMap(d2t=d2t.to(torch.long), t2d=t2d.to(torch.bool),
+                    num_from_data=min(distinct, draft_vocab_size),
                     coverage=(covered / total) if total else 0.0)
     check_vocab_map(vmap.d2t, vmap.t2d, vocab_size)
     return vmap
@@ -133,9 +139,11 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> No
     Raises DataError naming the broken invariant with expected and actual values.
     """
     if d2t.dim() != 1 or t2d.dim() != 1:
-        raise DataError(f"vocab map: d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)}, {tuple(t2d.shape)}")
+        raise DataError(f"vocab map: d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)}, "
+                        f"{tuple(t2d.shape)}")
     if t2d.numel() != vocab_size:
-        raise DataError(f"vocab map: len(t2d) expected {vocab_size} (target vocab), got {t2d.numel()}")
+        raise DataError(f"vocab map: len(t2d) expected {vocab_size} (target vocab), got "
+                        f"{t2d.numel()}")
     n_true = int(t2d.to(torch.bool).sum())
     if n_true != d2t.numel():
         raise DataError(f"vocab map: t2d.sum() expected len(d2t)={d2t.numel()}, got {n_true}")
@@ -148,7 +156,8 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> No
 
 
 def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
-    """sha256 (hex) over the map's contents: ``d2t`` as little-endian int64 bytes, then ``t2d`` as uint8.
+    """sha256 (hex) over the map's contents: ``d2t`` as little-endian int64 bytes, then ``t2d`` as
+    uint8.
 
     Independent of device and of the dtype the tensors are held in, so a map read back from a
     checkpoint hashes the same as the one that was built.

@@ -1,7 +1,8 @@
-"""The entry point torchrun runs in each process (``python -m eagle3.train.worker --config C --data D --out O``;
-started by ``eagle3.train.launch.launch``). Each rank writes its status file (``eagle3.workers``): ``started``
-first, ``done`` when training returned, ``failed`` with the error's class and message when it raised, so the
-parent re-raises a project error with its class and message and names a rank that stopped without either."""
+"""The entry point torchrun runs in each process (``python -m eagle3.train.worker --config C --data
+D --out O``; started by ``eagle3.train.launch.launch``). Each rank writes its status file
+(``eagle3.workers``): ``started`` first, ``done`` when training returned, ``failed`` with the
+error's class and message when it raised, so the parent re-raises a project error with its class and
+message and names a rank that stopped without either."""
 
 from __future__ import annotations
 

@@ -62,12 +62,12 @@ def test_packing_keeps_documents_and_budget():
 
 @pytest.mark.parametrize("with_mask,with_prev", [(True, True), (True, False), (False, True), (False, False)])
 def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(with_mask, with_prev):
-    """eagle3.train.static_metrics.accuracy_single_step: speculators' four counts and its in-place prev_correct
+    """eagle3.train.metrics.accuracy_single_step: speculators' four counts and its in-place prev_correct
     update, without masked_select's data-dependent shape."""
     import torch
     from speculators.models.metrics import compute_accuracy_single_step
 
-    from eagle3.train.static_metrics import accuracy_single_step
+    from eagle3.train.metrics import accuracy_single_step
 
     g = torch.Generator().manual_seed(3)
     pred = torch.randint(0, 4, (1, 50), generator=g)

@@ -120,7 +120,7 @@ def test_a_rank_killed_mid_run_is_named_and_a_rerun_resumes_to_the_uninterrupted
 
 def test_resume_in_another_distributed_mode_is_refused(tmp_path):
     from eagle3.errors import ConfigError
-    from eagle3.train.resume import check_resume
+    from eagle3.train.state import check_resume
 
     cfg = tiny_train_cfg(tmp_path, "train.num_gpus=2", "train.distributed=fsdp")
     info = {"vocab_map_hash": "v", "data_content_hash": "d", "flags": {}, "world_size": 2}  # before the key existed
