@@ -214,7 +214,7 @@ def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
     engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
     best = best_point(sweep)
     serving = Path(best["run_dir"]) / "serving"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_speedup.py"), "--target", str(target), "--draft",
+    cmd = [sys.executable, str(REPO / "lab" / "gpu_speedup.py"), "--target", str(target), "--draft",
            str(serving), "--device", a.device, "--out", str(out), "--max-new-tokens", str(a.speedup_tokens),
            "--work", str(Path(a.work) / "speedup")]
     cmd += ["--prompt-ids", str(speedup_prompt_ids(target, Path(a.work) / "speedup", 2 if a.tiny else 8))]

@@ -53,11 +53,8 @@ def test_gpu_train_refuses_an_unknown_compile_mode():
 
 
 def test_gpu_quality_until_then_resume_runs_only_missing_stages(tmp_path):
-    sys.path.insert(0, str(REPO))
-    try:
-        from benchmarks import gpu_quality as gq
-    finally:
-        sys.path.remove(str(REPO))
+    from lab import gpu_quality as gq
+
     calls = []
 
     def fn(name):
