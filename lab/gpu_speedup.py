@@ -103,7 +103,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also time the generic path (HF generate, SpeculativeDecoder) against the fast path on the "
                         "first prompt, this many rounds (default 0: off)")
     p.add_argument("--work", default="/tmp/eagle3-gpu-speedup", help="HTTP server logs and gate diagnostics")
-    p.add_argument("--out", default="lab/results/gpu_speedup.json")
+    p.add_argument("--out", default=f"lab/results/{time.strftime('%Y-%m-%d')}_gpu_speedup.json")
     a = p.parse_args(argv)
     try:
         check_args(a)

@@ -19,8 +19,8 @@ figure is the sum over workers of tokens / (done − ready) from their status fi
 ``span_tokens_per_s`` (all tokens / (last done − first ready)) and ``overlap`` (the share of that span when all
 workers ran) are recorded beside it.
 
-    python lab/multi_gpu.py --kinds train --gpus 1,2,4,8 --out lab/results/multi_gpu.json
-    python lab/multi_gpu.py --kinds extract --gpus 1,2,4,8 --out lab/results/multi_gpu.json
+    python lab/multi_gpu.py --kinds train --gpus 1,2,4,8 --out lab/results/DATE_multi_gpu.json
+    python lab/multi_gpu.py --kinds extract --gpus 1,2,4,8 --out lab/results/DATE_multi_gpu.json
     python lab/multi_gpu.py --tiny --device cpu --gpus 1,2 --out /tmp/mg.json      # CPU smoke test (gloo)
 
 With an existing ``--out`` the other kind's figures there are kept (one call per kind, one file).

@@ -3,7 +3,7 @@ prompts and token budget on both engines, greedy decoding, chain drafting (topk 
 runs its whole budget), and the target's own greedy output (transformers, float32, no draft) as the yardstick.
 
     python lab/sglang_fidelity.py [--config configs/tiny-random.yaml] [--draft SERVING_DIR]
-        [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3] [--out lab/results/sglang_fidelity.json]
+        [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3] [--out lab/results/DATE_sglang_fidelity.json]
 
 Per request it compares the output tokens (both engines against the target's greedy output), the draft tokens each
 verify pass accepted (SGLang's per-pass counts are read from the sizes of its streamed chunks, one per pass) and the
@@ -190,7 +190,7 @@ def run_reference(target: Path, draft: Path, ids: list[list[int]], n: int, steps
 def main(config: Path = typer.Option(REPO / "configs/tiny-random.yaml"), draft: Path | None = typer.Option(None),
          prompts: str = typer.Option("mtbench"), num_prompts: int = typer.Option(2),
          max_new_tokens: int = typer.Option(12), num_steps: int = typer.Option(3),
-         out: Path = typer.Option(REPO / "lab/results/sglang_fidelity.json")) -> None:
+         out: Path = typer.Option(REPO / f"lab/results/{time.strftime('%Y-%m-%d')}_sglang_fidelity.json")) -> None:
     """Both engines and the target's greedy output on the same prompts; per-request comparison; ratio last."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -5,7 +5,7 @@ a study whose ``speedup`` stage failed or was cut off while the machine still he
 ``gpu_speedup.py`` is then run by hand on that draft (same engine, same settings as the stage), and this script
 puts its figures where the stage would have put them::
 
-    python lab/study_speedup.py lab/results/gpu_study.json /path/to/gpu_speedup.json
+    python lab/study_speedup.py lab/results/DATE_gpu_study.json /path/to/gpu_speedup.json
 
 Identity: both files carry the sha256 of the draft's serving folder (``best.serving_sha256`` written by the
 study's report, ``draft_sha256`` by ``gpu_speedup.py``); they must be equal. Files written before those fields

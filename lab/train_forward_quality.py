@@ -6,7 +6,7 @@ and ``train.forward_impl=project`` (eagle3/train/ttt_forward.py), every other se
 both validation simulated acceptance lengths (bonus token counted) and their ratio, each run's training tokens/s,
 and writes ``--out`` (JSON). Exit 1 when the final ratio is outside ``1 ± --tol``.
 
-    python lab/train_forward_quality.py configs/smollm2-cpu.yaml --out lab/results/train_forward_quality.json \\
+    python lab/train_forward_quality.py configs/smollm2-cpu.yaml --out lab/results/DATE_train_forward_quality.json \\
         -o target.dtype=float32 -o extract.dtype=float32 -o train.precision=float32
 """
 
