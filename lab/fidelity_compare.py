@@ -13,7 +13,9 @@ from __future__ import annotations
 from eagle3.measure.acceptance import exact_acceptance_length
 
 
-def passes_from_stream(tokens_so_far: list[int], verify_ct: int, correct_drafts: int) -> list[int | None]:
+def passes_from_stream(
+    tokens_so_far: list[int], verify_ct: int, correct_drafts: int
+) -> list[int | None]:
     """Per-verify-pass accepted draft counts of one streamed SGLang 0.5.23 request.
 
     SGLang puts ``spec_verify_ct`` / ``spec_num_correct_drafts`` into ``meta_info`` only when the request
@@ -28,8 +30,12 @@ def passes_from_stream(tokens_so_far: list[int], verify_ct: int, correct_drafts:
     """
     deltas = [b - a for a, b in zip([0, *tokens_so_far], tokens_so_far)]
     if any(d < 0 for d in deltas):
-        raise ValueError(f"stream: output token counts {tokens_so_far} go backwards; expected cumulative output_ids")
-    deltas = [d for d in deltas if d > 0]  # chunks that only carry meta_info (the final one, say) emit nothing
+        raise ValueError(
+            f"stream: output token counts {tokens_so_far} go backwards; expected cumulative output_ids"
+        )
+    deltas = [
+        d for d in deltas if d > 0
+    ]  # chunks that only carry meta_info (the final one, say) emit nothing
     if len(deltas) != verify_ct + 1 or deltas[0] != 1:
         return [None] * verify_ct
     counts = [d - 1 for d in deltas[1:]]
@@ -77,32 +83,55 @@ def compare_request(target_ids: list[int], ref: dict, sgl: dict) -> dict:
     for engine, rec in (("reference", ref), ("sglang", sgl)):
         pos = first_difference(target_ids, rec["output_ids"])
         if pos is not None and first_out is None:
-            first_out = {"engine": engine, "position": pos,
-                         "expected": target_ids[pos] if pos < len(target_ids) else None,
-                         "got": rec["output_ids"][pos] if pos < len(rec["output_ids"]) else None}
+            first_out = {
+                "engine": engine,
+                "position": pos,
+                "expected": target_ids[pos] if pos < len(target_ids) else None,
+                "got": rec["output_ids"][pos] if pos < len(rec["output_ids"]) else None,
+            }
     first_pass = None
     for i, (ra, sa) in enumerate(zip(ref["accept_counts"], sgl["accept_counts"])):
         if sa is None or ra is None:
             continue
         if ra != sa:
-            first_pass = {"pass": i, "position": pass_start_position(ref["accept_counts"], i), "reference": ra,
-                          "sglang": sa, "draft_step": min(ra, sa)}
+            first_pass = {
+                "pass": i,
+                "position": pass_start_position(ref["accept_counts"], i),
+                "reference": ra,
+                "sglang": sa,
+                "draft_step": min(ra, sa),
+            }
             break
     if first_pass is None and len(ref["accept_counts"]) != len(sgl["accept_counts"]):
         n = min(len(ref["accept_counts"]), len(sgl["accept_counts"]))
-        first_pass = {"pass": n, "position": pass_start_position(ref["accept_counts"], n), "reference": None,
-                      "sglang": None, "draft_step": None, "note": "verify pass counts differ: "
-                      f"reference {len(ref['accept_counts'])}, sglang {len(sgl['accept_counts'])}"}
-    return {"outputs": {"reference_equals_target": ref["output_ids"] == target_ids,
-                        "sglang_equals_target": sgl["output_ids"] == target_ids,
-                        "engines_equal": ref["output_ids"] == sgl["output_ids"], "first_output_difference": first_out},
-            "acceptance": {"reference": acceptance(ref), "sglang": acceptance(sgl)},
-            "accept_counts_equal": first_pass is None, "first_pass_difference": first_pass}
+        first_pass = {
+            "pass": n,
+            "position": pass_start_position(ref["accept_counts"], n),
+            "reference": None,
+            "sglang": None,
+            "draft_step": None,
+            "note": "verify pass counts differ: "
+            f"reference {len(ref['accept_counts'])}, sglang {len(sgl['accept_counts'])}",
+        }
+    return {
+        "outputs": {
+            "reference_equals_target": ref["output_ids"] == target_ids,
+            "sglang_equals_target": sgl["output_ids"] == target_ids,
+            "engines_equal": ref["output_ids"] == sgl["output_ids"],
+            "first_output_difference": first_out,
+        },
+        "acceptance": {"reference": acceptance(ref), "sglang": acceptance(sgl)},
+        "accept_counts_equal": first_pass is None,
+        "first_pass_difference": first_pass,
+    }
 
 
 def pooled(records: list[dict]) -> dict:
     """Token-weighted totals of several requests of one engine: ``verify_ct``, ``accepted``, ``acceptance``."""
-    tot = {"verify_ct": sum(r["verify_ct"] for r in records), "accepted": sum(r["accepted"] for r in records)}
+    tot = {
+        "verify_ct": sum(r["verify_ct"] for r in records),
+        "accepted": sum(r["accepted"] for r in records),
+    }
     return tot | {"acceptance": acceptance(tot)}
 
 
@@ -118,7 +147,11 @@ def explain_margin(gap: float | None, scale: float, what: str) -> str:
         return f"{what}: the other engine's choice is outside the draft vocabulary: not a rounding effect"
     rel = gap / scale if scale > 0 else float("inf")
     if rel < 1e-4:
-        return (f"{what}: near-tie in the argmax (gap {gap:.3g} = {rel:.2g} of max |logit| {scale:.3g}): "
-                "float32 rounding in a different summation order (SGLang's Triton kernels vs torch) flips it")
-    return (f"{what}: gap {gap:.3g} ({rel:.2g} of max |logit| {scale:.3g}) is far above float32 rounding: "
-            "the engines compute different values here (not a tie)")
+        return (
+            f"{what}: near-tie in the argmax (gap {gap:.3g} = {rel:.2g} of max |logit| {scale:.3g}): "
+            "float32 rounding in a different summation order (SGLang's Triton kernels vs torch) flips it"
+        )
+    return (
+        f"{what}: gap {gap:.3g} ({rel:.2g} of max |logit| {scale:.3g}) is far above float32 rounding: "
+        "the engines compute different values here (not a tie)"
+    )

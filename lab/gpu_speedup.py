@@ -60,49 +60,111 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.speedup_parts import (check_args, generic_compare, http_rounds, load_prompts_ids,  # noqa: E402
-                                      predictions, print_table, self_check, summarize_profile,
-                                      target_from_gguf)
+from lab.speedup_parts import (
+    check_args,
+    generic_compare,
+    http_rounds,
+    load_prompts_ids,  # noqa: E402
+    predictions,
+    print_table,
+    self_check,
+    summarize_profile,
+    target_from_gguf,
+)
 
 AL_POINTS = (2.0, 2.5, 3.0)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=["smollm2", "llama8b"], default=None,
-                   help="random weights of a published shape (default smollm2 unless --target)")
+    p.add_argument(
+        "--shape",
+        choices=["smollm2", "llama8b"],
+        default=None,
+        help="random weights of a published shape (default smollm2 unless --target)",
+    )
     p.add_argument("--target", default=None, help="an HF Llama target folder (with --draft)")
-    p.add_argument("--draft", default=None, help="an SGLang-format EAGLE-3 draft folder (with --target)")
-    p.add_argument("--gguf", default=None, help="instead of --target: the SmolLM2-135M-Instruct GGUF, converted "
-                                                "into --work/cache by eagle3.assets.prepare_smollm2")
-    p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny random shape, 2 prompts x 16 tokens")
+    p.add_argument(
+        "--draft", default=None, help="an SGLang-format EAGLE-3 draft folder (with --target)"
+    )
+    p.add_argument(
+        "--gguf",
+        default=None,
+        help="instead of --target: the SmolLM2-135M-Instruct GGUF, converted "
+        "into --work/cache by eagle3.assets.prepare_smollm2",
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CPU smoke run: tiny random shape, 2 prompts x 16 tokens",
+    )
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default bfloat16 on cuda, float32 on cpu")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="default bfloat16 on cuda, float32 on cpu",
+    )
     p.add_argument("--self-check-dtype", default="float32", choices=["float32", "none"])
     p.add_argument("--self-check-tokens", type=int, default=64)
-    p.add_argument("--num-steps", type=int, default=3, help="draft tokens per verify pass (chain, topk 1)")
+    p.add_argument(
+        "--num-steps", type=int, default=3, help="draft tokens per verify pass (chain, topk 1)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompts", default="mtbench", help="mtbench | gsm8k | humaneval | a prompt file")
+    p.add_argument(
+        "--prompts", default="mtbench", help="mtbench | gsm8k | humaneval | a prompt file"
+    )
     p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--prompt-ids", default=None, help="JSON written by --export-prompt-ids (no tokenizer needed)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder for random shapes (default: the asset "
-                                                     "cache's SmolLM2 folder)")
-    p.add_argument("--export-prompt-ids", default=None, help="write the templated prompt ids to this file, exit")
-    p.add_argument("--context-length", type=int, default=None, help="static cache positions (default: enough "
-                                                                    "for the longest prompt, in 256s)")
+    p.add_argument(
+        "--prompt-ids",
+        default=None,
+        help="JSON written by --export-prompt-ids (no tokenizer needed)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder for random shapes (default: the asset cache's SmolLM2 folder)",
+    )
+    p.add_argument(
+        "--export-prompt-ids",
+        default=None,
+        help="write the templated prompt ids to this file, exit",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="static cache positions (default: enough for the longest prompt, in 256s)",
+    )
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 with "
-                                                            "--tiny: contended threads are ~20x slower here)")
-    p.add_argument("--http", dest="http", action="store_true", default=None,
-                   help="also through the HTTP reference server (default on with --draft)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's; 1 with "
+        "--tiny: contended threads are ~20x slower here)",
+    )
+    p.add_argument(
+        "--http",
+        dest="http",
+        action="store_true",
+        default=None,
+        help="also through the HTTP reference server (default on with --draft)",
+    )
     p.add_argument("--no-http", dest="http", action="store_false")
     p.add_argument("--concurrency", default="1,4", help="HTTP concurrencies, comma list")
-    p.add_argument("--compare-generic", type=int, default=0, metavar="ROUNDS",
-                   help="also time the generic path (HF generate, SpeculativeDecoder) against the fast path on the "
-                        "first prompt, this many rounds (default 0: off)")
-    p.add_argument("--work", default="/tmp/eagle3-gpu-speedup", help="HTTP server logs and gate diagnostics")
+    p.add_argument(
+        "--compare-generic",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also time the generic path (HF generate, SpeculativeDecoder) against the fast path on the "
+        "first prompt, this many rounds (default 0: off)",
+    )
+    p.add_argument(
+        "--work", default="/tmp/eagle3-gpu-speedup", help="HTTP server logs and gate diagnostics"
+    )
     p.add_argument("--out", default=f"lab/results/{time.strftime('%Y-%m-%d')}_gpu_speedup.json")
     a = p.parse_args(argv)
     try:
@@ -117,7 +179,11 @@ class Run:
 
     def __init__(self, a: argparse.Namespace):
         self.path = Path(a.out)
-        self.data: dict = {"settings": {k: v for k, v in vars(a).items()}, "rounds": [], "errors": []}
+        self.data: dict = {
+            "settings": {k: v for k, v in vars(a).items()},
+            "rounds": [],
+            "errors": [],
+        }
         if a.draft:  # what identifies the draft when its figures are later joined to a study (study_speedup.py)
             from lab.study_speedup import draft_digest
 
@@ -151,11 +217,17 @@ def build_models(a, dtype):
         from eagle3.engines.sglang.draft import SGLangEagle3Draft
         from eagle3.target_model import load_target
 
-        name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+        name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
+            dtype
+        ]
         target, _ = load_target(a.target, dtype=name, device=a.device)
-        draft = SGLangEagle3Draft.from_dir(a.draft, dtype=dtype, device=a.device,
-                                           target_embed=target.get_input_embeddings().weight.detach(),
-                                           target_head=target.get_output_embeddings().weight.detach())
+        draft = SGLangEagle3Draft.from_dir(
+            a.draft,
+            dtype=dtype,
+            device=a.device,
+            target_embed=target.get_input_embeddings().weight.detach(),
+            target_head=target.get_output_embeddings().weight.detach(),
+        )
         return target, draft
     from testkit.random_models import DRAFT_VOCAB, random_draft, random_target
 
@@ -171,12 +243,21 @@ def one_pass(fast, prompts: list[dict], n: int, speculative: bool, profile: bool
     for p in prompts:
         prof = {} if profile else None
         r = fast.generate(p["input_ids"], n, ignore_eos=True, speculative=speculative, profile=prof)
-        tokens, verify, accepted = tokens + r.completion_tokens, verify + r.verify_ct, accepted + sum(r.accept_counts)
+        tokens, verify, accepted = (
+            tokens + r.completion_tokens,
+            verify + r.verify_ct,
+            accepted + sum(r.accept_counts),
+        )
         if profile:
             profs.append(prof)
     wall = time.perf_counter() - t0
-    out = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "verify_ct": verify,
-           "accepted": accepted}
+    out = {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "verify_ct": verify,
+        "accepted": accepted,
+    }
     if profile:
         out["profiles"] = profs
     return out
@@ -192,11 +273,16 @@ def timed_rounds(run: Run, fast, prompts, a) -> dict:
             res = one_pass(fast, prompts, n, spec)
             run.data["rounds"].append({"round": r, "mode": mode, **res})
             al = f", AL {1 + res['accepted'] / res['verify_ct']:.3f}" if spec else ""
-            print(f"round {r + 1}/{a.rounds} {mode}: {res['tokens']} tokens in {res['wall_s']:.2f} s = "
-                  f"{res['tokens_per_s']:.1f} tokens/s{al}", flush=True)
+            print(
+                f"round {r + 1}/{a.rounds} {mode}: {res['tokens']} tokens in {res['wall_s']:.2f} s = "
+                f"{res['tokens_per_s']:.1f} tokens/s{al}",
+                flush=True,
+            )
         run.save()
-    prof = {m: one_pass(fast, prompts, n, spec, profile=True) for m, spec in (("plain", False),
-                                                                              ("speculative", True))}
+    prof = {
+        m: one_pass(fast, prompts, n, spec, profile=True)
+        for m, spec in (("plain", False), ("speculative", True))
+    }
     return summarize_profile(run.data["rounds"], prof, a.num_steps)
 
 
@@ -210,16 +296,24 @@ def prepare_engine(run: Run, a, prompts, ctx: int, dtype):
     from refengine.fastpath import FastDecoder
 
     def engine(t, d):
-        return FastDecoder(t, d, None, num_steps=a.num_steps, max_context=ctx,
-                           use_cuda_graphs=not a.disable_cuda_graph)
+        return FastDecoder(
+            t,
+            d,
+            None,
+            num_steps=a.num_steps,
+            max_context=ctx,
+            use_cuda_graphs=not a.disable_cuda_graph,
+        )
 
     strict = a.self_check_dtype == "float32"
     target, draft = build_models(a, torch.float32 if strict else dtype)
     if strict and dtype != torch.float32:
         fast32 = engine(target, draft)
         print(f"self-check engine (float32): {fast32.describe()}", flush=True)
-        run.stage("self_check_float32", lambda: self_check(fast32, prompts[0]["input_ids"], a.self_check_tokens,
-                                                           strict=True))
+        run.stage(
+            "self_check_float32",
+            lambda: self_check(fast32, prompts[0]["input_ids"], a.self_check_tokens, strict=True),
+        )
         del fast32
         gc.collect()
         target, draft = target.to(dtype), draft.to(dtype)
@@ -227,8 +321,12 @@ def prepare_engine(run: Run, a, prompts, ctx: int, dtype):
             torch.cuda.empty_cache()
     fast = engine(target, draft)
     name = "self_check_float32" if strict and dtype == torch.float32 else f"self_check_{a.dtype}"
-    run.stage(name, lambda: self_check(fast, prompts[0]["input_ids"], a.self_check_tokens,
-                                       strict=name == "self_check_float32"))
+    run.stage(
+        name,
+        lambda: self_check(
+            fast, prompts[0]["input_ids"], a.self_check_tokens, strict=name == "self_check_float32"
+        ),
+    )
     return target, draft, fast
 
 
@@ -247,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.export_prompt_ids:
         from eagle3.artifacts import atomic_write_json
 
-        atomic_write_json(a.export_prompt_ids, {"source": a.prompts, "tokenizer": a.tokenizer, "prompts": prompts})
+        atomic_write_json(
+            a.export_prompt_ids, {"source": a.prompts, "tokenizer": a.tokenizer, "prompts": prompts}
+        )
         print(f"wrote {len(prompts)} prompts to {a.export_prompt_ids}")
         return 0
     run = Run(a)
@@ -255,12 +355,19 @@ def main(argv: list[str] | None = None) -> int:
     longest = max(len(p["input_ids"]) for p in prompts)
     ctx = a.context_length or -(-(longest + a.max_new_tokens + a.num_steps + 1) // 256) * 256
     dtype = getattr(torch, a.dtype)
-    run.data["device"] = {"name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                          "torch": torch.__version__, "context_length": ctx, "prompts": len(prompts),
-                          "prompt_tokens": [len(p["input_ids"]) for p in prompts]}
-    print(f"device {run.data['device']['name']}; torch {torch.__version__}; {len(prompts)} prompts "
-          f"({min(run.data['device']['prompt_tokens'])}-{longest} tokens) x {a.max_new_tokens} new tokens; "
-          f"k={a.num_steps}; static cache {ctx} positions", flush=True)
+    run.data["device"] = {
+        "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "context_length": ctx,
+        "prompts": len(prompts),
+        "prompt_tokens": [len(p["input_ids"]) for p in prompts],
+    }
+    print(
+        f"device {run.data['device']['name']}; torch {torch.__version__}; {len(prompts)} prompts "
+        f"({min(run.data['device']['prompt_tokens'])}-{longest} tokens) x {a.max_new_tokens} new tokens; "
+        f"k={a.num_steps}; static cache {ctx} positions",
+        flush=True,
+    )
     target, draft, fast = prepare_engine(run, a, prompts, ctx, dtype)
     run.data["graph_status"] = fast.graph_status
     print(f"engine: {fast.describe()}", flush=True)
@@ -270,8 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     if summary:
         run.stage("predicted", lambda: predictions(summary, AL_POINTS))
     if a.compare_generic:
-        run.stage("generic_compare", lambda: generic_compare(fast, prompts[0]["input_ids"], a.max_new_tokens,
-                                                             a.compare_generic))
+        run.stage(
+            "generic_compare",
+            lambda: generic_compare(
+                fast, prompts[0]["input_ids"], a.max_new_tokens, a.compare_generic
+            ),
+        )
     if a.http:
         del fast, target, draft
         if dev.type == "cuda":
@@ -280,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(run.data, a)
     strict = run.data.get("self_check_float32") or {}
     failed = bool(run.data["errors"]) or strict.get("verdict") == "MISMATCH"
-    print(f"results: {run.path}" + ("  (FAILED: see errors / self-check above)" if failed else ""), flush=True)
+    print(
+        f"results: {run.path}" + ("  (FAILED: see errors / self-check above)" if failed else ""),
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -42,8 +42,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lab.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
-from lab.study_inputs import (ASSET_FILES, _manifest_of, carry_back_regen, check_plan, plan_digest,  # noqa: E402,F401
-                                     plan_problem, reuse_regen)
+from lab.study_inputs import (
+    ASSET_FILES,
+    _manifest_of,
+    carry_back_regen,
+    check_plan,
+    plan_digest,  # noqa: E402,F401
+    plan_problem,
+    reuse_regen,
+)
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 
 STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
@@ -53,42 +60,80 @@ ALL = 0  # data size 0 = every usable conversation of the data file
 # The study: data variants (data-section overrides; "{regen}" is the regenerated file), schedules (train
 # overrides, also the one-change-at-a-time levers) and the points, in priority order (the first ones matter most).
 PLAN = {
-    "data": {"as-is": [],
-             "regenerated": ["data.source=file", "data.path={regen}"],
-             "regenerated-seq512": ["data.source=file", "data.path={regen}", "data.max_seq_len=512"]},
+    "data": {
+        "as-is": [],
+        "regenerated": ["data.source=file", "data.path={regen}"],
+        "regenerated-seq512": ["data.source=file", "data.path={regen}", "data.max_seq_len=512"],
+    },
     "schedules": {
         "cosine-3ep": ["train.schedule=epochs", "train.epochs=3"],
         "cosine-10ep": ["train.schedule=epochs", "train.epochs=10"],
         "constant-30ep": ["train.schedule=constant", "train.epochs=30", "train.eval_every=600"],
-        "cosine-3ep-vocab16k": ["train.schedule=epochs", "train.epochs=3", "train.draft_vocab_size=16384"],
+        "cosine-3ep-vocab16k": [
+            "train.schedule=epochs",
+            "train.epochs=3",
+            "train.draft_vocab_size=16384",
+        ],
         "cosine-3ep-ttt5": ["train.schedule=epochs", "train.epochs=3", "train.ttt_steps=5"],
         "cosine-3ep-lr1e-3": ["train.schedule=epochs", "train.epochs=3", "train.lr=1e-3"],
     },
-    "points": [["regenerated", 3000, "cosine-3ep"], ["regenerated", 1000, "cosine-3ep"],
-               ["as-is", 3000, "cosine-3ep"], ["regenerated", 3000, "cosine-10ep"],
-               ["regenerated", 1000, "constant-30ep"], ["as-is", 1000, "cosine-3ep"], ["as-is", ALL, "cosine-3ep"],
-               ["regenerated-seq512", 3000, "cosine-3ep"], ["regenerated", 3000, "cosine-3ep-vocab16k"],
-               ["regenerated", 3000, "cosine-3ep-ttt5"], ["regenerated", 3000, "cosine-3ep-lr1e-3"]],
+    "points": [
+        ["regenerated", 3000, "cosine-3ep"],
+        ["regenerated", 1000, "cosine-3ep"],
+        ["as-is", 3000, "cosine-3ep"],
+        ["regenerated", 3000, "cosine-10ep"],
+        ["regenerated", 1000, "constant-30ep"],
+        ["as-is", 1000, "cosine-3ep"],
+        ["as-is", ALL, "cosine-3ep"],
+        ["regenerated-seq512", 3000, "cosine-3ep"],
+        ["regenerated", 3000, "cosine-3ep-vocab16k"],
+        ["regenerated", 3000, "cosine-3ep-ttt5"],
+        ["regenerated", 3000, "cosine-3ep-lr1e-3"],
+    ],
 }
-TINY_PLAN = {"data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
-             "schedules": {"cosine-1ep": ["train.schedule=epochs", "train.epochs=1"],
-                           "constant-3ep": ["train.schedule=constant", "train.epochs=3", "train.eval_every=2"]},
-             "points": [["regenerated", 8, "cosine-1ep"], ["as-is", 8, "cosine-1ep"], ["as-is", ALL, "cosine-1ep"],
-                        ["as-is", 8, "constant-3ep"]]}
+TINY_PLAN = {
+    "data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
+    "schedules": {
+        "cosine-1ep": ["train.schedule=epochs", "train.epochs=1"],
+        "constant-3ep": ["train.schedule=constant", "train.epochs=3", "train.eval_every=2"],
+    },
+    "points": [
+        ["regenerated", 8, "cosine-1ep"],
+        ["as-is", 8, "cosine-1ep"],
+        ["as-is", ALL, "cosine-1ep"],
+        ["as-is", 8, "constant-3ep"],
+    ],
+}
 
 
 def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
     """The study's config overrides on top of configs/smollm2-gpu.yaml (or tiny-random with ``--tiny``)."""
-    out = [f"paths.runs_dir={work / 'runs'}", f"paths.cache_dir={work / 'cache'}", "data.source=file",
-           f"data.path={data}", "data.regenerate=none",  # the regen stage regenerates once, for every point
-           f"extract.device={a.device}", f"train.device={a.device}", f"serve.device={a.device}"]
+    out = [
+        f"paths.runs_dir={work / 'runs'}",
+        f"paths.cache_dir={work / 'cache'}",
+        "data.source=file",
+        f"data.path={data}",
+        "data.regenerate=none",  # the regen stage regenerates once, for every point
+        f"extract.device={a.device}",
+        f"train.device={a.device}",
+        f"serve.device={a.device}",
+    ]
     if target is not None:
         out += ["target.kind=hf", f"target.path={target}"]
-    if a.device == "cuda":  # fp8 hidden states: half the bytes of bf16, the same acceptance (lab/NOTEBOOK.md)
+    if (
+        a.device == "cuda"
+    ):  # fp8 hidden states: half the bytes of bf16, the same acceptance (lab/NOTEBOOK.md)
         out += ["extract.dtype=fp8"]
     if a.tiny:
-        out += ["train.draft_vocab_size=128", "train.pad_draft_vocab=true", "bench.num_prompts=2", "bench.max_new_tokens=8",
-                "data.regenerate_max_new_tokens=8", "data.regenerate_max_rounds=1", "data.regenerate_batch_size=4"]
+        out += [
+            "train.draft_vocab_size=128",
+            "train.pad_draft_vocab=true",
+            "bench.num_prompts=2",
+            "bench.max_new_tokens=8",
+            "data.regenerate_max_new_tokens=8",
+            "data.regenerate_max_rounds=1",
+            "data.regenerate_batch_size=4",
+        ]
     return out
 
 
@@ -124,17 +169,24 @@ def do_regen(a, base: list[str], out: Path) -> dict:
 
     if a.regen_file:
         return reuse_regen(Path(a.regen_file), a.regen, out)
-    cfg = load_config(config_path(a), base + [f"data.num_conversations={a.regen}", "data.regenerate=hf"])
+    cfg = load_config(
+        config_path(a), base + [f"data.num_conversations={a.regen}", "data.regenerate=hf"]
+    )
     m = regenerate_file(cfg, out, progress=not a.quiet)
-    return {"path": str(out), **{k: m[k] for k in ("counts", "seconds", "answers_per_s", "settings")}}
+    return {
+        "path": str(out),
+        **{k: m[k] for k in ("counts", "seconds", "answers_per_s", "settings")},
+    }
 
 
 def _plan(a, regen_file: str) -> dict:
     plan = json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN)
     needs = sorted(k for k, v in plan["data"].items() if any("{regen}" in o for o in v))
     if needs and not regen_file:
-        raise RuntimeError(f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the regen "
-                           "stage has no result (see its failure above in results.json's 'failures')")
+        raise RuntimeError(
+            f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the regen "
+            "stage has no result (see its failure above in results.json's 'failures')"
+        )
     data = {k: [o.replace("{regen}", regen_file) for o in v] for k, v in plan["data"].items()}
     all_n = a.all_size
     points = [[d, (all_n if n == ALL else n), s] for d, n, s in plan["points"]]
@@ -156,27 +208,50 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
     cfg = load_config(config_path(a), base)
     earlier = res.data.get("sweep_partial") or {}
     if not earlier.get("parent_run_id"):
-        run_id = tracking.start_pipeline_run(cfg, flow_run_id=f"study-{uuid.uuid4()}", flow_name="eagle3-sweep")
-        earlier = {"parent_run_id": run_id, "mlflow_uri": tracking.tracking_uri(cfg), "run_dir": str(cfg.run_dir())}
+        run_id = tracking.start_pipeline_run(
+            cfg, flow_run_id=f"study-{uuid.uuid4()}", flow_name="eagle3-sweep"
+        )
+        earlier = {
+            "parent_run_id": run_id,
+            "mlflow_uri": tracking.tracking_uri(cfg),
+            "run_dir": str(cfg.run_dir()),
+        }
         res.data["sweep_partial"] = earlier
         res._write()  # noqa: SLF001 - kept across calls
     try:
         with local_prefect(cfg):
-            out = sweep_flow(config_path=str(config_path(a)), overrides=base, data_sizes=None,
-                             schedules=plan["schedules"], data=plan["data"], points=plan["points"],
-                             eval_sets=[s for s in a.eval_sets.split(",") if s] or None,
-                             eval_max_new_tokens=a.eval_tokens,
-                             deadline_s=None if a.deadline is None else max(1.0, a.deadline - (time.monotonic() - T0)),
-                             sweep_run_id=earlier["parent_run_id"], evaluate_with_pending=a.last_call)
+            out = sweep_flow(
+                config_path=str(config_path(a)),
+                overrides=base,
+                data_sizes=None,
+                schedules=plan["schedules"],
+                data=plan["data"],
+                points=plan["points"],
+                eval_sets=[s for s in a.eval_sets.split(",") if s] or None,
+                eval_max_new_tokens=a.eval_tokens,
+                deadline_s=None
+                if a.deadline is None
+                else max(1.0, a.deadline - (time.monotonic() - T0)),
+                sweep_run_id=earlier["parent_run_id"],
+                evaluate_with_pending=a.last_call,
+            )
     finally:
         stop_ephemeral_server()
-    summary = {"parent_run_id": out["parent_run_id"], "mlflow_uri": out["mlflow_uri"], "failed": out["failed"],
-               "pending": out["pending"], "decision": out["decision"], "run_dir": out["run_dir"]}
+    summary = {
+        "parent_run_id": out["parent_run_id"],
+        "mlflow_uri": out["mlflow_uri"],
+        "failed": out["failed"],
+        "pending": out["pending"],
+        "decision": out["decision"],
+        "run_dir": out["run_dir"],
+    }
     res.data["sweep_partial"] = summary
     res._write()  # noqa: SLF001
     if out["pending"] and not a.last_call:
-        raise RuntimeError(f"sweep not finished: {len(out['pending'])} point(s) pending ({', '.join(out['pending'])});"
-                           f" run again with --resume")
+        raise RuntimeError(
+            f"sweep not finished: {len(out['pending'])} point(s) pending ({', '.join(out['pending'])});"
+            f" run again with --resume"
+        )
     return summary
 
 
@@ -202,10 +277,14 @@ def speedup_prompt_ids(target: Path, work: Path, num_prompts: int) -> Path:
     from lab.speedup_parts import load_prompts_ids
     from eagle3.artifacts import atomic_write_json
 
-    ns = argparse.Namespace(prompt_ids=None, prompts="mtbench", num_prompts=num_prompts, tokenizer=str(target))
+    ns = argparse.Namespace(
+        prompt_ids=None, prompts="mtbench", num_prompts=num_prompts, tokenizer=str(target)
+    )
     work.mkdir(parents=True, exist_ok=True)
     path = work / "prompt_ids.json"
-    atomic_write_json(path, {"source": "mtbench", "tokenizer": str(target), "prompts": load_prompts_ids(ns)})
+    atomic_write_json(
+        path, {"source": "mtbench", "tokenizer": str(target), "prompts": load_prompts_ids(ns)}
+    )
     return path
 
 
@@ -214,10 +293,26 @@ def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
     engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
     best = best_point(sweep)
     serving = Path(best["run_dir"]) / "serving"
-    cmd = [sys.executable, str(REPO / "lab" / "gpu_speedup.py"), "--target", str(target), "--draft",
-           str(serving), "--device", a.device, "--out", str(out), "--max-new-tokens", str(a.speedup_tokens),
-           "--work", str(Path(a.work) / "speedup")]
-    cmd += ["--prompt-ids", str(speedup_prompt_ids(target, Path(a.work) / "speedup", 2 if a.tiny else 8))]
+    cmd = [
+        sys.executable,
+        str(REPO / "lab" / "gpu_speedup.py"),
+        "--target",
+        str(target),
+        "--draft",
+        str(serving),
+        "--device",
+        a.device,
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        str(a.speedup_tokens),
+        "--work",
+        str(Path(a.work) / "speedup"),
+    ]
+    cmd += [
+        "--prompt-ids",
+        str(speedup_prompt_ids(target, Path(a.work) / "speedup", 2 if a.tiny else 8)),
+    ]
     cmd += ["--num-prompts", "2", "--no-http", "--self-check-tokens", "8"] if a.tiny else ["--http"]
     log("speedup: " + " ".join(cmd))
     subprocess.run(cmd, check=True, timeout=a.speedup_timeout)
@@ -236,63 +331,166 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
         if src.is_file():
             shutil.copyfile(src, out / name)
             plots[name] = str(out / name)
-    study = {"date": time.strftime("%Y-%m-%d"), "device": a.device_name, "tiny": a.tiny,
-             "best": {"point": best["point"], "offline_mtbench": best.get("offline_eval"),
-                      "offline_mtbench_ci": best.get("offline_eval_ci"), "offline_gsm8k": best.get("offline_gsm8k"),
-                      "served": best.get("served"), "simulated": best.get("simulated"),
-                      "serving_sha256": draft_digest(Path(best["run_dir"]) / "serving") if best.get("run_dir") else None},
-             "served_speedup": (speedup or {}).get("served_speedup"),
-             "in_process_speedup": (speedup or {}).get("in_process_speedup"),
-             "speedup": speedup, "decision": decision.splitlines()[0] if decision else None,
-             "points": [{k: r.get(k) for k in ("point", "data", "data_size", "schedule", "unique_tokens",
-                                               "epochs_over_data", "optimizer_steps", "simulated", "served", "offline",
-                                               "offline_eval", "offline_eval_ci", "offline_gsm8k", "eval")}
-                        for r in rows],
-             "not_run": sweep.get("pending") or [], "failed": sweep.get("failed") or {},
-             "mlflow": {"uri": sweep["mlflow_uri"], "sweep_run_id": sweep["parent_run_id"]}, "plots": plots}
+    study = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": a.device_name,
+        "tiny": a.tiny,
+        "best": {
+            "point": best["point"],
+            "offline_mtbench": best.get("offline_eval"),
+            "offline_mtbench_ci": best.get("offline_eval_ci"),
+            "offline_gsm8k": best.get("offline_gsm8k"),
+            "served": best.get("served"),
+            "simulated": best.get("simulated"),
+            "serving_sha256": draft_digest(Path(best["run_dir"]) / "serving")
+            if best.get("run_dir")
+            else None,
+        },
+        "served_speedup": (speedup or {}).get("served_speedup"),
+        "in_process_speedup": (speedup or {}).get("in_process_speedup"),
+        "speedup": speedup,
+        "decision": decision.splitlines()[0] if decision else None,
+        "points": [
+            {
+                k: r.get(k)
+                for k in (
+                    "point",
+                    "data",
+                    "data_size",
+                    "schedule",
+                    "unique_tokens",
+                    "epochs_over_data",
+                    "optimizer_steps",
+                    "simulated",
+                    "served",
+                    "offline",
+                    "offline_eval",
+                    "offline_eval_ci",
+                    "offline_gsm8k",
+                    "eval",
+                )
+            }
+            for r in rows
+        ],
+        "not_run": sweep.get("pending") or [],
+        "failed": sweep.get("failed") or {},
+        "mlflow": {"uri": sweep["mlflow_uri"], "sweep_run_id": sweep["parent_run_id"]},
+        "plots": plots,
+    }
     (out / "gpu_study.json").write_text(json.dumps(study, indent=1, default=str))
-    (out / "sweep_report.md").write_text("\n".join([
-        "## Sweep table (read back from MLflow)", "", format_table(rows), "",
-        "## Simulated acceptance by data / schedule × size", "", simulated_pivot(rows), "",
-        "## eagle3 decide", "", "```", decision, "```", ""]))
-    return {"file": str(out / "gpu_study.json"), "best": study["best"], "served_speedup": study["served_speedup"]}
+    (out / "sweep_report.md").write_text(
+        "\n".join(
+            [
+                "## Sweep table (read back from MLflow)",
+                "",
+                format_table(rows),
+                "",
+                "## Simulated acceptance by data / schedule × size",
+                "",
+                simulated_pivot(rows),
+                "",
+                "## eagle3 decide",
+                "",
+                "```",
+                decision,
+                "```",
+                "",
+            ]
+        )
+    )
+    return {
+        "file": str(out / "gpu_study.json"),
+        "best": study["best"],
+        "served_speedup": study["served_speedup"],
+    }
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--work", default="/tmp/eagle3-study", help="scratch folder (runs, hidden states, drafts)")
-    p.add_argument("--out", default=None, help="results.json, gpu_study.json, plots, the MLflow store copy")
-    p.add_argument("--gguf", default=None, help="SmolLM2-135M-Instruct GGUF to convert (else the asset cache)")
+    p.add_argument(
+        "--work", default="/tmp/eagle3-study", help="scratch folder (runs, hidden states, drafts)"
+    )
+    p.add_argument(
+        "--out", default=None, help="results.json, gpu_study.json, plots, the MLflow store copy"
+    )
+    p.add_argument(
+        "--gguf", default=None, help="SmolLM2-135M-Instruct GGUF to convert (else the asset cache)"
+    )
     p.add_argument("--target", default=None, help="an HF target folder instead of --gguf")
-    p.add_argument("--data", default=None, help="English ShareGPT JSONL (.xz/.gz ok); default the prepared cache")
-    p.add_argument("--assets", default=None, help="folder with question.jsonl[.xz] (MT-Bench), test.jsonl[.xz]")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="English ShareGPT JSONL (.xz/.gz ok); default the prepared cache",
+    )
+    p.add_argument(
+        "--assets", default=None, help="folder with question.jsonl[.xz] (MT-Bench), test.jsonl[.xz]"
+    )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--regen", type=int, default=3000, help="conversations whose first answer is regenerated")
-    p.add_argument("--all-size", type=int, default=11115, help="the 'all usable conversations' data size")
-    p.add_argument("--regen-file", default=None, help="regenerated.jsonl[.xz] (with its .manifest.json) that an "
-                   "earlier call wrote to --out: the regen stage copies it instead of regenerating")
-    p.add_argument("--plan", default=None, help="a JSON study plan {data, schedules, points} instead of PLAN")
-    p.add_argument("--eval-sets", default="mtbench2,gsm8k200", help="offline evaluation sets (eagle3.measure.replay)")
+    p.add_argument(
+        "--regen", type=int, default=3000, help="conversations whose first answer is regenerated"
+    )
+    p.add_argument(
+        "--all-size", type=int, default=11115, help="the 'all usable conversations' data size"
+    )
+    p.add_argument(
+        "--regen-file",
+        default=None,
+        help="regenerated.jsonl[.xz] (with its .manifest.json) that an "
+        "earlier call wrote to --out: the regen stage copies it instead of regenerating",
+    )
+    p.add_argument(
+        "--plan", default=None, help="a JSON study plan {data, schedules, points} instead of PLAN"
+    )
+    p.add_argument(
+        "--eval-sets",
+        default="mtbench2,gsm8k200",
+        help="offline evaluation sets (eagle3.measure.replay)",
+    )
     p.add_argument("--eval-tokens", type=int, default=256, help="new tokens per evaluation prompt")
-    p.add_argument("--deadline", type=float, default=None, help="seconds after this process started after which no "
-                   "new sweep point starts (at least one point runs per call)")
-    p.add_argument("--last-call", action="store_true", help="the study's last call: points still pending after "
-                   "--deadline are left out (listed as not run) and the evaluation, speedup and report run anyway")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds after this process started after which no "
+        "new sweep point starts (at least one point runs per call)",
+    )
+    p.add_argument(
+        "--last-call",
+        action="store_true",
+        help="the study's last call: points still pending after "
+        "--deadline are left out (listed as not run) and the evaluation, speedup and report run anyway",
+    )
     p.add_argument("--speedup-tokens", type=int, default=256)
     p.add_argument("--speedup-timeout", type=float, default=900.0)
-    p.add_argument("--tiny", action="store_true", help="tiny-random target, 8 conversations (CPU smoke run)")
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny-random target, 8 conversations (CPU smoke run)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--store-copy", action="store_true", help="write --out/mlflow_store.tar.xz (the MLflow store the "
-                   "run wrote: database and small artifacts, without weights)")
-    p.add_argument("--resume", action="store_true", help="keep the stages <work>/results.json already has")
+    p.add_argument(
+        "--store-copy",
+        action="store_true",
+        help="write --out/mlflow_store.tar.xz (the MLflow store the "
+        "run wrote: database and small artifacts, without weights)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="keep the stages <work>/results.json already has"
+    )
     p.add_argument("--until", default=None, choices=STAGES, help="stop after this stage")
     a = p.parse_args(argv)
     if a.tiny:
-        tiny = {"regen": 8, "all_size": 12, "eval_sets": "mtbench2", "eval_tokens": 8, "speedup_tokens": 8}
+        tiny = {
+            "regen": 8,
+            "all_size": 12,
+            "eval_sets": "mtbench2",
+            "eval_tokens": 8,
+            "speedup_tokens": 8,
+        }
         for name, value in tiny.items():
             if getattr(a, name) != p.get_default(name) and getattr(a, name) != value:
-                print(f"warning: --tiny sets --{name.replace('_', '-')} {value} (given: {getattr(a, name)})",
-                      file=sys.stderr)
+                print(
+                    f"warning: --tiny sets --{name.replace('_', '-')} {value} (given: {getattr(a, name)})",
+                    file=sys.stderr,
+                )
             setattr(a, name, value)
     for name in ("regen", "all_size", "eval_tokens", "speedup_tokens"):
         if getattr(a, name) < 1:
@@ -311,9 +509,14 @@ def parse_args(argv=None):
     if a.assets and not Path(a.assets).is_dir():
         p.error(f"--assets: expected a folder, got {a.assets!r}")
     if a.assets and not any((Path(a.assets) / n).is_file() for n in ASSET_FILES):
-        p.error(f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} there, found none")
-    problem = plan_problem(a, json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN),
-                           config_path(a))
+        p.error(
+            f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} there, found none"
+        )
+    problem = plan_problem(
+        a,
+        json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN),
+        config_path(a),
+    )
     if problem:
         p.error(problem)
     if a.device == "cuda":
@@ -334,32 +537,68 @@ def main(argv=None) -> int:
     work = Path(a.work)
     out = Path(a.out or work)
     out.mkdir(parents=True, exist_ok=True)
-    res = Results(work, out, resume=a.resume, settings={"tiny": a.tiny, "regen": a.regen, "plan": plan_digest(a),
-                                                        "eval_sets": a.eval_sets, "eval_tokens": a.eval_tokens})
+    res = Results(
+        work,
+        out,
+        resume=a.resume,
+        settings={
+            "tiny": a.tiny,
+            "regen": a.regen,
+            "plan": plan_digest(a),
+            "eval_sets": a.eval_sets,
+            "eval_tokens": a.eval_tokens,
+        },
+    )
     res.until, res.stop = a.until, False
     patch_assets(Path(a.assets) if a.assets else None)
-    t = stage(res, "target", lambda: {"dir": str(prepare_target(a, work))} if not a.tiny else {"dir": None})
+    t = stage(
+        res,
+        "target",
+        lambda: {"dir": str(prepare_target(a, work))} if not a.tiny else {"dir": None},
+    )
     target = Path(t["dir"]) if t and t.get("dir") else None
-    d = stage(res, "data", lambda: {"dir": str(data_file(a, work))} if a.data else {"dir": _cached_sharegpt(work)})
+    d = stage(
+        res,
+        "data",
+        lambda: {"dir": str(data_file(a, work))} if a.data else {"dir": _cached_sharegpt(work)},
+    )
     base = base_overrides(a, work, target, Path(d["dir"])) if d else None
     regen = stage(res, "regen", do_regen, a, base, work / "regenerated.jsonl") if base else None
-    if regen and not regen.get("reused_from"):  # a reused file is already where it came from: the device
-        carry_back_regen(Path(regen["path"]), out)  # returns at most 8 files, so none is spent on a copy
+    if regen and not regen.get(
+        "reused_from"
+    ):  # a reused file is already where it came from: the device
+        carry_back_regen(
+            Path(regen["path"]), out
+        )  # returns at most 8 files, so none is spent on a copy
     sweep = stage(res, "sweep", do_sweep, a, base, regen, res) if base else None
-    rep = stage(res, "report", do_report, a, sweep, None, out) if sweep else None  # before the speedup: a call
+    rep = (
+        stage(res, "report", do_report, a, sweep, None, out) if sweep else None
+    )  # before the speedup: a call
     # cut off while measuring it still leaves the sweep's report
-    speed = stage(res, "speedup", do_speedup, a, sweep, _target_dir(a, base), out / "gpu_speedup.json") \
-        if rep else None
+    speed = (
+        stage(res, "speedup", do_speedup, a, sweep, _target_dir(a, base), out / "gpu_speedup.json")
+        if rep
+        else None
+    )
     rep = stage(res, "final", do_report, a, sweep, speed, out) if speed else rep
     store = work / "runs"
-    if (store / "mlflow.db").is_file() and a.store_copy:  # the store the run wrote, for reading back elsewhere
+    if (
+        store / "mlflow.db"
+    ).is_file() and a.store_copy:  # the store the run wrote, for reading back elsewhere
         import tarfile
 
         with tarfile.open(out / "mlflow_store.tar.xz", "w:xz") as tar:
             tar.add(store / "mlflow.db", "mlflow.db")
-            if (store / "mlartifacts").is_dir():  # metrics, tags and small artifacts; not the registered weights
-                tar.add(store / "mlartifacts", "mlartifacts",
-                        filter=lambda ti: None if ti.name.endswith((".safetensors", ".pt", ".bin")) else ti)
+            if (
+                store / "mlartifacts"
+            ).is_dir():  # metrics, tags and small artifacts; not the registered weights
+                tar.add(
+                    store / "mlartifacts",
+                    "mlartifacts",
+                    filter=lambda ti: (
+                        None if ti.name.endswith((".safetensors", ".pt", ".bin")) else ti
+                    ),
+                )
     log(f"done: {json.dumps(rep, default=str) if rep else 'report not written'}")
     if getattr(res, "until_failed", False):
         return 1  # --until stopped after its stage, which failed

@@ -30,28 +30,43 @@ class Results:
             try:
                 data = json.loads(self.paths[0].read_text())
                 if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
-                    raise ValueError(f"expected an object with a 'stages' object, got {type(data).__name__}")
+                    raise ValueError(
+                        f"expected an object with a 'stages' object, got {type(data).__name__}"
+                    )
                 if not isinstance(data.get("settings", {}), dict):
                     raise ValueError("'settings' is not an object")
                 bad = [k for k, v in data["stages"].items() if not isinstance(v, dict)]
                 if bad:
                     raise ValueError(f"stages {bad[:3]} are not objects")
-                gone = [f"{k}: {v['dir']}" for k, v in data["stages"].items()
-                        if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()]
+                gone = [
+                    f"{k}: {v['dir']}"
+                    for k, v in data["stages"].items()
+                    if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()
+                ]
                 if gone:
-                    raise ValueError(f"outputs of finished stages are missing here ({'; '.join(gone[:3])})")
+                    raise ValueError(
+                        f"outputs of finished stages are missing here ({'; '.join(gone[:3])})"
+                    )
             except ValueError as e:  # JSONDecodeError is a ValueError
-                raise SystemExit(f"--resume: {self.paths[0]} cannot be resumed ({e}); "
-                                 "delete it (or the whole --work folder) to start over") from e
+                raise SystemExit(
+                    f"--resume: {self.paths[0]} cannot be resumed ({e}); "
+                    "delete it (or the whole --work folder) to start over"
+                ) from e
             old = data.get("settings", {})
-            diff = {k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v}
+            diff = {
+                k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v
+            }
             if diff:
-                raise SystemExit(f"--resume: {self.paths[0]} was made with other settings "
-                                 f"(name: earlier, now): {diff}; use the same arguments or another --work")
+                raise SystemExit(
+                    f"--resume: {self.paths[0]} was made with other settings "
+                    f"(name: earlier, now): {diff}; use the same arguments or another --work"
+                )
             self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
         elif resume:
-            print(f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
-                  flush=True)
+            print(
+                f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
+                flush=True,
+            )
         for p in self.paths:
             p.parent.mkdir(parents=True, exist_ok=True)
 
@@ -83,9 +98,13 @@ def prepare_target(a, work: Path) -> Path:
     if a.gguf:
         gguf = Path(a.gguf).resolve()
         orig = assets.package_file
-        assets.package_file = lambda pkg, rel: gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+        assets.package_file = lambda pkg, rel: (
+            gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+        )
         return assets.prepare_smollm2(work / "cache")
-    return assets.prepare_smollm2(Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser())
+    return assets.prepare_smollm2(
+        Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser()
+    )
 
 
 def data_file(a, work: Path) -> Path:
@@ -110,7 +129,9 @@ def data_file(a, work: Path) -> Path:
             shutil.copyfileobj(f, g)
     except (EOFError, OSError, lzma.LZMAError) as e:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"--data {src}: expected a complete {src.suffix} file, decompressing failed: {e}") from e
+        raise RuntimeError(
+            f"--data {src}: expected a complete {src.suffix} file, decompressing failed: {e}"
+        ) from e
     os.replace(tmp, dst)
     record.write_text(json.dumps(made_from))
     return dst

@@ -26,32 +26,50 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     file's line count (a truncated copy), the content's sha256 is not the recorded one, or the .xz is corrupt."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
-        raise RuntimeError(f"--regen-file {src}: expected its manifest {man_path} beside it, found none")
+        raise RuntimeError(
+            f"--regen-file {src}: expected its manifest {man_path} beside it, found none"
+        )
     man = json.loads(man_path.read_text())
     made_for = (man.get("settings") or {}).get("num_conversations")
     if made_for != expected:
-        raise RuntimeError(f"--regen-file {src}: {man_path} settings.num_conversations is {made_for}, expected "
-                           f"--regen {expected}")
+        raise RuntimeError(
+            f"--regen-file {src}: {man_path} settings.num_conversations is {made_for}, expected "
+            f"--regen {expected}"
+        )
     try:
         data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
     except lzma.LZMAError as e:
-        raise RuntimeError(f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}") from e
+        raise RuntimeError(
+            f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}"
+        ) from e
     lines = sum(1 for ln in data.splitlines() if ln.strip())
     want = (man.get("counts") or {}).get("conversations")
     if lines != want:
-        raise RuntimeError(f"--regen-file {src}: {lines} conversations in the file, its manifest's "
-                           f"counts.conversations says {want} (truncated copy?)")
+        raise RuntimeError(
+            f"--regen-file {src}: {lines} conversations in the file, its manifest's "
+            f"counts.conversations says {want} (truncated copy?)"
+        )
     digest = hashlib.sha256(data).hexdigest()
     if man.get("sha256") != digest:
-        raise RuntimeError(f"--regen-file {src}: its content's sha256 is {digest}, {man_path} records "
-                           f"{man.get('sha256')!r} (a changed or different file)")
+        raise RuntimeError(
+            f"--regen-file {src}: its content's sha256 is {digest}, {man_path} records "
+            f"{man.get('sha256')!r} (a changed or different file)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     man = {**man, "path": str(out), "reused_from": str(src)}
     _manifest_of(out).write_text(json.dumps(man, indent=1))
-    log(f"regen: reusing {lines} regenerated conversations from {src} (made in {man.get('seconds')} s)")
-    return {"path": str(out), "counts": man["counts"], "seconds": 0.0, "answers_per_s": man.get("answers_per_s"),
-            "settings": man.get("settings"), "reused_from": str(src)}
+    log(
+        f"regen: reusing {lines} regenerated conversations from {src} (made in {man.get('seconds')} s)"
+    )
+    return {
+        "path": str(out),
+        "counts": man["counts"],
+        "seconds": 0.0,
+        "answers_per_s": man.get("answers_per_s"),
+        "settings": man.get("settings"),
+        "reused_from": str(src),
+    }
 
 
 def carry_back_regen(regen_path: Path, out: Path) -> None:
@@ -71,24 +89,39 @@ def check_plan(path: str) -> dict:
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}") from e
+        raise ValueError(
+            f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}"
+        ) from e
     if not isinstance(plan, dict):
         raise ValueError(f"--plan {path}: expected a JSON object, got {type(plan).__name__}")
     for key in ("data", "schedules"):
         v = plan.get(key)
         if not isinstance(v, dict) or not v or not all(isinstance(o, list) for o in v.values()):
-            raise ValueError(f"--plan {path}: '{key}' expected a non-empty object of name -> list of overrides, "
-                             f"got {v!r}")
+            raise ValueError(
+                f"--plan {path}: '{key}' expected a non-empty object of name -> list of overrides, "
+                f"got {v!r}"
+            )
     points = plan.get("points")
     if not isinstance(points, list) or not points:
-        raise ValueError(f"--plan {path}: 'points' expected a non-empty list of [data, size, schedule], "
-                         f"got {points!r}")
+        raise ValueError(
+            f"--plan {path}: 'points' expected a non-empty list of [data, size, schedule], "
+            f"got {points!r}"
+        )
     for i, pt in enumerate(points):
-        ok = (isinstance(pt, list) and len(pt) == 3 and pt[0] in plan["data"] and pt[2] in plan["schedules"]
-              and isinstance(pt[1], int) and not isinstance(pt[1], bool) and pt[1] >= 0)
+        ok = (
+            isinstance(pt, list)
+            and len(pt) == 3
+            and pt[0] in plan["data"]
+            and pt[2] in plan["schedules"]
+            and isinstance(pt[1], int)
+            and not isinstance(pt[1], bool)
+            and pt[1] >= 0
+        )
         if not ok:
-            raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
-                             f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]")
+            raise ValueError(
+                f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
+                f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]"
+            )
     return plan
 
 
@@ -97,7 +130,9 @@ def plan_digest(a) -> str:
     under another path is not), or ``default`` / ``tiny`` for the built-in plans."""
     if not a.plan:
         return "tiny" if a.tiny else "default"
-    return hashlib.sha256(json.dumps(json.loads(Path(a.plan).read_text()), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(json.loads(Path(a.plan).read_text()), sort_keys=True).encode()
+    ).hexdigest()
 
 
 ASSET_FILES = ("question.jsonl", "question.jsonl.xz", "test.jsonl", "test.jsonl.xz")
@@ -114,8 +149,10 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
     for d, n, sched in plan["points"]:
         size = a.all_size if n == 0 else n  # 0 = all usable (gpu_study.ALL)
         if any("{regen}" in o for o in plan["data"][d]) and size > a.regen:
-            return (f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, --regen makes "
-                    f"{a.regen}: raise --regen (and --all-size for size 0) or lower the point's size")
+            return (
+                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, --regen makes "
+                f"{a.regen}: raise --regen (and --all-size for size 0) or lower the point's size"
+            )
     for kind in ("data", "schedules"):
         for name, overrides in plan[kind].items():
             bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]

@@ -27,7 +27,11 @@ from pathlib import Path
 def draft_digest(serving: Path) -> str | None:
     """sha256 (hex) over the names and bytes of a serving folder's ``*.safetensors`` and ``config.json`` files,
     in name order; None when the folder has no such file."""
-    files = sorted([*serving.glob("*.safetensors"), *serving.glob("config.json")]) if serving.is_dir() else []
+    files = (
+        sorted([*serving.glob("*.safetensors"), *serving.glob("config.json")])
+        if serving.is_dir()
+        else []
+    )
     if not files:
         return None
     h = hashlib.sha256()
@@ -49,21 +53,36 @@ def speedup_summary(data: dict, point: str, serving: str, file: str) -> dict:
     ``timings_ms`` (device timings of one profiled round, milliseconds) and ``predicted``."""
     http = (data.get("http") or {}).get("by_concurrency") or {}
     s = data.get("summary") or {}
-    return {"point": point, "serving_dir": serving, "file": file,
-            "in_process_speedup": s.get("ratio_median"), "acceptance_length": s.get("acceptance_length"),
-            "plain_tokens_per_s": s.get("plain_tokens_per_s"), "speculative_tokens_per_s": s.get("speculative_tokens_per_s"),
-            "served_speedup": (http.get("1") or {}).get("ratio"), "served": http, "timings_ms": s.get("timings_ms"),
-            "predicted": data.get("predicted")}
+    return {
+        "point": point,
+        "serving_dir": serving,
+        "file": file,
+        "in_process_speedup": s.get("ratio_median"),
+        "acceptance_length": s.get("acceptance_length"),
+        "plain_tokens_per_s": s.get("plain_tokens_per_s"),
+        "speculative_tokens_per_s": s.get("speculative_tokens_per_s"),
+        "served_speedup": (http.get("1") or {}).get("ratio"),
+        "served": http,
+        "timings_ms": s.get("timings_ms"),
+        "predicted": data.get("predicted"),
+    }
 
 
 def _ratio(value, where: str, required: bool) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
     if ok or (value is None and not required):
         return value
     raise ValueError(f"{where}: expected a positive number, got {value!r}")
 
 
-def add_speedup(study: dict, data: dict, study_file: str, file: str, match_by_path: bool = False) -> dict:
+def add_speedup(
+    study: dict, data: dict, study_file: str, file: str, match_by_path: bool = False
+) -> dict:
     """``study`` (a ``gpu_study.json`` read from ``study_file``) with the speedup of ``data`` (a
     ``gpu_speedup.json`` read from ``file``).
 
@@ -75,32 +94,52 @@ def add_speedup(study: dict, data: dict, study_file: str, file: str, match_by_pa
             raise ValueError(f"{name}: expected a JSON object, got {type(obj).__name__}")
     point = (study.get("best") or {}).get("point") if isinstance(study.get("best"), dict) else None
     if not isinstance(point, str) or not point:
-        raise ValueError(f"{study_file}: best.point: expected the study's best point, got {point!r} "
-                         "(is this a gpu_study.json? the study file comes first)")
+        raise ValueError(
+            f"{study_file}: best.point: expected the study's best point, got {point!r} "
+            "(is this a gpu_study.json? the study file comes first)"
+        )
     settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
     draft = str(settings.get("draft") or "")
     if not draft.rstrip("/").endswith(f"-{point}/serving"):
-        raise ValueError(f"{file}: settings.draft: expected the best point's serving folder (.../*-{point}/serving), "
-                         f"got {draft!r}")
+        raise ValueError(
+            f"{file}: settings.draft: expected the best point's serving folder (.../*-{point}/serving), "
+            f"got {draft!r}"
+        )
     want, got = study["best"].get("serving_sha256"), data.get("draft_sha256")
     if want and got and want != got:
-        raise ValueError(f"{file}: draft_sha256: expected the study's best.serving_sha256 {want}, got {got}")
+        raise ValueError(
+            f"{file}: draft_sha256: expected the study's best.serving_sha256 {want}, got {got}"
+        )
     if not (want and got) and not match_by_path:
-        raise ValueError(f"{file}: draft_sha256 / {study_file}: best.serving_sha256: both are needed to tell the "
-                         f"draft apart (got {got!r} and {want!r}); --match-by-path accepts the path alone")
-    device = (data.get("device") or {}).get("name") if isinstance(data.get("device"), dict) else None
+        raise ValueError(
+            f"{file}: draft_sha256 / {study_file}: best.serving_sha256: both are needed to tell the "
+            f"draft apart (got {got!r} and {want!r}); --match-by-path accepts the path alone"
+        )
+    device = (
+        (data.get("device") or {}).get("name") if isinstance(data.get("device"), dict) else None
+    )
     study_device = str(study.get("device") or "")
     if not device or not (study_device == device or study_device.startswith(f"{device} (")):
-        raise ValueError(f"{file}: device.name: expected the study's {study_device!r}, got {device!r}")
+        raise ValueError(
+            f"{file}: device.name: expected the study's {study_device!r}, got {device!r}"
+        )
     if not isinstance(data.get("summary"), dict):
-        raise ValueError(f"{file}: summary: expected an object, got {type(data.get('summary')).__name__}")
+        raise ValueError(
+            f"{file}: summary: expected an object, got {type(data.get('summary')).__name__}"
+        )
     rec = speedup_summary(data, point, draft, Path(file).name)
     _ratio(rec["in_process_speedup"], f"{file}: summary.ratio_median", True)
     _ratio(rec["served_speedup"], f"{file}: http.by_concurrency.1.ratio", False)
-    rec["measured_by"] = "a direct lab/gpu_speedup.py call on the best point's draft (not the study's stage)"
+    rec["measured_by"] = (
+        "a direct lab/gpu_speedup.py call on the best point's draft (not the study's stage)"
+    )
     rec["identity"] = "sha256" if want and got else "path"
-    return {**study, "speedup": rec, "served_speedup": rec["served_speedup"],
-            "in_process_speedup": rec["in_process_speedup"]}
+    return {
+        **study,
+        "speedup": rec,
+        "served_speedup": rec["served_speedup"],
+        "in_process_speedup": rec["in_process_speedup"],
+    }
 
 
 def _read(path: str):
@@ -111,12 +150,17 @@ def _read(path: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Join a speedup measured by a direct gpu_speedup.py call to "
-                                            "gpu_study.json (rewritten in place).")
+    p = argparse.ArgumentParser(
+        description="Join a speedup measured by a direct gpu_speedup.py call to "
+        "gpu_study.json (rewritten in place)."
+    )
     p.add_argument("study", help="gpu_study.json, rewritten in place")
     p.add_argument("speedup", help="gpu_speedup.json of the best point's draft")
-    p.add_argument("--match-by-path", action="store_true",
-                   help="accept files without draft digests, matched by the draft's path and the device only")
+    p.add_argument(
+        "--match-by-path",
+        action="store_true",
+        help="accept files without draft digests, matched by the draft's path and the device only",
+    )
     a = p.parse_args(argv)
     try:
         new = add_speedup(_read(a.study), _read(a.speedup), a.study, a.speedup, a.match_by_path)
@@ -125,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     Path(a.study).write_text(json.dumps(new, indent=1, default=str))
     served = new["served_speedup"]
-    print(f"{a.study}: in-process speedup {new['in_process_speedup']:.3f}, served speedup "
-          f"{'not measured' if served is None else f'{served:.3f}'} (identity: {new['speedup']['identity']})")
+    print(
+        f"{a.study}: in-process speedup {new['in_process_speedup']:.3f}, served speedup "
+        f"{'not measured' if served is None else f'{served:.3f}'} (identity: {new['speedup']['identity']})"
+    )
     return 0
 
 
