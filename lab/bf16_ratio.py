@@ -1,15 +1,17 @@
-"""bf16 / float32 speed ratio of the machine it runs on: the fact behind every ``auto`` dtype (eagle3.precision).
+"""bf16 / float32 speed ratio of the machine it runs on: the fact behind every ``auto`` dtype
+(eagle3.precision).
 
     python lab/bf16_ratio.py [--seconds 0.3] [--repeats 3]
 
-For the matmul shapes the demo spends its time in (SmolLM2-135M: hidden 576, MLP 1536, a 4096-token draft
-vocabulary; 512-token micro-batches in training, 4 × 512 tokens per extraction batch, 4 tokens per verify pass
-in serving) and the probe's own shape, at one thread and at torch's thread count: float32 and bf16 GFLOP/s,
-timed alternately in rounds of ``--seconds`` each (the best round counts; the cores may be shared), and their
-ratio; then one forward + backward of a 576 → 1536 → 576 MLP on 512 tokens under bf16 autocast against
-float32 (what ``train.precision`` switches). The last line is the ratio at the probe's shape and what ``auto``
-resolves to here. Run it with ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``
-to see what an AVX2-only CPU does on a CPU with AMX (README, "Speed on CPUs without native bf16").
+For the matmul shapes the demo spends its time in (SmolLM2-135M: hidden 576, MLP 1536, a 4096-token
+draft vocabulary; 512-token micro-batches in training, 4 × 512 tokens per extraction batch, 4 tokens
+per verify pass in serving) and the probe's own shape, at one thread and at torch's thread count:
+float32 and bf16 GFLOP/s, timed alternately in rounds of ``--seconds`` each (the best round counts;
+the cores may be shared), and their ratio; then one forward + backward of a 576 → 1536 → 576 MLP on
+512 tokens under bf16 autocast against float32 (what ``train.precision`` switches). The last line is
+the ratio at the probe's shape and what ``auto`` resolves to here. Run it with
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` to see what an
+AVX2-only CPU does on a CPU with AMX (README, "Speed on CPUs without native bf16").
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ SHAPES = {  # name: (m, k, n) of [m, k] @ [k, n]
 
 
 def _rate(fn, flop: float, seconds: float, repeats: int) -> float:
-    """GFLOP/s of ``fn`` (``flop`` per call): the best of ``repeats`` rounds of at least ``seconds`` each
-    (at least one call per round), after one warm-up call."""
+    """GFLOP/s of ``fn`` (``flop`` per call): the best of ``repeats`` rounds of at least ``seconds``
+    each (at least one call per round), after one warm-up call."""
     fn()
     best = float("inf")
     for _ in range(repeats):

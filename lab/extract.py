@@ -2,13 +2,14 @@
 
     python lab/extract.py [--config configs/smollm2-cpu.yaml] [--num-conversations 16] [--max-seq-len 128]
 
-One run, one process, one loaded model: the samples are selected and batched exactly as ``eagle3.extract.stage``
-does (shards, sorted by length, ``extract.batch_size``), then, alternating for ``--repeats`` rounds,
-(a) the plain forward pass ``model(input_ids, attention_mask)`` (with the LM head, what serving computes),
-(b) the decoder body alone (no LM head), and (c) the extractor's ``run_shards`` (aux capture, integrity
-checks, encoding, atomic fsync'd writes) into a temporary directory. Throughputs are medians over rounds
-(tokens/s, real tokens only). Also reports bytes/token of bf16 and fp8 storage. The last line is the ratio
-extraction / plain forward (goal >= 0.85).
+One run, one process, one loaded model: the samples are selected and batched exactly as
+``eagle3.extract.stage`` does (shards, sorted by length, ``extract.batch_size``), then, alternating
+for ``--repeats`` rounds, (a) the plain forward pass ``model(input_ids, attention_mask)`` (with the
+LM head, what serving computes), (b) the decoder body alone (no LM head), and (c) the extractor's
+``run_shards`` (aux capture, integrity checks, encoding, atomic fsync'd writes) into a temporary
+directory. Throughputs are medians over rounds (tokens/s, real tokens only). Also reports
+bytes/token of bf16 and fp8 storage. The last line is the ratio extraction / plain forward (goal >=
+0.85).
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """Extraction throughput versus the plain forward pass of the same target, on the GPU, in one run.
 
-A randomly initialised target of a published shape (default: Llama-3.1-8B, bf16) is built directly on the
-device; random token streams of ``--seq-len`` tokens are batched ``--batch-size`` at a time. Alternating for
-``--repeats`` rounds over the same batches:
+A randomly initialised target of a published shape (default: Llama-3.1-8B, bf16) is built directly
+on the device; random token streams of ``--seq-len`` tokens are batched ``--batch-size`` at a time.
+Alternating for ``--repeats`` rounds over the same batches:
 
-(a) plain forward of the whole model (with the LM head, as serving computes it),
-(b) the decoder body alone (what extraction must run: no logits are needed),
-(c) ``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side stream, integrity
+(a) plain forward of the whole model (with the LM head, as serving computes it), (b) the decoder
+body alone (what extraction must run: no logits are needed), (c)
+``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side stream,
+integrity
     checks, encoding, atomic fsync'd writes by writer threads) into ``--out`` (a real disk), bf16 storage,
-(d) the same into ``/dev/shm`` (RAM) to separate the pipeline from the disk,
-then once with fp8 storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same bytes.
+(d) the same into ``/dev/shm`` (RAM) to separate the pipeline from the disk, then once with fp8
+storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same bytes.
 
     python lab/gpu_extract.py                       # H200: 8B shape, 4 x 2048 tokens per batch
     python lab/gpu_extract.py --tiny                # CPU smoke test (tiny shape)

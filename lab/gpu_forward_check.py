@@ -1,15 +1,18 @@
-"""This project's training forward (eagle3/train/ttt_forward.py) against speculators' own, on the device it runs on.
+"""This project's training forward (eagle3/train/ttt_forward.py) against speculators' own, on the
+device it runs on.
 
-The CPU tests hold the two equal in float32 with the eager and sdpa attentions; flex attention, the compiled graph
-and bf16 autocast exist on CUDA only, so this script checks them there: one packed micro-batch of ``--seq-len``
-positions (three documents and a padding tail, as the loop packs them) of a draft of the ``--shape`` target,
-speculators' ``Eagle3DraftModel.forward`` (sdpa, uncompiled) as the reference, and ours compiled (``--attention``,
-default flex on CUDA, eager on the CPU), in float32 and under bf16 autocast. Printed and written to
-``--out/gpu_forward_check_<shape>.json``: the
-relative loss difference, the largest relative gradient difference over the trainable tensors, and whether the
-accuracy counts agree; then the wall time of one forward + backward of each (median of ``--repeats``).
+The CPU tests hold the two equal in float32 with the eager and sdpa attentions; flex attention, the
+compiled graph and bf16 autocast exist on CUDA only, so this script checks them there: one packed
+micro-batch of ``--seq-len`` positions (three documents and a padding tail, as the loop packs them)
+of a draft of the ``--shape`` target, speculators' ``Eagle3DraftModel.forward`` (sdpa, uncompiled)
+as the reference, and ours compiled (``--attention``, default flex on CUDA, eager on the CPU), in
+float32 and under bf16 autocast. Printed and written to ``--out/gpu_forward_check_<shape>.json``:
+the relative loss difference, the largest relative gradient difference over the trainable tensors,
+and whether the accuracy counts agree; then the wall time of one forward + backward of each (median
+of ``--repeats``).
 
-Exit 1 when float32 differs by more than ``--tol`` (relative; default 1e-3, TF32-free float32 on the GPU).
+Exit 1 when float32 differs by more than ``--tol`` (relative; default 1e-3, TF32-free float32 on the
+GPU).
 
     python lab/gpu_forward_check.py --shape smollm2 --out $OUT
     python lab/gpu_forward_check.py --shape llama8b --out $OUT
@@ -75,8 +78,9 @@ def _timed(fn, repeats: int, cuda: bool) -> float:
 
 
 def _writable_folder(folder: Path) -> bool:
-    """Create ``folder`` (parents too); True when a file can then be written in it (tried: ``os.access`` says yes
-    to root for /proc). Checked before the run spends its time, so its figures are not lost at the end."""
+    """Create ``folder`` (parents too); True when a file can then be written in it (tried:
+    ``os.access`` says yes to root for /proc). Checked before the run spends its time, so its
+    figures are not lost at the end."""
     import tempfile
 
     try:

@@ -1,30 +1,35 @@
-"""Quality parity on SmolLM2-135M-Instruct + ShareGPT: this project's trainer vs speculators' ``Trainer``, and
-fp8- vs bf16-stored hidden states, in one run (issue 9).
+"""Quality parity on SmolLM2-135M-Instruct + ShareGPT: this project's trainer vs speculators'
+``Trainer``, and fp8- vs bf16-stored hidden states, in one run (issue 9).
 
-Stages (one process; each stage's figures are written to ``--out/results.json`` as soon as it ends, so a run
-stopped by a time limit still reports what it finished):
+Stages (one process; each stage's figures are written to ``--out/results.json`` as soon as it ends,
+so a run stopped by a time limit still reports what it finished):
 
 1. target: SmolLM2-135M-Instruct as an HF folder, converted from its GGUF by the project's own
    :func:`eagle3.assets.prepare_smollm2` (``--gguf``), or an existing folder (``--target``).
-2. extract bf16: :func:`eagle3.extract.stage.extract` (backend hf), ``--max-convs`` conversations of ``--data``
-   (seeded order, first N usable), cut at ``--max-seq-len`` tokens, 5% held out (``data.val_fraction``).
-3. ours bf16: :func:`eagle3.train.stage.train` on it (constant LR ``--lr``, no warmup, ``--epochs`` epochs, packed
-   micro-batches of ``--tokens-per-batch`` tokens, one per optimizer step, bf16 autocast, TTT 3, kl_div loss).
+2. extract bf16: :func:`eagle3.extract.stage.extract` (backend hf), ``--max-convs`` conversations of
+   ``--data`` (seeded order, first N usable), cut at ``--max-seq-len`` tokens, 5% held out
+   (``data.val_fraction``).
+3. ours bf16: :func:`eagle3.train.stage.train` on it (constant LR ``--lr``, no warmup, ``--epochs``
+   epochs, packed micro-batches of ``--tokens-per-batch`` tokens, one per optimizer step, bf16
+   autocast, TTT 3, kl_div loss).
 4. speculators: ``speculators.train.trainer.Trainer`` on the same folder with its own loader
    (``create_train_val_loaders``, multipack to ``--tokens-per-batch``), the same draft (same
-   :func:`eagle3.train.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div, eager), clip 1.0,
-   no weight decay, no schedule; uncompiled forward on both sides (``--compile`` compiles both).
+   :func:`eagle3.train.draft_model.build_draft` call and seed), LR, epochs, TTT, loss (kl_div,
+   eager), clip 1.0, no weight decay, no schedule; uncompiled forward on both sides (``--compile``
+   compiles both).
 5. extract fp8 (``extract.dtype=fp8``) of the same conversations; ours fp8: step 3 on that folder.
-6. simulated acceptance length (the project's :func:`eagle3.train.loop.evaluate`: greedy chain acceptance of the
-   TTT steps' predictions against the verifier's argmax, bonus token counted) of every draft on the held-out
-   rows of the *bf16* folder: each draft is loaded with ``train.init_from`` into a ``train.max_steps=0`` run.
+6. simulated acceptance length (the project's :func:`eagle3.train.loop.evaluate`: greedy chain
+   acceptance of the TTT steps' predictions against the verifier's argmax, bonus token counted) of
+   every draft on the held-out rows of the *bf16* folder: each draft is loaded with
+   ``train.init_from`` into a ``train.max_steps=0`` run.
 7. offline acceptance length (:func:`eagle3.measure.offline.offline_acceptance` with
-   :class:`refengine.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens per verify
-   pass, greedy, bonus counted) of each draft, converted to SGLang's format by :func:`eagle3.convert.stage.convert`,
-   on the first user turns of ``--offline-prompts`` held-out conversations, ``--max-new-tokens`` tokens each.
+   :class:`refengine.specdec.SpeculativeDecoder`: real chain speculative decoding, 3 draft tokens
+   per verify pass, greedy, bonus counted) of each draft, converted to SGLang's format by
+   :func:`eagle3.convert.stage.convert`, on the first user turns of ``--offline-prompts`` held-out
+   conversations, ``--max-new-tokens`` tokens each.
 
-The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98 × speculators, fp8-trained ≥
-0.98 × bf16-trained, on both acceptance figures.
+The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98 × speculators,
+fp8-trained ≥ 0.98 × bf16-trained, on both acceptance figures.
 
     python lab/gpu_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data sharegpt_en.jsonl \\
         --max-convs 2000 --out $OUT                               # H200

@@ -1,34 +1,39 @@
-"""Serving speedup of EAGLE-3 through the reference engine's fast path: plain vs speculative decoding, one run.
+"""Serving speedup of EAGLE-3 through the reference engine's fast path: plain vs speculative decoding,
+one run.
 
 Both modes run through the same engine (:class:`refengine.fastpath.FastDecoder`: static KV caches,
-CUDA graphs on a GPU; plain decoding = ``generate(speculative=False)`` on the same instance), on the same prompts
-(MT-Bench first turns, :mod:`eagle3.measure.prompts`, templated with the target's chat template), greedy, batch
-size 1, ``--max-new-tokens`` new tokens per prompt (EOS ignored, so both modes emit the same count). Rounds
-alternate plain, speculative, plain, …; figures are the median over ``--rounds`` (≥ 3) rounds. One extra
-profiled round per mode times every piece on the device (:mod:`refengine.timeline`).
+CUDA graphs on a GPU; plain decoding = ``generate(speculative=False)`` on the same instance), on the
+same prompts (MT-Bench first turns, :mod:`eagle3.measure.prompts`, templated with the target's chat
+template), greedy, batch size 1, ``--max-new-tokens`` new tokens per prompt (EOS ignored, so both
+modes emit the same count). Rounds alternate plain, speculative, plain, …; figures are the median
+over ``--rounds`` (≥ 3) rounds. One extra profiled round per mode times every piece on the device
+(:mod:`refengine.timeline`).
 
-Prediction (the figures printed next to the measured ratio): one verify iteration emits AL tokens on average
-(AL = 1 + accepted drafts / verify passes, the project's convention) and costs
+Prediction (the figures printed next to the measured ratio): one verify iteration emits AL tokens on
+average (AL = 1 + accepted drafts / verify passes, the project's convention) and costs
 
     t_iteration = t_verify + (k − 1)·t_draft + t_extend + t_host
 
-(k = ``--num-steps``; the first draft token of an iteration comes from the draft *extend* over the a+1 committed
-tokens, SGLang's EAGLE worker, so a chain of k tokens needs k − 1 draft steps; t_host = the time the device
-waits between the end of the verify pass and the start of the next extend: the one device→host transfer,
-emitting tokens, launching the next graph). Each is the median over the profiled round's iterations, timed by
-device events. Plain decoding costs t_plain = t_plain_step + t_plain_host per token. So
+(k = ``--num-steps``; the first draft token of an iteration comes from the draft *extend* over the
+a+1 committed tokens, SGLang's EAGLE worker, so a chain of k tokens needs k − 1 draft steps; t_host
+= the time the device waits between the end of the verify pass and the start of the next extend: the
+one device→host transfer, emitting tokens, launching the next graph). Each is the median over the
+profiled round's iterations, timed by device events. Plain decoding costs t_plain = t_plain_step +
+t_plain_host per token. So
 
     tokens/s_spec ≈ AL / t_iteration,   speedup ≈ AL · t_plain / t_iteration,
 
-given at the measured AL and at AL 2.0, 2.5, 3.0 (t_extend at a = AL − 1, interpolated between the extend
-graphs' timings). Random drafts accept almost nothing (AL ≈ 1.0): the random shapes measure the timings; the
-``--target/--draft`` mode measures a trained draft's real AL and speedup, also through the HTTP server.
+given at the measured AL and at AL 2.0, 2.5, 3.0 (t_extend at a = AL − 1, interpolated between the
+extend graphs' timings). Random drafts accept almost nothing (AL ≈ 1.0): the random shapes measure
+the timings; the ``--target/--draft`` mode measures a trained draft's real AL and speedup, also
+through the HTTP server.
 
-Self-check (before the timed rounds, first prompt): the fast path's tokens and per-verify accept counts against
-the generic ``SpeculativeDecoder`` on the same models, and its plain decoding against HF ``generate`` (greedy),
-in float32 (``--self-check-dtype``; the models are built in float32, checked, then cast to ``--dtype``), and
-again in ``--dtype``, where a near-tie between two tokens may flip legitimately: a mismatch prints the logit
-gap of the two tokens. A float32 mismatch with a gap above 1e-3 fails the run.
+Self-check (before the timed rounds, first prompt): the fast path's tokens and per-verify accept
+counts against the generic ``SpeculativeDecoder`` on the same models, and its plain decoding against
+HF ``generate`` (greedy), in float32 (``--self-check-dtype``; the models are built in float32,
+checked, then cast to ``--dtype``), and again in ``--dtype``, where a near-tie between two tokens
+may flip legitimately: a mismatch prints the logit gap of the two tokens. A float32 mismatch with a
+gap above 1e-3 fails the run.
 
 Modes:
 
@@ -40,11 +45,13 @@ Modes:
                                                                      # the MT-Bench wheel (SmolLM2 template)
     python lab/gpu_speedup.py --tiny --device cpu --out /tmp/s.json   # CPU smoke run
 
-``--compare-generic N`` adds N alternating rounds on the first prompt of the fast path against the generic
-one (HF ``generate`` for plain decoding, ``SpeculativeDecoder`` for speculative): the host overhead removed.
+``--compare-generic N`` adds N alternating rounds on the first prompt of the fast path against the
+generic one (HF ``generate`` for plain decoding, ``SpeculativeDecoder`` for speculative): the host
+overhead removed.
 
-Prints one line per finished round, the table last; writes every figure to ``--out`` (JSON, rewritten after
-each stage). Exit 0; 1 when a stage failed or the float32 self-check found a real mismatch; 2 for bad arguments.
+Prints one line per finished round, the table last; writes every figure to ``--out`` (JSON,
+rewritten after each stage). Exit 0; 1 when a stage failed or the float32 self-check found a real
+mismatch; 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -287,8 +294,8 @@ def timed_rounds(run: Run, fast, prompts, a) -> dict:
 
 
 def prepare_engine(run: Run, a, prompts, ctx: int, dtype):
-    """Models and the engine in ``dtype``; before that, the float32 self-check (models built in float32, checked,
-    then cast: the same weights, rounded once)."""
+    """Models and the engine in ``dtype``; before that, the float32 self-check (models built in
+    float32, checked, then cast: the same weights, rounded once)."""
     import gc
 
     import torch

@@ -1,24 +1,28 @@
-"""Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``, one run.
+"""Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``, one
+run.
 
-Same generated data (``lab/train.py``'s ``synthetic``: random bf16 hidden states of a Llama-3.1-8B-shaped
-target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same draft (``eagle3.train.draft_model.
-build_draft``: 1 layer, hidden 4096, draft vocab 32000 from the data's token frequencies padded, target vocab
-128256), same TTT steps (3), one sequence of ``--seq-len`` tokens per step, bf16 autocast, AdamW.
+Same generated data (``lab/train.py``'s ``synthetic``: random bf16 hidden states of a
+Llama-3.1-8B-shaped target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same
+draft (``eagle3.train.draft_model. build_draft``: 1 layer, hidden 4096, draft vocab 32000 from the
+data's token frequencies padded, target vocab 128256), same TTT steps (3), one sequence of
+``--seq-len`` tokens per step, bf16 autocast, AdamW.
 
-- ours: ``eagle3.train.stage.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged ``tokens_per_s``
-  (positions of a window of ``--log-every`` optimizer steps / wall time of those steps, each step ending in one
-  device sync), median over the windows after the warm-up; a window's metrics cost one more sync.
-- speculators: ``speculators.train.trainer.Trainer`` with its own data loader (``create_train_val_loaders``:
-  ``ArrowDataset`` + ``FileTransfer`` + multipack sampler, ``--workers`` workers), its model-call kwargs
-  (``Eagle3DraftModel.get_trainer_kwargs``: kl_div loss) and its loop; tokens/s = non-padding positions per
-  step / wall time between steps (one device sync per step, in ``step_callback``). Tried in speculators'
-  default configuration first (flex attention, fused loss, compiled forward), then with the settings that
-  work; every failure is printed with its error.
+- ours: ``eagle3.train.stage.train(cfg, data_dir, out_dir)``; tokens/s = the loop's own logged
+  ``tokens_per_s`` (positions of a window of ``--log-every`` optimizer steps / wall time of those
+  steps, each step ending in one device sync), median over the windows after the warm-up; a window's
+  metrics cost one more sync.
+- speculators: ``speculators.train.trainer.Trainer`` with its own data loader
+  (``create_train_val_loaders``: ``ArrowDataset`` + ``FileTransfer`` + multipack sampler,
+  ``--workers`` workers), its model-call kwargs (``Eagle3DraftModel.get_trainer_kwargs``: kl_div
+  loss) and its loop; tokens/s = non-padding positions per step / wall time between steps (one
+  device sync per step, in ``step_callback``). Tried in speculators' default configuration first
+  (flex attention, fused loss, compiled forward), then with the settings that work; every failure is
+  printed with its error.
 
-The first ``--warmup`` steps of each are left out (compilation, caches). MFU = model FLOPs per token x
-tokens/s / 989e12 (H200 SXM dense bf16 datasheet); model FLOPs per token = TTT x (6 x trainable matmul
-params + 4 x frozen LM-head params) + attention (TTT x 12 x layers x hidden x mean context), context growing
-by one sequence per TTT step.
+The first ``--warmup`` steps of each are left out (compilation, caches). MFU = model FLOPs per token
+x tokens/s / 989e12 (H200 SXM dense bf16 datasheet); model FLOPs per token = TTT x (6 x trainable
+matmul params + 4 x frozen LM-head params) + attention (TTT x 12 x layers x hidden x mean context),
+context growing by one sequence per TTT step.
 
     python lab/gpu_train.py                     # H200
     python lab/gpu_train.py --num-gpus 2 --only ours   # torchrun, 2 GPUs
@@ -60,8 +64,9 @@ TINY = dict(
 
 
 def base_overrides(a, work: Path, target: Path) -> list[str]:
-    # no evaluation or checkpoint inside the measured steps (eval_every=0 would evaluate and write a checkpoint
-    # at every epoch end: with few samples several per run, whose disk writes then slowed the next runs' loaders)
+    # no evaluation or checkpoint inside the measured steps (eval_every=0 would evaluate and write a
+    # checkpoint at every epoch end: with few samples several per run, whose disk writes then slowed
+    # the next runs' loaders)
     return [
         f"paths.runs_dir={work / 'runs'}",
         f"train.device={'cuda' if a.cuda else 'cpu'}",
@@ -302,7 +307,8 @@ def main() -> int:
     try:
         if a.num_gpus < 1:
             p.error(f"--num-gpus: expected >= 1, got {a.num_gpus}")
-        # as our runs will load it (their device and process count), so a setting they would refuse is refused here
+        # as our runs will load it (their device and process count), so a setting they would refuse
+        # is refused here
         load_config(
             None,
             [f"train.num_gpus={a.num_gpus}", f"train.device={'cuda' if a.cuda else 'cpu'}"]
@@ -310,8 +316,8 @@ def main() -> int:
         )
     except ConfigError as e:
         p.error(f"--ours-override: {e}")
-    # keys this benchmark sets for both trainers (or that its figures are computed from): changing them for ours
-    # alone would compare unlike runs under the recorded settings
+    # keys this benchmark sets for both trainers (or that its figures are computed from): changing
+    # them for ours alone would compare unlike runs under the recorded settings
     fixed = {
         "train.max_steps": "--steps",
         "train.ttt_steps": "--ttt",
@@ -517,8 +523,8 @@ def main() -> int:
 
         dest = merge_results(Path(a.results), a.out, summary, meta)
         print(f"shape {shape} merged into {dest}")
-    # 1 when a run of ours failed or speculators ran in none of its configurations (its known-failing defaults
-    # that a later configuration replaced do not count)
+    # 1 when a run of ours failed or speculators ran in none of its configurations (its
+    # known-failing defaults that a later configuration replaced do not count)
     ours_failed = any(f.startswith("ours ") for f in failures)
     spec_missing = a.only in ("speculators", "both") and not spec
     return 1 if ours_failed or spec_missing else 0

@@ -1,5 +1,6 @@
-"""The figures of ``lab/gpu_train.py``: per trainer the median tokens/s over alternating rounds, peak memory
-and MFU, ours / speculators' ``Trainer`` ratios, printed as a table and written as JSON (``gpu_train.json``)."""
+"""The figures of ``lab/gpu_train.py``: per trainer the median tokens/s over alternating rounds, peak
+memory and MFU, ours / speculators' ``Trainer`` ratios, printed as a table and written as JSON
+(``gpu_train.json``)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from pathlib import Path
 
 
 def summarize(rows: list[dict], fpt: float, peak_flops: float) -> dict:
-    """Group the runs (``rows``: one dict per trainer and round, with ``name``, ``settings``, ``round``,
-    ``tokens_per_s``, ``peak_gib``) by trainer; returns ``{"trainers": [...], "ratios": {...}}``.
+    """Group the runs (``rows``: one dict per trainer and round, with ``name``, ``settings``,
+    ``round``, ``tokens_per_s``, ``peak_gib``) by trainer; returns ``{"trainers": [...], "ratios":
+    {...}}``.
 
-    Each trainer: the median of its rounds' tokens/s (``tokens_per_s``), every round's figure, the largest peak
-    memory (GiB) and MFU = ``fpt`` (model FLOPs per token) × tokens/s ÷ ``peak_flops`` (FLOP/s). Each of ours,
-    against the first speculators trainer: the ratio of the medians and the per-round ratios (same round index:
-    the runs alternate within a round, so a drift of the machine hits both)."""
+    Each trainer: the median of its rounds' tokens/s (``tokens_per_s``), every round's figure, the
+    largest peak memory (GiB) and MFU = ``fpt`` (model FLOPs per token) × tokens/s ÷ ``peak_flops``
+    (FLOP/s). Each of ours, against the first speculators trainer: the ratio of the medians and the
+    per-round ratios (same round index: the runs alternate within a round, so a drift of the machine
+    hits both)."""
     trainers: dict[tuple, dict] = {}
     for r in rows:
         t = trainers.setdefault(
@@ -61,8 +64,8 @@ def summarize(rows: list[dict], fpt: float, peak_flops: float) -> dict:
 
 
 def print_table(summary: dict, rows: list[dict], echo=print) -> None:
-    """The markdown table (one line per trainer: median tokens/s, rounds, peak GiB, MFU, round-0 profile) and one
-    ``ours / speculators`` line per ratio."""
+    """The markdown table (one line per trainer: median tokens/s, rounds, peak GiB, MFU, round-0
+    profile) and one ``ours / speculators`` line per ratio."""
     prof = {(r["name"], r["settings"]): r.get("profile") for r in rows if r.get("round", 0) == 0}
     echo(
         "| trainer | settings | tokens/s (median) | rounds | peak GiB | MFU | profiled step: wall ms, kernel ms, "
@@ -104,8 +107,8 @@ def write_json(path: Path, summary: dict, meta: dict) -> None:
 
 
 def shape_record(summary: dict, meta: dict) -> dict:
-    """One shape's entry of the results file: each trainer's median tokens/s, rounds, peak GiB and MFU, and each of
-    ours / speculators (ratio of medians, per-round ratios), with the run's settings."""
+    """One shape's entry of the results file: each trainer's median tokens/s, rounds, peak GiB and MFU,
+    and each of ours / speculators (ratio of medians, per-round ratios), with the run's settings."""
     return _finite(
         {
             "device": meta["device"],
@@ -138,8 +141,9 @@ def shape_record(summary: dict, meta: dict) -> dict:
 
 
 def read_results(path: Path) -> dict:
-    """A results file's content (``{"shapes": {}}`` when it does not exist yet). Raises ValueError naming the file
-    when it is not a JSON object with a ``shapes`` object (checked before a benchmark spends its time)."""
+    """A results file's content (``{"shapes": {}}`` when it does not exist yet). Raises ValueError
+    naming the file when it is not a JSON object with a ``shapes`` object (checked before a
+    benchmark spends its time)."""
     if not path.exists():
         return {"shapes": {}}
     try:
@@ -157,9 +161,9 @@ def read_results(path: Path) -> dict:
 
 
 def results_destination(path: Path, out: Path | None) -> Path:
-    """Where :func:`merge_results` will write: ``out/results/<path name>`` (``out`` given) or ``path``. Creates the
-    folder and raises ValueError naming it when it cannot be created or written (checked before a benchmark spends
-    its time, so its figures are not lost at the end)."""
+    """Where :func:`merge_results` will write: ``out/results/<path name>`` (``out`` given) or ``path``.
+    Creates the folder and raises ValueError naming it when it cannot be created or written (checked
+    before a benchmark spends its time, so its figures are not lost at the end)."""
     import os
 
     dest = out / "results" / path.name if out is not None else path
@@ -176,9 +180,10 @@ def results_destination(path: Path, out: Path | None) -> Path:
 
 
 def merge_results(path: Path, out: Path | None, summary: dict, meta: dict) -> Path:
-    """Read ``path`` (a results file, or nothing yet), set ``shapes[<shape>]`` to this run's :func:`shape_record`,
-    and write the whole file to ``out/results/<path name>`` (``out`` given) or back to ``path``. Returns where it was
-    written. Raises ValueError naming the file when it exists but is not a JSON object with a ``shapes`` object."""
+    """Read ``path`` (a results file, or nothing yet), set ``shapes[<shape>]`` to this run's
+    :func:`shape_record`, and write the whole file to ``out/results/<path name>`` (``out`` given) or
+    back to ``path``. Returns where it was written. Raises ValueError naming the file when it exists
+    but is not a JSON object with a ``shapes`` object."""
     data = read_results(path)
     data["shapes"][meta["shape"]] = shape_record(summary, meta)
     data["written_by"] = "lab/gpu_train.py --results"

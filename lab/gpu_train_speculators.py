@@ -1,5 +1,6 @@
-"""speculators' own ``Trainer`` as ``lab/gpu_train.py`` runs it: its loader, its model-call kwargs, its loop;
-tokens/s = non-padding positions per step / wall time between steps (one device sync per step)."""
+"""speculators' own ``Trainer`` as ``lab/gpu_train.py`` runs it: its loader, its model-call kwargs, its
+loop; tokens/s = non-padding positions per step / wall time between steps (one device sync per
+step)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ class _CountingLoader:
 
 
 def speculators_loader(hs: Path, target: Path, seq_len: int, workers: int):
-    """speculators' own training loader over this project's offline layout in ``hs`` (``ArrowDataset`` +
-    ``FileTransfer`` + multipack sampler, ``shift_batch``; no vLLM endpoint: a missing file raises), its train
-    split as the hidden-states manifest records it; ``seq_len`` positions per packed batch."""
+    """speculators' own training loader over this project's offline layout in ``hs`` (``ArrowDataset``
+    + ``FileTransfer`` + multipack sampler, ``shift_batch``; no vLLM endpoint: a missing file
+    raises), its train split as the hidden-states manifest records it; ``seq_len`` positions per
+    packed batch."""
     import torch
     from hs_connectors import FileTransfer
     from speculators.models.eagle3.data import shift_batch

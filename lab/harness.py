@@ -1,7 +1,8 @@
-"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one benchmark can be
-spread over several calls of limited length: ``--until STAGE`` stops after a stage, ``--resume`` skips the stages
-an earlier call on the same machine finished), a timestamped log line, and the inputs every script prepares (the
-SmolLM2 target converted from its GGUF, a conversations file that may be ``.gz``/``.xz``).
+"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one benchmark
+can be spread over several calls of limited length: ``--until STAGE`` stops after a stage,
+``--resume`` skips the stages an earlier call on the same machine finished), a timestamped log line,
+and the inputs every script prepares (the SmolLM2 target converted from its GGUF, a conversations
+file that may be ``.gz``/``.xz``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ from pathlib import Path
 
 
 class Results:
-    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every change.
+    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every
+    change.
 
-    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine, so that one
-    benchmark can be spread over several calls of limited length: stages recorded there are not run again."""
+    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine,
+    so that one benchmark can be spread over several calls of limited length: stages recorded there
+    are not run again."""
 
     def __init__(self, work: Path, out: Path, resume: bool = False, settings: dict | None = None):
-        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable results.json or one
-        made with other ``settings`` (the arguments that change the figures)."""
+        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable
+        results.json or one made with other ``settings`` (the arguments that change the figures)."""
         self.paths = list(dict.fromkeys([work / "results.json", out / "results.json"]))
         self.data: dict = {"stages": {}, "failures": [], "settings": settings or {}}
         if resume and self.paths[0].is_file():
@@ -108,9 +111,10 @@ def prepare_target(a, work: Path) -> Path:
 
 
 def data_file(a, work: Path) -> Path:
-    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``, again whenever
-    the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from the one the copy was made
-    from. Raises RuntimeError naming ``--data`` when the compressed file is cut short or corrupt."""
+    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``, again
+    whenever the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from the
+    one the copy was made from. Raises RuntimeError naming ``--data`` when the compressed file is
+    cut short or corrupt."""
     import lzma
 
     src = Path(a.data).expanduser()

@@ -1,23 +1,25 @@
-"""Scaling across the GPUs of one host, side by side in one call: training (``train.num_gpus`` N under torchrun,
-DDP and/or FSDP) and extraction (``extract.num_gpus`` N worker processes) tokens/s for each N of ``--gpus``, and the
-scaling efficiency = tokens/s on N GPUs ÷ (N × tokens/s on 1 GPU) (goal ≥ 0.9). Writes ``--out`` (JSON, by the
-script itself) and prints a table.
+"""Scaling across the GPUs of one host, side by side in one call: training (``train.num_gpus`` N under
+torchrun, DDP and/or FSDP) and extraction (``extract.num_gpus`` N worker processes) tokens/s for
+each N of ``--gpus``, and the scaling efficiency = tokens/s on N GPUs ÷ (N × tokens/s on 1 GPU)
+(goal ≥ 0.9). Writes ``--out`` (JSON, by the script itself) and prints a table.
 
-Training: the 8B shape of lab/train.py (Llama-3.1-8B target: hidden 4096, vocab 128,256; 1-layer draft,
-draft vocab 32,000, TTT 3, bf16 autocast, compiled forward), one ``--seq-len``-token micro-batch per rank and step
-(weak scaling: N ranks take N micro-batches per step). The data is random bf16 hidden states in the documented
-layout: ``--distinct`` files hard-linked under as many sample names as the run needs, so every run reads from the
-page cache (this measures compute and communication, not the disk; at 8 GPUs × ~44k tokens/s the trainer reads
-~11 GB/s of hidden states). The figure of a run is the median ``tokens_per_s`` of its metrics windows
-(``--log-every`` steps each, all ranks' tokens over rank 0's step time) after ``--warmup`` steps.
+Training: the 8B shape of lab/train.py (Llama-3.1-8B target: hidden 4096, vocab 128,256; 1-layer
+draft, draft vocab 32,000, TTT 3, bf16 autocast, compiled forward), one ``--seq-len``-token
+micro-batch per rank and step (weak scaling: N ranks take N micro-batches per step). The data is
+random bf16 hidden states in the documented layout: ``--distinct`` files hard-linked under as many
+sample names as the run needs, so every run reads from the page cache (this measures compute and
+communication, not the disk; at 8 GPUs × ~44k tokens/s the trainer reads ~11 GB/s of hidden states).
+The figure of a run is the median ``tokens_per_s`` of its metrics windows (``--log-every`` steps
+each, all ranks' tokens over rank 0's step time) after ``--warmup`` steps.
 
 Extraction: a random Llama-3.1-8B-shaped target saved as an HF folder (bf16, ~16 GB), extracted by
-``eagle3.extract.workers.run_data_parallel`` (the code ``extract.num_gpus`` runs: one spawned process per GPU, each
-loading the target from disk) over ``--extract-samples`` random ``--seq-len``-token samples per GPU, into each
-``--extract-dest`` (a folder on the disk, and ``/dev/shm`` to separate the pipeline from the disk). A run's
-figure is the sum over workers of tokens / (done − ready) from their status files (the target's load left out);
-``span_tokens_per_s`` (all tokens / (last done − first ready)) and ``overlap`` (the share of that span when all
-workers ran) are recorded beside it.
+``eagle3.extract.workers.run_data_parallel`` (the code ``extract.num_gpus`` runs: one spawned
+process per GPU, each loading the target from disk) over ``--extract-samples`` random
+``--seq-len``-token samples per GPU, into each ``--extract-dest`` (a folder on the disk, and
+``/dev/shm`` to separate the pipeline from the disk). A run's figure is the sum over workers of
+tokens / (done − ready) from their status files (the target's load left out); ``span_tokens_per_s``
+(all tokens / (last done − first ready)) and ``overlap`` (the share of that span when all workers
+ran) are recorded beside it.
 
     python lab/multi_gpu.py --kinds train --gpus 1,2,4,8 --out lab/results/DATE_multi_gpu.json
     python lab/multi_gpu.py --kinds extract --gpus 1,2,4,8 --out lab/results/DATE_multi_gpu.json
@@ -83,8 +85,9 @@ def _tokenizer(folder: Path) -> None:
 def train_data(
     work: Path, spec: dict, samples: int, distinct: int, seq_len: int
 ) -> tuple[Path, Path]:
-    """A target folder holding only what the trainer reads (embedding, final norm, LM head; random) and a
-    hidden-states folder of ``samples`` samples: ``distinct`` random files, hard-linked under the other names."""
+    """A target folder holding only what the trainer reads (embedding, final norm, LM head; random) and
+    a hidden-states folder of ``samples`` samples: ``distinct`` random files, hard-linked under the
+    other names."""
     import torch
     from datasets import Dataset
     from safetensors.torch import save_file

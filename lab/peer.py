@@ -1,5 +1,5 @@
-"""speculators' own ``Trainer`` on a hidden-states folder, as the quality peer of ``lab/gpu_quality.py``
-(same draft, LR, epochs, TTT steps, loss; its own loader)."""
+"""speculators' own ``Trainer`` on a hidden-states folder, as the quality peer of
+``lab/gpu_quality.py`` (same draft, LR, epochs, TTT steps, loss; its own loader)."""
 
 from __future__ import annotations
 

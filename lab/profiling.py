@@ -1,5 +1,6 @@
-"""Per-step profiling for the training benchmarks: torch.profiler tables, the GPU-busy fraction, kernels per
-step (:class:`StepProfiler`), and the FLOPs of one trained token (:func:`flops_per_token`, for MFU)."""
+"""Per-step profiling for the training benchmarks: torch.profiler tables, the GPU-busy fraction,
+kernels per step (:class:`StepProfiler`), and the FLOPs of one trained token
+(:func:`flops_per_token`, for MFU)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 
 class StepProfiler:
-    """``torch.profiler`` over optimizer steps ``start+1 .. start+n`` of one trainer (``step(i)`` is called after
-    step i ends). Writes the kernel table to ``<out>/profile-<name>.txt`` and returns, per step, the wall time and
-    the summed device (kernel) time: their ratio is how busy the GPU was (< 1 = launch/host bound)."""
+    """``torch.profiler`` over optimizer steps ``start+1 .. start+n`` of one trainer (``step(i)`` is
+    called after step i ends). Writes the kernel table to ``<out>/profile-<name>.txt`` and returns,
+    per step, the wall time and the summed device (kernel) time: their ratio is how busy the GPU was
+    (< 1 = launch/host bound)."""
 
     def __init__(self, name: str, start: int, n: int, out: Path | None, per_call: int = 1):
         self.name, self.start, self.n, self.out, self.prof, self.result = (

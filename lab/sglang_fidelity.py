@@ -1,22 +1,26 @@
-"""Fidelity of the CPU reference engine to the real SGLang 0.5.23, request by request: the same draft, target,
-prompts and token budget on both engines, greedy decoding, chain drafting (topk 1, EOS ignored so every request
-runs its whole budget), and the target's own greedy output (transformers, float32, no draft) as the yardstick.
+"""Fidelity of the CPU reference engine to the real SGLang 0.5.23, request by request: the same draft,
+target, prompts and token budget on both engines, greedy decoding, chain drafting (topk 1, EOS
+ignored so every request runs its whole budget), and the target's own greedy output (transformers,
+float32, no draft) as the yardstick.
 
     python lab/sglang_fidelity.py [--config configs/tiny-random.yaml] [--draft SERVING_DIR]
         [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3] [--out lab/results/DATE_sglang_fidelity.json]
 
-Per request it compares the output tokens (both engines against the target's greedy output), the draft tokens each
-verify pass accepted (SGLang's per-pass counts are read from the sizes of its streamed chunks, one per pass) and the
-acceptance length (``1 + accepted drafts / verify passes``, the same definition on both sides: each engine's own
-count of accepted drafts, before truncation at the budget). Where the engines part, it names the first request,
-pass and output position and says why: the reference's logit gap between the two choices there (a near-tie that
-float32 rounding can flip, or a real difference). It prints the ratio SGLang / reference last and writes
-everything (figures, prompts, tokens, wall times, the command, the CPU model, torch's CPU capability) to ``--out``.
+Per request it compares the output tokens (both engines against the target's greedy output), the
+draft tokens each verify pass accepted (SGLang's per-pass counts are read from the sizes of its
+streamed chunks, one per pass) and the acceptance length (``1 + accepted drafts / verify passes``,
+the same definition on both sides: each engine's own count of accepted drafts, before truncation at
+the budget). Where the engines part, it names the first request, pass and output position and says
+why: the reference's logit gap between the two choices there (a near-tie that float32 rounding can
+flip, or a real difference). It prints the ratio SGLang / reference last and writes everything
+(figures, prompts, tokens, wall times, the command, the CPU model, torch's CPU capability) to
+``--out``.
 
-SGLang runs from its own environment (``make sglang-env``) on the CPU with ``TRITON_INTERPRET=1`` and the shims of
-``testkit/sglang_shims`` (docs/SGLANG_ON_CPU.md), started by the project's launcher and readiness gate; a start
-takes minutes and decoding runs at about 1 token/s. Without ``--draft`` a random draft is made (speculators format
-→ ``eagle3.convert.stage``), which accepts almost nothing: use a trained draft for a meaningful ratio.
+SGLang runs from its own environment (``make sglang-env``) on the CPU with ``TRITON_INTERPRET=1``
+and the shims of ``testkit/sglang_shims`` (docs/SGLANG_ON_CPU.md), started by the project's launcher
+and readiness gate; a start takes minutes and decoding runs at about 1 token/s. Without ``--draft``
+a random draft is made (speculators format → ``eagle3.convert.stage``), which accepts almost
+nothing: use a trained draft for a meaningful ratio.
 """
 
 from __future__ import annotations
@@ -58,8 +62,8 @@ def _random_draft(target: Path, work: Path) -> Path:
 def target_greedy(model, input_ids: list[int], n: int) -> tuple[list[int], list[dict]]:
     """The target alone, greedy, ``n`` tokens (EOS ignored), with a KV cache; float32 as loaded.
 
-    Returns the tokens and per output position ``{"top2": [id1, id2], "gap": logit1 - logit2, "scale": max|logit|}``
-    (what explains an engine that picks the runner-up there)."""
+    Returns the tokens and per output position ``{"top2": [id1, id2], "gap": logit1 - logit2,
+    "scale": max|logit|}`` (what explains an engine that picks the runner-up there)."""
     import torch
     from transformers import DynamicCache
 
@@ -91,9 +95,11 @@ def reference_record(res) -> dict:
 
 
 def sglang_request(url: str, input_ids: list[int], n: int, timeout_s: float = 1800) -> dict:
-    """One streamed greedy ``/generate`` on SGLang (``ignore_eos``); a comparison record plus its raw meta_info.
+    """One streamed greedy ``/generate`` on SGLang (``ignore_eos``); a comparison record plus its raw
+    meta_info.
 
-    Raises RuntimeError when the stream ends without a final chunk or the server reports no verify pass."""
+    Raises RuntimeError when the stream ends without a final chunk or the server reports no verify
+    pass."""
     import httpx
 
     body = {
@@ -134,10 +140,11 @@ def sglang_request(url: str, input_ids: list[int], n: int, timeout_s: float = 18
 def diagnose_pass(
     decoder_parts, input_ids: list[int], n: int, diff: dict, target_ids: list[int]
 ) -> dict:
-    """Why verify pass ``diff["pass"]`` accepted a different number of drafts: re-decode the request with the
-    reference's generic decoder (equal to the fast path in float32), record the draft's logits at every
-    proposal, and measure at draft step ``diff["draft_step"]`` the reference's logit gap between its choice and
-    the other engine's (the target's token when SGLang accepted more; the runner-up when it accepted fewer)."""
+    """Why verify pass ``diff["pass"]`` accepted a different number of drafts: re-decode the request
+    with the reference's generic decoder (equal to the fast path in float32), record the draft's
+    logits at every proposal, and measure at draft step ``diff["draft_step"]`` the reference's logit
+    gap between its choice and the other engine's (the target's token when SGLang accepted more; the
+    runner-up when it accepted fewer)."""
     from refengine.specdec import SpeculativeDecoder
 
     target, draft, tok, k = decoder_parts
@@ -238,8 +245,9 @@ def machine_facts() -> dict:
 def run_reference(
     target: Path, draft: Path, ids: list[list[int]], n: int, steps: int
 ) -> tuple[list, dict]:
-    """The reference engine's own decoder (``load_decoder``: the fast path for a Llama target), float32, one
-    torch thread (``serve.cpu_threads``' default); its records for every prompt and wall times."""
+    """The reference engine's own decoder (``load_decoder``: the fast path for a Llama target),
+    float32, one torch thread (``serve.cpu_threads``' default); its records for every prompt and
+    wall times."""
     import torch
 
     from refengine.loader import load_decoder

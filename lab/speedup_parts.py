@@ -1,5 +1,6 @@
-"""Parts of ``lab/gpu_speedup.py``: argument checks, prompts, the self-check, the figures and the table,
-and the HTTP rounds (the project's launcher + readiness gate + ``eagle3.measure.bench.run_bench``)."""
+"""Parts of ``lab/gpu_speedup.py``: argument checks, prompts, the self-check, the figures and the
+table, and the HTTP rounds (the project's launcher + readiness gate +
+``eagle3.measure.bench.run_bench``)."""
 
 from __future__ import annotations
 
@@ -100,8 +101,9 @@ def _check_prompt_source(a) -> None:
 
 
 def target_from_gguf(gguf: str, work: str) -> str:
-    """The HF folder converted from the SmolLM2 GGUF by the project's own :func:`eagle3.assets.prepare_smollm2`
-    (into ``<work>/cache``; idempotent), its wheel lookup pointed at ``gguf``."""
+    """The HF folder converted from the SmolLM2 GGUF by the project's own
+    :func:`eagle3.assets.prepare_smollm2` (into ``<work>/cache``; idempotent), its wheel lookup
+    pointed at ``gguf``."""
     from eagle3 import assets
 
     orig, path = assets.package_file, Path(gguf).resolve()
@@ -115,8 +117,9 @@ def target_from_gguf(gguf: str, work: str) -> str:
 
 
 def load_prompts_ids(a) -> list[dict]:
-    """``[{"id", "category", "text", "input_ids"}]``: from ``--prompt-ids``, or MT-Bench (``--prompts``) templated
-    with the tokenizer's chat template (:func:`eagle3.measure.prompts.encode_prompts`)."""
+    """``[{"id", "category", "text", "input_ids"}]``: from ``--prompt-ids``, or MT-Bench
+    (``--prompts``) templated with the tokenizer's chat template
+    (:func:`eagle3.measure.prompts.encode_prompts`)."""
     if a.prompt_ids:
         rows = json.loads(Path(a.prompt_ids).read_text())["prompts"][: a.num_prompts]
         bad = [
@@ -138,7 +141,8 @@ def load_prompts_ids(a) -> list[dict]:
     return [{**p, "input_ids": x} for p, x in zip(plist, ids)]
 
 
-# --- self-check -----------------------------------------------------------------------------------------
+# --- self-check
+# -----------------------------------------------------------------------------------------
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
@@ -206,8 +210,9 @@ def self_check(fast, ids: list[int], n: int, strict: bool) -> dict:
 
 
 def generic_compare(fast, ids: list[int], n: int, rounds: int) -> dict:
-    """The fast path against the generic one on one prompt, alternating: plain (fast) vs HF ``generate``, and
-    speculative (fast) vs ``SpeculativeDecoder`` on the same models. Median tokens/s of ``rounds`` rounds."""
+    """The fast path against the generic one on one prompt, alternating: plain (fast) vs HF
+    ``generate``, and speculative (fast) vs ``SpeculativeDecoder`` on the same models. Median
+    tokens/s of ``rounds`` rounds."""
     import time
 
     import torch
@@ -258,7 +263,8 @@ def generic_compare(fast, ids: list[int], n: int, rounds: int) -> dict:
     }
 
 
-# --- figures ---------------------------------------------------------------------------------------------
+# --- figures
+# ---------------------------------------------------------------------------------------------
 
 
 def _med(xs) -> float | None:
@@ -293,8 +299,9 @@ def summarize_profile(rounds: list[dict], prof: dict, k: int) -> dict:
         "plain_host_gap_ms": _med(pp["host"]),
     }
     t["draft_step_ms"] = t["chain_ms"] / (k - 1) if k > 1 else None
-    # host work per iteration = the interval from the end of the verify pass (its transfer enqueued) to the
-    # start of the next extend: the device waits while the host syncs, emits tokens and launches the next step
+    # host work per iteration = the interval from the end of the verify pass (its transfer enqueued)
+    # to the start of the next extend: the device waits while the host syncs, emits tokens and
+    # launches the next step
     t["host_ms_per_iteration"] = t["host_gap_ms"]
     t["plain_host_ms_per_token"] = t["plain_host_gap_ms"]
     t["iteration_sum_ms"] = t["verify_ms"] + t["chain_ms"] + t["extend_ms"] + t["host_gap_ms"]
@@ -347,7 +354,8 @@ def predictions(summary: dict, points) -> dict:
     }
 
 
-# --- the HTTP reference server --------------------------------------------------------------------------
+# --- the HTTP reference server
+# --------------------------------------------------------------------------
 
 SERIAL_NOTE = (
     "the reference engine serves one request at a time (one lock around the model, batch size 1): "
@@ -356,9 +364,10 @@ SERIAL_NOTE = (
 
 
 def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
-    """Plain and speculative reference servers (``eagle3.serve.launcher.launch_ready``: own process group,
-    readiness gate), both up at once; for each concurrency, ``a.rounds`` alternating rounds of
-    ``eagle3.measure.bench.run_bench`` over the same prompts (greedy; a request ends at EOS or the budget)."""
+    """Plain and speculative reference servers (``eagle3.serve.launcher.launch_ready``: own process
+    group, readiness gate), both up at once; for each concurrency, ``a.rounds`` alternating rounds
+    of ``eagle3.measure.bench.run_bench`` over the same prompts (greedy; a request ends at EOS or
+    the budget)."""
     from contextlib import ExitStack
 
     from eagle3.config import RunConfig
@@ -366,7 +375,8 @@ def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
     from eagle3.serve.launcher import launch_ready
 
     k = a.num_steps
-    # train.ttt_steps only so the config-load rule "served steps <= trained steps" holds for a given draft
+    # train.ttt_steps only so the config-load rule "served steps <= trained steps" holds for a given
+    # draft
     cfg = RunConfig.model_validate(
         {
             "name": "gpu-speedup",
@@ -451,7 +461,8 @@ def _http_summary(rows: list[dict]) -> dict:
     return out
 
 
-# --- the table --------------------------------------------------------------------------------------------
+# --- the table
+# --------------------------------------------------------------------------------------------
 
 
 def _f(x, fmt="{:.3f}") -> str:

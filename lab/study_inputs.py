@@ -1,5 +1,5 @@
-"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations file carried
-back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
+"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations file
+carried back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ def _manifest_of(path: Path) -> Path:
 
 
 def reuse_regen(src: Path, expected: int, out: Path) -> dict:
-    """The regen stage from a file an earlier call carried back (``--regen-file``), instead of regenerating.
+    """The regen stage from a file an earlier call carried back (``--regen-file``), instead of
+    regenerating.
 
     ``src`` is ``regenerated.jsonl`` or ``.jsonl.xz`` with its manifest beside it (written by
-    :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises RuntimeError when
-    the manifest is missing, was made for another ``--regen`` count, its conversation count differs from the
-    file's line count (a truncated copy), the content's sha256 is not the recorded one, or the .xz is corrupt."""
+    :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises
+    RuntimeError when the manifest is missing, was made for another ``--regen`` count, its
+    conversation count differs from the file's line count (a truncated copy), the content's sha256
+    is not the recorded one, or the .xz is corrupt."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
         raise RuntimeError(
@@ -73,8 +75,8 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
 
 
 def carry_back_regen(regen_path: Path, out: Path) -> None:
-    """Write ``out/regenerated.jsonl.xz`` and its manifest (once), so a later call on a fresh machine can pass
-    them as ``--regen-file`` instead of regenerating (minutes of device time)."""
+    """Write ``out/regenerated.jsonl.xz`` and its manifest (once), so a later call on a fresh machine
+    can pass them as ``--regen-file`` instead of regenerating (minutes of device time)."""
     dst = out / "regenerated.jsonl.xz"
     if dst.is_file() or not regen_path.is_file() or out.resolve() == regen_path.parent.resolve():
         return
@@ -83,9 +85,10 @@ def carry_back_regen(regen_path: Path, out: Path) -> None:
 
 
 def check_plan(path: str) -> dict:
-    """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and ``schedules``
-    (name → list of override strings) and a non-empty ``points`` list of ``[data, size, schedule]`` naming them
-    (size: conversations, 0 = all usable). Raises ValueError naming ``--plan``, the key and expected vs actual."""
+    """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and
+    ``schedules`` (name → list of override strings) and a non-empty ``points`` list of ``[data,
+    size, schedule]`` naming them (size: conversations, 0 = all usable). Raises ValueError naming
+    ``--plan``, the key and expected vs actual."""
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -126,8 +129,8 @@ def check_plan(path: str) -> dict:
 
 
 def plan_digest(a) -> str:
-    """What ``--resume`` compares: the sha256 of the plan's contents (a changed plan is refused, the same plan
-    under another path is not), or ``default`` / ``tiny`` for the built-in plans."""
+    """What ``--resume`` compares: the sha256 of the plan's contents (a changed plan is refused, the
+    same plan under another path is not), or ``default`` / ``tiny`` for the built-in plans."""
     if not a.plan:
         return "tiny" if a.tiny else "default"
     return hashlib.sha256(
@@ -139,10 +142,11 @@ ASSET_FILES = ("question.jsonl", "question.jsonl.xz", "test.jsonl", "test.jsonl.
 
 
 def plan_problem(a, plan: dict, config: Path) -> str | None:
-    """What is wrong with ``plan`` for these arguments, before any stage costs GPU time, or None: a point on the
-    regenerated file asking for more conversations than ``--regen`` makes (it would train on fewer and still be
-    labelled with its size), or override strings the config refuses (checked with :func:`load_config` on
-    ``config``, the study's config, ``{regen}`` standing for a file path)."""
+    """What is wrong with ``plan`` for these arguments, before any stage costs GPU time, or None: a
+    point on the regenerated file asking for more conversations than ``--regen`` makes (it would
+    train on fewer and still be labelled with its size), or override strings the config refuses
+    (checked with :func:`load_config` on ``config``, the study's config, ``{regen}`` standing for a
+    file path)."""
     from eagle3.config import load_config
     from eagle3.errors import ConfigError
 

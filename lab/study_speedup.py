@@ -1,17 +1,18 @@
 """Join a speedup measured by a direct ``gpu_speedup.py`` call to the GPU study's ``gpu_study.json``.
 
-Also the summary of one ``gpu_speedup.py`` result that the study's speedup stage records. A direct call is for
-a study whose ``speedup`` stage failed or was cut off while the machine still held the best point's draft:
-``gpu_speedup.py`` is then run by hand on that draft (same engine, same settings as the stage), and this script
-puts its figures where the stage would have put them::
+Also the summary of one ``gpu_speedup.py`` result that the study's speedup stage records. A direct
+call is for a study whose ``speedup`` stage failed or was cut off while the machine still held the
+best point's draft: ``gpu_speedup.py`` is then run by hand on that draft (same engine, same settings
+as the stage), and this script puts its figures where the stage would have put them::
 
     python lab/study_speedup.py lab/results/DATE_gpu_study.json /path/to/gpu_speedup.json
 
-Identity: both files carry the sha256 of the draft's serving folder (``best.serving_sha256`` written by the
-study's report, ``draft_sha256`` by ``gpu_speedup.py``); they must be equal. Files written before those fields
-existed (the sixth session's) can only be matched by the draft's path and the device, which is weaker (the same
-path recurs in every session): that needs ``--match-by-path`` and is recorded as ``identity: "path"``.
-Exit 0 when written; 2 on a refusal (the message names the file and the field).
+Identity: both files carry the sha256 of the draft's serving folder (``best.serving_sha256`` written
+by the study's report, ``draft_sha256`` by ``gpu_speedup.py``); they must be equal. Files written
+before those fields existed (the sixth session's) can only be matched by the draft's path and the
+device, which is weaker (the same path recurs in every session): that needs ``--match-by-path`` and
+is recorded as ``identity: "path"``. Exit 0 when written; 2 on a refusal (the message names the file
+and the field).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pathlib import Path
 
 
 def draft_digest(serving: Path) -> str | None:
-    """sha256 (hex) over the names and bytes of a serving folder's ``*.safetensors`` and ``config.json`` files,
-    in name order; None when the folder has no such file."""
+    """sha256 (hex) over the names and bytes of a serving folder's ``*.safetensors`` and
+    ``config.json`` files, in name order; None when the folder has no such file."""
     files = (
         sorted([*serving.glob("*.safetensors"), *serving.glob("config.json")])
         if serving.is_dir()
@@ -46,11 +47,12 @@ def draft_digest(serving: Path) -> str | None:
 def speedup_summary(data: dict, point: str, serving: str, file: str) -> dict:
     """The study's ``speedup`` record from one ``gpu_speedup.py`` JSON (``data``).
 
-    Keys: ``point``, ``serving_dir``, ``file``, ``in_process_speedup`` (median of the per-round speculative /
-    plain output-tokens/s ratios, batch size 1), ``acceptance_length`` (tokens per verify pass, bonus token
-    counted), ``plain_tokens_per_s`` / ``speculative_tokens_per_s`` (output tokens per second), ``served_speedup``
-    (the HTTP ratio at concurrency 1; None when HTTP was not run), ``served`` (HTTP figures by concurrency),
-    ``timings_ms`` (device timings of one profiled round, milliseconds) and ``predicted``."""
+    Keys: ``point``, ``serving_dir``, ``file``, ``in_process_speedup`` (median of the per-round
+    speculative / plain output-tokens/s ratios, batch size 1), ``acceptance_length`` (tokens per
+    verify pass, bonus token counted), ``plain_tokens_per_s`` / ``speculative_tokens_per_s`` (output
+    tokens per second), ``served_speedup`` (the HTTP ratio at concurrency 1; None when HTTP was not
+    run), ``served`` (HTTP figures by concurrency), ``timings_ms`` (device timings of one profiled
+    round, milliseconds) and ``predicted``."""
     http = (data.get("http") or {}).get("by_concurrency") or {}
     s = data.get("summary") or {}
     return {
@@ -86,9 +88,10 @@ def add_speedup(
     """``study`` (a ``gpu_study.json`` read from ``study_file``) with the speedup of ``data`` (a
     ``gpu_speedup.json`` read from ``file``).
 
-    Raises ValueError naming the file, field, expected and actual value when either is not a JSON object, the
-    study has no best point, the draft digests differ (or are missing without ``match_by_path``), the draft path
-    is not the best point's serving folder, the device differs, or a ratio is not a positive number."""
+    Raises ValueError naming the file, field, expected and actual value when either is not a JSON
+    object, the study has no best point, the draft digests differ (or are missing without
+    ``match_by_path``), the draft path is not the best point's serving folder, the device differs,
+    or a ratio is not a positive number."""
     for name, obj in ((study_file, study), (file, data)):
         if not isinstance(obj, dict):
             raise ValueError(f"{name}: expected a JSON object, got {type(obj).__name__}")

@@ -1,9 +1,10 @@
-"""Training throughput (tokens/s) of eagle3.train.stage on SmolLM2-shaped data (hidden 576, 3 aux states).
+"""Training throughput (tokens/s) of eagle3.train.stage on SmolLM2-shaped data (hidden 576, 3 aux
+states).
 
 Hidden states are made by the real SmolLM2-135M-Instruct target on random token streams
 (testkit/hs_fixture.py), once, into ``--work``. Then the same training code runs for ``--steps``
-optimizer steps per setting and the mean tokens/s of the logged steps (after the first, warm-up) is printed
-as a markdown table.
+optimizer steps per setting and the mean tokens/s of the logged steps (after the first, warm-up) is
+printed as a markdown table.
 
     python lab/train.py --device cpu --steps 6
     python lab/train.py --device cuda --steps 30 --precision float32 bf16-autocast
@@ -56,8 +57,9 @@ SHAPES = {  # synthetic targets: only the tensors the trainer reads (embedding, 
 
 
 def write_synthetic_manifest(hs: Path, tgt: Path, spec: dict, samples: int) -> None:
-    """The hidden-states manifest of a synthetic set of ``samples`` bf16 samples of the target ``tgt`` (shape
-    ``spec``, a LlamaConfig dict): EAGLE-3's default aux ids [2, L//2, L-3], the last two samples for validation."""
+    """The hidden-states manifest of a synthetic set of ``samples`` bf16 samples of the target ``tgt``
+    (shape ``spec``, a LlamaConfig dict): EAGLE-3's default aux ids [2, L//2, L-3], the last two
+    samples for validation."""
     from eagle3.artifacts import write_manifest
 
     L = spec["num_hidden_layers"]

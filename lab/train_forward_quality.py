@@ -1,9 +1,11 @@
-"""Issue 17's quality check: the same short training on real data with speculators' forward and with this project's.
+"""Issue 17's quality check: the same short training on real data with speculators' forward and with
+this project's.
 
-Extracts ``CONFIG``'s conversations once (real target; reused from ``--work`` when already there), then trains the
-draft twice from the same seed on the same hidden states, ``train.forward_impl=speculators`` (the trainer as it was)
-and ``train.forward_impl=project`` (eagle3/train/ttt_forward.py), every other setting equal. Prints, per evaluation,
-both validation simulated acceptance lengths (bonus token counted) and their ratio, each run's training tokens/s,
+Extracts ``CONFIG``'s conversations once (real target; reused from ``--work`` when already there),
+then trains the draft twice from the same seed on the same hidden states,
+``train.forward_impl=speculators`` (the trainer as it was) and ``train.forward_impl=project``
+(eagle3/train/ttt_forward.py), every other setting equal. Prints, per evaluation, both validation
+simulated acceptance lengths (bonus token counted) and their ratio, each run's training tokens/s,
 and writes ``--out`` (JSON). Exit 1 when the final ratio is outside ``1 ± --tol``.
 
     python lab/train_forward_quality.py configs/smollm2-cpu.yaml --out lab/results/DATE_train_forward_quality.json \\
