@@ -11,7 +11,8 @@ the cores may be shared), and their ratio; then one forward + backward of a 576 
 512 tokens under bf16 autocast against float32 (what ``train.precision`` switches). The last line is
 the ratio at the probe's shape and what ``auto`` resolves to here. Run it with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` to see what an
-AVX2-only CPU does on a CPU with AMX (README, "Speed on CPUs without native bf16").
+AVX2-only CPU does on a CPU with AMX (lab/NOTEBOOK.md, "The demo and the tests on a CPU
+without native bf16").
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def main(
     threads = torch.get_num_threads()
     feats = ", ".join(f for f, on in cpu_features().items() if on) or "unknown"
     print(
-        f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, CPU flags: {feats}; "
-        f"{threads} thread(s) by default"
+        f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, CPU "
+        f"flags: {feats}; {threads} thread(s) by default"
     )
     print("| shape | threads | float32 GFLOP/s | bf16 GFLOP/s | bf16 / float32 |")
     print("|---|---|---|---|---|")
@@ -101,19 +102,20 @@ def main(
         for name, (m, k, n) in SHAPES.items():
             f32, bf16 = _matmul_pair(m, k, n, seconds, repeats)
             print(
-                f"| {name} {m}x{k}@{k}x{n} | {n_threads} | {f32:.1f} | {bf16:.2f} | {bf16 / f32:.3f} |"
+                f"| {name} {m}x{k}@{k}x{n} | {n_threads} | {f32:.1f} | {bf16:.2f} | "
+                f"{bf16 / f32:.3f} |"
             )
         f32, bf16 = _mlp_step_pair(seconds, repeats)
         print(
-            f"| MLP forward+backward, 512 tokens (autocast) | {n_threads} | {f32:.1f} | {bf16:.2f} | "
-            f"{bf16 / f32:.3f} |"
+            f"| MLP forward+backward, 512 tokens (autocast) | {n_threads} | {f32:.1f} | {bf16:.2f} "
+            f"| {bf16 / f32:.3f} |"
         )
     torch.set_num_threads(threads)
     probe = measure_bf16()
     verdict = "bfloat16 / bf16-autocast" if probe.bf16_fast else "float32"
     print(
-        f"bf16/float32 ratio {probe.ratio:.3f} at the probe's shape (1 thread; bf16 needs >= {BF16_MIN_SPEEDUP}): "
-        f"auto = {verdict}"
+        f"bf16/float32 ratio {probe.ratio:.3f} at the probe's shape (1 thread; bf16 needs >= "
+        f"{BF16_MIN_SPEEDUP}): auto = {verdict}"
     )
 
 

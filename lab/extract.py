@@ -118,16 +118,17 @@ def main(
         _, bytes_fp8 = _extract_s(model, job_args, "fp8", Path(work))
     f, b, e = (statistics.median(x) for x in (fwd, body, ext))
     print(
-        f"target {target_dir.name} ({cfg.target.dtype}, {device}, {torch.get_num_threads()} threads); "
-        f"{len(plan.ids)} samples, {tokens} tokens, {len(batches)} batches of <= {cfg.extract.batch_size}; "
-        f"aux {capture[:-1]} + last; {repeats} rounds (median)"
+        f"target {target_dir.name} ({cfg.target.dtype}, {device}, {torch.get_num_threads()} "
+        f"threads); {len(plan.ids)} samples, {tokens} tokens, {len(batches)} batches of <= "
+        f"{cfg.extract.batch_size}; aux {capture[:-1]} + last; {repeats} rounds (median)"
     )
     print(f"| plain forward (with LM head) | {f:,.0f} tok/s |")
     print(f"| decoder body only            | {b:,.0f} tok/s |")
     print(f"| extraction ({store}, written) | {e:,.0f} tok/s |")
     print(f"| bytes/token {store:>9}          | {bytes_bf16 / tokens:,.1f} |")
     print(
-        f"| bytes/token       fp8          | {bytes_fp8 / tokens:,.1f} ({bytes_fp8 / bytes_bf16:.3f} of {store}) |"
+        f"| bytes/token       fp8          | {bytes_fp8 / tokens:,.1f} "
+        f"({bytes_fp8 / bytes_bf16:.3f} of {store}) |"
     )
     print(f"extraction / decoder-body forward = {e / b:.3f}")
     print(f"extraction / plain forward = {e / f:.3f}")

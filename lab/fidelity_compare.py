@@ -1,6 +1,6 @@
-"""Per-request comparison of two speculative-decoding engines and the target's own greedy output (pure
-functions, no engine): what ``lab/sglang_fidelity.py`` reports for SGLang 0.5.23 against the CPU
-reference engine.
+"""Per-request comparison of two speculative-decoding engines and the target's own greedy output
+(pure functions, no engine): what ``lab/sglang_fidelity.py`` reports for SGLang 0.5.23 against the
+CPU reference engine.
 
 An engine's request record is ``{"output_ids": [int], "accept_counts": [int | None], "verify_ct":
 int, "accepted": int}``: ``accept_counts[i]`` = draft tokens verify pass i accepted before any
@@ -35,7 +35,8 @@ def passes_from_stream(
     deltas = [b - a for a, b in zip([0, *tokens_so_far], tokens_so_far)]
     if any(d < 0 for d in deltas):
         raise ValueError(
-            f"stream: output token counts {tokens_so_far} go backwards; expected cumulative output_ids"
+            f"stream: output token counts {tokens_so_far} go backwards; expected cumulative "
+            f"output_ids"
         )
     deltas = [
         d for d in deltas if d > 0
@@ -56,8 +57,8 @@ def acceptance(rec: dict) -> float:
 
 
 def first_difference(a: list, b: list) -> int | None:
-    """Index of the first position where the sequences differ (the shorter one's length when one is a
-    prefix of the other and they differ in length), or None when equal."""
+    """Index of the first position where the sequences differ (the shorter one's length when one is
+    a prefix of the other and they differ in length), or None when equal."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
@@ -141,8 +142,8 @@ def pooled(records: list[dict]) -> dict:
 
 
 def explain_margin(gap: float | None, scale: float, what: str) -> str:
-    """Why two engines chose differently at one argmax, from the reference's logit gap between the two
-    choices.
+    """Why two engines chose differently at one argmax, from the reference's logit gap between the
+    two choices.
 
     ``gap``: the reference's logit of its own choice minus its logit of the other engine's choice
     (>= 0); ``scale``: max |logit| at that position. A gap below 1e-4 × scale (float32 carries ~7
@@ -151,14 +152,18 @@ def explain_margin(gap: float | None, scale: float, what: str) -> str:
     difference.
     """
     if gap is None:
-        return f"{what}: the other engine's choice is outside the draft vocabulary: not a rounding effect"
+        return (
+            f"{what}: the other engine's choice is outside the draft vocabulary: not a rounding "
+            f"effect"
+        )
     rel = gap / scale if scale > 0 else float("inf")
     if rel < 1e-4:
         return (
-            f"{what}: near-tie in the argmax (gap {gap:.3g} = {rel:.2g} of max |logit| {scale:.3g}): "
-            "float32 rounding in a different summation order (SGLang's Triton kernels vs torch) flips it"
+            f"{what}: near-tie in the argmax (gap {gap:.3g} = {rel:.2g} of max |logit| "
+            f"{scale:.3g}): float32 rounding in a different summation order (SGLang's Triton "
+            f"kernels vs torch) flips it"
         )
     return (
-        f"{what}: gap {gap:.3g} ({rel:.2g} of max |logit| {scale:.3g}) is far above float32 rounding: "
-        "the engines compute different values here (not a tie)"
+        f"{what}: gap {gap:.3g} ({rel:.2g} of max |logit| {scale:.3g}) is far above float32 "
+        f"rounding: the engines compute different values here (not a tie)"
     )

@@ -179,9 +179,10 @@ def main() -> int:
     m = {k: statistics.median(v) for k, v in res.items()}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
-        f"device {name}; torch {torch.__version__}; target {a.shape} random bf16 ({L} layers, hidden "
-        f"{conf.hidden_size}); {n} samples x {a.seq_len} tokens, batches of {a.batch_size}; aux {capture[:-1]} "
-        f"+ last; median of {a.repeats} rounds; raw fsync'd disk write {gbps:.2f} GB/s"
+        f"device {name}; torch {torch.__version__}; target {a.shape} random bf16 ({L} layers, "
+        f"hidden {conf.hidden_size}); {n} samples x {a.seq_len} tokens, batches of {a.batch_size}; "
+        f"aux {capture[:-1]} + last; median of {a.repeats} rounds; raw fsync'd disk write "
+        f"{gbps:.2f} GB/s"
     )
     print("| path | tokens/s | / plain forward | / decoder body |")
     print("|---|---|---|---|")
@@ -193,8 +194,8 @@ def main() -> int:
     ):
         print(f"| {label} | {m[k]:,.0f} | {m[k] / m['fwd']:.3f} | {m[k] / m['body']:.3f} |")
     print(
-        f"| extraction fp8 -> {disk} (1 round) | {tokens / s8:,.0f} | {tokens / s8 / m['fwd']:.3f} | "
-        f"{tokens / s8 / m['body']:.3f} |"
+        f"| extraction fp8 -> {disk} (1 round) | {tokens / s8:,.0f} | {tokens / s8 / m['fwd']:.3f} "
+        f"| {tokens / s8 / m['body']:.3f} |"
     )
     print(f"| bytes/token bf16 | {nbytes / tokens:,.1f} | | |")
     print(f"| bytes/token fp8 | {bytes_fp8 / tokens:,.1f} ({bytes_fp8 / nbytes:.3f} of bf16) | | |")

@@ -134,7 +134,8 @@ def main() -> int:
     a.attention = a.attention or ("flex" if cuda else "eager")
     if a.attention == "flex" and not cuda:
         p.error(
-            "--attention flex: expected eager or sdpa with --device cpu (flex attention has no CPU backward)"
+            "--attention flex: expected eager or sdpa with --device cpu (flex attention has no CPU "
+            "backward)"
         )
     if a.seq_len < 64:
         p.error(f"--seq-len: expected at least 64 positions, got {a.seq_len}")
@@ -144,7 +145,8 @@ def main() -> int:
         p.error(f"--tol: expected a finite relative tolerance > 0, got {a.tol}")
     if a.seq_len > 1 << 16:
         p.error(
-            f"--seq-len: expected at most {1 << 16} positions (one packed micro-batch), got {a.seq_len}"
+            f"--seq-len: expected at most {1 << 16} positions (one packed micro-batch), got "
+            f"{a.seq_len}"
         )
     if a.draft_vocab is not None and a.draft_vocab < 2:
         p.error(f"--draft-vocab: expected at least 2 draft tokens, got {a.draft_vocab}")
@@ -163,7 +165,8 @@ def main() -> int:
     dv = a.draft_vocab or {"llama8b": 32000, "tiny": 512}.get(a.shape, 8192)
     if dv >= bt.SHAPES[a.shape]["vocab_size"]:
         p.error(
-            f"--draft-vocab: expected fewer than the target's {bt.SHAPES[a.shape]['vocab_size']} tokens, got {dv}"
+            f"--draft-vocab: expected fewer than the target's {bt.SHAPES[a.shape]['vocab_size']} "
+            f"tokens, got {dv}"
         )
     device = torch.device(a.device)
     target, hs = bt.synthetic(Path(a.work), a.shape, 4, a.seq_len)
@@ -269,8 +272,9 @@ def main() -> int:
         and f32["counts_equal"]
     )
     print(
-        f"float32: loss {f32['loss_rel_diff']:.2e}, gradients {f32['max_grad_rel_diff']:.2e} (tol {a.tol:g} / "
-        f"{a.tol * 10:g}), counts {'equal' if f32['counts_equal'] else 'DIFFER'} -> {'OK' if ok else 'FAILED'}"
+        f"float32: loss {f32['loss_rel_diff']:.2e}, gradients {f32['max_grad_rel_diff']:.2e} (tol "
+        f"{a.tol:g} / {a.tol * 10:g}), counts {'equal' if f32['counts_equal'] else 'DIFFER'} -> "
+        f"{'OK' if ok else 'FAILED'}"
     )
     return 0 if ok else 1
 

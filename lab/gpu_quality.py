@@ -1,5 +1,5 @@
 """Quality parity on SmolLM2-135M-Instruct + ShareGPT: this project's trainer vs speculators'
-``Trainer``, and fp8- vs bf16-stored hidden states, in one run (issue 9).
+``Trainer``, and fp8- vs bf16-stored hidden states, in one run.
 
 Stages (one process; each stage's figures are written to ``--out/results.json`` as soon as it ends,
 so a run stopped by a time limit still reports what it finished):
@@ -28,8 +28,8 @@ so a run stopped by a time limit still reports what it finished):
    :func:`eagle3.convert.stage.convert`, on the first user turns of ``--offline-prompts`` held-out
    conversations, ``--max-new-tokens`` tokens each.
 
-The table printed last has one row per draft; the goals (issue 9): ours ≥ 0.98 × speculators,
-fp8-trained ≥ 0.98 × bf16-trained, on both acceptance figures.
+The table printed last has one row per draft; the goals: ours ≥ 0.98 × speculators, fp8-trained ≥
+0.98 × bf16-trained, on both acceptance figures.
 
     python lab/gpu_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data sharegpt_en.jsonl \\
         --max-convs 2000 --out $OUT                               # H200
@@ -284,13 +284,14 @@ def table(res: Results) -> None:
         print(f"FAILED: {f}")
     ex = s.get("extract/bf16") or {}
     print(
-        f"data: {ex.get('samples')} conversations ({ex.get('train_samples')} train / {ex.get('val_samples')} "
-        f"held out), {ex.get('tokens')} tokens, {ex.get('loss_tokens')} loss tokens, {ex.get('truncated')} cut at "
-        f"the length cap; bytes/token bf16 {ex.get('bytes_per_token')}, fp8 "
-        f"{(s.get('extract/fp8') or {}).get('bytes_per_token')}"
+        f"data: {ex.get('samples')} conversations ({ex.get('train_samples')} train / "
+        f"{ex.get('val_samples')} held out), {ex.get('tokens')} tokens, {ex.get('loss_tokens')} "
+        f"loss tokens, {ex.get('truncated')} cut at the length cap; bytes/token bf16 "
+        f"{ex.get('bytes_per_token')}, fp8 {(s.get('extract/fp8') or {}).get('bytes_per_token')}"
     )
     print(
-        "| draft | simulated AL (held-out, bf16 states) | offline AL (SpeculativeDecoder) | train s | steps |"
+        "| draft | simulated AL (held-out, bf16 states) | offline AL (SpeculativeDecoder) | train "
+        "s | steps |"
     )
     print("|---|---|---|---|---|")
 
@@ -300,7 +301,8 @@ def table(res: Results) -> None:
     for label, sk, ok, tk in rows:
         print(
             f"| {label} | {fmt(g(sk, 'simulated_acceptance_length'), '.4f')} | "
-            f"{fmt(g(ok, 'acceptance_length'), '.4f')} | {fmt(g(tk, 'seconds'), '.1f')} | {g(tk, 'steps')} |"
+            f"{fmt(g(ok, 'acceptance_length'), '.4f')} | {fmt(g(tk, 'seconds'), '.1f')} | "
+            f"{g(tk, 'steps')} |"
         )
     for what, num, den in (
         ("ours / speculators", "ours-bf16", "speculators-bf16"),
@@ -313,7 +315,8 @@ def table(res: Results) -> None:
             x, y = g(f"{kind}/{num}", field), g(f"{kind}/{den}", field)
             if x is not None and y:
                 print(
-                    f"{what} {kind} AL = {x / y:.4f} (goal ≥ {GOAL}: {'MET' if x / y >= GOAL else 'NOT MET'})"
+                    f"{what} {kind} AL = {x / y:.4f} (goal ≥ {GOAL}: "
+                    f"{'MET' if x / y >= GOAL else 'NOT MET'})"
                 )
 
 
@@ -394,7 +397,8 @@ def main() -> int:
         or a.max_new_tokens < 1
     ):
         p.error(
-            "--lr and --epochs must be > 0, --workers and --offline-prompts ≥ 0, --max-new-tokens ≥ 1"
+            "--lr and --epochs must be > 0, --workers and --offline-prompts ≥ 0, --max-new-tokens "
+            "≥ 1"
         )
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -507,7 +511,8 @@ def main() -> int:
             else ""
         )
         log(
-            f"offline acceptance: {len(prompts)} held-out prompts{short}, {a.max_new_tokens} new tokens"
+            f"offline acceptance: {len(prompts)} held-out prompts{short}, {a.max_new_tokens} new "
+            f"tokens"
         )
         offline(a, target, drafts, prompts, work, res)
     log("done")

@@ -1,5 +1,5 @@
-"""Serving speedup of EAGLE-3 through the reference engine's fast path: plain vs speculative decoding,
-one run.
+"""Serving speedup of EAGLE-3 through the reference engine's fast path: plain vs speculative
+decoding, one run.
 
 Both modes run through the same engine (:class:`refengine.fastpath.FastDecoder`: static KV caches,
 CUDA graphs on a GPU; plain decoding = ``generate(speculative=False)`` on the same instance), on the
@@ -166,8 +166,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="ROUNDS",
-        help="also time the generic path (HF generate, SpeculativeDecoder) against the fast path on the "
-        "first prompt, this many rounds (default 0: off)",
+        help="also time the generic path (HF generate, SpeculativeDecoder) against the fast path "
+        "on the first prompt, this many rounds (default 0: off)",
     )
     p.add_argument(
         "--work", default="/tmp/eagle3-gpu-speedup", help="HTTP server logs and gate diagnostics"
@@ -281,8 +281,8 @@ def timed_rounds(run: Run, fast, prompts, a) -> dict:
             run.data["rounds"].append({"round": r, "mode": mode, **res})
             al = f", AL {1 + res['accepted'] / res['verify_ct']:.3f}" if spec else ""
             print(
-                f"round {r + 1}/{a.rounds} {mode}: {res['tokens']} tokens in {res['wall_s']:.2f} s = "
-                f"{res['tokens_per_s']:.1f} tokens/s{al}",
+                f"round {r + 1}/{a.rounds} {mode}: {res['tokens']} tokens in {res['wall_s']:.2f} s "
+                f"= {res['tokens_per_s']:.1f} tokens/s{al}",
                 flush=True,
             )
         run.save()
@@ -371,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"device {run.data['device']['name']}; torch {torch.__version__}; {len(prompts)} prompts "
-        f"({min(run.data['device']['prompt_tokens'])}-{longest} tokens) x {a.max_new_tokens} new tokens; "
-        f"k={a.num_steps}; static cache {ctx} positions",
+        f"({min(run.data['device']['prompt_tokens'])}-{longest} tokens) x {a.max_new_tokens} new "
+        f"tokens; k={a.num_steps}; static cache {ctx} positions",
         flush=True,
     )
     target, draft, fast = prepare_engine(run, a, prompts, ctx, dtype)

@@ -1,4 +1,4 @@
-"""The "more data or longer training" study at GPU scale, run through the pipeline itself (issue 22).
+"""The "more data or longer training" study at GPU scale, run through the pipeline itself.
 
 Stages (one process; each stage's figures go to ``--out/results.json`` as soon as it ends; ``--until
 STAGE`` and ``--resume`` spread the study over several calls of limited length on the same machine):
@@ -145,8 +145,8 @@ def config_path(a) -> Path:
 
 
 def patch_assets(assets: Path | None) -> None:
-    """Point the prompt sets at copies in ``--assets`` (the wheels that carry them are not installed on
-    a GPU machine without a network): ``question.jsonl[.xz]`` (MT-Bench), ``test.jsonl[.xz]``
+    """Point the prompt sets at copies in ``--assets`` (the wheels that carry them are not installed
+    on a GPU machine without a network): ``question.jsonl[.xz]`` (MT-Bench), ``test.jsonl[.xz]``
     (GSM8K)."""
     if assets is None:
         return
@@ -188,8 +188,8 @@ def _plan(a, regen_file: str) -> dict:
     needs = sorted(k for k, v in plan["data"].items() if any("{regen}" in o for o in v))
     if needs and not regen_file:
         raise RuntimeError(
-            f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the regen "
-            "stage has no result (see its failure above in results.json's 'failures')"
+            f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the "
+            f"regen stage has no result (see its failure above in results.json's 'failures')"
         )
     data = {k: [o.replace("{regen}", regen_file) for o in v] for k, v in plan["data"].items()}
     all_n = a.all_size
@@ -198,10 +198,10 @@ def _plan(a, regen_file: str) -> dict:
 
 
 def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
-    """The sweep flow, continuing the MLflow sweep run of an earlier call when there is one. The sweep
-    run is made (and recorded in results.json) before the flow starts, so a call cut off by its time
-    limit mid-point still leaves the next call its id: finished points are then skipped, cached
-    stages reused, training resumed."""
+    """The sweep flow, continuing the MLflow sweep run of an earlier call when there is one. The
+    sweep run is made (and recorded in results.json) before the flow starts, so a call cut off by
+    its time limit mid-point still leaves the next call its id: finished points are then skipped,
+    cached stages reused, training resumed."""
     import uuid
 
     from eagle3.config import load_config
@@ -254,8 +254,8 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
     res._write()  # noqa: SLF001
     if out["pending"] and not a.last_call:
         raise RuntimeError(
-            f"sweep not finished: {len(out['pending'])} point(s) pending ({', '.join(out['pending'])});"
-            f" run again with --resume"
+            f"sweep not finished: {len(out['pending'])} point(s) pending "
+            f"({', '.join(out['pending'])}); run again with --resume"
         )
     return summary
 
@@ -271,15 +271,14 @@ def best_point(sweep: dict) -> dict:
 
 
 def speedup_prompt_ids(target: Path, work: Path, num_prompts: int) -> Path:
-    """Write ``work/prompt_ids.json``: the first ``num_prompts`` MT-Bench first turns (round-robin by
-    category) templated with ``target``'s chat template, in ``gpu_speedup.py --export-prompt-ids``'s
-    format, and return its path.
+    """Write ``work/prompt_ids.json``: the first ``num_prompts`` MT-Bench first turns (round-robin
+    by category) templated with ``target``'s chat template, in ``gpu_speedup.py
+    --export-prompt-ids``'s format, and return its path.
 
     Made here, in the study's process, because only this process reads MT-Bench from ``--assets``
     (:func:`patch_assets`); ``gpu_speedup.py`` runs as a subprocess and would look for the MT-Bench
-    wheel, which a GPU machine without a network lacks (the H200 speedup stage of 2026-12-03 failed
-    on exactly that). Raises DataError (eagle3.errors) when neither ``--assets`` nor the wheel has
-    MT-Bench."""
+    wheel, which a GPU machine without a network lacks. Raises DataError (eagle3.errors) when
+    neither ``--assets`` nor the wheel has MT-Bench."""
     from lab.speedup_parts import load_prompts_ids
     from eagle3.artifacts import atomic_write_json
 
@@ -295,8 +294,8 @@ def speedup_prompt_ids(target: Path, work: Path, num_prompts: int) -> Path:
 
 
 def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
-    """``lab/gpu_speedup.py`` on the best point's draft: plain vs speculative decoding through the same
-    engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
+    """``lab/gpu_speedup.py`` on the best point's draft: plain vs speculative decoding through the
+    same engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
     best = best_point(sweep)
     serving = Path(best["run_dir"]) / "serving"
     cmd = [
@@ -464,7 +463,8 @@ def parse_args(argv=None):
         "--last-call",
         action="store_true",
         help="the study's last call: points still pending after "
-        "--deadline are left out (listed as not run) and the evaluation, speedup and report run anyway",
+        "--deadline are left out (listed as not run) and the evaluation, speedup and report run "
+        "anyway",
     )
     p.add_argument("--speedup-tokens", type=int, default=256)
     p.add_argument("--speedup-timeout", type=float, default=900.0)
@@ -494,7 +494,8 @@ def parse_args(argv=None):
         for name, value in tiny.items():
             if getattr(a, name) != p.get_default(name) and getattr(a, name) != value:
                 print(
-                    f"warning: --tiny sets --{name.replace('_', '-')} {value} (given: {getattr(a, name)})",
+                    f"warning: --tiny sets --{name.replace('_', '-')} {value} (given: "
+                    f"{getattr(a, name)})",
                     file=sys.stderr,
                 )
             setattr(a, name, value)
@@ -516,7 +517,8 @@ def parse_args(argv=None):
         p.error(f"--assets: expected a folder, got {a.assets!r}")
     if a.assets and not any((Path(a.assets) / n).is_file() for n in ASSET_FILES):
         p.error(
-            f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} there, found none"
+            f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} there, found "
+            f"none"
         )
     problem = plan_problem(
         a,

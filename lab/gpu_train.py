@@ -1,5 +1,5 @@
-"""Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``, one
-run.
+"""Training throughput, peak memory and MFU: this project's loop vs speculators' own ``Trainer``,
+one run.
 
 Same generated data (``lab/train.py``'s ``synthetic``: random bf16 hidden states of a
 Llama-3.1-8B-shaped target, ``--samples`` x ``--seq-len`` tokens, speculators' offline layout), same
@@ -164,7 +164,8 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
         "steps": a.steps,
         "wall_s": wall,
         "profile": prof.result,
-        "settings": f"{impl} forward, {attention} attention, {cfg.train.loss} loss, {how}, AdamW {opt}, "
+        "settings": f"{impl} forward, {attention} attention, {cfg.train.loss} loss, {how}, AdamW "
+        f"{opt}, "
         f"{a.ours_workers if a.ours_workers is not None else (4 if a.cuda else 0)} loader workers",
     }
 
@@ -212,8 +213,8 @@ def main() -> int:
     p.add_argument(
         "--tiny",
         action="store_true",
-        help="CPU smoke test: a tiny target, 6 samples x 128 tokens, 6 steps (1 warm-up), draft vocab 512, "
-        "no loader workers, logging every step (these override the matching options)",
+        help="CPU smoke test: a tiny target, 6 samples x 128 tokens, 6 steps (1 warm-up), draft "
+        "vocab 512, no loader workers, logging every step (these override the matching options)",
     )
     p.add_argument("--work", default="/tmp/eagle3-gpu-train")
     p.add_argument("--samples", type=int, default=24)
@@ -254,8 +255,8 @@ def main() -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a config override for our runs (repeatable), e.g. train.optimizer_impl=fused: one lever "
-        "measured against the same speculators runs",
+        help="a config override for our runs (repeatable), e.g. train.optimizer_impl=fused: one "
+        "lever measured against the same speculators runs",
     )
     p.add_argument(
         "--log-every",
@@ -284,9 +285,9 @@ def main() -> int:
         "--results",
         default=None,
         metavar="JSON",
-        help="also merge this shape's figures (both trainers' tokens/s, the ratio, peak memory) into JSON "
-        "under shapes.<shape> (e.g. lab/results/gpu_train.json; written to --out/results/ "
-        "when --out is given, else in place)",
+        help="also merge this shape's figures (both trainers' tokens/s, the ratio, peak memory) "
+        "into JSON under shapes.<shape> (e.g. lab/results/gpu_train.json; written to "
+        "--out/results/ when --out is given, else in place)",
     )
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
@@ -357,8 +358,8 @@ def main() -> int:
         )
         a.log_every = 1
         print(
-            "--tiny: 6 samples x 128 tokens, 6 steps (first 1 left out), draft vocab 512, 0 workers, "
-            "log every step",
+            "--tiny: 6 samples x 128 tokens, 6 steps (first 1 left out), draft vocab 512, 0 "
+            "workers, log every step",
             file=sys.stderr,
         )
     for bad, msg in (
@@ -438,7 +439,8 @@ def main() -> int:
                     break
                 except Exception as e:  # noqa: BLE001 - report and try the next configuration
                     failures.append(
-                        f"speculators Trainer {attn}/{loss_impl}/{'compiled' if compiled else 'eager'}: "
+                        f"speculators Trainer "
+                        f"{attn}/{loss_impl}/{'compiled' if compiled else 'eager'}: "
                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                     )
                     traceback.print_exc(limit=3)
@@ -490,10 +492,11 @@ def main() -> int:
     from importlib.metadata import version
 
     print(
-        f"device {name}; torch {torch.__version__}, transformers {transformers.__version__}, speculators "
-        f"{version('speculators')}; draft: 1 layer, hidden {model.config.transformer_layer_config.hidden_size}, "
-        f"draft vocab {a.draft_vocab}, TTT {a.ttt}, {a.seq_len}-token sequences, bf16 autocast, "
-        f"{a.steps} steps (first {a.warmup} left out); model FLOPs/token {fpt / 1e9:.2f} G"
+        f"device {name}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"speculators {version('speculators')}; draft: 1 layer, hidden "
+        f"{model.config.transformer_layer_config.hidden_size}, draft vocab {a.draft_vocab}, TTT "
+        f"{a.ttt}, {a.seq_len}-token sequences, bf16 autocast, {a.steps} steps (first {a.warmup} "
+        f"left out); model FLOPs/token {fpt / 1e9:.2f} G"
     )
     for f in failures:
         print(f"FAILED: {f}")

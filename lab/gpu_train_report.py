@@ -1,5 +1,5 @@
-"""The figures of ``lab/gpu_train.py``: per trainer the median tokens/s over alternating rounds, peak
-memory and MFU, ours / speculators' ``Trainer`` ratios, printed as a table and written as JSON
+"""The figures of ``lab/gpu_train.py``: per trainer the median tokens/s over alternating rounds,
+peak memory and MFU, ours / speculators' ``Trainer`` ratios, printed as a table and written as JSON
 (``gpu_train.json``)."""
 
 from __future__ import annotations
@@ -68,21 +68,22 @@ def print_table(summary: dict, rows: list[dict], echo=print) -> None:
     profile) and one ``ours / speculators`` line per ratio."""
     prof = {(r["name"], r["settings"]): r.get("profile") for r in rows if r.get("round", 0) == 0}
     echo(
-        "| trainer | settings | tokens/s (median) | rounds | peak GiB | MFU | profiled step: wall ms, kernel ms, "
-        "GPU busy, kernels |"
+        "| trainer | settings | tokens/s (median) | rounds | peak GiB | MFU | profiled step: wall "
+        "ms, kernel ms, GPU busy, kernels |"
     )
     echo("|---|---|---|---|---|---|---|")
     for t in summary["trainers"]:
         pr = prof.get((t["name"], t["settings"]))
         pcol = (
-            f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, {pr['gpu_busy']:.0%}, {pr['kernels_per_step']:.0f}"
+            f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, {pr['gpu_busy']:.0%}, "
+            f"{pr['kernels_per_step']:.0f}"
             if pr
             else ""
         )
         rounds = ", ".join(f"{x:,.0f}" for x in t["tokens_per_s_rounds"])
         echo(
-            f"| {t['name']} | {t['settings']} | {t['tokens_per_s']:,.0f} | {rounds} | {t['peak_gib']:.1f} | "
-            f"{t['mfu']:.1%} | {pcol} |"
+            f"| {t['name']} | {t['settings']} | {t['tokens_per_s']:,.0f} | {rounds} | "
+            f"{t['peak_gib']:.1f} | {t['mfu']:.1%} | {pcol} |"
         )
     for name, r in summary["ratios"].items():
         per = ", ".join(f"{x:.2f}" for x in r["per_round"])
@@ -107,8 +108,9 @@ def write_json(path: Path, summary: dict, meta: dict) -> None:
 
 
 def shape_record(summary: dict, meta: dict) -> dict:
-    """One shape's entry of the results file: each trainer's median tokens/s, rounds, peak GiB and MFU,
-    and each of ours / speculators (ratio of medians, per-round ratios), with the run's settings."""
+    """One shape's entry of the results file: each trainer's median tokens/s, rounds, peak GiB and
+    MFU, and each of ours / speculators (ratio of medians, per-round ratios), with the run's
+    settings."""
     return _finite(
         {
             "device": meta["device"],
@@ -161,9 +163,9 @@ def read_results(path: Path) -> dict:
 
 
 def results_destination(path: Path, out: Path | None) -> Path:
-    """Where :func:`merge_results` will write: ``out/results/<path name>`` (``out`` given) or ``path``.
-    Creates the folder and raises ValueError naming it when it cannot be created or written (checked
-    before a benchmark spends its time, so its figures are not lost at the end)."""
+    """Where :func:`merge_results` will write: ``out/results/<path name>`` (``out`` given) or
+    ``path``. Creates the folder and raises ValueError naming it when it cannot be created or
+    written (checked before a benchmark spends its time, so its figures are not lost at the end)."""
     import os
 
     dest = out / "results" / path.name if out is not None else path

@@ -1,5 +1,5 @@
-"""speculators' own ``Trainer`` as ``lab/gpu_train.py`` runs it: its loader, its model-call kwargs, its
-loop; tokens/s = non-padding positions per step / wall time between steps (one device sync per
+"""speculators' own ``Trainer`` as ``lab/gpu_train.py`` runs it: its loader, its model-call kwargs,
+its loop; tokens/s = non-padding positions per step / wall time between steps (one device sync per
 step)."""
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ class _CountingLoader:
 
 
 def speculators_loader(hs: Path, target: Path, seq_len: int, workers: int):
-    """speculators' own training loader over this project's offline layout in ``hs`` (``ArrowDataset``
-    + ``FileTransfer`` + multipack sampler, ``shift_batch``; no vLLM endpoint: a missing file
-    raises), its train split as the hidden-states manifest records it; ``seq_len`` positions per
-    packed batch."""
+    """speculators' own training loader over this project's offline layout in ``hs``
+    (``ArrowDataset`` + ``FileTransfer`` + multipack sampler, ``shift_batch``; no vLLM endpoint: a
+    missing file raises), its train split as the hidden-states manifest records it; ``seq_len``
+    positions per packed batch."""
     import torch
     from hs_connectors import FileTransfer
     from speculators.models.eagle3.data import shift_batch
@@ -162,10 +162,14 @@ def run_speculators(
     ]
     if not steady:
         raise RuntimeError(
-            f"no measured step left after {a.warmup} warm-up and {a.profile} profiled steps: raise --steps"
+            f"no measured step left after {a.warmup} warm-up and {a.profile} profiled steps: raise "
+            f"--steps"
         )
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda else float("nan")
-    settings = f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} forward, {a.workers} workers"
+    settings = (
+        f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} forward, "
+        f"{a.workers} workers"
+    )
     return {
         "name": "speculators Trainer",
         "tokens_per_s": statistics.median(steady),

@@ -1,5 +1,5 @@
-"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one benchmark
-can be spread over several calls of limited length: ``--until STAGE`` stops after a stage,
+"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one
+benchmark can be spread over several calls of limited length: ``--until STAGE`` stops after a stage,
 ``--resume`` skips the stages an earlier call on the same machine finished), a timestamped log line,
 and the inputs every script prepares (the SmolLM2 target converted from its GGUF, a conversations
 file that may be ``.gz``/``.xz``).
@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 class Results:
-    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every
-    change.
+    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after
+    every change.
 
     ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine,
     so that one benchmark can be spread over several calls of limited length: stages recorded there
@@ -67,7 +67,8 @@ class Results:
             self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
         elif resume:
             print(
-                f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
+                f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); "
+                f"starting fresh",
                 flush=True,
             )
         for p in self.paths:
@@ -111,10 +112,10 @@ def prepare_target(a, work: Path) -> Path:
 
 
 def data_file(a, work: Path) -> Path:
-    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``, again
-    whenever the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from the
-    one the copy was made from. Raises RuntimeError naming ``--data`` when the compressed file is
-    cut short or corrupt."""
+    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``,
+    again whenever the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from
+    the one the copy was made from. Raises RuntimeError naming ``--data`` when the compressed file
+    is cut short or corrupt."""
     import lzma
 
     src = Path(a.data).expanduser()

@@ -1,6 +1,6 @@
-"""Scaling across the GPUs of one host, side by side in one call: training (``train.num_gpus`` N under
-torchrun, DDP and/or FSDP) and extraction (``extract.num_gpus`` N worker processes) tokens/s for
-each N of ``--gpus``, and the scaling efficiency = tokens/s on N GPUs ÷ (N × tokens/s on 1 GPU)
+"""Scaling across the GPUs of one host, side by side in one call: training (``train.num_gpus`` N
+under torchrun, DDP and/or FSDP) and extraction (``extract.num_gpus`` N worker processes) tokens/s
+for each N of ``--gpus``, and the scaling efficiency = tokens/s on N GPUs ÷ (N × tokens/s on 1 GPU)
 (goal ≥ 0.9). Writes ``--out`` (JSON, by the script itself) and prints a table.
 
 Training: the 8B shape of lab/train.py (Llama-3.1-8B target: hidden 4096, vocab 128,256; 1-layer
@@ -85,9 +85,9 @@ def _tokenizer(folder: Path) -> None:
 def train_data(
     work: Path, spec: dict, samples: int, distinct: int, seq_len: int
 ) -> tuple[Path, Path]:
-    """A target folder holding only what the trainer reads (embedding, final norm, LM head; random) and
-    a hidden-states folder of ``samples`` samples: ``distinct`` random files, hard-linked under the
-    other names."""
+    """A target folder holding only what the trainer reads (embedding, final norm, LM head; random)
+    and a hidden-states folder of ``samples`` samples: ``distinct`` random files, hard-linked under
+    the other names."""
     import torch
     from datasets import Dataset
     from safetensors.torch import save_file
@@ -248,8 +248,8 @@ def run_train(a, gpus: list[int]) -> dict:
 def efficiency(
     runs: list[dict], label: str, group: str | None = None, figure: str = "tokens_per_s"
 ) -> dict:
-    """``{"<label>/<N>": figure on N ÷ (N × figure on 1)}``; the 1-GPU partner is the run with the same
-    ``group`` value (extraction: the same destination) or the one 1-GPU run (training)."""
+    """``{"<label>/<N>": figure on N ÷ (N × figure on 1)}``; the 1-GPU partner is the run with the
+    same ``group`` value (extraction: the same destination) or the one 1-GPU run (training)."""
     ones = {r.get(group) if group else None: r for r in runs if r["gpus"] == 1 and figure in r}
     out = {}
     for r in runs:
@@ -489,7 +489,8 @@ def parse(argv=None):
     ]
     if bad or not kinds:
         p.error(
-            f"--kinds / --distributed: unknown {bad or 'empty list'}; expected train,extract / ddp,fsdp"
+            f"--kinds / --distributed: unknown {bad or 'empty list'}; expected train,extract / "
+            f"ddp,fsdp"
         )
     try:
         a.gpu_list = sorted({int(x) for x in a.gpus.split(",") if x})
@@ -520,7 +521,8 @@ def main(argv=None) -> int:
     skipped = [n for n in a.gpu_list if n > have]
     if skipped:
         log(
-            f"--gpus: leaving out {skipped}: only {have} {'GPUs' if a.device == 'cuda' else 'CPUs'} here"
+            f"--gpus: leaving out {skipped}: only {have} "
+            f"{'GPUs' if a.device == 'cuda' else 'CPUs'} here"
         )
     if 1 not in gpus:
         gpus = [1, *gpus]  # the reference of every efficiency
@@ -553,13 +555,15 @@ def main(argv=None) -> int:
     failed = [r for k in a.kinds for r in res[k]["runs"] if "error" in r]
     if a.tiny:
         print(
-            "--tiny: a smoke test of the code paths; these figures measure nothing (a few tiny steps)"
+            "--tiny: a smoke test of the code paths; these figures measure nothing (a few tiny "
+            "steps)"
         )
         return 1 if failed else 0
     for k in a.kinds:
         low = {n: e for n, e in res[k]["efficiency"].items() if e < GOAL}
         print(
-            f"{k}: scaling efficiency >= {GOAL}: {'MET' if res[k]['efficiency'] and not low else 'NOT MET'}"
+            f"{k}: scaling efficiency >= {GOAL}: "
+            f"{'MET' if res[k]['efficiency'] and not low else 'NOT MET'}"
             + (f" (below: {low})" if low else "")
         )
     return 1 if failed else 0

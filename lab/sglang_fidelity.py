@@ -1,7 +1,7 @@
-"""Fidelity of the CPU reference engine to the real SGLang 0.5.23, request by request: the same draft,
-target, prompts and token budget on both engines, greedy decoding, chain drafting (topk 1, EOS
-ignored so every request runs its whole budget), and the target's own greedy output (transformers,
-float32, no draft) as the yardstick.
+"""Fidelity of the CPU reference engine to the real SGLang 0.5.23, request by request: the same
+draft, target, prompts and token budget on both engines, greedy decoding, chain drafting (topk 1,
+EOS ignored so every request runs its whole budget), and the target's own greedy output
+(transformers, float32, no draft) as the yardstick.
 
     python lab/sglang_fidelity.py [--config configs/tiny-random.yaml] [--draft SERVING_DIR]
         [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3] [--out lab/results/DATE_sglang_fidelity.json]
@@ -95,8 +95,8 @@ def reference_record(res) -> dict:
 
 
 def sglang_request(url: str, input_ids: list[int], n: int, timeout_s: float = 1800) -> dict:
-    """One streamed greedy ``/generate`` on SGLang (``ignore_eos``); a comparison record plus its raw
-    meta_info.
+    """One streamed greedy ``/generate`` on SGLang (``ignore_eos``); a comparison record plus its
+    raw meta_info.
 
     Raises RuntimeError when the stream ends without a final chunk or the server reports no verify
     pass."""
@@ -168,13 +168,16 @@ def diagnose_pass(
         idx = (hot == want).nonzero().flatten().tolist() if hot is not None else [want]
         gap = float(logits[mine] - logits[idx[0]]) if idx else None
         what = (
-            f"pass {i} draft step {j}: the reference proposed {int(draft.to_target_ids(logits.argmax()))}, "
-            f"SGLang the target's {want}"
+            f"pass {i} draft step {j}: the reference proposed "
+            f"{int(draft.to_target_ids(logits.argmax()))}, SGLang the target's {want}"
         )
     else:
         top = logits.topk(2).values
         gap = float(top[0] - top[1])
-        what = f"pass {i} draft step {j}: the reference proposed the target's {want}, SGLang another token"
+        what = (
+            f"pass {i} draft step {j}: the reference proposed the target's {want}, SGLang "
+            f"another token"
+        )
     return {
         "generic_path_accept_counts_equal_fast_path": list(res.accept_counts)
         == diff.get("_ref_counts"),
@@ -200,8 +203,8 @@ def diagnose_output(diff: dict, margins: list[dict]) -> dict:
             )
         }
     return m | {
-        "why": f"{diff['engine']} output position {p}: took {diff['got']}, neither the target's top-1 nor "
-        f"its runner-up: a real difference, not a tie"
+        "why": f"{diff['engine']} output position {p}: took {diff['got']}, neither the target's "
+        f"top-1 nor its runner-up: a real difference, not a tie"
     }
 
 
@@ -317,7 +320,8 @@ def main(
             for i, x in enumerate(ids):
                 sgls.append(sglang_request(eng.url, x, max_new_tokens))
                 print(
-                    f"  request {i}: {sgls[-1]['wall_s']:.1f} s, {len(sgls[-1]['output_ids'])} tokens",
+                    f"  request {i}: {sgls[-1]['wall_s']:.1f} s, {len(sgls[-1]['output_ids'])} "
+                    f"tokens",
                     flush=True,
                 )
         walls["sglang_decode_s"] = sum(r["wall_s"] for r in sgls)
@@ -386,8 +390,8 @@ def main(
             "ignore_eos": True,
             "dtype": "float32",
             "sglang_server_args": cfg.serve.extra_args,
-            "acceptance": "1 + accepted drafts / verify passes, each engine's own count (before truncation "
-            "at the budget); SGLang: spec_num_correct_drafts",
+            "acceptance": "1 + accepted drafts / verify passes, each engine's own count (before "
+            "truncation at the budget); SGLang: spec_num_correct_drafts",
         },
         "machine": machine_facts(),
         "figures": {
@@ -415,14 +419,15 @@ def main(
 def _print(r: dict) -> None:
     f, s = r["figures"], r["settings"]
     print(
-        f"prompts {s['num_prompts']} x {s['max_new_tokens']} new tokens, steps {s['num_steps']}, topk 1, greedy, "
-        f"EOS ignored; CPU {r['machine']['cpu_model']}"
+        f"prompts {s['num_prompts']} x {s['max_new_tokens']} new tokens, steps {s['num_steps']}, "
+        f"topk 1, greedy, EOS ignored; CPU {r['machine']['cpu_model']}"
     )
     for row in r["per_request"]:
         o = row["outputs"]
         print(
             f"  {row['id']}: target==reference {o['reference_equals_target']}, target==SGLang "
-            f"{o['sglang_equals_target']}; acceptance reference {row['acceptance']['reference']:.4f}, SGLang "
+            f"{o['sglang_equals_target']}; acceptance reference "
+            f"{row['acceptance']['reference']:.4f}, SGLang "
             f"{row['acceptance']['sglang']:.4f}; per-pass counts equal {row['accept_counts_equal']}"
         )
     print(
@@ -431,12 +436,14 @@ def _print(r: dict) -> None:
     )
     print("wall (s):", {k: round(v, 1) for k, v in r["wall_s"].items() if isinstance(v, float)})
     print(
-        f"acceptance length: SGLang 0.5.23 {f['sglang']['acceptance']:.4f} ({f['sglang']['accepted']} accepted / "
+        f"acceptance length: SGLang 0.5.23 {f['sglang']['acceptance']:.4f} "
+        f"({f['sglang']['accepted']} accepted / "
         f"{f['sglang']['verify_ct']} passes), reference engine {f['reference']['acceptance']:.4f} "
         f"({f['reference']['accepted']} / {f['reference']['verify_ct']})"
     )
     print(
-        f"fidelity (SGLang / reference acceptance length): {f['ratio_sglang_over_reference']:.4f} (goal >= {GOAL})"
+        f"fidelity (SGLang / reference acceptance length): {f['ratio_sglang_over_reference']:.4f} "
+        f"(goal >= {GOAL})"
     )
 
 

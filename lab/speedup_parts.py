@@ -95,8 +95,8 @@ def _check_prompt_source(a) -> None:
         a.tokenizer = str(cache / EAGLE3_CACHE_SMOLLM2)
     if not (Path(a.tokenizer) / "tokenizer_config.json").is_file():
         raise ValueError(
-            f"--tokenizer: expected a tokenizer folder with a chat template (or --prompt-ids FILE), "
-            f"got {a.tokenizer}"
+            f"--tokenizer: expected a tokenizer folder with a chat template (or --prompt-ids "
+            f"FILE), got {a.tokenizer}"
         )
 
 
@@ -199,7 +199,8 @@ def self_check(fast, ids: list[int], n: int, strict: bool) -> dict:
         out["verdict"] = "near-tie" if strict else "differs (numerics of this dtype; see logit_gap)"
     loud = "" if out["verdict"] == "ok" else "!!! "
     print(
-        f"{loud}self-check {out['dtype']} ({n} tokens, graphs {fast.graph_status}): {out['verdict']}; "
+        f"{loud}self-check {out['dtype']} ({n} tokens, graphs {fast.graph_status}): "
+        f"{out['verdict']}; "
         + "; ".join(
             f"{k}: {'equal' if v['equal'] else v}" for k, v in out.items() if isinstance(v, dict)
         )
@@ -347,8 +348,8 @@ def predictions(summary: dict, points) -> dict:
 
     al = summary["acceptance_length"]
     return {
-        "formula": "speedup = AL * (t_plain_step + t_plain_host) / (t_verify + (k-1) * t_draft_step + "
-        "t_extend(AL-1) + t_host), medians of the profiled round's device intervals",
+        "formula": "speedup = AL * (t_plain_step + t_plain_host) / (t_verify + (k-1) * "
+        "t_draft_step + t_extend(AL-1) + t_host), medians of the profiled round's device intervals",
         "at_measured_al": {"acceptance_length": al, **at(al)},
         "at": {f"{p:.1f}": at(p) for p in points},
     }
@@ -429,9 +430,9 @@ def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
                     )
                     al = f", AL {s['acceptance_length']:.3f}" if mode == "speculative" else ""
                     print(
-                        f"http c={c} round {r + 1}/{a.rounds} {mode}: {s['output_tokens']} tokens in "
-                        f"{s['wall_s']:.2f} s = {s['output_tokens_per_s']:.1f} tokens/s, latency p50 "
-                        f"{s['latency_p50_s']:.2f} s{al}",
+                        f"http c={c} round {r + 1}/{a.rounds} {mode}: {s['output_tokens']} tokens "
+                        f"in {s['wall_s']:.2f} s = {s['output_tokens_per_s']:.1f} tokens/s, "
+                        f"latency p50 {s['latency_p50_s']:.2f} s{al}",
                         flush=True,
                     )
     return {
@@ -474,8 +475,8 @@ def print_table(data: dict, a) -> None:
     s, pr = data.get("summary"), data.get("predicted")
     what = f"random {a.shape}" if a.shape else f"{a.target} + {a.draft}"
     print(
-        f"\n## {what}, {a.dtype}, k={a.num_steps}, {a.max_new_tokens} new tokens, median of {a.rounds} "
-        f"rounds; CUDA graphs {data.get('graph_status')}"
+        f"\n## {what}, {a.dtype}, k={a.num_steps}, {a.max_new_tokens} new tokens, median of "
+        f"{a.rounds} rounds; CUDA graphs {data.get('graph_status')}"
     )
     for name in dict.fromkeys(("self_check_float32", f"self_check_{a.dtype}")):
         if name in data and data[name]:
@@ -495,29 +496,31 @@ def print_table(data: dict, a) -> None:
             f"{_f(t['plain_token_wall_ms'])} | |"
         )
         print(
-            f"| ms per verify pass / draft step / extend | | {_f(t['verify_ms'])} / {_f(t['draft_step_ms'])} / "
-            f"{_f(t['extend_ms'])} |"
+            f"| ms per verify pass / draft step / extend | | {_f(t['verify_ms'])} / "
+            f"{_f(t['draft_step_ms'])} / {_f(t['extend_ms'])} |"
         )
         print(
             f"| ms host per step / iteration | {_f(t['plain_host_ms_per_token'])} | "
             f"{_f(t['host_ms_per_iteration'])} |"
         )
         print(
-            f"| ms per verify iteration (sum of pieces / measured wall) | | {_f(t['iteration_sum_ms'])} / "
-            f"{_f(t['iteration_wall_ms'])} |"
+            f"| ms per verify iteration (sum of pieces / measured wall) | | "
+            f"{_f(t['iteration_sum_ms'])} / {_f(t['iteration_wall_ms'])} |"
         )
         print(f"| acceptance length (measured) | | {_f(s['acceptance_length'])} |")
     if pr:
         m = pr["at_measured_al"]
         preds = ", ".join(f"AL {k}: {v['speedup']:.2f}x" for k, v in pr["at"].items())
         print(
-            f"| predicted speedup | | at measured AL {m['acceptance_length']:.3f}: {m['speedup']:.2f}x; {preds} |"
+            f"| predicted speedup | | at measured AL {m['acceptance_length']:.3f}: "
+            f"{m['speedup']:.2f}x; {preds} |"
         )
     g = data.get("generic_compare")
     if g:
         tp = g["tokens_per_s"]
         print(
-            f"| fast / generic path, one prompt (tokens/s fast vs generic) | {g['fast_over_generic_plain']:.2f}x "
+            f"| fast / generic path, one prompt (tokens/s fast vs generic) | "
+            f"{g['fast_over_generic_plain']:.2f}x "
             f"({tp['fast plain']:.1f} vs {tp['generic plain (HF generate)']:.1f}, HF generate) | "
             f"{g['fast_over_generic_speculative']:.2f}x ({tp['fast speculative']:.1f} vs "
             f"{tp['generic speculative (SpeculativeDecoder)']:.1f}, SpeculativeDecoder) |"
@@ -527,7 +530,8 @@ def print_table(data: dict, a) -> None:
         for c, v in h["by_concurrency"].items():
             print(
                 f"| HTTP c={c} tokens/s (latency p50 s) | {_f(v['plain_tokens_per_s'], '{:.1f}')} "
-                f"({_f(v['latency_p50_s']['plain'], '{:.2f}')}) | {_f(v['speculative_tokens_per_s'], '{:.1f}')} "
+                f"({_f(v['latency_p50_s']['plain'], '{:.2f}')}) | "
+                f"{_f(v['speculative_tokens_per_s'], '{:.1f}')} "
                 f"({_f(v['latency_p50_s']['speculative'], '{:.2f}')}), ratio {v['ratio']:.3f}, "
                 f"AL {_f(v['acceptance_length'])} |"
             )

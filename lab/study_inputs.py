@@ -1,5 +1,5 @@
-"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations file
-carried back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
+"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations
+file carried back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     man = {**man, "path": str(out), "reused_from": str(src)}
     _manifest_of(out).write_text(json.dumps(man, indent=1))
     log(
-        f"regen: reusing {lines} regenerated conversations from {src} (made in {man.get('seconds')} s)"
+        f"regen: reusing {lines} regenerated conversations from {src} (made in "
+        f"{man.get('seconds')} s)"
     )
     return {
         "path": str(out),
@@ -75,8 +76,8 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
 
 
 def carry_back_regen(regen_path: Path, out: Path) -> None:
-    """Write ``out/regenerated.jsonl.xz`` and its manifest (once), so a later call on a fresh machine
-    can pass them as ``--regen-file`` instead of regenerating (minutes of device time)."""
+    """Write ``out/regenerated.jsonl.xz`` and its manifest (once), so a later call on a fresh
+    machine can pass them as ``--regen-file`` instead of regenerating (minutes of device time)."""
     dst = out / "regenerated.jsonl.xz"
     if dst.is_file() or not regen_path.is_file() or out.resolve() == regen_path.parent.resolve():
         return
@@ -154,7 +155,8 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
         size = a.all_size if n == 0 else n  # 0 = all usable (gpu_study.ALL)
         if any("{regen}" in o for o in plan["data"][d]) and size > a.regen:
             return (
-                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, --regen makes "
+                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, "
+                f"--regen makes "
                 f"{a.regen}: raise --regen (and --all-size for size 0) or lower the point's size"
             )
     for kind in ("data", "schedules"):

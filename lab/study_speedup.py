@@ -1,4 +1,5 @@
-"""Join a speedup measured by a direct ``gpu_speedup.py`` call to the GPU study's ``gpu_study.json``.
+"""Join a speedup measured by a direct ``gpu_speedup.py`` call to the GPU study's
+``gpu_study.json``.
 
 Also the summary of one ``gpu_speedup.py`` result that the study's speedup stage records. A direct
 call is for a study whose ``speedup`` stage failed or was cut off while the machine still held the
@@ -9,9 +10,9 @@ as the stage), and this script puts its figures where the stage would have put t
 
 Identity: both files carry the sha256 of the draft's serving folder (``best.serving_sha256`` written
 by the study's report, ``draft_sha256`` by ``gpu_speedup.py``); they must be equal. Files written
-before those fields existed (the sixth session's) can only be matched by the draft's path and the
-device, which is weaker (the same path recurs in every session): that needs ``--match-by-path`` and
-is recorded as ``identity: "path"``. Exit 0 when written; 2 on a refusal (the message names the file
+without those fields (older study results) can only be matched by the draft's path and the device,
+which is weaker (the same path recurs on every machine): that needs ``--match-by-path`` and is
+recorded as ``identity: "path"``. Exit 0 when written; 2 on a refusal (the message names the file
 and the field).
 """
 
@@ -105,8 +106,8 @@ def add_speedup(
     draft = str(settings.get("draft") or "")
     if not draft.rstrip("/").endswith(f"-{point}/serving"):
         raise ValueError(
-            f"{file}: settings.draft: expected the best point's serving folder (.../*-{point}/serving), "
-            f"got {draft!r}"
+            f"{file}: settings.draft: expected the best point's serving folder "
+            f"(.../*-{point}/serving), got {draft!r}"
         )
     want, got = study["best"].get("serving_sha256"), data.get("draft_sha256")
     if want and got and want != got:
@@ -115,8 +116,8 @@ def add_speedup(
         )
     if not (want and got) and not match_by_path:
         raise ValueError(
-            f"{file}: draft_sha256 / {study_file}: best.serving_sha256: both are needed to tell the "
-            f"draft apart (got {got!r} and {want!r}); --match-by-path accepts the path alone"
+            f"{file}: draft_sha256 / {study_file}: best.serving_sha256: both are needed to tell "
+            f"the draft apart (got {got!r} and {want!r}); --match-by-path accepts the path alone"
         )
     device = (
         (data.get("device") or {}).get("name") if isinstance(data.get("device"), dict) else None
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     served = new["served_speedup"]
     print(
         f"{a.study}: in-process speedup {new['in_process_speedup']:.3f}, served speedup "
-        f"{'not measured' if served is None else f'{served:.3f}'} (identity: {new['speedup']['identity']})"
+        f"{'not measured' if served is None else f'{served:.3f}'} (identity: "
+        f"{new['speedup']['identity']})"
     )
     return 0
 

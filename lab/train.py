@@ -57,9 +57,9 @@ SHAPES = {  # synthetic targets: only the tensors the trainer reads (embedding, 
 
 
 def write_synthetic_manifest(hs: Path, tgt: Path, spec: dict, samples: int) -> None:
-    """The hidden-states manifest of a synthetic set of ``samples`` bf16 samples of the target ``tgt``
-    (shape ``spec``, a LlamaConfig dict): EAGLE-3's default aux ids [2, L//2, L-3], the last two
-    samples for validation."""
+    """The hidden-states manifest of a synthetic set of ``samples`` bf16 samples of the target
+    ``tgt`` (shape ``spec``, a LlamaConfig dict): EAGLE-3's default aux ids [2, L//2, L-3], the last
+    two samples for validation."""
     from eagle3.artifacts import write_manifest
 
     L = spec["num_hidden_layers"]
@@ -80,7 +80,8 @@ def write_synthetic_manifest(hs: Path, tgt: Path, spec: dict, samples: int) -> N
 
 
 def synthetic(work: Path, shape: str, samples: int, seq_len: int) -> tuple[Path, Path]:
-    """A target folder with random embedding/LM head/norm of ``shape`` and random hidden states (bf16).
+    """A target folder with random embedding/LM head/norm of ``shape`` and random hidden states
+    (bf16).
 
     Throughput does not depend on the values; the layout is the documented one.
     """

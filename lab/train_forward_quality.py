@@ -1,9 +1,9 @@
-"""Issue 17's quality check: the same short training on real data with speculators' forward and with
-this project's.
+"""The same short training on real data with speculators' training forward and with this project's:
+is the faster forward as good?
 
 Extracts ``CONFIG``'s conversations once (real target; reused from ``--work`` when already there),
 then trains the draft twice from the same seed on the same hidden states,
-``train.forward_impl=speculators`` (the trainer as it was) and ``train.forward_impl=project``
+``train.forward_impl=speculators`` (speculators' own) and ``train.forward_impl=project``
 (eagle3/train/ttt_forward.py), every other setting equal. Prints, per evaluation, both validation
 simulated acceptance lengths (bonus token counted) and their ratio, each run's training tokens/s,
 and writes ``--out`` (JSON). Exit 1 when the final ratio is outside ``1 ± --tol``.
@@ -147,9 +147,9 @@ def main(
     )
     speed = runs["project"]["tokens_per_s_median"] / runs["speculators"]["tokens_per_s_median"]
     print(
-        f"final simulated acceptance length, project / speculators = {final:.4f} (tolerance ±{tol:g}); training "
-        f"tokens/s {runs['project']['tokens_per_s_median']:,.0f} vs {runs['speculators']['tokens_per_s_median']:,.0f}"
-        f" ({speed:.2f}×)"
+        f"final simulated acceptance length, project / speculators = {final:.4f} (tolerance "
+        f"±{tol:g}); training tokens/s {runs['project']['tokens_per_s_median']:,.0f} vs "
+        f"{runs['speculators']['tokens_per_s_median']:,.0f} ({speed:.2f}×)"
     )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
