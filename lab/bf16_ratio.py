@@ -60,7 +60,8 @@ def _matmul_pair(m: int, k: int, n: int, seconds: float, repeats: int) -> tuple[
 
 
 def _mlp_step_pair(seconds: float, repeats: int) -> tuple[float, float]:
-    """Forward + backward of Linear(576→1536)-SiLU-Linear(1536→576) on 512 tokens: float32 vs bf16 autocast."""
+    """Forward + backward of Linear(576→1536)-SiLU-Linear(1536→576) on 512 tokens: float32 vs bf16
+    autocast."""
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(
         torch.nn.Linear(576, 1536), torch.nn.SiLU(), torch.nn.Linear(1536, 576)
@@ -84,7 +85,8 @@ def main(
     seconds: float = typer.Option(0.3, help="seconds per timed round"),
     repeats: int = typer.Option(3, help="timed rounds per measurement (the best counts)"),
 ) -> None:
-    """Print float32 and bf16 GFLOP/s and their ratio per shape and thread count; last line: the verdict."""
+    """Print float32 and bf16 GFLOP/s and their ratio per shape and thread count; last line: the
+    verdict."""
     from eagle3.precision import BF16_MIN_SPEEDUP, cpu_features, measure_bf16
 
     if seconds <= 0 or repeats < 1:
@@ -92,8 +94,8 @@ def main(
     threads = torch.get_num_threads()
     feats = ", ".join(f for f, on in cpu_features().items() if on) or "unknown"
     print(
-        f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, CPU "
-        f"flags: {feats}; {threads} thread(s) by default"
+        f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"CPU flags: {feats}; {threads} thread(s) by default"
     )
     print("| shape | threads | float32 GFLOP/s | bf16 GFLOP/s | bf16 / float32 |")
     print("|---|---|---|---|---|")
@@ -102,20 +104,20 @@ def main(
         for name, (m, k, n) in SHAPES.items():
             f32, bf16 = _matmul_pair(m, k, n, seconds, repeats)
             print(
-                f"| {name} {m}x{k}@{k}x{n} | {n_threads} | {f32:.1f} | {bf16:.2f} | "
-                f"{bf16 / f32:.3f} |"
+                f"| {name} {m}x{k}@{k}x{n} | {n_threads} | "
+                f"{f32:.1f} | {bf16:.2f} | {bf16 / f32:.3f} |"
             )
         f32, bf16 = _mlp_step_pair(seconds, repeats)
         print(
-            f"| MLP forward+backward, 512 tokens (autocast) | {n_threads} | {f32:.1f} | {bf16:.2f} "
-            f"| {bf16 / f32:.3f} |"
+            f"| MLP forward+backward, 512 tokens (autocast) | "
+            f"{n_threads} | {f32:.1f} | {bf16:.2f} | {bf16 / f32:.3f} |"
         )
     torch.set_num_threads(threads)
     probe = measure_bf16()
     verdict = "bfloat16 / bf16-autocast" if probe.bf16_fast else "float32"
     print(
-        f"bf16/float32 ratio {probe.ratio:.3f} at the probe's shape (1 thread; bf16 needs >= "
-        f"{BF16_MIN_SPEEDUP}): auto = {verdict}"
+        f"bf16/float32 ratio {probe.ratio:.3f} at the probe's shape (1 "
+        f"thread; bf16 needs >= {BF16_MIN_SPEEDUP}): auto = {verdict}"
     )
 
 

@@ -1,6 +1,7 @@
 """Extraction throughput relative to the plain forward pass of the same target on the same batches.
 
-    python lab/extract.py [--config configs/smollm2-cpu.yaml] [--num-conversations 16] [--max-seq-len 128]
+    python lab/extract.py [--config configs/smollm2-cpu.yaml] [--num-conversations 16] \
+        [--max-seq-len 128]
 
 One run, one process, one loaded model: the samples are selected and batched exactly as
 ``eagle3.extract.stage`` does (shards, sorted by length, ``extract.batch_size``), then, alternating

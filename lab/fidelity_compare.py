@@ -35,8 +35,8 @@ def passes_from_stream(
     deltas = [b - a for a, b in zip([0, *tokens_so_far], tokens_so_far)]
     if any(d < 0 for d in deltas):
         raise ValueError(
-            f"stream: output token counts {tokens_so_far} go backwards; expected cumulative "
-            f"output_ids"
+            f"stream: output token counts {tokens_so_far} "
+            f"go backwards; expected cumulative output_ids"
         )
     deltas = [
         d for d in deltas if d > 0
@@ -52,7 +52,8 @@ def passes_from_stream(
 
 
 def acceptance(rec: dict) -> float:
-    """``1 + accepted / verify_ct`` of one engine record (or pooled totals); DataError when verify_ct is 0."""
+    """``1 + accepted / verify_ct`` of one engine record (or pooled totals); DataError when
+    verify_ct is 0."""
     return exact_acceptance_length(int(rec["accepted"]), int(rec["verify_ct"]))
 
 
@@ -133,7 +134,8 @@ def compare_request(target_ids: list[int], ref: dict, sgl: dict) -> dict:
 
 
 def pooled(records: list[dict]) -> dict:
-    """Token-weighted totals of several requests of one engine: ``verify_ct``, ``accepted``, ``acceptance``."""
+    """Token-weighted totals of several requests of one engine: ``verify_ct``, ``accepted``,
+    ``acceptance``."""
     tot = {
         "verify_ct": sum(r["verify_ct"] for r in records),
         "accepted": sum(r["accepted"] for r in records),
@@ -153,17 +155,17 @@ def explain_margin(gap: float | None, scale: float, what: str) -> str:
     """
     if gap is None:
         return (
-            f"{what}: the other engine's choice is outside the draft vocabulary: not a rounding "
-            f"effect"
+            f"{what}: the other engine's choice is outside "
+            f"the draft vocabulary: not a rounding effect"
         )
     rel = gap / scale if scale > 0 else float("inf")
     if rel < 1e-4:
         return (
-            f"{what}: near-tie in the argmax (gap {gap:.3g} = {rel:.2g} of max |logit| "
-            f"{scale:.3g}): float32 rounding in a different summation order (SGLang's Triton "
-            f"kernels vs torch) flips it"
+            f"{what}: near-tie in the argmax (gap {gap:.3g} = {rel:.2g} of "
+            f"max |logit| {scale:.3g}): float32 rounding in a different "
+            f"summation order (SGLang's Triton kernels vs torch) flips it"
         )
     return (
-        f"{what}: gap {gap:.3g} ({rel:.2g} of max |logit| {scale:.3g}) is far above float32 "
-        f"rounding: the engines compute different values here (not a tie)"
+        f"{what}: gap {gap:.3g} ({rel:.2g} of max |logit| {scale:.3g}) is far above "
+        f"float32 rounding: the engines compute different values here (not a tie)"
     )

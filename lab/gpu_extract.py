@@ -4,13 +4,14 @@ A randomly initialised target of a published shape (default: Llama-3.1-8B, bf16)
 on the device; random token streams of ``--seq-len`` tokens are batched ``--batch-size`` at a time.
 Alternating for ``--repeats`` rounds over the same batches:
 
-(a) plain forward of the whole model (with the LM head, as serving computes it), (b) the decoder
-body alone (what extraction must run: no logits are needed), (c)
-``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side stream,
-integrity
-    checks, encoding, atomic fsync'd writes by writer threads) into ``--out`` (a real disk), bf16 storage,
-(d) the same into ``/dev/shm`` (RAM) to separate the pipeline from the disk, then once with fp8
-storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same bytes.
+(a) plain forward of the whole model (with the LM head, as serving computes it),
+(b) the decoder body alone (what extraction must run: no logits are needed),
+(c) ``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side
+    stream, integrity checks, encoding, atomic fsync'd writes by writer threads) into ``--out`` (a
+    real disk), bf16 storage,
+(d) the same into ``/dev/shm`` (RAM) to separate the pipeline from the disk,
+then once with fp8 storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same
+bytes.
 
     python lab/gpu_extract.py                       # H200: 8B shape, 4 x 2048 tokens per batch
     python lab/gpu_extract.py --tiny                # CPU smoke test (tiny shape)
@@ -73,7 +74,8 @@ def timed(fn, device) -> float:
 
 
 def disk_probe(path: Path, nbytes: int, files: int) -> float:
-    """GB/s writing ``nbytes`` in ``files`` fsync'd files under ``path`` (4 threads, like the extractor)."""
+    """GB/s writing ``nbytes`` in ``files`` fsync'd files under ``path`` (4 threads, like the
+    extractor)."""
     from concurrent.futures import ThreadPoolExecutor
 
     blob = os.urandom(max(1, nbytes // files))
@@ -179,10 +181,10 @@ def main() -> int:
     m = {k: statistics.median(v) for k, v in res.items()}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
-        f"device {name}; torch {torch.__version__}; target {a.shape} random bf16 ({L} layers, "
-        f"hidden {conf.hidden_size}); {n} samples x {a.seq_len} tokens, batches of {a.batch_size}; "
-        f"aux {capture[:-1]} + last; median of {a.repeats} rounds; raw fsync'd disk write "
-        f"{gbps:.2f} GB/s"
+        f"device {name}; torch {torch.__version__}; target {a.shape} random bf16 "
+        f"({L} layers, hidden {conf.hidden_size}); {n} samples x {a.seq_len} "
+        f"tokens, batches of {a.batch_size}; aux {capture[:-1]} + last; median "
+        f"of {a.repeats} rounds; raw fsync'd disk write {gbps:.2f} GB/s"
     )
     print("| path | tokens/s | / plain forward | / decoder body |")
     print("|---|---|---|---|")
@@ -194,8 +196,8 @@ def main() -> int:
     ):
         print(f"| {label} | {m[k]:,.0f} | {m[k] / m['fwd']:.3f} | {m[k] / m['body']:.3f} |")
     print(
-        f"| extraction fp8 -> {disk} (1 round) | {tokens / s8:,.0f} | {tokens / s8 / m['fwd']:.3f} "
-        f"| {tokens / s8 / m['body']:.3f} |"
+        f"| extraction fp8 -> {disk} (1 round) | {tokens / s8:,.0f} | "
+        f"{tokens / s8 / m['fwd']:.3f} | {tokens / s8 / m['body']:.3f} |"
     )
     print(f"| bytes/token bf16 | {nbytes / tokens:,.1f} | | |")
     print(f"| bytes/token fp8 | {bytes_fp8 / tokens:,.1f} ({bytes_fp8 / nbytes:.3f} of bf16) | | |")

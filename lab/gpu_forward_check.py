@@ -16,7 +16,7 @@ GPU).
 
     python lab/gpu_forward_check.py --shape smollm2 --out $OUT
     python lab/gpu_forward_check.py --shape llama8b --out $OUT
-    python lab/gpu_forward_check.py --shape tiny --seq-len 128 --device cpu --attention eager   # smoke test
+    python lab/gpu_forward_check.py --shape tiny --seq-len 128 --device cpu --attention eager
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _batch(hs: Path, target: Path, seq_len: int, device):
-    """One sample of the synthetic set, re-cut into documents of 35 %, 45 % and the rest less 5 % of padding."""
+    """One sample of the synthetic set, re-cut into documents of 35 %, 45 % and the rest less 5 % of
+    padding."""
     import torch
 
     from eagle3.train.data import collate, open_hidden_states
@@ -134,8 +135,8 @@ def main() -> int:
     a.attention = a.attention or ("flex" if cuda else "eager")
     if a.attention == "flex" and not cuda:
         p.error(
-            "--attention flex: expected eager or sdpa with --device cpu (flex attention has no CPU "
-            "backward)"
+            "--attention flex: expected eager or sdpa with "
+            "--device cpu (flex attention has no CPU backward)"
         )
     if a.seq_len < 64:
         p.error(f"--seq-len: expected at least 64 positions, got {a.seq_len}")
@@ -145,8 +146,8 @@ def main() -> int:
         p.error(f"--tol: expected a finite relative tolerance > 0, got {a.tol}")
     if a.seq_len > 1 << 16:
         p.error(
-            f"--seq-len: expected at most {1 << 16} positions (one packed micro-batch), got "
-            f"{a.seq_len}"
+            f"--seq-len: expected at most {1 << 16} positions "
+            f"(one packed micro-batch), got {a.seq_len}"
         )
     if a.draft_vocab is not None and a.draft_vocab < 2:
         p.error(f"--draft-vocab: expected at least 2 draft tokens, got {a.draft_vocab}")
@@ -165,8 +166,8 @@ def main() -> int:
     dv = a.draft_vocab or {"llama8b": 32000, "tiny": 512}.get(a.shape, 8192)
     if dv >= bt.SHAPES[a.shape]["vocab_size"]:
         p.error(
-            f"--draft-vocab: expected fewer than the target's {bt.SHAPES[a.shape]['vocab_size']} "
-            f"tokens, got {dv}"
+            f"--draft-vocab: expected fewer than the target's "
+            f"{bt.SHAPES[a.shape]['vocab_size']} tokens, got {dv}"
         )
     device = torch.device(a.device)
     target, hs = bt.synthetic(Path(a.work), a.shape, 4, a.seq_len)
@@ -272,9 +273,9 @@ def main() -> int:
         and f32["counts_equal"]
     )
     print(
-        f"float32: loss {f32['loss_rel_diff']:.2e}, gradients {f32['max_grad_rel_diff']:.2e} (tol "
-        f"{a.tol:g} / {a.tol * 10:g}), counts {'equal' if f32['counts_equal'] else 'DIFFER'} -> "
-        f"{'OK' if ok else 'FAILED'}"
+        f"float32: loss {f32['loss_rel_diff']:.2e}, gradients "
+        f"{f32['max_grad_rel_diff']:.2e} (tol {a.tol:g} / {a.tol * 10:g}), counts "
+        f"{'equal' if f32['counts_equal'] else 'DIFFER'} -> {'OK' if ok else 'FAILED'}"
     )
     return 0 if ok else 1
 

@@ -32,9 +32,9 @@ The table printed last has one row per draft; the goals: ours ≥ 0.98 × specul
 0.98 × bf16-trained, on both acceptance figures.
 
     python lab/gpu_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data sharegpt_en.jsonl \\
-        --max-convs 2000 --out $OUT                               # H200
+        --max-convs 2000 --out $OUT                                # GPU
     python lab/gpu_quality.py --device cpu --max-convs 16 --draft-vocab 512 --offline-prompts 2 \\
-        --max-new-tokens 16                                       # CPU smoke test (uses the asset cache)
+        --max-new-tokens 16                     # CPU smoke test (uses the asset cache)
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def do_extract(a, base: list[str], out_dir: Path, dtype: str) -> dict:
 
 
 def do_train(a, base: list[str], hs: Path, out_dir: Path, extra: list[str] = ()) -> dict:
-    """This project's trainer; returns its figures (simulated acceptance from its own final evaluation)."""
+    """This project's trainer; returns its figures (simulated acceptance from its own final
+    evaluation)."""
     import torch
 
     from eagle3.config import load_config
@@ -181,7 +182,8 @@ def do_train(a, base: list[str], hs: Path, out_dir: Path, extra: list[str] = ())
 
 
 def sim_eval(a, base: list[str], hs: Path, draft: Path, out_dir: Path) -> dict:
-    """Simulated acceptance of ``draft`` on ``hs``'s held-out rows: a ``max_steps=0`` run started from it."""
+    """Simulated acceptance of ``draft`` on ``hs``'s held-out rows: a ``max_steps=0`` run started
+    from it."""
     r = do_train(a, base, hs, out_dir, [f"train.init_from={draft}", "train.max_steps=0"])
     return {
         k: r[k] for k in ("dir", "simulated_acceptance_length", "val_loss", "val_acc_0", "seconds")
@@ -189,7 +191,8 @@ def sim_eval(a, base: list[str], hs: Path, draft: Path, out_dir: Path) -> dict:
 
 
 def held_out_prompts(hs: Path, data: Path, k: int) -> list[dict]:
-    """First user turns of the first ``k`` held-out conversations of ``hs`` (by id, from the source file)."""
+    """First user turns of the first ``k`` held-out conversations of ``hs`` (by id, from the source
+    file)."""
     import datasets
 
     from eagle3.artifacts import read_manifest
@@ -290,8 +293,8 @@ def table(res: Results) -> None:
         f"{ex.get('bytes_per_token')}, fp8 {(s.get('extract/fp8') or {}).get('bytes_per_token')}"
     )
     print(
-        "| draft | simulated AL (held-out, bf16 states) | offline AL (SpeculativeDecoder) | train "
-        "s | steps |"
+        "| draft | simulated AL (held-out, bf16 states) | "
+        "offline AL (SpeculativeDecoder) | train s | steps |"
     )
     print("|---|---|---|---|---|")
 
@@ -300,9 +303,9 @@ def table(res: Results) -> None:
 
     for label, sk, ok, tk in rows:
         print(
-            f"| {label} | {fmt(g(sk, 'simulated_acceptance_length'), '.4f')} | "
-            f"{fmt(g(ok, 'acceptance_length'), '.4f')} | {fmt(g(tk, 'seconds'), '.1f')} | "
-            f"{g(tk, 'steps')} |"
+            f"| {label} | {fmt(g(sk, 'simulated_acceptance_length'), '.4f')} "
+            f"| {fmt(g(ok, 'acceptance_length'), '.4f')} | "
+            f"{fmt(g(tk, 'seconds'), '.1f')} | {g(tk, 'steps')} |"
         )
     for what, num, den in (
         ("ours / speculators", "ours-bf16", "speculators-bf16"),
@@ -397,8 +400,8 @@ def main() -> int:
         or a.max_new_tokens < 1
     ):
         p.error(
-            "--lr and --epochs must be > 0, --workers and --offline-prompts ≥ 0, --max-new-tokens "
-            "≥ 1"
+            "--lr and --epochs must be > 0, --workers and "
+            "--offline-prompts ≥ 0, --max-new-tokens ≥ 1"
         )
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -511,8 +514,8 @@ def main() -> int:
             else ""
         )
         log(
-            f"offline acceptance: {len(prompts)} held-out prompts{short}, {a.max_new_tokens} new "
-            f"tokens"
+            f"offline acceptance: {len(prompts)} held-out "
+            f"prompts{short}, {a.max_new_tokens} new tokens"
         )
         offline(a, target, drafts, prompts, work, res)
     log("done")

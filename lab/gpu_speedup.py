@@ -39,10 +39,10 @@ Modes:
 
     python lab/gpu_speedup.py --shape smollm2 --prompt-ids P.json --out $OUT/speedup_smollm2.json
     python lab/gpu_speedup.py --shape llama8b --prompt-ids P.json --out $OUT/speedup_llama8b.json
-    python lab/gpu_speedup.py --target T --draft D --prompt-ids P.json --out $OUT/speedup_trained.json
-        # + the HTTP reference server (eagle3.serve.launcher behind the readiness gate), concurrency 1 and 4
-    python lab/gpu_speedup.py --export-prompt-ids P.json      # here: MT-Bench ids for a machine without
-                                                                     # the MT-Bench wheel (SmolLM2 template)
+    python lab/gpu_speedup.py --target T --draft D --prompt-ids P.json --out $OUT/speedup.json
+        # + the HTTP reference server (launcher behind the readiness gate), concurrency 1 and 4
+    python lab/gpu_speedup.py --export-prompt-ids P.json
+        # here: MT-Bench ids for a machine without the MT-Bench wheel (SmolLM2 template)
     python lab/gpu_speedup.py --tiny --device cpu --out /tmp/s.json   # CPU smoke run
 
 ``--compare-generic N`` adds N alternating rounds on the first prompt of the fast path against the
@@ -67,11 +67,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.speedup_parts import (
+from lab.speedup_parts import (  # noqa: E402
     check_args,
     generic_compare,
     http_rounds,
-    load_prompts_ids,  # noqa: E402
+    load_prompts_ids,
     predictions,
     print_table,
     self_check,
@@ -182,7 +182,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class Run:
-    """The figures of this run, rewritten to ``--out`` after every stage (a cut-off run keeps what it did)."""
+    """The figures of this run, rewritten to ``--out`` after every stage (a cut-off run keeps what
+    it did)."""
 
     def __init__(self, a: argparse.Namespace):
         self.path = Path(a.out)
@@ -191,7 +192,7 @@ class Run:
             "rounds": [],
             "errors": [],
         }
-        if a.draft:  # what identifies the draft when its figures are later joined to a study (study_speedup.py)
+        if a.draft:  # identifies the draft when its figures join a study (study_speedup.py)
             from lab.study_speedup import draft_digest
 
             self.data["draft_sha256"] = draft_digest(Path(a.draft))
@@ -203,7 +204,8 @@ class Run:
         atomic_write_json(self.path, self.data)
 
     def stage(self, name: str, fn):
-        """Run ``fn()``, store its result under ``name``; a failure is printed loudly, recorded, and returns None."""
+        """Run ``fn()``, store its result under ``name``; a failure is printed loudly, recorded, and
+        returns None."""
         try:
             self.data[name] = fn()
             return self.data[name]
@@ -217,7 +219,8 @@ class Run:
 
 
 def build_models(a, dtype):
-    """``(target, draft)`` on ``a.device`` in ``dtype``: random of ``a.shape``, or loaded from the folders."""
+    """``(target, draft)`` on ``a.device`` in ``dtype``: random of ``a.shape``, or loaded from the
+    folders."""
     import torch
 
     if a.target:
@@ -243,7 +246,7 @@ def build_models(a, dtype):
 
 
 def one_pass(fast, prompts: list[dict], n: int, speculative: bool, profile: bool = False) -> dict:
-    """Every prompt once → tokens, wall seconds, verify passes, accepted drafts (and piece timings)."""
+    """Every prompt once → tokens, wall seconds, verify passes, accepted drafts, piece timings."""
     tokens = verify = accepted = 0
     profs = []
     t0 = time.perf_counter()
@@ -271,7 +274,8 @@ def one_pass(fast, prompts: list[dict], n: int, speculative: bool, profile: bool
 
 
 def timed_rounds(run: Run, fast, prompts, a) -> dict:
-    """Warm-up, then ``a.rounds`` alternating rounds (plain, speculative), then one profiled round of each."""
+    """Warm-up, then ``a.rounds`` alternating rounds (plain, speculative), then one profiled round
+    of each."""
     n = a.max_new_tokens
     for spec in (False, True):
         fast.generate(prompts[0]["input_ids"], min(n, 16), ignore_eos=True, speculative=spec)
@@ -281,8 +285,8 @@ def timed_rounds(run: Run, fast, prompts, a) -> dict:
             run.data["rounds"].append({"round": r, "mode": mode, **res})
             al = f", AL {1 + res['accepted'] / res['verify_ct']:.3f}" if spec else ""
             print(
-                f"round {r + 1}/{a.rounds} {mode}: {res['tokens']} tokens in {res['wall_s']:.2f} s "
-                f"= {res['tokens_per_s']:.1f} tokens/s{al}",
+                f"round {r + 1}/{a.rounds} {mode}: {res['tokens']} tokens in "
+                f"{res['wall_s']:.2f} s = {res['tokens_per_s']:.1f} tokens/s{al}",
                 flush=True,
             )
         run.save()
@@ -370,9 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": [len(p["input_ids"]) for p in prompts],
     }
     print(
-        f"device {run.data['device']['name']}; torch {torch.__version__}; {len(prompts)} prompts "
-        f"({min(run.data['device']['prompt_tokens'])}-{longest} tokens) x {a.max_new_tokens} new "
-        f"tokens; k={a.num_steps}; static cache {ctx} positions",
+        f"device {run.data['device']['name']}; torch {torch.__version__}; {len(prompts)} "
+        f"prompts ({min(run.data['device']['prompt_tokens'])}-{longest} tokens) x "
+        f"{a.max_new_tokens} new tokens; k={a.num_steps}; static cache {ctx} positions",
         flush=True,
     )
     target, draft, fast = prepare_engine(run, a, prompts, ctx, dtype)

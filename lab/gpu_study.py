@@ -12,17 +12,19 @@ STAGE`` and ``--resume`` spread the study over several calls of limited length o
    machine reuses it (``--regen-file``).
 4. sweep: ``flows.sweep.sweep_flow`` on Prefect's ephemeral API with a SQLite MLflow store — every
    point a pipeline run (extract → train → convert + validate + equivalence → deploy behind the gate
-   → bench → decision) nested under one sweep run; the points come from :data:`PLAN` in priority
-   order, ``--deadline`` seconds per call (the rest stay pending; the next call continues the same
-   MLflow sweep run); then every finished point's draft is evaluated offline on ``--eval-sets``
-   (MT-Bench both turns, a GSM8K sample: replayed greedy chain decoding with bootstrap intervals).
+   → bench → decision) nested under one sweep run; the points come from ``study_inputs.PLAN`` in
+   priority order, ``--deadline`` seconds per call (the rest stay pending; the next call continues
+   the same MLflow sweep run); then every finished point's draft is evaluated offline on
+   ``--eval-sets`` (MT-Bench both turns, a GSM8K sample: replayed greedy chain decoding with
+   bootstrap intervals).
 5. speedup: the best point (highest offline MT-Bench acceptance) served with and without its draft
    through the same engine, side by side (``lab/gpu_speedup.py``).
 6. report: the sweep table, ``eagle3 decide``'s text and the plots read back from MLflow;
    ``gpu_study.json`` (written before the speedup stage and again, as ``final``, with its figures).
 
-    python lab/gpu_study.py --gguf SmolLM2.gguf --data sharegpt_en.jsonl.xz --assets .assets --out $OUT
-    python lab/gpu_study.py --tiny --device cpu --out /tmp/study   # CPU smoke run (tiny target, minutes)
+    python lab/gpu_study.py --gguf SmolLM2.gguf --data sharegpt_en.jsonl.xz --assets .assets \
+        --out $OUT
+    python lab/gpu_study.py --tiny --device cpu --out /tmp/study   # CPU smoke run (minutes)
 """
 
 from __future__ import annotations
@@ -44,12 +46,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lab.harness import Results, data_file, log, prepare_target, stage  # noqa: E402
-from lab.study_inputs import (
+from lab.study_inputs import (  # noqa: E402,F401
+    ALL,
     ASSET_FILES,
+    PLAN,
+    TINY_PLAN,
     _manifest_of,
     carry_back_regen,
     check_plan,
-    plan_digest,  # noqa: E402,F401
+    plan_digest,
     plan_problem,
     reuse_regen,
 )
@@ -57,60 +62,11 @@ from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 
 STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
-ALL = 0  # data size 0 = every usable conversation of the data file
-
-# The study: data variants (data-section overrides; "{regen}" is the regenerated file), schedules
-# (train overrides, also the one-change-at-a-time levers) and the points, in priority order (the
-# first ones matter most).
-PLAN = {
-    "data": {
-        "as-is": [],
-        "regenerated": ["data.source=file", "data.path={regen}"],
-        "regenerated-seq512": ["data.source=file", "data.path={regen}", "data.max_seq_len=512"],
-    },
-    "schedules": {
-        "cosine-3ep": ["train.schedule=epochs", "train.epochs=3"],
-        "cosine-10ep": ["train.schedule=epochs", "train.epochs=10"],
-        "constant-30ep": ["train.schedule=constant", "train.epochs=30", "train.eval_every=600"],
-        "cosine-3ep-vocab16k": [
-            "train.schedule=epochs",
-            "train.epochs=3",
-            "train.draft_vocab_size=16384",
-        ],
-        "cosine-3ep-ttt5": ["train.schedule=epochs", "train.epochs=3", "train.ttt_steps=5"],
-        "cosine-3ep-lr1e-3": ["train.schedule=epochs", "train.epochs=3", "train.lr=1e-3"],
-    },
-    "points": [
-        ["regenerated", 3000, "cosine-3ep"],
-        ["regenerated", 1000, "cosine-3ep"],
-        ["as-is", 3000, "cosine-3ep"],
-        ["regenerated", 3000, "cosine-10ep"],
-        ["regenerated", 1000, "constant-30ep"],
-        ["as-is", 1000, "cosine-3ep"],
-        ["as-is", ALL, "cosine-3ep"],
-        ["regenerated-seq512", 3000, "cosine-3ep"],
-        ["regenerated", 3000, "cosine-3ep-vocab16k"],
-        ["regenerated", 3000, "cosine-3ep-ttt5"],
-        ["regenerated", 3000, "cosine-3ep-lr1e-3"],
-    ],
-}
-TINY_PLAN = {
-    "data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
-    "schedules": {
-        "cosine-1ep": ["train.schedule=epochs", "train.epochs=1"],
-        "constant-3ep": ["train.schedule=constant", "train.epochs=3", "train.eval_every=2"],
-    },
-    "points": [
-        ["regenerated", 8, "cosine-1ep"],
-        ["as-is", 8, "cosine-1ep"],
-        ["as-is", ALL, "cosine-1ep"],
-        ["as-is", 8, "constant-3ep"],
-    ],
-}
 
 
 def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
-    """The study's config overrides on top of configs/smollm2-gpu.yaml (or tiny-random with ``--tiny``)."""
+    """The study's config overrides on top of configs/smollm2-gpu.yaml (or tiny-random with
+    ``--tiny``)."""
     out = [
         f"paths.runs_dir={work / 'runs'}",
         f"paths.cache_dir={work / 'cache'}",
@@ -463,8 +419,8 @@ def parse_args(argv=None):
         "--last-call",
         action="store_true",
         help="the study's last call: points still pending after "
-        "--deadline are left out (listed as not run) and the evaluation, speedup and report run "
-        "anyway",
+        "--deadline are left out (listed as not run) and "
+        "the evaluation, speedup and report run anyway",
     )
     p.add_argument("--speedup-tokens", type=int, default=256)
     p.add_argument("--speedup-timeout", type=float, default=900.0)
@@ -494,8 +450,8 @@ def parse_args(argv=None):
         for name, value in tiny.items():
             if getattr(a, name) != p.get_default(name) and getattr(a, name) != value:
                 print(
-                    f"warning: --tiny sets --{name.replace('_', '-')} {value} (given: "
-                    f"{getattr(a, name)})",
+                    f"warning: --tiny sets --{name.replace('_', '-')} "
+                    f"{value} (given: {getattr(a, name)})",
                     file=sys.stderr,
                 )
             setattr(a, name, value)
@@ -517,8 +473,8 @@ def parse_args(argv=None):
         p.error(f"--assets: expected a folder, got {a.assets!r}")
     if a.assets and not any((Path(a.assets) / n).is_file() for n in ASSET_FILES):
         p.error(
-            f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} there, found "
-            f"none"
+            f"--assets {a.assets}: expected at least one "
+            f"of {', '.join(ASSET_FILES)} there, found none"
         )
     problem = plan_problem(
         a,

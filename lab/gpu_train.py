@@ -93,7 +93,8 @@ def base_overrides(a, work: Path, target: Path) -> list[str]:
 
 
 class _Measured(Exception):
-    """Raised from our run's metrics callback after its last measured window (nothing after it is timed)."""
+    """Raised from our run's metrics callback after its last measured window (nothing after it is
+    timed)."""
 
 
 def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict:
@@ -126,7 +127,7 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
             tps.append(m["tokens_per_s"])
             prof.step(len(tps))
             if len(tps) >= windows and a.num_gpus == 1:
-                raise _Measured  # skip the final evaluation, checkpoint and export: they are not timed
+                raise _Measured  # skip the final evaluation, checkpoint, export: not timed
 
     t0 = time.perf_counter()
     try:
@@ -144,8 +145,8 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
     steady = [x for i, x in enumerate(tps) if i >= wu and not wu + 1 <= i + 1 <= wu + pw]
     if not steady:
         raise RuntimeError(
-            f"no measured window left after {wu} warm-up and {pw} profiled windows of {L} steps "
-            f"({len(tps)} windows): raise --steps"
+            f"no measured window left after {wu} warm-up and {pw} profiled "
+            f"windows of {L} steps ({len(tps)} windows): raise --steps"
         )
     from eagle3.train.ttt_forward import choose
 
@@ -165,13 +166,14 @@ def run_ours(a, work: Path, target: Path, hs: Path, mode: str = "eager") -> dict
         "wall_s": wall,
         "profile": prof.result,
         "settings": f"{impl} forward, {attention} attention, {cfg.train.loss} loss, {how}, AdamW "
-        f"{opt}, "
-        f"{a.ours_workers if a.ours_workers is not None else (4 if a.cuda else 0)} loader workers",
+        f"{opt}, {a.ours_workers if a.ours_workers is not None else (4 if a.cuda else 0)} "
+        f"loader workers",
     }
 
 
 def _partial(a, rows: list[dict], failures: list[str], rnd: int) -> None:
-    """``--out/gpu_train_rounds.json``: the rows (tokens/s, peak GiB, settings) of the rounds finished so far."""
+    """``--out/gpu_train_rounds.json``: the rows (tokens/s, peak GiB, settings) of the rounds
+    finished so far."""
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "gpu_train_rounds.json").write_text(
         json.dumps(
@@ -181,7 +183,8 @@ def _partial(a, rows: list[dict], failures: list[str], rnd: int) -> None:
 
 
 def torch_format(hs: Path) -> None:
-    """Give ``hs/data`` the torch format that extraction writes (speculators' reader compares tensors)."""
+    """Give ``hs/data`` the torch format that extraction writes (speculators' reader compares
+    tensors)."""
     import shutil
 
     import datasets
@@ -229,7 +232,7 @@ def main() -> int:
     p.add_argument(
         "--skip-known-failures",
         action="store_true",
-        help="start speculators at sdpa + eager loss (its flex/fused defaults failed on torch 2.11)",
+        help="start speculators at sdpa + eager loss (its flex/fused defaults fail on torch 2.11)",
     )
     p.add_argument(
         "--uncompiled-only", action="store_true", help="no torch.compile anywhere (short runs)"
@@ -286,8 +289,8 @@ def main() -> int:
         default=None,
         metavar="JSON",
         help="also merge this shape's figures (both trainers' tokens/s, the ratio, peak memory) "
-        "into JSON under shapes.<shape> (e.g. lab/results/gpu_train.json; written to "
-        "--out/results/ when --out is given, else in place)",
+        "into JSON under shapes.<shape> (e.g. lab/results/gpu_train.json; "
+        "written to --out/results/ when --out is given, else in place)",
     )
     a = p.parse_args()
     a.cuda = torch.cuda.is_available()
@@ -358,8 +361,8 @@ def main() -> int:
         )
         a.log_every = 1
         print(
-            "--tiny: 6 samples x 128 tokens, 6 steps (first 1 left out), draft vocab 512, 0 "
-            "workers, log every step",
+            "--tiny: 6 samples x 128 tokens, 6 steps (first 1 left "
+            "out), draft vocab 512, 0 workers, log every step",
             file=sys.stderr,
         )
     for bad, msg in (
@@ -382,8 +385,8 @@ def main() -> int:
         (a.warmup < 0 or a.profile < 0, "--warmup and --profile must be ≥ 0"),
         (
             a.steps < a.warmup + a.profile + a.log_every,
-            f"--steps {a.steps}: expected ≥ --warmup + --profile + --log-every "
-            f"({a.warmup} + {a.profile} + {a.log_every}) so that some measured steps are left",
+            f"--steps {a.steps}: expected ≥ --warmup + --profile + --log-every ({a.warmup} "
+            f"+ {a.profile} + {a.log_every}) so that some measured steps are left",
         ),
         (
             a.profile > 0 and a.out is None,
@@ -447,8 +450,9 @@ def main() -> int:
                     torch._dynamo.reset()
                     if a.cuda:
                         torch.cuda.empty_cache()
-            torch._dynamo.reset()  # speculators' frames are ours too: its graphs must not count against our
-            # runs' recompile limit
+            # speculators' frames are ours too: its graphs must not count against our runs'
+            # recompile limit
+            torch._dynamo.reset()
             if a.cuda:
                 torch.cuda.empty_cache()
         if a.only in ("ours", "both"):
@@ -462,7 +466,7 @@ def main() -> int:
                         f"ours {mode} (round {rnd}): {type(e).__name__}: "
                         f"{' / '.join(str(e).splitlines())[:600]}"
                     )
-                torch._dynamo.reset()  # each run compiles afresh: no graphs carried between trainers
+                torch._dynamo.reset()  # each run compiles afresh: no graphs carried over
                 if a.cuda:
                     torch.cuda.empty_cache()
         if a.out is not None:  # after every round: a call cut short keeps the rounds it finished
@@ -492,11 +496,11 @@ def main() -> int:
     from importlib.metadata import version
 
     print(
-        f"device {name}; torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"speculators {version('speculators')}; draft: 1 layer, hidden "
-        f"{model.config.transformer_layer_config.hidden_size}, draft vocab {a.draft_vocab}, TTT "
-        f"{a.ttt}, {a.seq_len}-token sequences, bf16 autocast, {a.steps} steps (first {a.warmup} "
-        f"left out); model FLOPs/token {fpt / 1e9:.2f} G"
+        f"device {name}; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, speculators {version('speculators')}; draft: 1 "
+        f"layer, hidden {model.config.transformer_layer_config.hidden_size}, draft vocab "
+        f"{a.draft_vocab}, TTT {a.ttt}, {a.seq_len}-token sequences, bf16 autocast, "
+        f"{a.steps} steps (first {a.warmup} left out); model FLOPs/token {fpt / 1e9:.2f} G"
     )
     for f in failures:
         print(f"FAILED: {f}")

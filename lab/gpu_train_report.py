@@ -68,22 +68,22 @@ def print_table(summary: dict, rows: list[dict], echo=print) -> None:
     profile) and one ``ours / speculators`` line per ratio."""
     prof = {(r["name"], r["settings"]): r.get("profile") for r in rows if r.get("round", 0) == 0}
     echo(
-        "| trainer | settings | tokens/s (median) | rounds | peak GiB | MFU | profiled step: wall "
-        "ms, kernel ms, GPU busy, kernels |"
+        "| trainer | settings | tokens/s (median) | rounds | peak GiB "
+        "| MFU | profiled step: wall ms, kernel ms, GPU busy, kernels |"
     )
     echo("|---|---|---|---|---|---|---|")
     for t in summary["trainers"]:
         pr = prof.get((t["name"], t["settings"]))
         pcol = (
-            f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, {pr['gpu_busy']:.0%}, "
-            f"{pr['kernels_per_step']:.0f}"
+            f"{pr['wall_ms']:.1f}, {pr['kernel_ms']:.1f}, "
+            f"{pr['gpu_busy']:.0%}, {pr['kernels_per_step']:.0f}"
             if pr
             else ""
         )
         rounds = ", ".join(f"{x:,.0f}" for x in t["tokens_per_s_rounds"])
         echo(
-            f"| {t['name']} | {t['settings']} | {t['tokens_per_s']:,.0f} | {rounds} | "
-            f"{t['peak_gib']:.1f} | {t['mfu']:.1%} | {pcol} |"
+            f"| {t['name']} | {t['settings']} | {t['tokens_per_s']:,.0f} "
+            f"| {rounds} | {t['peak_gib']:.1f} | {t['mfu']:.1%} | {pcol} |"
         )
     for name, r in summary["ratios"].items():
         per = ", ".join(f"{x:.2f}" for x in r["per_round"])

@@ -162,13 +162,13 @@ def run_speculators(
     ]
     if not steady:
         raise RuntimeError(
-            f"no measured step left after {a.warmup} warm-up and {a.profile} profiled steps: raise "
-            f"--steps"
+            f"no measured step left after {a.warmup} warm-up "
+            f"and {a.profile} profiled steps: raise --steps"
         )
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.cuda else float("nan")
     settings = (
-        f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} forward, "
-        f"{a.workers} workers"
+        f"{attn}, {loss_impl} loss, {'compiled' if compiled else 'uncompiled'} "
+        f"forward, {a.workers} workers"
     )
     return {
         "name": "speculators Trainer",

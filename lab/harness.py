@@ -61,14 +61,14 @@ class Results:
             }
             if diff:
                 raise SystemExit(
-                    f"--resume: {self.paths[0]} was made with other settings "
-                    f"(name: earlier, now): {diff}; use the same arguments or another --work"
+                    f"--resume: {self.paths[0]} was made with other settings (name: "
+                    f"earlier, now): {diff}; use the same arguments or another --work"
                 )
             self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
         elif resume:
             print(
-                f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); "
-                f"starting fresh",
+                f"--resume: nothing to resume in {self.paths[0].parent} "
+                f"(no results.json); starting fresh",
                 flush=True,
             )
         for p in self.paths:
@@ -94,7 +94,8 @@ def log(msg: str, t0: float = [time.perf_counter()]) -> None:  # noqa: B006 - pr
 
 
 def prepare_target(a, work: Path) -> Path:
-    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own converter."""
+    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own
+    converter."""
     if a.target:
         return Path(a.target)
     import eagle3.assets as assets

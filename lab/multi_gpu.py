@@ -23,7 +23,7 @@ ran) are recorded beside it.
 
     python lab/multi_gpu.py --kinds train --gpus 1,2,4,8 --out lab/results/DATE_multi_gpu.json
     python lab/multi_gpu.py --kinds extract --gpus 1,2,4,8 --out lab/results/DATE_multi_gpu.json
-    python lab/multi_gpu.py --tiny --device cpu --gpus 1,2 --out /tmp/mg.json      # CPU smoke test (gloo)
+    python lab/multi_gpu.py --tiny --device cpu --gpus 1,2 --out /tmp/mg.json  # CPU smoke (gloo)
 
 With an existing ``--out`` the other kind's figures there are kept (one call per kind, one file).
 """
@@ -422,8 +422,8 @@ def table(res: dict) -> str:
         span = res[kind].get("efficiency_span", {})
         lines += [
             f"{kind}:",
-            f"| GPUs | {key} | tokens/s | scaling efficiency (goal >= {GOAL}) | span efficiency "
-            "| overlap |",
+            f"| GPUs | {key} | tokens/s | scaling efficiency "
+            f"(goal >= {GOAL}) | span efficiency | overlap |",
             "|---|---|---|---|---|---|",
         ]
         for r in res[kind]["runs"]:
@@ -436,8 +436,8 @@ def table(res: dict) -> str:
             )
             overlap = f"{r['overlap']:.2f}" if "overlap" in r else ""
             lines.append(
-                f"| {r['gpus']} | {r.get(key)} | {got} | {'' if e is None else f'{e:.3f}'} | "
-                f"{'' if sp is None else f'{sp:.3f}'} | {overlap} |"
+                f"| {r['gpus']} | {r.get(key)} | {got} | {'' if e is None else f'{e:.3f}'} "
+                f"| {'' if sp is None else f'{sp:.3f}'} | {overlap} |"
             )
     return "\n".join(lines)
 
@@ -489,8 +489,8 @@ def parse(argv=None):
     ]
     if bad or not kinds:
         p.error(
-            f"--kinds / --distributed: unknown {bad or 'empty list'}; expected train,extract / "
-            f"ddp,fsdp"
+            f"--kinds / --distributed: unknown {bad or 'empty list'}; "
+            f"expected train,extract / ddp,fsdp"
         )
     try:
         a.gpu_list = sorted({int(x) for x in a.gpus.split(",") if x})
@@ -555,8 +555,8 @@ def main(argv=None) -> int:
     failed = [r for k in a.kinds for r in res[k]["runs"] if "error" in r]
     if a.tiny:
         print(
-            "--tiny: a smoke test of the code paths; these figures measure nothing (a few tiny "
-            "steps)"
+            "--tiny: a smoke test of the code paths; these "
+            "figures measure nothing (a few tiny steps)"
         )
         return 1 if failed else 0
     for k in a.kinds:

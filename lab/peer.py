@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def do_speculators(a, target: Path, hs: Path, out_dir: Path) -> dict:
-    """speculators' own Trainer on ``hs`` (same draft, LR, epochs, TTT, loss); the draft saved to out_dir/draft."""
+    """speculators' own Trainer on ``hs`` (same draft, LR, epochs, TTT, loss); the draft saved to
+    out_dir/draft."""
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.train.trainer import Trainer, TrainerConfig

@@ -4,7 +4,8 @@ EOS ignored so every request runs its whole budget), and the target's own greedy
 (transformers, float32, no draft) as the yardstick.
 
     python lab/sglang_fidelity.py [--config configs/tiny-random.yaml] [--draft SERVING_DIR]
-        [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3] [--out lab/results/DATE_sglang_fidelity.json]
+        [--num-prompts 2] [--max-new-tokens 12] [--num-steps 3]
+        [--out lab/results/DATE_sglang_fidelity.json]
 
 Per request it compares the output tokens (both engines against the target's greedy output), the
 draft tokens each verify pass accepted (SGLang's per-pass counts are read from the sizes of its
@@ -39,10 +40,10 @@ import typer
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # testkit.sglang_harness (the CPU server settings and shims), lab.*
 
-from lab.fidelity_compare import (
+from lab.fidelity_compare import (  # noqa: E402
     compare_request,
     explain_margin,
-    passes_from_stream,  # noqa: E402
+    passes_from_stream,
     pooled,
 )
 
@@ -175,8 +176,8 @@ def diagnose_pass(
         top = logits.topk(2).values
         gap = float(top[0] - top[1])
         what = (
-            f"pass {i} draft step {j}: the reference proposed the target's {want}, SGLang "
-            f"another token"
+            f"pass {i} draft step {j}: the reference proposed "
+            f"the target's {want}, SGLang another token"
         )
     return {
         "generic_path_accept_counts_equal_fast_path": list(res.accept_counts)
@@ -198,8 +199,8 @@ def diagnose_output(diff: dict, margins: list[dict]) -> dict:
             "why": explain_margin(
                 m["gap"],
                 m["scale"],
-                f"{diff['engine']} output position {p}: "
-                f"target top-1 {m['top2'][0]}, engine took the runner-up {diff['got']}",
+                f"{diff['engine']} output position {p}: target top-1 "
+                f"{m['top2'][0]}, engine took the runner-up {diff['got']}",
             )
         }
     return m | {
@@ -209,7 +210,7 @@ def diagnose_output(diff: dict, margins: list[dict]) -> dict:
 
 
 def machine_facts() -> dict:
-    """CPU model (lscpu), cores, torch version and CPU capability here and in SGLang's environment."""
+    """CPU model (lscpu), cores, torch version and CPU capability here and in SGLang's venv."""
     import torch
 
     from testkit.sglang_harness import sglang_env, sglang_python
@@ -279,7 +280,8 @@ def main(
         REPO / f"lab/results/{time.strftime('%Y-%m-%d')}_sglang_fidelity.json"
     ),
 ) -> None:
-    """Both engines and the target's greedy output on the same prompts; per-request comparison; ratio last."""
+    """Both engines and the target's greedy output on the same prompts; per-request comparison;
+    ratio last."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from eagle3.assets import resolve_target
@@ -320,8 +322,8 @@ def main(
             for i, x in enumerate(ids):
                 sgls.append(sglang_request(eng.url, x, max_new_tokens))
                 print(
-                    f"  request {i}: {sgls[-1]['wall_s']:.1f} s, {len(sgls[-1]['output_ids'])} "
-                    f"tokens",
+                    f"  request {i}: {sgls[-1]['wall_s']:.1f} "
+                    f"s, {len(sgls[-1]['output_ids'])} tokens",
                     flush=True,
                 )
         walls["sglang_decode_s"] = sum(r["wall_s"] for r in sgls)
@@ -419,16 +421,16 @@ def main(
 def _print(r: dict) -> None:
     f, s = r["figures"], r["settings"]
     print(
-        f"prompts {s['num_prompts']} x {s['max_new_tokens']} new tokens, steps {s['num_steps']}, "
-        f"topk 1, greedy, EOS ignored; CPU {r['machine']['cpu_model']}"
+        f"prompts {s['num_prompts']} x {s['max_new_tokens']} new tokens, steps "
+        f"{s['num_steps']}, topk 1, greedy, EOS ignored; CPU {r['machine']['cpu_model']}"
     )
     for row in r["per_request"]:
         o = row["outputs"]
         print(
             f"  {row['id']}: target==reference {o['reference_equals_target']}, target==SGLang "
             f"{o['sglang_equals_target']}; acceptance reference "
-            f"{row['acceptance']['reference']:.4f}, SGLang "
-            f"{row['acceptance']['sglang']:.4f}; per-pass counts equal {row['accept_counts_equal']}"
+            f"{row['acceptance']['reference']:.4f}, SGLang {row['acceptance']['sglang']:.4f}; "
+            f"per-pass counts equal {row['accept_counts_equal']}"
         )
     print(
         "first divergence:",
@@ -437,13 +439,13 @@ def _print(r: dict) -> None:
     print("wall (s):", {k: round(v, 1) for k, v in r["wall_s"].items() if isinstance(v, float)})
     print(
         f"acceptance length: SGLang 0.5.23 {f['sglang']['acceptance']:.4f} "
-        f"({f['sglang']['accepted']} accepted / "
-        f"{f['sglang']['verify_ct']} passes), reference engine {f['reference']['acceptance']:.4f} "
+        f"({f['sglang']['accepted']} accepted / {f['sglang']['verify_ct']} "
+        f"passes), reference engine {f['reference']['acceptance']:.4f} "
         f"({f['reference']['accepted']} / {f['reference']['verify_ct']})"
     )
     print(
-        f"fidelity (SGLang / reference acceptance length): {f['ratio_sglang_over_reference']:.4f} "
-        f"(goal >= {GOAL})"
+        f"fidelity (SGLang / reference acceptance length): "
+        f"{f['ratio_sglang_over_reference']:.4f} (goal >= {GOAL})"
     )
 
 

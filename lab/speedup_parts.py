@@ -15,7 +15,8 @@ STRICT_GAP = 1e-3  # float32 self-check: a token flip with a larger logit gap is
 
 
 def check_args(a) -> None:
-    """Fill defaults and refuse unusable arguments (ValueError naming the flag, the expected and the given value)."""
+    """Fill defaults and refuse unusable arguments (ValueError naming the flag, the expected and the
+    given value)."""
     import torch
 
     if a.tiny:
@@ -38,8 +39,8 @@ def check_args(a) -> None:
         raise ValueError(f"--gguf: expected the SmolLM2-135M-Instruct GGUF file, got {a.gguf}")
     if bool(a.target or a.gguf) != bool(a.draft):
         raise ValueError(
-            f"--target (or --gguf) and --draft: give both or neither, got --target {a.target!r} "
-            f"--gguf {a.gguf!r} --draft {a.draft!r}"
+            f"--target (or --gguf) and --draft: give both or neither, got "
+            f"--target {a.target!r} --gguf {a.gguf!r} --draft {a.draft!r}"
         )
     if (a.target or a.gguf) and a.shape:
         raise ValueError(
@@ -95,8 +96,8 @@ def _check_prompt_source(a) -> None:
         a.tokenizer = str(cache / EAGLE3_CACHE_SMOLLM2)
     if not (Path(a.tokenizer) / "tokenizer_config.json").is_file():
         raise ValueError(
-            f"--tokenizer: expected a tokenizer folder with a chat template (or --prompt-ids "
-            f"FILE), got {a.tokenizer}"
+            f"--tokenizer: expected a tokenizer folder with a chat "
+            f"template (or --prompt-ids FILE), got {a.tokenizer}"
         )
 
 
@@ -155,7 +156,8 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def _compare(model, ids, a: list[int], b: list[int]) -> dict:
-    """Equal, or the first differing index with the logit gap of the two tokens there (a full HF forward)."""
+    """Equal, or the first differing index with the logit gap of the two tokens there (a full HF
+    forward)."""
     import torch
 
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
@@ -176,7 +178,8 @@ def _compare(model, ids, a: list[int], b: list[int]) -> dict:
 
 
 def self_check(fast, ids: list[int], n: int, strict: bool) -> dict:
-    """Fast path vs the generic decoder (tokens, accept counts) and its plain decoding vs HF ``generate``."""
+    """Fast path vs the generic decoder (tokens, accept counts) and its plain decoding vs HF
+    ``generate``."""
     spec = fast.generate(ids, n, ignore_eos=True)
     slow = fast.slow.generate(ids, n, ignore_eos=True)
     plain = fast.generate(ids, n, ignore_eos=True, speculative=False).output_ids
@@ -199,8 +202,8 @@ def self_check(fast, ids: list[int], n: int, strict: bool) -> dict:
         out["verdict"] = "near-tie" if strict else "differs (numerics of this dtype; see logit_gap)"
     loud = "" if out["verdict"] == "ok" else "!!! "
     print(
-        f"{loud}self-check {out['dtype']} ({n} tokens, graphs {fast.graph_status}): "
-        f"{out['verdict']}; "
+        f"{loud}self-check {out['dtype']} ({n} tokens, "
+        f"graphs {fast.graph_status}): {out['verdict']}; "
         + "; ".join(
             f"{k}: {'equal' if v['equal'] else v}" for k, v in out.items() if isinstance(v, dict)
         )
@@ -249,8 +252,8 @@ def generic_compare(fast, ids: list[int], n: int, rounds: int) -> dict:
                 }
             )
             print(
-                f"generic-compare round {r + 1}/{rounds} {name}: {tokens} tokens in {wall:.2f} s = "
-                f"{tokens / wall:.1f} tokens/s ({1e3 * wall / tokens:.2f} ms/token)",
+                f"generic-compare round {r + 1}/{rounds} {name}: {tokens} tokens in {wall:.2f} "
+                f"s = {tokens / wall:.1f} tokens/s ({1e3 * wall / tokens:.2f} ms/token)",
                 flush=True,
             )
     med = {name: _med(x["tokens_per_s"] for x in rows if x["path"] == name) for name in runs}
@@ -327,7 +330,8 @@ def summarize_profile(rounds: list[dict], prof: dict, k: int) -> dict:
 
 
 def predictions(summary: dict, points) -> dict:
-    """Predicted speedups from the timings at the measured AL and at ``points`` (formula in gpu_speedup)."""
+    """Predicted speedups from the timings at the measured AL and at ``points`` (formula in
+    gpu_speedup)."""
     t, k = summary["timings_ms"], summary["k"]
     ext = t["extend_ms_by_accepted"]
 
@@ -430,9 +434,9 @@ def http_rounds(a, prompts: list[dict], ctx: int) -> dict:
                     )
                     al = f", AL {s['acceptance_length']:.3f}" if mode == "speculative" else ""
                     print(
-                        f"http c={c} round {r + 1}/{a.rounds} {mode}: {s['output_tokens']} tokens "
-                        f"in {s['wall_s']:.2f} s = {s['output_tokens_per_s']:.1f} tokens/s, "
-                        f"latency p50 {s['latency_p50_s']:.2f} s{al}",
+                        f"http c={c} round {r + 1}/{a.rounds} {mode}: {s['output_tokens']} "
+                        f"tokens in {s['wall_s']:.2f} s = {s['output_tokens_per_s']:.1f} "
+                        f"tokens/s, latency p50 {s['latency_p50_s']:.2f} s{al}",
                         flush=True,
                     )
     return {
@@ -475,8 +479,8 @@ def print_table(data: dict, a) -> None:
     s, pr = data.get("summary"), data.get("predicted")
     what = f"random {a.shape}" if a.shape else f"{a.target} + {a.draft}"
     print(
-        f"\n## {what}, {a.dtype}, k={a.num_steps}, {a.max_new_tokens} new tokens, median of "
-        f"{a.rounds} rounds; CUDA graphs {data.get('graph_status')}"
+        f"\n## {what}, {a.dtype}, k={a.num_steps}, {a.max_new_tokens} new tokens, "
+        f"median of {a.rounds} rounds; CUDA graphs {data.get('graph_status')}"
     )
     for name in dict.fromkeys(("self_check_float32", f"self_check_{a.dtype}")):
         if name in data and data[name]:
@@ -485,23 +489,23 @@ def print_table(data: dict, a) -> None:
         t = s["timings_ms"]
         print("| figure | plain | speculative |\n|---|---|---|")
         print(
-            f"| output tokens/s | {_f(s['plain_tokens_per_s'], '{:.1f}')} | "
-            f"{_f(s['speculative_tokens_per_s'], '{:.1f}')} |"
+            f"| output tokens/s | {_f(s['plain_tokens_per_s'], '{:.1f}')} "
+            f"| {_f(s['speculative_tokens_per_s'], '{:.1f}')} |"
         )
         print(
             f"| speculative / plain (median of per-round ratios) | | **{_f(s['ratio_median'])}** |"
         )
         print(
-            f"| ms per plain decode step (device / wall) | {_f(t['plain_step_device_ms'])} / "
-            f"{_f(t['plain_token_wall_ms'])} | |"
+            f"| ms per plain decode step (device / wall) | "
+            f"{_f(t['plain_step_device_ms'])} / {_f(t['plain_token_wall_ms'])} | |"
         )
         print(
-            f"| ms per verify pass / draft step / extend | | {_f(t['verify_ms'])} / "
-            f"{_f(t['draft_step_ms'])} / {_f(t['extend_ms'])} |"
+            f"| ms per verify pass / draft step / extend | | {_f(t['verify_ms'])} "
+            f"/ {_f(t['draft_step_ms'])} / {_f(t['extend_ms'])} |"
         )
         print(
-            f"| ms host per step / iteration | {_f(t['plain_host_ms_per_token'])} | "
-            f"{_f(t['host_ms_per_iteration'])} |"
+            f"| ms host per step / iteration | {_f(t['plain_host_ms_per_token'])} "
+            f"| {_f(t['host_ms_per_iteration'])} |"
         )
         print(
             f"| ms per verify iteration (sum of pieces / measured wall) | | "
@@ -512,16 +516,16 @@ def print_table(data: dict, a) -> None:
         m = pr["at_measured_al"]
         preds = ", ".join(f"AL {k}: {v['speedup']:.2f}x" for k, v in pr["at"].items())
         print(
-            f"| predicted speedup | | at measured AL {m['acceptance_length']:.3f}: "
-            f"{m['speedup']:.2f}x; {preds} |"
+            f"| predicted speedup | | at measured AL "
+            f"{m['acceptance_length']:.3f}: {m['speedup']:.2f}x; {preds} |"
         )
     g = data.get("generic_compare")
     if g:
         tp = g["tokens_per_s"]
         print(
             f"| fast / generic path, one prompt (tokens/s fast vs generic) | "
-            f"{g['fast_over_generic_plain']:.2f}x "
-            f"({tp['fast plain']:.1f} vs {tp['generic plain (HF generate)']:.1f}, HF generate) | "
+            f"{g['fast_over_generic_plain']:.2f}x ({tp['fast plain']:.1f} vs "
+            f"{tp['generic plain (HF generate)']:.1f}, HF generate) | "
             f"{g['fast_over_generic_speculative']:.2f}x ({tp['fast speculative']:.1f} vs "
             f"{tp['generic speculative (SpeculativeDecoder)']:.1f}, SpeculativeDecoder) |"
         )
@@ -532,8 +536,8 @@ def print_table(data: dict, a) -> None:
                 f"| HTTP c={c} tokens/s (latency p50 s) | {_f(v['plain_tokens_per_s'], '{:.1f}')} "
                 f"({_f(v['latency_p50_s']['plain'], '{:.2f}')}) | "
                 f"{_f(v['speculative_tokens_per_s'], '{:.1f}')} "
-                f"({_f(v['latency_p50_s']['speculative'], '{:.2f}')}), ratio {v['ratio']:.3f}, "
-                f"AL {_f(v['acceptance_length'])} |"
+                f"({_f(v['latency_p50_s']['speculative'], '{:.2f}')}), ratio {v['ratio']:.3f}, AL "
+                f"{_f(v['acceptance_length'])} |"
             )
         print(f"HTTP: {h['note']}")
     for e in data.get("errors", []):

@@ -12,8 +12,61 @@ from pathlib import Path
 from lab.harness import log
 
 
+ALL = 0  # data size 0 = every usable conversation of the data file
+
+# The study: data variants (data-section overrides; "{regen}" is the regenerated file), schedules
+# (train overrides, also the one-change-at-a-time levers) and the points, in priority order (the
+# first ones matter most).
+PLAN = {
+    "data": {
+        "as-is": [],
+        "regenerated": ["data.source=file", "data.path={regen}"],
+        "regenerated-seq512": ["data.source=file", "data.path={regen}", "data.max_seq_len=512"],
+    },
+    "schedules": {
+        "cosine-3ep": ["train.schedule=epochs", "train.epochs=3"],
+        "cosine-10ep": ["train.schedule=epochs", "train.epochs=10"],
+        "constant-30ep": ["train.schedule=constant", "train.epochs=30", "train.eval_every=600"],
+        "cosine-3ep-vocab16k": [
+            "train.schedule=epochs",
+            "train.epochs=3",
+            "train.draft_vocab_size=16384",
+        ],
+        "cosine-3ep-ttt5": ["train.schedule=epochs", "train.epochs=3", "train.ttt_steps=5"],
+        "cosine-3ep-lr1e-3": ["train.schedule=epochs", "train.epochs=3", "train.lr=1e-3"],
+    },
+    "points": [
+        ["regenerated", 3000, "cosine-3ep"],
+        ["regenerated", 1000, "cosine-3ep"],
+        ["as-is", 3000, "cosine-3ep"],
+        ["regenerated", 3000, "cosine-10ep"],
+        ["regenerated", 1000, "constant-30ep"],
+        ["as-is", 1000, "cosine-3ep"],
+        ["as-is", ALL, "cosine-3ep"],
+        ["regenerated-seq512", 3000, "cosine-3ep"],
+        ["regenerated", 3000, "cosine-3ep-vocab16k"],
+        ["regenerated", 3000, "cosine-3ep-ttt5"],
+        ["regenerated", 3000, "cosine-3ep-lr1e-3"],
+    ],
+}
+TINY_PLAN = {
+    "data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
+    "schedules": {
+        "cosine-1ep": ["train.schedule=epochs", "train.epochs=1"],
+        "constant-3ep": ["train.schedule=constant", "train.epochs=3", "train.eval_every=2"],
+    },
+    "points": [
+        ["regenerated", 8, "cosine-1ep"],
+        ["as-is", 8, "cosine-1ep"],
+        ["as-is", ALL, "cosine-1ep"],
+        ["as-is", 8, "constant-3ep"],
+    ],
+}
+
+
 def _manifest_of(path: Path) -> Path:
-    """``<name>.manifest.json`` beside a regenerated file (``regenerated.jsonl[.xz]`` → ``regenerated.jsonl.manifest.json``)."""
+    """``<name>.manifest.json`` beside a regenerated file (``regenerated.jsonl[.xz]`` →
+    ``regenerated.jsonl.manifest.json``)."""
     return path.with_name(path.name.removesuffix(".xz") + ".manifest.json")
 
 
@@ -35,8 +88,8 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     made_for = (man.get("settings") or {}).get("num_conversations")
     if made_for != expected:
         raise RuntimeError(
-            f"--regen-file {src}: {man_path} settings.num_conversations is {made_for}, expected "
-            f"--regen {expected}"
+            f"--regen-file {src}: {man_path} settings.num_conversations "
+            f"is {made_for}, expected --regen {expected}"
         )
     try:
         data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
@@ -48,22 +101,22 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     want = (man.get("counts") or {}).get("conversations")
     if lines != want:
         raise RuntimeError(
-            f"--regen-file {src}: {lines} conversations in the file, its manifest's "
-            f"counts.conversations says {want} (truncated copy?)"
+            f"--regen-file {src}: {lines} conversations in the file, its "
+            f"manifest's counts.conversations says {want} (truncated copy?)"
         )
     digest = hashlib.sha256(data).hexdigest()
     if man.get("sha256") != digest:
         raise RuntimeError(
-            f"--regen-file {src}: its content's sha256 is {digest}, {man_path} records "
-            f"{man.get('sha256')!r} (a changed or different file)"
+            f"--regen-file {src}: its content's sha256 is {digest}, {man_path} "
+            f"records {man.get('sha256')!r} (a changed or different file)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     man = {**man, "path": str(out), "reused_from": str(src)}
     _manifest_of(out).write_text(json.dumps(man, indent=1))
     log(
-        f"regen: reusing {lines} regenerated conversations from {src} (made in "
-        f"{man.get('seconds')} s)"
+        f"regen: reusing {lines} regenerated conversations "
+        f"from {src} (made in {man.get('seconds')} s)"
     )
     return {
         "path": str(out),
@@ -102,14 +155,14 @@ def check_plan(path: str) -> dict:
         v = plan.get(key)
         if not isinstance(v, dict) or not v or not all(isinstance(o, list) for o in v.values()):
             raise ValueError(
-                f"--plan {path}: '{key}' expected a non-empty object of name -> list of overrides, "
-                f"got {v!r}"
+                f"--plan {path}: '{key}' expected a non-empty "
+                f"object of name -> list of overrides, got {v!r}"
             )
     points = plan.get("points")
     if not isinstance(points, list) or not points:
         raise ValueError(
-            f"--plan {path}: 'points' expected a non-empty list of [data, size, schedule], "
-            f"got {points!r}"
+            f"--plan {path}: 'points' expected a non-empty "
+            f"list of [data, size, schedule], got {points!r}"
         )
     for i, pt in enumerate(points):
         ok = (
@@ -152,12 +205,12 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
     from eagle3.errors import ConfigError
 
     for d, n, sched in plan["points"]:
-        size = a.all_size if n == 0 else n  # 0 = all usable (gpu_study.ALL)
+        size = a.all_size if n == 0 else n  # 0 = all usable (ALL)
         if any("{regen}" in o for o in plan["data"][d]) and size > a.regen:
             return (
-                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, "
-                f"--regen makes "
-                f"{a.regen}: raise --regen (and --all-size for size 0) or lower the point's size"
+                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} "
+                f"regenerated conversations, --regen makes {a.regen}: raise "
+                f"--regen (and --all-size for size 0) or lower the point's size"
             )
     for kind in ("data", "schedules"):
         for name, overrides in plan[kind].items():

@@ -99,15 +99,15 @@ def add_speedup(
     point = (study.get("best") or {}).get("point") if isinstance(study.get("best"), dict) else None
     if not isinstance(point, str) or not point:
         raise ValueError(
-            f"{study_file}: best.point: expected the study's best point, got {point!r} "
-            "(is this a gpu_study.json? the study file comes first)"
+            f"{study_file}: best.point: expected the study's best point, got "
+            f"{point!r} (is this a gpu_study.json? the study file comes first)"
         )
     settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
     draft = str(settings.get("draft") or "")
     if not draft.rstrip("/").endswith(f"-{point}/serving"):
         raise ValueError(
-            f"{file}: settings.draft: expected the best point's serving folder "
-            f"(.../*-{point}/serving), got {draft!r}"
+            f"{file}: settings.draft: expected the best point's "
+            f"serving folder (.../*-{point}/serving), got {draft!r}"
         )
     want, got = study["best"].get("serving_sha256"), data.get("draft_sha256")
     if want and got and want != got:
@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(a.study).write_text(json.dumps(new, indent=1, default=str))
     served = new["served_speedup"]
     print(
-        f"{a.study}: in-process speedup {new['in_process_speedup']:.3f}, served speedup "
-        f"{'not measured' if served is None else f'{served:.3f}'} (identity: "
-        f"{new['speedup']['identity']})"
+        f"{a.study}: in-process speedup {new['in_process_speedup']:.3f}, served "
+        f"speedup {'not measured' if served is None else f'{served:.3f}'} "
+        f"(identity: {new['speedup']['identity']})"
     )
     return 0
 

@@ -10,7 +10,7 @@ printed as a markdown table.
     python lab/train.py --device cuda --steps 30 --precision float32 bf16-autocast
     python lab/train.py --device cuda --num-gpus 2 --steps 30      # torchrun + DDP
     python lab/train.py --device cuda --shape llama8b --seq-len 2048 --tokens-per-batch 2048 \
-        --draft-vocab 32000 --precision bf16-autocast                      # synthetic 8B-shaped target
+        --draft-vocab 32000 --precision bf16-autocast       # synthetic 8B-shaped target
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ then trains the draft twice from the same seed on the same hidden states,
 simulated acceptance lengths (bonus token counted) and their ratio, each run's training tokens/s,
 and writes ``--out`` (JSON). Exit 1 when the final ratio is outside ``1 ± --tol``.
 
-    python lab/train_forward_quality.py configs/smollm2-cpu.yaml --out lab/results/DATE_train_forward_quality.json \\
+    python lab/train_forward_quality.py configs/smollm2-cpu.yaml \\
+        --out lab/results/DATE_train_forward_quality.json \\
         -o target.dtype=float32 -o extract.dtype=float32 -o train.precision=float32
 """
 
@@ -63,8 +64,8 @@ def main(
     mine = [o for o in override if o.split("=", 1)[0].strip() == "train.forward_impl"]
     if mine:
         raise typer.BadParameter(
-            f"{mine[0]!r}: this script sets train.forward_impl itself (speculators, then "
-            "project); leave it out",
+            f"{mine[0]!r}: this script sets train.forward_impl "
+            f"itself (speculators, then project); leave it out",
             param_hint="-o",
         )
     from eagle3.train.stage import check_settings
@@ -85,8 +86,8 @@ def main(
         raise typer.BadParameter(f"{run} configuration: {e}", param_hint="-o") from e
     if cfg.train.num_gpus != 1:
         raise typer.BadParameter(
-            f"train.num_gpus: expected 1 (this comparison trains in one process), got "
-            f"{cfg.train.num_gpus}",
+            f"train.num_gpus: expected 1 (this comparison "
+            f"trains in one process), got {cfg.train.num_gpus}",
             param_hint="-o",
         )
     if out is not None and (
@@ -134,8 +135,8 @@ def main(
     spec, ours = runs["speculators"]["evals"], runs["project"]["evals"]
     if [r["step"] for r in spec] != [r["step"] for r in ours] or not spec:
         raise typer.Exit(
-            f"the two runs evaluated at different steps: {[r['step'] for r in spec]} vs "
-            f"{[r['step'] for r in ours]}"
+            f"the two runs evaluated at different steps: "
+            f"{[r['step'] for r in spec]} vs {[r['step'] for r in ours]}"
         )
     print("| step | simulated AL, speculators' forward | simulated AL, project forward | ratio |")
     print("|---|---|---|---|")
