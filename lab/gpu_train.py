@@ -289,7 +289,7 @@ def main() -> int:
         default=None,
         metavar="JSON",
         help="also merge this shape's figures (both trainers' tokens/s, the ratio, peak memory) "
-        "into JSON under shapes.<shape> (e.g. lab/results/gpu_train.json; "
+        "into JSON under shapes.<shape> (e.g. lab/results/DATE_gpu_train_3rounds.json; "
         "written to --out/results/ when --out is given, else in place)",
     )
     a = p.parse_args()
