@@ -1,14 +1,16 @@
 """Extraction throughput relative to the plain forward pass of the same target on the same batches.
 
-    python lab/extract.py [--config configs/smollm2-cpu.yaml] [--num-conversations 16] [--max-seq-len 128]
+    python lab/extract.py [--config configs/smollm2-cpu.yaml] [--num-conversations 16] \
+        [--max-seq-len 128]
 
-One run, one process, one loaded model: the samples are selected and batched exactly as ``eagle3.extract.stage``
-does (shards, sorted by length, ``extract.batch_size``), then, alternating for ``--repeats`` rounds,
-(a) the plain forward pass ``model(input_ids, attention_mask)`` (with the LM head, what serving computes),
-(b) the decoder body alone (no LM head), and (c) the extractor's ``run_shards`` (aux capture, integrity
-checks, encoding, atomic fsync'd writes) into a temporary directory. Throughputs are medians over rounds
-(tokens/s, real tokens only). Also reports bytes/token of bf16 and fp8 storage. The last line is the ratio
-extraction / plain forward (goal >= 0.85).
+One run, one process, one loaded model: the samples are selected and batched exactly as
+``eagle3.extract.stage`` does (shards, sorted by length, ``extract.batch_size``), then, alternating
+for ``--repeats`` rounds, (a) the plain forward pass ``model(input_ids, attention_mask)`` (with the
+LM head, what serving computes), (b) the decoder body alone (no LM head), and (c) the extractor's
+``run_shards`` (aux capture, integrity checks, encoding, atomic fsync'd writes) into a temporary
+directory. Throughputs are medians over rounds (tokens/s, real tokens only). Also reports
+bytes/token of bf16 and fp8 storage. The last line is the ratio extraction / plain forward (goal >=
+0.85).
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def _batches(plan, shard_size: int, batch_size: int) -> list[list[list[int]]]:
     out = []
     for spec in make_shards(len(plan.ids), shard_size):
         rows = sorted(range(spec.start, spec.stop), key=lambda i: (len(plan.input_ids[i]), i))
-        out += [[plan.input_ids[i] for i in rows[b: b + batch_size]] for b in range(0, len(rows), batch_size)]
+        out += [
+            [plan.input_ids[i] for i in rows[b : b + batch_size]]
+            for b in range(0, len(rows), batch_size)
+        ]
     return out
 
 
@@ -61,8 +66,13 @@ def _extract_s(model, job_args: dict, store_dtype: str, workdir: Path) -> tuple[
 
 
 @app.command()
-def main(config: Path = typer.Option(Path("configs/smollm2-cpu.yaml")), num_conversations: int = 16,
-         max_seq_len: int = 128, repeats: int = 3, batch_size: int | None = None) -> None:
+def main(
+    config: Path = typer.Option(Path("configs/smollm2-cpu.yaml")),
+    num_conversations: int = 16,
+    max_seq_len: int = 128,
+    repeats: int = 3,
+    batch_size: int | None = None,
+) -> None:
     """Print forward / extraction throughputs, bytes per token (bf16, fp8) and, last, the ratio."""
     from transformers import AutoTokenizer
 
@@ -86,9 +96,17 @@ def main(config: Path = typer.Option(Path("configs/smollm2-cpu.yaml")), num_conv
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     batches = _batches(plan, cfg.extract.shard_size, cfg.extract.batch_size)
     tokens = plan.num_tokens
-    job_args = dict(target_dir=str(target_dir), model_dtype=cfg.target.dtype, device=device, capture_ids=capture,
-                    batch_size=cfg.extract.batch_size, sample_ids=plan.ids, input_ids=plan.input_ids,
-                    loss_masks=plan.loss_masks, shards=make_shards(len(plan.ids), cfg.extract.shard_size))
+    job_args = dict(
+        target_dir=str(target_dir),
+        model_dtype=cfg.target.dtype,
+        device=device,
+        capture_ids=capture,
+        batch_size=cfg.extract.batch_size,
+        sample_ids=plan.ids,
+        input_ids=plan.input_ids,
+        loss_masks=plan.loss_masks,
+        shards=make_shards(len(plan.ids), cfg.extract.shard_size),
+    )
     store = cfg.extract.dtype if cfg.extract.dtype != "fp8" else "bfloat16"
     _forward_s(model, batches[:1], pad, False)  # warm-up
     fwd, body, ext = [], [], []
@@ -100,14 +118,19 @@ def main(config: Path = typer.Option(Path("configs/smollm2-cpu.yaml")), num_conv
             ext.append(tokens / secs)
         _, bytes_fp8 = _extract_s(model, job_args, "fp8", Path(work))
     f, b, e = (statistics.median(x) for x in (fwd, body, ext))
-    print(f"target {target_dir.name} ({cfg.target.dtype}, {device}, {torch.get_num_threads()} threads); "
-          f"{len(plan.ids)} samples, {tokens} tokens, {len(batches)} batches of <= {cfg.extract.batch_size}; "
-          f"aux {capture[:-1]} + last; {repeats} rounds (median)")
+    print(
+        f"target {target_dir.name} ({cfg.target.dtype}, {device}, {torch.get_num_threads()} "
+        f"threads); {len(plan.ids)} samples, {tokens} tokens, {len(batches)} batches of <= "
+        f"{cfg.extract.batch_size}; aux {capture[:-1]} + last; {repeats} rounds (median)"
+    )
     print(f"| plain forward (with LM head) | {f:,.0f} tok/s |")
     print(f"| decoder body only            | {b:,.0f} tok/s |")
     print(f"| extraction ({store}, written) | {e:,.0f} tok/s |")
     print(f"| bytes/token {store:>9}          | {bytes_bf16 / tokens:,.1f} |")
-    print(f"| bytes/token       fp8          | {bytes_fp8 / tokens:,.1f} ({bytes_fp8 / bytes_bf16:.3f} of {store}) |")
+    print(
+        f"| bytes/token       fp8          | {bytes_fp8 / tokens:,.1f} "
+        f"({bytes_fp8 / bytes_bf16:.3f} of {store}) |"
+    )
     print(f"extraction / decoder-body forward = {e / b:.3f}")
     print(f"extraction / plain forward = {e / f:.3f}")
 

@@ -1,15 +1,17 @@
 """Extraction throughput versus the plain forward pass of the same target, on the GPU, in one run.
 
-A randomly initialised target of a published shape (default: Llama-3.1-8B, bf16) is built directly on the
-device; random token streams of ``--seq-len`` tokens are batched ``--batch-size`` at a time. Alternating for
-``--repeats`` rounds over the same batches:
+A randomly initialised target of a published shape (default: Llama-3.1-8B, bf16) is built directly
+on the device; random token streams of ``--seq-len`` tokens are batched ``--batch-size`` at a time.
+Alternating for ``--repeats`` rounds over the same batches:
 
 (a) plain forward of the whole model (with the LM head, as serving computes it),
 (b) the decoder body alone (what extraction must run: no logits are needed),
-(c) ``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side stream, integrity
-    checks, encoding, atomic fsync'd writes by writer threads) into ``--out`` (a real disk), bf16 storage,
+(c) ``eagle3.extract.hf_backend.run_shards`` (aux capture, device → pinned-host copies on a side
+    stream, integrity checks, encoding, atomic fsync'd writes by writer threads) into ``--out`` (a
+    real disk), bf16 storage,
 (d) the same into ``/dev/shm`` (RAM) to separate the pipeline from the disk,
-then once with fp8 storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same bytes.
+then once with fp8 storage for bytes/token. Also a raw disk write probe (GB/s, fsync'd) of the same
+bytes.
 
     python lab/gpu_extract.py                       # H200: 8B shape, 4 x 2048 tokens per batch
     python lab/gpu_extract.py --tiny                # CPU smoke test (tiny shape)
@@ -31,12 +33,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = {
-    "llama8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-                    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False),
-    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                 tie_word_embeddings=False),
+    "llama8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -56,7 +74,8 @@ def timed(fn, device) -> float:
 
 
 def disk_probe(path: Path, nbytes: int, files: int) -> float:
-    """GB/s writing ``nbytes`` in ``files`` fsync'd files under ``path`` (4 threads, like the extractor)."""
+    """GB/s writing ``nbytes`` in ``files`` fsync'd files under ``path`` (4 threads, like the
+    extractor)."""
     from concurrent.futures import ThreadPoolExecutor
 
     blob = os.urandom(max(1, nbytes // files))
@@ -107,7 +126,7 @@ def main() -> int:
     n = a.batch_size * a.batches
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(0, conf.vocab_size, (a.seq_len,), generator=g).tolist() for _ in range(n)]
-    batches = [ids[b:b + a.batch_size] for b in range(0, n, a.batch_size)]
+    batches = [ids[b : b + a.batch_size] for b in range(0, n, a.batch_size)]
     tokens = n * a.seq_len
 
     def fwd(body_only: bool):
@@ -116,9 +135,17 @@ def main() -> int:
             for batch in batches:
                 m(input_ids=torch.tensor(batch, device=device), use_cache=False)
 
-    job_args = dict(target_dir="(in memory)", model_dtype="bfloat16", device=str(device), capture_ids=capture,
-                    batch_size=a.batch_size, sample_ids=[f"s{i}" for i in range(n)], input_ids=ids,
-                    loss_masks=[[1] * a.seq_len for _ in range(n)], shards=make_shards(n, n))
+    job_args = dict(
+        target_dir="(in memory)",
+        model_dtype="bfloat16",
+        device=str(device),
+        capture_ids=capture,
+        batch_size=a.batch_size,
+        sample_ids=[f"s{i}" for i in range(n)],
+        input_ids=ids,
+        loss_masks=[[1] * a.seq_len for _ in range(n)],
+        shards=make_shards(n, n),
+    )
 
     def extract(root: Path, dtype: str) -> tuple[float, int]:
         out = Path(tempfile.mkdtemp(dir=root))
@@ -131,7 +158,11 @@ def main() -> int:
 
     disk = Path(a.out)
     disk.mkdir(parents=True, exist_ok=True)
-    shm = Path(tempfile.mkdtemp(prefix="eagle3-extract-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    shm = Path(
+        tempfile.mkdtemp(
+            prefix="eagle3-extract-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+        )
+    )
     fwd(False)
     forward_capture(model, capture, batches[0], 0)  # warm-up of both paths
     extract(shm, "bfloat16")
@@ -149,20 +180,31 @@ def main() -> int:
     shutil.rmtree(shm, ignore_errors=True)
     m = {k: statistics.median(v) for k, v in res.items()}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device {name}; torch {torch.__version__}; target {a.shape} random bf16 ({L} layers, hidden "
-          f"{conf.hidden_size}); {n} samples x {a.seq_len} tokens, batches of {a.batch_size}; aux {capture[:-1]} "
-          f"+ last; median of {a.repeats} rounds; raw fsync'd disk write {gbps:.2f} GB/s")
+    print(
+        f"device {name}; torch {torch.__version__}; target {a.shape} random bf16 "
+        f"({L} layers, hidden {conf.hidden_size}); {n} samples x {a.seq_len} "
+        f"tokens, batches of {a.batch_size}; aux {capture[:-1]} + last; median "
+        f"of {a.repeats} rounds; raw fsync'd disk write {gbps:.2f} GB/s"
+    )
     print("| path | tokens/s | / plain forward | / decoder body |")
     print("|---|---|---|---|")
-    for k, label in (("fwd", "plain forward (with LM head)"), ("body", "decoder body only"),
-                     ("ext_disk", f"extraction bf16 -> {disk}"), ("ext_shm", "extraction bf16 -> /dev/shm")):
+    for k, label in (
+        ("fwd", "plain forward (with LM head)"),
+        ("body", "decoder body only"),
+        ("ext_disk", f"extraction bf16 -> {disk}"),
+        ("ext_shm", "extraction bf16 -> /dev/shm"),
+    ):
         print(f"| {label} | {m[k]:,.0f} | {m[k] / m['fwd']:.3f} | {m[k] / m['body']:.3f} |")
-    print(f"| extraction fp8 -> {disk} (1 round) | {tokens / s8:,.0f} | {tokens / s8 / m['fwd']:.3f} | "
-          f"{tokens / s8 / m['body']:.3f} |")
+    print(
+        f"| extraction fp8 -> {disk} (1 round) | {tokens / s8:,.0f} | "
+        f"{tokens / s8 / m['fwd']:.3f} | {tokens / s8 / m['body']:.3f} |"
+    )
     print(f"| bytes/token bf16 | {nbytes / tokens:,.1f} | | |")
     print(f"| bytes/token fp8 | {bytes_fp8 / tokens:,.1f} ({bytes_fp8 / nbytes:.3f} of bf16) | | |")
-    print(f"extraction(disk) / plain forward = {m['ext_disk'] / m['fwd']:.3f}; "
-          f"extraction(RAM) / plain forward = {m['ext_shm'] / m['fwd']:.3f}")
+    print(
+        f"extraction(disk) / plain forward = {m['ext_disk'] / m['fwd']:.3f}; "
+        f"extraction(RAM) / plain forward = {m['ext_shm'] / m['fwd']:.3f}"
+    )
     return 0
 
 

@@ -1,7 +1,8 @@
-"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one benchmark can be
-spread over several calls of limited length: ``--until STAGE`` stops after a stage, ``--resume`` skips the stages
-an earlier call on the same machine finished), a timestamped log line, and the inputs every script prepares (the
-SmolLM2 target converted from its GGUF, a conversations file that may be ``.gz``/``.xz``).
+"""What the GPU benchmark scripts share: results kept per stage in ``results.json`` (so one
+benchmark can be spread over several calls of limited length: ``--until STAGE`` stops after a stage,
+``--resume`` skips the stages an earlier call on the same machine finished), a timestamped log line,
+and the inputs every script prepares (the SmolLM2 target converted from its GGUF, a conversations
+file that may be ``.gz``/``.xz``).
 """
 
 from __future__ import annotations
@@ -16,42 +17,60 @@ from pathlib import Path
 
 
 class Results:
-    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after every change.
+    """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after
+    every change.
 
-    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine, so that one
-    benchmark can be spread over several calls of limited length: stages recorded there are not run again."""
+    ``resume=True`` starts from the ``<work>/results.json`` of an earlier call on the same machine,
+    so that one benchmark can be spread over several calls of limited length: stages recorded there
+    are not run again."""
 
     def __init__(self, work: Path, out: Path, resume: bool = False, settings: dict | None = None):
-        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable results.json or one
-        made with other ``settings`` (the arguments that change the figures)."""
+        """Raises SystemExit (a message naming the file) when ``resume`` finds an unreadable
+        results.json or one made with other ``settings`` (the arguments that change the figures)."""
         self.paths = list(dict.fromkeys([work / "results.json", out / "results.json"]))
         self.data: dict = {"stages": {}, "failures": [], "settings": settings or {}}
         if resume and self.paths[0].is_file():
             try:
                 data = json.loads(self.paths[0].read_text())
                 if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
-                    raise ValueError(f"expected an object with a 'stages' object, got {type(data).__name__}")
+                    raise ValueError(
+                        f"expected an object with a 'stages' object, got {type(data).__name__}"
+                    )
                 if not isinstance(data.get("settings", {}), dict):
                     raise ValueError("'settings' is not an object")
                 bad = [k for k, v in data["stages"].items() if not isinstance(v, dict)]
                 if bad:
                     raise ValueError(f"stages {bad[:3]} are not objects")
-                gone = [f"{k}: {v['dir']}" for k, v in data["stages"].items()
-                        if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()]
+                gone = [
+                    f"{k}: {v['dir']}"
+                    for k, v in data["stages"].items()
+                    if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()
+                ]
                 if gone:
-                    raise ValueError(f"outputs of finished stages are missing here ({'; '.join(gone[:3])})")
+                    raise ValueError(
+                        f"outputs of finished stages are missing here ({'; '.join(gone[:3])})"
+                    )
             except ValueError as e:  # JSONDecodeError is a ValueError
-                raise SystemExit(f"--resume: {self.paths[0]} cannot be resumed ({e}); "
-                                 "delete it (or the whole --work folder) to start over") from e
+                raise SystemExit(
+                    f"--resume: {self.paths[0]} cannot be resumed ({e}); "
+                    "delete it (or the whole --work folder) to start over"
+                ) from e
             old = data.get("settings", {})
-            diff = {k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v}
+            diff = {
+                k: (old.get(k), v) for k, v in (settings or {}).items() if k in old and old[k] != v
+            }
             if diff:
-                raise SystemExit(f"--resume: {self.paths[0]} was made with other settings "
-                                 f"(name: earlier, now): {diff}; use the same arguments or another --work")
+                raise SystemExit(
+                    f"--resume: {self.paths[0]} was made with other settings (name: "
+                    f"earlier, now): {diff}; use the same arguments or another --work"
+                )
             self.data = {**data, "failures": [], "settings": {**old, **(settings or {})}}
         elif resume:
-            print(f"--resume: nothing to resume in {self.paths[0].parent} (no results.json); starting fresh",
-                  flush=True)
+            print(
+                f"--resume: nothing to resume in {self.paths[0].parent} "
+                f"(no results.json); starting fresh",
+                flush=True,
+            )
         for p in self.paths:
             p.parent.mkdir(parents=True, exist_ok=True)
 
@@ -75,7 +94,8 @@ def log(msg: str, t0: float = [time.perf_counter()]) -> None:  # noqa: B006 - pr
 
 
 def prepare_target(a, work: Path) -> Path:
-    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own converter."""
+    """The HF folder of the target: ``--target``, else the GGUF converted by the project's own
+    converter."""
     if a.target:
         return Path(a.target)
     import eagle3.assets as assets
@@ -83,15 +103,20 @@ def prepare_target(a, work: Path) -> Path:
     if a.gguf:
         gguf = Path(a.gguf).resolve()
         orig = assets.package_file
-        assets.package_file = lambda pkg, rel: gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+        assets.package_file = lambda pkg, rel: (
+            gguf if pkg == assets.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+        )
         return assets.prepare_smollm2(work / "cache")
-    return assets.prepare_smollm2(Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser())
+    return assets.prepare_smollm2(
+        Path(os.environ.get("EAGLE3_CACHE", "~/.cache/eagle3-pipeline")).expanduser()
+    )
 
 
 def data_file(a, work: Path) -> Path:
-    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``, again whenever
-    the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from the one the copy was made
-    from. Raises RuntimeError naming ``--data`` when the compressed file is cut short or corrupt."""
+    """``--data`` as a plain JSONL file: a ``.gz`` or ``.xz`` file is decompressed into ``work``,
+    again whenever the source differs (path, size or mtime, recorded in ``<copy>.source.json``) from
+    the one the copy was made from. Raises RuntimeError naming ``--data`` when the compressed file
+    is cut short or corrupt."""
     import lzma
 
     src = Path(a.data).expanduser()
@@ -110,7 +135,9 @@ def data_file(a, work: Path) -> Path:
             shutil.copyfileobj(f, g)
     except (EOFError, OSError, lzma.LZMAError) as e:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"--data {src}: expected a complete {src.suffix} file, decompressing failed: {e}") from e
+        raise RuntimeError(
+            f"--data {src}: expected a complete {src.suffix} file, decompressing failed: {e}"
+        ) from e
     os.replace(tmp, dst)
     record.write_text(json.dumps(made_from))
     return dst

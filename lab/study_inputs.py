@@ -1,5 +1,5 @@
-"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations file carried
-back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
+"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations
+file carried back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
 
 from __future__ import annotations
 
@@ -12,51 +12,125 @@ from pathlib import Path
 from lab.harness import log
 
 
+ALL = 0  # data size 0 = every usable conversation of the data file
+
+# The study: data variants (data-section overrides; "{regen}" is the regenerated file), schedules
+# (train overrides, also the one-change-at-a-time levers) and the points, in priority order (the
+# first ones matter most).
+PLAN = {
+    "data": {
+        "as-is": [],
+        "regenerated": ["data.source=file", "data.path={regen}"],
+        "regenerated-seq512": ["data.source=file", "data.path={regen}", "data.max_seq_len=512"],
+    },
+    "schedules": {
+        "cosine-3ep": ["train.schedule=epochs", "train.epochs=3"],
+        "cosine-10ep": ["train.schedule=epochs", "train.epochs=10"],
+        "constant-30ep": ["train.schedule=constant", "train.epochs=30", "train.eval_every=600"],
+        "cosine-3ep-vocab16k": [
+            "train.schedule=epochs",
+            "train.epochs=3",
+            "train.draft_vocab_size=16384",
+        ],
+        "cosine-3ep-ttt5": ["train.schedule=epochs", "train.epochs=3", "train.ttt_steps=5"],
+        "cosine-3ep-lr1e-3": ["train.schedule=epochs", "train.epochs=3", "train.lr=1e-3"],
+    },
+    "points": [
+        ["regenerated", 3000, "cosine-3ep"],
+        ["regenerated", 1000, "cosine-3ep"],
+        ["as-is", 3000, "cosine-3ep"],
+        ["regenerated", 3000, "cosine-10ep"],
+        ["regenerated", 1000, "constant-30ep"],
+        ["as-is", 1000, "cosine-3ep"],
+        ["as-is", ALL, "cosine-3ep"],
+        ["regenerated-seq512", 3000, "cosine-3ep"],
+        ["regenerated", 3000, "cosine-3ep-vocab16k"],
+        ["regenerated", 3000, "cosine-3ep-ttt5"],
+        ["regenerated", 3000, "cosine-3ep-lr1e-3"],
+    ],
+}
+TINY_PLAN = {
+    "data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
+    "schedules": {
+        "cosine-1ep": ["train.schedule=epochs", "train.epochs=1"],
+        "constant-3ep": ["train.schedule=constant", "train.epochs=3", "train.eval_every=2"],
+    },
+    "points": [
+        ["regenerated", 8, "cosine-1ep"],
+        ["as-is", 8, "cosine-1ep"],
+        ["as-is", ALL, "cosine-1ep"],
+        ["as-is", 8, "constant-3ep"],
+    ],
+}
+
+
 def _manifest_of(path: Path) -> Path:
-    """``<name>.manifest.json`` beside a regenerated file (``regenerated.jsonl[.xz]`` → ``regenerated.jsonl.manifest.json``)."""
+    """``<name>.manifest.json`` beside a regenerated file (``regenerated.jsonl[.xz]`` →
+    ``regenerated.jsonl.manifest.json``)."""
     return path.with_name(path.name.removesuffix(".xz") + ".manifest.json")
 
 
 def reuse_regen(src: Path, expected: int, out: Path) -> dict:
-    """The regen stage from a file an earlier call carried back (``--regen-file``), instead of regenerating.
+    """The regen stage from a file an earlier call carried back (``--regen-file``), instead of
+    regenerating.
 
     ``src`` is ``regenerated.jsonl`` or ``.jsonl.xz`` with its manifest beside it (written by
-    :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises RuntimeError when
-    the manifest is missing, was made for another ``--regen`` count, its conversation count differs from the
-    file's line count (a truncated copy), the content's sha256 is not the recorded one, or the .xz is corrupt."""
+    :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises
+    RuntimeError when the manifest is missing, was made for another ``--regen`` count, its
+    conversation count differs from the file's line count (a truncated copy), the content's sha256
+    is not the recorded one, or the .xz is corrupt."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
-        raise RuntimeError(f"--regen-file {src}: expected its manifest {man_path} beside it, found none")
+        raise RuntimeError(
+            f"--regen-file {src}: expected its manifest {man_path} beside it, found none"
+        )
     man = json.loads(man_path.read_text())
     made_for = (man.get("settings") or {}).get("num_conversations")
     if made_for != expected:
-        raise RuntimeError(f"--regen-file {src}: {man_path} settings.num_conversations is {made_for}, expected "
-                           f"--regen {expected}")
+        raise RuntimeError(
+            f"--regen-file {src}: {man_path} settings.num_conversations "
+            f"is {made_for}, expected --regen {expected}"
+        )
     try:
         data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
     except lzma.LZMAError as e:
-        raise RuntimeError(f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}") from e
+        raise RuntimeError(
+            f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}"
+        ) from e
     lines = sum(1 for ln in data.splitlines() if ln.strip())
     want = (man.get("counts") or {}).get("conversations")
     if lines != want:
-        raise RuntimeError(f"--regen-file {src}: {lines} conversations in the file, its manifest's "
-                           f"counts.conversations says {want} (truncated copy?)")
+        raise RuntimeError(
+            f"--regen-file {src}: {lines} conversations in the file, its "
+            f"manifest's counts.conversations says {want} (truncated copy?)"
+        )
     digest = hashlib.sha256(data).hexdigest()
     if man.get("sha256") != digest:
-        raise RuntimeError(f"--regen-file {src}: its content's sha256 is {digest}, {man_path} records "
-                           f"{man.get('sha256')!r} (a changed or different file)")
+        raise RuntimeError(
+            f"--regen-file {src}: its content's sha256 is {digest}, {man_path} "
+            f"records {man.get('sha256')!r} (a changed or different file)"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     man = {**man, "path": str(out), "reused_from": str(src)}
     _manifest_of(out).write_text(json.dumps(man, indent=1))
-    log(f"regen: reusing {lines} regenerated conversations from {src} (made in {man.get('seconds')} s)")
-    return {"path": str(out), "counts": man["counts"], "seconds": 0.0, "answers_per_s": man.get("answers_per_s"),
-            "settings": man.get("settings"), "reused_from": str(src)}
+    log(
+        f"regen: reusing {lines} regenerated conversations "
+        f"from {src} (made in {man.get('seconds')} s)"
+    )
+    return {
+        "path": str(out),
+        "counts": man["counts"],
+        "seconds": 0.0,
+        "answers_per_s": man.get("answers_per_s"),
+        "settings": man.get("settings"),
+        "reused_from": str(src),
+    }
 
 
 def carry_back_regen(regen_path: Path, out: Path) -> None:
-    """Write ``out/regenerated.jsonl.xz`` and its manifest (once), so a later call on a fresh machine can pass
-    them as ``--regen-file`` instead of regenerating (minutes of device time)."""
+    """Write ``out/regenerated.jsonl.xz`` and its manifest (once), so a later call on a fresh
+    machine can pass them as ``--regen-file`` instead of regenerating (minutes of device time)."""
     dst = out / "regenerated.jsonl.xz"
     if dst.is_file() or not regen_path.is_file() or out.resolve() == regen_path.parent.resolve():
         return
@@ -65,57 +139,79 @@ def carry_back_regen(regen_path: Path, out: Path) -> None:
 
 
 def check_plan(path: str) -> dict:
-    """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and ``schedules``
-    (name → list of override strings) and a non-empty ``points`` list of ``[data, size, schedule]`` naming them
-    (size: conversations, 0 = all usable). Raises ValueError naming ``--plan``, the key and expected vs actual."""
+    """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and
+    ``schedules`` (name → list of override strings) and a non-empty ``points`` list of ``[data,
+    size, schedule]`` naming them (size: conversations, 0 = all usable). Raises ValueError naming
+    ``--plan``, the key and expected vs actual."""
     try:
         plan = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}") from e
+        raise ValueError(
+            f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}"
+        ) from e
     if not isinstance(plan, dict):
         raise ValueError(f"--plan {path}: expected a JSON object, got {type(plan).__name__}")
     for key in ("data", "schedules"):
         v = plan.get(key)
         if not isinstance(v, dict) or not v or not all(isinstance(o, list) for o in v.values()):
-            raise ValueError(f"--plan {path}: '{key}' expected a non-empty object of name -> list of overrides, "
-                             f"got {v!r}")
+            raise ValueError(
+                f"--plan {path}: '{key}' expected a non-empty "
+                f"object of name -> list of overrides, got {v!r}"
+            )
     points = plan.get("points")
     if not isinstance(points, list) or not points:
-        raise ValueError(f"--plan {path}: 'points' expected a non-empty list of [data, size, schedule], "
-                         f"got {points!r}")
+        raise ValueError(
+            f"--plan {path}: 'points' expected a non-empty "
+            f"list of [data, size, schedule], got {points!r}"
+        )
     for i, pt in enumerate(points):
-        ok = (isinstance(pt, list) and len(pt) == 3 and pt[0] in plan["data"] and pt[2] in plan["schedules"]
-              and isinstance(pt[1], int) and not isinstance(pt[1], bool) and pt[1] >= 0)
+        ok = (
+            isinstance(pt, list)
+            and len(pt) == 3
+            and pt[0] in plan["data"]
+            and pt[2] in plan["schedules"]
+            and isinstance(pt[1], int)
+            and not isinstance(pt[1], bool)
+            and pt[1] >= 0
+        )
         if not ok:
-            raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
-                             f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]")
+            raise ValueError(
+                f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
+                f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]"
+            )
     return plan
 
 
 def plan_digest(a) -> str:
-    """What ``--resume`` compares: the sha256 of the plan's contents (a changed plan is refused, the same plan
-    under another path is not), or ``default`` / ``tiny`` for the built-in plans."""
+    """What ``--resume`` compares: the sha256 of the plan's contents (a changed plan is refused, the
+    same plan under another path is not), or ``default`` / ``tiny`` for the built-in plans."""
     if not a.plan:
         return "tiny" if a.tiny else "default"
-    return hashlib.sha256(json.dumps(json.loads(Path(a.plan).read_text()), sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(json.loads(Path(a.plan).read_text()), sort_keys=True).encode()
+    ).hexdigest()
 
 
 ASSET_FILES = ("question.jsonl", "question.jsonl.xz", "test.jsonl", "test.jsonl.xz")
 
 
 def plan_problem(a, plan: dict, config: Path) -> str | None:
-    """What is wrong with ``plan`` for these arguments, before any stage costs GPU time, or None: a point on the
-    regenerated file asking for more conversations than ``--regen`` makes (it would train on fewer and still be
-    labelled with its size), or override strings the config refuses (checked with :func:`load_config` on
-    ``config``, the study's config, ``{regen}`` standing for a file path)."""
+    """What is wrong with ``plan`` for these arguments, before any stage costs GPU time, or None: a
+    point on the regenerated file asking for more conversations than ``--regen`` makes (it would
+    train on fewer and still be labelled with its size), or override strings the config refuses
+    (checked with :func:`load_config` on ``config``, the study's config, ``{regen}`` standing for a
+    file path)."""
     from eagle3.config import load_config
     from eagle3.errors import ConfigError
 
     for d, n, sched in plan["points"]:
-        size = a.all_size if n == 0 else n  # 0 = all usable (gpu_study.ALL)
+        size = a.all_size if n == 0 else n  # 0 = all usable (ALL)
         if any("{regen}" in o for o in plan["data"][d]) and size > a.regen:
-            return (f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} regenerated conversations, --regen makes "
-                    f"{a.regen}: raise --regen (and --all-size for size 0) or lower the point's size")
+            return (
+                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} "
+                f"regenerated conversations, --regen makes {a.regen}: raise "
+                f"--regen (and --all-size for size 0) or lower the point's size"
+            )
     for kind in ("data", "schedules"):
         for name, overrides in plan[kind].items():
             bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]

@@ -1,4 +1,5 @@
-"""lab/gpu_study.py's plan: a failed regen stage stops the sweep with its own message, not a config error."""
+"""lab/gpu_study.py's plan: a failed regen stage stops the sweep with its own message, not a config
+error."""
 
 import argparse
 import hashlib
@@ -15,12 +16,17 @@ def _args(tmp_path, plan):
     return argparse.Namespace(plan=str(f), tiny=False, all_size=100)
 
 
-PLAN = {"data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
-        "schedules": {"c": ["train.epochs=1"]}, "points": [["regenerated", 0, "c"], ["as-is", 10, "c"]]}
+PLAN = {
+    "data": {"as-is": [], "regenerated": ["data.source=file", "data.path={regen}"]},
+    "schedules": {"c": ["train.epochs=1"]},
+    "points": [["regenerated", 0, "c"], ["as-is", 10, "c"]],
+}
 
 
 def test_plan_without_a_regenerated_file_names_the_variants_that_need_it(tmp_path):
-    with pytest.raises(RuntimeError, match=r"data variant\(s\) regenerated read the regenerated file"):
+    with pytest.raises(
+        RuntimeError, match=r"data variant\(s\) regenerated read the regenerated file"
+    ):
         _plan(_args(tmp_path, PLAN), "")
 
 
@@ -40,13 +46,30 @@ def _regen(tmp_path, n_lines=3, made_for=3, conversations=3):
 
     src = tmp_path / "carried" / "regenerated.jsonl"
     src.parent.mkdir()
-    rows = [json.dumps({"id": str(i), "messages": [{"role": "user", "content": f"q{i}"},
-                                                   {"role": "assistant", "content": f"a{i}"}]}) for i in range(n_lines)]
+    rows = [
+        json.dumps(
+            {
+                "id": str(i),
+                "messages": [
+                    {"role": "user", "content": f"q{i}"},
+                    {"role": "assistant", "content": f"a{i}"},
+                ],
+            }
+        )
+        for i in range(n_lines)
+    ]
     src.write_text("\n".join(rows) + "\n")
-    _manifest_of(src).write_text(json.dumps({"kind": "regenerated_conversations", "seconds": 12.5,
-                                             "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
-                                             "settings": {"num_conversations": made_for},
-                                             "counts": {"conversations": conversations, "answers": conversations}}))
+    _manifest_of(src).write_text(
+        json.dumps(
+            {
+                "kind": "regenerated_conversations",
+                "seconds": 12.5,
+                "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
+                "settings": {"num_conversations": made_for},
+                "counts": {"conversations": conversations, "answers": conversations},
+            }
+        )
+    )
     return src
 
 
@@ -61,8 +84,14 @@ def test_carried_back_regen_file_is_reused_byte_for_byte_from_its_xz_copy(tmp_pa
     assert xz.stat().st_size > 0 and _manifest_of(xz).name == "regenerated.jsonl.manifest.json"
     got = reuse_regen(xz, 3, tmp_path / "work" / "regenerated.jsonl")
     assert (tmp_path / "work" / "regenerated.jsonl").read_bytes() == src.read_bytes()
-    assert got["counts"]["conversations"] == 3 and got["seconds"] == 0.0 and got["reused_from"] == str(xz)
-    assert json.loads(_manifest_of(tmp_path / "work" / "regenerated.jsonl").read_text())["reused_from"] == str(xz)
+    assert (
+        got["counts"]["conversations"] == 3
+        and got["seconds"] == 0.0
+        and got["reused_from"] == str(xz)
+    )
+    assert json.loads(_manifest_of(tmp_path / "work" / "regenerated.jsonl").read_text())[
+        "reused_from"
+    ] == str(xz)
 
 
 def test_regen_file_made_for_another_count_or_truncated_or_without_manifest_is_refused(tmp_path):
@@ -71,15 +100,21 @@ def test_regen_file_made_for_another_count_or_truncated_or_without_manifest_is_r
     src = _regen(tmp_path, n_lines=2, made_for=3, conversations=3)
     with pytest.raises(RuntimeError, match=r"num_conversations is 3, expected --regen 5"):
         reuse_regen(src, 5, tmp_path / "w.jsonl")
-    with pytest.raises(RuntimeError, match=r"2 conversations in the file, its manifest's counts.conversations says 3"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"2 conversations in the file, its manifest's counts.conversations says 3",
+    ):
         reuse_regen(src, 3, tmp_path / "w.jsonl")
     _manifest_of(src).unlink()
-    with pytest.raises(RuntimeError, match=r"expected its manifest .*regenerated.jsonl.manifest.json"):
+    with pytest.raises(
+        RuntimeError, match=r"expected its manifest .*regenerated.jsonl.manifest.json"
+    ):
         reuse_regen(src, 3, tmp_path / "w.jsonl")
 
 
 def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
-    """The device returns at most 8 files from --out: a run given --regen-file spends none on a copy of it."""
+    """The device returns at most 8 files from --out: a run given --regen-file spends none on a copy
+    of it."""
     import lab.gpu_study as G
 
     src = _regen(tmp_path)
@@ -87,9 +122,23 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     first.mkdir()
     G.carry_back_regen(src, first)
     out = tmp_path / "out2"
-    argv = ["--device", "cpu", "--work", str(tmp_path / "w2"), "--out", str(out), "--quiet",
-            "--regen-file", str(first / "regenerated.jsonl.xz"), "--until", "regen", "--regen", "3",
-            "--plan", str(_args(tmp_path, {**PLAN, "points": [["regenerated", 3, "c"]]}).plan)]
+    argv = [
+        "--device",
+        "cpu",
+        "--work",
+        str(tmp_path / "w2"),
+        "--out",
+        str(out),
+        "--quiet",
+        "--regen-file",
+        str(first / "regenerated.jsonl.xz"),
+        "--until",
+        "regen",
+        "--regen",
+        "3",
+        "--plan",
+        str(_args(tmp_path, {**PLAN, "points": [["regenerated", 3, "c"]]}).plan),
+    ]
     monkeypatch.setattr(G, "prepare_target", lambda a, work: tmp_path)
     monkeypatch.setattr(G, "_cached_sharegpt", lambda work: str(src))
     monkeypatch.setattr(G, "base_overrides", lambda a, work, target, data: ["data.source=file"])
@@ -99,35 +148,51 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
 
 
 def test_regen_file_with_changed_content_or_a_cut_xz_is_refused(tmp_path):
-    """Same line count, other content: the manifest's sha256 catches it; a byte-truncated .xz names the file."""
+    """Same line count, other content: the manifest's sha256 catches it; a byte-truncated .xz names
+    the file."""
     import lzma
 
     from lab.gpu_study import _manifest_of, reuse_regen
 
     src = _regen(tmp_path)
     src.write_text(src.read_text().replace("a1", "b1"))
-    with pytest.raises(RuntimeError, match=r"sha256 is [0-9a-f]{64}, .*manifest.json records '[0-9a-f]{64}'"):
+    with pytest.raises(
+        RuntimeError, match=r"sha256 is [0-9a-f]{64}, .*manifest.json records '[0-9a-f]{64}'"
+    ):
         reuse_regen(src, 3, tmp_path / "w" / "regenerated.jsonl")
     cut = tmp_path / "cut" / "regenerated.jsonl.xz"
     cut.parent.mkdir()
     cut.write_bytes(lzma.compress(src.read_bytes())[:40])
     _manifest_of(cut).write_bytes(_manifest_of(src).read_bytes())
-    with pytest.raises(RuntimeError, match=r"--regen-file .*cut/regenerated.jsonl.xz: expected a complete .xz"):
+    with pytest.raises(
+        RuntimeError, match=r"--regen-file .*cut/regenerated.jsonl.xz: expected a complete .xz"
+    ):
         reuse_regen(cut, 3, tmp_path / "w" / "regenerated.jsonl")
 
 
-@pytest.mark.parametrize("text,match", [
-    ('{"data": {"as-is": []},\n', r"expected a readable JSON file, got JSONDecodeError"),
-    ('{"data": {"as-is": []}, "schedules": {"c": []}}', r"'points' expected a non-empty list .* got None"),
-    ('{"data": {"as-is": []}, "schedules": {"c": []}, "points": []}', r"'points' expected a non-empty list"),
-    ('{"data": {"as-is": []}, "schedules": {"c": []}, "points": [["as-is", 8, "nosuch"]]}',
-     r"points\[0\] = \['as-is', 8, 'nosuch'\]: expected \[data in \['as-is'\], size >= 0 \(0 = all\), "
-     r"schedule in \['c'\]\]"),
-    ('[1, 2]', r"expected a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ('{"data": {"as-is": []},\n', r"expected a readable JSON file, got JSONDecodeError"),
+        (
+            '{"data": {"as-is": []}, "schedules": {"c": []}}',
+            r"'points' expected a non-empty list .* got None",
+        ),
+        (
+            '{"data": {"as-is": []}, "schedules": {"c": []}, "points": []}',
+            r"'points' expected a non-empty list",
+        ),
+        (
+            '{"data": {"as-is": []}, "schedules": {"c": []}, "points": [["as-is", 8, "nosuch"]]}',
+            r"points\[0\] = \['as-is', 8, 'nosuch'\]: expected \[data in "
+            r"\['as-is'\], size >= 0 \(0 = all\), schedule in \['c'\]\]",
+        ),
+        ("[1, 2]", r"expected a JSON object, got list"),
+    ],
+)
 def test_bad_plan_is_refused_when_the_arguments_are_parsed(tmp_path, capsys, text, match):
-    """A bad --plan stops the study before its first stage (on a GPU, before the GGUF conversion and the
-    regeneration), naming --plan and the key."""
+    """A bad --plan stops the study before its first stage (on a GPU, before the GGUF conversion and
+    the regeneration), naming --plan and the key."""
     import re
 
     from lab.gpu_study import parse_args
@@ -149,8 +214,8 @@ def test_tiny_says_which_given_values_it_replaces(capsys):
 
 
 def test_data_copy_follows_a_new_data_file_and_a_cut_xz_names_it(tmp_path):
-    """lab.harness.data_file: a second --data with the same name on the same --work is decompressed again
-    (not the first file's copy reused); a cut .xz is refused naming --data."""
+    """lab.harness.data_file: a second --data with the same name on the same --work is decompressed
+    again (not the first file's copy reused); a cut .xz is refused naming --data."""
     import lzma
     from types import SimpleNamespace
 
@@ -161,8 +226,14 @@ def test_data_copy_follows_a_new_data_file_and_a_cut_xz_names_it(tmp_path):
     for name, n in (("A", 3), ("B", 11)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "sg.jsonl.xz").write_bytes(lzma.compress(b"{}\n" * n))
-    assert data_file(SimpleNamespace(data=str(tmp_path / "A" / "sg.jsonl.xz")), work).read_bytes() == b"{}\n" * 3
-    assert data_file(SimpleNamespace(data=str(tmp_path / "B" / "sg.jsonl.xz")), work).read_bytes() == b"{}\n" * 11
+    assert (
+        data_file(SimpleNamespace(data=str(tmp_path / "A" / "sg.jsonl.xz")), work).read_bytes()
+        == b"{}\n" * 3
+    )
+    assert (
+        data_file(SimpleNamespace(data=str(tmp_path / "B" / "sg.jsonl.xz")), work).read_bytes()
+        == b"{}\n" * 11
+    )
     cut = tmp_path / "cut.jsonl.xz"
     cut.write_bytes(lzma.compress(b"{}\n" * 50)[:30])
     with pytest.raises(RuntimeError, match=r"--data .*cut.jsonl.xz: expected a complete .xz file"):
@@ -178,13 +249,17 @@ def test_until_stops_after_its_stage_also_when_it_failed(tmp_path):
     def boom():
         raise RuntimeError("no manifest")
 
-    assert stage(res, "regen", boom) is None and res.stop and res.until_failed  # gpu_study then exits 1
+    assert (
+        stage(res, "regen", boom) is None and res.stop and res.until_failed
+    )  # gpu_study then exits 1
     assert stage(res, "sweep", lambda: {"ran": True}) is None
 
 
-def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(tmp_path, monkeypatch, tiny_target_dir):
-    """The speedup stage's subprocess gets MT-Bench as prompt ids made in the study's process from --assets (the
-    GPU machine has no MT-Bench wheel: the H200 speedup stage of 2026-12-03 failed without them)."""
+def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(
+    tmp_path, monkeypatch, tiny_target_dir
+):
+    """The speedup stage's subprocess gets MT-Bench as prompt ids made in the study's process from
+    --assets (a GPU machine without a network has no MT-Bench wheel)."""
     import lzma
 
     import eagle3.assets as A
@@ -194,19 +269,27 @@ def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(tmp_
     def no_wheel(pkg, rel):
         raise DataError(f"package {pkg!r} is not installed")
 
-    monkeypatch.setattr(A, "package_file", no_wheel)  # restored after the test, also after patch_assets
+    monkeypatch.setattr(
+        A, "package_file", no_wheel
+    )  # restored after the test, also after patch_assets
     with pytest.raises(DataError, match="is not installed"):
         speedup_prompt_ids(tiny_target_dir, tmp_path / "w0", 2)
-    qs = [{"question_id": 900 + i, "category": c, "turns": [f"first turn {c}", "second"]}
-          for i, c in enumerate(["writing", "math", "coding"])]
+    qs = [
+        {"question_id": 900 + i, "category": c, "turns": [f"first turn {c}", "second"]}
+        for i, c in enumerate(["writing", "math", "coding"])
+    ]
     assets = tmp_path / "assets"
     assets.mkdir()
-    (assets / "question.jsonl.xz").write_bytes(lzma.compress("\n".join(map(json.dumps, qs)).encode()))
+    (assets / "question.jsonl.xz").write_bytes(
+        lzma.compress("\n".join(map(json.dumps, qs)).encode())
+    )
     patch_assets(assets)
     path = speedup_prompt_ids(tiny_target_dir, tmp_path / "w", 2)
     rows = json.loads(path.read_text())["prompts"]
     assert [r["text"] for r in rows] == ["first turn writing", "first turn math"]
-    assert all(len(r["input_ids"]) > 3 and all(isinstance(t, int) for t in r["input_ids"]) for r in rows)
+    assert all(
+        len(r["input_ids"]) > 3 and all(isinstance(t, int) for t in r["input_ids"]) for r in rows
+    )
 
 
 def _parse_error(argv, capsys):
@@ -219,15 +302,21 @@ def _parse_error(argv, capsys):
 
 
 def test_plan_sizes_above_regen_and_bad_overrides_are_refused_when_parsed(tmp_path, capsys):
-    """Both used to surface only after the target, data and regen stages (minutes of GPU time), the first not at
-    all: a point asking 3,000 regenerated conversations trained on the 8 made and kept its label."""
+    """Both used to surface only after the target, data and regen stages (minutes of GPU time), the
+    first not at all: a point asking 3,000 regenerated conversations trained on the 8 made and kept
+    its label."""
     big = _args(tmp_path, {**PLAN, "points": [["regenerated", 3000, "c"]]}).plan
-    assert "needs 3000 regenerated conversations, --regen makes 8" in _parse_error(["--plan", big, "--regen", "8"],
-                                                                                   capsys)
+    assert "needs 3000 regenerated conversations, --regen makes 8" in _parse_error(
+        ["--plan", big, "--regen", "8"], capsys
+    )
     small = [["regenerated", 5, "c"], ["as-is", 10, "c"]]
     bogus = _args(tmp_path, {**PLAN, "schedules": {"c": ["train.bogus=1"]}, "points": small}).plan
-    assert "schedules.c" in (err := _parse_error(["--plan", bogus], capsys)) and "train.bogus" in err
-    noeq = _args(tmp_path, {**PLAN, "data": {**PLAN["data"], "as-is": ["train.epochs"]}, "points": small}).plan
+    assert (
+        "schedules.c" in (err := _parse_error(["--plan", bogus], capsys)) and "train.bogus" in err
+    )
+    noeq = _args(
+        tmp_path, {**PLAN, "data": {**PLAN["data"], "as-is": ["train.epochs"]}, "points": small}
+    ).plan
     assert "expected KEY=VALUE strings" in _parse_error(["--plan", noeq], capsys)
 
 

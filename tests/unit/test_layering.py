@@ -1,6 +1,6 @@
-"""The layers (docs/INTERNALS.md, "Layers"): the library never imports Prefect or MLflow (checked in a fresh
-interpreter, after importing ``eagle3`` and every one of its submodules), imports point down the layers in every
-direction, there is no import circle, and no module outgrows the size limit."""
+"""The layers (docs/DESIGN.md, "Layers"): the library never imports Prefect or MLflow (checked in
+a fresh interpreter, after importing ``eagle3`` and every one of its submodules), imports point down
+the layers in every direction, there is no import circle, and no module outgrows the size limit."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ print(json.dumps({"modules": names, "failed": failed, "bad": bad}))
 
 
 def test_eagle3_imports_neither_prefect_nor_mlflow():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     expected = {m.name for m in pkgutil.walk_packages(eagle3.__path__, "eagle3.")}
@@ -40,8 +42,8 @@ def test_eagle3_imports_neither_prefect_nor_mlflow():
 
 
 def test_library_source_has_no_orchestration_import():
-    """Also lazily: no ``import prefect``/``import mlflow`` anywhere in eagle3/ (the subprocess test above
-    cannot see imports inside functions that did not run)."""
+    """Also lazily: no ``import prefect``/``import mlflow`` anywhere in eagle3/ (the subprocess test
+    above cannot see imports inside functions that did not run)."""
     offenders = []
     for f in Path(eagle3.__file__).parent.rglob("*.py"):
         for n, line in enumerate(f.read_text().splitlines(), 1):
@@ -51,11 +53,11 @@ def test_library_source_has_no_orchestration_import():
     assert offenders == []
 
 
-# Three homes. The product, top to bottom: cli -> flows -> tasks -> eagle3 (the library). Beside it the
-# reference engine (refengine: started by module name, as SGLang is) and the lab (benchmarks, studies,
-# GPU-machine scripts); testkit holds fixtures shared by the tests and the lab. The homes beside the product
-# may import it; the product never imports them. Each entry: a folder and the top-level packages it must
-# never import, lazily or not.
+# Three homes. The product, top to bottom: cli -> flows -> tasks -> eagle3 (the library). Beside it
+# the reference engine (refengine: started by module name, as SGLang is) and the lab (benchmarks,
+# studies, GPU-machine scripts); testkit holds fixtures shared by the tests and the lab. The homes
+# beside the product may import it; the product never imports them. Each entry: a folder and the
+# top-level packages it must never import, lazily or not.
 OUTSIDE_PRODUCT = ("refengine", "lab", "testkit", "tests")
 FORBIDDEN = {
     "eagle3": ("tasks", "flows", "cli", *OUTSIDE_PRODUCT, "prefect", "mlflow"),
@@ -94,7 +96,8 @@ def test_imports_point_down_the_layers():
 
 
 def test_no_import_circle():
-    """No two modules of the project import each other, directly or through others (lazy imports count)."""
+    """No two modules of the project import each other, directly or through others (lazy imports
+    count)."""
     mods = {n: f for top in FORBIDDEN for n, f in _sources(top)}
     graph = {n: {i for i in _imports(n, f) if i in mods and i != n} for n, f in mods.items()}
     index, low, stack, on, circles = {}, {}, [], set(), []
@@ -124,6 +127,10 @@ def test_no_import_circle():
 
 
 def test_no_module_over_the_size_limit():
-    big = [f"{f.relative_to(REPO)}: {n} lines" for top in FORBIDDEN for _, f in _sources(top)
-           if (n := len(f.read_text().splitlines())) > MAX_LINES]
+    big = [
+        f"{f.relative_to(REPO)}: {n} lines"
+        for top in FORBIDDEN
+        for _, f in _sources(top)
+        if (n := len(f.read_text().splitlines())) > MAX_LINES
+    ]
     assert big == [], f"modules over {MAX_LINES} lines (split them by reason)"

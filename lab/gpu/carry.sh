@@ -6,14 +6,14 @@
 #   .benchdata/  sg.jsonl.xz (the prepared English ShareGPT file, xz), question.jsonl.xz (MT-Bench),
 #                test.jsonl.xz (GSM8K), and the SmolLM2 GGUF split into parts of at most PART_BYTES (each call's
 #                carry is limited to 64 MiB in all)
-# Usage: lab/gpu_carry.sh [PYTHON]      (PYTHON: the project's venv python, default .venv/bin/python)
+# Usage: lab/gpu/carry.sh [PYTHON]      (PYTHON: the project's venv python, default .venv/bin/python)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${1:-.venv/bin/python}
 PART_BYTES=${PART_BYTES:-40000000}
-# what the GPU image already holds: lab/gpu_image_packages.txt (`pip list --format=freeze` read on an
+# what the GPU image already holds: lab/gpu/image_packages.txt (`pip list --format=freeze` read on an
 # nvidia-h200 machine, 2026-12-02); those names are not carried (their versions there are the ones used)
-PRESENT="^($(sed -n 's/^\([A-Za-z0-9_.-]*\)\( @ \|==\).*/\1/p' lab/gpu_image_packages.txt | tr 'A-Z_' 'a-z-' | paste -sd'|'))\$"
+PRESENT="^($(sed -n 's/^\([A-Za-z0-9_.-]*\)\( @ \|==\).*/\1/p' lab/gpu/image_packages.txt | tr 'A-Z_' 'a-z-' | paste -sd'|'))\$"
 # mlflow-skinny at the local mlflow's version: a newer one migrates the carried store to a schema the local
 # MlflowClient refuses ("out-of-date database schema"), so the store that comes back could not be read here
 MLFLOW=$("$PY" -c 'import importlib.metadata as m; print(m.version("mlflow"))' 2>/dev/null \
