@@ -119,7 +119,7 @@ install() {
   local st; st=$(mktemp -d); trap "rm -rf '$st'" EXIT
   tar -C "$st" -xf "$arc"; local k=$st/$KIT_NAME
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$dir/site" "$k"/wheels/*.whl 2>&1 | grep -v '^WARNING: Target directory' || true
+    --target "$dir/site" "$k"/wheels/*.whl 2>&1 | grep -v '^WARNING' || true
   tar -C "$dir/site" -xJf "$k/sgl_kernel-sm90.tar.xz"
   cp "$k"/site/*.py "$k/sglang_kit.sh" "$k/MANIFEST" "$dir/"
   mv "$dir/sitecustomize.py" "$dir/sglang_kit_stubs.py" "$dir/site/"
