@@ -170,7 +170,7 @@ def test_sweep_regenerated_data_dominates_and_one_point_is_too_little_evidence()
 
 
 def test_one_measured_lever_recommends_it_at_medium_confidence_and_names_the_levers_not_weighed():
-    """The GPU study's second session: two data sizes of one variant and one schedule (docs/SWEEP.md)."""
+    """Two data sizes of one variant and one schedule (lab/NOTEBOOK.md, "Sweeps")."""
     rows = [{"data": "regenerated", "data_size": 1000, "schedule": "cosine-3ep", "unique_tokens": 565_513,
              "acceptance_length": 1.379},
             {"data": "regenerated", "data_size": 3000, "schedule": "cosine-3ep", "unique_tokens": 1_634_591,
