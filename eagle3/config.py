@@ -316,7 +316,7 @@ class ServeConfig(_Section):
                              "CPU (None = torch's "
         "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more "
         "threads and ran "
-        "7-13x slower with 2 threads when the 2 cores were shared (measured, README).")
+        "7-13x slower with 2 threads when the 2 cores were shared (measured, lab/NOTEBOOK.md).")
     extra_args: list[str] = Field(default_factory=list,
                                   description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)

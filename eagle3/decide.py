@@ -26,7 +26,7 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 
 Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
 (train falls, val does not) or has seen its data many times is data-limited. A public report saw
-acceptance peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §8): hence
+acceptance peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §7): hence
 the epoch cap and choosing by acceptance rather than loss.
 """
 

@@ -73,7 +73,7 @@ def num_layers(model_or_config) -> int:
 def default_aux_layer_ids(n_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high rule ``[2, L//2, L-3]`` as HF hidden_states indices.
 
-    Source: EAGLE-3 reference implementation and SGLang 0.5.23's default capture (inputs of layers
+    Source: EAGLE-3 reference implementation and SGLang's default capture (inputs of layers
     2, L//2, L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L <
     7).
     """
@@ -88,7 +88,7 @@ def validate_aux_layer_ids(ids: list[int], n_layers: int,
 
     0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the
     verifier's state, and serving engines capture aux states as inputs of layers, which the last
-    layer's output is not (SGLang 0.5.23 adds 1 to each id and never reaches L:
+    layer's output is not (SGLang adds 1 to each id and never reaches L:
     ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE), so a draft trained on it could not be
     served. Raises ConfigError naming the field, the ids, the target's layer count and the allowed
     range.

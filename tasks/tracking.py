@@ -21,7 +21,7 @@ so tasks running in worker threads log to the right run. Layout of one pipeline 
                  "true"
                  and eagle3.produced_by_run_id = the nested run that produced the artifact.
 
-Query a finished run with :func:`summarize_run` (what ``README.md`` shows)::
+Query a finished run with :func:`summarize_run` (docs/DESIGN.md, "Records")::
 
     from tasks.tracking import summarize_run
     summarize_run("<parent run id>", tracking_uri="sqlite:///runs/mlflow.db")

@@ -15,8 +15,8 @@ L-1, which stock SGLang cannot capture; the worker registers ``eagle3_sglang_cap
 (``SGLANG_EXTERNAL_MODEL_PACKAGE``), a subclass of the target's own SGLang class that takes it at
 the final norm. Index 0 (the embeddings) has no SGLang id.
 
-Tested against the real SGLang 0.5.23 on the CPU (tests/sglang/test_extract_sglang.py: states equal
-the ``hf`` backend's); it has not run on a GPU.
+Tested against the real SGLang of the profile's version on the CPU
+(tests/sglang/test_extract_sglang.py: states equal the ``hf`` backend's); it has not run on a GPU.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
                           f"{capture_ids[:-1]}")
     from eagle3.engines.registry import get_profile
 
-    return get_profile("sglang").hf_to_engine_ids(capture_ids)  # the profile owns the ±1 convention
+    # the profile owns the ±1 convention
+    return get_profile("sglang").hf_to_engine_ids(capture_ids)
 
 
 def worker_env(cfg, log_dir: Path) -> dict[str, str]:

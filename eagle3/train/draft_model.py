@@ -4,7 +4,7 @@ engine.
 What is trained must be what the serving engine computes (docs/ENGINE_FACTS.md §2, §5): the four
 layer flags ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output`` are resolved
 from the config and checked against the engine profile (``eagle3.engines.profile.get_profile(engine,
-version).check_flags``) before any training. SGLang 0.5.23 takes the residual from the
+version).check_flags``) before any training. SGLang takes the residual from the
 *un-normalised* incoming hidden state, which is ``norm_before_residual=False``.
 
 Aux layer ids are HF ``hidden_states`` indices (input of layer i), stored at the top level of the
@@ -28,7 +28,7 @@ REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.
 def resolve_flags(cfg) -> dict[str, bool]:
     """The draft's layer flags for ``cfg`` (a RunConfig), checked against the serving engine.
 
-    ``train.norm_before_residual = None`` takes the engine's value (SGLang 0.5.23: False). The
+    ``train.norm_before_residual = None`` takes the engine's value (SGLang: False). The
     engine is ``cfg.convert.engine`` at ``cfg.convert.engine_version``.
 
     Raises:
@@ -134,7 +134,7 @@ def use_uncompiled_forward(model) -> bool:
 
     speculators wraps ``Eagle3DraftModel.forward`` in ``torch.compile`` whenever CUDA is available
     (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled
-    flex paths can fail (docs/ENGINE_FACTS.md §7). Returns True when a compiled wrapper was
+    flex paths can fail (docs/ENGINE_FACTS.md §6). Returns True when a compiled wrapper was
     bypassed.
     """
     import types

@@ -1,7 +1,7 @@
 """The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, their invariants and their
 hash.
 
-Conventions (speculators 0.9.0, SGLang 0.5.23; docs/ENGINE_FACTS.md §2, §5):
+Conventions (speculators 0.9.0, SGLang (profile.VERSION); docs/ENGINE_FACTS.md §2, §5):
 
 - ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]`` for draft index
   ``i``.

@@ -3,6 +3,8 @@ against a real local MLflow store."""
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 
@@ -115,7 +117,9 @@ def test_deploy_key_names_the_engine_by_its_version(tmp_path):
     ref = tmp_path / "refengine"
     shutil.copytree(caching.CODE_ROOT / "refengine", ref, ignore=shutil.ignore_patterns("__pycache__"))
     init = ref / "__init__.py"
-    init.write_text(init.read_text() + '\n__version__ = "9.9.9"\n')
+    text = init.read_text()
+    assert "__version__" in text, init
+    init.write_text(re.sub(r"^__version__\s*=.*$", '__version__ = "9.9.9"', text, flags=re.M))
     before = caching.reference_engine_identity(ref)
     assert before.startswith("refengine 9.9.9 ")  # read from the file's text
     for f in sorted(ref.glob("*.py")):  # any edit of the engine changes its identity
