@@ -1,37 +1,22 @@
 """This project's training forward of speculators' ``Eagle3DraftModel``
-(``train.forward_impl: project``).
+(``train.forward_impl: project``): the same ``ttt_steps`` teacher-forced steps and per-step
+``compound_loss`` on the positions ``align_for_step`` aligns, with the draft's own modules and
+checkpoint format, restructured so ``torch.compile`` makes one static graph per micro-batch:
 
-It computes what ``Eagle3DraftModel.forward`` computes in training — ``ttt_steps`` teacher-forced
-draft steps, each step's loss from speculators' own ``compound_loss`` (KL to the verifier over the
-draft vocabulary by default) on the positions ``speculators.models.eagle3.metrics.align_for_step``
-aligns — with the draft's own modules (``fc``, the decoder layers' norms, projections and MLP,
-``norm``, ``lm_head``, the rotary embedding) and its checkpoint format untouched. What changes is
-how, so that ``torch.compile`` makes one static graph of the whole micro-batch:
+- **Attention by structure.** At TTT step k a query at p attends step-0 keys j ≤ p of its own
+  document plus its own position's keys of steps 1..k (speculators' ``create_combined_mask_mod``).
+  ``eager``: step-0 scores ``[S, S]`` plus k diagonal scores, one softmax (CPU); ``flex``:
+  ``flex_attention`` with a block-sparse mask (CUDA, compiled); ``sdpa``: speculators' dense
+  ``[S, (k+1)·S]`` layout (any device).
+- **The embedding half of q/k/v once per micro-batch**: projected once for the ``S + ttt_steps - 1``
+  shifted ids; step k takes rows ``k..k+S``.
+- **No in-place input update, data-dependent shape or graph break**: the :mod:`eagle3.train.metrics`
+  counts are computed in-graph and returned as one ``stats`` vector.
+- **The verifier's argmax from the targets already computed.**
 
-- **Attention by structure, not by a growing dense mask.** At TTT step k a query at position p
-  attends the keys of step 0 at positions j ≤ p of its own document, plus its own position's keys of
-  steps 1..k (speculators' ``create_combined_mask_mod``: causal ∧ same document, or the diagonal of
-  every later block). speculators concatenates all k+1 key blocks and masks a dense ``[S, (k+1)·S]``
-  matrix (a new mask shape per step; (k+1)× the attention work). Here: ``eager`` = step-0 scores
-  ``[S, S]`` plus k diagonal scores, one softmax over both (CPU); ``flex`` = ``flex_attention`` over
-  the concatenated keys with a block-sparse mask, whose later blocks cost one diagonal block each
-  (CUDA, compiled); ``sdpa`` = speculators' dense layout through SDPA (any device).
-- **The embedding half of q/k/v once per micro-batch.** Step k feeds the embeddings of ``input_ids``
-  shifted left by k (zeros appended). The first layer's q/k/v projections are linear in
-  ``cat([norm(embeds), norm(hidden)])``, so the embedding half is projected once for the ``S +
-  ttt_steps - 1`` shifted ids and step k takes rows ``k..k+S``.
-- **No in-place update of an input, no data-dependent shape, no graph break** (speculators' accuracy
-  count uses ``masked_select`` and an ``out=`` update; its first layer has a forced graph break):
-  the accuracy and chain counts of :mod:`eagle3.train.metrics` are computed inside the graph and
-  returned as one ``stats`` vector.
-- **The verifier's argmax from the targets already computed** (the loop's second verifier-head
-  matmul is gone).
-
-Supported drafts: speculators' Llama flavour (``LlamaDecoderEagle3FirstLayer`` first, plain
-``LlamaDecoderLayer`` after it), every layer flag (``norm_before_residual``, ``norm_before_fc``,
-``fc_norm``, ``norm_output``), no sliding window. :func:`check_supported` raises ConfigError
-otherwise. Equality with speculators' forward (loss, gradients, draft tokens) is tested in float32
-on the CPU: tests/unit/test_ttt_forward.py.
+Supported: speculators' Llama draft (``LlamaDecoderEagle3FirstLayer`` then ``LlamaDecoderLayer``),
+every layer flag, no sliding window; :func:`check_supported` raises ConfigError otherwise. Equality
+with speculators' forward is tested in float32 on the CPU: tests/unit/test_ttt_forward.py.
 """
 
 from __future__ import annotations
@@ -97,10 +82,9 @@ def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
 
 
 def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict]:
-    """How this training resolves its ``auto`` forward, attention and optimizer settings, in the
-    shape of :attr:`eagle3.config.RunConfig.auto_resolved`: ``{"train.forward_impl": {"setting",
-    "value", "device", "why"}, ...}``, only for the keys set to ``auto``. Raises what :func:`choose`
-    raises."""
+    """The ``auto`` settings resolved, shaped as :attr:`eagle3.config.RunConfig.auto_resolved`:
+    ``{"train.forward_impl": {"setting", "value", "device", "why"}, ...}``. Raises as
+    :func:`choose`."""
     t = train_cfg
     impl, attention = choose(t, device_type, world)
     opt = optimizer_impl(t, device_type)
@@ -118,15 +102,13 @@ def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict
 
 
 def optimizer_impl(train_cfg, device_type: str) -> str:
-    """``train.optimizer_impl`` made concrete: ``auto`` = ``fused`` on CUDA, ``default``
-    elsewhere."""
+    """``train.optimizer_impl``; ``auto`` = ``fused`` on CUDA, ``default`` elsewhere."""
     o = train_cfg.optimizer_impl
     return o if o != "auto" else ("fused" if device_type == "cuda" else "default")
 
 
 def check_supported(model) -> None:
-    """Raise ConfigError unless ``model`` is a draft this forward reproduces exactly (see the module
-    docstring)."""
+    """Raise ConfigError unless this forward reproduces ``model`` exactly."""
     from speculators.models.eagle3.model_definitions import LlamaDecoderEagle3FirstLayer
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -143,11 +125,8 @@ def check_supported(model) -> None:
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """``[S, S]`` bool: query p sees key j of step 0 (j ≤ p, same document, p not padding) or j ==
-    p.
-
-    ``document_ids``: ``[1, S]`` int64 (-1 = padding, speculators' convention). Source: speculators'
-    ``create_combined_mask_mod`` restricted to the first key block."""
+    """``[S, S]`` bool: query p sees step-0 key j if j ≤ p in p's document, or j == p.
+    ``document_ids``: ``[1, S]`` int64, -1 = padding (speculators' ``create_combined_mask_mod``)."""
     doc = document_ids[0]
     S = doc.shape[0]
     idx = torch.arange(S, device=doc.device)
@@ -179,8 +158,7 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """Key/value heads repeated for grouped-query attention: ``[1, kv, S, d]`` → ``[1, kv·groups, S,
-    d]``."""
+    """GQA head repeat: ``[1, kv, S, d]`` → ``[1, kv·groups, S, d]``."""
     if groups == 1:
         return x
     b, kv, s, d = x.shape
@@ -227,12 +205,8 @@ def _qkv(attn, x: torch.Tensor, head_dim: int, cos, sin):
 
 
 class _EmbedProjections:
-    """The first layer's q/k/v projections of ``norm(embed(ids shifted by k))`` for every step, made
-    once.
-
-    ``q_proj(cat([e, h])) = e @ Wq[:, :H]ᵀ + h @ Wq[:, H:]ᵀ + b``: ``e`` depends only on the
-    (shifted) token ids, so one projection of ``S + K - 1`` positions serves all K steps (rows
-    ``k..k+S`` at step k)."""
+    """First-layer q/k/v of ``norm(embed(ids))``, projected once for ``S + K - 1`` positions:
+    ``q_proj(cat([e, h])) = e @ Wq[:, :H]ᵀ + h @ Wq[:, H:]ᵀ + b``; step k: rows ``k..k+S``."""
 
     def __init__(self, layer, embeds_normed: torch.Tensor, hidden_size: int):
         a = layer.self_attn
@@ -245,8 +219,7 @@ class _EmbedProjections:
 
 
 def _first_layer(layer, h, embed_parts, head_dim, cos, sin, cache, attention, mask):
-    """speculators' ``Eagle3FirstLayerMixin.forward`` for one step, the embedding half
-    precomputed."""
+    """speculators' ``Eagle3FirstLayerMixin.forward``, embedding half precomputed."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     a, H = layer.self_attn, h.shape[-1]
@@ -305,23 +278,13 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
                 loss_config: dict | None = None, attention: str = "eager", masks=None):
     """One packed micro-batch through the draft's ``ttt_steps`` training steps.
 
-    Args:
-        model: speculators' ``Eagle3DraftModel`` (:func:`check_supported`). hidden_states: ``[1, S,
-        n_aux·H]`` aux states (float32 or bf16; cast by autocast where it is on). input_ids,
-        document_ids, position_ids: ``[1, S]`` int64 (position_ids None = 1..S, speculators'
-        default). loss_mask: ``[1, S]`` bool/int, or None (every position).
-        verifier_last_hidden_states: ``[1, S, H]``: the verifier's last hidden state (before its
-        final norm). ttt_steps, ttt_step_loss_decay, loss_config: as speculators' ``forward``
-        (``loss_config`` None = eager KL). attention: ``eager`` | ``sdpa`` | ``flex``
-        (:func:`resolve_attention`). masks: the step masks (:func:`document_mask` for eager/sdpa,
-        :func:`flex_block_masks` for flex); None =
-            built here from ``document_ids`` (inside the graph when compiled).
-
-    Returns:
-        ``(loss, stats)``: the scalar loss (sum over steps of speculators' per-step loss) and a
-        float32 ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout (per
-        step: correct, valid, correct given all earlier steps right, valid given that, the step's
-        loss, 1; then the chain counts).
+    model: speculators' ``Eagle3DraftModel``. hidden_states: ``[1, S, n_aux·H]`` (float32 or bf16).
+    input_ids, document_ids, position_ids: ``[1, S]`` int64 (position_ids None = 1..S, speculators'
+    default). loss_mask: ``[1, S]`` bool/int, None = all. verifier_last_hidden_states:
+    ``[1, S, H]``, before the final norm. ttt_steps, ttt_step_loss_decay, loss_config: as speculators' ``forward``
+    (None = eager KL). masks: :func:`step_masks`; None = built here (in-graph when compiled).
+    Returns ``(loss, stats)``: the scalar sum of per-step losses and a float32
+    ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout.
     """
     from speculators.losses import compound_loss, exp_loss_decay, resolve_loss_config
 
@@ -406,13 +369,9 @@ def step_masks(document_ids: torch.Tensor, ttt_steps: int, attention: str):
 
 def install(model, *, attention: str, compile_mode: str | None = None, backend: str | None = None,
             fullgraph: bool = False) -> None:
-    """Make ``model.forward`` this forward (called as the loop calls speculators' forward, through
-    DDP too).
-
-    ``compile_mode`` None: eager; else ``torch.compile`` of the whole micro-batch with static shapes
-    and that mode (``default``, ``reduce-overhead``, ``max-autotune-no-cudagraphs``), the attention
-    masks built inside the graph from ``document_ids``. ``backend``/``fullgraph`` exist for tests.
-    Raises ConfigError (:func:`check_supported`, unknown attention or mode)."""
+    """Bind this forward as ``model.forward``; ``compile_mode`` None = eager, else
+    ``torch.compile`` (static shapes) in that mode. ``backend``/``fullgraph`` are for tests. Raises
+    ConfigError (:func:`check_supported`, unknown attention or mode)."""
     from eagle3.train.draft_model import COMPILE_MODES
 
     check_supported(model)
