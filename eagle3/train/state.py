@@ -8,29 +8,20 @@
     best/            model.safetensors + state.json of the evaluation with the highest simulated
                      acceptance length (chosen by acceptance, not by loss: FAILURE_CLASSES.md 18)
 
-Each directory is written through :func:`eagle3.artifacts.atomic_directory`, so a SIGKILL leaves
-either the previous complete checkpoint or the new complete one, never a half-written one.
+Each directory is written through :func:`eagle3.artifacts.atomic_directory`: a SIGKILL leaves
+the previous or the new complete checkpoint.
 
-Resuming: what may change between a checkpoint and the run that continues from it (resume
-or fine-tuning).
+Resuming refuses (ConfigError/DataError naming the field, saved and new value):
 
-Refused (each a ConfigError/DataError naming the field, the saved and the new value):
+- another vocabulary map (its hash) unless ``train.allow_vocab_map_change``: ``lm_head`` rows would
+  mean other tokens (docs/FAILURE_CLASSES.md 9);
+- other data (:func:`eagle3.train.data.data_identity`): the saved position would point elsewhere;
+- fields that change the model or data order: ttt_steps, num_layers, draft_vocab_size, seed,
+  max_tokens_per_batch, grad_accum, the layer flags, process count, ``train.distributed``.
 
-- a different draft vocabulary map (its hash) unless ``train.allow_vocab_map_change`` — the
-  ``lm_head`` rows would silently mean other tokens (docs/FAILURE_CLASSES.md 9);
-- other hidden-states data (:func:`eagle3.train.data.data_identity`: target, aux ids, splits, token
-  ids and loss masks): the saved data position would point into another plan;
-- fields that change the model or the data order: ttt_steps, num_layers, draft_vocab_size, seed,
-  max_tokens_per_batch, grad_accum, the layer flags, the number of processes, ``train.distributed``
-  (ddp and fsdp lay out the optimizer state differently).
-
-Such a checkpoint belongs to another training (e.g. the pipeline re-run on other data writes to the
-same ``<out_dir>``): with ``train.on_other_checkpoint=restart`` (the default) training starts from
-step 0 with a warning naming the difference, with ``refuse`` the difference is the error.
-
-Allowed: lr, schedule, warm-up, epochs, max_steps, eval/log/checkpoint cadence, keep_last — a long
-constant-LR continuation of a finished run is a resume with a larger ``max_steps``. The LR of every
-later step is then the new schedule's value at that step.
+Such a checkpoint belongs to another training: ``train.on_other_checkpoint=restart`` (default)
+starts from step 0 with a warning, ``refuse`` raises. Allowed to change: lr, schedule, warm-up,
+epochs, max_steps, cadences, keep_last; later steps take the new schedule's LR.
 """
 
 from __future__ import annotations
@@ -54,15 +45,13 @@ _CKPT = re.compile(r"^ckpt-(\d{8})$")
 
 def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int,
               min_ratio: float = 0.0) -> float:
-    """Multiplier of the base LR for optimizer step ``step`` (0-based: the LR the step-th update
-    uses).
+    """Multiplier of the base LR for optimizer step ``step`` (0-based).
 
     - warm-up (both schedules): ``(step + 1) / warmup_steps`` for ``step < warmup_steps``;
     - ``epochs``: cosine from 1 to ``min_ratio`` over ``[warmup_steps, total_steps)``:
       ``min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * progress))``, progress clipped to [0, 1];
     - ``constant``: 1 after warm-up (a long run with periodic evaluation).
-    ``torch.optim.lr_scheduler.LambdaLR`` with this function gives the same LR at a step whether the
-    run was resumed or not (its state is the step count).
+    Under ``LambdaLR`` the LR at a step is the same whether the run was resumed or not.
     """
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -108,10 +97,8 @@ CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "trainer.pt", "state.js
 
 
 def check_complete(ckpt: Path, state_dir: Path | None = None) -> None:
-    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES` (a file deleted or lost
-    after the atomic write), naming the missing files, the previous checkpoint that is complete and
-    the two ways on (resume from that one by removing this folder, or start over) instead of a
-    FileNotFoundError later."""
+    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES`, naming the missing
+    files and the previous complete checkpoint."""
     missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
     if not missing:
         return
@@ -136,10 +123,8 @@ def list_checkpoints(state_dir: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def _written(final: Path, what: str):
-    """Turn a failed write of ``final`` (a full disk shows up as OSError, safetensors' error or
-    torch.save's ``RuntimeError: ... unexpected pos``) into a DataError naming the folder, the cause
-    and the free space. :func:`eagle3.artifacts.atomic_directory` has removed the partial folder by
-    then; older ones are kept."""
+    """Turn a failed write of ``final`` (OSError, safetensors' error, torch.save's ``RuntimeError:
+    ... unexpected pos``) into a DataError naming the folder, the cause and the free space."""
     try:
         yield
     except Eagle3Error:
@@ -161,14 +146,9 @@ def _written(final: Path, what: str):
 
 
 def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True) -> int:
-    """Refuse to start training when ``state_dir``'s disk cannot hold what the run will write;
-    returns the bytes needed.
-
-    A checkpoint holds the full state dict (``model.safetensors``) and AdamW's two float32 moments
-    per trainable parameter (``optimizer.pt``). While one is written the ``keep_last`` older ones
-    still exist, so ``keep_last + 1`` checkpoints must fit, plus ``best/`` and the exported draft
-    (weights each). Space already taken by this folder's checkpoints is counted as reusable. Raises
-    DataError with the folder, the bytes needed and free.
+    """Bytes the run will write under ``state_dir``: ``keep_last + 1`` checkpoints (weights plus
+    two float32 AdamW moments per trainable parameter), ``best/`` and the exported draft. Existing
+    checkpoints count as reusable. Raises DataError with the folder, bytes needed and free.
     """
     weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
     moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
@@ -237,8 +217,7 @@ def read_info(ckpt: Path) -> dict:
 
 
 def load_weights(model, ckpt: Path) -> None:
-    """Load ``model.safetensors`` of ``ckpt`` into ``model`` (every key must match; else
-    DataError)."""
+    """Load ``ckpt/model.safetensors`` into ``model``; every key must match, else DataError."""
     from safetensors.torch import load_file
 
     sd = load_file(str(ckpt / "model.safetensors"))
@@ -249,13 +228,10 @@ def load_weights(model, ckpt: Path) -> None:
 
 
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
-    """Restore weights (unless ``model`` is None: loaded earlier, before sharding), optimizer,
-    scheduler and RNG states from ``ckpt``; returns its ``state.json``. ``load_optimizer(state)``
-    replaces ``optimizer.load_state_dict`` (a sharded optimizer takes the full state dict through
-    its own loader).
-
-    Raises DataError naming the file for a missing file (:func:`check_complete`) or one that does
-    not load.
+    """Restore weights (unless ``model`` is None), optimizer, scheduler and RNG states from
+    ``ckpt``; returns its ``state.json``. ``load_optimizer(state)`` replaces
+    ``optimizer.load_state_dict`` (sharded optimizers). Raises DataError naming a missing or
+    unloadable file.
     """
     check_complete(ckpt)
     if model is not None:
@@ -276,8 +252,7 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=N
 
 
 def truncate_metrics(path: Path, max_step: int) -> None:
-    """Drop ``metrics.jsonl`` lines logged after ``max_step`` (they are logged again after a
-    resume)."""
+    """Drop ``metrics.jsonl`` lines logged after ``max_step`` (logged again after a resume)."""
     from eagle3.artifacts import atomic_write_bytes
 
     if not path.is_file():
@@ -293,11 +268,8 @@ def truncate_metrics(path: Path, max_step: int) -> None:
 
 
 def ensure_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` and its ``state/`` (checkpoints) and write a probe file in each, before
-    any training step.
-
-    Raises ConfigError naming the directory and the OS error (read-only, permission, ``state`` being
-    a file).
+    """Create ``out_dir`` and ``out_dir/state`` and write a probe file in each. Raises ConfigError
+    naming the directory and the OS error.
     """
     for d, what in ((out_dir, "train output dir"), (out_dir / "state", "checkpoint dir")):
         if d.exists() and not d.is_dir():
@@ -316,8 +288,7 @@ FROZEN_FIELDS = ("ttt_steps", "num_layers", "draft_vocab_size", "seed", "max_tok
 
 
 def check_resume(info: dict, identity: dict, cfg, ckpt: Path) -> None:
-    """Compare a checkpoint's ``state.json`` (``info``) with the new run. Raises on a refused
-    change."""
+    """Raise the refused change between ``state.json`` ``info`` and the new run, if any."""
     problem = resume_conflict(info, identity, cfg, ckpt)
     if problem is not None:
         raise problem
@@ -370,12 +341,9 @@ def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
 
 
 def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
-    """Start from the weights of the speculators draft in ``src`` (fine-tuning; optimizer starts
-    fresh).
-
-    Raises DataError when ``src`` has no ``model.safetensors``, a tensor shape differs, or its
-    d2t/t2d differ from ``vmap`` and ``allow_change`` is False. With ``allow_change`` the new map is
-    kept and ``lm_head`` rows come from the verifier for the new map.
+    """Start from the speculators draft weights in ``src`` (fine-tuning; fresh optimizer). Raises
+    DataError when ``src`` has no ``model.safetensors``, a shape differs, or its d2t/t2d differ from
+    ``vmap`` without ``allow_change`` (then the new map is kept, ``lm_head`` rows from the verifier).
     """
     from safetensors.torch import load_file
 

@@ -281,8 +281,9 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
     model: speculators' ``Eagle3DraftModel``. hidden_states: ``[1, S, n_aux·H]`` (float32 or bf16).
     input_ids, document_ids, position_ids: ``[1, S]`` int64 (position_ids None = 1..S, speculators'
     default). loss_mask: ``[1, S]`` bool/int, None = all. verifier_last_hidden_states:
-    ``[1, S, H]``, before the final norm. ttt_steps, ttt_step_loss_decay, loss_config: as speculators' ``forward``
-    (None = eager KL). masks: :func:`step_masks`; None = built here (in-graph when compiled).
+    ``[1, S, H]``, before the final norm. ttt_steps, ttt_step_loss_decay, loss_config: as
+    speculators' ``forward`` (None = eager KL). masks: :func:`step_masks`;
+    None = built here (in-graph when compiled).
     Returns ``(loss, stats)``: the scalar sum of per-step losses and a float32
     ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout.
     """
