@@ -343,7 +343,7 @@ def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
 def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
     """Start from the speculators draft weights in ``src`` (fine-tuning; fresh optimizer). Raises
     DataError when ``src`` has no ``model.safetensors``, a shape differs, or its d2t/t2d differ from
-    ``vmap`` without ``allow_change`` (then the new map is kept, ``lm_head`` rows from the verifier).
+    ``vmap`` and not ``allow_change`` (if set: new map kept, ``lm_head`` rows from the verifier).
     """
     from safetensors.torch import load_file
 
