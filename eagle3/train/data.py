@@ -5,14 +5,11 @@ input_ids, loss_mask, seq_len), ``hidden_states/hs_{i}.safetensors`` (``token_id
 ``hidden_states [T, n_aux+1, H]``, slot -1 = last layer output before the final norm),
 ``token_freq.pt``.
 
-Alignment (speculators' ``shift_batch``): the draft at position p gets the aux states of token p and
-the embedding of token p+1, and learns the verifier's distribution at p+1 (which predicts token
-p+2). A sample of T tokens gives T-1 training positions with position ids 1..T-1.
-
-Packing: an epoch is a seeded permutation of the train samples, cut greedily into micro-batches of
-at most ``max_tokens`` positions. Samples keep their boundaries through ``document_ids`` (attention
-never crosses a document; speculators' mask). The plan depends only on (seed, epoch, lengths), so a
-resumed run rebuilds the same plan and skips to its saved micro-batch position.
+Alignment (speculators' ``shift_batch``): position p gets the aux states of token p and the
+embedding of token p+1, and learns the verifier's distribution at p+1. T tokens give T-1 positions,
+position ids 1..T-1. Packing: a seeded permutation per epoch, cut greedily into micro-batches of at
+most ``max_tokens`` positions, ``document_ids`` keeping sample boundaries; the plan depends only on
+(seed, epoch, lengths), so a resume rebuilds it.
 """
 
 from __future__ import annotations
@@ -34,15 +31,9 @@ CONVENTION = "hf_hidden_states_index"
 
 @dataclass
 class HiddenStatesData:
-    """An opened, checked hidden-states directory.
-
-    Attributes:
-        root: the directory. manifest: its manifest.
-        input_ids, loss_mask: per sample, int64 / bool ``[T]`` (from ``data/``).
-        train_ids, val_ids: sample indices of the splits (only samples with T >= 2).
-        aux_layer_ids: HF hidden_states indices. hidden_size: H. n_aux: number of aux states.
-        max_tokens: positions kept per sample (longer ones are cut; ``truncated`` counts them).
-        skipped: sample ids left out because T < 2 (no training position), reported in the manifest.
+    """An opened, checked hidden-states directory. input_ids, loss_mask: per sample, int64 / bool
+    ``[T]``. train_ids, val_ids: split sample indices (T >= 2 only). aux_layer_ids: HF
+    hidden_states indices. max_tokens: positions kept per sample. skipped: ids with T < 2.
     """
 
     root: Path
@@ -122,17 +113,10 @@ class HiddenStatesData:
 
 def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf, *,
                        max_tokens: int) -> HiddenStatesData:
-    """Open ``data_dir`` and check it against the target before any training step.
-
-    Args:
-        data_dir: hidden-states directory. target_dir: the configured target's HF folder.
-        target_conf: the target's (text) config (hidden_size, num_hidden_layers, vocab_size).
-        max_tokens: positions per micro-batch (a longer sample is cut to it).
-    Raises:
-        DataError: missing/foreign manifest; a dataset made from another target (path or shape
-        fields
-            differ); hidden size disagreeing with the target; empty train split; bad split ids; aux
-            ids in another convention.
+    """Open ``data_dir`` and check it against the target (``target_dir``, its text config
+    ``target_conf``). ``max_tokens``: positions per micro-batch (longer samples are cut). Raises
+    DataError: missing/foreign manifest, another target, hidden size mismatch, empty train split,
+    bad split ids, aux ids in another convention.
     """
     from datasets import load_from_disk
 
@@ -318,11 +302,8 @@ def padding_sample(like: dict[str, torch.Tensor], n: int) -> dict[str, torch.Ten
 
 def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = None) -> dict:
     """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the
-    host.
-
-    ``pad_to`` (positions): append a :func:`padding_sample` so that N == pad_to, giving every
-    micro-batch one shape (a compiled forward then compiles once instead of once per length).
-    Returns hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the
+    host. ``pad_to``: append a :func:`padding_sample` so N == pad_to (one shape to compile). Returns
+    hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the
     file dtype (bf16 for bf16/fp8 storage: half the bytes of float32 for the host→device copy),
     input_ids / position_ids / document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool. Raises
     ConfigError when the samples hold more than pad_to.
