@@ -1,25 +1,16 @@
 """Conversation readers, chat templating with the target's tokenizer, and assistant-only loss masks.
 
-Readers (:func:`read_conversations`) accept
+Readers (:func:`read_conversations`) accept ShareGPT records ``{"id", "conversations": [{"from":
+"human"|"gpt"|"system", "value": str}]}`` and OpenAI-style records ``{"messages" | "conversations":
+[{"role": "user"|"assistant"|"system", "content": str}]}`` in JSONL or JSON (an array, or an object
+holding one list), or ``.txt``: blank-line-separated documents, trained on in full (no template).
+Unusable records are skipped and counted by reason in :class:`ReadStats`; an empty or entirely
+unusable file is a :class:`~eagle3.errors.DataError`.
 
-- ShareGPT records ``{"id", "conversations": [{"from": "human"|"gpt"|"system", "value": str}]}``,
-- OpenAI-style records ``{"messages" | "conversations": [{"role": "user"|"assistant"|"system",
-  "content": str}]}``,
-- in a JSONL file (one record per line), a JSON file (an array, or an object holding one list of
-  records), or
-- a plain-text file (``.txt``): documents separated by blank lines, each trained on in full (no
-  template).
-
-A record that cannot be used (malformed JSON line, no assistant turn, unknown role, non-text
-content) is skipped and counted by reason in :class:`ReadStats`; an empty or entirely unusable file
-is a :class:`~eagle3.errors.DataError`.
-
-Loss mask (:func:`tokenize_conversation`): 1 on the tokens the assistant produces (its content and
-its end-of-turn token), 0 elsewhere. Templates with ``{% generation %}`` markers use the tokenizer's
-own ``return_assistant_tokens_mask``; other templates are rendered prefix by prefix
-(``messages[:i]`` with the generation prompt, then ``messages[:i+1]``) and the assistant's character
-span is the difference, mapped to tokens through the tokenizer's offsets. Trailing whitespace after
-the end-of-turn marker is not trained on (the model stops at the marker).
+Loss mask (:func:`tokenize_conversation`): 1 on the assistant's content and end-of-turn token.
+``{% generation %}`` templates use ``return_assistant_tokens_mask``; others are rendered prefix by
+prefix and the assistant's character span mapped to tokens through offsets. Whitespace after the
+end-of-turn marker is not trained on.
 """
 
 from __future__ import annotations

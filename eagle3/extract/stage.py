@@ -1,44 +1,32 @@
 """Hidden-state extraction: conversations → the target's aux hidden states, in speculators' offline
-layout.
+layout. ``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data``, ``cfg.extract`` and writes:
 
-``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data`` and ``cfg.extract`` and writes
-``out_dir``:
-
-    out_dir/data/                  HF ``datasets`` folder (torch format), one row per sample,
-                                   rows in file-index order: ``input_ids`` [T] int64,
-                                   ``loss_mask`` [T] int64 (1 = assistant token), ``seq_len``
-                                   int, ``id`` str (the conversation id of the source record)
+    out_dir/data/                  HF ``datasets`` folder (torch format), one row per sample in
+                                   file-index order: ``input_ids`` [T] int64, ``loss_mask`` [T]
+                                   int64 (1 = assistant token), ``seq_len`` int, ``id`` str
     out_dir/hidden_states/hs_{i}.safetensors
-                                   row i: ``token_ids`` [T] int64 (= input_ids), ``hidden_states``
+                                   row i: ``token_ids`` [T] int64, ``hidden_states``
                                    [T, n_aux+1, H] (bf16 default | float32 | fp8 e4m3 +
                                    ``hidden_states_scales`` [T, n_aux+1, 1]); slot j < n_aux = HF
-                                   ``hidden_states[aux_layer_ids[j]]`` (input of that layer), slot
-                                   -1 = last decoder layer's output before the final norm
-    out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked tokens of the train
-                                   split (sorted by id)
-    out_dir/.progress/             plan hash and one marker per committed shard (resume;
-                                   deterministic content)
-    out_dir/manifest.json          kind "hidden_states" (below)
+                                   ``hidden_states[aux_layer_ids[j]]``, slot -1 = last decoder
+                                   layer's output before the final norm
+    out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked train tokens
+    out_dir/.progress/             plan hash and one marker per committed shard (resume)
+    out_dir/manifest.json          kind "hidden_states"
 
-Manifest keys (stable; the trainer reads them): ``target`` {name (the folder's name), path,
-config_hash, weights_hash, num_layers, hidden_size, vocab_size, architecture, dtype},
-``tokenizer_hash``, ``chat_template_hash``, ``template_switches`` (e.g. ``{"enable_thinking":
-false}``), ``aux_layer_ids`` (HF indices), ``layer_id_convention`` = ``"hf_hidden_states_index"``,
-``num_slots`` (n_aux+1), ``dtype``, ``counts`` {samples, train_samples, val_samples, records,
-skipped, truncated, tokens, loss_tokens, unique_tokens}, ``skipped_by_reason``, ``bytes``
-(hidden_states/ total), ``bytes_per_token``, ``tokens_per_s`` (this invocation's extraction
-throughput), ``splits`` {"train": [row indices], "val": [row indices]} (train rows first, then val,
-so speculators' ``train_ratio`` split agrees), ``data_source`` {kind, path, sha256}, ``plan_hash``,
-``resumed`` and ``content_hash``.
+Manifest keys (stable; the trainer reads them): ``target`` {name, path, config_hash, weights_hash,
+num_layers, hidden_size, vocab_size, architecture, dtype}, ``tokenizer_hash``,
+``chat_template_hash``, ``template_switches``, ``aux_layer_ids`` (HF indices),
+``layer_id_convention`` = ``"hf_hidden_states_index"``, ``num_slots`` (n_aux+1), ``dtype``,
+``counts`` {samples, train_samples, val_samples, records, skipped, truncated, tokens, loss_tokens,
+unique_tokens}, ``skipped_by_reason``, ``bytes``, ``bytes_per_token``, ``tokens_per_s``, ``splits``
+{"train": [rows], "val": [rows]} (train rows first, so speculators' ``train_ratio`` split agrees),
+``data_source`` {kind, path, sha256}, ``plan_hash``, ``resumed``, ``content_hash``.
 
-Selection: records are read (:mod:`eagle3.extract.conversations`), put in a ``data.seed``-seeded
-random order, and the first ``data.num_conversations`` that template to at least one loss token are
-kept; samples longer than ``data.max_seq_len`` tokens are cut and counted as truncated. With
-``data.regenerate`` = ``hf`` | ``openai`` the selected conversations' assistant turns are first
-replaced by the target's own answers (:mod:`eagle3.extract.regen`; cached in ``.progress/`` for
-resume; manifest key ``regenerated``). Before any forward pass the bytes to write are estimated and
-compared with free disk (DataError with both numbers). Crash safety and integrity:
-:mod:`eagle3.extract.store`; the forward passes: :mod:`eagle3.extract.hf_backend`.
+Selection: records in a ``data.seed``-seeded order, the first ``data.num_conversations`` with a loss
+token kept, cut to ``data.max_seq_len`` (counted as truncated). ``data.regenerate`` = ``hf`` |
+``openai`` first replaces assistant turns with the target's answers (:mod:`eagle3.extract.regen`).
+Free disk is checked first (DataError with both numbers).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading the hidden-states directory (extract → train) and packing it into training micro-batches.
+"""Reading the hidden-states directory (extract → train) and packing it into micro-batches.
 
 Layout (docs/INTERNALS.md): ``manifest.json`` (kind ``hidden_states``), ``data/`` (HF datasets:
 input_ids, loss_mask, seq_len), ``hidden_states/hs_{i}.safetensors`` (``token_ids [T]`` int64,

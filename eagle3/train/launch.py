@@ -1,28 +1,23 @@
-"""Several processes for one training run, parent side: ``torchrun`` + DDP/FSDP, followed and held
-to deadlines.
+"""Several processes for one training run, parent side: ``torchrun`` + DDP/FSDP, held to deadlines.
 
-``train(cfg, ...)`` with ``train.num_gpus > 1`` (outside torchrun) calls :func:`launch`. It moves
-the previous launch's files to ``<out_dir>/state/launch.prev/``, writes the resolved config to
-``state/launch/config.yaml`` and runs (:func:`torchrun_command`)::
+:func:`launch` (``train.num_gpus > 1`` outside torchrun) moves the previous launch's files to
+``state/launch.prev/``, writes ``state/launch/config.yaml`` and runs (:func:`torchrun_command`)::
 
     torchrun --standalone --nproc-per-node=N --max-restarts=0 --rdzv-conf=join_timeout=<startup>
              --log-dir=state/launch/logs --tee=3 -m eagle3.train.worker --config C --data D --out O
 
-Each process calls ``eagle3.train.stage.train`` again (now inside torchrun: ``LOCAL_RANK`` is set);
-NCCL on CUDA, gloo on CPU (``train.device=cpu``, for tests). What the parent does meanwhile:
+Each process calls ``eagle3.train.stage.train`` again (NCCL on CUDA, gloo on CPU). Meanwhile the
+parent:
 
-- forwards each new record of ``metrics.jsonl`` to ``on_metrics`` (MLflow logging stays in the
-  caller's process);
-- reads every rank's status file ``state/launch/rank-<r>.json`` (``eagle3.workers``) and holds the
-  ranks to ``train.startup_timeout_s`` (all joined the process group),
-  ``train.first_step_timeout_s`` (all past their first optimizer step) and ``train.stall_timeout_s``
-  (no rank silent that long). A missed deadline saves each live rank's stack
-  (``rank-<r>.stack.txt``, py-spy), ends the job and raises :class:`eagle3.errors.RankFailed`;
-- when torchrun exits non-zero: re-raises a rank's project error with its class and message, or
-  raises RankFailed naming the rank torchrun saw fail first (its exit code or signal), every rank's
-  last status, the rank logs (``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``)
-  and the checkpoint a re-run resumes from (a re-run of the same command continues from the newest
-  complete checkpoint, exactly as an uninterrupted run would have: ``eagle3.train.state``).
+- forwards new ``metrics.jsonl`` records to ``on_metrics``;
+- holds the ranks (status files ``state/launch/rank-<r>.json``) to ``train.startup_timeout_s``,
+  ``train.first_step_timeout_s`` and ``train.stall_timeout_s``; a missed deadline saves each live
+  rank's stack (``rank-<r>.stack.txt``, py-spy), ends the job and raises
+  :class:`eagle3.errors.RankFailed`;
+- when torchrun exits non-zero: re-raises a rank's project error, or raises RankFailed naming the
+  first failed rank, every rank's last status, the rank logs
+  (``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``) and the checkpoint a re-run
+  resumes from.
 """
 
 from __future__ import annotations

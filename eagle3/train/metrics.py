@@ -1,27 +1,21 @@
 """Per-TTT-step accuracy, simulated acceptance length, and metric aggregation (also across ranks).
 
-Definitions (a draft *start* is a training position p; TTT step k predicts the verifier's token at
-p+k, teacher-forced as in speculators' ``Eagle3DraftModel.forward``):
+A draft *start* is a training position p; TTT step k predicts the verifier's token at p+k
+(teacher-forced, as speculators' ``Eagle3DraftModel.forward``):
 
-- valid_k(p): position p+k is loss-masked *and* in the same document (packing boundary) as p.
-- correct_k(p): the draft's argmax at step k equals the verifier's argmax at p+k, both within the
-  draft vocabulary (the verifier's logits are its LM head restricted to the draft vocabulary, as
-  speculators computes its targets).
-- ``acc_full_k`` (unconditional) = #(correct_k & valid_k) / #valid_k.
-- ``acc_cond_k`` (conditional) = #(correct_k & valid_k & all earlier steps right) /
-  #(valid_k & all earlier steps right); ``acc_cond_0 == acc_full_0``.
-- simulated acceptance length = ``1 + c0 + c0*c1 + c0*c1*c2 + ...`` over the conditional accuracies
-  (chain drafting, greedy verification). **The bonus token is counted** (the leading 1), as SGLang's
-  ``spec_accept_length`` counts it: 1.0 = no draft token accepted, maximum ``ttt_steps + 1``.
-  Source: docs/ENGINE_FACTS.md §5 (within 0.02 of the measured acceptance length).
-- chain acceptance length = ``1 + mean over starts of the leading run of correct steps`` (the same
-  quantity counted per start instead of through the product of marginals).
+- valid_k(p): p+k is loss-masked and in p's document.
+- correct_k(p): draft argmax at step k == verifier argmax at p+k, both over the draft vocabulary.
+- ``acc_full_k`` = #(correct_k & valid_k) / #valid_k.
+- ``acc_cond_k`` = the same among starts whose earlier steps were all right; ``acc_cond_0 ==
+  acc_full_0``.
+- simulated acceptance length = ``1 + c0 + c0*c1 + ...`` over the conditional accuracies. **The
+  bonus token is counted**, as SGLang's ``spec_accept_length``: 1.0 = nothing accepted, maximum
+  ``ttt_steps + 1``. Source: docs/ENGINE_FACTS.md §5.
+- chain acceptance length = ``1 + mean over starts of the leading run of correct steps``.
 
-Static shapes under ``torch.compile``: speculators 0.9.0 counts the per-TTT-step accuracy with
-``torch.masked_select`` (``compute_accuracy_single_step``), a data-dependent shape: a graph break
-and a recompile per distinct loss-token count until dynamo's limit (8) sends the frame to eager
-(tests/unit/test_train_fixed_shapes.py). :func:`accuracy_single_step` gives the same four counts
-with masked sums; :func:`install` binds it where speculators' Eagle-3 metrics look it up.
+speculators 0.9.0 counts accuracy with ``torch.masked_select`` (a data-dependent shape: recompiles
+under ``torch.compile``, tests/unit/test_train_fixed_shapes.py). :func:`accuracy_single_step` gives
+the same counts with masked sums; :func:`install` binds it where speculators looks it up.
 """
 
 from __future__ import annotations

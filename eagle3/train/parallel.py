@@ -1,23 +1,14 @@
-"""How the draft is spread over the ranks of one training run (``train.distributed``, when
-``train.num_gpus > 1``).
+"""How the draft is spread over the ranks (``train.distributed``, ``train.num_gpus > 1``).
 
-- ``ddp``: every rank holds the whole draft and its AdamW state; gradients are all-reduced
-  (``torch.nn.parallel. DistributedDataParallel``).
-- ``fsdp``: torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) shards the *trainable* modules —
-  ``fc``, each decoder layer, the final norm and any other child holding trainable parameters — over
-  the ranks: their weights, gradients and AdamW moments take 1/N of the memory per rank; each
-  module's weights are all-gathered for its forward and backward and its gradients reduce-scattered.
-  The frozen tensors (embedding, LM heads, verifier norm, d2t/t2d) stay whole on every rank, so the
-  loop can call them directly. For drafts whose trainable state is large (e.g. a 1.2B-parameter
-  draft: 4.8 GB of float32 weights + 9.6 GB of moments per rank under ``ddp``).
+- ``ddp``: every rank holds the whole draft and AdamW state; gradients are all-reduced.
+- ``fsdp``: FSDP2 (``fully_shard``) shards the *trainable* modules (``fc``, each decoder layer, the
+  final norm, other trainable children): weights, gradients and AdamW moments take 1/N per rank.
+  Frozen tensors (embedding, LM heads, verifier norm, d2t/t2d) stay whole on every rank.
 
-Checkpoints keep one layout whatever the mode (``eagle3.train.state``): ``model.safetensors`` holds
-the full state dict (gathered to rank 0 under ``fsdp``), so export, ``best/`` and resume read the
-same file. ``optimizer.pt`` is ``optimizer.state_dict()`` under ``ddp`` and one process, and torch's
-full optimizer state dict keyed by parameter name
-(``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``) under ``fsdp``;
-``state.json`` records the mode and a resume in another mode is refused
-(:mod:`eagle3.train.state`).
+Checkpoints keep one layout: ``model.safetensors`` holds the full state dict (gathered to rank 0
+under ``fsdp``). ``optimizer.pt`` is ``optimizer.state_dict()`` under ``ddp``/one process, torch's
+full optimizer state dict keyed by parameter name under ``fsdp``; a resume in another mode is
+refused (:mod:`eagle3.train.state`).
 
 Every method that gathers is a collective: all ranks call it, in the same order.
 """
