@@ -1,15 +1,9 @@
 """The ``hf`` extraction backend: transformers forward passes with aux capture, one process per
-device.
-
-A worker loads the target on its device, and for each shard assigned to it runs the shard's samples
-in batches of ``extract.batch_size`` (sorted by length inside the shard, right-padded), captures HF
-``hidden_states`` indices ``aux_layer_ids + [L]`` with
-:func:`eagle3.target_model.capture_hidden_states` (index L = last layer output before the final
-norm), and writes one file per sample through a writer thread so that the next batch's forward pass
-overlaps the writes. Only the decoder body runs (no LM head: extraction needs no logits). Several
-devices: one spawned process per device, shards round-robin
-(:func:`eagle3.extract.store.assign_shards`), started and watched by :mod:`eagle3.extract.workers`;
-on the CPU several workers split the cores (for tests).
+device. Each shard's samples run in batches of ``extract.batch_size`` (length-sorted,
+right-padded), capturing HF ``hidden_states`` indices ``aux_layer_ids + [L]``
+(:func:`eagle3.target_model.capture_hidden_states`; L = last layer output before the final norm),
+decoder body only; a writer thread overlaps file writes with the next forward. Shards go
+round-robin (:func:`eagle3.extract.store.assign_shards`) to workers (:mod:`eagle3.extract.workers`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do: it raises
-acceptance, because the draft then learns the target's own token distribution rather than another
-model's).
+"""Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do), so the draft
+learns the target's own distribution. Each assistant turn is replaced, in order, by the target's
+greedy answer to the conversation so far:
 
-Every assistant turn is replaced, in order, by the target's greedy answer to the conversation so far
-(with the earlier turns already regenerated). Two ways:
+- ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), target template;
+- ``openai``: an OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0).
 
-- ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), chat template of
-  the target;
-- ``openai``: any OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0)
-  through httpx.
-
-Extraction stores the regenerated conversations in ``<out>/.progress/regenerated.jsonl`` so a
-resumed run reuses them instead of generating again.
+Results are cached in ``<out>/.progress/regenerated.jsonl`` for resume.
 """
 
 from __future__ import annotations

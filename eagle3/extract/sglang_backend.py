@@ -1,22 +1,14 @@
 """The ``sglang`` extraction backend: SGLang's offline ``Engine`` with aux-state capture, for
 targets too large for transformers.
 
-SGLang lives in its own environment (``serve.sglang_python``; ``make sglang-env`` builds one), so
-the engine runs in a child process, ``eagle3/engines/sglang/plugin/sglang_extract_worker.py`` (see
-its docstring for the engine settings and the line protocol). This side plans the batches, sends
-token ids, reads the returned states ``[T, S, H]`` and writes them through the same checks,
-encodings and atomic shard commits as the ``hf`` backend (:mod:`eagle3.extract.store`), so the
-dataset layout, resume and integrity guarantees are the same.
+The engine runs in a child process in SGLang's own environment (``serve.sglang_python``),
+``eagle3/engines/sglang/plugin/sglang_extract_worker.py``; this side sends token ids, reads states
+``[T, S, H]`` and writes them as the ``hf`` backend does (:mod:`eagle3.extract.store`).
 
-Layer ids: this project's ids are HF ``hidden_states`` indices (i = input of decoder layer i, L =
-the last layer's output before the final norm). SGLang's explicit ids are "output of layer k" (it
-adds 1 internally; docs/ENGINE_FACTS.md §3), so index i is SGLang id i-1, and index L is SGLang id
-L-1, which stock SGLang cannot capture; the worker registers ``eagle3_sglang_capture``
-(``SGLANG_EXTERNAL_MODEL_PACKAGE``), a subclass of the target's own SGLang class that takes it at
-the final norm. Index 0 (the embeddings) has no SGLang id.
-
-Tested against the real SGLang of the profile's version on the CPU
-(tests/sglang/test_extract_sglang.py: states equal the ``hf`` backend's); it has not run on a GPU.
+Layer ids: HF ``hidden_states`` index i is SGLang id i-1 ("output of layer k"; docs/ENGINE_FACTS.md
+§3). Index L (last layer, before the final norm) is taken by ``eagle3_sglang_capture``
+(``SGLANG_EXTERNAL_MODEL_PACKAGE``) at the final norm; index 0 has no SGLang id. Tested on the CPU
+against the ``hf`` backend (tests/sglang/test_extract_sglang.py), not on a GPU.
 """
 
 from __future__ import annotations

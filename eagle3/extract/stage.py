@@ -1,4 +1,4 @@
-"""Hidden-state extraction: conversations → the target's aux hidden states, in speculators' offline
+"""Hidden-state extraction: conversations → the target's aux hidden states, speculators' offline
 layout. ``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data``, ``cfg.extract`` and writes:
 
     out_dir/data/                  HF ``datasets`` folder (torch format), one row per sample in

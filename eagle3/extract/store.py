@@ -1,23 +1,17 @@
 """On-disk storage of extracted hidden states: sample files, fp8 encoding, shard commits, resume,
-integrity.
-
-One file per sample, ``<out>/hidden_states/hs_{i}.safetensors`` (i = row of the ``data/`` dataset),
+integrity. One file per sample, ``<out>/hidden_states/hs_{i}.safetensors`` (i = ``data/`` row), in
 the layout speculators' ``FileTransfer`` reads:
 
     token_ids              [T] int64
     hidden_states          [T, n_aux+1, H]  bfloat16 | float32 | float8_e4m3fn; slot -1 = last
                            layer, pre-norm
-    hidden_states_scales   [T, n_aux+1, 1] float32 (fp8 only: value = fp8 * scale, one scale per
-                           token and slot; the key and rule of speculators' hs_connectors
-                           FP8Transfer)
+    hidden_states_scales   [T, n_aux+1, 1] float32 (fp8 only: value = fp8 * scale; speculators'
+                           hs_connectors FP8Transfer)
 
-Samples are grouped in shards of ``extract.shard_size`` consecutive rows. A shard is committed when
-every file of it has been written under a temporary name, fsync'd and renamed, and then the marker
-``<out>/.progress/shard_{k}.json`` (file names and byte sizes) is written atomically. A resumed run
-keeps the committed shards and recomputes the others, so a SIGKILL at any moment loses at most one
-shard's work and never leaves a half-written file under its final name. Marker contents are
-deterministic (no timestamps), so an interrupted-and-resumed run has the same content hash as an
-uninterrupted one.
+Shards of ``extract.shard_size`` rows are committed when every file is written under a temporary
+name, fsync'd and renamed, then the marker ``<out>/.progress/shard_{k}.json`` is written atomically.
+A resume keeps committed shards, so a SIGKILL loses at most one shard. Markers are deterministic,
+so a resumed run has the same content hash as an uninterrupted one.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Several extraction workers (``extract.num_gpus > 1``, backend ``hf``): one spawned process per
-device, started, watched and ended by the extracting process.
-
-Each worker (:func:`_worker_main`) writes its output to ``<out>/.progress/workers/worker-<k>.log``
-(stdout and stderr) and its status to ``worker-<k>.json`` beside it (``eagle3.workers``: ``started``
-→ ``ready`` once the target is loaded → ``step`` = tokens written, at most once a second → ``done``
-| ``failed``). The parent holds them to ``extract.startup_timeout_s`` (every worker ready) and
-``extract.stall_timeout_s`` (no worker without a written batch for that long, its first batch
-included); a missed deadline saves each live worker's stack (``worker-<k>.stack.txt``), ends all
-workers and raises :class:`eagle3.errors.RankFailed`. A worker that exits non-zero ends the others
-too: its project error is re-raised with its class and message, anything else (a signal, the OOM
-killer, a bug) is a RankFailed naming the worker, its device, its exit and its log. Shards committed
-before the failure are kept, so a re-run extracts only the rest (:mod:`eagle3.extract.store`). After
-a run in which every worker finished, the folder is removed (it holds pids and times, and
-``.progress/`` is part of the output's content hash).
+device. Each (:func:`_worker_main`) logs to ``<out>/.progress/workers/worker-<k>.log`` and reports
+status in ``worker-<k>.json`` (``eagle3.workers``: started → ready → step → done | failed). The
+parent holds them to ``extract.startup_timeout_s`` and ``extract.stall_timeout_s``; a missed
+deadline saves live stacks (``worker-<k>.stack.txt``), ends all workers and raises
+:class:`eagle3.errors.RankFailed`. A failed worker ends the others: its project error is re-raised,
+anything else is a RankFailed naming worker, device, exit and log. Committed shards are kept. After
+a clean run the folder is removed (``.progress/`` is part of the content hash).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Stage 2, train: a speculators EAGLE-3 draft from a hidden-states directory (docs/INTERNALS.md).
 
-``train(cfg, data_dir, out_dir)`` checks everything that can be checked before the first step
-(output dir writable, engine flags, dataset vs target, vocabulary), then runs
-:mod:`eagle3.train.loop` and writes into ``out_dir``: ``config.json`` + ``model.safetensors``
-(speculators format, with d2t/t2d and top-level ``eagle_aux_hidden_state_layer_ids`` in HF-index
-convention), ``metrics.jsonl``, ``state/`` (resume state) and ``manifest.json`` (kind
-``draft_checkpoint``).
-
-``train.max_steps = 0`` writes the *untrained* draft (vocab map built, verifier embedding / LM-head
-rows / final norm loaded, random fc and layer, no optimizer step): the pipeline's baseline.
-``train.num_gpus > 1`` outside torchrun launches ``torchrun -m eagle3.train.launch`` (see there).
+``train(cfg, data_dir, out_dir)`` checks what it can before the first step, runs
+:mod:`eagle3.train.loop` and writes ``config.json`` + ``model.safetensors`` (speculators format,
+d2t/t2d, top-level ``eagle_aux_hidden_state_layer_ids`` as HF indices), ``metrics.jsonl``,
+``state/`` and ``manifest.json`` (kind ``draft_checkpoint``). ``train.max_steps = 0`` writes the
+untrained draft (the baseline). ``train.num_gpus > 1`` outside torchrun: :mod:`eagle3.train.launch`.
 """
 
 from __future__ import annotations

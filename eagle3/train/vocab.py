@@ -1,19 +1,14 @@
-"""The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, their invariants and their
-hash.
+"""The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, invariants and hash.
 
 Conventions (speculators 0.9.0, SGLang (profile.VERSION); docs/ENGINE_FACTS.md §2, §5):
 
-- ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]`` for draft index
-  ``i``.
-- ``t2d``: bool ``[vocab_size]``, True exactly at the target ids that have a draft index.
-- Draft index order is ascending target id (speculators'
-  ``build_vocab_mappings_from_distribution``), so the draft ``lm_head`` rows are the target LM-head
-  rows selected by ``t2d``.
+- ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]``.
+- ``t2d``: bool ``[vocab_size]``, True exactly at target ids with a draft index.
+- Draft index order is ascending target id (speculators' ``build_vocab_mappings_from_distribution``).
 
-The map is chosen by frequency over the loss-masked tokens of the train split (``token_freq.pt``,
-written by extraction). When the data holds fewer distinct tokens than ``draft_vocab_size`` the
-caller must decide (failure class 8): :func:`build_vocab_map` raises unless ``pad`` is set, in which
-case the lowest unused target ids fill the remaining draft slots (speculators' padding rule).
+The map is chosen by frequency over loss-masked train tokens (``token_freq.pt``). With fewer
+distinct tokens than ``draft_vocab_size`` :func:`build_vocab_map` raises unless ``pad``: then the
+lowest unused target ids fill the rest (speculators' padding rule).
 """
 
 from __future__ import annotations
