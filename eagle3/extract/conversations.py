@@ -178,7 +178,7 @@ def template_hash(tokenizer) -> str:
 
 
 def tokenizer_hash(tokenizer) -> str:
-    """sha256 (hex) over the tokenizer's vocabulary (token → id, sorted) and its special tokens."""
+    """sha256 (hex) over the tokenizer's vocabulary (token to id, sorted) and its special tokens."""
     vocab = sorted(tokenizer.get_vocab().items())
     payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map}, sort_keys=True,
                          default=str)

@@ -1,6 +1,6 @@
 """Several extraction workers (``extract.num_gpus > 1``, backend ``hf``): one spawned process per
 device. Each (:func:`_worker_main`) logs to ``<out>/.progress/workers/worker-<k>.log`` and reports
-status in ``worker-<k>.json`` (``eagle3.workers``: started → ready → step → done | failed). The
+status in ``worker-<k>.json`` (``eagle3.workers``: started, ready, step, done | failed). The
 parent holds them to ``extract.startup_timeout_s`` and ``extract.stall_timeout_s``; a missed
 deadline saves live stacks (``worker-<k>.stack.txt``), ends all workers and raises
 :class:`eagle3.errors.RankFailed`. A failed worker ends the others: its project error is re-raised,

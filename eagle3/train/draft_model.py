@@ -1,6 +1,6 @@
 """Building, saving and loading speculators' EAGLE-3 draft for a target, configured for the serving
-engine (docs/ENGINE_FACTS.md §2, §5): the layer flags ``norm_before_residual``, ``norm_before_fc``,
-``fc_norm``, ``norm_output`` are checked against the engine profile
+engine (docs/ENGINE_FACTS.md §2, §5): the layer flags ``norm_before_residual``,
+``norm_before_fc``, ``fc_norm``, ``norm_output`` are checked against the engine profile
 (``eagle3.engines.profile.get_profile(engine, version).check_flags``) before training; SGLang is
 ``norm_before_residual=False``. Aux layer ids are HF ``hidden_states`` indices, stored at the top of
 ``config.json`` as ``eagle_aux_hidden_state_layer_ids``.

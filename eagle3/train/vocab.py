@@ -4,7 +4,8 @@ Conventions (speculators 0.9.0, SGLang (profile.VERSION); docs/ENGINE_FACTS.md Â
 
 - ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]``.
 - ``t2d``: bool ``[vocab_size]``, True exactly at target ids with a draft index.
-- Draft index order is ascending target id (speculators' ``build_vocab_mappings_from_distribution``).
+- Draft index order is ascending target id (speculators'
+  ``build_vocab_mappings_from_distribution``).
 
 The map is chosen by frequency over loss-masked train tokens (``token_freq.pt``). With fewer
 distinct tokens than ``draft_vocab_size`` :func:`build_vocab_map` raises unless ``pad``: then the
