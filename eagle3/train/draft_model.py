@@ -21,16 +21,12 @@ REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.
 
 
 def resolve_flags(cfg) -> dict[str, bool]:
-    """The draft's layer flags for ``cfg`` (a RunConfig), checked against the serving engine.
-
-    ``train.norm_before_residual = None`` takes the engine's value (SGLang: False). The
-    engine is ``cfg.convert.engine`` at ``cfg.convert.engine_version``.
-
-    Raises:
-        ConfigError: a flag the engine ignores or implements differently (from the profile's
-            ``check_flags``; names the flag, the configured and the supported value).
-        EngineUnsupported: no profile for the engine/version.
+    """The draft's layer flags for ``cfg``, checked against ``cfg.convert.engine`` at
+    ``engine_version``; ``train.norm_before_residual = None`` takes the engine's value (SGLang:
+    False). Raises ConfigError for a flag the engine ignores or implements differently (profile's
+    ``check_flags``), EngineUnsupported without a profile.
     """
+
     from eagle3.engines.registry import get_profile
 
     t = cfg.train
@@ -63,17 +59,12 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
                 num_layers: int, ttt_steps: int, flags: dict[str, bool], attn_impl: str = "sdpa"):
     """A fresh ``Eagle3DraftModel`` for the target, with the vocab map and verifier weights loaded.
 
-    Args:
-        target_dir: the target's HF folder (config, embeddings, LM head, final norm are read from
-        it). aux_layer_ids: HF hidden_states indices of the aux states (``fc`` input = len(ids) ×
-        hidden). d2t, t2d: the draft vocabulary map (:mod:`eagle3.train.vocab`). num_layers: draft
-        decoder layers. ttt_steps: recorded as the greedy proposal's ``speculative_tokens``. flags:
-        :func:`resolve_flags`' result. attn_impl: ``sdpa`` (CPU and CUDA) or ``eager``;
-        speculators' default flex attention has no CPU backward.
-    Returns the model in float32, train mode; random init of fc/layers comes from torch's global
-    RNG. The accuracy counts of its forward are the static-shape ones
-    (:mod:`eagle3.train.metrics`: no recompile per micro-batch under ``train.compile``).
-    Raises ConfigError for an invalid layer-id list (out of range, repeated).
+    target_dir: the target's HF folder. aux_layer_ids: HF hidden_states indices (``fc`` input =
+    len(ids) × hidden). d2t, t2d: :mod:`eagle3.train.vocab`. ttt_steps: recorded as
+    ``speculative_tokens``. flags: :func:`resolve_flags`. attn_impl: ``sdpa`` or ``eager``
+    (speculators' flex has no CPU backward). Returns the model in float32, train mode, with the
+    static-shape accuracy counts (:mod:`eagle3.train.metrics`). Raises ConfigError for an invalid
+    layer-id list.
     """
     from speculators.config import SpeculatorsConfig, VerifierConfig
 
@@ -125,12 +116,8 @@ def set_attention(model, attn_impl: str) -> None:
 
 
 def use_uncompiled_forward(model) -> bool:
-    """Bind the plain Python ``forward`` of speculators' draft to ``model``.
-
-    speculators wraps ``Eagle3DraftModel.forward`` in ``torch.compile`` whenever CUDA is available
-    (``conditional_torch_compile``); packed batches of varying length then recompile, and compiled
-    flex paths can fail (docs/ENGINE_FACTS.md §6). Returns True when a compiled wrapper was
-    bypassed.
+    """Bind the plain Python ``forward`` of speculators' draft (which ``conditional_torch_compile``
+    wraps on CUDA; docs/ENGINE_FACTS.md §6). Returns True when a compiled wrapper was bypassed.
     """
     import types
 
@@ -143,15 +130,9 @@ def use_uncompiled_forward(model) -> bool:
 
 
 def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
-    """Replace the draft's forward by ``torch.compile`` of its plain Python forward, with static
-    shapes.
-
-    speculators compiles ``Eagle3DraftModel.forward`` with torch.compile's defaults (dynamic shapes
-    allowed, mode ``default``); here the wrapper is rebuilt with ``dynamic=False`` (the loop pads
-    every micro-batch to one length, so one graph per TTT layout serves the whole run) and the
-    chosen ``mode``: ``"default"``, ``"reduce-overhead"`` (CUDA graphs: removes the per-kernel
-    launch cost that dominates small drafts) or ``"max-autotune-no-cudagraphs"``. ``backend`` (None
-    = inductor) exists for tests. Raises ConfigError for an unknown mode.
+    """Replace the draft's forward by ``torch.compile(dynamic=False)`` of its plain forward in
+    ``mode`` (``"default"``, ``"reduce-overhead"``, ``"max-autotune-no-cudagraphs"``). ``backend``
+    (None = inductor) is for tests. Raises ConfigError for an unknown mode.
     """
     import types
 
@@ -173,22 +154,16 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
 def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """``(name, parameter)`` of what training updates: fc, decoder layers, final norm (and input
-    norms).
-
-    The embedding, ``lm_head`` and the verifier's head/norm stay frozen, as speculators 0.9.0
-    freezes them (``load_verifier_weights``).
+    """``(name, parameter)`` of what training updates: fc, decoder layers, norms. Embedding,
+    ``lm_head`` and verifier head/norm stay frozen, as in speculators 0.9.0.
     """
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in speculators format into ``out_dir`` (the
-    tensors of ``state_dict`` when given: the full weights gathered from shards; else the model's
-    own).
-
-    Checks after writing that every tensor of :data:`REQUIRED_TENSORS` is present and finite, and
-    that ``config.json`` holds the top-level aux ids. Raises CheckpointInvalid otherwise.
+    """Write ``config.json`` + ``model.safetensors`` (speculators format; ``state_dict`` if given)
+    into ``out_dir``. Raises CheckpointInvalid unless every :data:`REQUIRED_TENSORS` tensor is
+    present and finite and ``config.json`` holds the top-level aux ids.
     """
     from safetensors import safe_open
 
@@ -216,15 +191,9 @@ def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Pa
 
 def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str | Path
         | None = None):
-    """Load a speculators-format draft (float32) and set its attention implementation; its forward
-    runs eager.
-
-    speculators wraps the forward in ``torch.compile`` whenever CUDA is available, also for a draft
-    loaded on the CPU for conversion checks (where inductor's C++ code generation can fail); a
-    loaded draft only runs a few checking forwards, so the plain forward is bound
-    (:func:`use_uncompiled_forward`). speculators reads the target (verifier) at the checkpoint's
-    ``speculators_config.verifier.name_or_path`` (the path where training ran); ``verifier_dir``
-    (the target's folder here) is used instead when given; the checkpoint on disk is unchanged."""
+    """Load a speculators-format draft (float32) with ``attn_impl`` and an eager forward
+    (:func:`use_uncompiled_forward`). ``verifier_dir`` overrides the checkpoint's
+    ``speculators_config.verifier.name_or_path``; the file on disk is unchanged."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
     if verifier_dir is None:

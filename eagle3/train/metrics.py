@@ -47,14 +47,11 @@ def new_counts(ttt_steps: int, device: torch.device | str = "cpu") -> torch.Tens
 def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids: torch.Tensor,
               loss_mask: torch.Tensor, document_ids: torch.Tensor,
               step_losses: list[torch.Tensor]) -> None:
-    """Add one packed micro-batch to ``counts`` (in place).
-
-    Args:
-        draft_tokens: per TTT step, ``[1, N]`` draft-vocab argmax (``forward``'s first output).
-        target_ids: ``[1, N]`` verifier argmax in the draft vocabulary.
-        loss_mask: ``[1, N]`` bool. document_ids: ``[1, N]`` int64.
-        step_losses: per TTT step, the scalar loss of that step (speculators' ``loss_{k}_sum``).
+    """Add one packed micro-batch to ``counts`` (in place). draft_tokens: per TTT step ``[1, N]``
+    draft-vocab argmax; target_ids: ``[1, N]`` verifier argmax (draft vocabulary); loss_mask:
+    ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses: per step scalar (``loss_{k}_sum``).
     """
+
     K = len(draft_tokens)
     n = target_ids.shape[-1]
     tgt, mask, doc = target_ids[0], loss_mask[0].bool(), document_ids[0]
@@ -117,22 +114,11 @@ def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
 def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor
         | None,
                          prev_correct: torch.Tensor | None):
-    """Full and conditional accuracy counts of one TTT step, as speculators'
-    ``compute_accuracy_single_step``.
-
-    Args:
-        pred_ids, target_ids: ``[1, S]`` int64 draft / verifier argmax token ids (draft vocabulary).
-        loss_mask: ``[1, S]`` bool/int or None: positions that count. prev_correct: ``[1, S]`` bool
-        or None: positions whose earlier TTT steps were all correct; updated in place
-            to ``prev_correct & (pred_ids == target_ids)`` (speculators' contract: the caller reads
-            it next step).
-
-    Returns:
-        ``(full_correct, full_total, cond_correct, cond_total)``, float32 scalars on the inputs'
-        device: correct chain positions among the loss positions, the number of loss positions (S
-        without a mask), the same correct count again, and the number of positions correct before
-        this step (S at step 0) — the values speculators' version returns, with no data-dependent
-        shape.
+    """speculators' ``compute_accuracy_single_step`` without data-dependent shapes. pred_ids,
+    target_ids: ``[1, S]`` int64 (draft vocabulary). loss_mask: ``[1, S]`` bool/int or None.
+    prev_correct: ``[1, S]`` bool or None, updated in place to ``prev_correct & (pred_ids ==
+    target_ids)``. Returns float32 scalars ``(full_correct, full_total, cond_correct, cond_total)``
+    as speculators' version does.
     """
     correct = pred_ids == target_ids
     if prev_correct is not None:

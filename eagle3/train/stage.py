@@ -58,19 +58,12 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
     """Train (or resume) the draft; returns the ``draft_checkpoint`` manifest (``{}`` on ranks other
     than 0).
 
-    Args:
-        cfg: RunConfig (reads ``train``, ``target``, ``paths``, ``convert.engine[_version]``).
-        data_dir: hidden-states directory. out_dir: the stage's output directory (created).
-        on_metrics: called as ``on_metrics(metrics, step)`` per log step and per evaluation (rank
-        0). progress: show a progress bar (rank 0).
-    Raises:
-        ConfigError: unwritable ``out_dir``; an engine flag the serving engine ignores; incompatible
-        resume. DataError: empty dataset; dataset from another target; hidden size disagreeing with
-        the target;
-            fewer distinct tokens than ``draft_vocab_size``; a different vocab map on resume.
-        TrainingDiverged: NaN/Inf loss or gradient norm (names the step; the last checkpoint is
-        kept).
+    ``on_metrics(metrics, step)``: per log step and evaluation (rank 0). Raises ConfigError
+    (unwritable ``out_dir``, engine flag, incompatible resume), DataError (empty or foreign
+    dataset, too few distinct tokens, another vocab map on resume), TrainingDiverged (NaN/Inf loss
+    or gradient norm; the last checkpoint is kept).
     """
+
     from eagle3.precision import resolved
 
     cfg = resolved(cfg)  # train.precision concrete (load_config has done it already)

@@ -25,13 +25,9 @@ from eagle3.errors import ConfigError, DataError
 
 @dataclass(frozen=True)
 class VocabMap:
-    """A draft vocabulary map.
-
-    Attributes:
-        d2t: int64 ``[draft_vocab_size]`` offsets (``target_id = i + d2t[i]``). t2d: bool
-        ``[vocab_size]``. num_from_data: draft slots filled from observed tokens (the rest are
-        padding). coverage: fraction (0..1) of the counted (loss-masked) tokens whose id is in the
-        draft vocabulary.
+    """A draft vocabulary map. d2t: int64 ``[draft_vocab_size]`` offsets; t2d: bool
+    ``[vocab_size]``; num_from_data: slots filled from observed tokens; coverage: fraction (0..1)
+    of loss-masked tokens in the draft vocabulary.
     """
 
     d2t: torch.Tensor
@@ -86,20 +82,11 @@ def load_token_freq(path: str | Path) -> dict[int, int]:
 
 def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_size: int, *,
                     pad: bool = False) -> VocabMap:
-    """Choose the ``draft_vocab_size`` most frequent target ids (ties: lower id first).
-
-    Args:
-        token_freq: ``{target token id: count}``; zero counts are ignored. draft_vocab_size: draft
-        LM-head rows. vocab_size: target vocabulary size (``t2d`` length). pad: when the data has
-        fewer distinct tokens than ``draft_vocab_size``, fill the rest with the
-            lowest unused ids instead of raising.
-    Raises:
-        ConfigError: ``draft_vocab_size`` not in ``[2, vocab_size)`` (an equal size needs no map,
-        and
-            speculators then stores no d2t/t2d, which the serving conversion requires).
-        DataError: a token id outside ``[0, vocab_size)``; fewer distinct tokens than
-            ``draft_vocab_size`` and ``pad`` is False (names both numbers and
-            ``train.pad_draft_vocab``).
+    """Choose the ``draft_vocab_size`` most frequent target ids in ``token_freq`` ``{id: count}``
+    (ties: lower id first); ``pad``: fill missing slots with the lowest unused ids. Raises
+    ConfigError when ``draft_vocab_size`` is not in ``[2, vocab_size)`` (speculators stores no
+    d2t/t2d for an equal size); DataError for an id outside ``[0, vocab_size)`` or too few distinct
+    tokens without ``pad``.
     """
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
@@ -152,12 +139,9 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> No
 
 
 def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
-    """sha256 (hex) over the map's contents: ``d2t`` as little-endian int64 bytes, then ``t2d`` as
-    uint8.
+    """sha256 (hex) of ``d2t`` as little-endian int64 bytes, then ``t2d`` as uint8 (independent of
+    device and held dtype)."""
 
-    Independent of device and of the dtype the tensors are held in, so a map read back from a
-    checkpoint hashes the same as the one that was built.
-    """
     h = hashlib.sha256()
     h.update(b"d2t:")
     h.update(d2t.detach().cpu().to(torch.int64).contiguous().numpy().astype("<i8").tobytes())
