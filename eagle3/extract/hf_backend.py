@@ -63,10 +63,7 @@ def resolve_devices(device: str, num_gpus: int) -> list[str]:
 def forward_capture(model, capture_ids: list[int], batch: list[list[int]],
                     pad_id: int) -> list[torch.Tensor]:
     """Run the decoder on a right-padded batch; returns per sample ``[T_i, len(capture_ids), H]``
-    (model dtype).
-
-    Padding does not change real tokens' states beyond kernel rounding (causal attention, masked
-    pads, positions 0..T_i-1); the determinism probe in the tests bounds that difference.
+    (model dtype). Padding changes real tokens' states only by kernel rounding.
     """
     from eagle3.target_model import capture_hidden_states
 
@@ -195,10 +192,9 @@ def _pad_id(model, tok) -> int:
 
 
 def determinism_probe(model, capture_ids: list[int], samples: list[list[int]], pad_id: int) -> dict:
-    """Extract ``samples`` one at a time and together in one right-padded batch of mixed lengths;
-    compare.
-
-    Returns ``{"max_rel_err": float, "per_slot": [float]}``: the largest over samples and tokens of
+    """Extract ``samples`` one at a time and in one right-padded batch of mixed lengths; compare.
+    Returns
+ ``{"max_rel_err": float, "per_slot": [float]}``: the largest over samples and tokens of
     ``|a - b| / |a|`` (L2 over the hidden dimension) per captured slot. Batch-independent extraction
     gives a value at the level of the model dtype's rounding (bf16: ~1e-2, fp32: ~1e-6).
     """

@@ -70,13 +70,11 @@ def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds
 
 def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
                  max_prompt_tokens: int | None = None):
-    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding).
+    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding). Prompts
+    over ``max_prompt_tokens`` get ``None`` (the original turn is kept). A batch raising
+    ``torch.OutOfMemoryError`` is retried as two halves; a single prompt that does not fit raises
+    DataError."""
 
-    A prompt longer than ``max_prompt_tokens`` tokens is not generated for (its answer is ``None``:
-    the caller keeps the original turn), so one very long conversation does not pad a whole batch to
-    its length. A batch that runs out of device memory (``torch.OutOfMemoryError``) is generated
-    again as two halves, with a warning (greedy answers do not depend on the batch split beyond the
-    dtype's rounding); a single prompt that does not fit raises DataError."""
     kwargs = dict(template_kwargs or {})
 
     def answer(prefixes: list[list[dict]]) -> list[str | None]:
@@ -132,10 +130,7 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
 
 def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
     """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature
-    0).
-
-    Raises TransientError for connection failures and 5xx answers, DataError for other non-200
-    answers.
+    0). Raises TransientError for connection failures and 5xx, DataError for other non-200 answers.
     """
     import httpx
 

@@ -49,7 +49,9 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
               step_losses: list[torch.Tensor]) -> None:
     """Add one packed micro-batch to ``counts`` (in place). draft_tokens: per TTT step ``[1, N]``
     draft-vocab argmax; target_ids: ``[1, N]`` verifier argmax (draft vocabulary); loss_mask:
-    ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses: per step scalar (``loss_{k}_sum``).
+    ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses: per-step scalars
+    (``loss_{k}_sum``).
+
     """
 
     K = len(draft_tokens)
