@@ -33,7 +33,7 @@ SIMULATE_ENV = ("SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN")
 class LaunchFlag:
     """One ``serve.<field>`` and its launch flag. ``spec``: only with a draft. ``switch``:
     valueless, given when true. ``skip``: value that omits it. ``reference``: values the reference
-    engine honours (None: any); ``ref_flag``: passed to it too. ``resolved``: in ``/server_info``."""
+    engine honours (None: any); ``ref_flag``: passed to it too. ``resolved``: in /server_info."""
 
     field: str
     flag: str
