@@ -47,7 +47,7 @@ def bounded_int(config: Mapping[str, Any], key: str, default: Any = None, *,
 
 
 def out_of_bounds(config: Mapping[str, Any], *, where: str = "config.json") -> list[str]:
-    """Messages for every ``LIMITS`` key in ``config`` out of range or not an integer; [] if none."""
+    """Messages for every ``LIMITS`` key in ``config`` out of range or not an integer."""
 
     out = []
     for key in LIMITS:
