@@ -24,8 +24,8 @@ from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 from eagle3.overrides import apply_overrides, format_validation_error
 
-# Defaults shared by a config section, the library function it feeds and the CLI option for the same
-# thing: each is written here once and imported.
+# Defaults shared by a config section, the library function it feeds and the CLI option.
+
 BENCH_PROMPTS = "mtbench"
 BENCH_NUM_PROMPTS = 8  # prompts (MT-Bench, round-robin over categories: one per category)
 BENCH_MAX_NEW_TOKENS = 64  # tokens generated per prompt
@@ -366,15 +366,13 @@ class RunConfig(_Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    # how each ``auto`` dtype/precision was resolved (eagle3.precision.resolve_config); not part of
-    # any hash
+    # how each ``auto`` was resolved (eagle3.precision.resolve_config); in no hash
     _auto_resolved: dict = PrivateAttr(default_factory=dict)
 
     @property
     def auto_resolved(self) -> dict[str, dict]:
         """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why":
-        ...}}`` for every setting that was ``auto`` when :func:`load_config` resolved it (empty when
-        none was)."""
+        ...}}`` for every setting that was ``auto``."""
         return self._auto_resolved
 
     @model_validator(mode="after")
@@ -404,8 +402,7 @@ class RunConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def save(self, path: str | Path) -> Path:
-        """Write the resolved config as YAML (``path`` may be a directory: then
-        ``<dir>/config.yaml``)."""
+        """Write the config as YAML to ``path`` (a directory: ``<dir>/config.yaml``)."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.yaml"
@@ -419,18 +416,10 @@ _PARSED_MAX = 32
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto``
-    dtype/precision.
+    dtype/precision to bf16 where bf16 is fast on that setting's device, else float32
+    (:func:`eagle3.precision.resolve_config`; see :attr:`RunConfig.auto_resolved`).
 
-    ``auto`` (``target.dtype``, ``extract.dtype``, ``train.precision``, the reference engine's
-    ``serve.dtype``) becomes bf16 where bf16 is fast on the device that setting runs on, float32
-    otherwise (:func:`eagle3.precision.resolve_config`; measured once per process on a CPU), so the
-    returned config, everything saved from it and every cache key built from it carry the concrete
-    value; how each was resolved is in :attr:`RunConfig.auto_resolved`.
-
-    A run asks for its config in several places (the CLI checks it before Prefect starts, the flow
-    loads it from its parameters): the file is parsed and validated once per (file path, file bytes,
-    overrides) in a process; later calls get a deep copy of that result (callers may change their
-    copy, e.g. the untrained baseline's ``train.max_steps``), and an edited file is parsed again.
+    Parsed once per (file path, file bytes, overrides) per process; each call gets a deep copy.
 
     Args:
         path: YAML file, or None for all defaults.

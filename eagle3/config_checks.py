@@ -2,9 +2,7 @@
 hours on a run whose serving settings cannot work as written. Each returns a message naming the
 keys, both values and what to change (``RunConfig`` joins them into one ConfigError):
 
-- ``serve.speculative_num_steps`` <= ``train.ttt_steps``: the draft is trained to predict
-  ``ttt_steps`` steps ahead on its own hidden states; a served step beyond that runs it further from
-  the target's states than training did, so those positions accept little (fewer steps are fine).
+- ``serve.speculative_num_steps`` <= ``train.ttt_steps``: steps beyond training accept little.
 - The SGLang rules that need only the config (:mod:`eagle3.engines.sglang.serving`): chain drafting
   verifies ``steps + 1`` tokens; ``bench.concurrency`` within the requests SGLang runs at once; no
   simulated-acceptance variable in ``serve.env``.
@@ -15,9 +13,9 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
   takes speculators' under fsdp on several GPUs) and not for ``train.device: cpu`` (no backward
   there); fused losses need CUDA.
 
-This module reads a ``RunConfig`` by attribute and never imports :mod:`eagle3.config` (which calls
-it).
+Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it).
 """
+
 
 from __future__ import annotations
 

@@ -111,12 +111,10 @@ class Target:
         return cls(path, raw.get("text_config") or raw, str(archs[0]))
 
     def embed(self) -> torch.Tensor | None:
-        """The target's input embedding ``[vocab, H]``: the first tensor named
-        ``*embed_tokens.weight`` in its ``*.safetensors`` files, else in its ``pytorch_model*.bin``
-        files (read with ``weights_only=True``: a pickle that holds code is refused, and
-        memory-mapped, so a large file is not read whole). None when no weight file holds one
-        (:attr:`embed_searched` then says what was searched). DataError on a corrupt file.
-        """
+        """The target's embedding ``[vocab, H]``: the first ``*embed_tokens.weight`` in
+        ``*.safetensors``, else ``pytorch_model*.bin`` (``weights_only``, memory-mapped). None when
+        absent (:attr:`embed_searched` says where); DataError on a corrupt file."""
+
         if self._embed is None:
             from safetensors import safe_open
 

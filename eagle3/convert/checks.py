@@ -1,8 +1,5 @@
-"""The individual checks behind :func:`eagle3.convert.validate.validate`; each returns a list of
-Problems.
-
-Every message names the key, tensor or field and both the expected and the actual value.
-"""
+"""The checks behind :func:`eagle3.convert.validate.validate`, each returning Problems that name
+the key, tensor or field with the expected and actual value."""
 
 from __future__ import annotations
 
@@ -19,11 +16,8 @@ AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 
 def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Class 22: the served config must name one of the engine's EAGLE-3 draft classes, and name it
-    first:
-    engines build the first entry they support (the pinned SGLang ``models/registry.py``
-    ``resolve_model_cls``), so ``["LlamaForCausalLM", "LlamaForCausalLMEagle3"]`` builds a plain
-    Llama."""
+    """Class 22: the config names an EAGLE-3 draft class *first*: engines build the first entry
+    they support (SGLang ``models/registry.py`` ``resolve_model_cls``)."""
     archs = ck.config.get("architectures") or []
     drafts = list(profile.draft_architectures)
     if archs and archs[0] in drafts:
@@ -104,10 +98,9 @@ def check_values(ck: Checkpoint) -> list[Problem]:
 
 
 def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
-    """Class 4: the engine replaces the draft's embedding by the target's (``set_embed``,
-    docs/ENGINE_FACTS.md L10), so a draft embedding unlike the target's was trained for inputs the
-    engine never gives it (EMBED_MISMATCH); a target embedding not found in its weight files is
-    EMBED_UNCHECKED instead of a skipped check. Needs ``target``."""
+    """Class 4: the engine uses the target's embedding (``set_embed``, docs/ENGINE_FACTS.md L10):
+    EMBED_MISMATCH when the draft's differs; EMBED_UNCHECKED when the target's is not found."""
+
     emb = ck.tensors.get("embed_tokens.weight", ck.tensors.get("model.embed_tokens.weight"))
     if target is None or emb is None:
         return []

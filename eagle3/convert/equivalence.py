@@ -11,11 +11,8 @@ Both sides get the same real target forward (HF ``hidden_states`` of the target 
   draft's, what the target class really captures (one layer's state, ``fc`` bypassed, when the
   profile says the class captures nothing or ``use_aux_hidden_state`` is false).
 
-Components are compared in data-flow order — aux hidden states (fc input), embeddings, fc output,
-decoder layer output (pre-norm residual sum), final norm, logits, draft→target id map — and the
-first whose max absolute difference exceeds ``atol`` is named in
-:class:`eagle3.errors.CheckpointInvalid`. This catches what no key check sees: residual order, a
-bypassed fc, dropped keys, layer ids off by one.
+Components are compared in data-flow order (aux states, embeddings, fc, decoder layer, final norm,
+logits, id map); the first over ``atol`` is named in :class:`eagle3.errors.CheckpointInvalid`.
 """
 
 from __future__ import annotations
@@ -57,9 +54,7 @@ def _hooks(pairs: dict[str, torch.nn.Module], store: dict, first_only: bool = Tr
 
 def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
                   target_dir: Path | None = None) -> tuple[dict, object]:
-    """Run speculators' forward for one TTT step; returns per-component outputs ``[T, ·]`` and the
-    model. ``target_dir``: the target on this machine (not where the checkpoint was trained,
-                                                eagle3.train.draft_model)."""
+    """Speculators' forward for one TTT step: per-component outputs ``[T, ·]`` and the model."""
     from eagle3.train.draft_model import load_draft
 
     model = load_draft(spec_dir, attn_impl="sdpa", verifier_dir=target_dir).eval()
@@ -84,8 +79,7 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
 
 def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tensor,
                  embed: torch.Tensor) -> tuple[dict, object]:
-    """Run SGLangEagle3Draft (EXTEND, positions 0..T-1) with the target's embedding; per-component
-    outputs."""
+    """SGLangEagle3Draft (EXTEND, positions 0..T-1, target embedding): per-component outputs."""
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
 
     draft = SGLangEagle3Draft.from_dir(serving_dir, dtype=torch.float32, target_embed=embed.float())
@@ -115,8 +109,7 @@ def _engine_hidden(serving_cfg: dict, target_arch: str, n_layers: int, hs: dict[
                    engine: str, version: str,
                    assume_capture: bool = False) -> tuple[torch.Tensor, list[int] | None, str]:
     """The hidden states the engine hands the draft: aux states at its ids, or one layer's (fc
-    bypassed). ``assume_capture``: the target class's capture is checked elsewhere (the pre-flight,
-                                                                         for the serving engine)."""
+    bypassed). ``assume_capture``: capture is checked by the pre-flight."""
     from eagle3.engines.registry import get_profile
 
     profile = get_profile(engine, version)
@@ -156,25 +149,15 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
                       num_tokens: int = 24,
                       engine: str = "sglang", version: str = SGLANG_VERSION,
                       assume_capture: bool = False) -> dict:
-    """Compare the trained draft and the served draft on one real target forward of ``num_tokens``
-    tokens.
-
-    Args:
-        speculators_dir: the trained draft (speculators format). serving_dir: its converted form.
-        data_dir: optional extraction output; its first sample's tokens are used and, when
-        ``target_dir`` is
-            None, its manifest's ``target.path``.
-        target_dir: the target's HF folder (run in float32 on CPU).
-        atol: max absolute difference allowed per component (logits are float32; 2e-2 ≈ bf16
-        rounding). assume_capture: compare as if the target's class captured aux states in
-        ``engine`` (the pipeline leaves
-            that question to the pre-flight, :mod:`eagle3.serve.preflight`, which knows the serving
-            engine).
+    """Compare the trained (speculators) and served drafts on one target forward of ``num_tokens``
+    tokens. ``data_dir``: first sample's tokens and, without ``target_dir``, its target. Target runs
+    float32 on CPU; ``atol`` per component (logits float32; 2e-2 ≈ bf16 rounding).
+    ``assume_capture``: as if the target captured aux states (see :mod:`eagle3.serve.preflight`).
     Returns ``{"passed": True, "num_tokens", "atol", "max_abs_diff": {component: float},
-    "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``. Raises
-    CheckpointInvalid naming the first diverging component with both values; ConfigError when no
-    target.
+    "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``.
+    CheckpointInvalid naming the first diverging component; ConfigError when no target.
     """
+
     speculators_dir, serving_dir = Path(speculators_dir), Path(serving_dir)
     if target_dir is None and data_dir is not None:
         target_dir = json.loads((Path(data_dir) / "manifest.json").read_text()).get("target",

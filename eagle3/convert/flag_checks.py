@@ -1,18 +1,10 @@
 """Draft config flags (failure class 5): trained values the engine computes otherwise, flags read
 from a place the engine never looks, and flags nobody knows.
 
-The pinned SGLang reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level of
-the draft's ``config.json`` only, ``norm_before_fc`` under ``eagle_config`` or at the top level, and
-inside ``eagle_config`` nothing but the aux ids, ``use_aux_hidden_state`` and ``norm_before_fc``
-(``EngineProfile.eagle_config_keys``). A SpecForge-style draft that says ``eagle_config.norm_output:
-true`` is therefore served with ``norm_output=False``, without a message. A boolean key that no
-schema defines (transformers' config classes, speculators' ``Eagle3SpeculatorConfig``, the engine's
-flags and the other booleans it reads) is a flag some training code set and no engine reads:
-reported too, instead of ignored.
-
-Each function returns :class:`~eagle3.convert.checkpoint.Problem` lists: ``NESTED_FLAG`` (expected
-and actual value), ``UNKNOWN_FLAG`` (the key, its value and what is known). Non-boolean unknown keys
-are not flags and are not reported.
+The pinned SGLang reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level
+only, ``norm_before_fc`` in either place, and inside ``eagle_config`` only
+``EngineProfile.eagle_config_keys``: ``eagle_config.norm_output: true`` is silently served as
+``False``. A boolean key no schema defines is reported (``UNKNOWN_FLAG``), not ignored.
 """
 
 from __future__ import annotations
@@ -57,13 +49,8 @@ def flag_values(config: Mapping, name: str) -> dict[str, bool]:
 
 
 def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool | None:
-    """The value of flag ``name`` the draft was trained with, wherever the config states it (None:
-    not stated).
-
-    Raises ConfigError when two places state different values (``norm_output: false`` at the top
-    level and ``eagle_config.norm_output: true``): which one the training code read cannot be known
-    from the file.
-    """
+    """The trained value of flag ``name`` wherever stated (None: not stated); ConfigError when two
+    places disagree."""
     values = flag_values(config, name)
     if len(set(values.values())) > 1:
         raise ConfigError(f"{where}: flag {name} is stated twice with different values {values}; "
@@ -117,13 +104,9 @@ def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem
 
 
 def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Class 5: flags the engine does not implement, implements differently, or would read
-    otherwise.
+    """Class 5: trained flags (``manifest.json`` ``trained_flags``, else the config's keys) the
+    engine does not implement, computes differently, or would read otherwise."""
 
-    Reads the flags as the draft was trained (``manifest.json`` ``trained_flags`` written by the
-    converter, else the config's own keys) and compares them with what the engine computes for this
-    config.
-    """
     out: list[Problem] = []
     cfg = ck.config
     trained = dict((ck.manifest or {}).get("trained_flags") or {})

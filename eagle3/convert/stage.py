@@ -54,8 +54,8 @@ SGLANG_ARCH = "LlamaForCausalLMEagle3"
 
 
 def detect_format(ck: Checkpoint) -> str:
-    """``"speculators"`` | ``"specforge"`` | ``"eagle"``; DataError naming what was seen
-    otherwise."""
+    """``"speculators"`` | ``"specforge"`` | ``"eagle"``; else DataError naming what was seen."""
+
     cfg, names = ck.config, set(ck.tensors)
     kind = cfg.get("speculators_model_type")
     if kind == "eagle3":
@@ -87,8 +87,7 @@ def _default_hf_ids(tcfg: dict | None, field: str) -> list[int]:
 
 
 def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int) -> list[str]:
-    """target_hidden_size, RoPE and context from the target; returns the keys whose value
-    changed."""
+    """target_hidden_size, RoPE and context from the target; returns the changed keys."""
     if tcfg is None:
         out["target_hidden_size"] = int(out.get("target_hidden_size") or fallback_hidden)
         return []
@@ -171,8 +170,7 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
 
 
 def _vocab_padded(src_manifest: dict) -> bool:
-    """True when training recorded an explicit pad decision (draft slots beyond the data's distinct
-    tokens)."""
+    """Training recorded an explicit pad decision (draft slots beyond the data's tokens)."""
     vocab = src_manifest.get("vocab") or {}
     n_data, size = vocab.get("num_from_data"), vocab.get("draft_vocab_size")
     return bool(src_manifest.get("vocab_padded")) or (isinstance(n_data, int) and isinstance(size,
@@ -188,13 +186,8 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def check_destination(src: Path, dst: Path) -> None:
-    """Refuse a DST whose replacement would destroy anything but an earlier conversion.
-
-    DST may not exist, be an empty directory, or be an earlier serving checkpoint (``manifest.json``
-    of kind ``serving_checkpoint``), which is replaced only once the new one is complete. Raises
-    ConfigError for DST equal to SRC, inside SRC, an ancestor of SRC, a file, or a non-empty
-    directory of anything else.
-    """
+    """ConfigError unless DST is absent, empty, or an earlier ``serving_checkpoint`` (replaced once
+    the new one is complete); also for DST equal to, inside or above SRC."""
     if src == dst or src in dst.parents:
         raise ConfigError(f"convert: DST {dst} must be outside SRC {src} (SRC is never modified)")
     if dst in src.parents:
@@ -215,23 +208,20 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
             version: str | None = None, data_manifest: dict | None = None, aux_capture: bool = True) -> dict:
-    """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns the serving-checkpoint manifest.
+    """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
-    Writes ``dst/config.json``, ``dst/model.safetensors`` and ``dst/manifest.json`` (kind
-    ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (``layer_id_convention``
-    ``"hf_hidden_states_index"``), ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
-    ``rope_from_target`` (keys whose value the target's config replaced), ``vocab_padded``, and from the
-    source draft manifest ``data_manifest_hash``, ``data_content_hash`` (its ``inputs.hidden_states``), ``target``).
-    ``dst`` appears only if the result validates: :func:`eagle3.convert.validate.validate` runs once, on the
-    files as written, with ``target_dir`` and ``data_manifest`` (the extraction manifest: aux ids, chat template,
-    tokenizer, target identity, vocabulary vs data) when given; the manifest records what was checked
-    (``validation``: engine, version, problems 0, whether target and data were checked, and whether the target's
-    aux-state capture was: ``aux_capture`` False leaves it to the pre-flight of the deployment).
+    Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
+    ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (HF ``hidden_states`` index),
+    ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
+    ``rope_from_target``, ``vocab_padded``, the source's ``data_manifest_hash``,
+    ``data_content_hash``, ``target``, and ``validation``). ``dst`` appears only if
+    :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
+    ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
 
     Raises:
-        ConfigError: ``src == dst``, a flag the engine does not implement, aux ids that need ``target_dir``.
+        ConfigError: ``src == dst``, an unimplemented flag, aux ids that need ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
-        CheckpointInvalid: the converted draft fails :func:`eagle3.convert.validate.validate` (``.problems``).
+        CheckpointInvalid: validation failed (``.problems``).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)

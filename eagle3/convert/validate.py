@@ -1,10 +1,7 @@
 """Every check of a serving checkpoint that can be made from files (docs/FAILURE_CLASSES.md).
 
-``validate(ckpt_dir, target_dir=..., data_manifest=...)`` returns a list of :class:`Problem` (empty
-= valid). The tensor checks replay the engine's loader from its profile
-(:mod:`eagle3.engines.profile`): every tensor must fill a parameter the engine has (SGLang skips
-unknown names in silence), every parameter it reads must be filled (else it keeps its random init),
-shapes must agree with the config. Codes, by failure class:
+Tensor checks replay the engine's loader (:mod:`eagle3.engines.profile`): every tensor must fill a
+parameter, every read parameter must be filled, shapes must agree. Codes, by failure class:
 
     1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD 4
     NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED 5 UNSUPPORTED_FLAG, FLAG_MISMATCH,
@@ -32,16 +29,11 @@ from eagle3.engines.registry import get_profile
 def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engine: str = "sglang",
              data_manifest: dict | None = None, version: str | None = None,
              aux_capture: bool = True) -> list[Problem]:
-    """All file-checkable problems of a serving checkpoint for ``engine`` (module docstring).
+    """All file-checkable problems (``[]`` = valid) of ``ckpt_dir`` for ``engine``. ``version``
+    None: the pinned release. ``aux_capture``: check class 11 here (the pipeline leaves it to
+    :mod:`eagle3.serve.preflight`). DataError for unreadable input; EngineUnsupported for an
+    unknown engine/release."""
 
-    ``ckpt_dir``: ``config.json``, weights, optional ``manifest.json``. ``target_dir``: the target's
-    HF folder (embedding, hidden size, RoPE, context, layer range, aux capture, vocab size).
-    ``version``: the profile's release (None: the pinned one). ``data_manifest``: the extraction
-    manifest (aux ids, chat template, tokenizer, target identity, vocabulary vs data).
-    ``aux_capture``: check the target class's capture here (class 11); the pipeline leaves it to the
-    pre-flight (:mod:`eagle3.serve.preflight`), which knows the serving engine. Raises DataError
-    when an input cannot be read; EngineUnsupported for an unknown engine/release.
-    """
     profile = get_profile(engine, version)
     ck = read_checkpoint(ckpt_dir)
     target = Target.read(target_dir) if target_dir is not None else None

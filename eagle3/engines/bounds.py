@@ -1,15 +1,6 @@
-"""Plausible ranges of the numbers in a model ``config.json``, checked before any loop or allocation
-uses them.
-
-A draft or target config is user input. A value such as ``num_hidden_layers: 1000000000`` used to
-make ``eagle3 validate`` and ``eagle3 convert`` loop over a billion layers and grow to gigabytes; a
-zero head count divided by zero. Every number that sizes a loop, a shape or an allocation goes
-through :func:`bounded_int` first, which refuses it with the key, the range and the value
-(ConfigError).
-
-The upper limits are far above any released model (the largest have ~128 layers, hidden 16384, vocab
-~260k, contexts of 10M tokens) and far below what would exhaust memory when a loop or a shape is
-built from them.
+"""Plausible ranges of the numbers in a model ``config.json`` (user input), checked by
+:func:`bounded_int` before they size a loop, shape or allocation. Limits are far above any released
+model (~128 layers, hidden 16384, vocab ~260k, 10M-token contexts) and far below exhausting memory.
 """
 
 from __future__ import annotations
@@ -36,13 +27,9 @@ LIMITS: dict[str, tuple[int, int]] = {
 
 def bounded_int(config: Mapping[str, Any], key: str, default: Any = None, *,
                 where: str = "config.json") -> int:
-    """``config[key]`` (``default`` when absent or None) as an int inside ``LIMITS[key]`` (no limit
-    for other keys).
-
-    Raises ConfigError naming ``where``, the key, the accepted range and the value for a missing
-    value, a bool, a non-integer (``2.5``, ``"64"`` is accepted only if it is an integer string), or
-    a value out of range.
-    """
+    """``config[key]`` (``default`` when absent or None) as an int inside ``LIMITS[key]``.
+    ConfigError naming ``where``, key, range and value when missing, a bool, not an integer (an
+    integer string is accepted) or out of range."""
     value = config.get(key)
     value = default if value is None else value
     lo, hi = LIMITS.get(key, (None, None))
@@ -60,9 +47,8 @@ def bounded_int(config: Mapping[str, Any], key: str, default: Any = None, *,
 
 
 def out_of_bounds(config: Mapping[str, Any], *, where: str = "config.json") -> list[str]:
-    """Messages for every key of ``LIMITS`` present in ``config`` (not None) whose value is out of
-    range or not an integer; empty when all are plausible. For checks that report every problem
-    instead of raising."""
+    """Messages for every ``LIMITS`` key in ``config`` out of range or not an integer."""
+
     out = []
     for key in LIMITS:
         if config.get(key) is None:

@@ -1,15 +1,8 @@
-"""Declarative profiles of a serving engine's EAGLE-3 draft loader: the types.
-
-A profile says, for one engine version, what its loader does with a draft checkpoint directory: the
-parameters of its draft module with shapes from the served ``config.json`` (:meth:`engine_params`);
-how each checkpoint tensor name is routed (legacy renames, stacked q/k/v and gate/up shards, name
-prefixes, tensors consumed specially or ignored, names matching nothing: :meth:`route`); which
-config flags it implements (:meth:`check_flags`); where it reads the aux layer ids and in which
-convention (:attr:`aux_id_offset`: engine id + offset = HF ``hidden_states`` index, the project's
-convention); which target classes capture aux hidden states (:attr:`aux_capture_classes`).
-
-The facts live in ``eagle3/engines/sglang/profile.py`` (pinned to the released source by
-``tests/unit/test_profiles.py``); ``eagle3.engines.registry.get_profile`` picks one.
+"""Types of a declarative profile of one engine version's EAGLE-3 draft loader: draft parameters
+and shapes (:meth:`engine_params`), tensor routing (:meth:`route`), implemented flags
+(:meth:`check_flags`), aux-id convention (:attr:`aux_id_offset`: engine id + offset = HF
+``hidden_states`` index), capturing targets (:attr:`aux_capture_classes`). Facts:
+``eagle3/engines/sglang/profile.py``; ``eagle3.engines.registry.get_profile`` picks one.
 """
 
 from __future__ import annotations
@@ -22,10 +15,9 @@ from eagle3.errors import ConfigError, EngineUnsupported
 
 @dataclass(frozen=True)
 class FlagRule:
-    """How an engine treats one draft config flag (speculators' name): the values it computes the
-    way speculators trained them (``supported``), the value it assumes when the config lacks the
-    flag, where it reads it in the served ``config.json`` (dotted keys, first wins; empty: fixed in
-    code) and ``how``: one line on what it computes, with the source location."""
+    """One draft flag (speculators' name): values computed as trained (``supported``), the default,
+    where it is read in ``config.json`` (dotted keys, first wins; empty: fixed), and ``how`` (one
+    line with the source location)."""
 
     name: str
     supported: tuple[bool, ...]
@@ -49,10 +41,9 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class Route:
-    """Where the loader sends one checkpoint tensor. ``kind``: ``param`` (fills ``param``, or its
-    shard ``shard``), ``special`` (consumed otherwise: ``d2t``), ``ignored`` (``t2d``), ``unknown``
-    (matches no
-    parameter: skipped silently). ``renamed``: the name after the loader's renames."""
+    """Where the loader sends one tensor. ``kind``: ``param`` (fills ``param`` or shard ``shard``),
+    ``special`` (``d2t``), ``ignored`` (``t2d``), ``unknown`` (skipped silently). ``renamed``: the
+    name after renames."""
 
     kind: str
     renamed: str
@@ -62,9 +53,7 @@ class Route:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """What one engine version's EAGLE-3 draft loader accepts (module docstring).
-    ``param_fn(config)`` and ``route_fn(name, params)`` hold the engine-specific logic; everything
-    else is data."""
+    """One engine version's draft loader; ``param_fn`` and ``route_fn`` hold its logic."""
 
     engine: str
     version: str
@@ -97,9 +86,7 @@ class EngineProfile:
     other_bool_keys: tuple[str, ...] = ()
 
     def engine_params(self, config: dict) -> dict[str, ParamSpec]:
-        """The draft module's parameters for a served ``config.json`` dict; ConfigError naming the
-        key
-        when a field the engine needs is missing or malformed."""
+        """The draft's parameters for a ``config.json`` dict; ConfigError naming a bad key."""
         return self.param_fn(config)
 
     def route(self, name: str, params: Mapping[str, ParamSpec]) -> Route:
@@ -107,12 +94,8 @@ class EngineProfile:
         return self.route_fn(name, params)
 
     def check_flags(self, flags: Mapping[str, bool | None]) -> None:
-        """ConfigError when a draft flag value would be computed differently by this engine.
-
-        ``flags``: flag name → value; None means "not set" (the engine's own behaviour, which the
-        trainer must then use). The message names the flag, the value asked and the value(s)
-        computed here.
-        """
+        """ConfigError naming flag, value asked and values computed when this engine would compute
+        a flag differently. ``flags``: name → value; None: not set (the engine's default)."""
         for name, value in flags.items():
             if value is None:
                 continue
@@ -131,8 +114,8 @@ class EngineProfile:
         return self.flags["norm_before_residual"].engine_default
 
     def engine_flag_value(self, name: str, config: dict) -> bool:
-        """The value of flag ``name`` the engine uses for a served ``config`` (its defaults
-        applied)."""
+        """Flag ``name``'s value the engine uses for ``config``, defaults applied."""
+
         rule = self.flags[name]
         for key in rule.config_keys:
             found, value = dotted_get(config, key)
@@ -158,8 +141,7 @@ class EngineProfile:
 
 
 def dotted_get(config: Mapping, key: str) -> tuple[bool, Any]:
-    """``(found, value)`` for a dotted key such as
-    ``eagle_config.eagle_aux_hidden_state_layer_ids``."""
+    """``(found, value)`` for a dotted key such as ``eagle_config.x``."""
     node: Any = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:

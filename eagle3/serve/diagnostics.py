@@ -1,11 +1,5 @@
-"""What a stuck or dead server looked like: stack dumps, GPU state, log tails, saved as run
-artifacts.
-
-``collect_diagnostics`` is called by the readiness gate and the benchmark watchdog *before* the
-process group is ended, so the stacks show where every process of the tree was waiting. Each
-collector has its own time limit and records its own failure (py-spy missing, permission denied, no
-GPU) instead of raising: a failed diagnostic never hides the verdict it explains.
-"""
+"""What a stuck or dead server looked like (stack dumps, GPU state, log tails), saved *before* its
+group is ended. Each collector has a time limit and records its own failure instead of raising."""
 
 from __future__ import annotations
 
@@ -49,9 +43,7 @@ def nvidia_smi() -> str | None:
 
 def gpu_sample() -> list[dict] | None:
     """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}``
-    (ints, % and MiB as nvidia-smi reports them). ``pids`` maps GPU uuid → pids of compute processes
-    on it. None when there is no ``nvidia-smi`` or it fails (no GPU): the GPU signal is then simply
-    absent."""
+    (ints, % and MiB); ``pids``: GPU uuid → compute pids. None without a working nvidia-smi."""
     exe = nvidia_smi()
     if exe is None:
         return None
@@ -87,8 +79,7 @@ def _num(text: str) -> int:
 
 
 def log_tail(path: str | Path, max_lines: int = 200, max_bytes: int = 256 * 1024) -> str:
-    """The last ``max_lines`` lines (at most ``max_bytes`` bytes) of a log file; '' if it does not
-    exist."""
+    """Last ``max_lines`` lines (≤ ``max_bytes`` bytes) of a log; '' if it does not exist."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -107,8 +98,7 @@ def pyspy_exe() -> str | None:
 
 
 def pyspy_dump(pid: int, timeout_s: float = PYSPY_TIMEOUT_S) -> str:
-    """``py-spy dump`` of one process (all threads, with locals off). The text says why when it
-    failed."""
+    """``py-spy dump`` of one process (all threads), or why it failed."""
     exe = pyspy_exe()
     if exe is None:
         return f"[py-spy not installed: no stack dump of pid {pid}]"
@@ -130,14 +120,10 @@ def _proc_info(p: psutil.Process) -> dict:
 def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
                         log_paths: Iterable[str | Path] = (),
                         reason: str = "", extra: dict | None = None) -> dict:
-    """Save what the server looks like now under ``out_dir`` and return the index (also
-    ``index.json``).
+    """Save the server's state under ``out_dir``; returns the index (also ``index.json``). Files:
+    ``processes.json``, ``pyspy-<pid>.txt``, ``gpu.txt``/``gpu.json``, ``tail-<log>.txt`` (200
+    lines). Never raises for a failed collector."""
 
-    Files: ``processes.json`` (psutil view of the tree of ``pid`` and of the members of its process
-    group), ``pyspy-<pid>.txt`` (one stack dump per process of the tree), ``gpu.txt``
-    (``nvidia-smi`` plain output) and ``gpu.json`` where a GPU exists, ``tail-<log name>.txt`` (last
-    200 lines of each log). Never raises for a collector that fails.
-    """
     t0 = time.monotonic()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,5 @@
-"""What the running engine really runs, read back after the readiness gate and before the benchmark
-(failure class 23).
-
-SGLang's ``/server_info`` returns its *resolved* settings (:mod:`eagle3.engines.sglang.serving`):
-which scheduler the engine got and whether it changed the speculative settings or the number of
-requests it runs at once. :func:`check_running_settings` writes the comparison to
-``<deploy_dir>/engine_settings.json`` and refuses a server that does not run what the benchmark
-would report. Keys a server does not report (the reference engine has no scheduler or request limit)
-are recorded as unreported, never as changes.
-"""
+"""What the running engine really runs, read back from ``/server_info`` after the gate (failure
+class 23); keys a server does not report are recorded as unreported, never as changes."""
 
 from __future__ import annotations
 
@@ -23,14 +15,12 @@ from eagle3.errors import ConfigError
 
 def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Path, *,
                            timeout_s: float = 10.0) -> dict:
-    """``GET <url>/server_info`` (``/get_server_info`` as fallback) against what the launch asked
-    (:func:`~eagle3.engines.sglang.serving.asked_settings`).
+    """``GET <url>/server_info`` (else ``/get_server_info``) against
+    :func:`~eagle3.engines.sglang.serving.asked_settings`. Returns and writes ``{"engine", "asked",
+    "reported", "changed", "scheduler", "server_info_found"}``. ConfigError when a speculative
+    setting or request limit differs, or ``bench.concurrency`` cannot run for real
+    (:func:`~eagle3.engines.sglang.serving.running_problems`)."""
 
-    Returns and writes ``{"engine", "asked", "reported", "changed", "scheduler",
-    "server_info_found"}``. ConfigError when a speculative setting or the request limit differs from
-    what was asked, or the server's own report shows it cannot measure ``bench.concurrency``
-    requests for real (:func:`~eagle3.engines.sglang.serving.running_problems`).
-    """
     info = None
     with httpx.Client(timeout=timeout_s) as client:
         for path in ("/server_info", "/get_server_info"):

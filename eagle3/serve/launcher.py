@@ -1,18 +1,13 @@
-"""Engine launcher: builds the engine's command line from ``cfg.serve``, starts it in its own
-process group, and ends the whole group on exit (terminate, wait, kill; never by name); if this
-process dies first, whatever killed it, the engine's parent watch does
-(:mod:`eagle3.serve.supervise`).
+"""Engine launcher: builds the command line from ``cfg.serve``, starts the engine in its own
+process group and ends the group on exit (terminate, wait, kill; never by name), or the parent
+watch does if this process dies (:mod:`eagle3.serve.supervise`).
 
-Engines (``cfg.serve.engine``): ``sglang``: ``python -m sglang.launch_server`` with the flags of
-:data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`; ``reference``: the CPU reference engine,
-``python -m refengine.launch_server`` with those of the same flags it implements; ``auto``: sglang
-where a GPU and an importable SGLang exist, else reference.
-
-``launch_engine`` is the low-level context manager (start → yield → stop). ``launch_ready`` adds the
-readiness gate, raises ``GateFailed`` on any verdict other than ready (after diagnostics, with the
-group ended), and retries once after a crash during CUDA-graph capture
-(``serve.retry_without_cuda_graph``: relaunched with CUDA graphs disabled, logged as such) or a lost
-race for an automatically chosen port.
+Engines: ``sglang`` (``python -m sglang.launch_server``,
+:data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`), ``reference`` (``python -m
+refengine.launch_server``, the flags it implements), ``auto`` (sglang given a GPU and an importable
+SGLang). ``launch_engine``: start → yield → stop. ``launch_ready`` adds the readiness gate, raises
+``GateFailed`` on a non-ready verdict, and retries once after a CUDA-graph capture crash
+(``serve.retry_without_cuda_graph``) or a lost race for an automatic port.
 """
 
 from __future__ import annotations
@@ -70,9 +65,8 @@ def reference_device(device: str) -> str:
 
 
 def resolve_engine(cfg: RunConfig) -> str:
-    """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine`` (``auto``: sglang when a GPU and an
-    importable SGLang exist). Raises EngineUnsupported when ``sglang`` is asked for and its Python
-    cannot import it."""
+    """``"sglang"`` or ``"reference"`` for ``cfg.serve.engine``; EngineUnsupported when ``sglang``
+    is asked for and its Python cannot import it."""
     engine = cfg.serve.engine
     if engine == "reference":
         return engine
@@ -97,15 +91,9 @@ def _check_extra_args(generated: list[str], extra: list[str]) -> None:
 
 def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, port: int,
                   engine: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """The engine's argv and the environment variables to add to this process's environment.
-
-    ``draft_dir`` None serves the target alone (no speculative flags: a baseline server). ``engine``
-    None = :func:`resolve_engine`. Env: ``PYTHONUNBUFFERED=1`` (log growth is a readiness signal),
-    for the reference engine on a CPU ``OMP_NUM_THREADS=serve.cpu_threads``, then ``serve.env``.
-    Raises ConfigError for ``serve.extra_args`` repeating a generated flag or a simulated-acceptance
-    variable in SGLang's environment; EngineUnsupported for a setting the reference engine cannot
-    honour.
-    """
+    """The engine's argv and the environment variables to add. ``draft_dir`` None: the target alone
+    (baseline). ConfigError for ``serve.extra_args`` repeating a generated flag or a
+    simulated-acceptance variable; EngineUnsupported for what the reference engine cannot honour."""
     s = cfg.serve
     engine = engine or resolve_engine(cfg)
     spec = [] if draft_dir is None else ["--speculative-algorithm", "EAGLE3",
@@ -149,12 +137,7 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
 
 
 class EngineProcess:
-    """A running engine (context manager: ``__exit__`` ends its process group).
-
-    Attributes: ``engine``, ``argv``, ``env`` (the added variables), ``host``, ``port``, ``url``
-    (``http://host:port``), ``pid``, ``log_path``, ``returncode`` (after :meth:`stop`),
-    ``stop_report``.
-    """
+    """A running engine; ``__exit__`` ends its process group. ``env``: the added variables."""
 
     def __init__(self, popen: subprocess.Popen, *, engine: str, argv: list[str],
                  env: dict[str, str], host: str,
@@ -169,16 +152,15 @@ class EngineProcess:
         self._known: dict[int, float] = {}
 
     def remember_tree(self) -> None:
-        """Record the pids of the current tree, so members that are orphaned later are still
-        ended."""
+        """Record the current tree's pids, so later orphans are still ended."""
         self._known.update(snapshot_tree(self.pid))
 
     def poll(self) -> int | None:
         return self.popen.poll()
 
     def stop(self) -> dict:
-        """End the group: SIGTERM, wait ``grace_s``, SIGKILL; reap. Idempotent; returns the stop
-        report."""
+        """SIGTERM, wait ``grace_s``, SIGKILL, reap; idempotent; returns the stop report."""
+
         if self.stop_report is None:
             self.remember_tree()
             self.stop_report = terminate_tree(self.popen, self.grace_s, known_pids=self._known)
@@ -199,14 +181,9 @@ class EngineProcess:
 def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
                  log_path: str | Path,
                  engine: str = "custom", grace_s: float = 15.0) -> EngineProcess:
-    """Start ``argv`` (environment = this one + ``env``) in its own process group, output to
-    ``log_path``; ``command.json`` (argv, added env with secret-looking values redacted, url) is
-    written beside the log.
-
-    The engine runs under a parent watch (:mod:`eagle3.serve.supervise`): its group is ended within
-    about a second of this process's death by any cause (SIGKILL included), not only at exit through
-    ``atexit``.
-    """
+    """Start ``argv`` (this environment + ``env``) in its own process group under a parent watch
+    (:mod:`eagle3.serve.supervise`), output to ``log_path``, ``command.json`` (secrets redacted)
+    beside it."""
     log_path = Path(log_path)
     popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s),
                         {**os.environ, **env}, log_path)
@@ -225,15 +202,9 @@ def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
                   log_dir: str | Path, *,
                   command_builder: CommandBuilder | None = None, log_name: str | None = None,
                   engine: str | None = None) -> EngineProcess:
-    """Start the configured engine for ``target_dir`` + ``draft_dir``; use as ``with
-    launch_engine(...) as e``.
-
-    Port: ``serve.port``, else a free one. Log: ``<log_dir>/engine-<engine>.log`` (``log_name``
-    overrides). ``command_builder`` replaces :func:`build_command` (tests); ``engine`` None =
-    :func:`resolve_engine` (``serve.engine`` as written when a command builder is given). Raises
-    ConfigError/EngineUnsupported from the command builder, TransientError when no free port can be
-    found.
-    """
+    """``with launch_engine(...) as e``: the configured engine on ``serve.port`` or a free one, log
+    ``<log_dir>/engine-<engine>.log``. ConfigError/EngineUnsupported from the command builder,
+    TransientError when no free port is found."""
     engine = engine or (resolve_engine(cfg) if command_builder is None else cfg.serve.engine)
     host = cfg.serve.host
     port = cfg.serve.port or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
@@ -249,8 +220,8 @@ def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
 
 
 def is_cuda_graph_crash(log_text: str) -> bool:
-    """Whether a crashed engine's log shows a failure during CUDA-graph capture (SGLang's "Capture
-    cuda graph failed", or a traceback right after its "Capturing batches" progress lines)."""
+    """The log shows SGLang's "Capture cuda graph failed" or a traceback after "Capturing
+    batches"."""
     if CUDA_GRAPH_CRASH.search(log_text):
         return True
     lines = log_text.splitlines()
@@ -279,15 +250,9 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
                  require_spec_fields: bool | None = None,
                  command_builder: CommandBuilder | None = None,
                  use_gpu: bool = True) -> Iterator[tuple[EngineProcess, GateResult]]:
-    """Launch, pass the readiness gate, yield ``(engine, gate)``; the group is ended on exit in
-    every case.
-
-    Logs go to ``out_dir/engine-*.log``; the gate's ``gate.json`` and diagnostics to
-    ``out_dir/diagnostics`` (``diagnostics-retry1`` for a retry); ``out_dir/attempts.json`` lists
-    every attempt with its verdict, phase timeline and retry reason. ``require_spec_fields`` None =
-    only when a draft is served. Raises GateFailed (verdict, diagnostics folder) when the last
-    attempt is not ready.
-    """
+    """Launch, pass the readiness gate, yield ``(engine, gate)``; the group always ends on exit.
+    Writes ``out_dir/engine-*.log``, ``diagnostics[-retryN]/``, ``attempts.json``. GateFailed when
+    the last attempt is not ready."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     require = (draft_dir is not None) if require_spec_fields is None else require_spec_fields

@@ -1,19 +1,12 @@
-"""Progress signals of a server process: is it doing *anything*, even while it answers nothing
-useful?
+"""Progress signals of a server process: is it doing *anything*? Each optional:
 
-Three signals, each optional (a missing source is simply not consulted):
-
-- log: the log file grew by something other than access-log lines of the gate's own requests
-  (uvicorn writes ``"GET /health_generate HTTP/1.1" 503`` for every poll; a hung server behind a
+- log: the log grew by more than access lines of the gate's own requests (a hung server behind a
   live HTTP front-end would otherwise look busy forever);
-- cpu: the process tree's CPU time grew by at least ``cpu_busy_fraction`` × wall time since the last
-  sample (default 5 % of one core: a sleeping server answering health polls uses well under 1 %);
-- gpu: a GPU used by the tree (by all GPUs when nvidia-smi shows none of the tree's pids, e.g.
-  inside a container's pid namespace) shows utilisation above 0 % or a change of used memory.
+- cpu: the tree's CPU time grew by ≥ ``cpu_busy_fraction`` × wall time (default 5 % of one core);
+- gpu: a GPU of the tree (all GPUs when nvidia-smi shows none of its pids) shows utilisation or a
+  change of used memory.
 
-A hang that spins (busy-waiting NCCL, an infinite Python loop) keeps the cpu or gpu signal alive and
-is only caught by the overall deadline; that is the documented limit of progress-based stall
-detection.
+A spinning hang (busy NCCL, a Python loop) is only caught by the overall deadline.
 """
 
 from __future__ import annotations
@@ -25,28 +18,20 @@ from pathlib import Path
 from eagle3.serve.diagnostics import gpu_sample
 from eagle3.procs import tree_cpu_seconds, tree_pids
 
-# Access-log lines caused by the gate's and the watchdog's own requests (uvicorn and http.server
-# formats).
+# Access-log lines of the gate's and watchdog's own requests (uvicorn and http.server formats).
 GATE_NOISE = re.compile(r'"(GET|POST|HEAD) '
                         r'/(health_generate|health|ready|generate|get_server_info|server_info'
                         r'|metrics)\b[^"]*"'
-                        # SGLang's HTTP front-end logs this every few seconds while the scheduler
-                        # does not answer (http_server.py): a symptom of a hang, never a
-                        # sign of progress.
+                        # SGLang's http_server.py logs this while the scheduler hangs
+
                         r"|Health check failed\. Server couldn't get a response from detokenizer")
 MAX_READ_BYTES = 1 << 20
 GPU_MIN_INTERVAL_S = 1.0
 
 
 class ProgressMonitor:
-    """Samples the progress signals of one server (see the module docstring).
-
-    Args:
-        pid: root of the server's process tree (None: no cpu signal).
-        log_path: the server's log file (None: no log signal).
-        use_gpu: consult nvidia-smi where it exists.
-        cpu_busy_fraction: CPU seconds per wall second (of one core) that count as progress.
-    """
+    """Samples one server's progress signals. ``pid`` / ``log_path`` None: no cpu / log signal;
+    ``cpu_busy_fraction``: CPU seconds per wall second that count as progress."""
 
     def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *,
                  use_gpu: bool = True,
@@ -70,8 +55,7 @@ class ProgressMonitor:
                                       ("gpu", self.gpu_available)) if ok]
 
     def sample(self) -> list[str]:
-        """Read every source once; the names of the signals that showed progress since the last
-        call."""
+        """Read every source once; names of the signals that progressed since the last call."""
         progressed = [name for name,
                       fn in (("log", self._log), ("cpu", self._cpu_grew), ("gpu", self._gpu))
                       if fn()]

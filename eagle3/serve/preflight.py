@@ -1,33 +1,20 @@
-"""The pre-flight of a deployment: everything that can be known about a launch before any engine
-process starts (failure classes 11, 14, 19, 23, 24). Run by the pipeline's ``preflight`` step
-(``tasks/preflight.py``) before the deploy stage, and by ``eagle3 preflight CONFIG``. Rules that
-need only the config are checked when it loads (:mod:`eagle3.config_checks`); these are the
-machine's facts.
+"""Pre-flight of a deployment: what can be known before any engine starts (failure classes 11, 14,
+19, 23, 24). Run by ``tasks/preflight.py`` and ``eagle3 preflight CONFIG``; config-only rules are
+in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / note, with figures):
 
-Checks, each recorded with its figures (a ``Check``: passed / failed / skipped / note):
-
-- ``engine``: the engine the launch resolves to; for SGLang that its interpreter imports the pinned
-  release (the loader and capture facts are that release's).
-- ``aux_capture``: the target's class captures EAGLE-3 aux hidden states in that release (read from
-  the released source when the wheel is found, else the profile's list:
-  :mod:`eagle3.engines.sglang.source`); the reference engine hooks any HF target's layers. Without
-  it the draft's fc is bypassed and acceptance falls to about 1.0.
-- ``memory``: target + draft weights and both KV caches for one full-context request, per GPU of the
-  launch (``serve.tp`` of the visible ones), against ``GPU memory × serve.mem_fraction_static`` and
-  what other processes hold (:func:`estimate_memory`); the reference engine: free host or GPU
-  memory.
-- ``settings``: what SGLang will really run (:func:`eagle3.engines.sglang.serving.resolve`):
-  scheduler, requests at once, draft tokens.
-- ``environment``: no variable that makes SGLang simulate acceptance, in the server's environment.
-- ``template``: the chat-template switches the draft was trained with (extraction manifest) against
-  what the benchmark and the server render (``--default-chat-template-kwargs``,
-  ``--chat-template``).
+- ``engine``: the resolved engine; for SGLang, its interpreter imports the pinned release.
+- ``aux_capture``: the target's class captures EAGLE-3 aux states in that release
+  (:mod:`eagle3.engines.sglang.source`); without it fc is bypassed and acceptance is about 1.0.
+- ``memory``: weights + both KV caches for one full-context request per GPU of the launch, against
+  ``GPU memory × serve.mem_fraction_static`` and other processes (:func:`estimate_memory`).
+- ``settings``: what SGLang really runs (:func:`eagle3.engines.sglang.serving.resolve`).
+- ``environment``: no variable that makes SGLang simulate acceptance.
+- ``template``: trained chat-template switches against what the benchmark and server render.
 - ``steps``: served draft steps against trained TTT steps (noted).
-- ``port``: a ``serve.port`` that is set is free on ``serve.host`` (PORT_IN_USE).
+- ``port``: a set ``serve.port`` is free on ``serve.host`` (PORT_IN_USE).
 
-A failure names the class and the fix; :meth:`PreflightReport.raise_if_failed` raises
-EngineUnsupported (the engine cannot do it) or ConfigError (a setting), with every problem as
-``CODE: message`` and ``.problems``.
+:meth:`PreflightReport.raise_if_failed` raises EngineUnsupported (engine side) or ConfigError,
+every problem as ``CODE: message`` and in ``.problems``.
 """
 
 from __future__ import annotations
@@ -52,8 +39,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 @dataclass
 class Check:
-    """One pre-flight check: ``status`` passed | failed | skipped | note, one line of ``detail``,
-    its figures."""
+    """One check: ``status`` passed | failed | skipped | note, a one-line ``detail``, figures."""
 
     name: str
     status: str
@@ -123,11 +109,9 @@ def _weights_bytes(model_dir: Path) -> int:
 
 
 def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) -> int:
-    """KV-cache bytes per token on one GPU: 2 (K, V) × layers × KV heads on this GPU × head_dim ×
-    bytes; for a multi-head-latent-attention model (``kv_lora_rank`` in the config: DeepSeek-V2/V3,
-    Kimi) the latent is cached instead, layers × (kv_lora_rank + qk_rope_head_dim) × bytes,
-    replicated on every GPU. KV heads are split over ``tp`` GPUs, at least one per GPU (fewer heads
-    than GPUs are replicated)."""
+    """KV bytes per token on one GPU: 2 × layers × max(1, KV heads // tp) × head_dim × bytes;
+    MLA (``kv_lora_rank``: DeepSeek-V2/V3, Kimi): layers × (kv_lora_rank + qk_rope_head_dim) ×
+    bytes, on every GPU."""
     cfg = cfg.get("text_config") or cfg
     try:
         layers = bounded_int(cfg, "num_hidden_layers", where=where)
@@ -148,17 +132,10 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
                     gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16",
                     tp: int = 1,
                     draft_weights_bytes: int | None = None) -> dict:
-    """Static memory the engine needs on one GPU vs what ``--mem-fraction-static`` grants there
-    (bytes).
-
-    need = (target weights (file sizes) + draft weights (file sizes; conservative: the engine
-    allocates the draft's embedding before replacing it by the target's)) / ``tp`` + KV cache of
-    target and draft at ``context_length`` tokens × ``batch_size`` sequences on one GPU
-    (:func:`_kv_bytes_per_token`). budget = ``gpu_memory_bytes × mem_fraction_static``. A draft not
-    written yet is given as its ``config.json`` dict with ``draft_weights_bytes`` (sized from the
-    run config) instead of a folder. Returns every number and ``fits``; raises ConfigError when it
-    does not fit, with the breakdown in the message (failure class 19).
-    """
+    """Bytes one GPU needs vs ``gpu_memory_bytes × mem_fraction_static``: (target + draft weight
+    file sizes) / ``tp`` + both KV caches at ``context_length × batch_size`` tokens. An unwritten
+    draft is its ``config.json`` dict plus ``draft_weights_bytes``. Returns every number and
+    ``fits``; ConfigError with the breakdown when it does not fit (failure class 19)."""
     target_dir = Path(target_dir)
     tcfg = json.loads((target_dir / "config.json").read_text())
     if isinstance(draft_dir, dict):
@@ -225,7 +202,7 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
     try:
         source = find_engine_source("sglang", v, cache_dir=Path(cfg.paths.resolved_cache_dir()))
     except EngineUnsupported:
-        source = None  # the profile's list, itself checked against the wheel by the tests
+        source = None  # the profile's list
     try:
         got = check_aux_capture(arch, engine="sglang", version=v, source=source)
     except EngineUnsupported as e:
@@ -241,8 +218,7 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
 
 
 def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
-    """The GPUs the launch will use: ``CUDA_VISIBLE_DEVICES`` (serve.env, else this environment) in
-    its order, from ``--base-gpu-id`` (serve.extra_args, default 0), ``serve.tp`` of them."""
+    """``serve.tp`` GPUs from ``--base-gpu-id``, in ``CUDA_VISIBLE_DEVICES`` order."""
     raw = cfg.serve.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     gpus = sample
     if raw is not None:
@@ -253,9 +229,8 @@ def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
 
 
 def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
-    """(config dict, weight bytes in the serving dtype) of the draft the run config will train,
-    before it exists: the target's layer shape (the draft copies it), ``train.num_layers`` layers,
-    embedding ``[vocab, H]``, head ``[train.draft_vocab_size, H]``, ``fc`` ``[H, n_aux · H]``."""
+    """(config dict, weight bytes in the serving dtype) of the draft before it exists: target layer
+    shape, embedding ``[vocab, H]``, head ``[draft_vocab, H]``, ``fc`` ``[H, n_aux · H]``."""
     t = tcfg.get("text_config") or tcfg
     h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
     heads = int(t["num_attention_heads"])
@@ -362,8 +337,8 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
         queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
         return Check("settings", "passed", f"chain drafting, {s.speculative_num_steps} steps; one "
                      f"request at a time{queue}", {"max_running_requests": 1}), []
-    # what it changes is refused at config load (eagle3.config_checks); recorded here
     r = resolve(s)
+
     detail = (f"{r['worker']} with the {r['scheduler']} scheduler ({r['scheduler_reason']}), "
               f"{r['drafting']} drafting {s.speculative_num_steps} steps × top-k "
               f"{s.speculative_eagle_topk}, {r['num_draft_tokens']} draft tokens, "
@@ -477,13 +452,9 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
 def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | None = None, *,
                   data_manifest: dict | None = None, engine: str | None = None,
                   gpus: list[dict] | None = None) -> PreflightReport:
-    """Every check of the module docstring for ``cfg`` (a RunConfig); nothing is started.
-
-    ``serving_dir``: the converted draft (None or missing: sized from the config).
-    ``data_manifest``: the extraction manifest (template switches). ``engine``: the resolved engine
-    (None: ``serve.engine``, ``auto`` resolved). ``gpus``: GPU readings as
-    :func:`eagle3.serve.diagnostics.gpu_sample` returns them (None: read them now).
-    """
+    """Every check above for RunConfig ``cfg``; starts nothing. ``serving_dir`` None: draft sized
+    from the config; ``engine`` None: resolved from ``serve.engine``; ``gpus`` None: read now
+    (:func:`eagle3.serve.diagnostics.gpu_sample`)."""
     if engine is None:
         from eagle3.serve.launcher import resolve_engine
 
@@ -499,10 +470,8 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
 
 def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
                      data_dir: str | Path | None) -> PreflightReport:
-    """:func:`run_preflight` for a run's folders: the target resolved from ``cfg`` (prepared if
-    needed), the converted draft in ``serving_dir`` when it holds one (else sized from the config),
-    the extraction manifest of ``data_dir`` when it has one. Raises DataError/ConfigError only for
-    unreadable inputs."""
+    """:func:`run_preflight` on a run's folders (each used when present); DataError/ConfigError
+    only for unreadable inputs."""
     from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
 

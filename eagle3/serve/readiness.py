@@ -1,33 +1,21 @@
-"""The readiness gate: tells a server that is warming up from one that hung, crashed or never came
-up.
+"""The readiness gate: tells a server warming up from one that hung, crashed or never came up.
 
-Phases (observed from outside, in this order; seconds spent in each are reported):
+Phases, in order, with seconds spent in each: ``launching`` (port refused, log empty), ``loading``
+(port refused, log started: SGLang binds after loading weights), ``warming`` (port answers, health
+not 200: SGLang's 503 during CUDA-graph capture is never by itself a failure), ``probing``
+(``/health_generate`` 200, generation probe in flight). Verdicts: ``ready``, ``crashed`` (exit
+code, log tail), ``stalled`` (no progress signal for ``stall_timeout_s``,
+:mod:`eagle3.serve.liveness`), ``timed_out``, ``probe_failed`` (no tokens, error status, or no
+speculative fields).
 
-- ``launching``: the port refuses connections and the server has written nothing to its log yet;
-- ``loading``: the port still refuses connections, the log has started (SGLang binds its HTTP port
-  only after the weights are loaded);
-- ``warming``: the port answers, the health endpoint does not say 200 yet (SGLang answers 503 while
-  it captures CUDA graphs and runs its own warm-up — 503 is never by itself a failure);
-- ``probing``: ``/health_generate`` said 200; a real generation probe is in flight;
-- then one verdict: ``ready``, ``crashed`` (the process exited: exit code and log tail), ``stalled``
-  (no progress signal for ``stall_timeout_s``: see :mod:`eagle3.serve.liveness`), ``timed_out``
-  (overall deadline, or the probe's own deadline while the server kept showing progress),
-  ``probe_failed`` (the probe was answered, but without tokens, with an error status, or without
-  speculative-decoding fields in ``meta_info``).
+Ready: ``GET /health_generate`` 200 *and* ``probe_concurrency`` (≥ 2) concurrent
+``POST /generate`` (4 tokens, temperature 0) each returned a token within ``probe_timeout_s`` with
+``spec_*`` fields in ``meta_info`` (docs/ENGINE_FACTS.md §4).
 
-Ready means ``GET /health_generate`` answered 200 *and* ``probe_concurrency`` (≥ 2) concurrent
-``POST /generate`` requests (``max_new_tokens`` 4, temperature 0) each returned at least one token
-within ``probe_timeout_s`` with speculative-decoding fields in ``meta_info`` (the pinned SGLang:
-``spec_verify_ct``, ``spec_accept_length``, …; older builds other ``spec_*`` names — see
-docs/ENGINE_FACTS.md §4).
-
-HTTP requests run in daemon threads, so a server that accepts connections and never answers cannot
-block the gate: the loop wakes every ``poll_interval_s`` and a verdict is reached within
-``stall_timeout_s`` plus two poll intervals of the last progress. The gate never ends the server: on
-a verdict other than ready it saves diagnostics
-(:func:`eagle3.serve.diagnostics.collect_diagnostics`) and the caller ends the process group.
-:class:`Watchdog` (from :mod:`eagle3.serve.watchdog`) keeps the same signals and diagnostics during
-a benchmark.
+HTTP runs in daemon threads, so a server that never answers cannot block the loop; a verdict comes
+within ``stall_timeout_s`` plus two poll intervals of the last progress. The gate never ends the
+server: on a non-ready verdict it saves diagnostics
+(:func:`eagle3.serve.diagnostics.collect_diagnostics`). :class:`Watchdog` watches a benchmark.
 """
 
 from __future__ import annotations
@@ -81,9 +69,8 @@ class Call:
 
 
 def http_status(url: str, timeout_s: float) -> int | str:
-    """GET ``url``: the HTTP status code, or ``"refused"`` (nothing listening), ``"timeout"``
-    (connected or connecting, no answer in ``timeout_s`` seconds), ``"error: ..."``. Proxies from
-    the environment are not used (``trust_env=False``): the gate talks to loopback."""
+    """GET ``url``: the status code, ``"refused"``, ``"timeout"`` (none in ``timeout_s`` seconds)
+    or ``"error: ..."``; environment proxies are ignored."""
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False) as c:
             return c.get(url).status_code
@@ -96,15 +83,13 @@ def http_status(url: str, timeout_s: float) -> int | str:
 
 
 def spec_fields(meta_info: dict) -> dict:
-    """The speculative-decoding fields of one ``meta_info`` (every ``spec_*`` key, any SGLang
-    build)."""
+    """Every ``spec_*`` key of one ``meta_info``."""
     return {k: v for k, v in meta_info.items() if k.startswith("spec_")}
 
 
 def probe_generate(url: str, prompt: str, timeout_s: float) -> dict:
-    """One ``POST /generate`` (4 new tokens, greedy). Returns ``{"status", "tokens", "spec",
-    "seconds", "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``).
-    """
+    """One greedy ``POST /generate`` of 4 tokens: ``{"status", "tokens", "spec", "seconds",
+    "error"}``; ``tokens`` = ``meta_info.completion_tokens`` (else ``len(output_ids)``)."""
     t0 = time.monotonic()
     body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     out: dict = {"status": None, "tokens": 0, "spec": {}, "error": None}
@@ -151,8 +136,7 @@ class GateResult:
         return self.verdict == "ready"
 
     def summary(self) -> str:
-        """One human-readable paragraph: verdict, phase times, why, and where the diagnostics
-        are."""
+        """One paragraph: verdict, phase times, why, where the diagnostics are."""
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()) or "no phase"
         text = f"Server {self.url}: {self.verdict.upper()} after {self.elapsed_s:.1f} s ({phases})."
         if self.detail:
@@ -175,8 +159,7 @@ class GateResult:
         return text
 
     def metrics(self) -> dict[str, float]:
-        """Flat numbers for a tracker (MLflow): ``gate_<phase>_s``, ``gate_total_s``,
-        ``gate_ready``."""
+        """``gate_<phase>_s``, ``gate_total_s``, ``gate_ready`` for a tracker."""
         out = {f"gate_{k}_s": round(v, 3) for k, v in self.phases.items()}
         out["gate_total_s"] = round(self.elapsed_s, 3)
         out["gate_ready"] = 1.0 if self.ready else 0.0
@@ -240,24 +223,15 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
                probe_timeout_s: float = GATE_PROBE_TIMEOUT_S,
                diagnostics_dir: str | Path | None = None, require_spec_fields: bool = True,
                probe_concurrency: int = 2, use_gpu: bool = True) -> GateResult:
-    """Wait until the server at ``url`` is ready or a verdict says why it will not be (module
-    docstring).
+    """Wait until ``url`` (``http://host:port``) is ready or a verdict says why not.
 
-    Args:
-        url: ``http://host:port`` of an SGLang-compatible server.
-        pid: root of the server's process tree (exit → crashed; CPU time is a progress signal).
-        log_path: the server's log (growth is a progress signal; its tail goes into the result).
-        timeout_s: overall deadline, seconds. stall_timeout_s: seconds without any progress →
-        stalled
-            (only when at least one signal source exists). poll_interval_s: loop period, seconds.
-        probe_timeout_s: deadline of the generation probe, seconds.
-        diagnostics_dir: ``gate.json`` is written there; on a verdict other than ready also the
-        diagnostics. require_spec_fields: the probe must see ``spec_*`` fields in ``meta_info``.
-        probe_concurrency: concurrent probe requests (at least 2).
-    Returns a :class:`GateResult`; raises nothing for a verdict (the caller raises ``GateFailed``).
-    Raises ConfigError before waiting for arguments that cannot work: a url that is not
-    ``http(s)://host[:port]``, a non-positive timeout or poll interval.
+    ``pid``: server process-tree root (exit → crashed; CPU time is progress). ``log_path``: growth
+    is progress, its tail goes in the result. All ``*_s`` are seconds; stalling needs a signal
+    source. ``diagnostics_dir`` gets ``gate.json`` (and diagnostics unless ready). Returns a
+    :class:`GateResult` for any verdict (the caller raises ``GateFailed``); ConfigError up front for
+    a url not ``http(s)://host[:port]`` or a non-positive timeout.
     """
+
     _check_arguments(url, {"timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s,
                                           "poll_interval_s": poll_interval_s,
                                           "probe_timeout_s": probe_timeout_s})

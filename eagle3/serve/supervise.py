@@ -1,31 +1,18 @@
-"""A parent watch for every engine the launcher starts: the engine's process group ends within about
-a second of the launcher's death, whatever killed the launcher (failure class 25).
+"""A parent watch for every engine: its process group ends within about a second of the launcher's
+death, whatever killed it (failure class 25). A parent killed by a signal never runs ``atexit``,
+and an orphaned engine keeps the GPUs' memory.
 
-Why: the launcher starts every engine in its own session and used to rely on ``atexit`` to end it. A
-parent that dies by a signal (SIGKILL; SIGTERM in a process without a handler, such as a test runner
-or a Prefect worker being stopped) never runs ``atexit``, and an engine was seen serving minutes
-after its parent had gone, re-parented to init; on a GPU host such an orphan keeps the GPUs' memory
-and the next launch fails.
+:func:`eagle3.serve.launcher.start_engine` runs ``python -m eagle3.serve.supervise --parent PID
+--grace S -- ENGINE ARGV...`` as a new session leader. It double-forks a *watcher* (outside the
+engine's tree and group, so stack dumps, liveness, group signals and exit codes see only the
+engine), then ``exec``s the engine, keeping pid, exit status and group. Every ``POLL_S`` seconds the
+watcher checks the launcher (pid and start time): once gone, it SIGTERMs the engine's group and
+every tree member seen, waits ``--grace`` seconds, SIGKILLs the rest and exits; it also exits when
+the engine does.
 
-How: :func:`eagle3.serve.launcher.start_engine` runs ``python -m eagle3.serve.supervise --parent PID
---grace S -- ENGINE ARGV...`` as the leader of a new session. That process forks a *watcher*
-(detached by a double fork into a session of its own, so it is neither in the engine's process tree
-nor in its group: stack dumps, CPU-time liveness, group signals and exit codes see only the engine)
-and then ``exec``s the engine itself, which keeps the pid the launcher knows, its exit status and
-its group. The watcher polls every ``POLL_S``
-seconds:
-
-- the launcher (pid and start time, so a reused pid is not mistaken for it): once it is gone, by any
-  cause, the watcher sends SIGTERM to the engine's group and to every process of the engine's tree
-  it has seen (also those that left the group), waits ``--grace`` seconds, sends SIGKILL to whatever
-  is left, and exits;
-- the engine: once it has exited, the watcher exits too.
-
-No ``PR_SET_PDEATHSIG``: it fires when the forking *thread* ends, and the launcher's threads come
-and go under Prefect. SGLang's own scheduler and detokenizer processes SIGKILL themselves when their
-parent dies (``kill_itself_when_parent_died``), but ``sglang.launch_server`` does not watch its
-parent; the watcher covers it. The watcher writes to the engine's log only when it ends the group
-(one line), so it never fakes the log growth the readiness gate counts as progress.
+No ``PR_SET_PDEATHSIG``: it fires when the forking *thread* ends. ``sglang.launch_server`` does not
+watch its parent (its scheduler does: ``kill_itself_when_parent_died``). The watcher writes one log
+line only when it ends the group, so it never fakes the gate's log-growth signal.
 """
 
 from __future__ import annotations
@@ -62,8 +49,7 @@ def _tree(pid: int) -> dict[int, float]:
 
 
 def _members(pgid: int, known: dict[int, float]) -> list[int]:
-    """Live processes of group ``pgid`` and the recorded tree members still alive (same start time),
-    not self."""
+    """Live members of group ``pgid`` and of the recorded tree (same start time), not self."""
     import psutil
 
     out = set()
@@ -120,9 +106,8 @@ def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> No
 
 
 def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
-    """Double fork: the grandchild becomes the watcher (``--watch``, a command line of its own, so
-    nothing that searches the process table for the engine's command finds it); the child exits at
-    once and is reaped before the engine starts."""
+    """Double fork: the grandchild becomes the watcher (``--watch``, its own command line); the
+    child exits at once and is reaped."""
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
@@ -140,8 +125,8 @@ def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: flo
 
 
 def command(argv: list[str], *, parent: int, grace_s: float) -> list[str]:
-    """The watched command line for ``argv`` (this interpreter runs the wrapper, which then becomes
-    ``argv``)."""
+    """The watched command line for ``argv`` (the wrapper execs ``argv``)."""
+
     return [sys.executable, "-m", "eagle3.serve.supervise", "--parent", str(parent), "--grace",
             f"{grace_s:g}",
             "--", *argv]

@@ -1,5 +1,5 @@
-"""A watchdog for work that talks to a running server (the benchmark): a server that dies or stops
-making progress fails the work with the readiness gate's diagnostics instead of hanging it.
+"""A watchdog for work against a running server: a server that dies or stalls fails the work with
+the gate's diagnostics instead of hanging it.
 
 Usage::
 
@@ -7,11 +7,9 @@ Usage::
                   diagnostics_dir=run_dir / "deploy" / "watchdog") as wd:
         report = wd.call(run_bench, url, prompts=..., on_request_done=wd.beat)
 
-``call`` runs the work in a daemon thread and returns its result, or raises ``GateFailed`` (verdict
-``crashed`` or ``stalled``, or ``timed_out`` past ``deadline_s``) as soon as the watchdog trips,
-leaving the blocked work behind; the caller then ends the server's process group, which unblocks it.
-Progress = the server's signals (:mod:`eagle3.serve.liveness`) or a ``beat()`` from the work (one
-per finished request).
+``call`` runs the work in a daemon thread: its result, or ``GateFailed`` (``crashed``, ``stalled``,
+``timed_out`` past ``deadline_s``) once tripped; ending the server's group unblocks the work.
+Progress: :mod:`eagle3.serve.liveness` signals or a ``beat()`` per finished request.
 """
 
 from __future__ import annotations
@@ -29,15 +27,8 @@ from eagle3.procs import exit_status
 
 
 class Watchdog:
-    """Context manager that watches one server while work runs against it (module docstring).
-
-    Args:
-        url: the server (only named in messages). pid, log_path: as for ``wait_ready``.
-        stall_timeout_s: seconds without any progress signal or beat → ``stalled``.
-        check_interval_s: seconds between checks. deadline_s: overall limit (None: none).
-        diagnostics_dir: where diagnostics go when it trips (None: not saved).
-    Raises GateFailed from ``call``/``check``/``__exit__`` once tripped.
-    """
+    """Watches one server while work runs (module docstring). ``*_s`` in seconds; ``url`` only
+    named in messages. Raises GateFailed from ``call``/``check``/``__exit__`` once tripped."""
 
     def __init__(self, url: str, pid: int | None = None, log_path: str | Path | None = None, *,
                  stall_timeout_s: float = GATE_STALL_TIMEOUT_S,
@@ -57,9 +48,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def beat(self, *_: Any, **__: Any) -> None:
-        """Record progress made by the work itself (accepts and ignores any arguments, so it can be
-        passed as
-        a per-request callback)."""
+        """Record the work's own progress (ignores arguments: usable as a request callback)."""
         self.beats += 1
         self._last_progress = time.monotonic()
 
@@ -89,8 +78,8 @@ class Watchdog:
                              diagnostics_dir=str(self.diagnostics_dir or "") or None)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or
-        GateFailed."""
+        """``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or GateFailed."""
+
         box: dict = {}
         done = threading.Event()
 

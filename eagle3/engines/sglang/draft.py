@@ -151,8 +151,8 @@ class _Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attend(self, q, k, v, mask: torch.Tensor) -> torch.Tensor:
-        """SDPA of ``q`` over ``k, v`` (KV heads repeated for GQA) → ``o_proj`` output
-        ``[..., T, H]``."""
+        """SDPA of ``q`` over ``k, v`` (GQA repeat) → ``o_proj`` output ``[..., T, H]``."""
+
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5)
@@ -383,8 +383,7 @@ class SGLangEagle3Draft(nn.Module):
                         self.config["vocab_size"])
 
     def _bind_target(self, params, filled, target_embed, target_head, where) -> None:
-        """SGLang ``init_lm_head``: share the target's embedding (and head when loaded from the
-        target)."""
+        """SGLang ``init_lm_head``: share the target's embedding (and head, if from the target)."""
         h = self.config["hidden_size"]
         tgt_h = self.config.get("target_hidden_size")
         self.load_report["embed_source"] = "draft checkpoint"

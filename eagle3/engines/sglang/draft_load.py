@@ -25,8 +25,8 @@ STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
 
 
 def copy_param(param: nn.Parameter, w: torch.Tensor, key: str, orig: str, where) -> None:
-    """Copy tensor ``w`` (checkpoint name ``orig``) into ``param``; CheckpointInvalid on a shape
-    mismatch."""
+    """Copy tensor ``w`` (named ``orig``) into ``param``; CheckpointInvalid on a shape mismatch."""
+
     if tuple(param.shape) != tuple(w.shape):
         raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, parameter "
                                 f"{key} expects {tuple(param.shape)}")
@@ -64,12 +64,8 @@ def unfilled(params: dict, filled: set[str]) -> list[str]:
 
 
 def rope_parameters(cfg: dict) -> dict:
-    """RoPE settings as SGLang reads them: ``rope_parameters`` if present, else ``rope_theta`` +
-    ``rope_scaling``.
-
-    Returns a transformers-5 ``rope_parameters`` dict (``rope_type``, ``rope_theta`` and scaling
-    fields).
-    """
+    """RoPE as SGLang reads it (``rope_parameters``, else ``rope_theta`` + ``rope_scaling``), as a
+    transformers-5 ``rope_parameters`` dict."""
     rp = cfg.get("rope_parameters")
     if rp is not None:
         out = dict(rp)

@@ -43,9 +43,8 @@ STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
            (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
-# Where the release decides each flag: (file in the wheel, line, text on that line); the refusal of
-# an unsupported value and the description of a supported one cite it. Re-read by
-# tests/unit/test_profiles.py.
+# Where the release decides each flag: (file in the wheel, line, text on that line), cited by
+# messages; re-read by tests/unit/test_profiles.py.
 FLAG_SOURCE_LINES = {
     "norm_before_residual": ("sglang/srt/models/llama_eagle3.py", 99, "residual = hidden_states"),
     "norm_before_fc": ("sglang/srt/models/llama_eagle3.py", 174,
@@ -98,9 +97,8 @@ FLAGS = _flags(FLAG_SOURCE_LINES)
 # top level only), is never read.
 EAGLE_CONFIG_KEYS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc")
 
-# Registered architectures (EntryClass) whose class implements set_eagle3_layers_to_capture (71
-# classes from 29 model files), read by eagle3.engines.sglang.source.ModelIndex; re-derived from the
-# released source by tests/unit/test_profiles.py.
+# Registered architectures implementing set_eagle3_layers_to_capture (71 classes, 29 model files);
+# re-derived from the released source by tests/unit/test_profiles.py.
 AUX_CAPTURE_CLASSES = frozenset("""
 ApertusForCausalLM BailingMoEForCausalLM BailingMoeForCausalLM BailingMoeV2ForCausalLM
 Cosmos3ForConditionalGeneration DeepseekV2ForCausalLM DeepseekV32ForCausalLM DeepseekV3ForCausalLM
@@ -149,16 +147,15 @@ def num_aux_states(config: Mapping) -> int:
 
 
 def target_hidden(config: Mapping) -> int:
-    """fc input width per aux state: ``target_hidden_size`` when the key exists, else
-    ``hidden_size``."""
+    """fc input width per aux state: ``target_hidden_size`` if present, else ``hidden_size``."""
     if "target_hidden_size" in config:
         return _int(config, "target_hidden_size")
     return _int(config, "hidden_size")
 
 
 def engine_params(config: dict) -> dict[str, ParamSpec]:
-    """``LlamaForCausalLMEagle3``'s parameters for a served config (names as in
-    ``named_parameters()``)."""
+    """``LlamaForCausalLMEagle3``'s ``named_parameters()`` for a served config."""
+
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads", heads)

@@ -1,26 +1,20 @@
-"""The launch flags, and what the pinned SGLang release changes or fakes in the speculative settings
-it is given: one table and one rule each, read by the config checks, the launcher, the pre-flight
-and the read-back.
-
-Read from the released source (re-read by ``tests/unit/test_sglang_serving.py``;
+"""The launch flags, and what the pinned SGLang release changes or fakes in the speculative
+settings, read from the released source (``tests/unit/test_sglang_serving.py``;
 docs/ENGINE_FACTS.md §4 S11-S15):
 
 - **max_running_requests** (S11): ``arg_groups/speculative_hook.py`` ``_handle_eagle_family`` sets
-  it to ``RELEASES[v]["spec_max_running_requests"]`` (48) when unset. A benchmark at a higher
-  concurrency then measures queueing.
-- **draft tokens** (S12): with ``speculative_eagle_topk == 1`` it sets
-  ``speculative_num_draft_tokens = speculative_num_steps + 1`` whatever was asked (a log warning
-  only).
+  it to ``RELEASES[v]["spec_max_running_requests"]`` (48) when unset.
+- **draft tokens** (S12): with ``speculative_eagle_topk == 1``, ``speculative_num_draft_tokens =
+  speculative_num_steps + 1`` whatever was asked.
 - **scheduler** (S13): EAGLE/EAGLE3 always run ``EAGLEWorkerV2`` (``speculative/spec_info.py``); the
   overlap scheduler is on unless ``--disable-overlap-schedule``, device ``cpu``
   (``_disable_overlap_schedule_for_cpu``) or pipeline parallelism > 1 (``arg_groups/overrides.py``).
-  Tree drafting (top-k > 1) runs under the overlap scheduler too (no refusal or switch in the
-  source), so the launch records which scheduler it gets.
+  Tree drafting (top-k > 1) runs under it too.
 - **simulated acceptance** (S14): ``SGLANG_SIMULATE_ACC_LEN`` (``environ.py``, ``EnvFloat(-1)``; the
   legacy ``SGL_`` prefix is rewritten) > 0 makes the engine accept a simulated number of draft
-  tokens (``speculative/spec_utils.py``): every acceptance figure of such a server is made up.
-- **/server_info** (S15) returns the *resolved* settings (``server_args.resolved_dict()``), so what
-  the engine really runs is read back after launch (:func:`compare_server_info`).
+  tokens (``speculative/spec_utils.py``).
+- **/server_info** (S15) returns the *resolved* settings (``server_args.resolved_dict()``), read
+  back after launch (:func:`compare_server_info`).
 """
 
 from __future__ import annotations
@@ -37,13 +31,9 @@ SIMULATE_ENV = ("SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN")
 
 @dataclass(frozen=True)
 class LaunchFlag:
-    """One ``serve.<field>`` and the launch flag that carries it.
-
-    ``spec``: only with a draft. ``switch``: a flag without value, given when the field is true.
-    ``skip``: the value for which the flag is left out. ``reference``: the values the CPU reference
-    engine honours (None: any); ``ref_flag``: the flag is passed to it too. ``resolved``:
-    ``/server_info`` reports it under the field's name (the read-back compares it).
-    """
+    """One ``serve.<field>`` and its launch flag. ``spec``: only with a draft. ``switch``:
+    valueless, given when true. ``skip``: value that omits it. ``reference``: values the reference
+    engine honours (None: any); ``ref_flag``: passed to it too. ``resolved``: in /server_info."""
 
     field: str
     flag: str
@@ -75,8 +65,7 @@ RESOLVED_KEYS = tuple(f.field for f in LAUNCH_FLAGS if f.resolved) + ("disable_o
 
 
 def launch_args(serve: Any, *, draft: bool, engine: str = "sglang") -> list[str]:
-    """The flags of :data:`LAUNCH_FLAGS` for ``serve`` (a ServeConfig) and ``engine`` (the reference
-    engine gets those marked ``ref_flag``), in table order."""
+    """:data:`LAUNCH_FLAGS` for ServeConfig ``serve`` and ``engine``, in table order."""
     out: list[str] = []
     for f in LAUNCH_FLAGS:
         value = getattr(serve, f.field)
@@ -93,8 +82,8 @@ def reference_refusals(serve: Any) -> dict:
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` in an argv list (``--flag V`` or ``--flag=V``; the last one wins), None
-    if absent; ``"true"`` for a flag given without a value."""
+    """``flag``'s value in argv (``--flag V`` / ``--flag=V``, last wins; ``"true"`` without a value;
+    None if absent)."""
     value = None
     for i, a in enumerate(argv):
         if a == flag:
@@ -106,18 +95,14 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
 
 
 def running_requests(serve: Any) -> tuple[int, int | None]:
-    """``(requests SGLang runs at once, the limit given or None)``: ``--max-running-requests`` in
-    ``serve.extra_args``, else ``serve.max_running_requests``, else the release's speculative
-    default.
-    """
+    """``(requests SGLang runs at once, the limit given or None)``; unset: the release default."""
     arg = flag_value(serve.extra_args, "--max-running-requests")
     given = int(arg) if arg not in (None, "true") and arg.isdigit() else serve.max_running_requests
     return (SPEC_DEFAULT_MAX_RUNNING_REQUESTS if given is None else given), given
 
 
 def chain_draft_tokens(steps: int, topk: int, asked: int) -> int:
-    """The draft tokens SGLang verifies: ``steps + 1`` for chain drafting (top-k 1), else
-    ``asked``."""
+    """Draft tokens SGLang verifies: ``steps + 1`` for top-k 1, else ``asked``."""
     return steps + 1 if topk == 1 else asked
 
 
@@ -151,9 +136,7 @@ def concurrency_problem(serve: Any, concurrency: int) -> str | None:
 
 
 def simulated_acceptance(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """``(name, value)`` of the variable that makes SGLang simulate acceptance, None when none is
-    set above 0. A value SGLang cannot parse as a float counts too: no measured figure can come from
-    it."""
+    """``(name, value)`` of a simulated-acceptance variable above 0 (or not a float), else None."""
     for name in SIMULATE_ENV:
         raw = env.get(name)
         if raw is None or str(raw).strip() == "":
@@ -177,13 +160,9 @@ def simulation_problem(env: Mapping[str, str], where: str) -> str | None:
 
 
 def resolve(serve: Any, device: str = "cuda") -> dict:
-    """The settings the release will run with for ``serve`` (module docstring).
-
-    Reads ``--max-running-requests``, ``--disable-overlap-schedule``, ``--device``, ``--pp-size``
-    from ``serve.extra_args``. Returns ``{"max_running_requests", "max_running_requests_source",
-    "num_draft_tokens", "num_draft_tokens_adjusted", "scheduler" ("overlap" | "synchronous"),
-    "scheduler_reason", "drafting" ("chain" | "tree"), "worker"}``.
-    """
+    """The settings the release runs ``serve`` with: ``{"max_running_requests",
+    "max_running_requests_source", "num_draft_tokens", "num_draft_tokens_adjusted", "scheduler"
+    ("overlap" | "synchronous"), "scheduler_reason", "drafting" ("chain" | "tree"), "worker"}``."""
     extra, topk = serve.extra_args, serve.speculative_eagle_topk
     running, given = running_requests(serve)
     device = flag_value(extra, "--device") or device
@@ -211,8 +190,7 @@ def resolve(serve: Any, device: str = "cuda") -> dict:
 
 
 def asked_settings(serve: Any, engine: str) -> dict:
-    """What a launch asked for, in ``/server_info``'s names (None: not asked): the resolved fields
-    of :data:`LAUNCH_FLAGS`; for SGLang an unset request limit is asked as the release's default."""
+    """What a launch asked for, in ``/server_info``'s names (None: not asked)."""
     asked = {f.field: getattr(serve, f.field) for f in LAUNCH_FLAGS if f.resolved}
     asked["max_running_requests"] = running_requests(serve)[0] if engine == "sglang" else None
     return asked
@@ -232,10 +210,9 @@ def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> di
 
 
 def running_problems(info: Mapping[str, Any] | None, concurrency: int) -> list[str]:
-    """Why a measurement against a running server (its ``/server_info``) would not measure what it
-    says: fewer requests at once than ``concurrency``, or an exposed
-    (``SGLANG_EXPOSE_OWN_ENV_VARS``) simulated-acceptance variable. Fields the server does not
-    report are not held against it."""
+    """Why measuring this ``/server_info`` would mislead: fewer requests at once than
+    ``concurrency``, or an exposed simulated-acceptance variable. Unreported fields pass."""
+
     if not info:
         return []
     out = []

@@ -1,12 +1,7 @@
-"""The installed SGLang release's source, read statically (``ast``, no import), and the question it
-answers before a GPU is spent: does the target's class capture EAGLE-3 aux hidden states (failure
-class 11)? A target class feeds an EAGLE-3 draft only if it implements
+"""The SGLang release's source read statically (``ast``, wheel or directory): does the target's
+class capture EAGLE-3 aux hidden states (failure class 11)? Only if it implements
 ``set_eagle3_layers_to_capture`` (``model_runner_components/attention_backend_setup.py``:
 ``configure_aux_hidden_state_capture``).
-
-The source is a wheel (read in place from the zip) or an unpacked directory; :class:`ModelIndex`
-reads the model files under ``sglang/srt/models/``, their ``EntryClass`` lists, each class's methods
-and its bases followed through ``from … import``.
 """
 
 from __future__ import annotations
@@ -29,11 +24,8 @@ MODELS_DIR = "sglang/srt/models/"
 
 
 class EngineSource:
-    """Read-only access to an engine's released source: a wheel (zip) or an unpacked directory.
-
-    ``root`` is the wheel file or the directory that contains the top-level package folder (e.g. the
-    folder holding ``sglang/``). Raises DataError when ``root`` is neither.
-    """
+    """An engine's released source, read-only: ``root`` is a wheel or the folder holding
+    ``sglang/``; DataError when neither."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -62,8 +54,7 @@ class EngineSource:
         return path.read_text(encoding="utf-8")
 
     def list(self, prefix: str) -> list[str]:
-        """Relative paths of the ``.py`` files directly under ``prefix`` (a folder path ending in
-        '/')."""
+        """Relative paths of the ``.py`` files directly under ``prefix`` (ending in '/')."""
         if self._zip is not None:
             return sorted(n for n in self._names if n.startswith(prefix) and n.endswith(".py")
                           and "/" not in n[len(prefix):])
@@ -71,8 +62,7 @@ class EngineSource:
         return sorted(f"{prefix}{p.name}" for p in folder.glob("*.py")) if folder.is_dir() else []
 
     def version(self) -> str | None:
-        """The released version: ``Version:`` of the wheel's ``*.dist-info/METADATA``, else
-        ``__version__`` in ``sglang/version.py`` (an unpacked tree); None when neither is found."""
+        """``Version:`` of ``*.dist-info/METADATA``, else ``sglang/version.py``; None if neither."""
         if self._zip is not None:
             for name in sorted(self._names):
                 if name.endswith(".dist-info/METADATA"):
@@ -101,13 +91,9 @@ class EngineSource:
 def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
                        cache_dir: str | Path | None = None,
                        download: bool = False) -> EngineSource:
-    """Locate the released source of ``engine==version`` without importing it.
-
-    Looks, in order, at ``$EAGLE3_<ENGINE>_SOURCE`` (a wheel or directory), ``<cache_dir>/wheels/``
-    (a ``<engine>-<version>-*.whl``), and, when ``download`` is set, runs ``pip download --no-deps
-    <engine>==<version> -d <cache_dir>/wheels`` (the released wheel, a few tens of MB). Raises
-    EngineUnsupported when no source is found (naming what was tried), DataError on a bad path.
-    """
+    """The source of ``engine==version``: ``$EAGLE3_<ENGINE>_SOURCE``, ``<cache_dir>/wheels/``, or
+    with ``download`` ``pip download --no-deps``. EngineUnsupported naming what was tried;
+    DataError on a bad path."""
     tried = []
     env = os.environ.get(f"EAGLE3_{engine.upper()}_SOURCE")
     if env:
@@ -168,12 +154,8 @@ def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassI
 
 
 class ModelIndex:
-    """Static index of an engine's model classes: which registered classes implement a method.
-
-    Built from every ``sglang/srt/models/*.py`` of ``source``. Inheritance is followed through bases
-    defined in the same file or imported with ``from <module> import <name>`` from another model
-    file; a base outside the models folder (``nn.Module`` …) contributes no methods.
-    """
+    """Which registered classes of ``sglang/srt/models/*.py`` implement a method; bases followed
+    within the models folder (same file or ``from <module> import <name>``)."""
 
     def __init__(self, source: EngineSource, models_dir: str = MODELS_DIR):
         self.source = source
@@ -193,8 +175,8 @@ class ModelIndex:
 
     def implements(self, class_name: str, method: str = CAPTURE_METHOD,
                    module: str | None = None) -> bool:
-        """True when ``class_name`` (a registered architecture unless ``module`` is given) has
-        ``method``."""
+        """``class_name`` (registered unless ``module`` is given) has ``method``."""
+
         module = module or self.entry_classes.get(class_name)
         if module is None:
             raise KeyError(class_name)
@@ -235,21 +217,15 @@ def _cached_index(root: str, mtime_ns: int) -> ModelIndex:
 
 
 def model_index(source: EngineSource) -> ModelIndex:
-    """:class:`ModelIndex` of ``source``, parsed once per process (keyed by path and modification
-    time)."""
+    """:class:`ModelIndex` of ``source``, cached by path and mtime."""
     return _cached_index(str(source.root), source.root.stat().st_mtime_ns)
 
 
 def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str = VERSION,
                       source: EngineSource | None = None) -> dict:
-    """Does ``engine==version`` capture EAGLE-3 aux hidden states for ``target_class``?
-
-    With ``source`` the answer is read from that release's model files; without it, from the
-    profile's pinned list (``EngineProfile.aux_capture_classes``, itself checked against the source
-    by the tests). Returns ``{"class", "engine", "version", "captures": True, "module", "how"}``.
-    Raises EngineUnsupported naming the class and the engine version when it does not capture (or is
-    not a registered architecture of that version).
-    """
+    """Does ``engine==version`` capture aux states for ``target_class``? Read from ``source``, else
+    ``EngineProfile.aux_capture_classes``. Returns ``{"class", "engine", "version", "captures":
+    True, "module", "how"}``; EngineUnsupported when it does not (or is not registered)."""
     if source is None:
         from eagle3.engines.registry import get_profile
 

@@ -2,25 +2,20 @@
 (``serve.sglang_python``).
 
 Started by :mod:`eagle3.extract.sglang_backend` as ``<sglang python> sglang_extract_worker.py
-JOB.json`` with this folder first on ``PYTHONPATH``. It imports sglang, torch and safetensors, never
-the ``eagle3`` package (that environment has a different torch). Steps:
+JOB.json``; never imports ``eagle3`` (that environment has a different torch). Steps:
 
-1. Resolve the target's architecture (``config.json`` ``architectures[0]``) through SGLang's own
-   registry to ``module:Class``; refuse a class without ``set_eagle3_layers_to_capture``.
-2. Start SGLang's offline ``Engine`` with aux capture on: ``enable_return_aux_hidden_states=True``,
-   ``speculative_algorithm="EAGLE3"`` (names the capture convention; no draft is loaded),
-   ``return_aux_hidden_state_layer_ids`` = the job's ids in SGLang's convention (id k = output of
-   layer k; ``L-1`` = the last layer, delivered by the ``eagle3_sglang_capture`` package registered
-   through ``SGLANG_EXTERNAL_MODEL_PACKAGE``), ``skip_tokenizer_init`` (token ids in, states out),
-   ``disable_radix_cache`` (a cached prefix would return states for the uncached suffix only) and
-   ``chunked_prefill_size=-1`` (one prefill per prompt), plus the job's ``engine_args``.
-3. Print ``EAGLE3-READY {...}`` on stdout, then serve requests read from stdin, one JSON line each:
-   ``{"ids": [[token ids], ...], "out": "path.safetensors"}``. Each prompt runs one prefill
-   (``max_new_tokens=1``, greedy, ``return_hidden_states=True``); the states ``[T, S, H]`` (S =
-   number of ids, in the model dtype) are saved as tensors ``s0, s1, ...`` to ``out`` (temporary
-   name, then rename) and ``EAGLE3-RESULT {"out": ..., "rows": [...]}`` is printed. ``{"quit":
-   true}`` or end of input shuts the engine down. Any failure prints ``EAGLE3-ERROR {"error": ...}``
-   and exits 1. SGLang's own log goes to stderr.
+1. Resolve ``architectures[0]`` through SGLang's registry; refuse a class without
+   ``set_eagle3_layers_to_capture``.
+2. Start the offline ``Engine`` with ``enable_return_aux_hidden_states=True``,
+   ``speculative_algorithm="EAGLE3"`` (no draft loaded), ``return_aux_hidden_state_layer_ids`` in
+   SGLang's convention (id k = output of layer k; ``L-1`` via ``eagle3_sglang_capture``),
+   ``skip_tokenizer_init``, ``disable_radix_cache`` (a cached prefix returns only the suffix's
+   states), ``chunked_prefill_size=-1``, plus the job's ``engine_args``.
+3. Print ``EAGLE3-READY {...}``, then per stdin line ``{"ids": [[token ids], ...], "out":
+   "path.safetensors"}`` run one greedy prefill per prompt and save states ``[T, S, H]`` (S = ids,
+   model dtype) as ``s0, s1, ...`` (temp name, then rename); print ``EAGLE3-RESULT {"out": ...,
+   "rows": [...]}``. ``{"quit": true}`` or EOF ends; a failure prints ``EAGLE3-ERROR {"error":
+   ...}`` and exits 1.
 """
 
 from __future__ import annotations
@@ -100,10 +95,8 @@ def serve(engine, n_slots: int, dtype: str) -> None:
 
 
 def watch_parent(interval_s: float = 1.0) -> None:
-    """End this worker's whole process group (the engine's schedulers included) as soon as the
-    process that started it is gone (e.g. killed with SIGKILL, which it cannot forward): a daemon
-    thread polling the parent pid, so an orphaned worker never keeps holding GPU memory through a
-    model load."""
+    """A daemon thread that ends this worker's process group once its parent is gone."""
+
     import signal
     import threading
     import time

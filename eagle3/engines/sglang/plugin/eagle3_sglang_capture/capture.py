@@ -1,29 +1,17 @@
 """The target's SGLang model class, plus capture of its *last* layer's output before the final norm.
 
-the pinned SGLang's ``--enable-return-aux-hidden-states`` (offline
-``Engine(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",
-return_aux_hidden_state_layer_ids=[...])``) returns, per prompt token, the concatenated aux hidden
-states of the requested layers. Its hooks capture "the output of layer k" as the input of layer k+1
-(``set_eagle3_layers_to_capture`` adds 1 to each id), so the last layer's output cannot be captured
-("Most models cannot capture their last layer", ``layers/logits_processor.py``). EAGLE-3 training
-needs it too (it gives the verifier's distribution), so this package registers, under the target's
-own architecture name, a subclass of SGLang's class that:
+The pinned SGLang captures "output of layer k" as the input of layer k+1
+(``set_eagle3_layers_to_capture`` adds 1), so the last layer's output cannot be captured
+(``layers/logits_processor.py``). Training needs it, so this package registers, under the target's
+architecture name, a subclass that accepts id ``L-1`` (handing SGLang the others), records the
+input of ``model.norm`` (for a fused add-norm, ``hidden + residual``) with a forward hook, and
+appends it to the aux list with a pre-hook on ``logits_processor``, so SGLang's packing, count
+check and return path carry it.
 
-- accepts id ``L-1`` (= output of the last layer) in ``set_eagle3_layers_to_capture`` and hands
-  SGLang only the others;
-- records the input of the final norm with a forward hook on ``model.norm`` (for a fused add-norm,
-  ``hidden + residual``, i.e. the last layer's output; the norm's own weights and names are
-  untouched);
-- appends that tensor to the aux list with a forward pre-hook on ``logits_processor``, so SGLang's
-  own packing, count check (``expected_aux_hidden_states``) and return path carry it like any aux
-  state.
-
-The class to wrap is named by ``$EAGLE3_CAPTURE_CLASS`` = ``module:ClassName`` (e.g.
-``sglang.srt.models.llama:LlamaForCausalLM``), set by the extraction worker, which resolves it
-through SGLang's own registry before the engine starts. Requires a model with ``model.norm`` and
-``logits_processor`` attributes (the Llama family and most decoder-only models of the pinned
-release); anything else raises at construction with the missing attribute named.
+``$EAGLE3_CAPTURE_CLASS`` = ``module:ClassName`` (set by the extraction worker) names the class to
+wrap; one without ``model.norm`` or ``logits_processor`` raises at construction.
 """
+
 
 from __future__ import annotations
 
