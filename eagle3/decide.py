@@ -27,8 +27,7 @@ Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decisi
 Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
 (train falls, val does not) or has seen its data many times is data-limited. A public report saw
 acceptance peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §7): hence
-the epoch cap and choosing by acceptance rather than loss.
-"""
+the epoch cap and choosing by acceptance rather than loss."""
 
 from __future__ import annotations
 
@@ -121,8 +120,7 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
     val − train)}``.
 
     Returns relative val/train slopes over the last ``k`` evals (None with < 2 evals), the last
-    relative gap ((val − train) / train), its growth over the window, epochs and unique tokens.
-    """
+    relative gap ((val − train) / train), its growth over the window, epochs and unique tokens."""
     val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
     gaps = _floats(history, "train_val_gap")
     if not gaps and val and train:
@@ -163,8 +161,7 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None, uniqu
     ``val_loss`` = every ``val_key`` value in step order; ``train_loss`` = for each evaluation, the
     latest ``train_key`` value logged at or before its step (None-free: evaluations before any train
     value are skipped for the gap). ``epochs``/``unique_tokens`` come from the training/extraction
-    manifests.
-    """
+    manifests."""
     pts = sorted(((r.get("step", 0), r) for r in rows), key=lambda x: x[0])
     val, train, last_train = [], [], None
     for _, r in pts:
@@ -240,8 +237,7 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     ``"target"`` (acceptance length that is good enough), ``"history"`` (earlier served figures of
     this line of runs, oldest first) and ``"preflight"`` (``{check: "status: detail"}`` of the
     deployment's pre-flight, evidence for "fix serving"). Raises DataError for non-numeric history
-    values.
-    """
+    values."""
     th = thresholds or Thresholds()
     serving = _serving_rule(acceptance, th)
     if serving is not None:
@@ -370,8 +366,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     first at equal size and schedule; the largest (if ≥ ``min_gain``) decides "more data", "longer
     training" or "regenerate data" (for a variant named ``regen…``; its name is in the evidence);
     all below → stop (plateau); none measurable (one point) → "more evidence needed". Raises
-    DataError for an empty sweep or a result lacking a required key.
-    """
+    DataError for an empty sweep or a result lacking a required key."""
     th = thresholds or Thresholds()
     if not results:
         raise DataError("sweep_decision: expected at least one result, got none")

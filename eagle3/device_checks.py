@@ -6,8 +6,7 @@ work.
 got far (Prefect started, MLflow runs opened, the target's weights loaded) before torch failed with
 "Torch not compiled with CUDA enabled" and a retry hint; this check fails first, naming every key,
 the value and what torch sees. Not part of loading a config: a config is also loaded where it is not
-run (tests, the machine that only submits a deployment run).
-"""
+run (tests, the machine that only submits a deployment run)."""
 
 from __future__ import annotations
 

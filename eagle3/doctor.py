@@ -7,8 +7,7 @@ engine serves), free disk under the runs and cache folders, the asset cache, and
 server and an MLflow server answer. Servers are probed with httpx only (this module imports neither
 prefect nor mlflow). A server that is not configured and not running is fine (the ephemeral Prefect
 API and the local SQLite MLflow store are used); one that is configured through ``PREFECT_API_URL``
-/ ``MLFLOW_TRACKING_URI`` but does not answer is a FAIL.
-"""
+/ ``MLFLOW_TRACKING_URI`` but does not answer is a FAIL."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Only :class:`TransientError` may be retried by an orchestrator; every other error is a fact about
 the inputs and is never retried. Messages name the file, key or field and both the expected and
-actual value.
-"""
+actual value."""
 
 
 class Eagle3Error(Exception):
@@ -27,8 +26,7 @@ class CheckpointInvalid(Eagle3Error):
     """A draft checkpoint would load wrongly (or not at all) in the chosen serving engine.
 
     ``problems`` holds the individual :class:`eagle3.convert.validate.Problem` records when there
-    are several.
-    """
+    are several."""
 
     def __init__(self, message: str, problems: list | None = None):
         super().__init__(message)
@@ -68,8 +66,7 @@ class RankFailed(Eagle3Error):
     Attributes: ``ranks`` (the indices at fault), ``kind`` (``not_arrived`` | ``no_first_step`` |
     ``stalled`` | ``died`` (ended by a signal or without an error record) | ``failed`` (raised an
     error that is not a project error: its class and message are in the text)), ``logs`` ({index:
-    [paths]}).
-    """
+    [paths]})."""
 
     def __init__(self, message: str, *, ranks: list[int] | None = None, kind: str = "", logs: dict
             | None = None):

@@ -24,8 +24,7 @@ def apply_overrides(data: dict, overrides: list[str], known: dict | None = None)
     """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
 
     Raises ConfigError for an override without ``=`` or with an empty key. Unknown keys are left for
-    the schema to reject (with the dotted key in the message).
-    """
+    the schema to reject (with the dotted key in the message)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected 'section.key=value', got no '='")

@@ -16,8 +16,7 @@ extraction runs, ``extract.device``), ``train.precision`` (``train.device``) and
 the reference engine and offline decoding (``serve.device``; for SGLang ``auto`` stays SGLang's own
 ``auto``). :func:`resolve_config` replaces them by concrete values, so the resolved config, the
 manifests, MLflow and the stage cache keys all carry the concrete value (a bf16 extraction is never
-reused for a float32 run).
-"""
+reused for a float32 run)."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ class Bf16Probe:
     ``threads`` torch threads (best of the timed calls); ``capability``:
     ``torch.backends.cpu.get_cpu_capability()``; ``features``: the :data:`CPU_FEATURES` flags found
     in ``/proc/cpuinfo`` (empty where it is unreadable); ``isa_env``: the :data:`ISA_ENV` variables
-    that were set.
-    """
+    that were set."""
 
     float32_gflops: float
     bfloat16_gflops: float
@@ -124,8 +122,7 @@ def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
 
     The bf16 measurement stops after its first timed call when that took more than 10× the float32
     time (then bf16 is at best 0.1× float32: slow, whatever the exact figure). Returns a
-    :class:`Bf16Probe`.
-    """
+    :class:`Bf16Probe`."""
     import torch
 
     m, k, n = shape
@@ -163,8 +160,7 @@ def _device_type(device: str) -> str:
 def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
     """(bf16 is the fast choice on ``device``, why). ``device``: 'auto', 'cpu', 'cuda', 'cuda:N'.
 
-    CUDA: True where ``torch.cuda.is_bf16_supported()``. CPU: :func:`probe_cpu_bf16`'s verdict.
-    """
+    CUDA: True where ``torch.cuda.is_bf16_supported()``. CPU: :func:`probe_cpu_bf16`'s verdict."""
     kind = _device_type(device)
     if kind == "cuda":
         import torch
@@ -219,8 +215,7 @@ def resolve_config(cfg) -> dict[str, dict]:
     Returns ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...},
     ...}`` for each field that was ``auto`` (the record manifests and MLflow keep). An explicit bf16
     setting on a CPU where bf16 measures slow is honoured and logged as a warning (it is what made
-    the demo look hung).
-    """
+    the demo look hung)."""
     record: dict[str, dict] = {}
     for section, name, (dev_section, dev_name), resolver in AUTO_FIELDS:
         sec = getattr(cfg, section)

@@ -3,8 +3,7 @@
 Every server the pipeline starts runs in its own session/process group (``start_new_session=True``),
 so the whole tree (SGLang's scheduler, detokenizer and TP workers included) can be signalled at once
 without touching anything else on the machine. Processes are ended by process-group id and by the
-pids of the tree collected with psutil — never by name.
-"""
+pids of the tree collected with psutil — never by name."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Another process may still take it before the server binds; a server that then fails to bind
     exits, and the gate reports it as crashed (the launcher retries once with a fresh port). Raises
-    TransientError if no port can be bound.
-    """
+    TransientError if no port can be bound."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
@@ -43,8 +41,7 @@ def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Pat
     is the complete environment of the child.
 
     Raises FileNotFoundError/PermissionError from ``subprocess`` when the executable cannot be
-    started.
-    """
+    started."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb", buffering=0) as log:
@@ -91,8 +88,7 @@ def exit_status(pid: int) -> tuple[bool, int | None]:
     For a child the status is read with ``waitid(WNOWAIT)``, which leaves the zombie for its
     ``Popen`` to reap (so ``Popen.returncode`` stays right). A death by signal N is reported as
     ``-N`` (``subprocess``'s convention). For a process that is not our child the code is unknown
-    (None).
-    """
+    (None)."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -181,8 +177,7 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
     the root.
 
     Returns ``{"pids": [...], "killed": [...], "returncode": int | None, "seconds": float}``.
-    Idempotent: a tree that is already gone returns at once.
-    """
+    Idempotent: a tree that is already gone returns at once."""
     t0 = time.monotonic()
     pid = proc.pid if isinstance(proc, subprocess.Popen) else int(proc)
     pids = tree_pids(pid)

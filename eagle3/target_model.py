@@ -8,8 +8,7 @@ This is the convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLan
 Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so
 it works for full sequences (extraction) and for incremental decoding with a KV cache (speculative
 decoding) without ``output_hidden_states`` (which in transformers 5.x returns the *post*-norm last
-state and keeps every layer alive).
-"""
+state and keeps every layer alive)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "
                 trust_remote_code: bool = False):
     """Load ``(model, tokenizer)`` from an HF folder, in eval mode, weights from safetensors only.
 
-    Attention is ``sdpa``. Raises ConfigError when the folder has no ``config.json``.
-    """
+    Attention is ``sdpa``. Raises ConfigError when the folder has no ``config.json``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target_dir = Path(target_dir)
@@ -73,10 +71,8 @@ def num_layers(model_or_config) -> int:
 def default_aux_layer_ids(n_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high rule ``[2, L//2, L-3]`` as HF hidden_states indices.
 
-    Source: EAGLE-3 reference implementation and SGLang's default capture (inputs of layers
-    2, L//2, L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L <
-    7).
-    """
+    Source: EAGLE-3 reference implementation and SGLang's default capture (inputs of layers 2, L//2,
+    L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L < 7)."""
     ids = [2, n_layers // 2, n_layers - 3]
     validate_aux_layer_ids(ids, n_layers, rule="the default EAGLE-3 rule [2, L//2, L-3]")
     return ids
@@ -88,11 +84,9 @@ def validate_aux_layer_ids(ids: list[int], n_layers: int,
 
     0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the
     verifier's state, and serving engines capture aux states as inputs of layers, which the last
-    layer's output is not (SGLang adds 1 to each id and never reaches L:
-    ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE), so a draft trained on it could not be
-    served. Raises ConfigError naming the field, the ids, the target's layer count and the allowed
-    range.
-    """
+    layer's output is not (SGLang adds 1 to each id and never reaches L: ``eagle3.convert.validate``
+    refuses it as AUX_IDS_RANGE), so a draft trained on it could not be served. Raises ConfigError
+    naming the field, the ids, the target's layer count and the allowed range."""
     if not ids:
         raise ConfigError(f"{rule}: expected at least one layer id, got []")
     bad = [i for i in ids if not 1 <= i <= n_layers - 1]
@@ -124,8 +118,7 @@ def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch
 
     Yields a dict that after each forward maps index → tensor ``[B, T, H]`` (model dtype) of that
     pass (overwritten by the next pass). Index L (the layer count) is the last layer's output before
-    the final norm. Raises ConfigError for an index outside ``[0, L]``.
-    """
+    the final norm. Raises ConfigError for an index outside ``[0, L]``."""
     dec = _decoder(model)
     n = len(dec.layers)
     captured: dict[int, torch.Tensor] = {}

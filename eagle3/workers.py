@@ -27,8 +27,7 @@ The parent (:func:`overdue`) checks, like the serving gate tells warming from hu
 A missed deadline becomes :class:`eagle3.errors.RankFailed` naming the workers, the deadline, the
 config key that sets it, each worker's last status and its log files (:func:`describe`). Before the
 parent ends the job it saves a ``py-spy dump`` of every live worker next to its status
-(:func:`dump_stacks`), so the error says where each one was waiting.
-"""
+(:func:`dump_stacks`), so the error says where each one was waiting."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ class WorkerStatus:
     Writes go through a temporary sibling and ``os.replace`` without fsync: a reader sees the old or
     the new content, never half of one; nothing here has to survive a power loss. Errors writing it
     are swallowed after the first one is reported on stderr: a full disk must not turn a status line
-    into a crash.
-    """
+    into a crash."""
 
     def __init__(self, directory: str | Path, index: int, *, prefix: str = "rank",
                  min_interval_s: float = 1.0):
@@ -169,8 +167,7 @@ def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
     """The first deadline the workers missed at time ``now`` (seconds since the epoch), or None.
 
     ``launched_at``: when the parent started the job. Workers in phase ``done`` or ``failed`` are
-    never overdue (the process exits; the parent reads its exit instead).
-    """
+    never overdue (the process exits; the parent reads its exit instead)."""
     live = {k: s for k, s in statuses.items() if not (s and s.get("phase") in ("done", "failed"))}
     unready = [k for k, s in live.items() if not s
         or s.get("phase") in (None, "started", "arriving")]

@@ -16,8 +16,7 @@ Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify pass
 counted; 1.0 = nothing accepted, at most num_steps + 1). SGLang's ``spec_accept_length`` also counts
 the prefill's token (N/(N-1) for a never-accepted draft: 1.016 at 64 tokens); it is kept beside ours
 as ``acceptance_length_sglang``. Without an accepted-draft count, accepted = completion_tokens - 1 -
-verify passes (each pass emits its accepted drafts plus a bonus token; the prefill one token).
-"""
+verify passes (each pass emits its accepted drafts plus a bonus token; the prefill one token)."""
 
 from __future__ import annotations
 

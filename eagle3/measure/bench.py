@@ -5,8 +5,7 @@
 (streamed when the server streams, for time to first token), reads SGLang's acceptance fields from
 ``meta_info`` (:mod:`eagle3.measure.acceptance`) and snapshots ``/get_server_info`` and ``/metrics``
 around the run for the server's own figure. Acceptance lengths are token-weighted over requests
-(bonus token counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`.
-"""
+(bonus token counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`."""
 
 from __future__ import annotations
 

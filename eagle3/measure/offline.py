@@ -4,8 +4,7 @@ The draft runs in-process by exact greedy replay (:mod:`eagle3.measure.replay`: 
 speculative decoding, topk 1, temperature 0). The gap to the served figure is the serving fault the
 gate reports (``bench.acceptance_verdict``); bench settings the figure cannot follow are labelled
 (:func:`unlike_served`), not compared. :func:`offline_acceptance`: one draft on the bench prompts;
-:func:`evaluate_drafts`: many drafts on whole prompt sets with a bootstrap interval (``spread``).
-"""
+:func:`evaluate_drafts`: many drafts on whole prompt sets with a bootstrap interval (``spread``)."""
 
 from __future__ import annotations
 
@@ -283,8 +282,7 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
     of :func:`summarize` (with bootstrap ``ci``), ``no_verify_pass`` ids, ``wall_s`` (``replay``:
     this draft's; ``shared``: loading, generation, target forwards), ``generation``, ``settings``,
     ``decoder_check``, ``offline_format`` (:func:`offline_acceptance`'s shape) and ``per_request``
-    (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
-    """
+    (``include_requests``). Raises what :func:`check_arguments` raises, before loading."""
     from tqdm.auto import tqdm
 
     sets = check_arguments(target_dir, drafts, list(prompt_sets), max_new_tokens, num_steps, dtype,

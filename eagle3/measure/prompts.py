@@ -11,8 +11,7 @@ categories, so 8 MT-Bench prompts are one per category.
 Multi-turn sets (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``;
 turn r > 1 is asked after the target's own earlier answers (MT-Bench's protocol, FastChat
 ``llm_judge``; :func:`encode_conversation`). Names: ``mtbench2`` (both turns), ``mtbench``,
-``gsm8k`` (1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample`), ``humaneval``, a file.
-"""
+``gsm8k`` (1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample`), ``humaneval``, a file."""
 
 from __future__ import annotations
 

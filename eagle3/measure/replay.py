@@ -6,8 +6,8 @@ proposals at a verify point depend only on the committed prefix. So: (1) the con
 (:func:`greedy_continuations`, :func:`generate_requests`: turn 2 after the target's own turn-1
 answer); (2) the target once over prompt + continuation, capturing the draft inputs
 (:func:`target_states`, :func:`capture_indices`); (3) the proposals at every possible verify point
-at once (:func:`chain_states`); (4) the decoder's bookkeeping replayed on them (:func:`walk`):
-from base ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1``
+at once (:func:`chain_states`); (4) the decoder's bookkeeping replayed on them (:func:`walk`): from
+base ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1``
 tokens, continue at ``t + a + 1``, stop at the budget or a stop token as the decoder counts.
 
 The chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}`` with the state of ``s_t`` at
@@ -18,8 +18,7 @@ of rows ``<= t`` and its own chain's keys -- what the incremental decoder's cach
 
 Limits: greedy chain only; in float32 the batched argmaxes equal batch-1 decoding
 (``tests/unit/test_replay.py``), in bfloat16 a padded batch can flip a rare near-tie. A request
-whose prefill token ends it has no verify pass: listed, not counted.
-"""
+whose prefill token ends it has no verify pass: listed, not counted."""
 
 from __future__ import annotations
 
