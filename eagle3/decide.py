@@ -1,33 +1,25 @@
 """The "more data or longer training" decision, from a training history and acceptance figures.
 
-Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decision.tags()`` and
-``Decision.to_markdown()``). The rules, checked in this order — the first that fires decides:
+Plain dicts in, a :class:`Decision` out (``flows/`` stores ``tags()`` and ``to_markdown()``).
+Rules, in order; the first that fires decides:
 
-1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference
-   decoding), judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) ×
-   (offline − 1) with offline − 1 ≥ ``min_offline_excess`` (0.05)
-   (:func:`eagle3.measure.acceptance.serving_gap`); or, without an offline figure, the same test
-   against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with the looser
-   ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
-   (aux capture, key names, flags, layer ids, template).
-2. **stop** — served ≥ ``acceptance.target``; or acceptance has plateaued (the last two figures of
-   ``acceptance.history`` + served differ by < ``plateau_rel`` = 2 %) while validation loss is flat.
-3. **longer training** — validation loss still falling: least-squares slope over the last ``k`` (3)
-   evals, divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small (<
-   ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs``
-   (6). Fewer than 2 evaluations (no trend to read): **more evidence needed** (rule
-   ``too_few_evaluations``), unless the epochs alone are ≥ ``high_epochs`` (then more data, low
-   confidence).
-4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap
-   over the window, counted only while val is above train: early in training train loss falls faster
-   than val from below, which is not memorisation); validation loss flat or rising while train loss
-   still falls; epochs over the data ≥ ``high_epochs``; or both losses flat (the schedule is
-   exhausted and the data is the lever left).
+1. **fix serving integration** — served − 1 < ``serving_gap_ratio`` (0.7) × (offline − 1) with
+   offline − 1 ≥ ``min_offline_excess`` (0.05) (same draft and prompts;
+   :func:`eagle3.measure.acceptance.serving_gap`); without offline, the same against simulated
+   (1 + c0 + c0·c1 + … from training accuracies) at ``simulated_gap_ratio`` (0.5), low
+   confidence. The engine feeds the draft wrongly (aux capture, keys, flags, layer ids, template).
+2. **stop** — served ≥ ``acceptance.target``; or the last ``acceptance.history`` figure and served
+   differ by < ``plateau_rel`` (2 %) while validation loss is flat.
+3. **longer training** — val loss falling (least-squares slope over the last ``k`` = 3 evals / their
+   mean < −``slope_eps`` = 0.5 %/eval), train/val gap < ``gap_max`` (10 % of train loss) and not
+   growing, epochs < ``high_epochs`` (6). Under 2 evals: **more evidence needed**
+   (``too_few_evaluations``), or more data (low confidence) if epochs ≥ ``high_epochs``.
+4. **more data** — gap large or growing (> ``gap_growth`` = 2 points over the window, only while
+   val > train); val flat or rising while train falls; epochs ≥ ``high_epochs``; or both flat.
 
-Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
-(train falls, val does not) or has seen its data many times is data-limited. A public report saw
-acceptance peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §7): hence
-the epoch cap and choosing by acceptance rather than loss."""
+A draft still improving on held-out data is under-trained; one that memorises or has seen its data
+many times is data-limited. Acceptance was reported to peak at ~4.6 epochs while loss kept falling
+(docs/ENGINE_FACTS.md §7): hence the epoch cap and judging by acceptance, not loss."""
 
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """``auto`` dtypes and precision: bf16 where it is really fast on this machine, float32 otherwise.
 
-A bf16 matmul is fast on a CPU only where oneDNN can use AMX or AVX512-BF16; on an AVX2-only CPU
-(AMD before Zen 4, most Intel consumer chips, many cloud VMs) it is emulated and runs ~50× *slower*
-than float32 (measured: a 512×576 @ 576×1536 matmul, one thread, torch 2.13 CPU on an AMD EPYC:
-float32 43 GFLOP/s, bf16 0.9 GFLOP/s). Neither the CPU's name nor
-``torch.backends.cpu.get_cpu_capability()`` tells this reliably (``AVX512`` is reported on CPUs
-without bf16 units, and ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below what the flags say), so the CPU
-rule is decided by **measurement**: :func:`probe_cpu_bf16` times one 256×512 @ 512×512 matmul in
-float32 and in bf16 on one thread (best of a few, alternately; ≈ 0.05 s; ≈ 0.6 s where bf16 is
-emulated) and bf16 is chosen when it runs at least ``BF16_MIN_SPEEDUP`` × the float32 speed. On CUDA
-bf16 is kept (float32 on a GPU without bf16 support).
+On an AVX2-only CPU (no AMX/AVX512-BF16) oneDNN emulates bf16 matmuls ~50× slower than float32
+(measured on an AMD EPYC, torch 2.13: float32 43 GFLOP/s, bf16 0.9). CPU name,
+``get_cpu_capability()`` and ``ONEDNN_MAX_CPU_ISA`` do not tell this reliably, so the CPU rule is
+**measured**: :func:`probe_cpu_bf16` times a 256×512 @ 512×512 matmul in both dtypes on one thread
+(≈ 0.05 s; ≈ 0.6 s where emulated) and picks bf16 at ≥ ``BF16_MIN_SPEEDUP`` × float32 speed. On
+CUDA: bf16, or float32 on a GPU without bf16.
 
-Settings that accept ``auto`` (:data:`AUTO_FIELDS`): ``target.dtype`` and ``extract.dtype`` (where
-extraction runs, ``extract.device``), ``train.precision`` (``train.device``) and ``serve.dtype`` for
-the reference engine and offline decoding (``serve.device``; for SGLang ``auto`` stays SGLang's own
-``auto``). :func:`resolve_config` replaces them by concrete values, so the resolved config, the
-manifests, MLflow and the stage cache keys all carry the concrete value (a bf16 extraction is never
-reused for a float32 run)."""
+:data:`AUTO_FIELDS`: ``target.dtype``, ``extract.dtype``, ``train.precision``, ``serve.dtype``
+(reference engine and offline decoding; for SGLang ``auto`` stays SGLang's ``auto``), each judged
+on its stage's device. :func:`resolve_config` writes concrete values, so config, manifests, MLflow
+and stage cache keys carry them (a bf16 extraction is never reused for a float32 run)."""
 
 from __future__ import annotations
 

@@ -1,33 +1,22 @@
-"""The processes of one multi-process job (training ranks under torchrun, extraction workers, one
-per GPU): each writes a small status file, and the parent holds them to three deadlines, so that a
-start-up or a step that hangs ends in a named error instead of silence.
+"""Deadlines for the processes of one multi-process job (torchrun training ranks, extraction
+workers, one per GPU), so a hung start-up or step ends in a named error instead of silence.
 
-A worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid", "phase",
-"step", "time", ...}`` with ``time`` in seconds since the epoch (the parent runs on the same host).
-Phases, in order::
+Each worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid",
+"phase", "step", "time", ...}``, ``time`` in seconds since the epoch (same host). Phases::
 
-    started   the process runs (written before the heavy imports)
-    arriving  (training) waiting at the rendezvous: torch.distributed.init_process_group
-    ready     joined the process group (training) / loaded the target (extraction)
-    step      made progress: ``step`` = optimizer steps (training) or tokens written
-              (extraction); rewritten at most once per ``min_interval_s`` while progress
-              continues, so a stale ``time`` means no progress
+    started   running (written before the heavy imports)
+    arriving  (training) waiting in torch.distributed.init_process_group
+    ready     joined the process group / loaded the target
+    step      progress: ``step`` = optimizer steps or tokens written; rewritten at most once per
+              ``min_interval_s``, so a stale ``time`` means no progress
     done      finished its share
-    failed    raised; ``error_type`` and ``message`` say what (the parent re-raises a project
-              error of that class)
+    failed    raised; ``error_type`` and ``message`` (the parent re-raises that project error)
 
-The parent (:func:`overdue`) checks, like the serving gate tells warming from hung from crashed:
-
-- start-up: every worker ``ready`` within ``startup_s`` of the launch;
-- first step: every worker at ``step`` (or ``done``) within ``first_step_s`` of the moment the last
-  one became ready (the first step includes building the model and, with ``train.compile``,
-  compiling it);
-- stall: no worker's progress older than ``stall_s`` afterwards.
-
-A missed deadline becomes :class:`eagle3.errors.RankFailed` naming the workers, the deadline, the
-config key that sets it, each worker's last status and its log files (:func:`describe`). Before the
-parent ends the job it saves a ``py-spy dump`` of every live worker next to its status
-(:func:`dump_stacks`), so the error says where each one was waiting."""
+The parent (:func:`overdue`) holds them to: start-up (all ``ready`` within ``startup_s`` of
+launch); first step (all at ``step``/``done`` within ``first_step_s`` of the last ``ready``;
+includes model build and ``train.compile``); stall (no progress older than ``stall_s``). A miss
+becomes :class:`eagle3.errors.RankFailed` naming workers, deadline, its config key, last statuses
+and logs (:func:`describe`), after a ``py-spy dump`` of each live worker (:func:`dump_stacks`)."""
 
 from __future__ import annotations
 

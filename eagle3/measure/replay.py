@@ -1,24 +1,23 @@
-"""Exact greedy replay: the acceptance of EAGLE-3 drafts under greedy chain decoding (topk 1) from a
-few batched forwards instead of decoding request by request.
+"""Exact greedy replay: EAGLE-3 draft acceptance under greedy chain decoding (topk 1) from a few
+batched forwards instead of decoding request by request.
 
-At temperature 0 speculative decoding emits the target's own greedy continuation, and the chain's
-proposals at a verify point depend only on the committed prefix. So: (1) the continuations, batched
-(:func:`greedy_continuations`, :func:`generate_requests`: turn 2 after the target's own turn-1
-answer); (2) the target once over prompt + continuation, capturing the draft inputs
-(:func:`target_states`, :func:`capture_indices`); (3) the proposals at every possible verify point
-at once (:func:`chain_states`); (4) the decoder's bookkeeping replayed on them (:func:`walk`): from
-base ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1``
-tokens, continue at ``t + a + 1``, stop at the budget or a stop token as the decoder counts.
+At temperature 0 the output is the target's greedy continuation, and the chain's proposals at a
+verify point depend only on the committed prefix. So: (1) batched continuations
+(:func:`greedy_continuations`, :func:`generate_requests`; turn 2 follows the target's own turn 1);
+(2) one target pass over prompt + continuation capturing draft inputs (:func:`target_states`,
+:func:`capture_indices`); (3) proposals at every verify point at once (:func:`chain_states`); (4)
+the decoder's bookkeeping (:func:`walk`): from ``t = n-1`` accept the longest prefix with
+``proposal_j(t) == s_{t+1+j}``, emit ``a + 1`` tokens, continue at ``t + a + 1``, stop at the
+budget or a stop token.
 
-The chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}`` with the state of ``s_t`` at
-position ``t``, causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (equal to the draft's own
-proposal whenever steps ``1..j-1`` were accepted, the only case where step ``j`` counts) with the
-draft's step ``j-1`` output (width H: ``fc`` skipped) at position ``t+j-1``, seeing the extend keys
-of rows ``<= t`` and its own chain's keys -- what the incremental decoder's cache holds.
+Chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}``, state of ``s_t``, position ``t``,
+causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (the draft's own proposal whenever steps
+``1..j-1`` were accepted, the only case that counts) with step ``j-1``'s output (width H, ``fc``
+skipped) at position ``t+j-1``, seeing extend keys of rows ``<= t`` and its own chain's keys.
 
-Limits: greedy chain only; in float32 the batched argmaxes equal batch-1 decoding
-(``tests/unit/test_replay.py``), in bfloat16 a padded batch can flip a rare near-tie. A request
-whose prefill token ends it has no verify pass: listed, not counted."""
+Limits: greedy chain only; float32 batched argmaxes equal batch-1 decoding
+(``tests/unit/test_replay.py``); bf16 padding can flip a rare near-tie. A request whose prefill
+token ends it has no verify pass: listed, not counted."""
 
 from __future__ import annotations
 
