@@ -78,8 +78,7 @@ class Decision:
         """A markdown note: the recommendation, the rule, the evidence lines and a table of the
         numbers."""
         lines = [f"# Decision: **{self.recommendation}**", "",
-                 f"Rule: `{self.rule}` (confidence: {self.confidence})",
-                 "", "## Evidence", ""]
+                 f"Rule: `{self.rule}` (confidence: {self.confidence})", "", "## Evidence", ""]
         lines += [f"- {r}" for r in self.reasons]
         lines += ["", "| quantity | value |", "|---|---|"]
         for k, v in self.evidence.items():
@@ -240,8 +239,7 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
               if acceptance.get(k) is not None}}
     served, target = acceptance.get("served"), acceptance.get("target")
     vs, ts, gap, growth, epochs = (s["val_slope_rel"], s["train_slope_rel"], s["gap_rel"],
-                                   s["gap_growth"],
-                                   s["epochs"])
+                                   s["gap_growth"], s["epochs"])
     val_flat = vs is not None and vs >= -th.slope_eps
     if served is not None and target is not None and served >= target:
         return Decision("stop", "target_reached",
@@ -390,8 +388,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     sg, longest = _schedule_gain(results)
     vg, variant = _variant_gain(results)
     ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest,
-              data_variant_gain=vg,
-              data_variant=variant)
+              data_variant_gain=vg, data_variant=variant)
     fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")
     lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
              f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
@@ -404,8 +401,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     levers = [("more data", "data_gain_dominates", dg),
               ("longer training", "schedule_gain_dominates", sg),
               ("regenerate data" if (variant or "").startswith("regen") else "more data",
-               "data_variant_gain_dominates",
-               vg)]
+               "data_variant_gain_dominates", vg)]
     known = [lv for lv in levers if lv[2] is not None]
     if not known:
         return Decision("more evidence needed", "no_lever_measured", lines + [

@@ -139,8 +139,7 @@ def run_doctor(echo: Callable[[str], None] = print) -> bool:
     paths = PathsConfig()
     results = [("OK" if sys.version_info[:2] in ((3, 11), (3, 12)) else "WARN",
                 f"Python {platform.python_version()} ({sys.executable})"), check_torch(),
-                check_precision(),
-               check_sglang()]
+                check_precision(), check_sglang()]
     results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
     smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
     results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else

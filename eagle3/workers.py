@@ -174,8 +174,7 @@ def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
     if no_step:
         if now - ready_at > deadlines.first_step_s:
             return Overdue("no_first_step", no_step, deadlines.first_step_s, deadlines.keys[1], now
-                - ready_at,
-                           statuses)
+                - ready_at, statuses)
         return None
     stale = [k for k, s in live.items() if now - float(s.get("time") or now) > deadlines.stall_s]
     if stale:

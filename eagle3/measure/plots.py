@@ -124,8 +124,7 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
         ax.bar([i + (j - 1) * width for i in range(len(points))], vals, width, label=kind)
     for i, kind in missing_bars(points, kinds):  # an empty slot says why it is empty
         ax.text(i + (kinds.index(kind) - 1) * width, 0.05, "not measured", rotation=90, ha="center",
-                va="bottom",
-                fontsize=7, color="grey")
+                va="bottom", fontsize=7, color="grey")
     ax.axhline(1.0, c="grey", lw=0.8)
     ax.set_xticks(range(len(points)), [p["label"] for p in points], rotation=20, ha="right")
     ax.set_ylabel("acceptance length")
