@@ -159,8 +159,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Atomically write ``obj`` as indented, key-sorted JSON."""
-    return atomic_write_bytes(path,
-                              (json.dumps(obj, indent=2, sort_keys=True, default=str)
+    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str)
                                   + "\n").encode())
 
 

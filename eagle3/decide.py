@@ -341,8 +341,7 @@ def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float
-        | None = None,
-                   thresholds: Thresholds | None = None) -> Decision:
+        | None = None, thresholds: Thresholds | None = None) -> Decision:
     """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling
     plot.
 

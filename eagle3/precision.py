@@ -224,8 +224,7 @@ def resolve_config(cfg) -> dict[str, dict]:
                                            "why": bf16_is_fast(device)[1]}
         elif value in BF16_VALUES and _device_type(device) == "cpu" and not bf16_is_fast(device)[0]:
             log.warning("%s.%s=%s is honoured, but bf16 is slow on this CPU (%s); `auto` would "
-                        "choose float32",
-                        section, name, value, probe_cpu_bf16().describe())
+                        "choose float32", section, name, value, probe_cpu_bf16().describe())
     return record
 
 

@@ -323,8 +323,7 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                                   if r.verify_ct == 0],
                "wall_s": {"replay": draft_s[name], "shared": load_s + gen_s + target_s,
                           "load": load_s, "generation": gen_s, "target_forward": target_s},
-               "generation": generation,
-               "settings": {**settings, "serving_dir": str(drafts[name]),
+               "generation": generation, "settings": {**settings, "serving_dir": str(drafts[name]),
                             "capture_indices": capture_indices(draft, target)},
                "decoder_check": None}
         res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]

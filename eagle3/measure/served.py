@@ -29,12 +29,10 @@ def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir:
         # deploy_dir/engine_settings.json
         check_running_settings(engine.url, cfg, engine.engine, deploy_dir)
         with Watchdog(engine.url, pid=engine.pid, log_path=engine.log_path,
-                      stall_timeout_s=s.stall_timeout_s,
-                      check_interval_s=s.poll_interval_s,
+                      stall_timeout_s=s.stall_timeout_s, check_interval_s=s.poll_interval_s,
                       diagnostics_dir=Path(deploy_dir) / "watchdog") as wd:
             return wd.call(run_bench, engine.url, prompts=b.prompts, num_prompts=b.num_prompts,
                            max_new_tokens=b.max_new_tokens, temperature=b.temperature,
-                           concurrency=b.concurrency,
-                           tokenizer_dir=target_dir, out_dir=bench_dir,
+                           concurrency=b.concurrency, tokenizer_dir=target_dir, out_dir=bench_dir,
                            request_timeout_s=b.request_timeout_s, on_request_done=wd.beat,
                            chat_template_kwargs=cfg.data.chat_template_kwargs)

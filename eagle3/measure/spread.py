@@ -57,5 +57,4 @@ def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES
         stats.append(1.0 + acc[pick].sum(1) / ver[pick].sum(1))
     low, high = np.quantile(np.concatenate(stats), [(1 - confidence) / 2, (1 + confidence) / 2])
     return {"low": float(low), "high": float(high), "confidence": confidence,
-            "resamples": resamples,
-            "seed": seed, "units": int(acc.size), "method": METHOD}
+            "resamples": resamples, "seed": seed, "units": int(acc.size), "method": METHOD}
