@@ -197,8 +197,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
                    inputs: dict[str, str] | None = None, counts: dict | None = None,
                    timings: dict | None = None, exclude: tuple[str, ...] = (MANIFEST,),
                    **extra: Any) -> dict:
-    """Write ``<directory>/manifest.json`` with the directory's content hash; returns the
-    manifest."""
+    """Write ``<directory>/manifest.json`` with the content hash; returns the manifest."""
     directory = Path(directory)
     manifest = {
         "kind": kind,

@@ -249,8 +249,7 @@ def _is_clean_english(conv) -> bool:
 
 
 def mtbench_questions() -> list[dict]:
-    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]`` (file
-    order)."""
+    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]``."""
     path = package_file(*MTBENCH_PACKAGE)
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):

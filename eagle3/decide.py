@@ -62,8 +62,7 @@ class Decision:
     confidence: str = "high"
 
     def tags(self) -> dict[str, str]:
-        """Flat string tags for a tracker: ``decision``, ``decision.rule``, ``decision.<evidence
-        key>``."""
+        """Flat string tags: ``decision``, ``decision.rule``, ``decision.<evidence key>``."""
         out = {"decision": self.recommendation, "decision.rule": self.rule,
                "decision.confidence": self.confidence}
         for k, v in self.evidence.items():
@@ -75,8 +74,7 @@ class Decision:
         return asdict(self)
 
     def to_markdown(self) -> str:
-        """A markdown note: the recommendation, the rule, the evidence lines and a table of the
-        numbers."""
+        """Markdown: recommendation, rule, evidence lines and a table of the numbers."""
         lines = [f"# Decision: **{self.recommendation}**", "",
                  f"Rule: `{self.rule}` (confidence: {self.confidence})", "", "## Evidence", ""]
         lines += [f"- {r}" for r in self.reasons]
@@ -137,8 +135,7 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
 
 
 def _relative_slope(tail: list[float]) -> float | None:
-    """Slope of the tail relative to its mean; None when the mean is 0 (a loss that never had a
-    token to measure: the rules then see "no signal" rather than dividing by zero)."""
+    """Slope of the tail / its mean; None when the mean is 0 ("no signal", not a division by 0)."""
     mean = abs(sum(tail) / len(tail))
     return _slope(tail) / mean if mean > 0 else None
 
@@ -296,8 +293,7 @@ def _variant(r: dict) -> str:
 
 
 def _data_gain(results: list[dict]) -> float | None:
-    """Mean gain in acceptance length per doubling of unique tokens (least squares per data variant
-    and schedule, averaged over the lines that have ≥ 2 sizes)."""
+    """Mean least-squares acceptance gain per doubling of unique tokens (lines with ≥ 2 sizes)."""
     gains = []
     for line in dict.fromkeys((_variant(r), r["schedule"]) for r in results):
         pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results
@@ -311,8 +307,7 @@ def _data_gain(results: list[dict]) -> float | None:
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest,
-    per data variant and size."""
+    """Mean acceptance gain, longest schedule over shortest, per data variant and size."""
     gains, longest = [], None
     for key in dict.fromkeys((_variant(r), r["data_size"]) for r in results):
         sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key),
@@ -324,8 +319,7 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 
 def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the best other data variant over the first one (e.g. regenerated vs
-    as-is), at equal data size and schedule. Returns (gain, that variant's name)."""
+    """(gain, name) of the best other data variant over the first, at equal size and schedule."""
     variants = list(dict.fromkeys(_variant(r) for r in results))
     if len(variants) < 2:
         return None, None

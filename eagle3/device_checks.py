@@ -41,8 +41,7 @@ def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
 
 
 def check_devices(cfg: Any, cuda_count: int | None = None) -> None:
-    """Raise ConfigError with every :func:`device_problems` message (one a line); return None when
-    all are met."""
+    """Raise ConfigError with every :func:`device_problems` message (one a line), if any."""
     problems = device_problems(cfg, cuda_count)
     if problems:
         raise ConfigError("\n".join(problems))

@@ -10,8 +10,7 @@ class Eagle3Error(Exception):
 
 
 class TransientError(Eagle3Error):
-    """A condition that may clear by itself (port in use, connection reset, a 5xx from a tracking
-    server)."""
+    """May clear by itself (port in use, connection reset, 5xx from a tracking server)."""
 
 
 class ConfigError(Eagle3Error):
@@ -38,8 +37,7 @@ class EngineUnsupported(Eagle3Error):
 
 
 class GateFailed(Eagle3Error):
-    """The readiness gate ended with a verdict other than ``ready`` (crashed, stalled, timed
-    out)."""
+    """The readiness gate ended other than ``ready`` (crashed, stalled, timed out)."""
 
     def __init__(self, message: str, verdict: str = "", diagnostics_dir: str | None = None):
         super().__init__(message)
@@ -52,8 +50,7 @@ class AcceptanceTooLow(Eagle3Error):
 
 
 class TrainingDiverged(Eagle3Error):
-    """Training produced a NaN/Inf loss or gradient norm; the message names the optimizer step and
-    the last good checkpoint (which is kept)."""
+    """NaN/Inf loss or grad norm; names the optimizer step and the (kept) last good checkpoint."""
 
 
 class RankFailed(Eagle3Error):

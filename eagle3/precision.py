@@ -73,8 +73,7 @@ class Bf16Probe:
 
 
 def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
-    """The :data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when it cannot be
-    read)."""
+    """:data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when unreadable)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
@@ -138,8 +137,7 @@ def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
 
 @functools.lru_cache(maxsize=1)
 def probe_cpu_bf16() -> Bf16Probe:
-    """:func:`measure_bf16`, once per process (every ``auto`` of a process follows the same
-    measurement)."""
+    """:func:`measure_bf16`, once per process."""
     return measure_bf16()
 
 
@@ -177,8 +175,7 @@ def resolve_dtype(value: str, device: str = "cpu") -> str:
 
 
 def resolve_precision(value: str, device: str = "cpu") -> str:
-    """``train.precision``: ``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else
-    ``"float32"``."""
+    """``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else ``"float32"``."""
     if value != "auto":
         return value
     return "bf16-autocast" if bf16_is_fast(device)[0] else "float32"
@@ -229,8 +226,7 @@ def resolve_config(cfg) -> dict[str, dict]:
 
 
 def summary_line(record: dict[str, dict]) -> str:
-    """``target.dtype=float32, train.precision=float32 (auto; CPU: bf16 matmul ...)`` or '' for an
-    empty record."""
+    """``target.dtype=float32, train.precision=float32 (auto; CPU: ...)``, or '' if empty."""
     if not record:
         return ""
     values = ", ".join(f"{k}={v['value']}" for k, v in record.items())
@@ -239,8 +235,7 @@ def summary_line(record: dict[str, dict]) -> str:
 
 
 def has_auto(cfg) -> bool:
-    """True when a field of :data:`AUTO_FIELDS` of ``cfg`` is still ``auto`` (serve.dtype: only
-    where the reference engine resolves it)."""
+    """Whether an :data:`AUTO_FIELDS` field is still ``auto`` (serve.dtype: reference engine)."""
     return any(getattr(getattr(cfg, s), n) == "auto" and (s != "serve" or _serves_reference(cfg))
                for s, n, _, _ in AUTO_FIELDS)
 
@@ -258,8 +253,7 @@ def resolved(cfg):
 
 @contextlib.contextmanager
 def torch_threads(n: int | None):
-    """torch's CPU thread count set to ``n`` inside the block (unchanged for None), restored after:
-    what ``serve.cpu_threads`` applies to offline decoding."""
+    """torch CPU threads set to ``n`` in the block (None: unchanged), then restored."""
     if n is None:
         yield
         return

@@ -65,8 +65,7 @@ def tree_pids(pid: int) -> list[int]:
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system, seconds) used so far by the tree of ``pid``: live members plus the
-    reaped children the root has accounted for. None when ``pid`` no longer exists."""
+    """CPU seconds (user + system) of the tree of ``pid`` incl. reaped children; None if gone."""
     procs = process_tree(pid)
     if not procs:
         return None
@@ -146,8 +145,7 @@ def alive_pids(pids: list[int]) -> list[int]:
 
 
 def snapshot_tree(pid: int) -> dict[int, float]:
-    """``{pid: create_time}`` of the tree of ``pid`` now (keep it to end members that later leave
-    the tree; the create time guards against a reused pid)."""
+    """``{pid: create_time}`` of the tree of ``pid`` (create time guards against pid reuse)."""
     out = {}
     for p in process_tree(pid):
         try:

@@ -54,8 +54,7 @@ class WorkerStatus:
         self._warned = False
 
     def mark(self, phase: str, **fields) -> None:
-        """Record ``phase`` (one of :data:`PHASES`) with extra JSON-able ``fields``; written at
-        once."""
+        """Record ``phase`` (one of :data:`PHASES`) with JSON-able ``fields``, written at once."""
         if phase not in PHASES:
             raise ValueError(f"worker phase: expected one of {PHASES}, got {phase!r}")
         self.fields.update(fields, phase=phase)
@@ -64,8 +63,7 @@ class WorkerStatus:
         self._write()
 
     def progress(self, step: int) -> None:
-        """Record progress ``step``: written at once on the first one, then at most every
-        ``min_interval_s``."""
+        """Record ``step``: written at once the first time, then once per ``min_interval_s``."""
         first = self.fields["phase"] != "step"
         self.fields.update(phase="step", step=int(step))
         if first or time.monotonic() - self._last_write >= self.min_interval_s:
@@ -106,8 +104,7 @@ _CURRENT: dict = {}
 
 
 def rank_status():
-    """This torchrun rank's :class:`WorkerStatus` when the parent set ``EAGLE3_STATUS_DIR`` (else a
-    no-op object), one per process. The index is ``RANK`` (0 outside torchrun)."""
+    """This rank's :class:`WorkerStatus` (``RANK``) if ``EAGLE3_STATUS_DIR`` is set, else no-op."""
     key = (os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK", "0"))
     if key not in _CURRENT:
         _CURRENT[key] = WorkerStatus(key[0], int(key[1])) if key[0] else _NoStatus()
@@ -116,8 +113,7 @@ def rank_status():
 
 def read_statuses(directory: str | Path, count: int, *, prefix: str = "rank") -> dict[int, dict
         | None]:
-    """``{k: status dict or None}`` for workers ``0..count-1`` (None = no readable status file
-    yet)."""
+    """``{k: status dict or None}`` for workers ``0..count-1`` (None: no readable file yet)."""
     out: dict[int, dict | None] = {}
     for k in range(count):
         try:
@@ -212,8 +208,7 @@ def status_pids(statuses: dict[int, dict | None]) -> list[int]:
 
 
 def reraise_failed(statuses: dict[int, dict | None]) -> None:
-    """Raise the project error (class and message) that a ``failed`` worker recorded, lowest index
-    first; return when none did."""
+    """Re-raise the project error a ``failed`` worker recorded (lowest index first), if any."""
     from eagle3 import errors
 
     for k in sorted(statuses):
@@ -225,8 +220,7 @@ def reraise_failed(statuses: dict[int, dict | None]) -> None:
 
 
 def exit_text(code: int, kill_hint: bool = False) -> str:
-    """A process's exit code in words: ``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: the
-    likely causes of a SIGKILL added)."""
+    """``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: likely causes of a SIGKILL added)."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -240,8 +234,7 @@ def exit_text(code: int, kill_hint: bool = False) -> str:
 
 def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int, list[Path]],
              stacks: dict[int, Path] | None = None, now: float | None = None) -> str:
-    """The message of a missed deadline: which workers, the deadline and its key, what each worker
-    last said, the expected and the actual state, and the files to read."""
+    """Missed-deadline message: workers, deadline and key, last statuses, expected state, files."""
     now = time.time() if now is None else now
     who = ", ".join(f"{noun} {k}" for k in od.workers)
     verb = {"not_arrived": "did not arrive (ready) within",

@@ -33,8 +33,7 @@ HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
 def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
-    """1 + accepted drafts / verify passes (module docstring). Raises DataError for verify_ct <=
-    0."""
+    """1 + accepted drafts / verify passes. Raises DataError for verify_ct <= 0."""
     if verify_ct <= 0:
         raise DataError(f"acceptance length: verify_ct expected > 0, got {verify_ct}")
     return 1.0 + accepted_drafts / verify_ct
@@ -172,8 +171,7 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
 
 
 def per_position_from_histogram(histogram: list[int]) -> list[float]:
-    """P(draft position k accepted), k = 1..len(h)-1: chain drafting accepts a prefix, so ``p_k =
-    sum_{j>=k} h[j] / sum(h)`` (and ``1 + sum_k p_k`` is the acceptance length); [] when empty."""
+    """P(draft k accepted), k = 1..len(h)-1: ``sum_{j>=k} h[j] / sum(h)`` (chain); [] when empty."""
     total = sum(histogram)
     if total <= 0:
         return []
@@ -224,8 +222,7 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
 
 
 def parse_server_info(info: Any) -> dict:
-    """``/get_server_info`` JSON → ``{"avg_spec_accept_length", "per_dp"}``: the mean over the
-    data-parallel ranks (``internal_states``) that report one. Raises DataError for a bad shape."""
+    """``/get_server_info`` → ``{"avg_spec_accept_length", "per_dp"}``; DataError if malformed."""
     if not isinstance(info, dict):
         raise DataError(f"server_info: expected a JSON object, got {type(info).__name__}")
     states = info.get("internal_states", [])

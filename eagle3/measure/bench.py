@@ -76,8 +76,7 @@ def snapshot_server(client: httpx.Client, url: str) -> dict:
 
 
 def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
-    """A request that outlived ``bench.request_timeout_s``: the setting decided it (a hung server is
-    the watchdog's to report), so a ConfigError, never retried (it would be cut again)."""
+    """A request past ``bench.request_timeout_s``: ConfigError (the setting), never retried."""
     return ConfigError(f"POST {url}/generate: {what}: one request took longer than "
                        f"bench.request_timeout_s={timeout_s:g} s (expected every request to "
                        "finish within it); raise bench.request_timeout_s (e.g. -o "
@@ -85,8 +84,7 @@ def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
 
 
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
-    """One ``POST /generate`` (streamed if the server streams): the final body plus timings (s).
-    Raises TransientError (connection, 5xx), ConfigError (outlived ``timeout_s``) or DataError."""
+    """One ``POST /generate``: body + timings (s). Transient/Config (timeout)/DataError."""
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
     ttft, final, chunks = None, None, 0
@@ -152,8 +150,7 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
 
 def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
                   on_request_done=None) -> tuple[list[dict], float]:
-    """All prompts through ``/generate``, ``concurrency`` at once: ``(rows, wall seconds)``;
-    ``on_request_done(row)`` after each request (a watchdog's heartbeat)."""
+    """All prompts, ``concurrency`` at once: ``(rows, wall s)``; ``on_request_done(row)``."""
     def one(i: int) -> dict:
         payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
         out = _post_generate(client, url, payload, timeout_s)
@@ -333,8 +330,7 @@ def acceptance_verdict(served: float | None, offline: float | None, minimum: flo
 
 
 def check_acceptance(served: float | None, offline: float | None, minimum: float) -> None:
-    """The acceptance gate: return if ``served >= minimum``, else raise AcceptanceTooLow with
-    :func:`acceptance_verdict`'s diagnosis."""
+    """Raise AcceptanceTooLow (:func:`acceptance_verdict`) unless ``served >= minimum``."""
     verdict = acceptance_verdict(served, offline, minimum)
     if verdict is not None:
         raise AcceptanceTooLow(verdict)

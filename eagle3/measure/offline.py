@@ -31,8 +31,7 @@ GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate"
 
 
 def unlike_served(temperature: float, topk: int = 1) -> str | None:
-    """Why a greedy chain figure does not predict a bench served at ``temperature`` with topk
-    ``topk`` (a sentence), or None."""
+    """Why greedy chain does not predict a bench at ``temperature``/``topk``, or None."""
     why = ([f"temperature {temperature:g} (sampling)"] if temperature >= 1e-6 else []) + \
         ([f"speculative_eagle_topk {topk} (tree drafting)"] if topk > 1 else [])
     if not why:
@@ -42,8 +41,7 @@ def unlike_served(temperature: float, topk: int = 1) -> str | None:
 
 
 def _load(target_dir, drafts: Mapping, dtype: str, device: str):
-    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``, drafts sharing the target's
-    embedding and head as SGLang does."""
+    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``; shared embed/head (SGLang)."""
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
     from eagle3.target_model import load_target, torch_dtype
 
@@ -128,8 +126,7 @@ def offline_row(prompt: dict, res) -> dict:
 
 
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
-    """Rows pooled: token-weighted acceptance length (bonus counted), rate, per position, histogram,
-    per category; ``wall_s`` seconds."""
+    """Pooled rows: token-weighted length, rate, per position/category, histogram, ``wall_s``."""
     total_v = sum(r["verify_ct"] for r in rows)
     width = max((len(r["accepted_per_position"]) for r in rows), default=0)
     accepted = [sum(r["accepted_per_position"][k] for r in rows
@@ -157,8 +154,8 @@ def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
 def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max_new_tokens: int,
                     num_steps: int, dtype: str, device: str, batch_size: int, resamples: int,
                     check_against_decoder: int, make_decoder: Callable | None = None) -> dict:
-    """Every argument of :func:`evaluate_drafts`, before a model loads; returns the conversations
-    per set. ConfigError / DataError name the argument, the expected and the actual value."""
+    """Validate :func:`evaluate_drafts`' arguments before loading; returns conversations per set.
+    ConfigError / DataError name the argument, the expected and the actual value."""
     from eagle3.target_model import resolve_device, torch_dtype
 
     if not (Path(target_dir) / "config.json").is_file():
@@ -206,8 +203,7 @@ def _json_or_empty(path: Path) -> dict:
 
 
 def _group(rows: list[dict], resamples: int, seed: int) -> dict:
-    """One group: ``offline_summary``'s acceptance keys, counts and the bootstrap ``ci`` (``low``,
-    ``high``, ``units``)."""
+    """``offline_summary``'s acceptance keys, counts, bootstrap ``ci`` (low, high, units)."""
     s = offline_summary(rows, 0.0, {})
     ci = bootstrap_acceptance(rows, resamples=resamples, seed=seed)
     return {**{k: s[k] for k in GROUP_KEYS}, "num_requests": len(rows),
@@ -224,8 +220,7 @@ def _by(rows: list[dict], key) -> dict[str, list[dict]]:
 
 
 def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
-    """Overall, per set, per category, per turn and per category × turn (``"turn1"``...) of rows
-    with ``set``, ``turn`` and ``conversation``; groups as :func:`_group`."""
+    """:func:`_group` overall, per set, category, turn and category × turn (``"turn1"``...)."""
     g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
     turn = lambda r: f"turn{r['turn']}"  # noqa: E731
     out = {"overall": g(rows), "per_set": {}, "per_category": {}, "per_turn": {},

@@ -26,8 +26,7 @@ def _save(fig, path: str | Path) -> Path:
 
 def plot_acceptance_by_category(report: dict, path: str | Path,
                                 offline: dict | None = None) -> Path:
-    """Served acceptance length per category (a ``run_bench`` report), with an
-    ``offline_acceptance`` result's beside it when given; a dashed line marks the overall figure."""
+    """Served acceptance per category (``run_bench`` report), offline beside it; dashed: overall."""
     cats = [c for c, v in report.get("per_category", {}).items()
             if v.get("acceptance_length") is not None]
     if not cats:
@@ -54,8 +53,7 @@ def plot_acceptance_by_category(report: dict, path: str | Path,
 
 
 def read_metrics_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a training ``metrics.jsonl`` (one JSON object per line). Raises DataError on a bad
-    line."""
+    """Rows of a training ``metrics.jsonl``. Raises DataError on a bad line."""
     rows = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
@@ -105,8 +103,7 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
 
 
 def missing_bars(points: list[dict], kinds: list[str]) -> list[tuple[int, str]]:
-    """(point index, kind) of every None figure (e.g. the untrained baseline's simulated and
-    offline): the plot marks those slots "not measured"."""
+    """(point index, kind) of every None figure: plotted as "not measured"."""
     return [(i, k) for i, p in enumerate(points) for k in kinds if p.get(k) is None]
 
 

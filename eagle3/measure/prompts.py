@@ -64,8 +64,8 @@ GSM8K_SAMPLE_SEED = 0
 
 
 def gsm8k_sample(n: int, seed: int = GSM8K_SAMPLE_SEED) -> list[dict]:
-    """``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")`` over indices i, in
-    index order (no RNG implementation involved). Raises DataError unless ``1 <= n <= 1319``."""
+    """``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")``, in index order.
+    Raises DataError unless ``1 <= n <= 1319``."""
     pool = gsm8k_prompts()
     if not 1 <= n <= len(pool):
         raise DataError(f"gsm8k sample: expected 1 <= n <= {len(pool)}, got {n}")
@@ -98,8 +98,7 @@ def _required_text(row, path: Path, index: int) -> str:
 
 
 def file_prompts(path: str | Path) -> list[dict]:
-    """A user prompt file (module docstring). Raises DataError when it is missing, empty, or a
-    record has no prompt text."""
+    """A user prompt file. Raises DataError when missing, empty, or a record lacks prompt text."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prompt file {path}: not found")
@@ -191,8 +190,7 @@ CONVERSATION_SETS = ("mtbench2", "mtbench", "gsm8k", "gsm8k<N>", "humaneval")
 
 
 def load_conversations(spec: str | Path) -> list[dict]:
-    """A prompt set for replay: ``[{"id", "category", "set", "turns"}]`` (module docstring);
-    ``set`` is ``spec`` as given. Raises DataError for an unknown name that is no file."""
+    """``[{"id", "category", "set", "turns"}]`` for replay. DataError: unknown name, no file."""
     name = str(spec)
     if name == "mtbench2":
         convs = mtbench_conversations()

@@ -74,8 +74,7 @@ class GenerationResult:
 
 @dataclass
 class Request:
-    """One generated turn: templated ``prompt_ids``, the target's greedy ``output_ids`` (stop token
-    kept), ``conversation``: the id its turns share."""
+    """One turn: templated ``prompt_ids``, greedy ``output_ids`` (stop kept), ``conversation``."""
 
     id: str
     category: str
@@ -121,8 +120,7 @@ def _device(model) -> torch.device:
 
 
 def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_steps: int) -> None:
-    """DataError for an empty or out-of-vocabulary prompt, a budget < 1, or a request past the
-    context (prompt + ``max_new_tokens`` + ``num_steps``)."""
+    """DataError: empty/out-of-vocab prompt, budget < 1, prompt + budget + num_steps > context."""
     limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     vocab = int(target.get_output_embeddings().weight.shape[0])
     if max_new_tokens < 1:
@@ -241,8 +239,7 @@ def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.T
 @torch.no_grad()
 def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                     num_steps: int, rows: int = LOGIT_ROWS) -> torch.Tensor:
-    """Greedy chain proposals, int64 ``[B, L-1, num_steps]`` (target ids; ``[b, t, j-1]`` proposes
-    ``s_{t+1+j}``), ``lm_head`` over ``rows`` rows at a time (float32 logits, as the forward)."""
+    """Proposals int64 ``[B, L-1, num_steps]`` (``[b, t, j-1]`` → ``s_{t+1+j}``); float32 logits."""
     out = []
     for normed in chain_states(draft, tokens, hidden, num_steps):
         flat = normed.reshape(-1, normed.shape[-1])
@@ -278,15 +275,13 @@ def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps:
 
 
 def draft_inputs(captured: dict, indices: list[int] | None, final: torch.Tensor | None):
-    """The draft's inputs ``[B, L, W]``: the aux states at ``indices`` side by side, or (None) the
-    final normed state (an engine that captures no aux states)."""
+    """Draft inputs ``[B, L, W]``: aux states at ``indices`` side by side, or (None) final norm."""
     return final if indices is None else torch.cat([captured[i] for i in indices], -1)
 
 
 @torch.no_grad()
 def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
-    """Target over right-padded ``seqs``: ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L,
-    H])``."""
+    """Right-padded ``seqs`` → ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L, H])``."""
     dev = _device(target)
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
