@@ -38,10 +38,8 @@ IM_END = "<|im_end|>"
 
 
 def package_file(package: str, relpath: str) -> Path:
-    """Path of a file shipped inside an installed wheel, found without importing the package.
-
-    Raises DataError naming the package and the pip command when it is not installed or lacks the
-    file."""
+    """A file inside an installed wheel, found without importing it. DataError (with the pip
+    command) when the package or file is missing."""
     try:
         dist = md.distribution(package)
     except md.PackageNotFoundError as e:
@@ -66,11 +64,8 @@ def _lock(cache: Path, name: str) -> Iterator[None]:
 
 
 def prepare_smollm2(cache: Path) -> Path:
-    """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct``
-    (bf16).
-
-    Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent. The
-    tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (docs/ASSETS.md)."""
+    """GGUF → ``<cache>/models/smollm2-135m-instruct`` (bf16 HF folder), idempotent; eos and pad
+    ``<|im_end|>``, no added BOS (docs/ASSETS.md)."""
     out = cache / "models" / SMOLLM2_DIRNAME
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
@@ -124,11 +119,8 @@ def _rope_theta(config) -> float:
 
 
 def prepare_tiny_random(cache: Path, tiny) -> Path:
-    """A randomly initialised Llama (shape from ``tiny``, a TinyRandomTarget) with SmolLM2's
-    tokenizer.
-
-    Saved in float32 under ``<cache>/models/tiny-random-<hash>``. The vocabulary is the tokenizer's
-    (49,152)."""
+    """A random Llama (shape from ``tiny``) with SmolLM2's tokenizer (vocab 49,152), float32, under
+    ``<cache>/models/tiny-random-<hash>``."""
     spec = tiny.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     out = cache / "models" / f"tiny-random-{digest}"
@@ -162,9 +154,8 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
 
 
 def resolve_target(cfg) -> Path:
-    """The HF folder of the configured target (``cfg`` is a RunConfig), preparing it if needed.
-
-    Raises ConfigError when ``target.kind == 'hf'`` and the folder has no ``config.json``."""
+    """The configured target's HF folder, prepared if needed. ConfigError: ``hf`` without
+    config.json."""
     cache = cfg.paths.resolved_cache_dir()
     kind = cfg.target.kind
     if kind == "smollm2":
@@ -179,12 +170,9 @@ def resolve_target(cfg) -> Path:
 
 
 def prepare_sharegpt(cache: Path) -> Path:
-    """Read the cut-off ShareGPT JSON record by record and keep English human/gpt conversations.
-
-    Writes ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 17,671 complete records; 11,115
-    English human/gpt ones kept). A conversation is kept when it starts with ``human``, uses only
-    ``human``/``gpt``, has at least one ``gpt`` turn and its text is mostly ASCII (the "English"
-    filter)."""
+    """Write ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 11,115 of 17,671 records
+    kept): conversations starting with ``human``, only ``human``/``gpt``, ≥ 1 ``gpt`` turn, mostly
+    ASCII."""
     out = cache / "data" / "sharegpt_en.jsonl"
     if out.is_file():
         return out
@@ -210,10 +198,8 @@ def prepare_sharegpt(cache: Path) -> Path:
 
 
 def iter_json_array_tolerant(path: Path) -> Iterator[object]:
-    """Yield the elements of a JSON array file one by one; stop at the first that does not parse.
-
-    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it
-    (docs/ASSETS.md)."""
+    """Yield a JSON array file's elements, stopping at the first that does not parse (the wheel's
+    ShareGPT copy is cut off; docs/ASSETS.md)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     dec = json.JSONDecoder()
     i = text.find("[")

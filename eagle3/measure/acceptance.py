@@ -41,10 +41,9 @@ def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
 
 @dataclass
 class RequestAcceptance:
-    """One request's acceptance, whatever field generation it came in: ``verify_ct`` (None: no
-    speculation), ``accepted_drafts`` / ``proposed_drafts`` (bonus excluded), ``histogram``,
-    ``generation`` ("sglang-<VERSION>", "middle", "verify_ct-only", "none") and the server's own
-    figures when sent (kept to cross-check ours)."""
+    """One request's acceptance in any field generation: ``verify_ct`` (None: no speculation),
+    ``accepted_drafts`` / ``proposed_drafts`` (bonus excluded), ``histogram``, ``generation``
+    ("sglang-<VERSION>", "middle", "verify_ct-only", "none"), and the server's figures if sent."""
 
     completion_tokens: int
     verify_ct: int | None = None
@@ -128,10 +127,9 @@ def _histogram(meta: dict) -> list[int] | None:
 
 
 def parse_meta_info(meta: dict) -> RequestAcceptance:
-    """One request's ``meta_info`` → :class:`RequestAcceptance`. verify_ct: ``spec_verify_ct``, else
-    the histogram's sum, else ``completion_tokens - spec_accept_token_num``. Raises DataError for a
-    non-mapping, a missing ``completion_tokens`` or a field of the wrong type (key and value
-    named)."""
+    """``meta_info`` → :class:`RequestAcceptance`. verify_ct: ``spec_verify_ct``, else the
+    histogram's sum, else ``completion_tokens - spec_accept_token_num``. Raises DataError for a
+    non-mapping, missing ``completion_tokens`` or a wrongly typed field (key and value named)."""
     if not isinstance(meta, dict):
         raise DataError(f"meta_info: expected a JSON object, got {type(meta).__name__}")
     completion = _int_field(meta, "completion_tokens", required=True)
@@ -273,11 +271,10 @@ def parse_prometheus(text: str) -> dict:
 
 
 def server_window(before: dict, after: dict) -> dict:
-    """The server's own acceptance length over a run, from snapshots ``{"server_info", "metrics"}``
-    before and after: (1) Δgeneration_tokens_total / Δspec_verify_calls_total; (2) else
-    ``avg_spec_accept_length`` when there was no spec traffic before (the cumulative ratio covers
-    this run); (3) else that ratio after the run, flagged as not differenced. Returns
-    ``{"server_acceptance_length", "method", ...}``."""
+    """The server's own acceptance length over a run from before/after ``{"server_info",
+    "metrics"}``: (1) Δgeneration_tokens_total / Δspec_verify_calls_total; (2) else
+    ``avg_spec_accept_length`` if no spec traffic before; (3) else that ratio after, flagged not
+    differenced. Returns ``{"server_acceptance_length", "method", ...}``."""
     m0, m1 = (before or {}).get("metrics") or {}, (after or {}).get("metrics") or {}
     g0, g1 = m0.get("generation_tokens_total"), m1.get("generation_tokens_total")
     v0, v1 = m0.get("spec_verify_calls_total"), m1.get("spec_verify_calls_total")
@@ -315,12 +312,10 @@ SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied 
 
 def serving_gap(served: float | None, offline: float | None, ratio: float = SERVING_EXCESS_RATIO,
                 min_excess: float = MIN_OFFLINE_EXCESS) -> bool:
-    """"Served ≪ offline" for the same draft and prompts: ``served − 1 < ratio × (offline − 1)``
-    (excesses over the bonus token: near 1.0 a ratio of lengths hides a collapse, 1.00 vs 1.24 is
-    0.81), only when ``offline − 1 ≥ min_excess`` (a draft accepting nothing offline reveals no
-    serving fault); ``served`` None counts as 1.0. The ratio 0.7 leaves 30 % for numeric drift
-    between engines; a SmolLM2 draft fed without its aux states measured excess 0.073 against 0.140
-    offline (ratio 0.52) on 8 MT-Bench prompts × 64 tokens."""
+    """"Served ≪ offline": ``served − 1 < ratio × (offline − 1)`` (excess over the bonus token: a
+    ratio of lengths hides a collapse, 1.00 vs 1.24 is 0.81), only if ``offline − 1 ≥ min_excess``;
+    ``served`` None counts as 1.0. 0.7 leaves 30 % for engine drift; a SmolLM2 draft without its aux
+    states measured 0.073 vs 0.140 offline (ratio 0.52; 8 MT-Bench prompts × 64 tokens)."""
     if offline is None or offline - 1.0 < min_excess:
         return False
     return (1.0 if served is None else served) - 1.0 < ratio * (offline - 1.0)

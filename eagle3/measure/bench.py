@@ -57,9 +57,8 @@ def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) 
 
 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
-    """Server-wide acceptance state now: ``{"server_info", "metrics", "raw_info"}`` (None where
-    absent) from ``/get_server_info`` (or ``/server_info``) and ``/metrics`` (with
-    ``--enable-metrics``). Raises TransientError when the server cannot be reached."""
+    """``{"server_info", "metrics", "raw_info"}`` (None where absent) from ``/get_server_info`` (or
+    ``/server_info``) and ``/metrics`` (``--enable-metrics``). TransientError if unreachable."""
     info = _get_json_or_text(client, url, "/get_server_info", True)
     if info is None:
         info = _get_json_or_text(client, url, "/server_info", True)
@@ -205,13 +204,12 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
               chat_template_kwargs: dict | None = None) -> dict:
     """Acceptance length, throughput and latency of a served draft (module docstring).
 
-    ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | a list of ``{"id", "category",
-    "text"}``; ``tokenizer_dir``: the target's (else the server's ``tokenizer_path`` when local);
-    ``out_dir``: where ``report.json``, ``manifest.json`` and PNGs go; ``baseline_url``: a server
-    without speculation for ``speedup`` (tokens/s ratio); ``on_request_done(row)`` after each
-    request; ``chat_template_kwargs``: the extraction's template switches. Returns ``{"summary",
+    ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | ``[{"id", "category", "text"}]``;
+    ``tokenizer_dir``: the target's (else the server's local ``tokenizer_path``); ``out_dir``:
+    report, manifest, PNGs; ``baseline_url``: a non-speculative server for ``speedup`` (tokens/s
+    ratio); ``chat_template_kwargs``: extraction's template switches. Returns ``{"summary",
     "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
-    DataError (settings, prompts, responses), TransientError (server unreachable)."""
+    DataError, TransientError (server unreachable)."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
@@ -285,10 +283,9 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
 
 
 def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) -> Path:
-    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind
-    ``acceptance_report``). ``offline``: an ``offline_acceptance`` result for the same prompts,
-    stored as ``report["offline"]`` (no per-request rows) and
-    ``summary["offline_acceptance_length"]`` and drawn beside the served bars."""
+    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json``
+    (``acceptance_report``); ``offline`` (same prompts) goes to ``report["offline"]``,
+    ``summary["offline_acceptance_length"]`` and the plot."""
     from eagle3.measure.plots import plot_acceptance_by_category
 
     out = Path(out_dir)
@@ -308,10 +305,9 @@ def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) 
 
 def acceptance_verdict(served: float | None, offline: float | None, minimum: float,
                        unlike_served: str | None = None) -> str | None:
-    """The gate's verdict: None when ``served >= minimum``, else the diagnosis: ``serving_gap`` →
-    "served ≪ offline: serving integration fault", otherwise "both low: draft quality or data";
-    undetermined without an offline figure or when ``unlike_served`` (``offline.unlike_served``)
-    says the bench settings make the two unlike."""
+    """None when ``served >= minimum``; else ``serving_gap`` → "served ≪ offline: serving
+    integration fault", otherwise "both low: draft quality or data"; undetermined without offline or
+    when ``offline.unlike_served`` says the settings differ."""
     if served is not None and served >= minimum:
         return None
     got = "none (no speculative fields)" if served is None else f"{served:.3f}"

@@ -62,15 +62,13 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
                        seed: int = 0, capture_aux: bool = True, decoder=None, device: str = "cpu",
                        chat_template_kwargs: dict | None = None, cpu_threads: int | None = None,
                        batch_size: int = 16) -> dict:
-    """The draft's acceptance length in-process on ``run_bench``'s prompts and template, by exact
-    greedy replay (``batch_size`` prompts a batch); ``per_position[k]`` = passes that accepted draft
-    k+1 / passes. ``capture_aux=False``: the draft gets the final hidden state only (the
-    broken-integration reference). ``dtype``: float32, bfloat16, float16 or ``auto``
-    (``resolve_dtype`` on ``device``). ``temperature`` / ``topk``: the bench's, for
-    :func:`unlike_served`. ``decoder``: an object with ``generate(ids, max_new_tokens,
-    temperature=, seed=)`` and ``num_steps`` decoding each prompt instead. ``cpu_threads``: torch
-    threads while decoding on a CPU (``serve.cpu_threads``). Returns the :func:`offline_summary`
-    keys plus ``unlike_served``. Raises DataError for a request with no verify pass."""
+    """The draft's acceptance length in-process on ``run_bench``'s prompts and template by exact
+    greedy replay (``batch_size`` a batch); ``per_position[k]`` = passes accepting draft k+1 /
+    passes. ``capture_aux=False``: final hidden state only (broken-integration reference).
+    ``dtype``: float32, bfloat16, float16 or ``auto``. ``temperature``/``topk``: the bench's.
+    ``decoder``: an object with ``generate(ids, max_new_tokens, temperature=, seed=)`` and
+    ``num_steps``, used instead. ``cpu_threads``: ``serve.cpu_threads``. Returns
+    :func:`offline_summary` keys + ``unlike_served``. DataError for a request with no verify pass."""
     from transformers import AutoTokenizer
 
     from eagle3.precision import resolve_dtype, torch_threads
@@ -110,8 +108,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
 
 def offline_row(prompt: dict, res) -> dict:
     """One request's figures from a decoder result (``output_ids``, ``verify_ct``,
-    ``accepted_per_position``, optional ``num_draft_tokens`` / ``histogram``). Raises DataError
-    without a verify pass."""
+    ``accepted_per_position``, ``num_draft_tokens``/``histogram``). DataError: no verify pass."""
     n_out, verify = len(res.output_ids), int(res.verify_ct)
     if verify <= 0:
         raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, "
@@ -244,10 +241,9 @@ def _row(req: Request, res) -> dict:
 
 def decoder_check(decoder, requests: list[Request], results: list, n: int,
                   max_new_tokens: int) -> dict:
-    """``n`` requests (spread over the list) decoded by ``decoder`` against replay's results:
-    ``{"n", "equal", "different": [{"id", "fields", "first_output_difference"}], "wall_s"}``. A
-    differing output is a near-tie in the continuation, differing counts with equal outputs one in a
-    draft proposal (or a bug, in float32)."""
+    """``n`` requests decoded by ``decoder`` vs replay: ``{"n", "equal", "different": [{"id",
+    "fields", "first_output_difference"}], "wall_s"}``. Differing output: a continuation near-tie;
+    differing counts only: a proposal near-tie (or a bug, in float32)."""
     t0 = time.perf_counter()
     picks = sorted({int(i * len(requests) / n) for i in range(min(n, len(requests)))})
     different = []
@@ -270,14 +266,13 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                     batch_size: int = 16, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                     check_against_decoder: int = 0, make_decoder: Callable | None = None,
                     include_requests: bool = True, progress: bool = True) -> dict[str, dict]:
-    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``:
-    the continuations generated once (``batch_size`` prompts a batch), the target run once per batch
-    for all drafts. ``check_against_decoder=N`` decodes N requests again with ``make_decoder(target,
-    draft, tokenizer, num_steps=)`` (:func:`decoder_check`). Returns ``{name: result}``: the groups
-    of :func:`summarize` (with bootstrap ``ci``), ``no_verify_pass`` ids, ``wall_s`` (``replay``:
-    this draft's; ``shared``: loading, generation, target forwards), ``generation``, ``settings``,
-    ``decoder_check``, ``offline_format`` (:func:`offline_acceptance`'s shape) and ``per_request``
-    (``include_requests``). Raises what :func:`check_arguments` raises, before loading."""
+    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``;
+    continuations generated once, the target run once per batch for all drafts.
+    ``check_against_decoder=N``: :func:`decoder_check` via ``make_decoder(target, draft, tokenizer,
+    num_steps=)``. Returns ``{name: result}``: :func:`summarize` groups (bootstrap ``ci``),
+    ``no_verify_pass``, ``wall_s`` (``replay``, ``shared``), ``generation``, ``settings``,
+    ``decoder_check``, ``offline_format`` and ``per_request`` (``include_requests``). Raises what
+    :func:`check_arguments` raises, before loading."""
     from tqdm.auto import tqdm
 
     sets = check_arguments(target_dir, drafts, list(prompt_sets), max_new_tokens, num_steps, dtype,

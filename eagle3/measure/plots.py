@@ -71,9 +71,8 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> Path:
-    """Train/val loss against optimizer step (left: ``*/loss``, else keys containing "loss";
-    val/eval dashed) and conditional accuracies (right: ``acc_cond``, else "acc", at most 8) from
-    ``metrics.jsonl`` rows ``{"step", <metric>: float}``."""
+    """Train/val loss vs optimizer step (``*/loss``, else keys with "loss"; val dashed) and
+    conditional accuracies (``acc_cond``, else "acc", ≤ 8) from ``metrics.jsonl`` rows."""
     rows = read_metrics_jsonl(metrics) if not isinstance(metrics, list) else metrics
     keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))
                    and k != "step"})
@@ -108,9 +107,8 @@ def missing_bars(points: list[dict], kinds: list[str]) -> list[tuple[int, str]]:
 
 
 def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
-    """Simulated / offline / served acceptance length per draft as grouped bars; ``points``:
-    ``{"label", "simulated", "offline", "served"}`` (None: "not measured"). A large
-    served-below-offline gap is the signature of a serving fault."""
+    """Grouped bars of simulated / offline / served acceptance per draft; ``points``: ``{"label",
+    "simulated", "offline", "served"}`` (None: "not measured")."""
     if not points:
         raise DataError("plot_served_vs_offline: no points")
     kinds = ["simulated", "offline", "served"]
@@ -136,9 +134,8 @@ def _label(r: dict) -> str:
 
 
 def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
-    """Acceptance length against unique training tokens (log x), one line per (data, schedule);
-    ``results``: sweep results with ``schedule``, ``unique_tokens``, ``acceptance_length`` and
-    optional ``data`` / ``label``. DataError when no result has both numbers."""
+    """Acceptance vs unique training tokens (log x), a line per (data, schedule); ``results``: sweep
+    results. DataError when no result has both numbers."""
     pts = [r for r in results if r.get("acceptance_length") is not None and r.get("unique_tokens")]
     if not pts:
         raise DataError("plot_data_scaling: no result with both unique_tokens and "
@@ -164,9 +161,8 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
 
 
 def plot_training_length(curves: list[dict], path: str | Path) -> Path:
-    """Simulated acceptance length against optimizer steps, one line per run (improving, plateaued
-    or degrading at a glance); ``curves``: ``{"label", "steps", "acceptance"}`` of equal lengths.
-    DataError for no curve or unequal lengths."""
+    """Simulated acceptance vs optimizer steps, a line per run; ``curves``: ``{"label", "steps",
+    "acceptance"}``. DataError for no curve or unequal lengths."""
     if not curves:
         raise DataError("plot_training_length: no curve to draw")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))

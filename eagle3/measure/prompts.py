@@ -141,9 +141,8 @@ def round_robin(prompts: list[dict], n: int) -> list[dict]:
 
 
 def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
-    """``spec`` ("mtbench" | "gsm8k" | "humaneval" | a file) → ``num_prompts`` prompts, round-robin
-    by category. Raises DataError for ``num_prompts`` < 1, an unknown set that is no file, or a set
-    with fewer prompts than asked (both counts given)."""
+    """``spec`` → ``num_prompts`` prompts, round-robin by category. Raises DataError for
+    ``num_prompts`` < 1, an unknown set that is no file, or too few prompts (both counts given)."""
     if num_prompts < 1:
         raise DataError(f"num_prompts: expected >= 1, got {num_prompts}")
     name = str(spec)
@@ -176,11 +175,10 @@ def _chat_ids(tokenizer, messages: list[dict], kwargs: dict | None) -> list[int]
 
 def encode_prompts(prompts: Iterable[dict], tokenizer,
                    chat_template_kwargs: dict | None = None) -> list[list[int]]:
-    """Token ids of each prompt as one user turn with the target's chat template and the generation
-    prompt, as SGLang's ``/v1/chat/completions`` with ``--default-chat-template-kwargs``.
-    ``chat_template_kwargs``: the template switches the draft was trained with
-    (``data.chat_template_kwargs``, e.g. ``{"enable_thinking": False}``; without them Qwen3's
-    template renders other text than extraction did). Raises DataError without a chat template."""
+    """Token ids of each prompt as one user turn with the chat template and generation prompt, as
+    SGLang's ``/v1/chat/completions`` with ``--default-chat-template-kwargs``.
+    ``chat_template_kwargs``: the draft's training switches (``data.chat_template_kwargs``, e.g.
+    ``{"enable_thinking": False}`` for Qwen3). Raises DataError without a chat template."""
     _need_template(tokenizer)
     return [_chat_ids(tokenizer, [{"role": "user", "content": p["text"]}], chat_template_kwargs)
             for p in prompts]
@@ -211,9 +209,9 @@ def load_conversations(spec: str | Path) -> list[dict]:
 
 
 def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
-    """Token ids of turn ``len(questions)``: ``questions[i]`` and ``answers[i]`` alternating, then
-    the last question, templated as :func:`encode_prompts`. Raises DataError unless
-    ``len(answers) == len(questions) - 1`` and the tokenizer has a chat template."""
+    """Token ids of turn ``len(questions)``: questions and answers alternating, templated as
+    :func:`encode_prompts`. DataError unless ``len(answers) == len(questions) - 1`` and a template.
+    """
     if len(answers) != len(questions) - 1 or not questions:
         raise DataError("encode_conversation: expected len(answers) == len(questions) - 1 >= 0, "
                         f"got {len(answers)} answers for {len(questions)} questions")

@@ -39,9 +39,9 @@ LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [r
 @dataclass
 class GenerationResult:
     """One generation: ``output_ids`` (prompt excluded), ``verify_ct``, ``accepted_per_position[j]``
-    (passes that accepted draft j, 0-based), ``num_draft_tokens`` (proposed), ``histogram[j]``
-    (passes that accepted exactly j), ``finish_reason`` (SGLang's), ``accept_counts[i]`` (drafts
-    pass i accepted before a cut by a stop token or the budget)."""
+    (0-based), ``num_draft_tokens``, ``histogram[j]`` (passes accepting exactly j),
+    ``finish_reason`` (SGLang's), ``accept_counts[i]`` (pass i's drafts before a stop/budget cut).
+    """
 
     output_ids: list[int]
     verify_ct: int
@@ -95,10 +95,9 @@ def stop_ids(target) -> set[int]:
 
 def capture_indices(draft: SGLangEagle3Draft, target, engine: str = "sglang",
                     check_fc: bool = True) -> list[int]:
-    """HF ``hidden_states`` indices the engine captures for ``draft``: its aux ids through the
-    engine profile (``engine_to_hf_ids``), in layer order, else SGLang's default ``[2, L//2, L-3]``
-    as it is. Raises EngineUnsupported for an index never captured, CheckpointInvalid (``check_fc``)
-    when ``fc`` does not take ``len(indices) × hidden_size`` inputs."""
+    """HF ``hidden_states`` indices captured for ``draft``: its aux ids via ``engine_to_hf_ids``,
+    else SGLang's default ``[2, L//2, L-3]``. Raises EngineUnsupported for an index never captured,
+    CheckpointInvalid (``check_fc``) when ``fc`` does not take ``len(indices) × hidden_size``."""
     n = num_layers(target)
     ids = draft.aux_layer_ids
     indices = sorted(get_profile(engine).engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
@@ -146,9 +145,8 @@ def _finish(output: list[int], stops: set[int], max_new_tokens: int) -> dict:
 def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, *,
                          batch_size: int = 16, pad_id: int | None = None,
                          progress=None) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (stop token kept, at most
-    ``max_new_tokens``), in input order: HF ``generate``, left padding, prompts sorted by length,
-    the model's ``generation_config`` swapped for a plain one (no processor: plain argmax).
+    """Each prompt's greedy continuation (stop token kept, ≤ ``max_new_tokens``), input order: HF
+    ``generate``, left padding, sorted by length, plain ``generation_config`` (plain argmax).
     ``progress``: a tqdm bar advanced by prompts."""
     from transformers import GenerationConfig
 
@@ -184,10 +182,9 @@ def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, 
 
 def generate_requests(target, tokenizer, conversations: list[dict], max_new_tokens: int, *,
                       batch_size: int = 16, num_steps: int = 0, progress=None) -> list[Request]:
-    """Greedy answers to every turn of every conversation (``prompts.load_conversations``): turn r
-    after the questions and the target's own decoded answers 1..r-1, all turns r in one batched
-    pass; ids get ``/turn<r>`` when a conversation has several turns. ``num_steps``: for the context
-    check. Raises DataError for an empty or over-long prompt."""
+    """Greedy answers to every turn (``prompts.load_conversations``): turn r after the target's own
+    answers 1..r-1, all turns r in one batched pass; ids get ``/turn<r>`` when multi-turn.
+    Raises DataError for an empty or over-long prompt."""
     stops = stop_ids(target)
     answers: dict[str, list[str]] = {c["id"]: [] for c in conversations}
     requests: list[Request] = []
@@ -215,10 +212,10 @@ def _block_mask(t: int, step: int, device) -> torch.Tensor:
 
 def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                  num_steps: int) -> list[torch.Tensor]:
-    """Normed draft outputs of every chain step at every base row (module docstring): ``tokens``
-    int64 ``[B, L]`` (right padded), ``hidden`` ``[B, L, W]`` (each token's draft input). Returns
-    ``num_steps`` tensors ``[B, L-1, H]``: element ``j-1`` at row ``t`` proposes ``s_{t+1+j}`` at
-    base ``t``. Differentiable. Raises DataError for bad shapes or ``num_steps < 1``."""
+    """Normed draft outputs of every chain step at every base row: ``tokens`` int64 ``[B, L]``
+    (right padded), ``hidden`` ``[B, L, W]``. Returns ``num_steps`` tensors ``[B, L-1, H]`` (``j-1``
+    at row ``t`` proposes ``s_{t+1+j}``). Differentiable. DataError for bad shapes or ``num_steps <
+    1``."""
     if tokens.dim() != 2 or hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(tokens.shape) \
             or tokens.shape[1] < 2 or num_steps < 1:
         raise DataError(f"chain_states: expected tokens [B, L >= 2], hidden [B, L, W], "
@@ -251,10 +248,9 @@ def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torc
 
 def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps: int,
          stops: set[int], max_new_tokens: int) -> GenerationResult:
-    """The decoder's verify passes over a known greedy ``seq = prompt + continuation``
-    (``proposals[t][j-1]``: the proposal for ``seq[t+1+j]``), counting only drafts inside the
-    continuation, as the decoder's ``min(accepted, emitted)``. Returns its
-    :class:`GenerationResult`."""
+    """Verify passes over a known greedy ``seq`` (``proposals[t][j-1]`` proposes ``seq[t+1+j]``),
+    counting drafts inside the continuation only (``min(accepted, emitted)``): a GenerationResult.
+    """
     k, last = num_steps, len(seq) - 1
     out = list(seq[prompt_len:])
     res = GenerationResult(out, 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=prompt_len,
@@ -304,9 +300,8 @@ def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
 def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: list[Request],
                     num_steps: int, *, max_new_tokens: int, batch_size: int = 16,
                     capture_aux: bool = True, progress=None):
-    """Every draft on every request, the target once per batch for all drafts; continuations cut to
-    ``max_new_tokens``; ``capture_aux=False``: the final normed state (fc bypassed). Returns
-    ``({name: [GenerationResult]}, {name: draft seconds}, target seconds)``."""
+    """Every draft on every request, the target once per batch; ``capture_aux=False``: final normed
+    state (fc bypassed). Returns ``({name: [GenerationResult]}, {name: draft s}, target s)``."""
     if num_steps < 1:
         raise EngineUnsupported(f"speculative num_steps: expected >= 1, got {num_steps}")
     stops = stop_ids(target)

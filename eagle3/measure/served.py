@@ -12,10 +12,8 @@ from typing import Any, Callable
 def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir: Path,
                       bench_dir: Path, *,
                       on_ready: Callable[[Any, Any], None] | None = None) -> dict:
-    """launch → readiness gate → benchmark (watched) → teardown; returns the ``run_bench`` report.
-    ``cfg``: a RunConfig (``serve``, ``bench``); ``on_ready(engine, gate)`` after the gate passed.
-    Raises GateFailed (gate or watchdog), ConfigError when the engine does not run the settings
-    asked (``check_running_settings``), and the benchmark's errors."""
+    """launch → readiness gate → watched benchmark → teardown; returns the ``run_bench`` report.
+    Raises GateFailed (gate, watchdog), ConfigError (``check_running_settings``), bench errors."""
     from eagle3.measure.bench import run_bench
     from eagle3.serve.engine_settings import check_running_settings
     from eagle3.serve.launcher import launch_ready

@@ -36,10 +36,9 @@ def _units(rows: list[dict], unit_key: str) -> tuple[np.ndarray, np.ndarray]:
 def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                          confidence: float = DEFAULT_CONFIDENCE, unit_key: str = "conversation",
                          chunk: int = 500) -> dict:
-    """Percentile-bootstrap interval of the acceptance length of ``rows``
-    (``accepted_per_position``, ``verify_ct`` > 0, ``unit_key`` else ``id``): ``{"low", "high",
-    "confidence", "resamples", "seed", "units", "method"}``. Raises DataError for no rows, a row
-    without verify passes, ``resamples < 1000`` or a confidence outside (0, 1)."""
+    """Percentile-bootstrap interval of ``rows``' acceptance length: ``{"low", "high", "confidence",
+    "resamples", "seed", "units", "method"}``. Raises DataError for no rows, a row without verify
+    passes, ``resamples < 1000`` or a confidence outside (0, 1)."""
     if not rows:
         raise DataError("bootstrap: expected at least one request row, got none")
     if resamples < 1000 or not 0.0 < confidence < 1.0:
