@@ -7,8 +7,7 @@ Each stage output directory holds ``manifest.json``::
      "config": {...the stage's config section...}, "counts": {...}, "timings": {... seconds ...},
      "content_hash": sha256 over the files (manifest excluded), ...stage-specific keys}
 
-Writes are atomic: a temporary sibling is written and renamed, so a reader never sees half a file.
-"""
+Writes are atomic (a temporary sibling, renamed): a reader never sees half a file."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ _WEIGHTS_MEMO: dict[tuple, str] = {}
 
 def weights_hash(model_dir: str | Path) -> str | None:
     """sha256 (hex) over ``"<name>:<file sha256>"`` of a folder's ``*.safetensors`` in name order
-    (``target.weights_hash``); None if none. Memoised by path, name, size and mtime (~1 GB/s/core).
-    """
+    (``target.weights_hash``); None if none. Memoised by path, name, size, mtime."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         return None
@@ -207,8 +205,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
 
 
 def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
-    """Read ``<directory>/manifest.json``. DataError if missing, not JSON, or of another ``kind``.
-    """
+    """Read ``<directory>/manifest.json``. DataError: missing, not JSON, or another ``kind``."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path}: manifest not found (is {directory} a finished stage output?)")

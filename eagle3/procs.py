@@ -1,9 +1,8 @@
-"""Process groups and process trees: start a server in its own group, measure the tree, end it.
+"""Process groups and trees: start a server in its own group, measure the tree, end it.
 
-Every server the pipeline starts runs in its own session/process group (``start_new_session=True``),
-so the whole tree (SGLang's scheduler, detokenizer and TP workers included) can be signalled at once
-without touching anything else on the machine. Processes are ended by process-group id and by the
-pids of the tree collected with psutil — never by name."""
+Each server runs in its own session (``start_new_session=True``) so its whole tree (SGLang's
+scheduler, detokenizer, TP workers) is signalled at once, by group id and psutil-collected pids —
+never by name."""
 
 from __future__ import annotations
 

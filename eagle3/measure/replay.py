@@ -40,8 +40,7 @@ LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [r
 class GenerationResult:
     """One generation: ``output_ids`` (prompt excluded), ``verify_ct``, ``accepted_per_position[j]``
     (0-based), ``num_draft_tokens``, ``histogram[j]`` (passes accepting exactly j),
-    ``finish_reason`` (SGLang's), ``accept_counts[i]`` (pass i's drafts before a stop/budget cut).
-    """
+    ``finish_reason`` (SGLang's), ``accept_counts[i]`` (pass i's drafts before a stop cut)."""
 
     output_ids: list[int]
     verify_ct: int
@@ -249,8 +248,7 @@ def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torc
 def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps: int,
          stops: set[int], max_new_tokens: int) -> GenerationResult:
     """Verify passes over a known greedy ``seq`` (``proposals[t][j-1]`` proposes ``seq[t+1+j]``),
-    counting drafts inside the continuation only (``min(accepted, emitted)``): a GenerationResult.
-    """
+    counting drafts inside the continuation only (``min(accepted, emitted)``)."""
     k, last = num_steps, len(seq) - 1
     out = list(seq[prompt_len:])
     res = GenerationResult(out, 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=prompt_len,

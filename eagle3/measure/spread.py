@@ -1,13 +1,10 @@
-"""The spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of
-sums.
+"""Spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of sums.
 
-Statistic: 1 + Σ accepted drafts / Σ verify passes over a group's requests (bonus counted;
-INTERNALS.md). Method (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13): draw
-``resamples`` samples of the group's units with replacement, recompute the ratio on each, report the
-``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy's linear interpolation). The unit is the *conversation*
-(``unit_key``): MT-Bench's two turns share their first turn, so they are drawn together (a cluster
-bootstrap). numpy's PCG64 seeded with ``seed`` makes an interval reproducible. It measures which
-prompts were asked, not decoding noise (greedy has none) nor the draft's training noise."""
+Statistic: 1 + Σ accepted / Σ verify passes (bonus counted; INTERNALS.md). Method (Efron &
+Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13): resample units with replacement,
+report the ``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy linear). The unit is the *conversation*
+(``unit_key``; MT-Bench turns share turn 1: a cluster bootstrap); PCG64 seeded with ``seed``. It
+measures prompt choice, not decoding noise (greedy has none) nor training noise."""
 
 from __future__ import annotations
 
