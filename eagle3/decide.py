@@ -104,12 +104,10 @@ def _floats(history: dict, key: str) -> list[float]:
 
 
 def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
-    """Numbers the rules use, from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per
-    eval], "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (optional; else
-    val − train)}``.
-
-    Returns relative val/train slopes over the last ``k`` evals (None with < 2 evals), the last
-    relative gap ((val − train) / train), its growth over the window, epochs and unique tokens."""
+    """Rule inputs from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per eval],
+    "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (else val − train)}``:
+    relative val/train slopes over the last ``k`` evals (None with < 2), last relative gap
+    ((val − train) / train), its growth over the window, epochs and unique tokens."""
     val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
     gaps = _floats(history, "train_val_gap")
     if not gaps and val and train:
@@ -143,13 +141,9 @@ def _relative_slope(tail: list[float]) -> float | None:
 def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int
         | None = None,
                          val_key: str = "val/loss", train_key: str = "train/loss") -> dict:
-    """A ``history`` for :func:`recommend` from training metric rows (``metrics.jsonl``: ``{"step",
-    key: value}``).
-
-    ``val_loss`` = every ``val_key`` value in step order; ``train_loss`` = for each evaluation, the
-    latest ``train_key`` value logged at or before its step (None-free: evaluations before any train
-    value are skipped for the gap). ``epochs``/``unique_tokens`` come from the training/extraction
-    manifests."""
+    """A :func:`recommend` ``history`` from ``metrics.jsonl`` rows (``{"step", key: value}``):
+    ``val_loss`` = ``val_key`` values in step order; ``train_loss`` = per eval, the latest
+    ``train_key`` value at or before its step (evals before any are skipped for the gap)."""
     pts = sorted(((r.get("step", 0), r) for r in rows), key=lambda x: x[0])
     val, train, last_train = [], [], None
     for _, r in pts:
@@ -167,12 +161,10 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None, uniqu
 
 
 def read_training_history(train_dir: str | Path) -> dict:
-    """The ``history`` of a finished training run for :func:`recommend`:
-    :func:`history_from_metrics` over the rows of ``<train_dir>/metrics.jsonl`` (one JSON object per
-    logged step: ``kind`` "train" rows carry ``train/loss``, "eval" rows ``val/loss``), with epochs
-    = the draft manifest's ``epochs_over_data`` and unique tokens = its ``counts.train_positions``.
-    Raises DataError when the folder has no draft manifest or a row is not valid JSON (naming the
-    file and line)."""
+    """:func:`history_from_metrics` over ``<train_dir>/metrics.jsonl`` ("train" rows:
+    ``train/loss``, "eval" rows: ``val/loss``); epochs = manifest ``epochs_over_data``, unique
+    tokens = ``counts.train_positions``. DataError: no draft manifest, or a bad JSON row (file and
+    line named)."""
     import json
 
     from eagle3.artifacts import read_manifest
@@ -218,14 +210,11 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
 
 
 def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = None) -> Decision:
-    """One of :data:`OUTCOMES` for a training run, by the rules in the module docstring.
-
-    ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline",
-    "simulated"}`` (acceptance lengths, bonus token counted; any may be None) plus optional
-    ``"target"`` (acceptance length that is good enough), ``"history"`` (earlier served figures of
-    this line of runs, oldest first) and ``"preflight"`` (``{check: "status: detail"}`` of the
-    deployment's pre-flight, evidence for "fix serving"). Raises DataError for non-numeric history
-    values."""
+    """One of :data:`OUTCOMES` by the module docstring's rules. ``history``:
+    :func:`training_signals`. ``acceptance``: ``{"served", "offline", "simulated"}`` (lengths, bonus
+    counted; any may be None) plus optional ``"target"``, ``"history"`` (earlier served figures,
+    oldest first) and ``"preflight"`` (``{check: "status: detail"}``). Raises DataError for
+    non-numeric history values."""
     th = thresholds or Thresholds()
     serving = _serving_rule(acceptance, th)
     if serving is not None:
@@ -336,20 +325,15 @@ def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float
         | None = None, thresholds: Thresholds | None = None) -> Decision:
-    """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling
-    plot.
+    """The decision over a sweep of data variants × sizes × schedules, plus the data-scaling plot.
 
-    ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str,
-    "unique_tokens": int, "acceptance_length": float (the figure judged: offline on the full
-    evaluation set where measured, else served), "offline": float|None (same prompts as served),
-    "served": float|None, "data": str (variant, e.g. "as-is", "regenerated"), "epochs": float,
-    "optimizer_steps": int}``. Rules: any run with served ≪ offline → fix serving; best ≥ ``target``
-    → stop; else compare three levers — the gain per doubling of data, the gain of the longest
-    schedule over the shortest at equal data, and the gain of the best other data variant over the
-    first at equal size and schedule; the largest (if ≥ ``min_gain``) decides "more data", "longer
-    training" or "regenerate data" (for a variant named ``regen…``; its name is in the evidence);
-    all below → stop (plateau); none measurable (one point) → "more evidence needed". Raises
-    DataError for an empty sweep or a result lacking a required key."""
+    ``results``: per run ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
+    "acceptance_length": float (offline on the full set where measured, else served), "offline":
+    float|None, "served": float|None, "data": str (variant), "epochs": float, "optimizer_steps":
+    int}``. Served ≪ offline → fix serving; best ≥ ``target`` → stop; else the largest lever ≥
+    ``min_gain`` (gain per data doubling; longest vs shortest schedule; best other data variant)
+    decides "more data", "longer training" or "regenerate data" (variant ``regen…``); all below →
+    stop; none measurable → "more evidence needed". DataError: empty sweep, missing key."""
     th = thresholds or Thresholds()
     if not results:
         raise DataError("sweep_decision: expected at least one result, got none")

@@ -14,9 +14,8 @@ SECTIONS = ("extract", "train", "serve")
 
 
 def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
-    """One message per ``<section>.device`` that names CUDA (``cuda`` or ``cuda:N``) when this
-    machine has fewer CUDA devices than it needs. ``cuda_count``: the visible CUDA devices (None =
-    ask torch). ``auto`` and ``cpu`` never fail here."""
+    """One message per ``<section>.device`` naming CUDA when fewer CUDA devices are present than
+    needed (``cuda_count``: None = ask torch). ``auto`` and ``cpu`` never fail."""
     if cuda_count is None:
         import torch
 

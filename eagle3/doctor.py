@@ -49,9 +49,8 @@ def check_torch() -> tuple[str, str]:
 
 
 def check_precision() -> tuple[str, str]:
-    """The CPU features torch and ``/proc/cpuinfo`` report, the ISA caps set in the environment, the
-    measured bf16/float32 matmul ratio and what ``auto`` resolves to on the CPU (and on CUDA when
-    present)."""
+    """CPU features (torch, ``/proc/cpuinfo``), ISA caps in the environment, the measured
+    bf16/float32 ratio and what ``auto`` resolves to on CPU (and CUDA)."""
     try:
         import torch
     except ImportError as e:

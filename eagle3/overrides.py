@@ -20,10 +20,8 @@ def _parse_value(raw: str) -> Any:
 
 
 def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
-    """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
-
-    Raises ConfigError for an override without ``=`` or with an empty key. Unknown keys are left for
-    the schema to reject (with the dotted key in the message)."""
+    """Apply ``section.key=value`` overrides to a raw config dict (in place; returned). ConfigError
+    without ``=`` or with an empty key; unknown keys are left to the schema."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected 'section.key=value', got no '='")

@@ -36,13 +36,10 @@ ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS
 
 @dataclass(frozen=True)
 class Bf16Probe:
-    """What :func:`probe_cpu_bf16` measured on this CPU.
-
-    ``float32_gflops`` / ``bfloat16_gflops``: GFLOP/s (2·m·k·n per call) of the probe matmul at
-    ``threads`` torch threads (best of the timed calls); ``capability``:
-    ``torch.backends.cpu.get_cpu_capability()``; ``features``: the :data:`CPU_FEATURES` flags found
-    in ``/proc/cpuinfo`` (empty where it is unreadable); ``isa_env``: the :data:`ISA_ENV` variables
-    that were set."""
+    """What :func:`probe_cpu_bf16` measured: ``float32_gflops`` / ``bfloat16_gflops`` (GFLOP/s,
+    2·m·k·n per call, best timed call at ``threads``), ``capability``
+    (``torch.backends.cpu.get_cpu_capability()``), ``features`` (:data:`CPU_FEATURES` in
+    ``/proc/cpuinfo``), ``isa_env`` (the :data:`ISA_ENV` variables set)."""
 
     float32_gflops: float
     bfloat16_gflops: float
@@ -93,10 +90,9 @@ def _seconds(a, b) -> float:
 
 def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10.0) -> dict[str,
         float]:
-    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately (so a burst of load on the
-    shared cores hits both) over ``repeats`` rounds after one untimed warm-up call each (oneDNN
-    builds its kernel on the first call). Stops early once bf16's best is still ``slow_factor`` ×
-    float32's after two rounds."""
+    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately over ``repeats`` rounds
+    after an untimed warm-up (oneDNN builds kernels then); stops early if bf16 is ``slow_factor`` ×
+    slower."""
     for a, b in pairs.values():
         a @ b
     best = {k: float("inf") for k in pairs}
@@ -110,12 +106,9 @@ def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10
 
 def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
                  repeats: int = PROBE_REPEATS) -> Bf16Probe:
-    """Time one ``[m, k] @ [k, n]`` matmul in float32 and in bf16 on the CPU (no memo; see
-    :func:`probe_cpu_bf16`).
-
-    The bf16 measurement stops after its first timed call when that took more than 10× the float32
-    time (then bf16 is at best 0.1× float32: slow, whatever the exact figure). Returns a
-    :class:`Bf16Probe`."""
+    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo): a
+    :class:`Bf16Probe`. bf16 stops after one timed call over 10× float32 (slow, whatever the
+    figure)."""
     import torch
 
     m, k, n = shape
@@ -150,9 +143,8 @@ def _device_type(device: str) -> str:
 
 
 def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
-    """(bf16 is the fast choice on ``device``, why). ``device``: 'auto', 'cpu', 'cuda', 'cuda:N'.
-
-    CUDA: True where ``torch.cuda.is_bf16_supported()``. CPU: :func:`probe_cpu_bf16`'s verdict."""
+    """(bf16 is fast on ``device``, why); ``device``: 'auto', 'cpu', 'cuda', 'cuda:N'. CUDA:
+    ``torch.cuda.is_bf16_supported()``; CPU: :func:`probe_cpu_bf16`."""
     kind = _device_type(device)
     if kind == "cuda":
         import torch
@@ -166,9 +158,8 @@ def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
 
 
 def resolve_dtype(value: str, device: str = "cpu") -> str:
-    """A dtype setting's value: ``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``,
-    else ``"float32"``; any other value is returned as it is (an explicit ``bfloat16`` is
-    honoured)."""
+    """``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``, else ``"float32"``; other
+    values as they are."""
     if value != "auto":
         return value
     return "bfloat16" if bf16_is_fast(device)[0] else "float32"
@@ -191,22 +182,17 @@ BF16_VALUES = ("bfloat16", "bf16-autocast")
 
 
 def _serves_reference(cfg) -> bool:
-    """serve.dtype ``auto`` is the reference engine's to resolve: engine 'reference', or 'auto'
-    without CUDA (SGLang serves only on a GPU); SGLang's ``--dtype auto`` (the checkpoint's dtype)
-    is left to SGLang."""
+    """Whether serve.dtype ``auto`` is the reference engine's: engine 'reference', or 'auto' without
+    CUDA; SGLang's ``--dtype auto`` is left to SGLang."""
     if cfg.serve.engine == "reference":
         return True
     return cfg.serve.engine == "auto" and _device_type("auto") == "cpu"
 
 
 def resolve_config(cfg) -> dict[str, dict]:
-    """Replace every ``auto`` of :data:`AUTO_FIELDS` in ``cfg`` (a RunConfig, changed in place) by
-    its value.
-
-    Returns ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...},
-    ...}`` for each field that was ``auto`` (the record manifests and MLflow keep). An explicit bf16
-    setting on a CPU where bf16 measures slow is honoured and logged as a warning (it is what made
-    the demo look hung)."""
+    """Replace every ``auto`` of :data:`AUTO_FIELDS` in ``cfg`` (a RunConfig, in place). Returns
+    ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}, ...}``.
+    An explicit bf16 on a CPU where bf16 measures slow is kept, with a warning."""
     record: dict[str, dict] = {}
     for section, name, (dev_section, dev_name), resolver in AUTO_FIELDS:
         sec = getattr(cfg, section)
@@ -241,9 +227,8 @@ def has_auto(cfg) -> bool:
 
 
 def resolved(cfg):
-    """``cfg`` itself when nothing in it is ``auto`` (what :func:`eagle3.config.load_config`
-    returns), else a resolved deep copy (how, in its ``auto_resolved``): what a stage function calls
-    first, so a config built directly (``RunConfig(...)``) runs with the same rule."""
+    """``cfg`` if nothing is ``auto``, else a resolved deep copy (how: ``auto_resolved``); stage
+    functions call it first, so a directly built ``RunConfig(...)`` follows the same rule."""
     if not has_auto(cfg):
         return cfg
     out = cfg.model_copy(deep=True)

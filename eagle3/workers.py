@@ -38,12 +38,9 @@ PYSPY_TIMEOUT_S = 20.0
 
 
 class WorkerStatus:
-    """The status file of worker ``index`` under ``directory`` (written by the worker itself).
-
-    Writes go through a temporary sibling and ``os.replace`` without fsync: a reader sees the old or
-    the new content, never half of one; nothing here has to survive a power loss. Errors writing it
-    are swallowed after the first one is reported on stderr: a full disk must not turn a status line
-    into a crash."""
+    """Worker ``index``'s status file under ``directory``, written by the worker. Writes go through
+    a temporary sibling and ``os.replace`` (no fsync): readers never see half a file. Write errors
+    are reported once on stderr then swallowed: a full disk must not crash the worker."""
 
     def __init__(self, directory: str | Path, index: int, *, prefix: str = "rank",
                  min_interval_s: float = 1.0):
@@ -135,9 +132,8 @@ class Deadlines:
 
 @dataclass
 class Overdue:
-    """A missed deadline: ``kind`` is ``not_arrived`` | ``no_first_step`` | ``stalled``; ``workers``
-    the indices that missed it; ``deadline_s`` and ``key`` the deadline; ``waited_s`` how long the
-    parent waited."""
+    """A missed deadline: ``kind`` (``not_arrived`` | ``no_first_step`` | ``stalled``), ``workers``,
+    ``deadline_s`` and ``key``, ``waited_s``."""
 
     kind: str
     workers: list[int]
@@ -149,10 +145,8 @@ class Overdue:
 
 def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
             deadlines: Deadlines) -> Overdue | None:
-    """The first deadline the workers missed at time ``now`` (seconds since the epoch), or None.
-
-    ``launched_at``: when the parent started the job. Workers in phase ``done`` or ``failed`` are
-    never overdue (the process exits; the parent reads its exit instead)."""
+    """The first deadline missed at ``now`` (s since the epoch), or None; ``launched_at``: job
+    start. Workers ``done`` or ``failed`` are never overdue (the parent reads their exit)."""
     live = {k: s for k, s in statuses.items() if not (s and s.get("phase") in ("done", "failed"))}
     unready = [k for k, s in live.items() if not s
         or s.get("phase") in (None, "started", "arriving")]
@@ -258,9 +252,8 @@ def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int
 
 def dump_stacks(statuses: dict[int, dict | None], directory: Path, *,
                 prefix: str = "rank") -> dict[int, Path]:
-    """``py-spy dump`` of each live worker into ``<directory>/<prefix>-<k>.stack.txt`` (each call
-    bounded by 20 s; py-spy missing or refused is written into the file instead). Returns the files
-    written."""
+    """``py-spy dump`` of each live worker to ``<directory>/<prefix>-<k>.stack.txt`` (20 s each; a
+    py-spy failure is written instead). Returns the files."""
     from eagle3.procs import alive_pids
 
     exe = Path(sys.executable).parent / "py-spy"
@@ -290,10 +283,9 @@ def dump_stacks(statuses: dict[int, dict | None], directory: Path, *,
 
 
 def end_processes(proc: subprocess.Popen, extra_pids: list[int], grace_s: float = 10.0) -> None:
-    """End ``proc`` (started with ``start_new_session=True``), its descendants, and ``extra_pids``
-    (workers that live in sessions of their own, as torchrun starts them): SIGTERM to all,
-    ``grace_s`` to exit, then SIGKILL to what is left. Pids are matched with their start time, so a
-    pid reused by another process meanwhile is left alone. Never signals anything by name."""
+    """End ``proc`` (``start_new_session=True``), its descendants and ``extra_pids`` (torchrun
+    workers in own sessions): SIGTERM, ``grace_s``, SIGKILL. Pids are matched with start time
+    (reuse-safe); never signals by name."""
     import psutil
 
     procs: dict[int, psutil.Process] = {}

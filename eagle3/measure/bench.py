@@ -4,8 +4,8 @@
 (``apply_chat_template(add_generation_prompt=True)``), sends ``input_ids`` to ``POST /generate``
 (streamed if possible, for TTFT), reads ``meta_info`` (:mod:`eagle3.measure.acceptance`) and
 snapshots ``/get_server_info`` and ``/metrics`` around the run. Acceptance lengths are
-token-weighted (bonus counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`.
-"""
+token-weighted (bonus counted; INTERNALS.md). The gate compares with
+:mod:`eagle3.measure.offline`."""
 
 from __future__ import annotations
 

@@ -67,8 +67,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
     ``dtype``: float32, bfloat16, float16 or ``auto``. ``temperature``/``topk``: the bench's.
     ``decoder``: an object with ``generate(ids, max_new_tokens, temperature=, seed=)`` and
     ``num_steps``, used instead. ``cpu_threads``: ``serve.cpu_threads``. Returns
-    :func:`offline_summary` keys + ``unlike_served``. DataError for a request with no verify pass.
-    """
+    :func:`offline_summary` keys + ``unlike_served``. DataError: no verify pass."""
     from transformers import AutoTokenizer
 
     from eagle3.precision import resolve_dtype, torch_threads
