@@ -7,8 +7,7 @@ Each stage output directory holds ``manifest.json``::
      "config": {...the stage's config section...}, "counts": {...}, "timings": {... seconds ...},
      "content_hash": sha256 over the files (manifest excluded), ...stage-specific keys}
 
-Writes are atomic: a temporary sibling is written and renamed, so a reader never sees half a file.
-"""
+Writes are atomic (a temporary sibling, renamed): a reader never sees half a file."""
 
 from __future__ import annotations
 
@@ -48,10 +47,8 @@ _WEIGHTS_MEMO: dict[tuple, str] = {}
 
 
 def weights_hash(model_dir: str | Path) -> str | None:
-    """sha256 (hex) over ``"<name>:<sha256 of the file>"`` of a model folder's ``*.safetensors``
-    files in name order (the extraction manifest's ``target.weights_hash``); None when the folder
-    has none. Reads every byte once per process and file state (memoised by path, name, size and
-    mtime), about 1 GB/s per core."""
+    """sha256 (hex) over ``"<name>:<file sha256>"`` of a folder's ``*.safetensors`` in name order
+    (``target.weights_hash``); None if none. Memoised by path, name, size, mtime."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         return None
@@ -75,11 +72,8 @@ def _hashed_files(root: Path, exclude: tuple[str, ...]) -> list[Path]:
 
 
 def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
-    """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path.
-
-    Files named in ``exclude`` (top level or any depth), files under a folder named in ``exclude``
-    and temporary files (``*.tmp*``) are skipped. Raises DataError if ``directory`` does not exist.
-    """
+    """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path,
+    skipping ``exclude`` names (any depth) and ``*.tmp*``. DataError if ``directory`` is missing."""
     root = Path(directory)
     if not root.is_dir():
         raise DataError(f"{root}: expected a directory to hash, found none")
@@ -91,10 +85,9 @@ def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) 
 
 
 def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> dict:
-    """``{"count", "bytes", "stat_digest", "exclude"}`` over the files :func:`content_hash` covers:
-    a cheap (stat-only) record to tell later whether a finished output is still what its manifest
-    describes. ``stat_digest`` = sha256 over (relative path, size, mtime in ns) of each file.
-    DataError if no directory."""
+    """``{"count", "bytes", "stat_digest", "exclude"}`` over :func:`content_hash`'s files, a
+    stat-only record; ``stat_digest`` = sha256 over (relative path, size, mtime ns). DataError if no
+    directory."""
     root = Path(directory)
     if not root.is_dir():
         raise DataError(f"{root}: expected a directory, found none")
@@ -110,14 +103,10 @@ def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) ->
 
 
 def output_intact(directory: str | Path) -> tuple[bool, str]:
-    """Whether a finished output still holds what its manifest was written over. Returns ``(ok, why
-    not)``.
+    """``(ok, why not)``: does a finished output still hold what its manifest was written over?
 
-    Stat only while nothing changed: file count and bytes must match ``files``; if any file's size
-    or modification time differs from ``files.stat_digest`` (a file rewritten in place, or the
-    folder copied), the content hash is recomputed and must equal the manifest's ``content_hash``.
-    Manifests without ``files`` pass. DataError when there is no manifest.
-    """
+    Count and bytes must match ``files``; if ``files.stat_digest`` differs, the content hash is
+    recomputed and must equal ``content_hash``. No ``files``: pass. DataError without a manifest."""
     m = read_manifest(directory)
     want = m.get("files")
     if not isinstance(want, dict):
@@ -160,17 +149,14 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     """Atomically write ``obj`` as indented, key-sorted JSON."""
-    return atomic_write_bytes(path,
-                              (json.dumps(obj, indent=2, sort_keys=True, default=str)
+    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str)
                                   + "\n").encode())
 
 
 @contextmanager
 def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary sibling directory; on success rename it to ``final``, on error delete it.
-
-    With ``overwrite`` an existing ``final`` is replaced only after the new one is complete.
-    """
+    """Yield a temporary sibling; on success rename it to ``final`` (``overwrite``: replacing it
+    once complete), on error delete it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
@@ -200,8 +186,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
                    inputs: dict[str, str] | None = None, counts: dict | None = None,
                    timings: dict | None = None, exclude: tuple[str, ...] = (MANIFEST,),
                    **extra: Any) -> dict:
-    """Write ``<directory>/manifest.json`` with the directory's content hash; returns the
-    manifest."""
+    """Write ``<directory>/manifest.json`` with the content hash; returns the manifest."""
     directory = Path(directory)
     manifest = {
         "kind": kind,
@@ -220,10 +205,7 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
 
 
 def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
-    """Read ``<directory>/manifest.json``.
-
-    Raises DataError if the file is missing, not JSON, or of another ``kind`` than asked.
-    """
+    """Read ``<directory>/manifest.json``. DataError: missing, not JSON, or another ``kind``."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path}: manifest not found (is {directory} a finished stage output?)")

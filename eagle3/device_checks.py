@@ -1,13 +1,8 @@
-"""Is the device a config asks for present on this machine? Checked before a command starts its
-work.
+"""Is the device a config asks for present on this machine? Checked before a command starts work.
 
-``extract.device``, ``train.device`` and ``serve.device`` take ``auto``, ``cpu``, ``cuda`` or
-``cuda:N``. A GPU config (e.g. ``configs/smollm2-gpu.yaml``) run on a machine without CUDA otherwise
-got far (Prefect started, MLflow runs opened, the target's weights loaded) before torch failed with
-"Torch not compiled with CUDA enabled" and a retry hint; this check fails first, naming every key,
-the value and what torch sees. Not part of loading a config: a config is also loaded where it is not
-run (tests, the machine that only submits a deployment run).
-"""
+``extract.device``, ``train.device``, ``serve.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+Fails early (naming key, value and what torch sees) instead of after Prefect, MLflow and the
+target load. Not part of config loading: configs are also loaded where they do not run."""
 
 from __future__ import annotations
 
@@ -19,9 +14,8 @@ SECTIONS = ("extract", "train", "serve")
 
 
 def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
-    """One message per ``<section>.device`` that names CUDA (``cuda`` or ``cuda:N``) when this
-    machine has fewer CUDA devices than it needs. ``cuda_count``: the visible CUDA devices (None =
-    ask torch). ``auto`` and ``cpu`` never fail here."""
+    """One message per ``<section>.device`` naming CUDA when fewer CUDA devices are present than
+    needed (``cuda_count``: None = ask torch). ``auto`` and ``cpu`` never fail."""
     if cuda_count is None:
         import torch
 
@@ -42,8 +36,7 @@ def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
 
 
 def check_devices(cfg: Any, cuda_count: int | None = None) -> None:
-    """Raise ConfigError with every :func:`device_problems` message (one a line); return None when
-    all are met."""
+    """Raise ConfigError with every :func:`device_problems` message (one a line), if any."""
     problems = device_problems(cfg, cuda_count)
     if problems:
         raise ConfigError("\n".join(problems))

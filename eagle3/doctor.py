@@ -1,14 +1,10 @@
 """``eagle3 doctor``: is this machine ready to run the pipeline, and where will it run?
 
-Checks (each one line, ``OK``/``WARN``/``FAIL``): Python, torch and its devices, the CPU's features
-and what ``auto`` dtypes resolve to here with the measured bf16/float32 ratio (eagle3.precision),
-SGLang (installed here? can it serve here? — it needs an NVIDIA GPU; without one the CPU reference
-engine serves), free disk under the runs and cache folders, the asset cache, and whether a Prefect
-server and an MLflow server answer. Servers are probed with httpx only (this module imports neither
-prefect nor mlflow). A server that is not configured and not running is fine (the ephemeral Prefect
-API and the local SQLite MLflow store are used); one that is configured through ``PREFECT_API_URL``
-/ ``MLFLOW_TRACKING_URI`` but does not answer is a FAIL.
-"""
+One ``OK``/``WARN``/``FAIL`` line each: Python, torch and devices, CPU features and ``auto``
+dtypes with the measured bf16/float32 ratio (eagle3.precision), SGLang (needs an NVIDIA GPU; else
+the CPU reference engine serves), free disk, the asset cache, Prefect and MLflow servers (httpx
+only). An unconfigured, absent server is fine (ephemeral Prefect, local SQLite MLflow); one set via
+``PREFECT_API_URL`` / ``MLFLOW_TRACKING_URI`` that does not answer is a FAIL."""
 
 from __future__ import annotations
 
@@ -53,9 +49,8 @@ def check_torch() -> tuple[str, str]:
 
 
 def check_precision() -> tuple[str, str]:
-    """The CPU features torch and ``/proc/cpuinfo`` report, the ISA caps set in the environment, the
-    measured bf16/float32 matmul ratio and what ``auto`` resolves to on the CPU (and on CUDA when
-    present)."""
+    """CPU features (torch, ``/proc/cpuinfo``), ISA caps in the environment, the measured
+    bf16/float32 ratio and what ``auto`` resolves to on CPU (and CUDA)."""
     try:
         import torch
     except ImportError as e:
@@ -140,8 +135,7 @@ def run_doctor(echo: Callable[[str], None] = print) -> bool:
     paths = PathsConfig()
     results = [("OK" if sys.version_info[:2] in ((3, 11), (3, 12)) else "WARN",
                 f"Python {platform.python_version()} ({sys.executable})"), check_torch(),
-                check_precision(),
-               check_sglang()]
+                check_precision(), check_sglang()]
     results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
     smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
     results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else

@@ -2,8 +2,7 @@
 
 Only :class:`TransientError` may be retried by an orchestrator; every other error is a fact about
 the inputs and is never retried. Messages name the file, key or field and both the expected and
-actual value.
-"""
+actual value."""
 
 
 class Eagle3Error(Exception):
@@ -11,8 +10,7 @@ class Eagle3Error(Exception):
 
 
 class TransientError(Eagle3Error):
-    """A condition that may clear by itself (port in use, connection reset, a 5xx from a tracking
-    server)."""
+    """May clear by itself (port in use, connection reset, 5xx from a tracking server)."""
 
 
 class ConfigError(Eagle3Error):
@@ -24,11 +22,8 @@ class DataError(Eagle3Error):
 
 
 class CheckpointInvalid(Eagle3Error):
-    """A draft checkpoint would load wrongly (or not at all) in the chosen serving engine.
-
-    ``problems`` holds the individual :class:`eagle3.convert.validate.Problem` records when there
-    are several.
-    """
+    """A draft checkpoint would load wrongly (or not at all) in the chosen serving engine;
+    ``problems``: the :class:`eagle3.convert.validate.Problem` records."""
 
     def __init__(self, message: str, problems: list | None = None):
         super().__init__(message)
@@ -40,8 +35,7 @@ class EngineUnsupported(Eagle3Error):
 
 
 class GateFailed(Eagle3Error):
-    """The readiness gate ended with a verdict other than ``ready`` (crashed, stalled, timed
-    out)."""
+    """The readiness gate ended other than ``ready`` (crashed, stalled, timed out)."""
 
     def __init__(self, message: str, verdict: str = "", diagnostics_dir: str | None = None):
         super().__init__(message)
@@ -54,22 +48,17 @@ class AcceptanceTooLow(Eagle3Error):
 
 
 class TrainingDiverged(Eagle3Error):
-    """Training produced a NaN/Inf loss or gradient norm; the message names the optimizer step and
-    the last good checkpoint (which is kept)."""
+    """NaN/Inf loss or grad norm; names the optimizer step and the (kept) last good checkpoint."""
 
 
 class RankFailed(Eagle3Error):
-    """A process of a multi-process job (a training rank under torchrun, an extraction worker) did
-    not arrive, made no first step, stalled past its deadline, or died. The message names the
-    process(es), the deadline and its config key, each one's last status and its log files;
-    re-running the same command resumes (training: from the last complete checkpoint; extraction:
-    from the committed shards).
+    """A process of a multi-process job (torchrun rank, extraction worker) did not arrive, made no
+    first step, stalled, or died. The message names the process(es), deadline and config key, last
+    status and logs; re-running resumes (last complete checkpoint / committed shards).
 
-    Attributes: ``ranks`` (the indices at fault), ``kind`` (``not_arrived`` | ``no_first_step`` |
-    ``stalled`` | ``died`` (ended by a signal or without an error record) | ``failed`` (raised an
-    error that is not a project error: its class and message are in the text)), ``logs`` ({index:
-    [paths]}).
-    """
+    Attributes: ``ranks`` (indices at fault), ``kind`` (``not_arrived`` | ``no_first_step`` |
+    ``stalled`` | ``died`` (signal or no error record) | ``failed`` (a non-project error, class and
+    message in the text)), ``logs`` ({index: [paths]})."""
 
     def __init__(self, message: str, *, ranks: list[int] | None = None, kind: str = "", logs: dict
             | None = None):

@@ -12,8 +12,7 @@ from eagle3.errors import ConfigError
 
 
 def _parse_value(raw: str) -> Any:
-    """YAML-parse an override's value so ``3``, ``1e-4``, ``true``, ``[2,5]`` and ``null`` get their
-    types."""
+    """YAML-parse an override value (``3``, ``1e-4``, ``true``, ``[2,5]``, ``null`` get types)."""
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
@@ -21,11 +20,8 @@ def _parse_value(raw: str) -> Any:
 
 
 def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
-    """Apply ``section.key=value`` overrides to a raw config dict (in place, and returned).
-
-    Raises ConfigError for an override without ``=`` or with an empty key. Unknown keys are left for
-    the schema to reject (with the dotted key in the message).
-    """
+    """Apply ``section.key=value`` overrides to a raw config dict (in place; returned). ConfigError
+    without ``=`` or with an empty key; unknown keys are left to the schema."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected 'section.key=value', got no '='")
@@ -46,8 +42,7 @@ def apply_overrides(data: dict, overrides: list[str], known: dict | None = None)
 
 
 def format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
-    """One line per invalid field; a field set by a ``-o`` override says so (the value did not come
-    from the file)."""
+    """One line per invalid field, saying when a ``-o`` override set it."""
     given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
     lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
     for e in err.errors():

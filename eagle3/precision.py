@@ -1,23 +1,16 @@
 """``auto`` dtypes and precision: bf16 where it is really fast on this machine, float32 otherwise.
 
-A bf16 matmul is fast on a CPU only where oneDNN can use AMX or AVX512-BF16; on an AVX2-only CPU
-(AMD before Zen 4, most Intel consumer chips, many cloud VMs) it is emulated and runs ~50× *slower*
-than float32 (measured: a 512×576 @ 576×1536 matmul, one thread, torch 2.13 CPU on an AMD EPYC:
-float32 43 GFLOP/s, bf16 0.9 GFLOP/s). Neither the CPU's name nor
-``torch.backends.cpu.get_cpu_capability()`` tells this reliably (``AVX512`` is reported on CPUs
-without bf16 units, and ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below what the flags say), so the CPU
-rule is decided by **measurement**: :func:`probe_cpu_bf16` times one 256×512 @ 512×512 matmul in
-float32 and in bf16 on one thread (best of a few, alternately; ≈ 0.05 s; ≈ 0.6 s where bf16 is
-emulated) and bf16 is chosen when it runs at least ``BF16_MIN_SPEEDUP`` × the float32 speed. On CUDA
-bf16 is kept (float32 on a GPU without bf16 support).
+On an AVX2-only CPU (no AMX/AVX512-BF16) oneDNN emulates bf16 matmuls ~50× slower than float32
+(measured on an AMD EPYC, torch 2.13: float32 43 GFLOP/s, bf16 0.9). CPU name,
+``get_cpu_capability()`` and ``ONEDNN_MAX_CPU_ISA`` do not tell this reliably, so the CPU rule is
+**measured**: :func:`probe_cpu_bf16` times a 256×512 @ 512×512 matmul in both dtypes on one thread
+(≈ 0.05 s; ≈ 0.6 s where emulated) and picks bf16 at ≥ ``BF16_MIN_SPEEDUP`` × float32 speed. On
+CUDA: bf16, or float32 on a GPU without bf16.
 
-Settings that accept ``auto`` (:data:`AUTO_FIELDS`): ``target.dtype`` and ``extract.dtype`` (where
-extraction runs, ``extract.device``), ``train.precision`` (``train.device``) and ``serve.dtype`` for
-the reference engine and offline decoding (``serve.device``; for SGLang ``auto`` stays SGLang's own
-``auto``). :func:`resolve_config` replaces them by concrete values, so the resolved config, the
-manifests, MLflow and the stage cache keys all carry the concrete value (a bf16 extraction is never
-reused for a float32 run).
-"""
+:data:`AUTO_FIELDS`: ``target.dtype``, ``extract.dtype``, ``train.precision``, ``serve.dtype``
+(reference engine and offline decoding; for SGLang ``auto`` stays SGLang's ``auto``), each judged
+on its stage's device. :func:`resolve_config` writes concrete values, so config, manifests, MLflow
+and stage cache keys carry them (a bf16 extraction is never reused for a float32 run)."""
 
 from __future__ import annotations
 
@@ -43,14 +36,10 @@ ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS
 
 @dataclass(frozen=True)
 class Bf16Probe:
-    """What :func:`probe_cpu_bf16` measured on this CPU.
-
-    ``float32_gflops`` / ``bfloat16_gflops``: GFLOP/s (2·m·k·n per call) of the probe matmul at
-    ``threads`` torch threads (best of the timed calls); ``capability``:
-    ``torch.backends.cpu.get_cpu_capability()``; ``features``: the :data:`CPU_FEATURES` flags found
-    in ``/proc/cpuinfo`` (empty where it is unreadable); ``isa_env``: the :data:`ISA_ENV` variables
-    that were set.
-    """
+    """What :func:`probe_cpu_bf16` measured: ``float32_gflops`` / ``bfloat16_gflops`` (GFLOP/s,
+    2·m·k·n per call, best timed call at ``threads``), ``capability``
+    (``torch.backends.cpu.get_cpu_capability()``), ``features`` (:data:`CPU_FEATURES` in
+    ``/proc/cpuinfo``), ``isa_env`` (the :data:`ISA_ENV` variables set)."""
 
     float32_gflops: float
     bfloat16_gflops: float
@@ -81,8 +70,7 @@ class Bf16Probe:
 
 
 def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
-    """The :data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when it cannot be
-    read)."""
+    """:data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when unreadable)."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
@@ -102,10 +90,9 @@ def _seconds(a, b) -> float:
 
 def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10.0) -> dict[str,
         float]:
-    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately (so a burst of load on the
-    shared cores hits both) over ``repeats`` rounds after one untimed warm-up call each (oneDNN
-    builds its kernel on the first call). Stops early once bf16's best is still ``slow_factor`` ×
-    float32's after two rounds."""
+    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately over ``repeats`` rounds
+    after an untimed warm-up (oneDNN builds kernels then); stops early if bf16 is ``slow_factor`` ×
+    slower."""
     for a, b in pairs.values():
         a @ b
     best = {k: float("inf") for k in pairs}
@@ -119,13 +106,9 @@ def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10
 
 def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
                  repeats: int = PROBE_REPEATS) -> Bf16Probe:
-    """Time one ``[m, k] @ [k, n]`` matmul in float32 and in bf16 on the CPU (no memo; see
-    :func:`probe_cpu_bf16`).
-
-    The bf16 measurement stops after its first timed call when that took more than 10× the float32
-    time (then bf16 is at best 0.1× float32: slow, whatever the exact figure). Returns a
-    :class:`Bf16Probe`.
-    """
+    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo): a
+    :class:`Bf16Probe`. bf16 stops after one timed call over 10× float32 (slow, whatever the
+    figure)."""
     import torch
 
     m, k, n = shape
@@ -147,8 +130,7 @@ def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
 
 @functools.lru_cache(maxsize=1)
 def probe_cpu_bf16() -> Bf16Probe:
-    """:func:`measure_bf16`, once per process (every ``auto`` of a process follows the same
-    measurement)."""
+    """:func:`measure_bf16`, once per process."""
     return measure_bf16()
 
 
@@ -161,10 +143,8 @@ def _device_type(device: str) -> str:
 
 
 def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
-    """(bf16 is the fast choice on ``device``, why). ``device``: 'auto', 'cpu', 'cuda', 'cuda:N'.
-
-    CUDA: True where ``torch.cuda.is_bf16_supported()``. CPU: :func:`probe_cpu_bf16`'s verdict.
-    """
+    """(bf16 is fast on ``device``, why); ``device``: 'auto', 'cpu', 'cuda', 'cuda:N'. CUDA:
+    ``torch.cuda.is_bf16_supported()``; CPU: :func:`probe_cpu_bf16`."""
     kind = _device_type(device)
     if kind == "cuda":
         import torch
@@ -178,17 +158,15 @@ def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
 
 
 def resolve_dtype(value: str, device: str = "cpu") -> str:
-    """A dtype setting's value: ``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``,
-    else ``"float32"``; any other value is returned as it is (an explicit ``bfloat16`` is
-    honoured)."""
+    """``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``, else ``"float32"``; other
+    values as they are."""
     if value != "auto":
         return value
     return "bfloat16" if bf16_is_fast(device)[0] else "float32"
 
 
 def resolve_precision(value: str, device: str = "cpu") -> str:
-    """``train.precision``: ``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else
-    ``"float32"``."""
+    """``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else ``"float32"``."""
     if value != "auto":
         return value
     return "bf16-autocast" if bf16_is_fast(device)[0] else "float32"
@@ -204,23 +182,17 @@ BF16_VALUES = ("bfloat16", "bf16-autocast")
 
 
 def _serves_reference(cfg) -> bool:
-    """serve.dtype ``auto`` is the reference engine's to resolve: engine 'reference', or 'auto'
-    without CUDA (SGLang serves only on a GPU); SGLang's ``--dtype auto`` (the checkpoint's dtype)
-    is left to SGLang."""
+    """Whether serve.dtype ``auto`` is the reference engine's: engine 'reference', or 'auto' without
+    CUDA; SGLang's ``--dtype auto`` is left to SGLang."""
     if cfg.serve.engine == "reference":
         return True
     return cfg.serve.engine == "auto" and _device_type("auto") == "cpu"
 
 
 def resolve_config(cfg) -> dict[str, dict]:
-    """Replace every ``auto`` of :data:`AUTO_FIELDS` in ``cfg`` (a RunConfig, changed in place) by
-    its value.
-
-    Returns ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...},
-    ...}`` for each field that was ``auto`` (the record manifests and MLflow keep). An explicit bf16
-    setting on a CPU where bf16 measures slow is honoured and logged as a warning (it is what made
-    the demo look hung).
-    """
+    """Replace every ``auto`` of :data:`AUTO_FIELDS` in ``cfg`` (a RunConfig, in place). Returns
+    ``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why": ...}, ...}``.
+    An explicit bf16 on a CPU where bf16 measures slow is kept, with a warning."""
     record: dict[str, dict] = {}
     for section, name, (dev_section, dev_name), resolver in AUTO_FIELDS:
         sec = getattr(cfg, section)
@@ -235,14 +207,12 @@ def resolve_config(cfg) -> dict[str, dict]:
                                            "why": bf16_is_fast(device)[1]}
         elif value in BF16_VALUES and _device_type(device) == "cpu" and not bf16_is_fast(device)[0]:
             log.warning("%s.%s=%s is honoured, but bf16 is slow on this CPU (%s); `auto` would "
-                        "choose float32",
-                        section, name, value, probe_cpu_bf16().describe())
+                        "choose float32", section, name, value, probe_cpu_bf16().describe())
     return record
 
 
 def summary_line(record: dict[str, dict]) -> str:
-    """``target.dtype=float32, train.precision=float32 (auto; CPU: bf16 matmul ...)`` or '' for an
-    empty record."""
+    """``target.dtype=float32, train.precision=float32 (auto; CPU: ...)``, or '' if empty."""
     if not record:
         return ""
     values = ", ".join(f"{k}={v['value']}" for k, v in record.items())
@@ -251,16 +221,14 @@ def summary_line(record: dict[str, dict]) -> str:
 
 
 def has_auto(cfg) -> bool:
-    """True when a field of :data:`AUTO_FIELDS` of ``cfg`` is still ``auto`` (serve.dtype: only
-    where the reference engine resolves it)."""
+    """Whether an :data:`AUTO_FIELDS` field is still ``auto`` (serve.dtype: reference engine)."""
     return any(getattr(getattr(cfg, s), n) == "auto" and (s != "serve" or _serves_reference(cfg))
                for s, n, _, _ in AUTO_FIELDS)
 
 
 def resolved(cfg):
-    """``cfg`` itself when nothing in it is ``auto`` (what :func:`eagle3.config.load_config`
-    returns), else a resolved deep copy (how, in its ``auto_resolved``): what a stage function calls
-    first, so a config built directly (``RunConfig(...)``) runs with the same rule."""
+    """``cfg`` if nothing is ``auto``, else a resolved deep copy (how: ``auto_resolved``); stage
+    functions call it first, so a directly built ``RunConfig(...)`` follows the same rule."""
     if not has_auto(cfg):
         return cfg
     out = cfg.model_copy(deep=True)
@@ -270,8 +238,7 @@ def resolved(cfg):
 
 @contextlib.contextmanager
 def torch_threads(n: int | None):
-    """torch's CPU thread count set to ``n`` inside the block (unchanged for None), restored after:
-    what ``serve.cpu_threads`` applies to offline decoding."""
+    """torch CPU threads set to ``n`` in the block (None: unchanged), then restored."""
     if n is None:
         yield
         return

@@ -1,10 +1,8 @@
-"""Process groups and process trees: start a server in its own group, measure the tree, end it.
+"""Process groups and trees: start a server in its own group, measure the tree, end it.
 
-Every server the pipeline starts runs in its own session/process group (``start_new_session=True``),
-so the whole tree (SGLang's scheduler, detokenizer and TP workers included) can be signalled at once
-without touching anything else on the machine. Processes are ended by process-group id and by the
-pids of the tree collected with psutil — never by name.
-"""
+Each server runs in its own session (``start_new_session=True``) so its whole tree (SGLang's
+scheduler, detokenizer, TP workers) is signalled at once, by group id and psutil-collected pids —
+never by name."""
 
 from __future__ import annotations
 
@@ -22,12 +20,8 @@ from eagle3.errors import TransientError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it by binding port 0).
-
-    Another process may still take it before the server binds; a server that then fails to bind
-    exits, and the gate reports it as crashed (the launcher retries once with a fresh port). Raises
-    TransientError if no port can be bound.
-    """
+    """A TCP port free on ``host`` a moment ago (bind port 0). It may be taken before the server
+    binds (the gate then reports a crash; the launcher retries once). TransientError: none."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
@@ -38,13 +32,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Path,
                 cwd: str | Path | None = None) -> subprocess.Popen:
-    """Start ``argv`` in a new session (its own process group, pgid == pid), stdout+stderr written
-    to ``log_path`` (truncated first, so log growth is this process's output), stdin closed. ``env``
-    is the complete environment of the child.
-
-    Raises FileNotFoundError/PermissionError from ``subprocess`` when the executable cannot be
-    started.
-    """
+    """Start ``argv`` in a new session (pgid == pid), stdout+stderr to ``log_path`` (truncated),
+    stdin closed, ``env`` the child's full environment. FileNotFoundError/PermissionError from
+    ``subprocess`` when it cannot start."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb", buffering=0) as log:
@@ -68,8 +58,7 @@ def tree_pids(pid: int) -> list[int]:
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system, seconds) used so far by the tree of ``pid``: live members plus the
-    reaped children the root has accounted for. None when ``pid`` no longer exists."""
+    """CPU seconds (user + system) of the tree of ``pid`` incl. reaped children; None if gone."""
     procs = process_tree(pid)
     if not procs:
         return None
@@ -86,13 +75,8 @@ def tree_cpu_seconds(pid: int) -> float | None:
 
 
 def exit_status(pid: int) -> tuple[bool, int | None]:
-    """Whether ``pid`` has exited, and its exit code when it is a child of this process.
-
-    For a child the status is read with ``waitid(WNOWAIT)``, which leaves the zombie for its
-    ``Popen`` to reap (so ``Popen.returncode`` stays right). A death by signal N is reported as
-    ``-N`` (``subprocess``'s convention). For a process that is not our child the code is unknown
-    (None).
-    """
+    """Whether ``pid`` exited, and its exit code if it is our child (read with ``waitid(WNOWAIT)``,
+    leaving the zombie to ``Popen``); signal N → ``-N`` (``subprocess``'s convention); else None."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -110,9 +94,7 @@ def exit_status(pid: int) -> tuple[bool, int | None]:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids of the live processes whose process group is ``pgid`` (found by group id, not by name).
-
-    This finds members whose parent already exited (orphans re-parented to init) that
+    """Pids of live processes in group ``pgid`` (by group id, not name), orphans included that
     :func:`process_tree` can no longer reach."""
     out = []
     for p in psutil.process_iter(["pid"]):
@@ -150,8 +132,7 @@ def alive_pids(pids: list[int]) -> list[int]:
 
 
 def snapshot_tree(pid: int) -> dict[int, float]:
-    """``{pid: create_time}`` of the tree of ``pid`` now (keep it to end members that later leave
-    the tree; the create time guards against a reused pid)."""
+    """``{pid: create_time}`` of the tree of ``pid`` (create time guards against pid reuse)."""
     out = {}
     for p in process_tree(pid):
         try:
@@ -174,15 +155,10 @@ def _still_same(known: dict[int, float]) -> set[int]:
 
 def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
                    known_pids: dict[int, float] | None = None) -> dict:
-    """End a process group started by :func:`start_group`: SIGTERM to the group and every member of
-    the tree (descendants of the root, members of its group, and ``known_pids`` — ``{pid:
-    create_time}`` of tree members seen earlier by :func:`snapshot_tree`, which may since have been
-    orphaned or left the group), wait up to ``grace_s`` seconds, then SIGKILL whatever is left; reap
-    the root.
-
-    Returns ``{"pids": [...], "killed": [...], "returncode": int | None, "seconds": float}``.
-    Idempotent: a tree that is already gone returns at once.
-    """
+    """End a :func:`start_group` group: SIGTERM to the group and the tree (descendants, group
+    members, ``known_pids`` ``{pid: create_time}`` from :func:`snapshot_tree`), ``grace_s`` s,
+    SIGKILL the rest, reap the root. Returns ``{"pids": [...], "killed": [...], "returncode": int |
+    None, "seconds": float}``. Idempotent."""
     t0 = time.monotonic()
     pid = proc.pid if isinstance(proc, subprocess.Popen) else int(proc)
     pids = tree_pids(pid)

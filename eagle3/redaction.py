@@ -24,8 +24,7 @@ def is_secret_key(key: str) -> bool:
 def redact(obj: Any) -> Any:
     """Copy of a config-like mapping with values under secret-looking keys replaced by ``'***'``."""
     if isinstance(obj, dict):
-        return {k: ("***" if is_secret_key(k) else redact(v))
-                for k, v in obj.items()}
+        return {k: ("***" if is_secret_key(k) else redact(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj

@@ -1,15 +1,12 @@
 """The target (verifier) model: loading, the default aux-layer rule, and aux hidden-state capture.
 
-Layer-id convention inside this project: **HF ``hidden_states`` index** i = the *input* of decoder
-layer i (index 0 = token embeddings, index L = output of the last layer *before* the final norm).
-This is the convention of speculators and vLLM (docs/ENGINE_FACTS.md §3). SGLang's explicit ids are
-"output of layer k" = HF index k+1; conversion translates.
+Layer ids here are **HF ``hidden_states`` indices**: i = the *input* of decoder layer i (0 =
+embeddings, L = last layer's output *before* the final norm), as speculators and vLLM
+(docs/ENGINE_FACTS.md §3). SGLang's "output of layer k" = HF index k+1; conversion translates.
 
-Capture is done with forward pre-hooks on the decoder layers (and on the final norm for index L), so
-it works for full sequences (extraction) and for incremental decoding with a KV cache (speculative
-decoding) without ``output_hidden_states`` (which in transformers 5.x returns the *post*-norm last
-state and keeps every layer alive).
-"""
+Capture uses forward pre-hooks (on the final norm for index L): works for full sequences and
+KV-cached decoding, without ``output_hidden_states`` (post-norm last state in transformers 5.x, all
+layers kept alive)."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """``"auto"`` → ``cuda`` when available else ``cpu``; other values are passed to
-    ``torch.device``. Raises ConfigError naming the value when torch does not know it as a
-    device."""
+    """``"auto"`` → ``cuda`` if available else ``cpu``; else ``torch.device(value)``. ConfigError
+    naming an unknown device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -45,10 +41,8 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "auto",
                 trust_remote_code: bool = False):
-    """Load ``(model, tokenizer)`` from an HF folder, in eval mode, weights from safetensors only.
-
-    Attention is ``sdpa``. Raises ConfigError when the folder has no ``config.json``.
-    """
+    """``(model, tokenizer)`` from an HF folder: eval mode, safetensors only, ``sdpa`` attention.
+    ConfigError when the folder has no ``config.json``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target_dir = Path(target_dir)
@@ -71,12 +65,8 @@ def num_layers(model_or_config) -> int:
 
 
 def default_aux_layer_ids(n_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high rule ``[2, L//2, L-3]`` as HF hidden_states indices.
-
-    Source: EAGLE-3 reference implementation and SGLang's default capture (inputs of layers
-    2, L//2, L-3). Raises ConfigError when the rule does not give three distinct in-range ids (L <
-    7).
-    """
+    """EAGLE-3's ``[2, L//2, L-3]`` as HF hidden_states indices (EAGLE-3 reference, SGLang's default
+    capture). ConfigError unless three distinct in-range ids (L < 7)."""
     ids = [2, n_layers // 2, n_layers - 3]
     validate_aux_layer_ids(ids, n_layers, rule="the default EAGLE-3 rule [2, L//2, L-3]")
     return ids
@@ -84,15 +74,10 @@ def default_aux_layer_ids(n_layers: int) -> list[int]:
 
 def validate_aux_layer_ids(ids: list[int], n_layers: int,
                            rule: str = "extract.aux_layer_ids") -> None:
-    """Check HF-index aux ids: strictly increasing, each in ``[1, L-1]``.
-
-    0 (the embeddings) is not a layer output; L (the last layer's output) is stored anyway as the
-    verifier's state, and serving engines capture aux states as inputs of layers, which the last
-    layer's output is not (SGLang adds 1 to each id and never reaches L:
-    ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE), so a draft trained on it could not be
-    served. Raises ConfigError naming the field, the ids, the target's layer count and the allowed
-    range.
-    """
+    """Check HF-index aux ids: strictly increasing, each in ``[1, L-1]``. 0 (embeddings) is no layer
+    output; L is not a layer's input, which is what engines capture (SGLang adds 1 to each id;
+    ``eagle3.convert.validate`` refuses it as AUX_IDS_RANGE). ConfigError names field, ids, layer
+    count and allowed range."""
     if not ids:
         raise ConfigError(f"{rule}: expected at least one layer id, got []")
     bad = [i for i in ids if not 1 <= i <= n_layers - 1]
@@ -119,13 +104,9 @@ def _decoder(model):
 
 @contextmanager
 def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch.Tensor]]:
-    """Capture HF ``hidden_states[i]`` for each i in ``indices`` during forward passes inside the
-    block.
-
-    Yields a dict that after each forward maps index → tensor ``[B, T, H]`` (model dtype) of that
-    pass (overwritten by the next pass). Index L (the layer count) is the last layer's output before
-    the final norm. Raises ConfigError for an index outside ``[0, L]``.
-    """
+    """Capture HF ``hidden_states[i]`` for ``i in indices`` in forward passes inside the block:
+    yields a dict index → ``[B, T, H]`` (model dtype), overwritten each pass; L = last layer output
+    before the final norm. ConfigError for an index outside ``[0, L]``."""
     dec = _decoder(model)
     n = len(dec.layers)
     captured: dict[int, torch.Tensor] = {}

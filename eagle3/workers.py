@@ -1,34 +1,22 @@
-"""The processes of one multi-process job (training ranks under torchrun, extraction workers, one
-per GPU): each writes a small status file, and the parent holds them to three deadlines, so that a
-start-up or a step that hangs ends in a named error instead of silence.
+"""Deadlines for the processes of one multi-process job (torchrun training ranks, extraction
+workers, one per GPU), so a hung start-up or step ends in a named error instead of silence.
 
-A worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid", "phase",
-"step", "time", ...}`` with ``time`` in seconds since the epoch (the parent runs on the same host).
-Phases, in order::
+Each worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid",
+"phase", "step", "time", ...}``, ``time`` in seconds since the epoch (same host). Phases::
 
-    started   the process runs (written before the heavy imports)
-    arriving  (training) waiting at the rendezvous: torch.distributed.init_process_group
-    ready     joined the process group (training) / loaded the target (extraction)
-    step      made progress: ``step`` = optimizer steps (training) or tokens written
-              (extraction); rewritten at most once per ``min_interval_s`` while progress
-              continues, so a stale ``time`` means no progress
+    started   running (written before the heavy imports)
+    arriving  (training) waiting in torch.distributed.init_process_group
+    ready     joined the process group / loaded the target
+    step      progress: ``step`` = optimizer steps or tokens written; rewritten at most once per
+              ``min_interval_s``, so a stale ``time`` means no progress
     done      finished its share
-    failed    raised; ``error_type`` and ``message`` say what (the parent re-raises a project
-              error of that class)
+    failed    raised; ``error_type`` and ``message`` (the parent re-raises that project error)
 
-The parent (:func:`overdue`) checks, like the serving gate tells warming from hung from crashed:
-
-- start-up: every worker ``ready`` within ``startup_s`` of the launch;
-- first step: every worker at ``step`` (or ``done``) within ``first_step_s`` of the moment the last
-  one became ready (the first step includes building the model and, with ``train.compile``,
-  compiling it);
-- stall: no worker's progress older than ``stall_s`` afterwards.
-
-A missed deadline becomes :class:`eagle3.errors.RankFailed` naming the workers, the deadline, the
-config key that sets it, each worker's last status and its log files (:func:`describe`). Before the
-parent ends the job it saves a ``py-spy dump`` of every live worker next to its status
-(:func:`dump_stacks`), so the error says where each one was waiting.
-"""
+The parent (:func:`overdue`) holds them to: start-up (all ``ready`` within ``startup_s`` of
+launch); first step (all at ``step``/``done`` within ``first_step_s`` of the last ``ready``;
+includes model build and ``train.compile``); stall (no progress older than ``stall_s``). A miss
+becomes :class:`eagle3.errors.RankFailed` naming workers, deadline, its config key, last statuses
+and logs (:func:`describe`), after a ``py-spy dump`` of each live worker (:func:`dump_stacks`)."""
 
 from __future__ import annotations
 
@@ -50,13 +38,9 @@ PYSPY_TIMEOUT_S = 20.0
 
 
 class WorkerStatus:
-    """The status file of worker ``index`` under ``directory`` (written by the worker itself).
-
-    Writes go through a temporary sibling and ``os.replace`` without fsync: a reader sees the old or
-    the new content, never half of one; nothing here has to survive a power loss. Errors writing it
-    are swallowed after the first one is reported on stderr: a full disk must not turn a status line
-    into a crash.
-    """
+    """Worker ``index``'s status file under ``directory``, written by the worker. Writes go through
+    a temporary sibling and ``os.replace`` (no fsync): readers never see half a file. Write errors
+    are reported once on stderr then swallowed: a full disk must not crash the worker."""
 
     def __init__(self, directory: str | Path, index: int, *, prefix: str = "rank",
                  min_interval_s: float = 1.0):
@@ -67,8 +51,7 @@ class WorkerStatus:
         self._warned = False
 
     def mark(self, phase: str, **fields) -> None:
-        """Record ``phase`` (one of :data:`PHASES`) with extra JSON-able ``fields``; written at
-        once."""
+        """Record ``phase`` (one of :data:`PHASES`) with JSON-able ``fields``, written at once."""
         if phase not in PHASES:
             raise ValueError(f"worker phase: expected one of {PHASES}, got {phase!r}")
         self.fields.update(fields, phase=phase)
@@ -77,8 +60,7 @@ class WorkerStatus:
         self._write()
 
     def progress(self, step: int) -> None:
-        """Record progress ``step``: written at once on the first one, then at most every
-        ``min_interval_s``."""
+        """Record ``step``: written at once the first time, then once per ``min_interval_s``."""
         first = self.fields["phase"] != "step"
         self.fields.update(phase="step", step=int(step))
         if first or time.monotonic() - self._last_write >= self.min_interval_s:
@@ -119,8 +101,7 @@ _CURRENT: dict = {}
 
 
 def rank_status():
-    """This torchrun rank's :class:`WorkerStatus` when the parent set ``EAGLE3_STATUS_DIR`` (else a
-    no-op object), one per process. The index is ``RANK`` (0 outside torchrun)."""
+    """This rank's :class:`WorkerStatus` (``RANK``) if ``EAGLE3_STATUS_DIR`` is set, else no-op."""
     key = (os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK", "0"))
     if key not in _CURRENT:
         _CURRENT[key] = WorkerStatus(key[0], int(key[1])) if key[0] else _NoStatus()
@@ -129,8 +110,7 @@ def rank_status():
 
 def read_statuses(directory: str | Path, count: int, *, prefix: str = "rank") -> dict[int, dict
         | None]:
-    """``{k: status dict or None}`` for workers ``0..count-1`` (None = no readable status file
-    yet)."""
+    """``{k: status dict or None}`` for workers ``0..count-1`` (None: no readable file yet)."""
     out: dict[int, dict | None] = {}
     for k in range(count):
         try:
@@ -152,9 +132,8 @@ class Deadlines:
 
 @dataclass
 class Overdue:
-    """A missed deadline: ``kind`` is ``not_arrived`` | ``no_first_step`` | ``stalled``; ``workers``
-    the indices that missed it; ``deadline_s`` and ``key`` the deadline; ``waited_s`` how long the
-    parent waited."""
+    """A missed deadline: ``kind`` (``not_arrived`` | ``no_first_step`` | ``stalled``), ``workers``,
+    ``deadline_s`` and ``key``, ``waited_s``."""
 
     kind: str
     workers: list[int]
@@ -166,11 +145,8 @@ class Overdue:
 
 def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
             deadlines: Deadlines) -> Overdue | None:
-    """The first deadline the workers missed at time ``now`` (seconds since the epoch), or None.
-
-    ``launched_at``: when the parent started the job. Workers in phase ``done`` or ``failed`` are
-    never overdue (the process exits; the parent reads its exit instead).
-    """
+    """The first deadline missed at ``now`` (s since the epoch), or None; ``launched_at``: job
+    start. Workers ``done`` or ``failed`` are never overdue (the parent reads their exit)."""
     live = {k: s for k, s in statuses.items() if not (s and s.get("phase") in ("done", "failed"))}
     unready = [k for k, s in live.items() if not s
         or s.get("phase") in (None, "started", "arriving")]
@@ -188,8 +164,7 @@ def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
     if no_step:
         if now - ready_at > deadlines.first_step_s:
             return Overdue("no_first_step", no_step, deadlines.first_step_s, deadlines.keys[1], now
-                - ready_at,
-                           statuses)
+                - ready_at, statuses)
         return None
     stale = [k for k, s in live.items() if now - float(s.get("time") or now) > deadlines.stall_s]
     if stale:
@@ -227,8 +202,7 @@ def status_pids(statuses: dict[int, dict | None]) -> list[int]:
 
 
 def reraise_failed(statuses: dict[int, dict | None]) -> None:
-    """Raise the project error (class and message) that a ``failed`` worker recorded, lowest index
-    first; return when none did."""
+    """Re-raise the project error a ``failed`` worker recorded (lowest index first), if any."""
     from eagle3 import errors
 
     for k in sorted(statuses):
@@ -240,8 +214,7 @@ def reraise_failed(statuses: dict[int, dict | None]) -> None:
 
 
 def exit_text(code: int, kill_hint: bool = False) -> str:
-    """A process's exit code in words: ``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: the
-    likely causes of a SIGKILL added)."""
+    """``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: likely causes of a SIGKILL added)."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -255,8 +228,7 @@ def exit_text(code: int, kill_hint: bool = False) -> str:
 
 def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int, list[Path]],
              stacks: dict[int, Path] | None = None, now: float | None = None) -> str:
-    """The message of a missed deadline: which workers, the deadline and its key, what each worker
-    last said, the expected and the actual state, and the files to read."""
+    """Missed-deadline message: workers, deadline and key, last statuses, expected state, files."""
     now = time.time() if now is None else now
     who = ", ".join(f"{noun} {k}" for k in od.workers)
     verb = {"not_arrived": "did not arrive (ready) within",
@@ -280,9 +252,8 @@ def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int
 
 def dump_stacks(statuses: dict[int, dict | None], directory: Path, *,
                 prefix: str = "rank") -> dict[int, Path]:
-    """``py-spy dump`` of each live worker into ``<directory>/<prefix>-<k>.stack.txt`` (each call
-    bounded by 20 s; py-spy missing or refused is written into the file instead). Returns the files
-    written."""
+    """``py-spy dump`` of each live worker to ``<directory>/<prefix>-<k>.stack.txt`` (20 s each; a
+    py-spy failure is written instead). Returns the files."""
     from eagle3.procs import alive_pids
 
     exe = Path(sys.executable).parent / "py-spy"
@@ -312,10 +283,9 @@ def dump_stacks(statuses: dict[int, dict | None], directory: Path, *,
 
 
 def end_processes(proc: subprocess.Popen, extra_pids: list[int], grace_s: float = 10.0) -> None:
-    """End ``proc`` (started with ``start_new_session=True``), its descendants, and ``extra_pids``
-    (workers that live in sessions of their own, as torchrun starts them): SIGTERM to all,
-    ``grace_s`` to exit, then SIGKILL to what is left. Pids are matched with their start time, so a
-    pid reused by another process meanwhile is left alone. Never signals anything by name."""
+    """End ``proc`` (``start_new_session=True``), its descendants and ``extra_pids`` (torchrun
+    workers in own sessions): SIGTERM, ``grace_s``, SIGKILL. Pids are matched with start time
+    (reuse-safe); never signals by name."""
     import psutil
 
     procs: dict[int, psutil.Process] = {}

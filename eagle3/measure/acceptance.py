@@ -2,22 +2,18 @@
 
 Per request (``POST /generate`` → ``meta_info``): old builds send ``spec_verify_ct`` (and
 ``completion_tokens``); middle builds ``spec_accept_token_num`` (accepted drafts, bonus excluded),
-``spec_draft_token_num`` (proposed) and ``spec_accept_histogram``; the profile's release
+``spec_draft_token_num`` and ``spec_accept_histogram``; the profile's release
 (``managers/tokenizer_manager.py``) ``spec_verify_ct``, ``spec_accept_length`` (completion tokens /
-verify passes), ``spec_accept_rate`` (correct / proposed drafts), ``spec_num_correct_drafts``,
-``spec_num_proposed_drafts`` and ``spec_correct_drafts_histogram``. A histogram ``h[j]`` counts the
-verify passes that accepted exactly j drafts (``update_spec_correct_drafts_histogram``).
-Server-wide: ``/get_server_info`` ``internal_states[i].avg_spec_accept_length`` (a cumulative ratio
-since start) and the Prometheus gauges ``sglang:spec_accept_length`` / ``spec_accept_rate`` and
-counters ``sglang:generation_tokens_total`` / ``spec_verify_calls_total`` (differenced around a
-run).
+verify passes), ``spec_accept_rate``, ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` and
+``spec_correct_drafts_histogram`` (``h[j]``: passes that accepted exactly j drafts). Server-wide:
+``/get_server_info`` ``internal_states[i].avg_spec_accept_length`` (cumulative since start) and
+Prometheus ``sglang:spec_accept_length`` / ``spec_accept_rate`` (gauges),
+``sglang:generation_tokens_total`` / ``spec_verify_calls_total`` (counters, differenced).
 
-Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus token
-counted; 1.0 = nothing accepted, at most num_steps + 1). SGLang's ``spec_accept_length`` also counts
-the prefill's token (N/(N-1) for a never-accepted draft: 1.016 at 64 tokens); it is kept beside ours
-as ``acceptance_length_sglang``. Without an accepted-draft count, accepted = completion_tokens - 1 -
-verify passes (each pass emits its accepted drafts plus a bonus token; the prefill one token).
-"""
+Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus counted;
+1.0 = nothing accepted, ≤ num_steps + 1). SGLang's ``spec_accept_length`` also counts the prefill
+token (N/(N-1) when nothing is accepted: 1.016 at 64 tokens); kept as ``acceptance_length_sglang``.
+Without an accepted count: accepted = completion_tokens - 1 - verify passes."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
 def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
-    """1 + accepted drafts / verify passes (module docstring). Raises DataError for verify_ct <=
-    0."""
+    """1 + accepted drafts / verify passes. Raises DataError for verify_ct <= 0."""
     if verify_ct <= 0:
         raise DataError(f"acceptance length: verify_ct expected > 0, got {verify_ct}")
     return 1.0 + accepted_drafts / verify_ct
@@ -43,10 +38,9 @@ def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
 
 @dataclass
 class RequestAcceptance:
-    """One request's acceptance, whatever field generation it came in: ``verify_ct`` (None: no
-    speculation), ``accepted_drafts`` / ``proposed_drafts`` (bonus excluded), ``histogram``,
-    ``generation`` ("sglang-<VERSION>", "middle", "verify_ct-only", "none") and the server's own
-    figures when sent (kept to cross-check ours)."""
+    """One request's acceptance in any field generation: ``verify_ct`` (None: no speculation),
+    ``accepted_drafts`` / ``proposed_drafts`` (bonus excluded), ``histogram``, ``generation``
+    ("sglang-<VERSION>", "middle", "verify_ct-only", "none"), and the server's figures if sent."""
 
     completion_tokens: int
     verify_ct: int | None = None
@@ -130,10 +124,9 @@ def _histogram(meta: dict) -> list[int] | None:
 
 
 def parse_meta_info(meta: dict) -> RequestAcceptance:
-    """One request's ``meta_info`` → :class:`RequestAcceptance`. verify_ct: ``spec_verify_ct``, else
-    the histogram's sum, else ``completion_tokens - spec_accept_token_num``. Raises DataError for a
-    non-mapping, a missing ``completion_tokens`` or a field of the wrong type (key and value
-    named)."""
+    """``meta_info`` → :class:`RequestAcceptance`. verify_ct: ``spec_verify_ct``, else the
+    histogram's sum, else ``completion_tokens - spec_accept_token_num``. Raises DataError for a
+    non-mapping, missing ``completion_tokens`` or a wrongly typed field (key and value named)."""
     if not isinstance(meta, dict):
         raise DataError(f"meta_info: expected a JSON object, got {type(meta).__name__}")
     completion = _int_field(meta, "completion_tokens", required=True)
@@ -173,8 +166,7 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
 
 
 def per_position_from_histogram(histogram: list[int]) -> list[float]:
-    """P(draft position k accepted), k = 1..len(h)-1: chain drafting accepts a prefix, so ``p_k =
-    sum_{j>=k} h[j] / sum(h)`` (and ``1 + sum_k p_k`` is the acceptance length); [] when empty."""
+    """P(draft k accepted), k = 1..len(h)-1: ``sum_{j>=k} h[j] / sum(h)`` (chain); [] when empty."""
     total = sum(histogram)
     if total <= 0:
         return []
@@ -225,8 +217,7 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
 
 
 def parse_server_info(info: Any) -> dict:
-    """``/get_server_info`` JSON → ``{"avg_spec_accept_length", "per_dp"}``: the mean over the
-    data-parallel ranks (``internal_states``) that report one. Raises DataError for a bad shape."""
+    """``/get_server_info`` → ``{"avg_spec_accept_length", "per_dp"}``; DataError if malformed."""
     if not isinstance(info, dict):
         raise DataError(f"server_info: expected a JSON object, got {type(info).__name__}")
     states = info.get("internal_states", [])
@@ -277,11 +268,10 @@ def parse_prometheus(text: str) -> dict:
 
 
 def server_window(before: dict, after: dict) -> dict:
-    """The server's own acceptance length over a run, from snapshots ``{"server_info", "metrics"}``
-    before and after: (1) Δgeneration_tokens_total / Δspec_verify_calls_total; (2) else
-    ``avg_spec_accept_length`` when there was no spec traffic before (the cumulative ratio covers
-    this run); (3) else that ratio after the run, flagged as not differenced. Returns
-    ``{"server_acceptance_length", "method", ...}``."""
+    """The server's own acceptance length over a run from before/after ``{"server_info",
+    "metrics"}``: (1) Δgeneration_tokens_total / Δspec_verify_calls_total; (2) else
+    ``avg_spec_accept_length`` if no spec traffic before; (3) else that ratio after, flagged not
+    differenced. Returns ``{"server_acceptance_length", "method", ...}``."""
     m0, m1 = (before or {}).get("metrics") or {}, (after or {}).get("metrics") or {}
     g0, g1 = m0.get("generation_tokens_total"), m1.get("generation_tokens_total")
     v0, v1 = m0.get("spec_verify_calls_total"), m1.get("spec_verify_calls_total")
@@ -319,12 +309,10 @@ SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied 
 
 def serving_gap(served: float | None, offline: float | None, ratio: float = SERVING_EXCESS_RATIO,
                 min_excess: float = MIN_OFFLINE_EXCESS) -> bool:
-    """"Served ≪ offline" for the same draft and prompts: ``served − 1 < ratio × (offline − 1)``
-    (excesses over the bonus token: near 1.0 a ratio of lengths hides a collapse, 1.00 vs 1.24 is
-    0.81), only when ``offline − 1 ≥ min_excess`` (a draft accepting nothing offline reveals no
-    serving fault); ``served`` None counts as 1.0. The ratio 0.7 leaves 30 % for numeric drift
-    between engines; a SmolLM2 draft fed without its aux states measured excess 0.073 against 0.140
-    offline (ratio 0.52) on 8 MT-Bench prompts × 64 tokens."""
+    """"Served ≪ offline": ``served − 1 < ratio × (offline − 1)`` (excess over the bonus token: a
+    ratio of lengths hides a collapse, 1.00 vs 1.24 is 0.81), only if ``offline − 1 ≥ min_excess``;
+    ``served`` None counts as 1.0. 0.7 leaves 30 % for engine drift; a SmolLM2 draft without its aux
+    states measured 0.073 vs 0.140 offline (ratio 0.52; 8 MT-Bench prompts × 64 tokens)."""
     if offline is None or offline - 1.0 < min_excess:
         return False
     return (1.0 if served is None else served) - 1.0 < ratio * (offline - 1.0)

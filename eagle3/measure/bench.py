@@ -1,12 +1,11 @@
 """Acceptance benchmark against any SGLang-compatible server, and the acceptance gate.
 
-``run_bench`` sends each prompt as one user turn templated as SGLang's chat endpoint would
-(``apply_chat_template(add_generation_prompt=True)``), as ``input_ids`` to ``POST /generate``
-(streamed when the server streams, for time to first token), reads SGLang's acceptance fields from
-``meta_info`` (:mod:`eagle3.measure.acceptance`) and snapshots ``/get_server_info`` and ``/metrics``
-around the run for the server's own figure. Acceptance lengths are token-weighted over requests
-(bonus token counted; INTERNALS.md). The gate compares with :mod:`eagle3.measure.offline`.
-"""
+``run_bench`` templates each prompt as one user turn as SGLang's chat endpoint would
+(``apply_chat_template(add_generation_prompt=True)``), sends ``input_ids`` to ``POST /generate``
+(streamed if possible, for TTFT), reads ``meta_info`` (:mod:`eagle3.measure.acceptance`) and
+snapshots ``/get_server_info`` and ``/metrics`` around the run. Acceptance lengths are
+token-weighted (bonus counted; INTERNALS.md). The gate compares with
+:mod:`eagle3.measure.offline`."""
 
 from __future__ import annotations
 
@@ -58,9 +57,8 @@ def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) 
 
 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
-    """Server-wide acceptance state now: ``{"server_info", "metrics", "raw_info"}`` (None where
-    absent) from ``/get_server_info`` (or ``/server_info``) and ``/metrics`` (with
-    ``--enable-metrics``). Raises TransientError when the server cannot be reached."""
+    """``{"server_info", "metrics", "raw_info"}`` (None where absent) from ``/get_server_info`` (or
+    ``/server_info``) and ``/metrics`` (``--enable-metrics``). TransientError if unreachable."""
     info = _get_json_or_text(client, url, "/get_server_info", True)
     if info is None:
         info = _get_json_or_text(client, url, "/server_info", True)
@@ -77,8 +75,7 @@ def snapshot_server(client: httpx.Client, url: str) -> dict:
 
 
 def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
-    """A request that outlived ``bench.request_timeout_s``: the setting decided it (a hung server is
-    the watchdog's to report), so a ConfigError, never retried (it would be cut again)."""
+    """A request past ``bench.request_timeout_s``: ConfigError (the setting), never retried."""
     return ConfigError(f"POST {url}/generate: {what}: one request took longer than "
                        f"bench.request_timeout_s={timeout_s:g} s (expected every request to "
                        "finish within it); raise bench.request_timeout_s (e.g. -o "
@@ -86,8 +83,7 @@ def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
 
 
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
-    """One ``POST /generate`` (streamed if the server streams): the final body plus timings (s).
-    Raises TransientError (connection, 5xx), ConfigError (outlived ``timeout_s``) or DataError."""
+    """One ``POST /generate``: body + timings (s). Transient/Config (timeout)/DataError."""
     t0 = time.perf_counter()
     deadline = t0 + timeout_s
     ttft, final, chunks = None, None, 0
@@ -153,8 +149,7 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
 
 def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
                   on_request_done=None) -> tuple[list[dict], float]:
-    """All prompts through ``/generate``, ``concurrency`` at once: ``(rows, wall seconds)``;
-    ``on_request_done(row)`` after each request (a watchdog's heartbeat)."""
+    """All prompts, ``concurrency`` at once: ``(rows, wall s)``; ``on_request_done(row)``."""
     def one(i: int) -> dict:
         payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
         out = _post_generate(client, url, payload, timeout_s)
@@ -209,13 +204,12 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
               chat_template_kwargs: dict | None = None) -> dict:
     """Acceptance length, throughput and latency of a served draft (module docstring).
 
-    ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | a list of ``{"id", "category",
-    "text"}``; ``tokenizer_dir``: the target's (else the server's ``tokenizer_path`` when local);
-    ``out_dir``: where ``report.json``, ``manifest.json`` and PNGs go; ``baseline_url``: a server
-    without speculation for ``speedup`` (tokens/s ratio); ``on_request_done(row)`` after each
-    request; ``chat_template_kwargs``: the extraction's template switches. Returns ``{"summary",
+    ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | ``[{"id", "category", "text"}]``;
+    ``tokenizer_dir``: the target's (else the server's local ``tokenizer_path``); ``out_dir``:
+    report, manifest, PNGs; ``baseline_url``: a non-speculative server for ``speedup`` (tokens/s
+    ratio); ``chat_template_kwargs``: extraction's template switches. Returns ``{"summary",
     "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
-    DataError (settings, prompts, responses), TransientError (server unreachable)."""
+    DataError, TransientError (server unreachable)."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
@@ -289,10 +283,9 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
 
 
 def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) -> Path:
-    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json`` (kind
-    ``acceptance_report``). ``offline``: an ``offline_acceptance`` result for the same prompts,
-    stored as ``report["offline"]`` (no per-request rows) and
-    ``summary["offline_acceptance_length"]`` and drawn beside the served bars."""
+    """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json``
+    (``acceptance_report``); ``offline`` (same prompts) goes to ``report["offline"]``,
+    ``summary["offline_acceptance_length"]`` and the plot."""
     from eagle3.measure.plots import plot_acceptance_by_category
 
     out = Path(out_dir)
@@ -312,10 +305,9 @@ def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) 
 
 def acceptance_verdict(served: float | None, offline: float | None, minimum: float,
                        unlike_served: str | None = None) -> str | None:
-    """The gate's verdict: None when ``served >= minimum``, else the diagnosis: ``serving_gap`` →
-    "served ≪ offline: serving integration fault", otherwise "both low: draft quality or data";
-    undetermined without an offline figure or when ``unlike_served`` (``offline.unlike_served``)
-    says the bench settings make the two unlike."""
+    """None when ``served >= minimum``; else ``serving_gap`` → "served ≪ offline: serving
+    integration fault", otherwise "both low: draft quality or data"; undetermined without offline or
+    when ``offline.unlike_served`` says the settings differ."""
     if served is not None and served >= minimum:
         return None
     got = "none (no speculative fields)" if served is None else f"{served:.3f}"
@@ -334,8 +326,7 @@ def acceptance_verdict(served: float | None, offline: float | None, minimum: flo
 
 
 def check_acceptance(served: float | None, offline: float | None, minimum: float) -> None:
-    """The acceptance gate: return if ``served >= minimum``, else raise AcceptanceTooLow with
-    :func:`acceptance_verdict`'s diagnosis."""
+    """Raise AcceptanceTooLow (:func:`acceptance_verdict`) unless ``served >= minimum``."""
     verdict = acceptance_verdict(served, offline, minimum)
     if verdict is not None:
         raise AcceptanceTooLow(verdict)

@@ -1,11 +1,9 @@
 """The offline acceptance figure: what the served benchmark would measure if serving lost nothing.
 
-The draft runs in-process by exact greedy replay (:mod:`eagle3.measure.replay`: the counts of chain
-speculative decoding, topk 1, temperature 0). The gap to the served figure is the serving fault the
-gate reports (``bench.acceptance_verdict``); bench settings the figure cannot follow are labelled
-(:func:`unlike_served`), not compared. :func:`offline_acceptance`: one draft on the bench prompts;
-:func:`evaluate_drafts`: many drafts on whole prompt sets with a bootstrap interval (``spread``).
-"""
+Exact greedy replay in-process (:mod:`eagle3.measure.replay`; chain, topk 1, temperature 0); the
+gap to served is the gate's serving fault (``bench.acceptance_verdict``); bench settings it cannot
+follow are labelled (:func:`unlike_served`). :func:`offline_acceptance`: one draft, bench prompts;
+:func:`evaluate_drafts`: many drafts, whole prompt sets, bootstrap interval (``spread``)."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate"
 
 
 def unlike_served(temperature: float, topk: int = 1) -> str | None:
-    """Why a greedy chain figure does not predict a bench served at ``temperature`` with topk
-    ``topk`` (a sentence), or None."""
+    """Why greedy chain does not predict a bench at ``temperature``/``topk``, or None."""
     why = ([f"temperature {temperature:g} (sampling)"] if temperature >= 1e-6 else []) + \
         ([f"speculative_eagle_topk {topk} (tree drafting)"] if topk > 1 else [])
     if not why:
@@ -43,8 +40,7 @@ def unlike_served(temperature: float, topk: int = 1) -> str | None:
 
 
 def _load(target_dir, drafts: Mapping, dtype: str, device: str):
-    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``, drafts sharing the target's
-    embedding and head as SGLang does."""
+    """``(target, tokenizer, {name: SGLangEagle3Draft}, device)``; shared embed/head (SGLang)."""
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
     from eagle3.target_model import load_target, torch_dtype
 
@@ -65,15 +61,13 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
                        seed: int = 0, capture_aux: bool = True, decoder=None, device: str = "cpu",
                        chat_template_kwargs: dict | None = None, cpu_threads: int | None = None,
                        batch_size: int = 16) -> dict:
-    """The draft's acceptance length in-process on ``run_bench``'s prompts and template, by exact
-    greedy replay (``batch_size`` prompts a batch); ``per_position[k]`` = passes that accepted draft
-    k+1 / passes. ``capture_aux=False``: the draft gets the final hidden state only (the
-    broken-integration reference). ``dtype``: float32, bfloat16, float16 or ``auto``
-    (``resolve_dtype`` on ``device``). ``temperature`` / ``topk``: the bench's, for
-    :func:`unlike_served`. ``decoder``: an object with ``generate(ids, max_new_tokens,
-    temperature=, seed=)`` and ``num_steps`` decoding each prompt instead. ``cpu_threads``: torch
-    threads while decoding on a CPU (``serve.cpu_threads``). Returns the :func:`offline_summary`
-    keys plus ``unlike_served``. Raises DataError for a request with no verify pass."""
+    """The draft's acceptance length in-process on ``run_bench``'s prompts and template by exact
+    greedy replay (``batch_size`` a batch); ``per_position[k]`` = passes accepting draft k+1 /
+    passes. ``capture_aux=False``: final hidden state only (broken-integration reference).
+    ``dtype``: float32, bfloat16, float16 or ``auto``. ``temperature``/``topk``: the bench's.
+    ``decoder``: an object with ``generate(ids, max_new_tokens, temperature=, seed=)`` and
+    ``num_steps``, used instead. ``cpu_threads``: ``serve.cpu_threads``. Returns
+    :func:`offline_summary` keys + ``unlike_served``. DataError: no verify pass."""
     from transformers import AutoTokenizer
 
     from eagle3.precision import resolve_dtype, torch_threads
@@ -113,8 +107,7 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
 
 def offline_row(prompt: dict, res) -> dict:
     """One request's figures from a decoder result (``output_ids``, ``verify_ct``,
-    ``accepted_per_position``, optional ``num_draft_tokens`` / ``histogram``). Raises DataError
-    without a verify pass."""
+    ``accepted_per_position``, ``num_draft_tokens``/``histogram``). DataError: no verify pass."""
     n_out, verify = len(res.output_ids), int(res.verify_ct)
     if verify <= 0:
         raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, "
@@ -129,8 +122,7 @@ def offline_row(prompt: dict, res) -> dict:
 
 
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
-    """Rows pooled: token-weighted acceptance length (bonus counted), rate, per position, histogram,
-    per category; ``wall_s`` seconds."""
+    """Pooled rows: token-weighted length, rate, per position/category, histogram, ``wall_s``."""
     total_v = sum(r["verify_ct"] for r in rows)
     width = max((len(r["accepted_per_position"]) for r in rows), default=0)
     accepted = [sum(r["accepted_per_position"][k] for r in rows
@@ -158,8 +150,8 @@ def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
 def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max_new_tokens: int,
                     num_steps: int, dtype: str, device: str, batch_size: int, resamples: int,
                     check_against_decoder: int, make_decoder: Callable | None = None) -> dict:
-    """Every argument of :func:`evaluate_drafts`, before a model loads; returns the conversations
-    per set. ConfigError / DataError name the argument, the expected and the actual value."""
+    """Validate :func:`evaluate_drafts`' arguments before loading; returns conversations per set.
+    ConfigError / DataError name the argument, the expected and the actual value."""
     from eagle3.target_model import resolve_device, torch_dtype
 
     if not (Path(target_dir) / "config.json").is_file():
@@ -207,8 +199,7 @@ def _json_or_empty(path: Path) -> dict:
 
 
 def _group(rows: list[dict], resamples: int, seed: int) -> dict:
-    """One group: ``offline_summary``'s acceptance keys, counts and the bootstrap ``ci`` (``low``,
-    ``high``, ``units``)."""
+    """``offline_summary``'s acceptance keys, counts, bootstrap ``ci`` (low, high, units)."""
     s = offline_summary(rows, 0.0, {})
     ci = bootstrap_acceptance(rows, resamples=resamples, seed=seed)
     return {**{k: s[k] for k in GROUP_KEYS}, "num_requests": len(rows),
@@ -225,8 +216,7 @@ def _by(rows: list[dict], key) -> dict[str, list[dict]]:
 
 
 def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
-    """Overall, per set, per category, per turn and per category × turn (``"turn1"``...) of rows
-    with ``set``, ``turn`` and ``conversation``; groups as :func:`_group`."""
+    """:func:`_group` overall, per set, category, turn and category × turn (``"turn1"``...)."""
     g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
     turn = lambda r: f"turn{r['turn']}"  # noqa: E731
     out = {"overall": g(rows), "per_set": {}, "per_category": {}, "per_turn": {},
@@ -250,10 +240,9 @@ def _row(req: Request, res) -> dict:
 
 def decoder_check(decoder, requests: list[Request], results: list, n: int,
                   max_new_tokens: int) -> dict:
-    """``n`` requests (spread over the list) decoded by ``decoder`` against replay's results:
-    ``{"n", "equal", "different": [{"id", "fields", "first_output_difference"}], "wall_s"}``. A
-    differing output is a near-tie in the continuation, differing counts with equal outputs one in a
-    draft proposal (or a bug, in float32)."""
+    """``n`` requests decoded by ``decoder`` vs replay: ``{"n", "equal", "different": [{"id",
+    "fields", "first_output_difference"}], "wall_s"}``. Differing output: a continuation near-tie;
+    differing counts only: a proposal near-tie (or a bug, in float32)."""
     t0 = time.perf_counter()
     picks = sorted({int(i * len(requests) / n) for i in range(min(n, len(requests)))})
     different = []
@@ -276,15 +265,13 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                     batch_size: int = 16, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                     check_against_decoder: int = 0, make_decoder: Callable | None = None,
                     include_requests: bool = True, progress: bool = True) -> dict[str, dict]:
-    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``:
-    the continuations generated once (``batch_size`` prompts a batch), the target run once per batch
-    for all drafts. ``check_against_decoder=N`` decodes N requests again with ``make_decoder(target,
-    draft, tokenizer, num_steps=)`` (:func:`decoder_check`). Returns ``{name: result}``: the groups
-    of :func:`summarize` (with bootstrap ``ci``), ``no_verify_pass`` ids, ``wall_s`` (``replay``:
-    this draft's; ``shared``: loading, generation, target forwards), ``generation``, ``settings``,
-    ``decoder_check``, ``offline_format`` (:func:`offline_acceptance`'s shape) and ``per_request``
-    (``include_requests``). Raises what :func:`check_arguments` raises, before loading.
-    """
+    """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``;
+    continuations generated once, the target run once per batch for all drafts.
+    ``check_against_decoder=N``: :func:`decoder_check` via ``make_decoder(target, draft, tokenizer,
+    num_steps=)``. Returns ``{name: result}``: :func:`summarize` groups (bootstrap ``ci``),
+    ``no_verify_pass``, ``wall_s`` (``replay``, ``shared``), ``generation``, ``settings``,
+    ``decoder_check``, ``offline_format`` and ``per_request`` (``include_requests``). Raises what
+    :func:`check_arguments` raises, before loading."""
     from tqdm.auto import tqdm
 
     sets = check_arguments(target_dir, drafts, list(prompt_sets), max_new_tokens, num_steps, dtype,
@@ -325,8 +312,7 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                                   if r.verify_ct == 0],
                "wall_s": {"replay": draft_s[name], "shared": load_s + gen_s + target_s,
                           "load": load_s, "generation": gen_s, "target_forward": target_s},
-               "generation": generation,
-               "settings": {**settings, "serving_dir": str(drafts[name]),
+               "generation": generation, "settings": {**settings, "serving_dir": str(drafts[name]),
                             "capture_indices": capture_indices(draft, target)},
                "decoder_check": None}
         res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]

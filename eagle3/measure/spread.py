@@ -1,13 +1,10 @@
-"""The spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of
-sums.
+"""Spread of an acceptance length over prompts: a seeded percentile bootstrap of the ratio of sums.
 
-Statistic: 1 + Σ accepted drafts / Σ verify passes over a group's requests (bonus counted;
-INTERNALS.md). Method (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13): draw
-``resamples`` samples of the group's units with replacement, recompute the ratio on each, report the
-``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy's linear interpolation). The unit is the *conversation*
-(``unit_key``): MT-Bench's two turns share their first turn, so they are drawn together (a cluster
-bootstrap). numpy's PCG64 seeded with ``seed`` makes an interval reproducible. It measures which
-prompts were asked, not decoding noise (greedy has none) nor the draft's training noise."""
+Statistic: 1 + Σ accepted / Σ verify passes (bonus counted; INTERNALS.md). Method (Efron &
+Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13): resample units with replacement,
+report the ``(1-c)/2`` and ``(1+c)/2`` quantiles (numpy linear). The unit is the *conversation*
+(``unit_key``; MT-Bench turns share turn 1: a cluster bootstrap); PCG64 seeded with ``seed``. It
+measures prompt choice, not decoding noise (greedy has none) nor training noise."""
 
 from __future__ import annotations
 
@@ -36,10 +33,9 @@ def _units(rows: list[dict], unit_key: str) -> tuple[np.ndarray, np.ndarray]:
 def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                          confidence: float = DEFAULT_CONFIDENCE, unit_key: str = "conversation",
                          chunk: int = 500) -> dict:
-    """Percentile-bootstrap interval of the acceptance length of ``rows``
-    (``accepted_per_position``, ``verify_ct`` > 0, ``unit_key`` else ``id``): ``{"low", "high",
-    "confidence", "resamples", "seed", "units", "method"}``. Raises DataError for no rows, a row
-    without verify passes, ``resamples < 1000`` or a confidence outside (0, 1)."""
+    """Percentile-bootstrap interval of ``rows``' acceptance length: ``{"low", "high", "confidence",
+    "resamples", "seed", "units", "method"}``. Raises DataError for no rows, a row without verify
+    passes, ``resamples < 1000`` or a confidence outside (0, 1)."""
     if not rows:
         raise DataError("bootstrap: expected at least one request row, got none")
     if resamples < 1000 or not 0.0 < confidence < 1.0:
@@ -57,5 +53,4 @@ def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES
         stats.append(1.0 + acc[pick].sum(1) / ver[pick].sum(1))
     low, high = np.quantile(np.concatenate(stats), [(1 - confidence) / 2, (1 + confidence) / 2])
     return {"low": float(low), "high": float(high), "confidence": confidence,
-            "resamples": resamples,
-            "seed": seed, "units": int(acc.size), "method": METHOD}
+            "resamples": resamples, "seed": seed, "units": int(acc.size), "method": METHOD}
