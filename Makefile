@@ -55,8 +55,10 @@ test-fast: env
 
 # Lines within 100 columns (not a prerequisite of test).
 LINT_DIRS := eagle3 tasks flows cli refengine lab testkit tests
-lint: env
-	$(BIN)/ruff check --select E501 --line-length 100 $(LINT_DIRS)
+# ruff from the project's venv when it is there, else from PATH (lint needs no torch)
+RUFF := $(or $(wildcard $(BIN)/ruff),ruff)
+lint:
+	$(RUFF) check --select E501 --line-length 100 $(LINT_DIRS)
 
 clean-runs:
 	rm -rf runs

@@ -369,6 +369,14 @@ class RunConfig(_Section):
     # how each ``auto`` was resolved (eagle3.precision.resolve_config); in no hash
     _auto_resolved: dict = PrivateAttr(default_factory=dict)
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, v: str) -> str:
+        """``name`` is one folder under ``paths.runs_dir``: no separator, not ``.``/``..``."""
+        if not v.strip() or "/" in v or "\\" in v or v.strip(".") == "":
+            raise ValueError("expected one folder name (no '/', '\\', '.' or '..')")
+        return v
+
     @property
     def auto_resolved(self) -> dict[str, dict]:
         """``{"target.dtype": {"setting": "auto", "value": "float32", "device": "cpu", "why":

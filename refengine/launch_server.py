@@ -95,6 +95,14 @@ def parse_args(argv: list[str]) -> ServerArgs:
                          f"{', '.join(f for f, _ in _FLAGS)})")
     if ns.tp_size != 1:
         raise UsageError(f"--tp-size: the reference engine runs on one device, got {ns.tp_size}")
+    if not 0 <= ns.port <= 65535:
+        raise UsageError(f"--port: expected 0..65535, got {ns.port}")
+    if str(ns.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device: {ns.device!r} but torch sees no CUDA device "
+                             f"(torch {torch.__version__}); expected cpu here")
     if ns.context_length is not None and ns.context_length < 2:
         raise UsageError(f"--context-length: expected >= 2 positions, got {ns.context_length}")
     nums = (ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens)

@@ -32,7 +32,7 @@ from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
-from eagle3.errors import DataError
+from eagle3.errors import ConfigError, DataError
 
 READY_LINE = "The server is fired up and ready to roll!"
 _NEUTRAL = {"min_new_tokens": 0, "n": 1, "frequency_penalty": 0.0, "presence_penalty": 0.0,
@@ -133,8 +133,11 @@ class Engine:
                 log("End of warmup.")
             self.state = "ready"
             log(READY_LINE)
-        except BaseException:  # noqa: BLE001 - any failure here must end the process visibly
-            traceback.print_exc()
+        except BaseException as e:  # noqa: BLE001 - any failure here must end the process visibly
+            if isinstance(e, ConfigError):  # a folder that is not a model: one line says which
+                log(f"error: {e}")
+            else:
+                traceback.print_exc()
             log("Load failed; exiting with code 1")
             os._exit(1)
 

@@ -206,6 +206,9 @@ def test_unimplemented_request_fields_are_refused_by_name(served):
     (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
     (["--speculative-num-draft-tokens", "5"], "--speculative-num-draft-tokens"),
     (["--tp-size", "2"], "--tp-size"),
+    (["--port", "70000"], "--port: expected 0..65535, got 70000"),
+    pytest.param(["--device", "cuda:0"], "--device: 'cuda:0' but torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device")),
 ])
 def test_refused_flags_named(extra, name):
     argv = _cmd("T", "D", 1)[3:]

@@ -110,3 +110,10 @@ def test_convert_engine_version_must_be_a_pinned_release():
         load_config(None, ["convert.engine_version=0.6.0"])
     msg = str(e.value)
     assert "convert.engine_version" in msg and f"{sorted(RELEASES)}" in msg and "'0.6.0'" in msg
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", "..", ".", "a\\b"])
+def test_run_name_that_leaves_the_runs_dir_is_refused(name):
+    with pytest.raises(ConfigError, match=r"name: .*one folder name"):
+        load_config(None, [f"name={name}"])
+    assert load_config(None, ["name=ok-name.v2"]).name == "ok-name.v2"
