@@ -323,11 +323,13 @@ def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (
 
 
 @app.command()
-def doctor():
+def doctor(sglang_python: Optional[str] = typer.Option(
+        None, help="The interpreter that serves SGLang (a config's serve.sglang_python): its "
+                   "version against the pinned releases")):
     """Check the environment: torch and device, SGLang, free disk, Prefect and MLflow servers."""
     from eagle3.doctor import run_doctor
 
-    ok = run_doctor(echo=typer.echo)
+    ok = run_doctor(echo=typer.echo, sglang_python=sglang_python)
     raise typer.Exit(0 if ok else 1)
 
 

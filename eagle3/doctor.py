@@ -18,6 +18,7 @@ from typing import Callable
 
 import httpx
 
+from eagle3.engines.sglang.profile import RELEASES as SGLANG_RELEASES
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 
 MIN_FREE_BYTES = 5 * 1024**3  # below this a run may not fit (hidden states, checkpoints)
@@ -69,11 +70,19 @@ def check_precision() -> tuple[str, str]:
     return "OK", text
 
 
-def check_sglang() -> tuple[str, str]:
-    try:
-        version = md.version("sglang")
-    except md.PackageNotFoundError:
-        version = None
+def check_sglang(python: str | None = None) -> tuple[str, str]:
+    """SGLang in ``python`` (an interpreter path; None: this environment, else the conformance
+    environment ``$EAGLE3_SGLANG_VENV`` / ``<cache>/venv-sglang``): its version against the pinned
+    releases (``eagle3.engines.sglang.profile.RELEASES``), and whether a GPU can run it."""
+    from eagle3.engines.sglang.environment import sglang_version
+
+    if python is None:
+        try:
+            version = md.version("sglang")
+        except md.PackageNotFoundError:
+            version = None
+    else:
+        version = sglang_version(python)
     from eagle3.config import PathsConfig
 
     sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or PathsConfig().resolved_cache_dir()
@@ -85,18 +94,26 @@ def check_sglang() -> tuple[str, str]:
         gpu = torch.cuda.is_available()
     except ImportError:
         gpu = False
+    if version is None and python is not None:
+        return "FAIL", f"SGLang: {python} cannot import sglang (serve.sglang_python)"
     if version is None:
         extra = (f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)"
                  if sidecar.exists() else "")
         return "OK", ("SGLang not installed in this environment: deploy uses the CPU reference "
                       f"engine{extra}")
-    pin = "" if version == SGLANG_PINNED else f" (the profiles are written for {SGLANG_PINNED})"
+    where = f" in {python}" if python else ""
+    if version not in SGLANG_RELEASES:
+        pin = f" (not a pinned release; the profiles are written for {sorted(SGLANG_RELEASES)})"
+    elif version != SGLANG_PINNED:
+        pin = f" (pinned; configs serving it set convert.engine_version: '{version}')"
+    else:
+        pin = ""
+    ok = "OK" if version in SGLANG_RELEASES else "WARN"
     if gpu:
-        return ("OK" if not pin
-            else "WARN"), f"SGLang {version}{pin}: can serve here (NVIDIA GPU present)"
-    return "WARN", (f"SGLang {version}{pin} installed but no NVIDIA GPU: it cannot serve at speed "
-                    "here (CPU only under TRITON_INTERPRET=1 with shims, for conformance tests; "
-                    "docs/SGLANG_ON_CPU.md)")
+        return ok, f"SGLang {version}{where}{pin}: can serve here (NVIDIA GPU present)"
+    return "WARN", (f"SGLang {version}{where}{pin} installed but no NVIDIA GPU: it cannot serve at "
+                    "speed here (CPU only under TRITON_INTERPRET=1 with shims, for conformance "
+                    "tests; docs/SGLANG_ON_CPU.md)")
 
 
 def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:
@@ -128,14 +145,15 @@ def check_server(name: str, env_var: str, default: str, health_path: str) -> tup
     return "OK", f"no {name} server at {url} ({what}): {fallback}"
 
 
-def run_doctor(echo: Callable[[str], None] = print) -> bool:
-    """Run every check, print one line each through ``echo``; True when none is a FAIL."""
+def run_doctor(echo: Callable[[str], None] = print, sglang_python: str | None = None) -> bool:
+    """Run every check, print one line each through ``echo``; True when none is a FAIL.
+    ``sglang_python``: the interpreter that serves SGLang (``serve.sglang_python``), if any."""
     from eagle3.config import PathsConfig
 
     paths = PathsConfig()
     results = [("OK" if sys.version_info[:2] in ((3, 11), (3, 12)) else "WARN",
                 f"Python {platform.python_version()} ({sys.executable})"), check_torch(),
-                check_precision(), check_sglang()]
+                check_precision(), check_sglang(sglang_python)]
     results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
     smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
     results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else

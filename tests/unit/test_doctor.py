@@ -49,3 +49,24 @@ def test_doctor_says_which_cpu_features_it_found_and_what_auto_resolves_to(monke
         assert "torch capability AVX2" in text and "flags avx2;" in text and "ONEDNN_MAX_CPU_ISA=AVX2" in text
         assert f"({ratio:.3f}×" in text and "GFLOP/s vs float32 43.0 GFLOP/s" in text
         assert f"dtype auto = {dtype}, train.precision auto = {prec}" in text
+
+
+def _fake_python(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text(f"#!/bin/sh\n{body}\n")
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_doctor_reads_the_serving_interpreters_sglang_against_the_pinned_releases(tmp_path):
+    from eagle3.doctor import check_sglang
+    from eagle3.engines.sglang.profile import RELEASES, VERSION
+
+    other = next(v for v in RELEASES if v != VERSION)
+    status, text = check_sglang(_fake_python(tmp_path, "py_pinned", f"echo {other}"))
+    assert status in ("OK", "WARN") and f"SGLang {other} in" in text
+    assert f"convert.engine_version: '{other}'" in text
+    status, text = check_sglang(_fake_python(tmp_path, "py_new", "echo 0.9.1"))
+    assert status == "WARN" and "not a pinned release" in text and VERSION in text
+    status, text = check_sglang(_fake_python(tmp_path, "py_none", "exit 1"))
+    assert status == "FAIL" and "cannot import sglang" in text

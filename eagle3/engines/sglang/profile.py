@@ -28,6 +28,7 @@ the released wheel (re-read by ``tests/unit/test_profiles.py``):
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping
 
 from eagle3.engines.bounds import bounded_int
@@ -43,8 +44,9 @@ STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
            (".qkv_proj", ".v_proj", "v"),
            (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
-# Where the release decides each flag: (file in the wheel, line, text on that line), cited by
-# messages; re-read by tests/unit/test_profiles.py.
+# Where each release decides each flag: (file in the wheel, line, text on that line), cited by
+# messages; re-read from each wheel by tests/unit/test_profiles.py. A flag the release does not
+# implement has no line.
 FLAG_SOURCE_LINES = {
     "norm_before_residual": ("sglang/srt/models/llama_eagle3.py", 99, "residual = hidden_states"),
     "norm_before_fc": ("sglang/srt/models/llama_eagle3.py", 174,
@@ -57,23 +59,39 @@ FLAG_SOURCE_LINES = {
     "embed_requires_grad": ("sglang/srt/speculative/eagle_worker_v2.py", 363,
                             "self.draft_runner.model.set_embed(embed)"),
 }
+FLAG_SOURCE_LINES_0516 = {
+    "norm_before_residual": ("sglang/srt/models/llama_eagle3.py", 91, "residual = hidden_states"),
+    "fc_norm": ("sglang/srt/models/llama_eagle3.py", 162,
+                'use_fc_norm = getattr(config, "fc_norm", None) or getattr('),
+    "norm_output": ("sglang/srt/models/llama_eagle3.py", 183,
+                    'self.norm_output = getattr(config, "norm_output", False)'),
+    "embed_requires_grad": ("sglang/srt/speculative/eagle_worker_v2.py", 330,
+                            "self.draft_runner.model.set_embed(embed)"),
+}
 
 
-def _flags(lines: dict) -> dict[str, FlagRule]:
+def _flags(lines: dict, version: str) -> dict[str, FlagRule]:
     def at(flag: str) -> str:
         return f"{lines[flag][0]}:{lines[flag][1]}"
 
+    if "norm_before_fc" in lines:
+        before_fc = FlagRule(
+            "norm_before_fc", (False, True), False, ("eagle_config.norm_before_fc",
+                                                     "norm_before_fc"),
+            "RMSNorm over the concatenated aux states before fc, tensor input_norm.weight "
+            f"({at('norm_before_fc')})")
+    else:
+        before_fc = FlagRule(
+            "norm_before_fc", (False,), False, (),
+            f"SGLang {version} has no input_norm: the flag is not read and input_norm.weight is "
+            "skipped silently by load_weights (sglang/srt/models/llama_eagle3.py)")
     return {
         "norm_before_residual": FlagRule(
             "norm_before_residual", (False,), False, (),
             "layer 0 takes the residual from the un-normalised hidden state, then applies "
             "hidden_norm "
             f"(LlamaDecoderLayer.forward, {at('norm_before_residual')}); the flag is not read"),
-        "norm_before_fc": FlagRule(
-            "norm_before_fc", (False, True), False, ("eagle_config.norm_before_fc",
-                                                     "norm_before_fc"),
-            "RMSNorm over the concatenated aux states before fc, tensor input_norm.weight "
-            f"({at('norm_before_fc')})"),
+        "norm_before_fc": before_fc,
         "fc_norm": FlagRule(
             "fc_norm", (False, True), False, ("fc_norm", "use_aux_norm"),
             f"one RMSNorm per aux chunk before fc, tensors fc_norm.{{i}}.weight ({at('fc_norm')}; "
@@ -89,12 +107,12 @@ def _flags(lines: dict) -> dict[str, FlagRule]:
     }
 
 
-FLAGS = _flags(FLAG_SOURCE_LINES)
+FLAGS = _flags(FLAG_SOURCE_LINES, VERSION)
 
 # What the release reads inside the draft's ``eagle_config``: the aux ids and
 # ``use_aux_hidden_state`` (model_runner_components/spec_aux_hidden_state.py), ``norm_before_fc``
-# (llama_eagle3.py). Every other key there, ``norm_output`` and ``fc_norm`` included (read at the
-# top level only), is never read.
+# (llama_eagle3.py, 0.5.23 only). Every other key there, ``norm_output`` and ``fc_norm`` included
+# (read at the top level only), is never read.
 EAGLE_CONFIG_KEYS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc")
 
 # Registered architectures implementing set_eagle3_layers_to_capture (71 classes, 29 model files);
@@ -122,13 +140,33 @@ Qwen3_5ForCausalLM Qwen3_5ForConditionalGeneration Qwen3_5MoeForCausalLM
 Qwen3_5MoeForConditionalGeneration Qwen4ExpForConditionalGeneration SarvamMoEForCausalLM
 TeleFLMForCausalLM
 """.split())
+# 0.5.16 lacks ten of them (61 classes); a class without the method raises a bare AttributeError
+# there (model_runner_components/attention_backend_setup.py:54), where 0.5.23 names it.
+AUX_CAPTURE_CLASSES_0516 = AUX_CAPTURE_CLASSES - frozenset("""
+Cosmos3ForConditionalGeneration EmbeddingGemmaModel ExaoneMoeForCausalLM
+Glm5NextForConditionalGeneration Glm5NextForConditionalGenerationNextN
+InternS2MobiusForConditionalGeneration MiniMaxM3SparseForConditionalGeneration Qwen3_5ForCausalLM
+Qwen3_5MoeForCausalLM Qwen4ExpForConditionalGeneration
+""".split())
 
-# What differs by release, keyed by version. ``spec_max_running_requests``: the request limit SGLang
-# sets when speculation is on and none is given (arg_groups/speculative_hook.py
-# _handle_eagle_family).
+# What differs by release, keyed by version (lab/plans/sglang-0.5.16-facts.md has 0.5.16's, file
+# and line each):
+# - ``spec_max_running_requests``: the request limit SGLang sets when speculation is on and none is
+#   given (0.5.23 arg_groups/speculative_hook.py _handle_eagle_family; 0.5.16 the same hook :507).
+# - ``return_aux_flag``: the server flag that returns the target's aux states without a draft
+#   (0.5.23 ``--enable-return-aux-hidden-states``); None: absent, so the ``sglang`` extraction
+#   backend captures through its registered model class only.
+# - ``cuda_graph_bs_flag``: the name of the decode CUDA-graph batch limit (0.5.16 also accepts the
+#   deprecated ``--cuda-graph-max-bs``, 0.5.23 only this one).
 RELEASES: dict[str, dict] = {
     VERSION: {"flag_source_lines": FLAG_SOURCE_LINES, "aux_capture_classes": AUX_CAPTURE_CLASSES,
-              "spec_max_running_requests": 48},
+              "eagle_config_keys": EAGLE_CONFIG_KEYS, "spec_max_running_requests": 48,
+              "return_aux_flag": "--enable-return-aux-hidden-states",
+              "cuda_graph_bs_flag": "--cuda-graph-max-bs-decode"},
+    "0.5.16": {"flag_source_lines": FLAG_SOURCE_LINES_0516,
+               "aux_capture_classes": AUX_CAPTURE_CLASSES_0516,
+               "eagle_config_keys": EAGLE_CONFIG_KEYS[:2], "spec_max_running_requests": 48,
+               "return_aux_flag": None, "cuda_graph_bs_flag": "--cuda-graph-max-bs-decode"},
 }
 
 
@@ -153,8 +191,9 @@ def target_hidden(config: Mapping) -> int:
     return _int(config, "hidden_size")
 
 
-def engine_params(config: dict) -> dict[str, ParamSpec]:
-    """``LlamaForCausalLMEagle3``'s ``named_parameters()`` for a served config."""
+def engine_params(config: dict, *, has_input_norm: bool = True) -> dict[str, ParamSpec]:
+    """``LlamaForCausalLMEagle3``'s ``named_parameters()`` for a served config;
+    ``has_input_norm``: the release implements ``norm_before_fc`` (0.5.23, not 0.5.16)."""
 
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
@@ -175,7 +214,7 @@ def engine_params(config: dict) -> dict[str, ParamSpec]:
     }
     if config.get("bias"):
         p["model.fc.bias"] = ParamSpec((hidden,))
-    if bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))):
+    if has_input_norm and bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))):
         p["model.input_norm.weight"] = ParamSpec((t_hidden * n_aux,))
     if config.get("fc_norm") or config.get("use_aux_norm"):
         for i in range(n_aux):
@@ -226,6 +265,7 @@ def route(name: str, params: Mapping[str, ParamSpec]) -> Route:
 def build(version: str) -> EngineProfile:
     """The SGLang profile for ``version`` (a key of :data:`RELEASES`)."""
     release = RELEASES[version]
+    has_input_norm = "norm_before_fc" in release["flag_source_lines"]
     return EngineProfile(
         engine="sglang", version=version, pinned=True, source_file=SOURCE_FILE,
         draft_architectures=("LlamaForCausalLMEagle3",),
@@ -237,14 +277,15 @@ def build(version: str) -> EngineProfile:
         aux_default_rule="HF indices [2, L//2, L-3] when no ids are "
                          "given", aux_capture_hf_range="[1, L-1]",
         residual_order="residual from the un-normalised hidden state (norm_before_residual=False)",
-        flags=_flags(release["flag_source_lines"]), flags_not_read=("norm_before_residual",
-                                                                    "embed_requires_grad"),
+        flags=_flags(release["flag_source_lines"], version),
+        flags_not_read=("norm_before_residual", "embed_requires_grad")
+        + (() if has_input_norm else ("norm_before_fc",)),
         aux_capture_classes=release["aux_capture_classes"],
         max_draft_layers=None,
-        param_fn=engine_params, route_fn=route,
+        param_fn=functools.partial(engine_params, has_input_norm=has_input_norm), route_fn=route,
         notes=("fc is bypassed when the incoming hidden states are as wide as the embeddings",
                "layers >= 1 normalise their input with hidden_norm, not input_layernorm"),
-        eagle_config_keys=EAGLE_CONFIG_KEYS, other_bool_keys=("bias", "use_aux_norm"),
+        eagle_config_keys=release["eagle_config_keys"], other_bool_keys=("bias", "use_aux_norm"),
     )
 
 

@@ -43,15 +43,16 @@ class EngineSource:
         return f"EngineSource({str(self.root)!r})"
 
     def read(self, relpath: str) -> str:
-        """Text of ``relpath`` (e.g. ``sglang/srt/models/llama_eagle3.py``); DataError if absent."""
+        """Text of ``relpath`` (e.g. ``sglang/srt/models/llama_eagle3.py``), a leading UTF-8 byte
+        order mark dropped as Python's own import does; DataError if absent."""
         if self._zip is not None:
             if relpath not in self._names:
                 raise DataError(f"{self.root}: {relpath} not in the wheel")
-            return self._zip.read(relpath).decode("utf-8")
+            return self._zip.read(relpath).decode("utf-8-sig")
         path = self.root / relpath
         if not path.is_file():
             raise DataError(f"{self.root}: {relpath} not found")
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
 
     def list(self, prefix: str) -> list[str]:
         """Relative paths of the ``.py`` files directly under ``prefix`` (ending in '/')."""
