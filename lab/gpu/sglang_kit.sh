@@ -3,7 +3,8 @@
 # triton 3.6): sglang 0.5.16 pins torch==2.11.0 and its kernels (sglang-kernel 0.4.5) are built
 # for CUDA 13.0 / torch 2.11; later sglang releases pin a torch that machine cannot get.
 #   sglang_kit.sh build OUTDIR        networked machine: OUTDIR/sglang516-kit.tar (<= 60 MiB)
-#   sglang_kit.sh install ARCHIVE DIR GPU machine: packages into DIR/site, DIR/env.sh to source
+#   sglang_kit.sh install ARCHIVE DIR GPU machine: packages into DIR/site, DIR/env.sh to source,
+#                                     DIR/bin/python (serve.sglang_python)
 #   sglang_kit.sh doctor DIR          versions, kernel arch, stubs and patch, what SGLang will run
 # Serve with: source DIR/env.sh; python3 -m sglang.launch_server $SGLANG_KIT_FLAGS ...
 set -euo pipefail
@@ -133,7 +134,12 @@ export PYTHONPATH=$dir/site\${PYTHONPATH:+:\$PYTHONPATH}
 export SGLANG_ENABLE_JIT_DEEPGEMM=0
 export SGLANG_KIT_FLAGS="$FLAGS"
 EOF
-  echo "installed into $dir/site; use: source $dir/env.sh"
+  # DIR/bin/python: an interpreter with the kit's environment, for a config's serve.sglang_python
+  # (the pipeline's launcher starts `serve.sglang_python -m sglang.launch_server ...`).
+  mkdir -p "$dir/bin"
+  printf '#!/bin/sh\n. %s/env.sh\nexec python3 "$@"\n' "$dir" > "$dir/bin/python"
+  chmod +x "$dir/bin/python"
+  echo "installed into $dir/site; use: source $dir/env.sh, or serve.sglang_python: $dir/bin/python"
 }
 
 doctor() {

