@@ -243,6 +243,10 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                  todo_tokens)
     t2 = time.perf_counter()
     _finalize_data(out_dir, plan)
+    from eagle3.extract.alignment import check_alignment
+
+    # HS_MISALIGNED before a manifest exists: a shifted store never reaches training
+    alignment = check_alignment(out_dir, target_dir, [range(s.start, s.stop) for s in shards])
     extra = {
         "target": target, "tokenizer_hash": tokenizer_hash(tok),
         "chat_template_hash": template_hash(tok),
@@ -258,6 +262,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "skipped_by_reason": dict(plan.skipped),
         "skipped_examples": plan.skip_examples,
         "template_unstable": plan.unstable,
+        "alignment": alignment,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)

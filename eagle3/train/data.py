@@ -116,7 +116,8 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     """Open ``data_dir`` and check it against the target (``target_dir``, its text config
     ``target_conf``). ``max_tokens``: positions per micro-batch (longer samples are cut). Raises
     DataError: missing/foreign manifest, another target, hidden size mismatch, empty train split,
-    bad split ids, aux ids in another convention.
+    bad split ids, aux ids in another convention, states shifted against their tokens
+    (``HS_MISALIGNED``).
     """
     from datasets import load_from_disk
 
@@ -163,7 +164,20 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
                             max_tokens=max_tokens, skipped=skipped)
     _check_loss_tokens(data)
     data.load_sample(tr[0])  # shape/hidden-size check on real data before any step
+    _check_alignment(data, Path(target_dir))
     return data
+
+
+def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
+    """Refuse a store whose states are shifted against their tokens (DataError ``HS_MISALIGNED``,
+    :func:`eagle3.extract.alignment.check_alignment`), checked in groups of the extraction's
+    ``extract.shard_size`` (64 when the manifest does not say): stores written by other tools or
+    edited after extraction are checked too."""
+    from eagle3.extract.alignment import check_alignment
+
+    size = int(((data.manifest.get("config") or {}).get("extract") or {}).get("shard_size") or 64)
+    ids = sorted(data.train_ids + data.val_ids)
+    check_alignment(data.root, target_dir, [ids[k:k + size] for k in range(0, len(ids), size)])
 
 
 def _check_loss_tokens(data: HiddenStatesData) -> None:
