@@ -108,3 +108,15 @@ def test_head_read_from_safetensors_and_missing_head_recorded(tmp_path, target):
     (empty / "config.json").write_text((target / "config.json").read_text())
     rec = check_alignment(tmp_path, empty, [])
     assert rec["status"] == "skipped" and str(empty) in rec["reason"]
+
+
+def test_the_projects_own_extraction_records_the_check_and_is_not_refused(tiny_cfg, tmp_path):
+    from eagle3.extract.stage import extract
+    from tests.unit.test_extract import file_cfg, write_convs
+
+    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 6), n=6, shard=2)
+    m = extract(cfg, tmp_path / "hs", progress=False)
+    rec = m["alignment"]
+    assert rec["status"] == "passed" and rec["groups"] == 3 and rec["positions"] > 0
+    assert set(rec["rates"]) == {"previous", "next", "after_next"}
+    assert m["template_unstable"]["conversations"] == 0 and m["template_unstable"]["tried"] == 6
