@@ -139,3 +139,39 @@ def test_stable_data_records_no_drop(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="eagle3.extract.stage"):
         warn_unstable(plan.unstable, str(path))
     assert caplog.text == ""
+
+
+def test_extract_task_records_the_drop_as_mlflow_metrics_and_tag(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    import tasks.extract as task
+
+    logged: dict = {"metrics": {}, "tags": {}}
+
+    class Run:
+        run_id = "r"
+
+        def log_manifest(self, _d): ...
+
+        def log_dataset(self, _d, _c): ...
+
+        def log_metrics(self, m, step=0):
+            logged["metrics"].update(m)
+
+        def set_tags(self, t):
+            logged["tags"].update(t)
+
+    @contextmanager
+    def stage_run(*_a, **_k):
+        yield Run()
+
+    unstable = {"conversations": 3, "tokens": 300, "share_conversations": 0.03,
+                "share_tokens": 0.06, "tried": 100, "tried_tokens": 5000, "threshold": 0.1}
+    monkeypatch.setattr(task.tracking, "stage_run", stage_run)
+    monkeypatch.setattr(task, "extract_superseding", lambda cfg, out: {
+        "content_hash": "h", "counts": {}, "template_unstable": unstable})
+    task.extract_task.fn(load_config(None, []), tmp_path, "parent")
+    assert logged["metrics"]["template_unstable.conversations"] == 3.0
+    assert logged["metrics"]["template_unstable.share_tokens"] == 0.06
+    assert logged["tags"]["eagle3.template_unstable"] == ("3 of 100 conversations, 6.0% of "
+                                                          "tokens dropped")
