@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -136,18 +136,36 @@ def verdict(rates: dict) -> str:
     return "aligned" if rates["next"] >= MIN_RATE else "inconclusive"
 
 
+def _read_store(store_dir: str | Path, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token_ids [T] int64, last-layer states [T, H] float32)`` of sample ``i``; DataError
+    naming the file when it cannot be read."""
+    from eagle3.extract.store import load_sample
+
+    try:
+        s = load_sample(store_dir, i)
+    except DataError:
+        raise
+    # noqa: BLE001 - safetensors raises its own error type for a damaged file
+    except Exception as e:
+        raise DataError(f"{store_dir}/hidden_states: sample {i} unreadable "
+                        f"({type(e).__name__}: {e})") from e
+    return s["token_ids"].long(), s["hidden_states"][:, -1]
+
+
 def check_alignment(store_dir: str | Path, target_dir: str | Path,
-                    groups: Sequence[Sequence[int]], *, budget: int = POSITIONS) -> dict:
+                    groups: Sequence[Sequence[int]], *, budget: int = POSITIONS,
+                    load: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
+                    ) -> dict:
     """Check every group of sample indices (a shard) of the hidden-states folder ``store_dir``
-    against the target at ``target_dir``. Returns the record kept in manifests: ``{"status":
-    "passed" | "skipped", "reason", "groups", "positions", "inconclusive" (groups), "rates"
-    {previous, next, after_next} over all checked positions, "min_rate"}``.
+    against the target at ``target_dir``; ``load(i)`` reads sample ``i`` as ``(token_ids [T],
+    last-layer states [T, H])`` (default: the store's files). Returns the record kept in
+    manifests: ``{"status": "passed" | "skipped", "reason", "groups", "positions",
+    "inconclusive" (groups), "rates" {previous, next, after_next} over all checked positions,
+    "min_rate"}``.
 
     Raises DataError ``HS_MISALIGNED`` naming the folder, the first misaligned group's samples and
     its three measured rates when a group of at least :data:`MIN_GROUP` positions, or all groups
     pooled, are misaligned (:func:`verdict`)."""
-    from eagle3.extract.store import load_sample
-
     head = load_head(target_dir)
     budget = max(8, min(budget, MAX_POSITIONS // max(1, len(groups))))
     if head is None:
@@ -158,10 +176,7 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
     totals = {"previous": 0.0, "next": 0.0, "after_next": 0.0}
     positions, inconclusive, bad = 0, 0, []
     for group in groups:
-        samples = []
-        for i in group:
-            s = load_sample(store_dir, i)
-            samples.append((s["token_ids"].long(), s["hidden_states"][:, -1]))
+        samples = [(load or (lambda k: _read_store(store_dir, k)))(i) for i in group]
         r = agreement(head, samples, budget)
         positions += r["positions"]
         for k in totals:
