@@ -11,8 +11,8 @@ Loss mask (:func:`tokenize_conversation`): 1 on the assistant's content and end-
 ``{% generation %}`` templates use ``return_assistant_tokens_mask``; others are rendered prefix by
 prefix and the assistant's character span mapped to tokens through offsets. Text the template adds
 between the assistant header and the content (e.g. Qwen3's empty ``<think>\n\n</think>\n\n`` at
-default settings) is not the assistant's and is never trained on (SpecForge issue 870: such
-boilerplate in the mask teaches the draft to predict the template). Whitespace after the
+default settings) is not the assistant's and is never trained on: in the mask it would teach the
+draft to predict the template's fixed text rather than the target's answers. Whitespace after the
 end-of-turn marker is not trained on.
 """
 
