@@ -108,6 +108,12 @@ class DataConfig(_Section):
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="Template switches passed to apply_chat_template, e.g. "
         "{enable_thinking: false}; recorded in the hidden-states manifest.")
+    max_unstable_template_share: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="Largest share of the conversations tried, or of their tokens, that may be "
+                    "dropped because the chat template renders an earlier turn differently once "
+                    "later turns follow (no loss mask can be derived); above it extraction is "
+                    "refused (TEMPLATE_UNSTABLE), at or below it warned about and recorded.")
     regenerate: Literal["none", "hf", "openai"] = Field(
         "none", description="Replace assistant turns by the target's own greedy answers before "
                             "extraction.")

@@ -66,6 +66,14 @@ def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
         sr.log_dataset(out_dir, "extraction")
         metrics = {f"counts.{k}": float(v) for k, v in manifest.get("counts", {}).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        unstable = manifest.get("template_unstable") or {}
+        if unstable:  # conversations dropped as not prefix-stable: metrics and a tag
+            sr.log_metrics({f"template_unstable.{k}": float(unstable[k]) for k in
+                            ("conversations", "tokens", "share_conversations", "share_tokens")})
+        if unstable.get("conversations"):
+            sr.set_tags({"eagle3.template_unstable": (
+                f"{unstable['conversations']} of {unstable['tried']} conversations, "
+                f"{unstable['share_tokens']:.1%} of tokens dropped")})
         if isinstance(manifest.get("tokens_per_s"), (int, float)):
             metrics["tokens_per_s"] = float(manifest["tokens_per_s"])
             sr.log_metrics({"tokens_per_s": metrics["tokens_per_s"]})

@@ -9,7 +9,10 @@ unusable file is a :class:`~eagle3.errors.DataError`.
 
 Loss mask (:func:`tokenize_conversation`): 1 on the assistant's content and end-of-turn token.
 ``{% generation %}`` templates use ``return_assistant_tokens_mask``; others are rendered prefix by
-prefix and the assistant's character span mapped to tokens through offsets. Whitespace after the
+prefix and the assistant's character span mapped to tokens through offsets. Text the template adds
+between the assistant header and the content (e.g. Qwen3's empty ``<think>\n\n</think>\n\n`` at
+default settings) is not the assistant's and is never trained on: in the mask it would teach the
+draft to predict the template's fixed text rather than the target's answers. Whitespace after the
 end-of-turn marker is not trained on.
 """
 
@@ -78,6 +81,7 @@ class TokenizedSample:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool = False
+    num_tokens: int = 0  # tokens before truncation to max_seq_len
 
 
 def _normalise(rec, where: str, stats: ReadStats) -> Conversation | None:
@@ -219,7 +223,9 @@ def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = 
 
     Each span is ``render(messages[:i+1])`` minus ``render(messages[:i],
     add_generation_prompt=True)``, with trailing whitespace dropped (see :func:`_assistant_start`
-    for templates whose generation prompt differs from their history). Raises DataError when the
+    for templates whose generation prompt differs from their history); it starts where the
+    message's own (stripped) content starts, so text the template injects after the assistant
+    header (an empty reasoning block) is outside it. Raises DataError when the
     template is not prefix-stable (a later render does not start with an earlier one), naming the
     message index and the template hash.
     """
@@ -232,12 +238,27 @@ def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = 
         upto = _render(tokenizer, messages[: i + 1], False, kwargs)
         start = _assistant_start(tokenizer, messages, i, upto, kwargs)
         if start is None or not full.startswith(upto):
-            raise DataError(f"chat template {template_hash(tokenizer)[:12]}: rendering is not "
-                            "prefix-stable at message "
-                            f"{i} (assistant); cannot derive the loss mask without generation "
-                            "markers")
+            raise TemplateUnstable(f"chat template {template_hash(tokenizer)[:12]}: rendering is "
+                                   f"not prefix-stable at message {i} (assistant); cannot derive "
+                                   "the loss mask without generation markers")
+        start = _content_start(upto, start, m["content"])
         spans.append((start, max(len(upto.rstrip()), start)))
     return full, spans
+
+
+class TemplateUnstable(DataError):
+    """The chat template renders an earlier turn differently once later turns follow (e.g. an
+    empty reasoning block only on the last assistant turn): no loss mask can be derived."""
+
+
+def _content_start(upto: str, start: int, content: str) -> int:
+    """Offset of the assistant message's own text in ``upto`` at or after ``start`` (the end of
+    the generation prompt): where its stripped ``content`` first occurs, so that boilerplate the
+    template puts before it is not supervised. ``start`` itself when the content is empty or the
+    template rewrote it beyond stripping (the span then stays as rendered)."""
+    needle = content.strip()
+    found = upto.find(needle, start) if needle else -1
+    return start if found < 0 else found
 
 
 def _assistant_start(tokenizer, messages, i: int, upto: str, kwargs: dict) -> int | None:
@@ -290,4 +311,13 @@ def tokenize_conversation(tokenizer, conv: Conversation, max_seq_len: int,
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, mask = list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
     truncated = len(ids) > max_seq_len
-    return TokenizedSample(conv.id, ids[:max_seq_len], mask[:max_seq_len], truncated)
+    return TokenizedSample(conv.id, ids[:max_seq_len], mask[:max_seq_len], truncated, len(ids))
+
+
+def rendered_tokens(tokenizer, conv: Conversation, template_kwargs: dict | None = None) -> int:
+    """Number of tokens of ``conv`` rendered in full by the chat template (no loss mask needed;
+    counts what a dropped conversation would have contributed)."""
+    if conv.text is not None:
+        return len(tokenizer(conv.text, add_special_tokens=True)["input_ids"])
+    text = _render(tokenizer, conv.messages, False, dict(template_kwargs or {}))
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -34,6 +34,8 @@ class Plan:
     source: dict = field(default_factory=dict)
     # "<file>:<line>: <reason>" of the reader's skips
     skip_examples: list[str] = field(default_factory=list)
+    # conversations dropped as not prefix-stable (:func:`unstable_summary`)
+    unstable: dict = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -49,12 +51,52 @@ def data_source_path(cfg) -> tuple[str, Path]:
     return "file", Path(cfg.data.path).expanduser()
 
 
-def selected_conversations(cfg, tokenizer) -> tuple[list, object, Counter, Path, str]:
+UNSTABLE = "template_not_prefix_stable"
+
+
+@dataclass
+class Tally:
+    """What a selection tried: conversations and tokens (rendered, before truncation) in all, and
+    of those dropped because the template is not prefix-stable."""
+
+    tried: int = 0
+    tried_tokens: int = 0
+    unstable: int = 0
+    unstable_tokens: int = 0
+
+
+def unstable_summary(tally: Tally, threshold: float) -> dict:
+    """``{"conversations", "tokens", "share_conversations", "share_tokens", "tried",
+    "tried_tokens", "threshold"}`` of ``tally``: shares are fractions (0..1) of the conversations
+    and of the tokens the selection tried."""
+    return {"conversations": tally.unstable, "tokens": tally.unstable_tokens,
+            "share_conversations": tally.unstable / max(1, tally.tried),
+            "share_tokens": tally.unstable_tokens / max(1, tally.tried_tokens),
+            "tried": tally.tried, "tried_tokens": tally.tried_tokens, "threshold": threshold}
+
+
+def check_unstable(summary: dict, path: Path) -> None:
+    """Raise DataError ``TEMPLATE_UNSTABLE`` when the share of conversations or of tokens dropped
+    as not prefix-stable exceeds ``data.max_unstable_template_share`` (``summary["threshold"]``)."""
+    worst = max(summary["share_conversations"], summary["share_tokens"])
+    if summary["conversations"] and worst > summary["threshold"]:
+        raise DataError(
+            f"TEMPLATE_UNSTABLE: {path}: {summary['conversations']} of {summary['tried']} "
+            f"conversations ({summary['share_conversations']:.1%}) and {summary['tokens']} of "
+            f"{summary['tried_tokens']} tokens ({summary['share_tokens']:.1%}) were dropped "
+            "because the chat template renders an earlier assistant turn differently once later "
+            "turns follow; expected at most data.max_unstable_template_share="
+            f"{summary['threshold']} of either. Fix: a template with {{% generation %}} markers "
+            "or one that renders history stably, or raise the setting to accept the loss")
+
+
+def selected_conversations(cfg, tokenizer, tally: Tally | None = None
+                           ) -> tuple[list, object, Counter, Path, str]:
     """The conversations an extraction of ``cfg`` would use, before any regeneration: every record
     of the data source read, put in the ``data.seed``-seeded order, and the first
     ``data.num_conversations`` that template to at least one loss token kept. Returns ``(chosen
     [(Conversation, TokenizedSample)], read stats, skipped-by-reason counter, source path, source
-    kind)``."""
+    kind)``; ``tally`` (optional) counts what was tried and dropped as not prefix-stable."""
     from eagle3.extract.conversations import read_conversations
 
     kind, path = data_source_path(cfg)
@@ -62,7 +104,7 @@ def selected_conversations(cfg, tokenizer) -> tuple[list, object, Counter, Path,
     order = list(range(len(convs)))
     random.Random(cfg.data.seed).shuffle(order)
     skipped = Counter(stats.skipped)
-    chosen = _select(cfg, tokenizer, (convs[j] for j in order), skipped)
+    chosen = _select(cfg, tokenizer, (convs[j] for j in order), skipped, tally)
     return chosen, stats, skipped, path, kind
 
 
@@ -71,11 +113,17 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
 
     ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations'
     assistant turns (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError
-    when the file is unreadable or no record gives a usable sample.
+    when the file is unreadable, no record gives a usable sample, or more than
+    ``data.max_unstable_template_share`` of the conversations or tokens tried were dropped as not
+    prefix-stable (``TEMPLATE_UNSTABLE``, :func:`check_unstable`); ``Plan.unstable`` records the
+    drop in any case.
     """
-    chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer)
+    tally = Tally()
+    chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer, tally)
     if regen is not None:
-        chosen = _select(cfg, tokenizer, regen([c for c, _ in chosen]), skipped)
+        chosen = _select(cfg, tokenizer, regen([c for c, _ in chosen]), skipped, tally)
+    unstable = unstable_summary(tally, cfg.data.max_unstable_template_share)
+    check_unstable(unstable, path)
     if not chosen:
         raise DataError(f"{path}: no usable sample among {stats.records} records (skipped: "
                         f"{dict(skipped)})")
@@ -87,24 +135,35 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
                 [s.loss_mask for s in samples],
                 n - n_val, sum(s.truncated for s in samples), stats.records, skipped,
                 {"kind": kind, "path": str(path.resolve()), "sha256": sha256_file(path)},
-                list(stats.examples))
+                list(stats.examples), unstable)
 
 
-def _select(cfg, tokenizer, convs, skipped: Counter) -> list:
+def _select(cfg, tokenizer, convs, skipped: Counter, tally: Tally | None = None) -> list:
     """The first ``data.num_conversations`` conversations that template to >= 1 loss token, with
-    their samples."""
-    from eagle3.extract.conversations import tokenize_conversation
+    their samples. A conversation the template does not render prefix-stably is skipped under
+    :data:`UNSTABLE` and counted in ``tally`` with its rendered tokens."""
+    from eagle3.extract.conversations import (TemplateUnstable, rendered_tokens,
+                                              tokenize_conversation)
 
-    chosen = []
+    chosen, tally = [], tally if tally is not None else Tally()
     for conv in convs:
         if len(chosen) >= cfg.data.num_conversations:
             break
+        tally.tried += 1
         try:
             s = tokenize_conversation(tokenizer, conv, cfg.data.max_seq_len,
                                       cfg.data.chat_template_kwargs)
+        except TemplateUnstable:
+            n = rendered_tokens(tokenizer, conv, cfg.data.chat_template_kwargs)
+            skipped[UNSTABLE] += 1
+            tally.unstable += 1
+            tally.unstable_tokens += n
+            tally.tried_tokens += n
+            continue
         except DataError as e:
             skipped[f"template_error: {str(e)[:80]}"] += 1
             continue
+        tally.tried_tokens += s.num_tokens
         if not any(s.loss_mask):
             skipped["no_loss_tokens_after_truncation" if s.truncated else "no_loss_tokens"] += 1
             continue

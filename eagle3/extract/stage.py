@@ -210,6 +210,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                     f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
                     plan.truncated,
                     len(plan.ids), cfg.data.max_seq_len)
+    warn_unstable(plan.unstable, plan.source["path"])
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
     if (out_dir / "manifest.json").is_file():
@@ -242,6 +243,10 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                  todo_tokens)
     t2 = time.perf_counter()
     _finalize_data(out_dir, plan)
+    from eagle3.extract.alignment import check_alignment
+
+    # HS_MISALIGNED before a manifest exists: a shifted store never reaches training
+    alignment = check_alignment(out_dir, target_dir, [range(s.start, s.stop) for s in shards])
     extra = {
         "target": target, "tokenizer_hash": tokenizer_hash(tok),
         "chat_template_hash": template_hash(tok),
@@ -256,6 +261,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "shards": {"total": len(shards), "resumed": len(done)},
         "skipped_by_reason": dict(plan.skipped),
         "skipped_examples": plan.skip_examples,
+        "template_unstable": plan.unstable,
+        "alignment": alignment,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)
@@ -269,6 +276,19 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                           inputs={"target_weights": target["weights_hash"],
                                   "data": plan.source["sha256"]},
                           counts=counts, timings=timings, **extra)
+
+
+def warn_unstable(unstable: dict, source: str) -> None:
+    """Log a warning with the count and share (conversations and tokens) of conversations dropped
+    because the chat template is not prefix-stable (``Plan.unstable``); nothing when none was."""
+    if unstable.get("conversations"):
+        log.warning("%s: %d of %d conversations (%.1f%%) and %d of %d tokens (%.1f%%) dropped: the "
+                    "chat template renders an earlier assistant turn differently once later turns "
+                    "follow, so no loss mask can be derived (refused above "
+                    "data.max_unstable_template_share=%s)", source, unstable["conversations"],
+                    unstable["tried"], 100 * unstable["share_conversations"], unstable["tokens"],
+                    unstable["tried_tokens"], 100 * unstable["share_tokens"],
+                    unstable["threshold"])
 
 
 def _check_backend(cfg) -> None:

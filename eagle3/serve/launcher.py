@@ -28,7 +28,8 @@ from eagle3.redaction import redact
 from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                sglang_unusable_reason)
 from eagle3.engines.sglang.profile import VERSION
-from eagle3.engines.sglang.serving import launch_args, reference_refusals, simulation_problem
+from eagle3.engines.sglang.serving import (extra_args_problems, launch_args, reference_refusals,
+                                           simulation_problem)
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, nvidia_smi
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
@@ -81,7 +82,12 @@ def resolve_engine(cfg: RunConfig) -> str:
     return "sglang" if has_sglang and gpu_present() else "reference"
 
 
-def _check_extra_args(generated: list[str], extra: list[str]) -> None:
+def _check_extra_args(generated: list[str], extra: list[str], engine: str) -> None:
+    if engine == "sglang":  # SGLang's parser takes aliases and unambiguous prefixes
+        problems = extra_args_problems(extra, generated)
+        if problems:
+            raise ConfigError("; ".join(f"{code}: {msg}" for code, msg in problems))
+        return
     ours = {a.split("=", 1)[0] for a in generated if a.startswith("--")}
     dup = sorted({a.split("=", 1)[0] for a in extra if a.startswith("--")} & ours)
     if dup:
@@ -92,7 +98,9 @@ def _check_extra_args(generated: list[str], extra: list[str]) -> None:
 def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, port: int,
                   engine: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The engine's argv and the environment variables to add. ``draft_dir`` None: the target alone
-    (baseline). ConfigError for ``serve.extra_args`` repeating a generated flag or a
+    (baseline). ConfigError for ``serve.extra_args`` repeating a generated flag (for SGLang also
+    an alias, an abbreviation, an owned flag, an unknown or ambiguous one:
+    :func:`eagle3.engines.sglang.serving.extra_args_problems`) or a
     simulated-acceptance variable; EngineUnsupported for what the reference engine cannot honour."""
     s = cfg.serve
     engine = engine or resolve_engine(cfg)
@@ -121,7 +129,7 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     else:
         raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or "
                                 "'reference'")
-    _check_extra_args(argv, s.extra_args)
+    _check_extra_args(argv, s.extra_args, engine)
     threads = {}
     if engine == "reference" and s.cpu_threads is not None and reference_device(s.device) == "cpu":
         # torch's CPU threads (serve.env may override)

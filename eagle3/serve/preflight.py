@@ -29,7 +29,8 @@ from typing import Any
 
 from eagle3.convert.checkpoint import Problem
 from eagle3.engines.bounds import bounded_int
-from eagle3.engines.sglang.serving import flag_value, resolve, simulation_problem
+from eagle3.engines.sglang.serving import (extra_args_problems, flag_value, resolve,
+                                           simulation_problem)
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 
 GIB = 1 << 30
@@ -347,6 +348,9 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     figs = {"max_running_requests": r["max_running_requests"],
             "num_draft_tokens": r["num_draft_tokens"],
             "overlap_scheduler": int(r["scheduler"] == "overlap")}
+    extra = [Problem(code, msg) for code, msg in extra_args_problems(s.extra_args)]
+    if extra:
+        return Check("settings", "failed", "; ".join(p.message for p in extra), figs), extra
     return Check("settings", "passed", detail, figs), []
 
 

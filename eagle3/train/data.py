@@ -65,14 +65,10 @@ class HiddenStatesData:
         ``epochs_over_data``)."""
         return sum(self.positions(i) for i in self.train_ids)
 
-    def load_sample(self, i: int) -> dict[str, torch.Tensor]:
-        """Read and shift sample ``i``: tensors of ``n = positions(i)`` rows.
-
-        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype;
-        fp8 files, which carry ``hidden_states_scales``, are dequantized to bf16), ``input_ids [n]``
-        int64, ``loss_mask [n]`` bool, ``position_ids [n]`` int64 (1..n). Raises DataError: file
-        missing, token ids differing from ``data/``, wrong shape, NaN/Inf.
-        """
+    def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``i`` as stored, checked: ``(token_ids [T] int64, hidden_states [T, n_aux+1, H])``
+        (file dtype; fp8 dequantized to bf16). Raises DataError: file missing or unreadable, token
+        ids differing from ``data/``, wrong shape, NaN/Inf."""
         from safetensors.torch import load_file
 
         path = self.root / "hidden_states" / f"hs_{i}.safetensors"
@@ -101,6 +97,17 @@ class HiddenStatesData:
                             f"got {list(hs.shape)}")
         if not bool(torch.isfinite(hs).all()):
             raise DataError(f"{path}: hidden_states contain NaN/Inf")
+        return tok, hs
+
+    def load_sample(self, i: int) -> dict[str, torch.Tensor]:
+        """Read (:meth:`read`, its DataErrors) and shift sample ``i``: tensors of ``n =
+        positions(i)`` rows.
+
+        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype;
+        fp8 files, which carry ``hidden_states_scales``, are dequantized to bf16), ``input_ids [n]``
+        int64, ``loss_mask [n]`` bool, ``position_ids [n]`` int64 (1..n).
+        """
+        ids, hs = self.read(i)
         n = self.positions(i)
         return {
             "hidden_states": hs[:n, :-1].reshape(n, -1),  # [n, n_aux*H], aux of tokens 0..n-1
@@ -116,7 +123,8 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     """Open ``data_dir`` and check it against the target (``target_dir``, its text config
     ``target_conf``). ``max_tokens``: positions per micro-batch (longer samples are cut). Raises
     DataError: missing/foreign manifest, another target, hidden size mismatch, empty train split,
-    bad split ids, aux ids in another convention.
+    bad split ids, aux ids in another convention, states shifted against their tokens
+    (``HS_MISALIGNED``).
     """
     from datasets import load_from_disk
 
@@ -163,7 +171,26 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
                             max_tokens=max_tokens, skipped=skipped)
     _check_loss_tokens(data)
     data.load_sample(tr[0])  # shape/hidden-size check on real data before any step
+    _check_alignment(data, Path(target_dir))
     return data
+
+
+def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
+    """Refuse a store whose states are shifted against their tokens (DataError ``HS_MISALIGNED``,
+    :func:`eagle3.extract.alignment.check_alignment`), checked in groups of the extraction's
+    ``extract.shard_size`` (64 when the manifest does not say): stores written by other tools or
+    edited after extraction are checked too."""
+    from eagle3.extract.alignment import check_alignment
+
+    size = int(((data.manifest.get("config") or {}).get("extract") or {}).get("shard_size") or 64)
+    ids = sorted(data.train_ids + data.val_ids)
+
+    def last_layer(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tok, hs = data.read(i)  # the same checks (and DataErrors) as training's reads
+        return tok, hs[:, -1]
+
+    check_alignment(data.root, target_dir, [ids[k:k + size] for k in range(0, len(ids), size)],
+                    load=last_layer)
 
 
 def _check_loss_tokens(data: HiddenStatesData) -> None:

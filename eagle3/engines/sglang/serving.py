@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION
+from eagle3.engines.sglang.server_flags import OPTIONS
 
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = RELEASES[VERSION]["spec_max_running_requests"]
 SIMULATE_ENV = ("SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN")
@@ -81,10 +82,90 @@ def reference_refusals(serve: Any) -> dict:
             if f.reference is not None and getattr(serve, f.field) not in f.reference}
 
 
+def flag_matches(token: str) -> list[str]:
+    """The SGLang option strings (:data:`~eagle3.engines.sglang.server_flags.OPTIONS`) the
+    command-line ``token`` selects by argparse's rules for ``allow_abbrev=True``
+    (``ArgumentParser._parse_optional``): the exact name (before any ``=``) if it is one, else
+    every option string it is a prefix of. ``[]`` for a token that is no long option (a value,
+    ``--``) or matches nothing; more than one: ambiguous, which argparse refuses."""
+    if not token.startswith("--") or token == "--":
+        return []
+    name = token.split("=", 1)[0]
+    if name in OPTIONS:
+        return [name]
+    return sorted(o for o in OPTIONS if o.startswith(name))
+
+
+def canonical_flag(token: str) -> str | None:
+    """The canonical SGLang flag ``token`` sets (an alias or an unambiguous prefix resolved, e.g.
+    ``--mem-frac`` -> ``--mem-fraction-static``, ``--speculative-draft-model`` ->
+    ``--speculative-draft-model-path``); None for a value, an unknown or an ambiguous token."""
+    hits = flag_matches(token)
+    return OPTIONS[hits[0]] if len(hits) == 1 else None
+
+
+def canonical_args(argv: Sequence[str]) -> list[str]:
+    """``argv`` with every option token that SGLang resolves to one flag written as that flag
+    (``--chat-templ=x`` -> ``--chat-template=x``); values and unresolved tokens unchanged."""
+    out = []
+    for a in argv:
+        flag = canonical_flag(a)
+        out.append(a if flag is None else flag + a[len(a.split("=", 1)[0]):])
+    return out
+
+
+# flags the launcher sets itself or that a serve.* field (read by the pre-flight) owns
+OWNED_FLAGS = {"--model-path": "the target folder",
+               "--speculative-algorithm": "EAGLE3 with a draft",
+               "--speculative-draft-model-path": "the converted draft",
+               "--host": "serve.host", "--port": "serve.port or a free one",
+               "--dtype": "serve.dtype",
+               **{f.flag: f"serve.{f.field}" for f in LAUNCH_FLAGS
+                  if f.field != "max_running_requests"}}
+
+
+def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = ()
+                        ) -> list[tuple[str, str]]:
+    """``(code, message)`` for each ``serve.extra_args`` token SGLang would not take as written:
+    ``EXTRA_ARG_UNKNOWN`` (no such flag: SGLang exits with "unrecognized arguments"),
+    ``EXTRA_ARG_AMBIGUOUS`` (a prefix of several flags: argparse refuses it) and
+    ``EXTRA_ARG_OWNED`` (the flag, an alias or a prefix of a flag in :data:`OWNED_FLAGS` or in the
+    ``generated`` argv: argparse keeps the last value, so it would silently replace the
+    pipeline's algorithm, draft, target, memory fraction or other setting). Matching follows
+    SGLang's parser (:func:`flag_matches`)."""
+    mine = {canonical_flag(a) or a.split("=", 1)[0] for a in generated if a.startswith("--")}
+    out = []
+    for token in extra:
+        if not token.startswith("--") or token == "--":
+            continue
+        hits = flag_matches(token)
+        if not hits:
+            out.append(("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag of "
+                        f"SGLang {VERSION}'s launch_server, got one it does not know (it would "
+                        "exit with 'unrecognized arguments')"))
+        elif len(hits) > 1:
+            out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one flag, "
+                        f"got a prefix of {len(hits)} ({', '.join(hits[:6])}"
+                        f"{', ...' if len(hits) > 6 else ''}); SGLang's argparse refuses it: "
+                        "write the full flag"))
+        else:
+            flag = OPTIONS[hits[0]]
+            if flag in OWNED_FLAGS or flag in mine:
+                how = "" if token.split("=", 1)[0] == flag else f" (SGLang reads it as {flag})"
+                whose = OWNED_FLAGS.get(flag, "a serve.* field")
+                out.append(("EXTRA_ARG_OWNED", f"serve.extra_args {token!r}{how}: expected only "
+                            f"flags the launcher does not set, got {flag}, which it sets from "
+                            f"{whose}; the engine keeps the last value, so this one would "
+                            "silently replace it: set it there instead"))
+    return out
+
+
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """``flag``'s value in argv (``--flag V`` / ``--flag=V``, last wins; ``"true"`` without a value;
-    None if absent)."""
-    value = None
+    None if absent). Tokens are matched as SGLang's parser reads them (:func:`canonical_args`:
+    aliases and unambiguous prefixes count as the flag)."""
+    value, argv = None, canonical_args(argv)
+    flag = canonical_flag(flag) or flag
     for i, a in enumerate(argv):
         if a == flag:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
@@ -166,7 +247,7 @@ def resolve(serve: Any, device: str = "cuda") -> dict:
     extra, topk = serve.extra_args, serve.speculative_eagle_topk
     running, given = running_requests(serve)
     device = flag_value(extra, "--device") or device
-    pp = flag_value(extra, "--pp-size") or flag_value(extra, "--pipeline-parallel-size") or "1"
+    pp = flag_value(extra, "--pp-size") or "1"  # its alias --pipeline-parallel-size too
     if flag_value(extra, "--disable-overlap-schedule") is not None:
         scheduler, why = "synchronous", "--disable-overlap-schedule"
     elif device == "cpu":

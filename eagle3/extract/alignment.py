@@ -1,0 +1,203 @@
+"""Are the stored hidden states aligned with their tokens? A cheap check with the target's head.
+
+Row ``t`` of a sample's ``hidden_states`` holds, in slot -1, the target's last decoder layer output
+at token ``t`` before the final norm (docs/INTERNALS.md). The target's final norm and LM head turn
+it into the distribution of token ``t + 1``, so ``argmax(lm_head(norm(h_t)))`` agrees with the
+stored token ``t + 1`` as often as the target predicts the text. A store shifted by one position
+(``h_t`` holding the state of token ``t - 1`` or ``t + 1``) agrees instead with token ``t`` or
+``t + 2``. :func:`check_alignment` measures the three agreement rates on up to
+:data:`POSITIONS` positions of every group of samples (a shard; fewer per group when there are
+many, :data:`MAX_POSITIONS` in all) and refuses the store when the pooled rates, or those of a
+group of at least :data:`MIN_GROUP` positions, show a shifted rate of at least :data:`MIN_RATE`
+above the aligned one (``HS_MISALIGNED``).
+
+A target that does not predict the text (random weights, text far from its training) agrees
+rarely at every offset: such a group is ``inconclusive``, recorded, never refused. Only the final
+norm and the LM head are read (from the target's safetensors), never the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from eagle3.errors import DataError
+
+log = logging.getLogger(__name__)
+
+POSITIONS = 64  # positions checked per group (shard)
+MAX_POSITIONS = 8192  # in all: a store of many shards gets fewer per shard (at least MIN_GROUP)
+MIN_GROUP = 32  # a single group is judged on its own only with at least this many positions
+MIN_RATE = 0.2  # a shifted offset must agree at least this often to count as evidence
+VOCAB_CHUNK = 16384  # LM-head rows multiplied at once (bounds the float32 copy)
+NORM_KEYS = ("model.norm.weight", "model.language_model.norm.weight",
+             "language_model.model.norm.weight", "norm.weight")
+HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
+EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+              "language_model.model.embed_tokens.weight", "embed_tokens.weight")
+PLUS_ONE_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text")  # scale = 1 + weight
+
+
+class Head:
+    """The target's final RMS norm and LM head: :meth:`argmax` of ``[n, H]`` pre-norm states.
+
+    ``norm`` ``[H]`` float32 (``1 + weight`` for Gemma-style norms), ``eps`` (``rms_norm_eps``,
+    default 1e-6), ``lm_head`` ``[V, H]`` in the stored dtype (the embedding when tied)."""
+
+    def __init__(self, norm: torch.Tensor, eps: float, lm_head: torch.Tensor):
+        self.norm, self.eps, self.lm_head = norm.float(), float(eps), lm_head
+
+    @torch.no_grad()
+    def argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """Predicted next token ids ``[n]`` int64 of pre-norm last-layer states ``h [n, H]``."""
+        x = h.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
+        best = torch.full((x.shape[0],), -float("inf"))
+        ids = torch.zeros(x.shape[0], dtype=torch.long)
+        for lo in range(0, self.lm_head.shape[0], VOCAB_CHUNK):
+            logits = x @ self.lm_head[lo:lo + VOCAB_CHUNK].float().T  # [n, chunk]
+            val, idx = logits.max(-1)
+            better = val > best
+            best, ids = torch.where(better, val, best), torch.where(better, idx + lo, ids)
+        return ids
+
+
+def load_head(target_dir: str | Path) -> Head | None:
+    """The final norm and LM head of the HF folder ``target_dir``, read from its safetensors files
+    (keys :data:`NORM_KEYS`, :data:`HEAD_KEYS`, else the tied embedding :data:`EMBED_KEYS`). None
+    when a tensor is not found under those names (the check is then recorded as skipped)."""
+    from safetensors import safe_open
+
+    target_dir = Path(target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    text = config.get("text_config") or config
+    where: dict[str, Path] = {}
+    for path in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            where.update({k: path for k in f.keys()})
+
+    def first(keys: Sequence[str]) -> torch.Tensor | None:
+        for k in keys:
+            if k in where:
+                with safe_open(str(where[k]), framework="pt") as f:
+                    return f.get_tensor(k)
+        return None
+
+    norm = first(NORM_KEYS)
+    head = first(HEAD_KEYS)
+    head = head if head is not None else first(EMBED_KEYS)
+    if norm is None or head is None:
+        return None
+    if text.get("model_type") in PLUS_ONE_NORMS:
+        norm = 1.0 + norm.float()
+    return Head(norm, text.get("rms_norm_eps") or 1e-6, head)
+
+
+def _positions(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Up to ``budget`` ``(sample index in the group, t)`` with ``t + 2 < T``, spread evenly over
+    the samples and over each sample's positions."""
+    out: list[tuple[int, int]] = []
+    usable = [(j, n - 2) for j, n in enumerate(lengths) if n >= 3]
+    for k, (j, n) in enumerate(usable):
+        want = min(n, (budget - len(out)) // max(1, len(usable) - k))
+        step = n / max(1, want)
+        out += [(j, int(i * step)) for i in range(want)]
+    return out
+
+
+def agreement(head: Head, samples: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              budget: int = POSITIONS) -> dict:
+    """Agreement rates of one group: ``samples`` are ``(token_ids [T] int64, last-layer states
+    [T, H])``. Returns ``{"positions": n, "previous": rate of token t, "next": rate of token t+1,
+    "after_next": rate of token t+2}`` (fractions 0..1; rates 0 with no position)."""
+    picks = _positions([int(ids.numel()) for ids, _ in samples], budget)
+    if not picks:
+        return {"positions": 0, "previous": 0.0, "next": 0.0, "after_next": 0.0}
+    h = torch.stack([samples[j][1][t] for j, t in picks])
+    pred = head.argmax(h)
+    rates = {}
+    for name, off in (("previous", 0), ("next", 1), ("after_next", 2)):
+        tok = torch.tensor([int(samples[j][0][t + off]) for j, t in picks])
+        rates[name] = float((pred == tok).float().mean())
+    return {"positions": len(picks), **rates}
+
+
+def verdict(rates: dict) -> str:
+    """``"misaligned"`` when a shifted rate is >= :data:`MIN_RATE` and above the aligned one,
+    ``"aligned"`` when the aligned rate is >= :data:`MIN_RATE` (and no shifted one beats it),
+    else ``"inconclusive"`` (the target rarely predicts the text at any offset)."""
+    shifted = max(rates["previous"], rates["after_next"])
+    if shifted >= MIN_RATE and shifted > rates["next"]:
+        return "misaligned"
+    return "aligned" if rates["next"] >= MIN_RATE else "inconclusive"
+
+
+def _read_store(store_dir: str | Path, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token_ids [T] int64, last-layer states [T, H] float32)`` of sample ``i``; DataError
+    naming the file when it cannot be read."""
+    from eagle3.extract.store import load_sample
+
+    try:
+        s = load_sample(store_dir, i)
+    except DataError:
+        raise
+    # noqa: BLE001 - safetensors raises its own error type for a damaged file
+    except Exception as e:
+        raise DataError(f"{store_dir}/hidden_states: sample {i} unreadable "
+                        f"({type(e).__name__}: {e})") from e
+    return s["token_ids"].long(), s["hidden_states"][:, -1]
+
+
+def check_alignment(store_dir: str | Path, target_dir: str | Path,
+                    groups: Sequence[Sequence[int]], *, budget: int = POSITIONS,
+                    load: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
+                    ) -> dict:
+    """Check every group of sample indices (a shard) of the hidden-states folder ``store_dir``
+    against the target at ``target_dir``; ``load(i)`` reads sample ``i`` as ``(token_ids [T],
+    last-layer states [T, H])`` (default: the store's files). Returns the record kept in
+    manifests: ``{"status": "passed" | "skipped", "reason", "groups", "positions",
+    "inconclusive" (groups), "rates" {previous, next, after_next} over all checked positions,
+    "min_rate"}``.
+
+    Raises DataError ``HS_MISALIGNED`` naming the folder, the first misaligned group's samples and
+    its three measured rates when a group of at least :data:`MIN_GROUP` positions, or all groups
+    pooled, are misaligned (:func:`verdict`)."""
+    head = load_head(target_dir)
+    budget = max(8, min(budget, MAX_POSITIONS // max(1, len(groups))))
+    if head is None:
+        log.warning("%s: hidden-state alignment not checked: no final norm / LM head found in "
+                    "the safetensors of %s (names %s / %s)", store_dir, target_dir,
+                    NORM_KEYS[0], HEAD_KEYS[0])
+        return {"status": "skipped", "reason": f"no final norm or LM head in {target_dir}"}
+    totals = {"previous": 0.0, "next": 0.0, "after_next": 0.0}
+    positions, inconclusive, bad = 0, 0, []
+    for group in groups:
+        samples = [(load or (lambda k: _read_store(store_dir, k)))(i) for i in group]
+        r = agreement(head, samples, budget)
+        positions += r["positions"]
+        for k in totals:
+            totals[k] += r[k] * r["positions"]
+        v = verdict(r)
+        inconclusive += v == "inconclusive"
+        if v == "misaligned" and r["positions"] >= MIN_GROUP:
+            bad.append((list(group), r))
+    rates = {k: v / max(1, positions) for k, v in totals.items()}
+    if not bad and verdict(rates) == "misaligned":
+        bad.append(([i for g in groups for i in g], {**rates, "positions": positions}))
+    if bad:
+        group, r = bad[0]
+        span = f"{group[0]}..{group[-1]}" if group else "none"
+        raise DataError(
+            f"HS_MISALIGNED: {store_dir}/hidden_states: states shifted against their tokens "
+            f"({len(bad)} finding(s) over {len(groups)} shards); samples {span}: "
+            "argmax(lm_head(norm(h_t))) "
+            f"matches token t+1 (aligned) at {r['next']:.1%}, token t at {r['previous']:.1%}, "
+            f"token t+2 at {r['after_next']:.1%} of {r['positions']} positions; expected the "
+            "aligned rate highest (slot -1 of row t = last layer output at token t). Re-extract, "
+            "or fix the tool that wrote the store")
+    return {"status": "passed", "groups": len(groups), "positions": positions,
+            "inconclusive": inconclusive, "rates": rates, "min_rate": MIN_RATE}

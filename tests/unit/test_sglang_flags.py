@@ -1,0 +1,155 @@
+"""serve.extra_args read as SGLang's argparse reads them: aliases and unambiguous prefixes resolve
+to their flag before the launcher's and the pre-flight's rules judge them; the pinned flag table
+is re-derived from the unpacked SGLang source."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import load_config
+from eagle3.engines.sglang import server_flags
+from eagle3.engines.sglang.serving import (canonical_flag, extra_args_problems, flag_value,
+                                           resolve)
+from eagle3.errors import ConfigError
+from eagle3.serve import preflight
+from eagle3.serve.launcher import build_command
+
+SOURCE_ROOTS = [os.environ.get("EAGLE3_SGLANG_SOURCE", ""), "/work/plan/src/s523"]
+
+
+def sglang_server_flags(root: Path) -> dict[str, str]:
+    """``{option string: canonical option}`` of ``sglang serve`` / ``python -m
+    sglang.launch_server`` read statically from an unpacked SGLang source tree ``root`` (the
+    folder holding ``sglang/``): every field of ``server_args._INPUT_NAMESPACES`` annotated
+    ``A[T, "help"]`` or ``A[T, Arg(...)]`` without ``no_cli``
+    (``arg_utils.add_cli_args_from_dataclass``: the name is ``cli_name`` or ``--field-name``, plus
+    ``aliases``), and every ``parser.add_argument`` of
+    ``ServerArgs.add_cli_args``."""
+    srt = root / "sglang" / "srt"
+    server_args = ast.parse((srt / "server_args.py").read_text())
+    namespaces: list[str] = []
+    for node in server_args.body:
+        target = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
+        if target == "_INPUT_NAMESPACES":
+            namespaces = [e.id for e in node.value.elts]
+    flags: dict[str, str] = {}
+    for path in sorted((srt / "arg_groups" / "fields").glob("*.py")):
+        for cls in ast.parse(path.read_text()).body:
+            if not isinstance(cls, ast.ClassDef) or cls.name not in namespaces:
+                continue
+            for st in cls.body:
+                ann = getattr(st, "annotation", None)
+                if not isinstance(ann, ast.Subscript) or getattr(ann.value, "id", "") != "A":
+                    continue
+                meta = ann.slice.elts[1:] if isinstance(ann.slice, ast.Tuple) else []
+                cli, aliases, kind = "--" + st.target.id.replace("_", "-"), [], None
+                for m in meta:
+                    if isinstance(m, ast.Call) and getattr(m.func, "id", "") == "Arg":
+                        kw = {k.arg: ast.literal_eval(k.value) for k in m.keywords
+                              if k.arg in ("no_cli", "cli_name", "aliases")}
+                        kind = None if kw.get("no_cli") else "arg"
+                        cli, aliases = kw.get("cli_name") or cli, kw.get("aliases") or []
+                        break
+                    if isinstance(m, (ast.Constant, ast.JoinedStr, ast.BinOp)):
+                        kind = "help"
+                        break
+                if kind is not None:
+                    flags.update({name: cli for name in [cli, *aliases]})
+    for node in ast.walk(server_args):
+        if isinstance(node, ast.FunctionDef) and node.name == "add_cli_args":
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument":
+                    names = [a.value for a in call.args if isinstance(a, ast.Constant)]
+                    flags.update({name: names[0] for name in names})
+    return flags
+
+
+def _source_root() -> Path | None:
+    for root in SOURCE_ROOTS:
+        here = Path(root)
+        if (root and (here / "sglang" / "srt" / "server_args.py").is_file()
+                and any(here.glob("sglang-0.5.23.dist-info"))):
+            return here
+    return None
+
+
+def test_pinned_flag_table_is_the_released_source():
+    root = _source_root()
+    if root is None:
+        pytest.skip("SGLang 0.5.23 source not unpacked (set EAGLE3_SGLANG_SOURCE to the folder "
+                    "holding sglang/)")
+    derived = sglang_server_flags(root)
+    pinned = {k: v for k, v in server_flags.OPTIONS.items() if k not in ("-h", "--help")}
+    assert pinned == derived
+    assert derived["--speculative-draft-model"] == "--speculative-draft-model-path"
+
+
+def _cfg(*extra: str, **kw):
+    items = ", ".join(repr(e) for e in extra)
+    return load_config(None, ["serve.engine=sglang", f"serve.extra_args=[{items}]",
+                              *[f"serve.{k}={v}" for k, v in kw.items()]])
+
+
+def _launch_error(cfg, draft: Path | None = Path("/d")) -> str:
+    with pytest.raises(ConfigError) as e:
+        build_command(cfg, Path("/t"), draft, 1, engine="sglang")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--speculative-algo", "STANDALONE"], "--speculative-algorithm"),
+    (["--speculative-algo=NGRAM"], "--speculative-algorithm"),
+    (["--speculative-draft-model", ""], "--speculative-draft-model-path"),
+    (["--speculative-draft-model=/t"], "--speculative-draft-model-path"),  # the target
+    (["--speculative-draft-model-pa", "/t"], "--speculative-draft-model-path"),
+    (["--mem-frac", "0.5"], "--mem-fraction-static"),
+    (["--model", "/elsewhere"], "--model-path"),
+    (["--tensor-parallel-size", "2"], "--tp-size"),
+])
+def test_alias_or_abbreviation_of_an_owned_flag_is_refused(extra, flag):
+    msg = _launch_error(_cfg(*extra))
+    assert msg.startswith("EXTRA_ARG_OWNED: ") and f"got {flag}" in msg and repr(extra[0]) in msg
+    problems = preflight._check_settings(_cfg(*extra), "sglang")[1]
+    assert [p.code for p in problems] == ["EXTRA_ARG_OWNED"] and flag in problems[0].message
+
+
+def test_baseline_launch_refuses_a_smuggled_algorithm_too():
+    msg = _launch_error(_cfg("--speculative-algo", "NGRAM"), draft=None)
+    assert "EXTRA_ARG_OWNED" in msg and "--speculative-algorithm" in msg
+
+
+def test_ambiguous_and_unknown_flags_are_refused_like_argparse():
+    msg = _launch_error(_cfg("--speculative-draft", "/t"))  # 9 flags start so
+    assert msg.startswith("EXTRA_ARG_AMBIGUOUS: ") and "--speculative-draft-model-path" in msg
+    msg = _launch_error(_cfg("--cuda-graph-max-bs", "8"))
+    assert msg.startswith("EXTRA_ARG_AMBIGUOUS: ") and "--cuda-graph-max-bs-decode" in msg
+    assert "--cuda-graph-max-bs-prefill" in msg
+    msg = _launch_error(_cfg("--no-such-flag-at-all"))
+    assert msg.startswith("EXTRA_ARG_UNKNOWN: ") and "'--no-such-flag-at-all'" in msg
+
+
+def test_abbreviated_chat_template_is_judged_as_the_template_override():
+    cfg = _cfg("--chat-templ", "chatml")
+    assert flag_value(cfg.serve.extra_args, "--chat-template") == "chatml"
+    out = preflight._server_template(cfg, {}, {"chat_template_hash": "0" * 64})
+    assert [p.code for p in out] == ["TEMPLATE_OVERRIDE"] and "'chatml'" in out[0].message
+
+
+def test_aliases_count_for_the_serving_rules():
+    assert canonical_flag("--pipeline-parallel-size=2") == "--pp-size"
+    assert resolve(_cfg("--pipeline-parallel", "2").serve)["scheduler"] == "synchronous"
+    assert resolve(_cfg("--disable-overlap").serve)["scheduler"] == "synchronous"
+
+
+def test_flags_the_launcher_does_not_set_pass_verbatim():
+    cfg = _cfg("--attention-backend", "fa3", "--disable-radix-cache", "--max-running-requests",
+               "80", "--chat-template=/x/t.jinja")
+    assert extra_args_problems(cfg.serve.extra_args) == []
+    argv, _ = build_command(cfg, Path("/t"), Path("/d"), 1, engine="sglang")
+    assert argv[-6:] == ["--attention-backend", "fa3", "--disable-radix-cache",
+                         "--max-running-requests", "80", "--chat-template=/x/t.jinja"]
+    assert preflight._check_settings(cfg, "sglang")[1] == []
