@@ -5,8 +5,9 @@
 #   kit     carry .cache/sglang-kit             lab/gpu/sglang_kit.sh install -> /opt/sgl, doctors
 #   gguf N  carry .benchdata/gguf.partNN ...    collect GGUF parts in /tmp/h200
 #   target                                      join the parts, convert SmolLM2 to an HF folder
-#   run CONFIG [eagle3 run args]                the pipeline; its run folder and MLflow store
-#                                               (small files) come back in $OUT
+#   run CONFIG [eagle3 run args]                the pipeline; its run folder's small files, the
+#                                               MLflow store and regenerated data come back
+#   speedup [lab/sglang_speedup.py args]        SGLang side by side (plain, chain, tree)
 # Built here by lab/gpu/carry.sh (.whl, .benchdata) and lab/gpu/sglang_kit.sh build (the kit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,6 +50,11 @@ EOF
       -o -name '*.md' -o -name '*.png' -o -name '*.txt' -o -name '*.jsonl' \) -print0 \
       | tar --null -czf "$OUT/run_files.tgz" -T - ) || true
     cp "$RUNS/mlflow.db" "$OUT/" 2>/dev/null || true
+    # regenerated conversations (the slowest input to remake), for a later machine to reuse
+    find "$RUNS" -name 'regenerated-*.jsonl' -exec sh -c 'xz -T0 -c "$1" > "$2/$(basename "$1").xz"' \
+      _ {} "$OUT" \; 
     echo "run exit $rc"; exit "$rc" ;;
+  speedup)
+    python3 lab/sglang_speedup.py -o paths.runs_dir=$RUNS "$@" 2>&1 | tee "$OUT/speedup.log" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
