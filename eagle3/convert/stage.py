@@ -276,21 +276,25 @@ def check_destination(src: Path, dst: Path) -> None:
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
-            version: str | None = None, data_manifest: dict | None = None, aux_capture: bool = True) -> dict:
+            version: str | None = None, data_manifest: dict | None = None,
+            aux_capture: bool = True) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
     ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (HF ``hidden_states`` index),
     ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
-    ``rope_from_target``, ``vocab_padded``, the source's ``data_manifest_hash``,
-    ``data_content_hash``, ``target``, and ``validation``). ``dst`` appears only if
+    ``rope_from_target``, ``vocab_padded``, ``aux_ids_from`` (where the aux ids came from), the
+    source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and ``validation`` with its
+    ``warnings``, also logged). ``dst`` appears only if
     :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
     ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
 
     Raises:
         ConfigError: ``src == dst``, an unimplemented flag, aux ids that need ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
-        CheckpointInvalid: validation failed (``.problems``).
+        CheckpointInvalid: validation failed (``.problems``), or SRC was trained with what the
+            output would drop or change (``UNKNOWN_FLAG``, ``SLIDING_WINDOW``, ``ROPE_CONFLICT``,
+            ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH`` against the training manifest).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)
@@ -302,7 +306,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ck = read_checkpoint(src)
     fmt = detect_format(ck)
     tcfg = _target_cfg(Path(target_dir) if target_dir is not None else None)
-    refused = _check_source(ck, tcfg, profile)  # the output would drop or change these: refuse instead
+    refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
     if refused:
         raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what the "
                                 "draft was trained with: " + "; ".join(map(str, refused)), refused)
@@ -312,7 +316,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)
     rope_changed = _apply_target(out_cfg, tcfg, int(out_cfg["hidden_size"]))
-    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]), "use_aux_hidden_state": True}
+    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
+             "use_aux_hidden_state": True}
     for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
         out_cfg[k] = bool(info["trained_flags"].get(k, False))
     eagle["norm_before_fc"] = out_cfg["norm_before_fc"]
@@ -323,8 +328,10 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     extra = {"engine": engine, "engine_version": profile.version, "source_format": fmt,
              "aux_layer_ids_hf": info["hf_ids"], "layer_id_convention": "hf_hidden_states_index",
              "aux_layer_ids_engine": eagle["eagle_aux_hidden_state_layer_ids"],
-             "trained_flags": info["trained_flags"], "renamed": info["renamed"], "rope_from_target": rope_changed,
-             "target": {"path": str(target_dir)} if target_dir is not None else src_manifest.get("target"),
+             "trained_flags": info["trained_flags"], "renamed": info["renamed"],
+             "rope_from_target": rope_changed,
+             "target": ({"path": str(target_dir)} if target_dir is not None
+                        else src_manifest.get("target")),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
              "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
              "vocab_padded": _vocab_padded(src_manifest),
@@ -339,16 +346,19 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         manifest = write_manifest(
             tmp, "serving_checkpoint", config={"engine": engine, "engine_version": profile.version},
             inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
-            counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)},
+            counts={"tensors": len(tensors)},
+            timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
                         "warnings": [str(w) for w in warnings],
-                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None,
+                        "target_checked": target_dir is not None,
+                        "data_checked": data_manifest is not None,
                         "aux_capture_checked": "here" if aux_capture and target_dir is not None else
                         "by the pre-flight of the deployment" if target_dir is not None else "no"},
             **extra)
         problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
                             data_manifest=data_manifest, aux_capture=aux_capture)
         if problems:
-            raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} {profile.version}: "
-                                    + "; ".join(map(str, problems)), problems)
+            raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} "
+                                    f"{profile.version}: " + "; ".join(map(str, problems)),
+                                    problems)
     return manifest
