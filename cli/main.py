@@ -186,6 +186,9 @@ def validate(
     from eagle3.convert.coverage import token_counts
     from eagle3.convert.validate import validate_report
 
+    if data is not None and not data.exists():
+        _fail(f"--data {data}: not found; expected an extraction output folder or a "
+              "conversations file", 2)
     try:
         data_manifest = read_manifest(data) if data and data.is_dir() else None
         counts = None

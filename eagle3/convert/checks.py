@@ -200,7 +200,8 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
 
 
 def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants, map
+    """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants
+    (``VOCAB_MAP_INVALID``; ``VOCAB_MAP_ABSOLUTE`` for target ids stored instead of offsets), map
     hash."""
     cfg, t = ck.config, ck.tensors
     vocab, dv = cfg.get("vocab_size"), cfg.get("draft_vocab_size")

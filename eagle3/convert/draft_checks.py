@@ -144,7 +144,10 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
     :data:`COVERAGE_WARN`. Nothing when the draft has no ``d2t`` (the full vocabulary)."""
     from eagle3.train.vocab import is_identity_prefix, vocab_coverage
 
-    d2t, vocab = _d2t(ck), ck.config.get("vocab_size")
+    tl = ck.config.get("transformer_layer_config")
+    vocab = ck.config.get("vocab_size", (tl or {}).get("vocab_size") if isinstance(tl, Mapping)
+                          else None)
+    d2t = _d2t(ck)
     if d2t is None or not isinstance(vocab, int) or d2t.dim() != 1:
         return [], [], {}
     problems, warnings, figures = [], [], {}

@@ -152,6 +152,25 @@ def test_cli_validate_data_conversations_file_and_extraction_folder(pair, tmp_pa
     r = CliRunner().invoke(app, ["validate", str(pair[1]), "--data", str(ext)])
     assert r.exit_code == 0, r.output
     assert "vocab coverage: 100.0%" in r.output
+    r = CliRunner().invoke(app, ["validate", str(pair[1]), "--data", str(tmp_path / "absent")])
+    assert r.exit_code == 2 and "absent" in r.output
+
+
+def test_cli_convert_prints_and_records_the_prefix_warning(pair, tmp_path, tiny_target_dir):
+    from cli.main import app
+
+    cfg = _cfg(pair[0])
+    dv, vocab = cfg["draft_vocab_size"], cfg["transformer_layer_config"]["vocab_size"]
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[:dv] = True
+    src = _copy(pair[0], tmp_path / "prefix",
+                tensors={"d2t": torch.zeros(dv, dtype=torch.long), "t2d": t2d})
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["convert", str(src), str(out), "--target", str(tiny_target_dir)])
+    assert r.exit_code == 0, r.output
+    assert "warning: VOCAB_MAP_PREFIX: d2t" in r.output
+    warnings = json.loads((out / "manifest.json").read_text())["validation"]["warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("VOCAB_MAP_PREFIX: d2t")
 
 
 # -- 3. RoPE: two thetas in one config; a trained theta unlike the target's ------------------------
