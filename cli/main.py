@@ -159,6 +159,8 @@ def convert(args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) 
         _fail(f"{type(e).__name__}: {e}", 1)
     for p in problems:
         typer.echo(str(p))
+    for w in ((manifest or {}).get("validation") or {}).get("warnings") or []:
+        typer.echo(f"warning: {w}", err=True)
     if manifest is None:
         typer.echo(f"not converted: {src} fails validation for {to} ({len(problems)} problem(s)); "
                    f"{dst} not written")
@@ -172,21 +174,39 @@ def convert(args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) 
 def validate(
     directory: Path = typer.Argument(..., help="Draft checkpoint directory"),
     target: Optional[Path] = typer.Option(None, "--target", help="Target model folder"),
-    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output (manifest.json) to "
-                                        "compare with"),
+    data: Optional[Path] = typer.Option(None, "--data", help="Extraction output folder "
+                                        "(manifest.json, token_freq.pt) or a conversations file "
+                                        "(JSON/JSONL/.txt, tokenized with --target's tokenizer): "
+                                        "compared with the draft, and the share of its target "
+                                        "tokens the draft vocabulary holds"),
 ):
     """Check a draft against the SGLang profile. Exit 0 valid, 1 problems (one ``CODE: message`` per
-    line), 2 I/O."""
+    line), 2 I/O. Warnings (``warning: CODE: message``) go to stderr and do not fail."""
     from eagle3.artifacts import read_manifest
-    from eagle3.convert.validate import validate as do_validate
+    from eagle3.convert.coverage import token_counts
+    from eagle3.convert.validate import validate_report
 
+    if data is not None and not data.exists():
+        _fail(f"--data {data}: not found; expected an extraction output folder or a "
+              "conversations file", 2)
     try:
-        data_manifest = read_manifest(data) if data else None
-        problems = do_validate(directory, target_dir=target, data_manifest=data_manifest)
+        data_manifest = read_manifest(data) if data and data.is_dir() else None
+        counts = None
+        if data is not None and (data.is_file() or (data / "token_freq.pt").is_file()):
+            counts = token_counts(data, target)
+        found = validate_report(directory, target_dir=target, data_manifest=data_manifest,
+                                token_counts=counts)
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
+    problems = found.problems
     for p in problems:
         typer.echo(str(p))
+    for w in found.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    if "vocab_coverage" in found.figures:
+        f = found.figures
+        typer.echo(f"vocab coverage: {f['vocab_coverage']:.1%} of {f['tokens_counted']} target "
+                   f"tokens in {data}", err=True)
     if not problems:
         typer.echo(f"{directory}: valid for sglang")
     raise typer.Exit(1 if problems else 0)

@@ -35,6 +35,21 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
                                     f"for {profile.engine} {profile.version}, got {archs}{hint}")]
 
 
+def _fc_source(param: str, ck: Checkpoint, profile: EngineProfile) -> str:
+    """For ``fc``: the config keys its input width comes from, so a width conflict names the aux
+    ids key it was compared with (SGLang: ``num_aux_hidden_states``, else the length of
+    ``eagle_config.eagle_aux_hidden_state_layer_ids``, else 3)."""
+    if param.split(".")[-2:] != ["fc", "weight"]:
+        return ""
+    n = ck.config.get("num_aux_hidden_states")
+    if isinstance(n, int):
+        return f" (num_aux_hidden_states={n})"
+    ids = cfg_get(ck.config, profile.aux_ids_key)
+    if ids:
+        return f" ({len(ids)} aux states from {profile.aux_ids_key}={ids})"
+    return f" (no {profile.aux_ids_key}: the engine assumes 3 aux states)"
+
+
 def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     """Classes 1-3: replay the engine's loader over the tensor names and the config's shapes."""
     try:
@@ -67,7 +82,8 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         if want is not None and tuple(tensor.shape) != tuple(want):
             out.append(Problem("SHAPE_MISMATCH", f"tensor {name!r} → {r.param}"
                                f"{'' if r.shard is None else f'[{r.shard}]'}: expected shape "
-                               f"{list(want)} from config.json, got {list(tensor.shape)}"))
+                               f"{list(want)} from config.json{_fc_source(r.param, ck, profile)}"
+                               f", got {list(tensor.shape)}"))
     for pname, spec in params.items():
         if spec.runtime_source or spec.unused:
             continue
@@ -121,6 +137,27 @@ def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     return []
 
 
+def _absolute_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, tid: torch.Tensor,
+                      vocab: int) -> list[Problem]:
+    """``VOCAB_MAP_ABSOLUTE`` when ``d2t`` holds target ids instead of offsets
+    (:func:`eagle3.train.vocab.absolute_d2t_reason`). A ``t2d`` that agrees with the offset
+    reading settles it as offsets; one that agrees with the absolute reading is named as proof."""
+    from eagle3.train.vocab import absolute_d2t_reason
+
+    if t2d is not None and t2d.dim() == 1 and t2d.numel() == vocab:
+        mask = t2d.to(torch.bool)
+        in_range = bool(((tid >= 0) & (tid < vocab)).all())
+        if in_range and bool(mask[tid].all()) and int(mask.sum()) == tid.numel():
+            return []
+    reason = absolute_d2t_reason(d2t, vocab)
+    if reason is None:
+        return []
+    if t2d is not None and t2d.numel() == vocab and bool(t2d.to(torch.bool)[d2t.long()].all()):
+        reason += "; t2d is true exactly at d2t's values, not at i + d2t[i]"
+    return [Problem("VOCAB_MAP_ABSOLUTE", f"d2t: expected offsets (target id = i + d2t[i]), got "
+                                          f"absolute target ids: {reason}")]
+
+
 def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int,
                     vocab: int) -> list[Problem]:
     out = []
@@ -133,6 +170,9 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
         out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected an integer dtype (int64), got "
                                                 f"{d2t.dtype}"))
     tid = d2t.to(torch.long) + torch.arange(draft_vocab)
+    absolute = _absolute_problem(d2t, t2d, tid, vocab)
+    if absolute:
+        return out + absolute
     lo, hi = int(tid.min()), int(tid.max())
     if lo < 0 or hi >= vocab:
         out.append(Problem("VOCAB_MAP_INVALID", f"d2t: i + d2t[i] expected in [0, {vocab}), got "
@@ -160,7 +200,8 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
 
 
 def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
-    """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants, map
+    """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants
+    (``VOCAB_MAP_INVALID``; ``VOCAB_MAP_ABSOLUTE`` for target ids stored instead of offsets), map
     hash."""
     cfg, t = ck.config, ck.tensors
     vocab, dv = cfg.get("vocab_size"), cfg.get("draft_vocab_size")
@@ -242,9 +283,10 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                            f"{len(ids)}, got {n_cfg}"))
     if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
                                                        int) and fc.shape[1] != len(ids) * t_hidden:
-        out.append(Problem("AUX_IDS_COUNT", f"fc.weight: expected {len(ids)} aux ids × target "
-                                            f"hidden {t_hidden} = {len(ids) * t_hidden} input "
-                                            f"columns, got {fc.shape[1]} "
+        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: "
+                                            f"expected {len(ids)} aux ids × target hidden "
+                                            f"{t_hidden} = {len(ids) * t_hidden} input columns, "
+                                            f"got {fc.shape[1]} "
                                             f"({fc.shape[1] / t_hidden:g} aux states)"))
     hf = profile.engine_to_hf_ids(ids)
     if target is not None:

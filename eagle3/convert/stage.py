@@ -27,6 +27,7 @@ published, and SRC is only read.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ from pathlib import Path
 import torch
 
 from eagle3.artifacts import atomic_directory, atomic_write_json, content_hash, write_manifest
-from eagle3.convert.checkpoint import Checkpoint, Target, read_checkpoint
+from eagle3.convert import draft_checks
+from eagle3.convert.checkpoint import Checkpoint, Problem, Target, read_checkpoint
 from eagle3.convert.flag_checks import check_unknown_flags, trained_flag
 from eagle3.convert.validate import validate
 from eagle3.engines.profile import EngineProfile
@@ -51,6 +53,8 @@ LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_ke
               "rope_parameters", "rope_scaling", "initializer_range", "pretraining_tp")
 ROPE_KEYS = ("rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings")
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+log = logging.getLogger(__name__)
 
 
 def detect_format(ck: Checkpoint) -> str:
@@ -100,6 +104,68 @@ def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int) -> list[st
     return [k for k in ROPE_KEYS if before.get(k) != out.get(k) and before.get(k) is not None]
 
 
+def _trained_aux_ids(ck: Checkpoint) -> list[int] | None:
+    """The aux layer ids (HF ``hidden_states`` indices) the project's training recorded in SRC's
+    ``manifest.json`` (kind ``draft_checkpoint``, key ``aux_layer_ids``,
+    :func:`eagle3.train.stage.train`); None for a draft without that record."""
+    man = ck.manifest or {}
+    ids = man.get("aux_layer_ids")
+    if man.get("kind") != "draft_checkpoint" or not isinstance(ids, list) or not ids:
+        return None
+    conv = man.get("layer_id_convention", "hf_hidden_states_index")
+    if conv != "hf_hidden_states_index":
+        raise CheckpointInvalid(f"{ck.path}/manifest.json layer_id_convention: expected "
+                                f"'hf_hidden_states_index', got {conv!r}", [Problem(
+                                    "AUX_IDS_MISMATCH", f"{ck.path}/manifest.json "
+                                    "layer_id_convention: expected 'hf_hidden_states_index', got "
+                                    f"{conv!r}")])
+    return [int(i) for i in ids]
+
+
+def _speculators_aux_ids(ck: Checkpoint, tcfg: dict | None) -> tuple[list[int], str]:
+    """``(HF ids, where they came from)``: ``config.json`` ``eagle_aux_hidden_state_layer_ids``,
+    else the training manifest's ``aux_layer_ids`` (the ids the draft's ``fc`` was trained on),
+    else the EAGLE-3 default rule for the target. CheckpointInvalid (``AUX_IDS_MISMATCH``) when
+    config and training manifest disagree, naming both."""
+    stated = ck.config.get(AUX_KEY)
+    trained = _trained_aux_ids(ck)
+    if stated and trained is not None and [int(i) for i in stated] != trained:
+        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: "
+                                        f"expected the ids the draft was trained on, "
+                                        f"{ck.path}/manifest.json aux_layer_ids={trained} (HF "
+                                        "hidden_states indices)")
+        raise CheckpointInvalid(str(p), [p])
+    if stated:
+        return [int(i) for i in stated], f"config.json {AUX_KEY}"
+    if trained is not None:
+        return trained, "manifest.json aux_layer_ids (training)"
+    return _default_hf_ids(tcfg, AUX_KEY), "EAGLE-3 default rule for the target"
+
+
+def _check_source(ck: Checkpoint, tcfg: dict | None, profile: EngineProfile) -> list[Problem]:
+    """What the draft was trained with that the output would silently change: flags no engine
+    reads, a sliding window, two RoPE thetas, or a theta other than the target's (conversion
+    writes the target's RoPE, and the draft's attention was trained with its own)."""
+    where = f"{ck.path}/config.json"
+    out = list(check_unknown_flags(ck.config, profile))
+    out += draft_checks.check_sliding_window(ck.config, where)
+    conflict = draft_checks.check_rope_conflict(ck.config, where)
+    out += conflict
+    trained = draft_checks.trained_theta(ck.config)
+    if tcfg is not None and trained is not None and not conflict:
+        t_key, t_theta = draft_checks.sglang_theta(tcfg)
+        if t_theta != trained[1]:
+            out.append(Problem("ROPE_TRAINED_MISMATCH", f"{where} {trained[0]}: the draft's "
+                                                        f"attention was trained with theta "
+                                                        f"{trained[1]:g}; expected the target's "
+                                                        f"{t_key}={t_theta:g}, which conversion "
+                                                        "writes into the served config (the engine"
+                                                        " would rotate with another theta than the"
+                                                        " trained one): train the draft with the "
+                                                        "target's RoPE"))
+    return out
+
+
 def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict,
                                                                                           dict,
                                                                                           dict]:
@@ -114,8 +180,7 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
                                 f"Llama layer, got {tl['model_type']!r}")
     flags = {k: trained_flag(cfg, k, f"{ck.path}/config.json") for k in FLAG_NAMES}
     profile.check_flags(flags)
-    hf_ids = cfg.get("eagle_aux_hidden_state_layer_ids") or _default_hf_ids(tcfg,
-                                                                            "eagle_aux_hidden_state_layer_ids")
+    hf_ids, ids_from = _speculators_aux_ids(ck, tcfg)
     out = {k: tl[k] for k in LLAMA_KEYS if k in tl}
     out.update(architectures=[SGLANG_ARCH], model_type="llama", tie_word_embeddings=False,
                draft_vocab_size=int(cfg.get("draft_vocab_size") or tl["vocab_size"]))
@@ -135,7 +200,8 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
         tensors[name] = t
     trained = {k: bool(v) for k, v in flags.items() if v is not None}
     trained.setdefault("norm_before_residual", False)  # speculators 0.9.0's default
-    return out, tensors, {"hf_ids": list(hf_ids), "trained_flags": trained, "renamed": renamed}
+    return out, tensors, {"hf_ids": list(hf_ids), "trained_flags": trained, "renamed": renamed,
+                          "aux_ids_from": ids_from}
 
 
 def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict,
@@ -166,7 +232,10 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
         renamed["config.draft_vocab_size"] = f"{cfg['draft_vocab_size']} (from lm_head.weight rows)"
     cfg.update(architectures=[SGLANG_ARCH], model_type="llama", tie_word_embeddings=False)
     cfg.pop("eagle_config", None)
-    return cfg, tensors, {"hf_ids": list(hf_ids), "trained_flags": flags, "renamed": renamed}
+    ids_from = ("config.json eagle_config.eagle_aux_hidden_state_layer_ids" if engine_ids
+                else "EAGLE-3 default rule for the target")
+    return cfg, tensors, {"hf_ids": list(hf_ids), "trained_flags": flags, "renamed": renamed,
+                          "aux_ids_from": ids_from}
 
 
 def _vocab_padded(src_manifest: dict) -> bool:
@@ -207,21 +276,25 @@ def check_destination(src: Path, dst: Path) -> None:
 
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
-            version: str | None = None, data_manifest: dict | None = None, aux_capture: bool = True) -> dict:
+            version: str | None = None, data_manifest: dict | None = None,
+            aux_capture: bool = True) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
     ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (HF ``hidden_states`` index),
     ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
-    ``rope_from_target``, ``vocab_padded``, the source's ``data_manifest_hash``,
-    ``data_content_hash``, ``target``, and ``validation``). ``dst`` appears only if
+    ``rope_from_target``, ``vocab_padded``, ``aux_ids_from`` (where the aux ids came from), the
+    source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and ``validation`` with its
+    ``warnings``, also logged). ``dst`` appears only if
     :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
     ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
 
     Raises:
         ConfigError: ``src == dst``, an unimplemented flag, aux ids that need ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
-        CheckpointInvalid: validation failed (``.problems``).
+        CheckpointInvalid: validation failed (``.problems``), or SRC was trained with what the
+            output would drop or change (``UNKNOWN_FLAG``, ``SLIDING_WINDOW``, ``ROPE_CONFLICT``,
+            ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH`` against the training manifest).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)
@@ -232,15 +305,19 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     t0 = time.monotonic()
     ck = read_checkpoint(src)
     fmt = detect_format(ck)
-    unknown = check_unknown_flags(ck.config, profile)  # the output would drop them: report instead
-    if unknown:
-        raise CheckpointInvalid(f"{src}/config.json has flags no engine reads, which conversion would drop: "
-                                + "; ".join(map(str, unknown)), unknown)
     tcfg = _target_cfg(Path(target_dir) if target_dir is not None else None)
+    refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
+    if refused:
+        raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what the "
+                                "draft was trained with: " + "; ".join(map(str, refused)), refused)
+    warnings = draft_checks.check_vocab_reach(ck, None)[1]
+    for w in warnings:
+        log.warning("convert %s: %s", src, w)
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)
     rope_changed = _apply_target(out_cfg, tcfg, int(out_cfg["hidden_size"]))
-    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]), "use_aux_hidden_state": True}
+    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
+             "use_aux_hidden_state": True}
     for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
         out_cfg[k] = bool(info["trained_flags"].get(k, False))
     eagle["norm_before_fc"] = out_cfg["norm_before_fc"]
@@ -251,11 +328,14 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     extra = {"engine": engine, "engine_version": profile.version, "source_format": fmt,
              "aux_layer_ids_hf": info["hf_ids"], "layer_id_convention": "hf_hidden_states_index",
              "aux_layer_ids_engine": eagle["eagle_aux_hidden_state_layer_ids"],
-             "trained_flags": info["trained_flags"], "renamed": info["renamed"], "rope_from_target": rope_changed,
-             "target": {"path": str(target_dir)} if target_dir is not None else src_manifest.get("target"),
+             "trained_flags": info["trained_flags"], "renamed": info["renamed"],
+             "rope_from_target": rope_changed,
+             "target": ({"path": str(target_dir)} if target_dir is not None
+                        else src_manifest.get("target")),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
              "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
-             "vocab_padded": _vocab_padded(src_manifest)}
+             "vocab_padded": _vocab_padded(src_manifest),
+             "aux_ids_from": info["aux_ids_from"]}
     if "d2t" in tensors and "t2d" in tensors:
         from eagle3.train.vocab import vocab_map_hash
 
@@ -266,15 +346,19 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         manifest = write_manifest(
             tmp, "serving_checkpoint", config={"engine": engine, "engine_version": profile.version},
             inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
-            counts={"tensors": len(tensors)}, timings={"convert_s": round(time.monotonic() - t0, 3)},
+            counts={"tensors": len(tensors)},
+            timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
-                        "target_checked": target_dir is not None, "data_checked": data_manifest is not None,
+                        "warnings": [str(w) for w in warnings],
+                        "target_checked": target_dir is not None,
+                        "data_checked": data_manifest is not None,
                         "aux_capture_checked": "here" if aux_capture and target_dir is not None else
                         "by the pre-flight of the deployment" if target_dir is not None else "no"},
             **extra)
         problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
                             data_manifest=data_manifest, aux_capture=aux_capture)
         if problems:
-            raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} {profile.version}: "
-                                    + "; ".join(map(str, problems)), problems)
+            raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} "
+                                    f"{profile.version}: " + "; ".join(map(str, problems)),
+                                    problems)
     return manifest

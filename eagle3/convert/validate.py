@@ -10,7 +10,13 @@ parameter, every read parameter must be filled, shapes must agree. Codes, by fai
     AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED 11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE
     13 ROPE_MISMATCH, CONTEXT_LENGTH 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
     TARGET_WEIGHTS_MISMATCH 15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26
-    CONFIG_FIELD (numbers out of range)
+    CONFIG_FIELD (numbers out of range)   7 VOCAB_MAP_ABSOLUTE (d2t holds target ids, not offsets)
+    8 VOCAB_COVERAGE_LOW (with token counts)   13 ROPE_CONFLICT (two thetas in one config)
+    SLIDING_WINDOW (a window the engine never reads)
+
+Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
+the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
+below :data:`eagle3.convert.draft_checks.COVERAGE_WARN`).
 
 Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
 target). Target checks need ``target_dir``; data checks need ``data_manifest``.
@@ -18,44 +24,79 @@ target). Target checks need ``target_dir``; data checks need ``data_manifest``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
-from eagle3.convert import checks, flag_checks
+from eagle3.convert import checks, draft_checks, flag_checks
 from eagle3.convert.checkpoint import Problem, Target, read_checkpoint
 from eagle3.engines.bounds import out_of_bounds
 from eagle3.engines.registry import get_profile
 
 
+@dataclass
+class Findings:
+    """What :func:`validate_report` found: ``problems`` (the checkpoint would be served wrongly),
+    ``warnings`` (served as trained, but weaker than it looks; each a ``CODE: message``) and
+    ``figures`` (numbers worth recording, e.g. ``vocab_coverage`` 0..1)."""
+
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+
 def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engine: str = "sglang",
              data_manifest: dict | None = None, version: str | None = None,
-             aux_capture: bool = True) -> list[Problem]:
-    """All file-checkable problems (``[]`` = valid) of ``ckpt_dir`` for ``engine``. ``version``
-    None: the pinned release. ``aux_capture``: check class 11 here (the pipeline leaves it to
-    :mod:`eagle3.serve.preflight`). DataError for unreadable input; EngineUnsupported for an
-    unknown engine/release."""
+             aux_capture: bool = True,
+             token_counts: Mapping[int, int] | None = None) -> list[Problem]:
+    """All file-checkable problems (``[]`` = valid) of ``ckpt_dir`` for ``engine``: the
+    ``problems`` of :func:`validate_report` (same arguments; its warnings are not returned)."""
+    return validate_report(ckpt_dir, target_dir=target_dir, engine=engine,
+                           data_manifest=data_manifest, version=version, aux_capture=aux_capture,
+                           token_counts=token_counts).problems
+
+
+def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = None,
+                    engine: str = "sglang", data_manifest: dict | None = None,
+                    version: str | None = None, aux_capture: bool = True,
+                    token_counts: Mapping[int, int] | None = None) -> Findings:
+    """Problems, warnings and figures of ``ckpt_dir`` for ``engine``. ``version`` None: the pinned
+    release. ``aux_capture``: check class 11 here (the pipeline leaves it to
+    :mod:`eagle3.serve.preflight`). ``token_counts`` ``{target id: count}``: the data's target
+    tokens, for the draft vocabulary's coverage (:func:`eagle3.convert.coverage.token_counts`).
+    DataError for unreadable input; EngineUnsupported for an unknown engine/release."""
 
     profile = get_profile(engine, version)
     ck = read_checkpoint(ckpt_dir)
     target = Target.read(target_dir) if target_dir is not None else None
-    problems = checks.check_architecture(ck, profile)
+    found = Findings()
+    problems = found.problems
+    problems += checks.check_architecture(ck, profile)
     if problems and ck.config.get("speculators_model_type"):
-        return problems  # not converted yet: every other finding would only follow from that
+        return found  # not converted yet: every other finding would only follow from that
     problems += flag_checks.check_flags(ck, profile)
     problems += flag_checks.check_nested_flags(ck.config, profile)
     problems += flag_checks.check_unknown_flags(ck.config, profile)
     numbers = [Problem("CONFIG_FIELD", m) for m in out_of_bounds(ck.config)]
     if numbers:  # every later check sizes loops and shapes from these numbers
-        return problems + numbers
+        problems += numbers
+        return found
     problems += checks.check_tensors(ck, profile)
     problems += checks.check_values(ck)
     problems += checks.check_embedding(ck, target)
     problems += checks.check_vocab_map(ck, profile)
+    reach = draft_checks.check_vocab_reach(ck, token_counts)
+    problems += reach[0]
+    found.warnings += reach[1]
+    found.figures.update(reach[2])
     problems += checks.check_aux_ids(ck, profile, target, data_manifest)
+    problems += draft_checks.check_rope_conflict(ck.config)
+    problems += draft_checks.check_sliding_window(ck.config)
     if target is not None:
         problems += checks.check_target(ck, profile, target, aux_capture=aux_capture)
     if data_manifest is not None:
         problems += checks.check_data(ck, target, data_manifest)
-    return problems
+    return found
 
 
-__all__ = ["Problem", "validate"]
+__all__ = ["Findings", "Problem", "validate", "validate_report"]

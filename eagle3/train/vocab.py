@@ -148,3 +148,61 @@ def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
     h.update(b"t2d:")
     h.update(t2d.detach().cpu().to(torch.bool).to(torch.uint8).contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+# A correct d2t holds offsets: draft ids are sorted by target id, so target = i + d2t[i] is strictly
+# increasing and d2t is non-decreasing, with d2t[i+1] == d2t[i] wherever draft rows i and i+1 sit
+# on adjacent target ids. A d2t holding the target ids themselves is strictly increasing at every
+# i. A frequency-chosen vocabulary of n ids out of V holds about (n-1)·n/V adjacent pairs if the
+# ids were drawn at random (natural-text vocabularies cluster, so more): none at all while at least
+# this many are expected has probability about exp(-this), so such a d2t is read as absolute ids.
+ADJACENT_PAIRS_EXPECTED_MIN = 20.0
+
+
+def absolute_d2t_reason(d2t: torch.Tensor, vocab_size: int) -> str | None:
+    """Why ``d2t`` (int ``[draft_vocab_size]``) looks like absolute target ids rather than the
+    offsets every engine reads (SGLang 0.5.23 ``llama_eagle3.py``: ``hot_token_id = d2t +
+    arange``), or None when it reads as offsets.
+
+    Absolute when, read as target ids, ``d2t`` is a valid map (inside ``[0, vocab_size)``, strictly
+    increasing) and either equals ``arange(n)`` (n >= 3: read as offsets that is target id 2i for
+    draft id i) or is strictly increasing at every step while at least
+    :data:`ADJACENT_PAIRS_EXPECTED_MIN` adjacent target ids are expected (rule above). Raises
+    nothing.
+    """
+    n = int(d2t.numel())
+    if d2t.dim() != 1 or n < 3 or d2t.is_floating_point():
+        return None
+    d = d2t.to(torch.long)
+    if int(d.min()) < 0 or int(d.max()) >= vocab_size:
+        return None
+    if not bool((d[1:] > d[:-1]).all()):
+        return None
+    if torch.equal(d, torch.arange(n, dtype=torch.long)):
+        return (f"d2t[i] == i for all {n} draft ids (a list of target ids, not offsets): the "
+                "engine reads target = i + d2t[i], so draft id i would propose target id 2i")
+    expected = (n - 1) * n / vocab_size
+    if expected >= ADJACENT_PAIRS_EXPECTED_MIN:
+        return (f"d2t strictly increasing at every one of its {n} entries (range "
+                f"[{int(d.min())}, {int(d.max())}]): offsets repeat wherever two draft ids sit on "
+                f"adjacent target ids, about {expected:.0f} such pairs expected for {n} of "
+                f"{vocab_size} ids, none found: these are target ids, and the engine reads target "
+                "= i + d2t[i]")
+    return None
+
+
+def is_identity_prefix(d2t: torch.Tensor, vocab_size: int) -> bool:
+    """True when ``d2t`` is all zeros with fewer draft ids than ``vocab_size``: the draft
+    vocabulary is the first ``len(d2t)`` target ids, whatever the data's frequent tokens are."""
+    return (d2t.dim() == 1 and 0 < d2t.numel() < vocab_size
+            and not bool(d2t.to(torch.long).any()))
+
+
+def vocab_coverage(d2t: torch.Tensor, token_counts: dict[int, int]) -> tuple[float, int, int]:
+    """Share of the tokens counted in ``token_counts`` ``{target id: count}`` whose id is in the
+    draft vocabulary ``{i + d2t[i]}``: ``(share 0..1, covered count, total count)``; share 0.0 for
+    an empty count."""
+    ids = set((d2t.to(torch.long) + torch.arange(d2t.numel(), dtype=torch.long)).tolist())
+    total = sum(int(c) for c in token_counts.values())
+    covered = sum(int(c) for t, c in token_counts.items() if int(t) in ids)
+    return (covered / total if total else 0.0), covered, total

@@ -1,0 +1,60 @@
+"""The data's target tokens, counted for the draft-vocabulary coverage check
+(:func:`eagle3.convert.draft_checks.check_vocab_reach`): from an extraction folder's
+``token_freq.pt`` or from a conversations file tokenized with the target's tokenizer."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from eagle3.errors import ConfigError, DataError
+
+MAX_TOKENS_PER_RECORD = 1 << 20  # no truncation: every token of a record is counted
+
+
+def token_counts(data: str | Path, target_dir: str | Path | None = None) -> dict[int, int]:
+    """``{target token id: count}`` of the tokens a draft is asked to propose in ``data``.
+
+    ``data`` is an extraction output folder (its ``token_freq.pt``: loss-masked tokens of the train
+    split, as extraction writes it) or a conversations file of the kinds extraction reads (ShareGPT
+    / messages JSON or JSONL, or ``.txt``; :func:`eagle3.extract.conversations.read_conversations`),
+    templated and tokenized with the tokenizer in ``target_dir`` the way extraction does; the
+    assistant tokens (loss mask 1) are counted, every token of a plain-text record.
+
+    Raises:
+        ConfigError: a conversations file without ``target_dir`` (no tokenizer to count with).
+        DataError: a folder without ``token_freq.pt``, an unreadable file or tokenizer, or data
+            with no token to count.
+    """
+    path = Path(data)
+    if path.is_dir():
+        from eagle3.train.vocab import load_token_freq
+
+        counts = load_token_freq(path / "token_freq.pt")
+    else:
+        counts = _count_file(path, target_dir)
+    if not sum(counts.values()):
+        raise DataError(f"{path}: expected target tokens to count (assistant tokens of the "
+                        "conversations, or token_freq.pt entries), got none")
+    return counts
+
+
+def _count_file(path: Path, target_dir: str | Path | None) -> dict[int, int]:
+    from eagle3.extract.conversations import read_conversations, tokenize_conversation
+
+    if target_dir is None:
+        raise ConfigError(f"--data {path}: a conversations file is tokenized with the target's "
+                          "tokenizer; expected --target TARGET_DIR, got none")
+    convs, _ = read_conversations(path)
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(target_dir))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{target_dir}: expected a loadable tokenizer for --data {path} ({e})") \
+            from e
+    counts: Counter = Counter()
+    for conv in convs:
+        sample = tokenize_conversation(tok, conv, MAX_TOKENS_PER_RECORD)
+        counts.update(t for t, m in zip(sample.input_ids, sample.loss_mask) if m)
+    return dict(counts)
