@@ -27,7 +27,6 @@ from eagle3.config import RunConfig
 from eagle3.redaction import redact
 from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                sglang_unusable_reason)
-from eagle3.engines.sglang.profile import VERSION
 from eagle3.engines.sglang.serving import (extra_args_problems, launch_args, reference_refusals,
                                            simulation_problem)
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
@@ -76,15 +75,16 @@ def resolve_engine(cfg: RunConfig) -> str:
         if not has_sglang:
             raise EngineUnsupported(f"serve.engine is 'sglang' but serve.sglang_python: "
                                     f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
-                                    "Python of an "
-                                    f"environment with sglang=={VERSION} (make sglang-env)")
+                                    "Python of an environment with "
+                                    f"sglang=={cfg.convert.engine_version} (make sglang-env)")
         return engine
     return "sglang" if has_sglang and gpu_present() else "reference"
 
 
-def _check_extra_args(generated: list[str], extra: list[str], engine: str) -> None:
+def _check_extra_args(generated: list[str], extra: list[str], engine: str,
+                      version: str) -> None:
     if engine == "sglang":  # SGLang's parser takes aliases and unambiguous prefixes
-        problems = extra_args_problems(extra, generated)
+        problems = extra_args_problems(extra, generated, version)
         if problems:
             raise ConfigError("; ".join(f"{code}: {msg}" for code, msg in problems))
         return
@@ -129,7 +129,7 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     else:
         raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or "
                                 "'reference'")
-    _check_extra_args(argv, s.extra_args, engine)
+    _check_extra_args(argv, s.extra_args, engine, cfg.convert.engine_version)
     threads = {}
     if engine == "reference" and s.cpu_threads is not None and reference_device(s.device) == "cpu":
         # torch's CPU threads (serve.env may override)

@@ -348,7 +348,8 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     figs = {"max_running_requests": r["max_running_requests"],
             "num_draft_tokens": r["num_draft_tokens"],
             "overlap_scheduler": int(r["scheduler"] == "overlap")}
-    extra = [Problem(code, msg) for code, msg in extra_args_problems(s.extra_args)]
+    extra = [Problem(code, msg) for code, msg in extra_args_problems(
+        s.extra_args, version=cfg.convert.engine_version)]
     if extra:
         return Check("settings", "failed", "; ".join(p.message for p in extra), figs), extra
     return Check("settings", "passed", detail, figs), []

@@ -103,3 +103,20 @@ def test_serving_facts(src):
     tm = src.read("sglang/srt/managers/tokenizer_manager.py")
     assert re.search(r'meta_info\["spec_accept_length"\] = \(\s+recv_obj\.completion_tokens\[i\]'
                      r" / recv_obj\.spec_verify_ct\[i\]", tm)
+
+
+def test_launch_server_flags_pinned(src):
+    from eagle3.engines.sglang import server_flags
+    from eagle3.engines.sglang.serving import extra_args_problems
+    from tests.support.sglang_flags import server_flags as derive
+
+    table = server_flags.options(V)
+    assert {k: v for k, v in table.items() if k not in ("-h", "--help")} == derive(src)
+    assert table["--cuda-graph-max-bs"] == "--cuda-graph-max-bs-decode"  # a deprecated spelling
+    # a flag only 0.5.23 knows is refused for 0.5.16; the deprecated spelling of a flag the
+    # launcher sets is refused as owned
+    codes = [c for c, _ in extra_args_problems(["--enable-return-aux-hidden-states"], version=V)]
+    assert codes == ["EXTRA_ARG_UNKNOWN"]
+    ((code, msg),) = extra_args_problems(["--cuda-graph-max-bs", "8"], version=V)
+    assert code == "EXTRA_ARG_OWNED" and "--cuda-graph-max-bs-decode" in msg and V in msg
+    assert extra_args_problems(["--attention-backend", "triton"], version=V) == []

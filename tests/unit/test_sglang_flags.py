@@ -1,11 +1,9 @@
 """serve.extra_args read as SGLang's argparse reads them: aliases and unambiguous prefixes resolve
 to their flag before the launcher's and the pre-flight's rules judge them; the pinned flag table
-is re-derived from the unpacked SGLang source."""
+is re-derived from the released wheel's source."""
 
 from __future__ import annotations
 
-import ast
-import os
 from pathlib import Path
 
 import pytest
@@ -14,78 +12,23 @@ from eagle3.config import load_config
 from eagle3.engines.sglang import server_flags
 from eagle3.engines.sglang.serving import (canonical_flag, extra_args_problems, flag_value,
                                            resolve)
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, EngineUnsupported
 from eagle3.serve import preflight
 from eagle3.serve.launcher import build_command
 
-SOURCE_ROOTS = [os.environ.get("EAGLE3_SGLANG_SOURCE", ""), "/work/plan/src/s523"]
+def test_pinned_flag_table_is_the_released_source(cache_dir):
+    from eagle3.engines.sglang.source import find_engine_source
+    from tests.support.sglang_flags import server_flags as derive
 
-
-def sglang_server_flags(root: Path) -> dict[str, str]:
-    """``{option string: canonical option}`` of ``sglang serve`` / ``python -m
-    sglang.launch_server`` read statically from an unpacked SGLang source tree ``root`` (the
-    folder holding ``sglang/``): every field of ``server_args._INPUT_NAMESPACES`` annotated
-    ``A[T, "help"]`` or ``A[T, Arg(...)]`` without ``no_cli``
-    (``arg_utils.add_cli_args_from_dataclass``: the name is ``cli_name`` or ``--field-name``, plus
-    ``aliases``), and every ``parser.add_argument`` of
-    ``ServerArgs.add_cli_args``."""
-    srt = root / "sglang" / "srt"
-    server_args = ast.parse((srt / "server_args.py").read_text())
-    namespaces: list[str] = []
-    for node in server_args.body:
-        target = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
-        if target == "_INPUT_NAMESPACES":
-            namespaces = [e.id for e in node.value.elts]
-    flags: dict[str, str] = {}
-    for path in sorted((srt / "arg_groups" / "fields").glob("*.py")):
-        for cls in ast.parse(path.read_text()).body:
-            if not isinstance(cls, ast.ClassDef) or cls.name not in namespaces:
-                continue
-            for st in cls.body:
-                ann = getattr(st, "annotation", None)
-                if not isinstance(ann, ast.Subscript) or getattr(ann.value, "id", "") != "A":
-                    continue
-                meta = ann.slice.elts[1:] if isinstance(ann.slice, ast.Tuple) else []
-                cli, aliases, kind = "--" + st.target.id.replace("_", "-"), [], None
-                for m in meta:
-                    if isinstance(m, ast.Call) and getattr(m.func, "id", "") == "Arg":
-                        kw = {k.arg: ast.literal_eval(k.value) for k in m.keywords
-                              if k.arg in ("no_cli", "cli_name", "aliases")}
-                        kind = None if kw.get("no_cli") else "arg"
-                        cli, aliases = kw.get("cli_name") or cli, kw.get("aliases") or []
-                        break
-                    if isinstance(m, (ast.Constant, ast.JoinedStr, ast.BinOp)):
-                        kind = "help"
-                        break
-                if kind is not None:
-                    flags.update({name: cli for name in [cli, *aliases]})
-    for node in ast.walk(server_args):
-        if isinstance(node, ast.FunctionDef) and node.name == "add_cli_args":
-            for call in ast.walk(node):
-                if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument":
-                    names = [a.value for a in call.args if isinstance(a, ast.Constant)]
-                    flags.update({name: names[0] for name in names})
-    return flags
-
-
-def _source_root() -> Path | None:
-    for root in SOURCE_ROOTS:
-        here = Path(root)
-        if (root and (here / "sglang" / "srt" / "server_args.py").is_file()
-                and any(here.glob("sglang-0.5.23.dist-info"))):
-            return here
-    return None
-
-
-def test_pinned_flag_table_is_the_released_source():
-    root = _source_root()
-    if root is None:
-        pytest.skip("SGLang 0.5.23 source not unpacked (set EAGLE3_SGLANG_SOURCE to the folder "
-                    "holding sglang/)")
-    derived = sglang_server_flags(root)
+    try:
+        source = find_engine_source("sglang", "0.5.23", cache_dir=cache_dir, download=True)
+    except EngineUnsupported as e:
+        pytest.skip(f"SGLang 0.5.23 wheel unavailable (download failed): {e}")
+    derived = derive(source)
     pinned = {k: v for k, v in server_flags.OPTIONS.items() if k not in ("-h", "--help")}
     assert pinned == derived
     assert derived["--speculative-draft-model"] == "--speculative-draft-model-path"
+    assert server_flags.options("0.5.23") is server_flags.OPTIONS
 
 
 def _cfg(*extra: str, **kw):

@@ -121,7 +121,7 @@ CANONICAL = frozenset("""
 --model-config-parser --model-impl --model-loader-extra-config --model-path
 --modelexpress-config --modelopt-checkpoint-restore-path --modelopt-checkpoint-save-path
 --modelopt-export-path --modelopt-quant --moe-a2a-backend --moe-dense-tp-size --moe-dp-size
---moe-runner-backend --monokernel-backend --mooncake-ib-device --msprobe-dump-config --nccl-port
+--moe-runner-backend --mooncake-ib-device --msprobe-dump-config --nccl-port
 --nnodes --node-rank --num-continuous-decode-steps --num-reserved-decode-tokens --numa-node
 --offload-group-size --offload-mode --offload-num-in-group --offload-prefetch-step
 --optimistic-prefill-attempts --otlp-service-name --otlp-traces-endpoint --page-size
@@ -192,6 +192,7 @@ ALIASES = {
     '--grpc-http-sidecar-port': '--smg-http-sidecar-port',
     '--hierarchical-sparse-attention-extra-config': '--hisparse-config',
     '--model': '--model-path',
+    '--monokernel-backend': '--enable-amd-monokernel',
     '--moe-data-parallel-size': '--moe-dp-size',
     '--nccl-init-addr': '--dist-init-addr',
     '--pipeline-parallel-size': '--pp-size',
@@ -200,3 +201,81 @@ ALIASES = {
 }
 
 OPTIONS = {**{f: f for f in CANONICAL}, **ALIASES, "-h": "--help", "--help": "--help"}
+
+# SGLang 0.5.16 builds the same parser from ``ServerArgs`` itself (``server_args.py``): its table
+# is 0.5.23's less :data:`NOT_IN_0516`, plus :data:`ONLY_0516` (deprecated spellings there map to
+# the flag whose field they set). Re-derived from that wheel by tests/unit/test_profile_0516.py.
+NOT_IN_0516 = frozenset("""
+--allowed-media-domains --attention-data-parallel-size --attn-dp-size --boundary-reduction
+--c128-page-size --constrained-json-max-whitespace-cnt --context-bucket
+--cuda-graph-max-seq-len-prefill --cuda-graph-prefill-max-context --dcp-comm-backend
+--dcp-replicate-q-proj --deepep-v2-mode --disable-aiter-allreduce-fusion-in-decode
+--disable-aiter-allreduce-fusion-in-prefill --disaggregation-decode-allocation-policy
+--disaggregation-decode-host-receive-threshold --disaggregation-decode-retraction-backup
+--disaggregation-enable-kv-checksum --dsa-triton-union --dsv4-attn-backend --dsv4-prefill-backend
+--dwdp-size --enable-amd-monokernel --enable-cp-decode-attn-tp --enable-decoder-swa-bounded-replay
+--enable-dense-mlp-attn-tp --enable-dsa-fused-indexer --enable-encoder-swa-bounded-replay
+--enable-hicache --enable-http-worker-reuseport --enable-kv-cache-sharding --enable-layernorm-sp
+--enable-lean-attention --enable-linear-replayssm-spec --enable-linker-mla-dedup
+--enable-megamoe-for-layernorm-sp --enable-nvidia-megakernel --enable-paged-experts
+--enable-pd-role-switch --enable-response-store --enable-return-aux-hidden-states
+--enable-shared-experts-attn-tp --enable-tp-lm-head-all-to-all
+--enable-unified-cache-external-linker --enable-w4a4-mxfp4-megamoe --enable-watermark
+--expert-balancedness-report-mode --flashinfer-a2a-dispatch-type --flashinfer-autotune-skip-ops
+--gated-launch-port --grpc-response-timeout-secs --hicache-host-memory-fraction
+--hicache-host-memory-mode --hicache-storage-prefetch-retry-max-attempts
+--hicache-storage-prefetch-retry-poll-interval --http2-initial-connection-window-size
+--http2-max-concurrent-streams --image-processor-backend --language-model-only
+--linear-attn-verify-backend --load-publish-endpoint --mamba-max-states-per-path
+--media-url-max-file-size-mb --mlx-enable-sampling --mm-global-cache-backend --mm-io-worker-num
+--mm-preprocess-cache-size-mb --mm-processor-worker-num --monokernel-backend --otlp-service-name
+--paged-experts-num-resident --ple-offload-backend --ple-offload-dir --ple-offload-embedding
+--prefill-decode-interval --prefill-decode-interval-min-bs --prefill-kv-cache-dequant-dtype
+--qsa-indexer-dtype --radix-eviction-policy-config --return-aux-hidden-state-layer-ids
+--return-hidden-states-mode --return-input-ids --return-output-ids --sampling-mask-max-tokens
+--shared-experts-tp-size --speculative-domino-candidate-pool-size
+--speculative-draft-kv-cache-dtype --speculative-draft-sink-size --speculative-dsa-topk-backend
+--speculative-enable-w4a4-mxfp4-megamoe --speculative-use-block-verification
+--startup-weight-load-mode --swa-prefix-tails --trust-mm-content-hashes
+--trust-request-chat-template --unified-cache-external-linker-backend
+--unified-cache-external-linker-config --uno-lora-path --watermark-config --weight-cache-mode
+--weight-cache-socket --weight-cache-timeout
+""".split())
+ONLY_0516 = {
+    '--collect-tokens-histogram': '--collect-tokens-histogram',
+    '--cuda-graph-bs': '--cuda-graph-bs-decode',
+    '--cuda-graph-max-bs': '--cuda-graph-max-bs-decode',
+    '--cuda-graph-tc-compiler': '--cuda-graph-tc-compiler',
+    '--disable-piecewise-cuda-graph': '--cuda-graph-backend-prefill',
+    '--dsa-prefill-cp-mode': '--dsa-prefill-cp-mode',
+    '--elastic-ep-rejoin': '--elastic-ep-rejoin',
+    '--enable-breakable-cuda-graph': '--cuda-graph-backend-prefill',
+    '--enable-dsa-prefill-context-parallel': '--enable-dsa-prefill-context-parallel',
+    '--enable-expert-distribution-metrics': '--enable-expert-distribution-metrics',
+    '--enable-gdn-replayssm-spec': '--enable-gdn-replayssm-spec',
+    '--enable-nsa-prefill-context-parallel': '--enable-dsa-prefill-context-parallel',
+    '--enable-prefill-context-parallel': '--enable-prefill-context-parallel',
+    '--enforce-piecewise-cuda-graph': '--cuda-graph-backend-prefill',
+    '--keep-mm-feature-on-device': '--keep-mm-feature-on-device',
+    '--mamba-scheduler-strategy': '--mamba-radix-cache-strategy',
+    '--nsa-decode-backend': '--dsa-decode-backend',
+    '--nsa-prefill-backend': '--dsa-prefill-backend',
+    '--nsa-prefill-cp-mode': '--dsa-prefill-cp-mode',
+    '--piecewise-cuda-graph-compiler': '--cuda-graph-tc-compiler',
+    '--piecewise-cuda-graph-max-tokens': '--cuda-graph-max-bs-prefill',
+    '--piecewise-cuda-graph-tokens': '--cuda-graph-bs-prefill',
+    '--prefill-cp-mode': '--prefill-cp-mode',
+    '--prefill-round-robin-balance': '--prefill-round-robin-balance',
+    '--speculative-dflash-draft-window-size': '--speculative-draft-window-size',
+    '--speculative-skip-dp-mlp-sync': '--speculative-skip-dp-mlp-sync',
+    '--stream-output': '--incremental-streaming-output',
+    '--torchao-config': '--torchao-config',
+}
+
+
+def options(version: str) -> dict[str, str]:
+    """``{option string: canonical flag}`` of ``launch_server`` in SGLang ``version`` (a key of
+    ``eagle3.engines.sglang.profile.RELEASES``); KeyError for another release."""
+    if version == "0.5.16":
+        return {**{k: v for k, v in OPTIONS.items() if k not in NOT_IN_0516}, **ONLY_0516}
+    return {"0.5.23": OPTIONS}[version]

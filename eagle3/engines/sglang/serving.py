@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION
-from eagle3.engines.sglang.server_flags import OPTIONS
+from eagle3.engines.sglang.server_flags import options
 
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = RELEASES[VERSION]["spec_max_running_requests"]
 SIMULATE_ENV = ("SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN")
@@ -82,34 +82,34 @@ def reference_refusals(serve: Any) -> dict:
             if f.reference is not None and getattr(serve, f.field) not in f.reference}
 
 
-def flag_matches(token: str) -> list[str]:
-    """The SGLang option strings (:data:`~eagle3.engines.sglang.server_flags.OPTIONS`) the
+def flag_matches(token: str, version: str = VERSION) -> list[str]:
+    """The option strings of SGLang ``version`` (:func:`~eagle3.engines.sglang.server_flags.options`) the
     command-line ``token`` selects by argparse's rules for ``allow_abbrev=True``
     (``ArgumentParser._parse_optional``): the exact name (before any ``=``) if it is one, else
     every option string it is a prefix of. ``[]`` for a token that is no long option (a value,
     ``--``) or matches nothing; more than one: ambiguous, which argparse refuses."""
     if not token.startswith("--") or token == "--":
         return []
-    name = token.split("=", 1)[0]
-    if name in OPTIONS:
+    name, table = token.split("=", 1)[0], options(version)
+    if name in table:
         return [name]
-    return sorted(o for o in OPTIONS if o.startswith(name))
+    return sorted(o for o in table if o.startswith(name))
 
 
-def canonical_flag(token: str) -> str | None:
+def canonical_flag(token: str, version: str = VERSION) -> str | None:
     """The canonical SGLang flag ``token`` sets (an alias or an unambiguous prefix resolved, e.g.
     ``--mem-frac`` -> ``--mem-fraction-static``, ``--speculative-draft-model`` ->
     ``--speculative-draft-model-path``); None for a value, an unknown or an ambiguous token."""
-    hits = flag_matches(token)
-    return OPTIONS[hits[0]] if len(hits) == 1 else None
+    hits = flag_matches(token, version)
+    return options(version)[hits[0]] if len(hits) == 1 else None
 
 
-def canonical_args(argv: Sequence[str]) -> list[str]:
+def canonical_args(argv: Sequence[str], version: str = VERSION) -> list[str]:
     """``argv`` with every option token that SGLang resolves to one flag written as that flag
     (``--chat-templ=x`` -> ``--chat-template=x``); values and unresolved tokens unchanged."""
     out = []
     for a in argv:
-        flag = canonical_flag(a)
+        flag = canonical_flag(a, version)
         out.append(a if flag is None else flag + a[len(a.split("=", 1)[0]):])
     return out
 
@@ -124,8 +124,8 @@ OWNED_FLAGS = {"--model-path": "the target folder",
                   if f.field != "max_running_requests"}}
 
 
-def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = ()
-                        ) -> list[tuple[str, str]]:
+def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
+                        version: str = VERSION) -> list[tuple[str, str]]:
     """``(code, message)`` for each ``serve.extra_args`` token SGLang would not take as written:
     ``EXTRA_ARG_UNKNOWN`` (no such flag: SGLang exits with "unrecognized arguments"),
     ``EXTRA_ARG_AMBIGUOUS`` (a prefix of several flags: argparse refuses it) and
@@ -133,15 +133,16 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = ()
     ``generated`` argv: argparse keeps the last value, so it would silently replace the
     pipeline's algorithm, draft, target, memory fraction or other setting). Matching follows
     SGLang's parser (:func:`flag_matches`)."""
-    mine = {canonical_flag(a) or a.split("=", 1)[0] for a in generated if a.startswith("--")}
+    mine = {canonical_flag(a, version) or a.split("=", 1)[0] for a in generated
+            if a.startswith("--")}
     out = []
     for token in extra:
         if not token.startswith("--") or token == "--":
             continue
-        hits = flag_matches(token)
+        hits = flag_matches(token, version)
         if not hits:
             out.append(("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag of "
-                        f"SGLang {VERSION}'s launch_server, got one it does not know (it would "
+                        f"SGLang {version}'s launch_server, got one it does not know (it would "
                         "exit with 'unrecognized arguments')"))
         elif len(hits) > 1:
             out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one flag, "
@@ -149,9 +150,10 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = ()
                         f"{', ...' if len(hits) > 6 else ''}); SGLang's argparse refuses it: "
                         "write the full flag"))
         else:
-            flag = OPTIONS[hits[0]]
+            flag = options(version)[hits[0]]
             if flag in OWNED_FLAGS or flag in mine:
-                how = "" if token.split("=", 1)[0] == flag else f" (SGLang reads it as {flag})"
+                how = ("" if token.split("=", 1)[0] == flag
+                       else f" (SGLang {version} reads it as {flag})")
                 whose = OWNED_FLAGS.get(flag, "a serve.* field")
                 out.append(("EXTRA_ARG_OWNED", f"serve.extra_args {token!r}{how}: expected only "
                             f"flags the launcher does not set, got {flag}, which it sets from "
