@@ -44,8 +44,9 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
 
             check_before_run(cfg)
         # lazy: Prefect is imported only for commands that run a flow
-        from cli.run import run_flow_cli, stop_grace_s
+        from cli.run import check_target, run_flow_cli, stop_grace_s
 
+        check_target(cfg)  # a target folder that is not there, before Prefect starts
         stop_grace_s()  # $EAGLE3_STOP_GRACE_S, checked before Prefect starts
     except ConfigError as e:
         _fail(str(e), 2)

@@ -73,6 +73,19 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
     return exc
 
 
+def check_target(cfg: Any) -> None:
+    """Refuse, before Prefect starts, a config whose target cannot be found: for ``target.kind:
+    hf``, the same check as ``eagle3 prepare`` and ``eagle3 preflight``
+    (``eagle3.assets.resolve_target``, the one home of it). The built-in kinds (``smollm2``,
+    ``tiny-random``) are prepared by the extraction stage and are not touched here. Raises
+    ConfigError naming ``target.path``, the expected HF folder with config.json and what is there.
+    """
+    if cfg.target.kind == "hf":
+        from eagle3.assets import resolve_target
+
+        resolve_target(cfg)
+
+
 def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     """Run ``stage`` ("pipeline", "extract", "train", "convert", "deploy") as its Prefect flow on
     Prefect's ephemeral API (no server needed) and return the printed summary.
@@ -89,6 +102,7 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     if stage not in flows:
         raise ConfigError(f"stage {stage!r}: expected one of {sorted(flows)}")
     cfg = load_config(config_path, overrides)
+    check_target(cfg)
     public, secret = split_overrides(list(overrides))
     old = os.environ.get(SECRET_OVERRIDES_ENV)
     if secret:

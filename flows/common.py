@@ -53,9 +53,14 @@ def load_run_config(config_path: str, overrides: list[str] | None) -> RunConfig:
 
 
 def untrained_config(cfg: RunConfig) -> RunConfig:
-    """The baseline: the same config with ``train.max_steps = 0`` (an untrained draft)."""
+    """The baseline: the same config with ``train.max_steps = 0`` (an untrained draft), served on
+    a port of its own: ``serve.port = None`` (the launcher picks a free port and retries another
+    when the one it picked is taken meanwhile), since both drafts are served at the same time
+    (flows/stages.py, ``deploy_step``) and a user-given ``serve.port`` can be bound by one engine
+    only. The trained draft keeps the user's port."""
     base = cfg.model_copy(deep=True)
     base.train.max_steps = 0
+    base.serve.port = None
     return base
 
 
@@ -205,6 +210,8 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
         raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} ({type(e).__name__}: "
                         f"{e}); expected the id of an earlier run of this flow in the same store") from e
     client.update_run(run_id, status="RUNNING")
+    for k, v in tracking.owner_tags().items():  # this process owns it now (close_stale_runs)
+        client.set_tag(run_id, k, v)
     client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts",
                                                                         "1")) + 1))
     with _recorded(cfg, run_id):

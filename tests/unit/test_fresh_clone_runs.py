@@ -1,0 +1,134 @@
+"""What a new user hits when running the pipeline from a fresh clone: a given port with the
+untrained baseline, a target folder that is not there, a gate against a port nothing listens on,
+MLflow runs left RUNNING by a ``kill -9``. Each test builds its own tiny inputs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import CONFIGS
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    from eagle3.config import load_config
+
+    return load_config(CONFIGS / "tiny-random.yaml",
+                       [f"paths.runs_dir={tmp_path / 'runs'}", *overrides])
+
+
+def test_a_given_port_goes_to_the_trained_engine_and_the_baseline_gets_its_own(tmp_path):
+    from flows.stages import variants
+
+    cfg = _cfg(tmp_path, "serve.port=18123", "bench.baseline_untrained=true")
+    ports = {v: c.serve.port for v, c in variants(cfg)}
+    assert ports["trained"] == 18123
+    # None: the launcher picks a free port (and retries another one taken meanwhile)
+    assert ports["untrained"] is None
+    assert cfg.serve.port == 18123  # the user's config is not changed
+
+
+def test_run_refuses_a_target_folder_that_is_not_there_before_prefect(tmp_path, monkeypatch):
+    import cli.run
+    from cli.main import app
+
+    def reached(*_a, **_k):
+        raise AssertionError("Prefect was started for a config whose target.path is missing")
+
+    monkeypatch.setattr(cli.run, "run_flow_cli", reached)
+    missing = tmp_path / "no-such-model"
+    result = CliRunner().invoke(app, ["run", str(CONFIGS / "tiny-random.yaml"),
+                                      "-o", f"paths.runs_dir={tmp_path / 'runs'}",
+                                      "-o", "target.kind=hf", "-o", f"target.path={missing}"])
+    assert result.exit_code == 2, result.output
+    assert f"target.path {missing}" in result.output
+    assert "config.json" in result.output
+
+
+def test_check_target_is_the_one_resolve_target_uses(tmp_path):
+    from cli.run import check_target
+    from eagle3.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"target.path .*: expected an HF model folder"):
+        check_target(_cfg(tmp_path, "target.kind=hf", f"target.path={tmp_path / 'none'}"))
+    good = tmp_path / "model"
+    good.mkdir()
+    (good / "config.json").write_text("{}")
+    check_target(_cfg(tmp_path, "target.kind=hf", f"target.path={good}"))  # no error
+    check_target(_cfg(tmp_path))  # tiny-random: prepared by the extraction, nothing to check
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: nothing listens there
+
+
+def test_the_gate_names_a_refused_connection(tmp_path):
+    from eagle3.serve.readiness import wait_ready
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+    res = wait_ready(url, timeout_s=1.5, poll_interval_s=0.2, probe_timeout_s=1.0)
+    assert res.verdict == "timed_out"
+    assert res.last_health == "refused"
+    assert "Connection refused at " + url in res.detail
+    assert "Connection refused" in res.summary()
+
+
+def test_wait_ready_cli_says_connection_refused(tmp_path):
+    from cli.main import app
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+    result = CliRunner().invoke(app, ["wait-ready", "--url", url, "--timeout", "1.5",
+                                      "--poll-interval", "0.2"])
+    assert result.exit_code == 1, result.output
+    assert "Connection refused at " + url in result.output
+
+
+def test_a_run_left_running_by_a_killed_process_is_marked_killed(tmp_path):
+    from tasks import tracking
+
+    cfg = _cfg(tmp_path, "name=demo")
+    client, exp_id = tracking.client_for(cfg)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale_tags = {**tracking.owner_tags(), tracking.OWNER_PID_TAG: str(dead.pid),
+                  tracking.CONFIG_TAG: "demo"}
+    stale = client.create_run(exp_id, tags=stale_tags).info.run_id
+    stale_stage = client.create_run(exp_id, tags={**stale_tags,
+                                                  tracking.PARENT_TAG: stale}).info.run_id
+    # controls: a run whose owner still runs (this process), one of another config, one of
+    # another host, one without owner tags
+    alive = client.create_run(exp_id, tags={**tracking.owner_tags(),
+                                            tracking.CONFIG_TAG: "demo"}).info.run_id
+    other = client.create_run(exp_id, tags={**stale_tags, tracking.CONFIG_TAG: "other"}).info.run_id
+    elsewhere = client.create_run(exp_id, tags={**stale_tags, tracking.OWNER_HOST_TAG:
+                                                "another-host"}).info.run_id
+    untagged = client.create_run(exp_id, tags={tracking.CONFIG_TAG: "demo"}).info.run_id
+
+    new = tracking.start_pipeline_run(cfg, flow_run_id="f" * 32, flow_name="eagle3-pipeline")
+
+    for run_id in (stale, stale_stage):
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED"
+        reason = run.data.tags[tracking.KILLED_TAG]
+        assert f"process {dead.pid} on " in reason and "is gone" in reason
+    for run_id in (alive, other, elsewhere, untagged):
+        assert client.get_run(run_id).info.status == "RUNNING"
+    new_tags = client.get_run(new).data.tags
+    assert new_tags[tracking.OWNER_PID_TAG].isdigit() and new_tags[tracking.OWNER_HOST_TAG]
+
+
+def test_a_reused_pid_is_not_the_owner():
+    from tasks import tracking
+
+    tags = tracking.owner_tags()
+    assert not tracking.owner_gone(tags)
+    tags[tracking.OWNER_STARTED_TAG] = f"{float(tags[tracking.OWNER_STARTED_TAG]) - 1000:.2f}"
+    assert tracking.owner_gone(tags)  # same pid, another start time: another process
