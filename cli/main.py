@@ -296,7 +296,10 @@ def preflight(config: Path = typer.Argument(..., help="YAML run config"),
 
         cfg = load_config(config, override)
         check_devices(cfg)
-        report = preflight_of_run(cfg, cfg.run_dir() / "serving", cfg.run_dir() / "extract")
+        from tasks.stage_config import output_dirs
+
+        dirs = output_dirs(cfg)  # the folders of this config's settings
+        report = preflight_of_run(cfg, dirs["serving"], dirs["extract"])
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for line in report.lines():

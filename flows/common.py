@@ -65,13 +65,12 @@ def untrained_config(cfg: RunConfig) -> RunConfig:
 
 
 def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
-    """Output folders of one run (docs/INTERNALS.md): extract, train, serving, deploy, bench (+
-    ``-untrained``)."""
-    suffix = "" if variant == "trained" else f"-{variant}"
-    rd = cfg.run_dir()
-    return {"extract": rd / "extract", "train": rd / f"train{suffix}",
-            "serving": rd / f"serving{suffix}",
-            "deploy": rd / f"deploy{suffix}", "bench": rd / f"bench{suffix}"}
+    """Output folders of one run (docs/INTERNALS.md): extract, and train, serving, deploy, bench
+    (+ ``-untrained``) each in a folder of its settings (``tasks.stage_config.output_dirs``:
+    ``<run_dir>/train/<settings digest>``), so outputs of other settings stay beside them."""
+    from tasks.stage_config import output_dirs
+
+    return output_dirs(cfg, variant)
 
 
 def finished_output(directory: Path, stage: str, command: str) -> StageResult:

@@ -132,3 +132,46 @@ def test_a_reused_pid_is_not_the_owner():
     assert not tracking.owner_gone(tags)
     tags[tracking.OWNER_STARTED_TAG] = f"{float(tags[tracking.OWNER_STARTED_TAG]) - 1000:.2f}"
     assert tracking.owner_gone(tags)  # same pid, another start time: another process
+
+
+def test_outputs_of_other_settings_live_beside_each_other(tmp_path):
+    from flows.common import stage_dirs
+    from tasks.stage_config import latest_output, record_latest
+
+    base = stage_dirs(_cfg(tmp_path))
+    lr = stage_dirs(_cfg(tmp_path, "train.lr=5e-4"))
+    served = stage_dirs(_cfg(tmp_path, "bench.num_prompts=3"))
+    again = stage_dirs(_cfg(tmp_path))
+    assert again == base  # the same settings find the same folders
+    assert lr["extract"] == base["extract"]
+    for k in ("train", "serving", "deploy", "bench"):
+        assert lr[k] != base[k] and lr[k].parent == base[k].parent, k
+        assert base[k].parent == _cfg(tmp_path).run_dir() / k
+    # a bench setting leaves the draft's folders alone
+    assert (served["train"], served["serving"]) == (base["train"], base["serving"])
+    assert served["bench"] != base["bench"]
+    # the judge-only gate minimum changes no folder (and no cache key)
+    judged = stage_dirs(_cfg(tmp_path, "bench.min_acceptance_length=1.5"))
+    assert judged["bench"] == base["bench"]
+    untrained = stage_dirs(_cfg(tmp_path), "untrained")
+    assert untrained["train"].parent.name == "train-untrained"
+
+    run_dir = _cfg(tmp_path).run_dir()
+    assert latest_output(run_dir, "serving") == run_dir / "serving"  # nothing recorded yet
+    record_latest(lr["serving"])
+    assert latest_output(run_dir, "serving") == lr["serving"]
+    record_latest(base["serving"])
+    assert latest_output(run_dir, "serving") == base["serving"]
+
+
+def test_a_bad_latest_pointer_is_named(tmp_path):
+    from eagle3.errors import DataError
+    from tasks.stage_config import latest_output
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "latest.json").write_text('{"dir": "../elsewhere"}')
+    with pytest.raises(DataError, match=r"latest.json: key 'dir': expected the name of a folder"):
+        latest_output(tmp_path, "train")
+    (tmp_path / "train" / "latest.json").write_text("not json")
+    with pytest.raises(DataError, match=r"latest.json: expected JSON"):
+        latest_output(tmp_path, "train")
