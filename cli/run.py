@@ -113,6 +113,7 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     previous = terminate_as_interrupt()
     record = SignalRecord(grace_s)
     record.install()
+    ended_by: int | None = None
     try:
         with local_prefect(cfg) as env, _quiet_known_tracebacks():
             state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
@@ -120,6 +121,10 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
             if not state.is_completed():
                 raise _with_retry_hint(state, stage, env)
             summary = state.result()
+    except KeyboardInterrupt:
+        ended_by = terminating_signal(record)
+        if ended_by is None:  # Ctrl-C: Python's own exit for an interrupt (130)
+            raise
     finally:
         record.uninstall()
         if secret and old is None:
@@ -129,7 +134,21 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         stop_ephemeral_server()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if ended_by is not None:
+        import sys
+
+        print(f"error: {stage} ended by {signal.Signals(ended_by).name}: engines and the Prefect "
+              "server stopped; re-run the same command to go on (finished stages are cached)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + ended_by)
     return format_summary(summary, cfg)
+
+
+def terminating_signal(record: "SignalRecord") -> int | None:
+    """The first SIGTERM or SIGHUP ``record`` saw (the one a supervisor sends to stop the run),
+    else None (only Ctrl-C, or no signal). A run it ended exits with ``128 + signal``, as a
+    process killed by it would (143 for SIGTERM), so a supervisor reads the usual status."""
+    return next((s for s in record.received() if s in TERMINATING), None)
 
 
 class _KnownErrorsWithoutTraceback(logging.Formatter):

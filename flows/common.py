@@ -145,6 +145,9 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
     return result
 
 
+UNWIND_S = 20.0  # seconds the calls of an interrupted run_concurrently get to end (engines gone)
+
+
 def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """Run each zero-argument call of ``calls`` in its own thread (with a copy of this thread's
     context: the Prefect flow run, so a task called inside is that flow run's task) and wait for
@@ -152,15 +155,45 @@ def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
 
     For stages whose work is independent and single-threaded, such as the trained and the untrained
     draft's deploy+bench (each engine decodes on one CPU thread, ``serve.cpu_threads``): both take
-    about as long as one. Nothing is abandoned: a failed call's sibling runs to its end (its engine is torn
-    down by its own ``finally``) before the error propagates."""
+    about as long as one. Nothing is abandoned: a failed call's sibling runs to its end (its engine
+    is torn down by its own ``finally``) before the error propagates.
+
+    Interrupted while waiting (SIGTERM or Ctrl-C: Prefect's ``TerminationSignal`` or
+    ``KeyboardInterrupt`` raised in this thread), every engine this process started is stopped at
+    once (``eagle3.serve.launcher.stop_all_engines``), so the calls serving them fail and unwind;
+    they get ``UNWIND_S`` seconds, then the interrupt propagates. The threads are daemon threads: a
+    call still computing then (the offline figure) does not hold the interpreter's exit."""
     import contextvars
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
+    from concurrent.futures import Future, wait
 
     if len(calls) <= 1:
         return {k: fn() for k, fn in calls.items()}
-    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="eagle3-stage") as pool:
-        futures = {k: pool.submit(contextvars.copy_context().run, fn) for k, fn in calls.items()}
+
+    def start(key: str, fn: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        ctx = contextvars.copy_context()
+
+        def body() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(ctx.run(fn))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                fut.set_exception(e)
+
+        threading.Thread(target=body, name=f"eagle3-stage-{key}", daemon=True).start()
+        return fut
+
+    futures = {k: start(k, fn) for k, fn in calls.items()}
+    try:
+        wait(futures.values())
+    except BaseException:
+        from eagle3.serve.launcher import stop_all_engines
+
+        stop_all_engines()
+        wait(futures.values(), timeout=UNWIND_S)
+        raise
     for f in futures.values():
         if f.exception() is not None:
             raise f.exception()
