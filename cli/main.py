@@ -275,6 +275,15 @@ def bench(
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     except Eagle3Error as e:
+        import httpx
+
+        if isinstance(e.__cause__, httpx.ConnectError):  # nothing listens there
+            try:
+                where = e.__cause__.request.url.copy_with(path="/", query=None)
+            except RuntimeError:  # no request attached
+                where = url
+            _fail(f"bench: no server at {str(where).rstrip('/')} ({e}); start one, or check "
+                  "--url / --baseline-url", 1)
         _fail(f"{type(e).__name__}: {e}", 1)
     typer.echo(json.dumps(report.get("summary", report), indent=2, default=str))
 

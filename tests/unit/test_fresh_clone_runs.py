@@ -175,3 +175,24 @@ def test_a_bad_latest_pointer_is_named(tmp_path):
     (tmp_path / "train" / "latest.json").write_text("not json")
     with pytest.raises(DataError, match=r"latest.json: expected JSON"):
         latest_output(tmp_path, "train")
+
+
+def test_a_config_path_that_is_a_directory_is_named_as_one(tmp_path):
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+
+    (tmp_path / "a.yaml").write_text("name: a\n")
+    with pytest.raises(ConfigError, match=r"expected a YAML file, got a directory "
+                                          r"\(YAML files in it: a.yaml\)"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"not found"):
+        load_config(tmp_path / "none.yaml")
+
+
+def test_bench_url_without_a_server_says_so():
+    from cli.main import app
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+    result = CliRunner().invoke(app, ["bench", "--url", url, "--num-prompts", "1"])
+    assert result.exit_code == 1, result.output
+    assert f"bench: no server at {url} (" in result.output
