@@ -21,6 +21,10 @@ so tasks running in worker threads log to the right run. Layout of one pipeline 
                  "true"
                  and eagle3.produced_by_run_id = the nested run that produced the artifact.
 
+Every run (parent and stage) also carries ``eagle3.config_name`` and its owner, ``eagle3.pid``,
+``eagle3.host``, ``eagle3.pid_started``: the next run of the same name marks a run still RUNNING
+whose owner is gone (``kill -9``) KILLED, with ``eagle3.killed_reason`` (:func:`close_stale_runs`).
+
 Query a finished run with :func:`summarize_run` (docs/DESIGN.md, "Records")::
 
     from tasks.tracking import summarize_run
