@@ -301,14 +301,23 @@ def preflight(config: Path = typer.Argument(..., help="YAML run config"),
     try:
         from eagle3.serve.preflight import preflight_of_run
 
-        from eagle3.device_checks import check_devices
+        from eagle3.device_checks import device_problems
 
         cfg = load_config(config, override)
-        check_devices(cfg)
         from tasks.stage_config import output_dirs
 
         dirs = output_dirs(cfg)  # the folders of this config's settings
         report = preflight_of_run(cfg, dirs["serving"], dirs["extract"])
+        # listed as a failed check, the others still run; serve.device once (the memory check's)
+        named = {p.message.split(":", 1)[0] for p in report.problems if p.code == "DEVICE_MISSING"}
+        missing = [m for m in device_problems(cfg) if m.split(":", 1)[0] not in named]
+        if missing:
+            from eagle3.convert.checkpoint import Problem
+            from eagle3.serve.preflight import Check
+
+            report.checks.insert(0, Check("devices", "failed", f"{len(missing)} device(s) "
+                                          "this machine does not have (DEVICE_MISSING below)"))
+            report.problems[:0] = [Problem("DEVICE_MISSING", m) for m in missing]
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for line in report.lines():

@@ -196,3 +196,24 @@ def test_bench_url_without_a_server_says_so():
     result = CliRunner().invoke(app, ["bench", "--url", url, "--num-prompts", "1"])
     assert result.exit_code == 1, result.output
     assert f"bench: no server at {url} (" in result.output
+
+
+def test_preflight_of_a_gpu_config_on_a_cpu_machine_lists_its_checks(tmp_path):
+    import torch
+
+    from cli.main import app
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    result = CliRunner().invoke(app, ["preflight", str(CONFIGS / "tiny-random.yaml"),
+                                      "-o", f"paths.runs_dir={tmp_path / 'runs'}",
+                                      "-o", "train.device=cuda", "-o", "serve.device=cuda",
+                                      "-o", "serve.engine=reference"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    for check in ("aux_capture", "memory", "settings", "port"):
+        assert any(ln.startswith(check) for ln in lines), (check, result.output)
+    assert any(ln.startswith("devices") and "failed" in ln for ln in lines)
+    assert sum(ln.startswith("DEVICE_MISSING: train.device: ") for ln in lines) == 1
+    assert sum(ln.startswith("DEVICE_MISSING: serve.device: ") for ln in lines) == 1
+    assert "pre-flight failed" in result.output
