@@ -44,8 +44,9 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
 
             check_before_run(cfg)
         # lazy: Prefect is imported only for commands that run a flow
-        from cli.run import run_flow_cli, stop_grace_s
+        from cli.run import check_target, run_flow_cli, stop_grace_s
 
+        check_target(cfg)  # a target folder that is not there, before Prefect starts
         stop_grace_s()  # $EAGLE3_STOP_GRACE_S, checked before Prefect starts
     except ConfigError as e:
         _fail(str(e), 2)
@@ -294,6 +295,15 @@ def bench(
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     except Eagle3Error as e:
+        import httpx
+
+        if isinstance(e.__cause__, httpx.ConnectError):  # nothing listens there
+            try:
+                where = e.__cause__.request.url.copy_with(path="/", query=None)
+            except RuntimeError:  # no request attached
+                where = url
+            _fail(f"bench: no server at {str(where).rstrip('/')} ({e}); start one, or check "
+                  "--url / --baseline-url", 1)
         _fail(f"{type(e).__name__}: {e}", 1)
     typer.echo(json.dumps(report.get("summary", report), indent=2, default=str))
 
@@ -311,11 +321,23 @@ def preflight(config: Path = typer.Argument(..., help="YAML run config"),
     try:
         from eagle3.serve.preflight import preflight_of_run
 
-        from eagle3.device_checks import check_devices
+        from eagle3.device_checks import device_problems
 
         cfg = load_config(config, override)
-        check_devices(cfg)
-        report = preflight_of_run(cfg, cfg.run_dir() / "serving", cfg.run_dir() / "extract")
+        from tasks.stage_config import output_dirs
+
+        dirs = output_dirs(cfg)  # the folders of this config's settings
+        report = preflight_of_run(cfg, dirs["serving"], dirs["extract"])
+        # listed as a failed check, the others still run; serve.device once (the memory check's)
+        named = {p.message.split(":", 1)[0] for p in report.problems if p.code == "DEVICE_MISSING"}
+        missing = [m for m in device_problems(cfg) if m.split(":", 1)[0] not in named]
+        if missing:
+            from eagle3.convert.checkpoint import Problem
+            from eagle3.serve.preflight import Check
+
+            report.checks.insert(0, Check("devices", "failed", f"{len(missing)} device(s) "
+                                          "this machine does not have (DEVICE_MISSING below)"))
+            report.problems[:0] = [Problem("DEVICE_MISSING", m) for m in missing]
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
     for line in report.lines():

@@ -73,6 +73,19 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
     return exc
 
 
+def check_target(cfg: Any) -> None:
+    """Refuse, before Prefect starts, a config whose target cannot be found: for ``target.kind:
+    hf``, the same check as ``eagle3 prepare`` and ``eagle3 preflight``
+    (``eagle3.assets.resolve_target``, the one home of it). The built-in kinds (``smollm2``,
+    ``tiny-random``) are prepared by the extraction stage and are not touched here. Raises
+    ConfigError naming ``target.path``, the expected HF folder with config.json and what is there.
+    """
+    if cfg.target.kind == "hf":
+        from eagle3.assets import resolve_target
+
+        resolve_target(cfg)
+
+
 def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     """Run ``stage`` ("pipeline", "extract", "train", "convert", "deploy") as its Prefect flow on
     Prefect's ephemeral API (no server needed) and return the printed summary.
@@ -89,6 +102,7 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     if stage not in flows:
         raise ConfigError(f"stage {stage!r}: expected one of {sorted(flows)}")
     cfg = load_config(config_path, overrides)
+    check_target(cfg)
     public, secret = split_overrides(list(overrides))
     old = os.environ.get(SECRET_OVERRIDES_ENV)
     if secret:
@@ -99,6 +113,7 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
     previous = terminate_as_interrupt()
     record = SignalRecord(grace_s)
     record.install()
+    ended_by: int | None = None
     try:
         with local_prefect(cfg) as env, _quiet_known_tracebacks():
             state = flows[stage](config_path=str(config_path), overrides=public, return_state=True)
@@ -106,6 +121,10 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
             if not state.is_completed():
                 raise _with_retry_hint(state, stage, env)
             summary = state.result()
+    except KeyboardInterrupt:
+        ended_by = terminating_signal(record)
+        if ended_by is None:  # Ctrl-C: Python's own exit for an interrupt (130)
+            raise
     finally:
         record.uninstall()
         if secret and old is None:
@@ -115,7 +134,21 @@ def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:
         stop_ephemeral_server()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if ended_by is not None:
+        import sys
+
+        print(f"error: {stage} ended by {signal.Signals(ended_by).name}: engines and the Prefect "
+              "server stopped; re-run the same command to go on (finished stages are cached)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + ended_by)
     return format_summary(summary, cfg)
+
+
+def terminating_signal(record: "SignalRecord") -> int | None:
+    """The first SIGTERM or SIGHUP ``record`` saw (the one a supervisor sends to stop the run),
+    else None (only Ctrl-C, or no signal). A run it ended exits with ``128 + signal``, as a
+    process killed by it would (143 for SIGTERM), so a supervisor reads the usual status."""
+    return next((s for s in record.received() if s in TERMINATING), None)
 
 
 class _KnownErrorsWithoutTraceback(logging.Formatter):

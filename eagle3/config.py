@@ -439,12 +439,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path: YAML file, or None for all defaults.
         overrides: ``["train.lr=1e-3", "data.num_conversations=64"]``.
     Raises:
-        ConfigError: file missing, empty or not YAML, top level not a mapping, unknown key, wrong
-        type or value.
+        ConfigError: file missing or a directory, empty or not YAML, top level not a mapping,
+        unknown key, wrong type or value.
     """
     text = None
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            inside = sorted(f.name for f in p.glob("*.y*ml"))
+            hint = f" (YAML files in it: {', '.join(inside[:8])})" if inside else ""
+            raise ConfigError(f"config file {p}: expected a YAML file, got a directory{hint}")
         if not p.is_file():
             raise ConfigError(f"config file {p}: not found")
         text = p.read_text()

@@ -53,20 +53,24 @@ def load_run_config(config_path: str, overrides: list[str] | None) -> RunConfig:
 
 
 def untrained_config(cfg: RunConfig) -> RunConfig:
-    """The baseline: the same config with ``train.max_steps = 0`` (an untrained draft)."""
+    """The baseline: the same config with ``train.max_steps = 0`` (an untrained draft), served on
+    a port of its own: ``serve.port = None`` (the launcher picks a free port and retries another
+    when the one it picked is taken meanwhile), since both drafts are served at the same time
+    (flows/stages.py, ``deploy_step``) and a user-given ``serve.port`` can be bound by one engine
+    only. The trained draft keeps the user's port."""
     base = cfg.model_copy(deep=True)
     base.train.max_steps = 0
+    base.serve.port = None
     return base
 
 
 def stage_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
-    """Output folders of one run (docs/INTERNALS.md): extract, train, serving, deploy, bench (+
-    ``-untrained``)."""
-    suffix = "" if variant == "trained" else f"-{variant}"
-    rd = cfg.run_dir()
-    return {"extract": rd / "extract", "train": rd / f"train{suffix}",
-            "serving": rd / f"serving{suffix}",
-            "deploy": rd / f"deploy{suffix}", "bench": rd / f"bench{suffix}"}
+    """Output folders of one run (docs/INTERNALS.md): extract, and train, serving, deploy, bench
+    (+ ``-untrained``) each in a folder of its settings (``tasks.stage_config.output_dirs``:
+    ``<run_dir>/train/<settings digest>``), so outputs of other settings stay beside them."""
+    from tasks.stage_config import output_dirs
+
+    return output_dirs(cfg, variant)
 
 
 def finished_output(directory: Path, stage: str, command: str) -> StageResult:
@@ -141,6 +145,9 @@ def run_stage(task: Any, *, cfg: RunConfig, parent: str, stage: str, variant: st
     return result
 
 
+UNWIND_S = 20.0  # seconds the calls of an interrupted run_concurrently get to end (engines gone)
+
+
 def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """Run each zero-argument call of ``calls`` in its own thread (with a copy of this thread's
     context: the Prefect flow run, so a task called inside is that flow run's task) and wait for
@@ -148,15 +155,45 @@ def run_concurrently(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
 
     For stages whose work is independent and single-threaded, such as the trained and the untrained
     draft's deploy+bench (each engine decodes on one CPU thread, ``serve.cpu_threads``): both take
-    about as long as one. Nothing is abandoned: a failed call's sibling runs to its end (its engine is torn
-    down by its own ``finally``) before the error propagates."""
+    about as long as one. Nothing is abandoned: a failed call's sibling runs to its end (its engine
+    is torn down by its own ``finally``) before the error propagates.
+
+    Interrupted while waiting (SIGTERM or Ctrl-C: Prefect's ``TerminationSignal`` or
+    ``KeyboardInterrupt`` raised in this thread), every engine this process started is stopped at
+    once (``eagle3.serve.launcher.stop_all_engines``), so the calls serving them fail and unwind;
+    they get ``UNWIND_S`` seconds, then the interrupt propagates. The threads are daemon threads: a
+    call still computing then (the offline figure) does not hold the interpreter's exit."""
     import contextvars
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
+    from concurrent.futures import Future, wait
 
     if len(calls) <= 1:
         return {k: fn() for k, fn in calls.items()}
-    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="eagle3-stage") as pool:
-        futures = {k: pool.submit(contextvars.copy_context().run, fn) for k, fn in calls.items()}
+
+    def start(key: str, fn: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        ctx = contextvars.copy_context()
+
+        def body() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(ctx.run(fn))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                fut.set_exception(e)
+
+        threading.Thread(target=body, name=f"eagle3-stage-{key}", daemon=True).start()
+        return fut
+
+    futures = {k: start(k, fn) for k, fn in calls.items()}
+    try:
+        wait(futures.values())
+    except BaseException:
+        from eagle3.serve.launcher import stop_all_engines
+
+        stop_all_engines()
+        wait(futures.values(), timeout=UNWIND_S)
+        raise
     for f in futures.values():
         if f.exception() is not None:
             raise f.exception()
@@ -205,6 +242,8 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
         raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} ({type(e).__name__}: "
                         f"{e}); expected the id of an earlier run of this flow in the same store") from e
     client.update_run(run_id, status="RUNNING")
+    for k, v in tracking.owner_tags().items():  # this process owns it now (close_stale_runs)
+        client.set_tag(run_id, k, v)
     client.set_tag(run_id, "eagle3.attempts", str(int(run.data.tags.get("eagle3.attempts",
                                                                         "1")) + 1))
     with _recorded(cfg, run_id):

@@ -30,6 +30,7 @@ from tasks.convert import convert_task
 from tasks.deploy import deploy_task
 from tasks.extract import extract_task
 from tasks.preflight import preflight_task
+from tasks.stage_config import record_latest
 from tasks.train import train_task
 
 STAGES = ("extract", "train", "convert", "deploy")
@@ -59,21 +60,30 @@ def extract_step(cfg: Any, parent: str, record: dict, *, refresh: bool = False,
                                  refresh=refresh, record=record)}
 
 
+def _latest(*folders: Path) -> None:
+    """Record each settings folder as the one this run used (``<folder>/../latest.json``)."""
+    for f in folders:
+        record_latest(f)
+
+
 def train_step(cfg: Any, parent: str, record: dict, *, data: Any, refresh: bool = False) -> dict:
     """The trained and the untrained draft on ``data``: ``{variant: StageResult}``."""
-    return {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, data=data,
-                         out_dir=stage_dirs(c, v)["train"], refresh=refresh, record=record)
-            for v, c in variants(cfg)}
+    out = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, data=data,
+                        out_dir=stage_dirs(c, v)["train"], refresh=refresh, record=record)
+           for v, c in variants(cfg)}
+    _latest(*(stage_dirs(c, v)["train"] for v, c in variants(cfg)))
+    return out
 
 
 def convert_step(cfg: Any, parent: str, record: dict, *, data: Any, drafts: dict,
                  refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check each draft: ``{variant: StageResult}``."""
-    return {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v,
-                         draft=drafts[v],
-                         data=data, out_dir=stage_dirs(c,
-                                                       v)["serving"], refresh=refresh, record=record)
-            for v, c in variants(cfg)}
+    out = {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v,
+                        draft=drafts[v], data=data, out_dir=stage_dirs(c, v)["serving"],
+                        refresh=refresh, record=record)
+           for v, c in variants(cfg)}
+    _latest(*(stage_dirs(c, v)["serving"] for v, c in variants(cfg)))
+    return out
 
 
 def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dict,
@@ -99,6 +109,7 @@ def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dic
     # the acceptance task reads the offline figure from its memo, or computes it when this failed
     calls["offline"] = functools.partial(prefetch_offline_figure, cfg, servings["trained"].dir)
     bench = run_concurrently(calls)
+    _latest(*(stage_dirs(c, v)[k] for v, c in lines for k in ("deploy", "bench")))
     for k in ["deploy-bench" if v == "trained" else f"deploy-bench ({v})" for v, _ in lines]:
         if k in record:  # the record keeps the trained-then-untrained order
             record[k] = record.pop(k)

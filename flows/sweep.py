@@ -38,6 +38,7 @@ from flows.common import flow_run_label, load_run_config, parent_run, publish_su
 from flows.pipeline import eagle3_pipeline
 from tasks import tracking
 from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
+from tasks.stage_config import latest_output
 
 # schedule name → train overrides: (a) a few epochs with cosine decay, (b) a long constant-LR run
 # with evaluations every 50 optimizer steps (best-by-simulated-acceptance export picks the
@@ -60,7 +61,7 @@ def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
     (``<run_dir>/train/manifest.json``): data variant, data size (conversations), schedule, unique
     tokens (``counts.train_positions``), epochs over the data, optimizer steps, served / offline /
     simulated acceptance."""
-    m = read_manifest(Path(summary["run_dir"]) / "train")
+    m = read_manifest(latest_output(summary["run_dir"], "train"))
     return {"data": data, "data_size": size, "schedule": schedule,
             "key": point_key(data, size, schedule),
             "unique_tokens": (m.get("counts") or {}).get("train_positions"),
@@ -245,7 +246,7 @@ def training_curves(rows: list[dict]) -> list[dict]:
 
     curves = []
     for r in rows:
-        path = Path(r.get("run_dir") or "") / "train" / "metrics.jsonl"
+        path = latest_output(r.get("run_dir") or "", "train") / "metrics.jsonl"
         if not r.get("run_dir") or not path.is_file():
             continue
         evals = [x for x in read_metrics_jsonl(path) if isinstance(x.get("val/simulated_acceptance_length"), float)]

@@ -59,6 +59,7 @@ from lab.study_inputs import (  # noqa: E402,F401
     reuse_regen,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
+from tasks.stage_config import latest_output  # noqa: E402
 
 STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
@@ -253,7 +254,7 @@ def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
     """``lab/gpu_speedup.py`` on the best point's draft: plain vs speculative decoding through the
     same engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
     best = best_point(sweep)
-    serving = Path(best["run_dir"]) / "serving"
+    serving = latest_output(best["run_dir"], "serving")
     cmd = [
         sys.executable,
         str(REPO / "lab" / "gpu_speedup.py"),
@@ -303,7 +304,7 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
             "offline_gsm8k": best.get("offline_gsm8k"),
             "served": best.get("served"),
             "simulated": best.get("simulated"),
-            "serving_sha256": draft_digest(Path(best["run_dir"]) / "serving")
+            "serving_sha256": draft_digest(latest_output(best["run_dir"], "serving"))
             if best.get("run_dir")
             else None,
         },

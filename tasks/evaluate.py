@@ -19,6 +19,7 @@ from prefect import task
 
 from tasks import task_options, tracking
 from tasks.reports import SWEEP_TAG
+from tasks.stage_config import latest_output
 
 
 def _metrics(set_name: str, group: dict) -> dict[str, float]:
@@ -49,7 +50,7 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str
             continue
         if all(f"offline.{s}.acceptance_length" in r.data.metrics for s in sets):
             continue
-        serving = Path(r.data.tags.get("eagle3.run_dir", "")) / "serving"
+        serving = latest_output(r.data.tags.get("eagle3.run_dir", ""), "serving")
         if (serving / "manifest.json").is_file():
             todo[r.data.tags.get("eagle3.sweep.point", r.info.run_id)] = (r.info.run_id, serving)
     return todo

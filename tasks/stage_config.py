@@ -1,5 +1,6 @@
 """What each stage reads: its config sections and where its code starts, the one table that the
-cache keys (tasks/caching.py) and the stage runs' MLflow params (tasks/tracking.py) derive from.
+cache keys (tasks/caching.py), the stage runs' MLflow params (tasks/tracking.py) and the output
+folders of each setting (:func:`output_dirs`) derive from.
 
 Stages are named as their tasks and MLflow runs are (``deploy-bench``). ``sections`` are the
 sections of :class:`eagle3.config.RunConfig` whose values decide the stage's output; the target
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -55,3 +57,71 @@ def sections_hash(cfg: Any, stage: str) -> str:
     """sha256 (hex, 16 chars) of ``stage_sections(cfg, stage, keyed=True)``."""
     doc = json.dumps(stage_sections(cfg, stage, keyed=True), sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+# the stages whose settings decide what an output folder holds, in pipeline order: a folder of
+# other settings lives beside it (<run_dir>/train/<digest>/), so going back to earlier settings
+# finds their outputs again (a cache hit) instead of retraining over them
+FOLDER_STAGES: dict[str, tuple[str, ...]] = {
+    "train": ("extract", "train"),
+    "serving": ("extract", "train", "convert"),
+    "deploy": ("extract", "train", "convert", "deploy-bench"),
+    "bench": ("extract", "train", "convert", "deploy-bench"),
+}
+LATEST_FILE = "latest.json"  # <run_dir>/<folder>/latest.json: the settings folder used last
+DIGEST_CHARS = 12
+
+
+def settings_digest(cfg: Any, stages: tuple[str, ...]) -> str:
+    """The first ``DIGEST_CHARS`` hex characters of the sha256 of ``{stage: sections_hash(cfg,
+    stage)}`` over ``stages``: the name of an output folder of those settings. The judge-only keys
+    (the gate's minimum) stay out, as in the cache keys; code versions stay out (a code change
+    re-runs the stage into the same folder)."""
+    doc = json.dumps({s: sections_hash(cfg, s) for s in stages}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def output_dirs(cfg: Any, variant: str = "trained") -> dict[str, Path]:
+    """Output folders of one pipeline run of RunConfig ``cfg`` (docs/INTERNALS.md):
+    ``<run_dir>/extract`` and, one folder per settings digest (:func:`settings_digest` over
+    :data:`FOLDER_STAGES`), ``<run_dir>/train[-<variant>]/<digest>``, ``serving...``,
+    ``deploy...``, ``bench...``; ``variant`` other than ``"trained"`` adds ``-<variant>``."""
+    suffix = "" if variant == "trained" else f"-{variant}"
+    rd = cfg.run_dir()
+    out = {"extract": rd / "extract"}
+    for folder, stages in FOLDER_STAGES.items():
+        out[folder] = rd / f"{folder}{suffix}" / settings_digest(cfg, stages)
+    return out
+
+
+def record_latest(out_dir: str | Path) -> None:
+    """Write ``<parent of out_dir>/latest.json`` = ``{"dir": <out_dir's name>}``: the settings
+    folder the last run of this name used (:func:`latest_output` reads it)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{LATEST_FILE}.tmp"
+    tmp.write_text(json.dumps({"dir": out.name}) + "\n")
+    tmp.replace(out.parent / LATEST_FILE)
+
+
+def latest_output(run_dir: str | Path, folder: str) -> Path:
+    """The ``folder`` (``train``, ``serving``, ``bench``, ... with a variant suffix if any) the last
+    pipeline run in ``run_dir`` used: ``<run_dir>/<folder>/<digest>`` named by its
+    ``latest.json``, else ``<run_dir>/<folder>`` itself (no run recorded one: a folder that holds
+    its manifest directly). Raises DataError naming the file when ``latest.json`` is unreadable or
+    names no folder."""
+    from eagle3.errors import DataError
+
+    base = Path(run_dir) / folder
+    pointer = base / LATEST_FILE
+    if not pointer.is_file():
+        return base
+    try:
+        name = json.loads(pointer.read_text()).get("dir")
+    except (OSError, ValueError, AttributeError) as e:
+        raise DataError(f"{pointer}: expected JSON {{\"dir\": <folder name>}}, could not read it "
+                        f"({type(e).__name__}: {e})") from e
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise DataError(f"{pointer}: key 'dir': expected the name of a folder in {base}, got "
+                        f"{name!r}")
+    return base / name

@@ -21,6 +21,10 @@ so tasks running in worker threads log to the right run. Layout of one pipeline 
                  "true"
                  and eagle3.produced_by_run_id = the nested run that produced the artifact.
 
+Every run (parent and stage) also carries ``eagle3.config_name`` and its owner, ``eagle3.pid``,
+``eagle3.host``, ``eagle3.pid_started``: the next run of the same name marks a run still RUNNING
+whose owner is gone (``kill -9``) KILLED, with ``eagle3.killed_reason`` (:func:`close_stale_runs`).
+
 Query a finished run with :func:`summarize_run` (docs/DESIGN.md, "Records")::
 
     from tasks.tracking import summarize_run
@@ -162,6 +166,85 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
     _log_batch(client, run_id, metrics=batch)
 
 
+OWNER_PID_TAG = "eagle3.pid"  # the process that created the run and would end it
+OWNER_HOST_TAG = "eagle3.host"
+OWNER_STARTED_TAG = "eagle3.pid_started"  # its start time (epoch seconds): a reused pid is no owner
+KILLED_TAG = "eagle3.killed_reason"
+CONFIG_TAG = "eagle3.config_name"
+
+
+def owner_tags() -> dict[str, str]:
+    """Tags naming the process that creates a run: ``eagle3.pid``, ``eagle3.host`` (the host name)
+    and ``eagle3.pid_started`` (the process's start time, epoch seconds with 2 decimals, from
+    psutil), so a later run can tell a run whose process is gone (``kill -9``) from one in
+    progress (:func:`close_stale_runs`)."""
+    import socket
+
+    import psutil
+
+    return {OWNER_PID_TAG: str(os.getpid()), OWNER_HOST_TAG: socket.gethostname(),
+            OWNER_STARTED_TAG: f"{psutil.Process().create_time():.2f}"}
+
+
+def owner_gone(tags: dict[str, str]) -> bool:
+    """True when the run's owner (:func:`owner_tags`) ran on this host and is no longer running:
+    no process has its pid, or the process with that pid started at another time (the pid was
+    reused). False for a run without owner tags or one made on another host (nothing here can
+    tell)."""
+    import socket
+
+    import psutil
+
+    pid, host = tags.get(OWNER_PID_TAG, ""), tags.get(OWNER_HOST_TAG)
+    if not pid.isdigit() or host != socket.gethostname():
+        return False
+    try:
+        started = psutil.Process(int(pid)).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False  # exists but cannot be read (another user): taken as alive
+    recorded = tags.get(OWNER_STARTED_TAG)
+    try:
+        return recorded is not None and abs(float(recorded) - started) > 1.0
+    except ValueError:
+        return False
+
+
+def close_stale_runs(cfg: Any, client: MlflowClient | None = None,
+                     exp_id: str | None = None) -> list[str]:
+    """Mark KILLED every run of this config (tag ``eagle3.config_name`` = ``cfg.name``: parent and
+    stage runs) that is still RUNNING although its owning process is gone (:func:`owner_gone`:
+    a run ended by ``kill -9`` or a power cut never finishes its MLflow runs). Each gets the tag
+    ``eagle3.killed_reason`` naming the pid, host and this process, and a warning is logged.
+    Returns their run ids. Runs of other hosts, and runs without owner tags, are left as they are.
+    """
+    import logging
+    import socket
+
+    if client is None or exp_id is None:
+        client, exp_id = client_for(cfg)
+    name = cfg.name.replace("'", "\\'")
+    with _transient():
+        running = client.search_runs([exp_id], filter_string=(
+            f"attributes.status = 'RUNNING' and tags.`{CONFIG_TAG}` = '{name}'"), max_results=1000)
+    killed = []
+    for r in running:
+        tags = r.data.tags
+        if not owner_gone(tags):
+            continue
+        reason = (f"process {tags.get(OWNER_PID_TAG)} on {tags.get(OWNER_HOST_TAG)} that ran it is "
+                  f"gone (killed or crashed without finishing the run); found by the run of "
+                  f"process {os.getpid()} on {socket.gethostname()}")
+        with _transient():
+            client.set_tag(r.info.run_id, KILLED_TAG, reason)
+            client.set_terminated(r.info.run_id, status="KILLED")
+        logging.getLogger(__name__).warning("MLflow run %s (%s) was still RUNNING: marked KILLED, "
+                                            "%s", r.info.run_id, r.info.run_name, reason)
+        killed.append(r.info.run_id)
+    return killed
+
+
 def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str,
                        config_file: Path | None = None) -> str:
     """Create the parent run of a pipeline run, or reuse the one already tagged with
@@ -171,6 +254,7 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str,
     MLflow run id.
     """
     client, exp_id = client_for(cfg)
+    close_stale_runs(cfg, client, exp_id)
     with _transient():
         found = client.search_runs([exp_id],
                                    filter_string=f"tags.`{PIPELINE_TAG}` = '{flow_run_id}'",
@@ -178,12 +262,14 @@ def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str,
         if found:
             run_id = found[0].info.run_id
             client.update_run(run_id, status="RUNNING")
+            for k, v in owner_tags().items():
+                client.set_tag(run_id, k, v)
             client.set_tag(run_id, "eagle3.attempts",
                            str(int(found[0].data.tags.get("eagle3.attempts", "1")) + 1))
             return run_id
         run = client.create_run(exp_id, run_name=f"{cfg.name}-{flow_run_id[:8]}", tags={
             FLOW_RUN_TAG: flow_run_id, PIPELINE_TAG: flow_run_id, "prefect.flow_name": flow_name,
-            "eagle3.config_name": cfg.name,
+            CONFIG_TAG: cfg.name, **owner_tags(),
             "eagle3.run_dir": str(cfg.run_dir()), "eagle3.attempts": "1"})
     run_id = run.info.run_id
     _log_batch(client, run_id, params=config_params(cfg))
@@ -343,7 +429,7 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
         run = client.create_run(exp_id, run_name=stage_run_name(stage, variant, cached, attempt),
                                 tags={
             PARENT_TAG: parent_run_id, "eagle3.stage": stage, "eagle3.variant": variant,
-            "eagle3.attempt": str(attempt), **tags})
+            "eagle3.attempt": str(attempt), CONFIG_TAG: cfg.name, **owner_tags(), **tags})
     sr = StageRun(client, run.info.run_id)
     _log_batch(client, sr.run_id, params=stage_params(cfg, stage))
     _announce(cfg, exp_id, run.info)

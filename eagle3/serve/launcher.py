@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -158,6 +159,7 @@ class EngineProcess:
         self.returncode: int | None = None
         self.stop_report: dict | None = None
         self._known: dict[int, float] = {}
+        self._stop_lock = threading.Lock()  # stop_all_engines and the owner's with-block may race
 
     def remember_tree(self) -> None:
         """Record the current tree's pids, so later orphans are still ended."""
@@ -169,11 +171,14 @@ class EngineProcess:
     def stop(self) -> dict:
         """SIGTERM, wait ``grace_s``, SIGKILL, reap; idempotent; returns the stop report."""
 
-        if self.stop_report is None:
-            self.remember_tree()
-            self.stop_report = terminate_tree(self.popen, self.grace_s, known_pids=self._known)
-            self.returncode = self.popen.returncode
-            atexit.unregister(self.stop)
+        with self._stop_lock:
+            if self.stop_report is None:
+                self.remember_tree()
+                self.stop_report = terminate_tree(self.popen, self.grace_s,
+                                                  known_pids=self._known)
+                self.returncode = self.popen.returncode
+                atexit.unregister(self.stop)
+                _STARTED.discard(self)
         return self.stop_report
 
     def __enter__(self) -> "EngineProcess":
@@ -184,6 +189,24 @@ class EngineProcess:
 
     def __repr__(self) -> str:
         return f"EngineProcess({self.engine}, pid={self.pid}, url={self.url}, log={self.log_path})"
+
+
+_STARTED: set[EngineProcess] = set()  # engines of this process not yet stopped
+
+
+def stop_all_engines() -> int:
+    """Stop every engine this process started and has not stopped yet (SIGTERM to its process
+    group, SIGKILL after its ``grace_s``), at once, from any thread: an interrupted run ends its
+    engines before the stages serving them in worker threads unwind (their requests then fail at
+    once instead of running to the end of the benchmark). Returns how many were stopped."""
+    engines = list(_STARTED)
+    stoppers = [threading.Thread(target=e.stop, name=f"eagle3-stop-{e.pid}", daemon=True)
+                for e in engines]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
+    return len(engines)
 
 
 def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
@@ -200,6 +223,7 @@ def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
                          grace_s=grace_s)
     # an interpreter that exits without leaving the with-block still ends the group
     atexit.register(proc.stop)
+    _STARTED.add(proc)
     record = {"engine": engine, "argv": argv, "env": redact(env), "url": proc.url, "pid": proc.pid}
     log_path.with_name(log_path.stem + ".command.json").write_text(json.dumps(record, indent=2))
     log.info("started %s", proc)

@@ -318,6 +318,13 @@ def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int |
     if device.startswith("cuda"):
         import torch
 
+        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = torch.device(device).index or 0
+        if index >= seen:  # no free memory to read: the device is not there
+            p = Problem("DEVICE_MISSING", f"serve.device: expected a CUDA device this machine has, "
+                                          f"got {device!r} and torch sees {seen}; fix: -o "
+                                          "serve.device=cpu (or auto), or a machine with the GPU")
+            return Check("memory", "failed", p.message), [p]
         free = torch.cuda.mem_get_info(torch.device(device))[0]
     else:
         free = psutil.virtual_memory().available

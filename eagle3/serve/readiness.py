@@ -130,6 +130,8 @@ class GateResult:
     signal_sources: list[str] = field(default_factory=list)
     diagnostics_dir: str | None = None
     diagnostics: dict | None = None
+    # the last answer to a health check: a status code, "refused", "timeout" or "error: ..."
+    last_health: int | str | None = None
 
     @property
     def ready(self) -> bool:
@@ -260,6 +262,8 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
         if verdict is None and now - t0 >= timeout_s:
             verdict = "timed_out"
             detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
+        if verdict in ("timed_out", "stalled"):
+            detail += _refused_note(url, state)
         if verdict is not None:
             return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now,
                            diagnostics_dir)
@@ -290,6 +294,10 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     if not h.done():
         return None, ""
     st["health"], status = None, h.result
+    st["health_seen"] = st.get("health_seen", 0) + 1
+    if status == "refused":
+        st["refused"] = st.get("refused", 0) + 1
+    st["last_health"] = status
     if status == 404 and st["health_path"] == "/health_generate":
         st["health_path"] = "/health"  # a server without /health_generate: fall back to /health
         return None, ""
@@ -306,6 +314,18 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     if tl.enter(phase, now):
         st["last_progress"] = now  # a phase change is progress
     return None, ""
+
+
+def _refused_note(url: str, st: dict) -> str:
+    """For a timed-out or stalled verdict: `` Connection refused ...`` when the last health check
+    was refused (nothing listens at ``url``'s port, or the server closed it), with how many of the
+    health checks were refused; else ``""``."""
+    if st.get("last_health") != "refused":
+        return ""
+    refused, seen = st.get("refused", 0), st.get("health_seen", 0)
+    every = "every one" if refused == seen else f"{refused}"
+    return (f" Connection refused at {url}: {every} of {seen} health checks was refused "
+            "(nothing listens on that host and port).")
 
 
 def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout: float,
@@ -349,6 +369,7 @@ def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | No
                      elapsed_s=round(now - t0, 3),
                      last_progress_s=round(st["last_progress"] - t0, 3),
                      exit_code=code, probe=st["probe_results"], signals=dict(mon.counts),
+                     last_health=st.get("last_health"),
                      signal_sources=mon.sources)
     if log_path is not None and verdict != "ready":
         res.log_tail = log_tail(log_path, max_lines=40)

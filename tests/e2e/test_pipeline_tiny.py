@@ -84,8 +84,9 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path, ephemeral
 
     from eagle3.assets import resolve_target
     from eagle3.serve.launcher import launch_engine
+    from flows.common import stage_dirs
 
-    with launch_engine(cfg, resolve_target(cfg), cfg.run_dir() / "serving", tmp_path / "by-hand",
+    with launch_engine(cfg, resolve_target(cfg), stage_dirs(cfg)["serving"], tmp_path / "by-hand",
                        engine="reference") as eng:
         out = subprocess.run([sys.executable, "-m", "cli.main", "wait-ready", "--url", eng.url, "--pid",
                               str(eng.pid), "--log", str(eng.log_path), "--timeout", "120", "--stall-timeout", "60",

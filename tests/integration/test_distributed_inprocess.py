@@ -40,7 +40,7 @@ def test_distributed_pipeline_hands_typed_results_over_and_runs_preflight_before
     import prefect.deployments
 
     from eagle3.config import load_config
-    from flows.common import local_prefect, stop_ephemeral_server
+    from flows.common import local_prefect, stage_dirs, stop_ephemeral_server
     from flows.distributed import distributed_pipeline
     from tasks.tracking import summarize_run
 
@@ -73,7 +73,8 @@ def test_distributed_pipeline_hands_typed_results_over_and_runs_preflight_before
     assert deploy["record"] == {"preflight": "ran", "deploy-bench": "ran", "deploy-bench (untrained)": "ran"}
     assert {k: v["type"] for k, v in deploy["results"].items()} == {
         "trained": "StageResult", "untrained": "StageResult", "figures": "AcceptanceFigures", "preflight": "dict"}
-    assert deploy["results"]["trained"]["dir"] == f"{cfg.name}/bench"  # relative to the runs directory
+    # relative to the runs directory, in the folder of the run's settings
+    assert deploy["results"]["trained"]["dir"] == f"{cfg.name}/bench/{stage_dirs(cfg)['bench'].name}"
     served = deploy["results"]["figures"]["served"]
     assert summary["acceptance_length"] == pytest.approx(served) and 1.0 <= served <= cfg.serve.speculative_num_steps + 1
     assert summary["registered_model"].startswith("eagle3-draft-") and set(summary["stage_flow_runs"]) == {

@@ -61,6 +61,14 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
                 "acceptance": ["Completed"], "acceptance-gate": ["Completed"], "register-draft": ["Completed"],
                 "decision": ["Completed"]}
             assert child_processes_except_prefect() == []
+
+            # back to the first settings: their outputs are still there beside the changed ones
+            st4 = eagle3_pipeline(config_path=str(TINY), overrides=overrides, return_state=True)
+            assert st4.is_completed(), st4.message
+            states = task_states(st4.state_details.flow_run_id)
+            assert {s: states[s] for s in (*UPSTREAM, "deploy-bench")} == {
+                s: ["Cached"] for s in (*UPSTREAM, "deploy-bench")}, states
+            assert child_processes_except_prefect() == []
     finally:
         stop_ephemeral_server()
 

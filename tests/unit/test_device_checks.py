@@ -31,7 +31,9 @@ def test_an_index_past_the_visible_gpus_fails_and_cpu_or_auto_never_does():
         check_devices(cfg, cuda_count=1)
 
 
-@pytest.mark.parametrize("command", ["run", "preflight"])
+# `eagle3 preflight` lists its checks instead, the device ones failed
+# (tests/unit/test_fresh_clone_runs.py)
+@pytest.mark.parametrize("command", ["run"])
 def test_cli_refuses_a_gpu_config_here_before_prefect_starts(command):
     import torch
 
