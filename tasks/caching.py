@@ -74,16 +74,16 @@ def reference_engine_identity(folder: Path | None = None) -> str:
 
 
 def engine_identity(cfg: Any) -> str:
-    """The serving engine ``cfg.serve.engine`` resolves to, by version: ``sglang <profile VERSION>``
-    or :func:`reference_engine_identity`."""
-    from eagle3.engines.sglang.profile import VERSION
-
+    """The serving engine ``cfg.serve.engine`` resolves to, by version: ``sglang <release>`` (the
+    configured ``convert.engine_version``) or :func:`reference_engine_identity`."""
     engine = cfg.serve.engine
     if engine == "auto":
         from eagle3.serve.launcher import resolve_engine
 
         engine = resolve_engine(cfg)
-    return f"sglang {VERSION}" if engine == "sglang" else reference_engine_identity()
+    if engine == "sglang":
+        return f"sglang {cfg.convert.engine_version}"
+    return reference_engine_identity()
 
 
 def fingerprint(path: str | Path) -> str:

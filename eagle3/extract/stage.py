@@ -42,7 +42,6 @@ from pathlib import Path
 from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intact, sha256_file,
                               weights_hash,
                               write_manifest)
-from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
 from eagle3.extract.store import (
@@ -298,6 +297,15 @@ def _check_backend(cfg) -> None:
         return
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                    sglang_unusable_reason)
+    from eagle3.engines.sglang.profile import RELEASES
+
+    version = cfg.convert.engine_version
+    able = sorted(v for v, r in RELEASES.items() if r["return_aux_flag"])
+    if RELEASES[version]["return_aux_flag"] is None:
+        raise EngineUnsupported(f"extract.backend='sglang' with convert.engine_version {version}: "
+                                f"SGLang {version} cannot return the target's aux hidden states "
+                                "without a draft (no --enable-return-aux-hidden-states); expected "
+                                f"a release that can ({able}) or extract.backend=hf")
 
     if cfg.extract.num_gpus != 1:
         raise ConfigError("extract.num_gpus: expected 1 with extract.backend='sglang' (set "
@@ -307,7 +315,7 @@ def _check_backend(cfg) -> None:
         raise EngineUnsupported(f"extract.backend='sglang': serve.sglang_python: "
                                 f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
                                 "Python of an environment with "
-                                f"sglang=={SGLANG_VERSION} (make sglang-env), or use "
+                                f"sglang=={version} (make sglang-env), or use "
                                 "extract.backend=hf")
 
 

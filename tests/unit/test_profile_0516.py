@@ -120,3 +120,13 @@ def test_launch_server_flags_pinned(src):
     ((code, msg),) = extra_args_problems(["--cuda-graph-max-bs", "8"], version=V)
     assert code == "EXTRA_ARG_OWNED" and "--cuda-graph-max-bs-decode" in msg and V in msg
     assert extra_args_problems(["--attention-backend", "triton"], version=V) == []
+
+
+def test_sglang_extraction_backend_is_refused_for_a_release_without_aux_return(tmp_path):
+    from eagle3.config import load_config
+    from eagle3.extract.stage import _check_backend
+
+    cfg = load_config(None, [f"paths.runs_dir={tmp_path}", "extract.backend=sglang",
+                             f"convert.engine_version={V}"])
+    with pytest.raises(EngineUnsupported, match=r"SGLang 0\.5\.16 cannot return .*0\.5\.23"):
+        _check_backend(cfg)

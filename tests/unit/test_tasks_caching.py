@@ -130,6 +130,9 @@ def test_deploy_key_names_the_engine_by_its_version(tmp_path):
     assert caching.reference_engine_identity(tmp_path / "nothing") == "refengine absent"
     cfg = lambda e: load_config(None, [f"paths.runs_dir={tmp_path}", f"serve.engine={e}"])  # noqa: E731
     assert caching.engine_identity(cfg("sglang")) == f"sglang {VERSION}"
+    older = load_config(None, [f"paths.runs_dir={tmp_path}", "serve.engine=sglang",
+                               "convert.engine_version=0.5.16"])
+    assert caching.engine_identity(older) == "sglang 0.5.16"  # the configured release
     assert caching.engine_identity(cfg("reference")) == caching.reference_engine_identity(
         caching.CODE_ROOT / "refengine")
     loaded = "refengine" in sys.modules
