@@ -84,8 +84,7 @@ def reference_refusals(serve: Any) -> dict:
 
 def flag_matches(token: str, version: str = VERSION) -> list[str]:
     """The option strings of SGLang ``version`` (:func:`eagle3.engines.sglang.server_flags.options`)
-    the
-    command-line ``token`` selects by argparse's rules for ``allow_abbrev=True``
+    the command-line ``token`` selects by argparse's rules for ``allow_abbrev=True``
     (``ArgumentParser._parse_optional``): the exact name (before any ``=``) if it is one, else
     every option string it is a prefix of. ``[]`` for a token that is no long option (a value,
     ``--``) or matches nothing; more than one: ambiguous, which argparse refuses."""
