@@ -23,7 +23,6 @@ GATE_NOISE = re.compile(r'"(GET|POST|HEAD) '
                         r'/(health_generate|health|ready|generate|get_server_info|server_info'
                         r'|metrics)\b[^"]*"'
                         # SGLang's http_server.py logs this while the scheduler hangs
-
                         r"|Health check failed\. Server couldn't get a response from detokenizer")
 MAX_READ_BYTES = 1 << 20
 GPU_MIN_INTERVAL_S = 1.0
@@ -34,8 +33,7 @@ class ProgressMonitor:
     ``cpu_busy_fraction``: CPU seconds per wall second that count as progress."""
 
     def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *,
-                 use_gpu: bool = True,
-                 cpu_busy_fraction: float = 0.05):
+                 use_gpu: bool = True, cpu_busy_fraction: float = 0.05):
         self.pid = pid
         self.log_path = Path(log_path) if log_path else None
         self.cpu_busy_fraction = cpu_busy_fraction
@@ -50,15 +48,14 @@ class ProgressMonitor:
     @property
     def sources(self) -> list[str]:
         """Signal sources that can be observed for this server."""
-        return [name for name,
-                ok in (("log", self.log_path is not None), ("cpu", self.pid is not None),
-                                      ("gpu", self.gpu_available)) if ok]
+        return [name for name, ok in (("log", self.log_path is not None),
+                                      ("cpu", self.pid is not None), ("gpu", self.gpu_available))
+                if ok]
 
     def sample(self) -> list[str]:
         """Read every source once; names of the signals that progressed since the last call."""
-        progressed = [name for name,
-                      fn in (("log", self._log), ("cpu", self._cpu_grew), ("gpu", self._gpu))
-                      if fn()]
+        progressed = [name for name, fn in (("log", self._log), ("cpu", self._cpu_grew),
+                                            ("gpu", self._gpu)) if fn()]
         for name in progressed:
             self.counts[name] += 1
         return progressed
@@ -107,6 +104,5 @@ class ProgressMonitor:
         current = {g["uuid"]: (g["util_pct"], g["mem_used_mib"]) for g in mine}
         prev, self._gpu_prev = self._gpu_prev, current
         busy = any(util > 0 for util, _ in current.values())
-        changed = prev is not None and any(prev.get(k, (0, mem))[1] != mem for k,
-                                           (_, mem) in current.items())
-        return busy or changed
+        return busy or prev is not None and any(prev.get(k, (0, mem))[1] != mem
+                                                for k, (_, mem) in current.items())
