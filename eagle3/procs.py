@@ -40,8 +40,8 @@ def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Pat
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb", buffering=0) as log:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT,
-                                env=dict(env), cwd=cwd, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=dict(env), cwd=cwd,
+                                start_new_session=True)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -76,15 +76,11 @@ def tree_cpu_seconds(pid: int) -> float | None:
 def exit_status(pid: int) -> tuple[bool, int | None]:
     """Whether ``pid`` exited, and its exit code if it is our child (read with ``waitid(WNOWAIT)``,
     leaving the zombie to ``Popen``); signal N → ``-N`` (``subprocess``'s convention); else None."""
-    try:
+    with contextlib.suppress(ChildProcessError):  # not our child (or already reaped): psutil
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        info = None  # not our child (or already reaped): ask psutil
-    else:
         if info is None:
             return False, None
-        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        return True, code
+        return True, info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
     try:
         status = psutil.Process(pid).status()
     except psutil.NoSuchProcess:
