@@ -141,9 +141,9 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
 
 
 @contextmanager
-def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary sibling; on success rename it to ``final`` (``overwrite``: replacing it
-    once complete), on error delete it."""
+def atomic_directory(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling; on success rename it to ``final`` (an existing ``final`` is
+    replaced once the new one is complete), on error delete it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
@@ -151,8 +151,6 @@ def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path
     try:
         yield tmp
         if final.exists():
-            if not overwrite:
-                raise DataError(f"{final}: already exists and overwrite is off")
             old = final.with_name(f".{final.name}.old.tmp")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)

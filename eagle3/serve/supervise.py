@@ -39,14 +39,6 @@ def _created(pid: int) -> float | None:
         return None
 
 
-def end_group(pgid: int, known: dict[int, float], grace_s: float, why: str) -> list[int]:
-    """:func:`eagle3.procs.terminate_tree` of group ``pgid`` and the known tree (``{pid:
-    create_time}``), with one log line saying why. Returns the pids that needed SIGKILL."""
-    print(f"[eagle3-supervise] {why}: ending engine group {pgid} (SIGTERM, SIGKILL after "
-          f"{grace_s:g} s)", file=sys.stderr, flush=True)
-    return terminate_tree(pgid, grace_s, known_pids=known)["killed"]
-
-
 def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
     """The watcher's loop (see the module docstring); returns when the engine is gone."""
     # a terminal's Ctrl-C reaches the group: the engine decides
@@ -55,8 +47,10 @@ def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> No
     engine_created = _created(engine)
     known, last = snapshot_tree(engine), time.monotonic()
     while engine_created is not None and _created(engine) == engine_created:
-        if _created(parent) != parent_created:
-            end_group(engine, known, grace_s, f"launcher {parent} is gone")
+        if _created(parent) != parent_created:  # the engine's group and its known tree end
+            print(f"[eagle3-supervise] launcher {parent} is gone: ending engine group {engine} "
+                  f"(SIGTERM, SIGKILL after {grace_s:g} s)", file=sys.stderr, flush=True)
+            terminate_tree(engine, grace_s, known_pids=known)
             return
         if time.monotonic() - last >= SNAPSHOT_EVERY_S:
             known.update(snapshot_tree(engine))

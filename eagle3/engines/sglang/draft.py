@@ -39,7 +39,7 @@ from torch import nn
 
 from eagle3.engines.sglang import draft_load as dl
 from eagle3.engines.sglang.draft_load import rope_parameters
-from eagle3.engines.sglang.profile import VERSION
+from eagle3.engines.sglang.profile import VERSION, num_aux_states
 from eagle3.errors import CheckpointInvalid, ConfigError
 
 log = logging.getLogger(__name__)
@@ -196,11 +196,7 @@ class _Model(nn.Module):
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
         eagle = cfg.get("eagle_config") or {}
         self.hidden_size_in = w = cfg.get("target_hidden_size") or h
-        n_aux = cfg.get("num_aux_hidden_states")
-        if n_aux is None:
-            ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-            n_aux = len(ids) if ids else 3
-        self.num_aux_hidden_states = n = int(n_aux)
+        self.num_aux_hidden_states = n = num_aux_states(cfg)
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
         self.fc = nn.Linear(w * n, h, bias=bool(cfg.get("bias", False)))
         norm_before_fc = bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False)))

@@ -29,12 +29,10 @@ class EngineSource:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self._zip = None
         if self.root.is_file() and self.root.suffix == ".whl":
-            self._zip = zipfile.ZipFile(self.root)
-            self._names = set(self._zip.namelist())
+            self._base: Path | zipfile.Path = zipfile.Path(self.root)
         elif self.root.is_dir():
-            self._names = None
+            self._base = self.root
         else:
             raise DataError(f"{self.root}: expected an engine wheel (.whl) or a source directory, "
                             "found neither")
@@ -44,32 +42,23 @@ class EngineSource:
 
     def read(self, relpath: str) -> str:
         """Text of ``relpath`` (e.g. ``sglang/srt/models/llama_eagle3.py``); DataError if absent."""
-        if self._zip is not None:
-            if relpath not in self._names:
-                raise DataError(f"{self.root}: {relpath} not in the wheel")
-            return self._zip.read(relpath).decode("utf-8")
-        path = self.root / relpath
+        path = self._base.joinpath(relpath)
         if not path.is_file():
             raise DataError(f"{self.root}: {relpath} not found")
         return path.read_text(encoding="utf-8")
 
     def list(self, prefix: str) -> list[str]:
         """Relative paths of the ``.py`` files directly under ``prefix`` (ending in '/')."""
-        if self._zip is not None:
-            return sorted(n for n in self._names if n.startswith(prefix) and n.endswith(".py")
-                          and "/" not in n[len(prefix):])
-        folder = self.root / prefix
-        return sorted(f"{prefix}{p.name}" for p in folder.glob("*.py")) if folder.is_dir() else []
+        folder = self._base.joinpath(prefix)
+        return sorted(f"{prefix}{p.name}" for p in folder.iterdir()
+                      if p.name.endswith(".py") and p.is_file()) if folder.is_dir() else []
 
     def version(self) -> str | None:
         """``Version:`` of ``*.dist-info/METADATA``, else ``sglang/version.py``; None if neither."""
-        if self._zip is not None:
-            metas = [self._zip.read(n).decode("utf-8", "replace") for n in sorted(self._names)
-                     if n.endswith(".dist-info/METADATA")]
-        else:
-            metas = [m.read_text(encoding="utf-8", errors="replace")
-                     for m in sorted(self.root.glob("*.dist-info/METADATA"))]
-        found = [m.group(1) for t in metas if (m := re.search(r"^Version:\s*(\S+)", t, re.M))]
+        metas = sorted((d.joinpath("METADATA") for d in self._base.iterdir()
+                        if d.name.endswith(".dist-info")), key=str)
+        found = [m.group(1) for meta in metas if meta.is_file() and (m := re.search(
+            r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M))]
         if found:
             return found[0]
         try:
