@@ -76,40 +76,29 @@ def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
     return {}
 
 
-def _best_seconds(pairs: dict[str, tuple], repeats: int,
-                  slow_factor: float = 10.0) -> dict[str, float]:
-    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately over ``repeats`` rounds
-    after an untimed warm-up (oneDNN builds kernels then); stops early if bf16 is ``slow_factor`` ×
-    slower."""
-    for a, b in pairs.values():
-        a @ b
-    best = {k: float("inf") for k in pairs}
-    for r in range(repeats):
-        for k, (a, b) in pairs.items():
-            t0 = time.perf_counter()
-            a @ b
-            best[k] = min(best[k], time.perf_counter() - t0)
-        if r >= 1 and best["bfloat16"] > slow_factor * best["float32"]:
-            break
-    return best
-
-
 def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
                  repeats: int = PROBE_REPEATS) -> Bf16Probe:
-    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo): a
-    :class:`Bf16Probe`. bf16 stops after one timed call over 10× float32 (slow, whatever the
-    figure)."""
+    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo), alternately
+    over ``repeats`` rounds after an untimed warm-up (oneDNN builds kernels then), the best call of
+    each: a :class:`Bf16Probe`. Stops after two rounds when bf16 is over 10× slower (slow,
+    whatever the figure)."""
     import torch
 
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: a ratio of kernels, not of how busy the other cores are
-    try:
-        best = _best_seconds({"float32": (a, b), "bfloat16": (a.bfloat16(), b.bfloat16())}, repeats)
-    finally:
-        torch.set_num_threads(threads)
+    pairs = {"float32": (a, b), "bfloat16": (a.bfloat16(), b.bfloat16())}
+    best = dict.fromkeys(pairs, float("inf"))
+    with torch_threads(1):  # one thread: a ratio of kernels, not of how busy the other cores are
+        for x, y in pairs.values():
+            x @ y
+        for r in range(repeats):
+            for name, (x, y) in pairs.items():
+                t0 = time.perf_counter()
+                x @ y
+                best[name] = min(best[name], time.perf_counter() - t0)
+            if r >= 1 and best["bfloat16"] > 10 * best["float32"]:
+                break
     flop = 2.0 * m * k * n
     return Bf16Probe(float32_gflops=flop / best["float32"] / 1e9,
                      bfloat16_gflops=flop / best["bfloat16"] / 1e9, threads=1,
