@@ -38,7 +38,6 @@ class ProgressMonitor:
         self.log_path = Path(log_path) if log_path else None
         self.cpu_busy_fraction = cpu_busy_fraction
         self.log_pos = 0
-        self.log_bytes_meaningful = 0
         self._cpu: tuple[float, float] | None = None  # (monotonic time, cpu seconds)
         self._gpu_t = 0.0
         self._gpu_prev: dict | None = None
@@ -72,15 +71,12 @@ class ProgressMonitor:
         if size == self.log_pos:
             return False
         start, self.log_pos = self.log_pos, size
-        if size - start > MAX_READ_BYTES:
-            self.log_bytes_meaningful += size - start
+        if size - start > MAX_READ_BYTES:  # too much to be the gate's own access lines
             return True
         with open(self.log_path, "rb") as f:
             f.seek(start)
             text = f.read(size - start).decode(errors="replace")
-        meaningful = [ln for ln in text.splitlines() if ln.strip() and not GATE_NOISE.search(ln)]
-        self.log_bytes_meaningful += sum(len(ln) + 1 for ln in meaningful)
-        return bool(meaningful)
+        return any(ln.strip() and not GATE_NOISE.search(ln) for ln in text.splitlines())
 
     def _cpu_grew(self) -> bool:
         if self.pid is None:

@@ -195,7 +195,7 @@ class _Model(nn.Module):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
         eagle = cfg.get("eagle_config") or {}
-        self.hidden_size_in = w = cfg.get("target_hidden_size") or h
+        w = cfg.get("target_hidden_size") or h
         self.num_aux_hidden_states = n = num_aux_states(cfg)
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
         self.fc = nn.Linear(w * n, h, bias=bool(cfg.get("bias", False)))

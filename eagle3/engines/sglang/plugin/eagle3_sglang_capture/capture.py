@@ -12,7 +12,6 @@ check and return path carry it.
 wrap; one without ``model.norm`` or ``logits_processor`` raises at construction.
 """
 
-
 from __future__ import annotations
 
 import importlib
