@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata as md
 import json
 import logging
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -104,8 +105,7 @@ def prepare_smollm2(cache: Path) -> Path:
 def _rope_theta(config) -> float:
     theta = getattr(config, "rope_theta", None)
     if theta is None:
-        params = getattr(config, "rope_parameters", None) or {}
-        theta = params.get("rope_theta")
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
     if theta is None:
         raise DataError("SmolLM2 GGUF config: no rope_theta / rope_parameters.rope_theta found")
     return float(theta)
@@ -190,17 +190,12 @@ def iter_json_array_tolerant(path: Path) -> Iterator[object]:
     """Yield a JSON array file's elements, stopping at the first that does not parse (the wheel's
     ShareGPT copy is cut off; docs/ASSETS.md)."""
     text = path.read_text(encoding="utf-8", errors="replace")
-    dec = json.JSONDecoder()
+    dec, between = json.JSONDecoder(), re.compile(r"[ \t\r\n,]*")
     i = text.find("[")
     if i < 0:
         raise DataError(f"{path}: expected a JSON array, found no '['")
     i += 1
-    n = len(text)
-    while i < n:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n or text[i] == "]":
-            return
+    while (i := between.match(text, i).end()) < len(text) and text[i] != "]":
         try:
             obj, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:

@@ -69,11 +69,9 @@ def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
         text = Path(cpuinfo).read_text()
     except OSError:
         return {}
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return {f: f in flags for f in CPU_FEATURES}
-    return {}
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines()
+                  if ln.startswith("flags")), None)
+    return {} if flags is None else {f: f in flags for f in CPU_FEATURES}
 
 
 def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,

@@ -195,12 +195,12 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
     """Does ``engine==version`` capture aux states for ``target_class``? Read from ``source``, else
     ``EngineProfile.aux_capture_classes``. Returns ``{"class", "engine", "version", "captures":
     True, "module", "how"}``; EngineUnsupported when it does not (or is not registered)."""
+    found = {"class": target_class, "engine": engine, "version": version, "captures": True}
     if source is None:
         from eagle3.engines.registry import get_profile
 
         get_profile(engine, version).require_aux_capture(target_class)
-        return {"class": target_class, "engine": engine, "version": version, "captures": True,
-                "module": None, "how": "pinned profile list"}
+        return {**found, "module": None, "how": "pinned profile list"}
     index = model_index(source)
     if target_class not in index.entry_classes:
         raise EngineUnsupported(f"target class {target_class}: not a registered model class "
@@ -211,5 +211,5 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
             f"target class {target_class} ({index.entry_classes[target_class]}): {engine} "
             f"{version} does not implement {CAPTURE_METHOD} for it, so the EAGLE-3 draft would "
             "receive no aux hidden states")
-    return {"class": target_class, "engine": engine, "version": version, "captures": True,
-            "module": index.entry_classes[target_class], "how": f"read from {source.root}"}
+    return {**found, "module": index.entry_classes[target_class],
+            "how": f"read from {source.root}"}
