@@ -172,13 +172,10 @@ def last_status(s: dict | None, now: float) -> str:
     """One worker's last status in words: its phase (or step, or error), how long ago, its pid."""
     if not s:
         return "no status file (the process never reached its first line, or it was never started)"
-    what = s.get("phase")
-    if what == "step":
-        what = f"step {s.get('step')}"
-    elif what == "arriving":
-        what = "waiting at the rendezvous"
-    elif what == "failed":
-        what = f"failed with {s.get('error_type')}: {str(s.get('message'))[:300]}"
+    phase = s.get("phase")
+    what = {"step": f"step {s.get('step')}", "arriving": "waiting at the rendezvous",
+            "failed": f"failed with {s.get('error_type')}: {str(s.get('message'))[:300]}"
+            }.get(phase, phase)
     ago = f"{now - float(s['time']):.0f} s ago" if s.get("time") else "time unknown"
     return f"{what} ({ago}, pid {s.get('pid')})"
 
@@ -209,15 +206,14 @@ def reraise_failed(statuses: dict[int, dict | None]) -> None:
 
 def exit_text(code: int, kill_hint: bool = False) -> str:
     """``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: likely causes of a SIGKILL added)."""
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        kill = kill_hint and -code == signal.SIGKILL
-        why = " (killed: the OOM killer, a preemption or a kill)" if kill else ""
-        return f"ended by {name}{why}"
-    return f"exit code {code}"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    kill = kill_hint and -code == signal.SIGKILL
+    return f"ended by {name}{' (killed: the OOM killer, a preemption or a kill)' if kill else ''}"
 
 
 def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int, list[Path]],

@@ -80,8 +80,7 @@ def _make_capture_class(base):
                        else type(aux)([last]))
             return (*args[:4], aux, *args[5:])
 
-    CaptureLastLayer.__name__ = base.__name__
-    CaptureLastLayer.__qualname__ = base.__name__
+    CaptureLastLayer.__name__ = CaptureLastLayer.__qualname__ = base.__name__
     return CaptureLastLayer
 
 
