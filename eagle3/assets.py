@@ -169,16 +169,13 @@ def prepare_sharegpt(cache: Path) -> Path:
         if out.is_file():
             return out
         src = package_file(*SHAREGPT_PACKAGE)
-        lines = []
-        total = 0
-        for rec in iter_json_array_tolerant(src):
-            total += 1
-            conv = rec.get("conversations") if isinstance(rec, dict) else None
-            if not _is_clean_english(conv):
-                continue
-            lines.append(json.dumps({"id": rec.get("id", f"sharegpt-{total}"),
-                                     "conversations": [{"from": t["from"], "value": t["value"]}
-                                         for t in conv]}))
+        records = list(iter_json_array_tolerant(src))
+        lines = [json.dumps({"id": rec.get("id", f"sharegpt-{n}"),
+                             "conversations": [{"from": t["from"], "value": t["value"]}
+                                               for t in rec["conversations"]]})
+                 for n, rec in enumerate(records, 1)
+                 if isinstance(rec, dict) and _is_clean_english(rec.get("conversations"))]
+        total = len(records)
         if not lines:
             raise DataError(f"{src}: no usable conversation found among {total} records")
         atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
@@ -212,10 +209,7 @@ def _is_clean_english(conv) -> bool:
     if any(not isinstance(t.get("value"), str) for t in conv):
         return False
     text = "".join(t["value"] for t in conv)
-    if not text.strip():
-        return False
-    ascii_share = sum(ch.isascii() for ch in text) / len(text)
-    return ascii_share > 0.95
+    return bool(text.strip()) and sum(ch.isascii() for ch in text) / len(text) > 0.95
 
 
 def mtbench_questions() -> list[dict]:

@@ -196,7 +196,7 @@ class _Model(nn.Module):
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
         eagle = cfg.get("eagle_config") or {}
         w = cfg.get("target_hidden_size") or h
-        self.num_aux_hidden_states = n = num_aux_states(cfg)
+        n = num_aux_states(cfg)
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
         self.fc = nn.Linear(w * n, h, bias=bool(cfg.get("bias", False)))
         norm_before_fc = bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False)))
@@ -214,9 +214,9 @@ class _Model(nn.Module):
         if h.shape[-1] != embeds.shape[-1]:                          # SGLang's exact condition
             if self.input_norm is not None:
                 h = self.input_norm(h)
-            if self.fc_norm is not None:
-                chunks = h.chunk(self.num_aux_hidden_states, -1)
-                h = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], -1)
+            if self.fc_norm is not None:  # one norm per aux state
+                h = torch.cat([n(c) for n, c in zip(self.fc_norm, h.chunk(len(self.fc_norm), -1))],
+                              -1)
             h = self.fc(h)                                            # [..., T, n_aux*W] -> H
         residual = None
         for layer in self.layers:
