@@ -150,14 +150,12 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
+        old = final.with_name(f".{final.name}.old.tmp")
         if final.exists():
-            old = final.with_name(f".{final.name}.old.tmp")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
