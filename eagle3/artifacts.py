@@ -25,7 +25,6 @@ from eagle3.errors import DataError
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
-_CHUNK = 1 << 20
 
 
 def _umask() -> int:
@@ -35,12 +34,9 @@ def _umask() -> int:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
+    """Hex sha256 of a file's bytes."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 _WEIGHTS_MEMO: dict[tuple, str] = {}
@@ -59,27 +55,24 @@ def weights_hash(model_dir: str | Path) -> str | None:
     return _WEIGHTS_MEMO[key]
 
 
-def _hashed_files(root: Path, exclude: tuple[str, ...]) -> list[Path]:
-    """The files :func:`content_hash` covers, sorted by path (see there for the exclusions)."""
-    out = []
-    for p in sorted(root.rglob("*")):
-        if not p.is_file() or p.name in exclude or ".tmp" in p.name:
-            continue
-        if any(part in exclude for part in p.relative_to(root).parts[:-1]):  # an excluded folder
-            continue
-        out.append(p)
-    return out
+def _hashed_files(directory: str | Path, exclude: tuple[str, ...]) -> dict[str, Path]:
+    """``{relative path: file}`` that :func:`content_hash` covers, sorted by path (see there for
+    the exclusions). DataError if ``directory`` is missing."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"{root}: expected a directory to hash, found none")
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in exclude and ".tmp" not in p.name
+            and not any(part in exclude for part in p.relative_to(root).parts[:-1])}
 
 
 def content_hash(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) -> str:
     """sha256 over (relative path, file sha256) of every file under ``directory``, sorted by path,
-    skipping ``exclude`` names (any depth) and ``*.tmp*``. DataError if ``directory`` is missing."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise DataError(f"{root}: expected a directory to hash, found none")
+    skipping ``exclude`` names (any depth, folders too) and ``*.tmp*``. DataError if
+    ``directory`` is missing."""
     h = hashlib.sha256()
-    for p in _hashed_files(root, exclude):
-        h.update(str(p.relative_to(root)).encode())
+    for rel, p in _hashed_files(directory, exclude).items():
+        h.update(rel.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
 
@@ -88,18 +81,13 @@ def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) ->
     """``{"count", "bytes", "stat_digest", "exclude"}`` over :func:`content_hash`'s files, a
     stat-only record; ``stat_digest`` = sha256 over (relative path, size, mtime ns). DataError if no
     directory."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise DataError(f"{root}: expected a directory, found none")
-    files = _hashed_files(root, exclude)
+    files = _hashed_files(directory, exclude)
+    stats = {rel: p.stat() for rel, p in files.items()}
     h = hashlib.sha256()
-    total = 0
-    for p in files:
-        st = p.stat()
-        total += st.st_size
-        h.update(f"{p.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return {"count": len(files), "bytes": total, "stat_digest": h.hexdigest(),
-            "exclude": sorted(exclude)}
+    for rel, st in stats.items():
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return {"count": len(files), "bytes": sum(st.st_size for st in stats.values()),
+            "stat_digest": h.hexdigest(), "exclude": sorted(exclude)}
 
 
 def output_intact(directory: str | Path) -> tuple[bool, str]:
@@ -115,9 +103,8 @@ def output_intact(directory: str | Path) -> tuple[bool, str]:
     got = file_stats(directory, exclude)
     if (got["count"], got["bytes"]) != (want.get("count"), want.get("bytes")):
         return False, (f"{Path(directory) / MANIFEST}: 'files' expected {want.get('count')} files "
-                       "of "
-                       f"{want.get('bytes')} bytes, found {got['count']} files of {got['bytes']} "
-                       "bytes")
+                       f"of {want.get('bytes')} bytes, found {got['count']} files of "
+                       f"{got['bytes']} bytes")
     if want.get("stat_digest") in (None, got["stat_digest"]):
         return True, ""
     now = content_hash(directory, exclude)
@@ -154,25 +141,21 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
 
 
 @contextmanager
-def atomic_directory(final: str | Path, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary sibling; on success rename it to ``final`` (``overwrite``: replacing it
-    once complete), on error delete it."""
+def atomic_directory(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling; on success rename it to ``final`` (an existing ``final`` is
+    replaced once the new one is complete), on error delete it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
     try:
         yield tmp
+        old = final.with_name(f".{final.name}.old.tmp")
         if final.exists():
-            if not overwrite:
-                raise DataError(f"{final}: already exists and overwrite is off")
-            old = final.with_name(f".{final.name}.old.tmp")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -187,20 +170,12 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
                    timings: dict | None = None, exclude: tuple[str, ...] = (MANIFEST,),
                    **extra: Any) -> dict:
     """Write ``<directory>/manifest.json`` with the content hash; returns the manifest."""
-    directory = Path(directory)
-    manifest = {
-        "kind": kind,
-        "schema_version": SCHEMA_VERSION,
-        "created_at": utc_now(),
-        "inputs": dict(inputs or {}),
-        "config": dict(config or {}),
-        "counts": dict(counts or {}),
-        "timings": dict(timings or {}),
-        **extra,
-        "files": file_stats(directory, exclude=exclude),
-        "content_hash": content_hash(directory, exclude=exclude),
-    }
-    atomic_write_json(directory / MANIFEST, manifest)
+    manifest = {"kind": kind, "schema_version": SCHEMA_VERSION, "created_at": utc_now(),
+                "inputs": dict(inputs or {}), "config": dict(config or {}),
+                "counts": dict(counts or {}), "timings": dict(timings or {}), **extra,
+                "files": file_stats(directory, exclude=exclude),
+                "content_hash": content_hash(directory, exclude=exclude)}
+    atomic_write_json(Path(directory) / MANIFEST, manifest)
     return manifest
 
 

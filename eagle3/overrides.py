@@ -19,7 +19,7 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def apply_overrides(data: dict, overrides: list[str], known: dict | None = None) -> dict:
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``section.key=value`` overrides to a raw config dict (in place; returned). ConfigError
     without ``=`` or with an empty key; unknown keys are left to the schema."""
     for item in overrides:

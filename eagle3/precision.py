@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -27,10 +27,8 @@ log = logging.getLogger(__name__)
 BF16_MIN_SPEEDUP = 1.5  # bf16 is chosen on a CPU when its matmul runs at ≥ this × the float32 speed
 PROBE_SHAPE = (256, 512, 512)  # (m, k, n) of the probe's matmul: 134 MFLOP per call
 PROBE_REPEATS = 5  # timed rounds (best taken); stops after two when bf16 is clearly slow
-# /proc/cpuinfo flags
-CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
-# environment variables that cap torch's CPU kernels: ATen's vectorised ops, oneDNN (bf16 matmuls),
-# MKL (float32)
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")  # cpuinfo
+# environment variables that cap torch's CPU kernels: ATen, oneDNN (bf16 matmuls), MKL (float32)
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -64,10 +62,6 @@ class Bf16Probe:
                 f"{self.float32_gflops:.1f} GFLOP/s ({self.ratio:.3f}×, {self.threads} thread(s); "
                 f"bf16 needs ≥ {BF16_MIN_SPEEDUP}×) → {verdict}")
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": round(self.ratio, 4), "bf16_fast": self.bf16_fast,
-                "min_speedup": BF16_MIN_SPEEDUP}
-
 
 def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
     """:data:`CPU_FEATURES` flags of the first CPU in ``cpuinfo`` (``{}`` when unreadable)."""
@@ -75,56 +69,38 @@ def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
         text = Path(cpuinfo).read_text()
     except OSError:
         return {}
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return {f: f in flags for f in CPU_FEATURES}
-    return {}
-
-
-def _seconds(a, b) -> float:
-    t0 = time.perf_counter()
-    a @ b
-    return time.perf_counter() - t0
-
-
-def _best_seconds(pairs: dict[str, tuple], repeats: int, slow_factor: float = 10.0) -> dict[str,
-        float]:
-    """Best wall time (s) of ``a @ b`` per dtype name, timed alternately over ``repeats`` rounds
-    after an untimed warm-up (oneDNN builds kernels then); stops early if bf16 is ``slow_factor`` ×
-    slower."""
-    for a, b in pairs.values():
-        a @ b
-    best = {k: float("inf") for k in pairs}
-    for r in range(repeats):
-        for k, (a, b) in pairs.items():
-            best[k] = min(best[k], _seconds(a, b))
-        if r >= 1 and best["bfloat16"] > slow_factor * best["float32"]:
-            break
-    return best
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines()
+                  if ln.startswith("flags")), None)
+    return {} if flags is None else {f: f in flags for f in CPU_FEATURES}
 
 
 def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
                  repeats: int = PROBE_REPEATS) -> Bf16Probe:
-    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo): a
-    :class:`Bf16Probe`. bf16 stops after one timed call over 10× float32 (slow, whatever the
-    figure)."""
+    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo), alternately
+    over ``repeats`` rounds after an untimed warm-up (oneDNN builds kernels then), the best call of
+    each: a :class:`Bf16Probe`. Stops after two rounds when bf16 is over 10× slower (slow,
+    whatever the figure)."""
     import torch
 
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: a ratio of kernels, not of how busy the other cores are
-    try:
-        best = _best_seconds({"float32": (a, b), "bfloat16": (a.bfloat16(), b.bfloat16())}, repeats)
-    finally:
-        torch.set_num_threads(threads)
+    pairs = {"float32": (a, b), "bfloat16": (a.bfloat16(), b.bfloat16())}
+    best = dict.fromkeys(pairs, float("inf"))
+    with torch_threads(1):  # one thread: a ratio of kernels, not of how busy the other cores are
+        for x, y in pairs.values():
+            x @ y
+        for r in range(repeats):
+            for name, (x, y) in pairs.items():
+                t0 = time.perf_counter()
+                x @ y
+                best[name] = min(best[name], time.perf_counter() - t0)
+            if r >= 1 and best["bfloat16"] > 10 * best["float32"]:
+                break
     flop = 2.0 * m * k * n
-    return Bf16Probe(float32_gflops=flop / best["float32"] / 1e9, bfloat16_gflops=flop
-        / best["bfloat16"] / 1e9,
-                     threads=1, capability=torch.backends.cpu.get_cpu_capability(),
-                     features=cpu_features(),
+    return Bf16Probe(float32_gflops=flop / best["float32"] / 1e9,
+                     bfloat16_gflops=flop / best["bfloat16"] / 1e9, threads=1,
+                     capability=torch.backends.cpu.get_cpu_capability(), features=cpu_features(),
                      isa_env={v: os.environ[v] for v in ISA_ENV if v in os.environ})
 
 
@@ -160,20 +136,15 @@ def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
 def resolve_dtype(value: str, device: str = "cpu") -> str:
     """``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``, else ``"float32"``; other
     values as they are."""
-    if value != "auto":
-        return value
-    return "bfloat16" if bf16_is_fast(device)[0] else "float32"
+    return value if value != "auto" else "bfloat16" if bf16_is_fast(device)[0] else "float32"
 
 
 def resolve_precision(value: str, device: str = "cpu") -> str:
     """``auto`` → ``"bf16-autocast"`` where bf16 is fast on ``device``, else ``"float32"``."""
-    if value != "auto":
-        return value
-    return "bf16-autocast" if bf16_is_fast(device)[0] else "float32"
+    return value if value != "auto" else "bf16-autocast" if bf16_is_fast(device)[0] else "float32"
 
 
 # (section, field, device field, resolver); serve.dtype only when the reference engine serves
-# (below)
 AUTO_FIELDS = (("target", "dtype", ("extract", "device"), resolve_dtype),
                ("extract", "dtype", ("extract", "device"), resolve_dtype),
                ("train", "precision", ("train", "device"), resolve_precision),
@@ -184,9 +155,8 @@ BF16_VALUES = ("bfloat16", "bf16-autocast")
 def _serves_reference(cfg) -> bool:
     """Whether serve.dtype ``auto`` is the reference engine's: engine 'reference', or 'auto' without
     CUDA; SGLang's ``--dtype auto`` is left to SGLang."""
-    if cfg.serve.engine == "reference":
-        return True
-    return cfg.serve.engine == "auto" and _device_type("auto") == "cpu"
+    return cfg.serve.engine == "reference" or (cfg.serve.engine == "auto"
+                                               and _device_type("auto") == "cpu")
 
 
 def resolve_config(cfg) -> dict[str, dict]:

@@ -6,6 +6,7 @@ never by name."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -39,8 +40,8 @@ def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Pat
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb", buffering=0) as log:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT,
-                                env=dict(env), cwd=cwd, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=dict(env), cwd=cwd,
+                                start_new_session=True)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -64,28 +65,22 @@ def tree_cpu_seconds(pid: int) -> float | None:
         return None
     total = 0.0
     for i, p in enumerate(procs):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             t = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        total += t.user + t.system
-        if i == 0:
-            total += getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+            total += t.user + t.system
+            if i == 0:
+                total += getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
     return total
 
 
 def exit_status(pid: int) -> tuple[bool, int | None]:
     """Whether ``pid`` exited, and its exit code if it is our child (read with ``waitid(WNOWAIT)``,
     leaving the zombie to ``Popen``); signal N → ``-N`` (``subprocess``'s convention); else None."""
-    try:
+    with contextlib.suppress(ChildProcessError):  # not our child (or already reaped): psutil
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        info = None  # not our child (or already reaped): ask psutil
-    else:
         if info is None:
             return False, None
-        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        return True, code
+        return True, info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
     try:
         status = psutil.Process(pid).status()
     except psutil.NoSuchProcess:
@@ -98,36 +93,28 @@ def group_members(pgid: int) -> list[int]:
     :func:`process_tree` can no longer reach."""
     out = []
     for p in psutil.process_iter(["pid"]):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             if os.getpgid(p.pid) == pgid:
                 out.append(p.pid)
-        except (ProcessLookupError, PermissionError):
-            continue
     return out
 
 
 def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
     if pgid is not None and pgid != os.getpgid(0):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
     for p in pids:  # members that left the group (setsid) still belong to the tree we started
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def alive_pids(pids: list[int]) -> list[int]:
     """The pids of ``pids`` that still run (not gone, zombie or dead)."""
     out = []
     for p in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             if psutil.Process(p).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                 out.append(p)
-        except psutil.NoSuchProcess:
-            pass
     return out
 
 
@@ -135,21 +122,17 @@ def snapshot_tree(pid: int) -> dict[int, float]:
     """``{pid: create_time}`` of the tree of ``pid`` (create time guards against pid reuse)."""
     out = {}
     for p in process_tree(pid):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             out[p.pid] = p.create_time()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
     return out
 
 
 def _still_same(known: dict[int, float]) -> set[int]:
     same = set()
     for p, created in known.items():
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             if psutil.Process(p).create_time() == created:
                 same.add(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
     return same
 
 
@@ -160,28 +143,24 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
     SIGKILL the rest, reap the root. Returns ``{"pids": [...], "killed": [...], "returncode": int |
     None, "seconds": float}``. Idempotent."""
     t0 = time.monotonic()
-    pid = proc.pid if isinstance(proc, subprocess.Popen) else int(proc)
-    pids = tree_pids(pid)
+    popen = isinstance(proc, subprocess.Popen)
+    pid = proc.pid if popen else int(proc)
     try:
         pgid: int | None = os.getpgid(pid)
     except ProcessLookupError:
-        pgid = pid if isinstance(proc, subprocess.Popen) else None  # start_group made pgid == pid
-    if pgid != pid:
-        # not a group leader: never signal a group we did not create (e.g. the user's shell)
+        pgid = pid if popen else None  # start_group made pgid == pid
+    if pgid != pid:  # not a group leader: never signal a group we did not create (a shell)
         pgid = None
 
     def members() -> set[int]:
         found = set(tree_pids(pid)) | _still_same(known_pids or {})
-        if pgid is not None:
-            found |= set(group_members(pgid))
-        return found - {os.getpid()}
+        return (found | set(group_members(pgid) if pgid is not None else ())) - {os.getpid()}
 
-    pids = sorted(set(pids) | members())
+    pids = sorted(members())
     _signal_all(pgid, pids, signal.SIGTERM)
-    deadline = t0 + grace_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < t0 + grace_s:
         pids = sorted(set(pids) | members())  # children spawned during shutdown too
-        if isinstance(proc, subprocess.Popen):
+        if popen:
             proc.poll()
         if not alive_pids(pids):
             break
@@ -190,17 +169,11 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
     if leftover:
         _signal_all(pgid, leftover, signal.SIGKILL)
     returncode = None
-    if isinstance(proc, subprocess.Popen):
-        try:
+    if popen:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             returncode = proc.wait(timeout=max(1.0, grace_s))
-        except subprocess.TimeoutExpired:
-            returncode = None
-    _wait_gone(leftover, 5.0)
-    return {"pids": pids, "killed": leftover, "returncode": returncode, "seconds": time.monotonic()
-        - t0}
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while alive_pids(pids) and time.monotonic() < deadline:
+    gone_by = time.monotonic() + 5.0
+    while alive_pids(leftover) and time.monotonic() < gone_by:
         time.sleep(0.05)
+    return {"pids": pids, "killed": leftover, "returncode": returncode,
+            "seconds": time.monotonic() - t0}

@@ -11,14 +11,12 @@ from typing import Any
 # ``WANDB_API_KEY``, ``db.password``), not when the word is merely inside it (``max_new_tokens`` is
 # a setting, not a secret).
 SECRET_KEY = re.compile(
-    r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$",
-                        re.IGNORECASE)
+    r"(^|[._-])(token|secret|password|passwd|api[_-]?key|access[_-]?key|credentials?|auth)$", re.I)
 
 
 def is_secret_key(key: str) -> bool:
     """True for a config key or environment variable name that looks like it holds a secret."""
     return bool(SECRET_KEY.search(str(key)))
-
 
 
 def redact(obj: Any) -> Any:

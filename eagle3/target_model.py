@@ -83,11 +83,9 @@ def validate_aux_layer_ids(ids: list[int], n_layers: int,
     bad = [i for i in ids if not 1 <= i <= n_layers - 1]
     if bad:
         raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers "
-                          "(expected HF hidden_states indices in [1, "
-                          f"{n_layers - 1}]: 0 is the embeddings, {n_layers} the last layer's "
-                          "output, which is stored anyway and which engines cannot capture as an "
-                          "aux state; got "
-                          f"{ids})")
+                          f"(expected HF hidden_states indices in [1, {n_layers - 1}]: 0 is the "
+                          f"embeddings, {n_layers} the last layer's output, which is stored anyway "
+                          f"and which engines cannot capture as an aux state; got {ids})")
     if any(b <= a for a, b in zip(ids, ids[1:])):
         raise ConfigError(f"{rule}: expected strictly increasing, distinct ids, got {ids} (target "
                           f"has {n_layers} layers)")
@@ -114,15 +112,13 @@ def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch
 
     def hook_for(i):
         def hook(_module, args, kwargs):
-            hs = args[0] if args else kwargs["hidden_states"]
-            captured[i] = hs
+            captured[i] = args[0] if args else kwargs["hidden_states"]
         return hook
 
     try:
         for i in indices:
             if not 0 <= i <= n:
-                raise ConfigError(
-                    f"capture index {i}: expected 0..{n} for a target with {n} layers")
+                raise ConfigError(f"capture index {i}: expected 0..{n} for a target of {n} layers")
             module = dec.norm if i == n else dec.layers[i]
             handles.append(module.register_forward_pre_hook(hook_for(i), with_kwargs=True))
         yield captured

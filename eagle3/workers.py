@@ -20,9 +20,9 @@ and logs (:func:`describe`), after a ``py-spy dump`` of each live worker (:func:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +34,6 @@ from typing import Callable
 # set by the parent for its workers (training: every torchrun rank)
 STATUS_DIR_ENV = "EAGLE3_STATUS_DIR"
 PHASES = ("started", "arriving", "ready", "step", "done", "failed")
-PYSPY_TIMEOUT_S = 20.0
 
 
 class WorkerStatus:
@@ -87,14 +86,10 @@ class WorkerStatus:
 class _NoStatus:
     """What a worker started without a parent that watches it gets: every call does nothing."""
 
-    def mark(self, phase: str, **fields) -> None:
+    def mark(self, *args, **kwargs) -> None:
         pass
 
-    def progress(self, step: int) -> None:
-        pass
-
-    def failed(self, error: BaseException) -> None:
-        pass
+    progress = failed = mark
 
 
 _CURRENT: dict = {}
@@ -108,8 +103,8 @@ def rank_status():
     return _CURRENT[key]
 
 
-def read_statuses(directory: str | Path, count: int, *, prefix: str = "rank") -> dict[int, dict
-        | None]:
+def read_statuses(directory: str | Path, count: int, *,
+                  prefix: str = "rank") -> dict[int, dict | None]:
     """``{k: status dict or None}`` for workers ``0..count-1`` (None: no readable file yet)."""
     out: dict[int, dict | None] = {}
     for k in range(count):
@@ -148,24 +143,23 @@ def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
     """The first deadline missed at ``now`` (s since the epoch), or None; ``launched_at``: job
     start. Workers ``done`` or ``failed`` are never overdue (the parent reads their exit)."""
     live = {k: s for k, s in statuses.items() if not (s and s.get("phase") in ("done", "failed"))}
-    unready = [k for k, s in live.items() if not s
-        or s.get("phase") in (None, "started", "arriving")]
+    unready = [k for k, s in live.items()
+               if not s or s.get("phase") in (None, "started", "arriving")]
     if unready:
         if now - launched_at <= deadlines.startup_s:
             return None
-        # at fault: the ones that never reached the rendezvous; only when all did, the ones waiting
-        # there
+        # at fault: those that never reached the rendezvous; only when all did, those waiting there
         absent = [k for k in unready if not live[k] or live[k].get("phase") != "arriving"]
         return Overdue("not_arrived", absent or unready, deadlines.startup_s, deadlines.keys[0],
                        now - launched_at, statuses)
-    ready_at = max((s.get("ready_time") or s.get("time") or launched_at) for s in statuses.values()
-        if s)
+    ready_at = max((s.get("ready_time") or s.get("time") or launched_at)
+                   for s in statuses.values() if s)
     no_step = [k for k, s in live.items() if s.get("phase") == "ready"]
     if no_step:
-        if now - ready_at > deadlines.first_step_s:
-            return Overdue("no_first_step", no_step, deadlines.first_step_s, deadlines.keys[1], now
-                - ready_at, statuses)
-        return None
+        if now - ready_at <= deadlines.first_step_s:
+            return None
+        return Overdue("no_first_step", no_step, deadlines.first_step_s, deadlines.keys[1],
+                       now - ready_at, statuses)
     stale = [k for k, s in live.items() if now - float(s.get("time") or now) > deadlines.stall_s]
     if stale:
         since = min(float(live[k]["time"]) for k in stale)
@@ -178,13 +172,10 @@ def last_status(s: dict | None, now: float) -> str:
     """One worker's last status in words: its phase (or step, or error), how long ago, its pid."""
     if not s:
         return "no status file (the process never reached its first line, or it was never started)"
-    what = s.get("phase")
-    if what == "step":
-        what = f"step {s.get('step')}"
-    elif what == "arriving":
-        what = "waiting at the rendezvous"
-    elif what == "failed":
-        what = f"failed with {s.get('error_type')}: {str(s.get('message'))[:300]}"
+    phase = s.get("phase")
+    what = {"step": f"step {s.get('step')}", "arriving": "waiting at the rendezvous",
+            "failed": f"failed with {s.get('error_type')}: {str(s.get('message'))[:300]}"
+            }.get(phase, phase)
     ago = f"{now - float(s['time']):.0f} s ago" if s.get("time") else "time unknown"
     return f"{what} ({ago}, pid {s.get('pid')})"
 
@@ -215,15 +206,14 @@ def reraise_failed(statuses: dict[int, dict | None]) -> None:
 
 def exit_text(code: int, kill_hint: bool = False) -> str:
     """``exit code N`` or ``ended by SIGNAME`` (``kill_hint``: likely causes of a SIGKILL added)."""
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        kill = kill_hint and -code == signal.SIGKILL
-        why = " (killed: the OOM killer, a preemption or a kill)" if kill else ""
-        return f"ended by {name}{why}"
-    return f"exit code {code}"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    kill = kill_hint and -code == signal.SIGKILL
+    return f"ended by {name}{' (killed: the OOM killer, a preemption or a kill)' if kill else ''}"
 
 
 def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int, list[Path]],
@@ -252,64 +242,30 @@ def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int
 
 def dump_stacks(statuses: dict[int, dict | None], directory: Path, *,
                 prefix: str = "rank") -> dict[int, Path]:
-    """``py-spy dump`` of each live worker to ``<directory>/<prefix>-<k>.stack.txt`` (20 s each; a
-    py-spy failure is written instead). Returns the files."""
+    """``py-spy dump`` of each live worker to ``<directory>/<prefix>-<k>.stack.txt``
+    (:func:`eagle3.serve.diagnostics.pyspy_dump`: 20 s each, a failure written instead). Returns
+    the files written."""
     from eagle3.procs import alive_pids
+    from eagle3.serve.diagnostics import pyspy_dump
 
-    exe = Path(sys.executable).parent / "py-spy"
-    exe = str(exe) if exe.exists() else shutil.which("py-spy")
     out: dict[int, Path] = {}
     for k, s in statuses.items():
         pid = (s or {}).get("pid")
-        if not pid or not alive_pids([int(pid)]):
-            continue
-        path = directory / f"{prefix}-{k}.stack.txt"
-        if exe is None:
-            text = f"[py-spy not installed: no stack dump of pid {pid}]"
-        else:
-            try:
-                r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                   timeout=PYSPY_TIMEOUT_S)
-                text = (r.stdout + r.stderr if r.returncode == 0
-                        else f"[py-spy exit {r.returncode}]\n{r.stderr}")
-            except (OSError, subprocess.TimeoutExpired) as e:
-                text = f"[py-spy failed: {type(e).__name__}: {e}]"
-        try:
-            path.write_text(text)
-            out[k] = path
-        except OSError:
-            continue
+        if pid and alive_pids([int(pid)]):
+            path = directory / f"{prefix}-{k}.stack.txt"
+            with contextlib.suppress(OSError):
+                path.write_text(pyspy_dump(int(pid)))
+                out[k] = path
     return out
 
 
 def end_processes(proc: subprocess.Popen, extra_pids: list[int], grace_s: float = 10.0) -> None:
-    """End ``proc`` (``start_new_session=True``), its descendants and ``extra_pids`` (torchrun
-    workers in own sessions): SIGTERM, ``grace_s``, SIGKILL. Pids are matched with start time
-    (reuse-safe); never signals by name."""
-    import psutil
+    """End ``proc`` (``start_new_session=True``), its descendants and the trees of ``extra_pids``
+    (torchrun workers in own sessions) with :func:`eagle3.procs.terminate_tree`: SIGTERM,
+    ``grace_s``, SIGKILL; pids matched with start time (reuse-safe), never by name."""
+    from eagle3.procs import snapshot_tree, terminate_tree
 
-    procs: dict[int, psutil.Process] = {}
-    for pid in [proc.pid, *extra_pids]:
-        try:
-            p = psutil.Process(pid)
-            procs[p.pid] = p
-            procs.update({c.pid: c for c in p.children(recursive=True)})
-        except psutil.Error:
-            continue
-    procs.pop(os.getpid(), None)
-    for p in procs.values():
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    known: dict[int, float] = {}
+    for pid in extra_pids:
+        known.update(snapshot_tree(pid))
+    terminate_tree(proc, grace_s, known_pids=known)

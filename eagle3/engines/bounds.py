@@ -34,8 +34,8 @@ def bounded_int(config: Mapping[str, Any], key: str, default: Any = None, *,
     value = default if value is None else value
     lo, hi = LIMITS.get(key, (None, None))
     span = f" in [{lo}, {hi}]" if lo is not None else ""
-    if value is None or isinstance(value, bool) or isinstance(value,
-                                                              float) and not value.is_integer():
+    if value is None or isinstance(value, bool) or (isinstance(value, float)
+                                                    and not value.is_integer()):
         raise ConfigError(f"{where}: {key!r} expected an integer{span}, got {value!r}")
     try:
         number = int(value)
@@ -48,7 +48,6 @@ def bounded_int(config: Mapping[str, Any], key: str, default: Any = None, *,
 
 def out_of_bounds(config: Mapping[str, Any], *, where: str = "config.json") -> list[str]:
     """Messages for every ``LIMITS`` key in ``config`` out of range or not an integer."""
-
     out = []
     for key in LIMITS:
         if config.get(key) is None:

@@ -3,6 +3,7 @@ group is ended. Each collector has a time limit and records its own failure inst
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,10 +28,9 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                             stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout,
-                                                                       bytes) else (e.stdout or "")
-        return None, out + f"\n[timed out after {timeout_s:.0f} s]"
+    except subprocess.TimeoutExpired as e:  # its stdout is bytes even with text=True
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        return None, (out or "") + f"\n[timed out after {timeout_s:.0f} s]"
     except OSError as e:
         return None, f"[could not run {argv[0]}: {e}]"
     return cp.returncode, (cp.stdout or "") + (cp.stderr or "")
@@ -54,14 +54,10 @@ def gpu_sample() -> list[dict] | None:
     gpus = []
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 5:
-            continue
-        try:
-            gpus.append({"index": int(parts[0]), "uuid": parts[1], "util_pct": _num(parts[2]),
-                         "mem_used_mib": _num(parts[3]), "mem_total_mib": _num(parts[4]),
-                         "pids": []})
-        except ValueError:
-            continue
+        with contextlib.suppress(ValueError):  # a line that is not 5 readable fields is skipped
+            index, uuid, util, used, total = parts
+            gpus.append({"index": int(index), "uuid": uuid, "util_pct": _num(util),
+                         "mem_used_mib": _num(used), "mem_total_mib": _num(total), "pids": []})
     code, out = _run([exe, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
                      NVSMI_TIMEOUT_S)
     if code == 0:
@@ -91,15 +87,11 @@ def log_tail(path: str | Path, max_lines: int = 200, max_bytes: int = 256 * 1024
     return "\n".join(data.decode(errors="replace").splitlines()[-max_lines:])
 
 
-def pyspy_exe() -> str | None:
-    """``py-spy`` next to the running interpreter, else on PATH; None if not installed."""
-    local = Path(sys.executable).parent / "py-spy"
-    return str(local) if local.exists() else shutil.which("py-spy")
-
-
 def pyspy_dump(pid: int, timeout_s: float = PYSPY_TIMEOUT_S) -> str:
-    """``py-spy dump`` of one process (all threads), or why it failed."""
-    exe = pyspy_exe()
+    """``py-spy dump`` of one process (all threads), or why it failed; ``py-spy`` next to the
+    running interpreter, else on PATH."""
+    local = Path(sys.executable).parent / "py-spy"
+    exe = str(local) if local.exists() else shutil.which("py-spy")
     if exe is None:
         return f"[py-spy not installed: no stack dump of pid {pid}]"
     code, out = _run([exe, "dump", "--pid", str(pid)], timeout_s)
@@ -123,7 +115,6 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
     """Save the server's state under ``out_dir``; returns the index (also ``index.json``). Files:
     ``processes.json``, ``pyspy-<pid>.txt``, ``gpu.txt``/``gpu.json``, ``tail-<log>.txt`` (200
     lines). Never raises for a failed collector."""
-
     t0 = time.monotonic()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,12 +124,9 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
     procs = process_tree(pid) if pid is not None else []
     if pid is not None:  # members of the group led by pid whose parent already died (orphans)
         seen = {p.pid for p in procs}
-        for gp in group_members(pid):
-            if gp not in seen:
-                try:
-                    procs.append(psutil.Process(gp))
-                except psutil.NoSuchProcess:
-                    continue
+        for gp in [g for g in group_members(pid) if g not in seen]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(gp))
     (out / "processes.json").write_text(json.dumps([_proc_info(p) for p in procs], indent=2))
     files.append("processes.json")
     dumps = {}
@@ -165,8 +153,6 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
         name = f"tail-{lp.name}.txt" if lp.suffix == ".log" else f"tail-{lp.name}.log.txt"
         (out / name).write_text(log_tail(lp))
         files.append(name)
-    index["files"] = files
-    index["seconds"] = round(time.monotonic() - t0, 3)
-    index["host_pid"] = os.getpid()
+    index.update(files=files, seconds=round(time.monotonic() - t0, 3), host_pid=os.getpid())
     atomic_write_json(out / "index.json", index)
     return index

@@ -3,6 +3,7 @@ class 23); keys a server does not report are recorded as unreported, never as ch
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,20 +21,15 @@ def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Pa
     "reported", "changed", "scheduler", "server_info_found"}``. ConfigError when a speculative
     setting or request limit differs, or ``bench.concurrency`` cannot run for real
     (:func:`~eagle3.engines.sglang.serving.running_problems`)."""
-
     info = None
     with httpx.Client(timeout=timeout_s) as client:
         for path in ("/server_info", "/get_server_info"):
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 r = client.get(url.rstrip("/") + path)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                try:
-                    info = r.json()
-                except ValueError:
-                    info = None
-                break
+                if r.status_code == 200:
+                    with contextlib.suppress(ValueError):
+                        info = r.json()
+                    break
     asked = asked_settings(cfg.serve, engine)
     cmp = compare_server_info(info or {}, asked)
     record = {"engine": engine, "asked": asked, **cmp, "server_info_found": info is not None}
@@ -45,7 +41,6 @@ def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Pa
     problems += running_problems(info, cfg.bench.concurrency)
     if problems:
         raise ConfigError(f"engine at {url} does not run what was asked "
-                          f"({out / 'engine_settings.json'}): "
-                          + "; ".join(problems) + "; the benchmark would not measure what it "
-                                                  "reports")
+                          f"({out / 'engine_settings.json'}): {'; '.join(problems)}; the "
+                          "benchmark would not measure what it reports")
     return record

@@ -23,7 +23,6 @@ GATE_NOISE = re.compile(r'"(GET|POST|HEAD) '
                         r'/(health_generate|health|ready|generate|get_server_info|server_info'
                         r'|metrics)\b[^"]*"'
                         # SGLang's http_server.py logs this while the scheduler hangs
-
                         r"|Health check failed\. Server couldn't get a response from detokenizer")
 MAX_READ_BYTES = 1 << 20
 GPU_MIN_INTERVAL_S = 1.0
@@ -34,13 +33,11 @@ class ProgressMonitor:
     ``cpu_busy_fraction``: CPU seconds per wall second that count as progress."""
 
     def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *,
-                 use_gpu: bool = True,
-                 cpu_busy_fraction: float = 0.05):
+                 use_gpu: bool = True, cpu_busy_fraction: float = 0.05):
         self.pid = pid
         self.log_path = Path(log_path) if log_path else None
         self.cpu_busy_fraction = cpu_busy_fraction
         self.log_pos = 0
-        self.log_bytes_meaningful = 0
         self._cpu: tuple[float, float] | None = None  # (monotonic time, cpu seconds)
         self._gpu_t = 0.0
         self._gpu_prev: dict | None = None
@@ -50,15 +47,14 @@ class ProgressMonitor:
     @property
     def sources(self) -> list[str]:
         """Signal sources that can be observed for this server."""
-        return [name for name,
-                ok in (("log", self.log_path is not None), ("cpu", self.pid is not None),
-                                      ("gpu", self.gpu_available)) if ok]
+        return [name for name, ok in (("log", self.log_path is not None),
+                                      ("cpu", self.pid is not None), ("gpu", self.gpu_available))
+                if ok]
 
     def sample(self) -> list[str]:
         """Read every source once; names of the signals that progressed since the last call."""
-        progressed = [name for name,
-                      fn in (("log", self._log), ("cpu", self._cpu_grew), ("gpu", self._gpu))
-                      if fn()]
+        progressed = [name for name, fn in (("log", self._log), ("cpu", self._cpu_grew),
+                                            ("gpu", self._gpu)) if fn()]
         for name in progressed:
             self.counts[name] += 1
         return progressed
@@ -75,15 +71,12 @@ class ProgressMonitor:
         if size == self.log_pos:
             return False
         start, self.log_pos = self.log_pos, size
-        if size - start > MAX_READ_BYTES:
-            self.log_bytes_meaningful += size - start
+        if size - start > MAX_READ_BYTES:  # too much to be the gate's own access lines
             return True
         with open(self.log_path, "rb") as f:
             f.seek(start)
             text = f.read(size - start).decode(errors="replace")
-        meaningful = [ln for ln in text.splitlines() if ln.strip() and not GATE_NOISE.search(ln)]
-        self.log_bytes_meaningful += sum(len(ln) + 1 for ln in meaningful)
-        return bool(meaningful)
+        return any(ln.strip() and not GATE_NOISE.search(ln) for ln in text.splitlines())
 
     def _cpu_grew(self) -> bool:
         if self.pid is None:
@@ -107,6 +100,5 @@ class ProgressMonitor:
         current = {g["uuid"]: (g["util_pct"], g["mem_used_mib"]) for g in mine}
         prev, self._gpu_prev = self._gpu_prev, current
         busy = any(util > 0 for util, _ in current.values())
-        changed = prev is not None and any(prev.get(k, (0, mem))[1] != mem for k,
-                                           (_, mem) in current.items())
-        return busy or changed
+        return busy or prev is not None and any(prev.get(k, (0, mem))[1] != mem
+                                                for k, (_, mem) in current.items())

@@ -22,69 +22,21 @@ import signal
 import sys
 import time
 
+import psutil
+
+from eagle3.procs import snapshot_tree, terminate_tree
+
 POLL_S = 0.2  # seconds between checks of the launcher and the engine
 SNAPSHOT_EVERY_S = 1.0  # seconds between records of the engine's process tree
 
 
 def _created(pid: int) -> float | None:
     """Start time of a live, non-zombie process ``pid`` (psutil), None when it is gone."""
-    import psutil
-
     try:
         p = psutil.Process(pid)
         return None if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) else p.create_time()
     except psutil.Error:
         return None
-
-
-def _tree(pid: int) -> dict[int, float]:
-    """``{pid: create_time}`` of ``pid``'s live process tree."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        return {p.pid: p.create_time() for p in [root, *root.children(recursive=True)]}
-    except psutil.Error:
-        return {}
-
-
-def _members(pgid: int, known: dict[int, float]) -> list[int]:
-    """Live members of group ``pgid`` and of the recorded tree (same start time), not self."""
-    import psutil
-
-    out = set()
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.add(p.pid)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    out |= {pid for pid, created in known.items() if _created(pid) == created}
-    out.discard(os.getpid())
-    return sorted(out)
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def end_group(pgid: int, known: dict[int, float], grace_s: float, why: str) -> list[int]:
-    """SIGTERM to group ``pgid`` and the known tree, up to ``grace_s`` seconds, SIGKILL to what is
-    left (never to the caller). Returns the pids that needed SIGKILL."""
-    print(f"[eagle3-supervise] {why}: ending engine group {pgid} (SIGTERM, SIGKILL after "
-          f"{grace_s:g} s)",
-          file=sys.stderr, flush=True)
-    _signal(_members(pgid, known), signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _members(pgid, known):
-        time.sleep(0.05)
-    left = _members(pgid, known)
-    _signal(left, signal.SIGKILL)
-    return left
 
 
 def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> None:
@@ -93,14 +45,15 @@ def watch(engine: int, parent: int, parent_created: float, grace_s: float) -> No
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     engine_created = _created(engine)
-    known, last = _tree(engine), time.monotonic()
+    known, last = snapshot_tree(engine), time.monotonic()
     while engine_created is not None and _created(engine) == engine_created:
-        if _created(parent) != parent_created:
-            end_group(engine, known, grace_s, f"launcher {parent} is gone")
+        if _created(parent) != parent_created:  # the engine's group and its known tree end
+            print(f"[eagle3-supervise] launcher {parent} is gone: ending engine group {engine} "
+                  f"(SIGTERM, SIGKILL after {grace_s:g} s)", file=sys.stderr, flush=True)
+            terminate_tree(engine, grace_s, known_pids=known)
             return
         if time.monotonic() - last >= SNAPSHOT_EVERY_S:
-            known.update(_tree(engine))
-            known.pop(os.getpid(), None)
+            known.update(snapshot_tree(engine))
             last = time.monotonic()
         time.sleep(POLL_S)
 
@@ -117,19 +70,16 @@ def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: flo
             os._exit(0)
         # out of the engine's group: group signals, stack dumps and liveness see only the engine
         os.setsid()
-        os.execv(sys.executable,
-                 [sys.executable, "-m", "eagle3.serve.supervise", "--watch", str(engine),
-                                  str(parent), repr(parent_created), f"{grace_s:g}"])
+        os.execv(sys.executable, [sys.executable, "-m", "eagle3.serve.supervise", "--watch",
+                                  str(engine), str(parent), repr(parent_created), f"{grace_s:g}"])
     finally:
         os._exit(0)
 
 
 def command(argv: list[str], *, parent: int, grace_s: float) -> list[str]:
     """The watched command line for ``argv`` (the wrapper execs ``argv``)."""
-
     return [sys.executable, "-m", "eagle3.serve.supervise", "--parent", str(parent), "--grace",
-            f"{grace_s:g}",
-            "--", *argv]
+            f"{grace_s:g}", "--", *argv]
 
 
 def main(args: list[str]) -> None:
@@ -147,8 +97,7 @@ def main(args: list[str]) -> None:
             raise ValueError("no engine command after --")
     except (ValueError, KeyError) as e:
         print(f"eagle3.serve.supervise: expected --parent PID --grace S -- ARGV..., got {args} "
-              f"({e})",
-              file=sys.stderr)
+              f"({e})", file=sys.stderr)
         sys.exit(2)
     parent_created = _created(parent)
     if os.getppid() != parent or parent_created is None:  # the launcher died before we started
@@ -157,8 +106,8 @@ def main(args: list[str]) -> None:
     try:
         os.execvp(argv[0], argv)
     except OSError as e:
-        print(f"eagle3.serve.supervise: cannot execute {argv[0]!r}: "
-              f"{e}", file=sys.stderr, flush=True)
+        print(f"eagle3.serve.supervise: cannot execute {argv[0]!r}: {e}", file=sys.stderr,
+              flush=True)
         sys.exit(127)
 
 

@@ -7,8 +7,8 @@ Usage::
                   diagnostics_dir=run_dir / "deploy" / "watchdog") as wd:
         report = wd.call(run_bench, url, prompts=..., on_request_done=wd.beat)
 
-``call`` runs the work in a daemon thread: its result, or ``GateFailed`` (``crashed``, ``stalled``,
-``timed_out`` past ``deadline_s``) once tripped; ending the server's group unblocks the work.
+``call`` runs the work in a daemon thread: its result, or ``GateFailed`` (``crashed``,
+``stalled``) once tripped; ending the server's group unblocks the work.
 Progress: :mod:`eagle3.serve.liveness` signals or a ``beat()`` per finished request.
 """
 
@@ -32,11 +32,10 @@ class Watchdog:
 
     def __init__(self, url: str, pid: int | None = None, log_path: str | Path | None = None, *,
                  stall_timeout_s: float = GATE_STALL_TIMEOUT_S,
-                 check_interval_s: float = GATE_POLL_INTERVAL_S, deadline_s: float | None = None,
+                 check_interval_s: float = GATE_POLL_INTERVAL_S,
                  diagnostics_dir: str | Path | None = None, use_gpu: bool = True):
         self.url, self.pid, self.log_path = url, pid, log_path
         self.stall_timeout_s, self.check_interval_s = stall_timeout_s, check_interval_s
-        self.deadline_s = deadline_s
         self.diagnostics_dir = Path(diagnostics_dir) if diagnostics_dir else None
         self.use_gpu = use_gpu
         self.verdict: str | None = None
@@ -52,12 +51,8 @@ class Watchdog:
         self.beats += 1
         self._last_progress = time.monotonic()
 
-    @property
-    def tripped(self) -> bool:
-        return self._tripped.is_set()
-
     def __enter__(self) -> "Watchdog":
-        self._t0 = self._last_progress = time.monotonic()
+        self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._watch, name="eagle3-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -71,7 +66,7 @@ class Watchdog:
 
     def check(self) -> None:
         """Raise GateFailed if the watchdog has tripped."""
-        if self.tripped:
+        if self._tripped.is_set():
             raise GateFailed(f"server {self.url} failed during the benchmark: {self.verdict}: "
                              f"{self.detail}",
                              verdict=self.verdict or "",
@@ -79,7 +74,6 @@ class Watchdog:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or GateFailed."""
-
         box: dict = {}
         done = threading.Event()
 
@@ -93,16 +87,13 @@ class Watchdog:
 
         threading.Thread(target=run, name="eagle3-watched-work", daemon=True).start()
         while not done.wait(timeout=min(0.2, self.check_interval_s)):
-            if self._tripped.wait(timeout=0):
-                self._tripped_wait_for_diagnostics()
+            if self._tripped.is_set():
+                if self._thread is not None:  # diagnostics are written before the thread ends
+                    self._thread.join(timeout=120.0)
                 self.check()
         if "error" in box:
             raise box["error"]
         return box.get("result")
-
-    def _tripped_wait_for_diagnostics(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=120.0)  # diagnostics are written before the thread ends
 
     def _watch(self) -> None:
         mon = ProgressMonitor(self.pid, self.log_path, use_gpu=self.use_gpu)
@@ -111,27 +102,20 @@ class Watchdog:
             now = time.monotonic()
             if mon.sample():
                 self._last_progress = now
-            verdict = detail = None
-            if self.pid is not None:
-                exited, code = exit_status(self.pid)
-                if exited:
-                    verdict = "crashed"
-                    detail = f"server process {self.pid} exited (exit code {code})"
-            if verdict is None and now - self._last_progress >= self.stall_timeout_s:
-                verdict = "stalled"
-                detail = (f"no progress signal ({', '.join(sources)}) for "
-                          f"{now - self._last_progress:.1f} s "
-                          f"(stall_timeout_s={self.stall_timeout_s}); {self.beats} requests had "
-                          "finished")
-            late = self.deadline_s is not None and now - self._t0 >= self.deadline_s
-            if verdict is None and late:
-                verdict, detail = "timed_out", f"deadline_s={self.deadline_s} reached"
-            if verdict is not None:
-                self.verdict, self.detail = verdict, detail
-                # set first: call() waits for this thread to finish the diagnostics
-                self._tripped.set()
-                if self.diagnostics_dir is not None:
-                    collect_diagnostics(self.diagnostics_dir, pid=self.pid,
-                                        log_paths=[self.log_path] if self.log_path else [],
-                                        reason=f"watchdog {verdict}: {detail}")
-                return
+            exited, code = exit_status(self.pid) if self.pid is not None else (False, None)
+            if exited:
+                self.verdict = "crashed"
+                self.detail = f"server process {self.pid} exited (exit code {code})"
+            elif now - self._last_progress >= self.stall_timeout_s:
+                self.verdict = "stalled"
+                self.detail = (f"no progress signal ({', '.join(sources)}) for "
+                               f"{now - self._last_progress:.1f} s (stall_timeout_s="
+                               f"{self.stall_timeout_s}); {self.beats} requests had finished")
+            else:
+                continue
+            self._tripped.set()  # set first: call() waits for this thread to finish diagnostics
+            if self.diagnostics_dir is not None:
+                collect_diagnostics(self.diagnostics_dir, pid=self.pid,
+                                    log_paths=[self.log_path] if self.log_path else [],
+                                    reason=f"watchdog {self.verdict}: {self.detail}")
+            return

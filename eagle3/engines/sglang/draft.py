@@ -37,12 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle3.engines.sglang.draft_load import LEGACY_NAMES, STACKED, rope_parameters
-from eagle3.engines.sglang.draft_load import check_config as _check_config
-from eagle3.engines.sglang.draft_load import copy_param as _copy
-from eagle3.engines.sglang.draft_load import load_shard as _load_shard
-from eagle3.engines.sglang.draft_load import unfilled as _unfilled
-from eagle3.engines.sglang.profile import VERSION
+from eagle3.engines.sglang import draft_load as dl
+from eagle3.engines.sglang.draft_load import rope_parameters
+from eagle3.engines.sglang.profile import VERSION, num_aux_states
 from eagle3.errors import CheckpointInvalid, ConfigError
 
 log = logging.getLogger(__name__)
@@ -198,12 +195,8 @@ class _Model(nn.Module):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
         eagle = cfg.get("eagle_config") or {}
-        self.hidden_size_in = w = cfg.get("target_hidden_size") or h
-        n_aux = cfg.get("num_aux_hidden_states")
-        if n_aux is None:
-            ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-            n_aux = len(ids) if ids else 3
-        self.num_aux_hidden_states = n = int(n_aux)
+        w = cfg.get("target_hidden_size") or h
+        n = num_aux_states(cfg)
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
         self.fc = nn.Linear(w * n, h, bias=bool(cfg.get("bias", False)))
         norm_before_fc = bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False)))
@@ -221,9 +214,9 @@ class _Model(nn.Module):
         if h.shape[-1] != embeds.shape[-1]:                          # SGLang's exact condition
             if self.input_norm is not None:
                 h = self.input_norm(h)
-            if self.fc_norm is not None:
-                chunks = h.chunk(self.num_aux_hidden_states, -1)
-                h = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], -1)
+            if self.fc_norm is not None:  # one norm per aux state
+                h = torch.cat([n(c) for n, c in zip(self.fc_norm, h.chunk(len(self.fc_norm), -1))],
+                              -1)
             h = self.fc(h)                                            # [..., T, n_aux*W] -> H
         residual = None
         for layer in self.layers:
@@ -247,11 +240,10 @@ class SGLangEagle3Draft(nn.Module):
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         self.config = dict(config)
-        _check_config(self.config)
+        dl.check_config(self.config)
         rotary = LlamaRotaryEmbedding(LlamaConfig(
             hidden_size=config["hidden_size"], num_attention_heads=config["num_attention_heads"],
-            head_dim=config.get("head_dim")
-            or config["hidden_size"] // config["num_attention_heads"],
+            head_dim=config.get("head_dim"),  # None: hidden_size // num_attention_heads
             max_position_embeddings=config.get("max_position_embeddings", 8192),
             rope_parameters=rope_parameters(config)))
         # Out of the module tree so ``.to(dtype)`` never rounds ``inv_freq`` (cos/sin in float32).
@@ -331,9 +323,7 @@ class SGLangEagle3Draft(nn.Module):
                               "*.safetensors")
         torch.manual_seed(0)  # unfilled parameters keep a deterministic random init (sglang mode)
         draft = cls(config)   # config checks first: a wrong architecture is named before any read
-        tensors: dict[str, torch.Tensor] = {}
-        for f in files:
-            tensors.update(load_file(str(f)))
+        tensors = {k: v for f in files for k, v in load_file(str(f)).items()}
         draft._load(tensors, target_embed, target_head, on_mismatch, serving_dir)
         return draft.to(device=device, dtype=dtype).eval()
 
@@ -341,35 +331,32 @@ class SGLangEagle3Draft(nn.Module):
         params = dict(self.named_parameters())
         filled: set[str] = set()
         skipped: list[str] = []
-        for name, w in tensors.items():
-            orig = name
-            for legacy, new in LEGACY_NAMES.items():
-                if legacy in name:
-                    name = name.replace(legacy, new)
+        for orig, w in tensors.items():
+            name = orig
+            for legacy, new in dl.LEGACY_NAMES.items():
+                name = name.replace(legacy, new)
             if "d2t" in name:
                 self.hot_token_id = w.long() + torch.arange(w.shape[0])
                 continue
             if "t2d" in name:
                 continue
-            for pname, wname, shard in STACKED:
+            for pname, wname, shard in dl.STACKED:
                 if wname in name:
                     name = name.replace(wname, pname)
-                    key = name if name in params else f"model.{name}"
-                    if key in params:
-                        _load_shard(params[key], w, shard, self.config, key, orig, where)
-                        filled.add(f"{key}#{shard}")
-                    else:
-                        skipped.append(orig)
                     break
             else:
-                key = name if name in params else f"model.{name}"
-                if key not in params:
-                    skipped.append(orig)
-                    continue
-                _copy(params[key], w, key, orig, where)
+                shard = None
+            key = name if name in params else f"model.{name}"
+            if key not in params:
+                skipped.append(orig)
+            elif shard is None:
+                dl.copy_param(params[key], w, key, orig, where)
                 filled.add(key)
+            else:
+                dl.load_shard(params[key], w, shard, self.config, key, orig, where)
+                filled.add(f"{key}#{shard}")
         self._bind_target(params, filled, target_embed, target_head, where)
-        unfilled = _unfilled(params, filled)
+        unfilled = dl.unfilled(params, filled)
         self.load_report.update(skipped=sorted(skipped), unfilled=unfilled)
         if skipped or unfilled:
             msg = (f"{where}: SGLang {VERSION} would silently skip tensors {sorted(skipped)} (no "
@@ -384,16 +371,11 @@ class SGLangEagle3Draft(nn.Module):
 
     def _bind_target(self, params, filled, target_embed, target_head, where) -> None:
         """SGLang ``init_lm_head``: share the target's embedding (and head, if from the target)."""
-        h = self.config["hidden_size"]
-        tgt_h = self.config.get("target_hidden_size")
         self.load_report["embed_source"] = "draft checkpoint"
-        if target_embed is not None and not (tgt_h is not None and tgt_h != h):
-            if tuple(target_embed.shape) != tuple(self.model.embed_tokens.weight.shape):
-                raise CheckpointInvalid(f"{where}: target embedding shape "
-                                        f"{tuple(target_embed.shape)} != draft embed_tokens "
-                                        f"[vocab_size, hidden_size] "
-                                        f"{tuple(self.model.embed_tokens.weight.shape)}")
-            self.model.embed_tokens.weight.data.copy_(target_embed)
+        if target_embed is not None and self.config.get("target_hidden_size") in (
+                None, self.config["hidden_size"]):
+            dl.copy_param(params["model.embed_tokens.weight"], target_embed,
+                          "model.embed_tokens.weight", "target embedding", where)
             filled.add("model.embed_tokens.weight")
             self.load_report["embed_source"] = "target"
         self.load_report["lm_head_source"] = "draft checkpoint"
@@ -401,6 +383,7 @@ class SGLangEagle3Draft(nn.Module):
             if target_head is None:
                 raise ConfigError(f"{where}/config.json: draft_vocab_size missing, so SGLang loads "
                                   "lm_head from the target; pass target_head (its LM head)")
-            _copy(params["lm_head.weight"], target_head, "lm_head.weight", "target lm_head", where)
+            dl.copy_param(params["lm_head.weight"], target_head, "lm_head.weight",
+                          "target lm_head", where)
             filled.add("lm_head.weight")
             self.load_report["lm_head_source"] = "target"

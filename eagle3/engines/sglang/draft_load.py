@@ -26,7 +26,6 @@ STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
 
 def copy_param(param: nn.Parameter, w: torch.Tensor, key: str, orig: str, where) -> None:
     """Copy tensor ``w`` (named ``orig``) into ``param``; CheckpointInvalid on a shape mismatch."""
-
     if tuple(param.shape) != tuple(w.shape):
         raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, parameter "
                                 f"{key} expects {tuple(param.shape)}")
@@ -67,11 +66,8 @@ def rope_parameters(cfg: dict) -> dict:
     """RoPE as SGLang reads it (``rope_parameters``, else ``rope_theta`` + ``rope_scaling``), as a
     transformers-5 ``rope_parameters`` dict."""
     rp = cfg.get("rope_parameters")
-    if rp is not None:
-        out = dict(rp)
-        out.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-    else:
-        out = dict(cfg.get("rope_scaling") or {})
+    out = dict(rp if rp is not None else cfg.get("rope_scaling") or {})
+    if rp is None or "rope_theta" not in out:
         out["rope_theta"] = cfg.get("rope_theta", 10000.0)
     if "type" in out and "rope_type" not in out:
         out["rope_type"] = out.pop("type")
@@ -87,8 +83,7 @@ def check_config(cfg: dict) -> None:
     if not archs or archs[0] != ARCHITECTURE:
         raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] "
                                 "first (the class the pinned SGLang loads for EAGLE-3; it builds "
-                                "the "
-                                f"first registered entry), got {archs}")
+                                f"the first registered entry), got {archs}")
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "num_hidden_layers", "vocab_size", "rms_norm_eps"):
         if key not in cfg:
@@ -101,8 +96,7 @@ def check_config(cfg: dict) -> None:
                                 f"{cfg['hidden_act']!r}")
     if cfg.get("tie_word_embeddings", False):
         raise EngineUnsupported("draft config.json tie_word_embeddings: true makes the pinned "
-                                "SGLang "
-                                "use the (target) embedding as a full-vocabulary lm_head; this "
-                                "reference draft runs untied heads only (expected false)")
+                                "SGLang use the (target) embedding as a full-vocabulary lm_head; "
+                                "this reference draft runs untied heads only (expected false)")
     if rope_parameters(cfg).get("mrope_section") is not None:
         raise EngineUnsupported("draft config.json rope_scaling: mrope is not implemented here")

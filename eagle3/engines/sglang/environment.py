@@ -21,18 +21,21 @@ def sglang_python(cfg) -> str:
     return cfg.serve.sglang_python or sys.executable
 
 
+def _run(python: str, code: str) -> subprocess.CompletedProcess | None:
+    """``python -c code`` (2 min at most); None when it cannot start or times out."""
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def sglang_installed(python: str) -> bool:
     """Whether ``python`` can import ``sglang`` (looked up without importing it)."""
     if python == sys.executable:
         return importlib.util.find_spec("sglang") is not None
-    if not Path(python).exists():
-        return False
-    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
-    try:
-        return subprocess.run([python, "-c", code], capture_output=True,
-                              timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    out = Path(python).exists() and _run(
+        python, "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)")
+    return bool(out) and out.returncode == 0
 
 
 def sglang_unusable_reason(python: str) -> str:
@@ -46,9 +49,5 @@ def sglang_unusable_reason(python: str) -> str:
 
 def sglang_version(python: str) -> str | None:
     """The sglang version ``python`` has installed (package metadata), None when it cannot tell."""
-    code = "import importlib.metadata as m; print(m.version('sglang'))"
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+    out = _run(python, "import importlib.metadata as m; print(m.version('sglang'))")
+    return (out.stdout.strip() or None) if out and out.returncode == 0 else None

@@ -13,8 +13,8 @@ import re
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from eagle3.engines.sglang.profile import VERSION
 from eagle3.errors import DataError, EngineUnsupported
@@ -29,12 +29,10 @@ class EngineSource:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self._zip = None
         if self.root.is_file() and self.root.suffix == ".whl":
-            self._zip = zipfile.ZipFile(self.root)
-            self._names = set(self._zip.namelist())
+            self._base: Path | zipfile.Path = zipfile.Path(self.root)
         elif self.root.is_dir():
-            self._names = None
+            self._base = self.root
         else:
             raise DataError(f"{self.root}: expected an engine wheel (.whl) or a source directory, "
                             "found neither")
@@ -45,48 +43,31 @@ class EngineSource:
     def read(self, relpath: str) -> str:
         """Text of ``relpath`` (e.g. ``sglang/srt/models/llama_eagle3.py``), a leading UTF-8 byte
         order mark dropped as Python's own import does; DataError if absent."""
-        if self._zip is not None:
-            if relpath not in self._names:
-                raise DataError(f"{self.root}: {relpath} not in the wheel")
-            return self._zip.read(relpath).decode("utf-8-sig")
-        path = self.root / relpath
+        path = self._base.joinpath(relpath)
         if not path.is_file():
             raise DataError(f"{self.root}: {relpath} not found")
         return path.read_text(encoding="utf-8-sig")
 
     def list(self, prefix: str) -> list[str]:
         """Relative paths of the ``.py`` files directly under ``prefix`` (ending in '/')."""
-        if self._zip is not None:
-            return sorted(n for n in self._names if n.startswith(prefix) and n.endswith(".py")
-                          and "/" not in n[len(prefix):])
-        folder = self.root / prefix
-        return sorted(f"{prefix}{p.name}" for p in folder.glob("*.py")) if folder.is_dir() else []
+        folder = self._base.joinpath(prefix)
+        return sorted(f"{prefix}{p.name}" for p in folder.iterdir()
+                      if p.name.endswith(".py") and p.is_file()) if folder.is_dir() else []
 
     def version(self) -> str | None:
         """``Version:`` of ``*.dist-info/METADATA``, else ``sglang/version.py``; None if neither."""
-        if self._zip is not None:
-            for name in sorted(self._names):
-                if name.endswith(".dist-info/METADATA"):
-                    m = re.search(r"^Version:\s*(\S+)",
-                                  self._zip.read(name).decode("utf-8", "replace"), re.M)
-                    if m:
-                        return m.group(1)
-        else:
-            for meta in sorted(self.root.glob("*.dist-info/METADATA")):
-                m = re.search(r"^Version:\s*(\S+)",
-                              meta.read_text(encoding="utf-8", errors="replace"), re.M)
-                if m:
-                    return m.group(1)
-        for rel in ("sglang/version.py",):
-            try:
-                text = self.read(rel)
-            except DataError:
-                continue
-            m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""",
-                          text)
-            if m:
-                return m.group(1)
-        return None
+        metas = sorted((d.joinpath("METADATA") for d in self._base.iterdir()
+                        if d.name.endswith(".dist-info")), key=str)
+        found = [m.group(1) for meta in metas if meta.is_file() and (m := re.search(
+            r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M))]
+        if found:
+            return found[0]
+        try:
+            text = self.read("sglang/version.py")
+        except DataError:
+            return None
+        m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", text)
+        return m.group(1) if m else None
 
 
 def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
@@ -95,11 +76,10 @@ def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
     """The source of ``engine==version``: ``$EAGLE3_<ENGINE>_SOURCE``, ``<cache_dir>/wheels/``, or
     with ``download`` ``pip download --no-deps``. EngineUnsupported naming what was tried;
     DataError on a bad path."""
-    tried = []
-    env = os.environ.get(f"EAGLE3_{engine.upper()}_SOURCE")
-    if env:
-        return EngineSource(env)
-    tried.append(f"${'EAGLE3_' + engine.upper() + '_SOURCE'} (unset)")
+    env = f"EAGLE3_{engine.upper()}_SOURCE"
+    if os.environ.get(env):
+        return EngineSource(os.environ[env])
+    tried = [f"${env} (unset)"]
     wheels = Path(cache_dir).expanduser() / "wheels" if cache_dir else None
     if wheels is not None:
         found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
@@ -117,13 +97,10 @@ def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
             tried.append(f"`{' '.join(cmd)}` (exit {proc.returncode}: "
                          f"{proc.stderr.strip()[-300:]})")
     raise EngineUnsupported(f"{engine} {version}: released source not found; tried "
-                            "" + "; ".join(tried))
+                            f"{'; '.join(tried)}")
 
 
-@dataclass(frozen=True)
-class _ClassInfo:
-    module: str
-    name: str
+class _ClassInfo(NamedTuple):
     bases: tuple[str, ...]
     methods: frozenset[str]
 
@@ -131,7 +108,6 @@ class _ClassInfo:
 def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassInfo],
                                                                dict[str, str], list[str]]:
     """Classes of one model file, its ``from X import name`` map, and its ``EntryClass`` names."""
-    module = relpath[:-3].replace("/", ".")
     tree = ast.parse(source.read(relpath), filename=relpath)
     classes: dict[str, _ClassInfo] = {}
     imports: dict[str, str] = {}
@@ -142,7 +118,7 @@ def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassI
                           b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases)
             fns = (ast.FunctionDef, ast.AsyncFunctionDef)
             methods = frozenset(n.name for n in node.body if isinstance(n, fns))
-            classes[node.name] = _ClassInfo(module, node.name, bases, methods)
+            classes[node.name] = _ClassInfo(bases, methods)
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 imports[alias.asname or alias.name] = node.module
@@ -176,31 +152,24 @@ class ModelIndex:
 
     def implements(self, class_name: str, method: str = CAPTURE_METHOD,
                    module: str | None = None) -> bool:
-        """``class_name`` (registered unless ``module`` is given) has ``method``."""
-
+        """``class_name`` (registered unless ``module`` is given) has ``method``; KeyError for a
+        class that is not registered."""
         module = module or self.entry_classes.get(class_name)
         if module is None:
             raise KeyError(class_name)
         return self._has(module, class_name, method, set())
 
-    def _has(self, module: str, name: str, method: str, seen: set) -> bool:
+    def _has(self, module: str | None, name: str, method: str, seen: set) -> bool:
         if (module, name) in seen or module not in self._modules:
             return False
         seen.add((module, name))
         classes, imports = self._modules[module]
         info = classes.get(name)
-        if info is None:
-            src = imports.get(name)
-            return bool(src) and self._has(src, name, method, seen)
-        if method in info.methods:
-            return True
-        for base in info.bases:
-            if base in classes:
-                if self._has(module, base, method, seen):
-                    return True
-            elif base in imports and self._has(imports[base], base, method, seen):
-                return True
-        return False
+        if info is None:  # imported into this module: follow the import (None: not a model module)
+            return self._has(imports.get(name), name, method, seen)
+        return method in info.methods or any(
+            self._has(module if b in classes else imports.get(b), b, method, seen)
+            for b in info.bases)
 
     def capturing_classes(self, method: str = CAPTURE_METHOD) -> frozenset[str]:
         """All registered architectures (``EntryClass``) that implement ``method``."""
@@ -227,12 +196,12 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
     """Does ``engine==version`` capture aux states for ``target_class``? Read from ``source``, else
     ``EngineProfile.aux_capture_classes``. Returns ``{"class", "engine", "version", "captures":
     True, "module", "how"}``; EngineUnsupported when it does not (or is not registered)."""
+    found = {"class": target_class, "engine": engine, "version": version, "captures": True}
     if source is None:
         from eagle3.engines.registry import get_profile
 
         get_profile(engine, version).require_aux_capture(target_class)
-        return {"class": target_class, "engine": engine, "version": version, "captures": True,
-                "module": None, "how": "pinned profile list"}
+        return {**found, "module": None, "how": "pinned profile list"}
     index = model_index(source)
     if target_class not in index.entry_classes:
         raise EngineUnsupported(f"target class {target_class}: not a registered model class "
@@ -243,5 +212,5 @@ def check_aux_capture(target_class: str, *, engine: str = "sglang", version: str
             f"target class {target_class} ({index.entry_classes[target_class]}): {engine} "
             f"{version} does not implement {CAPTURE_METHOD} for it, so the EAGLE-3 draft would "
             "receive no aux hidden states")
-    return {"class": target_class, "engine": engine, "version": version, "captures": True,
-            "module": index.entry_classes[target_class], "how": f"read from {source.root}"}
+    return {**found, "module": index.entry_classes[target_class],
+            "how": f"read from {source.root}"}

@@ -54,11 +54,10 @@ def start_engine(job: dict):
     os.environ["EAGLE3_CAPTURE_CLASS"] = resolve_class(job["target_dir"])
     os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "eagle3_sglang_capture"
     kwargs = dict(model_path=job["target_dir"], dtype=DTYPES[job["dtype"]],
-                  skip_tokenizer_init=True,
-                  enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",
+                  skip_tokenizer_init=True, enable_return_aux_hidden_states=True,
+                  speculative_algorithm="EAGLE3",
                   return_aux_hidden_state_layer_ids=list(job["layer_ids"]),
-                  disable_radix_cache=True,
-                  chunked_prefill_size=-1, log_level="warning")
+                  disable_radix_cache=True, chunked_prefill_size=-1, log_level="warning")
     kwargs.update(job.get("engine_args") or {})
     return sglang.Engine(**kwargs), os.environ["EAGLE3_CAPTURE_CLASS"]
 
@@ -78,10 +77,11 @@ def serve(engine, n_slots: int, dtype: str) -> None:
                                return_hidden_states=True)
         tensors, rows = {}, []
         for i, (x, o) in enumerate(zip(ids, outs)):
-            got = (o.get("meta_info") or {}).get("hidden_states")
+            meta = o.get("meta_info") or {}
+            got = meta.get("hidden_states")
             if not got:
                 raise RuntimeError(f"prompt {i}: SGLang returned no hidden_states (meta_info keys "
-                                   f"{sorted((o.get('meta_info') or {}).keys())})")
+                                   f"{sorted(meta)})")
             hs = torch.tensor(got[0], dtype=torch.float32)
             if hs.dim() != 2 or hs.shape[0] != len(x) or hs.shape[1] % n_slots:
                 raise RuntimeError(f"prompt {i}: hidden_states shape {tuple(hs.shape)}, expected "
@@ -96,7 +96,6 @@ def serve(engine, n_slots: int, dtype: str) -> None:
 
 def watch_parent(interval_s: float = 1.0) -> None:
     """A daemon thread that ends this worker's process group once its parent is gone."""
-
     import signal
     import threading
     import time
@@ -122,9 +121,7 @@ def main(argv: list[str]) -> int:
         engine, cls = start_engine(job)
         _say("READY", {"class": cls, "layer_ids": job["layer_ids"]})
         serve(engine, len(job["layer_ids"]), job["dtype"])
-    # reported to the parent on stdout, which turns it into its own error
-    except BaseException as e:
-        # the whole traceback goes to the log; the parent gets its end
+    except BaseException as e:  # the traceback to the log, its end to the parent (on stdout)
         sys.stderr.write(traceback.format_exc())
         _say("ERROR", {"error": f"{type(e).__name__}: {e}",
                        "traceback": "".join(traceback.format_exc().splitlines(True)[-4:])})

@@ -12,7 +12,6 @@ check and return path carry it.
 wrap; one without ``model.norm`` or ``logits_processor`` raises at construction.
 """
 
-
 from __future__ import annotations
 
 import importlib
@@ -81,8 +80,7 @@ def _make_capture_class(base):
                        else type(aux)([last]))
             return (*args[:4], aux, *args[5:])
 
-    CaptureLastLayer.__name__ = base.__name__
-    CaptureLastLayer.__qualname__ = base.__name__
+    CaptureLastLayer.__name__ = CaptureLastLayer.__qualname__ = base.__name__
     return CaptureLastLayer
 
 
