@@ -110,7 +110,6 @@ def set_attention(model, attn_impl: str) -> None:
     for layer in model.layers:
         layer.self_attn.config._attn_implementation = attn_impl  # noqa: SLF001
     model._attn_impl = attn_impl  # noqa: SLF001
-    # noqa: SLF001
     model._create_mask_fn = (create_block_mask if attn_impl == "simple_flex_attention"
                              else create_float_mask if attn_impl == "eager" else create_mask)
 
@@ -129,35 +128,31 @@ def use_uncompiled_forward(model) -> bool:
     return True
 
 
-def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
-    """Replace the draft's forward by ``torch.compile(dynamic=False)`` of its plain forward in
-    ``mode`` (``"default"``, ``"reduce-overhead"``, ``"max-autotune-no-cudagraphs"``). ``backend``
-    (None = inductor) is for tests. Raises ConfigError for an unknown mode.
-    """
-    import types
-
-    if mode not in COMPILE_MODES:
-        raise ConfigError(
-            f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
-    use_uncompiled_forward(model)
-    plain = (model.forward if isinstance(model.forward, types.MethodType)
-             else types.MethodType(type(model).forward, model))
-    kwargs = {"dynamic": False}
-    if backend is not None:
-        kwargs["backend"] = backend
-    if mode != "default":
-        kwargs["mode"] = mode
-    model.forward = torch.compile(plain, **kwargs)
-
-
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
-def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """``(name, parameter)`` of what training updates: fc, decoder layers, norms. Embedding,
-    ``lm_head`` and verifier head/norm stay frozen, as in speculators 0.9.0.
-    """
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+def compiled(fn, mode: str = "default", backend: str | None = None, fullgraph: bool = False):
+    """``torch.compile(fn, dynamic=False)`` in ``mode`` (one of :data:`COMPILE_MODES`);
+    ``backend`` (None = inductor) and ``fullgraph`` are for tests. Raises ConfigError for an
+    unknown mode."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(
+            f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
+    kwargs: dict = {"dynamic": False, "fullgraph": fullgraph, "backend": backend or "inductor"}
+    if mode != "default":
+        kwargs["mode"] = mode
+    return torch.compile(fn, **kwargs)
+
+
+def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
+    """Replace the draft's forward by :func:`compiled` of its plain forward (speculators'
+    ``conditional_torch_compile`` wrapper bypassed). Raises ConfigError for an unknown mode."""
+    import types
+
+    use_uncompiled_forward(model)
+    plain = (model.forward if isinstance(model.forward, types.MethodType)
+             else types.MethodType(type(model).forward, model))
+    model.forward = compiled(plain, mode, backend)
 
 
 def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Path:
