@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle3.errors import ConfigError
+from eagle3.train.metrics import step_stats
 
 ATTENTIONS = ("eager", "sdpa", "flex")
 
@@ -211,23 +212,6 @@ def _layer_tail(layer, residual, q, k, v, cache, attention, mask):
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def _step_stats(pred, tgt, valid_base, doc, k: int, alive, run):
-    """The :mod:`eagle3.train.metrics` counts of TTT step k (``add_batch``'s rules) as tensors;
-    updates ``alive``/``run`` functionally. ``pred``/``tgt``: ``[S]`` draft and verifier argmax;
-    ``valid_base``: ``[S]`` loss mask (bool)."""
-    S = pred.shape[0]
-    if k >= S:
-        hit = valid = torch.zeros_like(valid_base)
-    else:
-        valid = F.pad(valid_base[k:] & (doc[k:] == doc[:S - k]), (0, k))
-        hit = F.pad(pred[:S - k] == tgt[k:], (0, k)) & valid
-    counts = torch.stack(
-        [hit.sum(), valid.sum(), (hit & alive).sum(), (valid & alive).sum()]).float()
-    alive = alive & hit
-    run = run + (alive & valid_base).float()
-    return counts, alive, run
-
-
 def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
                 document_ids: torch.Tensor,
                 loss_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
@@ -304,7 +288,7 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
                                   loss_config=loss_config, decay_fn=decay)
         loss = loss + s_loss
         with torch.no_grad():
-            counts, alive, run = _step_stats(logits[0].argmax(-1), target_ids, valid_base,
+            counts, alive, run = step_stats(logits[0].argmax(-1), target_ids, valid_base,
                                              document_ids[0], k, alive, run)
             stats.append(torch.cat([counts, s_loss.detach().float().reshape(1),
                                     counts.new_ones(1)]))
