@@ -21,6 +21,8 @@ the same counts with masked sums; :func:`install` binds it where speculators loo
 from __future__ import annotations
 
 import math
+import operator
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +34,7 @@ _TAIL = 2  # chain_sum, chain_total
 
 def simulated_acceptance_length(cond_acc: list[float]) -> float:
     """``1 + Σ_k Π_{j<=k} cond_acc[j]``; counts the bonus token (1.0 = nothing accepted)."""
-    total, prod = 1.0, 1.0
-    for c in cond_acc:
-        prod *= float(c)
-        total += prod
-    return total
+    return 1.0 + sum(accumulate((float(c) for c in cond_acc), operator.mul))
 
 
 def new_counts(ttt_steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -101,16 +99,14 @@ def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
     c = counts.double().cpu().tolist()
     K = (len(c) - _TAIL) // _PER_STEP
     out: dict[str, float] = {}
-    cond, total_loss = [], 0.0
     for k in range(K):
         fc, ft, cc, ct, ls, ln = c[k * _PER_STEP:(k + 1) * _PER_STEP]
-        out[f"{prefix}/loss_{k}"] = ls / ln if ln else math.nan
-        total_loss += out[f"{prefix}/loss_{k}"]
-        out[f"{prefix}/acc_full_{k}"] = fc / ft if ft else 0.0
-        out[f"{prefix}/acc_cond_{k}"] = cc / ct if ct else 0.0
-        cond.append(out[f"{prefix}/acc_cond_{k}"])
-    out[f"{prefix}/loss"] = total_loss
-    out[f"{prefix}/simulated_acceptance_length"] = simulated_acceptance_length(cond)
+        out.update({f"{prefix}/loss_{k}": ls / ln if ln else math.nan,
+                    f"{prefix}/acc_full_{k}": fc / ft if ft else 0.0,
+                    f"{prefix}/acc_cond_{k}": cc / ct if ct else 0.0})
+    out[f"{prefix}/loss"] = sum(out[f"{prefix}/loss_{k}"] for k in range(K))
+    out[f"{prefix}/simulated_acceptance_length"] = simulated_acceptance_length(
+        [out[f"{prefix}/acc_cond_{k}"] for k in range(K)])
     cs, cn = c[K * _PER_STEP], c[K * _PER_STEP + 1]
     out[f"{prefix}/chain_acceptance_length"] = cs / cn if cn else 1.0
     return out
