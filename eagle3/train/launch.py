@@ -6,18 +6,12 @@
     torchrun --standalone --nproc-per-node=N --max-restarts=0 --rdzv-conf=join_timeout=<startup>
              --log-dir=state/launch/logs --tee=3 -m eagle3.train.worker --config C --data D --out O
 
-Each process calls ``eagle3.train.stage.train`` again (NCCL on CUDA, gloo on CPU). Meanwhile the
-parent:
-
-- forwards new ``metrics.jsonl`` records to ``on_metrics``;
-- holds the ranks (status files ``state/launch/rank-<r>.json``) to ``train.startup_timeout_s``,
-  ``train.first_step_timeout_s`` and ``train.stall_timeout_s``; a missed deadline saves each live
-  rank's stack (``rank-<r>.stack.txt``, py-spy), ends the job and raises
-  :class:`eagle3.errors.RankFailed`;
-- when torchrun exits non-zero: re-raises a rank's project error, or raises RankFailed naming the
-  first failed rank, every rank's last status, the rank logs
-  (``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``) and the checkpoint a re-run
-  resumes from.
+Each process calls ``eagle3.train.stage.train`` again (NCCL on CUDA, gloo on CPU). The parent
+forwards new ``metrics.jsonl`` records to ``on_metrics`` and holds the ranks (status files
+``state/launch/rank-<r>.json``) to ``train.startup_timeout_s``, ``first_step_timeout_s`` and
+``stall_timeout_s``: a missed deadline saves each live rank's stack (``rank-<r>.stack.txt``), ends
+the job and raises :class:`eagle3.errors.RankFailed`. Rank logs:
+``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``.
 """
 
 from __future__ import annotations
@@ -45,11 +39,8 @@ _FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 def _forward_metrics(path: Path, pos: tuple[int, int], on_metrics) -> tuple[int, int]:
     """Send complete lines of ``metrics.jsonl`` after ``pos = (inode, byte offset)`` to
-    ``on_metrics``.
-
-    The trainer rewrites the file when it starts or resumes (a new inode): then it is read from the
-    start, so records up to the resumed step may be forwarded twice. Returns the new position.
-    """
+    ``on_metrics``; returns the new position. A rewritten file (new inode: the trainer started or
+    resumed) is read from the start, so records up to the resumed step may be forwarded twice."""
     if not path.is_file():
         return pos
     with open(path, "rb") as f:
@@ -94,11 +85,9 @@ def _fresh_launch_dir(state: Path) -> Path:
 
 def launch(cfg, data_dir: Path, out_dir: Path, *, on_metrics=None, poll_s: float = 1.0) -> dict:
     """Run the training under torchrun with ``cfg.train.num_gpus`` processes; returns the manifest.
-
     Raises a rank's Eagle3Error subclass with its message; RankFailed when a rank did not arrive,
-    made no first step, stalled or died (see the module docstring); ConfigError for more GPUs than
-    are visible.
-    """
+    made no first step, stalled or died (naming the first failed rank, every rank's last status,
+    the logs and the checkpoint a re-run resumes from); ConfigError for more GPUs than visible."""
     import torch
 
     from eagle3.artifacts import read_manifest

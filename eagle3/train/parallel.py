@@ -5,12 +5,10 @@
   final norm, other trainable children): weights, gradients and AdamW moments take 1/N per rank.
   Frozen tensors (embedding, LM heads, verifier norm, d2t/t2d) stay whole on every rank.
 
-Checkpoints keep one layout: ``model.safetensors`` holds the full state dict (gathered to rank 0
-under ``fsdp``). ``optimizer.pt`` is ``optimizer.state_dict()`` under ``ddp``/one process, torch's
-full optimizer state dict keyed by parameter name under ``fsdp``; a resume in another mode is
-refused (:mod:`eagle3.train.state`).
-
-Every method that gathers is a collective: all ranks call it, in the same order.
+``model.safetensors`` always holds the full state dict (gathered to rank 0 under ``fsdp``);
+``optimizer.pt`` is ``optimizer.state_dict()``, under ``fsdp`` torch's full optimizer state dict
+keyed by parameter name (a resume in another mode is refused). Every method that gathers is a
+collective: all ranks call it, in the same order.
 """
 
 from __future__ import annotations

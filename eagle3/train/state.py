@@ -9,19 +9,10 @@
                      acceptance length (chosen by acceptance, not by loss: FAILURE_CLASSES.md 18)
 
 Each directory is written through :func:`eagle3.artifacts.atomic_directory`: a SIGKILL leaves
-the previous or the new complete checkpoint.
-
-Resuming refuses (ConfigError/DataError naming the field, saved and new value):
-
-- another vocabulary map (its hash) unless ``train.allow_vocab_map_change``: ``lm_head`` rows would
-  mean other tokens (docs/FAILURE_CLASSES.md 9);
-- other data (:func:`eagle3.train.data.data_identity`): the saved position would point elsewhere;
-- fields that change the model or data order: ttt_steps, num_layers, draft_vocab_size, seed,
-  max_tokens_per_batch, grad_accum, the layer flags, process count, ``train.distributed``.
-
-Such a checkpoint belongs to another training: ``train.on_other_checkpoint=restart`` (default)
-starts from step 0 with a warning, ``refuse`` raises. Allowed to change: lr, schedule, warm-up,
-epochs, max_steps, cadences, keep_last; later steps take the new schedule's LR.
+the previous or the new complete checkpoint. A checkpoint of another vocabulary map
+(docs/FAILURE_CLASSES.md 9), other data or other :data:`FROZEN_FIELDS` / flags / process count /
+``train.distributed`` belongs to another training (:func:`resume_conflict`). Allowed to change:
+lr, schedule, warm-up, epochs, max_steps, cadences, keep_last; later steps take the new LR.
 """
 
 from __future__ import annotations
