@@ -137,9 +137,10 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir)), str(tokenizer_dir)
 
 
-def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
-                  on_request_done=None) -> tuple[list[dict], float]:
-    """All prompts, ``concurrency`` at once: ``(rows, wall s)``; ``on_request_done(row)``."""
+def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
+             on_request_done=None) -> dict:
+    """All prompts, ``concurrency`` at once, between two server snapshots: ``{"rows", "wall_s",
+    "window" (:func:`server_window`), "info"}``; ``on_request_done(row)`` after each request."""
     def one(i: int) -> dict:
         payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
         out = _post_generate(client, url, payload, timeout_s)
@@ -154,10 +155,12 @@ def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
             on_request_done(row)
         return row
 
-    t0 = time.perf_counter()
+    before, t0 = snapshot_server(client, url), time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         rows = list(pool.map(one, range(len(prompts))))
-    return rows, time.perf_counter() - t0
+    wall, after = time.perf_counter() - t0, snapshot_server(client, url)
+    return {"rows": rows, "wall_s": wall, "window": server_window(before, after),
+            "info": after["raw_info"]}
 
 
 def _timing_summary(rows: list[dict], wall_s: float) -> dict:
@@ -171,16 +174,6 @@ def _timing_summary(rows: list[dict], wall_s: float) -> dict:
     if out["ttft_p50_s"] is None:
         out["ttft_reason"] = "server did not stream /generate; time to first token not measurable"
     return out
-
-
-def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
-             on_request_done=None) -> dict:
-    before = snapshot_server(client, url)
-    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
-                               on_request_done)
-    after = snapshot_server(client, url)
-    return {"rows": rows, "wall_s": wall, "window": server_window(before, after),
-            "info": after["raw_info"]}
 
 
 def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENCH_NUM_PROMPTS,
