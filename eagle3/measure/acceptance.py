@@ -159,9 +159,7 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
 def per_position_from_histogram(histogram: list[int]) -> list[float]:
     """P(draft k accepted), k = 1..len(h)-1: ``sum_{j>=k} h[j] / sum(h)`` (chain); [] when empty."""
     total = sum(histogram)
-    if total <= 0:
-        return []
-    return [sum(histogram[k:]) / total for k in range(1, len(histogram))]
+    return [sum(histogram[k:]) / total for k in range(1, len(histogram))] if total > 0 else []
 
 
 def sum_lists(lists: list[list[int]]) -> list[int]:
@@ -175,31 +173,25 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
     ``acceptance_rate`` (None when unknown), ``mean_request_acceptance_length`` (unweighted),
     ``per_position`` (summed histograms), ``histogram``, counts and the ``generations`` seen."""
     spec = [r for r in records if r.verify_ct]
-    total_tokens = sum(r.completion_tokens for r in spec)
     total_verify = sum(r.verify_ct for r in spec)
     with_rate = [r for r in spec if r.accepted_drafts is not None and r.proposed_drafts]
     hist = sum_lists([r.histogram for r in spec if r.histogram])
-    lengths = [r.acceptance_length for r in spec]
     rate = None
     if with_rate:
         rate = sum(r.accepted_drafts for r in with_rate) / sum(r.proposed_drafts for r in with_rate)
     elif spec and all(r.server_accept_rate is not None for r in spec):
         rate = sum(r.server_accept_rate * r.verify_ct for r in spec) / total_verify
-    total_accepted = sum(r.accepted_or_derived for r in spec)
-    return {
-        "acceptance_length":
-            exact_acceptance_length(total_accepted, total_verify) if total_verify else None,
-        "acceptance_length_sglang": (total_tokens / total_verify) if total_verify else None,
-        "acceptance_rate": rate,
-        "mean_request_acceptance_length": (sum(lengths) / len(lengths)) if lengths else None,
-        "per_position": per_position_from_histogram(hist) if hist else [],
-        "histogram": hist,
-        "num_requests": len(records),
-        "num_speculative_requests": len(spec),
-        "completion_tokens": sum(r.completion_tokens for r in records),
-        "verify_ct": total_verify,
-        "generations": sorted({r.generation for r in records}),
-    }
+    return {"acceptance_length": exact_acceptance_length(
+                sum(r.accepted_or_derived for r in spec), total_verify) if spec else None,
+            "acceptance_length_sglang":
+                sum(r.completion_tokens for r in spec) / total_verify if spec else None,
+            "acceptance_rate": rate,
+            "mean_request_acceptance_length":
+                sum(r.acceptance_length for r in spec) / len(spec) if spec else None,
+            "per_position": per_position_from_histogram(hist), "histogram": hist,
+            "num_requests": len(records), "num_speculative_requests": len(spec),
+            "completion_tokens": sum(r.completion_tokens for r in records),
+            "verify_ct": total_verify, "generations": sorted({r.generation for r in records})}
 
 
 def parse_server_info(info: Any) -> dict:
