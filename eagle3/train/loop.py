@@ -221,9 +221,7 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
     """Validation metrics over the val split (or the train split, flagged, when val is empty)."""
-    ids = run.data.val_ids or run.data.train_ids
-    if run.t.max_eval_samples:
-        ids = ids[:run.t.max_eval_samples]
+    ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
@@ -235,8 +233,8 @@ def evaluate(run: Run) -> dict[str, float]:
                 forward(run, to_device(host, run.device, run.states_dtype), counts, train=False)
     finally:
         run.model.train()
-    out = summarize(all_reduce_(counts), "val")
-    out["val/on_train_split"] = 0.0 if run.data.val_ids else 1.0
+    out = {**summarize(all_reduce_(counts), "val"),
+           "val/on_train_split": 0.0 if run.data.val_ids else 1.0}
     if run.last_train is not None:
         out["train_val_gap"] = run.last_train["train/loss"] - out["val/loss"]
     run.last_eval = out
@@ -283,8 +281,7 @@ def run_loop(run: Run) -> None:
             run.set_plan()
         lr = run.scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
-        # synchronises once, before the optimizer update
-        grad_norm, tokens = optimizer_step(run, window)
+        grad_norm, tokens = optimizer_step(run, window)  # one sync, before the optimizer update
         if run.heartbeat is not None:
             run.heartbeat(run.step)
         win_time += time.perf_counter() - t0

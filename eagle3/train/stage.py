@@ -252,9 +252,7 @@ def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
 
 def finish(run: Run, *, seconds: float) -> dict:
     """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on
-    rank 0.
-
-    Every rank takes part (under fsdp the last weights are gathered to rank 0); rank 0 writes."""
+    rank 0. Every rank takes part (under fsdp the last weights are gathered to rank 0)."""
     from safetensors.torch import load_file
 
     best_dir = run.state_dir / "best"
@@ -276,13 +274,10 @@ def finish(run: Run, *, seconds: float) -> dict:
 
 
 def _export_files(model, out_dir: Path, weights: dict | None = None) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".export.", suffix=".tmp", dir=out_dir))
-    try:
+    with tempfile.TemporaryDirectory(prefix=".export.", suffix=".tmp", dir=out_dir) as tmp:
         save_draft(model, tmp, state_dict=weights)
         for f in ("config.json", "model.safetensors"):
-            os.replace(tmp / f, out_dir / f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            os.replace(Path(tmp) / f, out_dir / f)
 
 
 def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
