@@ -77,21 +77,18 @@ def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
 
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
     """One ``POST /generate``: body + timings (s). Transient/Config (timeout)/DataError."""
-    t0 = time.perf_counter()
-    deadline = t0 + timeout_s
-    ttft, final, chunks = None, None, 0
+    t0, ttft, final, chunks = time.perf_counter(), None, None, 0
     try:
         with client.stream("POST", url + "/generate", json=payload) as r:
             if r.status_code >= 400:
                 body = r.read().decode(errors="replace")[:300]
                 cls = TransientError if r.status_code >= 500 else DataError
                 raise cls(f"POST {url}/generate: expected 200, got {r.status_code}: {body}")
-            streamed = "text/event-stream" in r.headers.get("content-type", "")
-            if not streamed:
+            if "text/event-stream" not in r.headers.get("content-type", ""):
                 final = json.loads(r.read())
             else:
                 for line in r.iter_lines():
-                    if time.perf_counter() > deadline:
+                    if time.perf_counter() > t0 + timeout_s:
                         raise _too_slow(url, timeout_s, f"no end of stream after {timeout_s} s")
                     line = line.strip()
                     if not line.startswith("data:"):
@@ -99,10 +96,8 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    final = json.loads(data)
-                    chunks += 1
-                    done = (final.get("meta_info") or {}).get("completion_tokens", 0)
-                    if ttft is None and done > 0:
+                    final, chunks = json.loads(data), chunks + 1
+                    if ttft is None and (final.get("meta_info") or {}).get("completion_tokens", 0):
                         ttft = time.perf_counter() - t0
     except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # answering, not within the setting
         raise _too_slow(url, timeout_s, f"{type(e).__name__}") from e
