@@ -61,11 +61,10 @@ def torchrun_command(cfg, conf: Path, data_dir: Path, out_dir: Path, log_dir: Pa
     """The torchrun command line of one launch (see the module docstring)."""
     t = cfg.train
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={t.num_gpus}",
-            "--max-restarts=0", f"--rdzv-conf=join_timeout={math.ceil(t.startup_timeout_s)}",
-            f"--log-dir={log_dir}", "--tee=3",
-            "-m", "eagle3.train.worker", "--config", str(conf), "--data", str(data_dir), "--out",
-            str(out_dir)]
+            f"--nproc-per-node={t.num_gpus}", "--max-restarts=0",
+            f"--rdzv-conf=join_timeout={math.ceil(t.startup_timeout_s)}", f"--log-dir={log_dir}",
+            "--tee=3", "-m", "eagle3.train.worker", "--config", str(conf), "--data", str(data_dir),
+            "--out", str(out_dir)]
 
 
 def rank_logs(launch_dir: Path, world: int) -> dict[int, list[Path]]:

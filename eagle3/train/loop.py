@@ -59,7 +59,7 @@ class Run:
     loss_config: dict | None = None
     # this rank's (ids, host batch) iterator over the rest of the current plan
     stream: object = None
-    stream_at: tuple = ()  # (epoch, micro) the stream was made for
+    stream_epoch: int = -1  # the epoch the stream was made for
     parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
     # called with the step after each optimizer step (the launcher's deadlines)
     heartbeat: Callable | None = None
@@ -81,10 +81,10 @@ class Run:
 
     def next_batch(self) -> tuple[list[int], dict]:
         """The next micro-batch of this rank (read ahead by ``train.loader_workers``)."""
-        if self.stream is None or self.stream_at[0] != self.epoch:
+        if self.stream_epoch != self.epoch:
             self.stream = iter(iterate_micro_batches(self.data, self.rank_batches(), self.device,
                                                      self.t.loader_workers, self.pad_to))
-            self.stream_at = (self.epoch, self.micro)
+            self.stream_epoch = self.epoch
         return next(self.stream)
 
     @property

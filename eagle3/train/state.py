@@ -240,6 +240,7 @@ def truncate_metrics(path: Path, max_step: int) -> None:
 
     if not path.is_file():
         return
+
     def kept(line: str) -> bool:
         try:
             return json.loads(line).get("step", 0) <= max_step

@@ -180,30 +180,28 @@ def _attend(q, keys, values, attention: str, mask, scale: float):
 
 def _first_layer(layer, h, embed_parts, head_dim, cos, sin, cache, attention, mask):
     """speculators' ``Eagle3FirstLayerMixin.forward``, embedding half precomputed."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     a, H = layer.self_attn, h.shape[-1]
     hidden_n = layer.hidden_norm(h)
     residual = hidden_n if layer.norm_before_residual else h
     q, k, v = (_heads(e + F.linear(hidden_n, p.weight[:, H:]), head_dim)
                for e, p in zip(embed_parts, (a.q_proj, a.k_proj, a.v_proj)))
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    return _layer_tail(layer, residual, q, k, v, cache, attention, mask)
+    return _layer_tail(layer, residual, q, k, v, cos, sin, cache, attention, mask)
 
 
 def _plain_layer(layer, h, head_dim, cos, sin, cache, attention, mask):
     """transformers' ``LlamaDecoderLayer.forward`` for one step (draft layers after the first)."""
+    a, x = layer.self_attn, layer.input_layernorm(h)
+    q, k, v = (_heads(p(x), head_dim) for p in (a.q_proj, a.k_proj, a.v_proj))
+    return _layer_tail(layer, h, q, k, v, cos, sin, cache, attention, mask)
+
+
+def _layer_tail(layer, residual, q, k, v, cos, sin, cache, attention, mask):
+    """Rotate q/k, cache this step's keys/values, attend, project, add the residual, then the MLP
+    block."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    a, x = layer.self_attn, layer.input_layernorm(h)
-    q, k = apply_rotary_pos_emb(_heads(a.q_proj(x), head_dim), _heads(a.k_proj(x), head_dim),
-                                cos, sin)
-    return _layer_tail(layer, h, q, k, _heads(a.v_proj(x), head_dim), cache, attention, mask)
-
-
-def _layer_tail(layer, residual, q, k, v, cache, attention, mask):
-    """Cache this step's keys/values, attend, project, add the residual, then the MLP block."""
     # rotated q/k come out in float32 under autocast (float32 cos/sin); SDPA would cast them
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
     cache[0].append(k.to(v.dtype))
     cache[1].append(v)
     a = layer.self_attn
