@@ -24,8 +24,6 @@ from typing import Iterable
 from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions, package_file
 from eagle3.errors import DataError
 
-BUILTIN_SETS = ("mtbench", "gsm8k", "humaneval")
-
 
 def read_jsonl(path: str | Path, opener=open) -> list:
     """The records of a JSON Lines file (blank lines skipped). DataError names the file and line of
@@ -141,7 +139,7 @@ def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
     elif Path(name).is_file():
         pool = file_prompts(name)
     else:
-        raise DataError(f"prompts: expected one of {BUILTIN_SETS} or an existing file, "
+        raise DataError(f"prompts: expected one of {tuple(_LOADERS)} or an existing file, "
                         f"got {name!r}")
     if len(pool) < num_prompts:
         raise DataError(f"prompts {name!r}: {num_prompts} asked, only {len(pool)} available")
