@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import linear_regression
 
 from eagle3.errors import DataError
 from eagle3.measure.acceptance import (MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO,
@@ -84,23 +85,22 @@ class Decision:
         return "\n".join(lines) + "\n"
 
 
-def _slope(ys: list[float]) -> float:
-    """Least-squares slope of ys against 0..n-1 (per evaluation)."""
-    n = len(ys)
-    mx, my = (n - 1) / 2, sum(ys) / n
-    den = sum((i - mx) ** 2 for i in range(n))
-    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / den
-
-
 def _floats(history: dict, key: str) -> list[float]:
     v = history.get(key)
-    if v is None:
-        return []
-    vals = v if isinstance(v, list) else [v]
+    vals = [] if v is None else v if isinstance(v, list) else [v]
     for x in vals:
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
             raise DataError(f"history[{key!r}]: expected finite numbers, got {x!r}")
     return [float(x) for x in vals]
+
+
+def _relative_slope(ys: list[float]) -> float | None:
+    """Least-squares slope of ``ys`` per evaluation / their mean; None with < 2 values or a zero
+    mean ("no signal", not a division by 0)."""
+    mean = abs(sum(ys) / len(ys)) if ys else 0.0
+    if len(ys) < 2 or mean == 0:
+        return None
+    return linear_regression(range(len(ys)), ys).slope / mean
 
 
 def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
@@ -111,49 +111,34 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
     val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
     gaps = _floats(history, "train_val_gap")
     if not gaps and val and train:
-        if len(train) == len(val):
-            gaps = [v - t for v, t in zip(val, train)]
-        else:
-            gaps = [val[-1] - train[-1]]
+        pairs = zip(val, train) if len(train) == len(val) else [(val[-1], train[-1])]
+        gaps = [v - t for v, t in pairs]
     ref = train[-1] if train else (val[-1] if val else 1.0)
-    rel_gaps = [g / abs(ref) if ref else g for g in gaps]
-    w = th.k
-    sig = {"num_evals": len(val), "val_loss_last": val[-1] if val else None,
-           "train_loss_last": train[-1] if train else None,
-           "val_slope_rel": None, "train_slope_rel": None,
-           "gap_rel": rel_gaps[-1] if rel_gaps else None,
-           "gap_growth": (rel_gaps[-1] - rel_gaps[-min(w, len(rel_gaps))]) if len(rel_gaps) >= 2
-               else None,
-           "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens")}
-    if len(val) >= 2:
-        sig["val_slope_rel"] = _relative_slope(val[-w:])
-    if len(train) >= 2:
-        sig["train_slope_rel"] = _relative_slope(train[-w:])
-    return sig
+    rel = [g / abs(ref) if ref else g for g in gaps]
+    return {"num_evals": len(val), "val_loss_last": val[-1] if val else None,
+            "train_loss_last": train[-1] if train else None,
+            "val_slope_rel": _relative_slope(val[-th.k:]),
+            "train_slope_rel": _relative_slope(train[-th.k:]),
+            "gap_rel": rel[-1] if rel else None,
+            "gap_growth": rel[-1] - rel[-min(th.k, len(rel))] if len(rel) >= 2 else None,
+            "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens")}
 
 
-def _relative_slope(tail: list[float]) -> float | None:
-    """Slope of the tail / its mean; None when the mean is 0 ("no signal", not a division by 0)."""
-    mean = abs(sum(tail) / len(tail))
-    return _slope(tail) / mean if mean > 0 else None
-
-
-def history_from_metrics(rows: list[dict], *, epochs: float | None = None, unique_tokens: int
-        | None = None,
-                         val_key: str = "val/loss", train_key: str = "train/loss") -> dict:
+def history_from_metrics(rows: list[dict], *, epochs: float | None = None,
+                         unique_tokens: int | None = None, val_key: str = "val/loss",
+                         train_key: str = "train/loss") -> dict:
     """A :func:`recommend` ``history`` from ``metrics.jsonl`` rows (``{"step", key: value}``):
     ``val_loss`` = ``val_key`` values in step order; ``train_loss`` = per eval, the latest
     ``train_key`` value at or before its step (evals before any are skipped for the gap)."""
-    pts = sorted(((r.get("step", 0), r) for r in rows), key=lambda x: x[0])
     val, train, last_train = [], [], None
-    for _, r in pts:
+    for r in sorted(rows, key=lambda r: r.get("step", 0)):
         if isinstance(r.get(train_key), (int, float)):
             last_train = float(r[train_key])
         if isinstance(r.get(val_key), (int, float)):
             val.append(float(r[val_key]))
             train.append(last_train)
     hist: dict = {"val_loss": val, "epochs": epochs, "unique_tokens": unique_tokens}
-    if train and all(t is not None for t in train):
+    if train and None not in train:
         hist["train_loss"] = train
     elif last_train is not None:
         hist["train_loss"] = last_train
@@ -165,22 +150,13 @@ def read_training_history(train_dir: str | Path) -> dict:
     ``train/loss``, "eval" rows: ``val/loss``); epochs = manifest ``epochs_over_data``, unique
     tokens = ``counts.train_positions``. DataError: no draft manifest, or a bad JSON row (file and
     line named)."""
-    import json
-
     from eagle3.artifacts import read_manifest
+    from eagle3.measure.prompts import read_jsonl
 
-    d = Path(train_dir)
-    manifest = read_manifest(d)
-    rows, path = [], d / "metrics.jsonl"
-    if path.is_file():
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: expected a JSON object per line, got "
-                                    f"{line[:80]!r} ({e})") from e
-    return history_from_metrics(rows, epochs=manifest.get("epochs_over_data"),
+    manifest = read_manifest(train_dir)
+    path = Path(train_dir) / "metrics.jsonl"
+    return history_from_metrics(read_jsonl(path) if path.is_file() else [],
+                                epochs=manifest.get("epochs_over_data"),
                                 unique_tokens=(manifest.get("counts") or {}).get("train_positions"))
 
 
@@ -220,9 +196,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     if serving is not None:
         return serving
     s = training_signals(history, th)
-    ev = {**{k: v for k, v in s.items() if v is not None},
-          **{k: acceptance[k] for k in ("served", "offline", "simulated", "target")
-              if acceptance.get(k) is not None}}
+    ev = {k: v for k, v in {**s, **{k: acceptance.get(k) for k in
+          ("served", "offline", "simulated", "target")}}.items() if v is not None}
     served, target = acceptance.get("served"), acceptance.get("target")
     vs, ts, gap, growth, epochs = (s["val_slope_rel"], s["train_slope_rel"], s["gap_rel"],
                                    s["gap_growth"], s["epochs"])
@@ -230,14 +205,12 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     if served is not None and target is not None and served >= target:
         return Decision("stop", "target_reached",
                         [f"served acceptance {served:.3f} ≥ target {target:.3f}"], ev)
-    prev = [float(x) for x in acceptance.get("history") or []]
-    if served is not None and prev and val_flat:
-        last = prev[-1]
-        if abs(served - last) < th.plateau_rel * last:
-            return Decision("stop", "acceptance_plateau", [
-                f"served acceptance {served:.3f} within {th.plateau_rel:.0%} of the previous "
-                f"{last:.3f} and validation loss flat (slope {vs:+.2%}/eval): more of the same "
-                f"will not pay"], ev)
+    last = float((acceptance.get("history") or [math.nan])[-1])  # NaN: no earlier figure
+    if served is not None and val_flat and abs(served - last) < th.plateau_rel * last:
+        return Decision("stop", "acceptance_plateau", [
+            f"served acceptance {served:.3f} within {th.plateau_rel:.0%} of the previous "
+            f"{last:.3f} and validation loss flat (slope {vs:+.2%}/eval): more of the same "
+            "will not pay"], ev)
     high_epochs = epochs is not None and epochs >= th.high_epochs
     if vs is None:
         reason = "fewer than 2 evaluations: no validation-loss trend; evaluate more often"
@@ -246,9 +219,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
                             [reason, f"{epochs:g} epochs ≥ {th.high_epochs:g}"], ev, "low")
         return Decision("more evidence needed", "too_few_evaluations", [
             reason, f"{s['num_evals']} validation loss value(s) decide neither way: set "
-                    "train.eval_every so that training evaluates at least twice (more is better: "
-            "the trend is fitted over the last "
-            f"{th.k})"], ev, "low")
+            "train.eval_every so that training evaluates at least twice (more is better: the "
+            f"trend is fitted over the last {th.k})"], ev, "low")
     gap_ok = gap is None or gap < th.gap_max
     growing = growth is not None and growth > th.gap_growth and gap is not None and gap > 0
     if vs < -th.slope_eps and gap_ok and not growing and not high_epochs:
@@ -257,11 +229,13 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
             f"{min(th.k, s['num_evals'])} evals (threshold −{th.slope_eps:.1%})",
             f"train/val gap {0.0 if gap is None else gap:.1%} < {th.gap_max:.0%} and not growing; "
             f"{'unknown' if epochs is None else f'{epochs:g}'} epochs < {th.high_epochs:g}"], ev)
+    memorising = growing or not gap_ok
+    diverging = val_flat and ts is not None and ts < -th.slope_eps
     reasons = []
-    if growing or not gap_ok:
+    if memorising:
         reasons.append(f"train/val gap {gap:.1%} (growth {0.0 if growth is None else growth:+.1%} "
                        "over the window): the draft is memorising its data")
-    if val_flat and ts is not None and ts < -th.slope_eps:
+    if diverging:
         reasons.append(f"validation loss flat/rising ({vs:+.2%}/eval) while train loss falls "
                        f"({ts:+.2%}/eval)")
     if high_epochs:
@@ -271,9 +245,8 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
                        f"{'n/a' if ts is None else f'{ts:+.2%}'}/eval): the schedule is exhausted")
     if s["unique_tokens"] is not None:
         reasons.append(f"{s['unique_tokens']:,} unique training tokens")
-    rule = "overfitting" if (growing or not gap_ok
-        or (val_flat and ts is not None and ts < -th.slope_eps)) \
-        else ("high_epochs" if high_epochs else "losses_flat")
+    rule = ("overfitting" if memorising or diverging
+            else "high_epochs" if high_epochs else "losses_flat")
     return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
 
 
@@ -281,18 +254,19 @@ def _variant(r: dict) -> str:
     return r.get("data") or "as-is"
 
 
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def _data_gain(results: list[dict]) -> float | None:
     """Mean least-squares acceptance gain per doubling of unique tokens (lines with ≥ 2 sizes)."""
     gains = []
     for line in dict.fromkeys((_variant(r), r["schedule"]) for r in results):
-        pts = [(math.log2(r["unique_tokens"]), r["acceptance_length"]) for r in results
-               if (_variant(r), r["schedule"]) == line]
-        if len({x for x, _ in pts}) >= 2:
-            mx = sum(x for x, _ in pts) / len(pts)
-            my = sum(y for _, y in pts) / len(pts)
-            gains.append(sum((x - mx) * (y - my) for x, y in pts)
-                / sum((x - mx) ** 2 for x, _ in pts))
-    return sum(gains) / len(gains) if gains else None
+        sel = [r for r in results if (_variant(r), r["schedule"]) == line]
+        xs = [math.log2(r["unique_tokens"]) for r in sel]
+        if len(set(xs)) >= 2:
+            gains.append(linear_regression(xs, [r["acceptance_length"] for r in sel]).slope)
+    return _mean(gains)
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
@@ -304,27 +278,25 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
         if len(sel) >= 2 and sel[0]["schedule"] != sel[-1]["schedule"]:
             gains.append(sel[-1]["acceptance_length"] - sel[0]["acceptance_length"])
             longest = sel[-1]["schedule"]
-    return (sum(gains) / len(gains) if gains else None), longest
+    return _mean(gains), longest
 
 
 def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
     """(gain, name) of the best other data variant over the first, at equal size and schedule."""
     variants = list(dict.fromkeys(_variant(r) for r in results))
-    if len(variants) < 2:
-        return None, None
-    base = {(r["data_size"], r["schedule"]): r["acceptance_length"] for r in results if _variant(r)
-        == variants[0]}
+    cell = lambda r: (r["data_size"], r["schedule"])  # noqa: E731
+    base = {cell(r): r["acceptance_length"] for r in results if _variant(r) == variants[0]}
     best = (None, None)
     for v in variants[1:]:
-        diffs = [r["acceptance_length"] - base[(r["data_size"], r["schedule"])] for r in results
-                 if _variant(r) == v and (r["data_size"], r["schedule"]) in base]
-        if diffs and (best[0] is None or sum(diffs) / len(diffs) > best[0]):
-            best = (sum(diffs) / len(diffs), v)
+        gain = _mean([r["acceptance_length"] - base[cell(r)] for r in results
+                      if _variant(r) == v and cell(r) in base])
+        if gain is not None and (best[0] is None or gain > best[0]):
+            best = (gain, v)
     return best
 
 
-def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, target: float
-        | None = None, thresholds: Thresholds | None = None) -> Decision:
+def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
+                   target: float | None = None, thresholds: Thresholds | None = None) -> Decision:
     """The decision over a sweep of data variants × sizes × schedules, plus the data-scaling plot.
 
     ``results``: per run ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
@@ -339,7 +311,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
         raise DataError("sweep_decision: expected at least one result, got none")
     for i, r in enumerate(results):
         missing = [k for k in ("data_size", "schedule", "unique_tokens", "acceptance_length")
-            if r.get(k) is None]
+                   if r.get(k) is None]
         if missing:
             raise DataError(f"sweep_decision: results[{i}] lacks {missing} (keys: {sorted(r)})")
     ev: dict = {"runs": len(results)}
@@ -361,18 +333,16 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
     if target is not None and best["acceptance_length"] >= target:
         return Decision("stop", "target_reached",
                         [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
-    dg = _data_gain(results)
-    sg, longest = _schedule_gain(results)
-    vg, variant = _variant_gain(results)
+    dg, (sg, longest), (vg, variant) = (_data_gain(results), _schedule_gain(results),
+                                        _variant_gain(results))
     ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest,
               data_variant_gain=vg, data_variant=variant)
-    fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")
+    fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")  # noqa: E731
     lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
              f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
              f"data: {fmt(sg)}",
              f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal size "
-             "and schedule: "
-             f"{fmt(vg)}",
+             f"and schedule: {fmt(vg)}",
              f"best run: {_variant(best)}, {best['data_size']} conversations, {best['schedule']}: "
              f"{best['acceptance_length']:.3f}"]
     levers = [("more data", "data_gain_dominates", dg),
@@ -386,17 +356,16 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None, 
             "second size, a longer schedule or a regenerated data set"], ev, "low")
     lever, rule, gain = max(known, key=lambda lv: lv[2])
     if gain < th.min_gain:
-        return Decision("stop", "sweep_plateau", lines
-            + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
+        return Decision("stop", "sweep_plateau",
+                        lines + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
     what = {"data_gain_dominates": "more data", "schedule_gain_dominates": "a longer schedule",
-            "data_variant_gain_dominates": f"data variant {variant}" if variant
-                else "another data variant"}
+            "data_variant_gain_dominates":
+                f"data variant {variant}" if variant else "another data variant"}
     unmeasured = [what[r] for _, r, g in levers if g is None]
     if not unmeasured:
-        return Decision(lever, rule, lines
-            + [f"{what[rule]} raised acceptance more than the other levers did"], ev)
-    # one lever measured and paying is a recommendation, not a comparison: the others were not
-    # weighed
+        return Decision(lever, rule, lines + [
+            f"{what[rule]} raised acceptance more than the other levers did"], ev)
+    # one lever measured and paying is a recommendation, not a comparison
     return Decision(lever, rule, lines + [
         f"{what[rule]} raised acceptance by {gain:+.3f}; not measured in this sweep: "
         f"{', '.join(unmeasured)} — this recommendation does not weigh them"], ev, "medium")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,16 +58,14 @@ class RequestAcceptance:
         """The server's count, else completion_tokens - 1 - verify_ct (>= 0)."""
         if not self.verify_ct:
             return None
-        if self.accepted_drafts is not None:
-            return self.accepted_drafts
-        return max(self.completion_tokens - 1 - self.verify_ct, 0)
+        return (self.accepted_drafts if self.accepted_drafts is not None
+                else max(self.completion_tokens - 1 - self.verify_ct, 0))
 
     @property
     def acceptance_length(self) -> float | None:
         """1 + accepted drafts / verify_ct (module docstring); None without speculation."""
-        if not self.verify_ct:
-            return None
-        return exact_acceptance_length(self.accepted_or_derived, self.verify_ct)
+        return (exact_acceptance_length(self.accepted_or_derived, self.verify_ct)
+                if self.verify_ct else None)
 
     @property
     def sglang_accept_length(self) -> float | None:
@@ -83,44 +82,33 @@ class RequestAcceptance:
         return None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["acceptance_length"] = self.acceptance_length
-        d["acceptance_length_sglang"] = self.sglang_accept_length
-        d["acceptance_rate"] = self.acceptance_rate
-        return d
+        return {**asdict(self), "acceptance_length": self.acceptance_length,
+                "acceptance_length_sglang": self.sglang_accept_length,
+                "acceptance_rate": self.acceptance_rate}
 
 
-def _int_field(meta: dict, key: str, required: bool = False) -> int | None:
+def _number(meta: dict, key: str, integer: bool) -> float | int | None:
+    """``meta[key]`` as an int >= 0 (``integer``) or a finite float; None when absent. DataError
+    names the key and the value otherwise."""
     value = meta.get(key)
     if value is None:
-        if required:
-            raise DataError(f"meta_info: key {key!r} expected (an int >= 0), got it missing; keys: "
-                            f"{sorted(meta)}")
         return None
-    if isinstance(value, bool) or not isinstance(value,
-                                                 (int, float)) or value < 0 or value != int(value):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if integer and not (ok and value >= 0 and value == int(value)):
         raise DataError(f"meta_info[{key!r}]: expected an int >= 0, got {value!r}")
-    return int(value)
-
-
-def _float_field(meta: dict, key: str) -> float | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not ok:
         raise DataError(f"meta_info[{key!r}]: expected a finite number, got {value!r}")
-    return float(value)
+    return int(value) if integer else float(value)
 
 
 def _histogram(meta: dict) -> list[int] | None:
-    for key in HISTOGRAM_KEYS:
-        value = meta.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
-            raise DataError(f"meta_info[{key!r}]: expected a list of ints >= 0, got {value!r}")
-        return list(value)
-    return None
+    key = next((k for k in HISTOGRAM_KEYS if meta.get(k) is not None), None)
+    if key is None:
+        return None
+    value = meta[key]
+    if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
+        raise DataError(f"meta_info[{key!r}]: expected a list of ints >= 0, got {value!r}")
+    return list(value)
 
 
 def parse_meta_info(meta: dict) -> RequestAcceptance:
@@ -129,16 +117,19 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
     non-mapping, missing ``completion_tokens`` or a wrongly typed field (key and value named)."""
     if not isinstance(meta, dict):
         raise DataError(f"meta_info: expected a JSON object, got {type(meta).__name__}")
-    completion = _int_field(meta, "completion_tokens", required=True)
-    rec = RequestAcceptance(completion_tokens=completion)
-    rec.verify_ct = _int_field(meta, "spec_verify_ct")
-    rec.histogram = _histogram(meta)
-    rec.server_accept_length = _float_field(meta, "spec_accept_length")
-    rec.server_accept_rate = _float_field(meta, "spec_accept_rate")
-    correct = _int_field(meta, "spec_num_correct_drafts")
-    proposed = _int_field(meta, "spec_num_proposed_drafts")
-    mid_accept = _int_field(meta, "spec_accept_token_num")
-    mid_draft = _int_field(meta, "spec_draft_token_num")
+    if meta.get("completion_tokens") is None:
+        raise DataError("meta_info: key 'completion_tokens' expected (an int >= 0), got it "
+                        f"missing; keys: {sorted(meta)}")
+    n = {k: _number(meta, k, True) for k in (
+        "completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
+        "spec_num_proposed_drafts", "spec_accept_token_num", "spec_draft_token_num")}
+    completion = n["completion_tokens"]
+    rec = RequestAcceptance(completion_tokens=completion, verify_ct=n["spec_verify_ct"],
+                            histogram=_histogram(meta),
+                            server_accept_length=_number(meta, "spec_accept_length", False),
+                            server_accept_rate=_number(meta, "spec_accept_rate", False))
+    correct, proposed = n["spec_num_correct_drafts"], n["spec_num_proposed_drafts"]
+    mid_accept, mid_draft = n["spec_accept_token_num"], n["spec_draft_token_num"]
     if correct is not None or rec.server_accept_length is not None:
         rec.generation = f"sglang-{VERSION}"
         rec.accepted_drafts, rec.proposed_drafts = correct, proposed
@@ -168,18 +159,12 @@ def parse_meta_info(meta: dict) -> RequestAcceptance:
 def per_position_from_histogram(histogram: list[int]) -> list[float]:
     """P(draft k accepted), k = 1..len(h)-1: ``sum_{j>=k} h[j] / sum(h)`` (chain); [] when empty."""
     total = sum(histogram)
-    if total <= 0:
-        return []
-    return [sum(histogram[k:]) / total for k in range(1, len(histogram))]
+    return [sum(histogram[k:]) / total for k in range(1, len(histogram))] if total > 0 else []
 
 
-def _sum_histograms(hists: list[list[int]]) -> list[int]:
-    width = max((len(h) for h in hists), default=0)
-    out = [0] * width
-    for h in hists:
-        for j, n in enumerate(h):
-            out[j] += n
-    return out
+def sum_lists(lists: list[list[int]]) -> list[int]:
+    """Element-wise sums of lists of unequal lengths (missing entries count 0)."""
+    return [sum(col) for col in zip_longest(*lists, fillvalue=0)]
 
 
 def aggregate(records: list[RequestAcceptance]) -> dict:
@@ -188,32 +173,25 @@ def aggregate(records: list[RequestAcceptance]) -> dict:
     ``acceptance_rate`` (None when unknown), ``mean_request_acceptance_length`` (unweighted),
     ``per_position`` (summed histograms), ``histogram``, counts and the ``generations`` seen."""
     spec = [r for r in records if r.verify_ct]
-    total_tokens = sum(r.completion_tokens for r in spec)
     total_verify = sum(r.verify_ct for r in spec)
     with_rate = [r for r in spec if r.accepted_drafts is not None and r.proposed_drafts]
-    hists = [r.histogram for r in spec if r.histogram]
-    hist = _sum_histograms(hists)
-    lengths = [r.acceptance_length for r in spec]
+    hist = sum_lists([r.histogram for r in spec if r.histogram])
     rate = None
     if with_rate:
         rate = sum(r.accepted_drafts for r in with_rate) / sum(r.proposed_drafts for r in with_rate)
     elif spec and all(r.server_accept_rate is not None for r in spec):
         rate = sum(r.server_accept_rate * r.verify_ct for r in spec) / total_verify
-    total_accepted = sum(r.accepted_or_derived for r in spec)
-    return {
-        "acceptance_length":
-            exact_acceptance_length(total_accepted, total_verify) if total_verify else None,
-        "acceptance_length_sglang": (total_tokens / total_verify) if total_verify else None,
-        "acceptance_rate": rate,
-        "mean_request_acceptance_length": (sum(lengths) / len(lengths)) if lengths else None,
-        "per_position": per_position_from_histogram(hist) if hist else [],
-        "histogram": hist,
-        "num_requests": len(records),
-        "num_speculative_requests": len(spec),
-        "completion_tokens": sum(r.completion_tokens for r in records),
-        "verify_ct": total_verify,
-        "generations": sorted({r.generation for r in records}),
-    }
+    return {"acceptance_length": exact_acceptance_length(
+                sum(r.accepted_or_derived for r in spec), total_verify) if spec else None,
+            "acceptance_length_sglang":
+                sum(r.completion_tokens for r in spec) / total_verify if spec else None,
+            "acceptance_rate": rate,
+            "mean_request_acceptance_length":
+                sum(r.acceptance_length for r in spec) / len(spec) if spec else None,
+            "per_position": per_position_from_histogram(hist), "histogram": hist,
+            "num_requests": len(records), "num_speculative_requests": len(spec),
+            "completion_tokens": sum(r.completion_tokens for r in records),
+            "verify_ct": total_verify, "generations": sorted({r.generation for r in records})}
 
 
 def parse_server_info(info: Any) -> dict:
@@ -224,14 +202,12 @@ def parse_server_info(info: Any) -> dict:
     if not isinstance(states, list):
         raise DataError("server_info['internal_states']: expected a list, got "
                         f"{type(states).__name__}")
-    values = []
-    for i, st in enumerate(states):
-        v = st.get("avg_spec_accept_length") if isinstance(st, dict) else None
-        if v is not None:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise DataError(f"server_info internal_states[{i}].avg_spec_accept_length: "
-                                f"expected a number, got {v!r}")
-            values.append(float(v))
+    values = [st.get("avg_spec_accept_length") if isinstance(st, dict) else None for st in states]
+    for i, v in enumerate(values):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise DataError(f"server_info internal_states[{i}].avg_spec_accept_length: "
+                            f"expected a number, got {v!r}")
+    values = [float(v) for v in values if v is not None]
     return {"avg_spec_accept_length": (sum(values) / len(values)) if values else None,
             "per_dp": values}
 
@@ -248,23 +224,13 @@ def parse_prometheus(text: str) -> dict:
     try:
         for fam in text_string_to_metric_families(text):
             key = wanted.get(fam.name) or wanted.get(fam.name.removesuffix("_total"))
-            if key is None:
-                continue
-            for s in fam.samples:
-                if s.name.endswith("_created"):
-                    continue
-                acc[key].append(float(s.value))
+            if key is not None:
+                acc[key] += [float(s.value) for s in fam.samples
+                             if not s.name.endswith("_created")]
     except ValueError as e:
         raise DataError(f"/metrics: not Prometheus text format ({e})") from e
-    out: dict[str, float | None] = {}
-    for key, vals in acc.items():
-        if not vals:
-            out[key] = None
-        elif key.endswith("_total"):
-            out[key] = sum(vals)
-        else:
-            out[key] = sum(vals) / len(vals)
-    return out
+    return {key: None if not vals else sum(vals) / (1 if key.endswith("_total") else len(vals))
+            for key, vals in acc.items()}
 
 
 def server_window(before: dict, after: dict) -> dict:
@@ -272,20 +238,21 @@ def server_window(before: dict, after: dict) -> dict:
     "metrics"}``: (1) Δgeneration_tokens_total / Δspec_verify_calls_total; (2) else
     ``avg_spec_accept_length`` if no spec traffic before; (3) else that ratio after, flagged not
     differenced. Returns ``{"server_acceptance_length", "method", ...}``."""
-    m0, m1 = (before or {}).get("metrics") or {}, (after or {}).get("metrics") or {}
-    g0, g1 = m0.get("generation_tokens_total"), m1.get("generation_tokens_total")
-    v0, v1 = m0.get("spec_verify_calls_total"), m1.get("spec_verify_calls_total")
+    before, after = before or {}, after or {}
+    m0, m1 = before.get("metrics") or {}, after.get("metrics") or {}
+    g1, v1 = m1.get("generation_tokens_total"), m1.get("spec_verify_calls_total")
     if None not in (g1, v1):
-        dg, dv = g1 - (g0 or 0.0), v1 - (v0 or 0.0)
+        dg = g1 - (m0.get("generation_tokens_total") or 0.0)
+        dv = v1 - (m0.get("spec_verify_calls_total") or 0.0)
         if dv > 0:
             return {"server_acceptance_length": dg / dv, "method": "prometheus_counter_difference",
                     "delta_generation_tokens": dg, "delta_verify_calls": dv}
-    s0 = ((before or {}).get("server_info") or {}).get("avg_spec_accept_length")
-    s1 = ((after or {}).get("server_info") or {}).get("avg_spec_accept_length")
+    s0 = (before.get("server_info") or {}).get("avg_spec_accept_length")
+    s1 = (after.get("server_info") or {}).get("avg_spec_accept_length")
     if s1 is None:
-        gauge = m1.get("spec_accept_length")
-        if gauge is not None:
-            return {"server_acceptance_length": gauge, "method": "prometheus_gauge_last_interval"}
+        if m1.get("spec_accept_length") is not None:
+            return {"server_acceptance_length": m1["spec_accept_length"],
+                    "method": "prometheus_gauge_last_interval"}
         return {"server_acceptance_length": None, "method": "unavailable",
                 "reason": "no avg_spec_accept_length in server_info and no spec counters in "
                           "/metrics"}

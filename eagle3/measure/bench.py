@@ -32,10 +32,8 @@ from eagle3.measure.prompts import encode_prompts, load_prompts
 
 def _percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in [0, 100]) of ``values``; None for an empty list."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
+    if len(values) < 2:
+        return values[0] if values else None
     cuts = statistics.quantiles(values, n=100, method="inclusive")
     return cuts[min(max(int(round(q)) - 1, 0), 98)]
 
@@ -46,10 +44,8 @@ def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) 
         r = client.get(url + path)
     except httpx.TransportError as e:
         raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
-    if r.status_code != 200:
-        return None
-    if not as_json:
-        return r.text
+    if r.status_code != 200 or not as_json:
+        return r.text if r.status_code == 200 else None
     try:
         return r.json()
     except json.JSONDecodeError:
@@ -59,16 +55,13 @@ def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
     """``{"server_info", "metrics", "raw_info"}`` (None where absent) from ``/get_server_info`` (or
     ``/server_info``) and ``/metrics`` (``--enable-metrics``). TransientError if unreachable."""
-    info = _get_json_or_text(client, url, "/get_server_info", True)
-    if info is None:
-        info = _get_json_or_text(client, url, "/server_info", True)
+    info = (_get_json_or_text(client, url, "/get_server_info", True)
+            or _get_json_or_text(client, url, "/server_info", True))
     text = _get_json_or_text(client, url, "/metrics", False)
-    metrics = None
-    if text:
-        try:
-            metrics = parse_prometheus(text)
-        except DataError:
-            metrics = None
+    try:
+        metrics = parse_prometheus(text) if text else None
+    except DataError:
+        metrics = None
     info = info if isinstance(info, dict) else None
     return {"server_info": parse_server_info(info) if info else None, "metrics": metrics,
             "raw_info": info}
@@ -84,21 +77,18 @@ def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
 
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:
     """One ``POST /generate``: body + timings (s). Transient/Config (timeout)/DataError."""
-    t0 = time.perf_counter()
-    deadline = t0 + timeout_s
-    ttft, final, chunks = None, None, 0
+    t0, ttft, final, chunks = time.perf_counter(), None, None, 0
     try:
         with client.stream("POST", url + "/generate", json=payload) as r:
             if r.status_code >= 400:
                 body = r.read().decode(errors="replace")[:300]
                 cls = TransientError if r.status_code >= 500 else DataError
                 raise cls(f"POST {url}/generate: expected 200, got {r.status_code}: {body}")
-            streamed = "text/event-stream" in r.headers.get("content-type", "")
-            if not streamed:
+            if "text/event-stream" not in r.headers.get("content-type", ""):
                 final = json.loads(r.read())
             else:
                 for line in r.iter_lines():
-                    if time.perf_counter() > deadline:
+                    if time.perf_counter() > t0 + timeout_s:
                         raise _too_slow(url, timeout_s, f"no end of stream after {timeout_s} s")
                     line = line.strip()
                     if not line.startswith("data:"):
@@ -106,10 +96,8 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    final = json.loads(data)
-                    chunks += 1
-                    done = (final.get("meta_info") or {}).get("completion_tokens", 0)
-                    if ttft is None and done > 0:
+                    final, chunks = json.loads(data), chunks + 1
+                    if ttft is None and (final.get("meta_info") or {}).get("completion_tokens", 0):
                         ttft = time.perf_counter() - t0
     except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # answering, not within the setting
         raise _too_slow(url, timeout_s, f"{type(e).__name__}") from e
@@ -131,11 +119,8 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
     from transformers import AutoTokenizer
 
     if tokenizer_dir is None and info:
-        for key in ("tokenizer_path", "model_path"):
-            cand = info.get(key)
-            if cand and Path(cand).is_dir():
-                tokenizer_dir = cand
-                break
+        tokenizer_dir = next((info[k] for k in ("tokenizer_path", "model_path")
+                              if info.get(k) and Path(info[k]).is_dir()), None)
     if tokenizer_dir is None:
         where = (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
         raise ConfigError("bench: tokenizer_dir (--tokenizer) is needed to apply the target's chat "
@@ -147,30 +132,30 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir)), str(tokenizer_dir)
 
 
-def _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
-                  on_request_done=None) -> tuple[list[dict], float]:
-    """All prompts, ``concurrency`` at once: ``(rows, wall s)``; ``on_request_done(row)``."""
+def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
+             on_request_done=None) -> dict:
+    """All prompts, ``concurrency`` at once, between two server snapshots: ``{"rows", "wall_s",
+    "window" (:func:`server_window`), "info"}``; ``on_request_done(row)`` after each request."""
     def one(i: int) -> dict:
         payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
         out = _post_generate(client, url, payload, timeout_s)
         meta = out["body"]["meta_info"]
         acc = parse_meta_info(meta)
-        return {"id": prompts[i]["id"], "category": prompts[i]["category"],
-                "prompt_tokens": len(ids[i]), "latency_s": out["latency_s"],
-                "ttft_s": out["ttft_s"], "streamed": out["streamed"],
-                "text": out["body"].get("text"), "finish_reason": meta.get("finish_reason"),
-                **acc.to_dict(), "_acc": acc}
-
-    def one_and_report(i: int) -> dict:
-        row = one(i)
+        row = {"id": prompts[i]["id"], "category": prompts[i]["category"],
+               "prompt_tokens": len(ids[i]), "latency_s": out["latency_s"],
+               "ttft_s": out["ttft_s"], "streamed": out["streamed"],
+               "text": out["body"].get("text"), "finish_reason": meta.get("finish_reason"),
+               **acc.to_dict(), "_acc": acc}
         if on_request_done is not None:
             on_request_done(row)
         return row
 
-    t0 = time.perf_counter()
+    before, t0 = snapshot_server(client, url), time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        rows = list(pool.map(one_and_report, range(len(prompts))))
-    return rows, time.perf_counter() - t0
+        rows = list(pool.map(one, range(len(prompts))))
+    wall, after = time.perf_counter() - t0, snapshot_server(client, url)
+    return {"rows": rows, "wall_s": wall, "window": server_window(before, after),
+            "info": after["raw_info"]}
 
 
 def _timing_summary(rows: list[dict], wall_s: float) -> dict:
@@ -184,16 +169,6 @@ def _timing_summary(rows: list[dict], wall_s: float) -> dict:
     if out["ttft_p50_s"] is None:
         out["ttft_reason"] = "server did not stream /generate; time to first token not measurable"
     return out
-
-
-def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
-             on_request_done=None) -> dict:
-    before = snapshot_server(client, url)
-    rows, wall = _run_requests(client, url, prompts, ids, sampling, concurrency, timeout_s,
-                               on_request_done)
-    after = snapshot_server(client, url)
-    return {"rows": rows, "wall_s": wall, "window": server_window(before, after),
-            "info": after["raw_info"]}
 
 
 def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENCH_NUM_PROMPTS,
@@ -256,12 +231,10 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
         per_category[cat] = {k: agg[k] for k in ("acceptance_length", "acceptance_rate",
                                                  "num_requests", "completion_tokens", "verify_ct")}
     timing = _timing_summary(rows, main["wall_s"])
-    summary = {"acceptance_length": overall["acceptance_length"],
-               "acceptance_length_sglang": overall["acceptance_length_sglang"],
-               "acceptance_rate": overall["acceptance_rate"],
-               "mean_request_acceptance_length": overall["mean_request_acceptance_length"],
-               "num_prompts": len(rows),
-               "num_speculative_requests": overall["num_speculative_requests"], **timing,
+    summary = {**{k: overall[k] for k in ("acceptance_length", "acceptance_length_sglang",
+                                          "acceptance_rate", "mean_request_acceptance_length",
+                                          "num_speculative_requests")},
+               "num_prompts": len(rows), **timing,
                "server_acceptance_length": main["window"].get("server_acceptance_length"),
                "server_acceptance_method": main["window"].get("method"),
                "field_generations": overall["generations"], "speedup": None}
@@ -310,7 +283,7 @@ def acceptance_verdict(served: float | None, offline: float | None, minimum: flo
     when ``offline.unlike_served`` says the settings differ."""
     if served is not None and served >= minimum:
         return None
-    got = "none (no speculative fields)" if served is None else f"{served:.3f}"
+    got = f"{served:.3f}" if served is not None else "none (no speculative fields)"
     head = f"served acceptance length {got} < minimum {minimum:.3f}"
     if offline is not None and unlike_served:
         return f"{head}; offline (in-process) {offline:.3f} not compared: {unlike_served}"

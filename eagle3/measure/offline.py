@@ -17,7 +17,8 @@ import torch
 
 from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS
 from eagle3.errors import ConfigError, DataError
-from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION, exact_acceptance_length
+from eagle3.measure.acceptance import (ACCEPTANCE_CONVENTION, exact_acceptance_length,
+                                       sum_lists)
 from eagle3.measure.prompts import encode_prompts, load_conversations, load_prompts
 from eagle3.measure.replay import (Request, capture_indices, check_lengths, generate_requests,
                                    greedy_continuations, replay_requests)
@@ -31,12 +32,11 @@ GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate"
 
 def unlike_served(temperature: float, topk: int = 1) -> str | None:
     """Why greedy chain does not predict a bench at ``temperature``/``topk``, or None."""
-    why = ([f"temperature {temperature:g} (sampling)"] if temperature >= 1e-6 else []) + \
-        ([f"speculative_eagle_topk {topk} (tree drafting)"] if topk > 1 else [])
-    if not why:
-        return None
-    return (f"the offline figure is greedy chain decoding (temperature 0, topk 1) and the bench "
-            f"serves with {' and '.join(why)}: reported beside the served figure, not compared")
+    why = [w for w, on in ((f"temperature {temperature:g} (sampling)", temperature >= 1e-6),
+                           (f"speculative_eagle_topk {topk} (tree drafting)", topk > 1)) if on]
+    return None if not why else (
+        "the offline figure is greedy chain decoding (temperature 0, topk 1) and the bench serves "
+        f"with {' and '.join(why)}: reported beside the served figure, not compared")
 
 
 def _load(target_dir, drafts: Mapping, dtype: str, device: str):
@@ -124,25 +124,18 @@ def offline_row(prompt: dict, res) -> dict:
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
     """Pooled rows: token-weighted length, rate, per position/category, histogram, ``wall_s``."""
     total_v = sum(r["verify_ct"] for r in rows)
-    width = max((len(r["accepted_per_position"]) for r in rows), default=0)
-    accepted = [sum(r["accepted_per_position"][k] for r in rows
-                    if k < len(r["accepted_per_position"])) for k in range(width)]
+    accepted = sum_lists([r["accepted_per_position"] for r in rows])
     proposed = [r["num_draft_tokens"] for r in rows]
-    hist = [sum(r["histogram"][j] for r in rows if j < len(r["histogram"]))
-            for j in range(max((len(r["histogram"]) for r in rows), default=0))]
-    per_cat = {}
-    for cat in dict.fromkeys(r["category"] for r in rows):
-        sel = [r for r in rows if r["category"] == cat]
-        per_cat[cat] = {"acceptance_length": exact_acceptance_length(
-                            sum(sum(r["accepted_per_position"]) for r in sel),
-                            sum(r["verify_ct"] for r in sel)),
-                        "num_requests": len(sel)}
+    per_cat = {cat: {"acceptance_length": exact_acceptance_length(
+                         sum(sum(r["accepted_per_position"]) for r in sel),
+                         sum(r["verify_ct"] for r in sel)), "num_requests": len(sel)}
+               for cat, sel in _by(rows, lambda r: r["category"]).items()}
     rate = (sum(accepted) / sum(proposed)) if None not in proposed and sum(proposed) else None
     return {"acceptance_length": exact_acceptance_length(sum(accepted), total_v),
             "acceptance_length_sglang": sum(r["completion_tokens"] for r in rows) / total_v,
             "acceptance_rate": rate, "per_position": [a / total_v for a in accepted],
-            "histogram": hist, "per_category": per_cat, "per_request": rows, "wall_s": wall_s,
-            "settings": settings}
+            "histogram": sum_lists([r["histogram"] for r in rows]), "per_category": per_cat,
+            "per_request": rows, "wall_s": wall_s, "settings": settings}
 
 
 # --- many drafts on whole prompt sets ---
@@ -165,13 +158,17 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
         if not (Path(d) / "config.json").is_file():
             raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder with "
                               "config.json, found none")
-        if "speculators_model_type" in _json_or_empty(Path(d) / "config.json"):
+        try:
+            conf = json.loads((Path(d) / "config.json").read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            conf = {}  # the loader reports an unreadable config
+        if isinstance(conf, dict) and "speculators_model_type" in conf:
             raise ConfigError(f"draft {name!r}: {d}: expected an SGLang draft folder, got a "
                               f"speculators training checkpoint; convert it first: eagle3 convert "
                               f"{d} DST --to sglang")
     for label, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_steps", num_steps, 1),
-                              ("batch_size", batch_size, 1),
-                              ("check_against_decoder", check_against_decoder, 0)):
+                              ("batch_size", batch_size, 1), ("check_against_decoder",
+                                                              check_against_decoder, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"{label}: expected an integer >= {low}, got {value!r}")
     if check_against_decoder and make_decoder is None:
@@ -187,15 +184,6 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
     if not prompt_sets or len(set(prompt_sets)) != len(prompt_sets):
         raise ConfigError(f"prompt_sets: expected distinct set names, got {list(prompt_sets)}")
     return {s: load_conversations(s) for s in prompt_sets}
-
-
-def _json_or_empty(path: Path) -> dict:
-    """A JSON object file's content, else ``{}`` (the loader reports that case)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _group(rows: list[dict], resamples: int, seed: int) -> dict:
@@ -218,24 +206,17 @@ def _by(rows: list[dict], key) -> dict[str, list[dict]]:
 def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
     """:func:`_group` overall, per set, category, turn and category × turn (``"turn1"``...)."""
     g = lambda sel: _group(sel, resamples, seed)  # noqa: E731
-    turn = lambda r: f"turn{r['turn']}"  # noqa: E731
+    turn, cat = (lambda r: f"turn{r['turn']}"), (lambda r: r["category"])  # noqa: E731
     out = {"overall": g(rows), "per_set": {}, "per_category": {}, "per_turn": {},
            "per_category_turn": {}}
     for name, sel in _by(rows, lambda r: r["set"]).items():
         out["per_set"][name] = g(sel)
-        out["per_category"][name] = {c: g(x) for c, x in _by(sel, lambda r: r["category"]).items()}
+        out["per_category"][name] = {c: g(x) for c, x in _by(sel, cat).items()}
         if len({r["turn"] for r in sel}) > 1:
             out["per_turn"][name] = {t: g(x) for t, x in _by(sel, turn).items()}
-            out["per_category_turn"][name] = {
-                c: {t: g(y) for t, y in _by(x, turn).items()}
-                for c, x in _by(sel, lambda r: r["category"]).items()}
+            out["per_category_turn"][name] = {c: {t: g(y) for t, y in _by(x, turn).items()}
+                                              for c, x in _by(sel, cat).items()}
     return out
-
-
-def _row(req: Request, res) -> dict:
-    return {**offline_row({"id": req.id, "category": req.category}, res), "set": req.set,
-            "turn": req.turn, "conversation": f"{req.set}:{req.conversation}",
-            "prompt_tokens": len(req.prompt_ids), "finish_reason": res.finish_reason}
 
 
 def decoder_check(decoder, requests: list[Request], results: list, n: int,
@@ -305,16 +286,19 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
                 "python": platform.python_version()}
     out = {}
     for name, draft in loaded.items():
-        rows = [_row(q, r) for q, r in zip(requests, results[name]) if r.verify_ct > 0]
+        rows = [{**offline_row({"id": q.id, "category": q.category}, r), "set": q.set,
+                 "turn": q.turn, "conversation": f"{q.set}:{q.conversation}",
+                 "prompt_tokens": len(q.prompt_ids), "finish_reason": r.finish_reason}
+                for q, r in zip(requests, results[name]) if r.verify_ct > 0]
         res = {"draft": name, "serving_dir": str(drafts[name]),
                **summarize(rows, resamples=resamples, seed=seed),
                "no_verify_pass": [q.id for q, r in zip(requests, results[name])
                                   if r.verify_ct == 0],
                "wall_s": {"replay": draft_s[name], "shared": load_s + gen_s + target_s,
                           "load": load_s, "generation": gen_s, "target_forward": target_s},
-               "generation": generation, "settings": {**settings, "serving_dir": str(drafts[name]),
-                            "capture_indices": capture_indices(draft, target)},
-               "decoder_check": None}
+               "generation": generation, "decoder_check": None,
+               "settings": {**settings, "serving_dir": str(drafts[name]),
+                            "capture_indices": capture_indices(draft, target)}}
         res["per_position"], res["ci"] = res["overall"]["per_position"], res["overall"]["ci"]
         flat = offline_summary(rows, draft_s[name], res["settings"])   # offline_acceptance's shape
         res["offline_format"] = {k: v for k, v in flat.items() if k != "per_request"}

@@ -4,7 +4,6 @@ there is nothing to plot."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from eagle3.errors import DataError  # noqa: E402
+from eagle3.measure.prompts import read_jsonl as read_metrics_jsonl  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -46,22 +46,9 @@ def plot_acceptance_by_category(report: dict, path: str | Path,
         ax.axhline(overall, ls="--", c="k", lw=1, label=f"overall {overall:.2f}")
     ax.axhline(1.0, c="grey", lw=0.8)
     ax.set_xticks(list(xs), cats, rotation=30, ha="right")
-    ax.set_ylabel("acceptance length (tokens / verify pass)")
-    ax.set_title("Acceptance length by category")
+    ax.set(ylabel="acceptance length (tokens / verify pass)", title="Acceptance length by category")
     ax.legend(fontsize=8)
     return _save(fig, path)
-
-
-def read_metrics_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a training ``metrics.jsonl``. Raises DataError on a bad line."""
-    rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
-    return rows
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
@@ -87,16 +74,12 @@ def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> 
     for k in loss_keys:
         xs, ys = _series(rows, k)
         axes[0][0].plot(xs, ys, "--o" if ("val" in k or "eval" in k) else "-", ms=3, label=k)
-    axes[0][0].set_xlabel("optimizer step")
-    axes[0][0].set_ylabel("loss")
+    axes[0][0].set(xlabel="optimizer step", ylabel="loss", title="Training curves")
     axes[0][0].legend(fontsize=7)
-    axes[0][0].set_title("Training curves")
     for k in acc_keys:
-        xs, ys = _series(rows, k)
-        axes[0][1].plot(xs, ys, label=k)
+        axes[0][1].plot(*_series(rows, k), label=k)
     if acc_keys:
-        axes[0][1].set_xlabel("optimizer step")
-        axes[0][1].set_ylabel("accuracy")
+        axes[0][1].set(xlabel="optimizer step", ylabel="accuracy")
         axes[0][1].legend(fontsize=7)
     return _save(fig, path)
 
@@ -122,8 +105,8 @@ def plot_served_vs_offline(points: list[dict], path: str | Path) -> Path:
                 va="bottom", fontsize=7, color="grey")
     ax.axhline(1.0, c="grey", lw=0.8)
     ax.set_xticks(range(len(points)), [p["label"] for p in points], rotation=20, ha="right")
-    ax.set_ylabel("acceptance length")
-    ax.set_title("Simulated (training) vs offline (in-process) vs served")
+    ax.set(ylabel="acceptance length",
+           title="Simulated (training) vs offline (in-process) vs served")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -153,9 +136,8 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(EngFormatter(places=1 if len(sizes) > 1 else 0))
     ax.tick_params(axis="x", labelrotation=30)
-    ax.set_xlabel("unique training tokens (log scale)")
-    ax.set_ylabel("acceptance length (bonus token counted)")
-    ax.set_title("Data scaling")
+    ax.set(xlabel="unique training tokens (log scale)",
+           ylabel="acceptance length (bonus token counted)", title="Data scaling")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -169,13 +151,12 @@ def plot_training_length(curves: list[dict], path: str | Path) -> Path:
     for c in curves:
         if len(c["steps"]) != len(c["acceptance"]) or not c["steps"]:
             raise DataError(f"plot_training_length: curve {c.get('label')!r}: expected as many "
-                            "steps as values "
-                            f"(≥ 1), got {len(c['steps'])} and {len(c['acceptance'])}")
+                            f"steps as values (≥ 1), got {len(c['steps'])} and "
+                            f"{len(c['acceptance'])}")
         ax.plot(c["steps"], c["acceptance"], "-o" if len(c["steps"]) < 30 else "-", markersize=3,
                 label=c["label"])
-    ax.set_xlabel("optimizer steps")
-    ax.set_ylabel("simulated acceptance length (validation)")
-    ax.set_title("Training length")
+    ax.set(xlabel="optimizer steps", ylabel="simulated acceptance length (validation)",
+           title="Training length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)

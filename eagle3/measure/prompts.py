@@ -17,16 +17,17 @@ import gzip
 import hashlib
 import json
 import re
+from itertools import zip_longest
 from pathlib import Path
 from typing import Iterable
 
 from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions, package_file
 from eagle3.errors import DataError
 
-BUILTIN_SETS = ("mtbench", "gsm8k", "humaneval")
 
-
-def _read_jsonl(path: Path, opener=open) -> list[dict]:
+def read_jsonl(path: str | Path, opener=open) -> list:
+    """The records of a JSON Lines file (blank lines skipped). DataError names the file and line of
+    a record that is not JSON."""
     out = []
     with opener(path, "rt", encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -49,7 +50,7 @@ def gsm8k_prompts() -> list[dict]:
     """GSM8K test questions (1,319); category ``"gsm8k"``."""
     path = package_file(*GSM8K_PACKAGE)
     return [{"id": f"gsm8k-{i}", "category": "gsm8k", "text": _required_text(r, path, i)}
-            for i, r in enumerate(_read_jsonl(path))]
+            for i, r in enumerate(read_jsonl(path))]
 
 
 def mtbench_conversations() -> list[dict]:
@@ -75,20 +76,16 @@ def gsm8k_sample(n: int, seed: int = GSM8K_SAMPLE_SEED) -> list[dict]:
 def humaneval_prompts() -> list[dict]:
     """HumanEval prompts (164), asked as "Complete the following Python function"."""
     path = package_file(*HUMANEVAL_PACKAGE)
-    rows = _read_jsonl(path, opener=gzip.open)
+    rows = read_jsonl(path, opener=gzip.open)
     return [{"id": r.get("task_id", f"humaneval-{i}"), "category": "humaneval",
              "text": "Complete the following Python function.\n\n" + _required_text(r, path, i)}
             for i, r in enumerate(rows)]
 
 
 def _required_text(row, path: Path, index: int) -> str:
-    if isinstance(row, str):
-        text = row
-    elif isinstance(row, dict):
-        text = next((row[k] for k in ("prompt", "text", "question") if isinstance(row.get(k), str)),
-                    None)
-    else:
-        text = None
+    fields = row if isinstance(row, dict) else {"text": row}
+    text = next((fields[k] for k in ("prompt", "text", "question")
+                 if isinstance(fields.get(k), str)), None)
     if not text or not text.strip():
         raise DataError(f"{path}: record {index}: expected a non-empty 'prompt', 'text' or "
                         f"'question' string, got {str(row)[:120]!r}")
@@ -101,27 +98,26 @@ def file_prompts(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"prompt file {path}: not found")
     raw = path.read_text(encoding="utf-8")
-    stripped = raw.lstrip()
-    if path.suffix == ".json" or stripped.startswith("["):
+    if path.suffix == ".json" or raw.lstrip().startswith("["):
         try:
             rows = json.loads(raw)
         except json.JSONDecodeError as e:
             raise DataError(f"prompt file {path}: not valid JSON ({e})") from e
         if not isinstance(rows, list):
             raise DataError(f"prompt file {path}: expected a JSON list, got {type(rows).__name__}")
-    elif path.suffix == ".jsonl" or stripped.startswith("{"):
-        rows = _read_jsonl(path)
+    elif path.suffix == ".jsonl" or raw.lstrip().startswith("{"):
+        rows = read_jsonl(path)
     else:
         rows = [line for line in raw.splitlines() if line.strip()]
-    out = []
-    for i, row in enumerate(rows):
-        text = _required_text(row, path, i)
-        meta = row if isinstance(row, dict) else {}
-        out.append({"id": str(meta.get("id", f"file-{i}")),
-                    "category": str(meta.get("category", "file")), "text": text})
+    meta = [row if isinstance(row, dict) else {} for row in rows]
+    out = [{"id": str(m.get("id", f"file-{i}")), "category": str(m.get("category", "file")),
+            "text": _required_text(row, path, i)} for i, (row, m) in enumerate(zip(rows, meta))]
     if not out:
         raise DataError(f"prompt file {path}: no prompts found")
     return out
+
+
+_LOADERS = {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts, "humaneval": humaneval_prompts}
 
 
 def round_robin(prompts: list[dict], n: int) -> list[dict]:
@@ -129,13 +125,7 @@ def round_robin(prompts: list[dict], n: int) -> list[dict]:
     by_cat: dict[str, list[dict]] = {}
     for p in prompts:
         by_cat.setdefault(p["category"], []).append(p)
-    queues = [list(v) for v in by_cat.values()]
-    out: list[dict] = []
-    while len(out) < n and any(queues):
-        for q in queues:
-            if q and len(out) < n:
-                out.append(q.pop(0))
-    return out
+    return [p for row in zip_longest(*by_cat.values()) for p in row if p is not None][:n]
 
 
 def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
@@ -144,29 +134,25 @@ def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
     if num_prompts < 1:
         raise DataError(f"num_prompts: expected >= 1, got {num_prompts}")
     name = str(spec)
-    loaders = {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts, "humaneval": humaneval_prompts}
-    if name in loaders:
-        pool = loaders[name]()
+    if name in _LOADERS:
+        pool = _LOADERS[name]()
     elif Path(name).is_file():
         pool = file_prompts(name)
     else:
-        raise DataError(f"prompts: expected one of {BUILTIN_SETS} or an existing file, "
+        raise DataError(f"prompts: expected one of {tuple(_LOADERS)} or an existing file, "
                         f"got {name!r}")
     if len(pool) < num_prompts:
         raise DataError(f"prompts {name!r}: {num_prompts} asked, only {len(pool)} available")
     return round_robin(pool, num_prompts)
 
 
-def _need_template(tokenizer) -> None:
+def _chat_ids(tokenizer, messages: list[dict], kwargs: dict | None) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("tokenizer: expected a chat_template (tokenizer_config.json "
                         "'chat_template'), got none")
-
-
-def _chat_ids(tokenizer, messages: list[dict], kwargs: dict | None) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                         **dict(kwargs or {}))
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
+    if hasattr(ids, "keys"):  # transformers 5: a BatchEncoding
         ids = ids["input_ids"]
     return [int(t) for t in ids]
 
@@ -177,7 +163,6 @@ def encode_prompts(prompts: Iterable[dict], tokenizer,
     SGLang's ``/v1/chat/completions`` with ``--default-chat-template-kwargs``.
     ``chat_template_kwargs``: the draft's training switches (``data.chat_template_kwargs``, e.g.
     ``{"enable_thinking": False}`` for Qwen3). Raises DataError without a chat template."""
-    _need_template(tokenizer)
     return [_chat_ids(tokenizer, [{"role": "user", "content": p["text"]}], chat_template_kwargs)
             for p in prompts]
 
@@ -190,19 +175,18 @@ def load_conversations(spec: str | Path) -> list[dict]:
     name = str(spec)
     if name == "mtbench2":
         convs = mtbench_conversations()
-    elif name in ("mtbench", "gsm8k", "humaneval"):
-        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
-                 for p in {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts,
-                           "humaneval": humaneval_prompts}[name]()]
-    elif re.fullmatch(r"gsm8k\d+", name):
-        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
-                 for p in gsm8k_sample(int(name[5:]))]
-    elif Path(name).is_file():
-        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
-                 for p in file_prompts(name)]
     else:
-        raise DataError(f"prompt set: expected one of {CONVERSATION_SETS} or an existing file, "
-                        f"got {name!r}")
+        if name in _LOADERS:
+            prompts = _LOADERS[name]()
+        elif re.fullmatch(r"gsm8k\d+", name):
+            prompts = gsm8k_sample(int(name[5:]))
+        elif Path(name).is_file():
+            prompts = file_prompts(name)
+        else:
+            raise DataError(f"prompt set: expected one of {CONVERSATION_SETS} or an existing "
+                            f"file, got {name!r}")
+        convs = [{"id": p["id"], "category": p["category"], "turns": [p["text"]]}
+                 for p in prompts]
     return [{**c, "set": name} for c in convs]
 
 
@@ -212,7 +196,6 @@ def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> 
     if len(answers) != len(questions) - 1 or not questions:
         raise DataError("encode_conversation: expected len(answers) == len(questions) - 1 >= 0, "
                         f"got {len(answers)} answers for {len(questions)} questions")
-    _need_template(tokenizer)
     messages = []
     for q, a in zip(questions, answers + [None]):
         messages.append({"role": "user", "content": q})

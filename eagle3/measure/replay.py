@@ -113,10 +113,6 @@ def capture_indices(draft: SGLangEagle3Draft, target, engine: str = "sglang",
     return indices
 
 
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
 def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_steps: int) -> None:
     """DataError: empty/out-of-vocab prompt, budget < 1, prompt + budget + num_steps > context."""
     limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
@@ -124,8 +120,8 @@ def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_ste
     if max_new_tokens < 1:
         raise DataError(f"replay: max_new_tokens must be >= 1, got {max_new_tokens}")
     for i, p in enumerate(prompts):
-        if not p or not all(0 <= t < vocab for t in p):
-            bad = next((t for t in p if not 0 <= t < vocab), None)
+        bad = next((t for t in p if not 0 <= t < vocab), None)
+        if not p or bad is not None:
             raise DataError(f"replay: prompt {i}: expected a non-empty list of ids in "
                             f"[0, {vocab}), got {len(p)} ids, first out of range {bad}")
         if len(p) + max_new_tokens + num_steps > limit:
@@ -135,9 +131,20 @@ def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_ste
 
 
 def _finish(output: list[int], stops: set[int], max_new_tokens: int) -> dict:
-    if output and output[-1] in stops:
-        return {"type": "stop", "matched": output[-1]}
-    return {"type": "length", "length": max_new_tokens}
+    return ({"type": "stop", "matched": output[-1]} if output and output[-1] in stops
+            else {"type": "length", "length": max_new_tokens})
+
+
+def _padded(seqs: list[list[int]], pad: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention mask)``, int64 ``[B, max len]``, padded with ``pad`` on the left or
+    right (HF's ``padding_side``)."""
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, x in enumerate(seqs):
+        cols = slice(width - len(x), width) if left else slice(0, len(x))
+        ids[row, cols], mask[row, cols] = torch.tensor(x), 1
+    return ids, mask
 
 
 @torch.no_grad()
@@ -155,21 +162,16 @@ def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, 
                              eos_token_id=stops or None, pad_token_id=pad)
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     out: list[list[int] | None] = [None] * len(prompts)
-    saved, dev = target.generation_config, _device(target)
+    saved, dev = target.generation_config, next(target.parameters()).device
     target.generation_config = plain
     try:
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            width = max(len(prompts[i]) for i in idx)
-            ids = torch.full((len(idx), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, i in enumerate(idx):
-                ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                mask[row, width - len(prompts[i]):] = 1
+            ids, mask = _padded([prompts[i] for i in idx], pad, left=True)
             gen = target.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
                                   generation_config=plain)
             for row, i in enumerate(idx):
-                cont = gen[row, width:].tolist()[:max_new_tokens]
+                cont = gen[row, ids.shape[1]:].tolist()[:max_new_tokens]
                 cut = next((p for p, t in enumerate(cont) if t in stops), None)
                 out[i] = cont if cut is None else cont[:cut + 1]
             if progress is not None:
@@ -202,13 +204,6 @@ def generate_requests(target, tokenizer, conversations: list[dict], max_new_toke
     return requests
 
 
-def _block_mask(t: int, step: int, device) -> torch.Tensor:
-    """Bool ``[T, step*T]``: causal over the extend block, the identity over each chain block."""
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(t, dtype=torch.bool, device=device)
-    return torch.cat([causal] + [eye] * (step - 1), dim=1)
-
-
 def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.Tensor,
                  num_steps: int) -> list[torch.Tensor]:
     """Normed draft outputs of every chain step at every base row: ``tokens`` int64 ``[B, L]``
@@ -225,8 +220,11 @@ def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.T
     base = torch.arange(t, device=tokens.device)
     padded = torch.cat([tokens, tokens.new_zeros(b, num_steps)], 1)   # s_{t+j} past the end: pad
     cache, h, out = draft.new_cache(), hidden[:, :t], []
+    causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=tokens.device)
     for j in range(1, num_steps + 1):
-        attend = CachedAttention(cache, _block_mask(t, j, tokens.device))
+        # [T, j*T]: causal over the extend block, the identity over each chain block
+        attend = CachedAttention(cache, torch.cat([causal] + [eye] * (j - 1), dim=1))
         normed, h = draft.states(padded[:, j:j + t], base + (j - 1), h, attend)
         out.append(normed)
     return out
@@ -268,21 +266,11 @@ def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps:
     return res
 
 
-def draft_inputs(captured: dict, indices: list[int] | None, final: torch.Tensor | None):
-    """Draft inputs ``[B, L, W]``: aux states at ``indices`` side by side, or (None) final norm."""
-    return final if indices is None else torch.cat([captured[i] for i in indices], -1)
-
-
 @torch.no_grad()
 def target_states(target, seqs: list[list[int]], union: list[int], pad: int):
     """Right-padded ``seqs`` → ``(tokens [B, L], {index: [B, L, H]}, final normed [B, L, H])``."""
-    dev = _device(target)
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, s in enumerate(seqs):
-        ids[row, :len(s)] = torch.tensor(s)
-        mask[row, :len(s)] = 1
+    dev = next(target.parameters()).device
+    ids, mask = _padded(seqs, pad, left=False)
     ids, store = ids.to(dev), {}
     keep = lambda _m, _a, o: store.__setitem__("h", o)  # noqa: E731
     hook = target.get_decoder().norm.register_forward_hook(keep)
@@ -318,7 +306,8 @@ def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: l
         target_s += time.perf_counter() - t0
         for name, draft in drafts.items():
             t0 = time.perf_counter()
-            inputs = draft_inputs(captured, idx[name], final)
+            # aux states at the capture indices side by side [B, L, W], or the final normed state
+            inputs = final if idx[name] is None else torch.cat([captured[i] for i in idx[name]], -1)
             props = chain_proposals(draft, tokens, inputs, num_steps).cpu()
             for row, i in enumerate(batch):
                 results[name][i] = walk(len(requests[i].prompt_ids), seqs[i], props[row].tolist(),

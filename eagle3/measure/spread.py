@@ -15,19 +15,17 @@ from eagle3.errors import DataError
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
 METHOD = ("percentile bootstrap over conversations (both turns of an MT-Bench question drawn "
-          "together) of "
-          "1 + sum(accepted drafts) / sum(verify passes)")
+          "together) of 1 + sum(accepted drafts) / sum(verify passes)")
 
 
 def _units(rows: list[dict], unit_key: str) -> tuple[np.ndarray, np.ndarray]:
-    acc: dict[str, int] = {}
-    ver: dict[str, int] = {}
+    units: dict[str, list[int]] = {}
     for r in rows:
-        key = str(r.get(unit_key, r.get("id")))
-        acc[key] = acc.get(key, 0) + int(sum(r["accepted_per_position"]))
-        ver[key] = ver.get(key, 0) + int(r["verify_ct"])
-    as_array = lambda d: np.array(list(d.values()), dtype=np.float64)  # noqa: E731
-    return as_array(acc), as_array(ver)
+        u = units.setdefault(str(r.get(unit_key, r.get("id"))), [0, 0])
+        u[0] += int(sum(r["accepted_per_position"]))
+        u[1] += int(r["verify_ct"])
+    both = np.array(list(units.values()), dtype=np.float64).reshape(-1, 2)
+    return both[:, 0], both[:, 1]
 
 
 def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
@@ -40,8 +38,7 @@ def bootstrap_acceptance(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES
         raise DataError("bootstrap: expected at least one request row, got none")
     if resamples < 1000 or not 0.0 < confidence < 1.0:
         raise DataError("bootstrap: expected resamples >= 1000 and 0 < confidence < 1, got "
-                        f"{resamples}, "
-                        f"{confidence}")
+                        f"{resamples}, {confidence}")
     bad = [r.get("id") for r in rows if int(r["verify_ct"]) <= 0]
     if bad:
         raise DataError(f"bootstrap: rows {bad[:5]} have verify_ct <= 0 (expected > 0)")

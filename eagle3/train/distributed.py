@@ -15,13 +15,11 @@ def device_for(t, local_rank: int) -> torch.device:
     """The training device of local rank ``local_rank`` for a TrainConfig ``t`` (``train.device``:
     ``auto`` = cuda when available, else cpu). Raises ConfigError when CUDA is asked for and not
     available."""
-    want = t.device
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(want)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(auto if t.device == "auto" else t.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={t.device!r}: CUDA is not available on this machine")
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={t.device!r}: CUDA is not available on this machine")
         return torch.device("cuda", local_rank if dev.index is None else dev.index)
     return dev
 
@@ -50,10 +48,9 @@ def setup_distributed(t) -> tuple[int, int, torch.device]:
     if not dist.is_initialized():
         status = rank_status()
         status.mark("arriving")
-        timeout = timedelta(
-            seconds=max(t.startup_timeout_s, t.first_step_timeout_s, t.stall_timeout_s))
+        timeout = max(t.startup_timeout_s, t.first_step_timeout_s, t.stall_timeout_s)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                timeout=timeout)
+                                timeout=timedelta(seconds=timeout))
         status.mark("ready", world=dist.get_world_size(), device=str(device))
     return dist.get_rank(), dist.get_world_size(), device
 

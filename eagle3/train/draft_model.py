@@ -26,14 +26,13 @@ def resolve_flags(cfg) -> dict[str, bool]:
     False). Raises ConfigError for a flag the engine ignores or implements differently (profile's
     ``check_flags``), EngineUnsupported without a profile.
     """
-
     from eagle3.engines.registry import get_profile
 
     t = cfg.train
     profile = get_profile(cfg.convert.engine, cfg.convert.engine_version)
-    nbr = profile.norm_before_residual if t.norm_before_residual is None else t.norm_before_residual
-    flags = {"norm_before_residual": bool(nbr), "norm_before_fc": bool(t.norm_before_fc),
-             "fc_norm": bool(t.fc_norm), "norm_output": bool(t.norm_output)}
+    flags = {k: bool(getattr(t, k)) for k in FLAG_NAMES}
+    if t.norm_before_residual is None:
+        flags["norm_before_residual"] = bool(profile.norm_before_residual)
     if flags["norm_before_fc"] and flags["fc_norm"]:
         raise ConfigError("train.norm_before_fc and train.fc_norm: mutually exclusive "
                           "(speculators), got both true")
@@ -55,8 +54,8 @@ def read_target_config(target_dir: str | Path):
 
 
 def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.Tensor,
-                t2d: torch.Tensor,
-                num_layers: int, ttt_steps: int, flags: dict[str, bool], attn_impl: str = "sdpa"):
+                t2d: torch.Tensor, num_layers: int, ttt_steps: int, flags: dict[str, bool],
+                attn_impl: str = "sdpa"):
     """A fresh ``Eagle3DraftModel`` for the target, with the vocab map and verifier weights loaded.
 
     target_dir: the target's HF folder. aux_layer_ids: HF hidden_states indices (``fc`` input =
@@ -66,16 +65,15 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
     static-shape accuracy counts (:mod:`eagle3.train.metrics`). Raises ConfigError for an invalid
     layer-id list.
     """
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-
     from eagle3.train import metrics
 
     metrics.install()
+    from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
     from speculators.train.cli import create_transformer_layer_config
 
-    target_dir = str(Path(target_dir))
+    target_dir = str(target_dir)
     n_target_layers = read_target_config(target_dir).num_hidden_layers
     if not aux_layer_ids or len(set(aux_layer_ids)) != len(aux_layer_ids) or \
             min(aux_layer_ids) < 0 or max(aux_layer_ids) > n_target_layers:
@@ -110,7 +108,6 @@ def set_attention(model, attn_impl: str) -> None:
     for layer in model.layers:
         layer.self_attn.config._attn_implementation = attn_impl  # noqa: SLF001
     model._attn_impl = attn_impl  # noqa: SLF001
-    # noqa: SLF001
     model._create_mask_fn = (create_block_mask if attn_impl == "simple_flex_attention"
                              else create_float_mask if attn_impl == "eager" else create_mask)
 
@@ -129,35 +126,31 @@ def use_uncompiled_forward(model) -> bool:
     return True
 
 
-def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
-    """Replace the draft's forward by ``torch.compile(dynamic=False)`` of its plain forward in
-    ``mode`` (``"default"``, ``"reduce-overhead"``, ``"max-autotune-no-cudagraphs"``). ``backend``
-    (None = inductor) is for tests. Raises ConfigError for an unknown mode.
-    """
-    import types
-
-    if mode not in COMPILE_MODES:
-        raise ConfigError(
-            f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
-    use_uncompiled_forward(model)
-    plain = (model.forward if isinstance(model.forward, types.MethodType)
-             else types.MethodType(type(model).forward, model))
-    kwargs = {"dynamic": False}
-    if backend is not None:
-        kwargs["backend"] = backend
-    if mode != "default":
-        kwargs["mode"] = mode
-    model.forward = torch.compile(plain, **kwargs)
-
-
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
-def trainable_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """``(name, parameter)`` of what training updates: fc, decoder layers, norms. Embedding,
-    ``lm_head`` and verifier head/norm stay frozen, as in speculators 0.9.0.
-    """
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+def compiled(fn, mode: str = "default", backend: str | None = None, fullgraph: bool = False):
+    """``torch.compile(fn, dynamic=False)`` in ``mode`` (one of :data:`COMPILE_MODES`);
+    ``backend`` (None = inductor) and ``fullgraph`` are for tests. Raises ConfigError for an
+    unknown mode."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(
+            f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
+    kwargs: dict = {"dynamic": False, "fullgraph": fullgraph, "backend": backend or "inductor"}
+    if mode != "default":
+        kwargs["mode"] = mode
+    return torch.compile(fn, **kwargs)
+
+
+def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
+    """Replace the draft's forward by :func:`compiled` of its plain forward (speculators'
+    ``conditional_torch_compile`` wrapper bypassed). Raises ConfigError for an unknown mode."""
+    import types
+
+    use_uncompiled_forward(model)
+    plain = (model.forward if isinstance(model.forward, types.MethodType)
+             else types.MethodType(type(model).forward, model))
+    model.forward = compiled(plain, mode, backend)
 
 
 def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Path:
@@ -169,19 +162,17 @@ def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Pa
 
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True, state_dict=state_dict)
-    conf = json.loads((out_dir / "config.json").read_text())
-    if conf.get("eagle_aux_hidden_state_layer_ids") != list(
-            model.config.eagle_aux_hidden_state_layer_ids):
+    got = json.loads((out_dir / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids")
+    want = list(model.config.eagle_aux_hidden_state_layer_ids)
+    if got != want:
         raise CheckpointInvalid(f"{out_dir}/config.json: eagle_aux_hidden_state_layer_ids expected "
-                                f"{model.config.eagle_aux_hidden_state_layer_ids}, got "
-                                f"{conf.get('eagle_aux_hidden_state_layer_ids')}")
+                                f"{want}, got {got}")
     with safe_open(out_dir / "model.safetensors", framework="pt") as f:
-        names = set(f.keys())
-        missing = [n for n in REQUIRED_TENSORS if n not in names]
+        missing = [n for n in REQUIRED_TENSORS if n not in f.keys()]
         if missing:
             raise CheckpointInvalid(f"{out_dir}/model.safetensors: required tensors missing: "
                                     f"{missing}")
-        for n in names:
+        for n in f.keys():
             t = f.get_tensor(n)
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise CheckpointInvalid(f"{out_dir}/model.safetensors: tensor {n} has NaN/Inf "
@@ -189,19 +180,17 @@ def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Pa
     return out_dir
 
 
-def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str | Path
-        | None = None):
+def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa",
+               verifier_dir: str | Path | None = None):
     """Load a speculators-format draft (float32) with ``attn_impl`` and an eager forward
     (:func:`use_uncompiled_forward`). ``verifier_dir`` overrides the checkpoint's
     ``speculators_config.verifier.name_or_path``; the file on disk is unchanged."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    if verifier_dir is None:
-        model = Eagle3DraftModel.from_pretrained(str(ckpt_dir))
-    else:
-        config = Eagle3DraftModel.config_class.from_pretrained(str(ckpt_dir))
+    config = Eagle3DraftModel.config_class.from_pretrained(str(ckpt_dir))
+    if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
-        model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
+    model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
     set_attention(model, attn_impl)
     use_uncompiled_forward(model)
     return model.float()

@@ -6,18 +6,12 @@
     torchrun --standalone --nproc-per-node=N --max-restarts=0 --rdzv-conf=join_timeout=<startup>
              --log-dir=state/launch/logs --tee=3 -m eagle3.train.worker --config C --data D --out O
 
-Each process calls ``eagle3.train.stage.train`` again (NCCL on CUDA, gloo on CPU). Meanwhile the
-parent:
-
-- forwards new ``metrics.jsonl`` records to ``on_metrics``;
-- holds the ranks (status files ``state/launch/rank-<r>.json``) to ``train.startup_timeout_s``,
-  ``train.first_step_timeout_s`` and ``train.stall_timeout_s``; a missed deadline saves each live
-  rank's stack (``rank-<r>.stack.txt``, py-spy), ends the job and raises
-  :class:`eagle3.errors.RankFailed`;
-- when torchrun exits non-zero: re-raises a rank's project error, or raises RankFailed naming the
-  first failed rank, every rank's last status, the rank logs
-  (``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``) and the checkpoint a re-run
-  resumes from.
+Each process calls ``eagle3.train.stage.train`` again (NCCL on CUDA, gloo on CPU). The parent
+forwards new ``metrics.jsonl`` records to ``on_metrics`` and holds the ranks (status files
+``state/launch/rank-<r>.json``) to ``train.startup_timeout_s``, ``first_step_timeout_s`` and
+``stall_timeout_s``: a missed deadline saves each live rank's stack (``rank-<r>.stack.txt``), ends
+the job and raises :class:`eagle3.errors.RankFailed`. Rank logs:
+``state/launch/logs/<run id>/attempt_0/<rank>/{stdout,stderr}.log``.
 """
 
 from __future__ import annotations
@@ -45,11 +39,8 @@ _FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 def _forward_metrics(path: Path, pos: tuple[int, int], on_metrics) -> tuple[int, int]:
     """Send complete lines of ``metrics.jsonl`` after ``pos = (inode, byte offset)`` to
-    ``on_metrics``.
-
-    The trainer rewrites the file when it starts or resumes (a new inode): then it is read from the
-    start, so records up to the resumed step may be forwarded twice. Returns the new position.
-    """
+    ``on_metrics``; returns the new position. A rewritten file (new inode: the trainer started or
+    resumed) is read from the start, so records up to the resumed step may be forwarded twice."""
     if not path.is_file():
         return pos
     with open(path, "rb") as f:
@@ -60,10 +51,9 @@ def _forward_metrics(path: Path, pos: tuple[int, int], on_metrics) -> tuple[int,
     end = chunk.rfind(b"\n") + 1
     for line in chunk[:end].splitlines():
         rec = json.loads(line)
-        step = int(rec.pop("step"))
         rec.pop("kind", None)
         if on_metrics is not None:
-            on_metrics(rec, step)
+            on_metrics(rec, int(rec.pop("step")))
     return ino, offset + end
 
 
@@ -71,11 +61,10 @@ def torchrun_command(cfg, conf: Path, data_dir: Path, out_dir: Path, log_dir: Pa
     """The torchrun command line of one launch (see the module docstring)."""
     t = cfg.train
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={t.num_gpus}",
-            "--max-restarts=0", f"--rdzv-conf=join_timeout={math.ceil(t.startup_timeout_s)}",
-            f"--log-dir={log_dir}", "--tee=3",
-            "-m", "eagle3.train.worker", "--config", str(conf), "--data", str(data_dir), "--out",
-            str(out_dir)]
+            f"--nproc-per-node={t.num_gpus}", "--max-restarts=0",
+            f"--rdzv-conf=join_timeout={math.ceil(t.startup_timeout_s)}", f"--log-dir={log_dir}",
+            "--tee=3", "-m", "eagle3.train.worker", "--config", str(conf), "--data", str(data_dir),
+            "--out", str(out_dir)]
 
 
 def rank_logs(launch_dir: Path, world: int) -> dict[int, list[Path]]:
@@ -93,42 +82,32 @@ def _fresh_launch_dir(state: Path) -> Path:
     return cur
 
 
-def _check_devices(t) -> None:
-    import torch
-
-    want = t.device if t.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if want.startswith("cuda") and t.num_gpus > torch.cuda.device_count():
-        raise ConfigError(f"train.num_gpus: expected at most {torch.cuda.device_count()} (the CUDA "
-                          "devices visible here), got "
-                          f"{t.num_gpus}")
-
-
 def launch(cfg, data_dir: Path, out_dir: Path, *, on_metrics=None, poll_s: float = 1.0) -> dict:
     """Run the training under torchrun with ``cfg.train.num_gpus`` processes; returns the manifest.
-
     Raises a rank's Eagle3Error subclass with its message; RankFailed when a rank did not arrive,
-    made no first step, stalled or died (see the module docstring); ConfigError for more GPUs than
-    are visible.
-    """
+    made no first step, stalled or died (naming the first failed rank, every rank's last status,
+    the logs and the checkpoint a re-run resumes from); ConfigError for more GPUs than visible."""
+    import torch
+
     from eagle3.artifacts import read_manifest
     from eagle3.train.state import ensure_writable
 
     t = cfg.train
-    _check_devices(t)
+    want = t.device if t.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if want.startswith("cuda") and t.num_gpus > torch.cuda.device_count():
+        raise ConfigError(f"train.num_gpus: expected at most {torch.cuda.device_count()} (the CUDA "
+                          f"devices visible here), got {t.num_gpus}")
     ensure_writable(out_dir)
     ldir = _fresh_launch_dir(out_dir / "state")
-    conf = ldir / "config.yaml"
+    conf, metrics, log = ldir / "config.yaml", out_dir / "metrics.jsonl", ldir / "torchrun.log"
     conf.write_text(cfg.to_yaml())
-    metrics = out_dir / "metrics.jsonl"
     offset = (metrics.stat().st_ino, metrics.stat().st_size) if metrics.is_file() else (-1, 0)
     world = t.num_gpus
     deadlines = Deadlines(t.startup_timeout_s, t.first_step_timeout_s, t.stall_timeout_s)
-    log = ldir / "torchrun.log"
-    env = {**os.environ, STATUS_DIR_ENV: str(ldir)}
     with open(log, "wb") as logf:
         proc = subprocess.Popen(torchrun_command(cfg, conf, data_dir, out_dir, ldir / "logs"),
-                                stdout=logf,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, STATUS_DIR_ENV: str(ldir)},
                                 start_new_session=True)
         launched = time.time()
         try:
@@ -144,9 +123,8 @@ def launch(cfg, data_dir: Path, out_dir: Path, *, on_metrics=None, poll_s: float
                     logs = rank_logs(ldir, world)
                     msg = describe(missed, section="train", noun="rank", total=world, logs=logs,
                                    stacks=stacks)
-                    hint = _resume_hint(cfg, out_dir)
                     raise RankFailed(f"train under torchrun: {msg}; torchrun's output: {log}. "
-                                     f"{hint}",
+                                     f"{_resume_hint(cfg, out_dir)}",
                                      ranks=missed.workers, kind=missed.kind, logs=logs)
         finally:
             if proc.poll() is None:
@@ -177,32 +155,26 @@ def _raise_on_failure(cfg, returncode: int, ldir: Path, log: Path, out_dir: Path
     if returncode == 0:
         return
     text = log.read_text(errors="replace") if log.is_file() else ""
-    root = _ROOT_CAUSE.search(text)
-    line = _FAILED_LINE.search(text)
-    if root:
-        culprits, code = [int(root.group(1))], int(root.group(2))
-    elif line:
-        culprits, code = [int(line.group(2))], int(line.group(1))
+    root, line = _ROOT_CAUSE.search(text), _FAILED_LINE.search(text)
+    if root or line:
+        culprits, code = ([int(root.group(1))], int(root.group(2))) if root else \
+            ([int(line.group(2))], int(line.group(1)))
     else:
-        culprits = [r for r, s in statuses.items() if not s
-            or s.get("phase") not in ("done", "failed")] or \
-                   [r for r, s in statuses.items() if s and s.get("phase") == "failed"]
+        phase = {r: (s or {}).get("phase") for r, s in statuses.items()}
+        culprits = ([r for r, p in phase.items() if p not in ("done", "failed")]
+                    or [r for r, p in phase.items() if p == "failed"])
         code = None
     logs = rank_logs(ldir, world)
-    now = time.time()
-    last = last_statuses(statuses, "rank", now)
+    last = last_statuses(statuses, "rank", time.time())
     files = "; ".join(f"rank {r}: {', '.join(str(p) for p in logs[r]) or 'no log file'}"
-        for r in sorted(logs))
+                      for r in sorted(logs))
     how = exit_text(code, kill_hint=True) if code is not None else "stopped without an error record"
     failed = any((statuses.get(r) or {}).get("phase") == "failed" for r in culprits)
-    tail = ""
     err_logs = [p for r in culprits for p in logs.get(r, []) if p.name == "stderr.log"]
-    if err_logs:
-        tail = "\n--- last lines of " + str(err_logs[0]) + " ---\n" + err_logs[0].read_text(
-            errors="replace")[-1500:]
+    tail = (f"\n--- last lines of {err_logs[0]} ---\n"
+            + err_logs[0].read_text(errors="replace")[-1500:]) if err_logs else ""
     raise RankFailed(f"train under torchrun: {', '.join(f'rank {r}' for r in culprits)} of {world} "
-                     "failed first "
-                     f"({how}); expected every rank to exit 0, torchrun exited {returncode}. Last "
-                     f"status: {last}. "
-                     f"Logs: {files}; torchrun's output: {log}. {_resume_hint(cfg, out_dir)}{tail}",
+                     f"failed first ({how}); expected every rank to exit 0, torchrun exited "
+                     f"{returncode}. Last status: {last}. Logs: {files}; torchrun's output: "
+                     f"{log}. {_resume_hint(cfg, out_dir)}{tail}",
                      ranks=culprits, kind="failed" if failed else "died", logs=logs)

@@ -59,7 +59,7 @@ class Run:
     loss_config: dict | None = None
     # this rank's (ids, host batch) iterator over the rest of the current plan
     stream: object = None
-    stream_at: tuple = ()  # (epoch, micro) the stream was made for
+    stream_epoch: int = -1  # the epoch the stream was made for
     parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
     # called with the step after each optimizer step (the launcher's deadlines)
     heartbeat: Callable | None = None
@@ -67,8 +67,7 @@ class Run:
     @property
     def pad_to(self) -> int | None:
         """Positions every micro-batch is padded to: ``train.max_tokens_per_batch`` when
-        ``train.pad_to_max_tokens`` (None = on exactly when ``train.compile``), else None (no
-        padding)."""
+        ``train.pad_to_max_tokens`` (None = on exactly when ``train.compile``), else None."""
         pad = self.t.pad_to_max_tokens if self.t.pad_to_max_tokens is not None else self.t.compile
         return self.data.max_tokens if pad else None
 
@@ -81,12 +80,11 @@ class Run:
                 for ids in self.plan[g:g + G][self.rank::self.world]]
 
     def next_batch(self) -> tuple[list[int], dict]:
-        """The next micro-batch of this rank (read ahead by loader workers,
-        ``train.loader_workers``)."""
-        if self.stream is None or self.stream_at[0] != self.epoch:
+        """The next micro-batch of this rank (read ahead by ``train.loader_workers``)."""
+        if self.stream_epoch != self.epoch:
             self.stream = iter(iterate_micro_batches(self.data, self.rank_batches(), self.device,
                                                      self.t.loader_workers, self.pad_to))
-            self.stream_at = (self.epoch, self.micro)
+            self.stream_epoch = self.epoch
         return next(self.stream)
 
     @property
@@ -105,21 +103,21 @@ class Run:
     def state_dir(self) -> Path:
         return self.out_dir / "state"
 
+    def _plan(self, epoch: int) -> tuple[list, int]:
+        """Epoch ``epoch``'s plan trimmed to a multiple of world_size, and how many were cut."""
+        plan = plan_epoch(self.data, self.t.seed, epoch)
+        keep = len(plan) - len(plan) % self.world
+        return plan[:keep], len(plan) - keep
+
     def set_plan(self) -> None:
-        """Build the current epoch's plan (trimmed to a multiple of world_size; the rest is
-        counted)."""
-        plan = plan_epoch(self.data, self.t.seed, self.epoch)
-        keep = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
-        self.dropped_microbatches = len(plan) - keep
-        self.plan = plan[:keep]
+        """Build the current epoch's plan (the micro-batches trimmed away are counted)."""
+        self.plan, self.dropped_microbatches = self._plan(self.epoch)
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (later epochs pack
         differently, so a fixed reference keeps the schedule horizon the same for a fresh and a
         resumed run)."""
-        plan = plan_epoch(self.data, self.t.seed, 0)
-        n = len(plan) - len(plan) % self.world if self.world > 1 else len(plan)
-        return math.ceil(n / (self.t.grad_accum * self.world))
+        return math.ceil(len(self._plan(0)[0]) / (self.t.grad_accum * self.world))
 
     def emit(self, kind: str, metrics: dict[str, float]) -> None:
         """Rank 0: append to ``metrics.jsonl`` and call ``on_metrics(metrics, step)``."""
@@ -147,31 +145,21 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
     if run.t.compile and run.t.compile_mode == "reduce-overhead" and run.device.type == "cuda":
         # outputs of the previous call are consumed by now
         torch.compiler.cudagraph_mark_step_begin()
+    keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids",
+            "verifier_last_hidden_states")
+    with autocast(run):
+        out = (run.module if train else m)(**{k: batch[k] for k in keys},
+                                           ttt_steps=run.t.ttt_steps, loss_config=run.loss_config)
     if uses_project_forward(m):  # eagle3.train.ttt_forward: the counts come out of the same graph
-        with autocast(run):
-            loss, stats = (run.module if train else m)(
-                hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
-                document_ids=batch["document_ids"], loss_mask=batch["loss_mask"],
-                position_ids=batch["position_ids"],
-                verifier_last_hidden_states=batch["verifier_last_hidden_states"],
-                ttt_steps=run.t.ttt_steps,
-                loss_config=run.loss_config)
+        loss, stats = out
         counts.add_(stats.detach().to(counts.dtype))
         return loss
-    with autocast(run):
-        draft_tokens, loss, met = (run.module if train else m)(
-            hidden_states=batch["hidden_states"], input_ids=batch["input_ids"],
-            document_ids=batch["document_ids"],
-            loss_mask=batch["loss_mask"], position_ids=batch["position_ids"],
-            verifier_last_hidden_states=batch["verifier_last_hidden_states"],
-            ttt_steps=run.t.ttt_steps,
-            loss_config=run.loss_config)
-        with torch.no_grad():  # verifier argmax in the draft vocabulary, [1, N]
-            target_ids = m.verifier_lm_head(
-                m.verifier_norm(batch["verifier_last_hidden_states"])).argmax(-1)
-    step_losses = [met[f"loss_{k}_sum"].detach() for k in range(run.t.ttt_steps)]
+    draft_tokens, loss, met = out
+    with autocast(run), torch.no_grad():  # verifier argmax in the draft vocabulary, [1, N]
+        target_ids = m.verifier_lm_head(
+            m.verifier_norm(batch["verifier_last_hidden_states"])).argmax(-1)
     add_batch(counts, draft_tokens, target_ids, batch["loss_mask"], batch["document_ids"],
-              step_losses)
+              [met[f"loss_{k}_sum"].detach() for k in range(run.t.ttt_steps)])
     return loss
 
 
@@ -186,8 +174,7 @@ def _finite_flags(run: Run, values: list[torch.Tensor]) -> tuple[list[bool], flo
 
 
 def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDiverged:
-    ckpts = list_checkpoints(run.state_dir)
-    last = f"{ckpts[-1]} (kept)" if ckpts else "none written yet"
+    last = next((f"{c} (kept)" for c in list_checkpoints(run.state_dir)[-1:]), "none written yet")
     return TrainingDiverged(f"non-finite {what} ({value}) at optimizer step {run.step + 1} (epoch "
                             f"{run.epoch}, micro-batch {run.micro}, samples {ids[:8]}); last good "
                             f"checkpoint: {last}")
@@ -234,9 +221,7 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
     """Validation metrics over the val split (or the train split, flagged, when val is empty)."""
-    ids = run.data.val_ids or run.data.train_ids
-    if run.t.max_eval_samples:
-        ids = ids[:run.t.max_eval_samples]
+    ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
@@ -248,8 +233,8 @@ def evaluate(run: Run) -> dict[str, float]:
                 forward(run, to_device(host, run.device, run.states_dtype), counts, train=False)
     finally:
         run.model.train()
-    out = summarize(all_reduce_(counts), "val")
-    out["val/on_train_split"] = 0.0 if run.data.val_ids else 1.0
+    out = {**summarize(all_reduce_(counts), "val"),
+           "val/on_train_split": 0.0 if run.data.val_ids else 1.0}
     if run.last_train is not None:
         out["train_val_gap"] = run.last_train["train/loss"] - out["val/loss"]
     run.last_eval = out
@@ -271,13 +256,11 @@ def checkpoint(run: Run) -> None:
     with run.parallel.gathered(run.model, run.optimizer) as (weights, moments):
         if run.rank == 0:
             info = {"step": run.step, "epoch": run.epoch, "micro": run.micro,
-                    "tokens_seen": run.tokens_seen,
-                    "best": run.best, "last_eval": run.last_eval, "last_train": run.last_train,
-                    **run.info_extra}
+                    "tokens_seen": run.tokens_seen, "best": run.best, "last_eval": run.last_eval,
+                    "last_train": run.last_train, **run.info_extra}
             save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer,
-                            scheduler=run.scheduler,
-                            info=info, keep_last=run.t.keep_last, model_state=weights,
-                            optimizer_state=moments)
+                            scheduler=run.scheduler, info=info, keep_last=run.t.keep_last,
+                            model_state=weights, optimizer_state=moments)
     if run.world > 1:
         torch.distributed.barrier()
 
@@ -298,30 +281,26 @@ def run_loop(run: Run) -> None:
             run.set_plan()
         lr = run.scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
-        # synchronises once, before the optimizer update
-        grad_norm, tokens = optimizer_step(run, window)
+        grad_norm, tokens = optimizer_step(run, window)  # one sync, before the optimizer update
         if run.heartbeat is not None:
             run.heartbeat(run.step)
         win_time += time.perf_counter() - t0
         win_tokens += tokens
-        epoch_end = run.micro >= len(run.plan)
-        last = run.step == run.total_steps
+        epoch_end, last = run.micro >= len(run.plan), run.step == run.total_steps
         if run.bar is not None:
             run.bar.update(1)
         if run.step % t.log_every == 0 or last:
-            m = summarize(all_reduce_(window), "train")
-            m.update(
-                {"lr": lr, "grad_norm": grad_norm, "tokens_per_s": win_tokens / max(win_time, 1e-9),
-                      "epochs_over_data": run.tokens_seen / unique,
-                      "epoch": run.epoch + min(1.0, run.micro / max(1, len(run.plan)))})
+            m = {**summarize(all_reduce_(window), "train"), "lr": lr, "grad_norm": grad_norm,
+                 "tokens_per_s": win_tokens / max(win_time, 1e-9),
+                 "epochs_over_data": run.tokens_seen / unique,
+                 "epoch": run.epoch + min(1.0, run.micro / max(1, len(run.plan)))}
             run.last_train = m
             run.emit("train", m)
             if run.bar is not None:
                 run.bar.set_postfix(loss=f"{m['train/loss']:.3f}",
                                     acc0=f"{m['train/acc_full_0']:.3f}")
             window, win_tokens, win_time = new_counts(t.ttt_steps, run.device), 0, 0.0
-        do_eval = (t.eval_every and run.step % t.eval_every == 0) or (not t.eval_every
-            and epoch_end) or last
+        do_eval = last or (run.step % t.eval_every == 0 if t.eval_every else epoch_end)
         if do_eval:
             evaluate(run)
         if do_eval or (t.checkpoint_every and run.step % t.checkpoint_every == 0):

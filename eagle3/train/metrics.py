@@ -21,8 +21,11 @@ the same counts with masked sums; :func:`install` binds it where speculators loo
 from __future__ import annotations
 
 import math
+import operator
+from itertools import accumulate
 
 import torch
+import torch.nn.functional as F
 
 # counts layout per TTT step: full_correct, full_total, cond_correct, cond_total, loss_sum, loss_n
 _PER_STEP = 6
@@ -31,16 +34,31 @@ _TAIL = 2  # chain_sum, chain_total
 
 def simulated_acceptance_length(cond_acc: list[float]) -> float:
     """``1 + Σ_k Π_{j<=k} cond_acc[j]``; counts the bonus token (1.0 = nothing accepted)."""
-    total, prod = 1.0, 1.0
-    for c in cond_acc:
-        prod *= float(c)
-        total += prod
-    return total
+    return 1.0 + sum(accumulate((float(c) for c in cond_acc), operator.mul))
 
 
 def new_counts(ttt_steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """A zeroed float64 counts vector ``[ttt_steps * 6 + 2]`` (see the layout above)."""
     return torch.zeros(ttt_steps * _PER_STEP + _TAIL, dtype=torch.float64, device=device)
+
+
+def step_stats(pred: torch.Tensor, tgt: torch.Tensor, valid_base: torch.Tensor,
+               doc: torch.Tensor, k: int, alive: torch.Tensor, run: torch.Tensor):
+    """TTT step k's ``(full_correct, full_total, cond_correct, cond_total)`` as a float32 ``[4]``
+    tensor, with ``alive`` (bool ``[S]``: starts whose steps so far were all right) and ``run``
+    (float32 ``[S]``: their leading run of correct steps) updated functionally. ``pred``/``tgt``:
+    ``[S]`` draft and verifier argmax (draft vocabulary); ``valid_base``: ``[S]`` loss mask (bool);
+    ``doc``: ``[S]`` document ids. No data-dependent shape: traceable by torch.compile."""
+    S = pred.shape[0]
+    if k >= S:
+        hit = valid = torch.zeros_like(valid_base)
+    else:
+        valid = F.pad(valid_base[k:] & (doc[k:] == doc[:S - k]), (0, k))
+        hit = F.pad(pred[:S - k] == tgt[k:], (0, k)) & valid
+    counts = torch.stack([hit.sum(), valid.sum(), (hit & alive).sum(),
+                          (valid & alive).sum()]).float()
+    alive = alive & hit
+    return counts, alive, run + (alive & valid_base).float()
 
 
 @torch.no_grad()
@@ -50,35 +68,18 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
     """Add one packed micro-batch to ``counts`` (in place). draft_tokens: per TTT step ``[1, N]``
     draft-vocab argmax; target_ids: ``[1, N]`` verifier argmax (draft vocabulary); loss_mask:
     ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses: per-step scalars
-    (``loss_{k}_sum``).
-
-    """
-
-    K = len(draft_tokens)
-    n = target_ids.shape[-1]
-    tgt, mask, doc = target_ids[0], loss_mask[0].bool(), document_ids[0]
-    # starts with all earlier steps right
-    alive = torch.ones(n, dtype=torch.bool, device=tgt.device)
-    run = torch.zeros(n, dtype=torch.float64, device=tgt.device)
-    valid0 = mask.clone()
-    for k in range(K):
-        valid = torch.zeros(n, dtype=torch.bool, device=tgt.device)
-        correct = torch.zeros(n, dtype=torch.bool, device=tgt.device)
-        if n > k:
-            valid[: n - k] = mask[k:] & (doc[k:] == doc[: n - k])
-            correct[: n - k] = draft_tokens[k][0, : n - k] == tgt[k:]
-        hit = correct & valid
+    (``loss_{k}_sum``), added on the device (no host sync)."""
+    valid0 = loss_mask[0].bool()
+    alive, run = torch.ones_like(valid0), torch.zeros(valid0.shape, device=valid0.device)
+    for k, pred in enumerate(draft_tokens):
+        c, alive, run = step_stats(pred[0], target_ids[0], valid0, document_ids[0], k, alive, run)
         base = k * _PER_STEP
-        counts[base + 0] += hit.sum()
-        counts[base + 1] += valid.sum()
-        counts[base + 2] += (hit & alive).sum()
-        counts[base + 3] += (valid & alive).sum()
-        counts[base + 4] += step_losses[k].detach().to(counts.dtype)  # on the device: no host sync
+        counts[base:base + 4] += c.to(counts.dtype)
+        counts[base + 4] += step_losses[k].detach().to(counts.dtype)
         counts[base + 5] += 1
-        alive &= hit
-        run += (alive & valid0).double()
-    counts[K * _PER_STEP] += (run + valid0.double()).sum()
-    counts[K * _PER_STEP + 1] += valid0.sum()
+    K = len(draft_tokens) * _PER_STEP
+    counts[K] += (run + valid0.float()).sum()
+    counts[K + 1] += valid0.sum()
 
 
 def all_reduce_(counts: torch.Tensor) -> torch.Tensor:
@@ -98,24 +99,21 @@ def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
     c = counts.double().cpu().tolist()
     K = (len(c) - _TAIL) // _PER_STEP
     out: dict[str, float] = {}
-    cond, total_loss = [], 0.0
     for k in range(K):
         fc, ft, cc, ct, ls, ln = c[k * _PER_STEP:(k + 1) * _PER_STEP]
-        out[f"{prefix}/loss_{k}"] = ls / ln if ln else math.nan
-        total_loss += out[f"{prefix}/loss_{k}"]
-        out[f"{prefix}/acc_full_{k}"] = fc / ft if ft else 0.0
-        out[f"{prefix}/acc_cond_{k}"] = cc / ct if ct else 0.0
-        cond.append(out[f"{prefix}/acc_cond_{k}"])
-    out[f"{prefix}/loss"] = total_loss
-    out[f"{prefix}/simulated_acceptance_length"] = simulated_acceptance_length(cond)
+        out.update({f"{prefix}/loss_{k}": ls / ln if ln else math.nan,
+                    f"{prefix}/acc_full_{k}": fc / ft if ft else 0.0,
+                    f"{prefix}/acc_cond_{k}": cc / ct if ct else 0.0})
+    out[f"{prefix}/loss"] = sum(out[f"{prefix}/loss_{k}"] for k in range(K))
+    out[f"{prefix}/simulated_acceptance_length"] = simulated_acceptance_length(
+        [out[f"{prefix}/acc_cond_{k}"] for k in range(K)])
     cs, cn = c[K * _PER_STEP], c[K * _PER_STEP + 1]
     out[f"{prefix}/chain_acceptance_length"] = cs / cn if cn else 1.0
     return out
 
 
-def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor, loss_mask: torch.Tensor
-        | None,
-                         prev_correct: torch.Tensor | None):
+def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor,
+                         loss_mask: torch.Tensor | None, prev_correct: torch.Tensor | None):
     """speculators' ``compute_accuracy_single_step`` without data-dependent shapes. pred_ids,
     target_ids: ``[1, S]`` int64 (draft vocabulary). loss_mask: ``[1, S]`` bool/int or None.
     prev_correct: ``[1, S]`` bool or None, updated in place to ``prev_correct & (pred_ids ==
@@ -123,20 +121,14 @@ def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor, loss_
     as speculators' version does.
     """
     correct = pred_ids == target_ids
+    everywhere = torch.ones_like(correct)
+    cond_total = (everywhere if prev_correct is None else prev_correct).sum().float()
     if prev_correct is not None:
-        cond_total = prev_correct.sum().float()
         correct = torch.logical_and(prev_correct, correct)
         prev_correct.copy_(correct)
-    else:
-        cond_total = torch.tensor(correct.numel(), dtype=torch.float, device=correct.device)
-    if loss_mask is not None:
-        mask = loss_mask.to(torch.bool)
-        correct_sum = torch.logical_and(correct, mask).float().sum()
-        full_total = mask.sum().float()
-    else:
-        correct_sum = correct.float().sum()
-        full_total = torch.tensor(correct.numel(), dtype=torch.float, device=correct.device)
-    return correct_sum, full_total, correct_sum.clone(), cond_total
+    mask = everywhere if loss_mask is None else loss_mask.to(torch.bool)
+    correct_sum = torch.logical_and(correct, mask).float().sum()
+    return correct_sum, mask.sum().float(), correct_sum.clone(), cond_total
 
 
 def install() -> None:

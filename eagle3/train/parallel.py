@@ -5,12 +5,10 @@
   final norm, other trainable children): weights, gradients and AdamW moments take 1/N per rank.
   Frozen tensors (embedding, LM heads, verifier norm, d2t/t2d) stay whole on every rank.
 
-Checkpoints keep one layout: ``model.safetensors`` holds the full state dict (gathered to rank 0
-under ``fsdp``). ``optimizer.pt`` is ``optimizer.state_dict()`` under ``ddp``/one process, torch's
-full optimizer state dict keyed by parameter name under ``fsdp``; a resume in another mode is
-refused (:mod:`eagle3.train.state`).
-
-Every method that gathers is a collective: all ranks call it, in the same order.
+``model.safetensors`` always holds the full state dict (gathered to rank 0 under ``fsdp``);
+``optimizer.pt`` is ``optimizer.state_dict()``, under ``fsdp`` torch's full optimizer state dict
+keyed by parameter name (a resume in another mode is refused). Every method that gathers is a
+collective: all ranks call it, in the same order.
 """
 
 from __future__ import annotations
@@ -56,8 +54,8 @@ class DDP(Whole):
     def wrap(self, model, device):
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-            else None)
+        return DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 class _ShardedCall:
@@ -73,13 +71,17 @@ class _ShardedCall:
 
     @contextlib.contextmanager
     def no_sync(self):
-        for u in self.units:
-            u.set_requires_gradient_sync(False)
+        _each(self.units, "set_requires_gradient_sync", False)
         try:
             yield
         finally:
-            for u in self.units:
-                u.set_requires_gradient_sync(True)
+            _each(self.units, "set_requires_gradient_sync", True)
+
+
+def _each(units: list, method: str, *args) -> None:
+    """Call ``method(*args)`` on every FSDP unit."""
+    for u in units:
+        getattr(u, method)(*args)
 
 
 class FSDP(Whole):
@@ -99,9 +101,8 @@ class FSDP(Whole):
             raise ConfigError("train.distributed='fsdp': the draft holds trainable parameters "
                               f"{own} outside any submodule; expected them inside fc / layers / "
                               "norm (use train.distributed=ddp)")
-        for name, child in model.named_children():
-            parts = list(child) if isinstance(child, torch.nn.ModuleList) else [child]
-            for part in parts:
+        for child in model.children():
+            for part in child if isinstance(child, torch.nn.ModuleList) else [child]:
                 if any(p.requires_grad for p in part.parameters()):
                     fully_shard(part)
                     self.units.append(part)
@@ -122,24 +123,21 @@ class FSDP(Whole):
         )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(model, options=opts)
-        moments = get_optimizer_state_dict(model, optimizer,
-                                           options=opts) if optimizer is not None else None
-        yield weights, moments
+        yield (get_model_state_dict(model, options=opts),
+               None if optimizer is None else get_optimizer_state_dict(model, optimizer,
+                                                                       options=opts))
 
     @contextlib.contextmanager
     def evaluating(self, model):
         """Gather every sharded module once and keep it whole until the end (no collective per
         forward pass)."""
-        for u in self.units:
-            u.set_reshard_after_forward(False)
-            u.unshard()
+        _each(self.units, "set_reshard_after_forward", False)
+        _each(self.units, "unshard")
         try:
             yield
         finally:
-            for u in self.units:
-                u.reshard()
-                u.set_reshard_after_forward(True)
+            _each(self.units, "reshard")
+            _each(self.units, "set_reshard_after_forward", True)
 
     def load_optimizer_state(self, model, optimizer, state):
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
@@ -154,8 +152,6 @@ def make_parallel(mode: str, world: int) -> Whole:
     :class:`Whole`)."""
     if world <= 1:
         return Whole()
-    if mode == "ddp":
-        return DDP()
-    if mode == "fsdp":
-        return FSDP()
+    if mode in ("ddp", "fsdp"):
+        return DDP() if mode == "ddp" else FSDP()
     raise ConfigError(f"train.distributed: expected 'ddp' or 'fsdp', got {mode!r}")

@@ -24,29 +24,14 @@ from eagle3.artifacts import sha256_file, write_manifest
 from eagle3.errors import ConfigError
 from eagle3.train import ttt_forward
 from eagle3.train.data import data_identity, open_hidden_states
-from eagle3.train.draft_model import (
-    build_draft,
-    compile_forward,
-    read_target_config,
-    resolve_flags,
-    save_draft,
-    use_uncompiled_forward,
-)
+from eagle3.train.draft_model import (build_draft, compile_forward, read_target_config,
+                                      resolve_flags, save_draft, use_uncompiled_forward)
 from eagle3.train.loop import Run, evaluate, run_loop
 from eagle3.train.parallel import make_parallel
-from eagle3.train.state import (
-    load_init_from,
-    resume_conflict,
-    check_checkpoint_space,
-    check_complete,
-    ensure_writable,
-    list_checkpoints,
-    load_checkpoint,
-    lr_factor,
-    make_scheduler,
-    read_info,
-    truncate_metrics,
-)
+from eagle3.train.state import (check_checkpoint_space, check_complete, ensure_writable,
+                                list_checkpoints, load_checkpoint, load_init_from, load_weights,
+                                lr_factor, make_scheduler, read_info, resume_conflict,
+                                truncate_metrics)
 from eagle3.train.vocab import build_vocab_map, load_token_freq
 
 OnMetrics = Callable[[dict, int], None]
@@ -63,7 +48,6 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
     dataset, too few distinct tokens, another vocab map on resume), TrainingDiverged (NaN/Inf loss
     or gradient norm; the last checkpoint is kept).
     """
-
     from eagle3.precision import resolved
 
     cfg = resolved(cfg)  # train.precision concrete (load_config has done it already)
@@ -140,8 +124,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     tconf = read_target_config(target_dir)
     data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
     vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size,
-                           int(tconf.vocab_size),
-                           pad=t.pad_draft_vocab)
+                           int(tconf.vocab_size), pad=t.pad_draft_vocab)
     state_dir = out_dir / "state"
     ckpts = list_checkpoints(state_dir) if t.resume else []
     info = read_info(ckpts[-1]) if ckpts else None
@@ -153,17 +136,15 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         other = resume_conflict(info, identity, cfg, ckpts[-1])
         if other is not None and t.on_other_checkpoint == "refuse":
             raise other
-        # another training's state (e.g. the pipeline re-run on other data): start over
-        if other is not None:
+        if other is not None:  # another training's state (e.g. re-run on other data): start over
             if rank == 0:
                 log.warning("not resuming: %s. Starting from step 0 and removing the old "
                             "checkpoints (train.on_other_checkpoint=restart)", other)
             info = None
-    if info is not None:
-        if rank == 0:
+        elif rank == 0:
             log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1],
                         info.get("step"))
-    elif rank == 0:
+    if info is None and rank == 0:
         # a fresh start (launch files stay)
         for old in list_checkpoints(state_dir) + [state_dir / "best"]:
             shutil.rmtree(old, ignore_errors=True)
@@ -178,8 +159,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         load_init_from(model, Path(t.init_from), vmap, allow_change=t.allow_vocab_map_change)
     compiled = t.compile and device.type == "cuda"
     if impl == "project":
-        ttt_forward.install(model, attention=attention, compile_mode=t.compile_mode if compiled
-            else None)
+        ttt_forward.install(model, attention=attention,
+                            compile_mode=t.compile_mode if compiled else None)
     elif compiled:
         compile_forward(model, t.compile_mode)
     else:
@@ -187,32 +168,26 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     if rank == 0:
         log.info("training forward: %s, attention %s%s", impl, attention,
                  f", compiled ({t.compile_mode})" if compiled else "")
-    if not t.compile:
-        if t.compile_mode != "default" and rank == 0:
+        if not t.compile and t.compile_mode != "default":
             log.warning("train.compile_mode=%s has no effect: train.compile is false",
                         t.compile_mode)
-    # an evaluation-only run (max_steps=0) trains nothing to compile
-    elif not compiled and rank == 0 and t.max_steps != 0:
-        padded = t.pad_to_max_tokens is not False
-        log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it runs "
-                    "eagerly%s",
-                    device.type, f" (micro-batches are still padded to {t.max_tokens_per_batch} "
-                                 "positions)"
-                    if padded else "")
-    if rank == 0:
-        check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last, trains=t.max_steps
-            != 0)
+        elif t.compile and not compiled and t.max_steps != 0:  # max_steps=0: nothing to compile
+            padded = (f" (micro-batches are still padded to {t.max_tokens_per_batch} positions)"
+                      if t.pad_to_max_tokens is not False else "")
+            log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it "
+                        "runs eagerly%s", device.type, padded)
+        check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last,
+                               trains=t.max_steps != 0)
     model.to(device)
     remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
     module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place
     params = [p for p in model.parameters() if p.requires_grad]
     opt = ttt_forward.optimizer_impl(t, device.type)
-    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[opt]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, **impl)
+    optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay,
+                                  **({} if opt == "default" else {opt: True}))
     run = Run(cfg=cfg, data=data, model=model, module=module, optimizer=optimizer, scheduler=None,
-              device=device,
-              out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics, parallel=parallel)
-    run.loss_config = _loss_config(t)
+              device=device, out_dir=out_dir, rank=rank, world=world, on_metrics=on_metrics,
+              parallel=parallel, loss_config=_loss_config(t))
     run.set_plan()
     horizon = math.ceil(t.epochs * run.steps_per_epoch())
     run.total_steps = horizon if t.max_steps is None else (t.max_steps if t.schedule == "constant"
@@ -240,8 +215,6 @@ def _loss_config(t) -> dict:
 def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -> bool:
     """Load the weights of ``ckpt`` into the bare draft (before any sharding); with an allowed new
     vocabulary map, install it and its LM-head rows. Returns True when the map changed."""
-    from eagle3.train.state import load_weights
-
     load_weights(model, ckpt)
     if info.get("vocab_map_hash") == vmap.hash():
         return False
@@ -254,25 +227,24 @@ def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -
 def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
     """Restore optimizer, schedule, RNG and position from ``ckpt`` (the weights are in already); the
     LR is re-derived from the (possibly new) schedule."""
-    t = run.t
-    par, model, opt = run.parallel, run.model, run.optimizer
+    t, model, opt = run.t, run.model, run.optimizer
     info = load_checkpoint(ckpt, model=None, optimizer=opt, scheduler=run.scheduler,
-                           load_optimizer=lambda state: par.load_optimizer_state(model, opt, state))
+                           load_optimizer=lambda st: run.parallel.load_optimizer_state(model, opt,
+                                                                                       st))
     run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
     run.tokens_seen = int(info["tokens_seen"])
-    run.best, run.last_eval, run.last_train = info.get("best"), info.get("last_eval"), info.get(
-        "last_train")
-    if remapped:  # an allowed new vocabulary map
-        # evaluations under the old map are not comparable (and its weights carry that map)
+    run.best, run.last_eval, run.last_train = (info.get(k) for k in ("best", "last_eval",
+                                                                     "last_train"))
+    if remapped:  # evaluations under the old map are not comparable (its weights carry that map)
         run.best = None
         if run.rank == 0:
             shutil.rmtree(run.state_dir / "best", ignore_errors=True)
     sched = run.scheduler
-    sched.base_lrs = [t.lr for _ in sched.base_lrs]
-    for g in run.optimizer.param_groups:
+    sched.base_lrs = [t.lr] * len(sched.base_lrs)
+    for g in opt.param_groups:
         g["initial_lr"] = t.lr
         g["lr"] = t.lr * sched.lr_lambdas[0](run.step)
-    sched._last_lr = [g["lr"] for g in run.optimizer.param_groups]  # noqa: SLF001
+    sched._last_lr = [g["lr"] for g in opt.param_groups]  # noqa: SLF001
     run.set_plan()
     if run.rank == 0:
         truncate_metrics(run.out_dir / "metrics.jsonl", run.step)
@@ -280,21 +252,14 @@ def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
 
 def finish(run: Run, *, seconds: float) -> dict:
     """Export the draft (best or last weights) and write ``manifest.json``; returns the manifest on
-    rank 0.
-
-    Every rank takes part (under fsdp the last weights are gathered to rank 0); rank 0 writes."""
+    rank 0. Every rank takes part (under fsdp the last weights are gathered to rank 0)."""
     from safetensors.torch import load_file
 
-    from eagle3.train.state import load_weights
-
-    t = run.t
     best_dir = run.state_dir / "best"
-    best = t.export == "best" and run.best is not None
-    exported = {"which": "best", "step": run.best["step"]} if best else {"which": "last",
-        "step": run.step}
+    best = run.t.export == "best" and run.best is not None
+    exported = {"which": "best" if best else "last", "step": run.best["step"] if best else run.step}
     manifest: dict = {}
-    # fsdp: a collective, full weights on rank 0
-    with run.parallel.gathered(run.model) as (weights, _):
+    with run.parallel.gathered(run.model) as (weights, _):  # fsdp: a collective, rank 0 whole
         if run.rank == 0:
             if best and run.best["step"] != run.step and (best_dir / "model.safetensors").is_file():
                 if weights is None:
@@ -309,41 +274,36 @@ def finish(run: Run, *, seconds: float) -> dict:
 
 
 def _export_files(model, out_dir: Path, weights: dict | None = None) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".export.", suffix=".tmp", dir=out_dir))
-    try:
+    with tempfile.TemporaryDirectory(prefix=".export.", suffix=".tmp", dir=out_dir) as tmp:
         save_draft(model, tmp, state_dict=weights)
         for f in ("config.json", "model.safetensors"):
-            os.replace(tmp / f, out_dir / f)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            os.replace(Path(tmp) / f, out_dir / f)
 
 
 def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
-    t, d = run.t, run.data
-    ex = run.info_extra
+    t, d, ex = run.t, run.data, run.info_extra
     final_eval = run.last_eval or {}
     best_sim = (run.best or {}).get("simulated_acceptance_length")
-    sim = best_sim if exported["which"] == "best" and best_sim is not None else \
-        final_eval.get("val/simulated_acceptance_length")
-    target = dict(d.manifest.get("target") or {})
+    sim = (best_sim if exported["which"] == "best" and best_sim is not None
+           else final_eval.get("val/simulated_acceptance_length"))
     return write_manifest(
         run.out_dir, "draft_checkpoint", exclude=("manifest.json", "state"),
         config=t.model_dump(mode="json"),
         inputs={"hidden_states": d.manifest.get("content_hash")},
         counts={"train_samples": len(d.train_ids), "val_samples": len(d.val_ids),
-                "skipped_samples": len(d.skipped),
-                "truncated_samples": d.truncated, "train_positions": d.unique_train_tokens(),
+                "skipped_samples": len(d.skipped), "truncated_samples": d.truncated,
+                "train_positions": d.unique_train_tokens(),
                 "micro_batches_per_epoch": len(run.plan),
                 "dropped_micro_batches_per_epoch": run.dropped_microbatches,
                 "optimizer_steps": run.step, "tokens_seen": run.tokens_seen,
                 "steps_per_epoch": run.steps_per_epoch()},
         timings={"seconds": seconds},
-        optimizer_steps=run.step, epochs_over_data=run.tokens_seen
-            / max(1, d.unique_train_tokens()),
+        optimizer_steps=run.step,
+        epochs_over_data=run.tokens_seen / max(1, d.unique_train_tokens()),
         vocab_map_hash=ex["vocab_map_hash"],
         data_manifest_hash=sha256_file(d.root / "manifest.json"),
-        target=target, aux_layer_ids=d.aux_layer_ids, layer_id_convention="hf_hidden_states_index",
-        flags=ex["flags"],
+        target=dict(d.manifest.get("target") or {}), aux_layer_ids=d.aux_layer_ids,
+        layer_id_convention="hf_hidden_states_index", flags=ex["flags"],
         engine={"name": run.cfg.convert.engine, "version": run.cfg.convert.engine_version},
         vocab={"draft_vocab_size": t.draft_vocab_size, **ex["vocab"]},
         exported=exported, best=run.best,
@@ -351,9 +311,8 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
                  "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
-        auto_resolved={
-            **{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
-                if k.startswith("train.")},
+        auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
+                          if k.startswith("train.")},
                        **ttt_forward.resolved_settings(t, run.device.type, run.world)})
 
 

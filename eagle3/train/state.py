@@ -9,24 +9,16 @@
                      acceptance length (chosen by acceptance, not by loss: FAILURE_CLASSES.md 18)
 
 Each directory is written through :func:`eagle3.artifacts.atomic_directory`: a SIGKILL leaves
-the previous or the new complete checkpoint.
-
-Resuming refuses (ConfigError/DataError naming the field, saved and new value):
-
-- another vocabulary map (its hash) unless ``train.allow_vocab_map_change``: ``lm_head`` rows would
-  mean other tokens (docs/FAILURE_CLASSES.md 9);
-- other data (:func:`eagle3.train.data.data_identity`): the saved position would point elsewhere;
-- fields that change the model or data order: ttt_steps, num_layers, draft_vocab_size, seed,
-  max_tokens_per_batch, grad_accum, the layer flags, process count, ``train.distributed``.
-
-Such a checkpoint belongs to another training: ``train.on_other_checkpoint=restart`` (default)
-starts from step 0 with a warning, ``refuse`` raises. Allowed to change: lr, schedule, warm-up,
-epochs, max_steps, cadences, keep_last; later steps take the new schedule's LR.
+the previous or the new complete checkpoint. A checkpoint of another vocabulary map
+(docs/FAILURE_CLASSES.md 9), other data or other :data:`FROZEN_FIELDS` / flags / process count /
+``train.distributed`` belongs to another training (:func:`resume_conflict`). Allowed to change:
+lr, schedule, warm-up, epochs, max_steps, cadences, keep_last; later steps take the new LR.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import random
@@ -65,10 +57,8 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int,
 def make_scheduler(optimizer, *, schedule: str, warmup_steps: int, total_steps: int,
                    min_ratio: float):
     """A ``LambdaLR`` over :func:`lr_factor`."""
-    from functools import partial
-
-    fn = partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps,
-                 min_ratio=min_ratio)
+    fn = functools.partial(lr_factor, schedule=schedule, warmup_steps=warmup_steps,
+                           total_steps=total_steps, min_ratio=min_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
@@ -76,11 +66,9 @@ def rng_state() -> dict:
     """Python, NumPy, torch CPU and CUDA RNG states."""
     import numpy as np
 
-    st = {"python": random.getstate(), "numpy": np.random.get_state(),
-          "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
 
 
 def set_rng_state(st: dict) -> None:
@@ -105,19 +93,17 @@ def check_complete(ckpt: Path, state_dir: Path | None = None) -> None:
     older = [c for c in list_checkpoints(state_dir or ckpt.parent) if c != ckpt
              and all((c / f).is_file() for f in CHECKPOINT_FILES)]
     way = (f"remove {ckpt} to resume from the previous complete checkpoint {older[-1].name}"
-        if older
-           else "no earlier complete checkpoint exists")
+           if older else "no earlier complete checkpoint exists")
     raise DataError(f"resume: checkpoint {ckpt} is incomplete: expected {list(CHECKPOINT_FILES)}, "
-                    "missing "
-                    f"{missing}; {way}, or set train.resume=false to start over")
+                    f"missing {missing}; {way}, or set train.resume=false to start over")
 
 
 def list_checkpoints(state_dir: Path) -> list[Path]:
     """Complete ``ckpt-*`` directories under ``state_dir``, oldest first."""
     if not state_dir.is_dir():
         return []
-    found = [p for p in state_dir.iterdir() if p.is_dir() and _CKPT.match(p.name)
-        and (p / "state.json").is_file()]
+    found = [p for p in state_dir.iterdir()
+             if p.is_dir() and _CKPT.match(p.name) and (p / "state.json").is_file()]
     return sorted(found, key=lambda p: int(_CKPT.match(p.name).group(1)))
 
 
@@ -154,16 +140,15 @@ def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bo
     moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
     need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights
     held = sum(f.stat().st_size for d in [*list_checkpoints(state_dir), state_dir / "best"]
-        if d.is_dir()
-               for f in d.iterdir() if f.is_file())
+               if d.is_dir() for f in d.iterdir() if f.is_file())
     free = shutil.disk_usage(state_dir).free
     if free + held < need:
         raise DataError(f"{state_dir}: the run needs about {need / 2**20:.1f} MiB for checkpoints "
                         f"(train.keep_last={keep_last}: {keep_last + 1} x "
                         f"{(weights + moments) / 2**20:.1f} MiB while one is written, plus best/ "
-                        "and the exported draft), but only "
-                        f"{free / 2**20:.1f} MiB are free there (+ {held / 2**20:.1f} MiB of older "
-                        f"checkpoints); free space or lower train.keep_last")
+                        f"and the exported draft), but only {free / 2**20:.1f} MiB are free there "
+                        f"(+ {held / 2**20:.1f} MiB of older checkpoints); free space or lower "
+                        "train.keep_last")
     return need
 
 
@@ -177,17 +162,12 @@ def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict,
     the checkpoint directory. Raises DataError (path, cause, free space) when the write fails, e.g.
     on a full disk.
     """
-    from safetensors.torch import save_file
-
     final = state_dir / f"ckpt-{int(info['step']):08d}"
-    weights = model.state_dict() if model_state is None else model_state
     with _written(final, "training checkpoint"), atomic_directory(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
-                  str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp
-            / "optimizer.pt")
+        _write_weights(tmp, model, model_state, info)
+        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                   tmp / "optimizer.pt")
         torch.save({"scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
-        (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
     for old in list_checkpoints(state_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -196,15 +176,20 @@ def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict,
 def save_best(state_dir: Path, *, model, info: dict, model_state: dict | None = None) -> Path:
     """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best.
     ``model_state``: the full state dict gathered from shards (None = ``model.state_dict()``)."""
+    final = state_dir / "best"
+    with _written(final, "best draft"), atomic_directory(final) as tmp:
+        _write_weights(tmp, model, model_state, info)
+    return final
+
+
+def _write_weights(tmp: Path, model, model_state: dict | None, info: dict) -> None:
+    """``model.safetensors`` (``model_state``, else ``model.state_dict()``) and ``state.json``."""
     from safetensors.torch import save_file
 
-    final = state_dir / "best"
     weights = model.state_dict() if model_state is None else model_state
-    with _written(final, "best draft"), atomic_directory(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
-                  str(tmp / "model.safetensors"))
-        (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
-    return final
+    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()},
+              str(tmp / "model.safetensors"))
+    (tmp / "state.json").write_text(json.dumps(info, indent=2, sort_keys=True, default=float))
 
 
 def read_info(ckpt: Path) -> dict:
@@ -239,11 +224,9 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=N
     try:
         moments = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
         (optimizer.load_state_dict if load_optimizer is None else load_optimizer)(moments)
-        # own file: RNG tuples
-        extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
+        extra = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)  # RNG
         scheduler.load_state_dict(extra["scheduler"])
-    # torch.load / load_state_dict raise many types on corrupt or foreign files
-    except Exception as e:
+    except Exception as e:  # torch.load / load_state_dict raise many types on corrupt files
         raise DataError(f"resume: {ckpt}/optimizer.pt or trainer.pt does not load "
                         f"({type(e).__name__}: {str(e)[:200]}); remove {ckpt} to resume from an "
                         f"earlier checkpoint, or set train.resume=false to start over") from e
@@ -257,13 +240,14 @@ def truncate_metrics(path: Path, max_step: int) -> None:
 
     if not path.is_file():
         return
-    keep = []
-    for line in path.read_text().splitlines():
+
+    def kept(line: str) -> bool:
         try:
-            if json.loads(line).get("step", 0) <= max_step:
-                keep.append(line)
+            return json.loads(line).get("step", 0) <= max_step
         except json.JSONDecodeError:
-            continue  # a line cut by a kill mid-write: the run logs that step again
+            return False  # a line cut by a kill mid-write: the run logs that step again
+
+    keep = [line for line in path.read_text().splitlines() if kept(line)]
     atomic_write_bytes(path, ("\n".join(keep) + "\n" if keep else "").encode())
 
 
@@ -273,8 +257,8 @@ def ensure_writable(out_dir: Path) -> None:
     """
     for d, what in ((out_dir, "train output dir"), (out_dir / "state", "checkpoint dir")):
         if d.exists() and not d.is_dir():
-            raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away and "
-                              "re-run")
+            raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away "
+                              "and re-run")
         try:
             d.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=d, prefix=".write-probe.", suffix=".tmp"):
@@ -299,45 +283,35 @@ def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError 
     error to raise (DataError for other data or vocabulary, ConfigError for other settings), or None
     when it may resume. ``identity``: ``vocab_map_hash``, ``data_content_hash``, ``flags``,
     ``world_size``, ``distributed``."""
-    try:
-        _compare(info, identity, cfg, ckpt)
-    except (ConfigError, DataError) as e:
-        return e
-    return None
-
-
-def _compare(info: dict, identity: dict, cfg, ckpt: Path) -> None:
     t = cfg.train
     hint = (f"(checkpoint {ckpt}; train.on_other_checkpoint=restart starts over from step 0, "
             "train.resume=false always does)")
     if info.get("vocab_map_hash") != identity["vocab_map_hash"] and not t.allow_vocab_map_change:
-        raise DataError(f"resume: draft vocab map hash {identity['vocab_map_hash'][:16]} differs "
-                        f"from the checkpoint's {str(info.get('vocab_map_hash'))[:16]}; lm_head "
-                        "rows would mean other tokens. Set train.allow_vocab_map_change=true to "
-                        f"re-map explicitly {hint}")
+        return DataError(f"resume: draft vocab map hash {identity['vocab_map_hash'][:16]} differs "
+                         f"from the checkpoint's {str(info.get('vocab_map_hash'))[:16]}; lm_head "
+                         "rows would mean other tokens. Set train.allow_vocab_map_change=true to "
+                         f"re-map explicitly {hint}")
     if info.get("data_content_hash") != identity["data_content_hash"]:
-        raise DataError(f"resume: hidden-states data identity {identity['data_content_hash']} "
-                        "differs from the checkpoint's "
-                        f"{info.get('data_content_hash')} {hint}")
-    saved = info.get("train_config") or {}
-    new = t.model_dump(mode="json")
+        return DataError(f"resume: hidden-states data identity {identity['data_content_hash']} "
+                         f"differs from the checkpoint's {info.get('data_content_hash')} {hint}")
+    saved, new = info.get("train_config") or {}, t.model_dump(mode="json")
     for name in FROZEN_FIELDS:
         if name in saved and saved[name] != new[name]:
-            raise ConfigError(f"resume: train.{name} is {new[name]!r}, the checkpoint was trained "
-                              "with "
-                              f"{saved[name]!r} {hint}")
+            return ConfigError(f"resume: train.{name} is {new[name]!r}, the checkpoint was "
+                               f"trained with {saved[name]!r} {hint}")
     if info.get("flags") != identity["flags"]:
-        raise ConfigError(f"resume: layer flags {identity['flags']} differ from the checkpoint's "
-                          f"{info.get('flags')} {hint}")
+        return ConfigError(f"resume: layer flags {identity['flags']} differ from the checkpoint's "
+                           f"{info.get('flags')} {hint}")
     if info.get("world_size") != identity["world_size"]:
-        raise ConfigError(f"resume: {identity['world_size']} processes, the checkpoint was written "
-                          "by "
-                          f"{info.get('world_size')} (the data position depends on it) {hint}")
+        return ConfigError(f"resume: {identity['world_size']} processes, the checkpoint was "
+                           f"written by {info.get('world_size')} (the data position depends on "
+                           f"it) {hint}")
     saved_mode = info.get("distributed", "ddp" if int(info.get("world_size") or 1) > 1 else "none")
     if saved_mode != identity.get("distributed", saved_mode):
-        raise ConfigError(f"resume: train.distributed={identity['distributed']!r}, the checkpoint "
-                          "was written under "
-                          f"{saved_mode!r} (its optimizer state is laid out for that mode) {hint}")
+        return ConfigError(f"resume: train.distributed={identity['distributed']!r}, the checkpoint "
+                           f"was written under {saved_mode!r} (its optimizer state is laid out "
+                           f"for that mode) {hint}")
+    return None
 
 
 def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
@@ -361,16 +335,15 @@ def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
                         f"{vocab_map_hash(sd['d2t'], sd['t2d'])[:16]} vs {vmap.hash()[:16]}); set "
                         f"train.allow_vocab_map_change=true to re-map")
     own = model.state_dict()
-    skip = {"d2t", "t2d", "lm_head.weight"} if not same_map else {"d2t", "t2d"}
-    for name, tensor in sd.items():
-        if name in skip or name not in own:
-            continue
-        if tuple(own[name].shape) != tuple(tensor.shape):
-            raise DataError(f"train.init_from: {path} tensor {name} shape {list(tensor.shape)}, "
-                            "draft expects "
-                            f"{list(own[name].shape)}")
-        with torch.no_grad():
-            own[name].copy_(tensor)
     unknown = [n for n in sd if n not in own]
     if unknown:
         raise DataError(f"train.init_from: {path} has tensors the draft does not: {unknown[:5]}")
+    skip = {"d2t", "t2d"} | (set() if same_map else {"lm_head.weight"})
+    for name, tensor in sd.items():
+        if name in skip:
+            continue
+        if own[name].shape != tensor.shape:
+            raise DataError(f"train.init_from: {path} tensor {name} shape {list(tensor.shape)}, "
+                            f"draft expects {list(own[name].shape)}")
+        with torch.no_grad():
+            own[name].copy_(tensor)

@@ -22,12 +22,12 @@ with speculators' forward is tested in float32 on the CPU: tests/unit/test_ttt_f
 from __future__ import annotations
 
 import functools
-import types
 
 import torch
 import torch.nn.functional as F
 
 from eagle3.errors import ConfigError
+from eagle3.train.metrics import step_stats
 
 ATTENTIONS = ("eager", "sdpa", "flex")
 
@@ -40,13 +40,10 @@ def resolve_attention(setting: str, device_type: str, compiled: bool) -> str:
     quarter of the dense layout's score work at 3 TTT steps). Raises ConfigError for an unknown
     setting."""
     if setting == "auto":
-        if device_type == "cuda":
-            return "flex" if compiled else "sdpa"
-        return "eager"
+        return ("flex" if compiled else "sdpa") if device_type == "cuda" else "eager"
     if setting not in ATTENTIONS:
         raise ConfigError(f"train.attn_implementation: expected auto or one of {list(ATTENTIONS)} "
-                          "with train.forward_impl=project, got "
-                          f"{setting!r}")
+                          f"with train.forward_impl=project, got {setting!r}")
     return setting
 
 
@@ -70,15 +67,15 @@ def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
                    "train.distributed=fsdp with num_gpus > 1)"
                    if t.forward_impl == "auto" else "")
             raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager with "
-                              "speculators' "
-                              f"forward{why} (its flex path failed under torch.compile), got flex")
+                              f"speculators' forward{why} (its flex path failed under "
+                              "torch.compile), got flex")
         return impl, "sdpa" if t.attn_implementation == "auto" else t.attn_implementation
     if t.attn_implementation == "flex" and device_type != "cuda":
         raise ConfigError("train.attn_implementation=flex: expected auto, sdpa or eager on a "
                           f"{device_type} training device (flex attention has no backward there; "
                           "it is for compiled CUDA training), got flex")
-    return impl, resolve_attention(t.attn_implementation, device_type, bool(t.compile)
-        and device_type == "cuda")
+    compiled = bool(t.compile) and device_type == "cuda"
+    return impl, resolve_attention(t.attn_implementation, device_type, compiled)
 
 
 def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict]:
@@ -87,18 +84,14 @@ def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict
     :func:`choose`."""
     t = train_cfg
     impl, attention = choose(t, device_type, world)
-    opt = optimizer_impl(t, device_type)
-    why = {"train.forward_impl": "project, except speculators' forward under fsdp with several "
-                                 "processes",
-           "train.attn_implementation": "flex on CUDA compiled, sdpa on CUDA uncompiled, eager on "
-                                        "the CPU (sdpa with speculators' forward)",
-           "train.optimizer_impl": "fused AdamW on CUDA, the default AdamW elsewhere"}
-    values = {"train.forward_impl": (t.forward_impl, impl),
-              "train.attn_implementation": (t.attn_implementation,
-                                                                                         attention),
-              "train.optimizer_impl": (t.optimizer_impl, opt)}
-    return {k: {"setting": "auto", "value": v, "device": device_type, "why": why[k]}
-            for k, (setting, v) in values.items() if setting == "auto"}
+    rows = {"forward_impl": (impl, "project, except speculators' forward under fsdp with several "
+                                   "processes"),
+            "attn_implementation": (attention, "flex on CUDA compiled, sdpa on CUDA uncompiled, "
+                                    "eager on the CPU (sdpa with speculators' forward)"),
+            "optimizer_impl": (optimizer_impl(t, device_type),
+                               "fused AdamW on CUDA, the default AdamW elsewhere")}
+    return {f"train.{k}": {"setting": "auto", "value": v, "device": device_type, "why": why}
+            for k, (v, why) in rows.items() if getattr(t, k) == "auto"}
 
 
 def optimizer_impl(train_cfg, device_type: str) -> str:
@@ -112,27 +105,25 @@ def check_supported(model) -> None:
     from speculators.models.eagle3.model_definitions import LlamaDecoderEagle3FirstLayer
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    kinds = [type(layer).__name__ for layer in model.layers]
     if not isinstance(model.layers[0], LlamaDecoderEagle3FirstLayer) or \
             any(type(layer) is not LlamaDecoderLayer for layer in model.layers[1:]):
         raise ConfigError("train.forward_impl=project: expected speculators' Llama draft layers "
-                          f"(LlamaDecoderEagle3FirstLayer, then LlamaDecoderLayer), got {kinds}; "
+                          "(LlamaDecoderEagle3FirstLayer, then LlamaDecoderLayer), got "
+                          f"{[type(x).__name__ for x in model.layers]}; "
                           "use train.forward_impl=speculators")
     if model.uses_sliding_window_attn:
         raise ConfigError("train.forward_impl=project: sliding-window draft layers are not "
-                          "supported (layers "
-                          f"{model.sliding_window_indices}); use train.forward_impl=speculators")
+                          f"supported (layers {model.sliding_window_indices}); use "
+                          "train.forward_impl=speculators")
 
 
 def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
     """``[S, S]`` bool: query p sees step-0 key j if j ≤ p in p's document, or j == p.
     ``document_ids``: ``[1, S]`` int64, -1 = padding (speculators' ``create_combined_mask_mod``)."""
     doc = document_ids[0]
-    S = doc.shape[0]
-    idx = torch.arange(S, device=doc.device)
-    causal = idx[:, None] >= idx[None, :]
+    idx = torch.arange(doc.shape[0], device=doc.device)
     same = (doc[:, None] == doc[None, :]) & (doc[:, None] != -1)
-    return (causal & same) | (idx[:, None] == idx[None, :])
+    return ((idx[:, None] >= idx[None, :]) & same) | (idx[:, None] == idx[None, :])
 
 
 def flex_block_masks(document_ids: torch.Tensor, ttt_steps: int) -> list:
@@ -157,117 +148,66 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.view(1, x.shape[1], -1, head_dim).transpose(1, 2)
 
 
-def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """GQA head repeat: ``[1, kv, S, d]`` → ``[1, kv·groups, S, d]``."""
-    if groups == 1:
-        return x
-    b, kv, s, d = x.shape
-    return x[:, :, None].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)
-
-
 def _attend(q, keys, values, attention: str, mask, scale: float):
     """Attention of one TTT step. ``q``: ``[1, H, S, d]``; ``keys``/``values``: per earlier step and
     this one, ``[1, KV, S, d]``; ``mask``: :func:`document_mask` (eager, sdpa) or this step's
     BlockMask (flex). Returns ``[1, H, S, d]``."""
+    from transformers.models.llama.modeling_llama import repeat_kv  # GQA: [1, KV, S, d] → H heads
+
     groups = q.shape[1] // keys[0].shape[1]
     S = q.shape[2]
     if attention == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
         return flex_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), block_mask=mask,
-                              scale=scale,
-                              enable_gqa=groups > 1)
+                              scale=scale, enable_gqa=groups > 1)
     if attention == "sdpa":
         eye = torch.eye(S, dtype=torch.bool, device=q.device)
         dense = torch.cat([mask] + [eye] * (len(keys) - 1), dim=-1)  # [S, (k+1)·S]
-        return F.scaled_dot_product_attention(q, _repeat(torch.cat(keys, dim=2), groups),
-                                              _repeat(torch.cat(values, dim=2), groups),
+        return F.scaled_dot_product_attention(q, repeat_kv(torch.cat(keys, dim=2), groups),
+                                              repeat_kv(torch.cat(values, dim=2), groups),
                                               attn_mask=dense, scale=scale)
-    k0, v0 = _repeat(keys[0], groups), _repeat(values[0], groups)
-    scores = (q @ k0.transpose(-1, -2)) * scale  # [1, H, S, S]
-    scores = scores.masked_fill(~mask, float("-inf"))
+    k0, v0 = repeat_kv(keys[0], groups), repeat_kv(values[0], groups)
+    scores = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))  # [1,H,S,S]
     # each [1, H, S, 1]
-    diag = [(q * _repeat(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    diag = [(q * repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
     probs = torch.cat([scores, *diag], dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     out = probs[..., :S] @ v0
     for m, v in enumerate(values[1:]):
-        out = out + probs[..., S + m:S + m + 1] * _repeat(v, groups)
+        out = out + probs[..., S + m:S + m + 1] * repeat_kv(v, groups)
     return out
-
-
-def _qkv(attn, x: torch.Tensor, head_dim: int, cos, sin):
-    """Rotated q, k and v of a plain Llama attention on ``x`` ``[1, S, H]``."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    q, k = _heads(attn.q_proj(x), head_dim), _heads(attn.k_proj(x), head_dim)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    return q, k, _heads(attn.v_proj(x), head_dim)
-
-
-class _EmbedProjections:
-    """First-layer q/k/v of ``norm(embed(ids))``, projected once for ``S + K - 1`` positions:
-    ``q_proj(cat([e, h])) = e @ Wq[:, :H]ᵀ + h @ Wq[:, H:]ᵀ + b``; step k: rows ``k..k+S``."""
-
-    def __init__(self, layer, embeds_normed: torch.Tensor, hidden_size: int):
-        a = layer.self_attn
-        self.hidden_size = hidden_size
-        self.parts = [F.linear(embeds_normed, p.weight[:, :hidden_size], p.bias)
-                      for p in (a.q_proj, a.k_proj, a.v_proj)]  # each [1, S+K-1, out]
-
-    def at(self, step: int, length: int) -> list[torch.Tensor]:
-        return [p[:, step:step + length] for p in self.parts]
 
 
 def _first_layer(layer, h, embed_parts, head_dim, cos, sin, cache, attention, mask):
     """speculators' ``Eagle3FirstLayerMixin.forward``, embedding half precomputed."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     a, H = layer.self_attn, h.shape[-1]
     hidden_n = layer.hidden_norm(h)
     residual = hidden_n if layer.norm_before_residual else h
-    qe, ke, ve = embed_parts
-    q = _heads(qe + F.linear(hidden_n, a.q_proj.weight[:, H:]), head_dim)
-    k = _heads(ke + F.linear(hidden_n, a.k_proj.weight[:, H:]), head_dim)
-    v = _heads(ve + F.linear(hidden_n, a.v_proj.weight[:, H:]), head_dim)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    return _layer_tail(layer, residual, q, k, v, cache, attention, mask)
+    q, k, v = (_heads(e + F.linear(hidden_n, p.weight[:, H:]), head_dim)
+               for e, p in zip(embed_parts, (a.q_proj, a.k_proj, a.v_proj)))
+    return _layer_tail(layer, residual, q, k, v, cos, sin, cache, attention, mask)
 
 
 def _plain_layer(layer, h, head_dim, cos, sin, cache, attention, mask):
     """transformers' ``LlamaDecoderLayer.forward`` for one step (draft layers after the first)."""
-    q, k, v = _qkv(layer.self_attn, layer.input_layernorm(h), head_dim, cos, sin)
-    return _layer_tail(layer, h, q, k, v, cache, attention, mask)
+    a, x = layer.self_attn, layer.input_layernorm(h)
+    q, k, v = (_heads(p(x), head_dim) for p in (a.q_proj, a.k_proj, a.v_proj))
+    return _layer_tail(layer, h, q, k, v, cos, sin, cache, attention, mask)
 
 
-def _layer_tail(layer, residual, q, k, v, cache, attention, mask):
-    """Cache this step's keys/values, attend, project, add the residual, then the MLP block."""
+def _layer_tail(layer, residual, q, k, v, cos, sin, cache, attention, mask):
+    """Rotate q/k, cache this step's keys/values, attend, project, add the residual, then the MLP
+    block."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
     # rotated q/k come out in float32 under autocast (float32 cos/sin); SDPA would cast them
-    dtype = v.dtype
-    cache[0].append(k.to(dtype))
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    cache[0].append(k.to(v.dtype))
     cache[1].append(v)
     a = layer.self_attn
-    out = _attend(q.to(dtype), cache[0], cache[1], attention, mask, a.scaling)  # [1, H, S, d]
+    out = _attend(q.to(v.dtype), cache[0], cache[1], attention, mask, a.scaling)  # [1, H, S, d]
     h = residual + a.o_proj(out.transpose(1, 2).reshape(1, q.shape[2], -1))
     return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
-def _step_stats(pred, tgt, valid_base, doc, k: int, alive, run):
-    """The :mod:`eagle3.train.metrics` counts of TTT step k (``add_batch``'s rules) as tensors;
-    updates ``alive``/``run`` functionally. ``pred``/``tgt``: ``[S]`` draft and verifier argmax;
-    ``valid_base``: ``[S]`` loss mask (bool)."""
-    S = pred.shape[0]
-    if k >= S:
-        valid = torch.zeros_like(valid_base)
-        correct = valid
-    else:
-        valid = F.pad(valid_base[k:] & (doc[k:] == doc[:S - k]), (0, k))
-        correct = F.pad(pred[:S - k] == tgt[k:], (0, k))
-    hit = correct & valid
-    counts = torch.stack(
-        [hit.sum(), valid.sum(), (hit & alive).sum(), (valid & alive).sum()]).float()
-    alive = alive & hit
-    run = run + (alive & valid_base).float()
-    return counts, alive, run
 
 
 def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
@@ -293,24 +233,24 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
         loss_config = resolve_loss_config("kl_div", "eager")
     if masks is None:
         masks = step_masks(document_ids, ttt_steps, attention)
-    S = hidden_states.shape[1]
-    K = ttt_steps
-    device = hidden_states.device
+    S, K, device = hidden_states.shape[1], ttt_steps, hidden_states.device
     if position_ids is None:
         position_ids = torch.arange(1, S + 1, device=device)[None]
     if loss_mask is None:
         loss_mask = torch.ones(1, S, dtype=torch.bool, device=device)
-    first = model.layers[0]
-    H = model.hidden_size
+    first, H = model.layers[0], model.hidden_size
     head_dim = first.self_attn.head_dim
 
     # verifier targets over the draft vocabulary, computed once: [1, S, V_draft]
     with torch.no_grad():
         targets = model.verifier_lm_head(model.verifier_norm(verifier_last_hidden_states.float()))
         target_ids = targets.argmax(-1)[0]  # [S]
-        # step k: rows k..k+S  [1, S+K-1, H]
-        embeds = model.embed_tokens(F.pad(input_ids, (0, K - 1)))
-    embed_proj = _EmbedProjections(first, first.input_layernorm(embeds), H)
+        embeds = model.embed_tokens(F.pad(input_ids, (0, K - 1)))  # [1, S+K-1, H]
+    # first-layer q/k/v of norm(embed(ids)) for S + K - 1 positions, once: q_proj(cat([e, h])) =
+    # e @ Wq[:, :H]ᵀ + h @ Wq[:, H:]ᵀ + b; step k takes rows k..k+S. Each [1, S+K-1, out]
+    embeds_n, a = first.input_layernorm(embeds), first.self_attn
+    embed_proj = [F.linear(embeds_n, p.weight[:, :H], p.bias)
+                  for p in (a.q_proj, a.k_proj, a.v_proj)]
 
     x = hidden_states
     if model.input_norm is not None or model.fc_norm is not None:
@@ -318,14 +258,12 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
     if model.input_norm is not None:
         x = model.input_norm(x)
     if model.fc_norm is not None:
-        x = torch.cat(
-            [norm(c) for norm, c in zip(model.fc_norm, x.chunk(len(model.fc_norm), dim=-1))], dim=
-                -1)
+        chunks = x.chunk(len(model.fc_norm), dim=-1)
+        x = torch.cat([norm(c) for norm, c in zip(model.fc_norm, chunks)], dim=-1)
     h = model.fc(x)  # [1, S, H]
 
     caches = [([], []) for _ in model.layers]
     mask_bool = loss_mask.to(torch.bool)
-    doc = document_ids[0]
     valid_base = mask_bool[0]
     alive = torch.ones(S, dtype=torch.bool, device=device)
     run = torch.zeros(S, dtype=torch.float32, device=device)
@@ -335,37 +273,32 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
     for k in range(K):
         cos, sin = model.rotary_emb(embeds, position_ids + k)
         mask = masks[k] if attention == "flex" else masks
-        h = _first_layer(first, h, embed_proj.at(k, S), head_dim, cos, sin, caches[0], attention,
-                         mask)
+        h = _first_layer(first, h, [p[:, k:k + S] for p in embed_proj], head_dim, cos, sin,
+                         caches[0], attention, mask)
         for layer, cache in zip(model.layers[1:], caches[1:]):
             h = _plain_layer(layer, h, head_dim, cos, sin, cache, attention, mask)
-        if model.config.norm_output:
+        if model.config.norm_output:  # the normed state feeds the next step too
             h = model.norm(h)
-            logits = model.lm_head(h)
-        else:
-            logits = model.lm_head(model.norm(h))  # [1, S, V_draft]
+        logits = model.lm_head(h if model.config.norm_output else model.norm(h))  # [1, S, V_draft]
         # speculators' align_for_step: logits of starts 0..S-k-1 against targets k..S-1
-        s_logits, s_targets, s_mask = logits[:, :S - k], targets[:, k:], mask_bool[:, k:]
         pos_idx = torch.full((1, S - k), k, device=device, dtype=torch.long)
-        s_loss, _ = compound_loss(s_logits, s_targets, s_mask, pos_idx, loss_config=loss_config,
-                                  decay_fn=decay)
+        s_loss, _ = compound_loss(logits[:, :S - k], targets[:, k:], mask_bool[:, k:], pos_idx,
+                                  loss_config=loss_config, decay_fn=decay)
         loss = loss + s_loss
         with torch.no_grad():
-            counts, alive, run = _step_stats(logits[0].argmax(-1), target_ids, valid_base, doc, k,
-                                             alive, run)
-            stats.append(
-                torch.cat([counts, s_loss.detach().float().reshape(1), counts.new_ones(1)]))
+            counts, alive, run = step_stats(logits[0].argmax(-1), target_ids, valid_base,
+                                             document_ids[0], k, alive, run)
+            stats.append(torch.cat([counts, s_loss.detach().float().reshape(1),
+                                    counts.new_ones(1)]))
     with torch.no_grad():
         chain = torch.stack([(run + valid_base.float()).sum(), valid_base.float().sum()])
-        out = torch.cat([*stats, chain])
-    return loss, out
+        return loss, torch.cat([*stats, chain])
 
 
 def step_masks(document_ids: torch.Tensor, ttt_steps: int, attention: str):
     """The masks :func:`ttt_forward` takes for ``attention``."""
-    if attention == "flex":
-        return flex_block_masks(document_ids, ttt_steps)
-    return document_mask(document_ids)
+    return (flex_block_masks(document_ids, ttt_steps) if attention == "flex"
+            else document_mask(document_ids))
 
 
 def install(model, *, attention: str, compile_mode: str | None = None, backend: str | None = None,
@@ -373,27 +306,15 @@ def install(model, *, attention: str, compile_mode: str | None = None, backend: 
     """Bind this forward as ``model.forward``; ``compile_mode`` None = eager, else
     ``torch.compile`` (static shapes) in that mode. ``backend``/``fullgraph`` are for tests. Raises
     ConfigError (:func:`check_supported`, unknown attention or mode)."""
-    from eagle3.train.draft_model import COMPILE_MODES
+    from eagle3.train.draft_model import compiled
 
     check_supported(model)
     if attention not in ATTENTIONS:
         raise ConfigError(f"attention: expected one of {list(ATTENTIONS)}, got {attention!r}")
     core = functools.partial(ttt_forward, model, attention=attention)
     if compile_mode is not None:
-        if compile_mode not in COMPILE_MODES:
-            raise ConfigError(f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got "
-                              f"{compile_mode!r}")
-        kwargs: dict = {"dynamic": False, "fullgraph": fullgraph}
-        if backend is not None:
-            kwargs["backend"] = backend
-        if compile_mode != "default":
-            kwargs["mode"] = compile_mode
-        core = torch.compile(core, **kwargs)
-
-    def forward(self, **kwargs):
-        return core(**kwargs)
-
-    model.forward = types.MethodType(forward, model)
+        core = compiled(core, compile_mode, backend, fullgraph=fullgraph)
+    model.forward = core
     model._eagle3_forward = "project"  # noqa: SLF001  (what the loop reads)
 
 
@@ -403,5 +324,4 @@ def uses_project_forward(model) -> bool:
 
 
 __all__ = ["ATTENTIONS", "choose", "resolve_attention", "check_supported", "ttt_forward", "install",
-           "uses_project_forward",
-           "document_mask", "flex_block_masks", "step_masks"]
+           "uses_project_forward", "document_mask", "flex_block_masks", "step_masks"]

@@ -18,9 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     status = rank_status()
     status.mark("started")
     p = argparse.ArgumentParser(prog="python -m eagle3.train.worker")
-    p.add_argument("--config", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
+    for flag in ("--config", "--data", "--out"):
+        p.add_argument(flag, required=True)
     a = p.parse_args(argv)
     try:
         from eagle3.config import load_config
