@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from eagle3.errors import CheckpointInvalid, ConfigError
+from eagle3.train.verifier_weights import verifier_notices
 
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t",
@@ -96,7 +97,8 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
         **flags)
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d.to(torch.bool), d2t.to(torch.long))
-    model.load_verifier_weights()
+    with verifier_notices(target_dir):
+        model.load_verifier_weights()
     return model.float().train()
 
 
@@ -196,11 +198,10 @@ def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa", verifier_dir: str 
     ``speculators_config.verifier.name_or_path``; the file on disk is unchanged."""
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    if verifier_dir is None:
-        model = Eagle3DraftModel.from_pretrained(str(ckpt_dir))
-    else:
-        config = Eagle3DraftModel.config_class.from_pretrained(str(ckpt_dir))
+    config = Eagle3DraftModel.config_class.from_pretrained(str(ckpt_dir))
+    if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
+    with verifier_notices(config.speculators_config.verifier.name_or_path):
         model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
     set_attention(model, attn_impl)
     use_uncompiled_forward(model)
