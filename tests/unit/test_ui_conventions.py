@@ -31,6 +31,30 @@ def test_flow_run_name_has_the_config_name_and_overrides(monkeypatch):
     assert summary.flow_run_label() == "my-cfg-096d3bad"  # the flow then fails with the config's own error
 
 
+def test_distributed_runs_are_named_like_local_runs(tiny_cfg):
+    """A distributed flow run gets ``<config>-<id[:8]> [overrides]`` (the MLflow parent run's name),
+    not Prefect's random ``adjective-animal``: run for real on the ephemeral API, where it stops at
+    once on the missing stage deployment name."""
+    from prefect.client.orchestration import get_client
+
+    from flows.common import local_prefect, stop_ephemeral_server
+    from flows.distributed import distributed_pipeline
+    from tests.conftest import CONFIGS
+
+    overrides = [f"paths.runs_dir={tiny_cfg.paths.runs_dir}"]
+    try:
+        with local_prefect(tiny_cfg):
+            st = distributed_pipeline(config_path=str(CONFIGS / "tiny-random.yaml"),
+                                      overrides=overrides, return_state=True)
+            assert st.is_failed() and "stage_deployment" in st.message
+            fr_id = st.state_details.flow_run_id
+            with get_client(sync_client=True) as client:
+                name = client.read_flow_run(fr_id).name
+    finally:
+        stop_ephemeral_server()
+    assert name == f"tiny-random-{str(fr_id)[:8]} [{overrides[0]}]"
+
+
 def test_experiment_opens_in_model_training_mode_with_headline_columns(tiny_cfg):
     client, exp_id = tracking.client_for(tiny_cfg)
     tags = client.get_experiment(exp_id).tags
