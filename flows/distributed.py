@@ -38,7 +38,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from eagle3.errors import ConfigError, Eagle3Error
-from flows.common import flow_run_label, load_run_config, parent_run, publish_summary
+from flows.common import finished, flow_run_label, load_run_config, parent_run, publish_summary
 from flows.handover import portable, read_handover
 from flows.pipeline import Runner, run_sequence
 from flows.stages import flow_name
@@ -188,4 +188,4 @@ def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
                                 *[f"| {k} | {v['work_pool']} | {v['host']} | {v['flow_run_id']} |"
                                   for k, v in placed.items()]]
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
-    return summary
+    return finished(summary)  # the decision as the state's message; the result is the dict
