@@ -86,7 +86,7 @@ export PREFECT_API_URL=$PREFECT_API
 export MLFLOW_TRACKING_URI=$MLFLOW_URL
 ENV
   echo "Prefect UI: http://127.0.0.1:${PREFECT_PORT}   MLflow UI: $MLFLOW_URL"
-  echo "next: source $STATE/env.sh && prefect deployment run 'eagle3-pipeline/smollm2-cpu'"
+  echo "next: source $STATE/env.sh && prefect deployment run 'eagle3-pipeline/smollm2-cpu' --watch"
 }
 
 group_alive() { alive "$1" || pgrep -g "$1" >/dev/null 2>&1; }
