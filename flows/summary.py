@@ -34,7 +34,7 @@ from tasks import mlflow_ui as ui
 from tasks import tracking
 
 LIBRARY_LOGGER = "eagle3"
-ERROR_WIDTH = 100  # columns of the error block in the failure artifact (Prefect does not wrap it)
+ERROR_WIDTH = 80  # columns of the failure artifact's error block: what Prefect's page shows unwrapped
 
 
 def flow_run_label() -> str:

@@ -148,7 +148,7 @@ def test_failure_artifact_error_block_is_wrapped():
     msg = ("stage deploy-bench failed: " + "word " * 60 + "/" + "p" * 130 + "\nsecond line")
     block = summary.error_block(f"ValueError: {msg}")
     assert len(block) > 3 and block[-1] == "second line"
-    assert all(len(x) <= 100 for x in block), [len(x) for x in block]
+    assert all(len(x) <= summary.ERROR_WIDTH for x in block), [len(x) for x in block]
     assert "".join(block).replace(" ", "") == f"ValueError: {msg}".replace(" ", "").replace(
         "\n", "")
 
@@ -179,7 +179,7 @@ def test_failure_lines_name_the_stage_and_its_run(tiny_cfg):
     tracking.set_parent_tags(tiny_cfg, parent, {mlflow_ui.NOTE_TAG: "decision: **more data**"})
     tracking.finish_run(tiny_cfg, parent, error=err)
     note = client.get_run(parent).data.tags[mlflow_ui.NOTE_TAG]
-    assert note.startswith("**Failed** — `ValueError`: stage deploy-bench failed") and note.endswith(
+    assert note.startswith("FAILED — ValueError: stage deploy-bench failed") and note.endswith(
         "decision: **more data**")
 
 
