@@ -10,7 +10,8 @@ MLflow conventions used (mlflow 3.17, read from its UI bundle ``mlflow/server/js
   link here carries (without it the UI opens the experiment on its last choice, GenAI by default);
 - experiment tag ``mlflow.sharedViewState.<key>`` = the run list's view state as JSON (the keys the
   UI shares: ``selectedColumns`` with column ids ``metrics.`<key>``` / ``tags.`<key>``` /
-  ``attributes.`Description```, ``columnWidths`` {column id: pixels}, ``orderByKey``,
+  ``attributes.`Description```, ``columnOrder``, ``columnWidths`` {column id: pixels} applied
+  to the columns of ``columnOrder`` only (``3793.*.chunk.js``), ``orderByKey``,
   ``orderByAsc``), opened by the URL ``#/experiments/<id>?viewStateShareKey=<key>`` (what the UI's
   own "Share" button makes); a metric column is 100 px wide unless set, and shows the value as
   logged (no rounding);
@@ -36,20 +37,25 @@ DESCRIPTION_COLUMN = "attributes.`Description`"
 # metric name -> AcceptanceFigures field; "AL" = acceptance length, bonus token counted
 HEADLINE_METRICS = {"AL served": "served", "AL untrained": "untrained", "AL offline": "offline"}
 HEADLINE_TAGS = ("eagle3.decision", "eagle3.acceptance_gate")
-COLUMN_WIDTHS = {DESCRIPTION_COLUMN: 560, **{f"metrics.`{k}`": 110 for k in HEADLINE_METRICS},
-                 "tags.`eagle3.decision`": 170, "tags.`eagle3.acceptance_gate`": 120}
+COLUMN_WIDTHS = {DESCRIPTION_COLUMN: 560, **{f"metrics.`{k}`": 105 for k in HEADLINE_METRICS},
+                 "tags.`eagle3.decision`": 170, "tags.`eagle3.acceptance_gate`": 110}
+# the UI applies columnWidths only to the columns listed in columnOrder (its column ids for the run
+# name, date and duration read from the rendered grid's header cells, ``col-id``)
+LEADING_COLUMNS = ("attributes.`Run Name`", "runDateAndNestInfo", "duration")
 
 
 def run_list_view() -> dict:
     """The run list's view state: after the run name, creation time and duration, the description
     (its first line: the decision and the acceptance lengths, labelled and rounded,
     :func:`headline_line`), then the short-named headline metrics (:data:`HEADLINE_METRICS`), the
-    decision and the gate, each wide enough for its title and value (:data:`COLUMN_WIDTHS`);
-    MLflow's default Source / Models / Dataset columns left out; newest run first."""
+    decision and the gate, in that order, each wide enough for its title and value
+    (:data:`COLUMN_WIDTHS`); MLflow's default Source / Models / Dataset columns left out; newest
+    run first."""
     cols = ([DESCRIPTION_COLUMN] + [f"metrics.`{k}`" for k in HEADLINE_METRICS]
             + [f"tags.`{k}`" for k in HEADLINE_TAGS])
-    return {"selectedColumns": cols, "columnWidths": dict(COLUMN_WIDTHS),
-            "orderByKey": "attributes.start_time", "orderByAsc": False, "searchFilter": ""}
+    return {"selectedColumns": cols, "columnOrder": [*LEADING_COLUMNS, *cols],
+            "columnWidths": dict(COLUMN_WIDTHS), "orderByKey": "attributes.start_time",
+            "orderByAsc": False, "searchFilter": ""}
 
 
 def headline_metrics(figures: Any) -> dict[str, float]:
