@@ -37,22 +37,24 @@ DESCRIPTION_COLUMN = "attributes.`Description`"
 # metric name -> AcceptanceFigures field; "AL" = acceptance length, bonus token counted
 HEADLINE_METRICS = {"AL served": "served", "AL untrained": "untrained", "AL offline": "offline"}
 HEADLINE_TAGS = ("eagle3.decision", "eagle3.acceptance_gate")
-COLUMN_WIDTHS = {DESCRIPTION_COLUMN: 560, **{f"metrics.`{k}`": 105 for k in HEADLINE_METRICS},
-                 "tags.`eagle3.decision`": 170, "tags.`eagle3.acceptance_gate`": 110}
+# pixels: a title and a 3-decimal value; "more evidence needed"; the description's 50 characters
+COLUMN_WIDTHS = {"metrics.`AL served`": 95, "metrics.`AL untrained`": 105,
+                 "metrics.`AL offline`": 95, "tags.`eagle3.decision`": 170,
+                 "tags.`eagle3.acceptance_gate`": 120, DESCRIPTION_COLUMN: 380}
+DESCRIPTION_CHARS = 50  # the run list shows a description's first 50 characters (then "...")
 # the UI applies columnWidths only to the columns listed in columnOrder (its column ids for the run
 # name, date and duration read from the rendered grid's header cells, ``col-id``)
 LEADING_COLUMNS = ("attributes.`Run Name`", "runDateAndNestInfo", "duration")
 
 
 def run_list_view() -> dict:
-    """The run list's view state: after the run name, creation time and duration, the description
-    (its first line: the decision and the acceptance lengths, labelled and rounded,
-    :func:`headline_line`), then the short-named headline metrics (:data:`HEADLINE_METRICS`), the
-    decision and the gate, in that order, each wide enough for its title and value
-    (:data:`COLUMN_WIDTHS`); MLflow's default Source / Models / Dataset columns left out; newest
-    run first."""
-    cols = ([DESCRIPTION_COLUMN] + [f"metrics.`{k}`" for k in HEADLINE_METRICS]
-            + [f"tags.`{k}`" for k in HEADLINE_TAGS])
+    """The run list's view state: after the run name, creation time and duration, the short-named
+    rounded acceptance lengths (:data:`HEADLINE_METRICS`), the decision and the gate, then the
+    description (:func:`headline_line` first), in that order and each wide enough for its title
+    and value (:data:`COLUMN_WIDTHS`), so the figures and the decision fit on the first screen;
+    MLflow's default Source / Models / Dataset columns left out; newest run first."""
+    cols = ([f"metrics.`{k}`" for k in HEADLINE_METRICS] + [f"tags.`{k}`" for k in HEADLINE_TAGS]
+            + [DESCRIPTION_COLUMN])
     return {"selectedColumns": cols, "columnOrder": [*LEADING_COLUMNS, *cols],
             "columnWidths": dict(COLUMN_WIDTHS), "orderByKey": "attributes.start_time",
             "orderByAsc": False, "searchFilter": ""}
@@ -71,13 +73,21 @@ def _fmt(v: float | None) -> str:
 
 
 def headline_line(figures: Any, decision: Any) -> str:
-    """One plain-text line (no markdown: the run list shows the description as text): the decision,
-    then the acceptance lengths (AL, bonus token counted) served, untrained, offline to 3 decimals,
-    then the gate, e.g. ``more data; AL served 1.210, untrained 1.010, offline 1.250; gate
-    passed``."""
-    gate = "gate passed" if figures.passed else f"gate FAILED (minimum {figures.minimum:g})"
-    return (f"{decision.recommendation}; AL served {_fmt(figures.served)}, untrained "
-            f"{_fmt(figures.untrained)}, offline {_fmt(figures.offline)}; {gate}")
+    """The description's first line, plain text of at most :data:`DESCRIPTION_CHARS` characters for
+    every decision (the run list shows that many): the decision, then the served acceptance length
+    (AL, bonus token counted) and the untrained baseline's, to 3 decimals, e.g. ``more evidence
+    needed; AL 1.210, untrained 1.010``."""
+    return (f"{decision.recommendation}; AL {_fmt(figures.served)}, "
+            f"untrained {_fmt(figures.untrained)}")
+
+
+def figures_line(figures: Any) -> str:
+    """The description's second line: what AL means, all four figures labelled, the gate."""
+    gate = ("passed" if figures.passed else "FAILED")
+    return (f"AL = acceptance length, bonus token counted: served {_fmt(figures.served)}, "
+            f"untrained baseline {_fmt(figures.untrained)}, offline {_fmt(figures.offline)}, "
+            f"simulated {_fmt(figures.simulated)}; acceptance gate (minimum {figures.minimum:g}) "
+            f"{gate}.")
 
 
 def experiment_tags() -> dict[str, str]:
@@ -139,13 +149,13 @@ def prefect_ui_base() -> str | None:
 
 def parent_note(config_name: str, figures: Any, decision: Any) -> str:
     """The parent run's description (``mlflow.note.content``). First, in the lines the run page
-    shows before "Show more" and in the run list's Description column: :func:`headline_line`; then
-    the rule, confidence and the meaning of AL; the table of the four acceptance lengths; the gate
-    with its diagnosis; the decision's evidence lines. ``figures``:
-    ``tasks.results.AcceptanceFigures``; ``decision``: ``eagle3.decide.Decision``."""
-    lines = [headline_line(figures, decision), "",
+    shows before "Show more" (the list's Description column shows the first line):
+    :func:`headline_line` and :func:`figures_line`; then the rule and confidence; the table of the
+    four acceptance lengths; the gate with its diagnosis; the decision's evidence lines.
+    ``figures``: ``tasks.results.AcceptanceFigures``; ``decision``: ``eagle3.decide.Decision``."""
+    lines = [headline_line(figures, decision), "", figures_line(figures), "",
              f"**{config_name}** — decision **{decision.recommendation}** (rule `{decision.rule}`, "
-             f"confidence {decision.confidence}); AL = acceptance length, bonus token counted.", "",
+             f"confidence {decision.confidence}).", "",
              "| acceptance length (bonus token counted) | value |", "|---|---|",
              f"| served, trained draft | {_fmt(figures.served)} |",
              f"| offline, same draft and prompts | {_fmt(figures.offline)} |",

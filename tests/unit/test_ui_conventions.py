@@ -60,13 +60,14 @@ def test_experiment_opens_in_model_training_mode_with_headline_columns(tiny_cfg)
     tags = client.get_experiment(exp_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(tags[f"mlflow.sharedViewState.{mlflow_ui.VIEW_KEY}"])
-    # the description first (decision and labelled, rounded figures), then distinct short titles
-    assert view["selectedColumns"] == ["attributes.`Description`", "metrics.`AL served`",
-                                       "metrics.`AL untrained`", "metrics.`AL offline`",
-                                       "tags.`eagle3.decision`", "tags.`eagle3.acceptance_gate`"]
-    titles = [c.split("`")[1] for c in view["selectedColumns"]]
+    # distinct short titles with rounded values and the decision first, then the description
+    cols = ["metrics.`AL served`", "metrics.`AL untrained`", "metrics.`AL offline`",
+            "tags.`eagle3.decision`", "tags.`eagle3.acceptance_gate`", "attributes.`Description`"]
+    assert view["selectedColumns"] == cols and view["columnOrder"][-len(cols):] == cols
+    titles = [c.split("`")[1] for c in cols]
     assert len({t[:12] for t in titles}) == len(titles)  # no two alike in a 100-px column
     assert view["columnWidths"]["tags.`eagle3.decision`"] >= 8 * len("more evidence needed")
+    assert set(view["columnWidths"]) <= set(view["columnOrder"])  # MLflow sizes only those
     assert mlflow_ui.experiment_url("http://h:5000", exp_id) == (f"http://h:5000/#/experiments/{exp_id}/runs?workflowType="
                                                                    f"machine_learning&viewStateShareKey={mlflow_ui.VIEW_KEY}")
 
@@ -111,11 +112,19 @@ def test_parent_description_has_the_decision_and_its_evidence():
     note = mlflow_ui.parent_note("tiny-random", _figures(), d)
     # the first line, shown before "Show more" and as plain text in the run list: the decision and
     # every acceptance length labelled and rounded
-    first = note.splitlines()[0]
-    assert first == ("more evidence needed; AL served 1.210, untrained 1.010, offline 1.250; "
-                     "gate passed")
+    lines = note.splitlines()
+    assert lines[0] == "more evidence needed; AL 1.210, untrained 1.010"
+    assert lines[2] == ("AL = acceptance length, bonus token counted: served 1.210, untrained "
+                        "baseline 1.010, offline 1.250, simulated 1.400; acceptance gate "
+                        "(minimum 1) passed.")
     assert "decision **more evidence needed** (rule `too_few_evaluations`" in note
-    assert "AL = acceptance length, bonus token counted" in note
+    # the run list shows 50 characters: the first line fits for every decision
+    from eagle3.decide import OUTCOMES
+
+    for outcome in OUTCOMES:
+        d.recommendation = outcome
+        head = mlflow_ui.headline_line(_figures(), d)
+        assert len(head) <= mlflow_ui.DESCRIPTION_CHARS, head
     assert "| served, trained draft | 1.210 |" in note and "| served, untrained baseline | 1.010 |" in note
     assert "fewer than 2 evaluations" in note and "Acceptance gate (minimum 1): passed" in note
 
@@ -124,8 +133,8 @@ def test_headline_metrics_are_short_distinct_and_rounded():
     fig = AcceptanceFigures(1.2345678, None, 1.0000004, 1.4696969696969695, 3.0, minimum=1.0,
                             passed=True, failure=None)
     assert mlflow_ui.headline_metrics(fig) == {"AL served": 1.235, "AL offline": 1.0}
-    failed = mlflow_ui.headline_line(_figures(passed=False), recommend({}, {"served": 1.21}))
-    assert failed.endswith("; gate FAILED (minimum 1)") and "untrained 1.010" in failed
+    failed = mlflow_ui.figures_line(_figures(passed=False))
+    assert failed.endswith("acceptance gate (minimum 1) FAILED.") and "untrained baseline 1.010" in failed
 
 
 def test_flow_run_shows_the_parent_run_and_the_decision(tiny_cfg, caplog):
