@@ -163,7 +163,8 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
         b = Browser(pw, shots)
         # Prefect: the flow run's name carries the config name (and the overrides)
         # ... and its log (the page's first tab) starts with the MLflow parent run's id
-        page = b.open(f"{ui}/runs/flow-run/{ok['id']}", f"MLflow parent run {parent}", "prefect-flow-run")
+        page = b.open(f"{ui}/runs/flow-run/{ok['id']}", f"MLflow parent run {parent}",
+                      "prefect-flow-run")
         assert ok["name"].startswith("tiny-random-") and page.title().startswith(f"Flow Run: {ok['name']}")
         # the extraction's own warning is in the task-run logs
         assert page.get_by_text("records skipped").count() >= 1
@@ -192,14 +193,15 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
         for want in ("AL served", "AL untrained", "AL offline", "eagle3.decision",
                      "more evidence needed"):
             assert want in text, want
-        # the view's column order and widths are applied: the description in full, the decision readable
+        # the view's column order and widths are applied: titles and the decision readable
         widths = dict(page.eval_on_selector_all(
             ".ag-header-cell", "els => els.map(e => [e.getAttribute('col-id'), e.offsetWidth])"))
         from tasks.mlflow_ui import COLUMN_WIDTHS
 
         assert all(widths.get(k) == w for k, w in COLUMN_WIDTHS.items() if k in widths), widths
         heads = [k for k in widths if k.startswith("metrics.")]
-        assert heads == ["metrics.`AL served`", "metrics.`AL untrained`", "metrics.`AL offline`"], heads
+        assert heads == ["metrics.`AL served`", "metrics.`AL untrained`",
+                         "metrics.`AL offline`"], heads
         decision = page.locator(".ag-cell[col-id='tags.`eagle3.decision`']").nth(1)  # the good run
         assert decision.is_visible() and decision.bounding_box()["x"] + 170 <= 1280
         # the model version page loads (no HTTP 5xx: it used to fail on get-artifact?path=MLmodel)

@@ -134,7 +134,8 @@ def test_headline_metrics_are_short_distinct_and_rounded():
                             passed=True, failure=None)
     assert mlflow_ui.headline_metrics(fig) == {"AL served": 1.235, "AL offline": 1.0}
     failed = mlflow_ui.figures_line(_figures(passed=False))
-    assert failed.endswith("acceptance gate (minimum 1) FAILED.") and "untrained baseline 1.010" in failed
+    assert failed.endswith("acceptance gate (minimum 1) FAILED.")
+    assert "untrained baseline 1.010" in failed
 
 
 def test_flow_run_shows_the_parent_run_and_the_decision(tiny_cfg, caplog):
