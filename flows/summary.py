@@ -34,7 +34,8 @@ from tasks import mlflow_ui as ui
 from tasks import tracking
 
 LIBRARY_LOGGER = "eagle3"
-ERROR_WIDTH = 80  # columns of the failure artifact's error block: what Prefect's page shows unwrapped
+# columns of the failure artifact's error block: what Prefect's artifact page shows without cutting
+ERROR_WIDTH = 80
 
 
 def flow_run_label() -> str:

@@ -3,14 +3,15 @@
 server, MLflow server, deployment server, on free loopback ports, state under tmp), then a run made to fail in
 its benchmark (``bench.request_timeout_s=0.01``).
 
-Asserted from the rendered pages: ``prefect deployment run --watch`` prints the MLflow parent run id and the
-decision; the flow run's name carries the config name, its state message the decision and the acceptance
-lengths; the summary artifact shows the acceptance lengths, the decision and an MLflow link that opens the
-parent run; the parent run page shows the decision and every acceptance length on its first screen; the
-MLflow run list shows the description (decision, labelled rounded figures) and distinct short acceptance
-columns; the model version page loads without an HTTP error; the failed run's artifact names the stage, shows
-its error on several lines, and links its MLflow run, whose artifacts hold the error, and its Prefect task-run
-log. ``make stack-down``'s script stops everything without SIGKILL.
+Asserted from the rendered pages: ``prefect deployment run --watch`` prints the MLflow parent
+run id and the decision; the flow run's name carries the config name, its state message the
+decision and the acceptance lengths; the summary artifact shows the acceptance lengths, the
+decision and an MLflow link that opens the parent run; the parent run page shows the decision and
+every acceptance length on its first screen; the MLflow run list shows distinct short rounded
+acceptance columns and the decision, sized to be read; the model version page loads without an
+HTTP error; the failed run's artifact names the stage, shows its error on several lines, and links
+its MLflow run, whose artifacts hold the error, and its Prefect task-run log.
+``make stack-down``'s script stops everything without SIGKILL.
 
 Opt-in (minutes, three servers): ``EAGLE3_BROWSER=1 pytest -m browser tests/e2e/test_ui_browser.py``; needs
 ``pip install playwright`` (no browser download: it drives ``/usr/bin/chromium``). ``EAGLE3_UI_SCREENSHOTS=DIR``
@@ -93,12 +94,13 @@ def _run_deployment_cli(api: str, overrides: list[str], timeout_s: float = 900) 
 
     env = {**os.environ, "PREFECT_API_URL": api, "COLUMNS": "200"}
     deadline = time.monotonic() + 120  # the deployment server registers them right after it says so
-    while httpx.get(f"{api}/deployments/name/eagle3-pipeline/tiny-random", timeout=30).status_code == 404:
+    url = f"{api}/deployments/name/eagle3-pipeline/tiny-random"
+    while httpx.get(url, timeout=30).status_code == 404:
         assert time.monotonic() < deadline
         time.sleep(2)
-    cmd = [str(Path(sys.executable).parent / "prefect"), "deployment", "run", "eagle3-pipeline/tiny-random",
-           "--param", "config_path=configs/tiny-random.yaml", "--param", f"overrides={json.dumps(overrides)}",
-           "--watch"]
+    cmd = [str(Path(sys.executable).parent / "prefect"), "deployment", "run",
+           "eagle3-pipeline/tiny-random", "--param", "config_path=configs/tiny-random.yaml",
+           "--param", f"overrides={json.dumps(overrides)}", "--watch"]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     text = out.stdout + out.stderr
     fr_id = re.search(r"UUID: ([0-9a-f-]{36})", text)
@@ -152,10 +154,12 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
     ok, printed = _run_deployment_cli(api, [runs])
     assert ok["state_type"] == "COMPLETED", ok["state"]
     # what a `prefect deployment run --watch` user sees: the parent run id and the decision
-    parent = printed.split("MLflow parent run ", 1)[1].split()[0] if "MLflow parent run " in printed else ""
+    head = "MLflow parent run "
+    parent = printed.split(head, 1)[1].split()[0] if head in printed else ""
     assert len(parent) == 32 and f"eagle3 decide {parent}" in printed, printed[-3000:]
     message = ok["state"]["message"]
-    assert message.startswith("decision: ") and "AL served " in message and parent in message, message
+    assert message.startswith("decision: ") and "AL served " in message, message
+    assert parent in message, message
     bad = _run_deployment(api, [runs, "bench.request_timeout_s=0.01"])
     assert bad["state_type"] == "FAILED"
     ui = api.removesuffix("/api")
@@ -216,7 +220,8 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
         page = b.open(f"{ui}/artifacts/artifact/{art['id']}", "Failed stage", "prefect-failure-artifact")
         text = page.inner_text("body")
         assert "Failed stage: deploy-bench" in text and "bench.request_timeout_s" in text
-        block = page.locator("pre").first.inner_text()  # the error, wrapped: not cut at the page's edge
+        # the error, wrapped: not cut at the page's edge
+        block = page.locator("pre").first.inner_text()
         assert block.count("\n") >= 1 and max(len(x) for x in block.splitlines()) <= 80, block
         stage_run = page.locator(f"a[href^='{mlflow}']", has_text="deploy-bench").first.get_attribute("href")
         log = page.get_by_role("link", name="artifacts (error.txt, logs)").get_attribute("href")
