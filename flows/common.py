@@ -18,7 +18,9 @@ from eagle3.config import RunConfig, load_config
 from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
 from flows.summary import (  # noqa: F401 - flow_run_label, mlflow_ui, publish_summary: for the flows and the CLI
+    announce_parent,
     attach_library_logs,
+    finished,
     flow_run_label,
     mlflow_ui,
     publish_failure,
@@ -209,6 +211,7 @@ def parent_run(cfg: RunConfig, flow_name: str, record: dict | None = None) -> It
     config_file = save_resolved_config(cfg)
     run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
                                          config_file=config_file)
+    announce_parent(cfg, run_id)  # the id `eagle3 decide` needs, first in the flow run's log
     with _recorded(cfg, run_id):
         try:
             yield run_id

@@ -38,7 +38,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from eagle3.errors import ConfigError, Eagle3Error
-from flows.common import load_run_config, parent_run, publish_summary
+from flows.common import finished, flow_run_label, load_run_config, parent_run, publish_summary
 from flows.handover import portable, read_handover
 from flows.pipeline import Runner, run_sequence
 from flows.stages import flow_name
@@ -160,7 +160,7 @@ def deployment_runner(cfg: Any, parent: str, record: dict, config_path: str, ove
     return run
 
 
-@flow(name=FLOW_NAME, log_prints=False)
+@flow(name=FLOW_NAME, flow_run_name=flow_run_label, log_prints=False)
 def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
                          stage_deployment: str | None = None) -> dict:
     """The whole pipeline, each stage a flow run of its own deployment (see the module doc). Returns
@@ -188,4 +188,4 @@ def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
                                 *[f"| {k} | {v['work_pool']} | {v['host']} | {v['flow_run_id']} |"
                                   for k, v in placed.items()]]
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
-    return summary
+    return finished(summary)  # the decision as the state's message; the result is the dict

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from prefect import flow
 
-from flows.common import data_line, flow_run_label, load_run_config, parent_run, publish_summary
+from flows.common import (data_line, finished, flow_run_label, load_run_config, parent_run,
+                          publish_summary)
 from flows.stages import STEPS
 from tasks import tracking
 from tasks.bench import decision_task, gate_task
@@ -79,7 +80,7 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None,
     with parent_run(cfg, FLOW_NAME, record) as parent:
         summary = run_sequence(cfg, parent, record, local_runner(cfg, parent, record, extract_dir))
         publish_summary(cfg, parent, f"{FLOW_NAME}: {cfg.name}", summary["markdown"])
-    return summary
+    return finished(summary)  # the decision as the state's message; the result is the dict
 
 
 def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision: Any, record: dict,

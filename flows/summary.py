@@ -1,34 +1,41 @@
-"""What a person sees of a flow run in the Prefect UI: its name, the library's log lines in the
-task-run logs, and a markdown artifact with the figures and real links — also for a run that failed.
+"""What a person sees of a flow run in the Prefect UI and on the console of ``prefect deployment
+run --watch``: its name, the MLflow parent run's id in its log, the library's log lines in the
+task-run logs, its final state's message, and a markdown artifact with the figures and real links —
+also for a run that failed.
 
 - Flow run names come from :func:`flow_run_label` (Prefect's ``flow_run_name``): ``<config
-  name>-<first 8
-  characters of the flow run id>`` — the MLflow parent run's name — plus the overrides, e.g.
-  ``tiny-random-096d3bad [train.lr=1e-3]``.
-- Log records of the library's loggers (``eagle3.*``: records skipped, samples truncated, ...) go to
-  the
-  current Prefect task or flow run (:func:`attach_library_logs`, what
-  ``PREFECT_LOGGING_EXTRA_LOGGERS`` does,
-  silent outside a run).
+  name>-<first 8 characters of the flow run id>`` — the MLflow parent run's name — plus the
+  overrides, e.g. ``tiny-random-096d3bad [train.lr=1e-3]``.
+- The MLflow parent run's id and the ``eagle3 decide`` command are logged to the flow run as soon
+  as the parent run exists (:func:`announce_parent`): the first lines of the flow run's log, and of
+  what ``prefect deployment run --watch`` prints.
+- A finished flow run's state message is the decision, the acceptance lengths and the parent run
+  id (:func:`finished`): Prefect's "Finished in state Completed('...')" line and the flow run page.
+- Log records of the library's loggers (``eagle3.*``: records skipped, samples truncated, ...) go
+  to the current Prefect task or flow run (:func:`attach_library_logs`, what
+  ``PREFECT_LOGGING_EXTRA_LOGGERS`` does, silent outside a run).
 - Links: an MLflow tracking server's own URL; for a local SQLite store there is no server to link
-  to, so the
-  artifact gives the command that opens the UI, as plain text.
+  to, so the artifact gives the command that opens the UI, as plain text.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
+from prefect.states import Completed, State
 from prefect.logging.handlers import APILogHandler
 
 from tasks import mlflow_ui as ui
 from tasks import tracking
 
 LIBRARY_LOGGER = "eagle3"
+# columns of the failure artifact's error block: what Prefect's artifact page shows without cutting
+ERROR_WIDTH = 80
 
 
 def flow_run_label() -> str:
@@ -47,6 +54,55 @@ def flow_run_label() -> str:
         name = Path(path).stem
     label = f"{name}-{str(flow_run.id)[:8]}"
     return label + (f" [{' '.join(overrides)}]" if overrides else "")
+
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger (to the Prefect API and the console), or this module's outside a run.
+    """
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+def announce_parent(cfg: Any, parent: str) -> str:
+    """Log (INFO, to the flow run) the MLflow parent run's id, where it is, and the command that
+    reads its decision: what a ``prefect deployment run`` user needs for ``eagle3 decide``. Returns
+    the line."""
+    link, cmd = mlflow_ui(cfg, tracking.client_for(cfg)[1], parent)
+    where = f"MLflow UI: {link}" if link else f"open the MLflow UI with: {cmd}"
+    line = (f"MLflow parent run {parent} (store {tracking.tracking_uri(cfg)}); its decision: "
+            f"`eagle3 decide {parent}`; {where}")
+    _run_logger().info(line)
+    return line
+
+
+def _fmt(v: Any) -> str:
+    return "n/a" if v is None else f"{float(v):.3f}"
+
+
+def headline(summary: dict) -> str:
+    """One line from a pipeline summary (``flows.pipeline.pipeline_summary``): the decision and its
+    rule, the acceptance lengths (AL, bonus token counted) served / untrained / offline to 3
+    decimals, the MLflow parent run id with the ``eagle3 decide`` command."""
+    parent = summary.get("parent_run_id")
+    return (f"decision: {summary.get('decision')} (rule {summary.get('decision_rule')}); "
+            f"AL served {_fmt(summary.get('acceptance_length'))}, untrained "
+            f"{_fmt(summary.get('acceptance_length_untrained'))}, offline "
+            f"{_fmt(summary.get('acceptance_length_offline'))}; MLflow parent run {parent}: "
+            f"eagle3 decide {parent}")
+
+
+def finished(summary: dict) -> State:
+    """The flow's return value: Completed with :func:`headline` as its message and ``summary`` as
+    its result (a caller's ``flow(...)`` and ``state.result()`` still get the dict). The headline is
+    also logged to the flow run."""
+    line = headline(summary)
+    _run_logger().info(line)
+    return Completed(message=line, data=summary)
 
 
 class _RunLogHandler(APILogHandler):
@@ -91,11 +147,13 @@ def mlflow_ui(cfg: Any, experiment_id: str | None = None,
 def _links(cfg: Any, exp_id: str, parent: str) -> list[str]:
     uri = tracking.tracking_uri(cfg)
     base = ui.ui_base(uri)
+    decide = f"- its decision from the command line: `eagle3 decide {parent}`"
     if base is None:
-        return [f"- MLflow: local store {uri}, parent run {parent}; open the UI with: {ui.ui_command(uri)}"]
+        return [f"- MLflow: local store {uri}, parent run {parent}; open the UI with: "
+                f"{ui.ui_command(uri)}", decide]
     return [f"- MLflow run: [{cfg.name} ({parent[:8]})]({ui.run_url(base, exp_id, parent)})",
             f"- all runs of the experiment, with acceptance and decision columns: "
-            f"[{cfg.tracking.experiment}]({ui.experiment_url(base, exp_id)})"]
+            f"[{cfg.tracking.experiment}]({ui.experiment_url(base, exp_id)})", decide]
 
 
 def _key(cfg: Any, suffix: str = "") -> str:
@@ -123,25 +181,39 @@ def _failed_run(cfg: Any, exp_id: str, parent: str) -> Any | None:
     client, _ = tracking.client_for(cfg)
     runs = client.search_runs([exp_id],
                               filter_string=f"tags.`{tracking.PARENT_TAG}` = '{parent}' and "
-                              "attributes.status = 'FAILED'", order_by=["attributes.start_time DESC"], max_results=1)
+                              "attributes.status = 'FAILED'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
+
+
+def error_block(message: str, width: int = ERROR_WIDTH) -> list[str]:
+    """``message`` as the lines of a code block at most ``width`` columns wide (Prefect's markdown
+    shows a code block unwrapped, so one long line is cut off at the page's edge): its own line
+    breaks kept, long lines wrapped at spaces; a single word longer than ``width`` (a path, a URL)
+    is cut into ``width``-column pieces."""
+    out: list[str] = []
+    for line in message.splitlines() or [""]:
+        out += textwrap.wrap(line, width, break_on_hyphens=False, replace_whitespace=False,
+                             drop_whitespace=True) or [""]
+    return out
 
 
 def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> list[str]:
     """What failed and where to look: the stage, the error, the stage's MLflow run (its
     ``error.txt`` and logged files: the engine log of deploy-bench), its Prefect task-run log."""
     stage = failed_stage(error) or "the flow itself (before any stage)"
-    message = str(error)
-    lines = [f"**Failed stage: {stage}**", "", "```", f"{type(error).__name__}: {message[:3000]}",
-             "```", ""]
+    message = f"{type(error).__name__}: {str(error)[:3000]}"
+    lines = [f"**Failed stage: {stage}**", "", "```", *error_block(message), "```", ""]
     run = _failed_run(cfg, exp_id, parent)
     base = ui.ui_base(tracking.tracking_uri(cfg))
     if run is not None and base is not None:
         url = ui.run_url(base, exp_id, run.info.run_id)
+        arts = ui.run_url(base, exp_id, run.info.run_id, "artifacts")
         lines += [f"- its MLflow run: [{run.info.run_name}]({url}); its log and error: "
-                  f"[artifacts (error.txt, logs)]({ui.run_url(base, exp_id, run.info.run_id, 'artifacts')})"]
+                  f"[artifacts (error.txt, logs)]({arts})"]
     elif run is not None:
-        lines += [f"- its MLflow run: {run.info.run_name} ({run.info.run_id}), error in its artifact error.txt"]
+        lines += [f"- its MLflow run: {run.info.run_name} ({run.info.run_id}), error in its "
+                  "artifact error.txt"]
     task_run = run.data.tags.get("prefect.task_run_id") if run is not None else None
     prefect_base = ui.prefect_ui_base()
     if task_run and prefect_base:

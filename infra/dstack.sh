@@ -159,7 +159,8 @@ export PREFECT_API_URL=$PREFECT_API
 export MLFLOW_TRACKING_URI=$MLFLOW_URL
 ENV
   log "Prefect UI: http://127.0.0.1:$PREFECT_PORT   MLflow UI: $MLFLOW_URL   shared runs: $STATE/shared/runs"
-  log "next: source $STATE/env.sh && prefect deployment run 'eagle3-distributed/tiny-random'"
+  local run="prefect deployment run 'eagle3-distributed/tiny-random' --watch"
+  log "next: source $STATE/env.sh && $run"
 }
 
 down() {

@@ -61,7 +61,10 @@ up() {
   rm -f "$PIDS"
   mkdir -p "$STATE/prefect" "$STATE/mlartifacts" "$ROOT/runs/.prefect/storage"
   trap 'echo "start-up failed; stopping what was started" >&2; down' ERR
-  start prefect-server "$STATE/prefect-server.log" \
+  # logs streamed out: `prefect deployment run --watch` prints the flow run's log lines (the MLflow
+  # parent run id, the decision), not only its state changes
+  PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
+    start prefect-server "$STATE/prefect-server.log" \
     "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
   # no GenAI job runner (nothing of a training pipeline uses it), and uvicorn closes idle browser connections
   # within 5 s of SIGTERM, so `down` needs no SIGKILL
@@ -86,7 +89,7 @@ export PREFECT_API_URL=$PREFECT_API
 export MLFLOW_TRACKING_URI=$MLFLOW_URL
 ENV
   echo "Prefect UI: http://127.0.0.1:${PREFECT_PORT}   MLflow UI: $MLFLOW_URL"
-  echo "next: source $STATE/env.sh && prefect deployment run 'eagle3-pipeline/smollm2-cpu'"
+  echo "next: source $STATE/env.sh && prefect deployment run 'eagle3-pipeline/smollm2-cpu' --watch"
 }
 
 group_alive() { alive "$1" || pgrep -g "$1" >/dev/null 2>&1; }

@@ -181,6 +181,8 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
     tracking.set_parent_tags(cfg, parent_run_id,
                              {mlflow_ui.NOTE_TAG: mlflow_ui.parent_note(cfg.name, figures,
                                                                                           decision)})
+    # the run list's short-named, rounded acceptance columns (tasks.mlflow_ui.HEADLINE_METRICS)
+    tracking.log_parent_metrics(cfg, parent_run_id, mlflow_ui.headline_metrics(figures))
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")
     client, _ = tracking.client_for(cfg)
     client.log_text(parent_run_id, decision.to_markdown(), "decision.md")

@@ -303,7 +303,9 @@ def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> 
             client.log_text(run_id, _error_text(error), "error.txt")
             # e.g. the decision: kept below
             before = client.get_run(run_id).data.tags.get(mlflow_ui.NOTE_TAG)
-            note = f"**Failed** — `{type(error).__name__}`: {error}"[:3000] + "\n\nTraceback: artifact `error.txt`."
+            # plain text first: the run list shows the description as text
+            note = (f"FAILED — {type(error).__name__}: {error}"[:3000]
+                    + "\n\nTraceback: artifact `error.txt`.")
             client.set_tag(run_id, mlflow_ui.NOTE_TAG,
                            note + (f"\n\n---\n\n{before}" if before else ""))
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from eagle3.errors import CheckpointInvalid, ConfigError
+from eagle3.train.verifier_weights import verifier_notices
 
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t",
@@ -94,7 +95,8 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
         **flags)
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(t2d.to(torch.bool), d2t.to(torch.long))
-    model.load_verifier_weights()
+    with verifier_notices(target_dir):
+        model.load_verifier_weights()
     return model.float().train()
 
 
@@ -190,7 +192,8 @@ def load_draft(ckpt_dir: str | Path, attn_impl: str = "sdpa",
     config = Eagle3DraftModel.config_class.from_pretrained(str(ckpt_dir))
     if verifier_dir is not None:
         config.speculators_config.verifier.name_or_path = str(verifier_dir)
-    model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
+    with verifier_notices(config.speculators_config.verifier.name_or_path):
+        model = Eagle3DraftModel.from_pretrained(str(ckpt_dir), config=config)
     set_attention(model, attn_impl)
     use_uncompiled_forward(model)
     return model.float()

@@ -215,11 +215,14 @@ def _loss_config(t) -> dict:
 def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -> bool:
     """Load the weights of ``ckpt`` into the bare draft (before any sharding); with an allowed new
     vocabulary map, install it and its LM-head rows. Returns True when the map changed."""
+    from eagle3.train.verifier_weights import verifier_notices
+
     load_weights(model, ckpt)
     if info.get("vocab_map_hash") == vmap.hash():
         return False
     model.load_vocab_mappings(vmap.t2d, vmap.d2t)
-    model._load_verifier_weights(overwrite_lm_head=True)  # noqa: SLF001
+    with verifier_notices(model.config.speculators_config.verifier.name_or_path):
+        model._load_verifier_weights(overwrite_lm_head=True)  # noqa: SLF001
     model.to(device)
     return True
 

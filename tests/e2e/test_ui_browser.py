@@ -3,11 +3,15 @@
 server, MLflow server, deployment server, on free loopback ports, state under tmp), then a run made to fail in
 its benchmark (``bench.request_timeout_s=0.01``).
 
-Asserted from the rendered pages: the flow run's name carries the config name; the summary artifact shows the
-acceptance lengths, the decision and an MLflow link that opens the parent run; the MLflow run list shows the
-acceptance and decision columns; the parent run page shows the decision; the model version page loads without
-an HTTP error; the failed run's artifact names the stage and links its MLflow run, whose artifacts hold the
-error, and its Prefect task-run log. ``make stack-down``'s script stops everything without SIGKILL.
+Asserted from the rendered pages: ``prefect deployment run --watch`` prints the MLflow parent
+run id and the decision; the flow run's name carries the config name, its state message the
+decision and the acceptance lengths; the summary artifact shows the acceptance lengths, the
+decision and an MLflow link that opens the parent run; the parent run page shows the decision and
+every acceptance length on its first screen; the MLflow run list shows distinct short rounded
+acceptance columns and the decision, sized to be read; the model version page loads without an
+HTTP error; the failed run's artifact names the stage, shows its error on several lines, and links
+its MLflow run, whose artifacts hold the error, and its Prefect task-run log.
+``make stack-down``'s script stops everything without SIGKILL.
 
 Opt-in (minutes, three servers): ``EAGLE3_BROWSER=1 pytest -m browser tests/e2e/test_ui_browser.py``; needs
 ``pip install playwright`` (no browser download: it drives ``/usr/bin/chromium``). ``EAGLE3_UI_SCREENSHOTS=DIR``
@@ -82,6 +86,28 @@ def _run_deployment(api: str, overrides: list[str], timeout_s: float = 900) -> d
     raise AssertionError(f"flow run {fr['id']} not finished after {timeout_s}s")
 
 
+def _run_deployment_cli(api: str, overrides: list[str], timeout_s: float = 900) -> tuple[dict, str]:
+    """``prefect deployment run eagle3-pipeline/tiny-random --watch`` as a user types it; return the
+    finished flow run and what the command printed."""
+    import json
+    import re
+
+    env = {**os.environ, "PREFECT_API_URL": api, "COLUMNS": "200"}
+    deadline = time.monotonic() + 120  # the deployment server registers them right after it says so
+    url = f"{api}/deployments/name/eagle3-pipeline/tiny-random"
+    while httpx.get(url, timeout=30).status_code == 404:
+        assert time.monotonic() < deadline
+        time.sleep(2)
+    cmd = [str(Path(sys.executable).parent / "prefect"), "deployment", "run",
+           "eagle3-pipeline/tiny-random", "--param", "config_path=configs/tiny-random.yaml",
+           "--param", f"overrides={json.dumps(overrides)}", "--watch"]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    text = out.stdout + out.stderr
+    fr_id = re.search(r"UUID: ([0-9a-f-]{36})", text)
+    assert fr_id, text[-3000:]
+    return httpx.get(f"{api}/flow_runs/{fr_id.group(1)}", timeout=30).json(), text
+
+
 def _artifact(api: str, flow_run_id: str, key: str) -> dict:
     arts = httpx.post(f"{api}/artifacts/filter", timeout=30, json={
         "artifacts": {"flow_run_id": {"any_": [flow_run_id]}, "key": {"any_": [key]}}}).json()
@@ -104,7 +130,11 @@ class Browser:
         page = self.ctx.new_page()
         page.on("response", lambda r: self.errors.append((r.status, r.url)) if r.status >= 500 else None)
         page.goto(url)
-        page.get_by_text(wait_for).first.wait_for(timeout=60_000)
+        try:
+            page.get_by_text(wait_for).first.wait_for(timeout=60_000)
+        except Exception:  # what the page showed instead, kept beside the screenshots
+            page.screenshot(path=str(self.shots / f"not-found-{shot or 'page'}.png"))
+            raise
         page.wait_for_timeout(1500)  # late tables and charts
         if shot:  # 128-colour PNG: a third of the bytes, the text as sharp
             from PIL import Image
@@ -121,15 +151,24 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
     shots.mkdir(parents=True, exist_ok=True)
     short = Path(tempfile.mkdtemp(prefix="e3ui-"))  # the override is part of the flow run's name
     runs = f"paths.runs_dir={short}"
-    ok = _run_deployment(api, [runs])
+    ok, printed = _run_deployment_cli(api, [runs])
     assert ok["state_type"] == "COMPLETED", ok["state"]
+    # what a `prefect deployment run --watch` user sees: the parent run id and the decision
+    head = "MLflow parent run "
+    parent = printed.split(head, 1)[1].split()[0] if head in printed else ""
+    assert len(parent) == 32 and f"eagle3 decide {parent}" in printed, printed[-3000:]
+    message = ok["state"]["message"]
+    assert message.startswith("decision: ") and "AL served " in message, message
+    assert parent in message, message
     bad = _run_deployment(api, [runs, "bench.request_timeout_s=0.01"])
     assert bad["state_type"] == "FAILED"
     ui = api.removesuffix("/api")
     with playwright.sync_playwright() as pw:
         b = Browser(pw, shots)
         # Prefect: the flow run's name carries the config name (and the overrides)
-        page = b.open(f"{ui}/runs/flow-run/{ok['id']}", "MLflow run extract", "prefect-flow-run")
+        # ... and its log (the page's first tab) starts with the MLflow parent run's id
+        page = b.open(f"{ui}/runs/flow-run/{ok['id']}", f"MLflow parent run {parent}",
+                      "prefect-flow-run")
         assert ok["name"].startswith("tiny-random-") and page.title().startswith(f"Flow Run: {ok['name']}")
         # the extraction's own warning is in the task-run logs
         assert page.get_by_text("records skipped").count() >= 1
@@ -144,12 +183,31 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
         runs_link = page.locator("a[href*='viewStateShareKey']").first.get_attribute("href")
         assert link.startswith(f"{mlflow}/#/experiments/")
         # ... which opens the parent run, whose description shows the decision
-        page = b.open(link, "decision:", "mlflow-parent-run")
+        page = b.open(link, "AL = acceptance length", "mlflow-parent-run")
         assert "acceptance length (bonus token counted)" in page.inner_text("body")
-        # the run list: acceptance and decision columns, through the artifact's experiment link
-        page = b.open(runs_link, "eagle3.decision", "mlflow-run-list")
+        # the decision and every acceptance length, labelled, on the first screen (not folded)
+        for text in ("; AL ", "AL = acceptance length"):
+            first = page.get_by_text(text).first
+            assert first.is_visible() and first.bounding_box()["y"] < 800, text
+        assert "offline" in page.get_by_text("AL = acceptance length").first.inner_text()
+        # the run list, through the artifact's experiment link: distinct short acceptance columns,
+        # rounded, and the decision, readable, on the first screen
+        page = b.open(runs_link, "AL untrained", "mlflow-run-list")
         text = page.inner_text("body")
-        assert "acceptance_length" in text and "acceptance_length_untrained" in text and "eagle3.decision" in text
+        for want in ("AL served", "AL untrained", "AL offline", "eagle3.decision",
+                     "more evidence needed"):
+            assert want in text, want
+        # the view's column order and widths are applied: titles and the decision readable
+        widths = dict(page.eval_on_selector_all(
+            ".ag-header-cell", "els => els.map(e => [e.getAttribute('col-id'), e.offsetWidth])"))
+        from tasks.mlflow_ui import COLUMN_WIDTHS
+
+        assert all(widths.get(k) == w for k, w in COLUMN_WIDTHS.items() if k in widths), widths
+        heads = [k for k in widths if k.startswith("metrics.")]
+        assert heads == ["metrics.`AL served`", "metrics.`AL untrained`",
+                         "metrics.`AL offline`"], heads
+        decision = page.locator(".ag-cell[col-id='tags.`eagle3.decision`']").nth(1)  # the good run
+        assert decision.is_visible() and decision.bounding_box()["x"] + 170 <= 1280
         # the model version page loads (no HTTP 5xx: it used to fail on get-artifact?path=MLmodel)
         from mlflow import MlflowClient
 
@@ -162,6 +220,9 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
         page = b.open(f"{ui}/artifacts/artifact/{art['id']}", "Failed stage", "prefect-failure-artifact")
         text = page.inner_text("body")
         assert "Failed stage: deploy-bench" in text and "bench.request_timeout_s" in text
+        # the error, wrapped: not cut at the page's edge
+        block = page.locator("pre").first.inner_text()
+        assert block.count("\n") >= 1 and max(len(x) for x in block.splitlines()) <= 80, block
         stage_run = page.locator(f"a[href^='{mlflow}']", has_text="deploy-bench").first.get_attribute("href")
         log = page.get_by_role("link", name="artifacts (error.txt, logs)").get_attribute("href")
         task_log = page.locator("a[href*='/runs/task-run/']").first.get_attribute("href")

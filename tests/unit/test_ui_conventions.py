@@ -31,13 +31,43 @@ def test_flow_run_name_has_the_config_name_and_overrides(monkeypatch):
     assert summary.flow_run_label() == "my-cfg-096d3bad"  # the flow then fails with the config's own error
 
 
+def test_distributed_runs_are_named_like_local_runs(tiny_cfg):
+    """A distributed flow run gets ``<config>-<id[:8]> [overrides]`` (the MLflow parent run's name),
+    not Prefect's random ``adjective-animal``: run for real on the ephemeral API, where it stops at
+    once on the missing stage deployment name."""
+    from prefect.client.orchestration import get_client
+
+    from flows.common import local_prefect, stop_ephemeral_server
+    from flows.distributed import distributed_pipeline
+    from tests.conftest import CONFIGS
+
+    overrides = [f"paths.runs_dir={tiny_cfg.paths.runs_dir}"]
+    try:
+        with local_prefect(tiny_cfg):
+            st = distributed_pipeline(config_path=str(CONFIGS / "tiny-random.yaml"),
+                                      overrides=overrides, return_state=True)
+            assert st.is_failed() and "stage_deployment" in st.message
+            fr_id = st.state_details.flow_run_id
+            with get_client(sync_client=True) as client:
+                name = client.read_flow_run(fr_id).name
+    finally:
+        stop_ephemeral_server()
+    assert name == f"tiny-random-{str(fr_id)[:8]} [{overrides[0]}]"
+
+
 def test_experiment_opens_in_model_training_mode_with_headline_columns(tiny_cfg):
     client, exp_id = tracking.client_for(tiny_cfg)
     tags = client.get_experiment(exp_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(tags[f"mlflow.sharedViewState.{mlflow_ui.VIEW_KEY}"])
-    assert {"metrics.`acceptance_length`", "metrics.`acceptance_length_untrained`",
-            "tags.`eagle3.decision`"} <= set(view["selectedColumns"])
+    # distinct short titles with rounded values and the decision first, then the description
+    cols = ["metrics.`AL served`", "metrics.`AL untrained`", "metrics.`AL offline`",
+            "tags.`eagle3.decision`", "tags.`eagle3.acceptance_gate`", "attributes.`Description`"]
+    assert view["selectedColumns"] == cols and view["columnOrder"][-len(cols):] == cols
+    titles = [c.split("`")[1] for c in cols]
+    assert len({t[:12] for t in titles}) == len(titles)  # no two alike in a 100-px column
+    assert view["columnWidths"]["tags.`eagle3.decision`"] >= 8 * len("more evidence needed")
+    assert set(view["columnWidths"]) <= set(view["columnOrder"])  # MLflow sizes only those
     assert mlflow_ui.experiment_url("http://h:5000", exp_id) == (f"http://h:5000/#/experiments/{exp_id}/runs?workflowType="
                                                                    f"machine_learning&viewStateShareKey={mlflow_ui.VIEW_KEY}")
 
@@ -80,9 +110,57 @@ def _figures(passed=True):
 def test_parent_description_has_the_decision_and_its_evidence():
     d = recommend({"val_loss": [2.0], "train_loss": 1.9}, {"served": 1.21, "offline": 1.25})
     note = mlflow_ui.parent_note("tiny-random", _figures(), d)
-    assert note.startswith("**tiny-random** — decision: **more evidence needed** (rule `too_few_evaluations`")
+    # the first line, shown before "Show more" and as plain text in the run list: the decision and
+    # every acceptance length labelled and rounded
+    lines = note.splitlines()
+    assert lines[0] == "more evidence needed; AL 1.210, untrained 1.010"
+    assert lines[2] == ("AL = acceptance length, bonus token counted: served 1.210, untrained "
+                        "baseline 1.010, offline 1.250, simulated 1.400; acceptance gate "
+                        "(minimum 1) passed.")
+    assert "decision **more evidence needed** (rule `too_few_evaluations`" in note
+    # the run list shows 50 characters: the first line fits for every decision
+    from eagle3.decide import OUTCOMES
+
+    for outcome in OUTCOMES:
+        d.recommendation = outcome
+        head = mlflow_ui.headline_line(_figures(), d)
+        assert len(head) <= mlflow_ui.DESCRIPTION_CHARS, head
     assert "| served, trained draft | 1.210 |" in note and "| served, untrained baseline | 1.010 |" in note
     assert "fewer than 2 evaluations" in note and "Acceptance gate (minimum 1): passed" in note
+
+
+def test_headline_metrics_are_short_distinct_and_rounded():
+    fig = AcceptanceFigures(1.2345678, None, 1.0000004, 1.4696969696969695, 3.0, minimum=1.0,
+                            passed=True, failure=None)
+    assert mlflow_ui.headline_metrics(fig) == {"AL served": 1.235, "AL offline": 1.0}
+    failed = mlflow_ui.figures_line(_figures(passed=False))
+    assert failed.endswith("acceptance gate (minimum 1) FAILED.")
+    assert "untrained baseline 1.010" in failed
+
+
+def test_flow_run_shows_the_parent_run_and_the_decision(tiny_cfg, caplog):
+    client, exp_id = tracking.client_for(tiny_cfg)
+    parent = client.create_run(exp_id).info.run_id
+    with caplog.at_level(logging.INFO, logger="flows.summary"):
+        line = summary.announce_parent(tiny_cfg, parent)
+    assert f"MLflow parent run {parent}" in line and f"`eagle3 decide {parent}`" in line
+    assert line in caplog.text
+    st = summary.finished({"decision": "more data", "decision_rule": "val_loss_falling",
+                           "acceptance_length": 1.2104, "acceptance_length_untrained": 1.0,
+                           "acceptance_length_offline": None, "parent_run_id": parent})
+    assert st.is_completed() and st.message == (
+        "decision: more data (rule val_loss_falling); AL served 1.210, untrained 1.000, offline "
+        f"n/a; MLflow parent run {parent}: eagle3 decide {parent}")
+    assert st.data["decision"] == "more data"
+
+
+def test_failure_artifact_error_block_is_wrapped():
+    msg = ("stage deploy-bench failed: " + "word " * 60 + "/" + "p" * 130 + "\nsecond line")
+    block = summary.error_block(f"ValueError: {msg}")
+    assert len(block) > 3 and block[-1] == "second line"
+    assert all(len(x) <= summary.ERROR_WIDTH for x in block), [len(x) for x in block]
+    assert "".join(block).replace(" ", "") == f"ValueError: {msg}".replace(" ", "").replace(
+        "\n", "")
 
 
 def test_links_are_real_urls_or_the_ui_command(tiny_cfg):
@@ -111,7 +189,7 @@ def test_failure_lines_name_the_stage_and_its_run(tiny_cfg):
     tracking.set_parent_tags(tiny_cfg, parent, {mlflow_ui.NOTE_TAG: "decision: **more data**"})
     tracking.finish_run(tiny_cfg, parent, error=err)
     note = client.get_run(parent).data.tags[mlflow_ui.NOTE_TAG]
-    assert note.startswith("**Failed** — `ValueError`: stage deploy-bench failed") and note.endswith(
+    assert note.startswith("FAILED — ValueError: stage deploy-bench failed") and note.endswith(
         "decision: **more data**")
 
 
