@@ -44,8 +44,7 @@ class PathsConfig(_Section):
     """Where prepared assets and run outputs live (both outside git)."""
 
     cache_dir: str | None = Field(None, description="Prepared assets (converted target, datasets). "
-                                                    "Default: "
-                                  "$EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
+                                  "Default: $EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
     runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the "
                                               "working directory.")
 
@@ -82,8 +81,7 @@ class TargetConfig(_Section):
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device "
-                            "(CUDA; a CPU "
-        "with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
+        "(CUDA; a CPU with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
@@ -153,21 +151,18 @@ class ExtractConfig(_Section):
                                                "workers on a CPU).")
     startup_timeout_s: float = Field(
         1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded "
-                                  "the target "
-        "within this many seconds of the start (else RankFailed naming the workers).")
+        "the target within this many seconds of the start (else RankFailed naming the workers).")
     stall_timeout_s: float = Field(
         1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch "
                                   "for this many seconds (its first batch included) ends the "
                                   "extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="backend 'sglang': extra keyword arguments of "
-                                          "sglang.Engine (e.g. tp_size, "
-        "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter "
-        "is serve.sglang_python.")
+        "sglang.Engine (e.g. tp_size, dp_size, mem_fraction_static; on a CPU: device, "
+        "attention_backend, ...). The interpreter is serve.sglang_python.")
     sglang_env: dict[str, str] = Field(
         default_factory=dict, description="backend 'sglang': environment variables added for the "
-                                          "SGLang worker "
-        "(a PYTHONPATH here is appended after the project's capture plugin).")
+        "SGLang worker (a PYTHONPATH here is appended after the project's capture plugin).")
     sglang_startup_timeout_s: float = Field(1800.0, gt=0,
                                             description="backend 'sglang': seconds for the engine "
                                                         "to start.")
@@ -220,8 +215,7 @@ class TrainConfig(_Section):
         "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
     precision: Literal["auto", "float32", "bf16-autocast"] = Field(
         "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; "
-                            "a CPU with "
-        "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
+        "a CPU with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang: False).")
     allow_vocab_map_change: bool = False
@@ -241,10 +235,9 @@ class TrainConfig(_Section):
                                            "when present.")
     on_other_checkpoint: Literal["restart", "refuse"] = Field(
         "restart", description="A checkpoint in <out_dir>/state made from other inputs (data, "
-                               "draft vocabulary, "
-        "frozen train fields, layer flags, processes): restart = it belongs to another training, "
-        "start from step 0 "
-        "with a warning naming the difference; refuse = stop with that difference as the error.")
+        "draft vocabulary, frozen train fields, layer flags, processes): restart = it belongs to "
+        "another training, start from step 0 with a warning naming the difference; refuse = stop "
+        "with that difference as the error.")
     init_from: str | None = Field(None, description="A speculators draft folder to start from "
                                                     "(weights only).")
     forward_impl: Literal["auto", "speculators", "project"] = Field(
@@ -259,9 +252,8 @@ class TrainConfig(_Section):
         "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA "
                                "graphs.")
     pad_to_max_tokens: bool | None = Field(None, description="Pad every micro-batch to "
-                                                             "max_tokens_per_batch (one "
-        "shape: a compiled forward compiles once); None = on exactly when compile is on. Padding "
-        "carries no loss.")
+        "max_tokens_per_batch (one shape: a compiled forward compiles once); None = on exactly "
+        "when compile is on. Padding carries no loss.")
     max_eval_samples: int | None = Field(None, ge=1,
                                          description="Cap on validation samples per evaluation.")
     loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) "
@@ -319,10 +311,9 @@ class ServeConfig(_Section):
                                             "when available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     cpu_threads: int | None = Field(
         1, ge=1, description="torch threads of the reference engine and of offline decoding on a "
-                             "CPU (None = torch's "
-        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more "
-        "threads and ran "
-        "7-13x slower with 2 threads when the 2 cores were shared (measured, lab/NOTEBOOK.md).")
+        "CPU (None = torch's default, one per core). 1: a batch-1 verify pass's small matmuls gain "
+        "little from more threads and ran 7-13x slower with 2 threads when the 2 cores were shared "
+        "(measured, lab/NOTEBOOK.md).")
     extra_args: list[str] = Field(default_factory=list,
                                   description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)

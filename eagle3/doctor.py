@@ -62,9 +62,8 @@ def check_precision() -> tuple[str, str]:
     flags = ", ".join(f for f, on in p.features.items() if on) or "none found"
     caps = "; caps " + ", ".join(f"{k}={v}" for k, v in p.isa_env.items()) if p.isa_env else ""
     text = (f"CPU: torch capability {p.capability}, flags {flags}{caps}; {p.describe()}; on the "
-            "CPU: target/extract/serve dtype auto = "
-            f"{resolve_dtype('auto', 'cpu')}, train.precision auto = "
-            f"{resolve_precision('auto', 'cpu')}")
+            f"CPU: target/extract/serve dtype auto = {resolve_dtype('auto', 'cpu')}, "
+            f"train.precision auto = {resolve_precision('auto', 'cpu')}")
     if torch.cuda.is_available():
         text += f"; on CUDA auto = {resolve_dtype('auto', 'cuda')} ({bf16_is_fast('cuda')[1]})"
     return "OK", text

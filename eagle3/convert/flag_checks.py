@@ -69,10 +69,9 @@ def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]
         for key, value in flag_values(config, name).items():
             if key not in rule.config_keys and value != engine_value:
                 out.append(Problem("NESTED_FLAG", f"config.json {key}: expected it where "
-                                                  f"{profile.engine} "
-                                   f"{profile.version} reads {name} "
-                                   f"({list(rule.config_keys) or 'nowhere: fixed in code'}),"
-                                   f" got {key}={value} there, so the engine computes "
+                                   f"{profile.engine} {profile.version} reads {name} "
+                                   f"({list(rule.config_keys) or 'nowhere: fixed in code'}), got "
+                                   f"{key}={value} there, so the engine computes "
                                    f"{name}={engine_value}"))
     return out
 
@@ -86,20 +85,18 @@ def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem
     for key, value in sorted(config.items()):
         if _bool_like(value) and key not in known_top:
             out.append(Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags "
-                                               f"{profile.engine} "
-                               f"{profile.version} or transformers define "
-                               f"({sorted(set(profile.flags))} and the "
-                               f"model config's own), got {key!r}, which no engine reads"))
+                               f"{profile.engine} {profile.version} or transformers define "
+                               f"({sorted(set(profile.flags))} and the model config's own), got "
+                               f"{key!r}, which no engine reads"))
     eagle = config.get("eagle_config")
     if isinstance(eagle, Mapping):
         known_nested = set(profile.eagle_config_keys) | set(profile.flags)
         for key, value in sorted(eagle.items()):
             if key not in known_nested:
                 out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: "
-                                                   "expected only "
-                                   f"{sorted(profile.eagle_config_keys)} inside eagle_config (what "
-                                   f"{profile.engine} {profile.version} reads there), got {key!r}, "
-                                   "which it never reads"))
+                                   f"expected only {sorted(profile.eagle_config_keys)} inside "
+                                   f"eagle_config (what {profile.engine} {profile.version} reads "
+                                   f"there), got {key!r}, which it never reads"))
     return out
 
 
@@ -128,10 +125,9 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
             engine_value = profile.engine_flag_value(name, cfg)
             if engine_value != bool(value):
                 out.append(Problem("FLAG_MISMATCH", f"{name}: the draft was trained with "
-                                                    f"{name}={value} but "
-                                   f"{profile.engine} {profile.version} reads "
-                                   f"{name}={engine_value} from config.json "
-                                   f"(keys {list(rule.config_keys)})"))
+                                   f"{name}={value} but {profile.engine} {profile.version} reads "
+                                   f"{name}={engine_value} from config.json (keys "
+                                   f"{list(rule.config_keys)})"))
     fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
     for key, want in fixed.items():
         if key in cfg and cfg[key] != want:
@@ -141,7 +137,6 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
     if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
         out.append(Problem("UNSUPPORTED_FLAG", "config.json tie_word_embeddings: expected false "
-                                               "with "
-                           f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
+                           f"with draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
                            "lm_head.weight parameter, so the draft head is skipped), got true"))
     return out

@@ -194,10 +194,9 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
         raise DataError(
             f"HS_MISALIGNED: {store_dir}/hidden_states: states shifted against their tokens "
             f"({len(bad)} finding(s) over {len(groups)} shards); samples {span}: "
-            "argmax(lm_head(norm(h_t))) "
-            f"matches token t+1 (aligned) at {r['next']:.1%}, token t at {r['previous']:.1%}, "
-            f"token t+2 at {r['after_next']:.1%} of {r['positions']} positions; expected the "
-            "aligned rate highest (slot -1 of row t = last layer output at token t). Re-extract, "
-            "or fix the tool that wrote the store")
+            f"argmax(lm_head(norm(h_t))) matches token t+1 (aligned) at {r['next']:.1%}, token t "
+            f"at {r['previous']:.1%}, token t+2 at {r['after_next']:.1%} of {r['positions']} "
+            "positions; expected the aligned rate highest (slot -1 of row t = last layer output "
+            "at token t). Re-extract, or fix the tool that wrote the store")
     return {"status": "passed", "groups": len(groups), "positions": positions,
             "inconclusive": inconclusive, "rates": rates, "min_rate": MIN_RATE}

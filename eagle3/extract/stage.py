@@ -312,11 +312,10 @@ def _check_backend(cfg) -> None:
                           "tp_size/dp_size in extract.sglang_engine_args instead), got "
                           f"{cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
-        raise EngineUnsupported(f"extract.backend='sglang': serve.sglang_python: "
+        raise EngineUnsupported("extract.backend='sglang': serve.sglang_python: "
                                 f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
-                                "Python of an environment with "
-                                f"sglang=={version} (make sglang-env), or use "
-                                "extract.backend=hf")
+                                f"Python of an environment with sglang=={version} (make "
+                                "sglang-env), or use extract.backend=hf")
 
 
 def _counts(plan: Plan) -> dict:

@@ -180,9 +180,8 @@ def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     py, want = sglang_python(cfg), cfg.convert.engine_version
     if not sglang_installed(py):
         p = Problem("ENGINE_MISSING", "serve.sglang_python: expected the Python of an environment "
-                                      "with "
-                    f"sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env and "
-                    "set serve.sglang_python, or serve.engine reference")
+                    f"with sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env "
+                    "and set serve.sglang_python, or serve.engine reference")
         return Check("engine", "failed", p.message), [p]
     version = sglang_version(py)
     if version != want:
@@ -267,8 +266,7 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
     used, cvd = _visible_gpus(cfg, gpus), "CUDA_VISIBLE_DEVICES"
     if len(used) < s.tp:
         p = Problem("GPU_COUNT", f"serve.tp {s.tp}: expected {s.tp} visible GPU(s) for SGLang, "
-                                 f"found {len(used)} "
-                    f"(nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
+                    f"found {len(used)} (nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
                     f"{s.env.get(cvd, os.environ.get(cvd))!r})")
         return Check("memory", "failed", p.message, {"gpus_visible": len(gpus)}), [p]
     problems, worst = [], None
@@ -390,9 +388,8 @@ def _check_template(cfg: Any, engine: str, target_dir: Path,
     if {k: v for k, v in bench.items() if v is not None} != {k: v for k,
                                                              v in trained.items() if v is not None}:
         problems.append(Problem("TEMPLATE_SWITCHES", "chat-template switches: the extraction "
-                                                     f"rendered {trained}, the "
-                                f"benchmark renders {bench} (data.chat_template_kwargs); expected "
-                                "the same"))
+                                f"rendered {trained}, the benchmark renders {bench} "
+                                "(data.chat_template_kwargs); expected the same"))
     note = ""
     if engine == "sglang":
         problems += _server_template(cfg, trained, data)
@@ -413,10 +410,9 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
              if server.get(k) != trained.get(k)}
     if wrong:
         out.append(Problem("TEMPLATE_SWITCHES", "server chat requests: expected the extraction's "
-                                                "switches, got "
-                           f"{ {k: v[1] for k, v in wrong.items()} } instead of "
-                           f"{ {k: v[0] for k, v in wrong.items()} }"
-                           " (--default-chat-template-kwargs)"))
+                           f"switches, got { {k: v[1] for k, v in wrong.items()} } instead of "
+                           f"{ {k: v[0] for k, v in wrong.items()} } "
+                           "(--default-chat-template-kwargs)"))
     tpl = flag_value(extra, "--chat-template")
     if tpl is not None:
         p = Path(tpl).expanduser()
@@ -425,8 +421,7 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
             why = (f"a file whose text hashes to {got[:12]}…" if got
                    else "a built-in template name (not comparable)")
             out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --chat-template {tpl!r}: "
-                                                    "expected no override "
-                               "or the extraction's template (sha256 "
+                               "expected no override or the extraction's template (sha256 "
                                f"{str(data.get('chat_template_hash'))[:12]}…), got {why}"))
     if flag_value(extra, "--hf-chat-template-name") is not None:
         out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --hf-chat-template-name "

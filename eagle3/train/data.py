@@ -201,10 +201,9 @@ def _check_loss_tokens(data: HiddenStatesData) -> None:
     total = sum(int(data.loss_mask[i][1:].sum()) for i in data.train_ids)
     if kept == 0:
         raise DataError(f"{data.root}: no loss-masked position within the first "
-                        "train.max_tokens_per_batch="
-                        f"{data.max_tokens} positions of any of the {len(data.train_ids)} train "
-                        f"samples (they hold {total} loss positions in all); expected "
-                        "train.max_tokens_per_batch >= the sample length (longest: "
+                        f"train.max_tokens_per_batch={data.max_tokens} positions of any of the "
+                        f"{len(data.train_ids)} train samples (they hold {total} loss positions in "
+                        "all); expected train.max_tokens_per_batch >= the sample length (longest: "
                         f"{max(int(data.input_ids[i].numel()) - 1 for i in data.train_ids)} "
                         "positions)")
     if kept < total:
@@ -260,8 +259,7 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
         want = int(getattr(conf, attr))
         if key in t and t[key] is not None and int(t[key]) != want:
             raise DataError(f"{root}/manifest.json: target.{key} {t[key]} disagrees with the "
-                            "target's config.json "
-                            f"{attr}={want} ({target_dir})")
+                            f"target's config.json {attr}={want} ({target_dir})")
 
 
 def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:

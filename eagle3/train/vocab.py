@@ -183,11 +183,10 @@ def absolute_d2t_reason(d2t: torch.Tensor, vocab_size: int) -> str | None:
                 "engine reads target = i + d2t[i], so draft id i would propose target id 2i")
     expected = (n - 1) * n / vocab_size
     if expected >= ADJACENT_PAIRS_EXPECTED_MIN:
-        return (f"d2t strictly increasing at every one of its {n} entries (range "
-                f"[{int(d.min())}, {int(d.max())}]): offsets repeat wherever two draft ids sit on "
-                f"adjacent target ids, about {expected:.0f} such pairs expected for {n} of "
-                f"{vocab_size} ids, none found: these are target ids, and the engine reads target "
-                "= i + d2t[i]")
+        return (f"d2t strictly increasing at every one of its {n} entries (range [{int(d.min())}, "
+                f"{int(d.max())}]): offsets repeat wherever two draft ids sit on adjacent target "
+                f"ids, about {expected:.0f} such pairs expected for {n} of {vocab_size} ids, none "
+                "found: these are target ids, and the engine reads target = i + d2t[i]")
     return None
 
 
