@@ -67,8 +67,7 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
             # [1, T, n_aux*H], [1, T]
             model(hidden_states=aux[None].float(), input_ids=input_ids[None],
                   document_ids=torch.zeros(1, T, dtype=torch.long),
-                  position_ids=torch.arange(1, T + 1)[None],
-                  ttt_steps=1)
+                  position_ids=torch.arange(1, T + 1)[None], ttt_steps=1)
     finally:
         for h in handles:
             h.remove()
@@ -87,8 +86,7 @@ def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tenso
     got: dict[str, object] = {}
     m = draft.model
     handles = _hooks({"embeddings": m.embed_tokens, "fc": m.fc, "layers": m.layers[-1],
-                      "norm": m.norm,
-                      "logits": draft.lm_head}, got)
+                      "norm": m.norm, "logits": draft.lm_head}, got)
     try:
         draft(input_ids, torch.arange(T), hidden.float())
     finally:
@@ -146,8 +144,7 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
 def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
                       data_dir: str | Path | None = None, *,
                       target_dir: str | Path | None = None, atol: float = 2e-2,
-                      num_tokens: int = 24,
-                      engine: str = "sglang", version: str = SGLANG_VERSION,
+                      num_tokens: int = 24, engine: str = "sglang", version: str = SGLANG_VERSION,
                       assume_capture: bool = False) -> dict:
     """Compare the trained (speculators) and served drafts on one target forward of ``num_tokens``
     tokens. ``data_dir``: first sample's tokens and, without ``target_dir``, its target. Target runs
@@ -179,8 +176,7 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
                                                assume_capture)
     trained_in = torch.cat([hs[i] for i in trained_hf], -1)
     report = {"num_tokens": int(input_ids.numel()), "atol": atol,
-              "trained_aux_hf": list(trained_hf),
-              "engine_aux_hf": engine_hf}
+              "trained_aux_hf": list(trained_hf), "engine_aux_hf": engine_hf}
     if served_in.shape != trained_in.shape or float((served_in - trained_in).abs().max()) > atol:
         if served_in.shape[-1] not in (trained_in.shape[-1], int(serving_cfg["hidden_size"])):
             raise CheckpointInvalid("equivalence: first diverging component aux hidden states (fc "

@@ -37,8 +37,7 @@ def flag_values(config: Mapping, name: str) -> dict[str, bool]:
     """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``;
     ``use_aux_norm`` for ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left
     out."""
-    keys = [name,
-            f"eagle_config.{name}"] + (["use_aux_norm",
+    keys = [name, f"eagle_config.{name}"] + (["use_aux_norm",
                                         "eagle_config.use_aux_norm"] if name == "fc_norm" else [])
     out = {}
     for key in keys:

@@ -334,8 +334,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
                         else src_manifest.get("target")),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
              "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
-             "vocab_padded": _vocab_padded(src_manifest),
-             "aux_ids_from": info["aux_ids_from"]}
+             "vocab_padded": _vocab_padded(src_manifest), "aux_ids_from": info["aux_ids_from"]}
     if "d2t" in tensors and "t2d" in tensors:
         from eagle3.train.vocab import vocab_map_hash
 

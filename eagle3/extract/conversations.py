@@ -36,10 +36,8 @@ ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "a
 _STANDARD_TEMPLATE_VARS = {"messages", "add_generation_prompt", "bos_token", "eos_token",
                            "pad_token",
                            "unk_token", "tools", "documents", "raise_exception", "strftime_now",
-                           "range",
-                           "namespace", "loop", "date_string", "custom_tools",
-                           "tools_in_user_message",
-                           "builtin_tools", "continue_final_message"}
+                           "range", "namespace", "loop", "date_string", "custom_tools",
+                           "tools_in_user_message", "builtin_tools", "continue_final_message"}
 
 
 @dataclass
@@ -213,8 +211,7 @@ def has_generation_markers(tokenizer) -> bool:
 
 def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = None) -> tuple[str,

@@ -104,8 +104,7 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
             half = len(prompts) // 2
             log.warning("regeneration: a batch of %d prompts ran out of device memory; generating "
                         "it as two batches of %d and %d (lower data.regenerate_batch_size to avoid "
-                        "the retry)",
-                        len(prompts), half, len(prompts) - half)
+                        "the retry)", len(prompts), half, len(prompts) - half)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             return answer_all(prompts[:half]) + answer_all(prompts[half:])
@@ -163,8 +162,7 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
         model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device,
                                cfg.target.trust_remote_code)
         return hf_answer_fn(model, tokenizer, cfg.data.regenerate_max_new_tokens,
-                            cfg.data.chat_template_kwargs,
-                            max_prompt_tokens=cfg.data.max_seq_len)
+                            cfg.data.chat_template_kwargs, max_prompt_tokens=cfg.data.max_seq_len)
     if mode == "openai":
         if not cfg.data.regenerate_url:
             raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got "
@@ -192,8 +190,7 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
             return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
     d = cfg.data
     out = regenerate(convs, _answer_fn(cfg, target_dir, tokenizer), d.regenerate_batch_size
-        or cfg.extract.batch_size,
-                     d.regenerate_max_rounds)
+        or cfg.extract.batch_size, d.regenerate_max_rounds)
     _write_jsonl(cache, out)
     return out
 

@@ -88,8 +88,7 @@ class SGLangWorker:
             self.proc = subprocess.Popen([python, str(WORKER), str(job_path)],
                                          stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                         text=True,
-                                         start_new_session=True, cwd=str(work_dir))
+                                         text=True, start_new_session=True, cwd=str(work_dir))
         except OSError as e:
             self._log.close()
             raise EngineUnsupported(f"serve.sglang_python={python!r}: cannot start the SGLang "

@@ -40,19 +40,12 @@ from collections import Counter
 from pathlib import Path
 
 from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intact, sha256_file,
-                              weights_hash,
-                              write_manifest)
+                              weights_hash, write_manifest)
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
 from eagle3.extract.store import (
-    HS_DIR,
-    PROGRESS_DIR,
-    assign_shards,
-    bytes_per_token,
-    completed_shards,
-    make_shards,
-    remove_stale_temporaries,
-    start_or_resume,
+    HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards, make_shards,
+    remove_stale_temporaries, start_or_resume,
 )
 
 log = logging.getLogger(__name__)
@@ -154,8 +147,7 @@ def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
     payload = json.dumps(
         {"ids": plan.ids, "input_ids": plan.input_ids, "loss_masks": plan.loss_masks,
                           "num_train": plan.num_train, "weights": target["weights_hash"],
-                          "aux": aux,
-                          "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
+                          "aux": aux, "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
                           "batch_size": cfg.extract.batch_size,
                           "shard_size": cfg.extract.shard_size})
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -207,8 +199,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                     plan.source["path"], sum(plan.skipped.values()), plan.records,
                     dict(plan.skipped),
                     f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
-                    plan.truncated,
-                    len(plan.ids), cfg.data.max_seq_len)
+                    plan.truncated, len(plan.ids), cfg.data.max_seq_len)
     warn_unstable(plan.unstable, plan.source["path"])
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
@@ -252,16 +243,12 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
         "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION, "num_slots": n_slots,
         "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype,
-        "auto_resolved": cfg.auto_resolved,
-        "splits": {"train": list(range(plan.num_train)),
+        "auto_resolved": cfg.auto_resolved, "splits": {"train": list(range(plan.num_train)),
                                                "val": list(range(plan.num_train, len(plan.ids)))},
         "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
-        "resumed": resumed,
-        "shards": {"total": len(shards), "resumed": len(done)},
-        "skipped_by_reason": dict(plan.skipped),
-        "skipped_examples": plan.skip_examples,
-        "template_unstable": plan.unstable,
-        "alignment": alignment,
+        "resumed": resumed, "shards": {"total": len(shards), "resumed": len(done)},
+        "skipped_by_reason": dict(plan.skipped), "skipped_examples": plan.skip_examples,
+        "template_unstable": plan.unstable, "alignment": alignment,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)
@@ -286,8 +273,7 @@ def warn_unstable(unstable: dict, source: str) -> None:
                     "follow, so no loss mask can be derived (refused above "
                     "data.max_unstable_template_share=%s)", source, unstable["conversations"],
                     unstable["tried"], 100 * unstable["share_conversations"], unstable["tokens"],
-                    unstable["tried_tokens"], 100 * unstable["share_tokens"],
-                    unstable["threshold"])
+                    unstable["tried_tokens"], 100 * unstable["share_tokens"], unstable["threshold"])
 
 
 def _check_backend(cfg) -> None:
@@ -346,8 +332,7 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
     threads = max(1, (os.cpu_count() or 1) // cpu_workers) if cpu_workers > 1 else None
     jobs = [WorkerJob(str(target_dir), cfg.target.dtype, dev, capture_ids, cfg.extract.dtype,
                       cfg.extract.batch_size, str(out_dir), plan.ids, plan.input_ids,
-                      plan.loss_masks, mine,
-                      threads, cfg.target.trust_remote_code)
+                      plan.loss_masks, mine, threads, cfg.target.trust_remote_code)
             for dev, mine in zip(devices, assign_shards(todo, len(devices)))]
     jobs = [j for j in jobs if j.shards]
     with tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", disable=not progress,

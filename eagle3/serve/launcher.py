@@ -82,8 +82,7 @@ def resolve_engine(cfg: RunConfig) -> str:
     return "sglang" if has_sglang and gpu_present() else "reference"
 
 
-def _check_extra_args(generated: list[str], extra: list[str], engine: str,
-                      version: str) -> None:
+def _check_extra_args(generated: list[str], extra: list[str], engine: str, version: str) -> None:
     if engine == "sglang":  # SGLang's parser takes aliases and unambiguous prefixes
         problems = extra_args_problems(extra, generated, version)
         if problems:
@@ -149,8 +148,7 @@ class EngineProcess:
     """A running engine; ``__exit__`` ends its process group. ``env``: the added variables."""
 
     def __init__(self, popen: subprocess.Popen, *, engine: str, argv: list[str],
-                 env: dict[str, str], host: str,
-                 port: int, log_path: Path, grace_s: float = 15.0):
+                 env: dict[str, str], host: str, port: int, log_path: Path, grace_s: float = 15.0):
         self.popen, self.engine, self.argv, self.env = popen, engine, argv, env
         self.host, self.port, self.log_path, self.grace_s = host, port, Path(log_path), grace_s
         url_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
@@ -174,8 +172,7 @@ class EngineProcess:
         with self._stop_lock:
             if self.stop_report is None:
                 self.remember_tree()
-                self.stop_report = terminate_tree(self.popen, self.grace_s,
-                                                  known_pids=self._known)
+                self.stop_report = terminate_tree(self.popen, self.grace_s, known_pids=self._known)
                 self.returncode = self.popen.returncode
                 atexit.unregister(self.stop)
                 _STARTED.discard(self)
@@ -219,8 +216,7 @@ def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
     popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s),
                         {**os.environ, **env}, log_path)
     proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port,
-                         log_path=log_path,
-                         grace_s=grace_s)
+                         log_path=log_path, grace_s=grace_s)
     # an interpreter that exits without leaving the with-block still ends the group
     atexit.register(proc.stop)
     _STARTED.add(proc)
@@ -278,8 +274,7 @@ def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path,
 
 @contextmanager
 def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None,
-                 out_dir: str | Path, *,
-                 require_spec_fields: bool | None = None,
+                 out_dir: str | Path, *, require_spec_fields: bool | None = None,
                  command_builder: CommandBuilder | None = None,
                  use_gpu: bool = True) -> Iterator[tuple[EngineProcess, GateResult]]:
     """Launch, pass the readiness gate, yield ``(engine, gate)``; the group always ends on exit.
@@ -323,6 +318,5 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
                              diagnostics_dir=gate.diagnostics_dir)
         reason, cfg = plan
         retried.add(reason)
-        log.warning("engine crashed (%s); retrying once %s", reason,
-                    "with CUDA graphs disabled "
+        log.warning("engine crashed (%s); retrying once %s", reason, "with CUDA graphs disabled "
                     "(--disable-cuda-graph)" if reason == "cuda_graph" else "on a new port")

@@ -131,8 +131,7 @@ def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) ->
 def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, context_length: int,
                     batch_size: int,
                     gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16",
-                    tp: int = 1,
-                    draft_weights_bytes: int | None = None) -> dict:
+                    tp: int = 1, draft_weights_bytes: int | None = None) -> dict:
     """Bytes one GPU needs vs ``gpu_memory_bytes × mem_fraction_static``: (target + draft weight
     file sizes) / ``tp`` + both KV caches at ``context_length × batch_size`` tokens. An unwritten
     draft is its ``config.json`` dict plus ``draft_weights_bytes``. Returns every number and
@@ -150,8 +149,7 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
     tokens = int(context_length) * int(batch_size)
     draft_w = _weights_bytes(draft_dir) if draft_weights_bytes is None else int(draft_weights_bytes)
     parts = {
-        "target_weights": _weights_bytes(target_dir) // tp,
-        "draft_weights": draft_w // tp,
+        "target_weights": _weights_bytes(target_dir) // tp, "draft_weights": draft_w // tp,
         "target_kv": tokens * _kv_bytes_per_token(tcfg, nbytes, f"{target_dir}/config.json", tp),
         "draft_kv": tokens * _kv_bytes_per_token(dcfg, nbytes, f"{draft_dir}/config.json", tp),
     }
@@ -213,8 +211,7 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
                                              "reference, or a target class SGLang captures")
         return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
     return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {v} "
-                                          f"({got['how']})",
-                 {"captures": 1}), []
+                                          f"({got['how']})", {"captures": 1}), []
 
 
 def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
@@ -240,8 +237,7 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
     params = (int(t["vocab_size"]) * h + cfg.train.draft_vocab_size * h + h * n_aux * h + h
               + cfg.train.num_layers * per_layer)
     dcfg = {"num_hidden_layers": cfg.train.num_layers, "num_attention_heads": heads,
-            "num_key_value_heads": kv,
-            "head_dim": hd, "hidden_size": h}
+            "num_key_value_heads": kv, "head_dim": hd, "hidden_size": h}
     return dcfg, params * _DTYPE_BYTES.get(cfg.serve.dtype, 2)
 
 
@@ -276,8 +272,7 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
                                                                                    0) / total
         try:
             r = estimate_memory(target_dir, draft, context_length=ctx, batch_size=1,
-                                gpu_memory_bytes=total,
-                                mem_fraction_static=frac,
+                                gpu_memory_bytes=total, mem_fraction_static=frac,
                                 kv_dtype="float32" if s.dtype == "float32" else "bfloat16",
                                 tp=s.tp, draft_weights_bytes=draft_bytes)
         except ConfigError as e:
@@ -470,8 +465,7 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
     results = [_check_engine(cfg, engine), _check_aux(cfg, engine, target),
                _check_memory(cfg, engine, target, serving, gpus), _check_settings(cfg, engine),
                _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest),
-               _check_steps(cfg),
-               _check_port(cfg)]
+               _check_steps(cfg), _check_port(cfg)]
     return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
 
 

@@ -243,8 +243,7 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
     stall_enabled = bool(mon.sources)
     tl = _Timeline(t0)
     state: dict = {"last_progress": t0, "health_path": "/health_generate", "health": None,
-                   "probe": None,
-                   "probe_t0": 0.0, "probe_results": []}
+                   "probe": None, "probe_t0": 0.0, "probe_results": []}
     health_timeout = min(probe_timeout_s, max(2.0, 5 * poll_interval_s))
     while True:
         now = time.monotonic()
@@ -369,8 +368,7 @@ def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | No
                      elapsed_s=round(now - t0, 3),
                      last_progress_s=round(st["last_progress"] - t0, 3),
                      exit_code=code, probe=st["probe_results"], signals=dict(mon.counts),
-                     last_health=st.get("last_health"),
-                     signal_sources=mon.sources)
+                     last_health=st.get("last_health"), signal_sources=mon.sources)
     if log_path is not None and verdict != "ready":
         res.log_tail = log_tail(log_path, max_lines=40)
     if diagnostics_dir is not None:

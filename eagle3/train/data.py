@@ -165,8 +165,7 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
         raise DataError(f"{root}: empty dataset: the train split has no sample with >= 2 tokens "
                         f"({len(rows)} rows in data/, {len(splits.get('train') or [])} train ids)")
     data = HiddenStatesData(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask,
-                            train_ids=tr,
-                            val_ids=va, aux_layer_ids=[int(a) for a in aux],
+                            train_ids=tr, val_ids=va, aux_layer_ids=[int(a) for a in aux],
                             hidden_size=int(target_conf.hidden_size),
                             max_tokens=max_tokens, skipped=skipped)
     _check_loss_tokens(data)
@@ -210,8 +209,7 @@ def _check_loss_tokens(data: HiddenStatesData) -> None:
         log.warning("train.max_tokens_per_batch=%d cuts %d of %d train samples: %d of %d loss "
                     "positions are not trained on"
                     , data.max_tokens, data.truncated, len(data.train_ids)
-                        + len(data.val_ids),
-                    total - kept, total)
+                        + len(data.val_ids), total - kept, total)
 
 
 def data_identity(data: HiddenStatesData) -> str:
@@ -408,8 +406,7 @@ def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], devi
     loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None,
                                          shuffle=False,
                                          num_workers=n, collate_fn=_as_is, pin_memory=device.type
-                                             == "cuda",
-                                         prefetch_factor=4)
+                                             == "cuda", prefetch_factor=4)
     for ids, batch, error in loader:
         if error is not None:
             raise DataError(error)
