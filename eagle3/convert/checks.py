@@ -25,10 +25,9 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     if any(a in drafts for a in archs):
         first = next(i for i, a in enumerate(archs) if a in drafts)
         return [Problem("ARCHITECTURE", "config.json architectures: expected the draft class "
-                                        f"first ({drafts}), got "
-                                        f"{archs}: {profile.engine} {profile.version} builds the "
-                                        f"first entry it supports, so {archs[:first]} would be "
-                                        f"built instead of {archs[first]}")]
+                        f"first ({drafts}), got {archs}: {profile.engine} {profile.version} builds "
+                        f"the first entry it supports, so {archs[:first]} would be built instead "
+                        f"of {archs[first]}")]
     hint = " (a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first)" \
         if ck.config.get("speculators_model_type") else ""
     return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {drafts} "
@@ -209,10 +208,9 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         head = t.get("lm_head.weight")
         if head is not None and not cfg.get("tie_word_embeddings"):
             return [Problem("CONFIG_FIELD", "config.json draft_vocab_size: expected "
-                                            f"{head.shape[0]} (lm_head rows), got none: "
-                                            f"{profile.engine} {profile.version} then assumes "
-                                            f"vocab_size={vocab} and replaces the draft's lm_head "
-                                            "by the target's (load_lm_head_from_target)")]
+                            f"{head.shape[0]} (lm_head rows), got none: {profile.engine} "
+                            f"{profile.version} then assumes vocab_size={vocab} and replaces the "
+                            "draft's lm_head by the target's (load_lm_head_from_target)")]
         dv = vocab
     # the loader matches by substring
     d2t = next((v for k, v in sorted(t.items()) if "d2t" in k), None)
@@ -275,20 +273,18 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                            f"len({profile.aux_ids_key}) = {len(ids)}, got {n_cfg}"))
     if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
                                                        int) and fc.shape[1] != len(ids) * t_hidden:
-        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: "
-                                            f"expected {len(ids)} aux ids × target hidden "
-                                            f"{t_hidden} = {len(ids) * t_hidden} input columns, "
-                                            f"got {fc.shape[1]} "
-                                            f"({fc.shape[1] / t_hidden:g} aux states)"))
+        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: expected "
+                           f"{len(ids)} aux ids × target hidden {t_hidden} = {len(ids) * t_hidden} "
+                           f"input columns, got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux "
+                           "states)"))
     hf = profile.engine_to_hf_ids(ids)
     if target is not None:
         n_layers = target.config.get("num_hidden_layers")
         bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []
         if bad:
             out.append(Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}={ids}: HF indices {hf} "
-                                                f"expected in {profile.aux_capture_hf_range} = [1, "
-                                                f"{n_layers - 1}] for a target of {n_layers} "
-                                                f"layers, got {bad} out of range"))
+                               f"expected in {profile.aux_capture_hf_range} = [1, {n_layers - 1}] "
+                               f"for a target of {n_layers} layers, got {bad} out of range"))
     recorded = (ck.manifest or {}).get("aux_layer_ids_hf")
     for where, want in (("manifest.json aux_layer_ids_hf", recorded),
                         ("extraction manifest aux_layer_ids", (data or {}).get("aux_layer_ids"))):
@@ -368,10 +364,9 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     man = ck.manifest or {}
     ours, theirs = man.get("data_content_hash"), data.get("content_hash")
     if ours and theirs and ours != theirs:
-        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was trained "
-                                           f"on hidden states {man['data_content_hash'][:12]}…, "
-                                           "expected the given data's content_hash "
-                                           f"{data['content_hash'][:12]}…"))
+        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was "
+                           f"trained on hidden states {man['data_content_hash'][:12]}…, expected "
+                           f"the given data's content_hash {data['content_hash'][:12]}…"))
     if target is None:
         return out
     from eagle3.artifacts import sha256_file

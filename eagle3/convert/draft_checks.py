@@ -93,13 +93,12 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
         s_key, s_theta = sglang_theta(flat)
         ref_theta = rope_parameters(dict(flat)).get("rope_theta", DEFAULT_THETA)
         both = ", ".join(f"{prefix}{k}={v:g}" for k, v in stated.items())
-        out.append(Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}; "
-                                            f"SGLang 0.5.23 reads {prefix}{s_key}={s_theta:g} "
-                                            "(transformers 5.19 folds them into rope_parameters, "
-                                            "srt/models/llama.py reads rope_parameters"
-                                            "['rope_theta']), the reference engine reads "
-                                            f"{float(ref_theta):g}; which one the draft was "
-                                            "trained with cannot be told from the file"))
+        out.append(Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}; SGLang "
+                           f"0.5.23 reads {prefix}{s_key}={s_theta:g} (transformers 5.19 folds "
+                           "them into rope_parameters, srt/models/llama.py reads "
+                           "rope_parameters['rope_theta']), the reference engine reads "
+                           f"{float(ref_theta):g}; which one the draft was trained with cannot be "
+                           "told from the file"))
     return out
 
 
@@ -121,11 +120,10 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
         got = (f"{prefix}layer_types={types} (layers {sliding} not full attention)" if sliding
                else f"{prefix}use_sliding_window=true")
         out.append(Problem("SLIDING_WINDOW", f"{where}: expected full attention in every draft "
-                                             f"layer, got {got} with {prefix}sliding_window="
-                                             f"{window!r}; SGLang 0.5.23's LlamaForCausalLMEagle3 "
-                                             "reads neither key (its only window is the server "
-                                             "flag --speculative-draft-window-size), so the draft "
-                                             "would be served with full attention"))
+                           f"layer, got {got} with {prefix}sliding_window={window!r}; SGLang "
+                           "0.5.23's LlamaForCausalLMEagle3 reads neither key (its only window is "
+                           "the server flag --speculative-draft-window-size), so the draft would "
+                           "be served with full attention"))
     return out
 
 
@@ -158,11 +156,10 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
                    "tokens_counted": total}
     of_data = "" if share is None else f"; it holds {share:.1%} of the data's target tokens"
     if is_identity_prefix(d2t, vocab):
-        warnings.append(Problem("VOCAB_MAP_PREFIX", f"d2t: expected the data's most frequent "
-                                                    f"target ids, got all zeros: the draft "
-                                                    f"vocabulary is target ids [0, {d2t.numel()})"
-                                                    f" of {vocab}, so the draft can only propose "
-                                                    f"ids below {d2t.numel()}{of_data}"))
+        warnings.append(Problem("VOCAB_MAP_PREFIX", "d2t: expected the data's most frequent "
+                                "target ids, got all zeros: the draft vocabulary is target ids "
+                                f"[0, {d2t.numel()}) of {vocab}, so the draft can only propose ids "
+                                f"below {d2t.numel()}{of_data}"))
     if share is None:
         return problems, warnings, figures
     what = (f"draft vocabulary ({d2t.numel()} ids): expected at least {{:.0%}} of the data's "

@@ -130,10 +130,9 @@ def _speculators_aux_ids(ck: Checkpoint, tcfg: dict | None) -> tuple[list[int], 
     stated = ck.config.get(AUX_KEY)
     trained = _trained_aux_ids(ck)
     if stated and trained is not None and [int(i) for i in stated] != trained:
-        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: "
-                                        f"expected the ids the draft was trained on, "
-                                        f"{ck.path}/manifest.json aux_layer_ids={trained} (HF "
-                                        "hidden_states indices)")
+        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: expected "
+                    f"the ids the draft was trained on, {ck.path}/manifest.json "
+                    f"aux_layer_ids={trained} (HF hidden_states indices)")
         raise CheckpointInvalid(str(p), [p])
     if stated:
         return [int(i) for i in stated], f"config.json {AUX_KEY}"
@@ -156,13 +155,10 @@ def _check_source(ck: Checkpoint, tcfg: dict | None, profile: EngineProfile) -> 
         t_key, t_theta = draft_checks.sglang_theta(tcfg)
         if t_theta != trained[1]:
             out.append(Problem("ROPE_TRAINED_MISMATCH", f"{where} {trained[0]}: the draft's "
-                                                        f"attention was trained with theta "
-                                                        f"{trained[1]:g}; expected the target's "
-                                                        f"{t_key}={t_theta:g}, which conversion "
-                                                        "writes into the served config (the engine"
-                                                        " would rotate with another theta than the"
-                                                        " trained one): train the draft with the "
-                                                        "target's RoPE"))
+                               f"attention was trained with theta {trained[1]:g}; expected the "
+                               f"target's {t_key}={t_theta:g}, which conversion writes into the "
+                               "served config (the engine would rotate with another theta than "
+                               "the trained one): train the draft with the target's RoPE"))
     return out
 
 

@@ -205,10 +205,9 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
         got = check_aux_capture(arch, engine="sglang", version=v, source=source)
     except EngineUnsupported as e:
         p = Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0] {arch}: {e}; expected a "
-                                             "class that implements set_eagle3_layers_to_capture "
-                                             f"in SGLang {v} (the draft's fc would be bypassed and "
-                                             "acceptance fall to about 1.0); fix: serve.engine "
-                                             "reference, or a target class SGLang captures")
+                    f"class that implements set_eagle3_layers_to_capture in SGLang {v} (the "
+                    "draft's fc would be bypassed and acceptance fall to about 1.0); fix: "
+                    "serve.engine reference, or a target class SGLang captures")
         return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
     return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {v} "
                                           f"({got['how']})", {"captures": 1}), []
@@ -324,9 +323,8 @@ def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int |
     figs = {"need_gib": need / GIB, "free_gib": free / GIB}
     if need > free:
         p = Problem("MEMORY_TOO_SMALL", f"reference engine on {device}: needs about "
-                                        f"{need / GIB:.2f} GiB (target and draft weights in the "
-                                        f"serving dtype), {free / GIB:.2f} GiB free; fix: free "
-                                        "memory or serve.dtype bfloat16")
+                    f"{need / GIB:.2f} GiB (target and draft weights in the serving dtype), "
+                    f"{free / GIB:.2f} GiB free; fix: free memory or serve.dtype bfloat16")
         return Check("memory", "failed", p.message, figs), [p]
     return Check("memory", "passed", f"reference engine on {device}: about {need / GIB:.2f} GiB of "
                                      f"{free / GIB:.2f} GiB free (context up to {ctx})", figs), []
@@ -444,9 +442,8 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
             sock.bind((s.host, s.port))
         except OSError as e:
             p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
-                                       f"binding it gives {e.strerror or e}; fix: end what listens "
-                                       "there, choose another serve.port, or leave serve.port "
-                                       "unset (a free port is chosen)")
+                        f"binding it gives {e.strerror or e}; fix: end what listens there, choose "
+                        "another serve.port, or leave serve.port unset (a free port is chosen)")
             return Check("port", "failed", p.message), [p]
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
