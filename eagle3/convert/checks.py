@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get
+from eagle3.convert.checkpoint import VOCAB_SIDE_FILES, Checkpoint, Problem, Target, cfg_get
 from eagle3.engines.profile import EngineProfile
 from eagle3.errors import ConfigError
 
@@ -217,7 +217,7 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     t2d = next((v for k, v in sorted(t.items()) if "t2d" in k), None)
     if d2t is None:
         if dv < vocab:
-            side = sorted(p.name for g in ("d2t*", "t2d*", "vocab_map*") for p in ck.path.glob(g))
+            side = sorted(p.name for g in VOCAB_SIDE_FILES for p in ck.path.glob(g))
             where = f"; side files {side} are not read by the engine" if side else ""
             return [Problem("VOCAB_MAP_MISSING", f"d2t: draft_vocab_size {dv} < vocab_size {vocab} "
                             f"needs a d2t tensor in the weights, found none{where}: the engine "

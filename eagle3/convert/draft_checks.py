@@ -1,10 +1,8 @@
 """Checks of what a draft was trained with that the serving config would silently change: two RoPE
 thetas in one config, a sliding-window draft the engine serves with full attention, and a draft
-vocabulary that cannot propose the data's tokens.
-
-Each returns :class:`eagle3.convert.checkpoint.Problem` records (``CODE: message`` naming the key
-and both values). Used by :func:`eagle3.convert.validate.validate_report` on a serving
-checkpoint and by :func:`eagle3.convert.stage.convert` on its source, before anything is written.
+vocabulary that cannot propose the data's tokens. Each returns ``Problem`` records naming the key
+and both values; used by :func:`eagle3.convert.validate.validate_report` on a serving checkpoint
+and by :func:`eagle3.convert.stage.convert` on its source, before anything is written.
 """
 
 from __future__ import annotations
@@ -58,10 +56,7 @@ def sglang_theta(cfg: Mapping) -> tuple[str, float]:
     """``(key, theta)`` SGLang 0.5.23 serves a serving-format config with (first key of
     :data:`SGLANG_THETA_ORDER` stated at the top level; ``("default", 10000.0)`` when none)."""
     stated = stated_thetas({k: v for k, v in cfg.items() if k != "transformer_layer_config"})
-    for key in SGLANG_THETA_ORDER:
-        if key in stated:
-            return key, stated[key]
-    return "default", DEFAULT_THETA
+    return next(iter(stated.items()), ("default", DEFAULT_THETA))  # stated in that order
 
 
 def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
@@ -72,10 +67,8 @@ def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
     tl = cfg.get("transformer_layer_config")
     scope, prefix = (tl, "transformer_layer_config.") if isinstance(tl, Mapping) else (cfg, "")
     stated = stated_thetas({k: v for k, v in scope.items() if k != "transformer_layer_config"})
-    for key in SGLANG_THETA_ORDER:
-        if key in stated:
-            return prefix + key, stated[key]
-    return None
+    key = next(iter(stated), None)  # stated in SGLANG_THETA_ORDER
+    return None if key is None else (prefix + key, stated[key])
 
 
 def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Problem]:
@@ -112,8 +105,8 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
     for prefix, scope in _scopes(cfg):
         types = scope.get("layer_types")
         window = scope.get("sliding_window")
-        sliding = [i for i, t in enumerate(types) if t != "full_attention"] \
-            if isinstance(types, list) else []
+        sliding = [i for i, t in enumerate(types if isinstance(types, list) else [])
+                   if t != "full_attention"]
         flag = scope.get("use_sliding_window") is True and isinstance(window, int) and window > 0
         if not sliding and not flag:
             continue
@@ -133,9 +126,8 @@ def _d2t(ck: Checkpoint) -> torch.Tensor | None:
 
 def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
                       ) -> tuple[list[Problem], list[Problem], dict]:
-    """The draft vocabulary against the data: ``(problems, warnings, figures)``.
-
-    Warning ``VOCAB_MAP_PREFIX`` when ``d2t`` is all zeros (the vocabulary is the first
+    """The draft vocabulary against the data: ``(problems, warnings, figures)``. Warning
+    ``VOCAB_MAP_PREFIX`` when ``d2t`` is all zeros (the vocabulary is the first
     ``draft_vocab_size`` target ids). With ``token_counts`` ``{target id: count}`` (the data's
     target tokens): figures ``{"vocab_coverage", "tokens_covered", "tokens_counted"}``; problem
     ``VOCAB_COVERAGE_LOW`` below :data:`COVERAGE_REFUSE`, warning ``VOCAB_COVERAGE`` below
@@ -143,8 +135,7 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
     from eagle3.train.vocab import is_identity_prefix, vocab_coverage
 
     tl = ck.config.get("transformer_layer_config")
-    vocab = ck.config.get("vocab_size", (tl or {}).get("vocab_size") if isinstance(tl, Mapping)
-                          else None)
+    vocab = ck.config.get("vocab_size", tl.get("vocab_size") if isinstance(tl, Mapping) else None)
     d2t = _d2t(ck)
     if d2t is None or not isinstance(vocab, int) or d2t.dim() != 1:
         return [], [], {}
