@@ -36,6 +36,7 @@ from eagle3.errors import ConfigError, DataError, EngineUnsupported
 GIB = 1 << 30
 ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_KV_BYTES = {**_DTYPE_BYTES, "fp8": 1, "auto": 2}
 
 
 @dataclass
@@ -71,8 +72,8 @@ class PreflightReport:
                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def lines(self) -> list[str]:
-        return [f"{c.name:<12} {c.status:<8} "
-                f"{c.detail}" for c in self.checks] + [str(p) for p in self.problems]
+        return [f"{c.name:<12} {c.status:<8} {c.detail}" for c in self.checks] + [
+            str(p) for p in self.problems]
 
     def raise_if_failed(self) -> None:
         if self.passed:
@@ -97,9 +98,6 @@ def target_architecture(target_dir: str | Path) -> str:
         raise DataError(f"{path}: 'architectures' expected a non-empty list, got "
                         f"{cfg.get('architectures')!r}")
     return str(archs[0])
-
-
-_KV_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
 
 
 def _weights_bytes(model_dir: Path) -> int:
@@ -129,9 +127,9 @@ def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) ->
 
 
 def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, context_length: int,
-                    batch_size: int,
-                    gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16",
-                    tp: int = 1, draft_weights_bytes: int | None = None) -> dict:
+                    batch_size: int, gpu_memory_bytes: int, mem_fraction_static: float,
+                    kv_dtype: str = "bfloat16", tp: int = 1,
+                    draft_weights_bytes: int | None = None) -> dict:
     """Bytes one GPU needs vs ``gpu_memory_bytes × mem_fraction_static``: (target + draft weight
     file sizes) / ``tp`` + both KV caches at ``context_length × batch_size`` tokens. An unwritten
     draft is its ``config.json`` dict plus ``draft_weights_bytes``. Returns every number and
@@ -243,15 +241,14 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
 def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
                   gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
     s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
-    has = serving_dir is not None and (serving_dir / "config.json").is_file()
-    draft: Any = serving_dir if has else None
+    draft: Any = serving_dir
     draft_bytes = None
-    if draft is None:
+    if serving_dir is None or not (serving_dir / "config.json").is_file():
         draft, draft_bytes = draft_size_from_config(cfg, tcfg)
     text_cfg = tcfg.get("text_config") or tcfg
     ctx = s.context_length or int(text_cfg.get("max_position_embeddings") or 4096)
     if engine == "reference":
-        return _reference_memory(cfg, target_dir, draft, draft_bytes, ctx)
+        return _reference_memory(cfg, target_dir, tcfg, draft, draft_bytes, ctx)
     if gpus is None:
         from eagle3.serve.diagnostics import gpu_sample
 
@@ -267,8 +264,8 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
     problems, worst = [], None
     for g in used:
         total, taken = g["mem_total_mib"] << 20, g["mem_used_mib"] << 20
-        frac = s.mem_fraction_static if s.mem_fraction_static is not None else max(total - taken,
-                                                                                   0) / total
+        frac = s.mem_fraction_static
+        frac = max(total - taken, 0) / total if frac is None else frac
         try:
             r = estimate_memory(target_dir, draft, context_length=ctx, batch_size=1,
                                 gpu_memory_bytes=total, mem_fraction_static=frac,
@@ -281,10 +278,10 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
             continue
         if s.mem_fraction_static is not None and total - taken < r["budget_bytes"]:
             problems.append(Problem("GPU_BUSY", f"GPU {g['index']}: {taken / GIB:.2f} GiB already "
-                                                "used by other "
-                                    f"processes; expected {r['budget_bytes'] / GIB:.2f} GiB free "
-                                    f"for mem_fraction_static {frac}, got "
-                                    f"{(total - taken) / GIB:.2f} GiB (an engine left running?)"))
+                                    f"used by other processes; expected "
+                                    f"{r['budget_bytes'] / GIB:.2f} GiB free for "
+                                    f"mem_fraction_static {frac}, got {(total - taken) / GIB:.2f} "
+                                    "GiB (an engine left running?)"))
         worst = r if worst is None or r["need_bytes"] > worst["need_bytes"] else worst
     figs = {f"{k.removesuffix('_bytes')}_gib": v / GIB for k, v in (worst or {}).items()
             if k.endswith(("_bytes", "_weights", "_kv"))}
@@ -296,13 +293,13 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
                  {**figs, "gpus": len(used)}), problems
 
 
-def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int | None, ctx: int):
+def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_bytes: int | None,
+                      ctx: int) -> tuple[Check, list[Problem]]:
     import psutil
 
     from eagle3.serve.launcher import reference_device
 
     device = reference_device(cfg.serve.device)
-    tcfg = json.loads((target_dir / "config.json").read_text())
     stored = _DTYPE_BYTES.get(str(tcfg.get("torch_dtype") or tcfg.get("dtype") or "float32"), 4)
     served = _DTYPE_BYTES.get("float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype, 4)
     d_bytes = draft_bytes if draft_bytes is not None else _weights_bytes(Path(draft))
@@ -374,12 +371,15 @@ def _check_template(cfg: Any, engine: str, target_dir: Path,
 
     from eagle3.extract.conversations import template_switches
 
-    trained = {k: v for k, v in (data.get("template_switches") or {}).items()}
+    trained = dict(data.get("template_switches") or {})
     bench = template_switches(AutoTokenizer.from_pretrained(str(target_dir)),
                               cfg.data.chat_template_kwargs)
     problems = []
-    if {k: v for k, v in bench.items() if v is not None} != {k: v for k,
-                                                             v in trained.items() if v is not None}:
+
+    def set_only(switches: dict) -> dict:
+        return {k: v for k, v in switches.items() if v is not None}
+
+    if set_only(bench) != set_only(trained):
         problems.append(Problem("TEMPLATE_SWITCHES", "chat-template switches: the extraction "
                                 f"rendered {trained}, the benchmark renders {bench} "
                                 "(data.chat_template_kwargs); expected the same"))
@@ -416,11 +416,11 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
             out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --chat-template {tpl!r}: "
                                "expected no override or the extraction's template (sha256 "
                                f"{str(data.get('chat_template_hash'))[:12]}…), got {why}"))
-    if flag_value(extra, "--hf-chat-template-name") is not None:
+    name = flag_value(extra, "--hf-chat-template-name")
+    if name is not None:
         out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --hf-chat-template-name "
-                           f"{flag_value(extra, '--hf-chat-template-name')!r}: expected the "
-                           "tokenizer's default template "
-                           "(the one extraction used), got a named alternative"))
+                           f"{name!r}: expected the tokenizer's default template (the one "
+                           "extraction used), got a named alternative"))
     return out
 
 
