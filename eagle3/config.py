@@ -44,14 +44,12 @@ class PathsConfig(_Section):
     """Where prepared assets and run outputs live (both outside git)."""
 
     cache_dir: str | None = Field(None, description="Prepared assets (converted target, datasets). "
-                                                    "Default: "
-                                  "$EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
+                                  "Default: $EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
     runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the "
                                               "working directory.")
 
     def resolved_cache_dir(self) -> Path:
-        """The asset cache directory: ``cache_dir``, else ``$EAGLE3_CACHE``, else
-        ``~/.cache/eagle3-pipeline``."""
+        """``cache_dir``, else ``$EAGLE3_CACHE``, else ``~/.cache/eagle3-pipeline``."""
         raw = self.cache_dir or os.environ.get("EAGLE3_CACHE") or "~/.cache/eagle3-pipeline"
         return Path(raw).expanduser().resolve()
 
@@ -82,8 +80,7 @@ class TargetConfig(_Section):
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device "
-                            "(CUDA; a CPU "
-        "with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
+        "(CUDA; a CPU with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
@@ -100,33 +97,28 @@ class DataConfig(_Section):
     path: str | None = Field(None, description="Conversations file when source == 'file' "
                                                "(JSON/JSONL/txt).")
     num_conversations: int = Field(128, ge=1)
-    max_seq_len: int = Field(512, ge=16, le=1 << 22,
-                             description="Tokens per sample after templating; longer ones are cut "
-                                         "and counted as truncated.")
+    max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after "
+        "templating; longer ones are cut and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="Template switches passed to apply_chat_template, e.g. "
         "{enable_thinking: false}; recorded in the hidden-states manifest.")
-    max_unstable_template_share: float = Field(
-        0.05, ge=0.0, le=1.0,
-        description="Largest share of the conversations tried, or of their tokens, that may be "
-                    "dropped because the chat template renders an earlier turn differently once "
-                    "later turns follow (no loss mask can be derived); above it extraction is "
-                    "refused (TEMPLATE_UNSTABLE), at or below it warned about and recorded.")
-    regenerate: Literal["none", "hf", "openai"] = Field(
-        "none", description="Replace assistant turns by the target's own greedy answers before "
-                            "extraction.")
+    max_unstable_template_share: float = Field(0.05, ge=0.0, le=1.0, description="Largest share "
+        "of the conversations tried, or of their tokens, that may be dropped because the chat "
+        "template renders an earlier turn differently once later turns follow (no loss mask can "
+        "be derived); above it extraction is refused (TEMPLATE_UNSTABLE), at or below it warned "
+        "about and recorded.")
+    regenerate: Literal["none", "hf", "openai"] = Field("none", description="Replace assistant "
+        "turns by the target's own greedy answers before extraction.")
     regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when "
                                                          "regenerate == 'openai'.")
     regenerate_max_new_tokens: int = Field(256, ge=1, le=32768,
                                            description="Tokens per regenerated assistant turn.")
-    regenerate_max_rounds: int | None = Field(
-        None, ge=1, description="Regenerate only the first N assistant turns and drop the turns "
-                                "after them (None = every turn, in order).")
-    regenerate_batch_size: int | None = Field(
-        None, ge=1, le=4096, description="Conversations per batched generate call (None = "
-                                         "extract.batch_size).")
+    regenerate_max_rounds: int | None = Field(None, ge=1, description="Regenerate only the first "
+        "N assistant turns and drop the turns after them (None = every turn, in order).")
+    regenerate_batch_size: int | None = Field(None, ge=1, le=4096, description="Conversations per "
+        "batched generate call (None = extract.batch_size).")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DataConfig:
@@ -139,9 +131,8 @@ class ExtractConfig(_Section):
     """Hidden-state extraction."""
 
     backend: Literal["hf", "sglang"] = "hf"
-    aux_layer_ids: list[int] | None = Field(
-        None, description="HF hidden_states indices (= input of layer i). Default: EAGLE-3's [2, "
-                          "L//2, L-3].")
+    aux_layer_ids: list[int] | None = Field(None, description="HF hidden_states indices (= input "
+        "of layer i). Default: EAGLE-3's [2, L//2, L-3].")
     dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
         "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is "
                             "fast on the extraction device, else float32 (eagle3.precision).")
@@ -153,24 +144,19 @@ class ExtractConfig(_Section):
                                                "workers on a CPU).")
     startup_timeout_s: float = Field(
         1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded "
-                                  "the target "
-        "within this many seconds of the start (else RankFailed naming the workers).")
-    stall_timeout_s: float = Field(
-        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a worker that writes no batch "
-                                  "for this many seconds (its first batch included) ends the "
-                                  "extraction with RankFailed; committed shards are kept.")
+        "the target within this many seconds of the start (else RankFailed naming the workers).")
+    stall_timeout_s: float = Field(1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a "
+        "worker that writes no batch for this many seconds (its first batch included) ends the "
+        "extraction with RankFailed; committed shards are kept.")
     sglang_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="backend 'sglang': extra keyword arguments of "
-                                          "sglang.Engine (e.g. tp_size, "
-        "dp_size, mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter "
-        "is serve.sglang_python.")
+        "sglang.Engine (e.g. tp_size, dp_size, mem_fraction_static; on a CPU: device, "
+        "attention_backend, ...). The interpreter is serve.sglang_python.")
     sglang_env: dict[str, str] = Field(
         default_factory=dict, description="backend 'sglang': environment variables added for the "
-                                          "SGLang worker "
-        "(a PYTHONPATH here is appended after the project's capture plugin).")
-    sglang_startup_timeout_s: float = Field(1800.0, gt=0,
-                                            description="backend 'sglang': seconds for the engine "
-                                                        "to start.")
+        "SGLang worker (a PYTHONPATH here is appended after the project's capture plugin).")
+    sglang_startup_timeout_s: float = Field(1800.0, gt=0, description="backend 'sglang': seconds "
+        "for the engine to start.")
     sglang_request_timeout_s: float = Field(3600.0, gt=0,
                                             description="backend 'sglang': seconds for one batch.")
 
@@ -202,26 +188,21 @@ class TrainConfig(_Section):
                         description="auto, cpu, cuda or cuda:N.")
     num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 "
                                                "launches torchrun.")
-    distributed: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="With num_gpus > 1: ddp (whole draft per rank) or fsdp (trainable "
-                           "modules, gradients and "
-        "AdamW moments sharded over the ranks: for drafts whose trainable state is large).")
-    startup_timeout_s: float = Field(
-        600.0, gt=0, description="With num_gpus > 1: every rank must have joined the process group "
-                                 "within this "
-        "many seconds of the launch (else RankFailed naming the ranks that did not arrive).")
-    first_step_timeout_s: float = Field(
-        1800.0, gt=0, description="With num_gpus > 1: every rank must finish its first optimizer "
-                                  "step within this many seconds of the last rank joining (loading "
-                                  "data, building and compiling the draft included).")
-    stall_timeout_s: float = Field(
-        1800.0, gt=0, description="With num_gpus > 1: a rank whose optimizer step does not advance "
-                                  "for this many "
-        "seconds (an evaluation and a checkpoint write included) ends the run with RankFailed.")
+    distributed: Literal["ddp", "fsdp"] = Field("ddp", description="With num_gpus > 1: ddp (whole "
+        "draft per rank) or fsdp (trainable modules, gradients and AdamW moments sharded over "
+        "the ranks: for drafts whose trainable state is large).")
+    startup_timeout_s: float = Field(600.0, gt=0, description="With num_gpus > 1: every rank must "
+        "have joined the process group within this many seconds of the launch (else RankFailed "
+        "naming the ranks that did not arrive).")
+    first_step_timeout_s: float = Field(1800.0, gt=0, description="With num_gpus > 1: every rank "
+        "must finish its first optimizer step within this many seconds of the last rank joining "
+        "(loading data, building and compiling the draft included).")
+    stall_timeout_s: float = Field(1800.0, gt=0, description="With num_gpus > 1: a rank whose "
+        "optimizer step does not advance for this many seconds (an evaluation and a checkpoint "
+        "write included) ends the run with RankFailed.")
     precision: Literal["auto", "float32", "bf16-autocast"] = Field(
         "auto", description="auto = bf16-autocast where bf16 is fast on the training device (CUDA; "
-                            "a CPU with "
-        "AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
+        "a CPU with AMX/AVX512-BF16, measured), else float32 (eagle3.precision).")
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang: False).")
     allow_vocab_map_change: bool = False
@@ -234,17 +215,15 @@ class TrainConfig(_Section):
                                                              "as a fraction of lr.")
     checkpoint_every: int = Field(0, ge=0, description="Optimizer steps between checkpoints (0 = "
                                                        "at each evaluation).")
-    export: Literal["best", "last"] = Field(
-        "best", description="Weights written as the draft: best simulated acceptance length at an "
-                            "evaluation, or last.")
+    export: Literal["best", "last"] = Field("best", description="Weights written as the draft: "
+        "best simulated acceptance length at an evaluation, or last.")
     resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state "
                                            "when present.")
     on_other_checkpoint: Literal["restart", "refuse"] = Field(
         "restart", description="A checkpoint in <out_dir>/state made from other inputs (data, "
-                               "draft vocabulary, "
-        "frozen train fields, layer flags, processes): restart = it belongs to another training, "
-        "start from step 0 "
-        "with a warning naming the difference; refuse = stop with that difference as the error.")
+        "draft vocabulary, frozen train fields, layer flags, processes): restart = it belongs to "
+        "another training, start from step 0 with a warning naming the difference; refuse = stop "
+        "with that difference as the error.")
     init_from: str | None = Field(None, description="A speculators draft folder to start from "
                                                     "(weights only).")
     forward_impl: Literal["auto", "speculators", "project"] = Field(
@@ -259,18 +238,16 @@ class TrainConfig(_Section):
         "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA "
                                "graphs.")
     pad_to_max_tokens: bool | None = Field(None, description="Pad every micro-batch to "
-                                                             "max_tokens_per_batch (one "
-        "shape: a compiled forward compiles once); None = on exactly when compile is on. Padding "
-        "carries no loss.")
+        "max_tokens_per_batch (one shape: a compiled forward compiles once); None = on exactly "
+        "when compile is on. Padding carries no loss.")
     max_eval_samples: int | None = Field(None, ge=1,
                                          description="Cap on validation samples per evaluation.")
     loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) "
                                             "or JSON weights.")
     loss_implementation: Literal["eager", "fused"] = Field(
         "eager", description="fused needs Triton (CUDA).")
-    loader_workers: int | None = Field(
-        None, ge=0, description="Processes that read hidden-state files ahead of the device; None "
-                                "= 4 on CUDA, 0 on CPU.")
+    loader_workers: int | None = Field(None, ge=0, description="Processes that read hidden-state "
+        "files ahead of the device; None = 4 on CUDA, 0 on CPU.")
     optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field(
         "auto", description="AdamW; auto = fused on CUDA")
 
@@ -303,26 +280,22 @@ class ServeConfig(_Section):
     speculative_eagle_topk: int = Field(1, ge=1, le=64)
     speculative_num_draft_tokens: int = Field(4, ge=2, le=4096)
     tp: int = Field(1, ge=1, le=1024)
-    max_running_requests: int | None = Field(
-        None, ge=1, le=1 << 20, description="Requests the engine runs at once (SGLang "
-                                            "--max-running-requests); None = SGLang's "
-        "default, which is 48 when speculative decoding is on.")
+    max_running_requests: int | None = Field(None, ge=1, le=1 << 20, description="Requests the "
+        "engine runs at once (SGLang --max-running-requests); None = SGLang's default, which is "
+        "48 when speculative decoding is on.")
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = Field(None, ge=1, le=1 << 16)
     context_length: int | None = Field(None, ge=1, le=1 << 31)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="SGLang: its own auto (the checkpoint's dtype). Reference engine and "
-                            "offline decoding: "
-        "bfloat16 where bf16 is fast on serve.device, else float32 (eagle3.precision).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="SGLang: "
+        "its own auto (the checkpoint's dtype). Reference engine and offline decoding: bfloat16 "
+        "where bf16 is fast on serve.device, else float32 (eagle3.precision).")
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda "
                                             "when available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
-    cpu_threads: int | None = Field(
-        1, ge=1, description="torch threads of the reference engine and of offline decoding on a "
-                             "CPU (None = torch's "
-        "default, one per core). 1: a batch-1 verify pass's small matmuls gain little from more "
-        "threads and ran "
-        "7-13x slower with 2 threads when the 2 cores were shared (measured, lab/NOTEBOOK.md).")
+    cpu_threads: int | None = Field(1, ge=1, description="torch threads of the reference engine "
+        "and of offline decoding on a CPU (None = torch's default, one per core). 1: a batch-1 "
+        "verify pass's small matmuls gain little from more threads and ran 7-13x slower with 2 "
+        "threads when the 2 cores were shared (measured, lab/NOTEBOOK.md).")
     extra_args: list[str] = Field(default_factory=list,
                                   description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
@@ -331,9 +304,8 @@ class ServeConfig(_Section):
     poll_interval_s: float = Field(GATE_POLL_INTERVAL_S, gt=0)
     probe_timeout_s: float = Field(GATE_PROBE_TIMEOUT_S, gt=0)
     retry_without_cuda_graph: bool = False
-    sglang_python: str | None = Field(
-        None, description="Python of the environment that has SGLang (e.g. "
-                          "~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
+    sglang_python: str | None = Field(None, description="Python of the environment that has "
+        "SGLang (e.g. ~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
     stop_grace_s: float = Field(15.0, gt=0, description="Seconds between SIGTERM and SIGKILL of "
                                                         "the engine's group.")
 
@@ -429,19 +401,12 @@ _PARSED_MAX = 32
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML run config, apply ``-o`` overrides, validate, and resolve every ``auto``
-    dtype/precision to bf16 where bf16 is fast on that setting's device, else float32
-    (:func:`eagle3.precision.resolve_config`; see :attr:`RunConfig.auto_resolved`).
-
-    Parsed once per (file path, file bytes, overrides) per process; each call gets a deep copy.
-
-    Args:
-        path: YAML file, or None for all defaults.
-        overrides: ``["train.lr=1e-3", "data.num_conversations=64"]``.
-    Raises:
-        ConfigError: file missing or a directory, empty or not YAML, top level not a mapping,
-        unknown key, wrong type or value.
-    """
+    """Load a YAML run config (``path`` None: all defaults), apply ``-o`` overrides
+    (``["train.lr=1e-3"]``), validate, and resolve every ``auto`` dtype/precision
+    (:func:`eagle3.precision.resolve_config`, :attr:`RunConfig.auto_resolved`). Parsed once per
+    (file path, file bytes, overrides) per process; each call gets a deep copy. ConfigError: file
+    missing or a directory, empty or not YAML, top level not a mapping, unknown key, wrong type or
+    value."""
     text = None
     if path is not None:
         p = Path(path)

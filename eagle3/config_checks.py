@@ -16,7 +16,6 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
 Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it).
 """
 
-
 from __future__ import annotations
 
 from typing import Any
@@ -30,12 +29,11 @@ def _serving(cfg: Any) -> list[str]:
     out = []
     if s.speculative_num_steps > t.ttt_steps:
         out.append(f"serve.speculative_num_steps {s.speculative_num_steps} > train.ttt_steps "
-                   f"{t.ttt_steps}: served draft steps "
-                   f"{t.ttt_steps + 1}..{s.speculative_num_steps} run the draft on its own hidden "
-                   "states further than training ever did, so those positions are untrained and "
-                   "accept little; expected serve.speculative_num_steps <= train.ttt_steps (raise "
-                   f"train.ttt_steps to {s.speculative_num_steps} or lower "
-                   "serve.speculative_num_steps)")
+                   f"{t.ttt_steps}: served draft steps {t.ttt_steps + 1}..{s.speculative_num_steps}"
+                   " run the draft on its own hidden states further than training ever did, so "
+                   "those positions are untrained and accept little; expected "
+                   "serve.speculative_num_steps <= train.ttt_steps (raise train.ttt_steps to "
+                   f"{s.speculative_num_steps} or lower serve.speculative_num_steps)")
     out.append(draft_tokens_problem(s))
     bad = reference_refusals(s) if s.engine == "reference" else {}
     if bad:

@@ -24,7 +24,6 @@ from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 MIN_FREE_BYTES = 5 * 1024**3  # below this a run may not fit (hidden states, checkpoints)
 PREFECT_DEFAULT = "http://127.0.0.1:4200/api"  # infra/stack.sh
 MLFLOW_DEFAULT = "http://127.0.0.1:5000"
-SGLANG_PINNED = SGLANG_VERSION
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
@@ -42,8 +41,8 @@ def check_torch() -> tuple[str, str]:
     except ImportError as e:
         return "FAIL", f"torch not importable ({e}); run `make env`"
     if torch.cuda.is_available():
-        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         n = torch.cuda.device_count()
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(n))
         return "OK", f"torch {torch.__version__}, CUDA {torch.version.cuda}: {n} GPU(s) ({names})"
     return "OK", (f"torch {torch.__version__}, CPU only ({os.cpu_count()} cores): training and "
                   "extraction on CPU")
@@ -62,9 +61,8 @@ def check_precision() -> tuple[str, str]:
     flags = ", ".join(f for f, on in p.features.items() if on) or "none found"
     caps = "; caps " + ", ".join(f"{k}={v}" for k, v in p.isa_env.items()) if p.isa_env else ""
     text = (f"CPU: torch capability {p.capability}, flags {flags}{caps}; {p.describe()}; on the "
-            "CPU: target/extract/serve dtype auto = "
-            f"{resolve_dtype('auto', 'cpu')}, train.precision auto = "
-            f"{resolve_precision('auto', 'cpu')}")
+            f"CPU: target/extract/serve dtype auto = {resolve_dtype('auto', 'cpu')}, "
+            f"train.precision auto = {resolve_precision('auto', 'cpu')}")
     if torch.cuda.is_available():
         text += f"; on CUDA auto = {resolve_dtype('auto', 'cuda')} ({bf16_is_fast('cuda')[1]})"
     return "OK", text
@@ -85,9 +83,8 @@ def check_sglang(python: str | None = None) -> tuple[str, str]:
         version = sglang_version(python)
     from eagle3.config import PathsConfig
 
-    sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or PathsConfig().resolved_cache_dir()
-        / "venv-sglang")
-    sidecar = sidecar / "bin" / "python"
+    cache = PathsConfig().resolved_cache_dir()
+    sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or cache / "venv-sglang") / "bin" / "python"
     try:
         import torch
 
@@ -104,7 +101,7 @@ def check_sglang(python: str | None = None) -> tuple[str, str]:
     where = f" in {python}" if python else ""
     if version not in SGLANG_RELEASES:
         pin = f" (not a pinned release; the profiles are written for {sorted(SGLANG_RELEASES)})"
-    elif version != SGLANG_PINNED:
+    elif version != SGLANG_VERSION:
         pin = f" (pinned; configs serving it set convert.engine_version: '{version}')"
     else:
         pin = ""
@@ -156,11 +153,11 @@ def run_doctor(echo: Callable[[str], None] = print, sglang_python: str | None = 
                 check_precision(), check_sglang(sglang_python)]
     results += check_disk({"runs": paths.resolved_runs_dir(), "cache": paths.resolved_cache_dir()})
     smol = paths.resolved_cache_dir() / "models" / "smollm2-135m-instruct" / "config.json"
-    results.append(("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else
-                   ("WARN", f"assets: SmolLM2 not prepared yet ({smol.parent}); `make assets` "
-                            "prepares it"))
-    results.append(check_server("Prefect", "PREFECT_API_URL", PREFECT_DEFAULT, "/health"))
-    results.append(check_server("MLflow", "MLFLOW_TRACKING_URI", MLFLOW_DEFAULT, "/health"))
+    results += [("OK", f"assets: SmolLM2 prepared at {smol.parent}") if smol.is_file() else
+                ("WARN", f"assets: SmolLM2 not prepared yet ({smol.parent}); `make assets` "
+                         "prepares it"),
+                check_server("Prefect", "PREFECT_API_URL", PREFECT_DEFAULT, "/health"),
+                check_server("MLflow", "MLFLOW_TRACKING_URI", MLFLOW_DEFAULT, "/health")]
     for status, text in results:
         echo(f"{status:<4} {text}")
     return all(s != "FAIL" for s, _ in results)

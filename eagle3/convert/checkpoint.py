@@ -1,8 +1,6 @@
 """A draft folder read into memory for the checks: :class:`Checkpoint` (config, tensors, manifest),
 :class:`Target` (the target's config, lazily its embedding), :class:`Problem` (``CODE: message``).
-
-Only unreadable input raises (DataError naming the file).
-"""
+Only unreadable input raises (DataError naming the file)."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ class Problem:
 
 @dataclass
 class Checkpoint:
-    """A draft directory read into memory: ``config`` (dict), ``tensors`` {name: tensor},
-    ``manifest``."""
+    """A draft directory read into memory: ``config``, ``tensors`` {name: tensor}, ``manifest``."""
 
     path: Path
     config: dict
@@ -77,8 +74,7 @@ def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
-    """Read ``config.json``, all weight files and ``manifest.json`` (optional) of a draft
-    directory."""
+    """``config.json``, all weight files and the optional ``manifest.json`` of a draft directory."""
     path = Path(ckpt_dir)
     if path.is_file():
         raise DataError(f"{path}: is a file; expected a draft checkpoint directory (config.json + "
@@ -89,8 +85,8 @@ def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
     files = sorted({f for g in WEIGHT_GLOBS for f in path.glob(g)})
     if not files:
         raise DataError(f"{path}: no weight file (expected model.safetensors or pytorch_model.bin)")
-    manifest = _read_json(path / "manifest.json",
-                          "manifest.json") if (path / "manifest.json").is_file() else None
+    has_manifest = (path / "manifest.json").is_file()
+    manifest = _read_json(path / "manifest.json", "manifest.json") if has_manifest else None
     return Checkpoint(path, config, load_tensors(files), files, manifest)
 
 
@@ -114,7 +110,6 @@ class Target:
         """The target's embedding ``[vocab, H]``: the first ``*embed_tokens.weight`` in
         ``*.safetensors``, else ``pytorch_model*.bin`` (``weights_only``, memory-mapped). None when
         absent (:attr:`embed_searched` says where); DataError on a corrupt file."""
-
         if self._embed is None:
             from safetensors import safe_open
 
@@ -127,13 +122,11 @@ class Target:
             for f in sorted(self.path.glob("pytorch_model*.bin")):
                 try:
                     part = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-                # pickle/zip raise many unrelated types on corrupt or unsafe input
-                except Exception as e:
+                except Exception as e:  # pickle/zip raise many types on corrupt or unsafe input
                     raise DataError(f"{f}: unreadable target weights ({type(e).__name__}: "
                                     f"{e})") from e
-                found = [k for k in part if isinstance(k,
-                                                       str) and k.endswith("embed_tokens.weight")] \
-                    if isinstance(part, dict) else []
+                names = part if isinstance(part, dict) else []
+                found = [k for k in names if str(k).endswith("embed_tokens.weight")]
                 if found:
                     self._embed = part[found[0]].clone()
                     return self._embed
@@ -142,8 +135,7 @@ class Target:
     @property
     def embed_searched(self) -> str:
         """What :meth:`embed` looks through, for a message when it finds nothing."""
-        files = sorted(p.name for g in ("*.safetensors",
-                                        "pytorch_model*.bin") for p in self.path.glob(g))
+        files = sorted(p.name for g in WEIGHT_GLOBS for p in self.path.glob(g))
         files = files or "no *.safetensors or pytorch_model*.bin file"
         return f"tensors named *embed_tokens.weight in {files}"
 

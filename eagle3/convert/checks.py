@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get
+from eagle3.convert.checkpoint import VOCAB_SIDE_FILES, Checkpoint, Problem, Target, cfg_get
 from eagle3.engines.profile import EngineProfile
 from eagle3.errors import ConfigError
 
@@ -25,10 +25,9 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     if any(a in drafts for a in archs):
         first = next(i for i, a in enumerate(archs) if a in drafts)
         return [Problem("ARCHITECTURE", "config.json architectures: expected the draft class "
-                                        f"first ({drafts}), got "
-                                        f"{archs}: {profile.engine} {profile.version} builds the "
-                                        f"first entry it supports, so {archs[:first]} would be "
-                                        f"built instead of {archs[first]}")]
+                        f"first ({drafts}), got {archs}: {profile.engine} {profile.version} builds "
+                        f"the first entry it supports, so {archs[:first]} would be built instead "
+                        f"of {archs[first]}")]
     hint = " (a speculators-format draft: run `eagle3 convert SRC DST --to sglang` first)" \
         if ck.config.get("speculators_model_type") else ""
     return [Problem("ARCHITECTURE", f"config.json architectures: expected one of {drafts} "
@@ -65,8 +64,7 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
             how = ("skipped without any message" if profile.unknown_tensor == "skip"
                    else "a load error")
             out.append(Problem("UNKNOWN_TENSOR", f"tensor {name!r} (loader name {r.renamed!r}) "
-                                                 "matches no parameter "
-                               f"of {profile.engine} {profile.version}'s "
+                               f"matches no parameter of {profile.engine} {profile.version}'s "
                                f"{profile.draft_architectures[0]}: {how}"))
             continue
         if r.kind != "param":
@@ -123,8 +121,7 @@ def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     ref = target.embed()
     if ref is None:
         return [Problem("EMBED_UNCHECKED", "embed_tokens.weight: expected the target's embedding "
-                                           "to "
-                        f"compare with ({target.path}: {target.embed_searched}), found none")]
+                        f"to compare with ({target.path}: {target.embed_searched}), found none")]
     if tuple(ref.shape) != tuple(emb.shape):
         return [Problem("EMBED_MISMATCH", f"embed_tokens.weight: expected the target's shape "
                         f"{list(ref.shape)}, got {list(emb.shape)}")]
@@ -163,8 +160,7 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
     out = []
     if d2t.dim() != 1 or d2t.numel() != draft_vocab:
         out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected length "
-                                                f"draft_vocab_size={draft_vocab}, "
-                           f"got shape {list(d2t.shape)}"))
+                           f"draft_vocab_size={draft_vocab}, got shape {list(d2t.shape)}"))
         return out
     if d2t.is_floating_point() or d2t.dtype == torch.bool:
         out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected an integer dtype (int64), got "
@@ -212,22 +208,20 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         head = t.get("lm_head.weight")
         if head is not None and not cfg.get("tie_word_embeddings"):
             return [Problem("CONFIG_FIELD", "config.json draft_vocab_size: expected "
-                                            f"{head.shape[0]} (lm_head rows), got none: "
-                                            f"{profile.engine} {profile.version} then assumes "
-                                            f"vocab_size={vocab} and replaces the draft's lm_head "
-                                            "by the target's (load_lm_head_from_target)")]
+                            f"{head.shape[0]} (lm_head rows), got none: {profile.engine} "
+                            f"{profile.version} then assumes vocab_size={vocab} and replaces the "
+                            "draft's lm_head by the target's (load_lm_head_from_target)")]
         dv = vocab
     # the loader matches by substring
     d2t = next((v for k, v in sorted(t.items()) if "d2t" in k), None)
     t2d = next((v for k, v in sorted(t.items()) if "t2d" in k), None)
     if d2t is None:
         if dv < vocab:
-            side = sorted(p.name for g in ("d2t*", "t2d*", "vocab_map*") for p in ck.path.glob(g))
+            side = sorted(p.name for g in VOCAB_SIDE_FILES for p in ck.path.glob(g))
             where = f"; side files {side} are not read by the engine" if side else ""
             return [Problem("VOCAB_MAP_MISSING", f"d2t: draft_vocab_size {dv} < vocab_size {vocab} "
-                                                 "needs a d2t tensor "
-                            f"in the weights, found none{where}: the engine would use the identity "
-                            "map")]
+                            f"needs a d2t tensor in the weights, found none{where}: the engine "
+                            "would use the identity map")]
         return []
     out = _vocab_problems(d2t, t2d, dv, vocab)
     recorded = (ck.manifest or {}).get("vocab_map_hash")
@@ -237,9 +231,8 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         actual = vocab_map_hash(d2t, t2d)
         if actual != recorded:
             out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
-                                                    "expected "
-                               f"{recorded[:12]}…, got {actual[:12]}… (map regenerated: lm_head "
-                               "rows now mean other tokens)"))
+                               f"expected {recorded[:12]}…, got {actual[:12]}… (map regenerated: "
+                               "lm_head rows now mean other tokens)"))
     return out
 
 
@@ -255,17 +248,15 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
     cfg, out = ck.config, []
     if cfg_get(cfg, "eagle_config.use_aux_hidden_state", True) is False:
         out.append(Problem("AUX_DISABLED", "eagle_config.use_aux_hidden_state: expected true (else "
-                                           "the target captures "
-                           "no aux states and fc is bypassed), got false"))
+                           "the target captures no aux states and fc is bypassed), got false"))
     ids = cfg_get(cfg, profile.aux_ids_key)
     if not ids:
         top_key = "eagle_aux_hidden_state_layer_ids"
         top = cfg.get(top_key) if profile.aux_ids_key != top_key else None
         extra = f"; top-level {top_key}={top} is not read by {profile.engine}" if top else ""
         out.append(Problem("AUX_IDS_MISSING", f"{profile.aux_ids_key}: expected the draft's aux "
-                                              "layer ids, got "
-                           f"{ids!r}: {profile.engine} {profile.version} falls back to "
-                           f"{profile.aux_default_rule}{extra}"))
+                           f"layer ids, got {ids!r}: {profile.engine} {profile.version} falls back "
+                           f"to {profile.aux_default_rule}{extra}"))
         return out
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         return out + [Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}: expected integers, got "
@@ -279,33 +270,29 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
     n_cfg = _aux_count(cfg)
     if n_cfg is not None and n_cfg != len(ids):
         out.append(Problem("AUX_IDS_COUNT", f"num_aux_hidden_states {n_cfg}: expected "
-                                            f"len({profile.aux_ids_key}) = "
-                           f"{len(ids)}, got {n_cfg}"))
+                           f"len({profile.aux_ids_key}) = {len(ids)}, got {n_cfg}"))
     if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
                                                        int) and fc.shape[1] != len(ids) * t_hidden:
-        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: "
-                                            f"expected {len(ids)} aux ids × target hidden "
-                                            f"{t_hidden} = {len(ids) * t_hidden} input columns, "
-                                            f"got {fc.shape[1]} "
-                                            f"({fc.shape[1] / t_hidden:g} aux states)"))
+        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: expected "
+                           f"{len(ids)} aux ids × target hidden {t_hidden} = {len(ids) * t_hidden} "
+                           f"input columns, got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux "
+                           "states)"))
     hf = profile.engine_to_hf_ids(ids)
     if target is not None:
         n_layers = target.config.get("num_hidden_layers")
         bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []
         if bad:
             out.append(Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}={ids}: HF indices {hf} "
-                                                f"expected in {profile.aux_capture_hf_range} = [1, "
-                                                f"{n_layers - 1}] for a target of {n_layers} "
-                                                f"layers, got {bad} out of range"))
+                               f"expected in {profile.aux_capture_hf_range} = [1, {n_layers - 1}] "
+                               f"for a target of {n_layers} layers, got {bad} out of range"))
     recorded = (ck.manifest or {}).get("aux_layer_ids_hf")
     for where, want in (("manifest.json aux_layer_ids_hf", recorded),
                         ("extraction manifest aux_layer_ids", (data or {}).get("aux_layer_ids"))):
         if want is not None and list(want) != hf:
             out.append(Problem("AUX_IDS_MISMATCH", f"{profile.aux_ids_key}={ids} means HF indices "
-                                                   f"{hf} in "
-                               f"{profile.engine} ({profile.aux_ids_convention}); {where} expected "
-                               f"{list(want)} "
-                               f"(= {profile.aux_ids_key} {profile.hf_to_engine_ids(list(want))})"))
+                               f"{hf} in {profile.engine} ({profile.aux_ids_convention}); {where} "
+                               f"expected {list(want)} (= {profile.aux_ids_key} "
+                               f"{profile.hf_to_engine_ids(list(want))})"))
     return out
 
 
@@ -326,15 +313,13 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
     classes = profile.aux_capture_classes
     if aux_capture and classes and target.architecture not in classes:
         out.append(Problem("TARGET_NO_AUX_CAPTURE", "target architectures[0]: "
-                                                    f"{target.architecture} has no "
-                           f"set_eagle3_layers_to_capture in {profile.engine} {profile.version}: "
-                           "expected a capturing "
-                           f"class, the draft would get no aux states (fc bypassed)"))
+                           f"{target.architecture} has no set_eagle3_layers_to_capture in "
+                           f"{profile.engine} {profile.version}: expected a capturing class, the "
+                           "draft would get no aux states (fc bypassed)"))
     th = tc.get("hidden_size")
     if "target_hidden_size" in cfg and cfg["target_hidden_size"] != th:
         out.append(Problem("TARGET_HIDDEN_SIZE", "config.json target_hidden_size: expected the "
-                                                 "target's hidden_size "
-                           f"{th}, got {cfg['target_hidden_size']!r}"))
+                           f"target's hidden_size {th}, got {cfg['target_hidden_size']!r}"))
     elif "target_hidden_size" not in cfg and cfg.get("hidden_size") != th:
         out.append(Problem("TARGET_HIDDEN_SIZE", f"config.json target_hidden_size: expected {th} "
                                                  "(draft hidden_size "
@@ -348,8 +333,7 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
     dmax, tmax = cfg.get("max_position_embeddings"), tc.get("max_position_embeddings")
     if isinstance(tmax, int) and (not isinstance(dmax, int) or dmax < tmax):
         out.append(Problem("CONTEXT_LENGTH", "config.json max_position_embeddings: expected >= "
-                                             f"the target's {tmax} "
-                           f"(the serving context), got {dmax!r}"))
+                           f"the target's {tmax} (the serving context), got {dmax!r}"))
     return out
 
 
@@ -369,23 +353,20 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     padded = (ck.manifest or {}).get("vocab_padded")
     if isinstance(uniq, int) and isinstance(dv, int) and uniq < dv and not padded:
         out.append(Problem("VOCAB_DATA_TOO_SMALL", f"draft_vocab_size {dv}: expected <= the {uniq} "
-                                                   "distinct tokens "
-                           "of the training data (or an explicit pad decision recorded as "
-                           f"vocab_padded), got {dv}"))
+                           "distinct tokens of the training data (or an explicit pad decision "
+                           f"recorded as vocab_padded), got {dv}"))
     cfg_data = data.get("config") or {}
     spec = json.dumps(cfg_data.get("extract", {})).lower()
     if "speculative" in spec:
         out.append(Problem("DATA_INVALID", "data manifest config.extract: expected extraction "
-                                           "without speculative "
-                           "decoding, got speculative settings"))
+                           "without speculative decoding, got speculative settings"))
     dt = data.get("target") or {}
     man = ck.manifest or {}
     ours, theirs = man.get("data_content_hash"), data.get("content_hash")
     if ours and theirs and ours != theirs:
-        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was trained "
-                                           f"on hidden states {man['data_content_hash'][:12]}…, "
-                                           "expected the given data's content_hash "
-                                           f"{data['content_hash'][:12]}…"))
+        out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was "
+                           f"trained on hidden states {man['data_content_hash'][:12]}…, expected "
+                           f"the given data's content_hash {data['content_hash'][:12]}…"))
     if target is None:
         return out
     from eagle3.artifacts import sha256_file
@@ -393,8 +374,7 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     th = sha256_file(target.path / "config.json")
     if dt.get("config_hash") and dt["config_hash"] != th:
         out.append(Problem("TARGET_MISMATCH", "data manifest target.config_hash: expected this "
-                                              f"target's {th[:12]}… "
-                           f"({target.path}), got {dt['config_hash'][:12]}…"))
+                           f"target's {th[:12]}… ({target.path}), got {dt['config_hash'][:12]}…"))
     # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
     if dt.get("weights_hash"):
         from eagle3.artifacts import weights_hash
@@ -402,10 +382,9 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
         wh = weights_hash(target.path)
         if wh != dt["weights_hash"]:
             out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
-                                                          "expected this "
-                               f"target's {str(wh)[:12]}… (sha256 of {target.path}/*.safetensors), "
-                               f"got {dt['weights_hash'][:12]}… (the hidden states came from other "
-                               "weights)"))
+                               f"expected this target's {str(wh)[:12]}… (sha256 of "
+                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}… (the "
+                               "hidden states came from other weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
     return out

@@ -13,19 +13,12 @@ MAX_TOKENS_PER_RECORD = 1 << 20  # no truncation: every token of a record is cou
 
 
 def token_counts(data: str | Path, target_dir: str | Path | None = None) -> dict[int, int]:
-    """``{target token id: count}`` of the tokens a draft is asked to propose in ``data``.
-
-    ``data`` is an extraction output folder (its ``token_freq.pt``: loss-masked tokens of the train
-    split, as extraction writes it) or a conversations file of the kinds extraction reads (ShareGPT
-    / messages JSON or JSONL, or ``.txt``; :func:`eagle3.extract.conversations.read_conversations`),
-    templated and tokenized with the tokenizer in ``target_dir`` the way extraction does; the
-    assistant tokens (loss mask 1) are counted, every token of a plain-text record.
-
-    Raises:
-        ConfigError: a conversations file without ``target_dir`` (no tokenizer to count with).
-        DataError: a folder without ``token_freq.pt``, an unreadable file or tokenizer, or data
-            with no token to count.
-    """
+    """``{target token id: count}`` of the tokens a draft is asked to propose in ``data``: an
+    extraction folder's ``token_freq.pt`` (loss-masked train tokens), or a conversations file
+    (:func:`eagle3.extract.conversations.read_conversations`) templated and tokenized with
+    ``target_dir``'s tokenizer as extraction does, counting its loss-masked tokens. ConfigError: a
+    conversations file without ``target_dir``; DataError: a folder without ``token_freq.pt``, an
+    unreadable file or tokenizer, or no token to count."""
     path = Path(data)
     if path.is_dir():
         from eagle3.train.vocab import load_token_freq
@@ -51,8 +44,8 @@ def _count_file(path: Path, target_dir: str | Path | None) -> dict[int, int]:
 
         tok = AutoTokenizer.from_pretrained(str(target_dir))
     except (OSError, ValueError) as e:
-        raise DataError(f"{target_dir}: expected a loadable tokenizer for --data {path} ({e})") \
-            from e
+        raise DataError(f"{target_dir}: expected a loadable tokenizer for --data {path} "
+                        f"({e})") from e
     counts: Counter = Counter()
     for conv in convs:
         sample = tokenize_conversation(tok, conv, MAX_TOKENS_PER_RECORD)

@@ -1,10 +1,8 @@
 """Checks of what a draft was trained with that the serving config would silently change: two RoPE
 thetas in one config, a sliding-window draft the engine serves with full attention, and a draft
-vocabulary that cannot propose the data's tokens.
-
-Each returns :class:`eagle3.convert.checkpoint.Problem` records (``CODE: message`` naming the key
-and both values). Used by :func:`eagle3.convert.validate.validate_report` on a serving
-checkpoint and by :func:`eagle3.convert.stage.convert` on its source, before anything is written.
+vocabulary that cannot propose the data's tokens. Each returns ``Problem`` records naming the key
+and both values; used by :func:`eagle3.convert.validate.validate_report` on a serving checkpoint
+and by :func:`eagle3.convert.stage.convert` on its source, before anything is written.
 """
 
 from __future__ import annotations
@@ -58,10 +56,7 @@ def sglang_theta(cfg: Mapping) -> tuple[str, float]:
     """``(key, theta)`` SGLang 0.5.23 serves a serving-format config with (first key of
     :data:`SGLANG_THETA_ORDER` stated at the top level; ``("default", 10000.0)`` when none)."""
     stated = stated_thetas({k: v for k, v in cfg.items() if k != "transformer_layer_config"})
-    for key in SGLANG_THETA_ORDER:
-        if key in stated:
-            return key, stated[key]
-    return "default", DEFAULT_THETA
+    return next(iter(stated.items()), ("default", DEFAULT_THETA))  # stated in that order
 
 
 def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
@@ -72,10 +67,8 @@ def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
     tl = cfg.get("transformer_layer_config")
     scope, prefix = (tl, "transformer_layer_config.") if isinstance(tl, Mapping) else (cfg, "")
     stated = stated_thetas({k: v for k, v in scope.items() if k != "transformer_layer_config"})
-    for key in SGLANG_THETA_ORDER:
-        if key in stated:
-            return prefix + key, stated[key]
-    return None
+    key = next(iter(stated), None)  # stated in SGLANG_THETA_ORDER
+    return None if key is None else (prefix + key, stated[key])
 
 
 def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Problem]:
@@ -93,13 +86,12 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
         s_key, s_theta = sglang_theta(flat)
         ref_theta = rope_parameters(dict(flat)).get("rope_theta", DEFAULT_THETA)
         both = ", ".join(f"{prefix}{k}={v:g}" for k, v in stated.items())
-        out.append(Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}; "
-                                            f"SGLang 0.5.23 reads {prefix}{s_key}={s_theta:g} "
-                                            "(transformers 5.19 folds them into rope_parameters, "
-                                            "srt/models/llama.py reads rope_parameters"
-                                            "['rope_theta']), the reference engine reads "
-                                            f"{float(ref_theta):g}; which one the draft was "
-                                            "trained with cannot be told from the file"))
+        out.append(Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}; SGLang "
+                           f"0.5.23 reads {prefix}{s_key}={s_theta:g} (transformers 5.19 folds "
+                           "them into rope_parameters, srt/models/llama.py reads "
+                           "rope_parameters['rope_theta']), the reference engine reads "
+                           f"{float(ref_theta):g}; which one the draft was trained with cannot be "
+                           "told from the file"))
     return out
 
 
@@ -113,19 +105,18 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
     for prefix, scope in _scopes(cfg):
         types = scope.get("layer_types")
         window = scope.get("sliding_window")
-        sliding = [i for i, t in enumerate(types) if t != "full_attention"] \
-            if isinstance(types, list) else []
+        sliding = [i for i, t in enumerate(types if isinstance(types, list) else [])
+                   if t != "full_attention"]
         flag = scope.get("use_sliding_window") is True and isinstance(window, int) and window > 0
         if not sliding and not flag:
             continue
         got = (f"{prefix}layer_types={types} (layers {sliding} not full attention)" if sliding
                else f"{prefix}use_sliding_window=true")
         out.append(Problem("SLIDING_WINDOW", f"{where}: expected full attention in every draft "
-                                             f"layer, got {got} with {prefix}sliding_window="
-                                             f"{window!r}; SGLang 0.5.23's LlamaForCausalLMEagle3 "
-                                             "reads neither key (its only window is the server "
-                                             "flag --speculative-draft-window-size), so the draft "
-                                             "would be served with full attention"))
+                           f"layer, got {got} with {prefix}sliding_window={window!r}; SGLang "
+                           "0.5.23's LlamaForCausalLMEagle3 reads neither key (its only window is "
+                           "the server flag --speculative-draft-window-size), so the draft would "
+                           "be served with full attention"))
     return out
 
 
@@ -135,9 +126,8 @@ def _d2t(ck: Checkpoint) -> torch.Tensor | None:
 
 def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
                       ) -> tuple[list[Problem], list[Problem], dict]:
-    """The draft vocabulary against the data: ``(problems, warnings, figures)``.
-
-    Warning ``VOCAB_MAP_PREFIX`` when ``d2t`` is all zeros (the vocabulary is the first
+    """The draft vocabulary against the data: ``(problems, warnings, figures)``. Warning
+    ``VOCAB_MAP_PREFIX`` when ``d2t`` is all zeros (the vocabulary is the first
     ``draft_vocab_size`` target ids). With ``token_counts`` ``{target id: count}`` (the data's
     target tokens): figures ``{"vocab_coverage", "tokens_covered", "tokens_counted"}``; problem
     ``VOCAB_COVERAGE_LOW`` below :data:`COVERAGE_REFUSE`, warning ``VOCAB_COVERAGE`` below
@@ -145,8 +135,7 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
     from eagle3.train.vocab import is_identity_prefix, vocab_coverage
 
     tl = ck.config.get("transformer_layer_config")
-    vocab = ck.config.get("vocab_size", (tl or {}).get("vocab_size") if isinstance(tl, Mapping)
-                          else None)
+    vocab = ck.config.get("vocab_size", tl.get("vocab_size") if isinstance(tl, Mapping) else None)
     d2t = _d2t(ck)
     if d2t is None or not isinstance(vocab, int) or d2t.dim() != 1:
         return [], [], {}
@@ -158,11 +147,10 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
                    "tokens_counted": total}
     of_data = "" if share is None else f"; it holds {share:.1%} of the data's target tokens"
     if is_identity_prefix(d2t, vocab):
-        warnings.append(Problem("VOCAB_MAP_PREFIX", f"d2t: expected the data's most frequent "
-                                                    f"target ids, got all zeros: the draft "
-                                                    f"vocabulary is target ids [0, {d2t.numel()})"
-                                                    f" of {vocab}, so the draft can only propose "
-                                                    f"ids below {d2t.numel()}{of_data}"))
+        warnings.append(Problem("VOCAB_MAP_PREFIX", "d2t: expected the data's most frequent "
+                                "target ids, got all zeros: the draft vocabulary is target ids "
+                                f"[0, {d2t.numel()}) of {vocab}, so the draft can only propose ids "
+                                f"below {d2t.numel()}{of_data}"))
     if share is None:
         return problems, warnings, figures
     what = (f"draft vocabulary ({d2t.numel()} ids): expected at least {{:.0%}} of the data's "

@@ -63,12 +63,10 @@ def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,
     handles = _hooks({"embeddings": model.embed_tokens, "fc": model.fc, "layers": model.layers[-1],
                       "norm": model.norm, "logits": model.lm_head}, got)
     try:
-        with torch.no_grad():
-            # [1, T, n_aux*H], [1, T]
+        with torch.no_grad():  # hidden_states [1, T, n_aux*H], input_ids [1, T]
             model(hidden_states=aux[None].float(), input_ids=input_ids[None],
                   document_ids=torch.zeros(1, T, dtype=torch.long),
-                  position_ids=torch.arange(1, T + 1)[None],
-                  ttt_steps=1)
+                  position_ids=torch.arange(1, T + 1)[None], ttt_steps=1)
     finally:
         for h in handles:
             h.remove()
@@ -87,21 +85,16 @@ def _engine_side(serving_dir: Path, hidden: torch.Tensor, input_ids: torch.Tenso
     got: dict[str, object] = {}
     m = draft.model
     handles = _hooks({"embeddings": m.embed_tokens, "fc": m.fc, "layers": m.layers[-1],
-                      "norm": m.norm,
-                      "logits": draft.lm_head}, got)
+                      "norm": m.norm, "logits": draft.lm_head}, got)
     try:
         draft(input_ids, torch.arange(T), hidden.float())
     finally:
         for h in handles:
             h.remove()
-    out: dict[str, torch.Tensor] = {}
-    if "fc" in got:
-        out["fc"] = got["fc"].float()
-    mlp_out, residual = got["layers"]
-    out["prenorm"] = (mlp_out + residual).float()
-    out["norm"] = got["norm"][0].float()
-    out["embeddings"] = got["embeddings"].float()
-    out["logits"] = got["logits"].float()
+    mlp_out, residual = got.pop("layers")
+    normed = got.pop("norm")[0]
+    out = {k: v.float() for k, v in got.items()}  # embeddings, fc (unless bypassed), logits
+    out.update(prenorm=(mlp_out + residual).float(), norm=normed.float())
     return out, draft
 
 
@@ -146,8 +139,7 @@ def _first_divergence(trained: dict, served: dict, atol: float) -> tuple[dict, s
 def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
                       data_dir: str | Path | None = None, *,
                       target_dir: str | Path | None = None, atol: float = 2e-2,
-                      num_tokens: int = 24,
-                      engine: str = "sglang", version: str = SGLANG_VERSION,
+                      num_tokens: int = 24, engine: str = "sglang", version: str = SGLANG_VERSION,
                       assume_capture: bool = False) -> dict:
     """Compare the trained (speculators) and served drafts on one target forward of ``num_tokens``
     tokens. ``data_dir``: first sample's tokens and, without ``target_dir``, its target. Target runs
@@ -157,11 +149,10 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
     "trained_aux_hf", "engine_aux_hf", "argmax_agreement", "target_ids_agree"}``.
     CheckpointInvalid naming the first diverging component; ConfigError when no target.
     """
-
     speculators_dir, serving_dir = Path(speculators_dir), Path(serving_dir)
     if target_dir is None and data_dir is not None:
-        target_dir = json.loads((Path(data_dir) / "manifest.json").read_text()).get("target",
-                                                                                    {}).get("path")
+        manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+        target_dir = manifest.get("target", {}).get("path")
     if target_dir is None:
         raise ConfigError("check_equivalence: target_dir expected (or data_dir with manifest "
                           "target.path), got none")
@@ -179,8 +170,7 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
                                                assume_capture)
     trained_in = torch.cat([hs[i] for i in trained_hf], -1)
     report = {"num_tokens": int(input_ids.numel()), "atol": atol,
-              "trained_aux_hf": list(trained_hf),
-              "engine_aux_hf": engine_hf}
+              "trained_aux_hf": list(trained_hf), "engine_aux_hf": engine_hf}
     if served_in.shape != trained_in.shape or float((served_in - trained_in).abs().max()) > atol:
         if served_in.shape[-1] not in (trained_in.shape[-1], int(serving_cfg["hidden_size"])):
             raise CheckpointInvalid("equivalence: first diverging component aux hidden states (fc "
@@ -189,8 +179,8 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
                                     f"{served_in.shape[-1]} ({how}) which its fc cannot take")
         if served_in.shape == trained_in.shape:
             raise CheckpointInvalid("equivalence: first diverging component aux hidden states "
-                                    "(layer ids): trained on "
-                                    f"HF indices {list(trained_hf)}, the engine captures {how}")
+                                    f"(layer ids): trained on HF indices {list(trained_hf)}, the "
+                                    f"engine captures {how}")
     embed = target.get_input_embeddings().weight.detach()
     trained, model = _trained_side(speculators_dir, trained_in, input_ids, Path(target_dir))
     served, draft = _engine_side(serving_dir, served_in, input_ids, embed)
@@ -212,8 +202,8 @@ def _map_agreement(model, draft) -> dict:
     if d2t is None or draft.hot_token_id is None:
         if (d2t is None) != (draft.hot_token_id is None):
             raise CheckpointInvalid("equivalence: first diverging component d2t (draft→target "
-                                    "ids): trained "
-                                    f"{'with' if d2t is not None else 'without'} a map, engine "
+                                    f"ids): trained {'with' if d2t is not None else 'without'} "
+                                    "a map, engine "
                                     f"{'with' if draft.hot_token_id is not None else 'without'} "
                                     "hot_token_id")
         return {"target_ids_agree": True}

@@ -9,37 +9,29 @@ only, ``norm_before_fc`` in either place, and inside ``eagle_config`` only
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from eagle3.convert.checkpoint import Checkpoint, Problem
 from eagle3.engines.profile import EngineProfile, dotted_get
 from eagle3.errors import ConfigError
 
-# Boolean keys of transformers' configs: PretrainedConfig (4.x and 5.x) and the Llama/Qwen-style
-# decoder configs drafts copy their fields from. A draft config written by any of them may carry
-# these.
+# Boolean keys of transformers' configs (PretrainedConfig 4.x and 5.x, the Llama/Qwen-style
+# decoder configs drafts copy their fields from): a draft config may carry any of them.
 HF_BOOL_KEYS = frozenset({
     "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
-    "tf_legacy_loss",
-    "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "add_cross_attention",
-    "tie_encoder_decoder",
-    "do_sample", "early_stopping", "output_scores", "return_dict_in_generate",
-    "remove_invalid_values",
-    "use_cache", "attention_bias", "mlp_bias", "use_sliding_window", "has_no_defaults_at_init",
+    "tf_legacy_loss", "tie_word_embeddings", "is_encoder_decoder", "is_decoder",
+    "add_cross_attention", "tie_encoder_decoder", "do_sample", "early_stopping", "output_scores",
+    "return_dict_in_generate", "remove_invalid_values", "use_cache", "attention_bias", "mlp_bias",
+    "use_sliding_window", "has_no_defaults_at_init",
 })
-
-
-def _bool_like(value: Any) -> bool:
-    return isinstance(value, bool)
 
 
 def flag_values(config: Mapping, name: str) -> dict[str, bool]:
     """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``;
     ``use_aux_norm`` for ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left
     out."""
-    keys = [name,
-            f"eagle_config.{name}"] + (["use_aux_norm",
-                                        "eagle_config.use_aux_norm"] if name == "fc_norm" else [])
+    aliases = [name] + (["use_aux_norm"] if name == "fc_norm" else [])
+    keys = [k for a in aliases for k in (a, f"eagle_config.{a}")]
     out = {}
     for key in keys:
         found, value = dotted_get(config, key)
@@ -54,8 +46,8 @@ def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool
     values = flag_values(config, name)
     if len(set(values.values())) > 1:
         raise ConfigError(f"{where}: flag {name} is stated twice with different values {values}; "
-                          "expected one "
-                          f"value (which one the training code read cannot be told from the file)")
+                          "expected one value (which one the training code read cannot be told "
+                          "from the file)")
     return next(iter(values.values()), None)
 
 
@@ -69,53 +61,49 @@ def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]
         for key, value in flag_values(config, name).items():
             if key not in rule.config_keys and value != engine_value:
                 out.append(Problem("NESTED_FLAG", f"config.json {key}: expected it where "
-                                                  f"{profile.engine} "
-                                   f"{profile.version} reads {name} "
-                                   f"({list(rule.config_keys) or 'nowhere: fixed in code'}),"
-                                   f" got {key}={value} there, so the engine computes "
+                                   f"{profile.engine} {profile.version} reads {name} "
+                                   f"({list(rule.config_keys) or 'nowhere: fixed in code'}), got "
+                                   f"{key}={value} there, so the engine computes "
                                    f"{name}={engine_value}"))
     return out
 
 
 def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
     """``UNKNOWN_FLAG`` for boolean keys no schema defines, at the top level and inside
-    ``eagle_config`` (where any key but ``profile.eagle_config_keys`` and the flags is never read).
-    """
+    ``eagle_config`` (where any key but ``profile.eagle_config_keys`` and the flags goes unread)."""
     known_top = HF_BOOL_KEYS | set(profile.flags) | set(profile.other_bool_keys)
     out = []
     for key, value in sorted(config.items()):
-        if _bool_like(value) and key not in known_top:
+        if isinstance(value, bool) and key not in known_top:
             out.append(Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags "
-                                               f"{profile.engine} "
-                               f"{profile.version} or transformers define "
-                               f"({sorted(set(profile.flags))} and the "
-                               f"model config's own), got {key!r}, which no engine reads"))
+                               f"{profile.engine} {profile.version} or transformers define "
+                               f"({sorted(set(profile.flags))} and the model config's own), got "
+                               f"{key!r}, which no engine reads"))
     eagle = config.get("eagle_config")
     if isinstance(eagle, Mapping):
         known_nested = set(profile.eagle_config_keys) | set(profile.flags)
         for key, value in sorted(eagle.items()):
             if key not in known_nested:
                 out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: "
-                                                   "expected only "
-                                   f"{sorted(profile.eagle_config_keys)} inside eagle_config (what "
-                                   f"{profile.engine} {profile.version} reads there), got {key!r}, "
-                                   "which it never reads"))
+                                   f"expected only {sorted(profile.eagle_config_keys)} inside "
+                                   f"eagle_config (what {profile.engine} {profile.version} reads "
+                                   f"there), got {key!r}, which it never reads"))
     return out
 
 
 def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     """Class 5: trained flags (``manifest.json`` ``trained_flags``, else the config's keys) the
     engine does not implement, computes differently, or would read otherwise."""
-
     out: list[Problem] = []
     cfg = ck.config
     trained = dict((ck.manifest or {}).get("trained_flags") or {})
     # a flag the config states but the engine never reads: its value is a fact too
     for name in profile.flags:
-        stated = name in cfg and cfg[name] is not None
-        if stated and not profile.flags[name].config_keys and bool(cfg[name]):
+        if cfg.get(name) is None:
+            continue
+        if not profile.flags[name].config_keys and bool(cfg[name]):
             trained[name] = True
-        elif name not in trained and name in cfg and cfg[name] is not None:
+        elif name not in trained:
             trained[name] = bool(cfg[name])
     for name, value in trained.items():
         try:
@@ -128,20 +116,18 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
             engine_value = profile.engine_flag_value(name, cfg)
             if engine_value != bool(value):
                 out.append(Problem("FLAG_MISMATCH", f"{name}: the draft was trained with "
-                                                    f"{name}={value} but "
-                                   f"{profile.engine} {profile.version} reads "
-                                   f"{name}={engine_value} from config.json "
-                                   f"(keys {list(rule.config_keys)})"))
+                                   f"{name}={value} but {profile.engine} {profile.version} reads "
+                                   f"{name}={engine_value} from config.json (keys "
+                                   f"{list(rule.config_keys)})"))
     fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
     for key, want in fixed.items():
         if key in cfg and cfg[key] != want:
             out.append(Problem("UNSUPPORTED_FLAG", f"config.json {key}: {profile.engine} "
-                                                   f"{profile.version}'s "
-                               f"EAGLE-3 layer computes {key}={want!r}, got {cfg[key]!r}"))
+                               f"{profile.version}'s EAGLE-3 layer computes {key}={want!r}, got "
+                               f"{cfg[key]!r}"))
     dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
     if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
         out.append(Problem("UNSUPPORTED_FLAG", "config.json tie_word_embeddings: expected false "
-                                               "with "
-                           f"draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
+                           f"with draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
                            "lm_head.weight parameter, so the draft head is skipped), got true"))
     return out

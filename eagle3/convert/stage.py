@@ -11,17 +11,13 @@ Inputs (detected from ``config.json`` and the tensor names):
 - ``eagle``: the original EAGLE repo's release (``pytorch_model.bin`` with ``midlayer.*``, no
   embedding).
 
-What conversion does (docs/ENGINE_FACTS.md §2, §3): aux ids go to
+Conversion (docs/ENGINE_FACTS.md §2, §3): aux ids go to
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` as ``hf_id - 1`` (missing ids: the EAGLE-3 default
-rule written out explicitly, which needs the target); ``target_hidden_size``, RoPE settings and
-``max_position_embeddings`` come from the target's config when ``target_dir`` is given;
-``tie_word_embeddings`` is false and ``draft_vocab_size`` explicit; ``d2t`` (and ``t2d``, which
-SGLang ignores, for the map checks) are kept; legacy names become ``layers.0.*`` / ``fc_norm.{i}``;
-a draft flag the engine does not implement is a ConfigError (profile ``check_flags``); a speculators
-layer ``i >= 1`` has its ``input_layernorm`` also written as ``hidden_norm`` (SGLang's later layers
-normalise their input with ``hidden_norm``; checked by the equivalence test with a 2-layer draft).
-The result is written atomically, validated (:func:`eagle3.convert.validate.validate`) before it is
-published, and SRC is only read.
+rule, which needs the target); ``target_hidden_size``, RoPE and ``max_position_embeddings`` come
+from the target's config when given; ``tie_word_embeddings`` false, ``draft_vocab_size`` explicit;
+``d2t`` and ``t2d`` kept; legacy names become ``layers.0.*`` / ``fc_norm.{i}``; a speculators layer
+``i >= 1`` has its ``input_layernorm`` also written as ``hidden_norm`` (what SGLang's later layers
+read). The result is written atomically and validated before it is published; SRC is only read.
 """
 
 from __future__ import annotations
@@ -46,11 +42,10 @@ from eagle3.errors import CheckpointInvalid, ConfigError, DataError, EngineUnsup
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
               "embed_requires_grad")
 LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "head_dim",
-              "num_hidden_layers", "hidden_act", "rms_norm_eps", "vocab_size", "bos_token_id",
-              "eos_token_id",
-              "pad_token_id", "attention_bias", "mlp_bias", "max_position_embeddings", "rope_theta",
-              "rope_parameters", "rope_scaling", "initializer_range", "pretraining_tp")
+              "head_dim", "num_hidden_layers", "hidden_act", "rms_norm_eps", "vocab_size",
+              "bos_token_id", "eos_token_id", "pad_token_id", "attention_bias", "mlp_bias",
+              "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
+              "initializer_range", "pretraining_tp")
 ROPE_KEYS = ("rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings")
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -59,7 +54,6 @@ log = logging.getLogger(__name__)
 
 def detect_format(ck: Checkpoint) -> str:
     """``"speculators"`` | ``"specforge"`` | ``"eagle"``; else DataError naming what was seen."""
-
     cfg, names = ck.config, set(ck.tensors)
     kind = cfg.get("speculators_model_type")
     if kind == "eagle3":
@@ -75,10 +69,6 @@ def detect_format(ck: Checkpoint) -> str:
     raise DataError(f"{ck.path}: unknown draft format: expected speculators_model_type 'eagle3', "
                     f"architectures ['{SGLANG_ARCH}'] or midlayer.* tensors; got architectures "
                     f"{cfg.get('architectures')} and tensors {sorted(names)[:6]}…")
-
-
-def _target_cfg(target_dir: Path | None) -> dict | None:
-    return Target.read(target_dir).config if target_dir is not None else None
 
 
 def _default_hf_ids(tcfg: dict | None, field: str) -> list[int]:
@@ -114,11 +104,9 @@ def _trained_aux_ids(ck: Checkpoint) -> list[int] | None:
         return None
     conv = man.get("layer_id_convention", "hf_hidden_states_index")
     if conv != "hf_hidden_states_index":
-        raise CheckpointInvalid(f"{ck.path}/manifest.json layer_id_convention: expected "
-                                f"'hf_hidden_states_index', got {conv!r}", [Problem(
-                                    "AUX_IDS_MISMATCH", f"{ck.path}/manifest.json "
-                                    "layer_id_convention: expected 'hf_hidden_states_index', got "
-                                    f"{conv!r}")])
+        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/manifest.json layer_id_convention: expected "
+                    f"'hf_hidden_states_index', got {conv!r}")
+        raise CheckpointInvalid(str(p), [p])
     return [int(i) for i in ids]
 
 
@@ -130,10 +118,9 @@ def _speculators_aux_ids(ck: Checkpoint, tcfg: dict | None) -> tuple[list[int], 
     stated = ck.config.get(AUX_KEY)
     trained = _trained_aux_ids(ck)
     if stated and trained is not None and [int(i) for i in stated] != trained:
-        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: "
-                                        f"expected the ids the draft was trained on, "
-                                        f"{ck.path}/manifest.json aux_layer_ids={trained} (HF "
-                                        "hidden_states indices)")
+        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: expected "
+                    f"the ids the draft was trained on, {ck.path}/manifest.json "
+                    f"aux_layer_ids={trained} (HF hidden_states indices)")
         raise CheckpointInvalid(str(p), [p])
     if stated:
         return [int(i) for i in stated], f"config.json {AUX_KEY}"
@@ -156,19 +143,15 @@ def _check_source(ck: Checkpoint, tcfg: dict | None, profile: EngineProfile) -> 
         t_key, t_theta = draft_checks.sglang_theta(tcfg)
         if t_theta != trained[1]:
             out.append(Problem("ROPE_TRAINED_MISMATCH", f"{where} {trained[0]}: the draft's "
-                                                        f"attention was trained with theta "
-                                                        f"{trained[1]:g}; expected the target's "
-                                                        f"{t_key}={t_theta:g}, which conversion "
-                                                        "writes into the served config (the engine"
-                                                        " would rotate with another theta than the"
-                                                        " trained one): train the draft with the "
-                                                        "target's RoPE"))
+                               f"attention was trained with theta {trained[1]:g}; expected the "
+                               f"target's {t_key}={t_theta:g}, which conversion writes into the "
+                               "served config (the engine would rotate with another theta than "
+                               "the trained one): train the draft with the target's RoPE"))
     return out
 
 
-def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict,
-                                                                                          dict,
-                                                                                          dict]:
+def _from_speculators(ck: Checkpoint, profile: EngineProfile,
+                      tcfg: dict | None) -> tuple[dict, dict, dict]:
     cfg = ck.config
     tl = cfg.get("transformer_layer_config")
     if not isinstance(tl, dict):
@@ -204,9 +187,8 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None)
                           "aux_ids_from": ids_from}
 
 
-def _from_sglang_like(ck: Checkpoint, profile: EngineProfile, tcfg: dict | None) -> tuple[dict,
-                                                                                          dict,
-                                                                                          dict]:
+def _from_sglang_like(ck: Checkpoint, profile: EngineProfile,
+                      tcfg: dict | None) -> tuple[dict, dict, dict]:
     cfg = dict(ck.config)
     eagle = dict(cfg.get("eagle_config") or {})
     engine_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
@@ -242,9 +224,8 @@ def _vocab_padded(src_manifest: dict) -> bool:
     """Training recorded an explicit pad decision (draft slots beyond the data's tokens)."""
     vocab = src_manifest.get("vocab") or {}
     n_data, size = vocab.get("num_from_data"), vocab.get("draft_vocab_size")
-    return bool(src_manifest.get("vocab_padded")) or (isinstance(n_data, int) and isinstance(size,
-                                                                                             int)
-                                                       and n_data < size)
+    counted = isinstance(n_data, int) and isinstance(size, int)
+    return bool(src_manifest.get("vocab_padded")) or (counted and n_data < size)
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -305,7 +286,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     t0 = time.monotonic()
     ck = read_checkpoint(src)
     fmt = detect_format(ck)
-    tcfg = _target_cfg(Path(target_dir) if target_dir is not None else None)
+    tcfg = Target.read(Path(target_dir)).config if target_dir is not None else None
     refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
     if refused:
         raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what the "
@@ -334,8 +315,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
                         else src_manifest.get("target")),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
              "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
-             "vocab_padded": _vocab_padded(src_manifest),
-             "aux_ids_from": info["aux_ids_from"]}
+             "vocab_padded": _vocab_padded(src_manifest), "aux_ids_from": info["aux_ids_from"]}
     if "d2t" in tensors and "t2d" in tensors:
         from eagle3.train.vocab import vocab_map_hash
 

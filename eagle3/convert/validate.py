@@ -2,17 +2,14 @@
 
 Tensor checks replay the engine's loader (:mod:`eagle3.engines.profile`): every tensor must fill a
 parameter, every read parameter must be filled, shapes must agree. Codes, by failure class:
-
-    1 MISSING_TENSOR   2 UNKNOWN_TENSOR, DUPLICATE_TENSOR   3 SHAPE_MISMATCH, CONFIG_FIELD 4
-    NAN_INF, ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED 5 UNSUPPORTED_FLAG, FLAG_MISMATCH,
-    NESTED_FLAG, UNKNOWN_FLAG   6 VOCAB_MAP_MISSING 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH   8
-    VOCAB_DATA_TOO_SMALL   9 VOCAB_MAP_CHANGED 10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE,
-    AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED 11 TARGET_NO_AUX_CAPTURE   12 TARGET_HIDDEN_SIZE
-    13 ROPE_MISMATCH, CONTEXT_LENGTH 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
-    TARGET_WEIGHTS_MISMATCH 15/16 DATA_INVALID   22 ARCHITECTURE (draft class first)   26
-    CONFIG_FIELD (numbers out of range)   7 VOCAB_MAP_ABSOLUTE (d2t holds target ids, not offsets)
-    8 VOCAB_COVERAGE_LOW (with token counts)   13 ROPE_CONFLICT (two thetas in one config)
-    SLIDING_WINDOW (a window the engine never reads)
+1 MISSING_TENSOR; 2 UNKNOWN_TENSOR, DUPLICATE_TENSOR; 3 SHAPE_MISMATCH, CONFIG_FIELD; 4 NAN_INF,
+ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED; 5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG,
+UNKNOWN_FLAG; 6 VOCAB_MAP_MISSING; 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
+8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED; 10 AUX_IDS_MISSING, AUX_IDS_COUNT,
+AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED; 11 TARGET_NO_AUX_CAPTURE;
+12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT, SLIDING_WINDOW;
+14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH, TARGET_WEIGHTS_MISMATCH;
+15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first); 26 CONFIG_FIELD (numbers out of range).
 
 Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
 the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
@@ -65,13 +62,11 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     :mod:`eagle3.serve.preflight`). ``token_counts`` ``{target id: count}``: the data's target
     tokens, for the draft vocabulary's coverage (:func:`eagle3.convert.coverage.token_counts`).
     DataError for unreadable input; EngineUnsupported for an unknown engine/release."""
-
     profile = get_profile(engine, version)
     ck = read_checkpoint(ckpt_dir)
     target = Target.read(target_dir) if target_dir is not None else None
     found = Findings()
-    problems = found.problems
-    problems += checks.check_architecture(ck, profile)
+    problems = found.problems = checks.check_architecture(ck, profile)
     if problems and ck.config.get("speculators_model_type"):
         return found  # not converted yet: every other finding would only follow from that
     problems += flag_checks.check_flags(ck, profile)
@@ -85,10 +80,8 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     problems += checks.check_values(ck)
     problems += checks.check_embedding(ck, target)
     problems += checks.check_vocab_map(ck, profile)
-    reach = draft_checks.check_vocab_reach(ck, token_counts)
-    problems += reach[0]
-    found.warnings += reach[1]
-    found.figures.update(reach[2])
+    reach, found.warnings, found.figures = draft_checks.check_vocab_reach(ck, token_counts)
+    problems += reach
     problems += checks.check_aux_ids(ck, profile, target, data_manifest)
     problems += draft_checks.check_rope_conflict(ck.config)
     problems += draft_checks.check_sliding_window(ck.config)

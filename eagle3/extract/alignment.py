@@ -44,7 +44,6 @@ PLUS_ONE_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text")  # scale = 1 + wei
 
 class Head:
     """The target's final RMS norm and LM head: :meth:`argmax` of ``[n, H]`` pre-norm states.
-
     ``norm`` ``[H]`` float32 (``1 + weight`` for Gemma-style norms), ``eps`` (``rms_norm_eps``,
     default 1e-6), ``lm_head`` ``[V, H]`` in the stored dtype (the embedding when tied)."""
 
@@ -88,8 +87,7 @@ def load_head(target_dir: str | Path) -> Head | None:
         return None
 
     norm = first(NORM_KEYS)
-    head = first(HEAD_KEYS)
-    head = head if head is not None else first(EMBED_KEYS)
+    head = first(HEAD_KEYS + EMBED_KEYS)  # the embedding when tied
     if norm is None or head is None:
         return None
     if text.get("model_type") in PLUS_ONE_NORMS:
@@ -145,8 +143,7 @@ def _read_store(store_dir: str | Path, i: int) -> tuple[torch.Tensor, torch.Tens
         s = load_sample(store_dir, i)
     except DataError:
         raise
-    # noqa: BLE001 - safetensors raises its own error type for a damaged file
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type for a damaged file
         raise DataError(f"{store_dir}/hidden_states: sample {i} unreadable "
                         f"({type(e).__name__}: {e})") from e
     return s["token_ids"].long(), s["hidden_states"][:, -1]
@@ -161,11 +158,9 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
     last-layer states [T, H])`` (default: the store's files). Returns the record kept in
     manifests: ``{"status": "passed" | "skipped", "reason", "groups", "positions",
     "inconclusive" (groups), "rates" {previous, next, after_next} over all checked positions,
-    "min_rate"}``.
-
-    Raises DataError ``HS_MISALIGNED`` naming the folder, the first misaligned group's samples and
-    its three measured rates when a group of at least :data:`MIN_GROUP` positions, or all groups
-    pooled, are misaligned (:func:`verdict`)."""
+    "min_rate"}``. DataError ``HS_MISALIGNED`` naming the folder, the first misaligned group's
+    samples and its three rates when a group of at least :data:`MIN_GROUP` positions, or all
+    groups pooled, are misaligned (:func:`verdict`)."""
     head = load_head(target_dir)
     budget = max(8, min(budget, MAX_POSITIONS // max(1, len(groups))))
     if head is None:
@@ -173,11 +168,11 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
                     "the safetensors of %s (names %s / %s)", store_dir, target_dir,
                     NORM_KEYS[0], HEAD_KEYS[0])
         return {"status": "skipped", "reason": f"no final norm or LM head in {target_dir}"}
+    load = load or (lambda k: _read_store(store_dir, k))
     totals = {"previous": 0.0, "next": 0.0, "after_next": 0.0}
     positions, inconclusive, bad = 0, 0, []
     for group in groups:
-        samples = [(load or (lambda k: _read_store(store_dir, k)))(i) for i in group]
-        r = agreement(head, samples, budget)
+        r = agreement(head, [load(i) for i in group], budget)
         positions += r["positions"]
         for k in totals:
             totals[k] += r[k] * r["positions"]
@@ -194,10 +189,9 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
         raise DataError(
             f"HS_MISALIGNED: {store_dir}/hidden_states: states shifted against their tokens "
             f"({len(bad)} finding(s) over {len(groups)} shards); samples {span}: "
-            "argmax(lm_head(norm(h_t))) "
-            f"matches token t+1 (aligned) at {r['next']:.1%}, token t at {r['previous']:.1%}, "
-            f"token t+2 at {r['after_next']:.1%} of {r['positions']} positions; expected the "
-            "aligned rate highest (slot -1 of row t = last layer output at token t). Re-extract, "
-            "or fix the tool that wrote the store")
+            f"argmax(lm_head(norm(h_t))) matches token t+1 (aligned) at {r['next']:.1%}, token t "
+            f"at {r['previous']:.1%}, token t+2 at {r['after_next']:.1%} of {r['positions']} "
+            "positions; expected the aligned rate highest (slot -1 of row t = last layer output "
+            "at token t). Re-extract, or fix the tool that wrote the store")
     return {"status": "passed", "groups": len(groups), "positions": positions,
             "inconclusive": inconclusive, "rates": rates, "min_rate": MIN_RATE}

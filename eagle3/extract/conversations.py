@@ -29,23 +29,19 @@ from typing import Iterator
 from eagle3.errors import DataError
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-            "chatgpt": "assistant",
-            "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
-# Variables every chat template may read; anything else it reads is a "template switch" (e.g.
-# enable_thinking).
+            "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
+            "system": "system"}
+# Variables every chat template may read; anything else it reads is a "template switch"
 _STANDARD_TEMPLATE_VARS = {"messages", "add_generation_prompt", "bos_token", "eos_token",
-                           "pad_token",
-                           "unk_token", "tools", "documents", "raise_exception", "strftime_now",
-                           "range",
-                           "namespace", "loop", "date_string", "custom_tools",
-                           "tools_in_user_message",
-                           "builtin_tools", "continue_final_message"}
+                           "pad_token", "unk_token", "tools", "documents", "raise_exception",
+                           "strftime_now", "range", "namespace", "loop", "date_string",
+                           "custom_tools", "tools_in_user_message", "builtin_tools",
+                           "continue_final_message"}
 
 
 @dataclass
 class Conversation:
-    """One usable record: ``messages`` (role/content dicts, roles user|assistant|system) or plain
-    ``text``."""
+    """One usable record: ``messages`` (role/content dicts) or plain ``text``."""
 
     id: str
     messages: list[dict] | None = None
@@ -54,8 +50,7 @@ class Conversation:
 
 @dataclass
 class ReadStats:
-    """What a reader saw: ``records`` read, ``usable``, and ``skipped`` by reason (with a few
-    examples)."""
+    """``records`` read, ``usable``, and ``skipped`` by reason (with a few examples)."""
 
     records: int = 0
     usable: int = 0
@@ -74,8 +69,7 @@ class ReadStats:
 
 @dataclass
 class TokenizedSample:
-    """A templated conversation: ``input_ids`` and ``loss_mask`` (lists of int, same length,
-    tokens)."""
+    """A templated conversation: ``input_ids`` and ``loss_mask`` (int lists of equal length)."""
 
     id: str
     input_ids: list[int]
@@ -85,8 +79,7 @@ class TokenizedSample:
 
 
 def _normalise(rec, where: str, stats: ReadStats) -> Conversation | None:
-    """Record → Conversation, or None (counted in ``stats``) when it has no usable assistant
-    turn."""
+    """Record → Conversation, or None (counted in ``stats``) when unusable."""
     if isinstance(rec, str):
         return Conversation(id=where, text=rec) if rec.strip() else stats.skip("empty_text", where)
     if not isinstance(rec, dict):
@@ -129,10 +122,8 @@ def _iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[object, str]]:
             raise DataError(f"{path}: not valid JSON ({e}); expected an array of records") from e
         if isinstance(obj, dict):
             lists = [v for v in obj.values() if isinstance(v, list)]
-            if "conversations" in obj or "messages" in obj or len(lists) != 1:
-                obj = [obj]
-            else:
-                obj = lists[0]
+            single = "conversations" in obj or "messages" in obj or len(lists) != 1
+            obj = [obj] if single else lists[0]
         if not isinstance(obj, list):
             raise DataError(f"{path}: expected a JSON array of records, got {type(obj).__name__}")
         for n, rec in enumerate(obj):
@@ -149,13 +140,9 @@ def _iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[object, str]]:
 
 
 def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]:
-    """Read every record of a conversations file (JSONL, JSON or ``.txt``; format by suffix and
-    content).
-
-    Returns (usable conversations in file order, stats). Raises DataError for a missing or empty
-    file, invalid JSON in a ``.json`` file, or a file with no usable record (the message lists skip
-    reasons).
-    """
+    """(usable conversations in file order, stats) of a JSONL, JSON or ``.txt`` file (format by
+    suffix and content). DataError for a missing or empty file, invalid JSON in a ``.json`` file,
+    or no usable record (the message lists skip reasons)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: conversations file not found")
@@ -163,8 +150,7 @@ def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]
     out: list[Conversation] = []
     for rec, where in _iter_records(path, stats):
         stats.records += 1
-        conv = _normalise(rec, where, stats)
-        if conv is not None:
+        if (conv := _normalise(rec, where, stats)) is not None:
             out.append(conv)
     stats.usable = len(out)
     if not out:
@@ -184,17 +170,14 @@ def template_hash(tokenizer) -> str:
 def tokenizer_hash(tokenizer) -> str:
     """sha256 (hex) over the tokenizer's vocabulary (token to id, sorted) and its special tokens."""
     vocab = sorted(tokenizer.get_vocab().items())
-    payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map}, sort_keys=True,
-                         default=str)
+    payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map},
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def template_switches(tokenizer, kwargs: dict | None = None) -> dict:
-    """The chat template's non-standard variables (e.g. ``enable_thinking``) with the values used
-    (None = unset).
-
-    Found with jinja2's undeclared-variable analysis of the template source.
-    """
+    """The chat template's non-standard variables (e.g. ``enable_thinking``, found by jinja2's
+    undeclared-variable analysis) with the values used (None = unset)."""
     import jinja2
     from jinja2 import meta
 
@@ -213,22 +196,17 @@ def has_generation_markers(tokenizer) -> bool:
 
 def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], kwargs: dict | None = None) -> tuple[str,
-        list]:
-    """Render ``messages`` and return (text, [(start, end) character spans of each assistant turn]).
-
-    Each span is ``render(messages[:i+1])`` minus ``render(messages[:i],
-    add_generation_prompt=True)``, with trailing whitespace dropped (see :func:`_assistant_start`
-    for templates whose generation prompt differs from their history); it starts where the
-    message's own (stripped) content starts, so text the template injects after the assistant
-    header (an empty reasoning block) is outside it. Raises DataError when the
-    template is not prefix-stable (a later render does not start with an earlier one), naming the
-    message index and the template hash.
-    """
+def assistant_char_spans(tokenizer, messages: list[dict],
+                         kwargs: dict | None = None) -> tuple[str, list]:
+    """(rendered text, [(start, end) character span of each assistant turn]). A span is
+    ``render(messages[:i+1])`` minus ``render(messages[:i], add_generation_prompt=True)``
+    (:func:`_assistant_start`), trailing whitespace dropped, starting at the message's own
+    stripped content, so text the template injects after the header is outside it.
+    TemplateUnstable (a DataError naming the message index and the template hash) when the
+    template is not prefix-stable."""
     kwargs = dict(kwargs or {})
     full = _render(tokenizer, messages, False, kwargs)
     spans = []
@@ -252,23 +230,18 @@ class TemplateUnstable(DataError):
 
 
 def _content_start(upto: str, start: int, content: str) -> int:
-    """Offset of the assistant message's own text in ``upto`` at or after ``start`` (the end of
-    the generation prompt): where its stripped ``content`` first occurs, so that boilerplate the
-    template puts before it is not supervised. ``start`` itself when the content is empty or the
-    template rewrote it beyond stripping (the span then stays as rendered)."""
+    """Where the stripped ``content`` first occurs in ``upto`` at or after ``start`` (the end of
+    the generation prompt), so boilerplate before it is not supervised; ``start`` when the content
+    is empty or the template rewrote it."""
     needle = content.strip()
     found = upto.find(needle, start) if needle else -1
     return start if found < 0 else found
 
 
 def _assistant_start(tokenizer, messages, i: int, upto: str, kwargs: dict) -> int | None:
-    """Character offset in ``upto`` where assistant message ``i`` starts, or None when it cannot be
-    located.
-
-    Normally ``len(render(messages[:i], add_generation_prompt=True))``. Templates whose generation
-    prompt is not what the history shows (e.g. an empty think block when ``enable_thinking`` is off)
-    fall back to finding the message's text after ``render(messages[:i])``.
-    """
+    """Offset in ``upto`` where assistant message ``i`` starts (None: not found):
+    ``len(render(messages[:i], add_generation_prompt=True))``, else, for templates whose generation
+    prompt differs from the history, the message's text after ``render(messages[:i])``."""
     before = _render(tokenizer, messages[:i], True, kwargs) if i else ""
     if upto.startswith(before):
         return len(before)
@@ -280,21 +253,11 @@ def _assistant_start(tokenizer, messages, i: int, upto: str, kwargs: dict) -> in
     return None if found < 0 else found
 
 
-def _mask_from_spans(offsets, spans) -> list[int]:
-    mask = []
-    for start, end in offsets:
-        mask.append(int(any(s <= start < e for s, e in spans) and end > start))
-    return mask
-
-
 def tokenize_conversation(tokenizer, conv: Conversation, max_seq_len: int,
                           template_kwargs: dict | None = None) -> TokenizedSample:
-    """Template and tokenize one conversation; cut it to ``max_seq_len`` tokens (``truncated`` set).
-
-    ``input_ids``/``loss_mask`` have equal length ≤ ``max_seq_len``. Plain-text records are
-    tokenized as is (the tokenizer's special tokens added) with every token in the loss. Raises
-    DataError for a tokenizer without a chat template when the record is a conversation.
-    """
+    """Template and tokenize one conversation, cut to ``max_seq_len`` tokens (``truncated`` set).
+    Plain text is tokenized as is (special tokens added), every token in the loss. DataError for
+    a conversation and a tokenizer without a chat template."""
     kwargs = dict(template_kwargs or {})
     if conv.text is not None:
         ids = tokenizer(conv.text, add_special_tokens=True)["input_ids"]
@@ -309,14 +272,15 @@ def tokenize_conversation(tokenizer, conv: Conversation, max_seq_len: int,
     else:
         text, spans = assistant_char_spans(tokenizer, conv.messages, kwargs)
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, mask = list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
+        ids = list(enc["input_ids"])
+        mask = [int(end > start and any(s <= start < e for s, e in spans))
+                for start, end in enc["offset_mapping"]]
     truncated = len(ids) > max_seq_len
     return TokenizedSample(conv.id, ids[:max_seq_len], mask[:max_seq_len], truncated, len(ids))
 
 
 def rendered_tokens(tokenizer, conv: Conversation, template_kwargs: dict | None = None) -> int:
-    """Number of tokens of ``conv`` rendered in full by the chat template (no loss mask needed;
-    counts what a dropped conversation would have contributed)."""
+    """Tokens of ``conv`` rendered in full (no loss mask needed: sizes a dropped conversation)."""
     if conv.text is not None:
         return len(tokenizer(conv.text, add_special_tokens=True)["input_ids"])
     text = _render(tokenizer, conv.messages, False, dict(template_kwargs or {}))

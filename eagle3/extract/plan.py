@@ -21,8 +21,7 @@ from eagle3.errors import DataError
 
 @dataclass
 class Plan:
-    """The samples an extraction will write, in row order (train rows first), and their
-    provenance."""
+    """The samples an extraction will write, in row order (train rows first), and provenance."""
 
     ids: list[str]
     input_ids: list[list[int]]
@@ -32,10 +31,8 @@ class Plan:
     records: int
     skipped: Counter = field(default_factory=Counter)
     source: dict = field(default_factory=dict)
-    # "<file>:<line>: <reason>" of the reader's skips
-    skip_examples: list[str] = field(default_factory=list)
-    # conversations dropped as not prefix-stable (:func:`unstable_summary`)
-    unstable: dict = field(default_factory=dict)
+    skip_examples: list[str] = field(default_factory=list)  # "<file>:<line>: <reason>"
+    unstable: dict = field(default_factory=dict)  # :func:`unstable_summary` of the selection
 
     @property
     def num_tokens(self) -> int:
@@ -110,14 +107,12 @@ def selected_conversations(cfg, tokenizer, tally: Tally | None = None
 
 def build_plan(cfg, tokenizer, regen=None) -> Plan:
     """Read, order (seeded), template and select the samples; split train/val.
-
     ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations'
     assistant turns (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError
     when the file is unreadable, no record gives a usable sample, or more than
     ``data.max_unstable_template_share`` of the conversations or tokens tried were dropped as not
     prefix-stable (``TEMPLATE_UNSTABLE``, :func:`check_unstable`); ``Plan.unstable`` records the
-    drop in any case.
-    """
+    drop in any case."""
     tally = Tally()
     chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer, tally)
     if regen is not None:
@@ -132,8 +127,8 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
     vf = cfg.data.val_fraction
     n_val = 0 if vf == 0 or n < 2 else min(n - 1, max(1, round(n * vf)))
     return Plan([s.id for s in samples], [s.input_ids for s in samples],
-                [s.loss_mask for s in samples],
-                n - n_val, sum(s.truncated for s in samples), stats.records, skipped,
+                [s.loss_mask for s in samples], n - n_val, sum(s.truncated for s in samples),
+                stats.records, skipped,
                 {"kind": kind, "path": str(path.resolve()), "sha256": sha256_file(path)},
                 list(stats.examples), unstable)
 
@@ -156,8 +151,7 @@ def _select(cfg, tokenizer, convs, skipped: Counter, tally: Tally | None = None)
         except TemplateUnstable:
             n = rendered_tokens(tokenizer, conv, cfg.data.chat_template_kwargs)
             skipped[UNSTABLE] += 1
-            tally.unstable += 1
-            tally.unstable_tokens += n
+            tally.unstable, tally.unstable_tokens = tally.unstable + 1, tally.unstable_tokens + n
             tally.tried_tokens += n
             continue
         except DataError as e:

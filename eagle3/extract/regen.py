@@ -33,18 +33,15 @@ def _turn_index(conv: Conversation, r: int) -> int | None:
 
 def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds: int | None = None,
                on_batch=None) -> list[Conversation]:
-    """Replace each assistant turn with ``answer_fn(list of message prefixes) -> list of answers``,
-    round by round.
-
+    """Replace each assistant turn with ``answer_fn(message prefixes) -> answers``, round by round.
     ``max_rounds``: regenerate only the first N assistant turns of each conversation and drop every
     message after the last regenerated one (a later turn answering the original reply would no
     longer fit the conversation). Within a round the prefixes are batched by length (fewer pad
     tokens per batch); ``on_batch(n)`` is called after each batch with the number of answers it
     produced (progress). Returns new Conversation objects (inputs untouched); plain-text records
-    pass through unchanged.
-    """
+    pass through unchanged."""
     out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text)
-        for c in convs]
+           for c in convs]
     rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
     for r in range(rounds):
         todo = [(c, i) for c in out if (i := _turn_index(c, r)) is not None]
@@ -74,13 +71,11 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
     over ``max_prompt_tokens`` get ``None`` (the original turn is kept). A batch raising
     ``torch.OutOfMemoryError`` is retried as two halves; a single prompt that does not fit raises
     DataError."""
-
     kwargs = dict(template_kwargs or {})
 
     def answer(prefixes: list[list[dict]]) -> list[str | None]:
         prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
-                                                 **kwargs)
-                   for p in prefixes]
+                                                 **kwargs) for p in prefixes]
         if max_prompt_tokens is not None:
             lengths = [len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in prompts]
             keep = [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
@@ -98,14 +93,12 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
         except torch.OutOfMemoryError as e:
             if len(prompts) < 2:
                 raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does "
-                                "not fit on the device "
-                                f"({e}); lower data.max_seq_len or data.regenerate_max_new_tokens"
-                                ) from e
+                                f"not fit on the device ({e}); lower data.max_seq_len or "
+                                "data.regenerate_max_new_tokens") from e
             half = len(prompts) // 2
             log.warning("regeneration: a batch of %d prompts ran out of device memory; generating "
                         "it as two batches of %d and %d (lower data.regenerate_batch_size to avoid "
-                        "the retry)",
-                        len(prompts), half, len(prompts) - half)
+                        "the retry)", len(prompts), half, len(prompts) - half)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             return answer_all(prompts[:half]) + answer_all(prompts[half:])
@@ -130,8 +123,7 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
 
 def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
     """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature
-    0). Raises TransientError for connection failures and 5xx, DataError for other non-200 answers.
-    """
+    0). TransientError for connection failures and 5xx, DataError for other non-200 answers."""
     import httpx
 
     def answer(prefixes: list[list[dict]]) -> list[str]:
@@ -155,6 +147,15 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
     return answer
 
 
+def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
+                on_batch=None) -> list[Conversation]:
+    """:func:`regenerate` with the answer function and batch size ``cfg.data`` names."""
+    d = cfg.data
+    return regenerate(convs, _answer_fn(cfg, target_dir, tokenizer),
+                      d.regenerate_batch_size or cfg.extract.batch_size, d.regenerate_max_rounds,
+                      on_batch)
+
+
 def _answer_fn(cfg, target_dir: Path, tokenizer):
     mode = cfg.data.regenerate
     if mode == "hf":
@@ -163,8 +164,7 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
         model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device,
                                cfg.target.trust_remote_code)
         return hf_answer_fn(model, tokenizer, cfg.data.regenerate_max_new_tokens,
-                            cfg.data.chat_template_kwargs,
-                            max_prompt_tokens=cfg.data.max_seq_len)
+                            cfg.data.chat_template_kwargs, max_prompt_tokens=cfg.data.max_seq_len)
     if mode == "openai":
         if not cfg.data.regenerate_url:
             raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got "
@@ -176,24 +176,18 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
 def _write_jsonl(path: Path, convs: list[Conversation]) -> None:
     from eagle3.artifacts import atomic_write_bytes
 
-    atomic_write_bytes(path,
-                       "".join(json.dumps({"id": c.id, "messages": c.messages, "text": c.text})
-                           + "\n"
-                                     for c in convs).encode())
+    lines = (json.dumps({"id": c.id, "messages": c.messages, "text": c.text}) + "\n" for c in convs)
+    atomic_write_bytes(path, "".join(lines).encode())
 
 
 def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
                         cache: Path) -> list:
-    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) when it
-    exists."""
+    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) if any."""
     if cache.is_file():
         recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
         if [r["id"] for r in recs] == [c.id for c in convs]:
             return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
-    d = cfg.data
-    out = regenerate(convs, _answer_fn(cfg, target_dir, tokenizer), d.regenerate_batch_size
-        or cfg.extract.batch_size,
-                     d.regenerate_max_rounds)
+    out = _regenerate(cfg, target_dir, tokenizer, convs)
     _write_jsonl(cache, out)
     return out
 
@@ -207,8 +201,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     and ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source file and sha256,
     target identity, the regeneration settings, counts, seconds, answers/s). ``cfg.data.regenerate``
     must be ``hf`` or ``openai``. Raises ConfigError for another mode, DataError when the source
-    gives no usable conversation.
-    """
+    gives no usable conversation."""
     import time
 
     from transformers import AutoTokenizer
@@ -216,12 +209,11 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     from eagle3.artifacts import atomic_write_json, sha256_file
     from eagle3.assets import resolve_target
     from eagle3.extract.plan import selected_conversations
+    from eagle3.precision import resolved
 
     if cfg.data.regenerate not in ("hf", "openai"):
         raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate a file, got "
                           f"{cfg.data.regenerate!r}")
-    from eagle3.precision import resolved
-
     cfg = resolved(cfg)  # target.dtype concrete
     target = resolve_target(cfg)
     tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)
@@ -238,9 +230,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         bar = tqdm(desc="regenerate", unit="answer")
     t0 = time.perf_counter()
     try:
-        out = regenerate(convs, _answer_fn(cfg, target, tok), d.regenerate_batch_size
-            or cfg.extract.batch_size,
-                         d.regenerate_max_rounds, on_batch=bar.update if bar is not None else None)
+        out = _regenerate(cfg, target, tok, convs, bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
@@ -258,7 +248,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                              "chat_template_kwargs": d.chat_template_kwargs,
                              "target_dtype": cfg.target.dtype},
                 "counts": {"conversations": len(out), "answers": answers, "records": stats.records},
-                "seconds": round(seconds, 2), "answers_per_s": round(answers / seconds, 2)
-                    if seconds > 0 else None}
+                "seconds": round(seconds, 2),
+                "answers_per_s": round(answers / seconds, 2) if seconds > 0 else None}
     atomic_write_json(out_path.with_name(out_path.name + ".manifest.json"), manifest)
     return manifest

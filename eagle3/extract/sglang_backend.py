@@ -44,9 +44,8 @@ def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
     bad = [i for i in capture_ids if not 1 <= i <= num_layers]
     if bad:
         raise ConfigError(f"extract.aux_layer_ids: HF hidden_states indices {bad} cannot be "
-                          "captured by SGLang (expected "
-                          f"1..{num_layers}: index i is the output of layer i-1; index 0, the "
-                          "embeddings, has no SGLang id), got "
+                          f"captured by SGLang (expected 1..{num_layers}: index i is the output of "
+                          "layer i-1; index 0, the embeddings, has no SGLang id), got "
                           f"{capture_ids[:-1]}")
     from eagle3.engines.registry import get_profile
 
@@ -89,14 +88,12 @@ class SGLangWorker:
             self.proc = subprocess.Popen([python, str(WORKER), str(job_path)],
                                          stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                         text=True,
-                                         start_new_session=True, cwd=str(work_dir))
+                                         text=True, start_new_session=True, cwd=str(work_dir))
         except OSError as e:
             self._log.close()
             raise EngineUnsupported(f"serve.sglang_python={python!r}: cannot start the SGLang "
-                                    "extraction worker "
-                                    f"({e}); expected the interpreter of an environment with "
-                                    f"sglang=={SGLANG_VERSION}") from e
+                                    f"extraction worker ({e}); expected the interpreter of an "
+                                    f"environment with sglang=={SGLANG_VERSION}") from e
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name="sglang-extract-stdout").start()
         self.ready = self._expect("READY", startup_timeout_s, "start the engine")

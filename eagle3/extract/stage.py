@@ -5,11 +5,8 @@ layout. ``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data``, ``cfg.extr
                                    file-index order: ``input_ids`` [T] int64, ``loss_mask`` [T]
                                    int64 (1 = assistant token), ``seq_len`` int, ``id`` str
     out_dir/hidden_states/hs_{i}.safetensors
-                                   row i: ``token_ids`` [T] int64, ``hidden_states``
-                                   [T, n_aux+1, H] (bf16 default | float32 | fp8 e4m3 +
-                                   ``hidden_states_scales`` [T, n_aux+1, 1]); slot j < n_aux = HF
-                                   ``hidden_states[aux_layer_ids[j]]``, slot -1 = last decoder
-                                   layer's output before the final norm
+                                   row i (layout: :mod:`eagle3.extract.store`); slot j < n_aux =
+                                   HF ``hidden_states[aux_layer_ids[j]]``
     out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked train tokens
     out_dir/.progress/             plan hash and one marker per committed shard (resume)
     out_dir/manifest.json          kind "hidden_states"
@@ -40,19 +37,12 @@ from collections import Counter
 from pathlib import Path
 
 from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intact, sha256_file,
-                              weights_hash,
-                              write_manifest)
+                              weights_hash, write_manifest)
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
 from eagle3.extract.store import (
-    HS_DIR,
-    PROGRESS_DIR,
-    assign_shards,
-    bytes_per_token,
-    completed_shards,
-    make_shards,
-    remove_stale_temporaries,
-    start_or_resume,
+    HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards, make_shards,
+    remove_stale_temporaries, start_or_resume,
 )
 
 log = logging.getLogger(__name__)
@@ -83,13 +73,12 @@ def target_identity(target_dir: Path, cfg) -> dict:
 
 def estimate_bytes(num_tokens: int, n_slots: int, hidden_size: int, dtype: str) -> int:
     """Bytes an extraction of ``num_tokens`` tokens writes: sample files + the ``data/`` columns."""
-    return num_tokens * (bytes_per_token(n_slots, hidden_size, dtype)
-        + DATA_OVERHEAD_BYTES_PER_TOKEN)
+    per_token = bytes_per_token(n_slots, hidden_size, dtype) + DATA_OVERHEAD_BYTES_PER_TOKEN
+    return num_tokens * per_token
 
 
-def check_free_disk(out_dir: Path, need: int, free_bytes: int | None = None) -> int:
-    """Raise DataError when ``need`` bytes exceed the free space at ``out_dir`` (or ``free_bytes``
-    if given)."""
+def _check_free_disk(out_dir: Path, need: int, free_bytes: int | None) -> None:
+    """DataError when ``need`` bytes exceed the free space at ``out_dir`` (or ``free_bytes``)."""
     probe = out_dir
     while not probe.exists():
         probe = probe.parent
@@ -98,13 +87,11 @@ def check_free_disk(out_dir: Path, need: int, free_bytes: int | None = None) -> 
         raise DataError(f"{out_dir}: extraction needs about {need:,} bytes but only {free:,} bytes "
                         "are free; free space, lower data.num_conversations / data.max_seq_len, or "
                         "use extract.dtype=fp8")
-    return free
 
 
-def known_layer_count(cfg) -> int | None:
-    """The target's decoder layer count when it is known without loading or preparing anything: the
-    tiny config's ``num_hidden_layers``, or ``config.json`` of a target folder that already exists;
-    else None."""
+def _known_layer_count(cfg) -> int | None:
+    """The target's decoder layer count when known without loading anything (the tiny config, or
+    the ``config.json`` of a target folder that exists), else None."""
     if cfg.target.kind == "tiny-random":
         return int(cfg.target.tiny.num_hidden_layers)
     if cfg.target.kind == "smollm2":
@@ -123,10 +110,9 @@ def known_layer_count(cfg) -> int | None:
 
 
 def check_before_run(cfg) -> None:
-    """What can be checked in a second before a run loads any model: ``data.path`` exists (source
-    'file') and ``extract.aux_layer_ids`` fit the target (when its layer count is known:
-    :func:`known_layer_count`). Raises ConfigError naming the key and both values; the same checks
-    run again inside the stage."""
+    """Checks that take a second, before any model loads (the stage repeats them): ``data.path``
+    exists (source 'file') and ``extract.aux_layer_ids`` fit the target when its layer count is
+    known. ConfigError naming the key and both values."""
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
         if not path.is_file():
@@ -135,7 +121,7 @@ def check_before_run(cfg) -> None:
         if path.stat().st_size == 0:
             raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
                               f"{str(path)!r} (empty: 0 bytes)")
-    n = known_layer_count(cfg)
+    n = _known_layer_count(cfg)
     if n is not None:
         _aux_ids(cfg, n)
 
@@ -151,10 +137,9 @@ def _aux_ids(cfg, n_layers: int) -> list[int]:
 
 
 def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
-    payload = json.dumps(
-        {"ids": plan.ids, "input_ids": plan.input_ids, "loss_masks": plan.loss_masks,
-                          "num_train": plan.num_train, "weights": target["weights_hash"],
-                          "aux": aux,
+    payload = json.dumps({"ids": plan.ids, "input_ids": plan.input_ids,
+                          "loss_masks": plan.loss_masks, "num_train": plan.num_train,
+                          "weights": target["weights_hash"], "aux": aux,
                           "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
                           "batch_size": cfg.extract.batch_size,
                           "shard_size": cfg.extract.shard_size})
@@ -163,13 +148,9 @@ def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
 
 def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None = None) -> dict:
     """Extract hidden states for ``cfg`` into ``out_dir`` (resuming its committed shards); returns
-    the manifest.
-
-    ``free_bytes`` overrides the measured free disk (tests simulate a full disk with it). Raises
-    ConfigError (bad aux ids, devices), DataError (inputs, integrity, disk, a directory holding
-    another extraction), EngineUnsupported (backend 'sglang' without a usable SGLang environment or
-    when its engine fails).
-    """
+    the manifest. ``free_bytes`` overrides the measured free disk. ConfigError (bad aux ids,
+    devices), DataError (inputs, integrity, disk, a directory holding another extraction),
+    EngineUnsupported (backend 'sglang' without a usable SGLang, or its engine failing)."""
     from transformers import AutoTokenizer
 
     from eagle3.assets import resolve_target
@@ -186,29 +167,25 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     if cfg.extract.backend == "sglang":
         from eagle3.extract.sglang_backend import sglang_layer_ids
 
-        # ConfigError before any work
-        sglang_layer_ids(aux + [target["num_layers"]], target["num_layers"])
+        sglang_layer_ids(aux + [target["num_layers"]], target["num_layers"])  # ConfigError now
     tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
     regen = None
     if cfg.data.regenerate != "none":
         from eagle3.extract.regen import regenerate_for_plan
 
         def regen(convs):
-            key = hashlib.sha256(
-                json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
-                                             target["weights_hash"], cfg.target.dtype],
-                                            sort_keys=True).encode()).hexdigest()[:16]
+            key = json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
+                              target["weights_hash"], cfg.target.dtype], sort_keys=True)
+            key = hashlib.sha256(key.encode()).hexdigest()[:16]
             cache = out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl"
             return regenerate_for_plan(cfg, target_dir, tok, convs, cache)
     plan = build_plan(cfg, tok, regen)
     if plan.skipped or plan.truncated:
         log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to "
-                    "data.max_seq_len=%d",
-                    plan.source["path"], sum(plan.skipped.values()), plan.records,
-                    dict(plan.skipped),
+                    "data.max_seq_len=%d", plan.source["path"], sum(plan.skipped.values()),
+                    plan.records, dict(plan.skipped),
                     f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
-                    plan.truncated,
-                    len(plan.ids), cfg.data.max_seq_len)
+                    plan.truncated, len(plan.ids), cfg.data.max_seq_len)
     warn_unstable(plan.unstable, plan.source["path"])
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
@@ -218,8 +195,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             intact, why = output_intact(out_dir)
             if intact:
                 return done
-            # a file was deleted, truncated or rewritten after the extraction finished: redo those
-            # shards
+            # a file deleted, truncated or rewritten after the extraction: redo those shards
             log.warning("%s; re-extracting the shards whose files are missing, of the wrong size "
                         "or rewritten", why)
             (out_dir / "manifest.json").unlink()
@@ -231,9 +207,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     done = completed_shards(out_dir, shards, written_before_marker=damaged) if resumed else set()
     todo = [s for s in shards if s.index not in done]
     todo_tokens = sum(len(plan.input_ids[i]) for s in todo for i in range(s.start, s.stop))
-    check_free_disk(out_dir,
-                    estimate_bytes(todo_tokens, n_slots, target["hidden_size"], cfg.extract.dtype),
-                    free_bytes)
+    _check_free_disk(out_dir, estimate_bytes(todo_tokens, n_slots, target["hidden_size"],
+                                             cfg.extract.dtype), free_bytes)
     start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "num_shards": len(shards),
                                          "shard_size": cfg.extract.shard_size})
     remove_stale_temporaries(out_dir)
@@ -254,14 +229,11 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
         "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype,
         "auto_resolved": cfg.auto_resolved,
         "splits": {"train": list(range(plan.num_train)),
-                                               "val": list(range(plan.num_train, len(plan.ids)))},
+                   "val": list(range(plan.num_train, len(plan.ids)))},
         "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
-        "resumed": resumed,
-        "shards": {"total": len(shards), "resumed": len(done)},
-        "skipped_by_reason": dict(plan.skipped),
-        "skipped_examples": plan.skip_examples,
-        "template_unstable": plan.unstable,
-        "alignment": alignment,
+        "resumed": resumed, "shards": {"total": len(shards), "resumed": len(done)},
+        "skipped_by_reason": dict(plan.skipped), "skipped_examples": plan.skip_examples,
+        "template_unstable": plan.unstable, "alignment": alignment,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)
@@ -270,24 +242,22 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     timings = {"prepare_s": t1 - t0, "extract_s": t2 - t1, "finalize_s": time.perf_counter() - t2}
     return write_manifest(out_dir, "hidden_states",
                           config={"data": cfg.data.model_dump(mode="json"),
-                                                            "extract": cfg.extract.model_dump(
-                                                                mode="json")},
+                                  "extract": cfg.extract.model_dump(mode="json")},
                           inputs={"target_weights": target["weights_hash"],
                                   "data": plan.source["sha256"]},
                           counts=counts, timings=timings, **extra)
 
 
 def warn_unstable(unstable: dict, source: str) -> None:
-    """Log a warning with the count and share (conversations and tokens) of conversations dropped
-    because the chat template is not prefix-stable (``Plan.unstable``); nothing when none was."""
+    """Warn with the count and share (conversations, tokens) dropped because the chat template is
+    not prefix-stable (``Plan.unstable``); nothing when none was."""
     if unstable.get("conversations"):
         log.warning("%s: %d of %d conversations (%.1f%%) and %d of %d tokens (%.1f%%) dropped: the "
                     "chat template renders an earlier assistant turn differently once later turns "
                     "follow, so no loss mask can be derived (refused above "
                     "data.max_unstable_template_share=%s)", source, unstable["conversations"],
                     unstable["tried"], 100 * unstable["share_conversations"], unstable["tokens"],
-                    unstable["tried_tokens"], 100 * unstable["share_tokens"],
-                    unstable["threshold"])
+                    unstable["tried_tokens"], 100 * unstable["share_tokens"], unstable["threshold"])
 
 
 def _check_backend(cfg) -> None:
@@ -312,11 +282,10 @@ def _check_backend(cfg) -> None:
                           "tp_size/dp_size in extract.sglang_engine_args instead), got "
                           f"{cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
-        raise EngineUnsupported(f"extract.backend='sglang': serve.sglang_python: "
+        raise EngineUnsupported("extract.backend='sglang': serve.sglang_python: "
                                 f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
-                                "Python of an environment with "
-                                f"sglang=={version} (make sglang-env), or use "
-                                "extract.backend=hf")
+                                f"Python of an environment with sglang=={version} (make "
+                                "sglang-env), or use extract.backend=hf")
 
 
 def _counts(plan: Plan) -> dict:
@@ -324,8 +293,8 @@ def _counts(plan: Plan) -> dict:
     return {"samples": len(plan.ids), "train_samples": plan.num_train,
             "val_samples": len(plan.ids) - plan.num_train, "records": plan.records,
             "skipped": sum(plan.skipped.values()), "truncated": plan.truncated,
-            "tokens": plan.num_tokens,
-            "loss_tokens": len(masked), "unique_tokens": len(set(masked))}
+            "tokens": plan.num_tokens, "loss_tokens": len(masked),
+            "unique_tokens": len(set(masked))}
 
 
 def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo, out_dir: Path,
@@ -338,8 +307,7 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
     from eagle3.extract.workers import run_data_parallel
 
     status_dir = out_dir / PROGRESS_DIR / "workers"
-    # an earlier failed run's worker files: never hashed
-    shutil.rmtree(status_dir, ignore_errors=True)
+    shutil.rmtree(status_dir, ignore_errors=True)  # an earlier failed run's worker files
     if not todo:
         return
     devices = resolve_devices(cfg.extract.device, cfg.extract.num_gpus)
@@ -347,8 +315,7 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
     threads = max(1, (os.cpu_count() or 1) // cpu_workers) if cpu_workers > 1 else None
     jobs = [WorkerJob(str(target_dir), cfg.target.dtype, dev, capture_ids, cfg.extract.dtype,
                       cfg.extract.batch_size, str(out_dir), plan.ids, plan.input_ids,
-                      plan.loss_masks, mine,
-                      threads, cfg.target.trust_remote_code)
+                      plan.loss_masks, mine, threads, cfg.target.trust_remote_code)
             for dev, mine in zip(devices, assign_shards(todo, len(devices)))]
     jobs = [j for j in jobs if j.shards]
     with tqdm(total=todo_tokens, unit="tok", unit_scale=True, desc="extract", disable=not progress,
@@ -357,8 +324,8 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
             from eagle3.extract.sglang_backend import run_sglang_shards
 
             run_sglang_shards(cfg, target_dir, capture_ids, capture_ids[-1], plan.ids,
-                              plan.input_ids,
-                              plan.loss_masks, todo, out_dir, on_progress=bar.update)
+                              plan.input_ids, plan.loss_masks, todo, out_dir,
+                              on_progress=bar.update)
             return
         if len(jobs) == 1:
             run_shards(jobs[0], on_progress=bar.update)
@@ -367,8 +334,8 @@ def _run_backend(cfg, target_dir: Path, capture_ids: list[int], plan: Plan, todo
 
         def poll() -> None:
             for s in todo:
-                if s.index not in seen and (out_dir / PROGRESS_DIR
-                        / f"shard_{s.index}.json").is_file():
+                marker = out_dir / PROGRESS_DIR / f"shard_{s.index}.json"
+                if s.index not in seen and marker.is_file():
                     seen.add(s.index)
                     bar.update(sum(len(plan.input_ids[i]) for i in range(s.start, s.stop)))
 
@@ -400,9 +367,8 @@ def _finalize_data(out_dir: Path, plan: Plan) -> None:
     finally:
         if was:
             datasets.enable_progress_bars()
-    freq = Counter(t for ids,
-                   m in zip(plan.input_ids[: plan.num_train], plan.loss_masks[: plan.num_train])
-                   for t, k in zip(ids, m) if k)
+    train = zip(plan.input_ids[:plan.num_train], plan.loss_masks[:plan.num_train])
+    freq = Counter(t for ids, m in train for t, k in zip(ids, m) if k)
     buf = io.BytesIO()
     torch.save({int(t): int(c) for t, c in sorted(freq.items())}, buf)
     atomic_write_bytes(out_dir / "token_freq.pt", buf.getvalue())

@@ -47,12 +47,8 @@ def bytes_per_token(n_slots: int, hidden_size: int, dtype: str) -> int:
 
 
 def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-    """``hidden [T, S, H]`` (any float dtype) → the tensors stored for it (see the module
-    docstring).
-
-    fp8 uses e4m3 with a float32 scale per (token, slot): ``scale = amax / 448`` (hs_connectors'
-    rule).
-    """
+    """``hidden [T, S, H]`` (any float dtype) → its stored tensors (module docstring); fp8 is e4m3
+    with a float32 scale per (token, slot), ``scale = amax / 448`` (hs_connectors' rule)."""
     if dtype != "fp8":
         return {"hidden_states": hidden.to(STORE_DTYPES[dtype]).contiguous()}
     from hs_connectors.fp8_utils import quantize_tensor_to_fp8
@@ -64,21 +60,17 @@ def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
 
 
 def decode(tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Stored tensors → ``hidden_states [T, S, H]`` in ``dtype`` (dequantizing fp8 with its
-    scales)."""
+    """Stored tensors → ``hidden_states [T, S, H]`` in ``dtype`` (fp8 dequantized)."""
     hs = tensors["hidden_states"]
     if SCALES_KEY in tensors:
         return (hs.to(torch.float32) * tensors[SCALES_KEY].to(torch.float32)).to(dtype)
     return hs.to(dtype)
 
 
-def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.float32) -> dict[str,
-        torch.Tensor]:
-    """Read sample ``index``: ``{"token_ids" [T] int64, "hidden_states" [T, S, H] dtype}`` (fp8
-    decoded).
-
-    Raises DataError when the file is missing.
-    """
+def load_sample(out_dir: str | Path, index: int,
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Sample ``index``: ``{"token_ids" [T] int64, "hidden_states" [T, S, H] dtype}`` (fp8
+    decoded); DataError when the file is missing."""
     from safetensors.torch import load_file
 
     path = Path(out_dir) / HS_DIR / hs_name(index)
@@ -90,14 +82,9 @@ def load_sample(out_dir: str | Path, index: int, dtype: torch.dtype = torch.floa
 
 def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: list[int],
                  hidden: torch.Tensor, all_finite: bool | None = None) -> None:
-    """Integrity of one sample before it is written: rows = len(input_ids) = len(loss_mask), all
-    finite.
-
-    ``all_finite``: the finiteness already computed on the device (the GPU extractor reduces it
-    there); True skips the host scan, False or None scans ``hidden`` on the host (and names the
-    first bad element). Raises DataError naming the sample id, the file, and the expected and actual
-    values.
-    """
+    """DataError (naming sample, file, expected and actual) unless rows = len(input_ids) =
+    len(loss_mask) and all values are finite. ``all_finite``: computed on the device already
+    (True skips the host scan; False/None scans ``hidden`` to name the first bad element)."""
     rows = hidden.shape[0]
     if not rows == len(input_ids) == len(loss_mask):
         raise DataError(f"sample {sample_id} ({path}): hidden-state rows {rows}, len(input_ids) "
@@ -113,9 +100,7 @@ def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: li
 
 def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: str) -> int:
     """Write one sample file atomically (temp name, fsync, rename); returns its size in bytes.
-
-    Raises DataError when the disk is full (the temporary file is removed first).
-    """
+    DataError when the disk is full (the temporary file is removed first)."""
     from safetensors.torch import save_file
 
     tensors = {"token_ids": torch.tensor(token_ids, dtype=torch.int64), **encode(hidden, dtype)}
@@ -128,8 +113,7 @@ def write_sample(path: Path, token_ids: list[int], hidden: torch.Tensor, dtype: 
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    # OSError, or safetensors' own SafetensorError (e.g. "No space left on device")
-    except Exception as e:
+    except Exception as e:  # OSError, or safetensors' SafetensorError ("No space left on device")
         tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
         raise DataError(f"{path}: could not write hidden states ({why}); nothing was committed for "
@@ -154,8 +138,7 @@ def make_shards(num_samples: int, shard_size: int) -> list[ShardSpec]:
 
 
 def assign_shards(shards: list[ShardSpec], world: int) -> list[list[ShardSpec]]:
-    """Round-robin shards over ``world`` data-parallel workers (worker r gets shards k with k %
-    world == r)."""
+    """Round-robin shards over ``world`` workers (worker r gets shards k with k % world == r)."""
     if world < 1:
         raise DataError(f"data-parallel world size: expected >= 1, got {world}")
     return [[s for s in shards if s.index % world == r] for r in range(world)]
@@ -175,30 +158,23 @@ def commit_shard(out_dir: Path, spec: ShardSpec, sizes: dict[str, int]) -> None:
 def completed_shards(out_dir: Path, shards: list[ShardSpec], *,
                      written_before_marker: bool = False) -> set[int]:
     """Indices of shards whose marker exists and whose files all exist with the recorded sizes.
+    ``written_before_marker``: also no file newer than its marker (one rewritten in place after
+    the commit makes its shard incomplete)."""
 
-    ``written_before_marker``: also require every file to be no newer than its shard's marker (the
-    marker is written after the shard's files), so a file rewritten in place after its shard was
-    committed marks the shard incomplete. Used when a finished extraction no longer matches its
-    manifest.
-    """
+    def intact(p: Path, size: int, committed: int) -> bool:
+        return p.is_file() and p.stat().st_size == size and not (
+            written_before_marker and p.stat().st_mtime_ns > committed)
+
     done = set()
     for spec in shards:
         m = marker_path(out_dir, spec.index)
-        if not m.is_file():
-            continue
         try:
             files = json.loads(m.read_text())["files"]
-        except (json.JSONDecodeError, KeyError):
+        except (OSError, json.JSONDecodeError, KeyError):
             continue
         committed = m.stat().st_mtime_ns
-        ok = True
-        for name, size in files.items():
-            p = out_dir / HS_DIR / name
-            if not p.is_file() or p.stat().st_size != size or (written_before_marker
-                    and p.stat().st_mtime_ns > committed):
-                ok = False
-                break
-        if ok and len(files) == spec.stop - spec.start:
+        if len(files) == spec.stop - spec.start and all(
+                intact(out_dir / HS_DIR / name, size, committed) for name, size in files.items()):
             done.add(spec.index)
     return done
 
@@ -213,11 +189,8 @@ def remove_stale_temporaries(out_dir: Path) -> int:
 
 
 def start_or_resume(out_dir: Path, plan_hash: str, plan_info: dict) -> bool:
-    """Prepare ``out_dir`` for the extraction identified by ``plan_hash``; True when resuming.
-
-    Raises DataError when ``out_dir`` holds another extraction (a different plan hash) or hidden
-    states without a progress record — never mixing two extractions in one directory.
-    """
+    """Prepare ``out_dir`` for the extraction ``plan_hash``; True when resuming. DataError when it
+    holds another extraction (another plan hash) or hidden states without a progress record."""
     plan_file = out_dir / PROGRESS_DIR / "plan.json"
     if plan_file.is_file():
         have = json.loads(plan_file.read_text()).get("plan_hash")

@@ -52,8 +52,7 @@ def _worker_main(job: WorkerJob, status_dir: str, index: int) -> None:
 
 
 def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], *, status_dir: Path,
-                      startup_s: float,
-                      stall_s: float, poll_interval_s: float = 0.5) -> None:
+                      startup_s: float, stall_s: float, poll_interval_s: float = 0.5) -> None:
     """Run one spawned process per job (one per device); ``poll()`` is called while they run and
     once after all finished (before ``status_dir`` is removed: a benchmark reads the workers' final
     status files there).
@@ -92,8 +91,7 @@ def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], *, status
                 msg = describe(missed, section="extract", noun="worker", total=len(jobs),
                                logs=_logs(status_dir, len(jobs)), stacks=stacks)
                 raise RankFailed(f"extraction: {msg}. Committed shards are kept: a re-run extracts "
-                                 "the rest",
-                                 ranks=missed.workers, kind=missed.kind,
+                                 "the rest", ranks=missed.workers, kind=missed.kind,
                                  logs=_logs(status_dir, len(jobs)))
     finally:
         _end(procs)

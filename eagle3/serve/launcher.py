@@ -37,8 +37,8 @@ from eagle3.serve.readiness import GateResult, wait_ready
 from eagle3.serve.supervise import command as supervised
 
 log = logging.getLogger(__name__)
-CUDA_GRAPH_CRASH = re.compile(r"Capture cuda graph failed|CUDA graph capture "
-                              r"fail|cuda_graph_runner.*Error", re.I)
+CUDA_GRAPH_CRASH = re.compile(r"Capture cuda graph failed|CUDA graph capture fail|"
+                              r"cuda_graph_runner.*Error", re.I)
 CAPTURING = re.compile(r"Capturing batches|capture_cuda_graph|cuda graph", re.I)
 PORT_IN_USE = re.compile(r"address already in use|Errno 98", re.I)
 CommandBuilder = Callable[[RunConfig, Path, "Path | None", int], "tuple[list[str], dict[str, str]]"]
@@ -71,19 +71,19 @@ def resolve_engine(cfg: RunConfig) -> str:
     engine = cfg.serve.engine
     if engine == "reference":
         return engine
-    has_sglang = sglang_installed(sglang_python(cfg))
+    py = sglang_python(cfg)
+    has_sglang = sglang_installed(py)
+    if engine == "sglang" and not has_sglang:
+        raise EngineUnsupported(f"serve.engine is 'sglang' but serve.sglang_python: "
+                                f"{sglang_unusable_reason(py)}; expected the Python of an "
+                                f"environment with sglang=={cfg.convert.engine_version} (make "
+                                "sglang-env)")
     if engine == "sglang":
-        if not has_sglang:
-            raise EngineUnsupported(f"serve.engine is 'sglang' but serve.sglang_python: "
-                                    f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
-                                    "Python of an environment with "
-                                    f"sglang=={cfg.convert.engine_version} (make sglang-env)")
         return engine
     return "sglang" if has_sglang and gpu_present() else "reference"
 
 
-def _check_extra_args(generated: list[str], extra: list[str], engine: str,
-                      version: str) -> None:
+def _check_extra_args(generated: list[str], extra: list[str], engine: str, version: str) -> None:
     if engine == "sglang":  # SGLang's parser takes aliases and unambiguous prefixes
         problems = extra_args_problems(extra, generated, version)
         if problems:
@@ -131,11 +131,10 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
         raise EngineUnsupported(f"serve.engine resolved to {engine!r}; expected 'sglang' or "
                                 "'reference'")
     _check_extra_args(argv, s.extra_args, engine, cfg.convert.engine_version)
-    threads = {}
+    env = {"PYTHONUNBUFFERED": "1"}
     if engine == "reference" and s.cpu_threads is not None and reference_device(s.device) == "cpu":
-        # torch's CPU threads (serve.env may override)
-        threads = {"OMP_NUM_THREADS": str(s.cpu_threads)}
-    env = {"PYTHONUNBUFFERED": "1", **threads, **s.env}
+        env["OMP_NUM_THREADS"] = str(s.cpu_threads)  # torch's CPU threads (serve.env may override)
+    env.update(s.env)
     if engine == "sglang":
         inherited = {k: v for k, v in os.environ.items() if k not in s.env}
         for src, where in ((s.env, "serve.env"), (inherited, "this process's environment")):
@@ -149,8 +148,7 @@ class EngineProcess:
     """A running engine; ``__exit__`` ends its process group. ``env``: the added variables."""
 
     def __init__(self, popen: subprocess.Popen, *, engine: str, argv: list[str],
-                 env: dict[str, str], host: str,
-                 port: int, log_path: Path, grace_s: float = 15.0):
+                 env: dict[str, str], host: str, port: int, log_path: Path, grace_s: float = 15.0):
         self.popen, self.engine, self.argv, self.env = popen, engine, argv, env
         self.host, self.port, self.log_path, self.grace_s = host, port, Path(log_path), grace_s
         url_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
@@ -170,12 +168,10 @@ class EngineProcess:
 
     def stop(self) -> dict:
         """SIGTERM, wait ``grace_s``, SIGKILL, reap; idempotent; returns the stop report."""
-
         with self._stop_lock:
             if self.stop_report is None:
                 self.remember_tree()
-                self.stop_report = terminate_tree(self.popen, self.grace_s,
-                                                  known_pids=self._known)
+                self.stop_report = terminate_tree(self.popen, self.grace_s, known_pids=self._known)
                 self.returncode = self.popen.returncode
                 atexit.unregister(self.stop)
                 _STARTED.discard(self)
@@ -210,8 +206,8 @@ def stop_all_engines() -> int:
 
 
 def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
-                 log_path: str | Path,
-                 engine: str = "custom", grace_s: float = 15.0) -> EngineProcess:
+                 log_path: str | Path, engine: str = "custom",
+                 grace_s: float = 15.0) -> EngineProcess:
     """Start ``argv`` (this environment + ``env``) in its own process group under a parent watch
     (:mod:`eagle3.serve.supervise`), output to ``log_path``, ``command.json`` (secrets redacted)
     beside it."""
@@ -219,8 +215,7 @@ def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
     popen = start_group(supervised(argv, parent=os.getpid(), grace_s=grace_s),
                         {**os.environ, **env}, log_path)
     proc = EngineProcess(popen, engine=engine, argv=argv, env=env, host=host, port=port,
-                         log_path=log_path,
-                         grace_s=grace_s)
+                         log_path=log_path, grace_s=grace_s)
     # an interpreter that exits without leaving the with-block still ends the group
     atexit.register(proc.stop)
     _STARTED.add(proc)
@@ -231,29 +226,26 @@ def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
 
 
 def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None,
-                  log_dir: str | Path, *,
-                  command_builder: CommandBuilder | None = None, log_name: str | None = None,
-                  engine: str | None = None) -> EngineProcess:
+                  log_dir: str | Path, *, command_builder: CommandBuilder | None = None,
+                  log_name: str | None = None, engine: str | None = None) -> EngineProcess:
     """``with launch_engine(...) as e``: the configured engine on ``serve.port`` or a free one, log
     ``<log_dir>/engine-<engine>.log``. ConfigError/EngineUnsupported from the command builder,
     TransientError when no free port is found."""
     engine = engine or (resolve_engine(cfg) if command_builder is None else cfg.serve.engine)
     host = cfg.serve.host
     port = cfg.serve.port or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
+    draft = Path(draft_dir) if draft_dir else None
     if command_builder is None:
-        argv, env = build_command(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None,
-                                  port, engine)
+        argv, env = build_command(cfg, Path(target_dir), draft, port, engine)
     else:
-        argv, env = command_builder(cfg, Path(target_dir), Path(draft_dir) if draft_dir else None,
-                                    port)
+        argv, env = command_builder(cfg, Path(target_dir), draft, port)
     log_path = Path(log_dir) / (log_name or f"engine-{engine}.log")
     return start_engine(argv, env, host=cfg.serve.host, port=port, log_path=log_path, engine=engine,
                         grace_s=cfg.serve.stop_grace_s)
 
 
 def is_cuda_graph_crash(log_text: str) -> bool:
-    """The log shows SGLang's "Capture cuda graph failed" or a traceback after "Capturing
-    batches"."""
+    """The log shows SGLang's "Capture cuda graph failed" or a traceback after "Capturing"."""
     if CUDA_GRAPH_CRASH.search(log_text):
         return True
     lines = log_text.splitlines()
@@ -278,8 +270,7 @@ def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path,
 
 @contextmanager
 def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None,
-                 out_dir: str | Path, *,
-                 require_spec_fields: bool | None = None,
+                 out_dir: str | Path, *, require_spec_fields: bool | None = None,
                  command_builder: CommandBuilder | None = None,
                  use_gpu: bool = True) -> Iterator[tuple[EngineProcess, GateResult]]:
     """Launch, pass the readiness gate, yield ``(engine, gate)``; the group always ends on exit.
@@ -299,16 +290,15 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
                                log_name=f"engine-{name}{suffix}.log", engine=name)
         try:
             gate = wait_ready(engine.url, pid=engine.pid, log_path=engine.log_path,
-                              timeout_s=s.startup_timeout_s,
-                              stall_timeout_s=s.stall_timeout_s, poll_interval_s=s.poll_interval_s,
-                              probe_timeout_s=s.probe_timeout_s,
+                              timeout_s=s.startup_timeout_s, stall_timeout_s=s.stall_timeout_s,
+                              poll_interval_s=s.poll_interval_s, probe_timeout_s=s.probe_timeout_s,
                               diagnostics_dir=out / f"diagnostics{suffix}",
                               require_spec_fields=require, use_gpu=use_gpu)
             engine.remember_tree()
             plan = None if gate.ready else _retry_plan(cfg, gate, engine.log_path, retried)
             attempts.append({"attempt": n, "argv": engine.argv, "verdict": gate.verdict,
-                             "phases": gate.phases,
-                             "log": str(engine.log_path), "retry": plan[0] if plan else None})
+                             "phases": gate.phases, "log": str(engine.log_path),
+                             "retry": plan[0] if plan else None})
             (out / "attempts.json").write_text(json.dumps(attempts, indent=2))
             if gate.ready:
                 with engine:
@@ -323,6 +313,5 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
                              diagnostics_dir=gate.diagnostics_dir)
         reason, cfg = plan
         retried.add(reason)
-        log.warning("engine crashed (%s); retrying once %s", reason,
-                    "with CUDA graphs disabled "
+        log.warning("engine crashed (%s); retrying once %s", reason, "with CUDA graphs disabled "
                     "(--disable-cuda-graph)" if reason == "cuda_graph" else "on a new port")

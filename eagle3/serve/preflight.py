@@ -36,6 +36,7 @@ from eagle3.errors import ConfigError, DataError, EngineUnsupported
 GIB = 1 << 30
 ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_KV_BYTES = {**_DTYPE_BYTES, "fp8": 1, "auto": 2}
 
 
 @dataclass
@@ -71,8 +72,8 @@ class PreflightReport:
                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def lines(self) -> list[str]:
-        return [f"{c.name:<12} {c.status:<8} "
-                f"{c.detail}" for c in self.checks] + [str(p) for p in self.problems]
+        return [f"{c.name:<12} {c.status:<8} {c.detail}" for c in self.checks] + [
+            str(p) for p in self.problems]
 
     def raise_if_failed(self) -> None:
         if self.passed:
@@ -97,9 +98,6 @@ def target_architecture(target_dir: str | Path) -> str:
         raise DataError(f"{path}: 'architectures' expected a non-empty list, got "
                         f"{cfg.get('architectures')!r}")
     return str(archs[0])
-
-
-_KV_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "auto": 2}
 
 
 def _weights_bytes(model_dir: Path) -> int:
@@ -129,9 +127,8 @@ def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) ->
 
 
 def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, context_length: int,
-                    batch_size: int,
-                    gpu_memory_bytes: int, mem_fraction_static: float, kv_dtype: str = "bfloat16",
-                    tp: int = 1,
+                    batch_size: int, gpu_memory_bytes: int, mem_fraction_static: float,
+                    kv_dtype: str = "bfloat16", tp: int = 1,
                     draft_weights_bytes: int | None = None) -> dict:
     """Bytes one GPU needs vs ``gpu_memory_bytes × mem_fraction_static``: (target + draft weight
     file sizes) / ``tp`` + both KV caches at ``context_length × batch_size`` tokens. An unwritten
@@ -150,8 +147,7 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
     tokens = int(context_length) * int(batch_size)
     draft_w = _weights_bytes(draft_dir) if draft_weights_bytes is None else int(draft_weights_bytes)
     parts = {
-        "target_weights": _weights_bytes(target_dir) // tp,
-        "draft_weights": draft_w // tp,
+        "target_weights": _weights_bytes(target_dir) // tp, "draft_weights": draft_w // tp,
         "target_kv": tokens * _kv_bytes_per_token(tcfg, nbytes, f"{target_dir}/config.json", tp),
         "draft_kv": tokens * _kv_bytes_per_token(dcfg, nbytes, f"{draft_dir}/config.json", tp),
     }
@@ -180,9 +176,8 @@ def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     py, want = sglang_python(cfg), cfg.convert.engine_version
     if not sglang_installed(py):
         p = Problem("ENGINE_MISSING", "serve.sglang_python: expected the Python of an environment "
-                                      "with "
-                    f"sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env and "
-                    "set serve.sglang_python, or serve.engine reference")
+                    f"with sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env "
+                    "and set serve.sglang_python, or serve.engine reference")
         return Check("engine", "failed", p.message), [p]
     version = sglang_version(py)
     if version != want:
@@ -208,14 +203,12 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
         got = check_aux_capture(arch, engine="sglang", version=v, source=source)
     except EngineUnsupported as e:
         p = Problem("TARGET_NO_AUX_CAPTURE", f"target architectures[0] {arch}: {e}; expected a "
-                                             "class that implements set_eagle3_layers_to_capture "
-                                             f"in SGLang {v} (the draft's fc would be bypassed and "
-                                             "acceptance fall to about 1.0); fix: serve.engine "
-                                             "reference, or a target class SGLang captures")
+                    f"class that implements set_eagle3_layers_to_capture in SGLang {v} (the "
+                    "draft's fc would be bypassed and acceptance fall to about 1.0); fix: "
+                    "serve.engine reference, or a target class SGLang captures")
         return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
     return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {v} "
-                                          f"({got['how']})",
-                 {"captures": 1}), []
+                                          f"({got['how']})", {"captures": 1}), []
 
 
 def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
@@ -241,23 +234,21 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
     params = (int(t["vocab_size"]) * h + cfg.train.draft_vocab_size * h + h * n_aux * h + h
               + cfg.train.num_layers * per_layer)
     dcfg = {"num_hidden_layers": cfg.train.num_layers, "num_attention_heads": heads,
-            "num_key_value_heads": kv,
-            "head_dim": hd, "hidden_size": h}
+            "num_key_value_heads": kv, "head_dim": hd, "hidden_size": h}
     return dcfg, params * _DTYPE_BYTES.get(cfg.serve.dtype, 2)
 
 
 def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
                   gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
     s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
-    has = serving_dir is not None and (serving_dir / "config.json").is_file()
-    draft: Any = serving_dir if has else None
+    draft: Any = serving_dir
     draft_bytes = None
-    if draft is None:
+    if serving_dir is None or not (serving_dir / "config.json").is_file():
         draft, draft_bytes = draft_size_from_config(cfg, tcfg)
     text_cfg = tcfg.get("text_config") or tcfg
     ctx = s.context_length or int(text_cfg.get("max_position_embeddings") or 4096)
     if engine == "reference":
-        return _reference_memory(cfg, target_dir, draft, draft_bytes, ctx)
+        return _reference_memory(cfg, target_dir, tcfg, draft, draft_bytes, ctx)
     if gpus is None:
         from eagle3.serve.diagnostics import gpu_sample
 
@@ -267,19 +258,17 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
     used, cvd = _visible_gpus(cfg, gpus), "CUDA_VISIBLE_DEVICES"
     if len(used) < s.tp:
         p = Problem("GPU_COUNT", f"serve.tp {s.tp}: expected {s.tp} visible GPU(s) for SGLang, "
-                                 f"found {len(used)} "
-                    f"(nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
+                    f"found {len(used)} (nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
                     f"{s.env.get(cvd, os.environ.get(cvd))!r})")
         return Check("memory", "failed", p.message, {"gpus_visible": len(gpus)}), [p]
     problems, worst = [], None
     for g in used:
         total, taken = g["mem_total_mib"] << 20, g["mem_used_mib"] << 20
-        frac = s.mem_fraction_static if s.mem_fraction_static is not None else max(total - taken,
-                                                                                   0) / total
+        frac = s.mem_fraction_static
+        frac = max(total - taken, 0) / total if frac is None else frac
         try:
             r = estimate_memory(target_dir, draft, context_length=ctx, batch_size=1,
-                                gpu_memory_bytes=total,
-                                mem_fraction_static=frac,
+                                gpu_memory_bytes=total, mem_fraction_static=frac,
                                 kv_dtype="float32" if s.dtype == "float32" else "bfloat16",
                                 tp=s.tp, draft_weights_bytes=draft_bytes)
         except ConfigError as e:
@@ -289,10 +278,10 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
             continue
         if s.mem_fraction_static is not None and total - taken < r["budget_bytes"]:
             problems.append(Problem("GPU_BUSY", f"GPU {g['index']}: {taken / GIB:.2f} GiB already "
-                                                "used by other "
-                                    f"processes; expected {r['budget_bytes'] / GIB:.2f} GiB free "
-                                    f"for mem_fraction_static {frac}, got "
-                                    f"{(total - taken) / GIB:.2f} GiB (an engine left running?)"))
+                                    f"used by other processes; expected "
+                                    f"{r['budget_bytes'] / GIB:.2f} GiB free for "
+                                    f"mem_fraction_static {frac}, got {(total - taken) / GIB:.2f} "
+                                    "GiB (an engine left running?)"))
         worst = r if worst is None or r["need_bytes"] > worst["need_bytes"] else worst
     figs = {f"{k.removesuffix('_bytes')}_gib": v / GIB for k, v in (worst or {}).items()
             if k.endswith(("_bytes", "_weights", "_kv"))}
@@ -304,13 +293,13 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
                  {**figs, "gpus": len(used)}), problems
 
 
-def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int | None, ctx: int):
+def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_bytes: int | None,
+                      ctx: int) -> tuple[Check, list[Problem]]:
     import psutil
 
     from eagle3.serve.launcher import reference_device
 
     device = reference_device(cfg.serve.device)
-    tcfg = json.loads((target_dir / "config.json").read_text())
     stored = _DTYPE_BYTES.get(str(tcfg.get("torch_dtype") or tcfg.get("dtype") or "float32"), 4)
     served = _DTYPE_BYTES.get("float32" if cfg.serve.dtype == "auto" else cfg.serve.dtype, 4)
     d_bytes = draft_bytes if draft_bytes is not None else _weights_bytes(Path(draft))
@@ -331,9 +320,8 @@ def _reference_memory(cfg: Any, target_dir: Path, draft: Any, draft_bytes: int |
     figs = {"need_gib": need / GIB, "free_gib": free / GIB}
     if need > free:
         p = Problem("MEMORY_TOO_SMALL", f"reference engine on {device}: needs about "
-                                        f"{need / GIB:.2f} GiB (target and draft weights in the "
-                                        f"serving dtype), {free / GIB:.2f} GiB free; fix: free "
-                                        "memory or serve.dtype bfloat16")
+                    f"{need / GIB:.2f} GiB (target and draft weights in the serving dtype), "
+                    f"{free / GIB:.2f} GiB free; fix: free memory or serve.dtype bfloat16")
         return Check("memory", "failed", p.message, figs), [p]
     return Check("memory", "passed", f"reference engine on {device}: about {need / GIB:.2f} GiB of "
                                      f"{free / GIB:.2f} GiB free (context up to {ctx})", figs), []
@@ -383,16 +371,18 @@ def _check_template(cfg: Any, engine: str, target_dir: Path,
 
     from eagle3.extract.conversations import template_switches
 
-    trained = {k: v for k, v in (data.get("template_switches") or {}).items()}
+    trained = dict(data.get("template_switches") or {})
     bench = template_switches(AutoTokenizer.from_pretrained(str(target_dir)),
                               cfg.data.chat_template_kwargs)
     problems = []
-    if {k: v for k, v in bench.items() if v is not None} != {k: v for k,
-                                                             v in trained.items() if v is not None}:
+
+    def set_only(switches: dict) -> dict:
+        return {k: v for k, v in switches.items() if v is not None}
+
+    if set_only(bench) != set_only(trained):
         problems.append(Problem("TEMPLATE_SWITCHES", "chat-template switches: the extraction "
-                                                     f"rendered {trained}, the "
-                                f"benchmark renders {bench} (data.chat_template_kwargs); expected "
-                                "the same"))
+                                f"rendered {trained}, the benchmark renders {bench} "
+                                "(data.chat_template_kwargs); expected the same"))
     note = ""
     if engine == "sglang":
         problems += _server_template(cfg, trained, data)
@@ -413,10 +403,9 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
              if server.get(k) != trained.get(k)}
     if wrong:
         out.append(Problem("TEMPLATE_SWITCHES", "server chat requests: expected the extraction's "
-                                                "switches, got "
-                           f"{ {k: v[1] for k, v in wrong.items()} } instead of "
-                           f"{ {k: v[0] for k, v in wrong.items()} }"
-                           " (--default-chat-template-kwargs)"))
+                           f"switches, got { {k: v[1] for k, v in wrong.items()} } instead of "
+                           f"{ {k: v[0] for k, v in wrong.items()} } "
+                           "(--default-chat-template-kwargs)"))
     tpl = flag_value(extra, "--chat-template")
     if tpl is not None:
         p = Path(tpl).expanduser()
@@ -425,14 +414,13 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
             why = (f"a file whose text hashes to {got[:12]}…" if got
                    else "a built-in template name (not comparable)")
             out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --chat-template {tpl!r}: "
-                                                    "expected no override "
-                               "or the extraction's template (sha256 "
+                               "expected no override or the extraction's template (sha256 "
                                f"{str(data.get('chat_template_hash'))[:12]}…), got {why}"))
-    if flag_value(extra, "--hf-chat-template-name") is not None:
+    name = flag_value(extra, "--hf-chat-template-name")
+    if name is not None:
         out.append(Problem("TEMPLATE_OVERRIDE", f"serve.extra_args --hf-chat-template-name "
-                           f"{flag_value(extra, '--hf-chat-template-name')!r}: expected the "
-                           "tokenizer's default template "
-                           "(the one extraction used), got a named alternative"))
+                           f"{name!r}: expected the tokenizer's default template (the one "
+                           "extraction used), got a named alternative"))
     return out
 
 
@@ -454,9 +442,8 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
             sock.bind((s.host, s.port))
         except OSError as e:
             p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
-                                       f"binding it gives {e.strerror or e}; fix: end what listens "
-                                       "there, choose another serve.port, or leave serve.port "
-                                       "unset (a free port is chosen)")
+                        f"binding it gives {e.strerror or e}; fix: end what listens there, choose "
+                        "another serve.port, or leave serve.port unset (a free port is chosen)")
             return Check("port", "failed", p.message), [p]
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
@@ -475,8 +462,7 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
     results = [_check_engine(cfg, engine), _check_aux(cfg, engine, target),
                _check_memory(cfg, engine, target, serving, gpus), _check_settings(cfg, engine),
                _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest),
-               _check_steps(cfg),
-               _check_port(cfg)]
+               _check_steps(cfg), _check_port(cfg)]
     return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
 
 

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import httpx
 
 from eagle3.artifacts import atomic_write_json
+from eagle3.errors import ConfigError
 from eagle3.config import (GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S,
                            GATE_TIMEOUT_S)
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
@@ -197,10 +198,6 @@ class _Timeline:
 
 
 def _check_arguments(url: str, seconds: dict[str, float]) -> None:
-    import httpx
-
-    from eagle3.errors import ConfigError
-
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as e:
@@ -233,18 +230,14 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
     :class:`GateResult` for any verdict (the caller raises ``GateFailed``); ConfigError up front for
     a url not ``http(s)://host[:port]`` or a non-positive timeout.
     """
-
     _check_arguments(url, {"timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s,
-                                          "poll_interval_s": poll_interval_s,
-                                          "probe_timeout_s": probe_timeout_s})
+                           "poll_interval_s": poll_interval_s, "probe_timeout_s": probe_timeout_s})
     url = url.rstrip("/")
     t0 = time.monotonic()
     mon = ProgressMonitor(pid, log_path, use_gpu=use_gpu)
-    stall_enabled = bool(mon.sources)
     tl = _Timeline(t0)
     state: dict = {"last_progress": t0, "health_path": "/health_generate", "health": None,
-                   "probe": None,
-                   "probe_t0": 0.0, "probe_results": []}
+                   "probe": None, "probe_t0": 0.0, "probe_results": []}
     health_timeout = min(probe_timeout_s, max(2.0, 5 * poll_interval_s))
     while True:
         now = time.monotonic()
@@ -254,7 +247,7 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
                 state["last_progress"] = now
             verdict, detail = _advance(url, state, tl, mon, now, health_timeout, probe_timeout_s,
                                        require_spec_fields, max(2, probe_concurrency))
-        if verdict is None and stall_enabled and now - state["last_progress"] >= stall_timeout_s:
+        if verdict is None and mon.sources and now - state["last_progress"] >= stall_timeout_s:
             verdict = "stalled"
             detail = (f"No progress signal ({', '.join(mon.sources)}) for "
                       f"{now - state['last_progress']:.1f} s "
@@ -282,8 +275,8 @@ def _check_exit(pid: int | None) -> tuple[str | None, str, int | None]:
 
 
 def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float,
-             health_timeout: float,
-             probe_timeout: float, require_spec: bool, concurrency: int) -> tuple[str | None, str]:
+             health_timeout: float, probe_timeout: float, require_spec: bool,
+             concurrency: int) -> tuple[str | None, str]:
     """One step of the HTTP state machine (health polling, then the concurrent probe)."""
     if st["probe"] is not None:
         return _advance_probe(url, st, tl, now, probe_timeout, require_spec)
@@ -307,8 +300,7 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
         phase = "probing"
         st["probe_t0"] = now
         st["probe"] = [Call(probe_generate, url, PROBE_PROMPTS[i % len(PROBE_PROMPTS)],
-                            probe_timeout)
-                       for i in range(concurrency)]
+                            probe_timeout) for i in range(concurrency)]
     else:  # 503 while warming, any other status, or a connection that does not answer
         phase = "warming"
     if tl.enter(phase, now):
@@ -338,9 +330,8 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
                                  "server kept showing progress.")
         return None, ""
     st["probe"] = None
-    results = [c.result if c.error is None else {"status": None, "tokens": 0, "spec": {},
-                                                 "seconds": 0.0,
-                                                 "error": repr(c.error)} for c in calls]
+    failed = {"status": None, "tokens": 0, "spec": {}, "seconds": 0.0}
+    results = [c.result if c.error is None else {**failed, "error": repr(c.error)} for c in calls]
     st["probe_results"] = results
     if any(r["status"] in (None, 503) for r in results):
         tl.enter("warming", now)  # not answered yet (503, reset): back to health polling
@@ -348,8 +339,8 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
     bad = [r for r in results if r["status"] != 200 or r["tokens"] < 1]
     if bad:
         return "probe_failed", ("The generation probe was answered without tokens: status "
-                                f"{bad[0]['status']}, "
-                                f"tokens {bad[0]['tokens']}, error {bad[0].get('error')!r}.")
+                                f"{bad[0]['status']}, tokens {bad[0]['tokens']}, error "
+                                f"{bad[0].get('error')!r}.")
     if require_spec and not all(r["spec"] for r in results):
         keys = next(r.get("meta_keys") for r in results if not r["spec"])
         return "probe_failed", ("The server generates, but meta_info has no speculative-decoding "
@@ -360,8 +351,8 @@ def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout:
 
 
 def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | None, log_path,
-            tl: _Timeline,
-            mon: ProgressMonitor, st: dict, t0: float, now: float, diagnostics_dir) -> GateResult:
+            tl: _Timeline, mon: ProgressMonitor, st: dict, t0: float, now: float,
+            diagnostics_dir) -> GateResult:
     if tl.phase == "ready":
         tl.entries.pop()  # "ready" is the verdict, not a phase with a duration
     phases, timeline = tl.close(now)
@@ -369,8 +360,7 @@ def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | No
                      elapsed_s=round(now - t0, 3),
                      last_progress_s=round(st["last_progress"] - t0, 3),
                      exit_code=code, probe=st["probe_results"], signals=dict(mon.counts),
-                     last_health=st.get("last_health"),
-                     signal_sources=mon.sources)
+                     last_health=st.get("last_health"), signal_sources=mon.sources)
     if log_path is not None and verdict != "ready":
         res.log_tail = log_tail(log_path, max_lines=40)
     if diagnostics_dir is not None:

@@ -32,9 +32,8 @@ CONVENTION = "hf_hidden_states_index"
 @dataclass
 class HiddenStatesData:
     """An opened, checked hidden-states directory. input_ids, loss_mask: per sample, int64 / bool
-    ``[T]``. train_ids, val_ids: split sample indices (T >= 2 only). aux_layer_ids: HF
-    hidden_states indices. max_tokens: positions kept per sample. skipped: ids with T < 2.
-    """
+    ``[T]``; train_ids, val_ids: split sample indices with T >= 2 (skipped: those with T < 2);
+    aux_layer_ids: HF hidden_states indices; max_tokens: positions kept per sample."""
 
     root: Path
     manifest: dict
@@ -57,12 +56,11 @@ class HiddenStatesData:
 
     @property
     def truncated(self) -> int:
-        return sum(1 for i in self.train_ids + self.val_ids if self.input_ids[i].numel()
-            - 1 > self.max_tokens)
+        return sum(self.input_ids[i].numel() - 1 > self.max_tokens
+                   for i in self.train_ids + self.val_ids)
 
     def unique_train_tokens(self) -> int:
-        """Training positions in one pass over the train split (the denominator of
-        ``epochs_over_data``)."""
+        """Training positions in one pass over the train split."""
         return sum(self.positions(i) for i in self.train_ids)
 
     def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,17 +74,14 @@ class HiddenStatesData:
             raise DataError(f"{path}: hidden-states file of sample {i} not found")
         try:
             t = load_file(str(path))
-        # noqa: BLE001 - safetensors raises its own error type for a damaged header
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - safetensors' own error type for a damaged header
             raise DataError(f"{path}: unreadable hidden-states file of sample {i} "
                             f"({type(e).__name__}: {e}); re-run the extraction") from e
         if "token_ids" not in t or "hidden_states" not in t:
-            raise DataError(
-                f"{path}: expected tensors token_ids and hidden_states, got {sorted(t)}")
-        tok, hs = t["token_ids"].long(), t["hidden_states"]
-        # fp8 e4m3 storage: value = fp8 * per-(token, slot) scale, decoded to bf16
-        if SCALES_KEY in t:
-            hs = decode(t, torch.bfloat16)
+            raise DataError(f"{path}: expected tensors token_ids and hidden_states, got "
+                            f"{sorted(t)}")
+        tok = t["token_ids"].long()
+        hs = decode(t, torch.bfloat16) if SCALES_KEY in t else t["hidden_states"]  # fp8 storage
         ids = self.input_ids[i]
         if not torch.equal(tok, ids):
             raise DataError(f"{path}: token_ids ({tok.numel()} tokens) differ from data/ input_ids "
@@ -100,13 +95,10 @@ class HiddenStatesData:
         return tok, hs
 
     def load_sample(self, i: int) -> dict[str, torch.Tensor]:
-        """Read (:meth:`read`, its DataErrors) and shift sample ``i``: tensors of ``n =
-        positions(i)`` rows.
-
-        Returns ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (file dtype;
-        fp8 files, which carry ``hidden_states_scales``, are dequantized to bf16), ``input_ids [n]``
-        int64, ``loss_mask [n]`` bool, ``position_ids [n]`` int64 (1..n).
-        """
+        """:meth:`read` (its DataErrors) and shift sample ``i`` to ``n = positions(i)`` rows:
+        ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (dtype as
+        :meth:`read`), ``input_ids [n]`` int64, ``loss_mask [n]`` bool, ``position_ids [n]``
+        1..n."""
         ids, hs = self.read(i)
         n = self.positions(i)
         return {
@@ -121,11 +113,9 @@ class HiddenStatesData:
 def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf, *,
                        max_tokens: int) -> HiddenStatesData:
     """Open ``data_dir`` and check it against the target (``target_dir``, its text config
-    ``target_conf``). ``max_tokens``: positions per micro-batch (longer samples are cut). Raises
-    DataError: missing/foreign manifest, another target, hidden size mismatch, empty train split,
-    bad split ids, aux ids in another convention, states shifted against their tokens
-    (``HS_MISALIGNED``).
-    """
+    ``target_conf``); ``max_tokens``: positions kept per sample. DataError: missing/foreign
+    manifest, another target, hidden size mismatch, empty train split, bad split ids, aux ids in
+    another convention, states shifted against their tokens (``HS_MISALIGNED``)."""
     from datasets import load_from_disk
 
     root = Path(data_dir)
@@ -147,10 +137,9 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
                         f"{m.get('counts')})")
     try:
         rows = load_from_disk(str(root / "data"))
-    # datasets raises these for empty/corrupt folders
-    except (OSError, ValueError, IndexError) as e:
-        raise DataError(
-            f"{root}/data: not a readable HF datasets folder ({type(e).__name__}: {e})") from e
+    except (OSError, ValueError, IndexError) as e:  # datasets' errors for empty/corrupt folders
+        raise DataError(f"{root}/data: not a readable HF datasets folder "
+                        f"({type(e).__name__}: {e})") from e
     for col in ("input_ids", "loss_mask", "seq_len"):
         if col not in rows.column_names:
             raise DataError(f"{root}/data: column {col!r} missing (columns: {rows.column_names})")
@@ -159,14 +148,12 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     loss_mask = [r.bool() for r in rows["loss_mask"]] if len(rows) else []
     tr, va = _split(root, splits, "train", len(rows)), _split(root, splits, "val", len(rows))
     skipped = [i for i in tr + va if input_ids[i].numel() < 2]
-    tr = [i for i in tr if i not in skipped]
-    va = [i for i in va if i not in skipped]
+    tr, va = [i for i in tr if i not in skipped], [i for i in va if i not in skipped]
     if not tr:
         raise DataError(f"{root}: empty dataset: the train split has no sample with >= 2 tokens "
                         f"({len(rows)} rows in data/, {len(splits.get('train') or [])} train ids)")
     data = HiddenStatesData(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask,
-                            train_ids=tr,
-                            val_ids=va, aux_layer_ids=[int(a) for a in aux],
+                            train_ids=tr, val_ids=va, aux_layer_ids=[int(a) for a in aux],
                             hidden_size=int(target_conf.hidden_size),
                             max_tokens=max_tokens, skipped=skipped)
     _check_loss_tokens(data)
@@ -176,10 +163,9 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
 
 
 def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
-    """Refuse a store whose states are shifted against their tokens (DataError ``HS_MISALIGNED``,
-    :func:`eagle3.extract.alignment.check_alignment`), checked in groups of the extraction's
-    ``extract.shard_size`` (64 when the manifest does not say): stores written by other tools or
-    edited after extraction are checked too."""
+    """DataError ``HS_MISALIGNED`` for states shifted against their tokens
+    (:func:`eagle3.extract.alignment.check_alignment`, in groups of the manifest's
+    ``extract.shard_size``, else 64)."""
     from eagle3.extract.alignment import check_alignment
 
     size = int(((data.manifest.get("config") or {}).get("extract") or {}).get("shard_size") or 64)
@@ -194,31 +180,26 @@ def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
 
 
 def _check_loss_tokens(data: HiddenStatesData) -> None:
-    """Refuse a train split whose samples, cut to ``max_tokens`` positions, hold no loss-masked
-    position (the draft would train on a loss of exactly 0 and learn nothing); warn when the cut
-    drops loss positions."""
+    """DataError when no train sample cut to ``max_tokens`` positions holds a loss-masked position
+    (the loss would be exactly 0); a warning when the cut drops loss positions."""
     kept = sum(int(data.loss_mask[i][1:data.positions(i) + 1].sum()) for i in data.train_ids)
     total = sum(int(data.loss_mask[i][1:].sum()) for i in data.train_ids)
     if kept == 0:
         raise DataError(f"{data.root}: no loss-masked position within the first "
-                        "train.max_tokens_per_batch="
-                        f"{data.max_tokens} positions of any of the {len(data.train_ids)} train "
-                        f"samples (they hold {total} loss positions in all); expected "
-                        "train.max_tokens_per_batch >= the sample length (longest: "
+                        f"train.max_tokens_per_batch={data.max_tokens} positions of any of the "
+                        f"{len(data.train_ids)} train samples (they hold {total} loss positions in "
+                        "all); expected train.max_tokens_per_batch >= the sample length (longest: "
                         f"{max(int(data.input_ids[i].numel()) - 1 for i in data.train_ids)} "
                         "positions)")
     if kept < total:
-        log.warning("train.max_tokens_per_batch=%d cuts %d of %d train samples: %d of %d loss "
-                    "positions are not trained on"
-                    , data.max_tokens, data.truncated, len(data.train_ids)
-                        + len(data.val_ids),
-                    total - kept, total)
+        log.warning("train.max_tokens_per_batch=%d cuts %d of %d samples: %d of %d loss positions "
+                    "are not trained on", data.max_tokens, data.truncated,
+                    len(data.train_ids) + len(data.val_ids), total - kept, total)
 
 
 def data_identity(data: HiddenStatesData) -> str:
-    """sha256 (hex) identifying the training data for resume checks: the manifest's target, aux ids
-    and splits plus the content of ``data/`` (token ids, loss masks). ``token_freq.pt`` is left out
-    on purpose: a changed vocabulary map is checked (and can be allowed) separately."""
+    """sha256 (hex) of the manifest's target, aux ids and splits plus ``data/``'s content, for
+    resume checks; ``token_freq.pt`` is left out (the vocabulary map is checked separately)."""
     import hashlib
     import json
 
@@ -249,8 +230,8 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
         raise DataError(f"{root}/manifest.json: target expected a mapping, got {t!r}")
     if not t.get("path"):
         raise DataError(f"{root}/manifest.json: target.path missing")
-    if Path(t["path"]).expanduser().resolve() != target_dir.resolve(
-            ) and not _same_target_elsewhere(t, target_dir):
+    here = Path(t["path"]).expanduser().resolve() == target_dir.resolve()
+    if not here and not _same_target_elsewhere(t, target_dir):
         raise DataError(f"{root}/manifest.json: dataset made from another target: target.path "
                         f"{t['path']}, configured target {target_dir.resolve()} (other path, and "
                         f"its config.json or weights differ from the manifest's target.config_hash "
@@ -260,20 +241,17 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
         want = int(getattr(conf, attr))
         if key in t and t[key] is not None and int(t[key]) != want:
             raise DataError(f"{root}/manifest.json: target.{key} {t[key]} disagrees with the "
-                            "target's config.json "
-                            f"{attr}={want} ({target_dir})")
+                            f"target's config.json {attr}={want} ({target_dir})")
 
 
 def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:
-    """True when the manifest's target (recorded at another path: e.g. the extraction ran on another
-    machine of a work pool, which mounts the asset cache elsewhere) is ``target_dir``: its
-    ``config.json`` sha256 and its weights hash (every ``*.safetensors`` byte is read: ~10 s per 10
-    GB) equal the manifest's ``target.config_hash`` and ``target.weights_hash``. False when the
-    manifest lacks either."""
+    """True when the manifest's target, recorded at another path (another machine's asset cache),
+    is ``target_dir``: its ``config.json`` sha256 and weights hash (every ``*.safetensors`` byte
+    read: ~10 s per 10 GB) equal ``target.config_hash`` and ``target.weights_hash``."""
     from eagle3.artifacts import sha256_file, weights_hash
 
-    if not t.get("config_hash") or not t.get("weights_hash") or not (target_dir
-            / "config.json").is_file():
+    cfg_file = target_dir / "config.json"
+    if not t.get("config_hash") or not t.get("weights_hash") or not cfg_file.is_file():
         return False
     if sha256_file(target_dir / "config.json") != t["config_hash"]:
         return False
@@ -284,20 +262,15 @@ def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:
 
 
 def plan_epoch(data: HiddenStatesData, seed: int, epoch: int) -> list[list[int]]:
-    """The micro-batches (lists of sample ids) of ``epoch``: seeded permutation, greedy packing.
-
-    Each micro-batch holds at most ``data.max_tokens`` positions; a sample is never split.
-    """
+    """The micro-batches (sample ids) of ``epoch``: a seeded permutation packed by :func:`pack`."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = [data.train_ids[j] for j in torch.randperm(len(data.train_ids), generator=g).tolist()]
     return pack(order, [data.positions(i) for i in order], data.max_tokens)
 
 
 def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Greedy sequential packing of ``order`` into groups of total length <= ``max_tokens``.
-
-    Raises ConfigError when a single length exceeds ``max_tokens`` (callers cut samples first).
-    """
+    """Greedy sequential packing of ``order`` into groups of total length <= ``max_tokens`` (a
+    sample is never split); ConfigError when one length exceeds ``max_tokens``."""
     batches: list[list[int]] = []
     cur: list[int] = []
     used = 0
@@ -315,33 +288,21 @@ def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int
     return batches
 
 
-def padding_sample(like: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
-    """``n`` positions of padding shaped like a :meth:`HiddenStatesData.load_sample` result: zero
-    states, token 0, ``loss_mask`` False (no loss, no metric), positions 1..n. Collated as its own
-    document, so attention never mixes it with real samples."""
-    return {"hidden_states": like["hidden_states"].new_zeros((n, like["hidden_states"].shape[1])),
-            "verifier_last_hidden_states": like["verifier_last_hidden_states"].new_zeros(
-                (n, like["verifier_last_hidden_states"].shape[1])),
-            "input_ids": torch.zeros(n, dtype=torch.long),
-            "loss_mask": torch.zeros(n, dtype=torch.bool),
-            "position_ids": torch.arange(1, n + 1, dtype=torch.long)}
-
-
 def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = None) -> dict:
     """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the
-    host. ``pad_to``: append a :func:`padding_sample` so N == pad_to (one shape to compile). Returns
-    hidden_states ``[1, N, n_aux*H]`` and verifier_last_hidden_states ``[1, N, H]`` in the
-    file dtype (bf16 for bf16/fp8 storage: half the bytes of float32 for the host→device copy),
-    input_ids / position_ids / document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool. Raises
-    ConfigError when the samples hold more than pad_to.
-    """
+    host. ``pad_to``: append a padding document (zero states, token 0, no loss, positions 1..) so
+    N == pad_to (one shape to compile). Returns hidden_states ``[1, N, n_aux*H]`` and
+    verifier_last_hidden_states ``[1, N, H]`` in the file dtype, input_ids / position_ids /
+    document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool. ConfigError when N > pad_to."""
     n = sum(int(s["input_ids"].numel()) for s in samples)
     if pad_to is not None:
         if n > pad_to:
             raise ConfigError(f"collate: {n} positions do not fit pad_to={pad_to} "
                               "(train.max_tokens_per_batch)")
         if n < pad_to:
-            samples = [*samples, padding_sample(samples[0], pad_to - n)]
+            pad = {k: v.new_zeros((pad_to - n, *v.shape[1:])) for k, v in samples[0].items()}
+            pad["position_ids"] = torch.arange(1, pad_to - n + 1, dtype=torch.long)
+            samples = [*samples, pad]
     out = {k: torch.cat([s[k] for s in samples])[None] for k in samples[0]}
     out["document_ids"] = torch.cat([torch.full((s["input_ids"].numel(),), j, dtype=torch.long)
                                      for j, s in enumerate(samples)])[None]
@@ -349,8 +310,7 @@ def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = No
 
 
 def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None) -> dict:
-    """Move a :func:`collate_host` batch to ``device`` and cast the two hidden-state tensors to
-    ``dtype`` there (None: keep the stored dtype)."""
+    """A :func:`collate_host` batch on ``device``, hidden states cast to ``dtype`` (None: kept)."""
     out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     for k in ("hidden_states", "verifier_last_hidden_states"):
         out[k] = out[k] if dtype is None else out[k].to(dtype)
@@ -364,11 +324,9 @@ def collate(samples: list[dict[str, torch.Tensor]], device: torch.device,
 
 
 class MicroBatches(torch.utils.data.Dataset):
-    """Micro-batch ``k`` = ``(sample ids, collate_host of their loaded samples, None)``, for a
-    DataLoader whose worker processes read and check the files while the device computes. A
-    DataError of :meth:`HiddenStatesData.load_sample` comes back as ``(ids, None, message)`` so that
-    the training process raises it as a DataError with its own message (not wrapped in the worker's
-    traceback)."""
+    """Micro-batch ``k`` = ``(sample ids, collate_host of their samples, None)`` for DataLoader
+    workers; a DataError comes back as ``(ids, None, message)`` so the training process raises it
+    with its own message, not wrapped in the worker's traceback."""
 
     def __init__(self, data: HiddenStatesData, batches: list[list[int]], pad_to: int | None = None):
         self.data, self.batches, self.pad_to = data, batches, pad_to
@@ -388,30 +346,19 @@ def _as_is(item):
     return item
 
 
-def loader_workers(requested: int | None, device: torch.device) -> int:
-    """Loader processes: ``requested``, else 4 on CUDA and 0 (read in the training process) on the
-    CPU, where workers would only take cores from the computation."""
-    if requested is not None:
-        return requested
-    return 4 if device.type == "cuda" else 0
-
-
 def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], device: torch.device,
                           workers: int | None = None, pad_to: int | None = None):
-    """Yield ``(ids, host batch)`` for ``batches`` in order, read ahead by :func:`loader_workers`
-    processes (pinned memory on CUDA), each padded to ``pad_to`` positions when given
-    (:func:`collate_host`). The order never depends on the number of workers. Raises DataError (a
-    sample file missing, damaged or failing its checks) with the file's path."""
-    n = loader_workers(workers, device)
+    """Yield ``(ids, host batch)`` (:func:`collate_host`, padded to ``pad_to``) for ``batches`` in
+    order, read ahead by ``workers`` processes (None: 4 on CUDA, 0 on a CPU, whose cores the
+    computation needs; pinned memory on CUDA). DataError naming the file of a bad sample."""
+    n = workers if workers is not None else (4 if device.type == "cuda" else 0)
     if n == 0:
         for ids in batches:
             yield ids, collate_host([data.load_sample(i) for i in ids], pad_to)
         return
     loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None,
-                                         shuffle=False,
-                                         num_workers=n, collate_fn=_as_is, pin_memory=device.type
-                                             == "cuda",
-                                         prefetch_factor=4)
+                                         shuffle=False, num_workers=n, collate_fn=_as_is,
+                                         pin_memory=device.type == "cuda", prefetch_factor=4)
     for ids, batch, error in loader:
         if error is not None:
             raise DataError(error)

@@ -25,10 +25,8 @@ from eagle3.errors import ConfigError, DataError
 
 @dataclass(frozen=True)
 class VocabMap:
-    """A draft vocabulary map. d2t: int64 ``[draft_vocab_size]`` offsets; t2d: bool
-    ``[vocab_size]``; num_from_data: slots filled from observed tokens; coverage: fraction (0..1)
-    of loss-masked tokens in the draft vocabulary.
-    """
+    """d2t: int64 ``[draft_vocab_size]`` offsets; t2d: bool ``[vocab_size]``; num_from_data: slots
+    filled from observed tokens; coverage: share (0..1) of loss-masked tokens in the vocabulary."""
 
     d2t: torch.Tensor
     t2d: torch.Tensor
@@ -53,11 +51,8 @@ class VocabMap:
 
 
 def load_token_freq(path: str | Path) -> dict[int, int]:
-    """Read ``token_freq.pt`` (a ``{token_id: count}`` dict saved with ``torch.save``).
-
-    Raises:
-        DataError: missing file, not a dict, a non-integer key/value, or a negative count.
-    """
+    """``token_freq.pt`` (``{token_id: count}``, ``torch.save``); DataError: missing file, not a
+    dict, a non-integer key/value, or a negative count."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: token frequency file not found (extraction writes token_freq.pt)")
@@ -72,8 +67,8 @@ def load_token_freq(path: str | Path) -> dict[int, int]:
         try:
             tid, cnt = int(k), int(v)
         except (TypeError, ValueError) as e:
-            raise DataError(
-                f"{path}: entry {k!r}: {v!r} is not an integer token id and count") from e
+            raise DataError(f"{path}: entry {k!r}: {v!r} is not an integer token id and "
+                            "count") from e
         if cnt < 0:
             raise DataError(f"{path}: token {tid} has a negative count {cnt}")
         freq[tid] = freq.get(tid, 0) + cnt
@@ -86,8 +81,7 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
     (ties: lower id first); ``pad``: fill missing slots with the lowest unused ids. Raises
     ConfigError when ``draft_vocab_size`` is not in ``[2, vocab_size)`` (speculators stores no
     d2t/t2d for an equal size); DataError for an id outside ``[0, vocab_size)`` or too few distinct
-    tokens without ``pad``.
-    """
+    tokens without ``pad``."""
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     if not 2 <= draft_vocab_size < vocab_size:
@@ -115,12 +109,9 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
 
 
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
-    """Check the map invariants of failure class 7 (docs/FAILURE_CLASSES.md).
-
-    ``len(t2d) == vocab_size``; ``t2d.sum() == len(d2t)``; every ``i + d2t[i]`` in ``[0, vocab)``,
-    strictly increasing, and exactly the ids where ``t2d`` is True.
-    Raises DataError naming the broken invariant with expected and actual values.
-    """
+    """DataError unless (failure class 7, docs/FAILURE_CLASSES.md) ``len(t2d) == vocab_size``,
+    ``t2d.sum() == len(d2t)`` and ``i + d2t[i]`` is strictly increasing in ``[0, vocab)`` and
+    exactly the ids where ``t2d`` is True."""
     if d2t.dim() != 1 or t2d.dim() != 1:
         raise DataError(f"vocab map: d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)}, "
                         f"{tuple(t2d.shape)}")
@@ -141,7 +132,6 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> No
 def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
     """sha256 (hex) of ``d2t`` as little-endian int64 bytes, then ``t2d`` as uint8 (independent of
     device and held dtype)."""
-
     h = hashlib.sha256()
     h.update(b"d2t:")
     h.update(d2t.detach().cpu().to(torch.int64).contiguous().numpy().astype("<i8").tobytes())
@@ -162,32 +152,25 @@ ADJACENT_PAIRS_EXPECTED_MIN = 20.0
 def absolute_d2t_reason(d2t: torch.Tensor, vocab_size: int) -> str | None:
     """Why ``d2t`` (int ``[draft_vocab_size]``) looks like absolute target ids rather than the
     offsets every engine reads (SGLang 0.5.23 ``llama_eagle3.py``: ``hot_token_id = d2t +
-    arange``), or None when it reads as offsets.
-
-    Absolute when, read as target ids, ``d2t`` is a valid map (inside ``[0, vocab_size)``, strictly
-    increasing) and either equals ``arange(n)`` (n >= 3: read as offsets that is target id 2i for
-    draft id i) or is strictly increasing at every step while at least
-    :data:`ADJACENT_PAIRS_EXPECTED_MIN` adjacent target ids are expected (rule above). Raises
-    nothing.
-    """
+    arange``), or None when it reads as offsets. Absolute when, read as target ids, ``d2t`` is a
+    valid map (inside ``[0, vocab_size)``, strictly increasing) and either equals ``arange(n)``
+    (n >= 3) or no adjacent pair occurs while at least :data:`ADJACENT_PAIRS_EXPECTED_MIN` are
+    expected (rule above)."""
     n = int(d2t.numel())
     if d2t.dim() != 1 or n < 3 or d2t.is_floating_point():
         return None
     d = d2t.to(torch.long)
-    if int(d.min()) < 0 or int(d.max()) >= vocab_size:
-        return None
-    if not bool((d[1:] > d[:-1]).all()):
+    if int(d.min()) < 0 or int(d.max()) >= vocab_size or not bool((d[1:] > d[:-1]).all()):
         return None
     if torch.equal(d, torch.arange(n, dtype=torch.long)):
         return (f"d2t[i] == i for all {n} draft ids (a list of target ids, not offsets): the "
                 "engine reads target = i + d2t[i], so draft id i would propose target id 2i")
     expected = (n - 1) * n / vocab_size
     if expected >= ADJACENT_PAIRS_EXPECTED_MIN:
-        return (f"d2t strictly increasing at every one of its {n} entries (range "
-                f"[{int(d.min())}, {int(d.max())}]): offsets repeat wherever two draft ids sit on "
-                f"adjacent target ids, about {expected:.0f} such pairs expected for {n} of "
-                f"{vocab_size} ids, none found: these are target ids, and the engine reads target "
-                "= i + d2t[i]")
+        return (f"d2t strictly increasing at every one of its {n} entries (range [{int(d.min())}, "
+                f"{int(d.max())}]): offsets repeat wherever two draft ids sit on adjacent target "
+                f"ids, about {expected:.0f} such pairs expected for {n} of {vocab_size} ids, none "
+                "found: these are target ids, and the engine reads target = i + d2t[i]")
     return None
 
 
