@@ -11,8 +11,11 @@ many, :data:`MAX_POSITIONS` in all) and refuses the store when the pooled rates,
 group of at least :data:`MIN_GROUP` positions, show a shifted rate of at least :data:`MIN_RATE`
 above the aligned one (``HS_MISALIGNED``).
 
-A target that does not predict the text (random weights, text far from its training) agrees
-rarely at every offset: such a group is ``inconclusive``, recorded, never refused. Only the final
+The earliest stored layer decides first (:func:`verdict`): its state still carries its own input
+token, so the embedding nearest to it names the token a row belongs to, in random and trained
+targets alike. That keeps a head that copies its input (random targets with tied embeddings) from
+reading as a shift, and shows a shift the head cannot. A target that predicts nothing and whose
+early layer names no token is ``inconclusive``, recorded, never refused. Only the final
 norm and the LM head are read (from the target's safetensors), never the whole model.
 """
 
@@ -47,8 +50,26 @@ class Head:
     ``norm`` ``[H]`` float32 (``1 + weight`` for Gemma-style norms), ``eps`` (``rms_norm_eps``,
     default 1e-6), ``lm_head`` ``[V, H]`` in the stored dtype (the embedding when tied)."""
 
-    def __init__(self, norm: torch.Tensor, eps: float, lm_head: torch.Tensor):
-        self.norm, self.eps, self.lm_head = norm.float(), float(eps), lm_head
+    def __init__(self, norm: torch.Tensor, eps: float, lm_head: torch.Tensor,
+                 embed: torch.Tensor | None = None):
+        self.norm, self.eps, self.lm_head, self.embed = norm.float(), float(eps), lm_head, embed
+
+    @torch.no_grad()
+    def nearest_input(self, h: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[n]`` whose input embedding is nearest (cosine) to the early-layer states
+        ``h [n, H]``: the residual stream of an early layer still carries its own token, in random
+        and trained targets alike. Empty when the embedding was not found."""
+        if self.embed is None:
+            return torch.empty(0, dtype=torch.long)
+        x = torch.nn.functional.normalize(h.float(), dim=-1)
+        best = torch.full((x.shape[0],), -float("inf"))
+        ids = torch.zeros(x.shape[0], dtype=torch.long)
+        for lo in range(0, self.embed.shape[0], VOCAB_CHUNK):
+            e = torch.nn.functional.normalize(self.embed[lo:lo + VOCAB_CHUNK].float(), dim=-1)
+            val, idx = (x @ e.T).max(-1)
+            better = val > best
+            best, ids = torch.where(better, val, best), torch.where(better, idx + lo, ids)
+        return ids
 
     @torch.no_grad()
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
@@ -86,13 +107,14 @@ def load_head(target_dir: str | Path) -> Head | None:
                     return f.get_tensor(k)
         return None
 
-    norm = first(NORM_KEYS)
-    head = first(HEAD_KEYS + EMBED_KEYS)  # the embedding when tied
+    norm, embed = first(NORM_KEYS), first(EMBED_KEYS)
+    head = first(HEAD_KEYS)
+    head = embed if head is None else head  # the embedding when tied
     if norm is None or head is None:
         return None
     if text.get("model_type") in PLUS_ONE_NORMS:
         norm = 1.0 + norm.float()
-    return Head(norm, text.get("rms_norm_eps") or 1e-6, head)
+    return Head(norm, text.get("rms_norm_eps") or 1e-6, head, embed)
 
 
 def _positions(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
@@ -109,25 +131,43 @@ def _positions(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
 
 def agreement(head: Head, samples: Sequence[tuple[torch.Tensor, torch.Tensor]],
               budget: int = POSITIONS) -> dict:
-    """Agreement rates of one group: ``samples`` are ``(token_ids [T] int64, last-layer states
-    [T, H])``. Returns ``{"positions": n, "previous": rate of token t, "next": rate of token t+1,
-    "after_next": rate of token t+2}`` (fractions 0..1; rates 0 with no position)."""
+    """Agreement rates of one group: ``samples`` are ``(token_ids [T] int64, states [T, S, H])``
+    (slot -1 the last layer, slot 0 the earliest stored layer). Returns ``{"positions": n,
+    "previous": rate of token t, "next": rate of token t+1, "after_next": rate of token t+2}`` for
+    ``argmax(lm_head(norm(h_t)))``, and ``"input": {"before", "own", "after"}``: how often the
+    embedding nearest to slot 0 at row t is token t-1, t or t+1 (fractions 0..1; 0 with no
+    position; ``input`` empty without the embedding)."""
     picks = _positions([int(ids.numel()) for ids, _ in samples], budget)
     if not picks:
-        return {"positions": 0, "previous": 0.0, "next": 0.0, "after_next": 0.0}
-    h = torch.stack([samples[j][1][t] for j, t in picks])
-    pred = head.argmax(h)
-    rates = {}
+        return {"positions": 0, "previous": 0.0, "next": 0.0, "after_next": 0.0, "input": {}}
+    pred = head.argmax(torch.stack([samples[j][1][t, -1] for j, t in picks]))
+    rates: dict = {}
     for name, off in (("previous", 0), ("next", 1), ("after_next", 2)):
         tok = torch.tensor([int(samples[j][0][t + off]) for j, t in picks])
         rates[name] = float((pred == tok).float().mean())
+    near = head.nearest_input(torch.stack([samples[j][1][t, 0] for j, t in picks]))
+    rates["input"] = {}
+    if near.numel():
+        for name, off in (("before", -1), ("own", 0), ("after", 1)):
+            tok = torch.tensor([int(samples[j][0][max(t + off, 0)]) for j, t in picks])
+            rates["input"][name] = float((near == tok).float().mean())
     return {"positions": len(picks), **rates}
 
 
 def verdict(rates: dict) -> str:
     """``"misaligned"`` when a shifted rate is >= :data:`MIN_RATE` and above the aligned one,
     ``"aligned"`` when the aligned rate is >= :data:`MIN_RATE` (and no shifted one beats it),
-    else ``"inconclusive"`` (the target rarely predicts the text at any offset)."""
+    else ``"inconclusive"`` (the target rarely predicts the text at any offset).
+
+    The input evidence decides first: rows whose early-layer state is nearest to their own token
+    are in place, so a head that then matches token t is copying its input (random targets with
+    tied embeddings do), not reading a shifted row; rows nearest to a neighbour's token are
+    shifted whatever the head says."""
+    inp = rates.get("input") or {}
+    if inp and max(inp.values()) >= MIN_RATE:
+        if inp["own"] >= max(inp["before"], inp["after"]):
+            return "aligned" if rates["next"] >= MIN_RATE else "inconclusive"
+        return "misaligned"
     shifted = max(rates["previous"], rates["after_next"])
     if shifted >= MIN_RATE and shifted > rates["next"]:
         return "misaligned"
@@ -135,7 +175,7 @@ def verdict(rates: dict) -> str:
 
 
 def _read_store(store_dir: str | Path, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(token_ids [T] int64, last-layer states [T, H] float32)`` of sample ``i``; DataError
+    """``(token_ids [T] int64, states [T, S, H])`` of sample ``i``; DataError
     naming the file when it cannot be read."""
     from eagle3.extract.store import load_sample
 
@@ -146,7 +186,7 @@ def _read_store(store_dir: str | Path, i: int) -> tuple[torch.Tensor, torch.Tens
     except Exception as e:  # noqa: BLE001 - safetensors' own error type for a damaged file
         raise DataError(f"{store_dir}/hidden_states: sample {i} unreadable "
                         f"({type(e).__name__}: {e})") from e
-    return s["token_ids"].long(), s["hidden_states"][:, -1]
+    return s["token_ids"].long(), s["hidden_states"]
 
 
 def check_alignment(store_dir: str | Path, target_dir: str | Path,
@@ -155,7 +195,7 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
                     ) -> dict:
     """Check every group of sample indices (a shard) of the hidden-states folder ``store_dir``
     against the target at ``target_dir``; ``load(i)`` reads sample ``i`` as ``(token_ids [T],
-    last-layer states [T, H])`` (default: the store's files). Returns the record kept in
+    states [T, S, H])`` (default: the store's files). Returns the record kept in
     manifests: ``{"status": "passed" | "skipped", "reason", "groups", "positions",
     "inconclusive" (groups), "rates" {previous, next, after_next} over all checked positions,
     "min_rate"}``. DataError ``HS_MISALIGNED`` naming the folder, the first misaligned group's
@@ -170,17 +210,22 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
         return {"status": "skipped", "reason": f"no final norm or LM head in {target_dir}"}
     load = load or (lambda k: _read_store(store_dir, k))
     totals = {"previous": 0.0, "next": 0.0, "after_next": 0.0}
+    inputs = {"before": 0.0, "own": 0.0, "after": 0.0}
     positions, inconclusive, bad = 0, 0, []
     for group in groups:
         r = agreement(head, [load(i) for i in group], budget)
         positions += r["positions"]
         for k in totals:
             totals[k] += r[k] * r["positions"]
+        for k in r["input"]:
+            inputs[k] += r["input"][k] * r["positions"]
         v = verdict(r)
         inconclusive += v == "inconclusive"
         if v == "misaligned" and r["positions"] >= MIN_GROUP:
             bad.append((list(group), r))
     rates = {k: v / max(1, positions) for k, v in totals.items()}
+    rates["input"] = ({k: v / max(1, positions) for k, v in inputs.items()}
+                      if head.embed is not None else {})
     if not bad and verdict(rates) == "misaligned":
         bad.append(([i for g in groups for i in g], {**rates, "positions": positions}))
     if bad:
@@ -191,7 +236,15 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
             f"({len(bad)} finding(s) over {len(groups)} shards); samples {span}: "
             f"argmax(lm_head(norm(h_t))) matches token t+1 (aligned) at {r['next']:.1%}, token t "
             f"at {r['previous']:.1%}, token t+2 at {r['after_next']:.1%} of {r['positions']} "
-            "positions; expected the aligned rate highest (slot -1 of row t = last layer output "
+            f"positions; the embedding nearest to the earliest stored layer is token t-1 / t / "
+            f"t+1 at {_fmt(r.get('input'))}; expected the aligned rate highest (slot -1 of row t = last layer output "
             "at token t). Re-extract, or fix the tool that wrote the store")
     return {"status": "passed", "groups": len(groups), "positions": positions,
             "inconclusive": inconclusive, "rates": rates, "min_rate": MIN_RATE}
+
+
+def _fmt(inp: dict | None) -> str:
+    """``a% / b% / c%`` of the input rates (before, own, after), ``n/a`` without them."""
+    if not inp:
+        return "n/a"
+    return " / ".join(f"{inp[k]:.1%}" for k in ("before", "own", "after"))

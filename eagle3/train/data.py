@@ -171,12 +171,9 @@ def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
     size = int(((data.manifest.get("config") or {}).get("extract") or {}).get("shard_size") or 64)
     ids = sorted(data.train_ids + data.val_ids)
 
-    def last_layer(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tok, hs = data.read(i)  # the same checks (and DataErrors) as training's reads
-        return tok, hs[:, -1]
-
+    # data.read: the same checks (and DataErrors) as training's reads
     check_alignment(data.root, target_dir, [ids[k:k + size] for k in range(0, len(ids), size)],
-                    load=last_layer)
+                    load=data.read)
 
 
 def _check_loss_tokens(data: HiddenStatesData) -> None:
