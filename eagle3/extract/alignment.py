@@ -237,8 +237,8 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
             f"argmax(lm_head(norm(h_t))) matches token t+1 (aligned) at {r['next']:.1%}, token t "
             f"at {r['previous']:.1%}, token t+2 at {r['after_next']:.1%} of {r['positions']} "
             f"positions; the embedding nearest to the earliest stored layer is token t-1 / t / "
-            f"t+1 at {_fmt(r.get('input'))}; expected the aligned rate highest (slot -1 of row t = last layer output "
-            "at token t). Re-extract, or fix the tool that wrote the store")
+            f"t+1 at {_fmt(r.get('input'))}; expected the aligned rates highest (slot -1 of row t "
+            "= last layer output at token t). Re-extract, or fix the tool that wrote the store")
     return {"status": "passed", "groups": len(groups), "positions": positions,
             "inconclusive": inconclusive, "rates": rates, "min_rate": MIN_RATE}
 
