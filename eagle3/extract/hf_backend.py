@@ -42,11 +42,8 @@ class WorkerJob:
 
 
 def resolve_devices(device: str, num_gpus: int) -> list[str]:
-    """Devices of the data-parallel workers: ``num_gpus`` CUDA devices, or CPU workers.
-
-    ``device`` 'auto' means cuda when available. Raises ConfigError when more GPUs are asked for
-    than exist.
-    """
+    """Devices of the data-parallel workers: ``num_gpus`` CUDA devices, or CPU workers (``device``
+    'auto': cuda when available). ConfigError when more GPUs are asked for than exist."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
@@ -54,8 +51,8 @@ def resolve_devices(device: str, num_gpus: int) -> list[str]:
         if num_gpus == 1:
             return [device]
         if num_gpus > have:
-            raise ConfigError(
-                f"extract.num_gpus: {num_gpus} requested, {have} CUDA devices visible")
+            raise ConfigError(f"extract.num_gpus: {num_gpus} requested, {have} CUDA devices "
+                              "visible")
         return [f"cuda:{i}" for i in range(num_gpus)]
     return ["cpu"] * num_gpus
 
@@ -63,8 +60,7 @@ def resolve_devices(device: str, num_gpus: int) -> list[str]:
 def forward_capture(model, capture_ids: list[int], batch: list[list[int]],
                     pad_id: int) -> list[torch.Tensor]:
     """Run the decoder on a right-padded batch; returns per sample ``[T_i, len(capture_ids), H]``
-    (model dtype). Padding changes real tokens' states only by kernel rounding.
-    """
+    (model dtype). Padding changes real tokens' states only by kernel rounding."""
     from eagle3.target_model import capture_hidden_states
 
     dev = next(model.parameters()).device
@@ -86,25 +82,22 @@ def forward_capture(model, capture_ids: list[int], batch: list[list[int]],
 
 class _HostCopier:
     """Device → host copies of a batch's states into pinned memory on a side stream (CUDA only).
-
-    ``submit(states)`` enqueues the copies after the forward pass that produced them and returns
-    host views plus a per-sample all-finite flag computed on the device, and an event the writer
-    waits on; the next forward pass runs on the compute stream meanwhile. On the CPU the states are
-    returned as they are.
-    """
+    ``submit(states)`` enqueues the copies after the forward that produced them and returns host
+    views, a per-sample all-finite flag computed on the device and an event the writer waits on;
+    the next forward runs meanwhile. On the CPU the states are returned as they are."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
 
-    def submit(self, states: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[bool | None],
-                                                          object]:
+    def submit(self, states: list[torch.Tensor]
+               ) -> tuple[list[torch.Tensor], list[bool | None], object]:
         if not self.cuda:
             return states, [None] * len(states), None
         main = torch.cuda.current_stream(states[0].device)
         with torch.inference_mode():
-            finite = torch.stack([torch.isfinite(s).all() for s in states]).to("cpu",
-                non_blocking=True)
+            finite = torch.stack([torch.isfinite(s).all() for s in states])
+            finite = finite.to("cpu", non_blocking=True)
             rows = [s.shape[0] for s in states]
             host = torch.empty((sum(rows), *states[0].shape[1:]), dtype=states[0].dtype,
                                pin_memory=True)
@@ -123,16 +116,13 @@ class _HostCopier:
 
 def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | None = None,
                on_ready: Callable[[], None] | None = None) -> dict[int, int]:
-    """Extract every shard of ``job``; returns {shard index: bytes written}. Commits each shard when
-    done.
-
+    """Extract and commit every shard of ``job``; returns {shard index: bytes written}.
     ``on_ready()`` is called once the target is loaded, ``on_progress(tokens)`` after each batch.
     Raises DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing
     shard is not committed. ``job.num_threads`` (a CPU data-parallel worker's share of the cores)
     holds inside the call only: the caller's torch thread count is restored after, since a float32
     forward on some CPUs (AVX2 kernels) gives other bits with another thread count, and a later
-    extraction in this process must compute what a fresh one would.
-    """
+    extraction in this process must compute what a fresh one would."""
     from eagle3.precision import torch_threads
 
     with torch_threads(job.num_threads or None):
@@ -157,9 +147,8 @@ def _run_shards(job: WorkerJob, model, on_progress, on_ready) -> dict[int, int]:
             pending: list[Future] = []
             for b in range(0, len(rows), job.batch_size):
                 chunk = rows[b: b + job.batch_size]
-                states = forward_capture(model, job.capture_ids, [job.input_ids[i] for i in chunk],
-                                         pad_id)
-                states, finite, done = copier.submit(states)
+                states, finite, done = copier.submit(forward_capture(
+                    model, job.capture_ids, [job.input_ids[i] for i in chunk], pad_id))
                 for i, hs, ok in zip(chunk, states, finite):
                     pending.append(pool.submit(_check_and_write, job, out, i, hs, ok, done))
                 for f in pending[: -2 * job.batch_size]:  # bound the memory held by queued writes
@@ -193,11 +182,9 @@ def _pad_id(model, tok) -> int:
 
 def determinism_probe(model, capture_ids: list[int], samples: list[list[int]], pad_id: int) -> dict:
     """Extract ``samples`` one at a time and in one right-padded batch of mixed lengths; compare.
-    Returns
- ``{"max_rel_err": float, "per_slot": [float]}``: the largest over samples and tokens of
-    ``|a - b| / |a|`` (L2 over the hidden dimension) per captured slot. Batch-independent extraction
-    gives a value at the level of the model dtype's rounding (bf16: ~1e-2, fp32: ~1e-6).
-    """
+    Returns ``{"max_rel_err": float, "per_slot": [float]}``: the largest over samples and tokens
+    of ``|a - b| / |a|`` (L2 over the hidden dimension) per captured slot; batch-independent
+    extraction gives the model dtype's rounding level (bf16: ~1e-2, fp32: ~1e-6)."""
     alone = [forward_capture(model, capture_ids, [s], pad_id)[0].float() for s in samples]
     together = [x.float() for x in forward_capture(model, capture_ids, samples, pad_id)]
     per_slot = torch.zeros(len(capture_ids))
