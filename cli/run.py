@@ -16,7 +16,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from flows.common import SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides, stop_ephemeral_server
+from flows.common import (SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides,
+                          stop_ephemeral_server)
 from flows.pipeline import FLOW_NAME, eagle3_pipeline
 
 
@@ -26,7 +27,8 @@ def format_summary(summary: dict, cfg: Any) -> str:
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     link, cmd = mlflow_ui(cfg, summary.get("experiment_id"), summary.get("parent_run_id"))
     where = link or "open the UI with the command below"
-    lines = [f"{summary.get('flow', FLOW_NAME)} finished: {summary['config']} (run dir {summary['run_dir']})"]
+    lines = [f"{summary.get('flow', FLOW_NAME)} finished: {summary['config']} "
+             f"(run dir {summary['run_dir']})"]
     lines += [f"  {k:<28} {v}" for k, v in summary.get("stages", {}).items()]
     if summary.get("data"):
         lines.append(f"data: {summary['data']}")
@@ -34,7 +36,8 @@ def format_summary(summary: dict, cfg: Any) -> str:
         lines.append(f"decision: {summary['decision']} (rule {summary.get('decision_rule')})")
     if "acceptance_length" in summary:
         lines.append(f"acceptance length, trained draft:      {fmt(summary['acceptance_length'])}")
-        lines.append(f"acceptance length, untrained baseline: {fmt(summary.get('acceptance_length_untrained'))}")
+        lines.append("acceptance length, untrained baseline: "
+                     f"{fmt(summary.get('acceptance_length_untrained'))}")
     lines.append(f"MLflow: {summary['mlflow_uri']}  experiment {summary.get('experiment_id')}  "
                  f"parent run {summary.get('parent_run_id')}  ({where})")
     lines.append(f"MLflow UI: {cmd or link}")
@@ -58,12 +61,14 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
     )
 
     home = env.get("PREFECT_HOME")
-    entry = "flows/pipeline.py:eagle3_pipeline" if stage == "pipeline" else f"flows/stages.py:{stage}_flow"
+    entry = ("flows/pipeline.py:eagle3_pipeline" if stage == "pipeline"
+             else f"flows/stages.py:{stage}_flow")
     if isinstance(exc, (ConfigError, DataError, CheckpointInvalid, EngineUnsupported,
                         TrainingDiverged,
                         AcceptanceTooLow)):
         # permanent: the same inputs fail the same way, so a plain retry is no advice
-        hint = " — fix what is named above, then re-run the same command (finished stages are cached)"
+        hint = (" — fix what is named above, then re-run the same command "
+                "(finished stages are cached)")
     else:
         hint = (f" — re-run the same command (cached stages are skipped) or retry this flow run: "
                 f"{'PREFECT_HOME=' + home + ' ' if home else ''}prefect flow-run retry "
@@ -193,8 +198,8 @@ def _quiet_known_tracebacks() -> Iterator[None]:
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 # what the record counts and starts its deadline on: Ctrl-C too (Python's own SIGINT handler raises
-# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well, and Prefect's
-# engine then retries its crash report to it for minutes)
+# KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well, and
+# Prefect's engine then retries its crash report to it for minutes)
 RECORDED = (*TERMINATING, signal.SIGINT)
 
 
@@ -302,8 +307,9 @@ def _end_now(signum: int, grace_s: float) -> None:
 
     import psutil
 
-    print(f"error: received {signal.Signals(signum).name} and the run did not stop within {grace_s:.0f} s "
-          "(Prefect's API server was ended with it); ending it now", file=sys.stderr, flush=True)
+    print(f"error: received {signal.Signals(signum).name} and the run did not stop within "
+          f"{grace_s:.0f} s (Prefect's API server was ended with it); ending it now",
+          file=sys.stderr, flush=True)
     try:
         # the launcher registers every engine's stop here; other exit handlers (logging's flush of
         # Prefect's API log handler to a server that is already gone) can block, so they get a
@@ -313,7 +319,8 @@ def _end_now(signum: int, grace_s: float) -> None:
         runner.start()
         runner.join(timeout=EXIT_HANDLERS_S)
         if runner.is_alive():
-            print(f"error: exit handlers still running after {EXIT_HANDLERS_S:.0f} s; ending without them",
+            print(f"error: exit handlers still running after {EXIT_HANDLERS_S:.0f} s; "
+                  "ending without them",
                   file=sys.stderr, flush=True)
     finally:
         children = psutil.Process().children(recursive=True)
@@ -338,8 +345,9 @@ def raise_if_terminated(record: SignalRecord) -> None:
     seen = record.received()
     if seen:
         names = ", ".join(sorted({signal.Signals(s).name for s in seen}))
-        raise KeyboardInterrupt(f"received {names} during the run; the interrupt was lost inside the run, which "
-                                "went on to its end: its outputs are complete, but it is reported as interrupted")
+        raise KeyboardInterrupt(f"received {names} during the run; the interrupt was lost inside "
+                                "the run, which went on to its end: its outputs are complete, but "
+                                "it is reported as interrupted")
 
 
 def terminate_as_interrupt() -> dict:
