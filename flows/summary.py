@@ -1,6 +1,6 @@
 """What a person sees of a flow run in the Prefect UI and on the console of ``prefect deployment
 run --watch``: its name, the MLflow parent run's id in its log, the library's log lines in the
-task-run logs, its final state's message, and a markdown artifact with the figures and real links —
+task-run logs, its final state's message, and a markdown artifact with the figures and real links -
 also for a run that failed.
 
 - Flow run names come from :func:`flow_run_label` (Prefect's ``flow_run_name``): ``<config

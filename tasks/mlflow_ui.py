@@ -154,7 +154,7 @@ def parent_note(config_name: str, figures: Any, decision: Any) -> str:
     four acceptance lengths; the gate with its diagnosis; the decision's evidence lines.
     ``figures``: ``tasks.results.AcceptanceFigures``; ``decision``: ``eagle3.decide.Decision``."""
     lines = [headline_line(figures, decision), "", figures_line(figures), "",
-             f"**{config_name}** — decision **{decision.recommendation}** (rule `{decision.rule}`, "
+             f"**{config_name}** - decision **{decision.recommendation}** (rule `{decision.rule}`, "
              f"confidence {decision.confidence}).", "",
              "| acceptance length (bonus token counted) | value |", "|---|---|",
              f"| served, trained draft | {_fmt(figures.served)} |",

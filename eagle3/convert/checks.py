@@ -231,7 +231,7 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         actual = vocab_map_hash(d2t, t2d)
         if actual != recorded:
             out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
-                               f"expected {recorded[:12]}…, got {actual[:12]}… (map regenerated: "
+                               f"expected {recorded[:12]}..., got {actual[:12]}... (map regenerated: "
                                "lm_head rows now mean other tokens)"))
     return out
 
@@ -274,7 +274,7 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
     if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
                                                        int) and fc.shape[1] != len(ids) * t_hidden:
         out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: expected "
-                           f"{len(ids)} aux ids × target hidden {t_hidden} = {len(ids) * t_hidden} "
+                           f"{len(ids)} aux ids x target hidden {t_hidden} = {len(ids) * t_hidden} "
                            f"input columns, got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux "
                            "states)"))
     hf = profile.engine_to_hf_ids(ids)
@@ -374,7 +374,7 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     th = sha256_file(target.path / "config.json")
     if dt.get("config_hash") and dt["config_hash"] != th:
         out.append(Problem("TARGET_MISMATCH", "data manifest target.config_hash: expected this "
-                           f"target's {th[:12]}… ({target.path}), got {dt['config_hash'][:12]}…"))
+                           f"target's {th[:12]}... ({target.path}), got {dt['config_hash'][:12]}..."))
     # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
     if dt.get("weights_hash"):
         from eagle3.artifacts import weights_hash
@@ -383,7 +383,7 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
         if wh != dt["weights_hash"]:
             out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
                                f"expected this target's {str(wh)[:12]}… (sha256 of "
-                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}… (the "
+                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... (the "
                                "hidden states came from other weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)

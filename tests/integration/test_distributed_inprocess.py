@@ -74,7 +74,8 @@ def test_distributed_pipeline_hands_typed_results_over_and_runs_preflight_before
     assert {k: v["type"] for k, v in deploy["results"].items()} == {
         "trained": "StageResult", "untrained": "StageResult", "figures": "AcceptanceFigures", "preflight": "dict"}
     # relative to the runs directory, in the folder of the run's settings
-    assert deploy["results"]["trained"]["dir"] == f"{cfg.name}/bench/{stage_dirs(cfg)['bench'].name}"
+    bench = stage_dirs(cfg)["bench"].name
+    assert deploy["results"]["trained"]["dir"] == f"{cfg.name}/bench/{bench}"
     served = deploy["results"]["figures"]["served"]
     assert summary["acceptance_length"] == pytest.approx(served) and 1.0 <= served <= cfg.serve.speculative_num_steps + 1
     assert summary["registered_model"].startswith("eagle3-draft-") and set(summary["stage_flow_runs"]) == {
