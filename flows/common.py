@@ -17,8 +17,8 @@ from prefect.runtime import flow_run
 from eagle3.config import RunConfig, load_config
 from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
-from flows.summary import (  # noqa: F401 - flow_run_label, mlflow_ui, publish_summary: for the flows and the CLI
-    announce_parent,
+# unused here (F401): flow_run_label, mlflow_ui, publish_summary: for the flows and the CLI
+from flows.summary import (  # noqa: F401
     attach_library_logs,
     finished,
     flow_run_label,
@@ -44,7 +44,8 @@ def is_secret_override(item: str) -> bool:
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """(public, secret) overrides: only the public ones become Prefect flow parameters."""
-    return [o for o in overrides if not is_secret_override(o)], [o for o in overrides if is_secret_override(o)]
+    return ([o for o in overrides if not is_secret_override(o)],
+            [o for o in overrides if is_secret_override(o)])
 
 
 def load_run_config(config_path: str, overrides: list[str] | None) -> RunConfig:
@@ -81,7 +82,8 @@ def finished_output(directory: Path, stage: str, command: str) -> StageResult:
     from eagle3.artifacts import read_manifest
 
     if not (directory / "manifest.json").is_file():
-        raise DataError(f"{directory}: no finished {stage} output (manifest.json missing); run `{command}` first")
+        raise DataError(f"{directory}: no finished {stage} output (manifest.json missing); "
+                        f"run `{command}` first")
     manifest = read_manifest(directory)
     return StageResult(stage, directory, manifest.get("content_hash", ""), "")
 
@@ -242,8 +244,9 @@ def reopen_run(cfg: RunConfig, run_id: str) -> Iterator[str]:
     try:
         run = client.get_run(run_id)
     except Exception as e:  # noqa: BLE001 - MLflow raises its own types for an unknown id
-        raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} ({type(e).__name__}: "
-                        f"{e}); expected the id of an earlier run of this flow in the same store") from e
+        raise DataError(f"MLflow run {run_id!r}: not found in {tracking.tracking_uri(cfg)} "
+                        f"({type(e).__name__}: {e}); expected the id of an earlier run of this "
+                        "flow in the same store") from e
     client.update_run(run_id, status="RUNNING")
     for k, v in tracking.owner_tags().items():  # this process owns it now (close_stale_runs)
         client.set_tag(run_id, k, v)
@@ -277,15 +280,17 @@ def local_prefect(cfg: RunConfig) -> Iterator[dict[str, str]]:
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"paths.runs_dir: cannot create {base} for Prefect's state ({type(e).__name__}: "
-                          f"{e.strerror or e}); choose a writable paths.runs_dir") from e
+        raise ConfigError(f"paths.runs_dir: cannot create {base} for Prefect's state "
+                          f"({type(e).__name__}: {e.strerror or e}); "
+                          "choose a writable paths.runs_dir") from e
     updates: dict = {}
     if not os.environ.get("PREFECT_LOCAL_STORAGE_PATH"):
         # = Prefect's default under PREFECT_HOME
         updates[PREFECT_LOCAL_STORAGE_PATH] = str(base / "storage")
     if not os.environ.get("PREFECT_API_URL"):
         updates.update({PREFECT_HOME: str(base),
-                        PREFECT_API_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{base / 'prefect.db'}",
+                        PREFECT_API_DATABASE_CONNECTION_URL:
+                            f"sqlite+aiosqlite:///{base / 'prefect.db'}",
                         PREFECT_SERVER_ANALYTICS_ENABLED: False,
                         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 300})
     env = {s.name: str(v) for s, v in updates.items()}
@@ -341,7 +346,7 @@ def data_line(extract_dir: Path) -> str:
     m = read_manifest(extract_dir)
     c = m.get("counts") or {}
     skipped = m.get("skipped_by_reason") or {}
-    line = (f"{c.get('samples')} samples ({c.get('tokens')} tokens, {c.get('loss_tokens')} in the loss) from "
-            f"{c.get('records')} records; skipped {c.get('skipped', 0)}")
+    line = (f"{c.get('samples')} samples ({c.get('tokens')} tokens, {c.get('loss_tokens')} in the "
+            f"loss) from {c.get('records')} records; skipped {c.get('skipped', 0)}")
     line += f" {skipped}" if skipped else ""
     return line + f"; truncated {c.get('truncated', 0)}"

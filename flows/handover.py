@@ -37,8 +37,8 @@ def portable(cfg: Any, result: Any) -> dict:
         return {"type": "AcceptanceFigures", **asdict(result)}
     if isinstance(result, dict):
         return {"type": "dict", "value": result}
-    raise DataError(f"hand-over: a result of type StageResult, AcceptanceFigures or dict expected, got "
-                    f"{type(result).__name__}: {result!r:.200}")
+    raise DataError("hand-over: a result of type StageResult, AcceptanceFigures or dict expected, "
+                    f"got {type(result).__name__}: {result!r:.200}")
 
 
 def localized(cfg: Any, doc: dict) -> Any:
@@ -56,9 +56,11 @@ def localized(cfg: Any, doc: dict) -> Any:
         if kind == "dict":
             return fields["value"]
     except (KeyError, TypeError) as e:
-        raise DataError(f"hand-over: {kind} fields {sorted(fields)} do not make a {kind} ({e})") from e
-    raise DataError(f"hand-over: type StageResult, AcceptanceFigures or dict expected, got {kind!r} "
-                    "(a record of another version of flows/handover.py? re-run the stage)")
+        raise DataError(f"hand-over: {kind} fields {sorted(fields)} do not make a {kind} "
+                        f"({e})") from e
+    raise DataError("hand-over: type StageResult, AcceptanceFigures or dict expected, "
+                    f"got {kind!r} (a record of another version of flows/handover.py? "
+                    "re-run the stage)")
 
 
 def write_handover(cfg: Any, stage: str, record: dict, results: dict) -> dict:
@@ -81,13 +83,14 @@ def read_handover(cfg: Any, stage: str, flow_run_id: str) -> dict:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError as e:
-        raise DataError(f"{path}: no hand-over record; expected stage {stage}'s flow run {flow_run_id} to "
-                        f"write it (is {runs} the storage the stage's worker mounts?)") from e
+        raise DataError(f"{path}: no hand-over record; expected stage {stage}'s flow run "
+                        f"{flow_run_id} to write it (is {runs} the storage the stage's worker "
+                        "mounts?)") from e
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable hand-over record ({type(e).__name__}: {e})") from e
     if doc.get("flow_run_id") != flow_run_id:
-        raise DataError(f"{path}: flow_run_id expected {flow_run_id} (the stage run just finished), got "
-                        f"{doc.get('flow_run_id')!r}: a record of another run (does the stage's worker "
-                        f"mount another runs directory than {runs}?)")
+        raise DataError(f"{path}: flow_run_id expected {flow_run_id} (the stage run just "
+                        f"finished), got {doc.get('flow_run_id')!r}: a record of another run (does "
+                        f"the stage's worker mount another runs directory than {runs}?)")
     doc["results"] = {k: localized(cfg, v) for k, v in (doc.get("results") or {}).items()}
     return doc

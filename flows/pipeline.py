@@ -101,6 +101,7 @@ def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision
             "experiment_id": exp_id, "parent_run_id": parent, "stages": record,
             "acceptance_length": figures.served, "acceptance_length_untrained": figures.untrained,
             "acceptance_length_offline": figures.offline,
-            "acceptance_length_simulated": figures.simulated, "beats_baseline": figures.beats_baseline,
+            "acceptance_length_simulated": figures.simulated,
+            "beats_baseline": figures.beats_baseline,
             "decision": decision.recommendation, "decision_rule": decision.rule, "markdown": md,
             "data": data_line(data.dir) if data else None}

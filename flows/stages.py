@@ -22,7 +22,8 @@ from typing import Any, Iterator
 from prefect import flow
 
 from flows.common import (data_line, finished_output, flow_run_label, load_run_config, parent_run,
-                          publish_summary, run_concurrently, run_stage, stage_dirs, untrained_config)
+                          publish_summary, run_concurrently, run_stage, stage_dirs,
+                          untrained_config)
 from flows.handover import localized, write_handover
 from tasks import tracking
 from tasks.bench import acceptance_task, decision_task, gate_task, prefetch_offline_figure
@@ -102,10 +103,9 @@ def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dic
                     serving=servings["trained"], data=data)
     lines = variants(cfg)
     calls = {v: functools.partial(
-        run_stage, deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v, record=record,
-        serving=servings[v], deploy_dir=stage_dirs(c,
-                                                   v)["deploy"], bench_dir=stage_dirs(c, v)["bench"],
-        timeout_s=0, refresh=refresh) for v, c in lines}
+        run_stage, deploy_task, cfg=c, parent=parent, stage="deploy-bench", variant=v,
+        record=record, serving=servings[v], deploy_dir=stage_dirs(c, v)["deploy"],
+        bench_dir=stage_dirs(c, v)["bench"], timeout_s=0, refresh=refresh) for v, c in lines}
     # the acceptance task reads the offline figure from its memo, or computes it when this failed
     calls["offline"] = functools.partial(prefetch_offline_figure, cfg, servings["trained"].dir)
     bench = run_concurrently(calls)
@@ -130,8 +130,8 @@ def _command(stage: str, config_path: str, overrides: list[str] | None,
              orchestrated: bool = False) -> str:
     """What makes ``stage``'s output for the same config and overrides (shell-quoted)."""
     if orchestrated:
-        return (f"prefect deployment run '{flow_name(stage)}/{stage}-<config>' (or the whole pipeline, "
-                f"'eagle3-distributed/<config>') for config {config_path} with overrides "
+        return (f"prefect deployment run '{flow_name(stage)}/{stage}-<config>' (or the whole "
+                f"pipeline, 'eagle3-distributed/<config>') for config {config_path} with overrides "
                 f"{list(overrides or [])}")
     return " ".join(["eagle3", stage, shlex.quote(str(config_path)),
                      *[f"-o {shlex.quote(o)}" for o in overrides or []]])
@@ -199,8 +199,8 @@ def run_stage_flow(stage: str, config_path: str, overrides: list[str] | None,
         publish_summary(cfg, parent, f"{name}: {cfg.name}", [f"- {k}: {v}" for k,
                                                              v in record.items()])
         return {"flow": name, "config": cfg.name, "run_dir": str(cfg.run_dir()),
-                "mlflow_uri": tracking.tracking_uri(cfg), "experiment_id": exp_id, "parent_run_id": parent,
-                "stages": record, **extra}
+                "mlflow_uri": tracking.tracking_uri(cfg), "experiment_id": exp_id,
+                "parent_run_id": parent, "stages": record, **extra}
 
 
 @flow(name=flow_name("extract"), flow_run_name=flow_run_label, log_prints=False)

@@ -65,7 +65,8 @@ def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
     return {"data": data, "data_size": size, "schedule": schedule,
             "key": point_key(data, size, schedule),
             "unique_tokens": (m.get("counts") or {}).get("train_positions"),
-            "acceptance_length": summary["acceptance_length"], "offline": summary.get("acceptance_length_offline"),
+            "acceptance_length": summary["acceptance_length"],
+            "offline": summary.get("acceptance_length_offline"),
             "simulated": summary.get("acceptance_length_simulated"),
             "epochs": m.get("epochs_over_data"), "optimizer_steps": m.get("optimizer_steps"),
             "parent_run_id": summary["parent_run_id"], "run_dir": summary["run_dir"],
@@ -79,7 +80,8 @@ def tag_point(cfg, sweep_run_id: str, row: dict) -> None:
     ``sweep.epochs_over_data``, ``sweep.optimizer_steps``."""
     run = row["parent_run_id"]
     tracking.set_parent_tags(cfg, run, {SWEEP_TAG: sweep_run_id, tracking.PARENT_TAG: sweep_run_id,
-                                        "eagle3.sweep.point": row["key"], "eagle3.sweep.data": row["data"],
+                                        "eagle3.sweep.point": row["key"],
+                                        "eagle3.sweep.data": row["data"],
                                         "eagle3.sweep.data_size": row["data_size"],
                                         "eagle3.sweep.schedule": row["schedule"]})
     tracking.log_parent_metrics(cfg, run, {"sweep.unique_tokens": row["unique_tokens"],
@@ -106,8 +108,8 @@ def sweep_points(sizes: list[int], schedules: dict, data: dict,
             raise DataError(f"sweep points[{i}]: expected [data, size, schedule], got {pt!r}")
         d, n, s = pt
         if d not in data or s not in schedules:
-            raise DataError(f"sweep points[{i}] = {pt!r}: expected data in {sorted(data)} and schedule in "
-                            f"{sorted(schedules)}")
+            raise DataError(f"sweep points[{i}] = {pt!r}: expected data in {sorted(data)} and "
+                            f"schedule in {sorted(schedules)}")
         out.append((str(d), int(n), str(s)))
     return out
 
@@ -135,8 +137,8 @@ def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds:
             continue
         point = _point_overrides(overrides, cfg.name, data[d], size, key, scheds[s])
         state = eagle3_pipeline.with_options(flow_run_name=key)(
-            config_path=config_path, overrides=point, extract_dir=str(cfg.run_dir() / f"extract-{d}-n{size}"),
-            return_state=True)
+            config_path=config_path, overrides=point,
+            extract_dir=str(cfg.run_dir() / f"extract-{d}-n{size}"), return_state=True)
         if state.is_completed():
             results.append(point_result(state.result(), d, size, s))
             tag_point(cfg, parent, results[-1])
@@ -178,8 +180,8 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
         done = _finished_points(cfg, parent) if sweep_run_id else set()
         todo = [p for p in todo if point_key(*p) not in done]
         results, failed, pending = _run_points(cfg, config_path, list(overrides or []), todo,
-                                               scheds, variants,
-                                               parent, None if deadline_s is None else t0 + deadline_s)
+                                               scheds, variants, parent,
+                                               None if deadline_s is None else t0 + deadline_s)
         # the continuations are generated once for all
         if eval_sets and (evaluate_with_pending or not pending):
             evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
@@ -192,10 +194,11 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
         decision = decide_and_plot(cfg, parent, rows, target_acceptance, pending)
         _publish(cfg, parent, rows, failed, pending, decision)
     return {"flow": "eagle3-sweep", "config": cfg.name, "run_dir": str(cfg.run_dir()),
-            "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results, "failed": failed,
-            "pending": pending, "decision": decision.recommendation, "decision_rule": decision.rule,
-            "plot": str(cfg.run_dir() / "sweep" / "data_scaling.png"), "experiment_id": tracking.client_for(cfg)[1],
-            "stages": {}}
+            "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results,
+            "failed": failed, "pending": pending, "decision": decision.recommendation,
+            "decision_rule": decision.rule,
+            "plot": str(cfg.run_dir() / "sweep" / "data_scaling.png"),
+            "experiment_id": tracking.client_for(cfg)[1], "stages": {}}
 
 
 def decision_rows(rows: list[dict]) -> list[dict]:
@@ -207,7 +210,8 @@ def decision_rows(rows: list[dict]) -> list[dict]:
         best = r.get("offline_eval") if r.get("offline_eval") is not None else r.get("served")
         out.append({**r, "acceptance_length": best, "served": r.get("served"),
                     "offline": r.get("offline"),
-                    "epochs": r.get("epochs_over_data"), "figure": "offline_eval" if r.get("offline_eval") else "served"})
+                    "epochs": r.get("epochs_over_data"),
+                    "figure": "offline_eval" if r.get("offline_eval") else "served"})
     return [r for r in out if r["acceptance_length"] is not None]
 
 
@@ -222,8 +226,8 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png",
                               target=target)
     if pending:
-        decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} — this decision covers "
-                                "the finished points only")
+        decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} — this "
+                                "decision covers the finished points only")
     curves = training_curves(rows)
     client, _ = tracking.client_for(cfg)
     if curves:
@@ -249,7 +253,8 @@ def training_curves(rows: list[dict]) -> list[dict]:
         path = latest_output(r.get("run_dir") or "", "train") / "metrics.jsonl"
         if not r.get("run_dir") or not path.is_file():
             continue
-        evals = [x for x in read_metrics_jsonl(path) if isinstance(x.get("val/simulated_acceptance_length"), float)]
+        evals = [x for x in read_metrics_jsonl(path)
+                 if isinstance(x.get("val/simulated_acceptance_length"), float)]
         if evals:
             curves.append({"label": r.get("point") or f"{r['data_size']}-{r['schedule']}",
                            "steps": [int(x["step"]) for x in evals],
@@ -261,9 +266,10 @@ def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str
              decision) -> None:
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
-        "| point | served | offline (bench prompts) | offline (eval sets) | simulated |", "|---|---|---|---|---|",
-        *[f"| {r.get('point')} | {fmt(r['served'])} | {fmt(r['offline'])} | {fmt(r.get('offline_eval'))} | "
-          f"{fmt(r['simulated'])} |" for r in rows],
+        "| point | served | offline (bench prompts) | offline (eval sets) | simulated |",
+        "|---|---|---|---|---|",
+        *[f"| {r.get('point')} | {fmt(r['served'])} | {fmt(r['offline'])} | "
+          f"{fmt(r.get('offline_eval'))} | {fmt(r['simulated'])} |" for r in rows],
         *[f"| {k} | failed: {v} | | | |" for k, v in failed.items()],
         *[f"| {k} | pending | | | |" for k in pending], "",
         f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])

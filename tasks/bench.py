@@ -60,9 +60,10 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
             return old["result"]
     res = offline_acceptance(resolve_target(cfg), serving_dir, st["prompts"],
                              num_prompts=st["num_prompts"],
-                             max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"], dtype=st["dtype"],
-                             temperature=st["temperature"], topk=st["topk"], device=st["device"],
-                             chat_template_kwargs=st["chat_template_kwargs"], cpu_threads=st["cpu_threads"])
+                             max_new_tokens=st["max_new_tokens"], num_steps=st["num_steps"],
+                             dtype=st["dtype"], temperature=st["temperature"], topk=st["topk"],
+                             device=st["device"], chat_template_kwargs=st["chat_template_kwargs"],
+                             cpu_threads=st["cpu_threads"])
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(memo, {"key": key, "result": res})
     return res
@@ -76,9 +77,11 @@ def prefetch_offline_figure(cfg: Any, serving_dir: Path) -> bool:
     try:
         offline_figure(cfg, serving_dir)
         return True
-    except Exception as e:  # noqa: BLE001 - re-raised by the acceptance task, which repeats the computation
-        logging.getLogger(__name__).warning("offline acceptance computed ahead failed (%s: %s); the acceptance "
-                                            "task computes it again", type(e).__name__, e)
+    # caught broadly: re-raised by the acceptance task, which repeats the computation
+    except Exception as e:  # noqa: BLE001
+        logging.getLogger(__name__).warning("offline acceptance computed ahead failed (%s: %s); "
+                                            "the acceptance task computes it again",
+                                            type(e).__name__, e)
         return False
 
 
@@ -127,18 +130,19 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
     fig = AcceptanceFigures(served=served,
                             untrained=untrained.acceptance_length if untrained else None,
                             offline=off["acceptance_length"], simulated=simulated_figure(train),
-                            offline_wall_s=off.get("wall_s"), minimum=minimum, passed=failure is None,
-                            failure=failure)
+                            offline_wall_s=off.get("wall_s"), minimum=minimum,
+                            passed=failure is None, failure=failure)
     tracking.log_parent_metrics(cfg, parent_run_id, {
         "acceptance_length": fig.served, "acceptance_length_untrained": fig.untrained,
         "acceptance_gain_over_untrained": fig.gain, "acceptance_length_offline": fig.offline,
         "acceptance_length_simulated": fig.simulated,
-        "acceptance_gap_offline_minus_served": fig.offline - fig.served if fig.served is not None else None,
+        "acceptance_gap_offline_minus_served":
+            fig.offline - fig.served if fig.served is not None else None,
         "offline_acceptance_wall_s": fig.offline_wall_s})
     tracking.set_parent_tags(cfg, parent_run_id,
                              {"eagle3.beats_untrained": str(fig.beats_baseline).lower(),
-                                                  "eagle3.acceptance_gate": "passed" if fig.passed else "failed",
-                                                  **prefect_tags()})
+                              "eagle3.acceptance_gate": "passed" if fig.passed else "failed",
+                              **prefect_tags()})
     tracking.log_parent_artifact(cfg, parent_run_id, {k: v for k,
                                                       v in off.items() if k != "per_request"},
                                  "offline_acceptance.json")
@@ -171,7 +175,8 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
     from eagle3.decide import read_training_history, recommend
 
     history = read_training_history(train.dir) if train is not None else {}
-    checks = {c["name"]: f"{c['status']}: {c['detail']}" for c in (preflight or {}).get("checks", [])}
+    checks = {c["name"]: f"{c['status']}: {c['detail']}"
+              for c in (preflight or {}).get("checks", [])}
     decision = recommend(history, {"served": figures.served, "offline": figures.offline,
                                    "simulated": figures.simulated, "preflight": checks})
     tracking.set_parent_tags(cfg, parent_run_id, {f"eagle3.{k}": v for k,
@@ -180,7 +185,7 @@ def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigure
     # lengths
     tracking.set_parent_tags(cfg, parent_run_id,
                              {mlflow_ui.NOTE_TAG: mlflow_ui.parent_note(cfg.name, figures,
-                                                                                          decision)})
+                                                                        decision)})
     # the run list's short-named, rounded acceptance columns (tasks.mlflow_ui.HEADLINE_METRICS)
     tracking.log_parent_metrics(cfg, parent_run_id, mlflow_ui.headline_metrics(figures))
     tracking.log_parent_artifact(cfg, parent_run_id, decision.to_dict(), "decision.json")

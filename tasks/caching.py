@@ -120,7 +120,8 @@ def manifest_hash(directory: str | Path) -> str:
     unreadable)."""
     m = read_manifest(directory)
     if "content_hash" not in m:
-        raise DataError(f"{Path(directory) / 'manifest.json'}: expected a 'content_hash' key, found none")
+        raise DataError(f"{Path(directory) / 'manifest.json'}: expected a 'content_hash' key, "
+                        "found none")
     return f"{m.get('kind')}:{m['content_hash']}"
 
 
@@ -165,7 +166,8 @@ def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, st
     Raises DataError for an unknown stage or an input without a manifest.
     """
     if stage not in STAGE_ENTRIES:
-        raise DataError(f"cache key: unknown stage {stage!r}; expected one of {sorted(STAGE_ENTRIES)}")
+        raise DataError(f"cache key: unknown stage {stage!r}; "
+                        f"expected one of {sorted(STAGE_ENTRIES)}")
     doc = {
         "stage": stage,
         "out_dir": run_relative(out_dir, cfg),

@@ -67,12 +67,14 @@ def closure(root: Path, entries: tuple[str, ...] | list[str]) -> dict[str, Path]
         if "/" in e:
             folder = root / e
             if not folder.is_dir():
-                raise FileNotFoundError(f"code closure entry {e!r}: expected a folder under {root}, found none")
+                raise FileNotFoundError(f"code closure entry {e!r}: expected a folder under "
+                                        f"{root}, found none")
             for f in sorted(folder.rglob("*.py")):
                 found[f"{e}:{f.relative_to(folder)}"] = f
             continue
         if module_file(root, e) is None:
-            raise FileNotFoundError(f"code closure entry {e!r}: expected a module under {root}, found none")
+            raise FileNotFoundError(f"code closure entry {e!r}: expected a module under {root}, "
+                                    "found none")
         todo.append(e)
     while todo:
         name = todo.pop()

@@ -47,10 +47,12 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path,
         # the target class's aux capture depends on the serving engine: the pre-flight checks it
         # before deploy
         manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
-                           version=cfg.convert.engine_version, data_manifest=read_manifest(data_dir), aux_capture=False)
+                           version=cfg.convert.engine_version,
+                           data_manifest=read_manifest(data_dir), aux_capture=False)
         report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target,
                                    atol=cfg.convert.equivalence_atol,
-                                   engine=cfg.convert.engine, version=cfg.convert.engine_version, assume_capture=True)
+                                   engine=cfg.convert.engine, version=cfg.convert.engine_version,
+                                   assume_capture=True)
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise

@@ -18,8 +18,8 @@ def dataset_target_name(manifest: dict) -> str:
     t = manifest.get("target") or {}
     name = t.get("name") or (Path(t["path"]).name if t.get("path") else "")
     if not name:
-        raise DataError(f"hidden-states manifest: key 'target.name' (or 'target.path') expected the target's name, "
-                        f"got target={t!r}")
+        raise DataError("hidden-states manifest: key 'target.name' (or 'target.path') expected the "
+                        f"target's name, got target={t!r}")
     return str(name)
 
 
@@ -44,8 +44,8 @@ def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path,
     m = read_manifest(directory)
     full = m.get("content_hash")
     if not isinstance(full, str) or len(full) < 32:
-        raise DataError(f"{Path(directory) / 'manifest.json'}: key 'content_hash' expected a hex digest of at "
-                        f"least 32 characters, got {full!r}")
+        raise DataError(f"{Path(directory) / 'manifest.json'}: key 'content_hash' expected a hex "
+                        f"digest of at least 32 characters, got {full!r}")
     target = dataset_target_name(m)
     # MLflow registers its local-file source twice and says so; same class
     with warnings.catch_warnings():
@@ -55,9 +55,11 @@ def log_hidden_states(client: MlflowClient, run_id: str, directory: str | Path,
                          digest=full[:32])._to_mlflow_entity()  # noqa: SLF001
     profile = {"content_hash": full, "counts": m.get("counts"), "bytes": m.get("bytes"),
                "bytes_per_token": m.get("bytes_per_token"), "dtype": m.get("dtype"),
-               "aux_layer_ids": m.get("aux_layer_ids"), "layer_id_convention": m.get("layer_id_convention")}
+               "aux_layer_ids": m.get("aux_layer_ids"),
+               "layer_id_convention": m.get("layer_id_convention")}
     entity = Dataset(name=entity.name, digest=entity.digest, source_type=entity.source_type,
-                     source=entity.source, schema=entity.schema, profile=json.dumps(profile, default=str))
+                     source=entity.source, schema=entity.schema,
+                     profile=json.dumps(profile, default=str))
     client.log_inputs(run_id, datasets=[DatasetInput(entity, tags=[
         InputTag("mlflow.data.context", context)])])
 

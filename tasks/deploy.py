@@ -19,7 +19,8 @@ def deploy_timeout_s(cfg: Any) -> float:
     """Task timeout (seconds): start-up deadline + probe + every request at its own timeout + 10 min
     slack."""
     s, b = cfg.serve, cfg.bench
-    return s.startup_timeout_s + s.probe_timeout_s + b.request_timeout_s * b.num_prompts / b.concurrency + 600.0
+    return (s.startup_timeout_s + s.probe_timeout_s
+            + b.request_timeout_s * b.num_prompts / b.concurrency + 600.0)
 
 
 def deploy_key(context: Any, parameters: dict) -> str:
@@ -66,7 +67,8 @@ def log_attempts(sr: Any, deploy_dir: Path) -> None:
     if settings.is_file():
         rec = json.loads(settings.read_text())
         sr.set_tags({"eagle3.scheduler": str(rec.get("scheduler")),
-                     "eagle3.max_running_requests": str((rec.get("reported") or {}).get("max_running_requests"))})
+                     "eagle3.max_running_requests":
+                         str((rec.get("reported") or {}).get("max_running_requests"))})
     path = deploy_dir / "attempts.json"
     if path.is_file():
         for a in json.loads(path.read_text()):
@@ -94,8 +96,8 @@ def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Pat
         finally:
             log_attempts(sr, deploy_dir)  # engine log, timeline, diagnostics: also when it failed
         s = report["summary"]
-        metrics = {k: float(v) for k, v in s.items() if isinstance(v, (int,
-                                                                       float)) and not isinstance(v, bool)}
+        metrics = {k: float(v) for k, v in s.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
         for i, v in enumerate(report.get("per_position") or []):
             metrics[f"acceptance_per_position.{i}"] = float(v)
         sr.log_metrics(metrics)

@@ -76,8 +76,10 @@ def version_tags(cfg: Any, serving: StageResult, train: StageResult, figures: Ac
             "eagle3.unique_tokens": _fmt((m.get("counts") or {}).get("train_positions")),
             "eagle3.epochs_over_data": _fmt(m.get("epochs_over_data")),
             "eagle3.optimizer_steps": _fmt(m.get("optimizer_steps")),
-            "eagle3.schedule": f"{t.schedule} epochs={t.epochs:g} lr={t.lr:g} precision={t.precision}",
-            "eagle3.config_hash": cfg.section_hash(*CONFIG_SECTIONS), HASH_TAG: serving.content_hash,
+            "eagle3.schedule":
+                f"{t.schedule} epochs={t.epochs:g} lr={t.lr:g} precision={t.precision}",
+            "eagle3.config_hash": cfg.section_hash(*CONFIG_SECTIONS),
+            HASH_TAG: serving.content_hash,
             "eagle3.config_name": cfg.name, "eagle3.pipeline_run_id": parent_run_id}
 
 
@@ -115,9 +117,10 @@ def _artifact_source(client: MlflowClient, run_id: str) -> str:
 
 
 def _version_description(cfg: Any, figures: AcceptanceFigures, parent_run_id: str) -> str:
-    return (f"EAGLE-3 draft from config {cfg.name} (pipeline run {parent_run_id}): acceptance length served "
-            f"{_fmt(figures.served) or 'n/a'}, offline {_fmt(figures.offline) or 'n/a'}, simulated "
-            f"{_fmt(figures.simulated) or 'n/a'} (bonus token counted).")
+    return (f"EAGLE-3 draft from config {cfg.name} (pipeline run {parent_run_id}): acceptance "
+            f"length served {_fmt(figures.served) or 'n/a'}, offline "
+            f"{_fmt(figures.offline) or 'n/a'}, simulated {_fmt(figures.simulated) or 'n/a'} "
+            "(bonus token counted).")
 
 
 def _served(version: Any) -> float:
@@ -162,7 +165,8 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
     tags = version_tags(cfg, serving, train, figures, parent_run_id)
     try:
         client.create_registered_model(name, tags={"eagle3.target": resolve_target(cfg).name},
-                                       description="EAGLE-3 drafts for this target, served by eagle3-pipeline")
+                                       description="EAGLE-3 drafts for this target, served by "
+                                                   "eagle3-pipeline")
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
@@ -186,8 +190,9 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
             version, new = str(mv.version), True
             sr.set_tags({"eagle3.registered_model": f"{name}/{version}"})
     best = move_best_alias(client, name)
-    tracking.set_parent_tags(cfg, parent_run_id, {"eagle3.registered_model": f"{name}/{version}",
-                                                  "eagle3.registered_best": f"{name}@{BEST_ALIAS}={best}"})
+    tracking.set_parent_tags(cfg, parent_run_id,
+                             {"eagle3.registered_model": f"{name}/{version}",
+                              "eagle3.registered_best": f"{name}@{BEST_ALIAS}={best}"})
     return RegisteredDraft(name, version, best, source, new)
 
 

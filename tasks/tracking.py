@@ -318,8 +318,8 @@ def record_failure(cfg: Any, run_id: str, error: BaseException) -> None:
     try:
         finish_run(cfg, run_id, error=error)
     except Exception as mlflow_error:  # noqa: BLE001 - never let bookkeeping hide the cause
-        error.add_note(f"(recording this failure in MLflow run {run_id} failed too: {type(mlflow_error).__name__}: "
-                       f"{mlflow_error})")
+        error.add_note(f"(recording this failure in MLflow run {run_id} failed too: "
+                       f"{type(mlflow_error).__name__}: {mlflow_error})")
 
 
 class StageRun:
@@ -414,7 +414,8 @@ def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str,
     with _transient():
         earlier = client.search_runs([exp_id], filter_string=(
             f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`eagle3.stage` = '{stage}' and "
-            f"tags.`eagle3.variant` = '{variant}' and tags.`eagle3.cached` = 'false'"), max_results=1000)
+            f"tags.`eagle3.variant` = '{variant}' and tags.`eagle3.cached` = 'false'"),
+            max_results=1000)
     return len(earlier) + 1
 
 
@@ -451,8 +452,9 @@ def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, 
     ``result`` is the cached task result. Returns the new run id.
     """
     with stage_run(cfg, parent_run_id, stage, variant, tags={
-            **(tags or {}), "eagle3.cached": "true", "eagle3.produced_by_run_id": result.mlflow_run_id,
-            "eagle3.output_dir": str(result.dir), "eagle3.content_hash": result.content_hash}) as sr:
+            **(tags or {}), "eagle3.cached": "true",
+            "eagle3.produced_by_run_id": result.mlflow_run_id, "eagle3.output_dir": str(result.dir),
+            "eagle3.content_hash": result.content_hash}) as sr:
         if chartable(result.metrics or {}):
             sr.log_metrics(chartable(result.metrics))
         if stage == "extract" and (result.dir / "manifest.json").is_file():
@@ -492,15 +494,17 @@ def summarize_run(parent_run_id: str, tracking_uri: str | None = None) -> dict:
     try:
         parent = client.get_run(parent_run_id)
     except MlflowException as e:
-        raise DataError(f"MLflow run {parent_run_id!r} not found at {tracking_uri or 'the default store'}: "
-                        f"{e}") from e
+        raise DataError(f"MLflow run {parent_run_id!r} not found at "
+                        f"{tracking_uri or 'the default store'}: {e}") from e
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
                                   order_by=["attributes.start_time ASC"], max_results=1000)
     stages = [{"stage": c.data.tags.get("eagle3.stage"),
                "variant": c.data.tags.get("eagle3.variant"),
-               "run_id": c.info.run_id, "status": c.info.status, "cached": c.data.tags.get("eagle3.cached") == "true",
-               "produced_by": c.data.tags.get("eagle3.produced_by_run_id"), "metrics": dict(c.data.metrics),
+               "run_id": c.info.run_id, "status": c.info.status,
+               "cached": c.data.tags.get("eagle3.cached") == "true",
+               "produced_by": c.data.tags.get("eagle3.produced_by_run_id"),
+               "metrics": dict(c.data.metrics),
                "datasets": [{"name": d.dataset.name, "digest": d.dataset.digest,
                              "source": d.dataset.source,
                              "context": {t.key: t.value for t in d.tags}.get("mlflow.data.context")}

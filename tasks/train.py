@@ -73,14 +73,15 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         check_settings(cfg)
         aside = supersede_finished(cfg, out_dir)
         if aside is not None:
-            sr.set_tags({"eagle3.superseded": "a finished draft of other train settings was replaced"})
+            sr.set_tags({"eagle3.superseded":
+                         "a finished draft of other train settings was replaced"})
         sr.log_dataset(data.dir, "training")
         try:
             manifest = train(cfg, data.dir, out_dir, on_metrics=sr.on_metrics, progress=True)
         except BaseException:
             if aside is not None and restore_superseded(aside, out_dir):
-                log.warning("training of the new settings failed before its first checkpoint: the finished draft "
-                            "of the earlier settings is back in %s", out_dir)
+                log.warning("training of the new settings failed before its first checkpoint: the "
+                            "finished draft of the earlier settings is back in %s", out_dir)
             raise
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
