@@ -7,6 +7,11 @@
 #   target                                      join the parts, convert SmolLM2 to an HF folder
 #   run CONFIG [eagle3 run args]                the pipeline; its run folder's small files, the
 #                                               MLflow store and regenerated data come back
+#   start CONFIG [eagle3 run args]              the pipeline in its own process session, so it
+#                                               runs on across calls while the machine stays warm
+#   wait SECONDS                                follow it until it ends or SECONDS pass
+#   collect CONFIG                              bring back the run's small files, the MLflow store,
+#                                               regenerated data and the serving draft (in parts)
 #   speedup [lab/sglang_speedup.py args]        SGLang side by side (plain, chain, tree)
 # Built here by lab/gpu/carry.sh (.whl, .benchdata) and lab/gpu/sglang_kit.sh build (the kit).
 set -euo pipefail
@@ -45,15 +50,37 @@ EOF
     rc=0; timeout -s TERM "${RUN_TIMEOUT:-540}" python3 -m cli.main run "$cfg" \
       -o paths.runs_dir=$RUNS "$@" \
       2>&1 | tee "$OUT/run.log" || rc=$?
+    bash "$0" collect "$cfg"
+    echo "run exit $rc"; exit "$rc" ;;
+  start)
+    cfg=${1:?config}; shift
+    rm -f "$H/run.rc"
+    # a new process session outlives the call; the machine keeps it while it stays warm
+    setsid nohup bash -c 'python3 -m cli.main run "$@" > "'"$H"'/run.log" 2>&1; echo $? > "'"$H"'/run.rc"' \
+      _ "$cfg" -o paths.runs_dir=$RUNS "$@" > /dev/null 2>&1 < /dev/null &
+    sleep 20; tail -5 "$H/run.log" ;;
+  wait)
+    end=$(( $(date +%s) + ${1:?seconds} ))
+    while [ ! -f "$H/run.rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    grep -v -E '^\s*$' "$H/run.log" | tail -40; cp "$H/run.log" "$OUT/"
+    if [ -f "$H/run.rc" ]; then echo "run exit $(cat "$H/run.rc")"; else echo "still running"; fi ;;
+  collect)
+    cfg=${1:?config}
     name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$cfg")
     (cd "$RUNS" && find "$name" -type f -size -4M \( -name '*.json' -o -name '*.log' \
       -o -name '*.md' -o -name '*.png' -o -name '*.txt' -o -name '*.jsonl' \) -print0 \
       | tar --null -czf "$OUT/run_files.tgz" -T - ) || true
     cp "$RUNS/mlflow.db" "$OUT/" 2>/dev/null || true
+    cp "$H/run.log" "$OUT/" 2>/dev/null || true
     # regenerated conversations (the slowest input to remake), for a later machine to reuse
     find "$RUNS" -name 'regenerated-*.jsonl' -exec sh -c 'xz -T0 -c "$1" > "$2/$(basename "$1").xz"' \
-      _ {} "$OUT" \; 
-    echo "run exit $rc"; exit "$rc" ;;
+      _ {} "$OUT" \;
+    # the serving draft, in parts under the 16 MiB a returned file may have
+    serving=$(ls -d "$RUNS/$name"/serving/*/ 2>/dev/null | head -1)
+    if [ -n "$serving" ]; then
+      tar -C "$serving" -cf - . | split -b 15M -d - "$OUT/serving.tar.part"
+    fi
+    ls -l "$OUT" ;;
   speedup)
     python3 lab/sglang_speedup.py -o paths.runs_dir=$RUNS "$@" 2>&1 | tee "$OUT/speedup.log" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
