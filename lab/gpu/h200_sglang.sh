@@ -76,9 +76,8 @@ EOF
     find "$RUNS" -name 'regenerated-*.jsonl' -exec sh -c 'xz -T0 -c "$1" > "$2/$(basename "$1").xz"' \
       _ {} "$OUT" \;
     # the serving draft, in parts under the 16 MiB a returned file may have
-    serving=$(ls -d "$RUNS/$name"/serving/*/ 2>/dev/null | head -1)
-    if [ -n "$serving" ]; then
-      tar -C "$serving" -cf - . | split -b 15M -d - "$OUT/serving.tar.part"
+    if [ -d "$RUNS/$name/serving" ]; then
+      tar -C "$RUNS" -cf - "$name/serving" | split -b 15M -d - "$OUT/serving.tar.part"
     fi
     ls -l "$OUT" ;;
   speedup)
