@@ -1,13 +1,8 @@
 """Engine launcher: builds the command line from ``cfg.serve``, starts the engine in its own
 process group and ends the group on exit (terminate, wait, kill; never by name), or the parent
-watch does if this process dies (:mod:`eagle3.serve.supervise`).
-
-Engines: ``sglang`` (``python -m sglang.launch_server``,
-:data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`), ``reference`` (``python -m
-refengine.launch_server``, the flags it implements), ``auto`` (sglang given a GPU and an importable
-SGLang). ``launch_engine``: start → yield → stop. ``launch_ready`` adds the readiness gate, raises
-``GateFailed`` on a non-ready verdict, and retries once after a CUDA-graph capture crash
-(``serve.retry_without_cuda_graph``) or a lost race for an automatic port.
+watch does if this process dies (:mod:`eagle3.serve.supervise`). Engines: ``sglang`` (``python -m
+sglang.launch_server``, :data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`), ``reference``
+(``python -m refengine.launch_server``), ``auto`` (sglang given a GPU and an importable SGLang).
 """
 
 from __future__ import annotations
@@ -263,8 +258,9 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
                  command_builder: CommandBuilder | None = None,
                  use_gpu: bool = True) -> Iterator[tuple[EngineProcess, GateResult]]:
     """Launch, pass the readiness gate, yield ``(engine, gate)``; the group always ends on exit.
-    Writes ``out_dir/engine-*.log``, ``diagnostics[-retryN]/``, ``attempts.json``. GateFailed when
-    the last attempt is not ready."""
+    Retries once after a CUDA-graph capture crash (``serve.retry_without_cuda_graph``) or a lost
+    race for an automatic port. Writes ``out_dir/engine-*.log``, ``diagnostics[-retryN]/``,
+    ``attempts.json``. GateFailed when the last attempt is not ready."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     require = (draft_dir is not None) if require_spec_fields is None else require_spec_fields
