@@ -37,15 +37,10 @@ def run_cmd(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
     return cp.returncode, (cp.stdout or "") + (cp.stderr or "")
 
 
-def nvidia_smi() -> str | None:
-    """Path of ``nvidia-smi``, or None where there is no NVIDIA driver tool."""
-    return shutil.which("nvidia-smi")
-
-
 def gpu_sample() -> list[dict] | None:
     """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}``
     (ints, % and MiB); ``pids``: GPU uuid → compute pids. None without a working nvidia-smi."""
-    exe = nvidia_smi()
+    exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     csv = "--format=csv,noheader,nounits"
@@ -136,7 +131,7 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
         (out / files[-1]).write_text(text)
         index["pyspy"][p.pid] = "ok" if not text.startswith("[") else text.splitlines()[0]
 
-    exe = nvidia_smi()
+    exe = shutil.which("nvidia-smi")
     if exe is not None:
         _, text = run_cmd([exe], NVSMI_TIMEOUT_S)
         (out / "gpu.txt").write_text(text)

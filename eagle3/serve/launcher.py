@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
 from eagle3.engines.sglang.serving import (extra_args_problems, launch_args, reference_refusals,
                                            simulation_problem)
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
-from eagle3.serve.diagnostics import log_tail, nvidia_smi, run_cmd
+from eagle3.serve.diagnostics import log_tail, run_cmd
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
 from eagle3.serve.readiness import GateResult, wait_ready
 from eagle3.serve.supervise import command as supervised
@@ -41,7 +42,7 @@ CommandBuilder = Callable[[RunConfig, Path, "Path | None", int], "tuple[list[str
 
 def gpu_present() -> bool:
     """True when ``nvidia-smi -L`` lists at least one GPU."""
-    exe = nvidia_smi()
+    exe = shutil.which("nvidia-smi")
     out = "" if exe is None else run_cmd([exe, "-L"], 30.0)[1]
     return any(line.startswith("GPU ") for line in out.splitlines())
 
