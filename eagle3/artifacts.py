@@ -179,6 +179,21 @@ def write_manifest(directory: str | Path, kind: str, *, config: dict | None = No
     return manifest
 
 
+def read_jsonl(path: str | Path, opener=open) -> list:
+    """The records of a JSON Lines file (blank lines skipped). DataError names the file and line of
+    a record that is not JSON."""
+    out = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
+    return out
+
+
 def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
     """Read ``<directory>/manifest.json``. DataError: missing, not JSON, or another ``kind``."""
     path = Path(directory) / MANIFEST

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from eagle3.artifacts import atomic_directory, atomic_write_bytes
+from eagle3.artifacts import atomic_directory, atomic_write_bytes, read_jsonl
 from eagle3.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -214,15 +214,5 @@ def _is_clean_english(conv) -> bool:
 
 def mtbench_questions() -> list[dict]:
     """The 80 MT-Bench questions: ``[{"question_id", "category", "turns": [str, str]}]``."""
-    path = package_file(*MTBENCH_PACKAGE)
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            q = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
-        out.append(
-            {"question_id": q["question_id"], "category": q["category"], "turns": q["turns"]})
-    return out
+    return [{k: q[k] for k in ("question_id", "category", "turns")}
+            for q in read_jsonl(package_file(*MTBENCH_PACKAGE))]

@@ -150,8 +150,7 @@ def read_training_history(train_dir: str | Path) -> dict:
     ``train/loss``, "eval" rows: ``val/loss``); epochs = manifest ``epochs_over_data``, unique
     tokens = ``counts.train_positions``. DataError: no draft manifest, or a bad JSON row (file and
     line named)."""
-    from eagle3.artifacts import read_manifest
-    from eagle3.measure.prompts import read_jsonl
+    from eagle3.artifacts import read_jsonl, read_manifest
 
     manifest = read_manifest(train_dir)
     path = Path(train_dir) / "metrics.jsonl"

@@ -118,22 +118,16 @@ def alive_pids(pids: list[int]) -> list[int]:
     return out
 
 
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 def snapshot_tree(pid: int) -> dict[int, float]:
     """``{pid: create_time}`` of the tree of ``pid`` (create time guards against pid reuse)."""
-    out = {}
-    for p in process_tree(pid):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            out[p.pid] = p.create_time()
-    return out
-
-
-def _still_same(known: dict[int, float]) -> set[int]:
-    same = set()
-    for p, created in known.items():
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            if psutil.Process(p).create_time() == created:
-                same.add(p)
-    return same
+    return {p: t for p in tree_pids(pid) if (t := _create_time(p)) is not None}
 
 
 def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
@@ -153,7 +147,8 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
         pgid = None
 
     def members() -> set[int]:
-        found = set(tree_pids(pid)) | _still_same(known_pids or {})
+        found = set(tree_pids(pid)) | {p for p, t in (known_pids or {}).items()
+                                       if _create_time(p) == t}
         return (found | set(group_members(pgid) if pgid is not None else ())) - {os.getpid()}
 
     pids = sorted(members())

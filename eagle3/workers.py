@@ -196,8 +196,7 @@ def reraise_failed(statuses: dict[int, dict | None]) -> None:
     """Re-raise the project error a ``failed`` worker recorded (lowest index first), if any."""
     from eagle3 import errors
 
-    for k in sorted(statuses):
-        s = statuses[k]
+    for _, s in sorted(statuses.items()):
         if s and s.get("phase") == "failed":
             cls = getattr(errors, str(s.get("error_type")), None)
             if isinstance(cls, type) and issubclass(cls, errors.Eagle3Error):
@@ -265,7 +264,5 @@ def end_processes(proc: subprocess.Popen, extra_pids: list[int], grace_s: float 
     ``grace_s``, SIGKILL; pids matched with start time (reuse-safe), never by name."""
     from eagle3.procs import snapshot_tree, terminate_tree
 
-    known: dict[int, float] = {}
-    for pid in extra_pids:
-        known.update(snapshot_tree(pid))
+    known = {p: t for pid in extra_pids for p, t in snapshot_tree(pid).items()}
     terminate_tree(proc, grace_s, known_pids=known)

@@ -86,8 +86,8 @@ def fail_orphaned_stage_runs(cfg: Any, stage_flow_run_id: str, why: str) -> list
     RUNNING: what a killed container leaves behind. Returns their ids."""
     client, exp_id = tracking.client_for(cfg)
     runs = client.search_runs([exp_id], filter_string=(
-        f"tags.`{tracking.FLOW_RUN_TAG}` = '{stage_flow_run_id}' and attributes.status = 'RUNNING'"),
-        max_results=1000)
+        f"tags.`{tracking.FLOW_RUN_TAG}` = '{stage_flow_run_id}' "
+        "and attributes.status = 'RUNNING'"), max_results=1000)
     for r in runs:
         tracking.finish_run(cfg, r.info.run_id, error=StageRunFailed(why))
     return [r.info.run_id for r in runs]
@@ -119,21 +119,21 @@ def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameter
     if state is None or not state.is_completed():
         if state is None or not state.is_final():
             with get_client(sync_client=True) as client:
-                client.set_flow_run_state(fr.id,
-                                          Cancelling(message=f"not finished after {deadline:.0f} s"))
+                client.set_flow_run_state(
+                    fr.id, Cancelling(message=f"not finished after {deadline:.0f} s"))
             now = "without a state" if state is None else "still " + state.name
             what = f"{now} after {deadline:.0f} s (cancelled)"
         else:
             what = f"{state.name}: {state.message or ''}".strip()
-        why = (f"stage {stage} failed: flow run {fr.name!r} ({fr.id}) of deployment {name} on work pool "
-               f"{pool!r} ended {what}")
+        why = (f"stage {stage} failed: flow run {fr.name!r} ({fr.id}) of deployment {name} "
+               f"on work pool {pool!r} ended {what}")
         orphans = fail_orphaned_stage_runs(cfg, str(fr.id), why)
         tracking.set_parent_tags(cfg, parent, tags)
         if orphans:
             why += f" (its MLflow runs left RUNNING, now FAILED: {', '.join(orphans)})"
-        raise StageRunFailed(why + f" — re-run: `prefect flow-run retry {flow_run.id}` or `prefect "
-                                   f"deployment run '{FLOW_NAME}/{config_deployment}'` (finished stages "
-                                   "are cached)")
+        raise StageRunFailed(why + f" — re-run: `prefect flow-run retry {flow_run.id}` or "
+                                   f"`prefect deployment run '{FLOW_NAME}/{config_deployment}'` "
+                                   "(finished stages are cached)")
     doc = read_handover(cfg, stage, str(fr.id))
     tags[f"eagle3.stage.{stage}.host"] = doc.get("host", "")
     tracking.set_parent_tags(cfg, parent, tags)
@@ -175,8 +175,9 @@ def distributed_pipeline(config_path: str, overrides: list[str] | None = None,
     cfg = load_run_config(config_path, overrides)
     name = stage_deployment or deployment.name
     if not name:
-        raise ConfigError("stage_deployment: expected the config part of the stage deployments' names "
-                          "(e.g. 'tiny-random') when eagle3-distributed runs outside a deployment, got none")
+        raise ConfigError("stage_deployment: expected the config part of the stage deployments' "
+                          "names (e.g. 'tiny-random') when eagle3-distributed runs outside a "
+                          "deployment, got none")
     record: dict[str, str] = {}
     placed: dict[str, dict] = {}
     with parent_run(cfg, FLOW_NAME, record) as parent:

@@ -33,26 +33,29 @@ def _check_store(uri: str) -> None:
     would create an empty one), an HTTP server that does not answer within 5 s (MLflow would retry
     for minutes)."""
     if "://" not in uri:
-        hint = f"sqlite:///{Path(uri).expanduser().resolve()}" if uri.endswith(".db") else "sqlite:///<path>/mlflow.db"
-        raise DataError(f"MLflow store {uri!r}: expected a URI such as {hint} or http://host:port, got a plain path")
+        hint = (f"sqlite:///{Path(uri).expanduser().resolve()}" if uri.endswith(".db")
+                else "sqlite:///<path>/mlflow.db")
+        raise DataError(f"MLflow store {uri!r}: expected a URI such as {hint} or "
+                        "http://host:port, got a plain path")
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         # MLflow would create an empty store there and then report the run as unknown
-        raise DataError(f"MLflow store {uri}: no such database file; expected the store the pipeline printed "
-                        f"(--tracking-uri or MLFLOW_TRACKING_URI), e.g. sqlite:///<project>/runs/mlflow.db")
+        raise DataError(f"MLflow store {uri}: no such database file; expected the store the "
+                        f"pipeline printed (--tracking-uri or MLFLOW_TRACKING_URI), "
+                        f"e.g. sqlite:///<project>/runs/mlflow.db")
     if uri.startswith("sqlite:///"):
         with open(uri[len("sqlite:///"):], "rb") as f:
             head = f.read(16)
         if head and head != b"SQLite format 3\x00":
-            raise DataError(f"MLflow store {uri}: expected an SQLite database (a file starting 'SQLite format 3'), "
-                            f"got a file starting {head[:12]!r}")
+            raise DataError(f"MLflow store {uri}: expected an SQLite database (a file starting "
+                            f"'SQLite format 3'), got a file starting {head[:12]!r}")
     if uri.startswith(("http://", "https://")):
         import httpx
 
         try:
             httpx.get(uri.rstrip("/") + "/health", timeout=5.0)
         except httpx.HTTPError as e:
-            raise DataError(f"MLflow server {uri}: not reachable ({type(e).__name__}: {e}); expected a running "
-                            f"tracking server (e.g. `make stack-up`)") from e
+            raise DataError(f"MLflow server {uri}: not reachable ({type(e).__name__}: {e}); "
+                            f"expected a running tracking server (e.g. `make stack-up`)") from e
 
 
 def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
@@ -68,21 +71,25 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     try:
         run = client.get_run(run_id)
     except MlflowException as e:
-        hint = "" if tracking_uri else " (the default store; pass --tracking-uri or set MLFLOW_TRACKING_URI?)"
+        hint = "" if tracking_uri else (" (the default store; pass --tracking-uri or set "
+                                        "MLFLOW_TRACKING_URI?)")
         raise DataError(f"MLflow run {run_id!r} not found in {uri}{hint}: {e}") from e
     tags = run.data.tags
     if "eagle3.decision" not in tags:
         parent = tags.get("mlflow.parentRunId")
         if tags.get("eagle3.stage") and parent:
-            raise DataError(f"MLflow run {run_id} is the {tags['eagle3.stage']} stage run of pipeline run {parent}; "
+            raise DataError(f"MLflow run {run_id} is the {tags['eagle3.stage']} stage run of "
+                            f"pipeline run {parent}; "
                             f"expected a pipeline (parent) or sweep run id: eagle3 decide {parent}")
-        raise DataError(f"MLflow run {run_id} in {uri} has no eagle3.decision tag (status {run.info.status}; "
-                        f"error: {tags.get('eagle3.error', 'none')}): the flow did not reach its decision step")
+        raise DataError(f"MLflow run {run_id} in {uri} has no eagle3.decision tag "
+                        f"(status {run.info.status}; error: {tags.get('eagle3.error', 'none')}): "
+                        f"the flow did not reach its decision step")
     try:
         body = client.download_artifacts(run_id, "decision.md")
         text = open(body).read().rstrip()
     except (MlflowException, OSError):
-        text = f"# Decision: **{tags['eagle3.decision']}**\n\nRule: `{tags.get('eagle3.decision.rule')}`"
+        text = (f"# Decision: **{tags['eagle3.decision']}**\n\n"
+                f"Rule: `{tags.get('eagle3.decision.rule')}`")
     m = run.data.metrics
     lines = [text, ""]
     for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained",
@@ -99,9 +106,8 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
 
 
 TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_data",
-                 "optimizer_steps",
-                 "simulated", "served", "offline", "offline_eval", "offline_eval_ci", "offline_gsm8k",
-                 "registered_model", "run_id")
+                 "optimizer_steps", "simulated", "served", "offline", "offline_eval",
+                 "offline_eval_ci", "offline_gsm8k", "registered_model", "run_id")
 
 
 def _ci(metrics: dict, prefix: str) -> str | None:
@@ -129,22 +135,25 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
         if r.info.status != "FINISHED":
             continue
         m, t = r.data.metrics, r.data.tags
-        sets = sorted({k.split(".")[1] for k in m if k.startswith("offline.") and k.endswith(".acceptance_length")})
+        sets = sorted({k.split(".")[1] for k in m
+                       if k.startswith("offline.") and k.endswith(".acceptance_length")})
         first = t.get("eagle3.sweep.eval_primary") or (sets[0] if sets else None)
         gsm = next((s for s in sets if s.startswith("gsm8k")), None)
         rows.append({"data": t.get("eagle3.sweep.data", "as-is"),
                      "point": t.get("eagle3.sweep.point"),
-                     "data_size": int(t.get("eagle3.sweep.data_size",
-                                            0)), "schedule": t.get("eagle3.sweep.schedule"),
-                     "unique_tokens": m.get("sweep.unique_tokens"), "epochs_over_data": m.get("sweep.epochs_over_data"),
+                     "data_size": int(t.get("eagle3.sweep.data_size", 0)),
+                     "schedule": t.get("eagle3.sweep.schedule"),
+                     "unique_tokens": m.get("sweep.unique_tokens"),
+                     "epochs_over_data": m.get("sweep.epochs_over_data"),
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
-                     "simulated": m.get("acceptance_length_simulated"), "served": m.get("acceptance_length"),
+                     "simulated": m.get("acceptance_length_simulated"),
+                     "served": m.get("acceptance_length"),
                      "offline": m.get("acceptance_length_offline"),
                      "offline_eval": m.get(f"offline.{first}.acceptance_length") if first else None,
                      "offline_eval_ci": _ci(m, f"offline.{first}") if first else None,
                      "offline_gsm8k": m.get(f"offline.{gsm}.acceptance_length") if gsm else None,
-                     "eval": {s: {k.split(".", 2)[2]: v for k,
-                                  v in m.items() if k.startswith(f"offline.{s}.")}
+                     "eval": {s: {k.split(".", 2)[2]: v for k, v in m.items()
+                                  if k.startswith(f"offline.{s}.")}
                               for s in sets},
                      "registered_model": t.get("eagle3.registered_model"), "run_id": r.info.run_id,
                      "run_dir": t.get("eagle3.run_dir")})
@@ -163,8 +172,8 @@ def format_table(rows: list[dict]) -> str:
             return f"{v:.2f}"
         return f"{v:.3f}" if isinstance(v, float) else str(v)
     head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    return "\n".join(head + ["| " + " | ".join(cell(k,
-                                                    r.get(k)) for k in TABLE_COLUMNS) + " |" for r in rows])
+    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |"
+                             for r in rows])
 
 
 def simulated_pivot(rows: list[dict]) -> str:
@@ -178,11 +187,11 @@ def simulated_pivot(rows: list[dict]) -> str:
     for data, sched in sorted({(r["data"], r["schedule"] or "") for r in rows}):
         cells = []
         for n in sizes:
-            r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data,
-                                                                              sched) and x["data_size"] == n),
-                     None)
+            r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data, sched)
+                      and x["data_size"] == n), None)
             cells.append("n/a" if r is None or r["simulated"] is None else
-                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, {int(r['optimizer_steps'])} steps, "
+                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, "
+                         f"{int(r['optimizer_steps'])} steps, "
                          f"{int(r['unique_tokens'] or 0):,} tok)")
         body.append(f"| {data} / {sched} | " + " | ".join(cells) + " |")
     return "\n".join(head + body)
@@ -208,6 +217,7 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
     except Exception as e:  # noqa: BLE001 - reported in the text
         plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
     return "\n".join(["## MLflow comparison", "", format_table(rows), "",
-                      "## Simulated acceptance length by schedule × data size", "", simulated_pivot(rows), "",
+                      "## Simulated acceptance length by schedule × data size", "",
+                      simulated_pivot(rows), "",
                       f"- {plot_line}", "", "## Decision (`eagle3 decide`)", "", "```",
                       decision_text(sweep_run_id, tracking_uri), "```"])

@@ -10,13 +10,13 @@ token-weighted (bonus counted; INTERNALS.md). The gate compares with
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from eagle3.artifacts import atomic_write_json, write_manifest
 from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
@@ -32,10 +32,7 @@ from eagle3.measure.prompts import encode_prompts, load_prompts
 
 def _percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (q in [0, 100]) of ``values``; None for an empty list."""
-    if len(values) < 2:
-        return values[0] if values else None
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return cuts[min(max(int(round(q)) - 1, 0), 98)]
+    return float(np.percentile(values, q)) if values else None
 
 
 def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) -> Any:

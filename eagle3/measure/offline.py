@@ -167,8 +167,8 @@ def check_arguments(target_dir, drafts: Mapping, prompt_sets: Sequence[str], max
                               f"speculators training checkpoint; convert it first: eagle3 convert "
                               f"{d} DST --to sglang")
     for label, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_steps", num_steps, 1),
-                              ("batch_size", batch_size, 1), ("check_against_decoder",
-                                                              check_against_decoder, 0)):
+                              ("batch_size", batch_size, 1),
+                              ("check_against_decoder", check_against_decoder, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"{label}: expected an integer >= {low}, got {value!r}")
     if check_against_decoder and make_decoder is None:

@@ -11,8 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from eagle3.artifacts import read_jsonl as read_metrics_jsonl  # noqa: E402
 from eagle3.errors import DataError  # noqa: E402
-from eagle3.measure.prompts import read_jsonl as read_metrics_jsonl  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:

@@ -21,23 +21,9 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Iterable
 
+from eagle3.artifacts import read_jsonl
 from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions, package_file
 from eagle3.errors import DataError
-
-
-def read_jsonl(path: str | Path, opener=open) -> list:
-    """The records of a JSON Lines file (blank lines skipped). DataError names the file and line of
-    a record that is not JSON."""
-    out = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
-    return out
 
 
 def mtbench_prompts() -> list[dict]:
@@ -59,10 +45,7 @@ def mtbench_conversations() -> list[dict]:
              "turns": list(q["turns"])} for q in mtbench_questions()]
 
 
-GSM8K_SAMPLE_SEED = 0
-
-
-def gsm8k_sample(n: int, seed: int = GSM8K_SAMPLE_SEED) -> list[dict]:
+def gsm8k_sample(n: int, seed: int = 0) -> list[dict]:
     """``n`` GSM8K test questions: the ``n`` smallest ``sha256(f"{seed}:{i}")``, in index order.
     Raises DataError unless ``1 <= n <= 1319``."""
     pool = gsm8k_prompts()

@@ -23,8 +23,9 @@ PYSPY_TIMEOUT_S = 20.0
 NVSMI_TIMEOUT_S = 10.0
 
 
-def _run(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
-    """Run a short command; (exit code or None on timeout, stdout+stderr text)."""
+def run_cmd(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """Run a short command, stdin closed: (exit code, or None when it timed out or could not start;
+    stdout+stderr text, with the reason appended in those cases)."""
     try:
         cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                             stdin=subprocess.DEVNULL)
@@ -36,19 +37,14 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
     return cp.returncode, (cp.stdout or "") + (cp.stderr or "")
 
 
-def nvidia_smi() -> str | None:
-    """Path of ``nvidia-smi``, or None where there is no NVIDIA driver tool."""
-    return shutil.which("nvidia-smi")
-
-
 def gpu_sample() -> list[dict] | None:
     """One reading per GPU: ``{"index", "uuid", "util_pct", "mem_used_mib", "mem_total_mib"}``
     (ints, % and MiB); ``pids``: GPU uuid → compute pids. None without a working nvidia-smi."""
-    exe = nvidia_smi()
+    exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
-    code, out = _run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-                     NVSMI_TIMEOUT_S)
+    csv = "--format=csv,noheader,nounits"
+    code, out = run_cmd([exe, f"--query-gpu={GPU_QUERY}", csv], NVSMI_TIMEOUT_S)
     if code != 0:
         return None
     gpus = []
@@ -58,8 +54,7 @@ def gpu_sample() -> list[dict] | None:
             index, uuid, util, used, total = parts
             gpus.append({"index": int(index), "uuid": uuid, "util_pct": _num(util),
                          "mem_used_mib": _num(used), "mem_total_mib": _num(total), "pids": []})
-    code, out = _run([exe, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
-                     NVSMI_TIMEOUT_S)
+    code, out = run_cmd([exe, "--query-compute-apps=gpu_uuid,pid", csv], NVSMI_TIMEOUT_S)
     if code == 0:
         by_uuid = {g["uuid"]: g for g in gpus}
         for line in out.strip().splitlines():
@@ -94,7 +89,7 @@ def pyspy_dump(pid: int, timeout_s: float = PYSPY_TIMEOUT_S) -> str:
     exe = str(local) if local.exists() else shutil.which("py-spy")
     if exe is None:
         return f"[py-spy not installed: no stack dump of pid {pid}]"
-    code, out = _run([exe, "dump", "--pid", str(pid)], timeout_s)
+    code, out = run_cmd([exe, "dump", "--pid", str(pid)], timeout_s)
     return out if code == 0 else f"[py-spy exit {code}]\n{out}"
 
 
@@ -129,18 +124,16 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
                 procs.append(psutil.Process(gp))
     (out / "processes.json").write_text(json.dumps([_proc_info(p) for p in procs], indent=2))
     files.append("processes.json")
-    dumps = {}
+    index["pyspy"] = {}
     for p in procs:
         text = pyspy_dump(p.pid)
-        name = f"pyspy-{p.pid}.txt"
-        (out / name).write_text(text)
-        files.append(name)
-        dumps[p.pid] = "ok" if not text.startswith("[") else text.splitlines()[0]
-    index["pyspy"] = dumps
+        files.append(f"pyspy-{p.pid}.txt")
+        (out / files[-1]).write_text(text)
+        index["pyspy"][p.pid] = "ok" if not text.startswith("[") else text.splitlines()[0]
 
-    exe = nvidia_smi()
+    exe = shutil.which("nvidia-smi")
     if exe is not None:
-        _, text = _run([exe], NVSMI_TIMEOUT_S)
+        _, text = run_cmd([exe], NVSMI_TIMEOUT_S)
         (out / "gpu.txt").write_text(text)
         (out / "gpu.json").write_text(json.dumps(gpu_sample(), indent=2))
         files += ["gpu.txt", "gpu.json"]
@@ -148,11 +141,9 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
     else:
         index["gpu"] = "no nvidia-smi on this machine"
 
-    for lp in log_paths:
-        lp = Path(lp)
-        name = f"tail-{lp.name}.txt" if lp.suffix == ".log" else f"tail-{lp.name}.log.txt"
-        (out / name).write_text(log_tail(lp))
-        files.append(name)
+    for lp in map(Path, log_paths):
+        files.append(f"tail-{lp.name}.txt" if lp.suffix == ".log" else f"tail-{lp.name}.log.txt")
+        (out / files[-1]).write_text(log_tail(lp))
     index.update(files=files, seconds=round(time.monotonic() - t0, 3), host_pid=os.getpid())
     atomic_write_json(out / "index.json", index)
     return index

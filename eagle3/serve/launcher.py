@@ -1,13 +1,8 @@
 """Engine launcher: builds the command line from ``cfg.serve``, starts the engine in its own
 process group and ends the group on exit (terminate, wait, kill; never by name), or the parent
-watch does if this process dies (:mod:`eagle3.serve.supervise`).
-
-Engines: ``sglang`` (``python -m sglang.launch_server``,
-:data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`), ``reference`` (``python -m
-refengine.launch_server``, the flags it implements), ``auto`` (sglang given a GPU and an importable
-SGLang). ``launch_engine``: start → yield → stop. ``launch_ready`` adds the readiness gate, raises
-``GateFailed`` on a non-ready verdict, and retries once after a CUDA-graph capture crash
-(``serve.retry_without_cuda_graph``) or a lost race for an automatic port.
+watch does if this process dies (:mod:`eagle3.serve.supervise`). Engines: ``sglang`` (``python -m
+sglang.launch_server``, :data:`eagle3.engines.sglang.serving.LAUNCH_FLAGS`), ``reference``
+(``python -m refengine.launch_server``), ``auto`` (sglang given a GPU and an importable SGLang).
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,7 +27,7 @@ from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
 from eagle3.engines.sglang.serving import (extra_args_problems, launch_args, reference_refusals,
                                            simulation_problem)
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
-from eagle3.serve.diagnostics import log_tail, nvidia_smi
+from eagle3.serve.diagnostics import log_tail, run_cmd
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
 from eagle3.serve.readiness import GateResult, wait_ready
 from eagle3.serve.supervise import command as supervised
@@ -46,13 +42,8 @@ CommandBuilder = Callable[[RunConfig, Path, "Path | None", int], "tuple[list[str
 
 def gpu_present() -> bool:
     """True when ``nvidia-smi -L`` lists at least one GPU."""
-    exe = nvidia_smi()
-    if exe is None:
-        return False
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    exe = shutil.which("nvidia-smi")
+    out = "" if exe is None else run_cmd([exe, "-L"], 30.0)[1]
     return any(line.startswith("GPU ") for line in out.splitlines())
 
 
@@ -78,9 +69,7 @@ def resolve_engine(cfg: RunConfig) -> str:
                                 f"{sglang_unusable_reason(py)}; expected the Python of an "
                                 f"environment with sglang=={cfg.convert.engine_version} (make "
                                 "sglang-env)")
-    if engine == "sglang":
-        return engine
-    return "sglang" if has_sglang and gpu_present() else "reference"
+    return "sglang" if has_sglang and (engine == "sglang" or gpu_present()) else "reference"
 
 
 def _check_extra_args(generated: list[str], extra: list[str], engine: str, version: str) -> None:
@@ -163,9 +152,6 @@ class EngineProcess:
         """Record the current tree's pids, so later orphans are still ended."""
         self._known.update(snapshot_tree(self.pid))
 
-    def poll(self) -> int | None:
-        return self.popen.poll()
-
     def stop(self) -> dict:
         """SIGTERM, wait ``grace_s``, SIGKILL, reap; idempotent; returns the stop report."""
         with self._stop_lock:
@@ -191,10 +177,9 @@ _STARTED: set[EngineProcess] = set()  # engines of this process not yet stopped
 
 
 def stop_all_engines() -> int:
-    """Stop every engine this process started and has not stopped yet (SIGTERM to its process
-    group, SIGKILL after its ``grace_s``), at once, from any thread: an interrupted run ends its
-    engines before the stages serving them in worker threads unwind (their requests then fail at
-    once instead of running to the end of the benchmark). Returns how many were stopped."""
+    """Stop every engine of this process not stopped yet (:meth:`EngineProcess.stop`), in parallel,
+    from any thread: an interrupted run ends its engines before the stages using them unwind, so
+    their requests fail at once. Returns how many were stopped."""
     engines = list(_STARTED)
     stoppers = [threading.Thread(target=e.stop, name=f"eagle3-stop-{e.pid}", daemon=True)
                 for e in engines]
@@ -274,8 +259,9 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
                  command_builder: CommandBuilder | None = None,
                  use_gpu: bool = True) -> Iterator[tuple[EngineProcess, GateResult]]:
     """Launch, pass the readiness gate, yield ``(engine, gate)``; the group always ends on exit.
-    Writes ``out_dir/engine-*.log``, ``diagnostics[-retryN]/``, ``attempts.json``. GateFailed when
-    the last attempt is not ready."""
+    Retries once after a CUDA-graph capture crash (``serve.retry_without_cuda_graph``) or a lost
+    race for an automatic port. Writes ``out_dir/engine-*.log``, ``diagnostics[-retryN]/``,
+    ``attempts.json``. GateFailed when the last attempt is not ready."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     require = (draft_dir is not None) if require_spec_fields is None else require_spec_fields

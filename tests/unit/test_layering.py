@@ -134,3 +134,30 @@ def test_no_module_over_the_size_limit():
         if (n := len(f.read_text().splitlines())) > MAX_LINES
     ]
     assert big == [], f"modules over {MAX_LINES} lines (split them by reason)"
+
+
+MAX_COLUMNS = 100
+PRODUCT = ("eagle3", "tasks", "flows", "cli", "refengine")
+
+
+def _long_lines(files) -> list[str]:
+    """``file:line: N columns`` for each line of ``files`` over MAX_COLUMNS characters
+    (not bytes)."""
+    return [
+        f"{f.relative_to(REPO) if f.is_relative_to(REPO) else f}:{n}: {len(line)} columns"
+        for f in files
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > MAX_COLUMNS
+    ]
+
+
+def test_long_lines_counts_characters_not_bytes(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("×" * 100 + "\n" + "x" * 101 + "\n", encoding="utf-8")
+    assert _long_lines([f]) == [f"{f}:2: 101 columns"]
+
+
+def test_no_product_line_over_100_columns():
+    """Every .py file under the product folders, the SGLang-side shims and plugins included."""
+    long = _long_lines(f for top in PRODUCT for f in sorted((REPO / top).rglob("*.py")))
+    assert long == [], f"lines over {MAX_COLUMNS} columns:\n" + "\n".join(long)

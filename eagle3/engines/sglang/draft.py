@@ -77,10 +77,7 @@ class DraftKVCache:
     @property
     def length(self) -> int:
         """Cached positions (of the last layer, the one written last in a forward)."""
-        return self.layer_length(len(self.kv) - 1)
-
-    def layer_length(self, layer: int) -> int:
-        return 0 if self.kv[layer] is None else int(self.kv[layer][0].shape[-2])
+        return 0 if self.kv[-1] is None else int(self.kv[-1][0].shape[-2])
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Append ``k, v`` ``[..., n_kv, T, d]``; returns the full ``[..., n_kv, S+T, d]`` pair."""
@@ -110,14 +107,12 @@ class CachedAttention:
 
     def __call__(self, layer: int, attn: "_Attention", x: torch.Tensor, positions: torch.Tensor):
         q, k, v = attn.project(x, positions)
-        past = 0
         if self.cache is not None:
-            past = self.cache.layer_length(layer)
             k, v = self.cache.append(layer, k, v)
         mask = self.mask
-        if mask is None:
+        if mask is None:  # the T new rows follow the s - T cached positions
             t, s = x.shape[-2], k.shape[-2]
-            mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(past)
+            mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t)
         return attn.attend(q, k, v, mask)
 
 
@@ -149,7 +144,6 @@ class _Attention(nn.Module):
 
     def attend(self, q, k, v, mask: torch.Tensor) -> torch.Tensor:
         """SDPA of ``q`` over ``k, v`` (GQA repeat) → ``o_proj`` output ``[..., T, H]``."""
-
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.hd ** -0.5)
