@@ -134,23 +134,14 @@ def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     return []
 
 
-def _absolute_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, tid: torch.Tensor,
-                      vocab: int) -> list[Problem]:
+def _absolute_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> list[Problem]:
     """``VOCAB_MAP_ABSOLUTE`` when ``d2t`` holds target ids instead of offsets
-    (:func:`eagle3.train.vocab.absolute_d2t_reason`). A ``t2d`` that agrees with the offset
-    reading settles it as offsets; one that agrees with the absolute reading is named as proof."""
-    from eagle3.train.vocab import absolute_d2t_reason
+    (:func:`eagle3.convert.vocab_reading.absolute_reason`; a ``t2d`` decides it)."""
+    from eagle3.convert.vocab_reading import absolute_reason
 
-    if t2d is not None and t2d.dim() == 1 and t2d.numel() == vocab:
-        mask = t2d.to(torch.bool)
-        in_range = bool(((tid >= 0) & (tid < vocab)).all())
-        if in_range and bool(mask[tid].all()) and int(mask.sum()) == tid.numel():
-            return []
-    reason = absolute_d2t_reason(d2t, vocab)
+    reason = absolute_reason(d2t, t2d, vocab)
     if reason is None:
         return []
-    if t2d is not None and t2d.numel() == vocab and bool(t2d.to(torch.bool)[d2t.long()].all()):
-        reason += "; t2d is true exactly at d2t's values, not at i + d2t[i]"
     return [Problem("VOCAB_MAP_ABSOLUTE", f"d2t: expected offsets (target id = i + d2t[i]), got "
                                           f"absolute target ids: {reason}")]
 
@@ -166,7 +157,7 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
         out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected an integer dtype (int64), got "
                                                 f"{d2t.dtype}"))
     tid = d2t.to(torch.long) + torch.arange(draft_vocab)
-    absolute = _absolute_problem(d2t, t2d, tid, vocab)
+    absolute = _absolute_problem(d2t, t2d, vocab)
     if absolute:
         return out + absolute
     lo, hi = int(tid.min()), int(tid.max())
