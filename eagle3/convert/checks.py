@@ -222,8 +222,8 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         actual = vocab_map_hash(d2t, t2d)
         if actual != recorded:
             out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
-                               f"expected {recorded[:12]}..., got {actual[:12]}... (map regenerated: "
-                               "lm_head rows now mean other tokens)"))
+                               f"expected {recorded[:12]}..., got {actual[:12]}... (map "
+                               "regenerated: lm_head rows now mean other tokens)"))
     return out
 
 
@@ -365,7 +365,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     th = sha256_file(target.path / "config.json")
     if dt.get("config_hash") and dt["config_hash"] != th:
         out.append(Problem("TARGET_MISMATCH", "data manifest target.config_hash: expected this "
-                           f"target's {th[:12]}... ({target.path}), got {dt['config_hash'][:12]}..."))
+                           f"target's {th[:12]}... ({target.path}), got "
+                           f"{dt['config_hash'][:12]}..."))
     # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
     if dt.get("weights_hash"):
         from eagle3.artifacts import weights_hash
@@ -374,8 +375,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
         if wh != dt["weights_hash"]:
             out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
                                f"expected this target's {str(wh)[:12]}… (sha256 of "
-                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... (the "
-                               "hidden states came from other weights)"))
+                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... "
+                               "(the hidden states came from other weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
     return out

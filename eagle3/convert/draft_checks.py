@@ -103,8 +103,8 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
     nested = "transformer_layer_config."
     if _is_speculators(cfg):
         trained = trained_theta(cfg)
-        key, theta = trained or (f"{nested}rope_parameters.rope_theta (not stated: transformers' "
-                                 "default)", DEFAULT_THETA)
+        unstated = f"{nested}rope_parameters.rope_theta (not stated: transformers' default)"
+        key, theta = trained or (unstated, DEFAULT_THETA)
         if len(set(stated.values()) | {theta}) < 2:
             return []
         both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
