@@ -103,19 +103,20 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
     nested = "transformer_layer_config."
     if _is_speculators(cfg):
         trained = trained_theta(cfg)
-        unstated = f"{nested}rope_parameters.rope_theta (not stated: transformers' default)"
-        key, theta = trained or (unstated, DEFAULT_THETA)
+        key, theta = trained or ("", DEFAULT_THETA)
         if len(set(stated.values()) | {theta}) < 2:
             return []
+        used = (f"{key}={theta:g}" if trained else f"transformers' default theta {theta:g} "
+                "(transformer_layer_config states none)")
         both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
         unread = [k for k in stated if k != key]
         return [Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}. "
-                        f"speculators 0.9.0 trained the draft layer with {key}={theta:g} (its "
-                        "Eagle3 core.py builds the rotary embedding from transformer_layer_config"
-                        "; transformers takes the first of "
-                        f"{', '.join(SGLANG_THETA_ORDER)}); {SGLANG_RELEASES} do not load this "
-                        "format: `eagle3 convert` copies transformer_layer_config's RoPE keys "
-                        "(the target's with --target) into the served config.json. "
+                        f"speculators 0.9.0 trained the draft layer with {used} (its Eagle3 "
+                        "core.py builds the rotary embedding from transformer_layer_config; "
+                        f"transformers takes the first of {', '.join(SGLANG_THETA_ORDER)}); "
+                        f"{SGLANG_RELEASES} do not load this format: `eagle3 convert` copies "
+                        "transformer_layer_config's RoPE keys into the served config.json (the "
+                        "target's RoPE instead when given --target). "
                         f"{', '.join(unread)} {'is' if len(unread) == 1 else 'are'} read by none "
                         f"of them: delete {'it' if len(unread) == 1 else 'them'} or set "
                         f"{'it' if len(unread) == 1 else 'them'} to {theta:g}")]

@@ -251,3 +251,16 @@ def test_lone_sliding_window_in_a_speculators_draft_is_recorded_by_convert(pair,
     warnings = man["validation"]["warnings"]
     assert any(w.startswith("SLIDING_WINDOW:") and "transformer_layer_config.sliding_window=8"
                in w for w in warnings), warnings
+
+
+def test_top_level_theta_beside_a_layer_config_without_one_names_the_default():
+    from eagle3.convert.draft_checks import check_rope_conflict
+
+    cfg = {"speculators_model_type": "eagle3", "rope_theta": 500000.0,
+           "transformer_layer_config": {"model_type": "llama"}}
+    msg = _codes(check_rope_conflict(cfg, "src/config.json"))["ROPE_CONFLICT"]
+    assert msg.startswith("src/config.json: expected one RoPE theta, got rope_theta=500000.")
+    assert "transformers' default theta 10000 (transformer_layer_config states none)" in msg
+    assert "rope_theta is read by none of them: delete it or set it to 10000" in msg
+    cfg["rope_theta"] = 10000.0  # the same value as the default: nothing to say
+    assert check_rope_conflict(cfg) == []
