@@ -1,8 +1,10 @@
-"""Checks of what a draft was trained with that the serving config would silently change: two RoPE
-thetas in one config, a sliding-window draft the engine serves with full attention, and a draft
-vocabulary that cannot propose the data's tokens. Each returns ``Problem`` records naming the key
-and both values; used by :func:`eagle3.convert.validate.validate_report` on a serving checkpoint
-and by :func:`eagle3.convert.stage.convert` on its source, before anything is written.
+"""Checks of what a draft was trained with that the serving config would silently change: RoPE
+thetas that disagree (at one level or across speculators' ``transformer_layer_config``), a
+sliding-window draft the engine serves with full attention (and, as a warning, a lone
+``sliding_window`` no one applies), and a draft vocabulary that cannot propose the data's tokens.
+Each returns ``Problem`` records naming the key and both values; used by
+:func:`eagle3.convert.validate.validate_report` on a serving checkpoint and by
+:func:`eagle3.convert.stage.convert` on its source, before anything is written.
 """
 
 from __future__ import annotations
