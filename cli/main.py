@@ -183,22 +183,21 @@ def validate(
 ):
     """Check a draft against the SGLang profile. Exit 0 valid, 1 problems (one ``CODE: message`` per
     line), 2 I/O. Warnings (``warning: CODE: message``) go to stderr and do not fail."""
-    from eagle3.artifacts import read_manifest
-    from eagle3.convert.coverage import token_counts
+    from eagle3.convert.coverage import read_data
     from eagle3.convert.validate import validate_report
 
     if data is not None and not data.exists():
         _fail(f"--data {data}: not found; expected an extraction output folder or a "
               "conversations file", 2)
     try:
-        data_manifest = read_manifest(data) if data and data.is_dir() else None
-        counts = None
-        if data is not None and (data.is_file() or (data / "token_freq.pt").is_file()):
-            counts = token_counts(data, target)
+        data_manifest, counts, uncounted = (read_data(data, target) if data is not None
+                                            else (None, None, None))
         found = validate_report(directory, target_dir=target, data_manifest=data_manifest,
                                 token_counts=counts)
     except (ConfigError, DataError, EngineUnsupported, OSError) as e:
         _fail(str(e), 2)
+    if uncounted:
+        typer.echo(f"note: {uncounted}", err=True)
     problems = found.problems
     for p in problems:
         typer.echo(str(p))

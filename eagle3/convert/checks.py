@@ -134,23 +134,14 @@ def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     return []
 
 
-def _absolute_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, tid: torch.Tensor,
-                      vocab: int) -> list[Problem]:
+def _absolute_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> list[Problem]:
     """``VOCAB_MAP_ABSOLUTE`` when ``d2t`` holds target ids instead of offsets
-    (:func:`eagle3.train.vocab.absolute_d2t_reason`). A ``t2d`` that agrees with the offset
-    reading settles it as offsets; one that agrees with the absolute reading is named as proof."""
-    from eagle3.train.vocab import absolute_d2t_reason
+    (:func:`eagle3.convert.vocab_reading.absolute_reason`; a ``t2d`` decides it)."""
+    from eagle3.convert.vocab_reading import absolute_reason
 
-    if t2d is not None and t2d.dim() == 1 and t2d.numel() == vocab:
-        mask = t2d.to(torch.bool)
-        in_range = bool(((tid >= 0) & (tid < vocab)).all())
-        if in_range and bool(mask[tid].all()) and int(mask.sum()) == tid.numel():
-            return []
-    reason = absolute_d2t_reason(d2t, vocab)
+    reason = absolute_reason(d2t, t2d, vocab)
     if reason is None:
         return []
-    if t2d is not None and t2d.numel() == vocab and bool(t2d.to(torch.bool)[d2t.long()].all()):
-        reason += "; t2d is true exactly at d2t's values, not at i + d2t[i]"
     return [Problem("VOCAB_MAP_ABSOLUTE", f"d2t: expected offsets (target id = i + d2t[i]), got "
                                           f"absolute target ids: {reason}")]
 
@@ -166,7 +157,7 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
         out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected an integer dtype (int64), got "
                                                 f"{d2t.dtype}"))
     tid = d2t.to(torch.long) + torch.arange(draft_vocab)
-    absolute = _absolute_problem(d2t, t2d, tid, vocab)
+    absolute = _absolute_problem(d2t, t2d, vocab)
     if absolute:
         return out + absolute
     lo, hi = int(tid.min()), int(tid.max())
@@ -231,8 +222,8 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         actual = vocab_map_hash(d2t, t2d)
         if actual != recorded:
             out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
-                               f"expected {recorded[:12]}..., got {actual[:12]}... (map regenerated: "
-                               "lm_head rows now mean other tokens)"))
+                               f"expected {recorded[:12]}..., got {actual[:12]}... (map "
+                               "regenerated: lm_head rows now mean other tokens)"))
     return out
 
 
@@ -374,7 +365,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     th = sha256_file(target.path / "config.json")
     if dt.get("config_hash") and dt["config_hash"] != th:
         out.append(Problem("TARGET_MISMATCH", "data manifest target.config_hash: expected this "
-                           f"target's {th[:12]}... ({target.path}), got {dt['config_hash'][:12]}..."))
+                           f"target's {th[:12]}... ({target.path}), got "
+                           f"{dt['config_hash'][:12]}..."))
     # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
     if dt.get("weights_hash"):
         from eagle3.artifacts import weights_hash
@@ -383,8 +375,8 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
         if wh != dt["weights_hash"]:
             out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
                                f"expected this target's {str(wh)[:12]}… (sha256 of "
-                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... (the "
-                               "hidden states came from other weights)"))
+                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... "
+                               "(the hidden states came from other weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
     return out

@@ -1,6 +1,7 @@
-"""The data's target tokens, counted for the draft-vocabulary coverage check
-(:func:`eagle3.convert.draft_checks.check_vocab_reach`): from an extraction folder's
-``token_freq.pt`` or from a conversations file tokenized with the target's tokenizer."""
+"""The data a draft is validated against (``eagle3 validate --data``): an extraction folder's
+manifest, and the data's target tokens counted for the draft-vocabulary coverage check
+(:func:`eagle3.convert.draft_checks.check_vocab_reach`) from its ``token_freq.pt`` or from a
+conversations file tokenized with the target's tokenizer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,51 @@ from pathlib import Path
 from eagle3.errors import ConfigError, DataError
 
 MAX_TOKENS_PER_RECORD = 1 << 20  # no truncation: every token of a record is counted
+
+
+def _kind(path: Path) -> str:
+    """What ``path`` is, in words, for an error message."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "nothing (not found)"
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "neither a folder nor a regular file"
+
+
+def read_data(data: str | Path, target_dir: str | Path | None = None
+              ) -> tuple[dict | None, dict[int, int] | None, str | None]:
+    """``(extraction manifest, token counts, why coverage is not counted)`` for ``--data``. A
+    folder must hold ``manifest.json`` with a JSON object (its ``token_freq.pt``, when present,
+    gives the counts; when absent the third item says so); a regular file is a conversations file
+    (:func:`token_counts`, needs ``target_dir``). DataError naming the path, what was expected
+    and what was found: a missing path, a device or pipe (e.g. ``/dev/null``), a folder without
+    ``manifest.json``, a manifest that is not valid JSON or not an object; ConfigError: a
+    conversations file without ``target_dir``."""
+    from eagle3.artifacts import MANIFEST, read_manifest
+
+    path = Path(data)
+    expected = ("expected an extraction output folder (manifest.json, token_freq.pt) or a "
+                "conversations file (JSON/JSONL/.txt)")
+    if path.is_dir():
+        if not (path / MANIFEST).is_file():
+            raise DataError(f"--data {path}: {expected}, got a folder without {MANIFEST}")
+        manifest = read_manifest(path)
+        if not isinstance(manifest, dict):
+            raise DataError(f"--data {path / MANIFEST}: expected a JSON object (the extraction "
+                            f"manifest), got a JSON {type(manifest).__name__}")
+        if not (path / "token_freq.pt").is_file():
+            return manifest, None, (f"{path} holds no token_freq.pt: vocabulary coverage not "
+                                    "counted")
+        return manifest, token_counts(path), None
+    if path.is_file():
+        return None, token_counts(path, target_dir), None
+    raise DataError(f"--data {path}: {expected}, got {_kind(path)}")
 
 
 def token_counts(data: str | Path, target_dir: str | Path | None = None) -> dict[int, int]:

@@ -1,8 +1,10 @@
-"""Checks of what a draft was trained with that the serving config would silently change: two RoPE
-thetas in one config, a sliding-window draft the engine serves with full attention, and a draft
-vocabulary that cannot propose the data's tokens. Each returns ``Problem`` records naming the key
-and both values; used by :func:`eagle3.convert.validate.validate_report` on a serving checkpoint
-and by :func:`eagle3.convert.stage.convert` on its source, before anything is written.
+"""Checks of what a draft was trained with that the serving config would silently change: RoPE
+thetas that disagree (at one level or across speculators' ``transformer_layer_config``), a
+sliding-window draft the engine serves with full attention (and, as a warning, a lone
+``sliding_window`` no one applies), and a draft vocabulary that cannot propose the data's tokens.
+Each returns ``Problem`` records naming the key and both values; used by
+:func:`eagle3.convert.validate.validate_report` on a serving checkpoint and by
+:func:`eagle3.convert.stage.convert` on its source, before anything is written.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ import torch
 
 from eagle3.convert.checkpoint import Checkpoint, Problem, cfg_get
 
-# Which RoPE theta SGLang 0.5.23 builds the draft's attention with. It loads config.json through
-# transformers 5.19 (its pinned requirement: sglang-0.5.23.dist-info/METADATA), whose LlamaConfig
-# folds the three places into ``rope_parameters`` with this precedence (first found wins; checked
-# against the installed transformers by tests/unit/test_convert_classes.py), and then
-# srt/models/llama.py ``LlamaDecoderLayer.__init__`` reads ``rope_parameters["rope_theta"]``.
+# Which RoPE theta SGLang builds the draft's attention with. SGLang 0.5.23 and 0.5.16 load
+# config.json through transformers (their pinned requirement: 5.19.0 and 5.12.1, in the wheels'
+# METADATA), whose LlamaConfig folds the three places into ``rope_parameters`` with this
+# precedence (first found wins; checked against the installed 5.19.0 by
+# tests/unit/test_convert_classes.py), and then srt/models/llama.py ``LlamaDecoderLayer.__init__``
+# (the class LlamaForCausalLMEagle3's layer extends, in both releases) reads
+# ``rope_parameters["rope_theta"]``. Neither release reads speculators' nested
+# ``transformer_layer_config``: speculators 0.9.0 builds the draft layer's rotary embedding from
+# it (models/eagle3/core.py), and conversion copies its RoPE keys into the served config.
 SGLANG_THETA_ORDER = ("rope_scaling.rope_theta", "rope_parameters.rope_theta", "rope_theta")
 DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py default
+SGLANG_RELEASES = "SGLang 0.5.16 and 0.5.23"
 
 # Share of the data's target tokens the draft vocabulary must hold. A drafted id outside it is never
 # accepted, so with coverage c the accepted drafts per verify pass stay below c + c² + ... =
@@ -27,6 +34,11 @@ DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py defau
 # (at most 9 tokens per pass) it is reported as a warning.
 COVERAGE_REFUSE = 0.5
 COVERAGE_WARN = 0.9
+# Fewest counted target tokens for a coverage verdict. A share measured on N tokens has a standard
+# error of at most 0.5 / sqrt(N); with 400 tokens two standard errors are 0.05, half the margin
+# between a share at a threshold and one 0.1 away, so below 400 a refusal or warning would follow
+# noise. Fewer tokens: the share is reported as not judged (warning VOCAB_COVERAGE_UNJUDGED).
+COVERAGE_MIN_TOKENS = 400
 
 
 def _scopes(cfg: Mapping) -> list[tuple[str, Mapping]]:
@@ -53,7 +65,7 @@ def stated_thetas(cfg: Mapping) -> dict[str, float]:
 
 
 def sglang_theta(cfg: Mapping) -> tuple[str, float]:
-    """``(key, theta)`` SGLang 0.5.23 serves a serving-format config with (first key of
+    """``(key, theta)`` SGLang 0.5.16 and 0.5.23 serve a serving-format config with (first key of
     :data:`SGLANG_THETA_ORDER` stated at the top level; ``("default", 10000.0)`` when none)."""
     stated = stated_thetas({k: v for k, v in cfg.items() if k != "transformer_layer_config"})
     return next(iter(stated.items()), ("default", DEFAULT_THETA))  # stated in that order
@@ -71,36 +83,73 @@ def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
     return None if key is None else (prefix + key, stated[key])
 
 
+def _is_speculators(cfg: Mapping) -> bool:
+    return bool(cfg.get("speculators_model_type")) and isinstance(
+        cfg.get("transformer_layer_config"), Mapping)
+
+
 def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Problem]:
-    """``ROPE_CONFLICT`` when one config states two different RoPE thetas (transformers 4's
-    ``rope_theta`` / ``rope_scaling`` beside 5's ``rope_parameters``): names every key and value
-    and the one SGLang 0.5.23 and the reference engine read."""
+    """``ROPE_CONFLICT`` when a config states RoPE thetas that disagree, at one level
+    (transformers 4's ``rope_theta`` / ``rope_scaling`` beside 5's ``rope_parameters``) or across
+    the top level and speculators' ``transformer_layer_config``. The message names every key and
+    value, the one that is read and by what, and the keys to delete:
+
+    - speculators format: speculators 0.9.0 trains the layer with ``transformer_layer_config``'s
+      theta (transformers' default 10000 when it states none) and conversion serves that one;
+      top-level keys are read by neither (nor by SGLang, which does not load this format);
+    - serving format: SGLang 0.5.16 and 0.5.23 read the first of :data:`SGLANG_THETA_ORDER` at
+      the top level; the file does not record which theta the draft was trained with."""
     from eagle3.engines.sglang.draft_load import rope_parameters
 
-    out = []
-    for prefix, scope in _scopes(cfg):
-        flat = {k: v for k, v in scope.items() if k != "transformer_layer_config"}
-        stated = stated_thetas(flat)
-        if len(set(stated.values())) < 2:
-            continue
-        s_key, s_theta = sglang_theta(flat)
-        ref_theta = rope_parameters(dict(flat)).get("rope_theta", DEFAULT_THETA)
-        both = ", ".join(f"{prefix}{k}={v:g}" for k, v in stated.items())
-        out.append(Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}; SGLang "
-                           f"0.5.23 reads {prefix}{s_key}={s_theta:g} (transformers 5.19 folds "
-                           "them into rope_parameters, srt/models/llama.py reads "
-                           "rope_parameters['rope_theta']), the reference engine reads "
-                           f"{float(ref_theta):g}; which one the draft was trained with cannot be "
-                           "told from the file"))
-    return out
+    stated = stated_thetas(cfg)
+    nested = "transformer_layer_config."
+    if _is_speculators(cfg):
+        trained = trained_theta(cfg)
+        key, theta = trained or ("", DEFAULT_THETA)
+        if len(set(stated.values()) | {theta}) < 2:
+            return []
+        used = (f"{key}={theta:g}" if trained else f"transformers' default theta {theta:g} "
+                "(transformer_layer_config states none)")
+        both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
+        unread = [k for k in stated if k != key]
+        return [Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}. "
+                        f"speculators 0.9.0 trained the draft layer with {used} (its Eagle3 "
+                        "core.py builds the rotary embedding from transformer_layer_config; "
+                        f"transformers takes the first of {', '.join(SGLANG_THETA_ORDER)}); "
+                        f"{SGLANG_RELEASES} do not load this format: `eagle3 convert` copies "
+                        "transformer_layer_config's RoPE keys into the served config.json (the "
+                        "target's RoPE instead when given --target). "
+                        f"{', '.join(unread)} {'is' if len(unread) == 1 else 'are'} read by none "
+                        f"of them: delete {'it' if len(unread) == 1 else 'them'} or set "
+                        f"{'it' if len(unread) == 1 else 'them'} to {theta:g}")]
+    if len(set(stated.values())) < 2:
+        return []
+    s_key, s_theta = sglang_theta(cfg)
+    top = {k: v for k, v in cfg.items() if k != "transformer_layer_config"}
+    ref_theta = float(rope_parameters(dict(top)).get("rope_theta", DEFAULT_THETA))
+    both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
+    ref = ("" if ref_theta == s_theta else
+           f"; the reference engine (refengine) reads {ref_theta:g} instead")
+    stray = [k for k in stated if k.startswith(nested)]
+    stray_note = (f"; {', '.join(stray)} {'is' if len(stray) == 1 else 'are'} not read when "
+                  "serving" if stray else "")
+    others = [k for k in stated if k != s_key]
+    return [Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}. "
+                    f"{SGLANG_RELEASES} read {s_key}={s_theta:g} (transformers folds "
+                    f"{', '.join(SGLANG_THETA_ORDER)} into rope_parameters, first stated wins; "
+                    "srt/models/llama.py reads rope_parameters['rope_theta'])"
+                    f"{ref}{stray_note}. The file does not record which theta the draft was "
+                    "trained with: keep only the key holding it (normally the target's theta) "
+                    f"and delete the others ({', '.join(others)} if {s_key} is the trained one)")]
 
 
 def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Problem]:
     """``SLIDING_WINDOW`` when the draft's layers use sliding-window attention (speculators:
     ``layer_types`` entries ``"sliding_attention"``, ``Eagle3`` ``core.py``; Qwen-style
-    ``use_sliding_window: true`` with a window). SGLang 0.5.23's ``LlamaForCausalLMEagle3``
-    (srt/models/llama_eagle3.py) reads neither key: its only window is the server flag
-    ``--speculative-draft-window-size``, so the draft is served with full attention."""
+    ``use_sliding_window: true`` with a window). SGLang 0.5.16's and 0.5.23's
+    ``LlamaForCausalLMEagle3`` (srt/models/llama_eagle3.py, its layers from srt/models/llama.py)
+    read neither key: their only window is the server flag ``--speculative-draft-window-size``,
+    so the draft is served with full attention."""
     out = []
     for prefix, scope in _scopes(cfg):
         types = scope.get("layer_types")
@@ -113,10 +162,36 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
         got = (f"{prefix}layer_types={types} (layers {sliding} not full attention)" if sliding
                else f"{prefix}use_sliding_window=true")
         out.append(Problem("SLIDING_WINDOW", f"{where}: expected full attention in every draft "
-                           f"layer, got {got} with {prefix}sliding_window={window!r}; SGLang "
-                           "0.5.23's LlamaForCausalLMEagle3 reads neither key (its only window is "
-                           "the server flag --speculative-draft-window-size), so the draft would "
-                           "be served with full attention"))
+                           f"layer, got {got} with {prefix}sliding_window={window!r}; "
+                           f"{SGLANG_RELEASES}' LlamaForCausalLMEagle3 reads neither key (its only "
+                           "window is the server flag --speculative-draft-window-size), so the "
+                           "draft would be served with full attention"))
+    return out
+
+
+def sliding_window_warnings(cfg: Mapping, where: str = "config.json") -> list[Problem]:
+    """Warning ``SLIDING_WINDOW`` for a window no one applies: ``sliding_window`` a positive int
+    with neither ``layer_types`` nor ``use_sliding_window`` beside it (same level). speculators
+    0.9.0 windows only the layers ``layer_types`` marks ``"sliding_attention"`` (Eagle3
+    ``core.py``), transformers' LlamaConfig derives no layer types from it (Qwen2Config would
+    drop the window without ``use_sliding_window: true``), and SGLang 0.5.16 / 0.5.23 read no
+    window key: the draft is trained and served with full attention, which the key belies. No
+    warning for ``sliding_window: null``, ``use_sliding_window: false`` or explicit
+    ``layer_types`` (those are :func:`check_sliding_window`'s)."""
+    out = []
+    for prefix, scope in _scopes(cfg):
+        window = scope.get("sliding_window")
+        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+            continue
+        if scope.get("layer_types") is not None or "use_sliding_window" in scope:
+            continue
+        out.append(Problem("SLIDING_WINDOW", f"{where} {prefix}sliding_window={window}: stated "
+                           f"without {prefix}layer_types or {prefix}use_sliding_window, so no "
+                           "layer uses it: speculators 0.9.0 windows only layers that layer_types "
+                           f"marks 'sliding_attention' and {SGLANG_RELEASES} read no window key; "
+                           "the draft is served with full attention. Delete the key, or, if the "
+                           "draft was trained with a window, serve it with "
+                           "--speculative-draft-window-size"))
     return out
 
 
@@ -131,7 +206,10 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
     ``draft_vocab_size`` target ids). With ``token_counts`` ``{target id: count}`` (the data's
     target tokens): figures ``{"vocab_coverage", "tokens_covered", "tokens_counted"}``; problem
     ``VOCAB_COVERAGE_LOW`` below :data:`COVERAGE_REFUSE`, warning ``VOCAB_COVERAGE`` below
-    :data:`COVERAGE_WARN`. Nothing when the draft has no ``d2t`` (the full vocabulary)."""
+    :data:`COVERAGE_WARN`. Fewer than :data:`COVERAGE_MIN_TOKENS` tokens counted: no verdict,
+    warning ``VOCAB_COVERAGE_UNJUDGED`` (figures ``{"tokens_counted", "tokens_covered",
+    "vocab_coverage_judged": False}``). Nothing when the draft has no ``d2t`` (the full
+    vocabulary)."""
     from eagle3.train.vocab import is_identity_prefix, vocab_coverage
 
     tl = ck.config.get("transformer_layer_config")
@@ -143,8 +221,17 @@ def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
     share = None
     if token_counts is not None:
         share, covered, total = vocab_coverage(d2t, dict(token_counts))
-        figures = {"vocab_coverage": round(share, 6), "tokens_covered": covered,
-                   "tokens_counted": total}
+        if total < COVERAGE_MIN_TOKENS:
+            warnings.append(Problem("VOCAB_COVERAGE_UNJUDGED", "draft vocabulary coverage: "
+                                    f"expected at least {COVERAGE_MIN_TOKENS} target tokens of "
+                                    f"data to judge it, got {total} ({covered} in the draft "
+                                    "vocabulary): not judged"))
+            figures = {"tokens_counted": total, "tokens_covered": covered,
+                       "vocab_coverage_judged": False}
+            share = None
+        else:
+            figures = {"vocab_coverage": round(share, 6), "tokens_covered": covered,
+                       "tokens_counted": total}
     of_data = "" if share is None else f"; it holds {share:.1%} of the data's target tokens"
     if is_identity_prefix(d2t, vocab):
         warnings.append(Problem("VOCAB_MAP_PREFIX", "d2t: expected the data's most frequent "

@@ -292,6 +292,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what the "
                                 "draft was trained with: " + "; ".join(map(str, refused)), refused)
     warnings = draft_checks.check_vocab_reach(ck, None)[1]
+    warnings += draft_checks.sliding_window_warnings(ck.config, f"{src}/config.json")
     for w in warnings:
         log.warning("convert %s: %s", src, w)
     build = _from_speculators if fmt == "speculators" else _from_sglang_like

@@ -13,7 +13,8 @@ AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED; 11 TARGET_NO_AUX_C
 
 Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
 the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
-below :data:`eagle3.convert.draft_checks.COVERAGE_WARN`).
+below :data:`eagle3.convert.draft_checks.COVERAGE_WARN`), VOCAB_COVERAGE_UNJUDGED (too few tokens
+counted for a verdict), SLIDING_WINDOW (a lone ``sliding_window`` that no one applies).
 
 Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
 target). Target checks need ``target_dir``; data checks need ``data_manifest``.
@@ -29,6 +30,7 @@ from eagle3.convert import checks, draft_checks, flag_checks
 from eagle3.convert.checkpoint import Problem, Target, read_checkpoint
 from eagle3.engines.bounds import out_of_bounds
 from eagle3.engines.registry import get_profile
+from eagle3.errors import DataError
 
 
 @dataclass
@@ -61,7 +63,11 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     release. ``aux_capture``: check class 11 here (the pipeline leaves it to
     :mod:`eagle3.serve.preflight`). ``token_counts`` ``{target id: count}``: the data's target
     tokens, for the draft vocabulary's coverage (:func:`eagle3.convert.coverage.token_counts`).
-    DataError for unreadable input; EngineUnsupported for an unknown engine/release."""
+    DataError for unreadable input or a ``data_manifest`` that is not a mapping; EngineUnsupported
+    for an unknown engine/release."""
+    if data_manifest is not None and not isinstance(data_manifest, Mapping):
+        raise DataError("data manifest: expected a JSON object (the extraction manifest), got a "
+                        f"{type(data_manifest).__name__}")
     profile = get_profile(engine, version)
     ck = read_checkpoint(ckpt_dir)
     target = Target.read(target_dir) if target_dir is not None else None
@@ -85,6 +91,7 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     problems += checks.check_aux_ids(ck, profile, target, data_manifest)
     problems += draft_checks.check_rope_conflict(ck.config)
     problems += draft_checks.check_sliding_window(ck.config)
+    found.warnings += draft_checks.sliding_window_warnings(ck.config)
     if target is not None:
         problems += checks.check_target(ck, profile, target, aux_capture=aux_capture)
     if data_manifest is not None:

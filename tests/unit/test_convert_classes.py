@@ -103,7 +103,7 @@ def test_identity_prefix_is_a_named_warning_and_coverage_decides(pair, tmp_path)
     assert "VOCAB_MAP_PREFIX" in warn and f"[0, {dv})" in warn["VOCAB_MAP_PREFIX"]
     # 30 % of the data's tokens below dv: refused; 70 %: warned; 95 %: only the prefix warning
     for inside, code in ((30, "VOCAB_COVERAGE_LOW"), (70, "VOCAB_COVERAGE"), (95, None)):
-        counts = {1: inside, dv + 5: 100 - inside}
+        counts = {1: 10 * inside, dv + 5: 10 * (100 - inside)}  # 1000 tokens: enough to judge
         found = validate_report(bad, token_counts=counts)
         assert found.figures["vocab_coverage"] == pytest.approx(inside / 100)
         codes = _codes(found.problems) | _codes(found.warnings)
@@ -133,7 +133,7 @@ def test_cli_validate_data_conversations_file_and_extraction_folder(pair, tmp_pa
     conv.write_text("\n".join(json.dumps({"conversations": [
         {"from": "human", "value": f"Tell me about topic number {i}."},
         {"from": "gpt", "value": f"Topic {i} is about gardens, rivers and mountains."}]})
-        for i in range(4)))
+        for i in range(40)))  # about 480 target tokens: enough to judge coverage
     r = CliRunner().invoke(app, ["validate", str(bad), "--data", str(conv),
                                  "--target", str(tiny_target_dir)])
     assert r.exit_code == 1, r.output
@@ -194,7 +194,8 @@ def test_two_thetas_in_a_serving_config_are_refused_naming_both(pair, tmp_path):
         "rope_theta": 500000.0, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})
     msg = _codes(validate(bad))["ROPE_CONFLICT"]
     assert "rope_theta=500000" in msg and "rope_parameters.rope_theta=10000" in msg
-    assert "SGLang 0.5.23 reads rope_parameters.rope_theta=10000" in msg
+    assert "SGLang 0.5.16 and 0.5.23 read rope_parameters.rope_theta=10000" in msg
+    assert "delete the others (rope_theta if rope_parameters.rope_theta is the trained one)" in msg
 
 
 def test_two_thetas_in_a_speculators_draft_refuse_conversion(pair, tmp_path, tiny_target_dir):

@@ -1,0 +1,116 @@
+"""Which reading of a draft's ``d2t`` the tensors support: offsets, as every engine reads them
+(SGLang 0.5.16 and 0.5.23 ``srt/models/llama_eagle3.py``: ``hot_token_id = d2t + arange``, so
+draft id ``i`` proposes target id ``i + d2t[i]``), or the target ids themselves stored by mistake.
+
+The exporters (speculators, SpecForge, the EAGLE repository) sort the draft vocabulary by target
+id and store ``d2t[i] = target_i - i``: the targets ``i + d2t[i]`` are strictly increasing and
+below ``vocab_size``, and ``d2t`` is non-decreasing. A ``d2t`` holding target ids is strictly
+increasing too, so for a small vocabulary both readings are often valid maps; the evidence used,
+strongest first:
+
+1. a ``t2d`` (bool ``[vocab_size]``, true at the target ids of the draft vocabulary): it marks
+   exactly the offsets' targets or exactly ``d2t``'s values (decisive either way);
+2. read as offsets the map breaks (a target ``>= vocab_size`` or two draft ids on one target)
+   while read as target ids it is ``len(d2t)`` distinct ids in ``[0, vocab_size)``;
+3. ``d2t == arange(n)``, or none of the many adjacent target ids a large vocabulary holds
+   (:func:`eagle3.train.vocab.absolute_d2t_reason`);
+4. for any size: read as target ids, at least half of the neighbours are adjacent ids (a
+   contiguous stretch such as ``c + arange(n)``), while read as offsets no two draft ids sit on
+   adjacent targets and those neighbours are all exactly 2 apart (see
+   :data:`ADJACENT_SHARE_MIN`).
+
+A sorted map with no contiguous stretch and no ``t2d`` (e.g. a few random target ids) is a valid
+map under both readings and cannot be told apart; it is not flagged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Rule 4. Natural-text vocabularies cluster (frequent tokens sit on neighbouring ids), so a correct
+# map, read as offsets, has adjacent targets (equal neighbouring offsets) before it has targets
+# exactly 2 apart. A map whose neighbours are, read as offsets, never adjacent but for at least
+# ADJACENT_SHARE_MIN of them exactly 2 apart (at least ADJACENT_PAIRS_MIN pairs) is a contiguous
+# stretch of target ids stored as ids. ADJACENT_FALSE_ALARM_MAX bounds the chance of that pattern
+# for a vocabulary drawn at random (Poisson counts with mean (n - 1) * n / vocab_size).
+ADJACENT_SHARE_MIN = 0.5
+ADJACENT_PAIRS_MIN = 3
+ADJACENT_FALSE_ALARM_MAX = 1e-6
+
+
+def _poisson_at_least(k: int, lam: float) -> float:
+    """P(X >= k) for X ~ Poisson(lam), summed from k upward in log space (no cancellation)."""
+    if k <= 0:
+        return 1.0
+    if lam <= 0:
+        return 0.0
+    total = 0.0
+    for j in range(k, k + 400):
+        term = math.exp(j * math.log(lam) - lam - math.lgamma(j + 1))
+        total += term
+        if j > lam and term < 1e-18 * max(total, 1e-300):
+            break
+    return min(total, 1.0)
+
+
+def _marks_exactly(mask: torch.Tensor, ids: torch.Tensor) -> bool:
+    """True when bool ``mask`` ``[vocab]`` is true exactly at the distinct ids ``ids``."""
+    vocab = mask.numel()
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        return False
+    return (int(ids.unique().numel()) == ids.numel() and bool(mask[ids].all())
+            and int(mask.sum()) == ids.numel())
+
+
+def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int) -> str | None:
+    """Why ``d2t`` (integer ``[n]``) holds absolute target ids rather than offsets, or None when
+    the offset reading stands or the two cannot be told apart (module docstring, rules 1-4).
+    ``t2d`` (bool or 0/1 ``[vocab_size]``, or None) is used only when its length is
+    ``vocab_size``; one that marks neither reading is left to the map checks
+    (``VOCAB_MAP_INVALID``). Raises nothing."""
+    from eagle3.train.vocab import absolute_d2t_reason
+
+    n = int(d2t.numel())
+    if d2t.dim() != 1 or n < 2 or d2t.is_floating_point() or d2t.dtype == torch.bool:
+        return None
+    a = d2t.to(torch.long)
+    targets = a + torch.arange(n, dtype=torch.long)
+    if t2d is not None and t2d.dim() == 1 and t2d.numel() == vocab_size:
+        mask = t2d.to(torch.bool)
+        if not _marks_exactly(mask, targets) and _marks_exactly(mask, a):
+            return (f"t2d is true exactly at d2t's {n} values, not at i + d2t[i] (range "
+                    f"[{int(targets.min())}, {int(targets.max())}]): the map was written as ids")
+        return None
+    ids_valid = (int(a.min()) >= 0 and int(a.max()) < vocab_size
+                 and int(a.unique().numel()) == n)
+    if not ids_valid:
+        return None
+    if int(targets.max()) >= vocab_size:
+        return (f"read as offsets, i + d2t[i] reaches {int(targets.max())} >= vocab_size "
+                f"{vocab_size}; read as target ids, d2t is {n} distinct ids in [0, {vocab_size})")
+    if int(targets.unique().numel()) != n:
+        return (f"read as offsets, {n - int(targets.unique().numel())} draft ids share a target "
+                f"id i + d2t[i]; read as target ids, d2t is {n} distinct ids in "
+                f"[0, {vocab_size})")
+    steps = a[1:] - a[:-1]
+    if not bool((steps > 0).all()):
+        return None  # unsorted: a valid offset map under the engine's reading; undecidable here
+    reason = absolute_d2t_reason(d2t, vocab_size)
+    if reason is not None:
+        return reason
+    adjacent = int((steps == 1).sum())
+    lam = (n - 1) * n / vocab_size
+    chance = math.exp(-lam) * _poisson_at_least(adjacent, lam)
+    if (adjacent >= ADJACENT_PAIRS_MIN and adjacent >= ADJACENT_SHARE_MIN * (n - 1)
+            and chance <= ADJACENT_FALSE_ALARM_MAX):
+        return (f"read as target ids, {adjacent} of the {n - 1} neighbours are adjacent ids "
+                f"(range [{int(a.min())}, {int(a.max())}]); read as offsets, no two draft ids "
+                f"sit on adjacent targets and those {adjacent} neighbours sit exactly 2 apart "
+                f"(chance {chance:.1g} for a random vocabulary of {n} of {vocab_size} ids)")
+    return None
+
+
+__all__ = ["ADJACENT_FALSE_ALARM_MAX", "ADJACENT_PAIRS_MIN", "ADJACENT_SHARE_MIN",
+           "absolute_reason"]
