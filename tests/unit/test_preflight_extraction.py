@@ -65,3 +65,12 @@ def test_offline_kits_install_the_release_they_are_listed_for():
         assert version in RELEASES
         assert f"sglang=={version} " in (ROOT / kit).read_text()
         assert kit in preflight.install_advice(version)
+
+
+def test_help_flag_is_refused_for_the_reference_engine_too(tmp_path):
+    cfg = _cfg(tmp_path, "serve.extra_args=['--help']")
+    check, (p,) = preflight._check_settings(cfg, "reference")
+    assert check.status == "failed" and p.code == "EXTRA_ARG_HELP"
+    assert "serve.extra_args '--help'" in p.message
+    assert "reference engine prints its help" in p.message
+    assert preflight._check_settings(_cfg(tmp_path), "reference")[1] == []
