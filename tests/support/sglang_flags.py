@@ -143,6 +143,8 @@ def _unwrap(node):
 
 
 def _field_nargs(st: ast.stmt) -> dict[str, str]:
+    """nargs of a dataclass field's options, in ``add_cli_args_from_dataclass``'s order of cases:
+    a custom action, ``Literal`` (one value), ``list``, ``bool`` (``store_true``), a scalar."""
     names = list(_field_flags(st))
     if not names:
         return {}
@@ -159,8 +161,6 @@ def _field_nargs(st: ast.stmt) -> dict[str, str]:
             for k, v in zip(kw["action_kwargs"].keys, kw["action_kwargs"].values):
                 if isinstance(k, ast.Constant) and k.value == "nargs":
                     nargs = v
-        if nargs is _ABSENT and _action_name(kw["action"]) not in _NO_VALUE_ACTIONS:
-            return {}
         return _nargs_of(names, kw["action"], nargs)
     inner = _unwrap(raw)
     head = getattr(inner.value, "id", "") if isinstance(inner, ast.Subscript) else ""
