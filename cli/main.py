@@ -84,8 +84,8 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
                                                            "<out>.manifest.json)"),
                override: Optional[List[str]] = OverridesOpt):
     """Regenerate the assistant turns of CONFIG's conversations with the target itself, once, into a
-    file that many runs can share (``-o data.source=file -o data.path=OUT``). Uses
-    ``data.regenerate`` (default hf)."""
+    file that many runs can share (-o data.source=file -o data.path=OUT). Uses data.regenerate
+    (default hf)."""
     from eagle3.config import load_config
     from eagle3.extract.regen import regenerate_file
 
@@ -134,8 +134,8 @@ def convert(args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) 
             target: Optional[Path] = typer.Option(None, "--target", help="Target model folder "
                                                                          "(config.json)"),
             override: Optional[List[str]] = OverridesOpt):
-    """Convert a draft: ``eagle3 convert CONFIG`` (stage) or ``eagle3 convert SRC DST --to
-    sglang``."""
+    """Convert a draft: 'eagle3 convert CONFIG' (stage) or 'eagle3 convert SRC DST --to
+    sglang'."""
     if len(args) == 1:
         _run_flow("convert", Path(args[0]), override)
         return
@@ -181,8 +181,8 @@ def validate(
                                         "compared with the draft, and the share of its target "
                                         "tokens the draft vocabulary holds"),
 ):
-    """Check a draft against the SGLang profile. Exit 0 valid, 1 problems (one ``CODE: message`` per
-    line), 2 I/O. Warnings (``warning: CODE: message``) go to stderr and do not fail."""
+    """Check a draft against the SGLang profile. Exit 0 valid, 1 problems (one 'CODE: message' per
+    line), 2 I/O. Warnings ('warning: CODE: message') go to stderr and do not fail."""
     from eagle3.convert.coverage import read_data
     from eagle3.convert.validate import validate_report
 
@@ -270,7 +270,7 @@ def bench(
         '\'{"enable_thinking": false}\' (the ones the draft was trained with)'),
     override: Optional[List[str]] = OverridesOpt,
 ):
-    """Measure acceptance length against ``--url``, or run the bench stage of CONFIG."""
+    """Measure acceptance length against --url, or run the bench stage of CONFIG."""
     if config is not None:
         _run_flow("deploy", config, override)
         return
@@ -313,7 +313,7 @@ def preflight(config: Path = typer.Argument(..., help="YAML run config"),
     """Check CONFIG's launch before any engine starts: aux capture of the target's class in the
     engine, memory on the GPUs the launch will use, the settings the engine will really run, the
     environment, template switches. Uses the run's converted draft and extraction when they exist
-    (else the draft is sized from the config). Exit 0 passed, 1 problems (one ``CODE: message`` a
+    (else the draft is sized from the config). Exit 0 passed, 1 problems (one 'CODE: message' a
     line), 2 bad config or unreadable input."""
     from eagle3.config import load_config
 

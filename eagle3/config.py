@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
@@ -76,7 +76,8 @@ class TargetConfig(_Section):
     """The target (verifier) model."""
 
     kind: Literal["smollm2", "tiny-random", "hf"] = "smollm2"
-    path: str | None = Field(None, description="An HF model folder; required when kind == 'hf'.")
+    path: str | None = Field(None, description="An HF model folder; required when kind == 'hf' "
+                             "and refused otherwise (the other kinds build their own folder).")
     tiny: TinyRandomTarget = Field(default_factory=TinyRandomTarget)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = bfloat16 where bf16 is really fast on the extraction device "
@@ -88,6 +89,18 @@ class TargetConfig(_Section):
         if self.kind == "hf" and not self.path:
             raise ValueError("target.path is required when target.kind is 'hf' (got none)")
         return self
+
+    @field_validator("path")
+    @classmethod
+    def _path_only_for_hf(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # smollm2 and tiny-random are prepared into the cache; a path would be ignored yet still
+        # enter the cache keys (a retrain for nothing)
+        kind = info.data.get("kind")
+        if v and kind is not None and kind != "hf":
+            raise ValueError(f"target.kind {kind!r} prepares its own model folder and never "
+                             "reads target.path; expected no target.path, or target.kind 'hf' to "
+                             "use that folder (-o target.kind=hf)")
+        return v
 
 
 class DataConfig(_Section):
@@ -260,6 +273,18 @@ class ConvertConfig(_Section):
                                 "eagle3.engines.sglang.profile.RELEASES.")
     equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence "
                                                             "check.")
+
+    @field_validator("engine_version", mode="before")
+    @classmethod
+    def _a_string(cls, v: Any) -> Any:
+        # YAML (a file or a -o override) reads 0.5 as a float: say what is expected instead of
+        # pydantic's bare "valid string"
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(f"expected a string naming a pinned SGLang release, one of "
+                             f"{sorted(RELEASES)} (eagle3.engines.sglang.profile.RELEASES), got "
+                             f"the number {v!r} (YAML reads {v!r} as a number: write the full "
+                             f"release, e.g. {SGLANG_VERSION}, or quote it)")
+        return v
 
     @field_validator("engine_version")
     @classmethod

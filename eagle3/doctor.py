@@ -68,12 +68,37 @@ def check_precision() -> tuple[str, str]:
     return "OK", text
 
 
+def interpreter_problem(python: str) -> str | None:
+    """Why ``python`` (a path, ``~`` expanded) cannot be run as an interpreter, naming the path:
+    it does not exist, it is a directory, or it is a file without execute permission; None when
+    it is an executable file."""
+    p = Path(python).expanduser()
+    if not p.exists():
+        hint = " (a broken link)" if p.is_symlink() else ""
+        return (f"{python}: expected the Python interpreter of an environment with SGLang, got a "
+                f"path that does not exist{hint}")
+    if p.is_dir():
+        cand = next((c for c in (p / "bin" / "python", p / "bin" / "python3") if c.is_file()),
+                    None)
+        hint = f"; did you mean {cand}?" if cand else " (expected a file such as DIR/bin/python)"
+        return (f"{python}: expected the Python interpreter of an environment with SGLang, got a "
+                f"directory{hint}")
+    if not os.access(p, os.X_OK):
+        return (f"{python}: expected an executable Python interpreter, got a file without "
+                "execute permission (chmod +x, or the environment's bin/python)")
+    return None
+
+
 def check_sglang(python: str | None = None) -> tuple[str, str]:
     """SGLang in ``python`` (an interpreter path; None: this environment, else the conformance
     environment ``$EAGLE3_SGLANG_VENV`` / ``<cache>/venv-sglang``): its version against the pinned
-    releases (``eagle3.engines.sglang.profile.RELEASES``), and whether a GPU can run it."""
+    releases (``eagle3.engines.sglang.profile.RELEASES``), and whether a GPU can run it. A
+    ``python`` that is missing, a directory or not executable is a FAIL saying which
+    (:func:`interpreter_problem`)."""
     from eagle3.engines.sglang.environment import sglang_version
 
+    if python is not None and (why := interpreter_problem(python)) is not None:
+        return "FAIL", f"SGLang: --sglang-python {why}"
     if python is None:
         try:
             version = md.version("sglang")

@@ -74,22 +74,53 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", default="/tmp/sglang_speedup", help="server logs, shape models")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    raw_modes = a.modes
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in a.modes if m not in MODES]
-    try:
-        a.concurrency = [int(c) for c in a.concurrency.split(",")]
-    except ValueError:
-        p.error(f"--concurrency: expected integers separated by commas, got {a.concurrency!r}")
-    if bad:
-        p.error(f"--modes: unknown {bad}; expected some of {list(MODES)}")
-    if any(c < 1 for c in a.concurrency) or a.num_prompts < 1 or a.max_new_tokens < 1:
-        p.error("--concurrency, --num-prompts and --max-new-tokens must be >= 1")
+    if bad or not a.modes:
+        what = f"unknown {bad}" if bad else "no mode"
+        p.error(f"--modes: expected a comma list of {', '.join(MODES)}, got {raw_modes!r} "
+                f"({what})")
+    a.concurrency = _positive_ints(p, "--concurrency", a.concurrency)
+    if a.num_prompts < 1 or a.max_new_tokens < 1:
+        p.error(f"--num-prompts and --max-new-tokens: expected >= 1, got {a.num_prompts} and "
+                f"{a.max_new_tokens}")
     needs_draft = any(m != "plain" and m != "reference-plain" for m in a.modes)
     if needs_draft and not (a.draft or a.shape):
         p.error("--draft DIR (or --shape) is needed for the modes " + ",".join(a.modes))
     if a.draft and a.shape:
         p.error("--draft and --shape exclude each other (a shape builds its own random draft)")
+    if a.draft:
+        _check_draft(p, Path(a.draft))
     return a
+
+
+def _positive_ints(p: argparse.ArgumentParser, flag: str, raw: str) -> list[int]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``; an argparse error (exit 2) naming ``flag`` and the bad item
+    for anything else (an empty item, a non-integer, zero or a negative number)."""
+    items = [c.strip() for c in raw.split(",")]
+    for c in items:
+        if not c.isdigit() or int(c) < 1:
+            p.error(f"{flag}: expected a comma list of positive integers (e.g. 1,4,16), got "
+                    f"{raw!r} ({c!r} is not a positive integer)")
+    return [int(c) for c in items]
+
+
+def _check_draft(p: argparse.ArgumentParser, draft: Path) -> None:
+    """``--draft`` must be a serving folder (the convert stage's ``serving``): a directory with
+    ``config.json`` and ``*.safetensors``; else an argparse error (exit 2) saying what is there."""
+    if not draft.exists():
+        p.error(f"--draft {draft}: expected the convert stage's serving folder, got a path that "
+                "does not exist")
+    if not draft.is_dir():
+        p.error(f"--draft {draft}: expected the convert stage's serving folder, got a file")
+    missing = [what for what, ok in (("config.json", (draft / "config.json").is_file()),
+                                     ("*.safetensors", any(draft.glob("*.safetensors")))) if not ok]
+    if missing:
+        inside = sorted(f.name for f in draft.iterdir())[:8]
+        p.error(f"--draft {draft}: expected a serving folder with config.json and *.safetensors, "
+                f"missing {' and '.join(missing)} (it holds {inside or 'nothing'}); the convert "
+                "stage writes it as <run>/serving")
 
 
 def shape_models(shape: str, tokenizer_dir: Path, work: Path) -> tuple[Path, Path]:

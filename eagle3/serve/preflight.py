@@ -12,6 +12,8 @@ in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / n
 - ``template``: trained chat-template switches against what the benchmark and server render.
 - ``steps``: served draft steps against trained TTT steps (noted).
 - ``port``: a set ``serve.port`` is free on ``serve.host`` (PORT_IN_USE).
+- ``extraction``: ``extract.backend sglang`` has SGLang whatever ``serve.engine`` is: its
+  interpreter and a release that returns aux states without a draft (EXTRACT_NO_AUX_RETURN).
 
 :meth:`PreflightReport.raise_if_failed` raises EngineUnsupported (engine side) or ConfigError,
 every problem as ``CODE: message`` and in ``.problems``.
@@ -34,7 +36,8 @@ from eagle3.engines.sglang.serving import (extra_args_problems, flag_value, reso
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 
 GIB = 1 << 30
-ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT"}
+ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT",
+                "EXTRACT_NO_AUX_RETURN"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _KV_BYTES = {**_DTYPE_BYTES, "fp8": 1, "auto": 2}
 
@@ -167,25 +170,84 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
     return report
 
 
-def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
-    if engine == "reference":
-        return Check("engine", "passed", f"reference engine (refengine) in {sys.executable}"), []
+# pinned releases with a kit for a machine without network (the kit's PINS name that release)
+OFFLINE_KITS = {"0.5.16": "lab/gpu/sglang_kit.sh"}
+
+
+def install_advice(version: str) -> str:
+    """How to build an environment with SGLang ``version`` (a key of
+    ``eagle3.engines.sglang.profile.RELEASES``): ``make sglang-env`` builds the profile's
+    ``VERSION`` (the Makefile's SGLANG_VERSION); another release needs a venv of its own, or its
+    offline kit (:data:`OFFLINE_KITS`) on a machine without network."""
+    from eagle3.engines.sglang.profile import VERSION
+
+    if version == VERSION:
+        return "make sglang-env"
+    kit = OFFLINE_KITS.get(version)
+    offline = f", or {kit} (build, then install) on a machine without network" if kit else ""
+    return (f"python3 -m venv DIR && DIR/bin/pip install sglang=={version} (make sglang-env "
+            f"builds {VERSION}){offline}")
+
+
+def _sglang_env_problem(cfg: Any, who: str, fallback: str) -> Problem | None:
+    """ENGINE_MISSING / ENGINE_VERSION when ``serve.sglang_python`` lacks the release of
+    ``convert.engine_version``; ``who`` names the setting that needs SGLang."""
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                    sglang_unusable_reason, sglang_version)
 
     py, want = sglang_python(cfg), cfg.convert.engine_version
     if not sglang_installed(py):
-        p = Problem("ENGINE_MISSING", "serve.sglang_python: expected the Python of an environment "
-                    f"with sglang=={want}, got {sglang_unusable_reason(py)}; fix: make sglang-env "
-                    "and set serve.sglang_python, or serve.engine reference")
-        return Check("engine", "failed", p.message), [p]
+        return Problem("ENGINE_MISSING", f"{who}: serve.sglang_python: expected the Python of an "
+                       f"environment with sglang=={want}, got {sglang_unusable_reason(py)}; fix: "
+                       f"{install_advice(want)} and set serve.sglang_python to its bin/python, or "
+                       f"{fallback}")
     version = sglang_version(py)
     if version != want:
-        p = Problem("ENGINE_VERSION", f"SGLang in {py}: expected {want} (convert.engine_version: "
-                                      "every loader, capture and serving fact checked is that "
-                                      f"release's), got {version}; fix: install sglang=={want}")
+        return Problem("ENGINE_VERSION", f"{who}: SGLang in {py}: expected {want} "
+                       "(convert.engine_version: every loader, capture and serving fact checked "
+                       f"is that release's), got {version}; fix: {install_advice(want)}, or set "
+                       f"convert.engine_version to {version!r} if it is a pinned release")
+    return None
+
+
+def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    if engine == "reference":
+        return Check("engine", "passed", f"reference engine (refengine) in {sys.executable}"), []
+    from eagle3.engines.sglang.environment import sglang_python
+
+    p = _sglang_env_problem(cfg, "serve.engine sglang", "serve.engine reference")
+    if p is not None:
         return Check("engine", "failed", p.message), [p]
-    return Check("engine", "passed", f"SGLang {version} in {py}"), []
+    return Check("engine", "passed",
+                 f"SGLang {cfg.convert.engine_version} in {sglang_python(cfg)}"), []
+
+
+def _check_extraction(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+    """``extract.backend sglang`` needs SGLang whatever serves: ``serve.sglang_python`` with the
+    release of ``convert.engine_version``, and a release with a flag that returns the target's
+    aux states without a draft (``RELEASES[v]["return_aux_flag"]``)."""
+    if cfg.extract.backend != "sglang":
+        return Check("extraction", "passed", f"extract.backend {cfg.extract.backend}: the HF "
+                     "target in this environment"), []
+    from eagle3.engines.sglang.profile import RELEASES
+
+    v = cfg.convert.engine_version
+    flag = RELEASES[v]["return_aux_flag"]
+    if flag is None:
+        able = sorted(r for r, facts in RELEASES.items() if facts["return_aux_flag"])
+        p = Problem("EXTRACT_NO_AUX_RETURN", f"extract.backend sglang with "
+                    f"convert.engine_version {v}: SGLang {v} has no flag that returns the target's "
+                    f"aux hidden states without a draft; expected a release that has one ({able}), "
+                    "got one without; fix: extract.backend hf, or convert.engine_version "
+                    f"{able[-1] if able else '(none pinned)'}")
+        return Check("extraction", "failed", p.message), [p]
+    # with serve.engine sglang the engine check has judged the same interpreter already
+    p = None if engine == "sglang" else _sglang_env_problem(cfg, "extract.backend sglang",
+                                                             "extract.backend hf")
+    if p is not None:
+        return Check("extraction", "failed", p.message), [p]
+    return Check("extraction", "passed", f"extract.backend sglang: SGLang {v} returns aux states "
+                 f"({flag})"), []
 
 
 def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Problem]]:
@@ -330,6 +392,12 @@ def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_
 def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     s, b = cfg.serve, cfg.bench
     if engine == "reference":
+        helps = [t for t in s.extra_args if t in ("-h", "--help")]  # its parser: allow_abbrev off
+        if helps:
+            p = Problem("EXTRA_ARG_HELP", f"serve.extra_args {helps[0]!r}: expected flags for the "
+                        "server, got the help flag: the reference engine prints its help and "
+                        "exits, so no server starts; remove it")
+            return Check("settings", "failed", p.message), [p]
         queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
         return Check("settings", "passed", f"chain drafting, {s.speculative_num_steps} steps; one "
                      f"request at a time{queue}", {"max_running_requests": 1}), []
@@ -462,7 +530,7 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
     results = [_check_engine(cfg, engine), _check_aux(cfg, engine, target),
                _check_memory(cfg, engine, target, serving, gpus), _check_settings(cfg, engine),
                _check_environment(cfg, engine), _check_template(cfg, engine, target, data_manifest),
-               _check_steps(cfg), _check_port(cfg)]
+               _check_steps(cfg), _check_port(cfg), _check_extraction(cfg, engine)]
     return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
 
 

@@ -5,8 +5,9 @@ Phases, in order, with seconds spent in each: ``launching`` (port refused, log e
 not 200: SGLang's 503 during CUDA-graph capture is never by itself a failure), ``probing``
 (``/health_generate`` 200, generation probe in flight). Verdicts: ``ready``, ``crashed`` (exit
 code, log tail), ``stalled`` (no progress signal for ``stall_timeout_s``,
-:mod:`eagle3.serve.liveness`), ``timed_out``, ``probe_failed`` (no tokens, error status, or no
-speculative fields).
+:mod:`eagle3.serve.liveness`; without a pid or log to watch, every health check refused for
+``stall_timeout_s``), ``timed_out``, ``probe_failed`` (no tokens, error status, or no speculative
+fields).
 
 Ready: ``GET /health_generate`` 200 *and* ``probe_concurrency`` (≥ 2) concurrent
 ``POST /generate`` (4 tokens, temperature 0) each returned a token within ``probe_timeout_s`` with
@@ -225,8 +226,10 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
     """Wait until ``url`` (``http://host:port``) is ready or a verdict says why not.
 
     ``pid``: server process-tree root (exit → crashed; CPU time is progress). ``log_path``: growth
-    is progress, its tail goes in the result. All ``*_s`` are seconds; stalling needs a signal
-    source. ``diagnostics_dir`` gets ``gate.json`` (and diagnostics unless ready). Returns a
+    is progress, its tail goes in the result. All ``*_s`` are seconds. Without ``pid`` and
+    ``log_path`` there is no progress signal: the gate then ends ``stalled`` once every health check
+    for ``stall_timeout_s`` was refused (nothing listens at the port). ``diagnostics_dir`` gets
+    ``gate.json`` (and diagnostics unless ready). Returns a
     :class:`GateResult` for any verdict (the caller raises ``GateFailed``); ConfigError up front for
     a url not ``http(s)://host[:port]`` or a non-positive timeout.
     """
@@ -252,6 +255,16 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
             detail = (f"No progress signal ({', '.join(mon.sources)}) for "
                       f"{now - state['last_progress']:.1f} s "
                       f"(stall_timeout_s={stall_timeout_s}) in phase {tl.phase}.")
+        refused_for = now - state.get("refused_since", now)
+        if (verdict is None and pid is None and log_path is None
+                and refused_for >= stall_timeout_s):
+            # nothing of this server (no pid, no log; a GPU's activity may be another process's)
+            # tells one still loading from none at all, and every health check since
+            # refused_since was refused: waiting on would only reach timeout_s
+            verdict = "stalled"
+            detail = (f"Connection refused for {refused_for:.1f} s (stall_timeout_s="
+                      f"{stall_timeout_s}) in phase {tl.phase}, with no progress signal (no "
+                      "server pid or log) to show a server still starting.")
         if verdict is None and now - t0 >= timeout_s:
             verdict = "timed_out"
             detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
@@ -283,6 +296,7 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     h = st["health"]
     if h is None:
         st["health"] = Call(http_status, url + st["health_path"], health_timeout)
+        st["health_t0"] = now
         return None, ""
     if not h.done():
         return None, ""
@@ -290,6 +304,9 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     st["health_seen"] = st.get("health_seen", 0) + 1
     if status == "refused":
         st["refused"] = st.get("refused", 0) + 1
+        st.setdefault("refused_since", st.get("health_t0", now))
+    else:
+        st.pop("refused_since", None)
     st["last_health"] = status
     if status == 404 and st["health_path"] == "/health_generate":
         st["health_path"] = "/health"  # a server without /health_generate: fall back to /health

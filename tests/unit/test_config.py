@@ -117,3 +117,28 @@ def test_run_name_that_leaves_the_runs_dir_is_refused(name):
     with pytest.raises(ConfigError, match=r"name: .*one folder name"):
         load_config(None, [f"name={name}"])
     assert load_config(None, ["name=ok-name.v2"]).name == "ok-name.v2"
+
+
+@pytest.mark.parametrize("kind", ["tiny-random", "smollm2"])
+def test_target_path_is_refused_for_a_kind_that_never_reads_it(kind):
+    # it would be ignored yet change the cache keys (a retrain for nothing)
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny-random.yaml", [f"target.kind={kind}", "target.path=/x"])
+    msg = str(e.value)
+    assert f"target.path: Value error, target.kind '{kind}'" in msg
+    assert "never reads target.path" in msg and "target.kind=hf" in msg
+    assert "(got '/x') [from -o target.path=/x]" in msg
+    cfg = load_config(CONFIGS / "tiny-random.yaml", ["target.kind=hf", "target.path=/x"])
+    assert (cfg.target.kind, cfg.target.path) == ("hf", "/x")
+
+
+@pytest.mark.parametrize("raw", ["0.5", "1", "0.523"])
+def test_engine_version_read_as_a_number_names_the_releases(raw):
+    from eagle3.engines.sglang.profile import RELEASES
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"convert.engine_version={raw}"])
+    msg = str(e.value)
+    assert "convert.engine_version: Value error, expected a string naming a pinned SGLang " in msg
+    assert f"{sorted(RELEASES)}" in msg and f"got the number {raw}" in msg
+    assert load_config(None, ["convert.engine_version='0.5.16'"]).convert.engine_version == "0.5.16"

@@ -131,7 +131,7 @@ def test_a_passing_reference_preflight_records_every_check(tiny_target_dir, serv
                            data_manifest=good_data_manifest(tiny_target_dir), engine="reference")
     assert report.passed, report.problems
     assert [c.name for c in report.checks] == ["engine", "aux_capture", "memory", "settings", "environment",
-                                               "template", "steps", "port"]
+                                               "template", "steps", "port", "extraction"]
     assert report.figures()["memory.need_gib"] > 0 and report.to_dict()["passed"] is True
     report.raise_if_failed()
 

@@ -70,3 +70,35 @@ def test_doctor_reads_the_serving_interpreters_sglang_against_the_pinned_release
     assert status == "WARN" and "not a pinned release" in text and VERSION in text
     status, text = check_sglang(_fake_python(tmp_path, "py_none", "exit 1"))
     assert status == "FAIL" and "cannot import sglang" in text
+
+
+def test_doctor_says_why_the_sglang_python_cannot_run(tmp_path):
+    from eagle3.doctor import check_sglang
+
+    missing = tmp_path / "nowhere" / "python"
+    status, text = check_sglang(str(missing))
+    assert status == "FAIL" and f"{missing}: " in text and "a path that does not exist" in text
+    env = tmp_path / "venv"
+    (env / "bin").mkdir(parents=True)
+    status, text = check_sglang(str(env))
+    assert status == "FAIL" and f"{env}: " in text and "got a directory" in text
+    (env / "bin" / "python").write_text("#!/bin/sh\n")
+    (env / "bin" / "python").chmod(0o644)
+    status, text = check_sglang(str(env))
+    assert f"did you mean {env / 'bin' / 'python'}?" in text
+    status, text = check_sglang(str(env / "bin" / "python"))
+    assert status == "FAIL" and f"{env / 'bin' / 'python'}: " in text
+    assert "without execute permission" in text
+
+
+def test_cli_doctor_names_the_bad_sglang_python(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import eagle3.doctor as doctor
+    from cli.main import app
+
+    monkeypatch.setattr(doctor, "check_server", lambda name, *a: ("OK", name))
+    out = CliRunner().invoke(app, ["doctor", "--sglang-python", str(tmp_path)])
+    assert out.exit_code == 1
+    assert f"FAIL SGLang: --sglang-python {tmp_path}: expected the Python interpreter" in out.output
+    assert "got a directory" in out.output

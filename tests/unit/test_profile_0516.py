@@ -120,6 +120,15 @@ def test_launch_server_flags_pinned(src):
     ((code, msg),) = extra_args_problems(["--cuda-graph-max-bs", "8"], version=V)
     assert code == "EXTRA_ARG_OWNED" and "--cuda-graph-max-bs-decode" in msg and V in msg
     assert extra_args_problems(["--attention-backend", "triton"], version=V) == []
+    # how many values each takes, and a value-taking flag without one
+    from tests.support.sglang_flags import server_flag_nargs
+
+    counts = server_flags.nargs(V)
+    assert {k: v for k, v in counts.items() if k not in ("-h", "--help")} == server_flag_nargs(src)
+    assert counts["--cuda-graph-bs"] == "+" and counts["--stream-output"] == "0"
+    ((code, msg),) = extra_args_problems(["--log-level"], version=V)
+    assert code == "EXTRA_ARG_NO_VALUE" and "--log-level takes one value" in msg
+    assert [c for c, _ in extra_args_problems(["-h"], version=V)] == ["EXTRA_ARG_HELP"]
 
 
 def test_sglang_extraction_backend_is_refused_for_a_release_without_aux_return(tmp_path):

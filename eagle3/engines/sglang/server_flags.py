@@ -2,7 +2,8 @@
 (:data:`eagle3.engines.sglang.profile.VERSION`), read from its source: every input field of
 ``server_args._INPUT_NAMESPACES`` (``arg_groups/fields/*.py``) that
 ``arg_utils.add_cli_args_from_dataclass`` registers, and the flags ``ServerArgs.add_cli_args`` adds
-by hand. ``tests/unit/test_sglang_flags.py`` re-derives both tables from the unpacked source.
+by hand, with how many values each takes (:func:`nargs`). ``tests/unit/test_sglang_flags.py``
+(0.5.23) and ``tests/unit/test_profile_0516.py`` re-derive the tables from the released source.
 
 SGLang parses them with ``argparse.ArgumentParser(prog="sglang serve")`` (``allow_abbrev`` left
 True), so an unambiguous prefix of a flag selects it; :func:`eagle3.engines.sglang.serving.
@@ -200,7 +201,23 @@ ALIASES = {
     '--tensor-parallel-size': '--tp-size',
 }
 
-OPTIONS = {**{f: f for f in CANONICAL}, **ALIASES, "-h": "--help", "--help": "--help"}
+# ``argparse.BooleanOptionalAction`` flags: argparse adds ``--no-<flag>``, which sets the same field
+NEGATIONS = {
+    '--no-dcp-replicate-q-proj': '--dcp-replicate-q-proj',
+    '--no-dllm-fdfo': '--dllm-fdfo',
+    '--no-enable-decoder-swa-bounded-replay': '--enable-decoder-swa-bounded-replay',
+    '--no-enable-dsa-fused-indexer': '--enable-dsa-fused-indexer',
+    '--no-enable-fused-qk-norm-rope': '--enable-fused-qk-norm-rope',
+    '--no-enable-tf32-matmul': '--enable-tf32-matmul',
+    '--no-enable-tp-lm-head-all-to-all': '--enable-tp-lm-head-all-to-all',
+    '--no-experts-shared-outer-loras': '--experts-shared-outer-loras',
+    '--no-lora-strict-loading': '--lora-strict-loading',
+    '--no-mm-enable-dp-encoder': '--mm-enable-dp-encoder',
+    '--no-ple-offload-embedding': '--ple-offload-embedding',
+    '--no-speculative-enable-w4a4-mxfp4-megamoe': '--speculative-enable-w4a4-mxfp4-megamoe',
+}
+
+OPTIONS = {**{f: f for f in CANONICAL}, **ALIASES, **NEGATIONS, "-h": "--help", "--help": "--help"}
 
 # SGLang 0.5.16 builds the same parser from ``ServerArgs`` itself (``server_args.py``): its table
 # is 0.5.23's less :data:`NOT_IN_0516`, plus :data:`ONLY_0516` (deprecated spellings there map to
@@ -240,6 +257,9 @@ NOT_IN_0516 = frozenset("""
 --trust-request-chat-template --unified-cache-external-linker-backend
 --unified-cache-external-linker-config --uno-lora-path --watermark-config --weight-cache-mode
 --weight-cache-socket --weight-cache-timeout
+--no-dcp-replicate-q-proj --no-enable-decoder-swa-bounded-replay --no-enable-dsa-fused-indexer
+--no-enable-fused-qk-norm-rope --no-enable-tf32-matmul --no-enable-tp-lm-head-all-to-all
+--no-mm-enable-dp-encoder --no-ple-offload-embedding --no-speculative-enable-w4a4-mxfp4-megamoe
 """.split())
 ONLY_0516 = {
     '--collect-tokens-histogram': '--collect-tokens-histogram',
@@ -273,9 +293,135 @@ ONLY_0516 = {
 }
 
 
+# How many values each option takes (``nargs``), read from the same source: every option that is
+# not listed takes exactly one value. SWITCHES take none (``bool`` fields are ``store_true``;
+# ``BooleanOptionalAction`` and the ``Deprecated*`` switch actions); MULTI lists ``"?"``, ``"*"``
+# and ``"+"``. 0.5.23's tables; 0.5.16 differs by NARGS_ONLY_0516 (:func:`nargs`).
+SWITCHES = frozenset("""
+--abort-on-priority-when-disabled --allow-auto-truncate
+--checkpoint-engine-wait-weights-before-ready --constrained-json-disable-any-whitespace
+--dcp-replicate-q-proj --debug-cuda-graph --delete-ckpt-after-loading
+--disable-aiter-allreduce-fusion-in-decode --disable-aiter-allreduce-fusion-in-prefill
+--disable-attn-tp-gather --disable-chunked-prefix-cache --disable-cuda-graph
+--disable-cuda-graph-padding --disable-custom-all-reduce --disable-decode-cuda-graph
+--disable-fast-image-processor --disable-flashinfer-autotune
+--disable-flashinfer-cutlass-moe-fp4-allgather --disable-hybrid-swa-memory
+--disable-outlines-disk-cache --disable-overlap-schedule --disable-prefill-cuda-graph
+--disable-priority-preemption --disable-radix-cache --disable-shared-experts-fusion
+--disable-tokenizer-batch-decode --disaggregation-decode-enable-offload-kvcache
+--disaggregation-decode-enable-radix-cache --disaggregation-enable-kv-checksum --dllm-fdfo
+--enable-adaptive-dispatch-to-encoder --enable-aiter-allreduce-fusion --enable-amd-monokernel
+--enable-attn-tp-input-scattered --enable-broadcast-mm-inputs-process --enable-cache-report
+--enable-cp-decode-attn-tp --enable-cudagraph-gc --enable-custom-logit-processor
+--enable-decoder-swa-bounded-replay --enable-deepseek-v4-fp4-indexer --enable-dense-mlp-attn-tp
+--enable-deterministic-inference --enable-dp-attention
+--enable-dp-attention-local-control-broadcast --enable-dp-lm-head --enable-draft-weights-cpu-backup
+--enable-dsa-cache-layer-split --enable-dsa-fused-indexer --enable-dynamic-batch-tokenizer
+--enable-dynamic-chunking --enable-elastic-expert-backup --enable-encoder-swa-bounded-replay
+--enable-eplb --enable-flashinfer-allreduce-fusion --enable-flexkv --enable-forward-pass-metrics
+--enable-fp32-lm-head --enable-fused-moe-sum-all-reduce --enable-fused-qk-norm-rope
+--enable-hicache --enable-hierarchical-cache --enable-hisparse --enable-http-worker-reuseport
+--enable-http2 --enable-int8-mamba-checkpoint --enable-kv-cache-sharding --enable-layernorm-sp
+--enable-layerwise-nvtx-marker --enable-lean-attention --enable-linear-replayssm
+--enable-linear-replayssm-spec --enable-linker-mla-dedup --enable-lmcache --enable-lora
+--enable-lora-overlap-loading --enable-mamba-cache-stochastic-rounding
+--enable-megamoe-for-layernorm-sp --enable-memory-saver --enable-metrics
+--enable-metrics-for-all-schedulers --enable-mfu-metrics --enable-mis --enable-mixed-chunk
+--enable-mm-global-cache --enable-mscclpp --enable-multi-layer-eagle --enable-multimodal
+--enable-nccl-nvls --enable-nvidia-megakernel --enable-p2p-check --enable-page-major-kv-layout
+--enable-paged-experts --enable-pd-role-switch --enable-pdmux
+--enable-precise-embedding-interpolation --enable-prefill-cp --enable-prefill-delayer
+--enable-prefix-mm-cache --enable-priority-scheduling --enable-profile-cuda-graph
+--enable-quant-communications --enable-request-time-stats-logging --enable-response-store
+--enable-return-aux-hidden-states --enable-return-hidden-states --enable-return-indexer-topk
+--enable-return-routed-experts --enable-scattered-sconv --enable-session-radix-cache
+--enable-shared-experts-attn-tp --enable-single-batch-overlap --enable-ssl-refresh
+--enable-streaming-session --enable-strict-thinking --enable-symm-mem --enable-tf32-matmul
+--enable-tokenizer-batch-encode --enable-torch-compile --enable-torch-compile-debug-mode
+--enable-torch-symm-mem --enable-tp-lm-head-all-to-all --enable-trace --enable-two-batch-overlap
+--enable-unified-cache-external-linker --enable-unified-memory --enable-w4a4-mxfp4-megamoe
+--enable-waterfill --enable-watermark --enable-weights-cpu-backup --encoder-only
+--enforce-disable-flashinfer-allreduce-fusion --enforce-shared-experts-fusion
+--experts-shared-outer-loras --export-metrics-to-file --flashinfer-mla-disable-ragged --grpc-mode
+--incremental-streaming-output --is-embedding --language-model-only --language-only --log-requests
+--lora-strict-loading --lora-use-virtual-experts --mlx-enable-sampling --mm-enable-dp-encoder
+--no-dcp-replicate-q-proj --no-dllm-fdfo --no-enable-decoder-swa-bounded-replay
+--no-enable-dsa-fused-indexer --no-enable-fused-qk-norm-rope --no-enable-tf32-matmul
+--no-enable-tp-lm-head-all-to-all --no-experts-shared-outer-loras --no-lora-strict-loading
+--no-mm-enable-dp-encoder --no-ple-offload-embedding --no-speculative-enable-w4a4-mxfp4-megamoe
+--ple-offload-embedding --pre-warm-nccl --prefill-only-disable-kv-cache --quantize-and-serve
+--remote-instance-weight-loader-start-seed-via-transfer-engine --return-input-ids
+--return-output-ids --schedule-low-priority-values-first --show-time-cost --skip-server-warmup
+--skip-tokenizer-init --sleep-on-idle --smg-grpc-mode --speculative-adaptive
+--speculative-dspark-align-verify-tokens-to-graph-tier --speculative-enable-w4a4-mxfp4-megamoe
+--speculative-use-block-verification --speculative-use-rejection-sampling
+--stream-response-default-include-usage --strip-thinking-cache --triton-attention-reduce-in-fp32
+--trust-mm-content-hashes --trust-remote-code --trust-request-chat-template --use-ray
+--weight-loader-disable-mmap --weight-loader-drop-cache-after-load
+--weight-loader-prefetch-checkpoints
+""".split())
+
+MULTI = {
+    '--allowed-media-domains': '+',
+    '--bucket-e2e-request-latency': '+',
+    '--bucket-inter-token-latency': '+',
+    '--bucket-time-to-first-token': '+',
+    '--cuda-graph-bs-decode': '+',
+    '--cuda-graph-bs-prefill': '+',
+    '--custom-weight-loader': '*',
+    '--debug-tensor-dump-layers': '+',
+    '--encoder-register-urls': '+',
+    '--encoder-urls': '+',
+    '--flashinfer-autotune-skip-ops': '+',
+    '--gc-threshold': '+',
+    '--generation-tokens-buckets': '+',
+    '--log-requests-target': '+',
+    '--lora-paths': '*',
+    '--lora-target-modules': '*',
+    '--model-checksum': '?',
+    '--numa-node': '+',
+    '--prefill-delayer-forward-passes-buckets': '+',
+    '--prefill-delayer-wait-seconds-buckets': '+',
+    '--prompt-tokens-buckets': '+',
+    '--return-aux-hidden-state-layer-ids': '+',
+    '--tokenizer-metrics-allowed-custom-labels': '+',
+    '--uvicorn-access-log-exclude-prefixes': '*',
+}
+
+NARGS_ONLY_0516 = {
+    '--collect-tokens-histogram': '0',
+    '--cuda-graph-bs': '+',
+    '--disable-piecewise-cuda-graph': '0',
+    '--elastic-ep-rejoin': '0',
+    '--enable-breakable-cuda-graph': '0',
+    '--enable-dsa-prefill-context-parallel': '0',
+    '--enable-expert-distribution-metrics': '0',
+    '--enable-gdn-replayssm-spec': '0',
+    '--enable-nsa-prefill-context-parallel': '0',
+    '--enable-prefill-context-parallel': '0',
+    '--enforce-piecewise-cuda-graph': '0',
+    '--keep-mm-feature-on-device': '0',
+    '--piecewise-cuda-graph-tokens': '+',
+    '--prefill-round-robin-balance': '0',
+    '--speculative-skip-dp-mlp-sync': '0',
+    '--stream-output': '0',
+}
+
+
 def options(version: str) -> dict[str, str]:
     """``{option string: canonical flag}`` of ``launch_server`` in SGLang ``version`` (a key of
     ``eagle3.engines.sglang.profile.RELEASES``); KeyError for another release."""
     if version == "0.5.16":
         return {**{k: v for k, v in OPTIONS.items() if k not in NOT_IN_0516}, **ONLY_0516}
     return {"0.5.23": OPTIONS}[version]
+
+
+def nargs(version: str) -> dict[str, str]:
+    """``{option string: nargs}`` of ``launch_server`` in SGLang ``version`` for every option that
+    does not take exactly one value: ``"0"`` (a switch; ``-h``/``--help`` included), ``"?"``,
+    ``"*"`` or ``"+"``. KeyError for a release other than 0.5.23 and 0.5.16."""
+    table = {**{f: "0" for f in SWITCHES}, **MULTI, "-h": "0", "--help": "0"}
+    if version == "0.5.16":
+        known = options(version)
+        return {**{k: v for k, v in table.items() if k in known}, **NARGS_ONLY_0516}
+    return {"0.5.23": table}[version]

@@ -20,11 +20,12 @@ docs/ENGINE_FACTS.md §4 S11-S15):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION
-from eagle3.engines.sglang.server_flags import options
+from eagle3.engines.sglang.server_flags import nargs, options
 
 SPEC_DEFAULT_MAX_RUNNING_REQUESTS = RELEASES[VERSION]["spec_max_running_requests"]
 SIMULATE_ENV = ("SGLANG_SIMULATE_ACC_LEN", "SGL_SIMULATE_ACC_LEN")
@@ -124,42 +125,113 @@ OWNED_FLAGS = {"--model-path": "the target folder",
                   if f.field != "max_running_requests"}}
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def option_like(token: str) -> bool:
+    """True when SGLang's argparse reads ``token`` as an option rather than a value
+    (``ArgumentParser._parse_optional``): it starts with ``-``, is longer than ``-``, is no
+    negative number (the parser has no option that looks like one) and holds no space."""
+    return (token.startswith("-") and token != "-" and not _NEGATIVE_NUMBER.match(token)
+            and " " not in token)
+
+
 def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
                         version: str = VERSION) -> list[tuple[str, str]]:
-    """``(code, message)`` for each ``serve.extra_args`` token SGLang would not take as written:
-    ``EXTRA_ARG_UNKNOWN`` (no such flag: SGLang exits with "unrecognized arguments"),
-    ``EXTRA_ARG_AMBIGUOUS`` (a prefix of several flags: argparse refuses it) and
-    ``EXTRA_ARG_OWNED`` (the flag, an alias or a prefix of a flag in :data:`OWNED_FLAGS` or in the
-    ``generated`` argv: argparse keeps the last value, so it would silently replace the
-    pipeline's algorithm, draft, target, memory fraction or other setting). Matching follows
-    SGLang's parser (:func:`flag_matches`)."""
+    """``(code, message)`` for each ``serve.extra_args`` token SGLang would not take as written,
+    walking the list as its argparse does (:func:`flag_matches`; values per
+    :func:`eagle3.engines.sglang.server_flags.nargs`):
+
+    - ``EXTRA_ARG_UNKNOWN``: no such flag (SGLang exits with "unrecognized arguments").
+    - ``EXTRA_ARG_AMBIGUOUS``: a prefix of several flags (argparse refuses it).
+    - ``EXTRA_ARG_HELP``: ``-h``/``--help`` (or a prefix of it): SGLang prints its help and exits
+      0, so the server never starts.
+    - ``EXTRA_ARG_NO_VALUE``: a flag that takes a value, last in the list or followed by another
+      option (argparse: "expected one argument").
+    - ``EXTRA_ARG_SWITCH_VALUE``: ``--switch=value`` for a flag that takes no value (argparse:
+      "ignored explicit argument").
+    - ``EXTRA_ARG_STRAY``: a value no flag takes (after a switch, or a second value of a
+      one-value flag): SGLang has no positional argument, so it exits with "unrecognized
+      arguments".
+    - ``EXTRA_ARG_OWNED``: the flag, an alias or a prefix of a flag in :data:`OWNED_FLAGS` or in
+      the ``generated`` argv: argparse keeps the last value, so it would silently replace the
+      pipeline's algorithm, draft, target, memory fraction or other setting."""
     mine = {canonical_flag(a, version) or a.split("=", 1)[0] for a in generated
             if a.startswith("--")}
-    out = []
-    for token in extra:
-        if not token.startswith("--") or token == "--":
+    table, counts = options(version), nargs(version)
+    out, i = [], 0
+    while i < len(extra):
+        token = extra[i]
+        i += 1
+        if token == "--":  # argparse's end of options; what follows is judged as values
             continue
-        hits = flag_matches(token, version)
-        if not hits:
-            out.append(("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag of "
-                        f"SGLang {version}'s launch_server, got one it does not know (it would "
-                        "exit with 'unrecognized arguments')"))
-        elif len(hits) > 1:
-            out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one flag, "
-                        f"got a prefix of {len(hits)} ({', '.join(hits[:6])}"
-                        f"{', ...' if len(hits) > 6 else ''}); SGLang's argparse refuses it: "
-                        "write the full flag"))
-        else:
-            flag = options(version)[hits[0]]
-            if flag in OWNED_FLAGS or flag in mine:
-                how = ("" if token.split("=", 1)[0] == flag
-                       else f" (SGLang {version} reads it as {flag})")
-                whose = OWNED_FLAGS.get(flag, "a serve.* field")
-                out.append(("EXTRA_ARG_OWNED", f"serve.extra_args {token!r}{how}: expected only "
-                            f"flags the launcher does not set, got {flag}, which it sets from "
-                            f"{whose}; the engine keeps the last value, so this one would "
-                            "silently replace it: set it there instead"))
+        if not option_like(token):
+            prev = extra[i - 2] if i > 1 else None
+            where = ("first in the list" if prev is None
+                     else f"after {prev!r}, which takes {_takes(prev, version)}"
+                     if option_like(prev) else f"after the value {prev!r}")
+            out.append(("EXTRA_ARG_STRAY", f"serve.extra_args {token!r}: expected a flag, got a "
+                        f"value no flag takes ({where}); SGLang {version}'s launch_server has no "
+                        "positional argument and exits with 'unrecognized arguments'"))
+            continue
+        hits = flag_matches(token, version) if token != "-h" else ["-h"]
+        if not hits or len(hits) > 1:
+            if not hits:
+                out.append(("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag "
+                            f"of SGLang {version}'s launch_server, got one it does not know (it "
+                            "would exit with 'unrecognized arguments')"))
+            else:
+                out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one "
+                            f"flag, got a prefix of {len(hits)} ({', '.join(hits[:6])}"
+                            f"{', ...' if len(hits) > 6 else ''}); SGLang's argparse refuses it: "
+                            "write the full flag"))
+            while i < len(extra) and not option_like(extra[i]):  # its values, if any
+                i += 1
+            continue
+        flag, count = table[hits[0]], counts.get(hits[0], "1")
+        if flag == "--help":
+            out.append(("EXTRA_ARG_HELP", f"serve.extra_args {token!r}: expected flags for the "
+                        f"server, got the help flag: SGLang {version} prints its help and exits, "
+                        "so no server starts; remove it (read the flags with `python -m "
+                        "sglang.launch_server --help` in the SGLang environment)"))
+            continue
+        if "=" in token:
+            if count == "0":
+                out.append(("EXTRA_ARG_SWITCH_VALUE", f"serve.extra_args {token!r}: {flag} takes "
+                            "no value (a switch), got one after '='; SGLang's argparse exits "
+                            "with 'ignored explicit argument': write it alone"))
+        elif count in ("1", "+") and (i >= len(extra) or option_like(extra[i])):
+            nxt = f"followed by {extra[i]!r}" if i < len(extra) else "last in the list"
+            out.append(("EXTRA_ARG_NO_VALUE", f"serve.extra_args {token!r}: {flag} takes "
+                        f"{_COUNT_WORDS[count]}, got none ({nxt}); SGLang exits with "
+                        "'expected one argument' (or takes the next flag as its value): give it "
+                        f"one, e.g. [{token!r}, VALUE] or '{token}=VALUE'"))
+        elif count in ("1", "?"):
+            i += 1 if i < len(extra) and not option_like(extra[i]) else 0
+        elif count in ("+", "*"):
+            while i < len(extra) and not option_like(extra[i]):
+                i += 1
+        if flag in OWNED_FLAGS or flag in mine:
+            how = ("" if token.split("=", 1)[0] == flag
+                   else f" (SGLang {version} reads it as {flag})")
+            whose = OWNED_FLAGS.get(flag, "a serve.* field")
+            out.append(("EXTRA_ARG_OWNED", f"serve.extra_args {token!r}{how}: expected only "
+                        f"flags the launcher does not set, got {flag}, which it sets from "
+                        f"{whose}; the engine keeps the last value, so this one would "
+                        "silently replace it: set it there instead"))
     return out
+
+
+_COUNT_WORDS = {"0": "no value", "?": "an optional value", "*": "any number of values",
+                "1": "one value", "+": "one or more values"}
+
+
+def _takes(token: str, version: str) -> str:
+    """How many values the option ``token`` takes, in words."""
+    hits = flag_matches(token, version)
+    if len(hits) != 1:
+        return "no value SGLang would accept (it is refused)"
+    return _COUNT_WORDS[nargs(version).get(hits[0], "1")]
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
