@@ -112,18 +112,22 @@ class DevAcceptance:
                                work_dir: str | Path | None = None) -> dict:
         """:meth:`measure` of a speculators ``Eagle3DraftModel`` being trained (``state_dict``:
         its full weights where the model holds shards), converted by :func:`serving_draft`."""
-        p = next(self.target.parameters())
+        p, t0 = next(self.target.parameters()), time.perf_counter()
         draft = serving_draft(model, target_dir, self.target, state_dict=state_dict,
                               work_dir=work_dir, dtype=p.dtype, device=str(p.device))
-        return self.measure(draft)
+        convert_s = time.perf_counter() - t0
+        return {**self.measure(draft), "convert_s": convert_s}
 
     def metrics(self, result: dict, prefix: str = "dev") -> dict[str, float]:
         """Flat metrics of a :meth:`measure` result: ``<prefix>/acceptance_length``,
-        ``<prefix>/per_position_<k>`` (k 0-based), ``<prefix>/num_prompts``, ``<prefix>/seconds``.
+        ``<prefix>/per_position_<k>`` (k 0-based), ``<prefix>/num_prompts``, ``<prefix>/seconds``
+        (the replay) and, for a training draft, ``<prefix>/convert_seconds``.
         """
         out = {f"{prefix}/acceptance_length": float(result["acceptance_length"]),
                f"{prefix}/num_prompts": float(len(self.requests)),
                f"{prefix}/seconds": float(result["wall_s"])}
+        if "convert_s" in result:
+            out[f"{prefix}/convert_seconds"] = float(result["convert_s"])
         out.update({f"{prefix}/per_position_{k}": float(v)
                     for k, v in enumerate(result["per_position"])})
         return out
