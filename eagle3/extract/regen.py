@@ -5,10 +5,11 @@ greedy answer to the conversation so far:
 - ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), target template;
 - ``openai``: an OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0).
 
-Every assistant turn asked ends as succeeded, truncated (hit ``max_new_tokens``: dropped, with the
-rest of its conversation), failed or skipped (the original turn stays); the counts, per turn and per
+Every assistant turn asked ends as succeeded (truncated ones, which hit ``max_new_tokens``, are
+kept and marked), failed or skipped (the original turn stays); the counts, per turn and per
 conversation, add up to the input (:func:`regenerate_counted`) and go into the record beside the
-output. Results are cached in ``<out>/.progress/regenerated-<key>.jsonl`` for resume.
+output, each truncated turn listed (also in its conversation's JSONL line, ``truncated_turns``).
+Results are cached in ``<out>/.progress/regenerated-<key>.jsonl`` for resume.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from eagle3.extract.conversations import Conversation
 log = logging.getLogger(__name__)
 
 
-TURN_OUTCOMES = ("succeeded", "truncated", "failed", "skipped")
-TRUNCATED_POLICY = ("dropped: a truncated answer (it hit max_new_tokens before its end-of-turn) "
-                    "and every later message of its conversation are removed")
-LOUD_SHARE = 0.05  # a warning when this share of the turns or more was not regenerated
+OUTCOMES = ("succeeded", "failed", "skipped")  # a partition; truncated ones are succeeded ones
+TRUNCATED_POLICY = ("marked: a truncated answer (it hit max_new_tokens before its end-of-turn) is "
+                    "kept, counted and listed in its record's truncated_turns")
+LOUD_SHARE = 0.05  # a warning when this share of the turns or more is truncated or not regenerated
 
 
 class Truncated(str):
     """An answer that hit ``max_new_tokens`` before its end-of-turn token (an ``answer_fn`` returns
-    it in place of a plain ``str``); :func:`regenerate_counted` drops it."""
+    it in place of a plain ``str``); :func:`regenerate_counted` keeps and marks it."""
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,14 @@ def _outcome(answer) -> tuple[str, str | None]:
         return "skipped", "prompt_too_long"
     if isinstance(answer, Failed):
         return "failed", answer.reason
-    if not isinstance(answer, str) or not answer.strip():
-        return "failed", f"empty or non-text answer {answer!r:.40}"
-    return ("truncated" if isinstance(answer, Truncated) else "succeeded"), None
+    if not isinstance(answer, str):
+        return "failed", f"expected a text answer, got {type(answer).__name__}"
+    return "succeeded", None
 
 
-def _tally(outcomes: list[str]) -> dict[str, int]:
-    return {"input": len(outcomes), **{k: outcomes.count(k) for k in TURN_OUTCOMES}}
+def _tally(outcomes: list[str], truncated: int) -> dict[str, int]:
+    return {"input": len(outcomes), **{k: outcomes.count(k) for k in OUTCOMES},
+            "truncated": truncated}
 
 
 def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds: int | None = None,
@@ -84,42 +86,39 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
                        max_rounds: int | None = None,
                        on_batch=None) -> tuple[list[Conversation], dict]:
     """Replace each assistant turn with ``answer_fn(message prefixes) -> answers``, round by round:
-    round r asks every conversation's (r+1)-th assistant turn with the conversation so far, earlier
-    turns already regenerated (each turn in context). ``max_rounds``: regenerate only the first N
-    assistant turns of each conversation and drop every message after the last regenerated one (a
-    later turn answering the original reply would no longer fit the conversation). Within a round
-    the prefixes are batched by length (fewer pad tokens per batch); ``on_batch(n)`` is called after
-    each batch with the number of answers it produced (progress).
+    round r asks every conversation's (r+1)-th assistant turn with the conversation so far, its
+    earlier turns already regenerated (each turn in context). ``max_rounds``: regenerate only the
+    first N assistant turns of each conversation and drop every message after the last
+    regenerated one (a later turn answering the original reply would no longer fit the
+    conversation). Within a round the prefixes are batched by length (fewer pad tokens per batch);
+    ``on_batch(n)`` is called after each batch with the number of answers it produced (progress).
 
-    An answer is a ``str`` (regenerated: succeeded), :class:`Truncated` (hit ``max_new_tokens``:
-    :data:`TRUNCATED_POLICY`; later turns of that conversation are counted as skipped,
-    ``after_truncated_turn``), :class:`Failed` or an empty text (failed: the original turn stays)
-    or None (skipped, ``prompt_too_long``: the original turn stays).
+    An answer is a ``str`` (succeeded; a :class:`Truncated` one also counts as truncated:
+    :data:`TRUNCATED_POLICY`; an empty one is counted under ``empty`` in ``turns``, whose
+    ``clean`` counts the succeeded ones neither truncated nor empty), a
+    :class:`Failed` or no text (failed: the original turn stays) or None (skipped,
+    ``prompt_too_long``: the original turn stays).
 
     Returns ``(conversations, counts)``: new Conversation objects (inputs untouched; plain-text
-    records pass through unchanged) and ``{"turns": {input, succeeded, truncated, failed,
-    skipped}, "conversations": {...the same}, "per_turn": [{"turn", ...the same}],
-    "skipped_by_reason", "failed_examples", "truncated_policy"}``, where succeeded + truncated +
-    failed + skipped = input at each level. A conversation counts as its worst turn (failed >
-    truncated > skipped > succeeded); one without an assistant turn is skipped
-    (``no_assistant_turn``). Logs a warning naming the counts when :data:`LOUD_SHARE` or more of
-    the turns was not regenerated. Raises DataError when ``answer_fn`` returns another number of
-    answers than it was asked for."""
+    records pass through unchanged) and ``{"turns": {input, succeeded, failed, skipped,
+    truncated}, "conversations": {...the same}, "per_turn": [{"turn", ...the same}],
+    "skipped_by_reason", "failed_examples", "truncated_turns": {conversation id: [turn numbers,
+    1-based]}, "truncated_policy"}``, where succeeded + failed + skipped = input at each level and
+    truncated counts the succeeded ones that hit the limit (a conversation: any of its turns). A
+    conversation counts as failed if a turn failed, else skipped if a turn was skipped or it has
+    no assistant turn (``no_assistant_turn``), else succeeded. Logs a warning naming the counts
+    when :data:`LOUD_SHARE` or more of the turns are truncated or not regenerated. Raises
+    DataError when ``answer_fn`` returns another number of answers than it was asked for."""
     out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text)
            for c in convs]
     rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
-    asked = [min(_num_turns(c), rounds) for c in out]  # turns to regenerate, per conversation
     outcomes: list[list[str]] = [[] for _ in out]
+    cut: list[list[int]] = [[] for _ in out]  # truncated turns (1-based) per conversation
     reasons: Counter = Counter()
     failed_examples: list[str] = []
-    cut: set[int] = set()  # conversations ended at a truncated turn
+    empty = flagged = 0  # empty answers; answers truncated or empty
     for r in range(rounds):
-        for k in cut:
-            if asked[k] > r:
-                outcomes[k].append("skipped")
-                reasons["after_truncated_turn"] += 1
-        todo = [(k, i) for k, c in enumerate(out)
-                if k not in cut and r < asked[k] and (i := _turn_index(c, r)) is not None]
+        todo = [(k, i) for k, c in enumerate(out) if (i := _turn_index(c, r)) is not None]
         todo.sort(key=lambda ki: sum(len(m["content"]) for m in out[ki[0]].messages[:ki[1]]))
         for b in range(0, len(todo), batch_size):
             chunk = todo[b: b + batch_size]
@@ -132,11 +131,10 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
                 outcomes[k].append(what)
                 if what == "succeeded":
                     out[k].messages[i]["content"] = str(a)
-                elif what == "truncated":
-                    del out[k].messages[i:]
-                    while out[k].messages and out[k].messages[-1]["role"] != "assistant":
-                        out[k].messages.pop()  # no trailing question without its answer
-                    cut.add(k)
+                    empty += not a.strip()
+                    flagged += isinstance(a, Truncated) or not a.strip()
+                    if isinstance(a, Truncated):
+                        cut[k].append(r + 1)
                 elif what == "skipped":
                     reasons[why] += 1
                 else:
@@ -144,40 +142,46 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
             if on_batch is not None:
                 on_batch(len(chunk))
     if max_rounds is not None:
-        for k, c in enumerate(out):
+        for c in out:
             last = _turn_index(c, max_rounds - 1)
-            if c.messages and last is not None and k not in cut:
+            if c.messages and last is not None:
                 del c.messages[last + 1:]
-    counts = _counts(outcomes, reasons, failed_examples, rounds)
+    counts = _counts(out, outcomes, cut, reasons, failed_examples, rounds, empty)
+    counts["turns"]["clean"] = counts["turns"]["succeeded"] - flagged
     _log_counts(counts)
     return out, counts
 
 
-def _counts(outcomes: list[list[str]], reasons: Counter, failed_examples: list[str],
-            rounds: int) -> dict:
-    worst = [next((o for o in ("failed", "truncated", "skipped") if o in per), "succeeded")
-             if per else "skipped" for per in outcomes]
+def _counts(out: list[Conversation], outcomes: list[list[str]], cut: list[list[int]],
+            reasons: Counter, failed_examples: list[str], rounds: int, empty: int) -> dict:
+    per_conv = [next((o for o in ("failed", "skipped") if o in per), "succeeded") if per
+                else "skipped" for per in outcomes]
     unasked = sum(not per for per in outcomes)
-    return {"turns": _tally([o for per in outcomes for o in per]),
-            "conversations": _tally(worst),
-            "per_turn": [{"turn": r + 1, **_tally([per[r] for per in outcomes if len(per) > r])}
+    return {"turns": {**_tally([o for per in outcomes for o in per], sum(map(len, cut))),
+                      "empty": empty},
+            "conversations": _tally(per_conv, sum(bool(c) for c in cut)),
+            "per_turn": [{"turn": r + 1, **_tally([per[r] for per in outcomes if len(per) > r],
+                                                  sum(r + 1 in c for c in cut))}
                          for r in range(rounds)],
             "skipped_by_reason": dict(reasons, **({"no_assistant_turn": unasked}
                                                   if unasked else {})),
-            "failed_examples": failed_examples[:10], "truncated_policy": TRUNCATED_POLICY}
+            "failed_examples": failed_examples[:10],
+            "truncated_turns": {c.id: t for c, t in zip(out, cut) if t},
+            "truncated_policy": TRUNCATED_POLICY}
 
 
 def _log_counts(counts: dict) -> None:
     t = counts["turns"]
-    missed = t["input"] - t["succeeded"]
+    missed = t["input"] - t["clean"]
     if not missed:
         return
     level = logging.WARNING if missed >= LOUD_SHARE * t["input"] else logging.INFO
-    log.log(level, "regeneration: %d of %d assistant turns not regenerated (%.0f%%): %d truncated "
-            "at max_new_tokens (%s; raise data.regenerate_max_new_tokens to keep them), %d failed "
-            "%s, %d skipped %s; conversations: %s", missed, t["input"], 100 * missed / t["input"],
-            t["truncated"], TRUNCATED_POLICY, t["failed"], counts["failed_examples"][:3],
-            t["skipped"], counts["skipped_by_reason"], counts["conversations"])
+    log.log(level, "regeneration: %d of %d assistant turns (%.0f%%) truncated or not regenerated: "
+            "%d truncated at max_new_tokens (%s; raise data.regenerate_max_new_tokens to finish "
+            "them), %d failed %s, %d skipped %s, %d empty; conversations: %s", missed,
+            t["input"], 100 * missed / t["input"], t["truncated"], TRUNCATED_POLICY, t["failed"],
+            counts["failed_examples"][:3], t["skipped"], counts["skipped_by_reason"],
+            t["empty"], counts["conversations"])
 
 
 def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
@@ -295,10 +299,15 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
     raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got {mode!r}")
 
 
-def _write_jsonl(path: Path, convs: list[Conversation]) -> None:
+def _write_jsonl(path: Path, convs: list[Conversation], truncated: dict | None = None) -> None:
+    """One ``{"id", "messages", "text"}`` line per conversation, plus ``truncated_turns`` (1-based)
+    where ``truncated`` (conversation id -> turns) lists any."""
     from eagle3.artifacts import atomic_write_bytes
 
-    lines = (json.dumps({"id": c.id, "messages": c.messages, "text": c.text}) + "\n" for c in convs)
+    marks = truncated or {}
+    lines = (json.dumps({"id": c.id, "messages": c.messages, "text": c.text,
+                         **({"truncated_turns": marks[c.id]} if c.id in marks else {})}) + "\n"
+             for c in convs)
     atomic_write_bytes(path, "".join(lines).encode())
 
 
@@ -319,7 +328,7 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
         if [r["id"] for r in recs] == [c.id for c in convs]:
             return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
     out, counts = _regenerate(cfg, target_dir, tokenizer, convs)
-    _write_jsonl(cache, out)
+    _write_jsonl(cache, out, counts["truncated_turns"])
     atomic_write_json(counts_path(cache), {**counts, "settings": {
         "mode": cfg.data.regenerate, "max_new_tokens": cfg.data.regenerate_max_new_tokens,
         "max_rounds": cfg.data.regenerate_max_rounds}})
@@ -373,7 +382,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     seconds = time.perf_counter() - t0
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(out_path, out)
+    _write_jsonl(out_path, out, regen_counts["truncated_turns"])
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
     manifest = {"kind": "regenerated_conversations", "path": str(out_path),
                 "sha256": sha256_file(out_path),
