@@ -160,3 +160,35 @@ def test_best_by_measured_picks_the_step_the_meter_rates_highest(tmp_path, tiny_
     assert manifest["metrics"]["dev_acceptance_length"] == 2.5
     assert read_info(out / "state" / "best")["step"] == 2
     assert evals[-1]["best/dev_acceptance_length"] == 2.5 and evals[-1]["best/step"] == 2.0
+
+
+def _metrics_rows(dev: bool) -> list[dict]:
+    rows = []
+    for step, (sim, al) in enumerate([(2.9, 1.6), (3.1, 1.9), (3.2, 1.8)], start=1):
+        rows.append({"step": step * 10, "kind": "train", "train/loss": 2.0 - step * 0.1})
+        rows.append({"step": step * 10, "kind": "eval", "val/loss": 2.2 - step * 0.1,
+                     "val/simulated_acceptance_length": sim,
+                     **({"dev/acceptance_length": al} if dev else {})})
+    return rows
+
+
+def test_decision_and_training_length_curve_read_the_measured_figure_when_logged(tmp_path):
+    from eagle3.decide import history_from_metrics, recommend, training_signals
+    from flows.sweep import training_curves
+
+    h = history_from_metrics(_metrics_rows(dev=True), epochs=1.0)
+    assert h["dev_acceptance"] == [1.6, 1.9, 1.8]
+    s = training_signals(h)
+    assert s["dev_acceptance_last"] == 1.8 and s["dev_acceptance_slope_rel"] > 0
+    assert recommend(h, {}).evidence["dev_acceptance_last"] == 1.8
+    assert "dev_acceptance" not in history_from_metrics(_metrics_rows(dev=False))
+    assert "dev_acceptance_last" not in training_signals(
+        history_from_metrics(_metrics_rows(dev=False)))
+    for name, dev in (("m", True), ("s", False)):
+        (tmp_path / name / "train").mkdir(parents=True)
+        (tmp_path / name / "train" / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in _metrics_rows(dev)))
+    curves = training_curves([{"run_dir": str(tmp_path / n), "point": n} for n in "ms"])
+    assert [(c["label"], c["kind"], c["acceptance"]) for c in curves] == [
+        ("m", "measured", [1.6, 1.9, 1.8]), ("s", "simulated", [2.9, 3.1, 3.2])]
+    assert [c["steps"] for c in curves] == [[10, 20, 30]] * 2
