@@ -220,9 +220,18 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     return norm, tokens
 
 
+# the metric that picks the best checkpoint, by train.select_best_by
+SELECT_KEYS = {"simulated": "val/simulated_acceptance_length",
+               "measured": "dev/acceptance_length"}
+
+
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Validation metrics over the val split (or the train split, flagged, when val is empty)."""
+    """Validation metrics over the val split (or the train split, flagged, when val is empty), and
+    with ``train.select_best_by=measured`` the dev acceptance (:func:`dev_metrics`). Saves
+    ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so far; ``run.best`` records
+    ``step``, ``simulated_acceptance_length``, ``selected_by`` (the metric), ``score`` and, when
+    measured, ``measured_acceptance_length``."""
     ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
@@ -249,7 +258,7 @@ def evaluate(run: Run) -> dict[str, float]:
     if prev is None or out[key] > prev.get("score", prev["simulated_acceptance_length"]):
         run.best = {"step": run.step, "simulated_acceptance_length": sim, "selected_by": key,
                     "score": out[key]}
-        if key in DEV_KEYS:
+        if run.t.select_best_by == "measured":
             run.best["measured_acceptance_length"] = out[key]
         with run.parallel.gathered(run.model) as (weights, _):  # every rank (fsdp: a collective)
             if run.rank == 0:
@@ -261,11 +270,6 @@ def evaluate(run: Run) -> dict[str, float]:
     out["best/step"] = float(run.best["step"])
     run.emit("eval", out)
     return out
-
-
-SELECT_KEYS = {"simulated": "val/simulated_acceptance_length",
-               "measured": "dev/acceptance_length"}
-DEV_KEYS = ("dev/acceptance_length",)
 
 
 def dev_metrics(run: Run) -> dict[str, float]:

@@ -108,3 +108,24 @@ def test_regenerate_file_records_the_counts_and_marks_truncated_turns(tiny_cfg, 
     assert r["truncated_turns"] == {x["id"]: x["truncated_turns"] for x in lines
                                     if "truncated_turns" in x}
     assert len(r["truncated_turns"]) == r["conversations"]["truncated"]
+
+
+def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
+    import httpx
+
+    from eagle3.extract.regen import openai_answer_fn
+
+    def reply(request):
+        body = json.loads(request.content)
+        q = body["messages"][-1]["content"]
+        return httpx.Response(200, json={"choices": [{
+            "message": {"content": f"to {q}"},
+            "finish_reason": "length" if q == "long" else "stop"}]})
+
+    real = httpx.Client
+    monkeypatch.setattr(httpx, "Client",
+                        lambda **kw: real(transport=httpx.MockTransport(reply), **kw))
+    got = openai_answer_fn("http://127.0.0.1:9/v1", "m", 8)(
+        [[{"role": "user", "content": q}] for q in ("long", "short")])
+    assert got == ["to long", "to short"]
+    assert isinstance(got[0], Truncated) and not isinstance(got[1], Truncated)
