@@ -192,3 +192,20 @@ def test_decision_and_training_length_curve_read_the_measured_figure_when_logged
     assert [(c["label"], c["kind"], c["acceptance"]) for c in curves] == [
         ("m", "measured", [1.6, 1.9, 1.8]), ("s", "simulated", [2.9, 3.1, 3.2])]
     assert [c["steps"] for c in curves] == [[10, 20, 30]] * 2
+
+
+def test_no_dev_prompt_is_an_error_naming_the_setting(tiny_target_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from eagle3.errors import DataError
+    from eagle3.measure.dev_acceptance import meter_for_training
+
+    t = SimpleNamespace(dev_prompts_file=None, dev_prompts=4, ttt_steps=3, dev_max_new_tokens=8)
+    plain = SimpleNamespace(input_ids=[torch.arange(5)], loss_mask=[torch.ones(5)], val_ids=[0])
+    with pytest.raises(DataError, match="select_best_by=measured: expected dev prompts from the "
+                                        "validation split \\(1 samples\\), got none"):
+        meter_for_training(t, plain, tiny_target_dir, torch.device("cpu"))
+    (tmp_path / "p.txt").write_text("What is the capital of France?\nCount to five.\n")
+    t.dev_prompts_file = str(tmp_path / "p.txt")
+    meter = meter_for_training(t, plain, tiny_target_dir, torch.device("cpu"))
+    assert len(meter.requests) == 2 and all(len(r.output_ids) == 8 for r in meter.requests)
