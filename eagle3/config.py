@@ -263,6 +263,18 @@ class TrainConfig(_Section):
         "files ahead of the device; None = 4 on CUDA, 0 on CPU.")
     optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field(
         "auto", description="AdamW; auto = fused on CUDA")
+    select_best_by: Literal["simulated", "measured"] = Field(
+        "simulated", description="What picks the best checkpoint at an evaluation: simulated = "
+        "val/simulated_acceptance_length (teacher-forced accuracies; overestimates serving); "
+        "measured = dev/acceptance_length, the greedy chain replay of the converted draft on the "
+        "dev prompts (eagle3.measure.dev_acceptance), also logged at every evaluation; rank 0 "
+        "then holds the target beside the draft on the training device.")
+    dev_prompts: int = Field(32, ge=1, le=4096, description="With select_best_by=measured: dev "
+        "prompts (the first of the validation split's samples, their prompt part).")
+    dev_max_new_tokens: int = Field(64, ge=1, le=32768, description="With select_best_by="
+        "measured: greedy tokens generated per dev prompt.")
+    dev_prompts_file: str | None = Field(None, description="With select_best_by=measured: a "
+        "prompts file (eagle3 bench --prompts FILE formats) used instead of the validation split.")
 
 
 class ConvertConfig(_Section):

@@ -34,6 +34,7 @@ from eagle3.measure.acceptance import (MIN_OFFLINE_EXCESS, SERVING_EXCESS_RATIO,
 
 OUTCOMES = ("more data", "longer training", "regenerate data", "fix serving integration", "stop",
             "more evidence needed")
+DEV_KEY = "dev/acceptance_length"  # measured during training (eagle3.measure.dev_acceptance)
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,11 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
     """Rule inputs from ``history`` = ``{"val_loss": [per eval], "train_loss": float|[per eval],
     "epochs": float, "unique_tokens": int, "train_val_gap": float|[per eval] (else val − train)}``:
     relative val/train slopes over the last ``k`` evals (None with < 2), last relative gap
-    ((val − train) / train), its growth over the window, epochs and unique tokens."""
+    ((val − train) / train), its growth over the window, epochs and unique tokens; with
+    ``"dev_acceptance": [per eval]`` (measured, train.select_best_by=measured) its last value and
+    relative slope too."""
     val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
+    dev = _floats(history, "dev_acceptance")
     gaps = _floats(history, "train_val_gap")
     if not gaps and val and train:
         pairs = zip(val, train) if len(train) == len(val) else [(val[-1], train[-1])]
@@ -121,7 +125,9 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
             "train_slope_rel": _relative_slope(train[-th.k:]),
             "gap_rel": rel[-1] if rel else None,
             "gap_growth": rel[-1] - rel[-min(th.k, len(rel))] if len(rel) >= 2 else None,
-            "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens")}
+            "epochs": history.get("epochs"), "unique_tokens": history.get("unique_tokens"),
+            **({"dev_acceptance_last": dev[-1], "dev_acceptance_slope_rel":
+                _relative_slope(dev[-th.k:])} if dev else {})}
 
 
 def history_from_metrics(rows: list[dict], *, epochs: float | None = None,
@@ -129,15 +135,20 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None,
                          train_key: str = "train/loss") -> dict:
     """A :func:`recommend` ``history`` from ``metrics.jsonl`` rows (``{"step", key: value}``):
     ``val_loss`` = ``val_key`` values in step order; ``train_loss`` = per eval, the latest
-    ``train_key`` value at or before its step (evals before any are skipped for the gap)."""
-    val, train, last_train = [], [], None
+    ``train_key`` value at or before its step (evals before any are skipped for the gap);
+    ``dev_acceptance`` = the measured ``dev/acceptance_length`` values, where logged."""
+    val, train, last_train, dev = [], [], None, []
     for r in sorted(rows, key=lambda r: r.get("step", 0)):
         if isinstance(r.get(train_key), (int, float)):
             last_train = float(r[train_key])
         if isinstance(r.get(val_key), (int, float)):
             val.append(float(r[val_key]))
             train.append(last_train)
+        if isinstance(r.get(DEV_KEY), (int, float)):
+            dev.append(float(r[DEV_KEY]))
     hist: dict = {"val_loss": val, "epochs": epochs, "unique_tokens": unique_tokens}
+    if dev:
+        hist["dev_acceptance"] = dev
     if train and None not in train:
         hist["train_loss"] = train
     elif last_train is not None:

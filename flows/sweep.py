@@ -243,9 +243,10 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
 
 
 def training_curves(rows: list[dict]) -> list[dict]:
-    """Simulated acceptance length (validation, bonus token counted) at every evaluation of each
-    point's training, against optimizer steps, from ``<run_dir>/train/metrics.jsonl``: ``[{"label",
-    "steps", "acceptance"}]``."""
+    """Acceptance length (bonus token counted) at every evaluation of each point's training,
+    against optimizer steps, from ``<run_dir>/train/metrics.jsonl``: the measured
+    ``dev/acceptance_length`` where the training logged it, else the simulated one (validation):
+    ``[{"label", "steps", "acceptance", "kind"}]``."""
     from eagle3.measure.plots import read_metrics_jsonl
 
     curves = []
@@ -253,12 +254,15 @@ def training_curves(rows: list[dict]) -> list[dict]:
         path = latest_output(r.get("run_dir") or "", "train") / "metrics.jsonl"
         if not r.get("run_dir") or not path.is_file():
             continue
-        evals = [x for x in read_metrics_jsonl(path)
-                 if isinstance(x.get("val/simulated_acceptance_length"), float)]
+        rows_ = read_metrics_jsonl(path)
+        measured = any(isinstance(x.get("dev/acceptance_length"), float) for x in rows_)
+        key = "dev/acceptance_length" if measured else "val/simulated_acceptance_length"
+        evals = [x for x in rows_ if isinstance(x.get(key), float)]
         if evals:
             curves.append({"label": r.get("point") or f"{r['data_size']}-{r['schedule']}",
                            "steps": [int(x["step"]) for x in evals],
-                           "acceptance": [x["val/simulated_acceptance_length"] for x in evals]})
+                           "acceptance": [x[key] for x in evals],
+                           "kind": "measured" if measured else "simulated"})
     return curves
 
 

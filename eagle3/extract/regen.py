@@ -5,13 +5,19 @@ greedy answer to the conversation so far:
 - ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), target template;
 - ``openai``: an OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0).
 
-Results are cached in ``<out>/.progress/regenerated.jsonl`` for resume.
+Every assistant turn asked ends as succeeded (truncated ones, which hit ``max_new_tokens``, are
+kept and marked), failed or skipped (the original turn stays); the counts, per turn and per
+conversation, add up to the input (:func:`regenerate_counted`) and go into the record beside the
+output, each truncated turn listed (also in its conversation's JSONL line, ``truncated_turns``).
+Results are cached in ``<out>/.progress/regenerated-<key>.jsonl`` for resume.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +28,31 @@ from eagle3.extract.conversations import Conversation
 log = logging.getLogger(__name__)
 
 
+OUTCOMES = ("succeeded", "failed", "skipped")  # a partition; truncated ones are succeeded ones
+TRUNCATED_POLICY = ("marked: a truncated answer (it hit max_new_tokens before its end-of-turn) is "
+                    "kept, counted and listed in its record's truncated_turns")
+LOUD_SHARE = 0.05  # a warning when this share of the turns or more is truncated or not regenerated
+
+
+class Truncated(str):
+    """An answer that hit ``max_new_tokens`` before its end-of-turn token (an ``answer_fn`` returns
+    it in place of a plain ``str``); :func:`regenerate_counted` keeps and marks it."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """No answer for one prompt (an ``answer_fn`` returns it in place of a ``str``): ``reason``
+    says why. The original turn stays; the turn is counted as failed."""
+
+    reason: str
+
+
 def _rounds(convs: list[Conversation]) -> int:
-    return max((sum(m["role"] == "assistant" for m in c.messages or []) for c in convs), default=0)
+    return max((_num_turns(c) for c in convs), default=0)
+
+
+def _num_turns(conv: Conversation) -> int:
+    return sum(m["role"] == "assistant" for m in conv.messages or [])
 
 
 def _turn_index(conv: Conversation, r: int) -> int | None:
@@ -31,30 +60,85 @@ def _turn_index(conv: Conversation, r: int) -> int | None:
     return idx[r] if r < len(idx) else None
 
 
+def _outcome(answer) -> tuple[str, str | None]:
+    """``(outcome, reason)`` of one ``answer_fn`` result."""
+    if answer is None:
+        return "skipped", "prompt_too_long"
+    if isinstance(answer, Failed):
+        return "failed", answer.reason
+    if not isinstance(answer, str):
+        return "failed", f"expected a text answer, got {type(answer).__name__}"
+    return "succeeded", None
+
+
+def _tally(outcomes: list[str], truncated: int) -> dict[str, int]:
+    return {"input": len(outcomes), **{k: outcomes.count(k) for k in OUTCOMES},
+            "truncated": truncated}
+
+
 def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds: int | None = None,
                on_batch=None) -> list[Conversation]:
-    """Replace each assistant turn with ``answer_fn(message prefixes) -> answers``, round by round.
-    ``max_rounds``: regenerate only the first N assistant turns of each conversation and drop every
-    message after the last regenerated one (a later turn answering the original reply would no
-    longer fit the conversation). Within a round the prefixes are batched by length (fewer pad
-    tokens per batch); ``on_batch(n)`` is called after each batch with the number of answers it
-    produced (progress). Returns new Conversation objects (inputs untouched); plain-text records
-    pass through unchanged."""
+    """:func:`regenerate_counted` without its counts."""
+    return regenerate_counted(convs, answer_fn, batch_size, max_rounds, on_batch)[0]
+
+
+def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
+                       max_rounds: int | None = None,
+                       on_batch=None) -> tuple[list[Conversation], dict]:
+    """Replace each assistant turn with ``answer_fn(message prefixes) -> answers``, round by round:
+    round r asks every conversation's (r+1)-th assistant turn with the conversation so far, its
+    earlier turns already regenerated (each turn in context). ``max_rounds``: regenerate only the
+    first N assistant turns of each conversation and drop every message after the last
+    regenerated one (a later turn answering the original reply would no longer fit the
+    conversation). Within a round the prefixes are batched by length (fewer pad tokens per batch);
+    ``on_batch(n)`` is called after each batch with the number of answers it produced (progress).
+
+    An answer is a ``str`` (succeeded; a :class:`Truncated` one also counts as truncated:
+    :data:`TRUNCATED_POLICY`; an empty one is counted under ``empty`` in ``turns``, whose
+    ``clean`` counts the succeeded ones neither truncated nor empty), a
+    :class:`Failed` or no text (failed: the original turn stays) or None (skipped,
+    ``prompt_too_long``: the original turn stays).
+
+    Returns ``(conversations, counts)``: new Conversation objects (inputs untouched; plain-text
+    records pass through unchanged) and ``{"turns": {input, succeeded, failed, skipped,
+    truncated}, "conversations": {...the same}, "per_turn": [{"turn", ...the same}],
+    "skipped_by_reason", "failed_examples", "truncated_turns": {conversation id: [turn numbers,
+    1-based]}, "truncated_policy"}``, where succeeded + failed + skipped = input at each level and
+    truncated counts the succeeded ones that hit the limit (a conversation: any of its turns). A
+    conversation counts as failed if a turn failed, else skipped if a turn was skipped or it has
+    no assistant turn (``no_assistant_turn``), else succeeded. Logs a warning naming the counts
+    when :data:`LOUD_SHARE` or more of the turns are truncated or not regenerated. Raises
+    DataError when ``answer_fn`` returns another number of answers than it was asked for."""
     out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text)
            for c in convs]
     rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
+    outcomes: list[list[str]] = [[] for _ in out]
+    cut: list[list[int]] = [[] for _ in out]  # truncated turns (1-based) per conversation
+    reasons: Counter = Counter()
+    failed_examples: list[str] = []
+    empty = flagged = 0  # empty answers; answers truncated or empty
     for r in range(rounds):
-        todo = [(c, i) for c in out if (i := _turn_index(c, r)) is not None]
-        todo.sort(key=lambda ci: sum(len(m["content"]) for m in ci[0].messages[:ci[1]]))
+        todo = [(k, i) for k, c in enumerate(out) if (i := _turn_index(c, r)) is not None]
+        todo.sort(key=lambda ki: sum(len(m["content"]) for m in out[ki[0]].messages[:ki[1]]))
         for b in range(0, len(todo), batch_size):
             chunk = todo[b: b + batch_size]
-            answers = answer_fn([c.messages[:i] for c, i in chunk])
+            answers = answer_fn([out[k].messages[:i] for k, i in chunk])
             if len(answers) != len(chunk):
                 raise DataError(f"regeneration: expected {len(chunk)} answers for a batch, got "
                                 f"{len(answers)}")
-            for (c, i), a in zip(chunk, answers):
-                if a is not None:  # None: not generated (prompt too long); the original turn stays
-                    c.messages[i]["content"] = a
+            for (k, i), a in zip(chunk, answers):
+                what, why = _outcome(a)
+                outcomes[k].append(what)
+                if what == "succeeded":
+                    out[k].messages[i]["content"] = str(a)
+                    empty += not a.strip()
+                    flagged += isinstance(a, Truncated) or not a.strip()
+                    if isinstance(a, Truncated):
+                        cut[k].append(r + 1)
+                elif what == "skipped":
+                    reasons[why] += 1
+                else:
+                    failed_examples.append(f"{out[k].id} turn {r + 1}: {why}")
             if on_batch is not None:
                 on_batch(len(chunk))
     if max_rounds is not None:
@@ -62,12 +146,48 @@ def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds
             last = _turn_index(c, max_rounds - 1)
             if c.messages and last is not None:
                 del c.messages[last + 1:]
-    return out
+    counts = _counts(out, outcomes, cut, reasons, failed_examples, rounds, empty)
+    counts["turns"]["clean"] = counts["turns"]["succeeded"] - flagged
+    _log_counts(counts)
+    return out, counts
+
+
+def _counts(out: list[Conversation], outcomes: list[list[str]], cut: list[list[int]],
+            reasons: Counter, failed_examples: list[str], rounds: int, empty: int) -> dict:
+    per_conv = [next((o for o in ("failed", "skipped") if o in per), "succeeded") if per
+                else "skipped" for per in outcomes]
+    unasked = sum(not per for per in outcomes)
+    return {"turns": {**_tally([o for per in outcomes for o in per], sum(map(len, cut))),
+                      "empty": empty},
+            "conversations": _tally(per_conv, sum(bool(c) for c in cut)),
+            "per_turn": [{"turn": r + 1, **_tally([per[r] for per in outcomes if len(per) > r],
+                                                  sum(r + 1 in c for c in cut))}
+                         for r in range(rounds)],
+            "skipped_by_reason": dict(reasons, **({"no_assistant_turn": unasked}
+                                                  if unasked else {})),
+            "failed_examples": failed_examples[:10],
+            "truncated_turns": {c.id: t for c, t in zip(out, cut) if t},
+            "truncated_policy": TRUNCATED_POLICY}
+
+
+def _log_counts(counts: dict) -> None:
+    t = counts["turns"]
+    missed = t["input"] - t["clean"]
+    if not missed:
+        return
+    level = logging.WARNING if missed >= LOUD_SHARE * t["input"] else logging.INFO
+    log.log(level, "regeneration: %d of %d assistant turns (%.0f%%) truncated or not regenerated: "
+            "%d truncated at max_new_tokens (%s; raise data.regenerate_max_new_tokens to finish "
+            "them), %d failed %s, %d skipped %s, %d empty; conversations: %s", missed,
+            t["input"], 100 * missed / t["input"], t["truncated"], TRUNCATED_POLICY, t["failed"],
+            counts["failed_examples"][:3], t["skipped"], counts["skipped_by_reason"],
+            t["empty"], counts["conversations"])
 
 
 def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
                  max_prompt_tokens: int | None = None):
-    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding). Prompts
+    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding). An answer
+    without the tokenizer's EOS token within ``max_new_tokens`` is a :class:`Truncated`. Prompts
     over ``max_prompt_tokens`` get ``None`` (the original turn is kept). A batch raising
     ``torch.OutOfMemoryError`` is retried as two halves; a single prompt that does not fit raises
     DataError."""
@@ -116,14 +236,18 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
                                  pad_token_id=tokenizer.pad_token_id,
                                  eos_token_id=tokenizer.eos_token_id)
         new = gen[:, enc["input_ids"].shape[1]:]
-        return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in new]
+        eos = tokenizer.eos_token_id
+        # a row without the end-of-turn token ran out of max_new_tokens
+        return [(Truncated if eos is not None and eos not in row.tolist() else str)(
+            tokenizer.decode(row, skip_special_tokens=True).strip()) for row in new]
 
     return answer
 
 
 def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
     """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature
-    0). TransientError for connection failures and 5xx, DataError for other non-200 answers."""
+    0). ``finish_reason`` ``length`` gives a :class:`Truncated`. TransientError for connection
+    failures and 5xx, DataError for other non-200 answers."""
     import httpx
 
     def answer(prefixes: list[list[dict]]) -> list[str]:
@@ -141,17 +265,19 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
                 if r.status_code != 200:
                     raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got "
                                     f"{r.status_code}: {r.text[:200]}")
-                out.append(r.json()["choices"][0]["message"]["content"].strip())
+                choice = r.json()["choices"][0]
+                text = (choice["message"].get("content") or "").strip()
+                out.append(Truncated(text) if choice.get("finish_reason") == "length" else text)
         return out
 
     return answer
 
 
 def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
-                on_batch=None) -> list[Conversation]:
-    """:func:`regenerate` with the answer function and batch size ``cfg.data`` names."""
+                on_batch=None) -> tuple[list[Conversation], dict]:
+    """:func:`regenerate_counted` with the answer function and batch size ``cfg.data`` names."""
     d = cfg.data
-    return regenerate(convs, _answer_fn(cfg, target_dir, tokenizer),
+    return regenerate_counted(convs, _answer_fn(cfg, target_dir, tokenizer),
                       d.regenerate_batch_size or cfg.extract.batch_size, d.regenerate_max_rounds,
                       on_batch)
 
@@ -173,22 +299,39 @@ def _answer_fn(cfg, target_dir: Path, tokenizer):
     raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got {mode!r}")
 
 
-def _write_jsonl(path: Path, convs: list[Conversation]) -> None:
+def _write_jsonl(path: Path, convs: list[Conversation], truncated: dict | None = None) -> None:
+    """One ``{"id", "messages", "text"}`` line per conversation, plus ``truncated_turns`` (1-based)
+    where ``truncated`` (conversation id -> turns) lists any."""
     from eagle3.artifacts import atomic_write_bytes
 
-    lines = (json.dumps({"id": c.id, "messages": c.messages, "text": c.text}) + "\n" for c in convs)
+    marks = truncated or {}
+    lines = (json.dumps({"id": c.id, "messages": c.messages, "text": c.text,
+                         **({"truncated_turns": marks[c.id]} if c.id in marks else {})}) + "\n"
+             for c in convs)
     atomic_write_bytes(path, "".join(lines).encode())
+
+
+def counts_path(cache: Path) -> Path:
+    """Where :func:`regenerate_for_plan` writes the counts of the regeneration cached in
+    ``cache``."""
+    return cache.with_name(cache.name + ".counts.json")
 
 
 def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
                         cache: Path) -> list:
-    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) if any."""
+    """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) if any; the
+    counts (:func:`regenerate_counted`) go to :func:`counts_path` beside it."""
+    from eagle3.artifacts import atomic_write_json
+
     if cache.is_file():
         recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
         if [r["id"] for r in recs] == [c.id for c in convs]:
             return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
-    out = _regenerate(cfg, target_dir, tokenizer, convs)
-    _write_jsonl(cache, out)
+    out, counts = _regenerate(cfg, target_dir, tokenizer, convs)
+    _write_jsonl(cache, out, counts["truncated_turns"])
+    atomic_write_json(counts_path(cache), {**counts, "settings": {
+        "mode": cfg.data.regenerate, "max_new_tokens": cfg.data.regenerate_max_new_tokens,
+        "max_rounds": cfg.data.regenerate_max_rounds}})
     return out
 
 
@@ -199,9 +342,10 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
 
     Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line, the reader's OpenAI-style records)
     and ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source file and sha256,
-    target identity, the regeneration settings, counts, seconds, answers/s). ``cfg.data.regenerate``
-    must be ``hf`` or ``openai``. Raises ConfigError for another mode, DataError when the source
-    gives no usable conversation."""
+    target identity, the regeneration settings, counts, ``regeneration`` (the per-turn and
+    per-conversation outcomes of :func:`regenerate_counted`), seconds, answers/s).
+    ``cfg.data.regenerate`` must be ``hf`` or ``openai``. Raises ConfigError for another mode,
+    DataError when the source gives no usable conversation."""
     import time
 
     from transformers import AutoTokenizer
@@ -230,14 +374,15 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         bar = tqdm(desc="regenerate", unit="answer")
     t0 = time.perf_counter()
     try:
-        out = _regenerate(cfg, target, tok, convs, bar.update if bar is not None else None)
+        out, regen_counts = _regenerate(cfg, target, tok, convs,
+                                        bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(out_path, out)
+    _write_jsonl(out_path, out, regen_counts["truncated_turns"])
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
     manifest = {"kind": "regenerated_conversations", "path": str(out_path),
                 "sha256": sha256_file(out_path),
@@ -248,6 +393,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                              "chat_template_kwargs": d.chat_template_kwargs,
                              "target_dtype": cfg.target.dtype},
                 "counts": {"conversations": len(out), "answers": answers, "records": stats.records},
+                "regeneration": regen_counts,
                 "seconds": round(seconds, 2),
                 "answers_per_s": round(answers / seconds, 2) if seconds > 0 else None}
     atomic_write_json(out_path.with_name(out_path.name + ".manifest.json"), manifest)

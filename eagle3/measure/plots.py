@@ -143,8 +143,9 @@ def plot_data_scaling(results: list[dict], path: str | Path) -> Path:
 
 
 def plot_training_length(curves: list[dict], path: str | Path) -> Path:
-    """Simulated acceptance vs optimizer steps, a line per run; ``curves``: ``{"label", "steps",
-    "acceptance"}``. DataError for no curve or unequal lengths."""
+    """Acceptance vs optimizer steps, a line per run; ``curves``: ``{"label", "steps",
+    "acceptance", "kind"}`` (kind ``measured``: dev/acceptance_length of training, else
+    simulated on the validation split). DataError for no curve or unequal lengths."""
     if not curves:
         raise DataError("plot_training_length: no curve to draw")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
@@ -155,8 +156,11 @@ def plot_training_length(curves: list[dict], path: str | Path) -> Path:
                             f"{len(c['acceptance'])}")
         ax.plot(c["steps"], c["acceptance"], "-o" if len(c["steps"]) < 30 else "-", markersize=3,
                 label=c["label"])
-    ax.set(xlabel="optimizer steps", ylabel="simulated acceptance length (validation)",
-           title="Training length")
+    kinds = {c.get("kind", "simulated") for c in curves}
+    ylabel = ("measured acceptance length (dev prompts)" if kinds == {"measured"} else
+              "simulated acceptance length (validation)" if kinds == {"simulated"} else
+              "acceptance length (measured where a run logged it, else simulated)")
+    ax.set(xlabel="optimizer steps", ylabel=ylabel, title="Training length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)

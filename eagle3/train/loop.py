@@ -63,6 +63,8 @@ class Run:
     parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
     # called with the step after each optimizer step (the launcher's deadlines)
     heartbeat: Callable | None = None
+    # rank 0 with train.select_best_by=measured: eagle3.measure.dev_acceptance.DevAcceptance
+    dev: object = None
 
     @property
     def pad_to(self) -> int | None:
@@ -218,9 +220,18 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     return norm, tokens
 
 
+# the metric that picks the best checkpoint, by train.select_best_by
+SELECT_KEYS = {"simulated": "val/simulated_acceptance_length",
+               "measured": "dev/acceptance_length"}
+
+
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Validation metrics over the val split (or the train split, flagged, when val is empty)."""
+    """Validation metrics over the val split (or the train split, flagged, when val is empty), and
+    with ``train.select_best_by=measured`` the dev acceptance (:func:`dev_metrics`). Saves
+    ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so far; ``run.best`` records
+    ``step``, ``simulated_acceptance_length``, ``selected_by`` (the metric), ``score`` and, when
+    measured, ``measured_acceptance_length``."""
     ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
@@ -237,17 +248,46 @@ def evaluate(run: Run) -> dict[str, float]:
            "val/on_train_split": 0.0 if run.data.val_ids else 1.0}
     if run.last_train is not None:
         out["train_val_gap"] = run.last_train["train/loss"] - out["val/loss"]
+    out.update(dev_metrics(run))
     run.last_eval = out
     sim = out["val/simulated_acceptance_length"]
-    if run.best is None or sim > run.best["simulated_acceptance_length"]:
-        run.best = {"step": run.step, "simulated_acceptance_length": sim}
+    key = SELECT_KEYS[run.t.select_best_by]
+    # a best chosen by the other figure (a resume with another select_best_by) is not comparable
+    prev = run.best if run.best and run.best.get("selected_by", SELECT_KEYS["simulated"]) == key \
+        else None
+    if prev is None or out[key] > prev.get("score", prev["simulated_acceptance_length"]):
+        run.best = {"step": run.step, "simulated_acceptance_length": sim, "selected_by": key,
+                    "score": out[key]}
+        if run.t.select_best_by == "measured":
+            run.best["measured_acceptance_length"] = out[key]
         with run.parallel.gathered(run.model) as (weights, _):  # every rank (fsdp: a collective)
             if run.rank == 0:
                 save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out},
                           model_state=weights)
     out["best/simulated_acceptance_length"] = run.best["simulated_acceptance_length"]
+    if "measured_acceptance_length" in run.best:
+        out["best/dev_acceptance_length"] = run.best["measured_acceptance_length"]
+    out["best/step"] = float(run.best["step"])
     run.emit("eval", out)
     return out
+
+
+def dev_metrics(run: Run) -> dict[str, float]:
+    """With ``train.select_best_by=measured``: the measured acceptance of the current weights on the
+    dev prompts (:mod:`eagle3.measure.dev_acceptance`; ``dev/acceptance_length``,
+    ``dev/per_position_<k>``, ...), computed on rank 0 and sent to every rank; else ``{}``. Every
+    rank takes part (fsdp gathers the weights)."""
+    if run.t.select_best_by != "measured":
+        return {}
+    out: list = [None]
+    with run.parallel.gathered(run.model) as (weights, _):
+        if run.rank == 0:
+            res = run.dev.measure_training_draft(run.model, run.info_extra["target_dir"],
+                                                 state_dict=weights, work_dir=run.state_dir)
+            out[0] = run.dev.metrics(res)
+    if run.world > 1:
+        torch.distributed.broadcast_object_list(out, src=0)
+    return out[0]
 
 
 def checkpoint(run: Run) -> None:

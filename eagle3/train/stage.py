@@ -199,6 +199,10 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
                       "target_dir": str(target_dir), "train_config": t.model_dump(mode="json")}
     if info is not None:
         _resume(run, ckpts[-1], remapped)
+    if t.select_best_by == "measured" and rank == 0:  # target continuations once, before step 1
+        from eagle3.measure.dev_acceptance import meter_for_training
+
+        run.dev = meter_for_training(t, data, target_dir, device)
     return run
 
 
@@ -289,6 +293,9 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
     best_sim = (run.best or {}).get("simulated_acceptance_length")
     sim = (best_sim if exported["which"] == "best" and best_sim is not None
            else final_eval.get("val/simulated_acceptance_length"))
+    best_dev = (run.best or {}).get("measured_acceptance_length")
+    dev = (best_dev if exported["which"] == "best" and best_dev is not None
+           else final_eval.get("dev/acceptance_length"))
     return write_manifest(
         run.out_dir, "draft_checkpoint", exclude=("manifest.json", "state"),
         config=t.model_dump(mode="json"),
@@ -310,7 +317,9 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
         engine={"name": run.cfg.convert.engine, "version": run.cfg.convert.engine_version},
         vocab={"draft_vocab_size": t.draft_vocab_size, **ex["vocab"]},
         exported=exported, best=run.best,
-        metrics={"simulated_acceptance_length": sim, "final_eval": final_eval,
+        metrics={"simulated_acceptance_length": sim, "dev_acceptance_length": dev,
+                 "best_selected_by": (run.best or {}).get("selected_by"),
+                 "final_eval": final_eval,
                  "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
