@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
-                      model_validator)
+                      model_serializer, model_validator)
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
@@ -130,6 +130,12 @@ class DataConfig(_Section):
 class ExtractConfig(_Section):
     """Hidden-state extraction."""
 
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="offline = the extract stage writes every sample's hidden states "
+        "to disk and training reads them; online = the extract stage writes only the tokenized "
+        "samples and training runs the target on its own device, computing each micro-batch's "
+        "states as it needs them (0 bytes of hidden states on disk; the target's forward is "
+        "repeated every epoch). Online needs backend 'hf'.")
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(None, description="HF hidden_states indices (= input "
         "of layer i). Default: EAGLE-3's [2, L//2, L-3].")
@@ -159,6 +165,16 @@ class ExtractConfig(_Section):
         "for the engine to start.")
     sglang_request_timeout_s: float = Field(3600.0, gt=0,
                                             description="backend 'sglang': seconds for one batch.")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_mode(self, handler):
+        """``mode`` is left out of the dump while it is ``offline``: the dump feeds cache keys,
+        settings digests and manifests, and a config that does not set it keeps the keys it had
+        before the field existed."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("mode") == "offline":
+            out.pop("mode")
+        return out
 
 
 class TrainConfig(_Section):
