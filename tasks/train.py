@@ -31,8 +31,9 @@ def online_metrics(manifest: dict) -> dict[str, float]:
     """The train manifest's ``online`` figures (``extract.mode: online``, the hidden states
     computed in training: :mod:`eagle3.train.online`) as metrics: ``hidden_state_bytes_on_disk``
     (0), ``offline_bytes_estimate`` (bytes an offline extraction would have stored),
-    ``tokens_recomputed`` (target tokens computed, every epoch and evaluation), ``tokens_per_epoch``,
-    ``target_forward_s``, ``extract_tokens_per_s``; empty for states read from disk."""
+    ``tokens_recomputed`` (target tokens computed, every epoch and evaluation),
+    ``tokens_per_epoch``, ``target_forward_s``, ``extract_tokens_per_s``; empty for states read
+    from disk."""
     online = manifest.get("online") or {}
     return {k: float(online[k]) for k in ONLINE_METRICS
             if isinstance(online.get(k), (int, float)) and not isinstance(online.get(k), bool)}

@@ -44,17 +44,13 @@ from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intac
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
 from eagle3.extract.store import (
-    HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards, make_shards,
-    remove_stale_temporaries, start_or_resume,
+    HS_DIR, ONLINE_FILE, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
+    make_shards, remove_stale_temporaries, start_or_resume,
 )
 
 log = logging.getLogger(__name__)
 
 LAYER_ID_CONVENTION = "hf_hidden_states_index"
-# extract.mode=online: {mode, plan_hash, capture_ids, aux_layer_ids, dtype, model_dtype,
-# batch_size, target_weights_hash}; a file, so the folder's content hash (which keys training)
-# changes with every setting that decides the states
-ONLINE_FILE = "online.json"
 DATA_OVERHEAD_BYTES_PER_TOKEN = 24  # data/ arrow columns (input_ids + loss_mask int64) + slack
 
 

@@ -28,7 +28,7 @@ import torch
 
 from eagle3.artifacts import read_manifest
 from eagle3.errors import DataError
-from eagle3.extract.stage import ONLINE_FILE
+from eagle3.extract.store import ONLINE_FILE
 from eagle3.train.data import HiddenStatesData, check_loss_tokens, open_rows
 
 
