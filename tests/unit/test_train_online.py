@@ -209,3 +209,17 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     assert sorted(lr) == sorted(lc) == list(range(1, ref["optimizer_steps"] + 1))
     assert all(abs(lr[s] - lc[s]) <= 1e-6 for s in lr)
     assert resumed["online"]["tokens_recomputed"] > info["online_tokens_recomputed"]
+
+
+def test_lab_benchmark_writes_its_results(tmp_path):
+    out = tmp_path / "r.json"
+    ov = [x for o in BASE[:4] for x in ("-o", o)]
+    r = subprocess.run([sys.executable, "lab/online_vs_offline.py", str(CONFIG), "--epochs", "1",
+                        "--modes", "online", "--device", "cpu", "--work", str(tmp_path / "w"),
+                        "--out", str(out), *ov], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (case,) = json.loads(out.read_text())["cases"]
+    assert case["mode"] == "online" and case["disk_bytes"]["hidden_states"] == 0
+    assert case["tokens"]["target_tokens_computed"] >= case["tokens"]["samples"] > 0
+    assert case["seconds"]["total"] > 0 and case["peak_gpu_bytes"] is None
