@@ -19,6 +19,7 @@ from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
 # unused here (F401): flow_run_label, mlflow_ui, publish_summary: for the flows and the CLI
 from flows.summary import (  # noqa: F401
+    announce_parent,
     attach_library_logs,
     finished,
     flow_run_label,
