@@ -202,7 +202,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                         "or rewritten", why)
             (out_dir / "manifest.json").unlink()
             damaged = True
-    if cfg.extract.mode == "online":
+    if cfg.extract.mode != "offline":
         return _prepare_online(cfg, out_dir, plan, plan_hash, target, aux, tok, t0)
     n_slots = len(aux) + 1
     shards = make_shards(len(plan.ids), cfg.extract.shard_size)
@@ -265,32 +265,37 @@ def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int
 
 def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict,
                     aux: list[int], tok, t0: float) -> dict:
-    """``extract.mode: online``: the tokenized samples (``data/``), ``token_freq.pt``,
-    :data:`ONLINE_FILE` and the manifest, no hidden states (training computes them on its device:
-    :mod:`eagle3.train.online`). The manifest has ``mode`` "online", ``folded_into`` "train",
-    ``bytes`` 0 and ``offline_bytes_estimate`` (the sample files an offline extraction would
-    write: tokens x (n_aux+1) x hidden size x the dtype's bytes, + token ids). A folder holding
-    another extraction raises the DataError naming both plan hashes (the task then replaces it)."""
+    """``extract.mode: online`` (or ``cached``): the tokenized samples (``data/``),
+    ``token_freq.pt``, :data:`ONLINE_FILE` and the manifest, no hidden states (training computes
+    them on its device: :mod:`eagle3.train.online`). The manifest has ``mode`` (the config's),
+    ``folded_into`` "train", ``bytes`` 0 and ``offline_bytes_estimate`` (the sample files an
+    offline extraction would write: tokens x (n_aux+1) x hidden size x the dtype's bytes, + token
+    ids); ``cached`` adds ``cache_max_bytes`` to :data:`ONLINE_FILE` (the window training keeps).
+    A folder holding another extraction raises the DataError naming both plan hashes (the task
+    then replaces it)."""
     n_slots = len(aux) + 1
     out_dir.mkdir(parents=True, exist_ok=True)
-    start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "mode": "online"})
+    mode = cfg.extract.mode
+    start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "mode": mode})
     hs_dir = out_dir / HS_DIR
     if hs_dir.is_dir() and not any(hs_dir.iterdir()):
         hs_dir.rmdir()
     t1 = time.perf_counter()
     _finalize_data(out_dir, plan)
-    online = {"mode": "online", "plan_hash": plan_hash, "aux_layer_ids": aux,
+    online = {"mode": mode, "plan_hash": plan_hash, "aux_layer_ids": aux,
               "capture_ids": aux + [target["num_layers"]], "dtype": cfg.extract.dtype,
               "model_dtype": cfg.target.dtype, "batch_size": cfg.extract.batch_size,
               "target_weights_hash": target["weights_hash"]}
+    if mode == "cached":
+        online["cache_max_bytes"] = int(cfg.extract.cache_max_gb * 1e9)
     atomic_write_bytes(out_dir / ONLINE_FILE, (json.dumps(online, indent=1) + "\n").encode())
     counts = _counts(plan)
     per_token = bytes_per_token(n_slots, target["hidden_size"], cfg.extract.dtype)
     extra = {
         **_manifest_facts(cfg, plan, plan_hash, target, aux, tok),
-        "mode": "online", "folded_into": "train", "online": online,
-        "alignment": {"checked": False, "why": "extract.mode=online: the states are computed "
-                      "from these tokens in training, never stored"},
+        "mode": mode, "folded_into": "train", "online": online,
+        "alignment": {"checked": False, "why": f"extract.mode={mode}: the states are computed "
+                      "from these tokens in training, not stored here"},
         "bytes": 0, "bytes_per_token": 0.0, "tokens_per_s": None,
         "offline_bytes_estimate": counts["tokens"] * per_token,
     }
@@ -320,10 +325,10 @@ def _check_backend(cfg) -> None:
     for (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
     if cfg.extract.backend == "hf":
         return
-    if cfg.extract.mode == "online":
-        raise ConfigError("extract.backend: expected 'hf' with extract.mode=online (the target "
-                          "runs inside the training process, through transformers), got "
-                          f"{cfg.extract.backend!r}")
+    if cfg.extract.mode != "offline":
+        raise ConfigError(f"extract.backend: expected 'hf' with extract.mode={cfg.extract.mode} "
+                          "(the target runs inside the training process, through transformers), "
+                          f"got {cfg.extract.backend!r}")
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                    sglang_unusable_reason)
     from eagle3.engines.sglang.profile import RELEASES

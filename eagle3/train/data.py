@@ -120,6 +120,9 @@ class HiddenStatesData:
     def restore(self, info: dict) -> None:
         """Take back :meth:`checkpoint_info`'s counters from a checkpoint's ``info``."""
 
+    def close(self) -> None:
+        """Training has finished with the data (nothing to release for files)."""
+
     def shift(self, i: int, hs: torch.Tensor) -> dict[str, torch.Tensor]:
         """Sample ``i``'s states ``hs [T, n_aux+1, H]`` shifted to ``n = positions(i)`` training
         rows (the dict of :meth:`load_sample`; tensors on ``hs``'s device but the token-side

@@ -11,6 +11,10 @@ plan (:func:`eagle3.train.data.plan_epoch` depends only on seed, epoch and lengt
 trained online equals the offline one up to the kernels' rounding of another batch composition
 (float32 on a CPU: about 1e-6 relative per state).
 
+``extract.mode: cached`` adds a bounded window of computed states on disk
+(:class:`eagle3.train.online_cache.StateCache`, ``extract.cache_max_gb``): a sample in it is read
+instead of recomputed; it is removed when training finishes.
+
 Costs: the target's weights and one forward per micro-batch (batches of ``extract.batch_size``
 samples, length-sorted as the offline shards are) on the training device, repeated every epoch
 and every evaluation. :class:`OnlineStats` counts the tokens and seconds of those forwards; the
@@ -29,15 +33,19 @@ import torch
 from eagle3.artifacts import read_manifest
 from eagle3.errors import DataError
 from eagle3.extract.store import ONLINE_FILE
-from eagle3.train.data import HiddenStatesData, check_loss_tokens, open_rows
+from eagle3.train.data import HiddenStatesData, check_loss_tokens, data_identity, open_rows
+from eagle3.train.online_cache import StateCache
 
 
+
+
+MODES = ("online", "cached")  # extract.mode values whose states training computes
 
 
 def is_online(data_dir: str | Path) -> bool:
-    """True when ``data_dir``'s manifest says ``mode: online`` (no hidden states on disk). DataError
-    for a missing or unreadable manifest."""
-    return read_manifest(Path(data_dir), kind="hidden_states").get("mode") == "online"
+    """True when ``data_dir``'s manifest says ``mode`` online or cached (the states are computed
+    in training). DataError for a missing or unreadable manifest."""
+    return read_manifest(Path(data_dir), kind="hidden_states").get("mode") in MODES
 
 
 @dataclass
@@ -68,6 +76,7 @@ class OnlineHiddenStates(HiddenStatesData):
     batch_size: int = 4
     pad_id: int = 0
     stats: OnlineStats = field(default_factory=OnlineStats)
+    cache: StateCache | None = None
     _events: list = field(default_factory=list)
 
     in_process = True
@@ -86,11 +95,19 @@ class OnlineHiddenStates(HiddenStatesData):
         """``[T_i, n_aux+1, H]`` per sample of ``ids`` (same order): right-padded batches of
         ``batch_size`` samples, shortest first, through
         :func:`eagle3.extract.hf_backend.forward_capture`, rounded to ``store_dtype``; ordinary
-        (not inference-mode) tensors, so the draft's autograd may save them."""
+        (not inference-mode) tensors, so the draft's autograd may save them. With a
+        :attr:`cache`, samples in it are read, the others computed and offered to it."""
         from eagle3.extract.hf_backend import forward_capture
 
-        order = sorted(range(len(ids)), key=lambda k: (int(self.input_ids[ids[k]].numel()), ids[k]))
         out: list[torch.Tensor | None] = [None] * len(ids)
+        todo = list(range(len(ids)))
+        if self.cache is not None:
+            dev = next(self.model.parameters()).device
+            shape = (len(self.capture_ids), self.hidden_size)
+            for k, i in enumerate(ids):
+                out[k] = self.cache.get(i, (int(self.input_ids[i].numel()), *shape), dev)
+            todo = [k for k in todo if out[k] is None]
+        order = sorted(todo, key=lambda k: (int(self.input_ids[ids[k]].numel()), ids[k]))
         timer = self._start()
         for b in range(0, len(order), self.batch_size):
             chunk = order[b:b + self.batch_size]
@@ -98,9 +115,11 @@ class OnlineHiddenStates(HiddenStatesData):
                                      [self.input_ids[ids[k]].tolist() for k in chunk], self.pad_id)
             for k, hs in zip(chunk, states):
                 out[k] = round_to_store(hs, self.store_dtype).clone()
+                if self.cache is not None:
+                    self.cache.put(ids[k], out[k])
             self.stats.forwards += 1
         self._stop(timer)
-        tokens = sum(int(self.input_ids[i].numel()) for i in ids)
+        tokens = sum(int(self.input_ids[ids[k]].numel()) for k in todo)
         self.stats.tokens += tokens
         self.stats.window_tokens += tokens
         return out
@@ -158,7 +177,8 @@ class OnlineHiddenStates(HiddenStatesData):
         stored, from the extract manifest), ``tokens_recomputed`` (target tokens computed in
         this training, earlier processes included), ``tokens_per_epoch`` (all tokens of the
         train split), ``target_forward_s`` / ``extract_tokens_per_s`` (this process), and the
-        forwards and dtype."""
+        forwards and dtype; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
+        ``cache_samples`` and ``cache_hit_tokens`` (tokens read from it, this process)."""
         self._settle()
         s = self.stats
         return {"hidden_state_bytes_on_disk": 0, "offline_bytes_estimate": offline_bytes,
@@ -167,7 +187,16 @@ class OnlineHiddenStates(HiddenStatesData):
                 "target_forward_s": s.seconds, "extract_tokens_per_s": s.tokens / max(s.seconds,
                                                                                      1e-9),
                 "target_forwards": s.forwards, "store_dtype": self.store_dtype,
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size,
+                **({} if self.cache is None else {
+                    "cache_max_bytes": self.cache.max_bytes, "cache_bytes": self.cache.bytes,
+                    "cache_samples": len(self.cache.sizes), "cache_hit_tokens":
+                    self.cache.hit_tokens})}
+
+    def close(self) -> None:
+        """Training has finished: the window of states (``cached``) is removed."""
+        if self.cache is not None:
+            self.cache.clear()
 
 
 def round_to_store(hs: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -184,8 +213,10 @@ def round_to_store(hs: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, max_tokens: int,
-                device: torch.device, trust_remote_code: bool = False) -> OnlineHiddenStates:
-    """Open an ``extract.mode: online`` folder and load its target on ``device``.
+                device: torch.device, trust_remote_code: bool = False,
+                cache_dir: str | Path | None = None) -> OnlineHiddenStates:
+    """Open an ``extract.mode: online`` (or ``cached``) folder and load its target on ``device``;
+    ``cached`` keeps its window of states in ``cache_dir`` (required then).
 
     Checks as :func:`eagle3.train.data.open_hidden_states` (target identity, convention, splits,
     loss tokens) plus ``online.json`` against the manifest, then computes the first train sample
@@ -196,8 +227,8 @@ def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, ma
 
     root = Path(data_dir)
     m = read_manifest(root, kind="hidden_states")
-    if m.get("mode") != "online":
-        raise DataError(f"{root}/manifest.json: mode expected 'online', got "
+    if m.get("mode") not in MODES:
+        raise DataError(f"{root}/manifest.json: mode expected 'online' or 'cached', got "
                         f"{m.get('mode', 'offline')!r} (open it with open_hidden_states)")
     path = root / ONLINE_FILE
     try:
@@ -222,4 +253,9 @@ def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, ma
     data.load_sample(data.train_ids[0])  # shapes before any step
     data.stats = OnlineStats()
     data._events.clear()  # noqa: SLF001 - the check's forward is not training's
+    if spec.get("cache_max_bytes"):
+        if cache_dir is None:
+            raise DataError(f"{path}: mode 'cached' needs a folder for its window of states "
+                            "(cache_dir), got none")
+        data.cache = StateCache(cache_dir, int(spec["cache_max_bytes"]), data_identity(data))
     return data

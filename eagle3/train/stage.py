@@ -77,7 +77,9 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
         finally:
             if run.bar is not None:
                 run.bar.close()
-        return finish(run, seconds=time.perf_counter() - t_start)
+        manifest = finish(run, seconds=time.perf_counter() - t_start)
+        run.data.close()
+        return manifest
     finally:
         teardown_distributed()
 
@@ -125,7 +127,8 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     tconf = read_target_config(target_dir)
     if is_online(data_dir):  # extract.mode=online: the target runs here, on the training device
         data = open_online(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch,
-                           device=device, trust_remote_code=cfg.target.trust_remote_code)
+                           device=device, trust_remote_code=cfg.target.trust_remote_code,
+                           cache_dir=out_dir / "state" / f"hs_cache-rank{rank}")
     else:
         data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
     vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size,

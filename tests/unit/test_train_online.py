@@ -100,6 +100,7 @@ def test_offline_settings_keep_their_keys(tmp_path):
     # a config that does not name the mode hashes as it did before the field existed
     assert "mode" not in plain.extract.model_dump(mode="json")
     assert "mode" not in plain.model_dump(mode="json")["extract"]
+    assert "cache_max_gb" not in plain.model_dump(mode="json")["extract"]
     assert sections_hash(plain, "extract") == sections_hash(offline, "extract")
     assert sections_hash(online, "extract") != sections_hash(plain, "extract")
     assert settings_digest(online, ("extract", "train")) != settings_digest(plain,
@@ -147,6 +148,33 @@ def test_refusals(extracted, tmp_path):
         open_online(edited, target, conf, max_tokens=64, device=torch.device("cpu"))
     with pytest.raises(ConfigError, match="extract.backend: expected .hf. with extract.mode="):
         extract(_cfg(runs, "online", "extract.backend=sglang"), tmp_path / "x", progress=False)
+
+
+def test_cached_window_recomputes_only_what_fell_out_of_it(extracted, tmp_path):
+    runs, off_dir, _ = extracted["offline"]
+    _, on_dir, _ = extracted["online"]
+    # about 4 of the 11 train samples' states (64 tokens x 4 slots x 64 x float32 each) fit
+    cfg = _cfg(runs, "cached", "extract.cache_max_gb=0.0003")
+    cached_dir = tmp_path / "extract"
+    ex = extract(cfg, cached_dir, progress=False)
+    assert ex["mode"] == "cached" and ex["online"]["cache_max_bytes"] == 300_000
+    assert not (cached_dir / "hidden_states").exists()
+    off = train(_cfg(runs, "offline"), off_dir, tmp_path / "off", progress=False)
+    on = train(_cfg(runs, "online"), on_dir, tmp_path / "on", progress=False)
+    got = train(cfg, cached_dir, tmp_path / "cached", progress=False)
+    assert got["optimizer_steps"] == off["optimizer_steps"]
+    _weights_close(tmp_path / "off", tmp_path / "cached", atol=1e-5)
+    fig = got["online"]
+    assert 0 < fig["cache_bytes"] <= fig["cache_max_bytes"] == 300_000
+    assert 0 < fig["cache_samples"] < len(json.loads((cached_dir / "manifest.json").read_text())
+                                          ["splits"]["train"])
+    # every token asked for was either read from the window or recomputed
+    assert fig["cache_hit_tokens"] > 0
+    assert fig["tokens_recomputed"] + fig["cache_hit_tokens"] == on["online"]["tokens_recomputed"]
+    assert fig["tokens_recomputed"] < on["online"]["tokens_recomputed"]
+    assert not list((tmp_path / "cached" / "state").glob("hs_cache*"))  # removed when finished
+    with pytest.raises(ConfigError, match="extract.cache_max_gb: expected the window's size"):
+        _cfg(runs, "cached")
 
 
 def test_train_task_reports_the_online_figures(extracted, tmp_path):
