@@ -27,16 +27,23 @@ BASE = ["data.num_conversations=12", "data.max_seq_len=64", "train.draft_vocab_s
         "train.max_tokens_per_batch=64", "train.epochs=2", "train.log_every=1"]
 
 
+# extract.mode=cached: about 4 of the 11 train samples' states (64 tokens x 4 slots x 64 x float32)
+WINDOW = ["extract.cache_max_gb=0.0003"]
+
+
 def _cfg(runs: Path, mode: str, *more: str):
-    return load_config(CONFIG, [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}", *more])
+    window = WINDOW if mode == "cached" else []
+    return load_config(CONFIG, [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}", *window,
+                                *more])
 
 
 @pytest.fixture(scope="module")
 def extracted(tmp_path_factory):
-    """{mode: (runs dir, extract dir, manifest)} of one offline and one online extraction."""
+    """{mode: (runs dir, extract dir, manifest)} of an offline, an online and a cached
+    extraction."""
     root = tmp_path_factory.mktemp("online")
     out = {}
-    for mode in ("offline", "online"):
+    for mode in ("offline", "online", "cached"):
         d = root / mode / "extract"
         out[mode] = (root / "runs", d, extract(_cfg(root / "runs", mode), d, progress=False))
     return out
@@ -136,7 +143,7 @@ def test_refusals(extracted, tmp_path):
     conf = read_target_config(target)
     with pytest.raises(DataError, match="mode expected 'offline'.*got 'online'"):
         open_hidden_states(on_dir, target, conf, max_tokens=64)
-    with pytest.raises(DataError, match="mode expected 'online', got 'offline'"):
+    with pytest.raises(DataError, match="mode expected 'online' or 'cached', got 'offline'"):
         open_online(off_dir, target, conf, max_tokens=64, device=torch.device("cpu"))
     edited = tmp_path / "edited"
     import shutil
@@ -153,10 +160,8 @@ def test_refusals(extracted, tmp_path):
 def test_cached_window_recomputes_only_what_fell_out_of_it(extracted, tmp_path):
     runs, off_dir, _ = extracted["offline"]
     _, on_dir, _ = extracted["online"]
-    # about 4 of the 11 train samples' states (64 tokens x 4 slots x 64 x float32 each) fit
-    cfg = _cfg(runs, "cached", "extract.cache_max_gb=0.0003")
-    cached_dir = tmp_path / "extract"
-    ex = extract(cfg, cached_dir, progress=False)
+    _, cached_dir, ex = extracted["cached"]
+    cfg = _cfg(runs, "cached")
     assert ex["mode"] == "cached" and ex["online"]["cache_max_bytes"] == 300_000
     assert not (cached_dir / "hidden_states").exists()
     off = train(_cfg(runs, "offline"), off_dir, tmp_path / "off", progress=False)
@@ -174,7 +179,7 @@ def test_cached_window_recomputes_only_what_fell_out_of_it(extracted, tmp_path):
     assert fig["tokens_recomputed"] < on["online"]["tokens_recomputed"]
     assert not list((tmp_path / "cached" / "state").glob("hs_cache*"))  # removed when finished
     with pytest.raises(ConfigError, match="extract.cache_max_gb: expected the window's size"):
-        _cfg(runs, "cached")
+        load_config(CONFIG, [f"paths.runs_dir={runs}", "extract.mode=cached"])
 
 
 def test_train_task_reports_the_online_figures(extracted, tmp_path):
@@ -207,9 +212,10 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp_path):
-    runs, on_dir, _ = extracted["online"]
-    cfg = _cfg(runs, "online", *RESUME)
+@pytest.mark.parametrize("mode", ["online", "cached"])
+def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp_path, mode):
+    runs, on_dir, _ = extracted[mode]
+    cfg = _cfg(runs, mode, *RESUME)
     ref = train(cfg, on_dir, tmp_path / "ref", progress=False)
     per_epoch = ref["counts"]["micro_batches_per_epoch"]
     assert KILL_AT + 1 < per_epoch < ref["optimizer_steps"], "killed mid-epoch, crossing one"
@@ -217,7 +223,8 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     cut = tmp_path / "cut"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    ov = [f"paths.runs_dir={runs}", *BASE, "extract.mode=online", *RESUME]
+    ov = [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}",
+          *(WINDOW if mode == "cached" else []), *RESUME]
     proc = subprocess.Popen([sys.executable, str(script), str(torch.get_num_threads()),
                              str(CONFIG), str(on_dir), str(cut), str(KILL_AT), *ov], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -229,6 +236,8 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     info = json.loads((cut / "state" / ckpts[-1] / "state.json").read_text())
     assert info["epoch"] == 0 and 0 < info["micro"] < per_epoch  # the data position
     assert info["online_tokens_recomputed"] > 0
+    if mode == "cached":  # the killed run's window is still there, and the resume reads it
+        assert list((cut / "state" / "hs_cache-rank0").glob("hs_*.safetensors"))
 
     resumed = train(cfg, on_dir, cut, progress=False)
     assert resumed["optimizer_steps"] == ref["optimizer_steps"]
@@ -237,6 +246,8 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     assert sorted(lr) == sorted(lc) == list(range(1, ref["optimizer_steps"] + 1))
     assert all(abs(lr[s] - lc[s]) <= 1e-6 for s in lr)
     assert resumed["online"]["tokens_recomputed"] > info["online_tokens_recomputed"]
+    if mode == "cached":
+        assert resumed["online"]["cache_hit_tokens"] > 0
 
 
 def test_lab_benchmark_writes_its_results(tmp_path):
