@@ -7,7 +7,9 @@ so the timings include the target's load and everything a pipeline run does. Per
 holds: seconds of each stage and in all, tokens (samples' tokens, training positions seen, target
 tokens computed), bytes on disk (the extract folder's hidden states, the whole extract folder, the
 train folder), peak GPU memory (bytes, ``torch.cuda.max_memory_allocated`` over both stages: on a
-CUDA training device), the online figures of the train manifest, and the final losses.
+CUDA training device), the online figures of the train manifest (``cached``: the window's bytes
+at the end, ``peak_window_bytes``; the window is removed when training ends), and the final
+losses. ``--modes offline online cached -o extract.cache_max_gb=G`` adds the bounded window.
 
     python lab/online_vs_offline.py configs/tiny-random.yaml --epochs 1 2 --device cpu \
         -o data.num_conversations=12            # CPU smoke (a minute)
@@ -34,7 +36,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("offline", "online")
+MODES = ("offline", "online", "cached")  # cached: pass -o extract.cache_max_gb=G
 
 
 def folder_bytes(path: Path, pattern: str = "*") -> int:
@@ -72,13 +74,14 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
     t2 = time.perf_counter()
     final = (tr.get("metrics") or {})
     return {
-        "mode": mode, "epochs": epochs, "device": str(tr.get("device")),
+        "mode": mode, "epochs": epochs, "cache_max_gb": cfg.extract.cache_max_gb,
+        "device": str(tr.get("device")),
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "seconds": {"extract": t1 - t0, "train": t2 - t1, "total": t2 - t0},
         "tokens": {"samples": ex["counts"]["tokens"], "train_positions_seen": tr["counts"]
                    ["tokens_seen"], "target_tokens_computed": (
                        (tr.get("online") or {}).get("tokens_recomputed")
-                       if mode == "online" else ex["counts"]["tokens"])},
+                       if mode != "offline" else ex["counts"]["tokens"])},
         "disk_bytes": {"hidden_states": folder_bytes(ex_dir / "hidden_states"),
                        "extract_folder": folder_bytes(ex_dir),
                        "train_folder": folder_bytes(tr_dir)},
@@ -87,6 +90,7 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
         "offline_bytes_estimate": ex.get("offline_bytes_estimate"),
         "extract_tokens_per_s": (ex.get("tokens_per_s") if mode == "offline"
                                  else (tr.get("online") or {}).get("extract_tokens_per_s")),
+        "peak_window_bytes": (tr.get("online") or {}).get("cache_bytes"),
         "online": tr.get("online"), "optimizer_steps": tr["optimizer_steps"],
         "final_train_loss": (final.get("final_train") or {}).get("train/loss"),
         "final_val_loss": (final.get("final_eval") or {}).get("val/loss"),
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("--epochs", type=float, nargs="+", default=[1.0, 3.0])
-    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=["offline", "online"],
+                    help="cached needs -o extract.cache_max_gb=G")
     ap.add_argument("--device", default=None, help="extract.device and train.device")
     ap.add_argument("-o", "--override", action="append", default=[], help="section.key=value")
     ap.add_argument("--work", type=Path, default=ROOT / ".lab-work" / "online_vs_offline")

@@ -276,6 +276,10 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
     n_slots = len(aux) + 1
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = cfg.extract.mode
+    if cfg.extract.num_gpus != 1 or cfg.extract.device != "auto":
+        log.warning("extract.device=%s and extract.num_gpus=%d are not used with "
+                    "extract.mode=%s: the target runs on the training device(s) (train.device, "
+                    "train.num_gpus)", cfg.extract.device, cfg.extract.num_gpus, mode)
     start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "mode": mode})
     hs_dir = out_dir / HS_DIR
     if hs_dir.is_dir() and not any(hs_dir.iterdir()):
