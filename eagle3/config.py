@@ -171,11 +171,10 @@ class ExtractConfig(_Section):
                                             description="backend 'sglang': seconds for one batch.")
 
     @model_serializer(mode="wrap")
-    def _omit_default_mode(self, handler):
-        """``mode`` is left out of the dump while it is ``offline`` and ``cache_max_gb`` while
-        it is None: the dump feeds cache keys,
-        settings digests and manifests, and a config that does not set it keeps the keys it had
-        before the field existed."""
+    def _omit_unset_mode(self, handler):
+        """``mode`` is left out of the dump while it is ``offline``, and ``cache_max_gb`` while it
+        is None: the dump feeds cache keys, settings digests and manifests, so a config that sets
+        neither keeps the keys it had before the fields existed."""
         out = handler(self)
         if isinstance(out, dict) and out.get("mode") == "offline":
             out.pop("mode")

@@ -5,6 +5,8 @@
 d2t/t2d, top-level ``eagle_aux_hidden_state_layer_ids`` as HF indices), ``metrics.jsonl``,
 ``state/`` and ``manifest.json`` (kind ``draft_checkpoint``). ``train.max_steps = 0`` writes the
 untrained draft (the baseline). ``train.num_gpus > 1`` outside torchrun: :mod:`eagle3.train.launch`.
+A folder of ``extract.mode: online`` or ``cached`` holds no states: the target runs in this
+process and computes them (:mod:`eagle3.train.online`).
 """
 
 from __future__ import annotations
