@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+                      field_validator, model_serializer, model_validator)
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
@@ -143,6 +143,16 @@ class DataConfig(_Section):
 class ExtractConfig(_Section):
     """Hidden-state extraction."""
 
+    mode: Literal["offline", "online", "cached"] = Field(
+        "offline", description="offline = the extract stage writes every sample's hidden states "
+        "to disk and training reads them; online = the extract stage writes only the tokenized "
+        "samples and training runs the target on its own device, computing each micro-batch's "
+        "states as it needs them (0 bytes of hidden states on disk; the target's forward is "
+        "repeated every epoch); cached = online, keeping computed states in a window of "
+        "cache_max_gb on disk that later epochs read instead of recomputing. Online and cached "
+        "need backend 'hf'.")
+    cache_max_gb: float | None = Field(None, gt=0, description="mode 'cached': the window's size "
+        "in GB (1e9 bytes) under the train folder's state/; required there, unused otherwise.")
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(None, description="HF hidden_states indices (= input "
         "of layer i). Default: EAGLE-3's [2, L//2, L-3].")
@@ -172,6 +182,25 @@ class ExtractConfig(_Section):
         "for the engine to start.")
     sglang_request_timeout_s: float = Field(3600.0, gt=0,
                                             description="backend 'sglang': seconds for one batch.")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_mode(self, handler):
+        """``mode`` is left out of the dump while it is ``offline``, and ``cache_max_gb`` while it
+        is None: the dump feeds cache keys, settings digests and manifests, so a config that sets
+        neither keeps the keys it had before the fields existed."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("mode") == "offline":
+            out.pop("mode")
+        if isinstance(out, dict) and out.get("cache_max_gb") is None:
+            out.pop("cache_max_gb", None)
+        return out
+
+    @model_validator(mode="after")
+    def _cache_size_for_cached(self) -> ExtractConfig:
+        if self.mode == "cached" and self.cache_max_gb is None:
+            raise ValueError("extract.cache_max_gb: expected the window's size in GB with "
+                             "extract.mode=cached, got none")
+        return self
 
 
 class TrainConfig(_Section):

@@ -57,7 +57,8 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
                  variant: str = "trained") -> StageResult:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to
-    MLflow.
+    MLflow. With ``extract.mode: online`` only the tokenized samples are written (the train stage
+    computes the states) and the run records that, with the bytes an offline run would store.
 
     ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
@@ -74,6 +75,13 @@ def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
             sr.set_tags({"eagle3.template_unstable": (
                 f"{unstable['conversations']} of {unstable['tried']} conversations, "
                 f"{unstable['share_tokens']:.1%} of tokens dropped")})
+        if manifest.get("mode") == "online":  # no forward here: training computes the states
+            metrics.update(hidden_state_bytes_on_disk=0.0,
+                           offline_bytes_estimate=float(manifest["offline_bytes_estimate"]))
+            sr.log_metrics({k: metrics[k] for k in ("hidden_state_bytes_on_disk",
+                                                    "offline_bytes_estimate")})
+            sr.set_tags({"eagle3.extract_mode": "online: tokenized samples only; the hidden "
+                                                "states are computed by the train stage"})
         if isinstance(manifest.get("tokens_per_s"), (int, float)):
             metrics["tokens_per_s"] = float(manifest["tokens_per_s"])
             sr.log_metrics({"tokens_per_s": metrics["tokens_per_s"]})

@@ -23,6 +23,22 @@ def train_key(context: Any, parameters: dict) -> str:
                              inputs={"data": parameters["data"].dir})
 
 
+ONLINE_METRICS = ("hidden_state_bytes_on_disk", "offline_bytes_estimate", "tokens_recomputed",
+                  "tokens_per_epoch", "target_forward_s", "extract_tokens_per_s")
+
+
+def online_metrics(manifest: dict) -> dict[str, float]:
+    """The train manifest's ``online`` figures (``extract.mode: online``, the hidden states
+    computed in training: :mod:`eagle3.train.online`) as metrics: ``hidden_state_bytes_on_disk``
+    (0), ``offline_bytes_estimate`` (bytes an offline extraction would have stored),
+    ``tokens_recomputed`` (target tokens computed, every epoch and evaluation),
+    ``tokens_per_epoch``, ``target_forward_s``, ``extract_tokens_per_s``; empty for states read
+    from disk."""
+    online = manifest.get("online") or {}
+    return {k: float(online[k]) for k in ONLINE_METRICS
+            if isinstance(online.get(k), (int, float)) and not isinstance(online.get(k), bool)}
+
+
 def supersede_finished(cfg: Any, out_dir: Path) -> Path | None:
     """Move a *finished* draft in ``out_dir`` that was trained with another train section aside, to
     ``<out_dir>.superseded``; returns that folder, or None when there was nothing to move.
@@ -96,6 +112,11 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         if isinstance(sim, (int, float)):
             summary["simulated_acceptance_length"] = float(sim)
         summary["optimizer_steps"] = float(manifest.get("optimizer_steps", 0))
+        online = online_metrics(manifest)
+        if online:  # extraction folded into this stage: its figures are this run's
+            summary.update(online)
+            sr.set_tags({"eagle3.extract_mode": "online (hidden states computed in training, "
+                                                "none stored)"})
         # the end-of-training figures as one artifact; as metrics only those no step metric already
         # charts (a single-point ``final.*`` metric would be a chart duplicating the last point of
         # train/* and val/*)

@@ -137,7 +137,7 @@ def _run_shards(job: WorkerJob, model, on_progress, on_ready) -> dict[int, int]:
         model, tok = load_target(job.target_dir, job.model_dtype, job.device, job.trust_remote_code)
     if on_ready is not None:
         on_ready()
-    pad_id = _pad_id(model, tok)
+    pad_id = pad_id_of(model, tok)
     out = Path(job.out_dir)
     written: dict[int, int] = {}
     copier = _HostCopier(next(model.parameters()).device)
@@ -172,7 +172,9 @@ def _check_and_write(job: WorkerJob, out: Path, i: int, hs: torch.Tensor, finite
     return path.name, write_sample(path, job.input_ids[i], hs, job.store_dtype)
 
 
-def _pad_id(model, tok) -> int:
+def pad_id_of(model, tok) -> int:
+    """The id that right-pads a batch: the tokenizer's ``pad_token_id``, else the model config's,
+    else 0 (padded positions are masked out; their id changes no real token's states)."""
     for src in (tok, getattr(model, "config", None)):
         pid = getattr(src, "pad_token_id", None) if src is not None else None
         if pid is not None:

@@ -8,6 +8,9 @@ layout. ``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data``, ``cfg.extr
                                    row i (layout: :mod:`eagle3.extract.store`); slot j < n_aux =
                                    HF ``hidden_states[aux_layer_ids[j]]``
     out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked train tokens
+    out_dir/online.json            ``extract.mode: online`` only, which then writes no
+                                   ``hidden_states/``: what training needs to compute the states
+                                   itself (:data:`ONLINE_FILE`)
     out_dir/.progress/             plan hash and one marker per committed shard (resume)
     out_dir/manifest.json          kind "hidden_states"
 
@@ -41,8 +44,8 @@ from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intac
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
 from eagle3.extract.store import (
-    HS_DIR, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards, make_shards,
-    remove_stale_temporaries, start_or_resume,
+    HS_DIR, ONLINE_FILE, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
+    make_shards, remove_stale_temporaries, start_or_resume,
 )
 
 log = logging.getLogger(__name__)
@@ -137,13 +140,13 @@ def _aux_ids(cfg, n_layers: int) -> list[int]:
 
 
 def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
-    payload = json.dumps({"ids": plan.ids, "input_ids": plan.input_ids,
-                          "loss_masks": plan.loss_masks, "num_train": plan.num_train,
-                          "weights": target["weights_hash"], "aux": aux,
-                          "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
-                          "batch_size": cfg.extract.batch_size,
-                          "shard_size": cfg.extract.shard_size})
-    return hashlib.sha256(payload.encode()).hexdigest()
+    doc = {"ids": plan.ids, "input_ids": plan.input_ids, "loss_masks": plan.loss_masks,
+           "num_train": plan.num_train, "weights": target["weights_hash"], "aux": aux,
+           "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
+           "batch_size": cfg.extract.batch_size, "shard_size": cfg.extract.shard_size}
+    if cfg.extract.mode != "offline":  # offline keeps the hash it had before modes existed
+        doc["mode"] = cfg.extract.mode
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
 def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None = None) -> dict:
@@ -154,7 +157,6 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     from transformers import AutoTokenizer
 
     from eagle3.assets import resolve_target
-    from eagle3.extract.conversations import template_hash, template_switches, tokenizer_hash
     from eagle3.precision import resolved
 
     t0 = time.perf_counter()
@@ -200,6 +202,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                         "or rewritten", why)
             (out_dir / "manifest.json").unlink()
             damaged = True
+    if cfg.extract.mode != "offline":
+        return _prepare_online(cfg, out_dir, plan, plan_hash, target, aux, tok, t0)
     n_slots = len(aux) + 1
     shards = make_shards(len(plan.ids), cfg.extract.shard_size)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,24 +226,84 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     # HS_MISALIGNED before a manifest exists: a shifted store never reaches training
     alignment = check_alignment(out_dir, target_dir, [range(s.start, s.stop) for s in shards])
     extra = {
-        "target": target, "tokenizer_hash": tokenizer_hash(tok),
-        "chat_template_hash": template_hash(tok),
-        "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
-        "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION, "num_slots": n_slots,
-        "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype,
-        "auto_resolved": cfg.auto_resolved,
-        "splits": {"train": list(range(plan.num_train)),
-                   "val": list(range(plan.num_train, len(plan.ids)))},
-        "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
+        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok),
         "resumed": resumed, "shards": {"total": len(shards), "resumed": len(done)},
-        "skipped_by_reason": dict(plan.skipped), "skipped_examples": plan.skip_examples,
-        "template_unstable": plan.unstable, "alignment": alignment,
+        "alignment": alignment,
     }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)
     extra.update(bytes=hs_bytes, bytes_per_token=hs_bytes / max(1, counts["tokens"]),
                  tokens_per_s=todo_tokens / max(t2 - t1, 1e-9))
     timings = {"prepare_s": t1 - t0, "extract_s": t2 - t1, "finalize_s": time.perf_counter() - t2}
+    return write_manifest(out_dir, "hidden_states",
+                          config={"data": cfg.data.model_dump(mode="json"),
+                                  "extract": cfg.extract.model_dump(mode="json")},
+                          inputs={"target_weights": target["weights_hash"],
+                                  "data": plan.source["sha256"]},
+                          counts=counts, timings=timings, **extra)
+
+
+def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int], tok) -> dict:
+    """The manifest keys both modes write: target, tokenizer, template, layers, dtypes, splits,
+    provenance and what the selection dropped."""
+    from eagle3.extract.conversations import template_hash, template_switches, tokenizer_hash
+
+    return {
+        "target": target, "tokenizer_hash": tokenizer_hash(tok),
+        "chat_template_hash": template_hash(tok),
+        "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
+        "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION,
+        "num_slots": len(aux) + 1, "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype,
+        "auto_resolved": cfg.auto_resolved,
+        "splits": {"train": list(range(plan.num_train)),
+                   "val": list(range(plan.num_train, len(plan.ids)))},
+        "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
+        "skipped_by_reason": dict(plan.skipped), "skipped_examples": plan.skip_examples,
+        "template_unstable": plan.unstable,
+    }
+
+
+def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict,
+                    aux: list[int], tok, t0: float) -> dict:
+    """``extract.mode: online`` (or ``cached``): the tokenized samples (``data/``),
+    ``token_freq.pt``, :data:`ONLINE_FILE` and the manifest, no hidden states (training computes
+    them on its device: :mod:`eagle3.train.online`). The manifest has ``mode`` (the config's),
+    ``folded_into`` "train", ``bytes`` 0 and ``offline_bytes_estimate`` (the sample files an
+    offline extraction would write: tokens x (n_aux+1) x hidden size x the dtype's bytes, + token
+    ids); ``cached`` adds ``cache_max_bytes`` to :data:`ONLINE_FILE` (the window training keeps).
+    A folder holding another extraction raises the DataError naming both plan hashes (the task
+    then replaces it)."""
+    n_slots = len(aux) + 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode = cfg.extract.mode
+    if cfg.extract.num_gpus != 1 or cfg.extract.device != "auto":
+        log.warning("extract.device=%s and extract.num_gpus=%d are not used with "
+                    "extract.mode=%s: the target runs on the training device(s) (train.device, "
+                    "train.num_gpus)", cfg.extract.device, cfg.extract.num_gpus, mode)
+    start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "mode": mode})
+    hs_dir = out_dir / HS_DIR
+    if hs_dir.is_dir() and not any(hs_dir.iterdir()):
+        hs_dir.rmdir()
+    t1 = time.perf_counter()
+    _finalize_data(out_dir, plan)
+    online = {"mode": mode, "plan_hash": plan_hash, "aux_layer_ids": aux,
+              "capture_ids": aux + [target["num_layers"]], "dtype": cfg.extract.dtype,
+              "model_dtype": cfg.target.dtype, "batch_size": cfg.extract.batch_size,
+              "target_weights_hash": target["weights_hash"]}
+    if mode == "cached":
+        online["cache_max_bytes"] = int(cfg.extract.cache_max_gb * 1e9)
+    atomic_write_bytes(out_dir / ONLINE_FILE, (json.dumps(online, indent=1) + "\n").encode())
+    counts = _counts(plan)
+    per_token = bytes_per_token(n_slots, target["hidden_size"], cfg.extract.dtype)
+    extra = {
+        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok),
+        "mode": mode, "folded_into": "train", "online": online,
+        "alignment": {"checked": False, "why": f"extract.mode={mode}: the states are computed "
+                      "from these tokens in training, not stored here"},
+        "bytes": 0, "bytes_per_token": 0.0, "tokens_per_s": None,
+        "offline_bytes_estimate": counts["tokens"] * per_token,
+    }
+    timings = {"prepare_s": t1 - t0, "extract_s": 0.0, "finalize_s": time.perf_counter() - t1}
     return write_manifest(out_dir, "hidden_states",
                           config={"data": cfg.data.model_dump(mode="json"),
                                   "extract": cfg.extract.model_dump(mode="json")},
@@ -265,6 +329,10 @@ def _check_backend(cfg) -> None:
     for (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
     if cfg.extract.backend == "hf":
         return
+    if cfg.extract.mode != "offline":
+        raise ConfigError(f"extract.backend: expected 'hf' with extract.mode={cfg.extract.mode} "
+                          "(the target runs inside the training process, through transformers), "
+                          f"got {cfg.extract.backend!r}")
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                    sglang_unusable_reason)
     from eagle3.engines.sglang.profile import RELEASES

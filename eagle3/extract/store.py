@@ -28,6 +28,10 @@ from eagle3.errors import DataError
 
 HS_DIR = "hidden_states"
 PROGRESS_DIR = ".progress"
+# extract.mode=online, instead of HS_DIR: {mode, plan_hash, capture_ids, aux_layer_ids, dtype,
+# model_dtype, batch_size, target_weights_hash}; a file, so the folder's content hash (which keys
+# training) changes with every setting that decides the states
+ONLINE_FILE = "online.json"
 SCALES_KEY = "hidden_states_scales"
 STORE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
 

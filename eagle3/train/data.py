@@ -45,6 +45,8 @@ class HiddenStatesData:
     hidden_size: int
     max_tokens: int
     skipped: list[int] = field(default_factory=list)
+    # True where the states are computed in this process (eagle3.train.online): no loader workers
+    in_process = False
 
     @property
     def n_aux(self) -> int:
@@ -99,7 +101,33 @@ class HiddenStatesData:
         ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (dtype as
         :meth:`read`), ``input_ids [n]`` int64, ``loss_mask [n]`` bool, ``position_ids [n]``
         1..n."""
-        ids, hs = self.read(i)
+        _, hs = self.read(i)
+        return self.shift(i, hs)
+
+    def load_samples(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        """:meth:`load_sample` of each of ``ids`` (one micro-batch), in order."""
+        return [self.load_sample(i) for i in ids]
+
+    def take_window(self) -> dict[str, float]:
+        """Metrics of how the states were obtained since the last call, for the training log (none
+        when read from files; :mod:`eagle3.train.online` reports its target forwards)."""
+        return {}
+
+    def checkpoint_info(self) -> dict:
+        """Counters a checkpoint keeps for :meth:`restore` (none when read from files)."""
+        return {}
+
+    def restore(self, info: dict) -> None:
+        """Take back :meth:`checkpoint_info`'s counters from a checkpoint's ``info``."""
+
+    def close(self) -> None:
+        """Training has finished with the data (nothing to release for files)."""
+
+    def shift(self, i: int, hs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Sample ``i``'s states ``hs [T, n_aux+1, H]`` shifted to ``n = positions(i)`` training
+        rows (the dict of :meth:`load_sample`; tensors on ``hs``'s device but the token-side
+        ones, which stay on the host)."""
+        ids = self.input_ids[i]
         n = self.positions(i)
         return {
             "hidden_states": hs[:n, :-1].reshape(n, -1),  # [n, n_aux*H], aux of tokens 0..n-1
@@ -116,10 +144,25 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     ``target_conf``); ``max_tokens``: positions kept per sample. DataError: missing/foreign
     manifest, another target, hidden size mismatch, empty train split, bad split ids, aux ids in
     another convention, states shifted against their tokens (``HS_MISALIGNED``)."""
-    from datasets import load_from_disk
-
     root = Path(data_dir)
     m = read_manifest(root, kind="hidden_states")
+    if m.get("mode", "offline") != "offline":
+        raise DataError(f"{root}/manifest.json: mode expected 'offline' (hidden states on disk), "
+                        f"got {m.get('mode')!r}: its states are computed in training "
+                        "(eagle3.train.online.open_online)")
+    data = HiddenStatesData(**open_rows(root, m, Path(target_dir), target_conf, max_tokens))
+    check_loss_tokens(data)
+    data.load_sample(data.train_ids[0])  # shape/hidden-size check on real data before any step
+    _check_alignment(data, Path(target_dir))
+    return data
+
+
+def open_rows(root: Path, m: dict, target_dir: Path, target_conf, max_tokens: int) -> dict:
+    """The checks of :func:`open_hidden_states` on the manifest ``m`` and ``root/data/`` (target,
+    layer convention, aux ids, splits); returns the keyword arguments of
+    :class:`HiddenStatesData` (the hidden-state files are not read). DataError as there."""
+    from datasets import load_from_disk
+
     _check_target(root, m, Path(target_dir), target_conf)
     conv = m.get("layer_id_convention")
     if conv != CONVENTION:
@@ -152,14 +195,9 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
     if not tr:
         raise DataError(f"{root}: empty dataset: the train split has no sample with >= 2 tokens "
                         f"({len(rows)} rows in data/, {len(splits.get('train') or [])} train ids)")
-    data = HiddenStatesData(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask,
-                            train_ids=tr, val_ids=va, aux_layer_ids=[int(a) for a in aux],
-                            hidden_size=int(target_conf.hidden_size),
-                            max_tokens=max_tokens, skipped=skipped)
-    _check_loss_tokens(data)
-    data.load_sample(tr[0])  # shape/hidden-size check on real data before any step
-    _check_alignment(data, Path(target_dir))
-    return data
+    return dict(root=root, manifest=m, input_ids=input_ids, loss_mask=loss_mask, train_ids=tr,
+                val_ids=va, aux_layer_ids=[int(a) for a in aux],
+                hidden_size=int(target_conf.hidden_size), max_tokens=max_tokens, skipped=skipped)
 
 
 def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
@@ -176,7 +214,7 @@ def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
                     load=data.read)
 
 
-def _check_loss_tokens(data: HiddenStatesData) -> None:
+def check_loss_tokens(data: HiddenStatesData) -> None:
     """DataError when no train sample cut to ``max_tokens`` positions holds a loss-masked position
     (the loss would be exactly 0); a warning when the cut drops loss positions."""
     kept = sum(int(data.loss_mask[i][1:data.positions(i) + 1].sum()) for i in data.train_ids)
@@ -204,6 +242,8 @@ def data_identity(data: HiddenStatesData) -> str:
 
     m = data.manifest
     key = {k: m.get(k) for k in ("target", "aux_layer_ids", "splits", "layer_id_convention")}
+    if m.get("mode", "offline") != "offline":  # how states are computed (offline: the files)
+        key["online"] = m.get("online")
     h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
     h.update(content_hash(data.root / "data").encode())
     return h.hexdigest()
@@ -347,11 +387,12 @@ def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], devi
                           workers: int | None = None, pad_to: int | None = None):
     """Yield ``(ids, host batch)`` (:func:`collate_host`, padded to ``pad_to``) for ``batches`` in
     order, read ahead by ``workers`` processes (None: 4 on CUDA, 0 on a CPU, whose cores the
-    computation needs; pinned memory on CUDA). DataError naming the file of a bad sample."""
+    computation needs; pinned memory on CUDA; always 0 for ``data.in_process``, whose states the
+    target computes in this process). DataError naming the file of a bad sample."""
     n = workers if workers is not None else (4 if device.type == "cuda" else 0)
-    if n == 0:
+    if n == 0 or data.in_process:
         for ids in batches:
-            yield ids, collate_host([data.load_sample(i) for i in ids], pad_to)
+            yield ids, collate_host(data.load_samples(ids), pad_to)
         return
     loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None,
                                          shuffle=False, num_workers=n, collate_fn=_as_is,

@@ -297,7 +297,8 @@ def checkpoint(run: Run) -> None:
         if run.rank == 0:
             info = {"step": run.step, "epoch": run.epoch, "micro": run.micro,
                     "tokens_seen": run.tokens_seen, "best": run.best, "last_eval": run.last_eval,
-                    "last_train": run.last_train, **run.info_extra}
+                    "last_train": run.last_train, **run.data.checkpoint_info(),
+                    **run.info_extra}
             save_checkpoint(run.state_dir, model=run.model, optimizer=run.optimizer,
                             scheduler=run.scheduler, info=info, keep_last=run.t.keep_last,
                             model_state=weights, optimizer_state=moments)
@@ -333,7 +334,8 @@ def run_loop(run: Run) -> None:
             m = {**summarize(all_reduce_(window), "train"), "lr": lr, "grad_norm": grad_norm,
                  "tokens_per_s": win_tokens / max(win_time, 1e-9),
                  "epochs_over_data": run.tokens_seen / unique,
-                 "epoch": run.epoch + min(1.0, run.micro / max(1, len(run.plan)))}
+                 "epoch": run.epoch + min(1.0, run.micro / max(1, len(run.plan))),
+                 **run.data.take_window()}
             run.last_train = m
             run.emit("train", m)
             if run.bar is not None:

@@ -5,6 +5,8 @@
 d2t/t2d, top-level ``eagle_aux_hidden_state_layer_ids`` as HF indices), ``metrics.jsonl``,
 ``state/`` and ``manifest.json`` (kind ``draft_checkpoint``). ``train.max_steps = 0`` writes the
 untrained draft (the baseline). ``train.num_gpus > 1`` outside torchrun: :mod:`eagle3.train.launch`.
+A folder of ``extract.mode: online`` or ``cached`` holds no states: the target runs in this
+process and computes them (:mod:`eagle3.train.online`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from eagle3.train.data import data_identity, open_hidden_states
 from eagle3.train.draft_model import (build_draft, compile_forward, read_target_config,
                                       resolve_flags, save_draft, use_uncompiled_forward)
 from eagle3.train.loop import Run, evaluate, run_loop
+from eagle3.train.online import is_online, open_online
 from eagle3.train.parallel import make_parallel
 from eagle3.train.state import (check_checkpoint_space, check_complete, ensure_writable,
                                 list_checkpoints, load_checkpoint, load_init_from, load_weights,
@@ -76,7 +79,9 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
         finally:
             if run.bar is not None:
                 run.bar.close()
-        return finish(run, seconds=time.perf_counter() - t_start)
+        manifest = finish(run, seconds=time.perf_counter() - t_start)
+        run.data.close()
+        return manifest
     finally:
         teardown_distributed()
 
@@ -122,7 +127,12 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     flags = resolve_flags(cfg)
     target_dir = resolve_target(cfg)
     tconf = read_target_config(target_dir)
-    data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
+    if is_online(data_dir):  # extract.mode=online: the target runs here, on the training device
+        data = open_online(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch,
+                           device=device, trust_remote_code=cfg.target.trust_remote_code,
+                           cache_dir=out_dir / "state" / f"hs_cache-rank{rank}")
+    else:
+        data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
     vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size,
                            int(tconf.vocab_size), pad=t.pad_draft_vocab)
     state_dir = out_dir / "state"
@@ -240,6 +250,7 @@ def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
                                                                                        st))
     run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
     run.tokens_seen = int(info["tokens_seen"])
+    run.data.restore(info)
     run.best, run.last_eval, run.last_train = (info.get(k) for k in ("best", "last_eval",
                                                                      "last_train"))
     if remapped:  # evaluations under the old map are not comparable (its weights carry that map)
@@ -323,9 +334,19 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
                  "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
+        **_online_section(d),
         auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
                           if k.startswith("train.")},
                        **ttt_forward.resolved_settings(t, run.device.type, run.world)})
+
+
+def _online_section(data) -> dict:
+    """The manifest's ``online`` key for states computed in training
+    (:meth:`eagle3.train.online.OnlineHiddenStates.summary`), with the extraction's
+    ``offline_bytes_estimate``; nothing for states read from files."""
+    if not data.in_process:
+        return {}
+    return {"online": data.summary(data.manifest.get("offline_bytes_estimate"))}
 
 
 __all__ = ["train", "check_settings", "ensure_writable", "prepare", "finish", "evaluate",

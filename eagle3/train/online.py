@@ -1,0 +1,261 @@
+"""Online hidden states: the target runs inside the training process, on the training device, and
+computes each micro-batch's aux and last hidden states from the tokenized samples of an
+``extract.mode: online`` folder when training asks for them; no hidden state is written to disk.
+
+What an offline extraction stores and what this computes agree: the same tokens (the extract
+stage's ``data/``, same rows, same split), the same capture
+(:func:`eagle3.extract.hf_backend.forward_capture`: HF ``hidden_states`` indices
+``aux_layer_ids + [L]``, L = the last layer's output before the final norm), the same rounding to
+``extract.dtype`` (:func:`eagle3.extract.store.encode` / ``decode``), and training walks the same
+plan (:func:`eagle3.train.data.plan_epoch` depends only on seed, epoch and lengths). So a draft
+trained online equals the offline one up to the kernels' rounding of another batch composition
+(float32 on a CPU: about 1e-6 relative per state).
+
+``extract.mode: cached`` adds a bounded window of computed states on disk
+(:class:`eagle3.train.online_cache.StateCache`, ``extract.cache_max_gb``): a sample in it is read
+instead of recomputed; it is removed when training finishes.
+
+Costs: the target's weights and one forward per micro-batch (batches of ``extract.batch_size``
+samples, length-sorted as the offline shards are) on the training device, repeated every epoch
+and every evaluation. :class:`OnlineStats` counts the tokens and seconds of those forwards; the
+train manifest reports them (``online``), with the bytes an offline run would have stored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eagle3.artifacts import read_manifest
+from eagle3.errors import DataError
+from eagle3.extract.store import ONLINE_FILE
+from eagle3.train.data import HiddenStatesData, check_loss_tokens, data_identity, open_rows
+from eagle3.train.online_cache import StateCache
+
+
+
+
+MODES = ("online", "cached")  # extract.mode values whose states training computes
+
+
+def is_online(data_dir: str | Path) -> bool:
+    """True when ``data_dir``'s manifest says ``mode`` online or cached (the states are computed
+    in training). DataError for a missing or unreadable manifest."""
+    return read_manifest(Path(data_dir), kind="hidden_states").get("mode") in MODES
+
+
+@dataclass
+class OnlineStats:
+    """Target forwards of this process: ``tokens`` (every token of every sample computed,
+    padding excluded), ``seconds`` (wall time of those forwards; on CUDA measured by events, read
+    when :meth:`OnlineHiddenStates.take_window` is called), ``forwards`` (batched calls);
+    ``before`` = tokens computed by earlier processes of the same training (from a checkpoint)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    forwards: int = 0
+    before: int = 0
+    window_tokens: int = 0
+    window_seconds: float = 0.0
+
+
+@dataclass
+class OnlineHiddenStates(HiddenStatesData):
+    """A :class:`HiddenStatesData` whose :meth:`read` runs the target: ``model`` (an HF causal LM
+    on the training device, eval mode), ``capture_ids`` (HF indices, last = L), ``store_dtype``
+    (``extract.dtype``: the states are rounded to it as a stored file would be), ``batch_size``
+    (samples per target forward), ``pad_id``."""
+
+    model: torch.nn.Module | None = None
+    capture_ids: list[int] = field(default_factory=list)
+    store_dtype: str = "float32"
+    batch_size: int = 4
+    pad_id: int = 0
+    stats: OnlineStats = field(default_factory=OnlineStats)
+    cache: StateCache | None = None
+    _events: list = field(default_factory=list)
+
+    in_process = True
+
+    def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``i``: ``(token_ids [T] int64 on the host, hidden_states [T, n_aux+1, H])`` on
+        the target's device, in the stored dtype (fp8: dequantized to bfloat16, as offline)."""
+        return self.input_ids[i], self.compute([i])[0]
+
+    def load_samples(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
+        """One micro-batch: the states of ``ids`` computed together, then shifted
+        (:meth:`HiddenStatesData.shift`), in the order of ``ids``."""
+        return [self.shift(i, hs) for i, hs in zip(ids, self.compute(ids))]
+
+    def compute(self, ids: list[int]) -> list[torch.Tensor]:
+        """``[T_i, n_aux+1, H]`` per sample of ``ids`` (same order): right-padded batches of
+        ``batch_size`` samples, shortest first, through
+        :func:`eagle3.extract.hf_backend.forward_capture`, rounded to ``store_dtype``; ordinary
+        (not inference-mode) tensors, so the draft's autograd may save them. With a
+        :attr:`cache`, samples in it are read, the others computed and offered to it."""
+        from eagle3.extract.hf_backend import forward_capture
+
+        out: list[torch.Tensor | None] = [None] * len(ids)
+        todo = list(range(len(ids)))
+        if self.cache is not None:
+            dev = next(self.model.parameters()).device
+            shape = (len(self.capture_ids), self.hidden_size)
+            for k, i in enumerate(ids):
+                out[k] = self.cache.get(i, (int(self.input_ids[i].numel()), *shape), dev)
+            todo = [k for k in todo if out[k] is None]
+        order = sorted(todo, key=lambda k: (int(self.input_ids[ids[k]].numel()), ids[k]))
+        timer = self._start()
+        for b in range(0, len(order), self.batch_size):
+            chunk = order[b:b + self.batch_size]
+            states = forward_capture(self.model, self.capture_ids,
+                                     [self.input_ids[ids[k]].tolist() for k in chunk], self.pad_id)
+            for k, hs in zip(chunk, states):
+                out[k] = round_to_store(hs, self.store_dtype).clone()
+                if self.cache is not None:
+                    self.cache.put(ids[k], out[k])
+            self.stats.forwards += 1
+        self._stop(timer)
+        tokens = sum(int(self.input_ids[ids[k]].numel()) for k in todo)
+        self.stats.tokens += tokens
+        self.stats.window_tokens += tokens
+        return out
+
+    def _start(self):
+        dev = next(self.model.parameters()).device
+        if dev.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            return start
+        return time.perf_counter()
+
+    def _stop(self, start) -> None:
+        if isinstance(start, float):
+            dt = time.perf_counter() - start
+            self.stats.seconds += dt
+            self.stats.window_seconds += dt
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._events.append((start, end))
+
+    def _settle(self) -> None:
+        """Add the CUDA-event timings recorded so far (waits for their forwards)."""
+        for start, end in self._events:
+            end.synchronize()
+            dt = start.elapsed_time(end) / 1000.0
+            self.stats.seconds += dt
+            self.stats.window_seconds += dt
+        self._events.clear()
+
+    def take_window(self) -> dict[str, float]:
+        """Metrics since the last call, for the training log: ``extract/tokens_per_s`` (target
+        tokens per second of target forward), ``extract/tokens_recomputed`` (all of this training,
+        earlier processes included); the window is reset."""
+        self._settle()
+        s = self.stats
+        out = {"extract/tokens_per_s": s.window_tokens / max(s.window_seconds, 1e-9),
+               "extract/tokens_recomputed": float(s.before + s.tokens)}
+        s.window_tokens, s.window_seconds = 0, 0.0
+        return out
+
+    def checkpoint_info(self) -> dict:
+        """What a checkpoint keeps of the counters: ``{"online_tokens_recomputed": n}``."""
+        return {"online_tokens_recomputed": self.stats.before + self.stats.tokens}
+
+    def restore(self, info: dict) -> None:
+        """Resume the counters of a checkpoint's ``info`` (:meth:`checkpoint_info`); the tokens
+        computed since that checkpoint by the killed process are not counted (unknown)."""
+        self.stats.before = int(info.get("online_tokens_recomputed") or 0)
+
+    def summary(self, offline_bytes: int | None) -> dict:
+        """The train manifest's ``online`` section: ``hidden_state_bytes_on_disk`` (0),
+        ``offline_bytes_estimate`` (bytes an offline extraction of the same samples would have
+        stored, from the extract manifest), ``tokens_recomputed`` (target tokens computed in
+        this training, earlier processes included), ``tokens_per_epoch`` (all tokens of the
+        train split), ``target_forward_s`` / ``extract_tokens_per_s`` (this process), and the
+        forwards and dtype; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
+        ``cache_samples`` and ``cache_hit_tokens`` (tokens read from it, this process)."""
+        self._settle()
+        s = self.stats
+        return {"hidden_state_bytes_on_disk": 0, "offline_bytes_estimate": offline_bytes,
+                "tokens_recomputed": s.before + s.tokens,
+                "tokens_per_epoch": sum(int(self.input_ids[i].numel()) for i in self.train_ids),
+                "target_forward_s": s.seconds, "extract_tokens_per_s": s.tokens / max(s.seconds,
+                                                                                     1e-9),
+                "target_forwards": s.forwards, "store_dtype": self.store_dtype,
+                "batch_size": self.batch_size,
+                **({} if self.cache is None else {
+                    "cache_max_bytes": self.cache.max_bytes, "cache_bytes": self.cache.bytes,
+                    "cache_samples": len(self.cache.sizes), "cache_hit_tokens":
+                    self.cache.hit_tokens})}
+
+    def close(self) -> None:
+        """Training has finished: the window of states (``cached``) is removed."""
+        if self.cache is not None:
+            self.cache.clear()
+
+
+def round_to_store(hs: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``hs`` as an offline store returns it: cast to ``dtype`` (``bfloat16``, ``float32``), or
+    for ``fp8`` quantized with per-row scales and dequantized to bfloat16
+    (:func:`eagle3.extract.store.encode` / ``decode``). DataError for another dtype."""
+    from eagle3.extract.store import STORE_DTYPES, decode, encode
+
+    if dtype not in STORE_DTYPES:
+        raise DataError(f"extract.dtype: expected one of {sorted(STORE_DTYPES)}, got {dtype!r}")
+    if dtype == "fp8":
+        return decode(encode(hs, "fp8"), torch.bfloat16)
+    return hs.to(STORE_DTYPES[dtype])
+
+
+def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, max_tokens: int,
+                device: torch.device, trust_remote_code: bool = False,
+                cache_dir: str | Path | None = None) -> OnlineHiddenStates:
+    """Open an ``extract.mode: online`` (or ``cached``) folder and load its target on ``device``;
+    ``cached`` keeps its window of states in ``cache_dir`` (required then).
+
+    Checks as :func:`eagle3.train.data.open_hidden_states` (target identity, convention, splits,
+    loss tokens) plus ``online.json`` against the manifest, then computes the first train sample
+    once (shape check). DataError: not an online folder, ``online.json`` missing or disagreeing
+    with the manifest (aux ids, capture ids, dtype)."""
+    from eagle3.extract.hf_backend import pad_id_of
+    from eagle3.target_model import load_target
+
+    root = Path(data_dir)
+    m = read_manifest(root, kind="hidden_states")
+    if m.get("mode") not in MODES:
+        raise DataError(f"{root}/manifest.json: mode expected 'online' or 'cached', got "
+                        f"{m.get('mode', 'offline')!r} (open it with open_hidden_states)")
+    path = root / ONLINE_FILE
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: expected the online extraction record (JSON), could not read "
+                        f"it ({type(e).__name__}: {e}); re-run the extract stage") from e
+    rows = open_rows(root, m, Path(target_dir), target_conf, max_tokens)
+    aux = rows["aux_layer_ids"]
+    want = {"aux_layer_ids": aux, "capture_ids": aux + [int(target_conf.num_hidden_layers)],
+            "dtype": m.get("dtype"), "plan_hash": m.get("plan_hash")}
+    for key, value in want.items():
+        if spec.get(key) != value:
+            raise DataError(f"{path}: {key} expected {value!r} (manifest.json), got "
+                            f"{spec.get(key)!r}; re-run the extract stage")
+    model, tok = load_target(target_dir, spec["model_dtype"], str(device), trust_remote_code)
+    model.requires_grad_(False)
+    data = OnlineHiddenStates(**rows, model=model, capture_ids=list(spec["capture_ids"]),
+                              store_dtype=spec["dtype"], batch_size=int(spec["batch_size"]),
+                              pad_id=pad_id_of(model, tok))
+    check_loss_tokens(data)
+    data.load_sample(data.train_ids[0])  # shapes before any step
+    data.stats = OnlineStats()
+    data._events.clear()  # noqa: SLF001 - the check's forward is not training's
+    if spec.get("cache_max_bytes"):
+        if cache_dir is None:
+            raise DataError(f"{path}: mode 'cached' needs a folder for its window of states "
+                            "(cache_dir), got none")
+        data.cache = StateCache(cache_dir, int(spec["cache_max_bytes"]), data_identity(data))
+    return data

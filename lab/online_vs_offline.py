@@ -1,0 +1,156 @@
+"""Extraction + training, offline (hidden states stored, then read) vs online (the target inside
+the training job, states recomputed every epoch), for 1 and N epochs of one config.
+
+Each (mode, epochs) case runs in a fresh process (``--case``) into its own work folder: the extract
+stage then the train stage of the product (eagle3.extract.stage.extract, eagle3.train.stage.train),
+so the timings include the target's load and everything a pipeline run does. Per case the JSON
+holds: seconds of each stage and in all, tokens (samples' tokens, training positions seen, target
+tokens computed), bytes on disk (the extract folder's hidden states, the whole extract folder, the
+train folder), peak GPU memory (bytes, ``torch.cuda.max_memory_allocated`` over both stages: on a
+CUDA training device), the online figures of the train manifest (``cached``: the window's bytes
+at the end, ``peak_window_bytes``; the window is removed when training ends), and the final
+losses. ``--modes offline online cached -o extract.cache_max_gb=G`` adds the bounded window.
+
+    python lab/online_vs_offline.py configs/tiny-random.yaml --epochs 1 2 --device cpu \
+        -o data.num_conversations=12            # CPU smoke (a minute)
+    python lab/online_vs_offline.py configs/llama3.1-8b.yaml --epochs 1 3 --device cuda \
+        --out lab/results/<date>_online_vs_offline.json                   # an H200
+
+``--device`` sets ``extract.device`` and ``train.device`` (online: the target runs on the
+training device). Results default to ``lab/results/<today>_online_vs_offline.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODES = ("offline", "online", "cached")  # cached: pass -o extract.cache_max_gb=G
+
+
+def folder_bytes(path: Path, pattern: str = "*") -> int:
+    """Bytes of the files under ``path`` matching ``pattern`` (0 when it does not exist)."""
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file())
+
+
+def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: Path) -> dict:
+    """One case in this process: extract then train into ``work``; returns its result record."""
+    import torch
+
+    from eagle3.config import load_config
+    from eagle3.extract.stage import extract
+    from eagle3.train.stage import train
+
+    cfg = load_config(config, [*overrides, f"extract.mode={mode}", f"train.epochs={epochs}",
+                               f"paths.runs_dir={work / 'runs'}"])
+    cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    ex_dir, tr_dir = work / "extract", work / "train"
+    t0 = time.perf_counter()
+    ex = extract(cfg, ex_dir, progress=False)
+    if cuda:
+        torch.cuda.synchronize()
+        peak_extract = torch.cuda.max_memory_allocated()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t1 = time.perf_counter()
+    tr = train(cfg, ex_dir, tr_dir, progress=False)
+    if cuda:
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    final = (tr.get("metrics") or {})
+    return {
+        "mode": mode, "epochs": epochs, "cache_max_gb": cfg.extract.cache_max_gb,
+        "device": str(tr.get("device")),
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "seconds": {"extract": t1 - t0, "train": t2 - t1, "total": t2 - t0},
+        "tokens": {"samples": ex["counts"]["tokens"], "train_positions_seen": tr["counts"]
+                   ["tokens_seen"], "target_tokens_computed": (
+                       (tr.get("online") or {}).get("tokens_recomputed")
+                       if mode != "offline" else ex["counts"]["tokens"])},
+        "disk_bytes": {"hidden_states": folder_bytes(ex_dir / "hidden_states"),
+                       "extract_folder": folder_bytes(ex_dir),
+                       "train_folder": folder_bytes(tr_dir)},
+        "peak_gpu_bytes": ({"extract": peak_extract, "train": torch.cuda.max_memory_allocated()}
+                           if cuda else None),
+        "offline_bytes_estimate": ex.get("offline_bytes_estimate"),
+        "extract_tokens_per_s": (ex.get("tokens_per_s") if mode == "offline"
+                                 else (tr.get("online") or {}).get("extract_tokens_per_s")),
+        "peak_window_bytes": (tr.get("online") or {}).get("cache_bytes"),
+        "online": tr.get("online"), "optimizer_steps": tr["optimizer_steps"],
+        "final_train_loss": (final.get("final_train") or {}).get("train/loss"),
+        "final_val_loss": (final.get("final_eval") or {}).get("val/loss"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--epochs", type=float, nargs="+", default=[1.0, 3.0])
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=["offline", "online"],
+                    help="cached needs -o extract.cache_max_gb=G")
+    ap.add_argument("--device", default=None, help="extract.device and train.device")
+    ap.add_argument("-o", "--override", action="append", default=[], help="section.key=value")
+    ap.add_argument("--work", type=Path, default=ROOT / ".lab-work" / "online_vs_offline")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--case", nargs=3, metavar=("MODE", "EPOCHS", "JSON"),
+                    help=argparse.SUPPRESS)  # one case in this process (the driver's child)
+    a = ap.parse_args(argv)
+    overrides = list(a.override)
+    if a.device:
+        overrides += [f"extract.device={a.device}", f"train.device={a.device}"]
+    if a.case:
+        mode, epochs, out = a.case
+        rec = run_case(a.config, overrides, mode, float(epochs), a.work)
+        Path(out).write_text(json.dumps(rec, indent=1, default=str))
+        return 0
+    out = a.out or ROOT / "lab" / "results" / f"{dt.date.today()}_online_vs_offline.json"
+    rows = []
+    for epochs in a.epochs:
+        for mode in a.modes:
+            work = a.work / f"{mode}-{epochs:g}ep"
+            if work.exists():
+                import shutil
+
+                shutil.rmtree(work)  # every case starts without stored states or checkpoints
+            work.mkdir(parents=True)
+            rec_file = work / "case.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), a.config, "--work", str(work),
+                   "--case", mode, str(epochs), str(rec_file)]
+            cmd += [x for o in a.override for x in ("-o", o)]
+            cmd += ["--device", a.device] if a.device else []
+            r = subprocess.run(cmd, cwd=ROOT)
+            if r.returncode != 0:
+                print(f"case {mode} x {epochs:g} epochs failed (exit {r.returncode})",
+                      file=sys.stderr)
+                return r.returncode
+            rows.append(json.loads(rec_file.read_text()))
+            s = rows[-1]
+            print(f"{mode:8s} {epochs:g} ep: {s['seconds']['total']:.1f} s, hidden states on "
+                  f"disk {s['disk_bytes']['hidden_states']:,} B, target tokens "
+                  f"{s['tokens']['target_tokens_computed']}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": a.config, "overrides": a.override,
+                               "device": a.device, "written_at": dt.datetime.now(
+                                   dt.timezone.utc).isoformat(timespec="seconds"),
+                               "cases": rows}, indent=1, default=str) + "\n")
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
