@@ -28,7 +28,6 @@ Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from prefect import flow
 
