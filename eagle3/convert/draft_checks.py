@@ -14,6 +14,7 @@ from typing import Mapping
 import torch
 
 from eagle3.convert.checkpoint import Checkpoint, Problem, cfg_get
+from eagle3.engines.sglang.profile import RELEASES
 
 # Which RoPE theta SGLang builds the draft's attention with. SGLang 0.5.23 and 0.5.16 load
 # config.json through transformers (their pinned requirement: 5.19.0 and 5.12.1, in the wheels'
@@ -26,7 +27,7 @@ from eagle3.convert.checkpoint import Checkpoint, Problem, cfg_get
 # it (models/eagle3/core.py), and conversion copies its RoPE keys into the served config.
 SGLANG_THETA_ORDER = ("rope_scaling.rope_theta", "rope_parameters.rope_theta", "rope_theta")
 DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py default
-SGLANG_RELEASES = "SGLang 0.5.16 and 0.5.23"
+SGLANG_RELEASES = "SGLang " + " and ".join(sorted(RELEASES))
 
 # Share of the data's target tokens the draft vocabulary must hold. A drafted id outside it is never
 # accepted, so with coverage c the accepted drafts per verify pass stay below c + c² + ... =

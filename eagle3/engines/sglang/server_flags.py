@@ -12,6 +12,8 @@ canonical_flag` applies that rule to ``serve.extra_args``.
 
 from __future__ import annotations
 
+from eagle3.engines.sglang.profile import VERSION
+
 CANONICAL = frozenset("""
 --abort-on-priority-when-disabled --admin-api-key --allow-auto-truncate --allowed-media-domains
 --api-key --asr-max-buffer-seconds --asr-max-concurrent-sessions --attention-backend
@@ -413,15 +415,15 @@ def options(version: str) -> dict[str, str]:
     ``eagle3.engines.sglang.profile.RELEASES``); KeyError for another release."""
     if version == "0.5.16":
         return {**{k: v for k, v in OPTIONS.items() if k not in NOT_IN_0516}, **ONLY_0516}
-    return {"0.5.23": OPTIONS}[version]
+    return {VERSION: OPTIONS}[version]
 
 
 def nargs(version: str) -> dict[str, str]:
     """``{option string: nargs}`` of ``launch_server`` in SGLang ``version`` for every option that
     does not take exactly one value: ``"0"`` (a switch; ``-h``/``--help`` included), ``"?"``,
-    ``"*"`` or ``"+"``. KeyError for a release other than 0.5.23 and 0.5.16."""
+    ``"*"`` or ``"+"``. KeyError for a release not in ``profile.RELEASES``."""
     table = {**{f: "0" for f in SWITCHES}, **MULTI, "-h": "0", "--help": "0"}
     if version == "0.5.16":
         known = options(version)
         return {**{k: v for k, v in table.items() if k in known}, **NARGS_ONLY_0516}
-    return {"0.5.23": table}[version]
+    return {VERSION: table}[version]
