@@ -195,7 +195,9 @@ def read_jsonl(path: str | Path, opener=open) -> list:
 
 
 def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
-    """Read ``<directory>/manifest.json``. DataError: missing, not JSON, or another ``kind``."""
+    """Read ``<directory>/manifest.json`` (a JSON object, as :func:`write_manifest` writes it).
+    DataError naming the file: missing, not JSON, not a JSON object (a list, a number, ...), or a
+    ``kind`` field other than ``kind`` (when given)."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path}: manifest not found (is {directory} a finished stage output?)")
@@ -203,6 +205,15 @@ def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: expected a JSON object (the manifest's fields), got a "
+                        f"{_json_type(manifest)}")
     if kind is not None and manifest.get("kind") != kind:
         raise DataError(f"{path}: kind expected {kind!r}, got {manifest.get('kind')!r}")
     return manifest
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a decoded value's type (``list`` -> "list", ``str`` -> "string")."""
+    names = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

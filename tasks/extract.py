@@ -12,6 +12,8 @@ from tasks import caching, prefect_tags, stage_result, task_options, tracking
 from tasks.results import StageResult
 
 TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
+# the regeneration's turn counts logged as metrics (the manifest's ``regeneration.turns``)
+REGEN_HEADLINE = ("input", "succeeded", "failed", "skipped", "truncated")
 
 
 def dataset_file(cfg: Any) -> Path:
@@ -57,7 +59,9 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
                  variant: str = "trained") -> StageResult:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to
-    MLflow. With ``extract.mode: online`` only the tokenized samples are written (the train stage
+    MLflow, and with ``data.regenerate`` the regenerated assistant turns
+    (``regeneration.turns.{input,succeeded,failed,skipped,truncated}``). With
+    ``extract.mode: online`` only the tokenized samples are written (the train stage
     computes the states) and the run records that, with the bytes an offline run would store.
 
     ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
@@ -82,6 +86,12 @@ def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
                                                     "offline_bytes_estimate")})
             sr.set_tags({"eagle3.extract_mode": "online: tokenized samples only; the hidden "
                                                 "states are computed by the train stage"})
+        turns = (manifest.get("regeneration") or {}).get("turns")
+        if isinstance(turns, dict):  # data.regenerate: how the target's answers went
+            regen = {f"regeneration.turns.{k}": float(turns[k]) for k in REGEN_HEADLINE
+                     if isinstance(turns.get(k), (int, float))}
+            metrics.update(regen)
+            sr.log_metrics(regen)
         if isinstance(manifest.get("tokens_per_s"), (int, float)):
             metrics["tokens_per_s"] = float(manifest["tokens_per_s"])
             sr.log_metrics({"tokens_per_s": metrics["tokens_per_s"]})

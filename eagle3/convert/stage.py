@@ -258,7 +258,7 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
             version: str | None = None, data_manifest: dict | None = None,
-            aux_capture: bool = True) -> dict:
+            aux_capture: bool = True, log_warnings: bool = True) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
@@ -266,7 +266,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
     ``rope_from_target``, ``vocab_padded``, ``aux_ids_from`` (where the aux ids came from), the
     source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and ``validation`` with its
-    ``warnings``, also logged). ``dst`` appears only if
+    ``warnings``, also logged unless ``log_warnings`` is False: a caller that converts the same
+    draft repeatedly logs them itself). ``dst`` appears only if
     :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
     ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
 
@@ -293,7 +294,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
                                 "draft was trained with: " + "; ".join(map(str, refused)), refused)
     warnings = draft_checks.check_vocab_reach(ck, None)[1]
     warnings += draft_checks.sliding_window_warnings(ck.config, f"{src}/config.json")
-    for w in warnings:
+    for w in warnings if log_warnings else ():
         log.warning("convert %s: %s", src, w)
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)

@@ -21,7 +21,10 @@ num_layers, hidden_size, vocab_size, architecture, dtype}, ``tokenizer_hash``,
 ``counts`` {samples, train_samples, val_samples, records, skipped, truncated, tokens, loss_tokens,
 unique_tokens}, ``skipped_by_reason``, ``bytes``, ``bytes_per_token``, ``tokens_per_s``, ``splits``
 {"train": [rows], "val": [rows]} (train rows first, so speculators' ``train_ratio`` split agrees),
-``data_source`` {kind, path, sha256}, ``plan_hash``, ``resumed``, ``content_hash``.
+``data_source`` {kind, path, sha256}, ``plan_hash``, ``resumed``, ``content_hash``,
+``regeneration`` (None unless ``data.regenerate``; else the counts of
+:func:`eagle3.extract.regen.regenerate_counted`: ``turns`` {input, succeeded, failed, skipped,
+truncated, ...}, ``conversations``, ``per_turn``, ..., ``settings``).
 
 Selection: records in a ``data.seed``-seeded order, the first ``data.num_conversations`` with a loss
 token kept, cut to ``data.max_seq_len`` (counted as truncated). ``data.regenerate`` = ``hf`` |
@@ -171,7 +174,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
 
         sglang_layer_ids(aux + [target["num_layers"]], target["num_layers"])  # ConfigError now
     tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
-    regen = None
+    regen, caches = None, []
     if cfg.data.regenerate != "none":
         from eagle3.extract.regen import regenerate_for_plan
 
@@ -179,9 +182,10 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             key = json.dumps([[c.id for c in convs], cfg.data.model_dump(mode="json"),
                               target["weights_hash"], cfg.target.dtype], sort_keys=True)
             key = hashlib.sha256(key.encode()).hexdigest()[:16]
-            cache = out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl"
-            return regenerate_for_plan(cfg, target_dir, tok, convs, cache)
+            caches.append(out_dir / PROGRESS_DIR / f"regenerated-{key}.jsonl")
+            return regenerate_for_plan(cfg, target_dir, tok, convs, caches[-1])
     plan = build_plan(cfg, tok, regen)
+    regeneration = regeneration_counts(caches[-1]) if caches else None
     if plan.skipped or plan.truncated:
         log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to "
                     "data.max_seq_len=%d", plan.source["path"], sum(plan.skipped.values()),
@@ -203,7 +207,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             (out_dir / "manifest.json").unlink()
             damaged = True
     if cfg.extract.mode != "offline":
-        return _prepare_online(cfg, out_dir, plan, plan_hash, target, aux, tok, t0)
+        return _prepare_online(cfg, out_dir, plan, plan_hash, target, aux, tok, t0,
+                               regeneration)
     n_slots = len(aux) + 1
     shards = make_shards(len(plan.ids), cfg.extract.shard_size)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +231,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     # HS_MISALIGNED before a manifest exists: a shifted store never reaches training
     alignment = check_alignment(out_dir, target_dir, [range(s.start, s.stop) for s in shards])
     extra = {
-        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok),
+        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok, regeneration),
         "resumed": resumed, "shards": {"total": len(shards), "resumed": len(done)},
         "alignment": alignment,
     }
@@ -243,9 +248,11 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                           counts=counts, timings=timings, **extra)
 
 
-def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int], tok) -> dict:
+def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int], tok,
+                    regeneration: dict | None) -> dict:
     """The manifest keys both modes write: target, tokenizer, template, layers, dtypes, splits,
-    provenance and what the selection dropped."""
+    provenance, what the selection dropped and ``regeneration`` (:func:`regeneration_counts`;
+    None when ``data.regenerate`` is none)."""
     from eagle3.extract.conversations import template_hash, template_switches, tokenizer_hash
 
     return {
@@ -259,12 +266,35 @@ def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int
                    "val": list(range(plan.num_train, len(plan.ids)))},
         "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
         "skipped_by_reason": dict(plan.skipped), "skipped_examples": plan.skip_examples,
-        "template_unstable": plan.unstable,
+        "template_unstable": plan.unstable, "regeneration": regeneration,
     }
 
 
+def regeneration_counts(cache: Path) -> dict:
+    """The counts of the regeneration cached in ``cache`` (``.progress/regenerated-<key>.jsonl``),
+    as :func:`eagle3.extract.regen.regenerate_for_plan` wrote them beside it
+    (:func:`eagle3.extract.regen.counts_path`): :func:`eagle3.extract.regen.regenerate_counted`'s
+    ``{"turns": {input, succeeded, failed, skipped, truncated, ...}, "conversations", "per_turn",
+    ...}`` plus ``settings``. A cache without its counts file (an interrupted write) or an
+    unreadable one gives ``{"counts": "missing", "why": ...}``, with a warning, instead of
+    nothing."""
+    from eagle3.extract.regen import counts_path
+
+    path = counts_path(cache)
+    try:
+        counts = json.loads(path.read_text())
+        if isinstance(counts, dict):
+            return counts
+        why = f"{path}: expected a JSON object, got {type(counts).__name__}"
+    except (OSError, json.JSONDecodeError) as e:
+        why = f"{path}: {e}"
+    log.warning("regeneration counts not recorded in the manifest: %s (the regenerated "
+                "conversations in %s are used)", why, cache)
+    return {"counts": "missing", "why": why}
+
+
 def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict,
-                    aux: list[int], tok, t0: float) -> dict:
+                    aux: list[int], tok, t0: float, regeneration: dict | None) -> dict:
     """``extract.mode: online`` (or ``cached``): the tokenized samples (``data/``),
     ``token_freq.pt``, :data:`ONLINE_FILE` and the manifest, no hidden states (training computes
     them on its device: :mod:`eagle3.train.online`). The manifest has ``mode`` (the config's),
@@ -296,7 +326,7 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
     counts = _counts(plan)
     per_token = bytes_per_token(n_slots, target["hidden_size"], cfg.extract.dtype)
     extra = {
-        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok),
+        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok, regeneration),
         "mode": mode, "folded_into": "train", "online": online,
         "alignment": {"checked": False, "why": f"extract.mode={mode}: the states are computed "
                       "from these tokens in training, not stored here"},
@@ -350,10 +380,12 @@ def _check_backend(cfg) -> None:
                           "tp_size/dp_size in extract.sglang_engine_args instead), got "
                           f"{cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
+        from eagle3.serve.preflight import install_advice
+
         raise EngineUnsupported("extract.backend='sglang': serve.sglang_python: "
                                 f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "
-                                f"Python of an environment with sglang=={version} (make "
-                                "sglang-env), or use extract.backend=hf")
+                                f"Python of an environment with sglang=={version} (fix: "
+                                f"{install_advice(version)}), or use extract.backend=hf")
 
 
 def _counts(plan: Plan) -> dict:

@@ -68,7 +68,9 @@ class DevAcceptance:
     ``num_steps``: chain draft steps (``train.ttt_steps``); ``max_new_tokens``: greedy tokens per
     prompt. Prompts that would exceed the target's context (prompt + ``max_new_tokens`` +
     ``num_steps``) are left out and counted (``dropped_too_long``). The continuations are
-    generated here, once. Raises DataError when no prompt is left.
+    generated here, once. Raises DataError when no prompt is left. The conversion warnings of
+    :meth:`measure_training_draft` are logged once per meter (:attr:`warned`: their codes), not
+    at every evaluation.
     """
 
     def __init__(self, target, prompts: list[list[int]], *, num_steps: int, max_new_tokens: int,
@@ -83,6 +85,7 @@ class DevAcceptance:
         check_lengths(target, fits, max_new_tokens, num_steps)
         self.target, self.num_steps, self.max_new_tokens = target, num_steps, max_new_tokens
         self.batch_size = batch_size
+        self.warned: set[str] = set()  # conversion warning codes logged so far
         t0 = time.perf_counter()
         conts = greedy_continuations(target, fits, max_new_tokens, batch_size=batch_size,
                                      pad_id=pad_id)
@@ -111,10 +114,12 @@ class DevAcceptance:
                                state_dict: dict | None = None,
                                work_dir: str | Path | None = None) -> dict:
         """:meth:`measure` of a speculators ``Eagle3DraftModel`` being trained (``state_dict``:
-        its full weights where the model holds shards), converted by :func:`serving_draft`."""
+        its full weights where the model holds shards), converted by :func:`serving_draft`; a
+        conversion warning whose code this meter logged before is not logged again."""
         p, t0 = next(self.target.parameters()), time.perf_counter()
         draft = serving_draft(model, target_dir, self.target, state_dict=state_dict,
-                              work_dir=work_dir, dtype=p.dtype, device=str(p.device))
+                              work_dir=work_dir, dtype=p.dtype, device=str(p.device),
+                              warned=self.warned)
         convert_s = time.perf_counter() - t0
         return {**self.measure(draft), "convert_s": convert_s}
 
@@ -135,14 +140,17 @@ class DevAcceptance:
 
 def serving_draft(model, target_dir: str | Path, target, *, state_dict: dict | None = None,
                   work_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                  device: str = "cpu"):
+                  device: str = "cpu", warned: set[str] | None = None):
     """The engine-semantics draft of a speculators ``Eagle3DraftModel``, made as the pipeline makes
     it: :func:`eagle3.train.draft_model.save_draft`, then the convert stage's
     :func:`eagle3.convert.stage.convert` (with the target, validation included), then
     ``SGLangEagle3Draft.from_dir`` sharing the target's embedding and head as SGLang does. The
     files live in a temporary folder under ``work_dir`` (None: the system's), removed on return:
-    the conversion reads and writes folders only. Raises what those raise (CheckpointInvalid for
-    a draft the convert stage would refuse)."""
+    the conversion reads and writes folders only. ``warned`` None: the conversion logs its
+    warnings (``CODE: message``) as the convert stage does; a set of codes: only warnings whose
+    code is not in it are logged, and their codes are added (the draft's vocabulary map and config
+    stay the same through a training run, so a repeat says nothing new). Raises what those raise
+    (CheckpointInvalid for a draft the convert stage would refuse)."""
     from eagle3.convert.stage import convert
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
     from eagle3.train.draft_model import save_draft
@@ -152,7 +160,14 @@ def serving_draft(model, target_dir: str | Path, target, *, state_dict: dict | N
     with tempfile.TemporaryDirectory(prefix=".dev-acceptance.", dir=work_dir) as tmp:
         src, dst = Path(tmp) / "speculators", Path(tmp) / "serving"
         save_draft(model, src, state_dict=state_dict)
-        convert(src, dst, engine="sglang", target_dir=Path(target_dir), aux_capture=False)
+        manifest = convert(src, dst, engine="sglang", target_dir=Path(target_dir),
+                           aux_capture=False, log_warnings=warned is None)
+        for w in manifest["validation"]["warnings"] if warned is not None else ():
+            code = w.split(":", 1)[0]
+            if code not in warned:
+                warned.add(code)
+                log.warning("dev acceptance: converting the training draft: %s (logged once "
+                            "per run)", w)
         return SGLangEagle3Draft.from_dir(
             dst, dtype=dtype, device=device,
             target_embed=target.get_input_embeddings().weight.detach(),

@@ -24,8 +24,8 @@ from eagle3.config import RunConfig
 from eagle3.redaction import redact
 from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                sglang_unusable_reason)
-from eagle3.engines.sglang.serving import (extra_args_problems, launch_args, reference_refusals,
-                                           simulation_problem)
+from eagle3.engines.sglang.serving import (ArgvRules, extra_args_problems, launch_args,
+                                           reference_refusals, simulation_problem)
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, run_cmd
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
@@ -72,26 +72,53 @@ def resolve_engine(cfg: RunConfig) -> str:
     return "sglang" if has_sglang and (engine == "sglang" or gpu_present()) else "reference"
 
 
+# The reference engine's command line (refengine/launch_server.py ``_parser``: argparse with
+# allow_abbrev=False; ``-h``/``--help`` added by argparse; ``--tp`` an alias of ``--tp-size``):
+# {flag: nargs}. The product does not import refengine, so the table is here and
+# tests/unit/test_launcher_cmd.py pins it to that parser.
+REFERENCE_NARGS = {
+    "--model-path": "1", "--tokenizer-path": "1", "--speculative-algorithm": "1",
+    "--speculative-draft-model-path": "1", "--speculative-num-steps": "1",
+    "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "1", "--host": "1",
+    "--port": "1", "--dtype": "1", "--context-length": "1", "--served-model-name": "1",
+    "--device": "1", "--skip-server-warmup": "0", "--disable-spec-aux-capture": "0",
+    "--enable-metrics": "0", "--disable-cuda-graph": "0", "--tp-size": "1", "--log-level": "1",
+    "--random-seed": "1", "--help": "0",
+}
+REFERENCE_ALIASES = {"--tp": "--tp-size", "-h": "--help"}
+
+
+def reference_rules() -> ArgvRules:
+    """The reference engine's command line as
+    :func:`eagle3.engines.sglang.serving.extra_args_problems` reads one: every flag of
+    :data:`REFERENCE_NARGS` and its aliases, no abbreviations; a flag it does not implement ends
+    it with exit code 2 (``refengine.launch_server.parse_args``)."""
+    opts = {**{f: f for f in REFERENCE_NARGS}, **REFERENCE_ALIASES}
+    counts = {o: REFERENCE_NARGS[c] for o, c in opts.items() if REFERENCE_NARGS[c] != "1"}
+    return ArgvRules("the reference engine", opts, counts, allow_abbrev=False,
+                     unknown_exit="exit with code 2 ('the reference engine does not implement')",
+                     help_hint=" (its flags: `python -m refengine.launch_server --help`)")
+
+
 def _check_extra_args(generated: list[str], extra: list[str], engine: str, version: str) -> None:
-    if engine == "sglang":  # SGLang's parser takes aliases and unambiguous prefixes
-        problems = extra_args_problems(extra, generated, version)
-        if problems:
-            raise ConfigError("; ".join(f"{code}: {msg}" for code, msg in problems))
-        return
-    ours = {a.split("=", 1)[0] for a in generated if a.startswith("--")}
-    dup = sorted({a.split("=", 1)[0] for a in extra if a.startswith("--")} & ours)
-    if dup:
-        raise ConfigError(f"serve.extra_args: {dup} are already set from serve.* fields; expected "
-                          f"only flags the launcher does not generate, got extra_args={extra}")
+    """ConfigError naming every ``serve.extra_args`` problem (``CODE: message``; :func:`eagle3.
+    engines.sglang.serving.extra_args_problems`) under the engine's parser rules: SGLang
+    ``version``'s (aliases and unambiguous prefixes) or :func:`reference_rules`."""
+    rules = reference_rules() if engine == "reference" else None
+    problems = extra_args_problems(extra, generated, version, rules=rules)
+    if problems:
+        raise ConfigError("; ".join(f"{code}: {msg}" for code, msg in problems))
 
 
 def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, port: int,
                   engine: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The engine's argv and the environment variables to add. ``draft_dir`` None: the target alone
-    (baseline). ConfigError for ``serve.extra_args`` repeating a generated flag (for SGLang also
-    an alias, an abbreviation, an owned flag, an unknown or ambiguous one:
-    :func:`eagle3.engines.sglang.serving.extra_args_problems`) or a
-    simulated-acceptance variable; EngineUnsupported for what the reference engine cannot honour."""
+    (baseline). ConfigError for ``serve.extra_args`` the engine's parser would not take as
+    written or that repeat a generated or owned flag (unknown, help, a value missing or stray;
+    for SGLang also an alias, an abbreviation or an ambiguous prefix:
+    :func:`eagle3.engines.sglang.serving.extra_args_problems`, with :func:`reference_rules` for
+    the reference engine) or a simulated-acceptance variable; EngineUnsupported for what the
+    reference engine cannot honour."""
     s = cfg.serve
     engine = engine or resolve_engine(cfg)
     spec = [] if draft_dir is None else ["--speculative-algorithm", "EAGLE3",

@@ -391,13 +391,13 @@ def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_
 
 def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     s, b = cfg.serve, cfg.bench
-    if engine == "reference":
-        helps = [t for t in s.extra_args if t in ("-h", "--help")]  # its parser: allow_abbrev off
-        if helps:
-            p = Problem("EXTRA_ARG_HELP", f"serve.extra_args {helps[0]!r}: expected flags for the "
-                        "server, got the help flag: the reference engine prints its help and "
-                        "exits, so no server starts; remove it")
-            return Check("settings", "failed", p.message), [p]
+    if engine == "reference":  # the launcher's rules for its command line
+        from eagle3.serve.launcher import reference_rules
+
+        extra = [Problem(code, msg) for code, msg in extra_args_problems(
+            s.extra_args, rules=reference_rules())]
+        if extra:
+            return Check("settings", "failed", "; ".join(p.message for p in extra)), extra
         queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
         return Check("settings", "passed", f"chain drafting, {s.speculative_num_steps} steps; one "
                      f"request at a time{queue}", {"max_running_requests": 1}), []

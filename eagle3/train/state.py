@@ -5,8 +5,12 @@
     ckpt-00000040/   model.safetensors (the draft's full state dict), optimizer.pt, trainer.pt
                      (scheduler, RNG states), state.json (step, epoch, micro-batch position,
                      tokens seen, vocab-map hash, data content hash, train section, last metrics)
-    best/            model.safetensors + state.json of the evaluation with the highest simulated
-                     acceptance length (chosen by acceptance, not by loss: FAILURE_CLASSES.md 18)
+    best/            model.safetensors + state.json of the evaluation with the highest
+                     acceptance length by ``train.select_best_by`` (:data:`eagle3.train.loop.
+                     SELECT_KEYS`): ``simulated`` (default) the validation split's simulated
+                     acceptance, ``measured`` the dev-prompt acceptance measured by replay
+                     (:mod:`eagle3.measure.dev_acceptance`); chosen by acceptance, not by loss
+                     (FAILURE_CLASSES.md 18)
 
 Each directory is written through :func:`eagle3.artifacts.atomic_directory`: a SIGKILL leaves
 the previous or the new complete checkpoint. A checkpoint of another vocabulary map

@@ -28,6 +28,18 @@ def test_manifest_roundtrip_and_kind_check(tmp_path):
         read_manifest(tmp_path / "nowhere")
 
 
+def test_manifest_that_is_not_a_json_object_is_a_named_data_error(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps([{"kind": "hidden_states"}]))
+    for kind in ("hidden_states", None):
+        with pytest.raises(DataError) as e:
+            read_manifest(tmp_path, kind)
+        assert str(tmp_path / "manifest.json") in str(e.value)
+        assert "expected a JSON object" in str(e.value) and "got a list" in str(e.value)
+    (tmp_path / "manifest.json").write_text("3")
+    with pytest.raises(DataError, match="expected a JSON object.*got a number"):
+        read_manifest(tmp_path, "hidden_states")
+
+
 def test_atomic_directory_removes_half_made_output(tmp_path):
     final = tmp_path / "out"
     with pytest.raises(RuntimeError):

@@ -115,6 +115,30 @@ def test_training_draft_is_measured_as_converted_and_again_when_it_changes(
     assert not list((tmp_path / "w").iterdir())  # the converted folders are removed
 
 
+def test_conversion_warnings_are_logged_once_per_meter_not_at_every_evaluation(
+        tmp_path, tiny_target_dir, target, caplog):
+    """A draft whose vocabulary is the first target ids (all-zero d2t: VOCAB_MAP_PREFIX) measured
+    three times: the warning is logged once; a meter of another run logs it again."""
+    model, tok = target
+    _, _, run = _training_run(tmp_path, tiny_target_dir, target)
+    n = run.model.d2t.numel()
+    t2d = torch.zeros_like(run.model.t2d)
+    t2d[:n] = True
+    with torch.no_grad():
+        run.model.d2t.zero_()
+        run.model.t2d.copy_(t2d)
+    meters = [DevAcceptance(model, _prompt_ids(tok)[:2], num_steps=3, max_new_tokens=8,
+                            pad_id=tok.pad_token_id) for _ in range(2)]
+    caplog.set_level("WARNING")
+    for meter, times in zip(meters, (3, 1)):
+        for _ in range(times):
+            meter.measure_training_draft(run.model, tiny_target_dir, work_dir=tmp_path / "w")
+    prefix = [r for r in caplog.records if "VOCAB_MAP_PREFIX" in r.getMessage()]
+    assert len(prefix) == 2, [r.getMessage() for r in caplog.records]
+    assert all("logged once per run" in r.getMessage() for r in prefix)
+    assert meters[0].warned == meters[1].warned == {"VOCAB_MAP_PREFIX"}
+
+
 class _ScriptedMeter:
     """Stands in for DevAcceptance in the loop: scripted acceptance lengths, one per evaluation,
     and a record of the weights each call saw (so each evaluation is a new measurement)."""

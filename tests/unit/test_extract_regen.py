@@ -56,6 +56,13 @@ def test_hf_regeneration_in_extraction(tiny_cfg, tiny_target_dir, tmp_path):
     tk = AutoTokenizer.from_pretrained(tiny_target_dir)
     masked = tk.decode(row["input_ids"][row["loss_mask"].bool()])
     assert masked == recs[[r["id"] for r in recs].index(row["id"])]["messages"][1]["content"] + "<|im_end|>"
+    # the regeneration's counts are in the extraction manifest, as in the sidecar
+    from eagle3.extract.regen import counts_path
+
+    turns = m["regeneration"]["turns"]
+    assert turns["input"] == 3 and turns["succeeded"] + turns["failed"] + turns["skipped"] == 3
+    assert m["regeneration"] == json.loads(counts_path(cache[0]).read_text())
+    assert m["regeneration"]["settings"]["mode"] == "hf"
     # a resumed / repeated run reuses the cache (same content hash, no second generation)
     assert extract(cfg, out, progress=False)["content_hash"] == m["content_hash"]
 
@@ -170,3 +177,55 @@ def test_a_batch_that_runs_out_of_device_memory_is_generated_as_two_halves(tiny_
     model.generate = never
     with pytest.raises(DataError, match="does not fit on the device"):
         hf_answer_fn(model, tok, 4)(prefixes[:1])
+
+
+def test_regeneration_without_its_counts_file_is_recorded_as_missing(tmp_path, caplog):
+    from eagle3.extract.stage import regeneration_counts
+
+    cache = tmp_path / "regenerated-k.jsonl"
+    cache.write_text("")
+    with caplog.at_level("WARNING", logger="eagle3.extract.stage"):
+        got = regeneration_counts(cache)
+    assert got["counts"] == "missing" and "regenerated-k.jsonl.counts.json" in got["why"]
+    assert "regeneration counts not recorded" in caplog.text
+
+
+def test_extract_task_logs_the_regenerated_turns_to_mlflow(tmp_path, monkeypatch):
+    """The extract task logs the manifest's regeneration headline as MLflow metrics and returns
+    them with the stage result; an extraction without regeneration logs none."""
+    from contextlib import contextmanager
+
+    import tasks.extract as task
+    from eagle3.config import load_config
+
+    logged: dict = {}
+
+    class Run:
+        run_id = "r"
+
+        def log_manifest(self, _d): ...
+
+        def log_dataset(self, _d, _c): ...
+
+        def log_metrics(self, m, step=0):
+            logged.update(m)
+
+        def set_tags(self, t): ...
+
+    @contextmanager
+    def stage_run(*_a, **_k):
+        yield Run()
+
+    turns = {"input": 7, "succeeded": 5, "failed": 1, "skipped": 1, "truncated": 2, "clean": 3}
+    manifest = {"content_hash": "h", "counts": {}, "regeneration": {"turns": turns}}
+    monkeypatch.setattr(task.tracking, "stage_run", stage_run)
+    monkeypatch.setattr(task, "extract_superseding", lambda cfg, out: manifest)
+    result = task.extract_task.fn(load_config(None, []), tmp_path, "parent")
+    want = {f"regeneration.turns.{k}": float(turns[k])
+            for k in ("input", "succeeded", "failed", "skipped", "truncated")}
+    assert {k: v for k, v in logged.items() if k.startswith("regeneration.")} == want
+    assert {k: v for k, v in result.metrics.items() if k.startswith("regeneration.")} == want
+    logged.clear()
+    manifest["regeneration"] = None
+    task.extract_task.fn(load_config(None, []), tmp_path, "parent")
+    assert not any(k.startswith("regeneration.") for k in logged)

@@ -94,6 +94,66 @@ def test_extra_args_may_not_repeat_a_generated_flag():
         build_command(_cfg("serve.extra_args=[--port=9999]"), Path("/t"), Path("/d"), 1, engine="sglang")
 
 
+def test_reference_rules_are_the_reference_engines_parser():
+    """launcher.reference_rules (the product may not import refengine) equals
+    refengine.launch_server's argparse: every option string, its flag and its value count."""
+    import argparse
+
+    from refengine.launch_server import _parser
+
+    parser = _parser()
+    options, counts = {}, {}
+    for action in parser._actions:
+        flag = max(action.option_strings, key=len)
+        takes = "0" if isinstance(action, (argparse._StoreTrueAction, argparse._HelpAction)) \
+            else "1" if action.nargs is None else str(action.nargs)
+        for o in action.option_strings:
+            options[o] = flag
+            if takes != "1":
+                counts[o] = takes
+    rules = launcher.reference_rules()
+    assert parser.allow_abbrev is False and rules.allow_abbrev is False
+    assert dict(rules.options) == options and dict(rules.nargs) == counts
+
+
+REF_REFUSED = [(["-h"], "EXTRA_ARG_HELP"), (["--help"], "EXTRA_ARG_HELP"),
+               (["--log-level"], "EXTRA_ARG_NO_VALUE"),
+               (["--log-level", "--skip-server-warmup"], "EXTRA_ARG_NO_VALUE"),
+               (["--skip-server-warmup=yes"], "EXTRA_ARG_SWITCH_VALUE"),
+               (["--log-level", "debug", "verbose"], "EXTRA_ARG_STRAY"),
+               (["--log-lev", "debug"], "EXTRA_ARG_UNKNOWN"),  # no abbreviations in its parser
+               (["--attention-backend", "fa3"], "EXTRA_ARG_UNKNOWN")]
+
+
+@pytest.mark.parametrize("extra, code", REF_REFUSED)
+def test_reference_extra_args_its_parser_would_not_take_are_refused_at_launch(extra, code):
+    """Each case is one the reference engine's own parser ends on (help printed, exit 0; or
+    argparse's exit 2; or the engine's UsageError): the launcher refuses it first, by the same
+    rules as SGLang's (extra_args_problems), naming the token."""
+    from refengine.launch_server import UsageError, parse_args
+
+    cfg = _cfg("serve.engine=reference", f"serve.extra_args={extra}")
+    with pytest.raises(ConfigError) as e:
+        build_command(cfg, Path("/t"), Path("/d"), 1)
+    msg = str(e.value)
+    named = extra[-1] if code == "EXTRA_ARG_STRAY" else extra[0]
+    assert msg.startswith(f"{code}: serve.extra_args {named!r}")
+    assert "the reference engine" in msg
+    with pytest.raises((SystemExit, UsageError)):  # what the engine itself would do with it
+        parse_args(["--model-path", "/t", *extra])
+
+
+def test_reference_extra_args_it_takes_pass_and_owned_flags_are_refused():
+    extra = ["--log-level", "debug", "--skip-server-warmup", "--random-seed=3"]
+    argv, _ = build_command(_cfg("serve.engine=reference", f"serve.extra_args={extra}"),
+                            Path("/t"), Path("/d"), 1)
+    assert argv[-4:] == extra
+    for owned in (["--port=9"], ["--tp", "1"], ["--device", "cpu"]):
+        with pytest.raises(ConfigError, match=r"^EXTRA_ARG_OWNED: "):
+            build_command(_cfg("serve.engine=reference", f"serve.extra_args={owned}"),
+                          Path("/t"), Path("/d"), 1)
+
+
 def test_resolve_engine(monkeypatch):
     assert resolve_engine(_cfg("serve.engine=reference")) == "reference"
     with pytest.raises(EngineUnsupported, match="serve.sglang_python"):

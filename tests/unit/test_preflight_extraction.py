@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from eagle3.config import load_config
 from eagle3.engines.sglang.profile import RELEASES, VERSION
+from eagle3.errors import EngineUnsupported
 from eagle3.serve import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +77,21 @@ def test_help_flag_is_refused_for_the_reference_engine_too(tmp_path):
     assert "serve.extra_args '--help'" in p.message
     assert "reference engine prints its help" in p.message
     assert preflight._check_settings(_cfg(tmp_path), "reference")[1] == []
+
+
+def test_sglang_extraction_advice_follows_the_configured_release(tmp_path, monkeypatch):
+    """The extraction stage's own check (``extract.stage._check_backend``) gives the same route as
+    the pre-flight: another release than the profile's gets its own install, not the Makefile's."""
+    from eagle3.extract.stage import _check_backend
+
+    old = next(v for v in RELEASES if v != VERSION)
+    # a release that can return aux states, so the check reaches the missing interpreter
+    monkeypatch.setitem(RELEASES[old], "return_aux_flag", "--enable-return-aux-hidden-states")
+    cfg = _cfg(tmp_path, "extract.backend=sglang", f"convert.engine_version={old}")
+    with pytest.raises(EngineUnsupported) as e:
+        _check_backend(cfg)
+    msg = str(e.value)
+    assert f"sglang=={old}" in msg and preflight.install_advice(old) in msg
+    assert "fix: make sglang-env)" not in msg and "extract.backend=hf" in msg
+    with pytest.raises(EngineUnsupported, match=r"fix: make sglang-env\), or use"):
+        _check_backend(_cfg(tmp_path, "extract.backend=sglang"))

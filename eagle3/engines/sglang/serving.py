@@ -83,18 +83,53 @@ def reference_refusals(serve: Any) -> dict:
             if f.reference is not None and getattr(serve, f.field) not in f.reference}
 
 
+@dataclass(frozen=True)
+class ArgvRules:
+    """What one engine's argparse command line takes, for :func:`extra_args_problems`.
+
+    ``engine``: its name in messages ("SGLang 0.5.23", "the reference engine"); ``options``:
+    ``{option string: canonical flag}`` (aliases and ``-h`` included); ``nargs``: ``{option
+    string: "0" | "?" | "*" | "+"}`` for every option that does not take exactly one value;
+    ``allow_abbrev``: argparse's switch (True: an unambiguous prefix selects a flag);
+    ``unknown_exit``: what the engine does with a token it does not take, after "would";
+    ``help_hint``: where to read its flags."""
+
+    engine: str
+    options: Mapping[str, str]
+    nargs: Mapping[str, str]
+    allow_abbrev: bool = True
+    unknown_exit: str = "exit with 'unrecognized arguments'"
+    help_hint: str = ""
+
+
+def sglang_rules(version: str = VERSION) -> ArgvRules:
+    """SGLang ``version``'s ``launch_server`` command line
+    (:func:`eagle3.engines.sglang.server_flags.options` and ``nargs``; its parser keeps
+    argparse's ``allow_abbrev=True``). KeyError for a release without a profile."""
+    return ArgvRules(f"SGLang {version}", options(version), nargs(version),
+                     help_hint=" (read the flags with `python -m sglang.launch_server --help` "
+                               "in the SGLang environment)")
+
+
+def _matches(token: str, rules: ArgvRules) -> list[str]:
+    """The option strings of ``rules`` that ``token`` selects (:func:`flag_matches`)."""
+    if token == "-h":
+        return ["-h"] if "-h" in rules.options else []
+    if not token.startswith("--") or token == "--":
+        return []
+    name = token.split("=", 1)[0]
+    if name in rules.options:
+        return [name]
+    return sorted(o for o in rules.options if o.startswith(name)) if rules.allow_abbrev else []
+
+
 def flag_matches(token: str, version: str = VERSION) -> list[str]:
     """The option strings of SGLang ``version`` (:func:`eagle3.engines.sglang.server_flags.options`)
     the command-line ``token`` selects by argparse's rules for ``allow_abbrev=True``
     (``ArgumentParser._parse_optional``): the exact name (before any ``=``) if it is one, else
     every option string it is a prefix of. ``[]`` for a token that is no long option (a value,
     ``--``) or matches nothing; more than one: ambiguous, which argparse refuses."""
-    if not token.startswith("--") or token == "--":
-        return []
-    name, table = token.split("=", 1)[0], options(version)
-    if name in table:
-        return [name]
-    return sorted(o for o in table if o.startswith(name))
+    return [] if token == "-h" else _matches(token, sglang_rules(version))
 
 
 def canonical_flag(token: str, version: str = VERSION) -> str | None:
@@ -137,28 +172,36 @@ def option_like(token: str) -> bool:
 
 
 def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
-                        version: str = VERSION) -> list[tuple[str, str]]:
-    """``(code, message)`` for each ``serve.extra_args`` token SGLang would not take as written,
-    walking the list as its argparse does (:func:`flag_matches`; values per
-    :func:`eagle3.engines.sglang.server_flags.nargs`):
+                        version: str = VERSION,
+                        rules: ArgvRules | None = None) -> list[tuple[str, str]]:
+    """``(code, message)`` for each ``serve.extra_args`` token the engine would not take as
+    written, walking the list as its argparse does. ``rules``: the engine's command line
+    (:class:`ArgvRules`; None: :func:`sglang_rules` of ``version``, i.e. :func:`flag_matches` and
+    :func:`eagle3.engines.sglang.server_flags.nargs`). Codes:
 
-    - ``EXTRA_ARG_UNKNOWN``: no such flag (SGLang exits with "unrecognized arguments").
-    - ``EXTRA_ARG_AMBIGUOUS``: a prefix of several flags (argparse refuses it).
-    - ``EXTRA_ARG_HELP``: ``-h``/``--help`` (or a prefix of it): SGLang prints its help and exits
-      0, so the server never starts.
+    - ``EXTRA_ARG_UNKNOWN``: no such flag (SGLang exits with "unrecognized arguments", the
+      reference engine with code 2).
+    - ``EXTRA_ARG_AMBIGUOUS``: a prefix of several flags (argparse refuses it; only where
+      ``allow_abbrev``).
+    - ``EXTRA_ARG_HELP``: ``-h``/``--help`` (or, where ``allow_abbrev``, a prefix of it): the
+      engine prints its help and exits 0, so the server never starts.
     - ``EXTRA_ARG_NO_VALUE``: a flag that takes a value, last in the list or followed by another
       option (argparse: "expected one argument").
     - ``EXTRA_ARG_SWITCH_VALUE``: ``--switch=value`` for a flag that takes no value (argparse:
       "ignored explicit argument").
     - ``EXTRA_ARG_STRAY``: a value no flag takes (after a switch, or a second value of a
-      one-value flag): SGLang has no positional argument, so it exits with "unrecognized
-      arguments".
+      one-value flag): neither engine has a positional argument, so it exits.
     - ``EXTRA_ARG_OWNED``: the flag, an alias or a prefix of a flag in :data:`OWNED_FLAGS` or in
       the ``generated`` argv: argparse keeps the last value, so it would silently replace the
       pipeline's algorithm, draft, target, memory fraction or other setting."""
-    mine = {canonical_flag(a, version) or a.split("=", 1)[0] for a in generated
-            if a.startswith("--")}
-    table, counts = options(version), nargs(version)
+    rules = rules or sglang_rules(version)
+    eng, table, counts = rules.engine, rules.options, rules.nargs
+
+    def canonical(a: str) -> str | None:
+        hits = _matches(a, rules)
+        return table[hits[0]] if len(hits) == 1 else None
+
+    mine = {canonical(a) or a.split("=", 1)[0] for a in generated if a.startswith("--")}
     out, i = [], 0
     while i < len(extra):
         token = extra[i]
@@ -168,22 +211,22 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
         if not option_like(token):
             prev = extra[i - 2] if i > 1 else None
             where = ("first in the list" if prev is None
-                     else f"after {prev!r}, which takes {_takes(prev, version)}"
+                     else f"after {prev!r}, which takes {_takes(prev, rules)}"
                      if option_like(prev) else f"after the value {prev!r}")
             out.append(("EXTRA_ARG_STRAY", f"serve.extra_args {token!r}: expected a flag, got a "
-                        f"value no flag takes ({where}); SGLang {version}'s launch_server has no "
-                        "positional argument and exits with 'unrecognized arguments'"))
+                        f"value no flag takes ({where}); {eng}'s launch_server has no "
+                        f"positional argument and would {rules.unknown_exit}"))
             continue
-        hits = flag_matches(token, version) if token != "-h" else ["-h"]
+        hits = _matches(token, rules)
         if not hits or len(hits) > 1:
             if not hits:
                 out.append(("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag "
-                            f"of SGLang {version}'s launch_server, got one it does not know (it "
-                            "would exit with 'unrecognized arguments')"))
+                            f"of {eng}'s launch_server, got one it does not know (it "
+                            f"would {rules.unknown_exit})"))
             else:
                 out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one "
                             f"flag, got a prefix of {len(hits)} ({', '.join(hits[:6])}"
-                            f"{', ...' if len(hits) > 6 else ''}); SGLang's argparse refuses it: "
+                            f"{', ...' if len(hits) > 6 else ''}); {eng}'s argparse refuses it: "
                             "write the full flag"))
             while i < len(extra) and not option_like(extra[i]):  # its values, if any
                 i += 1
@@ -191,19 +234,18 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
         flag, count = table[hits[0]], counts.get(hits[0], "1")
         if flag == "--help":
             out.append(("EXTRA_ARG_HELP", f"serve.extra_args {token!r}: expected flags for the "
-                        f"server, got the help flag: SGLang {version} prints its help and exits, "
-                        "so no server starts; remove it (read the flags with `python -m "
-                        "sglang.launch_server --help` in the SGLang environment)"))
+                        f"server, got the help flag: {eng} prints its help and exits, so no "
+                        f"server starts; remove it{rules.help_hint}"))
             continue
         if "=" in token:
             if count == "0":
                 out.append(("EXTRA_ARG_SWITCH_VALUE", f"serve.extra_args {token!r}: {flag} takes "
-                            "no value (a switch), got one after '='; SGLang's argparse exits "
+                            f"no value (a switch), got one after '='; {eng}'s argparse exits "
                             "with 'ignored explicit argument': write it alone"))
         elif count in ("1", "+") and (i >= len(extra) or option_like(extra[i])):
             nxt = f"followed by {extra[i]!r}" if i < len(extra) else "last in the list"
             out.append(("EXTRA_ARG_NO_VALUE", f"serve.extra_args {token!r}: {flag} takes "
-                        f"{_COUNT_WORDS[count]}, got none ({nxt}); SGLang exits with "
+                        f"{_COUNT_WORDS[count]}, got none ({nxt}); {eng} exits with "
                         "'expected one argument' (or takes the next flag as its value): give it "
                         f"one, e.g. [{token!r}, VALUE] or '{token}=VALUE'"))
         elif count in ("1", "?"):
@@ -213,7 +255,7 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
                 i += 1
         if flag in OWNED_FLAGS or flag in mine:
             how = ("" if token.split("=", 1)[0] == flag
-                   else f" (SGLang {version} reads it as {flag})")
+                   else f" ({eng} reads it as {flag})")
             whose = OWNED_FLAGS.get(flag, "a serve.* field")
             out.append(("EXTRA_ARG_OWNED", f"serve.extra_args {token!r}{how}: expected only "
                         f"flags the launcher does not set, got {flag}, which it sets from "
@@ -226,12 +268,12 @@ _COUNT_WORDS = {"0": "no value", "?": "an optional value", "*": "any number of v
                 "1": "one value", "+": "one or more values"}
 
 
-def _takes(token: str, version: str) -> str:
-    """How many values the option ``token`` takes, in words."""
-    hits = flag_matches(token, version)
+def _takes(token: str, rules: ArgvRules) -> str:
+    """How many values the option ``token`` takes under ``rules``, in words."""
+    hits = _matches(token, rules)
     if len(hits) != 1:
-        return "no value SGLang would accept (it is refused)"
-    return _COUNT_WORDS[nargs(version).get(hits[0], "1")]
+        return f"no value {rules.engine} would accept (it is refused)"
+    return _COUNT_WORDS[rules.nargs.get(hits[0], "1")]
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
