@@ -225,7 +225,7 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png",
                               target=target)
     if pending:
-        decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} — this "
+        decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} - this "
                                 "decision covers the finished points only")
     curves = training_curves(rows)
     client, _ = tracking.client_for(cfg)

@@ -240,12 +240,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     extra.update(bytes=hs_bytes, bytes_per_token=hs_bytes / max(1, counts["tokens"]),
                  tokens_per_s=todo_tokens / max(t2 - t1, 1e-9))
     timings = {"prepare_s": t1 - t0, "extract_s": t2 - t1, "finalize_s": time.perf_counter() - t2}
-    return write_manifest(out_dir, "hidden_states",
-                          config={"data": cfg.data.model_dump(mode="json"),
-                                  "extract": cfg.extract.model_dump(mode="json")},
-                          inputs={"target_weights": target["weights_hash"],
-                                  "data": plan.source["sha256"]},
-                          counts=counts, timings=timings, **extra)
+    return _manifest(out_dir, cfg, target, plan, counts, timings, extra)
 
 
 def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int], tok,
@@ -334,6 +329,13 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
         "offline_bytes_estimate": counts["tokens"] * per_token,
     }
     timings = {"prepare_s": t1 - t0, "extract_s": 0.0, "finalize_s": time.perf_counter() - t1}
+    return _manifest(out_dir, cfg, target, plan, counts, timings, extra)
+
+
+def _manifest(out_dir: Path, cfg, target: dict, plan, counts: dict, timings: dict,
+              extra: dict) -> dict:
+    """The extraction manifest (offline or online): the data and extract settings, the target's
+    weights hash and the data file's sha256 as inputs."""
     return write_manifest(out_dir, "hidden_states",
                           config={"data": cfg.data.model_dump(mode="json"),
                                   "extract": cfg.extract.model_dump(mode="json")},

@@ -129,7 +129,8 @@ def test_help_flag_is_refused_before_sglang_prints_help_and_exits(extra):
 
 @pytest.mark.parametrize("extra, flag, after", [
     (["--log-level"], "--log-level", "last in the list"),
-    (["--log-level", "--disable-radix-cache"], "--log-level", "followed by '--disable-radix-cache'"),
+    (["--log-level", "--disable-radix-cache"], "--log-level",
+     "followed by '--disable-radix-cache'"),
     (["--cuda-graph-bs-decode"], "--cuda-graph-bs-decode", "last in the list"),  # nargs "+"
 ])
 def test_flag_without_its_value_is_refused(extra, flag, after):
