@@ -216,12 +216,16 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         return []
     out = _vocab_problems(d2t, t2d, dv, vocab)
     recorded = (ck.manifest or {}).get("vocab_map_hash")
-    if recorded and not out and t2d is not None:
+    if recorded and not out:
+        from eagle3.convert.vocab_reading import offset_t2d
         from eagle3.train.vocab import vocab_map_hash
 
-        actual = vocab_map_hash(d2t, t2d)
+        # without a t2d, the one training builds from d2t (the map is valid here)
+        mask = t2d if t2d is not None else offset_t2d(d2t, vocab)
+        what = "d2t/t2d" if t2d is not None else "d2t (no t2d: hashed with the t2d it implies)"
+        actual = vocab_map_hash(d2t, mask)
         if actual != recorded:
-            out.append(Problem("VOCAB_MAP_CHANGED", "d2t/t2d: manifest.json vocab_map_hash "
+            out.append(Problem("VOCAB_MAP_CHANGED", f"{what}: manifest.json vocab_map_hash "
                                f"expected {recorded[:12]}..., got {actual[:12]}... (map "
                                "regenerated: lm_head rows now mean other tokens)"))
     return out

@@ -228,6 +228,24 @@ def _vocab_padded(src_manifest: dict) -> bool:
     return bool(src_manifest.get("vocab_padded")) or (counted and n_data < size)
 
 
+def _map_hash(tensors: dict[str, torch.Tensor], vocab: object) -> str | None:
+    """The map hash validate compares (``VOCAB_MAP_CHANGED``): of ``d2t`` and ``t2d``, or, without
+    ``t2d``, of ``d2t`` and the ``t2d`` it implies; None when that ``d2t`` is not a valid offset
+    map for ``vocab`` (validation of the output then names it)."""
+    from eagle3.convert.vocab_reading import offset_t2d
+    from eagle3.train.vocab import vocab_map_hash
+
+    d2t, t2d = tensors["d2t"], tensors.get("t2d")
+    if t2d is None:
+        if not isinstance(vocab, int) or d2t.dim() != 1 or d2t.is_floating_point():
+            return None
+        try:
+            t2d = offset_t2d(d2t, vocab)
+        except ValueError:
+            return None
+    return vocab_map_hash(d2t, t2d)
+
+
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -318,10 +336,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),
              "data_content_hash": (src_manifest.get("inputs") or {}).get("hidden_states"),
              "vocab_padded": _vocab_padded(src_manifest), "aux_ids_from": info["aux_ids_from"]}
-    if "d2t" in tensors and "t2d" in tensors:
-        from eagle3.train.vocab import vocab_map_hash
-
-        extra["vocab_map_hash"] = vocab_map_hash(tensors["d2t"], tensors["t2d"])
+    if "d2t" in tensors:
+        extra["vocab_map_hash"] = _map_hash(tensors, out_cfg.get("vocab_size"))
     with atomic_directory(dst) as tmp:
         _save_tensors(tensors, tmp / "model.safetensors")
         atomic_write_json(tmp / "config.json", out_cfg)

@@ -17,7 +17,10 @@ strongest first:
 4. for any size: read as target ids, at least half of the neighbours are adjacent ids (a
    contiguous stretch such as ``c + arange(n)``), while read as offsets no two draft ids sit on
    adjacent targets and those neighbours are all exactly 2 apart (see
-   :data:`ADJACENT_SHARE_MIN`).
+   :data:`ADJACENT_SHARE_MIN`);
+5. for any size and any share: read as offsets, no two draft ids sit on adjacent targets while
+   at least :data:`TWO_APART_MIN` pairs sit exactly 2 apart (a frequency-chosen vocabulary with
+   gaps, read as ids, has adjacent pairs; read as offsets each of them becomes a gap of 2).
 
 A sorted map with no contiguous stretch and no ``t2d`` (e.g. a few random target ids) is a valid
 map under both readings and cannot be told apart; it is not flagged.
@@ -38,6 +41,12 @@ import torch
 ADJACENT_SHARE_MIN = 0.5
 ADJACENT_PAIRS_MIN = 3
 ADJACENT_FALSE_ALARM_MAX = 1e-6
+# Rule 5. In a vocabulary chosen from text, whatever its clustering, two neighbouring target ids
+# are adjacent at least as often as exactly 2 apart (gap 1 at least as likely as gap 2: random
+# draws give slightly more gaps of 1, clustered ones many more). A neighbour pair known to sit 1
+# or 2 apart then sits 2 apart with probability at most 1/2, so k such pairs, none adjacent, have
+# probability at most 2**-k: TWO_APART_MIN is the least k with 2**-k <= ADJACENT_FALSE_ALARM_MAX.
+TWO_APART_MIN = math.ceil(math.log2(1 / ADJACENT_FALSE_ALARM_MAX))
 
 
 def _poisson_at_least(k: int, lam: float) -> float:
@@ -66,7 +75,7 @@ def _marks_exactly(mask: torch.Tensor, ids: torch.Tensor) -> bool:
 
 def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int) -> str | None:
     """Why ``d2t`` (integer ``[n]``) holds absolute target ids rather than offsets, or None when
-    the offset reading stands or the two cannot be told apart (module docstring, rules 1-4).
+    the offset reading stands or the two cannot be told apart (module docstring, rules 1-5).
     ``t2d`` (bool or 0/1 ``[vocab_size]``, or None) is used only when its length is
     ``vocab_size``; one that marks neither reading is left to the map checks
     (``VOCAB_MAP_INVALID``). Raises nothing."""
@@ -109,8 +118,29 @@ def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int
                 f"(range [{int(a.min())}, {int(a.max())}]); read as offsets, no two draft ids "
                 f"sit on adjacent targets and those {adjacent} neighbours sit exactly 2 apart "
                 f"(chance {chance:.1g} for a random vocabulary of {n} of {vocab_size} ids)")
+    if adjacent >= TWO_APART_MIN:
+        return (f"read as offsets, no two of the {n} draft ids sit on adjacent target ids while "
+                f"{adjacent} neighbours sit exactly 2 apart (chance at most 2^-{adjacent} = "
+                f"{0.5 ** adjacent:.1g} for a vocabulary chosen from text, where adjacent ids "
+                f"are at least as common as ids 2 apart); read as target ids, d2t is {n} "
+                f"distinct ids in [{int(a.min())}, {int(a.max())}] with {adjacent} adjacent "
+                "pairs")
     return None
 
 
+def offset_t2d(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The ``t2d`` (bool ``[vocab_size]``) of an offset map ``d2t``: true exactly at the target
+    ids ``i + d2t[i]``, as training builds it (:func:`eagle3.train.vocab.build_vocab_map`), so a
+    draft stored without ``t2d`` hashes as it did when trained. ``d2t`` must be a valid map
+    (targets in ``[0, vocab_size)``); ValueError naming the range otherwise."""
+    targets = d2t.to(torch.long) + torch.arange(d2t.numel(), dtype=torch.long)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
+        raise ValueError(f"d2t: i + d2t[i] expected in [0, {vocab_size}), got range "
+                         f"[{int(targets.min())}, {int(targets.max())}]")
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[targets] = True
+    return mask
+
+
 __all__ = ["ADJACENT_FALSE_ALARM_MAX", "ADJACENT_PAIRS_MIN", "ADJACENT_SHARE_MIN",
-           "absolute_reason"]
+           "TWO_APART_MIN", "absolute_reason", "offset_t2d"]
