@@ -9,6 +9,7 @@ Each returns ``Problem`` records naming the key and both values; used by
 
 from __future__ import annotations
 
+import json
 from typing import Mapping
 
 import torch
@@ -65,23 +66,93 @@ def stated_thetas(cfg: Mapping) -> dict[str, float]:
     return out
 
 
+def _rope_base_key(scope: Mapping) -> str:
+    """The RoPE dict transformers 5 keeps: ``rope_scaling`` when it is a non-empty object (it
+    replaces ``rope_parameters`` whole: ``convert_rope_params_to_dict``), else
+    ``rope_parameters``."""
+    rs = scope.get("rope_scaling")
+    return "rope_scaling" if isinstance(rs, Mapping) and rs else "rope_parameters"
+
+
+def _read_theta(scope: Mapping) -> tuple[str, float] | None:
+    """``(key, theta)`` transformers 5 builds the layer of ``scope`` with: the kept RoPE dict's
+    ``rope_theta`` (:func:`_rope_base_key`), else the top-level ``rope_theta``; None when neither
+    states a number. This is :data:`SGLANG_THETA_ORDER`, except that a ``rope_scaling`` without a
+    theta hides ``rope_parameters``' theta."""
+    base = _rope_base_key(scope)
+    for key in (base + ".rope_theta", "rope_theta"):
+        value = cfg_get(dict(scope), key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return key, float(value)
+    return None
+
+
 def sglang_theta(cfg: Mapping) -> tuple[str, float]:
-    """``(key, theta)`` SGLang 0.5.16 and 0.5.23 serve a serving-format config with (first key of
-    :data:`SGLANG_THETA_ORDER` stated at the top level; ``("default", 10000.0)`` when none)."""
-    stated = stated_thetas({k: v for k, v in cfg.items() if k != "transformer_layer_config"})
-    return next(iter(stated.items()), ("default", DEFAULT_THETA))  # stated in that order
+    """``(key, theta)`` SGLang 0.5.16 and 0.5.23 serve a serving-format config with (read at the
+    top level as transformers 5 folds it, :func:`_read_theta`; ``("default", 10000.0)`` when
+    none)."""
+    top = {k: v for k, v in cfg.items() if k != "transformer_layer_config"}
+    return _read_theta(top) or ("default", DEFAULT_THETA)
 
 
 def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
     """``(key, theta)`` the draft's attention was trained with, from the layer config
-    (speculators' ``transformer_layer_config`` when present, else the top level), read in
-    :data:`SGLANG_THETA_ORDER` (speculators builds the layer through the same transformers);
-    None when the config states no theta."""
+    (speculators' ``transformer_layer_config`` when present, else the top level), read as
+    transformers 5 folds it (:func:`_read_theta`; speculators builds the layer through the same
+    transformers); None when the config states no theta."""
     tl = cfg.get("transformer_layer_config")
     scope, prefix = (tl, "transformer_layer_config.") if isinstance(tl, Mapping) else (cfg, "")
-    stated = stated_thetas({k: v for k, v in scope.items() if k != "transformer_layer_config"})
-    key = next(iter(stated), None)  # stated in SGLANG_THETA_ORDER
-    return None if key is None else (prefix + key, stated[key])
+    found = _read_theta({k: v for k, v in scope.items() if k != "transformer_layer_config"})
+    return None if found is None else (prefix + found[0], found[1])
+
+
+def effective_rope(scope: Mapping) -> dict:
+    """The ``rope_parameters`` transformers 5 (and so SGLang 0.5.16 / 0.5.23, which read
+    config.json through it) builds from ``scope``: the kept RoPE dict (:func:`_rope_base_key`)
+    with ``rope_theta`` defaulted from the top-level ``rope_theta`` (else 10000) and
+    ``rope_type`` from a legacy ``type`` (else ``"default"``)."""
+    base = scope.get(_rope_base_key(scope))
+    out = dict(base) if isinstance(base, Mapping) else {}
+    theta = scope.get("rope_theta")
+    out.setdefault("rope_theta", DEFAULT_THETA if theta is None else theta)
+    out.setdefault("rope_type", out.get("type", "default"))
+    return out
+
+
+def rope_scaling_conflict(scope: Mapping, prefix: str = "") -> str | None:
+    """What disagrees when ``scope`` states both ``rope_scaling`` and ``rope_parameters`` (non-empty
+    objects) and transformers 5 builds other RoPE parameters from ``rope_scaling`` than from
+    ``rope_parameters`` alone: both keys, both values and the differing fields; None when one
+    key is absent or both build the same."""
+    rs, rp = scope.get("rope_scaling"), scope.get("rope_parameters")
+    if not (isinstance(rs, Mapping) and rs and isinstance(rp, Mapping) and rp):
+        return None
+    served = effective_rope(scope)
+    alone = effective_rope({k: v for k, v in scope.items() if k != "rope_scaling"})
+    if served == alone:
+        return None
+    fields = sorted(k for k in set(served) | set(alone) if served.get(k) != alone.get(k))
+    return (f"{prefix}rope_scaling={json.dumps(rs, sort_keys=True)} and "
+            f"{prefix}rope_parameters={json.dumps(rp, sort_keys=True)} disagree on "
+            f"{', '.join(fields)}: transformers 5 replaces rope_parameters by rope_scaling, so "
+            f"the layer is built with {json.dumps(served, sort_keys=True)}, not "
+            f"{json.dumps(alone, sort_keys=True)}")
+
+
+def check_rope_scaling(cfg: Mapping, where: str = "config.json") -> list[Problem]:
+    """``ROPE_SCALING_CONFLICT`` when a config level (the top, or speculators'
+    ``transformer_layer_config``) states ``rope_scaling`` beside a ``rope_parameters`` it
+    disagrees with (:func:`rope_scaling_conflict`): SGLang 0.5.16 and 0.5.23 read the folded
+    ``rope_parameters``, silently the ``rope_scaling`` one."""
+    out = []
+    for prefix, scope in _scopes(cfg):
+        what = rope_scaling_conflict(scope, prefix)
+        if what is not None:
+            out.append(Problem("ROPE_SCALING_CONFLICT", f"{where}: expected one RoPE setting, "
+                               f"got {what}; {SGLANG_RELEASES} read config.json through "
+                               "transformers 5 and srt/models/llama.py reads rope_parameters. "
+                               "Keep only the key holding the RoPE the draft was trained with"))
+    return out
 
 
 def _is_speculators(cfg: Mapping) -> bool:

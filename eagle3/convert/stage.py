@@ -220,6 +220,29 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile,
                           "aux_ids_from": ids_from}
 
 
+def _fold_rope_scaling(out: dict, src: Path, fmt: str, from_target: bool) -> list[Problem]:
+    """Warning ``ROPE_SCALING_CONFLICT`` when the built config ``out`` states ``rope_scaling``
+    beside a ``rope_parameters`` it disagrees with
+    (:func:`eagle3.convert.draft_checks.rope_scaling_conflict`), saying what conversion does with
+    them: with a target, its RoPE keys replace both (:func:`_apply_target`); without, ``out`` gets
+    the ``rope_parameters`` transformers 5 builds from the source (``rope_scaling`` wins) and
+    loses ``rope_scaling`` and ``rope_theta``, so the served file states one RoPE."""
+    prefix = "transformer_layer_config." if fmt == "speculators" else ""
+    what = draft_checks.rope_scaling_conflict(out, prefix)
+    if what is None:
+        return []
+    if from_target:
+        did = "conversion writes the target's RoPE keys instead of both"
+    else:
+        folded = draft_checks.effective_rope(out)
+        out["rope_parameters"] = folded
+        out.pop("rope_scaling", None)
+        out.pop("rope_theta", None)
+        did = (f"conversion writes rope_parameters={json.dumps(folded, sort_keys=True)} (the "
+               "rope_scaling one, as transformers 5 builds it) and drops rope_scaling")
+    return [Problem("ROPE_SCALING_CONFLICT", f"{src}/config.json: {what}; {did}")]
+
+
 def _vocab_padded(src_manifest: dict) -> bool:
     """Training recorded an explicit pad decision (draft slots beyond the data's tokens)."""
     vocab = src_manifest.get("vocab") or {}
@@ -285,7 +308,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ``rope_from_target``, ``vocab_padded``, ``aux_ids_from`` (where the aux ids came from), the
     source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and ``validation`` with its
     ``warnings``, also logged unless ``log_warnings`` is False: a caller that converts the same
-    draft repeatedly logs them itself). ``dst`` appears only if
+    draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which RoPE was written for
+    a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with). ``dst`` appears only if
     :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
     ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
 
@@ -312,10 +336,11 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
                                 "draft was trained with: " + "; ".join(map(str, refused)), refused)
     warnings = draft_checks.check_vocab_reach(ck, None)[1]
     warnings += draft_checks.sliding_window_warnings(ck.config, f"{src}/config.json")
-    for w in warnings if log_warnings else ():
-        log.warning("convert %s: %s", src, w)
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)
+    warnings += _fold_rope_scaling(out_cfg, src, fmt, tcfg is not None)
+    for w in warnings if log_warnings else ():
+        log.warning("convert %s: %s", src, w)
     rope_changed = _apply_target(out_cfg, tcfg, int(out_cfg["hidden_size"]))
     eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
              "use_aux_hidden_state": True}

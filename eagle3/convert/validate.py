@@ -7,9 +7,10 @@ ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED; 5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NE
 UNKNOWN_FLAG; 6 VOCAB_MAP_MISSING; 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
 8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED; 10 AUX_IDS_MISSING, AUX_IDS_COUNT,
 AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED; 11 TARGET_NO_AUX_CAPTURE;
-12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT, SLIDING_WINDOW;
-14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH, TARGET_WEIGHTS_MISMATCH;
-15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first); 26 CONFIG_FIELD (numbers out of range).
+12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT, ROPE_SCALING_CONFLICT,
+SLIDING_WINDOW; 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
+TARGET_WEIGHTS_MISMATCH; 15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first); 26 CONFIG_FIELD
+(numbers out of range).
 
 Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
 the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
@@ -90,6 +91,7 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     problems += reach
     problems += checks.check_aux_ids(ck, profile, target, data_manifest)
     problems += draft_checks.check_rope_conflict(ck.config)
+    problems += draft_checks.check_rope_scaling(ck.config)
     problems += draft_checks.check_sliding_window(ck.config)
     found.warnings += draft_checks.sliding_window_warnings(ck.config)
     if target is not None:

@@ -138,3 +138,65 @@ def test_convert_records_the_map_hash_of_a_draft_without_t2d(pair, tmp_path, tin
     t["d2t"] = 3 * torch.arange(t["d2t"].numel()) - torch.arange(t["d2t"].numel())
     save_file(t, str(tmp_path / "served" / "model.safetensors"))
     assert "VOCAB_MAP_CHANGED" in _codes(validate(tmp_path / "served"))
+
+
+# -- 2. rope_scaling beside rope_parameters ------------------------------------------------------
+
+LINEAR = {"rope_type": "linear", "factor": 2.0}
+
+
+@pytest.mark.parametrize("cfg", [
+    {"rope_scaling": LINEAR, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
+    {"rope_theta": 7.0, "rope_scaling": LINEAR,
+     "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
+    {"rope_scaling": {"type": "linear", "factor": 4.0, "rope_theta": 9.0},
+     "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"}},
+    {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
+])
+def test_rope_read_as_transformers_5_builds_it(cfg):
+    from transformers import LlamaConfig
+
+    from eagle3.convert.draft_checks import effective_rope, sglang_theta
+
+    built = dict(LlamaConfig.from_dict(json.loads(json.dumps(cfg))).rope_parameters)
+    assert effective_rope(cfg) == built
+    assert sglang_theta(cfg)[1] == float(built["rope_theta"])
+
+
+def test_rope_scaling_beside_rope_parameters_is_refused_naming_both(pair, tmp_path):
+    rp = _cfg(pair[1])["rope_parameters"]
+    bad = _copy(pair[1], tmp_path / "both", config={"rope_scaling": LINEAR})
+    msg = _codes(validate(bad))["ROPE_SCALING_CONFLICT"]
+    assert f"rope_scaling={json.dumps(LINEAR, sort_keys=True)}" in msg, msg
+    assert f"rope_parameters={json.dumps(rp, sort_keys=True)}" in msg, msg
+    assert "disagree on factor, rope_type" in msg
+    # the same RoPE stated twice is one setting
+    same = _copy(pair[1], tmp_path / "same", config={"rope_scaling": dict(rp)})
+    assert "ROPE_SCALING_CONFLICT" not in _codes(validate(same))
+
+
+def _speculators_with_rope_scaling(pair, path):
+    out = _copy(pair[0], path, keep_manifest=True)
+    cfg = _cfg(out)
+    cfg["transformer_layer_config"]["rope_scaling"] = LINEAR
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_convert_says_what_it_does_with_rope_scaling_beside_rope_parameters(pair, tmp_path,
+                                                                            tiny_target_dir,
+                                                                            caplog):
+    src = _speculators_with_rope_scaling(pair, tmp_path / "spec")
+    with caplog.at_level(logging.WARNING, logger="eagle3.convert.stage"):
+        man = convert(src, tmp_path / "alone")
+    warned = [w for w in man["validation"]["warnings"] if w.startswith("ROPE_SCALING_CONFLICT")]
+    assert len(warned) == 1, man["validation"]["warnings"]
+    assert "transformer_layer_config.rope_scaling=" in warned[0]
+    assert "transformer_layer_config.rope_parameters=" in warned[0]
+    assert "drops rope_scaling" in warned[0] and "ROPE_SCALING_CONFLICT" in caplog.text
+    served = _cfg(tmp_path / "alone")
+    assert "rope_scaling" not in served
+    assert served["rope_parameters"] == {**LINEAR, "rope_theta": 10000.0}
+    man = convert(src, tmp_path / "with-target", target_dir=tiny_target_dir)
+    warned = [w for w in man["validation"]["warnings"] if w.startswith("ROPE_SCALING_CONFLICT")]
+    assert len(warned) == 1 and "the target's RoPE keys instead of both" in warned[0]
