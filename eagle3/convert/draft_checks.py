@@ -28,7 +28,8 @@ from eagle3.engines.sglang.profile import RELEASES
 # it (models/eagle3/core.py), and conversion copies its RoPE keys into the served config.
 SGLANG_THETA_ORDER = ("rope_scaling.rope_theta", "rope_parameters.rope_theta", "rope_theta")
 DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py default
-SGLANG_RELEASES = "SGLang " + " and ".join(sorted(RELEASES))
+SGLANG_RELEASES = "SGLang " + " and ".join(
+    sorted(RELEASES, key=lambda v: [int(p) if p.isdigit() else 0 for p in v.split(".")]))
 
 # Share of the data's target tokens the draft vocabulary must hold. A drafted id outside it is never
 # accepted, so with coverage c the accepted drafts per verify pass stay below c + c² + ... =
@@ -221,23 +222,36 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
     ``use_sliding_window: true`` with a window). SGLang 0.5.16's and 0.5.23's
     ``LlamaForCausalLMEagle3`` (srt/models/llama_eagle3.py, its layers from srt/models/llama.py)
     read neither key: their only window is the server flag ``--speculative-draft-window-size``,
-    so the draft is served with full attention."""
+    so the draft is served with full attention. A ``use_sliding_window`` that is not a JSON
+    boolean (``"true"``, ``1``) is refused too, naming its type: transformers takes any truthy
+    value as on (the string ``"false"`` included), so what the draft was trained with is
+    unclear."""
     out = []
     for prefix, scope in _scopes(cfg):
         types = scope.get("layer_types")
         window = scope.get("sliding_window")
+        use = scope.get("use_sliding_window")
+        if use is not None and not isinstance(use, bool):
+            out.append(Problem("SLIDING_WINDOW", f"{where} {prefix}use_sliding_window: expected "
+                               f"true or false (a JSON boolean), got {use!r} (a "
+                               f"{type(use).__name__}) with {prefix}sliding_window={window!r}; "
+                               "transformers takes any truthy value as true (the string 'false' "
+                               "included) and the LlamaForCausalLMEagle3 of "
+                               f"{SGLANG_RELEASES} reads neither key, so the draft would be "
+                               "served with full attention: write false if it was trained "
+                               "without a window"))
         sliding = [i for i, t in enumerate(types if isinstance(types, list) else [])
                    if t != "full_attention"]
-        flag = scope.get("use_sliding_window") is True and isinstance(window, int) and window > 0
+        flag = use is True and isinstance(window, int) and window > 0
         if not sliding and not flag:
             continue
         got = (f"{prefix}layer_types={types} (layers {sliding} not full attention)" if sliding
                else f"{prefix}use_sliding_window=true")
         out.append(Problem("SLIDING_WINDOW", f"{where}: expected full attention in every draft "
-                           f"layer, got {got} with {prefix}sliding_window={window!r}; "
-                           f"{SGLANG_RELEASES}' LlamaForCausalLMEagle3 reads neither key (its only "
-                           "window is the server flag --speculative-draft-window-size), so the "
-                           "draft would be served with full attention"))
+                           f"layer, got {got} with {prefix}sliding_window={window!r}; the "
+                           f"LlamaForCausalLMEagle3 of {SGLANG_RELEASES} reads neither key (its "
+                           "only window is the server flag --speculative-draft-window-size), so "
+                           "the draft would be served with full attention"))
     return out
 
 

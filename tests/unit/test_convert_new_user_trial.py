@@ -200,3 +200,47 @@ def test_convert_says_what_it_does_with_rope_scaling_beside_rope_parameters(pair
     man = convert(src, tmp_path / "with-target", target_dir=tiny_target_dir)
     warned = [w for w in man["validation"]["warnings"] if w.startswith("ROPE_SCALING_CONFLICT")]
     assert len(warned) == 1 and "the target's RoPE keys instead of both" in warned[0]
+
+
+# -- 3. use_sliding_window given as a string -----------------------------------------------------
+
+def _releases():
+    from eagle3.engines.sglang.profile import RELEASES
+
+    versions = sorted(RELEASES, key=lambda v: [int(p) for p in v.split(".")])
+    return "SGLang " + " and ".join(versions)
+
+
+@pytest.mark.parametrize("value", ["true", "false", 1])
+def test_use_sliding_window_that_is_not_a_boolean_is_refused(pair, tmp_path, value):
+    bad = _copy(pair[1], tmp_path / "str", config={"use_sliding_window": value,
+                                                    "sliding_window": 4096})
+    msg = _codes(validate(bad))["SLIDING_WINDOW"]
+    assert msg.startswith("config.json use_sliding_window: expected true or false"), msg
+    assert f"got {value!r} (a {type(value).__name__})" in msg and "sliding_window=4096" in msg
+    assert f"LlamaForCausalLMEagle3 of {_releases()} reads neither key" in msg
+
+
+def test_speculators_draft_with_a_string_flag_is_not_converted(pair, tmp_path):
+    from eagle3.errors import CheckpointInvalid
+
+    src = _copy(pair[0], tmp_path / "spec", keep_manifest=True)
+    cfg = _cfg(src)
+    cfg["transformer_layer_config"].update(use_sliding_window="true", sliding_window=512)
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointInvalid) as e:
+        convert(src, tmp_path / "out")
+    assert "transformer_layer_config.use_sliding_window: expected true or false" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_sliding_window_message_reads_cleanly_and_a_false_flag_passes(pair, tmp_path):
+    on = _copy(pair[1], tmp_path / "on", config={"use_sliding_window": True,
+                                                  "sliding_window": 4096})
+    msg = _codes(validate(on))["SLIDING_WINDOW"]
+    assert f"the LlamaForCausalLMEagle3 of {_releases()} reads neither key (its only" in msg, msg
+    assert f"{_releases()}'" not in msg
+    off = _copy(pair[1], tmp_path / "off", config={"use_sliding_window": False,
+                                                    "sliding_window": 4096})
+    found = validate_report(off)
+    assert "SLIDING_WINDOW" not in _codes(found.problems + found.warnings)
