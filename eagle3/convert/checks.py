@@ -386,6 +386,44 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     return out
 
 
+TARGET_FIELDS = ("target.config_hash", "target.weights_hash", "chat_template_hash",
+                 "tokenizer_hash")
+
+
+def data_unchecked(ck: Checkpoint, target: Target | None, data: dict,
+                   where: str = "data manifest") -> list[Problem]:
+    """Warning ``DATA_UNCHECKED`` when the extraction manifest ``data`` (named ``where``) holds
+    nothing :func:`check_data` and :func:`check_aux_ids` compare with the draft or the target:
+    each field is named with why it was not compared (absent from ``where``, no ``--target``,
+    or no ``data_content_hash`` in the draft's ``manifest.json``). ``[]`` when at least one
+    comparison was made."""
+    def stated(key: str) -> bool:
+        found = cfg_get(data, key)
+        return found is not None and found != {} and found != ""
+
+    compared, why = [], []
+    for key in ("counts.unique_tokens", "config.extract", "aux_layer_ids"):
+        (compared if stated(key) else why).append(key if stated(key) else f"{key} absent")
+    if stated("content_hash") and (ck.manifest or {}).get("data_content_hash"):
+        compared.append("content_hash")
+    elif stated("content_hash"):
+        why.append(f"content_hash (no data_content_hash in {ck.path}/manifest.json)")
+    else:
+        why.append("content_hash absent")
+    for key in TARGET_FIELDS:
+        if not stated(key):
+            why.append(f"{key} absent")
+        elif target is None:
+            why.append(f"{key} (no --target)")
+        else:
+            compared.append(key)
+    if compared:
+        return []
+    return [Problem("DATA_UNCHECKED", f"{where}: expected fields to compare the draft with, got "
+                    f"none that could be compared ({'; '.join(why)}; fields present: "
+                    f"{sorted(data)}): nothing of the data was compared")]
+
+
 @functools.lru_cache(maxsize=8)
 def _tokenizer_hashes(path: str, stamp: tuple) -> dict[str, str]:
     """``{chat_template_hash, tokenizer_hash}`` of the target's tokenizer, as extraction computes

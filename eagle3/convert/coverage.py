@@ -28,9 +28,18 @@ def _kind(path: Path) -> str:
     return "neither a folder nor a regular file"
 
 
+class DataManifest(dict):
+    """An extraction manifest as read by :func:`read_data`: the JSON object, plus ``path`` (the
+    file it came from), which :func:`eagle3.convert.validate.validate_report` names in its
+    warnings."""
+
+    path: Path | None = None
+
+
 def read_data(data: str | Path, target_dir: str | Path | None = None
               ) -> tuple[dict | None, dict[int, int] | None, str | None]:
-    """``(extraction manifest, token counts, why coverage is not counted)`` for ``--data``. A
+    """``(extraction manifest, token counts, why coverage is not counted)`` for ``--data``; the
+    manifest is a :class:`DataManifest` naming its file. A
     folder must hold ``manifest.json`` with a JSON object (its ``token_freq.pt``, when present,
     gives the counts; when absent the third item says so); a regular file is a conversations file
     (:func:`token_counts`, needs ``target_dir``). DataError naming the path, what was expected
@@ -49,6 +58,8 @@ def read_data(data: str | Path, target_dir: str | Path | None = None
         if not isinstance(manifest, dict):
             raise DataError(f"--data {path / MANIFEST}: expected a JSON object (the extraction "
                             f"manifest), got a JSON {type(manifest).__name__}")
+        manifest = DataManifest(manifest)
+        manifest.path = path / MANIFEST
         if not (path / "token_freq.pt").is_file():
             return manifest, None, (f"{path} holds no token_freq.pt: vocabulary coverage not "
                                     "counted")

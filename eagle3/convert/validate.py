@@ -15,7 +15,8 @@ TARGET_WEIGHTS_MISMATCH; 15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first)
 Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
 the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
 below :data:`eagle3.convert.draft_checks.COVERAGE_WARN`), VOCAB_COVERAGE_UNJUDGED (too few tokens
-counted for a verdict), SLIDING_WINDOW (a lone ``sliding_window`` that no one applies).
+counted for a verdict), SLIDING_WINDOW (a lone ``sliding_window`` that no one applies),
+DATA_UNCHECKED (a data manifest with nothing to compare).
 
 Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
 target). Target checks need ``target_dir``; data checks need ``data_manifest``.
@@ -98,6 +99,9 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
         problems += checks.check_target(ck, profile, target, aux_capture=aux_capture)
     if data_manifest is not None:
         problems += checks.check_data(ck, target, data_manifest)
+        source = getattr(data_manifest, "path", None)  # set by coverage.read_data
+        where = "data manifest" if source is None else f"--data {source}"
+        found.warnings += checks.data_unchecked(ck, target, dict(data_manifest), where)
     return found
 
 

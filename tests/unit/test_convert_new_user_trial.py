@@ -244,3 +244,29 @@ def test_sliding_window_message_reads_cleanly_and_a_false_flag_passes(pair, tmp_
                                                     "sliding_window": 4096})
     found = validate_report(off)
     assert "SLIDING_WINDOW" not in _codes(found.problems + found.warnings)
+
+
+# -- 4. validate --data with a bare manifest ---------------------------------------------------
+
+def test_bare_data_manifest_says_nothing_was_compared(pair, tmp_path):
+    from cli.main import app
+
+    ext = tmp_path / "extract"
+    ext.mkdir()
+    (ext / "manifest.json").write_text(json.dumps({"kind": "hidden_states",
+                                                   "target": {"config_hash": "ab" * 32}}))
+    r = CliRunner().invoke(app, ["validate", str(pair[1]), "--data", str(ext)])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "DATA_UNCHECKED" in x)
+    assert line.startswith(f"warning: DATA_UNCHECKED: --data {ext / 'manifest.json'}:"), line
+    assert "counts.unique_tokens absent" in line and "aux_layer_ids absent" in line
+    assert "target.config_hash (no --target)" in line and "nothing of the data was compared" in line
+
+
+def test_data_manifest_with_something_to_compare_has_no_unchecked_warning(pair):
+    hf = json.loads((pair[1] / "manifest.json").read_text())["aux_layer_ids_hf"]
+    found = validate_report(pair[1], data_manifest={"kind": "hidden_states",
+                                                    "aux_layer_ids": hf})
+    assert found.problems == [] and "DATA_UNCHECKED" not in _codes(found.warnings)
+    bare = validate_report(pair[1], data_manifest={"kind": "hidden_states"})
+    assert _codes(bare.warnings)["DATA_UNCHECKED"].startswith("data manifest: expected fields")
