@@ -1,7 +1,7 @@
-"""Drafts a new user's `eagle3 validate` / `eagle3 convert` passed without a word: a d2t of target
-ids chosen from a frequency map (gaps, some adjacent pairs, no t2d), a regenerated d2t without
-t2d, a rope_scaling beside rope_parameters, a use_sliding_window given as a string, and a bare data
-manifest with nothing to compare. Each case asserts the code and the named key or file; correct
+"""Drafts `eagle3 validate` / `eagle3 convert` must name: a d2t of target ids chosen from a
+frequency map (gaps, some adjacent pairs, no t2d), a regenerated d2t without t2d, a rope_scaling
+beside rope_parameters, a use_sliding_window given as a string, and a bare data manifest with
+nothing to compare. Each case asserts the code and the named key or file; correct
 maps and configs are the controls."""
 
 from __future__ import annotations
