@@ -18,12 +18,14 @@ from typing import Any, Iterator
 
 from flows.common import (SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides,
                           stop_ephemeral_server)
+from flows.summary import DECIDING_FLOWS, decide_command
 from flows.pipeline import FLOW_NAME, eagle3_pipeline
 
 
 def format_summary(summary: dict, cfg: Any) -> str:
-    """The text ``eagle3 run`` prints; it ends with the acceptance lengths, the MLflow location and
-    the UI command."""
+    """The text ``eagle3 run`` prints; it ends with the acceptance lengths, the MLflow location,
+    the UI command and, for a flow that records a decision (``flows.summary.DECIDING_FLOWS``), the
+    ``eagle3 decide`` command (with ``--tracking-uri`` for a store other than the default)."""
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     link, cmd = mlflow_ui(cfg, summary.get("experiment_id"), summary.get("parent_run_id"))
     where = link or "open the UI with the command below"
@@ -41,6 +43,9 @@ def format_summary(summary: dict, cfg: Any) -> str:
     lines.append(f"MLflow: {summary['mlflow_uri']}  experiment {summary.get('experiment_id')}  "
                  f"parent run {summary.get('parent_run_id')}  ({where})")
     lines.append(f"MLflow UI: {cmd or link}")
+    if summary.get("flow", FLOW_NAME) in DECIDING_FLOWS and summary.get("parent_run_id"):
+        lines.append("its decision in full: "
+                     f"{decide_command(summary['mlflow_uri'], summary['parent_run_id'])}")
     return "\n".join(lines)
 
 

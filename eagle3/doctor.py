@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 MIN_FREE_BYTES = 5 * 1024**3  # below this a run may not fit (hidden states, checkpoints)
 PREFECT_DEFAULT = "http://127.0.0.1:4200/api"  # infra/stack.sh
 MLFLOW_DEFAULT = "http://127.0.0.1:5000"
+# a release as package metadata writes it (PEP 440: 0.5.23, 0.5.0rc2, 0.4.6.post1, 0.5.1+cu128)
+VERSION_RE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[A-Za-z0-9.]+)?")
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
@@ -70,8 +73,11 @@ def check_precision() -> tuple[str, str]:
 
 def interpreter_problem(python: str) -> str | None:
     """Why ``python`` (a path, ``~`` expanded) cannot be run as an interpreter, naming the path:
-    it does not exist, it is a directory, or it is a file without execute permission; None when
-    it is an executable file."""
+    it is empty (``Path("")`` would be the current directory), it does not exist, it is a
+    directory, or it is a file without execute permission; None when it is an executable file."""
+    if not python.strip():
+        return (f"{python!r}: expected the path of the Python interpreter of an environment with "
+                "SGLang, got an empty value")
     p = Path(python).expanduser()
     if not p.exists():
         hint = " (a broken link)" if p.is_symlink() else ""
@@ -94,7 +100,8 @@ def check_sglang(python: str | None = None) -> tuple[str, str]:
     environment ``$EAGLE3_SGLANG_VENV`` / ``<cache>/venv-sglang``): its version against the pinned
     releases (``eagle3.engines.sglang.profile.RELEASES``), and whether a GPU can run it. A
     ``python`` that is missing, a directory or not executable is a FAIL saying which
-    (:func:`interpreter_problem`)."""
+    (:func:`interpreter_problem`); one whose answer to the version query is not a version string
+    (a script that ignores its arguments, say) is a FAIL quoting what came back."""
     from eagle3.engines.sglang.environment import sglang_version
 
     if python is not None and (why := interpreter_problem(python)) is not None:
@@ -118,6 +125,12 @@ def check_sglang(python: str | None = None) -> tuple[str, str]:
         gpu = False
     if version is None and python is not None:
         return "FAIL", f"SGLang: {python} cannot import sglang (serve.sglang_python)"
+    if version is not None and not VERSION_RE.fullmatch(version):
+        shown = version if len(version) <= 80 else version[:77] + "..."
+        who = f"--sglang-python {python}" if python is not None else "this environment"
+        return "FAIL", (f"SGLang: {who}: expected a version string such as "
+                        f"{SGLANG_VERSION} when asked for sglang's version, got {shown!r} "
+                        "(is it a Python interpreter?)")
     if version is None:
         extra = (f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)"
                  if sidecar.exists() else "")

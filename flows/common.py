@@ -19,6 +19,7 @@ from eagle3.redaction import is_secret_key, redact
 from eagle3.errors import ConfigError, DataError
 # unused here (F401): flow_run_label, mlflow_ui, publish_summary: for the flows and the CLI
 from flows.summary import (  # noqa: F401
+    DECIDING_FLOWS,
     announce_parent,
     attach_library_logs,
     finished,
@@ -214,7 +215,8 @@ def parent_run(cfg: RunConfig, flow_name: str, record: dict | None = None) -> It
     config_file = save_resolved_config(cfg)
     run_id = tracking.start_pipeline_run(cfg, flow_run_id=str(flow_run.id), flow_name=flow_name,
                                          config_file=config_file)
-    announce_parent(cfg, run_id)  # the id `eagle3 decide` needs, first in the flow run's log
+    # the run id (with the `eagle3 decide` command for a flow that decides), first in the log
+    announce_parent(cfg, run_id, decides=flow_name in DECIDING_FLOWS)
     with _recorded(cfg, run_id):
         try:
             yield run_id

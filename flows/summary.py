@@ -6,9 +6,11 @@ also for a run that failed.
 - Flow run names come from :func:`flow_run_label` (Prefect's ``flow_run_name``): ``<config
   name>-<first 8 characters of the flow run id>`` — the MLflow parent run's name — plus the
   overrides, e.g. ``tiny-random-096d3bad [train.lr=1e-3]``.
-- The MLflow parent run's id and the ``eagle3 decide`` command are logged to the flow run as soon
-  as the parent run exists (:func:`announce_parent`): the first lines of the flow run's log, and of
-  what ``prefect deployment run --watch`` prints.
+- The MLflow parent run's id is logged to the flow run as soon as the parent run exists
+  (:func:`announce_parent`): the first lines of the flow run's log, and of what ``prefect
+  deployment run --watch`` prints; for a flow that records a decision (:data:`DECIDING_FLOWS`)
+  with the ``eagle3 decide`` command (:func:`decide_command`: ``--tracking-uri URI`` whenever the
+  store is not the one the command reads by default).
 - A finished flow run's state message is the decision, the acceptance lengths and the parent run
   id (:func:`finished`): Prefect's "Finished in state Completed('...')" line and the flow run page.
 - Log records of the library's loggers (``eagle3.*``: records skipped, samples truncated, ...) go
@@ -21,7 +23,9 @@ also for a run that failed.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shlex
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,33 @@ from tasks import tracking
 LIBRARY_LOGGER = "eagle3"
 # columns of the failure artifact's error block: what Prefect's artifact page shows without cutting
 ERROR_WIDTH = 80
+# the flows whose parent run gets a decision (eagle3.decision tags, decision.md) that
+# `eagle3 decide` reads; the extract, train and convert stage flows record none
+DECIDING_FLOWS = ("eagle3-pipeline", "eagle3-distributed", "eagle3-sweep", "eagle3-deploy")
+DECISION_TAG = "eagle3.decision"
+
+
+def decide_command(tracking_uri: str | None, run_id: str) -> str:
+    """``eagle3 decide RUN_ID``, plus ``--tracking-uri URI`` unless ``tracking_uri`` is None (not
+    known) or the store the command reads without it: ``sqlite:///<runs_dir>/mlflow.db`` of the
+    default config (``eagle3.config.PathsConfig``, under the current directory), with
+    ``$MLFLOW_TRACKING_URI`` unset or naming that same store. A store set by the config or by
+    ``$MLFLOW_TRACKING_URI`` is spelled out, since the shell that reads the decision may lack the
+    variable."""
+    from eagle3.config import RunConfig
+
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    default = tracking_uri is None or (tracking_uri == RunConfig().mlflow_uri()
+                                       and env in (None, "", tracking_uri))
+    return f"eagle3 decide {run_id}" + ("" if default else
+                                        f" --tracking-uri {shlex.quote(tracking_uri)}")
+
+
+def has_decision(cfg: Any, run_id: str) -> bool:
+    """Whether the MLflow run ``run_id`` carries a recorded decision (the ``eagle3.decision`` tag
+    that ``eagle3 decide`` reads)."""
+    client, _ = tracking.client_for(cfg)
+    return DECISION_TAG in client.get_run(run_id).data.tags
 
 
 def flow_run_label() -> str:
@@ -68,14 +99,15 @@ def _run_logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger(__name__)
 
 
-def announce_parent(cfg: Any, parent: str) -> str:
-    """Log (INFO, to the flow run) the MLflow parent run's id, where it is, and the command that
-    reads its decision: what a ``prefect deployment run`` user needs for ``eagle3 decide``. Returns
-    the line."""
+def announce_parent(cfg: Any, parent: str, decides: bool = True) -> str:
+    """Log (INFO, to the flow run) the MLflow parent run's id, where it is, and, when the flow
+    records a decision (``decides``), the command that reads it: what a ``prefect deployment run``
+    user needs for ``eagle3 decide``. Returns the line."""
     link, cmd = mlflow_ui(cfg, tracking.client_for(cfg)[1], parent)
     where = f"MLflow UI: {link}" if link else f"open the MLflow UI with: {cmd}"
-    line = (f"MLflow parent run {parent} (store {tracking.tracking_uri(cfg)}); its decision: "
-            f"`eagle3 decide {parent}`; {where}")
+    uri = tracking.tracking_uri(cfg)
+    decide = f"its decision: `{decide_command(uri, parent)}`; " if decides else ""
+    line = f"MLflow parent run {parent} (store {uri}); {decide}{where}"
     _run_logger().info(line)
     return line
 
@@ -87,13 +119,16 @@ def _fmt(v: Any) -> str:
 def headline(summary: dict) -> str:
     """One line from a pipeline summary (``flows.pipeline.pipeline_summary``): the decision and its
     rule, the acceptance lengths (AL, bonus token counted) served / untrained / offline to 3
-    decimals, the MLflow parent run id with the ``eagle3 decide`` command."""
+    decimals, the MLflow parent run id with the ``eagle3 decide`` command
+    (:func:`decide_command` on ``summary["mlflow_uri"]``) when the summary holds a decision."""
     parent = summary.get("parent_run_id")
-    return (f"decision: {summary.get('decision')} (rule {summary.get('decision_rule')}); "
+    line = (f"decision: {summary.get('decision')} (rule {summary.get('decision_rule')}); "
             f"AL served {_fmt(summary.get('acceptance_length'))}, untrained "
             f"{_fmt(summary.get('acceptance_length_untrained'))}, offline "
-            f"{_fmt(summary.get('acceptance_length_offline'))}; MLflow parent run {parent}: "
-            f"eagle3 decide {parent}")
+            f"{_fmt(summary.get('acceptance_length_offline'))}; MLflow parent run {parent}")
+    if summary.get("decision"):
+        line += f": {decide_command(summary.get('mlflow_uri'), parent)}"
+    return line
 
 
 def finished(summary: dict) -> State:
@@ -145,15 +180,18 @@ def mlflow_ui(cfg: Any, experiment_id: str | None = None,
 
 
 def _links(cfg: Any, exp_id: str, parent: str) -> list[str]:
+    """The MLflow lines of an artifact; the ``eagle3 decide`` line only when ``parent`` carries a
+    decision (:func:`has_decision`: a stage flow's run has none)."""
     uri = tracking.tracking_uri(cfg)
     base = ui.ui_base(uri)
-    decide = f"- its decision from the command line: `eagle3 decide {parent}`"
+    decide = ([f"- its decision from the command line: `{decide_command(uri, parent)}`"]
+              if has_decision(cfg, parent) else [])
     if base is None:
         return [f"- MLflow: local store {uri}, parent run {parent}; open the UI with: "
-                f"{ui.ui_command(uri)}", decide]
+                f"{ui.ui_command(uri)}", *decide]
     return [f"- MLflow run: [{cfg.name} ({parent[:8]})]({ui.run_url(base, exp_id, parent)})",
             f"- all runs of the experiment, with acceptance and decision columns: "
-            f"[{cfg.tracking.experiment}]({ui.experiment_url(base, exp_id)})", decide]
+            f"[{cfg.tracking.experiment}]({ui.experiment_url(base, exp_id)})", *decide]
 
 
 def _key(cfg: Any, suffix: str = "") -> str:

@@ -18,6 +18,12 @@ losses. ``--modes offline online cached -o extract.cache_max_gb=G`` adds the bou
 
 ``--device`` sets ``extract.device`` and ``train.device`` (online: the target runs on the
 training device). Results default to ``lab/results/<today>_online_vs_offline.json``.
+
+The arguments are checked before any case starts (:func:`check_arguments`): every ``--epochs``
+value positive and finite, the config of every (mode, epochs) case loading with its overrides
+(``eagle3.config.load_config``: the file, ``-o``, ``--device``, ``cached`` without
+``extract.cache_max_gb``), ``--work`` creatable; a bad one is an argparse error (exit 2) naming
+it. A case that fails on a project error prints that error's line (exit 1), not a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -97,8 +104,50 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
     }
 
 
+EXAMPLES = """examples:
+  python lab/online_vs_offline.py configs/tiny-random.yaml --epochs 1 2 --device cpu \\
+      -o data.num_conversations=12                    # CPU smoke (a minute)
+  python lab/online_vs_offline.py configs/tiny-random.yaml --modes offline cached \\
+      -o extract.cache_max_gb=0.5 --epochs 2 --device cpu   # the bounded window
+"""
+
+
+def check_arguments(ap: argparse.ArgumentParser, a: argparse.Namespace,
+                    overrides: list[str]) -> None:
+    """Refuse, before any case runs, what would fail inside a case's process: an ``--epochs``
+    value that is not a positive finite number, a config that does not load with its overrides
+    (ConfigError: the file, a key, a value), or not for some (mode, epochs) case, devices this
+    machine lacks (``eagle3.device_checks.check_devices``), a ``--work`` that cannot be created.
+    ``ap.error`` (exit 2) names the argument and both values."""
+    from eagle3.config import load_config
+    from eagle3.device_checks import check_devices
+    from eagle3.errors import ConfigError
+
+    bad = [e for e in a.epochs if not (math.isfinite(e) and e > 0)]
+    if bad:
+        ap.error(f"--epochs: expected positive, finite numbers of epochs, got {a.epochs} "
+                 f"({bad[0]:g} is not)")
+    try:
+        check_devices(load_config(a.config, overrides))
+    except ConfigError as e:
+        ap.error(str(e))
+    for mode in a.modes:
+        for epochs in a.epochs:
+            try:
+                load_config(a.config, [*overrides, f"extract.mode={mode}",
+                                       f"train.epochs={epochs}"])
+            except ConfigError as e:
+                ap.error(f"case {mode} x {epochs:g} epochs: {e}")
+    try:
+        a.work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--work {a.work}: expected a folder that can be created, got "
+                 f"{type(e).__name__}: {e.strerror or e}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--epochs", type=float, nargs="+", default=[1.0, 3.0])
     ap.add_argument("--modes", nargs="+", choices=MODES, default=["offline", "online"],
@@ -114,10 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.device:
         overrides += [f"extract.device={a.device}", f"train.device={a.device}"]
     if a.case:
+        from eagle3.errors import Eagle3Error
+
         mode, epochs, out = a.case
-        rec = run_case(a.config, overrides, mode, float(epochs), a.work)
+        try:
+            rec = run_case(a.config, overrides, mode, float(epochs), a.work)
+        except Eagle3Error as e:  # a fact about the inputs: its message says what to change
+            print(f"error: case {mode} x {float(epochs):g} epochs: {e}", file=sys.stderr)
+            return 1
         Path(out).write_text(json.dumps(rec, indent=1, default=str))
         return 0
+    check_arguments(ap, a, overrides)
     out = a.out or ROOT / "lab" / "results" / f"{dt.date.today()}_online_vs_offline.json"
     rows = []
     for epochs in a.epochs:

@@ -27,8 +27,15 @@ user with that target reads.
     python lab/sglang_speedup.py --config C --shape llama8b --modes plain,chain,tree \\
         --concurrency 1 --num-prompts 8 --out $OUT/sglang_costmodel_llama8b.json
 
+Before any server starts, the SGLang modes need ``serve.sglang_python`` to import the release of
+``convert.engine_version``; when it does not, the message says how to build that release's
+environment (``eagle3.serve.preflight.install_advice``: ``make sglang-env`` builds the profile's
+release only; another takes ``pip install sglang==V`` in a venv of its own or its offline kit,
+``lab/gpu/sglang_kit.sh`` for 0.5.16).
+
 Writes ``--out`` (JSON) after every mode; prints one line per measurement and the table last.
-Exit 0; 1 when a mode failed (the others still run); 2 for bad arguments.
+Exit 0; 1 when a mode failed (the others still run); 2 for bad arguments (a bad config or an
+SGLang environment without the configured release included).
 """
 
 from __future__ import annotations
@@ -68,8 +75,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", default="mtbench")
     p.add_argument("--num-prompts", type=int, default=80)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--tree-topk", type=int, default=4)
-    p.add_argument("--tree-draft-tokens", type=int, default=8)
+    p.add_argument("--tree-topk", type=int, default=4,
+                   help="mode tree: serve.speculative_eagle_topk, >= 2 (top-k 1 is the chain)")
+    p.add_argument("--tree-draft-tokens", type=int, default=8,
+                   help="mode tree: serve.speculative_num_draft_tokens")
     p.add_argument("--offline", action="store_true", help="replay the chain offline, same prompts")
     p.add_argument("--work", default="/tmp/sglang_speedup", help="server logs, shape models")
     p.add_argument("--out", required=True)
@@ -85,6 +94,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if a.num_prompts < 1 or a.max_new_tokens < 1:
         p.error(f"--num-prompts and --max-new-tokens: expected >= 1, got {a.num_prompts} and "
                 f"{a.max_new_tokens}")
+    _check_tree(p, a.tree_topk, a.tree_draft_tokens)
     needs_draft = any(m != "plain" and m != "reference-plain" for m in a.modes)
     if needs_draft and not (a.draft or a.shape):
         p.error("--draft DIR (or --shape) is needed for the modes " + ",".join(a.modes))
@@ -93,6 +103,57 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if a.draft:
         _check_draft(p, Path(a.draft))
     return a
+
+
+def _serve_bounds(field: str) -> tuple[int, int]:
+    """(minimum, maximum) of the ``serve`` setting ``field`` as eagle3.config.ServeConfig declares
+    them (``Field(ge=, le=)``)."""
+    from eagle3.config import ServeConfig
+
+    meta = ServeConfig.model_fields[field].metadata
+    lo = next(m.ge for m in meta if hasattr(m, "ge"))
+    hi = next(m.le for m in meta if hasattr(m, "le"))
+    return lo, hi
+
+
+def _check_tree(p: argparse.ArgumentParser, topk: int, draft_tokens: int) -> None:
+    """``--tree-topk`` becomes ``serve.speculative_eagle_topk`` of mode ``tree`` and
+    ``--tree-draft-tokens`` its ``serve.speculative_num_draft_tokens`` (:func:`mode_config` sets
+    them without the config's validation). The top-k must be at least 2: SGLang serves top-k 1 as
+    the chain (steps + 1 draft tokens, whatever was asked), which mode ``chain`` measures already,
+    and refuses 0; both stay within the config's bounds. Else an argparse error (exit 2)."""
+    lo, hi = _serve_bounds("speculative_eagle_topk")
+    if not max(lo, 2) <= topk <= hi:
+        p.error(f"--tree-topk: expected an integer in {max(lo, 2)}..{hi} (the tree's top-k, "
+                f"serve.speculative_eagle_topk; top-k 1 is chain drafting, mode chain), got {topk}")
+    lo, hi = _serve_bounds("speculative_num_draft_tokens")
+    if not lo <= draft_tokens <= hi:
+        p.error(f"--tree-draft-tokens: expected an integer in {lo}..{hi} "
+                f"(serve.speculative_num_draft_tokens), got {draft_tokens}")
+
+
+def sglang_env_problem(cfg, modes: list[str]) -> str | None:
+    """Why the SGLang modes among ``modes`` cannot start: ``serve.sglang_python`` cannot import
+    sglang, or has a release other than ``convert.engine_version``; with how to build that
+    release's environment (``eagle3.serve.preflight.install_advice``, per release). None when no
+    mode needs SGLang or the environment has the release."""
+    from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
+                                                   sglang_unusable_reason, sglang_version)
+    from eagle3.serve.preflight import install_advice
+
+    need = [m for m in modes if not m.startswith("reference")]
+    if not need:
+        return None
+    py, want = sglang_python(cfg), cfg.convert.engine_version
+    if not sglang_installed(py):
+        got = sglang_unusable_reason(py)
+    elif (version := sglang_version(py)) != want:
+        got = f"SGLang {version} in {py}"
+    else:
+        return None
+    return (f"serve.sglang_python (modes {','.join(need)}): expected the Python of an environment "
+            f"with sglang=={want} (convert.engine_version), got {got}; fix: "
+            f"{install_advice(want)}, then set serve.sglang_python (-o serve.sglang_python=PATH)")
 
 
 def _positive_ints(p: argparse.ArgumentParser, flag: str, raw: str) -> list[int]:
@@ -265,7 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3.config import load_config
     from eagle3.measure.prompts import load_prompts
 
-    cfg = load_config(a.config, a.override)
+    from eagle3.errors import ConfigError
+
+    try:
+        cfg = load_config(a.config, a.override)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if (why := sglang_env_problem(cfg, a.modes)) is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     target = resolve_target(cfg)
     draft = Path(a.draft).resolve() if a.draft else None
     work = Path(a.work)

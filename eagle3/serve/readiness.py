@@ -5,8 +5,9 @@ Phases, in order, with seconds spent in each: ``launching`` (port refused, log e
 not 200: SGLang's 503 during CUDA-graph capture is never by itself a failure), ``probing``
 (``/health_generate`` 200, generation probe in flight). Verdicts: ``ready``, ``crashed`` (exit
 code, log tail), ``stalled`` (no progress signal for ``stall_timeout_s``,
-:mod:`eagle3.serve.liveness`; without a pid or log to watch, every health check refused for
-``stall_timeout_s``), ``timed_out``, ``probe_failed`` (no tokens, error status, or no speculative
+:mod:`eagle3.serve.liveness`; without a pid or log to watch, every health check refused, or every
+connection accepted but left without an HTTP answer ("Not answering"), for ``stall_timeout_s``),
+``timed_out``, ``probe_failed`` (no tokens, error status, or no speculative
 fields).
 
 Ready: ``GET /health_generate`` 200 *and* ``probe_concurrency`` (≥ 2) concurrent
@@ -228,7 +229,8 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
     ``pid``: server process-tree root (exit → crashed; CPU time is progress). ``log_path``: growth
     is progress, its tail goes in the result. All ``*_s`` are seconds. Without ``pid`` and
     ``log_path`` there is no progress signal: the gate then ends ``stalled`` once every health check
-    for ``stall_timeout_s`` was refused (nothing listens at the port). ``diagnostics_dir`` gets
+    for ``stall_timeout_s`` was refused (nothing listens at the port), or was accepted and got no
+    HTTP answer (a timeout or a dropped connection: "Not answering"). ``diagnostics_dir`` gets
     ``gate.json`` (and diagnostics unless ready). Returns a
     :class:`GateResult` for any verdict (the caller raises ``GateFailed``); ConfigError up front for
     a url not ``http(s)://host[:port]`` or a non-positive timeout.
@@ -265,6 +267,18 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
             detail = (f"Connection refused for {refused_for:.1f} s (stall_timeout_s="
                       f"{stall_timeout_s}) in phase {tl.phase}, with no progress signal (no "
                       "server pid or log) to show a server still starting.")
+        silent_for = now - state.get("silent_since", now)
+        if (verdict is None and pid is None and log_path is None
+                and silent_for >= stall_timeout_s):
+            # a port that accepts connections but never answers looks like warming to the phase
+            # machine; without a pid or log nothing else can show that the server is alive
+            verdict = "stalled"
+            detail = (f"Not answering: {url} accepted connections but gave no HTTP answer to "
+                      f"{state.get('silent', 0)} health checks over {silent_for:.1f} s "
+                      f"(stall_timeout_s={stall_timeout_s}; each check waits up to "
+                      f"{health_timeout:g} s; last: {state.get('last_health')}) in phase "
+                      f"{tl.phase}, with no progress signal (no server pid or log) to show a "
+                      "server still starting.")
         if verdict is None and now - t0 >= timeout_s:
             verdict = "timed_out"
             detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
@@ -307,6 +321,12 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
         st.setdefault("refused_since", st.get("health_t0", now))
     else:
         st.pop("refused_since", None)
+    if isinstance(status, str) and status != "refused":  # accepted, no HTTP answer
+        st["silent"] = st.get("silent", 0) + 1
+        st.setdefault("silent_since", st.get("health_t0", now))
+    else:
+        st.pop("silent_since", None)
+        st.pop("silent", None)
     st["last_health"] = status
     if status == 404 and st["health_path"] == "/health_generate":
         st["health_path"] = "/health"  # a server without /health_generate: fall back to /health
@@ -318,8 +338,8 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
         st["probe_t0"] = now
         st["probe"] = [Call(probe_generate, url, PROBE_PROMPTS[i % len(PROBE_PROMPTS)],
                             probe_timeout) for i in range(concurrency)]
-    else:  # 503 while warming, any other status, or a connection that does not answer
-        phase = "warming"
+    else:  # 503 while warming, any other status, or a connection that does not answer (without
+        phase = "warming"  # a pid or log, wait_ready ends that after stall_timeout_s)
     if tl.enter(phase, now):
         st["last_progress"] = now  # a phase change is progress
     return None, ""

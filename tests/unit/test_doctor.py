@@ -102,3 +102,31 @@ def test_cli_doctor_names_the_bad_sglang_python(tmp_path, monkeypatch):
     assert out.exit_code == 1
     assert f"FAIL SGLang: --sglang-python {tmp_path}: expected the Python interpreter" in out.output
     assert "got a directory" in out.output
+
+
+def test_doctor_fails_when_the_sglang_python_answers_with_something_not_a_version(tmp_path):
+    from eagle3.doctor import check_sglang
+
+    for body, shown in (("echo hello", "'hello'"), ("echo 'Usage: tool [options]'", "'Usage: tool [options]'")):
+        py = _fake_python(tmp_path, "py_" + str(len(body)), body)
+        status, text = check_sglang(py)
+        assert status == "FAIL", text
+        assert f"--sglang-python {py}: expected a version string" in text and f"got {shown}" in text
+    for version in ("0.5.0rc2", "0.4.6.post1", "0.5.1+cu128"):
+        status, text = check_sglang(_fake_python(tmp_path, "py_ok", f"echo {version}"))
+        assert f"SGLang {version} in" in text, text
+
+
+def test_doctor_reports_an_empty_sglang_python_as_empty_not_as_a_directory(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import eagle3.doctor as doctor
+    from cli.main import app
+
+    for value in ("", "  "):
+        status, text = doctor.check_sglang(value)
+        assert status == "FAIL" and "got an empty value" in text and "directory" not in text
+    monkeypatch.setattr(doctor, "check_server", lambda name, *a: ("OK", name))
+    out = CliRunner().invoke(app, ["doctor", "--sglang-python", ""])
+    assert out.exit_code == 1
+    assert "FAIL SGLang: --sglang-python '': expected the path of the Python interpreter" in out.output

@@ -65,3 +65,62 @@ def test_good_arguments_parse_as_before(tmp_path):
     a = parse(["--out", "/tmp/x.json", "--shape", "llama8b", "--modes", "plain, chain",
                "--concurrency", "1,4,16"])
     assert a.modes == ["plain", "chain"] and a.concurrency == [1, 4, 16]
+
+
+@pytest.mark.parametrize("topk", ["0", "1", "-3", "65"])
+def test_tree_topk_must_make_a_tree_within_the_configs_bounds(capsys, topk):
+    err = _error(capsys, "--shape", "smollm2", f"--tree-topk={topk}")
+    assert "--tree-topk: expected an integer in 2..64" in err and f"got {topk}" in err
+    assert "top-k 1 is chain drafting" in err
+
+
+@pytest.mark.parametrize("tokens", ["0", "1", "5000"])
+def test_tree_draft_tokens_within_the_configs_bounds(capsys, tokens):
+    err = _error(capsys, "--shape", "smollm2", f"--tree-draft-tokens={tokens}")
+    assert "--tree-draft-tokens: expected an integer in 2..4096" in err and f"got {tokens}" in err
+
+
+def test_a_missing_config_is_an_error_line_not_a_traceback(tmp_path, capsys):
+    from lab.sglang_speedup import main
+
+    missing = tmp_path / "nope.yaml"
+    assert main(["--out", str(tmp_path / "o.json"), "--modes", "plain", "--config",
+                 str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: config file {missing}: not found" in err and "Traceback" not in err
+
+
+def _fake_sglang_python(tmp_path, version: str) -> str:
+    py = tmp_path / "python"
+    py.write_text(f"#!/bin/sh\necho {version}\n")  # imports "sglang" and reports this version
+    py.chmod(0o755)
+    return str(py)
+
+
+def test_sglang_advice_is_per_release_not_make_sglang_env_for_every_version(tmp_path):
+    from eagle3.config import load_config
+    from eagle3.engines.sglang.profile import RELEASES, VERSION
+    from lab.sglang_speedup import sglang_env_problem
+    from tests.conftest import CONFIGS
+
+    other = next(v for v in RELEASES if v != VERSION)
+    py = _fake_sglang_python(tmp_path, VERSION)
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"serve.sglang_python={py}",
+                                                     f"convert.engine_version={other}"])
+    why = sglang_env_problem(cfg, ["plain", "tree", "reference-chain"])
+    assert why.startswith("serve.sglang_python (modes plain,tree): expected the Python of an "
+                          f"environment with sglang=={other}")
+    assert f"got SGLang {VERSION} in {py}" in why
+    assert f"pip install sglang=={other}" in why and "fix: make sglang-env" not in why
+    if other == "0.5.16":
+        assert "lab/gpu/sglang_kit.sh" in why
+    assert sglang_env_problem(cfg, ["reference-plain"]) is None
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"serve.sglang_python={py}",
+                                                     f"convert.engine_version={VERSION}"])
+    assert sglang_env_problem(cfg, ["plain", "chain"]) is None
+    missing = load_config(CONFIGS / "tiny-random.yaml",
+                          [f"serve.sglang_python={tmp_path / 'none'}",
+                           f"convert.engine_version={VERSION}"])
+    why = sglang_env_problem(missing, ["chain"])
+    assert f"got {tmp_path / 'none'} is not an executable file" in why
+    assert "fix: make sglang-env" in why

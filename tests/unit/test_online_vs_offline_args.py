@@ -1,0 +1,93 @@
+"""lab/online_vs_offline.py checks its arguments before any case process starts: a bad config path,
+``--epochs``, override or device is one argparse error (exit 2) naming it, not a child's traceback;
+a case's project error is one line; ``--help`` shows an example."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lab import online_vs_offline as ovo
+from tests.conftest import CONFIGS
+
+TINY = str(CONFIGS / "tiny-random.yaml")
+
+
+class _Started(Exception):
+    pass
+
+
+@pytest.fixture
+def no_cases(monkeypatch):
+    """Any case process started is a test failure (raises _Started)."""
+    def run(*a, **k):
+        raise _Started(a)
+
+    monkeypatch.setattr(subprocess, "run", run)
+
+
+def _error(capsys, tmp_path, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        ovo.main([*argv, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "o.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_a_missing_config_is_refused_up_front(no_cases, capsys, tmp_path):
+    missing = tmp_path / "nope.yaml"
+    err = _error(capsys, tmp_path, str(missing))
+    assert f"error: config file {missing}: not found" in err
+
+
+@pytest.mark.parametrize("epochs, shown", [("0", "0"), ("-1", "-1"), ("nan", "nan"),
+                                           ("inf", "inf")])
+def test_epochs_must_be_positive_and_finite(no_cases, capsys, tmp_path, epochs, shown):
+    err = _error(capsys, tmp_path, TINY, "--epochs", "1", epochs)
+    assert "--epochs: expected positive, finite numbers of epochs" in err
+    assert f"({shown} is not)" in err
+
+
+def test_an_override_or_mode_that_does_not_load_is_named(no_cases, capsys, tmp_path):
+    err = _error(capsys, tmp_path, TINY, "-o", "train.nope=1")
+    assert "train.nope" in err
+    err = _error(capsys, tmp_path, TINY, "--modes", "offline", "cached", "--epochs", "2")
+    assert "case cached x 2 epochs: " in err and "extract.cache_max_gb" in err
+
+
+def test_a_device_this_machine_lacks_is_refused(no_cases, capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    err = _error(capsys, tmp_path, TINY, "--device", "cuda")
+    assert "train.device: expected a device this machine has, got 'cuda'" in err
+
+
+def test_good_arguments_reach_the_cases(no_cases, tmp_path):
+    with pytest.raises(_Started):
+        ovo.main([TINY, "--epochs", "1", "--device", "cpu", "--work", str(tmp_path / "work"),
+                  "--out", str(tmp_path / "o.json")])
+
+
+def test_a_case_that_fails_on_a_project_error_prints_one_line(monkeypatch, capsys, tmp_path):
+    from eagle3.errors import DataError
+
+    def fail(*a, **k):
+        raise DataError("data.path: expected a JSONL file, got a folder")
+
+    monkeypatch.setattr(ovo, "run_case", fail)
+    rc = ovo.main([TINY, "--work", str(tmp_path), "--case", "online", "2", str(tmp_path / "c.json")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "error: case online x 2 epochs: data.path: expected a JSONL file, got a folder"
+
+
+def test_help_shows_an_example(capsys):
+    with pytest.raises(SystemExit) as e:
+        ovo.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "python lab/online_vs_offline.py configs/tiny-random.yaml" in out
