@@ -328,7 +328,8 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
         "bytes": 0, "bytes_per_token": 0.0, "tokens_per_s": None,
         "offline_bytes_estimate": counts["tokens"] * per_token,
     }
-    timings = {"prepare_s": t1 - t0, "extract_s": 0.0, "finalize_s": time.perf_counter() - t1}
+    # no extract_s: no state is computed here (training times its target forwards)
+    timings = {"prepare_s": t1 - t0, "finalize_s": time.perf_counter() - t1}
     return _manifest(out_dir, cfg, target, plan, counts, timings, extra)
 
 
