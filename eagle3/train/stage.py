@@ -235,7 +235,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         from eagle3.measure.dev_acceptance import meter_for_training
 
         run.dev = meter_for_training(t, data, target_dir, device)
-        if len(run.dev.requests) == 1:
+        if _dev_prompt_count(run) == 1:
             msg = ("DEV_ONE_PROMPT: train.select_best_by=measured picks the best checkpoint by "
                    f"the acceptance on 1 dev prompt ({run.dev.dropped_too_long} left out as too "
                    "long); one prompt's figure is noise: expected more (train.dev_prompts, "
@@ -243,6 +243,12 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
             log.warning("%s", msg)
             run.warnings.append(msg)
     return run
+
+
+def _dev_prompt_count(run: Run) -> int | None:
+    """The dev prompts the meter of ``train.select_best_by=measured`` replays; None without one."""
+    requests = getattr(run.dev, "requests", None)
+    return None if requests is None else len(requests)
 
 
 def _loss_config(t) -> dict:
@@ -364,7 +370,7 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
         extract_mode=d.manifest.get("mode", "offline"), warnings=list(run.warnings),
-        dev_prompts=len(run.dev.requests) if run.dev is not None else None,
+        dev_prompts=_dev_prompt_count(run),
         **_online_section(d),
         auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
                           if k.startswith("train.")},
