@@ -13,6 +13,9 @@ import pytest
 from eagle3.config import load_config
 from eagle3.errors import ConfigError
 from eagle3.extract.stage import extract
+# imported here, not in a test: its first import sets up Prefect's logging, which replaces the
+# root logger's handlers, caplog's among them
+from flows.common import untrained_config
 from tests.conftest import REPO
 
 CONFIG = REPO / "configs" / "tiny-random.yaml"
@@ -45,7 +48,6 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("want, got", [("offline", "online"), ("online", "offline"),
                                        ("online", "cached"), ("cached", "online")])
 def test_train_refuses_a_folder_of_another_mode(folders, tmp_path, want, got):
-    from flows.common import untrained_config
     from eagle3.train.stage import train
 
     runs, data = folders[got]
@@ -74,7 +76,6 @@ def test_train_refuses_a_cached_folder_of_another_window(folders, tmp_path):
 
 def test_untrained_baseline_records_the_mode_it_ran_and_no_cut_warning(folders, tmp_path,
                                                                         caplog):
-    from flows.common import untrained_config
     from eagle3.train.stage import train
 
     runs, data = folders["online"]
