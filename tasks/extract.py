@@ -58,7 +58,8 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
         if "plan hash" not in str(e) or not out_dir.is_dir():
             raise
     shutil.rmtree(out_dir)
-    return extract(cfg, out_dir, progress=True)
+    # the same plan again: its data warnings were logged by the first call
+    return extract(cfg, out_dir, progress=True, warn=False)
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))

@@ -259,3 +259,16 @@ def test_readme_lists_the_mode_keys_within_its_length():
     assert len(text.splitlines()) <= 200
     for key in ("extract.mode", "extract.cache_max_gb", "train.select_best_by"):
         assert f"`{key}" in text, key
+
+
+def test_superseding_an_extraction_of_another_mode_warns_about_the_data_once(tmp_path, caplog):
+    from tasks.extract import extract_superseding
+
+    out = tmp_path / "extract"
+    extract(_cfg(tmp_path / "runs", "online"), out, progress=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="eagle3.extract.stage"):
+        m = extract_superseding(_cfg(tmp_path / "runs", "offline"), out)
+    assert "mode" not in m and (out / "hidden_states").is_dir()  # replaced by the offline one
+    said = [r for r in caplog.records if "records skipped" in r.getMessage()]
+    assert len(said) == 1
