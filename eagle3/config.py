@@ -151,8 +151,9 @@ class ExtractConfig(_Section):
         "repeated every epoch); cached = online, keeping computed states in a window of "
         "cache_max_gb on disk that later epochs read instead of recomputing. Online and cached "
         "need backend 'hf'.")
-    cache_max_gb: float | None = Field(None, gt=0, description="mode 'cached': the window's size "
-        "in GB (1e9 bytes) under the train folder's state/; required there, unused otherwise.")
+    cache_max_gb: float | None = Field(None, description="mode 'cached': the window's size in "
+        "GB (1e9 bytes) under the train folder's state/, finite and > 0; required there, unused "
+        "otherwise (and then kept out of the cache keys).")
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(None, description="HF hidden_states indices (= input "
         "of layer i). Default: EAGLE-3's [2, L//2, L-3].")
@@ -194,13 +195,6 @@ class ExtractConfig(_Section):
         if isinstance(out, dict) and out.get("cache_max_gb") is None:
             out.pop("cache_max_gb", None)
         return out
-
-    @model_validator(mode="after")
-    def _cache_size_for_cached(self) -> ExtractConfig:
-        if self.mode == "cached" and self.cache_max_gb is None:
-            raise ValueError("extract.cache_max_gb: expected the window's size in GB with "
-                             "extract.mode=cached, got none")
-        return self
 
 
 class TrainConfig(_Section):
@@ -299,11 +293,13 @@ class TrainConfig(_Section):
         "dev prompts (eagle3.measure.dev_acceptance), also logged at every evaluation; rank 0 "
         "then holds the target beside the draft on the training device.")
     dev_prompts: int = Field(32, ge=1, le=4096, description="With select_best_by=measured: dev "
-        "prompts (the first of the validation split's samples, their prompt part).")
+        "prompts (the first of the validation split's samples, their prompt part); the dev_* "
+        "keys are unused, and kept out of the cache keys, with select_best_by=simulated.")
     dev_max_new_tokens: int = Field(64, ge=1, le=32768, description="With select_best_by="
         "measured: greedy tokens generated per dev prompt.")
     dev_prompts_file: str | None = Field(None, description="With select_best_by=measured: a "
-        "prompts file (eagle3 bench --prompts FILE formats) used instead of the validation split.")
+        "prompts file (eagle3 bench --prompts FILE formats) used instead of the validation "
+        "split; select_best_by=measured without it needs one (data.val_fraction > 0).")
 
 
 class ConvertConfig(_Section):

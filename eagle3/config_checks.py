@@ -12,12 +12,17 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
   ``train.attn_implementation: flex`` is for this project's forward only (``forward_impl: auto``
   takes speculators' under fsdp on several GPUs) and not for ``train.device: cpu`` (no backward
   there); fused losses need CUDA.
+- ``extract.cache_max_gb`` is a finite size > 0 (``CACHE_SIZE_INVALID``), and given with
+  ``extract.mode: cached`` (``CACHE_SIZE_MISSING``).
+- ``train.select_best_by: measured`` has dev prompts: a validation split (``data.val_fraction`` >
+  0 and at least 2 conversations) or ``train.dev_prompts_file`` (``NO_DEV_PROMPTS``).
 
 Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from eagle3.engines.sglang.serving import (concurrency_problem, draft_tokens_problem,
@@ -72,6 +77,32 @@ def _train_forward(cfg: Any) -> list[str]:
     return out
 
 
+def _extract_cache(cfg: Any) -> list[str]:
+    e = cfg.extract
+    size = e.cache_max_gb
+    if size is not None and not (math.isfinite(size) and size > 0):
+        return [f"CACHE_SIZE_INVALID: extract.cache_max_gb: expected a finite size in GB > 0 "
+                f"(the window of computed states kept on disk), got {size!r}"]
+    if e.mode == "cached" and size is None:
+        return ["CACHE_SIZE_MISSING: extract.cache_max_gb: expected the window's size in GB "
+                "(finite, > 0) with extract.mode cached, got none"]
+    return []
+
+
+def _dev_prompts(cfg: Any) -> list[str]:
+    t, d = cfg.train, cfg.data
+    if t.select_best_by != "measured" or t.dev_prompts_file:
+        return []
+    if d.val_fraction > 0 and d.num_conversations >= 2:
+        return []
+    why = (f"data.val_fraction {d.val_fraction}" if d.val_fraction <= 0 else
+           f"data.num_conversations {d.num_conversations} (a split needs 2)")
+    return ["NO_DEV_PROMPTS: train.select_best_by measured: expected dev prompts from the "
+            "validation split (data.val_fraction > 0, data.num_conversations >= 2) or from "
+            f"train.dev_prompts_file, got {why} and no train.dev_prompts_file (set one, or "
+            "train.select_best_by simulated)"]
+
+
 def cross_section_problems(cfg: Any) -> list[str]:
     """Every rule of the module docstring that ``cfg`` (a RunConfig) breaks; empty when none."""
-    return _serving(cfg) + _train_forward(cfg)
+    return _serving(cfg) + _train_forward(cfg) + _extract_cache(cfg) + _dev_prompts(cfg)

@@ -2,7 +2,7 @@
 gate.
 
 In that order, so a run whose gate fails still records its decision ("more data / longer training /
-fix serving") — when it is needed most. None is cached: all are cheap and read only what the cached
+fix serving") - when it is needed most. None is cached: all are cheap and read only what the cached
 stages returned, so changing the gate's minimum re-runs the gate alone.
 """
 
@@ -43,7 +43,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
     :func:`offline_settings`, memoised in ``<run_dir>/gate/offline_acceptance.json`` by (serving
     manifest content hash, settings).
 
-    Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts ×
+    Costs one in-process generation pass over the bench prompts (SmolLM2 on 2 CPU cores, 8 prompts x
     64 tokens: ≈ 30-40 s). Returns the offline result (``acceptance_length``, ``per_position``,
     ``wall_s`` seconds, ...). Raises DataError when the serving folder has no manifest.
     """
@@ -153,8 +153,8 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
 @task(name="acceptance-gate", task_run_name="acceptance-gate", **task_options(60.0))
 def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
     """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``;
-    else raise AcceptanceTooLow with the diagnosis (served ≪ offline: a serving fault; both low: the
-    draft or data)."""
+    else raise AcceptanceTooLow with the diagnosis (served far below offline: a serving fault;
+    both low: the draft or data)."""
     from eagle3.errors import AcceptanceTooLow
 
     if not figures.passed:

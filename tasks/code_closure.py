@@ -4,7 +4,7 @@ A stage's cache key must change whenever any module the stage runs changes (else
 accept rule serves a stale cached result). Hand-kept module lists drift; this reads the imports
 instead. Starting from the stage's entry modules, it follows every ``import``/``from … import`` of
 ``eagle3`` modules found anywhere in a module's source — also inside functions (lazy imports run
-too) — plus the ``__init__.py`` of every package on the way (importing ``a.b.c`` runs ``a/__init__``
+too) - plus the ``__init__.py`` of every package on the way (importing ``a.b.c`` runs ``a/__init__``
 and ``a/b/__init__``). Modules are read as files under ``root`` (the folder that holds ``eagle3/``),
 never imported.
 

@@ -14,6 +14,12 @@ from tasks.results import StageResult
 TIMEOUT_S = 6 * 3600.0  # seconds: a large extraction on one GPU
 # the regeneration's turn counts logged as metrics (the manifest's ``regeneration.turns``)
 REGEN_HEADLINE = ("input", "succeeded", "failed", "skipped", "truncated")
+# eagle3.extract_mode tag of an extract run, by extract.mode
+MODE_TAGS = {"offline": "offline: the hidden states are written here",
+             "online": "online: tokenized samples only; the hidden states are computed by the "
+                       "train stage",
+             "cached": "cached: tokenized samples only; the hidden states are computed by the "
+                       "train stage, which keeps a window of them (extract.cache_max_gb)"}
 
 
 def dataset_file(cfg: Any) -> Path:
@@ -52,7 +58,8 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
         if "plan hash" not in str(e) or not out_dir.is_dir():
             raise
     shutil.rmtree(out_dir)
-    return extract(cfg, out_dir, progress=True)
+    # the same plan again: its data warnings were logged by the first call
+    return extract(cfg, out_dir, progress=True, warn=False)
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
@@ -61,8 +68,9 @@ def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to
     MLflow, and with ``data.regenerate`` the regenerated assistant turns
     (``regeneration.turns.{input,succeeded,failed,skipped,truncated}``). With
-    ``extract.mode: online`` only the tokenized samples are written (the train stage
-    computes the states) and the run records that, with the bytes an offline run would store.
+    ``extract.mode`` online or cached only the tokenized samples are written (the train stage
+    computes the states) and the run records that, with the bytes an offline run would store
+    (and the cached window's size). The tag ``eagle3.extract_mode`` names the mode.
 
     ``variant`` is accepted for a uniform call signature; extraction is shared by both drafts."""
     with tracking.stage_run(cfg, parent_run_id, "extract", tags=prefect_tags()) as sr:
@@ -79,13 +87,17 @@ def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
             sr.set_tags({"eagle3.template_unstable": (
                 f"{unstable['conversations']} of {unstable['tried']} conversations, "
                 f"{unstable['share_tokens']:.1%} of tokens dropped")})
-        if manifest.get("mode") == "online":  # no forward here: training computes the states
+        mode = manifest.get("mode", "offline")
+        sr.set_tags({"eagle3.extract_mode": MODE_TAGS.get(mode, mode)})
+        if mode != "offline":  # no forward here: training computes the states
             metrics.update(hidden_state_bytes_on_disk=0.0,
                            offline_bytes_estimate=float(manifest["offline_bytes_estimate"]))
+            cache = (manifest.get("online") or {}).get("cache_max_bytes")
+            if isinstance(cache, (int, float)):
+                metrics["cache_max_bytes"] = float(cache)
             sr.log_metrics({k: metrics[k] for k in ("hidden_state_bytes_on_disk",
-                                                    "offline_bytes_estimate")})
-            sr.set_tags({"eagle3.extract_mode": "online: tokenized samples only; the hidden "
-                                                "states are computed by the train stage"})
+                                                    "offline_bytes_estimate", "cache_max_bytes")
+                            if k in metrics})
         turns = (manifest.get("regeneration") or {}).get("turns")
         if isinstance(turns, dict):  # data.regenerate: how the target's answers went
             regen = {f"regeneration.turns.{k}": float(turns[k]) for k in REGEN_HEADLINE

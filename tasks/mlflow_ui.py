@@ -106,7 +106,8 @@ def ensure_experiment_ui(client: Any, experiment: Any) -> None:
 
 
 def ui_base(tracking_uri: str) -> str | None:
-    """The MLflow UI's base URL when the tracking store is a server (``http(s)://…``), else None."""
+    """The MLflow UI's base URL when the tracking store is a server (``http(s)://``), else
+    None."""
     return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else None
 
 

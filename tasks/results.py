@@ -37,7 +37,7 @@ class StageResult:
 class AcceptanceFigures:
     """The acceptance lengths of one pipeline run (bonus token counted): ``served`` (engine),
     ``untrained`` (the baseline draft served), ``offline`` (in-process reference decoding, same
-    prompts), ``simulated`` (training validation), ``gain`` = served − untrained; ``minimum`` = the
+    prompts), ``simulated`` (training validation), ``gain`` = served - untrained; ``minimum`` = the
     gate's threshold and ``passed`` whether served ≥ minimum, with the gate's diagnosis in
     ``failure`` when not."""
 

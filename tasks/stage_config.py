@@ -6,9 +6,12 @@ Stages are named as their tasks and MLflow runs are (``deploy-bench``). ``sectio
 sections of :class:`eagle3.config.RunConfig` whose values decide the stage's output; the target
 reaches train and convert through their inputs' content hashes and the target folder's fingerprint
 instead. ``judge_only`` keys only judge a result (the gate's minimum), so they are logged as params
-but stay out of the key. ``code`` names the modules (or folders run in another interpreter) where
-the stage's code starts: the key hashes their import closure (tasks/code_closure.py). ``engine``:
-the key also names the serving engine by its version (tasks/caching.py, ``engine_identity``).
+but stay out of the key; so do keys the settings leave unused (:data:`UNUSED_UNLESS`: the cached
+window's size outside ``extract.mode: cached``, the dev-prompt keys outside
+``train.select_best_by: measured``). ``code`` names the modules (or folders run in another
+interpreter) where the stage's code starts: the key hashes their import closure
+(tasks/code_closure.py). ``engine``: the key also names the serving engine by its version
+(tasks/caching.py, ``engine_identity``).
 """
 
 from __future__ import annotations
@@ -41,13 +44,37 @@ STAGE_CONFIG: dict[str, StageConfig] = {
 }
 
 
+# section -> [(keys, the key that decides whether they are read, its default, the values that
+# read them)]: a key is unused, and kept out of cache keys and settings digests, unless the
+# deciding key of the same section has one of those values
+UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, str, tuple[str, ...]]]] = {
+    "extract": [(("cache_max_gb",), "mode", "offline", ("cached",))],
+    "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
+               "simulated", ("measured",))],
+}
+
+
+def used_values(section: str, values: dict) -> dict:
+    """``values`` (one section's JSON form, e.g. a manifest's ``config``) without the keys its own
+    settings leave unused (:data:`UNUSED_UNLESS`)."""
+    out = dict(values)
+    for keys, decider, default, readers in UNUSED_UNLESS.get(section, ()):
+        if out.get(decider, default) not in readers:
+            for k in keys:
+                out.pop(k, None)
+    return out
+
+
 def stage_sections(cfg: Any, stage: str, *, keyed: bool = False) -> dict[str, dict]:
     """``{section: its values}`` that ``stage`` reads from the RunConfig ``cfg`` (JSON form);
-    ``keyed``: without the ``judge_only`` keys (what the cache key hashes). KeyError for a stage not
-    in the table."""
+    ``keyed``: without the ``judge_only`` keys and the keys the settings leave unused
+    (:func:`used_values`): what the cache key hashes. KeyError for a stage not in the table."""
     spec = STAGE_CONFIG[stage]
     out = {s: getattr(cfg, s).model_dump(mode="json") for s in spec.sections}
-    for k in spec.judge_only if keyed else ():
+    if not keyed:
+        return out
+    out = {s: used_values(s, v) for s, v in out.items()}
+    for k in spec.judge_only:
         section, key = k.split(".", 1)
         out[section].pop(key, None)
     return out

@@ -118,8 +118,17 @@ def client_for(cfg: Any) -> tuple[MlflowClient, str]:
 
 def config_params(cfg: Any) -> dict[str, str]:
     """The resolved config flattened to ``section.key`` params, secret-looking values replaced by
-    ``***``."""
-    return {k: str(v) for k, v in flatten(redact(cfg.model_dump(mode="json"))).items()}
+    ``***``; ``extract.mode`` always (the config's dump leaves ``offline`` out, to keep the cache
+    keys of configs that do not name it)."""
+    return _with_mode(cfg, {k: str(v) for k, v in
+                            flatten(redact(cfg.model_dump(mode="json"))).items()})
+
+
+def _with_mode(cfg: Any, params: dict[str, str]) -> dict[str, str]:
+    """``params`` with ``extract.mode`` when they hold other ``extract.*`` keys."""
+    if any(k.startswith("extract.") for k in params):
+        params.setdefault("extract.mode", str(cfg.extract.mode))
+    return params
 
 
 def _log_batch(client: MlflowClient, run_id: str, *, metrics: list | None = None,
@@ -381,7 +390,8 @@ def stage_params(cfg: Any, stage: str) -> dict[str, str]:
     not there."""
     if stage not in STAGE_CONFIG:
         return {}
-    return {k: str(v) for k, v in flatten(redact(stage_sections(cfg, stage))).items()}
+    return _with_mode(cfg, {k: str(v) for k, v in
+                            flatten(redact(stage_sections(cfg, stage))).items()})
 
 
 def stage_run_name(stage: str, variant: str, cached: bool, attempt: int) -> str:

@@ -23,19 +23,35 @@ def train_key(context: Any, parameters: dict) -> str:
                              inputs={"data": parameters["data"].dir})
 
 
-ONLINE_METRICS = ("hidden_state_bytes_on_disk", "offline_bytes_estimate", "tokens_recomputed",
-                  "tokens_per_epoch", "target_forward_s", "extract_tokens_per_s")
+# the train manifest's ``online`` figures -> the train run's metric names. One name per figure:
+# the target tokens computed are the step metric ``extract/tokens_recomputed`` (its final value,
+# the last evaluation included, is logged at the last step); the whole run's mean throughput
+# (``extract_tokens_per_s``) stays in the manifest and summary.json, beside the step metric
+# ``extract/tokens_per_s`` of each log window
+ONLINE_METRICS = {"hidden_state_bytes_on_disk": "hidden_state_bytes_on_disk",
+                  "offline_bytes_estimate": "offline_bytes_estimate",
+                  "tokens_recomputed": "extract/tokens_recomputed",
+                  "tokens_per_epoch": "tokens_per_epoch", "target_forward_s": "target_forward_s",
+                  "cache_max_bytes": "cache_max_bytes", "cache_bytes": "cache_bytes",
+                  "cache_samples": "cache_samples", "cache_hits": "cache_hits",
+                  "cache_hit_tokens": "cache_hit_tokens"}
+# eagle3.extract_mode tag of a train run, by the extraction's mode
+MODE_TAGS = {"offline": "offline (hidden states read from the extract stage's files)",
+             "online": "online (hidden states computed in training, none stored)",
+             "cached": "cached (hidden states computed in training; a window of them kept on "
+                       "disk while it runs, extract.cache_max_gb)"}
 
 
 def online_metrics(manifest: dict) -> dict[str, float]:
-    """The train manifest's ``online`` figures (``extract.mode: online``, the hidden states
-    computed in training: :mod:`eagle3.train.online`) as metrics: ``hidden_state_bytes_on_disk``
-    (0), ``offline_bytes_estimate`` (bytes an offline extraction would have stored),
-    ``tokens_recomputed`` (target tokens computed, every epoch and evaluation),
-    ``tokens_per_epoch``, ``target_forward_s``, ``extract_tokens_per_s``; empty for states read
-    from disk."""
+    """The train manifest's ``online`` figures (``extract.mode`` online or cached, the hidden
+    states computed in training: :mod:`eagle3.train.online`) as metrics named by
+    :data:`ONLINE_METRICS`: ``hidden_state_bytes_on_disk`` (0), ``offline_bytes_estimate``
+    (bytes an offline extraction would have stored), ``extract/tokens_recomputed`` (target tokens
+    computed, every epoch and evaluation), ``tokens_per_epoch``, ``target_forward_s``, and with
+    cached the window's ``cache_max_bytes``, ``cache_bytes``, ``cache_samples``, ``cache_hits``,
+    ``cache_hit_tokens``; empty for states read from disk."""
     online = manifest.get("online") or {}
-    return {k: float(online[k]) for k in ONLINE_METRICS
+    return {name: float(online[k]) for k, name in ONLINE_METRICS.items()
             if isinstance(online.get(k), (int, float)) and not isinstance(online.get(k), bool)}
 
 
@@ -50,10 +66,14 @@ def supersede_finished(cfg: Any, out_dir: Path) -> Path | None:
     finished (:func:`restore_superseded` puts it back when it fails first).
     """
     from eagle3.artifacts import read_manifest
+    from tasks.stage_config import used_values
 
     if not (out_dir / "manifest.json").is_file():
         return None
-    if read_manifest(out_dir).get("config") == cfg.train.model_dump(mode="json"):
+    # keys these settings leave unused (the dev prompts of a simulated selection) decide nothing
+    done = read_manifest(out_dir).get("config")
+    if isinstance(done, dict) and (used_values("train", done)
+                                   == used_values("train", cfg.train.model_dump(mode="json"))):
         return None
     aside = out_dir.with_name(out_dir.name + ".superseded")
     shutil.rmtree(aside, ignore_errors=True)
@@ -82,11 +102,14 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
     per-position accuracy) go to MLflow through ``on_metrics`` as they happen, the manifest and
     metrics.jsonl when done."""
     from eagle3.precision import summary_line
+    from eagle3.train.online import check_data_mode
     from eagle3.train.stage import check_settings, train
 
     with tracking.stage_run(cfg, parent_run_id, "train", variant, tags=prefect_tags()) as sr:
         # a refused setting must not cost the finished draft of earlier settings
         check_settings(cfg)
+        mode = check_data_mode(cfg, data.dir)
+        sr.set_tags({"eagle3.extract_mode": MODE_TAGS.get(mode, mode)})
         aside = supersede_finished(cfg, out_dir)
         if aside is not None:
             sr.set_tags({"eagle3.superseded":
@@ -113,13 +136,18 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
             summary["simulated_acceptance_length"] = float(sim)
         summary["optimizer_steps"] = float(manifest.get("optimizer_steps", 0))
         online = online_metrics(manifest)
-        if online:  # extraction folded into this stage: its figures are this run's
-            summary.update(online)
-            sr.set_tags({"eagle3.extract_mode": "online (hidden states computed in training, "
-                                                "none stored)"})
-        # the end-of-training figures as one artifact; as metrics only those no step metric already
-        # charts (a single-point ``final.*`` metric would be a chart duplicating the last point of
-        # train/* and val/*)
-        sr.log_dict(summary, "summary.json")
-        sr.log_metrics(tracking.chartable(summary))
+        summary.update(online)  # extraction folded into this stage: its figures are this run's
+        if manifest.get("warnings"):
+            sr.set_tags({"eagle3.warnings": "; ".join(manifest["warnings"])})
+        # the end-of-training figures as one artifact, with the whole run's mean target
+        # throughput; as metrics only those no step metric already charts (a single-point
+        # ``final.*`` metric would be a chart duplicating the last point of train/* and val/*)
+        mean = (manifest.get("online") or {}).get("extract_tokens_per_s")
+        sr.log_dict({**summary, **({"extract_tokens_per_s": mean} if mean is not None else {})},
+                    "summary.json")
+        step_named = {k: v for k, v in online.items() if "/" in k}  # ends its step series
+        sr.log_metrics({k: v for k, v in tracking.chartable(summary).items()
+                        if k not in step_named})
+        if step_named:
+            sr.log_metrics(step_named, step=int(manifest.get("optimizer_steps") or 0))
     return stage_result("train", out_dir, manifest, sr.run_id, summary, variant=variant)

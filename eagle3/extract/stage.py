@@ -152,10 +152,13 @@ def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
-def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None = None) -> dict:
+def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None = None,
+            warn: bool = True) -> dict:
     """Extract hidden states for ``cfg`` into ``out_dir`` (resuming its committed shards); returns
-    the manifest. ``free_bytes`` overrides the measured free disk. ConfigError (bad aux ids,
-    devices), DataError (inputs, integrity, disk, a directory holding another extraction),
+    the manifest. ``free_bytes`` overrides the measured free disk; ``warn`` False leaves out the
+    warnings about the selected data (records skipped, samples truncated, unstable templates), for
+    a caller repeating an extraction whose plan it has already warned about. ConfigError (bad aux
+    ids, devices), DataError (inputs, integrity, disk, a directory holding another extraction),
     EngineUnsupported (backend 'sglang' without a usable SGLang, or its engine failing)."""
     from transformers import AutoTokenizer
 
@@ -186,13 +189,14 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             return regenerate_for_plan(cfg, target_dir, tok, convs, caches[-1])
     plan = build_plan(cfg, tok, regen)
     regeneration = regeneration_counts(caches[-1]) if caches else None
-    if plan.skipped or plan.truncated:
+    if warn and (plan.skipped or plan.truncated):
         log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to "
                     "data.max_seq_len=%d", plan.source["path"], sum(plan.skipped.values()),
                     plan.records, dict(plan.skipped),
                     f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
                     plan.truncated, len(plan.ids), cfg.data.max_seq_len)
-    warn_unstable(plan.unstable, plan.source["path"])
+    if warn:
+        warn_unstable(plan.unstable, plan.source["path"])
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
     if (out_dir / "manifest.json").is_file():
@@ -328,7 +332,8 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
         "bytes": 0, "bytes_per_token": 0.0, "tokens_per_s": None,
         "offline_bytes_estimate": counts["tokens"] * per_token,
     }
-    timings = {"prepare_s": t1 - t0, "extract_s": 0.0, "finalize_s": time.perf_counter() - t1}
+    # no extract_s: no state is computed here (training times its target forwards)
+    timings = {"prepare_s": t1 - t0, "finalize_s": time.perf_counter() - t1}
     return _manifest(out_dir, cfg, target, plan, counts, timings, extra)
 
 

@@ -139,9 +139,11 @@ class HiddenStatesData:
 
 
 def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf, *,
-                       max_tokens: int) -> HiddenStatesData:
+                       max_tokens: int, warn: bool = True) -> HiddenStatesData:
     """Open ``data_dir`` and check it against the target (``target_dir``, its text config
-    ``target_conf``); ``max_tokens``: positions kept per sample. DataError: missing/foreign
+    ``target_conf``); ``max_tokens``: positions kept per sample; ``warn``: log the warning of
+    :func:`check_loss_tokens` (a process that trains nothing, or a rank other than 0, leaves it
+    to the one that does). DataError: missing/foreign
     manifest, another target, hidden size mismatch, empty train split, bad split ids, aux ids in
     another convention, states shifted against their tokens (``HS_MISALIGNED``)."""
     root = Path(data_dir)
@@ -151,7 +153,7 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
                         f"got {m.get('mode')!r}: its states are computed in training "
                         "(eagle3.train.online.open_online)")
     data = HiddenStatesData(**open_rows(root, m, Path(target_dir), target_conf, max_tokens))
-    check_loss_tokens(data)
+    check_loss_tokens(data, warn=warn)
     data.load_sample(data.train_ids[0])  # shape/hidden-size check on real data before any step
     _check_alignment(data, Path(target_dir))
     return data
@@ -214,9 +216,9 @@ def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
                     load=data.read)
 
 
-def check_loss_tokens(data: HiddenStatesData) -> None:
+def check_loss_tokens(data: HiddenStatesData, *, warn: bool = True) -> None:
     """DataError when no train sample cut to ``max_tokens`` positions holds a loss-masked position
-    (the loss would be exactly 0); a warning when the cut drops loss positions."""
+    (the loss would be exactly 0); a warning when the cut drops loss positions (``warn``)."""
     kept = sum(int(data.loss_mask[i][1:data.positions(i) + 1].sum()) for i in data.train_ids)
     total = sum(int(data.loss_mask[i][1:].sum()) for i in data.train_ids)
     if kept == 0:
@@ -226,7 +228,7 @@ def check_loss_tokens(data: HiddenStatesData) -> None:
                         "all); expected train.max_tokens_per_batch >= the sample length (longest: "
                         f"{max(int(data.input_ids[i].numel()) - 1 for i in data.train_ids)} "
                         "positions)")
-    if kept < total:
+    if kept < total and warn:
         log.warning("train.max_tokens_per_batch=%d cuts %d of %d samples: %d of %d loss positions "
                     "are not trained on", data.max_tokens, data.truncated,
                     len(data.train_ids) + len(data.val_ids), total - kept, total)

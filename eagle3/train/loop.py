@@ -65,6 +65,8 @@ class Run:
     heartbeat: Callable | None = None
     # rank 0 with train.select_best_by=measured: eagle3.measure.dev_acceptance.DevAcceptance
     dev: object = None
+    # "CODE: message" warnings of this run, logged once and recorded in the manifest
+    warnings: list = field(default_factory=list)
 
     @property
     def pad_to(self) -> int | None:

@@ -31,12 +31,10 @@ from pathlib import Path
 import torch
 
 from eagle3.artifacts import read_manifest
-from eagle3.errors import DataError
+from eagle3.errors import ConfigError, DataError
 from eagle3.extract.store import ONLINE_FILE
 from eagle3.train.data import HiddenStatesData, check_loss_tokens, data_identity, open_rows
 from eagle3.train.online_cache import StateCache
-
-
 
 
 MODES = ("online", "cached")  # extract.mode values whose states training computes
@@ -46,6 +44,33 @@ def is_online(data_dir: str | Path) -> bool:
     """True when ``data_dir``'s manifest says ``mode`` online or cached (the states are computed
     in training). DataError for a missing or unreadable manifest."""
     return read_manifest(Path(data_dir), kind="hidden_states").get("mode") in MODES
+
+
+def check_data_mode(cfg, data_dir: str | Path) -> str:
+    """The extraction's mode (``offline``, ``online``, ``cached``) from ``data_dir``'s manifest,
+    once it agrees with ``cfg.extract.mode`` (and, for ``cached``, the window's size with
+    ``extract.cache_max_gb``). ``extract/`` is one folder that every mode writes, so a folder
+    extracted under another mode would otherwise be trained on as it is (states computed in
+    training for an offline config, or read from files for an online one). ConfigError
+    ``EXTRACT_MODE_MISMATCH`` naming the manifest and both values; DataError for a missing or
+    unreadable manifest."""
+    root = Path(data_dir)
+    m = read_manifest(root, kind="hidden_states")
+    got, want = m.get("mode", "offline"), cfg.extract.mode
+    where = root / "manifest.json"
+    if got != want:
+        raise ConfigError(f"EXTRACT_MODE_MISMATCH: {where}: mode expected {want!r} (extract.mode "
+                          f"of this config), got {got!r}; run the extract stage with this config "
+                          f"(eagle3 extract CONFIG) or set -o extract.mode={got}")
+    if want == "cached":
+        size = (m.get("online") or {}).get("cache_max_bytes")
+        expected = int(cfg.extract.cache_max_gb * 1e9)
+        if size != expected:
+            raise ConfigError(f"EXTRACT_MODE_MISMATCH: {where}: online.cache_max_bytes expected "
+                              f"{expected} (extract.cache_max_gb={cfg.extract.cache_max_gb}), got "
+                              f"{size!r}; run the extract stage with this config (eagle3 extract "
+                              "CONFIG)")
+    return got
 
 
 @dataclass
@@ -178,7 +203,8 @@ class OnlineHiddenStates(HiddenStatesData):
         this training, earlier processes included), ``tokens_per_epoch`` (all tokens of the
         train split), ``target_forward_s`` / ``extract_tokens_per_s`` (this process), and the
         forwards and dtype; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
-        ``cache_samples`` and ``cache_hit_tokens`` (tokens read from it, this process)."""
+        ``cache_samples``, ``cache_hits`` (samples read from it) and ``cache_hit_tokens`` (their
+        tokens), this process."""
         self._settle()
         s = self.stats
         return {"hidden_state_bytes_on_disk": 0, "offline_bytes_estimate": offline_bytes,
@@ -190,8 +216,8 @@ class OnlineHiddenStates(HiddenStatesData):
                 "batch_size": self.batch_size,
                 **({} if self.cache is None else {
                     "cache_max_bytes": self.cache.max_bytes, "cache_bytes": self.cache.bytes,
-                    "cache_samples": len(self.cache.sizes), "cache_hit_tokens":
-                    self.cache.hit_tokens})}
+                    "cache_samples": len(self.cache.sizes), "cache_hits": self.cache.hits,
+                    "cache_hit_tokens": self.cache.hit_tokens})}
 
     def close(self) -> None:
         """Training has finished: the window of states (``cached``) is removed."""
@@ -214,9 +240,10 @@ def round_to_store(hs: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, max_tokens: int,
                 device: torch.device, trust_remote_code: bool = False,
-                cache_dir: str | Path | None = None) -> OnlineHiddenStates:
+                cache_dir: str | Path | None = None, warn: bool = True) -> OnlineHiddenStates:
     """Open an ``extract.mode: online`` (or ``cached``) folder and load its target on ``device``;
-    ``cached`` keeps its window of states in ``cache_dir`` (required then).
+    ``cached`` keeps its window of states in ``cache_dir`` (required then); ``warn`` as in
+    :func:`eagle3.train.data.open_hidden_states`.
 
     Checks as :func:`eagle3.train.data.open_hidden_states` (target identity, convention, splits,
     loss tokens) plus ``online.json`` against the manifest, then computes the first train sample
@@ -249,7 +276,7 @@ def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, ma
     data = OnlineHiddenStates(**rows, model=model, capture_ids=list(spec["capture_ids"]),
                               store_dtype=spec["dtype"], batch_size=int(spec["batch_size"]),
                               pad_id=pad_id_of(model, tok))
-    check_loss_tokens(data)
+    check_loss_tokens(data, warn=warn)
     data.load_sample(data.train_ids[0])  # shapes before any step
     data.stats = OnlineStats()
     data._events.clear()  # noqa: SLF001 - the check's forward is not training's

@@ -29,7 +29,7 @@ from eagle3.train.data import data_identity, open_hidden_states
 from eagle3.train.draft_model import (build_draft, compile_forward, read_target_config,
                                       resolve_flags, save_draft, use_uncompiled_forward)
 from eagle3.train.loop import Run, evaluate, run_loop
-from eagle3.train.online import is_online, open_online
+from eagle3.train.online import check_data_mode, is_online, open_online
 from eagle3.train.parallel import make_parallel
 from eagle3.train.state import (check_checkpoint_space, check_complete, ensure_writable,
                                 list_checkpoints, load_checkpoint, load_init_from, load_weights,
@@ -47,7 +47,8 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
     than 0).
 
     ``on_metrics(metrics, step)``: per log step and evaluation (rank 0). Raises ConfigError
-    (unwritable ``out_dir``, engine flag, incompatible resume), DataError (empty or foreign
+    (unwritable ``out_dir``, engine flag, incompatible resume, ``EXTRACT_MODE_MISMATCH``: the
+    data folder was extracted under another ``extract.mode``), DataError (empty or foreign
     dataset, too few distinct tokens, another vocab map on resume), TrainingDiverged (NaN/Inf loss
     or gradient norm; the last checkpoint is kept).
     """
@@ -55,6 +56,7 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
 
     cfg = resolved(cfg)  # train.precision concrete (load_config has done it already)
     data_dir, out_dir = Path(data_dir), Path(out_dir)
+    check_data_mode(cfg, data_dir)
     if cfg.train.num_gpus > 1 and "LOCAL_RANK" not in os.environ:
         from eagle3.train.launch import launch
 
@@ -90,13 +92,29 @@ def check_settings(cfg) -> None:
     """The checks of ``cfg.train`` that need neither data nor a model, for callers to run before
     they touch an earlier output (the pipeline's task replaces a finished draft of other settings):
     the training device exists and the training forward and loss can run there
-    (:func:`eagle3.train.ttt_forward.choose`; ``fused`` losses need CUDA and Triton). Raises
+    (:func:`eagle3.train.ttt_forward.choose`; ``fused`` losses need CUDA and Triton), and
+    ``train.dev_prompts_file`` is a file when ``train.select_best_by`` is measured. Raises
     ConfigError."""
     from eagle3.train.distributed import device_for
 
     device_type = device_for(cfg.train, 0).type
     ttt_forward.choose(cfg.train, device_type, cfg.train.num_gpus)
     _check_loss_implementation(cfg.train, device_type)
+    _check_dev_prompts_file(cfg.train)
+
+
+def _check_dev_prompts_file(t) -> None:
+    """ConfigError ``DEV_PROMPTS_FILE`` unless ``train.dev_prompts_file`` (read with
+    ``train.select_best_by=measured``) is an existing file."""
+    if t.select_best_by != "measured" or not t.dev_prompts_file:
+        return
+    path = Path(t.dev_prompts_file).expanduser()
+    what = ("a directory" if path.is_dir() else None if path.is_file() else
+            "not found" if not path.exists() else "not a regular file")
+    if what:
+        raise ConfigError(f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file "
+                          f"(JSONL, JSON or text: the eagle3 bench --prompts FILE formats), got "
+                          f"{str(path)!r} ({what})")
 
 
 def _check_loss_implementation(t, device_type: str) -> None:
@@ -124,15 +142,19 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
 
     t = cfg.train
     ensure_writable(out_dir)
+    _check_dev_prompts_file(t)
     flags = resolve_flags(cfg)
     target_dir = resolve_target(cfg)
     tconf = read_target_config(target_dir)
+    # the cut's warning once: from rank 0 of a run that trains (not the untrained baseline)
+    warn = rank == 0 and t.max_steps != 0
     if is_online(data_dir):  # extract.mode=online: the target runs here, on the training device
         data = open_online(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch,
                            device=device, trust_remote_code=cfg.target.trust_remote_code,
-                           cache_dir=out_dir / "state" / f"hs_cache-rank{rank}")
+                           cache_dir=out_dir / "state" / f"hs_cache-rank{rank}", warn=warn)
     else:
-        data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch)
+        data = open_hidden_states(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch,
+                                  warn=warn)
     vmap = build_vocab_map(load_token_freq(data_dir / "token_freq.pt"), t.draft_vocab_size,
                            int(tconf.vocab_size), pad=t.pad_draft_vocab)
     state_dir = out_dir / "state"
@@ -213,7 +235,20 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         from eagle3.measure.dev_acceptance import meter_for_training
 
         run.dev = meter_for_training(t, data, target_dir, device)
+        if _dev_prompt_count(run) == 1:
+            msg = ("DEV_ONE_PROMPT: train.select_best_by=measured picks the best checkpoint by "
+                   f"the acceptance on 1 dev prompt ({run.dev.dropped_too_long} left out as too "
+                   "long); one prompt's figure is noise: expected more (train.dev_prompts, "
+                   "data.val_fraction, train.dev_prompts_file)")
+            log.warning("%s", msg)
+            run.warnings.append(msg)
     return run
+
+
+def _dev_prompt_count(run: Run) -> int | None:
+    """The dev prompts the meter of ``train.select_best_by=measured`` replays; None without one."""
+    requests = getattr(run.dev, "requests", None)
+    return None if requests is None else len(requests)
 
 
 def _loss_config(t) -> dict:
@@ -334,6 +369,8 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
                  "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
+        extract_mode=d.manifest.get("mode", "offline"), warnings=list(run.warnings),
+        dev_prompts=_dev_prompt_count(run),
         **_online_section(d),
         auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
                           if k.startswith("train.")},

@@ -186,9 +186,10 @@ def test_train_task_reports_the_online_figures(extracted, tmp_path):
     from tasks.train import online_metrics
 
     assert online_metrics({"online": {"hidden_state_bytes_on_disk": 0, "tokens_recomputed": 10,
-                                      "offline_bytes_estimate": 99, "store_dtype": "float32"}}) \
-        == {"hidden_state_bytes_on_disk": 0.0, "tokens_recomputed": 10.0,
-            "offline_bytes_estimate": 99.0}
+                                      "offline_bytes_estimate": 99, "store_dtype": "float32",
+                                      "extract_tokens_per_s": 5.0, "cache_hits": 3}}) \
+        == {"hidden_state_bytes_on_disk": 0.0, "extract/tokens_recomputed": 10.0,
+            "offline_bytes_estimate": 99.0, "cache_hits": 3.0}
     assert online_metrics({"optimizer_steps": 3}) == {}
 
 
