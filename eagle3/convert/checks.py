@@ -10,6 +10,7 @@ import torch
 
 from eagle3.convert.checkpoint import VOCAB_SIDE_FILES, Checkpoint, Problem, Target, cfg_get
 from eagle3.engines.profile import EngineProfile
+from eagle3.engines.sglang.draft_load import rope_parameters
 from eagle3.errors import ConfigError
 
 AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
@@ -292,12 +293,14 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
 
 
 def _rope(cfg: dict) -> tuple:
-    rp = cfg.get("rope_parameters") or {}
-    rs = cfg.get("rope_scaling") or {}
-    theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    scaling = {k: v for k, v in {**rs, **rp}.items() if k != "rope_theta"}
-    if scaling.get("rope_type", scaling.get("type")) in (None, "default"):
-        scaling = {}
+    """``(theta, scaling)`` of the RoPE transformers 5 builds from ``cfg``
+    (:func:`~eagle3.engines.sglang.draft_load.rope_parameters`: a non-empty ``rope_scaling``
+    replaces ``rope_parameters``); ``scaling`` is the JSON of the other fields, ``"{}"`` for
+    default RoPE, with a legacy ``type`` left out (``rope_type`` holds what transformers uses)."""
+    rp = rope_parameters(cfg)
+    theta = rp.pop("rope_theta")
+    rp.pop("type", None)
+    scaling = {} if rp.get("rope_type") in (None, "default") else rp
     return float(theta), json.dumps(scaling, sort_keys=True)
 
 

@@ -15,6 +15,8 @@ from typing import Mapping
 import torch
 
 from eagle3.convert.checkpoint import Checkpoint, Problem, cfg_get
+from eagle3.engines.sglang.draft_load import DEFAULT_THETA, rope_base_key
+from eagle3.engines.sglang.draft_load import rope_parameters as effective_rope
 from eagle3.engines.sglang.profile import RELEASES
 
 # Which RoPE theta SGLang builds the draft's attention with. SGLang 0.5.23 and 0.5.16 load
@@ -27,7 +29,6 @@ from eagle3.engines.sglang.profile import RELEASES
 # ``transformer_layer_config``: speculators 0.9.0 builds the draft layer's rotary embedding from
 # it (models/eagle3/core.py), and conversion copies its RoPE keys into the served config.
 SGLANG_THETA_ORDER = ("rope_scaling.rope_theta", "rope_parameters.rope_theta", "rope_theta")
-DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py default
 SGLANG_RELEASES = "SGLang " + " and ".join(
     sorted(RELEASES, key=lambda v: [int(p) if p.isdigit() else 0 for p in v.split(".")]))
 
@@ -67,20 +68,12 @@ def stated_thetas(cfg: Mapping) -> dict[str, float]:
     return out
 
 
-def _rope_base_key(scope: Mapping) -> str:
-    """The RoPE dict transformers 5 keeps: ``rope_scaling`` when it is a non-empty object (it
-    replaces ``rope_parameters`` whole: ``convert_rope_params_to_dict``), else
-    ``rope_parameters``."""
-    rs = scope.get("rope_scaling")
-    return "rope_scaling" if isinstance(rs, Mapping) and rs else "rope_parameters"
-
-
 def _read_theta(scope: Mapping) -> tuple[str, float] | None:
     """``(key, theta)`` transformers 5 builds the layer of ``scope`` with: the kept RoPE dict's
-    ``rope_theta`` (:func:`_rope_base_key`), else the top-level ``rope_theta``; None when neither
+    ``rope_theta`` (:func:`rope_base_key`), else the top-level ``rope_theta``; None when neither
     states a number. This is :data:`SGLANG_THETA_ORDER`, except that a ``rope_scaling`` without a
     theta hides ``rope_parameters``' theta."""
-    base = _rope_base_key(scope)
+    base = rope_base_key(scope)
     for key in (base + ".rope_theta", "rope_theta"):
         value = cfg_get(dict(scope), key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -105,19 +98,6 @@ def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
     scope, prefix = (tl, "transformer_layer_config.") if isinstance(tl, Mapping) else (cfg, "")
     found = _read_theta({k: v for k, v in scope.items() if k != "transformer_layer_config"})
     return None if found is None else (prefix + found[0], found[1])
-
-
-def effective_rope(scope: Mapping) -> dict:
-    """The ``rope_parameters`` transformers 5 (and so SGLang 0.5.16 / 0.5.23, which read
-    config.json through it) builds from ``scope``: the kept RoPE dict (:func:`_rope_base_key`)
-    with ``rope_theta`` defaulted from the top-level ``rope_theta`` (else 10000) and
-    ``rope_type`` from a legacy ``type`` (else ``"default"``)."""
-    base = scope.get(_rope_base_key(scope))
-    out = dict(base) if isinstance(base, Mapping) else {}
-    theta = scope.get("rope_theta")
-    out.setdefault("rope_theta", DEFAULT_THETA if theta is None else theta)
-    out.setdefault("rope_type", out.get("type", "default"))
-    return out
 
 
 def rope_scaling_conflict(scope: Mapping, prefix: str = "") -> str | None:
@@ -172,8 +152,6 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
       top-level keys are read by neither (nor by SGLang, which does not load this format);
     - serving format: SGLang 0.5.16 and 0.5.23 read the first of :data:`SGLANG_THETA_ORDER` at
       the top level; the file does not record which theta the draft was trained with."""
-    from eagle3.engines.sglang.draft_load import rope_parameters
-
     stated = stated_thetas(cfg)
     nested = "transformer_layer_config."
     if _is_speculators(cfg):
@@ -198,11 +176,7 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
     if len(set(stated.values())) < 2:
         return []
     s_key, s_theta = sglang_theta(cfg)
-    top = {k: v for k, v in cfg.items() if k != "transformer_layer_config"}
-    ref_theta = float(rope_parameters(dict(top)).get("rope_theta", DEFAULT_THETA))
     both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
-    ref = ("" if ref_theta == s_theta else
-           f"; the reference engine (refengine) reads {ref_theta:g} instead")
     stray = [k for k in stated if k.startswith(nested)]
     stray_note = (f"; {', '.join(stray)} {'is' if len(stray) == 1 else 'are'} not read when "
                   "serving" if stray else "")
@@ -211,7 +185,7 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
                     f"{SGLANG_RELEASES} read {s_key}={s_theta:g} (transformers folds "
                     f"{', '.join(SGLANG_THETA_ORDER)} into rope_parameters, first stated wins; "
                     "srt/models/llama.py reads rope_parameters['rope_theta'])"
-                    f"{ref}{stray_note}. The file does not record which theta the draft was "
+                    f"{stray_note}. The file does not record which theta the draft was "
                     "trained with: keep only the key holding it (normally the target's theta) "
                     f"and delete the others ({', '.join(others)} if {s_key} is the trained one)")]
 
@@ -225,7 +199,8 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
     so the draft is served with full attention. A ``use_sliding_window`` that is not a JSON
     boolean (``"true"``, ``1``) is refused too, naming its type: transformers takes any truthy
     value as on (the string ``"false"`` included), so what the draft was trained with is
-    unclear."""
+    unclear. So is a ``sliding_window`` beside ``use_sliding_window: true`` that is not a
+    positive integer (``"4096"``, ``4096.0``, ``-1``, ``true``), named with its type."""
     out = []
     for prefix, scope in _scopes(cfg):
         types = scope.get("layer_types")
@@ -240,9 +215,20 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
                                f"{SGLANG_RELEASES} reads neither key, so the draft would be "
                                "served with full attention: write false if it was trained "
                                "without a window"))
+        bad_window = window is not None and (
+            not isinstance(window, int) or isinstance(window, bool) or window <= 0)
+        if use is True and bad_window:
+            out.append(Problem("SLIDING_WINDOW", f"{where} {prefix}sliding_window: expected a "
+                               "positive integer (the window in tokens) with "
+                               f"{prefix}use_sliding_window=true, got {window!r} (a "
+                               f"{type(window).__name__}); the window the draft was trained with "
+                               "is unclear, and the LlamaForCausalLMEagle3 of "
+                               f"{SGLANG_RELEASES} reads neither key, so the draft would be "
+                               "served with full attention: write the window as an integer, or "
+                               "use_sliding_window=false if it was trained without one"))
         sliding = [i for i, t in enumerate(types if isinstance(types, list) else [])
                    if t != "full_attention"]
-        flag = use is True and isinstance(window, int) and window > 0
+        flag = use is True and not bad_window and window is not None
         if not sliding and not flag:
             continue
         got = (f"{prefix}layer_types={types} (layers {sliding} not full attention)" if sliding

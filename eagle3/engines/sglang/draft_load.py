@@ -9,6 +9,8 @@ name is tried as-is and with a ``model.`` prefix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -62,16 +64,28 @@ def unfilled(params: dict, filled: set[str]) -> list[str]:
     return out
 
 
-def rope_parameters(cfg: dict) -> dict:
-    """RoPE as SGLang reads it (``rope_parameters``, else ``rope_theta`` + ``rope_scaling``), as a
-    transformers-5 ``rope_parameters`` dict."""
-    rp = cfg.get("rope_parameters")
-    out = dict(rp if rp is not None else cfg.get("rope_scaling") or {})
-    if rp is None or "rope_theta" not in out:
-        out["rope_theta"] = cfg.get("rope_theta", 10000.0)
-    if "type" in out and "rope_type" not in out:
-        out["rope_type"] = out.pop("type")
-    out.setdefault("rope_type", "default")
+DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py default
+
+
+def rope_base_key(scope: Mapping) -> str:
+    """The RoPE dict transformers 5 keeps: ``rope_scaling`` when it is a non-empty object (it
+    replaces ``rope_parameters`` whole: ``convert_rope_params_to_dict``), else
+    ``rope_parameters``."""
+    rs = scope.get("rope_scaling")
+    return "rope_scaling" if isinstance(rs, Mapping) and rs else "rope_parameters"
+
+
+def rope_parameters(scope: Mapping) -> dict:
+    """The ``rope_parameters`` transformers 5 builds from a config level ``scope``, which the pinned
+    SGLang then reads (it loads config.json through transformers 5): the kept RoPE dict
+    (:func:`rope_base_key`) with ``rope_theta`` defaulted from the top-level ``rope_theta`` (else
+    10000) and ``rope_type`` from a legacy ``type`` (else ``"default"``). The one reader of RoPE
+    keys for both the reference draft and the convert/validate checks."""
+    base = scope.get(rope_base_key(scope))
+    out = dict(base) if isinstance(base, Mapping) else {}
+    theta = scope.get("rope_theta")
+    out.setdefault("rope_theta", DEFAULT_THETA if theta is None else theta)
+    out.setdefault("rope_type", out.get("type", "default"))
     return out
 
 
