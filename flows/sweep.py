@@ -34,6 +34,7 @@ from prefect import flow
 from eagle3.artifacts import read_manifest
 from eagle3.errors import DataError
 from flows.common import flow_run_label, load_run_config, parent_run, publish_summary, reopen_run
+from flows.summary import decide_command
 from flows.pipeline import eagle3_pipeline
 from tasks import tracking
 from tasks.reports import SWEEP_TAG, format_table, sweep_report, sweep_table
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"failed points: {out['failed'] or 'none'}")
     print(f"decision: {out['decision']} (rule {out['decision_rule']}); plot {out['plot']}")
     print(f"MLflow: {out['mlflow_uri']} sweep parent run {out['parent_run_id']}  "
-          f"(eagle3 decide {out['parent_run_id']} with MLFLOW_TRACKING_URI={out['mlflow_uri']})")
+          f"({decide_command(out['mlflow_uri'], out['parent_run_id'])})")
     return 0
 
 

@@ -29,9 +29,9 @@ user with that target reads.
 
 Before any server starts, the SGLang modes need ``serve.sglang_python`` to import the release of
 ``convert.engine_version``; when it does not, the message says how to build that release's
-environment (``eagle3.serve.preflight.install_advice``: ``make sglang-env`` builds the profile's
-release only; another takes ``pip install sglang==V`` in a venv of its own or its offline kit,
-``lab/gpu/sglang_kit.sh`` for 0.5.16).
+environment (``install_advice`` of ``eagle3.engines.sglang.environment``: ``make sglang-env``
+builds the profile's release only; another takes ``pip install sglang==V`` in a venv of its own
+or its offline kit, ``lab/gpu/sglang_kit.sh`` for 0.5.16).
 
 Writes ``--out`` (JSON) after every mode; prints one line per measurement and the table last.
 Exit 0; 1 when a mode failed (the others still run); 2 for bad arguments (a bad config or an
@@ -135,11 +135,11 @@ def _check_tree(p: argparse.ArgumentParser, topk: int, draft_tokens: int) -> Non
 def sglang_env_problem(cfg, modes: list[str]) -> str | None:
     """Why the SGLang modes among ``modes`` cannot start: ``serve.sglang_python`` cannot import
     sglang, or has a release other than ``convert.engine_version``; with how to build that
-    release's environment (``eagle3.serve.preflight.install_advice``, per release). None when no
-    mode needs SGLang or the environment has the release."""
+    release's environment (``eagle3.engines.sglang.environment.install_advice``, per release).
+    None when no mode needs SGLang or the environment has the release."""
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                    sglang_unusable_reason, sglang_version)
-    from eagle3.serve.preflight import install_advice
+    from eagle3.engines.sglang.environment import install_advice
 
     need = [m for m in modes if not m.startswith("reference")]
     if not need:

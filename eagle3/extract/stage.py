@@ -387,7 +387,7 @@ def _check_backend(cfg) -> None:
                           "tp_size/dp_size in extract.sglang_engine_args instead), got "
                           f"{cfg.extract.num_gpus}")
     if not sglang_installed(sglang_python(cfg)):
-        from eagle3.serve.preflight import install_advice
+        from eagle3.engines.sglang.environment import install_advice
 
         raise EngineUnsupported("extract.backend='sglang': serve.sglang_python: "
                                 f"{sglang_unusable_reason(sglang_python(cfg))}; expected the "

@@ -78,6 +78,8 @@ def _required_text(row, path: Path, index: int) -> str:
 def file_prompts(path: str | Path) -> list[dict]:
     """A user prompt file. Raises DataError when missing, empty, or a record lacks prompt text."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"prompt file {path}: expected a JSON or JSONL file, got a directory")
     if not path.is_file():
         raise DataError(f"prompt file {path}: not found")
     raw = path.read_text(encoding="utf-8")

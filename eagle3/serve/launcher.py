@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from eagle3.config import RunConfig
 from eagle3.redaction import redact
-from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
+from eagle3.engines.sglang.environment import (install_advice, sglang_installed, sglang_python,
                                                sglang_unusable_reason)
 from eagle3.engines.sglang.serving import (ArgvRules, extra_args_problems, launch_args,
                                            reference_refusals, simulation_problem)
@@ -67,8 +67,8 @@ def resolve_engine(cfg: RunConfig) -> str:
     if engine == "sglang" and not has_sglang:
         raise EngineUnsupported(f"serve.engine is 'sglang' but serve.sglang_python: "
                                 f"{sglang_unusable_reason(py)}; expected the Python of an "
-                                f"environment with sglang=={cfg.convert.engine_version} (make "
-                                "sglang-env)")
+                                f"environment with sglang=={cfg.convert.engine_version} "
+                                f"({install_advice(cfg.convert.engine_version)})")
     return "sglang" if has_sglang and (engine == "sglang" or gpu_present()) else "reference"
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from eagle3.convert.checkpoint import Problem
 from eagle3.engines.bounds import bounded_int
+from eagle3.engines.sglang.environment import install_advice
 from eagle3.engines.sglang.serving import (extra_args_problems, flag_value, resolve,
                                            simulation_problem)
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
@@ -165,28 +166,9 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
         detail = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in parts.items())
         raise ConfigError(
             f"serve.mem_fraction_static: needs {need / GIB:.2f} GiB per GPU ({detail}; context "
-            f"{context_length} × batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / GIB:.2f} "
+            f"{context_length} x batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / GIB:.2f} "
             f"GiB × mem_fraction_static {mem_fraction_static} = {budget / GIB:.2f} GiB")
     return report
-
-
-# pinned releases with a kit for a machine without network (the kit's PINS name that release)
-OFFLINE_KITS = {"0.5.16": "lab/gpu/sglang_kit.sh"}
-
-
-def install_advice(version: str) -> str:
-    """How to build an environment with SGLang ``version`` (a key of
-    ``eagle3.engines.sglang.profile.RELEASES``): ``make sglang-env`` builds the profile's
-    ``VERSION`` (the Makefile's SGLANG_VERSION); another release needs a venv of its own, or its
-    offline kit (:data:`OFFLINE_KITS`) on a machine without network."""
-    from eagle3.engines.sglang.profile import VERSION
-
-    if version == VERSION:
-        return "make sglang-env"
-    kit = OFFLINE_KITS.get(version)
-    offline = f", or {kit} (build, then install) on a machine without network" if kit else ""
-    return (f"python3 -m venv DIR && DIR/bin/pip install sglang=={version} (make sglang-env "
-            f"builds {VERSION}){offline}")
 
 
 def _sglang_env_problem(cfg: Any, who: str, fallback: str) -> Problem | None:

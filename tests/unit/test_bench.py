@@ -306,3 +306,13 @@ def test_save_report_with_offline(tmp_path):
     saved = json.loads(path.read_text())
     assert saved["summary"]["offline_acceptance_length"] == 1.25 and "per_request" not in saved["offline"]
     assert (tmp_path / "b" / "acceptance_by_category.png").exists()
+
+
+def test_a_prompt_file_that_is_a_directory_is_called_one(tmp_path):
+    from eagle3.errors import DataError
+    from eagle3.measure.prompts import file_prompts
+
+    with pytest.raises(DataError, match="got a directory"):
+        file_prompts(tmp_path)
+    with pytest.raises(DataError, match="not found"):
+        file_prompts(tmp_path / "absent.jsonl")

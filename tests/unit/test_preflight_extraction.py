@@ -10,6 +10,7 @@ import pytest
 from eagle3.config import load_config
 from eagle3.engines.sglang.profile import RELEASES, VERSION
 from eagle3.errors import EngineUnsupported
+from eagle3.engines.sglang import environment
 from eagle3.serve import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,10 +65,10 @@ def test_engine_missing_advice_follows_the_configured_release(tmp_path):
 def test_offline_kits_install_the_release_they_are_listed_for():
     makefile = (ROOT / "Makefile").read_text()
     assert f"SGLANG_VERSION := {VERSION}" in makefile  # what make sglang-env builds
-    for version, kit in preflight.OFFLINE_KITS.items():
+    for version, kit in environment.OFFLINE_KITS.items():
         assert version in RELEASES
         assert f"sglang=={version} " in (ROOT / kit).read_text()
-        assert kit in preflight.install_advice(version)
+        assert kit in environment.install_advice(version)
 
 
 def test_help_flag_is_refused_for_the_reference_engine_too(tmp_path):
@@ -91,7 +92,7 @@ def test_sglang_extraction_advice_follows_the_configured_release(tmp_path, monke
     with pytest.raises(EngineUnsupported) as e:
         _check_backend(cfg)
     msg = str(e.value)
-    assert f"sglang=={old}" in msg and preflight.install_advice(old) in msg
+    assert f"sglang=={old}" in msg and environment.install_advice(old) in msg
     assert "fix: make sglang-env)" not in msg and "extract.backend=hf" in msg
     with pytest.raises(EngineUnsupported, match=r"fix: make sglang-env\), or use"):
         _check_backend(_cfg(tmp_path, "extract.backend=sglang"))

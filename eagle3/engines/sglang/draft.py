@@ -49,7 +49,7 @@ Attend = Callable[[int, "_Attention", torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """SGLang's RMSNorm: ``(x)`` → normed; ``(x, residual)`` → ``(norm(x+residual), x+residual)``,
+    """SGLang's RMSNorm: ``(x)`` -> normed; ``(x, residual)`` -> ``(norm(x+residual), x+residual)``,
     in float32 with the weight multiplied before the cast back (``forward_native``)."""
 
     def __init__(self, size: int, eps: float):
@@ -134,7 +134,7 @@ class _Attention(nn.Module):
         self.rotary = [rotary]  # shared, not a registered submodule (no parameters)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """``x [..., T, W]`` → ``q [..., nh, T, d]``, ``k, v [..., nkv, T, d]``, RoPE on q and k."""
+        """``x [..., T, W]`` -> ``q [..., nh, T, d]``, ``k, v [..., nkv, T, d]``, RoPE on q and k."""
         *lead, t, _ = x.shape
         sizes = [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd]
         parts = zip(self.qkv_proj(x).split(sizes, -1), (self.nh, self.nkv, self.nkv))
@@ -283,7 +283,7 @@ class SGLangEagle3Draft(nn.Module):
         return self.lm_head(normed).float(), hidden
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary ids (any shape, any device) → target ids (identity without ``d2t``)."""
+        """Draft-vocabulary ids (any shape, any device) -> target ids (identity without ``d2t``)."""
         hot = self.hot_token_id
         return draft_ids if hot is None else hot.to(draft_ids.device)[draft_ids]
 

@@ -51,3 +51,22 @@ def sglang_version(python: str) -> str | None:
     """The sglang version ``python`` has installed (package metadata), None when it cannot tell."""
     out = _run(python, "import importlib.metadata as m; print(m.version('sglang'))")
     return (out.stdout.strip() or None) if out and out.returncode == 0 else None
+
+
+# pinned releases with a kit for a machine without network (the kit's PINS name that release)
+OFFLINE_KITS = {"0.5.16": "lab/gpu/sglang_kit.sh"}
+
+
+def install_advice(version: str) -> str:
+    """How to build an environment with SGLang ``version`` (a key of
+    ``eagle3.engines.sglang.profile.RELEASES``): ``make sglang-env`` builds the profile's
+    ``VERSION`` (the Makefile's SGLANG_VERSION); another release needs a venv of its own, or its
+    offline kit (:data:`OFFLINE_KITS`) on a machine without network."""
+    from eagle3.engines.sglang.profile import VERSION
+
+    if version == VERSION:
+        return "make sglang-env"
+    kit = OFFLINE_KITS.get(version)
+    offline = f", or {kit} (build, then install) on a machine without network" if kit else ""
+    return (f"python3 -m venv DIR && DIR/bin/pip install sglang=={version} (make sglang-env "
+            f"builds {VERSION}){offline}")

@@ -12,7 +12,7 @@ the released wheel (re-read by ``tests/unit/test_profiles.py``):
   ``hidden_norm``), ``model.norm``, ``lm_head`` (``[draft_vocab_size, hidden]`` unless
   ``tie_word_embeddings``).
 - ``load_weights``: legacy ``midlayer``→``layers.0``,
-  ``aux_norm_{low,mid,high}``→``fc_norm.{0,1,2}`` (substring replace); ``d2t`` → ``hot_token_id =
+  ``aux_norm_{low,mid,high}``->``fc_norm.{0,1,2}`` (substring replace); ``d2t`` -> ``hot_token_id =
   d2t + arange``; ``t2d`` dropped; q/k/v and gate/up stacked; each name tried as-is then with
   ``model.``; **a name matching no parameter is skipped silently**.
 - Decoder layer 0: ``residual = hidden_states`` *before* ``hidden_norm`` (norm_before_residual
