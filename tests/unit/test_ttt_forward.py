@@ -264,6 +264,7 @@ def test_a_training_that_fails_before_its_first_checkpoint_gives_the_earlier_dra
     import tasks.train as task_mod
     from eagle3.artifacts import write_manifest
 
+    write_manifest(tmp_path, "hidden_states", mode="offline")  # the extraction it trains from
     out = tmp_path / "train"
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"weights of the earlier settings")
@@ -318,6 +319,7 @@ def test_a_refused_setting_keeps_the_finished_draft_of_earlier_settings(tmp_path
     import tasks.train as task_mod
     from eagle3.artifacts import write_manifest
 
+    write_manifest(tmp_path, "hidden_states", mode="offline")  # the extraction it trains from
     out = tmp_path / "train"
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"weights of the earlier settings")

@@ -134,7 +134,7 @@ class _Attention(nn.Module):
         self.rotary = [rotary]  # shared, not a registered submodule (no parameters)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """``x [..., T, W]`` -> ``q [..., nh, T, d]``, ``k, v [..., nkv, T, d]``, RoPE on q and k."""
+        """``x [..., T, W]`` -> ``q [..., nh, T, d]``, ``k, v [..., nkv, T, d]``; RoPE on q, k."""
         *lead, t, _ = x.shape
         sizes = [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd]
         parts = zip(self.qkv_proj(x).split(sizes, -1), (self.nh, self.nkv, self.nkv))
