@@ -32,8 +32,10 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path, ephemeral
     cfg = load_config(TINY, overrides)
 
     lines = text.strip().splitlines()
-    assert lines[-1].startswith("MLflow UI: mlflow ui --backend-store-uri sqlite:///")
-    assert lines[-2].startswith(f"MLflow: {cfg.mlflow_uri()}")
+    assert lines[-1].startswith("its decision in full: eagle3 decide ")
+    assert f"--tracking-uri {cfg.mlflow_uri()}" in lines[-1]  # runs_dir is not the default one
+    assert lines[-2].startswith("MLflow UI: mlflow ui --backend-store-uri sqlite:///")
+    assert lines[-3].startswith(f"MLflow: {cfg.mlflow_uri()}")
     trained = float(re.search(r"trained draft:\s+([0-9.]+)", text).group(1))
     untrained = float(re.search(r"untrained baseline:\s+([0-9.]+)", text).group(1))
     assert 1.0 <= untrained <= cfg.serve.speculative_num_steps + 1
