@@ -141,6 +141,21 @@ def _is_speculators(cfg: Mapping) -> bool:
         cfg.get("transformer_layer_config"), Mapping)
 
 
+def _rope_not_a_mapping(cfg: Mapping, where: str) -> list[Problem]:
+    """``ROPE_CONFLICT`` for a ``rope_parameters`` / ``rope_scaling`` that is neither null nor a
+    JSON object: transformers 5's ``LlamaConfig`` refuses to build such a config (its field is a
+    dict), so SGLang could not load the draft, and the RoPE it was trained with is unknown."""
+    out = []
+    for prefix, scope in _scopes(cfg):
+        for key in ("rope_parameters", "rope_scaling"):
+            value = scope.get(key)
+            if value is not None and not isinstance(value, Mapping):
+                out.append(Problem("ROPE_CONFLICT", f"{where}: {prefix}{key}: expected a JSON "
+                                   f"object (or null), got {value!r} (a {type(value).__name__}); "
+                                   "transformers 5 cannot build the draft's config from it"))
+    return out
+
+
 def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Problem]:
     """``ROPE_CONFLICT`` when a config states RoPE thetas that disagree, at one level
     (transformers 4's ``rope_theta`` / ``rope_scaling`` beside 5's ``rope_parameters``) or across
@@ -152,6 +167,9 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
       top-level keys are read by neither (nor by SGLang, which does not load this format);
     - serving format: SGLang 0.5.16 and 0.5.23 read the first of :data:`SGLANG_THETA_ORDER` at
       the top level; the file does not record which theta the draft was trained with."""
+    shapes = _rope_not_a_mapping(cfg, where)
+    if shapes:
+        return shapes
     stated = stated_thetas(cfg)
     nested = "transformer_layer_config."
     if _is_speculators(cfg):

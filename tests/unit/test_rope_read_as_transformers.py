@@ -117,3 +117,22 @@ def test_sliding_window_not_a_positive_int_is_refused_naming_value_and_type(wind
 ])
 def test_sliding_window_controls_stay_quiet(scope):
     assert check_sliding_window(scope) == []
+
+
+@pytest.mark.parametrize("prefix", ["", "transformer_layer_config."])
+@pytest.mark.parametrize("key,value", [("rope_parameters", "default"),
+                                       ("rope_scaling", ["linear", 2.0])])
+def test_rope_that_is_not_an_object_is_refused_naming_the_key(prefix, key, value):
+    from eagle3.convert.draft_checks import check_rope_conflict
+
+    cfg = {"rope_theta": 10000.0}
+    if prefix:
+        cfg.update(speculators_model_type="eagle3",
+                   transformer_layer_config={"rope_theta": 10000.0, key: value})
+    else:
+        cfg[key] = value
+    problems = check_rope_conflict(cfg)
+    assert [p.code for p in problems] == ["ROPE_CONFLICT"]
+    assert f"{prefix}{key}: expected a JSON object" in problems[0].message
+    assert check_rope_conflict({"rope_theta": 10000.0, key: None}) == []
+    assert check_rope_conflict({key: {"rope_type": "default", "rope_theta": 10000.0}}) == []
