@@ -238,6 +238,12 @@ def wait_ready(url: str = typer.Option(..., "--url"),
     if log is not None and not log.is_file():
         _fail(f"wait-ready: --log: expected the server's log file, got {str(log)!r} (not a "
               "file)", 2)
+    if diagnostics is not None:
+        try:  # made now, so a folder that cannot be made is a bad argument, not a late traceback
+            diagnostics.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            _fail(f"wait-ready: --diagnostics: expected a folder that can be made, got "
+                  f"{str(diagnostics)!r} ({e.strerror or e})", 2)
     try:
         result = do_wait(url, pid=pid, log_path=log, timeout_s=timeout,
                          stall_timeout_s=stall_timeout,

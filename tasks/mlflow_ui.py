@@ -22,6 +22,7 @@ MLflow conventions used (mlflow 3.17, read from its UI bundle ``mlflow/server/js
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 from urllib.parse import quote
 
@@ -113,8 +114,9 @@ def ui_base(tracking_uri: str) -> str | None:
 
 def ui_command(tracking_uri: str, port: int = 5000) -> str:
     """The command that opens the UI on a local store (``mlflow ui --backend-store-uri … --host
-    127.0.0.1``)."""
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port {port}"
+    127.0.0.1``), the store quoted for a POSIX shell when it holds spaces or shell characters."""
+    return (f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri)} --host 127.0.0.1 "
+            f"--port {port}")
 
 
 def run_url(base: str, experiment_id: str, run_id: str, tab: str = "") -> str:

@@ -90,3 +90,23 @@ def test_decide_names_a_store_that_cannot_answer(uri, message):
     pytest.importorskip("mlflow")
     res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", uri])
     assert res.exit_code == 1 and message in res.output
+
+
+def test_wait_ready_diagnostics_that_cannot_be_a_folder_is_a_bad_argument(tmp_path):
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    res = CliRunner().invoke(app, ["wait-ready", "--url", "http://127.0.0.1:9", "--timeout", "30",
+                                   "--diagnostics", str(a_file)])
+    assert res.exit_code == 2, res.output
+    assert "--diagnostics" in res.output and "taken" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_the_mlflow_ui_command_quotes_a_store_with_a_space():
+    import shlex
+
+    from tasks.mlflow_ui import ui_command
+
+    cmd = ui_command("sqlite:////tmp/runs sp/mlflow.db")
+    assert shlex.split(cmd)[3] == "sqlite:////tmp/runs sp/mlflow.db"
+    assert ui_command("sqlite:////tmp/runs/mlflow.db").split()[3] == "sqlite:////tmp/runs/mlflow.db"
