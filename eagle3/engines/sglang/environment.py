@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +22,28 @@ def sglang_python(cfg) -> str:
     return cfg.serve.sglang_python or sys.executable
 
 
+ANSWER_TIMEOUT_S = 60  # a Python answers these questions in well under a second
+
+
 def _run(python: str, code: str) -> subprocess.CompletedProcess | None:
-    """``python -c code`` (2 min at most); None when it cannot start or times out."""
+    """``python -c code`` in a process group of its own, at most :data:`ANSWER_TIMEOUT_S`
+    seconds; None when it cannot start or does not answer in time (then its whole group, children
+    included, is ended: it is a group this function started)."""
     try:
-        return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError:
         return None
+    try:
+        out, err = proc.communicate(timeout=ANSWER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def sglang_installed(python: str) -> bool:
@@ -44,6 +61,14 @@ def sglang_unusable_reason(python: str) -> str:
     p = Path(python)
     if python != sys.executable and (not p.is_file() or not os.access(p, os.X_OK)):
         return f"{python} is not an executable file"
+    if python != sys.executable:
+        probe = _run(python, "import sys; print('python', sys.version_info[0])")
+        if probe is None:
+            return (f"{python} did not answer within {ANSWER_TIMEOUT_S} s (its process group "
+                    "was ended); is it a Python interpreter?")
+        if probe.returncode != 0 or probe.stdout.strip() != "python 3":
+            return (f"{python} is not a Python 3 interpreter (asked for its version: exit code "
+                    f"{probe.returncode}, output {probe.stdout.strip()[:80]!r})")
     return f"{python} cannot import sglang"
 
 
