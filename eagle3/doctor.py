@@ -80,7 +80,10 @@ def interpreter_problem(python: str) -> str | None:
                 "SGLang, got an empty value")
     p = Path(python).expanduser()
     if not p.exists():
-        hint = " (a broken link)" if p.is_symlink() else ""
+        found = shutil.which(python) if "/" not in python else None
+        hint = (" (a broken link)" if p.is_symlink() else
+                f" (a bare name is not looked up on PATH: give its full path, e.g. {found})"
+                if found else "")
         return (f"{python}: expected the Python interpreter of an environment with SGLang, got a "
                 f"path that does not exist{hint}")
     if p.is_dir():

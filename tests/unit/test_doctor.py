@@ -130,3 +130,12 @@ def test_doctor_reports_an_empty_sglang_python_as_empty_not_as_a_directory(tmp_p
     out = CliRunner().invoke(app, ["doctor", "--sglang-python", ""])
     assert out.exit_code == 1
     assert "FAIL SGLang: --sglang-python '': expected the path of the Python interpreter" in out.output
+
+
+def test_a_bare_interpreter_name_asks_for_its_full_path(tmp_path, monkeypatch):
+    from eagle3.doctor import interpreter_problem
+
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    why = interpreter_problem("python3")
+    assert "give its full path" in why
+    assert "bare name" not in (interpreter_problem(str(tmp_path / "nope")) or "")
