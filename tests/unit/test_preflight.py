@@ -63,7 +63,7 @@ def test_memory_estimate_numbers(tmp_path):
         estimate_memory(target, draft, context_length=100, batch_size=2, gpu_memory_bytes=200_000,
                         mem_fraction_static=0.5)
     msg = str(e.value)
-    assert "mem_fraction_static 0.5" in msg and "draft_kv" in msg and "context 100 × batch 2" in msg
+    assert "mem_fraction_static 0.5" in msg and "draft_kv" in msg and "context 100 x batch 2" in msg
 
 
 @pytest.mark.parametrize("config,cls", [("kimi-k2.5.yaml", "KimiK25ForConditionalGeneration"),
