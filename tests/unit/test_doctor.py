@@ -107,7 +107,8 @@ def test_cli_doctor_names_the_bad_sglang_python(tmp_path, monkeypatch):
 def test_doctor_fails_when_the_sglang_python_answers_with_something_not_a_version(tmp_path):
     from eagle3.doctor import check_sglang
 
-    for body, shown in (("echo hello", "'hello'"), ("echo 'Usage: tool [options]'", "'Usage: tool [options]'")):
+    for body, shown in (("echo hello", "'hello'"),
+                        ("echo 'Usage: tool [options]'", "'Usage: tool [options]'")):
         py = _fake_python(tmp_path, "py_" + str(len(body)), body)
         status, text = check_sglang(py)
         assert status == "FAIL", text
@@ -129,7 +130,8 @@ def test_doctor_reports_an_empty_sglang_python_as_empty_not_as_a_directory(tmp_p
     monkeypatch.setattr(doctor, "check_server", lambda name, *a: ("OK", name))
     out = CliRunner().invoke(app, ["doctor", "--sglang-python", ""])
     assert out.exit_code == 1
-    assert "FAIL SGLang: --sglang-python '': expected the path of the Python interpreter" in out.output
+    expected = "FAIL SGLang: --sglang-python '': expected the path of the Python interpreter"
+    assert expected in out.output
 
 
 def test_a_bare_interpreter_name_asks_for_its_full_path(tmp_path, monkeypatch):

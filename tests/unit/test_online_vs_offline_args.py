@@ -79,10 +79,12 @@ def test_a_case_that_fails_on_a_project_error_prints_one_line(monkeypatch, capsy
         raise DataError("data.path: expected a JSONL file, got a folder")
 
     monkeypatch.setattr(ovo, "run_case", fail)
-    rc = ovo.main([TINY, "--work", str(tmp_path), "--case", "online", "2", str(tmp_path / "c.json")])
+    rc = ovo.main([TINY, "--work", str(tmp_path), "--case", "online", "2",
+                   str(tmp_path / "c.json")])
     assert rc == 1
     err = capsys.readouterr().err
-    assert err.strip() == "error: case online x 2 epochs: data.path: expected a JSONL file, got a folder"
+    assert err.strip() == ("error: case online x 2 epochs: data.path: expected a JSONL file, "
+                           "got a folder")
 
 
 def test_help_shows_an_example(capsys):

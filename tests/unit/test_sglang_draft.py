@@ -157,7 +157,8 @@ def test_kv_cache_steps_equal_full_extend_and_attention_is_causal(tmp_path, num_
 
 def test_rope_parameters_reads_both_config_styles():
     assert rope_parameters({"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}}) == \
-        {"type": "linear", "rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}  # as LlamaConfig
+        {"type": "linear", "rope_type": "linear", "factor": 2.0,
+         "rope_theta": 5e5}  # as LlamaConfig builds it
     assert rope_parameters({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}) == \
         {"rope_type": "default", "rope_theta": 1e4}
     assert rope_parameters({}) == {"rope_type": "default", "rope_theta": 10000.0}

@@ -143,7 +143,8 @@ def test_flow_run_shows_the_parent_run_and_the_decision(tiny_cfg, caplog):
     parent = client.create_run(exp_id).info.run_id
     with caplog.at_level(logging.INFO, logger="flows.summary"):
         line = summary.announce_parent(tiny_cfg, parent)
-    assert f"MLflow parent run {parent}" in line and f"`eagle3 decide {parent} --tracking-uri " in line
+    assert f"MLflow parent run {parent}" in line
+    assert f"`eagle3 decide {parent} --tracking-uri " in line
     assert line in caplog.text
     st = summary.finished({"decision": "more data", "decision_rule": "val_loss_falling",
                            "acceptance_length": 1.2104, "acceptance_length_untrained": 1.0,
