@@ -9,6 +9,8 @@
 #                                               MLflow store and regenerated data come back
 #   start CONFIG [eagle3 run args]              the pipeline in its own process session, so it
 #                                               runs on across calls while the machine stays warm
+#   stages CONFIG [args]                        extract, train and convert only (no deploy), in
+#                                               its own process session like start
 #   wait SECONDS                                follow it until it ends or SECONDS pass
 #   collect CONFIG                              bring back the run's small files, the MLflow store,
 #                                               regenerated data and the serving draft (in parts)
@@ -58,6 +60,14 @@ EOF
     # a new process session outlives the call; the machine keeps it while it stays warm
     setsid nohup bash -c 'python3 -m cli.main run "$@" > "'"$H"'/run.log" 2>&1; echo $? > "'"$H"'/run.rc"' \
       _ "$cfg" -o paths.runs_dir=$RUNS "$@" > /dev/null 2>&1 < /dev/null &
+    sleep 20; tail -5 "$H/run.log" ;;
+  stages)
+    cfg=${1:?config}; shift
+    rm -f "$H/run.rc"
+    setsid nohup bash -c 'for s in extract train convert; do
+        python3 -m cli.main "$s" "$@" || { echo $? > "'"$H"'/run.rc"; exit; }; done
+      echo 0 > "'"$H"'/run.rc"' _ "$cfg" -o paths.runs_dir=$RUNS "$@" \
+      > "$H/run.log" 2>&1 < /dev/null &
     sleep 20; tail -5 "$H/run.log" ;;
   wait)
     end=$(( $(date +%s) + ${1:?seconds} ))
