@@ -15,7 +15,12 @@ Ready: ``GET /health_generate`` 200 *and* ``probe_concurrency`` (≥ 2) concurre
 ``spec_*`` fields in ``meta_info`` (docs/ENGINE_FACTS.md §4).
 
 HTTP runs in daemon threads, so a server that never answers cannot block the loop; a verdict comes
-within ``stall_timeout_s`` plus two poll intervals of the last progress. The gate never ends the
+within ``stall_timeout_s`` plus two poll intervals of the last progress. Each health check waits
+at most the time left before the nearest deadline (``timeout_s``, or ``stall_timeout_s`` of no
+progress or no answer), so a deadline shorter than the per-check wait is kept, and the check due
+at a deadline is read before the verdict. A ``timed_out`` or ``stalled`` verdict says what the
+health checks met: connection refused, a port that accepted connections but never answered, or
+the HTTP status the server answered. The gate never ends the
 server: on a non-ready verdict it saves diagnostics
 (:func:`eagle3.serve.diagnostics.collect_diagnostics`). :class:`Watchdog` watches a benchmark.
 """
@@ -45,6 +50,12 @@ from eagle3.serve.watchdog import Watchdog
 __all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready",
            "VERDICTS"]
 VERDICTS = ("ready", "crashed", "stalled", "timed_out", "probe_failed")
+# seconds: the shortest wait given to one health check (one nearly at a deadline still gets an
+# answer from a server on the same host)
+MIN_HEALTH_TIMEOUT_S = 0.05
+# seconds waited once for a health check whose own timeout has run out, so the verdict due at a
+# deadline knows what that check met
+HEALTH_GRACE_S = 0.5
 PROBE_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram")
@@ -69,6 +80,10 @@ class Call:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` seconds for the call to end; whether it has."""
+        return self._done.wait(timeout_s)
 
 
 def http_status(url: str, timeout_s: float) -> int | str:
@@ -245,12 +260,22 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
                    "probe": None, "probe_t0": 0.0, "probe_results": []}
     health_timeout = min(probe_timeout_s, max(2.0, 5 * poll_interval_s))
     while True:
+        h = state["health"]
+        if h is not None and not state.get("health_waited") and (
+                time.monotonic() >= state["health_end"]):
+            # this check's own timeout has run out: its answer (or its timeout) is due now,
+            # and a verdict at this deadline should know what it met
+            state["health_waited"] = True
+            h.wait(HEALTH_GRACE_S)
         now = time.monotonic()
         verdict, detail, code = _check_exit(pid)
         if verdict is None:
             if mon.sample():
                 state["last_progress"] = now
-            verdict, detail = _advance(url, state, tl, mon, now, health_timeout, probe_timeout_s,
+            deadline = _nearest_deadline(state, mon, now, t0 + timeout_s, stall_timeout_s,
+                                         watched=pid is not None or log_path is not None)
+            check_timeout = max(MIN_HEALTH_TIMEOUT_S, min(health_timeout, deadline - now))
+            verdict, detail = _advance(url, state, tl, mon, now, check_timeout, probe_timeout_s,
                                        require_spec_fields, max(2, probe_concurrency))
         if verdict is None and mon.sources and now - state["last_progress"] >= stall_timeout_s:
             verdict = "stalled"
@@ -275,19 +300,41 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
             verdict = "stalled"
             detail = (f"Not answering: {url} accepted connections but gave no HTTP answer to "
                       f"{state.get('silent', 0)} health checks over {silent_for:.1f} s "
-                      f"(stall_timeout_s={stall_timeout_s}; each check waits up to "
-                      f"{health_timeout:g} s; last: {state.get('last_health')}) in phase "
+                      f"(stall_timeout_s={stall_timeout_s}; each check waited up to "
+                      f"{state.get('silent_wait', health_timeout):.1f} s; last: "
+                      f"{state.get('last_health')}) in phase "
                       f"{tl.phase}, with no progress signal (no server pid or log) to show a "
                       "server still starting.")
         if verdict is None and now - t0 >= timeout_s:
             verdict = "timed_out"
             detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
         if verdict in ("timed_out", "stalled"):
-            detail += _refused_note(url, state)
+            detail += _refused_note(url, state) + _health_note(url, state, now, detail)
         if verdict is not None:
             return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now,
                            diagnostics_dir)
-        time.sleep(max(0.0, poll_interval_s - (time.monotonic() - now)))
+        # wake at the next poll, or earlier at the nearest deadline (a verdict due then is not
+        # held back by up to one poll interval)
+        wake = min(now + poll_interval_s,
+                   _nearest_deadline(state, mon, now, t0 + timeout_s, stall_timeout_s,
+                                     watched=pid is not None or log_path is not None))
+        time.sleep(max(0.0, wake - time.monotonic()))
+
+
+def _nearest_deadline(st: dict, mon: ProgressMonitor, now: float, overall: float,
+                      stall_timeout_s: float, watched: bool) -> float:
+    """The nearest moment (``time.monotonic()``) a verdict can fall due: the overall deadline,
+    ``stall_timeout_s`` after the last progress (when a progress signal is watched), or, with no
+    pid or log, ``stall_timeout_s`` after the refused or unanswered health checks began (a check
+    started ``now`` begins such a run)."""
+    out = [overall]
+    if mon.sources:
+        out.append(st["last_progress"] + stall_timeout_s)
+    if not watched:
+        out.append(st.get("silent_since", now) + stall_timeout_s)
+        if "refused_since" in st:
+            out.append(st["refused_since"] + stall_timeout_s)
+    return min(out)
 
 
 def _check_exit(pid: int | None) -> tuple[str | None, str, int | None]:
@@ -310,7 +357,8 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     h = st["health"]
     if h is None:
         st["health"] = Call(http_status, url + st["health_path"], health_timeout)
-        st["health_t0"] = now
+        st["health_t0"], st["health_end"], st["health_waited"] = now, now + health_timeout, False
+        st["silent_wait"] = max(st.get("silent_wait", 0.0), health_timeout)
         return None, ""
     if not h.done():
         return None, ""
@@ -327,6 +375,7 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
     else:
         st.pop("silent_since", None)
         st.pop("silent", None)
+        st.pop("silent_wait", None)
     st["last_health"] = status
     if status == 404 and st["health_path"] == "/health_generate":
         st["health_path"] = "/health"  # a server without /health_generate: fall back to /health
@@ -355,6 +404,24 @@ def _refused_note(url: str, st: dict) -> str:
     every = "every one" if refused == seen else f"{refused}"
     return (f" Connection refused at {url}: {every} of {seen} health checks was refused "
             "(nothing listens on that host and port).")
+
+
+def _health_note(url: str, st: dict, now: float, detail: str) -> str:
+    """For a timed-out or stalled verdict whose detail does not say it yet: what the last health
+    check met when it was not refused. `` Not answering: ...`` when the port accepted connections
+    and no HTTP answer came (a timeout or a connection dropped unanswered), `` The last health
+    check ... answered HTTP <status>`` when the server answered; else ``""``."""
+    last = st.get("last_health")
+    if last is None or last == "refused" or detail.startswith("Not answering: "):
+        return ""
+    path = st["health_path"]
+    if isinstance(last, str):
+        silent_for = now - st.get("silent_since", now)
+        return (f" Not answering: {url} accepted connections, never answered: no HTTP answer "
+                f"within {silent_for:.1f} s to {st.get('silent', 0)} health checks of {path} "
+                f"(each waited up to {st.get('silent_wait', 0.0):.1f} s; last: {last}).")
+    return (f" The last health check of {url}{path} answered HTTP {last}"
+            + (" (the server is up, not ready yet)." if last == 503 else "."))
 
 
 def _advance_probe(url: str, st: dict, tl: _Timeline, now: float, probe_timeout: float,
