@@ -87,13 +87,16 @@ class Call:
 
 
 def http_status(url: str, timeout_s: float) -> int | str:
-    """GET ``url``: the status code, ``"refused"``, ``"timeout"`` (none in ``timeout_s`` seconds)
-    or ``"error: ..."``; environment proxies are ignored."""
+    """GET ``url``: the status code, ``"refused"``, ``"connect timeout"`` (no connection within
+    ``timeout_s`` seconds: a host that drops connection attempts), ``"timeout"`` (connected, no
+    answer within ``timeout_s``) or ``"error: ..."``; environment proxies are ignored."""
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False) as c:
             return c.get(url).status_code
     except httpx.ConnectError:
         return "refused"
+    except httpx.ConnectTimeout:
+        return "connect timeout"
     except httpx.TimeoutException:
         return "timeout"
     except httpx.HTTPError as e:
@@ -298,7 +301,7 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
             # a port that accepts connections but never answers looks like warming to the phase
             # machine; without a pid or log nothing else can show that the server is alive
             verdict = "stalled"
-            detail = (f"Not answering: {url} accepted connections but gave no HTTP answer to "
+            detail = (f"Not answering: {_silent_what(url, state)} to "
                       f"{state.get('silent', 0)} health checks over {silent_for:.1f} s "
                       f"(stall_timeout_s={stall_timeout_s}; each check waited up to "
                       f"{state.get('silent_wait', health_timeout):.1f} s; last: "
@@ -406,6 +409,15 @@ def _refused_note(url: str, st: dict) -> str:
             "(nothing listens on that host and port).")
 
 
+def _silent_what(url: str, st: dict) -> str:
+    """What a health check without an HTTP answer met: a connection accepted and left unanswered,
+    or (last check ``"connect timeout"``) no connection at all within the check's timeout."""
+    if st.get("last_health") == "connect timeout":
+        return (f"{url} did not accept a connection (connect timeout: a host that drops "
+                "connection attempts, a firewall or a wrong address)")
+    return f"{url} accepted connections but gave no HTTP answer"
+
+
 def _health_note(url: str, st: dict, now: float, detail: str) -> str:
     """For a timed-out or stalled verdict whose detail does not say it yet: what the last health
     check met when it was not refused. `` Not answering: ...`` when the port accepted connections
@@ -417,7 +429,7 @@ def _health_note(url: str, st: dict, now: float, detail: str) -> str:
     path = st["health_path"]
     if isinstance(last, str):
         silent_for = now - st.get("silent_since", now)
-        return (f" Not answering: {url} accepted connections, never answered: no HTTP answer "
+        return (f" Not answering: {_silent_what(url, st)} "
                 f"within {silent_for:.1f} s to {st.get('silent', 0)} health checks of {path} "
                 f"(each waited up to {st.get('silent_wait', 0.0):.1f} s; last: {last}).")
     return (f" The last health check of {url}{path} answered HTTP {last}"

@@ -71,7 +71,7 @@ def test_an_overall_timeout_shorter_than_the_health_check_timeout_names_a_silent
     assert result.verdict == "timed_out", result.detail
     assert 2 <= took < 4, took
     assert result.last_health == "timeout"
-    assert (f"Not answering: {url} accepted connections, never answered: no HTTP answer within "
+    assert (f"Not answering: {url} accepted connections but gave no HTTP answer within "
             "2.0 s to 1 health checks of /health_generate") in result.detail, result.detail
     assert "Connection refused" not in result.detail
 
@@ -87,7 +87,7 @@ def test_a_timed_out_wait_with_a_log_names_a_silent_port(tmp_path):
         result = wait_ready(url, log_path=log, timeout_s=2.5, stall_timeout_s=100,
                             poll_interval_s=0.2, use_gpu=False)
     assert result.verdict == "timed_out", result.detail
-    assert f"Not answering: {url} accepted connections, never answered" in result.detail
+    assert f"Not answering: {url} accepted connections but gave no HTTP answer" in result.detail
 
 
 def test_a_timed_out_wait_on_a_503_server_names_the_answer_not_a_silent_port():
@@ -124,4 +124,21 @@ def test_cli_wait_ready_keeps_a_short_timeout_and_names_a_silent_port():
     assert took < 4, took
     assert out.exit_code == 1, out.output
     assert "TIMED_OUT after" in out.output
-    assert "accepted connections, never answered" in out.output
+    assert "accepted connections but gave no HTTP answer" in out.output
+
+
+def test_a_connect_timeout_is_named_apart_from_a_silent_port(monkeypatch):
+    # a host that drops connection attempts never accepted one: the note must not say it did
+    import httpx
+
+    from eagle3.serve import readiness
+
+    def drop(self, request):
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", drop)
+    assert readiness.http_status("http://127.0.0.1:9/health", 0.5) == "connect timeout"
+    st = {"last_health": "connect timeout", "health_path": "/health", "silent": 3}
+    note = readiness._health_note("http://127.0.0.1:9", st, 0.0, "")
+    assert "did not accept a connection (connect timeout" in note, note
+    assert "accepted connections but" not in note
