@@ -269,14 +269,19 @@ def aux_ids_invalid(ids, key: str, where: str = "config.json") -> Problem | None
     def is_id(i) -> bool:
         return isinstance(i, int) and not isinstance(i, bool)
 
+    def json_type(v) -> str:
+        names = ((bool, "boolean"), (int, "number"), (float, "float"), (str, "string"),
+                 (Mapping, "object"))
+        return next((n for t, n in names if isinstance(v, t)), type(v).__name__)
+
     if ids is None or (isinstance(ids, list) and all(is_id(i) for i in ids)):
         return None
     if isinstance(ids, list):
-        bad = ", ".join(f"item {n} = {i!r} (a {type(i).__name__})"
+        bad = ", ".join(f"item {n} = {i!r} (a {json_type(i)})"
                         for n, i in enumerate(ids) if not is_id(i))
         got = f"{ids!r} (not integers: {bad})"
     else:
-        got = f"{ids!r} (a {type(ids).__name__}, not a list)"
+        got = f"{ids!r} (a {json_type(ids)}, not a list)"
     return Problem("AUX_IDS_INVALID", f"{where} {key}: expected a list of integers (the aux layer "
                    f"ids, e.g. [1, 4, 7]), got {got}; write the ids as a JSON list of numbers")
 
