@@ -9,6 +9,7 @@ import json
 import torch
 
 from eagle3.convert.checkpoint import VOCAB_SIDE_FILES, Checkpoint, Problem, Target, cfg_get
+from eagle3.convert.draft_checks import aux_ids_invalid
 from eagle3.engines.profile import EngineProfile
 from eagle3.engines.sglang.draft_load import rope_parameters
 from eagle3.errors import ConfigError
@@ -239,8 +240,8 @@ def _aux_count(cfg: dict) -> int | None:
 
 def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                   data: dict | None) -> list[Problem]:
-    """Class 10: aux ids present where the engine reads them, right count, order, range and
-    convention."""
+    """Class 10: aux ids present where the engine reads them, a list of integers, right count,
+    order, range and convention."""
     cfg, out = ck.config, []
     if cfg_get(cfg, "eagle_config.use_aux_hidden_state", True) is False:
         out.append(Problem("AUX_DISABLED", "eagle_config.use_aux_hidden_state: expected true (else "
@@ -254,9 +255,9 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                            f"layer ids, got {ids!r}: {profile.engine} {profile.version} falls back "
                            f"to {profile.aux_default_rule}{extra}"))
         return out
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return out + [Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}: expected integers, got "
-                                               f"{ids}")]
+    bad_type = aux_ids_invalid(ids, profile.aux_ids_key, f"{ck.path}/config.json")
+    if bad_type is not None:
+        return out + [bad_type]
     if any(b <= a for a, b in zip(ids, ids[1:])):
         out.append(Problem("AUX_IDS_ORDER", f"{profile.aux_ids_key}: expected strictly increasing "
                                             "ids (the engine "

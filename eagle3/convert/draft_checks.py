@@ -259,6 +259,33 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
     return out
 
 
+def aux_ids_invalid(ids, key: str, where: str = "config.json") -> Problem | None:
+    """``AUX_IDS_INVALID`` when the aux layer ids ``ids`` (the value of ``key`` in ``where``) are
+    stated but are not a JSON list of integers: a string such as ``"1,4,7"`` or ``"[1, 4, 7]"``,
+    a number, or a list holding a string, a float or a boolean (JSON ``true`` is no layer id,
+    though Python counts it as 1). The engine sizes ``fc`` from the list's length, so a string
+    would count its characters as ids. None for a list of integers and for absent ids (None or
+    an empty list: :func:`eagle3.convert.checks.check_aux_ids` names those ``AUX_IDS_MISSING``)."""
+    def is_id(i) -> bool:
+        return isinstance(i, int) and not isinstance(i, bool)
+
+    def json_type(v) -> str:
+        names = ((bool, "boolean"), (int, "number"), (float, "float"), (str, "string"),
+                 (Mapping, "object"))
+        return next((n for t, n in names if isinstance(v, t)), type(v).__name__)
+
+    if ids is None or (isinstance(ids, list) and all(is_id(i) for i in ids)):
+        return None
+    if isinstance(ids, list):
+        bad = ", ".join(f"item {n} = {i!r} (a {json_type(i)})"
+                        for n, i in enumerate(ids) if not is_id(i))
+        got = f"{ids!r} (not integers: {bad})"
+    else:
+        got = f"{ids!r} (a {json_type(ids)}, not a list)"
+    return Problem("AUX_IDS_INVALID", f"{where} {key}: expected a list of integers (the aux layer "
+                   f"ids, e.g. [1, 4, 7]), got {got}; write the ids as a JSON list of numbers")
+
+
 def sliding_window_warnings(cfg: Mapping, where: str = "config.json") -> list[Problem]:
     """Warning ``SLIDING_WINDOW`` for a window no one applies: ``sliding_window`` a positive int
     with neither ``layer_types`` nor ``use_sliding_window`` beside it (same level). speculators

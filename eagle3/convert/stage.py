@@ -32,7 +32,7 @@ import torch
 
 from eagle3.artifacts import atomic_directory, atomic_write_json, content_hash, write_manifest
 from eagle3.convert import draft_checks
-from eagle3.convert.checkpoint import Checkpoint, Problem, Target, read_checkpoint
+from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get, read_checkpoint
 from eagle3.convert.flag_checks import check_unknown_flags, trained_flag
 from eagle3.convert.validate import validate
 from eagle3.engines.profile import EngineProfile
@@ -97,10 +97,16 @@ def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int) -> list[st
 def _trained_aux_ids(ck: Checkpoint) -> list[int] | None:
     """The aux layer ids (HF ``hidden_states`` indices) the project's training recorded in SRC's
     ``manifest.json`` (kind ``draft_checkpoint``, key ``aux_layer_ids``,
-    :func:`eagle3.train.stage.train`); None for a draft without that record."""
+    :func:`eagle3.train.stage.train`); None for a draft without that record. CheckpointInvalid
+    ``AUX_IDS_INVALID`` for a recorded value that is no list of integers."""
     man = ck.manifest or {}
     ids = man.get("aux_layer_ids")
-    if man.get("kind") != "draft_checkpoint" or not isinstance(ids, list) or not ids:
+    if man.get("kind") != "draft_checkpoint":
+        return None
+    bad = draft_checks.aux_ids_invalid(ids, "aux_layer_ids", f"{ck.path}/manifest.json")
+    if bad is not None:
+        raise CheckpointInvalid(str(bad), [bad])
+    if not ids:
         return None
     conv = man.get("layer_id_convention", "hf_hidden_states_index")
     if conv != "hf_hidden_states_index":
@@ -316,9 +322,11 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     Raises:
         ConfigError: ``src == dst``, an unimplemented flag, aux ids that need ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
-        CheckpointInvalid: validation failed (``.problems``), or SRC was trained with what the
-            output would drop or change (``UNKNOWN_FLAG``, ``SLIDING_WINDOW``, ``ROPE_CONFLICT``,
-            ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH`` against the training manifest).
+        CheckpointInvalid: validation failed (``.problems``), SRC's aux ids (config or
+            training manifest) are no list of integers (``AUX_IDS_INVALID``), or SRC was trained
+            with what the output would drop or change (``UNKNOWN_FLAG``, ``SLIDING_WINDOW``,
+            ``ROPE_CONFLICT``, ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH`` against the
+            training manifest).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)
@@ -329,6 +337,11 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     t0 = time.monotonic()
     ck = read_checkpoint(src)
     fmt = detect_format(ck)
+    aux_key = AUX_KEY if fmt == "speculators" else f"eagle_config.{AUX_KEY}"
+    bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, aux_key), aux_key,
+                                           f"{src}/config.json")
+    if bad_ids is not None:  # read as ids below, a string would become one id per character
+        raise CheckpointInvalid(str(bad_ids), [bad_ids])
     tcfg = Target.read(Path(target_dir)).config if target_dir is not None else None
     refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
     if refused:

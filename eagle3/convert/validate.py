@@ -6,7 +6,9 @@ parameter, every read parameter must be filled, shapes must agree. Codes, by fai
 ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED; 5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG,
 UNKNOWN_FLAG; 6 VOCAB_MAP_MISSING; 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
 8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED; 10 AUX_IDS_MISSING, AUX_IDS_COUNT,
-AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED; 11 TARGET_NO_AUX_CAPTURE;
+AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED, AUX_IDS_INVALID (ids that are not
+a list of integers: the tensor checks, which size fc from their count, are then skipped);
+11 TARGET_NO_AUX_CAPTURE;
 12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT, ROPE_SCALING_CONFLICT,
 SLIDING_WINDOW; 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
 TARGET_WEIGHTS_MISMATCH; 15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first); 26 CONFIG_FIELD
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Mapping
 
 from eagle3.convert import checks, draft_checks, flag_checks
-from eagle3.convert.checkpoint import Problem, Target, read_checkpoint
+from eagle3.convert.checkpoint import Problem, Target, cfg_get, read_checkpoint
 from eagle3.engines.bounds import out_of_bounds
 from eagle3.engines.registry import get_profile
 from eagle3.errors import DataError
@@ -84,13 +86,19 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     if numbers:  # every later check sizes loops and shapes from these numbers
         problems += numbers
         return found
-    problems += checks.check_tensors(ck, profile)
+    bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, profile.aux_ids_key),
+                                           profile.aux_ids_key, f"{ck.path}/config.json")
+    if bad_ids is not None:  # the tensor and aux checks size fc from the ids' count
+        problems.append(bad_ids)
+    else:
+        problems += checks.check_tensors(ck, profile)
     problems += checks.check_values(ck)
     problems += checks.check_embedding(ck, target)
     problems += checks.check_vocab_map(ck, profile)
     reach, found.warnings, found.figures = draft_checks.check_vocab_reach(ck, token_counts)
     problems += reach
-    problems += checks.check_aux_ids(ck, profile, target, data_manifest)
+    if bad_ids is None:
+        problems += checks.check_aux_ids(ck, profile, target, data_manifest)
     problems += draft_checks.check_rope_conflict(ck.config)
     problems += draft_checks.check_rope_scaling(ck.config)
     problems += draft_checks.check_sliding_window(ck.config)

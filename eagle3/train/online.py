@@ -52,8 +52,9 @@ def check_data_mode(cfg, data_dir: str | Path) -> str:
     ``extract.cache_max_gb``). ``extract/`` is one folder that every mode writes, so a folder
     extracted under another mode would otherwise be trained on as it is (states computed in
     training for an offline config, or read from files for an online one). ConfigError
-    ``EXTRACT_MODE_MISMATCH`` naming the manifest and both values; DataError for a missing or
-    unreadable manifest."""
+    ``EXTRACT_MODE_MISMATCH`` (another mode) or ``EXTRACT_CACHE_MISMATCH`` (the same ``cached``
+    mode with another window size), each naming the manifest, the key and both values;
+    DataError for a missing or unreadable manifest."""
     root = Path(data_dir)
     m = read_manifest(root, kind="hidden_states")
     got, want = m.get("mode", "offline"), cfg.extract.mode
@@ -66,10 +67,13 @@ def check_data_mode(cfg, data_dir: str | Path) -> str:
         size = (m.get("online") or {}).get("cache_max_bytes")
         expected = int(cfg.extract.cache_max_gb * 1e9)
         if size != expected:
-            raise ConfigError(f"EXTRACT_MODE_MISMATCH: {where}: online.cache_max_bytes expected "
+            gb = size / 1e9 if isinstance(size, int) and not isinstance(size, bool) else None
+            fit = (f"-o extract.cache_max_gb={gb!r}" if gb and int(gb * 1e9) == size
+                   else "extract.cache_max_gb to the folder's window")
+            raise ConfigError(f"EXTRACT_CACHE_MISMATCH: {where}: online.cache_max_bytes expected "
                               f"{expected} (extract.cache_max_gb={cfg.extract.cache_max_gb}), got "
-                              f"{size!r}; run the extract stage with this config (eagle3 extract "
-                              "CONFIG)")
+                              f"{size!r} (mode 'cached' in both); run the extract stage with this "
+                              f"config (eagle3 extract CONFIG) or set {fit}")
     return got
 
 

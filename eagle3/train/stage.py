@@ -48,7 +48,8 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
 
     ``on_metrics(metrics, step)``: per log step and evaluation (rank 0). Raises ConfigError
     (unwritable ``out_dir``, engine flag, incompatible resume, ``EXTRACT_MODE_MISMATCH``: the
-    data folder was extracted under another ``extract.mode``), DataError (empty or foreign
+    data folder was extracted under another ``extract.mode``; ``EXTRACT_CACHE_MISMATCH``: a
+    ``cached`` folder of another ``extract.cache_max_gb``), DataError (empty or foreign
     dataset, too few distinct tokens, another vocab map on resume), TrainingDiverged (NaN/Inf loss
     or gradient norm; the last checkpoint is kept).
     """

@@ -69,8 +69,9 @@ def test_train_refuses_a_cached_folder_of_another_window(folders, tmp_path):
     assert check_data_mode(_cfg(runs, "cached"), data) == "cached"
     other = load_config(CONFIG, [f"paths.runs_dir={runs}", *BASE, "extract.mode=cached",
                                  "extract.cache_max_gb=0.5"])
-    with pytest.raises(ConfigError, match=r"EXTRACT_MODE_MISMATCH: .*online.cache_max_bytes "
-                                          r"expected 500000000 .*got 300000"):
+    with pytest.raises(ConfigError, match=r"EXTRACT_CACHE_MISMATCH: .*online.cache_max_bytes "
+                                          r"expected 500000000 .*got 300000 \(mode 'cached' "
+                                          r"in both\).*-o extract.cache_max_gb=0.0003$"):
         check_data_mode(other, data)
 
 
