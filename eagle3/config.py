@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import types
 import typing
@@ -27,6 +28,8 @@ from pydantic_core import PydanticCustomError
 from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 from eagle3.overrides import apply_overrides, format_validation_error
+
+log = logging.getLogger(__name__)
 
 # Defaults shared by a config section, the library function it feeds and the CLI option.
 
@@ -543,6 +546,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         from eagle3.precision import resolve_config
 
         parsed._auto_resolved = resolve_config(parsed)
+        from eagle3.config_checks import config_warnings
+
+        for message in config_warnings(parsed):  # once per parse: a cached config warns no more
+            log.warning("%s [config %s]", message, "<defaults>" if path is None else path)
         _PARSED[key] = parsed
     return _PARSED[key].model_copy(deep=True)
 

@@ -22,6 +22,7 @@ Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which ca
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from typing import Any
 
@@ -101,6 +102,58 @@ def _dev_prompts(cfg: Any) -> list[str]:
             "validation split (data.val_fraction > 0, data.num_conversations >= 2) or from "
             f"train.dev_prompts_file, got {why} and no train.dev_prompts_file (set one, or "
             "train.select_best_by simulated)"]
+
+
+# section -> [(keys, the key that decides whether they are read, its default, the values that
+# read them)]: a key is unused unless the deciding key of the same section has one of those values.
+# Unused keys are kept out of cache keys and settings digests (tasks/stage_config.py) and warned
+# about when set (:func:`config_warnings`).
+UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, str, tuple[str, ...]]]] = {
+    "extract": [(("cache_max_gb",), "mode", "offline", ("cached",))],
+    "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
+               "simulated", ("measured",))],
+}
+LOOPBACK_NAMES = ("localhost",)
+
+
+def _unused_keys(cfg: Any) -> list[str]:
+    out = []
+    for section, rules in UNUSED_UNLESS.items():
+        sec = getattr(cfg, section)
+        for keys, decider, _default, readers in rules:
+            setting = getattr(sec, decider)
+            if setting in readers:
+                continue
+            for k in keys:
+                if k in sec.model_fields_set:
+                    out.append(f"UNUSED_KEY: {section}.{k} is set ({getattr(sec, k)!r}) but "
+                               f"{section}.{decider} {setting} never reads it (read only with "
+                               f"{section}.{decider} {' or '.join(readers)}); expected it unset "
+                               f"here, got it set: it has no effect (and stays out of the cache "
+                               "keys)")
+    return out
+
+
+def _serve_host(cfg: Any) -> list[str]:
+    host = cfg.serve.host
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
+        loopback = host.lower() in LOOPBACK_NAMES
+    if loopback:
+        return []
+    every = host.strip("[]") in ("0.0.0.0", "::")
+    where = "binds every interface" if every else "binds a non-loopback interface"
+    return [f"SERVE_HOST_EXPOSED: serve.host {host!r} {where}: the engine's HTTP API, which has "
+            "no authentication, is reachable from other machines on the network; expected a "
+            "loopback address (127.0.0.1, ::1 or localhost) unless that is intended"]
+
+
+def config_warnings(cfg: Any) -> list[str]:
+    """Settings that load but are likely mistakes, one ``CODE: message`` each (the caller logs
+    them): a key set that the settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a
+    ``serve.host`` that is no loopback address (``SERVE_HOST_EXPOSED``)."""
+    return _unused_keys(cfg) + _serve_host(cfg)
 
 
 def cross_section_problems(cfg: Any) -> list[str]:
