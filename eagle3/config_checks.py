@@ -23,7 +23,9 @@ Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which ca
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from eagle3.engines.sglang.serving import (concurrency_problem, draft_tokens_problem,
@@ -154,6 +156,71 @@ def config_warnings(cfg: Any) -> list[str]:
     them): a key set that the settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a
     ``serve.host`` that is no loopback address (``SERVE_HOST_EXPOSED``)."""
     return _unused_keys(cfg) + _serve_host(cfg)
+
+
+def dev_prompts_file_problem(t: Any) -> str | None:
+    """``DEV_PROMPTS_FILE`` message unless ``train.dev_prompts_file`` (read with
+    ``train.select_best_by=measured``; ``t`` is the train section) is an existing file."""
+    if t.select_best_by != "measured" or not t.dev_prompts_file:
+        return None
+    path = Path(t.dev_prompts_file).expanduser()
+    what = ("a directory" if path.is_dir() else None if path.is_file() else
+            "not found" if not path.exists() else "not a regular file")
+    if what:
+        return (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, JSON "
+                f"or text: the eagle3 bench --prompts FILE formats), got {str(path)!r} ({what})")
+    return None
+
+
+def target_text_config(target_dir: str | Path | None) -> dict | None:
+    """The ``config.json`` of the HF folder ``target_dir`` (its ``text_config`` when it has one),
+    or None when there is no folder or it cannot be read (the checks that need it are skipped)."""
+    if target_dir is None:
+        return None
+    try:
+        conf = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(conf, dict):
+        return None
+    text = conf.get("text_config")
+    return text if isinstance(text, dict) else conf
+
+
+def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[str]:
+    """The checks the stages repeat when they start that need files but no model, for ``eagle3
+    preflight`` to report before any stage runs; each is called from its one home, one ``CODE:
+    message`` per problem:
+
+    - ``DATA_PATH`` / ``AUX_LAYER_IDS``: ``data.path`` is a file (source 'file') and
+      ``extract.aux_layer_ids`` fit the target's layer count when it is known
+      (:func:`eagle3.extract.stage.check_before_run`);
+    - ``DEV_PROMPTS_FILE``: :func:`dev_prompts_file_problem`;
+    - ``DRAFT_VOCAB_SIZE``: ``train.draft_vocab_size`` below the vocabulary of the target in
+      ``target_dir`` when its config.json is readable (:func:`eagle3.train.vocab.
+      check_draft_vocab_size`)."""
+    from eagle3.errors import ConfigError
+    from eagle3.extract.stage import check_before_run
+
+    out = []
+    try:
+        check_before_run(cfg)
+    except ConfigError as e:
+        msg = str(e)
+        out.append(msg if msg[:1].isupper() else
+                   f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
+    problem = dev_prompts_file_problem(cfg.train)
+    if problem:
+        out.append(problem)
+    vocab = (target_text_config(target_dir) or {}).get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        from eagle3.train.vocab import check_draft_vocab_size
+
+        try:
+            check_draft_vocab_size(cfg.train.draft_vocab_size, vocab)
+        except ConfigError as e:
+            out.append(f"DRAFT_VOCAB_SIZE: {e}")
+    return out
 
 
 def cross_section_problems(cfg: Any) -> list[str]:
