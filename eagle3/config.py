@@ -524,8 +524,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     (``["train.lr=1e-3"]``), validate, and resolve every ``auto`` dtype/precision
     (:func:`eagle3.precision.resolve_config`, :attr:`RunConfig.auto_resolved`). Parsed once per
     (file path, file bytes, overrides) per process; each call gets a deep copy. ConfigError: file
-    missing or a directory, empty or not YAML, top level not a mapping, unknown key, wrong type or
-    value."""
+    missing or a directory, empty or not YAML, top level not a mapping, unknown key (with the
+    nearest known keys), wrong type or value. Each parse logs the warnings of
+    :func:`eagle3.config_checks.config_warnings` (unused keys, an exposed serve.host) once."""
     text = None
     if path is not None:
         p = Path(path)

@@ -17,6 +17,11 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
 - ``train.select_best_by: measured`` has dev prompts: a validation split (``data.val_fraction`` >
   0 and at least 2 conversations) or ``train.dev_prompts_file`` (``NO_DEV_PROMPTS``).
 
+Settings that load but are likely mistakes are warnings (:func:`config_warnings`): a set key the
+settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a non-loopback ``serve.host``
+(``SERVE_HOST_EXPOSED``). :func:`before_run_problems` runs, for the pre-flight, the checks a stage
+repeats at its start that need files but no model.
+
 Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it).
 """
 
