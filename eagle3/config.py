@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import types
+import typing
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
                       field_validator, model_serializer, model_validator)
+from pydantic_core import PydanticCustomError
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
 from eagle3.overrides import apply_overrides, format_validation_error
+
+log = logging.getLogger(__name__)
 
 # Defaults shared by a config section, the library function it feeds and the CLI option.
 
@@ -36,8 +43,56 @@ GATE_POLL_INTERVAL_S = 1.0  # seconds between probes
 GATE_PROBE_TIMEOUT_S = 120.0  # seconds for the generation probe once /health answers
 
 
+@lru_cache(maxsize=None)
+def _number_kind(annotation: Any) -> tuple[type | None, bool]:
+    """``(int or float, whether a list of them)`` for a field's annotation (``X | None`` read as
+    ``X``), else ``(None, False)``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None, False
+        annotation = args[0]
+    if typing.get_origin(annotation) is list:
+        inner = typing.get_args(annotation)
+        return (inner[0] if inner and inner[0] in (int, float) else None), True
+    return (annotation if annotation in (int, float) else None), False
+
+
+def _loose_number(v: Any, kind: type) -> str | None:
+    """Why ``v`` is refused for an ``int`` / ``float`` field although pydantic's lax mode would
+    convert it, else None. A boolean is no number (YAML reads yes/no/on/off as booleans too); an
+    integer field takes no string (``"256"`` is quoted by mistake, and refused rather than read one
+    way in a file and another way elsewhere). Float fields keep strings: YAML reads ``1e-3`` (no
+    dot) as a string, which pydantic parses as the number it is."""
+    want = "an integer" if kind is int else "a number"
+    if isinstance(v, bool):
+        return (f"expected {want}, got the boolean {v} (YAML reads true/false/yes/no/on/off as "
+                "booleans)")
+    if kind is int and isinstance(v, str):
+        return f"expected {want}, got the string {v!r} (write the number without quotes)"
+    return None
+
+
 class _Section(BaseModel):
+    """Every section refuses unknown keys, validates assignments, and takes numbers as numbers:
+    integer fields refuse booleans and strings (and, as pydantic does, fractional floats), float
+    fields refuse booleans (:func:`_loose_number`)."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_as_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        kind, many = _number_kind(cls.model_fields[info.field_name].annotation)
+        if kind is None or v is None:
+            return v
+        for i, item in enumerate(v if many and isinstance(v, list) else [v]):
+            why = _loose_number(item, kind)
+            if why:
+                at = f" (item {i} of the list)" if many else ""
+                raise PydanticCustomError("loose_number", why + at,
+                                          {"shows_input": True, "code": "NUMBER_TYPE"})
+        return v
 
 
 class PathsConfig(_Section):
@@ -205,7 +260,9 @@ class TrainConfig(_Section):
     pad_draft_vocab: bool = False
     num_layers: int = Field(1, ge=1, le=64)
     schedule: Literal["epochs", "constant"] = "epochs"
-    epochs: float = Field(4.0, gt=0)
+    epochs: float = Field(4.0, gt=0, description="Passes over the training split; fractional "
+        "values are read (the schedule runs ceil(epochs x steps per epoch) optimizer steps), "
+        "booleans refused.")
     max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 "
                                                           "= untrained).")
     lr: float = Field(3e-4, gt=0)
@@ -467,8 +524,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     (``["train.lr=1e-3"]``), validate, and resolve every ``auto`` dtype/precision
     (:func:`eagle3.precision.resolve_config`, :attr:`RunConfig.auto_resolved`). Parsed once per
     (file path, file bytes, overrides) per process; each call gets a deep copy. ConfigError: file
-    missing or a directory, empty or not YAML, top level not a mapping, unknown key, wrong type or
-    value."""
+    missing or a directory, empty or not YAML, top level not a mapping, unknown key (with the
+    nearest known keys), wrong type or value. Each parse logs the warnings of
+    :func:`eagle3.config_checks.config_warnings` (unused keys, an exposed serve.host) once."""
     text = None
     if path is not None:
         p = Path(path)
@@ -489,6 +547,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         from eagle3.precision import resolve_config
 
         parsed._auto_resolved = resolve_config(parsed)
+        from eagle3.config_checks import config_warnings
+
+        for message in config_warnings(parsed):  # once per parse: a cached config warns no more
+            log.warning("%s [config %s]", message, "<defaults>" if path is None else path)
         _PARSED[key] = parsed
     return _PARSED[key].model_copy(deep=True)
 
@@ -512,4 +574,4 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source, overrides)) from e
+        raise ConfigError(format_validation_error(e, source, overrides, RunConfig)) from e

@@ -17,12 +17,20 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
 - ``train.select_best_by: measured`` has dev prompts: a validation split (``data.val_fraction`` >
   0 and at least 2 conversations) or ``train.dev_prompts_file`` (``NO_DEV_PROMPTS``).
 
+Settings that load but are likely mistakes are warnings (:func:`config_warnings`): a set key the
+settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a non-loopback ``serve.host``
+(``SERVE_HOST_EXPOSED``). :func:`before_run_problems` runs, for the pre-flight, the checks a stage
+repeats at its start that need files but no model.
+
 Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from eagle3.engines.sglang.serving import (concurrency_problem, draft_tokens_problem,
@@ -101,6 +109,123 @@ def _dev_prompts(cfg: Any) -> list[str]:
             "validation split (data.val_fraction > 0, data.num_conversations >= 2) or from "
             f"train.dev_prompts_file, got {why} and no train.dev_prompts_file (set one, or "
             "train.select_best_by simulated)"]
+
+
+# section -> [(keys, the key that decides whether they are read, its default, the values that
+# read them)]: a key is unused unless the deciding key of the same section has one of those values.
+# Unused keys are kept out of cache keys and settings digests (tasks/stage_config.py) and warned
+# about when set (:func:`config_warnings`).
+UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, str, tuple[str, ...]]]] = {
+    "extract": [(("cache_max_gb",), "mode", "offline", ("cached",))],
+    "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
+               "simulated", ("measured",))],
+}
+LOOPBACK_NAMES = ("localhost",)
+
+
+def _unused_keys(cfg: Any) -> list[str]:
+    out = []
+    for section, rules in UNUSED_UNLESS.items():
+        sec = getattr(cfg, section)
+        for keys, decider, _default, readers in rules:
+            setting = getattr(sec, decider)
+            if setting in readers:
+                continue
+            for k in keys:
+                if k in sec.model_fields_set:
+                    out.append(f"UNUSED_KEY: {section}.{k} is set ({getattr(sec, k)!r}) but "
+                               f"{section}.{decider} {setting} never reads it (read only with "
+                               f"{section}.{decider} {' or '.join(readers)}); expected it unset "
+                               f"here, got it set: it has no effect (and stays out of the cache "
+                               "keys)")
+    return out
+
+
+def _serve_host(cfg: Any) -> list[str]:
+    host = cfg.serve.host
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
+        loopback = host.lower() in LOOPBACK_NAMES
+    if loopback:
+        return []
+    every = host.strip("[]") in ("0.0.0.0", "::")
+    where = "binds every interface" if every else "binds a non-loopback interface"
+    return [f"SERVE_HOST_EXPOSED: serve.host {host!r} {where}: the engine's HTTP API, which has "
+            "no authentication, is reachable from other machines on the network; expected a "
+            "loopback address (127.0.0.1, ::1 or localhost) unless that is intended"]
+
+
+def config_warnings(cfg: Any) -> list[str]:
+    """Settings that load but are likely mistakes, one ``CODE: message`` each (the caller logs
+    them): a key set that the settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a
+    ``serve.host`` that is no loopback address (``SERVE_HOST_EXPOSED``)."""
+    return _unused_keys(cfg) + _serve_host(cfg)
+
+
+def dev_prompts_file_problem(t: Any) -> str | None:
+    """``DEV_PROMPTS_FILE`` message unless ``train.dev_prompts_file`` (read with
+    ``train.select_best_by=measured``; ``t`` is the train section) is an existing file."""
+    if t.select_best_by != "measured" or not t.dev_prompts_file:
+        return None
+    path = Path(t.dev_prompts_file).expanduser()
+    what = ("a directory" if path.is_dir() else None if path.is_file() else
+            "not found" if not path.exists() else "not a regular file")
+    if what:
+        return (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, JSON "
+                f"or text: the eagle3 bench --prompts FILE formats), got {str(path)!r} ({what})")
+    return None
+
+
+def target_text_config(target_dir: str | Path | None) -> dict | None:
+    """The ``config.json`` of the HF folder ``target_dir`` (its ``text_config`` when it has one),
+    or None when there is no folder or it cannot be read (the checks that need it are skipped)."""
+    if target_dir is None:
+        return None
+    try:
+        conf = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(conf, dict):
+        return None
+    text = conf.get("text_config")
+    return text if isinstance(text, dict) else conf
+
+
+def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[str]:
+    """The checks the stages repeat when they start that need files but no model, for ``eagle3
+    preflight`` to report before any stage runs; each is called from its one home, one ``CODE:
+    message`` per problem:
+
+    - ``DATA_PATH`` / ``AUX_LAYER_IDS``: ``data.path`` is a file (source 'file') and
+      ``extract.aux_layer_ids`` fit the target's layer count when it is known
+      (:func:`eagle3.extract.stage.check_before_run`);
+    - ``DEV_PROMPTS_FILE``: :func:`dev_prompts_file_problem`;
+    - ``DRAFT_VOCAB_SIZE``: ``train.draft_vocab_size`` below the vocabulary of the target in
+      ``target_dir`` when its config.json is readable (:func:`eagle3.train.vocab.
+      check_draft_vocab_size`)."""
+    from eagle3.errors import ConfigError
+    from eagle3.extract.stage import check_before_run
+
+    out = []
+    try:
+        check_before_run(cfg)
+    except ConfigError as e:
+        msg = str(e)
+        out.append(msg if msg[:1].isupper() else
+                   f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
+    problem = dev_prompts_file_problem(cfg.train)
+    if problem:
+        out.append(problem)
+    vocab = (target_text_config(target_dir) or {}).get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        from eagle3.train.vocab import check_draft_vocab_size
+
+        try:
+            check_draft_vocab_size(cfg.train.draft_vocab_size, vocab)
+        except ConfigError as e:
+            out.append(f"DRAFT_VOCAB_SIZE: {e}")
+    return out
 
 
 def cross_section_problems(cfg: Any) -> list[str]:

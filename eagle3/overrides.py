@@ -3,10 +3,11 @@ that set a bad value (so a user looks at the command line, not at the file)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from eagle3.errors import ConfigError
 
@@ -41,8 +42,48 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
-    """One line per invalid field, saying when a ``-o`` override set it."""
+def known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of ``model``: its fields and, for fields that are models themselves, their
+    fields in turn (``train``, ``train.epochs``, ``target.tiny.seed``, ...)."""
+    out = []
+    for name, field in model.model_fields.items():
+        out.append(prefix + name)
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += known_keys(sub, f"{prefix}{name}.")
+    return out
+
+
+def _unknown_key_line(loc: str, got: Any, override: str | None, model: type[BaseModel] | None) \
+        -> str:
+    """``UNKNOWN_KEY`` line of a key the schema does not have: the closest known keys of ``model``
+    (:func:`difflib.get_close_matches`) to the key as written (the override's whole key when an
+    override set it, so ``-o trian.epochs=1`` suggests ``train.epochs``)."""
+    written = override.split("=", 1)[0].strip() if override else loc
+    if not override and isinstance(got, dict) and len(got) == 1:  # an unknown section in a file
+        written = f"{loc}.{next(iter(got))}"
+    names = known_keys(model) if model is not None else []
+    close = difflib.get_close_matches(written, names, n=3, cutoff=0.6)
+    if not close and "." in loc:  # a known section with an unknown key: compare the keys alone
+        section, key = loc.rsplit(".", 1)
+        close = [f"{section}.{k}" for k in difflib.get_close_matches(
+            key, [n[len(section) + 1:] for n in names if n.startswith(section + ".")], n=3)]
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    if not close and "." not in loc and names:
+        hint = f"; the sections and top-level keys: {', '.join(n for n in names if '.' not in n)}"
+    what = "section" if "." not in loc else "key"
+    parent = loc.rsplit(".", 1)[0] if "." in loc else None
+    within = f"in section {parent}" if parent else "at the top level"
+    got_s = "a mapping" if isinstance(got, dict) else repr(got)[:120]
+    origin = f" [from -o {override}]" if override else ""
+    return (f"  UNKNOWN_KEY: {loc}: expected a known {what} {within}, got {loc!r} (set to "
+            f"{got_s}){hint}{origin}")
+
+
+def format_validation_error(err: ValidationError, source: str, overrides: list[str] = (),
+                            model: type[BaseModel] | None = None) -> str:
+    """One line per invalid field, saying when a ``-o`` override set it; an unknown key is an
+    ``UNKNOWN_KEY`` line with the nearest keys of ``model`` (the validated schema) when given."""
     given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
     lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
     for e in err.errors():
@@ -54,8 +95,16 @@ def format_validation_error(err: ValidationError, source: str, overrides: list[s
                 lines.append(f"  {rule}{origin}")
             continue
         got = e.get("input")
+        # an override of an unknown section fails at the section (its key is below the error's)
+        by = next((given[k] for k in given if loc == k or loc.startswith(k + ".")
+                   or (e["type"] == "extra_forbidden" and k.startswith(loc + "."))), None)
+        if e["type"] == "extra_forbidden":
+            lines.append(_unknown_key_line(loc, got, by, model))
+            continue
         got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-        origin = next((" [from -o "
-                       f"{given[k]}]" for k in given if loc == k or loc.startswith(k + ".")), "")
-        lines.append(f"  {loc}: {e['msg']} (got {got_s[:120]}){origin}")
+        origin = f" [from -o {by}]" if by else ""
+        ctx = e.get("ctx") or {}  # a custom error may name its input itself, and give a code
+        shown = "" if ctx.get("shows_input") else f" (got {got_s[:120]})"
+        code = f"{ctx['code']}: " if ctx.get("code") else ""
+        lines.append(f"  {code}{loc}: {e['msg']}{shown}{origin}")
     return "\n".join(lines)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3.config_checks import UNUSED_UNLESS  # the library's table (its one home), read here
+
 
 @dataclass(frozen=True)
 class StageConfig:
@@ -41,16 +43,6 @@ STAGE_CONFIG: dict[str, StageConfig] = {
     "deploy-bench": StageConfig(("target", "serve", "bench"), ("eagle3.measure.served",),
                                 ("bench.min_acceptance_length",
                                  "bench.baseline_untrained"), engine=True),
-}
-
-
-# section -> [(keys, the key that decides whether they are read, its default, the values that
-# read them)]: a key is unused, and kept out of cache keys and settings digests, unless the
-# deciding key of the same section has one of those values
-UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, str, tuple[str, ...]]]] = {
-    "extract": [(("cache_max_gb",), "mode", "offline", ("cached",))],
-    "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
-               "simulated", ("measured",))],
 }
 
 

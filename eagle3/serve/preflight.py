@@ -12,6 +12,8 @@ in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / n
 - ``template``: trained chat-template switches against what the benchmark and server render.
 - ``steps``: served draft steps against trained TTT steps (noted).
 - ``port``: a set ``serve.port`` is free on ``serve.host`` (PORT_IN_USE).
+- ``inputs`` (:func:`preflight_of_run`): what a stage would refuse at its start, from files only
+  (:func:`eagle3.config_checks.before_run_problems`).
 - ``extraction``: ``extract.backend sglang`` has SGLang whatever ``serve.engine`` is: its
   interpreter and a release that returns aux states without a draft (EXTRACT_NO_AUX_RETURN).
 
@@ -528,4 +530,24 @@ def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
 
     serving = Path(serving_dir) if has(serving_dir, "config.json") else None
     data = read_manifest(data_dir) if has(data_dir, "manifest.json") else None
-    return run_preflight(cfg, resolve_target(cfg), serving, data_manifest=data)
+    target = resolve_target(cfg)
+    report = run_preflight(cfg, target, serving, data_manifest=data)
+    report.checks.insert(0, _check_inputs(cfg, target, report.problems))
+    return report
+
+
+def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
+    """``inputs``: the checks a stage repeats when it starts that need files but no model (data
+    and dev prompts files, aux layer ids and draft vocabulary against the target's config;
+    :func:`eagle3.config_checks.before_run_problems`), so they fail here before any stage runs.
+    Its problems go first in ``problems``."""
+    from eagle3.config_checks import before_run_problems
+
+    found = [Problem(*(part.strip() for part in m.split(":", 1)))
+             for m in before_run_problems(cfg, target)]
+    problems[:0] = found
+    if found:
+        return Check("inputs", "failed", f"{len(found)} problem(s) a stage would refuse at its "
+                     "start (below)")
+    return Check("inputs", "passed", "data and dev prompts files, aux layer ids and the draft "
+                 "vocabulary fit the target where known")

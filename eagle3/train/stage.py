@@ -106,16 +106,12 @@ def check_settings(cfg) -> None:
 
 def _check_dev_prompts_file(t) -> None:
     """ConfigError ``DEV_PROMPTS_FILE`` unless ``train.dev_prompts_file`` (read with
-    ``train.select_best_by=measured``) is an existing file."""
-    if t.select_best_by != "measured" or not t.dev_prompts_file:
-        return
-    path = Path(t.dev_prompts_file).expanduser()
-    what = ("a directory" if path.is_dir() else None if path.is_file() else
-            "not found" if not path.exists() else "not a regular file")
-    if what:
-        raise ConfigError(f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file "
-                          f"(JSONL, JSON or text: the eagle3 bench --prompts FILE formats), got "
-                          f"{str(path)!r} ({what})")
+    ``train.select_best_by=measured``) is an existing file (:mod:`eagle3.config_checks`)."""
+    from eagle3.config_checks import dev_prompts_file_problem
+
+    problem = dev_prompts_file_problem(t)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_loss_implementation(t, device_type: str) -> None:

@@ -75,6 +75,13 @@ def load_token_freq(path: str | Path) -> dict[int, int]:
     return freq
 
 
+def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int) -> None:
+    """ConfigError unless ``2 <= draft_vocab_size < vocab_size`` (the target's vocabulary)."""
+    if not 2 <= draft_vocab_size < vocab_size:
+        raise ConfigError("train.draft_vocab_size: expected 2 <= value < target vocab_size "
+                          f"{vocab_size}, got {draft_vocab_size}")
+
+
 def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_size: int, *,
                     pad: bool = False) -> VocabMap:
     """Choose the ``draft_vocab_size`` most frequent target ids in ``token_freq`` ``{id: count}``
@@ -84,9 +91,7 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
     tokens without ``pad``."""
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
-    if not 2 <= draft_vocab_size < vocab_size:
-        raise ConfigError("train.draft_vocab_size: expected 2 <= value < target vocab_size "
-                          f"{vocab_size}, got {draft_vocab_size}")
+    check_draft_vocab_size(draft_vocab_size, vocab_size)
     freq = {int(t): int(c) for t, c in token_freq.items() if int(c) > 0}
     bad = [t for t in freq if not 0 <= t < vocab_size]
     if bad:

@@ -1,0 +1,72 @@
+"""What a stage would refuse at its start, from files only, is reported by the pre-flight
+(``eagle3 preflight`` and the pipeline's preflight task both run ``preflight_of_run``) through
+:func:`eagle3.config_checks.before_run_problems`, which calls each check's one home."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3.config import load_config
+from eagle3.config_checks import before_run_problems
+
+
+@pytest.fixture
+def target(tmp_path):
+    d = tmp_path / "target"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "vocab_size": 1000}))
+    return d
+
+
+def _cfg(target, *ov):
+    return load_config(None, ["target.kind=hf", f"target.path={target}", *ov])
+
+
+def test_a_fitting_config_has_no_problem(target):
+    assert before_run_problems(_cfg(target, "train.draft_vocab_size=500"), target) == []
+
+
+def test_aux_layer_ids_beyond_the_targets_layers(target):
+    got = before_run_problems(_cfg(target, "extract.aux_layer_ids=[1,4,9]",
+                                   "train.draft_vocab_size=500"), target)
+    assert len(got) == 1 and got[0].startswith("AUX_LAYER_IDS: extract.aux_layer_ids: ids [9] "
+                                               "out of range for a target with 8 layers")
+
+
+def test_a_draft_vocabulary_not_below_the_targets(target):
+    got = before_run_problems(_cfg(target, "train.draft_vocab_size=4096"), target)
+    assert got == ["DRAFT_VOCAB_SIZE: train.draft_vocab_size: expected 2 <= value < target "
+                   "vocab_size 1000, got 4096"]
+    cfg = _cfg(target, "train.draft_vocab_size=4096")
+    assert before_run_problems(cfg, None) == []  # no readable target config: not checked
+
+
+def test_a_missing_dev_prompts_file(target, tmp_path):
+    missing = tmp_path / "none.txt"
+    got = before_run_problems(_cfg(target, "train.draft_vocab_size=500",
+                                   "train.select_best_by=measured",
+                                   f"train.dev_prompts_file={missing}"), target)
+    assert got == [f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, "
+                   f"JSON or text: the eagle3 bench --prompts FILE formats), got "
+                   f"{str(missing)!r} (not found)"]
+
+
+def test_a_missing_data_file(target, tmp_path):
+    got = before_run_problems(_cfg(target, "train.draft_vocab_size=500", "data.source=file",
+                                   f"data.path={tmp_path / 'conv.jsonl'}"), target)
+    assert len(got) == 1 and got[0].startswith("DATA_PATH: data.path: expected a conversations")
+
+
+def test_the_preflight_reports_them_first(target, monkeypatch):
+    from eagle3.serve import preflight
+
+    monkeypatch.setattr(preflight, "run_preflight",
+                        lambda *a, **k: preflight.PreflightReport("reference", [], []))
+    bad = _cfg(target, "train.draft_vocab_size=4096", "extract.aux_layer_ids=[1,9]")
+    report = preflight.preflight_of_run(bad, None, None)
+    assert [c.name for c in report.checks] == ["inputs"] and not report.passed
+    assert [p.code for p in report.problems] == ["AUX_LAYER_IDS", "DRAFT_VOCAB_SIZE"]
+    good = preflight.preflight_of_run(_cfg(target, "train.draft_vocab_size=500"), None, None)
+    assert good.passed and good.checks[0].status == "passed"
