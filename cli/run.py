@@ -84,16 +84,27 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
 
 
 def check_target(cfg: Any) -> None:
-    """Refuse, before Prefect starts, a config whose target cannot be found: for ``target.kind:
-    hf``, the same check as ``eagle3 prepare`` and ``eagle3 preflight``
-    (``eagle3.assets.resolve_target``, the one home of it). The built-in kinds (``smollm2``,
-    ``tiny-random``) are prepared by the extraction stage and are not touched here. Raises
-    ConfigError naming ``target.path``, the expected HF folder with config.json and what is there.
+    """Refuse, before Prefect starts, a config whose target cannot be found or whose inputs a stage
+    would refuse at its start: for ``target.kind: hf``, the same check as ``eagle3 prepare`` and
+    ``eagle3 preflight`` (``eagle3.assets.resolve_target``, the one home of it); for every kind,
+    :func:`eagle3.config_checks.before_run_problems` (data and dev prompts files, aux layer ids,
+    the draft vocabulary against an ``hf`` target's config), so a missing dev prompts file fails
+    now rather than after extraction. The built-in kinds (``smollm2``, ``tiny-random``) are
+    prepared by the extraction stage and are not touched here. Raises ConfigError naming
+    ``target.path`` (the expected HF folder with config.json and what is there), or one
+    ``CODE: message`` line per input problem.
     """
+    from eagle3.config_checks import before_run_problems
+    from eagle3.errors import ConfigError
+
+    target = None
     if cfg.target.kind == "hf":
         from eagle3.assets import resolve_target
 
-        resolve_target(cfg)
+        target = resolve_target(cfg)
+    problems = before_run_problems(cfg, target)
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def run_flow_cli(stage: str, config_path: str, overrides: list[str]) -> str:

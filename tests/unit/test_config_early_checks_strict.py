@@ -70,3 +70,16 @@ def test_the_preflight_reports_them_first(target, monkeypatch):
     assert [p.code for p in report.problems] == ["AUX_LAYER_IDS", "DRAFT_VOCAB_SIZE"]
     good = preflight.preflight_of_run(_cfg(target, "train.draft_vocab_size=500"), None, None)
     assert good.passed and good.checks[0].status == "passed"
+
+
+def test_eagle3_run_refuses_a_missing_dev_prompts_file_before_prefect_starts(target, tmp_path):
+    from cli.run import check_target
+    from eagle3.errors import ConfigError
+
+    missing = tmp_path / "none.txt"
+    cfg = _cfg(target, "train.draft_vocab_size=500", "train.select_best_by=measured",
+               f"train.dev_prompts_file={missing}")
+    with pytest.raises(ConfigError, match=r"^DEV_PROMPTS_FILE: train.dev_prompts_file: .*"
+                                          r"\(not found\)$"):
+        check_target(cfg)
+    check_target(_cfg(target, "train.draft_vocab_size=500"))  # a fitting config passes
