@@ -101,7 +101,49 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
         "online": tr.get("online"), "optimizer_steps": tr["optimizer_steps"],
         "final_train_loss": (final.get("final_train") or {}).get("train/loss"),
         "final_val_loss": (final.get("final_eval") or {}).get("val/loss"),
+        "simulated_acceptance_length": (final.get("final_eval") or {}).get(
+            "val/simulated_acceptance_length"),
+        "dev_acceptance_length": (final.get("final_eval") or {}).get("dev/acceptance_length"),
     }
+
+
+def comparisons(rows: list[dict]) -> list[dict]:
+    """Each non-offline case against the offline case of the same epochs: total seconds as a
+    ratio (``time_vs_offline``: < 1 is faster), hidden-state bytes on disk, and the relative
+    acceptance difference (``acceptance_rel_diff``: simulated acceptance length on the validation
+    split, and the development prompts' measured one when the config has them; None when either
+    side lacks it)."""
+    base = {r["epochs"]: r for r in rows if r["mode"] == "offline"}
+
+    def rel(a, b):
+        return None if a is None or b in (None, 0) else a / b - 1.0
+
+    out = []
+    for r in rows:
+        b = base.get(r["epochs"])
+        if r["mode"] == "offline" or b is None:
+            continue
+        out.append({"mode": r["mode"], "epochs": r["epochs"],
+                    "time_vs_offline": r["seconds"]["total"] / b["seconds"]["total"],
+                    "hidden_state_bytes": r["disk_bytes"]["hidden_states"],
+                    "offline_hidden_state_bytes": b["disk_bytes"]["hidden_states"],
+                    "acceptance_rel_diff": {
+                        "simulated": rel(r.get("simulated_acceptance_length"),
+                                         b.get("simulated_acceptance_length")),
+                        "dev": rel(r.get("dev_acceptance_length"),
+                                   b.get("dev_acceptance_length"))}})
+    return out
+
+
+def write_results(out: Path, a: argparse.Namespace, rows: list[dict]) -> None:
+    """The results JSON: arguments, the cases so far and :func:`comparisons` (rewritten after
+    every case, so a run cut short keeps what it measured)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": a.config, "overrides": a.override,
+                               "device": a.device, "written_at": dt.datetime.now(
+                                   dt.timezone.utc).isoformat(timespec="seconds"),
+                               "cases": rows, "comparisons": comparisons(rows)},
+                              indent=1, default=str) + "\n")
 
 
 EXAMPLES = """examples:
@@ -198,12 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             s = rows[-1]
             print(f"{mode:8s} {epochs:g} ep: {s['seconds']['total']:.1f} s, hidden states on "
                   f"disk {s['disk_bytes']['hidden_states']:,} B, target tokens "
-                  f"{s['tokens']['target_tokens_computed']}", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": a.config, "overrides": a.override,
-                               "device": a.device, "written_at": dt.datetime.now(
-                                   dt.timezone.utc).isoformat(timespec="seconds"),
-                               "cases": rows}, indent=1, default=str) + "\n")
+                  f"{s['tokens']['target_tokens_computed']}, simulated acceptance "
+                  f"{s['simulated_acceptance_length']}", flush=True)
+            write_results(out, a, rows)
+    for c in comparisons(rows):
+        print(f"{c['mode']} / offline, {c['epochs']:g} ep: time {c['time_vs_offline']:.3f}x, "
+              f"acceptance {c['acceptance_rel_diff']}, hidden states "
+              f"{c['hidden_state_bytes']:,} B vs {c['offline_hidden_state_bytes']:,} B")
     print(f"results: {out}")
     return 0
 

@@ -93,3 +93,22 @@ def test_help_shows_an_example(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and "python lab/online_vs_offline.py configs/tiny-random.yaml" in out
+
+
+def _row(mode, epochs, total, hs_bytes, sim):
+    return {"mode": mode, "epochs": epochs, "seconds": {"total": total},
+            "disk_bytes": {"hidden_states": hs_bytes}, "simulated_acceptance_length": sim,
+            "dev_acceptance_length": None}
+
+
+def test_comparisons_pair_each_mode_with_the_offline_case_of_its_epochs():
+    rows = [_row("offline", 1.0, 100.0, 5000, 2.0), _row("online", 1.0, 80.0, 0, 2.02),
+            _row("offline", 3.0, 200.0, 5000, 2.5), _row("cached", 3.0, 210.0, 0, None),
+            _row("online", 5.0, 50.0, 0, 2.0)]  # no offline case of 5 epochs: not compared
+    got = ovo.comparisons(rows)
+    assert [(c["mode"], c["epochs"]) for c in got] == [("online", 1.0), ("cached", 3.0)]
+    assert got[0]["time_vs_offline"] == pytest.approx(0.8)
+    assert got[0]["acceptance_rel_diff"]["simulated"] == pytest.approx(0.01)
+    assert got[0]["hidden_state_bytes"] == 0 and got[0]["offline_hidden_state_bytes"] == 5000
+    assert got[1]["time_vs_offline"] == pytest.approx(1.05)
+    assert got[1]["acceptance_rel_diff"] == {"simulated": None, "dev": None}
