@@ -7,13 +7,16 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
   verifies ``steps + 1`` tokens; ``bench.concurrency`` within the requests SGLang runs at once; no
   simulated-acceptance variable in ``serve.env``.
 - The reference engine (``serve.engine: reference``) does chain drafting on one device: the settings
-  of :data:`~eagle3.engines.sglang.serving.LAUNCH_FLAGS` it cannot honour are refused.
+  of :data:`~eagle3.engines.sglang.serving.LAUNCH_FLAGS` it cannot honour are refused
+  (:func:`reference_problem`, also applied where ``auto`` resolves to the reference engine).
 - ``train.forward_impl: project`` cannot run under ``train.distributed: fsdp`` on several GPUs;
   ``train.attn_implementation: flex`` is for this project's forward only (``forward_impl: auto``
   takes speculators' under fsdp on several GPUs) and not for ``train.device: cpu`` (no backward
   there); fused losses need CUDA.
 - ``extract.cache_max_gb`` is a finite size > 0 (``CACHE_SIZE_INVALID``), and given with
   ``extract.mode: cached`` (``CACHE_SIZE_MISSING``).
+- ``bench.prompts`` that reads as a name (no path separator, no suffix, no such file) is a
+  built-in set of :data:`eagle3.measure.prompts.PROMPT_SETS` (``BENCH_PROMPTS``).
 - ``train.select_best_by: measured`` has dev prompts: a validation split (``data.val_fraction`` >
   0 and at least 2 conversations) or ``train.dev_prompts_file`` (``NO_DEV_PROMPTS``).
 
@@ -27,6 +30,7 @@ Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which ca
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import math
@@ -48,16 +52,64 @@ def _serving(cfg: Any) -> list[str]:
                    "serve.speculative_num_steps <= train.ttt_steps (raise train.ttt_steps to "
                    f"{s.speculative_num_steps} or lower serve.speculative_num_steps)")
     out.append(draft_tokens_problem(s))
-    bad = reference_refusals(s) if s.engine == "reference" else {}
-    if bad:
-        out.append("serve.engine reference: it does chain drafting on one device and cannot honour "
-                   f"{bad}; expected serve.speculative_eagle_topk 1, serve.tp 1 and "
-                   "mem_fraction_static, cuda_graph_max_bs, max_running_requests unset (SGLang "
-                   "settings), or serve.engine sglang")
+    if s.engine == "reference":
+        out.append(reference_problem(s))
     if s.engine in ("sglang", "auto"):
         out.append(concurrency_problem(s, cfg.bench.concurrency))
     out.append(simulation_problem(s.env, "serve.env"))
     return [m for m in out if m]
+
+
+def reference_problem(serve: Any) -> str | None:
+    """``REFERENCE_UNSUPPORTED`` message when ServeConfig ``serve`` asks the reference engine for
+    settings it cannot honour (:func:`eagle3.engines.sglang.serving.reference_refusals`), else
+    None. The one home of the rule: config load applies it with ``serve.engine: reference``, the
+    pre-flight, ``eagle3 run`` and the launcher wherever ``auto`` resolves to the reference
+    engine."""
+    bad = reference_refusals(serve)
+    if not bad:
+        return None
+    how = ("" if serve.engine == "reference" else
+           f" (serve.engine {serve.engine} resolves to the reference engine on this machine)")
+    return (f"REFERENCE_UNSUPPORTED: serve.engine reference{how}: the CPU reference engine does "
+            f"chain drafting on one device and cannot honour {bad}; expected "
+            "serve.speculative_eagle_topk 1, serve.tp 1 and mem_fraction_static, "
+            "cuda_graph_max_bs, max_running_requests unset (SGLang settings), or serve.engine "
+            "sglang")
+
+
+def _bench_prompts(cfg: Any) -> list[str]:
+    """``BENCH_PROMPTS`` when ``bench.prompts`` reads as a set's name (no path separator, no
+    suffix) that is no built-in set and no file here: a misspelt name. A path that does not
+    exist is an input problem for the pre-flight (:func:`bench_prompts_file_problem`)."""
+    from eagle3.measure.prompts import PROMPT_SETS
+
+    spec = cfg.bench.prompts
+    if spec in PROMPT_SETS or "/" in spec or "\\" in spec or Path(spec).suffix or \
+            Path(spec).expanduser().exists():
+        return []
+    near = difflib.get_close_matches(spec.lower(), PROMPT_SETS, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return [f"BENCH_PROMPTS: bench.prompts: expected one of {PROMPT_SETS} or a prompts file, got "
+            f"{spec!r}, which is neither{hint}"]
+
+
+def bench_prompts_file_problem(b: Any) -> str | None:
+    """``BENCH_PROMPTS`` message when ``bench.prompts`` (``b`` is the bench section) names no
+    built-in set and is no existing file, as the benchmark would refuse it
+    (:func:`eagle3.measure.prompts.load_prompts`)."""
+    from eagle3.measure.prompts import PROMPT_SETS
+
+    spec = b.prompts
+    if spec in PROMPT_SETS:
+        return None
+    path = Path(spec)
+    what = ("a directory" if path.is_dir() else None if path.is_file() else
+            "not found" if not path.exists() else "not a regular file")
+    if what:
+        return (f"BENCH_PROMPTS: bench.prompts: expected one of {PROMPT_SETS} or an existing "
+                f"prompts file (JSONL, JSON or text), got {spec!r} ({what})")
+    return None
 
 
 def _train_forward(cfg: Any) -> list[str]:
@@ -115,10 +167,21 @@ def _dev_prompts(cfg: Any) -> list[str]:
 # read them)]: a key is unused unless the deciding key of the same section has one of those values.
 # Unused keys are kept out of cache keys and settings digests (tasks/stage_config.py) and warned
 # about when set (:func:`config_warnings`).
-UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, str, tuple[str, ...]]]] = {
-    "extract": [(("cache_max_gb",), "mode", "offline", ("cached",))],
+UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]] = {
+    "data": [(("path",), "source", "sharegpt", ("file",))],
+    "extract": [(("cache_max_gb",), "mode", "offline", ("cached",)),
+                (("sglang_engine_args",), "backend", "hf", ("sglang",))],
     "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
-               "simulated", ("measured",))],
+               "simulated", ("measured",)),
+              (("compile_mode",), "compile", False, (True,))],
+}
+# {section: {key: its default}}: unused keys of UNUSED_UNLESS that the cache keys hold at their
+# default instead of dropping them, so a config that leaves them unset keeps the cache keys and
+# settings digests it had before the key entered the table (tasks/stage_config.used_values)
+KEYED_AS_DEFAULT: dict[str, dict[str, Any]] = {
+    "data": {"path": None},
+    "extract": {"sglang_engine_args": {}},
+    "train": {"compile_mode": "default"},
 }
 LOOPBACK_NAMES = ("localhost",)
 
@@ -135,9 +198,9 @@ def _unused_keys(cfg: Any) -> list[str]:
                 if k in sec.model_fields_set:
                     out.append(f"UNUSED_KEY: {section}.{k} is set ({getattr(sec, k)!r}) but "
                                f"{section}.{decider} {setting} never reads it (read only with "
-                               f"{section}.{decider} {' or '.join(readers)}); expected it unset "
-                               f"here, got it set: it has no effect (and stays out of the cache "
-                               "keys)")
+                               f"{section}.{decider} {' or '.join(map(str, readers))}); "
+                               "expected it unset here, got it set: it has no effect (and stays "
+                               "out of the cache keys)")
     return out
 
 
@@ -146,7 +209,7 @@ def _serve_host(cfg: Any) -> list[str]:
     try:
         loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name
-        loopback = host.lower() in LOOPBACK_NAMES
+        loopback = host.lower().removesuffix(".") in LOOPBACK_NAMES  # "localhost." is the FQDN
     if loopback:
         return []
     every = host.strip("[]") in ("0.0.0.0", "::")
@@ -201,6 +264,7 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
       ``extract.aux_layer_ids`` fit the target's layer count when it is known
       (:func:`eagle3.extract.stage.check_before_run`);
     - ``DEV_PROMPTS_FILE``: :func:`dev_prompts_file_problem`;
+    - ``BENCH_PROMPTS``: :func:`bench_prompts_file_problem` (the benchmark's prompt set);
     - ``DRAFT_VOCAB_SIZE``: ``train.draft_vocab_size`` below the vocabulary of the target in
       ``target_dir`` when its config.json is readable (:func:`eagle3.train.vocab.
       check_draft_vocab_size`)."""
@@ -214,9 +278,9 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
         msg = str(e)
         out.append(msg if msg[:1].isupper() else
                    f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
-    problem = dev_prompts_file_problem(cfg.train)
-    if problem:
-        out.append(problem)
+    for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench)):
+        if problem:
+            out.append(problem)
     vocab = (target_text_config(target_dir) or {}).get("vocab_size")
     if isinstance(vocab, int) and not isinstance(vocab, bool):
         from eagle3.train.vocab import check_draft_vocab_size
@@ -230,4 +294,5 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
 
 def cross_section_problems(cfg: Any) -> list[str]:
     """Every rule of the module docstring that ``cfg`` (a RunConfig) breaks; empty when none."""
-    return _serving(cfg) + _train_forward(cfg) + _extract_cache(cfg) + _dev_prompts(cfg)
+    return (_serving(cfg) + _train_forward(cfg) + _extract_cache(cfg) + _dev_prompts(cfg)
+            + _bench_prompts(cfg))

@@ -6,9 +6,9 @@ Stages are named as their tasks and MLflow runs are (``deploy-bench``). ``sectio
 sections of :class:`eagle3.config.RunConfig` whose values decide the stage's output; the target
 reaches train and convert through their inputs' content hashes and the target folder's fingerprint
 instead. ``judge_only`` keys only judge a result (the gate's minimum), so they are logged as params
-but stay out of the key; so do keys the settings leave unused (:data:`UNUSED_UNLESS`: the cached
+but stay out of the key; so do keys the settings leave unused (:data:`UNUSED_UNLESS`: e.g. the cached
 window's size outside ``extract.mode: cached``, the dev-prompt keys outside
-``train.select_best_by: measured``). ``code`` names the modules (or folders run in another
+``train.select_best_by: measured``, ``data.path`` outside ``data.source: file``). ``code`` names the modules (or folders run in another
 interpreter) where the stage's code starts: the key hashes their import closure
 (tasks/code_closure.py). ``engine``: the key also names the serving engine by its version
 (tasks/caching.py, ``engine_identity``).
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.config_checks import UNUSED_UNLESS  # the library's table (its one home), read here
+# the library's tables (their one home), read here
+from eagle3.config_checks import KEYED_AS_DEFAULT, UNUSED_UNLESS
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,17 @@ STAGE_CONFIG: dict[str, StageConfig] = {
 
 def used_values(section: str, values: dict) -> dict:
     """``values`` (one section's JSON form, e.g. a manifest's ``config``) without the keys its own
-    settings leave unused (:data:`UNUSED_UNLESS`)."""
+    settings leave unused (:data:`UNUSED_UNLESS`); those of :data:`KEYED_AS_DEFAULT` are kept at
+    their default instead, so a config that leaves them unset keeps its cache keys."""
     out = dict(values)
+    as_default = KEYED_AS_DEFAULT.get(section, {})
     for keys, decider, default, readers in UNUSED_UNLESS.get(section, ()):
         if out.get(decider, default) not in readers:
             for k in keys:
-                out.pop(k, None)
+                if k in as_default and k in out:
+                    out[k] = as_default[k]
+                else:
+                    out.pop(k, None)
     return out
 
 

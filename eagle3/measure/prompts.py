@@ -103,6 +103,7 @@ def file_prompts(path: str | Path) -> list[dict]:
 
 
 _LOADERS = {"mtbench": mtbench_prompts, "gsm8k": gsm8k_prompts, "humaneval": humaneval_prompts}
+PROMPT_SETS = tuple(_LOADERS)  # the built-in names :func:`load_prompts` takes (config checks too)
 
 
 def round_robin(prompts: list[dict], n: int) -> list[dict]:
