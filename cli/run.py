@@ -87,22 +87,33 @@ def check_target(cfg: Any) -> None:
     """Refuse, before Prefect starts, a config whose target cannot be found or whose inputs a stage
     would refuse at its start: for ``target.kind: hf``, the same check as ``eagle3 prepare`` and
     ``eagle3 preflight`` (``eagle3.assets.resolve_target``, the one home of it); for every kind,
-    :func:`eagle3.config_checks.before_run_problems` (data and dev prompts files, aux layer ids,
-    the draft vocabulary against an ``hf`` target's config), so a missing dev prompts file fails
-    now rather than after extraction. The built-in kinds (``smollm2``, ``tiny-random``) are
-    prepared by the extraction stage and are not touched here. Raises ConfigError naming
-    ``target.path`` (the expected HF folder with config.json and what is there), or one
-    ``CODE: message`` line per input problem.
+    :func:`eagle3.config_checks.before_run_problems` (data, dev prompts and bench prompts files,
+    aux layer ids, the draft vocabulary against the target's config), so a missing dev prompts
+    file fails now rather than after extraction. The built-in kinds (``smollm2``,
+    ``tiny-random``) are prepared by the extraction stage: their cached folder is read when it is
+    there already (``eagle3.assets.prepared_target``), never prepared here. With ``serve.engine:
+    auto`` resolving to the reference engine on this machine, the settings it cannot honour are
+    refused too (:func:`eagle3.config_checks.reference_problem`; config load refuses them for
+    ``serve.engine: reference``). Raises ConfigError naming ``target.path`` (the expected HF
+    folder with config.json and what is there), or one ``CODE: message`` line per problem.
     """
-    from eagle3.config_checks import before_run_problems
+    from eagle3.assets import prepared_target
+    from eagle3.config_checks import before_run_problems, reference_problem
     from eagle3.errors import ConfigError
 
-    target = None
     if cfg.target.kind == "hf":
         from eagle3.assets import resolve_target
 
         target = resolve_target(cfg)
+    else:
+        target = prepared_target(cfg)
     problems = before_run_problems(cfg, target)
+    refused = reference_problem(cfg.serve) if cfg.serve.engine == "auto" else None
+    if refused:
+        from eagle3.serve.launcher import resolve_engine
+
+        if resolve_engine(cfg) == "reference":
+            problems.append(refused)
     if problems:
         raise ConfigError("\n".join(problems))
 

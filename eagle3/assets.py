@@ -111,16 +111,34 @@ def _rope_theta(config) -> float:
     return float(theta)
 
 
+def tiny_random_dir(cache: Path, tiny) -> Path:
+    """``<cache>/models/tiny-random-<hash of the shape>``: where :func:`prepare_tiny_random`
+    writes the target of shape ``tiny``."""
+    spec = tiny.model_dump(mode="json")
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return cache / "models" / f"tiny-random-{digest}"
+
+
+def prepared_target(cfg) -> Path | None:
+    """The target folder of RunConfig ``cfg`` when it is there already (its config.json), without
+    preparing or downloading anything: ``target.path`` for ``hf``, the cached folder for the
+    built-in kinds; None when it is not prepared yet."""
+    cache = cfg.paths.resolved_cache_dir()
+    kind = cfg.target.kind
+    out = (cache / "models" / SMOLLM2_DIRNAME if kind == "smollm2" else
+           tiny_random_dir(cache, cfg.target.tiny) if kind == "tiny-random" else
+           Path(cfg.target.path).expanduser())
+    return out if (out / "config.json").is_file() else None
+
+
 def prepare_tiny_random(cache: Path, tiny) -> Path:
     """A random Llama (shape from ``tiny``) with SmolLM2's tokenizer (vocab 49,152), float32, under
     ``<cache>/models/tiny-random-<hash>``."""
-    spec = tiny.model_dump(mode="json")
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    out = cache / "models" / f"tiny-random-{digest}"
+    out = tiny_random_dir(cache, tiny)
     if (out / "config.json").is_file():
         return out
     smol = prepare_smollm2(cache)
-    with _lock(cache, f"tiny-{digest}"):
+    with _lock(cache, out.name.replace("tiny-random-", "tiny-")):
         if (out / "config.json").is_file():
             return out
         import torch

@@ -25,7 +25,7 @@ from eagle3.redaction import redact
 from eagle3.engines.sglang.environment import (install_advice, sglang_installed, sglang_python,
                                                sglang_unusable_reason)
 from eagle3.engines.sglang.serving import (ArgvRules, extra_args_problems, launch_args,
-                                           reference_refusals, simulation_problem)
+                                           simulation_problem)
 from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, run_cmd
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
@@ -132,12 +132,11 @@ def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
             argv += ["--default-chat-template-kwargs",
                      json.dumps(cfg.data.chat_template_kwargs, sort_keys=True)]
     elif engine == "reference":
-        bad = reference_refusals(s)
+        from eagle3.config_checks import reference_problem
+
+        bad = reference_problem(s)
         if bad:
-            raise EngineUnsupported(f"the CPU reference engine cannot honour {bad}; expected "
-                                    "serve.speculative_eagle_topk 1, serve.tp 1 and "
-                                    "mem_fraction_static/cuda_graph_max_bs/max_running_requests "
-                                    "unset (SGLang settings)")
+            raise EngineUnsupported(bad)
         from eagle3.precision import resolve_dtype
 
         device = reference_device(s.device)

@@ -378,8 +378,13 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     if engine == "reference":  # the launcher's rules for its command line
         from eagle3.serve.launcher import reference_rules
 
+        from eagle3.config_checks import reference_problem
+
         extra = [Problem(code, msg) for code, msg in extra_args_problems(
             s.extra_args, rules=reference_rules())]
+        refused = reference_problem(s)  # what config load refuses for serve.engine reference
+        if refused:
+            extra.insert(0, Problem(*(part.strip() for part in refused.split(":", 1))))
         if extra:
             return Check("settings", "failed", "; ".join(p.message for p in extra)), extra
         queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
