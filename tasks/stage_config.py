@@ -6,10 +6,11 @@ Stages are named as their tasks and MLflow runs are (``deploy-bench``). ``sectio
 sections of :class:`eagle3.config.RunConfig` whose values decide the stage's output; the target
 reaches train and convert through their inputs' content hashes and the target folder's fingerprint
 instead. ``judge_only`` keys only judge a result (the gate's minimum), so they are logged as params
-but stay out of the key; so do keys the settings leave unused (:data:`UNUSED_UNLESS`: e.g. the cached
-window's size outside ``extract.mode: cached``, the dev-prompt keys outside
-``train.select_best_by: measured``, ``data.path`` outside ``data.source: file``). ``code`` names the modules (or folders run in another
-interpreter) where the stage's code starts: the key hashes their import closure
+but stay out of the key; so do keys the settings leave unused (:data:`UNUSED_UNLESS`: e.g. the
+cached window's size outside ``extract.mode: cached``, the dev-prompt keys outside
+``train.select_best_by: measured``, ``data.path`` outside ``data.source: file``; those of
+:data:`KEYED_AS_DEFAULT` are keyed at their default). ``code`` names the modules (or folders run
+in another interpreter) where the stage's code starts: the key hashes their import closure
 (tasks/code_closure.py). ``engine``: the key also names the serving engine by its version
 (tasks/caching.py, ``engine_identity``).
 """

@@ -69,8 +69,8 @@ def test_eagle3_run_checks_a_builtin_targets_vocabulary_when_it_is_cached(tmp_pa
 
     monkeypatch.setattr(assets, "prepare_tiny_random", never)
     monkeypatch.setattr(assets, "prepare_smollm2", never)
-    ov = ["target.kind=tiny-random", "target.tiny.num_hidden_layers=8", f"paths.cache_dir={tmp_path}",
-          "train.draft_vocab_size=4096"]
+    ov = ["target.kind=tiny-random", "target.tiny.num_hidden_layers=8",
+          f"paths.cache_dir={tmp_path}", "train.draft_vocab_size=4096"]
     cfg = load_config(None, ov)
     check_target(cfg)  # not cached yet: nothing to read, nothing prepared
     _tiny_cached(tmp_path, cfg, 1000)

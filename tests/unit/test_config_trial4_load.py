@@ -154,7 +154,7 @@ def test_eagle3_run_refuses_them_where_auto_resolves_to_reference(tmp_path, monk
 
     cfg = load_config(None, [f"paths.cache_dir={tmp_path}", "serve.speculative_eagle_topk=4"])
     monkeypatch.setattr(launcher, "resolve_engine", lambda c: "reference")
-    with pytest.raises(ConfigError, match=r"^REFERENCE_UNSUPPORTED: .*serve.speculative_eagle_topk"):
+    with pytest.raises(ConfigError, match=r"^REFERENCE_UNSUPPORTED: .*speculative_eagle_topk"):
         check_target(cfg)
     monkeypatch.setattr(launcher, "resolve_engine", lambda c: "sglang")
     check_target(cfg)  # SGLang serves top-k 4
