@@ -70,9 +70,9 @@ def reference_problem(serve: Any) -> str | None:
     if not bad:
         return None
     how = ("" if serve.engine == "reference" else
-           f" (serve.engine {serve.engine} resolves to the reference engine on this machine)")
-    return (f"REFERENCE_UNSUPPORTED: serve.engine reference{how}: the CPU reference engine does "
-            f"chain drafting on one device and cannot honour {bad}; expected "
+           " (it resolves to the reference engine on this machine)")
+    return (f"REFERENCE_UNSUPPORTED: serve.engine {serve.engine}{how}: the CPU reference engine "
+            f"does chain drafting on one device and cannot honour {bad}; expected "
             "serve.speculative_eagle_topk 1, serve.tp 1 and mem_fraction_static, "
             "cuda_graph_max_bs, max_running_requests unset (SGLang settings), or serve.engine "
             "sglang")

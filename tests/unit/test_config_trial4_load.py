@@ -137,8 +137,8 @@ def test_reference_settings_one_rule_at_load_preflight_and_launch(tmp_path, over
                            "serve.speculative_num_draft_tokens=5"])
     cfg = load_config(None, ["serve.engine=auto", override])  # auto may be SGLang: loads
     msg = reference_problem(cfg.serve)
-    assert msg.startswith("REFERENCE_UNSUPPORTED: serve.engine reference (serve.engine auto "
-                          "resolves to the reference engine on this machine)") and field in msg
+    assert msg.startswith("REFERENCE_UNSUPPORTED: serve.engine auto (it resolves to the "
+                          "reference engine on this machine)") and field in msg
     check, problems = preflight._check_settings(cfg, "reference")
     assert check.status == "failed" and "settings passed" not in check.detail
     assert [p.code for p in problems] == ["REFERENCE_UNSUPPORTED"]
