@@ -7,7 +7,9 @@ in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / n
   (:mod:`eagle3.engines.sglang.source`); without it fc is bypassed and acceptance is about 1.0.
 - ``memory``: weights + both KV caches for one full-context request per GPU of the launch, against
   ``GPU memory × serve.mem_fraction_static`` and other processes (:func:`estimate_memory`).
-- ``settings``: what SGLang really runs (:func:`eagle3.engines.sglang.serving.resolve`).
+- ``settings``: what SGLang really runs (:func:`eagle3.engines.sglang.serving.resolve`); for the
+  reference engine, the settings it cannot honour (``REFERENCE_UNSUPPORTED``,
+  :func:`eagle3.config_checks.reference_problem`).
 - ``environment``: no variable that makes SGLang simulate acceptance.
 - ``template``: trained chat-template switches against what the benchmark and server render.
 - ``steps``: served draft steps against trained TTT steps (noted).
@@ -542,8 +544,9 @@ def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
 
 
 def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
-    """``inputs``: the checks a stage repeats when it starts that need files but no model (data
-    and dev prompts files, aux layer ids and draft vocabulary against the target's config;
+    """``inputs``: the checks a stage repeats when it starts that need files but no model (data,
+    dev prompts and bench prompts files, aux layer ids and draft vocabulary against the target's
+    config;
     :func:`eagle3.config_checks.before_run_problems`), so they fail here before any stage runs.
     Its problems go first in ``problems``."""
     from eagle3.config_checks import before_run_problems
@@ -554,5 +557,5 @@ def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
     if found:
         return Check("inputs", "failed", f"{len(found)} problem(s) a stage would refuse at its "
                      "start (below)")
-    return Check("inputs", "passed", "data and dev prompts files, aux layer ids and the draft "
-                 "vocabulary fit the target where known")
+    return Check("inputs", "passed", "data, dev prompts and bench prompts files, aux layer ids "
+                 "and the draft vocabulary fit the target where known")
