@@ -341,10 +341,11 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     also a ``REPLACED_FROM_TARGET`` warning), ``vocab_padded``, ``aux_ids_from`` (where the aux ids
     came from), the source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and
     ``validation`` with its ``warnings``, also logged unless ``log_warnings`` is False: a caller
-    that converts the same draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which RoPE was written for
-    a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with). ``dst`` appears only if
-    :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
-    ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
+    that converts the same draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which
+    RoPE was written for a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with).
+    ``dst`` appears only if :func:`eagle3.convert.validate.validate` passes on the written files
+    (with ``target_dir`` and ``data_manifest`` when given; ``aux_capture`` False leaves capture to
+    the pre-flight).
 
     Raises:
         ConfigError: ``src == dst``, a flag stated twice with two values, aux ids that need
