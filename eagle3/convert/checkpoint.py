@@ -1,11 +1,12 @@
 """A draft folder read into memory for the checks: :class:`Checkpoint` (config, tensors, manifest),
 :class:`Target` (the target's config, lazily its embedding), :class:`Problem` (``CODE: message``).
-Only unreadable input raises (DataError naming the file)."""
+Only unreadable input raises (DataError naming the file); a tensor stated in two weight files is
+a ``DUPLICATE_TENSOR`` problem of the checkpoint (:attr:`Checkpoint.problems`)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,16 @@ class Problem:
 
 @dataclass
 class Checkpoint:
-    """A draft directory read into memory: ``config``, ``tensors`` {name: tensor}, ``manifest``."""
+    """A draft directory read into memory: ``config``, ``tensors`` {name: tensor}, ``manifest``;
+    ``problems``: what reading found wrong with the files themselves (``DUPLICATE_TENSOR`` across
+    weight files; ``tensors`` then holds the copy of the file read first)."""
 
     path: Path
     config: dict
     tensors: dict[str, torch.Tensor]
     weight_files: list[Path]
     manifest: dict | None
+    problems: list[Problem] = field(default_factory=list)
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -52,12 +56,15 @@ def _read_json(path: Path, what: str) -> dict:
     return value
 
 
-def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    """All tensors of safetensors / ``pytorch_model*.bin`` files; DataError on a corrupt file or a
-    name present in two files."""
+def load_tensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[Problem]]:
+    """All tensors of safetensors / ``pytorch_model*.bin`` files, and a ``DUPLICATE_TENSOR``
+    problem for each name present in two files (the first file's copy is kept). DataError on a
+    corrupt file."""
     from safetensors.torch import load_file
 
     out: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    problems: list[Problem] = []
     for f in files:
         try:
             part = (load_file(str(f)) if f.suffix == ".safetensors"
@@ -65,12 +72,17 @@ def load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors/pickle raise many unrelated types on corrupt input
             raise DataError(f"{f}: unreadable weights ({type(e).__name__}: {e})") from e
         if not isinstance(part, dict):
-            raise DataError(f"{f}: expected a name → tensor mapping, got {type(part).__name__}")
+            raise DataError(f"{f}: expected a name -> tensor mapping, got {type(part).__name__}")
         for name, t in part.items():
             if name in out:
-                raise DataError(f"{f}: tensor {name!r} also appears in another weight file")
+                problems.append(Problem(
+                    "DUPLICATE_TENSOR", f"tensor {name!r}: expected it in one weight file, got it "
+                    f"in both {origin[name]} and {f}: the engine reads every weight file, so "
+                    "which copy it keeps depends on the order it reads them"))
+                continue
             out[name] = t
-    return out
+            origin[name] = f
+    return out, problems
 
 
 def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
@@ -87,24 +99,27 @@ def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
         raise DataError(f"{path}: no weight file (expected model.safetensors or pytorch_model.bin)")
     has_manifest = (path / "manifest.json").is_file()
     manifest = _read_json(path / "manifest.json", "manifest.json") if has_manifest else None
-    return Checkpoint(path, config, load_tensors(files), files, manifest)
+    tensors, problems = load_tensors(files)
+    return Checkpoint(path, config, tensors, files, manifest, problems)
 
 
 @dataclass
 class Target:
-    """The target's ``config.json`` (text config for multimodal ones) and lazily its embedding."""
+    """The target's ``config.json`` (text config for multimodal ones; ``raw``: the whole file) and
+    lazily its embedding."""
 
     path: Path
     config: dict
     architecture: str
     _embed: torch.Tensor | None = None
+    raw: dict = field(default_factory=dict)
 
     @classmethod
     def read(cls, target_dir: str | Path) -> "Target":
         path = Path(target_dir)
         raw = _read_json(path / "config.json", "target config.json")
         archs = raw.get("architectures") or ["(none)"]
-        return cls(path, raw.get("text_config") or raw, str(archs[0]))
+        return cls(path, raw.get("text_config") or raw, str(archs[0]), raw=raw)
 
     def embed(self) -> torch.Tensor | None:
         """The target's embedding ``[vocab, H]``: the first ``*embed_tokens.weight`` in

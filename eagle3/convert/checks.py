@@ -15,6 +15,67 @@ from eagle3.engines.sglang.draft_load import rope_parameters
 from eagle3.errors import ConfigError
 
 AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
+# Keys only a draft's config states: SGLang's LlamaForCausalLMEagle3 reads them, speculators
+# writes them, no verifier model defines them.
+DRAFT_ONLY_KEYS = ("eagle_config", "speculators_model_type", "draft_vocab_size",
+                   "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+
+
+def check_content_hash(ck: Checkpoint) -> tuple[list[Problem], list[Problem]]:
+    """``(problems, warnings)`` of the draft's files against its ``manifest.json``
+    ``content_hash``, recomputed as :func:`eagle3.artifacts.write_manifest` computed it
+    (:func:`eagle3.artifacts.content_hash` over the folder, skipping the manifest's
+    ``files.exclude``). Problem ``CONTENT_HASH_MISMATCH`` when they differ (a weight or config file
+    edited, added or removed after conversion); warning ``CONTENT_UNCHECKED`` for a manifest
+    without a ``content_hash``. Nothing without a manifest (a draft exported by another tool)."""
+    from eagle3.artifacts import MANIFEST, content_hash
+
+    man = ck.manifest
+    if man is None:
+        return [], []
+    where = f"{ck.path}/{MANIFEST}"
+    recorded = man.get("content_hash")
+    if recorded is None:
+        return [], [Problem("CONTENT_UNCHECKED", f"{where}: expected a content_hash to compare "
+                            "the weights and config with, got none: their integrity is not "
+                            "checked")]
+    files = man.get("files")
+    exclude = files.get("exclude") if isinstance(files, dict) else None
+    ok = isinstance(exclude, list) and all(isinstance(x, str) for x in exclude)
+    actual = content_hash(ck.path, exclude=tuple(exclude) if ok else (MANIFEST,))
+    if actual == recorded:
+        return [], []
+    after = ("after conversion" if man.get("kind") == "serving_checkpoint"
+             else "after the manifest was written")
+    return [Problem("CONTENT_HASH_MISMATCH", f"{where} content_hash: expected {recorded}, got "
+                    f"{actual} (the weights or config changed {after})")], []
+
+
+def target_draft_signs(raw: dict, profile: EngineProfile) -> list[str]:
+    """What in a target folder's ``config.json`` (``raw``, the whole file) says it is an EAGLE-3
+    draft: an architecture in ``profile.draft_architectures`` or :data:`DRAFT_ONLY_KEYS`; each
+    as ``key value``. ``[]`` for a verifier model."""
+    archs = raw.get("architectures")
+    archs = archs if isinstance(archs, list) else []
+    signs = []
+    if any(a in profile.draft_architectures for a in archs):
+        signs.append(f"architectures {archs}")
+    signs += [f"{k} {raw[k]!r}" if not isinstance(raw[k], dict) else f"{k} {{...}}"
+              for k in DRAFT_ONLY_KEYS if raw.get(k) is not None]
+    if signs and not signs[0].startswith("architectures"):
+        signs.insert(0, f"architectures {archs}")
+    return signs
+
+
+def check_target_is_draft(target: Target, profile: EngineProfile) -> list[Problem]:
+    """``TARGET_IS_DRAFT`` when the folder given as the target holds an EAGLE-3 draft
+    (:func:`target_draft_signs`): every target check would compare the draft with itself."""
+    signs = target_draft_signs(target.raw, profile)
+    if not signs:
+        return []
+    return [Problem("TARGET_IS_DRAFT", f"--target {target.path}: expected the target (verifier) "
+                    f"model folder, got an EAGLE-3 draft ({', '.join(signs)}); give the folder of "
+                    "the model the draft was trained for")]
 
 
 def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:

@@ -91,6 +91,21 @@ def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem
     return out
 
 
+def unsupported_flags(flags: Mapping[str, bool | None], profile: EngineProfile,
+                      where: str = "") -> list[Problem]:
+    """``UNSUPPORTED_FLAG`` for each trained flag in ``flags`` (name -> value; None: not stated)
+    that ``profile``'s engine does not implement or computes otherwise
+    (:meth:`EngineProfile.check_flags`); ``where`` (e.g. the config file) prefixes the message.
+    Used by validate and by conversion, which refuses such a draft before writing anything."""
+    out = []
+    for name, value in flags.items():
+        try:
+            profile.check_flags({name: value})
+        except ConfigError as e:
+            out.append(Problem("UNSUPPORTED_FLAG", f"{where + ' ' if where else ''}{e}"))
+    return out
+
+
 def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     """Class 5: trained flags (``manifest.json`` ``trained_flags``, else the config's keys) the
     engine does not implement, computes differently, or would read otherwise."""
@@ -106,10 +121,9 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
         elif name not in trained:
             trained[name] = bool(cfg[name])
     for name, value in trained.items():
-        try:
-            profile.check_flags({name: value})
-        except ConfigError as e:
-            out.append(Problem("UNSUPPORTED_FLAG", str(e)))
+        bad = unsupported_flags({name: value}, profile)
+        if bad:
+            out += bad
             continue
         rule = profile.flags.get(name)
         if rule is not None and rule.config_keys:

@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from eagle3.artifacts import atomic_directory, atomic_write_json, content_hash, write_manifest
-from eagle3.convert import draft_checks
+from eagle3.convert import checks, draft_checks
 from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get, read_checkpoint
-from eagle3.convert.flag_checks import check_unknown_flags, trained_flag
+from eagle3.convert.flag_checks import check_unknown_flags, trained_flag, unsupported_flags
 from eagle3.convert.validate import validate
 from eagle3.engines.profile import EngineProfile
 from eagle3.engines.registry import default_version, get_profile
@@ -80,18 +80,37 @@ def _default_hf_ids(tcfg: dict | None, field: str) -> list[int]:
     return default_aux_layer_ids(int(tcfg["num_hidden_layers"]))
 
 
-def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int) -> list[str]:
-    """target_hidden_size, RoPE and context from the target; returns the changed keys."""
+def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int, src: Path,
+                  target_dir: Path | None) -> tuple[list[str], dict, list[Problem]]:
+    """target_hidden_size, RoPE and context from the target. Returns the RoPE keys changed, the
+    values the source stated that the target's replaced (``{key: {"source", "target"}}``:
+    ``target_hidden_size`` and ``max_position_embeddings`` when they differ, the RoPE keys when
+    the RoPE transformers 5 builds from them differs) and a warning ``REPLACED_FROM_TARGET`` for
+    each, naming the key, both values and the target's config."""
     if tcfg is None:
         out["target_hidden_size"] = int(out.get("target_hidden_size") or fallback_hidden)
-        return []
-    before = {k: out.get(k) for k in ROPE_KEYS}
+        return [], {}, []
+    before = {k: out.get(k) for k in ROPE_KEYS + ("target_hidden_size",)}
+    rope_before = draft_checks.effective_rope(out)
     for k in ROPE_KEYS:
         out.pop(k, None)
         if tcfg.get(k) is not None:
             out[k] = tcfg[k]
     out["target_hidden_size"] = int(tcfg["hidden_size"])
-    return [k for k in ROPE_KEYS if before.get(k) != out.get(k) and before.get(k) is not None]
+    replaced = {k: {"source": before[k], "target": out.get(k)}
+                for k in ("target_hidden_size", "max_position_embeddings")
+                if before[k] is not None and before[k] != out.get(k)}
+    if draft_checks.effective_rope(out) != rope_before:
+        replaced.update({k: {"source": before[k], "target": out.get(k)} for k in ROPE_KEYS
+                         if k != "max_position_embeddings" and before[k] != out.get(k)
+                         and before[k] is not None})
+    from_key = {"target_hidden_size": "hidden_size"}
+    warnings = [Problem("REPLACED_FROM_TARGET", f"{src}/config.json {k}: the source states "
+                        f"{json.dumps(v['source'], sort_keys=True)}, conversion wrote the "
+                        f"target's {from_key.get(k, k)} {json.dumps(v['target'], sort_keys=True)} "
+                        f"({target_dir}/config.json)") for k, v in replaced.items()]
+    changed = [k for k in ROPE_KEYS if before.get(k) != out.get(k) and before.get(k) is not None]
+    return changed, replaced, warnings
 
 
 def _trained_aux_ids(ck: Checkpoint) -> list[int] | None:
@@ -156,6 +175,13 @@ def _check_source(ck: Checkpoint, tcfg: dict | None, profile: EngineProfile) -> 
     return out
 
 
+def _refuse(problems: list[Problem]) -> None:
+    """CheckpointInvalid listing ``problems`` (what SRC was trained with that the engine would
+    compute otherwise); nothing when there are none."""
+    if problems:
+        raise CheckpointInvalid("; ".join(map(str, problems)), problems)
+
+
 def _from_speculators(ck: Checkpoint, profile: EngineProfile,
                       tcfg: dict | None) -> tuple[dict, dict, dict]:
     cfg = ck.config
@@ -168,7 +194,7 @@ def _from_speculators(ck: Checkpoint, profile: EngineProfile,
                                 f"{profile.engine} {profile.version}'s {SGLANG_ARCH} computes a "
                                 f"Llama layer, got {tl['model_type']!r}")
     flags = {k: trained_flag(cfg, k, f"{ck.path}/config.json") for k in FLAG_NAMES}
-    profile.check_flags(flags)
+    _refuse(unsupported_flags(flags, profile, f"{ck.path}/config.json"))
     hf_ids, ids_from = _speculators_aux_ids(ck, tcfg)
     out = {k: tl[k] for k in LLAMA_KEYS if k in tl}
     out.update(architectures=[SGLANG_ARCH], model_type="llama", tie_word_embeddings=False,
@@ -204,7 +230,7 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile,
     where = f"{ck.path}/config.json"
     flags = {name: bool(trained_flag(cfg, name, where)) for name in
              ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")}
-    profile.check_flags(flags)
+    _refuse(unsupported_flags(flags, profile, where))
     tensors, renamed = {}, {}
     for name, t in ck.tensors.items():
         new = name
@@ -311,22 +337,26 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
     ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (HF ``hidden_states`` index),
     ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
-    ``rope_from_target``, ``vocab_padded``, ``aux_ids_from`` (where the aux ids came from), the
-    source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and ``validation`` with its
-    ``warnings``, also logged unless ``log_warnings`` is False: a caller that converts the same
-    draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which RoPE was written for
-    a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with). ``dst`` appears only if
-    :func:`eagle3.convert.validate.validate` passes on the written files (with ``target_dir`` and
-    ``data_manifest`` when given; ``aux_capture`` False leaves capture to the pre-flight).
+    ``rope_from_target``, ``replaced_from_target`` (source values the target's replaced, each
+    also a ``REPLACED_FROM_TARGET`` warning), ``vocab_padded``, ``aux_ids_from`` (where the aux ids
+    came from), the source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and
+    ``validation`` with its ``warnings``, also logged unless ``log_warnings`` is False: a caller
+    that converts the same draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which
+    RoPE was written for a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with).
+    ``dst`` appears only if :func:`eagle3.convert.validate.validate` passes on the written files
+    (with ``target_dir`` and ``data_manifest`` when given; ``aux_capture`` False leaves capture to
+    the pre-flight).
 
     Raises:
-        ConfigError: ``src == dst``, an unimplemented flag, aux ids that need ``target_dir``.
+        ConfigError: ``src == dst``, a flag stated twice with two values, aux ids that need
+            ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
         CheckpointInvalid: validation failed (``.problems``), SRC's aux ids (config or
             training manifest) are no list of integers (``AUX_IDS_INVALID``), or SRC was trained
-            with what the output would drop or change (``UNKNOWN_FLAG``, ``SLIDING_WINDOW``,
-            ``ROPE_CONFLICT``, ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH`` against the
-            training manifest).
+            with what the output would drop or change (``UNSUPPORTED_FLAG``, ``UNKNOWN_FLAG``,
+            ``SLIDING_WINDOW``, ``ROPE_CONFLICT``, ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH``
+            against the training manifest), a tensor in two weight files (``DUPLICATE_TENSOR``), or
+            ``target_dir`` holds an EAGLE-3 draft (``TARGET_IS_DRAFT``).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)
@@ -336,13 +366,17 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     profile = get_profile(engine, version or default_version(engine))
     t0 = time.monotonic()
     ck = read_checkpoint(src)
+    _refuse(ck.problems)  # a tensor in two weight files: which copy is the trained one is unknown
     fmt = detect_format(ck)
     aux_key = AUX_KEY if fmt == "speculators" else f"eagle_config.{AUX_KEY}"
     bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, aux_key), aux_key,
                                            f"{src}/config.json")
     if bad_ids is not None:  # read as ids below, a string would become one id per character
         raise CheckpointInvalid(str(bad_ids), [bad_ids])
-    tcfg = Target.read(Path(target_dir)).config if target_dir is not None else None
+    target = Target.read(Path(target_dir)) if target_dir is not None else None
+    if target is not None:
+        _refuse(checks.check_target_is_draft(target, profile))
+    tcfg = target.config if target is not None else None
     refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
     if refused:
         raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what the "
@@ -352,9 +386,11 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     build = _from_speculators if fmt == "speculators" else _from_sglang_like
     out_cfg, tensors, info = build(ck, profile, tcfg)
     warnings += _fold_rope_scaling(out_cfg, src, fmt, tcfg is not None)
+    rope_changed, replaced, replaced_warnings = _apply_target(
+        out_cfg, tcfg, int(out_cfg["hidden_size"]), src, target_dir)
+    warnings += replaced_warnings
     for w in warnings if log_warnings else ():
         log.warning("convert %s: %s", src, w)
-    rope_changed = _apply_target(out_cfg, tcfg, int(out_cfg["hidden_size"]))
     eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
              "use_aux_hidden_state": True}
     for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
@@ -368,7 +404,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
              "aux_layer_ids_hf": info["hf_ids"], "layer_id_convention": "hf_hidden_states_index",
              "aux_layer_ids_engine": eagle["eagle_aux_hidden_state_layer_ids"],
              "trained_flags": info["trained_flags"], "renamed": info["renamed"],
-             "rope_from_target": rope_changed,
+             "rope_from_target": rope_changed, "replaced_from_target": replaced,
              "target": ({"path": str(target_dir)} if target_dir is not None
                         else src_manifest.get("target")),
              "data_manifest_hash": src_manifest.get("data_manifest_hash"),

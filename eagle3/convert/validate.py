@@ -2,7 +2,8 @@
 
 Tensor checks replay the engine's loader (:mod:`eagle3.engines.profile`): every tensor must fill a
 parameter, every read parameter must be filled, shapes must agree. Codes, by failure class:
-1 MISSING_TENSOR; 2 UNKNOWN_TENSOR, DUPLICATE_TENSOR; 3 SHAPE_MISMATCH, CONFIG_FIELD; 4 NAN_INF,
+1 MISSING_TENSOR; 2 UNKNOWN_TENSOR, DUPLICATE_TENSOR (two tensors fill one parameter, or one name in
+two weight files); 3 SHAPE_MISMATCH, CONFIG_FIELD; 4 NAN_INF,
 ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED; 5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG,
 UNKNOWN_FLAG; 6 VOCAB_MAP_MISSING; 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
 8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED; 10 AUX_IDS_MISSING, AUX_IDS_COUNT,
@@ -12,13 +13,16 @@ a list of integers: the tensor checks, which size fc from their count, are then 
 12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT, ROPE_SCALING_CONFLICT,
 SLIDING_WINDOW; 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
 TARGET_WEIGHTS_MISMATCH; 15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first); 26 CONFIG_FIELD
-(numbers out of range).
+(numbers out of range). Integrity: CONTENT_HASH_MISMATCH (the files against ``manifest.json``
+``content_hash``). Target: TARGET_IS_DRAFT (the folder given as the target is an EAGLE-3 draft: the
+target checks are skipped instead of comparing the draft with a draft).
 
 Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
 the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
 below :data:`eagle3.convert.draft_checks.COVERAGE_WARN`), VOCAB_COVERAGE_UNJUDGED (too few tokens
 counted for a verdict), SLIDING_WINDOW (a lone ``sliding_window`` that no one applies),
-DATA_UNCHECKED (a data manifest with nothing to compare).
+DATA_UNCHECKED (a data manifest with nothing to compare), CONTENT_UNCHECKED (a ``manifest.json``
+without ``content_hash``).
 
 Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
 target). Target checks need ``target_dir``; data checks need ``data_manifest``.
@@ -31,8 +35,9 @@ from pathlib import Path
 from typing import Mapping
 
 from eagle3.convert import checks, draft_checks, flag_checks
-from eagle3.convert.checkpoint import Problem, Target, cfg_get, read_checkpoint
+from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get, read_checkpoint
 from eagle3.engines.bounds import out_of_bounds
+from eagle3.engines.profile import EngineProfile
 from eagle3.engines.registry import get_profile
 from eagle3.errors import DataError
 
@@ -75,17 +80,33 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     profile = get_profile(engine, version)
     ck = read_checkpoint(ckpt_dir)
     target = Target.read(target_dir) if target_dir is not None else None
-    found = Findings()
-    problems = found.problems = checks.check_architecture(ck, profile)
-    if problems and ck.config.get("speculators_model_type"):
-        return found  # not converted yet: every other finding would only follow from that
+    found = Findings(problems=list(ck.problems))
+    hashed, found.warnings = checks.check_content_hash(ck)
+    if target is not None:
+        not_target = checks.check_target_is_draft(target, profile)
+        found.problems += not_target
+        target = None if not_target else target
+    _check_files(found, ck, profile, target, data_manifest, aux_capture, token_counts)
+    found.problems += hashed  # last: the findings above say what changed
+    return found
+
+
+def _check_files(found: Findings, ck: Checkpoint, profile: EngineProfile, target: Target | None,
+                 data_manifest: Mapping | None, aux_capture: bool,
+                 token_counts: Mapping[int, int] | None) -> None:
+    """The checks of :func:`validate_report` after reading, added to ``found``."""
+    problems = found.problems
+    arch = checks.check_architecture(ck, profile)
+    problems += arch
+    if arch and ck.config.get("speculators_model_type"):
+        return  # not converted yet: every other finding would only follow from that
     problems += flag_checks.check_flags(ck, profile)
     problems += flag_checks.check_nested_flags(ck.config, profile)
     problems += flag_checks.check_unknown_flags(ck.config, profile)
     numbers = [Problem("CONFIG_FIELD", m) for m in out_of_bounds(ck.config)]
     if numbers:  # every later check sizes loops and shapes from these numbers
         problems += numbers
-        return found
+        return
     bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, profile.aux_ids_key),
                                            profile.aux_ids_key, f"{ck.path}/config.json")
     if bad_ids is not None:  # the tensor and aux checks size fc from the ids' count
@@ -95,8 +116,9 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
     problems += checks.check_values(ck)
     problems += checks.check_embedding(ck, target)
     problems += checks.check_vocab_map(ck, profile)
-    reach, found.warnings, found.figures = draft_checks.check_vocab_reach(ck, token_counts)
+    reach, reach_warnings, found.figures = draft_checks.check_vocab_reach(ck, token_counts)
     problems += reach
+    found.warnings += reach_warnings
     if bad_ids is None:
         problems += checks.check_aux_ids(ck, profile, target, data_manifest)
     problems += draft_checks.check_rope_conflict(ck.config)
@@ -110,7 +132,6 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
         source = getattr(data_manifest, "path", None)  # set by coverage.read_data
         where = "data manifest" if source is None else f"--data {source}"
         found.warnings += checks.data_unchecked(ck, target, dict(data_manifest), where)
-    return found
 
 
 __all__ = ["Findings", "Problem", "validate", "validate_report"]

@@ -59,8 +59,9 @@ def _edit_copy(src, dst, **cfg_changes):
 
 def test_unsupported_flag_is_an_error_and_nothing_written(pair, tmp_path, tiny_target_dir):
     src = _edit_copy(pair[0], tmp_path / "nbr", norm_before_residual=True)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(CheckpointInvalid) as e:
         convert(src, tmp_path / "out", target_dir=tiny_target_dir)
+    assert [p.code for p in e.value.problems] == ["UNSUPPORTED_FLAG"]
     assert "norm_before_residual" in str(e.value) and "True" in str(e.value)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 

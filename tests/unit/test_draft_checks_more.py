@@ -49,6 +49,7 @@ def _copy(src, dst, config=None, tensors=None, drop=(), pop_keys=()):
     for k in drop:
         t.pop(k, None)
     save_file(t, str(dst / "model.safetensors"))
+    (dst / "manifest.json").unlink(missing_ok=True)
     return dst
 
 
@@ -62,7 +63,7 @@ def _small_vocab(pair, path, d2t, t2d=None):
         tensors["t2d"] = t2d
     out = _copy(pair[1], path, config={"draft_vocab_size": n}, tensors=tensors,
                 drop=() if t2d is not None else ("t2d",))
-    (out / "manifest.json").unlink()
+    (out / "manifest.json").unlink(missing_ok=True)
     return out
 
 
@@ -209,7 +210,7 @@ def _prefix(pair, path):
 
 def test_coverage_is_not_judged_on_a_handful_of_tokens(pair, tmp_path):
     bad = _prefix(pair, tmp_path / "prefix")
-    (bad / "manifest.json").unlink()
+    (bad / "manifest.json").unlink(missing_ok=True)
     found = validate_report(bad, token_counts={1: 3, 100000: 7})  # 30 % of 10 tokens
     assert "VOCAB_COVERAGE_LOW" not in _codes(found.problems)
     msg = _codes(found.warnings)["VOCAB_COVERAGE_UNJUDGED"]
