@@ -102,8 +102,8 @@ def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
     states = [st for st in states if isinstance(st, dict)] if isinstance(states, list) else []
     missing = []
     if info.get("version") in (None, ""):
-        missing.append(("version", "which engine release the figures come from (recorded as "
-                                   "unknown)"))
+        missing.append(("version", "which engine release the figures come from (settings "
+                                   "engine_version: null)"))
     mrr = info.get("max_running_requests")
     if concurrency > 1 and (not isinstance(mrr, int) or isinstance(mrr, bool)):
         missing.append(("max_running_requests", f"that the server runs concurrency "
@@ -279,6 +279,7 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
         "input": "input_ids (target chat template, add_generation_prompt=True)",
         "chat_template_kwargs": dict(chat_template_kwargs or {}),
         "baseline_url": baseline_url, "request_timeout_s": request_timeout_s,
+        "engine_version": (main["before"]["raw_info"] or {}).get("version"),
         "convention": ACCEPTANCE_CONVENTION})
     unchecked = server_info_unchecked(url, main["before"], concurrency, main["window"])
     report["summary"]["warnings"] = [unchecked] if unchecked else []

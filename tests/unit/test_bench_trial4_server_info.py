@@ -76,13 +76,14 @@ def test_empty_server_info_names_every_missing_field(server, smollm2_dir, tmp_pa
                         "internal_states[].avg_spec_accept_length: could not check ")
     assert "concurrency 4 requests at once" in w and "SGLANG_SIMULATE_ACC_LEN" in w
     saved = json.loads((tmp_path / "bench" / "report.json").read_text())
-    assert saved["summary"]["warnings"] == [w]
+    assert saved["summary"]["warnings"] == [w] and saved["settings"]["engine_version"] is None
 
 
 def test_a_server_info_reporting_everything_gives_no_warning(server, smollm2_dir, tmp_path):
     state, url = server
     state["info"] = ("json", SGLANG_INFO)
-    assert _bench(url, smollm2_dir, tmp_path)["summary"]["warnings"] == []
+    rep = _bench(url, smollm2_dir, tmp_path)
+    assert rep["summary"]["warnings"] == [] and rep["settings"]["engine_version"] == "0.5.23"
 
 
 def test_concurrency_one_needs_no_running_request_limit(server, smollm2_dir, tmp_path):
