@@ -310,6 +310,8 @@ def bench(
             _fail(f"bench: no server at {str(where).rstrip('/')} ({e}); start one, or check "
                   "--url / --baseline-url", 1)
         _fail(f"{type(e).__name__}: {e}", 1)
+    for w in report.get("summary", {}).get("warnings") or []:  # measured, but something unchecked
+        typer.echo(f"warning: {w}", err=True)
     typer.echo(json.dumps(report.get("summary", report), indent=2, default=str))
 
 

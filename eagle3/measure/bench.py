@@ -35,33 +35,96 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _get_json_or_text(client: httpx.Client, url: str, path: str, as_json: bool) -> Any:
-    """GET an optional endpoint: its JSON/text, or None when absent (404/405) or unparsable."""
+def _get_text(client: httpx.Client, url: str, path: str) -> str | None:
+    """GET an optional endpoint: its text, or None when it does not answer 200."""
     try:
         r = client.get(url + path)
     except httpx.TransportError as e:
         raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
-    if r.status_code != 200 or not as_json:
-        return r.text if r.status_code == 200 else None
-    try:
-        return r.json()
-    except json.JSONDecodeError:
-        return None
+    return r.text if r.status_code == 200 else None
+
+
+def _server_info(client: httpx.Client, url: str) -> tuple[dict | None, str | None]:
+    """The server's settings: the first non-empty JSON object of ``GET /get_server_info`` and
+    ``GET /server_info`` (else an empty one), and None; or None and what each answered instead.
+    TransientError if unreachable."""
+    empty, answers = None, []
+    for path in ("/get_server_info", "/server_info"):
+        try:
+            r = client.get(url + path)
+        except httpx.TransportError as e:
+            raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            answers.append(f"{path} answered {r.status_code}")
+            continue
+        try:
+            info = r.json()
+        except json.JSONDecodeError:
+            answers.append(f"{path} answered non-JSON {r.text[:60]!r}")
+            continue
+        if isinstance(info, dict) and info:
+            return info, None
+        if isinstance(info, dict):
+            empty = info
+        else:
+            answers.append(f"{path} answered a JSON {type(info).__name__}, not an object")
+    return (empty, None) if empty is not None else (None, ", ".join(answers))
 
 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
-    """``{"server_info", "metrics", "raw_info"}`` (None where absent) from ``/get_server_info`` (or
-    ``/server_info``) and ``/metrics`` (``--enable-metrics``). TransientError if unreachable."""
-    info = (_get_json_or_text(client, url, "/get_server_info", True)
-            or _get_json_or_text(client, url, "/server_info", True))
-    text = _get_json_or_text(client, url, "/metrics", False)
+    """``{"server_info", "metrics", "raw_info", "info_absent"}`` from ``/get_server_info`` (or
+    ``/server_info``) and ``/metrics`` (``--enable-metrics``); None where absent, and
+    ``info_absent`` says what the settings endpoints answered instead. TransientError if
+    unreachable."""
+    info, absent = _server_info(client, url)
+    text = _get_text(client, url, "/metrics")
     try:
         metrics = parse_prometheus(text) if text else None
     except DataError:
         metrics = None
-    info = info if isinstance(info, dict) else None
     return {"server_info": parse_server_info(info) if info else None, "metrics": metrics,
-            "raw_info": info}
+            "raw_info": info, "info_absent": absent}
+
+
+# The CPU reference engine's /server_info "engine" (refengine/server.py); it has no
+# simulated-acceptance mode, so its environment needs no check.
+REFERENCE_ENGINE = "eagle3-reference"
+
+
+def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
+                          window: dict | None = None) -> str | None:
+    """``SERVER_INFO_UNCHECKED: ...`` naming every ``/server_info`` field the benchmark reads that
+    the server did not report, and what could not be checked without it; None when none is
+    missing. ``snapshot``: :func:`snapshot_server` before the run; ``window``:
+    :func:`server_window` of the run (the server's own acceptance figure)."""
+    info = snapshot.get("raw_info") or {}
+    states = info.get("internal_states")
+    states = [st for st in states if isinstance(st, dict)] if isinstance(states, list) else []
+    missing = []
+    if info.get("version") in (None, ""):
+        missing.append(("version", "which engine release the figures come from (settings "
+                                   "engine_version: null)"))
+    mrr = info.get("max_running_requests")
+    if concurrency > 1 and (not isinstance(mrr, int) or isinstance(mrr, bool)):
+        missing.append(("max_running_requests", f"that the server runs concurrency "
+                                                f"{concurrency} requests at once (fewer would "
+                                                "measure queueing)"))
+    if info.get("engine") != REFERENCE_ENGINE and not any(
+            isinstance(st.get("env_vars"), dict) for st in states):
+        missing.append(("internal_states[].env_vars",
+                        "that no simulated-acceptance variable (SGLANG_SIMULATE_ACC_LEN) made the "
+                        "acceptance up (SGLang lists its variables with "
+                        "SGLANG_EXPOSE_OWN_ENV_VARS=1)"))
+    if (window or {}).get("method") == "unavailable":
+        missing.append(("internal_states[].avg_spec_accept_length",
+                        "the per-request acceptance against the server's own figure (/metrics "
+                        "has no speculative counters either)"))
+    if not missing:
+        return None
+    why = f" ({snapshot['info_absent']})" if snapshot.get("info_absent") else ""
+    return (f"SERVER_INFO_UNCHECKED: {url}/server_info lacks "
+            f"{', '.join(f for f, _ in missing)}{why}: could not check "
+            f"{'; '.join(w for _, w in missing)}")
 
 
 def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
@@ -132,7 +195,8 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
 def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
              on_request_done=None) -> dict:
     """All prompts, ``concurrency`` at once, between two server snapshots: ``{"rows", "wall_s",
-    "window" (:func:`server_window`), "info"}``; ``on_request_done(row)`` after each request."""
+    "window" (:func:`server_window`), "info", "before" (the first snapshot)}``;
+    ``on_request_done(row)`` after each request."""
     def one(i: int) -> dict:
         payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
         out = _post_generate(client, url, payload, timeout_s)
@@ -152,7 +216,7 @@ def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
         rows = list(pool.map(one, range(len(prompts))))
     wall, after = time.perf_counter() - t0, snapshot_server(client, url)
     return {"rows": rows, "wall_s": wall, "window": server_window(before, after),
-            "info": after["raw_info"]}
+            "info": after["raw_info"], "before": before}
 
 
 def _timing_summary(rows: list[dict], wall_s: float) -> dict:
@@ -179,7 +243,9 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | ``[{"id", "category", "text"}]``;
     ``tokenizer_dir``: the target's (else the server's local ``tokenizer_path``); ``out_dir``:
     report, manifest, PNGs; ``baseline_url``: a non-speculative server for ``speedup`` (tokens/s
-    ratio); ``chat_template_kwargs``: extraction's template switches. Returns ``{"summary",
+    ratio); ``chat_template_kwargs``: extraction's template switches. ``summary["warnings"]``:
+    the :func:`server_info_unchecked` line when the server did not report a setting the benchmark
+    checks (in report.json; the CLI prints it). Returns ``{"summary",
     "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
     DataError, TransientError (server unreachable)."""
     url = url.rstrip("/")
@@ -213,7 +279,10 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
         "input": "input_ids (target chat template, add_generation_prompt=True)",
         "chat_template_kwargs": dict(chat_template_kwargs or {}),
         "baseline_url": baseline_url, "request_timeout_s": request_timeout_s,
+        "engine_version": (main["before"]["raw_info"] or {}).get("version"),
         "convention": ACCEPTANCE_CONVENTION})
+    unchecked = server_info_unchecked(url, main["before"], concurrency, main["window"])
+    report["summary"]["warnings"] = [unchecked] if unchecked else []
     if out_dir is not None:
         save_report(report, out_dir)
     return report

@@ -169,9 +169,13 @@ class GateResult:
             text += (f" Probe: {len(self.probe)} concurrent requests returned "
                      f"{'/'.join(str(p['tokens']) for p in self.probe)} tokens in "
                      f"{max(p['seconds'] for p in self.probe):.2f} s; speculative fields {spec}.")
-        sig = ", ".join(f"{k} {v}" for k, v in self.signals.items() if k in self.signal_sources)
-        text += f" Progress signals observed: {sig or 'none available'}"
-        text += f"; last progress at {self.last_progress_s:.1f} s."
+        if self.signal_sources:
+            sig = ", ".join(f"{k} {self.signals.get(k, 0)}" for k in self.signal_sources)
+            text += (f" Progress signals observed: {sig}; last progress at "
+                     f"{self.last_progress_s:.1f} s.")
+        else:  # nothing of the server watched: only the gate's own phase changes count
+            text += (" No progress signal (no server pid or log given, no GPU seen); last "
+                     f"phase change at {self.last_progress_s:.1f} s.")
         if self.exit_code is not None:
             text += f" Exit code {self.exit_code}."
         if self.diagnostics_dir and not self.ready:
