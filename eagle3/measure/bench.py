@@ -92,11 +92,13 @@ REFERENCE_ENGINE = "eagle3-reference"
 
 
 def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
-                          window: dict | None = None) -> str | None:
+                          window: dict | None = None, env_checked: bool = False) -> str | None:
     """``SERVER_INFO_UNCHECKED: ...`` naming every ``/server_info`` field the benchmark reads that
     the server did not report, and what could not be checked without it; None when none is
     missing. ``snapshot``: :func:`snapshot_server` before the run; ``window``:
-    :func:`server_window` of the run (the server's own acceptance figure)."""
+    :func:`server_window` of the run (the server's own acceptance figure); ``env_checked``: the
+    server's environment was checked for simulated acceptance when it was launched (the
+    pipeline's launcher refuses it), so ``env_vars`` is not needed."""
     info = snapshot.get("raw_info") or {}
     states = info.get("internal_states")
     states = [st for st in states if isinstance(st, dict)] if isinstance(states, list) else []
@@ -109,7 +111,7 @@ def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
         missing.append(("max_running_requests", f"that the server runs concurrency "
                                                 f"{concurrency} requests at once (fewer would "
                                                 "measure queueing)"))
-    if info.get("engine") != REFERENCE_ENGINE and not any(
+    if not env_checked and info.get("engine") != REFERENCE_ENGINE and not any(
             isinstance(st.get("env_vars"), dict) for st in states):
         missing.append(("internal_states[].env_vars",
                         "that no simulated-acceptance variable (SGLANG_SIMULATE_ACC_LEN) made the "
@@ -237,14 +239,15 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
               concurrency: int = 1, tokenizer_dir: str | Path | None = None,
               out_dir: str | Path | None = None, baseline_url: str | None = None,
               request_timeout_s: float = BENCH_REQUEST_TIMEOUT_S, on_request_done=None,
-              chat_template_kwargs: dict | None = None) -> dict:
+              chat_template_kwargs: dict | None = None, env_checked: bool = False) -> dict:
     """Acceptance length, throughput and latency of a served draft (module docstring).
 
     ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | ``[{"id", "category", "text"}]``;
     ``tokenizer_dir``: the target's (else the server's local ``tokenizer_path``); ``out_dir``:
     report, manifest, PNGs; ``baseline_url``: a non-speculative server for ``speedup`` (tokens/s
-    ratio); ``chat_template_kwargs``: extraction's template switches. ``summary["warnings"]``:
-    the :func:`server_info_unchecked` line when the server did not report a setting the benchmark
+    ratio); ``chat_template_kwargs``: extraction's template switches; ``env_checked``: the
+    launcher checked the server's environment (:func:`server_info_unchecked`).
+    ``summary["warnings"]``: the :func:`server_info_unchecked` line when the server did not report a setting the benchmark
     checks (in report.json; the CLI prints it). Returns ``{"summary",
     "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
     DataError, TransientError (server unreachable)."""
@@ -281,7 +284,7 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
         "baseline_url": baseline_url, "request_timeout_s": request_timeout_s,
         "engine_version": (main["before"]["raw_info"] or {}).get("version"),
         "convention": ACCEPTANCE_CONVENTION})
-    unchecked = server_info_unchecked(url, main["before"], concurrency, main["window"])
+    unchecked = server_info_unchecked(url, main["before"], concurrency, main["window"], env_checked)
     report["summary"]["warnings"] = [unchecked] if unchecked else []
     if out_dir is not None:
         save_report(report, out_dir)

@@ -129,3 +129,14 @@ def test_cli_prints_the_warning_and_exits_0(server, smollm2_dir, tmp_path):
     lines = [ln for ln in res.output.splitlines() if "SERVER_INFO_UNCHECKED" in ln]
     assert len(lines) == 2, res.output  # the stderr line, and the summary's warnings list
     assert lines[0].startswith(f"warning: SERVER_INFO_UNCHECKED: {url}/server_info lacks version")
+
+
+def test_an_environment_checked_at_launch_needs_no_env_vars():
+    # the pipeline's launcher refuses a simulated-acceptance variable before the server starts
+    from eagle3.measure.bench import server_info_unchecked
+
+    snap = {"raw_info": {"version": "0.5.16", "max_running_requests": 16,
+                         "internal_states": [{"avg_spec_accept_length": 1.7}]}}
+    line = server_info_unchecked("http://127.0.0.1:1", snap, 4)
+    assert line is not None and "internal_states[].env_vars" in line
+    assert server_info_unchecked("http://127.0.0.1:1", snap, 4, env_checked=True) is None
