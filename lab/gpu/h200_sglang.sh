@@ -11,6 +11,8 @@
 #                                               runs on across calls while the machine stays warm
 #   stages CONFIG [args]                        extract, train and convert only (no deploy), in
 #                                               its own process session like start
+#   bg CMD [ARGS]                               any command (a lab script) in its own process
+#                                               session like start, followed by wait
 #   wait SECONDS                                follow it until it ends or SECONDS pass
 #   collect CONFIG                              bring back the run's small files, the MLflow store,
 #                                               regenerated data and the serving draft (in parts)
@@ -69,6 +71,10 @@ EOF
       echo 0 > "'"$H"'/run.rc"' _ "$cfg" -o paths.runs_dir=$RUNS "$@" \
       > "$H/run.log" 2>&1 < /dev/null &
     sleep 20; tail -5 "$H/run.log" ;;
+  bg)
+    rm -f "$H/run.rc"
+    setsid nohup bash -c '"$@"; echo $? > "'"$H"'/run.rc"' _ "$@" > "$H/run.log" 2>&1 < /dev/null &
+    sleep 10; tail -5 "$H/run.log" ;;
   wait)
     end=$(( $(date +%s) + ${1:?seconds} ))
     while [ ! -f "$H/run.rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
