@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from eagle3.engines.sglang.profile import RELEASES, VERSION as SGLANG_VERSION
 from eagle3.errors import ConfigError
-from eagle3.overrides import apply_overrides, format_validation_error
+from eagle3.overrides import apply_overrides, format_validation_error, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -515,53 +515,6 @@ class RunConfig(_Section):
         return path
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's SafeLoader that refuses a mapping key written twice (YAML itself keeps the last one
-    without a word: a second ``train:`` section would put every key of the first back to its
-    default). ``name`` (set by :func:`_load_yaml`) is the file named in the message."""
-
-    name = "<config>"
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        _refuse_duplicates(node, (), self.name)
-        return super().construct_document(node)
-
-
-def _refuse_duplicates(node: yaml.Node, where: tuple[str, ...], name: str) -> None:
-    """ConfigError ``DUPLICATE_KEY`` for the first key written twice in a mapping of ``node``'s
-    tree; ``where`` is the dotted path of ``node``."""
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _refuse_duplicates(item, (*where, str(i)), name)
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: dict[tuple, int] = {}
-    for key, value in node.value:
-        line = key.start_mark.line + 1
-        if isinstance(key, yaml.ScalarNode):
-            ident = (key.tag, key.value)
-            if ident in seen:
-                dotted = ".".join((*where, key.value))
-                raise ConfigError(f"DUPLICATE_KEY: {name}:{line}: {dotted} is written twice "
-                                  f"(lines {seen[ident]} and {line}); YAML would keep the last "
-                                  "one silently; expected each key once")
-            seen[ident] = line
-            _refuse_duplicates(value, (*where, key.value), name)
-        else:
-            _refuse_duplicates(value, where, name)
-
-
-def _load_yaml(text: str, name: str) -> Any:
-    """``yaml.safe_load(text)``, refusing a key written twice in a mapping (``DUPLICATE_KEY``
-    naming ``name``, the line and both lines; :class:`_UniqueKeyLoader`)."""
-    loader = _UniqueKeyLoader(text)
-    loader.name = name
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 _PARSED: dict[tuple, RunConfig] = {}  # (file, its bytes' sha256, overrides) → validated config
 _PARSED_MAX = 32
 
@@ -572,9 +525,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     (:func:`eagle3.precision.resolve_config`, :attr:`RunConfig.auto_resolved`). Parsed once per
     (file path, file bytes, overrides) per process; each call gets a deep copy. ConfigError: file
     missing or a directory, empty or not YAML, a key written twice (``DUPLICATE_KEY``), top
-    level not a mapping, unknown key (with the
-    nearest known keys), wrong type or value. Each parse logs the warnings of
-    :func:`eagle3.config_checks.config_warnings` (unused keys, an exposed serve.host) once."""
+    level not a mapping, unknown key (with the nearest known keys), wrong type or value. Each
+    parse logs the warnings of :func:`eagle3.config_checks.config_warnings` (unused keys, an
+    exposed serve.host) once."""
     text = None
     if path is not None:
         p = Path(path)
@@ -608,7 +561,7 @@ def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> R
     source = "<defaults>" if path is None else str(path)
     if text is not None:
         try:
-            loaded = _load_yaml(text, str(path))
+            loaded = load_yaml(text, str(path))
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
         if loaded is None:  # an empty file (or comments only) is a mistake, not "all defaults"

@@ -1,5 +1,6 @@
-"""``-o section.key=value`` overrides of a run config, and validation errors that name the override
-that set a bad value (so a user looks at the command line, not at the file)."""
+"""What a user writes of a run config: the YAML file (each key once), ``-o section.key=value``
+overrides, and validation errors that name the override that set a bad value (so a user looks at
+the command line, not at the file)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,50 @@ def format_validation_error(err: ValidationError, source: str, overrides: list[s
         code = f"{ctx['code']}: " if ctx.get("code") else ""
         lines.append(f"  {code}{loc}: {e['msg']}{shown}{origin}")
     return "\n".join(lines)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's SafeLoader that refuses a mapping key written twice (YAML itself keeps the last one
+    without a word: a second ``train:`` section would put every key of the first back to its
+    default). ``name`` (set by :func:`load_yaml`) is the file named in the message."""
+
+    name = "<config>"
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _refuse_duplicates(node, (), self.name)
+        return super().construct_document(node)
+
+
+def _refuse_duplicates(node: yaml.Node, where: tuple[str, ...], name: str) -> None:
+    """ConfigError ``DUPLICATE_KEY`` for the first key written twice in a mapping of ``node``'s
+    tree; ``where`` is the dotted path of ``node``."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicates(item, (*where, str(i)), name)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[tuple, int] = {}
+    for key, value in node.value:
+        line = key.start_mark.line + 1
+        if isinstance(key, yaml.ScalarNode):
+            ident = (key.tag, key.value)
+            if ident in seen:
+                dotted = ".".join((*where, key.value))
+                raise ConfigError(f"DUPLICATE_KEY: {name}:{line}: {dotted} is written twice "
+                                  f"(lines {seen[ident]} and {line}); YAML would keep the last "
+                                  "one silently; expected each key once")
+            seen[ident] = line
+            _refuse_duplicates(value, (*where, key.value), name)
+        else:
+            _refuse_duplicates(value, where, name)
+
+
+def load_yaml(text: str, name: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a key written twice in a mapping (``DUPLICATE_KEY``
+    naming ``name``, the line and both lines; :class:`_UniqueKeyLoader`)."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()

@@ -247,10 +247,10 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     report, manifest, PNGs; ``baseline_url``: a non-speculative server for ``speedup`` (tokens/s
     ratio); ``chat_template_kwargs``: extraction's template switches; ``env_checked``: the
     launcher checked the server's environment (:func:`server_info_unchecked`).
-    ``summary["warnings"]``: the :func:`server_info_unchecked` line when the server did not report a setting the benchmark
-    checks (in report.json; the CLI prints it). Returns ``{"summary",
-    "per_category", "per_position", "per_request", "settings", "server"}``. Raises ConfigError /
-    DataError, TransientError (server unreachable)."""
+    ``summary["warnings"]``: the :func:`server_info_unchecked` line when the server did not
+    report a setting the benchmark checks (in report.json; the CLI prints it). Returns
+    ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
+    Raises ConfigError / DataError, TransientError (server unreachable)."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
