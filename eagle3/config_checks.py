@@ -34,6 +34,7 @@ import difflib
 import ipaddress
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +277,8 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
         check_before_run(cfg)
     except ConfigError as e:
         msg = str(e)
-        out.append(msg if msg[:1].isupper() else
+        coded = re.match(r"[A-Z][A-Z0-9_]+: ", msg) is not None  # already CODE: message
+        out.append(msg if coded else
                    f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
     for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench)):
         if problem:

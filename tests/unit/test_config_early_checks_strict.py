@@ -83,3 +83,15 @@ def test_eagle3_run_refuses_a_missing_dev_prompts_file_before_prefect_starts(tar
                                           r"\(not found\)$"):
         check_target(cfg)
     check_target(_cfg(target, "train.draft_vocab_size=500"))  # a fitting config passes
+
+
+def test_an_uncoded_stage_message_gets_its_code_even_when_capitalised(target, monkeypatch):
+    from eagle3.errors import ConfigError
+    from eagle3.extract import stage
+
+    def refuse(cfg):
+        raise ConfigError("Aux ids [9] out of range")
+
+    monkeypatch.setattr(stage, "check_before_run", refuse)
+    got = before_run_problems(_cfg(target, "train.draft_vocab_size=500"), target)
+    assert got == ["AUX_LAYER_IDS: Aux ids [9] out of range"]
