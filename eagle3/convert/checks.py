@@ -21,14 +21,29 @@ DRAFT_ONLY_KEYS = ("eagle_config", "speculators_model_type", "draft_vocab_size",
                    "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
 
 
-def check_content_hash(ck: Checkpoint) -> tuple[list[Problem], list[Problem]]:
-    """``(problems, warnings)`` of the draft's files against its ``manifest.json``
-    ``content_hash``, recomputed as :func:`eagle3.artifacts.write_manifest` computed it
-    (:func:`eagle3.artifacts.content_hash` over the folder, skipping the manifest's
-    ``files.exclude``). Problem ``CONTENT_HASH_MISMATCH`` when they differ (a weight or config file
-    edited, added or removed after conversion); warning ``CONTENT_UNCHECKED`` for a manifest
-    without a ``content_hash``. Nothing without a manifest (a draft exported by another tool)."""
+def source_content_hash(ck: Checkpoint) -> str:
+    """The content hash of the draft's files as they are now, computed as
+    :func:`eagle3.artifacts.write_manifest` computes it (:func:`eagle3.artifacts.content_hash`
+    over the folder, skipping the ``manifest.json`` ``files.exclude`` names, else the manifest
+    itself): what conversion records as its source and what :func:`check_content_hash` compares
+    with the recorded ``content_hash``."""
     from eagle3.artifacts import MANIFEST, content_hash
+
+    files = (ck.manifest or {}).get("files")
+    exclude = files.get("exclude") if isinstance(files, dict) else None
+    ok = isinstance(exclude, list) and all(isinstance(x, str) for x in exclude)
+    return content_hash(ck.path, exclude=tuple(exclude) if ok else (MANIFEST,))
+
+
+def check_content_hash(ck: Checkpoint, actual: str | None = None
+                       ) -> tuple[list[Problem], list[Problem]]:
+    """``(problems, warnings)`` of the draft's files against its ``manifest.json``
+    ``content_hash``; ``actual`` is :func:`source_content_hash` of ``ck`` (computed here when
+    None). Problem ``CONTENT_HASH_MISMATCH`` when they differ (a weight or config file edited,
+    added or removed after conversion); warning ``CONTENT_UNCHECKED`` for a manifest without a
+    ``content_hash``. Nothing without a manifest (a draft exported by another tool). Used by
+    validate and by conversion, which refuses such a source."""
+    from eagle3.artifacts import MANIFEST
 
     man = ck.manifest
     if man is None:
@@ -39,10 +54,7 @@ def check_content_hash(ck: Checkpoint) -> tuple[list[Problem], list[Problem]]:
         return [], [Problem("CONTENT_UNCHECKED", f"{where}: expected a content_hash to compare "
                             "the weights and config with, got none: their integrity is not "
                             "checked")]
-    files = man.get("files")
-    exclude = files.get("exclude") if isinstance(files, dict) else None
-    ok = isinstance(exclude, list) and all(isinstance(x, str) for x in exclude)
-    actual = content_hash(ck.path, exclude=tuple(exclude) if ok else (MANIFEST,))
+    actual = source_content_hash(ck) if actual is None else actual
     if actual == recorded:
         return [], []
     after = ("after conversion" if man.get("kind") == "serving_checkpoint"

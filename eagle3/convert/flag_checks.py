@@ -9,6 +9,7 @@ only, ``norm_before_fc`` in either place, and inside ``eagle_config`` only
 
 from __future__ import annotations
 
+import json
 from typing import Mapping
 
 from eagle3.convert.checkpoint import Checkpoint, Problem
@@ -24,6 +25,63 @@ HF_BOOL_KEYS = frozenset({
     "return_dict_in_generate", "remove_invalid_values", "use_cache", "attention_bias", "mlp_bias",
     "use_sliding_window", "has_no_defaults_at_init",
 })
+# Boolean keys whose non-boolean value another check names (SLIDING_WINDOW,
+# eagle3.convert.draft_checks.check_sliding_window), left out of FLAG_TYPE.
+TYPED_ELSEWHERE = frozenset({"use_sliding_window"})
+# The flags conversion writes into the served config.json (absent there means false).
+WRITTEN_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+
+
+def render_value(value) -> str:
+    """A JSON value in words for a message: ``the string 'false'``, ``the number 1``, ``null``,
+    ``the list [1]``, ``the object {...}``; ``true`` / ``false`` for booleans."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {json.dumps(value)}"
+    if value is None:
+        return "null"
+    kind = "list" if isinstance(value, list) else "object" if isinstance(value, dict) else "value"
+    return f"the {kind} {json.dumps(value, sort_keys=True, default=str)}"
+
+
+def _bool_keys(profile: EngineProfile) -> frozenset[str]:
+    return (HF_BOOL_KEYS | set(profile.flags) | set(profile.other_bool_keys)) - TYPED_ELSEWHERE
+
+
+def _non_bool(config: Mapping, profile: EngineProfile) -> list[tuple[str, str, object]]:
+    """``(scope prefix, key, value)`` of each known boolean key (the engine's flags and their
+    aliases, transformers' boolean keys) stated with a value that is neither true, false nor null,
+    at the top level and inside ``eagle_config`` and ``transformer_layer_config``."""
+    keys = _bool_keys(profile)
+    out = []
+    for prefix in ("", "eagle_config.", "transformer_layer_config."):
+        scope = config if not prefix else config.get(prefix[:-1])
+        if not isinstance(scope, Mapping):
+            continue
+        out += [(prefix, k, scope[k]) for k in sorted(scope)
+                if k in keys and scope[k] is not None and not isinstance(scope[k], bool)]
+    return out
+
+
+def check_flag_types(config: Mapping, profile: EngineProfile,
+                     where: str = "config.json") -> list[Problem]:
+    """``FLAG_TYPE`` for each known boolean key whose value is not a JSON boolean (e.g. the string
+    ``"false"`` or the number ``1``): engines and conversion read such a value by truthiness, so
+    the string ``"false"`` means true. Used by validate and by conversion, which refuses it."""
+    return [Problem("FLAG_TYPE", f"{where} {prefix}{key}: expected true or false, got "
+                    f"{render_value(value)} (read by truthiness it means "
+                    f"{render_value(bool(value))})")
+            for prefix, key, value in _non_bool(config, profile)]
+
+
+def non_bool_names(config: Mapping, profile: EngineProfile) -> frozenset[str]:
+    """The flag names :func:`check_flag_types` reports (a bad ``use_aux_norm`` also names
+    ``fc_norm``): the other flag checks skip them, since their value cannot be judged."""
+    names = {key for _, key, _ in _non_bool(config, profile)}
+    return frozenset(names | ({"fc_norm"} if "use_aux_norm" in names else set()))
 
 
 def flag_values(config: Mapping, name: str) -> dict[str, bool]:
@@ -51,12 +109,15 @@ def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool
     return next(iter(values.values()), None)
 
 
-def check_nested_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
+def check_nested_flags(config: Mapping, profile: EngineProfile,
+                       skip: frozenset[str] = frozenset()) -> list[Problem]:
     """``NESTED_FLAG`` for each flag stated where ``profile``'s engine never reads it with a value
     other than the one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang
-    computes ``norm_output=False``)."""
+    computes ``norm_output=False``); flags in ``skip`` (not booleans: FLAG_TYPE) are left out."""
     out = []
     for name, rule in profile.flags.items():
+        if name in skip:
+            continue
         engine_value = profile.engine_flag_value(name, dict(config))
         for key, value in flag_values(config, name).items():
             if key not in rule.config_keys and value != engine_value:
@@ -106,15 +167,19 @@ def unsupported_flags(flags: Mapping[str, bool | None], profile: EngineProfile,
     return out
 
 
-def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
+def check_flags(ck: Checkpoint, profile: EngineProfile,
+                skip: frozenset[str] = frozenset()) -> list[Problem]:
     """Class 5: trained flags (``manifest.json`` ``trained_flags``, else the config's keys) the
-    engine does not implement, computes differently, or would read otherwise."""
+    engine does not implement, computes differently, or would read otherwise. Keys in ``skip``
+    (:func:`non_bool_names`: not booleans, reported as FLAG_TYPE) are not judged."""
     out: list[Problem] = []
     cfg = ck.config
     trained = dict((ck.manifest or {}).get("trained_flags") or {})
+    for name in skip:
+        trained.pop(name, None)
     # a flag the config states but the engine never reads: its value is a fact too
     for name in profile.flags:
-        if cfg.get(name) is None:
+        if cfg.get(name) is None or name in skip:
             continue
         if not profile.flags[name].config_keys and bool(cfg[name]):
             trained[name] = True
@@ -135,13 +200,37 @@ def check_flags(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
                                    f"{list(rule.config_keys)})"))
     fixed = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
     for key, want in fixed.items():
-        if key in cfg and cfg[key] != want:
+        if key in cfg and key not in skip and cfg[key] != want:
             out.append(Problem("UNSUPPORTED_FLAG", f"config.json {key}: {profile.engine} "
                                f"{profile.version}'s EAGLE-3 layer computes {key}={want!r}, got "
                                f"{cfg[key]!r}"))
     dv, vocab = cfg.get("draft_vocab_size"), cfg.get("vocab_size")
-    if cfg.get("tie_word_embeddings") and dv is not None and dv != vocab:
+    tied = "tie_word_embeddings" not in skip and cfg.get("tie_word_embeddings")
+    if tied and dv is not None and dv != vocab:
         out.append(Problem("UNSUPPORTED_FLAG", "config.json tie_word_embeddings: expected false "
                            f"with draft_vocab_size {dv} < vocab_size {vocab} (a tied head has no "
                            "lm_head.weight parameter, so the draft head is skipped), got true"))
+    return out
+
+
+def check_recorded_flags(ck: Checkpoint, where: str = "config.json") -> list[Problem]:
+    """``FLAG_MISMATCH`` for each flag ``ck``'s ``manifest.json`` ``trained_flags`` records (what
+    the draft was trained with, written at conversion) that the config ``where`` now states
+    otherwise: converting it again would record the edited value as the trained one. A flag
+    conversion does not write into the config (e.g. ``embed_requires_grad``) is compared only
+    where the config states it."""
+    recorded = (ck.manifest or {}).get("trained_flags")
+    if not isinstance(recorded, Mapping):
+        return []
+    out = []
+    for name, want in sorted(recorded.items()):
+        stated = trained_flag(ck.config, name, where)
+        if not isinstance(want, bool) or (stated is None and name not in WRITTEN_FLAGS):
+            continue
+        got = bool(stated)
+        if got != want:
+            out.append(Problem("FLAG_MISMATCH", f"{ck.path}/manifest.json trained_flags.{name}: "
+                               f"the draft was trained with {name}={want}, but {where} states "
+                               f"{name}={got} (edited after conversion): expected the trained "
+                               "value, which conversion would otherwise replace"))
     return out

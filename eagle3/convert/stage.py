@@ -22,6 +22,7 @@ read). The result is written atomically and validated before it is published; SR
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -30,11 +31,12 @@ from pathlib import Path
 
 import torch
 
-from eagle3.artifacts import atomic_directory, atomic_write_json, content_hash, write_manifest
+from eagle3.artifacts import MANIFEST, atomic_directory, atomic_write_json, write_manifest
 from eagle3.convert import checks, draft_checks
 from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get, read_checkpoint
-from eagle3.convert.flag_checks import check_unknown_flags, trained_flag, unsupported_flags
-from eagle3.convert.validate import validate
+from eagle3.convert.flag_checks import (check_flag_types, check_recorded_flags,
+                                        check_unknown_flags, trained_flag, unsupported_flags)
+from eagle3.convert.validate import validate_report
 from eagle3.engines.profile import EngineProfile
 from eagle3.engines.registry import default_version, get_profile
 from eagle3.errors import CheckpointInvalid, ConfigError, DataError, EngineUnsupported
@@ -180,6 +182,21 @@ def _refuse(problems: list[Problem]) -> None:
     compute otherwise); nothing when there are none."""
     if problems:
         raise CheckpointInvalid("; ".join(map(str, problems)), problems)
+
+
+@contextlib.contextmanager
+def _also_refused(problems: list[Problem]):
+    """Re-raise a CheckpointInvalid from the block with ``problems`` (SRC's files against its own
+    manifest) added where it lacks them: a refusal names what is wrong with the source first,
+    then that its files changed after its manifest was written."""
+    try:
+        yield
+    except CheckpointInvalid as e:
+        extra = [p for p in problems if p not in (e.problems or [])]
+        if not extra:
+            raise
+        raise CheckpointInvalid("; ".join([str(e)] + [str(p) for p in extra]),
+                                list(e.problems or []) + extra) from e
 
 
 def _from_speculators(ck: Checkpoint, profile: EngineProfile,
@@ -331,7 +348,8 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
             version: str | None = None, data_manifest: dict | None = None,
-            aux_capture: bool = True, log_warnings: bool = True) -> dict:
+            aux_capture: bool = True, log_warnings: bool = True,
+            data: Path | None = None) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
@@ -343,15 +361,22 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
     ``validation`` with its ``warnings``, also logged unless ``log_warnings`` is False: a caller
     that converts the same draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which
     RoPE was written for a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with).
-    ``dst`` appears only if :func:`eagle3.convert.validate.validate` passes on the written files
-    (with ``target_dir`` and ``data_manifest`` when given; ``aux_capture`` False leaves capture to
-    the pre-flight).
+    ``dst`` appears only if :func:`eagle3.convert.validate.validate_report` finds no problem in
+    the written files (with ``target_dir`` and ``data_manifest`` when given; ``aux_capture``
+    False leaves capture to the pre-flight); its warnings join ``validation.warnings``, each
+    code once. ``data``: an extraction folder or conversations file, read as ``eagle3 validate
+    --data`` reads it (:func:`eagle3.convert.coverage.read_data`: the manifest and the token
+    counts of the vocabulary-coverage check), instead of ``data_manifest``. The manifest's
+    ``inputs.source`` is the content hash computed here of SRC's files, never a copied one.
 
     Raises:
         ConfigError: ``src == dst``, a flag stated twice with two values, aux ids that need
             ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
-        CheckpointInvalid: validation failed (``.problems``), SRC's aux ids (config or
+        CheckpointInvalid: validation failed (``.problems``), SRC's files differ from its own
+            ``manifest.json`` ``content_hash`` (``CONTENT_HASH_MISMATCH``) or its config states a
+            flag otherwise than its ``trained_flags`` (``FLAG_MISMATCH``), a known boolean key
+            is not a boolean (``FLAG_TYPE``), SRC's aux ids (config or
             training manifest) are no list of integers (``AUX_IDS_INVALID``), or SRC was trained
             with what the output would drop or change (``UNSUPPORTED_FLAG``, ``UNKNOWN_FLAG``,
             ``SLIDING_WINDOW``, ``ROPE_CONFLICT``, ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH``
@@ -364,33 +389,49 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         raise EngineUnsupported(f"convert --to {engine}: only 'sglang' is a conversion target "
                                 f"(vLLM serves the speculators format directly)")
     profile = get_profile(engine, version or default_version(engine))
+    if data is not None and data_manifest is not None:
+        raise ConfigError(f"convert: give data ({data}) or data_manifest, got both")
+    counts = None
+    if data is not None:
+        from eagle3.convert.coverage import read_data
+
+        data_manifest, counts, _ = read_data(data, target_dir)
     t0 = time.monotonic()
     ck = read_checkpoint(src)
-    _refuse(ck.problems)  # a tensor in two weight files: which copy is the trained one is unknown
-    fmt = detect_format(ck)
-    aux_key = AUX_KEY if fmt == "speculators" else f"eagle_config.{AUX_KEY}"
-    bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, aux_key), aux_key,
-                                           f"{src}/config.json")
-    if bad_ids is not None:  # read as ids below, a string would become one id per character
-        raise CheckpointInvalid(str(bad_ids), [bad_ids])
-    target = Target.read(Path(target_dir)) if target_dir is not None else None
-    if target is not None:
-        _refuse(checks.check_target_is_draft(target, profile))
-    tcfg = target.config if target is not None else None
-    refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
-    if refused:
-        raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what the "
-                                "draft was trained with: " + "; ".join(map(str, refused)), refused)
-    warnings = draft_checks.check_vocab_reach(ck, None)[1]
-    warnings += draft_checks.sliding_window_warnings(ck.config, f"{src}/config.json")
-    build = _from_speculators if fmt == "speculators" else _from_sglang_like
-    out_cfg, tensors, info = build(ck, profile, tcfg)
-    warnings += _fold_rope_scaling(out_cfg, src, fmt, tcfg is not None)
-    rope_changed, replaced, replaced_warnings = _apply_target(
-        out_cfg, tcfg, int(out_cfg["hidden_size"]), src, target_dir)
-    warnings += replaced_warnings
-    for w in warnings if log_warnings else ():
-        log.warning("convert %s: %s", src, w)
+    # provenance is the hash of what was read here, never the one SRC's manifest states
+    source_hash = checks.source_content_hash(ck)
+    hashed, hash_warnings = checks.check_content_hash(ck, source_hash)
+    with _also_refused(hashed):
+        # a tensor in two weight files: which copy is the trained one is unknown
+        _refuse(ck.problems)
+        where = f"{src}/config.json"
+        # read by truthiness below, the string "false" would be written as true
+        _refuse(check_flag_types(ck.config, profile, where))
+        fmt = detect_format(ck)
+        aux_key = AUX_KEY if fmt == "speculators" else f"eagle_config.{AUX_KEY}"
+        bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, aux_key), aux_key,
+                                               f"{src}/config.json")
+        # read as ids below, a string would become one id per character
+        if bad_ids is not None:
+            raise CheckpointInvalid(str(bad_ids), [bad_ids])
+        target = Target.read(Path(target_dir)) if target_dir is not None else None
+        if target is not None:
+            _refuse(checks.check_target_is_draft(target, profile))
+        tcfg = target.config if target is not None else None
+        refused = _check_source(ck, tcfg, profile)  # the output would drop or change these
+        if refused:
+            raise CheckpointInvalid(f"{src}/config.json: conversion would drop or change what "
+                                    "the draft was trained with: "
+                                    + "; ".join(map(str, refused)), refused)
+        warnings = hash_warnings + draft_checks.sliding_window_warnings(ck.config, where)
+        build = _from_speculators if fmt == "speculators" else _from_sglang_like
+        out_cfg, tensors, info = build(ck, profile, tcfg)
+        warnings += _fold_rope_scaling(out_cfg, src, fmt, tcfg is not None)
+        rope_changed, replaced, replaced_warnings = _apply_target(
+            out_cfg, tcfg, int(out_cfg["hidden_size"]), src, target_dir)
+        warnings += replaced_warnings
+        # a source edited after its manifest was written: refused, never re-recorded
+        _refuse(check_recorded_flags(ck, where) + hashed)
     eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
              "use_aux_hidden_state": True}
     for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
@@ -417,7 +458,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         atomic_write_json(tmp / "config.json", out_cfg)
         manifest = write_manifest(
             tmp, "serving_checkpoint", config={"engine": engine, "engine_version": profile.version},
-            inputs={"source": src_manifest.get("content_hash") or content_hash(src)},
+            inputs={"source": source_hash},
             counts={"tensors": len(tensors)},
             timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
@@ -427,10 +468,22 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
                         "aux_capture_checked": "here" if aux_capture and target_dir is not None else
                         "by the pre-flight of the deployment" if target_dir is not None else "no"},
             **extra)
-        problems = validate(tmp, target_dir=target_dir, engine=engine, version=profile.version,
-                            data_manifest=data_manifest, aux_capture=aux_capture)
-        if problems:
+        found = validate_report(tmp, target_dir=target_dir, engine=engine,
+                                version=profile.version, data_manifest=data_manifest,
+                                aux_capture=aux_capture, token_counts=counts)
+        if found.problems:
             raise CheckpointInvalid(f"converted {src} ({fmt}) fails validation for {engine} "
-                                    f"{profile.version}: " + "; ".join(map(str, problems)),
-                                    problems)
+                                    f"{profile.version}: " + "; ".join(map(str, found.problems)),
+                                    found.problems)
+        # the warnings `eagle3 validate DST --data` gives, each code once (a source warning
+        # such as SLIDING_WINDOW names SRC's file and stands for the output's)
+        codes = {w.code for w in warnings}
+        added = [w for w in found.warnings if w.code not in codes]
+        if added or found.figures:
+            warnings += added
+            manifest["validation"]["warnings"] = [str(w) for w in warnings]
+            manifest["validation"]["figures"] = found.figures
+            atomic_write_json(tmp / MANIFEST, manifest)  # outside the content hash
+    for w in warnings if log_warnings else ():
+        log.warning("convert %s: %s", src, w)
     return manifest

@@ -5,7 +5,8 @@ parameter, every read parameter must be filled, shapes must agree. Codes, by fai
 1 MISSING_TENSOR; 2 UNKNOWN_TENSOR, DUPLICATE_TENSOR (two tensors fill one parameter, or one name in
 two weight files); 3 SHAPE_MISMATCH, CONFIG_FIELD; 4 NAN_INF,
 ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED; 5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG,
-UNKNOWN_FLAG; 6 VOCAB_MAP_MISSING; 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
+UNKNOWN_FLAG, FLAG_TYPE (a known boolean key stated as a string or number); 6 VOCAB_MAP_MISSING;
+7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
 8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED; 10 AUX_IDS_MISSING, AUX_IDS_COUNT,
 AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED, AUX_IDS_INVALID (ids that are not
 a list of integers: the tensor checks, which size fc from their count, are then skipped);
@@ -100,8 +101,10 @@ def _check_files(found: Findings, ck: Checkpoint, profile: EngineProfile, target
     problems += arch
     if arch and ck.config.get("speculators_model_type"):
         return  # not converted yet: every other finding would only follow from that
-    problems += flag_checks.check_flags(ck, profile)
-    problems += flag_checks.check_nested_flags(ck.config, profile)
+    problems += flag_checks.check_flag_types(ck.config, profile)
+    skip = flag_checks.non_bool_names(ck.config, profile)  # judged as FLAG_TYPE only
+    problems += flag_checks.check_flags(ck, profile, skip)
+    problems += flag_checks.check_nested_flags(ck.config, profile, skip)
     problems += flag_checks.check_unknown_flags(ck.config, profile)
     numbers = [Problem("CONFIG_FIELD", m) for m in out_of_bounds(ck.config)]
     if numbers:  # every later check sizes loops and shapes from these numbers
