@@ -148,7 +148,8 @@ def convert(args: List[str] = typer.Argument(..., help="CONFIG (pipeline stage) 
     problems: list = []
     try:
         # validates once; DST only if valid
-        manifest = do_convert(src, dst, engine=to, target_dir=target)
+        # the CLI prints the recorded warnings below, once each
+        manifest = do_convert(src, dst, engine=to, target_dir=target, log_warnings=False)
     except CheckpointInvalid as e:
         problems = e.problems or [e]
         manifest = None

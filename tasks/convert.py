@@ -37,7 +37,6 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path,
     class captures aux states in the serving engine is the pre-flight's question
     (tasks/preflight.py), asked before deploy. Returns (serving manifest, equivalence report).
     Removes ``out_dir`` when either fails."""
-    from eagle3.artifacts import read_manifest
     from eagle3.assets import resolve_target
     from eagle3.convert.equivalence import check_equivalence
     from eagle3.convert.stage import convert
@@ -48,7 +47,7 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path,
         # before deploy
         manifest = convert(draft_dir, out_dir, engine=cfg.convert.engine, target_dir=target,
                            version=cfg.convert.engine_version,
-                           data_manifest=read_manifest(data_dir), aux_capture=False)
+                           data=Path(data_dir), aux_capture=False)
         report = check_equivalence(draft_dir, out_dir, data_dir, target_dir=target,
                                    atol=cfg.convert.equivalence_atol,
                                    engine=cfg.convert.engine, version=cfg.convert.engine_version,

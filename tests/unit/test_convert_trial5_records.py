@@ -93,3 +93,25 @@ def test_each_warning_code_is_recorded_once(pair, tmp_path, tiny_target_dir):
     codes = _codes(man["validation"]["warnings"])
     assert codes.count("SLIDING_WINDOW") == 1, man["validation"]["warnings"]
     assert f"{src}/config.json sliding_window=4096" in man["validation"]["warnings"][0]
+
+
+def test_the_convert_command_prints_each_warning_once(pair, tmp_path, tiny_target_dir):
+    # convert logs its warnings and the CLI prints the recorded ones: a warning must show once
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    src = tmp_path / "bare-window"
+    shutil.copytree(pair[1], src)
+    (src / "manifest.json").unlink()
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["sliding_window"] = 4096  # a window without the switch: warned, not refused
+    (src / "config.json").write_text(json.dumps(cfg))
+    res = subprocess.run([sys.executable, "-m", "cli.main", "convert", str(src),
+                          str(tmp_path / "out"), "--to", "sglang", "--target",
+                          str(tiny_target_dir)], cwd=root, capture_output=True, text=True)
+    both = res.stdout + res.stderr
+    assert res.returncode == 0, both
+    assert both.count("SLIDING_WINDOW") == 1, both
