@@ -322,7 +322,9 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     ``summary["warnings"]``: the :func:`server_info_unchecked` line when the server did not
     report a setting the benchmark checks (in report.json; the CLI prints it). Returns
     ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
-    Raises ConfigError / DataError, TransientError (server unreachable)."""
+    Raises ConfigError / DataError (``TOKENIZER_MISSING``, a bad argument), TransientError (server
+    unreachable; :func:`probe_server`'s ``SERVER_SILENT`` / ``SERVER_NOT_READY``). A report whose
+    acceptance is null (:func:`no_speculative_fields`) measured nothing; the CLI fails it."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
@@ -337,15 +339,13 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature)}
-    # a named tokenizer folder is an argument: refused before the server is contacted
-    given_tok = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
     with httpx.Client(timeout=timeout) as client:
-        info = probe_server(client, url)  # a silent or unready server fails here, first
+        # a silent or unready server fails here, before the tokenizer (which may come from it)
+        info = probe_server(client, url)
         refused = running_problems(info, concurrency)
         if refused:
             raise ConfigError(f"bench {url}: " + "; ".join(refused))
-        tok, tok_dir = ((given_tok, str(tokenizer_dir)) if given_tok is not None
-                        else _resolve_tokenizer(None, info))
+        tok, tok_dir = _resolve_tokenizer(tokenizer_dir, info)
         ids = encode_prompts(plist, tok, chat_template_kwargs)
         main = _measure(client, url, plist, ids, sampling, concurrency, request_timeout_s,
                         on_request_done)

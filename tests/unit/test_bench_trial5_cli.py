@@ -1,7 +1,7 @@
 """``eagle3 bench --url`` fails loudly, with a coded one-line message, when it cannot measure: a
 server that answers without speculative fields, a port that accepts and never answers, a server
-answering 503, and bad arguments (temperature, tokenizer folder, -o overrides) refused before
-any request. Servers listen on 127.0.0.1 only."""
+answering 503, and bad arguments (temperature, tokenizer folder, -o overrides) refused with the
+flag named. Servers listen on 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -142,21 +142,23 @@ def test_bad_temperature_refused_before_any_request(value):
         r.exception, SystemExit)
 
 
-def test_tokenizer_folder_without_tokenizer_files(tmp_path):
+@pytest.mark.parametrize("server", ["nospec"], indirect=True)
+def test_tokenizer_folder_without_tokenizer_files(server, tmp_path):
     folder = tmp_path / "draft"
     folder.mkdir()
     (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
-    r = _bench("--url", "http://127.0.0.1:9", "--tokenizer", str(folder))
+    r = _bench("--url", server, "--tokenizer", str(folder))
     assert r.exit_code == 2, r.output
     assert f"error: TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) '{folder}'" in r.output
     assert "tokenizer.json" in r.output and len(r.output.strip().splitlines()) == 1
 
 
-def test_unloadable_tokenizer_is_one_line(tmp_path):
+@pytest.mark.parametrize("server", ["nospec"], indirect=True)
+def test_unloadable_tokenizer_is_one_line(server, tmp_path):
     folder = tmp_path / "tok"
     folder.mkdir()
     (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
-    r = _bench("--url", "http://127.0.0.1:9", "--tokenizer", str(folder))
+    r = _bench("--url", server, "--tokenizer", str(folder))
     assert r.exit_code == 2, r.output
     assert f"error: TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) '{folder}'" in r.output
     assert len(r.output.strip().splitlines()) == 1
