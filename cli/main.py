@@ -9,6 +9,7 @@ and the file-only commands start fast and never start Prefect.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -283,7 +284,11 @@ def bench(
         return
     if not url:
         _fail("bench: give CONFIG or --url URL", 2)
-    from eagle3.measure.bench import run_bench
+    if override:  # --url mode reads no config: an override would change nothing
+        _fail(f"bench: -o/--override {override} is not used with --url (it overrides a CONFIG's "
+              "settings; --url measures with the flags: --prompts, --num-prompts, "
+              "--max-new-tokens, --temperature, --concurrency, --tokenizer)", 2)
+    from eagle3.measure.bench import no_speculative_fields, run_bench
 
     try:
         kwargs = json.loads(chat_template_kwargs) if chat_template_kwargs else None
@@ -310,10 +315,14 @@ def bench(
                 where = url
             _fail(f"bench: no server at {str(where).rstrip('/')} ({e}); start one, or check "
                   "--url / --baseline-url", 1)
-        _fail(f"{type(e).__name__}: {e}", 1)
+        coded = re.match(r"[A-Z][A-Z0-9_]+: ", str(e))  # the message names its own code
+        _fail(str(e) if coded else f"{type(e).__name__}: {e}", 1)
     for w in report.get("summary", {}).get("warnings") or []:  # measured, but something unchecked
         typer.echo(f"warning: {w}", err=True)
     typer.echo(json.dumps(report.get("summary", report), indent=2, default=str))
+    nothing = no_speculative_fields(report)
+    if nothing:  # the report is written, but no acceptance was measured: not a success
+        _fail(nothing, 1)
 
 
 @app.command()

@@ -10,6 +10,7 @@ token-weighted (bonus counted; INTERNALS.md). The gate compares with
 from __future__ import annotations
 
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,16 +45,20 @@ def _get_text(client: httpx.Client, url: str, path: str) -> str | None:
     return r.text if r.status_code == 200 else None
 
 
-def _server_info(client: httpx.Client, url: str) -> tuple[dict | None, str | None]:
+def _server_info(client: httpx.Client, url: str, timeout_s: float | None = None
+                 ) -> tuple[dict | None, str | None, list[int]]:
     """The server's settings: the first non-empty JSON object of ``GET /get_server_info`` and
     ``GET /server_info`` (else an empty one), and None; or None and what each answered instead.
-    TransientError if unreachable."""
-    empty, answers = None, []
+    Third: the HTTP status of each GET made. ``timeout_s``: each GET's own timeout (else the
+    client's). TransientError if unreachable."""
+    empty, answers, statuses = None, [], []
+    extra = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=10.0)}
     for path in ("/get_server_info", "/server_info"):
         try:
-            r = client.get(url + path)
+            r = client.get(url + path, **extra)
         except httpx.TransportError as e:
             raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
+        statuses.append(r.status_code)
         if r.status_code != 200:
             answers.append(f"{path} answered {r.status_code}")
             continue
@@ -63,12 +68,12 @@ def _server_info(client: httpx.Client, url: str) -> tuple[dict | None, str | Non
             answers.append(f"{path} answered non-JSON {r.text[:60]!r}")
             continue
         if isinstance(info, dict) and info:
-            return info, None
+            return info, None, statuses
         if isinstance(info, dict):
             empty = info
         else:
             answers.append(f"{path} answered a JSON {type(info).__name__}, not an object")
-    return (empty, None) if empty is not None else (None, ", ".join(answers))
+    return (empty, None, statuses) if empty is not None else (None, ", ".join(answers), statuses)
 
 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
@@ -76,7 +81,7 @@ def snapshot_server(client: httpx.Client, url: str) -> dict:
     ``/server_info``) and ``/metrics`` (``--enable-metrics``); None where absent, and
     ``info_absent`` says what the settings endpoints answered instead. TransientError if
     unreachable."""
-    info, absent = _server_info(client, url)
+    info, absent, _ = _server_info(client, url)
     text = _get_text(client, url, "/metrics")
     try:
         metrics = parse_prometheus(text) if text else None
@@ -84,6 +89,51 @@ def snapshot_server(client: httpx.Client, url: str) -> dict:
         metrics = None
     return {"server_info": parse_server_info(info) if info else None, "metrics": metrics,
             "raw_info": info, "info_absent": absent}
+
+
+# Seconds the benchmark's first contact (the settings endpoints) may take: a server that accepted
+# the connection and says nothing within it is hung or still loading, not slow at generating.
+PROBE_TIMEOUT_S = 10.0
+
+
+def probe_server(client: httpx.Client, url: str) -> dict | None:
+    """The benchmark's first contact: :func:`_server_info`'s settings, each GET answered within
+    :data:`PROBE_TIMEOUT_S`. TransientError ``SERVER_SILENT`` when the port accepted the
+    connection but gave no HTTP answer in time, ``SERVER_NOT_READY`` when every settings endpoint
+    answered 5xx (up, not ready), and :func:`_server_info`'s TransientError (its cause the
+    ``httpx`` error) when nothing listens."""
+    try:
+        info, _, statuses = _server_info(client, url, PROBE_TIMEOUT_S)
+    except TransientError as e:
+        if isinstance(e.__cause__, httpx.ReadTimeout):
+            raise TransientError(
+                f"SERVER_SILENT: bench {url}: accepted connections but gave no HTTP answer to GET "
+                f"/get_server_info within {PROBE_TIMEOUT_S:g} s (expected an answer from a ready "
+                f"server): a server still loading or hung; check it with eagle3 wait-ready --url "
+                f"{url}") from e.__cause__
+        raise
+    if statuses and all(code >= 500 for code in statuses):
+        raise TransientError(
+            f"SERVER_NOT_READY: bench {url}: GET /get_server_info and /server_info answered HTTP "
+            f"{', '.join(str(c) for c in statuses)} (expected 200): the server is up but not "
+            f"ready; wait for it with eagle3 wait-ready --url {url}")
+    return info
+
+
+def no_speculative_fields(report: dict) -> str | None:
+    """``NO_SPECULATIVE_FIELDS: ...`` naming the server and what to check when no request of
+    ``report`` (:func:`run_bench`) carried speculative fields (acceptance length null: nothing was
+    measured); None otherwise."""
+    s, settings = report.get("summary") or {}, report.get("settings") or {}
+    if s.get("acceptance_length") is not None:
+        return None
+    url = settings.get("url")
+    return (f"NO_SPECULATIVE_FIELDS: bench {url}: expected speculative fields (spec_verify_ct, "
+            f"spec_accept_length, ...) in the meta_info of /generate answers, got none in "
+            f"{s.get('num_prompts')} request(s): acceptance not measured. Check that the server "
+            "runs speculative decoding with the draft (SGLang: --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path DRAFT); eagle3 wait-ready --url {url} reports the "
+            "same as PROBE_FAILED")
 
 
 # The CPU reference engine's /server_info "engine" (refengine/server.py); it has no
@@ -145,7 +195,9 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
             if r.status_code >= 400:
                 body = r.read().decode(errors="replace")[:300]
                 cls = TransientError if r.status_code >= 500 else DataError
-                raise cls(f"POST {url}/generate: expected 200, got {r.status_code}: {body}")
+                hint = (f" (check the server with eagle3 wait-ready --url {url})"
+                        if r.status_code == 503 else "")
+                raise cls(f"POST {url}/generate: expected 200, got {r.status_code}: {body}{hint}")
             if "text/event-stream" not in r.headers.get("content-type", ""):
                 final = json.loads(r.read())
             else:
@@ -176,10 +228,33 @@ def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: flo
             "streamed": chunks > 0}
 
 
-def _resolve_tokenizer(tokenizer_dir, info: dict | None):
-    """``tokenizer_dir``, else the server's ``tokenizer_path``/``model_path`` when local."""
+# Files one of which a Hugging Face tokenizer folder holds (fast, sentencepiece or BPE vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(tokenizer_dir: str | Path):
+    """The tokenizer in ``tokenizer_dir``. ConfigError ``TOKENIZER_MISSING`` naming the folder when
+    it is not a folder, holds none of :data:`TOKENIZER_FILES`, or transformers cannot load it."""
     from transformers import AutoTokenizer
 
+    path = Path(tokenizer_dir)
+    if not path.is_dir():
+        raise ConfigError("TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) expected an "
+                          f"existing folder, got {str(tokenizer_dir)!r}")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) {str(path)!r}: "
+                          f"expected the target's tokenizer files (one of {list(TOKENIZER_FILES)}"
+                          "), got none (give the target model's folder, not a draft's)")
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises OSError, ValueError, ImportError, ... here
+        msg = " ".join(str(e).split())[:300]
+        raise ConfigError(f"TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) {str(path)!r}: "
+                          f"expected a loadable tokenizer, got {type(e).__name__}: {msg}") from e
+
+
+def _resolve_tokenizer(tokenizer_dir, info: dict | None):
+    """``tokenizer_dir``, else the server's ``tokenizer_path``/``model_path`` when local."""
     if tokenizer_dir is None and info:
         tokenizer_dir = next((info[k] for k in ("tokenizer_path", "model_path")
                               if info.get(k) and Path(info[k]).is_dir()), None)
@@ -188,10 +263,7 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
         raise ConfigError("bench: tokenizer_dir (--tokenizer) is needed to apply the target's chat "
                           "template; got none, and the server's tokenizer_path/model_path "
                           f"{where!r} is not a local folder")
-    if not Path(tokenizer_dir).is_dir():
-        raise ConfigError("bench: tokenizer_dir expected an existing folder, got "
-                          f"{str(tokenizer_dir)!r}")
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir)), str(tokenizer_dir)
+    return load_tokenizer(tokenizer_dir), str(tokenizer_dir)
 
 
 def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
@@ -250,7 +322,9 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     ``summary["warnings"]``: the :func:`server_info_unchecked` line when the server did not
     report a setting the benchmark checks (in report.json; the CLI prints it). Returns
     ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
-    Raises ConfigError / DataError, TransientError (server unreachable)."""
+    Raises ConfigError / DataError (``TOKENIZER_MISSING``, a bad argument), TransientError (server
+    unreachable; :func:`probe_server`'s ``SERVER_SILENT`` / ``SERVER_NOT_READY``). A report whose
+    acceptance is null (:func:`no_speculative_fields`) measured nothing; the CLI fails it."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
@@ -259,11 +333,15 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
         raise ConfigError("bench: expected concurrency >= 1, max_new_tokens >= 1, "
                           f"request_timeout_s > 0; got {concurrency}, {max_new_tokens}, "
                           f"{request_timeout_s}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError("bench: temperature (--temperature, bench.temperature): expected a "
+                          f"finite number >= 0, got {temperature!r}")
     plist = list(prompts) if isinstance(prompts, list) else load_prompts(prompts, num_prompts)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature)}
     with httpx.Client(timeout=timeout) as client:
-        info = snapshot_server(client, url)["raw_info"]
+        # a silent or unready server fails here, before the tokenizer (which may come from it)
+        info = probe_server(client, url)
         refused = running_problems(info, concurrency)
         if refused:
             raise ConfigError(f"bench {url}: " + "; ".join(refused))
@@ -354,6 +432,9 @@ def acceptance_verdict(served: float | None, offline: float | None, minimum: flo
         return None
     got = f"{served:.3f}" if served is not None else "none (no speculative fields)"
     head = f"served acceptance length {got} < minimum {minimum:.3f}"
+    if served is None:  # nothing measured: the server did not speculate, whatever the draft
+        head = ("NO_SPECULATIVE_FIELDS: " + head + " (no /generate answer carried spec_verify_ct "
+                "etc.: check that the engine ran speculative decoding with the draft)")
     if offline is not None and unlike_served:
         return f"{head}; offline (in-process) {offline:.3f} not compared: {unlike_served}"
     if offline is None:

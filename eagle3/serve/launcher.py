@@ -26,7 +26,7 @@ from eagle3.engines.sglang.environment import (install_advice, sglang_installed,
                                                sglang_unusable_reason)
 from eagle3.engines.sglang.serving import (ArgvRules, extra_args_problems, launch_args,
                                            simulation_problem)
-from eagle3.errors import ConfigError, EngineUnsupported, GateFailed
+from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported, GateFailed
 from eagle3.serve.diagnostics import log_tail, run_cmd
 from eagle3.procs import free_port, snapshot_tree, start_group, terminate_tree
 from eagle3.serve.readiness import GateResult, wait_ready
@@ -279,6 +279,30 @@ def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path,
     return None
 
 
+def check_draft_content(draft_dir: str | Path) -> None:
+    """Refuse to serve a draft folder whose files no longer match the ``content_hash`` its
+    ``manifest.json`` records (:func:`eagle3.convert.checks.check_content_hash`, as ``eagle3
+    validate`` checks it): a cached convert stage hands over the folder without reading it again,
+    so weights edited after conversion would be served and measured as the converted draft.
+    CheckpointInvalid ``CONTENT_HASH_MISMATCH`` naming the folder; nothing for a folder without a
+    manifest (a draft exported by another tool). DataError for an unreadable manifest."""
+    from eagle3.artifacts import MANIFEST, read_manifest
+    from eagle3.convert.checkpoint import Checkpoint
+    from eagle3.convert.checks import check_content_hash
+
+    path = Path(draft_dir)
+    if not (path / MANIFEST).is_file():
+        return
+    ck = Checkpoint(path=path, config={}, tensors={}, weight_files=[],
+                    manifest=read_manifest(path))  # the hash reads the files, not the tensors
+    problems, _ = check_content_hash(ck)
+    if problems:
+        raise CheckpointInvalid(f"{problems[0].code}: refusing to serve {path}: "
+                                f"{problems[0].message}; convert the draft again (remove {path} "
+                                "so the convert stage writes it anew) or check who changed it",
+                                problems)
+
+
 @contextmanager
 def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None,
                  out_dir: str | Path, *, require_spec_fields: bool | None = None,
@@ -287,7 +311,10 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
     """Launch, pass the readiness gate, yield ``(engine, gate)``; the group always ends on exit.
     Retries once after a CUDA-graph capture crash (``serve.retry_without_cuda_graph``) or a lost
     race for an automatic port. Writes ``out_dir/engine-*.log``, ``diagnostics[-retryN]/``,
-    ``attempts.json``. GateFailed when the last attempt is not ready."""
+    ``attempts.json``. GateFailed when the last attempt is not ready; CheckpointInvalid
+    (:func:`check_draft_content`) before any launch when ``draft_dir`` changed after conversion."""
+    if draft_dir is not None:
+        check_draft_content(draft_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     require = (draft_dir is not None) if require_spec_fields is None else require_spec_fields
