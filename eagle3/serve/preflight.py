@@ -13,7 +13,8 @@ in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / n
 - ``environment``: no variable that makes SGLang simulate acceptance.
 - ``template``: trained chat-template switches against what the benchmark and server render.
 - ``steps``: served draft steps against trained TTT steps (noted).
-- ``port``: a set ``serve.port`` is free on ``serve.host`` (PORT_IN_USE).
+- ``port``: ``serve.host`` binds on this machine (SERVE_HOST) and a set ``serve.port`` is free
+  there (PORT_IN_USE).
 - ``inputs`` (:func:`preflight_of_run`): what a stage would refuse at its start, from files only
   (:func:`eagle3.config_checks.before_run_problems`).
 - ``extraction``: ``extract.backend sglang`` has SGLang whatever ``serve.engine`` is: its
@@ -491,19 +492,35 @@ def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
 
 
 def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
-    s = cfg.serve
-    if s.port is None:
-        return Check("port", "passed", f"a free port on {s.host} is chosen at launch"), []
+    """Bind ``serve.host`` at ``serve.port`` (port 0, any free one, when it is unset): SERVE_HOST
+    when the host is no address of this machine or no name that resolves, PORT_IN_USE when the
+    set port cannot be bound there."""
+    import errno
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET) as sock:
+    s = cfg.serve
+    family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind((s.host, s.port))
+            sock.bind((s.host, s.port or 0))
         except OSError as e:
-            p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
-                        f"binding it gives {e.strerror or e}; fix: end what listens there, choose "
-                        "another serve.port, or leave serve.port unset (a free port is chosen)")
+            if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+                p = Problem("SERVE_HOST", f"serve.host: expected an address of this machine (or "
+                            f"a name that resolves to one) to bind, got {s.host!r}: binding it "
+                            f"gives {e.strerror or e}; fix: serve.host 127.0.0.1, or an address "
+                            "this machine has")
+            elif s.port is None:
+                p = Problem("SERVE_HOST", f"serve.host {s.host!r}: expected a free port to bind "
+                            f"there, binding port 0 gives {e.strerror or e}")
+            else:
+                p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free "
+                            f"port, binding it gives {e.strerror or e}; fix: end what listens "
+                            "there, choose another serve.port, or leave serve.port unset (a free "
+                            "port is chosen)")
             return Check("port", "failed", p.message), [p]
+    if s.port is None:
+        return Check("port", "passed", f"{s.host} binds; a free port there is chosen at "
+                                       "launch"), []
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
 
