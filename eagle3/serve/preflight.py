@@ -81,8 +81,18 @@ class PreflightReport:
                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def lines(self) -> list[str]:
-        return [f"{c.name:<12} {c.status:<8} {c.detail}" for c in self.checks] + [
-            str(p) for p in self.problems]
+        """A row per check, then each problem as ``CODE: message``; a failed check whose detail is
+        its problems' messages shows them in its row with their codes, not a second time below."""
+        rows, shown = [], set()
+        for c in self.checks:
+            detail = c.detail
+            if c.status == "failed":
+                mine = [p for p in self.problems if id(p) not in shown and p.message in c.detail]
+                if mine and "; ".join(p.message for p in mine) == c.detail:
+                    detail = "; ".join(map(str, mine))
+                    shown.update(id(p) for p in mine)
+            rows.append(f"{c.name:<12} {c.status:<8} {detail}")
+        return rows + [str(p) for p in self.problems if id(p) not in shown]
 
     def raise_if_failed(self) -> None:
         if self.passed:
