@@ -257,6 +257,29 @@ def dev_prompts_file_problem(t: Any) -> str | None:
     return None
 
 
+def serve_host_problem(serve: Any) -> str | None:
+    """``SERVE_HOST`` message when ``serve.host`` (``serve`` is the serve section) cannot be bound
+    on this machine at any port (port 0): an address it does not have, a name that does not
+    resolve; the launch would fail there however often it is retried."""
+    import errno
+    import socket
+
+    host = serve.host
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                       socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError as e:
+            why = e.strerror or str(e)
+            if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+                return (f"SERVE_HOST: serve.host: expected an address of this machine (or a name "
+                        f"that resolves to one) to bind, got {host!r}: binding it gives {why}; "
+                        "fix: serve.host 127.0.0.1, or an address this machine has")
+            return (f"SERVE_HOST: serve.host: expected a free port to bind on {host!r}, binding "
+                    f"port 0 gives {why}")
+    return None
+
+
 def target_text_config(target_dir: str | Path | None) -> dict | None:
     """The ``config.json`` of the HF folder ``target_dir`` (its ``text_config`` when it has one),
     or None when there is no folder or it cannot be read (the checks that need it are skipped)."""
@@ -283,6 +306,7 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
     - ``DEV_PROMPTS_FILE``: :func:`dev_prompts_file_problem`;
     - ``BENCH_PROMPTS`` / ``BENCH_PROMPTS_FILE``: :func:`bench_prompts_file_problem` (the
       benchmark's prompt set, a file loaded as the benchmark loads it);
+    - ``SERVE_HOST``: :func:`serve_host_problem` (``serve.host`` binds on this machine);
     - ``DRAFT_VOCAB_SIZE``: ``train.draft_vocab_size`` below the vocabulary of the target in
       ``target_dir`` when its config.json is readable (:func:`eagle3.train.vocab.
       check_draft_vocab_size`)."""
@@ -297,7 +321,8 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
         coded = re.match(r"[A-Z][A-Z0-9_]+: ", msg) is not None  # already CODE: message
         out.append(msg if coded else
                    f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
-    for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench)):
+    for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench),
+                    serve_host_problem(cfg.serve)):
         if problem:
             out.append(problem)
     vocab = (target_text_config(target_dir) or {}).get("vocab_size")

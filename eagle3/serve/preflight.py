@@ -502,35 +502,29 @@ def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
 
 
 def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
-    """Bind ``serve.host`` at ``serve.port`` (port 0, any free one, when it is unset): SERVE_HOST
-    when the host is no address of this machine or no name that resolves, PORT_IN_USE when the
-    set port cannot be bound there."""
-    import errno
+    """``serve.host`` binds on this machine (SERVE_HOST,
+    :func:`eagle3.config_checks.serve_host_problem`), and a set ``serve.port`` binds there
+    (PORT_IN_USE)."""
     import socket
 
+    from eagle3.config_checks import serve_host_problem
+
     s = cfg.serve
-    family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((s.host, s.port or 0))
-        except OSError as e:
-            if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
-                p = Problem("SERVE_HOST", f"serve.host: expected an address of this machine (or "
-                            f"a name that resolves to one) to bind, got {s.host!r}: binding it "
-                            f"gives {e.strerror or e}; fix: serve.host 127.0.0.1, or an address "
-                            "this machine has")
-            elif s.port is None:
-                p = Problem("SERVE_HOST", f"serve.host {s.host!r}: expected a free port to bind "
-                            f"there, binding port 0 gives {e.strerror or e}")
-            else:
-                p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free "
-                            f"port, binding it gives {e.strerror or e}; fix: end what listens "
-                            "there, choose another serve.port, or leave serve.port unset (a free "
-                            "port is chosen)")
-            return Check("port", "failed", p.message), [p]
+    refused = serve_host_problem(s)
+    if refused:
+        p = Problem(*(part.strip() for part in refused.split(":", 1)))
+        return Check("port", "failed", p.message), [p]
     if s.port is None:
         return Check("port", "passed", f"{s.host} binds; a free port there is chosen at "
                                        "launch"), []
+    with socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET) as sock:
+        try:
+            sock.bind((s.host, s.port))
+        except OSError as e:
+            p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
+                        f"binding it gives {e.strerror or e}; fix: end what listens there, choose "
+                        "another serve.port, or leave serve.port unset (a free port is chosen)")
+            return Check("port", "failed", p.message), [p]
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
 
@@ -580,6 +574,7 @@ def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
 
     found = [Problem(*(part.strip() for part in m.split(":", 1)))
              for m in before_run_problems(cfg, target)]
+    found = [p for p in found if p.code != "SERVE_HOST"]  # the port check reports it
     problems[:0] = found
     if found:
         return Check("inputs", "failed", f"{len(found)} problem(s) a stage would refuse at its "

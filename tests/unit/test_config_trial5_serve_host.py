@@ -41,3 +41,28 @@ def test_free_port_on_an_unbindable_host_is_a_config_error(host):
         free_port(host)
     assert not isinstance(e.value, TransientError)
     assert isinstance(free_port("127.0.0.1"), int)
+
+
+@pytest.mark.parametrize("host", UNBINDABLE)
+def test_eagle3_run_refuses_it_before_prefect_and_the_preflight_names_it_once(host, tmp_path,
+                                                                               monkeypatch):
+    import json
+
+    from cli.run import check_target
+    from eagle3.config_checks import before_run_problems
+    from eagle3.serve import preflight
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "vocab_size": 1000}))
+    cfg = load_config(None, ["target.kind=hf", f"target.path={target}",
+                             "train.draft_vocab_size=500", f"serve.host={host}"])
+    got = before_run_problems(cfg, target)
+    assert len(got) == 1 and got[0].startswith("SERVE_HOST: serve.host: ") and repr(host) in got[0]
+    with pytest.raises(ConfigError, match=r"^SERVE_HOST: serve.host: "):
+        check_target(cfg)
+    monkeypatch.setattr(preflight, "run_preflight", lambda *a, **k: preflight.PreflightReport(
+        "reference", [], list(_check_port(cfg)[1])))
+    report = preflight.preflight_of_run(cfg, None, None)
+    assert [p.code for p in report.problems] == ["SERVE_HOST"]  # the port check's, not inputs'
+    assert report.checks[0].name == "inputs" and report.checks[0].status == "passed"
