@@ -191,7 +191,9 @@ class DataConfig(_Section):
     @model_validator(mode="after")
     def _path_for_file(self) -> DataConfig:
         if self.source == "file" and not self.path:
-            raise ValueError("data.path is required when data.source is 'file' (got none)")
+            raise PydanticCustomError("data_path_required", "data.path is required when "
+                                      "data.source is 'file' (got none)",
+                                      {"shows_input": True, "code": "DATA_PATH"})
         return self
 
 

@@ -97,9 +97,11 @@ def _bench_prompts(cfg: Any) -> list[str]:
 
 def bench_prompts_file_problem(b: Any) -> str | None:
     """``BENCH_PROMPTS`` message when ``bench.prompts`` (``b`` is the bench section) names no
-    built-in set and is no existing file, as the benchmark would refuse it
-    (:func:`eagle3.measure.prompts.load_prompts`)."""
-    from eagle3.measure.prompts import PROMPT_SETS
+    built-in set and is no existing file; ``BENCH_PROMPTS_FILE`` with the loader's message when
+    the file exists but the benchmark's loader (:func:`eagle3.measure.prompts.load_prompts`, with
+    ``bench.num_prompts``) refuses it: empty, a record without prompt text, too few prompts."""
+    from eagle3.errors import DataError
+    from eagle3.measure.prompts import PROMPT_SETS, load_prompts
 
     spec = b.prompts
     if spec in PROMPT_SETS:
@@ -110,6 +112,11 @@ def bench_prompts_file_problem(b: Any) -> str | None:
     if what:
         return (f"BENCH_PROMPTS: bench.prompts: expected one of {PROMPT_SETS} or an existing "
                 f"prompts file (JSONL, JSON or text), got {spec!r} ({what})")
+    try:
+        load_prompts(spec, b.num_prompts)
+    except (DataError, OSError, UnicodeDecodeError) as e:
+        return (f"BENCH_PROMPTS_FILE: bench.prompts: expected a prompts file the benchmark reads "
+                f"(bench.num_prompts {b.num_prompts}), got {spec!r}: {e}")
     return None
 
 
@@ -229,7 +236,8 @@ def config_warnings(cfg: Any) -> list[str]:
 
 def dev_prompts_file_problem(t: Any) -> str | None:
     """``DEV_PROMPTS_FILE`` message unless ``train.dev_prompts_file`` (read with
-    ``train.select_best_by=measured``; ``t`` is the train section) is an existing file."""
+    ``train.select_best_by=measured``; ``t`` is the train section) is an existing file that the
+    dev acceptance's loader (:func:`eagle3.measure.prompts.file_prompts`) reads prompts from."""
     if t.select_best_by != "measured" or not t.dev_prompts_file:
         return None
     path = Path(t.dev_prompts_file).expanduser()
@@ -238,6 +246,37 @@ def dev_prompts_file_problem(t: Any) -> str | None:
     if what:
         return (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, JSON "
                 f"or text: the eagle3 bench --prompts FILE formats), got {str(path)!r} ({what})")
+    from eagle3.errors import DataError
+    from eagle3.measure.prompts import file_prompts
+
+    try:
+        file_prompts(path)  # the loader of the dev acceptance (measure.dev_acceptance)
+    except (DataError, OSError, UnicodeDecodeError) as e:
+        return (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file the dev "
+                f"acceptance reads, got {str(path)!r}: {e}")
+    return None
+
+
+def serve_host_problem(serve: Any) -> str | None:
+    """``SERVE_HOST`` message when ``serve.host`` (``serve`` is the serve section) cannot be bound
+    on this machine at any port (port 0): an address it does not have, a name that does not
+    resolve; the launch would fail there however often it is retried."""
+    import errno
+    import socket
+
+    host = serve.host
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                       socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError as e:
+            why = e.strerror or str(e)
+            if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+                return (f"SERVE_HOST: serve.host: expected an address of this machine (or a name "
+                        f"that resolves to one) to bind, got {host!r}: binding it gives {why}; "
+                        "fix: serve.host 127.0.0.1, or an address this machine has")
+            return (f"SERVE_HOST: serve.host: expected a free port to bind on {host!r}, binding "
+                    f"port 0 gives {why}")
     return None
 
 
@@ -265,7 +304,9 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
       ``extract.aux_layer_ids`` fit the target's layer count when it is known
       (:func:`eagle3.extract.stage.check_before_run`);
     - ``DEV_PROMPTS_FILE``: :func:`dev_prompts_file_problem`;
-    - ``BENCH_PROMPTS``: :func:`bench_prompts_file_problem` (the benchmark's prompt set);
+    - ``BENCH_PROMPTS`` / ``BENCH_PROMPTS_FILE``: :func:`bench_prompts_file_problem` (the
+      benchmark's prompt set, a file loaded as the benchmark loads it);
+    - ``SERVE_HOST``: :func:`serve_host_problem` (``serve.host`` binds on this machine);
     - ``DRAFT_VOCAB_SIZE``: ``train.draft_vocab_size`` below the vocabulary of the target in
       ``target_dir`` when its config.json is readable (:func:`eagle3.train.vocab.
       check_draft_vocab_size`)."""
@@ -280,7 +321,8 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
         coded = re.match(r"[A-Z][A-Z0-9_]+: ", msg) is not None  # already CODE: message
         out.append(msg if coded else
                    f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
-    for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench)):
+    for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench),
+                    serve_host_problem(cfg.serve)):
         if problem:
             out.append(problem)
     vocab = (target_text_config(target_dir) or {}).get("vocab_size")

@@ -1,6 +1,7 @@
 """Is the device a config asks for present on this machine? Checked before a command starts work.
 
-``extract.device``, ``train.device``, ``serve.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+``extract.device``, ``train.device``, ``serve.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``;
+``extract.num_gpus`` and ``train.num_gpus`` on CUDA.
 Fails early (naming key, value and what torch sees) instead of after Prefect, MLflow and the
 target load. Not part of config loading: configs are also loaded where they do not run."""
 
@@ -15,15 +16,23 @@ SECTIONS = ("extract", "train", "serve")
 
 def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
     """One message per ``<section>.device`` naming CUDA when fewer CUDA devices are present than
-    needed (``cuda_count``: None = ask torch). ``auto`` and ``cpu`` never fail."""
+    needed (``cuda_count``: None = ask torch). ``auto`` and ``cpu`` never fail. Then, for a
+    section whose device is there and resolves to CUDA (``auto`` does when CUDA is present),
+    ``extract.num_gpus`` / ``train.num_gpus`` above ``cuda_count``. On the CPU ``num_gpus`` counts
+    worker processes (CPU extraction workers, torchrun ranks over gloo), so it is not checked."""
     if cuda_count is None:
         import torch
 
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     out = []
     for name in SECTIONS:
-        dev = str(getattr(getattr(cfg, name), "device", "auto"))
+        sec = getattr(cfg, name)
+        dev = str(getattr(sec, "device", "auto"))
+        on_cuda = dev.startswith("cuda") or (dev == "auto" and cuda_count > 0)
+        n = getattr(sec, "num_gpus", None)
         if not dev.startswith("cuda"):
+            if on_cuda and isinstance(n, int) and n > cuda_count:
+                out.append(_num_gpus_message(name, dev, n, cuda_count))
             continue
         index = int(dev.split(":", 1)[1]) if ":" in dev and dev.split(":", 1)[1].isdigit() else 0
         if index >= cuda_count:
@@ -32,11 +41,20 @@ def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
             out.append(f"{name}.device: expected a device this machine has, got {dev!r} and torch "
                        f"sees {seen}; fix: -o {name}.device=cpu (or auto), or run it on a machine "
                        f"with a GPU")
+        elif isinstance(n, int) and n > cuda_count:
+            out.append(_num_gpus_message(name, dev, n, cuda_count))
     return out
 
 
+def _num_gpus_message(name: str, dev: str, n: int, cuda_count: int) -> str:
+    return (f"{name}.num_gpus: expected at most {cuda_count} (the CUDA devices torch sees, "
+            f"{name}.device {dev!r}), got {n}; fix: -o {name}.num_gpus={cuda_count}, or run it "
+            f"on a machine with {n} GPUs")
+
+
 def check_devices(cfg: Any, cuda_count: int | None = None) -> None:
-    """Raise ConfigError with every :func:`device_problems` message (one a line), if any."""
+    """Raise ConfigError with every :func:`device_problems` message (one a line, each as
+    ``DEVICE_MISSING: message``, the code ``eagle3 preflight`` gives them), if any."""
     problems = device_problems(cfg, cuda_count)
     if problems:
-        raise ConfigError("\n".join(problems))
+        raise ConfigError("\n".join(f"DEVICE_MISSING: {p}" for p in problems))

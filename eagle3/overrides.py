@@ -5,6 +5,7 @@ the command line, not at the file)."""
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 import yaml
@@ -83,8 +84,10 @@ def _unknown_key_line(loc: str, got: Any, override: str | None, model: type[Base
 
 def format_validation_error(err: ValidationError, source: str, overrides: list[str] = (),
                             model: type[BaseModel] | None = None) -> str:
-    """One line per invalid field, saying when a ``-o`` override set it; an unknown key is an
-    ``UNKNOWN_KEY`` line with the nearest keys of ``model`` (the validated schema) when given."""
+    """One ``CODE: key: message`` line per invalid field, saying when a ``-o`` override set it: the
+    error's own code (a custom error's ``ctx["code"]``), else ``CONFIG_VALUE``; a rule across
+    sections without a code of its own is ``CONFIG_RULE``; an unknown key is an ``UNKNOWN_KEY``
+    line with the nearest keys of ``model`` (the validated schema) when given."""
     given = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
     lines = [f"{source}{' with -o overrides' if given else ''}: invalid configuration"]
     for e in err.errors():
@@ -93,7 +96,8 @@ def format_validation_error(err: ValidationError, source: str, overrides: list[s
         if not loc:
             for rule in str(e["msg"]).removeprefix("Value error, ").split("\n"):
                 origin = "".join(f" [from -o {item}]" for k, item in given.items() if k in rule)
-                lines.append(f"  {rule}{origin}")
+                coded = re.match(r"[A-Z][A-Z0-9_]+: ", rule) is not None
+                lines.append(f"  {'' if coded else 'CONFIG_RULE: '}{rule}{origin}")
             continue
         got = e.get("input")
         # an override of an unknown section fails at the section (its key is below the error's)
@@ -106,7 +110,7 @@ def format_validation_error(err: ValidationError, source: str, overrides: list[s
         origin = f" [from -o {by}]" if by else ""
         ctx = e.get("ctx") or {}  # a custom error may name its input itself, and give a code
         shown = "" if ctx.get("shows_input") else f" (got {got_s[:120]})"
-        code = f"{ctx['code']}: " if ctx.get("code") else ""
+        code = f"{ctx.get('code') or 'CONFIG_VALUE'}: "
         lines.append(f"  {code}{loc}: {e['msg']}{shown}{origin}")
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ never by name."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -17,17 +18,23 @@ from typing import Mapping, Sequence
 
 import psutil
 
-from eagle3.errors import TransientError
+from eagle3.errors import ConfigError, TransientError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` a moment ago (bind port 0). It may be taken before the server
-    binds (the gate then reports a crash; the launcher retries once). TransientError: none."""
+    binds (the gate then reports a crash; the launcher retries once). ConfigError ``SERVE_HOST``
+    when ``host`` is no address of this machine or no name that resolves (a re-run cannot help);
+    TransientError for any other bind failure (no free port)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             return int(s.getsockname()[1])
     except OSError as e:
+        if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(f"SERVE_HOST: serve.host: expected an address of this machine (or a "
+                              f"name that resolves to one) to bind, got {host!r}: {e}; fix: "
+                              "serve.host 127.0.0.1, or an address this machine has") from e
         raise TransientError(f"could not bind a free port on host {host!r}: {e}") from e
 
 

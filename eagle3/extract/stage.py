@@ -122,8 +122,9 @@ def check_before_run(cfg) -> None:
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
         if not path.is_file():
+            what = "a directory" if path.is_dir() else "not found"
             raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
-                              f"{str(path)!r} (not found)")
+                              f"{str(path)!r} ({what})")
         if path.stat().st_size == 0:
             raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
                               f"{str(path)!r} (empty: 0 bytes)")

@@ -13,7 +13,8 @@ in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / n
 - ``environment``: no variable that makes SGLang simulate acceptance.
 - ``template``: trained chat-template switches against what the benchmark and server render.
 - ``steps``: served draft steps against trained TTT steps (noted).
-- ``port``: a set ``serve.port`` is free on ``serve.host`` (PORT_IN_USE).
+- ``port``: ``serve.host`` binds on this machine (SERVE_HOST) and a set ``serve.port`` is free
+  there (PORT_IN_USE).
 - ``inputs`` (:func:`preflight_of_run`): what a stage would refuse at its start, from files only
   (:func:`eagle3.config_checks.before_run_problems`).
 - ``extraction``: ``extract.backend sglang`` has SGLang whatever ``serve.engine`` is: its
@@ -80,8 +81,18 @@ class PreflightReport:
                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def lines(self) -> list[str]:
-        return [f"{c.name:<12} {c.status:<8} {c.detail}" for c in self.checks] + [
-            str(p) for p in self.problems]
+        """A row per check, then each problem as ``CODE: message``; a failed check whose detail is
+        its problems' messages shows them in its row with their codes, not a second time below."""
+        rows, shown = [], set()
+        for c in self.checks:
+            detail = c.detail
+            if c.status == "failed":
+                mine = [p for p in self.problems if id(p) not in shown and p.message in c.detail]
+                if mine and "; ".join(p.message for p in mine) == c.detail:
+                    detail = "; ".join(map(str, mine))
+                    shown.update(id(p) for p in mine)
+            rows.append(f"{c.name:<12} {c.status:<8} {detail}")
+        return rows + [str(p) for p in self.problems if id(p) not in shown]
 
     def raise_if_failed(self) -> None:
         if self.passed:
@@ -491,11 +502,21 @@ def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
 
 
 def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
-    s = cfg.serve
-    if s.port is None:
-        return Check("port", "passed", f"a free port on {s.host} is chosen at launch"), []
+    """``serve.host`` binds on this machine (SERVE_HOST,
+    :func:`eagle3.config_checks.serve_host_problem`), and a set ``serve.port`` binds there
+    (PORT_IN_USE)."""
     import socket
 
+    from eagle3.config_checks import serve_host_problem
+
+    s = cfg.serve
+    refused = serve_host_problem(s)
+    if refused:
+        p = Problem(*(part.strip() for part in refused.split(":", 1)))
+        return Check("port", "failed", p.message), [p]
+    if s.port is None:
+        return Check("port", "passed", f"{s.host} binds; a free port there is chosen at "
+                                       "launch"), []
     with socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET) as sock:
         try:
             sock.bind((s.host, s.port))
@@ -553,6 +574,7 @@ def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
 
     found = [Problem(*(part.strip() for part in m.split(":", 1)))
              for m in before_run_problems(cfg, target)]
+    found = [p for p in found if p.code != "SERVE_HOST"]  # the port check reports it
     problems[:0] = found
     if found:
         return Check("inputs", "failed", f"{len(found)} problem(s) a stage would refuse at its "

@@ -1,6 +1,6 @@
 """Re-running after a failure re-executes only what failed (issue 8), counted from Prefect's task-run states:
-the benchmark fails once (a broken prompt file), the flow run is retried after the file is fixed, and only
-deploy+bench runs again; then a changed training setting re-runs training and what follows, not extraction.
+the pre-flight refuses the benchmark's broken prompt file once (before any engine starts), the flow run is
+retried after the file is fixed, and only the pre-flight and deploy+bench run; then a changed training setting re-runs training and what follows, not extraction.
 Real Prefect (ephemeral API), real MLflow, the real tiny pipeline with the CPU reference engine."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 UPSTREAM = ("extract", "train", "convert")
 
 
-def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_dir, sharegpt_path):
+def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(tmp_path, tiny_target_dir, sharegpt_path):
     from mlflow import MlflowClient
 
     from eagle3.config import load_config
@@ -36,11 +36,10 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
         with local_prefect(cfg):
             st = eagle3_pipeline(config_path=str(TINY), overrides=overrides, return_state=True)
             assert st.is_failed()
-            assert "stage deploy-bench failed" in st.message and str(prompts) in st.message
+            assert "stage preflight failed" in st.message and str(prompts) in st.message
             fr = st.state_details.flow_run_id
-            assert task_states(fr) == {**{s: ["Completed"] for s in UPSTREAM}, "preflight": ["Completed"],
-                                       "deploy-bench": ["Failed"]}
-            assert child_processes_except_prefect() == []  # the engine was torn down
+            assert task_states(fr) == {**{s: ["Completed"] for s in UPSTREAM}, "preflight": ["Failed"]}
+            assert child_processes_except_prefect() == []  # no engine was started
 
             prompts.write_text('{"prompt": "Say hello."}\n{"prompt": "Count to five."}\n')
             since = dt.datetime.now(dt.timezone.utc)
@@ -88,6 +87,7 @@ def test_bench_fails_once_then_only_deploy_bench_reruns(tmp_path, tiny_target_di
     # the reused extraction is still this pipeline run's dataset: same digest on the producing and the cached run
     assert [d["digest"] for d in by["extract"][1]["datasets"]] == [d["digest"] for d in by["extract"][0]["datasets"]]
     assert len(by["extract"][0]["datasets"]) == 1
-    assert [x["status"] for x in by["deploy-bench"]] == ["FAILED", "FINISHED"]
-    failed_tags = MlflowClient(cfg.mlflow_uri()).get_run(by["deploy-bench"][0]["run_id"]).data.tags
+    assert [x["status"] for x in by["preflight"]] == ["FAILED", "FINISHED"]
+    assert [x["status"] for x in by["deploy-bench"]] == ["FINISHED"]
+    failed_tags = MlflowClient(cfg.mlflow_uri()).get_run(by["preflight"][0]["run_id"]).data.tags
     assert "prompts" in failed_tags["eagle3.error"] or str(prompts) in failed_tags["eagle3.error"]

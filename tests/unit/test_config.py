@@ -34,7 +34,8 @@ def test_wrong_type_names_key_and_value():
 
 def test_a_bad_value_from_an_override_is_attributed_to_it(tmp_path):
     with pytest.raises(ConfigError, match=r"tiny-random.yaml with -o overrides: invalid configuration\n"
-                                          r"  train.compile_mode: .*\(got 'fast'\) \[from -o train.compile_mode=fast\]"):
+                                          r"  CONFIG_VALUE: train.compile_mode: .*\(got 'fast'\) "
+                                          r"\[from -o train.compile_mode=fast\]"):
         load_config(CONFIGS / "tiny-random.yaml", ["train.lr=0.01", "train.compile_mode=fast"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  compile_mode: fast\n")

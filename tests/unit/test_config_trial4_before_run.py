@@ -33,7 +33,8 @@ def test_a_missing_bench_prompts_file_is_an_input_problem(target, tmp_path):
                    f"'humaneval') or an existing prompts file (JSONL, JSON or text), got "
                    f"{str(missing)!r} (not found)"]
     missing.write_text('{"prompt": "hi"}\n')
-    assert before_run_problems(_cfg(target, f"bench.prompts={missing}"), target) == []
+    assert before_run_problems(_cfg(target, f"bench.prompts={missing}", "bench.num_prompts=1"),
+                               target) == []
     assert before_run_problems(_cfg(target, "bench.prompts=gsm8k"), target) == []
 
 
