@@ -241,7 +241,8 @@ def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
                   log_name: str | None = None, engine: str | None = None) -> EngineProcess:
     """``with launch_engine(...) as e``: the configured engine on ``serve.port`` or a free one, log
     ``<log_dir>/engine-<engine>.log``. ConfigError/EngineUnsupported from the command builder,
-    TransientError when no free port is found."""
+    ConfigError ``SERVE_HOST`` for a ``serve.host`` this machine cannot bind, TransientError when
+    no free port is found (:func:`eagle3.procs.free_port`)."""
     engine = engine or (resolve_engine(cfg) if command_builder is None else cfg.serve.engine)
     host = cfg.serve.host
     port = cfg.serve.port or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
