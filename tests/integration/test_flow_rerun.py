@@ -1,6 +1,8 @@
-"""Re-running after a failure re-executes only what failed (issue 8), counted from Prefect's task-run states:
-the pre-flight refuses the benchmark's broken prompt file once (before any engine starts), the flow run is
-retried after the file is fixed, and only the pre-flight and deploy+bench run; then a changed training setting re-runs training and what follows, not extraction.
+"""Re-running after a failure re-executes only what failed, counted from Prefect's task-run
+states: the pre-flight refuses the benchmark's broken prompt file once (before any engine
+starts), the flow run is retried after the file is fixed, and only the pre-flight and
+deploy+bench run; then a changed training setting re-runs training and what follows, not
+extraction.
 Real Prefect (ephemeral API), real MLflow, the real tiny pipeline with the CPU reference engine."""
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.slow
 UPSTREAM = ("extract", "train", "convert")
 
 
-def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(tmp_path, tiny_target_dir, sharegpt_path):
+def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(
+        tmp_path, tiny_target_dir, sharegpt_path):
     from mlflow import MlflowClient
 
     from eagle3.config import load_config
@@ -38,7 +41,8 @@ def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(t
             assert st.is_failed()
             assert "stage preflight failed" in st.message and str(prompts) in st.message
             fr = st.state_details.flow_run_id
-            assert task_states(fr) == {**{s: ["Completed"] for s in UPSTREAM}, "preflight": ["Failed"]}
+            assert task_states(fr) == {**{s: ["Completed"] for s in UPSTREAM},
+                                       "preflight": ["Failed"]}
             assert child_processes_except_prefect() == []  # no engine was started
 
             prompts.write_text('{"prompt": "Say hello."}\n{"prompt": "Count to five."}\n')
