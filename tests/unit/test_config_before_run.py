@@ -11,19 +11,16 @@ import pytest
 from eagle3.config import load_config
 from eagle3.config_checks import before_run_problems
 from eagle3.errors import ConfigError
+from tests.support.handover import hf_target, target_cfg
 
 
 @pytest.fixture
 def target(tmp_path):
-    d = tmp_path / "target"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "vocab_size": 1000}))
-    return d
+    return hf_target(tmp_path)
 
 
 def _cfg(target, *ov):
-    return load_config(None, ["target.kind=hf", f"target.path={target}",
-                              "train.draft_vocab_size=500", *ov])
+    return target_cfg(target, "train.draft_vocab_size=500", *ov)
 
 
 def test_a_missing_bench_prompts_file_is_an_input_problem(target, tmp_path):

@@ -4,24 +4,19 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from eagle3.config import load_config
 from eagle3.config_checks import before_run_problems
+from tests.support.handover import hf_target, target_cfg
 
 
 @pytest.fixture
 def target(tmp_path):
-    d = tmp_path / "target"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "vocab_size": 1000}))
-    return d
+    return hf_target(tmp_path)
 
 
 def _cfg(target, *ov):
-    return load_config(None, ["target.kind=hf", f"target.path={target}", *ov])
+    return target_cfg(target, *ov)
 
 
 def test_a_fitting_config_has_no_problem(target):

@@ -10,13 +10,14 @@ import shutil
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
 from eagle3.artifacts import content_hash
 from eagle3.convert.stage import convert
 from eagle3.convert.validate import validate, validate_report
 from eagle3.errors import CheckpointInvalid
 from testkit.broken_corpus import good_pair
+from tests.support.handover import cli as _cli
+from tests.support.handover import edit_config as _edit_config
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +25,8 @@ def pair(tmp_path_factory, tiny_target_dir):
     return good_pair(tmp_path_factory.getbasetemp() / "eagle3-good", tiny_target_dir)
 
 
-def _cli(*args):
-    from cli.main import app
-
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
 def _codes(problems):
     return [p.code for p in problems]
-
-
-def _edit_config(d, **changes):
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
 
 
 # 1. the files against manifest.json content_hash

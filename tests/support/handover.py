@@ -1,0 +1,39 @@
+"""Small fixtures the hand-over tests share: an HF target folder with only a config.json, a config
+that points at it, the CLI through typer's runner, and an edit of a draft's config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def hf_target(tmp_path: Path, layers: int = 8, vocab: int = 1000) -> Path:
+    """``<tmp_path>/target`` holding a config.json with ``layers`` layers and ``vocab`` ids."""
+    d = tmp_path / "target"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers,
+                                               "vocab_size": vocab}))
+    return d
+
+
+def target_cfg(target: Path, *overrides: str):
+    """The default run config with ``target.kind hf`` at ``target`` and ``overrides``."""
+    from eagle3.config import load_config
+
+    return load_config(None, ["target.kind=hf", f"target.path={target}", *overrides])
+
+
+def cli(*args):
+    """``eagle3 ARGS`` through typer's test runner (a Result: exit_code, output)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def edit_config(d: Path, **changes) -> None:
+    """Update ``d/config.json``'s top-level keys with ``changes``."""
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
