@@ -9,6 +9,7 @@ and the file-only commands start fast and never start Prefect.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import List, Optional
 import typer
 
 from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
-                           GATE_POLL_INTERVAL_S,
+                           BENCH_REQUEST_TIMEOUT_S, GATE_POLL_INTERVAL_S,
                            GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S)
 from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
 
@@ -276,6 +277,10 @@ def bench(
     chat_template_kwargs: Optional[str] = typer.Option(
         None, "--chat-template-kwargs", help='Template switches as JSON, e.g. '
         '\'{"enable_thinking": false}\' (the ones the draft was trained with)'),
+    request_timeout: float = typer.Option(
+        BENCH_REQUEST_TIMEOUT_S, "--request-timeout",
+        help="Seconds one request may take before the benchmark fails (a server that never "
+        "answers /generate)"),
     override: Optional[List[str]] = OverridesOpt,
 ):
     """Measure acceptance length against --url, or run the bench stage of CONFIG."""
@@ -287,7 +292,7 @@ def bench(
     if override:  # --url mode reads no config: an override would change nothing
         _fail(f"bench: -o/--override {override} is not used with --url (it overrides a CONFIG's "
               "settings; --url measures with the flags: --prompts, --num-prompts, "
-              "--max-new-tokens, --temperature, --concurrency, --tokenizer)", 2)
+              "--max-new-tokens, --temperature, --concurrency, --tokenizer, --request-timeout)", 2)
     from eagle3.measure.bench import no_speculative_fields, run_bench
 
     try:
@@ -297,12 +302,16 @@ def bench(
     except ValueError as e:
         _fail("bench: --chat-template-kwargs: expected a JSON object, got "
               f"{chat_template_kwargs!r} ({e})", 2)
+    if not (math.isfinite(request_timeout) and request_timeout > 0):
+        _fail(f"bench: --request-timeout: expected a finite number of seconds > 0, got "
+              f"{request_timeout}", 2)
     try:
         report = run_bench(url, prompts=prompts, num_prompts=num_prompts,
                            max_new_tokens=max_new_tokens,
                            temperature=temperature, concurrency=concurrency,
                            tokenizer_dir=tokenizer, out_dir=out,
-                           baseline_url=baseline_url, chat_template_kwargs=kwargs)
+                           baseline_url=baseline_url, chat_template_kwargs=kwargs,
+                           request_timeout_s=request_timeout)
     except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     except Eagle3Error as e:

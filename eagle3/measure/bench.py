@@ -180,11 +180,14 @@ def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
 
 
 def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
-    """A request past ``bench.request_timeout_s``: ConfigError (the setting), never retried."""
-    return ConfigError(f"POST {url}/generate: {what}: one request took longer than "
-                       f"bench.request_timeout_s={timeout_s:g} s (expected every request to "
-                       "finish within it); raise bench.request_timeout_s (e.g. -o "
-                       "bench.request_timeout_s=600) to fit the server's speed")
+    """A request past ``bench.request_timeout_s``: ConfigError ``REQUEST_TIMEOUT`` (the setting),
+    never retried."""
+    return ConfigError(f"REQUEST_TIMEOUT: POST {url}/generate: {what}: one request took longer "
+                       f"than bench.request_timeout_s={timeout_s:g} s (expected every request to "
+                       "finish within it): a server that answers its health and settings but "
+                       "not /generate is hung; a slow one needs more time: raise "
+                       "bench.request_timeout_s (-o bench.request_timeout_s=S, or eagle3 bench "
+                       "--request-timeout S)")
 
 
 def _post_generate(client: httpx.Client, url: str, payload: dict, timeout_s: float) -> dict:

@@ -26,7 +26,7 @@ INFO = {"version": "0.5.23", "max_running_requests": 48,
 
 def _serve(mode: str):
     """A loopback HTTP server: ``nospec`` generates without speculative fields; ``503`` answers
-    503 to everything."""
+    503 to everything; ``hung`` answers its settings but holds every /generate unanswered."""
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
             data = body.encode()
@@ -47,13 +47,18 @@ def _serve(mode: str):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if mode == "503":
                 return self._send(503, '{"error": "loading"}')
+            if mode == "hung":
+                return stop.wait(30)  # health green, generation hung
             self._send(200, json.dumps({"text": "abcd", "meta_info": META_NO_SPEC}))
 
         def log_message(self, *a):
             pass
 
+    stop = threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd.stop_hung = stop
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
 
 
@@ -61,6 +66,7 @@ def _serve(mode: str):
 def server(request):
     httpd, url = _serve(request.param)
     yield url
+    httpd.stop_hung.set()
     httpd.shutdown()
     httpd.server_close()
 
@@ -168,3 +174,22 @@ def test_override_with_url_is_refused():
     r = _bench("--url", "http://127.0.0.1:9", "-o", "bench.foo=1")
     assert r.exit_code == 2, r.output
     assert "-o/--override ['bench.foo=1'] is not used with --url" in r.output
+
+
+@pytest.mark.parametrize("server", ["hung"], indirect=True)
+def test_a_generate_that_never_answers_ends_at_the_request_timeout(server, tiny_target_dir):
+    import time
+
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, ["bench", "--url", server, "--num-prompts", "1",
+                                 "--max-new-tokens", "4", "--tokenizer", str(tiny_target_dir),
+                                 "--request-timeout", "1"])
+    assert time.monotonic() - t0 < 20
+    assert r.exit_code == 2, r.output
+    assert "REQUEST_TIMEOUT: POST " in r.output and "--request-timeout S" in r.output, r.output
+
+
+def test_a_request_timeout_that_is_no_positive_number_is_refused():
+    r = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--request-timeout",
+                                 "0"])
+    assert r.exit_code == 2 and "--request-timeout: expected a finite number" in r.output
