@@ -37,3 +37,14 @@ def edit_config(d: Path, **changes) -> None:
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(changes)
     (d / "config.json").write_text(json.dumps(cfg))
+
+
+def loopback(handler):
+    """Serve ``handler`` (a BaseHTTPRequestHandler class) on 127.0.0.1 at a free port in a daemon
+    thread; returns ``(server, url)``. End it with ``server.shutdown(); server.server_close()``."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"

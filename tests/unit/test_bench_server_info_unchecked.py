@@ -5,14 +5,14 @@ lacked and what could not be checked: on stderr (CLI) and in report.json's summa
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
 from eagle3.measure.bench import run_bench
+from tests.support.handover import loopback
 
 PROMPTS = [{"id": "a", "category": "c", "text": "hi"}, {"id": "b", "category": "c", "text": "yo"}]
 META = {"prompt_tokens": 5, "completion_tokens": 7, "finish_reason": {"type": "length"},
@@ -54,9 +54,8 @@ def server():
         def log_message(self, *a):
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield state, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd, url = loopback(Handler)
+    yield state, url
     httpd.shutdown()
     httpd.server_close()
 
