@@ -216,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps(rec, indent=1, default=str))
         return 0
     check_arguments(ap, a, overrides)
+    from eagle3.assets import resolve_target
+    from eagle3.config import load_config
+
+    # the target folder is written (tiny-random, a GGUF conversion) before any case's clock starts
+    print("target:", resolve_target(load_config(a.config, overrides)), flush=True)
     out = a.out or ROOT / "lab" / "results" / f"{dt.date.today()}_online_vs_offline.json"
     rows = []
     for epochs in a.epochs:
