@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -47,6 +48,9 @@ class HiddenStatesData:
     skipped: list[int] = field(default_factory=list)
     # True where the states are computed in this process (eagle3.train.online): no loader workers
     in_process = False
+    # samples of consecutive micro-batches whose states are obtained in one go (load_group);
+    # 0: one micro-batch at a time
+    read_ahead_samples = 0
 
     @property
     def n_aux(self) -> int:
@@ -107,6 +111,11 @@ class HiddenStatesData:
     def load_samples(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
         """:meth:`load_sample` of each of ``ids`` (one micro-batch), in order."""
         return [self.load_sample(i) for i in ids]
+
+    def load_group(self, batches: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
+        """:meth:`load_samples` of each micro-batch of ``batches`` (consecutive micro-batches of a
+        plan, :func:`read_ahead_groups`), in order."""
+        return [self.load_samples(ids) for ids in batches]
 
     def take_window(self) -> dict[str, float]:
         """Metrics of how the states were obtained since the last call, for the training log (none
@@ -385,16 +394,34 @@ def _as_is(item):
     return item
 
 
+def read_ahead_groups(batches: list[list[int]], samples: int) -> Iterator[list[list[int]]]:
+    """``batches`` in order, cut into runs of consecutive micro-batches of at most ``samples``
+    samples in all (a micro-batch larger than that, or ``samples`` <= 0: a run of its own)."""
+    group: list[list[int]] = []
+    held = 0
+    for ids in batches:
+        if group and held + len(ids) > samples:
+            yield group
+            group, held = [], 0
+        group.append(ids)
+        held += len(ids)
+    if group:
+        yield group
+
+
 def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], device: torch.device,
                           workers: int | None = None, pad_to: int | None = None):
     """Yield ``(ids, host batch)`` (:func:`collate_host`, padded to ``pad_to``) for ``batches`` in
     order, read ahead by ``workers`` processes (None: 4 on CUDA, 0 on a CPU, whose cores the
     computation needs; pinned memory on CUDA; always 0 for ``data.in_process``, whose states the
-    target computes in this process). DataError naming the file of a bad sample."""
+    target computes in this process, for the samples of the next micro-batches together:
+    :func:`read_ahead_groups` of ``data.read_ahead_samples``). DataError naming the file of a bad
+    sample."""
     n = workers if workers is not None else (4 if device.type == "cuda" else 0)
     if n == 0 or data.in_process:
-        for ids in batches:
-            yield ids, collate_host(data.load_samples(ids), pad_to)
+        for group in read_ahead_groups(batches, data.read_ahead_samples):
+            for ids, samples in zip(group, data.load_group(group)):
+                yield ids, collate_host(samples, pad_to)
         return
     loader = torch.utils.data.DataLoader(MicroBatches(data, batches, pad_to), batch_size=None,
                                          shuffle=False, num_workers=n, collate_fn=_as_is,

@@ -15,9 +15,10 @@ trained online equals the offline one up to the kernels' rounding of another bat
 (:class:`eagle3.train.online_cache.StateCache`, ``extract.cache_max_gb``): a sample in it is read
 instead of recomputed; it is removed when training finishes.
 
-Costs: the target's weights and one forward per micro-batch (batches of ``extract.batch_size``
-samples, length-sorted as the offline shards are) on the training device, repeated every epoch
-and every evaluation. :class:`OnlineStats` counts the tokens and seconds of those forwards; the
+Costs: the target's weights and one forward per ``extract.batch_size`` samples on the training
+device, repeated every epoch and every evaluation: the samples of the next micro-batches of the
+plan are computed together (:meth:`OnlineHiddenStates.load_group`; a long-sequence micro-batch
+holds only one or two samples, too few to fill a GPU), length-sorted as the offline shards are. :class:`OnlineStats` counts the tokens and seconds of those forwards; the
 train manifest reports them (``online``), with the bytes an offline run would have stored.
 """
 
@@ -120,6 +121,18 @@ class OnlineHiddenStates(HiddenStatesData):
         (:meth:`HiddenStatesData.shift`), in the order of ``ids``."""
         return [self.shift(i, hs) for i, hs in zip(ids, self.compute(ids))]
 
+    @property
+    def read_ahead_samples(self) -> int:
+        """Samples of the next micro-batches computed in one target forward: ``batch_size``."""
+        return self.batch_size
+
+    def load_group(self, batches: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
+        """The states of every sample of the consecutive micro-batches ``batches`` computed
+        together (:meth:`compute`: one forward per ``batch_size`` samples, where a micro-batch
+        alone holds one or two samples of a long-sequence plan), shifted, per micro-batch."""
+        states = iter(self.compute([i for ids in batches for i in ids]))
+        return [[self.shift(i, next(states)) for i in ids] for ids in batches]
+
     def compute(self, ids: list[int]) -> list[torch.Tensor]:
         """``[T_i, n_aux+1, H]`` per sample of ``ids`` (same order): right-padded batches of
         ``batch_size`` samples, shortest first, through
@@ -182,12 +195,14 @@ class OnlineHiddenStates(HiddenStatesData):
 
     def take_window(self) -> dict[str, float]:
         """Metrics since the last call, for the training log: ``extract/tokens_per_s`` (target
-        tokens per second of target forward), ``extract/tokens_recomputed`` (all of this training,
-        earlier processes included); the window is reset."""
+        tokens per second of target forward; left out of a window without a forward, whose
+        states were computed ahead with an earlier micro-batch's), ``extract/tokens_recomputed``
+        (all of this training, earlier processes included); the window is reset."""
         self._settle()
         s = self.stats
-        out = {"extract/tokens_per_s": s.window_tokens / max(s.window_seconds, 1e-9),
-               "extract/tokens_recomputed": float(s.before + s.tokens)}
+        out = {"extract/tokens_recomputed": float(s.before + s.tokens)}
+        if s.window_tokens:
+            out["extract/tokens_per_s"] = s.window_tokens / max(s.window_seconds, 1e-9)
         s.window_tokens, s.window_seconds = 0, 0.0
         return out
 

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from eagle3.config import load_config
 from eagle3.errors import ConfigError, DataError
 from eagle3.extract.stage import extract
+from eagle3.train.data import read_ahead_groups
 from eagle3.train.stage import train
 from tests.conftest import REPO
 
@@ -94,7 +95,28 @@ def test_online_training_gives_the_offline_draft(extracted, tmp_path):
     assert fig["tokens_recomputed"] >= 2 * fig["tokens_per_epoch"] > 0
     assert fig["extract_tokens_per_s"] > 0
     steps = [json.loads(r) for r in (tmp_path / "on" / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["extract/tokens_per_s"] > 0 for r in steps if r["kind"] == "train")
+    rates = [r["extract/tokens_per_s"] for r in steps
+             if r["kind"] == "train" and "extract/tokens_per_s" in r]
+    assert rates and all(x > 0 for x in rates)
+
+
+def test_next_micro_batches_share_one_target_forward(extracted, tmp_path):
+    """A micro-batch of this config holds one or two samples; the target computes the samples of
+    consecutive micro-batches together, extract.batch_size (4) at a time."""
+    runs, _, _ = extracted["online"]
+    _, on_dir, _ = extracted["online"]
+    on = train(_cfg(runs, "online"), on_dir, tmp_path / "on", progress=False)
+    fig = on["online"]
+    assert on["optimizer_steps"] >= 8
+    assert fig["target_forwards"] <= on["optimizer_steps"] // 2
+
+
+def test_read_ahead_groups_keep_order_and_bound_the_samples():
+    batches = [[0], [1, 2], [3], [4, 5, 6, 7, 8], [9], [10]]
+    assert list(read_ahead_groups(batches, 4)) == [[[0], [1, 2], [3]], [[4, 5, 6, 7, 8]],
+                                                   [[9], [10]]]
+    assert list(read_ahead_groups(batches, 0)) == [[b] for b in batches]
+    assert list(read_ahead_groups([], 4)) == []
 
 
 def test_offline_settings_keep_their_keys(tmp_path):
