@@ -9,13 +9,17 @@ Every assistant turn asked ends as succeeded (truncated ones, which hit ``max_ne
 kept and marked), failed or skipped (the original turn stays); the counts, per turn and per
 conversation, add up to the input (:func:`regenerate_counted`) and go into the record beside the
 output, each truncated turn listed (also in its conversation's JSONL line, ``truncated_turns``).
-Results are cached in ``<out>/.progress/regenerated-<key>.jsonl`` for resume.
+Results are cached in ``<out>/.progress/regenerated-<key>.jsonl`` for resume; while a
+regeneration is under way its finished chunks of :data:`RESUME_CHUNK` conversations are kept
+beside it (:func:`regenerate_resumable`, :func:`chunks_path`), so a killed run goes on from the
+last finished chunk.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +113,15 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
     no assistant turn (``no_assistant_turn``), else succeeded. Logs a warning naming the counts
     when :data:`LOUD_SHARE` or more of the turns are truncated or not regenerated. Raises
     DataError when ``answer_fn`` returns another number of answers than it was asked for."""
+    out, raw = _regenerate_raw(convs, answer_fn, batch_size, max_rounds, on_batch)
+    return out, _finish(out, raw)
+
+
+def _regenerate_raw(convs: list[Conversation], answer_fn, batch_size: int,
+                    max_rounds: int | None, on_batch) -> tuple[list[Conversation], dict]:
+    """:func:`regenerate_counted`'s work: the new conversations and the per-conversation tallies
+    (``outcomes``, ``cut``: per conversation; ``reasons``, ``failed_examples``, ``empty``,
+    ``flagged``, ``rounds``), JSON-serializable so a chunk's tallies can be saved and merged."""
     out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text)
            for c in convs]
     rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
@@ -146,10 +159,98 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
             last = _turn_index(c, max_rounds - 1)
             if c.messages and last is not None:
                 del c.messages[last + 1:]
-    counts = _counts(out, outcomes, cut, reasons, failed_examples, rounds, empty)
-    counts["turns"]["clean"] = counts["turns"]["succeeded"] - flagged
+    return out, {"outcomes": outcomes, "cut": cut, "reasons": dict(reasons),
+                 "failed_examples": failed_examples, "empty": empty, "flagged": flagged,
+                 "rounds": rounds}
+
+
+def _finish(out: list[Conversation], raw: dict) -> dict:
+    """The counts of :func:`regenerate_counted` from :func:`_regenerate_raw`'s tallies (logged)."""
+    counts = _counts(out, raw["outcomes"], raw["cut"], Counter(raw["reasons"]),
+                     raw["failed_examples"], raw["rounds"], raw["empty"])
+    counts["turns"]["clean"] = counts["turns"]["succeeded"] - raw["flagged"]
     _log_counts(counts)
-    return out, counts
+    return counts
+
+
+RESUME_CHUNK = 1024  # conversations regenerated (all their rounds) between two saved progress lines
+
+
+def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: int,
+                         max_rounds: int | None, progress: Path,
+                         on_batch=None) -> tuple[list[Conversation], dict]:
+    """:func:`regenerate_counted` of ``convs`` in chunks of :data:`RESUME_CHUNK` conversations,
+    each finished chunk appended to ``progress`` (JSONL, one line a chunk: its ids, records and
+    tallies) so that a later call with the same ``convs`` reads the finished chunks back and
+    regenerates only the rest (a run killed mid-way loses at most one chunk). Up to
+    :data:`RESUME_CHUNK` conversations form one chunk, whose batches are those of
+    :func:`regenerate_counted`. ``make_answer_fn()`` builds the answer function (a target load),
+    called only when a chunk is left to do. Returns ``(conversations, counts)`` as
+    :func:`regenerate_counted`, the counts over every chunk. DataError
+    (``REGEN_PROGRESS_MISMATCH``) when a line of ``progress`` holds other conversations than the
+    chunk it stands for."""
+    chunks = [convs[b:b + RESUME_CHUNK] for b in range(0, len(convs), RESUME_CHUNK)]
+    done = _read_progress(progress, chunks)
+    if done and on_batch is not None:
+        on_batch(sum(len(per) for d in done for per in d["raw"]["outcomes"]))
+    answer_fn = None
+    for chunk in chunks[len(done):]:
+        if answer_fn is None:
+            answer_fn = make_answer_fn()
+        out, raw = _regenerate_raw(chunk, answer_fn, batch_size, max_rounds, on_batch)
+        line = {"ids": [c.id for c in chunk], "raw": raw,
+                "records": [{"id": c.id, "messages": c.messages, "text": c.text} for c in out]}
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        with open(progress, "a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        done.append(line)
+    out = [Conversation(r["id"], r.get("messages"), r.get("text"))
+           for d in done for r in d["records"]]
+    raws = [d["raw"] for d in done]
+    merged = {"outcomes": [o for r in raws for o in r["outcomes"]],
+              "cut": [c for r in raws for c in r["cut"]],
+              "reasons": dict(sum((Counter(r["reasons"]) for r in raws), Counter())),
+              "failed_examples": [e for r in raws for e in r["failed_examples"]],
+              "empty": sum(r["empty"] for r in raws), "flagged": sum(r["flagged"] for r in raws),
+              "rounds": max((r["rounds"] for r in raws), default=0)}
+    return out, _finish(out, merged)
+
+
+def _read_progress(progress: Path, chunks: list[list[Conversation]]) -> list[dict]:
+    """The finished chunks saved in ``progress`` (:func:`regenerate_resumable`), in order. A last
+    line cut short by a kill is dropped from the file (its chunk is redone)."""
+    if not progress.is_file():
+        return []
+    lines = progress.read_bytes().split(b"\n")
+    done, keep = [], 0
+    for n, raw_line in enumerate(lines):
+        if not raw_line.strip():
+            continue
+        try:
+            line = json.loads(raw_line)
+        except json.JSONDecodeError:
+            if any(x.strip() for x in lines[n + 1:]):
+                raise DataError(f"REGEN_PROGRESS_MISMATCH: {progress} line {n + 1}: expected a "
+                                "JSON chunk record, got unreadable text before further lines; "
+                                "delete the file to regenerate from the start") from None
+            log.info("%s: line %d was cut short (a killed run); its chunk is regenerated",
+                     progress, n + 1)
+            break
+        want = [c.id for c in chunks[len(done)]] if len(done) < len(chunks) else []
+        if not isinstance(line, dict) or line.get("ids") != want:
+            got = line.get("ids", [])[:3] if isinstance(line, dict) else type(line).__name__
+            raise DataError(f"REGEN_PROGRESS_MISMATCH: {progress} line {n + 1}: expected the "
+                            f"conversations of chunk {len(done)} ({len(want)} ids, first "
+                            f"{want[:3]}), got {got!r}...; it was written for another selection "
+                            "or chunk size: delete the file to regenerate from the start")
+        done.append(line)
+        keep += len(raw_line) + 1
+    if keep < progress.stat().st_size:
+        with open(progress, "r+b") as f:
+            f.truncate(keep)
+    return done
 
 
 def _counts(out: list[Conversation], outcomes: list[list[str]], cut: list[list[int]],
@@ -273,13 +374,14 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
     return answer
 
 
-def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
+def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], progress: Path,
                 on_batch=None) -> tuple[list[Conversation], dict]:
-    """:func:`regenerate_counted` with the answer function and batch size ``cfg.data`` names."""
+    """:func:`regenerate_resumable` with the answer function and batch size ``cfg.data`` names,
+    its finished chunks kept in ``progress``."""
     d = cfg.data
-    return regenerate_counted(convs, _answer_fn(cfg, target_dir, tokenizer),
-                      d.regenerate_batch_size or cfg.extract.batch_size, d.regenerate_max_rounds,
-                      on_batch)
+    return regenerate_resumable(convs, lambda: _answer_fn(cfg, target_dir, tokenizer),
+                                d.regenerate_batch_size or cfg.extract.batch_size,
+                                d.regenerate_max_rounds, progress, on_batch)
 
 
 def _answer_fn(cfg, target_dir: Path, tokenizer):
@@ -327,12 +429,20 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
         recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
         if [r["id"] for r in recs] == [c.id for c in convs]:
             return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
-    out, counts = _regenerate(cfg, target_dir, tokenizer, convs)
+    progress = chunks_path(cache)
+    out, counts = _regenerate(cfg, target_dir, tokenizer, convs, progress)
     _write_jsonl(cache, out, counts["truncated_turns"])
     atomic_write_json(counts_path(cache), {**counts, "settings": {
         "mode": cfg.data.regenerate, "max_new_tokens": cfg.data.regenerate_max_new_tokens,
         "max_rounds": cfg.data.regenerate_max_rounds}})
+    progress.unlink(missing_ok=True)  # the finished file holds every chunk
     return out
+
+
+def chunks_path(out: Path) -> Path:
+    """``<name>.chunks.jsonl`` beside the regenerated file ``out``: the finished chunks of a
+    regeneration under way (:func:`regenerate_resumable`), removed once ``out`` is written."""
+    return out.with_name(out.name.removesuffix(".jsonl") + ".chunks.jsonl")
 
 
 def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
@@ -374,7 +484,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         bar = tqdm(desc="regenerate", unit="answer")
     t0 = time.perf_counter()
     try:
-        out, regen_counts = _regenerate(cfg, target, tok, convs,
+        out, regen_counts = _regenerate(cfg, target, tok, convs, chunks_path(Path(out_path)),
                                         bar.update if bar is not None else None)
     finally:
         if bar is not None:
@@ -397,4 +507,5 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                 "seconds": round(seconds, 2),
                 "answers_per_s": round(answers / seconds, 2) if seconds > 0 else None}
     atomic_write_json(out_path.with_name(out_path.name + ".manifest.json"), manifest)
+    chunks_path(out_path).unlink(missing_ok=True)  # out_path holds every chunk
     return manifest

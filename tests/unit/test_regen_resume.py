@@ -1,0 +1,115 @@
+"""Resumable regeneration (eagle3.extract.regen.regenerate_resumable): finished chunks are saved as
+they end, a run stopped mid-way goes on from the last finished chunk with the same conversations
+and counts as an uninterrupted run, a line cut short by a kill is redone, and a progress file of
+another selection is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import eagle3.extract.regen as R
+from eagle3.errors import DataError
+from eagle3.extract.conversations import Conversation
+
+
+def _conv(cid: str, *turns: str) -> Conversation:
+    msgs = []
+    for n, t in enumerate(turns):
+        msgs += [{"role": "user", "content": f"{cid}-q{n + 1}"},
+                 {"role": "assistant", "content": t}]
+    return Conversation(cid, msgs)
+
+
+CONVS = [_conv("A", "a1", "a2"), _conv("B", "b1"), _conv("C", "c1", "c2", "c3"),
+         _conv("D", "d1"), _conv("E", "e1", "e2")]
+
+
+class Answers:
+    """Answers naming the question and the context seen; ``B-q1`` is truncated and ``C-q2``
+    failed (so the counts have every kind); raises once ``stop_at`` is asked (a kill)."""
+
+    def __init__(self, stop_at: str | None = None):
+        self.asked: list[str] = []
+        self.stop_at = stop_at
+
+    def __call__(self, prefixes):
+        out = []
+        for p in prefixes:
+            q = p[-1]["content"]
+            if q == self.stop_at:
+                raise KeyboardInterrupt(q)
+            self.asked.append(q)
+            seen = "|".join(m["content"] for m in p if m["role"] == "assistant")
+            out.append({"B-q1": R.Truncated("cut"), "C-q2": R.Failed("HTTP 500")}.get(
+                q, f"new {q} after [{seen}]"))
+        return out
+
+
+def _plain(convs):
+    return [(c.id, c.messages, c.text) for c in convs]
+
+
+def test_a_stopped_run_goes_on_from_its_last_finished_chunk(monkeypatch, tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "regenerated-x.chunks.jsonl"
+    first = Answers(stop_at="E-q1")  # chunks (A, B) and (C, D) finish; chunk (E) is cut
+    with pytest.raises(KeyboardInterrupt):
+        R.regenerate_resumable(CONVS, lambda: first, 2, None, progress)
+    assert len(progress.read_text().splitlines()) == 2
+    second = Answers()
+    out, counts = R.regenerate_resumable(CONVS, lambda: second, 2, None, progress)
+    assert second.asked == ["E-q1", "E-q2"]  # only the unfinished chunk
+    whole_answers = Answers()
+    whole, whole_counts = R.regenerate_counted(CONVS, whole_answers, 2)
+    assert _plain(out) == _plain(whole)
+    assert counts == whole_counts
+    assert counts["turns"]["input"] == 9 and counts["turns"]["truncated"] == 1
+    assert counts["turns"]["failed"] == 1 and counts["truncated_turns"] == {"B": [1]}
+
+
+def test_every_chunk_done_loads_no_target_and_the_bar_counts_the_saved_answers(monkeypatch,
+                                                                              tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "p.chunks.jsonl"
+    R.regenerate_resumable(CONVS, Answers, 2, None, progress)
+
+    def no_target():
+        raise AssertionError("the answer function was built with nothing left to do")
+
+    seen = []
+    out, counts = R.regenerate_resumable(CONVS, no_target, 2, None, progress, seen.append)
+    assert [c.id for c in out] == ["A", "B", "C", "D", "E"]
+    assert sum(seen) == counts["turns"]["input"] == 9
+
+
+def test_a_line_cut_short_by_a_kill_is_redone(monkeypatch, tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "p.chunks.jsonl"
+    R.regenerate_resumable(CONVS, Answers, 2, None, progress)
+    lines = progress.read_text().splitlines()
+    progress.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])
+    again = Answers()
+    out, _ = R.regenerate_resumable(CONVS, lambda: again, 2, None, progress)
+    assert again.asked == ["C-q1", "D-q1", "C-q2", "C-q3", "E-q1", "E-q2"]
+    assert [c.id for c in out] == ["A", "B", "C", "D", "E"]
+    assert [json.loads(x)["ids"] for x in progress.read_text().splitlines()] == [
+        ["A", "B"], ["C", "D"], ["E"]]
+
+
+def test_a_progress_file_of_other_conversations_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "p.chunks.jsonl"
+    R.regenerate_resumable(CONVS, Answers, 2, None, progress)
+    with pytest.raises(DataError, match=r"REGEN_PROGRESS_MISMATCH: .*p.chunks.jsonl line 1: "
+                                        r"expected the conversations of chunk 0"):
+        R.regenerate_resumable(CONVS[1:], Answers, 2, None, progress)
+    progress.write_text("not json\n" + progress.read_text())
+    with pytest.raises(DataError, match="line 1: expected a JSON chunk record"):
+        R.regenerate_resumable(CONVS, Answers, 2, None, progress)
+
+
+def test_chunks_file_sits_beside_the_regenerated_file(tmp_path):
+    assert R.chunks_path(tmp_path / "regenerated-ab.jsonl").name == "regenerated-ab.chunks.jsonl"
+    assert R.chunks_path(tmp_path / "regen.jsonl.xz").name == "regen.jsonl.xz.chunks.jsonl"
