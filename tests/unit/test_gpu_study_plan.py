@@ -4,6 +4,7 @@ error."""
 import argparse
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -332,3 +333,23 @@ def test_resume_compares_the_plan_contents_not_its_path(tmp_path):
     (tmp_path / "copy.json").write_text(json.dumps(PLAN, indent=3))
     assert plan_digest(argparse.Namespace(plan=str(tmp_path / "copy.json"), tiny=False)) == first
     assert plan_digest(_args(tmp_path, {**PLAN, "points": PLAN["points"][:1]})) != first
+
+
+def test_regen_rounds_reach_the_regeneration_and_a_negative_count_is_refused(monkeypatch, capsys):
+    import lab.gpu_study as G
+
+    seen = {}
+
+    def fake_regenerate_file(cfg, out, progress=True):
+        seen["rounds"] = cfg.data.regenerate_max_rounds
+        return {"counts": {}, "seconds": 0, "answers_per_s": 0, "settings": {}}
+
+    monkeypatch.setattr("eagle3.extract.regen.regenerate_file", fake_regenerate_file)
+    for given, want in (("0", None), ("3", 3)):
+        a = G.parse_args(["--device", "cpu", "--regen-rounds", given])
+        G.do_regen(a, ["extract.device=cpu", "train.device=cpu", "serve.device=cpu"],
+                   Path("/tmp/regenerated.jsonl"))
+        assert seen["rounds"] == want
+    with pytest.raises(SystemExit):
+        G.parse_args(["--device", "cpu", "--regen-rounds", "-1"])
+    assert "--regen-rounds: expected >= 0 (0: every turn), got -1" in capsys.readouterr().err
