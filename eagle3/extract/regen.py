@@ -191,6 +191,10 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
     chunk it stands for."""
     chunks = [convs[b:b + RESUME_CHUNK] for b in range(0, len(convs), RESUME_CHUNK)]
     done = _read_progress(progress, chunks)
+    if done:
+        log.warning("regeneration: %d of %d chunks (%d of %d conversations) finished earlier, "
+                    "read from %s; regenerating the rest", len(done), len(chunks),
+                    sum(len(d["ids"]) for d in done), len(convs), progress)
     if done and on_batch is not None:
         on_batch(sum(len(per) for d in done for per in d["raw"]["outcomes"]))
     answer_fn = None
