@@ -209,7 +209,7 @@ class ExtractConfig(_Section):
         "cache_max_gb on disk that later epochs read instead of recomputing. Online and cached "
         "need backend 'hf'.")
     cache_max_gb: float | None = Field(None, description="mode 'cached': the window's size in "
-        "GB (1e9 bytes) under the train folder's state/, finite and > 0; required there, unused "
+        "GB (1e9 bytes) under the train folder's state/, from 1e-6 (1 kB) to 1e6 (1 PB); required there, unused "
         "otherwise (and then kept out of the cache keys).")
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(None, description="HF hidden_states indices (= input "
@@ -240,6 +240,12 @@ class ExtractConfig(_Section):
         "for the engine to start.")
     sglang_request_timeout_s: float = Field(3600.0, gt=0,
                                             description="backend 'sglang': seconds for one batch.")
+
+    @property
+    def cache_max_bytes(self) -> int | None:
+        """``cache_max_gb`` in bytes (GB = 1e9 bytes), rounded to the nearest byte
+        (``int(0.57 * 1e9)`` would be 569,999,999); None when it is not set."""
+        return None if self.cache_max_gb is None else round(self.cache_max_gb * 1e9)
 
     @model_serializer(mode="wrap")
     def _omit_unset_mode(self, handler):

@@ -13,7 +13,8 @@ keys, both values and what to change (``RunConfig`` joins them into one ConfigEr
   ``train.attn_implementation: flex`` is for this project's forward only (``forward_impl: auto``
   takes speculators' under fsdp on several GPUs) and not for ``train.device: cpu`` (no backward
   there); fused losses need CUDA.
-- ``extract.cache_max_gb`` is a finite size > 0 (``CACHE_SIZE_INVALID``), and given with
+- ``extract.cache_max_gb`` is a size within :data:`WINDOW_GB` (``CACHE_SIZE_INVALID``: below it
+  the window rounds to a few bytes and caches nothing; above it no disk holds it), and given with
   ``extract.mode: cached`` (``CACHE_SIZE_MISSING``).
 - ``bench.prompts`` that reads as a name (no path separator, no suffix, no such file) is a
   built-in set of :data:`eagle3.measure.prompts.PROMPT_SETS` (``BENCH_PROMPTS``).
@@ -145,15 +146,19 @@ def _train_forward(cfg: Any) -> list[str]:
     return out
 
 
+WINDOW_GB = (1e-6, 1e6)  # extract.cache_max_gb's range: 1 kB to 1 PB
+
+
 def _extract_cache(cfg: Any) -> list[str]:
     e = cfg.extract
     size = e.cache_max_gb
-    if size is not None and not (math.isfinite(size) and size > 0):
-        return [f"CACHE_SIZE_INVALID: extract.cache_max_gb: expected a finite size in GB > 0 "
-                f"(the window of computed states kept on disk), got {size!r}"]
+    if size is not None and not (math.isfinite(size) and WINDOW_GB[0] <= size <= WINDOW_GB[1]):
+        return [f"CACHE_SIZE_INVALID: extract.cache_max_gb: expected a size in GB from "
+                f"{WINDOW_GB[0]:g} (1 kB) to {WINDOW_GB[1]:g} (1 PB) (the window of computed "
+                f"states kept on disk), got {size!r}"]
     if e.mode == "cached" and size is None:
         return ["CACHE_SIZE_MISSING: extract.cache_max_gb: expected the window's size in GB "
-                "(finite, > 0) with extract.mode cached, got none"]
+                f"({WINDOW_GB[0]:g} to {WINDOW_GB[1]:g}) with extract.mode cached, got none"]
     return []
 
 

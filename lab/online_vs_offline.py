@@ -17,13 +17,14 @@ losses. ``--modes offline online cached -o extract.cache_max_gb=G`` adds the bou
         --out lab/results/<date>_online_vs_offline.json                   # an H200
 
 ``--device`` sets ``extract.device`` and ``train.device`` (online: the target runs on the
-training device). Results default to ``lab/results/<today>_online_vs_offline.json``.
+training device); ``-o extract.cache_max_gb=G`` is given to the cached cases only. Results
+default to ``lab/results/<UTC date and time>_online_vs_offline.json``, a new file per run.
 
 The arguments are checked before any case starts (:func:`check_arguments`): every ``--epochs``
-value positive and finite, the config of every (mode, epochs) case loading with its overrides
-(``eagle3.config.load_config``: the file, ``-o``, ``--device``, ``cached`` without
-``extract.cache_max_gb``), ``--work`` creatable; a bad one is an argparse error (exit 2) naming
-it. A case that fails on a project error prints that error's line (exit 1), not a traceback.
+value positive and finite, no mode or epochs value given twice, the config of every (mode,
+epochs) case loading with its overrides (``eagle3.config.load_config``: the file, ``-o``,
+``--device``, ``cached`` without ``extract.cache_max_gb``), ``--work`` creatable, ``--out`` a
+file that can be written; a bad one is an argparse error (exit 2) naming it. A case that fails on a project error prints that error's line (exit 1), not a traceback.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODES = ("offline", "online", "cached")  # cached: pass -o extract.cache_max_gb=G
+WINDOW_KEY = "extract.cache_max_gb="
+
+
+def case_overrides(overrides: list[str], mode: str, epochs: float) -> list[str]:
+    """The ``-o`` overrides of one case: ``overrides`` (the window's size only for ``cached``: the
+    other modes would warn that it is unused) plus the case's mode and epochs."""
+    keep = [o for o in overrides if mode == "cached" or not o.startswith(WINDOW_KEY)]
+    return [*keep, f"extract.mode={mode}", f"train.epochs={epochs}"]
 
 
 def folder_bytes(path: Path, pattern: str = "*") -> int:
@@ -61,7 +70,7 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
     from eagle3.extract.stage import extract
     from eagle3.train.stage import train
 
-    cfg = load_config(config, [*overrides, f"extract.mode={mode}", f"train.epochs={epochs}",
+    cfg = load_config(config, [*case_overrides(overrides, mode, epochs),
                                f"paths.runs_dir={work / 'runs'}"])
     cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
     if cuda:
@@ -109,7 +118,10 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
 
 def comparisons(rows: list[dict]) -> list[dict]:
     """Each non-offline case against the offline case of the same epochs: total seconds as a
-    ratio (``time_vs_offline``: < 1 is faster), hidden-state bytes on disk, and the relative
+    ratio (``time_vs_offline``: < 1 is faster), hidden-state bytes on disk
+    (``hidden_state_bytes``: the extract folder's, 0 for online and cached;
+    ``peak_window_bytes``: the cached window's peak, removed when training ends, None for
+    online; ``offline_hidden_state_bytes``), and the relative
     acceptance difference (``acceptance_rel_diff``: simulated acceptance length on the validation
     split, and the development prompts' measured one when the config has them; None when either
     side lacks it)."""
@@ -126,6 +138,7 @@ def comparisons(rows: list[dict]) -> list[dict]:
         out.append({"mode": r["mode"], "epochs": r["epochs"],
                     "time_vs_offline": r["seconds"]["total"] / b["seconds"]["total"],
                     "hidden_state_bytes": r["disk_bytes"]["hidden_states"],
+                    "peak_window_bytes": r.get("peak_window_bytes"),
                     "offline_hidden_state_bytes": b["disk_bytes"]["hidden_states"],
                     "acceptance_rel_diff": {
                         "simulated": rel(r.get("simulated_acceptance_length"),
@@ -169,6 +182,11 @@ def check_arguments(ap: argparse.ArgumentParser, a: argparse.Namespace,
     if bad:
         ap.error(f"--epochs: expected positive, finite numbers of epochs, got {a.epochs} "
                  f"({bad[0]:g} is not)")
+    for name, values in (("--modes", a.modes), ("--epochs", a.epochs)):
+        twice = sorted({str(v) for v in values if values.count(v) > 1})
+        if twice:
+            ap.error(f"{name}: expected each value once (a case runs once), got {values} "
+                     f"({', '.join(twice)} more than once)")
     try:
         check_devices(load_config(a.config, overrides))
     except ConfigError as e:
@@ -176,8 +194,7 @@ def check_arguments(ap: argparse.ArgumentParser, a: argparse.Namespace,
     for mode in a.modes:
         for epochs in a.epochs:
             try:
-                load_config(a.config, [*overrides, f"extract.mode={mode}",
-                                       f"train.epochs={epochs}"])
+                load_config(a.config, case_overrides(overrides, mode, epochs))
             except ConfigError as e:
                 ap.error(f"case {mode} x {epochs:g} epochs: {e}")
     try:
@@ -185,6 +202,28 @@ def check_arguments(ap: argparse.ArgumentParser, a: argparse.Namespace,
     except OSError as e:
         ap.error(f"--work {a.work}: expected a folder that can be created, got "
                  f"{type(e).__name__}: {e.strerror or e}")
+    check_out(ap, a.out)
+
+
+def check_out(ap: argparse.ArgumentParser, out: Path) -> None:
+    """``--out`` must name a file that can be written: not a folder, its folder creatable and
+    writable (checked by creating and removing a probe file beside it), so that a run does not
+    end, after all its cases, without its results. ``ap.error`` (exit 2) otherwise."""
+    if out.is_dir():
+        ap.error(f"--out {out}: expected a results file (JSON), got a folder")
+    probe = out.parent / f".{out.name}.probe-{os.getpid()}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        ap.error(f"--out {out}: expected a file that can be written, got "
+                 f"{type(e).__name__}: {e.strerror or e}")
+
+
+def percent(x: float | None) -> str:
+    """A relative difference as a signed percentage (``+0.27 %``), ``n/a`` for None."""
+    return "n/a" if x is None else f"{100 * x:+.2f} %"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", nargs=3, metavar=("MODE", "EPOCHS", "JSON"),
                     help=argparse.SUPPRESS)  # one case in this process (the driver's child)
     a = ap.parse_args(argv)
+    a.out = a.out or ROOT / "lab" / "results" / (
+        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M%SZ}_online_vs_offline.json")
     overrides = list(a.override)
     if a.device:
         overrides += [f"extract.device={a.device}", f"train.device={a.device}"]
@@ -221,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # the target folder is written (tiny-random, a GGUF conversion) before any case's clock starts
     print("target:", resolve_target(load_config(a.config, overrides)), flush=True)
-    out = a.out or ROOT / "lab" / "results" / f"{dt.date.today()}_online_vs_offline.json"
+    out = a.out
     rows = []
     for epochs in a.epochs:
         for mode in a.modes:
@@ -243,15 +284,21 @@ def main(argv: list[str] | None = None) -> int:
                 return r.returncode
             rows.append(json.loads(rec_file.read_text()))
             s = rows[-1]
+            window = ("" if s["peak_window_bytes"] is None
+                      else f" + a window of {s['peak_window_bytes']:,} B while training")
             print(f"{mode:8s} {epochs:g} ep: {s['seconds']['total']:.1f} s, hidden states on "
-                  f"disk {s['disk_bytes']['hidden_states']:,} B, target tokens "
+                  f"disk {s['disk_bytes']['hidden_states']:,} B{window}, target tokens "
                   f"{s['tokens']['target_tokens_computed']}, simulated acceptance "
                   f"{s['simulated_acceptance_length']}", flush=True)
             write_results(out, a, rows)
     for c in comparisons(rows):
+        acc = c["acceptance_rel_diff"]
+        window = ("" if c["peak_window_bytes"] is None
+                  else f" (a window of at most {c['peak_window_bytes']:,} B while training)")
         print(f"{c['mode']} / offline, {c['epochs']:g} ep: time {c['time_vs_offline']:.3f}x, "
-              f"acceptance {c['acceptance_rel_diff']}, hidden states "
-              f"{c['hidden_state_bytes']:,} B vs {c['offline_hidden_state_bytes']:,} B")
+              f"acceptance vs offline: simulated {percent(acc['simulated'])}, dev "
+              f"{percent(acc['dev'])}; hidden states on disk {c['hidden_state_bytes']:,} B"
+              f"{window} vs offline's {c['offline_hidden_state_bytes']:,} B")
     print(f"results: {out}")
     return 0
 

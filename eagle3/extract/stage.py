@@ -321,7 +321,7 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
               "model_dtype": cfg.target.dtype, "batch_size": cfg.extract.batch_size,
               "target_weights_hash": target["weights_hash"]}
     if mode == "cached":
-        online["cache_max_bytes"] = int(cfg.extract.cache_max_gb * 1e9)
+        online["cache_max_bytes"] = cfg.extract.cache_max_bytes
     atomic_write_bytes(out_dir / ONLINE_FILE, (json.dumps(online, indent=1) + "\n").encode())
     counts = _counts(plan)
     per_token = bytes_per_token(n_slots, target["hidden_size"], cfg.extract.dtype)

@@ -18,8 +18,9 @@ instead of recomputed; it is removed when training finishes.
 Costs: the target's weights and one forward per ``extract.batch_size`` samples on the training
 device, repeated every epoch and every evaluation: the samples of the next micro-batches of the
 plan are computed together (:meth:`OnlineHiddenStates.load_group`; a long-sequence micro-batch
-holds only one or two samples, too few to fill a GPU), length-sorted as the offline shards are. :class:`OnlineStats` counts the tokens and seconds of those forwards; the
-train manifest reports them (``online``), with the bytes an offline run would have stored.
+holds only one or two samples, too few to fill a GPU), length-sorted as the offline shards are.
+:class:`OnlineStats` counts the tokens and seconds of those forwards; the train manifest reports
+them (``online``), with the bytes an offline run would have stored.
 """
 
 from __future__ import annotations
@@ -60,37 +61,40 @@ def check_data_mode(cfg, data_dir: str | Path) -> str:
     m = read_manifest(root, kind="hidden_states")
     got, want = m.get("mode", "offline"), cfg.extract.mode
     where = root / "manifest.json"
+    # the extract command that writes what this config trains on: the config file may say
+    # another mode, the one given being an override
+    redo = f"eagle3 extract CONFIG -o extract.mode={want}" + (
+        f" -o extract.cache_max_gb={cfg.extract.cache_max_gb:g}" if want == "cached" else "")
     if got != want:
         raise ConfigError(f"EXTRACT_MODE_MISMATCH: {where}: mode expected {want!r} (extract.mode "
-                          f"of this config), got {got!r}; run the extract stage with this config "
-                          f"(eagle3 extract CONFIG) or set -o extract.mode={got}")
+                          f"of this config), got {got!r}; run the extract stage with this "
+                          f"config's mode ({redo}) or train with -o extract.mode={got}")
     if want == "cached":
         size = (m.get("online") or {}).get("cache_max_bytes")
-        expected = int(cfg.extract.cache_max_gb * 1e9)
+        expected = cfg.extract.cache_max_bytes
         if size != expected:
             gb = size / 1e9 if isinstance(size, int) and not isinstance(size, bool) else None
-            fit = (f"-o extract.cache_max_gb={gb!r}" if gb and int(gb * 1e9) == size
-                   else "extract.cache_max_gb to the folder's window")
+            fit = (f"-o extract.cache_max_gb={gb:g}" if gb and round(float(f"{gb:g}") * 1e9)
+                   == size else "extract.cache_max_gb to the folder's window")
             raise ConfigError(f"EXTRACT_CACHE_MISMATCH: {where}: online.cache_max_bytes expected "
-                              f"{expected} (extract.cache_max_gb={cfg.extract.cache_max_gb}), got "
-                              f"{size!r} (mode 'cached' in both); run the extract stage with this "
-                              f"config (eagle3 extract CONFIG) or set {fit}")
+                              f"{expected} (extract.cache_max_gb={cfg.extract.cache_max_gb:g}), "
+                              f"got {size!r} (mode 'cached' in both); run the extract stage with "
+                              f"this config's window ({redo}) or train with {fit}")
     return got
+
 
 
 @dataclass
 class OnlineStats:
-    """Target forwards of this process: ``tokens`` (every token of every sample computed,
+    """Target forwards of this training: ``tokens`` (every token of every sample computed,
     padding excluded), ``seconds`` (wall time of those forwards; on CUDA measured by events, read
-    when :meth:`OnlineHiddenStates.take_window` is called), ``forwards`` (batched calls);
-    ``before`` = tokens computed by earlier processes of the same training (from a checkpoint)."""
+    when :meth:`OnlineHiddenStates.take_window` is called), ``forwards`` (batched calls); each
+    counts earlier processes of the same training up to the checkpoint this one resumed from
+    (:meth:`OnlineHiddenStates.restore`)."""
 
     tokens: int = 0
     seconds: float = 0.0
     forwards: int = 0
-    before: int = 0
-    window_tokens: int = 0
-    window_seconds: float = 0.0
 
 
 @dataclass
@@ -161,9 +165,7 @@ class OnlineHiddenStates(HiddenStatesData):
                     self.cache.put(ids[k], out[k])
             self.stats.forwards += 1
         self._stop(timer)
-        tokens = sum(int(self.input_ids[ids[k]].numel()) for k in todo)
-        self.stats.tokens += tokens
-        self.stats.window_tokens += tokens
+        self.stats.tokens += sum(int(self.input_ids[ids[k]].numel()) for k in todo)
         return out
 
     def _start(self):
@@ -176,9 +178,7 @@ class OnlineHiddenStates(HiddenStatesData):
 
     def _stop(self, start) -> None:
         if isinstance(start, float):
-            dt = time.perf_counter() - start
-            self.stats.seconds += dt
-            self.stats.window_seconds += dt
+            self.stats.seconds += time.perf_counter() - start
             return
         end = torch.cuda.Event(enable_timing=True)
         end.record()
@@ -188,46 +188,53 @@ class OnlineHiddenStates(HiddenStatesData):
         """Add the CUDA-event timings recorded so far (waits for their forwards)."""
         for start, end in self._events:
             end.synchronize()
-            dt = start.elapsed_time(end) / 1000.0
-            self.stats.seconds += dt
-            self.stats.window_seconds += dt
+            self.stats.seconds += start.elapsed_time(end) / 1000.0
         self._events.clear()
 
     def take_window(self) -> dict[str, float]:
-        """Metrics since the last call, for the training log: ``extract/tokens_per_s`` (target
-        tokens per second of target forward; left out of a window without a forward, whose
-        states were computed ahead with an earlier micro-batch's), ``extract/tokens_recomputed``
-        (all of this training, earlier processes included); the window is reset."""
+        """The target's figures so far, for the training log: ``extract/tokens_recomputed``
+        (target tokens computed in this training) and ``extract/tokens_per_s`` (those tokens per
+        second of target forward; left out before the first forward). Both count the whole
+        training, as the train manifest's ``online`` section does, so the last logged rate is the
+        manifest's ``extract_tokens_per_s``: a rate per logging window would swing with how many
+        forwards fell in it, the states of several micro-batches being computed in one."""
         self._settle()
         s = self.stats
-        out = {"extract/tokens_recomputed": float(s.before + s.tokens)}
-        if s.window_tokens:
-            out["extract/tokens_per_s"] = s.window_tokens / max(s.window_seconds, 1e-9)
-        s.window_tokens, s.window_seconds = 0, 0.0
+        out = {"extract/tokens_recomputed": float(s.tokens)}
+        if s.tokens:
+            out["extract/tokens_per_s"] = s.tokens / max(s.seconds, 1e-9)
         return out
 
     def checkpoint_info(self) -> dict:
-        """What a checkpoint keeps of the counters: ``{"online_tokens_recomputed": n}``."""
-        return {"online_tokens_recomputed": self.stats.before + self.stats.tokens}
+        """What a checkpoint keeps of the counters: ``online_tokens_recomputed``,
+        ``online_target_forwards``, ``online_target_forward_s`` (this training so far)."""
+        self._settle()
+        return {"online_tokens_recomputed": self.stats.tokens,
+                "online_target_forwards": self.stats.forwards,
+                "online_target_forward_s": self.stats.seconds}
 
     def restore(self, info: dict) -> None:
-        """Resume the counters of a checkpoint's ``info`` (:meth:`checkpoint_info`); the tokens
-        computed since that checkpoint by the killed process are not counted (unknown)."""
-        self.stats.before = int(info.get("online_tokens_recomputed") or 0)
+        """Resume the counters of a checkpoint's ``info`` (:meth:`checkpoint_info`; a key it
+        lacks counts 0). The forwards a killed process made after that checkpoint are not
+        counted: their steps are redone, and counted, by this one."""
+        self.stats = OnlineStats(tokens=int(info.get("online_tokens_recomputed") or 0),
+                                 seconds=float(info.get("online_target_forward_s") or 0.0),
+                                 forwards=int(info.get("online_target_forwards") or 0))
 
     def summary(self, offline_bytes: int | None) -> dict:
         """The train manifest's ``online`` section: ``hidden_state_bytes_on_disk`` (0),
         ``offline_bytes_estimate`` (bytes an offline extraction of the same samples would have
         stored, from the extract manifest), ``tokens_recomputed`` (target tokens computed in
-        this training, earlier processes included), ``tokens_per_epoch`` (all tokens of the
-        train split), ``target_forward_s`` / ``extract_tokens_per_s`` (this process), and the
-        forwards and dtype; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
+        this training), ``tokens_per_epoch`` (all tokens of the train split),
+        ``target_forward_s``, ``extract_tokens_per_s`` and ``target_forwards`` (this training;
+        earlier processes included up to the checkpoint resumed from), the dtype and batch
+        size; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
         ``cache_samples``, ``cache_hits`` (samples read from it) and ``cache_hit_tokens`` (their
         tokens), this process."""
         self._settle()
         s = self.stats
         return {"hidden_state_bytes_on_disk": 0, "offline_bytes_estimate": offline_bytes,
-                "tokens_recomputed": s.before + s.tokens,
+                "tokens_recomputed": s.tokens,
                 "tokens_per_epoch": sum(int(self.input_ids[i].numel()) for i in self.train_ids),
                 "target_forward_s": s.seconds, "extract_tokens_per_s": s.tokens / max(s.seconds,
                                                                                      1e-9),

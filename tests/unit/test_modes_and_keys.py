@@ -1,6 +1,6 @@
 """What a new user meets with extract.mode and train.select_best_by: a train config whose
 extract.mode differs from the extract folder's is refused; unused keys stay out of the cache keys;
-measured selection without dev prompts is refused at load; the cache size is a finite number > 0;
+measured selection without dev prompts is refused at load; the cache size is within 1 kB to 1 PB;
 MLflow names the real mode and one name per figure; the cut warning is logged once."""
 
 import json
@@ -58,7 +58,10 @@ def test_train_refuses_a_folder_of_another_mode(folders, tmp_path, want, got):
         msg = str(e.value)
         assert msg.startswith("EXTRACT_MODE_MISMATCH: ")
         assert f"{data / 'manifest.json'}: mode expected {want!r}" in msg
-        assert f"got {got!r}" in msg and f"extract.mode={got}" in msg
+        assert f"got {got!r}" in msg and f"train with -o extract.mode={got}" in msg
+        redo = f"(eagle3 extract CONFIG -o extract.mode={want}" + (
+            f" -o extract.cache_max_gb={WINDOW[0].split('=')[1]})" if want == "cached" else ")")
+        assert redo in msg  # the extract command carries the mode an override may have set
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
@@ -71,7 +74,10 @@ def test_train_refuses_a_cached_folder_of_another_window(folders, tmp_path):
                                  "extract.cache_max_gb=0.5"])
     with pytest.raises(ConfigError, match=r"EXTRACT_CACHE_MISMATCH: .*online.cache_max_bytes "
                                           r"expected 500000000 .*got 300000 \(mode 'cached' "
-                                          r"in both\).*-o extract.cache_max_gb=0.0003$"):
+                                          r"in both\); run the extract stage with this "
+                                          r"config's window \(eagle3 extract CONFIG -o "
+                                          r"extract.mode=cached -o extract.cache_max_gb=0.5\) "
+                                          r"or train with -o extract.cache_max_gb=0.0003$"):
         check_data_mode(other, data)
 
 
@@ -181,17 +187,24 @@ def test_one_dev_prompt_is_warned_once_and_recorded(folders, tmp_path, caplog):
 # ---- the cache size
 
 
-@pytest.mark.parametrize("value", ["inf", ".inf", "nan", "-1", "0"])
+@pytest.mark.parametrize("value", ["inf", ".inf", "nan", "-1", "0", "1e-12", "0.0000009", "1e30"])
 @pytest.mark.parametrize("mode", ["cached", "offline"])
-def test_cache_size_must_be_finite_and_positive(value, mode):
+def test_cache_size_must_be_between_a_kilobyte_and_a_petabyte(value, mode):
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG, [f"extract.mode={mode}", f"extract.cache_max_gb={value}"])
     lines = str(e.value).splitlines()
     assert len(lines) == 2
     assert lines[1].strip().startswith("CACHE_SIZE_INVALID: extract.cache_max_gb: expected a "
-                                       "finite size in GB > 0")
+                                       "size in GB from 1e-06 (1 kB) to 1e+06 (1 PB)")
     got = float(lines[1].split(", got ")[1].split(" ")[0])
     assert math.isnan(got) if value == "nan" else got == float(value.lstrip("."))
+
+
+@pytest.mark.parametrize(("gb", "nbytes"), [("1e-6", 1_000), ("0.57", 570_000_000),
+                                            ("1e6", 10**15)])
+def test_cache_size_in_bytes_is_rounded_not_truncated(gb, nbytes):
+    cfg = load_config(CONFIG, ["extract.mode=cached", f"extract.cache_max_gb={gb}"])
+    assert cfg.extract.cache_max_bytes == nbytes
 
 
 def test_cached_mode_without_a_size_is_one_clean_line():
@@ -199,7 +212,7 @@ def test_cached_mode_without_a_size_is_one_clean_line():
         load_config(CONFIG, ["extract.mode=cached"])
     lines = str(e.value).splitlines()
     assert lines[1] == ("  CACHE_SIZE_MISSING: extract.cache_max_gb: expected the window's size "
-                        "in GB (finite, > 0) with extract.mode cached, got none [from -o "
+                        "in GB (1e-06 to 1e+06) with extract.mode cached, got none [from -o "
                         "extract.mode=cached]")
     assert len(lines) == 2
 

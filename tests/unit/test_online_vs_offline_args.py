@@ -27,9 +27,10 @@ def no_cases(monkeypatch):
     monkeypatch.setattr(subprocess, "run", run)
 
 
-def _error(capsys, tmp_path, *argv: str) -> str:
+def _error(capsys, tmp_path, *argv: str, out: str | None = None) -> str:
     with pytest.raises(SystemExit) as e:
-        ovo.main([*argv, "--work", str(tmp_path / "work"), "--out", str(tmp_path / "o.json")])
+        ovo.main([*argv, "--work", str(tmp_path / "work"),
+                  "--out", out or str(tmp_path / "o.json")])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -57,6 +58,32 @@ def test_an_override_or_mode_that_does_not_load_is_named(no_cases, capsys, tmp_p
     assert "case cached x 2 epochs: " in err and "extract.cache_max_gb" in err
 
 
+@pytest.mark.parametrize("flag, values, shown", [("--modes", ["offline", "offline"], "offline"),
+                                                 ("--epochs", ["1", "2", "1"], "1.0")])
+def test_a_case_given_twice_is_refused(no_cases, capsys, tmp_path, flag, values, shown):
+    err = _error(capsys, tmp_path, TINY, flag, *values)
+    assert f"{flag}: expected each value once (a case runs once)" in err
+    assert f"({shown} more than once)" in err
+
+
+def test_an_out_that_cannot_take_the_results_is_refused_before_any_case(no_cases, capsys,
+                                                                         tmp_path):
+    err = _error(capsys, tmp_path, TINY, out=str(tmp_path))
+    assert f"--out {tmp_path}: expected a results file (JSON), got a folder" in err
+    (tmp_path / "file").write_text("")
+    err = _error(capsys, tmp_path, TINY, out=str(tmp_path / "file" / "r.json"))
+    assert f"--out {tmp_path / 'file' / 'r.json'}: expected a file that can be written" in err
+    assert not list(tmp_path.glob(".*probe*"))
+
+
+def test_the_window_size_goes_to_the_cached_cases_only():
+    ov = ["train.max_steps=2", "extract.cache_max_gb=0.5"]
+    assert ovo.case_overrides(ov, "offline", 1.0) == ["train.max_steps=2", "extract.mode=offline",
+                                                      "train.epochs=1.0"]
+    assert ovo.case_overrides(ov, "cached", 2.0) == [*ov, "extract.mode=cached",
+                                                     "train.epochs=2.0"]
+
+
 def test_a_device_this_machine_lacks_is_refused(no_cases, capsys, tmp_path, monkeypatch):
     import torch
 
@@ -70,6 +97,17 @@ def test_good_arguments_reach_the_cases(no_cases, tmp_path):
     with pytest.raises(_Started):
         ovo.main([TINY, "--epochs", "1", "--device", "cpu", "--work", str(tmp_path / "work"),
                   "--out", str(tmp_path / "o.json")])
+
+
+def test_the_default_results_file_is_new_for_each_run(no_cases, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(ovo, "check_arguments", lambda ap, a, ov: seen.append(a.out))
+    monkeypatch.setattr("eagle3.assets.resolve_target", lambda cfg: "t")
+    for _ in range(2):
+        with pytest.raises(_Started):
+            ovo.main([TINY, "--epochs", "1", "--work", str(tmp_path / "work")])
+    assert seen[0].parent == ovo.ROOT / "lab" / "results"
+    assert seen[0].name.endswith("Z_online_vs_offline.json") and "T" in seen[0].name
 
 
 def test_a_case_that_fails_on_a_project_error_prints_one_line(monkeypatch, capsys, tmp_path):
@@ -95,15 +133,15 @@ def test_help_shows_an_example(capsys):
     assert "examples:" in out and "python lab/online_vs_offline.py configs/tiny-random.yaml" in out
 
 
-def _row(mode, epochs, total, hs_bytes, sim):
+def _row(mode, epochs, total, hs_bytes, sim, window=None):
     return {"mode": mode, "epochs": epochs, "seconds": {"total": total},
             "disk_bytes": {"hidden_states": hs_bytes}, "simulated_acceptance_length": sim,
-            "dev_acceptance_length": None}
+            "dev_acceptance_length": None, "peak_window_bytes": window}
 
 
 def test_comparisons_pair_each_mode_with_the_offline_case_of_its_epochs():
     rows = [_row("offline", 1.0, 100.0, 5000, 2.0), _row("online", 1.0, 80.0, 0, 2.02),
-            _row("offline", 3.0, 200.0, 5000, 2.5), _row("cached", 3.0, 210.0, 0, None),
+            _row("offline", 3.0, 200.0, 5000, 2.5), _row("cached", 3.0, 210.0, 0, None, 1234),
             _row("online", 5.0, 50.0, 0, 2.0)]  # no offline case of 5 epochs: not compared
     got = ovo.comparisons(rows)
     assert [(c["mode"], c["epochs"]) for c in got] == [("online", 1.0), ("cached", 3.0)]
@@ -112,3 +150,10 @@ def test_comparisons_pair_each_mode_with_the_offline_case_of_its_epochs():
     assert got[0]["hidden_state_bytes"] == 0 and got[0]["offline_hidden_state_bytes"] == 5000
     assert got[1]["time_vs_offline"] == pytest.approx(1.05)
     assert got[1]["acceptance_rel_diff"] == {"simulated": None, "dev": None}
+    assert got[0]["peak_window_bytes"] is None and got[1]["peak_window_bytes"] == 1234
+
+
+@pytest.mark.parametrize("x, shown", [(0.0027, "+0.27 %"), (0.0, "+0.00 %"), (-0.01, "-1.00 %"),
+                                      (None, "n/a")])
+def test_acceptance_differences_print_as_percentages(x, shown):
+    assert ovo.percent(x) == shown

@@ -111,6 +111,42 @@ def test_next_micro_batches_share_one_target_forward(extracted, tmp_path):
     assert fig["target_forwards"] <= on["optimizer_steps"] // 2
 
 
+def _open_online(extracted):
+    from eagle3.assets import resolve_target
+    from eagle3.train.draft_model import read_target_config
+    from eagle3.train.online import open_online
+
+    runs, on_dir, _ = extracted["online"]
+    target = resolve_target(_cfg(runs, "online"))
+    return open_online(on_dir, target, read_target_config(target), max_tokens=64,
+                       device=torch.device("cpu"), warn=False)
+
+
+def test_counters_cover_the_whole_training_across_a_resume(extracted):
+    from eagle3.train.online import OnlineStats
+
+    data = _open_online(extracted)
+    data.stats = OnlineStats(tokens=100, seconds=1.0, forwards=2)
+    assert data.take_window() == {"extract/tokens_recomputed": 100.0,
+                                  "extract/tokens_per_s": 100.0}
+    data.stats.tokens, data.stats.seconds = 400, 2.0
+    # the rate of the whole training, not of the last window (300 tokens in 1 s): the last one
+    # logged is the manifest's
+    assert data.take_window()["extract/tokens_per_s"] == 200.0
+    assert data.summary(None)["extract_tokens_per_s"] == 200.0
+    info = json.loads(json.dumps(data.checkpoint_info()))  # as state.json keeps it
+
+    resumed = _open_online(extracted)
+    resumed.restore(info)
+    one = int(resumed.input_ids[resumed.train_ids[0]].numel())
+    resumed.load_samples([resumed.train_ids[0]])
+    s = resumed.summary(None)
+    assert (s["tokens_recomputed"], s["target_forwards"]) == (400 + one, 3)
+    assert s["target_forward_s"] > 2.0
+    resumed.restore({"online_tokens_recomputed": 7})  # a checkpoint with only the token count
+    assert (resumed.stats.tokens, resumed.stats.forwards, resumed.stats.seconds) == (7, 0, 0.0)
+
+
 def test_read_ahead_groups_keep_order_and_bound_the_samples():
     batches = [[0], [1, 2], [3], [4, 5, 6, 7, 8], [9], [10]]
     assert list(read_ahead_groups(batches, 4)) == [[[0], [1, 2], [3]], [[4, 5, 6, 7, 8]],
@@ -269,6 +305,8 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     assert sorted(lr) == sorted(lc) == list(range(1, ref["optimizer_steps"] + 1))
     assert all(abs(lr[s] - lc[s]) <= 1e-6 for s in lr)
     assert resumed["online"]["tokens_recomputed"] > info["online_tokens_recomputed"]
+    assert resumed["online"]["target_forwards"] > info["online_target_forwards"] > 0
+    assert resumed["online"]["target_forward_s"] > info["online_target_forward_s"] > 0
     if mode == "cached":
         assert resumed["online"]["cache_hit_tokens"] > 0
 
