@@ -57,6 +57,7 @@ from lab.study_inputs import (  # noqa: E402,F401
     plan_digest,
     plan_problem,
     reuse_regen,
+    split_dev_holdout,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 from tasks.stage_config import latest_output  # noqa: E402
@@ -65,9 +66,11 @@ STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
 
 
-def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
+def base_overrides(a, work: Path, target: Path | None, data: Path,
+                   dev_prompts: Path | None = None) -> list[str]:
     """The study's config overrides on top of configs/smollm2-gpu.yaml (or tiny-random with
-    ``--tiny``)."""
+    ``--tiny``); with ``dev_prompts`` (``--dev-holdout``) every point picks its best checkpoint
+    by the measured acceptance on those prompts, logged at every evaluation."""
     out = [
         f"paths.runs_dir={work / 'runs'}",
         f"paths.cache_dir={work / 'cache'}",
@@ -80,6 +83,9 @@ def base_overrides(a, work: Path, target: Path | None, data: Path) -> list[str]:
     ]
     if target is not None:
         out += ["target.kind=hf", f"target.path={target}"]
+    if dev_prompts is not None:
+        out += ["train.select_best_by=measured", f"train.dev_prompts_file={dev_prompts}",
+                f"train.dev_prompts={a.dev_prompts}"]
     if (
         a.device == "cuda"
     ):  # fp8 hidden states: half the bytes of bf16, the same acceptance (lab/NOTEBOOK.md)
@@ -122,6 +128,21 @@ def patch_assets(assets: Path | None) -> None:
         return plain if plain.is_file() else orig(pkg, rel)
 
     A.package_file = local
+
+
+def do_data(a, work: Path) -> dict:
+    """The data stage: ``--data`` as a plain JSONL file (else the prepared ShareGPT file); with
+    ``--dev-holdout N`` its last N records are held out of every point
+    (:func:`lab.study_inputs.split_dev_holdout`): ``dir`` is then the rest and
+    ``dev_prompts_file`` the held-out conversations' first user turns, with the counts."""
+    src = Path(data_file(a, work) if a.data else _cached_sharegpt(work))
+    if not a.dev_holdout:
+        return {"dir": str(src)}
+    pool, dev = work / "train_pool.jsonl", work / "dev_prompts.jsonl"
+    counts = split_dev_holdout(src, a.dev_holdout, pool, dev)
+    log(f"data: {counts['held_out_records']} records held out of {src} as "
+        f"{counts['dev_prompts']} development prompts ({dev})")
+    return {"dir": str(pool), "dev_prompts_file": str(dev), "source": str(src), **counts}
 
 
 def do_regen(a, base: list[str], out: Path) -> dict:
@@ -411,6 +432,18 @@ def parse_args(argv=None):
         "earlier call wrote to --out: the regen stage copies it instead of regenerating",
     )
     p.add_argument(
+        "--dev-holdout",
+        type=int,
+        default=0,
+        help="hold the data file's last N records out of every point: their first user turns are "
+        "the development prompts whose measured acceptance picks each point's checkpoints "
+        "(train.select_best_by=measured); 0: off",
+    )
+    p.add_argument(
+        "--dev-prompts", type=int, default=64, help="with --dev-holdout: prompts measured at an "
+        "evaluation (train.dev_prompts)"
+    )
+    p.add_argument(
         "--plan", default=None, help="a JSON study plan {data, schedules, points} instead of PLAN"
     )
     p.add_argument(
@@ -471,6 +504,9 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(a, name)}")
     if a.regen_rounds < 0:
         p.error(f"--regen-rounds: expected >= 0 (0: every turn), got {a.regen_rounds}")
+    if a.dev_holdout < 0 or a.dev_prompts < 1:
+        p.error(f"--dev-holdout / --dev-prompts: expected >= 0 / >= 1, got {a.dev_holdout} / "
+                f"{a.dev_prompts}")
     if a.deadline is not None and not 0 < a.deadline < 1e6:
         p.error(f"--deadline: expected seconds in (0, 1e6), got {a.deadline}")
     if a.data and not Path(a.data).expanduser().is_file():
@@ -524,6 +560,8 @@ def main(argv=None) -> int:
             "plan": plan_digest(a),
             "eval_sets": a.eval_sets,
             "eval_tokens": a.eval_tokens,
+            "dev_holdout": a.dev_holdout,
+            "dev_prompts": a.dev_prompts if a.dev_holdout else None,
         },
     )
     res.until, res.stop = a.until, False
@@ -534,12 +572,9 @@ def main(argv=None) -> int:
         lambda: {"dir": str(prepare_target(a, work))} if not a.tiny else {"dir": None},
     )
     target = Path(t["dir"]) if t and t.get("dir") else None
-    d = stage(
-        res,
-        "data",
-        lambda: {"dir": str(data_file(a, work))} if a.data else {"dir": _cached_sharegpt(work)},
-    )
-    base = base_overrides(a, work, target, Path(d["dir"])) if d else None
+    d = stage(res, "data", do_data, a, work)
+    dev = Path(d["dev_prompts_file"]) if d and d.get("dev_prompts_file") else None
+    base = base_overrides(a, work, target, Path(d["dir"]), dev) if d else None
     regen = stage(res, "regen", do_regen, a, base, work / "regenerated.jsonl") if base else None
     if regen and not regen.get(
         "reused_from"

@@ -222,3 +222,41 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
             except ConfigError as e:
                 return f"--plan: {kind}.{name}: {e}"
     return None
+
+
+def split_dev_holdout(src: Path, n: int, pool: Path, dev: Path) -> dict:
+    """Hold the last ``n`` records of the conversations file ``src`` (JSONL) out of every point:
+    the other records go to ``pool`` as they are (the sweep's and the regeneration's data), and
+    the first user turn of each held-out conversation to ``dev`` (a prompts file,
+    ``{"id", "category": "sharegpt-dev", "text"}`` per line: ``train.dev_prompts_file``, the
+    development set whose measured acceptance picks the checkpoints and draws the curves). A
+    held-out record with no usable conversation or no user turn gives no prompt and is counted.
+    Returns ``{"pool_records", "held_out_records", "dev_prompts", "no_prompt"}``. Raises
+    ValueError naming the file when ``n`` is not below its record count."""
+    from eagle3.errors import DataError
+    from eagle3.extract.conversations import read_conversations
+
+    lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not 0 < n < len(lines):
+        raise ValueError(f"--dev-holdout {n}: expected 1 to {len(lines) - 1} (the records of "
+                         f"{src} less one), got {n}")
+    pool.write_text("\n".join(lines[:-n]) + "\n", encoding="utf-8")
+    held = dev.with_name(dev.name + ".held-out.jsonl")
+    held.write_text("\n".join(lines[-n:]) + "\n", encoding="utf-8")
+    try:
+        convs, _ = read_conversations(held)
+    except DataError:  # no usable record among them
+        convs = []
+    finally:
+        held.unlink()
+    prompts = []
+    for c in convs:
+        first = next((m["content"] for m in c.messages or [] if m["role"] == "user"), None)
+        if first and first.strip():
+            prompts.append({"id": c.id, "category": "sharegpt-dev", "text": first})
+    if not prompts:
+        raise ValueError(f"--dev-holdout {n}: the last {n} records of {src} hold no user turn "
+                         "to use as a development prompt")
+    dev.write_text("".join(json.dumps(p) + "\n" for p in prompts), encoding="utf-8")
+    return {"pool_records": len(lines) - n, "held_out_records": n, "dev_prompts": len(prompts),
+            "no_prompt": n - len(prompts)}

@@ -9,19 +9,35 @@
 #   3  the Llama-3.1-8B shape, random weights (SmolLM2's tokenizer), 300 conversations, 1 epoch:
 #      offline, online (target and draft on one GPU)
 #   4  part 2's cached mode with a 0.8 GB window (about 90 %)
+# A CPU smoke of the same parts before a GPU session (a few minutes; no 8B shape):
+#   CONFIG=configs/tiny-random.yaml DEVICE=cpu SMALL="-o data.num_conversations=12 \
+#   -o data.max_seq_len=64 -o train.max_tokens_per_batch=48 -o train.draft_vocab_size=32" \
+#   N=8 W1=0.0003 W2=0.0005 PARTS="1 2 4" RESULTS=/tmp/ovo-smoke bash lab/gpu/online_study.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=${RESULTS:-/tmp/h200}
-ovo() { python3 lab/online_vs_offline.py configs/smollm2-gpu.yaml --device cuda \
-          -o data.regenerate=none "$@"; echo "part exit $?"; }
-ovo --epochs 1 --modes offline online \
-    --work "$R/ovo1" --out "$R/ovo_smollm2_1ep.json"
-rm -rf "$R/ovo1"  # 8.6 GB of stored states: the disk is needed for the 8B shape's folder (29 GB)
-ovo --epochs 20 --modes offline cached -o data.num_conversations=300 -o extract.cache_max_gb=0.45 \
-    --work "$R/ovo20" --out "$R/ovo_smollm2_20ep.json"
-ovo --epochs 1 --modes offline online -o data.num_conversations=300 -o target.kind=tiny-random \
-    -o target.tiny.hidden_size=4096 -o target.tiny.num_hidden_layers=32 \
-    -o target.tiny.intermediate_size=14336 -o target.tiny.num_attention_heads=32 \
-    -o target.tiny.num_key_value_heads=8 --work "$R/ovo8b" --out "$R/ovo_llama8b_shape_1ep.json"
-ovo --epochs 20 --modes cached -o data.num_conversations=300 -o extract.cache_max_gb=0.8 \
-    --work "$R/ovo20b" --out "$R/ovo_smollm2_20ep_window08.json"
+CONFIG=${CONFIG:-configs/smollm2-gpu.yaml}
+DEVICE=${DEVICE:-cuda}
+N=${N:-300}                           # conversations of parts 2 to 4
+W1=${W1:-0.45} W2=${W2:-0.8}          # the windows of parts 2 and 4 (GB)
+PARTS=${PARTS:-1 2 3 4}
+read -r -a SMALL <<< "${SMALL:-}"     # overrides of every part (the CPU smoke's sizes)
+FAILED=0                              # parts that failed: the script's exit status counts them
+ovo() { python3 lab/online_vs_offline.py "$CONFIG" --device "$DEVICE" \
+          -o data.regenerate=none "${SMALL[@]}" "$@"; local rc=$?; echo "part exit $rc"
+        [ "$rc" = 0 ] || FAILED=$((FAILED + 1)); }
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+if part 1; then
+  ovo --epochs 1 --modes offline online --work "$R/ovo1" --out "$R/ovo_smollm2_1ep.json"
+  rm -rf "$R/ovo1"  # 8.6 GB of stored states: the disk is needed for the 8B shape's 29 GB
+fi
+part 2 && ovo --epochs 20 --modes offline cached -o data.num_conversations="$N" \
+    -o extract.cache_max_gb="$W1" --work "$R/ovo20" --out "$R/ovo_smollm2_20ep.json"
+part 3 && ovo --epochs 1 --modes offline online -o data.num_conversations="$N" \
+    -o target.kind=tiny-random -o target.tiny.hidden_size=4096 \
+    -o target.tiny.num_hidden_layers=32 -o target.tiny.intermediate_size=14336 \
+    -o target.tiny.num_attention_heads=32 -o target.tiny.num_key_value_heads=8 \
+    --work "$R/ovo8b" --out "$R/ovo_llama8b_shape_1ep.json"
+part 4 && ovo --epochs 20 --modes cached -o data.num_conversations="$N" \
+    -o extract.cache_max_gb="$W2" --work "$R/ovo20b" --out "$R/ovo_smollm2_20ep_window08.json"
+exit "$FAILED"

@@ -142,7 +142,8 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     ]
     monkeypatch.setattr(G, "prepare_target", lambda a, work: tmp_path)
     monkeypatch.setattr(G, "_cached_sharegpt", lambda work: str(src))
-    monkeypatch.setattr(G, "base_overrides", lambda a, work, target, data: ["data.source=file"])
+    monkeypatch.setattr(G, "base_overrides",
+                        lambda a, work, target, data, dev=None: ["data.source=file"])
     assert G.main(argv) == 0
     assert (tmp_path / "w2" / "regenerated.jsonl").read_bytes() == src.read_bytes()
     assert not (out / "regenerated.jsonl.xz").exists()
@@ -353,3 +354,63 @@ def test_regen_rounds_reach_the_regeneration_and_a_negative_count_is_refused(mon
     with pytest.raises(SystemExit):
         G.parse_args(["--device", "cpu", "--regen-rounds", "-1"])
     assert "--regen-rounds: expected >= 0 (0: every turn), got -1" in capsys.readouterr().err
+
+
+def _overrides(opts: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in opts)
+
+
+def test_the_study_at_scale_plan_loads_and_its_arms_share_a_step_count():
+    from lab.study_inputs import check_plan, plan_problem
+    from tests.conftest import REPO
+
+    plans = {kind: REPO / "lab" / "plans" / f"study-at-scale{kind}.json" for kind in ("", "-tiny")}
+    shapes = []
+    for kind, path in plans.items():
+        plan = check_plan(str(path))
+        config = REPO / "configs" / ("tiny-random.yaml" if kind else "smollm2-gpu.yaml")
+        a = argparse.Namespace(regen=12 if kind else 11115, all_size=12 if kind else 10915)
+        assert plan_problem(a, plan, config) is None
+        equal = {s: _overrides(o) for s, o in plan["schedules"].items() if s != "constant-100ep"}
+        assert len({o["train.max_steps"] for o in equal.values()}) == 1, path
+        assert all(o["train.keep_last"] == "1" for o in equal.values())
+        # the CPU rehearsal runs the same arms in the same order, at other sizes
+        shapes.append([(d, s.split("-n")[0]) for d, _, s in plan["points"]])
+    assert shapes[0] == shapes[1]
+
+
+def test_dev_holdout_keeps_the_last_records_out_of_the_pool(tmp_path):
+    from lab.study_inputs import split_dev_holdout
+
+    rows = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"q{i}"},
+                                              {"from": "gpt", "value": f"a{i}"}]}
+            for i in range(5)]
+    rows.append({"id": "c5", "conversations": [{"from": "gpt", "value": "no question"}]})
+    src = tmp_path / "sharegpt.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pool, dev = tmp_path / "pool.jsonl", tmp_path / "dev.jsonl"
+    counts = split_dev_holdout(src, 3, pool, dev)
+    assert counts == {"pool_records": 3, "held_out_records": 3, "dev_prompts": 2, "no_prompt": 1}
+    assert pool.read_text().splitlines() == src.read_text().splitlines()[:3]
+    assert [json.loads(x) for x in dev.read_text().splitlines()] == [
+        {"id": "c3", "category": "sharegpt-dev", "text": "q3"},
+        {"id": "c4", "category": "sharegpt-dev", "text": "q4"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dev.jsonl", "pool.jsonl",
+                                                          "sharegpt.jsonl"]
+    for n in (0, 6):
+        with pytest.raises(ValueError, match=rf"--dev-holdout {n}: expected 1 to 5"):
+            split_dev_holdout(src, n, pool, dev)
+
+
+def test_dev_holdout_points_select_by_the_measured_acceptance(tmp_path):
+    from eagle3.config import load_config
+    from lab.gpu_study import base_overrides, config_path, parse_args
+
+    a = parse_args(["--tiny", "--device", "cpu", "--dev-holdout", "3", "--dev-prompts", "2"])
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text('{"text": "q"}\n')
+    ov = base_overrides(a, tmp_path, None, tmp_path / "pool.jsonl", dev)
+    t = load_config(config_path(a), ov).train
+    assert (t.select_best_by, t.dev_prompts_file, t.dev_prompts) == ("measured", str(dev), 2)
+    assert "train.select_best_by=measured" not in base_overrides(a, tmp_path, None,
+                                                                 tmp_path / "pool.jsonl")
