@@ -209,8 +209,8 @@ class ExtractConfig(_Section):
         "cache_max_gb on disk that later epochs read instead of recomputing. Online and cached "
         "need backend 'hf'.")
     cache_max_gb: float | None = Field(None, description="mode 'cached': the window's size in "
-        "GB (1e9 bytes) under the train folder's state/, from 1e-6 (1 kB) to 1e6 (1 PB); required there, unused "
-        "otherwise (and then kept out of the cache keys).")
+        "GB (1e9 bytes) under the train folder's state/, from 1e-6 (1 kB) to 1e6 (1 PB); "
+        "required there, unused otherwise (and then kept out of the cache keys).")
     backend: Literal["hf", "sglang"] = "hf"
     aux_layer_ids: list[int] | None = Field(None, description="HF hidden_states indices (= input "
         "of layer i). Default: EAGLE-3's [2, L//2, L-3].")

@@ -24,7 +24,8 @@ The arguments are checked before any case starts (:func:`check_arguments`): ever
 value positive and finite, no mode or epochs value given twice, the config of every (mode,
 epochs) case loading with its overrides (``eagle3.config.load_config``: the file, ``-o``,
 ``--device``, ``cached`` without ``extract.cache_max_gb``), ``--work`` creatable, ``--out`` a
-file that can be written; a bad one is an argparse error (exit 2) naming it. A case that fails on a project error prints that error's line (exit 1), not a traceback.
+file that can be written; a bad one is an argparse error (exit 2) naming it. A case that fails
+on a project error prints that error's line (exit 1), not a traceback.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Inputs of ``lab/gpu_study.py`` checked before they cost GPU time: a regenerated conversations
-file carried back from an earlier call (``--regen-file``) and a study plan (``--plan``)."""
+"""Inputs of ``lab/gpu_study.py``: its data and regen stages (the conversations file, the
+development prompts held out of it, the regenerated file), and what is checked before it costs GPU
+time: a regenerated conversations file carried back from an earlier call (``--regen-file``) and a
+study plan (``--plan``)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import lzma
 import shutil
 from pathlib import Path
 
-from lab.harness import log
+from lab.harness import data_file, log
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 ALL = 0  # data size 0 = every usable conversation of the data file
@@ -260,3 +264,49 @@ def split_dev_holdout(src: Path, n: int, pool: Path, dev: Path) -> dict:
     dev.write_text("".join(json.dumps(p) + "\n" for p in prompts), encoding="utf-8")
     return {"pool_records": len(lines) - n, "held_out_records": n, "dev_prompts": len(prompts),
             "no_prompt": n - len(prompts)}
+
+
+def config_path(a) -> Path:
+    """The study's config: configs/smollm2-gpu.yaml, or tiny-random.yaml with ``--tiny``."""
+    return REPO / "configs" / ("tiny-random.yaml" if a.tiny else "smollm2-gpu.yaml")
+
+
+def do_data(a, work: Path) -> dict:
+    """The data stage: ``--data`` as a plain JSONL file (else the prepared ShareGPT file); with
+    ``--dev-holdout N`` its last N records are held out of every point
+    (:func:`lab.study_inputs.split_dev_holdout`): ``dir`` is then the rest and
+    ``dev_prompts_file`` the held-out conversations' first user turns, with the counts."""
+    src = Path(data_file(a, work) if a.data else _cached_sharegpt(work))
+    if not a.dev_holdout:
+        return {"dir": str(src)}
+    pool, dev = work / "train_pool.jsonl", work / "dev_prompts.jsonl"
+    counts = split_dev_holdout(src, a.dev_holdout, pool, dev)
+    log(f"data: {counts['held_out_records']} records held out of {src} as "
+        f"{counts['dev_prompts']} development prompts ({dev})")
+    return {"dir": str(pool), "dev_prompts_file": str(dev), "source": str(src), **counts}
+
+
+def _cached_sharegpt(work: Path) -> str:
+    from eagle3.assets import prepare_sharegpt
+    from eagle3.config import PathsConfig
+
+    return str(prepare_sharegpt(PathsConfig().resolved_cache_dir()))
+
+
+def do_regen(a, base: list[str], out: Path) -> dict:
+    from eagle3.config import load_config
+    from eagle3.extract.regen import regenerate_file
+
+    if a.regen_file:
+        return reuse_regen(Path(a.regen_file), a.regen, out)
+    rounds = "null" if a.regen_rounds == 0 else a.regen_rounds  # null: every assistant turn
+    cfg = load_config(
+        config_path(a),
+        base + [f"data.num_conversations={a.regen}", "data.regenerate=hf",
+                f"data.regenerate_max_rounds={rounds}"],
+    )
+    m = regenerate_file(cfg, out, progress=not a.quiet)
+    return {
+        "path": str(out),
+        **{k: m[k] for k in ("counts", "seconds", "answers_per_s", "settings")},
+    }

@@ -40,8 +40,9 @@ def _assert_all_gone(server):
 
 
 def _assert_within_stall_bound(res):
+    # both times are rounded to the millisecond: their difference may fall 1 ms short of STALL
     silent_for = res.elapsed_s - res.last_progress_s
-    assert STALL <= silent_for <= STALL + 2 * POLL + SLACK_S, res.summary()
+    assert STALL - 1e-3 <= silent_for <= STALL + 2 * POLL + SLACK_S, res.summary()
 
 
 def test_slow_warmup_with_growing_log_is_ready(tmp_path):

@@ -117,6 +117,7 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     """The device returns at most 8 files from --out: a run given --regen-file spends none on a copy
     of it."""
     import lab.gpu_study as G
+    from lab import study_inputs
 
     src = _regen(tmp_path)
     first = tmp_path / "out1"
@@ -141,7 +142,7 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
         str(_args(tmp_path, {**PLAN, "points": [["regenerated", 3, "c"]]}).plan),
     ]
     monkeypatch.setattr(G, "prepare_target", lambda a, work: tmp_path)
-    monkeypatch.setattr(G, "_cached_sharegpt", lambda work: str(src))
+    monkeypatch.setattr(study_inputs, "_cached_sharegpt", lambda work: str(src))
     monkeypatch.setattr(G, "base_overrides",
                         lambda a, work, target, data, dev=None: ["data.source=file"])
     assert G.main(argv) == 0
