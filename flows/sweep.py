@@ -183,15 +183,18 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
                                                scheds, variants, parent,
                                                None if deadline_s is None else t0 + deadline_s)
         # the continuations are generated once for all
+        not_evaluated = {}
         if eval_sets and (evaluate_with_pending or not pending):
-            evaluate_points(cfg, parent, eval_sets, eval_max_new_tokens)
+            not_evaluated = evaluate_points(cfg, parent, eval_sets,
+                                            eval_max_new_tokens)["not_evaluated"]
         rows = sweep_table(parent, tracking.tracking_uri(cfg))
         tracking.log_parent_artifact(cfg, parent, {"results": results, "failed": failed,
                                                    "pending": pending,
+                                                   "not_evaluated": not_evaluated,
                                                    "rows": rows}, "sweep.json")
         if not rows:
             raise DataError(f"sweep {cfg.name}: every point failed: {failed}")
-        decision = decide_and_plot(cfg, parent, rows, target_acceptance, pending)
+        decision = decide_and_plot(cfg, parent, rows, target_acceptance, pending, not_evaluated)
         _publish(cfg, parent, rows, failed, pending, decision)
     return {"flow": "eagle3-sweep", "config": cfg.name, "run_dir": str(cfg.run_dir()),
             "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results,
@@ -215,9 +218,12 @@ def decision_rows(rows: list[dict]) -> list[dict]:
     return [r for r in out if r["acceptance_length"] is not None]
 
 
-def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pending: list[str]):
+def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pending: list[str],
+                    not_evaluated: dict[str, str] | None = None):
     """``sweep_decision`` over the table, the data-scaling and training-length plots, all logged on
-    the sweep run. Returns the Decision."""
+    the sweep run; points not run yet (``pending``), not evaluated offline (``not_evaluated``:
+    point → why) or without a training curve are named among the decision's reasons. Returns the
+    Decision."""
     from eagle3.decide import sweep_decision
     from eagle3.measure.plots import plot_training_length
 
@@ -228,7 +234,18 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     if pending:
         decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} - this "
                                 "decision covers the finished points only")
-    curves = training_curves(rows)
+    for key, why in (not_evaluated or {}).items():
+        decision.reasons.append(f"{key} is not evaluated offline: {why} (it is judged by its "
+                                "served figure)")
+    uri = tracking.tracking_uri(cfg)
+    curves = training_curves(rows, lambda r, key: tracking.stage_metric_history(
+        r["run_id"], "train", key, uri) if r.get("run_id") else [])
+    drawn = {c["label"] for c in curves}
+    no_curve = [r.get("point") for r in rows if r.get("point") not in drawn]
+    if no_curve:
+        decision.reasons.append(f"no training curve for {', '.join(map(str, no_curve))}: "
+                                "neither its train folder's metrics.jsonl nor an MLflow "
+                                "history of its train stage")
     client, _ = tracking.client_for(cfg)
     if curves:
         client.log_artifact(parent, str(plot_training_length(curves,
@@ -242,27 +259,39 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     return decision
 
 
-def training_curves(rows: list[dict]) -> list[dict]:
+CURVE_KEYS = ("dev/acceptance_length", "val/simulated_acceptance_length")  # measured first
+
+
+def training_curves(rows: list[dict], history=None) -> list[dict]:
     """Acceptance length (bonus token counted) at every evaluation of each point's training,
     against optimizer steps, from ``<run_dir>/train/metrics.jsonl``: the measured
     ``dev/acceptance_length`` where the training logged it, else the simulated one (validation):
-    ``[{"label", "steps", "acceptance", "kind"}]``."""
+    ``[{"label", "steps", "acceptance", "kind"}]``. A point whose file is not on this machine
+    (trained on another one, its folders gone) is read with ``history(row, key)`` → ``[(step,
+    value)]`` when given (:func:`tasks.tracking.stage_metric_history`: what its train stage
+    logged to MLflow); a point with neither has no curve."""
     from eagle3.measure.plots import read_metrics_jsonl
 
     curves = []
     for r in rows:
         path = latest_output(r.get("run_dir") or "", "train") / "metrics.jsonl"
-        if not r.get("run_dir") or not path.is_file():
-            continue
-        rows_ = read_metrics_jsonl(path)
-        measured = any(isinstance(x.get("dev/acceptance_length"), float) for x in rows_)
-        key = "dev/acceptance_length" if measured else "val/simulated_acceptance_length"
-        evals = [x for x in rows_ if isinstance(x.get(key), float)]
-        if evals:
+        points: list[tuple[int, float]] = []
+        if r.get("run_dir") and path.is_file():
+            logged = read_metrics_jsonl(path)
+            for key in CURVE_KEYS:
+                points = [(int(x["step"]), x[key]) for x in logged
+                          if isinstance(x.get(key), float)]
+                if points:
+                    break
+        elif history is not None:
+            for key in CURVE_KEYS:
+                if points := history(r, key):
+                    break
+        if points:
             curves.append({"label": r.get("point") or f"{r['data_size']}-{r['schedule']}",
-                           "steps": [int(x["step"]) for x in evals],
-                           "acceptance": [x[key] for x in evals],
-                           "kind": "measured" if measured else "simulated"})
+                           "steps": [int(s) for s, _ in points],
+                           "acceptance": [float(v) for _, v in points],
+                           "kind": "measured" if key == CURVE_KEYS[0] else "simulated"})
     return curves
 
 

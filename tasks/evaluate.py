@@ -7,7 +7,8 @@ Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token coun
 ``.ci_high`` (bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``,
 ``.num_requests``, ``.verify_ct``, ``.completion_tokens``; the artifact ``offline_eval.json`` holds
 the whole result (per category). Points that already have every set are skipped, so a resumed sweep
-evaluates only its new points.
+evaluates only its new points; a point whose draft is not on this machine (trained on another one)
+is named, not skipped in silence.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def _metrics(set_name: str, group: dict) -> dict[str, float]:
     return out
 
 
-def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str, tuple[str, Path]]:
-    """``{point key: (its parent run id, its serving checkpoint folder)}`` for the sweep's FINISHED
-    points that lack one of ``sets``."""
+def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]
+                       ) -> tuple[dict[str, tuple[str, Path]], dict[str, str]]:
+    """``({point key: (its parent run id, its serving checkpoint folder)}, {point key: why it
+    cannot be evaluated here})`` for the sweep's FINISHED points that lack one of ``sets``: the
+    second holds those whose serving folder (``manifest.json`` included) is not on this machine."""
     client, exp = tracking.client_for(cfg)
-    todo = {}
+    todo, missing = {}, {}
     for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'",
                                 max_results=1000):
         if r.info.status != "FINISHED":
@@ -51,23 +54,30 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]) -> dict[str
         if all(f"offline.{s}.acceptance_length" in r.data.metrics for s in sets):
             continue
         serving = latest_output(r.data.tags.get("eagle3.run_dir", ""), "serving")
+        key = r.data.tags.get("eagle3.sweep.point", r.info.run_id)
         if (serving / "manifest.json").is_file():
-            todo[r.data.tags.get("eagle3.sweep.point", r.info.run_id)] = (r.info.run_id, serving)
-    return todo
+            todo[key] = (r.info.run_id, serving)
+        else:
+            missing[key] = f"its serving checkpoint {serving}/manifest.json is not on this machine"
+    return todo, missing
 
 
 @task(name="offline-eval", task_run_name="offline-eval", **task_options(4 * 3600.0))
 def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
     """Evaluate the points of :func:`points_to_evaluate` together and log each one's figures on its
-    run. Returns ``{point: {set: summary}}``."""
+    run. Returns ``{"evaluated": {point: {set: summary}}, "not_evaluated": {point: why}}`` (the
+    latter also logged as a warning)."""
     import torch
+    from prefect import get_run_logger
 
     from eagle3.assets import resolve_target
     from eagle3.measure.offline import evaluate_drafts
 
-    todo = points_to_evaluate(cfg, sweep_run_id, sets)
+    todo, missing = points_to_evaluate(cfg, sweep_run_id, sets)
+    for key, why in missing.items():
+        get_run_logger().warning("offline evaluation of %s: left out, %s", key, why)
     if not todo:
-        return {}
+        return {"evaluated": {}, "not_evaluated": missing}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     res = evaluate_drafts(resolve_target(cfg), {k: d for k, (_, d) in todo.items()},
                           prompt_sets=sets,
@@ -84,10 +94,10 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
         out[key] = {s: {"acceptance_length": per_set[s]["acceptance_length"],
                         "ci": per_set[s].get("ci")}
                     for s in sets}
-    return out
+    return {"evaluated": out, "not_evaluated": missing}
 
 
 def evaluate_points(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
-    """:func:`evaluate_task` (a function the sweep flow calls; a no-op when every point is
-    evaluated)."""
+    """:func:`evaluate_task` (a function the sweep flow calls; nothing is measured when every
+    point is evaluated)."""
     return evaluate_task(cfg, sweep_run_id, list(sets), int(max_new_tokens))
