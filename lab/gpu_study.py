@@ -62,12 +62,15 @@ from lab.study_inputs import (  # noqa: E402,F401
     config_path,
     do_data,
     do_regen,
+    read_store_record,
+    restore_store,
     reuse_regen,
+    write_store_copy,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 from tasks.stage_config import latest_output  # noqa: E402
 
-STAGES = ("target", "data", "regen", "sweep", "report", "speedup", "final")
+STAGES = ("target", "data", "regen", "store", "sweep", "report", "speedup", "final")
 T0 = time.monotonic()  # the study process's start: --deadline counts from here
 
 
@@ -186,7 +189,7 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
                 if a.deadline is None
                 else max(1.0, a.deadline - (time.monotonic() - T0)),
                 sweep_run_id=earlier["parent_run_id"],
-                evaluate_with_pending=a.last_call,
+                evaluate_with_pending=a.last_call or a.eval_each_call,
             )
     finally:
         stop_ephemeral_server()
@@ -370,11 +373,8 @@ def parse_args(argv=None):
         "--gguf", default=None, help="SmolLM2-135M-Instruct GGUF to convert (else the asset cache)"
     )
     p.add_argument("--target", default=None, help="an HF target folder instead of --gguf")
-    p.add_argument(
-        "--data",
-        default=None,
-        help="English ShareGPT JSONL (.xz/.gz ok); default the prepared cache",
-    )
+    p.add_argument("--data", default=None,
+                   help="English ShareGPT JSONL (.xz/.gz ok); default the prepared cache")
     p.add_argument(
         "--assets", default=None, help="folder with question.jsonl[.xz] (MT-Bench), test.jsonl[.xz]"
     )
@@ -392,12 +392,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--all-size", type=int, default=11115, help="the 'all usable conversations' data size"
     )
-    p.add_argument(
-        "--regen-file",
-        default=None,
-        help="regenerated.jsonl[.xz] (with its .manifest.json) that an "
-        "earlier call wrote to --out: the regen stage copies it instead of regenerating",
-    )
+    p.add_argument("--regen-file", default=None,
+                   help="regenerated.jsonl[.xz] (with its .manifest.json) that an "
+                   "earlier call wrote to --out: the regen stage copies it instead of regenerating")
     p.add_argument(
         "--dev-holdout",
         type=int,
@@ -413,37 +410,37 @@ def parse_args(argv=None):
     p.add_argument(
         "--plan", default=None, help="a JSON study plan {data, schedules, points} instead of PLAN"
     )
-    p.add_argument(
-        "--eval-sets",
-        default="mtbench2,gsm8k200",
-        help="offline evaluation sets (eagle3.measure.replay)",
-    )
+    p.add_argument("--eval-sets", default="mtbench2,gsm8k200",
+                   help="offline evaluation sets (eagle3.measure.replay)")
     p.add_argument("--eval-tokens", type=int, default=256, help="new tokens per evaluation prompt")
-    p.add_argument(
-        "--deadline",
-        type=float,
-        default=None,
-        help="seconds after this process started after which no "
-        "new sweep point starts (at least one point runs per call)",
-    )
-    p.add_argument(
-        "--last-call",
-        action="store_true",
-        help="the study's last call: points still pending after "
-        "--deadline are left out (listed as not run) and "
-        "the evaluation, speedup and report run anyway",
-    )
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds after this process started after which no "
+                   "new sweep point starts (at least one point runs per call)")
+    p.add_argument("--last-call", action="store_true",
+                   help="the study's last call: points still pending after "
+                   "--deadline are left out (listed as not run) and "
+                   "the evaluation, speedup and report run anyway")
     p.add_argument("--speedup-tokens", type=int, default=256)
     p.add_argument("--speedup-timeout", type=float, default=900.0)
     p.add_argument(
         "--tiny", action="store_true", help="tiny-random target, 8 conversations (CPU smoke run)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--store-copy", action="store_true",
+                   help="write --out/mlflow_store.tar.xz (the MLflow store the "
+                   "run wrote: database and small artifacts, without weights)")
     p.add_argument(
-        "--store-copy",
+        "--store-from",
+        default=None,
+        help="a mlflow_store.tar.xz an earlier call wrote (--store-copy) on another machine: "
+        "unpacked into <work>/runs (the same --work), its sweep run goes on (finished points "
+        "are not run again)",
+    )
+    p.add_argument(
+        "--eval-each-call",
         action="store_true",
-        help="write --out/mlflow_store.tar.xz (the MLflow store the "
-        "run wrote: database and small artifacts, without weights)",
+        help="evaluate the finished points offline at the end of every call, not only once no "
+        "point is pending: for a study spread over machines, whose drafts do not travel",
     )
     p.add_argument(
         "--resume", action="store_true", help="keep the stages <work>/results.json already has"
@@ -481,6 +478,11 @@ def parse_args(argv=None):
     if a.plan:
         try:
             check_plan(a.plan)
+        except ValueError as e:
+            p.error(str(e))
+    if a.store_from:
+        try:
+            read_store_record(Path(a.store_from))
         except ValueError as e:
             p.error(str(e))
     if a.regen_file and not Path(a.regen_file).is_file():
@@ -549,6 +551,10 @@ def main(argv=None) -> int:
         carry_back_regen(
             Path(regen["path"]), out
         )  # returns at most 8 files, so none is spent on a copy
+    if base and a.store_from:  # a study begun on another machine: its sweep run goes on
+        kept = stage(res, "store", restore_store, Path(a.store_from), work)
+        if kept and not (res.data.get("sweep_partial") or {}).get("parent_run_id"):
+            res.data["sweep_partial"] = kept
     sweep = stage(res, "sweep", do_sweep, a, base, regen, res) if base else None
     rep = (
         stage(res, "report", do_report, a, sweep, None, out) if sweep else None
@@ -560,24 +566,8 @@ def main(argv=None) -> int:
         else None
     )
     rep = stage(res, "final", do_report, a, sweep, speed, out) if speed else rep
-    store = work / "runs"
-    if (
-        store / "mlflow.db"
-    ).is_file() and a.store_copy:  # the store the run wrote, for reading back elsewhere
-        import tarfile
-
-        with tarfile.open(out / "mlflow_store.tar.xz", "w:xz") as tar:
-            tar.add(store / "mlflow.db", "mlflow.db")
-            if (
-                store / "mlartifacts"
-            ).is_dir():  # metrics, tags and small artifacts; not the registered weights
-                tar.add(
-                    store / "mlartifacts",
-                    "mlartifacts",
-                    filter=lambda ti: (
-                        None if ti.name.endswith((".safetensors", ".pt", ".bin")) else ti
-                    ),
-                )
+    if a.store_copy:  # the store the run wrote, for reading back elsewhere (--store-from)
+        write_store_copy(work, out, (res.data.get("sweep_partial") or {}).get("parent_run_id"))
     log(f"done: {json.dumps(rep, default=str) if rep else 'report not written'}")
     if getattr(res, "until_failed", False):
         return 1  # --until stopped after its stage, which failed

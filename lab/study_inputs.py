@@ -310,3 +310,80 @@ def do_regen(a, base: list[str], out: Path) -> dict:
         "path": str(out),
         **{k: m[k] for k in ("counts", "seconds", "answers_per_s", "settings")},
     }
+
+
+STORE_FILE = "mlflow_store.tar.xz"  # --store-copy writes it to --out, --store-from reads it
+STORE_RECORD = "study.json"  # its member naming the sweep run and the --work it was made under
+WEIGHTS = (".safetensors", ".pt", ".bin")  # left out of the copy: it carries records, not drafts
+
+
+def write_store_copy(work: Path, out: Path, sweep_run_id: str | None) -> Path | None:
+    """``out/mlflow_store.tar.xz``: the MLflow store the study wrote under ``work/runs``
+    (``mlflow.db`` and ``mlartifacts`` without weights) and :data:`STORE_RECORD` (the sweep run
+    id, ``work``), so that a later call on a fresh machine goes on with the same sweep run
+    (``--store-from``). None (nothing written) when there is no store."""
+    import io
+    import tarfile
+
+    store = work / "runs"
+    if not (store / "mlflow.db").is_file():
+        return None
+    record = json.dumps({"sweep_run_id": sweep_run_id, "work": str(work.resolve())}).encode()
+    dst = out / STORE_FILE
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    with tarfile.open(tmp, "w:xz") as tar:
+        tar.add(store / "mlflow.db", "mlflow.db")
+        if (store / "mlartifacts").is_dir():
+            tar.add(store / "mlartifacts", "mlartifacts",
+                    filter=lambda ti: None if ti.name.endswith(WEIGHTS) else ti)
+        info = tarfile.TarInfo(STORE_RECORD)
+        info.size = len(record)
+        tar.addfile(info, io.BytesIO(record))
+    tmp.replace(dst)
+    return dst
+
+
+def read_store_record(src: Path) -> dict:
+    """:data:`STORE_RECORD` of a store copy (:func:`write_store_copy`), read before any stage
+    runs. Raises ValueError naming ``--store-from`` for a file that is not such a copy (not a
+    readable tar.xz, no ``mlflow.db`` or record, no sweep run id in it)."""
+    import tarfile
+
+    try:
+        with tarfile.open(src, "r:xz") as tar:
+            names = set(tar.getnames())
+            member = tar.extractfile(STORE_RECORD) if STORE_RECORD in names else None
+            record = json.loads(member.read()) if member else None
+    except (OSError, tarfile.TarError, lzma.LZMAError, ValueError, EOFError) as e:
+        raise ValueError(f"--store-from {src}: expected the {STORE_FILE} an earlier call wrote "
+                         f"(--store-copy), could not read it: {type(e).__name__}: {e}") from e
+    if "mlflow.db" not in names or not isinstance(record, dict) or not record.get("sweep_run_id"):
+        raise ValueError(f"--store-from {src}: expected mlflow.db and {STORE_RECORD} with a "
+                         f"sweep_run_id in it, got members {sorted(names)[:5]} and record "
+                         f"{record!r}")
+    return record
+
+
+def restore_store(src: Path, work: Path) -> dict:
+    """Unpack the store copy ``src`` into ``work/runs`` (a fresh machine's) and return the
+    ``sweep_partial`` record the sweep stage continues from. The store keeps absolute artifact
+    paths and run folders, so ``work`` must be the folder it was made under. Raises ValueError
+    naming the argument: another ``--work`` than the copy's, or a store already in ``work``."""
+    import tarfile
+
+    record = read_store_record(src)
+    if str(work.resolve()) != record.get("work"):
+        raise ValueError(f"--store-from {src}: made under --work {record.get('work')}, got "
+                         f"--work {work.resolve()}; use that --work (the store records absolute "
+                         "artifact paths)")
+    runs = work / "runs"
+    if (runs / "mlflow.db").exists():
+        raise ValueError(f"--store-from {src}: {runs / 'mlflow.db'} exists already; start from "
+                         "an empty --work or leave out --store-from")
+    runs.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(src, "r:xz") as tar:
+        tar.extractall(runs, members=[m for m in tar.getmembers() if m.name != STORE_RECORD],
+                       filter="data")
+    log(f"store: sweep run {record['sweep_run_id']} restored from {src} into {runs}")
+    return {"parent_run_id": record["sweep_run_id"],
+            "mlflow_uri": f"sqlite:///{runs / 'mlflow.db'}", "run_dir": None}

@@ -1,0 +1,91 @@
+"""lab/gpu_study.py across machines: ``--store-copy`` packs the MLflow store with the sweep run's
+id, ``--store-from`` unpacks it on a fresh machine under the same ``--work`` and the sweep goes on
+from that run; a file that is not such a copy, another ``--work`` or a store already there is
+refused before any stage runs."""
+
+import lzma
+import subprocess
+import sys
+
+import pytest
+
+from eagle3.config import load_config
+from tests.conftest import CONFIGS, REPO
+
+
+def _study_store(work):
+    """An MLflow store as a study leaves it: a sweep run with one finished point, an artifact and
+    a weights file beside it."""
+    from tasks import tracking
+
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={work / 'runs'}"])
+    client, exp = tracking.client_for(cfg)
+    sweep = client.create_run(exp).info.run_id
+    point = client.create_run(exp, tags={"eagle3.sweep_run_id": sweep}).info.run_id
+    client.log_metric(point, "dev/acceptance_length", 1.75, step=10)
+    client.log_text(point, "table", "sweep_table.md")
+    arts = work / "runs" / "mlartifacts"
+    next(arts.rglob("sweep_table.md")).with_name("model.safetensors").write_bytes(b"w" * 64)
+    return cfg, sweep, point
+
+
+def test_the_store_goes_to_a_fresh_machine_and_its_sweep_run_goes_on(tmp_path):
+    from lab.study_inputs import read_store_record, restore_store, write_store_copy
+    from tasks import tracking
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    cfg, sweep, point = _study_store(work)
+    copy = write_store_copy(work, out, sweep)
+    assert copy == out / "mlflow_store.tar.xz"
+    assert read_store_record(copy) == {"sweep_run_id": sweep, "work": str(work.resolve())}
+
+    import shutil
+
+    shutil.rmtree(work)  # the next machine starts without it
+    partial = restore_store(copy, work)
+    assert partial["parent_run_id"] == sweep
+    assert partial["mlflow_uri"] == tracking.tracking_uri(cfg)
+    client, _ = tracking.client_for(cfg)
+    assert [(m.step, m.value) for m in client.get_metric_history(point, "dev/acceptance_length")
+            ] == [(10, 1.75)]
+    assert list((work / "runs").rglob("sweep_table.md"))
+    assert not list((work / "runs").rglob("*.safetensors"))  # records travel, weights do not
+    assert not (work / "runs" / "study.json").exists()
+    with pytest.raises(ValueError, match=r"mlflow.db exists already; start from an empty --work"):
+        restore_store(copy, work)
+    with pytest.raises(ValueError, match=rf"made under --work {work.resolve()}, got --work "):
+        restore_store(copy, tmp_path / "elsewhere")
+
+
+def test_no_store_no_copy(tmp_path):
+    from lab.study_inputs import write_store_copy
+
+    assert write_store_copy(tmp_path / "work", tmp_path, "x") is None
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["text", "cut", "no-record"])
+def test_a_file_that_is_not_a_store_copy_is_refused_before_any_stage(tmp_path, kind):
+    import io
+    import tarfile
+
+    bad = tmp_path / "mlflow_store.tar.xz"
+    if kind == "text":
+        bad.write_text("not a tar")
+    else:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("mlflow.db")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
+        data = lzma.compress(buf.getvalue())
+        bad.write_bytes(data[:30] if kind == "cut" else data)
+    r = subprocess.run([sys.executable, "lab/gpu_study.py", "--tiny", "--device", "cpu",
+                        "--work", str(tmp_path / "w"), "--store-from", str(bad)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"--store-from {bad}: expected" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "w").exists()
+    if kind == "no-record":
+        assert "expected mlflow.db and study.json with a sweep_run_id" in r.stderr
