@@ -63,6 +63,8 @@ from lab.study_inputs import (  # noqa: E402,F401
     do_data,
     do_regen,
     read_store_record,
+    rebuild_command,
+    resolve_plan,
     restore_store,
     reuse_regen,
     write_store_copy,
@@ -134,20 +136,6 @@ def patch_assets(assets: Path | None) -> None:
     A.package_file = local
 
 
-def _plan(a, regen_file: str) -> dict:
-    plan = json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN)
-    needs = sorted(k for k, v in plan["data"].items() if any("{regen}" in o for o in v))
-    if needs and not regen_file:
-        raise RuntimeError(
-            f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the "
-            f"regen stage has no result (see its failure above in results.json's 'failures')"
-        )
-    data = {k: [o.replace("{regen}", regen_file) for o in v] for k, v in plan["data"].items()}
-    all_n = a.all_size
-    points = [[d, (all_n if n == ALL else n), s] for d, n, s in plan["points"]]
-    return {"data": data, "schedules": plan["schedules"], "points": points}
-
-
 def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
     """The sweep flow, continuing the MLflow sweep run of an earlier call when there is one. The
     sweep run is made (and recorded in results.json) before the flow starts, so a call cut off by
@@ -160,7 +148,7 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
     from flows.sweep import sweep_flow
     from tasks import tracking
 
-    plan = _plan(a, regen["path"] if regen else "")
+    plan = resolve_plan(a, regen["path"] if regen else "")
     cfg = load_config(config_path(a), base)
     earlier = res.data.get("sweep_partial") or {}
     if not earlier.get("parent_run_id"):
@@ -244,11 +232,19 @@ def speedup_prompt_ids(target: Path, work: Path, num_prompts: int) -> Path:
     return path
 
 
-def do_speedup(a, sweep: dict, target: Path, out: Path) -> dict:
+def do_speedup(a, sweep: dict, target: Path, out: Path, base: list[str],
+               regen: dict | None) -> dict:
     """``lab/gpu_speedup.py`` on the best point's draft: plain vs speculative decoding through the
-    same engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run."""
+    same engine, in-process and served over HTTP (concurrency 1 and 4), side by side in one run.
+    RuntimeError with the command that trains it again when that draft is not on this machine
+    (trained on another one: ``--store-from``)."""
     best = best_point(sweep)
     serving = latest_output(best["run_dir"], "serving")
+    if not (serving / "manifest.json").is_file():
+        raise RuntimeError(f"speedup: the best point {best['point']}'s draft is not on this "
+                           f"machine ({serving}); train it again here with `"
+                           f"{rebuild_command(a, base, regen, best)}`, then run this command "
+                           "again with --resume")
     cmd = [
         sys.executable,
         str(REPO / "lab" / "gpu_speedup.py"),
@@ -561,7 +557,8 @@ def main(argv=None) -> int:
     )  # before the speedup: a call
     # cut off while measuring it still leaves the sweep's report
     speed = (
-        stage(res, "speedup", do_speedup, a, sweep, _target_dir(a, base), out / "gpu_speedup.json")
+        stage(res, "speedup", do_speedup, a, sweep, _target_dir(a, base), out / "gpu_speedup.json",
+              base, regen)
         if rep
         else None
     )

@@ -387,3 +387,35 @@ def restore_store(src: Path, work: Path) -> dict:
     log(f"store: sweep run {record['sweep_run_id']} restored from {src} into {runs}")
     return {"parent_run_id": record["sweep_run_id"],
             "mlflow_uri": f"sqlite:///{runs / 'mlflow.db'}", "run_dir": None}
+
+
+def resolve_plan(a, regen_file: str) -> dict:
+    """The study's plan (``--plan``, else :data:`TINY_PLAN` with ``--tiny`` or :data:`PLAN`)
+    with ``{regen}`` replaced by ``regen_file`` and size 0 by ``--all-size``. RuntimeError when
+    a data variant reads the regenerated file and the regen stage has none."""
+    plan = json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN)
+    needs = sorted(k for k, v in plan["data"].items() if any("{regen}" in o for o in v))
+    if needs and not regen_file:
+        raise RuntimeError(
+            f"the plan's data variant(s) {', '.join(needs)} read the regenerated file, but the "
+            f"regen stage has no result (see its failure above in results.json's 'failures')"
+        )
+    data = {k: [o.replace("{regen}", regen_file) for o in v] for k, v in plan["data"].items()}
+    all_n = a.all_size
+    points = [[d, (all_n if n == ALL else n), s] for d, n, s in plan["points"]]
+    return {"data": data, "schedules": plan["schedules"], "points": points}
+
+
+def rebuild_command(a, base: list[str], regen: dict | None, row: dict) -> str:
+    """The ``eagle3 run`` command that trains a sweep point's draft again into its own run folder
+    (the point's overrides as the sweep built them: :func:`flows.sweep._point_overrides`)."""
+    import shlex
+
+    from eagle3.config import load_config
+    from flows.sweep import _point_overrides
+
+    plan = resolve_plan(a, regen["path"] if regen else "")
+    name = load_config(config_path(a), base).name
+    ov = _point_overrides(base, name, plan["data"][row["data"]], int(row["data_size"]),
+                          row["point"], plan["schedules"][row["schedule"]])
+    return " ".join(["eagle3 run", str(config_path(a)), *(f"-o {shlex.quote(o)}" for o in ov)])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.gpu_study import _plan
+from lab.study_inputs import resolve_plan as _plan
 
 
 def _args(tmp_path, plan):

@@ -89,3 +89,24 @@ def test_a_file_that_is_not_a_store_copy_is_refused_before_any_stage(tmp_path, k
     assert not (tmp_path / "w").exists()
     if kind == "no-record":
         assert "expected mlflow.db and study.json with a sweep_run_id" in r.stderr
+
+
+def test_the_rebuild_command_trains_the_point_into_its_own_run_folder(tmp_path):
+    import shlex
+
+    from lab.gpu_study import base_overrides, parse_args
+    from lab.study_inputs import rebuild_command
+
+    plan = REPO / "lab" / "plans" / "study-at-scale-tiny.json"
+    a = parse_args(["--tiny", "--device", "cpu", "--plan", str(plan)])
+    base = base_overrides(a, tmp_path, None, tmp_path / "pool.jsonl")
+    row = {"point": "regenerated-n6-cosine-s-n6", "data": "regenerated", "data_size": 6,
+           "schedule": "cosine-s-n6"}
+    words = shlex.split(rebuild_command(a, base, {"path": "/x/regen.jsonl"}, row))
+    assert words[:3] == ["eagle3", "run", str(CONFIGS / "tiny-random.yaml")]
+    assert words[3::2] == ["-o"] * (len(words[3:]) // 2)
+    cfg = load_config(words[2], words[4::2])
+    assert cfg.name == "tiny-random-regenerated-n6-cosine-s-n6"
+    assert cfg.run_dir() == tmp_path / "runs" / cfg.name  # where the sweep ran it
+    assert (cfg.data.path, cfg.data.num_conversations) == ("/x/regen.jsonl", 6)
+    assert (cfg.train.schedule, cfg.train.epochs, cfg.train.max_steps) == ("epochs", 4.0, 12)
