@@ -195,6 +195,8 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
         raise RuntimeError(
             f"sweep not finished: {len(out['pending'])} point(s) pending "
             f"({', '.join(out['pending'])}); run again with --resume"
+            + (f" (on another machine: --store-from {Path(a.out or a.work) / 'mlflow_store.tar.xz'}"
+               " under the same --work)" if a.store_copy else "")
         )
     return summary
 
@@ -547,9 +549,12 @@ def main(argv=None) -> int:
         carry_back_regen(
             Path(regen["path"]), out
         )  # returns at most 8 files, so none is spent on a copy
-    if base and a.store_from:  # a study begun on another machine: its sweep run goes on
+    if base and a.store_from and not res.stop:  # a study begun elsewhere: its sweep run goes on
         kept = stage(res, "store", restore_store, Path(a.store_from), work)
-        if kept and not (res.data.get("sweep_partial") or {}).get("parent_run_id"):
+        if kept is None:  # not a new sweep run in place of the one the store holds
+            log("store: not restored (above), the sweep does not start")
+            res.stop = res.until_failed = True
+        elif not (res.data.get("sweep_partial") or {}).get("parent_run_id"):
             res.data["sweep_partial"] = kept
     sweep = stage(res, "sweep", do_sweep, a, base, regen, res) if base else None
     rep = (

@@ -110,3 +110,20 @@ def test_the_rebuild_command_trains_the_point_into_its_own_run_folder(tmp_path):
     assert cfg.run_dir() == tmp_path / "runs" / cfg.name  # where the sweep ran it
     assert (cfg.data.path, cfg.data.num_conversations) == ("/x/regen.jsonl", 6)
     assert (cfg.train.schedule, cfg.train.epochs, cfg.train.max_steps) == ("epochs", 4.0, 12)
+
+
+def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(tmp_path, monkeypatch):
+    import lab.gpu_study as G
+    from lab import study_inputs
+    from lab.study_inputs import write_store_copy
+
+    work = tmp_path / "work"
+    _study_store(work)
+    copy = write_store_copy(work, tmp_path, "S")  # the store is still in --work: refused
+    swept = []
+    monkeypatch.setattr(G, "do_sweep", lambda *a: swept.append(a))
+    monkeypatch.setattr(study_inputs, "_cached_sharegpt", lambda work: str(copy))
+    monkeypatch.setattr(G, "do_regen", lambda *a: {"path": "r"})
+    rc = G.main(["--tiny", "--device", "cpu", "--work", str(work), "--store-from", str(copy),
+                 "--quiet"])
+    assert rc == 1 and swept == []
