@@ -49,11 +49,25 @@ MODES = ("offline", "online", "cached")  # cached: pass -o extract.cache_max_gb=
 WINDOW_KEY = "extract.cache_max_gb="
 
 
-def case_overrides(overrides: list[str], mode: str, epochs: float) -> list[str]:
+CASE_KEYS = ("extract.mode", "train.epochs")  # set by each case: --modes, --epochs
+
+
+def case_overrides(overrides: list[str], mode: str, epochs: float,
+                   device: str | None = None) -> list[str]:
     """The ``-o`` overrides of one case: ``overrides`` (the window's size only for ``cached``: the
-    other modes would warn that it is unused) plus the case's mode and epochs."""
+    other modes would warn that it is unused), ``--device`` as ``train.device`` (and
+    ``extract.device`` for ``offline``: online and cached run the target on the training device),
+    then the case's mode and epochs."""
     keep = [o for o in overrides if mode == "cached" or not o.startswith(WINDOW_KEY)]
+    if device:
+        keep += [f"train.device={device}"] + ([f"extract.device={device}"]
+                                              if mode == "offline" else [])
     return [*keep, f"extract.mode={mode}", f"train.epochs={epochs}"]
+
+
+def label(epochs: float) -> str:
+    """``epochs`` as a case's name and folder show it (``1``, ``2.5``, ``1.0000001``)."""
+    return f"{epochs:.12g}"
 
 
 def folder_bytes(path: Path, pattern: str = "*") -> int:
@@ -63,7 +77,8 @@ def folder_bytes(path: Path, pattern: str = "*") -> int:
     return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file())
 
 
-def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: Path) -> dict:
+def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: Path,
+             device: str | None = None) -> dict:
     """One case in this process: extract then train into ``work``; returns its result record."""
     import torch
 
@@ -71,7 +86,7 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
     from eagle3.extract.stage import extract
     from eagle3.train.stage import train
 
-    cfg = load_config(config, [*case_overrides(overrides, mode, epochs),
+    cfg = load_config(config, [*case_overrides(overrides, mode, epochs, device),
                                f"paths.runs_dir={work / 'runs'}"])
     cuda = torch.cuda.is_available() and cfg.train.device != "cpu"
     if cuda:
@@ -183,27 +198,32 @@ def check_arguments(ap: argparse.ArgumentParser, a: argparse.Namespace,
     if bad:
         ap.error(f"--epochs: expected positive, finite numbers of epochs, got {a.epochs} "
                  f"({bad[0]:g} is not)")
-    for name, values in (("--modes", a.modes), ("--epochs", a.epochs)):
+    for o in overrides:
+        if o.split("=", 1)[0].strip() in CASE_KEYS:
+            ap.error(f"-o {o}: expected no {' or '.join(CASE_KEYS)} override (each case sets "
+                     "them: give --modes and --epochs), got one")
+    for name, values in (("--modes", a.modes), ("--epochs", [label(e) for e in a.epochs])):
         twice = sorted({str(v) for v in values if values.count(v) > 1})
         if twice:
             ap.error(f"{name}: expected each value once (a case runs once), got {values} "
                      f"({', '.join(twice)} more than once)")
+    device = ([f"extract.device={a.device}", f"train.device={a.device}"] if a.device else [])
     try:
-        check_devices(load_config(a.config, overrides))
+        check_devices(load_config(a.config, [*overrides, *device]))
     except ConfigError as e:
         ap.error(str(e))
     for mode in a.modes:
         for epochs in a.epochs:
             try:
-                load_config(a.config, case_overrides(overrides, mode, epochs))
+                load_config(a.config, case_overrides(overrides, mode, epochs, a.device))
             except ConfigError as e:
-                ap.error(f"case {mode} x {epochs:g} epochs: {e}")
+                ap.error(f"case {mode} x {label(epochs)} epochs: {e}")
+    check_out(ap, a.out)
     try:
         a.work.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         ap.error(f"--work {a.work}: expected a folder that can be created, got "
                  f"{type(e).__name__}: {e.strerror or e}")
-    check_out(ap, a.out)
 
 
 def check_out(ap: argparse.ArgumentParser, out: Path) -> None:
@@ -212,6 +232,9 @@ def check_out(ap: argparse.ArgumentParser, out: Path) -> None:
     end, after all its cases, without its results. ``ap.error`` (exit 2) otherwise."""
     if out.is_dir():
         ap.error(f"--out {out}: expected a results file (JSON), got a folder")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        ap.error(f"--out {out}: expected a file in a folder, got {above}, a file, above it")
     probe = out.parent / f".{out.name}.probe-{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -220,6 +243,45 @@ def check_out(ap: argparse.ArgumentParser, out: Path) -> None:
     except OSError as e:
         ap.error(f"--out {out}: expected a file that can be written, got "
                  f"{type(e).__name__}: {e.strerror or e}")
+
+
+class _Stopped(Exception):
+    """A signal to the driver while a case runs (:func:`run_child`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run one case's process in its own process group and return its exit status. SIGTERM or
+    SIGINT to this driver ends that group (SIGTERM, then SIGKILL after 10 s) before the driver
+    exits with 128 + the signal: a case does not go on alone, holding the GPU, after its driver
+    has gone."""
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def stop(signum, _frame):  # no waiting here: the interrupted wait holds the Popen's lock
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        raise _Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    except _Stopped as e:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def percent(x: float | None) -> str:
@@ -241,19 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", nargs=3, metavar=("MODE", "EPOCHS", "JSON"),
                     help=argparse.SUPPRESS)  # one case in this process (the driver's child)
     a = ap.parse_args(argv)
-    a.out = a.out or ROOT / "lab" / "results" / (
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M%SZ}_online_vs_offline.json")
+    a.out = (a.out or ROOT / "lab" / "results" / (
+        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H%M%SZ}_online_vs_offline.json")).absolute()
+    a.work = a.work.absolute()  # the case processes see the same files whatever their folder
     overrides = list(a.override)
-    if a.device:
-        overrides += [f"extract.device={a.device}", f"train.device={a.device}"]
     if a.case:
         from eagle3.errors import Eagle3Error
 
         mode, epochs, out = a.case
         try:
-            rec = run_case(a.config, overrides, mode, float(epochs), a.work)
+            rec = run_case(a.config, overrides, mode, float(epochs), a.work, a.device)
         except Eagle3Error as e:  # a fact about the inputs: its message says what to change
-            print(f"error: case {mode} x {float(epochs):g} epochs: {e}", file=sys.stderr)
+            print(f"error: case {mode} x {label(float(epochs))} epochs: {e}", file=sys.stderr)
             return 1
         Path(out).write_text(json.dumps(rec, indent=1, default=str))
         return 0
@@ -262,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     from eagle3.config import load_config
 
     # the target folder is written (tiny-random, a GGUF conversion) before any case's clock starts
-    print("target:", resolve_target(load_config(a.config, overrides)), flush=True)
+    print("target:", resolve_target(load_config(a.config, case_overrides(
+        overrides, a.modes[0], a.epochs[0], a.device))), flush=True)
     out = a.out
     rows = []
     for epochs in a.epochs:
         for mode in a.modes:
-            work = a.work / f"{mode}-{epochs:g}ep"
+            work = a.work / f"{mode}-{label(epochs)}ep"
             if work.exists():
                 import shutil
 
@@ -278,16 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                    "--case", mode, str(epochs), str(rec_file)]
             cmd += [x for o in a.override for x in ("-o", o)]
             cmd += ["--device", a.device] if a.device else []
-            r = subprocess.run(cmd, cwd=ROOT)
-            if r.returncode != 0:
-                print(f"case {mode} x {epochs:g} epochs failed (exit {r.returncode})",
-                      file=sys.stderr)
-                return r.returncode
+            rc = run_child(cmd)
+            if rc != 0:
+                print(f"case {mode} x {label(epochs)} epochs failed (exit {rc})", file=sys.stderr)
+                return rc
             rows.append(json.loads(rec_file.read_text()))
             s = rows[-1]
             window = ("" if s["peak_window_bytes"] is None
                       else f" + a window of {s['peak_window_bytes']:,} B while training")
-            print(f"{mode:8s} {epochs:g} ep: {s['seconds']['total']:.1f} s, hidden states on "
+            print(f"{mode:8s} {label(epochs)} ep: {s['seconds']['total']:.1f} s, hidden states on "
                   f"disk {s['disk_bytes']['hidden_states']:,} B{window}, target tokens "
                   f"{s['tokens']['target_tokens_computed']}, simulated acceptance "
                   f"{s['simulated_acceptance_length']}", flush=True)
@@ -296,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         acc = c["acceptance_rel_diff"]
         window = ("" if c["peak_window_bytes"] is None
                   else f" (a window of at most {c['peak_window_bytes']:,} B while training)")
-        print(f"{c['mode']} / offline, {c['epochs']:g} ep: time {c['time_vs_offline']:.3f}x, "
+        print(f"{c['mode']} / offline, {label(c['epochs'])} ep: time {c['time_vs_offline']:.3f}x, "
               f"acceptance vs offline: simulated {percent(acc['simulated'])}, dev "
               f"{percent(acc['dev'])}; hidden states on disk {c['hidden_state_bytes']:,} B"
               f"{window} vs offline's {c['offline_hidden_state_bytes']:,} B")

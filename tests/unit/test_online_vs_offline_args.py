@@ -22,9 +22,9 @@ class _Started(Exception):
 def no_cases(monkeypatch):
     """Any case process started is a test failure (raises _Started)."""
     def run(*a, **k):
-        raise _Started(a)
+        raise _Started(a, k)
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "Popen", run)
 
 
 def _error(capsys, tmp_path, *argv: str, out: str | None = None) -> str:
@@ -59,7 +59,7 @@ def test_an_override_or_mode_that_does_not_load_is_named(no_cases, capsys, tmp_p
 
 
 @pytest.mark.parametrize("flag, values, shown", [("--modes", ["offline", "offline"], "offline"),
-                                                 ("--epochs", ["1", "2", "1"], "1.0")])
+                                                 ("--epochs", ["1", "2", "1"], "1")])
 def test_a_case_given_twice_is_refused(no_cases, capsys, tmp_path, flag, values, shown):
     err = _error(capsys, tmp_path, TINY, flag, *values)
     assert f"{flag}: expected each value once (a case runs once)" in err
@@ -72,8 +72,10 @@ def test_an_out_that_cannot_take_the_results_is_refused_before_any_case(no_cases
     assert f"--out {tmp_path}: expected a results file (JSON), got a folder" in err
     (tmp_path / "file").write_text("")
     err = _error(capsys, tmp_path, TINY, out=str(tmp_path / "file" / "r.json"))
-    assert f"--out {tmp_path / 'file' / 'r.json'}: expected a file that can be written" in err
+    assert (f"--out {tmp_path / 'file' / 'r.json'}: expected a file in a folder, got "
+            f"{tmp_path / 'file'}, a file, above it") in err
     assert not list(tmp_path.glob(".*probe*"))
+    assert not (tmp_path / "work").exists()  # refused before --work is made
 
 
 def test_the_window_size_goes_to_the_cached_cases_only():
@@ -82,6 +84,36 @@ def test_the_window_size_goes_to_the_cached_cases_only():
                                                       "train.epochs=1.0"]
     assert ovo.case_overrides(ov, "cached", 2.0) == [*ov, "extract.mode=cached",
                                                      "train.epochs=2.0"]
+
+
+def test_the_device_goes_where_each_mode_reads_it():
+    assert ovo.case_overrides([], "offline", 1.0, "cpu")[:2] == ["train.device=cpu",
+                                                                 "extract.device=cpu"]
+    assert ovo.case_overrides([], "online", 1.0, "cpu")[:2] == ["train.device=cpu",
+                                                                "extract.mode=online"]
+
+
+@pytest.mark.parametrize("key", ["extract.mode=online", "train.epochs=3"])
+def test_what_each_case_sets_is_not_an_override(no_cases, capsys, tmp_path, key):
+    err = _error(capsys, tmp_path, TINY, "-o", key)
+    assert f"-o {key}: expected no extract.mode or train.epochs override" in err
+
+
+def test_epochs_that_print_alike_are_one_case(no_cases, capsys, tmp_path):
+    err = _error(capsys, tmp_path, TINY, "--epochs", "1", "1.0000000000001")
+    assert "--epochs: expected each value once" in err
+
+
+def test_relative_paths_mean_the_same_to_the_case_process(no_cases, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copy(TINY, tmp_path / "mine.yaml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(_Started) as e:
+        ovo.main(["mine.yaml", "--epochs", "1", "--work", "w", "--out", "r.json"])
+    (cmd,), kwargs = e.value.args
+    assert "cwd" not in kwargs  # the case runs in this folder: "mine.yaml" is the same file
+    assert cmd[cmd.index("--work") + 1] == str(tmp_path / "w" / "offline-1ep")
 
 
 def test_a_device_this_machine_lacks_is_refused(no_cases, capsys, tmp_path, monkeypatch):
@@ -157,3 +189,33 @@ def test_comparisons_pair_each_mode_with_the_offline_case_of_its_epochs():
                                       (None, "n/a")])
 def test_acceptance_differences_print_as_percentages(x, shown):
     assert ovo.percent(x) == shown
+
+
+def test_sigterm_to_the_driver_ends_its_case_process(tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import REPO
+
+    driver = subprocess.Popen([sys.executable, "lab/online_vs_offline.py", TINY, "--epochs", "1",
+                               "--modes", "offline", "--device", "cpu", "--work",
+                               str(tmp_path / "w"), "--out", str(tmp_path / "r.json")],
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, children = time.monotonic() + 120, []
+        while not children and time.monotonic() < deadline:
+            children = psutil.Process(driver.pid).children(recursive=True)
+            time.sleep(0.2)
+        assert children, "the case process never started"
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=60) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(children, timeout=15)
+        assert alive == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
