@@ -12,7 +12,8 @@ is also measured offline on those prompt sets (``tasks.evaluate``: replayed gree
 with bootstrap intervals), logged on the point's run as ``offline.<set>.*``. The sweep's run holds
 ``sweep.json``, the table (``sweep_table.md``), the data-scaling and training-length plots and the
 decision ("more data" / "longer training" / "regenerate data" / "fix serving integration" / "stop").
-A point that fails is recorded as failed and left out of the decision.
+A point that fails is recorded as failed and left out of the decision; so is one whose data gave
+fewer conversations than its size (``DATA_SHORT``): its label would overstate its data.
 
 Long sweeps span several sessions: ``deadline_s`` stops starting new points after that many seconds
 (the rest are returned as ``pending``), and ``sweep_run_id`` continues an earlier sweep's MLflow
@@ -58,11 +59,14 @@ def point_key(data: str, size: int, schedule: str) -> str:
 
 def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
     """A finished point's coordinates and figures from its summary and its draft manifest
-    (``<run_dir>/train/manifest.json``): data variant, data size (conversations), schedule, unique
-    tokens (``counts.train_positions``), epochs over the data, optimizer steps, served / offline /
+    (``<run_dir>/train/manifest.json``): data variant, data size (conversations asked),
+    ``conversations`` (trained and validated on: ``counts.train_samples + val_samples``), schedule,
+    unique tokens (``counts.train_positions``), epochs over the data, optimizer steps, served / offline /
     simulated acceptance."""
     m = read_manifest(latest_output(summary["run_dir"], "train"))
+    counts = m.get("counts") or {}
     return {"data": data, "data_size": size, "schedule": schedule,
+            "conversations": (counts.get("train_samples") or 0) + (counts.get("val_samples") or 0),
             "key": point_key(data, size, schedule),
             "unique_tokens": (m.get("counts") or {}).get("train_positions"),
             "acceptance_length": summary["acceptance_length"],
@@ -140,7 +144,13 @@ def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds:
             config_path=config_path, overrides=point,
             extract_dir=str(cfg.run_dir() / f"extract-{d}-n{size}"), return_state=True)
         if state.is_completed():
-            results.append(point_result(state.result(), d, size, s))
+            row = point_result(state.result(), d, size, s)
+            if row["conversations"] < size:  # its label would overstate its data
+                failed[key] = (f"DATA_SHORT: {size} conversations asked, the data variant "
+                               f"{d!r} gave {row['conversations']} (raise the data or lower the "
+                               "point's size)")
+                continue
+            results.append(row)
             tag_point(cfg, parent, results[-1])
         else:
             failed[key] = state.message or state.name

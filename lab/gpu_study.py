@@ -466,8 +466,8 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(a, name)}")
     if a.regen_rounds < 0:
         p.error(f"--regen-rounds: expected >= 0 (0: every turn), got {a.regen_rounds}")
-    if a.dev_holdout < 0 or a.dev_prompts < 1:
-        p.error(f"--dev-holdout / --dev-prompts: expected >= 0 / >= 1, got {a.dev_holdout} / "
+    if a.dev_holdout < 0 or not 1 <= a.dev_prompts <= 4096:  # train.dev_prompts' range
+        p.error(f"--dev-holdout / --dev-prompts: expected >= 0 / 1 to 4096, got {a.dev_holdout} / "
                 f"{a.dev_prompts}")
     if a.deadline is not None and not 0 < a.deadline < 1e6:
         p.error(f"--deadline: expected seconds in (0, 1e6), got {a.deadline}")
@@ -529,6 +529,10 @@ def main(argv=None) -> int:
             "eval_tokens": a.eval_tokens,
             "dev_holdout": a.dev_holdout,
             "dev_prompts": a.dev_prompts if a.dev_holdout else None,
+            "regen_rounds": a.regen_rounds,
+            "all_size": a.all_size,
+            "data": str(Path(a.data).resolve()) if a.data else None,
+            "target": a.target or a.gguf,
         },
     )
     res.until, res.stop = a.until, False

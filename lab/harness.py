@@ -16,6 +16,9 @@ import traceback
 from pathlib import Path
 
 
+OUTPUT_KEYS = ("dir", "path", "dev_prompts_file")  # a stage record's keys that name its outputs
+
+
 class Results:
     """Figures by stage, rewritten to ``<work>/results.json`` (and ``<out>/results.json``) after
     every change.
@@ -33,18 +36,19 @@ class Results:
             try:
                 data = json.loads(self.paths[0].read_text())
                 if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
-                    raise ValueError(
-                        f"expected an object with a 'stages' object, got {type(data).__name__}"
-                    )
+                    got = (type(data.get("stages")).__name__ if isinstance(data, dict)
+                           else type(data).__name__)
+                    raise ValueError(f"expected an object with a 'stages' object, got {got}")
                 if not isinstance(data.get("settings", {}), dict):
                     raise ValueError("'settings' is not an object")
                 bad = [k for k, v in data["stages"].items() if not isinstance(v, dict)]
                 if bad:
                     raise ValueError(f"stages {bad[:3]} are not objects")
-                gone = [
-                    f"{k}: {v['dir']}"
+                gone = [  # the files a finished stage made, which later stages read
+                    f"{k}: {v[f]}"
                     for k, v in data["stages"].items()
-                    if isinstance(v.get("dir"), str) and not Path(v["dir"]).exists()
+                    for f in OUTPUT_KEYS
+                    if isinstance(v.get(f), str) and not Path(v[f]).exists()
                 ]
                 if gone:
                     raise ValueError(

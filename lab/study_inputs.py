@@ -183,6 +183,9 @@ def check_plan(path: str) -> dict:
                 f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
                 f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]"
             )
+        if pt in points[:i]:
+            raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected each point once, "
+                             f"got it also at points[{points.index(pt)}]")
     return plan
 
 

@@ -198,6 +198,11 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
                     plan.truncated, len(plan.ids), cfg.data.max_seq_len)
     if warn:
         warn_unstable(plan.unstable, plan.source["path"])
+    if warn and len(plan.ids) < cfg.data.num_conversations:
+        log.warning("DATA_SHORT: data.num_conversations=%d asked, %s gives %d usable "
+                    "conversations (%d records, %d skipped): the extraction holds %d",
+                    cfg.data.num_conversations, plan.source["path"], len(plan.ids),
+                    plan.records, sum(plan.skipped.values()), len(plan.ids))
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
     if (out_dir / "manifest.json").is_file():

@@ -415,3 +415,40 @@ def test_dev_holdout_points_select_by_the_measured_acceptance(tmp_path):
     assert (t.select_best_by, t.dev_prompts_file, t.dev_prompts) == ("measured", str(dev), 2)
     assert "train.select_best_by=measured" not in base_overrides(a, tmp_path, None,
                                                                  tmp_path / "pool.jsonl")
+
+
+def test_resume_refuses_other_inputs_and_stages_whose_files_are_gone(tmp_path):
+    from lab.harness import Results
+
+    work, out = tmp_path / "w", tmp_path / "o"
+    res = Results(work, out, settings={"regen_rounds": 1, "data": "/a.jsonl"})
+    kept = work / "regenerated.jsonl"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text("{}\n")
+    res.put("regen", {"path": str(kept)})
+    res.put("data", {"dir": str(work), "dev_prompts_file": str(work / "dev.jsonl")})
+    with pytest.raises(SystemExit, match=r"data: .*dev.jsonl"):  # the dev prompts are gone
+        Results(work, out, resume=True, settings={"regen_rounds": 1, "data": "/a.jsonl"})
+    (work / "dev.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit, match=r"other settings .*'regen_rounds': \(1, 0\)"):
+        Results(work, out, resume=True, settings={"regen_rounds": 0, "data": "/a.jsonl"})
+    kept.unlink()
+    with pytest.raises(SystemExit, match=r"regen: .*regenerated.jsonl"):
+        Results(work, out, resume=True, settings={"regen_rounds": 1, "data": "/a.jsonl"})
+    (work / "results.json").write_text(json.dumps({"stages": [1, 2]}))
+    with pytest.raises(SystemExit, match=r"expected an object with a 'stages' object, got list"):
+        Results(work, out, resume=True)
+
+
+def test_a_point_given_twice_and_too_many_dev_prompts_are_refused(tmp_path, capsys):
+    from lab.gpu_study import parse_args
+    from lab.study_inputs import check_plan
+
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({**PLAN, "points": [["as-is", 10, "c"], ["as-is", 10, "c"]]}))
+    with pytest.raises(ValueError, match=r"points\[1\] = \['as-is', 10, 'c'\]: expected each "
+                                         r"point once, got it also at points\[0\]"):
+        check_plan(str(f))
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--dev-holdout", "4", "--dev-prompts", "5000"])
+    assert "--dev-prompts: expected >= 0 / 1 to 4096, got 4 / 5000" in capsys.readouterr().err
