@@ -60,9 +60,9 @@ def point_key(data: str, size: int, schedule: str) -> str:
 def point_result(summary: dict, data: str, size: int, schedule: str) -> dict:
     """A finished point's coordinates and figures from its summary and its draft manifest
     (``<run_dir>/train/manifest.json``): data variant, data size (conversations asked),
-    ``conversations`` (trained and validated on: ``counts.train_samples + val_samples``), schedule,
-    unique tokens (``counts.train_positions``), epochs over the data, optimizer steps, served / offline /
-    simulated acceptance."""
+    ``conversations`` (trained and validated on: ``counts.train_samples + val_samples``),
+    schedule, unique tokens (``counts.train_positions``), epochs over the data, optimizer steps,
+    served / offline / simulated acceptance."""
     m = read_manifest(latest_output(summary["run_dir"], "train"))
     counts = m.get("counts") or {}
     return {"data": data, "data_size": size, "schedule": schedule,
