@@ -271,8 +271,10 @@ class TrainConfig(_Section):
     epochs: float = Field(4.0, gt=0, description="Passes over the training split; fractional "
         "values are read (the schedule runs ceil(epochs x steps per epoch) optimizer steps), "
         "booleans refused.")
-    max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (0 "
-                                                          "= untrained).")
+    max_steps: int | None = Field(None, ge=0, description="Optimizer steps to run (0 = "
+        "untrained): schedule 'constant' runs exactly this many, as many epochs as that takes "
+        "whatever train.epochs says; schedule 'epochs' stops here or at its epochs' end, "
+        "whichever comes first (its cosine spans the epochs).")
     lr: float = Field(3e-4, gt=0)
     warmup_steps: int = Field(10, ge=0)
     weight_decay: float = Field(0.0, ge=0)

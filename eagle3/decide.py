@@ -134,12 +134,13 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None,
                          unique_tokens: int | None = None, val_key: str = "val/loss",
                          train_key: str = "train/loss") -> dict:
     """A :func:`recommend` ``history`` from ``metrics.jsonl`` rows (``{"step", key: value}``):
-    ``val_loss`` = ``val_key`` values in step order; ``train_loss`` = per eval, the latest
+    ``val_loss`` = ``val_key`` values in step order; ``train_loss`` = per eval, the latest finite
     ``train_key`` value at or before its step (evals before any are skipped for the gap);
     ``dev_acceptance`` = the measured ``dev/acceptance_length`` values, where logged."""
     val, train, last_train, dev = [], [], None, []
     for r in sorted(rows, key=lambda r: r.get("step", 0)):
-        if isinstance(r.get(train_key), (int, float)):
+        # a logging window without a loss position has a NaN loss: the last finite one stands
+        if isinstance(r.get(train_key), (int, float)) and math.isfinite(r[train_key]):
             last_train = float(r[train_key])
         if isinstance(r.get(val_key), (int, float)):
             val.append(float(r[val_key]))

@@ -68,7 +68,8 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
     """Add one packed micro-batch to ``counts`` (in place). draft_tokens: per TTT step ``[1, N]``
     draft-vocab argmax; target_ids: ``[1, N]`` verifier argmax (draft vocabulary); loss_mask:
     ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses: per-step scalars
-    (``loss_{k}_sum``), added on the device (no host sync)."""
+    (``loss_{k}_sum``), added on the device (no host sync); the loss mean counts only the
+    micro-batches with a loss position."""
     valid0 = loss_mask[0].bool()
     alive, run = torch.ones_like(valid0), torch.zeros(valid0.shape, device=valid0.device)
     for k, pred in enumerate(draft_tokens):
@@ -76,7 +77,9 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
         base = k * _PER_STEP
         counts[base:base + 4] += c.to(counts.dtype)
         counts[base + 4] += step_losses[k].detach().to(counts.dtype)
-        counts[base + 5] += 1
+        # a micro-batch without loss positions (all cut by max_tokens_per_batch) has no loss:
+        # counting its 0 would pull the mean down (a window of only such has a NaN loss)
+        counts[base + 5] += valid0.any().to(counts.dtype)
     K = len(draft_tokens) * _PER_STEP
     counts[K] += (run + valid0.float()).sum()
     counts[K + 1] += valid0.sum()

@@ -64,7 +64,8 @@ def check_data_mode(cfg, data_dir: str | Path) -> str:
     # the extract command that writes what this config trains on: the config file may say
     # another mode, the one given being an override
     redo = f"eagle3 extract CONFIG -o extract.mode={want}" + (
-        f" -o extract.cache_max_gb={cfg.extract.cache_max_gb:g}" if want == "cached" else "")
+        f" -o extract.cache_max_gb={cfg.extract.cache_max_gb:g}" if want == "cached" else "") + (
+        " with this run's other -o overrides")
     if got != want:
         raise ConfigError(f"EXTRACT_MODE_MISMATCH: {where}: mode expected {want!r} (extract.mode "
                           f"of this config), got {got!r}; run the extract stage with this "
@@ -207,11 +208,14 @@ class OnlineHiddenStates(HiddenStatesData):
 
     def checkpoint_info(self) -> dict:
         """What a checkpoint keeps of the counters: ``online_tokens_recomputed``,
-        ``online_target_forwards``, ``online_target_forward_s`` (this training so far)."""
+        ``online_target_forwards``, ``online_target_forward_s`` and, with a window,
+        ``online_cache_hits`` / ``online_cache_hit_tokens`` (this training so far)."""
         self._settle()
+        hits = {} if self.cache is None else {"online_cache_hits": self.cache.hits,
+                                              "online_cache_hit_tokens": self.cache.hit_tokens}
         return {"online_tokens_recomputed": self.stats.tokens,
                 "online_target_forwards": self.stats.forwards,
-                "online_target_forward_s": self.stats.seconds}
+                "online_target_forward_s": self.stats.seconds, **hits}
 
     def restore(self, info: dict) -> None:
         """Resume the counters of a checkpoint's ``info`` (:meth:`checkpoint_info`; a key it
@@ -220,6 +224,9 @@ class OnlineHiddenStates(HiddenStatesData):
         self.stats = OnlineStats(tokens=int(info.get("online_tokens_recomputed") or 0),
                                  seconds=float(info.get("online_target_forward_s") or 0.0),
                                  forwards=int(info.get("online_target_forwards") or 0))
+        if self.cache is not None:
+            self.cache.hits = int(info.get("online_cache_hits") or 0)
+            self.cache.hit_tokens = int(info.get("online_cache_hit_tokens") or 0)
 
     def summary(self, offline_bytes: int | None) -> dict:
         """The train manifest's ``online`` section: ``hidden_state_bytes_on_disk`` (0),
@@ -230,7 +237,7 @@ class OnlineHiddenStates(HiddenStatesData):
         earlier processes included up to the checkpoint resumed from), the dtype and batch
         size; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
         ``cache_samples``, ``cache_hits`` (samples read from it) and ``cache_hit_tokens`` (their
-        tokens), this process."""
+        tokens; hits and hit tokens count the whole training, as ``tokens_recomputed`` does)."""
         self._settle()
         s = self.stats
         return {"hidden_state_bytes_on_disk": 0, "offline_bytes_estimate": offline_bytes,

@@ -60,7 +60,8 @@ def test_train_refuses_a_folder_of_another_mode(folders, tmp_path, want, got):
         assert f"{data / 'manifest.json'}: mode expected {want!r}" in msg
         assert f"got {got!r}" in msg and f"train with -o extract.mode={got}" in msg
         redo = f"(eagle3 extract CONFIG -o extract.mode={want}" + (
-            f" -o extract.cache_max_gb={WINDOW[0].split('=')[1]})" if want == "cached" else ")")
+            f" -o extract.cache_max_gb={WINDOW[0].split('=')[1]}" if want == "cached" else "") + (
+            " with this run's other -o overrides)")
         assert redo in msg  # the extract command carries the mode an override may have set
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
@@ -76,7 +77,8 @@ def test_train_refuses_a_cached_folder_of_another_window(folders, tmp_path):
                                           r"expected 500000000 .*got 300000 \(mode 'cached' "
                                           r"in both\); run the extract stage with this "
                                           r"config's window \(eagle3 extract CONFIG -o "
-                                          r"extract.mode=cached -o extract.cache_max_gb=0.5\) "
+                                          r"extract.mode=cached -o extract.cache_max_gb=0.5 "
+                                          r"with this run's other -o overrides\) "
                                           r"or train with -o extract.cache_max_gb=0.0003$"):
         check_data_mode(other, data)
 

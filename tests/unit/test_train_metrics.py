@@ -36,6 +36,27 @@ def test_full_and_conditional_accuracy_respect_documents_and_mask():
     assert m["x/loss"] == pytest.approx(0.75)
 
 
+def test_a_micro_batch_without_loss_positions_has_no_loss_to_average():
+    tgt, doc = torch.arange(4)[None], torch.zeros(1, 4, dtype=torch.long)
+    d0 = torch.arange(4)[None]
+    full, empty = torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4, dtype=torch.bool)
+    c = new_counts(1)
+    add_batch(c, [d0], tgt, full, doc, [torch.tensor(0.8)])
+    add_batch(c, [d0], tgt, empty, doc, [torch.tensor(0.0)])  # all cut: its 0 is not a loss
+    assert summarize(c, "x")["x/loss"] == pytest.approx(0.8)
+    c = new_counts(1)
+    add_batch(c, [d0], tgt, empty, doc, [torch.tensor(0.0)])
+    assert math.isnan(summarize(c, "x")["x/loss"])  # a window of only such: no loss, not 0
+
+
+def test_decide_reads_the_last_finite_train_loss():
+    from eagle3.decide import history_from_metrics
+
+    rows = [{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": math.nan},
+            {"step": 2, "val/loss": 2.5}]
+    assert history_from_metrics(rows)["train_loss"] == [2.0]
+
+
 def test_lr_schedules():
     kw = dict(warmup_steps=4, total_steps=14)
     assert [lr_factor(s, schedule="epochs", **kw) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]

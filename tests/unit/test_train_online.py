@@ -147,6 +147,23 @@ def test_counters_cover_the_whole_training_across_a_resume(extracted):
     assert (resumed.stats.tokens, resumed.stats.forwards, resumed.stats.seconds) == (7, 0, 0.0)
 
 
+def test_window_hits_are_kept_across_a_resume(extracted, tmp_path):
+    from eagle3.assets import resolve_target
+    from eagle3.train.draft_model import read_target_config
+    from eagle3.train.online import open_online
+
+    runs, cached_dir, _ = extracted["cached"]
+    target = resolve_target(_cfg(runs, "cached"))
+    data = open_online(cached_dir, target, read_target_config(target), max_tokens=64,
+                       device=torch.device("cpu"), cache_dir=tmp_path / "win", warn=False)
+    data.restore({"online_tokens_recomputed": 50, "online_cache_hits": 3,
+                  "online_cache_hit_tokens": 99})
+    s = data.summary(None)
+    assert (s["tokens_recomputed"], s["cache_hits"], s["cache_hit_tokens"]) == (50, 3, 99)
+    info = data.checkpoint_info()
+    assert (info["online_cache_hits"], info["online_cache_hit_tokens"]) == (3, 99)
+
+
 def test_read_ahead_groups_keep_order_and_bound_the_samples():
     batches = [[0], [1, 2], [3], [4, 5, 6, 7, 8], [9], [10]]
     assert list(read_ahead_groups(batches, 4)) == [[[0], [1, 2], [3]], [[4, 5, 6, 7, 8]],
@@ -309,6 +326,10 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     assert resumed["online"]["target_forward_s"] > info["online_target_forward_s"] > 0
     if mode == "cached":
         assert resumed["online"]["cache_hit_tokens"] > 0
+    # every token the training needed was computed or read from the window, counted once
+    needed = [r["online"]["tokens_recomputed"] + r["online"].get("cache_hit_tokens", 0)
+              for r in (ref, resumed)]
+    assert needed[0] == needed[1]
 
 
 def test_lab_benchmark_writes_its_results(tmp_path):
