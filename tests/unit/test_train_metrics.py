@@ -19,7 +19,8 @@ def test_full_and_conditional_accuracy_respect_documents_and_mask():
     tgt = torch.arange(6)[None]
     doc = torch.tensor([[0, 0, 0, 1, 1, 1]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)
-    # step 0 predicts tgt[p]: right at p=0,1,3 ; step 1 predicts tgt[p+1]: right at p=0,3 and (wrongly) p=2
+    # step 0 predicts tgt[p]: right at p=0,1,3; step 1 predicts tgt[p+1]: right at p=0,3 and
+    # (wrongly) p=2
     d0 = torch.tensor([[0, 1, 9, 3, 9, 9]])
     d1 = torch.tensor([[1, 9, 3, 4, 9, 9]])  # p=2 -> tgt[3] but crosses into doc 1: not valid
     c = new_counts(2)
@@ -81,10 +82,12 @@ def test_packing_keeps_documents_and_budget():
     assert b["hidden_states"].shape == (1, 5, 6)
 
 
-@pytest.mark.parametrize("with_mask,with_prev", [(True, True), (True, False), (False, True), (False, False)])
-def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(with_mask, with_prev):
-    """eagle3.train.metrics.accuracy_single_step: speculators' four counts and its in-place prev_correct
-    update, without masked_select's data-dependent shape."""
+@pytest.mark.parametrize("with_mask,with_prev",
+                         [(True, True), (True, False), (False, True), (False, False)])
+def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(with_mask,
+                                                                               with_prev):
+    """eagle3.train.metrics.accuracy_single_step: speculators' four counts and its in-place
+    prev_correct update, without masked_select's data-dependent shape."""
     import torch
     from speculators.models.metrics import compute_accuracy_single_step
 
@@ -99,6 +102,7 @@ def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(
     want = compute_accuracy_single_step(pred, tgt, mask, prev_a)
     got = accuracy_single_step(pred, tgt, mask, prev_b)
     assert [float(x) for x in got] == [float(x) for x in want]
-    assert float(got[1]) == (float(mask.sum()) if with_mask else 50.0) and 0 < float(got[0]) < float(got[1])
+    assert float(got[1]) == (float(mask.sum()) if with_mask else 50.0)
+    assert 0 < float(got[0]) < float(got[1])
     if with_prev:
         assert torch.equal(prev_a, prev_b) and not torch.equal(prev_b, prev)
