@@ -142,6 +142,9 @@ def carry_back_regen(regen_path: Path, out: Path) -> None:
     shutil.copyfile(_manifest_of(regen_path), _manifest_of(dst))
 
 
+PLAN_OWNED = ("data.num_conversations", "name")  # set per point by the sweep
+
+
 def check_plan(path: str) -> dict:
     """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and
     ``schedules`` (name → list of override strings) and a non-empty ``points`` list of ``[data,
@@ -162,6 +165,16 @@ def check_plan(path: str) -> dict:
                 f"--plan {path}: '{key}' expected a non-empty "
                 f"object of name -> list of overrides, got {v!r}"
             )
+    for key in ("data", "schedules"):
+        for name, overrides in plan[key].items():
+            keys = [str(o).split("=", 1)[0].strip() for o in overrides]
+            owned = [k for k in keys if k in PLAN_OWNED or k.startswith("paths.")]
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            if owned or twice:
+                raise ValueError(
+                    f"--plan {path}: {key}.{name}: expected no override of "
+                    f"{', '.join(PLAN_OWNED)} or paths.* (the study sets them: a point's size, "
+                    f"name and folders) and each key once, got {owned or twice}")
     points = plan.get("points")
     if not isinstance(points, list) or not points:
         raise ValueError(

@@ -452,3 +452,20 @@ def test_a_point_given_twice_and_too_many_dev_prompts_are_refused(tmp_path, caps
     with pytest.raises(SystemExit):
         parse_args(["--device", "cpu", "--dev-holdout", "4", "--dev-prompts", "5000"])
     assert "--dev-prompts: expected >= 0 / 1 to 4096, got 4 / 5000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides, shown", [
+    (["data.num_conversations=5"], "['data.num_conversations']"),
+    (["paths.runs_dir=/x"], "['paths.runs_dir']"),
+    (["train.epochs=1", "train.epochs=2"], "['train.epochs']")])
+def test_a_plan_override_the_study_owns_or_gives_twice_is_refused(tmp_path, overrides, shown):
+    from lab.study_inputs import check_plan
+
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({**PLAN, "schedules": {"c": overrides}}))
+    with pytest.raises(ValueError, match=r"schedules.c: expected no override of "
+                                         r"data.num_conversations, name or paths.\*"):
+        check_plan(str(f))
+    with pytest.raises(ValueError) as e:
+        check_plan(str(f))
+    assert str(e.value).endswith(f"got {shown}")
