@@ -62,7 +62,9 @@ from lab.study_inputs import (  # noqa: E402,F401
     config_path,
     do_data,
     do_regen,
+    raw_plan,
     read_store_record,
+    store_problem,
     rebuild_command,
     resolve_plan,
     restore_store,
@@ -481,8 +483,13 @@ def parse_args(argv=None):
     if a.store_from:
         try:
             read_store_record(Path(a.store_from))
+            restored = a.resume and (Path(a.work) / "runs" / "mlflow.db").exists()
+            problem = None if restored else store_problem(Path(a.store_from), Path(a.work),
+                                                          raw_plan(a))
         except ValueError as e:
-            p.error(str(e))
+            problem = str(e)
+        if problem:
+            p.error(problem)
     if a.regen_file and not Path(a.regen_file).is_file():
         p.error(f"--regen-file: expected a file, got {a.regen_file!r}")
     if a.assets and not Path(a.assets).is_dir():
@@ -492,11 +499,7 @@ def parse_args(argv=None):
             f"--assets {a.assets}: expected at least one "
             f"of {', '.join(ASSET_FILES)} there, found none"
         )
-    problem = plan_problem(
-        a,
-        json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN),
-        config_path(a),
-    )
+    problem = plan_problem(a, raw_plan(a), config_path(a))
     if problem:
         p.error(problem)
     if a.device == "cuda":
@@ -554,7 +557,10 @@ def main(argv=None) -> int:
             Path(regen["path"]), out
         )  # returns at most 8 files, so none is spent on a copy
     if base and a.store_from and not res.stop:  # a study begun elsewhere: its sweep run goes on
-        kept = stage(res, "store", restore_store, Path(a.store_from), work)
+        kept = stage(res, "store", restore_store, Path(a.store_from), work, raw_plan(a))
+        if kept and kept.get("from") != str(Path(a.store_from)):
+            log(f"warning: --store-from {a.store_from} not unpacked: this --work holds the store "
+                f"restored from {kept.get('from')} in an earlier call (--resume)")
         if kept is None:  # not a new sweep run in place of the one the store holds
             log("store: not restored (above), the sweep does not start")
             res.stop = res.until_failed = True
@@ -573,7 +579,8 @@ def main(argv=None) -> int:
     )
     rep = stage(res, "final", do_report, a, sweep, speed, out) if speed else rep
     if a.store_copy:  # the store the run wrote, for reading back elsewhere (--store-from)
-        write_store_copy(work, out, (res.data.get("sweep_partial") or {}).get("parent_run_id"))
+        write_store_copy(work, out, (res.data.get("sweep_partial") or {}).get("parent_run_id"),
+                         raw_plan(a))
     log(f"done: {json.dumps(rep, default=str) if rep else 'report not written'}")
     if getattr(res, "until_failed", False):
         return 1  # --until stopped after its stage, which failed

@@ -168,7 +168,7 @@ def write_results(out: Path, a: argparse.Namespace, rows: list[dict]) -> None:
     """The results JSON: arguments, the cases so far and :func:`comparisons` (rewritten after
     every case, so a run cut short keeps what it measured)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": a.config, "overrides": a.override,
+    out.write_text(json.dumps({"config": str(Path(a.config).absolute()), "overrides": a.override,
                                "device": a.device, "written_at": dt.datetime.now(
                                    dt.timezone.utc).isoformat(timespec="seconds"),
                                "cases": rows, "comparisons": comparisons(rows)},
@@ -257,31 +257,38 @@ def run_child(cmd: list[str]) -> int:
     """Run one case's process in its own process group and return its exit status. SIGTERM or
     SIGINT to this driver ends that group (SIGTERM, then SIGKILL after 10 s) before the driver
     exits with 128 + the signal: a case does not go on alone, holding the GPU, after its driver
-    has gone."""
+    has gone. The handlers are in place before the case starts, and a second signal is ignored
+    while the case ends."""
     import signal
 
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    procs: list[subprocess.Popen] = []
 
     def stop(signum, _frame):  # no waiting here: the interrupted wait holds the Popen's lock
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         raise _Stopped(signum)
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()
+        procs.append(subprocess.Popen(cmd, start_new_session=True))
+        return procs[0].wait()
     except _Stopped as e:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for sig in old:  # until this process exits: the escalation is not cut short
+            signal.signal(sig, signal.SIG_IGN)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         raise SystemExit(128 + e.signum) from None
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        if signal.getsignal(signal.SIGTERM) is stop:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
 
 
 def percent(x: float | None) -> str:

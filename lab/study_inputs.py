@@ -333,19 +333,26 @@ STORE_RECORD = "study.json"  # its member naming the sweep run and the --work it
 WEIGHTS = (".safetensors", ".pt", ".bin")  # left out of the copy: it carries records, not drafts
 
 
-def write_store_copy(work: Path, out: Path, sweep_run_id: str | None) -> Path | None:
+def write_store_copy(work: Path, out: Path, sweep_run_id: str | None,
+                     plan: dict | None = None) -> Path | None:
     """``out/mlflow_store.tar.xz``: the MLflow store the study wrote under ``work/runs``
     (``mlflow.db`` and ``mlartifacts`` without weights) and :data:`STORE_RECORD` (the sweep run
-    id, ``work``), so that a later call on a fresh machine goes on with the same sweep run
-    (``--store-from``). None (nothing written) when there is no store."""
+    id, ``work``, the plan's data variants and schedules), so that a later call on a fresh
+    machine goes on with the same sweep run (``--store-from``). None, with a line saying why and
+    whatever copy ``out`` already holds left as it is, when there is no store or no sweep run
+    (a copy without one could not be continued)."""
     import io
     import tarfile
 
-    store = work / "runs"
-    if not (store / "mlflow.db").is_file():
+    store, dst = work / "runs", out / STORE_FILE
+    if not (store / "mlflow.db").is_file() or not sweep_run_id:
+        why = "no sweep run recorded" if sweep_run_id is None else "no store"
+        older = f"; {dst} is an earlier call's" if dst.is_file() else ""
+        log(f"store copy: not written ({why} in {work}){older}")
         return None
-    record = json.dumps({"sweep_run_id": sweep_run_id, "work": str(work.resolve())}).encode()
-    dst = out / STORE_FILE
+    record = json.dumps({"sweep_run_id": sweep_run_id, "work": str(work.resolve()),
+                         "plan": {k: (plan or {}).get(k) for k in ("data", "schedules")}}
+                        ).encode()
     tmp = dst.with_name(f".{dst.name}.tmp")
     with tarfile.open(tmp, "w:xz") as tar:
         tar.add(store / "mlflow.db", "mlflow.db")
@@ -370,6 +377,9 @@ def read_store_record(src: Path) -> dict:
             names = set(tar.getnames())
             member = tar.extractfile(STORE_RECORD) if STORE_RECORD in names else None
             record = json.loads(member.read()) if member else None
+            db = tar.extractfile("mlflow.db") if "mlflow.db" in names else None
+            if db is not None and db.read(16) != b"SQLite format 3\x00":
+                raise ValueError("its mlflow.db is not an SQLite database")
     except (OSError, tarfile.TarError, lzma.LZMAError, ValueError, EOFError) as e:
         raise ValueError(f"--store-from {src}: expected the {STORE_FILE} an earlier call wrote "
                          f"(--store-copy), could not read it: {type(e).__name__}: {e}") from e
@@ -380,29 +390,48 @@ def read_store_record(src: Path) -> dict:
     return record
 
 
-def restore_store(src: Path, work: Path) -> dict:
+def store_problem(src: Path, work: Path, plan: dict | None) -> str | None:
+    """What keeps the store copy ``src`` from going on under ``work`` with ``plan``, or None:
+    another ``--work`` than the copy's (the store records absolute artifact paths), a store
+    already in ``work``, or a data variant or schedule of the copy's plan that ``plan`` names
+    with other overrides (its finished points, matched by name, would stand for points they are
+    not). ValueError as :func:`read_store_record` for a file that is not a store copy."""
+    record = read_store_record(src)
+    if str(work.resolve()) != record.get("work"):
+        return (f"--store-from {src}: made under --work {record.get('work')}, got --work "
+                f"{work.resolve()}; use that --work (the store records absolute artifact paths)")
+    if (work / "runs" / "mlflow.db").exists():
+        return (f"--store-from {src}: {work / 'runs' / 'mlflow.db'} exists already; start from "
+                "an empty --work, or leave out --store-from (and add --resume) to go on here")
+    old = record.get("plan") or {}
+    for kind in ("data", "schedules"):
+        for name, overrides in ((old.get(kind) or {}).items()):
+            now = ((plan or {}).get(kind) or {}).get(name)
+            if now is not None and now != overrides:
+                return (f"--store-from {src}: {kind}.{name} was {overrides} in the copy's plan, "
+                        f"got {now}; its finished points would stand for other ones (give the "
+                        "changed one another name)")
+    return None
+
+
+def restore_store(src: Path, work: Path, plan: dict | None = None) -> dict:
     """Unpack the store copy ``src`` into ``work/runs`` (a fresh machine's) and return the
-    ``sweep_partial`` record the sweep stage continues from. The store keeps absolute artifact
-    paths and run folders, so ``work`` must be the folder it was made under. Raises ValueError
-    naming the argument: another ``--work`` than the copy's, or a store already in ``work``."""
+    ``sweep_partial`` record the sweep stage continues from (``from``: ``src``). Raises ValueError
+    with :func:`store_problem`'s message."""
     import tarfile
 
     record = read_store_record(src)
-    if str(work.resolve()) != record.get("work"):
-        raise ValueError(f"--store-from {src}: made under --work {record.get('work')}, got "
-                         f"--work {work.resolve()}; use that --work (the store records absolute "
-                         "artifact paths)")
+    problem = store_problem(src, work, plan)
+    if problem:
+        raise ValueError(problem)
     runs = work / "runs"
-    if (runs / "mlflow.db").exists():
-        raise ValueError(f"--store-from {src}: {runs / 'mlflow.db'} exists already; start from "
-                         "an empty --work or leave out --store-from")
     runs.mkdir(parents=True, exist_ok=True)
     with tarfile.open(src, "r:xz") as tar:
         tar.extractall(runs, members=[m for m in tar.getmembers() if m.name != STORE_RECORD],
                        filter="data")
     log(f"store: sweep run {record['sweep_run_id']} restored from {src} into {runs}")
     return {"parent_run_id": record["sweep_run_id"],
-            "mlflow_uri": f"sqlite:///{runs / 'mlflow.db'}", "run_dir": None}
+            "mlflow_uri": f"sqlite:///{runs / 'mlflow.db'}", "run_dir": None, "from": str(src)}
 
 
 def resolve_plan(a, regen_file: str) -> dict:
@@ -435,3 +464,8 @@ def rebuild_command(a, base: list[str], regen: dict | None, row: dict) -> str:
     ov = _point_overrides(base, name, plan["data"][row["data"]], int(row["data_size"]),
                           row["point"], plan["schedules"][row["schedule"]])
     return " ".join(["eagle3 run", str(config_path(a)), *(f"-o {shlex.quote(o)}" for o in ov)])
+
+
+def raw_plan(a) -> dict:
+    """The plan as given (``--plan``'s JSON, else the built-in one), ``{regen}`` unresolved."""
+    return json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN)

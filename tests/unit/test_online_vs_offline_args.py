@@ -213,6 +213,8 @@ def test_sigterm_to_the_driver_ends_its_case_process(tmp_path):
             time.sleep(0.2)
         assert children, "the case process never started"
         driver.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        driver.send_signal(signal.SIGTERM)  # a second one (a double Ctrl-C) changes nothing
         assert driver.wait(timeout=60) == 128 + signal.SIGTERM
         gone, alive = psutil.wait_procs(children, timeout=15)
         assert alive == []

@@ -36,15 +36,23 @@ def test_the_store_goes_to_a_fresh_machine_and_its_sweep_run_goes_on(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     out.mkdir()
     cfg, sweep, point = _study_store(work)
-    copy = write_store_copy(work, out, sweep)
+    plan = {"data": {"as-is": []}, "schedules": {"c": ["train.epochs=1"]}, "points": []}
+    copy = write_store_copy(work, out, sweep, plan)
     assert copy == out / "mlflow_store.tar.xz"
-    assert read_store_record(copy) == {"sweep_run_id": sweep, "work": str(work.resolve())}
+    assert read_store_record(copy) == {"sweep_run_id": sweep, "work": str(work.resolve()),
+                                       "plan": {"data": plan["data"],
+                                                "schedules": plan["schedules"]}}
 
     import shutil
 
     shutil.rmtree(work)  # the next machine starts without it
-    partial = restore_store(copy, work)
-    assert partial["parent_run_id"] == sweep
+    changed = {**plan, "schedules": {"c": ["train.epochs=2"], "new": []}}
+    with pytest.raises(ValueError, match=r"schedules.c was \['train.epochs=1'\] in the copy's "
+                                         r"plan, got \['train.epochs=2'\]"):
+        restore_store(copy, work, changed)
+    assert not (work / "runs").exists()  # refused before anything is unpacked
+    partial = restore_store(copy, work, {**plan, "schedules": {**plan["schedules"], "new": []}})
+    assert partial["parent_run_id"] == sweep and partial["from"] == str(copy)
     assert partial["mlflow_uri"] == tracking.tracking_uri(cfg)
     client, _ = tracking.client_for(cfg)
     assert [(m.step, m.value) for m in client.get_metric_history(point, "dev/acceptance_length")
@@ -58,14 +66,22 @@ def test_the_store_goes_to_a_fresh_machine_and_its_sweep_run_goes_on(tmp_path):
         restore_store(copy, tmp_path / "elsewhere")
 
 
-def test_no_store_no_copy(tmp_path):
+def test_no_store_or_no_sweep_run_no_copy(tmp_path, capsys):
     from lab.study_inputs import write_store_copy
 
-    assert write_store_copy(tmp_path / "work", tmp_path, "x") is None
-    assert not list(tmp_path.iterdir())
+    out = tmp_path / "out"
+    out.mkdir()
+    assert write_store_copy(tmp_path / "work", out, "x") is None
+    assert not list(out.iterdir())
+    _study_store(tmp_path / "work")
+    (out / "mlflow_store.tar.xz").write_bytes(b"an earlier call's copy")
+    assert write_store_copy(tmp_path / "work", out, None) is None  # could not be continued
+    assert (out / "mlflow_store.tar.xz").read_bytes() == b"an earlier call's copy"
+    assert (f"store copy: not written (no sweep run recorded in {tmp_path / 'work'}); "
+            f"{out / 'mlflow_store.tar.xz'} is an earlier call's") in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["text", "cut", "no-record"])
+@pytest.mark.parametrize("kind", ["text", "cut", "no-record", "not-sqlite"])
 def test_a_file_that_is_not_a_store_copy_is_refused_before_any_stage(tmp_path, kind):
     import io
     import tarfile
@@ -75,10 +91,14 @@ def test_a_file_that_is_not_a_store_copy_is_refused_before_any_stage(tmp_path, k
         bad.write_text("not a tar")
     else:
         buf = io.BytesIO()
+        db = b"random bytes, not SQLite" if kind == "not-sqlite" else b"SQLite format 3\x00"
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo("mlflow.db")
-            info.size = 3
-            tar.addfile(info, io.BytesIO(b"abc"))
+            for name, data in (("mlflow.db", db), ("study.json", b'{"sweep_run_id": "S"}')):
+                if name == "study.json" and kind == "no-record":
+                    continue
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
         data = lzma.compress(buf.getvalue())
         bad.write_bytes(data[:30] if kind == "cut" else data)
     r = subprocess.run([sys.executable, "lab/gpu_study.py", "--tiny", "--device", "cpu",
@@ -89,6 +109,8 @@ def test_a_file_that_is_not_a_store_copy_is_refused_before_any_stage(tmp_path, k
     assert not (tmp_path / "w").exists()
     if kind == "no-record":
         assert "expected mlflow.db and study.json with a sweep_run_id" in r.stderr
+    if kind == "not-sqlite":
+        assert "its mlflow.db is not an SQLite database" in r.stderr
 
 
 def test_the_rebuild_command_trains_the_point_into_its_own_run_folder(tmp_path):
@@ -112,18 +134,30 @@ def test_the_rebuild_command_trains_the_point_into_its_own_run_folder(tmp_path):
     assert (cfg.train.schedule, cfg.train.epochs, cfg.train.max_steps) == ("epochs", 4.0, 12)
 
 
-def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(tmp_path, monkeypatch):
+def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(tmp_path, monkeypatch,
+                                                                          capsys):
     import lab.gpu_study as G
     from lab import study_inputs
     from lab.study_inputs import write_store_copy
 
     work = tmp_path / "work"
     _study_store(work)
-    copy = write_store_copy(work, tmp_path, "S")  # the store is still in --work: refused
+    copy = write_store_copy(work, tmp_path, "S")
+    argv = ["--tiny", "--device", "cpu", "--work", str(work), "--store-from", str(copy), "--quiet"]
+    with pytest.raises(SystemExit) as e:  # the store is still in --work: refused up front
+        G.main(argv)
+    assert e.value.code == 2 and "exists already" in capsys.readouterr().err
+    import shutil
+
+    shutil.rmtree(work)
     swept = []
     monkeypatch.setattr(G, "do_sweep", lambda *a: swept.append(a))
     monkeypatch.setattr(study_inputs, "_cached_sharegpt", lambda work: str(copy))
     monkeypatch.setattr(G, "do_regen", lambda *a: {"path": "r"})
-    rc = G.main(["--tiny", "--device", "cpu", "--work", str(work), "--store-from", str(copy),
-                 "--quiet"])
-    assert rc == 1 and swept == []
+
+    def unpack_fails(*a):
+        raise ValueError("unpacking failed")
+
+    monkeypatch.setattr(G, "restore_store", unpack_fails)
+    assert G.main([*argv, "--store-copy"]) == 1 and swept == []
+    assert not (tmp_path / "work" / "mlflow_store.tar.xz").exists()  # no copy of nothing
