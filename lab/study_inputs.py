@@ -426,9 +426,16 @@ def restore_store(src: Path, work: Path, plan: dict | None = None) -> dict:
         raise ValueError(problem)
     runs = work / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(src, "r:xz") as tar:
-        tar.extractall(runs, members=[m for m in tar.getmembers() if m.name != STORE_RECORD],
-                       filter="data")
+    part = work / ".store-restoring"  # unpacked whole or not at all: a refused member leaves
+    shutil.rmtree(part, ignore_errors=True)  # nothing behind in runs/
+    try:
+        with tarfile.open(src, "r:xz") as tar:
+            tar.extractall(part, members=[m for m in tar.getmembers() if m.name != STORE_RECORD],
+                           filter="data")
+        for entry in part.iterdir():
+            entry.replace(runs / entry.name)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
     log(f"store: sweep run {record['sweep_run_id']} restored from {src} into {runs}")
     return {"parent_run_id": record["sweep_run_id"],
             "mlflow_uri": f"sqlite:///{runs / 'mlflow.db'}", "run_dir": None, "from": str(src)}

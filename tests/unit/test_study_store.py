@@ -3,6 +3,7 @@ id, ``--store-from`` unpacks it on a fresh machine under the same ``--work`` and
 from that run; a file that is not such a copy, another ``--work`` or a store already there is
 refused before any stage runs."""
 
+import json
 import lzma
 import subprocess
 import sys
@@ -161,3 +162,25 @@ def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(tmp_pa
     monkeypatch.setattr(G, "restore_store", unpack_fails)
     assert G.main([*argv, "--store-copy"]) == 1 and swept == []
     assert not (tmp_path / "work" / "mlflow_store.tar.xz").exists()  # no copy of nothing
+
+def test_a_copy_with_an_escaping_member_leaves_nothing_unpacked(tmp_path):
+    import io
+    import tarfile
+
+    from lab.study_inputs import restore_store
+
+    work = tmp_path / "work"
+    bad = tmp_path / "mlflow_store.tar.xz"
+    with tarfile.open(bad, "w:xz") as tar:
+        for name, data in (("mlflow.db", b"SQLite format 3\x00"), ("mlartifacts/a.txt", b"a"),
+                           ("../../escape.txt", b"x"),
+                           ("study.json", json.dumps({"sweep_run_id": "S",
+                                                      "work": str(work.resolve())}).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(tarfile.TarError):
+        restore_store(bad, work)
+    assert list((work / "runs").iterdir()) == [] and not (work / ".store-restoring").exists()
+    assert not (tmp_path.parent / "escape.txt").exists()
+    assert not (work / "runs" / "mlflow.db").exists()  # a next --store-from is not refused
