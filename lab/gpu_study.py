@@ -57,6 +57,7 @@ from lab.study_inputs import (  # noqa: E402,F401
     _manifest_of,
     carry_back_regen,
     check_plan,
+    holdout_problem,
     plan_digest,
     plan_problem,
     config_path,
@@ -475,6 +476,8 @@ def parse_args(argv=None):
         p.error(f"--deadline: expected seconds in (0, 1e6), got {a.deadline}")
     if a.data and not Path(a.data).expanduser().is_file():
         p.error(f"--data: expected a file, got {a.data!r}")
+    if a.data and a.dev_holdout and (problem := holdout_problem(Path(a.data), a.dev_holdout)):
+        p.error(problem)
     if a.plan:
         try:
             check_plan(a.plan)

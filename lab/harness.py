@@ -149,8 +149,9 @@ def data_file(a, work: Path) -> Path:
 
 def stage(res: Results, name: str, fn, *args):
     if name in res.data["stages"]:
-        log(f"{name}: done in an earlier call")
-        if name == res.until:
+        if not res.stop:  # a stage after --until's is neither run nor reported
+            log(f"{name}: done in an earlier call")
+        if name == res.until and not res.stop:
             log(f"stopping after {name} (--until)")
             res.stop = True
         return res.data["stages"][name]

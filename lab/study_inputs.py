@@ -5,6 +5,7 @@ study plan (``--plan``)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import lzma
@@ -145,13 +146,24 @@ def carry_back_regen(regen_path: Path, out: Path) -> None:
 PLAN_OWNED = ("data.num_conversations", "name")  # set per point by the sweep
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict; ValueError naming the key when one is given twice (the
+    ``json`` module would keep the last silently)."""
+    seen: dict = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"key {k!r} given twice in one object")
+        seen[k] = v
+    return seen
+
+
 def check_plan(path: str) -> dict:
     """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and
     ``schedules`` (name → list of override strings) and a non-empty ``points`` list of ``[data,
     size, schedule]`` naming them (size: conversations, 0 = all usable). Raises ValueError naming
     ``--plan``, the key and expected vs actual."""
     try:
-        plan = json.loads(Path(path).read_text())
+        plan = json.loads(Path(path).read_text(), object_pairs_hook=_unique_keys)
     except (OSError, ValueError) as e:
         raise ValueError(
             f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}"
@@ -242,6 +254,18 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
             except ConfigError as e:
                 return f"--plan: {kind}.{name}: {e}"
     return None
+
+
+def holdout_problem(data: Path, n: int) -> str | None:
+    """Why ``--dev-holdout n`` cannot be held out of the conversations file ``data`` (JSONL, or
+    ``.gz`` / ``.xz`` JSONL): ``n`` must be below its record count. None when it can."""
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(data.suffix, open)
+    with opener(data.expanduser(), "rt", encoding="utf-8") as f:
+        records = sum(1 for ln in f if ln.strip())
+    if n < records:
+        return None
+    return (f"--dev-holdout {n}: expected 1 to {records - 1} (the records of --data {data} less "
+            f"one), got {n}")
 
 
 def split_dev_holdout(src: Path, n: int, pool: Path, dev: Path) -> dict:
@@ -474,5 +498,9 @@ def rebuild_command(a, base: list[str], regen: dict | None, row: dict) -> str:
 
 
 def raw_plan(a) -> dict:
-    """The plan as given (``--plan``'s JSON, else the built-in one), ``{regen}`` unresolved."""
-    return json.loads(Path(a.plan).read_text()) if a.plan else (TINY_PLAN if a.tiny else PLAN)
+    """The plan as given (``--plan``'s JSON, else the built-in one), ``{regen}`` unresolved.
+    Raises ValueError when a key appears twice in one of its objects (:func:`check_plan` names
+    the file first)."""
+    if not a.plan:
+        return TINY_PLAN if a.tiny else PLAN
+    return json.loads(Path(a.plan).read_text(), object_pairs_hook=_unique_keys)

@@ -469,3 +469,36 @@ def test_a_plan_override_the_study_owns_or_gives_twice_is_refused(tmp_path, over
     with pytest.raises(ValueError) as e:
         check_plan(str(f))
     assert str(e.value).endswith(f"got {shown}")
+
+
+def test_stages_after_until_are_not_reported_as_done(tmp_path, capsys):
+    from lab.harness import Results, stage
+
+    res = Results(tmp_path, tmp_path, settings={})
+    res.put("report", {"file": "r.md"})
+    res.put("speedup", {"file": "s.json"})
+    res.until, res.stop = "report", False
+    assert stage(res, "report", lambda: {}) == {"file": "r.md"} and res.stop
+    stage(res, "speedup", lambda: {})
+    out = capsys.readouterr().out
+    assert "report: done in an earlier call" in out and "stopping after report" in out
+    assert "speedup" not in out
+
+
+def test_a_plan_key_given_twice_and_a_holdout_as_large_as_data_are_refused(tmp_path, capsys):
+    import lzma
+
+    from lab.gpu_study import parse_args
+
+    f = tmp_path / "plan.json"
+    text = json.dumps(PLAN)
+    f.write_text(text[:-1] + ', "points": [["as-is", 10, "c"]]}')  # "points" twice
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--plan", str(f)])
+    assert "key 'points' given twice in one object" in capsys.readouterr().err
+    data = tmp_path / "d.jsonl.xz"
+    data.write_bytes(lzma.compress(b'{"id": "a"}\n\n{"id": "b"}\n{"id": "c"}\n'))
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--data", str(data), "--dev-holdout", "3"])
+    assert (f"--dev-holdout 3: expected 1 to 2 (the records of --data {data} less one), got 3"
+            in capsys.readouterr().err)
