@@ -92,6 +92,7 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     ex_dir, tr_dir = work / "extract", work / "train"
+    load_before = os.getloadavg()  # other work on the machine skews the seconds: recorded
     t0 = time.perf_counter()
     ex = extract(cfg, ex_dir, progress=False)
     if cuda:
@@ -110,6 +111,8 @@ def run_case(config: str, overrides: list[str], mode: str, epochs: float, work: 
         "device": str(tr.get("device")),
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "seconds": {"extract": t1 - t0, "train": t2 - t1, "total": t2 - t0},
+        "load_average_1_5_15min": {"before": load_before, "after": os.getloadavg()},
+        "cpu_count": os.cpu_count(),
         "tokens": {"samples": ex["counts"]["tokens"], "train_positions_seen": tr["counts"]
                    ["tokens_seen"], "target_tokens_computed": (
                        (tr.get("online") or {}).get("tokens_recomputed")

@@ -344,3 +344,4 @@ def test_lab_benchmark_writes_its_results(tmp_path):
     assert case["mode"] == "online" and case["disk_bytes"]["hidden_states"] == 0
     assert case["tokens"]["target_tokens_computed"] >= case["tokens"]["samples"] > 0
     assert case["seconds"]["total"] > 0 and case["peak_gpu_bytes"] is None
+    assert len(case["load_average_1_5_15min"]["after"]) == 3 and case["cpu_count"] >= 1
