@@ -13,12 +13,15 @@
 #   CONFIG=configs/tiny-random.yaml DEVICE=cpu SMALL="-o data.num_conversations=12 \
 #   -o data.max_seq_len=64 -o train.max_tokens_per_batch=48 -o train.draft_vocab_size=32" \
 #   N=8 W1=0.0003 W2=0.0005 PARTS="1 2 4" RESULTS=/tmp/ovo-smoke bash lab/gpu/online_study.sh
+# A session left with little device time runs part 1 alone on fewer conversations:
+#   PARTS=1 N1=1000 (about a third of part 1's 8 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=${RESULTS:-/tmp/h200}
 CONFIG=${CONFIG:-configs/smollm2-gpu.yaml}
 DEVICE=${DEVICE:-cuda}
 N=${N:-300}                           # conversations of parts 2 to 4
+N1=${N1:-}                            # part 1's conversations (default: the config's, 3,000)
 W1=${W1:-0.45} W2=${W2:-0.8}          # the windows of parts 2 and 4 (GB)
 PARTS=${PARTS:-1 2 3 4}
 read -r -a SMALL <<< "${SMALL:-}"     # overrides of every part (the CPU smoke's sizes)
@@ -28,7 +31,8 @@ ovo() { python3 lab/online_vs_offline.py "$CONFIG" --device "$DEVICE" \
         [ "$rc" = 0 ] || FAILED=$((FAILED + 1)); }
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 if part 1; then
-  ovo --epochs 1 --modes offline online --work "$R/ovo1" --out "$R/ovo_smollm2_1ep.json"
+  ovo --epochs 1 --modes offline online ${N1:+-o data.num_conversations="$N1"} \
+    --work "$R/ovo1" --out "$R/ovo_smollm2_1ep${N1:+_n$N1}.json"
   rm -rf "$R/ovo1"  # 8.6 GB of stored states: the disk is needed for the 8B shape's 29 GB
 fi
 part 2 && ovo --epochs 20 --modes offline cached -o data.num_conversations="$N" \
