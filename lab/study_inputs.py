@@ -157,6 +157,15 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return seen
 
 
+def _key(override) -> str:
+    """The key of a ``KEY=VALUE`` override string as given in a plan."""
+    return str(override).split("=", 1)[0].strip()
+
+
+def _keys(overrides: list) -> set[str]:
+    return {_key(o) for o in overrides}
+
+
 def check_plan(path: str) -> dict:
     """Read and check a ``--plan`` file before any stage runs: a JSON object with ``data`` and
     ``schedules`` (name → list of override strings) and a non-empty ``points`` list of ``[data,
@@ -170,6 +179,10 @@ def check_plan(path: str) -> dict:
         ) from e
     if not isinstance(plan, dict):
         raise ValueError(f"--plan {path}: expected a JSON object, got {type(plan).__name__}")
+    extra = sorted(set(plan) - {"data", "schedules", "points", "about"})
+    if extra:
+        raise ValueError(f"--plan {path}: expected the keys data, schedules, points and an "
+                         f"optional about, got also {extra}")
     for key in ("data", "schedules"):
         v = plan.get(key)
         if not isinstance(v, dict) or not v or not all(isinstance(o, list) for o in v.values()):
@@ -179,7 +192,7 @@ def check_plan(path: str) -> dict:
             )
     for key in ("data", "schedules"):
         for name, overrides in plan[key].items():
-            keys = [str(o).split("=", 1)[0].strip() for o in overrides]
+            keys = [_key(o) for o in overrides]
             owned = [k for k in keys if k in PLAN_OWNED or k.startswith("paths.")]
             twice = sorted({k for k in keys if keys.count(k) > 1})
             if owned or twice:
@@ -197,8 +210,8 @@ def check_plan(path: str) -> dict:
         ok = (
             isinstance(pt, list)
             and len(pt) == 3
-            and pt[0] in plan["data"]
-            and pt[2] in plan["schedules"]
+            and isinstance(pt[0], str) and pt[0] in plan["data"]
+            and isinstance(pt[2], str) and pt[2] in plan["schedules"]
             and isinstance(pt[1], int)
             and not isinstance(pt[1], bool)
             and pt[1] >= 0
@@ -208,6 +221,11 @@ def check_plan(path: str) -> dict:
                 f"--plan {path}: points[{i}] = {pt!r}: expected [data in {sorted(plan['data'])}, "
                 f"size >= 0 (0 = all), schedule in {sorted(plan['schedules'])}]"
             )
+        both = sorted(_keys(plan["data"][pt[0]]) & _keys(plan["schedules"][pt[2]]))
+        if both:
+            raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected data.{pt[0]} and "
+                             f"schedules.{pt[2]} to set different keys (the schedule's would "
+                             f"win silently), got both setting {both}")
         if pt in points[:i]:
             raise ValueError(f"--plan {path}: points[{i}] = {pt!r}: expected each point once, "
                              f"got it also at points[{points.index(pt)}]")
@@ -240,7 +258,7 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
         size = a.all_size if n == 0 else n  # 0 = all usable (ALL)
         if any("{regen}" in o for o in plan["data"][d]) and size > a.regen:
             return (
-                f"--plan: point [{d!r}, {n}, {sched!r}] needs {size} "
+                f"--plan {a.plan or '(built-in)'}: point [{d!r}, {n}, {sched!r}] needs {size} "
                 f"regenerated conversations, --regen makes {a.regen}: raise "
                 f"--regen (and --all-size for size 0) or lower the point's size"
             )
@@ -248,20 +266,30 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
         for name, overrides in plan[kind].items():
             bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
             if bad:
-                return f"--plan: {kind}.{name}: expected KEY=VALUE strings, got {bad!r}"
+                return (f"--plan {a.plan or '(built-in)'}: {kind}.{name}: expected KEY=VALUE "
+                        f"strings, got {bad!r}")
             try:
                 load_config(config, [o.replace("{regen}", "/regenerated.jsonl") for o in overrides])
             except ConfigError as e:
-                return f"--plan: {kind}.{name}: {e}"
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+                return f"--plan {a.plan or '(built-in)'}: {kind}.{name}: " + "; ".join(lines)
     return None
 
 
 def holdout_problem(data: Path, n: int) -> str | None:
-    """Why ``--dev-holdout n`` cannot be held out of the conversations file ``data`` (JSONL, or
-    ``.gz`` / ``.xz`` JSONL): ``n`` must be below its record count. None when it can."""
+    """Why ``--dev-holdout n`` cannot be held out of the conversations file ``data`` (UTF-8 JSONL,
+    or ``.gz`` / ``.xz`` JSONL): it cannot be read, it holds no record, or ``n`` is not below its
+    record count. None when it can."""
     opener = {".gz": gzip.open, ".xz": lzma.open}.get(data.suffix, open)
-    with opener(data.expanduser(), "rt", encoding="utf-8") as f:
-        records = sum(1 for ln in f if ln.strip())
+    try:
+        with opener(data.expanduser(), "rt", encoding="utf-8") as f:
+            records = sum(1 for ln in f if ln.strip())
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+        return (f"--data {data}: expected a readable UTF-8 JSONL file (plain, .gz or .xz), got "
+                f"{type(e).__name__}: {e}")
+    if records < 2:
+        return (f"--dev-holdout {n}: expected --data {data} to hold at least 2 records (one held "
+                f"out, one to train on), got {records}")
     if n < records:
         return None
     return (f"--dev-holdout {n}: expected 1 to {records - 1} (the records of --data {data} less "

@@ -318,7 +318,7 @@ def test_plan_sizes_above_regen_and_bad_overrides_are_refused_when_parsed(tmp_pa
         "schedules.c" in (err := _parse_error(["--plan", bogus], capsys)) and "train.bogus" in err
     )
     noeq = _args(
-        tmp_path, {**PLAN, "data": {**PLAN["data"], "as-is": ["train.epochs"]}, "points": small}
+        tmp_path, {**PLAN, "data": {**PLAN["data"], "as-is": ["train.lr"]}, "points": small}
     ).plan
     assert "expected KEY=VALUE strings" in _parse_error(["--plan", noeq], capsys)
 
@@ -502,3 +502,50 @@ def test_a_plan_key_given_twice_and_a_holdout_as_large_as_data_are_refused(tmp_p
         parse_args(["--device", "cpu", "--data", str(data), "--dev-holdout", "3"])
     assert (f"--dev-holdout 3: expected 1 to 2 (the records of --data {data} less one), got 3"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("content, shown", [
+    (b"\xfd7zXZ\x00 cut", "--data {f}: expected a readable UTF-8 JSONL file (plain, .gz or .xz)"),
+    (b"", "expected --data {f} to hold at least 2 records (one held out, one to train on), got 0"),
+    (b'{"id": "\xe9"}\n{}\n', "--data {f}: expected a readable UTF-8 JSONL file")])
+def test_a_data_file_that_cannot_hold_out_is_refused_in_one_line(tmp_path, capsys, content,
+                                                                  shown):
+    from lab.gpu_study import parse_args
+
+    f = tmp_path / ("d.jsonl.xz" if content.startswith(b"\xfd7z") else "d.jsonl")
+    f.write_bytes(content)
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--data", str(f), "--dev-holdout", "1"])
+    err = capsys.readouterr().err
+    assert shown.format(f=f) in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("change, shown", [
+    ({"points": [[["as-is"], 10, "c"]]}, "points[0] = [['as-is'], 10, 'c']: expected [data in"),
+    ({"pionts": []}, "expected the keys data, schedules, points and an optional about, got also "
+                     "['pionts']"),
+    ({"data": {"as-is": ["train.epochs=2"]}, "points": [["as-is", 10, "c"]]},
+     "points[0] = ['as-is', 10, 'c']: expected data.as-is and schedules.c to set different keys "
+     "(the schedule's would win silently), got both setting ['train.epochs']")])
+def test_a_plan_whose_points_or_keys_mislead_is_refused(tmp_path, change, shown):
+    from lab.study_inputs import check_plan
+
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({**PLAN, **change}))
+    with pytest.raises(ValueError) as e:
+        check_plan(str(f))
+    assert shown in str(e.value)
+
+
+def test_a_plan_the_config_refuses_is_named_in_one_line(tmp_path):
+    from lab.gpu_study import config_path, parse_args
+    from lab.study_inputs import check_plan, plan_problem
+
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps({**PLAN, "schedules": {"c": ["train.epochz=1"]},
+                             "points": [["as-is", 10, "c"]]}))
+    a = parse_args(["--tiny", "--device", "cpu"])
+    a.plan = str(f)
+    problem = plan_problem(a, check_plan(str(f)), config_path(a))
+    assert problem.startswith(f"--plan {f}: schedules.c: ") and "train.epochz" in problem
+    assert "\n" not in problem
