@@ -248,7 +248,9 @@ ASSET_FILES = ("question.jsonl", "question.jsonl.xz", "test.jsonl", "test.jsonl.
 def plan_problem(a, plan: dict, config: Path) -> str | None:
     """What is wrong with ``plan`` for these arguments, before any stage costs GPU time, or None: a
     point on the regenerated file asking for more conversations than ``--regen`` makes (it would
-    train on fewer and still be labelled with its size), or override strings the config refuses
+    train on fewer and still be labelled with its size), a point or the regeneration asking for
+    more records than ``--data`` holds after ``--dev-holdout`` (an upper bound: the extraction's
+    selection may drop some, ``DATA_SHORT``), or override strings the config refuses
     (checked with :func:`load_config` on ``config``, the study's config, ``{regen}`` standing for a
     file path)."""
     from eagle3.config import load_config
@@ -262,6 +264,20 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
                 f"regenerated conversations, --regen makes {a.regen}: raise "
                 f"--regen (and --all-size for size 0) or lower the point's size"
             )
+    if a.data:  # the pool the points and the regeneration draw from, known before any stage
+        try:
+            pool = count_records(Path(a.data)) - a.dev_holdout
+        except ValueError as e:
+            return str(e)
+        for d, n, sched in plan["points"]:
+            regen = any("{regen}" in o for o in plan["data"][d])
+            need = a.regen if regen else (a.all_size if n == 0 else n)
+            if need > pool:
+                return (f"--plan {a.plan or '(built-in)'}: point [{d!r}, {n}, {sched!r}] needs "
+                        f"{need} {'conversations to regenerate' if regen else 'conversations'}, "
+                        f"--data {a.data} holds {pool} records"
+                        f"{f' after --dev-holdout {a.dev_holdout}' if a.dev_holdout else ''}: "
+                        "lower the point's size (--regen, --all-size) or the holdout")
     for kind in ("data", "schedules"):
         for name, overrides in plan[kind].items():
             bad = [o for o in overrides if not isinstance(o, str) or "=" not in o]
@@ -276,17 +292,26 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
     return None
 
 
-def holdout_problem(data: Path, n: int) -> str | None:
-    """Why ``--dev-holdout n`` cannot be held out of the conversations file ``data`` (UTF-8 JSONL,
-    or ``.gz`` / ``.xz`` JSONL): it cannot be read, it holds no record, or ``n`` is not below its
-    record count. None when it can."""
+def count_records(data: Path) -> int:
+    """The non-blank lines of the conversations file ``data`` (UTF-8 JSONL, or ``.gz`` / ``.xz``
+    JSONL). Raises ValueError naming ``--data`` when it cannot be read or decoded."""
     opener = {".gz": gzip.open, ".xz": lzma.open}.get(data.suffix, open)
     try:
         with opener(data.expanduser(), "rt", encoding="utf-8") as f:
-            records = sum(1 for ln in f if ln.strip())
+            return sum(1 for ln in f if ln.strip())
     except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
-        return (f"--data {data}: expected a readable UTF-8 JSONL file (plain, .gz or .xz), got "
-                f"{type(e).__name__}: {e}")
+        raise ValueError(f"--data {data}: expected a readable UTF-8 JSONL file (plain, .gz or "
+                         f".xz), got {type(e).__name__}: {e}") from None
+
+
+def holdout_problem(data: Path, n: int) -> str | None:
+    """Why ``--dev-holdout n`` cannot be held out of the conversations file ``data``
+    (:func:`count_records`): it cannot be read, it holds under 2 records, or ``n`` is not below
+    its record count. None when it can."""
+    try:
+        records = count_records(data)
+    except ValueError as e:
+        return str(e)
     if records < 2:
         return (f"--dev-holdout {n}: expected --data {data} to hold at least 2 records (one held "
                 f"out, one to train on), got {records}")

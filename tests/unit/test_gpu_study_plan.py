@@ -370,7 +370,8 @@ def test_the_study_at_scale_plan_loads_and_its_arms_share_a_step_count():
     for kind, path in plans.items():
         plan = check_plan(str(path))
         config = REPO / "configs" / ("tiny-random.yaml" if kind else "smollm2-gpu.yaml")
-        a = argparse.Namespace(regen=12 if kind else 11115, all_size=12 if kind else 10915)
+        a = argparse.Namespace(regen=12 if kind else 11115, all_size=12 if kind else 10915,
+                               plan=str(path), data=None, dev_holdout=0)
         assert plan_problem(a, plan, config) is None
         equal = {s: _overrides(o) for s, o in plan["schedules"].items() if s != "constant-100ep"}
         assert len({o["train.max_steps"] for o in equal.values()}) == 1, path
@@ -549,3 +550,20 @@ def test_a_plan_the_config_refuses_is_named_in_one_line(tmp_path):
     problem = plan_problem(a, check_plan(str(f)), config_path(a))
     assert problem.startswith(f"--plan {f}: schedules.c: ") and "train.epochz" in problem
     assert "\n" not in problem
+
+
+def test_points_asking_more_than_data_holds_after_the_holdout_are_refused(tmp_path, capsys):
+    from lab.gpu_study import parse_args
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"id": "a"}\n' * 10)
+    plan = _args(tmp_path, {**PLAN, "points": [["as-is", 8, "c"]]}).plan
+    parse_args(["--device", "cpu", "--plan", plan, "--data", str(data), "--dev-holdout", "2"])
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--plan", plan, "--data", str(data), "--dev-holdout", "3"])
+    assert (f"point ['as-is', 8, 'c'] needs 8 conversations, --data {data} holds 7 records after "
+            "--dev-holdout 3" in capsys.readouterr().err)
+    regen = _args(tmp_path, {**PLAN, "points": [["regenerated", 5, "c"]]}).plan
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--plan", regen, "--data", str(data), "--regen", "12"])
+    assert ("needs 12 conversations to regenerate, --data " in capsys.readouterr().err)
