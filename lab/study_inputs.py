@@ -292,33 +292,73 @@ def plan_problem(a, plan: dict, config: Path) -> str | None:
     return None
 
 
-def count_records(data: Path) -> int:
+def read_records(data: Path) -> list[str]:
     """The non-blank lines of the conversations file ``data`` (UTF-8 JSONL, or ``.gz`` / ``.xz``
     JSONL). Raises ValueError naming ``--data`` when it cannot be read or decoded."""
     opener = {".gz": gzip.open, ".xz": lzma.open}.get(data.suffix, open)
     try:
         with opener(data.expanduser(), "rt", encoding="utf-8") as f:
-            return sum(1 for ln in f if ln.strip())
+            return [ln.rstrip("\n") for ln in f if ln.strip()]
     except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
         raise ValueError(f"--data {data}: expected a readable UTF-8 JSONL file (plain, .gz or "
                          f".xz), got {type(e).__name__}: {e}") from None
 
 
+def count_records(data: Path) -> int:
+    """How many records :func:`read_records` finds in ``data``; raises as it does."""
+    return len(read_records(data))
+
+
+def dev_prompts(held: list[str], work: Path) -> list[dict]:
+    """The first user turn of each held-out record (JSONL lines ``held``) as a development prompt,
+    ``{"id", "category": "sharegpt-dev", "text"}``; records with no usable conversation or no
+    non-blank user turn give none. ``work`` holds the scratch file the conversation reader needs.
+    """
+    from eagle3.errors import DataError
+    from eagle3.extract.conversations import read_conversations
+
+    scratch = work / "held-out.scratch.jsonl"
+    scratch.write_text("\n".join(held) + "\n", encoding="utf-8")
+    try:
+        convs, _ = read_conversations(scratch)
+    except DataError:  # no usable record among them
+        convs = []
+    finally:
+        scratch.unlink()
+    prompts = []
+    for c in convs:
+        first = next((m["content"] for m in c.messages or [] if m["role"] == "user"), None)
+        if first and first.strip():
+            prompts.append({"id": c.id, "category": "sharegpt-dev", "text": first})
+    return prompts
+
+
+def _no_prompt_message(n: int, src: Path) -> str:
+    return (f"--dev-holdout {n}: expected the last {n} records of {src} to hold a user turn to "
+            "use as a development prompt, got none")
+
+
 def holdout_problem(data: Path, n: int) -> str | None:
     """Why ``--dev-holdout n`` cannot be held out of the conversations file ``data``
-    (:func:`count_records`): it cannot be read, it holds under 2 records, or ``n`` is not below
-    its record count. None when it can."""
+    (:func:`read_records`): it cannot be read, it holds under 2 records, ``n`` is not below its
+    record count, or its last ``n`` records hold no user turn (:func:`dev_prompts`). None when it
+    can."""
+    import tempfile
+
     try:
-        records = count_records(data)
+        lines = read_records(data)
     except ValueError as e:
         return str(e)
-    if records < 2:
+    if len(lines) < 2:
         return (f"--dev-holdout {n}: expected --data {data} to hold at least 2 records (one held "
-                f"out, one to train on), got {records}")
-    if n < records:
-        return None
-    return (f"--dev-holdout {n}: expected 1 to {records - 1} (the records of --data {data} less "
-            f"one), got {n}")
+                f"out, one to train on), got {len(lines)}")
+    if n >= len(lines):
+        return (f"--dev-holdout {n}: expected 1 to {len(lines) - 1} (the records of --data "
+                f"{data} less one), got {n}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if not dev_prompts(lines[-n:], Path(tmp)):
+            return _no_prompt_message(n, data)
+    return None
 
 
 def split_dev_holdout(src: Path, n: int, pool: Path, dev: Path) -> dict:
@@ -330,30 +370,14 @@ def split_dev_holdout(src: Path, n: int, pool: Path, dev: Path) -> dict:
     held-out record with no usable conversation or no user turn gives no prompt and is counted.
     Returns ``{"pool_records", "held_out_records", "dev_prompts", "no_prompt"}``. Raises
     ValueError naming the file when ``n`` is not below its record count."""
-    from eagle3.errors import DataError
-    from eagle3.extract.conversations import read_conversations
-
     lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not 0 < n < len(lines):
         raise ValueError(f"--dev-holdout {n}: expected 1 to {len(lines) - 1} (the records of "
                          f"{src} less one), got {n}")
     pool.write_text("\n".join(lines[:-n]) + "\n", encoding="utf-8")
-    held = dev.with_name(dev.name + ".held-out.jsonl")
-    held.write_text("\n".join(lines[-n:]) + "\n", encoding="utf-8")
-    try:
-        convs, _ = read_conversations(held)
-    except DataError:  # no usable record among them
-        convs = []
-    finally:
-        held.unlink()
-    prompts = []
-    for c in convs:
-        first = next((m["content"] for m in c.messages or [] if m["role"] == "user"), None)
-        if first and first.strip():
-            prompts.append({"id": c.id, "category": "sharegpt-dev", "text": first})
+    prompts = dev_prompts(lines[-n:], dev.parent)
     if not prompts:
-        raise ValueError(f"--dev-holdout {n}: the last {n} records of {src} hold no user turn "
-                         "to use as a development prompt")
+        raise ValueError(_no_prompt_message(n, src))
     dev.write_text("".join(json.dumps(p) + "\n" for p in prompts), encoding="utf-8")
     return {"pool_records": len(lines) - n, "held_out_records": n, "dev_prompts": len(prompts),
             "no_prompt": n - len(prompts)}

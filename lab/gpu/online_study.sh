@@ -24,6 +24,9 @@ N=${N:-300}                           # conversations of parts 2 to 4
 N1=${N1:-}                            # part 1's conversations (default: the config's, 3,000)
 W1=${W1:-0.45} W2=${W2:-0.8}          # the windows of parts 2 and 4 (GB)
 PARTS=${PARTS:-1 2 3 4}
+if [[ -n $N1 && ! $N1 =~ ^[1-9][0-9]*$ ]]; then  # it names the results file too
+  echo "N1=$N1: expected a whole number of conversations above 0" >&2; exit 2
+fi
 read -r -a SMALL <<< "${SMALL:-}"     # overrides of every part (the CPU smoke's sizes)
 FAILED=0                              # parts that failed: the script's exit status counts them
 ovo() { python3 lab/online_vs_offline.py "$CONFIG" --device "$DEVICE" \

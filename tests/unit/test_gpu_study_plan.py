@@ -508,7 +508,10 @@ def test_a_plan_key_given_twice_and_a_holdout_as_large_as_data_are_refused(tmp_p
 @pytest.mark.parametrize("content, shown", [
     (b"\xfd7zXZ\x00 cut", "--data {f}: expected a readable UTF-8 JSONL file (plain, .gz or .xz)"),
     (b"", "expected --data {f} to hold at least 2 records (one held out, one to train on), got 0"),
-    (b'{"id": "\xe9"}\n{}\n', "--data {f}: expected a readable UTF-8 JSONL file")])
+    (b'{"id": "\xe9"}\n{}\n', "--data {f}: expected a readable UTF-8 JSONL file"),
+    (b'{"id": "a", "conversations": [{"from": "human", "value": "q"}]}\n'
+     b'{"id": "b", "conversations": [{"from": "gpt", "value": "no question"}]}\n',
+     "--dev-holdout 1: expected the last 1 records of {f} to hold a user turn")])
 def test_a_data_file_that_cannot_hold_out_is_refused_in_one_line(tmp_path, capsys, content,
                                                                   shown):
     from lab.gpu_study import parse_args
@@ -556,7 +559,8 @@ def test_points_asking_more_than_data_holds_after_the_holdout_are_refused(tmp_pa
     from lab.gpu_study import parse_args
 
     data = tmp_path / "d.jsonl"
-    data.write_text('{"id": "a"}\n' * 10)
+    turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    data.write_text((json.dumps({"id": "a", "conversations": turns}) + "\n") * 10)
     plan = _args(tmp_path, {**PLAN, "points": [["as-is", 8, "c"]]}).plan
     parse_args(["--device", "cpu", "--plan", plan, "--data", str(data), "--dev-holdout", "2"])
     with pytest.raises(SystemExit):
