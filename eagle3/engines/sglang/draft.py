@@ -39,7 +39,7 @@ from torch import nn
 
 from eagle3.engines.sglang import draft_load as dl
 from eagle3.engines.sglang.draft_load import rope_parameters
-from eagle3.engines.sglang.profile import VERSION, num_aux_states
+from eagle3.engines.sglang.profile import VERSION, num_aux_states, route
 from eagle3.errors import CheckpointInvalid, ConfigError
 
 log = logging.getLogger(__name__)
@@ -326,29 +326,17 @@ class SGLangEagle3Draft(nn.Module):
         filled: set[str] = set()
         skipped: list[str] = []
         for orig, w in tensors.items():
-            name = orig
-            for legacy, new in dl.LEGACY_NAMES.items():
-                name = name.replace(legacy, new)
-            if "d2t" in name:
+            r = route(orig, params)  # the profile's mirror of load_weights' renames and routing
+            if r.kind == "special":  # d2t
                 self.hot_token_id = w.long() + torch.arange(w.shape[0])
-                continue
-            if "t2d" in name:
-                continue
-            for pname, wname, shard in dl.STACKED:
-                if wname in name:
-                    name = name.replace(wname, pname)
-                    break
-            else:
-                shard = None
-            key = name if name in params else f"model.{name}"
-            if key not in params:
+            elif r.kind == "unknown":
                 skipped.append(orig)
-            elif shard is None:
-                dl.copy_param(params[key], w, key, orig, where)
-                filled.add(key)
-            else:
-                dl.load_shard(params[key], w, shard, self.config, key, orig, where)
-                filled.add(f"{key}#{shard}")
+            elif r.kind == "param" and r.shard is None:
+                dl.copy_param(params[r.param], w, r.param, orig, where)
+                filled.add(r.param)
+            elif r.kind == "param":
+                dl.load_shard(params[r.param], w, r.shard, self.config, r.param, orig, where)
+                filled.add(f"{r.param}#{r.shard}")
         self._bind_target(params, filled, target_embed, target_head, where)
         unfilled = dl.unfilled(params, filled)
         self.load_report.update(skipped=sorted(skipped), unfilled=unfilled)
