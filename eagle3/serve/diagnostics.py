@@ -110,11 +110,10 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
     """Save the server's state under ``out_dir``; returns the index (also ``index.json``). Files:
     ``processes.json``, ``pyspy-<pid>.txt``, ``gpu.txt``/``gpu.json``, ``tail-<log>.txt`` (200
     lines). Never raises for a failed collector."""
-    t0 = time.monotonic()
-    out = Path(out_dir)
+    t0, out, files = time.monotonic(), Path(out_dir), ["processes.json"]
     out.mkdir(parents=True, exist_ok=True)
-    files: list[str] = []
-    index: dict = {"reason": reason, "created_at": utc_now(), "pid": pid, "extra": extra or {}}
+    index: dict = {"reason": reason, "created_at": utc_now(), "pid": pid, "extra": extra or {},
+                   "pyspy": {}}
 
     procs = process_tree(pid) if pid is not None else []
     if pid is not None:  # members of the group led by pid whose parent already died (orphans)
@@ -123,8 +122,6 @@ def collect_diagnostics(out_dir: str | Path, *, pid: int | None = None,
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(gp))
     (out / "processes.json").write_text(json.dumps([_proc_info(p) for p in procs], indent=2))
-    files.append("processes.json")
-    index["pyspy"] = {}
     for p in procs:
         text = pyspy_dump(p.pid)
         files.append(f"pyspy-{p.pid}.txt")

@@ -37,8 +37,7 @@ def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Pa
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_settings.json").write_text(json.dumps(record, indent=2, default=str))
     problems = [f"{k}: asked {v['asked']}, the engine runs {v['running']}"
-                for k, v in cmp["changed"].items()]
-    problems += running_problems(info, cfg.bench.concurrency)
+                for k, v in cmp["changed"].items()] + running_problems(info, cfg.bench.concurrency)
     if problems:
         raise ConfigError(f"engine at {url} does not run what was asked "
                           f"({out / 'engine_settings.json'}): {'; '.join(problems)}; the "

@@ -76,15 +76,11 @@ def resolve_engine(cfg: RunConfig) -> str:
 # allow_abbrev=False; ``-h``/``--help`` added by argparse; ``--tp`` an alias of ``--tp-size``):
 # {flag: nargs}. The product does not import refengine, so the table is here and
 # tests/unit/test_launcher_cmd.py pins it to that parser.
-REFERENCE_NARGS = {
-    "--model-path": "1", "--tokenizer-path": "1", "--speculative-algorithm": "1",
-    "--speculative-draft-model-path": "1", "--speculative-num-steps": "1",
-    "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "1", "--host": "1",
-    "--port": "1", "--dtype": "1", "--context-length": "1", "--served-model-name": "1",
-    "--device": "1", "--skip-server-warmup": "0", "--disable-spec-aux-capture": "0",
-    "--enable-metrics": "0", "--disable-cuda-graph": "0", "--tp-size": "1", "--log-level": "1",
-    "--random-seed": "1", "--help": "0",
-}
+REFERENCE_NARGS = {**dict.fromkeys("""--model-path --tokenizer-path --speculative-algorithm
+--speculative-draft-model-path --speculative-num-steps --speculative-eagle-topk
+--speculative-num-draft-tokens --host --port --dtype --context-length --served-model-name --device
+--tp-size --log-level --random-seed""".split(), "1"), **dict.fromkeys("""--skip-server-warmup
+--disable-spec-aux-capture --enable-metrics --disable-cuda-graph --help""".split(), "0")}
 REFERENCE_ALIASES = {"--tp": "--tp-size", "-h": "--help"}
 
 
@@ -101,9 +97,7 @@ def reference_rules() -> ArgvRules:
 
 
 def _check_extra_args(generated: list[str], extra: list[str], engine: str, version: str) -> None:
-    """ConfigError naming every ``serve.extra_args`` problem (``CODE: message``; :func:`eagle3.
-    engines.sglang.serving.extra_args_problems`) under the engine's parser rules: SGLang
-    ``version``'s (aliases and unambiguous prefixes) or :func:`reference_rules`."""
+    """ConfigError naming every ``serve.extra_args`` problem as ``CODE: message``."""
     rules = reference_rules() if engine == "reference" else None
     problems = extra_args_problems(extra, generated, version, rules=rules)
     if problems:
@@ -113,12 +107,11 @@ def _check_extra_args(generated: list[str], extra: list[str], engine: str, versi
 def build_command(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path | None, port: int,
                   engine: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The engine's argv and the environment variables to add. ``draft_dir`` None: the target alone
-    (baseline). ConfigError for ``serve.extra_args`` the engine's parser would not take as
-    written or that repeat a generated or owned flag (unknown, help, a value missing or stray;
-    for SGLang also an alias, an abbreviation or an ambiguous prefix:
-    :func:`eagle3.engines.sglang.serving.extra_args_problems`, with :func:`reference_rules` for
-    the reference engine) or a simulated-acceptance variable; EngineUnsupported for what the
-    reference engine cannot honour."""
+    (baseline). ConfigError for ``serve.extra_args`` the engine's parser would not take as written
+    or that repeat a generated or owned flag
+    (:func:`eagle3.engines.sglang.serving.extra_args_problems`, :func:`reference_rules` for the
+    reference engine) or a simulated-acceptance variable; EngineUnsupported for what the reference
+    engine cannot honour."""
     s = cfg.serve
     engine = engine or resolve_engine(cfg)
     spec = [] if draft_dir is None else ["--speculative-algorithm", "EAGLE3",
@@ -206,14 +199,13 @@ def stop_all_engines() -> int:
     """Stop every engine of this process not stopped yet (:meth:`EngineProcess.stop`), in parallel,
     from any thread: an interrupted run ends its engines before the stages using them unwind, so
     their requests fail at once. Returns how many were stopped."""
-    engines = list(_STARTED)
     stoppers = [threading.Thread(target=e.stop, name=f"eagle3-stop-{e.pid}", daemon=True)
-                for e in engines]
+                for e in list(_STARTED)]
     for t in stoppers:
         t.start()
     for t in stoppers:
         t.join()
-    return len(engines)
+    return len(stoppers)
 
 
 def start_engine(argv: list[str], env: dict[str, str], *, host: str, port: int,
@@ -246,11 +238,9 @@ def launch_engine(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path 
     engine = engine or (resolve_engine(cfg) if command_builder is None else cfg.serve.engine)
     host = cfg.serve.host
     port = cfg.serve.port or free_port(host if host not in ("0.0.0.0", "") else "127.0.0.1")
-    draft = Path(draft_dir) if draft_dir else None
-    if command_builder is None:
-        argv, env = build_command(cfg, Path(target_dir), draft, port, engine)
-    else:
-        argv, env = command_builder(cfg, Path(target_dir), draft, port)
+    draft, target = Path(draft_dir) if draft_dir else None, Path(target_dir)
+    argv, env = (build_command(cfg, target, draft, port, engine) if command_builder is None
+                 else command_builder(cfg, target, draft, port))
     log_path = Path(log_dir) / (log_name or f"engine-{engine}.log")
     return start_engine(argv, env, host=cfg.serve.host, port=port, log_path=log_path, engine=engine,
                         grace_s=cfg.serve.stop_grace_s)
@@ -281,12 +271,10 @@ def _retry_plan(cfg: RunConfig, gate: GateResult, log_path: Path,
 
 
 def check_draft_content(draft_dir: str | Path) -> None:
-    """Refuse to serve a draft folder whose files no longer match the ``content_hash`` its
-    ``manifest.json`` records (:func:`eagle3.convert.checks.check_content_hash`, as ``eagle3
-    validate`` checks it): a cached convert stage hands over the folder without reading it again,
-    so weights edited after conversion would be served and measured as the converted draft.
-    CheckpointInvalid ``CONTENT_HASH_MISMATCH`` naming the folder; nothing for a folder without a
-    manifest (a draft exported by another tool). DataError for an unreadable manifest."""
+    """CheckpointInvalid ``CONTENT_HASH_MISMATCH`` naming the folder when its files no longer match
+    its ``manifest.json`` ``content_hash`` (:func:`eagle3.convert.checks.check_content_hash`): a
+    cached convert stage hands the folder over unread, so edited weights would be measured as the
+    converted draft. Nothing without a manifest (another tool's draft); DataError if unreadable."""
     from eagle3.artifacts import MANIFEST, read_manifest
     from eagle3.convert.checkpoint import Checkpoint
     from eagle3.convert.checks import check_content_hash
@@ -294,9 +282,8 @@ def check_draft_content(draft_dir: str | Path) -> None:
     path = Path(draft_dir)
     if not (path / MANIFEST).is_file():
         return
-    ck = Checkpoint(path=path, config={}, tensors={}, weight_files=[],
-                    manifest=read_manifest(path))  # the hash reads the files, not the tensors
-    problems, _ = check_content_hash(ck)
+    problems, _ = check_content_hash(Checkpoint(  # the hash reads the files, not the tensors
+        path=path, config={}, tensors={}, weight_files=[], manifest=read_manifest(path)))
     if problems:
         raise CheckpointInvalid(f"{problems[0].code}: refusing to serve {path}: "
                                 f"{problems[0].message}; convert the draft again (remove {path} "
@@ -321,10 +308,9 @@ def launch_ready(cfg: RunConfig, target_dir: str | Path, draft_dir: str | Path |
     require = (draft_dir is not None) if require_spec_fields is None else require_spec_fields
     attempts: list[dict] = []
     retried: set[str] = set()
-    s = cfg.serve
     name = resolve_engine(cfg) if command_builder is None else cfg.serve.engine
     while True:
-        n = len(attempts)
+        n, s = len(attempts), cfg.serve
         suffix = "" if n == 0 else f"-retry{n}"
         engine = launch_engine(cfg, target_dir, draft_dir, out, command_builder=command_builder,
                                log_name=f"engine-{name}{suffix}.log", engine=name)

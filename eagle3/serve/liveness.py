@@ -34,13 +34,10 @@ class ProgressMonitor:
 
     def __init__(self, pid: int | None = None, log_path: str | Path | None = None, *,
                  use_gpu: bool = True, cpu_busy_fraction: float = 0.05):
-        self.pid = pid
-        self.log_path = Path(log_path) if log_path else None
-        self.cpu_busy_fraction = cpu_busy_fraction
-        self.log_pos = 0
+        self.pid, self.log_path = pid, Path(log_path) if log_path else None
+        self.cpu_busy_fraction, self.log_pos = cpu_busy_fraction, 0
         self._cpu: tuple[float, float] | None = None  # (monotonic time, cpu seconds)
-        self._gpu_t = 0.0
-        self._gpu_prev: dict | None = None
+        self._gpu_t, self._gpu_prev = 0.0, None
         self.gpu_available = use_gpu and gpu_sample() is not None
         self.counts = {"log": 0, "cpu": 0, "gpu": 0}
 
@@ -85,9 +82,8 @@ class ProgressMonitor:
         if cpu is None:
             return False
         prev, self._cpu = self._cpu, (now, cpu)
-        if prev is None:
-            return False
-        return cpu - prev[1] >= self.cpu_busy_fraction * max(now - prev[0], 1e-3)
+        return prev is not None and cpu - prev[1] >= self.cpu_busy_fraction * max(now - prev[0],
+                                                                                  1e-3)
 
     def _gpu(self) -> bool:
         now = time.monotonic()

@@ -1,27 +1,16 @@
 """Pre-flight of a deployment: what can be known before any engine starts (failure classes 11, 14,
-19, 23, 24). Run by ``tasks/preflight.py`` and ``eagle3 preflight CONFIG``; config-only rules are
-in :mod:`eagle3.config_checks`. Checks (``Check``: passed / failed / skipped / note, with figures):
-
-- ``engine``: the resolved engine; for SGLang, its interpreter imports the pinned release.
-- ``aux_capture``: the target's class captures EAGLE-3 aux states in that release
-  (:mod:`eagle3.engines.sglang.source`); without it fc is bypassed and acceptance is about 1.0.
-- ``memory``: weights + both KV caches for one full-context request per GPU of the launch, against
-  ``GPU memory × serve.mem_fraction_static`` and other processes (:func:`estimate_memory`).
-- ``settings``: what SGLang really runs (:func:`eagle3.engines.sglang.serving.resolve`); for the
-  reference engine, the settings it cannot honour (``REFERENCE_UNSUPPORTED``,
-  :func:`eagle3.config_checks.reference_problem`).
-- ``environment``: no variable that makes SGLang simulate acceptance.
-- ``template``: trained chat-template switches against what the benchmark and server render.
-- ``steps``: served draft steps against trained TTT steps (noted).
-- ``port``: ``serve.host`` binds on this machine (SERVE_HOST) and a set ``serve.port`` is free
-  there (PORT_IN_USE).
-- ``inputs`` (:func:`preflight_of_run`): what a stage would refuse at its start, from files only
-  (:func:`eagle3.config_checks.before_run_problems`).
-- ``extraction``: ``extract.backend sglang`` has SGLang whatever ``serve.engine`` is: its
-  interpreter and a release that returns aux states without a draft (EXTRACT_NO_AUX_RETURN).
-
-:meth:`PreflightReport.raise_if_failed` raises EngineUnsupported (engine side) or ConfigError,
-every problem as ``CODE: message`` and in ``.problems``.
+19, 23, 24); config-only rules are in :mod:`eagle3.config_checks`. Checks (passed / failed /
+skipped / note, with figures): ``engine`` (SGLang's interpreter imports the pinned release),
+``aux_capture`` (the target's class captures EAGLE-3 aux states there, else fc is bypassed and
+acceptance is about 1.0), ``memory`` (weights + both KV caches of one full-context request per GPU
+against ``GPU memory × serve.mem_fraction_static`` and other processes), ``settings`` (what SGLang
+really runs; for the reference engine what it cannot honour, REFERENCE_UNSUPPORTED),
+``environment`` (no simulated acceptance), ``template`` (trained chat-template switches against
+the benchmark's and the server's), ``steps`` (served against trained steps, noted), ``port``
+(SERVE_HOST, PORT_IN_USE), ``inputs`` (what a stage refuses at its start, from files only:
+:func:`eagle3.config_checks.before_run_problems`), ``extraction`` (``extract.backend sglang``
+needs SGLang whatever serves, with a release that returns aux states: EXTRACT_NO_AUX_RETURN).
+:meth:`PreflightReport.raise_if_failed` raises EngineUnsupported (engine side) or ConfigError.
 """
 
 from __future__ import annotations
@@ -105,6 +94,15 @@ class PreflightReport:
         raise err
 
 
+def _problem(text: str) -> Problem:
+    """A ``CODE: message`` string as a Problem."""
+    return Problem(*(part.strip() for part in text.split(":", 1)))
+
+
+def _failed(name: str, problems: list[Problem], figs: dict | None = None):
+    return Check(name, "failed", "; ".join(p.message for p in problems), figs or {}), problems
+
+
 def target_architecture(target_dir: str | Path) -> str:
     """``architectures[0]`` of the target's ``config.json``; DataError if unreadable or absent."""
     path = Path(target_dir) / "config.json"
@@ -170,20 +168,17 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
         "target_kv": tokens * _kv_bytes_per_token(tcfg, nbytes, f"{target_dir}/config.json", tp),
         "draft_kv": tokens * _kv_bytes_per_token(dcfg, nbytes, f"{draft_dir}/config.json", tp),
     }
-    need = sum(parts.values())
-    budget = int(gpu_memory_bytes * mem_fraction_static)
-    report = {**parts, "need_bytes": need, "budget_bytes": budget,
-              "gpu_memory_bytes": int(gpu_memory_bytes),
-              "mem_fraction_static": mem_fraction_static, "context_length": int(context_length),
-              "batch_size": int(batch_size), "kv_dtype": kv_dtype, "tp": int(tp),
-              "fits": need <= budget}
+    need, budget = sum(parts.values()), int(gpu_memory_bytes * mem_fraction_static)
     if need > budget:
         detail = ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in parts.items())
         raise ConfigError(
             f"serve.mem_fraction_static: needs {need / GIB:.2f} GiB per GPU ({detail}; context "
             f"{context_length} x batch {batch_size}, tp {tp}) but GPU {gpu_memory_bytes / GIB:.2f} "
             f"GiB × mem_fraction_static {mem_fraction_static} = {budget / GIB:.2f} GiB")
-    return report
+    return {**parts, "need_bytes": need, "budget_bytes": budget,
+            "gpu_memory_bytes": int(gpu_memory_bytes), "mem_fraction_static": mem_fraction_static,
+            "context_length": int(context_length), "batch_size": int(batch_size),
+            "kv_dtype": kv_dtype, "tp": int(tp), "fits": True}
 
 
 def _sglang_env_problem(cfg: Any, who: str, fallback: str) -> Problem | None:
@@ -214,7 +209,7 @@ def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
 
     p = _sglang_env_problem(cfg, "serve.engine sglang", "serve.engine reference")
     if p is not None:
-        return Check("engine", "failed", p.message), [p]
+        return _failed("engine", [p])
     return Check("engine", "passed",
                  f"SGLang {cfg.convert.engine_version} in {sglang_python(cfg)}"), []
 
@@ -237,12 +232,12 @@ def _check_extraction(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
                     f"aux hidden states without a draft; expected a release that has one ({able}), "
                     "got one without; fix: extract.backend hf, or convert.engine_version "
                     f"{able[-1] if able else '(none pinned)'}")
-        return Check("extraction", "failed", p.message), [p]
+        return _failed("extraction", [p])
     # with serve.engine sglang the engine check has judged the same interpreter already
     p = None if engine == "sglang" else _sglang_env_problem(cfg, "extract.backend sglang",
                                                              "extract.backend hf")
     if p is not None:
-        return Check("extraction", "failed", p.message), [p]
+        return _failed("extraction", [p])
     return Check("extraction", "passed", f"extract.backend sglang: SGLang {v} returns aux states "
                  f"({flag})"), []
 
@@ -265,7 +260,7 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
                     f"class that implements set_eagle3_layers_to_capture in SGLang {v} (the "
                     "draft's fc would be bypassed and acceptance fall to about 1.0); fix: "
                     "serve.engine reference, or a target class SGLang captures")
-        return Check("aux_capture", "failed", p.message, {"captures": 0}), [p]
+        return _failed("aux_capture", [p], {"captures": 0})
     return Check("aux_capture", "passed", f"{arch} captures aux states in SGLang {v} "
                                           f"({got['how']})", {"captures": 1}), []
 
@@ -300,12 +295,11 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
 def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
                   gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
     s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
-    draft: Any = serving_dir
-    draft_bytes = None
+    draft, draft_bytes = serving_dir, None
     if serving_dir is None or not (serving_dir / "config.json").is_file():
         draft, draft_bytes = draft_size_from_config(cfg, tcfg)
-    text_cfg = tcfg.get("text_config") or tcfg
-    ctx = s.context_length or int(text_cfg.get("max_position_embeddings") or 4096)
+    ctx = s.context_length or int((tcfg.get("text_config") or tcfg).get("max_position_embeddings")
+                                  or 4096)
     if engine == "reference":
         return _reference_memory(cfg, target_dir, tcfg, draft, draft_bytes, ctx)
     if gpus is None:
@@ -319,7 +313,7 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
         p = Problem("GPU_COUNT", f"serve.tp {s.tp}: expected {s.tp} visible GPU(s) for SGLang, "
                     f"found {len(used)} (nvidia-smi lists {len(gpus)}; CUDA_VISIBLE_DEVICES "
                     f"{s.env.get(cvd, os.environ.get(cvd))!r})")
-        return Check("memory", "failed", p.message, {"gpus_visible": len(gpus)}), [p]
+        return _failed("memory", [p], {"gpus_visible": len(gpus)})
     problems, worst = [], None
     for g in used:
         total, taken = g["mem_total_mib"] << 20, g["mem_used_mib"] << 20
@@ -337,7 +331,7 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
             continue
         if s.mem_fraction_static is not None and total - taken < r["budget_bytes"]:
             problems.append(Problem("GPU_BUSY", f"GPU {g['index']}: {taken / GIB:.2f} GiB already "
-                                    f"used by other processes; expected "
+                                    "used by other processes; expected "
                                     f"{r['budget_bytes'] / GIB:.2f} GiB free for "
                                     f"mem_fraction_static {frac}, got {(total - taken) / GIB:.2f} "
                                     "GiB (an engine left running?)"))
@@ -346,8 +340,7 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
             if k.endswith(("_bytes", "_weights", "_kv"))}
     detail = (f"per GPU need {worst['need_bytes'] / GIB:.2f} GiB of "
               f"{worst['budget_bytes'] / GIB:.2f} GiB (context {ctx}, tp {s.tp}, GPUs "
-              f"{[g['index'] for g in used]})" if worst else "; ".join(
-                  p.message for p in problems))
+              f"{[g['index'] for g in used]})" if worst else "; ".join(p.message for p in problems))
     return Check("memory", "failed" if problems else "passed", detail,
                  {**figs, "gpus": len(used)}), problems
 
@@ -372,7 +365,7 @@ def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_
             p = Problem("DEVICE_MISSING", f"serve.device: expected a CUDA device this machine has, "
                                           f"got {device!r} and torch sees {seen}; fix: -o "
                                           "serve.device=cpu (or auto), or a machine with the GPU")
-            return Check("memory", "failed", p.message), [p]
+            return _failed("memory", [p])
         free = torch.cuda.mem_get_info(torch.device(device))[0]
     else:
         free = psutil.virtual_memory().available
@@ -381,7 +374,7 @@ def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_
         p = Problem("MEMORY_TOO_SMALL", f"reference engine on {device}: needs about "
                     f"{need / GIB:.2f} GiB (target and draft weights in the serving dtype), "
                     f"{free / GIB:.2f} GiB free; fix: free memory or serve.dtype bfloat16")
-        return Check("memory", "failed", p.message, figs), [p]
+        return _failed("memory", [p], figs)
     return Check("memory", "passed", f"reference engine on {device}: about {need / GIB:.2f} GiB of "
                                      f"{free / GIB:.2f} GiB free (context up to {ctx})", figs), []
 
@@ -396,28 +389,25 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
         extra = [Problem(code, msg) for code, msg in extra_args_problems(
             s.extra_args, rules=reference_rules())]
         refused = reference_problem(s)  # what config load refuses for serve.engine reference
-        if refused:
-            extra.insert(0, Problem(*(part.strip() for part in refused.split(":", 1))))
+        extra = ([_problem(refused)] if refused else []) + extra
         if extra:
-            return Check("settings", "failed", "; ".join(p.message for p in extra)), extra
+            return _failed("settings", extra)
         queue = f"; bench.concurrency {b.concurrency} queues behind it" if b.concurrency > 1 else ""
         return Check("settings", "passed", f"chain drafting, {s.speculative_num_steps} steps; one "
                      f"request at a time{queue}", {"max_running_requests": 1}), []
     r = resolve(s)
-
-    detail = (f"{r['worker']} with the {r['scheduler']} scheduler ({r['scheduler_reason']}), "
-              f"{r['drafting']} drafting {s.speculative_num_steps} steps × top-k "
-              f"{s.speculative_eagle_topk}, {r['num_draft_tokens']} draft tokens, "
-              "max_running_requests "
-              f"{r['max_running_requests']} ({r['max_running_requests_source']})")
     figs = {"max_running_requests": r["max_running_requests"],
             "num_draft_tokens": r["num_draft_tokens"],
             "overlap_scheduler": int(r["scheduler"] == "overlap")}
     extra = [Problem(code, msg) for code, msg in extra_args_problems(
         s.extra_args, version=cfg.convert.engine_version)]
     if extra:
-        return Check("settings", "failed", "; ".join(p.message for p in extra), figs), extra
-    return Check("settings", "passed", detail, figs), []
+        return _failed("settings", extra, figs)
+    return Check("settings", "passed", f"{r['worker']} with the {r['scheduler']} scheduler "
+                 f"({r['scheduler_reason']}), {r['drafting']} drafting {s.speculative_num_steps} "
+                 f"steps × top-k {s.speculative_eagle_topk}, {r['num_draft_tokens']} draft tokens, "
+                 f"max_running_requests {r['max_running_requests']} "
+                 f"({r['max_running_requests_source']})", figs), []
 
 
 def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
@@ -429,8 +419,7 @@ def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     if engine == "reference":
         return Check("environment", "note", problem.split(":")[0] + "; the reference engine does "
                                                                     "not read it"), []
-    p = Problem("SIMULATED_ACCEPTANCE", problem + "; fix: unset it")
-    return Check("environment", "failed", p.message), [p]
+    return _failed("environment", [Problem("SIMULATED_ACCEPTANCE", problem + "; fix: unset it")])
 
 
 def _check_template(cfg: Any, engine: str, target_dir: Path,
@@ -445,11 +434,8 @@ def _check_template(cfg: Any, engine: str, target_dir: Path,
     bench = template_switches(AutoTokenizer.from_pretrained(str(target_dir)),
                               cfg.data.chat_template_kwargs)
     problems = []
-
-    def set_only(switches: dict) -> dict:
-        return {k: v for k, v in switches.items() if v is not None}
-
-    if set_only(bench) != set_only(trained):
+    if ({k: v for k, v in bench.items() if v is not None}
+            != {k: v for k, v in trained.items() if v is not None}):
         problems.append(Problem("TEMPLATE_SWITCHES", "chat-template switches: the extraction "
                                 f"rendered {trained}, the benchmark renders {bench} "
                                 "(data.chat_template_kwargs); expected the same"))
@@ -502,9 +488,8 @@ def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
 
 
 def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
-    """``serve.host`` binds on this machine (SERVE_HOST,
-    :func:`eagle3.config_checks.serve_host_problem`), and a set ``serve.port`` binds there
-    (PORT_IN_USE)."""
+    """SERVE_HOST (:func:`eagle3.config_checks.serve_host_problem`), and PORT_IN_USE for a set
+    ``serve.port`` that does not bind."""
     import socket
 
     from eagle3.config_checks import serve_host_problem
@@ -512,8 +497,7 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
     s = cfg.serve
     refused = serve_host_problem(s)
     if refused:
-        p = Problem(*(part.strip() for part in refused.split(":", 1)))
-        return Check("port", "failed", p.message), [p]
+        return _failed("port", [_problem(refused)])
     if s.port is None:
         return Check("port", "passed", f"{s.host} binds; a free port there is chosen at "
                                        "launch"), []
@@ -524,7 +508,7 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
             p = Problem("PORT_IN_USE", f"serve.port {s.port} on {s.host}: expected a free port, "
                         f"binding it gives {e.strerror or e}; fix: end what listens there, choose "
                         "another serve.port, or leave serve.port unset (a free port is chosen)")
-            return Check("port", "failed", p.message), [p]
+            return _failed("port", [p])
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
 
@@ -565,16 +549,12 @@ def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
 
 
 def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
-    """``inputs``: the checks a stage repeats when it starts that need files but no model (data,
-    dev prompts and bench prompts files, aux layer ids and draft vocabulary against the target's
-    config;
-    :func:`eagle3.config_checks.before_run_problems`), so they fail here before any stage runs.
-    Its problems go first in ``problems``."""
+    """``inputs``: the file checks a stage repeats at its start (data, dev and bench prompts, aux
+    layer ids and draft vocabulary against the target); its problems go first in ``problems``."""
     from eagle3.config_checks import before_run_problems
 
-    found = [Problem(*(part.strip() for part in m.split(":", 1)))
-             for m in before_run_problems(cfg, target)]
-    found = [p for p in found if p.code != "SERVE_HOST"]  # the port check reports it
+    found = [p for p in map(_problem, before_run_problems(cfg, target))
+             if p.code != "SERVE_HOST"]  # the port check reports it
     problems[:0] = found
     if found:
         return Check("inputs", "failed", f"{len(found)} problem(s) a stage would refuse at its "

@@ -1,28 +1,20 @@
 """The readiness gate: tells a server warming up from one that hung, crashed or never came up.
 
-Phases, in order, with seconds spent in each: ``launching`` (port refused, log empty), ``loading``
-(port refused, log started: SGLang binds after loading weights), ``warming`` (port answers, health
-not 200: SGLang's 503 during CUDA-graph capture is never by itself a failure), ``probing``
-(``/health_generate`` 200, generation probe in flight). Verdicts: ``ready``, ``crashed`` (exit
-code, log tail), ``stalled`` (no progress signal for ``stall_timeout_s``,
-:mod:`eagle3.serve.liveness`; without a pid or log to watch, every health check refused, or every
-connection accepted but left without an HTTP answer ("Not answering"), for ``stall_timeout_s``),
-``timed_out``, ``probe_failed`` (no tokens, error status, or no speculative
-fields).
+Phases (seconds in each): ``launching`` (port refused, log empty), ``loading`` (port refused, log
+started: SGLang binds after loading weights), ``warming`` (port answers, health not 200: SGLang's
+503 during CUDA-graph capture is no failure), ``probing`` (``/health_generate`` 200, probe in
+flight). Verdicts: ``ready``, ``crashed`` (exit code, log tail), ``stalled`` (no progress signal,
+:mod:`eagle3.serve.liveness`, for ``stall_timeout_s``; without a pid or log: every health check
+refused, or accepted and never answered, "Not answering", that long), ``timed_out``,
+``probe_failed`` (no tokens, error status, or no speculative fields). Ready: ``GET
+/health_generate`` 200 *and* ``probe_concurrency`` (≥ 2) concurrent greedy ``POST /generate`` of 4
+tokens each returned a token within ``probe_timeout_s`` with ``spec_*`` fields in ``meta_info``
+(docs/ENGINE_FACTS.md §4).
 
-Ready: ``GET /health_generate`` 200 *and* ``probe_concurrency`` (≥ 2) concurrent
-``POST /generate`` (4 tokens, temperature 0) each returned a token within ``probe_timeout_s`` with
-``spec_*`` fields in ``meta_info`` (docs/ENGINE_FACTS.md §4).
-
-HTTP runs in daemon threads, so a server that never answers cannot block the loop; a verdict comes
-within ``stall_timeout_s`` plus two poll intervals of the last progress. Each health check waits
-at most the time left before the nearest deadline (``timeout_s``, or ``stall_timeout_s`` of no
-progress or no answer), so a deadline shorter than the per-check wait is kept, and the check due
-at a deadline is read before the verdict. A ``timed_out`` or ``stalled`` verdict says what the
-health checks met: connection refused, a port that accepted connections but never answered, or
-the HTTP status the server answered. The gate never ends the
-server: on a non-ready verdict it saves diagnostics
-(:func:`eagle3.serve.diagnostics.collect_diagnostics`). :class:`Watchdog` watches a benchmark.
+HTTP runs in daemon threads, so a silent server cannot block the loop. Each health check waits at
+most until the nearest deadline, and the check due at a deadline is read before the verdict, which
+says what the checks met (refused, no HTTP answer, or the status). The gate never ends the server;
+on a non-ready verdict it saves :func:`eagle3.serve.diagnostics.collect_diagnostics`.
 """
 
 from __future__ import annotations
@@ -44,18 +36,13 @@ from eagle3.config import (GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STAL
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
 from eagle3.serve.liveness import ProgressMonitor
 from eagle3.procs import exit_status
-# noqa: F401  (re-exported: eagle3.serve.readiness.Watchdog)
-from eagle3.serve.watchdog import Watchdog
+from eagle3.serve.watchdog import Watchdog  # noqa: F401 (re-exported)
 
 __all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready",
            "VERDICTS"]
 VERDICTS = ("ready", "crashed", "stalled", "timed_out", "probe_failed")
-# seconds: the shortest wait given to one health check (one nearly at a deadline still gets an
-# answer from a server on the same host)
-MIN_HEALTH_TIMEOUT_S = 0.05
-# seconds waited once for a health check whose own timeout has run out, so the verdict due at a
-# deadline knows what that check met
-HEALTH_GRACE_S = 0.5
+MIN_HEALTH_TIMEOUT_S = 0.05  # s: the shortest wait of one health check (enough on the same host)
+HEALTH_GRACE_S = 0.5  # s waited once for a check past its timeout, so a verdict knows what it met
 PROBE_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
 SPEC_KEYS = ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram")
@@ -82,7 +69,6 @@ class Call:
         return self._done.is_set()
 
     def wait(self, timeout_s: float) -> bool:
-        """Block up to ``timeout_s`` seconds for the call to end; whether it has."""
         return self._done.wait(timeout_s)
 
 
@@ -187,9 +173,8 @@ class GateResult:
 
     def metrics(self) -> dict[str, float]:
         """``gate_<phase>_s``, ``gate_total_s``, ``gate_ready`` for a tracker."""
-        out = {f"gate_{k}_s": round(v, 3) for k, v in self.phases.items()}
-        out["gate_total_s"] = round(self.elapsed_s, 3)
-        out["gate_ready"] = 1.0 if self.ready else 0.0
+        out = {**{f"gate_{k}_s": round(v, 3) for k, v in self.phases.items()},
+               "gate_total_s": round(self.elapsed_s, 3), "gate_ready": float(self.ready)}
         if self.probe:
             out["gate_probe_latency_s"] = max(p["seconds"] for p in self.probe)
         return out
@@ -249,29 +234,23 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
     """Wait until ``url`` (``http://host:port``) is ready or a verdict says why not.
 
     ``pid``: server process-tree root (exit → crashed; CPU time is progress). ``log_path``: growth
-    is progress, its tail goes in the result. All ``*_s`` are seconds. Without ``pid`` and
-    ``log_path`` there is no progress signal: the gate then ends ``stalled`` once every health check
-    for ``stall_timeout_s`` was refused (nothing listens at the port), or was accepted and got no
-    HTTP answer (a timeout or a dropped connection: "Not answering"). ``diagnostics_dir`` gets
-    ``gate.json`` (and diagnostics unless ready). Returns a
-    :class:`GateResult` for any verdict (the caller raises ``GateFailed``); ConfigError up front for
-    a url not ``http(s)://host[:port]`` or a non-positive timeout.
+    is progress, its tail goes in the result. All ``*_s`` are seconds. ``diagnostics_dir`` gets
+    ``gate.json`` (and diagnostics unless ready). Returns a :class:`GateResult` for any verdict
+    (the caller raises ``GateFailed``); ConfigError up front for a url not ``http(s)://host[:port]``
+    or a non-positive timeout.
     """
     _check_arguments(url, {"timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s,
                            "poll_interval_s": poll_interval_s, "probe_timeout_s": probe_timeout_s})
-    url = url.rstrip("/")
-    t0 = time.monotonic()
-    mon = ProgressMonitor(pid, log_path, use_gpu=use_gpu)
-    tl = _Timeline(t0)
+    url, t0 = url.rstrip("/"), time.monotonic()
+    mon, tl = ProgressMonitor(pid, log_path, use_gpu=use_gpu), _Timeline(t0)
+    watched = pid is not None or log_path is not None
     state: dict = {"last_progress": t0, "health_path": "/health_generate", "health": None,
                    "probe": None, "probe_t0": 0.0, "probe_results": []}
     health_timeout = min(probe_timeout_s, max(2.0, 5 * poll_interval_s))
     while True:
         h = state["health"]
         if h is not None and not state.get("health_waited") and (
-                time.monotonic() >= state["health_end"]):
-            # this check's own timeout has run out: its answer (or its timeout) is due now,
-            # and a verdict at this deadline should know what it met
+                time.monotonic() >= state["health_end"]):  # its answer (or timeout) is due now
             state["health_waited"] = True
             h.wait(HEALTH_GRACE_S)
         now = time.monotonic()
@@ -279,39 +258,32 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
         if verdict is None:
             if mon.sample():
                 state["last_progress"] = now
-            deadline = _nearest_deadline(state, mon, now, t0 + timeout_s, stall_timeout_s,
-                                         watched=pid is not None or log_path is not None)
+            deadline = _nearest_deadline(state, mon, now, t0 + timeout_s, stall_timeout_s, watched)
             check_timeout = max(MIN_HEALTH_TIMEOUT_S, min(health_timeout, deadline - now))
             verdict, detail = _advance(url, state, tl, mon, now, check_timeout, probe_timeout_s,
                                        require_spec_fields, max(2, probe_concurrency))
         if verdict is None and mon.sources and now - state["last_progress"] >= stall_timeout_s:
             verdict = "stalled"
-            detail = (f"No progress signal ({', '.join(mon.sources)}) for "
-                      f"{now - state['last_progress']:.1f} s "
+            quiet = now - state["last_progress"]
+            detail = (f"No progress signal ({', '.join(mon.sources)}) for {quiet:.1f} s "
                       f"(stall_timeout_s={stall_timeout_s}) in phase {tl.phase}.")
         refused_for = now - state.get("refused_since", now)
-        if (verdict is None and pid is None and log_path is None
-                and refused_for >= stall_timeout_s):
-            # nothing of this server (no pid, no log; a GPU's activity may be another process's)
-            # tells one still loading from none at all, and every health check since
-            # refused_since was refused: waiting on would only reach timeout_s
+        silent_for = now - state.get("silent_since", now)
+        # without pid or log nothing (a GPU's activity may be another process's) tells a server
+        # still loading from none at all, or from a port that accepts but never answers
+        if verdict is None and not watched and refused_for >= stall_timeout_s:
             verdict = "stalled"
             detail = (f"Connection refused for {refused_for:.1f} s (stall_timeout_s="
                       f"{stall_timeout_s}) in phase {tl.phase}, with no progress signal (no "
                       "server pid or log) to show a server still starting.")
-        silent_for = now - state.get("silent_since", now)
-        if (verdict is None and pid is None and log_path is None
-                and silent_for >= stall_timeout_s):
-            # a port that accepts connections but never answers looks like warming to the phase
-            # machine; without a pid or log nothing else can show that the server is alive
+        if verdict is None and not watched and silent_for >= stall_timeout_s:
             verdict = "stalled"
-            detail = (f"Not answering: {_silent_what(url, state)} to "
-                      f"{state.get('silent', 0)} health checks over {silent_for:.1f} s "
-                      f"(stall_timeout_s={stall_timeout_s}; each check waited up to "
+            detail = (f"Not answering: {_silent_what(url, state)} to {state.get('silent', 0)} "
+                      f"health checks over {silent_for:.1f} s (stall_timeout_s={stall_timeout_s}; "
+                      "each check waited up to "
                       f"{state.get('silent_wait', health_timeout):.1f} s; last: "
-                      f"{state.get('last_health')}) in phase "
-                      f"{tl.phase}, with no progress signal (no server pid or log) to show a "
-                      "server still starting.")
+                      f"{state.get('last_health')}) in phase {tl.phase}, with no progress signal "
+                      "(no server pid or log) to show a server still starting.")
         if verdict is None and now - t0 >= timeout_s:
             verdict = "timed_out"
             detail = f"Overall deadline timeout_s={timeout_s} reached in phase {tl.phase}."
@@ -320,20 +292,17 @@ def wait_ready(url: str, *, pid: int | None = None, log_path: str | Path | None 
         if verdict is not None:
             return _finish(verdict, detail, code, url, pid, log_path, tl, mon, state, t0, now,
                            diagnostics_dir)
-        # wake at the next poll, or earlier at the nearest deadline (a verdict due then is not
-        # held back by up to one poll interval)
+        # wake at the next poll, or earlier at the nearest deadline
         wake = min(now + poll_interval_s,
-                   _nearest_deadline(state, mon, now, t0 + timeout_s, stall_timeout_s,
-                                     watched=pid is not None or log_path is not None))
+                   _nearest_deadline(state, mon, now, t0 + timeout_s, stall_timeout_s, watched))
         time.sleep(max(0.0, wake - time.monotonic()))
 
 
 def _nearest_deadline(st: dict, mon: ProgressMonitor, now: float, overall: float,
                       stall_timeout_s: float, watched: bool) -> float:
-    """The nearest moment (``time.monotonic()``) a verdict can fall due: the overall deadline,
-    ``stall_timeout_s`` after the last progress (when a progress signal is watched), or, with no
-    pid or log, ``stall_timeout_s`` after the refused or unanswered health checks began (a check
-    started ``now`` begins such a run)."""
+    """The nearest ``time.monotonic()`` a verdict can fall due: the overall deadline, or
+    ``stall_timeout_s`` after the last progress or (no pid or log) after refused or unanswered
+    health checks began (a check started ``now`` begins such a run)."""
     out = [overall]
     if mon.sources:
         out.append(st["last_progress"] + stall_timeout_s)
@@ -402,9 +371,7 @@ def _advance(url: str, st: dict, tl: _Timeline, mon: ProgressMonitor, now: float
 
 
 def _refused_note(url: str, st: dict) -> str:
-    """For a timed-out or stalled verdict: `` Connection refused ...`` when the last health check
-    was refused (nothing listens at ``url``'s port, or the server closed it), with how many of the
-    health checks were refused; else ``""``."""
+    """`` Connection refused ...`` (how many checks were) when the last health check was."""
     if st.get("last_health") != "refused":
         return ""
     refused, seen = st.get("refused", 0), st.get("health_seen", 0)
@@ -414,8 +381,7 @@ def _refused_note(url: str, st: dict) -> str:
 
 
 def _silent_what(url: str, st: dict) -> str:
-    """What a health check without an HTTP answer met: a connection accepted and left unanswered,
-    or (last check ``"connect timeout"``) no connection at all within the check's timeout."""
+    """What a check without an HTTP answer met: no connection (connect timeout), or no answer."""
     if st.get("last_health") == "connect timeout":
         return (f"{url} did not accept a connection (connect timeout: a host that drops "
                 "connection attempts, a firewall or a wrong address)")
@@ -423,10 +389,8 @@ def _silent_what(url: str, st: dict) -> str:
 
 
 def _health_note(url: str, st: dict, now: float, detail: str) -> str:
-    """For a timed-out or stalled verdict whose detail does not say it yet: what the last health
-    check met when it was not refused. `` Not answering: ...`` when the port accepted connections
-    and no HTTP answer came (a timeout or a connection dropped unanswered), `` The last health
-    check ... answered HTTP <status>`` when the server answered; else ``""``."""
+    """What the last health check met when not refused and ``detail`` does not say it yet:
+    `` Not answering: ...`` or `` The last health check ... answered HTTP <status>``."""
     last = st.get("last_health")
     if last is None or last == "refused" or detail.startswith("Not answering: "):
         return ""
@@ -477,9 +441,8 @@ def _finish(verdict: str, detail: str, code: int | None, url: str, pid: int | No
         tl.entries.pop()  # "ready" is the verdict, not a phase with a duration
     phases, timeline = tl.close(now)
     res = GateResult(verdict=verdict, url=url, detail=detail, phases=phases, timeline=timeline,
-                     elapsed_s=round(now - t0, 3),
-                     last_progress_s=round(st["last_progress"] - t0, 3),
-                     exit_code=code, probe=st["probe_results"], signals=dict(mon.counts),
+                     elapsed_s=round(now - t0, 3), exit_code=code, probe=st["probe_results"],
+                     last_progress_s=round(st["last_progress"] - t0, 3), signals=dict(mon.counts),
                      last_health=st.get("last_health"), signal_sources=mon.sources)
     if log_path is not None and verdict != "ready":
         res.log_tail = log_tail(log_path, max_lines=40)

@@ -68,8 +68,7 @@ def _start_watcher(engine: int, parent: int, parent_created: float, grace_s: flo
     try:
         if os.fork():
             os._exit(0)
-        # out of the engine's group: group signals, stack dumps and liveness see only the engine
-        os.setsid()
+        os.setsid()  # out of the engine's group (see the module docstring)
         os.execv(sys.executable, [sys.executable, "-m", "eagle3.serve.supervise", "--watch",
                                   str(engine), str(parent), repr(parent_created), f"{grace_s:g}"])
     finally:

@@ -37,13 +37,10 @@ class Watchdog:
         self.url, self.pid, self.log_path = url, pid, log_path
         self.stall_timeout_s, self.check_interval_s = stall_timeout_s, check_interval_s
         self.diagnostics_dir = Path(diagnostics_dir) if diagnostics_dir else None
-        self.use_gpu = use_gpu
+        self.use_gpu, self.detail, self.beats = use_gpu, "", 0
         self.verdict: str | None = None
-        self.detail = ""
-        self.beats = 0
         self._last_progress = time.monotonic()
-        self._tripped = threading.Event()
-        self._stop = threading.Event()
+        self._tripped, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
 
     def beat(self, *_: Any, **__: Any) -> None:
@@ -68,8 +65,7 @@ class Watchdog:
         """Raise GateFailed if the watchdog has tripped."""
         if self._tripped.is_set():
             raise GateFailed(f"server {self.url} failed during the benchmark: {self.verdict}: "
-                             f"{self.detail}",
-                             verdict=self.verdict or "",
+                             f"{self.detail}", verdict=self.verdict or "",
                              diagnostics_dir=str(self.diagnostics_dir or "") or None)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

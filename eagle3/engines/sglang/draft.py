@@ -1,5 +1,4 @@
-"""The EAGLE-3 draft as SGLang runs it (``LlamaForCausalLMEagle3``, release ``profile.VERSION``), in
-PyTorch.
+"""The EAGLE-3 draft as SGLang ``profile.VERSION`` runs it (``LlamaForCausalLMEagle3``), in PyTorch.
 
 Sources: ``sglang/srt/models/llama_eagle3.py`` (model, ``load_weights``), ``models/llama.py``
 (``LlamaAttention``, ``set_embed``), ``layers/layernorm.py`` (``RMSNorm.forward_native``: with a
@@ -39,7 +38,7 @@ from torch import nn
 
 from eagle3.engines.sglang import draft_load as dl
 from eagle3.engines.sglang.draft_load import rope_parameters
-from eagle3.engines.sglang.profile import VERSION, num_aux_states
+from eagle3.engines.sglang.profile import VERSION, num_aux_states, route
 from eagle3.errors import CheckpointInvalid, ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,12 +53,10 @@ class RMSNorm(nn.Module):
 
     def __init__(self, size: int, eps: float):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        dtype = x.dtype
-        x = x.float()
+        dtype, x = x.dtype, x.float()
         if residual is not None:
             x = x + residual.float()
             residual = x.to(dtype)
@@ -76,7 +73,7 @@ class DraftKVCache:
 
     @property
     def length(self) -> int:
-        """Cached positions (of the last layer, the one written last in a forward)."""
+        """Cached positions (of the last layer, written last in a forward)."""
         return 0 if self.kv[-1] is None else int(self.kv[-1][0].shape[-2])
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
@@ -165,13 +162,11 @@ class _DecoderLayer(nn.Module):
     def __init__(self, cfg: dict, layer_id: int, rotary: nn.Module):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
-        self.layer_id = layer_id
-        self.is_input_layer = layer_id == 0
+        self.layer_id, self.is_input_layer = layer_id, layer_id == 0
         self.self_attn = _Attention(cfg, 2 * h if self.is_input_layer else h, rotary)
         self.mlp = _MLP(h, cfg["intermediate_size"])
-        self.input_layernorm = RMSNorm(h, eps)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.hidden_norm = RMSNorm(h, eps)
+        self.input_layernorm, self.post_attention_layernorm, self.hidden_norm = (
+            RMSNorm(h, eps), RMSNorm(h, eps), RMSNorm(h, eps))
 
     def forward(self, positions, embeds, h, residual, attend: Attend):
         if self.is_input_layer:
@@ -188,8 +183,7 @@ class _Model(nn.Module):
     def __init__(self, cfg: dict, rotary: nn.Module):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
-        eagle = cfg.get("eagle_config") or {}
-        w = cfg.get("target_hidden_size") or h
+        eagle, w = cfg.get("eagle_config") or {}, cfg.get("target_hidden_size") or h
         n = num_aux_states(cfg)
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], h)
         self.fc = nn.Linear(w * n, h, bias=bool(cfg.get("bias", False)))
@@ -203,8 +197,7 @@ class _Model(nn.Module):
         self.norm_output = bool(cfg.get("norm_output", False))
 
     def forward(self, input_ids, positions, hidden_states, attend: Attend):
-        embeds = self.embed_tokens(input_ids)                       # [..., T, H]
-        h = hidden_states
+        embeds, h = self.embed_tokens(input_ids), hidden_states      # embeds [..., T, H]
         if h.shape[-1] != embeds.shape[-1]:                          # SGLang's exact condition
             if self.input_norm is not None:
                 h = self.input_norm(h)
@@ -306,11 +299,10 @@ class SGLangEagle3Draft(nn.Module):
         from safetensors.torch import load_file
 
         serving_dir = Path(serving_dir)
-        cfg_path = serving_dir / "config.json"
-        if not cfg_path.is_file():
+        if not (serving_dir / "config.json").is_file():
             raise ConfigError(f"{serving_dir}: expected an SGLang draft folder with config.json, "
                               "found none")
-        config = json.loads(cfg_path.read_text())
+        config = json.loads((serving_dir / "config.json").read_text())
         files = sorted(serving_dir.glob("*.safetensors"))
         if not files:
             raise ConfigError(f"{serving_dir}: expected model.safetensors (or shards), found no "
@@ -326,29 +318,17 @@ class SGLangEagle3Draft(nn.Module):
         filled: set[str] = set()
         skipped: list[str] = []
         for orig, w in tensors.items():
-            name = orig
-            for legacy, new in dl.LEGACY_NAMES.items():
-                name = name.replace(legacy, new)
-            if "d2t" in name:
+            r = route(orig, params)  # the profile's mirror of load_weights' renames and routing
+            if r.kind == "special":  # d2t
                 self.hot_token_id = w.long() + torch.arange(w.shape[0])
-                continue
-            if "t2d" in name:
-                continue
-            for pname, wname, shard in dl.STACKED:
-                if wname in name:
-                    name = name.replace(wname, pname)
-                    break
-            else:
-                shard = None
-            key = name if name in params else f"model.{name}"
-            if key not in params:
+            elif r.kind == "unknown":
                 skipped.append(orig)
-            elif shard is None:
-                dl.copy_param(params[key], w, key, orig, where)
-                filled.add(key)
-            else:
-                dl.load_shard(params[key], w, shard, self.config, key, orig, where)
-                filled.add(f"{key}#{shard}")
+            elif r.kind == "param" and r.shard is None:
+                dl.copy_param(params[r.param], w, r.param, orig, where)
+                filled.add(r.param)
+            elif r.kind == "param":
+                dl.load_shard(params[r.param], w, r.shard, self.config, r.param, orig, where)
+                filled.add(f"{r.param}#{r.shard}")
         self._bind_target(params, filled, target_embed, target_head, where)
         unfilled = dl.unfilled(params, filled)
         self.load_report.update(skipped=sorted(skipped), unfilled=unfilled)

@@ -1,10 +1,7 @@
-"""Loader rules of the pinned SGLang's ``LlamaForCausalLMEagle3.load_weights``
-(``sglang/srt/models/llama_eagle3.py``) and the config checks of
-:class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
-
-Names: legacy ``midlayer`` → ``layers.0`` and ``aux_norm_{low,mid,high}`` → ``fc_norm.{0,1,2}``;
-q/k/v are stacked into ``qkv_proj`` (rows q, then k, then v) and gate/up into ``gate_up_proj``; each
-name is tried as-is and with a ``model.`` prefix.
+"""Tensor copies of the pinned SGLang's ``LlamaForCausalLMEagle3.load_weights``
+(``sglang/srt/models/llama_eagle3.py``; q/k/v stacked into ``qkv_proj`` rows q, k, v, gate/up into
+``gate_up_proj``; names routed by :func:`eagle3.engines.sglang.profile.route`), its RoPE reading
+and the config checks of :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft`.
 """
 
 from __future__ import annotations
@@ -18,12 +15,6 @@ from eagle3.engines.bounds import LIMITS, bounded_int
 from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-# llama_eagle3.py load_weights: legacy names, then q/k/v and gate/up stacking.
-LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
-                "aux_norm_high": "fc_norm.2"}
-STACKED = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
-           (".qkv_proj", ".v_proj", "v"),
-           (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1)]
 
 
 def copy_param(param: nn.Parameter, w: torch.Tensor, key: str, orig: str, where) -> None:
@@ -43,7 +34,7 @@ def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str,
         start, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard]
     else:
         size = param.shape[0] // 2
-        start = shard * size
+        start = shard * size  # gate 0, up 1
     target = param.data[start:start + size]
     if tuple(target.shape) != tuple(w.shape):
         raise CheckpointInvalid(f"{where}: tensor {orig} has shape {tuple(w.shape)}, shard "
@@ -53,15 +44,12 @@ def load_shard(param: nn.Parameter, w: torch.Tensor, shard, cfg: dict, key: str,
 
 def unfilled(params: dict, filled: set[str]) -> list[str]:
     """Parameter names (``key#shard`` for stacked ones) that no checkpoint tensor filled."""
-    out = []
-    for key, p in params.items():
+    def parts(key: str) -> list[str]:
         if key.endswith("qkv_proj.weight"):
-            out += [f"{key}#{s}" for s in ("q", "k", "v") if f"{key}#{s}" not in filled]
-        elif key.endswith("gate_up_proj.weight"):
-            out += [f"{key}#{s}" for s in (0, 1) if f"{key}#{s}" not in filled]
-        elif key not in filled:
-            out.append(key)
-    return out
+            return [f"{key}#{s}" for s in ("q", "k", "v")]
+        return [f"{key}#{s}" for s in (0, 1)] if key.endswith("gate_up_proj.weight") else [key]
+
+    return [k for key in params for k in parts(key) if k not in filled]
 
 
 DEFAULT_THETA = 10000.0  # transformers' LlamaConfig and SGLang's llama.py default
@@ -76,15 +64,14 @@ def rope_base_key(scope: Mapping) -> str:
 
 
 def rope_parameters(scope: Mapping) -> dict:
-    """The ``rope_parameters`` transformers 5 builds from a config level ``scope``, which the pinned
-    SGLang then reads (it loads config.json through transformers 5): the kept RoPE dict
-    (:func:`rope_base_key`) with ``rope_theta`` defaulted from the top-level ``rope_theta`` (else
-    10000) and ``rope_type`` from a legacy ``type`` (else ``"default"``). The one reader of RoPE
-    keys for both the reference draft and the convert/validate checks."""
+    """The ``rope_parameters`` transformers 5 builds from a config level ``scope`` (as the pinned
+    SGLang reads it): the kept RoPE dict (:func:`rope_base_key`) with ``rope_theta`` defaulted from
+    the top-level ``rope_theta`` (else 10000) and ``rope_type`` from a legacy ``type`` (else
+    ``"default"``). The one RoPE reader of the reference draft and the convert/validate checks."""
     base = scope.get(rope_base_key(scope))
     out = dict(base) if isinstance(base, Mapping) else {}
-    theta = scope.get("rope_theta")
-    out.setdefault("rope_theta", DEFAULT_THETA if theta is None else theta)
+    out.setdefault("rope_theta", DEFAULT_THETA if scope.get("rope_theta") is None
+                   else scope["rope_theta"])
     out.setdefault("rope_type", out.get("type", "default"))
     return out
 
@@ -93,7 +80,6 @@ def check_config(cfg: dict) -> None:
     """Refuse a config this implementation cannot run faithfully (EngineUnsupported / ConfigError,
     naming the key)."""
     archs = cfg.get("architectures") or []
-    # SGLang builds the first registered entry (models/registry.py)
     if not archs or archs[0] != ARCHITECTURE:
         raise EngineUnsupported(f"draft config.json architectures: expected [{ARCHITECTURE!r}] "
                                 "first (the class the pinned SGLang loads for EAGLE-3; it builds "

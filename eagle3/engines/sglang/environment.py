@@ -1,13 +1,11 @@
-"""Where SGLang's interpreter is, and whether it can import ``sglang`` (found without importing it
-here).
-
-SGLang lives in an environment of its own (it brings its own CUDA torch; ``make sglang-env`` builds
-one), named by ``serve.sglang_python``; the launcher (serving) and the ``sglang`` extraction backend
-both start it.
+"""Where SGLang's interpreter is (``serve.sglang_python``: an environment of its own with its own
+CUDA torch, built by ``make sglang-env``; the launcher and the ``sglang`` extraction backend start
+it), and whether it can import ``sglang`` (found without importing it here).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -37,10 +35,8 @@ def _run(python: str, code: str) -> subprocess.CompletedProcess | None:
     try:
         out, err = proc.communicate(timeout=ANSWER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.communicate()
         return None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -58,8 +54,7 @@ def sglang_installed(python: str) -> bool:
 def sglang_unusable_reason(python: str) -> str:
     """Why ``python`` cannot run SGLang, for messages: not an executable file, or it cannot import
     sglang."""
-    p = Path(python)
-    if python != sys.executable and (not p.is_file() or not os.access(p, os.X_OK)):
+    if python != sys.executable and not (Path(python).is_file() and os.access(python, os.X_OK)):
         return f"{python} is not an executable file"
     if python != sys.executable:
         probe = _run(python, "import sys; print('python', sys.version_info[0])")
@@ -83,9 +78,8 @@ OFFLINE_KITS = {"0.5.16": "lab/gpu/sglang_kit.sh"}
 
 
 def install_advice(version: str) -> str:
-    """How to build an environment with SGLang ``version`` (a key of
-    ``eagle3.engines.sglang.profile.RELEASES``): ``make sglang-env`` builds the profile's
-    ``VERSION`` (the Makefile's SGLANG_VERSION); another release needs a venv of its own, or its
+    """How to build an environment with SGLang ``version`` (a key of ``profile.RELEASES``): ``make
+    sglang-env`` for ``VERSION`` (the Makefile's SGLANG_VERSION), else a venv of its own, or its
     offline kit (:data:`OFFLINE_KITS`) on a machine without network."""
     from eagle3.engines.sglang.profile import VERSION
 

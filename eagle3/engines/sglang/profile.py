@@ -38,11 +38,10 @@ VERSION = "0.5.23"  # the pinned SGLang release: the one place it is written
 SOURCE_FILE = "sglang/srt/models/llama_eagle3.py"
 
 LEGACY_RENAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"),
-                  ("aux_norm_mid", "fc_norm.1"),
-                  ("aux_norm_high", "fc_norm.2"))
+                  ("aux_norm_mid", "fc_norm.1"), ("aux_norm_high", "fc_norm.2"))
 STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"),
-           (".qkv_proj", ".v_proj", "v"),
-           (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
+           (".qkv_proj", ".v_proj", "v"), (".gate_up_proj", ".gate_proj", 0),
+           (".gate_up_proj", ".up_proj", 1))
 
 # Where each release decides each flag: (file in the wheel, line, text on that line), cited by
 # messages; re-read from each wheel by tests/unit/test_profiles.py. A flag the release does not
@@ -76,10 +75,9 @@ def _flags(lines: dict, version: str) -> dict[str, FlagRule]:
 
     if "norm_before_fc" in lines:
         before_fc = FlagRule(
-            "norm_before_fc", (False, True), False, ("eagle_config.norm_before_fc",
-                                                     "norm_before_fc"),
-            "RMSNorm over the concatenated aux states before fc, tensor input_norm.weight "
-            f"({at('norm_before_fc')})")
+            "norm_before_fc", (False, True), False,
+            ("eagle_config.norm_before_fc", "norm_before_fc"), "RMSNorm over the concatenated aux "
+            f"states before fc, tensor input_norm.weight ({at('norm_before_fc')})")
     else:
         before_fc = FlagRule(
             "norm_before_fc", (False,), False, (),
@@ -89,8 +87,8 @@ def _flags(lines: dict, version: str) -> dict[str, FlagRule]:
         "norm_before_residual": FlagRule(
             "norm_before_residual", (False,), False, (),
             "layer 0 takes the residual from the un-normalised hidden state, then applies "
-            "hidden_norm "
-            f"(LlamaDecoderLayer.forward, {at('norm_before_residual')}); the flag is not read"),
+            f"hidden_norm (LlamaDecoderLayer.forward, {at('norm_before_residual')}); the flag is "
+            "not read"),
         "norm_before_fc": before_fc,
         "fc_norm": FlagRule(
             "fc_norm", (False, True), False, ("fc_norm", "use_aux_norm"),
@@ -170,40 +168,32 @@ RELEASES: dict[str, dict] = {
 }
 
 
-def _int(config: Mapping, key: str, default=None) -> int:
-    """``config[key]`` in its plausible range (:mod:`eagle3.engines.bounds`), else ConfigError."""
-    return bounded_int(config, key, default)
-
-
 def num_aux_states(config: Mapping) -> int:
     """num_aux as SGLang resolves it: ``num_aux_hidden_states`` > len(eagle_config ids) > 3."""
-    n = config.get("num_aux_hidden_states")
-    if n is not None:
-        return _int(config, "num_aux_hidden_states")
+    if config.get("num_aux_hidden_states") is not None:
+        return bounded_int(config, "num_aux_hidden_states")
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     return len(ids) if ids else 3
 
 
 def target_hidden(config: Mapping) -> int:
     """fc input width per aux state: ``target_hidden_size`` if present, else ``hidden_size``."""
-    if "target_hidden_size" in config:
-        return _int(config, "target_hidden_size")
-    return _int(config, "hidden_size")
+    return bounded_int(config, "target_hidden_size" if "target_hidden_size" in config
+                       else "hidden_size")
 
 
 def engine_params(config: dict, *, has_input_norm: bool = True) -> dict[str, ParamSpec]:
     """``LlamaForCausalLMEagle3``'s ``named_parameters()`` for a served config;
     ``has_input_norm``: the release implements ``norm_before_fc`` (0.5.23, not 0.5.16)."""
-
-    hidden = _int(config, "hidden_size")
-    heads = _int(config, "num_attention_heads")
-    kv_heads = _int(config, "num_key_value_heads", heads)
-    head_dim = _int(config, "head_dim") if config.get("head_dim") is not None else hidden // heads
-    inter = _int(config, "intermediate_size")
-    layers = _int(config, "num_hidden_layers")
-    vocab = _int(config, "vocab_size")
-    draft_vocab = config.get("draft_vocab_size")
-    draft_vocab = vocab if draft_vocab is None else _int(config, "draft_vocab_size")
+    hidden = bounded_int(config, "hidden_size")
+    heads = bounded_int(config, "num_attention_heads")
+    kv_heads = bounded_int(config, "num_key_value_heads", heads)
+    head_dim = (bounded_int(config, "head_dim") if config.get("head_dim") is not None
+                else hidden // heads)
+    inter = bounded_int(config, "intermediate_size")
+    layers = bounded_int(config, "num_hidden_layers")
+    vocab = bounded_int(config, "vocab_size")
+    draft_vocab = bounded_int(config, "draft_vocab_size", vocab)
     n_aux, t_hidden = num_aux_states(config), target_hidden(config)
     eagle = config.get("eagle_config") or {}
     p: dict[str, ParamSpec] = {
@@ -217,8 +207,7 @@ def engine_params(config: dict, *, has_input_norm: bool = True) -> dict[str, Par
     if has_input_norm and bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))):
         p["model.input_norm.weight"] = ParamSpec((t_hidden * n_aux,))
     if config.get("fc_norm") or config.get("use_aux_norm"):
-        for i in range(n_aux):
-            p[f"model.fc_norm.{i}.weight"] = ParamSpec((t_hidden,))
+        p.update({f"model.fc_norm.{i}.weight": ParamSpec((t_hidden,)) for i in range(n_aux)})
     attn_bias = bool(config.get("attention_bias"))
     for i in range(layers):
         pre, d_in = f"model.layers.{i}.", (2 * hidden if i == 0 else hidden)
@@ -242,8 +231,7 @@ def engine_params(config: dict, *, has_input_norm: bool = True) -> dict[str, Par
 def route(name: str, params: Mapping[str, ParamSpec]) -> Route:
     """Mirror of ``LlamaForCausalLMEagle3.load_weights`` for one tensor name."""
     for legacy, new in LEGACY_RENAMES:
-        if legacy in name:
-            name = name.replace(legacy, new)
+        name = name.replace(legacy, new)
     if "d2t" in name:
         return Route("special", name)
     if "t2d" in name:
@@ -274,14 +262,13 @@ def build(version: str) -> EngineProfile:
         ignored_tensors=("t2d",), embed_from_target=True,
         aux_ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
         aux_ids_convention="output of layer k (captures the input of layer k+1)", aux_id_offset=1,
-        aux_default_rule="HF indices [2, L//2, L-3] when no ids are "
-                         "given", aux_capture_hf_range="[1, L-1]",
+        aux_default_rule="HF indices [2, L//2, L-3] when no ids are given",
+        aux_capture_hf_range="[1, L-1]",
         residual_order="residual from the un-normalised hidden state (norm_before_residual=False)",
         flags=_flags(release["flag_source_lines"], version),
         flags_not_read=("norm_before_residual", "embed_requires_grad")
         + (() if has_input_norm else ("norm_before_fc",)),
-        aux_capture_classes=release["aux_capture_classes"],
-        max_draft_layers=None,
+        aux_capture_classes=release["aux_capture_classes"], max_draft_layers=None,
         param_fn=functools.partial(engine_params, has_input_norm=has_input_norm), route_fn=route,
         notes=("fc is bypassed when the incoming hidden states are as wide as the embeddings",
                "layers >= 1 normalise their input with hidden_norm, not input_layernorm"),

@@ -58,8 +58,7 @@ LAUNCH_FLAGS = (
     LaunchFlag("max_running_requests", "--max-running-requests", resolved=True),
     LaunchFlag("mem_fraction_static", "--mem-fraction-static"),
     LaunchFlag("disable_cuda_graph", "--disable-cuda-graph", switch=True, skip=False,
-               reference=None,
-               ref_flag=True),
+               reference=None, ref_flag=True),
     LaunchFlag("cuda_graph_max_bs", "--cuda-graph-max-bs-decode"),  # the release's unambiguous name
     LaunchFlag("context_length", "--context-length", reference=None, ref_flag=True),
 )
@@ -85,14 +84,11 @@ def reference_refusals(serve: Any) -> dict:
 
 @dataclass(frozen=True)
 class ArgvRules:
-    """What one engine's argparse command line takes, for :func:`extra_args_problems`.
-
-    ``engine``: its name in messages ("SGLang 0.5.23", "the reference engine"); ``options``:
-    ``{option string: canonical flag}`` (aliases and ``-h`` included); ``nargs``: ``{option
-    string: "0" | "?" | "*" | "+"}`` for every option that does not take exactly one value;
-    ``allow_abbrev``: argparse's switch (True: an unambiguous prefix selects a flag);
-    ``unknown_exit``: what the engine does with a token it does not take, after "would";
-    ``help_hint``: where to read its flags."""
+    """One engine's argparse command line, for :func:`extra_args_problems`: ``engine`` (its name in
+    messages), ``options`` (``{option string: canonical flag}``, aliases and ``-h`` included),
+    ``nargs`` (``"0" | "?" | "*" | "+"`` of every option not taking exactly one value),
+    ``allow_abbrev`` (argparse's), ``unknown_exit`` (what it does with a token it does not take,
+    after "would"), ``help_hint`` (where to read its flags)."""
 
     engine: str
     options: Mapping[str, str]
@@ -124,11 +120,10 @@ def _matches(token: str, rules: ArgvRules) -> list[str]:
 
 
 def flag_matches(token: str, version: str = VERSION) -> list[str]:
-    """The option strings of SGLang ``version`` (:func:`eagle3.engines.sglang.server_flags.options`)
-    the command-line ``token`` selects by argparse's rules for ``allow_abbrev=True``
-    (``ArgumentParser._parse_optional``): the exact name (before any ``=``) if it is one, else
-    every option string it is a prefix of. ``[]`` for a token that is no long option (a value,
-    ``--``) or matches nothing; more than one: ambiguous, which argparse refuses."""
+    """The option strings of SGLang ``version`` that ``token`` selects by argparse's
+    ``allow_abbrev=True`` rules (``ArgumentParser._parse_optional``): the exact name (before any
+    ``=``), else every option it prefixes; ``[]`` for a value, ``--`` or no match; several:
+    ambiguous, which argparse refuses."""
     return [] if token == "-h" else _matches(token, sglang_rules(version))
 
 
@@ -151,11 +146,10 @@ def canonical_args(argv: Sequence[str], version: str = VERSION) -> list[str]:
 
 
 # flags the launcher sets itself or that a serve.* field (read by the pre-flight) owns
-OWNED_FLAGS = {"--model-path": "the target folder",
-               "--speculative-algorithm": "EAGLE3 with a draft",
+OWNED_FLAGS = {"--model-path": "the target folder", "--host": "serve.host",
+               "--speculative-algorithm": "EAGLE3 with a draft", "--dtype": "serve.dtype",
                "--speculative-draft-model-path": "the converted draft",
-               "--host": "serve.host", "--port": "serve.port or a free one",
-               "--dtype": "serve.dtype",
+               "--port": "serve.port or a free one",
                **{f.flag: f"serve.{f.field}" for f in LAUNCH_FLAGS
                   if f.field != "max_running_requests"}}
 
@@ -175,25 +169,14 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
                         version: str = VERSION,
                         rules: ArgvRules | None = None) -> list[tuple[str, str]]:
     """``(code, message)`` for each ``serve.extra_args`` token the engine would not take as
-    written, walking the list as its argparse does. ``rules``: the engine's command line
-    (:class:`ArgvRules`; None: :func:`sglang_rules` of ``version``, i.e. :func:`flag_matches` and
-    :func:`eagle3.engines.sglang.server_flags.nargs`). Codes:
-
-    - ``EXTRA_ARG_UNKNOWN``: no such flag (SGLang exits with "unrecognized arguments", the
-      reference engine with code 2).
-    - ``EXTRA_ARG_AMBIGUOUS``: a prefix of several flags (argparse refuses it; only where
-      ``allow_abbrev``).
-    - ``EXTRA_ARG_HELP``: ``-h``/``--help`` (or, where ``allow_abbrev``, a prefix of it): the
-      engine prints its help and exits 0, so the server never starts.
-    - ``EXTRA_ARG_NO_VALUE``: a flag that takes a value, last in the list or followed by another
-      option (argparse: "expected one argument").
-    - ``EXTRA_ARG_SWITCH_VALUE``: ``--switch=value`` for a flag that takes no value (argparse:
-      "ignored explicit argument").
-    - ``EXTRA_ARG_STRAY``: a value no flag takes (after a switch, or a second value of a
-      one-value flag): neither engine has a positional argument, so it exits.
-    - ``EXTRA_ARG_OWNED``: the flag, an alias or a prefix of a flag in :data:`OWNED_FLAGS` or in
-      the ``generated`` argv: argparse keeps the last value, so it would silently replace the
-      pipeline's algorithm, draft, target, memory fraction or other setting."""
+    written, walking the list as its argparse does under ``rules`` (None: :func:`sglang_rules` of
+    ``version``). Codes: ``EXTRA_ARG_UNKNOWN`` (no such flag), ``EXTRA_ARG_AMBIGUOUS`` (a prefix of
+    several), ``EXTRA_ARG_HELP`` (``-h``/``--help``: it prints help and exits 0, no server),
+    ``EXTRA_ARG_NO_VALUE`` (a value-taking flag last or before another option),
+    ``EXTRA_ARG_SWITCH_VALUE`` (``--switch=value``), ``EXTRA_ARG_STRAY`` (a value no flag takes:
+    neither engine has a positional argument), ``EXTRA_ARG_OWNED`` (a flag, alias or prefix of one
+    in :data:`OWNED_FLAGS` or ``generated``: argparse keeps the last value, silently replacing the
+    pipeline's)."""
     rules = rules or sglang_rules(version)
     eng, table, counts = rules.engine, rules.options, rules.nargs
 
@@ -218,16 +201,14 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
                         f"positional argument and would {rules.unknown_exit}"))
             continue
         hits = _matches(token, rules)
-        if not hits or len(hits) > 1:
-            if not hits:
-                out.append(("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag "
-                            f"of {eng}'s launch_server, got one it does not know (it "
-                            f"would {rules.unknown_exit})"))
-            else:
-                out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one "
-                            f"flag, got a prefix of {len(hits)} ({', '.join(hits[:6])}"
-                            f"{', ...' if len(hits) > 6 else ''}); {eng}'s argparse refuses it: "
-                            "write the full flag"))
+        if len(hits) != 1:
+            out.append(("EXTRA_ARG_AMBIGUOUS", f"serve.extra_args {token!r}: expected one flag, "
+                        f"got a prefix of {len(hits)} ({', '.join(hits[:6])}"
+                        f"{', ...' if len(hits) > 6 else ''}); {eng}'s argparse refuses it: "
+                        "write the full flag") if hits else
+                       ("EXTRA_ARG_UNKNOWN", f"serve.extra_args {token!r}: expected a flag of "
+                        f"{eng}'s launch_server, got one it does not know (it would "
+                        f"{rules.unknown_exit})"))
             while i < len(extra) and not option_like(extra[i]):  # its values, if any
                 i += 1
             continue
@@ -254,13 +235,11 @@ def extra_args_problems(extra: Sequence[str], generated: Sequence[str] = (),
             while i < len(extra) and not option_like(extra[i]):
                 i += 1
         if flag in OWNED_FLAGS or flag in mine:
-            how = ("" if token.split("=", 1)[0] == flag
-                   else f" ({eng} reads it as {flag})")
-            whose = OWNED_FLAGS.get(flag, "a serve.* field")
+            how = "" if token.split("=", 1)[0] == flag else f" ({eng} reads it as {flag})"
             out.append(("EXTRA_ARG_OWNED", f"serve.extra_args {token!r}{how}: expected only "
                         f"flags the launcher does not set, got {flag}, which it sets from "
-                        f"{whose}; the engine keeps the last value, so this one would "
-                        "silently replace it: set it there instead"))
+                        f"{OWNED_FLAGS.get(flag, 'a serve.* field')}; the engine keeps the last "
+                        "value, so this one would silently replace it: set it there instead"))
     return out
 
 
@@ -349,8 +328,7 @@ def simulated_acceptance(env: Mapping[str, str]) -> tuple[str, str] | None:
 
 def simulation_problem(env: Mapping[str, str], where: str) -> str | None:
     """The message for a simulated-acceptance variable in ``env`` (``where``: whose environment)."""
-    sim = simulated_acceptance(env)
-    if sim is None:
+    if (sim := simulated_acceptance(env)) is None:
         return None
     return (f"{sim[0]}={sim[1]!r} in {where}: expected unset (or <= 0); SGLang would report a "
             "simulated acceptance length, and no measured figure may come from such a server")
@@ -388,9 +366,8 @@ def resolve(serve: Any, device: str = "cuda") -> dict:
 
 def asked_settings(serve: Any, engine: str) -> dict:
     """What a launch asked for, in ``/server_info``'s names (None: not asked)."""
-    asked = {f.field: getattr(serve, f.field) for f in LAUNCH_FLAGS if f.resolved}
-    asked["max_running_requests"] = running_requests(serve)[0] if engine == "sglang" else None
-    return asked
+    return {**{f.field: getattr(serve, f.field) for f in LAUNCH_FLAGS if f.resolved},
+            "max_running_requests": running_requests(serve)[0] if engine == "sglang" else None}
 
 
 def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> dict:
@@ -409,7 +386,6 @@ def compare_server_info(info: Mapping[str, Any], asked: Mapping[str, Any]) -> di
 def running_problems(info: Mapping[str, Any] | None, concurrency: int) -> list[str]:
     """Why measuring this ``/server_info`` would mislead: fewer requests at once than
     ``concurrency``, or an exposed simulated-acceptance variable. Unreported fields pass."""
-
     if not info:
         return []
     out = []
@@ -419,10 +395,7 @@ def running_problems(info: Mapping[str, Any] | None, concurrency: int) -> list[s
                    f"runs at most {mrr} requests at once (SGLang resets it to "
                    f"{SPEC_DEFAULT_MAX_RUNNING_REQUESTS} with speculation unless "
                    "--max-running-requests is given), so the benchmark would measure queueing")
-    for state in info.get("internal_states") or []:
-        env = (state or {}).get("env_vars") or {} if isinstance(state, Mapping) else {}
-        problem = simulation_problem(env, "the server's environment")
-        if problem is not None:
-            out.append(problem)
-            break
-    return out
+    sims = (simulation_problem((state.get("env_vars") or {}) if isinstance(state, Mapping) else {},
+                               "the server's environment")
+            for state in info.get("internal_states") or [])
+    return out + [p for p in sims if p is not None][:1]

@@ -79,20 +79,18 @@ def find_engine_source(engine: str = "sglang", version: str = VERSION, *,
     env = f"EAGLE3_{engine.upper()}_SOURCE"
     if os.environ.get(env):
         return EngineSource(os.environ[env])
-    tried = [f"${env} (unset)"]
+    tried, pattern = [f"${env} (unset)"], f"{engine}-{version}-*.whl"
     wheels = Path(cache_dir).expanduser() / "wheels" if cache_dir else None
     if wheels is not None:
-        found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
-        if found:
+        if found := sorted(wheels.glob(pattern)):
             return EngineSource(found[0])
-        tried.append(f"{wheels}/{engine}-{version}-*.whl (none)")
+        tried.append(f"{wheels}/{pattern} (none)")
         if download:
             wheels.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    f"{engine}=={version}", "-d", str(wheels)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            found = sorted(wheels.glob(f"{engine}-{version}-*.whl"))
-            if found:
+            if found := sorted(wheels.glob(pattern)):
                 return EngineSource(found[0])
             tried.append(f"`{' '.join(cmd)}` (exit {proc.returncode}: "
                          f"{proc.stderr.strip()[-300:]})")
@@ -108,24 +106,22 @@ class _ClassInfo(NamedTuple):
 def _parse_module(source: EngineSource, relpath: str) -> tuple[dict[str, _ClassInfo],
                                                                dict[str, str], list[str]]:
     """Classes of one model file, its ``from X import name`` map, and its ``EntryClass`` names."""
-    tree = ast.parse(source.read(relpath), filename=relpath)
     classes: dict[str, _ClassInfo] = {}
     imports: dict[str, str] = {}
     entry: list[str] = []
-    for node in tree.body:
+    for node in ast.parse(source.read(relpath), filename=relpath).body:
         if isinstance(node, ast.ClassDef):
             bases = tuple(b.id if isinstance(b, ast.Name) else
                           b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases)
             fns = (ast.FunctionDef, ast.AsyncFunctionDef)
-            methods = frozenset(n.name for n in node.body if isinstance(n, fns))
-            classes[node.name] = _ClassInfo(bases, methods)
+            classes[node.name] = _ClassInfo(bases, frozenset(n.name for n in node.body
+                                                             if isinstance(n, fns)))
         elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                imports[alias.asname or alias.name] = node.module
+            imports.update({alias.asname or alias.name: node.module for alias in node.names})
         elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
                                                    for t in node.targets):
-            value = node.value
-            items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+            v = node.value
+            items = v.elts if isinstance(v, (ast.List, ast.Tuple)) else [v]
             entry.extend(i.id for i in items if isinstance(i, ast.Name))
     return classes, imports, entry
 
@@ -145,8 +141,7 @@ class ModelIndex:
                 raise DataError(f"{source.root}: {rel} does not parse ({e})") from e
             mod = rel[:-3].replace("/", ".")
             self._modules[mod] = (classes, imports)
-            for name in entry:
-                self.entry_classes.setdefault(name, mod)
+            self.entry_classes.update({n: mod for n in entry if n not in self.entry_classes})
         if not self.entry_classes:
             raise DataError(f"{source.root}: no EntryClass found under {models_dir}")
 
