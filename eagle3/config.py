@@ -153,8 +153,7 @@ class DataConfig(_Section):
     """Training conversations."""
 
     source: Literal["sharegpt", "file"] = "sharegpt"
-    path: str | None = Field(None, description="Conversations file (JSON/JSONL/txt) when source "
-                             "== 'file'.")
+    path: str | None = Field(None, description="Conversations (JSON/JSONL/txt), source 'file'.")
     num_conversations: int = Field(128, ge=1)
     max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after "
                              "templating; longer ones are cut and counted as truncated.")
@@ -169,8 +168,7 @@ class DataConfig(_Section):
         "above it extraction is refused (TEMPLATE_UNSTABLE), else warned about and recorded.")
     regenerate: Literal["none", "hf", "openai"] = Field("none", description="Replace assistant "
         "turns by the target's own greedy answers before extraction.")
-    regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when "
-                                       "regenerate == 'openai'.")
+    regenerate_url: str | None = Field(None, description="regenerate 'openai': base URL (…/v1).")
     regenerate_max_new_tokens: int = Field(256, ge=1, le=32768,
                                            description="Tokens per regenerated assistant turn.")
     regenerate_max_rounds: int | None = Field(None, ge=1, description="Regenerate only the first "
