@@ -56,8 +56,7 @@ def weights_hash(model_dir: str | Path) -> str | None:
 
 
 def _hashed_files(directory: str | Path, exclude: tuple[str, ...]) -> dict[str, Path]:
-    """``{relative path: file}`` that :func:`content_hash` covers, sorted by path (see there for
-    the exclusions). DataError if ``directory`` is missing."""
+    """``{relative path: file}`` that :func:`content_hash` covers, sorted by path."""
     root = Path(directory)
     if not root.is_dir():
         raise DataError(f"{root}: expected a directory to hash, found none")
@@ -81,23 +80,20 @@ def file_stats(directory: str | Path, exclude: tuple[str, ...] = (MANIFEST,)) ->
     """``{"count", "bytes", "stat_digest", "exclude"}`` over :func:`content_hash`'s files, a
     stat-only record; ``stat_digest`` = sha256 over (relative path, size, mtime ns). DataError if no
     directory."""
-    files = _hashed_files(directory, exclude)
-    stats = {rel: p.stat() for rel, p in files.items()}
+    stats = {rel: p.stat() for rel, p in _hashed_files(directory, exclude).items()}
     h = hashlib.sha256()
     for rel, st in stats.items():
         h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return {"count": len(files), "bytes": sum(st.st_size for st in stats.values()),
+    return {"count": len(stats), "bytes": sum(st.st_size for st in stats.values()),
             "stat_digest": h.hexdigest(), "exclude": sorted(exclude)}
 
 
 def output_intact(directory: str | Path) -> tuple[bool, str]:
     """``(ok, why not)``: does a finished output still hold what its manifest was written over?
-
     Count and bytes must match ``files``; if ``files.stat_digest`` differs, the content hash is
     recomputed and must equal ``content_hash``. No ``files``: pass. DataError without a manifest."""
     m = read_manifest(directory)
-    want = m.get("files")
-    if not isinstance(want, dict):
+    if not isinstance(want := m.get("files"), dict):
         return True, ""
     exclude = tuple(want.get("exclude") or (MANIFEST,))
     got = file_stats(directory, exclude)
@@ -107,8 +103,7 @@ def output_intact(directory: str | Path) -> tuple[bool, str]:
                        f"{got['bytes']} bytes")
     if want.get("stat_digest") in (None, got["stat_digest"]):
         return True, ""
-    now = content_hash(directory, exclude)
-    if now != m.get("content_hash"):
+    if (now := content_hash(directory, exclude)) != m.get("content_hash"):
         return False, (f"{Path(directory) / MANIFEST}: 'content_hash' expected "
                        f"{m.get('content_hash')}, the files now hash to {now} (a file was "
                        f"rewritten after the manifest)")
@@ -125,8 +120,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        # mkstemp makes 0600; outputs are read by servers run as others
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; servers run as others read it
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -185,12 +179,11 @@ def read_jsonl(path: str | Path, opener=open) -> list:
     out = []
     with opener(path, "rt", encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{n}: not valid JSON ({e})") from e
     return out
 
 

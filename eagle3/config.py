@@ -1,12 +1,9 @@
 """Run configuration: one pydantic schema (``extra="forbid"``), YAML files in ``configs/``, ``-o
-a.b=c`` overrides.
-
-Every section belongs to one stage, so a stage's cache key can be built from its own section only.
-Units are in the field names or descriptions: tokens, seconds, bytes.
+a.b=c`` overrides. Every section belongs to one stage, so a stage's cache key can be built from its
+own section only. Units are in the field names or descriptions: tokens, seconds, bytes.
 
 Raises :class:`eagle3.errors.ConfigError` for unreadable files, unknown keys, wrong types and bad
-overrides; the message names the file and the dotted key with the expected and actual value.
-"""
+overrides; the message names the file and the dotted key with the expected and actual value."""
 
 from __future__ import annotations
 
@@ -32,7 +29,6 @@ from eagle3.overrides import apply_overrides, format_validation_error, load_yaml
 log = logging.getLogger(__name__)
 
 # Defaults shared by a config section, the library function it feeds and the CLI option.
-
 BENCH_PROMPTS = "mtbench"
 BENCH_NUM_PROMPTS = 8  # prompts (MT-Bench, round-robin over categories: one per category)
 BENCH_MAX_NEW_TOKENS = 64  # tokens generated per prompt
@@ -45,8 +41,8 @@ GATE_PROBE_TIMEOUT_S = 120.0  # seconds for the generation probe once /health an
 
 @lru_cache(maxsize=None)
 def _number_kind(annotation: Any) -> tuple[type | None, bool]:
-    """``(int or float, whether a list of them)`` for a field's annotation (``X | None`` read as
-    ``X``), else ``(None, False)``."""
+    """``(int or float, whether a list of them)`` for an annotation (``X | None`` read as ``X``),
+    else ``(None, False)``."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) != 1:
@@ -60,10 +56,8 @@ def _number_kind(annotation: Any) -> tuple[type | None, bool]:
 
 def _loose_number(v: Any, kind: type) -> str | None:
     """Why ``v`` is refused for an ``int`` / ``float`` field although pydantic's lax mode would
-    convert it, else None. A boolean is no number (YAML reads yes/no/on/off as booleans too); an
-    integer field takes no string (``"256"`` is quoted by mistake, and refused rather than read one
-    way in a file and another way elsewhere). Float fields keep strings: YAML reads ``1e-3`` (no
-    dot) as a string, which pydantic parses as the number it is."""
+    convert it, else None: a boolean is no number; an integer field takes no string (a quoted
+    ``"256"``). Float fields keep strings: YAML reads ``1e-3`` (no dot) as a string."""
     want = "an integer" if kind is int else "a number"
     if isinstance(v, bool):
         return (f"expected {want}, got the boolean {v} (YAML reads true/false/yes/no/on/off as "
@@ -74,9 +68,8 @@ def _loose_number(v: Any, kind: type) -> str | None:
 
 
 class _Section(BaseModel):
-    """Every section refuses unknown keys, validates assignments, and takes numbers as numbers:
-    integer fields refuse booleans and strings (and, as pydantic does, fractional floats), float
-    fields refuse booleans (:func:`_loose_number`)."""
+    """Refuses unknown keys, validates assignments, takes numbers only as numbers
+    (:func:`_loose_number`; pydantic itself refuses fractional floats for integers)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -87,8 +80,7 @@ class _Section(BaseModel):
         if kind is None or v is None:
             return v
         for i, item in enumerate(v if many and isinstance(v, list) else [v]):
-            why = _loose_number(item, kind)
-            if why:
+            if why := _loose_number(item, kind):
                 at = f" (item {i} of the list)" if many else ""
                 raise PydanticCustomError("loose_number", why + at,
                                           {"shows_input": True, "code": "NUMBER_TYPE"})
@@ -100,8 +92,7 @@ class PathsConfig(_Section):
 
     cache_dir: str | None = Field(None, description="Prepared assets (converted target, datasets). "
                                   "Default: $EAGLE3_CACHE or ~/.cache/eagle3-pipeline.")
-    runs_dir: str = Field("runs", description="Run outputs; relative paths are relative to the "
-                                              "working directory.")
+    runs_dir: str = Field("runs", description="Run outputs; relative to the working directory.")
 
     def resolved_cache_dir(self) -> Path:
         """``cache_dir``, else ``$EAGLE3_CACHE``, else ``~/.cache/eagle3-pipeline``."""
@@ -127,6 +118,7 @@ class TinyRandomTarget(_Section):
     seed: int = 0
 
 
+
 class TargetConfig(_Section):
     """The target (verifier) model."""
 
@@ -148,8 +140,7 @@ class TargetConfig(_Section):
     @field_validator("path")
     @classmethod
     def _path_only_for_hf(cls, v: str | None, info: ValidationInfo) -> str | None:
-        # smollm2 and tiny-random are prepared into the cache; a path would be ignored yet still
-        # enter the cache keys (a retrain for nothing)
+        # the other kinds are prepared into the cache: a path would be ignored yet enter cache keys
         kind = info.data.get("kind")
         if v and kind is not None and kind != "hf":
             raise ValueError(f"target.kind {kind!r} prepares its own model folder and never "
@@ -162,11 +153,10 @@ class DataConfig(_Section):
     """Training conversations."""
 
     source: Literal["sharegpt", "file"] = "sharegpt"
-    path: str | None = Field(None, description="Conversations file when source == 'file' "
-                                               "(JSON/JSONL/txt).")
+    path: str | None = Field(None, description="Conversations (JSON/JSONL/txt), source 'file'.")
     num_conversations: int = Field(128, ge=1)
     max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after "
-        "templating; longer ones are cut and counted as truncated.")
+                             "templating; longer ones are cut and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     seed: int = 0
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
@@ -174,13 +164,11 @@ class DataConfig(_Section):
         "{enable_thinking: false}; recorded in the hidden-states manifest.")
     max_unstable_template_share: float = Field(0.05, ge=0.0, le=1.0, description="Largest share "
         "of the conversations tried, or of their tokens, that may be dropped because the chat "
-        "template renders an earlier turn differently once later turns follow (no loss mask can "
-        "be derived); above it extraction is refused (TEMPLATE_UNSTABLE), at or below it warned "
-        "about and recorded.")
+        "template renders an earlier turn differently once later turns follow (no loss mask); "
+        "above it extraction is refused (TEMPLATE_UNSTABLE), else warned about and recorded.")
     regenerate: Literal["none", "hf", "openai"] = Field("none", description="Replace assistant "
         "turns by the target's own greedy answers before extraction.")
-    regenerate_url: str | None = Field(None, description="OpenAI-compatible base URL (…/v1) when "
-                                                         "regenerate == 'openai'.")
+    regenerate_url: str | None = Field(None, description="regenerate 'openai': base URL (…/v1).")
     regenerate_max_new_tokens: int = Field(256, ge=1, le=32768,
                                            description="Tokens per regenerated assistant turn.")
     regenerate_max_rounds: int | None = Field(None, ge=1, description="Regenerate only the first "
@@ -201,13 +189,11 @@ class ExtractConfig(_Section):
     """Hidden-state extraction."""
 
     mode: Literal["offline", "online", "cached"] = Field(
-        "offline", description="offline = the extract stage writes every sample's hidden states "
-        "to disk and training reads them; online = the extract stage writes only the tokenized "
-        "samples and training runs the target on its own device, computing each micro-batch's "
-        "states as it needs them (0 bytes of hidden states on disk; the target's forward is "
-        "repeated every epoch); cached = online, keeping computed states in a window of "
-        "cache_max_gb on disk that later epochs read instead of recomputing. Online and cached "
-        "need backend 'hf'.")
+        "offline", description="offline = every sample's hidden states are written to disk and "
+        "read by training; online = only the tokenized samples are written and training runs the "
+        "target on its own device for each micro-batch (0 bytes of states on disk, the target's "
+        "forward repeated every epoch); cached = online, keeping computed states in a window of "
+        "cache_max_gb on disk that later epochs read. Online and cached need backend 'hf'.")
     cache_max_gb: float | None = Field(None, description="mode 'cached': the window's size in "
         "GB (1e9 bytes) under the train folder's state/, from 1e-6 (1 kB) to 1e6 (1 PB); "
         "required there, unused otherwise (and then kept out of the cache keys).")
@@ -216,42 +202,41 @@ class ExtractConfig(_Section):
         "of layer i). Default: EAGLE-3's [2, L//2, L-3].")
     dtype: Literal["auto", "bfloat16", "float32", "fp8"] = Field(
         "auto", description="Storage dtype of the hidden states; auto = bfloat16 where bf16 is "
-                            "fast on the extraction device, else float32 (eagle3.precision).")
+        "fast on the extraction device, else float32 (eagle3.precision).")
     batch_size: int = Field(4, ge=1, le=1 << 16)
-    shard_size: int = Field(64, ge=1, le=1 << 20, description="Samples per committed shard (resume "
-                                                              "granularity).")
+    shard_size: int = Field(64, ge=1, le=1 << 20,
+                            description="Samples per committed shard (resume granularity).")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'.")
     num_gpus: int = Field(1, ge=1, description="backend 'hf': worker processes, one per GPU (CPU "
-                                               "workers on a CPU).")
-    startup_timeout_s: float = Field(
-        1800.0, gt=0, description="backend 'hf' with num_gpus > 1: every worker must have loaded "
-        "the target within this many seconds of the start (else RankFailed naming the workers).")
+                          "workers on a CPU).")
+    startup_timeout_s: float = Field(1800.0, gt=0, description="backend 'hf' with num_gpus > 1: "
+        "every worker must have loaded the target within this many seconds of the start (else "
+        "RankFailed naming the workers).")
     stall_timeout_s: float = Field(1800.0, gt=0, description="backend 'hf' with num_gpus > 1: a "
         "worker that writes no batch for this many seconds (its first batch included) ends the "
         "extraction with RankFailed; committed shards are kept.")
-    sglang_engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="backend 'sglang': extra keyword arguments of "
-        "sglang.Engine (e.g. tp_size, dp_size, mem_fraction_static; on a CPU: device, "
-        "attention_backend, ...). The interpreter is serve.sglang_python.")
-    sglang_env: dict[str, str] = Field(
-        default_factory=dict, description="backend 'sglang': environment variables added for the "
-        "SGLang worker (a PYTHONPATH here is appended after the project's capture plugin).")
+    sglang_engine_args: dict[str, Any] = Field(default_factory=dict, description="backend "
+        "'sglang': extra keyword arguments of sglang.Engine (e.g. tp_size, dp_size, "
+        "mem_fraction_static; on a CPU: device, attention_backend, ...). The interpreter is "
+        "serve.sglang_python.")
+    sglang_env: dict[str, str] = Field(default_factory=dict, description="backend 'sglang': "
+        "environment variables added for the SGLang worker (a PYTHONPATH here is appended after "
+        "the project's capture plugin).")
     sglang_startup_timeout_s: float = Field(1800.0, gt=0, description="backend 'sglang': seconds "
-        "for the engine to start.")
+                                            "for the engine to start.")
     sglang_request_timeout_s: float = Field(3600.0, gt=0,
                                             description="backend 'sglang': seconds for one batch.")
 
     @property
     def cache_max_bytes(self) -> int | None:
-        """``cache_max_gb`` in bytes (GB = 1e9 bytes), rounded to the nearest byte
-        (``int(0.57 * 1e9)`` would be 569,999,999); None when it is not set."""
+        """``cache_max_gb`` in bytes (GB = 1e9 bytes), rounded (``int(0.57 * 1e9)`` would be
+        569,999,999); None when it is not set."""
         return None if self.cache_max_gb is None else round(self.cache_max_gb * 1e9)
 
     @model_serializer(mode="wrap")
     def _omit_unset_mode(self, handler):
-        """``mode`` is left out of the dump while it is ``offline``, and ``cache_max_gb`` while it
-        is None: the dump feeds cache keys, settings digests and manifests, so a config that sets
-        neither keeps the keys it had before the fields existed."""
+        """The dump (cache keys, settings digests, manifests) leaves out ``mode`` while it is
+        ``offline`` and ``cache_max_gb`` while None: a config setting neither keeps its keys."""
         out = handler(self)
         if isinstance(out, dict) and out.get("mode") == "offline":
             out.pop("mode")
@@ -268,9 +253,8 @@ class TrainConfig(_Section):
     pad_draft_vocab: bool = False
     num_layers: int = Field(1, ge=1, le=64)
     schedule: Literal["epochs", "constant"] = "epochs"
-    epochs: float = Field(4.0, gt=0, description="Passes over the training split; fractional "
-        "values are read (the schedule runs ceil(epochs x steps per epoch) optimizer steps), "
-        "booleans refused.")
+    epochs: float = Field(4.0, gt=0, description="Passes over the training split, fractional "
+                          "too (ceil(epochs x steps per epoch) optimizer steps).")
     max_steps: int | None = Field(None, ge=0, description="Optimizer steps to run (0 = "
         "untrained): schedule 'constant' runs exactly this many, as many epochs as that takes "
         "whatever train.epochs says; schedule 'epochs' stops here or at its epochs' end, "
@@ -283,14 +267,12 @@ class TrainConfig(_Section):
     max_tokens_per_batch: int = Field(512, ge=16, le=1 << 24,
                                       description="Tokens per packed micro-batch.")
     log_every: int = Field(10, ge=1)
-    eval_every: int = Field(0, ge=0, description="Optimizer steps between evaluations (0 = at each "
-                                                 "epoch end).")
+    eval_every: int = Field(0, ge=0, description="Optimizer steps between evals (0 = epoch ends).")
     keep_last: int = Field(2, ge=1)
     seed: int = 0
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
                         description="auto, cpu, cuda or cuda:N.")
-    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU) under torchrun; > 1 "
-                                               "launches torchrun.")
+    num_gpus: int = Field(1, ge=1, description="Processes (one per GPU); > 1 launches torchrun.")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="With num_gpus > 1: ddp (whole "
         "draft per rank) or fsdp (trainable modules, gradients and AdamW moments sharded over "
         "the ranks: for drafts whose trainable state is large).")
@@ -309,56 +291,44 @@ class TrainConfig(_Section):
     norm_before_residual: bool | None = Field(
         None, description="None = what the serving engine's profile computes (SGLang: False).")
     allow_vocab_map_change: bool = False
-    norm_before_fc: bool = Field(False, description="RMSNorm over the concatenated aux states "
-                                                    "before fc.")
+    norm_before_fc: bool = Field(False, description="RMSNorm of the joined aux states before fc.")
     fc_norm: bool = Field(False, description="One RMSNorm per aux state before fc.")
-    norm_output: bool = Field(False, description="Feed the post-norm hidden state to the next "
-                                                 "draft step.")
+    norm_output: bool = Field(False, description="Post-norm state to the next draft step.")
     lr_min_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor of schedule 'epochs', "
-                                                             "as a fraction of lr.")
-    checkpoint_every: int = Field(0, ge=0, description="Optimizer steps between checkpoints (0 = "
-                                                       "at each evaluation).")
+                                "as a fraction of lr.")
+    checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints (0 = at evals).")
     export: Literal["best", "last"] = Field("best", description="Weights written as the draft: "
         "best simulated acceptance length at an evaluation, or last.")
-    resume: bool = Field(True, description="Continue from the newest checkpoint in <out_dir>/state "
-                                           "when present.")
+    resume: bool = Field(True, description="Continue from the newest <out_dir>/state checkpoint.")
     on_other_checkpoint: Literal["restart", "refuse"] = Field(
         "restart", description="A checkpoint in <out_dir>/state made from other inputs (data, "
-        "draft vocabulary, frozen train fields, layer flags, processes): restart = it belongs to "
-        "another training, start from step 0 with a warning naming the difference; refuse = stop "
-        "with that difference as the error.")
-    init_from: str | None = Field(None, description="A speculators draft folder to start from "
-                                                    "(weights only).")
+        "draft vocabulary, frozen train fields, layer flags, processes): restart = start from "
+        "step 0 with a warning naming the difference; refuse = stop with it as the error.")
+    init_from: str | None = Field(None, description="A speculators draft folder (weights only).")
     forward_impl: Literal["auto", "speculators", "project"] = Field(
         "auto", description="project = eagle3/train/ttt_forward.py (speculators' loss and "
         "gradients, one static graph); auto = project, speculators under fsdp.")
     attn_implementation: Literal["auto", "sdpa", "eager", "flex"] = Field(
         "auto", description="auto: project forward flex (CUDA, compiled) / sdpa (CUDA) / eager "
         "(CPU); speculators' forward sdpa (flex refused).")
-    compile: bool = Field(False, description="torch.compile the draft's forward on CUDA (static "
-                                             "shapes; see compile_mode).")
+    compile: bool = Field(False, description="torch.compile the forward (CUDA, static shapes).")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile mode when compile is on; reduce-overhead = CUDA "
-                               "graphs.")
+        "default", description="torch.compile mode; reduce-overhead = CUDA graphs.")
     pad_to_max_tokens: bool | None = Field(None, description="Pad every micro-batch to "
-        "max_tokens_per_batch (one shape: a compiled forward compiles once); None = on exactly "
-        "when compile is on. Padding carries no loss.")
+        "max_tokens_per_batch (one shape: compiles once; no loss on padding); None = compile.")
     max_eval_samples: int | None = Field(None, ge=1,
                                          description="Cap on validation samples per evaluation.")
-    loss: str = Field("kl_div", description="speculators loss spec: a name (kl_div, ce, tv, ...) "
-                                            "or JSON weights.")
-    loss_implementation: Literal["eager", "fused"] = Field(
-        "eager", description="fused needs Triton (CUDA).")
+    loss: str = Field("kl_div", description="speculators loss: a name (kl_div, ce, tv) or JSON.")
+    loss_implementation: Literal["eager", "fused"] = Field("eager", description="fused: Triton.")
     loader_workers: int | None = Field(None, ge=0, description="Processes that read hidden-state "
         "files ahead of the device; None = 4 on CUDA, 0 on CPU.")
     optimizer_impl: Literal["auto", "default", "foreach", "fused"] = Field(
         "auto", description="AdamW; auto = fused on CUDA")
-    select_best_by: Literal["simulated", "measured"] = Field(
-        "simulated", description="What picks the best checkpoint at an evaluation: simulated = "
-        "val/simulated_acceptance_length (teacher-forced accuracies; overestimates serving); "
-        "measured = dev/acceptance_length, the greedy chain replay of the converted draft on the "
-        "dev prompts (eagle3.measure.dev_acceptance), also logged at every evaluation; rank 0 "
-        "then holds the target beside the draft on the training device.")
+    select_best_by: Literal["simulated", "measured"] = Field("simulated", description="Picks the "
+        "best checkpoint: simulated = val/simulated_acceptance_length (teacher-forced; "
+        "overestimates serving); measured = dev/acceptance_length, the converted draft's greedy "
+        "chain replay on the dev prompts (eagle3.measure.dev_acceptance), logged at every "
+        "evaluation; rank 0 then holds the target beside the draft on the training device.")
     dev_prompts: int = Field(32, ge=1, le=4096, description="With select_best_by=measured: dev "
         "prompts (the first of the validation split's samples, their prompt part); the dev_* "
         "keys are unused, and kept out of the cache keys, with select_best_by=simulated.")
@@ -375,14 +345,13 @@ class ConvertConfig(_Section):
     engine: Literal["sglang"] = "sglang"
     engine_version: str = Field(SGLANG_VERSION, description="A pinned release: a key of "
                                 "eagle3.engines.sglang.profile.RELEASES.")
-    equivalence_atol: float = Field(2e-2, gt=0, description="Logit tolerance of the equivalence "
-                                                            "check.")
+    equivalence_atol: float = Field(2e-2, gt=0,
+                                    description="Logit tolerance of the equivalence check.")
 
     @field_validator("engine_version", mode="before")
     @classmethod
     def _a_string(cls, v: Any) -> Any:
-        # YAML (a file or a -o override) reads 0.5 as a float: say what is expected instead of
-        # pydantic's bare "valid string"
+        # YAML reads 0.5 as a float: say what is expected instead of pydantic's "valid string"
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             raise ValueError(f"expected a string naming a pinned SGLang release, one of "
                              f"{sorted(RELEASES)} (eagle3.engines.sglang.profile.RELEASES), got "
@@ -420,11 +389,10 @@ class ServeConfig(_Section):
         "its own auto (the checkpoint's dtype). Reference engine and offline decoding: bfloat16 "
         "where bf16 is fast on serve.device, else float32 (eagle3.precision).")
     device: str = Field("auto", description="Reference engine and offline decoding: 'auto' (cuda "
-                                            "when available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+                        "when available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     cpu_threads: int | None = Field(1, ge=1, description="torch threads of the reference engine "
         "and of offline decoding on a CPU (None = torch's default, one per core). 1: a batch-1 "
-        "verify pass's small matmuls gain little from more threads and ran 7-13x slower with 2 "
-        "threads when the 2 cores were shared (measured, lab/NOTEBOOK.md).")
+        "verify pass ran 7-13x slower with 2 threads on 2 shared cores (lab/NOTEBOOK.md).")
     extra_args: list[str] = Field(default_factory=list,
                                   description="Passed through to the engine verbatim.")
     env: dict[str, str] = Field(default_factory=dict)
@@ -436,7 +404,7 @@ class ServeConfig(_Section):
     sglang_python: str | None = Field(None, description="Python of the environment that has "
         "SGLang (e.g. ~/.cache/eagle3-pipeline/venv-sglang/bin/python); None = this one.")
     stop_grace_s: float = Field(15.0, gt=0, description="Seconds between SIGTERM and SIGKILL of "
-                                                        "the engine's group.")
+                                "the engine's group.")
 
 
 class BenchConfig(_Section):
@@ -492,11 +460,9 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _across_sections(self) -> RunConfig:
-        # reads this config by attribute only
-        from eagle3.config_checks import cross_section_problems
+        from eagle3.config_checks import cross_section_problems  # reads this config by attribute
 
-        problems = cross_section_problems(self)
-        if problems:
+        if problems := cross_section_problems(self):
             raise ValueError("\n".join(problems))
         return self
 
@@ -533,11 +499,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load a YAML run config (``path`` None: all defaults), apply ``-o`` overrides
     (``["train.lr=1e-3"]``), validate, and resolve every ``auto`` dtype/precision
     (:func:`eagle3.precision.resolve_config`, :attr:`RunConfig.auto_resolved`). Parsed once per
-    (file path, file bytes, overrides) per process; each call gets a deep copy. ConfigError: file
-    missing or a directory, empty or not YAML, a key written twice (``DUPLICATE_KEY``), top
-    level not a mapping, unknown key (with the nearest known keys), wrong type or value. Each
-    parse logs the warnings of :func:`eagle3.config_checks.config_warnings` (unused keys, an
-    exposed serve.host) once."""
+    (file path, file bytes, overrides) per process, logging the warnings of
+    :func:`eagle3.config_checks.config_warnings` then; each call gets a deep copy. ConfigError:
+    file missing or a directory, empty or not YAML, a key written twice (``DUPLICATE_KEY``), top
+    level not a mapping, unknown key (with the nearest known keys), wrong type or value."""
     text = None
     if path is not None:
         p = Path(path)
@@ -555,12 +520,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))
         parsed = _parse(path, text, list(overrides or []))
+        from eagle3.config_checks import config_warnings
         from eagle3.precision import resolve_config
 
         parsed._auto_resolved = resolve_config(parsed)
-        from eagle3.config_checks import config_warnings
-
-        for message in config_warnings(parsed):  # once per parse: a cached config warns no more
+        for message in config_warnings(parsed):
             log.warning("%s [config %s]", message, "<defaults>" if path is None else path)
         _PARSED[key] = parsed
     return _PARSED[key].model_copy(deep=True)
@@ -568,21 +532,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def _parse(path: str | Path | None, text: str | None, overrides: list[str]) -> RunConfig:
     data: dict = {}
-    source = "<defaults>" if path is None else str(path)
     if text is not None:
         try:
-            loaded = load_yaml(text, str(path))
+            data = load_yaml(text, str(path))
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path}: not valid YAML ({e})") from e
-        if loaded is None:  # an empty file (or comments only) is a mistake, not "all defaults"
+        if data is None:  # an empty file (or comments only) is a mistake, not "all defaults"
             raise ConfigError(f"config file {path}: expected a mapping of sections (name, target, "
                               "data, ...), got an empty document")
-        if not isinstance(loaded, dict):
+        if not isinstance(data, dict):
             raise ConfigError(f"config file {path}: expected a mapping at the top level, got "
-                              f"{type(loaded).__name__}")
-        data = loaded
+                              f"{type(data).__name__}")
     apply_overrides(data, overrides)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
+        source = "<defaults>" if path is None else str(path)
         raise ConfigError(format_validation_error(e, source, overrides, RunConfig)) from e

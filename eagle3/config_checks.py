@@ -1,33 +1,21 @@
-"""Rules across config sections, checked when a config loads: before extraction or training spends
-hours on a run whose serving settings cannot work as written. Each returns a message naming the
-keys, both values and what to change (``RunConfig`` joins them into one ConfigError):
+"""Rules across config sections, checked when a config loads, before extraction or training
+spends hours on a run whose settings cannot work. Each message names the keys, both values and what
+to change (``RunConfig`` joins them into one ConfigError):
 
-- ``serve.speculative_num_steps`` <= ``train.ttt_steps``: steps beyond training accept little.
-- The SGLang rules that need only the config (:mod:`eagle3.engines.sglang.serving`): chain drafting
-  verifies ``steps + 1`` tokens; ``bench.concurrency`` within the requests SGLang runs at once; no
-  simulated-acceptance variable in ``serve.env``.
-- The reference engine (``serve.engine: reference``) does chain drafting on one device: the settings
-  of :data:`~eagle3.engines.sglang.serving.LAUNCH_FLAGS` it cannot honour are refused
-  (:func:`reference_problem`, also applied where ``auto`` resolves to the reference engine).
-- ``train.forward_impl: project`` cannot run under ``train.distributed: fsdp`` on several GPUs;
-  ``train.attn_implementation: flex`` is for this project's forward only (``forward_impl: auto``
-  takes speculators' under fsdp on several GPUs) and not for ``train.device: cpu`` (no backward
-  there); fused losses need CUDA.
-- ``extract.cache_max_gb`` is a size within :data:`WINDOW_GB` (``CACHE_SIZE_INVALID``: below it
-  the window rounds to a few bytes and caches nothing; above it no disk holds it), and given with
+- ``serve.speculative_num_steps`` <= ``train.ttt_steps``; the SGLang rules that need only the
+  config (:mod:`eagle3.engines.sglang.serving`: chain drafting verifies ``steps + 1`` tokens,
+  ``bench.concurrency`` within the requests SGLang runs at once, no simulated-acceptance variable
+  in ``serve.env``); the reference engine's refusals (:func:`reference_problem`).
+- ``train.forward_impl: project`` not under fsdp on several GPUs; ``train.attn_implementation:
+  flex`` only for this project's forward and not on the CPU; fused losses need CUDA.
+- ``extract.cache_max_gb`` within :data:`WINDOW_GB` (``CACHE_SIZE_INVALID``) and given with
   ``extract.mode: cached`` (``CACHE_SIZE_MISSING``).
-- ``bench.prompts`` that reads as a name (no path separator, no suffix, no such file) is a
-  built-in set of :data:`eagle3.measure.prompts.PROMPT_SETS` (``BENCH_PROMPTS``).
-- ``train.select_best_by: measured`` has dev prompts: a validation split (``data.val_fraction`` >
-  0 and at least 2 conversations) or ``train.dev_prompts_file`` (``NO_DEV_PROMPTS``).
+- ``bench.prompts`` that reads as a name is a built-in set (``BENCH_PROMPTS``).
+- ``train.select_best_by: measured`` has dev prompts (``NO_DEV_PROMPTS``).
 
-Settings that load but are likely mistakes are warnings (:func:`config_warnings`): a set key the
-settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a non-loopback ``serve.host``
-(``SERVE_HOST_EXPOSED``). :func:`before_run_problems` runs, for the pre-flight, the checks a stage
-repeats at its start that need files but no model.
-
-Reads a ``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it).
-"""
+Likely mistakes that load are warnings (:func:`config_warnings`). :func:`before_run_problems` runs,
+for the pre-flight, the checks a stage repeats at its start that need files but no model. Reads a
+``RunConfig`` by attribute; never imports :mod:`eagle3.config` (which calls it)."""
 
 from __future__ import annotations
 
@@ -65,11 +53,9 @@ def _serving(cfg: Any) -> list[str]:
 def reference_problem(serve: Any) -> str | None:
     """``REFERENCE_UNSUPPORTED`` message when ServeConfig ``serve`` asks the reference engine for
     settings it cannot honour (:func:`eagle3.engines.sglang.serving.reference_refusals`), else
-    None. The one home of the rule: config load applies it with ``serve.engine: reference``, the
-    pre-flight, ``eagle3 run`` and the launcher wherever ``auto`` resolves to the reference
-    engine."""
-    bad = reference_refusals(serve)
-    if not bad:
+    None. The rule's one home: config load (``serve.engine: reference``), the pre-flight, ``eagle3
+    run`` and the launcher (where ``auto`` resolves to the reference engine)."""
+    if not (bad := reference_refusals(serve)):
         return None
     how = ("" if serve.engine == "reference" else
            " (it resolves to the reference engine on this machine)")
@@ -81,9 +67,8 @@ def reference_problem(serve: Any) -> str | None:
 
 
 def _bench_prompts(cfg: Any) -> list[str]:
-    """``BENCH_PROMPTS`` when ``bench.prompts`` reads as a set's name (no path separator, no
-    suffix) that is no built-in set and no file here: a misspelt name. A path that does not
-    exist is an input problem for the pre-flight (:func:`bench_prompts_file_problem`)."""
+    """``BENCH_PROMPTS`` for a misspelt set name: no path separator, no suffix, no file here. A
+    missing path is for the pre-flight (:func:`bench_prompts_file_problem`)."""
     from eagle3.measure.prompts import PROMPT_SETS
 
     spec = cfg.bench.prompts
@@ -96,21 +81,24 @@ def _bench_prompts(cfg: Any) -> list[str]:
             f"{spec!r}, which is neither{hint}"]
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is no regular file, or None."""
+    return ("a directory" if path.is_dir() else None if path.is_file() else
+            "not found" if not path.exists() else "not a regular file")
+
+
 def bench_prompts_file_problem(b: Any) -> str | None:
     """``BENCH_PROMPTS`` message when ``bench.prompts`` (``b`` is the bench section) names no
-    built-in set and is no existing file; ``BENCH_PROMPTS_FILE`` with the loader's message when
-    the file exists but the benchmark's loader (:func:`eagle3.measure.prompts.load_prompts`, with
-    ``bench.num_prompts``) refuses it: empty, a record without prompt text, too few prompts."""
+    built-in set and is no existing file; ``BENCH_PROMPTS_FILE`` with the message of the
+    benchmark's loader (:func:`eagle3.measure.prompts.load_prompts`, with ``bench.num_prompts``)
+    when it refuses the file: empty, a record without prompt text, too few prompts."""
     from eagle3.errors import DataError
     from eagle3.measure.prompts import PROMPT_SETS, load_prompts
 
     spec = b.prompts
     if spec in PROMPT_SETS:
         return None
-    path = Path(spec)
-    what = ("a directory" if path.is_dir() else None if path.is_file() else
-            "not found" if not path.exists() else "not a regular file")
-    if what:
+    if what := _not_a_file(Path(spec)):
         return (f"BENCH_PROMPTS: bench.prompts: expected one of {PROMPT_SETS} or an existing "
                 f"prompts file (JSONL, JSON or text), got {spec!r} ({what})")
     try:
@@ -122,8 +110,7 @@ def bench_prompts_file_problem(b: Any) -> str | None:
 
 
 def _train_forward(cfg: Any) -> list[str]:
-    t = cfg.train
-    out = []
+    t, out = cfg.train, []
     several = t.distributed == "fsdp" and t.num_gpus > 1
     if t.forward_impl == "project" and several:
         out.append("train.forward_impl project with train.distributed fsdp: FSDP gathers a layer's "
@@ -150,8 +137,7 @@ WINDOW_GB = (1e-6, 1e6)  # extract.cache_max_gb's range: 1 kB to 1 PB
 
 
 def _extract_cache(cfg: Any) -> list[str]:
-    e = cfg.extract
-    size = e.cache_max_gb
+    e, size = cfg.extract, cfg.extract.cache_max_gb
     if size is not None and not (math.isfinite(size) and WINDOW_GB[0] <= size <= WINDOW_GB[1]):
         return [f"CACHE_SIZE_INVALID: extract.cache_max_gb: expected a size in GB from "
                 f"{WINDOW_GB[0]:g} (1 kB) to {WINDOW_GB[1]:g} (1 PB) (the window of computed "
@@ -164,9 +150,8 @@ def _extract_cache(cfg: Any) -> list[str]:
 
 def _dev_prompts(cfg: Any) -> list[str]:
     t, d = cfg.train, cfg.data
-    if t.select_best_by != "measured" or t.dev_prompts_file:
-        return []
-    if d.val_fraction > 0 and d.num_conversations >= 2:
+    if (t.select_best_by != "measured" or t.dev_prompts_file
+            or (d.val_fraction > 0 and d.num_conversations >= 2)):
         return []
     why = (f"data.val_fraction {d.val_fraction}" if d.val_fraction <= 0 else
            f"data.num_conversations {d.num_conversations} (a split needs 2)")
@@ -176,10 +161,9 @@ def _dev_prompts(cfg: Any) -> list[str]:
             "train.select_best_by simulated)"]
 
 
-# section -> [(keys, the key that decides whether they are read, its default, the values that
-# read them)]: a key is unused unless the deciding key of the same section has one of those values.
-# Unused keys are kept out of cache keys and settings digests (tasks/stage_config.py) and warned
-# about when set (:func:`config_warnings`).
+# section -> [(keys, the key of that section deciding whether they are read, its default, the
+# values that read them)]. Unused keys stay out of cache keys and settings digests
+# (tasks/stage_config.py) and are warned about when set (:func:`config_warnings`).
 UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]] = {
     "data": [(("path",), "source", "sharegpt", ("file",))],
     "extract": [(("cache_max_gb",), "mode", "offline", ("cached",)),
@@ -189,32 +173,21 @@ UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]
               (("compile_mode",), "compile", False, (True,))],
 }
 # {section: {key: its default}}: unused keys of UNUSED_UNLESS that the cache keys hold at their
-# default instead of dropping them, so a config that leaves them unset keeps the cache keys and
-# settings digests it had before the key entered the table (tasks/stage_config.used_values)
+# default instead of dropping them, keeping older configs' keys (tasks/stage_config.used_values)
 KEYED_AS_DEFAULT: dict[str, dict[str, Any]] = {
-    "data": {"path": None},
-    "extract": {"sglang_engine_args": {}},
-    "train": {"compile_mode": "default"},
-}
+    "data": {"path": None}, "extract": {"sglang_engine_args": {}},
+    "train": {"compile_mode": "default"}}
 LOOPBACK_NAMES = ("localhost",)
 
 
 def _unused_keys(cfg: Any) -> list[str]:
-    out = []
-    for section, rules in UNUSED_UNLESS.items():
-        sec = getattr(cfg, section)
-        for keys, decider, _default, readers in rules:
-            setting = getattr(sec, decider)
-            if setting in readers:
-                continue
-            for k in keys:
-                if k in sec.model_fields_set:
-                    out.append(f"UNUSED_KEY: {section}.{k} is set ({getattr(sec, k)!r}) but "
-                               f"{section}.{decider} {setting} never reads it (read only with "
-                               f"{section}.{decider} {' or '.join(map(str, readers))}); "
-                               "expected it unset here, got it set: it has no effect (and stays "
-                               "out of the cache keys)")
-    return out
+    return [f"UNUSED_KEY: {section}.{k} is set ({getattr(sec, k)!r}) but {section}.{decider} "
+            f"{getattr(sec, decider)} never reads it (read only with {section}.{decider} "
+            f"{' or '.join(map(str, readers))}); expected it unset here, got it set: it has no "
+            "effect (and stays out of the cache keys)"
+            for section, rules in UNUSED_UNLESS.items() for sec in [getattr(cfg, section)]
+            for keys, decider, _default, readers in rules if getattr(sec, decider) not in readers
+            for k in keys if k in sec.model_fields_set]
 
 
 def _serve_host(cfg: Any) -> list[str]:
@@ -233,9 +206,9 @@ def _serve_host(cfg: Any) -> list[str]:
 
 
 def config_warnings(cfg: Any) -> list[str]:
-    """Settings that load but are likely mistakes, one ``CODE: message`` each (the caller logs
-    them): a key set that the settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a
-    ``serve.host`` that is no loopback address (``SERVE_HOST_EXPOSED``)."""
+    """Likely mistakes that load, one ``CODE: message`` each (the caller logs them): a set key the
+    settings leave unused (``UNUSED_KEY``, :data:`UNUSED_UNLESS`), a non-loopback ``serve.host``
+    (``SERVE_HOST_EXPOSED``)."""
     return _unused_keys(cfg) + _serve_host(cfg)
 
 
@@ -246,16 +219,14 @@ def dev_prompts_file_problem(t: Any) -> str | None:
     if t.select_best_by != "measured" or not t.dev_prompts_file:
         return None
     path = Path(t.dev_prompts_file).expanduser()
-    what = ("a directory" if path.is_dir() else None if path.is_file() else
-            "not found" if not path.exists() else "not a regular file")
-    if what:
+    if what := _not_a_file(path):
         return (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, JSON "
                 f"or text: the eagle3 bench --prompts FILE formats), got {str(path)!r} ({what})")
     from eagle3.errors import DataError
     from eagle3.measure.prompts import file_prompts
 
     try:
-        file_prompts(path)  # the loader of the dev acceptance (measure.dev_acceptance)
+        file_prompts(path)
     except (DataError, OSError, UnicodeDecodeError) as e:
         return (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file the dev "
                 f"acceptance reads, got {str(path)!r}: {e}")
@@ -263,9 +234,8 @@ def dev_prompts_file_problem(t: Any) -> str | None:
 
 
 def serve_host_problem(serve: Any) -> str | None:
-    """``SERVE_HOST`` message when ``serve.host`` (``serve`` is the serve section) cannot be bound
-    on this machine at any port (port 0): an address it does not have, a name that does not
-    resolve; the launch would fail there however often it is retried."""
+    """``SERVE_HOST`` message when ``serve.host`` (``serve``: the serve section) cannot be bound
+    here at port 0: an address this machine lacks, a name that does not resolve (no retry helps)."""
     import errno
     import socket
 
@@ -288,10 +258,9 @@ def serve_host_problem(serve: Any) -> str | None:
 def target_text_config(target_dir: str | Path | None) -> dict | None:
     """The ``config.json`` of the HF folder ``target_dir`` (its ``text_config`` when it has one),
     or None when there is no folder or it cannot be read (the checks that need it are skipped)."""
-    if target_dir is None:
-        return None
     try:
-        conf = json.loads((Path(target_dir) / "config.json").read_text())
+        conf = (None if target_dir is None else
+                json.loads((Path(target_dir) / "config.json").read_text()))
     except (OSError, ValueError):
         return None
     if not isinstance(conf, dict):
@@ -301,20 +270,12 @@ def target_text_config(target_dir: str | Path | None) -> dict | None:
 
 
 def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[str]:
-    """The checks the stages repeat when they start that need files but no model, for ``eagle3
-    preflight`` to report before any stage runs; each is called from its one home, one ``CODE:
-    message`` per problem:
-
-    - ``DATA_PATH`` / ``AUX_LAYER_IDS``: ``data.path`` is a file (source 'file') and
-      ``extract.aux_layer_ids`` fit the target's layer count when it is known
-      (:func:`eagle3.extract.stage.check_before_run`);
-    - ``DEV_PROMPTS_FILE``: :func:`dev_prompts_file_problem`;
-    - ``BENCH_PROMPTS`` / ``BENCH_PROMPTS_FILE``: :func:`bench_prompts_file_problem` (the
-      benchmark's prompt set, a file loaded as the benchmark loads it);
-    - ``SERVE_HOST``: :func:`serve_host_problem` (``serve.host`` binds on this machine);
-    - ``DRAFT_VOCAB_SIZE``: ``train.draft_vocab_size`` below the vocabulary of the target in
-      ``target_dir`` when its config.json is readable (:func:`eagle3.train.vocab.
-      check_draft_vocab_size`)."""
+    """The checks the stages repeat at their start that need files but no model, for ``eagle3
+    preflight``, one ``CODE: message`` per problem, each from its one home: ``DATA_PATH`` /
+    ``AUX_LAYER_IDS`` (:func:`eagle3.extract.stage.check_before_run`), ``DEV_PROMPTS_FILE``,
+    ``BENCH_PROMPTS`` / ``BENCH_PROMPTS_FILE``, ``SERVE_HOST`` (the ``*_problem`` functions here),
+    ``DRAFT_VOCAB_SIZE`` against the vocabulary in ``target_dir``'s config.json when readable
+    (:func:`eagle3.train.vocab.check_draft_vocab_size`)."""
     from eagle3.errors import ConfigError
     from eagle3.extract.stage import check_before_run
 
@@ -326,10 +287,8 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
         coded = re.match(r"[A-Z][A-Z0-9_]+: ", msg) is not None  # already CODE: message
         out.append(msg if coded else
                    f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
-    for problem in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench),
-                    serve_host_problem(cfg.serve)):
-        if problem:
-            out.append(problem)
+    out += [p for p in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench),
+                        serve_host_problem(cfg.serve)) if p]
     vocab = (target_text_config(target_dir) or {}).get("vocab_size")
     if isinstance(vocab, int) and not isinstance(vocab, bool):
         from eagle3.train.vocab import check_draft_vocab_size

@@ -96,8 +96,7 @@ def _floats(history: dict, key: str) -> list[float]:
 
 
 def _relative_slope(ys: list[float]) -> float | None:
-    """Least-squares slope of ``ys`` per evaluation / their mean; None with < 2 values or a zero
-    mean ("no signal", not a division by 0)."""
+    """Least-squares slope of ``ys`` per evaluation / their mean; None with < 2 values or mean 0."""
     mean = abs(sum(ys) / len(ys)) if ys else 0.0
     if len(ys) < 2 or mean == 0:
         return None
@@ -111,9 +110,8 @@ def training_signals(history: dict, th: Thresholds = Thresholds()) -> dict:
     ((val − train) / train), its growth over the window, epochs and unique tokens; with
     ``"dev_acceptance": [per eval]`` (measured, train.select_best_by=measured) its last value and
     relative slope too."""
-    val, train = _floats(history, "val_loss"), _floats(history, "train_loss")
-    dev = _floats(history, "dev_acceptance")
-    gaps = _floats(history, "train_val_gap")
+    val, train, dev, gaps = (_floats(history, k) for k in
+                             ("val_loss", "train_loss", "dev_acceptance", "train_val_gap"))
     if not gaps and val and train:
         pairs = zip(val, train) if len(train) == len(val) else [(val[-1], train[-1])]
         gaps = [v - t for v, t in pairs]
@@ -147,9 +145,8 @@ def history_from_metrics(rows: list[dict], *, epochs: float | None = None,
             train.append(last_train)
         if isinstance(r.get(DEV_KEY), (int, float)):
             dev.append(float(r[DEV_KEY]))
-    hist: dict = {"val_loss": val, "epochs": epochs, "unique_tokens": unique_tokens}
-    if dev:
-        hist["dev_acceptance"] = dev
+    hist: dict = {"val_loss": val, "epochs": epochs, "unique_tokens": unique_tokens,
+                  **({"dev_acceptance": dev} if dev else {})}
     if train and None not in train:
         hist["train_loss"] = train
     elif last_train is not None:
@@ -173,9 +170,9 @@ def read_training_history(train_dir: str | Path) -> dict:
 
 def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
     served, offline, sim = acc.get("served"), acc.get("offline"), acc.get("simulated")
-    ev = {"served": served, "offline": offline, "simulated": sim}
     if served is None:
         return None
+    ev = {"served": served, "offline": offline, "simulated": sim}
     if serving_gap(served, offline, th.serving_gap_ratio, th.min_offline_excess):
         ratio = (served - 1.0) / (offline - 1.0)  # offline − 1 ≥ min_offline_excess > 0 here
         ev.update(served_excess=served - 1.0, offline_excess=offline - 1.0, excess_ratio=ratio,
@@ -191,8 +188,7 @@ def _serving_rule(acc: dict, th: Thresholds) -> Decision | None:
         return Decision("fix serving integration", "served_below_simulated", [
             f"served acceptance {served:.3f}: served − 1 < {th.simulated_gap_ratio} × (simulated "
             f"{sim:.3f} − 1) (from training accuracies); no offline figure, so confirm with "
-            "eagle3.measure.offline.offline_acceptance"],
-            ev, "low")
+            "eagle3.measure.offline.offline_acceptance"], ev, "low")
     return None
 
 
@@ -203,8 +199,7 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     oldest first) and ``"preflight"`` (``{check: "status: detail"}``). Raises DataError for
     non-numeric history values."""
     th = thresholds or Thresholds()
-    serving = _serving_rule(acceptance, th)
-    if serving is not None:
+    if (serving := _serving_rule(acceptance, th)) is not None:
         return serving
     s = training_signals(history, th)
     ev = {k: v for k, v in {**s, **{k: acceptance.get(k) for k in
@@ -297,13 +292,10 @@ def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
     variants = list(dict.fromkeys(_variant(r) for r in results))
     cell = lambda r: (r["data_size"], r["schedule"])  # noqa: E731
     base = {cell(r): r["acceptance_length"] for r in results if _variant(r) == variants[0]}
-    best = (None, None)
-    for v in variants[1:]:
-        gain = _mean([r["acceptance_length"] - base[cell(r)] for r in results
-                      if _variant(r) == v and cell(r) in base])
-        if gain is not None and (best[0] is None or gain > best[0]):
-            best = (gain, v)
-    return best
+    gains = [(g, v) for v in variants[1:] if (g := _mean([
+        r["acceptance_length"] - base[cell(r)] for r in results
+        if _variant(r) == v and cell(r) in base])) is not None]
+    return max(gains, key=lambda gv: gv[0], default=(None, None))
 
 
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
@@ -321,9 +313,8 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
     if not results:
         raise DataError("sweep_decision: expected at least one result, got none")
     for i, r in enumerate(results):
-        missing = [k for k in ("data_size", "schedule", "unique_tokens", "acceptance_length")
-                   if r.get(k) is None]
-        if missing:
+        if missing := [k for k in ("data_size", "schedule", "unique_tokens", "acceptance_length")
+                       if r.get(k) is None]:
             raise DataError(f"sweep_decision: results[{i}] lacks {missing} (keys: {sorted(r)})")
     ev: dict = {"runs": len(results)}
     if plot_path is not None:
@@ -360,8 +351,7 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
               ("longer training", "schedule_gain_dominates", sg),
               ("regenerate data" if (variant or "").startswith("regen") else "more data",
                "data_variant_gain_dominates", vg)]
-    known = [lv for lv in levers if lv[2] is not None]
-    if not known:
+    if not (known := [lv for lv in levers if lv[2] is not None]):
         return Decision("more evidence needed", "no_lever_measured", lines + [
             "one data size, one schedule and one data variant: no lever can be compared — add a "
             "second size, a longer schedule or a regenerated data set"], ev, "low")

@@ -1,9 +1,6 @@
-"""Is the device a config asks for present on this machine? Checked before a command starts work.
-
-``extract.device``, ``train.device``, ``serve.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``;
-``extract.num_gpus`` and ``train.num_gpus`` on CUDA.
-Fails early (naming key, value and what torch sees) instead of after Prefect, MLflow and the
-target load. Not part of config loading: configs are also loaded where they do not run."""
+"""Is the device a config asks for present on this machine? Checked before a command starts work
+(naming key, value and what torch sees), not at config load: configs also load where they do not
+run. ``<section>.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``; ``num_gpus`` on CUDA."""
 
 from __future__ import annotations
 
@@ -27,29 +24,23 @@ def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
     out = []
     for name in SECTIONS:
         sec = getattr(cfg, name)
-        dev = str(getattr(sec, "device", "auto"))
-        on_cuda = dev.startswith("cuda") or (dev == "auto" and cuda_count > 0)
-        n = getattr(sec, "num_gpus", None)
-        if not dev.startswith("cuda"):
-            if on_cuda and isinstance(n, int) and n > cuda_count:
-                out.append(_num_gpus_message(name, dev, n, cuda_count))
+        dev, n = str(getattr(sec, "device", "auto")), getattr(sec, "num_gpus", None)
+        if dev.startswith("cuda"):
+            index = int(dev.split(":", 1)[1]) if dev.split(":", 1)[-1].isdigit() else 0
+            if index >= cuda_count:
+                seen = (f"{cuda_count} CUDA device(s)" if cuda_count
+                        else "no CUDA device (torch.cuda.is_available() is False)")
+                out.append(f"{name}.device: expected a device this machine has, got {dev!r} and "
+                           f"torch sees {seen}; fix: -o {name}.device=cpu (or auto), or run it on "
+                           "a machine with a GPU")
+                continue
+        elif dev != "auto" or cuda_count == 0:  # num_gpus counts CPU worker processes there
             continue
-        index = int(dev.split(":", 1)[1]) if ":" in dev and dev.split(":", 1)[1].isdigit() else 0
-        if index >= cuda_count:
-            seen = (f"{cuda_count} CUDA device(s)" if cuda_count
-                    else "no CUDA device (torch.cuda.is_available() is False)")
-            out.append(f"{name}.device: expected a device this machine has, got {dev!r} and torch "
-                       f"sees {seen}; fix: -o {name}.device=cpu (or auto), or run it on a machine "
-                       f"with a GPU")
-        elif isinstance(n, int) and n > cuda_count:
-            out.append(_num_gpus_message(name, dev, n, cuda_count))
+        if isinstance(n, int) and n > cuda_count:
+            out.append(f"{name}.num_gpus: expected at most {cuda_count} (the CUDA devices torch "
+                       f"sees, {name}.device {dev!r}), got {n}; fix: -o {name}.num_gpus="
+                       f"{cuda_count}, or run it on a machine with {n} GPUs")
     return out
-
-
-def _num_gpus_message(name: str, dev: str, n: int, cuda_count: int) -> str:
-    return (f"{name}.num_gpus: expected at most {cuda_count} (the CUDA devices torch sees, "
-            f"{name}.device {dev!r}), got {n}; fix: -o {name}.num_gpus={cuda_count}, or run it "
-            f"on a machine with {n} GPUs")
 
 
 def check_devices(cfg: Any, cuda_count: int | None = None) -> None:

@@ -8,6 +8,7 @@ only). An unconfigured, absent server is fine (ephemeral Prefect, local SQLite M
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import platform
@@ -34,7 +35,7 @@ def _probe(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
     try:
         r = httpx.get(url, timeout=timeout_s)
     except httpx.HTTPError as e:
-        return False, f"{type(e).__name__}"
+        return False, type(e).__name__
     return r.is_success, f"HTTP {r.status_code}"
 
 
@@ -99,35 +100,24 @@ def interpreter_problem(python: str) -> str | None:
 
 
 def check_sglang(python: str | None = None) -> tuple[str, str]:
-    """SGLang in ``python`` (an interpreter path; None: this environment, else the conformance
-    environment ``$EAGLE3_SGLANG_VENV`` / ``<cache>/venv-sglang``): its version against the pinned
-    releases (``eagle3.engines.sglang.profile.RELEASES``), and whether a GPU can run it. A
-    ``python`` that is missing, a directory or not executable is a FAIL saying which
-    (:func:`interpreter_problem`); one whose answer to the version query is not a version string
-    (a script that ignores its arguments, say) is a FAIL quoting what came back."""
+    """SGLang in ``python`` (an interpreter path; None: this environment, naming the conformance
+    environment ``$EAGLE3_SGLANG_VENV`` / ``<cache>/venv-sglang`` when it lacks SGLang): its version
+    against the pinned releases (``eagle3.engines.sglang.profile.RELEASES``), and whether a GPU can
+    run it. FAIL for a ``python`` that is missing, a directory or not executable
+    (:func:`interpreter_problem`), or whose answer to the version query is no version string
+    (quoted)."""
+    from eagle3.config import PathsConfig
     from eagle3.engines.sglang.environment import sglang_version
 
     if python is not None and (why := interpreter_problem(python)) is not None:
         return "FAIL", f"SGLang: --sglang-python {why}"
-    if python is None:
-        try:
-            version = md.version("sglang")
-        except md.PackageNotFoundError:
-            version = None
+    version = None
+    if python is not None:
+        if (version := sglang_version(python)) is None:
+            return "FAIL", f"SGLang: {python} cannot import sglang (serve.sglang_python)"
     else:
-        version = sglang_version(python)
-    from eagle3.config import PathsConfig
-
-    cache = PathsConfig().resolved_cache_dir()
-    sidecar = Path(os.environ.get("EAGLE3_SGLANG_VENV") or cache / "venv-sglang") / "bin" / "python"
-    try:
-        import torch
-
-        gpu = torch.cuda.is_available()
-    except ImportError:
-        gpu = False
-    if version is None and python is not None:
-        return "FAIL", f"SGLang: {python} cannot import sglang (serve.sglang_python)"
+        with contextlib.suppress(md.PackageNotFoundError):
+            version = md.version("sglang")
     if version is not None and not VERSION_RE.fullmatch(version):
         shown = version if len(version) <= 80 else version[:77] + "..."
         who = f"--sglang-python {python}" if python is not None else "this environment"
@@ -135,20 +125,26 @@ def check_sglang(python: str | None = None) -> tuple[str, str]:
                         f"{SGLANG_VERSION} when asked for sglang's version, got {shown!r} "
                         "(is it a Python interpreter?)")
     if version is None:
-        extra = (f"; a separate SGLang env exists at {sidecar.parent.parent} (conformance tests)"
-                 if sidecar.exists() else "")
+        cache = PathsConfig().resolved_cache_dir()
+        venv = Path(os.environ.get("EAGLE3_SGLANG_VENV") or cache / "venv-sglang")
+        extra = (f"; a separate SGLang env exists at {venv} (conformance tests)"
+                 if (venv / "bin" / "python").exists() else "")
         return "OK", ("SGLang not installed in this environment: deploy uses the CPU reference "
                       f"engine{extra}")
     where = f" in {python}" if python else ""
-    if version not in SGLANG_RELEASES:
-        pin = f" (not a pinned release; the profiles are written for {sorted(SGLANG_RELEASES)})"
-    elif version != SGLANG_VERSION:
-        pin = f" (pinned; configs serving it set convert.engine_version: '{version}')"
-    else:
-        pin = ""
-    ok = "OK" if version in SGLANG_RELEASES else "WARN"
+    pin = (f" (not a pinned release; the profiles are written for {sorted(SGLANG_RELEASES)})"
+           if version not in SGLANG_RELEASES else
+           f" (pinned; configs serving it set convert.engine_version: '{version}')"
+           if version != SGLANG_VERSION else "")
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
     if gpu:
-        return ok, f"SGLang {version}{where}{pin}: can serve here (NVIDIA GPU present)"
+        return ("OK" if version in SGLANG_RELEASES else "WARN",
+                f"SGLang {version}{where}{pin}: can serve here (NVIDIA GPU present)")
     return "WARN", (f"SGLang {version}{where}{pin} installed but no NVIDIA GPU: it cannot serve at "
                     "speed here (CPU only under TRITON_INTERPRET=1 with shims, for conformance "
                     "tests; docs/SGLANG_ON_CPU.md)")
@@ -157,13 +153,9 @@ def check_sglang(python: str | None = None) -> tuple[str, str]:
 def check_disk(paths: dict[str, Path]) -> list[tuple[str, str]]:
     out = []
     for name, p in paths.items():
-        q = p
-        while not q.exists() and q != q.parent:
-            q = q.parent
-        free = shutil.disk_usage(q).free
-        status = "OK" if free >= MIN_FREE_BYTES else "FAIL"
-        out.append((status, f"{name} {p}: {free / 1024**3:.1f} GiB free (need ≥ "
-                            f"{MIN_FREE_BYTES / 1024**3:.0f} GiB)"))
+        free = shutil.disk_usage(next(q for q in (p, *p.parents) if q.exists())).free
+        out.append(("OK" if free >= MIN_FREE_BYTES else "FAIL", f"{name} {p}: "
+                    f"{free / 1024**3:.1f} GiB free (need ≥ {MIN_FREE_BYTES / 1024**3:.0f} GiB)"))
     return out
 
 

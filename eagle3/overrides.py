@@ -1,6 +1,5 @@
 """What a user writes of a run config: the YAML file (each key once), ``-o section.key=value``
-overrides, and validation errors that name the override that set a bad value (so a user looks at
-the command line, not at the file)."""
+overrides, and validation errors naming the override that set a bad value."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"override {item!r}: empty key")
         node = data
         for p in parts[:-1]:
-            child = node.get(p)
-            if child is None:
+            if (child := node.get(p)) is None:
                 child = node[p] = {}
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is a value ({child!r}), not a section")
@@ -45,22 +43,19 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every dotted key of ``model``: its fields and, for fields that are models themselves, their
-    fields in turn (``train``, ``train.epochs``, ``target.tiny.seed``, ...)."""
+    """Every dotted key of ``model``, nested models' too (``train``, ``target.tiny.seed``, ...)."""
     out = []
     for name, field in model.model_fields.items():
         out.append(prefix + name)
-        sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
+        if isinstance(sub := field.annotation, type) and issubclass(sub, BaseModel):
             out += known_keys(sub, f"{prefix}{name}.")
     return out
 
 
 def _unknown_key_line(loc: str, got: Any, override: str | None, model: type[BaseModel] | None) \
         -> str:
-    """``UNKNOWN_KEY`` line of a key the schema does not have: the closest known keys of ``model``
-    (:func:`difflib.get_close_matches`) to the key as written (the override's whole key when an
-    override set it, so ``-o trian.epochs=1`` suggests ``train.epochs``)."""
+    """``UNKNOWN_KEY`` line with the known keys of ``model`` closest to the key as written (an
+    override's whole key: ``-o trian.epochs=1`` suggests ``train.epochs``)."""
     written = override.split("=", 1)[0].strip() if override else loc
     if not override and isinstance(got, dict) and len(got) == 1:  # an unknown section in a file
         written = f"{loc}.{next(iter(got))}"
@@ -73,9 +68,8 @@ def _unknown_key_line(loc: str, got: Any, override: str | None, model: type[Base
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     if not close and "." not in loc and names:
         hint = f"; the sections and top-level keys: {', '.join(n for n in names if '.' not in n)}"
-    what = "section" if "." not in loc else "key"
-    parent = loc.rsplit(".", 1)[0] if "." in loc else None
-    within = f"in section {parent}" if parent else "at the top level"
+    what, within = (("key", f"in section {loc.rsplit('.', 1)[0]}") if "." in loc
+                    else ("section", "at the top level"))
     got_s = "a mapping" if isinstance(got, dict) else repr(got)[:120]
     origin = f" [from -o {override}]" if override else ""
     return (f"  UNKNOWN_KEY: {loc}: expected a known {what} {within}, got {loc!r} (set to "
@@ -116,9 +110,8 @@ def format_validation_error(err: ValidationError, source: str, overrides: list[s
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's SafeLoader that refuses a mapping key written twice (YAML itself keeps the last one
-    without a word: a second ``train:`` section would put every key of the first back to its
-    default). ``name`` (set by :func:`load_yaml`) is the file named in the message."""
+    """SafeLoader refusing a mapping key written twice (YAML keeps the last one silently: a second
+    ``train:`` would reset the first's keys). ``name``: the file named in the message."""
 
     name = "<config>"
 
@@ -128,8 +121,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _refuse_duplicates(node: yaml.Node, where: tuple[str, ...], name: str) -> None:
-    """ConfigError ``DUPLICATE_KEY`` for the first key written twice in a mapping of ``node``'s
-    tree; ``where`` is the dotted path of ``node``."""
+    """ConfigError ``DUPLICATE_KEY`` for the first key written twice in ``node``'s tree."""
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _refuse_duplicates(item, (*where, str(i)), name)
@@ -139,8 +131,7 @@ def _refuse_duplicates(node: yaml.Node, where: tuple[str, ...], name: str) -> No
     for key, value in node.value:
         line = key.start_mark.line + 1
         if isinstance(key, yaml.ScalarNode):
-            ident = (key.tag, key.value)
-            if ident in seen:
+            if (ident := (key.tag, key.value)) in seen:
                 dotted = ".".join((*where, key.value))
                 raise ConfigError(f"DUPLICATE_KEY: {name}:{line}: {dotted} is written twice "
                                   f"(lines {seen[ident]} and {line}); YAML would keep the last "

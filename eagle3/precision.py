@@ -1,16 +1,13 @@
 """``auto`` dtypes and precision: bf16 where it is really fast on this machine, float32 otherwise.
 
-On an AVX2-only CPU (no AMX/AVX512-BF16) oneDNN emulates bf16 matmuls ~50× slower than float32
-(measured on an AMD EPYC, torch 2.13: float32 43 GFLOP/s, bf16 0.9). CPU name,
-``get_cpu_capability()`` and ``ONEDNN_MAX_CPU_ISA`` do not tell this reliably, so the CPU rule is
-**measured**: :func:`probe_cpu_bf16` times a 256×512 @ 512×512 matmul in both dtypes on one thread
-(≈ 0.05 s; ≈ 0.6 s where emulated) and picks bf16 at ≥ ``BF16_MIN_SPEEDUP`` × float32 speed. On
-CUDA: bf16, or float32 on a GPU without bf16.
+On an AVX2-only CPU oneDNN emulates bf16 matmuls ~50× slower than float32 (AMD EPYC, torch 2.13:
+float32 43 GFLOP/s, bf16 0.9), and CPU name, ``get_cpu_capability()`` or ``ONEDNN_MAX_CPU_ISA``
+do not tell it reliably, so the CPU rule is **measured** (:func:`probe_cpu_bf16`, ≈ 0.05 s; ≈
+0.6 s where emulated): bf16 at ≥ ``BF16_MIN_SPEEDUP`` × float32 speed. CUDA: bf16 where supported.
 
-:data:`AUTO_FIELDS`: ``target.dtype``, ``extract.dtype``, ``train.precision``, ``serve.dtype``
-(reference engine and offline decoding; for SGLang ``auto`` stays SGLang's ``auto``), each judged
-on its stage's device. :func:`resolve_config` writes concrete values, so config, manifests, MLflow
-and stage cache keys carry them (a bf16 extraction is never reused for a float32 run)."""
+:func:`resolve_config` writes concrete values into the :data:`AUTO_FIELDS` (each judged on its
+stage's device; ``serve.dtype`` only for the reference engine and offline decoding, SGLang keeps
+its own ``auto``), so manifests, MLflow and cache keys carry them."""
 
 from __future__ import annotations
 
@@ -34,10 +31,9 @@ ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS
 
 @dataclass(frozen=True)
 class Bf16Probe:
-    """What :func:`probe_cpu_bf16` measured: ``float32_gflops`` / ``bfloat16_gflops`` (GFLOP/s,
-    2·m·k·n per call, best timed call at ``threads``), ``capability``
-    (``torch.backends.cpu.get_cpu_capability()``), ``features`` (:data:`CPU_FEATURES` in
-    ``/proc/cpuinfo``), ``isa_env`` (the :data:`ISA_ENV` variables set)."""
+    """``float32_gflops`` / ``bfloat16_gflops``: GFLOP/s (2·m·k·n per call, best timed call at
+    ``threads``); ``capability``: ``torch.backends.cpu.get_cpu_capability()``; ``features``:
+    :data:`CPU_FEATURES` in ``/proc/cpuinfo``; ``isa_env``: the :data:`ISA_ENV` variables set."""
 
     float32_gflops: float
     bfloat16_gflops: float
@@ -76,10 +72,9 @@ def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, bool]:
 
 def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
                  repeats: int = PROBE_REPEATS) -> Bf16Probe:
-    """Time one ``[m, k] @ [k, n]`` matmul in float32 and bf16 on the CPU (no memo), alternately
-    over ``repeats`` rounds after an untimed warm-up (oneDNN builds kernels then), the best call of
-    each: a :class:`Bf16Probe`. Stops after two rounds when bf16 is over 10× slower (slow,
-    whatever the figure)."""
+    """Time a ``[m, k] @ [k, n]`` matmul in float32 and bf16 on one CPU thread (no memo),
+    alternately over ``repeats`` rounds after an untimed warm-up (oneDNN builds kernels), best call
+    of each; stops after two rounds when bf16 is over 10× slower."""
     import torch
 
     m, k, n = shape
@@ -87,7 +82,7 @@ def measure_bf16(shape: tuple[int, int, int] = PROBE_SHAPE,
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
     pairs = {"float32": (a, b), "bfloat16": (a.bfloat16(), b.bfloat16())}
     best = dict.fromkeys(pairs, float("inf"))
-    with torch_threads(1):  # one thread: a ratio of kernels, not of how busy the other cores are
+    with torch_threads(1):  # a ratio of kernels, not of how busy the other cores are
         for x, y in pairs.values():
             x @ y
         for r in range(repeats):
@@ -134,8 +129,7 @@ def bf16_is_fast(device: str = "cpu") -> tuple[bool, str]:
 
 
 def resolve_dtype(value: str, device: str = "cpu") -> str:
-    """``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``, else ``"float32"``; other
-    values as they are."""
+    """``auto`` → ``"bfloat16"`` where :func:`bf16_is_fast` on ``device``, else ``"float32"``."""
     return value if value != "auto" else "bfloat16" if bf16_is_fast(device)[0] else "float32"
 
 
@@ -153,8 +147,7 @@ BF16_VALUES = ("bfloat16", "bf16-autocast")
 
 
 def _serves_reference(cfg) -> bool:
-    """Whether serve.dtype ``auto`` is the reference engine's: engine 'reference', or 'auto' without
-    CUDA; SGLang's ``--dtype auto`` is left to SGLang."""
+    """Whether serve.dtype ``auto`` is the reference engine's (not SGLang's own ``auto``)."""
     return cfg.serve.engine == "reference" or (cfg.serve.engine == "auto"
                                                and _device_type("auto") == "cpu")
 
@@ -165,11 +158,10 @@ def resolve_config(cfg) -> dict[str, dict]:
     An explicit bf16 on a CPU where bf16 measures slow is kept, with a warning."""
     record: dict[str, dict] = {}
     for section, name, (dev_section, dev_name), resolver in AUTO_FIELDS:
-        sec = getattr(cfg, section)
-        value = getattr(sec, name)
-        device = getattr(getattr(cfg, dev_section), dev_name)
         if section == "serve" and not _serves_reference(cfg):
             continue
+        sec, device = getattr(cfg, section), getattr(getattr(cfg, dev_section), dev_name)
+        value = getattr(sec, name)
         if value == "auto":
             setattr(sec, name, resolver(value, device))
             record[f"{section}.{name}"] = {"setting": "auto", "value": getattr(sec, name),
@@ -186,8 +178,7 @@ def summary_line(record: dict[str, dict]) -> str:
     if not record:
         return ""
     values = ", ".join(f"{k}={v['value']}" for k, v in record.items())
-    whys = list(dict.fromkeys(v["why"] for v in record.values()))  # in the order of the values
-    return f"{values} (auto; {'; '.join(whys)})"
+    return f"{values} (auto; {'; '.join(dict.fromkeys(v['why'] for v in record.values()))})"
 
 
 def has_auto(cfg) -> bool:

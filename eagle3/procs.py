@@ -43,8 +43,7 @@ def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: str | Pat
     """Start ``argv`` in a new session (pgid == pid), stdout+stderr to ``log_path`` (truncated),
     stdin closed, ``env`` the child's full environment. FileNotFoundError/PermissionError from
     ``subprocess`` when it cannot start."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb", buffering=0) as log:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=dict(env), cwd=cwd,
@@ -67,8 +66,7 @@ def tree_pids(pid: int) -> list[int]:
 
 def tree_cpu_seconds(pid: int) -> float | None:
     """CPU seconds (user + system) of the tree of ``pid`` incl. reaped children; None if gone."""
-    procs = process_tree(pid)
-    if not procs:
+    if not (procs := process_tree(pid)):
         return None
     total = 0.0
     for i, p in enumerate(procs):
@@ -167,8 +165,7 @@ def terminate_tree(proc: subprocess.Popen | int, grace_s: float = 10.0,
         if not alive_pids(pids):
             break
         time.sleep(0.05)
-    leftover = alive_pids(sorted(set(pids) | members()))
-    if leftover:
+    if leftover := alive_pids(sorted(set(pids) | members())):
         _signal_all(pgid, leftover, signal.SIGKILL)
     returncode = None
     if popen:

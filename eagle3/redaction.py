@@ -35,8 +35,6 @@ def flatten(obj: dict, prefix: str = "") -> dict[str, Any]:
         key = f"{prefix}{k}"
         if isinstance(v, dict):
             out.update(flatten(v, key + "."))
-        elif isinstance(v, list):
-            out[key] = json.dumps(v)
         else:
-            out[key] = v
+            out[key] = json.dumps(v) if isinstance(v, list) else v
     return out

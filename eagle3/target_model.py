@@ -60,8 +60,7 @@ def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "
 def num_layers(model_or_config) -> int:
     """Number of decoder layers of a model or config (``num_hidden_layers``)."""
     cfg = getattr(model_or_config, "config", model_or_config)
-    text_cfg = getattr(cfg, "text_config", None) or cfg
-    return int(text_cfg.num_hidden_layers)
+    return int((getattr(cfg, "text_config", None) or cfg).num_hidden_layers)
 
 
 def default_aux_layer_ids(n_layers: int) -> list[int]:
@@ -80,8 +79,7 @@ def validate_aux_layer_ids(ids: list[int], n_layers: int,
     count and allowed range."""
     if not ids:
         raise ConfigError(f"{rule}: expected at least one layer id, got []")
-    bad = [i for i in ids if not 1 <= i <= n_layers - 1]
-    if bad:
+    if bad := [i for i in ids if not 1 <= i <= n_layers - 1]:
         raise ConfigError(f"{rule}: ids {bad} out of range for a target with {n_layers} layers "
                           f"(expected HF hidden_states indices in [1, {n_layers - 1}]: 0 is the "
                           f"embeddings, {n_layers} the last layer's output, which is stored anyway "
@@ -105,10 +103,8 @@ def capture_hidden_states(model, indices: list[int]) -> Iterator[dict[int, torch
     """Capture HF ``hidden_states[i]`` for ``i in indices`` in forward passes inside the block:
     yields a dict index → ``[B, T, H]`` (model dtype), overwritten each pass; L = last layer output
     before the final norm. ConfigError for an index outside ``[0, L]``."""
-    dec = _decoder(model)
+    dec, captured, handles = _decoder(model), {}, []
     n = len(dec.layers)
-    captured: dict[int, torch.Tensor] = {}
-    handles = []
 
     def hook_for(i):
         def hook(_module, args, kwargs):

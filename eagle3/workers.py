@@ -1,5 +1,5 @@
-"""Deadlines for the processes of one multi-process job (torchrun training ranks, extraction
-workers, one per GPU), so a hung start-up or step ends in a named error instead of silence.
+"""Deadlines for the processes of one multi-process job (torchrun ranks, extraction workers), so
+a hung start-up or step ends in a named error instead of silence.
 
 Each worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"index", "pid",
 "phase", "step", "time", ...}``, ``time`` in seconds since the epoch (same host). Phases::
@@ -13,10 +13,10 @@ Each worker writes ``<dir>/<prefix>-<k>.json`` (:class:`WorkerStatus`): ``{"inde
     failed    raised; ``error_type`` and ``message`` (the parent re-raises that project error)
 
 The parent (:func:`overdue`) holds them to: start-up (all ``ready`` within ``startup_s`` of
-launch); first step (all at ``step``/``done`` within ``first_step_s`` of the last ``ready``;
-includes model build and ``train.compile``); stall (no progress older than ``stall_s``). A miss
-becomes :class:`eagle3.errors.RankFailed` naming workers, deadline, its config key, last statuses
-and logs (:func:`describe`), after a ``py-spy dump`` of each live worker (:func:`dump_stacks`)."""
+launch); first step (all at ``step``/``done`` within ``first_step_s`` of the last ``ready``, model
+build and ``train.compile`` included); stall (no progress older than ``stall_s``). A miss becomes
+:class:`eagle3.errors.RankFailed` (:func:`describe`), after a ``py-spy dump`` of each live worker
+(:func:`dump_stacks`)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,7 @@ class WorkerStatus:
         self.path = Path(directory) / f"{prefix}-{index}.json"
         self.index, self.min_interval_s = int(index), float(min_interval_s)
         self.fields: dict = {"index": self.index, "pid": os.getpid(), "phase": None, "step": None}
-        self._last_write = 0.0
-        self._warned = False
+        self._last_write, self._warned = 0.0, False
 
     def mark(self, phase: str, **fields) -> None:
         """Record ``phase`` (one of :data:`PHASES`) with JSON-able ``fields``, written at once."""
@@ -106,12 +105,10 @@ def rank_status():
 def read_statuses(directory: str | Path, count: int, *,
                   prefix: str = "rank") -> dict[int, dict | None]:
     """``{k: status dict or None}`` for workers ``0..count-1`` (None: no readable file yet)."""
-    out: dict[int, dict | None] = {}
-    for k in range(count):
-        try:
+    out: dict[int, dict | None] = dict.fromkeys(range(count))
+    for k in out:
+        with contextlib.suppress(OSError, json.JSONDecodeError):
             out[k] = json.loads((Path(directory) / f"{prefix}-{k}.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            out[k] = None
     return out
 
 
@@ -148,7 +145,7 @@ def overdue(statuses: dict[int, dict | None], *, launched_at: float, now: float,
     if unready:
         if now - launched_at <= deadlines.startup_s:
             return None
-        # at fault: those that never reached the rendezvous; only when all did, those waiting there
+        # at fault: those that never reached the rendezvous, else those waiting there
         absent = [k for k in unready if not live[k] or live[k].get("phase") != "arriving"]
         return Overdue("not_arrived", absent or unready, deadlines.startup_s, deadlines.keys[0],
                        now - launched_at, statuses)
@@ -220,20 +217,18 @@ def describe(od: Overdue, *, section: str, noun: str, total: int, logs: dict[int
     """Missed-deadline message: workers, deadline and key, last statuses, expected state, files."""
     now = time.time() if now is None else now
     who = ", ".join(f"{noun} {k}" for k in od.workers)
-    verb = {"not_arrived": "did not arrive (ready) within",
-            "no_first_step": "made no first step within",
-            "stalled": "made no progress for more than"}[od.kind]
-    expected = {"not_arrived": f"all {total} ready",
-                "no_first_step": f"all {total} past their first step",
-                "stalled": f"progress from all {total} at least every {od.deadline_s:g} s"}[od.kind]
+    verb, expected = {
+        "not_arrived": ("did not arrive (ready) within", f"all {total} ready"),
+        "no_first_step": ("made no first step within", f"all {total} past their first step"),
+        "stalled": ("made no progress for more than",
+                    f"progress from all {total} at least every {od.deadline_s:g} s")}[od.kind]
     actual = (f"{total - len(od.workers)} of {total}" if od.kind != "stalled"
               else f"{len(od.workers)} silent")
-    last = last_statuses(od.statuses, noun, now)
     files = "; ".join(f"{noun} {k}: {', '.join(str(p) for p in logs.get(k, [])) or 'no log file'}"
                       for k in sorted(od.statuses))
     msg = (f"{who} of {total} {verb} {section}.{od.key}={od.deadline_s:g} s (waited "
-           f"{od.waited_s:.0f} s); expected {expected}, got {actual}. Last status: {last}. Logs: "
-           f"{files}")
+           f"{od.waited_s:.0f} s); expected {expected}, got {actual}. Last status: "
+           f"{last_statuses(od.statuses, noun, now)}. Logs: {files}")
     if stacks:
         msg += ". Stacks: " + "; ".join(f"{noun} {k}: {p}" for k, p in sorted(stacks.items()))
     return msg
