@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import os
 import sys
 
@@ -61,7 +61,7 @@ elif _kind.startswith("extract-") and "--multiprocessing-fork" in sys.argv:
         os.kill(os.getpid(), 9)
 
     _w._worker_main, _w.run_shards = _main, _run
-'''
+"""
 
 
 def fault_env(directory: str | Path, fault: str) -> dict[str, str]:
@@ -70,4 +70,7 @@ def fault_env(directory: str | Path, fault: str) -> dict[str, str]:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": str(directory) + (os.pathsep + path if path else ""), "EAGLE3_TEST_FAULT": fault}
+    return {
+        "PYTHONPATH": str(directory) + (os.pathsep + path if path else ""),
+        "EAGLE3_TEST_FAULT": fault,
+    }

@@ -20,7 +20,9 @@ import httpx
 
 from eagle3.procs import free_port, start_group, terminate_tree
 
-PID_ENV = "EAGLE3_TEST_PREFECT_SERVER_PID"  # lets the tests that list child processes leave this one out
+PID_ENV = (
+    "EAGLE3_TEST_PREFECT_SERVER_PID"  # lets the tests that list child processes leave this one out
+)
 
 
 def start_prefect_server(home: Path, start_timeout_s: float = 300.0):
@@ -35,15 +37,38 @@ def start_prefect_server(home: Path, start_timeout_s: float = 300.0):
     # and the caller sets that variable only after this returns
     spec = importlib.util.find_spec("prefect")
     if spec is None or not spec.origin:
-        raise RuntimeError("the tests' Prefect server: the prefect package is not installed (run `make env`)")
+        raise RuntimeError(
+            "the tests' Prefect server: the prefect package is not installed (run `make env`)"
+        )
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
-            "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "error", "--lifespan", "on"]
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        str(Path(spec.origin).parent.parent),
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update({"PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    env.update(
+        {
+            "PREFECT_HOME": str(home),
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
+    )
     log = home / "server.log"
     proc = start_group(argv, env, log)
     url = f"http://127.0.0.1:{port}/api"
@@ -56,8 +81,11 @@ def start_prefect_server(home: Path, start_timeout_s: float = 300.0):
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             terminate_tree(proc, grace_s=5.0)
-            why = f"exited with {proc.returncode}" if proc.returncode is not None else \
-                f"did not answer {url}/health within {start_timeout_s:.0f} s"
+            why = (
+                f"exited with {proc.returncode}"
+                if proc.returncode is not None
+                else f"did not answer {url}/health within {start_timeout_s:.0f} s"
+            )
             raise RuntimeError(f"the tests' Prefect server {why}; see {log}")
         time.sleep(0.5)
 

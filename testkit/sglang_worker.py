@@ -81,7 +81,11 @@ def _read_tensors(draft_dir: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{draft_dir}: no *.safetensors or *.bin weight file")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        tensors.update(load_file(str(f)) if use_st else torch.load(str(f), map_location="cpu", weights_only=True))
+        tensors.update(
+            load_file(str(f))
+            if use_st
+            else torch.load(str(f), map_location="cpu", weights_only=True)
+        )
     return tensors
 
 
@@ -91,8 +95,17 @@ def _nan_fraction(model) -> dict[str, float]:
 
 def coverage(draft_dir: Path) -> dict:
     """Sentinel-fill coverage of one checkpoint through SGLang's real ``load_weights`` (see module doc)."""
-    out: dict = {"params": [], "unfilled": {}, "tensors": [], "unconsumed": [], "ignored_by_design": [],
-                 "hot_token_id_set": False, "replaced_at_runtime": [], "unfilled_unused": [], "error": None}
+    out: dict = {
+        "params": [],
+        "unfilled": {},
+        "tensors": [],
+        "unconsumed": [],
+        "ignored_by_design": [],
+        "hot_token_id_set": False,
+        "replaced_at_runtime": [],
+        "unfilled_unused": [],
+        "error": None,
+    }
     try:
         model = _build(draft_dir)
         tensors = _read_tensors(draft_dir)
@@ -106,7 +119,9 @@ def coverage(draft_dir: Path) -> dict:
             if EMBED in out["unfilled"] and _embed_shared(model.config):
                 out["replaced_at_runtime"].append(EMBED)
                 del out["unfilled"][EMBED]
-            out["unfilled_unused"] = _unused(model, list(out["unfilled"]), out["replaced_at_runtime"])
+            out["unfilled_unused"] = _unused(
+                model, list(out["unfilled"]), out["replaced_at_runtime"]
+            )
             for name in out["unfilled_unused"]:
                 del out["unfilled"][name]
             for name in sorted(tensors):
@@ -118,8 +133,12 @@ def coverage(draft_dir: Path) -> dict:
                 filled = [n for n, f in _nan_fraction(model).items() if f < 1.0]
                 if not filled and model.hot_token_id is None:
                     out["unconsumed"].append(name)
-    except Exception as exc:  # reported to the caller as "fails to load", with the traceback's last lines
-        out["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc().splitlines(True)[-6:])
+    except (
+        Exception
+    ) as exc:  # reported to the caller as "fails to load", with the traceback's last lines
+        out["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(
+            traceback.format_exc().splitlines(True)[-6:]
+        )
     return out
 
 
@@ -173,31 +192,57 @@ class _Runner:
         self.token_to_kv_pool = token_to_kv_pool
 
 
-def _extend_batch(model, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor):
+def _extend_batch(
+    model, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor
+):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     cfg = model.config
     n = int(input_ids.shape[0])
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    req_pool = ReqToTokenPool(size=1, max_context_len=n + 8, device="cpu", enable_memory_saver=False)
-    kv_pool = MHATokenToKVPool(size=n + 8, page_size=1, dtype=torch.float32, head_num=cfg.num_key_value_heads,
-                               head_dim=head_dim, layer_num=cfg.num_hidden_layers, device="cpu",
-                               enable_memory_saver=False)
+    req_pool = ReqToTokenPool(
+        size=1, max_context_len=n + 8, device="cpu", enable_memory_saver=False
+    )
+    kv_pool = MHATokenToKVPool(
+        size=n + 8,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        layer_num=cfg.num_hidden_layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
     out_cache_loc = torch.arange(1, n + 1, dtype=torch.int64)
     req_pool.req_to_token[1, :n] = out_cache_loc.to(req_pool.req_to_token.dtype)
     backend = TorchNativeAttnBackend(_Runner(req_pool, kv_pool))
     spec_info = EagleDraftInput(hidden_states=hidden_states)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=input_ids,
-        req_pool_indices=torch.tensor([1], dtype=torch.int64), seq_lens=torch.tensor([n], dtype=torch.int64),
-        out_cache_loc=out_cache_loc, seq_lens_sum=n, seq_lens_cpu=torch.tensor([n]), positions=positions,
-        extend_num_tokens=n, extend_seq_lens=torch.tensor([n], dtype=torch.int32),
-        extend_prefix_lens=torch.tensor([0], dtype=torch.int32), extend_start_loc=torch.tensor([0], dtype=torch.int32),
-        extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[n], spec_info=spec_info,
-        capture_hidden_mode=CaptureHiddenMode.FULL, return_logprob=False,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=1,
+        input_ids=input_ids,
+        req_pool_indices=torch.tensor([1], dtype=torch.int64),
+        seq_lens=torch.tensor([n], dtype=torch.int64),
+        out_cache_loc=out_cache_loc,
+        seq_lens_sum=n,
+        seq_lens_cpu=torch.tensor([n]),
+        positions=positions,
+        extend_num_tokens=n,
+        extend_seq_lens=torch.tensor([n], dtype=torch.int32),
+        extend_prefix_lens=torch.tensor([0], dtype=torch.int32),
+        extend_start_loc=torch.tensor([0], dtype=torch.int32),
+        extend_prefix_lens_cpu=[0],
+        extend_seq_lens_cpu=[n],
+        spec_info=spec_info,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        return_logprob=False,
     )
     return backend, batch
 
@@ -211,7 +256,11 @@ def forward(draft_dir: Path, inputs_path: Path, out_path: Path) -> dict:
     model.load_weights(iter(_read_tensors(draft_dir).items()))
     if "target_embed" in inputs:
         model.set_embed(inputs["target_embed"].float())
-    ids, pos, hs = inputs["input_ids"].long(), inputs["positions"].long(), inputs["hidden_states"].float()
+    ids, pos, hs = (
+        inputs["input_ids"].long(),
+        inputs["positions"].long(),
+        inputs["hidden_states"].float(),
+    )
     backend, batch = _extend_batch(model, ids, pos, hs)
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)):
         backend.init_forward_metadata(batch)
@@ -222,10 +271,19 @@ def forward(draft_dir: Path, inputs_path: Path, out_path: Path) -> dict:
         backend2.init_forward_metadata(batch2)
         lp_out = model.forward(ids, pos, batch2)
     last = lp_out.next_token_logits.float()
-    save_file({"logits": logits.contiguous(), "hidden_prenorm": aux[0].contiguous(),
-               "last_logits": last.contiguous()}, str(out_path))
-    return {"out": str(out_path), "tokens": int(ids.shape[0]),
-            "last_logits_max_abs_diff": float((last[-1] - logits[-1]).abs().max())}
+    save_file(
+        {
+            "logits": logits.contiguous(),
+            "hidden_prenorm": aux[0].contiguous(),
+            "last_logits": last.contiguous(),
+        },
+        str(out_path),
+    )
+    return {
+        "out": str(out_path),
+        "tokens": int(ids.shape[0]),
+        "last_logits_max_abs_diff": float((last[-1] - logits[-1]).abs().max()),
+    }
 
 
 def main(argv: list[str]) -> int:

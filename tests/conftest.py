@@ -18,7 +18,9 @@ def _threads_per_xdist_worker() -> int | None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 1:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     return max(1, cores // workers)
 
 
@@ -39,12 +41,21 @@ CONFIGS = REPO / "configs"
 # `make test`'s two xdist workers and --dist loadfile, files are handed out in collection order, so starting the
 # long ones first keeps one of them from running alone at the end (the suite's wall time is its longest tail).
 HEAVY_FIRST = (
-    "tests/integration/test_gpu_study_smoke.py", "tests/integration/test_cli_signals.py",
-    "tests/integration/test_flow_rerun.py", "tests/unit/test_train_fixed_shapes.py", "tests/unit/test_train_ranks.py",
-    "tests/e2e/test_pipeline_preflight.py", "tests/sglang/test_extract_sglang.py", "tests/integration/test_sweep.py",
-    "tests/e2e/test_pipeline_tiny.py", "tests/unit/test_extract_resume.py",
-    "tests/integration/test_distributed_inprocess.py", "tests/unit/test_multi_gpu_bench.py", "tests/unit/test_replay.py",
-    "tests/sglang/test_tier1.py", "tests/unit/test_fastpath.py",
+    "tests/integration/test_gpu_study_smoke.py",
+    "tests/integration/test_cli_signals.py",
+    "tests/integration/test_flow_rerun.py",
+    "tests/unit/test_train_fixed_shapes.py",
+    "tests/unit/test_train_ranks.py",
+    "tests/e2e/test_pipeline_preflight.py",
+    "tests/sglang/test_extract_sglang.py",
+    "tests/integration/test_sweep.py",
+    "tests/e2e/test_pipeline_tiny.py",
+    "tests/unit/test_extract_resume.py",
+    "tests/integration/test_distributed_inprocess.py",
+    "tests/unit/test_multi_gpu_bench.py",
+    "tests/unit/test_replay.py",
+    "tests/sglang/test_tier1.py",
+    "tests/unit/test_fastpath.py",
 )
 
 
@@ -59,8 +70,14 @@ def pytest_configure(config):
     ephemeral server, as on a user's laptop); the tests that are about that mode ask for it with the
     :func:`ephemeral_prefect` fixture."""
     global _PREFECT_SERVER
-    is_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
-    if is_controller or os.environ.get("PREFECT_API_URL") or os.environ.get("EAGLE3_TEST_EPHEMERAL_PREFECT") == "1":
+    is_controller = getattr(config.option, "numprocesses", None) and not hasattr(
+        config, "workerinput"
+    )
+    if (
+        is_controller
+        or os.environ.get("PREFECT_API_URL")
+        or os.environ.get("EAGLE3_TEST_EPHEMERAL_PREFECT") == "1"
+    ):
         return
     import tempfile
 
@@ -79,7 +96,9 @@ def pytest_unconfigure(config):
 
         from testkit.prefect_server import PID_ENV, stop_prefect_server
 
-        if "prefect" in sys.modules:  # logs and events this process still queues go out before the server ends
+        if (
+            "prefect" in sys.modules
+        ):  # logs and events this process still queues go out before the server ends
             from prefect.events.worker import EventsWorker
             from prefect.logging.handlers import APILogWorker
 

@@ -31,26 +31,67 @@ def patch_spec_tree(mod) -> None:
     triton_build = mod.sgl_build_tree_kernel_triton
     triton_verify = mod.verify_tree_greedy_triton
 
-    def build_tree_kernel_efficient_func(parent_list, top_scores_index, seq_lens, tree_mask, positions,
-                                         retrieve_index, retrieve_next_token, retrieve_next_sibling,
-                                         topk, spec_steps, num_verify_tokens, tree_mask_mode):
-        triton_build(parent_list, top_scores_index, seq_lens, tree_mask, positions, retrieve_index,
-                     retrieve_next_token, retrieve_next_sibling, topk, spec_steps, num_verify_tokens,
-                     tree_mask_mode)
+    def build_tree_kernel_efficient_func(
+        parent_list,
+        top_scores_index,
+        seq_lens,
+        tree_mask,
+        positions,
+        retrieve_index,
+        retrieve_next_token,
+        retrieve_next_sibling,
+        topk,
+        spec_steps,
+        num_verify_tokens,
+        tree_mask_mode,
+    ):
+        triton_build(
+            parent_list,
+            top_scores_index,
+            seq_lens,
+            tree_mask,
+            positions,
+            retrieve_index,
+            retrieve_next_token,
+            retrieve_next_sibling,
+            topk,
+            spec_steps,
+            num_verify_tokens,
+            tree_mask_mode,
+        )
 
-    def verify_tree_greedy_func(predicts, accept_index, accept_token_num, candidates, retrieve_index,
-                                retrieve_next_token, retrieve_next_sibling, target_predict, topk=-1):
-        triton_verify(predicts=predicts, accept_index=accept_index, accept_token_num=accept_token_num,
-                      candidates=candidates, retrieve_index=retrieve_index,
-                      retrieve_next_token=retrieve_next_token, retrieve_next_sibling=retrieve_next_sibling,
-                      target_predict=target_predict)
+    def verify_tree_greedy_func(
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrieve_index,
+        retrieve_next_token,
+        retrieve_next_sibling,
+        target_predict,
+        topk=-1,
+    ):
+        triton_verify(
+            predicts=predicts,
+            accept_index=accept_index,
+            accept_token_num=accept_token_num,
+            candidates=candidates,
+            retrieve_index=retrieve_index,
+            retrieve_next_token=retrieve_next_token,
+            retrieve_next_sibling=retrieve_next_sibling,
+            target_predict=target_predict,
+        )
         return predicts, accept_index, accept_token_num
 
     mod.build_tree_kernel_efficient_func = build_tree_kernel_efficient_func
     mod.verify_tree_greedy_func = verify_tree_greedy_func
     setattr(mod, PATCHED_FLAG, True)
     if os.environ.get("EAGLE3_SHIMS_VERBOSE"):
-        print(f"[eagle3 shims] patched {mod.__name__} in pid {os.getpid()}", file=sys.stderr, flush=True)
+        print(
+            f"[eagle3 shims] patched {mod.__name__} in pid {os.getpid()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 PATCHES = {SPEC_TREE_MODULE: patch_spec_tree}

@@ -46,7 +46,10 @@ def _children_logged(log, n: int, timeout_s: float = 30.0) -> list[int]:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        found = [int(p) for p in re.findall(r"\] child (\d+) started", log.read_text() if log.exists() else "")]
+        found = [
+            int(p)
+            for p in re.findall(r"\] child (\d+) started", log.read_text() if log.exists() else "")
+        ]
         if len(found) >= n:
             return found
         time.sleep(0.1)
@@ -58,8 +61,11 @@ def _children_logged(log, n: int, timeout_s: float = 30.0) -> list[int]:
 def test_engine_group_ends_within_seconds_of_its_parents_death(tmp_path, sig, setsid):
     log = tmp_path / "engine.log"
     extra = ["--child-setsid"] if setsid else []
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(REPO), str(log), *extra], stdout=subprocess.PIPE,
-                              text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(REPO), str(log), *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         info = json.loads(parent.stdout.readline())
         engine = info["pid"]
@@ -67,8 +73,11 @@ def test_engine_group_ends_within_seconds_of_its_parents_death(tmp_path, sig, se
         time.sleep(1.5)  # the watch has recorded the tree by now (it snapshots every second)
         tree = [engine, *kids]
         assert all(_alive(p) for p in tree)  # running, so the test can fail
-        assert os.getpgid(engine) == engine and (all(os.getpgid(k) != engine for k in kids) if setsid else
-                                                 all(os.getpgid(k) == engine for k in kids))
+        assert os.getpgid(engine) == engine and (
+            all(os.getpgid(k) != engine for k in kids)
+            if setsid
+            else all(os.getpgid(k) == engine for k in kids)
+        )
         t0 = time.monotonic()
         parent.send_signal(sig)
         parent.wait(timeout=10)
@@ -76,14 +85,20 @@ def test_engine_group_ends_within_seconds_of_its_parents_death(tmp_path, sig, se
         while any(_alive(p) for p in tree) and time.monotonic() - t0 < 15:
             time.sleep(0.1)
         gone_after = time.monotonic() - t0
-        assert not any(_alive(p) for p in tree), f"still alive {gone_after:.1f} s after the parent's death: " \
-                                                 f"{[p for p in tree if _alive(p)]}"
-        assert gone_after < 5.0  # poll 0.2 s + SIGTERM + 1 s grace + SIGKILL for the children that ignore SIGTERM
+        assert not any(_alive(p) for p in tree), (
+            f"still alive {gone_after:.1f} s after the parent's death: "
+            f"{[p for p in tree if _alive(p)]}"
+        )
+        assert (
+            gone_after < 5.0
+        )  # poll 0.2 s + SIGTERM + 1 s grace + SIGKILL for the children that ignore SIGTERM
         assert "launcher" in log.read_text() and "is gone: ending engine group" in log.read_text()
     finally:
         if parent.poll() is None:
             parent.kill()
-        for p in psutil.process_iter(["pid", "cmdline"]):  # never leave a fake behind, whatever failed
+        for p in psutil.process_iter(
+            ["pid", "cmdline"]
+        ):  # never leave a fake behind, whatever failed
             cmd = " ".join(p.info["cmdline"] or [])
             if "fake_servers.py" in cmd and str(info.get("port") if "info" in dir() else "") in cmd:
                 try:
@@ -98,12 +113,23 @@ def test_engine_still_ends_with_a_live_parent_and_its_watch_follows(tmp_path):
 
     with start_fake("hang_after_load", tmp_path, "--children", "1") as eng:
         time.sleep(0.5)
-        watchers = [p for p in psutil.process_iter(["pid", "cmdline"])
-                    if "--watch" in (p.info["cmdline"] or []) and str(eng.pid) in (p.info["cmdline"] or [])]
-        assert len(watchers) == 1 and watchers[0].pid not in [c.pid for c in psutil.Process(eng.pid).children(True)]
-        assert os.getpgid(watchers[0].pid) != eng.pid  # outside the engine's group: group signals never hit it
+        watchers = [
+            p
+            for p in psutil.process_iter(["pid", "cmdline"])
+            if "--watch" in (p.info["cmdline"] or []) and str(eng.pid) in (p.info["cmdline"] or [])
+        ]
+        assert len(watchers) == 1 and watchers[0].pid not in [
+            c.pid for c in psutil.Process(eng.pid).children(True)
+        ]
+        assert (
+            os.getpgid(watchers[0].pid) != eng.pid
+        )  # outside the engine's group: group signals never hit it
     assert eng.returncode == -signal.SIGTERM
     deadline = time.monotonic() + 5
-    while watchers[0].is_running() and watchers[0].status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    while (
+        watchers[0].is_running()
+        and watchers[0].status() != psutil.STATUS_ZOMBIE
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert not watchers[0].is_running() or watchers[0].status() == psutil.STATUS_ZOMBIE

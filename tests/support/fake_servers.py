@@ -36,8 +36,18 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-BEHAVIOURS = ("slow_warmup", "hang_after_load", "crash_startup", "health_ok_generate_hangs", "never_bind",
-              "cuda_graph_crash", "no_spec", "ready_then_hang", "gpu_hang", "gpu_warmup")
+BEHAVIOURS = (
+    "slow_warmup",
+    "hang_after_load",
+    "crash_startup",
+    "health_ok_generate_hangs",
+    "never_bind",
+    "cuda_graph_crash",
+    "no_spec",
+    "ready_then_hang",
+    "gpu_hang",
+    "gpu_warmup",
+)
 HERE = Path(__file__).resolve()
 
 
@@ -55,8 +65,15 @@ def start_fake(behaviour: str, log_dir: str | Path, *extra: str, grace_s: float 
     from eagle3.procs import free_port
 
     port = free_port()
-    return start_engine(fake_argv(behaviour, port, *extra), {"PYTHONUNBUFFERED": "1"}, host="127.0.0.1", port=port,
-                        log_path=Path(log_dir) / f"{behaviour}.log", engine=f"fake-{behaviour}", grace_s=grace_s)
+    return start_engine(
+        fake_argv(behaviour, port, *extra),
+        {"PYTHONUNBUFFERED": "1"},
+        host="127.0.0.1",
+        port=port,
+        log_path=Path(log_dir) / f"{behaviour}.log",
+        engine=f"fake-{behaviour}",
+        grace_s=grace_s,
+    )
 
 
 def leftovers(port: int) -> list[int]:
@@ -81,10 +98,10 @@ def log(msg: str) -> None:
 
 
 class State:
-    ready = False          # /health_generate answers 200
+    ready = False  # /health_generate answers 200
     hang_generate = False  # /generate never answers
-    spec = True            # meta_info carries spec_* fields
-    hang_all = False       # nothing answers any more
+    spec = True  # meta_info carries spec_* fields
+    hang_all = False  # nothing answers any more
     first_generate: float | None = None
     hang_after_s: float | None = None
 
@@ -98,7 +115,10 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt, *args):  # uvicorn-style access line, like SGLang's log
-        print(f'INFO:     127.0.0.1:{self.client_address[1]} - "{self.requestline}" {args[1]}', flush=True)
+        print(
+            f'INFO:     127.0.0.1:{self.client_address[1]} - "{self.requestline}" {args[1]}',
+            flush=True,
+        )
 
     def _send(self, code: int, body: dict | None = None) -> None:
         data = json.dumps(body or {}).encode()
@@ -138,10 +158,18 @@ class Handler(BaseHTTPRequestHandler):
         if State.first_generate is None:
             State.first_generate = time.monotonic()
         n = int(req.get("sampling_params", {}).get("max_new_tokens", 4))
-        meta = {"prompt_tokens": 5, "completion_tokens": n, "finish_reason": {"type": "length", "length": n}}
+        meta = {
+            "prompt_tokens": 5,
+            "completion_tokens": n,
+            "finish_reason": {"type": "length", "length": n},
+        }
         if State.spec:
-            meta.update({"spec_verify_ct": max(1, n // 2), "spec_accept_length": n / max(1, n // 2)})
-        self._send(200, {"text": " word" * n, "output_ids": list(range(1, n + 1)), "meta_info": meta})
+            meta.update(
+                {"spec_verify_ct": max(1, n // 2), "spec_accept_length": n / max(1, n // 2)}
+            )
+        self._send(
+            200, {"text": " word" * n, "output_ids": list(range(1, n + 1)), "meta_info": meta}
+        )
 
 
 def serve(port: int) -> None:
@@ -194,7 +222,9 @@ def gpu_warm_up(seconds: float) -> None:
         torch.cuda.synchronize()
 
 
-def spawn_children(n: int, port: int, ignore_term: bool, setsid: bool, max_life: float) -> list[subprocess.Popen]:
+def spawn_children(
+    n: int, port: int, ignore_term: bool, setsid: bool, max_life: float
+) -> list[subprocess.Popen]:
     args = [sys.executable, str(HERE), "child", "--port", str(port), "--max-life", str(max_life)]
     args += ["--ignore-term"] if ignore_term else []
     return [subprocess.Popen(args, start_new_session=setsid) for _ in range(n)]
@@ -237,9 +267,12 @@ def main(argv: list[str]) -> int:
         if not a.disable_cuda_graph:
             load(a.load_s)
             log("Capturing batches (bs=160 avail_mem=12.50 GB)")
-            print("Traceback (most recent call last):\n  File \"cuda_graph_runner.py\", line 603, in capture\n"
-                  "Exception: Capture cuda graph failed: CUDA error: out of memory\nPossible solutions:\n"
-                  "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)", flush=True)
+            print(
+                'Traceback (most recent call last):\n  File "cuda_graph_runner.py", line 603, in capture\n'
+                "Exception: Capture cuda graph failed: CUDA error: out of memory\nPossible solutions:\n"
+                "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+                flush=True,
+            )
             return 1
         b = "slow_warmup"
     if b == "never_bind":
@@ -248,8 +281,11 @@ def main(argv: list[str]) -> int:
     load(a.load_s)
     held = gpu_load(a.gpu_gib) if b in ("gpu_hang", "gpu_warmup") else None  # noqa: F841 - kept alive
     if b == "crash_startup":
-        print("Traceback (most recent call last):\n  File \"model_runner.py\", line 42, in load_model\n"
-              "RuntimeError: Weight lm_head.weight has shape [49152, 576], expected [8192, 576]", flush=True)
+        print(
+            'Traceback (most recent call last):\n  File "model_runner.py", line 42, in load_model\n'
+            "RuntimeError: Weight lm_head.weight has shape [49152, 576], expected [8192, 576]",
+            flush=True,
+        )
         return a.exit_code
     serve(a.port)
     State.spec = b != "no_spec"

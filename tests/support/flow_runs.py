@@ -21,8 +21,10 @@ def task_states(flow_run_id, since: dt.datetime | None = None) -> dict[str, list
     from prefect.client.schemas.sorting import TaskRunSort
 
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
-                                     sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+        )
     out: dict[str, list[str]] = {}
     for tr in runs:
         if since is not None and tr.created is not None and tr.created < since:
@@ -58,7 +60,9 @@ def child_processes(ignore_prefect_server: bool = False) -> list[str]:
 
     out = []
     skip = set()
-    session = os.environ.get("EAGLE3_TEST_PREFECT_SERVER_PID")  # the tests' own server (tests/conftest.py)
+    session = os.environ.get(
+        "EAGLE3_TEST_PREFECT_SERVER_PID"
+    )  # the tests' own server (tests/conftest.py)
     if session:
         try:
             root = psutil.Process(int(session))

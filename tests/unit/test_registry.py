@@ -23,12 +23,18 @@ def _stage_dirs(root, tag: str, payload: bytes):
     (serving / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     (serving / "model.safetensors").write_bytes(payload)
     sm = write_manifest(serving, "serving_checkpoint")
-    write_manifest(train, "draft", counts={"train_positions": 1234}, epochs_over_data=3.0, optimizer_steps=45)
-    return (StageResult("convert", serving, sm["content_hash"], "run-c"),
-            StageResult("train", train, "h", "run-t"))
+    write_manifest(
+        train, "draft", counts={"train_positions": 1234}, epochs_over_data=3.0, optimizer_steps=45
+    )
+    return (
+        StageResult("convert", serving, sm["content_hash"], "run-c"),
+        StageResult("train", train, "h", "run-t"),
+    )
 
 
-def _fig(served: float, offline: float | None = None, simulated: float | None = None) -> AcceptanceFigures:
+def _fig(
+    served: float, offline: float | None = None, simulated: float | None = None
+) -> AcceptanceFigures:
     return AcceptanceFigures(served, None, offline, simulated, None, minimum=1.0, passed=True)
 
 
@@ -61,7 +67,12 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert v1.tags["eagle3.serving_content_hash"] == s1.content_hash
     # the checkpoint folder itself is what was registered
     files = {f.path for f in client.list_artifacts(v1.run_id, "draft")}
-    assert files == {"draft/config.json", "draft/model.safetensors", "draft/manifest.json", "draft/MLmodel"}
+    assert files == {
+        "draft/config.json",
+        "draft/model.safetensors",
+        "draft/manifest.json",
+        "draft/MLmodel",
+    }
     # the source is the run's own artifact location (not runs:/, which a SQLite-backed server cannot serve),
     # the run is the pipeline's parent run (its page lists the model), MLmodel makes it a loadable model
     assert v1.source == client.get_run(v1.run_id).info.artifact_uri.rstrip("/") + "/draft"
@@ -104,4 +115,10 @@ def test_register_without_manifest_is_an_error(tiny_cfg, tiny_target_dir, tmp_pa
 
     s1, _ = _stage_dirs(tmp_path, "a", b"w")
     with pytest.raises(DataError, match="manifest not found"):
-        register_draft(tiny_cfg, s1, StageResult("train", tmp_path / "nowhere", "h", "r"), _fig(1.2), _parent(tiny_cfg))
+        register_draft(
+            tiny_cfg,
+            s1,
+            StageResult("train", tmp_path / "nowhere", "h", "r"),
+            _fig(1.2),
+            _parent(tiny_cfg),
+        )

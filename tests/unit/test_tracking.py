@@ -21,8 +21,10 @@ def _hidden_states(root, target: dict):
 
 def _datasets(cfg, run_id):
     client, _ = tracking.client_for(cfg)
-    return [(i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"])
-            for i in client.get_run(run_id).inputs.dataset_inputs]
+    return [
+        (i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"])
+        for i in client.get_run(run_id).inputs.dataset_inputs
+    ]
 
 
 def test_dataset_named_after_the_target(tiny_cfg, tmp_path):
