@@ -1,10 +1,12 @@
-"""Faults injected into the processes a test starts (torchrun ranks, spawned extraction workers) through a
-``sitecustomize`` module put first on their ``PYTHONPATH``: the library itself carries no test hooks.
+"""Faults injected into the processes a test starts (torchrun ranks, spawned extraction workers)
+through a ``sitecustomize`` module put first on their ``PYTHONPATH``: the library itself carries no
+test hooks.
 
-``fault_env(dir, fault)`` writes the module and returns the environment to add (tests: ``monkeypatch.setenv``).
-Faults (``EAGLE3_TEST_FAULT``):
+``fault_env(dir, fault)`` writes the module and returns the environment to add (tests:
+``monkeypatch.setenv``). Faults (``EAGLE3_TEST_FAULT``):
 
-- ``train-never-arrive:R`` — rank R writes ``started`` and then sleeps instead of joining the process group;
+- ``train-never-arrive:R`` — rank R writes ``started`` and then sleeps instead of joining the
+  process group;
 - ``train-kill:R:S`` — rank R kills itself with SIGKILL when it is about to take optimizer step S+1
   (``run.step == S``), i.e. after step S and before the next checkpoint;
 - ``extract-hang:K`` — extraction worker K sleeps before it loads the target (never ready);
@@ -65,7 +67,8 @@ elif _kind.startswith("extract-") and "--multiprocessing-fork" in sys.argv:
 
 
 def fault_env(directory: str | Path, fault: str) -> dict[str, str]:
-    """Write ``sitecustomize.py`` into ``directory``; returns ``{"PYTHONPATH", "EAGLE3_TEST_FAULT"}`` to set."""
+    """Write ``sitecustomize.py`` into ``directory``; returns
+    ``{"PYTHONPATH", "EAGLE3_TEST_FAULT"}`` to set."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)

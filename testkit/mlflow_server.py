@@ -1,5 +1,5 @@
-"""A real MLflow tracking server on 127.0.0.1 for tests: SQLite backend, proxied artifacts (the set-up of
-``infra/stack.sh``), in its own process group, stopped by that group only."""
+"""A real MLflow tracking server on 127.0.0.1 for tests: SQLite backend, proxied artifacts (the
+set-up of ``infra/stack.sh``), in its own process group, stopped by that group only."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from eagle3.procs import free_port, start_group, terminate_tree
 
 @contextmanager
 def mlflow_server(root: Path, start_timeout_s: float = 180.0) -> Iterator[str]:
-    """Start ``mlflow server`` (``--backend-store-uri sqlite:///<root>/mlflow.db``, ``--artifacts-destination
-    <root>/mlartifacts``, one worker) on a free loopback port; yield its URL (``http://127.0.0.1:<port>``).
+    """Start ``mlflow server`` (``--backend-store-uri sqlite:///<root>/mlflow.db``,
+    ``--artifacts-destination <root>/mlartifacts``, one worker) on a free loopback port; yield its
+    URL (``http://127.0.0.1:<port>``).
 
     Raises RuntimeError naming the log when it exits or does not answer ``/health`` within
     ``start_timeout_s`` seconds. The process group is ended on exit (SIGTERM, SIGKILL after 10 s).

@@ -1,12 +1,12 @@
-"""One Prefect API server for a whole test session (per pytest-xdist worker), so that each flow run of the suite
-does not start its own.
+"""One Prefect API server for a whole test session (per pytest-xdist worker), so that each flow run
+of the suite does not start its own.
 
-Without ``PREFECT_API_URL`` every process that runs a flow starts Prefect's ephemeral API server and, under a
-new ``PREFECT_HOME``, migrates a fresh SQLite database first. Measured on a 2-core AMD EPYC (AVX2 only,
-2026-12-03): a one-task flow took 36 s in a fresh home, 16 s in a used one and 2 s against a running server.
-The server started here is the one Prefect's ephemeral mode starts (``uvicorn --factory
-prefect.server.api.server:create_app`` with the same environment switches), so flows behave as in that mode;
-it runs in its own process group and is stopped by that group only.
+Without ``PREFECT_API_URL`` every process that runs a flow starts Prefect's ephemeral API server
+and, under a new ``PREFECT_HOME``, migrates a fresh SQLite database first. Measured on a 2-core AMD
+EPYC (AVX2 only, 2026-12-03): a one-task flow took 36 s in a fresh home, 16 s in a used one and 2 s
+against a running server. The server started here is the one Prefect's ephemeral mode starts
+(``uvicorn --factory prefect.server.api.server:create_app`` with the same environment switches), so
+flows behave as in that mode; it runs in its own process group and is stopped by that group only.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ PID_ENV = (
 
 
 def start_prefect_server(home: Path, start_timeout_s: float = 300.0):
-    """Start the API server with ``PREFECT_HOME=home`` on a free loopback port; return ``(proc, api_url)``,
-    ``api_url`` = ``http://127.0.0.1:<port>/api``.
+    """Start the API server with ``PREFECT_HOME=home`` on a free loopback port; return
+    ``(proc, api_url)``, ``api_url`` = ``http://127.0.0.1:<port>/api``.
 
-    Raises RuntimeError naming the log when the server exits or does not answer ``/api/health`` within
-    ``start_timeout_s`` seconds (the group is then ended)."""
+    Raises RuntimeError naming the log when the server exits or does not answer ``/api/health``
+    within ``start_timeout_s`` seconds (the group is then ended)."""
     import importlib.util
 
-    # found, not imported: Prefect reads its settings (PREFECT_API_URL) from the environment when it is imported,
-    # and the caller sets that variable only after this returns
+    # found, not imported: Prefect reads its settings (PREFECT_API_URL) from the environment when it
+    # is imported, and the caller sets that variable only after this returns
     spec = importlib.util.find_spec("prefect")
     if spec is None or not spec.origin:
         raise RuntimeError(

@@ -1,8 +1,9 @@
-"""Build SGLang 0.5.23-format EAGLE-3 draft folders with random weights, for tests (no converter needed).
+"""Build SGLang 0.5.23-format EAGLE-3 draft folders with random weights, for tests (no converter
+needed).
 
-Tensor names are the checkpoint names SGLang's ``LlamaForCausalLMEagle3.load_weights`` accepts: ``fc.weight``,
-``layers.0.*`` (or legacy ``midlayer.*``) with separate q/k/v and gate/up projections, ``norm.weight``,
-``lm_head.weight``, ``d2t`` (target_id = i + d2t[i]) and ``t2d``.
+Tensor names are the checkpoint names SGLang's ``LlamaForCausalLMEagle3.load_weights`` accepts:
+``fc.weight``, ``layers.0.*`` (or legacy ``midlayer.*``) with separate q/k/v and gate/up
+projections, ``norm.weight``, ``lm_head.weight``, ``d2t`` (target_id = i + d2t[i]) and ``t2d``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def draft_config(
     num_layers: int = 1,
     intermediate_size: int | None = None,
 ) -> dict:
-    """An SGLang draft config.json for a target config dict; aux ids given in HF index convention."""
+    """An SGLang draft config.json for a target config dict; aux ids given in HF index
+    convention."""
     h = target_cfg["hidden_size"]
     nh = target_cfg["num_attention_heads"]
     cfg = {
@@ -58,7 +60,8 @@ def random_draft_tensors(
     with_embed: bool = False,
     n_aux: int = 3,
 ) -> dict[str, torch.Tensor]:
-    """Random float32 tensors under SGLang's checkpoint names for ``cfg`` (see :func:`draft_config`)."""
+    """Random float32 tensors under SGLang's checkpoint names for ``cfg`` (see
+    :func:`draft_config`)."""
     g = torch.Generator().manual_seed(seed)
     h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     nh, nkv, v, dv = (
@@ -124,7 +127,8 @@ def make_random_draft(
     seed: int = 0,
     **kw,
 ) -> Path:
-    """A random SGLang-format draft for the HF target in ``target_dir`` (aux ids default [2, L//2, L-3])."""
+    """A random SGLang-format draft for the HF target in ``target_dir`` (aux ids default [2, L//2,
+    L-3])."""
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     n = tcfg["num_hidden_layers"]
     ids = aux_hf_ids if aux_hf_ids is not None else [2, n // 2, n - 3]
@@ -135,12 +139,14 @@ def make_random_draft(
 
 
 class OracleDraft(torch.nn.Module):
-    """Test double of a draft that always agrees with the target: it proposes the target's own next-token logits
-    (plus optional Gaussian noise of scale ``noise``, which makes it disagree sometimes).
+    """Test double of a draft that always agrees with the target: it proposes the target's own
+    next-token logits (plus optional Gaussian noise of scale ``noise``, which makes it disagree
+    sometimes).
 
-    It wraps a real :class:`SGLangEagle3Draft` (identity vocabulary: ``draft_vocab_size == vocab_size``) so the KV
-    cache and hidden-state plumbing run for real; only the logits are replaced. Call :meth:`reset` with the prompt
-    before each generation: draft inputs start at token 1, so the oracle needs token 0 from the caller.
+    It wraps a real :class:`SGLangEagle3Draft` (identity vocabulary:
+    ``draft_vocab_size == vocab_size``) so the KV cache and hidden-state plumbing run for real; only
+    the logits are replaced. Call :meth:`reset` with the prompt before each generation: draft inputs
+    start at token 1, so the oracle needs token 0 from the caller.
     """
 
     def __init__(self, inner, target, noise: float = 0.0, seed: int = 0):

@@ -1,31 +1,36 @@
-"""The SGLang side of the conformance harness: runs ONLY inside ``.venv-sglang`` (test harness, not product).
+"""The SGLang side of the conformance harness: runs ONLY inside ``.venv-sglang`` (test harness, not
+product).
 
 Started by :func:`testkit.sglang_harness.run_jobs` as
-``.venv-sglang/bin/python testkit/sglang_worker.py JOBS.json RESULTS.json`` with ``TRITON_INTERPRET=1``
-and ``testkit/sglang_shims`` on ``PYTHONPATH``. It imports only sglang, torch, safetensors and
-transformers (never the project), so one process can check many checkpoints after paying SGLang's import
-cost (~10 s) once. Each job is a dict; each result is a dict with the job's ``name`` and ``op`` plus:
+``.venv-sglang/bin/python testkit/sglang_worker.py JOBS.json RESULTS.json`` with
+``TRITON_INTERPRET=1`` and ``testkit/sglang_shims`` on ``PYTHONPATH``. It imports only sglang,
+torch, safetensors and transformers (never the project), so one process can check many checkpoints
+after paying SGLang's import cost (~10 s) once. Each job is a dict; each result is a dict with the
+job's ``name`` and ``op`` plus:
 
-- ``op: "coverage"``, ``dir``: SGLang 0.5.23's own ``LlamaForCausalLMEagle3`` is built from ``dir/config.json``
-  on the CPU, every parameter is filled with NaN (the sentinel), then ``load_weights`` is fed every tensor of
-  ``dir/*.safetensors`` (as SGLang's default loader does). Result: ``params`` (all parameter names),
-  ``unfilled`` {name: fraction of elements still NaN}, ``tensors`` (all tensor names), ``unconsumed`` (tensors
-  that, loaded alone into a fresh NaN-filled model, filled nothing and set no ``hot_token_id``),
-  ``ignored_by_design`` (``t2d``: SGLang skips it on purpose), ``replaced_at_runtime`` (``embed_tokens``
-  left unfilled but replaced by the target's embedding at serving time), ``unfilled_unused`` (parameters no
-  tensor fills that SGLang's forward never reads: changing that one alone leaves an EXTEND forward's
-  outputs unchanged; they are not in ``unfilled``), ``hot_token_id_set``, ``error`` (the
-  exception text when building or loading raised, else ``None``).
-- ``op: "forward"``, ``dir``, ``inputs`` (safetensors: ``input_ids [T] int64``, ``positions [T] int64``,
-  ``hidden_states [T, W] float32``, optional ``target_embed [V, H]``), ``out`` (safetensors path written
-  with ``logits [T, draft_vocab]``, ``hidden_prenorm [T, H]`` and ``last_logits [1, draft_vocab]``): one
-  EXTEND-mode float32 forward through SGLang's ``TorchNativeAttnBackend`` with a real ``ReqToTokenPool`` /
-  ``MHATokenToKVPool``. ``logits`` = SGLang's final-normed hidden states times its ``lm_head`` (all
-  positions); ``last_logits`` comes from SGLang's own ``LogitsProcessor`` (the last position only, as the
-  server computes it) and is a cross-check of the former.
+- ``op: "coverage"``, ``dir``: SGLang 0.5.23's own ``LlamaForCausalLMEagle3`` is built from
+  ``dir/config.json`` on the CPU, every parameter is filled with NaN (the sentinel), then
+  ``load_weights`` is fed every tensor of ``dir/*.safetensors`` (as SGLang's default loader does).
+  Result: ``params`` (all parameter names), ``unfilled`` {name: fraction of elements still NaN},
+  ``tensors`` (all tensor names), ``unconsumed`` (tensors that, loaded alone into a fresh NaN-filled
+  model, filled nothing and set no ``hot_token_id``), ``ignored_by_design`` (``t2d``: SGLang skips
+  it on purpose), ``replaced_at_runtime`` (``embed_tokens`` left unfilled but replaced by the
+  target's embedding at serving time), ``unfilled_unused`` (parameters no tensor fills that SGLang's
+  forward never reads: changing that one alone leaves an EXTEND forward's outputs unchanged; they
+  are not in ``unfilled``), ``hot_token_id_set``, ``error`` (the exception text when building or
+  loading raised, else ``None``).
+- ``op: "forward"``, ``dir``, ``inputs`` (safetensors: ``input_ids [T] int64``,
+  ``positions [T] int64``, ``hidden_states [T, W] float32``, optional ``target_embed [V, H]``),
+  ``out`` (safetensors path written with ``logits [T, draft_vocab]``, ``hidden_prenorm [T, H]`` and
+  ``last_logits [1, draft_vocab]``): one EXTEND-mode float32 forward through SGLang's
+  ``TorchNativeAttnBackend`` with a real ``ReqToTokenPool`` / ``MHATokenToKVPool``. ``logits`` =
+  SGLang's final-normed hidden states times its ``lm_head`` (all positions); ``last_logits`` comes
+  from SGLang's own ``LogitsProcessor`` (the last position only, as the server computes it) and is a
+  cross-check of the former.
 
-The internal APIs used here (``init_single_process_dist``, ``ForwardBatch`` fields, ``forward_context``,
-pool constructors) are those of SGLang 0.5.23 exactly; expect to adjust them on any upgrade.
+The internal APIs used here (``init_single_process_dist``, ``ForwardBatch`` fields,
+``forward_context``, pool constructors) are those of SGLang 0.5.23 exactly; expect to adjust them on
+any upgrade.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ EMBED = "model.embed_tokens.weight"
 
 
 def _embed_shared(config) -> bool:
-    """SGLang's ``LlamaForCausalLM.set_embed`` (``llama.py``) replaces the draft's embedding with the target's
-    unless ``target_hidden_size`` is set and differs from ``hidden_size``."""
+    """SGLang's ``LlamaForCausalLM.set_embed`` (``llama.py``) replaces the draft's embedding with
+    the target's unless ``target_hidden_size`` is set and differs from ``hidden_size``."""
     tgt = getattr(config, "target_hidden_size", None)
     return tgt is None or tgt == config.hidden_size
 
@@ -72,8 +77,8 @@ def _fill_nan(model) -> None:
 
 
 def _read_tensors(draft_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the folder, chosen as SGLang's default loader does: ``*.safetensors`` when there is any,
-    else ``*.bin``."""
+    """All tensors of the folder, chosen as SGLang's default loader does: ``*.safetensors`` when
+    there is any, else ``*.bin``."""
     files = sorted(draft_dir.glob("*.safetensors"))
     use_st = bool(files)
     files = files or sorted(draft_dir.glob("*.bin"))
@@ -94,7 +99,8 @@ def _nan_fraction(model) -> dict[str, float]:
 
 
 def coverage(draft_dir: Path) -> dict:
-    """Sentinel-fill coverage of one checkpoint through SGLang's real ``load_weights`` (see module doc)."""
+    """Sentinel-fill coverage of one checkpoint through SGLang's real ``load_weights`` (see module
+    doc)."""
     out: dict = {
         "params": [],
         "unfilled": {},
@@ -143,7 +149,8 @@ def coverage(draft_dir: Path) -> dict:
 
 
 def _probe_forward(model) -> torch.Tensor:
-    """One EXTEND forward on fixed random inputs; returns logits and next-step hidden state concatenated."""
+    """One EXTEND forward on fixed random inputs; returns logits and next-step hidden state
+    concatenated."""
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     g = torch.Generator().manual_seed(0)
@@ -160,11 +167,11 @@ def _probe_forward(model) -> torch.Tensor:
 def _unused(model, unfilled: list[str], replaced: list[str]) -> list[str]:
     """Unfilled parameters SGLang's forward never reads (e.g. ``layers.{i>=1}.input_layernorm``).
 
-    Every unfilled (or runtime-replaced) parameter gets finite random values; then each unfilled one in turn
-    is given two different random values: identical EXTEND-forward outputs show it is unused. (A NaN
-    sentinel cannot be used for this probe: torch's CPU ``scaled_dot_product_attention`` returns finite
-    output when a whole key tensor is NaN, so a missing ``k_proj`` would look unused.) All of them are reset
-    to NaN afterwards.
+    Every unfilled (or runtime-replaced) parameter gets finite random values; then each unfilled one
+    in turn is given two different random values: identical EXTEND-forward outputs show it is
+    unused. (A NaN sentinel cannot be used for this probe: torch's CPU
+    ``scaled_dot_product_attention`` returns finite output when a whole key tensor is NaN, so a
+    missing ``k_proj`` would look unused.) All of them are reset to NaN afterwards.
     """
     params = dict(model.named_parameters())
     gen = torch.Generator().manual_seed(1)
@@ -248,7 +255,8 @@ def _extend_batch(
 
 
 def forward(draft_dir: Path, inputs_path: Path, out_path: Path) -> dict:
-    """One EXTEND-mode float32 forward of SGLang's draft on the given hidden states (see module doc)."""
+    """One EXTEND-mode float32 forward of SGLang's draft on the given hidden states (see module
+    doc)."""
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     inputs = load_file(str(inputs_path))

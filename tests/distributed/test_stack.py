@@ -1,21 +1,24 @@
-"""The distributed stack for real (issue 16; opt-in: ``make test-distributed``, i.e. ``EAGLE3_DISTRIBUTED=1``).
+"""The distributed stack for real (issue 16; opt-in: ``make test-distributed``, i.e.
+``EAGLE3_DISTRIBUTED=1``).
 
-From a machine with nothing running: a Docker engine (Debian's docker.io installed and dockerd started when none
-answers), the base image (debootstrap + docker import), the PostgreSQL and CPU worker images, then
-``infra/dstack.sh up`` (PostgreSQL, Prefect server and MLflow server on it, Docker work pools eagle3-gpu /
-eagle3-cpu with a worker each, ``prefect deploy --all``). Then:
+From a machine with nothing running: a Docker engine (Debian's docker.io installed and dockerd
+started when none answers), the base image (debootstrap + docker import), the PostgreSQL and CPU
+worker images, then ``infra/dstack.sh up`` (PostgreSQL, Prefect server and MLflow server on it,
+Docker work pools eagle3-gpu / eagle3-cpu with a worker each, ``prefect deploy --all``). Then:
 
-1. ``prefect deployment run 'eagle3-distributed/tiny-random'``: every stage a flow run in its own container on its
-   pool (extract/train/deploy on eagle3-gpu, convert and the orchestrator on eagle3-cpu, the cpu pool mounting the
-   asset cache at another path); MLflow runs, the registered draft (alias ``best``) and its artifacts checked
-   through the MLflow server; the hand-over folders checked from the host, a third mount point of the storage.
-2. The same with other bench settings; the deploy stage's container is killed while its engine serves: the flow
-   run fails naming the stage, no process of that container survives, its MLflow runs are FAILED.
-3. ``prefect flow-run retry`` of that flow run: extract, train and convert come from the cache, deploy + bench
-   run again, the same MLflow parent run finishes.
+1. ``prefect deployment run 'eagle3-distributed/tiny-random'``: every stage a flow run in its own
+   container on its pool (extract/train/deploy on eagle3-gpu, convert and the orchestrator on
+   eagle3-cpu, the cpu pool mounting the asset cache at another path); MLflow runs, the registered
+   draft (alias ``best``) and its artifacts checked through the MLflow server; the hand-over folders
+   checked from the host, a third mount point of the storage.
+2. The same with other bench settings; the deploy stage's container is killed while its engine
+   serves: the flow run fails naming the stage, no process of that container survives, its MLflow
+   runs are FAILED.
+3. ``prefect flow-run retry`` of that flow run: extract, train and convert come from the cache,
+   deploy + bench run again, the same MLflow parent run finishes.
 
-Everything started is stopped at the end, also on failure: the stack's containers and network by id and label,
-dockerd only if this test started it. The wall times are printed.
+Everything started is stopped at the end, also on failure: the stack's containers and network by id
+and label, dockerd only if this test started it. The wall times are printed.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def _free_port() -> int:
 
 
 def _sh(cmd: list[str], env: dict, timeout: float, what: str) -> str:
-    """Run ``cmd`` (printing its output as it comes); fail the test with its tail when it exits non-zero."""
+    """Run ``cmd`` (printing its output as it comes); fail the test with its tail when it exits
+    non-zero."""
     print(f"\n$ {' '.join(cmd)}", flush=True)
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     out = p.stdout + p.stderr
@@ -106,8 +110,8 @@ def _stage_runs(parent_tags: dict) -> dict:
 
 
 def _kill_deploy_while_serving(since: float, timeout_s: float) -> tuple[str, int]:
-    """Find the deploy stage's flow run (created after ``since``), wait until the engine runs in its container,
-    ``docker kill`` the container. Returns (container id, the engine's host pid)."""
+    """Find the deploy stage's flow run (created after ``since``), wait until the engine runs in its
+    container, ``docker kill`` the container. Returns (container id, the engine's host pid)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowFilter,
@@ -137,7 +141,8 @@ def _kill_deploy_while_serving(since: float, timeout_s: float) -> tuple[str, int
             if engine:
                 pid = int(engine[0].split()[0])
                 print(
-                    f"\nkilling the deploy stage's container {cid[:12]} (flow run {fr.name}); engine host pid {pid}",
+                    f"\nkilling the deploy stage's container {cid[:12]} (flow run {fr.name}); "
+                    f"engine host pid {pid}",
                     flush=True,
                 )
                 subprocess.run(["docker", "kill", cid], check=True, capture_output=True)
@@ -161,9 +166,10 @@ def _processes_of(cid: str) -> list[str]:
 
 
 def _check_mlflow(uri: str, parent: str, expect_cached: set[str], new_version: bool) -> dict:
-    """The parent run FINISHED with a FINISHED nested run per stage and variant (``expect_cached`` the stages
-    served from the cache), a decision, and the draft registered under alias ``best``. ``new_version``: this run
-    registered a new version (a ``register`` run); else the serving checkpoint was already registered."""
+    """The parent run FINISHED with a FINISHED nested run per stage and variant (``expect_cached``
+    the stages served from the cache), a decision, and the draft registered under alias ``best``.
+    ``new_version``: this run registered a new version (a ``register`` run); else the serving
+    checkpoint was already registered."""
     from mlflow import MlflowClient
 
     from tasks.tracking import summarize_run
@@ -228,7 +234,8 @@ def test_distributed_stack(tmp_path):
         env["MLFLOW_TRACKING_URI"] = mlflow_uri
         runs = state / "shared" / "runs"
 
-        # 1. the whole pipeline through `prefect deployment run`, every stage a container on its pool
+        # 1. the whole pipeline through `prefect deployment run`, every stage a container on its
+        #    pool
         t0 = time.monotonic()
         fid = _deployment_run(env)
         fr = _wait_final(fid, 1800)
@@ -252,7 +259,8 @@ def test_distributed_stack(tmp_path):
         assert all(v.state.is_completed() for v in placed.values())
         hosts = {parent.data.tags[f"eagle3.stage.{k}.host"] for k in placed}
         assert len(hosts) == 4, f"expected each stage in a container of its own, got hosts {hosts}"
-        # the hand-over folders as the host (a third mount point) sees them; the draft as the registry serves it
+        # the hand-over folders as the host (a third mount point) sees them; the draft as the
+        # registry serves it
         rd = runs / "tiny-random"
         for d in (
             "extract",
@@ -278,7 +286,8 @@ def test_distributed_stack(tmp_path):
                 tracking_uri=mlflow_uri,
             )
         )
-        # the registered files are the serving folder plus the MLmodel file that makes them an MLflow model
+        # the registered files are the serving folder plus the MLmodel file that makes them an
+        # MLflow model
         assert (got / "MLmodel").is_file(), sorted(p.name for p in got.iterdir())
         assert content_hash(got, exclude=(MANIFEST, "MLmodel")) == serving_hash, (
             "the registered draft differs from the validated serving folder"
@@ -287,11 +296,14 @@ def test_distributed_stack(tmp_path):
             "artifacts not in the server's store"
         )
         print(
-            f"\nrun 1: stages {s1['stages'] and [(x['stage'], x['variant']) for x in s1['stages']]}; "
-            f"hosts {hosts}; acceptance {s1['metrics']['acceptance_length']:.3f}; registered {name_}/{version}"
+            "\nrun 1: stages "
+            f"{s1['stages'] and [(x['stage'], x['variant']) for x in s1['stages']]}; "
+            f"hosts {hosts}; acceptance {s1['metrics']['acceptance_length']:.3f}; "
+            f"registered {name_}/{version}"
         )
 
-        # 2. other bench settings: deploy runs again; its container is killed while the engine serves
+        # 2. other bench settings: deploy runs again; its container is killed while the engine
+        #    serves
         t0 = time.monotonic()
         since = time.time()
         fid2 = _deployment_run(env, SLOW_BENCH)
@@ -328,7 +340,8 @@ def test_distributed_stack(tmp_path):
             + parent2.data.tags["eagle3.stage.deploy.flow_run_id"]
             + "'",
         )
-        # the pre-flight ran to its end before the engine started; what ran when the container died is FAILED
+        # the pre-flight ran to its end before the engine started; what ran when the container died
+        # is FAILED
         done = [r for r in killed if r.data.tags.get("eagle3.stage") == "preflight"]
         killed = [r for r in killed if r.data.tags.get("eagle3.stage") != "preflight"]
         assert [r.info.status for r in done] == ["FINISHED"], [
@@ -366,10 +379,10 @@ def test_distributed_stack(tmp_path):
             assert json.loads((rd / "handover" / f"{stage}.json").read_text())["record"] == want, (
                 stage
             )
-        print(
-            f"\nretry: {s3['stages'] and sorted({(x['stage'], x['variant'], x['cached']) for x in s3['stages']})}",
-            flush=True,
+        retried = s3["stages"] and sorted(
+            {(x["stage"], x["variant"], x["cached"]) for x in s3["stages"]}
         )
+        print(f"\nretry: {retried}", flush=True)
     finally:
         if old_api is None:
             os.environ.pop("PREFECT_API_URL", None)

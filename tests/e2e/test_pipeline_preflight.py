@@ -1,7 +1,8 @@
-"""The tiny pipeline with a target class SGLang 0.5.23 does not capture aux states for: with SGLang it fails at the
-pre-flight, before any engine starts, naming the class; the same config with the reference engine runs; and a
-run whose acceptance gate fails still has its decision in MLflow. (Issue 21's must-shows; one shared runs folder,
-so the second and third runs reuse extraction, training and conversion from the cache.)"""
+"""The tiny pipeline with a target class SGLang 0.5.23 does not capture aux states for: with SGLang
+it fails at the pre-flight, before any engine starts, naming the class; the same config with the
+reference engine runs; and a run whose acceptance gate fails still has its decision in MLflow.
+(Issue 21's must-shows; one shared runs folder, so the second and third runs reuse extraction,
+training and conversion from the cache.)"""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ UNCAPTURED = "GraniteForCausalLM"  # registered in SGLang 0.5.23, no set_eagle3_
 
 
 def _granite_labelled_target(tiny_target_dir, dst):
-    """The tiny Llama target with architectures [GraniteForCausalLM]: transformers still builds a Llama
-    (model_type llama), SGLang would build its Granite class, which captures no aux states."""
+    """The tiny Llama target with architectures [GraniteForCausalLM]: transformers still builds a
+    Llama (model_type llama), SGLang would build its Granite class, which captures no aux states."""
     shutil.copytree(tiny_target_dir, dst)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["architectures"] = [UNCAPTURED]
@@ -69,7 +70,8 @@ def test_unsupported_target_class_fails_at_preflight_and_runs_with_the_reference
     assert failed[0].data.metrics["aux_capture.captures"] == 0.0
     assert not client.search_runs([exp], "tags.`eagle3.stage` = 'deploy-bench'")
 
-    # 2. the same config with the reference engine runs (extraction, training, conversion from the cache)
+    # 2. the same config with the reference engine runs (extraction, training, conversion from the
+    #    cache)
     text = run_flow_cli("pipeline", str(TINY), base + ["serve.engine=reference"])
     assert "preflight" in text and "acceptance length, trained draft" in text
     ok = [
@@ -83,7 +85,8 @@ def test_unsupported_target_class_fails_at_preflight_and_runs_with_the_reference
         and ok[0].data.metrics["memory.need_gib"] > 0
     )
 
-    # 3. a gate that fails still leaves the decision in MLflow, and then the run fails with the gate's error
+    # 3. a gate that fails still leaves the decision in MLflow, and then the run fails with the
+    #    gate's error
     with pytest.raises(AcceptanceTooLow):
         run_flow_cli(
             "pipeline",

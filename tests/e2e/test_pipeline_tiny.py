@@ -1,6 +1,7 @@
-"""The whole flow on configs/tiny-random.yaml through ``run_flow_cli`` (what ``eagle3 run`` calls): extract →
-train (+ untrained baseline) → convert+validate+equivalence → deploy behind the readiness gate (CPU reference
-engine) + bench → gate → decision; MLflow holds the parent run with one nested run per stage and variant."""
+"""The whole flow on configs/tiny-random.yaml through ``run_flow_cli`` (what ``eagle3 run`` calls):
+extract → train (+ untrained baseline) → convert+validate+equivalence → deploy behind the readiness
+gate (CPU reference engine) + bench → gate → decision; MLflow holds the parent run with one nested
+run per stage and variant."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path, ephemeral
         and extract_run["metrics"]["counts.tokens"] > 0
     )
     train_run = next(x for x in s["stages"] if x["stage"] == "train" and x["variant"] == "trained")
-    # the hidden states are one MLflow dataset: written by extract, read by train, same digest (content hash)
+    # the hidden states are one MLflow dataset: written by extract, read by train, same digest
+    # (content hash)
     from eagle3.artifacts import read_manifest
 
     hs_dir = Path(json.loads(extract_run["datasets"][0]["source"])["uri"])
@@ -102,8 +104,8 @@ def test_whole_pipeline_tiny(tmp_path, tiny_target_dir, sharegpt_path, ephemeral
     # nothing left running: no engine, no ephemeral Prefect server
     assert child_processes() == []
 
-    # the stand-alone gate, as a user who starts a server by hand would run it: `eagle3 wait-ready` against the
-    # reference engine serving the draft the pipeline just converted
+    # the stand-alone gate, as a user who starts a server by hand would run it: `eagle3 wait-ready`
+    # against the reference engine serving the draft the pipeline just converted
     import subprocess
     import sys
 

@@ -1,7 +1,7 @@
-"""The Prefect and MLflow UIs as a person sees them, in headless Chromium (Playwright driving Debian's
-``chromium``): the tiny-random pipeline run as a deployment on the local stack (``infra/stack.sh up``: Prefect
-server, MLflow server, deployment server, on free loopback ports, state under tmp), then a run made to fail in
-its benchmark (``bench.request_timeout_s=0.01``).
+"""The Prefect and MLflow UIs as a person sees them, in headless Chromium (Playwright driving
+Debian's ``chromium``): the tiny-random pipeline run as a deployment on the local stack
+(``infra/stack.sh up``: Prefect server, MLflow server, deployment server, on free loopback ports,
+state under tmp), then a run made to fail in its benchmark (``bench.request_timeout_s=0.01``).
 
 Asserted from the rendered pages: ``prefect deployment run --watch`` prints the MLflow parent
 run id and the decision; the flow run's name carries the config name, its state message the
@@ -13,9 +13,11 @@ HTTP error; the failed run's artifact names the stage, shows its error on severa
 its MLflow run, whose artifacts hold the error, and its Prefect task-run log.
 ``make stack-down``'s script stops everything without SIGKILL.
 
-Opt-in (minutes, three servers): ``EAGLE3_BROWSER=1 pytest -m browser tests/e2e/test_ui_browser.py``; needs
-``pip install playwright`` (no browser download: it drives ``/usr/bin/chromium``). ``EAGLE3_UI_SCREENSHOTS=DIR``
-also saves the screenshots there (docs/ui holds the ones the README links).
+Opt-in (minutes, three servers):
+``EAGLE3_BROWSER=1 pytest -m browser tests/e2e/test_ui_browser.py``; needs
+``pip install playwright`` (no browser download: it drives ``/usr/bin/chromium``).
+``EAGLE3_UI_SCREENSHOTS=DIR`` also saves the screenshots there (docs/ui holds the ones the README
+links).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """The local stack of infra/stack.sh on free ports; yields (prefect API, MLflow URL, state dir)."""
+    """The local stack of infra/stack.sh on free ports; yields (prefect API, MLflow URL, state
+    dir)."""
     state = tmp_path_factory.mktemp("stack")
     env = {
         **os.environ,
@@ -156,7 +159,8 @@ def _artifact(api: str, flow_run_id: str, key: str) -> dict:
 
 
 class Browser:
-    """One headless Chromium; pages recorded with their HTTP errors; screenshots kept in ``shots``."""
+    """One headless Chromium; pages recorded with their HTTP errors; screenshots kept in
+    ``shots``."""
 
     def __init__(self, pw, shots: Path):
         self.browser = pw.chromium.launch(
@@ -287,7 +291,8 @@ def test_ui_shows_the_run_and_the_failure(stack, tmp_path):
             "mlflow-model-version",
         )
         assert f"Version {mv.version}" in page.inner_text("body")
-        # the failed run: an artifact naming the stage, linking its MLflow run (error.txt) and its log
+        # the failed run: an artifact naming the stage, linking its MLflow run (error.txt) and its
+        # log
         art = _artifact(api, bad["id"], "eagle3-tiny-random-failed")
         page = b.open(
             f"{ui}/artifacts/artifact/{art['id']}", "Failed stage", "prefect-failure-artifact"

@@ -1,9 +1,11 @@
-"""A killed ``eagle3 run`` leaves nothing behind: SIGTERM ends its children (the ephemeral Prefect server).
+"""A killed ``eagle3 run`` leaves nothing behind: SIGTERM ends its children (the ephemeral Prefect
+server).
 
-Prefect's flow engine turns SIGTERM into an exception raised wherever the main thread is; one that lands inside
-an import's module-lock callback is swallowed by CPython ("Exception ignored in ... _get_module_lock"), and the
-run goes on. The test therefore signals while extraction is computing (after the imports), and a second SIGTERM
-— what a supervisor such as Kubernetes or systemd sends again before its SIGKILL — must always end the run.
+Prefect's flow engine turns SIGTERM into an exception raised wherever the main thread is; one that
+lands inside an import's module-lock callback is swallowed by CPython ("Exception ignored in ...
+_get_module_lock"), and the run goes on. The test therefore signals while extraction is computing
+(after the imports), and a second SIGTERM — what a supervisor such as Kubernetes or systemd sends
+again before its SIGKILL — must always end the run.
 """
 
 import os
@@ -25,10 +27,10 @@ from tests.conftest import CONFIGS, REPO
     ids=["to-the-run", "to-its-process-group", "ctrl-c-to-its-process-group"],
 )
 def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemeral_prefect):
-    """SIGTERM to the run alone, or to its whole process group (a supervisor ending the group), or SIGINT to the
-    group (a terminal's Ctrl-C): the ephemeral Prefect server then dies at the same moment, and the run must not
-    hang draining logs to it (a Ctrl-C took 2 min 20 s before SIGINT started the deadline too). The deadline is
-    ``EAGLE3_STOP_GRACE_S`` (default 30 s), 8 s here."""
+    """SIGTERM to the run alone, or to its whole process group (a supervisor ending the group), or
+    SIGINT to the group (a terminal's Ctrl-C): the ephemeral Prefect server then dies at the same
+    moment, and the run must not hang draining logs to it (a Ctrl-C took 2 min 20 s before SIGINT
+    started the deadline too). The deadline is ``EAGLE3_STOP_GRACE_S`` (default 30 s), 8 s here."""
     cmd = [
         sys.executable,
         "-m",
@@ -39,8 +41,8 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemer
         f"paths.runs_dir={tmp_path / 'runs'}",
     ]
     log = open(tmp_path / "run.log", "w")
-    # as from a terminal: a test runner started in the background (`cmd &`) passes SIGINT on as ignored, and a
-    # Python started with SIGINT ignored keeps ignoring it
+    # as from a terminal: a test runner started in the background (`cmd &`) passes SIGINT on as
+    # ignored, and a Python started with SIGINT ignored keeps ignoring it
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -66,7 +68,9 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemer
         else:
             proc.send_signal(sig)
         signalled = time.monotonic()
-        try:  # one Ctrl-C must do: the 8 s deadline ends the run (+ engine stops; 2 min 20 s before the fix)
+        # one Ctrl-C must do: the 8 s deadline ends the run (+ engine stops; 2 min 20 s before the
+        # fix)
+        try:
             rc = proc.wait(timeout=50 if sig == signal.SIGINT else 45)
         except subprocess.TimeoutExpired:
             if sig == signal.SIGINT:
@@ -95,9 +99,9 @@ def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemer
 
 
 def test_a_lost_sigterm_interrupt_still_fails_the_run():
-    """When the KeyboardInterrupt a SIGTERM raises is swallowed inside the run (CPython's module-lock callback,
-    or an ``except`` in a library), or another handler (Prefect's flow engine installs its own) takes the signal,
-    the run must still end as interrupted, not exit 0."""
+    """When the KeyboardInterrupt a SIGTERM raises is swallowed inside the run (CPython's
+    module-lock callback, or an ``except`` in a library), or another handler (Prefect's flow engine
+    installs its own) takes the signal, the run must still end as interrupted, not exit 0."""
     from cli import run
 
     record = run.SignalRecord()
@@ -146,9 +150,9 @@ def test_terminate_as_interrupt_raises_keyboard_interrupt():
 
 
 def test_the_deadline_exit_is_bounded_when_an_exit_handler_blocks(tmp_path):
-    """Past the grace time the run ends even when an exit handler never returns (logging's flush to Prefect's
-    API server that died with the process group hung a Ctrl-C'd run for over 75 s): the handlers get
-    ``EXIT_HANDLERS_S``, children are ended, and the exit code is 128 + the signal."""
+    """Past the grace time the run ends even when an exit handler never returns (logging's flush to
+    Prefect's API server that died with the process group hung a Ctrl-C'd run for over 75 s): the
+    handlers get ``EXIT_HANDLERS_S``, children are ended, and the exit code is 128 + the signal."""
     script = tmp_path / "hang.py"
     script.write_text(
         "import atexit, signal, subprocess, sys, time\n"

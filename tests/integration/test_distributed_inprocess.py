@@ -1,7 +1,8 @@
-"""flows/distributed.py's orchestrator and stage flows for real, in one process (no Docker, no work pool): each
-``run_deployment`` of a stage is answered by running that stage's flow here, so the typed hand-overs, the
-pre-flight in the deploy stage, and the decision → acceptance gate → registry order of the orchestrator run on the
-real tiny pipeline (CPU reference engine). The containers and pools themselves are ``make test-distributed``."""
+"""flows/distributed.py's orchestrator and stage flows for real, in one process (no Docker, no work
+pool): each ``run_deployment`` of a stage is answered by running that stage's flow here, so the
+typed hand-overs, the pre-flight in the deploy stage, and the decision → acceptance gate → registry
+order of the orchestrator run on the real tiny pipeline (CPU reference engine). The containers and
+pools themselves are ``make test-distributed``."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 
 def _run_here(calls: list):
-    """A stand-in for ``prefect.deployments.run_deployment``: runs ``eagle3-<stage>``'s flow in this process
-    with the same parameters and returns its flow run, as Prefect does after the deployment's run finished."""
+    """A stand-in for ``prefect.deployments.run_deployment``: runs ``eagle3-<stage>``'s flow in this
+    process with the same parameters and returns its flow run, as Prefect does after the
+    deployment's run finished."""
     from prefect.client.orchestration import get_client
 
     from flows.stages import STAGE_FLOWS, flow_name

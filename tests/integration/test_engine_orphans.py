@@ -1,8 +1,9 @@
-"""Every engine the launcher starts ends within seconds of its parent's death, whatever killed the parent
-(failure class 25): a parent process starts an engine through ``start_engine`` (a fake multi-process server whose
-children ignore SIGTERM, one of them outside the group, like SGLang's scheduler/detokenizer), the test kills the
-parent with SIGKILL or SIGTERM (a Python process without a handler: ``atexit`` never runs), and checks that the
-engine's group and every child are gone. The fakes live 300 s by themselves, so "gone" is the watch's doing."""
+"""Every engine the launcher starts ends within seconds of its parent's death, whatever killed the
+parent (failure class 25): a parent process starts an engine through ``start_engine`` (a fake
+multi-process server whose children ignore SIGTERM, one of them outside the group, like SGLang's
+scheduler/detokenizer), the test kills the parent with SIGKILL or SIGTERM (a Python process without
+a handler: ``atexit`` never runs), and checks that the engine's group and every child are gone. The
+fakes live 300 s by themselves, so "gone" is the watch's doing."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ PARENT = textwrap.dedent("""
     from eagle3.procs import free_port
     port = free_port()
     extra = ["--children", "2", "--child-ignores-term", "--max-life", "300"] + sys.argv[3:]
-    eng = start_engine(fake_argv("hang_after_load", port, *extra), {"PYTHONUNBUFFERED": "1"}, host="127.0.0.1",
-                       port=port, log_path=sys.argv[2], engine="fake", grace_s=1.0)
+    eng = start_engine(fake_argv("hang_after_load", port, *extra), {"PYTHONUNBUFFERED": "1"},
+                       host="127.0.0.1", port=port, log_path=sys.argv[2], engine="fake",
+                       grace_s=1.0)
     print(json.dumps({"pid": eng.pid, "port": port}), flush=True)
     time.sleep(600)
 """)
@@ -108,7 +110,8 @@ def test_engine_group_ends_within_seconds_of_its_parents_death(tmp_path, sig, se
 
 
 def test_engine_still_ends_with_a_live_parent_and_its_watch_follows(tmp_path):
-    """The normal stop is unchanged (the launcher ends the group) and the watch exits with the engine."""
+    """The normal stop is unchanged (the launcher ends the group) and the watch exits with the
+    engine."""
     from tests.support.fake_servers import start_fake
 
     with start_fake("hang_after_load", tmp_path, "--children", "1") as eng:

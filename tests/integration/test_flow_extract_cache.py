@@ -1,5 +1,5 @@
-"""Extraction is re-executed when its input file changes, and served from Prefect's cache when nothing
-changed — counted from the Prefect task-run states (ephemeral API, real MLflow)."""
+"""Extraction is re-executed when its input file changes, and served from Prefect's cache when
+nothing changed — counted from the Prefect task-run states (ephemeral API, real MLflow)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(
                 "decision": ["Completed"],
             }
 
-            # a changed training setting: training and everything after it run again, extraction does not
+            # a changed training setting: training and everything after it run again, extraction
+            # does not
             changed = overrides + ["train.lr=5e-4"]
             st3 = eagle3_pipeline(config_path=str(TINY), overrides=changed, return_state=True)
             assert st3.is_completed(), st3.message
@@ -103,7 +104,8 @@ def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(
     finally:
         stop_ephemeral_server()
 
-    # MLflow: the retried flow run kept its parent run; cached stages point at the runs that made them
+    # MLflow: the retried flow run kept its parent run; cached stages point at the runs that made
+    # them
     client, exp = client_for(cfg)
     parents = client.search_runs([exp], f"tags.`{PIPELINE_TAG}` = '{fr}'")
     assert len(parents) == 1 and parents[0].data.tags["eagle3.attempts"] == "2"
@@ -116,7 +118,8 @@ def test_bench_prompts_refused_once_then_only_preflight_and_deploy_bench_rerun(
         made, cached = by[stage]
         assert (made["cached"], made["status"], cached["cached"]) == (False, "FINISHED", True)
         assert cached["produced_by"] == made["run_id"]
-    # the reused extraction is still this pipeline run's dataset: same digest on the producing and the cached run
+    # the reused extraction is still this pipeline run's dataset: same digest on the producing and
+    # the cached run
     assert [d["digest"] for d in by["extract"][1]["datasets"]] == [
         d["digest"] for d in by["extract"][0]["datasets"]
     ]

@@ -1,5 +1,6 @@
-"""The launcher with real subprocesses: own process group, log file, teardown with terminate→kill that leaves
-nothing in the process table, ``launch_ready``'s GateFailed and its one retry after a CUDA-graph crash."""
+"""The launcher with real subprocesses: own process group, log file, teardown with terminate→kill
+that leaves nothing in the process table, ``launch_ready``'s GateFailed and its one retry after a
+CUDA-graph crash."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _alive(pid: int) -> bool:
-    """In the process table and not a zombie (an orphaned zombie waits for init, which may be slow to reap)."""
+    """In the process table and not a zombie (an orphaned zombie waits for init, which may be slow
+    to reap)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -27,8 +29,9 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_children(eng, n: int, timeout_s: float = 30.0) -> list[int]:
-    """Pids of the ``n`` children of the fake server once each has logged that it started (signal handlers
-    installed). Bounded wait, shorter than the test's timeout so that a failure shows the log."""
+    """Pids of the ``n`` children of the fake server once each has logged that it started (signal
+    handlers installed). Bounded wait, shorter than the test's timeout so that a failure shows the
+    log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         started = [
@@ -60,7 +63,8 @@ def cfg(tmp_path):
 
 
 def fake_builder(behaviour: str, *extra: str):
-    """A command builder that keeps the real SGLang flags of ``build_command`` behind a fake server's argv."""
+    """A command builder that keeps the real SGLang flags of ``build_command`` behind a fake
+    server's argv."""
 
     def build(cfg, target_dir, draft_dir, port):
         argv, env = build_command(cfg, target_dir, draft_dir, port, engine="sglang")

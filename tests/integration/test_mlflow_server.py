@@ -1,6 +1,7 @@
-"""The model version page of a registered draft loads from a real MLflow server (SQLite backend, proxied
-artifacts, as ``make stack-up`` runs it): the UI's ``model-versions/get-artifact?path=MLmodel`` request used
-to fail with HTTP 500 (a ``runs:/`` source the server resolves with its own SQLite tracking URI)."""
+"""The model version page of a registered draft loads from a real MLflow server (SQLite backend,
+proxied artifacts, as ``make stack-up`` runs it): the UI's
+``model-versions/get-artifact?path=MLmodel`` request used to fail with HTTP 500 (a ``runs:/`` source
+the server resolves with its own SQLite tracking URI)."""
 
 from __future__ import annotations
 

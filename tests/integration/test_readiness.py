@@ -1,6 +1,7 @@
-"""The readiness gate against real subprocess servers imitating each start-up behaviour (tests/support/
-fake_servers.py). Each verdict must come within stall_timeout + two poll intervals of the last progress, with
-diagnostics saved and no process of the server's tree left in the process table afterwards."""
+"""The readiness gate against real subprocess servers imitating each start-up behaviour
+(tests/support/ fake_servers.py). Each verdict must come within stall_timeout + two poll intervals
+of the last progress, with diagnostics saved and no process of the server's tree left in the process
+table afterwards."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _gate(server, tmp_path, name="diag", **kw):
 
 
 def _assert_all_gone(server):
-    """The process table holds nothing of the server's tree (root, children, orphans) after teardown."""
+    """The process table holds nothing of the server's tree (root, children, orphans) after
+    teardown."""
     tree = set(server.stop_report["pids"]) if server.stop_report else set()
     server.stop()
     assert server.returncode is not None
@@ -172,9 +174,10 @@ def _grep_ok_check(url: str) -> bool:
 
 
 def test_story_hung_server_and_warming_server_are_told_apart(tmp_path):
-    """Story, part 1: a silent server (weights loaded, answers 503, log not growing, processes sleeping).
-    Part 2: a server that answers 503 while it warms up (log growing). A grep-for-"ok" check calls both hung;
-    the gate stalls the first and waits the second through to ready — run side by side."""
+    """Story, part 1: a silent server (weights loaded, answers 503, log not growing, processes
+    sleeping). Part 2: a server that answers 503 while it warms up (log growing). A grep-for-"ok"
+    check calls both hung; the gate stalls the first and waits the second through to ready — run
+    side by side."""
     hung = start_fake("hang_after_load", tmp_path / "hung", "--children", "1")
     warm = start_fake(
         "slow_warmup", tmp_path / "warm", "--warm-s", "4", "--progress", "log", "--children", "1"
@@ -203,7 +206,8 @@ def test_story_hung_server_and_warming_server_are_told_apart(tmp_path):
 
 
 def test_wait_ready_command_end_to_end(tmp_path):
-    """`eagle3 wait-ready` (the CLI) against a warming server (exit 0) and a crashing one (exit 1)."""
+    """`eagle3 wait-ready` (the CLI) against a warming server (exit 0) and a crashing one (exit
+    1)."""
     with start_fake("slow_warmup", tmp_path, "--warm-s", "2.5") as srv:
         cp = _cli(srv, tmp_path / "d1")
         assert cp.returncode == 0, cp.stdout + cp.stderr

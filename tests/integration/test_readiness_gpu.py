@@ -1,6 +1,6 @@
-"""The GPU progress signal with a real GPU (skipped without one; run on the lent H200): the story's silent
-server with loaded GPUs (memory held, 0 % utilisation) is stalled; a server warming up on the GPU with a silent
-log and no CPU signal (pid not given) is waited for until ready."""
+"""The GPU progress signal with a real GPU (skipped without one; run on the lent H200): the story's
+silent server with loaded GPUs (memory held, 0 % utilisation) is stalled; a server warming up on the
+GPU with a silent log and no CPU signal (pid not given) is waited for until ready."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ pytestmark = [
 
 @contextmanager
 def start_fake(behaviour, log_dir, *extra):
-    """Like tests.support.fake_servers.start_fake, without the launcher (the GPU image has no pydantic)."""
+    """Like tests.support.fake_servers.start_fake, without the launcher (the GPU image has no
+    pydantic)."""
     port = free_port()
     log = log_dir / f"{behaviour}.log"
     proc = start_group(

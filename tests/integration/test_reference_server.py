@@ -1,5 +1,6 @@
-"""The CPU reference engine as a real subprocess: SGLang's flags, endpoints and meta_info; greedy output equal to
-the target's own greedy output; concurrent requests do not mix; refused flags are named."""
+"""The CPU reference engine as a real subprocess: SGLang's flags, endpoints and meta_info; greedy
+output equal to the target's own greedy output; concurrent requests do not mix; refused flags are
+named."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def _cmd(target, draft, port, *extra):
 
 
 class Server:
-    """A reference-engine subprocess in its own process group; stopped (TERM, then KILL) in ``stop``."""
+    """A reference-engine subprocess in its own process group; stopped (TERM, then KILL) in
+    ``stop``."""
 
     def __init__(self, cmd, log_path: Path):
         self.log_path = log_path
@@ -87,7 +89,8 @@ class Server:
         self.url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
 
     def wait_ready(self, timeout_s: float = 120.0) -> list[int]:
-        """Poll /health until 200 within the deadline; returns the status codes seen (0 = refused)."""
+        """Poll /health until 200 within the deadline; returns the status codes seen (0 =
+        refused)."""
         seen, deadline = [], time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -388,7 +391,8 @@ def test_without_speculative_algorithm_it_parses_as_plain_decoding_and_refuses_a
 
 
 def test_plain_server_decodes_greedily_through_the_fast_path(tiny_target_dir, hf_target):
-    """No --speculative-algorithm: the same engine serves the target alone (the speedup baseline)."""
+    """No --speculative-algorithm: the same engine serves the target alone (the speedup
+    baseline)."""
     from fastapi.testclient import TestClient
 
     from refengine.server import create_app

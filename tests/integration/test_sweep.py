@@ -1,6 +1,7 @@
-"""The sweep flow on the tiny target: one data size × two schedules sharing one extraction; every point logs
-served / offline / simulated acceptance and the served-vs-offline plot, its draft is registered (alias ``best``
-on the highest served figure), the table is read back from MLflow and ``decision_text`` prints the decision."""
+"""The sweep flow on the tiny target: one data size × two schedules sharing one extraction; every
+point logs served / offline / simulated acceptance and the served-vs-offline plot, its draft is
+registered (alias ``best`` on the highest served figure), the table is read back from MLflow and
+``decision_text`` prints the decision."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The ``sglang`` extraction backend against the real SGLang 0.5.23 on the CPU (runs in CI: ``make sglang-env``).
+"""The ``sglang`` extraction backend against the real SGLang 0.5.23 on the CPU (runs in CI:
+``make sglang-env``).
 
-The same plan is extracted by the ``hf`` backend and by SGLang's offline Engine with aux capture (plus the
-project's last-layer capture plugin); every sample's states must agree, the dataset layout and counts must be
-the same, and the manifest must say which backend and ids were used. One engine start (~40 s here).
+The same plan is extracted by the ``hf`` backend and by SGLang's offline Engine with aux capture
+(plus the project's last-layer capture plugin); every sample's states must agree, the dataset layout
+and counts must be the same, and the manifest must say which backend and ids were used. One engine
+start (~40 s here).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def test_sglang_backend_states_equal_hf_backend(tmp_path):
         )  # [T, 4, 64]: 3 aux + last layer
         scale = a["hidden_states"].abs().max().item()
         worst = max(worst, (a["hidden_states"] - b["hidden_states"]).abs().max().item() / scale)
-    # float32 on both sides; SGLang's attention and fused add-norm round differently from transformers'
+    # float32 on both sides; SGLang's attention and fused add-norm round differently from
+    # transformers'
     EXTRACT_SUMMARY.update(
         samples=sg["counts"]["samples"],
         tokens=sg["counts"]["tokens"],
@@ -93,7 +96,8 @@ def test_sglang_backend_states_equal_hf_backend(tmp_path):
         worst=worst,
     )
     assert worst < 1e-4, f"largest relative difference between SGLang and HF states: {worst:.3g}"
-    # the engine's log was kept next to the progress files, and the batches it returned were consumed
+    # the engine's log was kept next to the progress files, and the batches it returned were
+    # consumed
     work = tmp_path / "sg" / ".progress" / "sglang"
     assert json.loads((work / "sglang_job.json").read_text())["layer_ids"] == [
         i - 1 for i in sg["aux_layer_ids"]

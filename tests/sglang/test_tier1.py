@@ -1,10 +1,11 @@
-"""Tier 1: the real SGLang 0.5.23 ``LlamaForCausalLMEagle3`` as the oracle for loading and the draft forward.
+"""Tier 1: the real SGLang 0.5.23 ``LlamaForCausalLMEagle3`` as the oracle for loading and the draft
+forward.
 
-Everything SGLang computes here runs in ONE ``.venv-sglang`` process (``testkit/sglang_harness.py``):
-coverage of every checkpoint (NaN sentinel fill + SGLang's own ``load_weights``), then EXTEND-mode float32
-forwards that are compared with the project's ``SGLangEagle3Draft`` (the forward used by the equivalence
-check and the reference engine). Skipped with the reason when ``.venv-sglang`` is absent (``make sglang-env``;
-CI's ``.ci/run`` creates it).
+Everything SGLang computes here runs in ONE ``.venv-sglang`` process
+(``testkit/sglang_harness.py``): coverage of every checkpoint (NaN sentinel fill + SGLang's own
+``load_weights``), then EXTEND-mode float32 forwards that are compared with the project's
+``SGLangEagle3Draft`` (the forward used by the equivalence check and the reference engine). Skipped
+with the reason when ``.venv-sglang`` is absent (``make sglang-env``; CI's ``.ci/run`` creates it).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ DECODER_PARAMS = {
         "hidden_norm",
     )
 }
-# Validator codes about naming, shape or coverage: SGLang must then leave a parameter unfilled, a tensor
-# unconsumed, or fail to load (eagle3/convert/validate.py module docstring: failure classes 1-3).
+# Validator codes about naming, shape or coverage: SGLang must then leave a parameter unfilled, a
+# tensor unconsumed, or fail to load (eagle3/convert/validate.py module docstring: failure classes
+# 1-3).
 LOADER_CODES = {"MISSING_TENSOR", "UNKNOWN_TENSOR", "SHAPE_MISMATCH"}
 
 
@@ -49,7 +51,8 @@ def _rename(src: Path, dst: Path, rename) -> Path:
 def _variant(
     dst: Path, target_dir: Path, *, seed: int, layers: int = 1, flags: dict | None = None
 ) -> Path:
-    """A random SGLang-format draft with ``layers`` decoder layers and optional norm flags (+ their tensors)."""
+    """A random SGLang-format draft with ``layers`` decoder layers and optional norm flags (+ their
+    tensors)."""
     tcfg = json.loads((target_dir / "config.json").read_text())
     n = tcfg["num_hidden_layers"]
     cfg = sglang_drafts.draft_config(
@@ -80,8 +83,9 @@ def _target_embed(target_dir: Path) -> torch.Tensor:
     raise FileNotFoundError(f"{target_dir}: no *embed_tokens.weight tensor")
 
 
-# Converted drafts: speculators-format checkpoints (speculators' Eagle3DraftModel via eagle3.train.draft_model) run
-# through eagle3.convert.stage, one per layer-flag combination SGLang 0.5.23 implements and with 2 decoder layers.
+# Converted drafts: speculators-format checkpoints (speculators' Eagle3DraftModel via
+# eagle3.train.draft_model) run through eagle3.convert.stage, one per layer-flag combination SGLang
+# 0.5.23 implements and with 2 decoder layers.
 CONVERTED = {
     "converted_default": {},
     "converted_norm_before_fc": {"flags": {"norm_before_fc": True}},
@@ -104,7 +108,8 @@ def _converted(work: Path, target: Path) -> dict[str, Path]:
 
 
 def _corpus(good: Path, work: Path, target: Path) -> list:
-    """The broken-checkpoint corpus of testkit/broken_corpus.py (validated later by :func:`_validate`)."""
+    """The broken-checkpoint corpus of testkit/broken_corpus.py (validated later by
+    :func:`_validate`)."""
     from testkit.broken_corpus import build_corpus, good_data_manifest
 
     cases = build_corpus(good, work / "corpus", target, good_data_manifest(target))
@@ -114,7 +119,8 @@ def _corpus(good: Path, work: Path, target: Path) -> list:
 
 
 def _validate(cases: list) -> None:
-    """Attach ``codes`` (the sorted Problem codes of ``eagle3.convert.validate``) to each corpus case."""
+    """Attach ``codes`` (the sorted Problem codes of ``eagle3.convert.validate``) to each corpus
+    case."""
     from eagle3.convert.validate import validate
 
     for case in cases:
@@ -139,7 +145,8 @@ def _inputs(seed: int, t: int, width: int, vocab: int, start: int = 0) -> dict:
 
 @pytest.fixture(scope="module")
 def tier1(tmp_path_factory, tiny_target_dir) -> dict:
-    """Build every checkpoint and forward case, run them all through SGLang once; returns the results."""
+    """Build every checkpoint and forward case, run them all through SGLang once; returns the
+    results."""
     work = tmp_path_factory.mktemp("sglang_tier1")
     target = Path(tiny_target_dir)
     h = json.loads((target / "config.json").read_text())["hidden_size"]
@@ -251,23 +258,26 @@ def test_draft_model_prefix_leaves_the_decoder_layer_unfilled_silently(tier1):
 
 
 def test_converted_drafts_are_complete_with_the_target_embedding(tier1):
-    """What eagle3.convert.stage writes loads completely and SGLang's set_embed would replace the embedding."""
+    """What eagle3.convert.stage writes loads completely and SGLang's set_embed would replace the
+    embedding."""
     for name in CONVERTED:
         cov = tier1["coverage"][name]
         assert cov.complete and cov.hot_token_id_set, cov.summary()
 
 
 def test_later_layers_input_layernorm_is_unused_in_sglang(tier1):
-    """SGLang 0.5.23 builds ``input_layernorm`` in every draft layer but reads it only in layer 0 (later layers
-    normalise with ``hidden_norm``): a 2-layer draft without that tensor is still complete."""
+    """SGLang 0.5.23 builds ``input_layernorm`` in every draft layer but reads it only in layer 0
+    (later layers normalise with ``hidden_norm``): a 2-layer draft without that tensor is still
+    complete."""
     cov = tier1["coverage"]["two_layers_without_later_input_norm"]
     assert cov.unfilled_unused == ["model.layers.1.input_layernorm.weight"], cov
     assert cov.unconsumed == ["unused.dropped"] and not cov.unfilled, cov.summary()
 
 
 def test_validator_agrees_with_sglang_on_the_broken_corpus(tier1):
-    """validate passes ⇒ SGLang loads completely; a naming/shape/coverage code ⇒ SGLang leaves something unset or
-    fails; SGLang incomplete ⇒ the validator rejects it (otherwise the validator missed a silent load error)."""
+    """validate passes ⇒ SGLang loads completely; a naming/shape/coverage code ⇒ SGLang leaves
+    something unset or fails; SGLang incomplete ⇒ the validator rejects it (otherwise the validator
+    missed a silent load error)."""
     disagreements = []
     for case in tier1["corpus"]:
         cov = tier1["coverage"][f"corpus/{case.name}"]
@@ -304,7 +314,8 @@ def test_project_forward_equals_sglang_extend_forward(tier1):
         ), name
         d_logits = float((logits - ref["logits"]).abs().max())
         d_hidden = float((hidden - ref["hidden_prenorm"]).abs().max())
-        # SGLang's own LogitsProcessor (last position) agrees with the all-position logits the harness takes.
+        # SGLang's own LogitsProcessor (last position) agrees with the all-position logits the
+        # harness takes.
         assert float((ref["last_logits"][-1] - ref["logits"][-1]).abs().max()) < FORWARD_ATOL, name
         assert d_logits < FORWARD_ATOL and d_hidden < FORWARD_ATOL, (
             f"{name}: logits {d_logits}, hidden {d_hidden}"
@@ -317,7 +328,8 @@ def test_project_forward_equals_sglang_extend_forward(tier1):
 
 
 def test_forward_comparison_detects_a_wrong_residual_order(tier1):
-    """The comparison can fail: a norm-before-residual variant of the project's draft differs from SGLang."""
+    """The comparison can fail: a norm-before-residual variant of the project's draft differs from
+    SGLang."""
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
 
     draft_dir, inputs = tier1["cases"]["aux_states"]

@@ -1,14 +1,16 @@
 """Tier 1 for EAGLE-3.1 drafts the pipeline trained: ``train.fc_norm`` and ``train.norm_output``.
 
-Each draft goes through the pipeline's own stages on the tiny config (extract once, a short training, convert with
-the extraction manifest, ``eagle3 validate``, the equivalence check trained-vs-engine forward), then through the
-real SGLang 0.5.23 in one ``.venv-sglang`` process: its own ``LlamaForCausalLMEagle3.load_weights`` (every
-parameter filled, every tensor consumed) and its EXTEND forward on the target's real aux hidden states, compared with
-the project's engine-side forward (which the equivalence check compared with the trained model). Both flags are
-read by SGLang 0.5.23 at the top level of the draft's config (``sglang/srt/models/llama_eagle3.py``: ``fc_norm`` /
-``use_aux_norm`` at the ``use_fc_norm = getattr(config, "fc_norm", None) …`` line, ``norm_output`` at
-``self.norm_output = getattr(config, "norm_output", False)``; pinned by tests/unit/test_profiles.py), so the
-validator accepts them; the tests also show that each flag changes what SGLang computes or loads.
+Each draft goes through the pipeline's own stages on the tiny config (extract once, a short
+training, convert with the extraction manifest, ``eagle3 validate``, the equivalence check
+trained-vs-engine forward), then through the real SGLang 0.5.23 in one ``.venv-sglang`` process: its
+own ``LlamaForCausalLMEagle3.load_weights`` (every parameter filled, every tensor consumed) and its
+EXTEND forward on the target's real aux hidden states, compared with the project's engine-side
+forward (which the equivalence check compared with the trained model). Both flags are read by SGLang
+0.5.23 at the top level of the draft's config (``sglang/srt/models/llama_eagle3.py``: ``fc_norm`` /
+``use_aux_norm`` at the ``use_fc_norm = getattr(config, "fc_norm", None) …`` line, ``norm_output``
+at ``self.norm_output = getattr(config, "norm_output", False)``; pinned by
+tests/unit/test_profiles.py), so the validator accepts them; the tests also show that each flag
+changes what SGLang computes or loads.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def _without_flag(src: Path, dst: Path, flag: str) -> Path:
 def _aux_inputs(
     target_dir: Path, serving_dir: Path, extract_dir: Path, num_tokens: int = 16
 ) -> dict:
-    """The target's real aux states for the first extracted sample's tokens, as SGLang captures them: engine id k
-    = the input of layer k + 1 = HF ``hidden_states[k + 1]``; positions 0..T-1; the target's embedding."""
+    """The target's real aux states for the first extracted sample's tokens, as SGLang captures
+    them: engine id k = the input of layer k + 1 = HF ``hidden_states[k + 1]``; positions 0..T-1;
+    the target's embedding."""
     from eagle3.convert.equivalence import _tokens
     from eagle3.target_model import capture_hidden_states, load_target
 
@@ -67,7 +70,8 @@ def _aux_inputs(
 
 @pytest.fixture(scope="module")
 def eagle31(tmp_path_factory, tiny_target_dir) -> dict:
-    """Extract once, train + convert + validate + equivalence-check each variant, then one SGLang process."""
+    """Extract once, train + convert + validate + equivalence-check each variant, then one SGLang
+    process."""
     from eagle3.config import load_config
     from eagle3.convert.equivalence import check_equivalence
     from eagle3.convert.stage import convert
@@ -120,7 +124,8 @@ def eagle31(tmp_path_factory, tiny_target_dir) -> dict:
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_trained_eagle31_draft_validates_and_is_equivalent(eagle31, name):
-    """The converted draft carries the flag, passes the validator and the trained-vs-engine equivalence check."""
+    """The converted draft carries the flag, passes the validator and the trained-vs-engine
+    equivalence check."""
     cfg = json.loads((eagle31["serving"][name] / "config.json").read_text())
     assert cfg[name] is True, cfg
     manifest = json.loads((eagle31["serving"][name] / "manifest.json").read_text())
@@ -145,8 +150,8 @@ def test_fc_norm_weights_were_trained_and_sglang_loads_them(eagle31):
 def test_fc_norm_tensors_without_the_flag_are_dropped_by_sglang_and_refused_by_the_validator(
     eagle31,
 ):
-    """Without ``fc_norm: true`` SGLang builds no fc_norm and skips the three tensors silently; the validator
-    names them."""
+    """Without ``fc_norm: true`` SGLang builds no fc_norm and skips the three tensors silently; the
+    validator names them."""
     cov = eagle31["coverage"]["fc_norm_off"]
     assert sorted(cov.unconsumed) == [f"fc_norm.{i}.weight" for i in range(3)], cov.summary()
     codes = eagle31["problems"]["fc_norm_off"]
@@ -183,8 +188,9 @@ def test_project_forward_equals_sglang_on_the_trained_eagle31_draft(eagle31, nam
 
 
 def test_norm_output_changes_the_state_sglang_hands_to_the_next_draft_step(eagle31):
-    """With ``norm_output`` SGLang hands the final-normed state to the next step (the logits are unchanged);
-    the same weights without the flag hand on the pre-norm state: the flag is read, not ignored."""
+    """With ``norm_output`` SGLang hands the final-normed state to the next step (the logits are
+    unchanged); the same weights without the flag hand on the pre-norm state: the flag is read, not
+    ignored."""
     on, off = eagle31["sglang"]["norm_output"], eagle31["sglang"]["norm_output_off"]
     assert float((on["logits"] - off["logits"]).abs().max()) < FORWARD_ATOL
     assert float((on["hidden_prenorm"] - off["hidden_prenorm"]).abs().max()) > 1e-2

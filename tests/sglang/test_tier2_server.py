@@ -1,13 +1,15 @@
-"""Tier 2 (opt-in: ``make test-sglang-server``): the full ``sglang.launch_server --speculative-algorithm EAGLE3``
-on the CPU, started by the project's launcher and passed through its readiness gate.
+"""Tier 2 (opt-in: ``make test-sglang-server``): the full
+``sglang.launch_server --speculative-algorithm EAGLE3`` on the CPU, started by the project's
+launcher and passed through its readiness gate.
 
-Each server start takes minutes here (SGLang's Triton kernels run in the interpreter), so this file is skipped
-unless ``EAGLE3_SGLANG_SERVER=1`` (the make target sets it). Assertions: greedy output equals HF greedy of the
-target alone; ``spec_verify_ct > 0``; the project's benchmark reads the acceptance fields; the reference
-engine's acceptance on the same draft, prompts and settings (ratio reported); a draft that always agrees with
-the target reaches the maximum acceptance length; a SIGSTOPped scheduler is called stalled by the gate; drafts
-trained with the EAGLE-3.1 flags ``fc_norm`` and ``norm_output`` serve with the target's greedy output and the
-reference engine's acceptance.
+Each server start takes minutes here (SGLang's Triton kernels run in the interpreter), so this file
+is skipped unless ``EAGLE3_SGLANG_SERVER=1`` (the make target sets it). Assertions: greedy output
+equals HF greedy of the target alone; ``spec_verify_ct > 0``; the project's benchmark reads the
+acceptance fields; the reference engine's acceptance on the same draft, prompts and settings (ratio
+reported); a draft that always agrees with the target reaches the maximum acceptance length; a
+SIGSTOPped scheduler is called stalled by the gate; drafts trained with the EAGLE-3.1 flags
+``fc_norm`` and ``norm_output`` serve with the target's greedy output and the reference engine's
+acceptance.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def _generate(url: str, input_ids: list[int], n: int) -> dict:
 
 
 def _hf_greedy(target_dir: Path, input_ids: list[int], n: int) -> list[int]:
-    """Greedy continuation of the target alone with transformers (float32, EOS ignored), n tokens."""
+    """Greedy continuation of the target alone with transformers (float32, EOS ignored), n
+    tokens."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
@@ -65,7 +68,8 @@ def _hf_greedy(target_dir: Path, input_ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_draft(tmp_path_factory, tiny_target_dir) -> Path:
-    """A draft trained by the pipeline's own stages on the tiny config (extract → train → convert)."""
+    """A draft trained by the pipeline's own stages on the tiny config (extract → train →
+    convert)."""
     from eagle3.config import load_config
     from eagle3.convert.stage import convert
     from eagle3.extract.stage import extract
@@ -127,7 +131,8 @@ def test_real_server_greedy_acceptance_fidelity_and_hang(
         )
         ratio = served / offline["acceptance_length"]
         print(
-            f"acceptance: SGLang {served:.4f}, reference {offline['acceptance_length']:.4f}, ratio {ratio:.4f}"
+            f"acceptance: SGLang {served:.4f}, reference {offline['acceptance_length']:.4f}, "
+            f"ratio {ratio:.4f}"
         )
         assert ratio >= 0.97, (served, offline["acceptance_length"])
         stopped = _scheduler_pids(eng.pid)
@@ -160,8 +165,9 @@ def test_real_server_greedy_acceptance_fidelity_and_hang(
 
 
 def _degenerate_pair(target_dir: Path, draft_dir: Path, out: Path) -> tuple[Path, Path]:
-    """A target whose final norm is zero (every logit 0: greedy picks id 0, torch.argmax's first maximum) and a
-    draft whose final norm is zero with ``d2t[0] = 0`` (its greedy proposal is always target id 0)."""
+    """A target whose final norm is zero (every logit 0: greedy picks id 0, torch.argmax's first
+    maximum) and a draft whose final norm is zero with ``d2t[0] = 0`` (its greedy proposal is always
+    target id 0)."""
     tgt = out / "target"
     shutil.copytree(target_dir, tgt, symlinks=True)
     for f in tgt.glob("*.safetensors"):
@@ -183,7 +189,8 @@ def _degenerate_pair(target_dir: Path, draft_dir: Path, out: Path) -> tuple[Path
     save_file(t, str(drf / "model.safetensors"))
     manifest = drf / "manifest.json"
     if manifest.exists():
-        manifest.unlink()  # the vocab-map hash no longer matches; this draft is a test device, not an artifact
+        # the vocab-map hash no longer matches; this draft is a test device, not an artifact
+        manifest.unlink()
     return tgt, drf
 
 
@@ -204,7 +211,8 @@ def test_always_agreeing_draft_reaches_the_maximum_acceptance(
 
 @pytest.fixture(scope="module", params=["fc_norm", "norm_output"])
 def eagle31_draft(request, tmp_path_factory, tiny_target_dir) -> tuple[str, Path]:
-    """A tiny draft trained by the pipeline's stages with one EAGLE-3.1 flag (``train.<flag>=true``)."""
+    """A tiny draft trained by the pipeline's stages with one EAGLE-3.1 flag
+    (``train.<flag>=true``)."""
     from eagle3.config import load_config
     from eagle3.convert.stage import convert
     from eagle3.extract.stage import extract
@@ -255,6 +263,7 @@ def test_eagle31_draft_serves_with_greedy_output_and_reference_acceptance(
             ref["accepted"] += sum(res.accept_counts)
     s_len, r_len = 1 + served["accepted"] / served["verify"], 1 + ref["accepted"] / ref["verify"]
     print(
-        f"{flag}: acceptance SGLang {s_len:.4f} ({served}), reference {r_len:.4f} ({ref}), ratio {s_len / r_len:.4f}"
+        f"{flag}: acceptance SGLang {s_len:.4f} ({served}), reference {r_len:.4f} ({ref}), "
+        f"ratio {s_len / r_len:.4f}"
     )
     assert s_len / r_len >= 0.97, (served, ref)

@@ -1,26 +1,29 @@
-"""Small real HTTP servers (stdlib only, run as subprocesses) that imitate how engine servers behave at
-start-up: the readiness gate's tests start these and check its verdicts.
+"""Small real HTTP servers (stdlib only, run as subprocesses) that imitate how engine servers behave
+at start-up: the readiness gate's tests start these and check its verdicts.
 
-Run: ``python tests/support/fake_servers.py BEHAVIOUR --port P [options]``. The server prints its own log
-to stdout (the launcher sends it to a log file), with an access-log line per request in uvicorn's format
-(the gate must not count those as progress). Every fake exits by itself after ``--max-life`` seconds, so a
-test that leaks one leaks it only briefly.
+Run: ``python tests/support/fake_servers.py BEHAVIOUR --port P [options]``. The server prints its
+own log to stdout (the launcher sends it to a log file), with an access-log line per request in
+uvicorn's format (the gate must not count those as progress). Every fake exits by itself after
+``--max-life`` seconds, so a test that leaks one leaks it only briefly.
 
 Behaviours:
-  slow_warmup              load (log lines), bind, 503 for --warm-s while the log (--progress log) or the CPU
-                           time (--progress cpu: a busy thread, no log) grows, then ready.  [story, 2nd half]
-  hang_after_load          load (log lines), bind, 503 forever: log silent, CPU idle.      [story, 1st half]
-  crash_startup            load (log lines), then a traceback and exit --exit-code.
+  slow_warmup              load (log lines), bind, 503 for --warm-s while the log (--progress log)
+  or the CPU
+                           time (--progress cpu: a busy thread, no log) grows, then ready.  [story,
+                           2nd half]
+  hang_after_load          load (log lines), bind, 503 forever: log silent, CPU idle.      [story,
+  1st half] crash_startup            load (log lines), then a traceback and exit --exit-code.
   health_ok_generate_hangs /health and /health_generate answer 200, /generate never answers.
   never_bind               a few log lines, then sleeps without ever binding the port.
-  cuda_graph_crash         crashes in "CUDA graph capture" unless --disable-cuda-graph is given; then slow_warmup.
-  no_spec                  ready, but /generate's meta_info has no speculative-decoding fields.
-  ready_then_hang          ready at once; --hang-after-s seconds after the first /generate, stops answering.
-  gpu_hang                 (needs torch + CUDA) puts --gpu-gib of data on the GPU, binds, 503 forever, GPU idle.
-  gpu_warmup               (needs torch + CUDA) 503 for --warm-s while matrix products run on the GPU, log
+  cuda_graph_crash         crashes in "CUDA graph capture" unless --disable-cuda-graph is given;
+  then slow_warmup. no_spec                  ready, but /generate's meta_info has no
+  speculative-decoding fields. ready_then_hang          ready at once; --hang-after-s seconds after
+  the first /generate, stops answering. gpu_hang                 (needs torch + CUDA) puts --gpu-gib
+  of data on the GPU, binds, 503 forever, GPU idle. gpu_warmup               (needs torch + CUDA)
+  503 for --warm-s while matrix products run on the GPU, log
                            silent; then ready.
-Options --children N spawn N child processes (SGLang's scheduler/detokenizer); --child-ignores-term makes
-them ignore SIGTERM; --child-setsid moves them out of the process group.
+Options --children N spawn N child processes (SGLang's scheduler/detokenizer); --child-ignores-term
+makes them ignore SIGTERM; --child-setsid moves them out of the process group.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def fake_argv(behaviour: str, port: int, *extra: str) -> list[str]:
 
 
 def start_fake(behaviour: str, log_dir: str | Path, *extra: str, grace_s: float = 1.0):
-    """Start one fake server through the launcher's own ``start_engine`` (own process group, log file).
-    Returns the ``EngineProcess`` (a context manager that ends the group)."""
+    """Start one fake server through the launcher's own ``start_engine`` (own process group, log
+    file). Returns the ``EngineProcess`` (a context manager that ends the group)."""
     from eagle3.serve.launcher import start_engine
     from eagle3.procs import free_port
 
@@ -77,8 +80,8 @@ def start_fake(behaviour: str, log_dir: str | Path, *extra: str, grace_s: float 
 
 
 def leftovers(port: int) -> list[int]:
-    """Pids of live fake-server processes (servers and their children) started for ``port``: the process
-    table is searched for this file's path and ``--port PORT`` in the command line."""
+    """Pids of live fake-server processes (servers and their children) started for ``port``: the
+    process table is searched for this file's path and ``--port PORT`` in the command line."""
     import psutil
 
     found = []
@@ -92,8 +95,9 @@ def leftovers(port: int) -> list[int]:
 
 
 def log(msg: str) -> None:
-    """One log line in a single write: ``print`` under ``python -u``/PYTHONUNBUFFERED writes the text and the
-    newline separately, so lines of a server and its children sharing the log file could merge."""
+    """One log line in a single write: ``print`` under ``python -u``/PYTHONUNBUFFERED writes the
+    text and the newline separately, so lines of a server and its children sharing the log file
+    could merge."""
     os.write(sys.stdout.fileno(), f"[{time.strftime('%H:%M:%S')}] {msg}\n".encode())
 
 
@@ -268,8 +272,10 @@ def main(argv: list[str]) -> int:
             load(a.load_s)
             log("Capturing batches (bs=160 avail_mem=12.50 GB)")
             print(
-                'Traceback (most recent call last):\n  File "cuda_graph_runner.py", line 603, in capture\n'
-                "Exception: Capture cuda graph failed: CUDA error: out of memory\nPossible solutions:\n"
+                "Traceback (most recent call last):\n"
+                '  File "cuda_graph_runner.py", line 603, in capture\n'
+                "Exception: Capture cuda graph failed: CUDA error: out of memory\n"
+                "Possible solutions:\n"
                 "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
                 flush=True,
             )

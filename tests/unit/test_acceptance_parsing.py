@@ -1,5 +1,6 @@
-"""Parsing of every generation of SGLang's acceptance fields, on recorded-shape responses written here as
-small JSON fixtures (field names and formulas from sglang 0.5.23's tokenizer_manager.py / metrics_collector.py)."""
+"""Parsing of every generation of SGLang's acceptance fields, on recorded-shape responses written
+here as small JSON fixtures (field names and formulas from sglang 0.5.23's tokenizer_manager.py /
+metrics_collector.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ from eagle3.measure.acceptance import (
 )
 from eagle3.errors import DataError
 
-# /generate responses, one per field generation (num_steps 3 → 3 proposed drafts per verify pass). In the
-# 0.5.23 one, 69 completion tokens = 1 (prefill) + 38 accepted drafts + 30 bonus tokens (one per verify pass).
-OLD_VERIFY_ONLY = json.loads("""{"text": "Paris is the capital.", "meta_info": {"id": "a1", "finish_reason":
-  {"type": "length", "length": 64}, "prompt_tokens": 31, "completion_tokens": 64, "cached_tokens": 0,
-  "spec_verify_ct": 40}}""")
+# /generate responses, one per field generation (num_steps 3 → 3 proposed drafts per verify pass).
+# In the 0.5.23 one, 69 completion tokens = 1 (prefill) + 38 accepted drafts + 30 bonus tokens (one
+# per verify pass).
+OLD_VERIFY_ONLY = json.loads("""{"text": "Paris is the capital.", "meta_info": {"id": "a1",
+  "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 31, "completion_tokens": 64,
+  "cached_tokens": 0, "spec_verify_ct": 40}}""")
 SGLANG_0_5_23 = json.loads("""{"text": "...", "meta_info": {"id": "b2", "prompt_tokens": 40,
-  "completion_tokens": 69, "spec_accept_rate": 0.4222222, "spec_accept_length": 2.3, "spec_num_correct_drafts": 38,
-  "spec_num_proposed_drafts": 90, "spec_verify_ct": 30,
+  "completion_tokens": 69, "spec_accept_rate": 0.4222222, "spec_accept_length": 2.3,
+  "spec_num_correct_drafts": 38, "spec_num_proposed_drafts": 90, "spec_verify_ct": 30,
   "spec_correct_drafts_histogram": [10, 8, 6, 6]}}""")
 MIDDLE_BUILD = json.loads("""{"text": "...", "meta_info": {"id": "c3", "prompt_tokens": 12,
   "completion_tokens": 50, "spec_accept_token_num": 20, "spec_draft_token_num": 90,
@@ -39,7 +41,8 @@ SERVER_INFO = json.loads("""{"model_path": "/m", "version": "0.5.23",
   "internal_states": [{"avg_spec_accept_length": 2.5, "last_gen_throughput": 10.0},
                       {"avg_spec_accept_length": 1.5}]}""")
 
-METRICS_TEXT = """# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
+METRICS_TEXT = """# HELP sglang:spec_accept_length The average acceptance length of speculative \
+decoding.
 # TYPE sglang:spec_accept_length gauge
 sglang:spec_accept_length{model_name="m",engine_type="unified"} 2.25
 # HELP sglang:generation_tokens_total Number of generation tokens processed.
@@ -184,7 +187,8 @@ def test_serving_gap_compares_accepted_drafts_not_lengths():
 
 
 def test_a_never_accepted_draft_reads_exactly_one():
-    """64 new tokens, nothing accepted: 1 prefill token + 63 verify passes of one bonus token each."""
+    """64 new tokens, nothing accepted: 1 prefill token + 63 verify passes of one bonus token
+    each."""
     meta = {
         "completion_tokens": 64,
         "spec_verify_ct": 63,

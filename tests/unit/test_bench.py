@@ -1,4 +1,5 @@
-"""run_bench against a small fake SGLang-compatible server (FastAPI in a thread on 127.0.0.1), and the gate."""
+"""run_bench against a small fake SGLang-compatible server (FastAPI in a thread on 127.0.0.1), and
+the gate."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from eagle3.errors import AcceptanceTooLow, ConfigError, TransientError
 
 
 class FakeSGLang:
-    """An SGLang-shaped server: /generate (streamed or not) with 0.5.23 meta_info, /get_server_info, /metrics.
+    """An SGLang-shaped server: /generate (streamed or not) with 0.5.23 meta_info, /get_server_info,
+    /metrics.
 
-    Each request's acceptance is a deterministic function of its prompt length; every request it served is
-    recorded in ``self.served`` so the test can compute the expected figures independently.
+    Each request's acceptance is a deterministic function of its prompt length; every request it
+    served is recorded in ``self.served`` so the test can compute the expected figures
+    independently.
     """
 
     def __init__(
@@ -81,7 +84,9 @@ class FakeSGLang:
             def chunks():
                 for n in (1, meta["completion_tokens"]):
                     part = dict(meta, completion_tokens=n)
-                    yield f"data: {json.dumps({'text': text[:n], 'meta_info': part if n > 1 else {'completion_tokens': 1}})}\n\n"
+                    if n <= 1:
+                        part = {"completion_tokens": 1}
+                    yield f"data: {json.dumps({'text': text[:n], 'meta_info': part})}\n\n"
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")
@@ -135,7 +140,8 @@ def serve():
 
 
 def _expected_length(served: list[dict]) -> float:
-    """1 + accepted drafts / verify passes over the fake's responses (this fake emits no prefill token)."""
+    """1 + accepted drafts / verify passes over the fake's responses (this fake emits no prefill
+    token)."""
     return 1 + sum(s["spec_num_correct_drafts"] for s in served) / sum(
         s["spec_verify_ct"] for s in served
     )
@@ -176,7 +182,8 @@ def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
         "stem",
         "humanities",
     }
-    # the chat template was applied the way the server would: exactly the target tokenizer's template
+    # the chat template was applied the way the server would: exactly the target tokenizer's
+    # template
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     sent = sorted(tuple(x["input_ids"]) for x in fake.served)
     assert sent == sorted(tuple(x) for x in encode_prompts(load_prompts("mtbench", 8), tok))
@@ -249,8 +256,9 @@ def test_errors_are_typed(serve, smollm2_dir):
 
 
 def test_request_slower_than_the_setting_is_the_settings_fault(serve, smollm2_dir):
-    """A request cut by the user's own bench.request_timeout_s is a ConfigError (never retried), naming the key,
-    the value and what to do; not a TransientError (which the tasks retry and whose advice is a retry)."""
+    """A request cut by the user's own bench.request_timeout_s is a ConfigError (never retried),
+    naming the key, the value and what to do; not a TransientError (which the tasks retry and whose
+    advice is a retry)."""
     url = serve(FakeSGLang(delay_s=1.0))
     with pytest.raises(
         ConfigError,
@@ -315,7 +323,8 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
 @pytest.mark.slow
 def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
-    """refengine.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
+    """refengine.specdec on the tiny target with a random SGLang-format draft: the figures equal the
+    decoder's own."""
     from transformers import AutoTokenizer
 
     from eagle3.measure.prompts import encode_prompts, load_prompts
@@ -390,7 +399,8 @@ def test_cli_bench_url(serve, smollm2_dir, tmp_path):
 
 
 def test_gate_on_weak_draft_numbers_from_assets_md():
-    """docs/ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served 1.23 is not."""
+    """docs/ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served
+    1.23 is not."""
     with pytest.raises(AcceptanceTooLow, match="serving integration fault"):
         check_acceptance(1.00, 1.24, 1.3)
     with pytest.raises(AcceptanceTooLow, match="both low"):

@@ -1,5 +1,5 @@
-"""CLI commands refuse arguments that cannot work (exit 2 or 1, the option and the value named), before any
-waiting or any store is created."""
+"""CLI commands refuse arguments that cannot work (exit 2 or 1, the option and the value named),
+before any waiting or any store is created."""
 
 import pytest
 from typer.testing import CliRunner
@@ -111,7 +111,8 @@ def test_run_refuses_settings_that_cannot_work_before_loading_anything(
 
 @pytest.mark.parametrize("value", ["0", "abc", "inf"])
 def test_run_refuses_a_bad_stop_grace_before_starting_anything(value, tmp_path, monkeypatch):
-    """Found by a new user: a bad ``EAGLE3_STOP_GRACE_S`` was reported as "pipeline failed" with exit 1."""
+    """Found by a new user: a bad ``EAGLE3_STOP_GRACE_S`` was reported as "pipeline failed" with
+    exit 1."""
     from tests.conftest import CONFIGS
 
     monkeypatch.setenv("EAGLE3_STOP_GRACE_S", value)

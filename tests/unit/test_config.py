@@ -103,8 +103,8 @@ def test_settings_that_mention_tokens_are_not_secrets():
 
 
 def test_a_config_is_parsed_once_per_file_content_and_overrides(tmp_path, monkeypatch):
-    """One parse per run: the CLI's check and the flow's load share one validation; copies are independent;
-    an edited file is parsed again."""
+    """One parse per run: the CLI's check and the flow's load share one validation; copies are
+    independent; an edited file is parsed again."""
     from eagle3 import config as config_mod
 
     calls = []

@@ -40,14 +40,14 @@ def _warnings(caplog, overrides, path=None) -> list[str]:
         (
             "train.compile_mode=reduce-overhead",
             "UNUSED_KEY: train.compile_mode is set "
-            "('reduce-overhead') but train.compile False never reads it (read only with train.compile "
-            "True)",
+            "('reduce-overhead') but train.compile False never reads it (read only with "
+            "train.compile True)",
         ),
         (
             "extract.sglang_engine_args={tp_size: 2}",
             "UNUSED_KEY: extract.sglang_engine_args is set "
-            "({'tp_size': 2}) but extract.backend hf never reads it (read only with extract.backend "
-            "sglang)",
+            "({'tp_size': 2}) but extract.backend hf never reads it (read only with "
+            "extract.backend sglang)",
         ),
     ],
 )

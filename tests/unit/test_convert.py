@@ -1,4 +1,5 @@
-"""Conversion speculators / SpecForge / EAGLE → SGLang 0.5.23, and the `eagle3 convert|validate` CLI."""
+"""Conversion speculators / SpecForge / EAGLE → SGLang 0.5.23, and the `eagle3 convert|validate`
+CLI."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def test_broken_source_fails_atomically(pair, tmp_path, tiny_target_dir):
 
 
 def _sglang_like(serving, dst, *, bin_file: bool):
-    """A SpecForge-style (midlayer.*, safetensors, eagle_config) or EAGLE-repo-style (.bin, no embed) draft."""
+    """A SpecForge-style (midlayer.*, safetensors, eagle_config) or EAGLE-repo-style (.bin, no
+    embed) draft."""
     dst.mkdir()
     cfg = _cfg(serving)
     t = load_file(str(serving / "model.safetensors"))
@@ -171,7 +173,8 @@ def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
 
 @pytest.mark.slow
 def test_smollm2_round_trip(smollm2_dir, tmp_path):
-    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30 layers)."""
+    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30
+    layers)."""
     from eagle3.convert.equivalence import check_equivalence
     from testkit.broken_corpus import make_speculators_draft
 

@@ -1,4 +1,5 @@
-"""Conversation readers, chat templating and assistant-only loss masks (eagle3.extract.conversations) on real tokenizers."""
+"""Conversation readers, chat templating and assistant-only loss masks
+(eagle3.extract.conversations) on real tokenizers."""
 
 from __future__ import annotations
 
@@ -28,19 +29,23 @@ CONV = [
 LLAMA3_TEMPLATE = (
     "{% for message in messages %}{% set content = '<|start_header_id|>' + message['role'] + "
     "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
-    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 CHATML_GENERATION_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}{% if message['role'] == "
-    "'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}"
     "{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 THINKING_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\n\n</think>\n\n' }}{% endif %}"
     "{% endif %}"
 )
 
@@ -64,7 +69,8 @@ def _segments(tok, sample) -> list[str]:
     return segs
 
 
-# ------------------------------------------------------------------------------------------------ readers
+# ------------------------------------------------------------------------------------------------
+# readers
 
 
 def test_reads_sharegpt_jsonl_and_counts_bad_lines(tmp_path):
@@ -163,7 +169,8 @@ def test_bad_files_raise_data_error(tmp_path, content, match):
         read_conversations(tmp_path / "missing.jsonl")
 
 
-# ---------------------------------------------------------------------------------------------- loss masks
+# ----------------------------------------------------------------------------------------------
+# loss masks
 
 
 def test_chatml_mask_covers_exactly_assistant_turns(tok):
@@ -202,7 +209,8 @@ def test_generation_marker_template_agrees_with_prefix_diff(tok):
     assert marked.input_ids == diffed.input_ids
     assert marked.loss_mask == diffed.loss_mask
     assert sum(marked.loss_mask) > 0
-    # the same as the built-in template, whose system prompt differs only when there is no system turn
+    # the same as the built-in template, whose system prompt differs only when there is no system
+    # turn
     assert marked.loss_mask == plain.loss_mask
 
 

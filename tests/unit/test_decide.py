@@ -96,7 +96,8 @@ def test_target_reached_or_plateau_means_stop():
     )
     d = recommend(FLAT, {"served": 1.50, "offline": 1.52, "history": [1.2, 1.49]})
     assert d.recommendation == "stop" and d.rule == "acceptance_plateau"
-    # same flat losses but acceptance still moving: not a plateau → both losses flat → more data (low confidence)
+    # same flat losses but acceptance still moving: not a plateau → both losses flat → more data
+    # (low confidence)
     d2 = recommend(FLAT, {"served": 1.50, "offline": 1.52, "history": [1.2, 1.3]})
     assert (d2.recommendation, d2.rule, d2.confidence) == ("more data", "losses_flat", "low")
 
@@ -192,7 +193,8 @@ def test_history_from_metrics_aligns_train_loss_with_evals():
 
 
 def test_gap_growth_below_zero_is_not_overfitting():
-    """Measured on SmolLM2 (64 conversations, 1.5 epochs): val below train, train falling faster early on."""
+    """Measured on SmolLM2 (64 conversations, 1.5 epochs): val below train, train falling faster
+    early on."""
     hist = {"val_loss": [13.26, 12.93], "train_loss": [17.78, 14.2], "epochs": 1.5}
     d = recommend(hist, {"served": 1.14, "offline": 1.14, "simulated": 1.21})
     assert d.recommendation == "longer training"

@@ -1,7 +1,7 @@
-"""The pre-flight of a deployment (eagle3.serve.preflight), one failure class per test with the code and the
-key or class named: aux capture of the target class, memory for the launch's GPUs, settings SGLang changes,
-simulated acceptance, template switches and server-side template overrides; the reference engine checks what
-applies to it."""
+"""The pre-flight of a deployment (eagle3.serve.preflight), one failure class per test with the code
+and the key or class named: aux capture of the target class, memory for the launch's GPUs, settings
+SGLang changes, simulated acceptance, template switches and server-side template overrides; the
+reference engine checks what applies to it."""
 
 from __future__ import annotations
 
@@ -262,8 +262,8 @@ def test_a_failing_setting_raises_a_config_error(tiny_target_dir, serving):
 
 
 def test_a_port_another_process_holds_is_named_before_any_engine_starts(tiny_target_dir, serving):
-    """A new-user trial: with serve.port taken, the launch used to spend 140 s and fail with 'address already in
-    use' at the end of a long log line."""
+    """A new-user trial: with serve.port taken, the launch used to spend 140 s and fail with
+    'address already in use' at the end of a long log line."""
     import socket
 
     with socket.socket() as held:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.measure.dev_acceptance import DevAcceptance, serving_draft, split_prompts
+from eagle3.measure.dev_acceptance import DevAcceptance, split_prompts
 from eagle3.measure.offline import offline_acceptance
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

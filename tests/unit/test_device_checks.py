@@ -1,4 +1,5 @@
-"""A config naming CUDA on a machine without it fails before any work starts (eagle3.device_checks)."""
+"""A config naming CUDA on a machine without it fails before any work starts
+(eagle3.device_checks)."""
 
 from __future__ import annotations
 

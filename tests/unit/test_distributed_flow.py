@@ -1,5 +1,6 @@
-"""flows/distributed.py and flows/handover.py without Docker: hand-over records across mount points, and what the orchestrator does
-when a stage's flow run (on another machine) ends other than Completed."""
+"""flows/distributed.py and flows/handover.py without Docker: hand-over records across mount points,
+and what the orchestrator does when a stage's flow run (on another machine) ends other than
+Completed."""
 
 from __future__ import annotations
 

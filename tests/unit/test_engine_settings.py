@@ -1,6 +1,7 @@
-"""What the running engine really runs (its /server_info), read back before the benchmark: a changed setting,
-a request limit below the benchmark's concurrency, or an exposed simulated-acceptance variable is refused with
-the setting, the asked and the running value; the scheduler it got is recorded."""
+"""What the running engine really runs (its /server_info), read back before the benchmark: a changed
+setting, a request limit below the benchmark's concurrency, or an exposed simulated-acceptance
+variable is refused with the setting, the asked and the running value; the scheduler it got is
+recorded."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Equivalence of the trained draft (speculators) and the served one (SGLang 0.5.23 semantics) on a real
-forward of the tiny-random target: passes on a correct conversion, names the first diverging component on a
-residual-order mismatch, a wrong aux width (fc bypassed / fewer aux states) and layer ids off by one."""
+"""Equivalence of the trained draft (speculators) and the served one (SGLang 0.5.23 semantics) on a
+real forward of the tiny-random target: passes on a correct conversion, names the first diverging
+component on a residual-order mismatch, a wrong aux width (fc bypassed / fewer aux states) and layer
+ids off by one."""
 
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def test_layer_ids_off_by_one(pair, tmp_path, tiny_target_dir):
 
 
 def test_two_layer_draft_equivalent(tmp_path, tiny_target_dir):
-    """SGLang's layers >= 1 normalise with hidden_norm: conversion must carry input_layernorm there."""
+    """SGLang's layers >= 1 normalise with hidden_norm: conversion must carry input_layernorm
+    there."""
     spec = make_speculators_draft(tiny_target_dir, tmp_path / "spec2", num_layers=2)
     convert(spec, tmp_path / "serving2", target_dir=tiny_target_dir)
     r = check_equivalence(
@@ -104,9 +106,10 @@ def test_two_layer_draft_equivalent(tmp_path, tiny_target_dir):
 def test_loaded_draft_runs_eager_when_speculators_compiled_its_forward(
     pair, monkeypatch, tiny_target_dir
 ):
-    """speculators compiles ``Eagle3DraftModel.forward`` at import when CUDA is available; the checking side of
-    conversion loads the draft on the CPU, where that compile failed on the H200 machine: load_draft binds the
-    plain forward, so no dynamo frame is compiled while the equivalence check runs."""
+    """speculators compiles ``Eagle3DraftModel.forward`` at import when CUDA is available; the
+    checking side of conversion loads the draft on the CPU, where that compile failed on the H200
+    machine: load_draft binds the plain forward, so no dynamo frame is compiled while the
+    equivalence check runs."""
     import torch
     from speculators.models.eagle3 import Eagle3DraftModel
 

@@ -1,4 +1,5 @@
-"""Hidden-state extraction on the tiny-random target: layout, values, speculators' reader, bad inputs, fp8."""
+"""Hidden-state extraction on the tiny-random target: layout, values, speculators' reader, bad
+inputs, fp8."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def test_layout_values_and_manifest(tiny_cfg, tiny_target_dir, tmp_path):
             torch.testing.assert_close(
                 f["hidden_states"][:, slot], ref[hf_index][0], atol=1e-5, rtol=1e-5
             )
-        # slot -1 is the last layer before the final norm: normalising it gives HF's (post-norm) last state
+        # slot -1 is the last layer before the final norm: normalising it gives HF's (post-norm)
+        # last state
         torch.testing.assert_close(
             model.model.norm(f["hidden_states"][None, :, -1]), ref[8], atol=1e-5, rtol=1e-5
         )
@@ -246,9 +248,7 @@ def test_bad_inputs(tiny_cfg, tmp_path):
     assert m["counts"]["truncated"] == 4 and m["counts"]["tokens"] == 4 * 48
     cfg = file_cfg(tiny_cfg, src, n=4)
     need = estimate_bytes(1, 4, 64, "float32")
-    with pytest.raises(
-        DataError, match=r"needs about [\d,]+ bytes but only 1,000 bytes are free"
-    ) as e:
+    with pytest.raises(DataError, match=r"needs about [\d,]+ bytes but only 1,000 bytes are free"):
         extract(cfg, tmp_path / "o4", progress=False, free_bytes=1000)
     assert need > 0 and not (tmp_path / "o4" / "hidden_states").exists()
     assert not (tmp_path / "o4" / "manifest.json").exists()
@@ -329,7 +329,8 @@ def test_sglang_backend_without_sglang_environment_is_refused(tiny_cfg, tmp_path
 def test_sglang_layer_ids_are_hf_indices_minus_one_and_index_0_is_refused():
     from eagle3.extract.sglang_backend import sglang_layer_ids
 
-    # SmolLM2-135M: 30 layers; EAGLE-3's default aux indices [2, 15, 27] + the last layer's output (index 30)
+    # SmolLM2-135M: 30 layers; EAGLE-3's default aux indices [2, 15, 27] + the last layer's output
+    # (index 30)
     assert sglang_layer_ids([2, 15, 27, 30], 30) == [1, 14, 26, 29]
     with pytest.raises(
         ConfigError, match=r"indices \[0\] cannot be captured by SGLang.*expected 1..30"
@@ -340,7 +341,8 @@ def test_sglang_layer_ids_are_hf_indices_minus_one_and_index_0_is_refused():
 
 
 def test_sglang_worker_failure_is_reported_with_the_engine_error(tmp_path):
-    """The worker run by an interpreter without SGLang (this one): its ERROR line becomes EngineUnsupported."""
+    """The worker run by an interpreter without SGLang (this one): its ERROR line becomes
+    EngineUnsupported."""
     import sys
 
     from eagle3.errors import EngineUnsupported

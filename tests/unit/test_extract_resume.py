@@ -1,4 +1,5 @@
-"""Crash safety and data parallelism of extraction: SIGKILL at a random moment + resume, CPU workers."""
+"""Crash safety and data parallelism of extraction: SIGKILL at a random moment + resume, CPU
+workers."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ extract(cfg, Path(sys.argv[2]), progress=False)
 def _kill_at_random(
     cfg_json: Path, out: Path, after_shards: int, delay_s: float, timeout_s: float = 120
 ) -> str:
-    """Start an extraction subprocess; once ``after_shards`` shards are committed (counting earlier runs'),
-    SIGKILL it after ``delay_s`` seconds; return what it reached."""
+    """Start an extraction subprocess; once ``after_shards`` shards are committed (counting earlier
+    runs'), SIGKILL it after ``delay_s`` seconds; return what it reached."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(cfg_json), str(out)],
         cwd=REPO,
@@ -93,11 +94,13 @@ def test_sigkill_at_random_moment_then_resume_gives_identical_hash(tiny_cfg, tmp
     )
     cfg_json = tmp_path / "cfg.json"
     cfg_json.write_text(cfg.model_dump_json())
-    # every extraction of this test runs in a fresh process (the reference, the killed ones, the resume): float32
-    # bits depend on torch's thread count on some CPUs, and this process's may have been changed by earlier tests
+    # every extraction of this test runs in a fresh process (the reference, the killed ones, the
+    # resume): float32 bits depend on torch's thread count on some CPUs, and this process's may have
+    # been changed by earlier tests
     ref = _extract_in_fresh_process(cfg_json, tmp_path / "ref")
     out = tmp_path / "run"
-    # first kill: in the middle of a random shard; second: anywhere from its first new shard to the end
+    # first kill: in the middle of a random shard; second: anywhere from its first new shard to the
+    # end
     first = rng.randint(1, 18)
     reached = [
         _kill_at_random(cfg_json, out, first, rng.uniform(0.0, 0.05)),
@@ -171,7 +174,8 @@ def test_a_file_lost_after_the_run_finished_is_re_extracted_not_ignored(tiny_cfg
 def test_disk_full_inside_safetensors_is_a_data_error_and_leaves_no_temporary(
     tmp_path, monkeypatch
 ):
-    """safetensors reports ENOSPC as its own error type, not OSError: still a DataError naming the file."""
+    """safetensors reports ENOSPC as its own error type, not OSError: still a DataError naming the
+    file."""
     import safetensors.torch
 
     from eagle3.errors import DataError

@@ -71,15 +71,17 @@ def test_smollm2_batch_vs_alone_determinism_probe(smol_run, smollm2_dir):
     ds = datasets.load_from_disk(str(out / "data"))
     # mixed lengths: cut real samples to 7..80 tokens
     samples = [ds[i]["input_ids"][:n].tolist() for i, n in zip(range(4), (80, 7, 41, 23))]
-    # float32: batching must not change the states beyond float32 rounding (padding, masks, positions)
+    # float32: batching must not change the states beyond float32 rounding (padding, masks,
+    # positions)
     model32, tok = load_target(smollm2_dir, "float32", "cpu")
     probe32 = determinism_probe(model32, [2, 15, 27, 30], samples, tok.pad_token_id)
     assert probe32["max_rel_err"] < 1e-3, probe32
     print("determinism probe float32", probe32)
     del model32
     # bf16 (what the extractor stores): the worst token of 151 x 4 slots differs by bf16 rounding
-    # (eps 2^-8) accumulated over 30 layers and kernel choices that depend on the batch shape: 0.02 on
-    # an AVX512-BF16 Xeon, 0.063 seen on CI's CPU; 0.1 leaves room and still sits far below 'far' (> 0.2)
+    # (eps 2^-8) accumulated over 30 layers and kernel choices that depend on the batch shape: 0.02
+    # on an AVX512-BF16 Xeon, 0.063 seen on CI's CPU; 0.1 leaves room and still sits far below 'far'
+    # (> 0.2)
     model, tok = load_target(smollm2_dir, "bfloat16", "cpu")
     probe = determinism_probe(model, [2, 15, 27, 30], samples, tok.pad_token_id)
     assert probe["max_rel_err"] < 0.1, probe

@@ -1,6 +1,7 @@
-"""Extraction workers (extract.num_gpus > 1: one spawned process per device; 2 CPU workers here) cannot hang or
-die silently: a worker that never gets ready, or is killed, ends the extraction with RankFailed naming it, and a
-re-run extracts only the shards still missing (faults injected by testkit/faults.py)."""
+"""Extraction workers (extract.num_gpus > 1: one spawned process per device; 2 CPU workers here)
+cannot hang or die silently: a worker that never gets ready, or is killed, ends the extraction with
+RankFailed naming it, and a re-run extracts only the shards still missing (faults injected by
+testkit/faults.py)."""
 
 from __future__ import annotations
 
@@ -76,9 +77,10 @@ def test_a_worker_that_never_gets_ready_is_named_within_the_startup_deadline(
 
 
 def test_a_workers_thread_share_holds_inside_run_shards_only(tiny_target_dir, tmp_path):
-    """A CPU worker's share of the cores (``num_threads``) must not stay on the calling process: float32 bits
-    of a forward depend on the thread count on AVX2 CPUs, so a later extraction here would differ from a fresh
-    one (seen as a resume-hash mismatch under pytest-xdist on an AVX2 kernel set)."""
+    """A CPU worker's share of the cores (``num_threads``) must not stay on the calling process:
+    float32 bits of a forward depend on the thread count on AVX2 CPUs, so a later extraction here
+    would differ from a fresh one (seen as a resume-hash mismatch under pytest-xdist on an AVX2
+    kernel set)."""
     from eagle3.extract.hf_backend import WorkerJob, run_shards
     from eagle3.extract.store import HS_DIR, make_shards
 

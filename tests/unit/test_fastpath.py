@@ -1,5 +1,6 @@
 """The fast path (refengine.fastpath) is exact: in float32 on the CPU it emits the same tokens and
-the same per-verify accept counts as SpeculativeDecoder, and its plain decoding equals HF greedy generation."""
+the same per-verify accept counts as SpeculativeDecoder, and its plain decoding equals HF greedy
+generation."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def _embed(model):
 
 
 def _hf_greedy(model, ids, n, eos=None):
-    """HF ``generate`` greedy; ``eos`` None: no stop token at all (an explicit GenerationConfig without one)."""
+    """HF ``generate`` greedy; ``eos`` None: no stop token at all (an explicit GenerationConfig
+    without one)."""
     from transformers import GenerationConfig
 
     gc = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
@@ -90,7 +92,8 @@ def test_fast_path_equals_slow_decoder_tokens_and_accept_counts(
 
 
 def test_aux_states_equal_the_hook_captured_ones_repeated_ids_and_last_layer_included(tiny):
-    """The static target writes what eagle3.target_model.capture_hidden_states captures, every chunk filled."""
+    """The static target writes what eagle3.target_model.capture_hidden_states captures, every chunk
+    filled."""
     from refengine.static_target import StaticLlamaTarget
     from eagle3.target_model import capture_hidden_states
 
@@ -278,8 +281,9 @@ def test_smollm2_fast_path_equals_slow_decoder_and_hf_greedy(tmp_path, smollm2_d
 
 
 def test_llama31_features_llama3_rope_untied_head_gqa4_are_exact(monkeypatch):
-    """A scaled-down Llama-3.1 (llama3 RoPE scaling, untied LM head, 4 query heads per KV head) built by the
-    benchmark's own builders (testkit.random_models): fast path == generic path == HF greedy."""
+    """A scaled-down Llama-3.1 (llama3 RoPE scaling, untied LM head, 4 query heads per KV head)
+    built by the benchmark's own builders (testkit.random_models): fast path == generic path == HF
+    greedy."""
     from testkit import random_models
 
     shape = dict(

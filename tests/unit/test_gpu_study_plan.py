@@ -573,8 +573,8 @@ def test_a_data_file_that_cannot_hold_out_is_refused_in_one_line(tmp_path, capsy
         ),
         (
             {"data": {"as-is": ["train.epochs=2"]}, "points": [["as-is", 10, "c"]]},
-            "points[0] = ['as-is', 10, 'c']: expected data.as-is and schedules.c to set different keys "
-            "(the schedule's would win silently), got both setting ['train.epochs']",
+            "points[0] = ['as-is', 10, 'c']: expected data.as-is and schedules.c to set different "
+            "keys (the schedule's would win silently), got both setting ['train.epochs']",
         ),
     ],
 )

@@ -1,6 +1,7 @@
-"""Hand-overs across machines that mount the shared storage at different paths (issue 16): cache keys name the
-output folder relative to the runs directory, a cached result is re-pointed at this machine's path of the same
-folder, and the trainer accepts hidden states whose manifest names the same target at another path."""
+"""Hand-overs across machines that mount the shared storage at different paths (issue 16): cache
+keys name the output folder relative to the runs directory, a cached result is re-pointed at this
+machine's path of the same folder, and the trainer accepts hidden states whose manifest names the
+same target at another path."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _stage_dir(path, text: str):
 
 
 def _two_mounts(tmp_path):
-    """The same runs directory as two machines see it: a copy at another absolute path (same content)."""
+    """The same runs directory as two machines see it: a copy at another absolute path (same
+    content)."""
     a, b = tmp_path / "gpu-node" / "runs", tmp_path / "cpu-node" / "mnt" / "runs"
     _stage_dir(a / "tiny" / "extract", "states")
     shutil.copytree(a, b)
@@ -118,8 +120,9 @@ def test_trainer_accepts_the_same_target_at_another_path_and_refuses_another(tmp
 
 
 def test_equivalence_reads_the_target_where_this_machine_has_it(tmp_path, tiny_target_dir):
-    """A speculators draft names its target (verifier) by the path it had where training ran; convert +
-    equivalence on another machine (asset cache mounted elsewhere) must use this machine's target folder."""
+    """A speculators draft names its target (verifier) by the path it had where training ran;
+    convert + equivalence on another machine (asset cache mounted elsewhere) must use this machine's
+    target folder."""
     from eagle3.convert.equivalence import check_equivalence
     from eagle3.convert.stage import convert
     from testkit.broken_corpus import make_speculators_draft

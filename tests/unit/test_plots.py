@@ -1,4 +1,5 @@
-"""The PNG plots: each writes a real image from plain dicts and refuses empty input with DataError."""
+"""The PNG plots: each writes a real image from plain dicts and refuses empty input with
+DataError."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""``auto`` dtypes and precision (eagle3.precision): bf16 where the CPU measures it fast, float32 where it does not,
-bf16 on CUDA; explicit values honoured; the resolved value in the config, its hashes and the commands."""
+"""``auto`` dtypes and precision (eagle3.precision): bf16 where the CPU measures it fast, float32
+where it does not, bf16 on CUDA; explicit values honoured; the resolved value in the config, its
+hashes and the commands."""
 
 from __future__ import annotations
 

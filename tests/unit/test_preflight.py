@@ -1,4 +1,5 @@
-"""Pre-flight: aux capture of the target class (read from SGLang 0.5.23's wheel) and the memory estimate."""
+"""Pre-flight: aux capture of the target class (read from SGLang 0.5.23's wheel) and the memory
+estimate."""
 
 from __future__ import annotations
 

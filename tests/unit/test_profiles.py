@@ -1,7 +1,9 @@
-"""The SGLang 0.5.23 profile, pinned against the released wheel's source (read statically, never imported).
+"""The SGLang 0.5.23 profile, pinned against the released wheel's source (read statically, never
+imported).
 
-The wheel is taken from ``<cache>/wheels/`` or downloaded there with ``pip download --no-deps sglang==0.5.23``;
-the source-pinning tests skip only when that download fails (no network).
+The wheel is taken from ``<cache>/wheels/`` or downloaded there with
+``pip download --no-deps sglang==0.5.23``; the source-pinning tests skip only when that download
+fails (no network).
 """
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ def test_residual_order_and_flags(sglang_source, profile):
 
 
 def test_flag_source_lines_are_where_the_wheel_decides_each_flag(sglang_source, profile):
-    """Every flag's description (and so the validator's refusal of an unsupported value) cites file:line of the
-    released 0.5.23 source; that line must still say what the profile claims."""
+    """Every flag's description (and so the validator's refusal of an unsupported value) cites
+    file:line of the released 0.5.23 source; that line must still say what the profile claims."""
     from eagle3.engines.sglang.profile import FLAG_SOURCE_LINES
 
     assert set(FLAG_SOURCE_LINES) == set(profile.flags)

@@ -1,5 +1,6 @@
-"""Progress signals without a server: log growth (minus the gate's own access-log lines), and the GPU signal
-read through a stand-in ``nvidia-smi`` on PATH; the gate result's summary and MLflow numbers."""
+"""Progress signals without a server: log growth (minus the gate's own access-log lines), and the
+GPU signal read through a stand-in ``nvidia-smi`` on PATH; the gate result's summary and MLflow
+numbers."""
 
 from __future__ import annotations
 
@@ -53,12 +54,12 @@ def test_log_growth_ignores_the_gates_own_access_lines(tmp_path):
             'INFO:     127.0.0.1:5556 - "POST /generate HTTP/1.1" 200 OK\n\n'
         )
     assert mon.sample() == []  # a hung server behind a live HTTP front-end only logs our polls
-    with open(
-        log, "a"
-    ) as f:  # what SGLang 0.5.23's front-end prints while its scheduler is stopped
+    # what SGLang 0.5.23's front-end prints while its scheduler is stopped
+    with open(log, "a") as f:
         f.write(
-            "[2026-11-30 10:01:02] Health check failed. Server couldn't get a response from detokenizer "
-            "for last 20 seconds. tic start time: 10:00:42. last_heartbeat time: 10:00:40\n"
+            "[2026-11-30 10:01:02] Health check failed. Server couldn't get a response from "
+            "detokenizer for last 20 seconds. tic start time: 10:00:42. "
+            "last_heartbeat time: 10:00:40\n"
         )
     assert mon.sample() == []
     with open(log, "a") as f:

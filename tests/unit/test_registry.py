@@ -1,5 +1,5 @@
-"""tasks.registry: validated drafts into MLflow's model registry (SQLite store, offline), alias ``best`` on the
-version with the highest served acceptance, idempotent by serving content hash."""
+"""tasks.registry: validated drafts into MLflow's model registry (SQLite store, offline), alias
+``best`` on the version with the highest served acceptance, idempotent by serving content hash."""
 
 from __future__ import annotations
 
@@ -73,8 +73,9 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
         "draft/manifest.json",
         "draft/MLmodel",
     }
-    # the source is the run's own artifact location (not runs:/, which a SQLite-backed server cannot serve),
-    # the run is the pipeline's parent run (its page lists the model), MLmodel makes it a loadable model
+    # the source is the run's own artifact location (not runs:/, which a SQLite-backed server cannot
+    # serve), the run is the pipeline's parent run (its page lists the model), MLmodel makes it a
+    # loadable model
     assert v1.source == client.get_run(v1.run_id).info.artifact_uri.rstrip("/") + "/draft"
     assert v1.run_id == v1.tags["eagle3.pipeline_run_id"]
     assert client.get_run(v1.run_id).data.tags.get("mlflow.parentRunId") is None
@@ -95,8 +96,9 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert (r3.version, r3.best_version) == ("3", "3")
     assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "3"
 
-    # the same checkpoint again (a re-run with every stage cached): no new version, figures refreshed,
-    # provenance kept (the version still points at the run that made it; the re-run is recorded beside it)
+    # the same checkpoint again (a re-run with every stage cached): no new version, figures
+    # refreshed, provenance kept (the version still points at the run that made it; the re-run is
+    # recorded beside it)
     made_by = client.get_model_version(name, "2").tags["eagle3.pipeline_run_id"]
     later = _parent(tiny_cfg)
     again = register_draft(tiny_cfg, s2, t2, _fig(1.70, 1.7, 1.3), later)

@@ -1,5 +1,6 @@
-"""Replay acceptance (eagle3.measure.replay): the contract is equality with SpeculativeDecoder, request by
-request (output tokens, verify passes, accepted drafts per position, histogram), in float32 on the CPU."""
+"""Replay acceptance (eagle3.measure.replay): the contract is equality with SpeculativeDecoder,
+request by request (output tokens, verify passes, accepted drafts per position, histogram), in
+float32 on the CPU."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def _same(replayed, decoded):
     }
 
 
-# --- a chaotic small-vocabulary target: varied greedy text, so a briefly trained draft accepts a mix ---
+# --- a chaotic small-vocabulary target: varied greedy text, so a briefly trained draft accepts a
+# mix ---
 
 V = 64
 

@@ -1,5 +1,5 @@
-"""Prompt sets for replay (MT-Bench both turns, the GSM8K sample), the bootstrap spread, evaluate_drafts and the
-``lab/offline_replay.py evaluate`` command."""
+"""Prompt sets for replay (MT-Bench both turns, the GSM8K sample), the bootstrap spread,
+evaluate_drafts and the ``lab/offline_replay.py evaluate`` command."""
 
 from __future__ import annotations
 
@@ -251,8 +251,8 @@ def test_command_checks_arguments_before_loading(tmp_path, tiny_target_dir, two_
 
 
 def test_python_dash_m_runs_the_command(tmp_path, tiny_target_dir):
-    """``python lab/offline_replay.py evaluate`` (the documented entry) parses its arguments and exits 2 on
-    a bad one."""
+    """``python lab/offline_replay.py evaluate`` (the documented entry) parses its arguments and
+    exits 2 on a bad one."""
     import subprocess
     import sys
     from pathlib import Path

@@ -54,7 +54,8 @@ def test_gate_failure_gets_the_retry_command():
 
 
 def test_stage_hint_repeats_the_users_overrides(tmp_path):
-    """`eagle3 train` before `eagle3 extract`: the hint is the extract command with the same -o overrides."""
+    """`eagle3 train` before `eagle3 extract`: the hint is the extract command with the same -o
+    overrides."""
     from eagle3.errors import DataError
     from flows.common import finished_output
     from flows.stages import _command

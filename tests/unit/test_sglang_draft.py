@@ -1,4 +1,5 @@
-"""SGLangEagle3Draft: SGLang 0.5.23's loader rules and forward semantics (llama_eagle3.py), on small random drafts."""
+"""SGLangEagle3Draft: SGLang 0.5.23's loader rules and forward semantics (llama_eagle3.py), on small
+random drafts."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_unknown_and_missing_tensors_raise_by_name_or_are_recorded_in_sglang_mod
     draft = SGLangEagle3Draft.from_dir(d, target_embed=torch.randn(100, 32), on_mismatch="sglang")
     assert draft.load_report["skipped"] == ["draft_model.fc.weight"]
     assert draft.load_report["unfilled"] == ["model.fc.weight"]
-    # without a target embedding and without embed_tokens in the checkpoint the embedding stays random
+    # without a target embedding and without embed_tokens in the checkpoint the embedding stays
+    # random
     with pytest.raises(CheckpointInvalid, match=r"model\.embed_tokens\.weight"):
         SGLangEagle3Draft.from_dir(_draft_dir(tmp_path, "noemb")[0])
 
@@ -129,7 +131,8 @@ def _rms(x, w, eps=1e-6):
 
 
 def test_single_token_forward_matches_hand_computation(tmp_path):
-    """One position: attention reduces to o_proj(v); checks fc, cat order, residual from un-normed h, norms."""
+    """One position: attention reduces to o_proj(v); checks fc, cat order, residual from un-normed
+    h, norms."""
     d, _ = _draft_dir(tmp_path)
     emb = torch.randn(100, 32)
     m = SGLangEagle3Draft.from_dir(d, target_embed=emb)
@@ -209,7 +212,8 @@ def test_positions_change_the_output(tmp_path):
     d, _ = _draft_dir(tmp_path)
     m = SGLangEagle3Draft.from_dir(d, target_embed=torch.randn(100, 32))
     ids, pos, hs = _inputs(t=3)
-    # RoPE is relative: a shift of all positions changes nothing, a change of distances changes the last row
+    # RoPE is relative: a shift of all positions changes nothing, a change of distances changes the
+    # last row
     torch.testing.assert_close(m(ids, pos, hs)[0], m(ids, pos + 5, hs)[0], rtol=1e-5, atol=1e-5)
     moved = m(ids, torch.tensor([0, 1, 9]), hs)[0]
     assert not torch.allclose(moved[2], m(ids, pos, hs)[0][2])

@@ -1,6 +1,6 @@
-"""What SGLang 0.5.23 changes or fakes in the serving settings (eagle3.engines.sglang.serving), pinned against
-the released wheel's source, and the config-load rules built on it (eagle3.config_checks): each refused case
-names the key and both values."""
+"""What SGLang 0.5.23 changes or fakes in the serving settings (eagle3.engines.sglang.serving),
+pinned against the released wheel's source, and the config-load rules built on it
+(eagle3.config_checks): each refused case names the key and both values."""
 
 from __future__ import annotations
 
@@ -41,14 +41,15 @@ def test_pinned_in_the_wheel(sglang_source):
     eagle = _fn(sglang_source.read(HOOK), "_handle_eagle_family")
     # S11: unset max_running_requests becomes 48 with speculation
     assert re.search(
-        r"if cfg.max_running_requests is None:\s+declare_resolution\(server_args, '_handle_eagle_family', "
-        r"max_running_requests=48\)",
+        r"if cfg.max_running_requests is None:\s+declare_resolution\(server_args, "
+        r"'_handle_eagle_family', max_running_requests=48\)",
         eagle,
     )
     # S12: topk 1 rewrites the draft tokens to steps + 1
     assert re.search(
         r"if cfg.speculative_eagle_topk == 1 and cfg.speculative_num_draft_tokens != "
-        r"cfg.speculative_num_steps \+ 1:.*speculative_num_draft_tokens=cfg.speculative_num_steps \+ 1",
+        r"cfg.speculative_num_steps \+ 1:.*"
+        r"speculative_num_draft_tokens=cfg.speculative_num_steps \+ 1",
         eagle,
         re.S,
     )
@@ -137,7 +138,8 @@ def test_server_info_changes_are_named():
     )  # not reported: not a change
 
 
-# ----------------------------------------------------------------------------------- rules at config load
+# ----------------------------------------------------------------------------------- rules at
+# config load
 
 
 def _refused(*overrides: str) -> str:

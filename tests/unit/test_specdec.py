@@ -1,5 +1,5 @@
-"""SpeculativeDecoder: greedy output equals the target's own greedy output; sampling keeps the target's
-distribution; acceptance counts follow SGLang's definitions."""
+"""SpeculativeDecoder: greedy output equals the target's own greedy output; sampling keeps the
+target's distribution; acceptance counts follow SGLang's definitions."""
 
 from __future__ import annotations
 
@@ -172,7 +172,8 @@ def small_vocab(tmp_path_factory):
 
 
 def _exact_marginals(model, prompt, temperature):
-    """Exact P(token 2) and P(token 3) of the target alone, by enumeration over the V-token vocabulary."""
+    """Exact P(token 2) and P(token 3) of the target alone, by enumeration over the V-token
+    vocabulary."""
 
     def probs(seq):
         with torch.no_grad():
@@ -203,7 +204,8 @@ def _sample_marginals(dec, oracle, prompt, n, temperature):
 
 
 def _chi2_ok(counts, probs, n):
-    """Pearson chi-square against exact probabilities; critical value at p = 0.001 (Wilson-Hilferty)."""
+    """Pearson chi-square against exact probabilities; critical value at p = 0.001
+    (Wilson-Hilferty)."""
     keep = probs * n >= 1e-9
     exp = probs[keep] * n
     stat = float(((counts[keep] - exp) ** 2 / exp).sum())
@@ -228,10 +230,12 @@ def test_sampling_keeps_target_distribution_and_test_detects_a_broken_rule(
     for counts, probs in ((c2, m2), (c3, m3)):
         ok, stat, crit = _chi2_ok(counts, probs, n)
         assert ok, (
-            f"chi-square {stat:.1f} >= {crit:.1f}: counts {counts.tolist()} vs expected {(probs * n).tolist()}"
+            f"chi-square {stat:.1f} >= {crit:.1f}: counts {counts.tolist()} "
+            f"vs expected {(probs * n).tolist()}"
         )
         assert 0.5 * float((counts / n - probs).abs().sum()) < 0.06
-    # negative control: accepting every draft token samples the draft's distribution, which the test must see
+    # negative control: accepting every draft token samples the draft's distribution, which the test
+    # must see
     monkeypatch.setattr(sampling, "accept_or_resample", lambda p, q, t, g: (True, None))
     c2, c3, _ = _sample_marginals(dec, oracle, prompt, n, temperature)
     assert not (_chi2_ok(c2, m2, n)[0] and _chi2_ok(c3, m3, n)[0])
@@ -270,7 +274,8 @@ def test_smollm2_greedy_equals_target_greedy(tmp_path, smollm2_dir):
 
 
 def test_converted_speculators_draft_serves_with_unchanged_greedy_output(tmp_path, tiny):
-    """speculators checkpoint → eagle3.convert.stage → SpeculativeDecoder (from folders): output is the target's."""
+    """speculators checkpoint → eagle3.convert.stage → SpeculativeDecoder (from folders): output is
+    the target's."""
     from testkit.broken_corpus import good_pair
 
     target_dir, model, tok = tiny
@@ -284,7 +289,8 @@ def test_converted_speculators_draft_serves_with_unchanged_greedy_output(tmp_pat
 
 
 def test_disabled_aux_capture_feeds_one_layer_width_so_fc_is_bypassed(tmp_path, tiny):
-    """The broken integration of failure class 11: the draft receives [T, H], never [T, 3H], and nothing fails."""
+    """The broken integration of failure class 11: the draft receives [T, H], never [T, 3H], and
+    nothing fails."""
     target_dir, model, tok = tiny
     draft = SGLangEagle3Draft.from_dir(
         make_random_draft(tmp_path / "d", target_dir), target_embed=_embed(model)

@@ -1,4 +1,5 @@
-"""The sweep's per-call deadline: no point starts after it, except the first of a call (flows/sweep._run_points)."""
+"""The sweep's per-call deadline: no point starts after it, except the first of a call
+(flows/sweep._run_points)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ def test_default_rule_and_range_errors():
         validate_aux_layer_ids([2, 15, 31], 30)
     with pytest.raises(ConfigError, match="strictly increasing"):
         validate_aux_layer_ids([15, 2, 27], 30)
-    # L itself (the last layer's output) is stored anyway and no engine can capture it as an aux state
+    # L itself (the last layer's output) is stored anyway and no engine can capture it as an aux
+    # state
     with pytest.raises(
         ConfigError,
         match=r"ids \[30\] out of range.*expected HF hidden_states indices in \[1, 29\]",

@@ -1,5 +1,5 @@
-"""Cache keys (tasks/caching.py), the transient-only retry condition, and the MLflow helpers (tasks/tracking.py)
-against a real local MLflow store."""
+"""Cache keys (tasks/caching.py), the transient-only retry condition, and the MLflow helpers
+(tasks/tracking.py) against a real local MLflow store."""
 
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ def test_deploy_key_ignores_the_gate_minimum(tmp_path):
 
 
 def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
-    """The key hashes the import closure of the stage's entries (tasks/code_closure.py): every file in it, one
-    edit at a time in a copy of the library, changes that stage's code version — and nothing else's file does."""
+    """The key hashes the import closure of the stage's entries (tasks/code_closure.py): every file
+    in it, one edit at a time in a copy of the library, changes that stage's code version — and
+    nothing else's file does."""
     import shutil
 
     from tasks.code_closure import closure
@@ -115,8 +116,9 @@ def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
 
 
 def test_closures_hold_the_modules_the_old_hand_kept_lists_missed():
-    """The drift the hand-kept lists had: the convert key left out the validation checks and SGLang's loader
-    rules, the deploy key the acceptance figures and the engine's start and readiness."""
+    """The drift the hand-kept lists had: the convert key left out the validation checks and
+    SGLang's loader rules, the deploy key the acceptance figures and the engine's start and
+    readiness."""
     from tasks.code_closure import closure
 
     names = {s: set(closure(caching.CODE_ROOT, e)) for s, e in caching.STAGE_ENTRIES.items()}
@@ -304,8 +306,8 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
 
 
 def test_mlflow_failing_while_a_stage_fails_does_not_hide_the_stage_error(tmp_path, monkeypatch):
-    """A full disk also breaks MLflow's SQLite store: the stage's DataError must stay the error raised (not a
-    TransientError from MLflow, which would be retried as if the disk could heal)."""
+    """A full disk also breaks MLflow's SQLite store: the stage's DataError must stay the error
+    raised (not a TransientError from MLflow, which would be retried as if the disk could heal)."""
     from eagle3.errors import TransientError
     from tasks import tracking
 

@@ -1,4 +1,5 @@
-"""The training stage on the tiny-random target: skeleton outputs, the untrained baseline, bad inputs."""
+"""The training stage on the tiny-random target: skeleton outputs, the untrained baseline, bad
+inputs."""
 
 import json
 import shutil
@@ -238,8 +239,9 @@ def test_fp8_stored_samples_are_dequantized_with_their_scales(hs_copy, tiny_targ
 
 
 def test_loader_worker_processes_give_the_same_run_and_report_a_bad_file(hs_dir, hs_copy, tmp_path):
-    """train.loader_workers=2 (the CUDA default is 4) reads ahead in worker processes; the steps, losses and
-    weights are those of the in-process reader, and a file error still stops training with its path."""
+    """train.loader_workers=2 (the CUDA default is 4) reads ahead in worker processes; the steps,
+    losses and weights are those of the in-process reader, and a file error still stops training
+    with its path."""
     runs = {}
     for workers in (0, 2):
         cfg = tiny_train_cfg(
@@ -273,8 +275,9 @@ def test_loader_worker_processes_give_the_same_run_and_report_a_bad_file(hs_dir,
 def test_batches_too_short_to_hold_any_loss_token_are_refused_before_training(
     tmp_path, tiny_target_dir
 ):
-    """max_tokens_per_batch=16 cuts every sample (72-96 tokens, prompt = first quarter, >= 18 tokens) before its
-    first loss token: a loss of exactly 0 for the whole run used to pass silently and crash the decision step."""
+    """max_tokens_per_batch=16 cuts every sample (72-96 tokens, prompt = first quarter, >= 18
+    tokens) before its first loss token: a loss of exactly 0 for the whole run used to pass silently
+    and crash the decision step."""
     hs = build_hidden_states_dir(
         tmp_path / "hs", tiny_target_dir, num_samples=6, min_len=72, max_len=96
     )

@@ -1,4 +1,5 @@
-"""The torch.distributed path: ``train.num_gpus=2`` launches torchrun; on CPU the backend is gloo."""
+"""The torch.distributed path: ``train.num_gpus=2`` launches torchrun; on CPU the backend is
+gloo."""
 
 import json
 

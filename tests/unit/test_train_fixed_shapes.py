@@ -1,7 +1,8 @@
-"""Micro-batches padded to one length (``train.pad_to_max_tokens``, on with ``train.compile``): the run's losses
-are those of the unpadded run, and a compiled forward compiles once instead of once per micro-batch length
-(the recompile-limit failure of ``train.compile`` on the H200, lab/NOTEBOOK.md). The compiler here is
-torch.compile with a counting eager backend: the CPU has no Triton, and graph capture is what recompiles."""
+"""Micro-batches padded to one length (``train.pad_to_max_tokens``, on with ``train.compile``): the
+run's losses are those of the unpadded run, and a compiled forward compiles once instead of once per
+micro-batch length (the recompile-limit failure of ``train.compile`` on the H200, lab/NOTEBOOK.md).
+The compiler here is torch.compile with a counting eager backend: the CPU has no Triton, and graph
+capture is what recompiles."""
 
 import json
 
@@ -12,8 +13,9 @@ from eagle3.train.stage import train
 from testkit.hs_fixture import build_hidden_states_dir, tiny_train_cfg
 
 
-# the compile-counting tests below are about speculators' own forward (train.forward_impl=speculators); this
-# project's forward has its own in tests/unit/test_ttt_forward.py
+# the compile-counting tests below are about speculators' own forward
+# (train.forward_impl=speculators); this project's forward has its own in
+# tests/unit/test_ttt_forward.py
 SPECULATORS = "train.forward_impl=speculators"
 
 
@@ -33,15 +35,15 @@ def _losses(out):
 
 @pytest.fixture
 def recompile_limit_64():
-    """One compile per micro-batch length is what the unpadded run shows: allow more than dynamo's default 8
-    (``config.patch`` restores it; monkeypatch would delete the config entry on undo)."""
+    """One compile per micro-batch length is what the unpadded run shows: allow more than dynamo's
+    default 8 (``config.patch`` restores it; monkeypatch would delete the config entry on undo)."""
     with torch._dynamo.config.patch(recompile_limit=64):
         yield
 
 
 def _compile_counting(monkeypatch) -> list:
-    """Make eagle3.train.stage's draft forward compiled (as speculators does on CUDA) with a backend that records each
-    graph it gets."""
+    """Make eagle3.train.stage's draft forward compiled (as speculators does on CUDA) with a backend
+    that records each graph it gets."""
     import types
 
     import eagle3.train.stage as train_mod
@@ -93,7 +95,8 @@ def test_compiled_forward_compiles_once_with_padding_and_per_length_without(
     hs_dir, tmp_path, monkeypatch, recompile_limit_64
 ):
     def masks(graphs) -> set:
-        """Attention-mask shapes [1, 1, N, N*(k+1)] captured: one per TTT step k and micro-batch length N."""
+        """Attention-mask shapes [1, 1, N, N*(k+1)] captured: one per TTT step k and micro-batch
+        length N."""
         return {x for g in graphs for x in g if len(x) == 4 and x[:2] == (1, 1)}
 
     graphs = _compile_counting(monkeypatch)
@@ -126,9 +129,10 @@ def test_compiled_forward_compiles_once_with_padding_and_per_length_without(
 
 
 def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_target_dir):
-    """``eagle3.train.draft_model.compile_forward`` (what ``train.compile`` uses on CUDA): the compiled forward gives the
-    plain forward's loss and draft tokens, compiles with static shapes (a new length is a new graph, never a
-    dynamic one), and an unknown ``train.compile_mode`` is refused by name."""
+    """``eagle3.train.draft_model.compile_forward`` (what ``train.compile`` uses on CUDA): the
+    compiled forward gives the plain forward's loss and draft tokens, compiles with static shapes (a
+    new length is a new graph, never a dynamic one), and an unknown ``train.compile_mode`` is
+    refused by name."""
     from eagle3.train.draft_model import build_draft, compile_forward
     from eagle3.errors import ConfigError
     from eagle3.train.data import collate, open_hidden_states
@@ -189,10 +193,11 @@ def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_ta
 def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(
     hs_dir, tmp_path, monkeypatch
 ):
-    """Issue 17: with train.compile the draft's frames hold one graph per TTT step and grad mode (training and the
-    no-grad evaluation), all made by the first optimizer step and the first evaluation; later micro-batches,
-    steps and evaluations compile nothing, and no frame reaches dynamo's recompile limit (default 8, after which
-    it would run eagerly). Counted on the CPU with a counting backend: graph capture is what recompiles."""
+    """Issue 17: with train.compile the draft's frames hold one graph per TTT step and grad mode
+    (training and the no-grad evaluation), all made by the first optimizer step and the first
+    evaluation; later micro-batches, steps and evaluations compile nothing, and no frame reaches
+    dynamo's recompile limit (default 8, after which it would run eagerly). Counted on the CPU with
+    a counting backend: graph capture is what recompiles."""
     from torch._dynamo.utils import guard_failures
 
     graphs = _compile_counting(monkeypatch)
@@ -234,8 +239,8 @@ def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(
 
 @pytest.mark.parametrize("impl", ["fused", "foreach"])
 def test_optimizer_impl_keeps_the_losses(hs_dir, tmp_path, impl, monkeypatch):
-    """train.optimizer_impl (issue 17's fused-AdamW lever): the optimizer is built with it, and the run's losses
-    are those of torch's default AdamW."""
+    """train.optimizer_impl (issue 17's fused-AdamW lever): the optimizer is built with it, and the
+    run's losses are those of torch's default AdamW."""
     made = []
 
     class Recording(torch.optim.AdamW):

@@ -1,5 +1,6 @@
-"""A multi-process training run that cannot hang silently, and its resume after a rank is killed: torchrun with
-2 CPU processes on gloo, faults injected into one rank (testkit/faults.py). DDP and FSDP."""
+"""A multi-process training run that cannot hang silently, and its resume after a rank is killed:
+torchrun with 2 CPU processes on gloo, faults injected into one rank (testkit/faults.py). DDP and
+FSDP."""
 
 import json
 import re
@@ -36,7 +37,8 @@ def work(tmp_path_factory, tiny_target_dir):
 
 @pytest.fixture(scope="module")
 def uninterrupted(work):
-    """The reference of each device: the same 2-process DDP run, never interrupted (made once, on first use)."""
+    """The reference of each device: the same 2-process DDP run, never interrupted (made once, on
+    first use)."""
     root, hs = work
     made: dict = {}
 
@@ -115,7 +117,8 @@ def test_a_rank_that_never_arrives_is_named_within_the_startup_deadline(work, mo
 def test_a_rank_killed_mid_run_is_named_and_a_rerun_resumes_to_the_uninterrupted_result(
     work, uninterrupted, monkeypatch, device, mode
 ):
-    """On the CPU: gloo, 2 processes. On 2 GPUs: NCCL, the same test (run where such a machine is lent)."""
+    """On the CPU: gloo, 2 processes. On 2 GPUs: NCCL, the same test (run where such a machine is
+    lent)."""
     root, hs = work
     cfg = tiny_train_cfg(
         root / "runs", *COMMON, f"train.device={device}", f"train.distributed={mode}"
@@ -131,8 +134,8 @@ def test_a_rank_killed_mid_run_is_named_and_a_rerun_resumes_to_the_uninterrupted
     msg = str(e.value)
     assert (e.value.kind, e.value.ranks) == ("died", [1]), msg
     assert (
-        "rank 1 of 2 failed first (ended by SIGKILL (killed: the OOM killer, a preemption or a kill))"
-        in msg
+        "rank 1 of 2 failed first (ended by SIGKILL (killed: the OOM killer, a preemption or a "
+        "kill))" in msg
     )
     assert re.search(r"rank 1: step [123] \(", msg), (
         msg
@@ -157,7 +160,9 @@ def test_a_rank_killed_mid_run_is_named_and_a_rerun_resumes_to_the_uninterrupted
             k for k in ref if not torch.equal(got[k], ref[k])
         ]
         assert man["metrics"]["final_eval"] == ref_man["metrics"]["final_eval"]
-    else:  # fsdp: reduce-scatter instead of all-reduce; CUDA: kernels free to reorder sums; equal up to rounding
+    # fsdp: reduce-scatter instead of all-reduce; CUDA: kernels free to reorder sums; equal up to
+    # rounding
+    else:
         for k in ref:
             torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-5)
         fe, rfe = man["metrics"]["final_eval"], ref_man["metrics"]["final_eval"]

@@ -37,7 +37,8 @@ CHILD = textwrap.dedent("""
     def on_metrics(m, step):
         if "train/loss" in m and step == int(kill_at):
             os.kill(os.getpid(), signal.SIGKILL)
-    train(tiny_train_cfg(Path(runs), *ov), Path(hs), Path(out), on_metrics=on_metrics, progress=False)
+    train(tiny_train_cfg(Path(runs), *ov), Path(hs), Path(out), on_metrics=on_metrics,
+          progress=False)
 """)
 
 
@@ -215,9 +216,10 @@ def test_resume_refuses_a_changed_seed_and_continues_with_a_constant_lr(hs_dir, 
 def test_a_failed_checkpoint_write_is_a_data_error_and_keeps_the_older_checkpoint(
     hs_dir, tmp_path, monkeypatch
 ):
-    """A full disk during ``torch.save`` (the H200 run's ``RuntimeError: [enforce fail at inline_container.cc]
-    unexpected pos``) stops training with the checkpoint folder, the cause and the free space named; the
-    partial folder is gone and the previous checkpoint stays complete, so a re-run resumes from it."""
+    """A full disk during ``torch.save`` (the H200 run's
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``) stops training with the
+    checkpoint folder, the cause and the free space named; the partial folder is gone and the
+    previous checkpoint stays complete, so a re-run resumes from it."""
     import eagle3.train.state as ts
 
     real_save, calls = torch.save, []
@@ -226,7 +228,8 @@ def test_a_failed_checkpoint_write_is_a_data_error_and_keeps_the_older_checkpoin
         calls.append(str(f))
         if "ckpt-00000004" in str(f):
             raise RuntimeError(
-                "[enforce fail at inline_container.cc:672] . unexpected pos 1409292032 vs 1409291924"
+                "[enforce fail at inline_container.cc:672] . unexpected pos 1409292032 vs "
+                "1409291924"
             )
         return real_save(obj, f, *a, **k)
 
@@ -265,8 +268,8 @@ def test_a_state_file_where_the_checkpoint_folder_goes_is_refused_before_trainin
 def test_too_little_disk_for_the_checkpoints_is_refused_before_training(
     hs_dir, tmp_path, monkeypatch
 ):
-    """The needed bytes (keep_last + 1 checkpoints of weights + AdamW moments, best/ and the export) are compared
-    with the free space before the first step; the message gives both and the knob."""
+    """The needed bytes (keep_last + 1 checkpoints of weights + AdamW moments, best/ and the export)
+    are compared with the free space before the first step; the message gives both and the knob."""
     import collections
 
     import eagle3.train.state as ts
@@ -351,8 +354,9 @@ def test_resume_from_a_checkpoint_missing_its_optimizer_or_scheduler_file_is_a_n
 def test_a_checkpoint_of_other_inputs_is_another_training_and_restarts_from_step_0(
     hs_dir, tmp_path, caplog
 ):
-    """The pipeline re-run with other data or frozen settings writes to the same train folder: its old state is
-    not this training's (found by a new-user trial: -o data.num_conversations=24 failed on the old checkpoint)."""
+    """The pipeline re-run with other data or frozen settings writes to the same train folder: its
+    old state is not this training's (found by a new-user trial: -o data.num_conversations=24 failed
+    on the old checkpoint)."""
     out = tmp_path / "t"
     train(
         tiny_train_cfg(tmp_path / "runs", "train.max_steps=3", "train.eval_every=3"),

@@ -1,10 +1,11 @@
 """This project's training forward (eagle3/train/ttt_forward.py, issue 17) against speculators' own.
 
-In float32 on the CPU it must give speculators' ``Eagle3DraftModel.forward`` loss and gradients (every layer flag,
-one and two draft layers, each attention layout) and the loop's accuracy counts (``eagle3.train.metrics.add_batch``
-on speculators' draft tokens); compiled with ``fullgraph=True`` it must be one graph per grad mode that no later
-micro-batch, step or evaluation recompiles. Compiled here with a counting eager backend: the CPU has no Triton,
-and graph capture is what recompiles."""
+In float32 on the CPU it must give speculators' ``Eagle3DraftModel.forward`` loss and gradients
+(every layer flag, one and two draft layers, each attention layout) and the loop's accuracy counts
+(``eagle3.train.metrics.add_batch`` on speculators' draft tokens); compiled with ``fullgraph=True``
+it must be one graph per grad mode that no later micro-batch, step or evaluation recompiles.
+Compiled here with a counting eager backend: the CPU has no Triton, and graph capture is what
+recompiles."""
 
 import json
 
@@ -121,7 +122,8 @@ def test_loss_gradients_and_counts_equal_speculators(setup, tiny_target_dir, fla
 
 
 def test_flex_attention_forward_equals_speculators(setup, tiny_target_dir):
-    """flex attention (CUDA's choice) has no CPU backward: its forward is checked here, its speed on the H200."""
+    """flex attention (CUDA's choice) has no CPU backward: its forward is checked here, its speed on
+    the H200."""
     vmap, aux, batch = setup
     m = _draft(tiny_target_dir, vmap, aux, {}, 1)
     with torch.no_grad():
@@ -149,8 +151,8 @@ def test_document_mask_is_speculators_first_block():
 
 
 def _install_counting(monkeypatch) -> list:
-    """Make the training stage install this forward compiled (as on CUDA) with fullgraph=True and a backend that
-    records each graph; returns the list of graphs (their input shapes)."""
+    """Make the training stage install this forward compiled (as on CUDA) with fullgraph=True and a
+    backend that records each graph; returns the list of graphs (their input shapes)."""
     graphs: list = []
 
     def backend(gm, example_inputs):
@@ -168,9 +170,10 @@ def _install_counting(monkeypatch) -> list:
 
 
 def test_compiled_step_is_one_graph_per_grad_mode_for_the_whole_run(hs_dir, tmp_path, monkeypatch):
-    """Issue 17's must-show: with fullgraph=True (a graph break would be an error) the training forward is one graph
-    with gradients and one without (evaluation), made by the first step and the first evaluation; a run of 2.5× the
-    steps and three evaluations — other micro-batches, every TTT step — compiles nothing more, and no guard fails."""
+    """Issue 17's must-show: with fullgraph=True (a graph break would be an error) the training
+    forward is one graph with gradients and one without (evaluation), made by the first step and the
+    first evaluation; a run of 2.5× the steps and three evaluations — other micro-batches, every TTT
+    step — compiles nothing more, and no guard fails."""
     from torch._dynamo.utils import guard_failures
 
     graphs = _install_counting(monkeypatch)
@@ -210,8 +213,9 @@ def _losses(out):
 
 
 def test_training_runs_match_speculators_forward(hs_dir, tmp_path):
-    """The whole loop (AdamW, clipping, schedule, evaluation, best export) on either forward: the same losses,
-    accuracies and simulated acceptance length step by step, and the same exported weights."""
+    """The whole loop (AdamW, clipping, schedule, evaluation, best export) on either forward: the
+    same losses, accuracies and simulated acceptance length step by step, and the same exported
+    weights."""
     from safetensors.torch import load_file
 
     out = {}
@@ -362,8 +366,8 @@ def test_fused_loss_and_unknown_devices_are_refused_before_training(tmp_path):
 def test_a_training_that_fails_before_its_first_checkpoint_gives_the_earlier_draft_back(
     tmp_path, monkeypatch
 ):
-    """A finished draft of other settings is moved aside, not deleted, and comes back when the new training fails
-    before it saved anything (e.g. a setting only the training itself refuses)."""
+    """A finished draft of other settings is moved aside, not deleted, and comes back when the new
+    training fails before it saved anything (e.g. a setting only the training itself refuses)."""
     import contextlib
 
     import tasks.train as task_mod
@@ -423,8 +427,8 @@ class _Data:
 
 
 def test_a_refused_setting_keeps_the_finished_draft_of_earlier_settings(tmp_path, monkeypatch):
-    """The task checks the settings before it replaces a finished draft of other settings (a flex-on-CPU run
-    used to delete the earlier draft, then fail)."""
+    """The task checks the settings before it replaces a finished draft of other settings (a
+    flex-on-CPU run used to delete the earlier draft, then fail)."""
     import contextlib
 
     import tasks.train as task_mod

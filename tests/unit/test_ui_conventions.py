@@ -1,6 +1,7 @@
-"""What the Prefect and MLflow UIs show: the flow run's name, the experiment's kind and run-list columns, stage
-runs named by cache and attempt with their config as params, the parent run's description, links that work
-(a server's URL; the UI command as text for a local store), and a failed run's artifact naming the stage."""
+"""What the Prefect and MLflow UIs show: the flow run's name, the experiment's kind and run-list
+columns, stage runs named by cache and attempt with their config as params, the parent run's
+description, links that work (a server's URL; the UI command as text for a local store), and a
+failed run's artifact naming the stage."""
 
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ def test_stage_runs_named_by_cache_and_attempt_with_their_params(tiny_cfg, tmp_p
     }
     assert runs["deploy-bench #2"].data.tags["eagle3.attempt"] == "2"
     assert runs["train (cached)"].data.tags["eagle3.cached"] == "true"
-    # the stage's config section as params; a cached run charts no single-point copies of step metrics
+    # the stage's config section as params; a cached run charts no single-point copies of step
+    # metrics
     assert runs["train-untrained"].data.params["train.lr"] == str(tiny_cfg.train.lr)
     assert runs["train-untrained"].data.params["train.max_steps"] == str(tiny_cfg.train.max_steps)
     assert not any(k.startswith(("serve.", "data.")) for k in runs["train-untrained"].data.params)
@@ -263,7 +265,8 @@ def test_failure_lines_name_the_stage_and_its_run(tiny_cfg):
     assert any("ValueError: stage deploy-bench failed: POST /generate" in x for x in lines)
     assert any(x.startswith("- its MLflow run: deploy-bench (") and "error.txt" in x for x in lines)
     assert summary.failed_stage(RuntimeError("no stage here")) is None
-    # the failure goes on top of the run's description; a decision written there before stays below it
+    # the failure goes on top of the run's description; a decision written there before stays below
+    # it
     tracking.set_parent_tags(tiny_cfg, parent, {mlflow_ui.NOTE_TAG: "decision: **more data**"})
     tracking.finish_run(tiny_cfg, parent, error=err)
     note = client.get_run(parent).data.tags[mlflow_ui.NOTE_TAG]

@@ -1,5 +1,6 @@
-"""The broken-checkpoint corpus: every file-checkable failure class is rejected with the right code and the
-key/field named; the good checkpoint passes with the target and the extraction manifest given."""
+"""The broken-checkpoint corpus: every file-checkable failure class is rejected with the right code
+and the key/field named; the good checkpoint passes with the target and the extraction manifest
+given."""
 
 from __future__ import annotations
 

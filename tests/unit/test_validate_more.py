@@ -1,6 +1,7 @@
-"""Classes `eagle3 validate` / `eagle3 convert` let through before issue 21: nested and unknown flags carried or
-reported by conversion, absurd numbers refused quickly, a target stored as pytorch_model.bin, and vLLM's view
-of a speculators draft (no false alarm on the project's own draft; the embedding decision per TP rank)."""
+"""Classes `eagle3 validate` / `eagle3 convert` let through before issue 21: nested and unknown
+flags carried or reported by conversion, absurd numbers refused quickly, a target stored as
+pytorch_model.bin, and vLLM's view of a speculators draft (no false alarm on the project's own
+draft; the embedding decision per TP rank)."""
 
 from __future__ import annotations
 
@@ -165,8 +166,9 @@ def test_same_config_other_weights_is_a_target_mismatch(pair, tmp_path, tiny_tar
 def test_a_training_output_not_converted_yet_is_one_problem_with_the_way_on(
     tmp_path, tiny_target_dir
 ):
-    """A new-user trial ran `eagle3 validate runs/<name>/train`: the speculators checkpoint gave CONFIG_FIELD and
-    AUX_IDS_MISSING findings that only follow from its format; one problem that says to convert it is the answer."""
+    """A new-user trial ran `eagle3 validate runs/<name>/train`: the speculators checkpoint gave
+    CONFIG_FIELD and AUX_IDS_MISSING findings that only follow from its format; one problem that
+    says to convert it is the answer."""
     from eagle3.errors import DataError
     from testkit.broken_corpus import make_speculators_draft
 

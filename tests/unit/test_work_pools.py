@@ -1,11 +1,13 @@
 """Work-pool templates and prefect.yaml against the workers that run them (issue 16).
 
-The Kubernetes job template cannot run here (no cluster), so it is checked the way Prefect itself checks it:
-the server's rules for a base job template (every placeholder declared), prefect-kubernetes' job configuration
-(required manifest paths, compatible values) after rendering with the template's defaults and with user values,
-and its flow-run preparation (the manifest a Job would be created from). The Docker pools' templates
-(infra/pool_template.py, what `make stack-up-distributed` creates) go through prefect-docker's configuration the
-same way. prefect.yaml: every deployment on one of the two pools, each entrypoint loadable, its parameters accepted.
+The Kubernetes job template cannot run here (no cluster), so it is checked the way Prefect itself
+checks it: the server's rules for a base job template (every placeholder declared),
+prefect-kubernetes' job configuration (required manifest paths, compatible values) after rendering
+with the template's defaults and with user values, and its flow-run preparation (the manifest a Job
+would be created from). The Docker pools' templates (infra/pool_template.py, what
+`make stack-up-distributed` creates) go through prefect-docker's configuration the same way.
+prefect.yaml: every deployment on one of the two pools, each entrypoint loadable, its parameters
+accepted.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def _pool_template_module():
 
 
 class _NoClient:
-    """Stands in for a Prefect client: rendering a template without block or variable references needs none."""
+    """Stands in for a Prefect client: rendering a template without block or variable references
+    needs none."""
 
     def __getattr__(self, name):
         raise AssertionError(
@@ -45,7 +48,8 @@ class _NoClient:
 
 
 def _render(config_cls, template: dict, values: dict):
-    """Prefect's worker-side path: defaults + values → job configuration → prepared for a flow run."""
+    """Prefect's worker-side path: defaults + values → job configuration → prepared for a flow
+    run."""
     from prefect.client.schemas.objects import FlowRun
     from prefect.utilities.schema_tools import validate
 
@@ -214,7 +218,8 @@ def test_prefect_yaml_deployments_are_on_the_two_pools_and_load():
             "eagle3-gpu",
         ]
     assert len(pools) == len(spec["deployments"]), "two deployments share a flow and a name"
-    # one flow per stage: the local per-stage deployments and the work-pool stages are the same flows
+    # one flow per stage: the local per-stage deployments and the work-pool stages are the same
+    # flows
     assert {f for f, _ in pools} == {
         "eagle3-pipeline",
         "eagle3-sweep",

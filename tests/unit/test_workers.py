@@ -1,5 +1,6 @@
-"""The status files of multi-process jobs and the deadlines the parent holds them to (eagle3.workers), without
-starting any process; the processes themselves: test_train_ranks.py, test_extract_workers.py."""
+"""The status files of multi-process jobs and the deadlines the parent holds them to
+(eagle3.workers), without starting any process; the processes themselves: test_train_ranks.py,
+test_extract_workers.py."""
 
 import json
 import os
@@ -42,7 +43,7 @@ def test_a_rank_missing_at_the_rendezvous_is_named_only_after_the_startup_deadli
     assert od.workers == [0, 1]
 
 
-def test_first_step_deadline_counts_from_the_last_rank_ready_then_stalls_count_from_the_last_progress():
+def test_first_step_deadline_counts_from_last_rank_ready_then_stalls_from_last_progress():
     ready = {
         0: st("ready", T0 + 10, ready_time=T0 + 10),
         1: st("ready", T0 + 20, ready_time=T0 + 20),
@@ -121,7 +122,8 @@ def test_status_writes_are_atomic_throttled_and_read_back(tmp_path):
 
 
 def test_end_processes_reaches_children_in_sessions_of_their_own():
-    """torchrun starts each rank in a new session: ending torchrun's group alone would orphan them."""
+    """torchrun starts each rank in a new session: ending torchrun's group alone would orphan
+    them."""
     code = (
         "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
         "time.sleep(60)'], start_new_session=True); print(c.pid, flush=True); time.sleep(60)"
