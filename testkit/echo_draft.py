@@ -22,9 +22,16 @@ import torch
 from testkit.sglang_drafts import draft_config, random_draft_tensors, write_draft
 
 
-def make_echo_draft(out_dir: Path, target_dir: Path, target_model, *, mix: float = 0.3,
-                    seed: int = 1,
-                    aux_hf_ids: list[int] | None = None, pass_chunk: int = 2) -> Path:
+def make_echo_draft(
+    out_dir: Path,
+    target_dir: Path,
+    target_model,
+    *,
+    mix: float = 0.3,
+    seed: int = 1,
+    aux_hf_ids: list[int] | None = None,
+    pass_chunk: int = 2,
+) -> Path:
     """Write the draft for the HF ``target_model`` (loaded from ``target_dir``) into ``out_dir``;
     returns it.
 
@@ -38,7 +45,7 @@ def make_echo_draft(out_dir: Path, target_dir: Path, target_model, *, mix: float
     cfg = draft_config(tcfg, aux_hf_ids=ids, draft_vocab_size=tcfg["vocab_size"])
     t = random_draft_tensors(cfg, seed=seed, n_aux=len(ids))
     fc = torch.zeros(h, len(ids) * h)
-    fc[:, pass_chunk * h:(pass_chunk + 1) * h] = torch.eye(h)
+    fc[:, pass_chunk * h : (pass_chunk + 1) * h] = torch.eye(h)
     t["fc.weight"] = fc
     t["layers.0.self_attn.o_proj.weight"] *= mix
     t["layers.0.mlp.down_proj.weight"] *= mix

@@ -1,10 +1,12 @@
-"""Faults injected into the processes a test starts (torchrun ranks, spawned extraction workers) through a
-``sitecustomize`` module put first on their ``PYTHONPATH``: the library itself carries no test hooks.
+"""Faults injected into the processes a test starts (torchrun ranks, spawned extraction workers)
+through a ``sitecustomize`` module put first on their ``PYTHONPATH``: the library itself carries no
+test hooks.
 
-``fault_env(dir, fault)`` writes the module and returns the environment to add (tests: ``monkeypatch.setenv``).
-Faults (``EAGLE3_TEST_FAULT``):
+``fault_env(dir, fault)`` writes the module and returns the environment to add (tests:
+``monkeypatch.setenv``). Faults (``EAGLE3_TEST_FAULT``):
 
-- ``train-never-arrive:R`` — rank R writes ``started`` and then sleeps instead of joining the process group;
+- ``train-never-arrive:R`` — rank R writes ``started`` and then sleeps instead of joining the
+  process group;
 - ``train-kill:R:S`` — rank R kills itself with SIGKILL when it is about to take optimizer step S+1
   (``run.step == S``), i.e. after step S and before the next checkpoint;
 - ``extract-hang:K`` — extraction worker K sleeps before it loads the target (never ready);
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import os
 import sys
 
@@ -61,13 +63,17 @@ elif _kind.startswith("extract-") and "--multiprocessing-fork" in sys.argv:
         os.kill(os.getpid(), 9)
 
     _w._worker_main, _w.run_shards = _main, _run
-'''
+"""
 
 
 def fault_env(directory: str | Path, fault: str) -> dict[str, str]:
-    """Write ``sitecustomize.py`` into ``directory``; returns ``{"PYTHONPATH", "EAGLE3_TEST_FAULT"}`` to set."""
+    """Write ``sitecustomize.py`` into ``directory``; returns
+    ``{"PYTHONPATH", "EAGLE3_TEST_FAULT"}`` to set."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": str(directory) + (os.pathsep + path if path else ""), "EAGLE3_TEST_FAULT": fault}
+    return {
+        "PYTHONPATH": str(directory) + (os.pathsep + path if path else ""),
+        "EAGLE3_TEST_FAULT": fault,
+    }

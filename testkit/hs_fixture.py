@@ -23,8 +23,9 @@ import torch
 from eagle3.artifacts import sha256_file, write_manifest
 
 
-def _sequences(num_samples: int, min_len: int, max_len: int, token_range: tuple[int, int],
-               seed: int):
+def _sequences(
+    num_samples: int, min_len: int, max_len: int, token_range: tuple[int, int], seed: int
+):
     g = torch.Generator().manual_seed(seed)
     lo, hi = token_range
     out = []
@@ -42,12 +43,20 @@ def _sequences(num_samples: int, min_len: int, max_len: int, token_range: tuple[
 
 
 @torch.no_grad()
-def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 12,
-                            min_len: int = 24,
-                            max_len: int = 48, token_range: tuple[int, int] = (100, 400),
-                            aux_layer_ids: list[int] | None = None, val_samples: int = 2,
-                            seed: int = 0,
-                            dtype: torch.dtype = torch.float32, empty: bool = False) -> Path:
+def build_hidden_states_dir(
+    out: Path,
+    target_dir: Path,
+    *,
+    num_samples: int = 12,
+    min_len: int = 24,
+    max_len: int = 48,
+    token_range: tuple[int, int] = (100, 400),
+    aux_layer_ids: list[int] | None = None,
+    val_samples: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    empty: bool = False,
+) -> Path:
     """Write a hidden-states directory made by the real (tiny) target at ``target_dir``; returns
     ``out``.
 
@@ -64,8 +73,9 @@ def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 1
     n_layers = conf.num_hidden_layers
     ids = aux_layer_ids or [2, n_layers // 2, n_layers - 3]
     captured = {}
-    hook = model.model.norm.register_forward_pre_hook(lambda m,
-                                                      a: captured.__setitem__("last", a[0]))
+    hook = model.model.norm.register_forward_pre_hook(
+        lambda m, a: captured.__setitem__("last", a[0])
+    )
     seqs = [] if empty else _sequences(num_samples, min_len, max_len, token_range, seed)
     rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
     for i, (seq, mask) in enumerate(seqs):
@@ -73,8 +83,10 @@ def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 1
         aux = [res.hidden_states[k][0] for k in ids]  # each [T, H]
         # [T, n_aux+1, H]
         hs = torch.stack(aux + [captured["last"][0]], dim=1).to(dtype).contiguous()
-        save_file({"token_ids": seq.contiguous(), "hidden_states": hs},
-                  str(out / "hidden_states" / f"hs_{i}.safetensors"))
+        save_file(
+            {"token_ids": seq.contiguous(), "hidden_states": hs},
+            str(out / "hidden_states" / f"hs_{i}.safetensors"),
+        )
         rows["input_ids"].append(seq.tolist())
         rows["loss_mask"].append(mask.tolist())
         rows["seq_len"].append(int(seq.numel()))
@@ -89,13 +101,24 @@ def build_hidden_states_dir(out: Path, target_dir: Path, *, num_samples: int = 1
         for t in seq[mask.bool()].tolist():
             freq[t] = freq.get(t, 0) + 1
     torch.save(freq, out / "token_freq.pt")
-    target = {"path": str(Path(target_dir).resolve()),
-              "config_hash": sha256_file(Path(target_dir) / "config.json"),
-              "weights_hash": None, "num_layers": n_layers, "hidden_size": conf.hidden_size,
-              "vocab_size": conf.vocab_size}
-    write_manifest(out, "hidden_states", counts={"samples": n, "tokens": sum(rows["seq_len"])},
-                   target=target, aux_layer_ids=ids, layer_id_convention="hf_hidden_states_index",
-                   dtype=str(dtype).replace("torch.", ""), splits={"train": train, "val": val})
+    target = {
+        "path": str(Path(target_dir).resolve()),
+        "config_hash": sha256_file(Path(target_dir) / "config.json"),
+        "weights_hash": None,
+        "num_layers": n_layers,
+        "hidden_size": conf.hidden_size,
+        "vocab_size": conf.vocab_size,
+    }
+    write_manifest(
+        out,
+        "hidden_states",
+        counts={"samples": n, "tokens": sum(rows["seq_len"])},
+        target=target,
+        aux_layer_ids=ids,
+        layer_id_convention="hf_hidden_states_index",
+        dtype=str(dtype).replace("torch.", ""),
+        splits={"train": train, "val": val},
+    )
     return out
 
 
@@ -119,8 +142,14 @@ def tiny_train_cfg(runs_dir: Path, *overrides: str):
     batches)."""
     from eagle3.config import load_config
 
-    base = [f"paths.runs_dir={runs_dir}", "train.draft_vocab_size=128",
-            "train.max_tokens_per_batch=96",
-            "train.log_every=1", "train.warmup_steps=2", "train.epochs=1"]
-    return load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny-random.yaml", base
-        + list(overrides))
+    base = [
+        f"paths.runs_dir={runs_dir}",
+        "train.draft_vocab_size=128",
+        "train.max_tokens_per_batch=96",
+        "train.log_every=1",
+        "train.warmup_steps=2",
+        "train.epochs=1",
+    ]
+    return load_config(
+        Path(__file__).resolve().parents[1] / "configs" / "tiny-random.yaml", base + list(overrides)
+    )

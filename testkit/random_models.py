@@ -15,36 +15,66 @@ from __future__ import annotations
 import torch
 
 SHAPES: dict[str, dict] = {
-    "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                    max_position_embeddings=8192,
-                    rms_norm_eps=1e-5, tie_word_embeddings=True,
-                    rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
-    "llama8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                    num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                    max_position_embeddings=131072,
-                    rms_norm_eps=1e-5, tie_word_embeddings=False,
-                    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                     "original_max_position_embeddings": 8192}),
-    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 max_position_embeddings=2048,
-                 rms_norm_eps=1e-6, tie_word_embeddings=True,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "smollm2": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    ),
+    "llama8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "tiny": dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
 }
 DRAFT_VOCAB = {"smollm2": 8192, "llama8b": 32000, "tiny": 512}
 
 
-def random_target(shape: str, device: str | torch.device, dtype: torch.dtype = torch.float32,
-                  seed: int = 0):
+def random_target(
+    shape: str, device: str | torch.device, dtype: torch.dtype = torch.float32, seed: int = 0
+):
     """A random ``LlamaForCausalLM`` of ``shape`` (SHAPES), built directly on ``device`` in
     ``dtype``, eval, sdpa attention; eos id 2 (SmolLM2's ``<|im_end|>``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    conf = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                       hidden_act="silu")
+    conf = LlamaConfig(
+        **SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=2, hidden_act="silu"
+    )
     conf._attn_implementation = "sdpa"  # noqa: SLF001
     torch.manual_seed(seed)
     before = torch.get_default_dtype()
@@ -57,9 +87,13 @@ def random_target(shape: str, device: str | torch.device, dtype: torch.dtype = t
     return model.eval()
 
 
-def random_draft(target, draft_vocab: int, device: str | torch.device,
-                 dtype: torch.dtype = torch.float32,
-                 seed: int = 0):
+def random_draft(
+    target,
+    draft_vocab: int,
+    device: str | torch.device,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+):
     """A random one-layer :class:`SGLangEagle3Draft` for ``target`` (aux HF ids ``[2, L//2, L-3]``,
     a random sorted hot-token set of ``draft_vocab`` target ids, the target's embedding), on
     ``device`` in ``dtype``."""

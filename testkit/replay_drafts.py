@@ -28,21 +28,32 @@ from testkit.sglang_drafts import draft_config, random_draft_tensors, write_draf
 
 def _config(target, hidden_size: int | None, draft_vocab_size: int) -> dict:
     tcfg = json.loads(target.config.to_json_string())
-    cfg = draft_config(tcfg, aux_hf_ids=default_aux_layer_ids(num_layers(target)),
-                       draft_vocab_size=draft_vocab_size)
+    cfg = draft_config(
+        tcfg,
+        aux_hf_ids=default_aux_layer_ids(num_layers(target)),
+        draft_vocab_size=draft_vocab_size,
+    )
     if hidden_size is not None and hidden_size != cfg["hidden_size"]:
         heads = max(1, hidden_size // 16)
-        cfg.update(hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                   num_attention_heads=heads,
-                   num_key_value_heads=max(1, heads // 2), head_dim=16)
+        cfg.update(
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+            head_dim=16,
+        )
     return cfg
 
 
 def _hot_tokens(seqs: list[list[int]], n: int, vocab: int) -> torch.Tensor:
     """The ``n`` most frequent ids of ``seqs`` (ties by id), topped up with the smallest unused ids;
     sorted."""
-    ranked = [t for t, _ in sorted(Counter(t for s in seqs for t in s).items(),
-                                   key=lambda kv: (-kv[1], kv[0]))]
+    ranked = [
+        t
+        for t, _ in sorted(
+            Counter(t for s in seqs for t in s).items(), key=lambda kv: (-kv[1], kv[0])
+        )
+    ]
     chosen = set(ranked[:n])
     filler = (t for t in range(vocab) if t not in chosen)
     while len(chosen) < n:
@@ -50,8 +61,9 @@ def _hot_tokens(seqs: list[list[int]], n: int, vocab: int) -> torch.Tensor:
     return torch.tensor(sorted(chosen))
 
 
-def _export(draft: SGLangEagle3Draft, hot: torch.Tensor, vocab: int,
-            own_embed: bool) -> dict[str, torch.Tensor]:
+def _export(
+    draft: SGLangEagle3Draft, hot: torch.Tensor, vocab: int, own_embed: bool
+) -> dict[str, torch.Tensor]:
     """The draft's parameters under SGLang's checkpoint names (q/k/v and gate/up unstacked)."""
     c = draft.config
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
@@ -65,8 +77,10 @@ def _export(draft: SGLangEagle3Draft, hot: torch.Tensor, vocab: int,
                 out[key.replace("qkv_proj", f"{part}_proj")] = rows.clone()
         elif key.endswith("gate_up_proj.weight"):
             gate, up = w.chunk(2)
-            out[key.replace("gate_up_proj", "gate_proj")], out[key.replace("gate_up_proj",
-                                                                           "up_proj")] = gate, up
+            (
+                out[key.replace("gate_up_proj", "gate_proj")],
+                out[key.replace("gate_up_proj", "up_proj")],
+            ) = gate, up
         elif key != "embed_tokens.weight" or own_embed:
             out[key] = w
     out["d2t"] = hot - torch.arange(hot.numel())
@@ -80,18 +94,31 @@ def _loss(draft, tokens, hidden, lengths, to_draft, num_steps):
     total = 0.0
     for j, normed in enumerate(chain_states(draft, tokens, hidden, num_steps), start=1):
         t = tokens.shape[1] - 1
-        want = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], num_steps + 1)],
-                         1)[:, 1 + j:1 + j + t]
+        want = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], num_steps + 1)], 1)[
+            :, 1 + j : 1 + j + t
+        ]
         rows = torch.arange(t)[None] + 1 + j < lengths[:, None]
         labels = torch.where(rows, to_draft[want], torch.full_like(want, -100))
-        total = total + F.cross_entropy(draft.lm_head(normed).flatten(0, 1), labels.flatten(),
-                                        ignore_index=-100)
+        total = total + F.cross_entropy(
+            draft.lm_head(normed).flatten(0, 1), labels.flatten(), ignore_index=-100
+        )
     return total
 
 
-def distilled_draft(out_dir: Path, target, prompts: list[list[int]], *, max_new_tokens: int = 48,
-                    hidden_size: int | None = None, draft_vocab_size: int = 512, num_steps: int = 3,
-                    steps: int = 150, lr: float = 3e-3, seed: int = 0, on_step=None) -> Path:
+def distilled_draft(
+    out_dir: Path,
+    target,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int = 48,
+    hidden_size: int | None = None,
+    draft_vocab_size: int = 512,
+    num_steps: int = 3,
+    steps: int = 150,
+    lr: float = 3e-3,
+    seed: int = 0,
+    on_step=None,
+) -> Path:
     """Train and write a draft for ``target`` on its greedy continuations of ``prompts``; returns
     ``out_dir``.
 
@@ -111,9 +138,10 @@ def distilled_draft(out_dir: Path, target, prompts: list[list[int]], *, max_new_
     embed = target.get_input_embeddings().weight.detach().float()
     if not own_embed:
         tensors["lm_head.weight"] = embed[hot].clone()
-    with tempfile.TemporaryDirectory() as tmp:     # the final folder only holds the trained draft
-        draft = SGLangEagle3Draft.from_dir(write_draft(Path(tmp), cfg, tensors),
-                                           target_embed=embed).train()
+    with tempfile.TemporaryDirectory() as tmp:  # the final folder only holds the trained draft
+        draft = SGLangEagle3Draft.from_dir(
+            write_draft(Path(tmp), cfg, tensors), target_embed=embed
+        ).train()
     draft.model.embed_tokens.weight.requires_grad_(own_embed)
     tokens, captured, _ = target_states(target, seqs, capture_indices(draft, target), 0)
     hidden = torch.cat([captured[i] for i in capture_indices(draft, target)], -1).float()

@@ -1,31 +1,36 @@
-"""The SGLang side of the conformance harness: runs ONLY inside ``.venv-sglang`` (test harness, not product).
+"""The SGLang side of the conformance harness: runs ONLY inside ``.venv-sglang`` (test harness, not
+product).
 
 Started by :func:`testkit.sglang_harness.run_jobs` as
-``.venv-sglang/bin/python testkit/sglang_worker.py JOBS.json RESULTS.json`` with ``TRITON_INTERPRET=1``
-and ``testkit/sglang_shims`` on ``PYTHONPATH``. It imports only sglang, torch, safetensors and
-transformers (never the project), so one process can check many checkpoints after paying SGLang's import
-cost (~10 s) once. Each job is a dict; each result is a dict with the job's ``name`` and ``op`` plus:
+``.venv-sglang/bin/python testkit/sglang_worker.py JOBS.json RESULTS.json`` with
+``TRITON_INTERPRET=1`` and ``testkit/sglang_shims`` on ``PYTHONPATH``. It imports only sglang,
+torch, safetensors and transformers (never the project), so one process can check many checkpoints
+after paying SGLang's import cost (~10 s) once. Each job is a dict; each result is a dict with the
+job's ``name`` and ``op`` plus:
 
-- ``op: "coverage"``, ``dir``: SGLang 0.5.23's own ``LlamaForCausalLMEagle3`` is built from ``dir/config.json``
-  on the CPU, every parameter is filled with NaN (the sentinel), then ``load_weights`` is fed every tensor of
-  ``dir/*.safetensors`` (as SGLang's default loader does). Result: ``params`` (all parameter names),
-  ``unfilled`` {name: fraction of elements still NaN}, ``tensors`` (all tensor names), ``unconsumed`` (tensors
-  that, loaded alone into a fresh NaN-filled model, filled nothing and set no ``hot_token_id``),
-  ``ignored_by_design`` (``t2d``: SGLang skips it on purpose), ``replaced_at_runtime`` (``embed_tokens``
-  left unfilled but replaced by the target's embedding at serving time), ``unfilled_unused`` (parameters no
-  tensor fills that SGLang's forward never reads: changing that one alone leaves an EXTEND forward's
-  outputs unchanged; they are not in ``unfilled``), ``hot_token_id_set``, ``error`` (the
-  exception text when building or loading raised, else ``None``).
-- ``op: "forward"``, ``dir``, ``inputs`` (safetensors: ``input_ids [T] int64``, ``positions [T] int64``,
-  ``hidden_states [T, W] float32``, optional ``target_embed [V, H]``), ``out`` (safetensors path written
-  with ``logits [T, draft_vocab]``, ``hidden_prenorm [T, H]`` and ``last_logits [1, draft_vocab]``): one
-  EXTEND-mode float32 forward through SGLang's ``TorchNativeAttnBackend`` with a real ``ReqToTokenPool`` /
-  ``MHATokenToKVPool``. ``logits`` = SGLang's final-normed hidden states times its ``lm_head`` (all
-  positions); ``last_logits`` comes from SGLang's own ``LogitsProcessor`` (the last position only, as the
-  server computes it) and is a cross-check of the former.
+- ``op: "coverage"``, ``dir``: SGLang 0.5.23's own ``LlamaForCausalLMEagle3`` is built from
+  ``dir/config.json`` on the CPU, every parameter is filled with NaN (the sentinel), then
+  ``load_weights`` is fed every tensor of ``dir/*.safetensors`` (as SGLang's default loader does).
+  Result: ``params`` (all parameter names), ``unfilled`` {name: fraction of elements still NaN},
+  ``tensors`` (all tensor names), ``unconsumed`` (tensors that, loaded alone into a fresh NaN-filled
+  model, filled nothing and set no ``hot_token_id``), ``ignored_by_design`` (``t2d``: SGLang skips
+  it on purpose), ``replaced_at_runtime`` (``embed_tokens`` left unfilled but replaced by the
+  target's embedding at serving time), ``unfilled_unused`` (parameters no tensor fills that SGLang's
+  forward never reads: changing that one alone leaves an EXTEND forward's outputs unchanged; they
+  are not in ``unfilled``), ``hot_token_id_set``, ``error`` (the exception text when building or
+  loading raised, else ``None``).
+- ``op: "forward"``, ``dir``, ``inputs`` (safetensors: ``input_ids [T] int64``,
+  ``positions [T] int64``, ``hidden_states [T, W] float32``, optional ``target_embed [V, H]``),
+  ``out`` (safetensors path written with ``logits [T, draft_vocab]``, ``hidden_prenorm [T, H]`` and
+  ``last_logits [1, draft_vocab]``): one EXTEND-mode float32 forward through SGLang's
+  ``TorchNativeAttnBackend`` with a real ``ReqToTokenPool`` / ``MHATokenToKVPool``. ``logits`` =
+  SGLang's final-normed hidden states times its ``lm_head`` (all positions); ``last_logits`` comes
+  from SGLang's own ``LogitsProcessor`` (the last position only, as the server computes it) and is a
+  cross-check of the former.
 
-The internal APIs used here (``init_single_process_dist``, ``ForwardBatch`` fields, ``forward_context``,
-pool constructors) are those of SGLang 0.5.23 exactly; expect to adjust them on any upgrade.
+The internal APIs used here (``init_single_process_dist``, ``ForwardBatch`` fields,
+``forward_context``, pool constructors) are those of SGLang 0.5.23 exactly; expect to adjust them on
+any upgrade.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ EMBED = "model.embed_tokens.weight"
 
 
 def _embed_shared(config) -> bool:
-    """SGLang's ``LlamaForCausalLM.set_embed`` (``llama.py``) replaces the draft's embedding with the target's
-    unless ``target_hidden_size`` is set and differs from ``hidden_size``."""
+    """SGLang's ``LlamaForCausalLM.set_embed`` (``llama.py``) replaces the draft's embedding with
+    the target's unless ``target_hidden_size`` is set and differs from ``hidden_size``."""
     tgt = getattr(config, "target_hidden_size", None)
     return tgt is None or tgt == config.hidden_size
 
@@ -72,8 +77,8 @@ def _fill_nan(model) -> None:
 
 
 def _read_tensors(draft_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the folder, chosen as SGLang's default loader does: ``*.safetensors`` when there is any,
-    else ``*.bin``."""
+    """All tensors of the folder, chosen as SGLang's default loader does: ``*.safetensors`` when
+    there is any, else ``*.bin``."""
     files = sorted(draft_dir.glob("*.safetensors"))
     use_st = bool(files)
     files = files or sorted(draft_dir.glob("*.bin"))
@@ -81,7 +86,11 @@ def _read_tensors(draft_dir: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{draft_dir}: no *.safetensors or *.bin weight file")
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        tensors.update(load_file(str(f)) if use_st else torch.load(str(f), map_location="cpu", weights_only=True))
+        tensors.update(
+            load_file(str(f))
+            if use_st
+            else torch.load(str(f), map_location="cpu", weights_only=True)
+        )
     return tensors
 
 
@@ -90,9 +99,19 @@ def _nan_fraction(model) -> dict[str, float]:
 
 
 def coverage(draft_dir: Path) -> dict:
-    """Sentinel-fill coverage of one checkpoint through SGLang's real ``load_weights`` (see module doc)."""
-    out: dict = {"params": [], "unfilled": {}, "tensors": [], "unconsumed": [], "ignored_by_design": [],
-                 "hot_token_id_set": False, "replaced_at_runtime": [], "unfilled_unused": [], "error": None}
+    """Sentinel-fill coverage of one checkpoint through SGLang's real ``load_weights`` (see module
+    doc)."""
+    out: dict = {
+        "params": [],
+        "unfilled": {},
+        "tensors": [],
+        "unconsumed": [],
+        "ignored_by_design": [],
+        "hot_token_id_set": False,
+        "replaced_at_runtime": [],
+        "unfilled_unused": [],
+        "error": None,
+    }
     try:
         model = _build(draft_dir)
         tensors = _read_tensors(draft_dir)
@@ -106,7 +125,9 @@ def coverage(draft_dir: Path) -> dict:
             if EMBED in out["unfilled"] and _embed_shared(model.config):
                 out["replaced_at_runtime"].append(EMBED)
                 del out["unfilled"][EMBED]
-            out["unfilled_unused"] = _unused(model, list(out["unfilled"]), out["replaced_at_runtime"])
+            out["unfilled_unused"] = _unused(
+                model, list(out["unfilled"]), out["replaced_at_runtime"]
+            )
             for name in out["unfilled_unused"]:
                 del out["unfilled"][name]
             for name in sorted(tensors):
@@ -118,13 +139,18 @@ def coverage(draft_dir: Path) -> dict:
                 filled = [n for n, f in _nan_fraction(model).items() if f < 1.0]
                 if not filled and model.hot_token_id is None:
                     out["unconsumed"].append(name)
-    except Exception as exc:  # reported to the caller as "fails to load", with the traceback's last lines
-        out["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc().splitlines(True)[-6:])
+    except (
+        Exception
+    ) as exc:  # reported to the caller as "fails to load", with the traceback's last lines
+        out["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(
+            traceback.format_exc().splitlines(True)[-6:]
+        )
     return out
 
 
 def _probe_forward(model) -> torch.Tensor:
-    """One EXTEND forward on fixed random inputs; returns logits and next-step hidden state concatenated."""
+    """One EXTEND forward on fixed random inputs; returns logits and next-step hidden state
+    concatenated."""
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     g = torch.Generator().manual_seed(0)
@@ -141,11 +167,11 @@ def _probe_forward(model) -> torch.Tensor:
 def _unused(model, unfilled: list[str], replaced: list[str]) -> list[str]:
     """Unfilled parameters SGLang's forward never reads (e.g. ``layers.{i>=1}.input_layernorm``).
 
-    Every unfilled (or runtime-replaced) parameter gets finite random values; then each unfilled one in turn
-    is given two different random values: identical EXTEND-forward outputs show it is unused. (A NaN
-    sentinel cannot be used for this probe: torch's CPU ``scaled_dot_product_attention`` returns finite
-    output when a whole key tensor is NaN, so a missing ``k_proj`` would look unused.) All of them are reset
-    to NaN afterwards.
+    Every unfilled (or runtime-replaced) parameter gets finite random values; then each unfilled one
+    in turn is given two different random values: identical EXTEND-forward outputs show it is
+    unused. (A NaN sentinel cannot be used for this probe: torch's CPU
+    ``scaled_dot_product_attention`` returns finite output when a whole key tensor is NaN, so a
+    missing ``k_proj`` would look unused.) All of them are reset to NaN afterwards.
     """
     params = dict(model.named_parameters())
     gen = torch.Generator().manual_seed(1)
@@ -173,37 +199,64 @@ class _Runner:
         self.token_to_kv_pool = token_to_kv_pool
 
 
-def _extend_batch(model, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor):
+def _extend_batch(
+    model, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor
+):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     cfg = model.config
     n = int(input_ids.shape[0])
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    req_pool = ReqToTokenPool(size=1, max_context_len=n + 8, device="cpu", enable_memory_saver=False)
-    kv_pool = MHATokenToKVPool(size=n + 8, page_size=1, dtype=torch.float32, head_num=cfg.num_key_value_heads,
-                               head_dim=head_dim, layer_num=cfg.num_hidden_layers, device="cpu",
-                               enable_memory_saver=False)
+    req_pool = ReqToTokenPool(
+        size=1, max_context_len=n + 8, device="cpu", enable_memory_saver=False
+    )
+    kv_pool = MHATokenToKVPool(
+        size=n + 8,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        layer_num=cfg.num_hidden_layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
     out_cache_loc = torch.arange(1, n + 1, dtype=torch.int64)
     req_pool.req_to_token[1, :n] = out_cache_loc.to(req_pool.req_to_token.dtype)
     backend = TorchNativeAttnBackend(_Runner(req_pool, kv_pool))
     spec_info = EagleDraftInput(hidden_states=hidden_states)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=input_ids,
-        req_pool_indices=torch.tensor([1], dtype=torch.int64), seq_lens=torch.tensor([n], dtype=torch.int64),
-        out_cache_loc=out_cache_loc, seq_lens_sum=n, seq_lens_cpu=torch.tensor([n]), positions=positions,
-        extend_num_tokens=n, extend_seq_lens=torch.tensor([n], dtype=torch.int32),
-        extend_prefix_lens=torch.tensor([0], dtype=torch.int32), extend_start_loc=torch.tensor([0], dtype=torch.int32),
-        extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[n], spec_info=spec_info,
-        capture_hidden_mode=CaptureHiddenMode.FULL, return_logprob=False,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=1,
+        input_ids=input_ids,
+        req_pool_indices=torch.tensor([1], dtype=torch.int64),
+        seq_lens=torch.tensor([n], dtype=torch.int64),
+        out_cache_loc=out_cache_loc,
+        seq_lens_sum=n,
+        seq_lens_cpu=torch.tensor([n]),
+        positions=positions,
+        extend_num_tokens=n,
+        extend_seq_lens=torch.tensor([n], dtype=torch.int32),
+        extend_prefix_lens=torch.tensor([0], dtype=torch.int32),
+        extend_start_loc=torch.tensor([0], dtype=torch.int32),
+        extend_prefix_lens_cpu=[0],
+        extend_seq_lens_cpu=[n],
+        spec_info=spec_info,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        return_logprob=False,
     )
     return backend, batch
 
 
 def forward(draft_dir: Path, inputs_path: Path, out_path: Path) -> dict:
-    """One EXTEND-mode float32 forward of SGLang's draft on the given hidden states (see module doc)."""
+    """One EXTEND-mode float32 forward of SGLang's draft on the given hidden states (see module
+    doc)."""
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     inputs = load_file(str(inputs_path))
@@ -211,7 +264,11 @@ def forward(draft_dir: Path, inputs_path: Path, out_path: Path) -> dict:
     model.load_weights(iter(_read_tensors(draft_dir).items()))
     if "target_embed" in inputs:
         model.set_embed(inputs["target_embed"].float())
-    ids, pos, hs = inputs["input_ids"].long(), inputs["positions"].long(), inputs["hidden_states"].float()
+    ids, pos, hs = (
+        inputs["input_ids"].long(),
+        inputs["positions"].long(),
+        inputs["hidden_states"].float(),
+    )
     backend, batch = _extend_batch(model, ids, pos, hs)
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)):
         backend.init_forward_metadata(batch)
@@ -222,10 +279,19 @@ def forward(draft_dir: Path, inputs_path: Path, out_path: Path) -> dict:
         backend2.init_forward_metadata(batch2)
         lp_out = model.forward(ids, pos, batch2)
     last = lp_out.next_token_logits.float()
-    save_file({"logits": logits.contiguous(), "hidden_prenorm": aux[0].contiguous(),
-               "last_logits": last.contiguous()}, str(out_path))
-    return {"out": str(out_path), "tokens": int(ids.shape[0]),
-            "last_logits_max_abs_diff": float((last[-1] - logits[-1]).abs().max())}
+    save_file(
+        {
+            "logits": logits.contiguous(),
+            "hidden_prenorm": aux[0].contiguous(),
+            "last_logits": last.contiguous(),
+        },
+        str(out_path),
+    )
+    return {
+        "out": str(out_path),
+        "tokens": int(ids.shape[0]),
+        "last_logits_max_abs_diff": float((last[-1] - logits[-1]).abs().max()),
+    }
 
 
 def main(argv: list[str]) -> int:

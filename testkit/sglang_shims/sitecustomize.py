@@ -1,10 +1,11 @@
-"""Post-import hook for processes of ``.venv-sglang`` run by the conformance harness (test harness only).
+"""Post-import hook for processes of ``.venv-sglang`` run by the conformance harness (test harness
+only).
 
-Python imports ``sitecustomize`` at start-up from ``PYTHONPATH``, so this also runs inside the scheduler
-and detokenizer processes SGLang spawns. It installs a meta-path finder that, for each module named in
-``eagle3_sglang_patches.PATCHES``, lets the normal finder locate it, then wraps its loader so the patch runs
-right after the module's own code (before any other module can ``from ... import`` the patched names).
-The installed package is never edited.
+Python imports ``sitecustomize`` at start-up from ``PYTHONPATH``, so this also runs inside the
+scheduler and detokenizer processes SGLang spawns. It installs a meta-path finder that, for each
+module named in ``eagle3_sglang_patches.PATCHES``, lets the normal finder locate it, then wraps its
+loader so the patch runs right after the module's own code (before any other module can
+``from ... import`` the patched names). The installed package is never edited.
 """
 
 from __future__ import annotations

@@ -31,13 +31,31 @@ def _engines(pid: int) -> list[psutil.Process]:
 
 
 def test_sigterm_during_deploy_bench_ends_promptly_with_143(tmp_path, ephemeral_prefect):
-    cmd = [sys.executable, "-m", "cli.main", "run", str(CONFIGS / "tiny-random.yaml"),
-           "-o", f"paths.runs_dir={tmp_path / 'runs'}", "-o", "bench.baseline_untrained=true",
-           "-o", "bench.num_prompts=40", "-o", "bench.max_new_tokens=64"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "run",
+        str(CONFIGS / "tiny-random.yaml"),
+        "-o",
+        f"paths.runs_dir={tmp_path / 'runs'}",
+        "-o",
+        "bench.baseline_untrained=true",
+        "-o",
+        "bench.num_prompts=40",
+        "-o",
+        "bench.max_new_tokens=64",
+    ]
     log_path = tmp_path / "run.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 400
         engines: list[psutil.Process] = []

@@ -1,5 +1,5 @@
-"""Extraction is re-executed when its input file changes, and served from Prefect's cache when nothing
-changed — counted from the Prefect task-run states (ephemeral API, real MLflow)."""
+"""Extraction is re-executed when its input file changes, and served from Prefect's cache when
+nothing changed — counted from the Prefect task-run states (ephemeral API, real MLflow)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,13 @@ def test_changed_dataset_file_reruns_extraction(tmp_path, sharegpt_path, tiny_ta
 
     data = tmp_path / "conv.jsonl"
     _conversations(sharegpt_path, data, 6)
-    overrides = [f"paths.runs_dir={tmp_path / 'runs'}", "data.source=file", f"data.path={data}",
-                 "data.num_conversations=4", "data.max_seq_len=64"]
+    overrides = [
+        f"paths.runs_dir={tmp_path / 'runs'}",
+        "data.source=file",
+        f"data.path={data}",
+        "data.num_conversations=4",
+        "data.max_seq_len=64",
+    ]
     cfg = load_config(TINY, overrides)
     try:
         with local_prefect(cfg):
@@ -38,7 +43,9 @@ def test_changed_dataset_file_reruns_extraction(tmp_path, sharegpt_path, tiny_ta
             for step in ("first", "unchanged", "changed"):
                 if step == "changed":
                     rows = [json.loads(x) for x in data.read_text().splitlines()]
-                    rows[0]["conversations"][1]["value"] = "A different answer, so different hidden states."
+                    rows[0]["conversations"][1]["value"] = (
+                        "A different answer, so different hidden states."
+                    )
                     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
                 st = extract_flow(config_path=str(TINY), overrides=overrides, return_state=True)
                 assert st.is_completed(), st.message
@@ -51,5 +58,7 @@ def test_changed_dataset_file_reruns_extraction(tmp_path, sharegpt_path, tiny_ta
     # MLflow: the cached stage's nested run points to the run that produced the artifact
     first = summarize_run(summaries[0]["parent_run_id"], summaries[0]["mlflow_uri"])["stages"][0]
     cached = summarize_run(summaries[1]["parent_run_id"], summaries[1]["mlflow_uri"])["stages"][0]
-    assert not first["cached"] and 1 <= first["metrics"]["counts.samples"] <= 4  # 4 conversations asked for
+    assert (
+        not first["cached"] and 1 <= first["metrics"]["counts.samples"] <= 4
+    )  # 4 conversations asked for
     assert cached["cached"] and cached["produced_by"] == first["run_id"]

@@ -1,6 +1,7 @@
-"""The readiness gate against real subprocess servers imitating each start-up behaviour (tests/support/
-fake_servers.py). Each verdict must come within stall_timeout + two poll intervals of the last progress, with
-diagnostics saved and no process of the server's tree left in the process table afterwards."""
+"""The readiness gate against real subprocess servers imitating each start-up behaviour
+(tests/support/ fake_servers.py). Each verdict must come within stall_timeout + two poll intervals
+of the last progress, with diagnostics saved and no process of the server's tree left in the process
+table afterwards."""
 
 from __future__ import annotations
 
@@ -18,24 +19,36 @@ from eagle3.serve.readiness import wait_ready
 from tests.support.fake_servers import leftovers, start_fake
 
 STALL, POLL = 2.0, 0.25
-GATE = dict(timeout_s=20.0, stall_timeout_s=STALL, poll_interval_s=POLL, probe_timeout_s=8.0, use_gpu=False)
+GATE = dict(
+    timeout_s=20.0, stall_timeout_s=STALL, poll_interval_s=POLL, probe_timeout_s=8.0, use_gpu=False
+)
 SLACK_S = 0.5  # scheduling jitter of a loaded 2-core machine
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _gate(server, tmp_path, name="diag", **kw):
-    return wait_ready(server.url, pid=server.pid, log_path=server.log_path, diagnostics_dir=tmp_path / name,
-                      **{**GATE, **kw})
+    return wait_ready(
+        server.url,
+        pid=server.pid,
+        log_path=server.log_path,
+        diagnostics_dir=tmp_path / name,
+        **{**GATE, **kw},
+    )
 
 
 def _assert_all_gone(server):
-    """The process table holds nothing of the server's tree (root, children, orphans) after teardown."""
+    """The process table holds nothing of the server's tree (root, children, orphans) after
+    teardown."""
     tree = set(server.stop_report["pids"]) if server.stop_report else set()
     server.stop()
     assert server.returncode is not None
     assert leftovers(server.port) == [], f"processes left behind: {leftovers(server.port)}"
-    alive = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [
+        p
+        for p in tree
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
     assert alive == []
 
 
@@ -46,13 +59,17 @@ def _assert_within_stall_bound(res):
 
 
 def test_slow_warmup_with_growing_log_is_ready(tmp_path):
-    with start_fake("slow_warmup", tmp_path, "--warm-s", "3.5", "--progress", "log", "--children", "1") as srv:
+    with start_fake(
+        "slow_warmup", tmp_path, "--warm-s", "3.5", "--progress", "log", "--children", "1"
+    ) as srv:
         res = _gate(srv, tmp_path)
         assert res.verdict == "ready", res.summary()
         assert res.phases["warming"] > STALL  # 503 for longer than stall_timeout was not a failure
         assert list(res.phases)[:2] == ["launching", "loading"] or list(res.phases)[0] == "loading"
         assert "probing" in res.phases and res.signals["log"] > 0
-        assert len(res.probe) == 2 and all(p["tokens"] == 4 and p["spec"]["spec_verify_ct"] >= 1 for p in res.probe)
+        assert len(res.probe) == 2 and all(
+            p["tokens"] == 4 and p["spec"]["spec_verify_ct"] >= 1 for p in res.probe
+        )
         assert json.loads((tmp_path / "diag" / "gate.json").read_text())["verdict"] == "ready"
         assert not (tmp_path / "diag" / "index.json").exists()  # no diagnostics for a ready server
         m = res.metrics()
@@ -87,14 +104,18 @@ def test_hang_after_loading_is_stalled_with_diagnostics(tmp_path):
 
 
 def test_crash_during_startup_is_crashed_with_exit_code_and_log_tail(tmp_path):
-    with start_fake("crash_startup", tmp_path, "--exit-code", "3", "--children", "1", "--child-ignores-term") as srv:
+    with start_fake(
+        "crash_startup", tmp_path, "--exit-code", "3", "--children", "1", "--child-ignores-term"
+    ) as srv:
         res = _gate(srv, tmp_path)
         assert res.verdict == "crashed", res.summary()
         assert res.exit_code == 3
         assert "RuntimeError: Weight lm_head.weight" in res.log_tail
         assert res.elapsed_s <= 0.6 + 1.5 + 2 * POLL + SLACK_S  # load time + interpreter start-up
         assert (tmp_path / "diag" / "index.json").exists()
-    _assert_all_gone(srv)  # the orphaned child (parent died) was found by its process group and killed
+    _assert_all_gone(
+        srv
+    )  # the orphaned child (parent died) was found by its process group and killed
 
 
 def test_health_green_while_generation_hangs_is_not_ready(tmp_path):
@@ -153,17 +174,26 @@ def _grep_ok_check(url: str) -> bool:
 
 
 def test_story_hung_server_and_warming_server_are_told_apart(tmp_path):
-    """Story, part 1: a silent server (weights loaded, answers 503, log not growing, processes sleeping).
-    Part 2: a server that answers 503 while it warms up (log growing). A grep-for-"ok" check calls both hung;
-    the gate stalls the first and waits the second through to ready — run side by side."""
+    """Story, part 1: a silent server (weights loaded, answers 503, log not growing, processes
+    sleeping). Part 2: a server that answers 503 while it warms up (log growing). A grep-for-"ok"
+    check calls both hung; the gate stalls the first and waits the second through to ready — run
+    side by side."""
     hung = start_fake("hang_after_load", tmp_path / "hung", "--children", "1")
-    warm = start_fake("slow_warmup", tmp_path / "warm", "--warm-s", "4", "--progress", "log", "--children", "1")
+    warm = start_fake(
+        "slow_warmup", tmp_path / "warm", "--warm-s", "4", "--progress", "log", "--children", "1"
+    )
     with hung, warm:
         assert _wait_http(hung.url + "/health") == 503 and _wait_http(warm.url + "/health") == 503
-        assert not _grep_ok_check(hung.url) and not _grep_ok_check(warm.url)  # the naive check: both "hung"
+        assert not _grep_ok_check(hung.url) and not _grep_ok_check(
+            warm.url
+        )  # the naive check: both "hung"
         results = {}
-        threads = [threading.Thread(target=lambda n=n, s=s: results.__setitem__(n, _gate(s, tmp_path, name=n)))
-                   for n, s in (("hung", hung), ("warm", warm))]
+        threads = [
+            threading.Thread(
+                target=lambda n=n, s=s: results.__setitem__(n, _gate(s, tmp_path, name=n))
+            )
+            for n, s in (("hung", hung), ("warm", warm))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -176,7 +206,8 @@ def test_story_hung_server_and_warming_server_are_told_apart(tmp_path):
 
 
 def test_wait_ready_command_end_to_end(tmp_path):
-    """`eagle3 wait-ready` (the CLI) against a warming server (exit 0) and a crashing one (exit 1)."""
+    """`eagle3 wait-ready` (the CLI) against a warming server (exit 0) and a crashing one (exit
+    1)."""
     with start_fake("slow_warmup", tmp_path, "--warm-s", "2.5") as srv:
         cp = _cli(srv, tmp_path / "d1")
         assert cp.returncode == 0, cp.stdout + cp.stderr
@@ -189,7 +220,26 @@ def test_wait_ready_command_end_to_end(tmp_path):
 
 
 def _cli(server, diag) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "cli.main", "wait-ready", "--url", server.url, "--pid", str(server.pid),
-            "--log", str(server.log_path), "--stall-timeout", str(STALL), "--poll-interval", str(POLL),
-            "--timeout", "20", "--probe-timeout", "8", "--diagnostics", str(diag)]
+    argv = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "wait-ready",
+        "--url",
+        server.url,
+        "--pid",
+        str(server.pid),
+        "--log",
+        str(server.log_path),
+        "--stall-timeout",
+        str(STALL),
+        "--poll-interval",
+        str(POLL),
+        "--timeout",
+        "20",
+        "--probe-timeout",
+        "8",
+        "--diagnostics",
+        str(diag),
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=40)

@@ -1,5 +1,6 @@
-"""The CPU reference engine as a real subprocess: SGLang's flags, endpoints and meta_info; greedy output equal to
-the target's own greedy output; concurrent requests do not mix; refused flags are named."""
+"""The CPU reference engine as a real subprocess: SGLang's flags, endpoints and meta_info; greedy
+output equal to the target's own greedy output; concurrent requests do not mix; refused flags are
+named."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ from refengine.launch_server import UsageError, parse_args
 from testkit.sglang_drafts import make_random_draft
 
 REPO = Path(__file__).resolve().parents[2]
-PROMPTS = ["Hello, how are you today?", "Write a haiku about the sea.", "1, 2, 3, 4,", "The capital of France"]
+PROMPTS = [
+    "Hello, how are you today?",
+    "Write a haiku about the sea.",
+    "1, 2, 3, 4,",
+    "The capital of France",
+]
 
 
 def _free_port() -> int:
@@ -32,29 +38,65 @@ def _free_port() -> int:
 
 
 def _cmd(target, draft, port, *extra):
-    return [sys.executable, "-m", "refengine.launch_server", "--model-path", str(target),
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft),
-            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "refengine.launch_server",
+        "--model-path",
+        str(target),
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        *extra,
+    ]
 
 
 class Server:
-    """A reference-engine subprocess in its own process group; stopped (TERM, then KILL) in ``stop``."""
+    """A reference-engine subprocess in its own process group; stopped (TERM, then KILL) in
+    ``stop``."""
 
     def __init__(self, cmd, log_path: Path):
         self.log_path = log_path
         self.log = open(log_path, "w")
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
-                                     start_new_session=True)
+        env = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+        )
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
         self.url = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
 
     def wait_ready(self, timeout_s: float = 120.0) -> list[int]:
-        """Poll /health until 200 within the deadline; returns the status codes seen (0 = refused)."""
+        """Poll /health until 200 within the deadline; returns the status codes seen (0 =
+        refused)."""
         seen, deadline = [], time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
+                raise AssertionError(
+                    f"server exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
+                )
             try:
                 code = httpx.get(self.url + "/health", timeout=5).status_code
             except httpx.TransportError:
@@ -63,7 +105,9 @@ class Server:
             if code == 200:
                 return seen
             time.sleep(0.25)
-        raise AssertionError(f"not ready in {timeout_s}s; codes {seen[-5:]}; log {self.log_path.read_text()[-3000:]}")
+        raise AssertionError(
+            f"not ready in {timeout_s}s; codes {seen[-5:]}; log {self.log_path.read_text()[-3000:]}"
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -97,13 +141,18 @@ def hf_target(tiny_target_dir):
 
 
 def _greedy(model, ids, n, eos=2):
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[
+        0, len(ids) :
+    ].tolist()
     return out[: out.index(eos) + 1] if eos in out else out
 
 
 def _gen(url, text, n=12, **sp):
-    r = httpx.post(url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": n,
-                                                                              "temperature": 0.0, **sp}}, timeout=120)
+    r = httpx.post(
+        url + "/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, **sp}},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -128,9 +177,13 @@ def test_greedy_generate_equals_target_greedy_and_meta_info(served, hf_target):
         m = out["meta_info"]
         assert m["prompt_tokens"] == len(ids) and m["completion_tokens"] == len(out["output_ids"])
         assert m["spec_verify_ct"] >= 1
-        assert m["spec_accept_length"] == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+        assert m["spec_accept_length"] == pytest.approx(
+            m["completion_tokens"] / m["spec_verify_ct"]
+        )
         assert m["spec_num_proposed_drafts"] == 3 * m["spec_verify_ct"]
-        assert m["spec_accept_rate"] == pytest.approx(m["spec_num_correct_drafts"] / m["spec_num_proposed_drafts"])
+        assert m["spec_accept_rate"] == pytest.approx(
+            m["spec_num_correct_drafts"] / m["spec_num_proposed_drafts"]
+        )
         assert sum(m["spec_correct_drafts_histogram"]) == m["spec_verify_ct"]
         assert m["finish_reason"]["type"] in ("length", "stop") and m["e2e_latency"] > 0
         assert out["text"] == tok.decode(out["output_ids"], skip_special_tokens=True)
@@ -142,8 +195,11 @@ def test_concurrent_requests_do_not_mix(served):
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda t: _gen(srv.url, t)["output_ids"], PROMPTS))
     assert together == solo
-    batch = httpx.post(srv.url + "/generate", json={"text": PROMPTS[:2], "sampling_params": {
-        "max_new_tokens": 12, "temperature": 0.0}}, timeout=120).json()
+    batch = httpx.post(
+        srv.url + "/generate",
+        json={"text": PROMPTS[:2], "sampling_params": {"max_new_tokens": 12, "temperature": 0.0}},
+        timeout=120,
+    ).json()
     assert [b["output_ids"] for b in batch] == solo[:2]
 
 
@@ -151,24 +207,42 @@ def test_sampling_is_seeded_and_input_ids_accepted(served, hf_target):
     srv, _ = served
     _, tok = hf_target
     ids = tok(PROMPTS[0])["input_ids"]
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 5}}
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 5},
+    }
     a, b = (httpx.post(srv.url + "/generate", json=body, timeout=60).json() for _ in range(2))
     assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) >= 1
 
 
 def test_chat_server_info_and_metrics(served):
     srv, _ = served
-    r = httpx.post(srv.url + "/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 6, "temperature": 0}, timeout=60)
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Say hi"}],
+            "max_tokens": 6,
+            "temperature": 0,
+        },
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     c = r.json()
-    assert c["choices"][0]["message"]["role"] == "assistant" and c["usage"]["completion_tokens"] <= 6
+    assert (
+        c["choices"][0]["message"]["role"] == "assistant" and c["usage"]["completion_tokens"] <= 6
+    )
     info = httpx.get(srv.url + "/get_server_info", timeout=10).json()
-    assert info["decoder"].startswith("fast path (LlamaForCausalLM") and info["speculative_algorithm"] == "EAGLE3"
+    assert (
+        info["decoder"].startswith("fast path (LlamaForCausalLM")
+        and info["speculative_algorithm"] == "EAGLE3"
+    )
     avg = info["internal_states"][0]["avg_spec_accept_length"]
     assert 1.0 <= avg <= 4.0
     assert httpx.get(srv.url + "/server_info", timeout=10).json()["speculative_num_steps"] == 3
-    fams = {f.name: f for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics", timeout=10).text)}
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics", timeout=10).text)
+    }
     assert fams["sglang:spec_accept_length"].samples[0].value == pytest.approx(avg)
     gen = fams["sglang:generation_tokens"].samples[0].value
     calls = fams["sglang:spec_verify_calls"].samples[0].value
@@ -180,7 +254,9 @@ def test_generate_streams_cumulative_chunks_like_sglang(served, hf_target):
     body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
     whole = httpx.post(srv.url + "/generate", json=body, timeout=60).json()
     events = []
-    with httpx.stream("POST", srv.url + "/generate", json={**body, "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST", srv.url + "/generate", json={**body, "stream": True}, timeout=60
+    ) as r:
         assert r.status_code == 200 and "text/event-stream" in r.headers["content-type"]
         events = [ln[5:].strip() for ln in r.iter_lines() if ln.startswith("data:")]
     assert events[-1] == "[DONE]" and len(events) >= 3
@@ -193,43 +269,64 @@ def test_generate_streams_cumulative_chunks_like_sglang(served, hf_target):
 
 def test_unimplemented_request_fields_are_refused_by_name(served):
     srv, _ = served
-    r = httpx.post(srv.url + "/generate", json={"text": "x", "sampling_params": {"frequency_penalty": 0.5}}, timeout=30)
+    r = httpx.post(
+        srv.url + "/generate",
+        json={"text": "x", "sampling_params": {"frequency_penalty": 0.5}},
+        timeout=30,
+    )
     assert r.status_code == 400 and "frequency_penalty" in r.text
     r = httpx.post(srv.url + "/generate", json={"text": ["x", "y"], "stream": True}, timeout=30)
     assert r.status_code == 400 and "stream" in r.text
-    r = httpx.post(srv.url + "/generate", json={"input_ids": [10 ** 9]}, timeout=30)
+    r = httpx.post(srv.url + "/generate", json={"input_ids": [10**9]}, timeout=30)
     assert r.status_code == 400 and "outside the target vocabulary" in r.text
 
 
-@pytest.mark.parametrize("extra,name", [
-    (["--mem-fraction-static", "0.8"], "--mem-fraction-static"),
-    (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
-    (["--speculative-num-draft-tokens", "5"], "--speculative-num-draft-tokens"),
-    (["--tp-size", "2"], "--tp-size"),
-    (["--port", "70000"], "--port: expected 0..65535, got 70000"),
-    pytest.param(["--device", "cuda:0"], "--device: 'cuda:0' but torch sees no CUDA device",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device")),
-])
+@pytest.mark.parametrize(
+    "extra,name",
+    [
+        (["--mem-fraction-static", "0.8"], "--mem-fraction-static"),
+        (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk"),
+        (["--speculative-num-draft-tokens", "5"], "--speculative-num-draft-tokens"),
+        (["--tp-size", "2"], "--tp-size"),
+        (["--port", "70000"], "--port: expected 0..65535, got 70000"),
+        pytest.param(
+            ["--device", "cuda:0"],
+            "--device: 'cuda:0' but torch sees no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device"),
+        ),
+    ],
+)
 def test_refused_flags_named(extra, name):
     argv = _cmd("T", "D", 1)[3:]
     for i in range(0, len(extra), 2):
         if extra[i] in argv:
             argv[argv.index(extra[i]) + 1] = extra[i + 1]
         else:
-            argv += extra[i:i + 2]
+            argv += extra[i : i + 2]
     with pytest.raises(UsageError, match=name):
         parse_args(argv)
 
 
 def test_refused_flag_exits_2_with_name(tiny_target_dir, tmp_path):
-    r = subprocess.run(_cmd(tiny_target_dir, tmp_path, 1, "--cuda-graph-max-bs", "8"), cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        _cmd(tiny_target_dir, tmp_path, 1, "--cuda-graph-max-bs", "8"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--cuda-graph-max-bs" in r.stderr
 
 
 def test_accepted_noop_flags_parse():
-    args = parse_args(_cmd("T", "D", 1, "--enable-metrics", "--disable-cuda-graph", "--tp", "1")[3:])
-    assert (args.speculative_num_steps, args.speculative_num_draft_tokens, args.dtype) == (3, 4, "float32")
+    args = parse_args(
+        _cmd("T", "D", 1, "--enable-metrics", "--disable-cuda-graph", "--tp", "1")[3:]
+    )
+    assert (args.speculative_num_steps, args.speculative_num_draft_tokens, args.dtype) == (
+        3,
+        4,
+        "float32",
+    )
     assert not args.disable_spec_aux_capture and args.disable_cuda_graph
     assert not parse_args(_cmd("T", "D", 1)[3:]).disable_cuda_graph
     assert parse_args(_cmd("T", "D", 1, "--disable-spec-aux-capture")[3:]).disable_spec_aux_capture
@@ -263,15 +360,29 @@ def test_load_failure_exits_nonzero_with_traceback(tiny_target_dir, tmp_path):
 
 
 def _plain_cmd(target, port, *extra):
-    return [sys.executable, "-m", "refengine.launch_server", "--model-path", str(target), "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", "float32", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "refengine.launch_server",
+        "--model-path",
+        str(target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        *extra,
+    ]
 
 
 def test_without_speculative_algorithm_it_parses_as_plain_decoding_and_refuses_a_lone_draft():
     args = parse_args(_plain_cmd("T", 1)[3:])
     assert args.speculative_algorithm is None and args.speculative_draft_model_path is None
     assert args.speculative_num_steps is None
-    with pytest.raises(UsageError, match="--speculative-draft-model-path: given without --speculative-algorithm"):
+    with pytest.raises(
+        UsageError, match="--speculative-draft-model-path: given without --speculative-algorithm"
+    ):
         parse_args(_plain_cmd("T", 1, "--speculative-draft-model-path", "D")[3:])
     with pytest.raises(UsageError, match="--speculative-num-steps"):
         parse_args(_plain_cmd("T", 1, "--speculative-num-steps", "3")[3:])
@@ -280,13 +391,16 @@ def test_without_speculative_algorithm_it_parses_as_plain_decoding_and_refuses_a
 
 
 def test_plain_server_decodes_greedily_through_the_fast_path(tiny_target_dir, hf_target):
-    """No --speculative-algorithm: the same engine serves the target alone (the speedup baseline)."""
+    """No --speculative-algorithm: the same engine serves the target alone (the speedup
+    baseline)."""
     from fastapi.testclient import TestClient
 
     from refengine.server import create_app
 
     model, tok = hf_target
-    app, engine = create_app(parse_args(_plain_cmd(tiny_target_dir, 1, "--context-length", "256")[3:]))
+    app, engine = create_app(
+        parse_args(_plain_cmd(tiny_target_dir, 1, "--context-length", "256")[3:])
+    )
     with TestClient(app) as client:
         deadline = time.monotonic() + 120
         while client.get("/health").status_code != 200:
@@ -295,12 +409,16 @@ def test_plain_server_decodes_greedily_through_the_fast_path(tiny_target_dir, hf
         info = client.get("/get_server_info").json()
         assert info["speculative_algorithm"] is None and info["decoder"].startswith("fast path")
         for text in PROMPTS[:2]:
-            r = client.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": 12,
-                                                                               "temperature": 0}})
+            r = client.post(
+                "/generate",
+                json={"text": text, "sampling_params": {"max_new_tokens": 12, "temperature": 0}},
+            )
             assert r.status_code == 200, r.text
             out = r.json()
             assert out["output_ids"] == _greedy(model, tok(text)["input_ids"], 12)
             assert "spec_verify_ct" not in out["meta_info"]
-        r = client.post("/generate", json={"input_ids": list(range(5, 105)), "sampling_params": {
-            "max_new_tokens": 200}})
+        r = client.post(
+            "/generate",
+            json={"input_ids": list(range(5, 105)), "sampling_params": {"max_new_tokens": 200}},
+        )
         assert r.status_code == 400 and "exceeds the static KV cache of 256 positions" in r.text

@@ -1,6 +1,7 @@
-"""The sweep flow on the tiny target: one data size × two schedules sharing one extraction; every point logs
-served / offline / simulated acceptance and the served-vs-offline plot, its draft is registered (alias ``best``
-on the highest served figure), the table is read back from MLflow and ``decision_text`` prints the decision."""
+"""The sweep flow on the tiny target: one data size × two schedules sharing one extraction; every
+point logs served / offline / simulated acceptance and the served-vs-offline plot, its draft is
+registered (alias ``best`` on the highest served figure), the table is read back from MLflow and
+``decision_text`` prints the decision."""
 
 from __future__ import annotations
 
@@ -24,14 +25,22 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
     from tasks.reports import sweep_table
     from tasks.registry import BEST_ALIAS, model_name
 
-    overrides = [f"paths.runs_dir={tmp_path / 'runs'}", "train.draft_vocab_size=128", "bench.num_prompts=2",
-                 "bench.max_new_tokens=8"]
+    overrides = [
+        f"paths.runs_dir={tmp_path / 'runs'}",
+        "train.draft_vocab_size=128",
+        "bench.num_prompts=2",
+        "bench.max_new_tokens=8",
+    ]
     cfg = load_config(TINY, overrides)
-    scheds = {"short": ["train.schedule=epochs", "train.epochs=1"],
-              "long": ["train.schedule=constant", "train.epochs=2", "train.eval_every=4"]}
+    scheds = {
+        "short": ["train.schedule=epochs", "train.epochs=1"],
+        "long": ["train.schedule=constant", "train.epochs=2", "train.eval_every=4"],
+    }
     try:
         with local_prefect(cfg):
-            out = sweep_flow(config_path=str(TINY), overrides=overrides, data_sizes=[8], schedules=scheds)
+            out = sweep_flow(
+                config_path=str(TINY), overrides=overrides, data_sizes=[8], schedules=scheds
+            )
     finally:
         stop_ephemeral_server()
     assert out["failed"] == {} and len(out["results"]) == 2
@@ -42,8 +51,12 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
     assert [(r["data_size"], r["schedule"]) for r in rows] == [(8, "long"), (8, "short")]
     long_, short = rows
     assert long_["optimizer_steps"] == 2 * short["optimizer_steps"] > 0
-    assert long_["epochs_over_data"] == pytest.approx(2.0) and short["epochs_over_data"] == pytest.approx(1.0)
-    assert long_["unique_tokens"] == short["unique_tokens"] > 0  # same data size, same (shared) extraction
+    assert long_["epochs_over_data"] == pytest.approx(2.0) and short[
+        "epochs_over_data"
+    ] == pytest.approx(1.0)
+    assert (
+        long_["unique_tokens"] == short["unique_tokens"] > 0
+    )  # same data size, same (shared) extraction
     for r in rows:
         for k in ("served", "offline", "simulated"):
             assert 1.0 <= r[k] <= cfg.serve.speculative_num_steps + 1, (k, r)
@@ -54,8 +67,10 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
     # extraction shared: one extraction folder for the size, the second point found it cached
     assert (cfg.run_dir() / "extract-as-is-n8" / "manifest.json").is_file()
     assert not (tmp_path / "runs" / "tiny-random-as-is-n8-long" / "extract").exists()
-    extract_runs = client.search_runs([client.get_run(rows[0]["run_id"]).info.experiment_id],
-                                      filter_string="tags.`eagle3.stage` = 'extract'")
+    extract_runs = client.search_runs(
+        [client.get_run(rows[0]["run_id"]).info.experiment_id],
+        filter_string="tags.`eagle3.stage` = 'extract'",
+    )
     assert sorted(r.data.tags["eagle3.cached"] for r in extract_runs) == ["false", "true"]
 
     # both drafts registered; the alias sits on the higher served figure

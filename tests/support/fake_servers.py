@@ -1,26 +1,29 @@
-"""Small real HTTP servers (stdlib only, run as subprocesses) that imitate how engine servers behave at
-start-up: the readiness gate's tests start these and check its verdicts.
+"""Small real HTTP servers (stdlib only, run as subprocesses) that imitate how engine servers behave
+at start-up: the readiness gate's tests start these and check its verdicts.
 
-Run: ``python tests/support/fake_servers.py BEHAVIOUR --port P [options]``. The server prints its own log
-to stdout (the launcher sends it to a log file), with an access-log line per request in uvicorn's format
-(the gate must not count those as progress). Every fake exits by itself after ``--max-life`` seconds, so a
-test that leaks one leaks it only briefly.
+Run: ``python tests/support/fake_servers.py BEHAVIOUR --port P [options]``. The server prints its
+own log to stdout (the launcher sends it to a log file), with an access-log line per request in
+uvicorn's format (the gate must not count those as progress). Every fake exits by itself after
+``--max-life`` seconds, so a test that leaks one leaks it only briefly.
 
 Behaviours:
-  slow_warmup              load (log lines), bind, 503 for --warm-s while the log (--progress log) or the CPU
-                           time (--progress cpu: a busy thread, no log) grows, then ready.  [story, 2nd half]
-  hang_after_load          load (log lines), bind, 503 forever: log silent, CPU idle.      [story, 1st half]
-  crash_startup            load (log lines), then a traceback and exit --exit-code.
+  slow_warmup              load (log lines), bind, 503 for --warm-s while the log (--progress log)
+  or the CPU
+                           time (--progress cpu: a busy thread, no log) grows, then ready.  [story,
+                           2nd half]
+  hang_after_load          load (log lines), bind, 503 forever: log silent, CPU idle.      [story,
+  1st half] crash_startup            load (log lines), then a traceback and exit --exit-code.
   health_ok_generate_hangs /health and /health_generate answer 200, /generate never answers.
   never_bind               a few log lines, then sleeps without ever binding the port.
-  cuda_graph_crash         crashes in "CUDA graph capture" unless --disable-cuda-graph is given; then slow_warmup.
-  no_spec                  ready, but /generate's meta_info has no speculative-decoding fields.
-  ready_then_hang          ready at once; --hang-after-s seconds after the first /generate, stops answering.
-  gpu_hang                 (needs torch + CUDA) puts --gpu-gib of data on the GPU, binds, 503 forever, GPU idle.
-  gpu_warmup               (needs torch + CUDA) 503 for --warm-s while matrix products run on the GPU, log
+  cuda_graph_crash         crashes in "CUDA graph capture" unless --disable-cuda-graph is given;
+  then slow_warmup. no_spec                  ready, but /generate's meta_info has no
+  speculative-decoding fields. ready_then_hang          ready at once; --hang-after-s seconds after
+  the first /generate, stops answering. gpu_hang                 (needs torch + CUDA) puts --gpu-gib
+  of data on the GPU, binds, 503 forever, GPU idle. gpu_warmup               (needs torch + CUDA)
+  503 for --warm-s while matrix products run on the GPU, log
                            silent; then ready.
-Options --children N spawn N child processes (SGLang's scheduler/detokenizer); --child-ignores-term makes
-them ignore SIGTERM; --child-setsid moves them out of the process group.
+Options --children N spawn N child processes (SGLang's scheduler/detokenizer); --child-ignores-term
+makes them ignore SIGTERM; --child-setsid moves them out of the process group.
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-BEHAVIOURS = ("slow_warmup", "hang_after_load", "crash_startup", "health_ok_generate_hangs", "never_bind",
-              "cuda_graph_crash", "no_spec", "ready_then_hang", "gpu_hang", "gpu_warmup")
+BEHAVIOURS = (
+    "slow_warmup",
+    "hang_after_load",
+    "crash_startup",
+    "health_ok_generate_hangs",
+    "never_bind",
+    "cuda_graph_crash",
+    "no_spec",
+    "ready_then_hang",
+    "gpu_hang",
+    "gpu_warmup",
+)
 HERE = Path(__file__).resolve()
 
 
@@ -49,19 +62,26 @@ def fake_argv(behaviour: str, port: int, *extra: str) -> list[str]:
 
 
 def start_fake(behaviour: str, log_dir: str | Path, *extra: str, grace_s: float = 1.0):
-    """Start one fake server through the launcher's own ``start_engine`` (own process group, log file).
-    Returns the ``EngineProcess`` (a context manager that ends the group)."""
+    """Start one fake server through the launcher's own ``start_engine`` (own process group, log
+    file). Returns the ``EngineProcess`` (a context manager that ends the group)."""
     from eagle3.serve.launcher import start_engine
     from eagle3.procs import free_port
 
     port = free_port()
-    return start_engine(fake_argv(behaviour, port, *extra), {"PYTHONUNBUFFERED": "1"}, host="127.0.0.1", port=port,
-                        log_path=Path(log_dir) / f"{behaviour}.log", engine=f"fake-{behaviour}", grace_s=grace_s)
+    return start_engine(
+        fake_argv(behaviour, port, *extra),
+        {"PYTHONUNBUFFERED": "1"},
+        host="127.0.0.1",
+        port=port,
+        log_path=Path(log_dir) / f"{behaviour}.log",
+        engine=f"fake-{behaviour}",
+        grace_s=grace_s,
+    )
 
 
 def leftovers(port: int) -> list[int]:
-    """Pids of live fake-server processes (servers and their children) started for ``port``: the process
-    table is searched for this file's path and ``--port PORT`` in the command line."""
+    """Pids of live fake-server processes (servers and their children) started for ``port``: the
+    process table is searched for this file's path and ``--port PORT`` in the command line."""
     import psutil
 
     found = []
@@ -75,16 +95,17 @@ def leftovers(port: int) -> list[int]:
 
 
 def log(msg: str) -> None:
-    """One log line in a single write: ``print`` under ``python -u``/PYTHONUNBUFFERED writes the text and the
-    newline separately, so lines of a server and its children sharing the log file could merge."""
+    """One log line in a single write: ``print`` under ``python -u``/PYTHONUNBUFFERED writes the
+    text and the newline separately, so lines of a server and its children sharing the log file
+    could merge."""
     os.write(sys.stdout.fileno(), f"[{time.strftime('%H:%M:%S')}] {msg}\n".encode())
 
 
 class State:
-    ready = False          # /health_generate answers 200
+    ready = False  # /health_generate answers 200
     hang_generate = False  # /generate never answers
-    spec = True            # meta_info carries spec_* fields
-    hang_all = False       # nothing answers any more
+    spec = True  # meta_info carries spec_* fields
+    hang_all = False  # nothing answers any more
     first_generate: float | None = None
     hang_after_s: float | None = None
 
@@ -98,7 +119,10 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt, *args):  # uvicorn-style access line, like SGLang's log
-        print(f'INFO:     127.0.0.1:{self.client_address[1]} - "{self.requestline}" {args[1]}', flush=True)
+        print(
+            f'INFO:     127.0.0.1:{self.client_address[1]} - "{self.requestline}" {args[1]}',
+            flush=True,
+        )
 
     def _send(self, code: int, body: dict | None = None) -> None:
         data = json.dumps(body or {}).encode()
@@ -138,10 +162,18 @@ class Handler(BaseHTTPRequestHandler):
         if State.first_generate is None:
             State.first_generate = time.monotonic()
         n = int(req.get("sampling_params", {}).get("max_new_tokens", 4))
-        meta = {"prompt_tokens": 5, "completion_tokens": n, "finish_reason": {"type": "length", "length": n}}
+        meta = {
+            "prompt_tokens": 5,
+            "completion_tokens": n,
+            "finish_reason": {"type": "length", "length": n},
+        }
         if State.spec:
-            meta.update({"spec_verify_ct": max(1, n // 2), "spec_accept_length": n / max(1, n // 2)})
-        self._send(200, {"text": " word" * n, "output_ids": list(range(1, n + 1)), "meta_info": meta})
+            meta.update(
+                {"spec_verify_ct": max(1, n // 2), "spec_accept_length": n / max(1, n // 2)}
+            )
+        self._send(
+            200, {"text": " word" * n, "output_ids": list(range(1, n + 1)), "meta_info": meta}
+        )
 
 
 def serve(port: int) -> None:
@@ -194,7 +226,9 @@ def gpu_warm_up(seconds: float) -> None:
         torch.cuda.synchronize()
 
 
-def spawn_children(n: int, port: int, ignore_term: bool, setsid: bool, max_life: float) -> list[subprocess.Popen]:
+def spawn_children(
+    n: int, port: int, ignore_term: bool, setsid: bool, max_life: float
+) -> list[subprocess.Popen]:
     args = [sys.executable, str(HERE), "child", "--port", str(port), "--max-life", str(max_life)]
     args += ["--ignore-term"] if ignore_term else []
     return [subprocess.Popen(args, start_new_session=setsid) for _ in range(n)]
@@ -237,9 +271,14 @@ def main(argv: list[str]) -> int:
         if not a.disable_cuda_graph:
             load(a.load_s)
             log("Capturing batches (bs=160 avail_mem=12.50 GB)")
-            print("Traceback (most recent call last):\n  File \"cuda_graph_runner.py\", line 603, in capture\n"
-                  "Exception: Capture cuda graph failed: CUDA error: out of memory\nPossible solutions:\n"
-                  "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)", flush=True)
+            print(
+                "Traceback (most recent call last):\n"
+                '  File "cuda_graph_runner.py", line 603, in capture\n'
+                "Exception: Capture cuda graph failed: CUDA error: out of memory\n"
+                "Possible solutions:\n"
+                "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+                flush=True,
+            )
             return 1
         b = "slow_warmup"
     if b == "never_bind":
@@ -248,8 +287,11 @@ def main(argv: list[str]) -> int:
     load(a.load_s)
     held = gpu_load(a.gpu_gib) if b in ("gpu_hang", "gpu_warmup") else None  # noqa: F841 - kept alive
     if b == "crash_startup":
-        print("Traceback (most recent call last):\n  File \"model_runner.py\", line 42, in load_model\n"
-              "RuntimeError: Weight lm_head.weight has shape [49152, 576], expected [8192, 576]", flush=True)
+        print(
+            'Traceback (most recent call last):\n  File "model_runner.py", line 42, in load_model\n'
+            "RuntimeError: Weight lm_head.weight has shape [49152, 576], expected [8192, 576]",
+            flush=True,
+        )
         return a.exit_code
     serve(a.port)
     State.spec = b != "no_spec"

@@ -11,8 +11,7 @@ def hf_target(tmp_path: Path, layers: int = 8, vocab: int = 1000) -> Path:
     """``<tmp_path>/target`` holding a config.json with ``layers`` layers and ``vocab`` ids."""
     d = tmp_path / "target"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers,
-                                               "vocab_size": vocab}))
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "vocab_size": vocab}))
     return d
 
 

@@ -20,8 +20,9 @@ def server_flags(source) -> dict[str, str]:
         target = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
         if target == "_INPUT_NAMESPACES":
             namespaces = [e.id for e in node.value.elts]
-    modules = [server_args] + [ast.parse(source.read(p))
-                               for p in source.list("sglang/srt/arg_groups/fields/")]
+    modules = [server_args] + [
+        ast.parse(source.read(p)) for p in source.list("sglang/srt/arg_groups/fields/")
+    ]
     flags: dict[str, str] = {}
     for tree in modules:
         for cls in tree.body:
@@ -34,8 +35,9 @@ def server_flags(source) -> dict[str, str]:
             for call in ast.walk(node):
                 if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument":
                     names = [a.value for a in call.args if isinstance(a, ast.Constant)]
-                    dest = next((ast.literal_eval(k.value) for k in call.keywords
-                                 if k.arg == "dest"), None)
+                    dest = next(
+                        (ast.literal_eval(k.value) for k in call.keywords if k.arg == "dest"), None
+                    )
                     canon = "--" + dest.replace("_", "-") if dest else names[0]
                     flags.update({name: flags.get(canon, canon) for name in names})
                     action = next((k.value for k in call.keywords if k.arg == "action"), None)
@@ -52,8 +54,11 @@ def _field_flags(st: ast.stmt) -> dict[str, str]:
     cli, aliases = "--" + st.target.id.replace("_", "-"), []
     for m in meta:
         if isinstance(m, ast.Call) and getattr(m.func, "id", "") == "Arg":
-            kw = {k.arg: ast.literal_eval(k.value) for k in m.keywords
-                  if k.arg in ("no_cli", "cli_name", "aliases")}
+            kw = {
+                k.arg: ast.literal_eval(k.value)
+                for k in m.keywords
+                if k.arg in ("no_cli", "cli_name", "aliases")
+            }
             if kw.get("no_cli"):
                 return {}
             cli, aliases = kw.get("cli_name") or cli, kw.get("aliases") or []
@@ -67,8 +72,15 @@ def _field_flags(st: ast.stmt) -> dict[str, str]:
     return {}
 
 
-_NO_VALUE_ACTIONS = {"store_true", "store_false", "store_const", "BooleanOptionalAction",
-                     "DeprecatedAction", "DeprecatedStoreTrueAction", "DeprecatedStoreConstAction"}
+_NO_VALUE_ACTIONS = {
+    "store_true",
+    "store_false",
+    "store_const",
+    "BooleanOptionalAction",
+    "DeprecatedAction",
+    "DeprecatedStoreTrueAction",
+    "DeprecatedStoreConstAction",
+}
 
 
 def server_flag_nargs(source) -> dict[str, str]:
@@ -84,8 +96,9 @@ def server_flag_nargs(source) -> dict[str, str]:
         target = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
         if target == "_INPUT_NAMESPACES":
             namespaces = [e.id for e in node.value.elts]
-    modules = [server_args] + [ast.parse(source.read(p))
-                               for p in source.list("sglang/srt/arg_groups/fields/")]
+    modules = [server_args] + [
+        ast.parse(source.read(p)) for p in source.list("sglang/srt/arg_groups/fields/")
+    ]
     out: dict[str, str] = {}
     for tree in modules:
         for cls in tree.body:
@@ -130,8 +143,11 @@ def _unwrap(node):
     if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Optional":
         return node.slice
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        parts = [p for p in (node.left, node.right)
-                 if not (isinstance(p, ast.Constant) and p.value is None)]
+        parts = [
+            p
+            for p in (node.left, node.right)
+            if not (isinstance(p, ast.Constant) and p.value is None)
+        ]
         if len(parts) == 1:
             return parts[0]
     if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Union":
@@ -150,8 +166,14 @@ def _field_nargs(st: ast.stmt) -> dict[str, str]:
         return {}
     ann = st.annotation
     raw = ann.slice.elts[0]
-    arg = next((m for m in ann.slice.elts[1:] if isinstance(m, ast.Call)
-                and getattr(m.func, "id", "") == "Arg"), None)
+    arg = next(
+        (
+            m
+            for m in ann.slice.elts[1:]
+            if isinstance(m, ast.Call) and getattr(m.func, "id", "") == "Arg"
+        ),
+        None,
+    )
     kw = {k.arg: k.value for k in arg.keywords} if arg is not None else {}
     if "action" in kw:
         if _action_name(kw["action"]) == "BooleanOptionalAction":

@@ -2,8 +2,13 @@ import json
 
 import pytest
 
-from eagle3.artifacts import (atomic_directory, atomic_write_json, content_hash, read_manifest,
-                              write_manifest)
+from eagle3.artifacts import (
+    atomic_directory,
+    atomic_write_json,
+    content_hash,
+    read_manifest,
+    write_manifest,
+)
 from eagle3.errors import DataError
 
 

@@ -8,13 +8,17 @@ from eagle3.errors import DataError
 
 def test_smollm2_is_a_real_instruct_model(smollm2_dir):
     cfg = json.loads((smollm2_dir / "config.json").read_text())
-    assert cfg["num_hidden_layers"] == 30 and cfg["hidden_size"] == 576 and cfg["vocab_size"] == 49152
+    assert (
+        cfg["num_hidden_layers"] == 30 and cfg["hidden_size"] == 576 and cfg["vocab_size"] == 49152
+    )
     assert cfg["tie_word_embeddings"] is True
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2 and tok.pad_token_id == 2
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n")
 
 

@@ -19,8 +19,14 @@ from testkit.broken_corpus import good_pair
 
 TOP_KEY = "eagle_aux_hidden_state_layer_ids"
 ENGINE_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
-BAD = [("1,4,7", "string"), ("[1, 4, 7]", "string"), ([1, "4", 7], "string"),
-       ([1.5], "float"), ([True, 2, 3], "boolean"), (7, "number")]
+BAD = [
+    ("1,4,7", "string"),
+    ("[1, 4, 7]", "string"),
+    ([1, "4", 7], "string"),
+    ([1.5], "float"),
+    ([True, 2, 3], "boolean"),
+    (7, "number"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +59,7 @@ def test_validate_names_ids_that_are_no_list_of_integers(pair, tmp_path, ids, ty
 
 
 @pytest.mark.parametrize("ids,type_name", BAD)
-def test_convert_of_a_speculators_draft_names_them(pair, tmp_path, tiny_target_dir, ids,
-                                                   type_name):
+def test_convert_of_a_speculators_draft_names_them(pair, tmp_path, tiny_target_dir, ids, type_name):
     src = _with_ids(pair[0], tmp_path / "src", ids, nested=False)
     with pytest.raises(CheckpointInvalid) as e:
         convert(src, tmp_path / "out", target_dir=tiny_target_dir)
@@ -72,21 +77,27 @@ def test_convert_of_a_serving_layout_draft_names_them(pair, tmp_path, tiny_targe
 
 def test_training_manifest_ids_that_are_no_list_are_named(pair, tmp_path, tiny_target_dir):
     src = _with_ids(pair[0], tmp_path / "src", None, nested=False)
-    (src / "manifest.json").write_text(json.dumps({
-        "kind": "draft_checkpoint", "aux_layer_ids": "2,4,5",
-        "layer_id_convention": "hf_hidden_states_index"}))
+    (src / "manifest.json").write_text(
+        json.dumps(
+            {
+                "kind": "draft_checkpoint",
+                "aux_layer_ids": "2,4,5",
+                "layer_id_convention": "hf_hidden_states_index",
+            }
+        )
+    )
     with pytest.raises(CheckpointInvalid) as e:
         convert(src, tmp_path / "out", target_dir=tiny_target_dir)
     _assert_named(str(e.value), "aux_layer_ids", "2,4,5", "string", f"{src}/manifest.json")
 
 
-def test_cli_convert_exits_1_with_the_code_not_a_raw_value_error(pair, tmp_path,
-                                                                  tiny_target_dir):
+def test_cli_convert_exits_1_with_the_code_not_a_raw_value_error(pair, tmp_path, tiny_target_dir):
     from cli.main import app
 
     src = _with_ids(pair[0], tmp_path / "src", "[1, 4, 7]", nested=False)
-    r = CliRunner().invoke(app, ["convert", str(src), str(tmp_path / "out"), "--target",
-                                 str(tiny_target_dir)])
+    r = CliRunner().invoke(
+        app, ["convert", str(src), str(tmp_path / "out"), "--target", str(tiny_target_dir)]
+    )
     assert r.exit_code == 1, r.output
     assert "AUX_IDS_INVALID" in r.output and TOP_KEY in r.output, r.output
     assert "ValueError" not in r.output and "unreadable draft" not in r.output, r.output

@@ -1,4 +1,5 @@
-"""run_bench against a small fake SGLang-compatible server (FastAPI in a thread on 127.0.0.1), and the gate."""
+"""run_bench against a small fake SGLang-compatible server (FastAPI in a thread on 127.0.0.1), and
+the gate."""
 
 from __future__ import annotations
 
@@ -18,14 +19,23 @@ from eagle3.errors import AcceptanceTooLow, ConfigError, TransientError
 
 
 class FakeSGLang:
-    """An SGLang-shaped server: /generate (streamed or not) with 0.5.23 meta_info, /get_server_info, /metrics.
+    """An SGLang-shaped server: /generate (streamed or not) with 0.5.23 meta_info, /get_server_info,
+    /metrics.
 
-    Each request's acceptance is a deterministic function of its prompt length; every request it served is
-    recorded in ``self.served`` so the test can compute the expected figures independently.
+    Each request's acceptance is a deterministic function of its prompt length; every request it
+    served is recorded in ``self.served`` so the test can compute the expected figures
+    independently.
     """
 
-    def __init__(self, *, stream=True, speculative=True, fail_status=None, delay_s=0.0, with_metrics=True):
-        self.stream, self.speculative, self.fail_status, self.delay_s = stream, speculative, fail_status, delay_s
+    def __init__(
+        self, *, stream=True, speculative=True, fail_status=None, delay_s=0.0, with_metrics=True
+    ):
+        self.stream, self.speculative, self.fail_status, self.delay_s = (
+            stream,
+            speculative,
+            fail_status,
+            delay_s,
+        )
         self.with_metrics = with_metrics
         self.served: list[dict] = []
         self.totals = {"gen": 0, "verify": 0}
@@ -36,11 +46,20 @@ class FakeSGLang:
         completion = max_new - (len(ids) % 5)  # some requests stop early
         accepted_per_pass = 1 + (len(ids) % 3)  # 1..3 tokens per verify pass
         verify = -(-completion // accepted_per_pass)
-        meta = {"prompt_tokens": len(ids), "completion_tokens": completion, "finish_reason": {"type": "length"}}
+        meta = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": completion,
+            "finish_reason": {"type": "length"},
+        }
         if self.speculative:
             correct = completion - verify
-            meta.update(spec_verify_ct=verify, spec_accept_length=completion / verify, spec_num_correct_drafts=correct,
-                        spec_num_proposed_drafts=3 * verify, spec_accept_rate=correct / (3 * verify))
+            meta.update(
+                spec_verify_ct=verify,
+                spec_accept_length=completion / verify,
+                spec_num_correct_drafts=correct,
+                spec_num_proposed_drafts=3 * verify,
+                spec_accept_rate=correct / (3 * verify),
+            )
         return meta
 
     def _build(self) -> FastAPI:
@@ -65,8 +84,11 @@ class FakeSGLang:
             def chunks():
                 for n in (1, meta["completion_tokens"]):
                     part = dict(meta, completion_tokens=n)
-                    yield f"data: {json.dumps({'text': text[:n], 'meta_info': part if n > 1 else {'completion_tokens': 1}})}\n\n"
+                    if n <= 1:
+                        part = {"completion_tokens": 1}
+                    yield f"data: {json.dumps({'text': text[:n], 'meta_info': part})}\n\n"
                 yield "data: [DONE]\n\n"
+
             return StreamingResponse(chunks(), media_type="text/event-stream")
 
         @app.get("/get_server_info")
@@ -82,9 +104,10 @@ class FakeSGLang:
                 return PlainTextResponse("not found", status_code=404)
             return PlainTextResponse(
                 "# TYPE sglang:generation_tokens_total counter\n"
-                f"sglang:generation_tokens_total{{model_name=\"m\"}} {float(self.totals['gen'])}\n"
+                f'sglang:generation_tokens_total{{model_name="m"}} {float(self.totals["gen"])}\n'
                 "# TYPE sglang:spec_verify_calls_total counter\n"
-                f"sglang:spec_verify_calls_total{{model_name=\"m\"}} {float(self.totals['verify'])}\n")
+                f'sglang:spec_verify_calls_total{{model_name="m"}} {float(self.totals["verify"])}\n'
+            )
 
         return app
 
@@ -117,8 +140,11 @@ def serve():
 
 
 def _expected_length(served: list[dict]) -> float:
-    """1 + accepted drafts / verify passes over the fake's responses (this fake emits no prefill token)."""
-    return 1 + sum(s["spec_num_correct_drafts"] for s in served) / sum(s["spec_verify_ct"] for s in served)
+    """1 + accepted drafts / verify passes over the fake's responses (this fake emits no prefill
+    token)."""
+    return 1 + sum(s["spec_num_correct_drafts"] for s in served) / sum(
+        s["spec_verify_ct"] for s in served
+    )
 
 
 def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
@@ -128,8 +154,16 @@ def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
 
     fake = FakeSGLang()
     url = serve(fake)
-    rep = run_bench(url, prompts="mtbench", num_prompts=8, max_new_tokens=16, concurrency=2,
-                    tokenizer_dir=smollm2_dir, out_dir=tmp_path / "bench", request_timeout_s=30)
+    rep = run_bench(
+        url,
+        prompts="mtbench",
+        num_prompts=8,
+        max_new_tokens=16,
+        concurrency=2,
+        tokenizer_dir=smollm2_dir,
+        out_dir=tmp_path / "bench",
+        request_timeout_s=30,
+    )
     s = rep["summary"]
     assert len(fake.served) == 8
     assert s["acceptance_length"] == pytest.approx(_expected_length(fake.served))
@@ -138,20 +172,33 @@ def test_run_bench_streaming_mtbench(serve, smollm2_dir, tmp_path):
     assert s["ttft_p50_s"] is not None and s["ttft_p50_s"] <= s["latency_p50_s"]
     assert s["latency_p50_s"] <= s["latency_p95_s"]
     assert s["output_tokens"] == sum(x["completion_tokens"] for x in fake.served)
-    assert set(rep["per_category"]) == {"writing", "roleplay", "reasoning", "math", "coding", "extraction",
-                                        "stem", "humanities"}
-    # the chat template was applied the way the server would: exactly the target tokenizer's template
+    assert set(rep["per_category"]) == {
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    }
+    # the chat template was applied the way the server would: exactly the target tokenizer's
+    # template
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     sent = sorted(tuple(x["input_ids"]) for x in fake.served)
     assert sent == sorted(tuple(x) for x in encode_prompts(load_prompts("mtbench", 8), tok))
     for cat, row in rep["per_category"].items():
         mine = [r for r in rep["per_request"] if r["category"] == cat]
-        assert row["acceptance_length"] == pytest.approx(sum(r["completion_tokens"] for r in mine)
-                                                         / sum(r["verify_ct"] for r in mine))
+        assert row["acceptance_length"] == pytest.approx(
+            sum(r["completion_tokens"] for r in mine) / sum(r["verify_ct"] for r in mine)
+        )
     saved = json.loads((tmp_path / "bench" / "report.json").read_text())
     assert saved["summary"]["acceptance_length"] == pytest.approx(s["acceptance_length"])
     assert (tmp_path / "bench" / "acceptance_by_category.png").stat().st_size > 1000
-    assert json.loads((tmp_path / "bench" / "manifest.json").read_text())["kind"] == "acceptance_report"
+    assert (
+        json.loads((tmp_path / "bench" / "manifest.json").read_text())["kind"]
+        == "acceptance_report"
+    )
 
 
 def test_non_streaming_server_and_server_info_fallback(serve, smollm2_dir, tmp_path):
@@ -159,7 +206,9 @@ def test_non_streaming_server_and_server_info_fallback(serve, smollm2_dir, tmp_p
     url = serve(fake)
     prompts = tmp_path / "p.txt"
     prompts.write_text("Say hello.\nCount to five.\nName a colour.\n")
-    rep = run_bench(url, prompts=str(prompts), num_prompts=3, max_new_tokens=12, tokenizer_dir=smollm2_dir)
+    rep = run_bench(
+        url, prompts=str(prompts), num_prompts=3, max_new_tokens=12, tokenizer_dir=smollm2_dir
+    )
     s = rep["summary"]
     assert s["ttft_p50_s"] is None and "stream" in s["ttft_reason"]
     assert s["server_acceptance_method"] == "server_info_since_start"
@@ -169,11 +218,19 @@ def test_non_streaming_server_and_server_info_fallback(serve, smollm2_dir, tmp_p
 def test_baseline_gives_speedup_and_no_spec_is_explained(serve, smollm2_dir):
     spec = serve(FakeSGLang(delay_s=0.0))
     base = serve(FakeSGLang(speculative=False, delay_s=0.15))
-    rep = run_bench(spec, prompts="gsm8k", num_prompts=2, max_new_tokens=8, tokenizer_dir=smollm2_dir,
-                    baseline_url=base)
+    rep = run_bench(
+        spec,
+        prompts="gsm8k",
+        num_prompts=2,
+        max_new_tokens=8,
+        tokenizer_dir=smollm2_dir,
+        baseline_url=base,
+    )
     assert rep["summary"]["speedup"] > 1.0
     assert rep["baseline"]["compared_outputs"] == 2
-    only_base = run_bench(base, prompts="humaneval", num_prompts=1, max_new_tokens=8, tokenizer_dir=smollm2_dir)
+    only_base = run_bench(
+        base, prompts="humaneval", num_prompts=1, max_new_tokens=8, tokenizer_dir=smollm2_dir
+    )
     assert only_base["summary"]["acceptance_length"] is None
     assert "speculative" in only_base["summary"]["acceptance_reason"]
 
@@ -181,7 +238,9 @@ def test_baseline_gives_speedup_and_no_spec_is_explained(serve, smollm2_dir):
 def test_errors_are_typed(serve, smollm2_dir):
     url = serve(FakeSGLang(fail_status=500))
     with pytest.raises(TransientError, match="500"):
-        run_bench(url, num_prompts=1, max_new_tokens=4, tokenizer_dir=smollm2_dir, request_timeout_s=10)
+        run_bench(
+            url, num_prompts=1, max_new_tokens=4, tokenizer_dir=smollm2_dir, request_timeout_s=10
+        )
     with pytest.raises(ConfigError, match="tokenizer"):
         run_bench(url, num_prompts=1, max_new_tokens=4, request_timeout_s=10)
     with socket.socket() as s:  # a port nobody listens on
@@ -190,17 +249,25 @@ def test_errors_are_typed(serve, smollm2_dir):
     with pytest.raises(TransientError, match="ConnectError"):
         run_bench(dead, num_prompts=1, tokenizer_dir=smollm2_dir, request_timeout_s=5)
     for bad in ("notaurl", "localhost:30000"):  # not a transient failure: the argument is wrong
-        with pytest.raises(ConfigError, match=rf"bench url: expected http://HOST:PORT .*got '{bad}'"):
+        with pytest.raises(
+            ConfigError, match=rf"bench url: expected http://HOST:PORT .*got '{bad}'"
+        ):
             run_bench(bad, num_prompts=1, tokenizer_dir=smollm2_dir, request_timeout_s=5)
 
 
 def test_request_slower_than_the_setting_is_the_settings_fault(serve, smollm2_dir):
-    """A request cut by the user's own bench.request_timeout_s is a ConfigError (never retried), naming the key,
-    the value and what to do; not a TransientError (which the tasks retry and whose advice is a retry)."""
+    """A request cut by the user's own bench.request_timeout_s is a ConfigError (never retried),
+    naming the key, the value and what to do; not a TransientError (which the tasks retry and whose
+    advice is a retry)."""
     url = serve(FakeSGLang(delay_s=1.0))
-    with pytest.raises(ConfigError, match=r"ReadTimeout.*bench.request_timeout_s=0.2 s .*raise "
-                                          r"bench.request_timeout_s") as info:
-        run_bench(url, num_prompts=1, max_new_tokens=4, tokenizer_dir=smollm2_dir, request_timeout_s=0.2)
+    with pytest.raises(
+        ConfigError,
+        match=r"ReadTimeout.*bench.request_timeout_s=0.2 s .*raise "
+        r"bench.request_timeout_s",
+    ) as info:
+        run_bench(
+            url, num_prompts=1, max_new_tokens=4, tokenizer_dir=smollm2_dir, request_timeout_s=0.2
+        )
     assert not isinstance(info.value, TransientError)
 
 
@@ -234,13 +301,20 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
     seen = []
     Dec.generate_counted = Dec.generate
-    Dec.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or self.generate_counted(*a, **k)
+    Dec.generate = lambda self, *a, **k: (
+        seen.append(torch.get_num_threads()) or self.generate_counted(*a, **k)
+    )
     before = torch.get_num_threads()
-    out = offline_acceptance(smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec(),
-                             cpu_threads=1)
-    assert seen == [1, 1, 1] and torch.get_num_threads() == before  # serve.cpu_threads while decoding, restored
+    out = offline_acceptance(
+        smollm2_dir, None, "mtbench", num_prompts=3, max_new_tokens=10, decoder=Dec(), cpu_threads=1
+    )
+    assert (
+        seen == [1, 1, 1] and torch.get_num_threads() == before
+    )  # serve.cpu_threads while decoding, restored
     vs = [r["verify_ct"] for r in out["per_request"]]
-    assert out["acceptance_length"] == pytest.approx(1 + 18 / sum(vs))  # 6 accepted drafts per prompt
+    assert out["acceptance_length"] == pytest.approx(
+        1 + 18 / sum(vs)
+    )  # 6 accepted drafts per prompt
     assert out["acceptance_length_sglang"] == pytest.approx(30 / sum(vs))
     assert out["per_position"] == pytest.approx([9 / sum(vs), 6 / sum(vs), 3 / sum(vs)])
     assert out["acceptance_rate"] == pytest.approx(18 / (3 * sum(vs)))
@@ -249,7 +323,8 @@ def test_offline_acceptance_aggregates_decoder_counts(smollm2_dir):
 
 @pytest.mark.slow
 def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
-    """refengine.specdec on the tiny target with a random SGLang-format draft: the figures equal the decoder's own."""
+    """refengine.specdec on the tiny target with a random SGLang-format draft: the figures equal the
+    decoder's own."""
     from transformers import AutoTokenizer
 
     from eagle3.measure.prompts import encode_prompts, load_prompts
@@ -257,16 +332,27 @@ def test_offline_acceptance_with_real_specdec(tmp_path, tiny_target_dir):
     from testkit.sglang_drafts import make_random_draft
 
     draft = make_random_draft(tmp_path / "draft", tiny_target_dir)
-    out = offline_acceptance(tiny_target_dir, draft, "mtbench", num_prompts=2, max_new_tokens=8, num_steps=2,
-                             capture_aux=False)
+    out = offline_acceptance(
+        tiny_target_dir,
+        draft,
+        "mtbench",
+        num_prompts=2,
+        max_new_tokens=8,
+        num_steps=2,
+        capture_aux=False,
+    )
     assert out["settings"]["capture_aux"] is False
     dec = SpeculativeDecoder(tiny_target_dir, draft, 2, "float32", capture_aux=False)
-    ids = encode_prompts(load_prompts("mtbench", 2), AutoTokenizer.from_pretrained(str(tiny_target_dir)))
+    ids = encode_prompts(
+        load_prompts("mtbench", 2), AutoTokenizer.from_pretrained(str(tiny_target_dir))
+    )
     res = [dec.generate(x, 8) for x in ids]
     assert out["acceptance_length"] == pytest.approx(
-        1 + sum(sum(r.accepted_per_position) for r in res) / sum(r.verify_ct for r in res))
+        1 + sum(sum(r.accepted_per_position) for r in res) / sum(r.verify_ct for r in res)
+    )
     assert out["acceptance_length_sglang"] == pytest.approx(
-        sum(len(r.output_ids) for r in res) / sum(r.verify_ct for r in res))
+        sum(len(r.output_ids) for r in res) / sum(r.verify_ct for r in res)
+    )
     assert out["histogram"] == [sum(col) for col in zip(*(r.histogram for r in res))]
     assert 1.0 <= out["acceptance_length"] <= 3.0 and len(out["per_position"]) == 2
 
@@ -278,18 +364,43 @@ def test_cli_bench_url(serve, smollm2_dir, tmp_path):
 
     fake = FakeSGLang()
     url = serve(fake)
-    res = CliRunner().invoke(app, ["bench", "--url", url, "--num-prompts", "2", "--max-new-tokens", "8",
-                                   "--tokenizer", str(smollm2_dir), "--out", str(tmp_path / "b")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            url,
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--tokenizer",
+            str(smollm2_dir),
+            "--out",
+            str(tmp_path / "b"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)["acceptance_length"]
     assert got == pytest.approx(_expected_length(fake.served))
-    res = CliRunner().invoke(app, ["bench", "--url", url, "--prompts", str(tmp_path / "missing.jsonl"),
-                                   "--tokenizer", str(smollm2_dir)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            url,
+            "--prompts",
+            str(tmp_path / "missing.jsonl"),
+            "--tokenizer",
+            str(smollm2_dir),
+        ],
+    )
     assert res.exit_code == 2
 
 
 def test_gate_on_weak_draft_numbers_from_assets_md():
-    """docs/ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served 1.23 is not."""
+    """docs/ASSETS.md's SmolLM2 figures: 1.24 offline after 4 epochs. Served 1.00 is a fault; served
+    1.23 is not."""
     with pytest.raises(AcceptanceTooLow, match="serving integration fault"):
         check_acceptance(1.00, 1.24, 1.3)
     with pytest.raises(AcceptanceTooLow, match="both low"):
@@ -299,13 +410,22 @@ def test_gate_on_weak_draft_numbers_from_assets_md():
 def test_save_report_with_offline(tmp_path):
     from eagle3.measure.bench import save_report
 
-    report = {"summary": {"acceptance_length": 1.2, "num_prompts": 2, "output_tokens": 20, "wall_s": 1.0},
-              "per_category": {"math": {"acceptance_length": 1.2}}, "settings": {"url": "x"}}
-    offline = {"acceptance_length": 1.25, "per_category": {"math": {"acceptance_length": 1.25}},
-               "per_request": [{"id": 1}]}
+    report = {
+        "summary": {"acceptance_length": 1.2, "num_prompts": 2, "output_tokens": 20, "wall_s": 1.0},
+        "per_category": {"math": {"acceptance_length": 1.2}},
+        "settings": {"url": "x"},
+    }
+    offline = {
+        "acceptance_length": 1.25,
+        "per_category": {"math": {"acceptance_length": 1.25}},
+        "per_request": [{"id": 1}],
+    }
     path = save_report(report, tmp_path / "b", offline=offline)
     saved = json.loads(path.read_text())
-    assert saved["summary"]["offline_acceptance_length"] == 1.25 and "per_request" not in saved["offline"]
+    assert (
+        saved["summary"]["offline_acceptance_length"] == 1.25
+        and "per_request" not in saved["offline"]
+    )
     assert (tmp_path / "b" / "acceptance_by_category.png").exists()
 
 

@@ -15,11 +15,21 @@ from eagle3.measure.bench import run_bench
 from tests.support.handover import loopback
 
 PROMPTS = [{"id": "a", "category": "c", "text": "hi"}, {"id": "b", "category": "c", "text": "yo"}]
-META = {"prompt_tokens": 5, "completion_tokens": 7, "finish_reason": {"type": "length"},
-        "spec_verify_ct": 4, "spec_accept_length": 1.75, "spec_num_correct_drafts": 3,
-        "spec_num_proposed_drafts": 12, "spec_accept_rate": 0.25}
-SGLANG_INFO = {"version": "0.5.23", "max_running_requests": 48,
-               "internal_states": [{"avg_spec_accept_length": 1.75, "env_vars": {}}]}
+META = {
+    "prompt_tokens": 5,
+    "completion_tokens": 7,
+    "finish_reason": {"type": "length"},
+    "spec_verify_ct": 4,
+    "spec_accept_length": 1.75,
+    "spec_num_correct_drafts": 3,
+    "spec_num_proposed_drafts": 12,
+    "spec_accept_rate": 0.25,
+}
+SGLANG_INFO = {
+    "version": "0.5.23",
+    "max_running_requests": 48,
+    "internal_states": [{"avg_spec_accept_length": 1.75, "env_vars": {}}],
+}
 
 
 @pytest.fixture
@@ -61,8 +71,15 @@ def server():
 
 
 def _bench(url, tok, tmp_path, concurrency=4):
-    return run_bench(url, prompts=PROMPTS, max_new_tokens=7, concurrency=concurrency,
-                     tokenizer_dir=tok, out_dir=tmp_path / "bench", request_timeout_s=30)
+    return run_bench(
+        url,
+        prompts=PROMPTS,
+        max_new_tokens=7,
+        concurrency=concurrency,
+        tokenizer_dir=tok,
+        out_dir=tmp_path / "bench",
+        request_timeout_s=30,
+    )
 
 
 def test_empty_server_info_names_every_missing_field(server, smollm2_dir, tmp_path):
@@ -70,9 +87,11 @@ def test_empty_server_info_names_every_missing_field(server, smollm2_dir, tmp_pa
     rep = _bench(url, smollm2_dir, tmp_path)
     assert rep["summary"]["acceptance_length"] == pytest.approx(1.75)
     (w,) = rep["summary"]["warnings"]
-    assert w.startswith(f"SERVER_INFO_UNCHECKED: {url}/server_info lacks version, "
-                        "max_running_requests, internal_states[].env_vars, "
-                        "internal_states[].avg_spec_accept_length: could not check ")
+    assert w.startswith(
+        f"SERVER_INFO_UNCHECKED: {url}/server_info lacks version, "
+        "max_running_requests, internal_states[].env_vars, "
+        "internal_states[].avg_spec_accept_length: could not check "
+    )
     assert "concurrency 4 requests at once" in w and "SGLANG_SIMULATE_ACC_LEN" in w
     saved = json.loads((tmp_path / "bench" / "report.json").read_text())
     assert saved["summary"]["warnings"] == [w] and saved["settings"]["engine_version"] is None
@@ -95,35 +114,66 @@ def test_concurrency_one_needs_no_running_request_limit(server, smollm2_dir, tmp
 
 def test_reference_engine_needs_no_environment_report(server, smollm2_dir, tmp_path):
     state, url = server
-    state["info"] = ("json", {"engine": "eagle3-reference", "version": "0.5.23-compatible",
-                              "internal_states": [{"avg_spec_accept_length": 1.75}]})
+    state["info"] = (
+        "json",
+        {
+            "engine": "eagle3-reference",
+            "version": "0.5.23-compatible",
+            "internal_states": [{"avg_spec_accept_length": 1.75}],
+        },
+    )
     assert _bench(url, smollm2_dir, tmp_path, concurrency=1)["summary"]["warnings"] == []
 
 
-@pytest.mark.parametrize("info, answered", [
-    (("status", 404), "(/get_server_info answered 404, /server_info answered 404)"),
-    (("text", "<html>hi</html>"), "(/get_server_info answered non-JSON '<html>hi</html>', "
-                                  "/server_info answered non-JSON '<html>hi</html>')"),
-    (("json", [1]), "(/get_server_info answered a JSON list, not an object, /server_info "
-                    "answered a JSON list, not an object)"),
-])
-def test_no_server_info_object_is_named_the_same_way(server, smollm2_dir, tmp_path, info,
-                                                      answered):
+@pytest.mark.parametrize(
+    "info, answered",
+    [
+        (("status", 404), "(/get_server_info answered 404, /server_info answered 404)"),
+        (
+            ("text", "<html>hi</html>"),
+            "(/get_server_info answered non-JSON '<html>hi</html>', "
+            "/server_info answered non-JSON '<html>hi</html>')",
+        ),
+        (
+            ("json", [1]),
+            "(/get_server_info answered a JSON list, not an object, /server_info "
+            "answered a JSON list, not an object)",
+        ),
+    ],
+)
+def test_no_server_info_object_is_named_the_same_way(server, smollm2_dir, tmp_path, info, answered):
     state, url = server
     state["info"] = info
     (w,) = _bench(url, smollm2_dir, tmp_path)["summary"]["warnings"]
-    assert w.startswith(f"SERVER_INFO_UNCHECKED: {url}/server_info lacks version, "
-                        "max_running_requests, internal_states[].env_vars, "
-                        f"internal_states[].avg_spec_accept_length {answered}: could not check ")
+    assert w.startswith(
+        f"SERVER_INFO_UNCHECKED: {url}/server_info lacks version, "
+        "max_running_requests, internal_states[].env_vars, "
+        f"internal_states[].avg_spec_accept_length {answered}: could not check "
+    )
 
 
 def test_cli_prints_the_warning_and_exits_0(server, smollm2_dir, tmp_path):
     state, url = server
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    res = CliRunner().invoke(app, ["bench", "--url", url, "--prompts", str(prompts),
-                                   "--num-prompts", "2", "--concurrency", "4",
-                                   "--max-new-tokens", "7", "--tokenizer", str(smollm2_dir)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            url,
+            "--prompts",
+            str(prompts),
+            "--num-prompts",
+            "2",
+            "--concurrency",
+            "4",
+            "--max-new-tokens",
+            "7",
+            "--tokenizer",
+            str(smollm2_dir),
+        ],
+    )
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if "SERVER_INFO_UNCHECKED" in ln]
     assert len(lines) == 2, res.output  # the stderr line, and the summary's warnings list
@@ -134,8 +184,13 @@ def test_an_environment_checked_at_launch_needs_no_env_vars():
     # the pipeline's launcher refuses a simulated-acceptance variable before the server starts
     from eagle3.measure.bench import server_info_unchecked
 
-    snap = {"raw_info": {"version": "0.5.16", "max_running_requests": 16,
-                         "internal_states": [{"avg_spec_accept_length": 1.7}]}}
+    snap = {
+        "raw_info": {
+            "version": "0.5.16",
+            "max_running_requests": 16,
+            "internal_states": [{"avg_spec_accept_length": 1.7}],
+        }
+    }
     line = server_info_unchecked("http://127.0.0.1:1", snap, 4)
     assert line is not None and "internal_states[].env_vars" in line
     assert server_info_unchecked("http://127.0.0.1:1", snap, 4, env_checked=True) is None

@@ -20,13 +20,13 @@ from eagle3.measure.bench import acceptance_verdict
 pytestmark = pytest.mark.timeout(120)
 
 META_NO_SPEC = {"prompt_tokens": 5, "completion_tokens": 4, "finish_reason": {"type": "length"}}
-INFO = {"version": "0.5.23", "max_running_requests": 48,
-        "internal_states": [{"env_vars": {}}]}
+INFO = {"version": "0.5.23", "max_running_requests": 48, "internal_states": [{"env_vars": {}}]}
 
 
 def _serve(mode: str):
     """A loopback HTTP server: ``nospec`` generates without speculative fields; ``503`` answers
     503 to everything; ``hung`` answers its settings but holds every /generate unanswered."""
+
     class Handler(BaseHTTPRequestHandler):
         def _send(self, code, body):
             data = body.encode()
@@ -104,14 +104,26 @@ def _bench(*args):
 
 @pytest.mark.parametrize("server", ["nospec"], indirect=True)
 def test_no_speculative_fields_exits_1_with_code(server, smollm2_dir, tmp_path):
-    r = _bench("--url", server, "--num-prompts", "2", "--max-new-tokens", "4", "--tokenizer",
-               str(smollm2_dir), "--out", str(tmp_path / "b"))
+    r = _bench(
+        "--url",
+        server,
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--tokenizer",
+        str(smollm2_dir),
+        "--out",
+        str(tmp_path / "b"),
+    )
     assert r.exit_code == 1, r.output
     assert f"error: NO_SPECULATIVE_FIELDS: bench {server}: " in r.output
     assert f"eagle3 wait-ready --url {server}" in r.output and "speculative" in r.output
     # the report is still written, with the null figure
-    assert json.loads((tmp_path / "b" / "report.json").read_text())["summary"][
-        "acceptance_length"] is None
+    assert (
+        json.loads((tmp_path / "b" / "report.json").read_text())["summary"]["acceptance_length"]
+        is None
+    )
 
 
 def test_stage_verdict_for_no_speculative_fields_is_coded():
@@ -125,8 +137,10 @@ def test_silent_port_fails_fast(blackhole, monkeypatch, smollm2_dir, tmp_path):
     for extra in ([], ["--tokenizer", str(smollm2_dir)]):
         r = _bench("--url", blackhole, "--num-prompts", "1", "--max-new-tokens", "4", *extra)
         assert r.exit_code == 1, r.output
-        assert (f"error: SERVER_SILENT: bench {blackhole}: accepted connections but gave no HTTP "
-                "answer to GET /get_server_info within 0.5 s") in r.output
+        assert (
+            f"error: SERVER_SILENT: bench {blackhole}: accepted connections but gave no HTTP "
+            "answer to GET /get_server_info within 0.5 s"
+        ) in r.output
         assert "wait-ready --url" in r.output
 
 
@@ -144,8 +158,9 @@ def test_bad_temperature_refused_before_any_request(value):
     r = _bench("--url", "http://127.0.0.1:9", "--temperature", value)
     assert r.exit_code == 2, r.output
     assert "--temperature" in r.output and "expected a finite number >= 0" in r.output
-    assert "Traceback" not in r.output and r.exception is None or isinstance(
-        r.exception, SystemExit)
+    assert (
+        "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit)
+    )
 
 
 @pytest.mark.parametrize("server", ["nospec"], indirect=True)
@@ -181,15 +196,27 @@ def test_a_generate_that_never_answers_ends_at_the_request_timeout(server, tiny_
     import time
 
     t0 = time.monotonic()
-    r = CliRunner().invoke(app, ["bench", "--url", server, "--num-prompts", "1",
-                                 "--max-new-tokens", "4", "--tokenizer", str(tiny_target_dir),
-                                 "--request-timeout", "1"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            server,
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--tokenizer",
+            str(tiny_target_dir),
+            "--request-timeout",
+            "1",
+        ],
+    )
     assert time.monotonic() - t0 < 20
     assert r.exit_code == 2, r.output
     assert "REQUEST_TIMEOUT: POST " in r.output and "--request-timeout S" in r.output, r.output
 
 
 def test_a_request_timeout_that_is_no_positive_number_is_refused():
-    r = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--request-timeout",
-                                 "0"])
+    r = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--request-timeout", "0"])
     assert r.exit_code == 2 and "--request-timeout: expected a finite number" in r.output

@@ -229,10 +229,26 @@ def test_gpu_speedup_refuses_bad_arguments_up_front(args, message):
 
 
 def test_offline_replay_tiny_prints_the_ratio_and_equal_requests(tmp_path):
-    r = subprocess.run([sys.executable, "lab/offline_replay.py", "speed", "--tiny",
-                        "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "1",
-                        "--work", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "lab/offline_replay.py",
+            "speed",
+            "--tiny",
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--repeats",
+            "1",
+            "--work",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (
         "requests equal 2/2" in r.stdout and "offline_acceptance / replay wall time = " in r.stdout

@@ -15,8 +15,9 @@ MARKUP = re.compile(r"``|:(class|func|mod|data|meth|attr):`")
 COMMANDS = sorted(get_command(app).commands)
 
 
-@pytest.mark.parametrize("argv", [["--help"]] + [[c, "--help"] for c in COMMANDS],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "argv", [["--help"]] + [[c, "--help"] for c in COMMANDS], ids=lambda a: " ".join(a)
+)
 def test_help_has_no_docstring_markup(argv):
     out = CliRunner().invoke(app, argv, terminal_width=200)
     assert out.exit_code == 0, out.output
@@ -25,5 +26,13 @@ def test_help_has_no_docstring_markup(argv):
 
 
 def test_every_command_is_covered():
-    assert {"run", "convert", "validate", "bench", "preflight", "regenerate", "wait-ready",
-            "doctor"} <= set(COMMANDS)
+    assert {
+        "run",
+        "convert",
+        "validate",
+        "bench",
+        "preflight",
+        "regenerate",
+        "wait-ready",
+        "doctor",
+    } <= set(COMMANDS)

@@ -10,12 +10,21 @@ from tests.conftest import CONFIGS
 def test_every_shipped_config_validates(path):
     cfg = load_config(path)
     assert cfg.name
-    assert "#" in path.read_text().splitlines()[0], f"{path.name}: first line must be a header comment"
+    assert "#" in path.read_text().splitlines()[0], (
+        f"{path.name}: first line must be a header comment"
+    )
 
 
 def test_overrides_are_typed():
-    cfg = load_config(CONFIGS / "tiny-random.yaml", ["train.lr=0.01", "extract.aux_layer_ids=[1,2,3]",
-                                                      "serve.port=null", "bench.temperature=0.5"])
+    cfg = load_config(
+        CONFIGS / "tiny-random.yaml",
+        [
+            "train.lr=0.01",
+            "extract.aux_layer_ids=[1,2,3]",
+            "serve.port=null",
+            "bench.temperature=0.5",
+        ],
+    )
     assert cfg.train.lr == 0.01
     assert cfg.extract.aux_layer_ids == [1, 2, 3]
     assert cfg.serve.port is None
@@ -33,9 +42,12 @@ def test_wrong_type_names_key_and_value():
 
 
 def test_a_bad_value_from_an_override_is_attributed_to_it(tmp_path):
-    with pytest.raises(ConfigError, match=r"tiny-random.yaml with -o overrides: invalid configuration\n"
-                                          r"  CONFIG_VALUE: train.compile_mode: .*\(got 'fast'\) "
-                                          r"\[from -o train.compile_mode=fast\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tiny-random.yaml with -o overrides: invalid configuration\n"
+        r"  CONFIG_VALUE: train.compile_mode: .*\(got 'fast'\) "
+        r"\[from -o train.compile_mode=fast\]",
+    ):
         load_config(CONFIGS / "tiny-random.yaml", ["train.lr=0.01", "train.compile_mode=fast"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  compile_mode: fast\n")
@@ -59,24 +71,40 @@ def test_missing_and_non_mapping_files(tmp_path):
 
 
 def test_redact_hides_secret_looking_keys():
-    assert redact({"a": 1, "hf_token": "x", "env": {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO"}}) == {
-        "a": 1, "hf_token": "***", "env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}}
+    assert redact(
+        {"a": 1, "hf_token": "x", "env": {"WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO"}}
+    ) == {"a": 1, "hf_token": "***", "env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}}
 
 
 def test_settings_that_mention_tokens_are_not_secrets():
     from eagle3.redaction import is_secret_key
 
-    for key in ("max_new_tokens", "max_tokens_per_batch", "speculative_num_draft_tokens", "regenerate_max_new_tokens"):
+    for key in (
+        "max_new_tokens",
+        "max_tokens_per_batch",
+        "speculative_num_draft_tokens",
+        "regenerate_max_new_tokens",
+    ):
         assert not is_secret_key(key), key
-    for key in ("hf_token", "HF_TOKEN", "WANDB_API_KEY", "db.password", "aws_secret", "OPENAI_APIKEY", "token"):
+    for key in (
+        "hf_token",
+        "HF_TOKEN",
+        "WANDB_API_KEY",
+        "db.password",
+        "aws_secret",
+        "OPENAI_APIKEY",
+        "token",
+    ):
         assert is_secret_key(key), key
     cfg = load_config(CONFIGS / "tiny-random.yaml")
-    assert redact(cfg.model_dump(mode="json"))["bench"]["max_new_tokens"] == cfg.bench.max_new_tokens
+    assert (
+        redact(cfg.model_dump(mode="json"))["bench"]["max_new_tokens"] == cfg.bench.max_new_tokens
+    )
 
 
 def test_a_config_is_parsed_once_per_file_content_and_overrides(tmp_path, monkeypatch):
-    """One parse per run: the CLI's check and the flow's load share one validation; copies are independent;
-    an edited file is parsed again."""
+    """One parse per run: the CLI's check and the flow's load share one validation; copies are
+    independent; an edited file is parsed again."""
     from eagle3 import config as config_mod
 
     calls = []
@@ -99,7 +127,9 @@ def test_a_config_is_parsed_once_per_file_content_and_overrides(tmp_path, monkey
 def test_an_empty_config_file_is_refused_not_taken_as_all_defaults(tmp_path, text):
     p = tmp_path / "empty.yaml"
     p.write_text(text)
-    with pytest.raises(ConfigError, match=r"empty\.yaml: expected a mapping of sections .* got an empty document"):
+    with pytest.raises(
+        ConfigError, match=r"empty\.yaml: expected a mapping of sections .* got an empty document"
+    ):
         load_config(p)
 
 

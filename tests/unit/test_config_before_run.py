@@ -26,12 +26,16 @@ def _cfg(target, *ov):
 def test_a_missing_bench_prompts_file_is_an_input_problem(target, tmp_path):
     missing = tmp_path / "p.jsonl"
     got = before_run_problems(_cfg(target, f"bench.prompts={missing}"), target)
-    assert got == [f"BENCH_PROMPTS: bench.prompts: expected one of ('mtbench', 'gsm8k', "
-                   f"'humaneval') or an existing prompts file (JSONL, JSON or text), got "
-                   f"{str(missing)!r} (not found)"]
+    assert got == [
+        f"BENCH_PROMPTS: bench.prompts: expected one of ('mtbench', 'gsm8k', "
+        f"'humaneval') or an existing prompts file (JSONL, JSON or text), got "
+        f"{str(missing)!r} (not found)"
+    ]
     missing.write_text('{"prompt": "hi"}\n')
-    assert before_run_problems(_cfg(target, f"bench.prompts={missing}", "bench.num_prompts=1"),
-                               target) == []
+    assert (
+        before_run_problems(_cfg(target, f"bench.prompts={missing}", "bench.num_prompts=1"), target)
+        == []
+    )
     assert before_run_problems(_cfg(target, "bench.prompts=gsm8k"), target) == []
 
 
@@ -40,8 +44,9 @@ def test_the_preflight_inputs_check_and_eagle3_run_report_it(target, tmp_path, m
     from eagle3.serve import preflight
 
     cfg = _cfg(target, f"bench.prompts={tmp_path / 'none.jsonl'}")
-    monkeypatch.setattr(preflight, "run_preflight",
-                        lambda *a, **k: preflight.PreflightReport("reference", [], []))
+    monkeypatch.setattr(
+        preflight, "run_preflight", lambda *a, **k: preflight.PreflightReport("reference", [], [])
+    )
     report = preflight.preflight_of_run(cfg, None, None)
     assert report.checks[0].name == "inputs" and report.checks[0].status == "failed"
     assert [p.code for p in report.problems] == ["BENCH_PROMPTS"]
@@ -67,13 +72,20 @@ def test_eagle3_run_checks_a_builtin_targets_vocabulary_when_it_is_cached(tmp_pa
 
     monkeypatch.setattr(assets, "prepare_tiny_random", never)
     monkeypatch.setattr(assets, "prepare_smollm2", never)
-    ov = ["target.kind=tiny-random", "target.tiny.num_hidden_layers=8",
-          f"paths.cache_dir={tmp_path}", "train.draft_vocab_size=4096"]
+    ov = [
+        "target.kind=tiny-random",
+        "target.tiny.num_hidden_layers=8",
+        f"paths.cache_dir={tmp_path}",
+        "train.draft_vocab_size=4096",
+    ]
     cfg = load_config(None, ov)
     check_target(cfg)  # not cached yet: nothing to read, nothing prepared
     _tiny_cached(tmp_path, cfg, 1000)
-    with pytest.raises(ConfigError, match=r"^DRAFT_VOCAB_SIZE: train.draft_vocab_size: expected "
-                                          r"2 <= value < target vocab_size 1000, got 4096$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^DRAFT_VOCAB_SIZE: train.draft_vocab_size: expected "
+        r"2 <= value < target vocab_size 1000, got 4096$",
+    ):
         check_target(cfg)
     check_target(load_config(None, [*ov, "train.draft_vocab_size=500"]))
 

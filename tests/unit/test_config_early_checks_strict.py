@@ -24,41 +24,61 @@ def test_a_fitting_config_has_no_problem(target):
 
 
 def test_aux_layer_ids_beyond_the_targets_layers(target):
-    got = before_run_problems(_cfg(target, "extract.aux_layer_ids=[1,4,9]",
-                                   "train.draft_vocab_size=500"), target)
-    assert len(got) == 1 and got[0].startswith("AUX_LAYER_IDS: extract.aux_layer_ids: ids [9] "
-                                               "out of range for a target with 8 layers")
+    got = before_run_problems(
+        _cfg(target, "extract.aux_layer_ids=[1,4,9]", "train.draft_vocab_size=500"), target
+    )
+    assert len(got) == 1 and got[0].startswith(
+        "AUX_LAYER_IDS: extract.aux_layer_ids: ids [9] out of range for a target with 8 layers"
+    )
 
 
 def test_a_draft_vocabulary_not_below_the_targets(target):
     got = before_run_problems(_cfg(target, "train.draft_vocab_size=4096"), target)
-    assert got == ["DRAFT_VOCAB_SIZE: train.draft_vocab_size: expected 2 <= value < target "
-                   "vocab_size 1000, got 4096"]
+    assert got == [
+        "DRAFT_VOCAB_SIZE: train.draft_vocab_size: expected 2 <= value < target "
+        "vocab_size 1000, got 4096"
+    ]
     cfg = _cfg(target, "train.draft_vocab_size=4096")
     assert before_run_problems(cfg, None) == []  # no readable target config: not checked
 
 
 def test_a_missing_dev_prompts_file(target, tmp_path):
     missing = tmp_path / "none.txt"
-    got = before_run_problems(_cfg(target, "train.draft_vocab_size=500",
-                                   "train.select_best_by=measured",
-                                   f"train.dev_prompts_file={missing}"), target)
-    assert got == [f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, "
-                   f"JSON or text: the eagle3 bench --prompts FILE formats), got "
-                   f"{str(missing)!r} (not found)"]
+    got = before_run_problems(
+        _cfg(
+            target,
+            "train.draft_vocab_size=500",
+            "train.select_best_by=measured",
+            f"train.dev_prompts_file={missing}",
+        ),
+        target,
+    )
+    assert got == [
+        f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file (JSONL, "
+        f"JSON or text: the eagle3 bench --prompts FILE formats), got "
+        f"{str(missing)!r} (not found)"
+    ]
 
 
 def test_a_missing_data_file(target, tmp_path):
-    got = before_run_problems(_cfg(target, "train.draft_vocab_size=500", "data.source=file",
-                                   f"data.path={tmp_path / 'conv.jsonl'}"), target)
+    got = before_run_problems(
+        _cfg(
+            target,
+            "train.draft_vocab_size=500",
+            "data.source=file",
+            f"data.path={tmp_path / 'conv.jsonl'}",
+        ),
+        target,
+    )
     assert len(got) == 1 and got[0].startswith("DATA_PATH: data.path: expected a conversations")
 
 
 def test_the_preflight_reports_them_first(target, monkeypatch):
     from eagle3.serve import preflight
 
-    monkeypatch.setattr(preflight, "run_preflight",
-                        lambda *a, **k: preflight.PreflightReport("reference", [], []))
+    monkeypatch.setattr(
+        preflight, "run_preflight", lambda *a, **k: preflight.PreflightReport("reference", [], [])
+    )
     bad = _cfg(target, "train.draft_vocab_size=4096", "extract.aux_layer_ids=[1,9]")
     report = preflight.preflight_of_run(bad, None, None)
     assert [c.name for c in report.checks] == ["inputs"] and not report.passed
@@ -72,10 +92,17 @@ def test_eagle3_run_refuses_a_missing_dev_prompts_file_before_prefect_starts(tar
     from eagle3.errors import ConfigError
 
     missing = tmp_path / "none.txt"
-    cfg = _cfg(target, "train.draft_vocab_size=500", "train.select_best_by=measured",
-               f"train.dev_prompts_file={missing}")
-    with pytest.raises(ConfigError, match=r"^DEV_PROMPTS_FILE: train.dev_prompts_file: .*"
-                                          r"\(not found\)$"):
+    cfg = _cfg(
+        target,
+        "train.draft_vocab_size=500",
+        "train.select_best_by=measured",
+        f"train.dev_prompts_file={missing}",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^DEV_PROMPTS_FILE: train.dev_prompts_file: .*"
+        r"\(not found\)$",
+    ):
         check_target(cfg)
     check_target(_cfg(target, "train.draft_vocab_size=500"))  # a fitting config passes
 

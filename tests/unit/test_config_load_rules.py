@@ -29,16 +29,28 @@ def _warnings(caplog, overrides, path=None) -> list[str]:
 # ---- keys the chosen mode never reads
 
 
-@pytest.mark.parametrize("override, start", [
-    ("data.path=/tmp/my.jsonl", "UNUSED_KEY: data.path is set ('/tmp/my.jsonl') but data.source "
-                                "sharegpt never reads it (read only with data.source file)"),
-    ("train.compile_mode=reduce-overhead", "UNUSED_KEY: train.compile_mode is set "
-     "('reduce-overhead') but train.compile False never reads it (read only with train.compile "
-     "True)"),
-    ("extract.sglang_engine_args={tp_size: 2}", "UNUSED_KEY: extract.sglang_engine_args is set "
-     "({'tp_size': 2}) but extract.backend hf never reads it (read only with extract.backend "
-     "sglang)"),
-])
+@pytest.mark.parametrize(
+    "override, start",
+    [
+        (
+            "data.path=/tmp/my.jsonl",
+            "UNUSED_KEY: data.path is set ('/tmp/my.jsonl') but data.source "
+            "sharegpt never reads it (read only with data.source file)",
+        ),
+        (
+            "train.compile_mode=reduce-overhead",
+            "UNUSED_KEY: train.compile_mode is set "
+            "('reduce-overhead') but train.compile False never reads it (read only with "
+            "train.compile True)",
+        ),
+        (
+            "extract.sglang_engine_args={tp_size: 2}",
+            "UNUSED_KEY: extract.sglang_engine_args is set "
+            "({'tp_size': 2}) but extract.backend hf never reads it (read only with "
+            "extract.backend sglang)",
+        ),
+    ],
+)
 def test_a_key_the_mode_never_reads_is_warned(caplog, override, start):
     got = _warnings(caplog, [override])
     assert len(got) == 1 and got[0].startswith(start), got
@@ -62,8 +74,11 @@ def test_unused_keys_do_not_move_the_cache_keys(path):
         assert keyed["data"]["path"] is None  # kept at its default, not dropped
     digest = settings_digest(cfg, FOLDER_STAGES["bench"])
     hashes = {s: sections_hash(cfg, s) for s in ("extract", "train")}
-    for ov in ("data.path=/elsewhere.jsonl", "train.compile_mode=max-autotune-no-cudagraphs",
-               "extract.sglang_engine_args={dp_size: 2}"):
+    for ov in (
+        "data.path=/elsewhere.jsonl",
+        "train.compile_mode=max-autotune-no-cudagraphs",
+        "extract.sglang_engine_args={dp_size: 2}",
+    ):
         other = load_config(path, [ov])
         section, key = ov.split("=")[0].split(".")
         if key == "path" and other.data.source == "file":
@@ -94,27 +109,41 @@ def _yaml(tmp_path, text: str) -> Path:
 
 
 def test_a_section_written_twice_is_refused(tmp_path):
-    p = _yaml(tmp_path, "name: x\ntrain:\n  draft_vocab_size: 256\n  lr: 1.0e-3\n"
-                        "data:\n  num_conversations: 16\ntrain:\n  epochs: 3\n")
+    p = _yaml(
+        tmp_path,
+        "name: x\ntrain:\n  draft_vocab_size: 256\n  lr: 1.0e-3\n"
+        "data:\n  num_conversations: 16\ntrain:\n  epochs: 3\n",
+    )
     with pytest.raises(ConfigError) as e:
         load_config(p)
-    assert str(e.value) == (f"DUPLICATE_KEY: {p}:7: train is written twice (lines 2 and 7); YAML "
-                            "would keep the last one silently; expected each key once")
+    assert str(e.value) == (
+        f"DUPLICATE_KEY: {p}:7: train is written twice (lines 2 and 7); YAML "
+        "would keep the last one silently; expected each key once"
+    )
 
 
 def test_a_key_written_twice_in_a_section_is_refused(tmp_path):
-    p = _yaml(tmp_path, "train:\n  draft_vocab_size: 256\n  epochs: 1\n"
-                        "  draft_vocab_size: 100000\n")
-    with pytest.raises(ConfigError, match=rf"^DUPLICATE_KEY: {p}:4: train.draft_vocab_size is "
-                                          r"written twice \(lines 2 and 4\)"):
+    p = _yaml(
+        tmp_path, "train:\n  draft_vocab_size: 256\n  epochs: 1\n  draft_vocab_size: 100000\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=rf"^DUPLICATE_KEY: {p}:4: train.draft_vocab_size is "
+        r"written twice \(lines 2 and 4\)",
+    ):
         load_config(p)
 
 
 def test_a_nested_key_written_twice_is_refused_and_distinct_keys_pass(tmp_path):
-    p = _yaml(tmp_path, "target:\n  kind: tiny-random\n  tiny:\n    hidden_size: 64\n"
-                        "    hidden_size: 128\n")
-    with pytest.raises(ConfigError, match=r"target.tiny.hidden_size is written twice "
-                                          r"\(lines 4 and 5\)"):
+    p = _yaml(
+        tmp_path,
+        "target:\n  kind: tiny-random\n  tiny:\n    hidden_size: 64\n    hidden_size: 128\n",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"target.tiny.hidden_size is written twice "
+        r"\(lines 4 and 5\)",
+    ):
         load_config(p)
     ok = _yaml(tmp_path, "train:\n  epochs: 1\nserve:\n  env: {A: '1', B: '2'}\n")
     assert load_config(ok).serve.env == {"A": "1", "B": "2"}
@@ -123,22 +152,32 @@ def test_a_nested_key_written_twice_is_refused_and_distinct_keys_pass(tmp_path):
 # ---- reference-engine settings
 
 
-@pytest.mark.parametrize("override", ["serve.speculative_eagle_topk=4", "serve.tp=2",
-                                      "serve.mem_fraction_static=0.5"])
+@pytest.mark.parametrize(
+    "override", ["serve.speculative_eagle_topk=4", "serve.tp=2", "serve.mem_fraction_static=0.5"]
+)
 def test_reference_settings_one_rule_at_load_preflight_and_launch(tmp_path, override):
     from eagle3.config_checks import reference_problem
     from eagle3.serve import preflight
     from eagle3.serve.launcher import build_command
 
     field = override.split("=")[0]
-    with pytest.raises(ConfigError, match=rf"REFERENCE_UNSUPPORTED: serve.engine reference: .*"
-                                          rf"'{field}'"):
-        load_config(None, ["serve.engine=reference", override,
-                           "serve.speculative_num_draft_tokens=5"])
+    with pytest.raises(
+        ConfigError,
+        match=rf"REFERENCE_UNSUPPORTED: serve.engine reference: .*"
+        rf"'{field}'",
+    ):
+        load_config(
+            None, ["serve.engine=reference", override, "serve.speculative_num_draft_tokens=5"]
+        )
     cfg = load_config(None, ["serve.engine=auto", override])  # auto may be SGLang: loads
     msg = reference_problem(cfg.serve)
-    assert msg.startswith("REFERENCE_UNSUPPORTED: serve.engine auto (it resolves to the "
-                          "reference engine on this machine)") and field in msg
+    assert (
+        msg.startswith(
+            "REFERENCE_UNSUPPORTED: serve.engine auto (it resolves to the "
+            "reference engine on this machine)"
+        )
+        and field in msg
+    )
     check, problems = preflight._check_settings(cfg, "reference")
     assert check.status == "failed" and "settings passed" not in check.detail
     assert [p.code for p in problems] == ["REFERENCE_UNSUPPORTED"]
@@ -166,9 +205,10 @@ def test_eagle3_run_refuses_them_where_auto_resolves_to_reference(tmp_path, monk
 def test_a_misspelt_bench_prompt_set_is_refused_at_load():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["bench.prompts=mtbenchh"])
-    assert ("BENCH_PROMPTS: bench.prompts: expected one of ('mtbench', 'gsm8k', 'humaneval') or "
-            "a prompts file, got 'mtbenchh', which is neither (did you mean 'mtbench'?)"
-            in str(e.value))
+    assert (
+        "BENCH_PROMPTS: bench.prompts: expected one of ('mtbench', 'gsm8k', 'humaneval') or "
+        "a prompts file, got 'mtbenchh', which is neither (did you mean 'mtbench'?)" in str(e.value)
+    )
     for name in ("mtbench", "gsm8k", "humaneval", "/no/such/p.jsonl", "p.jsonl"):
         load_config(None, [f"bench.prompts={name}"])  # names, and paths (checked before the run)
 
@@ -178,5 +218,4 @@ def test_a_misspelt_bench_prompt_set_is_refused_at_load():
 
 def test_localhost_with_a_trailing_dot_is_loopback(caplog):
     assert _warnings(caplog, ["serve.host=localhost."]) == []
-    assert _warnings(caplog, ["serve.host=localhost.example."])[0].startswith(
-        "SERVE_HOST_EXPOSED")
+    assert _warnings(caplog, ["serve.host=localhost.example."])[0].startswith("SERVE_HOST_EXPOSED")

@@ -17,11 +17,14 @@ def _error(*overrides) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("override, line", [
-    ("train.epochs=abc", "  CONFIG_VALUE: train.epochs: Input should be a valid number"),
-    ("train.select_best_by=x", "  CONFIG_VALUE: train.select_best_by: Input should be "),
-    ("serve.port=70000", "  CONFIG_VALUE: serve.port: Input should be less than or equal to"),
-])
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("train.epochs=abc", "  CONFIG_VALUE: train.epochs: Input should be a valid number"),
+        ("train.select_best_by=x", "  CONFIG_VALUE: train.select_best_by: Input should be "),
+        ("serve.port=70000", "  CONFIG_VALUE: serve.port: Input should be less than or equal to"),
+    ],
+)
 def test_schema_errors_have_a_code_key_and_provenance(override, line):
     msg = _error(override)
     got = msg.splitlines()[1]
@@ -63,12 +66,18 @@ def test_the_preflight_prints_a_failed_check_once_with_its_code():
 
     p, q = Problem("REFERENCE_UNSUPPORTED", "serve.tp 2: no"), Problem("OTHER", "more")
     below = Problem("BENCH_PROMPTS", "missing")
-    report = PreflightReport("reference", [
-        Check("inputs", "failed", "1 problem(s) a stage would refuse at its start (below)"),
-        Check("settings", "failed", "serve.tp 2: no; more"),
-        Check("port", "passed", "free")], [below, p, q])
+    report = PreflightReport(
+        "reference",
+        [
+            Check("inputs", "failed", "1 problem(s) a stage would refuse at its start (below)"),
+            Check("settings", "failed", "serve.tp 2: no; more"),
+            Check("port", "passed", "free"),
+        ],
+        [below, p, q],
+    )
     assert report.lines() == [
         "inputs       failed   1 problem(s) a stage would refuse at its start (below)",
         "settings     failed   REFERENCE_UNSUPPORTED: serve.tp 2: no; OTHER: more",
         "port         passed   free",
-        "BENCH_PROMPTS: missing"]
+        "BENCH_PROMPTS: missing",
+    ]

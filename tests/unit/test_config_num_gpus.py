@@ -17,11 +17,16 @@ from eagle3.errors import ConfigError
 def test_more_gpus_than_present_on_cuda(section, device):
     cfg = load_config(None, [f"{section}.device={device}", f"{section}.num_gpus=3"])
     got = device_problems(cfg, cuda_count=2)
-    assert got == [f"{section}.num_gpus: expected at most 2 (the CUDA devices torch sees, "
-                   f"{section}.device {device!r}), got 3; fix: -o {section}.num_gpus=2, or run it "
-                   f"on a machine with 3 GPUs"]
-    with pytest.raises(ConfigError, match=rf"^DEVICE_MISSING: {section}.num_gpus: expected at "
-                                          r"most 2 .* got 3;"):
+    assert got == [
+        f"{section}.num_gpus: expected at most 2 (the CUDA devices torch sees, "
+        f"{section}.device {device!r}), got 3; fix: -o {section}.num_gpus=2, or run it "
+        f"on a machine with 3 GPUs"
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=rf"^DEVICE_MISSING: {section}.num_gpus: expected at "
+        r"most 2 .* got 3;",
+    ):
         check_devices(cfg, cuda_count=2)
     ok = load_config(None, [f"{section}.device={device}", f"{section}.num_gpus=2"])
     assert device_problems(ok, cuda_count=2) == []

@@ -22,8 +22,10 @@ def test_the_preflight_port_check_binds_serve_host(host, port):
     check, problems = _check_port(load_config(None, ov))
     assert check.status == "failed" and [p.code for p in problems] == ["SERVE_HOST"]
     msg = problems[0].message
-    assert msg.startswith(f"serve.host: expected an address of this machine (or a name that "
-                          f"resolves to one) to bind, got {host!r}: binding it gives ")
+    assert msg.startswith(
+        f"serve.host: expected an address of this machine (or a name that "
+        f"resolves to one) to bind, got {host!r}: binding it gives "
+    )
     assert msg.endswith("; fix: serve.host 127.0.0.1, or an address this machine has")
     assert check.detail == msg
 
@@ -36,16 +38,20 @@ def test_a_loopback_host_without_a_port_passes():
 
 @pytest.mark.parametrize("host", UNBINDABLE)
 def test_free_port_on_an_unbindable_host_is_a_config_error(host):
-    with pytest.raises(ConfigError, match=rf"^SERVE_HOST: serve.host: expected an address of this "
-                                          rf"machine .* got {host!r}: ") as e:
+    with pytest.raises(
+        ConfigError,
+        match=rf"^SERVE_HOST: serve.host: expected an address of this "
+        rf"machine .* got {host!r}: ",
+    ) as e:
         free_port(host)
     assert not isinstance(e.value, TransientError)
     assert isinstance(free_port("127.0.0.1"), int)
 
 
 @pytest.mark.parametrize("host", UNBINDABLE)
-def test_eagle3_run_refuses_it_before_prefect_and_the_preflight_names_it_once(host, tmp_path,
-                                                                               monkeypatch):
+def test_eagle3_run_refuses_it_before_prefect_and_the_preflight_names_it_once(
+    host, tmp_path, monkeypatch
+):
     import json
 
     from cli.run import check_target
@@ -55,14 +61,24 @@ def test_eagle3_run_refuses_it_before_prefect_and_the_preflight_names_it_once(ho
     target = tmp_path / "target"
     target.mkdir()
     (target / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "vocab_size": 1000}))
-    cfg = load_config(None, ["target.kind=hf", f"target.path={target}",
-                             "train.draft_vocab_size=500", f"serve.host={host}"])
+    cfg = load_config(
+        None,
+        [
+            "target.kind=hf",
+            f"target.path={target}",
+            "train.draft_vocab_size=500",
+            f"serve.host={host}",
+        ],
+    )
     got = before_run_problems(cfg, target)
     assert len(got) == 1 and got[0].startswith("SERVE_HOST: serve.host: ") and repr(host) in got[0]
     with pytest.raises(ConfigError, match=r"^SERVE_HOST: serve.host: "):
         check_target(cfg)
-    monkeypatch.setattr(preflight, "run_preflight", lambda *a, **k: preflight.PreflightReport(
-        "reference", [], list(_check_port(cfg)[1])))
+    monkeypatch.setattr(
+        preflight,
+        "run_preflight",
+        lambda *a, **k: preflight.PreflightReport("reference", [], list(_check_port(cfg)[1])),
+    )
     report = preflight.preflight_of_run(cfg, None, None)
     assert [p.code for p in report.problems] == ["SERVE_HOST"]  # the port check's, not inputs'
     assert report.checks[0].name == "inputs" and report.checks[0].status == "passed"

@@ -34,9 +34,14 @@ def test_an_unknown_section_from_an_override_names_the_override():
     assert "train" in line and "serve" in line  # no close match: the sections are listed
 
 
-@pytest.mark.parametrize("override, suggested", [("trian.epochs=1", "train.epochs"),
-                                                 ("train.epoch=1", "train.epochs"),
-                                                 ("target.tiny.sed=1", "target.tiny.seed")])
+@pytest.mark.parametrize(
+    "override, suggested",
+    [
+        ("trian.epochs=1", "train.epochs"),
+        ("train.epoch=1", "train.epochs"),
+        ("target.tiny.sed=1", "target.tiny.seed"),
+    ],
+)
 def test_an_unknown_key_suggests_the_nearest_known_keys(override, suggested):
     line = _error(None, [override]).splitlines()[1]
     assert f"did you mean {suggested}" in line and f"[from -o {override}]" in line
@@ -71,27 +76,36 @@ INT_FIELDS = sorted(_int_fields())
 
 
 def test_the_int_fields_are_found():
-    assert {"train.draft_vocab_size", "train.num_layers", "serve.port",
-            "target.tiny.num_hidden_layers", "data.seed"} <= set(INT_FIELDS)
+    assert {
+        "train.draft_vocab_size",
+        "train.num_layers",
+        "serve.port",
+        "target.tiny.num_hidden_layers",
+        "data.seed",
+    } <= set(INT_FIELDS)
 
 
 @pytest.mark.parametrize("key", INT_FIELDS)
 def test_every_integer_field_refuses_a_boolean(key):
     msg = _error(None, [f"{key}=true"])
-    assert (f"NUMBER_TYPE: {key}: expected an integer, got the boolean True" in msg
-            and f"[from -o {key}=true]" in msg)
+    assert (
+        f"NUMBER_TYPE: {key}: expected an integer, got the boolean True" in msg
+        and f"[from -o {key}=true]" in msg
+    )
 
 
 @pytest.mark.parametrize("raw", ["true", "false", "yes"])
 def test_a_float_field_refuses_a_boolean(raw):
     assert "NUMBER_TYPE: train.epochs: expected a number, got the boolean" in _error(
-        None, [f"train.epochs={raw}"])
+        None, [f"train.epochs={raw}"]
+    )
 
 
 def test_fractional_epochs_are_kept_and_a_fractional_integer_is_refused():
     assert load_config(None, ["train.epochs=1.5"]).train.epochs == 1.5  # the schedule reads them
     assert "train.num_layers: Input should be a valid integer" in _error(
-        None, ["train.num_layers=1.5"])
+        None, ["train.num_layers=1.5"]
+    )
     assert load_config(None, ["train.lr=1e-3"]).train.lr == 1e-3  # YAML's string '1e-3'
 
 
@@ -99,13 +113,16 @@ def test_a_quoted_integer_is_refused_with_a_clear_message(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text('train:\n  draft_vocab_size: "256"\n')
     line = _error(f).splitlines()[1].strip()
-    assert line == ("NUMBER_TYPE: train.draft_vocab_size: expected an integer, got the string "
-                    "'256' (write the number without quotes)")
+    assert line == (
+        "NUMBER_TYPE: train.draft_vocab_size: expected an integer, got the string "
+        "'256' (write the number without quotes)"
+    )
 
 
 def test_a_boolean_in_a_list_of_integers_is_refused():
     assert "expected an integer, got the boolean True (YAML reads" in _error(
-        None, ["extract.aux_layer_ids=[1,true]"])
+        None, ["extract.aux_layer_ids=[1,true]"]
+    )
     assert load_config(None, ["extract.aux_layer_ids=[1,2]"]).extract.aux_layer_ids == [1, 2]
 
 
@@ -124,7 +141,8 @@ def test_a_set_key_that_the_settings_leave_unused_is_warned_once(caplog):
     got = _warnings(caplog, ov)
     assert len(got) == 1 and got[0].startswith(
         "UNUSED_KEY: extract.cache_max_gb is set (5.0) but extract.mode offline never reads it "
-        "(read only with extract.mode cached)")
+        "(read only with extract.mode cached)"
+    )
     assert _warnings(caplog, ov) == []  # the same config again: parsed once, warned once
     assert _warnings(caplog, ["extract.mode=cached", "extract.cache_max_gb=5"]) == []
 
@@ -132,15 +150,18 @@ def test_a_set_key_that_the_settings_leave_unused_is_warned_once(caplog):
 def test_dev_keys_are_unused_with_simulated_selection(caplog, tmp_path):
     got = _warnings(caplog, ["train.dev_prompts_file=/x", "train.dev_prompts=3"])
     assert sorted(m.split(" is set")[0] for m in got) == [
-        "UNUSED_KEY: train.dev_prompts", "UNUSED_KEY: train.dev_prompts_file"]
+        "UNUSED_KEY: train.dev_prompts",
+        "UNUSED_KEY: train.dev_prompts_file",
+    ]
     assert all("train.select_best_by simulated never reads it" in m for m in got)
     p = tmp_path / "p.txt"
     p.write_text("hello\n")
     assert _warnings(caplog, ["train.select_best_by=measured", f"train.dev_prompts_file={p}"]) == []
 
 
-@pytest.mark.parametrize("host, every", [("0.0.0.0", True), ("::", True), ("10.1.2.3", False),
-                                         ("myhost.example", False)])
+@pytest.mark.parametrize(
+    "host, every", [("0.0.0.0", True), ("::", True), ("10.1.2.3", False), ("myhost.example", False)]
+)
 def test_a_serve_host_reachable_from_other_machines_is_warned(caplog, host, every):
     got = _warnings(caplog, [f"serve.host='{host}'"])
     assert len(got) == 1 and got[0].startswith(f"SERVE_HOST_EXPOSED: serve.host {host!r} binds")

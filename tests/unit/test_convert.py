@@ -1,4 +1,5 @@
-"""Conversion speculators / SpecForge / EAGLE → SGLang 0.5.23, and the `eagle3 convert|validate` CLI."""
+"""Conversion speculators / SpecForge / EAGLE → SGLang 0.5.23, and the `eagle3 convert|validate`
+CLI."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def test_speculators_to_sglang(pair, tiny_target_dir, tmp_path):
     man = convert(spec, out, target_dir=tiny_target_dir)
     assert content_hash(spec) == before  # SRC untouched
     cfg, scfg, tcfg = _cfg(out), _cfg(spec), _cfg(tiny_target_dir)
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["tie_word_embeddings"] is False
+    assert (
+        cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["tie_word_embeddings"] is False
+    )
     assert scfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # hf - 1
     assert "eagle_aux_hidden_state_layer_ids" not in cfg
@@ -41,7 +44,10 @@ def test_speculators_to_sglang(pair, tiny_target_dir, tmp_path):
     assert cfg["rope_parameters"] == tcfg["rope_parameters"]
     assert cfg["max_position_embeddings"] == tcfg["max_position_embeddings"]
     assert cfg["norm_before_residual"] is False
-    src_t, out_t = load_file(str(spec / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    src_t, out_t = (
+        load_file(str(spec / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
     assert set(out_t) == set(src_t)
     assert all(torch.equal(src_t[k], out_t[k]) for k in out_t)
     assert man["kind"] == "serving_checkpoint" and man["aux_layer_ids_hf"] == [2, 4, 5]
@@ -80,7 +86,11 @@ def test_missing_ids_need_target(pair, tmp_path, tiny_target_dir):
     with pytest.raises(ConfigError, match="--target"):
         convert(src, tmp_path / "out")
     convert(src, tmp_path / "out", target_dir=tiny_target_dir)
-    assert _cfg(tmp_path / "out")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # [2,4,5]-1
+    assert _cfg(tmp_path / "out")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        1,
+        3,
+        4,
+    ]  # [2,4,5]-1
 
 
 def test_broken_source_fails_atomically(pair, tmp_path, tiny_target_dir):
@@ -95,12 +105,19 @@ def test_broken_source_fails_atomically(pair, tmp_path, tiny_target_dir):
 
 
 def _sglang_like(serving, dst, *, bin_file: bool):
-    """A SpecForge-style (midlayer.*, safetensors, eagle_config) or EAGLE-repo-style (.bin, no embed) draft."""
+    """A SpecForge-style (midlayer.*, safetensors, eagle_config) or EAGLE-repo-style (.bin, no
+    embed) draft."""
     dst.mkdir()
     cfg = _cfg(serving)
     t = load_file(str(serving / "model.safetensors"))
     t = {k.replace("layers.0.", "midlayer."): v for k, v in t.items()}
-    for k in ("target_hidden_size", "norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
+    for k in (
+        "target_hidden_size",
+        "norm_before_fc",
+        "fc_norm",
+        "norm_output",
+        "norm_before_residual",
+    ):
         cfg.pop(k)
     if bin_file:
         t.pop("embed_tokens.weight")
@@ -118,9 +135,15 @@ def test_specforge_and_eagle_inputs(pair, tmp_path, tiny_target_dir, fmt):
     man = convert(src, tmp_path / "out", target_dir=tiny_target_dir)
     assert man["source_format"] == fmt
     out_t = load_file(str(tmp_path / "out" / "model.safetensors"))
-    assert "layers.0.self_attn.q_proj.weight" in out_t and not any(k.startswith("midlayer") for k in out_t)
+    assert "layers.0.self_attn.q_proj.weight" in out_t and not any(
+        k.startswith("midlayer") for k in out_t
+    )
     ids = _cfg(tmp_path / "out")["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    assert ids == [1, 3, 4]  # kept (SpecForge) or the default rule [2, 4, 5] - 1 written out (EAGLE, L=8)
+    assert ids == [
+        1,
+        3,
+        4,
+    ]  # kept (SpecForge) or the default rule [2, 4, 5] - 1 written out (EAGLE, L=8)
     assert validate(tmp_path / "out", target_dir=tiny_target_dir) == []
 
 
@@ -129,7 +152,9 @@ def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
 
     runner = CliRunner()
     out = tmp_path / "cli-out"
-    r = runner.invoke(app, ["convert", str(pair[0]), str(out), "--to", "sglang", "--target", str(tiny_target_dir)])
+    r = runner.invoke(
+        app, ["convert", str(pair[0]), str(out), "--to", "sglang", "--target", str(tiny_target_dir)]
+    )
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["validate", str(out), "--target", str(tiny_target_dir)])
     assert r.exit_code == 0 and "valid for sglang" in r.output
@@ -148,18 +173,23 @@ def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
 
 @pytest.mark.slow
 def test_smollm2_round_trip(smollm2_dir, tmp_path):
-    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30 layers)."""
+    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30
+    layers)."""
     from eagle3.convert.equivalence import check_equivalence
     from testkit.broken_corpus import make_speculators_draft
 
-    spec = make_speculators_draft(smollm2_dir, tmp_path / "spec", aux_ids=(2, 15, 27), draft_vocab=1024)
+    spec = make_speculators_draft(
+        smollm2_dir, tmp_path / "spec", aux_ids=(2, 15, 27), draft_vocab=1024
+    )
     man = convert(spec, tmp_path / "serving", target_dir=smollm2_dir)
     cfg = _cfg(tmp_path / "serving")
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
     assert man["aux_layer_ids_hf"] == [2, 15, 27]
     assert cfg["target_hidden_size"] == 576 and cfg["rope_parameters"]["rope_theta"] == 100000.0
     assert validate(tmp_path / "serving", target_dir=smollm2_dir) == []
-    r = check_equivalence(spec, tmp_path / "serving", target_dir=smollm2_dir, atol=1e-3, num_tokens=12)
+    r = check_equivalence(
+        spec, tmp_path / "serving", target_dir=smollm2_dir, atol=1e-3, num_tokens=12
+    )
     assert r["passed"] and r["engine_aux_hf"] == [2, 15, 27]
 
 

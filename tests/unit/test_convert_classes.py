@@ -53,6 +53,7 @@ def _codes(problems):
 
 # -- 1. d2t holding absolute target ids ------------------------------------------------------------
 
+
 def test_d2t_holding_target_ids_without_t2d_is_refused(pair, tmp_path):
     dv = _cfg(pair[1])["draft_vocab_size"]
     bad = _copy(pair[1], tmp_path / "abs", tensors={"d2t": torch.arange(dv)}, drop=("t2d",))
@@ -68,8 +69,9 @@ def test_absolute_rule_on_large_maps_and_no_false_alarm_on_offsets():
     assert absolute_d2t_reason(ids, vocab) is not None  # target ids: strictly increasing
     assert absolute_d2t_reason(ids - torch.arange(n), vocab) is None  # the same map as offsets
     for seed in range(5):  # the project's tiny drafts: random ids, few adjacent pairs expected
-        small = torch.sort(torch.randperm(49152, generator=torch.Generator().manual_seed(seed))
-                           [:256]).values
+        small = torch.sort(
+            torch.randperm(49152, generator=torch.Generator().manual_seed(seed))[:256]
+        ).values
         assert absolute_d2t_reason(small - torch.arange(256), 49152) is None
 
 
@@ -84,6 +86,7 @@ def test_absolute_ids_with_a_t2d_that_agrees_with_them_are_named(pair, tmp_path)
 
 
 # -- 2. identity-prefix vocabulary, coverage of the data ------------------------------------------
+
 
 def _prefix_draft(pair, path):
     cfg = _cfg(pair[1])
@@ -124,18 +127,32 @@ def test_good_draft_full_coverage_has_no_warning(pair):
     assert found.figures["vocab_coverage"] == 1.0
 
 
-def test_cli_validate_data_conversations_file_and_extraction_folder(pair, tmp_path,
-                                                                    tiny_target_dir):
+def test_cli_validate_data_conversations_file_and_extraction_folder(
+    pair, tmp_path, tiny_target_dir
+):
     from cli.main import app
 
     bad, _ = _prefix_draft(pair, tmp_path / "prefix")
     conv = tmp_path / "conv.jsonl"
-    conv.write_text("\n".join(json.dumps({"conversations": [
-        {"from": "human", "value": f"Tell me about topic number {i}."},
-        {"from": "gpt", "value": f"Topic {i} is about gardens, rivers and mountains."}]})
-        for i in range(40)))  # about 480 target tokens: enough to judge coverage
-    r = CliRunner().invoke(app, ["validate", str(bad), "--data", str(conv),
-                                 "--target", str(tiny_target_dir)])
+    conv.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "conversations": [
+                        {"from": "human", "value": f"Tell me about topic number {i}."},
+                        {
+                            "from": "gpt",
+                            "value": f"Topic {i} is about gardens, rivers and mountains.",
+                        },
+                    ]
+                }
+            )
+            for i in range(40)
+        )
+    )  # about 480 target tokens: enough to judge coverage
+    r = CliRunner().invoke(
+        app, ["validate", str(bad), "--data", str(conv), "--target", str(tiny_target_dir)]
+    )
     assert r.exit_code == 1, r.output
     assert "VOCAB_COVERAGE_LOW: draft vocabulary" in r.output and "vocab coverage:" in r.output
     assert "warning: VOCAB_MAP_PREFIX: d2t" in r.output
@@ -147,8 +164,9 @@ def test_cli_validate_data_conversations_file_and_extraction_folder(pair, tmp_pa
     ext.mkdir()
     (ext / "manifest.json").write_text(json.dumps({"kind": "hidden_states"}))
     d2t = load_file(str(pair[1] / "model.safetensors"))["d2t"]
-    torch.save({int(t): 2 for t in (d2t + torch.arange(d2t.numel())).tolist()},
-               ext / "token_freq.pt")
+    torch.save(
+        {int(t): 2 for t in (d2t + torch.arange(d2t.numel())).tolist()}, ext / "token_freq.pt"
+    )
     r = CliRunner().invoke(app, ["validate", str(pair[1]), "--data", str(ext)])
     assert r.exit_code == 0, r.output
     assert "vocab coverage: 100.0%" in r.output
@@ -163,8 +181,9 @@ def test_cli_convert_prints_and_records_the_prefix_warning(pair, tmp_path, tiny_
     dv, vocab = cfg["draft_vocab_size"], cfg["transformer_layer_config"]["vocab_size"]
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[:dv] = True
-    src = _copy(pair[0], tmp_path / "prefix",
-                tensors={"d2t": torch.zeros(dv, dtype=torch.long), "t2d": t2d})
+    src = _copy(
+        pair[0], tmp_path / "prefix", tensors={"d2t": torch.zeros(dv, dtype=torch.long), "t2d": t2d}
+    )
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["convert", str(src), str(out), "--target", str(tiny_target_dir)])
     assert r.exit_code == 0, r.output
@@ -175,13 +194,23 @@ def test_cli_convert_prints_and_records_the_prefix_warning(pair, tmp_path, tiny_
 
 # -- 3. RoPE: two thetas in one config; a trained theta unlike the target's ------------------------
 
-@pytest.mark.parametrize("cfg", [
-    {"rope_theta": 500000.0, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}},
-    {"rope_theta": 500000.0, "rope_parameters": {"rope_type": "default"}},
-    {"rope_theta": 5.0, "rope_scaling": {"rope_theta": 7.0, "rope_type": "default"},
-     "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"}},
-    {"rope_theta": 123.0},
-])
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {
+            "rope_theta": 500000.0,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        {"rope_theta": 500000.0, "rope_parameters": {"rope_type": "default"}},
+        {
+            "rope_theta": 5.0,
+            "rope_scaling": {"rope_theta": 7.0, "rope_type": "default"},
+            "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"},
+        },
+        {"rope_theta": 123.0},
+    ],
+)
 def test_sglang_theta_order_is_what_transformers_5_builds(cfg):
     from transformers import LlamaConfig
 
@@ -190,8 +219,14 @@ def test_sglang_theta_order_is_what_transformers_5_builds(cfg):
 
 
 def test_two_thetas_in_a_serving_config_are_refused_naming_both(pair, tmp_path):
-    bad = _copy(pair[1], tmp_path / "two", config={
-        "rope_theta": 500000.0, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})
+    bad = _copy(
+        pair[1],
+        tmp_path / "two",
+        config={
+            "rope_theta": 500000.0,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+    )
     msg = _codes(validate(bad))["ROPE_CONFLICT"]
     assert "rope_theta=500000" in msg and "rope_parameters.rope_theta=10000" in msg
     assert "SGLang 0.5.16 and 0.5.23 read rope_parameters.rope_theta=10000" in msg
@@ -218,8 +253,7 @@ def test_equal_thetas_in_both_layouts_are_no_conflict(pair, tmp_path, tiny_targe
     assert man["validation"]["warnings"] == []
 
 
-def test_draft_trained_at_another_theta_than_the_target_is_refused(pair, tmp_path,
-                                                                   tiny_target_dir):
+def test_draft_trained_at_another_theta_than_the_target_is_refused(pair, tmp_path, tiny_target_dir):
     cfg = _cfg(pair[0])
     cfg["transformer_layer_config"]["rope_parameters"]["rope_theta"] = 500000.0
     src = _copy(pair[0], tmp_path / "theta", config=cfg)
@@ -232,11 +266,18 @@ def test_draft_trained_at_another_theta_than_the_target_is_refused(pair, tmp_pat
 
 # -- 4. aux ids lost from the config of the project's own draft -----------------------------------
 
+
 def _trained_on(tmp_path, target, ids, config_ids):
     src = make_speculators_draft(target, tmp_path / "own", aux_ids=tuple(ids))
-    (src / "manifest.json").write_text(json.dumps({
-        "kind": "draft_checkpoint", "aux_layer_ids": list(ids),
-        "layer_id_convention": "hf_hidden_states_index"}))
+    (src / "manifest.json").write_text(
+        json.dumps(
+            {
+                "kind": "draft_checkpoint",
+                "aux_layer_ids": list(ids),
+                "layer_id_convention": "hf_hidden_states_index",
+            }
+        )
+    )
     cfg = _cfg(src)
     cfg["eagle_aux_hidden_state_layer_ids"] = config_ids
     (src / "config.json").write_text(json.dumps(cfg))
@@ -262,11 +303,14 @@ def test_aux_ids_unlike_the_training_manifest_are_refused_naming_both(tmp_path, 
 
 # -- 5. sliding-window drafts ---------------------------------------------------------------------
 
-def test_sliding_window_draft_is_refused_not_served_with_full_attention(pair, tmp_path,
-                                                                        tiny_target_dir):
+
+def test_sliding_window_draft_is_refused_not_served_with_full_attention(
+    pair, tmp_path, tiny_target_dir
+):
     cfg = _cfg(pair[0])
-    cfg["transformer_layer_config"].update(layer_types=["sliding_attention"], sliding_window=4,
-                                           use_sliding_window=True)
+    cfg["transformer_layer_config"].update(
+        layer_types=["sliding_attention"], sliding_window=4, use_sliding_window=True
+    )
     src = _copy(pair[0], tmp_path / "swa", config=cfg)
     with pytest.raises(CheckpointInvalid) as e:
         convert(src, tmp_path / "out", target_dir=tiny_target_dir)
@@ -276,12 +320,16 @@ def test_sliding_window_draft_is_refused_not_served_with_full_attention(pair, tm
 
 
 def test_sliding_window_in_a_serving_config_is_reported(pair, tmp_path):
-    bad = _copy(pair[1], tmp_path / "swa", config={"layer_types": ["sliding_attention"],
-                                                   "sliding_window": 4})
+    bad = _copy(
+        pair[1],
+        tmp_path / "swa",
+        config={"layer_types": ["sliding_attention"], "sliding_window": 4},
+    )
     assert "layer_types" in _codes(validate(bad))["SLIDING_WINDOW"]
 
 
 # -- 6. fc width conflicts name the aux ids key ---------------------------------------------------
+
 
 def test_fc_width_conflict_names_the_aux_ids_key(pair, tmp_path):
     fc = load_file(str(pair[1] / "model.safetensors"))["fc.weight"]

@@ -31,6 +31,7 @@ def _codes(problems):
 
 # 1. the files against manifest.json content_hash
 
+
 def test_fresh_conversion_passes_the_content_hash(pair, tiny_target_dir):
     found = validate_report(pair[1], target_dir=tiny_target_dir)
     assert found.problems == [] and "CONTENT_UNCHECKED" not in _codes(found.warnings)
@@ -55,8 +56,10 @@ def test_weights_or_config_edited_after_conversion_are_named(pair, tmp_path, edi
     assert _codes(validate(d)) == ["CONTENT_HASH_MISMATCH"]
     r = _cli("validate", d)
     assert r.exit_code == 1
-    assert (f"CONTENT_HASH_MISMATCH: {d}/manifest.json content_hash: expected {recorded}, got "
-            f"{got} (the weights or config changed after conversion)") in r.output
+    assert (
+        f"CONTENT_HASH_MISMATCH: {d}/manifest.json content_hash: expected {recorded}, got "
+        f"{got} (the weights or config changed after conversion)"
+    ) in r.output
 
 
 def test_no_manifest_is_no_error_and_a_manifest_without_hash_is_a_warning(pair, tmp_path):
@@ -76,6 +79,7 @@ def test_no_manifest_is_no_error_and_a_manifest_without_hash_is_a_warning(pair, 
 
 # 2. a source value the target's replaced is said, and recorded
 
+
 def test_replaced_target_hidden_size_is_warned_and_recorded(pair, tmp_path, tiny_target_dir):
     hidden = json.loads((tiny_target_dir / "config.json").read_text())["hidden_size"]
     src = tmp_path / "wrong_hidden"
@@ -87,8 +91,10 @@ def test_replaced_target_hidden_size_is_warned_and_recorded(pair, tmp_path, tiny
     assert line.startswith("warning: REPLACED_FROM_TARGET: ") and "target_hidden_size" in line
     assert f"states {2 * hidden}" in line and f"hidden_size {hidden}" in line
     man = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert man["replaced_from_target"]["target_hidden_size"] == {"source": 2 * hidden,
-                                                                  "target": hidden}
+    assert man["replaced_from_target"]["target_hidden_size"] == {
+        "source": 2 * hidden,
+        "target": hidden,
+    }
     assert any("REPLACED_FROM_TARGET" in w for w in man["validation"]["warnings"])
     # control: the good draft states no value the target replaces
     control = json.loads((pair[1] / "manifest.json").read_text())
@@ -98,15 +104,17 @@ def test_replaced_target_hidden_size_is_warned_and_recorded(pair, tmp_path, tiny
 
 # 3. refusals with a code and exit 1
 
-def test_unsupported_flag_in_convert_has_validates_code_and_exit_1(pair, tmp_path,
-                                                                   tiny_target_dir):
+
+def test_unsupported_flag_in_convert_has_validates_code_and_exit_1(pair, tmp_path, tiny_target_dir):
     src = tmp_path / "nbr"
     shutil.copytree(pair[0], src)
     _edit_config(src, norm_before_residual=True)
     r = _cli("convert", src, tmp_path / "out", "--to", "sglang", "--target", tiny_target_dir)
     assert r.exit_code == 1, r.output
-    assert any(x.startswith("UNSUPPORTED_FLAG: ") and "norm_before_residual" in x
-               for x in r.output.splitlines())
+    assert any(
+        x.startswith("UNSUPPORTED_FLAG: ") and "norm_before_residual" in x
+        for x in r.output.splitlines()
+    )
     assert not (tmp_path / "out").exists()
     served = tmp_path / "served"
     shutil.copytree(pair[1], served)
@@ -124,7 +132,7 @@ def _split_with_duplicate(src, dst, name):
     (dst / "model.safetensors").unlink()
     keys = sorted(t)
     half = {k: t[k] for k in keys[: len(keys) // 2]}
-    rest = {k: t[k] for k in keys[len(keys) // 2:]}
+    rest = {k: t[k] for k in keys[len(keys) // 2 :]}
     half[name], rest[name] = t[name], t[name]
     save_file(half, str(dst / "model-00001-of-00002.safetensors"))
     save_file(rest, str(dst / "model-00002-of-00002.safetensors"))
@@ -147,18 +155,22 @@ def test_tensor_in_two_weight_files_is_duplicate_tensor_exit_1(pair, tmp_path, t
     shutil.copytree(d, ok)
     t = load_file(str(ok / "model-00002-of-00002.safetensors"))
     first = load_file(str(ok / "model-00001-of-00002.safetensors"))
-    save_file({k: v for k, v in t.items() if k not in first},
-              str(ok / "model-00002-of-00002.safetensors"))
+    save_file(
+        {k: v for k, v in t.items() if k not in first}, str(ok / "model-00002-of-00002.safetensors")
+    )
     assert validate(ok, target_dir=tiny_target_dir) == []
 
 
 # 4. a draft given as the target
 
+
 def test_draft_folder_as_target_is_named(pair, tmp_path, tiny_target_dir):
     r = _cli("validate", pair[1], "--target", pair[1])
     assert r.exit_code == 1
-    assert (f"TARGET_IS_DRAFT: --target {pair[1]}: expected the target (verifier) model folder, "
-            "got an EAGLE-3 draft (architectures ['LlamaForCausalLMEagle3']") in r.output
+    assert (
+        f"TARGET_IS_DRAFT: --target {pair[1]}: expected the target (verifier) model folder, "
+        "got an EAGLE-3 draft (architectures ['LlamaForCausalLMEagle3']"
+    ) in r.output
     assert "AUX_IDS_RANGE" not in r.output
     for folder in (pair[0], pair[1]):  # speculators format too
         with pytest.raises(CheckpointInvalid) as e:

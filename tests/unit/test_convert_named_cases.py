@@ -55,8 +55,13 @@ def _small_vocab(pair, path, d2t):
     """The good serving draft cut to a draft vocabulary of ``len(d2t)`` ids, no t2d."""
     head = load_file(str(pair[1] / "model.safetensors"))["lm_head.weight"]
     n = d2t.numel()
-    return _copy(pair[1], path, config={"draft_vocab_size": n},
-                 tensors={"d2t": d2t, "lm_head.weight": head[:n].contiguous()}, drop=("t2d",))
+    return _copy(
+        pair[1],
+        path,
+        config={"draft_vocab_size": n},
+        tensors={"d2t": d2t, "lm_head.weight": head[:n].contiguous()},
+        drop=("t2d",),
+    )
 
 
 def _frequency_ids(vocab, n, seed, noise):
@@ -73,6 +78,7 @@ def _adjacent(ids):
 
 
 # -- 1. d2t of target ids from a frequency map, no t2d -------------------------------------------
+
 
 def test_target_ids_with_gaps_and_34_adjacent_pairs_are_refused(pair, tmp_path):
     vocab = _cfg(pair[1])["vocab_size"]
@@ -100,11 +106,19 @@ def test_frequency_chosen_maps_are_named_as_ids_and_pass_as_offsets():
             for seed in range(4):
                 for noise in (0.5, 1.0, 2.0, 3.0, 5.0, 1000.0):
                     ids = _frequency_ids(vocab, n, seed, noise)
-                    assert absolute_reason(ids - torch.arange(n), None, vocab) is None, \
-                        (vocab, n, seed, noise)
+                    assert absolute_reason(ids - torch.arange(n), None, vocab) is None, (
+                        vocab,
+                        n,
+                        seed,
+                        noise,
+                    )
                     if _adjacent(ids) >= TWO_APART_MIN:
-                        assert absolute_reason(ids, None, vocab) is not None, \
-                            (vocab, n, seed, noise)
+                        assert absolute_reason(ids, None, vocab) is not None, (
+                            vocab,
+                            n,
+                            seed,
+                            noise,
+                        )
                         flagged += 1
     assert flagged > 100  # the rule was exercised, not skipped
     # the project's own tiny drafts (random ids) and identity maps stay offsets
@@ -123,8 +137,13 @@ def test_regenerated_map_without_t2d_is_a_changed_map(pair, tmp_path):
     assert "VOCAB_MAP_CHANGED" not in _codes(validate(same))
     g = torch.Generator().manual_seed(7)
     ids = torch.sort(torch.randperm(vocab, generator=g)[:dv]).values
-    other = _copy(pair[1], tmp_path / "other", tensors={"d2t": ids - torch.arange(dv)},
-                  drop=("t2d",), keep_manifest=True)
+    other = _copy(
+        pair[1],
+        tmp_path / "other",
+        tensors={"d2t": ids - torch.arange(dv)},
+        drop=("t2d",),
+        keep_manifest=True,
+    )
     msg = _codes(validate(other))["VOCAB_MAP_CHANGED"]
     assert "vocab_map_hash" in msg and "no t2d" in msg
 
@@ -145,14 +164,25 @@ def test_convert_records_the_map_hash_of_a_draft_without_t2d(pair, tmp_path, tin
 LINEAR = {"rope_type": "linear", "factor": 2.0}
 
 
-@pytest.mark.parametrize("cfg", [
-    {"rope_scaling": LINEAR, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
-    {"rope_theta": 7.0, "rope_scaling": LINEAR,
-     "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
-    {"rope_scaling": {"type": "linear", "factor": 4.0, "rope_theta": 9.0},
-     "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"}},
-    {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {
+            "rope_scaling": LINEAR,
+            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+        },
+        {
+            "rope_theta": 7.0,
+            "rope_scaling": LINEAR,
+            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+        },
+        {
+            "rope_scaling": {"type": "linear", "factor": 4.0, "rope_theta": 9.0},
+            "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"},
+        },
+        {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
+    ],
+)
 def test_rope_read_as_transformers_5_builds_it(cfg):
     from transformers import LlamaConfig
 
@@ -183,9 +213,9 @@ def _speculators_with_rope_scaling(pair, path):
     return out
 
 
-def test_convert_says_what_it_does_with_rope_scaling_beside_rope_parameters(pair, tmp_path,
-                                                                            tiny_target_dir,
-                                                                            caplog):
+def test_convert_says_what_it_does_with_rope_scaling_beside_rope_parameters(
+    pair, tmp_path, tiny_target_dir, caplog
+):
     src = _speculators_with_rope_scaling(pair, tmp_path / "spec")
     with caplog.at_level(logging.WARNING, logger="eagle3.convert.stage"):
         man = convert(src, tmp_path / "alone")
@@ -204,6 +234,7 @@ def test_convert_says_what_it_does_with_rope_scaling_beside_rope_parameters(pair
 
 # -- 3. use_sliding_window given as a string -----------------------------------------------------
 
+
 def _releases():
     from eagle3.engines.sglang.profile import RELEASES
 
@@ -213,8 +244,9 @@ def _releases():
 
 @pytest.mark.parametrize("value", ["true", "false", 1])
 def test_use_sliding_window_that_is_not_a_boolean_is_refused(pair, tmp_path, value):
-    bad = _copy(pair[1], tmp_path / "str", config={"use_sliding_window": value,
-                                                    "sliding_window": 4096})
+    bad = _copy(
+        pair[1], tmp_path / "str", config={"use_sliding_window": value, "sliding_window": 4096}
+    )
     msg = _codes(validate(bad))["SLIDING_WINDOW"]
     assert msg.startswith("config.json use_sliding_window: expected true or false"), msg
     assert f"got {value!r} (a {type(value).__name__})" in msg and "sliding_window=4096" in msg
@@ -235,26 +267,30 @@ def test_speculators_draft_with_a_string_flag_is_not_converted(pair, tmp_path):
 
 
 def test_sliding_window_message_reads_cleanly_and_a_false_flag_passes(pair, tmp_path):
-    on = _copy(pair[1], tmp_path / "on", config={"use_sliding_window": True,
-                                                  "sliding_window": 4096})
+    on = _copy(
+        pair[1], tmp_path / "on", config={"use_sliding_window": True, "sliding_window": 4096}
+    )
     msg = _codes(validate(on))["SLIDING_WINDOW"]
     assert f"the LlamaForCausalLMEagle3 of {_releases()} reads neither key (its only" in msg, msg
     assert f"{_releases()}'" not in msg
-    off = _copy(pair[1], tmp_path / "off", config={"use_sliding_window": False,
-                                                    "sliding_window": 4096})
+    off = _copy(
+        pair[1], tmp_path / "off", config={"use_sliding_window": False, "sliding_window": 4096}
+    )
     found = validate_report(off)
     assert "SLIDING_WINDOW" not in _codes(found.problems + found.warnings)
 
 
 # -- 4. validate --data with a bare manifest ---------------------------------------------------
 
+
 def test_bare_data_manifest_says_nothing_was_compared(pair, tmp_path):
     from cli.main import app
 
     ext = tmp_path / "extract"
     ext.mkdir()
-    (ext / "manifest.json").write_text(json.dumps({"kind": "hidden_states",
-                                                   "target": {"config_hash": "ab" * 32}}))
+    (ext / "manifest.json").write_text(
+        json.dumps({"kind": "hidden_states", "target": {"config_hash": "ab" * 32}})
+    )
     r = CliRunner().invoke(app, ["validate", str(pair[1]), "--data", str(ext)])
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if "DATA_UNCHECKED" in x)
@@ -265,8 +301,7 @@ def test_bare_data_manifest_says_nothing_was_compared(pair, tmp_path):
 
 def test_data_manifest_with_something_to_compare_has_no_unchecked_warning(pair):
     hf = json.loads((pair[1] / "manifest.json").read_text())["aux_layer_ids_hf"]
-    found = validate_report(pair[1], data_manifest={"kind": "hidden_states",
-                                                    "aux_layer_ids": hf})
+    found = validate_report(pair[1], data_manifest={"kind": "hidden_states", "aux_layer_ids": hf})
     assert found.problems == [] and "DATA_UNCHECKED" not in _codes(found.warnings)
     bare = validate_report(pair[1], data_manifest={"kind": "hidden_states"})
     assert _codes(bare.warnings)["DATA_UNCHECKED"].startswith("data manifest: expected fields")

@@ -38,6 +38,7 @@ def _bump_fc(d):
 
 # 1. a source edited after its manifest was written
 
+
 def test_convert_refuses_a_source_edited_after_conversion(pair, tmp_path, tiny_target_dir):
     src = tmp_path / "tampered"
     shutil.copytree(pair[1], src)
@@ -47,8 +48,10 @@ def test_convert_refuses_a_source_edited_after_conversion(pair, tmp_path, tiny_t
     out = tmp_path / "out"
     r = _cli("convert", src, out, "--to", "sglang", "--target", tiny_target_dir)
     assert r.exit_code == 1, r.output
-    assert (f"CONTENT_HASH_MISMATCH: {src}/manifest.json content_hash: expected {recorded}, got "
-            f"{got} (the weights or config changed after conversion)") in r.output
+    assert (
+        f"CONTENT_HASH_MISMATCH: {src}/manifest.json content_hash: expected {recorded}, got "
+        f"{got} (the weights or config changed after conversion)"
+    ) in r.output
     assert not out.exists()
 
 
@@ -98,21 +101,28 @@ def test_convert_names_what_changed_and_the_hash_mismatch(pair, tmp_path, tiny_t
 
 # 10. a known boolean key that is not a boolean
 
-@pytest.mark.parametrize("key,value,words,means", [
-    ("norm_output", "false", "the string 'false'", "true"),
-    ("norm_output", 1, "the number 1", "true"),
-    ("tie_word_embeddings", "false", "the string 'false'", "true"),
-    ("attention_bias", "false", "the string 'false'", "true"),
-    ("norm_before_fc", 0, "the number 0", "false"),
-])
-def test_non_boolean_flag_is_flag_type_in_validate_and_convert(pair, tmp_path, tiny_target_dir,
-                                                               key, value, words, means):
+
+@pytest.mark.parametrize(
+    "key,value,words,means",
+    [
+        ("norm_output", "false", "the string 'false'", "true"),
+        ("norm_output", 1, "the number 1", "true"),
+        ("tie_word_embeddings", "false", "the string 'false'", "true"),
+        ("attention_bias", "false", "the string 'false'", "true"),
+        ("norm_before_fc", 0, "the number 0", "false"),
+    ],
+)
+def test_non_boolean_flag_is_flag_type_in_validate_and_convert(
+    pair, tmp_path, tiny_target_dir, key, value, words, means
+):
     d = tmp_path / "typed"
     shutil.copytree(pair[1], d)
     (d / "manifest.json").unlink()  # a foreign draft: no manifest record to compare with
     _edit_config(d, **{key: value})
-    want = (f"FLAG_TYPE: config.json {key}: expected true or false, got {words} (read by "
-            f"truthiness it means {means})")
+    want = (
+        f"FLAG_TYPE: config.json {key}: expected true or false, got {words} (read by "
+        f"truthiness it means {means})"
+    )
     r = _cli("validate", d, "--target", tiny_target_dir)
     assert r.exit_code == 1, r.output
     assert want in r.output.splitlines(), r.output

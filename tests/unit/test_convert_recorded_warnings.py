@@ -47,8 +47,7 @@ def _codes(items):
     return [str(w).split(":")[0] for w in items]
 
 
-def test_convert_records_the_warnings_validate_gives_with_the_data(pair, tmp_path,
-                                                                   tiny_target_dir):
+def test_convert_records_the_warnings_validate_gives_with_the_data(pair, tmp_path, tiny_target_dir):
     src, dv = _prefix_source(pair, tmp_path / "prefix")
     # 70 % of 1000 data tokens inside the draft vocabulary: served, with VOCAB_COVERAGE
     ext = _extract(tmp_path / "extract", {1: 700, dv + 5: 300})
@@ -57,8 +56,9 @@ def test_convert_records_the_warnings_validate_gives_with_the_data(pair, tmp_pat
     recorded = man["validation"]["warnings"]
     assert man["validation"]["data_checked"] is True
     data_manifest, counts, _ = read_data(ext, tiny_target_dir)
-    found = validate_report(out, target_dir=tiny_target_dir, data_manifest=data_manifest,
-                            token_counts=counts)
+    found = validate_report(
+        out, target_dir=tiny_target_dir, data_manifest=data_manifest, token_counts=counts
+    )
     assert found.problems == []
     assert "VOCAB_COVERAGE" in _codes(found.warnings)
     assert [str(w) for w in found.warnings] == recorded
@@ -109,9 +109,23 @@ def test_the_convert_command_prints_each_warning_once(pair, tmp_path, tiny_targe
     cfg = json.loads((src / "config.json").read_text())
     cfg["sliding_window"] = 4096  # a window without the switch: warned, not refused
     (src / "config.json").write_text(json.dumps(cfg))
-    res = subprocess.run([sys.executable, "-m", "cli.main", "convert", str(src),
-                          str(tmp_path / "out"), "--to", "sglang", "--target",
-                          str(tiny_target_dir)], cwd=root, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "convert",
+            str(src),
+            str(tmp_path / "out"),
+            "--to",
+            "sglang",
+            "--target",
+            str(tiny_target_dir),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     both = res.stdout + res.stderr
     assert res.returncode == 0, both
     assert both.count("SLIDING_WINDOW") == 1, both

@@ -10,17 +10,35 @@ from tests.conftest import CONFIGS
 
 
 def _file(path, n):
-    path.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
-        {"from": "human", "value": f"question {i}?"},
-        {"from": "gpt", "value": f"answer number {i}."}]}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"c{i}",
+                    "conversations": [
+                        {"from": "human", "value": f"question {i}?"},
+                        {"from": "gpt", "value": f"answer number {i}."},
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
 def _extract(tmp_path, n_asked, caplog):
-    cfg = load_config(CONFIGS / "tiny-random.yaml", [
-        f"paths.runs_dir={tmp_path / 'runs'}", "data.source=file",
-        f"data.path={_file(tmp_path / 'five.jsonl', 5)}", f"data.num_conversations={n_asked}",
-        "data.max_seq_len=64"])
+    cfg = load_config(
+        CONFIGS / "tiny-random.yaml",
+        [
+            f"paths.runs_dir={tmp_path / 'runs'}",
+            "data.source=file",
+            f"data.path={_file(tmp_path / 'five.jsonl', 5)}",
+            f"data.num_conversations={n_asked}",
+            "data.max_seq_len=64",
+        ],
+    )
     with caplog.at_level(logging.WARNING, logger="eagle3.extract.stage"):
         m = extract(cfg, tmp_path / f"x{n_asked}", progress=False)
     return m, [r.getMessage() for r in caplog.records if "DATA_SHORT" in r.getMessage()]
@@ -31,7 +49,8 @@ def test_fewer_conversations_than_asked_is_said(tmp_path, caplog):
     assert m["counts"]["samples"] == 5
     assert len(said) == 1 and said[0].startswith(
         f"DATA_SHORT: data.num_conversations=12 asked, {tmp_path / 'five.jsonl'} gives 5 usable "
-        "conversations (5 records, 0 skipped)")
+        "conversations (5 records, 0 skipped)"
+    )
 
 
 def test_as_many_as_asked_is_not(tmp_path, caplog):

@@ -5,14 +5,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eagle3.decide import OUTCOMES, Decision, Thresholds, recommend, sweep_decision, training_signals
+from eagle3.decide import (
+    OUTCOMES,
+    Decision,
+    Thresholds,
+    recommend,
+    sweep_decision,
+    training_signals,
+)
 from eagle3.errors import DataError
 
-FALLING = {"val_loss": [3.0, 2.7, 2.45, 2.25], "train_loss": [2.95, 2.66, 2.41, 2.2], "epochs": 2.0,
-           "unique_tokens": 40_000}
-OVERFIT = {"val_loss": [2.5, 2.4, 2.41, 2.43], "train_loss": [2.4, 2.1, 1.85, 1.6], "epochs": 4.0,
-           "unique_tokens": 5_666}
-MANY_EPOCHS = {"val_loss": [2.4, 2.35, 2.3, 2.25], "train_loss": [2.38, 2.33, 2.28, 2.23], "epochs": 12.0}
+FALLING = {
+    "val_loss": [3.0, 2.7, 2.45, 2.25],
+    "train_loss": [2.95, 2.66, 2.41, 2.2],
+    "epochs": 2.0,
+    "unique_tokens": 40_000,
+}
+OVERFIT = {
+    "val_loss": [2.5, 2.4, 2.41, 2.43],
+    "train_loss": [2.4, 2.1, 1.85, 1.6],
+    "epochs": 4.0,
+    "unique_tokens": 5_666,
+}
+MANY_EPOCHS = {
+    "val_loss": [2.4, 2.35, 2.3, 2.25],
+    "train_loss": [2.38, 2.33, 2.28, 2.23],
+    "epochs": 12.0,
+}
 FLAT = {"val_loss": [2.3, 2.3, 2.299, 2.3], "train_loss": [2.29, 2.29, 2.289, 2.29], "epochs": 3.0}
 
 
@@ -35,12 +54,16 @@ def test_fix_serving_carries_its_served_vs_offline_evidence_and_the_preflight():
     d = recommend(FALLING, {"served": 1.05, "offline": 1.55, "simulated": 1.6, "preflight": pre})
     assert d.recommendation == "fix serving integration"
     ev = d.evidence
-    assert ev["served_excess"] == pytest.approx(0.05) and ev["offline_excess"] == pytest.approx(0.55)
+    assert ev["served_excess"] == pytest.approx(0.05) and ev["offline_excess"] == pytest.approx(
+        0.55
+    )
     assert ev["excess_ratio"] == pytest.approx(0.05 / 0.55) and ev["serving_gap_ratio"] == 0.7
     assert ev["preflight.aux_capture"].startswith("passed")
     tags = d.tags()
     assert tags["decision.excess_ratio"] == "0.09091" and "ratio 0.09" in d.to_markdown()
-    near = recommend(FALLING, {"served": 1.45, "offline": 1.55, "simulated": 1.6})  # within the ratio: no fault
+    near = recommend(
+        FALLING, {"served": 1.45, "offline": 1.55, "simulated": 1.6}
+    )  # within the ratio: no fault
     assert near.recommendation != "fix serving integration"
 
 
@@ -68,10 +91,13 @@ def test_many_epochs_means_more_data_even_while_falling():
 
 
 def test_target_reached_or_plateau_means_stop():
-    assert recommend(FALLING, {"served": 2.1, "offline": 2.1, "target": 2.0}).rule == "target_reached"
+    assert (
+        recommend(FALLING, {"served": 2.1, "offline": 2.1, "target": 2.0}).rule == "target_reached"
+    )
     d = recommend(FLAT, {"served": 1.50, "offline": 1.52, "history": [1.2, 1.49]})
     assert d.recommendation == "stop" and d.rule == "acceptance_plateau"
-    # same flat losses but acceptance still moving: not a plateau → both losses flat → more data (low confidence)
+    # same flat losses but acceptance still moving: not a plateau → both losses flat → more data
+    # (low confidence)
     d2 = recommend(FLAT, {"served": 1.50, "offline": 1.52, "history": [1.2, 1.3]})
     assert (d2.recommendation, d2.rule, d2.confidence) == ("more data", "losses_flat", "low")
 
@@ -85,7 +111,11 @@ def test_thresholds_change_the_outcome():
 def test_too_few_evals_and_bad_values():
     d = recommend({"val_loss": [2.0], "train_loss": 1.9}, {"served": 1.2})
     # one evaluation is no trend: say so rather than pick an answer the evidence does not support
-    assert (d.recommendation, d.rule, d.confidence) == ("more evidence needed", "too_few_evaluations", "low")
+    assert (d.recommendation, d.rule, d.confidence) == (
+        "more evidence needed",
+        "too_few_evaluations",
+        "low",
+    )
     assert "fewer than 2 evaluations" in d.reasons[0] and "train.eval_every" in d.reasons[1]
     assert d.tags()["decision"] == "more evidence needed"
     d = recommend({"val_loss": [2.0], "train_loss": 1.9, "epochs": 8.0}, {"served": 1.2})
@@ -107,24 +137,41 @@ def _sweep(acc):
     out = []
     for size, uniq in ((128, 5000), (256, 9000), (512, 16000)):
         for sched, epochs, steps in (("cosine-3ep", 3, 3 * size), ("constant-long", 8, 8 * size)):
-            out.append({"data_size": size, "schedule": sched, "unique_tokens": uniq, "epochs": epochs,
-                        "optimizer_steps": steps, "acceptance_length": acc(size, sched), "offline": None})
+            out.append(
+                {
+                    "data_size": size,
+                    "schedule": sched,
+                    "unique_tokens": uniq,
+                    "epochs": epochs,
+                    "optimizer_steps": steps,
+                    "acceptance_length": acc(size, sched),
+                    "offline": None,
+                }
+            )
     return out
 
 
 def test_sweep_data_dominates(tmp_path):
-    res = _sweep(lambda n, s: 1.1 + 0.1 * {128: 0, 256: 1, 512: 2}[n] + (0.02 if s == "constant-long" else 0))
+    res = _sweep(
+        lambda n, s: 1.1 + 0.1 * {128: 0, 256: 1, 512: 2}[n] + (0.02 if s == "constant-long" else 0)
+    )
     d = sweep_decision(res, plot_path=tmp_path / "scaling.png")
     assert d.recommendation == "more data"
     xs = np.log2([5000, 9000, 16000])
-    assert d.evidence["data_gain_per_doubling"] == pytest.approx(np.polyfit(xs, [1.1, 1.2, 1.3], 1)[0])
+    assert d.evidence["data_gain_per_doubling"] == pytest.approx(
+        np.polyfit(xs, [1.1, 1.2, 1.3], 1)[0]
+    )
     assert (tmp_path / "scaling.png").stat().st_size > 1000
 
 
 def test_sweep_schedule_dominates_and_plateau_and_serving():
-    res = _sweep(lambda n, s: 1.1 + 0.01 * {128: 0, 256: 1, 512: 2}[n] + (0.2 if s == "constant-long" else 0))
+    res = _sweep(
+        lambda n, s: 1.1 + 0.01 * {128: 0, 256: 1, 512: 2}[n] + (0.2 if s == "constant-long" else 0)
+    )
     d = sweep_decision(res)
-    assert d.recommendation == "longer training" and d.evidence["longest_schedule"] == "constant-long"
+    assert (
+        d.recommendation == "longer training" and d.evidence["longest_schedule"] == "constant-long"
+    )
     flat = sweep_decision(_sweep(lambda n, s: 1.2))
     assert flat.recommendation == "stop" and flat.rule == "sweep_plateau"
     broken = _sweep(lambda n, s: 1.3)
@@ -146,7 +193,8 @@ def test_history_from_metrics_aligns_train_loss_with_evals():
 
 
 def test_gap_growth_below_zero_is_not_overfitting():
-    """Measured on SmolLM2 (64 conversations, 1.5 epochs): val below train, train falling faster early on."""
+    """Measured on SmolLM2 (64 conversations, 1.5 epochs): val below train, train falling faster
+    early on."""
     hist = {"val_loss": [13.26, 12.93], "train_loss": [17.78, 14.2], "epochs": 1.5}
     d = recommend(hist, {"served": 1.14, "offline": 1.14, "simulated": 1.21})
     assert d.recommendation == "longer training"
@@ -156,31 +204,63 @@ def test_a_loss_of_exactly_zero_gives_no_slope_instead_of_dividing_by_zero():
     zero = {"val_loss": [0.0, 0.0, 0.0], "train_loss": [0.0, 0.0, 0.0], "epochs": 1.0}
     s = training_signals(zero)
     assert s["val_slope_rel"] is None and s["train_slope_rel"] is None
-    assert recommend(zero, {"served": 1.0, "offline": 1.0, "simulated": 1.0}).recommendation in OUTCOMES
+    assert (
+        recommend(zero, {"served": 1.0, "offline": 1.0, "simulated": 1.0}).recommendation
+        in OUTCOMES
+    )
 
 
 def test_sweep_regenerated_data_dominates_and_one_point_is_too_little_evidence():
     res = _sweep(lambda n, s: 1.1 + 0.02 * {128: 0, 256: 1, 512: 2}[n])
-    regen = [{**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.5} for r in res]
+    regen = [
+        {**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.5} for r in res
+    ]
     d = sweep_decision([{**r, "data": "as-is"} for r in res] + regen)
     assert (d.recommendation, d.rule) == ("regenerate data", "data_variant_gain_dominates")
-    assert d.evidence["data_variant"] == "regenerated" and d.evidence["data_variant_gain"] == pytest.approx(0.5)
+    assert d.evidence["data_variant"] == "regenerated" and d.evidence[
+        "data_variant_gain"
+    ] == pytest.approx(0.5)
     one = sweep_decision([res[0]])
-    assert (one.recommendation, one.rule, one.confidence) == ("more evidence needed", "no_lever_measured", "low")
+    assert (one.recommendation, one.rule, one.confidence) == (
+        "more evidence needed",
+        "no_lever_measured",
+        "low",
+    )
 
 
 def test_one_measured_lever_recommends_it_at_medium_confidence_and_names_the_levers_not_weighed():
     """Two data sizes of one variant and one schedule (lab/NOTEBOOK.md, "Sweeps")."""
-    rows = [{"data": "regenerated", "data_size": 1000, "schedule": "cosine-3ep", "unique_tokens": 565_513,
-             "acceptance_length": 1.379},
-            {"data": "regenerated", "data_size": 3000, "schedule": "cosine-3ep", "unique_tokens": 1_634_591,
-             "acceptance_length": 1.543}]
+    rows = [
+        {
+            "data": "regenerated",
+            "data_size": 1000,
+            "schedule": "cosine-3ep",
+            "unique_tokens": 565_513,
+            "acceptance_length": 1.379,
+        },
+        {
+            "data": "regenerated",
+            "data_size": 3000,
+            "schedule": "cosine-3ep",
+            "unique_tokens": 1_634_591,
+            "acceptance_length": 1.543,
+        },
+    ]
     d = sweep_decision(rows)
-    assert (d.recommendation, d.rule, d.confidence) == ("more data", "data_gain_dominates", "medium")
-    assert d.evidence["data_gain_per_doubling"] == pytest.approx((1.543 - 1.379) / np.log2(1_634_591 / 565_513))
+    assert (d.recommendation, d.rule, d.confidence) == (
+        "more data",
+        "data_gain_dominates",
+        "medium",
+    )
+    assert d.evidence["data_gain_per_doubling"] == pytest.approx(
+        (1.543 - 1.379) / np.log2(1_634_591 / 565_513)
+    )
     assert "not measured in this sweep: a longer schedule, another data variant" in d.reasons[-1]
     full = _sweep(lambda n, s: 1.1 + 0.1 * {128: 0, 256: 1, 512: 2}[n])
-    regen = [{**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.01} for r in full]
+    regen = [
+        {**r, "data": "regenerated", "acceptance_length": r["acceptance_length"] + 0.01}
+        for r in full
+    ]
     both = sweep_decision([{**r, "data": "as-is"} for r in full] + regen)
     assert (both.recommendation, both.confidence) == ("more data", "high")
     assert "raised acceptance more than the other levers did" in both.reasons[-1]

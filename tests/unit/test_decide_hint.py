@@ -36,8 +36,9 @@ def test_decide_command_names_the_store_unless_it_is_the_default(tmp_path, monke
     assert summary.decide_command(default, "abc") == "eagle3 decide abc"
 
 
-def test_announce_parent_names_a_non_default_store_and_only_for_a_deciding_flow(tiny_cfg,
-                                                                                 monkeypatch):
+def test_announce_parent_names_a_non_default_store_and_only_for_a_deciding_flow(
+    tiny_cfg, monkeypatch
+):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     client, exp_id = tracking.client_for(tiny_cfg)
     parent = client.create_run(exp_id).info.run_id
@@ -48,18 +49,21 @@ def test_announce_parent_names_a_non_default_store_and_only_for_a_deciding_flow(
     assert f"MLflow parent run {parent} (store {uri})" in line and "eagle3 decide" not in line
 
 
-def test_parent_run_of_a_stage_flow_without_a_decision_prints_no_decide_hint(tiny_cfg,
-                                                                              monkeypatch):
+def test_parent_run_of_a_stage_flow_without_a_decision_prints_no_decide_hint(tiny_cfg, monkeypatch):
     from prefect.runtime import flow_run
 
     import flows.common as common
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     said: list[str] = []
-    monkeypatch.setattr(common, "announce_parent",
-                        lambda *a, **k: said.append(summary.announce_parent(*a, **k)))
-    for name, decides in (("eagle3-extract", False), ("eagle3-deploy", True),
-                          ("eagle3-pipeline", True)):
+    monkeypatch.setattr(
+        common, "announce_parent", lambda *a, **k: said.append(summary.announce_parent(*a, **k))
+    )
+    for name, decides in (
+        ("eagle3-extract", False),
+        ("eagle3-deploy", True),
+        ("eagle3-pipeline", True),
+    ):
         monkeypatch.setattr(flow_run, "id", str(uuid.uuid4()), raising=False)
         with common.parent_run(tiny_cfg, name) as parent:
             pass
@@ -77,16 +81,19 @@ def test_deciding_flows_match_the_flows_that_record_a_decision():
         assert (stages.flow_name(stage) in summary.DECIDING_FLOWS) == (stage == "deploy"), stage
 
 
-def test_artifact_links_carry_the_decide_line_only_once_a_decision_is_recorded(tiny_cfg,
-                                                                                 monkeypatch):
+def test_artifact_links_carry_the_decide_line_only_once_a_decision_is_recorded(
+    tiny_cfg, monkeypatch
+):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     client, exp_id = tracking.client_for(tiny_cfg)
     parent = client.create_run(exp_id).info.run_id
     assert not any("eagle3 decide" in x for x in summary._links(tiny_cfg, exp_id, parent))
     tracking.set_parent_tags(tiny_cfg, parent, {summary.DECISION_TAG: "more data"})
     lines = summary._links(tiny_cfg, exp_id, parent)
-    assert (f"- its decision from the command line: `eagle3 decide {parent} --tracking-uri "
-            f"{tiny_cfg.mlflow_uri()}`") in lines
+    assert (
+        f"- its decision from the command line: `eagle3 decide {parent} --tracking-uri "
+        f"{tiny_cfg.mlflow_uri()}`"
+    ) in lines
 
 
 def test_headline_and_cli_summary_name_the_store(tiny_cfg, monkeypatch):
@@ -94,16 +101,25 @@ def test_headline_and_cli_summary_name_the_store(tiny_cfg, monkeypatch):
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = tiny_cfg.mlflow_uri()
-    base = {"decision": "more data", "decision_rule": "r", "acceptance_length": 1.2,
-            "parent_run_id": "p1", "mlflow_uri": uri, "config": "tiny", "run_dir": "rd",
-            "experiment_id": "1"}
-    assert summary.headline(base).endswith(f"MLflow parent run p1: eagle3 decide p1 "
-                                           f"--tracking-uri {uri}")
+    base = {
+        "decision": "more data",
+        "decision_rule": "r",
+        "acceptance_length": 1.2,
+        "parent_run_id": "p1",
+        "mlflow_uri": uri,
+        "config": "tiny",
+        "run_dir": "rd",
+        "experiment_id": "1",
+    }
+    assert summary.headline(base).endswith(
+        f"MLflow parent run p1: eagle3 decide p1 --tracking-uri {uri}"
+    )
     assert "eagle3 decide" not in summary.headline({**base, "decision": None})
     text = format_summary(base, tiny_cfg)
     assert f"its decision in full: eagle3 decide p1 --tracking-uri {uri}" in text
     stage = {**base, "flow": "eagle3-train"}
     stage.pop("decision")
     assert "eagle3 decide" not in format_summary(stage, tiny_cfg)
-    assert "eagle3 decide p1 --tracking-uri" in format_summary({**stage, "flow": "eagle3-deploy"},
-                                                               tiny_cfg)
+    assert "eagle3 decide p1 --tracking-uri" in format_summary(
+        {**stage, "flow": "eagle3-deploy"}, tiny_cfg
+    )

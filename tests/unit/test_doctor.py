@@ -20,9 +20,14 @@ def test_doctor_reports_each_check_and_fails_on_a_configured_dead_server(monkeyp
     ok = run_doctor(echo=lines.append)
     text = "\n".join(lines)
     assert not ok
-    assert any(ln.startswith("FAIL") and "MLflow server configured by MLFLOW_TRACKING_URI" in ln for ln in lines)
+    assert any(
+        ln.startswith("FAIL") and "MLflow server configured by MLFLOW_TRACKING_URI" in ln
+        for ln in lines
+    )
     assert "torch " in text and "SGLang" in text and "GiB free" in text
-    assert any("Prefect" in ln and ln.startswith("OK") for ln in lines)  # not configured: ephemeral API
+    assert any(
+        "Prefect" in ln and ln.startswith("OK") for ln in lines
+    )  # not configured: ephemeral API
 
 
 def test_doctor_passes_with_a_local_store(monkeypatch, tmp_path):
@@ -41,12 +46,22 @@ def test_doctor_says_which_cpu_features_it_found_and_what_auto_resolves_to(monke
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for ratio, dtype, prec in ((0.021, "float32", "float32"), (6.0, "bfloat16", "bf16-autocast")):
-        probe = precision.Bf16Probe(float32_gflops=43.0, bfloat16_gflops=43.0 * ratio, threads=1, capability="AVX2",
-                                    features={"avx2": True, "avx512_bf16": False}, isa_env={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+        probe = precision.Bf16Probe(
+            float32_gflops=43.0,
+            bfloat16_gflops=43.0 * ratio,
+            threads=1,
+            capability="AVX2",
+            features={"avx2": True, "avx512_bf16": False},
+            isa_env={"ONEDNN_MAX_CPU_ISA": "AVX2"},
+        )
         monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: probe)
         status, text = check_precision()
         assert status == "OK"
-        assert "torch capability AVX2" in text and "flags avx2;" in text and "ONEDNN_MAX_CPU_ISA=AVX2" in text
+        assert (
+            "torch capability AVX2" in text
+            and "flags avx2;" in text
+            and "ONEDNN_MAX_CPU_ISA=AVX2" in text
+        )
         assert f"({ratio:.3f}×" in text and "GFLOP/s vs float32 43.0 GFLOP/s" in text
         assert f"dtype auto = {dtype}, train.precision auto = {prec}" in text
 
@@ -107,8 +122,10 @@ def test_cli_doctor_names_the_bad_sglang_python(tmp_path, monkeypatch):
 def test_doctor_fails_when_the_sglang_python_answers_with_something_not_a_version(tmp_path):
     from eagle3.doctor import check_sglang
 
-    for body, shown in (("echo hello", "'hello'"),
-                        ("echo 'Usage: tool [options]'", "'Usage: tool [options]'")):
+    for body, shown in (
+        ("echo hello", "'hello'"),
+        ("echo 'Usage: tool [options]'", "'Usage: tool [options]'"),
+    ):
         py = _fake_python(tmp_path, "py_" + str(len(body)), body)
         status, text = check_sglang(py)
         assert status == "FAIL", text

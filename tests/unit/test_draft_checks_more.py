@@ -61,8 +61,13 @@ def _small_vocab(pair, path, d2t, t2d=None):
     tensors = {"d2t": d2t, "lm_head.weight": head[:n].contiguous()}
     if t2d is not None:
         tensors["t2d"] = t2d
-    out = _copy(pair[1], path, config={"draft_vocab_size": n}, tensors=tensors,
-                drop=() if t2d is not None else ("t2d",))
+    out = _copy(
+        pair[1],
+        path,
+        config={"draft_vocab_size": n},
+        tensors=tensors,
+        drop=() if t2d is not None else ("t2d",),
+    )
     (out / "manifest.json").unlink(missing_ok=True)
     return out
 
@@ -73,6 +78,7 @@ def _sorted_ids(vocab, n, seed, span=None):
 
 
 # -- 1. d2t of target ids, small draft vocabularies -----------------------------------------------
+
 
 def test_contiguous_target_ids_in_a_small_vocabulary_are_refused(pair, tmp_path):
     n = 16
@@ -124,6 +130,7 @@ def test_t2d_decides_the_reading_of_a_small_map(pair, tmp_path):
 
 # -- 2. validate --data given something that is not data -----------------------------------------
 
+
 def test_validate_data_manifest_list_and_non_data_paths_are_clear_errors(pair, tmp_path):
     from cli.main import app
 
@@ -145,8 +152,7 @@ def test_validate_data_manifest_list_and_non_data_paths_are_clear_errors(pair, t
         validate_report(pair[1], data_manifest=[{"kind": "hidden_states"}])
 
 
-def test_validate_data_folder_without_token_counts_says_coverage_was_not_counted(pair,
-                                                                                 tmp_path):
+def test_validate_data_folder_without_token_counts_says_coverage_was_not_counted(pair, tmp_path):
     from cli.main import app
 
     ext = tmp_path / "extract"
@@ -159,11 +165,17 @@ def test_validate_data_folder_without_token_counts_says_coverage_was_not_counted
 
 # -- 3. RoPE thetas that disagree across levels ---------------------------------------------------
 
-@pytest.mark.parametrize("top", [{"rope_theta": 500000.0},
-                                 {"rope_parameters": {"rope_theta": 500000.0,
-                                                      "rope_type": "default"}}])
-def test_top_level_theta_unlike_the_layer_config_refuses_conversion(pair, tmp_path,
-                                                                    tiny_target_dir, top):
+
+@pytest.mark.parametrize(
+    "top",
+    [
+        {"rope_theta": 500000.0},
+        {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}},
+    ],
+)
+def test_top_level_theta_unlike_the_layer_config_refuses_conversion(
+    pair, tmp_path, tiny_target_dir, top
+):
     cfg = _cfg(pair[0])
     nested = cfg["transformer_layer_config"]["rope_parameters"]["rope_theta"]
     src = _copy(pair[0], tmp_path / "two", config=top)
@@ -183,14 +195,21 @@ def test_equal_thetas_across_levels_convert(pair, tmp_path, tiny_target_dir):
     cfg = _cfg(pair[0])
     nested = cfg["transformer_layer_config"]["rope_parameters"]["rope_theta"]
     src = _copy(pair[0], tmp_path / "same", config={"rope_theta": nested})
-    assert convert(src, tmp_path / "out", target_dir=tiny_target_dir)["validation"]["warnings"] \
-        == []
+    assert (
+        convert(src, tmp_path / "out", target_dir=tiny_target_dir)["validation"]["warnings"] == []
+    )
 
 
 def test_serving_conflict_message_names_the_read_key_and_what_to_do(pair, tmp_path):
-    bad = _copy(pair[1], tmp_path / "three", config={
-        "rope_scaling": {"rope_theta": 7.0, "rope_type": "default"},
-        "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"}}, pop_keys=("rope_theta",))
+    bad = _copy(
+        pair[1],
+        tmp_path / "three",
+        config={
+            "rope_scaling": {"rope_theta": 7.0, "rope_type": "default"},
+            "rope_parameters": {"rope_theta": 9.0, "rope_type": "default"},
+        },
+        pop_keys=("rope_theta",),
+    )
     msg = _codes(validate(bad))["ROPE_CONFLICT"]
     assert "rope_scaling.rope_theta=7, rope_parameters.rope_theta=9" in msg
     assert "SGLang 0.5.16 and 0.5.23 read rope_scaling.rope_theta=7" in msg
@@ -199,6 +218,7 @@ def test_serving_conflict_message_names_the_read_key_and_what_to_do(pair, tmp_pa
 
 
 # -- 4. coverage on too few tokens; a lone sliding_window -----------------------------------------
+
 
 def _prefix(pair, path):
     cfg = _cfg(pair[1])
@@ -215,20 +235,26 @@ def test_coverage_is_not_judged_on_a_handful_of_tokens(pair, tmp_path):
     assert "VOCAB_COVERAGE_LOW" not in _codes(found.problems)
     msg = _codes(found.warnings)["VOCAB_COVERAGE_UNJUDGED"]
     assert f"at least {COVERAGE_MIN_TOKENS} target tokens" in msg and "got 10 (3 in" in msg
-    assert found.figures == {"tokens_counted": 10, "tokens_covered": 3,
-                             "vocab_coverage_judged": False}
+    assert found.figures == {
+        "tokens_counted": 10,
+        "tokens_covered": 3,
+        "vocab_coverage_judged": False,
+    }
     inside = int(COVERAGE_MIN_TOKENS * 0.3)  # the same share on enough tokens: refused
     found = validate_report(bad, token_counts={1: inside, 100000: COVERAGE_MIN_TOKENS - inside})
     assert "VOCAB_COVERAGE_LOW" in _codes(found.problems)
     assert found.figures["vocab_coverage"] < COVERAGE_REFUSE
 
 
-@pytest.mark.parametrize("extra,warned", [
-    ({"sliding_window": 4}, True),
-    ({"sliding_window": 4, "use_sliding_window": False}, False),
-    ({"sliding_window": None}, False),
-    ({"sliding_window": 4, "layer_types": ["full_attention"]}, False),
-])
+@pytest.mark.parametrize(
+    "extra,warned",
+    [
+        ({"sliding_window": 4}, True),
+        ({"sliding_window": 4, "use_sliding_window": False}, False),
+        ({"sliding_window": None}, False),
+        ({"sliding_window": 4, "layer_types": ["full_attention"]}, False),
+    ],
+)
 def test_lone_sliding_window_is_warned_disabled_ones_are_not(pair, tmp_path, extra, warned):
     d = _copy(pair[1], tmp_path / "sw", config=extra)
     found = validate_report(d)
@@ -236,12 +262,15 @@ def test_lone_sliding_window_is_warned_disabled_ones_are_not(pair, tmp_path, ext
     warn = _codes(found.warnings)
     assert ("SLIDING_WINDOW" in warn) == warned, warn
     if warned:
-        assert "sliding_window=4: stated without layer_types or use_sliding_window" in \
-            warn["SLIDING_WINDOW"]
+        assert (
+            "sliding_window=4: stated without layer_types or use_sliding_window"
+            in warn["SLIDING_WINDOW"]
+        )
 
 
-def test_lone_sliding_window_in_a_speculators_draft_is_recorded_by_convert(pair, tmp_path,
-                                                                          tiny_target_dir):
+def test_lone_sliding_window_in_a_speculators_draft_is_recorded_by_convert(
+    pair, tmp_path, tiny_target_dir
+):
     cfg = _cfg(pair[0])
     tl = cfg["transformer_layer_config"]
     for k in ("layer_types", "use_sliding_window"):
@@ -250,15 +279,20 @@ def test_lone_sliding_window_in_a_speculators_draft_is_recorded_by_convert(pair,
     src = _copy(pair[0], tmp_path / "sw", config=cfg)
     man = convert(src, tmp_path / "out", target_dir=tiny_target_dir)
     warnings = man["validation"]["warnings"]
-    assert any(w.startswith("SLIDING_WINDOW:") and "transformer_layer_config.sliding_window=8"
-               in w for w in warnings), warnings
+    assert any(
+        w.startswith("SLIDING_WINDOW:") and "transformer_layer_config.sliding_window=8" in w
+        for w in warnings
+    ), warnings
 
 
 def test_top_level_theta_beside_a_layer_config_without_one_names_the_default():
     from eagle3.convert.draft_checks import check_rope_conflict
 
-    cfg = {"speculators_model_type": "eagle3", "rope_theta": 500000.0,
-           "transformer_layer_config": {"model_type": "llama"}}
+    cfg = {
+        "speculators_model_type": "eagle3",
+        "rope_theta": 500000.0,
+        "transformer_layer_config": {"model_type": "llama"},
+    }
     msg = _codes(check_rope_conflict(cfg, "src/config.json"))["ROPE_CONFLICT"]
     assert msg.startswith("src/config.json: expected one RoPE theta, got rope_theta=500000.")
     assert "transformers' default theta 10000 (transformer_layer_config states none)" in msg

@@ -1,6 +1,7 @@
-"""What the running engine really runs (its /server_info), read back before the benchmark: a changed setting,
-a request limit below the benchmark's concurrency, or an exposed simulated-acceptance variable is refused with
-the setting, the asked and the running value; the scheduler it got is recorded."""
+"""What the running engine really runs (its /server_info), read back before the benchmark: a changed
+setting, a request limit below the benchmark's concurrency, or an exposed simulated-acceptance
+variable is refused with the setting, the asked and the running value; the scheduler it got is
+recorded."""
 
 from __future__ import annotations
 
@@ -37,29 +38,46 @@ def server():
 
 
 def _sglang_info(**changes):
-    info = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
-            "max_running_requests": 48, "disable_overlap_schedule": False, "internal_states": [{}]}
+    info = {
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "max_running_requests": 48,
+        "disable_overlap_schedule": False,
+        "internal_states": [{}],
+    }
     return {**info, **changes}
 
 
 def test_matching_engine_records_its_scheduler(server, tmp_path):
     state, url = server
     state["info"] = _sglang_info()
-    rec = check_running_settings(url, load_config(None, ["serve.engine=sglang"]), "sglang", tmp_path)
+    rec = check_running_settings(
+        url, load_config(None, ["serve.engine=sglang"]), "sglang", tmp_path
+    )
     assert rec["scheduler"] == "overlap" and rec["changed"] == {}
-    assert json.loads((tmp_path / "engine_settings.json").read_text())["reported"]["max_running_requests"] == 48
+    assert (
+        json.loads((tmp_path / "engine_settings.json").read_text())["reported"][
+            "max_running_requests"
+        ]
+        == 48
+    )
 
 
 def test_a_setting_the_engine_changed_is_refused(server, tmp_path):
     state, url = server
     state["info"] = _sglang_info(max_running_requests=48)
-    cfg = load_config(None, ["serve.engine=sglang", "serve.max_running_requests=64", "bench.concurrency=64"])
+    cfg = load_config(
+        None, ["serve.engine=sglang", "serve.max_running_requests=64", "bench.concurrency=64"]
+    )
     with pytest.raises(ConfigError) as e:
         check_running_settings(url, cfg, "sglang", tmp_path)
     assert "max_running_requests: asked 64, the engine runs 48" in str(e.value)
     assert "max_running_requests 48 < concurrency 64" in str(e.value)
     state["info"] = _sglang_info(speculative_num_draft_tokens=6)
-    with pytest.raises(ConfigError, match="speculative_num_draft_tokens: asked 4, the engine runs 6"):
+    with pytest.raises(
+        ConfigError, match="speculative_num_draft_tokens: asked 4, the engine runs 6"
+    ):
         check_running_settings(url, load_config(None, ["serve.engine=sglang"]), "sglang", tmp_path)
 
 
@@ -68,7 +86,9 @@ def test_exposed_simulated_acceptance_is_refused(server, tmp_path):
     state["info"] = _sglang_info(internal_states=[{"env_vars": {"SGLANG_SIMULATE_ACC_LEN": "3.5"}}])
     with pytest.raises(ConfigError, match="SGLANG_SIMULATE_ACC_LEN='3.5'.*simulated acceptance"):
         check_running_settings(url, load_config(None, ["serve.engine=sglang"]), "sglang", tmp_path)
-    from eagle3.measure.bench import run_bench  # `eagle3 bench --url` refuses it too, before any request
+    from eagle3.measure.bench import (
+        run_bench,
+    )  # `eagle3 bench --url` refuses it too, before any request
 
     with pytest.raises(ConfigError, match="simulated acceptance"):
         run_bench(url, prompts=[{"id": "a", "category": "c", "text": "hi"}], tokenizer_dir=tmp_path)
@@ -77,5 +97,11 @@ def test_exposed_simulated_acceptance_is_refused(server, tmp_path):
 def test_a_server_that_reports_nothing_is_recorded_not_refused(server, tmp_path):
     state, url = server
     state["info"] = {"engine": "eagle3-reference", "speculative_num_steps": 3}
-    rec = check_running_settings(url, load_config(None, ["serve.engine=reference"]), "reference", tmp_path)
-    assert rec["scheduler"] is None and rec["reported"]["max_running_requests"] is None and rec["changed"] == {}
+    rec = check_running_settings(
+        url, load_config(None, ["serve.engine=reference"]), "reference", tmp_path
+    )
+    assert (
+        rec["scheduler"] is None
+        and rec["reported"]["max_running_requests"] is None
+        and rec["changed"] == {}
+    )

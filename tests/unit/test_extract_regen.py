@@ -15,8 +15,15 @@ from eagle3.extract.stage import extract
 from eagle3.extract.regen import hf_answer_fn, openai_answer_fn, regenerate
 from tests.unit.test_extract import file_cfg, write_convs
 
-TWO_TURNS = Conversation("t", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "old1"},
-                               {"role": "user", "content": "b"}, {"role": "assistant", "content": "old2"}])
+TWO_TURNS = Conversation(
+    "t",
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "old1"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "old2"},
+    ],
+)
 
 
 def test_regenerate_round_by_round_with_regenerated_history():
@@ -38,8 +45,13 @@ def test_hf_regeneration_in_extraction(tiny_cfg, tiny_target_dir, tmp_path):
 
     from eagle3.target_model import load_target
 
-    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 3), n=3, regenerate="hf",
-                   regenerate_max_new_tokens=6)
+    cfg = file_cfg(
+        tiny_cfg,
+        write_convs(tmp_path / "c.jsonl", 3),
+        n=3,
+        regenerate="hf",
+        regenerate_max_new_tokens=6,
+    )
     out = tmp_path / "o"
     m = extract(cfg, out, progress=False)
     assert m["regenerated"] == "hf"
@@ -55,7 +67,10 @@ def test_hf_regeneration_in_extraction(tiny_cfg, tiny_target_dir, tmp_path):
     row = datasets.load_from_disk(str(out / "data"))[0]
     tk = AutoTokenizer.from_pretrained(tiny_target_dir)
     masked = tk.decode(row["input_ids"][row["loss_mask"].bool()])
-    assert masked == recs[[r["id"] for r in recs].index(row["id"])]["messages"][1]["content"] + "<|im_end|>"
+    assert (
+        masked
+        == recs[[r["id"] for r in recs].index(row["id"])]["messages"][1]["content"] + "<|im_end|>"
+    )
     # the regeneration's counts are in the extraction manifest, as in the sidecar
     from eagle3.extract.regen import counts_path
 
@@ -72,7 +87,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         last = body["messages"][-1]["content"]
         code = 500 if last == "boom" else 404 if last == "missing" else 200
-        payload = {"choices": [{"message": {"role": "assistant", "content": f" echo:{last}:{body['max_tokens']} "}}]}
+        payload = {
+            "choices": [
+                {"message": {"role": "assistant", "content": f" echo:{last}:{body['max_tokens']} "}}
+            ]
+        }
         data = json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -112,7 +131,10 @@ def test_max_rounds_regenerates_the_first_turns_and_drops_the_rest():
         return [f"new{len(p)}" for p in prefixes]
 
     out = regenerate([TWO_TURNS], fake, batch_size=4, max_rounds=1)
-    assert [m["content"] for m in out[0].messages] == ["a", "new1"]  # the later turn answered the old reply
+    assert [m["content"] for m in out[0].messages] == [
+        "a",
+        "new1",
+    ]  # the later turn answered the old reply
     assert calls == [1]
 
 
@@ -124,21 +146,37 @@ def test_a_too_long_prompt_keeps_its_original_answer_and_wrong_answer_counts_are
 
 
 def test_batches_are_ordered_by_prompt_length():
-    convs = [Conversation(str(i), [{"role": "user", "content": "x" * n}, {"role": "assistant", "content": "o"}])
-             for i, n in enumerate([50, 5, 500, 10])]
+    convs = [
+        Conversation(
+            str(i), [{"role": "user", "content": "x" * n}, {"role": "assistant", "content": "o"}]
+        )
+        for i, n in enumerate([50, 5, 500, 10])
+    ]
     batches = []
-    regenerate(convs, lambda ps: batches.append([len(p[0]["content"]) for p in ps]) or ["n"] * len(ps),
-               batch_size=2)
+    regenerate(
+        convs,
+        lambda ps: batches.append([len(p[0]["content"]) for p in ps]) or ["n"] * len(ps),
+        batch_size=2,
+    )
     assert batches == [[5, 10], [50, 500]]
 
 
 @pytest.mark.slow
-def test_regenerate_file_writes_shared_conversations_and_a_manifest(tiny_cfg, tiny_target_dir, tmp_path):
+def test_regenerate_file_writes_shared_conversations_and_a_manifest(
+    tiny_cfg, tiny_target_dir, tmp_path
+):
     from eagle3.extract.conversations import read_conversations
     from eagle3.extract.regen import regenerate_file
 
-    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 4), n=3, regenerate="hf",
-                   regenerate_max_new_tokens=5, regenerate_max_rounds=1, regenerate_batch_size=2)
+    cfg = file_cfg(
+        tiny_cfg,
+        write_convs(tmp_path / "c.jsonl", 4),
+        n=3,
+        regenerate="hf",
+        regenerate_max_new_tokens=5,
+        regenerate_max_rounds=1,
+        regenerate_batch_size=2,
+    )
     m = regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
     assert m["kind"] == "regenerated_conversations" and m["counts"]["conversations"] == 3
     assert m["settings"]["max_rounds"] == 1 and m["counts"]["answers"] == 3
@@ -147,7 +185,9 @@ def test_regenerate_file_writes_shared_conversations_and_a_manifest(tiny_cfg, ti
     assert all(not c.messages[1]["content"].startswith("answer") for c in convs)
     assert json.loads((tmp_path / "regen.jsonl.manifest.json").read_text())["sha256"] == m["sha256"]
     with pytest.raises(Exception, match="expected 'hf' or 'openai'"):
-        regenerate_file(file_cfg(tiny_cfg, tmp_path / "c.jsonl", n=3), tmp_path / "x.jsonl", progress=False)
+        regenerate_file(
+            file_cfg(tiny_cfg, tmp_path / "c.jsonl", n=3), tmp_path / "x.jsonl", progress=False
+        )
 
 
 def test_a_batch_that_runs_out_of_device_memory_is_generated_as_two_halves(tiny_target_dir, caplog):
@@ -221,8 +261,10 @@ def test_extract_task_logs_the_regenerated_turns_to_mlflow(tmp_path, monkeypatch
     monkeypatch.setattr(task.tracking, "stage_run", stage_run)
     monkeypatch.setattr(task, "extract_superseding", lambda cfg, out: manifest)
     result = task.extract_task.fn(load_config(None, []), tmp_path, "parent")
-    want = {f"regeneration.turns.{k}": float(turns[k])
-            for k in ("input", "succeeded", "failed", "skipped", "truncated")}
+    want = {
+        f"regeneration.turns.{k}": float(turns[k])
+        for k in ("input", "succeeded", "failed", "skipped", "truncated")
+    }
     assert {k: v for k, v in logged.items() if k.startswith("regeneration.")} == want
     assert {k: v for k, v in result.metrics.items() if k.startswith("regeneration.")} == want
     logged.clear()

@@ -17,8 +17,9 @@ from tests.conftest import CONFIGS
 def _cfg(tmp_path: Path, *overrides: str):
     from eagle3.config import load_config
 
-    return load_config(CONFIGS / "tiny-random.yaml",
-                       [f"paths.runs_dir={tmp_path / 'runs'}", *overrides])
+    return load_config(
+        CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={tmp_path / 'runs'}", *overrides]
+    )
 
 
 def test_a_given_port_goes_to_the_trained_engine_and_the_baseline_gets_its_own(tmp_path):
@@ -41,9 +42,19 @@ def test_run_refuses_a_target_folder_that_is_not_there_before_prefect(tmp_path, 
 
     monkeypatch.setattr(cli.run, "run_flow_cli", reached)
     missing = tmp_path / "no-such-model"
-    result = CliRunner().invoke(app, ["run", str(CONFIGS / "tiny-random.yaml"),
-                                      "-o", f"paths.runs_dir={tmp_path / 'runs'}",
-                                      "-o", "target.kind=hf", "-o", f"target.path={missing}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(CONFIGS / "tiny-random.yaml"),
+            "-o",
+            f"paths.runs_dir={tmp_path / 'runs'}",
+            "-o",
+            "target.kind=hf",
+            "-o",
+            f"target.path={missing}",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert f"target.path {missing}" in result.output
     assert "config.json" in result.output
@@ -85,8 +96,9 @@ def test_wait_ready_cli_says_connection_refused(tmp_path):
     from cli.main import app
 
     url = f"http://127.0.0.1:{_closed_port()}"
-    result = CliRunner().invoke(app, ["wait-ready", "--url", url, "--timeout", "1.5",
-                                      "--poll-interval", "0.2"])
+    result = CliRunner().invoke(
+        app, ["wait-ready", "--url", url, "--timeout", "1.5", "--poll-interval", "0.2"]
+    )
     assert result.exit_code == 1, result.output
     assert "Connection refused at " + url in result.output
 
@@ -98,18 +110,24 @@ def test_a_run_left_running_by_a_killed_process_is_marked_killed(tmp_path):
     client, exp_id = tracking.client_for(cfg)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale_tags = {**tracking.owner_tags(), tracking.OWNER_PID_TAG: str(dead.pid),
-                  tracking.CONFIG_TAG: "demo"}
+    stale_tags = {
+        **tracking.owner_tags(),
+        tracking.OWNER_PID_TAG: str(dead.pid),
+        tracking.CONFIG_TAG: "demo",
+    }
     stale = client.create_run(exp_id, tags=stale_tags).info.run_id
-    stale_stage = client.create_run(exp_id, tags={**stale_tags,
-                                                  tracking.PARENT_TAG: stale}).info.run_id
+    stale_stage = client.create_run(
+        exp_id, tags={**stale_tags, tracking.PARENT_TAG: stale}
+    ).info.run_id
     # controls: a run whose owner still runs (this process), one of another config, one of
     # another host, one without owner tags
-    alive = client.create_run(exp_id, tags={**tracking.owner_tags(),
-                                            tracking.CONFIG_TAG: "demo"}).info.run_id
+    alive = client.create_run(
+        exp_id, tags={**tracking.owner_tags(), tracking.CONFIG_TAG: "demo"}
+    ).info.run_id
     other = client.create_run(exp_id, tags={**stale_tags, tracking.CONFIG_TAG: "other"}).info.run_id
-    elsewhere = client.create_run(exp_id, tags={**stale_tags, tracking.OWNER_HOST_TAG:
-                                                "another-host"}).info.run_id
+    elsewhere = client.create_run(
+        exp_id, tags={**stale_tags, tracking.OWNER_HOST_TAG: "another-host"}
+    ).info.run_id
     untagged = client.create_run(exp_id, tags={tracking.CONFIG_TAG: "demo"}).info.run_id
 
     new = tracking.start_pipeline_run(cfg, flow_run_id="f" * 32, flow_name="eagle3-pipeline")
@@ -182,8 +200,11 @@ def test_a_config_path_that_is_a_directory_is_named_as_one(tmp_path):
     from eagle3.errors import ConfigError
 
     (tmp_path / "a.yaml").write_text("name: a\n")
-    with pytest.raises(ConfigError, match=r"expected a YAML file, got a directory "
-                                          r"\(YAML files in it: a.yaml\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"expected a YAML file, got a directory "
+        r"\(YAML files in it: a.yaml\)",
+    ):
         load_config(tmp_path)
     with pytest.raises(ConfigError, match=r"not found"):
         load_config(tmp_path / "none.yaml")
@@ -205,10 +226,21 @@ def test_preflight_of_a_gpu_config_on_a_cpu_machine_lists_its_checks(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
-    result = CliRunner().invoke(app, ["preflight", str(CONFIGS / "tiny-random.yaml"),
-                                      "-o", f"paths.runs_dir={tmp_path / 'runs'}",
-                                      "-o", "train.device=cuda", "-o", "serve.device=cuda",
-                                      "-o", "serve.engine=reference"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "preflight",
+            str(CONFIGS / "tiny-random.yaml"),
+            "-o",
+            f"paths.runs_dir={tmp_path / 'runs'}",
+            "-o",
+            "train.device=cuda",
+            "-o",
+            "serve.device=cuda",
+            "-o",
+            "serve.engine=reference",
+        ],
+    )
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
     for check in ("aux_capture", "memory", "settings", "port"):

@@ -143,8 +143,9 @@ def test_reused_regen_file_is_not_written_back_to_out(tmp_path, monkeypatch):
     ]
     monkeypatch.setattr(G, "prepare_target", lambda a, work: tmp_path)
     monkeypatch.setattr(study_inputs, "_cached_sharegpt", lambda work: str(src))
-    monkeypatch.setattr(G, "base_overrides",
-                        lambda a, work, target, data, dev=None: ["data.source=file"])
+    monkeypatch.setattr(
+        G, "base_overrides", lambda a, work, target, data, dev=None: ["data.source=file"]
+    )
     assert G.main(argv) == 0
     assert (tmp_path / "w2" / "regenerated.jsonl").read_bytes() == src.read_bytes()
     assert not (out / "regenerated.jsonl.xz").exists()
@@ -349,8 +350,11 @@ def test_regen_rounds_reach_the_regeneration_and_a_negative_count_is_refused(mon
     monkeypatch.setattr("eagle3.extract.regen.regenerate_file", fake_regenerate_file)
     for given, want in (("0", None), ("3", 3)):
         a = G.parse_args(["--device", "cpu", "--regen-rounds", given])
-        G.do_regen(a, ["extract.device=cpu", "train.device=cpu", "serve.device=cpu"],
-                   Path("/tmp/regenerated.jsonl"))
+        G.do_regen(
+            a,
+            ["extract.device=cpu", "train.device=cpu", "serve.device=cpu"],
+            Path("/tmp/regenerated.jsonl"),
+        )
         assert seen["rounds"] == want
     with pytest.raises(SystemExit):
         G.parse_args(["--device", "cpu", "--regen-rounds", "-1"])
@@ -370,8 +374,13 @@ def test_the_study_at_scale_plan_loads_and_its_arms_share_a_step_count():
     for kind, path in plans.items():
         plan = check_plan(str(path))
         config = REPO / "configs" / ("tiny-random.yaml" if kind else "smollm2-gpu.yaml")
-        a = argparse.Namespace(regen=12 if kind else 11115, all_size=12 if kind else 10915,
-                               plan=str(path), data=None, dev_holdout=0)
+        a = argparse.Namespace(
+            regen=12 if kind else 11115,
+            all_size=12 if kind else 10915,
+            plan=str(path),
+            data=None,
+            dev_holdout=0,
+        )
         assert plan_problem(a, plan, config) is None
         equal = {s: _overrides(o) for s, o in plan["schedules"].items() if s != "constant-100ep"}
         assert len({o["train.max_steps"] for o in equal.values()}) == 1, path
@@ -384,9 +393,16 @@ def test_the_study_at_scale_plan_loads_and_its_arms_share_a_step_count():
 def test_dev_holdout_keeps_the_last_records_out_of_the_pool(tmp_path):
     from lab.study_inputs import split_dev_holdout
 
-    rows = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"q{i}"},
-                                              {"from": "gpt", "value": f"a{i}"}]}
-            for i in range(5)]
+    rows = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": f"q{i}"},
+                {"from": "gpt", "value": f"a{i}"},
+            ],
+        }
+        for i in range(5)
+    ]
     rows.append({"id": "c5", "conversations": [{"from": "gpt", "value": "no question"}]})
     src = tmp_path / "sharegpt.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -396,9 +412,13 @@ def test_dev_holdout_keeps_the_last_records_out_of_the_pool(tmp_path):
     assert pool.read_text().splitlines() == src.read_text().splitlines()[:3]
     assert [json.loads(x) for x in dev.read_text().splitlines()] == [
         {"id": "c3", "category": "sharegpt-dev", "text": "q3"},
-        {"id": "c4", "category": "sharegpt-dev", "text": "q4"}]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dev.jsonl", "pool.jsonl",
-                                                          "sharegpt.jsonl"]
+        {"id": "c4", "category": "sharegpt-dev", "text": "q4"},
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dev.jsonl",
+        "pool.jsonl",
+        "sharegpt.jsonl",
+    ]
     for n in (0, 6):
         with pytest.raises(ValueError, match=rf"--dev-holdout {n}: expected 1 to 5"):
             split_dev_holdout(src, n, pool, dev)
@@ -414,8 +434,9 @@ def test_dev_holdout_points_select_by_the_measured_acceptance(tmp_path):
     ov = base_overrides(a, tmp_path, None, tmp_path / "pool.jsonl", dev)
     t = load_config(config_path(a), ov).train
     assert (t.select_best_by, t.dev_prompts_file, t.dev_prompts) == ("measured", str(dev), 2)
-    assert "train.select_best_by=measured" not in base_overrides(a, tmp_path, None,
-                                                                 tmp_path / "pool.jsonl")
+    assert "train.select_best_by=measured" not in base_overrides(
+        a, tmp_path, None, tmp_path / "pool.jsonl"
+    )
 
 
 def test_resume_refuses_other_inputs_and_stages_whose_files_are_gone(tmp_path):
@@ -447,25 +468,35 @@ def test_a_point_given_twice_and_too_many_dev_prompts_are_refused(tmp_path, caps
 
     f = tmp_path / "plan.json"
     f.write_text(json.dumps({**PLAN, "points": [["as-is", 10, "c"], ["as-is", 10, "c"]]}))
-    with pytest.raises(ValueError, match=r"points\[1\] = \['as-is', 10, 'c'\]: expected each "
-                                         r"point once, got it also at points\[0\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"points\[1\] = \['as-is', 10, 'c'\]: expected each "
+        r"point once, got it also at points\[0\]",
+    ):
         check_plan(str(f))
     with pytest.raises(SystemExit):
         parse_args(["--device", "cpu", "--dev-holdout", "4", "--dev-prompts", "5000"])
     assert "--dev-prompts: expected >= 0 / 1 to 4096, got 4 / 5000" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("overrides, shown", [
-    (["data.num_conversations=5"], "['data.num_conversations']"),
-    (["paths.runs_dir=/x"], "['paths.runs_dir']"),
-    (["train.epochs=1", "train.epochs=2"], "['train.epochs']")])
+@pytest.mark.parametrize(
+    "overrides, shown",
+    [
+        (["data.num_conversations=5"], "['data.num_conversations']"),
+        (["paths.runs_dir=/x"], "['paths.runs_dir']"),
+        (["train.epochs=1", "train.epochs=2"], "['train.epochs']"),
+    ],
+)
 def test_a_plan_override_the_study_owns_or_gives_twice_is_refused(tmp_path, overrides, shown):
     from lab.study_inputs import check_plan
 
     f = tmp_path / "plan.json"
     f.write_text(json.dumps({**PLAN, "schedules": {"c": overrides}}))
-    with pytest.raises(ValueError, match=r"schedules.c: expected no override of "
-                                         r"data.num_conversations, name or paths.\*"):
+    with pytest.raises(
+        ValueError,
+        match=r"schedules.c: expected no override of "
+        r"data.num_conversations, name or paths.\*",
+    ):
         check_plan(str(f))
     with pytest.raises(ValueError) as e:
         check_plan(str(f))
@@ -501,19 +532,32 @@ def test_a_plan_key_given_twice_and_a_holdout_as_large_as_data_are_refused(tmp_p
     data.write_bytes(lzma.compress(b'{"id": "a"}\n\n{"id": "b"}\n{"id": "c"}\n'))
     with pytest.raises(SystemExit):
         parse_args(["--device", "cpu", "--data", str(data), "--dev-holdout", "3"])
-    assert (f"--dev-holdout 3: expected 1 to 2 (the records of --data {data} less one), got 3"
-            in capsys.readouterr().err)
+    assert (
+        f"--dev-holdout 3: expected 1 to 2 (the records of --data {data} less one), got 3"
+        in capsys.readouterr().err
+    )
 
 
-@pytest.mark.parametrize("content, shown", [
-    (b"\xfd7zXZ\x00 cut", "--data {f}: expected a readable UTF-8 JSONL file (plain, .gz or .xz)"),
-    (b"", "expected --data {f} to hold at least 2 records (one held out, one to train on), got 0"),
-    (b'{"id": "\xe9"}\n{}\n', "--data {f}: expected a readable UTF-8 JSONL file"),
-    (b'{"id": "a", "conversations": [{"from": "human", "value": "q"}]}\n'
-     b'{"id": "b", "conversations": [{"from": "gpt", "value": "no question"}]}\n',
-     "--dev-holdout 1: expected the last 1 records of {f} to hold a user turn")])
-def test_a_data_file_that_cannot_hold_out_is_refused_in_one_line(tmp_path, capsys, content,
-                                                                  shown):
+@pytest.mark.parametrize(
+    "content, shown",
+    [
+        (
+            b"\xfd7zXZ\x00 cut",
+            "--data {f}: expected a readable UTF-8 JSONL file (plain, .gz or .xz)",
+        ),
+        (
+            b"",
+            "expected --data {f} to hold at least 2 records (one held out, one to train on), got 0",
+        ),
+        (b'{"id": "\xe9"}\n{}\n', "--data {f}: expected a readable UTF-8 JSONL file"),
+        (
+            b'{"id": "a", "conversations": [{"from": "human", "value": "q"}]}\n'
+            b'{"id": "b", "conversations": [{"from": "gpt", "value": "no question"}]}\n',
+            "--dev-holdout 1: expected the last 1 records of {f} to hold a user turn",
+        ),
+    ],
+)
+def test_a_data_file_that_cannot_hold_out_is_refused_in_one_line(tmp_path, capsys, content, shown):
     from lab.gpu_study import parse_args
 
     f = tmp_path / ("d.jsonl.xz" if content.startswith(b"\xfd7z") else "d.jsonl")
@@ -524,13 +568,22 @@ def test_a_data_file_that_cannot_hold_out_is_refused_in_one_line(tmp_path, capsy
     assert shown.format(f=f) in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("change, shown", [
-    ({"points": [[["as-is"], 10, "c"]]}, "points[0] = [['as-is'], 10, 'c']: expected [data in"),
-    ({"pionts": []}, "expected the keys data, schedules, points and an optional about, got also "
-                     "['pionts']"),
-    ({"data": {"as-is": ["train.epochs=2"]}, "points": [["as-is", 10, "c"]]},
-     "points[0] = ['as-is', 10, 'c']: expected data.as-is and schedules.c to set different keys "
-     "(the schedule's would win silently), got both setting ['train.epochs']")])
+@pytest.mark.parametrize(
+    "change, shown",
+    [
+        ({"points": [[["as-is"], 10, "c"]]}, "points[0] = [['as-is'], 10, 'c']: expected [data in"),
+        (
+            {"pionts": []},
+            "expected the keys data, schedules, points and an optional about, got also ['pionts']",
+        ),
+        (
+            {"data": {"as-is": ["train.epochs=2"]}, "points": [["as-is", 10, "c"]]},
+            "points[0] = ['as-is', 10, 'c']: expected data.as-is and schedules.c to set "
+            "different keys (the schedule's would win silently), got both setting "
+            "['train.epochs']",
+        ),
+    ],
+)
 def test_a_plan_whose_points_or_keys_mislead_is_refused(tmp_path, change, shown):
     from lab.study_inputs import check_plan
 
@@ -546,8 +599,9 @@ def test_a_plan_the_config_refuses_is_named_in_one_line(tmp_path):
     from lab.study_inputs import check_plan, plan_problem
 
     f = tmp_path / "plan.json"
-    f.write_text(json.dumps({**PLAN, "schedules": {"c": ["train.epochz=1"]},
-                             "points": [["as-is", 10, "c"]]}))
+    f.write_text(
+        json.dumps({**PLAN, "schedules": {"c": ["train.epochz=1"]}, "points": [["as-is", 10, "c"]]})
+    )
     a = parse_args(["--tiny", "--device", "cpu"])
     a.plan = str(f)
     problem = plan_problem(a, check_plan(str(f)), config_path(a))
@@ -565,9 +619,11 @@ def test_points_asking_more_than_data_holds_after_the_holdout_are_refused(tmp_pa
     parse_args(["--device", "cpu", "--plan", plan, "--data", str(data), "--dev-holdout", "2"])
     with pytest.raises(SystemExit):
         parse_args(["--device", "cpu", "--plan", plan, "--data", str(data), "--dev-holdout", "3"])
-    assert (f"point ['as-is', 8, 'c'] needs 8 conversations, --data {data} holds 7 records after "
-            "--dev-holdout 3" in capsys.readouterr().err)
+    assert (
+        f"point ['as-is', 8, 'c'] needs 8 conversations, --data {data} holds 7 records after "
+        "--dev-holdout 3" in capsys.readouterr().err
+    )
     regen = _args(tmp_path, {**PLAN, "points": [["regenerated", 5, "c"]]}).plan
     with pytest.raises(SystemExit):
         parse_args(["--device", "cpu", "--plan", regen, "--data", str(data), "--regen", "12"])
-    assert ("needs 12 conversations to regenerate, --data " in capsys.readouterr().err)
+    assert "needs 12 conversations to regenerate, --data " in capsys.readouterr().err

@@ -22,9 +22,16 @@ def target(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    conf = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                       tie_word_embeddings=False)
+    conf = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     out = tmp_path_factory.mktemp("target")
     LlamaForCausalLM(conf).eval().save_pretrained(out)
     return out
@@ -42,20 +49,27 @@ def _greedy(target: Path):
         out = []
         for _ in range(num_samples):
             prompt = torch.randint(3, 256, (1, 6), generator=g)
-            seq = model.generate(prompt, max_new_tokens=40, min_new_tokens=40,
-                                 do_sample=False)[0].long()
+            seq = model.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)[
+                0
+            ].long()
             mask = torch.zeros(seq.numel(), dtype=torch.long)
             mask[6:] = 1
             out.append((seq, mask))
         return out
+
     return sequences
 
 
 def _store(tmp_path, target, monkeypatch, *, greedy=True, shift=0) -> Path:
     if greedy:
         monkeypatch.setattr(hs_fixture, "_sequences", _greedy(target))
-    out = hs_fixture.build_hidden_states_dir(tmp_path / f"hs{shift}", target, num_samples=8,
-                                             aux_layer_ids=[1, 2, 3], token_range=(3, 250))
+    out = hs_fixture.build_hidden_states_dir(
+        tmp_path / f"hs{shift}",
+        target,
+        num_samples=8,
+        aux_layer_ids=[1, 2, 3],
+        token_range=(3, 250),
+    )
     if shift:
         from safetensors.torch import load_file, save_file
 
@@ -93,8 +107,9 @@ def test_store_shifted_by_one_is_refused_naming_the_rates(tmp_path, target, monk
         _open(store, target)  # training refuses it too
 
 
-def test_target_that_does_not_predict_the_text_is_inconclusive_not_refused(tmp_path, target,
-                                                                           monkeypatch):
+def test_target_that_does_not_predict_the_text_is_inconclusive_not_refused(
+    tmp_path, target, monkeypatch
+):
     store = _store(tmp_path, target, monkeypatch, greedy=False)
     rec = check_alignment(store, target, [range(0, 8)])
     assert rec["status"] == "passed" and rec["inconclusive"] == 1
@@ -103,8 +118,9 @@ def test_target_that_does_not_predict_the_text_is_inconclusive_not_refused(tmp_p
     assert r["input"]["own"] > max(r["input"]["before"], r["input"]["after"])
 
 
-def test_shift_is_seen_in_the_early_layer_even_when_the_head_cannot_tell(tmp_path, target,
-                                                                         monkeypatch):
+def test_shift_is_seen_in_the_early_layer_even_when_the_head_cannot_tell(
+    tmp_path, target, monkeypatch
+):
     """The earliest stored layer still carries its own input token: a shifted row is nearest to
     its neighbour's token although the head predicts nothing of the random text."""
     store = _store(tmp_path, target, monkeypatch, greedy=False, shift=1)
@@ -118,9 +134,16 @@ def test_a_head_copying_its_input_is_no_shift(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    conf = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                       tie_word_embeddings=True)
+    conf = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     tied = tmp_path / "tied"
     model = LlamaForCausalLM(conf).eval()
     with torch.no_grad():  # weak layers: the residual stream stays close to the input embedding
@@ -128,8 +151,9 @@ def test_a_head_copying_its_input_is_no_shift(tmp_path):
             layer.self_attn.o_proj.weight.mul_(0.01)
             layer.mlp.down_proj.weight.mul_(0.01)
     model.save_pretrained(tied)
-    store = hs_fixture.build_hidden_states_dir(tmp_path / "hs", tied, num_samples=8,
-                                               aux_layer_ids=[1, 2, 3], token_range=(3, 250))
+    store = hs_fixture.build_hidden_states_dir(
+        tmp_path / "hs", tied, num_samples=8, aux_layer_ids=[1, 2, 3], token_range=(3, 250)
+    )
     rec = check_alignment(store, tied, [range(0, 8)])
     assert rec["rates"]["previous"] >= MIN_RATE  # the head copies its input
     assert rec["status"] == "passed"

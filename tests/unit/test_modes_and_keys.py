@@ -13,21 +13,29 @@ import pytest
 from eagle3.config import load_config
 from eagle3.errors import ConfigError
 from eagle3.extract.stage import extract
+
 # imported here, not in a test: its first import sets up Prefect's logging, which replaces the
 # root logger's handlers, caplog's among them
 from flows.common import untrained_config
 from tests.conftest import REPO
 
 CONFIG = REPO / "configs" / "tiny-random.yaml"
-BASE = ["data.num_conversations=12", "data.max_seq_len=64", "train.draft_vocab_size=32",
-        "train.max_tokens_per_batch=48", "train.epochs=1", "train.log_every=1"]
+BASE = [
+    "data.num_conversations=12",
+    "data.max_seq_len=64",
+    "train.draft_vocab_size=32",
+    "train.max_tokens_per_batch=48",
+    "train.epochs=1",
+    "train.log_every=1",
+]
 WINDOW = ["extract.cache_max_gb=0.0003"]
 
 
 def _cfg(runs: Path, mode: str = "offline", *more: str):
     window = WINDOW if mode == "cached" else []
-    return load_config(CONFIG, [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}",
-                                *window, *more])
+    return load_config(
+        CONFIG, [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}", *window, *more]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +53,10 @@ def folders(tmp_path_factory):
 # ---- extract.mode against the folder
 
 
-@pytest.mark.parametrize("want, got", [("offline", "online"), ("online", "offline"),
-                                       ("online", "cached"), ("cached", "online")])
+@pytest.mark.parametrize(
+    "want, got",
+    [("offline", "online"), ("online", "offline"), ("online", "cached"), ("cached", "online")],
+)
 def test_train_refuses_a_folder_of_another_mode(folders, tmp_path, want, got):
     from eagle3.train.stage import train
 
@@ -59,9 +69,11 @@ def test_train_refuses_a_folder_of_another_mode(folders, tmp_path, want, got):
         assert msg.startswith("EXTRACT_MODE_MISMATCH: ")
         assert f"{data / 'manifest.json'}: mode expected {want!r}" in msg
         assert f"got {got!r}" in msg and f"train with -o extract.mode={got}" in msg
-        redo = f"(eagle3 extract CONFIG -o extract.mode={want}" + (
-            f" -o extract.cache_max_gb={WINDOW[0].split('=')[1]}" if want == "cached" else "") + (
-            " with this run's other -o overrides)")
+        redo = (
+            f"(eagle3 extract CONFIG -o extract.mode={want}"
+            + (f" -o extract.cache_max_gb={WINDOW[0].split('=')[1]}" if want == "cached" else "")
+            + (" with this run's other -o overrides)")
+        )
         assert redo in msg  # the extract command carries the mode an override may have set
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
@@ -71,20 +83,23 @@ def test_train_refuses_a_cached_folder_of_another_window(folders, tmp_path):
 
     runs, data = folders["cached"]
     assert check_data_mode(_cfg(runs, "cached"), data) == "cached"
-    other = load_config(CONFIG, [f"paths.runs_dir={runs}", *BASE, "extract.mode=cached",
-                                 "extract.cache_max_gb=0.5"])
-    with pytest.raises(ConfigError, match=r"EXTRACT_CACHE_MISMATCH: .*online.cache_max_bytes "
-                                          r"expected 500000000 .*got 300000 \(mode 'cached' "
-                                          r"in both\); run the extract stage with this "
-                                          r"config's window \(eagle3 extract CONFIG -o "
-                                          r"extract.mode=cached -o extract.cache_max_gb=0.5 "
-                                          r"with this run's other -o overrides\) "
-                                          r"or train with -o extract.cache_max_gb=0.0003$"):
+    other = load_config(
+        CONFIG, [f"paths.runs_dir={runs}", *BASE, "extract.mode=cached", "extract.cache_max_gb=0.5"]
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"EXTRACT_CACHE_MISMATCH: .*online.cache_max_bytes "
+        r"expected 500000000 .*got 300000 \(mode 'cached' "
+        r"in both\); run the extract stage with this "
+        r"config's window \(eagle3 extract CONFIG -o "
+        r"extract.mode=cached -o extract.cache_max_gb=0.5 "
+        r"with this run's other -o overrides\) "
+        r"or train with -o extract.cache_max_gb=0.0003$",
+    ):
         check_data_mode(other, data)
 
 
-def test_untrained_baseline_records_the_mode_it_ran_and_no_cut_warning(folders, tmp_path,
-                                                                        caplog):
+def test_untrained_baseline_records_the_mode_it_ran_and_no_cut_warning(folders, tmp_path, caplog):
     from eagle3.train.stage import train
 
     runs, data = folders["online"]
@@ -98,8 +113,9 @@ def test_untrained_baseline_records_the_mode_it_ran_and_no_cut_warning(folders, 
     assert base["extract_mode"] == trained["extract_mode"] == "online"
     assert base["optimizer_steps"] == 0 and base["warnings"] == []
     off_runs, off_data = folders["offline"]
-    off = train(_cfg(off_runs, "offline", "train.max_steps=0"), off_data, tmp_path / "off",
-                progress=False)
+    off = train(
+        _cfg(off_runs, "offline", "train.max_steps=0"), off_data, tmp_path / "off", progress=False
+    )
     assert off["extract_mode"] == "offline" and "online" not in off
 
 
@@ -111,15 +127,20 @@ def test_unused_keys_change_no_key_and_used_ones_do(tmp_path):
 
     def h(*ov):
         cfg = load_config(CONFIG, [f"paths.runs_dir={tmp_path}", *ov])
-        return (sections_hash(cfg, "extract"), sections_hash(cfg, "train"),
-                settings_digest(cfg, ("extract", "train")))
+        return (
+            sections_hash(cfg, "extract"),
+            sections_hash(cfg, "train"),
+            settings_digest(cfg, ("extract", "train")),
+        )
 
     assert h() == h("extract.cache_max_gb=5")  # offline: the window is unused
     assert h("extract.mode=online") == h("extract.mode=online", "extract.cache_max_gb=5")
-    assert h("extract.mode=cached", "extract.cache_max_gb=1") != \
-        h("extract.mode=cached", "extract.cache_max_gb=2")
-    assert h() == h("train.dev_prompts=3", "train.dev_max_new_tokens=9",
-                    "train.dev_prompts_file=/x")  # simulated: the dev keys are unused
+    assert h("extract.mode=cached", "extract.cache_max_gb=1") != h(
+        "extract.mode=cached", "extract.cache_max_gb=2"
+    )
+    assert h() == h(
+        "train.dev_prompts=3", "train.dev_max_new_tokens=9", "train.dev_prompts_file=/x"
+    )  # simulated: the dev keys are unused
     measured = ("train.select_best_by=measured",)
     assert h(*measured) != h(*measured, "train.dev_prompts=3")
     assert h(*measured) != h(*measured, "train.dev_max_new_tokens=9")
@@ -142,8 +163,13 @@ def test_a_finished_draft_is_not_superseded_for_an_unused_key(tmp_path):
 # ---- measured selection and its dev prompts
 
 
-@pytest.mark.parametrize("ov, why", [("data.val_fraction=0", "data.val_fraction 0.0"),
-                                     ("data.num_conversations=1", "data.num_conversations 1")])
+@pytest.mark.parametrize(
+    "ov, why",
+    [
+        ("data.val_fraction=0", "data.val_fraction 0.0"),
+        ("data.num_conversations=1", "data.num_conversations 1"),
+    ],
+)
 def test_measured_selection_without_dev_prompts_is_refused_at_load(ov, why):
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG, ["train.select_best_by=measured", ov])
@@ -158,16 +184,23 @@ def test_dev_prompts_file_is_named_and_a_directory_is_called_one(tmp_path):
     from eagle3.train.stage import check_settings
 
     for path, what in ((tmp_path, "a directory"), (tmp_path / "none.txt", "not found")):
-        cfg = load_config(CONFIG, ["train.select_best_by=measured",
-                                   f"train.dev_prompts_file={path}"])
+        cfg = load_config(
+            CONFIG, ["train.select_best_by=measured", f"train.dev_prompts_file={path}"]
+        )
         with pytest.raises(ConfigError) as e:
             check_settings(cfg)
-        assert str(e.value) == (f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts "
-                                f"file (JSONL, JSON or text: the eagle3 bench --prompts FILE "
-                                f"formats), got {str(path)!r} ({what})")
+        assert str(e.value) == (
+            f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts "
+            f"file (JSONL, JSON or text: the eagle3 bench --prompts FILE "
+            f"formats), got {str(path)!r} ({what})"
+        )
     (tmp_path / "p.txt").write_text("hello\n")
-    check_settings(load_config(CONFIG, ["train.select_best_by=measured",
-                                        f"train.dev_prompts_file={tmp_path / 'p.txt'}"]))
+    check_settings(
+        load_config(
+            CONFIG,
+            ["train.select_best_by=measured", f"train.dev_prompts_file={tmp_path / 'p.txt'}"],
+        )
+    )
 
 
 def test_one_dev_prompt_is_warned_once_and_recorded(folders, tmp_path, caplog):
@@ -175,14 +208,22 @@ def test_one_dev_prompt_is_warned_once_and_recorded(folders, tmp_path, caplog):
 
     runs, data = folders["offline"]
     assert len(json.loads((data / "manifest.json").read_text())["splits"]["val"]) == 1
-    cfg = _cfg(runs, "offline", "train.select_best_by=measured", "train.max_steps=2",
-               "train.eval_every=1", "train.dev_max_new_tokens=4")
+    cfg = _cfg(
+        runs,
+        "offline",
+        "train.select_best_by=measured",
+        "train.max_steps=2",
+        "train.eval_every=1",
+        "train.dev_max_new_tokens=4",
+    )
     with caplog.at_level(logging.WARNING, logger="eagle3.train.stage"):
         m = train(cfg, data, tmp_path / "out", progress=False)
     said = [r.getMessage() for r in caplog.records if "DEV_ONE_PROMPT" in r.getMessage()]
     assert len(said) == 1  # three evaluations, one warning
-    assert said[0].startswith("DEV_ONE_PROMPT: train.select_best_by=measured picks the best "
-                              "checkpoint by the acceptance on 1 dev prompt")
+    assert said[0].startswith(
+        "DEV_ONE_PROMPT: train.select_best_by=measured picks the best "
+        "checkpoint by the acceptance on 1 dev prompt"
+    )
     assert m["warnings"] == said and m["dev_prompts"] == 1
 
 
@@ -196,14 +237,21 @@ def test_cache_size_must_be_between_a_kilobyte_and_a_petabyte(value, mode):
         load_config(CONFIG, [f"extract.mode={mode}", f"extract.cache_max_gb={value}"])
     lines = str(e.value).splitlines()
     assert len(lines) == 2
-    assert lines[1].strip().startswith("CACHE_SIZE_INVALID: extract.cache_max_gb: expected a "
-                                       "size in GB from 1e-06 (1 kB) to 1e+06 (1 PB)")
+    assert (
+        lines[1]
+        .strip()
+        .startswith(
+            "CACHE_SIZE_INVALID: extract.cache_max_gb: expected a "
+            "size in GB from 1e-06 (1 kB) to 1e+06 (1 PB)"
+        )
+    )
     got = float(lines[1].split(", got ")[1].split(" ")[0])
     assert math.isnan(got) if value == "nan" else got == float(value.lstrip("."))
 
 
-@pytest.mark.parametrize(("gb", "nbytes"), [("1e-6", 1_000), ("0.57", 570_000_000),
-                                            ("1e6", 10**15)])
+@pytest.mark.parametrize(
+    ("gb", "nbytes"), [("1e-6", 1_000), ("0.57", 570_000_000), ("1e6", 10**15)]
+)
 def test_cache_size_in_bytes_is_rounded_not_truncated(gb, nbytes):
     cfg = load_config(CONFIG, ["extract.mode=cached", f"extract.cache_max_gb={gb}"])
     assert cfg.extract.cache_max_bytes == nbytes
@@ -213,9 +261,11 @@ def test_cached_mode_without_a_size_is_one_clean_line():
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG, ["extract.mode=cached"])
     lines = str(e.value).splitlines()
-    assert lines[1] == ("  CACHE_SIZE_MISSING: extract.cache_max_gb: expected the window's size "
-                        "in GB (1e-06 to 1e+06) with extract.mode cached, got none [from -o "
-                        "extract.mode=cached]")
+    assert lines[1] == (
+        "  CACHE_SIZE_MISSING: extract.cache_max_gb: expected the window's size "
+        "in GB (1e-06 to 1e+06) with extract.mode cached, got none [from -o "
+        "extract.mode=cached]"
+    )
     assert len(lines) == 2
 
 
@@ -255,16 +305,16 @@ def test_cached_runs_are_tagged_cached_with_one_name_per_figure(folders, tmp_pat
     got = tr_run.data.metrics
     for gone in ("tokens_recomputed", "extract_tokens_per_s"):
         assert gone not in got
-    for k in ("cache_max_bytes", "cache_bytes", "cache_samples", "cache_hits",
-              "cache_hit_tokens"):
+    for k in ("cache_max_bytes", "cache_bytes", "cache_samples", "cache_hits", "cache_hit_tokens"):
         assert k in got, k
     manifest = json.loads((tmp_path / "train" / "manifest.json").read_text())
     history = client.get_metric_history(tr.mlflow_run_id, "extract/tokens_recomputed")
     last = max(m.step for m in history)
     assert last == manifest["optimizer_steps"] == 3
     # the series ends at the total (the final evaluation's forwards included)
-    assert max(m.value for m in history if m.step == last) == \
-        manifest["online"]["tokens_recomputed"]
+    assert (
+        max(m.value for m in history if m.step == last) == manifest["online"]["tokens_recomputed"]
+    )
     assert isinstance(tr, StageResult) and tr.metrics["cache_hits"] >= 0
     with pytest.raises(ConfigError, match="EXTRACT_MODE_MISMATCH"):
         train_task.fn(_cfg(runs, "online"), ex, tmp_path / "train2", parent)

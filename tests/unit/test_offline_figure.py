@@ -12,8 +12,15 @@ from eagle3.measure.offline import offline_acceptance, unlike_served
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
-ROW_KEYS = ("id", "completion_tokens", "verify_ct", "accepted_per_position", "histogram",
-            "num_draft_tokens", "acceptance_length")
+ROW_KEYS = (
+    "id",
+    "completion_tokens",
+    "verify_ct",
+    "accepted_per_position",
+    "histogram",
+    "num_draft_tokens",
+    "acceptance_length",
+)
 
 
 def _both(target_dir, tmp_path, num_prompts, max_new_tokens):
@@ -23,19 +30,38 @@ def _both(target_dir, tmp_path, num_prompts, max_new_tokens):
 
     model, _ = load_target(target_dir, dtype="float32", device="cpu")
     draft = make_echo_draft(tmp_path / "echo", target_dir, model)
-    new = offline_acceptance(target_dir, draft, "mtbench", num_prompts=num_prompts,
-                             max_new_tokens=max_new_tokens, num_steps=3)
+    new = offline_acceptance(
+        target_dir,
+        draft,
+        "mtbench",
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+        num_steps=3,
+    )
     dec, _ = load_decoder(target_dir, draft, num_steps=3, dtype="float32", device="cpu")
-    old = offline_acceptance(target_dir, draft, "mtbench", num_prompts=num_prompts,
-                             max_new_tokens=max_new_tokens, decoder=dec)
+    old = offline_acceptance(
+        target_dir,
+        draft,
+        "mtbench",
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+        decoder=dec,
+    )
     return new, old
 
 
 def _assert_same(new, old):
-    assert [{k: r[k] for k in ROW_KEYS} for r in new["per_request"]] == \
-        [{k: r[k] for k in ROW_KEYS} for r in old["per_request"]]
-    for key in ("acceptance_length", "acceptance_length_sglang", "acceptance_rate", "per_position",
-                "histogram", "per_category"):
+    assert [{k: r[k] for k in ROW_KEYS} for r in new["per_request"]] == [
+        {k: r[k] for k in ROW_KEYS} for r in old["per_request"]
+    ]
+    for key in (
+        "acceptance_length",
+        "acceptance_length_sglang",
+        "acceptance_rate",
+        "per_position",
+        "histogram",
+        "per_category",
+    ):
         assert new[key] == old[key], key
     assert new["settings"]["method"].startswith("replay") and old["settings"]["method"] == "decoder"
     assert new["unlike_served"] is None
@@ -44,7 +70,7 @@ def _assert_same(new, old):
 def test_replay_figure_equals_the_reference_decoder_on_tiny_random(tiny_target_dir, tmp_path):
     new, old = _both(tiny_target_dir, tmp_path, 8, 16)
     _assert_same(new, old)
-    assert sum(new["histogram"][1:]) > 0          # some drafts accepted: the comparison has teeth
+    assert sum(new["histogram"][1:]) > 0  # some drafts accepted: the comparison has teeth
 
 
 @pytest.mark.slow
@@ -63,4 +89,4 @@ def test_bench_settings_the_greedy_figure_cannot_follow_are_labelled_not_compare
     assert "not compared" in verdict and "serving integration" not in verdict
     assert acceptance_verdict(1.5, 1.8, 1.3, label) is None
     with pytest.raises(AcceptanceTooLow, match="serving integration"):
-        check_acceptance(1.02, 1.8, 1.3)        # comparable settings: the diagnosis as before
+        check_acceptance(1.02, 1.8, 1.3)  # comparable settings: the diagnosis as before

@@ -21,6 +21,7 @@ class _Started(Exception):
 @pytest.fixture
 def no_cases(monkeypatch):
     """Any case process started is a test failure (raises _Started)."""
+
     def run(*a, **k):
         raise _Started(a, k)
 
@@ -29,8 +30,9 @@ def no_cases(monkeypatch):
 
 def _error(capsys, tmp_path, *argv: str, out: str | None = None) -> str:
     with pytest.raises(SystemExit) as e:
-        ovo.main([*argv, "--work", str(tmp_path / "work"),
-                  "--out", out or str(tmp_path / "o.json")])
+        ovo.main(
+            [*argv, "--work", str(tmp_path / "work"), "--out", out or str(tmp_path / "o.json")]
+        )
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -43,8 +45,9 @@ def test_a_missing_config_is_refused_up_front(no_cases, capsys, tmp_path):
     assert f"error: config file {missing}: not found" in err
 
 
-@pytest.mark.parametrize("epochs, shown", [("0", "0"), ("-1", "-1"), ("nan", "nan"),
-                                           ("inf", "inf")])
+@pytest.mark.parametrize(
+    "epochs, shown", [("0", "0"), ("-1", "-1"), ("nan", "nan"), ("inf", "inf")]
+)
 def test_epochs_must_be_positive_and_finite(no_cases, capsys, tmp_path, epochs, shown):
     err = _error(capsys, tmp_path, TINY, "--epochs", "1", epochs)
     assert "--epochs: expected positive, finite numbers of epochs" in err
@@ -58,39 +61,48 @@ def test_an_override_or_mode_that_does_not_load_is_named(no_cases, capsys, tmp_p
     assert "case cached x 2 epochs: " in err and "extract.cache_max_gb" in err
 
 
-@pytest.mark.parametrize("flag, values, shown", [("--modes", ["offline", "offline"], "offline"),
-                                                 ("--epochs", ["1", "2", "1"], "1")])
+@pytest.mark.parametrize(
+    "flag, values, shown",
+    [("--modes", ["offline", "offline"], "offline"), ("--epochs", ["1", "2", "1"], "1")],
+)
 def test_a_case_given_twice_is_refused(no_cases, capsys, tmp_path, flag, values, shown):
     err = _error(capsys, tmp_path, TINY, flag, *values)
     assert f"{flag}: expected each value once (a case runs once)" in err
     assert f"({shown} more than once)" in err
 
 
-def test_an_out_that_cannot_take_the_results_is_refused_before_any_case(no_cases, capsys,
-                                                                         tmp_path):
+def test_an_out_that_cannot_take_the_results_is_refused_before_any_case(no_cases, capsys, tmp_path):
     err = _error(capsys, tmp_path, TINY, out=str(tmp_path))
     assert f"--out {tmp_path}: expected a results file (JSON), got a folder" in err
     (tmp_path / "file").write_text("")
     err = _error(capsys, tmp_path, TINY, out=str(tmp_path / "file" / "r.json"))
-    assert (f"--out {tmp_path / 'file' / 'r.json'}: expected a file in a folder, got "
-            f"{tmp_path / 'file'}, a file, above it") in err
+    assert (
+        f"--out {tmp_path / 'file' / 'r.json'}: expected a file in a folder, got "
+        f"{tmp_path / 'file'}, a file, above it"
+    ) in err
     assert not list(tmp_path.glob(".*probe*"))
     assert not (tmp_path / "work").exists()  # refused before --work is made
 
 
 def test_the_window_size_goes_to_the_cached_cases_only():
     ov = ["train.max_steps=2", "extract.cache_max_gb=0.5"]
-    assert ovo.case_overrides(ov, "offline", 1.0) == ["train.max_steps=2", "extract.mode=offline",
-                                                      "train.epochs=1.0"]
-    assert ovo.case_overrides(ov, "cached", 2.0) == [*ov, "extract.mode=cached",
-                                                     "train.epochs=2.0"]
+    assert ovo.case_overrides(ov, "offline", 1.0) == [
+        "train.max_steps=2",
+        "extract.mode=offline",
+        "train.epochs=1.0",
+    ]
+    assert ovo.case_overrides(ov, "cached", 2.0) == [*ov, "extract.mode=cached", "train.epochs=2.0"]
 
 
 def test_the_device_goes_where_each_mode_reads_it():
-    assert ovo.case_overrides([], "offline", 1.0, "cpu")[:2] == ["train.device=cpu",
-                                                                 "extract.device=cpu"]
-    assert ovo.case_overrides([], "online", 1.0, "cpu")[:2] == ["train.device=cpu",
-                                                                "extract.mode=online"]
+    assert ovo.case_overrides([], "offline", 1.0, "cpu")[:2] == [
+        "train.device=cpu",
+        "extract.device=cpu",
+    ]
+    assert ovo.case_overrides([], "online", 1.0, "cpu")[:2] == [
+        "train.device=cpu",
+        "extract.mode=online",
+    ]
 
 
 @pytest.mark.parametrize("key", ["extract.mode=online", "train.epochs=3"])
@@ -127,8 +139,19 @@ def test_a_device_this_machine_lacks_is_refused(no_cases, capsys, tmp_path, monk
 
 def test_good_arguments_reach_the_cases(no_cases, tmp_path):
     with pytest.raises(_Started):
-        ovo.main([TINY, "--epochs", "1", "--device", "cpu", "--work", str(tmp_path / "work"),
-                  "--out", str(tmp_path / "o.json")])
+        ovo.main(
+            [
+                TINY,
+                "--epochs",
+                "1",
+                "--device",
+                "cpu",
+                "--work",
+                str(tmp_path / "work"),
+                "--out",
+                str(tmp_path / "o.json"),
+            ]
+        )
 
 
 def test_the_default_results_file_is_new_for_each_run(no_cases, tmp_path, monkeypatch):
@@ -149,12 +172,14 @@ def test_a_case_that_fails_on_a_project_error_prints_one_line(monkeypatch, capsy
         raise DataError("data.path: expected a JSONL file, got a folder")
 
     monkeypatch.setattr(ovo, "run_case", fail)
-    rc = ovo.main([TINY, "--work", str(tmp_path), "--case", "online", "2",
-                   str(tmp_path / "c.json")])
+    rc = ovo.main(
+        [TINY, "--work", str(tmp_path), "--case", "online", "2", str(tmp_path / "c.json")]
+    )
     assert rc == 1
     err = capsys.readouterr().err
-    assert err.strip() == ("error: case online x 2 epochs: data.path: expected a JSONL file, "
-                           "got a folder")
+    assert err.strip() == (
+        "error: case online x 2 epochs: data.path: expected a JSONL file, got a folder"
+    )
 
 
 def test_help_shows_an_example(capsys):
@@ -166,15 +191,25 @@ def test_help_shows_an_example(capsys):
 
 
 def _row(mode, epochs, total, hs_bytes, sim, window=None):
-    return {"mode": mode, "epochs": epochs, "seconds": {"total": total},
-            "disk_bytes": {"hidden_states": hs_bytes}, "simulated_acceptance_length": sim,
-            "dev_acceptance_length": None, "peak_window_bytes": window}
+    return {
+        "mode": mode,
+        "epochs": epochs,
+        "seconds": {"total": total},
+        "disk_bytes": {"hidden_states": hs_bytes},
+        "simulated_acceptance_length": sim,
+        "dev_acceptance_length": None,
+        "peak_window_bytes": window,
+    }
 
 
 def test_comparisons_pair_each_mode_with_the_offline_case_of_its_epochs():
-    rows = [_row("offline", 1.0, 100.0, 5000, 2.0), _row("online", 1.0, 80.0, 0, 2.02),
-            _row("offline", 3.0, 200.0, 5000, 2.5), _row("cached", 3.0, 210.0, 0, None, 1234),
-            _row("online", 5.0, 50.0, 0, 2.0)]  # no offline case of 5 epochs: not compared
+    rows = [
+        _row("offline", 1.0, 100.0, 5000, 2.0),
+        _row("online", 1.0, 80.0, 0, 2.02),
+        _row("offline", 3.0, 200.0, 5000, 2.5),
+        _row("cached", 3.0, 210.0, 0, None, 1234),
+        _row("online", 5.0, 50.0, 0, 2.0),
+    ]  # no offline case of 5 epochs: not compared
     got = ovo.comparisons(rows)
     assert [(c["mode"], c["epochs"]) for c in got] == [("online", 1.0), ("cached", 3.0)]
     assert got[0]["time_vs_offline"] == pytest.approx(0.8)
@@ -185,8 +220,9 @@ def test_comparisons_pair_each_mode_with_the_offline_case_of_its_epochs():
     assert got[0]["peak_window_bytes"] is None and got[1]["peak_window_bytes"] == 1234
 
 
-@pytest.mark.parametrize("x, shown", [(0.0027, "+0.27 %"), (0.0, "+0.00 %"), (-0.01, "-1.00 %"),
-                                      (None, "n/a")])
+@pytest.mark.parametrize(
+    "x, shown", [(0.0027, "+0.27 %"), (0.0, "+0.00 %"), (-0.01, "-1.00 %"), (None, "n/a")]
+)
 def test_acceptance_differences_print_as_percentages(x, shown):
     assert ovo.percent(x) == shown
 
@@ -201,11 +237,27 @@ def test_sigterm_to_the_driver_ends_its_case_process(tmp_path):
 
     from tests.conftest import REPO
 
-    driver = subprocess.Popen([sys.executable, "lab/online_vs_offline.py", TINY, "--epochs", "1",
-                               "--modes", "offline", "--device", "cpu", "--work",
-                               str(tmp_path / "w"), "--out", str(tmp_path / "r.json")],
-                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "lab/online_vs_offline.py",
+            TINY,
+            "--epochs",
+            "1",
+            "--modes",
+            "offline",
+            "--device",
+            "cpu",
+            "--work",
+            str(tmp_path / "w"),
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline, children = time.monotonic() + 120, []
         while not children and time.monotonic() < deadline:

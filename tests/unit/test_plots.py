@@ -1,4 +1,5 @@
-"""The PNG plots: each writes a real image from plain dicts and refuses empty input with DataError."""
+"""The PNG plots: each writes a real image from plain dicts and refuses empty input with
+DataError."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ import json
 import pytest
 
 from eagle3.errors import DataError
-from eagle3.measure.plots import (missing_bars, plot_acceptance_by_category, plot_data_scaling, plot_served_vs_offline,
-                          plot_training_curves, read_metrics_jsonl)
+from eagle3.measure.plots import (
+    missing_bars,
+    plot_acceptance_by_category,
+    plot_data_scaling,
+    plot_served_vs_offline,
+    plot_training_curves,
+    read_metrics_jsonl,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -19,17 +26,27 @@ def _is_png(path) -> bool:
 
 
 def test_acceptance_by_category_with_offline(tmp_path):
-    report = {"summary": {"acceptance_length": 1.4},
-              "per_category": {"writing": {"acceptance_length": 1.3}, "coding": {"acceptance_length": 1.6},
-                               "math": {"acceptance_length": None}}}
+    report = {
+        "summary": {"acceptance_length": 1.4},
+        "per_category": {
+            "writing": {"acceptance_length": 1.3},
+            "coding": {"acceptance_length": 1.6},
+            "math": {"acceptance_length": None},
+        },
+    }
     offline = {"per_category": {"writing": {"acceptance_length": 1.35}}}
     assert _is_png(plot_acceptance_by_category(report, tmp_path / "a.png", offline=offline))
     with pytest.raises(DataError, match="per_category"):
-        plot_acceptance_by_category({"per_category": {"x": {"acceptance_length": None}}}, tmp_path / "b.png")
+        plot_acceptance_by_category(
+            {"per_category": {"x": {"acceptance_length": None}}}, tmp_path / "b.png"
+        )
 
 
 def test_training_curves_from_metrics_jsonl(tmp_path):
-    rows = [{"step": i, "train/loss": 3 - 0.1 * i, "train/full_acc_0": 0.1 + 0.02 * i} for i in range(10)]
+    rows = [
+        {"step": i, "train/loss": 3 - 0.1 * i, "train/full_acc_0": 0.1 + 0.02 * i}
+        for i in range(10)
+    ]
     rows += [{"step": 5, "val/loss": 2.6}, {"step": 9, "val/loss": 2.3}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -44,21 +61,32 @@ def test_training_curves_from_metrics_jsonl(tmp_path):
 
 
 def test_served_vs_offline_and_data_scaling(tmp_path):
-    pts = [{"label": "trained", "simulated": 1.33, "offline": 1.31, "served": 1.30},
-           {"label": "broken-aux", "simulated": 1.33, "offline": 1.31, "served": 1.0}]
+    pts = [
+        {"label": "trained", "simulated": 1.33, "offline": 1.31, "served": 1.30},
+        {"label": "broken-aux", "simulated": 1.33, "offline": 1.31, "served": 1.0},
+    ]
     assert _is_png(plot_served_vs_offline(pts, tmp_path / "s.png"))
-    res = [{"schedule": "cosine", "unique_tokens": 5000, "acceptance_length": 1.2},
-           {"schedule": "cosine", "unique_tokens": 9000, "acceptance_length": 1.3},
-           {"schedule": "constant", "unique_tokens": 5000, "acceptance_length": 1.25}]
+    res = [
+        {"schedule": "cosine", "unique_tokens": 5000, "acceptance_length": 1.2},
+        {"schedule": "cosine", "unique_tokens": 9000, "acceptance_length": 1.3},
+        {"schedule": "constant", "unique_tokens": 5000, "acceptance_length": 1.25},
+    ]
     assert _is_png(plot_data_scaling(res, tmp_path / "d.png"))
     with pytest.raises(DataError):
-        plot_data_scaling([{"schedule": "x", "unique_tokens": 0, "acceptance_length": 1.0}], tmp_path / "e.png")
+        plot_data_scaling(
+            [{"schedule": "x", "unique_tokens": 0, "acceptance_length": 1.0}], tmp_path / "e.png"
+        )
     with pytest.raises(DataError):
         plot_served_vs_offline([], tmp_path / "f.png")
 
 
 def test_missing_figures_are_marked_not_measured(tmp_path):
-    pts = [{"label": "trained draft", "simulated": 1.5, "offline": 1.4, "served": 1.3},
-           {"label": "untrained baseline", "simulated": None, "offline": None, "served": 1.0}]
-    assert missing_bars(pts, ["simulated", "offline", "served"]) == [(1, "simulated"), (1, "offline")]
+    pts = [
+        {"label": "trained draft", "simulated": 1.5, "offline": 1.4, "served": 1.3},
+        {"label": "untrained baseline", "simulated": None, "offline": None, "served": 1.0},
+    ]
+    assert missing_bars(pts, ["simulated", "offline", "served"]) == [
+        (1, "simulated"),
+        (1, "offline"),
+    ]
     assert _is_png(plot_served_vs_offline(pts, tmp_path / "m.png"))

@@ -1,4 +1,5 @@
-"""Pre-flight: aux capture of the target class (read from SGLang 0.5.23's wheel) and the memory estimate."""
+"""Pre-flight: aux capture of the target class (read from SGLang 0.5.23's wheel) and the memory
+estimate."""
 
 from __future__ import annotations
 
@@ -21,10 +22,16 @@ def sglang_source(cache_dir):
         pytest.skip(f"SGLang 0.5.23 wheel unavailable (download failed): {e}")
 
 
-@pytest.mark.parametrize("cls", ["LlamaForCausalLM", "KimiK25ForConditionalGeneration", "Phi3ForCausalLM"])
+@pytest.mark.parametrize(
+    "cls", ["LlamaForCausalLM", "KimiK25ForConditionalGeneration", "Phi3ForCausalLM"]
+)
 def test_capturing_classes_from_source(sglang_source, cls):
     got = check_aux_capture(cls, source=sglang_source)
-    assert got["captures"] is True and got["class"] == cls and got["module"].startswith("sglang.srt.models.")
+    assert (
+        got["captures"] is True
+        and got["class"] == cls
+        and got["module"].startswith("sglang.srt.models.")
+    )
     assert check_aux_capture(cls)["captures"] is True  # the pinned profile list agrees
 
 
@@ -50,32 +57,78 @@ def _dir(tmp_path, name, cfg, nbytes):
 
 
 def test_memory_estimate_numbers(tmp_path):
-    target = _dir(tmp_path, "t", {"num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                  "hidden_size": 64}, 10_000)
-    draft = _dir(tmp_path, "d", {"num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                 "hidden_size": 64, "head_dim": 16}, 3_000)
-    r = estimate_memory(target, draft, context_length=100, batch_size=2, gpu_memory_bytes=10 ** 6,
-                        mem_fraction_static=0.5, kv_dtype="bfloat16")
-    assert r["target_kv"] == 200 * 2 * 8 * 2 * 16 * 2  # tokens × K,V × layers × kv heads × head_dim × bytes
+    target = _dir(
+        tmp_path,
+        "t",
+        {
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 64,
+        },
+        10_000,
+    )
+    draft = _dir(
+        tmp_path,
+        "d",
+        {
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 64,
+            "head_dim": 16,
+        },
+        3_000,
+    )
+    r = estimate_memory(
+        target,
+        draft,
+        context_length=100,
+        batch_size=2,
+        gpu_memory_bytes=10**6,
+        mem_fraction_static=0.5,
+        kv_dtype="bfloat16",
+    )
+    assert (
+        r["target_kv"] == 200 * 2 * 8 * 2 * 16 * 2
+    )  # tokens × K,V × layers × kv heads × head_dim × bytes
     assert r["draft_kv"] == 200 * 2 * 1 * 2 * 16 * 2
     assert r["need_bytes"] == 10_000 + 3_000 + r["target_kv"] + r["draft_kv"] and r["fits"]
     with pytest.raises(ConfigError) as e:
-        estimate_memory(target, draft, context_length=100, batch_size=2, gpu_memory_bytes=200_000,
-                        mem_fraction_static=0.5)
+        estimate_memory(
+            target,
+            draft,
+            context_length=100,
+            batch_size=2,
+            gpu_memory_bytes=200_000,
+            mem_fraction_static=0.5,
+        )
     msg = str(e.value)
     assert "mem_fraction_static 0.5" in msg and "draft_kv" in msg and "context 100 x batch 2" in msg
 
 
-@pytest.mark.parametrize("config,cls", [("kimi-k2.5.yaml", "KimiK25ForConditionalGeneration"),
-                                        ("llama3.1-8b.yaml", "LlamaForCausalLM")])
+@pytest.mark.parametrize(
+    "config,cls",
+    [
+        ("kimi-k2.5.yaml", "KimiK25ForConditionalGeneration"),
+        ("llama3.1-8b.yaml", "LlamaForCausalLM"),
+    ],
+)
 def test_realistic_configs_pass_preflight(sglang_source, config, cls):
     from eagle3.config import load_config
     from tests.conftest import CONFIGS
 
     cfg = load_config(CONFIGS / config)
     assert cfg.serve.engine == "sglang"
-    check_aux_capture(cls, engine="sglang", version=cfg.convert.engine_version, source=sglang_source)
+    check_aux_capture(
+        cls, engine="sglang", version=cfg.convert.engine_version, source=sglang_source
+    )
     if config.startswith("kimi"):  # the seed story's serving settings
         s = cfg.serve
-        assert (s.tp, s.speculative_num_steps, s.speculative_eagle_topk, s.speculative_num_draft_tokens) == (8, 3, 4, 5)
+        assert (
+            s.tp,
+            s.speculative_num_steps,
+            s.speculative_eagle_topk,
+            s.speculative_num_draft_tokens,
+        ) == (8, 3, 4, 5)
         assert cfg.data.num_conversations == 10000 and cfg.target.trust_remote_code is True

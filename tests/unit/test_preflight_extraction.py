@@ -27,8 +27,11 @@ def test_sglang_extraction_is_checked_when_the_reference_engine_serves(tmp_path)
     assert check.name == "extraction" and check.status == "failed"
     (p,) = problems
     assert p.code == "ENGINE_MISSING" and p.message.startswith("extract.backend sglang: ")
-    assert f"serve.sglang_python: expected the Python of an environment with sglang=={VERSION}" \
-        in p.message and str(tmp_path / "no-env") in p.message
+    assert (
+        f"serve.sglang_python: expected the Python of an environment with sglang=={VERSION}"
+        in p.message
+        and str(tmp_path / "no-env") in p.message
+    )
     assert "make sglang-env" in p.message and "extract.backend hf" in p.message
     # the reference engine itself passes; the report carries the extraction problem
     assert preflight._check_engine(cfg, "reference")[1] == []

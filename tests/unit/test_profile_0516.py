@@ -66,22 +66,28 @@ def test_flag_lines_and_no_input_norm(src, profile):
     assert "norm_before_fc" not in src.read(EAGLE3) and "input_norm" not in src.read(EAGLE3)
     with pytest.raises(ConfigError, match=r"norm_before_fc: sglang 0\.5\.16 computes"):
         profile.check_flags({"norm_before_fc": True})
-    cfg = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
-           "num_hidden_layers": 1, "vocab_size": 100, "draft_vocab_size": 50,
-           "eagle_config": {"norm_before_fc": True}}
+    cfg = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "vocab_size": 100,
+        "draft_vocab_size": 50,
+        "eagle_config": {"norm_before_fc": True},
+    }
     params = profile.engine_params(cfg)
     assert not any("input_norm" in k for k in params)
     assert profile.route("input_norm.weight", params).kind == "unknown"  # skipped silently
-    assert "input_norm" in "".join(get_profile("sglang", sglang_profile.VERSION)
-                                   .engine_params(cfg))
+    assert "input_norm" in "".join(get_profile("sglang", sglang_profile.VERSION).engine_params(cfg))
     assert "norm_before_fc" not in profile.eagle_config_keys
 
 
 def test_aux_ids_and_capture_classes(src, profile):
     from eagle3.engines.sglang.source import ModelIndex
 
-    cap = _method(src.read("sglang/srt/models/llama.py"), "LlamaForCausalLM",
-                  "set_eagle3_layers_to_capture")
+    cap = _method(
+        src.read("sglang/srt/models/llama.py"), "LlamaForCausalLM", "set_eagle3_layers_to_capture"
+    )
     assert "[val + 1 for val in layer_ids]" in cap and profile.aux_id_offset == 1
     assert "[2, num_layers // 2, num_layers - 3]" in cap
     assert ModelIndex(src).capturing_classes() == profile.aux_capture_classes
@@ -101,8 +107,11 @@ def test_serving_facts(src):
     assert release["cuda_graph_bs_flag"].lstrip("-").replace("-", "_") in args
     assert 'aliases=["--speculative-draft-model"]' in args
     tm = src.read("sglang/srt/managers/tokenizer_manager.py")
-    assert re.search(r'meta_info\["spec_accept_length"\] = \(\s+recv_obj\.completion_tokens\[i\]'
-                     r" / recv_obj\.spec_verify_ct\[i\]", tm)
+    assert re.search(
+        r'meta_info\["spec_accept_length"\] = \(\s+recv_obj\.completion_tokens\[i\]'
+        r" / recv_obj\.spec_verify_ct\[i\]",
+        tm,
+    )
 
 
 def test_launch_server_flags_pinned(src):
@@ -135,7 +144,9 @@ def test_sglang_extraction_backend_is_refused_for_a_release_without_aux_return(t
     from eagle3.config import load_config
     from eagle3.extract.stage import _check_backend
 
-    cfg = load_config(None, [f"paths.runs_dir={tmp_path}", "extract.backend=sglang",
-                             f"convert.engine_version={V}"])
+    cfg = load_config(
+        None,
+        [f"paths.runs_dir={tmp_path}", "extract.backend=sglang", f"convert.engine_version={V}"],
+    )
     with pytest.raises(EngineUnsupported, match=r"SGLang 0\.5\.16 cannot return .*0\.5\.23"):
         _check_backend(cfg)

@@ -1,5 +1,6 @@
-"""Progress signals without a server: log growth (minus the gate's own access-log lines), and the GPU signal
-read through a stand-in ``nvidia-smi`` on PATH; the gate result's summary and MLflow numbers."""
+"""Progress signals without a server: log growth (minus the gate's own access-log lines), and the
+GPU signal read through a stand-in ``nvidia-smi`` on PATH; the gate result's summary and MLflow
+numbers."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def fake_smi(tmp_path, monkeypatch):
 
     def set_gpus(gpus, apps=()):
         state.write_text(json.dumps({"gpus": gpus, "apps": list(apps)}))
+
     return set_gpus
 
 
@@ -47,12 +49,18 @@ def test_log_growth_ignores_the_gates_own_access_lines(tmp_path):
     log.write_text("")
     mon = ProgressMonitor(log_path=log, use_gpu=False)
     with open(log, "a") as f:
-        f.write('INFO:     127.0.0.1:5555 - "GET /health_generate HTTP/1.1" 503 Service Unavailable\n'
-                'INFO:     127.0.0.1:5556 - "POST /generate HTTP/1.1" 200 OK\n\n')
+        f.write(
+            'INFO:     127.0.0.1:5555 - "GET /health_generate HTTP/1.1" 503 Service Unavailable\n'
+            'INFO:     127.0.0.1:5556 - "POST /generate HTTP/1.1" 200 OK\n\n'
+        )
     assert mon.sample() == []  # a hung server behind a live HTTP front-end only logs our polls
-    with open(log, "a") as f:  # what SGLang 0.5.23's front-end prints while its scheduler is stopped
-        f.write("[2026-11-30 10:01:02] Health check failed. Server couldn't get a response from detokenizer "
-                "for last 20 seconds. tic start time: 10:00:42. last_heartbeat time: 10:00:40\n")
+    # what SGLang 0.5.23's front-end prints while its scheduler is stopped
+    with open(log, "a") as f:
+        f.write(
+            "[2026-11-30 10:01:02] Health check failed. Server couldn't get a response from "
+            "detokenizer for last 20 seconds. tic start time: 10:00:42. "
+            "last_heartbeat time: 10:00:40\n"
+        )
     assert mon.sample() == []
     with open(log, "a") as f:
         f.write("Capturing batches (bs=128 avail_mem=60.1 GB)\n")
@@ -74,15 +82,18 @@ def test_gpu_signal_busy_or_memory_change_counts_idle_loaded_gpu_does_not(fake_s
     monkeypatch.setattr("eagle3.serve.liveness.GPU_MIN_INTERVAL_S", 0.0)
     fake_smi([{"util": 0, "mem": 70000}, {"util": 0, "mem": 70000}])
     g = gpu_sample()
-    assert [(x["index"], x["util_pct"], x["mem_used_mib"]) for x in g] == [(0, 0, 70000), (1, 0, 70000)]
+    assert [(x["index"], x["util_pct"], x["mem_used_mib"]) for x in g] == [
+        (0, 0, 70000),
+        (1, 0, 70000),
+    ]
     mon = ProgressMonitor(use_gpu=True)
     assert mon.sources == ["gpu"]
-    assert mon.sample() == []          # the story's hang: weights loaded, 0 % utilisation
-    assert mon.sample() == []          # ... and memory unchanged
+    assert mon.sample() == []  # the story's hang: weights loaded, 0 % utilisation
+    assert mon.sample() == []  # ... and memory unchanged
     fake_smi([{"util": 0, "mem": 71000}, {"util": 0, "mem": 70000}])
-    assert mon.sample() == ["gpu"]     # memory moved (KV cache / CUDA graphs being allocated)
+    assert mon.sample() == ["gpu"]  # memory moved (KV cache / CUDA graphs being allocated)
     fake_smi([{"util": 35, "mem": 71000}, {"util": 0, "mem": 70000}])
-    assert mon.sample() == ["gpu"]     # kernels running
+    assert mon.sample() == ["gpu"]  # kernels running
 
 
 def test_gpu_signal_only_looks_at_the_servers_gpus_when_known(fake_smi, monkeypatch):
@@ -93,13 +104,28 @@ def test_gpu_signal_only_looks_at_the_servers_gpus_when_known(fake_smi, monkeypa
 
 
 def test_summary_and_metrics():
-    res = GateResult(verdict="stalled", url="http://127.0.0.1:1", detail="No progress signal (log) for 3.0 s.",
-                     phases={"launching": 0.5, "loading": 10.0, "warming": 3.2}, elapsed_s=13.7,
-                     last_progress_s=10.5, signals={"log": 12, "cpu": 0, "gpu": 0}, signal_sources=["log"],
-                     diagnostics_dir="/runs/x/deploy/diagnostics", log_tail="a\nLoad weight end.\n")
+    res = GateResult(
+        verdict="stalled",
+        url="http://127.0.0.1:1",
+        detail="No progress signal (log) for 3.0 s.",
+        phases={"launching": 0.5, "loading": 10.0, "warming": 3.2},
+        elapsed_s=13.7,
+        last_progress_s=10.5,
+        signals={"log": 12, "cpu": 0, "gpu": 0},
+        signal_sources=["log"],
+        diagnostics_dir="/runs/x/deploy/diagnostics",
+        log_tail="a\nLoad weight end.\n",
+    )
     text = res.summary()
-    assert text.startswith("Server http://127.0.0.1:1: STALLED after 13.7 s (launching 0.5 s, loading 10.0 s")
+    assert text.startswith(
+        "Server http://127.0.0.1:1: STALLED after 13.7 s (launching 0.5 s, loading 10.0 s"
+    )
     assert "/runs/x/deploy/diagnostics" in text and "Load weight end." in text and "log 12" in text
-    assert res.metrics() == {"gate_launching_s": 0.5, "gate_loading_s": 10.0, "gate_warming_s": 3.2,
-                             "gate_total_s": 13.7, "gate_ready": 0.0}
+    assert res.metrics() == {
+        "gate_launching_s": 0.5,
+        "gate_loading_s": 10.0,
+        "gate_warming_s": 3.2,
+        "gate_total_s": 13.7,
+        "gate_ready": 0.0,
+    }
     assert json.loads(json.dumps(res.to_dict()))["phases"]["warming"] == 3.2

@@ -71,8 +71,10 @@ def test_an_overall_timeout_shorter_than_the_health_check_timeout_names_a_silent
     assert result.verdict == "timed_out", result.detail
     assert 2 <= took < 4, took
     assert result.last_health == "timeout"
-    assert (f"Not answering: {url} accepted connections but gave no HTTP answer within "
-            "2.0 s to 1 health checks of /health_generate") in result.detail, result.detail
+    assert (
+        f"Not answering: {url} accepted connections but gave no HTTP answer within "
+        "2.0 s to 1 health checks of /health_generate"
+    ) in result.detail, result.detail
     assert "Connection refused" not in result.detail
 
 
@@ -84,8 +86,14 @@ def test_a_timed_out_wait_with_a_log_names_a_silent_port(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("start\n")
     with _silent_server() as url:
-        result = wait_ready(url, log_path=log, timeout_s=2.5, stall_timeout_s=100,
-                            poll_interval_s=0.2, use_gpu=False)
+        result = wait_ready(
+            url,
+            log_path=log,
+            timeout_s=2.5,
+            stall_timeout_s=100,
+            poll_interval_s=0.2,
+            use_gpu=False,
+        )
     assert result.verdict == "timed_out", result.detail
     assert f"Not answering: {url} accepted connections but gave no HTTP answer" in result.detail
 
@@ -94,12 +102,15 @@ def test_a_timed_out_wait_on_a_503_server_names_the_answer_not_a_silent_port():
     from eagle3.serve.readiness import wait_ready
 
     with _status_server(503) as url:
-        result = wait_ready(url, timeout_s=1.5, stall_timeout_s=100, poll_interval_s=0.2,
-                            use_gpu=False)
+        result = wait_ready(
+            url, timeout_s=1.5, stall_timeout_s=100, poll_interval_s=0.2, use_gpu=False
+        )
     assert result.verdict == "timed_out", result.detail
     assert result.last_health == 503
-    assert (f"The last health check of {url}/health_generate answered HTTP 503 (the server is up, "
-            "not ready yet).") in result.detail
+    assert (
+        f"The last health check of {url}/health_generate answered HTTP 503 (the server is up, "
+        "not ready yet)."
+    ) in result.detail
     assert "Not answering" not in result.detail and "Connection refused" not in result.detail
 
 
@@ -107,8 +118,7 @@ def test_a_timed_out_wait_on_a_closed_port_says_refused_not_silent():
     from eagle3.serve.readiness import wait_ready
 
     url = f"http://127.0.0.1:{_closed_port()}"
-    result = wait_ready(url, timeout_s=1, stall_timeout_s=100, poll_interval_s=0.2,
-                        use_gpu=False)
+    result = wait_ready(url, timeout_s=1, stall_timeout_s=100, poll_interval_s=0.2, use_gpu=False)
     assert result.verdict == "timed_out", result.detail
     assert f"Connection refused at {url}: every one of" in result.detail
     assert "Not answering" not in result.detail and "answered HTTP" not in result.detail

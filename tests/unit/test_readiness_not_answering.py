@@ -51,8 +51,14 @@ def test_a_port_that_accepts_but_never_answers_ends_stalled_after_the_stall_time
 
     with _silent_server() as url:
         t0 = time.monotonic()
-        result = wait_ready(url, timeout_s=60, stall_timeout_s=2, poll_interval_s=0.2,
-                            probe_timeout_s=2, use_gpu=False)
+        result = wait_ready(
+            url,
+            timeout_s=60,
+            stall_timeout_s=2,
+            poll_interval_s=0.2,
+            probe_timeout_s=2,
+            use_gpu=False,
+        )
         took = time.monotonic() - t0
     assert result.verdict == "stalled", result.detail
     assert 2 <= took < 15, took
@@ -66,8 +72,9 @@ def test_a_port_that_drops_every_connection_unanswered_ends_stalled():
 
     with _silent_server(close_at_once=True) as url:
         t0 = time.monotonic()
-        result = wait_ready(url, timeout_s=60, stall_timeout_s=1.5, poll_interval_s=0.2,
-                            use_gpu=False)
+        result = wait_ready(
+            url, timeout_s=60, stall_timeout_s=1.5, poll_interval_s=0.2, use_gpu=False
+        )
         took = time.monotonic() - t0
     assert result.verdict == "stalled", result.detail
     assert took < 15, took
@@ -79,9 +86,22 @@ def test_cli_wait_ready_ends_a_silent_server_with_a_named_outcome():
 
     with _silent_server() as url:
         t0 = time.monotonic()
-        out = CliRunner().invoke(app, ["wait-ready", "--url", url, "--stall-timeout", "2",
-                                       "--timeout", "60", "--poll-interval", "0.2",
-                                       "--probe-timeout", "2"])
+        out = CliRunner().invoke(
+            app,
+            [
+                "wait-ready",
+                "--url",
+                url,
+                "--stall-timeout",
+                "2",
+                "--timeout",
+                "60",
+                "--poll-interval",
+                "0.2",
+                "--probe-timeout",
+                "2",
+            ],
+        )
         took = time.monotonic() - t0
     assert took < 20, took
     assert out.exit_code == 1, out.output

@@ -20,8 +20,7 @@ def test_refused_only_wait_ends_after_the_stall_timeout():
 
     url = f"http://127.0.0.1:{_closed_port()}"
     t0 = time.monotonic()
-    result = wait_ready(url, timeout_s=60, stall_timeout_s=2, poll_interval_s=0.2,
-                        use_gpu=False)
+    result = wait_ready(url, timeout_s=60, stall_timeout_s=2, poll_interval_s=0.2, use_gpu=False)
     took = time.monotonic() - t0
     assert result.verdict == "stalled", result.detail
     assert 2 <= took < 10, took
@@ -34,8 +33,20 @@ def test_cli_wait_ready_honours_stall_timeout_when_every_probe_is_refused():
 
     url = f"http://127.0.0.1:{_closed_port()}"
     t0 = time.monotonic()
-    out = CliRunner().invoke(app, ["wait-ready", "--url", url, "--stall-timeout", "2",
-                                   "--timeout", "60", "--poll-interval", "0.2"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "wait-ready",
+            "--url",
+            url,
+            "--stall-timeout",
+            "2",
+            "--timeout",
+            "60",
+            "--poll-interval",
+            "0.2",
+        ],
+    )
     assert time.monotonic() - t0 < 15
     assert out.exit_code == 1, out.output
     assert "STALLED after" in out.output and "Connection refused for " in out.output
@@ -60,8 +71,14 @@ def test_a_log_still_waits_for_its_progress(tmp_path):
 
     threading.Thread(target=grow, daemon=True).start()
     try:
-        result = wait_ready(f"http://127.0.0.1:{_closed_port()}", log_path=log, timeout_s=4,
-                            stall_timeout_s=1.5, poll_interval_s=0.2, use_gpu=False)
+        result = wait_ready(
+            f"http://127.0.0.1:{_closed_port()}",
+            log_path=log,
+            timeout_s=4,
+            stall_timeout_s=1.5,
+            poll_interval_s=0.2,
+            use_gpu=False,
+        )
     finally:
         stop.set()
     assert result.verdict == "timed_out", result.detail

@@ -16,8 +16,10 @@ from eagle3.extract.regen import Failed, Truncated, hf_answer_fn, regenerate_cou
 def _conv(cid: str, *turns: str) -> Conversation:
     msgs = []
     for n, t in enumerate(turns):
-        msgs += [{"role": "user", "content": f"{cid}-q{n + 1}"}, {"role": "assistant",
-                                                                  "content": t}]
+        msgs += [
+            {"role": "user", "content": f"{cid}-q{n + 1}"},
+            {"role": "assistant", "content": t},
+        ]
     return Conversation(cid, msgs)
 
 
@@ -28,26 +30,44 @@ def _answers(prefixes):
     for p in prefixes:
         q, cid = p[-1]["content"], p[-1]["content"].split("-")[0]
         seen = "|".join(m["content"] for m in p if m["role"] == "assistant")
-        out.append({"A-q2": Failed("HTTP 400: context too long"), "C-q1": None,
-                    "B-q1": Truncated(f"cut {q}")}.get(q, f"new {q} after [{seen}]"))
+        out.append(
+            {
+                "A-q2": Failed("HTTP 400: context too long"),
+                "C-q1": None,
+                "B-q1": Truncated(f"cut {q}"),
+            }.get(q, f"new {q} after [{seen}]")
+        )
         del cid
     return out
 
 
 def test_counts_add_up_with_a_failure_a_skip_a_truncation_per_turn_and_conversation(caplog):
-    convs = [_conv("A", "a1", "a2"), _conv("B", "b1", "b2"), _conv("C", "c1"),
-             Conversation("D", text="plain text"), _conv("E", "e1", "e2")]
+    convs = [
+        _conv("A", "a1", "a2"),
+        _conv("B", "b1", "b2"),
+        _conv("C", "c1"),
+        Conversation("D", text="plain text"),
+        _conv("E", "e1", "e2"),
+    ]
     with caplog.at_level(logging.INFO, logger="eagle3.extract.regen"):
         out, counts = regenerate_counted(convs, _answers, batch_size=2)
     t, c = counts["turns"], counts["conversations"]
-    assert t == {"input": 7, "succeeded": 5, "failed": 1, "skipped": 1, "truncated": 1,
-                 "empty": 0, "clean": 4}
+    assert t == {
+        "input": 7,
+        "succeeded": 5,
+        "failed": 1,
+        "skipped": 1,
+        "truncated": 1,
+        "empty": 0,
+        "clean": 4,
+    }
     assert c == {"input": 5, "succeeded": 2, "failed": 1, "skipped": 2, "truncated": 1}
     for level in [t, c] + counts["per_turn"]:
         assert level["succeeded"] + level["failed"] + level["skipped"] == level["input"]
     assert counts["per_turn"] == [
         {"turn": 1, "input": 4, "succeeded": 3, "failed": 0, "skipped": 1, "truncated": 1},
-        {"turn": 2, "input": 3, "succeeded": 2, "failed": 1, "skipped": 0, "truncated": 0}]
+        {"turn": 2, "input": 3, "succeeded": 2, "failed": 1, "skipped": 0, "truncated": 0},
+    ]
     assert counts["skipped_by_reason"] == {"prompt_too_long": 1, "no_assistant_turn": 1}
     assert counts["failed_examples"] == ["A turn 2: HTTP 400: context too long"]
     assert counts["truncated_turns"] == {"B": [1]}
@@ -57,22 +77,33 @@ def test_counts_add_up_with_a_failure_a_skip_a_truncation_per_turn_and_conversat
     assert by_id["A"][3] == "a2" and by_id["C"][1] == "c1"  # failed / skipped keep the original
     assert by_id["B"][1] == "cut B-q1" and by_id["B"][3] == "new B-q2 after [cut B-q1]"
     loud = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(loud) == 1 and "3 of 7 assistant turns (43%) truncated or not regenerated" in \
-        loud[0].getMessage() and "1 truncated" in loud[0].getMessage()
+    assert (
+        len(loud) == 1
+        and "3 of 7 assistant turns (43%) truncated or not regenerated" in loud[0].getMessage()
+        and "1 truncated" in loud[0].getMessage()
+    )
 
 
 def test_max_rounds_counts_only_the_turns_asked_and_a_clean_run_is_quiet(caplog):
     convs = [_conv("E", "e1", "e2", "e3"), _conv("F", "f1")]
     with caplog.at_level(logging.INFO, logger="eagle3.extract.regen"):
         out, counts = regenerate_counted(convs, _answers, batch_size=4, max_rounds=2)
-    assert counts["turns"] == {"input": 3, "succeeded": 3, "failed": 0, "skipped": 0,
-                               "truncated": 0, "empty": 0, "clean": 3}
+    assert counts["turns"] == {
+        "input": 3,
+        "succeeded": 3,
+        "failed": 0,
+        "skipped": 0,
+        "truncated": 0,
+        "empty": 0,
+        "clean": 3,
+    }
     assert [p["input"] for p in counts["per_turn"]] == [2, 1]
     assert len(out[0].messages) == 4 and not caplog.records
 
 
 def test_hf_answers_that_hit_max_new_tokens_are_truncated_and_finished_ones_are_not(
-        tiny_target_dir):
+    tiny_target_dir,
+):
     """The tiny random target never emits EOS: every answer is cut at max_new_tokens; with its
     usual token made the EOS, answers end at once and are whole."""
     from eagle3.target_model import load_target
@@ -81,8 +112,9 @@ def test_hf_answers_that_hit_max_new_tokens_are_truncated_and_finished_ones_are_
     prefixes = [[{"role": "user", "content": q}] for q in ("Hello there", "What is 2 + 2?")]
     cut = hf_answer_fn(model, tok, 4)(prefixes)
     assert all(isinstance(a, Truncated) for a in cut)
-    enc = tok.apply_chat_template(prefixes[0], add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)
+    enc = tok.apply_chat_template(
+        prefixes[0], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     first = int(model.generate(**enc, max_new_tokens=1, do_sample=False)[0, -1])
     tok.eos_token = tok.convert_ids_to_tokens(first)
     whole = hf_answer_fn(model, tok, 4)(prefixes[:1])
@@ -90,23 +122,33 @@ def test_hf_answers_that_hit_max_new_tokens_are_truncated_and_finished_ones_are_
 
 
 @pytest.mark.slow
-def test_regenerate_file_records_the_counts_and_marks_truncated_turns(tiny_cfg, tiny_target_dir,
-                                                                      tmp_path):
+def test_regenerate_file_records_the_counts_and_marks_truncated_turns(
+    tiny_cfg, tiny_target_dir, tmp_path
+):
     from eagle3.extract.regen import regenerate_file
     from tests.unit.test_extract import file_cfg, write_convs
 
-    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 4), n=3, regenerate="hf",
-                   regenerate_max_new_tokens=5, regenerate_batch_size=2)
+    cfg = file_cfg(
+        tiny_cfg,
+        write_convs(tmp_path / "c.jsonl", 4),
+        n=3,
+        regenerate="hf",
+        regenerate_max_new_tokens=5,
+        regenerate_batch_size=2,
+    )
     m = regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
     r = m["regeneration"]
     assert r["conversations"]["input"] == 3 and r["turns"]["input"] == m["counts"]["answers"]
-    assert r["turns"]["succeeded"] + r["turns"]["failed"] + r["turns"]["skipped"] == \
-        r["turns"]["input"]
+    assert (
+        r["turns"]["succeeded"] + r["turns"]["failed"] + r["turns"]["skipped"]
+        == r["turns"]["input"]
+    )
     # 5 tokens never reach EOS here (an answer of special tokens only decodes to nothing)
     assert r["turns"]["truncated"] == r["turns"]["succeeded"] == 3 and r["turns"]["clean"] == 0
     lines = [json.loads(x) for x in (tmp_path / "regen.jsonl").read_text().splitlines()]
-    assert r["truncated_turns"] == {x["id"]: x["truncated_turns"] for x in lines
-                                    if "truncated_turns" in x}
+    assert r["truncated_turns"] == {
+        x["id"]: x["truncated_turns"] for x in lines if "truncated_turns" in x
+    }
     assert len(r["truncated_turns"]) == r["conversations"]["truncated"]
 
 
@@ -118,14 +160,24 @@ def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
     def reply(request):
         body = json.loads(request.content)
         q = body["messages"][-1]["content"]
-        return httpx.Response(200, json={"choices": [{
-            "message": {"content": f"to {q}"},
-            "finish_reason": "length" if q == "long" else "stop"}]})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [
+                    {
+                        "message": {"content": f"to {q}"},
+                        "finish_reason": "length" if q == "long" else "stop",
+                    }
+                ]
+            },
+        )
 
     real = httpx.Client
-    monkeypatch.setattr(httpx, "Client",
-                        lambda **kw: real(transport=httpx.MockTransport(reply), **kw))
+    monkeypatch.setattr(
+        httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(reply), **kw)
+    )
     got = openai_answer_fn("http://127.0.0.1:9/v1", "m", 8)(
-        [[{"role": "user", "content": q}] for q in ("long", "short")])
+        [[{"role": "user", "content": q}] for q in ("long", "short")]
+    )
     assert got == ["to long", "to short"]
     assert isinstance(got[0], Truncated) and not isinstance(got[1], Truncated)

@@ -17,13 +17,20 @@ from eagle3.extract.conversations import Conversation
 def _conv(cid: str, *turns: str) -> Conversation:
     msgs = []
     for n, t in enumerate(turns):
-        msgs += [{"role": "user", "content": f"{cid}-q{n + 1}"},
-                 {"role": "assistant", "content": t}]
+        msgs += [
+            {"role": "user", "content": f"{cid}-q{n + 1}"},
+            {"role": "assistant", "content": t},
+        ]
     return Conversation(cid, msgs)
 
 
-CONVS = [_conv("A", "a1", "a2"), _conv("B", "b1"), _conv("C", "c1", "c2", "c3"),
-         _conv("D", "d1"), _conv("E", "e1", "e2")]
+CONVS = [
+    _conv("A", "a1", "a2"),
+    _conv("B", "b1"),
+    _conv("C", "c1", "c2", "c3"),
+    _conv("D", "d1"),
+    _conv("E", "e1", "e2"),
+]
 
 
 class Answers:
@@ -42,8 +49,11 @@ class Answers:
                 raise KeyboardInterrupt(q)
             self.asked.append(q)
             seen = "|".join(m["content"] for m in p if m["role"] == "assistant")
-            out.append({"B-q1": R.Truncated("cut"), "C-q2": R.Failed("HTTP 500")}.get(
-                q, f"new {q} after [{seen}]"))
+            out.append(
+                {"B-q1": R.Truncated("cut"), "C-q2": R.Failed("HTTP 500")}.get(
+                    q, f"new {q} after [{seen}]"
+                )
+            )
         return out
 
 
@@ -69,8 +79,9 @@ def test_a_stopped_run_goes_on_from_its_last_finished_chunk(monkeypatch, tmp_pat
     assert counts["turns"]["failed"] == 1 and counts["truncated_turns"] == {"B": [1]}
 
 
-def test_every_chunk_done_loads_no_target_and_the_bar_counts_the_saved_answers(monkeypatch,
-                                                                              tmp_path):
+def test_every_chunk_done_loads_no_target_and_the_bar_counts_the_saved_answers(
+    monkeypatch, tmp_path
+):
     monkeypatch.setattr(R, "RESUME_CHUNK", 2)
     progress = tmp_path / "p.chunks.jsonl"
     R.regenerate_resumable(CONVS, Answers, 2, None, progress)
@@ -95,15 +106,21 @@ def test_a_line_cut_short_by_a_kill_is_redone(monkeypatch, tmp_path):
     assert again.asked == ["C-q1", "D-q1", "C-q2", "C-q3", "E-q1", "E-q2"]
     assert [c.id for c in out] == ["A", "B", "C", "D", "E"]
     assert [json.loads(x)["ids"] for x in progress.read_text().splitlines()] == [
-        ["A", "B"], ["C", "D"], ["E"]]
+        ["A", "B"],
+        ["C", "D"],
+        ["E"],
+    ]
 
 
 def test_a_progress_file_of_other_conversations_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(R, "RESUME_CHUNK", 2)
     progress = tmp_path / "p.chunks.jsonl"
     R.regenerate_resumable(CONVS, Answers, 2, None, progress)
-    with pytest.raises(DataError, match=r"REGEN_PROGRESS_MISMATCH: .*p.chunks.jsonl line 1: "
-                                        r"expected the conversations of chunk 0"):
+    with pytest.raises(
+        DataError,
+        match=r"REGEN_PROGRESS_MISMATCH: .*p.chunks.jsonl line 1: "
+        r"expected the conversations of chunk 0",
+    ):
         R.regenerate_resumable(CONVS[1:], Answers, 2, None, progress)
     progress.write_text("not json\n" + progress.read_text())
     with pytest.raises(DataError, match="line 1: expected a JSON chunk record"):

@@ -1,5 +1,5 @@
-"""tasks.registry: validated drafts into MLflow's model registry (SQLite store, offline), alias ``best`` on the
-version with the highest served acceptance, idempotent by serving content hash."""
+"""tasks.registry: validated drafts into MLflow's model registry (SQLite store, offline), alias
+``best`` on the version with the highest served acceptance, idempotent by serving content hash."""
 
 from __future__ import annotations
 
@@ -23,12 +23,18 @@ def _stage_dirs(root, tag: str, payload: bytes):
     (serving / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     (serving / "model.safetensors").write_bytes(payload)
     sm = write_manifest(serving, "serving_checkpoint")
-    write_manifest(train, "draft", counts={"train_positions": 1234}, epochs_over_data=3.0, optimizer_steps=45)
-    return (StageResult("convert", serving, sm["content_hash"], "run-c"),
-            StageResult("train", train, "h", "run-t"))
+    write_manifest(
+        train, "draft", counts={"train_positions": 1234}, epochs_over_data=3.0, optimizer_steps=45
+    )
+    return (
+        StageResult("convert", serving, sm["content_hash"], "run-c"),
+        StageResult("train", train, "h", "run-t"),
+    )
 
 
-def _fig(served: float, offline: float | None = None, simulated: float | None = None) -> AcceptanceFigures:
+def _fig(
+    served: float, offline: float | None = None, simulated: float | None = None
+) -> AcceptanceFigures:
     return AcceptanceFigures(served, None, offline, simulated, None, minimum=1.0, passed=True)
 
 
@@ -61,9 +67,15 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert v1.tags["eagle3.serving_content_hash"] == s1.content_hash
     # the checkpoint folder itself is what was registered
     files = {f.path for f in client.list_artifacts(v1.run_id, "draft")}
-    assert files == {"draft/config.json", "draft/model.safetensors", "draft/manifest.json", "draft/MLmodel"}
-    # the source is the run's own artifact location (not runs:/, which a SQLite-backed server cannot serve),
-    # the run is the pipeline's parent run (its page lists the model), MLmodel makes it a loadable model
+    assert files == {
+        "draft/config.json",
+        "draft/model.safetensors",
+        "draft/manifest.json",
+        "draft/MLmodel",
+    }
+    # the source is the run's own artifact location (not runs:/, which a SQLite-backed server cannot
+    # serve), the run is the pipeline's parent run (its page lists the model), MLmodel makes it a
+    # loadable model
     assert v1.source == client.get_run(v1.run_id).info.artifact_uri.rstrip("/") + "/draft"
     assert v1.run_id == v1.tags["eagle3.pipeline_run_id"]
     assert client.get_run(v1.run_id).data.tags.get("mlflow.parentRunId") is None
@@ -84,8 +96,9 @@ def test_register_versions_alias_and_idempotence(tiny_cfg, tiny_target_dir, tmp_
     assert (r3.version, r3.best_version) == ("3", "3")
     assert str(client.get_model_version_by_alias(name, BEST_ALIAS).version) == "3"
 
-    # the same checkpoint again (a re-run with every stage cached): no new version, figures refreshed,
-    # provenance kept (the version still points at the run that made it; the re-run is recorded beside it)
+    # the same checkpoint again (a re-run with every stage cached): no new version, figures
+    # refreshed, provenance kept (the version still points at the run that made it; the re-run is
+    # recorded beside it)
     made_by = client.get_model_version(name, "2").tags["eagle3.pipeline_run_id"]
     later = _parent(tiny_cfg)
     again = register_draft(tiny_cfg, s2, t2, _fig(1.70, 1.7, 1.3), later)
@@ -104,4 +117,10 @@ def test_register_without_manifest_is_an_error(tiny_cfg, tiny_target_dir, tmp_pa
 
     s1, _ = _stage_dirs(tmp_path, "a", b"w")
     with pytest.raises(DataError, match="manifest not found"):
-        register_draft(tiny_cfg, s1, StageResult("train", tmp_path / "nowhere", "h", "r"), _fig(1.2), _parent(tiny_cfg))
+        register_draft(
+            tiny_cfg,
+            s1,
+            StageResult("train", tmp_path / "nowhere", "h", "r"),
+            _fig(1.2),
+            _parent(tiny_cfg),
+        )

@@ -1,4 +1,5 @@
-"""flows.common.run_concurrently: the pipeline serves the trained and the untrained draft at once (issue 20)."""
+"""flows.common.run_concurrently: the pipeline serves the trained and the untrained draft at once
+(issue 20)."""
 
 import contextvars
 import threading
@@ -15,16 +16,24 @@ VAR = contextvars.ContextVar("VAR", default="unset")
 
 def test_calls_overlap_see_the_callers_context_and_return_by_key():
     VAR.set("flow run context")
-    started, both = [], threading.Barrier(2, timeout=10)  # each waits for the other: they must overlap
+    started, both = (
+        [],
+        threading.Barrier(2, timeout=10),
+    )  # each waits for the other: they must overlap
 
     def call(k):
         started.append(k)
         both.wait()
         return k, VAR.get(), threading.current_thread().name
 
-    out = run_concurrently({"trained": lambda: call("trained"), "untrained": lambda: call("untrained")})
+    out = run_concurrently(
+        {"trained": lambda: call("trained"), "untrained": lambda: call("untrained")}
+    )
     assert list(out) == ["trained", "untrained"] and sorted(started) == ["trained", "untrained"]
-    assert [v[:2] for v in out.values()] == [("trained", "flow run context"), ("untrained", "flow run context")]
+    assert [v[:2] for v in out.values()] == [
+        ("trained", "flow run context"),
+        ("untrained", "flow run context"),
+    ]
     assert all(v[2].startswith("eagle3-stage") for v in out.values())
 
 
@@ -41,8 +50,12 @@ def test_a_failure_is_raised_after_its_sibling_finished():
 
     with pytest.raises(ValueError, match="bad prompts file"):
         run_concurrently({"trained": fails, "untrained": slow})
-    assert done == ["untrained finished"]  # nothing abandoned: its engine's teardown ran before the error
+    assert done == [
+        "untrained finished"
+    ]  # nothing abandoned: its engine's teardown ran before the error
 
 
 def test_one_call_runs_in_this_thread():
-    assert run_concurrently({"trained": threading.current_thread}) == {"trained": threading.current_thread()}
+    assert run_concurrently({"trained": threading.current_thread}) == {
+        "trained": threading.current_thread()
+    }

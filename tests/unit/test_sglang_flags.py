@@ -10,11 +10,11 @@ import pytest
 
 from eagle3.config import load_config
 from eagle3.engines.sglang import server_flags
-from eagle3.engines.sglang.serving import (canonical_flag, extra_args_problems, flag_value,
-                                           resolve)
+from eagle3.engines.sglang.serving import canonical_flag, extra_args_problems, flag_value, resolve
 from eagle3.errors import ConfigError, EngineUnsupported
 from eagle3.serve import preflight
 from eagle3.serve.launcher import build_command
+
 
 def test_pinned_flag_table_is_the_released_source(cache_dir):
     from eagle3.engines.sglang.source import find_engine_source
@@ -52,8 +52,14 @@ def test_pinned_value_counts_are_the_released_source(cache_dir):
 
 def _cfg(*extra: str, **kw):
     items = ", ".join(repr(e) for e in extra)
-    return load_config(None, ["serve.engine=sglang", f"serve.extra_args=[{items}]",
-                              *[f"serve.{k}={v}" for k, v in kw.items()]])
+    return load_config(
+        None,
+        [
+            "serve.engine=sglang",
+            f"serve.extra_args=[{items}]",
+            *[f"serve.{k}={v}" for k, v in kw.items()],
+        ],
+    )
 
 
 def _launch_error(cfg, draft: Path | None = Path("/d")) -> str:
@@ -62,16 +68,19 @@ def _launch_error(cfg, draft: Path | None = Path("/d")) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("extra, flag", [
-    (["--speculative-algo", "STANDALONE"], "--speculative-algorithm"),
-    (["--speculative-algo=NGRAM"], "--speculative-algorithm"),
-    (["--speculative-draft-model", ""], "--speculative-draft-model-path"),
-    (["--speculative-draft-model=/t"], "--speculative-draft-model-path"),  # the target
-    (["--speculative-draft-model-pa", "/t"], "--speculative-draft-model-path"),
-    (["--mem-frac", "0.5"], "--mem-fraction-static"),
-    (["--model", "/elsewhere"], "--model-path"),
-    (["--tensor-parallel-size", "2"], "--tp-size"),
-])
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--speculative-algo", "STANDALONE"], "--speculative-algorithm"),
+        (["--speculative-algo=NGRAM"], "--speculative-algorithm"),
+        (["--speculative-draft-model", ""], "--speculative-draft-model-path"),
+        (["--speculative-draft-model=/t"], "--speculative-draft-model-path"),  # the target
+        (["--speculative-draft-model-pa", "/t"], "--speculative-draft-model-path"),
+        (["--mem-frac", "0.5"], "--mem-fraction-static"),
+        (["--model", "/elsewhere"], "--model-path"),
+        (["--tensor-parallel-size", "2"], "--tp-size"),
+    ],
+)
 def test_alias_or_abbreviation_of_an_owned_flag_is_refused(extra, flag):
     msg = _launch_error(_cfg(*extra))
     assert msg.startswith("EXTRA_ARG_OWNED: ") and f"got {flag}" in msg and repr(extra[0]) in msg
@@ -108,17 +117,30 @@ def test_aliases_count_for_the_serving_rules():
 
 
 def test_flags_the_launcher_does_not_set_pass_verbatim():
-    cfg = _cfg("--attention-backend", "fa3", "--disable-radix-cache", "--max-running-requests",
-               "80", "--chat-template=/x/t.jinja")
+    cfg = _cfg(
+        "--attention-backend",
+        "fa3",
+        "--disable-radix-cache",
+        "--max-running-requests",
+        "80",
+        "--chat-template=/x/t.jinja",
+    )
     assert extra_args_problems(cfg.serve.extra_args) == []
     argv, _ = build_command(cfg, Path("/t"), Path("/d"), 1, engine="sglang")
-    assert argv[-6:] == ["--attention-backend", "fa3", "--disable-radix-cache",
-                         "--max-running-requests", "80", "--chat-template=/x/t.jinja"]
+    assert argv[-6:] == [
+        "--attention-backend",
+        "fa3",
+        "--disable-radix-cache",
+        "--max-running-requests",
+        "80",
+        "--chat-template=/x/t.jinja",
+    ]
     assert preflight._check_settings(cfg, "sglang")[1] == []
 
 
-@pytest.mark.parametrize("extra", [["-h"], ["--help"], ["--he"], ["--attention-backend", "fa3",
-                                                                  "-h"]])
+@pytest.mark.parametrize(
+    "extra", [["-h"], ["--help"], ["--he"], ["--attention-backend", "fa3", "-h"]]
+)
 def test_help_flag_is_refused_before_sglang_prints_help_and_exits(extra):
     msg = _launch_error(_cfg(*extra))
     assert msg.startswith("EXTRA_ARG_HELP: ") and f"serve.extra_args {extra[-1]!r}" in msg
@@ -127,12 +149,18 @@ def test_help_flag_is_refused_before_sglang_prints_help_and_exits(extra):
     assert [p.code for p in problems] == ["EXTRA_ARG_HELP"]
 
 
-@pytest.mark.parametrize("extra, flag, after", [
-    (["--log-level"], "--log-level", "last in the list"),
-    (["--log-level", "--disable-radix-cache"], "--log-level",
-     "followed by '--disable-radix-cache'"),
-    (["--cuda-graph-bs-decode"], "--cuda-graph-bs-decode", "last in the list"),  # nargs "+"
-])
+@pytest.mark.parametrize(
+    "extra, flag, after",
+    [
+        (["--log-level"], "--log-level", "last in the list"),
+        (
+            ["--log-level", "--disable-radix-cache"],
+            "--log-level",
+            "followed by '--disable-radix-cache'",
+        ),
+        (["--cuda-graph-bs-decode"], "--cuda-graph-bs-decode", "last in the list"),  # nargs "+"
+    ],
+)
 def test_flag_without_its_value_is_refused(extra, flag, after):
     msg = _launch_error(_cfg(*extra))
     assert msg.startswith("EXTRA_ARG_NO_VALUE: ") and f"serve.extra_args {extra[0]!r}" in msg
@@ -144,8 +172,10 @@ def test_flag_without_its_value_is_refused(extra, flag, after):
 def test_value_flag_followed_by_another_flag_reports_both():
     problems = extra_args_problems(["--mem-fraction-static", "--port", "1"])
     assert [c for c, _ in problems] == ["EXTRA_ARG_NO_VALUE", "EXTRA_ARG_OWNED", "EXTRA_ARG_OWNED"]
-    assert "'--mem-fraction-static': --mem-fraction-static takes one value, got none (followed by "\
-           "'--port')" in problems[0][1]
+    assert (
+        "'--mem-fraction-static': --mem-fraction-static takes one value, got none (followed by "
+        "'--port')" in problems[0][1]
+    )
     assert "got --port" in problems[2][1]
     # a value-taking flag the launcher does not own, followed by a flag: only the missing value
     ((code, msg),) = extra_args_problems(["--schedule-policy", "--port=1"], ["--port", "1"])[:1]
@@ -162,9 +192,12 @@ def test_stray_values_and_values_given_to_switches_are_refused():
 
 
 def test_well_formed_values_pass():
-    ok = [["--cuda-graph-bs-decode", "1", "2", "4", "--log-level", "debug"],
-          ["--gc-threshold", "-1", "--log-level=info"],  # a negative number is a value
-          ["--model-checksum", "--disable-radix-cache"],  # an optional value may be left out
-          ["--lora-target-modules", "--log-level", "info"], ["--log-level=debug"]]
+    ok = [
+        ["--cuda-graph-bs-decode", "1", "2", "4", "--log-level", "debug"],
+        ["--gc-threshold", "-1", "--log-level=info"],  # a negative number is a value
+        ["--model-checksum", "--disable-radix-cache"],  # an optional value may be left out
+        ["--lora-target-modules", "--log-level", "info"],
+        ["--log-level=debug"],
+    ]
     for extra in ok:
         assert extra_args_problems(extra) == [], extra

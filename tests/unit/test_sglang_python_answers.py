@@ -1,4 +1,5 @@
 """What the SGLang-environment probe says of interpreters that are not Pythons or never answer."""
+
 from __future__ import annotations
 
 import os

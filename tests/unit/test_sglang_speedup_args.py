@@ -46,24 +46,36 @@ def test_draft_without_weights_or_config_names_what_is_missing(tmp_path, capsys)
     assert parse(["--out", "/tmp/x.json", "--draft", str(ok)]).draft == str(ok)
 
 
-@pytest.mark.parametrize("raw, item", [("1,x", "'x'"), ("0", "'0'"), ("1,,4", "''"),
-                                       ("2.5", "'2.5'"), ("-1", "'-1'")])
+@pytest.mark.parametrize(
+    "raw, item", [("1,x", "'x'"), ("0", "'0'"), ("1,,4", "''"), ("2.5", "'2.5'"), ("-1", "'-1'")]
+)
 def test_concurrency_must_be_a_comma_list_of_positive_ints(capsys, raw, item):
     err = _error(capsys, "--shape", "smollm2", f"--concurrency={raw}")
     assert "--concurrency: expected a comma list of positive integers" in err
     assert f"got {raw!r} ({item} is not a positive integer)" in err
 
 
-@pytest.mark.parametrize("raw, what", [("plain,fast", "unknown ['fast']"), (",", "no mode"),
-                                       ("", "no mode")])
+@pytest.mark.parametrize(
+    "raw, what", [("plain,fast", "unknown ['fast']"), (",", "no mode"), ("", "no mode")]
+)
 def test_modes_must_name_known_modes(capsys, raw, what):
     err = _error(capsys, "--shape", "smollm2", f"--modes={raw}")
     assert "--modes: expected a comma list of plain, chain, tree" in err and what in err
 
 
 def test_good_arguments_parse_as_before(tmp_path):
-    a = parse(["--out", "/tmp/x.json", "--shape", "llama8b", "--modes", "plain, chain",
-               "--concurrency", "1,4,16"])
+    a = parse(
+        [
+            "--out",
+            "/tmp/x.json",
+            "--shape",
+            "llama8b",
+            "--modes",
+            "plain, chain",
+            "--concurrency",
+            "1,4,16",
+        ]
+    )
     assert a.modes == ["plain", "chain"] and a.concurrency == [1, 4, 16]
 
 
@@ -84,8 +96,9 @@ def test_a_missing_config_is_an_error_line_not_a_traceback(tmp_path, capsys):
     from lab.sglang_speedup import main
 
     missing = tmp_path / "nope.yaml"
-    assert main(["--out", str(tmp_path / "o.json"), "--modes", "plain", "--config",
-                 str(missing)]) == 2
+    assert (
+        main(["--out", str(tmp_path / "o.json"), "--modes", "plain", "--config", str(missing)]) == 2
+    )
     err = capsys.readouterr().err
     assert f"error: config file {missing}: not found" in err and "Traceback" not in err
 
@@ -105,22 +118,29 @@ def test_sglang_advice_is_per_release_not_make_sglang_env_for_every_version(tmp_
 
     other = next(v for v in RELEASES if v != VERSION)
     py = _fake_sglang_python(tmp_path, VERSION)
-    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"serve.sglang_python={py}",
-                                                     f"convert.engine_version={other}"])
+    cfg = load_config(
+        CONFIGS / "tiny-random.yaml",
+        [f"serve.sglang_python={py}", f"convert.engine_version={other}"],
+    )
     why = sglang_env_problem(cfg, ["plain", "tree", "reference-chain"])
-    assert why.startswith("serve.sglang_python (modes plain,tree): expected the Python of an "
-                          f"environment with sglang=={other}")
+    assert why.startswith(
+        "serve.sglang_python (modes plain,tree): expected the Python of an "
+        f"environment with sglang=={other}"
+    )
     assert f"got SGLang {VERSION} in {py}" in why
     assert f"pip install sglang=={other}" in why and "fix: make sglang-env" not in why
     if other == "0.5.16":
         assert "lab/gpu/sglang_kit.sh" in why
     assert sglang_env_problem(cfg, ["reference-plain"]) is None
-    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"serve.sglang_python={py}",
-                                                     f"convert.engine_version={VERSION}"])
+    cfg = load_config(
+        CONFIGS / "tiny-random.yaml",
+        [f"serve.sglang_python={py}", f"convert.engine_version={VERSION}"],
+    )
     assert sglang_env_problem(cfg, ["plain", "chain"]) is None
-    missing = load_config(CONFIGS / "tiny-random.yaml",
-                          [f"serve.sglang_python={tmp_path / 'none'}",
-                           f"convert.engine_version={VERSION}"])
+    missing = load_config(
+        CONFIGS / "tiny-random.yaml",
+        [f"serve.sglang_python={tmp_path / 'none'}", f"convert.engine_version={VERSION}"],
+    )
     why = sglang_env_problem(missing, ["chain"])
     assert f"got {tmp_path / 'none'} is not an executable file" in why
     assert "fix: make sglang-env" in why

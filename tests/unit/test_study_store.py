@@ -40,24 +40,30 @@ def test_the_store_goes_to_a_fresh_machine_and_its_sweep_run_goes_on(tmp_path):
     plan = {"data": {"as-is": []}, "schedules": {"c": ["train.epochs=1"]}, "points": []}
     copy = write_store_copy(work, out, sweep, plan)
     assert copy == out / "mlflow_store.tar.xz"
-    assert read_store_record(copy) == {"sweep_run_id": sweep, "work": str(work.resolve()),
-                                       "plan": {"data": plan["data"],
-                                                "schedules": plan["schedules"]}}
+    assert read_store_record(copy) == {
+        "sweep_run_id": sweep,
+        "work": str(work.resolve()),
+        "plan": {"data": plan["data"], "schedules": plan["schedules"]},
+    }
 
     import shutil
 
     shutil.rmtree(work)  # the next machine starts without it
     changed = {**plan, "schedules": {"c": ["train.epochs=2"], "new": []}}
-    with pytest.raises(ValueError, match=r"schedules.c was \['train.epochs=1'\] in the copy's "
-                                         r"plan, got \['train.epochs=2'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"schedules.c was \['train.epochs=1'\] in the copy's "
+        r"plan, got \['train.epochs=2'\]",
+    ):
         restore_store(copy, work, changed)
     assert not (work / "runs").exists()  # refused before anything is unpacked
     partial = restore_store(copy, work, {**plan, "schedules": {**plan["schedules"], "new": []}})
     assert partial["parent_run_id"] == sweep and partial["from"] == str(copy)
     assert partial["mlflow_uri"] == tracking.tracking_uri(cfg)
     client, _ = tracking.client_for(cfg)
-    assert [(m.step, m.value) for m in client.get_metric_history(point, "dev/acceptance_length")
-            ] == [(10, 1.75)]
+    assert [
+        (m.step, m.value) for m in client.get_metric_history(point, "dev/acceptance_length")
+    ] == [(10, 1.75)]
     assert list((work / "runs").rglob("sweep_table.md"))
     assert not list((work / "runs").rglob("*.safetensors"))  # records travel, weights do not
     assert not (work / "runs" / "study.json").exists()
@@ -78,8 +84,10 @@ def test_no_store_or_no_sweep_run_no_copy(tmp_path, capsys):
     (out / "mlflow_store.tar.xz").write_bytes(b"an earlier call's copy")
     assert write_store_copy(tmp_path / "work", out, None) is None  # could not be continued
     assert (out / "mlflow_store.tar.xz").read_bytes() == b"an earlier call's copy"
-    assert (f"store copy: not written (no sweep run recorded in {tmp_path / 'work'}); "
-            f"{out / 'mlflow_store.tar.xz'} is an earlier call's") in capsys.readouterr().out
+    assert (
+        f"store copy: not written (no sweep run recorded in {tmp_path / 'work'}); "
+        f"{out / 'mlflow_store.tar.xz'} is an earlier call's"
+    ) in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind", ["text", "cut", "no-record", "not-sqlite"])
@@ -102,9 +110,23 @@ def test_a_file_that_is_not_a_store_copy_is_refused_before_any_stage(tmp_path, k
                 tar.addfile(info, io.BytesIO(data))
         data = lzma.compress(buf.getvalue())
         bad.write_bytes(data[:30] if kind == "cut" else data)
-    r = subprocess.run([sys.executable, "lab/gpu_study.py", "--tiny", "--device", "cpu",
-                        "--work", str(tmp_path / "w"), "--store-from", str(bad)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "lab/gpu_study.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--work",
+            str(tmp_path / "w"),
+            "--store-from",
+            str(bad),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"--store-from {bad}: expected" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "w").exists()
@@ -123,8 +145,12 @@ def test_the_rebuild_command_trains_the_point_into_its_own_run_folder(tmp_path):
     plan = REPO / "lab" / "plans" / "study-at-scale-tiny.json"
     a = parse_args(["--tiny", "--device", "cpu", "--plan", str(plan)])
     base = base_overrides(a, tmp_path, None, tmp_path / "pool.jsonl")
-    row = {"point": "regenerated-n6-cosine-s-n6", "data": "regenerated", "data_size": 6,
-           "schedule": "cosine-s-n6"}
+    row = {
+        "point": "regenerated-n6-cosine-s-n6",
+        "data": "regenerated",
+        "data_size": 6,
+        "schedule": "cosine-s-n6",
+    }
     words = shlex.split(rebuild_command(a, base, {"path": "/x/regen.jsonl"}, row))
     assert words[:3] == ["eagle3", "run", str(CONFIGS / "tiny-random.yaml")]
     assert words[3::2] == ["-o"] * (len(words[3:]) // 2)
@@ -135,8 +161,9 @@ def test_the_rebuild_command_trains_the_point_into_its_own_run_folder(tmp_path):
     assert (cfg.train.schedule, cfg.train.epochs, cfg.train.max_steps) == ("epochs", 4.0, 12)
 
 
-def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(tmp_path, monkeypatch,
-                                                                          capsys):
+def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(
+    tmp_path, monkeypatch, capsys
+):
     import lab.gpu_study as G
     from lab import study_inputs
     from lab.study_inputs import write_store_copy
@@ -163,6 +190,7 @@ def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(tmp_pa
     assert G.main([*argv, "--store-copy"]) == 1 and swept == []
     assert not (tmp_path / "work" / "mlflow_store.tar.xz").exists()  # no copy of nothing
 
+
 def test_a_copy_with_an_escaping_member_leaves_nothing_unpacked(tmp_path):
     import io
     import tarfile
@@ -172,10 +200,12 @@ def test_a_copy_with_an_escaping_member_leaves_nothing_unpacked(tmp_path):
     work = tmp_path / "work"
     bad = tmp_path / "mlflow_store.tar.xz"
     with tarfile.open(bad, "w:xz") as tar:
-        for name, data in (("mlflow.db", b"SQLite format 3\x00"), ("mlartifacts/a.txt", b"a"),
-                           ("../../escape.txt", b"x"),
-                           ("study.json", json.dumps({"sweep_run_id": "S",
-                                                      "work": str(work.resolve())}).encode())):
+        for name, data in (
+            ("mlflow.db", b"SQLite format 3\x00"),
+            ("mlartifacts/a.txt", b"a"),
+            ("../../escape.txt", b"x"),
+            ("study.json", json.dumps({"sweep_run_id": "S", "work": str(work.resolve())}).encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

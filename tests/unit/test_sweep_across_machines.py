@@ -21,9 +21,15 @@ def _store(tmp_path):
 def _child(client, exp, parent, stage, cached, metrics=()):
     from tasks.tracking import PARENT_TAG
 
-    run = client.create_run(exp, tags={PARENT_TAG: parent, "eagle3.stage": stage,
-                                       "eagle3.variant": "trained",
-                                       "eagle3.cached": "true" if cached else "false"})
+    run = client.create_run(
+        exp,
+        tags={
+            PARENT_TAG: parent,
+            "eagle3.stage": stage,
+            "eagle3.variant": "trained",
+            "eagle3.cached": "true" if cached else "false",
+        },
+    )
     for step, value in metrics:
         client.log_metric(run.info.run_id, "dev/acceptance_length", value, step=step)
     client.set_terminated(run.info.run_id)
@@ -50,12 +56,17 @@ def test_training_curves_fall_back_to_the_history_when_the_folder_is_gone(tmp_pa
 
     here = tmp_path / "here" / "train"
     here.mkdir(parents=True)
-    here.joinpath("metrics.jsonl").write_text("".join(
-        json.dumps({"kind": "eval", "step": s, "val/simulated_acceptance_length": v}) + "\n"
-        for s, v in CURVE))
-    rows = [{"point": "here", "run_dir": str(tmp_path / "here"), "run_id": "a"},
-            {"point": "elsewhere", "run_dir": str(tmp_path / "gone"), "run_id": "b"},
-            {"point": "nowhere", "run_dir": str(tmp_path / "gone"), "run_id": "c"}]
+    here.joinpath("metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"kind": "eval", "step": s, "val/simulated_acceptance_length": v}) + "\n"
+            for s, v in CURVE
+        )
+    )
+    rows = [
+        {"point": "here", "run_dir": str(tmp_path / "here"), "run_id": "a"},
+        {"point": "elsewhere", "run_dir": str(tmp_path / "gone"), "run_id": "b"},
+        {"point": "nowhere", "run_dir": str(tmp_path / "gone"), "run_id": "c"},
+    ]
     asked = []
 
     def history(row, key):
@@ -65,7 +76,8 @@ def test_training_curves_fall_back_to_the_history_when_the_folder_is_gone(tmp_pa
     curves = training_curves(rows, history)
     assert [(c["label"], c["kind"], c["steps"], c["acceptance"]) for c in curves] == [
         ("here", "simulated", [10, 20, 30], [1.5, 1.75, 1.7]),
-        ("elsewhere", "measured", [10, 20, 30], [1.5, 1.75, 1.7])]
+        ("elsewhere", "measured", [10, 20, 30], [1.5, 1.75, 1.7]),
+    ]
     assert ("here", "dev/acceptance_length") not in asked  # the file on disk comes first
     assert ("nowhere", "val/simulated_acceptance_length") in asked
     assert training_curves(rows) == curves[:1]  # without a history, only what is on disk
@@ -81,14 +93,17 @@ def test_a_point_whose_draft_is_elsewhere_is_named_not_skipped(tmp_path):
     serving.joinpath("manifest.json").write_text("{}")
     runs = {}
     for key, run_dir in (("here", tmp_path / "here"), ("gone", tmp_path / "gone")):
-        run = client.create_run(exp, tags={SWEEP_TAG: "S", "eagle3.sweep.point": key,
-                                           "eagle3.run_dir": str(run_dir)})
+        run = client.create_run(
+            exp, tags={SWEEP_TAG: "S", "eagle3.sweep.point": key, "eagle3.run_dir": str(run_dir)}
+        )
         client.set_terminated(run.info.run_id)
         runs[key] = run.info.run_id
     todo, missing = points_to_evaluate(cfg, "S", ["mtbench2"])
     assert todo == {"here": (runs["here"], serving)}
-    assert missing == {"gone": f"its serving checkpoint {tmp_path / 'gone' / 'serving'}"
-                               "/manifest.json is not on this machine"}
+    assert missing == {
+        "gone": f"its serving checkpoint {tmp_path / 'gone' / 'serving'}"
+        "/manifest.json is not on this machine"
+    }
     client.log_metric(runs["gone"], "offline.mtbench2.acceptance_length", 2.0)
     assert points_to_evaluate(cfg, "S", ["mtbench2"]) == (todo, {})  # evaluated earlier: done
 
@@ -99,10 +114,24 @@ def test_the_decision_names_the_points_left_out(tmp_path):
     why = "its serving checkpoint /x/serving/manifest.json is not on this machine"
     cfg, client, exp = _store(tmp_path)
     parent = client.create_run(exp).info.run_id
-    rows = [{"point": p, "run_dir": str(tmp_path / p), "run_id": None, "data": "as-is",
-             "data_size": n, "schedule": "c", "served": 1.5 + n / 1000, "offline": None,
-             "offline_eval": None, "simulated": None, "unique_tokens": n * 100,
-             "epochs_over_data": 1.0, "optimizer_steps": 10} for p, n in (("a", 100), ("b", 200))]
+    rows = [
+        {
+            "point": p,
+            "run_dir": str(tmp_path / p),
+            "run_id": None,
+            "data": "as-is",
+            "data_size": n,
+            "schedule": "c",
+            "served": 1.5 + n / 1000,
+            "offline": None,
+            "offline_eval": None,
+            "simulated": None,
+            "unique_tokens": n * 100,
+            "epochs_over_data": 1.0,
+            "optimizer_steps": 10,
+        }
+        for p, n in (("a", 100), ("b", 200))
+    ]
     decision = decide_and_plot(cfg, parent, rows, None, [], {"b": why})
     text = "\n".join(decision.reasons)
     assert f"b is not evaluated offline: {why}" in text

@@ -1,4 +1,5 @@
-"""The sweep's per-call deadline: no point starts after it, except the first of a call (flows/sweep._run_points)."""
+"""The sweep's per-call deadline: no point starts after it, except the first of a call
+(flows/sweep._run_points)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ class _Pipeline:
     def with_options(self, flow_run_name):
         def run(**kw):
             self.started.append(flow_run_name)
-            return SimpleNamespace(is_completed=lambda: True, result=lambda: {"point": flow_run_name})
+            return SimpleNamespace(
+                is_completed=lambda: True, result=lambda: {"point": flow_run_name}
+            )
+
         return run
 
 
@@ -23,13 +27,21 @@ def _run(monkeypatch, deadline, gave=None, tagged=None):
     pipe = _Pipeline()
     monkeypatch.setattr(S, "eagle3_pipeline", pipe)
     monkeypatch.setattr(S, "_point_overrides", lambda *a: [])
-    monkeypatch.setattr(S, "point_result", lambda summary, d, size, s: {
-        "point": S.point_key(d, size, s), "conversations": size if gave is None else gave})
+    monkeypatch.setattr(
+        S,
+        "point_result",
+        lambda summary, d, size, s: {
+            "point": S.point_key(d, size, s),
+            "conversations": size if gave is None else gave,
+        },
+    )
     monkeypatch.setattr(S, "tag_point", lambda cfg, parent, row: (tagged or []).append(row))
     cfg = SimpleNamespace(name="c", run_dir=lambda: __import__("pathlib").Path("/nonexistent"))
     todo = [["regenerated", 3000, "cosine-20ep"], ["regenerated", 3000, "cosine-10ep"]]
     scheds = {"cosine-20ep": [], "cosine-10ep": []}
-    res, failed, pending = S._run_points(cfg, "c.yaml", [], todo, scheds, {"regenerated": []}, "parent", deadline)
+    res, failed, pending = S._run_points(
+        cfg, "c.yaml", [], todo, scheds, {"regenerated": []}, "parent", deadline
+    )
     return pipe.started, [r["point"] for r in res], failed, pending
 
 
@@ -41,7 +53,10 @@ def test_first_point_of_a_call_starts_even_when_the_deadline_has_passed(monkeypa
 
 def test_every_point_runs_before_the_deadline(monkeypatch):
     started, done, _, pending = _run(monkeypatch, time.monotonic() + 600)
-    assert started == ["regenerated-n3000-cosine-20ep", "regenerated-n3000-cosine-10ep"] and pending == []
+    assert (
+        started == ["regenerated-n3000-cosine-20ep", "regenerated-n3000-cosine-10ep"]
+        and pending == []
+    )
 
 
 def test_a_point_whose_data_gave_fewer_conversations_than_its_size_is_failed(monkeypatch):
@@ -50,4 +65,5 @@ def test_a_point_whose_data_gave_fewer_conversations_than_its_size_is_failed(mon
     assert len(started) == 2 and done == [] and tagged == [] and pending == []
     assert failed["regenerated-n3000-cosine-20ep"] == (
         "DATA_SHORT: 3000 conversations asked, the data variant 'regenerated' gave 1200 (raise "
-        "the data or lower the point's size)")
+        "the data or lower the point's size)"
+    )

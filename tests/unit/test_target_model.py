@@ -2,8 +2,12 @@ import pytest
 import torch
 
 from eagle3.errors import ConfigError
-from eagle3.target_model import (capture_hidden_states, default_aux_layer_ids, load_target,
-                                 validate_aux_layer_ids)
+from eagle3.target_model import (
+    capture_hidden_states,
+    default_aux_layer_ids,
+    load_target,
+    validate_aux_layer_ids,
+)
 
 
 def test_default_rule_and_range_errors():
@@ -15,8 +19,12 @@ def test_default_rule_and_range_errors():
         validate_aux_layer_ids([2, 15, 31], 30)
     with pytest.raises(ConfigError, match="strictly increasing"):
         validate_aux_layer_ids([15, 2, 27], 30)
-    # L itself (the last layer's output) is stored anyway and no engine can capture it as an aux state
-    with pytest.raises(ConfigError, match=r"ids \[30\] out of range.*expected HF hidden_states indices in \[1, 29\]"):
+    # L itself (the last layer's output) is stored anyway and no engine can capture it as an aux
+    # state
+    with pytest.raises(
+        ConfigError,
+        match=r"ids \[30\] out of range.*expected HF hidden_states indices in \[1, 29\]",
+    ):
         validate_aux_layer_ids([2, 15, 30], 30)
     with pytest.raises(ConfigError, match=r"ids \[0\] out of range"):
         validate_aux_layer_ids([0, 15, 27], 30)

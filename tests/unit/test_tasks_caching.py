@@ -1,5 +1,5 @@
-"""Cache keys (tasks/caching.py), the transient-only retry condition, and the MLflow helpers (tasks/tracking.py)
-against a real local MLflow store."""
+"""Cache keys (tasks/caching.py), the transient-only retry condition, and the MLflow helpers
+(tasks/tracking.py) against a real local MLflow store."""
 
 from __future__ import annotations
 
@@ -31,13 +31,24 @@ def test_train_key_follows_train_settings_and_input_content(tmp_path):
     data = _stage_dir(tmp_path / "extract", "v1")
     cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
     key = caching.stage_key("train", cfg, tmp_path / "train", inputs={"data": data})
-    same = caching.stage_key("train", load_config(None, [f"paths.runs_dir={tmp_path}"]), tmp_path / "train",
-                             inputs={"data": data})
-    other_lr = caching.stage_key("train", load_config(None, [f"paths.runs_dir={tmp_path}", "train.lr=1e-2"]),
-                                 tmp_path / "train", inputs={"data": data})
+    same = caching.stage_key(
+        "train",
+        load_config(None, [f"paths.runs_dir={tmp_path}"]),
+        tmp_path / "train",
+        inputs={"data": data},
+    )
+    other_lr = caching.stage_key(
+        "train",
+        load_config(None, [f"paths.runs_dir={tmp_path}", "train.lr=1e-2"]),
+        tmp_path / "train",
+        inputs={"data": data},
+    )
     other_data_setting = caching.stage_key(
-        "train", load_config(None, [f"paths.runs_dir={tmp_path}", "data.num_conversations=7"]), tmp_path / "train",
-        inputs={"data": data})
+        "train",
+        load_config(None, [f"paths.runs_dir={tmp_path}", "data.num_conversations=7"]),
+        tmp_path / "train",
+        inputs={"data": data},
+    )
     assert key == same
     assert other_lr != key
     assert other_data_setting == key  # the train stage does not read the data section
@@ -59,22 +70,29 @@ def test_extract_key_follows_the_dataset_bytes_not_train_settings(tmp_path):
 def test_deploy_key_ignores_the_gate_minimum(tmp_path):
     serving = _stage_dir(tmp_path / "serving", "s")
     key = lambda *o: caching.stage_key(  # noqa: E731
-        "deploy-bench", load_config(None, [f"paths.runs_dir={tmp_path}", "serve.engine=reference", *o]),
-        tmp_path / "bench", inputs={"serving": serving})
+        "deploy-bench",
+        load_config(None, [f"paths.runs_dir={tmp_path}", "serve.engine=reference", *o]),
+        tmp_path / "bench",
+        inputs={"serving": serving},
+    )
     assert key() == key("bench.min_acceptance_length=3.5")
     assert key() != key("bench.num_prompts=3")
     assert key() != key("serve.speculative_num_steps=2", "serve.speculative_num_draft_tokens=3")
 
 
 def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
-    """The key hashes the import closure of the stage's entries (tasks/code_closure.py): every file in it, one
-    edit at a time in a copy of the library, changes that stage's code version — and nothing else's file does."""
+    """The key hashes the import closure of the stage's entries (tasks/code_closure.py): every file
+    in it, one edit at a time in a copy of the library, changes that stage's code version — and
+    nothing else's file does."""
     import shutil
 
     from tasks.code_closure import closure
 
-    shutil.copytree(caching.CODE_ROOT / "eagle3", tmp_path / "eagle3",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        caching.CODE_ROOT / "eagle3",
+        tmp_path / "eagle3",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     for stage in caching.STAGE_ENTRIES:
         before = caching.code_version(stage, tmp_path)
         files = closure(tmp_path, caching.STAGE_ENTRIES[stage])
@@ -83,25 +101,33 @@ def test_editing_any_module_a_stage_imports_changes_that_stage_key(tmp_path):
             text = f.read_bytes()
             f.write_bytes(text + b"\n# edited\n")
             try:
-                assert caching.code_version(stage, tmp_path) != before, f"{stage}: editing {name} left the key"
+                assert caching.code_version(stage, tmp_path) != before, (
+                    f"{stage}: editing {name} left the key"
+                )
             finally:
                 f.write_bytes(text)
         assert caching.code_version(stage, tmp_path) == before
         outside = sorted(set((tmp_path / "eagle3").rglob("*.py")) - set(files.values()))
         if outside:
             outside[0].write_bytes(outside[0].read_bytes() + b"\n# edited\n")
-            assert caching.code_version(stage, tmp_path) == before, f"{stage}: {outside[0]} is not in its closure"
+            assert caching.code_version(stage, tmp_path) == before, (
+                f"{stage}: {outside[0]} is not in its closure"
+            )
 
 
 def test_closures_hold_the_modules_the_old_hand_kept_lists_missed():
-    """The drift the hand-kept lists had: the convert key left out the validation checks and SGLang's loader
-    rules, the deploy key the acceptance figures and the engine's start and readiness."""
+    """The drift the hand-kept lists had: the convert key left out the validation checks and
+    SGLang's loader rules, the deploy key the acceptance figures and the engine's start and
+    readiness."""
     from tasks.code_closure import closure
 
     names = {s: set(closure(caching.CODE_ROOT, e)) for s, e in caching.STAGE_ENTRIES.items()}
     assert {"eagle3.convert.checks", "eagle3.engines.sglang.draft_load"} <= names["convert"]
-    assert {"eagle3.measure.acceptance", "eagle3.serve.launcher",
-            "eagle3.serve.readiness"} <= names["deploy-bench"]
+    assert {
+        "eagle3.measure.acceptance",
+        "eagle3.serve.launcher",
+        "eagle3.serve.readiness",
+    } <= names["deploy-bench"]
     # the reference engine is named by its version and a digest of its files, not by a module path
     assert not any(n.startswith("refengine") for s in names.values() for n in s)
     assert any(n.startswith("eagle3/engines/sglang/plugin:") for n in names["extract"])
@@ -115,7 +141,9 @@ def test_deploy_key_names_the_engine_by_its_version(tmp_path):
     from eagle3.engines.sglang.profile import VERSION
 
     ref = tmp_path / "refengine"
-    shutil.copytree(caching.CODE_ROOT / "refengine", ref, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        caching.CODE_ROOT / "refengine", ref, ignore=shutil.ignore_patterns("__pycache__")
+    )
     init = ref / "__init__.py"
     text = init.read_text()
     assert "__version__" in text, init
@@ -130,15 +158,21 @@ def test_deploy_key_names_the_engine_by_its_version(tmp_path):
     assert caching.reference_engine_identity(tmp_path / "nothing") == "refengine absent"
     cfg = lambda e: load_config(None, [f"paths.runs_dir={tmp_path}", f"serve.engine={e}"])  # noqa: E731
     assert caching.engine_identity(cfg("sglang")) == f"sglang {VERSION}"
-    older = load_config(None, [f"paths.runs_dir={tmp_path}", "serve.engine=sglang",
-                               "convert.engine_version=0.5.16"])
+    older = load_config(
+        None, [f"paths.runs_dir={tmp_path}", "serve.engine=sglang", "convert.engine_version=0.5.16"]
+    )
     assert caching.engine_identity(older) == "sglang 0.5.16"  # the configured release
     assert caching.engine_identity(cfg("reference")) == caching.reference_engine_identity(
-        caching.CODE_ROOT / "refengine")
+        caching.CODE_ROOT / "refengine"
+    )
     loaded = "refengine" in sys.modules
     serving = _stage_dir(tmp_path / "serving", "s")
-    keys = {e: caching.stage_key("deploy-bench", cfg(e), tmp_path / "bench", inputs={"serving": serving})
-            for e in ("sglang", "reference")}
+    keys = {
+        e: caching.stage_key(
+            "deploy-bench", cfg(e), tmp_path / "bench", inputs={"serving": serving}
+        )
+        for e in ("sglang", "reference")
+    }
     assert keys["sglang"] != keys["reference"]
     assert ("refengine" in sys.modules) == loaded  # located and read, never imported
 
@@ -159,6 +193,7 @@ def test_closure_follows_lazy_and_relative_imports(tmp_path):
     with pytest.raises(FileNotFoundError, match="eagle3.sub.nope"):
         closure(tmp_path, ["eagle3.sub.nope"])
 
+
 def test_missing_input_manifest_is_a_named_error(tmp_path):
     cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
     with pytest.raises(DataError, match="manifest"):
@@ -174,7 +209,9 @@ def test_output_matches_detects_a_rebuilt_output(tmp_path):
     _stage_dir(d, "b")
     assert not caching.output_matches(result)
     assert not caching.output_matches(StageResult("extract", tmp_path / "gone", "x", "r"))
-    assert not caching.output_matches({"dir": str(d), "content_hash": read_manifest(d)["content_hash"]})  # an old-style dict
+    assert not caching.output_matches(
+        {"dir": str(d), "content_hash": read_manifest(d)["content_hash"]}
+    )  # an old-style dict
 
 
 def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_intact(tmp_path):
@@ -188,18 +225,28 @@ def test_output_matches_detects_a_deleted_or_truncated_file_with_the_manifest_in
     write_manifest(d, "hidden_states", exclude=("manifest.json", ".progress"))
     result = StageResult("extract", d, read_manifest(d)["content_hash"], "r")
     files = read_manifest(d)["files"]
-    assert (files["count"], files["bytes"], files["exclude"]) == (3, 303, [".progress", "manifest.json"])
+    assert (files["count"], files["bytes"], files["exclude"]) == (
+        3,
+        303,
+        [".progress", "manifest.json"],
+    )
     (d / ".progress" / "note.json").write_text("{}")  # excluded folders may change
     assert caching.output_matches(result)
     (d / "hidden_states" / "hs_1.safetensors").unlink()
     assert not caching.output_matches(result)
-    assert output_intact(d) == (False, f"{d / 'manifest.json'}: 'files' expected 3 files of 303 bytes, found 2 "
-                                       f"files of 202 bytes")
+    assert output_intact(d) == (
+        False,
+        f"{d / 'manifest.json'}: 'files' expected 3 files of 303 bytes, found 2 files of 202 bytes",
+    )
     (d / "hidden_states" / "hs_1.safetensors").write_bytes(bytes(50))  # back, but truncated
     assert not caching.output_matches(result)
-    (d / "hidden_states" / "hs_1.safetensors").write_bytes(bytes(101))  # the right bytes again: intact
+    (d / "hidden_states" / "hs_1.safetensors").write_bytes(
+        bytes(101)
+    )  # the right bytes again: intact
     assert caching.output_matches(result)
-    (d / "hidden_states" / "hs_2.safetensors").write_bytes(b"\x01" * 102)  # same size, other content
+    (d / "hidden_states" / "hs_2.safetensors").write_bytes(
+        b"\x01" * 102
+    )  # same size, other content
     ok, why = output_intact(d)
     assert not ok and "'content_hash' expected" in why and not caching.output_matches(result)
 
@@ -217,7 +264,9 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
 
     cfg = load_config(None, [f"paths.runs_dir={tmp_path}", "serve.env.HF_TOKEN=hf_secret_value"])
     parent = tracking.start_pipeline_run(cfg, flow_run_id="flow-123", flow_name="t")
-    assert tracking.start_pipeline_run(cfg, flow_run_id="flow-123", flow_name="t") == parent  # retry → reuse
+    assert (
+        tracking.start_pipeline_run(cfg, flow_run_id="flow-123", flow_name="t") == parent
+    )  # retry → reuse
     assert tracking.start_pipeline_run(cfg, flow_run_id="flow-456", flow_name="t") != parent
     with tracking.stage_run(cfg, parent, "train") as sr:
         sr.on_metrics({"train/loss": 2.5, "train/acc_0": 0.25}, 1)
@@ -225,16 +274,29 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
     with pytest.raises(DataError):
         with tracking.stage_run(cfg, parent, "convert") as sr:
             raise DataError("boom")
-    tracking.record_cached_stage(cfg, parent, "extract", "trained",
-                                 StageResult("extract", Path("/x"), "h", "producer", {"n": 3}))
-    tracking.log_parent_metrics(cfg, parent, {"acceptance_length": 1.5, "acceptance_length_untrained": None})
+    tracking.record_cached_stage(
+        cfg,
+        parent,
+        "extract",
+        "trained",
+        StageResult("extract", Path("/x"), "h", "producer", {"n": 3}),
+    )
+    tracking.log_parent_metrics(
+        cfg, parent, {"acceptance_length": 1.5, "acceptance_length_untrained": None}
+    )
     tracking.finish_run(cfg, parent)
     s = tracking.summarize_run(parent, cfg.mlflow_uri())
     assert s["status"] == "FINISHED" and s["flow_run_id"] == "flow-123"
     assert [(x["stage"], x["status"], x["cached"]) for x in s["stages"]] == [
-        ("train", "FINISHED", False), ("convert", "FAILED", False), ("extract", "FINISHED", True)]
+        ("train", "FINISHED", False),
+        ("convert", "FAILED", False),
+        ("extract", "FINISHED", True),
+    ]
     assert s["stages"][2]["produced_by"] == "producer" and s["stages"][2]["metrics"] == {"n": 3.0}
-    assert tracking.metric_history(s["stages"][0]["run_id"], "train/loss", cfg.mlflow_uri()) == [(1, 2.5), (2, 2.0)]
+    assert tracking.metric_history(s["stages"][0]["run_id"], "train/loss", cfg.mlflow_uri()) == [
+        (1, 2.5),
+        (2, 2.0),
+    ]
     assert s["metrics"] == {"acceptance_length": 1.5}
     from mlflow import MlflowClient
 
@@ -244,17 +306,23 @@ def test_tracking_parent_reuse_nested_runs_and_redaction(tmp_path):
 
 
 def test_mlflow_failing_while_a_stage_fails_does_not_hide_the_stage_error(tmp_path, monkeypatch):
-    """A full disk also breaks MLflow's SQLite store: the stage's DataError must stay the error raised (not a
-    TransientError from MLflow, which would be retried as if the disk could heal)."""
+    """A full disk also breaks MLflow's SQLite store: the stage's DataError must stay the error
+    raised (not a TransientError from MLflow, which would be retried as if the disk could heal)."""
     from eagle3.errors import TransientError
     from tasks import tracking
 
     cfg = load_config(None, [f"paths.runs_dir={tmp_path}"])
     with pytest.raises(DataError, match="No space left") as info:
         with tracking.stage_run(cfg, "0" * 32, "extract") as sr:
+
             def broken(*a, **k):
-                raise TransientError("MLflow tracking server: (sqlite3.OperationalError) database or disk is full")
+                raise TransientError(
+                    "MLflow tracking server: (sqlite3.OperationalError) database or disk is full"
+                )
+
             monkeypatch.setattr(tracking, "finish_run", broken)
-            raise DataError("hs_3.safetensors: could not write hidden states (No space left on device)")
+            raise DataError(
+                "hs_3.safetensors: could not write hidden states (No space left on device)"
+            )
     assert sr.run_id
     assert any("database or disk is full" in n for n in info.value.__notes__)

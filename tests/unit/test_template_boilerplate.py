@@ -32,9 +32,11 @@ QWEN3_LIKE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
-CHATML = QWEN3_LIKE.replace("{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{{- m.content",
-                            "{%- endif %}{{- m.content")
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+CHATML = QWEN3_LIKE.replace(
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{{- m.content", "{%- endif %}{{- m.content"
+)
 
 
 def _tokenizer(template: str):
@@ -64,8 +66,7 @@ def _supervised(tok, sample) -> list[str]:
 
 
 TURN = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
-MULTI = TURN + [{"role": "user", "content": "Another?"},
-                {"role": "assistant", "content": "Green."}]
+MULTI = TURN + [{"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Green."}]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": True}, {"enable_thinking": False}])
@@ -88,8 +89,9 @@ def test_template_without_boilerplate_keeps_its_mask():
 def test_reasoning_the_assistant_wrote_stays_supervised():
     tok = _tokenizer(CHATML)
     own = "<think>\nsky</think>\n\nBlue."
-    s = tokenize_conversation(tok, Conversation("c", [TURN[0], {"role": "assistant",
-                                                                "content": own}]), 512)
+    s = tokenize_conversation(
+        tok, Conversation("c", [TURN[0], {"role": "assistant", "content": own}]), 512
+    )
     assert _supervised(tok, s) == [own + "<|im_end|>"]
 
 
@@ -104,8 +106,15 @@ def _plan(tmp_path, monkeypatch, n_multi: int, n_single: int, *overrides: str):
     rows = [{"id": f"m{i}", "messages": MULTI} for i in range(n_multi)]
     rows += [{"id": f"s{i}", "messages": TURN} for i in range(n_single)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = load_config(None, ["data.source=file", f"data.path={path}",
-                             f"data.num_conversations={n_multi + n_single}", *overrides])
+    cfg = load_config(
+        None,
+        [
+            "data.source=file",
+            f"data.path={path}",
+            f"data.num_conversations={n_multi + n_single}",
+            *overrides,
+        ],
+    )
     return build_plan(cfg, _tokenizer(QWEN3_LIKE)), path
 
 
@@ -126,8 +135,11 @@ def test_unstable_drop_is_counted_with_its_shares(tmp_path, monkeypatch, caplog)
 
 
 def test_unstable_drop_above_the_threshold_is_refused(tmp_path, monkeypatch):
-    with pytest.raises(DataError, match=r"^TEMPLATE_UNSTABLE: .*convs.jsonl: 3 of 10 conversations "
-                                        r"\(30.0%\).*data.max_unstable_template_share=0.05"):
+    with pytest.raises(
+        DataError,
+        match=r"^TEMPLATE_UNSTABLE: .*convs.jsonl: 3 of 10 conversations "
+        r"\(30.0%\).*data.max_unstable_template_share=0.05",
+    ):
         _plan(tmp_path, monkeypatch, 3, 7)
     plan, _ = _plan(tmp_path, monkeypatch, 3, 7, "data.max_unstable_template_share=0.5")
     assert plan.unstable["conversations"] == 3 and len(plan.ids) == 7
@@ -165,13 +177,24 @@ def test_extract_task_records_the_drop_as_mlflow_metrics_and_tag(tmp_path, monke
     def stage_run(*_a, **_k):
         yield Run()
 
-    unstable = {"conversations": 3, "tokens": 300, "share_conversations": 0.03,
-                "share_tokens": 0.06, "tried": 100, "tried_tokens": 5000, "threshold": 0.1}
+    unstable = {
+        "conversations": 3,
+        "tokens": 300,
+        "share_conversations": 0.03,
+        "share_tokens": 0.06,
+        "tried": 100,
+        "tried_tokens": 5000,
+        "threshold": 0.1,
+    }
     monkeypatch.setattr(task.tracking, "stage_run", stage_run)
-    monkeypatch.setattr(task, "extract_superseding", lambda cfg, out: {
-        "content_hash": "h", "counts": {}, "template_unstable": unstable})
+    monkeypatch.setattr(
+        task,
+        "extract_superseding",
+        lambda cfg, out: {"content_hash": "h", "counts": {}, "template_unstable": unstable},
+    )
     task.extract_task.fn(load_config(None, []), tmp_path, "parent")
     assert logged["metrics"]["template_unstable.conversations"] == 3.0
     assert logged["metrics"]["template_unstable.share_tokens"] == 0.06
-    assert logged["tags"]["eagle3.template_unstable"] == ("3 of 100 conversations, 6.0% of "
-                                                          "tokens dropped")
+    assert logged["tags"]["eagle3.template_unstable"] == (
+        "3 of 100 conversations, 6.0% of tokens dropped"
+    )

@@ -21,8 +21,10 @@ def _hidden_states(root, target: dict):
 
 def _datasets(cfg, run_id):
     client, _ = tracking.client_for(cfg)
-    return [(i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"])
-            for i in client.get_run(run_id).inputs.dataset_inputs]
+    return [
+        (i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"])
+        for i in client.get_run(run_id).inputs.dataset_inputs
+    ]
 
 
 def test_dataset_named_after_the_target(tiny_cfg, tmp_path):
@@ -32,7 +34,8 @@ def test_dataset_named_after_the_target(tiny_cfg, tmp_path):
     with tracking.stage_run(tiny_cfg, parent, "extract") as sr:
         sr.log_dataset(d, "extraction")
     assert _datasets(tiny_cfg, sr.run_id) == [("hidden-states-smollm2-135m-instruct", "extraction")]
-    # an older manifest without target.name: the folder's name, never a constant shared by every target
+    # an older manifest without target.name: the folder's name, never a constant shared by every
+    # target
     old = _hidden_states(tmp_path / "old", {"path": "/cache/models/tiny-random-llama"})
     with tracking.stage_run(tiny_cfg, parent, "train") as sr2:
         sr2.log_dataset(old, "training")

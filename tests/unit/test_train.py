@@ -1,4 +1,5 @@
-"""The training stage on the tiny-random target: skeleton outputs, the untrained baseline, bad inputs."""
+"""The training stage on the tiny-random target: skeleton outputs, the untrained baseline, bad
+inputs."""
 
 import json
 import shutil
@@ -14,7 +15,9 @@ from testkit.hs_fixture import build_hidden_states_dir, edit_manifest, tiny_trai
 
 @pytest.fixture(scope="module")
 def hs_dir(tmp_path_factory, tiny_target_dir):
-    return build_hidden_states_dir(tmp_path_factory.mktemp("hs") / "hs", tiny_target_dir, num_samples=14)
+    return build_hidden_states_dir(
+        tmp_path_factory.mktemp("hs") / "hs", tiny_target_dir, num_samples=14
+    )
 
 
 @pytest.fixture
@@ -28,13 +31,23 @@ def test_trains_and_writes_a_speculators_draft(hs_dir, tmp_path, tiny_target_dir
     out = tmp_path / "train"
     man = train(cfg, hs_dir, out, on_metrics=lambda m, s: seen.append((s, m)), progress=False)
     conf = json.loads((out / "config.json").read_text())
-    assert conf["speculators_model_type"] == "eagle3" and conf["architectures"] == ["Eagle3DraftModel"]
+    assert conf["speculators_model_type"] == "eagle3" and conf["architectures"] == [
+        "Eagle3DraftModel"
+    ]
     hs_man = json.loads((hs_dir / "manifest.json").read_text())
     assert conf["eagle_aux_hidden_state_layer_ids"] == hs_man["aux_layer_ids"]
     assert conf["norm_before_residual"] is False
     sd = load_file(out / "model.safetensors")
-    for name in ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
-                 "layers.0.self_attn.q_proj.weight", "layers.0.hidden_norm.weight"):
+    for name in (
+        "embed_tokens.weight",
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.hidden_norm.weight",
+    ):
         assert name in sd, name
     assert sd["d2t"].shape == (128,) and int(sd["t2d"].sum()) == 128
     assert man["kind"] == "draft_checkpoint" and man["optimizer_steps"] == 4
@@ -69,7 +82,9 @@ def test_untrained_baseline_has_no_optimizer_step(hs_dir, tmp_path, tiny_target_
     # same seed → the same random init of the trainable part as any run's step 0
     cfg2 = tiny_train_cfg(tmp_path / "runs", "train.max_steps=0")
     man2 = train(cfg2, hs_dir, tmp_path / "untrained2", progress=False)
-    assert torch.equal(sd["fc.weight"], load_file(tmp_path / "untrained2" / "model.safetensors")["fc.weight"])
+    assert torch.equal(
+        sd["fc.weight"], load_file(tmp_path / "untrained2" / "model.safetensors")["fc.weight"]
+    )
     assert man2["vocab_map_hash"] == man["vocab_map_hash"]
     assert man["metrics"]["final_eval"]["val/simulated_acceptance_length"] >= 1.0
 
@@ -98,7 +113,10 @@ def test_hidden_states_wider_than_target(hs_copy, tmp_path):
 
     for f in (hs_copy / "hidden_states").glob("hs_*.safetensors"):
         t = load_file(f)
-        save_file({"token_ids": t["token_ids"], "hidden_states": torch.cat([t["hidden_states"]] * 2, -1)}, f)
+        save_file(
+            {"token_ids": t["token_ids"], "hidden_states": torch.cat([t["hidden_states"]] * 2, -1)},
+            f,
+        )
     with pytest.raises(DataError, match=r"shape expected \[\d+, 4, 64\]"):
         train(tiny_train_cfg(tmp_path / "runs"), hs_copy, tmp_path / "t", progress=False)
 
@@ -119,7 +137,9 @@ def test_unwritable_output_dir(hs_dir, tmp_path):
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(hs_dir, tmp_path, monkeypatch):
     import eagle3.train.loop as loop
 
-    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=8", "train.checkpoint_every=2", "train.epochs=3")
+    cfg = tiny_train_cfg(
+        tmp_path / "runs", "train.max_steps=8", "train.checkpoint_every=2", "train.epochs=3"
+    )
     out = tmp_path / "t"
     real = loop.forward
 
@@ -135,21 +155,34 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(hs_dir, tmp_path, mo
 
 
 def test_keep_last_best_by_acceptance_and_bf16_autocast(hs_dir, tmp_path):
-    cfg = tiny_train_cfg(tmp_path / "runs", "train.max_steps=4", "train.eval_every=1", "train.keep_last=2",
-                         "train.precision=bf16-autocast", "train.lr=3e-3")
+    cfg = tiny_train_cfg(
+        tmp_path / "runs",
+        "train.max_steps=4",
+        "train.eval_every=1",
+        "train.keep_last=2",
+        "train.precision=bf16-autocast",
+        "train.lr=3e-3",
+    )
     out = tmp_path / "t"
     seen = []
     man = train(cfg, hs_dir, out, on_metrics=lambda m, s: seen.append((s, m)), progress=False)
-    assert sorted(p.name for p in (out / "state").glob("ckpt-*")) == ["ckpt-00000003", "ckpt-00000004"]
+    assert sorted(p.name for p in (out / "state").glob("ckpt-*")) == [
+        "ckpt-00000003",
+        "ckpt-00000004",
+    ]
     sims = {s: m["val/simulated_acceptance_length"] for s, m in seen if "val/loss" in m}
     assert sorted(sims) == [1, 2, 3, 4]
     best = max(sims, key=lambda s: (sims[s], -s))  # the first evaluation with the highest value
     assert man["best"]["step"] == best and man["exported"] == {"which": "best", "step": best}
     assert man["metrics"]["simulated_acceptance_length"] == pytest.approx(sims[best])
-    assert all(m["train/loss"] == m["train/loss"] for s, m in seen if "train/loss" in m)  # finite under bf16
+    assert all(
+        m["train/loss"] == m["train/loss"] for s, m in seen if "train/loss" in m
+    )  # finite under bf16
     if best != 4:  # the exported weights are the best evaluation's, not the last step's
-        assert torch.equal(load_file(out / "model.safetensors")["fc.weight"],
-                           load_file(out / "state" / "best" / "model.safetensors")["fc.weight"])
+        assert torch.equal(
+            load_file(out / "model.safetensors")["fc.weight"],
+            load_file(out / "state" / "best" / "model.safetensors")["fc.weight"],
+        )
 
 
 def test_init_from_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_path):
@@ -159,11 +192,27 @@ def test_init_from_another_vocab_map_is_refused_unless_allowed(hs_dir, tmp_path)
     freq = torch.load(other / "token_freq.pt")
     torch.save({**freq, **{t: 10_000 for t in range(1000, 1040)}}, other / "token_freq.pt")
     with pytest.raises(DataError, match="init_from.*another draft vocab map"):
-        train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=1", f"train.init_from={first}"), other,
-              tmp_path / "second", progress=False)
-    man = train(tiny_train_cfg(tmp_path / "runs", "train.max_steps=0", f"train.init_from={first}",
-                               "train.allow_vocab_map_change=true"), other, tmp_path / "second", progress=False)
-    a, b = load_file(first / "model.safetensors"), load_file(tmp_path / "second" / "model.safetensors")
+        train(
+            tiny_train_cfg(tmp_path / "runs", "train.max_steps=1", f"train.init_from={first}"),
+            other,
+            tmp_path / "second",
+            progress=False,
+        )
+    man = train(
+        tiny_train_cfg(
+            tmp_path / "runs",
+            "train.max_steps=0",
+            f"train.init_from={first}",
+            "train.allow_vocab_map_change=true",
+        ),
+        other,
+        tmp_path / "second",
+        progress=False,
+    )
+    a, b = (
+        load_file(first / "model.safetensors"),
+        load_file(tmp_path / "second" / "model.safetensors"),
+    )
     assert torch.equal(a["fc.weight"], b["fc.weight"])  # trained weights carried over
     assert not torch.equal(a["d2t"], b["d2t"]) and man["optimizer_steps"] == 0
 
@@ -190,34 +239,53 @@ def test_fp8_stored_samples_are_dequantized_with_their_scales(hs_copy, tiny_targ
 
 
 def test_loader_worker_processes_give_the_same_run_and_report_a_bad_file(hs_dir, hs_copy, tmp_path):
-    """train.loader_workers=2 (the CUDA default is 4) reads ahead in worker processes; the steps, losses and
-    weights are those of the in-process reader, and a file error still stops training with its path."""
+    """train.loader_workers=2 (the CUDA default is 4) reads ahead in worker processes; the steps,
+    losses and weights are those of the in-process reader, and a file error still stops training
+    with its path."""
     runs = {}
     for workers in (0, 2):
-        cfg = tiny_train_cfg(tmp_path / f"runs{workers}", "train.max_steps=5", "train.eval_every=5",
-                             f"train.loader_workers={workers}")
+        cfg = tiny_train_cfg(
+            tmp_path / f"runs{workers}",
+            "train.max_steps=5",
+            "train.eval_every=5",
+            f"train.loader_workers={workers}",
+        )
         out = tmp_path / f"train{workers}"
         train(cfg, hs_dir, out, progress=False)
-        runs[workers] = ([json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()],
-                         load_file(out / "model.safetensors"))
+        runs[workers] = (
+            [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()],
+            load_file(out / "model.safetensors"),
+        )
     (m0, w0), (m2, w2) = runs[0], runs[2]
-    assert [(x["step"], x.get("train/loss"), x.get("val/loss")) for x in m0] == \
-        [(x["step"], x.get("train/loss"), x.get("val/loss")) for x in m2]
+    assert [(x["step"], x.get("train/loss"), x.get("val/loss")) for x in m0] == [
+        (x["step"], x.get("train/loss"), x.get("val/loss")) for x in m2
+    ]
     assert all(torch.equal(w0[k], w2[k]) for k in w0)
     bad = hs_copy / "hidden_states" / "hs_3.safetensors"
     bad.write_bytes(bad.read_bytes()[:100])  # truncated
     cfg = tiny_train_cfg(tmp_path / "runs-bad", "train.max_steps=20", "train.loader_workers=2")
-    with pytest.raises(DataError, match=r"hs_3.safetensors: unreadable hidden-states file of sample 3 "
-                                        r"\(SafetensorError"):
+    with pytest.raises(
+        DataError,
+        match=r"hs_3.safetensors: unreadable hidden-states file of sample 3 "
+        r"\(SafetensorError",
+    ):
         train(cfg, hs_copy, tmp_path / "train-bad", progress=False)
 
 
-def test_batches_too_short_to_hold_any_loss_token_are_refused_before_training(tmp_path, tiny_target_dir):
-    """max_tokens_per_batch=16 cuts every sample (72-96 tokens, prompt = first quarter, >= 18 tokens) before its
-    first loss token: a loss of exactly 0 for the whole run used to pass silently and crash the decision step."""
-    hs = build_hidden_states_dir(tmp_path / "hs", tiny_target_dir, num_samples=6, min_len=72, max_len=96)
+def test_batches_too_short_to_hold_any_loss_token_are_refused_before_training(
+    tmp_path, tiny_target_dir
+):
+    """max_tokens_per_batch=16 cuts every sample (72-96 tokens, prompt = first quarter, >= 18
+    tokens) before its first loss token: a loss of exactly 0 for the whole run used to pass silently
+    and crash the decision step."""
+    hs = build_hidden_states_dir(
+        tmp_path / "hs", tiny_target_dir, num_samples=6, min_len=72, max_len=96
+    )
     cfg = tiny_train_cfg(tmp_path / "runs", "train.max_tokens_per_batch=16", "train.max_steps=2")
-    with pytest.raises(DataError, match=r"no loss-masked position within the first train.max_tokens_per_batch=16 "
-                                        r"positions of any of the 4 train samples"):
+    with pytest.raises(
+        DataError,
+        match=r"no loss-masked position within the first train.max_tokens_per_batch=16 "
+        r"positions of any of the 4 train samples",
+    ):
         train(cfg, hs, tmp_path / "t", progress=False)
     assert not (tmp_path / "t" / "model.safetensors").exists()

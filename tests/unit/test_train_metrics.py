@@ -53,8 +53,11 @@ def test_a_micro_batch_without_loss_positions_has_no_loss_to_average():
 def test_decide_reads_the_last_finite_train_loss():
     from eagle3.decide import history_from_metrics
 
-    rows = [{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": math.nan},
-            {"step": 2, "val/loss": 2.5}]
+    rows = [
+        {"step": 1, "train/loss": 2.0},
+        {"step": 2, "train/loss": math.nan},
+        {"step": 2, "val/loss": 2.5},
+    ]
     assert history_from_metrics(rows)["train_loss"] == [2.0]
 
 
@@ -73,19 +76,28 @@ def test_lr_schedules():
 def test_packing_keeps_documents_and_budget():
     batches = pack([5, 1, 7, 2], [40, 50, 30, 96], 96)
     assert batches == [[5, 1], [7], [2]]
-    s = [{"hidden_states": torch.zeros(n, 6), "verifier_last_hidden_states": torch.zeros(n, 2),
-          "input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
-          "position_ids": torch.arange(1, n + 1)} for n in (3, 2)]
+    s = [
+        {
+            "hidden_states": torch.zeros(n, 6),
+            "verifier_last_hidden_states": torch.zeros(n, 2),
+            "input_ids": torch.arange(n),
+            "loss_mask": torch.ones(n, dtype=torch.bool),
+            "position_ids": torch.arange(1, n + 1),
+        }
+        for n in (3, 2)
+    ]
     b = collate(s, torch.device("cpu"), torch.float32)
     assert b["document_ids"].tolist() == [[0, 0, 0, 1, 1]]
     assert b["position_ids"].tolist() == [[1, 2, 3, 1, 2]]
     assert b["hidden_states"].shape == (1, 5, 6)
 
 
-@pytest.mark.parametrize("with_mask,with_prev",
-                         [(True, True), (True, False), (False, True), (False, False)])
-def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(with_mask,
-                                                                               with_prev):
+@pytest.mark.parametrize(
+    "with_mask,with_prev", [(True, True), (True, False), (False, True), (False, False)]
+)
+def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(
+    with_mask, with_prev
+):
     """eagle3.train.metrics.accuracy_single_step: speculators' four counts and its in-place
     prev_correct update, without masked_select's data-dependent shape."""
     import torch

@@ -24,8 +24,14 @@ from eagle3.train.stage import train
 from tests.conftest import REPO
 
 CONFIG = REPO / "configs" / "tiny-random.yaml"
-BASE = ["data.num_conversations=12", "data.max_seq_len=64", "train.draft_vocab_size=32",
-        "train.max_tokens_per_batch=64", "train.epochs=2", "train.log_every=1"]
+BASE = [
+    "data.num_conversations=12",
+    "data.max_seq_len=64",
+    "train.draft_vocab_size=32",
+    "train.max_tokens_per_batch=64",
+    "train.epochs=2",
+    "train.log_every=1",
+]
 
 
 # extract.mode=cached: about 4 of the 11 train samples' states (64 tokens x 4 slots x 64 x float32)
@@ -34,8 +40,9 @@ WINDOW = ["extract.cache_max_gb=0.0003"]
 
 def _cfg(runs: Path, mode: str, *more: str):
     window = WINDOW if mode == "cached" else []
-    return load_config(CONFIG, [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}", *window,
-                                *more])
+    return load_config(
+        CONFIG, [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}", *window, *more]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +102,11 @@ def test_online_training_gives_the_offline_draft(extracted, tmp_path):
     assert fig["tokens_recomputed"] >= 2 * fig["tokens_per_epoch"] > 0
     assert fig["extract_tokens_per_s"] > 0
     steps = [json.loads(r) for r in (tmp_path / "on" / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["extract/tokens_per_s"] for r in steps
-             if r["kind"] == "train" and "extract/tokens_per_s" in r]
+    rates = [
+        r["extract/tokens_per_s"]
+        for r in steps
+        if r["kind"] == "train" and "extract/tokens_per_s" in r
+    ]
     assert rates and all(x > 0 for x in rates)
 
 
@@ -118,8 +128,14 @@ def _open_online(extracted):
 
     runs, on_dir, _ = extracted["online"]
     target = resolve_target(_cfg(runs, "online"))
-    return open_online(on_dir, target, read_target_config(target), max_tokens=64,
-                       device=torch.device("cpu"), warn=False)
+    return open_online(
+        on_dir,
+        target,
+        read_target_config(target),
+        max_tokens=64,
+        device=torch.device("cpu"),
+        warn=False,
+    )
 
 
 def test_counters_cover_the_whole_training_across_a_resume(extracted):
@@ -127,8 +143,7 @@ def test_counters_cover_the_whole_training_across_a_resume(extracted):
 
     data = _open_online(extracted)
     data.stats = OnlineStats(tokens=100, seconds=1.0, forwards=2)
-    assert data.take_window() == {"extract/tokens_recomputed": 100.0,
-                                  "extract/tokens_per_s": 100.0}
+    assert data.take_window() == {"extract/tokens_recomputed": 100.0, "extract/tokens_per_s": 100.0}
     data.stats.tokens, data.stats.seconds = 400, 2.0
     # the rate of the whole training, not of the last window (300 tokens in 1 s): the last one
     # logged is the manifest's
@@ -154,10 +169,18 @@ def test_window_hits_are_kept_across_a_resume(extracted, tmp_path):
 
     runs, cached_dir, _ = extracted["cached"]
     target = resolve_target(_cfg(runs, "cached"))
-    data = open_online(cached_dir, target, read_target_config(target), max_tokens=64,
-                       device=torch.device("cpu"), cache_dir=tmp_path / "win", warn=False)
-    data.restore({"online_tokens_recomputed": 50, "online_cache_hits": 3,
-                  "online_cache_hit_tokens": 99})
+    data = open_online(
+        cached_dir,
+        target,
+        read_target_config(target),
+        max_tokens=64,
+        device=torch.device("cpu"),
+        cache_dir=tmp_path / "win",
+        warn=False,
+    )
+    data.restore(
+        {"online_tokens_recomputed": 50, "online_cache_hits": 3, "online_cache_hit_tokens": 99}
+    )
     s = data.summary(None)
     assert (s["tokens_recomputed"], s["cache_hits"], s["cache_hit_tokens"]) == (50, 3, 99)
     info = data.checkpoint_info()
@@ -166,8 +189,11 @@ def test_window_hits_are_kept_across_a_resume(extracted, tmp_path):
 
 def test_read_ahead_groups_keep_order_and_bound_the_samples():
     batches = [[0], [1, 2], [3], [4, 5, 6, 7, 8], [9], [10]]
-    assert list(read_ahead_groups(batches, 4)) == [[[0], [1, 2], [3]], [[4, 5, 6, 7, 8]],
-                                                   [[9], [10]]]
+    assert list(read_ahead_groups(batches, 4)) == [
+        [[0], [1, 2], [3]],
+        [[4, 5, 6, 7, 8]],
+        [[9], [10]],
+    ]
     assert list(read_ahead_groups(batches, 0)) == [[b] for b in batches]
     assert list(read_ahead_groups([], 4)) == []
 
@@ -185,8 +211,9 @@ def test_offline_settings_keep_their_keys(tmp_path):
     assert "cache_max_gb" not in plain.model_dump(mode="json")["extract"]
     assert sections_hash(plain, "extract") == sections_hash(offline, "extract")
     assert sections_hash(online, "extract") != sections_hash(plain, "extract")
-    assert settings_digest(online, ("extract", "train")) != settings_digest(plain,
-                                                                            ("extract", "train"))
+    assert settings_digest(online, ("extract", "train")) != settings_digest(
+        plain, ("extract", "train")
+    )
 
 
 def test_a_changed_extract_setting_changes_what_keys_training(extracted, tmp_path):
@@ -195,15 +222,17 @@ def test_a_changed_extract_setting_changes_what_keys_training(extracted, tmp_pat
 
     runs, on_dir, on = extracted["online"]
     other_dir = tmp_path / "extract"
-    other = extract(_cfg(runs, "online", "extract.aux_layer_ids=[1,4,5]"), other_dir,
-                    progress=False)
+    other = extract(
+        _cfg(runs, "online", "extract.aux_layer_ids=[1,4,5]"), other_dir, progress=False
+    )
     # the same tokens, so data/ is byte-identical: online.json carries the setting
     assert content_hash(other_dir / "data") == content_hash(on_dir / "data")
     assert other["content_hash"] != on["content_hash"]
     cfg = _cfg(runs, "online")
     out = tmp_path / "train"
-    assert (caching.stage_key("train", cfg, out, inputs={"data": other_dir})
-            != caching.stage_key("train", cfg, out, inputs={"data": on_dir}))
+    assert caching.stage_key("train", cfg, out, inputs={"data": other_dir}) != caching.stage_key(
+        "train", cfg, out, inputs={"data": on_dir}
+    )
 
 
 def test_refusals(extracted, tmp_path):
@@ -246,8 +275,11 @@ def test_cached_window_recomputes_only_what_fell_out_of_it(extracted, tmp_path):
     _weights_close(tmp_path / "off", tmp_path / "cached", atol=1e-5)
     fig = got["online"]
     assert 0 < fig["cache_bytes"] <= fig["cache_max_bytes"] == 300_000
-    assert 0 < fig["cache_samples"] < len(json.loads((cached_dir / "manifest.json").read_text())
-                                          ["splits"]["train"])
+    assert (
+        0
+        < fig["cache_samples"]
+        < len(json.loads((cached_dir / "manifest.json").read_text())["splits"]["train"])
+    )
     # every token asked for was either read from the window or recomputed
     assert fig["cache_hit_tokens"] > 0
     assert fig["tokens_recomputed"] + fig["cache_hit_tokens"] == on["online"]["tokens_recomputed"]
@@ -260,16 +292,34 @@ def test_cached_window_recomputes_only_what_fell_out_of_it(extracted, tmp_path):
 def test_train_task_reports_the_online_figures(extracted, tmp_path):
     from tasks.train import online_metrics
 
-    assert online_metrics({"online": {"hidden_state_bytes_on_disk": 0, "tokens_recomputed": 10,
-                                      "offline_bytes_estimate": 99, "store_dtype": "float32",
-                                      "extract_tokens_per_s": 5.0, "cache_hits": 3}}) \
-        == {"hidden_state_bytes_on_disk": 0.0, "extract/tokens_recomputed": 10.0,
-            "offline_bytes_estimate": 99.0, "cache_hits": 3.0}
+    assert online_metrics(
+        {
+            "online": {
+                "hidden_state_bytes_on_disk": 0,
+                "tokens_recomputed": 10,
+                "offline_bytes_estimate": 99,
+                "store_dtype": "float32",
+                "extract_tokens_per_s": 5.0,
+                "cache_hits": 3,
+            }
+        }
+    ) == {
+        "hidden_state_bytes_on_disk": 0.0,
+        "extract/tokens_recomputed": 10.0,
+        "offline_bytes_estimate": 99.0,
+        "cache_hits": 3.0,
+    }
     assert online_metrics({"optimizer_steps": 3}) == {}
 
 
-RESUME = ["train.max_steps=14", "train.checkpoint_every=2", "train.eval_every=0",
-          "train.warmup_steps=3", "train.keep_last=2", "train.export=last"]
+RESUME = [
+    "train.max_steps=14",
+    "train.checkpoint_every=2",
+    "train.eval_every=0",
+    "train.warmup_steps=3",
+    "train.keep_last=2",
+    "train.export=last",
+]
 KILL_AT = 5
 
 CHILD = textwrap.dedent("""
@@ -299,12 +349,29 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     cut = tmp_path / "cut"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    ov = [f"paths.runs_dir={runs}", *BASE, f"extract.mode={mode}",
-          *(WINDOW if mode == "cached" else []), *RESUME]
-    proc = subprocess.Popen([sys.executable, str(script), str(torch.get_num_threads()),
-                             str(CONFIG), str(on_dir), str(cut), str(KILL_AT), *ov], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ov = [
+        f"paths.runs_dir={runs}",
+        *BASE,
+        f"extract.mode={mode}",
+        *(WINDOW if mode == "cached" else []),
+        *RESUME,
+    ]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            str(torch.get_num_threads()),
+            str(CONFIG),
+            str(on_dir),
+            str(cut),
+            str(KILL_AT),
+            *ov,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
     ckpts = sorted(p.name for p in (cut / "state").glob("ckpt-*"))
@@ -327,18 +394,39 @@ def test_sigkill_mid_online_run_then_resume_matches_uninterrupted(extracted, tmp
     if mode == "cached":
         assert resumed["online"]["cache_hit_tokens"] > 0
     # every token the training needed was computed or read from the window, counted once
-    needed = [r["online"]["tokens_recomputed"] + r["online"].get("cache_hit_tokens", 0)
-              for r in (ref, resumed)]
+    needed = [
+        r["online"]["tokens_recomputed"] + r["online"].get("cache_hit_tokens", 0)
+        for r in (ref, resumed)
+    ]
     assert needed[0] == needed[1]
 
 
 def test_lab_benchmark_writes_its_results(tmp_path):
     out = tmp_path / "r.json"
     ov = [x for o in BASE[:4] for x in ("-o", o)]
-    r = subprocess.run([sys.executable, "lab/online_vs_offline.py", str(CONFIG), "--epochs", "1",
-                        "--modes", "online", "--device", "cpu", "--work", str(tmp_path / "w"),
-                        "--out", str(out), *ov], cwd=REPO, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "lab/online_vs_offline.py",
+            str(CONFIG),
+            "--epochs",
+            "1",
+            "--modes",
+            "online",
+            "--device",
+            "cpu",
+            "--work",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+            *ov,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (case,) = json.loads(out.read_text())["cases"]
     assert case["mode"] == "online" and case["disk_bytes"]["hidden_states"] == 0

@@ -1,5 +1,6 @@
-"""The broken-checkpoint corpus: every file-checkable failure class is rejected with the right code and the
-key/field named; the good checkpoint passes with the target and the extraction manifest given."""
+"""The broken-checkpoint corpus: every file-checkable failure class is rejected with the right code
+and the key/field named; the good checkpoint passes with the target and the extraction manifest
+given."""
 
 from __future__ import annotations
 
@@ -38,18 +39,24 @@ def test_broken_case_rejected(corpus, name):
     case = corpus[2][name]
     problems = validate(case.path, target_dir=case.target_dir, data_manifest=case.data_manifest)
     hits = [p for p in problems if p.code == case.code and case.needle in p.message]
-    assert hits, f"{name}: expected {case.code} naming {case.needle!r}, got {[str(p) for p in problems]}"
+    assert hits, (
+        f"{name}: expected {case.code} naming {case.needle!r}, got {[str(p) for p in problems]}"
+    )
     assert all(str(p).startswith(f"{p.code}: ") for p in problems)
 
 
 def test_messages_name_both_values(corpus):
     cases = corpus[2]
-    msg = {c: " ".join(map(str, validate(cases[c].path, target_dir=cases[c].target_dir))) for c in
-           ("target_hidden_wrong", "short_context", "lm_head_rows")}
+    msg = {
+        c: " ".join(map(str, validate(cases[c].path, target_dir=cases[c].target_dir)))
+        for c in ("target_hidden_wrong", "short_context", "lm_head_rows")
+    }
     assert "expected the target's hidden_size 64" in msg["target_hidden_wrong"]
     assert "got 128" in msg["target_hidden_wrong"]
     assert ">= the target's 2048" in msg["short_context"] and "got 512" in msg["short_context"]
-    assert "expected shape [256, 64]" in msg["lm_head_rows"] and "got [200, 64]" in msg["lm_head_rows"]
+    assert (
+        "expected shape [256, 64]" in msg["lm_head_rows"] and "got [200, 64]" in msg["lm_head_rows"]
+    )
 
 
 def test_problem_str():

@@ -27,9 +27,15 @@ def _target(path, *, tied: bool, drop_lm_head: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    conf = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, num_key_value_heads=2, vocab_size=32,
-                       tie_word_embeddings=tied)
+    conf = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=32,
+        tie_word_embeddings=tied,
+    )
     LlamaForCausalLM(conf).save_pretrained(path)
     if drop_lm_head:  # an untied target whose LM head was lost on the way
         sd = load_file(path / "model.safetensors")
@@ -72,9 +78,9 @@ def test_untied_target_without_lm_head_is_refused(tmp_path, loguru_lines):
     assert "tie_word_embeddings is false" in msg and str(target) in msg
 
 
-def test_untied_target_with_its_lm_head_says_nothing_and_other_notices_pass(tmp_path,
-                                                                             loguru_lines,
-                                                                             caplog):
+def test_untied_target_with_its_lm_head_says_nothing_and_other_notices_pass(
+    tmp_path, loguru_lines, caplog
+):
     target = _target(tmp_path / "untied", tied=False)
     with caplog.at_level(logging.INFO, logger="eagle3.train.verifier_weights"):
         with verifier_notices(target) as seen:

@@ -2,7 +2,13 @@ import pytest
 import torch
 
 from eagle3.errors import ConfigError, DataError
-from eagle3.train.vocab import VocabMap, build_vocab_map, check_vocab_map, load_token_freq, vocab_map_hash
+from eagle3.train.vocab import (
+    VocabMap,
+    build_vocab_map,
+    check_vocab_map,
+    load_token_freq,
+    vocab_map_hash,
+)
 
 
 def _freq():

@@ -1,11 +1,12 @@
 """Pure-torch stand-in for ``vllm._custom_ops.rotary_embedding`` (test harness only).
 
-SGLang 0.5.23's ``RotaryEmbedding.__init__`` (``sglang/srt/layers/rotary_embedding/base.py``) picks vLLM's
-fused kernel on a platform that is neither CUDA, HIP nor its own CPU engine, and calls it as
-``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`` expecting the rotation to be
-applied **in place** to ``query`` and ``key``. The formula is the standard rotary embedding (Su et al.,
-RoFormer, 2021): for each head, ``x1' = x1*cos - x2*sin`` and ``x2' = x2*cos + x1*sin``, where NeoX style
-pairs the two halves of the rotary dims and GPT-J style pairs even/odd dims.
+SGLang 0.5.23's ``RotaryEmbedding.__init__`` (``sglang/srt/layers/rotary_embedding/base.py``) picks
+vLLM's fused kernel on a platform that is neither CUDA, HIP nor its own CPU engine, and calls it as
+``rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`` expecting the
+rotation to be applied **in place** to ``query`` and ``key``. The formula is the standard rotary
+embedding (Su et al., RoFormer, 2021): for each head, ``x1' = x1*cos - x2*sin`` and
+``x2' = x2*cos + x1*sin``, where NeoX style pairs the two halves of the rotary dims and GPT-J style
+pairs even/odd dims.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    """Rotate ``x [T, heads, rot_dim]`` with ``cos``/``sin`` ``[T, 1, rot_dim // 2]``; returns a new tensor."""
+    """Rotate ``x [T, heads, rot_dim]`` with ``cos``/``sin`` ``[T, 1, rot_dim // 2]``; returns a new
+    tensor."""
     if is_neox:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
