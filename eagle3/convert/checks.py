@@ -45,9 +45,8 @@ def check_content_hash(ck: Checkpoint, actual: str | None = None
     where = f"{ck.path}/{MANIFEST}"
     recorded = man.get("content_hash")
     if recorded is None:
-        return [], [Problem("CONTENT_UNCHECKED", f"{where}: expected a content_hash to compare "
-                            "the weights and config with, got none: their integrity is not "
-                            "checked")]
+        return [], [Problem("CONTENT_UNCHECKED", f"{where}: expected a content_hash to compare the "
+                            "weights and config with, got none: their integrity is not checked")]
     actual = source_content_hash(ck) if actual is None else actual
     if actual == recorded:
         return [], []
@@ -221,8 +220,7 @@ def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: in
     if t2d is None:
         return out
     if t2d.dim() != 1 or t2d.numel() != vocab:
-        return out + [bad(f"t2d: expected length vocab_size={vocab}, got shape "
-                          f"{list(t2d.shape)}")]
+        return out + [bad(f"t2d: expected length vocab_size={vocab}, got shape {list(t2d.shape)}")]
     n_true = int(t2d.to(torch.bool).sum())
     if n_true != draft_vocab:
         out.append(bad(f"t2d: sum expected draft_vocab_size={draft_vocab}, got {n_true}"))
@@ -309,10 +307,9 @@ def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                            f"len({key}) = {len(ids)}, got {n_cfg}"))
     if (fc is not None and fc.dim() == 2 and isinstance(t_hidden, int)
             and fc.shape[1] != len(ids) * t_hidden):
-        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {key}={ids}: expected "
-                           f"{len(ids)} aux ids x target hidden {t_hidden} = {len(ids) * t_hidden} "
-                           f"input columns, got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux "
-                           "states)"))
+        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {key}={ids}: expected {len(ids)} aux "
+                           f"ids x target hidden {t_hidden} = {len(ids) * t_hidden} input columns, "
+                           f"got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux states)"))
     hf = profile.engine_to_hf_ids(ids)
     n_layers = target.config.get("num_hidden_layers") if target is not None else None
     bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []

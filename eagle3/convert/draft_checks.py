@@ -185,10 +185,9 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
                                f"true or false (a JSON boolean), got {use!r} (a "
                                f"{type(use).__name__}) with {prefix}sliding_window={window!r}; "
                                "transformers takes any truthy value as true (the string 'false' "
-                               "included) and the LlamaForCausalLMEagle3 of "
-                               f"{SGLANG_RELEASES} reads neither key, so the draft would be "
-                               "served with full attention: write false if it was trained "
-                               "without a window"))
+                               f"included) and the LlamaForCausalLMEagle3 of {SGLANG_RELEASES} "
+                               "reads neither key, so the draft would be served with full "
+                               "attention: write false if it was trained without a window"))
         bad_window = window is not None and not (_number(window) and isinstance(window, int)
                                                  and window > 0)
         if use is True and bad_window:

@@ -325,8 +325,7 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
             version: str | None = None, data_manifest: dict | None = None,
-            aux_capture: bool = True, log_warnings: bool = True,
-            data: Path | None = None) -> dict:
+            aux_capture: bool = True, log_warnings: bool = True, data: Path | None = None) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind

@@ -96,9 +96,8 @@ def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int
         return (f"read as offsets, i + d2t[i] reaches {int(targets.max())} >= vocab_size "
                 f"{vocab_size}; read as target ids, d2t is {n} distinct ids in [0, {vocab_size})")
     if int(targets.unique().numel()) != n:
-        return (f"read as offsets, {n - int(targets.unique().numel())} draft ids share a target "
-                f"id i + d2t[i]; read as target ids, d2t is {n} distinct ids in "
-                f"[0, {vocab_size})")
+        return (f"read as offsets, {n - int(targets.unique().numel())} draft ids share a target id "
+                f"i + d2t[i]; read as target ids, d2t is {n} distinct ids in [0, {vocab_size})")
     steps = a[1:] - a[:-1]
     if not bool((steps > 0).all()):
         return None  # unsorted: a valid offset map under the engine's reading; undecidable here
@@ -117,10 +116,9 @@ def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int
     if adjacent >= TWO_APART_MIN:
         return (f"read as offsets, no two of the {n} draft ids sit on adjacent target ids while "
                 f"{adjacent} neighbours sit exactly 2 apart (chance at most 2^-{adjacent} = "
-                f"{0.5 ** adjacent:.1g} for a vocabulary chosen from text, where adjacent ids "
-                f"are at least as common as ids 2 apart); read as target ids, d2t is {n} "
-                f"distinct ids in [{int(a.min())}, {int(a.max())}] with {adjacent} adjacent "
-                "pairs")
+                f"{0.5 ** adjacent:.1g} for a vocabulary chosen from text, where adjacent ids are "
+                f"at least as common as ids 2 apart); read as target ids, d2t is {n} distinct ids "
+                f"in [{int(a.min())}, {int(a.max())}] with {adjacent} adjacent pairs")
     return None
 
 

@@ -25,8 +25,7 @@ import torch
 from eagle3.errors import DataError
 from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
 from eagle3.measure.offline import offline_row, offline_summary
-from eagle3.measure.replay import (Request, check_lengths, greedy_continuations,
-                                   replay_requests)
+from eagle3.measure.replay import Request, check_lengths, greedy_continuations, replay_requests
 
 log = logging.getLogger(__name__)
 
