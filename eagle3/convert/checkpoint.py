@@ -1,7 +1,5 @@
-"""A draft folder read into memory for the checks: :class:`Checkpoint` (config, tensors, manifest),
-:class:`Target` (the target's config, lazily its embedding), :class:`Problem` (``CODE: message``).
-Only unreadable input raises (DataError naming the file); a tensor stated in two weight files is
-a ``DUPLICATE_TENSOR`` problem of the checkpoint (:attr:`Checkpoint.problems`)."""
+"""A draft folder read into memory for the checks: :class:`Checkpoint`, :class:`Target`,
+:class:`Problem`. Only unreadable input raises (DataError naming the file)."""
 
 from __future__ import annotations
 
@@ -32,9 +30,8 @@ class Problem:
 
 @dataclass
 class Checkpoint:
-    """A draft directory read into memory: ``config``, ``tensors`` {name: tensor}, ``manifest``;
-    ``problems``: what reading found wrong with the files themselves (``DUPLICATE_TENSOR`` across
-    weight files; ``tensors`` then holds the copy of the file read first)."""
+    """A draft directory read into memory; ``problems``: ``DUPLICATE_TENSOR`` across weight files
+    (``tensors`` then holds the copy of the file read first)."""
 
     path: Path
     config: dict
@@ -64,7 +61,7 @@ def load_tensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[Probl
 
     out: dict[str, torch.Tensor] = {}
     origin: dict[str, Path] = {}
-    problems: list[Problem] = []
+    problems = []
     for f in files:
         try:
             part = (load_file(str(f)) if f.suffix == ".safetensors"
@@ -80,8 +77,7 @@ def load_tensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[Probl
                     f"in both {origin[name]} and {f}: the engine reads every weight file, so "
                     "which copy it keeps depends on the order it reads them"))
                 continue
-            out[name] = t
-            origin[name] = f
+            out[name], origin[name] = t, f
     return out, problems
 
 
@@ -97,8 +93,8 @@ def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
     files = sorted({f for g in WEIGHT_GLOBS for f in path.glob(g)})
     if not files:
         raise DataError(f"{path}: no weight file (expected model.safetensors or pytorch_model.bin)")
-    has_manifest = (path / "manifest.json").is_file()
-    manifest = _read_json(path / "manifest.json", "manifest.json") if has_manifest else None
+    manifest = (_read_json(path / "manifest.json", "manifest.json")
+                if (path / "manifest.json").is_file() else None)
     tensors, problems = load_tensors(files)
     return Checkpoint(path, config, tensors, files, manifest, problems)
 
@@ -141,9 +137,9 @@ class Target:
                     raise DataError(f"{f}: unreadable target weights ({type(e).__name__}: "
                                     f"{e})") from e
                 names = part if isinstance(part, dict) else []
-                found = [k for k in names if str(k).endswith("embed_tokens.weight")]
-                if found:
-                    self._embed = part[found[0]].clone()
+                found = next((k for k in names if str(k).endswith("embed_tokens.weight")), None)
+                if found is not None:
+                    self._embed = part[found].clone()
                     return self._embed
         return self._embed
 

@@ -14,7 +14,6 @@ from eagle3.engines.profile import EngineProfile
 from eagle3.engines.sglang.draft_load import rope_parameters
 from eagle3.errors import ConfigError
 
-AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 # Keys only a draft's config states: SGLang's LlamaForCausalLMEagle3 reads them, speculators
 # writes them, no verifier model defines them.
 DRAFT_ONLY_KEYS = ("eagle_config", "speculators_model_type", "draft_vocab_size",
@@ -22,11 +21,8 @@ DRAFT_ONLY_KEYS = ("eagle_config", "speculators_model_type", "draft_vocab_size",
 
 
 def source_content_hash(ck: Checkpoint) -> str:
-    """The content hash of the draft's files as they are now, computed as
-    :func:`eagle3.artifacts.write_manifest` computes it (:func:`eagle3.artifacts.content_hash`
-    over the folder, skipping the ``manifest.json`` ``files.exclude`` names, else the manifest
-    itself): what conversion records as its source and what :func:`check_content_hash` compares
-    with the recorded ``content_hash``."""
+    """The content hash of the draft's files now, as :func:`eagle3.artifacts.write_manifest`
+    computes it (skipping the ``manifest.json`` ``files.exclude`` names, else the manifest)."""
     from eagle3.artifacts import MANIFEST, content_hash
 
     files = (ck.manifest or {}).get("files")
@@ -38,11 +34,9 @@ def source_content_hash(ck: Checkpoint) -> str:
 def check_content_hash(ck: Checkpoint, actual: str | None = None
                        ) -> tuple[list[Problem], list[Problem]]:
     """``(problems, warnings)`` of the draft's files against its ``manifest.json``
-    ``content_hash``; ``actual`` is :func:`source_content_hash` of ``ck`` (computed here when
-    None). Problem ``CONTENT_HASH_MISMATCH`` when they differ (a weight or config file edited,
-    added or removed after conversion); warning ``CONTENT_UNCHECKED`` for a manifest without a
-    ``content_hash``. Nothing without a manifest (a draft exported by another tool). Used by
-    validate and by conversion, which refuses such a source."""
+    ``content_hash`` (``actual``: :func:`source_content_hash`, computed when None).
+    ``CONTENT_HASH_MISMATCH`` when they differ; warning ``CONTENT_UNCHECKED`` for a manifest
+    without one; nothing without a manifest."""
     from eagle3.artifacts import MANIFEST
 
     man = ck.manifest
@@ -51,9 +45,8 @@ def check_content_hash(ck: Checkpoint, actual: str | None = None
     where = f"{ck.path}/{MANIFEST}"
     recorded = man.get("content_hash")
     if recorded is None:
-        return [], [Problem("CONTENT_UNCHECKED", f"{where}: expected a content_hash to compare "
-                            "the weights and config with, got none: their integrity is not "
-                            "checked")]
+        return [], [Problem("CONTENT_UNCHECKED", f"{where}: expected a content_hash to compare the "
+                            "weights and config with, got none: their integrity is not checked")]
     actual = source_content_hash(ck) if actual is None else actual
     if actual == recorded:
         return [], []
@@ -64,19 +57,15 @@ def check_content_hash(ck: Checkpoint, actual: str | None = None
 
 
 def target_draft_signs(raw: dict, profile: EngineProfile) -> list[str]:
-    """What in a target folder's ``config.json`` (``raw``, the whole file) says it is an EAGLE-3
-    draft: an architecture in ``profile.draft_architectures`` or :data:`DRAFT_ONLY_KEYS`; each
-    as ``key value``. ``[]`` for a verifier model."""
+    """What in a target folder's whole ``config.json`` ``raw`` says it is an EAGLE-3 draft (a
+    ``profile.draft_architectures`` class, :data:`DRAFT_ONLY_KEYS`), each as ``key value``."""
     archs = raw.get("architectures")
     archs = archs if isinstance(archs, list) else []
-    signs = []
-    if any(a in profile.draft_architectures for a in archs):
-        signs.append(f"architectures {archs}")
-    signs += [f"{k} {raw[k]!r}" if not isinstance(raw[k], dict) else f"{k} {{...}}"
-              for k in DRAFT_ONLY_KEYS if raw.get(k) is not None]
-    if signs and not signs[0].startswith("architectures"):
-        signs.insert(0, f"architectures {archs}")
-    return signs
+    keys = [f"{k} {{...}}" if isinstance(raw[k], dict) else f"{k} {raw[k]!r}"
+            for k in DRAFT_ONLY_KEYS if raw.get(k) is not None]
+    if keys or any(a in profile.draft_architectures for a in archs):
+        return [f"architectures {archs}"] + keys
+    return []
 
 
 def check_target_is_draft(target: Target, profile: EngineProfile) -> list[Problem]:
@@ -95,10 +84,10 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     they support (SGLang ``models/registry.py`` ``resolve_model_cls``)."""
     archs = ck.config.get("architectures") or []
     drafts = list(profile.draft_architectures)
-    if archs and archs[0] in drafts:
+    first = next((i for i, a in enumerate(archs) if a in drafts), None)
+    if first == 0:
         return []
-    if any(a in drafts for a in archs):
-        first = next(i for i, a in enumerate(archs) if a in drafts)
+    if first is not None:
         return [Problem("ARCHITECTURE", "config.json architectures: expected the draft class "
                         f"first ({drafts}), got {archs}: {profile.engine} {profile.version} builds "
                         f"the first entry it supports, so {archs[:first]} would be built instead "
@@ -110,9 +99,8 @@ def check_architecture(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
 
 
 def _fc_source(param: str, ck: Checkpoint, profile: EngineProfile) -> str:
-    """For ``fc``: the config keys its input width comes from, so a width conflict names the aux
-    ids key it was compared with (SGLang: ``num_aux_hidden_states``, else the length of
-    ``eagle_config.eagle_aux_hidden_state_layer_ids``, else 3)."""
+    """For ``fc``: the config keys its input width comes from (SGLang: ``num_aux_hidden_states``,
+    else the aux ids' count, else 3)."""
     if param.split(".")[-2:] != ["fc", "weight"]:
         return ""
     n = ck.config.get("num_aux_hidden_states")
@@ -141,12 +129,10 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
             out.append(Problem("UNKNOWN_TENSOR", f"tensor {name!r} (loader name {r.renamed!r}) "
                                f"matches no parameter of {profile.engine} {profile.version}'s "
                                f"{profile.draft_architectures[0]}: {how}"))
-            continue
         if r.kind != "param":
             continue
-        spec = params[r.param]
+        spec, key = params[r.param], (r.param, r.shard)
         want = spec.shards.get(r.shard) if spec.shards else spec.shape
-        key = (r.param, r.shard)
         if key in filled:
             out.append(Problem("DUPLICATE_TENSOR", f"tensor {name!r} fills {r.param}"
                                f"{'' if r.shard is None else f' shard {r.shard!r}'} already filled "
@@ -158,15 +144,13 @@ def check_tensors(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
                                f"{list(want)} from config.json{_fc_source(r.param, ck, profile)}"
                                f", got {list(tensor.shape)}"))
     for pname, spec in params.items():
-        if spec.runtime_source or spec.unused:
-            continue
-        shards = list(spec.shards) if spec.shards else [None]
-        missing = [s for s in shards if (pname, s) not in filled]
-        if missing:
+        missing = [s for s in (list(spec.shards) if spec.shards else [None])
+                   if (pname, s) not in filled]
+        if missing and not (spec.runtime_source or spec.unused):
             part = "" if missing == [None] else f" (shards {missing})"
             out.append(Problem("MISSING_TENSOR", f"parameter {pname}{part}: expected a checkpoint "
-                                                 "tensor, found none; "
-                               f"{profile.engine} {profile.version} would keep its random init"))
+                               f"tensor, found none; {profile.engine} {profile.version} would "
+                               "keep its random init"))
     return out
 
 
@@ -189,7 +173,6 @@ def check_values(ck: Checkpoint) -> list[Problem]:
 def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     """Class 4: the engine uses the target's embedding (``set_embed``, docs/ENGINE_FACTS.md L10):
     EMBED_MISMATCH when the draft's differs; EMBED_UNCHECKED when the target's is not found."""
-
     emb = ck.tensors.get("embed_tokens.weight", ck.tensors.get("model.embed_tokens.weight"))
     if target is None or emb is None:
         return []
@@ -209,55 +192,42 @@ def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     return []
 
 
-def _absolute_problem(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> list[Problem]:
-    """``VOCAB_MAP_ABSOLUTE`` when ``d2t`` holds target ids instead of offsets
-    (:func:`eagle3.convert.vocab_reading.absolute_reason`; a ``t2d`` decides it)."""
-    from eagle3.convert.vocab_reading import absolute_reason
-
-    reason = absolute_reason(d2t, t2d, vocab)
-    if reason is None:
-        return []
-    return [Problem("VOCAB_MAP_ABSOLUTE", f"d2t: expected offsets (target id = i + d2t[i]), got "
-                                          f"absolute target ids: {reason}")]
-
-
 def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int,
                     vocab: int) -> list[Problem]:
-    out = []
+    from eagle3.convert.vocab_reading import absolute_reason
+
+    def bad(msg: str) -> Problem:
+        return Problem("VOCAB_MAP_INVALID", msg)
+
     if d2t.dim() != 1 or d2t.numel() != draft_vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected length "
-                           f"draft_vocab_size={draft_vocab}, got shape {list(d2t.shape)}"))
-        return out
+        return [bad(f"d2t: expected length draft_vocab_size={draft_vocab}, got shape "
+                    f"{list(d2t.shape)}")]
+    out = []
     if d2t.is_floating_point() or d2t.dtype == torch.bool:
-        out.append(Problem("VOCAB_MAP_INVALID", "d2t: expected an integer dtype (int64), got "
-                                                f"{d2t.dtype}"))
+        out.append(bad(f"d2t: expected an integer dtype (int64), got {d2t.dtype}"))
     tid = d2t.to(torch.long) + torch.arange(draft_vocab)
-    absolute = _absolute_problem(d2t, t2d, vocab)
-    if absolute:
-        return out + absolute
+    reason = absolute_reason(d2t, t2d, vocab)  # target ids stored instead of offsets
+    if reason is not None:
+        return out + [Problem("VOCAB_MAP_ABSOLUTE", "d2t: expected offsets (target id = i + "
+                              f"d2t[i]), got absolute target ids: {reason}")]
     lo, hi = int(tid.min()), int(tid.max())
     if lo < 0 or hi >= vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: i + d2t[i] expected in [0, {vocab}), got "
-                                                f"range [{lo}, {hi}]"))
-        return out
-    if int(tid.unique().numel()) != draft_vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"d2t: expected {draft_vocab} distinct target ids "
-                                                "i + d2t[i], got "
-                           f"{int(tid.unique().numel())} (two draft rows map to one target token)"))
+        return out + [bad(f"d2t: i + d2t[i] expected in [0, {vocab}), got range [{lo}, {hi}]")]
+    distinct = int(tid.unique().numel())
+    if distinct != draft_vocab:
+        out.append(bad(f"d2t: expected {draft_vocab} distinct target ids i + d2t[i], got "
+                       f"{distinct} (two draft rows map to one target token)"))
     if t2d is None:
         return out
     if t2d.dim() != 1 or t2d.numel() != vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", f"t2d: expected length vocab_size={vocab}, "
-                           f"got shape {list(t2d.shape)}"))
-        return out
+        return out + [bad(f"t2d: expected length vocab_size={vocab}, got shape {list(t2d.shape)}")]
     n_true = int(t2d.to(torch.bool).sum())
     if n_true != draft_vocab:
-        out.append(Problem("VOCAB_MAP_INVALID", "t2d: sum expected "
-                                                f"draft_vocab_size={draft_vocab}, got {n_true}"))
+        out.append(bad(f"t2d: sum expected draft_vocab_size={draft_vocab}, got {n_true}"))
     off = int((~t2d.to(torch.bool)[tid]).sum())
     if off:
-        out.append(Problem("VOCAB_MAP_INVALID", "d2t/t2d: expected t2d[i + d2t[i]] true for every "
-                                                f"draft index, got {off} of {draft_vocab} false"))
+        out.append(bad("d2t/t2d: expected t2d[i + d2t[i]] true for every draft index, got "
+                       f"{off} of {draft_vocab} false"))
     return out
 
 
@@ -306,71 +276,61 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     return out
 
 
-def _aux_count(cfg: dict) -> int | None:
-    fc = cfg.get("num_aux_hidden_states")
-    return int(fc) if isinstance(fc, int) else None
-
-
 def check_aux_ids(ck: Checkpoint, profile: EngineProfile, target: Target | None,
                   data: dict | None) -> list[Problem]:
     """Class 10: aux ids present where the engine reads them, a list of integers, right count,
     order, range and convention."""
-    cfg, out = ck.config, []
+    cfg, out, key = ck.config, [], profile.aux_ids_key
     if cfg_get(cfg, "eagle_config.use_aux_hidden_state", True) is False:
         out.append(Problem("AUX_DISABLED", "eagle_config.use_aux_hidden_state: expected true (else "
                            "the target captures no aux states and fc is bypassed), got false"))
-    ids = cfg_get(cfg, profile.aux_ids_key)
+    ids = cfg_get(cfg, key)
     if not ids:
         top_key = "eagle_aux_hidden_state_layer_ids"
-        top = cfg.get(top_key) if profile.aux_ids_key != top_key else None
+        top = cfg.get(top_key) if key != top_key else None
         extra = f"; top-level {top_key}={top} is not read by {profile.engine}" if top else ""
-        out.append(Problem("AUX_IDS_MISSING", f"{profile.aux_ids_key}: expected the draft's aux "
-                           f"layer ids, got {ids!r}: {profile.engine} {profile.version} falls back "
-                           f"to {profile.aux_default_rule}{extra}"))
-        return out
-    bad_type = aux_ids_invalid(ids, profile.aux_ids_key, f"{ck.path}/config.json")
+        return out + [Problem("AUX_IDS_MISSING", f"{key}: expected the draft's aux layer ids, got "
+                              f"{ids!r}: {profile.engine} {profile.version} falls back to "
+                              f"{profile.aux_default_rule}{extra}")]
+    bad_type = aux_ids_invalid(ids, key, f"{ck.path}/config.json")
     if bad_type is not None:
         return out + [bad_type]
     if any(b <= a for a, b in zip(ids, ids[1:])):
-        out.append(Problem("AUX_IDS_ORDER", f"{profile.aux_ids_key}: expected strictly increasing "
-                                            "ids (the engine "
+        out.append(Problem("AUX_IDS_ORDER", f"{key}: expected strictly increasing ids (the engine "
                            f"captures in layer order and drops repeats), got {ids}"))
     fc = ck.tensors.get("fc.weight", ck.tensors.get("model.fc.weight"))
     t_hidden = cfg.get("target_hidden_size") or cfg.get("hidden_size")
-    n_cfg = _aux_count(cfg)
+    n_cfg = cfg.get("num_aux_hidden_states")
+    n_cfg = int(n_cfg) if isinstance(n_cfg, int) else None
     if n_cfg is not None and n_cfg != len(ids):
         out.append(Problem("AUX_IDS_COUNT", f"num_aux_hidden_states {n_cfg}: expected "
-                           f"len({profile.aux_ids_key}) = {len(ids)}, got {n_cfg}"))
-    if fc is not None and fc.dim() == 2 and isinstance(t_hidden,
-                                                       int) and fc.shape[1] != len(ids) * t_hidden:
-        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {profile.aux_ids_key}={ids}: expected "
-                           f"{len(ids)} aux ids x target hidden {t_hidden} = {len(ids) * t_hidden} "
-                           f"input columns, got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux "
-                           "states)"))
+                           f"len({key}) = {len(ids)}, got {n_cfg}"))
+    if (fc is not None and fc.dim() == 2 and isinstance(t_hidden, int)
+            and fc.shape[1] != len(ids) * t_hidden):
+        out.append(Problem("AUX_IDS_COUNT", f"fc.weight vs {key}={ids}: expected {len(ids)} aux "
+                           f"ids x target hidden {t_hidden} = {len(ids) * t_hidden} input columns, "
+                           f"got {fc.shape[1]} ({fc.shape[1] / t_hidden:g} aux states)"))
     hf = profile.engine_to_hf_ids(ids)
-    if target is not None:
-        n_layers = target.config.get("num_hidden_layers")
-        bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []
-        if bad:
-            out.append(Problem("AUX_IDS_RANGE", f"{profile.aux_ids_key}={ids}: HF indices {hf} "
-                               f"expected in {profile.aux_capture_hf_range} = [1, {n_layers - 1}] "
-                               f"for a target of {n_layers} layers, got {bad} out of range"))
-    recorded = (ck.manifest or {}).get("aux_layer_ids_hf")
-    for where, want in (("manifest.json aux_layer_ids_hf", recorded),
+    n_layers = target.config.get("num_hidden_layers") if target is not None else None
+    bad = [h for h in hf if not 1 <= h <= n_layers - 1] if isinstance(n_layers, int) else []
+    if bad:
+        out.append(Problem("AUX_IDS_RANGE", f"{key}={ids}: HF indices {hf} expected in "
+                           f"{profile.aux_capture_hf_range} = [1, {n_layers - 1}] for a target of "
+                           f"{n_layers} layers, got {bad} out of range"))
+    for where, want in (("manifest.json aux_layer_ids_hf",
+                         (ck.manifest or {}).get("aux_layer_ids_hf")),
                         ("extraction manifest aux_layer_ids", (data or {}).get("aux_layer_ids"))):
         if want is not None and list(want) != hf:
-            out.append(Problem("AUX_IDS_MISMATCH", f"{profile.aux_ids_key}={ids} means HF indices "
-                               f"{hf} in {profile.engine} ({profile.aux_ids_convention}); {where} "
-                               f"expected {list(want)} (= {profile.aux_ids_key} "
-                               f"{profile.hf_to_engine_ids(list(want))})"))
+            out.append(Problem("AUX_IDS_MISMATCH", f"{key}={ids} means HF indices {hf} in "
+                               f"{profile.engine} ({profile.aux_ids_convention}); {where} expected "
+                               f"{list(want)} (= {key} {profile.hf_to_engine_ids(list(want))})"))
     return out
 
 
 def _rope(cfg: dict) -> tuple:
-    """``(theta, scaling)`` of the RoPE transformers 5 builds from ``cfg``
-    (:func:`~eagle3.engines.sglang.draft_load.rope_parameters`: a non-empty ``rope_scaling``
-    replaces ``rope_parameters``); ``scaling`` is the JSON of the other fields, ``"{}"`` for
-    default RoPE, with a legacy ``type`` left out (``rope_type`` holds what transformers uses)."""
+    """``(theta, scaling JSON)`` of the RoPE transformers 5 builds from ``cfg``
+    (:func:`~eagle3.engines.sglang.draft_load.rope_parameters`); ``"{}"`` for default RoPE, a
+    legacy ``type`` left out (``rope_type`` holds what transformers uses)."""
     rp = rope_parameters(cfg)
     theta = rp.pop("rope_theta")
     rp.pop("type", None)
@@ -394,8 +354,8 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
                            f"target's hidden_size {th}, got {cfg['target_hidden_size']!r}"))
     elif "target_hidden_size" not in cfg and cfg.get("hidden_size") != th:
         out.append(Problem("TARGET_HIDDEN_SIZE", f"config.json target_hidden_size: expected {th} "
-                                                 "(draft hidden_size "
-                           f"{cfg.get('hidden_size')} differs from the target's), got none"))
+                           f"(draft hidden_size {cfg.get('hidden_size')} differs from the "
+                           "target's), got none"))
     if cfg.get("vocab_size") != tc.get("vocab_size"):
         out.append(Problem("VOCAB_SIZE_MISMATCH", f"config.json vocab_size: expected the target's "
                            f"{tc.get('vocab_size')}, got {cfg.get('vocab_size')}"))
@@ -411,7 +371,7 @@ def check_target(ck: Checkpoint, profile: EngineProfile, target: Target, *,
 
 def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Problem]:
     """Classes 8, 14, 15, 16 and identity: the extraction manifest vs the draft and the target."""
-    out = []
+    out, man = [], ck.manifest or {}
     if data.get("kind") not in (None, "hidden_states"):
         out.append(Problem("DATA_INVALID", "data manifest kind: expected 'hidden_states', got "
                                            f"{data.get('kind')!r}"))
@@ -419,45 +379,37 @@ def check_data(ck: Checkpoint, target: Target | None, data: dict) -> list[Proble
     if conv is not None and conv != "hf_hidden_states_index":
         out.append(Problem("AUX_IDS_MISMATCH", f"data manifest layer_id_convention: expected "
                            f"'hf_hidden_states_index', got {conv!r}"))
-    counts = data.get("counts") or {}
     dv = ck.config.get("draft_vocab_size")
-    uniq = counts.get("unique_tokens")
-    padded = (ck.manifest or {}).get("vocab_padded")
-    if isinstance(uniq, int) and isinstance(dv, int) and uniq < dv and not padded:
+    uniq = (data.get("counts") or {}).get("unique_tokens")
+    if isinstance(uniq, int) and isinstance(dv, int) and uniq < dv and not man.get("vocab_padded"):
         out.append(Problem("VOCAB_DATA_TOO_SMALL", f"draft_vocab_size {dv}: expected <= the {uniq} "
                            "distinct tokens of the training data (or an explicit pad decision "
                            f"recorded as vocab_padded), got {dv}"))
-    cfg_data = data.get("config") or {}
-    spec = json.dumps(cfg_data.get("extract", {})).lower()
-    if "speculative" in spec:
+    if "speculative" in json.dumps((data.get("config") or {}).get("extract", {})).lower():
         out.append(Problem("DATA_INVALID", "data manifest config.extract: expected extraction "
                            "without speculative decoding, got speculative settings"))
-    dt = data.get("target") or {}
-    man = ck.manifest or {}
     ours, theirs = man.get("data_content_hash"), data.get("content_hash")
     if ours and theirs and ours != theirs:
         out.append(Problem("DATA_INVALID", "manifest.json data_content_hash: the draft was "
-                           f"trained on hidden states {man['data_content_hash'][:12]}…, expected "
-                           f"the given data's content_hash {data['content_hash'][:12]}…"))
+                           f"trained on hidden states {ours[:12]}…, expected the given data's "
+                           f"content_hash {theirs[:12]}…"))
     if target is None:
         return out
-    from eagle3.artifacts import sha256_file
+    from eagle3.artifacts import sha256_file, weights_hash
 
+    dt = data.get("target") or {}
     th = sha256_file(target.path / "config.json")
     if dt.get("config_hash") and dt["config_hash"] != th:
         out.append(Problem("TARGET_MISMATCH", "data manifest target.config_hash: expected this "
                            f"target's {th[:12]}... ({target.path}), got "
                            f"{dt['config_hash'][:12]}..."))
     # same config.json and tokenizer, other weights (a fine-tune, a file replaced in place)
-    if dt.get("weights_hash"):
-        from eagle3.artifacts import weights_hash
-
-        wh = weights_hash(target.path)
-        if wh != dt["weights_hash"]:
-            out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
-                               f"expected this target's {str(wh)[:12]}… (sha256 of "
-                               f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... "
-                               "(the hidden states came from other weights)"))
+    wh = weights_hash(target.path) if dt.get("weights_hash") else None
+    if wh is not None and wh != dt["weights_hash"]:
+        out.append(Problem("TARGET_WEIGHTS_MISMATCH", "data manifest target.weights_hash: "
+                           f"expected this target's {str(wh)[:12]}… (sha256 of "
+                           f"{target.path}/*.safetensors), got {dt['weights_hash'][:12]}... "
+                           "(the hidden states came from other weights)"))
     if "chat_template_hash" in data or "tokenizer_hash" in data:
         out += _template_problems(target, data)
     return out
@@ -470,41 +422,32 @@ TARGET_FIELDS = ("target.config_hash", "target.weights_hash", "chat_template_has
 def data_unchecked(ck: Checkpoint, target: Target | None, data: dict,
                    where: str = "data manifest") -> list[Problem]:
     """Warning ``DATA_UNCHECKED`` when the extraction manifest ``data`` (named ``where``) holds
-    nothing :func:`check_data` and :func:`check_aux_ids` compare with the draft or the target:
-    each field is named with why it was not compared (absent from ``where``, no ``--target``,
-    or no ``data_content_hash`` in the draft's ``manifest.json``). ``[]`` when at least one
-    comparison was made."""
-    def stated(key: str) -> bool:
-        found = cfg_get(data, key)
-        return found is not None and found != {} and found != ""
+    nothing :func:`check_data` and :func:`check_aux_ids` compare, naming each field with why it
+    was not compared (absent, no ``--target``, no ``data_content_hash`` in the draft's
+    ``manifest.json``). ``[]`` when at least one comparison was made."""
+    def why(key: str) -> str | None:
+        """None when ``key`` was compared, else why not."""
+        if cfg_get(data, key) in (None, {}, ""):
+            return f"{key} absent"
+        if key == "content_hash" and not (ck.manifest or {}).get("data_content_hash"):
+            return f"content_hash (no data_content_hash in {ck.path}/manifest.json)"
+        if key in TARGET_FIELDS and target is None:
+            return f"{key} (no --target)"
+        return None
 
-    compared, why = [], []
-    for key in ("counts.unique_tokens", "config.extract", "aux_layer_ids"):
-        (compared if stated(key) else why).append(key if stated(key) else f"{key} absent")
-    if stated("content_hash") and (ck.manifest or {}).get("data_content_hash"):
-        compared.append("content_hash")
-    elif stated("content_hash"):
-        why.append(f"content_hash (no data_content_hash in {ck.path}/manifest.json)")
-    else:
-        why.append("content_hash absent")
-    for key in TARGET_FIELDS:
-        if not stated(key):
-            why.append(f"{key} absent")
-        elif target is None:
-            why.append(f"{key} (no --target)")
-        else:
-            compared.append(key)
-    if compared:
+    reasons = [why(k) for k in ("counts.unique_tokens", "config.extract", "aux_layer_ids",
+                                "content_hash") + TARGET_FIELDS]
+    if None in reasons:
         return []
     return [Problem("DATA_UNCHECKED", f"{where}: expected fields to compare the draft with, got "
-                    f"none that could be compared ({'; '.join(why)}; fields present: "
+                    f"none that could be compared ({'; '.join(reasons)}; fields present: "
                     f"{sorted(data)}): nothing of the data was compared")]
 
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_hashes(path: str, stamp: tuple) -> dict[str, str]:
-    """``{chat_template_hash, tokenizer_hash}`` of the target's tokenizer, as extraction computes
-    them (:mod:`eagle3.extract.conversations`); cached per folder and file mtimes (``stamp``)."""
+    """The target tokenizer's hashes as extraction computes them; cached per folder and
+    ``stamp`` (file mtimes)."""
     from transformers import AutoTokenizer
 
     from eagle3.extract.conversations import template_hash, tokenizer_hash
@@ -521,11 +464,9 @@ def _template_problems(target: Target, data: dict) -> list[Problem]:
     except (OSError, ValueError) as e:
         return [Problem("TOKENIZER_MISMATCH", f"target tokenizer {target.path}: expected a "
                                               f"loadable tokenizer ({e})")]
-    out = []
-    for key, code in (("chat_template_hash", "CHAT_TEMPLATE_MISMATCH"),
-                      ("tokenizer_hash", "TOKENIZER_MISMATCH")):
-        if key in data and data[key] != hashes[key]:
-            out.append(Problem(code, f"data manifest {key}: expected the serving target's "
-                                     f"{hashes[key][:12]}…, got "
-                               f"{str(data[key])[:12]}… (the draft learned other token streams)"))
-    return out
+    return [Problem(code, f"data manifest {key}: expected the serving target's "
+                    f"{hashes[key][:12]}…, got {str(data[key])[:12]}… (the draft learned other "
+                    "token streams)")
+            for key, code in (("chat_template_hash", "CHAT_TEMPLATE_MISMATCH"),
+                              ("tokenizer_hash", "TOKENIZER_MISMATCH"))
+            if key in data and data[key] != hashes[key]]

@@ -1,7 +1,5 @@
-"""The data a draft is validated against (``eagle3 validate --data``): an extraction folder's
-manifest, and the data's target tokens counted for the draft-vocabulary coverage check
-(:func:`eagle3.convert.draft_checks.check_vocab_reach`) from its ``token_freq.pt`` or from a
-conversations file tokenized with the target's tokenizer."""
+"""The data a draft is validated against (``eagle3 validate --data``): an extraction manifest, and
+the data's target tokens counted for :func:`eagle3.convert.draft_checks.check_vocab_reach`."""
 
 from __future__ import annotations
 
@@ -21,30 +19,25 @@ def _kind(path: Path) -> str:
         mode = path.stat().st_mode
     except OSError:
         return "nothing (not found)"
-    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "neither a folder nor a regular file"
+    return next((name for test, name in ((stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"),
+                                         (stat.S_ISFIFO, "a named pipe"),
+                                         (stat.S_ISSOCK, "a socket")) if test(mode)),
+                "neither a folder nor a regular file")
 
 
 class DataManifest(dict):
-    """An extraction manifest as read by :func:`read_data`: the JSON object, plus ``path`` (the
-    file it came from), which :func:`eagle3.convert.validate.validate_report` names in its
-    warnings."""
+    """An extraction manifest (JSON object) with ``path``, the file it came from."""
 
     path: Path | None = None
 
 
 def read_data(data: str | Path, target_dir: str | Path | None = None
               ) -> tuple[dict | None, dict[int, int] | None, str | None]:
-    """``(extraction manifest, token counts, why coverage is not counted)`` for ``--data``; the
-    manifest is a :class:`DataManifest` naming its file. A
-    folder must hold ``manifest.json`` with a JSON object (its ``token_freq.pt``, when present,
-    gives the counts; when absent the third item says so); a regular file is a conversations file
+    """``(DataManifest, token counts, why coverage is not counted)`` for ``--data``: a folder with
+    ``manifest.json`` (counts from its ``token_freq.pt`` if present), or a conversations file
     (:func:`token_counts`, needs ``target_dir``). DataError naming the path, what was expected
-    and what was found: a missing path, a device or pipe (e.g. ``/dev/null``), a folder without
-    ``manifest.json``, a manifest that is not valid JSON or not an object; ConfigError: a
+    and found (missing, a device or pipe, no or a bad ``manifest.json``); ConfigError: a
     conversations file without ``target_dir``."""
     from eagle3.artifacts import MANIFEST, read_manifest
 
@@ -70,12 +63,10 @@ def read_data(data: str | Path, target_dir: str | Path | None = None
 
 
 def token_counts(data: str | Path, target_dir: str | Path | None = None) -> dict[int, int]:
-    """``{target token id: count}`` of the tokens a draft is asked to propose in ``data``: an
-    extraction folder's ``token_freq.pt`` (loss-masked train tokens), or a conversations file
-    (:func:`eagle3.extract.conversations.read_conversations`) templated and tokenized with
-    ``target_dir``'s tokenizer as extraction does, counting its loss-masked tokens. ConfigError: a
-    conversations file without ``target_dir``; DataError: a folder without ``token_freq.pt``, an
-    unreadable file or tokenizer, or no token to count."""
+    """``{target token id: count}`` of the loss-masked tokens in ``data``: an extraction folder's
+    ``token_freq.pt``, or a conversations file tokenized as extraction does with ``target_dir``'s
+    tokenizer. ConfigError: no ``target_dir`` for a file; DataError: unreadable input or no
+    token to count."""
     path = Path(data)
     if path.is_dir():
         from eagle3.train.vocab import load_token_freq

@@ -1,11 +1,7 @@
-"""Checks of what a draft was trained with that the serving config would silently change: RoPE
-thetas that disagree (at one level or across speculators' ``transformer_layer_config``), a
-sliding-window draft the engine serves with full attention (and, as a warning, a lone
-``sliding_window`` no one applies), and a draft vocabulary that cannot propose the data's tokens.
-Each returns ``Problem`` records naming the key and both values; used by
-:func:`eagle3.convert.validate.validate_report` on a serving checkpoint and by
-:func:`eagle3.convert.stage.convert` on its source, before anything is written.
-"""
+"""Checks of what a draft was trained with that the serving config would silently change:
+disagreeing RoPE thetas, a sliding window served as full attention (a lone ``sliding_window``: a
+warning), a draft vocabulary that cannot propose the data's tokens. Used by validate on a serving
+checkpoint and by conversion on its source."""
 
 from __future__ import annotations
 
@@ -19,35 +15,29 @@ from eagle3.engines.sglang.draft_load import DEFAULT_THETA, rope_base_key
 from eagle3.engines.sglang.draft_load import rope_parameters as effective_rope
 from eagle3.engines.sglang.profile import RELEASES
 
-# Which RoPE theta SGLang builds the draft's attention with. SGLang 0.5.23 and 0.5.16 load
-# config.json through transformers (their pinned requirement: 5.19.0 and 5.12.1, in the wheels'
-# METADATA), whose LlamaConfig folds the three places into ``rope_parameters`` with this
-# precedence (first found wins; checked against the installed 5.19.0 by
-# tests/unit/test_convert_classes.py), and then srt/models/llama.py ``LlamaDecoderLayer.__init__``
-# (the class LlamaForCausalLMEagle3's layer extends, in both releases) reads
-# ``rope_parameters["rope_theta"]``. Neither release reads speculators' nested
-# ``transformer_layer_config``: speculators 0.9.0 builds the draft layer's rotary embedding from
-# it (models/eagle3/core.py), and conversion copies its RoPE keys into the served config.
+# Which RoPE theta SGLang builds the draft's attention with: SGLang 0.5.23 / 0.5.16 load
+# config.json through transformers 5.19.0 / 5.12.1 (wheels' METADATA), whose LlamaConfig folds
+# the three places into ``rope_parameters``, first found wins (checked by
+# tests/unit/test_convert_classes.py); srt/models/llama.py ``LlamaDecoderLayer.__init__`` reads
+# ``rope_parameters["rope_theta"]``. Neither reads speculators' ``transformer_layer_config``,
+# which speculators 0.9.0 builds the layer from (models/eagle3/core.py).
 SGLANG_THETA_ORDER = ("rope_scaling.rope_theta", "rope_parameters.rope_theta", "rope_theta")
 SGLANG_RELEASES = "SGLang " + " and ".join(
     sorted(RELEASES, key=lambda v: [int(p) if p.isdigit() else 0 for p in v.split(".")]))
 
-# Share of the data's target tokens the draft vocabulary must hold. A drafted id outside it is never
-# accepted, so with coverage c the accepted drafts per verify pass stay below c + c² + ... =
-# c / (1 - c): under 0.5 that is less than one token even for a perfect draft (refused); under 0.9
-# (at most 9 tokens per pass) it is reported as a warning.
+# Share of the data's target tokens the draft vocabulary must hold: with coverage c the accepted
+# drafts per pass stay below c / (1 - c), under one token below 0.5 (refused), at most 9 below
+# 0.9 (warning).
 COVERAGE_REFUSE = 0.5
 COVERAGE_WARN = 0.9
-# Fewest counted target tokens for a coverage verdict. A share measured on N tokens has a standard
-# error of at most 0.5 / sqrt(N); with 400 tokens two standard errors are 0.05, half the margin
-# between a share at a threshold and one 0.1 away, so below 400 a refusal or warning would follow
-# noise. Fewer tokens: the share is reported as not judged (warning VOCAB_COVERAGE_UNJUDGED).
+# Fewest counted tokens for a coverage verdict: two standard errors (<= 1 / sqrt(N)) are 0.05 at
+# 400, half the 0.1 margin; fewer: VOCAB_COVERAGE_UNJUDGED.
 COVERAGE_MIN_TOKENS = 400
 
 
 def _scopes(cfg: Mapping) -> list[tuple[str, Mapping]]:
-    """The config objects that describe the draft's decoder layers, with their key prefix: the
-    top level, and speculators' ``transformer_layer_config``."""
+    """``(key prefix, config object)`` of the top level and speculators'
+    ``transformer_layer_config``."""
     out: list[tuple[str, Mapping]] = [("", cfg)]
     tl = cfg.get("transformer_layer_config")
     if isinstance(tl, Mapping):
@@ -55,45 +45,36 @@ def _scopes(cfg: Mapping) -> list[tuple[str, Mapping]]:
     return out
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def stated_thetas(cfg: Mapping) -> dict[str, float]:
-    """Every RoPE theta ``cfg`` states, as ``{dotted key: float}`` (keys of
-    :data:`SGLANG_THETA_ORDER`, with the ``transformer_layer_config.`` prefix where stated
-    there); absent, None and non-numeric values are left out."""
-    out: dict[str, float] = {}
-    for prefix, scope in _scopes(cfg):
-        for key in SGLANG_THETA_ORDER:
-            value = cfg_get(dict(scope), key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out[prefix + key] = float(value)
-    return out
+    """Every numeric RoPE theta ``cfg`` states, ``{dotted key: float}`` (keys of
+    :data:`SGLANG_THETA_ORDER`, prefixed ``transformer_layer_config.`` where stated there)."""
+    return {prefix + key: float(cfg_get(dict(scope), key)) for prefix, scope in _scopes(cfg)
+            for key in SGLANG_THETA_ORDER if _number(cfg_get(dict(scope), key))}
 
 
 def _read_theta(scope: Mapping) -> tuple[str, float] | None:
-    """``(key, theta)`` transformers 5 builds the layer of ``scope`` with: the kept RoPE dict's
-    ``rope_theta`` (:func:`rope_base_key`), else the top-level ``rope_theta``; None when neither
-    states a number. This is :data:`SGLANG_THETA_ORDER`, except that a ``rope_scaling`` without a
-    theta hides ``rope_parameters``' theta."""
-    base = rope_base_key(scope)
-    for key in (base + ".rope_theta", "rope_theta"):
-        value = cfg_get(dict(scope), key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return key, float(value)
-    return None
+    """``(key, theta)`` transformers 5 builds ``scope``'s layer with: the kept RoPE dict's
+    ``rope_theta`` (:func:`rope_base_key`; a ``rope_scaling`` without one hides
+    ``rope_parameters``'), else the top-level ``rope_theta``; None when neither is a number."""
+    keys = (rope_base_key(scope) + ".rope_theta", "rope_theta")
+    return next(((k, float(cfg_get(dict(scope), k))) for k in keys
+                 if _number(cfg_get(dict(scope), k))), None)
 
 
 def sglang_theta(cfg: Mapping) -> tuple[str, float]:
-    """``(key, theta)`` SGLang 0.5.16 and 0.5.23 serve a serving-format config with (read at the
-    top level as transformers 5 folds it, :func:`_read_theta`; ``("default", 10000.0)`` when
-    none)."""
+    """``(key, theta)`` SGLang 0.5.16 / 0.5.23 serve a serving-format config with (top level,
+    :func:`_read_theta`; ``("default", 10000.0)`` when none)."""
     top = {k: v for k, v in cfg.items() if k != "transformer_layer_config"}
     return _read_theta(top) or ("default", DEFAULT_THETA)
 
 
 def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
-    """``(key, theta)`` the draft's attention was trained with, from the layer config
-    (speculators' ``transformer_layer_config`` when present, else the top level), read as
-    transformers 5 folds it (:func:`_read_theta`; speculators builds the layer through the same
-    transformers); None when the config states no theta."""
+    """``(key, theta)`` the draft's attention was trained with: :func:`_read_theta` of
+    speculators' ``transformer_layer_config`` when present, else the top level; None if none."""
     tl = cfg.get("transformer_layer_config")
     scope, prefix = (tl, "transformer_layer_config.") if isinstance(tl, Mapping) else (cfg, "")
     found = _read_theta({k: v for k, v in scope.items() if k != "transformer_layer_config"})
@@ -101,10 +82,8 @@ def trained_theta(cfg: Mapping) -> tuple[str, float] | None:
 
 
 def rope_scaling_conflict(scope: Mapping, prefix: str = "") -> str | None:
-    """What disagrees when ``scope`` states both ``rope_scaling`` and ``rope_parameters`` (non-empty
-    objects) and transformers 5 builds other RoPE parameters from ``rope_scaling`` than from
-    ``rope_parameters`` alone: both keys, both values and the differing fields; None when one
-    key is absent or both build the same."""
+    """Both keys, values and differing fields when ``scope`` states non-empty ``rope_scaling`` and
+    ``rope_parameters`` and transformers 5 builds other RoPE from the first; else None."""
     rs, rp = scope.get("rope_scaling"), scope.get("rope_parameters")
     if not (isinstance(rs, Mapping) and rs and isinstance(rp, Mapping) and rp):
         return None
@@ -121,19 +100,13 @@ def rope_scaling_conflict(scope: Mapping, prefix: str = "") -> str | None:
 
 
 def check_rope_scaling(cfg: Mapping, where: str = "config.json") -> list[Problem]:
-    """``ROPE_SCALING_CONFLICT`` when a config level (the top, or speculators'
-    ``transformer_layer_config``) states ``rope_scaling`` beside a ``rope_parameters`` it
-    disagrees with (:func:`rope_scaling_conflict`): SGLang 0.5.16 and 0.5.23 read the folded
-    ``rope_parameters``, silently the ``rope_scaling`` one."""
-    out = []
-    for prefix, scope in _scopes(cfg):
-        what = rope_scaling_conflict(scope, prefix)
-        if what is not None:
-            out.append(Problem("ROPE_SCALING_CONFLICT", f"{where}: expected one RoPE setting, "
-                               f"got {what}; {SGLANG_RELEASES} read config.json through "
-                               "transformers 5 and srt/models/llama.py reads rope_parameters. "
-                               "Keep only the key holding the RoPE the draft was trained with"))
-    return out
+    """``ROPE_SCALING_CONFLICT`` per config level with a :func:`rope_scaling_conflict`: SGLang
+    0.5.16 and 0.5.23 silently read the ``rope_scaling`` one."""
+    conflicts = [rope_scaling_conflict(scope, prefix) for prefix, scope in _scopes(cfg)]
+    return [Problem("ROPE_SCALING_CONFLICT", f"{where}: expected one RoPE setting, got {what}; "
+                    f"{SGLANG_RELEASES} read config.json through transformers 5 and "
+                    "srt/models/llama.py reads rope_parameters. Keep only the key holding the "
+                    "RoPE the draft was trained with") for what in conflicts if what is not None]
 
 
 def _is_speculators(cfg: Mapping) -> bool:
@@ -142,36 +115,26 @@ def _is_speculators(cfg: Mapping) -> bool:
 
 
 def _rope_not_a_mapping(cfg: Mapping, where: str) -> list[Problem]:
-    """``ROPE_CONFLICT`` for a ``rope_parameters`` / ``rope_scaling`` that is neither null nor a
-    JSON object: transformers 5's ``LlamaConfig`` refuses to build such a config (its field is a
-    dict), so SGLang could not load the draft, and the RoPE it was trained with is unknown."""
-    out = []
-    for prefix, scope in _scopes(cfg):
-        for key in ("rope_parameters", "rope_scaling"):
-            value = scope.get(key)
-            if value is not None and not isinstance(value, Mapping):
-                out.append(Problem("ROPE_CONFLICT", f"{where}: {prefix}{key}: expected a JSON "
-                                   f"object (or null), got {value!r} (a {type(value).__name__}); "
-                                   "transformers 5 cannot build the draft's config from it"))
-    return out
+    """``ROPE_CONFLICT`` for a ``rope_parameters`` / ``rope_scaling`` neither null nor an object
+    (transformers 5's ``LlamaConfig`` cannot be built from it)."""
+    return [Problem("ROPE_CONFLICT", f"{where}: {prefix}{key}: expected a JSON object (or null), "
+                    f"got {v!r} (a {type(v).__name__}); transformers 5 cannot build the draft's "
+                    "config from it")
+            for prefix, scope in _scopes(cfg) for key in ("rope_parameters", "rope_scaling")
+            if (v := scope.get(key)) is not None and not isinstance(v, Mapping)]
 
 
 def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Problem]:
-    """``ROPE_CONFLICT`` when a config states RoPE thetas that disagree, at one level
-    (transformers 4's ``rope_theta`` / ``rope_scaling`` beside 5's ``rope_parameters``) or across
-    the top level and speculators' ``transformer_layer_config``. The message names every key and
-    value, the one that is read and by what, and the keys to delete:
-
-    - speculators format: speculators 0.9.0 trains the layer with ``transformer_layer_config``'s
-      theta (transformers' default 10000 when it states none) and conversion serves that one;
-      top-level keys are read by neither (nor by SGLang, which does not load this format);
-    - serving format: SGLang 0.5.16 and 0.5.23 read the first of :data:`SGLANG_THETA_ORDER` at
-      the top level; the file does not record which theta the draft was trained with."""
+    """``ROPE_CONFLICT`` when RoPE thetas disagree, at one level or across the top and
+    speculators' ``transformer_layer_config``, naming every key and value, the one read and by
+    what, and the keys to delete. Speculators format: speculators 0.9.0 trains with
+    ``transformer_layer_config``'s theta (default 10000) and conversion serves it; serving
+    format: SGLang reads the first of :data:`SGLANG_THETA_ORDER` at the top level."""
     shapes = _rope_not_a_mapping(cfg, where)
     if shapes:
         return shapes
     stated = stated_thetas(cfg)
-    nested = "transformer_layer_config."
+    both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
     if _is_speculators(cfg):
         trained = trained_theta(cfg)
         key, theta = trained or ("", DEFAULT_THETA)
@@ -179,7 +142,6 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
             return []
         used = (f"{key}={theta:g}" if trained else f"transformers' default theta {theta:g} "
                 "(transformer_layer_config states none)")
-        both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
         unread = [k for k in stated if k != key]
         return [Problem("ROPE_CONFLICT", f"{where}: expected one RoPE theta, got {both}. "
                         f"speculators 0.9.0 trained the draft layer with {used} (its Eagle3 "
@@ -194,8 +156,7 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
     if len(set(stated.values())) < 2:
         return []
     s_key, s_theta = sglang_theta(cfg)
-    both = ", ".join(f"{k}={v:g}" for k, v in stated.items())
-    stray = [k for k in stated if k.startswith(nested)]
+    stray = [k for k in stated if k.startswith("transformer_layer_config.")]
     stray_note = (f"; {', '.join(stray)} {'is' if len(stray) == 1 else 'are'} not read when "
                   "serving" if stray else "")
     others = [k for k in stated if k != s_key]
@@ -209,32 +170,26 @@ def check_rope_conflict(cfg: Mapping, where: str = "config.json") -> list[Proble
 
 
 def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Problem]:
-    """``SLIDING_WINDOW`` when the draft's layers use sliding-window attention (speculators:
-    ``layer_types`` entries ``"sliding_attention"``, ``Eagle3`` ``core.py``; Qwen-style
-    ``use_sliding_window: true`` with a window). SGLang 0.5.16's and 0.5.23's
-    ``LlamaForCausalLMEagle3`` (srt/models/llama_eagle3.py, its layers from srt/models/llama.py)
-    read neither key: their only window is the server flag ``--speculative-draft-window-size``,
-    so the draft is served with full attention. A ``use_sliding_window`` that is not a JSON
-    boolean (``"true"``, ``1``) is refused too, naming its type: transformers takes any truthy
-    value as on (the string ``"false"`` included), so what the draft was trained with is
-    unclear. So is a ``sliding_window`` beside ``use_sliding_window: true`` that is not a
-    positive integer (``"4096"``, ``4096.0``, ``-1``, ``true``), named with its type."""
+    """``SLIDING_WINDOW`` when the draft's layers use sliding-window attention (speculators
+    ``layer_types`` ``"sliding_attention"``, Eagle3 ``core.py``; Qwen-style
+    ``use_sliding_window: true``): SGLang 0.5.16's / 0.5.23's ``LlamaForCausalLMEagle3``
+    (srt/models/llama_eagle3.py) reads neither key, so serves full attention. Also for a
+    non-boolean ``use_sliding_window`` (transformers reads it by truthiness) and a non-positive-
+    integer ``sliding_window`` beside ``use_sliding_window: true``, each named with its type."""
     out = []
     for prefix, scope in _scopes(cfg):
-        types = scope.get("layer_types")
-        window = scope.get("sliding_window")
+        types, window = scope.get("layer_types"), scope.get("sliding_window")
         use = scope.get("use_sliding_window")
         if use is not None and not isinstance(use, bool):
             out.append(Problem("SLIDING_WINDOW", f"{where} {prefix}use_sliding_window: expected "
                                f"true or false (a JSON boolean), got {use!r} (a "
                                f"{type(use).__name__}) with {prefix}sliding_window={window!r}; "
                                "transformers takes any truthy value as true (the string 'false' "
-                               "included) and the LlamaForCausalLMEagle3 of "
-                               f"{SGLANG_RELEASES} reads neither key, so the draft would be "
-                               "served with full attention: write false if it was trained "
-                               "without a window"))
-        bad_window = window is not None and (
-            not isinstance(window, int) or isinstance(window, bool) or window <= 0)
+                               f"included) and the LlamaForCausalLMEagle3 of {SGLANG_RELEASES} "
+                               "reads neither key, so the draft would be served with full "
+                               "attention: write false if it was trained without a window"))
+        bad_window = window is not None and not (_number(window) and isinstance(window, int)
+                                                 and window > 0)
         if use is True and bad_window:
             out.append(Problem("SLIDING_WINDOW", f"{where} {prefix}sliding_window: expected a "
                                "positive integer (the window in tokens) with "
@@ -260,12 +215,9 @@ def check_sliding_window(cfg: Mapping, where: str = "config.json") -> list[Probl
 
 
 def aux_ids_invalid(ids, key: str, where: str = "config.json") -> Problem | None:
-    """``AUX_IDS_INVALID`` when the aux layer ids ``ids`` (the value of ``key`` in ``where``) are
-    stated but are not a JSON list of integers: a string such as ``"1,4,7"`` or ``"[1, 4, 7]"``,
-    a number, or a list holding a string, a float or a boolean (JSON ``true`` is no layer id,
-    though Python counts it as 1). The engine sizes ``fc`` from the list's length, so a string
-    would count its characters as ids. None for a list of integers and for absent ids (None or
-    an empty list: :func:`eagle3.convert.checks.check_aux_ids` names those ``AUX_IDS_MISSING``)."""
+    """``AUX_IDS_INVALID`` when the aux ids ``ids`` (``key`` in ``where``) are stated but are no
+    JSON list of integers (a string, a number, a list holding a string, float or boolean): the
+    engine sizes ``fc`` from the list's length. None for a list of integers or absent ids."""
     def is_id(i) -> bool:
         return isinstance(i, int) and not isinstance(i, bool)
 
@@ -287,29 +239,19 @@ def aux_ids_invalid(ids, key: str, where: str = "config.json") -> Problem | None
 
 
 def sliding_window_warnings(cfg: Mapping, where: str = "config.json") -> list[Problem]:
-    """Warning ``SLIDING_WINDOW`` for a window no one applies: ``sliding_window`` a positive int
-    with neither ``layer_types`` nor ``use_sliding_window`` beside it (same level). speculators
-    0.9.0 windows only the layers ``layer_types`` marks ``"sliding_attention"`` (Eagle3
-    ``core.py``), transformers' LlamaConfig derives no layer types from it (Qwen2Config would
-    drop the window without ``use_sliding_window: true``), and SGLang 0.5.16 / 0.5.23 read no
-    window key: the draft is trained and served with full attention, which the key belies. No
-    warning for ``sliding_window: null``, ``use_sliding_window: false`` or explicit
-    ``layer_types`` (those are :func:`check_sliding_window`'s)."""
-    out = []
-    for prefix, scope in _scopes(cfg):
-        window = scope.get("sliding_window")
-        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-            continue
-        if scope.get("layer_types") is not None or "use_sliding_window" in scope:
-            continue
-        out.append(Problem("SLIDING_WINDOW", f"{where} {prefix}sliding_window={window}: stated "
-                           f"without {prefix}layer_types or {prefix}use_sliding_window, so no "
-                           "layer uses it: speculators 0.9.0 windows only layers that layer_types "
-                           f"marks 'sliding_attention' and {SGLANG_RELEASES} read no window key; "
-                           "the draft is served with full attention. Delete the key, or, if the "
-                           "draft was trained with a window, serve it with "
-                           "--speculative-draft-window-size"))
-    return out
+    """Warning ``SLIDING_WINDOW`` for a positive ``sliding_window`` with neither ``layer_types``
+    nor ``use_sliding_window`` at its level: speculators 0.9.0 windows only ``layer_types``'
+    ``"sliding_attention"`` layers, LlamaConfig derives none, SGLang reads no window key."""
+    return [Problem("SLIDING_WINDOW", f"{where} {prefix}sliding_window={window}: stated without "
+                    f"{prefix}layer_types or {prefix}use_sliding_window, so no layer uses it: "
+                    "speculators 0.9.0 windows only layers that layer_types marks "
+                    f"'sliding_attention' and {SGLANG_RELEASES} read no window key; the draft is "
+                    "served with full attention. Delete the key, or, if the draft was trained "
+                    "with a window, serve it with --speculative-draft-window-size")
+            for prefix, scope in _scopes(cfg)
+            if isinstance(window := scope.get("sliding_window"), int) and _number(window)
+            and window > 0 and scope.get("layer_types") is None
+            and "use_sliding_window" not in scope]
 
 
 def _d2t(ck: Checkpoint) -> torch.Tensor | None:
@@ -319,14 +261,11 @@ def _d2t(ck: Checkpoint) -> torch.Tensor | None:
 def check_vocab_reach(ck: Checkpoint, token_counts: Mapping[int, int] | None
                       ) -> tuple[list[Problem], list[Problem], dict]:
     """The draft vocabulary against the data: ``(problems, warnings, figures)``. Warning
-    ``VOCAB_MAP_PREFIX`` when ``d2t`` is all zeros (the vocabulary is the first
-    ``draft_vocab_size`` target ids). With ``token_counts`` ``{target id: count}`` (the data's
-    target tokens): figures ``{"vocab_coverage", "tokens_covered", "tokens_counted"}``; problem
-    ``VOCAB_COVERAGE_LOW`` below :data:`COVERAGE_REFUSE`, warning ``VOCAB_COVERAGE`` below
-    :data:`COVERAGE_WARN`. Fewer than :data:`COVERAGE_MIN_TOKENS` tokens counted: no verdict,
-    warning ``VOCAB_COVERAGE_UNJUDGED`` (figures ``{"tokens_counted", "tokens_covered",
-    "vocab_coverage_judged": False}``). Nothing when the draft has no ``d2t`` (the full
-    vocabulary)."""
+    ``VOCAB_MAP_PREFIX`` when ``d2t`` is all zeros. With ``token_counts`` ``{target id: count}``:
+    figures ``{"vocab_coverage", "tokens_covered", "tokens_counted"}``, ``VOCAB_COVERAGE_LOW``
+    below :data:`COVERAGE_REFUSE`, warning ``VOCAB_COVERAGE`` below :data:`COVERAGE_WARN`; under
+    :data:`COVERAGE_MIN_TOKENS` tokens, warning ``VOCAB_COVERAGE_UNJUDGED`` (figures
+    ``"vocab_coverage_judged": False``). Nothing without ``d2t``."""
     from eagle3.train.vocab import is_identity_prefix, vocab_coverage
 
     tl = ck.config.get("transformer_layer_config")

@@ -1,15 +1,11 @@
-"""Equivalence check: the draft as trained vs the draft as the serving engine will compute it.
+"""Equivalence check: the draft as trained vs the draft as the serving engine will compute it, on
+the same target forward (HF ``hidden_states`` on a few tokens):
 
-Both sides get the same real target forward (HF ``hidden_states`` of the target on a few tokens):
-
-- *trained*: speculators' ``Eagle3DraftModel`` (``sdpa`` attention, float32) runs its own
-  ``forward`` for one TTT step on ``cat(hidden_states[i] for i in the speculators config's ids)``,
-  positions ``1..T`` as the trainer feeds them (:mod:`eagle3.train.data`);
-- *engine*: :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft` (the pinned SGLang
-  ``LlamaForCausalLMEagle3``, EXTEND) on ``cat(hidden_states[k + 1] for k in eagle_config ids)``
-  (SGLang's "output of layer k"), positions ``0..T-1``, the target's embedding in place of the
-  draft's, what the target class really captures (one layer's state, ``fc`` bypassed, when the
-  profile says the class captures nothing or ``use_aux_hidden_state`` is false).
+- *trained*: speculators' ``Eagle3DraftModel`` (``sdpa``, float32), one TTT step on the
+  speculators config's aux ids, positions ``1..T`` as the trainer feeds them;
+- *engine*: :class:`eagle3.engines.sglang.draft.SGLangEagle3Draft` (EXTEND) on
+  ``hidden_states[k + 1]`` for the ``eagle_config`` ids, positions ``0..T-1``, the target's
+  embedding, and what the target class really captures (else one layer's state, ``fc`` bypassed).
 
 Components are compared in data-flow order (aux states, embeddings, fc, decoder layer, final norm,
 logits, id map); the first over ``atol`` is named in :class:`eagle3.errors.CheckpointInvalid`.
@@ -41,15 +37,14 @@ def _tokens(target_dir: Path, data_dir: Path | None, num_tokens: int, tokenizer)
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _hooks(pairs: dict[str, torch.nn.Module], store: dict, first_only: bool = True) -> list:
-    handles = []
-    for name, mod in pairs.items():
-        def hook(_m, _inp, out, name=name):
-            if first_only and name in store:
-                return
-            store[name] = out
-        handles.append(mod.register_forward_hook(hook))
-    return handles
+def _hooks(pairs: dict[str, torch.nn.Module], store: dict) -> list:
+    """Forward hooks keeping each module's first output in ``store``."""
+    def hook(name: str):
+        def keep(_m, _inp, out) -> None:  # returns None: the module's output is kept
+            store.setdefault(name, out)
+        return keep
+
+    return [mod.register_forward_hook(hook(name)) for name, mod in pairs.items()]
 
 
 def _trained_side(spec_dir: Path, aux: torch.Tensor, input_ids: torch.Tensor,

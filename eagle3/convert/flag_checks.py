@@ -1,10 +1,7 @@
 """Draft config flags (failure class 5): trained values the engine computes otherwise, flags read
-from a place the engine never looks, and flags nobody knows.
-
-The pinned SGLang reads ``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level
-only, ``norm_before_fc`` in either place, and inside ``eagle_config`` only
-``EngineProfile.eagle_config_keys``: ``eagle_config.norm_output: true`` is silently served as
-``False``. A boolean key no schema defines is reported (``UNKNOWN_FLAG``), not ignored.
+from a place the engine never looks, and flags nobody knows. The pinned SGLang reads
+``norm_output`` and ``fc_norm`` (or ``use_aux_norm``) at the top level only, ``norm_before_fc``
+in either place, and inside ``eagle_config`` only ``EngineProfile.eagle_config_keys``.
 """
 
 from __future__ import annotations
@@ -35,14 +32,12 @@ WRITTEN_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residu
 def render_value(value) -> str:
     """A JSON value in words for a message: ``the string 'false'``, ``the number 1``, ``null``,
     ``the list [1]``, ``the object {...}``; ``true`` / ``false`` for booleans."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
     if isinstance(value, str):
         return f"the string {value!r}"
     if isinstance(value, (int, float)):
         return f"the number {json.dumps(value)}"
-    if value is None:
-        return "null"
     kind = "list" if isinstance(value, list) else "object" if isinstance(value, dict) else "value"
     return f"the {kind} {json.dumps(value, sort_keys=True, default=str)}"
 
@@ -52,25 +47,20 @@ def _bool_keys(profile: EngineProfile) -> frozenset[str]:
 
 
 def _non_bool(config: Mapping, profile: EngineProfile) -> list[tuple[str, str, object]]:
-    """``(scope prefix, key, value)`` of each known boolean key (the engine's flags and their
-    aliases, transformers' boolean keys) stated with a value that is neither true, false nor null,
-    at the top level and inside ``eagle_config`` and ``transformer_layer_config``."""
+    """``(scope prefix, key, value)`` of each known boolean key stated neither true, false nor
+    null, at the top level and inside ``eagle_config`` and ``transformer_layer_config``."""
     keys = _bool_keys(profile)
-    out = []
-    for prefix in ("", "eagle_config.", "transformer_layer_config."):
-        scope = config if not prefix else config.get(prefix[:-1])
-        if not isinstance(scope, Mapping):
-            continue
-        out += [(prefix, k, scope[k]) for k in sorted(scope)
-                if k in keys and scope[k] is not None and not isinstance(scope[k], bool)]
-    return out
+    scopes = [("", config)] + [(f"{k}.", config.get(k))
+                               for k in ("eagle_config", "transformer_layer_config")]
+    return [(prefix, k, scope[k]) for prefix, scope in scopes if isinstance(scope, Mapping)
+            for k in sorted(scope)
+            if k in keys and scope[k] is not None and not isinstance(scope[k], bool)]
 
 
 def check_flag_types(config: Mapping, profile: EngineProfile,
                      where: str = "config.json") -> list[Problem]:
-    """``FLAG_TYPE`` for each known boolean key whose value is not a JSON boolean (e.g. the string
-    ``"false"`` or the number ``1``): engines and conversion read such a value by truthiness, so
-    the string ``"false"`` means true. Used by validate and by conversion, which refuses it."""
+    """``FLAG_TYPE`` for each known boolean key whose value is not a JSON boolean: engines and
+    conversion read it by truthiness, so the string ``"false"`` means true."""
     return [Problem("FLAG_TYPE", f"{where} {prefix}{key}: expected true or false, got "
                     f"{render_value(value)} (read by truthiness it means "
                     f"{render_value(bool(value))})")
@@ -78,24 +68,18 @@ def check_flag_types(config: Mapping, profile: EngineProfile,
 
 
 def non_bool_names(config: Mapping, profile: EngineProfile) -> frozenset[str]:
-    """The flag names :func:`check_flag_types` reports (a bad ``use_aux_norm`` also names
-    ``fc_norm``): the other flag checks skip them, since their value cannot be judged."""
+    """The flag names :func:`check_flag_types` reports (``use_aux_norm`` also names ``fc_norm``),
+    which the other flag checks skip."""
     names = {key for _, key, _ in _non_bool(config, profile)}
     return frozenset(names | ({"fc_norm"} if "use_aux_norm" in names else set()))
 
 
 def flag_values(config: Mapping, name: str) -> dict[str, bool]:
-    """Every place ``config`` states flag ``name`` (top level, ``eagle_config.<name>``;
-    ``use_aux_norm`` for ``fc_norm``), as ``{dotted key: bool}``; absent and None entries are left
-    out."""
+    """Every place ``config`` states flag ``name`` non-null (top level, ``eagle_config.<name>``;
+    ``use_aux_norm`` for ``fc_norm``), as ``{dotted key: bool}``."""
     aliases = [name] + (["use_aux_norm"] if name == "fc_norm" else [])
-    keys = [k for a in aliases for k in (a, f"eagle_config.{a}")]
-    out = {}
-    for key in keys:
-        found, value = dotted_get(config, key)
-        if found and value is not None:
-            out[key] = bool(value)
-    return out
+    found = {k: dotted_get(config, k) for a in aliases for k in (a, f"eagle_config.{a}")}
+    return {k: bool(v) for k, (ok, v) in found.items() if ok and v is not None}
 
 
 def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool | None:
@@ -111,9 +95,8 @@ def trained_flag(config: Mapping, name: str, where: str = "config.json") -> bool
 
 def check_nested_flags(config: Mapping, profile: EngineProfile,
                        skip: frozenset[str] = frozenset()) -> list[Problem]:
-    """``NESTED_FLAG`` for each flag stated where ``profile``'s engine never reads it with a value
-    other than the one the engine computes (e.g. ``eagle_config.norm_output: true`` → SGLang
-    computes ``norm_output=False``); flags in ``skip`` (not booleans: FLAG_TYPE) are left out."""
+    """``NESTED_FLAG`` for each flag (not in ``skip``) stated where the engine never reads it, with
+    a value other than the engine computes (``eagle_config.norm_output: true`` → False)."""
     out = []
     for name, rule in profile.flags.items():
         if name in skip:
@@ -130,34 +113,30 @@ def check_nested_flags(config: Mapping, profile: EngineProfile,
 
 
 def check_unknown_flags(config: Mapping, profile: EngineProfile) -> list[Problem]:
-    """``UNKNOWN_FLAG`` for boolean keys no schema defines, at the top level and inside
-    ``eagle_config`` (where any key but ``profile.eagle_config_keys`` and the flags goes unread)."""
+    """``UNKNOWN_FLAG`` for boolean keys no schema defines at the top level, and for keys inside
+    ``eagle_config`` other than ``profile.eagle_config_keys`` and the flags (unread there)."""
     known_top = HF_BOOL_KEYS | set(profile.flags) | set(profile.other_bool_keys)
-    out = []
-    for key, value in sorted(config.items()):
-        if isinstance(value, bool) and key not in known_top:
-            out.append(Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags "
-                               f"{profile.engine} {profile.version} or transformers define "
-                               f"({sorted(set(profile.flags))} and the model config's own), got "
-                               f"{key!r}, which no engine reads"))
+    out = [Problem("UNKNOWN_FLAG", f"config.json {key}={value}: expected only flags "
+                   f"{profile.engine} {profile.version} or transformers define "
+                   f"({sorted(set(profile.flags))} and the model config's own), got {key!r}, "
+                   "which no engine reads")
+           for key, value in sorted(config.items())
+           if isinstance(value, bool) and key not in known_top]
     eagle = config.get("eagle_config")
-    if isinstance(eagle, Mapping):
-        known_nested = set(profile.eagle_config_keys) | set(profile.flags)
-        for key, value in sorted(eagle.items()):
-            if key not in known_nested:
-                out.append(Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: "
-                                   f"expected only {sorted(profile.eagle_config_keys)} inside "
-                                   f"eagle_config (what {profile.engine} {profile.version} reads "
-                                   f"there), got {key!r}, which it never reads"))
-    return out
+    known_nested = set(profile.eagle_config_keys) | set(profile.flags)
+    return out + [Problem("UNKNOWN_FLAG", f"config.json eagle_config.{key}={value!r}: expected "
+                          f"only {sorted(profile.eagle_config_keys)} inside eagle_config (what "
+                          f"{profile.engine} {profile.version} reads there), got {key!r}, which "
+                          "it never reads")
+                  for key, value in (sorted(eagle.items()) if isinstance(eagle, Mapping) else [])
+                  if key not in known_nested]
 
 
 def unsupported_flags(flags: Mapping[str, bool | None], profile: EngineProfile,
                       where: str = "") -> list[Problem]:
     """``UNSUPPORTED_FLAG`` for each trained flag in ``flags`` (name -> value; None: not stated)
-    that ``profile``'s engine does not implement or computes otherwise
-    (:meth:`EngineProfile.check_flags`); ``where`` (e.g. the config file) prefixes the message.
-    Used by validate and by conversion, which refuses such a draft before writing anything."""
+    the engine does not implement or computes otherwise (:meth:`EngineProfile.check_flags`);
+    ``where`` prefixes the message."""
     out = []
     for name, value in flags.items():
         try:
@@ -170,13 +149,12 @@ def unsupported_flags(flags: Mapping[str, bool | None], profile: EngineProfile,
 def check_flags(ck: Checkpoint, profile: EngineProfile,
                 skip: frozenset[str] = frozenset()) -> list[Problem]:
     """Class 5: trained flags (``manifest.json`` ``trained_flags``, else the config's keys) the
-    engine does not implement, computes differently, or would read otherwise. Keys in ``skip``
-    (:func:`non_bool_names`: not booleans, reported as FLAG_TYPE) are not judged."""
+    engine does not implement, computes differently, or would read otherwise; ``skip``
+    (:func:`non_bool_names`) not judged."""
     out: list[Problem] = []
     cfg = ck.config
-    trained = dict((ck.manifest or {}).get("trained_flags") or {})
-    for name in skip:
-        trained.pop(name, None)
+    trained = {k: v for k, v in ((ck.manifest or {}).get("trained_flags") or {}).items()
+               if k not in skip}
     # a flag the config states but the engine never reads: its value is a fact too
     for name in profile.flags:
         if cfg.get(name) is None or name in skip:
@@ -214,11 +192,9 @@ def check_flags(ck: Checkpoint, profile: EngineProfile,
 
 
 def check_recorded_flags(ck: Checkpoint, where: str = "config.json") -> list[Problem]:
-    """``FLAG_MISMATCH`` for each flag ``ck``'s ``manifest.json`` ``trained_flags`` records (what
-    the draft was trained with, written at conversion) that the config ``where`` now states
-    otherwise: converting it again would record the edited value as the trained one. A flag
-    conversion does not write into the config (e.g. ``embed_requires_grad``) is compared only
-    where the config states it."""
+    """``FLAG_MISMATCH`` for each flag ``manifest.json`` ``trained_flags`` records that the config
+    ``where`` now states otherwise (a flag conversion does not write, e.g.
+    ``embed_requires_grad``, only where stated)."""
     recorded = (ck.manifest or {}).get("trained_flags")
     if not isinstance(recorded, Mapping):
         return []

@@ -1,28 +1,23 @@
 """Draft checkpoint → the serving engine's format (the pinned SGLang ``LlamaForCausalLMEagle3``).
 
-Inputs (detected from ``config.json`` and the tensor names):
+Inputs: ``speculators`` (``speculators_model_type: "eagle3"``, nested ``transformer_layer_config``,
+top-level aux ids as HF hidden_states indices, ``layers.{i}.*``); ``specforge``
+(``architectures: ["LlamaForCausalLMEagle3"]``, ``midlayer.*`` or ``layers.0.*``, aux ids in
+SGLang's ``eagle_config``); ``eagle`` (the EAGLE repo's ``pytorch_model.bin``, no embedding).
 
-- ``speculators``: ``speculators_model_type: "eagle3"``, nested ``transformer_layer_config``,
-  top-level ``eagle_aux_hidden_state_layer_ids`` in HF hidden_states-index convention,
-  ``layers.{i}.*`` tensors.
-- ``specforge``: ``architectures: ["LlamaForCausalLMEagle3"]``, ``model.safetensors`` with
-  ``midlayer.*`` (or ``layers.0.*``) tensors; aux ids, if any, already in SGLang's ``eagle_config``
-  (output-of-layer convention).
-- ``eagle``: the original EAGLE repo's release (``pytorch_model.bin`` with ``midlayer.*``, no
-  embedding).
-
-Conversion (docs/ENGINE_FACTS.md §2, §3): aux ids go to
-``eagle_config.eagle_aux_hidden_state_layer_ids`` as ``hf_id - 1`` (missing ids: the EAGLE-3 default
-rule, which needs the target); ``target_hidden_size``, RoPE and ``max_position_embeddings`` come
-from the target's config when given; ``tie_word_embeddings`` false, ``draft_vocab_size`` explicit;
-``d2t`` and ``t2d`` kept; legacy names become ``layers.0.*`` / ``fc_norm.{i}``; a speculators layer
-``i >= 1`` has its ``input_layernorm`` also written as ``hidden_norm`` (what SGLang's later layers
-read). The result is written atomically and validated before it is published; SRC is only read.
+Conversion (docs/ENGINE_FACTS.md §2, §3): aux ids go to ``eagle_config`` as ``hf_id - 1``
+(missing: the EAGLE-3 default rule, which needs the target); ``target_hidden_size``, RoPE and
+``max_position_embeddings`` come from the target when given; ``tie_word_embeddings`` false,
+``draft_vocab_size`` explicit; ``d2t``/``t2d`` kept; legacy names become ``layers.0.*`` /
+``fc_norm.{i}``; a speculators layer ``i >= 1`` also gets its ``input_layernorm`` as
+``hidden_norm`` (what SGLang's later layers read). Written atomically and validated before it is
+published; SRC is only read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -34,7 +29,7 @@ import torch
 from eagle3.artifacts import MANIFEST, atomic_directory, atomic_write_json, write_manifest
 from eagle3.convert import checks, draft_checks
 from eagle3.convert.checkpoint import Checkpoint, Problem, Target, cfg_get, read_checkpoint
-from eagle3.convert.flag_checks import (check_flag_types, check_recorded_flags,
+from eagle3.convert.flag_checks import (WRITTEN_FLAGS, check_flag_types, check_recorded_flags,
                                         check_unknown_flags, trained_flag, unsupported_flags)
 from eagle3.convert.validate import validate_report
 from eagle3.engines.profile import EngineProfile
@@ -84,11 +79,9 @@ def _default_hf_ids(tcfg: dict | None, field: str) -> list[int]:
 
 def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int, src: Path,
                   target_dir: Path | None) -> tuple[list[str], dict, list[Problem]]:
-    """target_hidden_size, RoPE and context from the target. Returns the RoPE keys changed, the
-    values the source stated that the target's replaced (``{key: {"source", "target"}}``:
-    ``target_hidden_size`` and ``max_position_embeddings`` when they differ, the RoPE keys when
-    the RoPE transformers 5 builds from them differs) and a warning ``REPLACED_FROM_TARGET`` for
-    each, naming the key, both values and the target's config."""
+    """target_hidden_size, RoPE and context from the target: the RoPE keys changed, the source
+    values replaced (``{key: {"source", "target"}}``; RoPE keys only when the RoPE transformers 5
+    builds differs) and a ``REPLACED_FROM_TARGET`` warning for each."""
     if tcfg is None:
         out["target_hidden_size"] = int(out.get("target_hidden_size") or fallback_hidden)
         return [], {}, []
@@ -99,13 +92,11 @@ def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int, src: Path,
         if tcfg.get(k) is not None:
             out[k] = tcfg[k]
     out["target_hidden_size"] = int(tcfg["hidden_size"])
-    replaced = {k: {"source": before[k], "target": out.get(k)}
-                for k in ("target_hidden_size", "max_position_embeddings")
-                if before[k] is not None and before[k] != out.get(k)}
+    keys = ["target_hidden_size", "max_position_embeddings"]
     if draft_checks.effective_rope(out) != rope_before:
-        replaced.update({k: {"source": before[k], "target": out.get(k)} for k in ROPE_KEYS
-                         if k != "max_position_embeddings" and before[k] != out.get(k)
-                         and before[k] is not None})
+        keys += [k for k in ROPE_KEYS if k != "max_position_embeddings"]
+    replaced = {k: {"source": before[k], "target": out.get(k)} for k in keys
+                if before[k] is not None and before[k] != out.get(k)}
     from_key = {"target_hidden_size": "hidden_size"}
     warnings = [Problem("REPLACED_FROM_TARGET", f"{src}/config.json {k}: the source states "
                         f"{json.dumps(v['source'], sort_keys=True)}, conversion wrote the "
@@ -116,39 +107,33 @@ def _apply_target(out: dict, tcfg: dict | None, fallback_hidden: int, src: Path,
 
 
 def _trained_aux_ids(ck: Checkpoint) -> list[int] | None:
-    """The aux layer ids (HF ``hidden_states`` indices) the project's training recorded in SRC's
-    ``manifest.json`` (kind ``draft_checkpoint``, key ``aux_layer_ids``,
-    :func:`eagle3.train.stage.train`); None for a draft without that record. CheckpointInvalid
-    ``AUX_IDS_INVALID`` for a recorded value that is no list of integers."""
+    """The aux ids (HF indices) training recorded in SRC's ``manifest.json`` (kind
+    ``draft_checkpoint``), else None. CheckpointInvalid ``AUX_IDS_INVALID`` / ``AUX_IDS_MISMATCH``
+    for a value that is no list of integers / another convention."""
     man = ck.manifest or {}
     ids = man.get("aux_layer_ids")
     if man.get("kind") != "draft_checkpoint":
         return None
-    bad = draft_checks.aux_ids_invalid(ids, "aux_layer_ids", f"{ck.path}/manifest.json")
-    if bad is not None:
-        raise CheckpointInvalid(str(bad), [bad])
+    _refuse([draft_checks.aux_ids_invalid(ids, "aux_layer_ids", f"{ck.path}/manifest.json")])
     if not ids:
         return None
     conv = man.get("layer_id_convention", "hf_hidden_states_index")
     if conv != "hf_hidden_states_index":
-        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/manifest.json layer_id_convention: expected "
-                    f"'hf_hidden_states_index', got {conv!r}")
-        raise CheckpointInvalid(str(p), [p])
+        _refuse([Problem("AUX_IDS_MISMATCH", f"{ck.path}/manifest.json layer_id_convention: "
+                         f"expected 'hf_hidden_states_index', got {conv!r}")])
     return [int(i) for i in ids]
 
 
 def _speculators_aux_ids(ck: Checkpoint, tcfg: dict | None) -> tuple[list[int], str]:
-    """``(HF ids, where they came from)``: ``config.json`` ``eagle_aux_hidden_state_layer_ids``,
-    else the training manifest's ``aux_layer_ids`` (the ids the draft's ``fc`` was trained on),
-    else the EAGLE-3 default rule for the target. CheckpointInvalid (``AUX_IDS_MISMATCH``) when
-    config and training manifest disagree, naming both."""
+    """``(HF ids, where they came from)``: ``config.json``, else the training manifest, else the
+    EAGLE-3 default rule; CheckpointInvalid ``AUX_IDS_MISMATCH`` when config and manifest
+    disagree."""
     stated = ck.config.get(AUX_KEY)
     trained = _trained_aux_ids(ck)
     if stated and trained is not None and [int(i) for i in stated] != trained:
-        p = Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: expected "
-                    f"the ids the draft was trained on, {ck.path}/manifest.json "
-                    f"aux_layer_ids={trained} (HF hidden_states indices)")
-        raise CheckpointInvalid(str(p), [p])
+        _refuse([Problem("AUX_IDS_MISMATCH", f"{ck.path}/config.json {AUX_KEY}={list(stated)}: "
+                         f"expected the ids the draft was trained on, {ck.path}/manifest.json "
+                         f"aux_layer_ids={trained} (HF hidden_states indices)")])
     if stated:
         return [int(i) for i in stated], f"config.json {AUX_KEY}"
     if trained is not None:
@@ -157,9 +142,8 @@ def _speculators_aux_ids(ck: Checkpoint, tcfg: dict | None) -> tuple[list[int], 
 
 
 def _check_source(ck: Checkpoint, tcfg: dict | None, profile: EngineProfile) -> list[Problem]:
-    """What the draft was trained with that the output would silently change: flags no engine
-    reads, a sliding window, two RoPE thetas, or a theta other than the target's (conversion
-    writes the target's RoPE, and the draft's attention was trained with its own)."""
+    """What the draft was trained with that the output would silently change: unknown flags, a
+    sliding window, two RoPE thetas, a theta other than the target's (which conversion writes)."""
     where = f"{ck.path}/config.json"
     out = list(check_unknown_flags(ck.config, profile))
     out += draft_checks.check_sliding_window(ck.config, where)
@@ -177,18 +161,17 @@ def _check_source(ck: Checkpoint, tcfg: dict | None, profile: EngineProfile) -> 
     return out
 
 
-def _refuse(problems: list[Problem]) -> None:
-    """CheckpointInvalid listing ``problems`` (what SRC was trained with that the engine would
-    compute otherwise); nothing when there are none."""
+def _refuse(problems: list[Problem | None]) -> None:
+    """CheckpointInvalid listing ``problems`` (None entries left out), if any."""
+    problems = [p for p in problems if p is not None]
     if problems:
         raise CheckpointInvalid("; ".join(map(str, problems)), problems)
 
 
 @contextlib.contextmanager
 def _also_refused(problems: list[Problem]):
-    """Re-raise a CheckpointInvalid from the block with ``problems`` (SRC's files against its own
-    manifest) added where it lacks them: a refusal names what is wrong with the source first,
-    then that its files changed after its manifest was written."""
+    """Re-raise a CheckpointInvalid from the block with ``problems`` (SRC against its manifest)
+    appended where it lacks them."""
     try:
         yield
     except CheckpointInvalid as e:
@@ -250,10 +233,7 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile,
     _refuse(unsupported_flags(flags, profile, where))
     tensors, renamed = {}, {}
     for name, t in ck.tensors.items():
-        new = name
-        for legacy, canon in profile.legacy_renames:
-            if legacy in new:
-                new = new.replace(legacy, canon)
+        new = functools.reduce(lambda n, r: n.replace(*r), profile.legacy_renames, name)
         if new != name:
             renamed[name] = new
         tensors[new] = t
@@ -270,12 +250,10 @@ def _from_sglang_like(ck: Checkpoint, profile: EngineProfile,
 
 
 def _fold_rope_scaling(out: dict, src: Path, fmt: str, from_target: bool) -> list[Problem]:
-    """Warning ``ROPE_SCALING_CONFLICT`` when the built config ``out`` states ``rope_scaling``
-    beside a ``rope_parameters`` it disagrees with
-    (:func:`eagle3.convert.draft_checks.rope_scaling_conflict`), saying what conversion does with
-    them: with a target, its RoPE keys replace both (:func:`_apply_target`); without, ``out`` gets
-    the ``rope_parameters`` transformers 5 builds from the source (``rope_scaling`` wins) and
-    loses ``rope_scaling`` and ``rope_theta``, so the served file states one RoPE."""
+    """Warning ``ROPE_SCALING_CONFLICT`` for a ``rope_scaling`` beside a ``rope_parameters`` it
+    disagrees with (:func:`eagle3.convert.draft_checks.rope_scaling_conflict`). With a target its
+    RoPE replaces both; without, ``out`` keeps only the ``rope_parameters`` transformers 5 builds
+    (``rope_scaling`` wins)."""
     prefix = "transformer_layer_config." if fmt == "speculators" else ""
     what = draft_checks.rope_scaling_conflict(out, prefix)
     if what is None:
@@ -296,14 +274,13 @@ def _vocab_padded(src_manifest: dict) -> bool:
     """Training recorded an explicit pad decision (draft slots beyond the data's tokens)."""
     vocab = src_manifest.get("vocab") or {}
     n_data, size = vocab.get("num_from_data"), vocab.get("draft_vocab_size")
-    counted = isinstance(n_data, int) and isinstance(size, int)
-    return bool(src_manifest.get("vocab_padded")) or (counted and n_data < size)
+    return bool(src_manifest.get("vocab_padded")) or (
+        isinstance(n_data, int) and isinstance(size, int) and n_data < size)
 
 
 def _map_hash(tensors: dict[str, torch.Tensor], vocab: object) -> str | None:
-    """The map hash validate compares (``VOCAB_MAP_CHANGED``): of ``d2t`` and ``t2d``, or, without
-    ``t2d``, of ``d2t`` and the ``t2d`` it implies; None when that ``d2t`` is not a valid offset
-    map for ``vocab`` (validation of the output then names it)."""
+    """The map hash validate compares (``VOCAB_MAP_CHANGED``), with the ``t2d`` ``d2t`` implies
+    when none is stored; None when ``d2t`` is no valid offset map (validation then names it)."""
     from eagle3.convert.vocab_reading import offset_t2d
     from eagle3.train.vocab import vocab_map_hash
 
@@ -327,7 +304,7 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def check_destination(src: Path, dst: Path) -> None:
     """ConfigError unless DST is absent, empty, or an earlier ``serving_checkpoint`` (replaced once
-    the new one is complete); also for DST equal to, inside or above SRC."""
+    the new one is complete), or when DST is equal to, inside or above SRC."""
     if src == dst or src in dst.parents:
         raise ConfigError(f"convert: DST {dst} must be outside SRC {src} (SRC is never modified)")
     if dst in src.parents:
@@ -348,40 +325,29 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | None = None,
             version: str | None = None, data_manifest: dict | None = None,
-            aux_capture: bool = True, log_warnings: bool = True,
-            data: Path | None = None) -> dict:
+            aux_capture: bool = True, log_warnings: bool = True, data: Path | None = None) -> dict:
     """Convert the draft in ``src`` to ``engine``'s format in ``dst``; returns its manifest.
 
     Writes ``config.json``, ``model.safetensors`` and ``manifest.json`` (kind
-    ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` (HF ``hidden_states`` index),
-    ``aux_layer_ids_engine``, ``trained_flags``, ``vocab_map_hash``, ``renamed``,
-    ``rope_from_target``, ``replaced_from_target`` (source values the target's replaced, each
-    also a ``REPLACED_FROM_TARGET`` warning), ``vocab_padded``, ``aux_ids_from`` (where the aux ids
-    came from), the source's ``data_manifest_hash``, ``data_content_hash``, ``target``, and
-    ``validation`` with its ``warnings``, also logged unless ``log_warnings`` is False: a caller
-    that converts the same draft repeatedly logs them itself; ``ROPE_SCALING_CONFLICT`` says which
-    RoPE was written for a ``rope_scaling`` beside a ``rope_parameters`` it disagrees with).
+    ``"serving_checkpoint"``: ``source_format``, ``aux_layer_ids_hf`` / ``_engine``,
+    ``trained_flags``, ``vocab_map_hash``, ``renamed``, ``rope_from_target``,
+    ``replaced_from_target``, ``vocab_padded``, ``aux_ids_from``, the source's
+    ``data_manifest_hash``, ``data_content_hash``, ``target``, ``inputs.source`` (SRC's content
+    hash computed here) and ``validation.warnings``, logged unless ``log_warnings`` is False).
     ``dst`` appears only if :func:`eagle3.convert.validate.validate_report` finds no problem in
-    the written files (with ``target_dir`` and ``data_manifest`` when given; ``aux_capture``
-    False leaves capture to the pre-flight); its warnings join ``validation.warnings``, each
-    code once. ``data``: an extraction folder or conversations file, read as ``eagle3 validate
-    --data`` reads it (:func:`eagle3.convert.coverage.read_data`: the manifest and the token
-    counts of the vocabulary-coverage check), instead of ``data_manifest``. The manifest's
-    ``inputs.source`` is the content hash computed here of SRC's files, never a copied one.
+    the written files (``aux_capture`` False leaves capture to the pre-flight); its warnings join
+    ``validation.warnings``, each code once. ``data``: an extraction folder or conversations file
+    (:func:`eagle3.convert.coverage.read_data`), instead of ``data_manifest``.
 
     Raises:
         ConfigError: ``src == dst``, a flag stated twice with two values, aux ids that need
             ``target_dir``.
         DataError: unreadable SRC or target. EngineUnsupported: unknown engine/format/layer type.
-        CheckpointInvalid: validation failed (``.problems``), SRC's files differ from its own
-            ``manifest.json`` ``content_hash`` (``CONTENT_HASH_MISMATCH``) or its config states a
-            flag otherwise than its ``trained_flags`` (``FLAG_MISMATCH``), a known boolean key
-            is not a boolean (``FLAG_TYPE``), SRC's aux ids (config or
-            training manifest) are no list of integers (``AUX_IDS_INVALID``), or SRC was trained
-            with what the output would drop or change (``UNSUPPORTED_FLAG``, ``UNKNOWN_FLAG``,
-            ``SLIDING_WINDOW``, ``ROPE_CONFLICT``, ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH``
-            against the training manifest), a tensor in two weight files (``DUPLICATE_TENSOR``), or
-            ``target_dir`` holds an EAGLE-3 draft (``TARGET_IS_DRAFT``).
+        CheckpointInvalid: validation failed (``.problems``); ``CONTENT_HASH_MISMATCH``,
+            ``FLAG_MISMATCH`` (config vs its ``trained_flags``), ``FLAG_TYPE``,
+            ``AUX_IDS_INVALID``, ``DUPLICATE_TENSOR``, ``TARGET_IS_DRAFT``, or what the output
+            would drop or change (``UNSUPPORTED_FLAG``, ``UNKNOWN_FLAG``, ``SLIDING_WINDOW``,
+            ``ROPE_CONFLICT``, ``ROPE_TRAINED_MISMATCH``, ``AUX_IDS_MISMATCH``).
     """
     src, dst = Path(src).resolve(), Path(dst).resolve()
     check_destination(src, dst)
@@ -409,11 +375,8 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         _refuse(check_flag_types(ck.config, profile, where))
         fmt = detect_format(ck)
         aux_key = AUX_KEY if fmt == "speculators" else f"eagle_config.{AUX_KEY}"
-        bad_ids = draft_checks.aux_ids_invalid(cfg_get(ck.config, aux_key), aux_key,
-                                               f"{src}/config.json")
         # read as ids below, a string would become one id per character
-        if bad_ids is not None:
-            raise CheckpointInvalid(str(bad_ids), [bad_ids])
+        _refuse([draft_checks.aux_ids_invalid(cfg_get(ck.config, aux_key), aux_key, where)])
         target = Target.read(Path(target_dir)) if target_dir is not None else None
         if target is not None:
             _refuse(checks.check_target_is_draft(target, profile))
@@ -432,18 +395,18 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         warnings += replaced_warnings
         # a source edited after its manifest was written: refused, never re-recorded
         _refuse(check_recorded_flags(ck, where) + hashed)
-    eagle = {"eagle_aux_hidden_state_layer_ids": profile.hf_to_engine_ids(info["hf_ids"]),
-             "use_aux_hidden_state": True}
-    for k in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"):
+    for k in WRITTEN_FLAGS:
         out_cfg[k] = bool(info["trained_flags"].get(k, False))
-    eagle["norm_before_fc"] = out_cfg["norm_before_fc"]
-    out_cfg["eagle_config"] = eagle
+    engine_ids = profile.hf_to_engine_ids(info["hf_ids"])
+    out_cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": engine_ids,
+                               "use_aux_hidden_state": True,
+                               "norm_before_fc": out_cfg["norm_before_fc"]}
     floats = [t.dtype for t in tensors.values() if t.is_floating_point()]
     out_cfg["torch_dtype"] = str(floats[0]).replace("torch.", "") if floats else "float32"
     src_manifest = ck.manifest or {}
     extra = {"engine": engine, "engine_version": profile.version, "source_format": fmt,
              "aux_layer_ids_hf": info["hf_ids"], "layer_id_convention": "hf_hidden_states_index",
-             "aux_layer_ids_engine": eagle["eagle_aux_hidden_state_layer_ids"],
+             "aux_layer_ids_engine": engine_ids,
              "trained_flags": info["trained_flags"], "renamed": info["renamed"],
              "rope_from_target": rope_changed, "replaced_from_target": replaced,
              "target": ({"path": str(target_dir)} if target_dir is not None
@@ -458,8 +421,7 @@ def convert(src: Path, dst: Path, *, engine: str = "sglang", target_dir: Path | 
         atomic_write_json(tmp / "config.json", out_cfg)
         manifest = write_manifest(
             tmp, "serving_checkpoint", config={"engine": engine, "engine_version": profile.version},
-            inputs={"source": source_hash},
-            counts={"tensors": len(tensors)},
+            inputs={"source": source_hash}, counts={"tensors": len(tensors)},
             timings={"convert_s": round(time.monotonic() - t0, 3)},
             validation={"engine": engine, "version": profile.version, "problems": 0,
                         "warnings": [str(w) for w in warnings],

@@ -1,32 +1,22 @@
 """Every check of a serving checkpoint that can be made from files (docs/FAILURE_CLASSES.md).
 
-Tensor checks replay the engine's loader (:mod:`eagle3.engines.profile`): every tensor must fill a
-parameter, every read parameter must be filled, shapes must agree. Codes, by failure class:
-1 MISSING_TENSOR; 2 UNKNOWN_TENSOR, DUPLICATE_TENSOR (two tensors fill one parameter, or one name in
-two weight files); 3 SHAPE_MISMATCH, CONFIG_FIELD; 4 NAN_INF,
+Tensor checks replay the engine's loader (:mod:`eagle3.engines.profile`). Codes, by failure class:
+1 MISSING_TENSOR; 2 UNKNOWN_TENSOR, DUPLICATE_TENSOR; 3 SHAPE_MISMATCH, CONFIG_FIELD; 4 NAN_INF,
 ALL_ZERO, EMBED_MISMATCH, EMBED_UNCHECKED; 5 UNSUPPORTED_FLAG, FLAG_MISMATCH, NESTED_FLAG,
-UNKNOWN_FLAG, FLAG_TYPE (a known boolean key stated as a string or number); 6 VOCAB_MAP_MISSING;
-7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH, VOCAB_MAP_ABSOLUTE;
-8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED; 10 AUX_IDS_MISSING, AUX_IDS_COUNT,
-AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED, AUX_IDS_INVALID (ids that are not
-a list of integers: the tensor checks, which size fc from their count, are then skipped);
-11 TARGET_NO_AUX_CAPTURE;
-12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT, ROPE_SCALING_CONFLICT,
-SLIDING_WINDOW; 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH, TARGET_MISMATCH,
-TARGET_WEIGHTS_MISMATCH; 15/16 DATA_INVALID; 22 ARCHITECTURE (draft class first); 26 CONFIG_FIELD
-(numbers out of range). Integrity: CONTENT_HASH_MISMATCH (the files against ``manifest.json``
-``content_hash``). Target: TARGET_IS_DRAFT (the folder given as the target is an EAGLE-3 draft: the
-target checks are skipped instead of comparing the draft with a draft).
+UNKNOWN_FLAG, FLAG_TYPE; 6 VOCAB_MAP_MISSING; 7 VOCAB_MAP_INVALID, VOCAB_SIZE_MISMATCH,
+VOCAB_MAP_ABSOLUTE; 8 VOCAB_DATA_TOO_SMALL, VOCAB_COVERAGE_LOW; 9 VOCAB_MAP_CHANGED;
+10 AUX_IDS_MISSING, AUX_IDS_COUNT, AUX_IDS_RANGE, AUX_IDS_ORDER, AUX_IDS_MISMATCH, AUX_DISABLED,
+AUX_IDS_INVALID (then the tensor checks, which size fc from the ids, are skipped);
+11 TARGET_NO_AUX_CAPTURE; 12 TARGET_HIDDEN_SIZE; 13 ROPE_MISMATCH, CONTEXT_LENGTH, ROPE_CONFLICT,
+ROPE_SCALING_CONFLICT, SLIDING_WINDOW; 14 CHAT_TEMPLATE_MISMATCH, TOKENIZER_MISMATCH,
+TARGET_MISMATCH, TARGET_WEIGHTS_MISMATCH; 15/16 DATA_INVALID; 22 ARCHITECTURE; 26 CONFIG_FIELD
+(numbers out of range); CONTENT_HASH_MISMATCH; TARGET_IS_DRAFT (target checks then skipped).
 
-Warnings (:func:`validate_report`; served, but said out loud): VOCAB_MAP_PREFIX (d2t all zeros:
-the draft vocabulary is the first ids), VOCAB_COVERAGE (the data's tokens the draft can propose,
-below :data:`eagle3.convert.draft_checks.COVERAGE_WARN`), VOCAB_COVERAGE_UNJUDGED (too few tokens
-counted for a verdict), SLIDING_WINDOW (a lone ``sliding_window`` that no one applies),
-DATA_UNCHECKED (a data manifest with nothing to compare), CONTENT_UNCHECKED (a ``manifest.json``
-without ``content_hash``).
+Warnings (served, but said out loud): VOCAB_MAP_PREFIX, VOCAB_COVERAGE,
+VOCAB_COVERAGE_UNJUDGED, SLIDING_WINDOW, DATA_UNCHECKED, CONTENT_UNCHECKED.
 
-Only unreadable input raises (DataError: missing/corrupt ``config.json`` or weights, unreadable
-target). Target checks need ``target_dir``; data checks need ``data_manifest``.
+Only unreadable input raises (DataError). Target checks need ``target_dir``; data checks need
+``data_manifest``.
 """
 
 from __future__ import annotations
@@ -45,9 +35,8 @@ from eagle3.errors import DataError
 
 @dataclass
 class Findings:
-    """What :func:`validate_report` found: ``problems`` (the checkpoint would be served wrongly),
-    ``warnings`` (served as trained, but weaker than it looks; each a ``CODE: message``) and
-    ``figures`` (numbers worth recording, e.g. ``vocab_coverage`` 0..1)."""
+    """What :func:`validate_report` found: ``problems`` (would be served wrongly), ``warnings``
+    (served as trained, but weaker than it looks) and ``figures`` (e.g. ``vocab_coverage``)."""
 
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
@@ -58,8 +47,7 @@ def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engi
              data_manifest: dict | None = None, version: str | None = None,
              aux_capture: bool = True,
              token_counts: Mapping[int, int] | None = None) -> list[Problem]:
-    """All file-checkable problems (``[]`` = valid) of ``ckpt_dir`` for ``engine``: the
-    ``problems`` of :func:`validate_report` (same arguments; its warnings are not returned)."""
+    """The ``problems`` of :func:`validate_report` (``[]`` = valid)."""
     return validate_report(ckpt_dir, target_dir=target_dir, engine=engine,
                            data_manifest=data_manifest, version=version, aux_capture=aux_capture,
                            token_counts=token_counts).problems
@@ -95,7 +83,6 @@ def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = Non
 def _check_files(found: Findings, ck: Checkpoint, profile: EngineProfile, target: Target | None,
                  data_manifest: Mapping | None, aux_capture: bool,
                  token_counts: Mapping[int, int] | None) -> None:
-    """The checks of :func:`validate_report` after reading, added to ``found``."""
     problems = found.problems
     arch = checks.check_architecture(ck, profile)
     problems += arch

@@ -50,7 +50,7 @@ TWO_APART_MIN = math.ceil(math.log2(1 / ADJACENT_FALSE_ALARM_MAX))
 
 
 def _poisson_at_least(k: int, lam: float) -> float:
-    """P(X >= k) for X ~ Poisson(lam), summed from k upward in log space (no cancellation)."""
+    """P(X >= k) for X ~ Poisson(lam), summed in log space."""
     if k <= 0:
         return 1.0
     if lam <= 0:
@@ -74,11 +74,9 @@ def _marks_exactly(mask: torch.Tensor, ids: torch.Tensor) -> bool:
 
 
 def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int) -> str | None:
-    """Why ``d2t`` (integer ``[n]``) holds absolute target ids rather than offsets, or None when
-    the offset reading stands or the two cannot be told apart (module docstring, rules 1-5).
-    ``t2d`` (bool or 0/1 ``[vocab_size]``, or None) is used only when its length is
-    ``vocab_size``; one that marks neither reading is left to the map checks
-    (``VOCAB_MAP_INVALID``). Raises nothing."""
+    """Why ``d2t`` (integer ``[n]``) holds target ids rather than offsets, else None (module
+    docstring, rules 1-5). ``t2d`` (bool or 0/1 ``[vocab_size]``) is used only at that length.
+    Raises nothing."""
     from eagle3.train.vocab import absolute_d2t_reason
 
     n = int(d2t.numel())
@@ -92,17 +90,14 @@ def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int
             return (f"t2d is true exactly at d2t's {n} values, not at i + d2t[i] (range "
                     f"[{int(targets.min())}, {int(targets.max())}]): the map was written as ids")
         return None
-    ids_valid = (int(a.min()) >= 0 and int(a.max()) < vocab_size
-                 and int(a.unique().numel()) == n)
-    if not ids_valid:
+    if int(a.min()) < 0 or int(a.max()) >= vocab_size or int(a.unique().numel()) != n:
         return None
     if int(targets.max()) >= vocab_size:
         return (f"read as offsets, i + d2t[i] reaches {int(targets.max())} >= vocab_size "
                 f"{vocab_size}; read as target ids, d2t is {n} distinct ids in [0, {vocab_size})")
     if int(targets.unique().numel()) != n:
-        return (f"read as offsets, {n - int(targets.unique().numel())} draft ids share a target "
-                f"id i + d2t[i]; read as target ids, d2t is {n} distinct ids in "
-                f"[0, {vocab_size})")
+        return (f"read as offsets, {n - int(targets.unique().numel())} draft ids share a target id "
+                f"i + d2t[i]; read as target ids, d2t is {n} distinct ids in [0, {vocab_size})")
     steps = a[1:] - a[:-1]
     if not bool((steps > 0).all()):
         return None  # unsorted: a valid offset map under the engine's reading; undecidable here
@@ -121,18 +116,16 @@ def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int
     if adjacent >= TWO_APART_MIN:
         return (f"read as offsets, no two of the {n} draft ids sit on adjacent target ids while "
                 f"{adjacent} neighbours sit exactly 2 apart (chance at most 2^-{adjacent} = "
-                f"{0.5 ** adjacent:.1g} for a vocabulary chosen from text, where adjacent ids "
-                f"are at least as common as ids 2 apart); read as target ids, d2t is {n} "
-                f"distinct ids in [{int(a.min())}, {int(a.max())}] with {adjacent} adjacent "
-                "pairs")
+                f"{0.5 ** adjacent:.1g} for a vocabulary chosen from text, where adjacent ids are "
+                f"at least as common as ids 2 apart); read as target ids, d2t is {n} distinct ids "
+                f"in [{int(a.min())}, {int(a.max())}] with {adjacent} adjacent pairs")
     return None
 
 
 def offset_t2d(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The ``t2d`` (bool ``[vocab_size]``) of an offset map ``d2t``: true exactly at the target
-    ids ``i + d2t[i]``, as training builds it (:func:`eagle3.train.vocab.build_vocab_map`), so a
-    draft stored without ``t2d`` hashes as it did when trained. ``d2t`` must be a valid map
-    (targets in ``[0, vocab_size)``); ValueError naming the range otherwise."""
+    """The ``t2d`` (bool ``[vocab_size]``, true at ``i + d2t[i]``) of an offset map ``d2t``, as
+    :func:`eagle3.train.vocab.build_vocab_map` builds it; ValueError naming the range when a
+    target is outside ``[0, vocab_size)``."""
     targets = d2t.to(torch.long) + torch.arange(d2t.numel(), dtype=torch.long)
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
         raise ValueError(f"d2t: i + d2t[i] expected in [0, {vocab_size}), got range "

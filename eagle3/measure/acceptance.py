@@ -1,19 +1,18 @@
 """SGLang's acceptance fields, every generation of them, in one shape (docs/ENGINE_FACTS.md §4).
 
-Per request (``POST /generate`` → ``meta_info``): old builds send ``spec_verify_ct`` (and
-``completion_tokens``); middle builds ``spec_accept_token_num`` (accepted drafts, bonus excluded),
-``spec_draft_token_num`` and ``spec_accept_histogram``; the profile's release
-(``managers/tokenizer_manager.py``) ``spec_verify_ct``, ``spec_accept_length`` (completion tokens /
-verify passes), ``spec_accept_rate``, ``spec_num_correct_drafts``, ``spec_num_proposed_drafts`` and
-``spec_correct_drafts_histogram`` (``h[j]``: passes that accepted exactly j drafts). Server-wide:
-``/get_server_info`` ``internal_states[i].avg_spec_accept_length`` (cumulative since start) and
-Prometheus ``sglang:spec_accept_length`` / ``spec_accept_rate`` (gauges),
-``sglang:generation_tokens_total`` / ``spec_verify_calls_total`` (counters, differenced).
+Per request (``meta_info``): old builds send ``spec_verify_ct``; middle builds
+``spec_accept_token_num`` (bonus excluded), ``spec_draft_token_num``, ``spec_accept_histogram``;
+the profile's release (``managers/tokenizer_manager.py``) ``spec_verify_ct``,
+``spec_accept_length``, ``spec_accept_rate``, ``spec_num_correct_drafts``,
+``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram`` (``h[j]``: passes accepting
+exactly j). Server-wide: ``/get_server_info`` ``internal_states[i].avg_spec_accept_length``
+(cumulative) and Prometheus ``sglang:spec_accept_length`` / ``spec_accept_rate`` (gauges),
+``generation_tokens_total`` / ``spec_verify_calls_total`` (counters, differenced).
 
-Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus counted;
-1.0 = nothing accepted, ≤ num_steps + 1). SGLang's ``spec_accept_length`` also counts the prefill
-token (N/(N-1) when nothing is accepted: 1.016 at 64 tokens); kept as ``acceptance_length_sglang``.
-Without an accepted count: accepted = completion_tokens - 1 - verify passes."""
+Convention (INTERNALS.md): acceptance length = 1 + accepted drafts / verify passes (bonus counted,
+≤ num_steps + 1). SGLang's ``spec_accept_length`` also counts the prefill token (N/(N-1) when
+nothing is accepted); kept as ``acceptance_length_sglang``. Without an accepted count: accepted =
+completion_tokens - 1 - verify passes."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ def exact_acceptance_length(accepted_drafts: int, verify_ct: int) -> float:
 
 @dataclass
 class RequestAcceptance:
-    """One request's acceptance in any field generation: ``verify_ct`` (None: no speculation),
-    ``accepted_drafts`` / ``proposed_drafts`` (bonus excluded), ``histogram``, ``generation``
-    ("sglang-<VERSION>", "middle", "verify_ct-only", "none"), and the server's figures if sent."""
+    """One request's acceptance (``verify_ct`` None: no speculation; drafts bonus excluded);
+    ``generation``: "sglang-<VERSION>", "middle", "verify_ct-only" or "none"."""
 
     completion_tokens: int
     verify_ct: int | None = None
@@ -88,8 +86,8 @@ class RequestAcceptance:
 
 
 def _number(meta: dict, key: str, integer: bool) -> float | int | None:
-    """``meta[key]`` as an int >= 0 (``integer``) or a finite float; None when absent. DataError
-    names the key and the value otherwise."""
+    """``meta[key]`` as an int >= 0 (``integer``) or a finite float; None when absent; DataError
+    naming the key and the value otherwise."""
     value = meta.get(key)
     if value is None:
         return None
@@ -168,10 +166,9 @@ def sum_lists(lists: list[list[int]]) -> list[int]:
 
 
 def aggregate(records: list[RequestAcceptance]) -> dict:
-    """Acceptance over many requests, token-weighted as SGLang's server-wide figure:
-    ``acceptance_length`` (None without speculation), ``acceptance_length_sglang``,
-    ``acceptance_rate`` (None when unknown), ``mean_request_acceptance_length`` (unweighted),
-    ``per_position`` (summed histograms), ``histogram``, counts and the ``generations`` seen."""
+    """Acceptance over many requests, token-weighted as SGLang's server-wide figure (None where
+    unknown); ``mean_request_acceptance_length`` unweighted; ``per_position`` from the summed
+    ``histogram``; counts and the ``generations`` seen."""
     spec = [r for r in records if r.verify_ct]
     total_verify = sum(r.verify_ct for r in spec)
     with_rate = [r for r in spec if r.accepted_drafts is not None and r.proposed_drafts]
@@ -203,10 +200,11 @@ def parse_server_info(info: Any) -> dict:
         raise DataError("server_info['internal_states']: expected a list, got "
                         f"{type(states).__name__}")
     values = [st.get("avg_spec_accept_length") if isinstance(st, dict) else None for st in states]
-    for i, v in enumerate(values):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise DataError(f"server_info internal_states[{i}].avg_spec_accept_length: "
-                            f"expected a number, got {v!r}")
+    bad = next(((i, v) for i, v in enumerate(values) if v is not None
+                and (isinstance(v, bool) or not isinstance(v, (int, float)))), None)
+    if bad is not None:
+        raise DataError(f"server_info internal_states[{bad[0]}].avg_spec_accept_length: "
+                        f"expected a number, got {bad[1]!r}")
     values = [float(v) for v in values if v is not None]
     return {"avg_spec_accept_length": (sum(values) / len(values)) if values else None,
             "per_dp": values}
@@ -276,10 +274,9 @@ SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied 
 
 def serving_gap(served: float | None, offline: float | None, ratio: float = SERVING_EXCESS_RATIO,
                 min_excess: float = MIN_OFFLINE_EXCESS) -> bool:
-    """"Served ≪ offline": ``served − 1 < ratio × (offline − 1)`` (excess over the bonus token: a
-    ratio of lengths hides a collapse, 1.00 vs 1.24 is 0.81), only if ``offline − 1 ≥ min_excess``;
-    ``served`` None counts as 1.0. 0.7 leaves 30 % for engine drift; a SmolLM2 draft without its aux
-    states measured 0.073 vs 0.140 offline (ratio 0.52; 8 MT-Bench prompts × 64 tokens)."""
+    """"Served ≪ offline": ``served − 1 < ratio × (offline − 1)`` (excess over the bonus token),
+    only if ``offline − 1 ≥ min_excess``; ``served`` None counts as 1.0. 0.7 leaves 30 % for
+    engine drift; a SmolLM2 draft without its aux states measured 0.073 vs 0.140 (ratio 0.52)."""
     if offline is None or offline - 1.0 < min_excess:
         return False
     return (1.0 if served is None else served) - 1.0 < ratio * (offline - 1.0)

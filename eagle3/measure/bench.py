@@ -36,28 +36,23 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _get_text(client: httpx.Client, url: str, path: str) -> str | None:
-    """GET an optional endpoint: its text, or None when it does not answer 200."""
+def _get(client: httpx.Client, url: str, path: str, **kwargs) -> httpx.Response:
+    """``GET url+path``; TransientError naming it when unreachable."""
     try:
-        r = client.get(url + path)
+        return client.get(url + path, **kwargs)
     except httpx.TransportError as e:
         raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
-    return r.text if r.status_code == 200 else None
 
 
 def _server_info(client: httpx.Client, url: str, timeout_s: float | None = None
                  ) -> tuple[dict | None, str | None, list[int]]:
-    """The server's settings: the first non-empty JSON object of ``GET /get_server_info`` and
-    ``GET /server_info`` (else an empty one), and None; or None and what each answered instead.
-    Third: the HTTP status of each GET made. ``timeout_s``: each GET's own timeout (else the
-    client's). TransientError if unreachable."""
+    """``(settings, None, statuses)``: the first non-empty JSON object of ``/get_server_info`` and
+    ``/server_info`` (else an empty one); or ``(None, what each answered, statuses)``.
+    ``timeout_s``: each GET's own timeout. TransientError if unreachable."""
     empty, answers, statuses = None, [], []
     extra = {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=10.0)}
     for path in ("/get_server_info", "/server_info"):
-        try:
-            r = client.get(url + path, **extra)
-        except httpx.TransportError as e:
-            raise TransientError(f"GET {url}{path}: {type(e).__name__}: {e}") from e
+        r = _get(client, url, path, **extra)
         statuses.append(r.status_code)
         if r.status_code != 200:
             answers.append(f"{path} answered {r.status_code}")
@@ -77,12 +72,11 @@ def _server_info(client: httpx.Client, url: str, timeout_s: float | None = None
 
 
 def snapshot_server(client: httpx.Client, url: str) -> dict:
-    """``{"server_info", "metrics", "raw_info", "info_absent"}`` from ``/get_server_info`` (or
-    ``/server_info``) and ``/metrics`` (``--enable-metrics``); None where absent, and
-    ``info_absent`` says what the settings endpoints answered instead. TransientError if
-    unreachable."""
+    """``{"server_info", "metrics", "raw_info", "info_absent"}`` from :func:`_server_info` and
+    ``/metrics`` (``--enable-metrics``); None where absent. TransientError if unreachable."""
     info, absent, _ = _server_info(client, url)
-    text = _get_text(client, url, "/metrics")
+    r = _get(client, url, "/metrics")
+    text = r.text if r.status_code == 200 else None
     try:
         metrics = parse_prometheus(text) if text else None
     except DataError:
@@ -97,11 +91,9 @@ PROBE_TIMEOUT_S = 10.0
 
 
 def probe_server(client: httpx.Client, url: str) -> dict | None:
-    """The benchmark's first contact: :func:`_server_info`'s settings, each GET answered within
-    :data:`PROBE_TIMEOUT_S`. TransientError ``SERVER_SILENT`` when the port accepted the
-    connection but gave no HTTP answer in time, ``SERVER_NOT_READY`` when every settings endpoint
-    answered 5xx (up, not ready), and :func:`_server_info`'s TransientError (its cause the
-    ``httpx`` error) when nothing listens."""
+    """:func:`_server_info`'s settings within :data:`PROBE_TIMEOUT_S` per GET. TransientError
+    ``SERVER_SILENT`` (connection accepted, no HTTP answer in time), ``SERVER_NOT_READY`` (every
+    settings endpoint answered 5xx), or :func:`_server_info`'s when nothing listens."""
     try:
         info, _, statuses = _server_info(client, url, PROBE_TIMEOUT_S)
     except TransientError as e:
@@ -122,8 +114,7 @@ def probe_server(client: httpx.Client, url: str) -> dict | None:
 
 def no_speculative_fields(report: dict) -> str | None:
     """``NO_SPECULATIVE_FIELDS: ...`` naming the server and what to check when no request of
-    ``report`` (:func:`run_bench`) carried speculative fields (acceptance length null: nothing was
-    measured); None otherwise."""
+    ``report`` (:func:`run_bench`) carried speculative fields; None otherwise."""
     s, settings = report.get("summary") or {}, report.get("settings") or {}
     if s.get("acceptance_length") is not None:
         return None
@@ -144,23 +135,20 @@ REFERENCE_ENGINE = "eagle3-reference"
 def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
                           window: dict | None = None, env_checked: bool = False) -> str | None:
     """``SERVER_INFO_UNCHECKED: ...`` naming every ``/server_info`` field the benchmark reads that
-    the server did not report, and what could not be checked without it; None when none is
-    missing. ``snapshot``: :func:`snapshot_server` before the run; ``window``:
-    :func:`server_window` of the run (the server's own acceptance figure); ``env_checked``: the
-    server's environment was checked for simulated acceptance when it was launched (the
-    pipeline's launcher refuses it), so ``env_vars`` is not needed."""
+    the server did not report and what went unchecked; None when none is missing. ``snapshot``:
+    :func:`snapshot_server` before the run; ``window``: :func:`server_window`; ``env_checked``:
+    the launcher checked the environment for simulated acceptance (``env_vars`` not needed)."""
     info = snapshot.get("raw_info") or {}
     states = info.get("internal_states")
     states = [st for st in states if isinstance(st, dict)] if isinstance(states, list) else []
     missing = []
     if info.get("version") in (None, ""):
         missing.append(("version", "which engine release the figures come from (settings "
-                                   "engine_version: null)"))
+                        "engine_version: null)"))
     mrr = info.get("max_running_requests")
     if concurrency > 1 and (not isinstance(mrr, int) or isinstance(mrr, bool)):
-        missing.append(("max_running_requests", f"that the server runs concurrency "
-                                                f"{concurrency} requests at once (fewer would "
-                                                "measure queueing)"))
+        missing.append(("max_running_requests", f"that the server runs concurrency {concurrency} "
+                        "requests at once (fewer would measure queueing)"))
     if not env_checked and info.get("engine") != REFERENCE_ENGINE and not any(
             isinstance(st.get("env_vars"), dict) for st in states):
         missing.append(("internal_states[].env_vars",
@@ -180,8 +168,7 @@ def server_info_unchecked(url: str, snapshot: dict, concurrency: int,
 
 
 def _too_slow(url: str, timeout_s: float, what: str) -> ConfigError:
-    """A request past ``bench.request_timeout_s``: ConfigError ``REQUEST_TIMEOUT`` (the setting),
-    never retried."""
+    """ConfigError ``REQUEST_TIMEOUT`` (never retried) for a request past the setting."""
     return ConfigError(f"REQUEST_TIMEOUT: POST {url}/generate: {what}: one request took longer "
                        f"than bench.request_timeout_s={timeout_s:g} s (expected every request to "
                        "finish within it): a server that answers its health and settings but "
@@ -241,19 +228,19 @@ def load_tokenizer(tokenizer_dir: str | Path):
     from transformers import AutoTokenizer
 
     path = Path(tokenizer_dir)
+    head = f"TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) {str(path)!r}"
     if not path.is_dir():
         raise ConfigError("TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) expected an "
                           f"existing folder, got {str(tokenizer_dir)!r}")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(f"TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) {str(path)!r}: "
-                          f"expected the target's tokenizer files (one of {list(TOKENIZER_FILES)}"
-                          "), got none (give the target model's folder, not a draft's)")
+        raise ConfigError(f"{head}: expected the target's tokenizer files (one of "
+                          f"{list(TOKENIZER_FILES)}), got none (give the target model's folder, "
+                          "not a draft's)")
     try:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # transformers raises OSError, ValueError, ImportError, ... here
-        msg = " ".join(str(e).split())[:300]
-        raise ConfigError(f"TOKENIZER_MISSING: bench: tokenizer_dir (--tokenizer) {str(path)!r}: "
-                          f"expected a loadable tokenizer, got {type(e).__name__}: {msg}") from e
+        raise ConfigError(f"{head}: expected a loadable tokenizer, got {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:300]}") from e
 
 
 def _resolve_tokenizer(tokenizer_dir, info: dict | None):
@@ -272,8 +259,7 @@ def _resolve_tokenizer(tokenizer_dir, info: dict | None):
 def _measure(client, url, prompts, ids, sampling, concurrency, timeout_s,
              on_request_done=None) -> dict:
     """All prompts, ``concurrency`` at once, between two server snapshots: ``{"rows", "wall_s",
-    "window" (:func:`server_window`), "info", "before" (the first snapshot)}``;
-    ``on_request_done(row)`` after each request."""
+    "window", "info", "before"}``; ``on_request_done(row)`` after each request."""
     def one(i: int) -> dict:
         payload = {"input_ids": ids[i], "sampling_params": sampling, "stream": True}
         out = _post_generate(client, url, payload, timeout_s)
@@ -320,14 +306,11 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
     ``prompts``: "mtbench" | "gsm8k" | "humaneval" | a file | ``[{"id", "category", "text"}]``;
     ``tokenizer_dir``: the target's (else the server's local ``tokenizer_path``); ``out_dir``:
     report, manifest, PNGs; ``baseline_url``: a non-speculative server for ``speedup`` (tokens/s
-    ratio); ``chat_template_kwargs``: extraction's template switches; ``env_checked``: the
-    launcher checked the server's environment (:func:`server_info_unchecked`).
-    ``summary["warnings"]``: the :func:`server_info_unchecked` line when the server did not
-    report a setting the benchmark checks (in report.json; the CLI prints it). Returns
-    ``{"summary", "per_category", "per_position", "per_request", "settings", "server"}``.
-    Raises ConfigError / DataError (``TOKENIZER_MISSING``, a bad argument), TransientError (server
-    unreachable; :func:`probe_server`'s ``SERVER_SILENT`` / ``SERVER_NOT_READY``). A report whose
-    acceptance is null (:func:`no_speculative_fields`) measured nothing; the CLI fails it."""
+    ratio); ``chat_template_kwargs``: extraction's template switches. ``summary["warnings"]``:
+    the :func:`server_info_unchecked` line, if any. Returns ``{"summary", "per_category",
+    "per_position", "per_request", "settings", "server"}``. Raises ConfigError / DataError
+    (``TOKENIZER_MISSING``, a bad argument), TransientError (server unreachable,
+    ``SERVER_SILENT`` / ``SERVER_NOT_READY``). A null acceptance measured nothing."""
     url = url.rstrip("/")
     if httpx.URL(url).scheme not in ("http", "https") or not httpx.URL(url).host:
         raise ConfigError("bench url: expected http://HOST:PORT (e.g. http://127.0.0.1:30000), "
@@ -375,11 +358,10 @@ def run_bench(url: str, *, prompts: Any = BENCH_PROMPTS, num_prompts: int = BENC
 def _build_report(main: dict, base: dict | None, plist: list[dict], settings: dict) -> dict:
     rows = main["rows"]
     overall = aggregate([r["_acc"] for r in rows])
-    per_category = {}
-    for cat in dict.fromkeys(p["category"] for p in plist):
-        agg = aggregate([r["_acc"] for r in rows if r["category"] == cat])
-        per_category[cat] = {k: agg[k] for k in ("acceptance_length", "acceptance_rate",
-                                                 "num_requests", "completion_tokens", "verify_ct")}
+    per_category = {cat: {k: agg[k] for k in ("acceptance_length", "acceptance_rate",
+                                              "num_requests", "completion_tokens", "verify_ct")}
+                    for cat in dict.fromkeys(p["category"] for p in plist)
+                    for agg in [aggregate([r["_acc"] for r in rows if r["category"] == cat])]}
     timing = _timing_summary(rows, main["wall_s"])
     summary = {**{k: overall[k] for k in ("acceptance_length", "acceptance_length_sglang",
                                           "acceptance_rate", "mean_request_acceptance_length",
@@ -407,8 +389,7 @@ def _build_report(main: dict, base: dict | None, plist: list[dict], settings: di
 
 def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) -> Path:
     """Write ``report.json``, ``acceptance_by_category.png`` and ``manifest.json``
-    (``acceptance_report``); ``offline`` (same prompts) goes to ``report["offline"]``,
-    ``summary["offline_acceptance_length"]`` and the plot."""
+    (``acceptance_report``), with ``offline`` (same prompts) in the report and the plot."""
     from eagle3.measure.plots import plot_acceptance_by_category
 
     out = Path(out_dir)
@@ -428,9 +409,9 @@ def save_report(report: dict, out_dir: str | Path, offline: dict | None = None) 
 
 def acceptance_verdict(served: float | None, offline: float | None, minimum: float,
                        unlike_served: str | None = None) -> str | None:
-    """None when ``served >= minimum``; else ``serving_gap`` → "served ≪ offline: serving
-    integration fault", otherwise "both low: draft quality or data"; undetermined without offline or
-    when ``offline.unlike_served`` says the settings differ."""
+    """None when ``served >= minimum``; else "served ≪ offline: serving integration fault"
+    (``serving_gap``) or "both low: draft quality or data"; undetermined without offline or
+    with ``unlike_served`` (the settings differ)."""
     if served is not None and served >= minimum:
         return None
     got = f"{served:.3f}" if served is not None else "none (no speculative fields)"

@@ -1,19 +1,15 @@
 """The development-set acceptance meter: the measured acceptance length of the draft being trained,
-for choosing the best checkpoint and drawing the training-length curve during training.
+for choosing the best checkpoint and the training-length curve.
 
-The simulated acceptance of the validation split (``1 + c0 + c0*c1 + ...`` from teacher-forced
-accuracies, :mod:`eagle3.train.metrics`) overestimates what serving gives. This meter measures
-instead, by the exact greedy chain replay of the offline figure (:mod:`eagle3.measure.replay`,
-temperature 0, topk 1): the target's greedy continuations of the dev prompts are computed once
-(they do not depend on the draft), then each checkpoint's draft, converted as the convert stage
-converts it (:func:`serving_draft`), is replayed over them. Acceptance length counts the bonus token
-(``eagle3.measure.acceptance.exact_acceptance_length``); the figure equals
-:func:`eagle3.measure.offline.offline_acceptance` on the same prompts, draft and batch size.
+The simulated acceptance from teacher-forced accuracies (:mod:`eagle3.train.metrics`)
+overestimates serving; this meter measures by the exact greedy chain replay
+(:mod:`eagle3.measure.replay`): the target's continuations of the dev prompts are computed once,
+then each checkpoint's draft, converted as the convert stage does (:func:`serving_draft`), is
+replayed over them. The figure equals :func:`eagle3.measure.offline.offline_acceptance` on the
+same prompts, draft and batch size (bonus token counted).
 
-Dev prompts: the prompt part (every token before the first loss token: system prompt, first user
-turn, generation prompt, as the chat template rendered them) of the validation split's samples
-(:func:`split_prompts`), or a prompts file (:func:`file_prompt_ids`). Benchmark prompt sets
-(MT-Bench, GSM8K) stay report-only.
+Dev prompts: the tokens before the first loss token of the validation split's samples
+(:func:`split_prompts`), or a prompts file (:func:`file_prompt_ids`).
 """
 
 from __future__ import annotations
@@ -29,18 +25,16 @@ import torch
 from eagle3.errors import DataError
 from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
 from eagle3.measure.offline import offline_row, offline_summary
-from eagle3.measure.replay import (Request, check_lengths, greedy_continuations,
-                                   replay_requests)
+from eagle3.measure.replay import Request, check_lengths, greedy_continuations, replay_requests
 
 log = logging.getLogger(__name__)
 
 
 def split_prompts(input_ids: Sequence[torch.Tensor], loss_masks: Sequence[torch.Tensor],
                   rows: Sequence[int], cap: int) -> tuple[list[list[int]], list[int]]:
-    """The prompt of each sample ``rows[i]`` (in order, at most ``cap``): its tokens before the
-    first loss token (``input_ids[r]`` int64 ``[T]``, ``loss_masks[r]`` ``[T]``, nonzero = loss).
-    Samples whose first token is already in the loss (plain text: no prompt) are passed over.
-    Returns ``(prompts as id lists, their row numbers)``."""
+    """``(prompts, their rows)``: the tokens before the first loss token of samples ``rows`` (in
+    order, at most ``cap``; ``input_ids[r]`` int64 ``[T]``, ``loss_masks[r]`` ``[T]``, nonzero =
+    loss); samples without a prompt are passed over."""
     prompts, kept = [], []
     for r in rows:
         if len(prompts) >= cap:
@@ -62,15 +56,10 @@ def file_prompt_ids(path: str | Path, tokenizer, cap: int) -> list[list[int]]:
 
 
 class DevAcceptance:
-    """Measured acceptance of drafts on fixed dev prompts against one target.
-
-    ``target``: the HF target (eval mode, any device); ``prompts``: templated prompt ids;
-    ``num_steps``: chain draft steps (``train.ttt_steps``); ``max_new_tokens``: greedy tokens per
-    prompt. Prompts that would exceed the target's context (prompt + ``max_new_tokens`` +
-    ``num_steps``) are left out and counted (``dropped_too_long``). The continuations are
-    generated here, once. Raises DataError when no prompt is left. The conversion warnings of
-    :meth:`measure_training_draft` are logged once per meter (:attr:`warned`: their codes), not
-    at every evaluation.
+    """Measured acceptance of drafts on fixed dev prompts (templated ids) against one HF
+    ``target``; ``num_steps``: ``train.ttt_steps``. Prompts past the target's context are left
+    out (``dropped_too_long``); DataError when none is left. Continuations are generated once;
+    conversion warnings are logged once per meter (:attr:`warned`: their codes).
     """
 
     def __init__(self, target, prompts: list[list[int]], *, num_steps: int, max_new_tokens: int,
@@ -95,10 +84,8 @@ class DevAcceptance:
 
     @torch.no_grad()
     def measure(self, draft) -> dict:
-        """Acceptance of ``draft`` (an :class:`~eagle3.engines.sglang.draft.SGLangEagle3Draft` on
-        the target's device): :func:`eagle3.measure.offline.offline_summary`'s keys
-        (``acceptance_length``, ``per_position[k]`` = passes accepting draft k+1 / passes, ...).
-        """
+        """:func:`eagle3.measure.offline.offline_summary` of an ``SGLangEagle3Draft`` on the
+        target's device."""
         t0 = time.perf_counter()
         results = replay_requests(self.target, {"d": draft}, self.requests, self.num_steps,
                                   batch_size=self.batch_size,
@@ -114,8 +101,7 @@ class DevAcceptance:
                                state_dict: dict | None = None,
                                work_dir: str | Path | None = None) -> dict:
         """:meth:`measure` of a speculators ``Eagle3DraftModel`` being trained (``state_dict``:
-        its full weights where the model holds shards), converted by :func:`serving_draft`; a
-        conversion warning whose code this meter logged before is not logged again."""
+        its full weights where the model holds shards), converted by :func:`serving_draft`."""
         p, t0 = next(self.target.parameters()), time.perf_counter()
         draft = serving_draft(model, target_dir, self.target, state_dict=state_dict,
                               work_dir=work_dir, dtype=p.dtype, device=str(p.device),
@@ -125,9 +111,8 @@ class DevAcceptance:
 
     def metrics(self, result: dict, prefix: str = "dev") -> dict[str, float]:
         """Flat metrics of a :meth:`measure` result: ``<prefix>/acceptance_length``,
-        ``<prefix>/per_position_<k>`` (k 0-based), ``<prefix>/num_prompts``, ``<prefix>/seconds``
-        (the replay) and, for a training draft, ``<prefix>/convert_seconds``.
-        """
+        ``/per_position_<k>`` (k 0-based), ``/num_prompts``, ``/seconds`` (the replay) and, for a
+        training draft, ``/convert_seconds``."""
         out = {f"{prefix}/acceptance_length": float(result["acceptance_length"]),
                f"{prefix}/num_prompts": float(len(self.requests)),
                f"{prefix}/seconds": float(result["wall_s"])}
@@ -141,16 +126,12 @@ class DevAcceptance:
 def serving_draft(model, target_dir: str | Path, target, *, state_dict: dict | None = None,
                   work_dir: str | Path | None = None, dtype: torch.dtype = torch.float32,
                   device: str = "cpu", warned: set[str] | None = None):
-    """The engine-semantics draft of a speculators ``Eagle3DraftModel``, made as the pipeline makes
-    it: :func:`eagle3.train.draft_model.save_draft`, then the convert stage's
-    :func:`eagle3.convert.stage.convert` (with the target, validation included), then
-    ``SGLangEagle3Draft.from_dir`` sharing the target's embedding and head as SGLang does. The
-    files live in a temporary folder under ``work_dir`` (None: the system's), removed on return:
-    the conversion reads and writes folders only. ``warned`` None: the conversion logs its
-    warnings (``CODE: message``) as the convert stage does; a set of codes: only warnings whose
-    code is not in it are logged, and their codes are added (the draft's vocabulary map and config
-    stay the same through a training run, so a repeat says nothing new). Raises what those raise
-    (CheckpointInvalid for a draft the convert stage would refuse)."""
+    """The engine-semantics draft of a speculators ``Eagle3DraftModel``, made as the pipeline does:
+    :func:`eagle3.train.draft_model.save_draft`, :func:`eagle3.convert.stage.convert` (with the
+    target, validated), ``SGLangEagle3Draft.from_dir`` sharing the target's embedding and head.
+    Files live in a temporary folder under ``work_dir``, removed on return. ``warned`` None:
+    conversion logs its warnings; a set of codes: only new codes are logged, then added. Raises
+    what those raise (CheckpointInvalid for a draft conversion refuses)."""
     from eagle3.convert.stage import convert
     from eagle3.engines.sglang.draft import SGLangEagle3Draft
     from eagle3.train.draft_model import save_draft
@@ -175,11 +156,9 @@ def serving_draft(model, target_dir: str | Path, target, *, state_dict: dict | N
 
 
 def meter_for_training(t, data, target_dir: str | Path, device: torch.device) -> DevAcceptance:
-    """The meter of a training run: ``t`` = ``cfg.train`` (``dev_prompts``, ``dev_max_new_tokens``,
-    ``dev_prompts_file``, ``ttt_steps``), ``data``: the opened hidden states (``input_ids``,
-    ``loss_mask``, ``val_ids``). The target is loaded on ``device`` in float32 on a CPU, bfloat16
-    elsewhere. Raises DataError when neither ``train.dev_prompts_file`` nor the validation split
-    gives a prompt."""
+    """The meter of a training run: ``t`` = ``cfg.train``, ``data``: the opened hidden states
+    (``input_ids``, ``loss_mask``, ``val_ids``); the target in float32 on a CPU, else bfloat16.
+    DataError when neither ``train.dev_prompts_file`` nor the validation split gives a prompt."""
     from eagle3.target_model import load_target
 
     dtype = "float32" if device.type == "cpu" else "bfloat16"

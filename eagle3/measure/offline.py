@@ -17,8 +17,7 @@ import torch
 
 from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS
 from eagle3.errors import ConfigError, DataError
-from eagle3.measure.acceptance import (ACCEPTANCE_CONVENTION, exact_acceptance_length,
-                                       sum_lists)
+from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION, exact_acceptance_length, sum_lists
 from eagle3.measure.prompts import encode_prompts, load_conversations, load_prompts
 from eagle3.measure.replay import (Request, capture_indices, check_lengths, generate_requests,
                                    greedy_continuations, replay_requests)
@@ -62,12 +61,11 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
                        chat_template_kwargs: dict | None = None, cpu_threads: int | None = None,
                        batch_size: int = 16) -> dict:
     """The draft's acceptance length in-process on ``run_bench``'s prompts and template by exact
-    greedy replay (``batch_size`` a batch); ``per_position[k]`` = passes accepting draft k+1 /
-    passes. ``capture_aux=False``: final hidden state only (broken-integration reference).
-    ``dtype``: float32, bfloat16, float16 or ``auto``. ``temperature``/``topk``: the bench's.
-    ``decoder``: an object with ``generate(ids, max_new_tokens, temperature=, seed=)`` and
-    ``num_steps``, used instead. ``cpu_threads``: ``serve.cpu_threads``. Returns
-    :func:`offline_summary` keys + ``unlike_served``. DataError: no verify pass."""
+    greedy replay; ``per_position[k]`` = passes accepting draft k+1 / passes.
+    ``capture_aux=False``: final hidden state only (broken-integration reference). ``dtype``:
+    float32, bfloat16, float16 or ``auto``. ``temperature``/``topk``: the bench's. ``decoder``:
+    ``generate(ids, max_new_tokens, temperature=, seed=)`` and ``num_steps``, used instead.
+    Returns :func:`offline_summary` keys + ``unlike_served``. DataError: no verify pass."""
     from transformers import AutoTokenizer
 
     from eagle3.precision import resolve_dtype, torch_threads
@@ -197,10 +195,8 @@ def _group(rows: list[dict], resamples: int, seed: int) -> dict:
 
 
 def _by(rows: list[dict], key) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for r in rows:
-        out.setdefault(key(r), []).append(r)
-    return out
+    """``rows`` grouped by ``key(row)``, first-seen order."""
+    return {k: [r for r in rows if key(r) == k] for k in dict.fromkeys(map(key, rows))}
 
 
 def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> dict:
@@ -222,8 +218,7 @@ def summarize(rows: list[dict], *, resamples: int = DEFAULT_RESAMPLES, seed: int
 def decoder_check(decoder, requests: list[Request], results: list, n: int,
                   max_new_tokens: int) -> dict:
     """``n`` requests decoded by ``decoder`` vs replay: ``{"n", "equal", "different": [{"id",
-    "fields", "first_output_difference"}], "wall_s"}``. Differing output: a continuation near-tie;
-    differing counts only: a proposal near-tie (or a bug, in float32)."""
+    "fields", "first_output_difference"}], "wall_s"}`` (a difference: a near-tie, or a bug)."""
     t0 = time.perf_counter()
     picks = sorted({int(i * len(requests) / n) for i in range(min(n, len(requests)))})
     different = []
@@ -249,10 +244,9 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
     """Greedy chain acceptance of every draft ({name: SGLang serving folder}) on ``prompt_sets``;
     continuations generated once, the target run once per batch for all drafts.
     ``check_against_decoder=N``: :func:`decoder_check` via ``make_decoder(target, draft, tokenizer,
-    num_steps=)``. Returns ``{name: result}``: :func:`summarize` groups (bootstrap ``ci``),
-    ``no_verify_pass``, ``wall_s`` (``replay``, ``shared``), ``generation``, ``settings``,
-    ``decoder_check``, ``offline_format`` and ``per_request`` (``include_requests``). Raises what
-    :func:`check_arguments` raises, before loading."""
+    num_steps=)``. Returns ``{name: result}``: :func:`summarize` groups, ``no_verify_pass``,
+    ``wall_s``, ``generation``, ``settings``, ``decoder_check``, ``offline_format``,
+    ``per_request``. Raises what :func:`check_arguments` raises, before loading."""
     from tqdm.auto import tqdm
 
     sets = check_arguments(target_dir, drafts, list(prompt_sets), max_new_tokens, num_steps, dtype,

