@@ -200,7 +200,8 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
             on_batch(sum(len(per) for d in done for per in d["raw"]["outcomes"]))
     answer_fn = None
     for chunk in chunks[len(done):]:
-        answer_fn = answer_fn or make_answer_fn()
+        if answer_fn is None:
+            answer_fn = make_answer_fn()
         out, raw = _regenerate_raw(chunk, answer_fn, batch_size, max_rounds, on_batch)
         line = {"ids": [c.id for c in chunk], "raw": raw,
                 "records": [{"id": c.id, "messages": c.messages, "text": c.text} for c in out]}

@@ -8,10 +8,9 @@ the layout speculators' ``FileTransfer`` reads:
     hidden_states_scales   [T, n_aux+1, 1] float32 (fp8 only: value = fp8 * scale; speculators'
                            hs_connectors FP8Transfer)
 
-Shards of ``extract.shard_size`` rows are committed when every file is written under a temporary
-name, fsync'd and renamed, then the marker ``<out>/.progress/shard_{k}.json`` is written atomically.
-A resume keeps committed shards, so a SIGKILL loses at most one shard. Markers are deterministic,
-so a resumed run has the same content hash as an uninterrupted one.
+A shard of ``extract.shard_size`` rows is committed by its marker ``<out>/.progress/shard_{k}.json``
+(atomic, deterministic: a resumed run has an uninterrupted one's content hash), written once every
+file is written to a temporary name, fsync'd and renamed; a SIGKILL loses at most one shard.
 """
 
 from __future__ import annotations

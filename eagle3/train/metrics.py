@@ -3,8 +3,8 @@
 A draft *start* is a training position p; TTT step k predicts the verifier's token at p+k
 (teacher-forced, as speculators' ``Eagle3DraftModel.forward``):
 
-- valid_k(p): p+k is loss-masked and in p's document.
-- correct_k(p): draft argmax at step k == verifier argmax at p+k, both over the draft vocabulary.
+- valid_k(p): p+k is loss-masked and in p's document; correct_k(p): draft argmax at step k ==
+  verifier argmax at p+k, both over the draft vocabulary.
 - ``acc_full_k`` = #(correct_k & valid_k) / #valid_k; ``acc_cond_k``: the same among starts whose
   earlier steps were all right (``acc_cond_0 == acc_full_0``).
 - simulated acceptance length = ``1 + c0 + c0*c1 + ...`` over the conditional accuracies. **The

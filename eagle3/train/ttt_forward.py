@@ -3,20 +3,18 @@
 ``compound_loss`` on the positions ``align_for_step`` aligns, with the draft's own modules and
 checkpoint format, restructured so ``torch.compile`` makes one static graph per micro-batch:
 
-- **Attention by structure.** At TTT step k a query at p attends step-0 keys j ≤ p of its own
-  document plus its own position's keys of steps 1..k (speculators' ``create_combined_mask_mod``).
-  ``eager``: step-0 scores ``[S, S]`` plus k diagonal scores, one softmax (CPU); ``flex``:
-  ``flex_attention`` with a block-sparse mask (CUDA, compiled); ``sdpa``: speculators' dense
-  ``[S, (k+1)·S]`` layout (any device).
-- **The embedding half of q/k/v once per micro-batch**: projected once for the ``S + ttt_steps - 1``
-  shifted ids; step k takes rows ``k..k+S``.
-- **No in-place input update, data-dependent shape or graph break**: the :mod:`eagle3.train.metrics`
-  counts are computed in-graph and returned as one ``stats`` vector.
-- **The verifier's argmax from the targets already computed.**
+- attention by structure: at TTT step k a query at p attends step-0 keys j ≤ p of its document
+  plus its own position's keys of steps 1..k (speculators' ``create_combined_mask_mod``); ``eager``
+  (CPU): ``[S, S]`` scores plus k diagonals, one softmax; ``flex`` (CUDA, compiled): block-sparse
+  mask; ``sdpa`` (any device): speculators' dense ``[S, (k+1)·S]`` layout;
+- the embedding half of q/k/v projected once for the ``S + ttt_steps - 1`` shifted ids (step k
+  takes rows ``k..k+S``); the verifier's argmax from the targets already computed;
+- no in-place input update, data-dependent shape or graph break: the :mod:`eagle3.train.metrics`
+  counts come out of the graph as one ``stats`` vector.
 
 Supported: speculators' Llama draft (``LlamaDecoderEagle3FirstLayer`` then ``LlamaDecoderLayer``),
-every layer flag, no sliding window; :func:`check_supported` raises ConfigError otherwise. Equality
-with speculators' forward is tested in float32 on the CPU: tests/unit/test_ttt_forward.py.
+every layer flag, no sliding window (else :func:`check_supported` raises ConfigError). Equal to
+speculators' forward in float32 on the CPU: tests/unit/test_ttt_forward.py.
 """
 
 from __future__ import annotations
