@@ -1,22 +1,18 @@
 """Are the stored hidden states aligned with their tokens? A cheap check with the target's head.
 
-Row ``t`` of a sample's ``hidden_states`` holds, in slot -1, the target's last decoder layer output
-at token ``t`` before the final norm (docs/INTERNALS.md). The target's final norm and LM head turn
-it into the distribution of token ``t + 1``, so ``argmax(lm_head(norm(h_t)))`` agrees with the
-stored token ``t + 1`` as often as the target predicts the text. A store shifted by one position
-(``h_t`` holding the state of token ``t - 1`` or ``t + 1``) agrees instead with token ``t`` or
-``t + 2``. :func:`check_alignment` measures the three agreement rates on up to
-:data:`POSITIONS` positions of every group of samples (a shard; fewer per group when there are
-many, :data:`MAX_POSITIONS` in all) and refuses the store when the pooled rates, or those of a
-group of at least :data:`MIN_GROUP` positions, show a shifted rate of at least :data:`MIN_RATE`
-above the aligned one (``HS_MISALIGNED``).
+Slot -1 of row ``t`` holds the target's last decoder layer output at token ``t`` before the final
+norm (docs/INTERNALS.md), so ``argmax(lm_head(norm(h_t)))`` agrees with token ``t + 1`` as often
+as the target predicts the text; a store shifted by one agrees instead with token ``t`` or
+``t + 2``. :func:`check_alignment` measures the three rates on up to :data:`POSITIONS` positions
+per group of samples (a shard; :data:`MAX_POSITIONS` in all) and refuses the store
+(``HS_MISALIGNED``) when the pooled rates, or a group's of at least :data:`MIN_GROUP` positions,
+show a shifted rate of at least :data:`MIN_RATE` above the aligned one.
 
-The earliest stored layer decides first (:func:`verdict`): its state still carries its own input
-token, so the embedding nearest to it names the token a row belongs to, in random and trained
-targets alike. That keeps a head that copies its input (random targets with tied embeddings) from
-reading as a shift, and shows a shift the head cannot. A target that predicts nothing and whose
-early layer names no token is ``inconclusive``, recorded, never refused. Only the final
-norm and the LM head are read (from the target's safetensors), never the whole model.
+The earliest stored layer decides first (:func:`verdict`): it still carries its input token, so
+the nearest embedding names the row's token in random and trained targets alike (a head copying
+its input, as random tied targets do, is then not read as a shift). A target that predicts
+nothing and whose early layer names no token is ``inconclusive``: recorded, never refused. Only the
+final norm, LM head and embedding are read from the target's safetensors.
 """
 
 from __future__ import annotations
@@ -57,33 +53,29 @@ class Head:
     @torch.no_grad()
     def nearest_input(self, h: torch.Tensor) -> torch.Tensor:
         """Token ids ``[n]`` whose input embedding is nearest (cosine) to the early-layer states
-        ``h [n, H]``: the residual stream of an early layer still carries its own token, in random
-        and trained targets alike. Empty when the embedding was not found."""
+        ``h [n, H]``; empty when the embedding was not found."""
         if self.embed is None:
             return torch.empty(0, dtype=torch.long)
-        x = torch.nn.functional.normalize(h.float(), dim=-1)
-        best = torch.full((x.shape[0],), -float("inf"))
-        ids = torch.zeros(x.shape[0], dtype=torch.long)
-        for lo in range(0, self.embed.shape[0], VOCAB_CHUNK):
-            e = torch.nn.functional.normalize(self.embed[lo:lo + VOCAB_CHUNK].float(), dim=-1)
-            val, idx = (x @ e.T).max(-1)
-            better = val > best
-            best, ids = torch.where(better, val, best), torch.where(better, idx + lo, ids)
-        return ids
+        return _chunked_argmax(torch.nn.functional.normalize(h.float(), dim=-1), self.embed,
+                               lambda w: torch.nn.functional.normalize(w, dim=-1))
 
     @torch.no_grad()
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
         """Predicted next token ids ``[n]`` int64 of pre-norm last-layer states ``h [n, H]``."""
         x = h.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
-        best = torch.full((x.shape[0],), -float("inf"))
-        ids = torch.zeros(x.shape[0], dtype=torch.long)
-        for lo in range(0, self.lm_head.shape[0], VOCAB_CHUNK):
-            logits = x @ self.lm_head[lo:lo + VOCAB_CHUNK].float().T  # [n, chunk]
-            val, idx = logits.max(-1)
-            better = val > best
-            best, ids = torch.where(better, val, best), torch.where(better, idx + lo, ids)
-        return ids
+        return _chunked_argmax(x, self.lm_head, lambda w: w)
+
+
+def _chunked_argmax(x: torch.Tensor, rows: torch.Tensor, prep) -> torch.Tensor:
+    """``argmax(x @ prep(rows).T, -1)`` over :data:`VOCAB_CHUNK` float32 rows at a time."""
+    best = torch.full((x.shape[0],), -float("inf"))
+    ids = torch.zeros(x.shape[0], dtype=torch.long)
+    for lo in range(0, rows.shape[0], VOCAB_CHUNK):
+        val, idx = (x @ prep(rows[lo:lo + VOCAB_CHUNK].float()).T).max(-1)  # [n, chunk] → [n]
+        better = val > best
+        best, ids = torch.where(better, val, best), torch.where(better, idx + lo, ids)
+    return ids
 
 
 def load_head(target_dir: str | Path) -> Head | None:
@@ -107,8 +99,7 @@ def load_head(target_dir: str | Path) -> Head | None:
                     return f.get_tensor(k)
         return None
 
-    norm, embed = first(NORM_KEYS), first(EMBED_KEYS)
-    head = first(HEAD_KEYS)
+    norm, embed, head = first(NORM_KEYS), first(EMBED_KEYS), first(HEAD_KEYS)
     head = embed if head is None else head  # the embedding when tied
     if norm is None or head is None:
         return None
@@ -133,36 +124,31 @@ def agreement(head: Head, samples: Sequence[tuple[torch.Tensor, torch.Tensor]],
               budget: int = POSITIONS) -> dict:
     """Agreement rates of one group: ``samples`` are ``(token_ids [T] int64, states [T, S, H])``
     (slot -1 the last layer, slot 0 the earliest stored layer). Returns ``{"positions": n,
-    "previous": rate of token t, "next": rate of token t+1, "after_next": rate of token t+2}`` for
-    ``argmax(lm_head(norm(h_t)))``, and ``"input": {"before", "own", "after"}``: how often the
-    embedding nearest to slot 0 at row t is token t-1, t or t+1 (fractions 0..1; 0 with no
-    position; ``input`` empty without the embedding)."""
+    "previous", "next", "after_next"}``: how often ``argmax(lm_head(norm(h_t)))`` is token t, t+1,
+    t+2, and ``"input": {"before", "own", "after"}``: how often the embedding nearest to slot 0 at
+    row t is token t-1, t, t+1 (fractions 0..1; 0 with no position; ``{}`` without embedding)."""
     picks = _positions([int(ids.numel()) for ids, _ in samples], budget)
     if not picks:
         return {"positions": 0, "previous": 0.0, "next": 0.0, "after_next": 0.0, "input": {}}
+
+    def rate(pred: torch.Tensor, off: int) -> float:
+        tok = torch.tensor([int(samples[j][0][max(t + off, 0)]) for j, t in picks])
+        return float((pred == tok).float().mean())
+
     pred = head.argmax(torch.stack([samples[j][1][t, -1] for j, t in picks]))
-    rates: dict = {}
-    for name, off in (("previous", 0), ("next", 1), ("after_next", 2)):
-        tok = torch.tensor([int(samples[j][0][t + off]) for j, t in picks])
-        rates[name] = float((pred == tok).float().mean())
     near = head.nearest_input(torch.stack([samples[j][1][t, 0] for j, t in picks]))
-    rates["input"] = {}
-    if near.numel():
-        for name, off in (("before", -1), ("own", 0), ("after", 1)):
-            tok = torch.tensor([int(samples[j][0][max(t + off, 0)]) for j, t in picks])
-            rates["input"][name] = float((near == tok).float().mean())
-    return {"positions": len(picks), **rates}
+    inputs = (("before", -1), ("own", 0), ("after", 1)) if near.numel() else ()
+    return {"positions": len(picks),
+            **{name: rate(pred, off) for name, off in (("previous", 0), ("next", 1),
+                                                        ("after_next", 2))},
+            "input": {name: rate(near, off) for name, off in inputs}}
 
 
 def verdict(rates: dict) -> str:
     """``"misaligned"`` when a shifted rate is >= :data:`MIN_RATE` and above the aligned one,
-    ``"aligned"`` when the aligned rate is >= :data:`MIN_RATE` (and no shifted one beats it),
-    else ``"inconclusive"`` (the target rarely predicts the text at any offset).
-
-    The input evidence decides first: rows whose early-layer state is nearest to their own token
-    are in place, so a head that then matches token t is copying its input (random targets with
-    tied embeddings do), not reading a shifted row; rows nearest to a neighbour's token are
-    shifted whatever the head says."""
+    ``"aligned"`` when the aligned rate is >= :data:`MIN_RATE` and none beats it, else
+    ``"inconclusive"``. The input evidence decides first: rows nearest to their own token are in
+    place (a head matching token t copies its input), rows nearest to a neighbour's are shifted."""
     inp = rates.get("input") or {}
     if inp and max(inp.values()) >= MIN_RATE:
         if inp["own"] >= max(inp["before"], inp["after"]):
@@ -175,8 +161,7 @@ def verdict(rates: dict) -> str:
 
 
 def _read_store(store_dir: str | Path, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(token_ids [T] int64, states [T, S, H])`` of sample ``i``; DataError
-    naming the file when it cannot be read."""
+    """``(token_ids [T] int64, states [T, S, H])`` of sample ``i``; DataError when unreadable."""
     from eagle3.extract.store import load_sample
 
     try:
@@ -195,12 +180,11 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
                     ) -> dict:
     """Check every group of sample indices (a shard) of the hidden-states folder ``store_dir``
     against the target at ``target_dir``; ``load(i)`` reads sample ``i`` as ``(token_ids [T],
-    states [T, S, H])`` (default: the store's files). Returns the record kept in
-    manifests: ``{"status": "passed" | "skipped", "reason", "groups", "positions",
-    "inconclusive" (groups), "rates" {previous, next, after_next} over all checked positions,
-    "min_rate"}``. DataError ``HS_MISALIGNED`` naming the folder, the first misaligned group's
-    samples and its three rates when a group of at least :data:`MIN_GROUP` positions, or all
-    groups pooled, are misaligned (:func:`verdict`)."""
+    states [T, S, H])`` (default: the store's files). Returns the manifest record ``{"status":
+    "passed" | "skipped", "reason", "groups", "positions", "inconclusive" (groups), "rates"
+    (pooled), "min_rate"}``. DataError ``HS_MISALIGNED`` naming the folder, the first misaligned
+    group's samples and rates when a group of at least :data:`MIN_GROUP` positions, or the pool,
+    is misaligned (:func:`verdict`)."""
     head = load_head(target_dir)
     budget = max(8, min(budget, MAX_POSITIONS // max(1, len(groups))))
     if head is None:
@@ -245,6 +229,4 @@ def check_alignment(store_dir: str | Path, target_dir: str | Path,
 
 def _fmt(inp: dict | None) -> str:
     """``a% / b% / c%`` of the input rates (before, own, after), ``n/a`` without them."""
-    if not inp:
-        return "n/a"
-    return " / ".join(f"{inp[k]:.1%}" for k in ("before", "own", "after"))
+    return " / ".join(f"{inp[k]:.1%}" for k in ("before", "own", "after")) if inp else "n/a"

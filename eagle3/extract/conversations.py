@@ -9,11 +9,9 @@ unusable file is a :class:`~eagle3.errors.DataError`.
 
 Loss mask (:func:`tokenize_conversation`): 1 on the assistant's content and end-of-turn token.
 ``{% generation %}`` templates use ``return_assistant_tokens_mask``; others are rendered prefix by
-prefix and the assistant's character span mapped to tokens through offsets. Text the template adds
-between the assistant header and the content (e.g. Qwen3's empty ``<think>\n\n</think>\n\n`` at
-default settings) is not the assistant's and is never trained on: in the mask it would teach the
-draft to predict the template's fixed text rather than the target's answers. Whitespace after the
-end-of-turn marker is not trained on.
+prefix and the assistant's character span mapped to tokens through offsets. Template text between
+the assistant header and the content (e.g. Qwen3's empty ``<think>\n\n</think>\n\n``) and
+whitespace after the end-of-turn marker are never trained on (the draft would learn the template).
 """
 
 from __future__ import annotations
@@ -159,9 +157,6 @@ def read_conversations(path: str | Path) -> tuple[list[Conversation], ReadStats]
     return out, stats
 
 
-# -----------------------------------------------------------------------------------------------
-# templating
-
 def template_hash(tokenizer) -> str:
     """sha256 (hex) of the tokenizer's chat template text ("" when it has none)."""
     return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()
@@ -169,9 +164,8 @@ def template_hash(tokenizer) -> str:
 
 def tokenizer_hash(tokenizer) -> str:
     """sha256 (hex) over the tokenizer's vocabulary (token to id, sorted) and its special tokens."""
-    vocab = sorted(tokenizer.get_vocab().items())
-    payload = json.dumps({"vocab": vocab, "special": tokenizer.special_tokens_map},
-                         sort_keys=True, default=str)
+    payload = json.dumps({"vocab": sorted(tokenizer.get_vocab().items()),
+                          "special": tokenizer.special_tokens_map}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -201,12 +195,10 @@ def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> s
 
 def assistant_char_spans(tokenizer, messages: list[dict],
                          kwargs: dict | None = None) -> tuple[str, list]:
-    """(rendered text, [(start, end) character span of each assistant turn]). A span is
-    ``render(messages[:i+1])`` minus ``render(messages[:i], add_generation_prompt=True)``
-    (:func:`_assistant_start`), trailing whitespace dropped, starting at the message's own
-    stripped content, so text the template injects after the header is outside it.
-    TemplateUnstable (a DataError naming the message index and the template hash) when the
-    template is not prefix-stable."""
+    """(rendered text, [(start, end) character span of each assistant turn]): ``render(messages[:
+    i+1])`` minus ``render(messages[:i], add_generation_prompt=True)`` (:func:`_assistant_start`),
+    from the message's stripped content to the trailing whitespace. TemplateUnstable (a DataError
+    naming the message index and the template hash) when the template is not prefix-stable."""
     kwargs = dict(kwargs or {})
     full = _render(tokenizer, messages, False, kwargs)
     spans = []
@@ -230,26 +222,22 @@ class TemplateUnstable(DataError):
 
 
 def _content_start(upto: str, start: int, content: str) -> int:
-    """Where the stripped ``content`` first occurs in ``upto`` at or after ``start`` (the end of
-    the generation prompt), so boilerplate before it is not supervised; ``start`` when the content
-    is empty or the template rewrote it."""
+    """Where the stripped ``content`` first occurs in ``upto`` at or after ``start``; ``start``
+    when it is empty or the template rewrote it."""
     needle = content.strip()
     found = upto.find(needle, start) if needle else -1
     return start if found < 0 else found
 
 
 def _assistant_start(tokenizer, messages, i: int, upto: str, kwargs: dict) -> int | None:
-    """Offset in ``upto`` where assistant message ``i`` starts (None: not found):
-    ``len(render(messages[:i], add_generation_prompt=True))``, else, for templates whose generation
-    prompt differs from the history, the message's text after ``render(messages[:i])``."""
+    """Offset in ``upto`` where assistant message ``i`` starts (None: not found): the length of
+    the generation-prompt render of ``messages[:i]``, else its text after the history's render."""
     before = _render(tokenizer, messages[:i], True, kwargs) if i else ""
     if upto.startswith(before):
         return len(before)
     history = _render(tokenizer, messages[:i], False, kwargs) if i else ""
     needle = messages[i]["content"].strip()
-    if not upto.startswith(history) or not needle:
-        return None
-    found = upto.find(needle, len(history))
+    found = upto.find(needle, len(history)) if upto.startswith(history) and needle else -1
     return None if found < 0 else found
 
 
@@ -275,8 +263,8 @@ def tokenize_conversation(tokenizer, conv: Conversation, max_seq_len: int,
         ids = list(enc["input_ids"])
         mask = [int(end > start and any(s <= start < e for s, e in spans))
                 for start, end in enc["offset_mapping"]]
-    truncated = len(ids) > max_seq_len
-    return TokenizedSample(conv.id, ids[:max_seq_len], mask[:max_seq_len], truncated, len(ids))
+    return TokenizedSample(conv.id, ids[:max_seq_len], mask[:max_seq_len], len(ids) > max_seq_len,
+                           len(ids))
 
 
 def rendered_tokens(tokenizer, conv: Conversation, template_kwargs: dict | None = None) -> int:

@@ -71,20 +71,18 @@ def forward_capture(model, capture_ids: list[int], batch: list[list[int]],
     for b, x in enumerate(batch):
         ids[b, : len(x)] = torch.tensor(x)
         mask[b, : len(x)] = 1
-    body = getattr(model, "model", model)
-    pin = dev.type == "cuda"
     with torch.inference_mode(), capture_hidden_states(model, capture_ids) as cap:
-        body(input_ids=ids.pin_memory().to(dev, non_blocking=True) if pin else ids,
-             attention_mask=(mask.to(dev) if min(lens) < t_max else None), use_cache=False)
+        getattr(model, "model", model)(
+            input_ids=ids.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else ids,
+            attention_mask=(mask.to(dev) if min(lens) < t_max else None), use_cache=False)
         stacked = torch.stack([cap[i] for i in capture_ids], dim=2)  # [B, T, S, H]
     return [stacked[b, :n] for b, n in enumerate(lens)]
 
 
 class _HostCopier:
-    """Device → host copies of a batch's states into pinned memory on a side stream (CUDA only).
-    ``submit(states)`` enqueues the copies after the forward that produced them and returns host
-    views, a per-sample all-finite flag computed on the device and an event the writer waits on;
-    the next forward runs meanwhile. On the CPU the states are returned as they are."""
+    """Device → host copies of a batch's states into pinned memory on a side stream (CUDA only):
+    ``submit(states)`` returns host views, per-sample all-finite flags computed on the device and
+    an event the writer waits on, while the next forward runs; on the CPU the states as they are."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -96,8 +94,8 @@ class _HostCopier:
             return states, [None] * len(states), None
         main = torch.cuda.current_stream(states[0].device)
         with torch.inference_mode():
-            finite = torch.stack([torch.isfinite(s).all() for s in states])
-            finite = finite.to("cpu", non_blocking=True)
+            finite = torch.stack([torch.isfinite(s).all() for s in states]).to("cpu",
+                                                                                non_blocking=True)
             rows = [s.shape[0] for s in states]
             host = torch.empty((sum(rows), *states[0].shape[1:]), dtype=states[0].dtype,
                                pin_memory=True)
@@ -118,11 +116,9 @@ def run_shards(job: WorkerJob, model=None, on_progress: Callable[[int], None] | 
                on_ready: Callable[[], None] | None = None) -> dict[int, int]:
     """Extract and commit every shard of ``job``; returns {shard index: bytes written}.
     ``on_ready()`` is called once the target is loaded, ``on_progress(tokens)`` after each batch.
-    Raises DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing
-    shard is not committed. ``job.num_threads`` (a CPU data-parallel worker's share of the cores)
-    holds inside the call only: the caller's torch thread count is restored after, since a float32
-    forward on some CPUs (AVX2 kernels) gives other bits with another thread count, and a later
-    extraction in this process must compute what a fresh one would."""
+    DataError from the integrity checks (NaN/Inf, row counts) or a full disk; the failing shard is
+    not committed. ``job.num_threads`` holds inside the call only (float32 CPU forwards give other
+    bits with another thread count, so a later extraction here must see the caller's count)."""
     from eagle3.precision import torch_threads
 
     with torch_threads(job.num_threads or None):
@@ -155,17 +151,15 @@ def _run_shards(job: WorkerJob, model, on_progress, on_ready) -> dict[int, int]:
                     f.result()
                 if on_progress:
                     on_progress(sum(len(job.input_ids[i]) for i in chunk))
-            sizes = dict(f.result() for f in pending)
-            commit_shard(out, spec, sizes)
+            commit_shard(out, spec, sizes := dict(f.result() for f in pending))
             written[spec.index] = sum(sizes.values())
     return written
 
 
 def _check_and_write(job: WorkerJob, out: Path, i: int, hs: torch.Tensor, finite=None,
                      done=None) -> tuple[str, int]:
-    # the device → host copy of this batch (and its finiteness flags) has landed
     if done is not None:
-        done.synchronize()
+        done.synchronize()  # the device → host copy of this batch (and its flags) has landed
     path = out / HS_DIR / hs_name(i)
     check_sample(job.sample_ids[i], path, job.input_ids[i], job.loss_masks[i], hs,
                  all_finite=None if finite is None else bool(finite))
@@ -183,10 +177,9 @@ def pad_id_of(model, tok) -> int:
 
 
 def determinism_probe(model, capture_ids: list[int], samples: list[list[int]], pad_id: int) -> dict:
-    """Extract ``samples`` one at a time and in one right-padded batch of mixed lengths; compare.
-    Returns ``{"max_rel_err": float, "per_slot": [float]}``: the largest over samples and tokens
-    of ``|a - b| / |a|`` (L2 over the hidden dimension) per captured slot; batch-independent
-    extraction gives the model dtype's rounding level (bf16: ~1e-2, fp32: ~1e-6)."""
+    """Extract ``samples`` one at a time and in one right-padded batch; returns ``{"max_rel_err",
+    "per_slot"}``: the largest ``|a - b| / |a|`` (L2 over the hidden dimension) over samples and
+    tokens, per captured slot (batch-independent: bf16 ~1e-2, fp32 ~1e-6)."""
     alone = [forward_capture(model, capture_ids, [s], pad_id)[0].float() for s in samples]
     together = [x.float() for x in forward_capture(model, capture_ids, samples, pad_id)]
     per_slot = torch.zeros(len(capture_ids))

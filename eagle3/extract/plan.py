@@ -1,11 +1,8 @@
-"""Which samples an extraction writes: records read, put in a seeded random order, templated,
-selected and split into train/val rows (train rows first), with their provenance (the conversations
-file and its sha256).
-
-Selection: the first ``data.num_conversations`` records that template to at least one loss token are
-kept; samples longer than ``data.max_seq_len`` are cut and counted as truncated. With
-``data.regenerate`` the selected conversations' assistant turns are replaced by the target's own
-answers (:mod:`eagle3.extract.regen`) and templated again.
+"""Which samples an extraction writes: records read in a seeded random order, templated, the first
+``data.num_conversations`` with a loss token kept (cut to ``data.max_seq_len``, counted as
+truncated), split into train/val rows (train first), with their provenance (file and sha256). With
+``data.regenerate`` the chosen assistant turns are replaced by the target's own answers
+(:mod:`eagle3.extract.regen`) and templated again.
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ class Tally:
 
 def unstable_summary(tally: Tally, threshold: float) -> dict:
     """``{"conversations", "tokens", "share_conversations", "share_tokens", "tried",
-    "tried_tokens", "threshold"}`` of ``tally``: shares are fractions (0..1) of the conversations
-    and of the tokens the selection tried."""
+    "tried_tokens", "threshold"}`` of ``tally``; shares are fractions (0..1) of those tried."""
     return {"conversations": tally.unstable, "tokens": tally.unstable_tokens,
             "share_conversations": tally.unstable / max(1, tally.tried),
             "share_tokens": tally.unstable_tokens / max(1, tally.tried_tokens),
@@ -73,8 +69,8 @@ def unstable_summary(tally: Tally, threshold: float) -> dict:
 
 
 def check_unstable(summary: dict, path: Path) -> None:
-    """Raise DataError ``TEMPLATE_UNSTABLE`` when the share of conversations or of tokens dropped
-    as not prefix-stable exceeds ``data.max_unstable_template_share`` (``summary["threshold"]``)."""
+    """DataError ``TEMPLATE_UNSTABLE`` when the share of conversations or tokens dropped as not
+    prefix-stable exceeds ``data.max_unstable_template_share`` (``summary["threshold"]``)."""
     worst = max(summary["share_conversations"], summary["share_tokens"])
     if summary["conversations"] and worst > summary["threshold"]:
         raise DataError(
@@ -89,11 +85,10 @@ def check_unstable(summary: dict, path: Path) -> None:
 
 def selected_conversations(cfg, tokenizer, tally: Tally | None = None
                            ) -> tuple[list, object, Counter, Path, str]:
-    """The conversations an extraction of ``cfg`` would use, before any regeneration: every record
-    of the data source read, put in the ``data.seed``-seeded order, and the first
-    ``data.num_conversations`` that template to at least one loss token kept. Returns ``(chosen
-    [(Conversation, TokenizedSample)], read stats, skipped-by-reason counter, source path, source
-    kind)``; ``tally`` (optional) counts what was tried and dropped as not prefix-stable."""
+    """The conversations an extraction of ``cfg`` would use, before any regeneration (module doc).
+    Returns ``(chosen [(Conversation, TokenizedSample)], read stats, skipped-by-reason counter,
+    source path, source kind)``; ``tally`` (optional) counts what was tried and dropped as not
+    prefix-stable."""
     from eagle3.extract.conversations import read_conversations
 
     kind, path = data_source_path(cfg)
@@ -106,13 +101,10 @@ def selected_conversations(cfg, tokenizer, tally: Tally | None = None
 
 
 def build_plan(cfg, tokenizer, regen=None) -> Plan:
-    """Read, order (seeded), template and select the samples; split train/val.
-    ``regen(conversations) -> conversations`` (optional) rewrites the selected conversations'
-    assistant turns (:mod:`eagle3.extract.regen`) before they are templated again. Raises DataError
-    when the file is unreadable, no record gives a usable sample, or more than
-    ``data.max_unstable_template_share`` of the conversations or tokens tried were dropped as not
-    prefix-stable (``TEMPLATE_UNSTABLE``, :func:`check_unstable`); ``Plan.unstable`` records the
-    drop in any case."""
+    """Read, order (seeded), template and select the samples; split train/val. ``regen(convs) ->
+    convs`` (optional) rewrites the chosen assistant turns before they are templated again.
+    DataError when the file is unreadable, no record gives a usable sample, or
+    ``TEMPLATE_UNSTABLE`` (:func:`check_unstable`); ``Plan.unstable`` records the drop always."""
     tally = Tally()
     chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer, tally)
     if regen is not None:
@@ -122,9 +114,8 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
     if not chosen:
         raise DataError(f"{path}: no usable sample among {stats.records} records (skipped: "
                         f"{dict(skipped)})")
-    samples = [s for _, s in chosen]
+    samples, vf = [s for _, s in chosen], cfg.data.val_fraction
     n = len(samples)
-    vf = cfg.data.val_fraction
     n_val = 0 if vf == 0 or n < 2 else min(n - 1, max(1, round(n * vf)))
     return Plan([s.id for s in samples], [s.input_ids for s in samples],
                 [s.loss_mask for s in samples], n - n_val, sum(s.truncated for s in samples),
@@ -135,8 +126,8 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
 
 def _select(cfg, tokenizer, convs, skipped: Counter, tally: Tally | None = None) -> list:
     """The first ``data.num_conversations`` conversations that template to >= 1 loss token, with
-    their samples. A conversation the template does not render prefix-stably is skipped under
-    :data:`UNSTABLE` and counted in ``tally`` with its rendered tokens."""
+    their samples; one not rendered prefix-stably is skipped under :data:`UNSTABLE` and counted in
+    ``tally`` with its rendered tokens."""
     from eagle3.extract.conversations import (TemplateUnstable, rendered_tokens,
                                               tokenize_conversation)
 
@@ -151,7 +142,8 @@ def _select(cfg, tokenizer, convs, skipped: Counter, tally: Tally | None = None)
         except TemplateUnstable:
             n = rendered_tokens(tokenizer, conv, cfg.data.chat_template_kwargs)
             skipped[UNSTABLE] += 1
-            tally.unstable, tally.unstable_tokens = tally.unstable + 1, tally.unstable_tokens + n
+            tally.unstable += 1
+            tally.unstable_tokens += n
             tally.tried_tokens += n
             continue
         except DataError as e:

@@ -1,18 +1,12 @@
 """Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do), so the draft
-learns the target's own distribution. Each assistant turn is replaced, in order, by the target's
-greedy answer to the conversation so far:
+learns the target's own distribution: each assistant turn is replaced, in order, by the target's
+greedy answer to the conversation so far, by ``hf`` (batched ``model.generate``, left padding,
+``max_new_tokens``, target template) or ``openai`` (``POST {url}/chat/completions``, temperature 0).
 
-- ``hf``: batched ``model.generate`` (left padding, greedy, ``max_new_tokens``), target template;
-- ``openai``: an OpenAI-compatible endpoint (``POST {url}/chat/completions``, temperature 0).
-
-Every assistant turn asked ends as succeeded (truncated ones, which hit ``max_new_tokens``, are
-kept and marked), failed or skipped (the original turn stays); the counts, per turn and per
-conversation, add up to the input (:func:`regenerate_counted`) and go into the record beside the
-output, each truncated turn listed (also in its conversation's JSONL line, ``truncated_turns``).
-Results are cached in ``<out>/.progress/regenerated-<key>.jsonl`` for resume; while a
-regeneration is under way its finished chunks of :data:`RESUME_CHUNK` conversations are kept
-beside it (:func:`regenerate_resumable`, :func:`chunks_path`), so a killed run goes on from the
-last finished chunk.
+Each turn asked ends succeeded (truncated ones, which hit ``max_new_tokens``, kept and marked),
+failed or skipped (the original turn stays); the counts (:func:`regenerate_counted`) go beside the
+output. Results are cached in ``<out>/.progress/regenerated-<key>.jsonl``; finished chunks of
+:data:`RESUME_CHUNK` conversations are kept meanwhile (:func:`chunks_path`) so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -36,31 +30,28 @@ OUTCOMES = ("succeeded", "failed", "skipped")  # a partition; truncated ones are
 TRUNCATED_POLICY = ("marked: a truncated answer (it hit max_new_tokens before its end-of-turn) is "
                     "kept, counted and listed in its record's truncated_turns")
 LOUD_SHARE = 0.05  # a warning when this share of the turns or more is truncated or not regenerated
+RESUME_CHUNK = 1024  # conversations regenerated (all their rounds) between two saved progress lines
 
 
 class Truncated(str):
     """An answer that hit ``max_new_tokens`` before its end-of-turn token (an ``answer_fn`` returns
-    it in place of a plain ``str``); :func:`regenerate_counted` keeps and marks it."""
+    it in place of a plain ``str``); kept and marked."""
 
 
 @dataclass(frozen=True)
 class Failed:
-    """No answer for one prompt (an ``answer_fn`` returns it in place of a ``str``): ``reason``
-    says why. The original turn stays; the turn is counted as failed."""
+    """No answer for one prompt (returned by an ``answer_fn`` in place of a ``str``) and why; the
+    original turn stays and counts as failed."""
 
     reason: str
 
 
-def _rounds(convs: list[Conversation]) -> int:
-    return max((_num_turns(c) for c in convs), default=0)
-
-
-def _num_turns(conv: Conversation) -> int:
-    return sum(m["role"] == "assistant" for m in conv.messages or [])
+def _turn_indices(conv: Conversation) -> list[int]:
+    return [i for i, m in enumerate(conv.messages or []) if m["role"] == "assistant"]
 
 
 def _turn_index(conv: Conversation, r: int) -> int | None:
-    idx = [i for i, m in enumerate(conv.messages or []) if m["role"] == "assistant"]
+    idx = _turn_indices(conv)
     return idx[r] if r < len(idx) else None
 
 
@@ -90,41 +81,35 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
                        max_rounds: int | None = None,
                        on_batch=None) -> tuple[list[Conversation], dict]:
     """Replace each assistant turn with ``answer_fn(message prefixes) -> answers``, round by round:
-    round r asks every conversation's (r+1)-th assistant turn with the conversation so far, its
-    earlier turns already regenerated (each turn in context). ``max_rounds``: regenerate only the
-    first N assistant turns of each conversation and drop every message after the last
-    regenerated one (a later turn answering the original reply would no longer fit the
-    conversation). Within a round the prefixes are batched by length (fewer pad tokens per batch);
-    ``on_batch(n)`` is called after each batch with the number of answers it produced (progress).
+    round r asks every conversation's (r+1)-th assistant turn, earlier turns already regenerated.
+    ``max_rounds``: only the first N assistant turns, dropping every message after the last
+    regenerated one. Prefixes are batched by length within a round; ``on_batch(n)`` is called
+    after each batch with its number of answers.
 
-    An answer is a ``str`` (succeeded; a :class:`Truncated` one also counts as truncated:
-    :data:`TRUNCATED_POLICY`; an empty one is counted under ``empty`` in ``turns``, whose
-    ``clean`` counts the succeeded ones neither truncated nor empty), a
-    :class:`Failed` or no text (failed: the original turn stays) or None (skipped,
-    ``prompt_too_long``: the original turn stays).
+    An answer is a ``str`` (succeeded; a :class:`Truncated` also counts as truncated,
+    :data:`TRUNCATED_POLICY`; an empty one counts under ``turns.empty``; ``turns.clean`` counts
+    those neither truncated nor empty), a :class:`Failed` or non-text (failed) or None (skipped,
+    ``prompt_too_long``); the original turn stays unless succeeded.
 
-    Returns ``(conversations, counts)``: new Conversation objects (inputs untouched; plain-text
-    records pass through unchanged) and ``{"turns": {input, succeeded, failed, skipped,
-    truncated}, "conversations": {...the same}, "per_turn": [{"turn", ...the same}],
-    "skipped_by_reason", "failed_examples", "truncated_turns": {conversation id: [turn numbers,
-    1-based]}, "truncated_policy"}``, where succeeded + failed + skipped = input at each level and
-    truncated counts the succeeded ones that hit the limit (a conversation: any of its turns). A
-    conversation counts as failed if a turn failed, else skipped if a turn was skipped or it has
-    no assistant turn (``no_assistant_turn``), else succeeded. Logs a warning naming the counts
-    when :data:`LOUD_SHARE` or more of the turns are truncated or not regenerated. Raises
-    DataError when ``answer_fn`` returns another number of answers than it was asked for."""
+    Returns ``(conversations, counts)``: new Conversation objects (inputs untouched, plain-text
+    records unchanged) and ``{"turns": {input, succeeded, failed, skipped, truncated},
+    "conversations": {...}, "per_turn": [{"turn", ...}], "skipped_by_reason", "failed_examples",
+    "truncated_turns": {id: [1-based turns]}, "truncated_policy"}``; succeeded + failed + skipped =
+    input at each level. A conversation is failed if a turn failed, else skipped if a turn was
+    skipped or it has no assistant turn (``no_assistant_turn``), else succeeded. Warns when
+    :data:`LOUD_SHARE` or more of the turns are truncated or not regenerated. DataError when
+    ``answer_fn`` returns another number of answers than asked."""
     out, raw = _regenerate_raw(convs, answer_fn, batch_size, max_rounds, on_batch)
     return out, _finish(out, raw)
 
 
 def _regenerate_raw(convs: list[Conversation], answer_fn, batch_size: int,
                     max_rounds: int | None, on_batch) -> tuple[list[Conversation], dict]:
-    """:func:`regenerate_counted`'s work: the new conversations and the per-conversation tallies
-    (``outcomes``, ``cut``: per conversation; ``reasons``, ``failed_examples``, ``empty``,
-    ``flagged``, ``rounds``), JSON-serializable so a chunk's tallies can be saved and merged."""
+    """The new conversations and JSON-serializable tallies (mergeable across chunks)."""
     out = [Conversation(c.id, [dict(m) for m in c.messages] if c.messages else None, c.text)
            for c in convs]
-    rounds = _rounds(out) if max_rounds is None else min(max_rounds, _rounds(out))
+    rounds = max((len(_turn_indices(c)) for c in out), default=0)
+    rounds = rounds if max_rounds is None else min(max_rounds, rounds)
     outcomes: list[list[str]] = [[] for _ in out]
     cut: list[list[int]] = [[] for _ in out]  # truncated turns (1-based) per conversation
     reasons: Counter = Counter()
@@ -166,37 +151,53 @@ def _regenerate_raw(convs: list[Conversation], answer_fn, batch_size: int,
 
 def _finish(out: list[Conversation], raw: dict) -> dict:
     """The counts of :func:`regenerate_counted` from :func:`_regenerate_raw`'s tallies (logged)."""
-    counts = _counts(out, raw["outcomes"], raw["cut"], Counter(raw["reasons"]),
-                     raw["failed_examples"], raw["rounds"], raw["empty"])
-    counts["turns"]["clean"] = counts["turns"]["succeeded"] - raw["flagged"]
-    _log_counts(counts)
+    outcomes, cut = raw["outcomes"], raw["cut"]
+    per_conv = [next((o for o in ("failed", "skipped") if o in per), "succeeded") if per
+                else "skipped" for per in outcomes]
+    unasked = sum(not per for per in outcomes)
+    turns = {**_tally([o for per in outcomes for o in per], sum(map(len, cut))),
+             "empty": raw["empty"]}
+    counts = {"turns": turns,
+              "conversations": _tally(per_conv, sum(bool(c) for c in cut)),
+              "per_turn": [{"turn": r + 1, **_tally([per[r] for per in outcomes if len(per) > r],
+                                                    sum(r + 1 in c for c in cut))}
+                           for r in range(raw["rounds"])],
+              "skipped_by_reason": dict(raw["reasons"], **({"no_assistant_turn": unasked}
+                                                           if unasked else {})),
+              "failed_examples": raw["failed_examples"][:10],
+              "truncated_turns": {c.id: t for c, t in zip(out, cut) if t},
+              "truncated_policy": TRUNCATED_POLICY}
+    turns["clean"] = turns["succeeded"] - raw["flagged"]
+    missed = turns["input"] - turns["clean"]
+    if missed:
+        level = logging.WARNING if missed >= LOUD_SHARE * turns["input"] else logging.INFO
+        log.log(level, "regeneration: %d of %d assistant turns (%.0f%%) truncated or not "
+                "regenerated: %d truncated at max_new_tokens (%s; raise "
+                "data.regenerate_max_new_tokens to finish them), %d failed %s, %d skipped %s, "
+                "%d empty; conversations: %s", missed, turns["input"],
+                100 * missed / turns["input"], turns["truncated"], TRUNCATED_POLICY,
+                turns["failed"], counts["failed_examples"][:3], turns["skipped"],
+                counts["skipped_by_reason"], turns["empty"], counts["conversations"])
     return counts
-
-
-RESUME_CHUNK = 1024  # conversations regenerated (all their rounds) between two saved progress lines
 
 
 def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: int,
                          max_rounds: int | None, progress: Path,
                          on_batch=None) -> tuple[list[Conversation], dict]:
-    """:func:`regenerate_counted` of ``convs`` in chunks of :data:`RESUME_CHUNK` conversations,
-    each finished chunk appended to ``progress`` (JSONL, one line a chunk: its ids, records and
-    tallies) so that a later call with the same ``convs`` reads the finished chunks back and
-    regenerates only the rest (a run killed mid-way loses at most one chunk). Up to
-    :data:`RESUME_CHUNK` conversations form one chunk, whose batches are those of
-    :func:`regenerate_counted`. ``make_answer_fn()`` builds the answer function (a target load),
-    called only when a chunk is left to do. Returns ``(conversations, counts)`` as
-    :func:`regenerate_counted`, the counts over every chunk. DataError
-    (``REGEN_PROGRESS_MISMATCH``) when a line of ``progress`` holds other conversations than the
-    chunk it stands for."""
+    """:func:`regenerate_counted` in chunks of :data:`RESUME_CHUNK` conversations, each finished
+    chunk appended to ``progress`` (JSONL, a line a chunk: ids, records, tallies) so a later call
+    with the same ``convs`` redoes only the rest. ``make_answer_fn()`` (a target load) is called
+    only when a chunk is left. Returns ``(conversations, counts)`` over every chunk. DataError
+    (``REGEN_PROGRESS_MISMATCH``) when a line of ``progress`` holds other conversations than its
+    chunk."""
     chunks = [convs[b:b + RESUME_CHUNK] for b in range(0, len(convs), RESUME_CHUNK)]
     done = _read_progress(progress, chunks)
     if done:
         log.warning("regeneration: %d of %d chunks (%d of %d conversations) finished earlier, "
                     "read from %s; regenerating the rest", len(done), len(chunks),
                     sum(len(d["ids"]) for d in done), len(convs), progress)
-    if done and on_batch is not None:
-        on_batch(sum(len(per) for d in done for per in d["raw"]["outcomes"]))
+        if on_batch is not None:
+            on_batch(sum(len(per) for d in done for per in d["raw"]["outcomes"]))
     answer_fn = None
     for chunk in chunks[len(done):]:
         if answer_fn is None:
@@ -213,18 +214,16 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
     out = [Conversation(r["id"], r.get("messages"), r.get("text"))
            for d in done for r in d["records"]]
     raws = [d["raw"] for d in done]
-    merged = {"outcomes": [o for r in raws for o in r["outcomes"]],
-              "cut": [c for r in raws for c in r["cut"]],
-              "reasons": dict(sum((Counter(r["reasons"]) for r in raws), Counter())),
-              "failed_examples": [e for r in raws for e in r["failed_examples"]],
-              "empty": sum(r["empty"] for r in raws), "flagged": sum(r["flagged"] for r in raws),
-              "rounds": max((r["rounds"] for r in raws), default=0)}
+    merged = {k: [x for r in raws for x in r[k]] for k in ("outcomes", "cut", "failed_examples")}
+    merged.update(reasons=dict(sum((Counter(r["reasons"]) for r in raws), Counter())),
+                  empty=sum(r["empty"] for r in raws), flagged=sum(r["flagged"] for r in raws),
+                  rounds=max((r["rounds"] for r in raws), default=0))
     return out, _finish(out, merged)
 
 
 def _read_progress(progress: Path, chunks: list[list[Conversation]]) -> list[dict]:
-    """The finished chunks saved in ``progress`` (:func:`regenerate_resumable`), in order. A last
-    line cut short by a kill is dropped from the file (its chunk is redone)."""
+    """The finished chunks saved in ``progress``, in order; a last line cut short by a kill is
+    dropped from the file (its chunk is redone)."""
     if not progress.is_file():
         return []
     lines = progress.read_bytes().split(b"\n")
@@ -257,60 +256,25 @@ def _read_progress(progress: Path, chunks: list[list[Conversation]]) -> list[dic
     return done
 
 
-def _counts(out: list[Conversation], outcomes: list[list[str]], cut: list[list[int]],
-            reasons: Counter, failed_examples: list[str], rounds: int, empty: int) -> dict:
-    per_conv = [next((o for o in ("failed", "skipped") if o in per), "succeeded") if per
-                else "skipped" for per in outcomes]
-    unasked = sum(not per for per in outcomes)
-    return {"turns": {**_tally([o for per in outcomes for o in per], sum(map(len, cut))),
-                      "empty": empty},
-            "conversations": _tally(per_conv, sum(bool(c) for c in cut)),
-            "per_turn": [{"turn": r + 1, **_tally([per[r] for per in outcomes if len(per) > r],
-                                                  sum(r + 1 in c for c in cut))}
-                         for r in range(rounds)],
-            "skipped_by_reason": dict(reasons, **({"no_assistant_turn": unasked}
-                                                  if unasked else {})),
-            "failed_examples": failed_examples[:10],
-            "truncated_turns": {c.id: t for c, t in zip(out, cut) if t},
-            "truncated_policy": TRUNCATED_POLICY}
-
-
-def _log_counts(counts: dict) -> None:
-    t = counts["turns"]
-    missed = t["input"] - t["clean"]
-    if not missed:
-        return
-    level = logging.WARNING if missed >= LOUD_SHARE * t["input"] else logging.INFO
-    log.log(level, "regeneration: %d of %d assistant turns (%.0f%%) truncated or not regenerated: "
-            "%d truncated at max_new_tokens (%s; raise data.regenerate_max_new_tokens to finish "
-            "them), %d failed %s, %d skipped %s, %d empty; conversations: %s", missed,
-            t["input"], 100 * missed / t["input"], t["truncated"], TRUNCATED_POLICY, t["failed"],
-            counts["failed_examples"][:3], t["skipped"], counts["skipped_by_reason"],
-            t["empty"], counts["conversations"])
-
-
 def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
                  max_prompt_tokens: int | None = None):
     """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding). An answer
-    without the tokenizer's EOS token within ``max_new_tokens`` is a :class:`Truncated`. Prompts
-    over ``max_prompt_tokens`` get ``None`` (the original turn is kept). A batch raising
-    ``torch.OutOfMemoryError`` is retried as two halves; a single prompt that does not fit raises
-    DataError."""
+    without the tokenizer's EOS within ``max_new_tokens`` is a :class:`Truncated`; prompts over
+    ``max_prompt_tokens`` get None. A batch raising ``torch.OutOfMemoryError`` is retried as two
+    halves; a single prompt that does not fit raises DataError."""
     kwargs = dict(template_kwargs or {})
 
     def answer(prefixes: list[list[dict]]) -> list[str | None]:
         prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
                                                  **kwargs) for p in prefixes]
-        if max_prompt_tokens is not None:
-            lengths = [len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in prompts]
-            keep = [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
-            if len(keep) < len(prompts):
-                got = answer_all([prompts[i] for i in keep]) if keep else []
-                out: list[str | None] = [None] * len(prompts)
-                for i, a in zip(keep, got):
-                    out[i] = a
-                return out
-        return answer_all(prompts)
+        if max_prompt_tokens is None:
+            return answer_all(prompts)
+        keep = [i for i, x in enumerate(prompts)
+                if len(tokenizer(x, add_special_tokens=False)["input_ids"]) <= max_prompt_tokens]
+        if len(keep) == len(prompts):
+            return answer_all(prompts)
+        got = dict(zip(keep, answer_all([prompts[i] for i in keep]) if keep else []))
+        return [got.get(i) for i in range(len(prompts))]
 
     def answer_all(prompts: list[str]) -> list[str]:
         try:
@@ -329,29 +293,27 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
             return answer_all(prompts[:half]) + answer_all(prompts[half:])
 
     def generate(prompts: list[str]) -> list[str]:
-        side = tokenizer.padding_side
-        tokenizer.padding_side = "left"
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
         try:
             enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         finally:
             tokenizer.padding_side = side
-        dev = next(model.parameters()).device
-        with torch.inference_mode():
-            gen = model.generate(**enc.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-        new = gen[:, enc["input_ids"].shape[1]:]
         eos = tokenizer.eos_token_id
+        with torch.inference_mode():
+            gen = model.generate(**enc.to(next(model.parameters()).device), do_sample=False,
+                                 max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
         # a row without the end-of-turn token ran out of max_new_tokens
         return [(Truncated if eos is not None and eos not in row.tolist() else str)(
-            tokenizer.decode(row, skip_special_tokens=True).strip()) for row in new]
+            tokenizer.decode(row, skip_special_tokens=True).strip())
+            for row in gen[:, enc["input_ids"].shape[1]:]]
 
     return answer
 
 
 def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
     """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature
-    0). ``finish_reason`` ``length`` gives a :class:`Truncated`. TransientError for connection
+    0); ``finish_reason`` ``length`` gives a :class:`Truncated`. TransientError for connection
     failures and 5xx, DataError for other non-200 answers."""
     import httpx
 
@@ -380,8 +342,7 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
 
 def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], progress: Path,
                 on_batch=None) -> tuple[list[Conversation], dict]:
-    """:func:`regenerate_resumable` with the answer function and batch size ``cfg.data`` names,
-    its finished chunks kept in ``progress``."""
+    """:func:`regenerate_resumable` with the answer function and batch size of ``cfg.data``."""
     d = cfg.data
     return regenerate_resumable(convs, lambda: _answer_fn(cfg, target_dir, tokenizer),
                                 d.regenerate_batch_size or cfg.extract.batch_size,
@@ -389,32 +350,32 @@ def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], pro
 
 
 def _answer_fn(cfg, target_dir: Path, tokenizer):
-    mode = cfg.data.regenerate
-    if mode == "hf":
+    d = cfg.data
+    if d.regenerate == "hf":
         from eagle3.target_model import load_target
 
         model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device,
                                cfg.target.trust_remote_code)
-        return hf_answer_fn(model, tokenizer, cfg.data.regenerate_max_new_tokens,
-                            cfg.data.chat_template_kwargs, max_prompt_tokens=cfg.data.max_seq_len)
-    if mode == "openai":
-        if not cfg.data.regenerate_url:
+        return hf_answer_fn(model, tokenizer, d.regenerate_max_new_tokens,
+                            d.chat_template_kwargs, max_prompt_tokens=d.max_seq_len)
+    if d.regenerate == "openai":
+        if not d.regenerate_url:
             raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got "
                               "none)")
-        return openai_answer_fn(cfg.data.regenerate_url, None, cfg.data.regenerate_max_new_tokens)
-    raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got {mode!r}")
+        return openai_answer_fn(d.regenerate_url, None, d.regenerate_max_new_tokens)
+    raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got "
+                      f"{d.regenerate!r}")
 
 
-def _write_jsonl(path: Path, convs: list[Conversation], truncated: dict | None = None) -> None:
-    """One ``{"id", "messages", "text"}`` line per conversation, plus ``truncated_turns`` (1-based)
-    where ``truncated`` (conversation id -> turns) lists any."""
+def _write_jsonl(path: Path, convs: list[Conversation], truncated: dict) -> None:
+    """One ``{"id", "messages", "text"}`` line per conversation, plus ``truncated_turns`` where
+    ``truncated`` (id -> 1-based turns) lists any."""
     from eagle3.artifacts import atomic_write_bytes
 
-    marks = truncated or {}
-    lines = (json.dumps({"id": c.id, "messages": c.messages, "text": c.text,
-                         **({"truncated_turns": marks[c.id]} if c.id in marks else {})}) + "\n"
-             for c in convs)
-    atomic_write_bytes(path, "".join(lines).encode())
+    atomic_write_bytes(path, "".join(
+        json.dumps({"id": c.id, "messages": c.messages, "text": c.text,
+                    **({"truncated_turns": truncated[c.id]} if c.id in truncated else {})}) + "\n"
+        for c in convs).encode())
 
 
 def counts_path(cache: Path) -> Path:
@@ -445,21 +406,20 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
 
 def chunks_path(out: Path) -> Path:
     """``<name>.chunks.jsonl`` beside the regenerated file ``out``: the finished chunks of a
-    regeneration under way (:func:`regenerate_resumable`), removed once ``out`` is written."""
+    regeneration under way, removed once ``out`` is written."""
     return out.with_name(out.name.removesuffix(".jsonl") + ".chunks.jsonl")
 
 
 def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
-    """Regenerate the conversations an extraction of ``cfg`` would select (``data.*``: source, seed,
-    ``num_conversations``, ``max_seq_len``, template switches) once, into a conversations file many
-    runs can share (``data.source=file``, ``data.path=<out_path>``, ``data.regenerate=none``).
+    """Regenerate the conversations an extraction of ``cfg`` would select (``data.*``: source,
+    seed, ``num_conversations``, ``max_seq_len``, template switches) once, into a file many runs
+    can share (``data.source=file``, ``data.path=<out_path>``, ``data.regenerate=none``).
 
-    Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line, the reader's OpenAI-style records)
-    and ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source file and sha256,
-    target identity, the regeneration settings, counts, ``regeneration`` (the per-turn and
-    per-conversation outcomes of :func:`regenerate_counted`), seconds, answers/s).
-    ``cfg.data.regenerate`` must be ``hf`` or ``openai``. Raises ConfigError for another mode,
-    DataError when the source gives no usable conversation."""
+    Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line) and
+    ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source path and sha256,
+    target, settings, counts, ``regeneration`` (:func:`regenerate_counted`'s counts), seconds,
+    answers/s). ConfigError unless ``cfg.data.regenerate`` is ``hf`` or ``openai``; DataError when
+    the source gives no usable conversation."""
     import time
 
     from transformers import AutoTokenizer
@@ -479,8 +439,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     if not chosen:
         raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: "
                         f"{dict(skipped)})")
-    convs = [c for c, _ in chosen]
-    d = cfg.data
+    d, out_path = cfg.data, Path(out_path)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -488,13 +447,13 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         bar = tqdm(desc="regenerate", unit="answer")
     t0 = time.perf_counter()
     try:
-        out, regen_counts = _regenerate(cfg, target, tok, convs, chunks_path(Path(out_path)),
+        out, regen_counts = _regenerate(cfg, target, tok, [c for c, _ in chosen],
+                                        chunks_path(out_path),
                                         bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
-    out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_path, out, regen_counts["truncated_turns"])
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))

@@ -13,6 +13,7 @@ against the ``hf`` backend (tests/sglang/test_extract_sglang.py), not on a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -36,11 +37,8 @@ PREFIX = "EAGLE3-"
 
 def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
     """SGLang's ids (output of layer k) for HF ``hidden_states`` indices ``capture_ids`` (last =
-    ``num_layers``).
-
-    Raises ConfigError for index 0 (the embedding output has no SGLang id) or an index above
-    ``num_layers``.
-    """
+    ``num_layers``). ConfigError for index 0 (the embeddings: no SGLang id) or one above
+    ``num_layers``."""
     bad = [i for i in capture_ids if not 1 <= i <= num_layers]
     if bad:
         raise ConfigError(f"extract.aux_layer_ids: HF hidden_states indices {bad} cannot be "
@@ -49,8 +47,7 @@ def sglang_layer_ids(capture_ids: list[int], num_layers: int) -> list[int]:
                           f"{capture_ids[:-1]}")
     from eagle3.engines.registry import get_profile
 
-    # the profile owns the ±1 convention
-    return get_profile("sglang").hf_to_engine_ids(capture_ids)
+    return get_profile("sglang").hf_to_engine_ids(capture_ids)  # the profile owns the ±1
 
 
 def worker_env(cfg, log_dir: Path) -> dict[str, str]:
@@ -69,26 +66,22 @@ def worker_env(cfg, log_dir: Path) -> dict[str, str]:
 
 
 class SGLangWorker:
-    """The worker process: start, ``request(ids, out)``, ``close()``; a context manager.
-
-    stdout carries the protocol lines (read by a thread into a queue); stderr (SGLang's log) goes to
-    ``log_path``. Raises EngineUnsupported when the worker fails to start or reports an error,
-    naming the log.
-    """
+    """The worker process: start, ``request(ids, out)``, ``close()``; a context manager. stdout
+    carries the protocol lines (read by a thread), stderr (SGLang's log) goes to ``log_path``.
+    EngineUnsupported, naming the log, when the worker fails to start or reports an error."""
 
     def __init__(self, python: str, job: dict, work_dir: Path, env: dict[str, str],
                  startup_timeout_s: float):
-        self.work_dir = work_dir
+        self.work_dir, job_path = work_dir, work_dir / "sglang_job.json"
         work_dir.mkdir(parents=True, exist_ok=True)
-        job_path = work_dir / "sglang_job.json"
         job_path.write_text(json.dumps(job, indent=1))
         self.log_path = work_dir / "sglang_extract.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
         try:
-            self.proc = subprocess.Popen([python, str(WORKER), str(job_path)],
-                                         stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                         text=True, start_new_session=True, cwd=str(work_dir))
+            self.proc = subprocess.Popen([python, str(WORKER), str(job_path)], text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._log, env=env, start_new_session=True,
+                                         cwd=str(work_dir))
         except OSError as e:
             self._log.close()
             raise EngineUnsupported(f"serve.sglang_python={python!r}: cannot start the SGLang "
@@ -106,9 +99,8 @@ class SGLangWorker:
     def _expect(self, kind: str, timeout_s: float, doing: str) -> dict:
         deadline = time.monotonic() + timeout_s
         while True:
-            left = deadline - time.monotonic()
             try:
-                line = self._lines.get(timeout=max(0.0, left))
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise EngineUnsupported("SGLang extraction worker: no answer within "
                                         f"{timeout_s:.0f} s to {doing}; log: {self.log_path}"
@@ -141,20 +133,15 @@ class SGLangWorker:
         return self._expect("RESULT", timeout_s, f"extract a batch of {len(ids)} samples")
 
     def close(self, grace_s: float = 30.0) -> None:
-        """Ask the engine to shut down; end the worker's process group if it does not within
-        ``grace_s``."""
+        """Ask the engine to shut down; end the worker's process group after ``grace_s``."""
         from eagle3.procs import terminate_tree
 
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):  # BrokenPipeError included
                 self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
                 self.proc.stdin.close()
-            except (BrokenPipeError, OSError):
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         terminate_tree(self.proc, grace_s=5.0)
         self._log.close()
 
@@ -173,19 +160,13 @@ def _tail(path: Path, n: int = 15) -> str:
 
 
 def run_sglang_shards(cfg, target_dir: Path, capture_ids: list[int], num_layers: int,
-                      sample_ids: list[str],
-                      input_ids: list[list[int]], loss_masks: list[list[int]],
-                      shards: list[ShardSpec],
-                      out_dir: Path, on_progress: Callable[[int], None] | None = None) -> dict[int,
-                          int]:
-    """Extract ``shards`` through SGLang; returns {shard index: bytes written}; commits each shard
-    when done.
-
-    ``capture_ids``: HF ``hidden_states`` indices, the last one = ``num_layers``. Samples of a shard
-    are sent in batches of ``extract.batch_size`` prompts, sorted by length. Raises ConfigError (ids
-    SGLang cannot capture), EngineUnsupported (worker start/engine failure, with the log's tail),
-    DataError (integrity).
-    """
+                      sample_ids: list[str], input_ids: list[list[int]],
+                      loss_masks: list[list[int]], shards: list[ShardSpec], out_dir: Path,
+                      on_progress: Callable[[int], None] | None = None) -> dict[int, int]:
+    """Extract ``shards`` through SGLang, committing each; returns {shard index: bytes written}.
+    ``capture_ids``: HF ``hidden_states`` indices, the last = ``num_layers``; a shard's samples go
+    in length-sorted batches of ``extract.batch_size``. ConfigError (ids SGLang cannot capture),
+    EngineUnsupported (worker start/engine failure, with the log's tail), DataError (integrity)."""
     from eagle3.engines.sglang.environment import sglang_python
 
     layer_ids = sglang_layer_ids(capture_ids, num_layers)

@@ -1,16 +1,15 @@
 """Hidden-state extraction: conversations → the target's aux hidden states, speculators' offline
 layout. ``extract(cfg, out_dir)`` reads ``cfg.target``, ``cfg.data``, ``cfg.extract`` and writes:
 
-    out_dir/data/                  HF ``datasets`` folder (torch format), one row per sample in
+    out_dir/data/                  HF ``datasets`` folder (torch format), a row per sample in
                                    file-index order: ``input_ids`` [T] int64, ``loss_mask`` [T]
                                    int64 (1 = assistant token), ``seq_len`` int, ``id`` str
     out_dir/hidden_states/hs_{i}.safetensors
-                                   row i (layout: :mod:`eagle3.extract.store`); slot j < n_aux =
+                                   row i (:mod:`eagle3.extract.store`); slot j < n_aux =
                                    HF ``hidden_states[aux_layer_ids[j]]``
     out_dir/token_freq.pt          ``{token_id: count}`` over loss-masked train tokens
-    out_dir/online.json            ``extract.mode: online`` only, which then writes no
-                                   ``hidden_states/``: what training needs to compute the states
-                                   itself (:data:`ONLINE_FILE`)
+    out_dir/online.json            ``extract.mode: online`` only (no ``hidden_states/``): what
+                                   training needs to compute the states (:data:`ONLINE_FILE`)
     out_dir/.progress/             plan hash and one marker per committed shard (resume)
     out_dir/manifest.json          kind "hidden_states"
 
@@ -22,14 +21,11 @@ num_layers, hidden_size, vocab_size, architecture, dtype}, ``tokenizer_hash``,
 unique_tokens}, ``skipped_by_reason``, ``bytes``, ``bytes_per_token``, ``tokens_per_s``, ``splits``
 {"train": [rows], "val": [rows]} (train rows first, so speculators' ``train_ratio`` split agrees),
 ``data_source`` {kind, path, sha256}, ``plan_hash``, ``resumed``, ``content_hash``,
-``regeneration`` (None unless ``data.regenerate``; else the counts of
-:func:`eagle3.extract.regen.regenerate_counted`: ``turns`` {input, succeeded, failed, skipped,
-truncated, ...}, ``conversations``, ``per_turn``, ..., ``settings``).
+``regeneration`` (None unless ``data.regenerate``; else :func:`regeneration_counts`).
 
 Selection: records in a ``data.seed``-seeded order, the first ``data.num_conversations`` with a loss
-token kept, cut to ``data.max_seq_len`` (counted as truncated). ``data.regenerate`` = ``hf`` |
-``openai`` first replaces assistant turns with the target's answers (:mod:`eagle3.extract.regen`).
-Free disk is checked first (DataError with both numbers).
+token kept, cut to ``data.max_seq_len`` (counted as truncated); ``data.regenerate`` first replaces
+assistant turns with the target's answers (:mod:`eagle3.extract.regen`). Free disk is checked first.
 """
 
 from __future__ import annotations
@@ -79,12 +75,11 @@ def target_identity(target_dir: Path, cfg) -> dict:
 
 def estimate_bytes(num_tokens: int, n_slots: int, hidden_size: int, dtype: str) -> int:
     """Bytes an extraction of ``num_tokens`` tokens writes: sample files + the ``data/`` columns."""
-    per_token = bytes_per_token(n_slots, hidden_size, dtype) + DATA_OVERHEAD_BYTES_PER_TOKEN
-    return num_tokens * per_token
+    return num_tokens * (bytes_per_token(n_slots, hidden_size, dtype)
+                         + DATA_OVERHEAD_BYTES_PER_TOKEN)
 
 
 def _check_free_disk(out_dir: Path, need: int, free_bytes: int | None) -> None:
-    """DataError when ``need`` bytes exceed the free space at ``out_dir`` (or ``free_bytes``)."""
     probe = out_dir
     while not probe.exists():
         probe = probe.parent
@@ -121,13 +116,11 @@ def check_before_run(cfg) -> None:
     known. ConfigError naming the key and both values."""
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
-        if not path.is_file():
-            what = "a directory" if path.is_dir() else "not found"
+        what = ("a directory" if path.is_dir() else "not found") if not path.is_file() else (
+            "empty: 0 bytes" if path.stat().st_size == 0 else None)
+        if what:
             raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
                               f"{str(path)!r} ({what})")
-        if path.stat().st_size == 0:
-            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
-                              f"{str(path)!r} (empty: 0 bytes)")
     n = _known_layer_count(cfg)
     if n is not None:
         _aux_ids(cfg, n)
@@ -156,9 +149,8 @@ def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
 def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None = None,
             warn: bool = True) -> dict:
     """Extract hidden states for ``cfg`` into ``out_dir`` (resuming its committed shards); returns
-    the manifest. ``free_bytes`` overrides the measured free disk; ``warn`` False leaves out the
-    warnings about the selected data (records skipped, samples truncated, unstable templates), for
-    a caller repeating an extraction whose plan it has already warned about. ConfigError (bad aux
+    the manifest. ``free_bytes`` overrides the measured free disk; ``warn`` False drops the
+    warnings about the selected data (for a caller that has already given them). ConfigError (aux
     ids, devices), DataError (inputs, integrity, disk, a directory holding another extraction),
     EngineUnsupported (backend 'sglang' without a usable SGLang, or its engine failing)."""
     from transformers import AutoTokenizer
@@ -190,19 +182,8 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             return regenerate_for_plan(cfg, target_dir, tok, convs, caches[-1])
     plan = build_plan(cfg, tok, regen)
     regeneration = regeneration_counts(caches[-1]) if caches else None
-    if warn and (plan.skipped or plan.truncated):
-        log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to "
-                    "data.max_seq_len=%d", plan.source["path"], sum(plan.skipped.values()),
-                    plan.records, dict(plan.skipped),
-                    f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
-                    plan.truncated, len(plan.ids), cfg.data.max_seq_len)
     if warn:
-        warn_unstable(plan.unstable, plan.source["path"])
-    if warn and len(plan.ids) < cfg.data.num_conversations:
-        log.warning("DATA_SHORT: data.num_conversations=%d asked, %s gives %d usable "
-                    "conversations (%d records, %d skipped): the extraction holds %d",
-                    cfg.data.num_conversations, plan.source["path"], len(plan.ids),
-                    plan.records, sum(plan.skipped.values()), len(plan.ids))
+        _warn_plan(cfg, plan)
     plan_hash = _plan_hash(plan, target, aux, cfg)
     damaged = False
     if (out_dir / "manifest.json").is_file():
@@ -211,7 +192,6 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             intact, why = output_intact(out_dir)
             if intact:
                 return done
-            # a file deleted, truncated or rewritten after the extraction: redo those shards
             log.warning("%s; re-extracting the shards whose files are missing, of the wrong size "
                         "or rewritten", why)
             (out_dir / "manifest.json").unlink()
@@ -240,49 +220,57 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
 
     # HS_MISALIGNED before a manifest exists: a shifted store never reaches training
     alignment = check_alignment(out_dir, target_dir, [range(s.start, s.stop) for s in shards])
-    extra = {
-        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok, regeneration),
-        "resumed": resumed, "shards": {"total": len(shards), "resumed": len(done)},
-        "alignment": alignment,
-    }
     hs_bytes = sum(p.stat().st_size for p in (out_dir / HS_DIR).glob("hs_*.safetensors"))
     counts = _counts(plan)
-    extra.update(bytes=hs_bytes, bytes_per_token=hs_bytes / max(1, counts["tokens"]),
-                 tokens_per_s=todo_tokens / max(t2 - t1, 1e-9))
+    extra = {**_manifest_facts(cfg, plan, plan_hash, target, aux, tok, regeneration),
+             "resumed": resumed, "shards": {"total": len(shards), "resumed": len(done)},
+             "alignment": alignment, "bytes": hs_bytes,
+             "bytes_per_token": hs_bytes / max(1, counts["tokens"]),
+             "tokens_per_s": todo_tokens / max(t2 - t1, 1e-9)}
     timings = {"prepare_s": t1 - t0, "extract_s": t2 - t1, "finalize_s": time.perf_counter() - t2}
     return _manifest(out_dir, cfg, target, plan, counts, timings, extra)
 
 
+def _warn_plan(cfg, plan: Plan) -> None:
+    """Warn about records skipped, samples truncated, unstable templates and a short source."""
+    src, skipped = plan.source["path"], sum(plan.skipped.values())
+    if plan.skipped or plan.truncated:
+        log.warning("%s: %d of %d records skipped %s%s; %d of %d samples truncated to "
+                    "data.max_seq_len=%d", src, skipped, plan.records, dict(plan.skipped),
+                    f" (e.g. {plan.skip_examples[:3]})" if plan.skip_examples else "",
+                    plan.truncated, len(plan.ids), cfg.data.max_seq_len)
+    warn_unstable(plan.unstable, src)
+    if len(plan.ids) < cfg.data.num_conversations:
+        log.warning("DATA_SHORT: data.num_conversations=%d asked, %s gives %d usable "
+                    "conversations (%d records, %d skipped): the extraction holds %d",
+                    cfg.data.num_conversations, src, len(plan.ids), plan.records, skipped,
+                    len(plan.ids))
+
+
 def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int], tok,
                     regeneration: dict | None) -> dict:
-    """The manifest keys both modes write: target, tokenizer, template, layers, dtypes, splits,
-    provenance, what the selection dropped and ``regeneration`` (:func:`regeneration_counts`;
-    None when ``data.regenerate`` is none)."""
+    """The manifest keys both modes write."""
     from eagle3.extract.conversations import template_hash, template_switches, tokenizer_hash
 
-    return {
-        "target": target, "tokenizer_hash": tokenizer_hash(tok),
-        "chat_template_hash": template_hash(tok),
-        "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
-        "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION,
-        "num_slots": len(aux) + 1, "dtype": cfg.extract.dtype, "model_dtype": cfg.target.dtype,
-        "auto_resolved": cfg.auto_resolved,
-        "splits": {"train": list(range(plan.num_train)),
-                   "val": list(range(plan.num_train, len(plan.ids)))},
-        "data_source": plan.source, "regenerated": cfg.data.regenerate, "plan_hash": plan_hash,
-        "skipped_by_reason": dict(plan.skipped), "skipped_examples": plan.skip_examples,
-        "template_unstable": plan.unstable, "regeneration": regeneration,
-    }
+    return {"target": target, "tokenizer_hash": tokenizer_hash(tok),
+            "chat_template_hash": template_hash(tok),
+            "template_switches": template_switches(tok, cfg.data.chat_template_kwargs),
+            "aux_layer_ids": aux, "layer_id_convention": LAYER_ID_CONVENTION,
+            "num_slots": len(aux) + 1, "dtype": cfg.extract.dtype,
+            "model_dtype": cfg.target.dtype, "auto_resolved": cfg.auto_resolved,
+            "splits": {"train": list(range(plan.num_train)),
+                       "val": list(range(plan.num_train, len(plan.ids)))},
+            "data_source": plan.source, "regenerated": cfg.data.regenerate,
+            "plan_hash": plan_hash, "skipped_by_reason": dict(plan.skipped),
+            "skipped_examples": plan.skip_examples, "template_unstable": plan.unstable,
+            "regeneration": regeneration}
 
 
 def regeneration_counts(cache: Path) -> dict:
-    """The counts of the regeneration cached in ``cache`` (``.progress/regenerated-<key>.jsonl``),
-    as :func:`eagle3.extract.regen.regenerate_for_plan` wrote them beside it
-    (:func:`eagle3.extract.regen.counts_path`): :func:`eagle3.extract.regen.regenerate_counted`'s
-    ``{"turns": {input, succeeded, failed, skipped, truncated, ...}, "conversations", "per_turn",
-    ...}`` plus ``settings``. A cache without its counts file (an interrupted write) or an
-    unreadable one gives ``{"counts": "missing", "why": ...}``, with a warning, instead of
-    nothing."""
+    """The counts of the regeneration cached in ``cache`` (``.progress/regenerated-<key>.jsonl``)
+    as written beside it (:func:`eagle3.extract.regen.counts_path`):
+    :func:`eagle3.extract.regen.regenerate_counted`'s counts plus ``settings``. A missing or
+    unreadable counts file gives ``{"counts": "missing", "why": ...}`` with a warning."""
     from eagle3.extract.regen import counts_path
 
     path = counts_path(cache)
@@ -300,15 +288,12 @@ def regeneration_counts(cache: Path) -> dict:
 
 def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict,
                     aux: list[int], tok, t0: float, regeneration: dict | None) -> dict:
-    """``extract.mode: online`` (or ``cached``): the tokenized samples (``data/``),
-    ``token_freq.pt``, :data:`ONLINE_FILE` and the manifest, no hidden states (training computes
-    them on its device: :mod:`eagle3.train.online`). The manifest has ``mode`` (the config's),
-    ``folded_into`` "train", ``bytes`` 0 and ``offline_bytes_estimate`` (the sample files an
-    offline extraction would write: tokens x (n_aux+1) x hidden size x the dtype's bytes, + token
-    ids); ``cached`` adds ``cache_max_bytes`` to :data:`ONLINE_FILE` (the window training keeps).
-    A folder holding another extraction raises the DataError naming both plan hashes (the task
-    then replaces it)."""
-    n_slots = len(aux) + 1
+    """``extract.mode: online`` (or ``cached``): ``data/``, ``token_freq.pt``, :data:`ONLINE_FILE`
+    and the manifest, no hidden states (training computes them: :mod:`eagle3.train.online`). The
+    manifest has ``mode``, ``folded_into`` "train", ``bytes`` 0 and ``offline_bytes_estimate``
+    (tokens x (n_aux+1) x hidden size x dtype bytes, + token ids); ``cached`` adds
+    ``cache_max_bytes`` to :data:`ONLINE_FILE`. A folder holding another extraction raises the
+    DataError naming both plan hashes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = cfg.extract.mode
     if cfg.extract.num_gpus != 1 or cfg.extract.device != "auto":
@@ -329,15 +314,13 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
         online["cache_max_bytes"] = cfg.extract.cache_max_bytes
     atomic_write_bytes(out_dir / ONLINE_FILE, (json.dumps(online, indent=1) + "\n").encode())
     counts = _counts(plan)
-    per_token = bytes_per_token(n_slots, target["hidden_size"], cfg.extract.dtype)
-    extra = {
-        **_manifest_facts(cfg, plan, plan_hash, target, aux, tok, regeneration),
-        "mode": mode, "folded_into": "train", "online": online,
-        "alignment": {"checked": False, "why": f"extract.mode={mode}: the states are computed "
-                      "from these tokens in training, not stored here"},
-        "bytes": 0, "bytes_per_token": 0.0, "tokens_per_s": None,
-        "offline_bytes_estimate": counts["tokens"] * per_token,
-    }
+    per_token = bytes_per_token(len(aux) + 1, target["hidden_size"], cfg.extract.dtype)
+    extra = {**_manifest_facts(cfg, plan, plan_hash, target, aux, tok, regeneration),
+             "mode": mode, "folded_into": "train", "online": online,
+             "alignment": {"checked": False, "why": f"extract.mode={mode}: the states are "
+                           "computed from these tokens in training, not stored here"},
+             "bytes": 0, "bytes_per_token": 0.0, "tokens_per_s": None,
+             "offline_bytes_estimate": counts["tokens"] * per_token}
     # no extract_s: no state is computed here (training times its target forwards)
     timings = {"prepare_s": t1 - t0, "finalize_s": time.perf_counter() - t1}
     return _manifest(out_dir, cfg, target, plan, counts, timings, extra)
@@ -345,8 +328,7 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
 
 def _manifest(out_dir: Path, cfg, target: dict, plan, counts: dict, timings: dict,
               extra: dict) -> dict:
-    """The extraction manifest (offline or online): the data and extract settings, the target's
-    weights hash and the data file's sha256 as inputs."""
+    """The extraction manifest; inputs: the target's weights hash and the data file's sha256."""
     return write_manifest(out_dir, "hidden_states",
                           config={"data": cfg.data.model_dump(mode="json"),
                                   "extract": cfg.extract.model_dump(mode="json")},
@@ -356,8 +338,8 @@ def _manifest(out_dir: Path, cfg, target: dict, plan, counts: dict, timings: dic
 
 
 def warn_unstable(unstable: dict, source: str) -> None:
-    """Warn with the count and share (conversations, tokens) dropped because the chat template is
-    not prefix-stable (``Plan.unstable``); nothing when none was."""
+    """Warn with the conversations and tokens dropped because the chat template is not
+    prefix-stable (``Plan.unstable``), if any."""
     if unstable.get("conversations"):
         log.warning("%s: %d of %d conversations (%.1f%%) and %d of %d tokens (%.1f%%) dropped: the "
                     "chat template renders an earlier assistant turn differently once later turns "
@@ -464,13 +446,13 @@ def _finalize_data(out_dir: Path, plan: Plan) -> None:
     import datasets
     import torch
 
-    ds = datasets.Dataset.from_dict({
-        "input_ids": plan.input_ids, "loss_mask": plan.loss_masks,
-        "seq_len": [len(x) for x in plan.input_ids], "id": plan.ids,
-    }, features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
-                                   "loss_mask": datasets.Sequence(datasets.Value("int64")),
-                                   "seq_len": datasets.Value("int64"),
-                                   "id": datasets.Value("string")}))
+    i64 = datasets.Value("int64")
+    ds = datasets.Dataset.from_dict(
+        {"input_ids": plan.input_ids, "loss_mask": plan.loss_masks,
+         "seq_len": [len(x) for x in plan.input_ids], "id": plan.ids},
+        features=datasets.Features({"input_ids": datasets.Sequence(i64),
+                                    "loss_mask": datasets.Sequence(i64), "seq_len": i64,
+                                    "id": datasets.Value("string")}))
     ds.set_format("torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True)
     was = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()

@@ -8,10 +8,9 @@ the layout speculators' ``FileTransfer`` reads:
     hidden_states_scales   [T, n_aux+1, 1] float32 (fp8 only: value = fp8 * scale; speculators'
                            hs_connectors FP8Transfer)
 
-Shards of ``extract.shard_size`` rows are committed when every file is written under a temporary
-name, fsync'd and renamed, then the marker ``<out>/.progress/shard_{k}.json`` is written atomically.
-A resume keeps committed shards, so a SIGKILL loses at most one shard. Markers are deterministic,
-so a resumed run has the same content hash as an uninterrupted one.
+A shard of ``extract.shard_size`` rows is committed by its marker ``<out>/.progress/shard_{k}.json``
+(atomic, deterministic: a resumed run has an uninterrupted one's content hash), written once every
+file is written to a temporary name, fsync'd and renamed; a SIGKILL loses at most one shard.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from eagle3.errors import DataError
 HS_DIR = "hidden_states"
 PROGRESS_DIR = ".progress"
 # extract.mode=online, instead of HS_DIR: {mode, plan_hash, capture_ids, aux_layer_ids, dtype,
-# model_dtype, batch_size, target_weights_hash}; a file, so the folder's content hash (which keys
-# training) changes with every setting that decides the states
+# model_dtype, batch_size, target_weights_hash}, in the folder's content hash
 ONLINE_FILE = "online.json"
 SCALES_KEY = "hidden_states_scales"
 STORE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
@@ -45,9 +43,8 @@ def bytes_per_token(n_slots: int, hidden_size: int, dtype: str) -> int:
     """Bytes one token costs in a sample file: hidden states (+ fp8 scales) + its int64 token id."""
     if dtype not in STORE_DTYPES:
         raise DataError(f"extract.dtype: expected one of {sorted(STORE_DTYPES)}, got {dtype!r}")
-    elem = {"bfloat16": 2, "float32": 4, "fp8": 1}[dtype]
     scales = 4 * n_slots if dtype == "fp8" else 0
-    return n_slots * hidden_size * elem + scales + 8
+    return n_slots * hidden_size * STORE_DTYPES[dtype].itemsize + scales + 8
 
 
 def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
@@ -66,9 +63,9 @@ def encode(hidden: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
 def decode(tensors: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Stored tensors → ``hidden_states [T, S, H]`` in ``dtype`` (fp8 dequantized)."""
     hs = tensors["hidden_states"]
-    if SCALES_KEY in tensors:
-        return (hs.to(torch.float32) * tensors[SCALES_KEY].to(torch.float32)).to(dtype)
-    return hs.to(dtype)
+    if SCALES_KEY not in tensors:
+        return hs.to(dtype)
+    return (hs.to(torch.float32) * tensors[SCALES_KEY].to(torch.float32)).to(dtype)
 
 
 def load_sample(out_dir: str | Path, index: int,
@@ -80,15 +77,15 @@ def load_sample(out_dir: str | Path, index: int,
     path = Path(out_dir) / HS_DIR / hs_name(index)
     if not path.is_file():
         raise DataError(f"{path}: hidden-states file of sample {index} not found")
-    tensors = load_file(path)
-    return {"token_ids": tensors["token_ids"], "hidden_states": decode(tensors, dtype)}
+    t = load_file(path)
+    return {"token_ids": t["token_ids"], "hidden_states": decode(t, dtype)}
 
 
 def check_sample(sample_id: str, path: Path, input_ids: list[int], loss_mask: list[int],
                  hidden: torch.Tensor, all_finite: bool | None = None) -> None:
     """DataError (naming sample, file, expected and actual) unless rows = len(input_ids) =
-    len(loss_mask) and all values are finite. ``all_finite``: computed on the device already
-    (True skips the host scan; False/None scans ``hidden`` to name the first bad element)."""
+    len(loss_mask) and all values are finite; ``all_finite`` True (known on the device) skips the
+    host scan."""
     rows = hidden.shape[0]
     if not rows == len(input_ids) == len(loss_mask):
         raise DataError(f"sample {sample_id} ({path}): hidden-state rows {rows}, len(input_ids) "
@@ -185,11 +182,10 @@ def completed_shards(out_dir: Path, shards: list[ShardSpec], *,
 
 def remove_stale_temporaries(out_dir: Path) -> int:
     """Delete temporary sample files left by a killed run; returns how many were removed."""
-    n = 0
-    for p in (out_dir / HS_DIR).glob(".hs_*.tmp"):
+    stale = list((out_dir / HS_DIR).glob(".hs_*.tmp"))
+    for p in stale:
         p.unlink(missing_ok=True)
-        n += 1
-    return n
+    return len(stale)
 
 
 def start_or_resume(out_dir: Path, plan_hash: str, plan_info: dict) -> bool:

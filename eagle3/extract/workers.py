@@ -54,21 +54,17 @@ def _worker_main(job: WorkerJob, status_dir: str, index: int) -> None:
 def run_data_parallel(jobs: list[WorkerJob], poll: Callable[[], None], *, status_dir: Path,
                       startup_s: float, stall_s: float, poll_interval_s: float = 0.5) -> None:
     """Run one spawned process per job (one per device); ``poll()`` is called while they run and
-    once after all finished (before ``status_dir`` is removed: a benchmark reads the workers' final
-    status files there).
-
+    once after all finished, before ``status_dir`` (the workers' final status files) is removed.
     Raises the first failing worker's Eagle3Error (class and message), or RankFailed (a missed
-    deadline, a worker ended by a signal or by an error that is not a project error). Every worker
-    is ended before it returns or raises; the shards they committed stay.
-    """
+    deadline, a signal or a non-project error). Every worker is ended before it returns or raises;
+    committed shards stay."""
     import multiprocessing as mp
 
     shutil.rmtree(status_dir, ignore_errors=True)
     status_dir.mkdir(parents=True)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker_main, args=(j, str(status_dir), k),
-                         name=f"eagle3-extract-{k}")
-             for k, j in enumerate(jobs)]
+                         name=f"eagle3-extract-{k}") for k, j in enumerate(jobs)]
     deadlines = Deadlines(startup_s, stall_s, stall_s, keys=("startup_timeout_s", "stall_timeout_s",
                                                              "stall_timeout_s"))
     started = time.time()
@@ -107,22 +103,20 @@ def _raise_failed(k: int, code: int, jobs: list[WorkerJob], statuses: dict,
                   status_dir: Path) -> None:
     s = statuses.get(k) or {}
     reraise_failed({k: s})
-    how = exit_text(code)
     last = last_statuses(statuses, "worker", time.time(), lambda j: jobs[j].device)
     log = status_dir / f"{PREFIX}-{k}.log"
     tail = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
     raise RankFailed(f"extraction: worker {k} of {len(jobs)} ({jobs[k].device}, shards "
-                     f"{[sh.index for sh in jobs[k].shards][:8]}) failed ({how}); expected exit "
-                     "code 0. Last status: "
-                     f"{last}. Log: {log}. Committed shards are kept: a re-run extracts the rest"
+                     f"{[sh.index for sh in jobs[k].shards][:8]}) failed ({exit_text(code)}); "
+                     f"expected exit code 0. Last status: {last}. Log: {log}. Committed shards "
+                     "are kept: a re-run extracts the rest"
                      + (f"\n--- last lines of {log} ---\n{tail}" if tail else ""),
                      ranks=[k], kind="failed" if s.get("phase") == "failed" else "died",
                      logs=_logs(status_dir, len(jobs)))
 
 
 def _end(procs) -> None:
-    """SIGTERM every live worker, 10 s to exit, then SIGKILL (by the pid of each process started
-    here)."""
+    """SIGTERM every live worker started here, 10 s to exit, then SIGKILL."""
     live = [p for p in procs if p.pid is not None and p.exitcode is None]
     for p in live:
         p.terminate()

@@ -1,9 +1,8 @@
 """Reading the hidden-states directory (extract → train) and packing it into micro-batches.
 
-Layout (docs/INTERNALS.md): ``manifest.json`` (kind ``hidden_states``), ``data/`` (HF datasets:
-input_ids, loss_mask, seq_len), ``hidden_states/hs_{i}.safetensors`` (``token_ids [T]`` int64,
-``hidden_states [T, n_aux+1, H]``, slot -1 = last layer output before the final norm),
-``token_freq.pt``.
+Layout (docs/INTERNALS.md): ``manifest.json`` (kind ``hidden_states``), ``data/`` (HF datasets),
+``hidden_states/hs_{i}.safetensors`` (``token_ids [T]`` int64, ``hidden_states [T, n_aux+1, H]``,
+slot -1 = last layer output before the final norm), ``token_freq.pt``.
 
 Alignment (speculators' ``shift_batch``): position p gets the aux states of token p and the
 embedding of token p+1, and learns the verifier's distribution at p+1. T tokens give T-1 positions,
@@ -46,11 +45,8 @@ class HiddenStatesData:
     hidden_size: int
     max_tokens: int
     skipped: list[int] = field(default_factory=list)
-    # True where the states are computed in this process (eagle3.train.online): no loader workers
-    in_process = False
-    # samples of consecutive micro-batches whose states are obtained in one go (load_group);
-    # 0: one micro-batch at a time
-    read_ahead_samples = 0
+    in_process = False  # states computed in this process (eagle3.train.online): no loader workers
+    read_ahead_samples = 0  # samples of consecutive micro-batches loaded in one go (0: one batch)
 
     @property
     def n_aux(self) -> int:
@@ -70,9 +66,9 @@ class HiddenStatesData:
         return sum(self.positions(i) for i in self.train_ids)
 
     def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample ``i`` as stored, checked: ``(token_ids [T] int64, hidden_states [T, n_aux+1, H])``
-        (file dtype; fp8 dequantized to bf16). Raises DataError: file missing or unreadable, token
-        ids differing from ``data/``, wrong shape, NaN/Inf."""
+        """Sample ``i`` checked: ``(token_ids [T] int64, hidden_states [T, n_aux+1, H])`` (file
+        dtype; fp8 dequantized to bf16). DataError: file missing or unreadable, token ids differing
+        from ``data/``, wrong shape, NaN/Inf."""
         from safetensors.torch import load_file
 
         path = self.root / "hidden_states" / f"hs_{i}.safetensors"
@@ -101,25 +97,19 @@ class HiddenStatesData:
         return tok, hs
 
     def load_sample(self, i: int) -> dict[str, torch.Tensor]:
-        """:meth:`read` (its DataErrors) and shift sample ``i`` to ``n = positions(i)`` rows:
-        ``hidden_states [n, n_aux*H]``, ``verifier_last_hidden_states [n, H]`` (dtype as
-        :meth:`read`), ``input_ids [n]`` int64, ``loss_mask [n]`` bool, ``position_ids [n]``
-        1..n."""
-        _, hs = self.read(i)
-        return self.shift(i, hs)
+        """:meth:`read` then :meth:`shift` sample ``i``."""
+        return self.shift(i, self.read(i)[1])
 
     def load_samples(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
         """:meth:`load_sample` of each of ``ids`` (one micro-batch), in order."""
         return [self.load_sample(i) for i in ids]
 
     def load_group(self, batches: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
-        """:meth:`load_samples` of each micro-batch of ``batches`` (consecutive micro-batches of a
-        plan, :func:`read_ahead_groups`), in order."""
+        """:meth:`load_samples` of each of ``batches`` (:func:`read_ahead_groups`), in order."""
         return [self.load_samples(ids) for ids in batches]
 
     def take_window(self) -> dict[str, float]:
-        """Metrics of how the states were obtained since the last call, for the training log (none
-        when read from files; :mod:`eagle3.train.online` reports its target forwards)."""
+        """Metrics of how the states were obtained since the last call (none from files)."""
         return {}
 
     def checkpoint_info(self) -> dict:
@@ -133,28 +123,25 @@ class HiddenStatesData:
         """Training has finished with the data (nothing to release for files)."""
 
     def shift(self, i: int, hs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Sample ``i``'s states ``hs [T, n_aux+1, H]`` shifted to ``n = positions(i)`` training
-        rows (the dict of :meth:`load_sample`; tensors on ``hs``'s device but the token-side
-        ones, which stay on the host)."""
-        ids = self.input_ids[i]
+        """Sample ``i``'s states ``hs [T, n_aux+1, H]`` shifted to ``n = positions(i)`` rows:
+        ``hidden_states [n, n_aux*H]`` (aux of tokens 0..n-1), ``verifier_last_hidden_states [n,
+        H]`` (last state of tokens 1..n), both on ``hs``'s device and dtype; on the host:
+        ``input_ids [n]`` int64, ``loss_mask [n]`` bool, ``position_ids [n]`` 1..n."""
         n = self.positions(i)
-        return {
-            "hidden_states": hs[:n, :-1].reshape(n, -1),  # [n, n_aux*H], aux of tokens 0..n-1
-            "verifier_last_hidden_states": hs[1:n + 1, -1],  # [n, H], last state of tokens 1..n
-            "input_ids": ids[1:n + 1],  # [n]
-            "loss_mask": self.loss_mask[i][1:n + 1].bool(),  # [n]
-            "position_ids": torch.arange(1, n + 1, dtype=torch.long),  # [n]
-        }
+        return {"hidden_states": hs[:n, :-1].reshape(n, -1),
+                "verifier_last_hidden_states": hs[1:n + 1, -1],
+                "input_ids": self.input_ids[i][1:n + 1],
+                "loss_mask": self.loss_mask[i][1:n + 1].bool(),
+                "position_ids": torch.arange(1, n + 1, dtype=torch.long)}
 
 
 def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf, *,
                        max_tokens: int, warn: bool = True) -> HiddenStatesData:
     """Open ``data_dir`` and check it against the target (``target_dir``, its text config
     ``target_conf``); ``max_tokens``: positions kept per sample; ``warn``: log the warning of
-    :func:`check_loss_tokens` (a process that trains nothing, or a rank other than 0, leaves it
-    to the one that does). DataError: missing/foreign
-    manifest, another target, hidden size mismatch, empty train split, bad split ids, aux ids in
-    another convention, states shifted against their tokens (``HS_MISALIGNED``)."""
+    :func:`check_loss_tokens` (off for a rank other than 0). DataError: missing/foreign manifest,
+    another target, hidden size mismatch, empty train split, bad split ids, aux ids in another
+    convention, states shifted against their tokens (``HS_MISALIGNED``)."""
     root = Path(data_dir)
     m = read_manifest(root, kind="hidden_states")
     if m.get("mode", "offline") != "offline":
@@ -169,9 +156,8 @@ def open_hidden_states(data_dir: str | Path, target_dir: str | Path, target_conf
 
 
 def open_rows(root: Path, m: dict, target_dir: Path, target_conf, max_tokens: int) -> dict:
-    """The checks of :func:`open_hidden_states` on the manifest ``m`` and ``root/data/`` (target,
-    layer convention, aux ids, splits); returns the keyword arguments of
-    :class:`HiddenStatesData` (the hidden-state files are not read). DataError as there."""
+    """:func:`open_hidden_states`'s checks of the manifest ``m`` and ``root/data/`` (no state file
+    read); returns the keyword arguments of :class:`HiddenStatesData`."""
     from datasets import load_from_disk
 
     _check_target(root, m, Path(target_dir), target_conf)
@@ -212,15 +198,12 @@ def open_rows(root: Path, m: dict, target_dir: Path, target_conf, max_tokens: in
 
 
 def _check_alignment(data: HiddenStatesData, target_dir: Path) -> None:
-    """DataError ``HS_MISALIGNED`` for states shifted against their tokens
-    (:func:`eagle3.extract.alignment.check_alignment`, in groups of the manifest's
-    ``extract.shard_size``, else 64)."""
+    """DataError ``HS_MISALIGNED`` (:func:`eagle3.extract.alignment.check_alignment`) in groups of
+    the manifest's ``extract.shard_size``, else 64; reads through ``data.read`` (its checks)."""
     from eagle3.extract.alignment import check_alignment
 
     size = int(((data.manifest.get("config") or {}).get("extract") or {}).get("shard_size") or 64)
     ids = sorted(data.train_ids + data.val_ids)
-
-    # data.read: the same checks (and DataErrors) as training's reads
     check_alignment(data.root, target_dir, [ids[k:k + size] for k in range(0, len(ids), size)],
                     load=data.read)
 
@@ -244,8 +227,8 @@ def check_loss_tokens(data: HiddenStatesData, *, warn: bool = True) -> None:
 
 
 def data_identity(data: HiddenStatesData) -> str:
-    """sha256 (hex) of the manifest's target, aux ids and splits plus ``data/``'s content, for
-    resume checks; ``token_freq.pt`` is left out (the vocabulary map is checked separately)."""
+    """sha256 (hex) of the manifest's target, aux ids, splits (and ``online`` facts) plus
+    ``data/``'s content, for resume checks (``token_freq.pt`` is checked separately)."""
     import hashlib
     import json
 
@@ -253,7 +236,7 @@ def data_identity(data: HiddenStatesData) -> str:
 
     m = data.manifest
     key = {k: m.get(k) for k in ("target", "aux_layer_ids", "splits", "layer_id_convention")}
-    if m.get("mode", "offline") != "offline":  # how states are computed (offline: the files)
+    if m.get("mode", "offline") != "offline":
         key["online"] = m.get("online")
     h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
     h.update(content_hash(data.root / "data").encode())
@@ -293,15 +276,13 @@ def _check_target(root: Path, m: dict, target_dir: Path, conf) -> None:
 
 
 def _same_target_elsewhere(t: dict, target_dir: Path) -> bool:
-    """True when the manifest's target, recorded at another path (another machine's asset cache),
-    is ``target_dir``: its ``config.json`` sha256 and weights hash (every ``*.safetensors`` byte
-    read: ~10 s per 10 GB) equal ``target.config_hash`` and ``target.weights_hash``."""
+    """True when the manifest's target, recorded at another path, has ``target_dir``'s
+    ``config.json`` sha256 and weights hash (every ``*.safetensors`` byte read: ~10 s per 10 GB)."""
     from eagle3.artifacts import sha256_file, weights_hash
 
     cfg_file = target_dir / "config.json"
-    if not t.get("config_hash") or not t.get("weights_hash") or not cfg_file.is_file():
-        return False
-    if sha256_file(target_dir / "config.json") != t["config_hash"]:
+    if not (t.get("config_hash") and t.get("weights_hash") and cfg_file.is_file()
+            and sha256_file(cfg_file) == t["config_hash"]):
         return False
     log.info("target %s: the hidden states name it at %s; comparing the weights by hash",
              target_dir, t["path"])
@@ -319,26 +300,29 @@ def plan_epoch(data: HiddenStatesData, seed: int, epoch: int) -> list[list[int]]
 def pack(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Greedy sequential packing of ``order`` into groups of total length <= ``max_tokens`` (a
     sample is never split); ConfigError when one length exceeds ``max_tokens``."""
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    used = 0
     for i, n in zip(order, lengths):
         if n > max_tokens:
             raise ConfigError(f"train.max_tokens_per_batch={max_tokens}: sample {i} has {n} "
                               "positions")
-        if cur and used + n > max_tokens:
-            batches.append(cur)
-            cur, used = [], 0
-        cur.append(i)
+    return _greedy(order, lengths, max_tokens)
+
+
+def _greedy(items: list, sizes: list[int], cap: int) -> list[list]:
+    """``items`` in order, cut into runs of total size <= ``cap`` (an item over it: its own run)."""
+    runs: list[list] = []
+    used = 0
+    for x, n in zip(items, sizes):
+        if not runs or used + n > cap:
+            runs.append([])
+            used = 0
+        runs[-1].append(x)
         used += n
-    if cur:
-        batches.append(cur)
-    return batches
+    return runs
 
 
 def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = None) -> dict:
-    """Concatenate shifted samples into one packed sequence of N positions (batch dim 1), on the
-    host. ``pad_to``: append a padding document (zero states, token 0, no loss, positions 1..) so
+    """Concatenate shifted samples into one packed sequence of N positions (batch dim 1) on the
+    host; ``pad_to``: a padding document (zero states, token 0, no loss, positions 1..) makes
     N == pad_to (one shape to compile). Returns hidden_states ``[1, N, n_aux*H]`` and
     verifier_last_hidden_states ``[1, N, H]`` in the file dtype, input_ids / position_ids /
     document_ids ``[1, N]`` int64, loss_mask ``[1, N]`` bool. ConfigError when N > pad_to."""
@@ -359,10 +343,9 @@ def collate_host(samples: list[dict[str, torch.Tensor]], pad_to: int | None = No
 
 def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None) -> dict:
     """A :func:`collate_host` batch on ``device``, hidden states cast to ``dtype`` (None: kept)."""
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    for k in ("hidden_states", "verifier_last_hidden_states"):
-        out[k] = out[k] if dtype is None else out[k].to(dtype)
-    return out
+    states = ("hidden_states", "verifier_last_hidden_states")
+    return {k: v.to(device, dtype if k in states and dtype is not None else v.dtype,
+                    non_blocking=True) for k, v in batch.items()}
 
 
 def collate(samples: list[dict[str, torch.Tensor]], device: torch.device,
@@ -373,8 +356,8 @@ def collate(samples: list[dict[str, torch.Tensor]], device: torch.device,
 
 class MicroBatches(torch.utils.data.Dataset):
     """Micro-batch ``k`` = ``(sample ids, collate_host of their samples, None)`` for DataLoader
-    workers; a DataError comes back as ``(ids, None, message)`` so the training process raises it
-    with its own message, not wrapped in the worker's traceback."""
+    workers; a DataError comes back as ``(ids, None, message)`` for the training process to raise
+    unwrapped."""
 
     def __init__(self, data: HiddenStatesData, batches: list[list[int]], pad_to: int | None = None):
         self.data, self.batches, self.pad_to = data, batches, pad_to
@@ -397,26 +380,15 @@ def _as_is(item):
 def read_ahead_groups(batches: list[list[int]], samples: int) -> Iterator[list[list[int]]]:
     """``batches`` in order, cut into runs of consecutive micro-batches of at most ``samples``
     samples in all (a micro-batch larger than that, or ``samples`` <= 0: a run of its own)."""
-    group: list[list[int]] = []
-    held = 0
-    for ids in batches:
-        if group and held + len(ids) > samples:
-            yield group
-            group, held = [], 0
-        group.append(ids)
-        held += len(ids)
-    if group:
-        yield group
+    return iter(_greedy(batches, [len(ids) for ids in batches], samples))
 
 
 def iterate_micro_batches(data: HiddenStatesData, batches: list[list[int]], device: torch.device,
                           workers: int | None = None, pad_to: int | None = None):
     """Yield ``(ids, host batch)`` (:func:`collate_host`, padded to ``pad_to``) for ``batches`` in
-    order, read ahead by ``workers`` processes (None: 4 on CUDA, 0 on a CPU, whose cores the
-    computation needs; pinned memory on CUDA; always 0 for ``data.in_process``, whose states the
-    target computes in this process, for the samples of the next micro-batches together:
-    :func:`read_ahead_groups` of ``data.read_ahead_samples``). DataError naming the file of a bad
-    sample."""
+    order, read ahead by ``workers`` processes (None: 4 on CUDA, pinned, 0 on a CPU; always 0 for
+    ``data.in_process``, which loads :func:`read_ahead_groups` of ``data.read_ahead_samples``).
+    DataError naming the file of a bad sample."""
     n = workers if workers is not None else (4 if device.type == "cuda" else 0)
     if n == 0 or data.in_process:
         for group in read_ahead_groups(batches, data.read_ahead_samples):

@@ -1,6 +1,5 @@
-"""The process-group side of multi-GPU training, run in every rank: which device this rank uses, and
-the process group (NCCL on CUDA, gloo on CPU) when running under torchrun (``LOCAL_RANK`` set), with
-its status marks for the launcher's deadlines."""
+"""Multi-GPU training, rank side: this rank's device and, under torchrun (``LOCAL_RANK`` set), the
+process group (NCCL on CUDA, gloo on CPU) with status marks for the launcher's deadlines."""
 
 from __future__ import annotations
 
@@ -12,27 +11,23 @@ from eagle3.errors import ConfigError
 
 
 def device_for(t, local_rank: int) -> torch.device:
-    """The training device of local rank ``local_rank`` for a TrainConfig ``t`` (``train.device``:
-    ``auto`` = cuda when available, else cpu). Raises ConfigError when CUDA is asked for and not
-    available."""
+    """The training device of local rank ``local_rank`` for a TrainConfig ``t`` (``train.device``
+    ``auto``: cuda when available, else cpu). ConfigError when CUDA is asked for and missing."""
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(auto if t.device == "auto" else t.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
         raise ConfigError(f"train.device={t.device!r}: CUDA is not available on this machine")
-    if dev.type == "cuda":
-        return torch.device("cuda", local_rank if dev.index is None else dev.index)
-    return dev
+    return torch.device("cuda", local_rank if dev.index is None else dev.index)
 
 
 def setup_distributed(t) -> tuple[int, int, torch.device]:
-    """``(rank, world_size, device)``; initialises the process group when run under torchrun.
-
-    The rank's status file (:func:`eagle3.workers.rank_status`) says ``arriving`` before the
-    rendezvous and ``ready`` after it, so the launcher can name a rank that never arrives. The
-    group's timeout (every collective, the rendezvous included) is the largest of
-    ``train.startup_timeout_s``, ``first_step_timeout_s`` and ``stall_timeout_s``: a backstop for a
-    torchrun started by hand; the launcher enforces each deadline on its own.
-    """
+    """``(rank, world_size, device)``; initialises the process group when run under torchrun. The
+    rank's status (:func:`eagle3.workers.rank_status`) says ``arriving`` before the rendezvous and
+    ``ready`` after it. The group's timeout is the largest of ``train.startup_timeout_s``,
+    ``first_step_timeout_s`` and ``stall_timeout_s`` (a backstop for a hand-started torchrun; the
+    launcher enforces each deadline)."""
     if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, device_for(t, 0)
     from datetime import timedelta

@@ -24,9 +24,8 @@ REQUIRED_TENSORS = ("embed_tokens.weight", "fc.weight", "norm.weight", "lm_head.
 def resolve_flags(cfg) -> dict[str, bool]:
     """The draft's layer flags for ``cfg``, checked against ``cfg.convert.engine`` at
     ``engine_version``; ``train.norm_before_residual = None`` takes the engine's value (SGLang:
-    False). Raises ConfigError for a flag the engine ignores or implements differently (profile's
-    ``check_flags``), EngineUnsupported without a profile.
-    """
+    False). ConfigError for a flag the engine ignores or implements differently (profile's
+    ``check_flags``), EngineUnsupported without a profile."""
     from eagle3.engines.registry import get_profile
 
     t = cfg.train
@@ -42,8 +41,7 @@ def resolve_flags(cfg) -> dict[str, bool]:
 
 
 def read_target_config(target_dir: str | Path):
-    """The target's text config (``text_config`` for multimodal configs). Raises ConfigError if
-    unreadable."""
+    """The target's text config (``text_config`` for multimodal ones); ConfigError if missing."""
     from transformers import AutoConfig
 
     target_dir = Path(target_dir)
@@ -57,15 +55,12 @@ def read_target_config(target_dir: str | Path):
 def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.Tensor,
                 t2d: torch.Tensor, num_layers: int, ttt_steps: int, flags: dict[str, bool],
                 attn_impl: str = "sdpa"):
-    """A fresh ``Eagle3DraftModel`` for the target, with the vocab map and verifier weights loaded.
-
-    target_dir: the target's HF folder. aux_layer_ids: HF hidden_states indices (``fc`` input =
-    len(ids) × hidden). d2t, t2d: :mod:`eagle3.train.vocab`. ttt_steps: recorded as
-    ``speculative_tokens``. flags: :func:`resolve_flags`. attn_impl: ``sdpa`` or ``eager``
-    (speculators' flex has no CPU backward). Returns the model in float32, train mode, with the
-    static-shape accuracy counts (:mod:`eagle3.train.metrics`). Raises ConfigError for an invalid
-    layer-id list.
-    """
+    """A fresh ``Eagle3DraftModel`` for the target's HF folder, vocab map and verifier weights
+    loaded, in float32 and train mode, with the static-shape accuracy counts
+    (:mod:`eagle3.train.metrics`). aux_layer_ids: HF hidden_states indices (``fc`` input =
+    len(ids) × hidden); d2t, t2d: :mod:`eagle3.train.vocab`; ttt_steps: recorded as
+    ``speculative_tokens``; flags: :func:`resolve_flags`; attn_impl: ``sdpa`` or ``eager``
+    (speculators' flex has no CPU backward). ConfigError for an invalid layer-id list."""
     from eagle3.train import metrics
 
     metrics.install()
@@ -101,8 +96,7 @@ def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.
 
 
 def set_attention(model, attn_impl: str) -> None:
-    """Choose the attention implementation of a built/loaded draft (``from_pretrained`` restores
-    flex)."""
+    """Set a built/loaded draft's attention (``from_pretrained`` restores flex)."""
     from speculators.models.attention import create_float_mask
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
@@ -116,8 +110,7 @@ def set_attention(model, attn_impl: str) -> None:
 
 def use_uncompiled_forward(model) -> bool:
     """Bind the plain Python ``forward`` of speculators' draft (which ``conditional_torch_compile``
-    wraps on CUDA; docs/ENGINE_FACTS.md §6). Returns True when a compiled wrapper was bypassed.
-    """
+    wraps on CUDA; docs/ENGINE_FACTS.md §6); True when a compiled wrapper was bypassed."""
     import types
 
     fwd = type(model).forward
@@ -133,20 +126,17 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 def compiled(fn, mode: str = "default", backend: str | None = None, fullgraph: bool = False):
     """``torch.compile(fn, dynamic=False)`` in ``mode`` (one of :data:`COMPILE_MODES`);
-    ``backend`` (None = inductor) and ``fullgraph`` are for tests. Raises ConfigError for an
-    unknown mode."""
+    ``backend`` (None = inductor) and ``fullgraph`` for tests. ConfigError for an unknown mode."""
     if mode not in COMPILE_MODES:
-        raise ConfigError(
-            f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got {mode!r}")
-    kwargs: dict = {"dynamic": False, "fullgraph": fullgraph, "backend": backend or "inductor"}
-    if mode != "default":
-        kwargs["mode"] = mode
-    return torch.compile(fn, **kwargs)
+        raise ConfigError(f"train.compile_mode: expected one of {list(COMPILE_MODES)}, got "
+                          f"{mode!r}")
+    return torch.compile(fn, dynamic=False, fullgraph=fullgraph, backend=backend or "inductor",
+                         **({} if mode == "default" else {"mode": mode}))
 
 
 def compile_forward(model, mode: str = "default", backend: str | None = None) -> None:
     """Replace the draft's forward by :func:`compiled` of its plain forward (speculators'
-    ``conditional_torch_compile`` wrapper bypassed). Raises ConfigError for an unknown mode."""
+    ``conditional_torch_compile`` bypassed). ConfigError for an unknown mode."""
     import types
 
     use_uncompiled_forward(model)
@@ -157,9 +147,8 @@ def compile_forward(model, mode: str = "default", backend: str | None = None) ->
 
 def save_draft(model, out_dir: str | Path, state_dict: dict | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (speculators format; ``state_dict`` if given)
-    into ``out_dir``. Raises CheckpointInvalid unless every :data:`REQUIRED_TENSORS` tensor is
-    present and finite and ``config.json`` holds the top-level aux ids.
-    """
+    into ``out_dir``. CheckpointInvalid unless every :data:`REQUIRED_TENSORS` tensor is present,
+    every float tensor finite and ``config.json`` holds the top-level aux ids."""
     from safetensors import safe_open
 
     out_dir = Path(out_dir)

@@ -30,8 +30,7 @@ from eagle3.train.ttt_forward import uses_project_forward
 
 @dataclass
 class Run:
-    """Everything the loop mutates. ``model`` is the bare draft; ``module`` is what is called (DDP
-    or model)."""
+    """Everything the loop mutates; ``model`` is the bare draft, ``module`` what is called (DDP)."""
 
     cfg: object
     data: HiddenStatesData
@@ -57,16 +56,12 @@ class Run:
     dropped_microbatches: int = 0
     bar: object = None
     loss_config: dict | None = None
-    # this rank's (ids, host batch) iterator over the rest of the current plan
-    stream: object = None
+    stream: object = None  # this rank's (ids, host batch) iterator over the rest of the plan
     stream_epoch: int = -1  # the epoch the stream was made for
     parallel: Whole = field(default_factory=Whole)  # ddp / fsdp: eagle3.train.parallel
-    # called with the step after each optimizer step (the launcher's deadlines)
-    heartbeat: Callable | None = None
-    # rank 0 with train.select_best_by=measured: eagle3.measure.dev_acceptance.DevAcceptance
-    dev: object = None
-    # "CODE: message" warnings of this run, logged once and recorded in the manifest
-    warnings: list = field(default_factory=list)
+    heartbeat: Callable | None = None  # called with the step after each optimizer step
+    dev: object = None  # rank 0, select_best_by=measured: dev_acceptance.DevAcceptance
+    warnings: list = field(default_factory=list)  # "CODE: message", recorded in the manifest
 
     @property
     def pad_to(self) -> int | None:
@@ -76,9 +71,8 @@ class Run:
         return self.data.max_tokens if pad else None
 
     def rank_batches(self) -> list[list[int]]:
-        """This rank's micro-batches (sample ids) from ``micro`` to the end of the plan, in
-        consumption order: for each group of ``grad_accum * world`` micro-batches, every
-        ``world``-th one from ``rank``."""
+        """This rank's micro-batches from ``micro`` to the end of the plan: of each group of
+        ``grad_accum * world``, every ``world``-th one from ``rank``."""
         G = self.t.grad_accum * self.world
         return [ids for g in range(self.micro, len(self.plan), G)
                 for ids in self.plan[g:g + G][self.rank::self.world]]
@@ -97,9 +91,8 @@ class Run:
 
     @property
     def states_dtype(self) -> torch.dtype | None:
-        """The hidden states' dtype on the device: None (as stored: bf16 for bf16/fp8 files) under
-        bf16 autocast with this project's forward, which casts where speculators' computes in
-        float32; else float32."""
+        """The hidden states' dtype on the device: None (as stored) under bf16 autocast with this
+        project's forward, which casts where speculators' computes in float32; else float32."""
         keep = self.t.precision == "bf16-autocast" and uses_project_forward(self.model)
         return None if keep else torch.float32
 
@@ -118,9 +111,8 @@ class Run:
         self.plan, self.dropped_microbatches = self._plan(self.epoch)
 
     def steps_per_epoch(self) -> int:
-        """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (later epochs pack
-        differently, so a fixed reference keeps the schedule horizon the same for a fresh and a
-        resumed run)."""
+        """Optimizer steps of epoch 0's plan: the unit of ``train.epochs`` (fixed, so a fresh and
+        a resumed run share the schedule horizon)."""
         return math.ceil(len(self._plan(0)[0]) / (self.t.grad_accum * self.world))
 
     def emit(self, kind: str, metrics: dict[str, float]) -> None:
@@ -141,14 +133,11 @@ def autocast(run: Run):
 
 def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) -> torch.Tensor:
     """One micro-batch through the draft; adds its accuracy counts; returns the (scalar) loss.
-
-    ``train=False`` calls the bare model, not the DDP wrapper: ranks may hold different numbers of
-    validation micro-batches, and DDP's forward synchronises buffers across ranks.
-    """
+    ``train=False`` calls the bare model, not DDP (ranks may hold different numbers of validation
+    micro-batches, and DDP's forward synchronises buffers)."""
     m = run.model
     if run.t.compile and run.t.compile_mode == "reduce-overhead" and run.device.type == "cuda":
-        # outputs of the previous call are consumed by now
-        torch.compiler.cudagraph_mark_step_begin()
+        torch.compiler.cudagraph_mark_step_begin()  # the previous call's outputs are consumed
     keys = ("hidden_states", "input_ids", "document_ids", "loss_mask", "position_ids",
             "verifier_last_hidden_states")
     with autocast(run):
@@ -168,8 +157,7 @@ def forward(run: Run, batch: dict, counts: torch.Tensor, *, train: bool = True) 
 
 
 def _finite_flags(run: Run, values: list[torch.Tensor]) -> tuple[list[bool], float]:
-    """Whether each scalar in ``values`` is finite on every rank, and the last value as a float
-    (this rank's): one device→host sync for all of them."""
+    """Whether each of ``values`` is finite on every rank, and this rank's last value: one sync."""
     ok = torch.stack([torch.isfinite(v.detach().float()).all() for v in values]).float()
     if run.world > 1:
         torch.distributed.all_reduce(ok, op=torch.distributed.ReduceOp.MIN)
@@ -186,10 +174,8 @@ def _diverged(run: Run, what: str, value: float, ids: list[int]) -> TrainingDive
 
 def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
     """Accumulate this rank's micro-batches of the next group and take one optimizer step.
-
-    Returns ``(grad_norm, tokens in the whole group over all ranks)``. Raises TrainingDiverged on a
-    NaN/Inf loss or gradient norm, before the optimizer step (weights stay at the last good step).
-    """
+    Returns ``(grad_norm, tokens in the group over all ranks)``. TrainingDiverged on a NaN/Inf
+    loss or gradient norm, before the optimizer step (weights stay at the last good step)."""
     G = run.t.grad_accum * run.world
     group = run.plan[run.micro:run.micro + G]
     share = group[run.rank::run.world]
@@ -202,8 +188,7 @@ def optimizer_step(run: Run, window: torch.Tensor) -> tuple[float, int]:
         with contextlib.nullcontext() if sync else run.module.no_sync():
             loss = forward(run, batch, window)
             (loss / len(share)).backward()
-        # a CUDA-graph replay reuses the output's memory
-        losses.append((ids, loss.detach().clone()))
+        losses.append((ids, loss.detach().clone()))  # a CUDA-graph replay reuses the memory
     grad_norm = run.parallel.clip_grad_norm_(params, run.t.grad_clip)
     # before the step (weights stay good); the only device→host sync of the step
     flags, norm = _finite_flags(run, [loss for _, loss in losses] + [grad_norm])
@@ -229,17 +214,15 @@ SELECT_KEYS = {"simulated": "val/simulated_acceptance_length",
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Validation metrics over the val split (or the train split, flagged, when val is empty), and
-    with ``train.select_best_by=measured`` the dev acceptance (:func:`dev_metrics`). Saves
-    ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so far; ``run.best`` records
-    ``step``, ``simulated_acceptance_length``, ``selected_by`` (the metric), ``score`` and, when
-    measured, ``measured_acceptance_length``."""
+    """Validation metrics over the val split (the train split, flagged, when val is empty), plus
+    :func:`dev_metrics`. Saves ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so
+    far; ``run.best``: ``step``, ``simulated_acceptance_length``, ``selected_by``, ``score`` and,
+    when measured, ``measured_acceptance_length``."""
     ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
     run.model.eval()
-    try:
-        # ranks may hold different numbers of micro-batches
+    try:  # ranks may hold different numbers of micro-batches
         with run.parallel.evaluating(run.model):
             for _, host in iterate_micro_batches(run.data, plan[run.rank::run.world], run.device,
                                                  run.t.loader_workers, run.pad_to):
@@ -275,10 +258,9 @@ def evaluate(run: Run) -> dict[str, float]:
 
 
 def dev_metrics(run: Run) -> dict[str, float]:
-    """With ``train.select_best_by=measured``: the measured acceptance of the current weights on the
-    dev prompts (:mod:`eagle3.measure.dev_acceptance`; ``dev/acceptance_length``,
-    ``dev/per_position_<k>``, ...), computed on rank 0 and sent to every rank; else ``{}``. Every
-    rank takes part (fsdp gathers the weights)."""
+    """With ``train.select_best_by=measured``: the current weights' acceptance on the dev prompts
+    (:mod:`eagle3.measure.dev_acceptance`; ``dev/acceptance_length``, ...), computed on rank 0 and
+    broadcast (every rank takes part: fsdp gathers); else ``{}``."""
     if run.t.select_best_by != "measured":
         return {}
     out: list = [None]
@@ -293,8 +275,7 @@ def dev_metrics(run: Run) -> dict[str, float]:
 
 
 def checkpoint(run: Run) -> None:
-    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait for it (and under fsdp gather the state
-    for it)."""
+    """Rank 0 writes ``state/ckpt-<step>``; all ranks wait (and under fsdp gather the state)."""
     with run.parallel.gathered(run.model, run.optimizer) as (weights, moments):
         if run.rank == 0:
             info = {"step": run.step, "epoch": run.epoch, "micro": run.micro,
@@ -312,8 +293,7 @@ def run_loop(run: Run) -> None:
     """Train until ``run.total_steps``; evaluate, log and checkpoint on the configured cadence."""
     t = run.t
     if run.step >= run.total_steps:
-        if run.last_eval is None:
-            # the untrained draft (max_steps=0) is evaluated too: the pipeline's baseline
+        if run.last_eval is None:  # the untrained draft (max_steps=0): the pipeline's baseline
             evaluate(run)
         return
     unique = max(1, run.data.unique_train_tokens())

@@ -3,11 +3,10 @@
 A draft *start* is a training position p; TTT step k predicts the verifier's token at p+k
 (teacher-forced, as speculators' ``Eagle3DraftModel.forward``):
 
-- valid_k(p): p+k is loss-masked and in p's document.
-- correct_k(p): draft argmax at step k == verifier argmax at p+k, both over the draft vocabulary.
-- ``acc_full_k`` = #(correct_k & valid_k) / #valid_k.
-- ``acc_cond_k`` = the same among starts whose earlier steps were all right; ``acc_cond_0 ==
-  acc_full_0``.
+- valid_k(p): p+k is loss-masked and in p's document; correct_k(p): draft argmax at step k ==
+  verifier argmax at p+k, both over the draft vocabulary.
+- ``acc_full_k`` = #(correct_k & valid_k) / #valid_k; ``acc_cond_k``: the same among starts whose
+  earlier steps were all right (``acc_cond_0 == acc_full_0``).
 - simulated acceptance length = ``1 + c0 + c0*c1 + ...`` over the conditional accuracies. **The
   bonus token is counted**, as SGLang's ``spec_accept_length``: 1.0 = nothing accepted, maximum
   ``ttt_steps + 1``. Source: docs/ENGINE_FACTS.md §5.
@@ -44,11 +43,11 @@ def new_counts(ttt_steps: int, device: torch.device | str = "cpu") -> torch.Tens
 
 def step_stats(pred: torch.Tensor, tgt: torch.Tensor, valid_base: torch.Tensor,
                doc: torch.Tensor, k: int, alive: torch.Tensor, run: torch.Tensor):
-    """TTT step k's ``(full_correct, full_total, cond_correct, cond_total)`` as a float32 ``[4]``
-    tensor, with ``alive`` (bool ``[S]``: starts whose steps so far were all right) and ``run``
-    (float32 ``[S]``: their leading run of correct steps) updated functionally. ``pred``/``tgt``:
-    ``[S]`` draft and verifier argmax (draft vocabulary); ``valid_base``: ``[S]`` loss mask (bool);
-    ``doc``: ``[S]`` document ids. No data-dependent shape: traceable by torch.compile."""
+    """TTT step k's ``(full_correct, full_total, cond_correct, cond_total)`` as float32 ``[4]``,
+    with ``alive`` (bool ``[S]``: starts right so far) and ``run`` (float32 ``[S]``: their leading
+    run of correct steps) updated functionally. ``pred``/``tgt``: ``[S]`` draft and verifier argmax
+    (draft vocabulary); ``valid_base``: ``[S]`` bool loss mask; ``doc``: ``[S]`` document ids. No
+    data-dependent shape (traceable by torch.compile)."""
     S = pred.shape[0]
     if k >= S:
         hit = valid = torch.zeros_like(valid_base)
@@ -65,11 +64,10 @@ def step_stats(pred: torch.Tensor, tgt: torch.Tensor, valid_base: torch.Tensor,
 def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids: torch.Tensor,
               loss_mask: torch.Tensor, document_ids: torch.Tensor,
               step_losses: list[torch.Tensor]) -> None:
-    """Add one packed micro-batch to ``counts`` (in place). draft_tokens: per TTT step ``[1, N]``
-    draft-vocab argmax; target_ids: ``[1, N]`` verifier argmax (draft vocabulary); loss_mask:
-    ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses: per-step scalars
-    (``loss_{k}_sum``), added on the device (no host sync); the loss mean counts only the
-    micro-batches with a loss position."""
+    """Add one packed micro-batch to ``counts`` in place, on the device (no host sync).
+    draft_tokens: per TTT step ``[1, N]`` draft-vocab argmax; target_ids: ``[1, N]`` verifier argmax
+    (draft vocabulary); loss_mask: ``[1, N]`` bool; document_ids: ``[1, N]`` int64; step_losses:
+    per-step scalars (``loss_{k}_sum``)."""
     valid0 = loss_mask[0].bool()
     alive, run = torch.ones_like(valid0), torch.zeros(valid0.shape, device=valid0.device)
     for k, pred in enumerate(draft_tokens):
@@ -77,8 +75,7 @@ def add_batch(counts: torch.Tensor, draft_tokens: list[torch.Tensor], target_ids
         base = k * _PER_STEP
         counts[base:base + 4] += c.to(counts.dtype)
         counts[base + 4] += step_losses[k].detach().to(counts.dtype)
-        # a micro-batch without loss positions (all cut by max_tokens_per_batch) has no loss:
-        # counting its 0 would pull the mean down (a window of only such has a NaN loss)
+        # only micro-batches with a loss position count towards the mean (all cut: NaN)
         counts[base + 5] += valid0.any().to(counts.dtype)
     K = len(draft_tokens) * _PER_STEP
     counts[K] += (run + valid0.float()).sum()
@@ -118,11 +115,9 @@ def summarize(counts: torch.Tensor, prefix: str) -> dict[str, float]:
 def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor,
                          loss_mask: torch.Tensor | None, prev_correct: torch.Tensor | None):
     """speculators' ``compute_accuracy_single_step`` without data-dependent shapes. pred_ids,
-    target_ids: ``[1, S]`` int64 (draft vocabulary). loss_mask: ``[1, S]`` bool/int or None.
+    target_ids: ``[1, S]`` int64 (draft vocabulary); loss_mask: ``[1, S]`` bool/int or None;
     prev_correct: ``[1, S]`` bool or None, updated in place to ``prev_correct & (pred_ids ==
-    target_ids)``. Returns float32 scalars ``(full_correct, full_total, cond_correct, cond_total)``
-    as speculators' version does.
-    """
+    target_ids)``. Returns float32 ``(full_correct, full_total, cond_correct, cond_total)``."""
     correct = pred_ids == target_ids
     everywhere = torch.ones_like(correct)
     cond_total = (everywhere if prev_correct is None else prev_correct).sum().float()
@@ -135,8 +130,7 @@ def accuracy_single_step(pred_ids: torch.Tensor, target_ids: torch.Tensor,
 
 
 def install() -> None:
-    """Make speculators' Eagle-3 ``compute_metrics`` use :func:`accuracy_single_step` (idempotent;
-    process-wide)."""
+    """Make speculators' ``compute_metrics`` use :func:`accuracy_single_step` (idempotent)."""
     import speculators.models.eagle3.metrics as eagle3_metrics
 
     eagle3_metrics.compute_accuracy_single_step = accuracy_single_step

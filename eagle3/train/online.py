@@ -1,26 +1,21 @@
-"""Online hidden states: the target runs inside the training process, on the training device, and
+"""Online hidden states: the target runs in the training process, on the training device, and
 computes each micro-batch's aux and last hidden states from the tokenized samples of an
-``extract.mode: online`` folder when training asks for them; no hidden state is written to disk.
+``extract.mode: online`` folder; nothing is written to disk.
 
-What an offline extraction stores and what this computes agree: the same tokens (the extract
-stage's ``data/``, same rows, same split), the same capture
-(:func:`eagle3.extract.hf_backend.forward_capture`: HF ``hidden_states`` indices
+Offline and online agree: the same tokens (the extract stage's ``data/``, rows, split), the same
+capture (:func:`eagle3.extract.hf_backend.forward_capture`: HF ``hidden_states`` indices
 ``aux_layer_ids + [L]``, L = the last layer's output before the final norm), the same rounding to
-``extract.dtype`` (:func:`eagle3.extract.store.encode` / ``decode``), and training walks the same
-plan (:func:`eagle3.train.data.plan_epoch` depends only on seed, epoch and lengths). So a draft
-trained online equals the offline one up to the kernels' rounding of another batch composition
-(float32 on a CPU: about 1e-6 relative per state).
+``extract.dtype`` (:func:`eagle3.extract.store.encode` / ``decode``) and the same plan
+(:func:`eagle3.train.data.plan_epoch`). An online draft equals the offline one up to kernel
+rounding of another batch composition (float32 on a CPU: about 1e-6 relative per state).
 
 ``extract.mode: cached`` adds a bounded window of computed states on disk
-(:class:`eagle3.train.online_cache.StateCache`, ``extract.cache_max_gb``): a sample in it is read
-instead of recomputed; it is removed when training finishes.
+(:class:`eagle3.train.online_cache.StateCache`, ``extract.cache_max_gb``), removed at the end.
 
-Costs: the target's weights and one forward per ``extract.batch_size`` samples on the training
-device, repeated every epoch and every evaluation: the samples of the next micro-batches of the
-plan are computed together (:meth:`OnlineHiddenStates.load_group`; a long-sequence micro-batch
-holds only one or two samples, too few to fill a GPU), length-sorted as the offline shards are.
-:class:`OnlineStats` counts the tokens and seconds of those forwards; the train manifest reports
-them (``online``), with the bytes an offline run would have stored.
+Costs: the target's weights and one forward per ``extract.batch_size`` samples, every epoch and
+evaluation; the samples of the next micro-batches are computed together, length-sorted
+(:meth:`OnlineHiddenStates.load_group`). :class:`OnlineStats` counts those forwards for the train
+manifest's ``online`` section.
 """
 
 from __future__ import annotations
@@ -43,26 +38,22 @@ MODES = ("online", "cached")  # extract.mode values whose states training comput
 
 
 def is_online(data_dir: str | Path) -> bool:
-    """True when ``data_dir``'s manifest says ``mode`` online or cached (the states are computed
-    in training). DataError for a missing or unreadable manifest."""
+    """True when ``data_dir``'s manifest ``mode`` is online or cached. DataError for a missing or
+    unreadable manifest."""
     return read_manifest(Path(data_dir), kind="hidden_states").get("mode") in MODES
 
 
 def check_data_mode(cfg, data_dir: str | Path) -> str:
     """The extraction's mode (``offline``, ``online``, ``cached``) from ``data_dir``'s manifest,
-    once it agrees with ``cfg.extract.mode`` (and, for ``cached``, the window's size with
-    ``extract.cache_max_gb``). ``extract/`` is one folder that every mode writes, so a folder
-    extracted under another mode would otherwise be trained on as it is (states computed in
-    training for an offline config, or read from files for an online one). ConfigError
-    ``EXTRACT_MODE_MISMATCH`` (another mode) or ``EXTRACT_CACHE_MISMATCH`` (the same ``cached``
-    mode with another window size), each naming the manifest, the key and both values;
-    DataError for a missing or unreadable manifest."""
+    once it agrees with ``cfg.extract.mode`` (for ``cached`` also ``extract.cache_max_gb``).
+    ConfigError ``EXTRACT_MODE_MISMATCH`` (another mode) or ``EXTRACT_CACHE_MISMATCH`` (another
+    window size), naming the manifest, the key and both values; DataError for a missing or
+    unreadable manifest."""
     root = Path(data_dir)
     m = read_manifest(root, kind="hidden_states")
     got, want = m.get("mode", "offline"), cfg.extract.mode
     where = root / "manifest.json"
-    # the extract command that writes what this config trains on: the config file may say
-    # another mode, the one given being an override
+    # the extract command writing what this config trains on (the mode may be an override)
     redo = f"eagle3 extract CONFIG -o extract.mode={want}" + (
         f" -o extract.cache_max_gb={cfg.extract.cache_max_gb:g}" if want == "cached" else "") + (
         " with this run's other -o overrides")
@@ -84,14 +75,11 @@ def check_data_mode(cfg, data_dir: str | Path) -> str:
     return got
 
 
-
 @dataclass
 class OnlineStats:
-    """Target forwards of this training: ``tokens`` (every token of every sample computed,
-    padding excluded), ``seconds`` (wall time of those forwards; on CUDA measured by events, read
-    when :meth:`OnlineHiddenStates.take_window` is called), ``forwards`` (batched calls); each
-    counts earlier processes of the same training up to the checkpoint this one resumed from
-    (:meth:`OnlineHiddenStates.restore`)."""
+    """Target forwards of this training (earlier processes included up to the checkpoint resumed
+    from): ``tokens`` computed (no padding), ``seconds`` of forward (CUDA events on CUDA),
+    ``forwards`` (batched calls)."""
 
     tokens: int = 0
     seconds: float = 0.0
@@ -100,10 +88,9 @@ class OnlineStats:
 
 @dataclass
 class OnlineHiddenStates(HiddenStatesData):
-    """A :class:`HiddenStatesData` whose :meth:`read` runs the target: ``model`` (an HF causal LM
-    on the training device, eval mode), ``capture_ids`` (HF indices, last = L), ``store_dtype``
-    (``extract.dtype``: the states are rounded to it as a stored file would be), ``batch_size``
-    (samples per target forward), ``pad_id``."""
+    """A :class:`HiddenStatesData` whose :meth:`read` runs the target: ``model`` (HF causal LM on
+    the training device, eval mode), ``capture_ids`` (HF indices, last = L), ``store_dtype``
+    (``extract.dtype``, rounded to as a stored file is), ``batch_size`` (samples per forward)."""
 
     model: torch.nn.Module | None = None
     capture_ids: list[int] = field(default_factory=list)
@@ -117,33 +104,28 @@ class OnlineHiddenStates(HiddenStatesData):
     in_process = True
 
     def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample ``i``: ``(token_ids [T] int64 on the host, hidden_states [T, n_aux+1, H])`` on
-        the target's device, in the stored dtype (fp8: dequantized to bfloat16, as offline)."""
+        """``(token_ids [T] int64 on the host, hidden_states [T, n_aux+1, H])`` on the target's
+        device, in the stored dtype (fp8: dequantized to bfloat16, as offline)."""
         return self.input_ids[i], self.compute([i])[0]
 
     def load_samples(self, ids: list[int]) -> list[dict[str, torch.Tensor]]:
-        """One micro-batch: the states of ``ids`` computed together, then shifted
-        (:meth:`HiddenStatesData.shift`), in the order of ``ids``."""
+        """One micro-batch: the states of ``ids`` computed together, shifted, in order."""
         return [self.shift(i, hs) for i, hs in zip(ids, self.compute(ids))]
 
     @property
     def read_ahead_samples(self) -> int:
-        """Samples of the next micro-batches computed in one target forward: ``batch_size``."""
         return self.batch_size
 
     def load_group(self, batches: list[list[int]]) -> list[list[dict[str, torch.Tensor]]]:
-        """The states of every sample of the consecutive micro-batches ``batches`` computed
-        together (:meth:`compute`: one forward per ``batch_size`` samples, where a micro-batch
-        alone holds one or two samples of a long-sequence plan), shifted, per micro-batch."""
+        """The consecutive micro-batches ``batches`` computed together, shifted, per batch."""
         states = iter(self.compute([i for ids in batches for i in ids]))
         return [[self.shift(i, next(states)) for i in ids] for ids in batches]
 
     def compute(self, ids: list[int]) -> list[torch.Tensor]:
         """``[T_i, n_aux+1, H]`` per sample of ``ids`` (same order): right-padded batches of
         ``batch_size`` samples, shortest first, through
-        :func:`eagle3.extract.hf_backend.forward_capture`, rounded to ``store_dtype``; ordinary
-        (not inference-mode) tensors, so the draft's autograd may save them. With a
-        :attr:`cache`, samples in it are read, the others computed and offered to it."""
+        :func:`eagle3.extract.hf_backend.forward_capture`, rounded to ``store_dtype``; not
+        inference-mode tensors (autograd may save them). Samples in :attr:`cache` are read."""
         from eagle3.extract.hf_backend import forward_capture
 
         out: list[torch.Tensor | None] = [None] * len(ids)
@@ -193,12 +175,9 @@ class OnlineHiddenStates(HiddenStatesData):
         self._events.clear()
 
     def take_window(self) -> dict[str, float]:
-        """The target's figures so far, for the training log: ``extract/tokens_recomputed``
-        (target tokens computed in this training) and ``extract/tokens_per_s`` (those tokens per
-        second of target forward; left out before the first forward). Both count the whole
-        training, as the train manifest's ``online`` section does, so the last logged rate is the
-        manifest's ``extract_tokens_per_s``: a rate per logging window would swing with how many
-        forwards fell in it, the states of several micro-batches being computed in one."""
+        """``extract/tokens_recomputed`` and ``extract/tokens_per_s`` (per second of forward; not
+        before the first) over the whole training, as the manifest's ``online`` section (a
+        per-window rate would swing with how many forwards fell in the window)."""
         self._settle()
         s = self.stats
         out = {"extract/tokens_recomputed": float(s.tokens)}
@@ -207,9 +186,7 @@ class OnlineHiddenStates(HiddenStatesData):
         return out
 
     def checkpoint_info(self) -> dict:
-        """What a checkpoint keeps of the counters: ``online_tokens_recomputed``,
-        ``online_target_forwards``, ``online_target_forward_s`` and, with a window,
-        ``online_cache_hits`` / ``online_cache_hit_tokens`` (this training so far)."""
+        """The counters (``online_*``) a checkpoint keeps."""
         self._settle()
         hits = {} if self.cache is None else {"online_cache_hits": self.cache.hits,
                                               "online_cache_hit_tokens": self.cache.hit_tokens}
@@ -218,9 +195,8 @@ class OnlineHiddenStates(HiddenStatesData):
                 "online_target_forward_s": self.stats.seconds, **hits}
 
     def restore(self, info: dict) -> None:
-        """Resume the counters of a checkpoint's ``info`` (:meth:`checkpoint_info`; a key it
-        lacks counts 0). The forwards a killed process made after that checkpoint are not
-        counted: their steps are redone, and counted, by this one."""
+        """Resume the counters of :meth:`checkpoint_info` (a missing key counts 0); forwards a
+        killed process made after that checkpoint are redone and counted here."""
         self.stats = OnlineStats(tokens=int(info.get("online_tokens_recomputed") or 0),
                                  seconds=float(info.get("online_target_forward_s") or 0.0),
                                  forwards=int(info.get("online_target_forwards") or 0))
@@ -229,39 +205,34 @@ class OnlineHiddenStates(HiddenStatesData):
             self.cache.hit_tokens = int(info.get("online_cache_hit_tokens") or 0)
 
     def summary(self, offline_bytes: int | None) -> dict:
-        """The train manifest's ``online`` section: ``hidden_state_bytes_on_disk`` (0),
-        ``offline_bytes_estimate`` (bytes an offline extraction of the same samples would have
-        stored, from the extract manifest), ``tokens_recomputed`` (target tokens computed in
-        this training), ``tokens_per_epoch`` (all tokens of the train split),
-        ``target_forward_s``, ``extract_tokens_per_s`` and ``target_forwards`` (this training;
-        earlier processes included up to the checkpoint resumed from), the dtype and batch
-        size; ``cached`` adds the window's ``cache_max_bytes``, ``cache_bytes``,
-        ``cache_samples``, ``cache_hits`` (samples read from it) and ``cache_hit_tokens`` (their
-        tokens; hits and hit tokens count the whole training, as ``tokens_recomputed`` does)."""
+        """The train manifest's ``online`` section: bytes on disk (0), ``offline_bytes_estimate``
+        (from the extract manifest), tokens recomputed and per epoch (train split), forward
+        seconds, tokens/s and count (the whole training), dtype, batch size; ``cached`` adds the
+        window's max bytes, bytes, samples, hits and hit tokens (the whole training)."""
         self._settle()
-        s = self.stats
+        s, c = self.stats, self.cache
         return {"hidden_state_bytes_on_disk": 0, "offline_bytes_estimate": offline_bytes,
                 "tokens_recomputed": s.tokens,
                 "tokens_per_epoch": sum(int(self.input_ids[i].numel()) for i in self.train_ids),
-                "target_forward_s": s.seconds, "extract_tokens_per_s": s.tokens / max(s.seconds,
-                                                                                     1e-9),
+                "target_forward_s": s.seconds,
+                "extract_tokens_per_s": s.tokens / max(s.seconds, 1e-9),
                 "target_forwards": s.forwards, "store_dtype": self.store_dtype,
                 "batch_size": self.batch_size,
-                **({} if self.cache is None else {
-                    "cache_max_bytes": self.cache.max_bytes, "cache_bytes": self.cache.bytes,
-                    "cache_samples": len(self.cache.sizes), "cache_hits": self.cache.hits,
-                    "cache_hit_tokens": self.cache.hit_tokens})}
+                **({} if c is None else {
+                    "cache_max_bytes": c.max_bytes, "cache_bytes": c.bytes,
+                    "cache_samples": len(c.sizes), "cache_hits": c.hits,
+                    "cache_hit_tokens": c.hit_tokens})}
 
     def close(self) -> None:
-        """Training has finished: the window of states (``cached``) is removed."""
+        """Remove the window of states (``cached``)."""
         if self.cache is not None:
             self.cache.clear()
 
 
 def round_to_store(hs: torch.Tensor, dtype: str) -> torch.Tensor:
-    """``hs`` as an offline store returns it: cast to ``dtype`` (``bfloat16``, ``float32``), or
-    for ``fp8`` quantized with per-row scales and dequantized to bfloat16
-    (:func:`eagle3.extract.store.encode` / ``decode``). DataError for another dtype."""
+    """``hs`` as an offline store returns it: cast to ``dtype``, or for ``fp8`` quantized with
+    per-row scales and dequantized to bfloat16 (:mod:`eagle3.extract.store`). DataError for
+    another dtype."""
     from eagle3.extract.store import STORE_DTYPES, decode, encode
 
     if dtype not in STORE_DTYPES:
@@ -275,13 +246,11 @@ def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, ma
                 device: torch.device, trust_remote_code: bool = False,
                 cache_dir: str | Path | None = None, warn: bool = True) -> OnlineHiddenStates:
     """Open an ``extract.mode: online`` (or ``cached``) folder and load its target on ``device``;
-    ``cached`` keeps its window of states in ``cache_dir`` (required then); ``warn`` as in
-    :func:`eagle3.train.data.open_hidden_states`.
-
-    Checks as :func:`eagle3.train.data.open_hidden_states` (target identity, convention, splits,
-    loss tokens) plus ``online.json`` against the manifest, then computes the first train sample
-    once (shape check). DataError: not an online folder, ``online.json`` missing or disagreeing
-    with the manifest (aux ids, capture ids, dtype)."""
+    ``cached`` keeps its window in ``cache_dir`` (required then). Checks as
+    :func:`eagle3.train.data.open_hidden_states` (``warn`` too) plus ``online.json`` against the
+    manifest, then computes the first train sample (shape check). DataError: not an online
+    folder, ``online.json`` missing or disagreeing with the manifest (aux ids, capture ids, dtype,
+    plan hash)."""
     from eagle3.extract.hf_backend import pad_id_of
     from eagle3.target_model import load_target
 

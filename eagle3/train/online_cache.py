@@ -1,15 +1,14 @@
 """A bounded window of computed hidden states on disk, for ``extract.mode: cached``: training
-computes a sample's states once (:mod:`eagle3.train.online`) and keeps them while the window has
-room, so later epochs recompute only the samples outside it.
+(:mod:`eagle3.train.online`) keeps a sample's states while the window has room, so later epochs
+recompute only the samples outside it.
 
-Layout: ``<dir>/hs_{i}.safetensors`` (``hidden_states [T, n_aux+1, H]``, the states as training
-used them: already rounded to ``extract.dtype``, fp8 as its bfloat16 dequantization, so a read
-gives the computed tensor bit for bit) and ``<dir>/cache.json`` ``{"identity": the data identity}``.
+Layout: ``<dir>/hs_{i}.safetensors`` (``hidden_states [T, n_aux+1, H]`` as training used them:
+rounded to ``extract.dtype``, fp8 as its bfloat16 dequantization, so reads are bit-exact) and
+``<dir>/cache.json`` ``{"identity": the data identity}``.
 
-Policy: first come, first kept, nothing evicted while the run lasts. Each epoch visits every
-train sample once in a fresh random order, and for such cyclic scans keeping a fixed set is what
-recomputes least (an LRU window evicts each sample shortly before it comes back). A checkpoint
-resume finds the window as it was (writes are atomic); a window of other data is emptied.
+Policy: first come, first kept, nothing evicted: each epoch scans every sample in a fresh order,
+and for cyclic scans a fixed set recomputes least (LRU evicts each sample shortly before it comes
+back). A resume finds the window as it was (atomic writes); a window of other data is emptied.
 """
 
 from __future__ import annotations
@@ -55,9 +54,8 @@ class StateCache:
         return self.root / f"hs_{i}.safetensors"
 
     def get(self, i: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
-        """Sample ``i``'s states on ``device``, or None when not kept. A file that does not read
-        or has another shape than ``shape`` is removed (and its states recomputed), with a
-        warning naming it."""
+        """Sample ``i``'s states on ``device``, or None when not kept; a file unreadable or of
+        another shape than ``shape`` is removed (states recomputed) with a warning naming it."""
         if i not in self.sizes:
             return None
         from safetensors.torch import load_file
@@ -78,8 +76,8 @@ class StateCache:
         return hs.to(device)
 
     def put(self, i: int, hs: torch.Tensor) -> bool:
-        """Keep sample ``i``'s states when they fit in the window; True if kept. A full window or
-        a failed write (disk full) keeps nothing more, with one warning."""
+        """Keep sample ``i``'s states if they fit; True if kept. A full window or a failed write
+        (disk full) keeps nothing more, with one warning."""
         if i in self.sizes:
             return True
         need = hs.numel() * hs.element_size() + 256  # payload + safetensors header

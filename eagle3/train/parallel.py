@@ -29,14 +29,12 @@ class Whole:
         return model
 
     def clip_grad_norm_(self, params: list, max_norm: float) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_`` over every rank's gradients; the total norm as a plain
-        tensor."""
+        """``clip_grad_norm_`` over every rank's gradients; the total norm as a plain tensor."""
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     @contextlib.contextmanager
     def gathered(self, model: torch.nn.Module, optimizer=None):
-        """``(model state, optimizer state)`` to write, full on rank 0; ``(None, None)`` = read them
-        directly."""
+        """``(model state, optimizer state)`` to write, full on rank 0 (None: read directly)."""
         yield None, None
 
     @contextlib.contextmanager
@@ -91,9 +89,8 @@ class FSDP(Whole):
         self.units: list = []
 
     def wrap(self, model, device):
-        """Shard the trainable children of ``model`` in place (each decoder layer on its own).
-        Raises ConfigError when a trainable parameter sits on the draft itself, where no child could
-        own it."""
+        """Shard the trainable children of ``model`` in place (each decoder layer on its own);
+        ConfigError for a trainable parameter on the draft itself (no child could own it)."""
         from torch.distributed.fsdp import fully_shard
 
         own = [n for n, p in model.named_parameters(recurse=False) if p.requires_grad]
@@ -116,11 +113,8 @@ class FSDP(Whole):
 
     @contextlib.contextmanager
     def gathered(self, model, optimizer=None):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         yield (get_model_state_dict(model, options=opts),
@@ -129,8 +123,7 @@ class FSDP(Whole):
 
     @contextlib.contextmanager
     def evaluating(self, model):
-        """Gather every sharded module once and keep it whole until the end (no collective per
-        forward pass)."""
+        """Gather every sharded module once, whole until the end (no collective per forward)."""
         _each(self.units, "set_reshard_after_forward", False)
         _each(self.units, "unshard")
         try:
@@ -148,10 +141,9 @@ class FSDP(Whole):
 
 
 def make_parallel(mode: str, world: int) -> Whole:
-    """The strategy for ``train.distributed=mode`` with ``world`` processes (one process:
-    :class:`Whole`)."""
+    """The strategy for ``train.distributed=mode`` and ``world`` processes (one: :class:`Whole`)."""
     if world <= 1:
         return Whole()
-    if mode in ("ddp", "fsdp"):
-        return DDP() if mode == "ddp" else FSDP()
-    raise ConfigError(f"train.distributed: expected 'ddp' or 'fsdp', got {mode!r}")
+    if mode not in ("ddp", "fsdp"):
+        raise ConfigError(f"train.distributed: expected 'ddp' or 'fsdp', got {mode!r}")
+    return DDP() if mode == "ddp" else FSDP()

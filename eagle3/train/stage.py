@@ -5,8 +5,8 @@
 d2t/t2d, top-level ``eagle_aux_hidden_state_layer_ids`` as HF indices), ``metrics.jsonl``,
 ``state/`` and ``manifest.json`` (kind ``draft_checkpoint``). ``train.max_steps = 0`` writes the
 untrained draft (the baseline). ``train.num_gpus > 1`` outside torchrun: :mod:`eagle3.train.launch`.
-A folder of ``extract.mode: online`` or ``cached`` holds no states: the target runs in this
-process and computes them (:mod:`eagle3.train.online`).
+``extract.mode: online`` / ``cached`` folders: the target computes the states here
+(:mod:`eagle3.train.online`).
 """
 
 from __future__ import annotations
@@ -44,15 +44,13 @@ log = logging.getLogger(__name__)
 def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = None,
           progress: bool = True) -> dict:
     """Train (or resume) the draft; returns the ``draft_checkpoint`` manifest (``{}`` on ranks other
-    than 0).
+    than 0). ``on_metrics(metrics, step)``: per log step and evaluation (rank 0).
 
-    ``on_metrics(metrics, step)``: per log step and evaluation (rank 0). Raises ConfigError
-    (unwritable ``out_dir``, engine flag, incompatible resume, ``EXTRACT_MODE_MISMATCH``: the
-    data folder was extracted under another ``extract.mode``; ``EXTRACT_CACHE_MISMATCH``: a
-    ``cached`` folder of another ``extract.cache_max_gb``), DataError (empty or foreign
-    dataset, too few distinct tokens, another vocab map on resume), TrainingDiverged (NaN/Inf loss
-    or gradient norm; the last checkpoint is kept).
-    """
+    Raises ConfigError (unwritable ``out_dir``, engine flag, incompatible resume,
+    ``EXTRACT_MODE_MISMATCH``: data extracted under another ``extract.mode``;
+    ``EXTRACT_CACHE_MISMATCH``: a ``cached`` folder of another ``extract.cache_max_gb``), DataError
+    (empty or foreign dataset, too few distinct tokens, another vocab map on resume),
+    TrainingDiverged (NaN/Inf loss or gradient norm; the last checkpoint is kept)."""
     from eagle3.precision import resolved
 
     cfg = resolved(cfg)  # train.precision concrete (load_config has done it already)
@@ -90,12 +88,10 @@ def train(cfg, data_dir: Path, out_dir: Path, *, on_metrics: OnMetrics | None = 
 
 
 def check_settings(cfg) -> None:
-    """The checks of ``cfg.train`` that need neither data nor a model, for callers to run before
-    they touch an earlier output (the pipeline's task replaces a finished draft of other settings):
-    the training device exists and the training forward and loss can run there
+    """The checks of ``cfg.train`` needing neither data nor a model, run before an earlier output is
+    touched: the training device exists, the forward and loss can run there
     (:func:`eagle3.train.ttt_forward.choose`; ``fused`` losses need CUDA and Triton), and
-    ``train.dev_prompts_file`` is a file when ``train.select_best_by`` is measured. Raises
-    ConfigError."""
+    ``train.dev_prompts_file`` is a file when ``train.select_best_by`` is measured. ConfigError."""
     from eagle3.train.distributed import device_for
 
     device_type = device_for(cfg.train, 0).type
@@ -105,8 +101,7 @@ def check_settings(cfg) -> None:
 
 
 def _check_dev_prompts_file(t) -> None:
-    """ConfigError ``DEV_PROMPTS_FILE`` unless ``train.dev_prompts_file`` (read with
-    ``train.select_best_by=measured``) is an existing file (:mod:`eagle3.config_checks`)."""
+    """ConfigError ``DEV_PROMPTS_FILE`` (:mod:`eagle3.config_checks`)."""
     from eagle3.config_checks import dev_prompts_file_problem
 
     problem = dev_prompts_file_problem(t)
@@ -115,8 +110,7 @@ def _check_dev_prompts_file(t) -> None:
 
 
 def _check_loss_implementation(t, device_type: str) -> None:
-    """ConfigError unless ``train.loss_implementation`` can run here: ``fused`` needs CUDA and
-    Triton."""
+    """ConfigError unless ``fused`` losses (CUDA, Triton) can run here."""
     if t.loss_implementation != "fused":
         return
     if device_type != "cuda":
@@ -133,8 +127,7 @@ def _check_loss_implementation(t, device_type: str) -> None:
 
 def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device: torch.device,
             on_metrics: OnMetrics | None) -> Run:
-    """All checks, the model, optimizer, schedule, and the resumed state: a :class:`Run` ready to
-    loop."""
+    """All checks, the model, optimizer, schedule and resumed state: a ready :class:`Run`."""
     from eagle3.assets import resolve_target
 
     t = cfg.train
@@ -145,7 +138,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
     tconf = read_target_config(target_dir)
     # the cut's warning once: from rank 0 of a run that trains (not the untrained baseline)
     warn = rank == 0 and t.max_steps != 0
-    if is_online(data_dir):  # extract.mode=online: the target runs here, on the training device
+    if is_online(data_dir):
         data = open_online(data_dir, target_dir, tconf, max_tokens=t.max_tokens_per_batch,
                            device=device, trust_remote_code=cfg.target.trust_remote_code,
                            cache_dir=out_dir / "state" / f"hs_cache-rank{rank}", warn=warn)
@@ -173,8 +166,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
         elif rank == 0:
             log.warning("resuming from %s (optimizer step %s of this run)", ckpts[-1],
                         info.get("step"))
-    if info is None and rank == 0:
-        # a fresh start (launch files stay)
+    if info is None and rank == 0:  # a fresh start (launch files stay)
         for old in list_checkpoints(state_dir) + [state_dir / "best"]:
             shutil.rmtree(old, ignore_errors=True)
         truncate_metrics(out_dir / "metrics.jsonl", -1)
@@ -233,12 +225,12 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
 
         run.dev = meter_for_training(t, data, target_dir, device)
         if _dev_prompt_count(run) == 1:
-            msg = ("DEV_ONE_PROMPT: train.select_best_by=measured picks the best checkpoint by "
-                   f"the acceptance on 1 dev prompt ({run.dev.dropped_too_long} left out as too "
-                   "long); one prompt's figure is noise: expected more (train.dev_prompts, "
-                   "data.val_fraction, train.dev_prompts_file)")
-            log.warning("%s", msg)
-            run.warnings.append(msg)
+            run.warnings.append(
+                "DEV_ONE_PROMPT: train.select_best_by=measured picks the best checkpoint by the "
+                f"acceptance on 1 dev prompt ({run.dev.dropped_too_long} left out as too long); "
+                "one prompt's figure is noise: expected more (train.dev_prompts, "
+                "data.val_fraction, train.dev_prompts_file)")
+            log.warning("%s", run.warnings[-1])
     return run
 
 
@@ -274,12 +266,15 @@ def _resume_weights(model, ckpt: Path, info: dict, vmap, device: torch.device) -
 
 
 def _resume(run: Run, ckpt: Path, remapped: bool) -> None:
-    """Restore optimizer, schedule, RNG and position from ``ckpt`` (the weights are in already); the
-    LR is re-derived from the (possibly new) schedule."""
+    """Restore optimizer, schedule, RNG and position from ``ckpt`` (weights loaded already); the LR
+    is re-derived from the (possibly new) schedule."""
     t, model, opt = run.t, run.model, run.optimizer
+
+    def load_optimizer(st):
+        return run.parallel.load_optimizer_state(model, opt, st)
+
     info = load_checkpoint(ckpt, model=None, optimizer=opt, scheduler=run.scheduler,
-                           load_optimizer=lambda st: run.parallel.load_optimizer_state(model, opt,
-                                                                                       st))
+                           load_optimizer=load_optimizer)
     run.step, run.epoch, run.micro = int(info["step"]), int(info["epoch"]), int(info["micro"])
     run.tokens_seen = int(info["tokens_seen"])
     run.data.restore(info)
@@ -332,13 +327,12 @@ def _export_files(model, out_dir: Path, weights: dict | None = None) -> None:
 
 def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
     t, d, ex = run.t, run.data, run.info_extra
-    final_eval = run.last_eval or {}
-    best_sim = (run.best or {}).get("simulated_acceptance_length")
-    sim = (best_sim if exported["which"] == "best" and best_sim is not None
-           else final_eval.get("val/simulated_acceptance_length"))
-    best_dev = (run.best or {}).get("measured_acceptance_length")
-    dev = (best_dev if exported["which"] == "best" and best_dev is not None
-           else final_eval.get("dev/acceptance_length"))
+    final_eval, best = run.last_eval or {}, run.best or {}
+
+    def figure(best_key: str, eval_key: str):  # the exported weights' figure
+        got = best.get(best_key) if exported["which"] == "best" else None
+        return final_eval.get(eval_key) if got is None else got
+
     return write_manifest(
         run.out_dir, "draft_checkpoint", exclude=("manifest.json", "state"),
         config=t.model_dump(mode="json"),
@@ -360,27 +354,23 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
         engine={"name": run.cfg.convert.engine, "version": run.cfg.convert.engine_version},
         vocab={"draft_vocab_size": t.draft_vocab_size, **ex["vocab"]},
         exported=exported, best=run.best,
-        metrics={"simulated_acceptance_length": sim, "dev_acceptance_length": dev,
-                 "best_selected_by": (run.best or {}).get("selected_by"),
+        metrics={"simulated_acceptance_length": figure("simulated_acceptance_length",
+                                                       "val/simulated_acceptance_length"),
+                 "dev_acceptance_length": figure("measured_acceptance_length",
+                                                 "dev/acceptance_length"),
+                 "best_selected_by": best.get("selected_by"),
                  "final_eval": final_eval,
                  "final_train": run.last_train or {},
                  "acceptance_length_counts_bonus_token": True},
         device=str(run.device), world_size=run.world, precision=t.precision,
         extract_mode=d.manifest.get("mode", "offline"), warnings=list(run.warnings),
         dev_prompts=_dev_prompt_count(run),
-        **_online_section(d),
+        # states computed in training (OnlineHiddenStates.summary); nothing for files
+        **({"online": d.summary(d.manifest.get("offline_bytes_estimate"))}
+           if d.in_process else {}),
         auto_resolved={**{k: v for k, v in getattr(run.cfg, "auto_resolved", {}).items()
                           if k.startswith("train.")},
                        **ttt_forward.resolved_settings(t, run.device.type, run.world)})
-
-
-def _online_section(data) -> dict:
-    """The manifest's ``online`` key for states computed in training
-    (:meth:`eagle3.train.online.OnlineHiddenStates.summary`), with the extraction's
-    ``offline_bytes_estimate``; nothing for states read from files."""
-    if not data.in_process:
-        return {}
-    return {"online": data.summary(data.manifest.get("offline_bytes_estimate"))}
 
 
 __all__ = ["train", "check_settings", "ensure_writable", "prepare", "finish", "evaluate",

@@ -7,13 +7,12 @@
                      tokens seen, vocab-map hash, data content hash, train section, last metrics)
     best/            model.safetensors + state.json of the evaluation with the highest
                      acceptance length by ``train.select_best_by`` (:data:`eagle3.train.loop.
-                     SELECT_KEYS`): ``simulated`` (default) the validation split's simulated
-                     acceptance, ``measured`` the dev-prompt acceptance measured by replay
-                     (:mod:`eagle3.measure.dev_acceptance`); chosen by acceptance, not by loss
+                     SELECT_KEYS`: ``simulated`` on the validation split, or ``measured`` by
+                     replay, :mod:`eagle3.measure.dev_acceptance`); not by loss
                      (FAILURE_CLASSES.md 18)
 
-Each directory is written through :func:`eagle3.artifacts.atomic_directory`: a SIGKILL leaves
-the previous or the new complete checkpoint. A checkpoint of another vocabulary map
+Directories are written through :func:`eagle3.artifacts.atomic_directory` (a SIGKILL leaves the
+previous or the new complete checkpoint). A checkpoint of another vocabulary map
 (docs/FAILURE_CLASSES.md 9), other data or other :data:`FROZEN_FIELDS` / flags / process count /
 ``train.distributed`` belongs to another training (:func:`resume_conflict`). Allowed to change:
 lr, schedule, warm-up, epochs, max_steps, cadences, keep_last; later steps take the new LR.
@@ -41,14 +40,10 @@ _CKPT = re.compile(r"^ckpt-(\d{8})$")
 
 def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int,
               min_ratio: float = 0.0) -> float:
-    """Multiplier of the base LR for optimizer step ``step`` (0-based).
-
-    - warm-up (both schedules): ``(step + 1) / warmup_steps`` for ``step < warmup_steps``;
-    - ``epochs``: cosine from 1 to ``min_ratio`` over ``[warmup_steps, total_steps)``:
-      ``min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * progress))``, progress clipped to [0, 1];
-    - ``constant``: 1 after warm-up (a long run with periodic evaluation).
-    Under ``LambdaLR`` the LR at a step is the same whether the run was resumed or not.
-    """
+    """Multiplier of the base LR for optimizer step ``step`` (0-based): warm-up ``(step + 1) /
+    warmup_steps`` for ``step < warmup_steps``; then ``constant`` 1, or ``epochs`` a cosine from 1
+    to ``min_ratio`` over ``[warmup_steps, total_steps)`` (progress clipped to [0, 1]). A function
+    of the step only, so a resumed run gets the same LR."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -89,8 +84,7 @@ CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "trainer.pt", "state.js
 
 
 def check_complete(ckpt: Path, state_dir: Path | None = None) -> None:
-    """Raise DataError when ``ckpt`` lacks one of :data:`CHECKPOINT_FILES`, naming the missing
-    files and the previous complete checkpoint."""
+    """DataError naming the missing :data:`CHECKPOINT_FILES` and the previous complete one."""
     missing = [f for f in CHECKPOINT_FILES if not (ckpt / f).is_file()]
     if not missing:
         return
@@ -113,13 +107,13 @@ def list_checkpoints(state_dir: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def _written(final: Path, what: str):
-    """Turn a failed write of ``final`` (OSError, safetensors' error, torch.save's ``RuntimeError:
-    ... unexpected pos``) into a DataError naming the folder, the cause and the free space."""
+    """A failed write of ``final`` (OSError, safetensors' or torch.save's errors) as a DataError
+    naming the folder, the cause and the free space."""
     try:
         yield
     except Eagle3Error:
         raise
-    except Exception as e:  # noqa: BLE001 - re-raised with the path and the disk's free space
+    except Exception as e:  # noqa: BLE001 - re-raised with the path and free space
         try:
             free = f"{shutil.disk_usage(final.parent).free / 2**30:.2f} GiB free there"
         except OSError:
@@ -137,9 +131,8 @@ def _written(final: Path, what: str):
 
 def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True) -> int:
     """Bytes the run will write under ``state_dir``: ``keep_last + 1`` checkpoints (weights plus
-    two float32 AdamW moments per trainable parameter), ``best/`` and the exported draft. Existing
-    checkpoints count as reusable. Raises DataError with the folder, bytes needed and free.
-    """
+    two float32 AdamW moments per trainable parameter), ``best/`` and the exported draft; existing
+    checkpoints count as free. DataError with the folder, bytes needed and free."""
     weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
     moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
     need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights
@@ -158,14 +151,10 @@ def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bo
 
 def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict, keep_last: int,
                     model_state: dict | None = None, optimizer_state: dict | None = None) -> Path:
-    """Write ``ckpt-<step>`` atomically, then delete all but the newest ``keep_last`` checkpoints.
-
-    ``info`` must hold ``step``; it is stored as ``state.json``. ``model_state`` /
-    ``optimizer_state``: the full state dicts when they were gathered from shards
-    (``eagle3.train.parallel``; None = ``model.state_dict()`` / ``optimizer.state_dict()``). Returns
-    the checkpoint directory. Raises DataError (path, cause, free space) when the write fails, e.g.
-    on a full disk.
-    """
+    """Write ``ckpt-<step>`` atomically (``info``, holding ``step``, as ``state.json``), then delete
+    all but the newest ``keep_last``; returns its directory. ``model_state`` / ``optimizer_state``:
+    full state dicts gathered from shards (None: the objects' own). DataError (path, cause, free
+    space) when the write fails."""
     final = state_dir / f"ckpt-{int(info['step']):08d}"
     with _written(final, "training checkpoint"), atomic_directory(final) as tmp:
         _write_weights(tmp, model, model_state, info)
@@ -178,8 +167,7 @@ def save_checkpoint(state_dir: Path, *, model, optimizer, scheduler, info: dict,
 
 
 def save_best(state_dir: Path, *, model, info: dict, model_state: dict | None = None) -> Path:
-    """Write ``state/best`` (weights + ``state.json``) atomically, replacing the previous best.
-    ``model_state``: the full state dict gathered from shards (None = ``model.state_dict()``)."""
+    """Write ``state/best`` (weights + ``state.json``) atomically, as :func:`save_checkpoint`."""
     final = state_dir / "best"
     with _written(final, "best draft"), atomic_directory(final) as tmp:
         _write_weights(tmp, model, model_state, info)
@@ -187,7 +175,6 @@ def save_best(state_dir: Path, *, model, info: dict, model_state: dict | None = 
 
 
 def _write_weights(tmp: Path, model, model_state: dict | None, info: dict) -> None:
-    """``model.safetensors`` (``model_state``, else ``model.state_dict()``) and ``state.json``."""
     from safetensors.torch import save_file
 
     weights = model.state_dict() if model_state is None else model_state
@@ -217,11 +204,9 @@ def load_weights(model, ckpt: Path) -> None:
 
 
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, load_optimizer=None) -> dict:
-    """Restore weights (unless ``model`` is None), optimizer, scheduler and RNG states from
-    ``ckpt``; returns its ``state.json``. ``load_optimizer(state)`` replaces
-    ``optimizer.load_state_dict`` (sharded optimizers). Raises DataError naming a missing or
-    unloadable file.
-    """
+    """Restore weights (unless ``model`` is None), optimizer (``load_optimizer(state)`` if given,
+    for sharded ones), scheduler and RNG states from ``ckpt``; returns its ``state.json``.
+    DataError naming a missing or unloadable file."""
     check_complete(ckpt)
     if model is not None:
         load_weights(model, ckpt)
@@ -256,9 +241,8 @@ def truncate_metrics(path: Path, max_step: int) -> None:
 
 
 def ensure_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` and ``out_dir/state`` and write a probe file in each. Raises ConfigError
-    naming the directory and the OS error.
-    """
+    """Create ``out_dir`` and ``out_dir/state`` and write a probe file in each; ConfigError naming
+    the directory and the OS error."""
     for d, what in ((out_dir, "train output dir"), (out_dir / "state", "checkpoint dir")):
         if d.exists() and not d.is_dir():
             raise ConfigError(f"{what} {d}: expected a directory, found a file; move it away "
@@ -283,10 +267,9 @@ def check_resume(info: dict, identity: dict, cfg, ckpt: Path) -> None:
 
 
 def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError | DataError | None:
-    """The refused change between a checkpoint's ``state.json`` (``info``) and the new run, as the
-    error to raise (DataError for other data or vocabulary, ConfigError for other settings), or None
-    when it may resume. ``identity``: ``vocab_map_hash``, ``data_content_hash``, ``flags``,
-    ``world_size``, ``distributed``."""
+    """The refused change between a checkpoint's ``state.json`` (``info``) and the new run as the
+    error to raise (DataError: data or vocabulary; ConfigError: settings), or None. ``identity``:
+    ``vocab_map_hash``, ``data_content_hash``, ``flags``, ``world_size``, ``distributed``."""
     t = cfg.train
     hint = (f"(checkpoint {ckpt}; train.on_other_checkpoint=restart starts over from step 0, "
             "train.resume=false always does)")
@@ -319,10 +302,9 @@ def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError 
 
 
 def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
-    """Start from the speculators draft weights in ``src`` (fine-tuning; fresh optimizer). Raises
+    """Start from the speculators draft weights in ``src`` (fine-tuning; fresh optimizer).
     DataError when ``src`` has no ``model.safetensors``, a shape differs, or its d2t/t2d differ from
-    ``vmap`` and not ``allow_change`` (if set: new map kept, ``lm_head`` rows from the verifier).
-    """
+    ``vmap`` and not ``allow_change`` (if set: new map kept, ``lm_head`` rows from the verifier)."""
     from safetensors.torch import load_file
 
     from eagle3.train.vocab import vocab_map_hash
@@ -333,19 +315,18 @@ def load_init_from(model, src: Path, vmap, *, allow_change: bool) -> None:
     sd = load_file(str(path))
     if "d2t" not in sd or "t2d" not in sd:
         raise DataError(f"train.init_from: {path} has no d2t/t2d (tensors: {sorted(sd)[:8]})")
-    same_map = vocab_map_hash(sd["d2t"], sd["t2d"]) == vmap.hash()
+    theirs = vocab_map_hash(sd["d2t"], sd["t2d"])
+    same_map = theirs == vmap.hash()
     if not same_map and not allow_change:
         raise DataError(f"train.init_from: {path} was trained with another draft vocab map (hash "
-                        f"{vocab_map_hash(sd['d2t'], sd['t2d'])[:16]} vs {vmap.hash()[:16]}); set "
+                        f"{theirs[:16]} vs {vmap.hash()[:16]}); set "
                         f"train.allow_vocab_map_change=true to re-map")
     own = model.state_dict()
     unknown = [n for n in sd if n not in own]
     if unknown:
         raise DataError(f"train.init_from: {path} has tensors the draft does not: {unknown[:5]}")
     skip = {"d2t", "t2d"} | (set() if same_map else {"lm_head.weight"})
-    for name, tensor in sd.items():
-        if name in skip:
-            continue
+    for name, tensor in ((n, x) for n, x in sd.items() if n not in skip):
         if own[name].shape != tensor.shape:
             raise DataError(f"train.init_from: {path} tensor {name} shape {list(tensor.shape)}, "
                             f"draft expects {list(own[name].shape)}")

@@ -3,20 +3,18 @@
 ``compound_loss`` on the positions ``align_for_step`` aligns, with the draft's own modules and
 checkpoint format, restructured so ``torch.compile`` makes one static graph per micro-batch:
 
-- **Attention by structure.** At TTT step k a query at p attends step-0 keys j ≤ p of its own
-  document plus its own position's keys of steps 1..k (speculators' ``create_combined_mask_mod``).
-  ``eager``: step-0 scores ``[S, S]`` plus k diagonal scores, one softmax (CPU); ``flex``:
-  ``flex_attention`` with a block-sparse mask (CUDA, compiled); ``sdpa``: speculators' dense
-  ``[S, (k+1)·S]`` layout (any device).
-- **The embedding half of q/k/v once per micro-batch**: projected once for the ``S + ttt_steps - 1``
-  shifted ids; step k takes rows ``k..k+S``.
-- **No in-place input update, data-dependent shape or graph break**: the :mod:`eagle3.train.metrics`
-  counts are computed in-graph and returned as one ``stats`` vector.
-- **The verifier's argmax from the targets already computed.**
+- attention by structure: at TTT step k a query at p attends step-0 keys j ≤ p of its document
+  plus its own position's keys of steps 1..k (speculators' ``create_combined_mask_mod``); ``eager``
+  (CPU): ``[S, S]`` scores plus k diagonals, one softmax; ``flex`` (CUDA, compiled): block-sparse
+  mask; ``sdpa`` (any device): speculators' dense ``[S, (k+1)·S]`` layout;
+- the embedding half of q/k/v projected once for the ``S + ttt_steps - 1`` shifted ids (step k
+  takes rows ``k..k+S``); the verifier's argmax from the targets already computed;
+- no in-place input update, data-dependent shape or graph break: the :mod:`eagle3.train.metrics`
+  counts come out of the graph as one ``stats`` vector.
 
 Supported: speculators' Llama draft (``LlamaDecoderEagle3FirstLayer`` then ``LlamaDecoderLayer``),
-every layer flag, no sliding window; :func:`check_supported` raises ConfigError otherwise. Equality
-with speculators' forward is tested in float32 on the CPU: tests/unit/test_ttt_forward.py.
+every layer flag, no sliding window (else :func:`check_supported` raises ConfigError). Equal to
+speculators' forward in float32 on the CPU: tests/unit/test_ttt_forward.py.
 """
 
 from __future__ import annotations
@@ -33,11 +31,9 @@ ATTENTIONS = ("eager", "sdpa", "flex")
 
 
 def resolve_attention(setting: str, device_type: str, compiled: bool) -> str:
-    """The attention of this forward for ``train.attn_implementation`` = ``setting``.
-
-    ``auto``: ``flex`` on CUDA when the forward is compiled (flex attention is a compiled kernel;
-    uncompiled it materialises every score), ``sdpa`` on CUDA uncompiled, ``eager`` on the CPU (a
-    quarter of the dense layout's score work at 3 TTT steps). Raises ConfigError for an unknown
+    """The attention for ``train.attn_implementation`` = ``setting``; ``auto``: ``flex`` on CUDA
+    compiled (uncompiled it materialises every score), ``sdpa`` on CUDA uncompiled, ``eager`` on
+    the CPU (a quarter of the dense layout's score work at 3 TTT steps). ConfigError for an unknown
     setting."""
     if setting == "auto":
         return ("flex" if compiled else "sdpa") if device_type == "cuda" else "eager"
@@ -49,12 +45,10 @@ def resolve_attention(setting: str, device_type: str, compiled: bool) -> str:
 
 def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
     """``(forward, attention)`` for a TrainConfig: ``("project", eager|sdpa|flex)`` or
-    ``("speculators", sdpa|eager)``.
-
-    ``forward_impl: auto`` is ``project`` except under ``distributed: fsdp`` with several processes
-    (FSDP2 gathers a sharded layer's weights around that layer's own ``forward`` call, which this
-    forward does not make). Raises ConfigError for ``project`` under fsdp and for ``flex`` with
-    speculators' forward."""
+    ``("speculators", sdpa|eager)``. ``forward_impl: auto`` is ``project`` except under fsdp with
+    several processes (FSDP2 gathers a layer's weights around its own ``forward`` call, which this
+    forward does not make). ConfigError for ``project`` under fsdp, ``flex`` with speculators'
+    forward or off CUDA."""
     t = train_cfg
     fsdp = t.distributed == "fsdp" and world > 1
     impl = ("speculators" if fsdp else "project") if t.forward_impl == "auto" else t.forward_impl
@@ -79,8 +73,8 @@ def choose(train_cfg, device_type: str, world: int) -> tuple[str, str]:
 
 
 def resolved_settings(train_cfg, device_type: str, world: int) -> dict[str, dict]:
-    """The ``auto`` settings resolved, shaped as :attr:`eagle3.config.RunConfig.auto_resolved`:
-    ``{"train.forward_impl": {"setting", "value", "device", "why"}, ...}``. Raises as
+    """The ``auto`` settings resolved as :attr:`eagle3.config.RunConfig.auto_resolved`
+    (``{"train.forward_impl": {"setting", "value", "device", "why"}, ...}``); raises as
     :func:`choose`."""
     t = train_cfg
     impl, attention = choose(t, device_type, world)
@@ -149,9 +143,8 @@ def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def _attend(q, keys, values, attention: str, mask, scale: float):
-    """Attention of one TTT step. ``q``: ``[1, H, S, d]``; ``keys``/``values``: per earlier step and
-    this one, ``[1, KV, S, d]``; ``mask``: :func:`document_mask` (eager, sdpa) or this step's
-    BlockMask (flex). Returns ``[1, H, S, d]``."""
+    """One TTT step's attention: ``q [1, H, S, d]``, ``keys``/``values`` per step ``[1, KV, S, d]``,
+    ``mask``: :func:`document_mask` or this step's BlockMask (flex); returns ``[1, H, S, d]``."""
     from transformers.models.llama.modeling_llama import repeat_kv  # GQA: [1, KV, S, d] → H heads
 
     groups = q.shape[1] // keys[0].shape[1]
@@ -169,8 +162,7 @@ def _attend(q, keys, values, attention: str, mask, scale: float):
                                               attn_mask=dense, scale=scale)
     k0, v0 = repeat_kv(keys[0], groups), repeat_kv(values[0], groups)
     scores = ((q @ k0.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))  # [1,H,S,S]
-    # each [1, H, S, 1]
-    diag = [(q * repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    diag = [(q * repeat_kv(k, groups)).sum(-1, keepdim=True) * scale for k in keys[1:]]  # [1,H,S,1]
     probs = torch.cat([scores, *diag], dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     out = probs[..., :S] @ v0
     for m, v in enumerate(values[1:]):
@@ -196,8 +188,7 @@ def _plain_layer(layer, h, head_dim, cos, sin, cache, attention, mask):
 
 
 def _layer_tail(layer, residual, q, k, v, cos, sin, cache, attention, mask):
-    """Rotate q/k, cache this step's keys/values, attend, project, add the residual, then the MLP
-    block."""
+    """Rotate q/k, cache k/v, attend, project, add the residual, then the MLP block."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     # rotated q/k come out in float32 under autocast (float32 cos/sin); SDPA would cast them
@@ -222,11 +213,9 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
     input_ids, document_ids, position_ids: ``[1, S]`` int64 (position_ids None = 1..S, speculators'
     default). loss_mask: ``[1, S]`` bool/int, None = all. verifier_last_hidden_states:
     ``[1, S, H]``, before the final norm. ttt_steps, ttt_step_loss_decay, loss_config: as
-    speculators' ``forward`` (None = eager KL). masks: :func:`step_masks`;
-    None = built here (in-graph when compiled).
+    speculators' ``forward`` (None = eager KL). masks: :func:`step_masks` (None: built here).
     Returns ``(loss, stats)``: the scalar sum of per-step losses and a float32
-    ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout.
-    """
+    ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout."""
     from speculators.losses import compound_loss, exp_loss_decay, resolve_loss_config
 
     if loss_config is None:
@@ -303,9 +292,9 @@ def step_masks(document_ids: torch.Tensor, ttt_steps: int, attention: str):
 
 def install(model, *, attention: str, compile_mode: str | None = None, backend: str | None = None,
             fullgraph: bool = False) -> None:
-    """Bind this forward as ``model.forward``; ``compile_mode`` None = eager, else
-    ``torch.compile`` (static shapes) in that mode. ``backend``/``fullgraph`` are for tests. Raises
-    ConfigError (:func:`check_supported`, unknown attention or mode)."""
+    """Bind this forward as ``model.forward``, ``torch.compile``-d (static shapes) in
+    ``compile_mode`` unless None; ``backend``/``fullgraph`` for tests. ConfigError
+    (:func:`check_supported`, unknown attention or mode)."""
     from eagle3.train.draft_model import compiled
 
     check_supported(model)

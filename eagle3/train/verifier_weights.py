@@ -1,22 +1,18 @@
 """speculators' notices while it copies the target's (verifier's) embeddings and LM head into a
-draft, each one checked against the target's files and replaced by one line that says why it is
-expected, or turned into an error when it means a weight is really missing.
+draft, checked against the target's files and replaced by one line saying why they are expected,
+or turned into an error when a weight is really missing.
 
-speculators (``Eagle3DraftModel._load_verifier_weights``, read from
-``speculators/model.py`` and ``speculators/utils/loading.py``) asks the target's checkpoint for
-``embed_tokens.weight`` and ``lm_head.weight`` through ``load_model_layers``, which logs through
-loguru:
+speculators (``Eagle3DraftModel._load_verifier_weights``; ``speculators/model.py``,
+``speculators/utils/loading.py``) loads ``embed_tokens.weight`` and ``lm_head.weight`` through
+``load_model_layers``, which logs through loguru:
 
-- ``Tensor 'lm_head.weight' not found in weight_map.`` when the checkpoint has no LM head; the draft
-  then takes ``embed_tokens.weight`` as its LM head. That is right for a target whose config says
-  ``tie_word_embeddings: true`` (SmolLM2, the project's test targets: the target computes its logits
-  with the embedding matrix too) and wrong for any other, whose draft would propose tokens from the
-  wrong matrix without a word: that is refused here (``VERIFIER_LM_HEAD``).
-- ``model.safetensors.index.json file not found. Checking for model.safetensors instead.`` for a
-  single-file checkpoint: expected whenever ``model.safetensors`` exists (speculators raises when it
-  does not).
+- ``Tensor 'lm_head.weight' not found in weight_map.``: the draft then takes
+  ``embed_tokens.weight`` as its LM head: right for ``tie_word_embeddings: true`` (SmolLM2), wrong
+  for any other target, which is refused (``VERIFIER_LM_HEAD``).
+- ``model.safetensors.index.json file not found. Checking for model.safetensors instead.``: a
+  single-file checkpoint (speculators raises when ``model.safetensors`` is missing too).
 
-Only these two exact messages are taken; every other message of that logger passes through as is.
+Only these two exact messages are taken; every other message of that logger passes through.
 """
 
 from __future__ import annotations
@@ -39,18 +35,18 @@ NO_INDEX = re.compile(r"^`?model\.safetensors\.index\.json`? file not found\. "
 
 
 class _Filter:
-    """Stands in for speculators' loguru logger: the two expected warnings are recorded in
-    ``seen`` (``"lm_head"``, ``"no_index"``), everything else goes to the real logger."""
+    """Stands in for speculators' loguru logger: the two expected warnings go to ``seen``
+    (``"lm_head"``, ``"no_index"``), everything else to the real logger."""
 
     def __init__(self, real: Any, seen: set[str]):
         self._real, self._seen = real, seen
 
     def warning(self, message: Any, *args: Any, **kwargs: Any) -> None:
-        text = str(message)
-        if not args and not kwargs and LM_HEAD_MISSING.match(text):
-            self._seen.add("lm_head")
-        elif not args and not kwargs and NO_INDEX.match(text):
-            self._seen.add("no_index")
+        plain = not args and not kwargs
+        kind = next((k for k, rx in (("lm_head", LM_HEAD_MISSING), ("no_index", NO_INDEX))
+                     if plain and rx.match(str(message))), None)
+        if kind:
+            self._seen.add(kind)
         else:
             self._real.opt(depth=1).warning(message, *args, **kwargs)
 
@@ -69,14 +65,9 @@ def _tied(target_dir: Path) -> bool | None:
 
 
 def check_seen(target_dir: str | Path, seen: set[str]) -> str | None:
-    """The one line that explains the recorded notices ``seen`` (see the module doc), or None when
-    there were none.
-
-    target_dir: the target's HF folder (``config.json``, ``model.safetensors[.index.json]``).
-    Raises ConfigError ``VERIFIER_LM_HEAD`` when the checkpoint has no ``lm_head.weight`` and
-    ``config.json``'s ``tie_word_embeddings`` is false (the draft would use the embedding matrix as
-    its LM head, which the target does not).
-    """
+    """The one line explaining the notices ``seen`` of the target's HF folder ``target_dir``, or
+    None for none. ConfigError ``VERIFIER_LM_HEAD`` when the checkpoint has no ``lm_head.weight``
+    and ``config.json``'s ``tie_word_embeddings`` is false."""
     if not seen:
         return None
     target_dir = Path(target_dir)
@@ -101,14 +92,11 @@ def check_seen(target_dir: str | Path, seen: set[str]) -> str | None:
 
 @contextmanager
 def verifier_notices(target_dir: str | Path | None) -> Iterator[set[str]]:
-    """Around a speculators call that loads the target's weights into a draft
-    (``load_verifier_weights``, ``Eagle3DraftModel.from_pretrained``): take speculators' expected
-    notices (module doc), then log one INFO line on logger ``eagle3.train.verifier_weights``
-    explaining them (:func:`check_seen`). Yields the set of notices seen.
-
-    target_dir: the target's HF folder (None: the notices pass through unchecked). Raises
-    ConfigError ``VERIFIER_LM_HEAD`` (:func:`check_seen`) after the block.
-    """
+    """Around a speculators call loading the target's weights into a draft
+    (``load_verifier_weights``, ``Eagle3DraftModel.from_pretrained``): take the expected notices,
+    then log one INFO line explaining them (:func:`check_seen`); yields the set of notices seen.
+    ``target_dir`` None: notices pass through unchecked. ConfigError ``VERIFIER_LM_HEAD`` after the
+    block."""
     from speculators.utils import loading
 
     seen: set[str] = set()

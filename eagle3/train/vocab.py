@@ -1,15 +1,11 @@
 """The draft vocabulary: token frequencies → ``d2t`` / ``t2d`` maps, invariants and hash.
 
-Conventions (speculators 0.9.0, SGLang (profile.VERSION); docs/ENGINE_FACTS.md §2, §5):
-
-- ``d2t``: int64 ``[draft_vocab_size]``, an *offset*: ``target_id = i + d2t[i]``.
-- ``t2d``: bool ``[vocab_size]``, True exactly at target ids with a draft index.
-- Draft index order is ascending target id (speculators'
-  ``build_vocab_mappings_from_distribution``).
-
-The map is chosen by frequency over loss-masked train tokens (``token_freq.pt``). With fewer
-distinct tokens than ``draft_vocab_size`` :func:`build_vocab_map` raises unless ``pad``: then the
-lowest unused target ids fill the rest (speculators' padding rule).
+Conventions (speculators 0.9.0, SGLang (profile.VERSION); docs/ENGINE_FACTS.md §2, §5): ``d2t``
+int64 ``[draft_vocab_size]`` holds *offsets* (``target_id = i + d2t[i]``); ``t2d`` bool
+``[vocab_size]`` is True exactly at target ids with a draft index; draft indices ascend by target
+id (speculators' ``build_vocab_mappings_from_distribution``). The map is chosen by frequency over
+loss-masked train tokens (``token_freq.pt``); too few distinct tokens raise unless ``pad`` (the
+lowest unused target ids fill the rest: speculators' padding rule).
 """
 
 from __future__ import annotations
@@ -51,8 +47,8 @@ class VocabMap:
 
 
 def load_token_freq(path: str | Path) -> dict[int, int]:
-    """``token_freq.pt`` (``{token_id: count}``, ``torch.save``); DataError: missing file, not a
-    dict, a non-integer key/value, or a negative count."""
+    """``token_freq.pt`` (``{token_id: count}``, ``torch.save``); DataError: missing, not a dict,
+    a non-integer key/value, or a negative count."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: token frequency file not found (extraction writes token_freq.pt)")
@@ -84,11 +80,10 @@ def check_draft_vocab_size(draft_vocab_size: int, vocab_size: int) -> None:
 
 def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_size: int, *,
                     pad: bool = False) -> VocabMap:
-    """Choose the ``draft_vocab_size`` most frequent target ids in ``token_freq`` ``{id: count}``
-    (ties: lower id first); ``pad``: fill missing slots with the lowest unused ids. Raises
-    ConfigError when ``draft_vocab_size`` is not in ``[2, vocab_size)`` (speculators stores no
-    d2t/t2d for an equal size); DataError for an id outside ``[0, vocab_size)`` or too few distinct
-    tokens without ``pad``."""
+    """The ``draft_vocab_size`` most frequent target ids in ``token_freq`` ``{id: count}`` (ties:
+    lower id first; ``pad``: missing slots get the lowest unused ids). ConfigError unless
+    ``draft_vocab_size`` is in ``[2, vocab_size)`` (speculators stores no d2t/t2d for an equal
+    size); DataError for an id outside ``[0, vocab_size)`` or too few distinct tokens."""
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     check_draft_vocab_size(draft_vocab_size, vocab_size)
@@ -104,13 +99,10 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
             f"train.draft_vocab_size={draft_vocab_size}; set train.draft_vocab_size<={distinct}, "
             f"add data, or set train.pad_draft_vocab=true to fill the rest with unused ids")
     d2t, t2d = build_vocab_mappings_from_distribution(freq, draft_vocab_size, vocab_size)
-    total = sum(freq.values())
-    covered = sum(c for t, c in freq.items() if bool(t2d[t]))
-    vmap = VocabMap(d2t=d2t.to(torch.long), t2d=t2d.to(torch.bool),
-                    num_from_data=min(distinct, draft_vocab_size),
-                    coverage=(covered / total) if total else 0.0)
-    check_vocab_map(vmap.d2t, vmap.t2d, vocab_size)
-    return vmap
+    d2t, t2d = d2t.to(torch.long), t2d.to(torch.bool)
+    check_vocab_map(d2t, t2d, vocab_size)
+    return VocabMap(d2t, t2d, num_from_data=min(distinct, draft_vocab_size),
+                    coverage=vocab_coverage(d2t, freq)[0])
 
 
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
@@ -135,8 +127,8 @@ def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> No
 
 
 def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
-    """sha256 (hex) of ``d2t`` as little-endian int64 bytes, then ``t2d`` as uint8 (independent of
-    device and held dtype)."""
+    """sha256 (hex) of ``d2t`` as little-endian int64 bytes, then ``t2d`` as uint8 (any device or
+    held dtype)."""
     h = hashlib.sha256()
     h.update(b"d2t:")
     h.update(d2t.detach().cpu().to(torch.int64).contiguous().numpy().astype("<i8").tobytes())
@@ -145,22 +137,18 @@ def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-# A correct d2t holds offsets: draft ids are sorted by target id, so target = i + d2t[i] is strictly
-# increasing and d2t is non-decreasing, with d2t[i+1] == d2t[i] wherever draft rows i and i+1 sit
-# on adjacent target ids. A d2t holding the target ids themselves is strictly increasing at every
-# i. A frequency-chosen vocabulary of n ids out of V holds about (n-1)·n/V adjacent pairs if the
-# ids were drawn at random (natural-text vocabularies cluster, so more): none at all while at least
-# this many are expected has probability about exp(-this), so such a d2t is read as absolute ids.
+# An offset d2t is non-decreasing, equal at draft rows on adjacent target ids; a d2t of target ids
+# is strictly increasing. n frequent ids of V hold about (n-1)·n/V adjacent pairs (more: text
+# clusters); none while at least this many are expected (probability ~exp(-this)) reads as ids.
 ADJACENT_PAIRS_EXPECTED_MIN = 20.0
 
 
 def absolute_d2t_reason(d2t: torch.Tensor, vocab_size: int) -> str | None:
     """Why ``d2t`` (int ``[draft_vocab_size]``) looks like absolute target ids rather than the
     offsets every engine reads (SGLang 0.5.23 ``llama_eagle3.py``: ``hot_token_id = d2t +
-    arange``), or None when it reads as offsets. Absolute when, read as target ids, ``d2t`` is a
-    valid map (inside ``[0, vocab_size)``, strictly increasing) and either equals ``arange(n)``
-    (n >= 3) or no adjacent pair occurs while at least :data:`ADJACENT_PAIRS_EXPECTED_MIN` are
-    expected (rule above)."""
+    arange``), or None. Absolute: a valid map read as ids (in ``[0, vocab_size)``, strictly
+    increasing) that equals ``arange(n)`` (n >= 3) or has no adjacent pair while at least
+    :data:`ADJACENT_PAIRS_EXPECTED_MIN` are expected."""
     n = int(d2t.numel())
     if d2t.dim() != 1 or n < 3 or d2t.is_floating_point():
         return None
@@ -187,9 +175,8 @@ def is_identity_prefix(d2t: torch.Tensor, vocab_size: int) -> bool:
 
 
 def vocab_coverage(d2t: torch.Tensor, token_counts: dict[int, int]) -> tuple[float, int, int]:
-    """Share of the tokens counted in ``token_counts`` ``{target id: count}`` whose id is in the
-    draft vocabulary ``{i + d2t[i]}``: ``(share 0..1, covered count, total count)``; share 0.0 for
-    an empty count."""
+    """``(share 0..1, covered, total)`` of the tokens counted in ``token_counts`` ``{target id:
+    count}`` whose id is in the draft vocabulary ``{i + d2t[i]}``; share 0.0 for an empty count."""
     ids = set((d2t.to(torch.long) + torch.arange(d2t.numel(), dtype=torch.long)).tolist())
     total = sum(int(c) for c in token_counts.values())
     covered = sum(int(c) for t, c in token_counts.items() if int(t) in ids)

@@ -1,8 +1,6 @@
 """The entry point torchrun runs in each process (``python -m eagle3.train.worker --config C --data
-D --out O``; started by ``eagle3.train.launch.launch``). Each rank writes its status file
-(``eagle3.workers``): ``started`` first, ``done`` when training returned, ``failed`` with the
-error's class and message when it raised, so the parent re-raises a project error with its class and
-message and names a rank that stopped without either."""
+D --out O``; :func:`eagle3.train.launch.launch`). Each rank's status file (``eagle3.workers``) says
+``started``, then ``done`` or ``failed`` (error class and message, re-raised by the parent)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from eagle3.workers import rank_status
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point run by torchrun in each process."""
     status = rank_status()
     status.mark("started")
     p = argparse.ArgumentParser(prog="python -m eagle3.train.worker")
