@@ -209,7 +209,8 @@ class Run:
         try:
             self.data[name] = fn()
             return self.data[name]
-        except Exception as e:  # noqa: BLE001 - every stage's failure is reported and makes the exit code 1
+        except Exception as e:  # noqa: BLE001
+            # every stage's failure is reported and makes the exit code 1
             print(f"!!! stage {name} FAILED: {type(e).__name__}: {e}", flush=True)
             traceback.print_exc()
             self.data["errors"].append({"stage": name, "error": f"{type(e).__name__}: {e}"})

@@ -285,7 +285,8 @@ def main(argv: list[str]) -> int:
         log("Initializing distributed environment")
         _block_forever()
     load(a.load_s)
-    held = gpu_load(a.gpu_gib) if b in ("gpu_hang", "gpu_warmup") else None  # noqa: F841 - kept alive
+    # kept alive while the fake server runs
+    held = gpu_load(a.gpu_gib) if b in ("gpu_hang", "gpu_warmup") else None  # noqa: F841
     if b == "crash_startup":
         print(
             'Traceback (most recent call last):\n  File "model_runner.py", line 42, in load_model\n'

@@ -156,7 +156,10 @@ def test_deploy_key_names_the_engine_by_its_version(tmp_path):
         assert caching.reference_engine_identity(ref) != before, f.name
         f.write_bytes(text)
     assert caching.reference_engine_identity(tmp_path / "nothing") == "refengine absent"
-    cfg = lambda e: load_config(None, [f"paths.runs_dir={tmp_path}", f"serve.engine={e}"])  # noqa: E731
+
+    def cfg(e):
+        return load_config(None, [f"paths.runs_dir={tmp_path}", f"serve.engine={e}"])
+
     assert caching.engine_identity(cfg("sglang")) == f"sglang {VERSION}"
     older = load_config(
         None, [f"paths.runs_dir={tmp_path}", "serve.engine=sglang", "convert.engine_version=0.5.16"]
