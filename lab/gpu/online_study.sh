@@ -2,8 +2,8 @@
 # The GPU figures of lab/online_vs_offline.py in one background run on a lent GPU machine
 # (lab/plans/online-h200-calls.md; start it with `bash lab/gpu/h200_sglang.sh bg bash THIS`).
 # Each part writes its results JSON under $R after every case; a failed part does not stop the next.
-#   1  SmolLM2, 3,000 ShareGPT conversations as they are, 1 epoch: offline, online (cached for one
-#      epoch: 1.105x offline beside online's 1.091x on an H100, lab/NOTEBOOK.md)
+#   1  SmolLM2, 3,000 ShareGPT conversations as they are, 1 epoch: offline, online
+#      (lab/NOTEBOOK.md, 2026-12-07: online 0.444x offline on an H100)
 #   2  SmolLM2, 300 conversations, 20 epochs (the GPU recipe's): offline, cached (0.45 GB window,
 #      about half of the 0.87 GB an offline run stores)
 #   3  the Llama-3.1-8B shape, random weights (SmolLM2's tokenizer), 300 conversations, 1 epoch:
