@@ -167,6 +167,7 @@ def _dev_prompts(cfg: Any) -> list[str]:
 UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]] = {
     "data": [(("path",), "source", "sharegpt", ("file",))],
     "extract": [(("cache_max_gb",), "mode", "offline", ("cached",)),
+                (("shard_size", "num_gpus"), "mode", "offline", ("offline",)),
                 (("sglang_engine_args",), "backend", "hf", ("sglang",))],
     "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
                "simulated", ("measured",)),
@@ -175,7 +176,8 @@ UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]
 # {section: {key: its default}}: unused keys of UNUSED_UNLESS that the cache keys hold at their
 # default instead of dropping them, keeping older configs' keys (tasks/stage_config.used_values)
 KEYED_AS_DEFAULT: dict[str, dict[str, Any]] = {
-    "data": {"path": None}, "extract": {"sglang_engine_args": {}},
+    "data": {"path": None},
+    "extract": {"sglang_engine_args": {}, "shard_size": 64, "num_gpus": 1},
     "train": {"compile_mode": "default"}}
 LOOPBACK_NAMES = ("localhost",)
 

@@ -142,7 +142,11 @@ def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
            "model_dtype": cfg.target.dtype, "dtype": cfg.extract.dtype,
            "batch_size": cfg.extract.batch_size, "shard_size": cfg.extract.shard_size}
     if cfg.extract.mode != "offline":  # offline keeps the hash it had before modes existed
-        doc["mode"] = cfg.extract.mode
+        # no shard is written: the shard size is hashed at its default (64), changing nothing;
+        # the cached window is written to online.json, so a new size is a new plan
+        doc.update(mode=cfg.extract.mode, shard_size=64)
+        if cfg.extract.mode == "cached":
+            doc["cache_max_bytes"] = cfg.extract.cache_max_bytes
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
@@ -296,10 +300,10 @@ def _prepare_online(cfg, out_dir: Path, plan: Plan, plan_hash: str, target: dict
     DataError naming both plan hashes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = cfg.extract.mode
-    if cfg.extract.num_gpus != 1 or cfg.extract.device != "auto":
-        log.warning("extract.device=%s and extract.num_gpus=%d are not used with "
-                    "extract.mode=%s: the target runs on the training device(s) (train.device, "
-                    "train.num_gpus)", cfg.extract.device, cfg.extract.num_gpus, mode)
+    if cfg.extract.device != "auto" and cfg.data.regenerate == "none":
+        log.warning("extract.device=%s is not used with extract.mode=%s and data.regenerate none: "
+                    "the target runs on the training device(s) (train.device, train.num_gpus)",
+                    cfg.extract.device, mode)
     start_or_resume(out_dir, plan_hash, {"num_samples": len(plan.ids), "mode": mode})
     hs_dir = out_dir / HS_DIR
     if hs_dir.is_dir() and not any(hs_dir.iterdir()):

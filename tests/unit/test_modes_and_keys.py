@@ -119,6 +119,35 @@ def test_untrained_baseline_records_the_mode_it_ran_and_no_cut_warning(folders, 
     assert off["extract_mode"] == "offline" and "online" not in off
 
 
+def test_a_new_window_is_written_where_the_old_one_was(folders, tmp_path):
+    """A cached extraction re-run with another extract.cache_max_gb supersedes the folder, so the
+    train stage reads the new window instead of refusing the old one again."""
+    import shutil
+
+    from eagle3.train.online import check_data_mode
+    from tasks.extract import extract_superseding
+
+    runs, data = folders["cached"]
+    d = tmp_path / "extract"
+    shutil.copytree(data, d)
+    other = _cfg(runs, "cached", "extract.cache_max_gb=0.5")
+    extract_superseding(other, d)
+    assert json.loads((d / "online.json").read_text())["cache_max_bytes"] == 500_000_000
+    assert check_data_mode(other, d) == "cached"
+    same = json.loads((d / "manifest.json").read_text())
+    assert extract(other, d, progress=False) == same  # the same plan again: reused as it is
+
+
+def test_shard_size_and_workers_are_warned_unused_online():
+    from eagle3.config_checks import config_warnings
+
+    cfg = load_config(CONFIG, ["extract.mode=online", "extract.shard_size=7"])
+    warned = [w for w in config_warnings(cfg) if w.startswith("UNUSED_KEY: extract.shard_size")]
+    assert warned and "read only with extract.mode offline" in warned[0]
+    assert not any("shard_size" in w for w in config_warnings(load_config(
+        CONFIG, ["extract.shard_size=7"])))
+
+
 # ---- unused keys out of the keys
 
 
@@ -141,6 +170,9 @@ def test_unused_keys_change_no_key_and_used_ones_do(tmp_path):
     assert h() == h(
         "train.dev_prompts=3", "train.dev_max_new_tokens=9", "train.dev_prompts_file=/x"
     )  # simulated: the dev keys are unused
+    online = ("extract.mode=online",)  # no shard is written and no worker started online
+    assert h(*online) == h(*online, "extract.shard_size=7", "extract.num_gpus=2")
+    assert h() != h("extract.shard_size=7")  # offline shards by it
     measured = ("train.select_best_by=measured",)
     assert h(*measured) != h(*measured, "train.dev_prompts=3")
     assert h(*measured) != h(*measured, "train.dev_max_new_tokens=9")
