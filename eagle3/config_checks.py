@@ -9,7 +9,8 @@ to change (``RunConfig`` joins them into one ConfigError):
 - ``train.forward_impl: project`` not under fsdp on several GPUs; ``train.attn_implementation:
   flex`` only for this project's forward and not on the CPU; fused losses need CUDA.
 - ``extract.cache_max_gb`` within :data:`WINDOW_GB` (``CACHE_SIZE_INVALID``) and given with
-  ``extract.mode: cached`` (``CACHE_SIZE_MISSING``).
+  ``extract.mode: cached`` (``CACHE_SIZE_MISSING``); ``extract.backend`` ``hf`` unless
+  ``extract.mode`` is offline (``MODE_BACKEND``: the target runs in the training process).
 - ``bench.prompts`` that reads as a name is a built-in set (``BENCH_PROMPTS``).
 - ``train.select_best_by: measured`` has dev prompts (``NO_DEV_PROMPTS``).
 
@@ -138,6 +139,10 @@ WINDOW_GB = (1e-6, 1e6)  # extract.cache_max_gb's range: 1 kB to 1 PB
 
 def _extract_cache(cfg: Any) -> list[str]:
     e, size = cfg.extract, cfg.extract.cache_max_gb
+    if e.mode != "offline" and e.backend != "hf":
+        return [f"MODE_BACKEND: extract.backend: expected 'hf' with extract.mode={e.mode} (the "
+                "target runs inside the training process, through transformers), got "
+                f"{e.backend!r}"]
     if size is not None and not (math.isfinite(size) and WINDOW_GB[0] <= size <= WINDOW_GB[1]):
         return [f"CACHE_SIZE_INVALID: extract.cache_max_gb: expected a size in GB from "
                 f"{WINDOW_GB[0]:g} (1 kB) to {WINDOW_GB[1]:g} (1 PB) (the window of computed "

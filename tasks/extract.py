@@ -89,6 +89,10 @@ def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
                 f"{unstable['share_tokens']:.1%} of tokens dropped")})
         mode = manifest.get("mode", "offline")
         sr.set_tags({"eagle3.extract_mode": MODE_TAGS.get(mode, mode)})
+        if mode == "offline" and isinstance(manifest.get("bytes"), (int, float)):
+            # the same name as online's 0, so the modes' runs compare in one column
+            metrics["hidden_state_bytes_on_disk"] = float(manifest["bytes"])
+            sr.log_metrics({"hidden_state_bytes_on_disk": metrics["hidden_state_bytes_on_disk"]})
         if mode != "offline":  # no forward here: training computes the states
             metrics.update(hidden_state_bytes_on_disk=0.0,
                            offline_bytes_estimate=float(manifest["offline_bytes_estimate"]))

@@ -358,10 +358,9 @@ def _check_backend(cfg) -> None:
     for (SGLang parallelises itself: ``tp_size``/``dp_size`` in ``extract.sglang_engine_args``)."""
     if cfg.extract.backend == "hf":
         return
-    if cfg.extract.mode != "offline":
-        raise ConfigError(f"extract.backend: expected 'hf' with extract.mode={cfg.extract.mode} "
-                          "(the target runs inside the training process, through transformers), "
-                          f"got {cfg.extract.backend!r}")
+    if cfg.extract.mode != "offline":  # refused at load (config_checks: MODE_BACKEND)
+        raise ConfigError(f"MODE_BACKEND: extract.backend: expected 'hf' with extract.mode="
+                          f"{cfg.extract.mode}, got {cfg.extract.backend!r}")
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
                                                    sglang_unusable_reason)
     from eagle3.engines.sglang.profile import RELEASES

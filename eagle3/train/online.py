@@ -287,4 +287,20 @@ def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, ma
             raise DataError(f"{path}: mode 'cached' needs a folder for its window of states "
                             "(cache_dir), got none")
         data.cache = StateCache(cache_dir, int(spec["cache_max_bytes"]), data_identity(data))
+        _check_window_disk(data.cache, data.manifest.get("offline_bytes_estimate"))
     return data
+
+
+def _check_window_disk(cache: StateCache, all_bytes: int | None) -> None:
+    """DataError naming ``extract.cache_max_gb`` when the window, as full as the data can make it
+    (``all_bytes``: the manifest's ``offline_bytes_estimate``), needs more than the free disk of
+    its folder: it would fill the disk the checkpoints are written to."""
+    import shutil
+
+    fill = min(cache.max_bytes, int(all_bytes)) if all_bytes else cache.max_bytes
+    free = shutil.disk_usage(cache.root).free
+    if fill - cache.bytes > free:
+        raise DataError(f"extract.cache_max_gb: expected a window that fits the free disk of "
+                        f"{cache.root} ({free:,} bytes free, {cache.bytes:,} already in it), got "
+                        f"{cache.max_bytes / 1e9:g} GB, of which this data fills about "
+                        f"{fill:,} bytes; lower it or free space")

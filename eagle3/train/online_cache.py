@@ -82,7 +82,8 @@ class StateCache:
             return True
         need = hs.numel() * hs.element_size() + 256  # payload + safetensors header
         if self.bytes + need > self.max_bytes:
-            self._warn_full(f"{self.bytes:,} of {self.max_bytes:,} bytes used")
+            self._warn_full(f"{self.bytes:,} of {self.max_bytes:,} bytes used; this sample "
+                            f"needs {need:,}")
             return False
         from safetensors.torch import save_file
 

@@ -370,3 +370,26 @@ def test_superseding_an_extraction_of_another_mode_warns_about_the_data_once(tmp
     assert "mode" not in m and (out / "hidden_states").is_dir()  # replaced by the offline one
     said = [r for r in caplog.records if "records skipped" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_offline_extraction_logs_the_bytes_it_stored_under_online_s_name(tmp_path):
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+    from tasks.extract import extract_task
+
+    cfg = _cfg(tmp_path / "runs", "offline")
+    parent = tracking.start_pipeline_run(cfg, flow_run_id="f-2", flow_name="test")
+    ex = extract_task.fn(cfg, tmp_path / "extract", parent)
+    got = MlflowClient(tracking.tracking_uri(cfg)).get_run(ex.mlflow_run_id).data.metrics
+    stored = json.loads((tmp_path / "extract" / "manifest.json").read_text())["bytes"]
+    assert stored > 0 and got["hidden_state_bytes_on_disk"] == stored
+
+
+@pytest.mark.parametrize("mode", ["online", "cached"])
+def test_online_modes_with_the_sglang_backend_are_refused_at_load(mode):
+    window = WINDOW if mode == "cached" else []
+    with pytest.raises(ConfigError, match=rf"MODE_BACKEND: extract.backend: expected 'hf' with "
+                       rf"extract.mode={mode} \(the target runs inside the training process, "
+                       r"through transformers\), got 'sglang'"):
+        load_config(CONFIG, [f"extract.mode={mode}", *window, "extract.backend=sglang"])

@@ -433,3 +433,23 @@ def test_lab_benchmark_writes_its_results(tmp_path):
     assert case["tokens"]["target_tokens_computed"] >= case["tokens"]["samples"] > 0
     assert case["seconds"]["total"] > 0 and case["peak_gpu_bytes"] is None
     assert len(case["load_average_1_5_15min"]["after"]) == 3 and case["cpu_count"] >= 1
+
+
+def test_a_window_larger_than_the_free_disk_is_refused(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from eagle3.errors import DataError
+    from eagle3.train.online import _check_window_disk
+    from eagle3.train.online_cache import StateCache
+
+    cache = StateCache(tmp_path / "window", 10**14, "id")  # 100 TB
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**12, 0, 5 * 10**9))
+    with pytest.raises(DataError, match=r"extract.cache_max_gb: expected a window that fits the "
+                       r"free disk of .*window \(5,000,000,000 bytes free, 0 already in it\), "
+                       r"got 100000 GB, of which this data fills about 100,000,000,000,000 bytes"):
+        _check_window_disk(cache, None)
+    _check_window_disk(cache, 4 * 10**9)  # the data fills 4 GB of it: fits
+    with pytest.raises(DataError, match="fills about 6,000,000,000 bytes"):
+        _check_window_disk(cache, 6 * 10**9)
