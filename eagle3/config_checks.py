@@ -172,8 +172,10 @@ def _dev_prompts(cfg: Any) -> list[str]:
 UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]] = {
     "data": [(("path",), "source", "sharegpt", ("file",))],
     "extract": [(("cache_max_gb",), "mode", "offline", ("cached",)),
-                (("shard_size", "num_gpus"), "mode", "offline", ("offline",)),
-                (("sglang_engine_args",), "backend", "hf", ("sglang",))],
+                (("shard_size", "num_gpus", "startup_timeout_s", "stall_timeout_s"), "mode",
+                 "offline", ("offline",)),
+                (("sglang_engine_args", "sglang_env", "sglang_startup_timeout_s",
+                  "sglang_request_timeout_s"), "backend", "hf", ("sglang",))],
     "train": [(("dev_prompts", "dev_max_new_tokens", "dev_prompts_file"), "select_best_by",
                "simulated", ("measured",)),
               (("compile_mode",), "compile", False, (True,))],
@@ -182,7 +184,9 @@ UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]
 # default instead of dropping them, keeping older configs' keys (tasks/stage_config.used_values)
 KEYED_AS_DEFAULT: dict[str, dict[str, Any]] = {
     "data": {"path": None},
-    "extract": {"sglang_engine_args": {}, "shard_size": 64, "num_gpus": 1},
+    "extract": {"sglang_engine_args": {}, "shard_size": 64, "num_gpus": 1,
+                "startup_timeout_s": 1800.0, "stall_timeout_s": 1800.0, "sglang_env": {},
+                "sglang_startup_timeout_s": 1800.0, "sglang_request_timeout_s": 3600.0},
     "train": {"compile_mode": "default"}}
 LOOPBACK_NAMES = ("localhost",)
 

@@ -291,13 +291,28 @@ def open_online(data_dir: str | Path, target_dir: str | Path, target_conf, *, ma
     return data
 
 
+def window_fill(cache: StateCache, all_bytes: int | None) -> int:
+    """Bytes the window ``cache`` holds once as full as the data can make it: its size, or less
+    when all the data's states (``all_bytes``: the manifest's ``offline_bytes_estimate``) fit."""
+    return min(cache.max_bytes, int(all_bytes)) if all_bytes else cache.max_bytes
+
+
+def window_to_come(data) -> int:
+    """Bytes still to come into the cached window of ``data`` (an opened training data set) before
+    it is as full as the data can make it; 0 without a window."""
+    cache = getattr(data, "cache", None)
+    if cache is None:
+        return 0
+    return max(0, window_fill(cache, data.manifest.get("offline_bytes_estimate")) - cache.bytes)
+
+
 def _check_window_disk(cache: StateCache, all_bytes: int | None) -> None:
     """DataError naming ``extract.cache_max_gb`` when the window, as full as the data can make it
-    (``all_bytes``: the manifest's ``offline_bytes_estimate``), needs more than the free disk of
-    its folder: it would fill the disk the checkpoints are written to."""
+    (:func:`window_fill`), needs more than the free disk of its folder (the checkpoints' disk,
+    which :func:`eagle3.train.state.check_checkpoint_space` checks with the window counted)."""
     import shutil
 
-    fill = min(cache.max_bytes, int(all_bytes)) if all_bytes else cache.max_bytes
+    fill = window_fill(cache, all_bytes)
     free = shutil.disk_usage(cache.root).free
     if fill - cache.bytes > free:
         raise DataError(f"extract.cache_max_gb: expected a window that fits the free disk of "

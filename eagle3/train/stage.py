@@ -29,7 +29,7 @@ from eagle3.train.data import data_identity, open_hidden_states
 from eagle3.train.draft_model import (build_draft, compile_forward, read_target_config,
                                       resolve_flags, save_draft, use_uncompiled_forward)
 from eagle3.train.loop import Run, evaluate, run_loop
-from eagle3.train.online import check_data_mode, is_online, open_online
+from eagle3.train.online import check_data_mode, is_online, open_online, window_to_come
 from eagle3.train.parallel import make_parallel
 from eagle3.train.state import (check_checkpoint_space, check_complete, ensure_writable,
                                 list_checkpoints, load_checkpoint, load_init_from, load_weights,
@@ -198,7 +198,7 @@ def prepare(cfg, data_dir: Path, out_dir: Path, *, rank: int, world: int, device
             log.warning("train.compile=true compiles the draft's forward only on CUDA; on %s it "
                         "runs eagerly%s", device.type, padded)
         check_checkpoint_space(out_dir / "state", model, keep_last=t.keep_last,
-                               trains=t.max_steps != 0)
+                               trains=t.max_steps != 0, window_bytes=window_to_come(data))
     model.to(device)
     remapped = _resume_weights(model, ckpts[-1], info, vmap, device) if info is not None else False
     module = parallel.wrap(model, device)  # after the weights are final: fsdp shards them in place

@@ -129,13 +129,15 @@ def _written(final: Path, what: str):
                         "train.checkpoint_every)") from e
 
 
-def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True) -> int:
+def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bool = True,
+                           window_bytes: int = 0) -> int:
     """Bytes the run will write under ``state_dir``: ``keep_last + 1`` checkpoints (weights plus
-    two float32 AdamW moments per trainable parameter), ``best/`` and the exported draft; existing
-    checkpoints count as free. DataError with the folder, bytes needed and free."""
+    two float32 AdamW moments per trainable parameter), ``best/`` and the exported draft, plus
+    ``window_bytes`` still to come into the cached window of states; existing checkpoints count as
+    free. DataError with the folder, bytes needed and free."""
     weights = sum(v.numel() * v.element_size() for v in model.state_dict().values())
     moments = sum(2 * 4 * p.numel() for p in model.parameters() if p.requires_grad)
-    need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights
+    need = ((keep_last + 1) * (weights + moments) if trains else 0) + 2 * weights + window_bytes
     held = sum(f.stat().st_size for d in [*list_checkpoints(state_dir), state_dir / "best"]
                if d.is_dir() for f in d.iterdir() if f.is_file())
     free = shutil.disk_usage(state_dir).free
@@ -143,9 +145,12 @@ def check_checkpoint_space(state_dir: Path, model, *, keep_last: int, trains: bo
         raise DataError(f"{state_dir}: the run needs about {need / 2**20:.1f} MiB for checkpoints "
                         f"(train.keep_last={keep_last}: {keep_last + 1} x "
                         f"{(weights + moments) / 2**20:.1f} MiB while one is written, plus best/ "
-                        f"and the exported draft), but only {free / 2**20:.1f} MiB are free there "
+                        "and the exported draft"
+                        + (f", plus {window_bytes / 2**20:.1f} MiB for the window of states, "
+                           "extract.cache_max_gb" if window_bytes else "")
+                        + f"), but only {free / 2**20:.1f} MiB are free there "
                         f"(+ {held / 2**20:.1f} MiB of older checkpoints); free space or lower "
-                        "train.keep_last")
+                        "train.keep_last" + (" or extract.cache_max_gb" if window_bytes else ""))
     return need
 
 

@@ -141,9 +141,13 @@ def test_a_new_window_is_written_where_the_old_one_was(folders, tmp_path):
 def test_shard_size_and_workers_are_warned_unused_online():
     from eagle3.config_checks import config_warnings
 
-    cfg = load_config(CONFIG, ["extract.mode=online", "extract.shard_size=7"])
-    warned = [w for w in config_warnings(cfg) if w.startswith("UNUSED_KEY: extract.shard_size")]
-    assert warned and "read only with extract.mode offline" in warned[0]
+    cfg = load_config(CONFIG, ["extract.mode=online", "extract.shard_size=7",
+                               "extract.stall_timeout_s=9", "extract.sglang_startup_timeout_s=5"])
+    warned = [w for w in config_warnings(cfg) if w.startswith("UNUSED_KEY: extract.")]
+    for key, reader in (("shard_size", "mode offline"), ("stall_timeout_s", "mode offline"),
+                        ("sglang_startup_timeout_s", "backend sglang")):
+        assert any(w.startswith(f"UNUSED_KEY: extract.{key} ") and f"read only with extract."
+                   f"{reader}" in w for w in warned), key
     assert not any("shard_size" in w for w in config_warnings(load_config(
         CONFIG, ["extract.shard_size=7"])))
 
@@ -171,7 +175,11 @@ def test_unused_keys_change_no_key_and_used_ones_do(tmp_path):
         "train.dev_prompts=3", "train.dev_max_new_tokens=9", "train.dev_prompts_file=/x"
     )  # simulated: the dev keys are unused
     online = ("extract.mode=online",)  # no shard is written and no worker started online
-    assert h(*online) == h(*online, "extract.shard_size=7", "extract.num_gpus=2")
+    unread_online = ("extract.shard_size=7", "extract.num_gpus=2", "extract.stall_timeout_s=9",
+                     "extract.startup_timeout_s=9", "extract.sglang_request_timeout_s=5",
+                     "extract.sglang_startup_timeout_s=5", "extract.sglang_env={A: b}")
+    assert h(*online) == h(*online, *unread_online)
+    assert h() == h("extract.sglang_request_timeout_s=5")  # backend hf: never read
     assert h() != h("extract.shard_size=7")  # offline shards by it
     measured = ("train.select_best_by=measured",)
     assert h(*measured) != h(*measured, "train.dev_prompts=3")

@@ -453,3 +453,23 @@ def test_a_window_larger_than_the_free_disk_is_refused(tmp_path, monkeypatch):
     _check_window_disk(cache, 4 * 10**9)  # the data fills 4 GB of it: fits
     with pytest.raises(DataError, match="fills about 6,000,000,000 bytes"):
         _check_window_disk(cache, 6 * 10**9)
+
+
+def test_the_checkpoints_space_check_counts_the_window(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from eagle3.errors import DataError
+    from eagle3.train.state import check_checkpoint_space
+
+    model = torch.nn.Linear(256, 256)  # 257 kB of float32 weights
+    state = tmp_path / "state"
+    state.mkdir()
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**9, 0, 3 * 2**20))
+    need = check_checkpoint_space(state, model, keep_last=1)
+    assert need < 3 * 2**20  # the checkpoints alone fit
+    with pytest.raises(DataError, match=r"plus 2\.0 MiB for the window of states, "
+                       r"extract.cache_max_gb\), but only 3\.0 MiB are free .* or "
+                       r"extract.cache_max_gb$"):
+        check_checkpoint_space(state, model, keep_last=1, window_bytes=2 * 2**20)
