@@ -3,7 +3,8 @@
 On an AVX2-only CPU oneDNN emulates bf16 matmuls ~50× slower than float32 (AMD EPYC, torch 2.13:
 float32 43 GFLOP/s, bf16 0.9), and CPU name, ``get_cpu_capability()`` or ``ONEDNN_MAX_CPU_ISA``
 do not tell it reliably, so the CPU rule is **measured** (:func:`probe_cpu_bf16`, ≈ 0.05 s; ≈
-0.6 s where emulated): bf16 at ≥ ``BF16_MIN_SPEEDUP`` × float32 speed. CUDA: bf16 where supported.
+0.6 s where emulated): bf16 at ≥ ``BF16_MIN_SPEEDUP`` × float32 speed. CUDA: bf16 where
+supported.
 
 :func:`resolve_config` writes concrete values into the :data:`AUTO_FIELDS` (each judged on its
 stage's device; ``serve.dtype`` only for the reference engine and offline decoding, SGLang keeps

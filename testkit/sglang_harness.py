@@ -241,13 +241,13 @@ def sglang_forward_many(
     timeout_s: float = 300,
     during: Callable[[], None] | None = None,
 ) -> dict[str, dict]:
-    """Several EXTEND forwards (name → (draft_dir, inputs)) plus optional other jobs, in one SGLang
-    process.
+    """Several EXTEND forwards (name → (draft_dir, inputs)) plus optional other jobs, in one
+    SGLang process.
 
     ``during``: see :func:`run_jobs`.
-    Returns name → output tensors (see :func:`sglang_extend_forward`) for forwards, and name → the
-    raw result dict for ``extra_jobs``. Raises ``RuntimeError`` naming the case when SGLang's
-    forward raised.
+    Returns name → output tensors (see :func:`sglang_extend_forward`) for forwards, and
+    name → the raw result dict for ``extra_jobs``. Raises ``RuntimeError`` naming the case when
+    SGLang's forward raised.
     """
     from safetensors.torch import load_file, save_file
 

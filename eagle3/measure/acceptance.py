@@ -274,9 +274,10 @@ SERVING_FAULT_CHECKS = ("that the target captures the aux layers (fc is applied 
 
 def serving_gap(served: float | None, offline: float | None, ratio: float = SERVING_EXCESS_RATIO,
                 min_excess: float = MIN_OFFLINE_EXCESS) -> bool:
-    """"Served ≪ offline": ``served − 1 < ratio × (offline − 1)`` (excess over the bonus token),
-    only if ``offline − 1 ≥ min_excess``; ``served`` None counts as 1.0. 0.7 leaves 30 % for
-    engine drift; a SmolLM2 draft without its aux states measured 0.073 vs 0.140 (ratio 0.52)."""
+    """"Served ≪ offline": ``served − 1 < ratio × (offline − 1)`` (excess over the bonus
+    token), only if ``offline − 1 ≥ min_excess``; ``served`` None counts as 1.0. 0.7 leaves 30 %
+    for engine drift; a SmolLM2 draft without its aux states measured 0.073 vs 0.140 (ratio
+    0.52)."""
     if offline is None or offline - 1.0 < min_excess:
         return False
     return (1.0 if served is None else served) - 1.0 < ratio * (offline - 1.0)

@@ -405,7 +405,8 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
         return _failed("settings", extra, figs)
     return Check("settings", "passed", f"{r['worker']} with the {r['scheduler']} scheduler "
                  f"({r['scheduler_reason']}), {r['drafting']} drafting {s.speculative_num_steps} "
-                 f"steps × top-k {s.speculative_eagle_topk}, {r['num_draft_tokens']} draft tokens, "
+                 f"steps × top-k {s.speculative_eagle_topk}, "
+                 f"{r['num_draft_tokens']} draft tokens, "
                  f"max_running_requests {r['max_running_requests']} "
                  f"({r['max_running_requests_source']})", figs), []
 

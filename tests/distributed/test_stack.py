@@ -1,4 +1,4 @@
-"""The distributed stack for real (issue 16; opt-in: ``make test-distributed``, i.e.
+"""The distributed stack for real (opt-in: ``make test-distributed``, i.e.
 ``EAGLE3_DISTRIBUTED=1``).
 
 From a machine with nothing running: a Docker engine (Debian's docker.io installed and dockerd

@@ -1,7 +1,7 @@
 """The tiny pipeline with a target class SGLang 0.5.23 does not capture aux states for: with SGLang
 it fails at the pre-flight, before any engine starts, naming the class; the same config with the
 reference engine runs; and a run whose acceptance gate fails still has its decision in MLflow.
-(Issue 21's must-shows; one shared runs folder, so the second and third runs reuse extraction,
+(One shared runs folder, so the second and third runs reuse extraction,
 training and conversion from the cache.)"""
 
 from __future__ import annotations

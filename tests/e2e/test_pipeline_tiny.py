@@ -1,7 +1,7 @@
 """The whole flow on configs/tiny-random.yaml through ``run_flow_cli`` (what ``eagle3 run`` calls):
-extract → train (+ untrained baseline) → convert+validate+equivalence → deploy behind the readiness
-gate (CPU reference engine) + bench → gate → decision; MLflow holds the parent run with one nested
-run per stage and variant."""
+extract → train (+ untrained baseline) → convert+validate+equivalence → deploy behind the
+readiness gate (CPU reference engine) + bench → gate → decision; MLflow holds the parent run
+with one nested run per stage and variant."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """flows/distributed.py's orchestrator and stage flows for real, in one process (no Docker, no work
 pool): each ``run_deployment`` of a stage is answered by running that stage's flow here, so the
-typed hand-overs, the pre-flight in the deploy stage, and the decision → acceptance gate → registry
-order of the orchestrator run on the real tiny pipeline (CPU reference engine). The containers and
-pools themselves are ``make test-distributed``."""
+typed hand-overs, the pre-flight in the deploy stage, and the decision → acceptance gate →
+registry order of the orchestrator run on the real tiny pipeline (CPU reference engine). The
+containers and pools themselves are ``make test-distributed``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Conformance tests against the real SGLang 0.5.23 (issue 10): shared skip rule and the run's
+"""Conformance tests against the real SGLang 0.5.23: shared skip rule and the run's
 summary line."""
 
 from __future__ import annotations

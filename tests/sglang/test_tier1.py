@@ -276,8 +276,8 @@ def test_later_layers_input_layernorm_is_unused_in_sglang(tier1):
 
 def test_validator_agrees_with_sglang_on_the_broken_corpus(tier1):
     """validate passes ⇒ SGLang loads completely; a naming/shape/coverage code ⇒ SGLang leaves
-    something unset or fails; SGLang incomplete ⇒ the validator rejects it (otherwise the validator
-    missed a silent load error)."""
+    something unset or fails; SGLang incomplete ⇒ the validator rejects it (otherwise the
+    validator missed a silent load error)."""
     disagreements = []
     for case in tier1["corpus"]:
         cov = tier1["coverage"][f"corpus/{case.name}"]

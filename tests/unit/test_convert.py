@@ -173,8 +173,8 @@ def test_cli_end_to_end(pair, tmp_path, tiny_target_dir):
 
 @pytest.mark.slow
 def test_smollm2_round_trip(smollm2_dir, tmp_path):
-    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target (30
-    layers)."""
+    """speculators → SGLang format → validate passes → equivalent, on the real SmolLM2 target
+    (30 layers)."""
     from eagle3.convert.equivalence import check_equivalence
     from testkit.broken_corpus import make_speculators_draft
 

@@ -1,4 +1,4 @@
-"""Hand-overs across machines that mount the shared storage at different paths (issue 16): cache
+"""Hand-overs across machines that mount the shared storage at different paths: cache
 keys name the output folder relative to the runs directory, a cached result is re-pointed at this
 machine's path of the same folder, and the trainer accepts hidden states whose manifest names the
 same target at another path."""

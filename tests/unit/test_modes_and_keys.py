@@ -141,15 +141,28 @@ def test_a_new_window_is_written_where_the_old_one_was(folders, tmp_path):
 def test_shard_size_and_workers_are_warned_unused_online():
     from eagle3.config_checks import config_warnings
 
-    cfg = load_config(CONFIG, ["extract.mode=online", "extract.shard_size=7",
-                               "extract.stall_timeout_s=9", "extract.sglang_startup_timeout_s=5"])
+    cfg = load_config(
+        CONFIG,
+        [
+            "extract.mode=online",
+            "extract.shard_size=7",
+            "extract.stall_timeout_s=9",
+            "extract.sglang_startup_timeout_s=5",
+        ],
+    )
     warned = [w for w in config_warnings(cfg) if w.startswith("UNUSED_KEY: extract.")]
-    for key, reader in (("shard_size", "mode offline"), ("stall_timeout_s", "mode offline"),
-                        ("sglang_startup_timeout_s", "backend sglang")):
-        assert any(w.startswith(f"UNUSED_KEY: extract.{key} ") and f"read only with extract."
-                   f"{reader}" in w for w in warned), key
-    assert not any("shard_size" in w for w in config_warnings(load_config(
-        CONFIG, ["extract.shard_size=7"])))
+    for key, reader in (
+        ("shard_size", "mode offline"),
+        ("stall_timeout_s", "mode offline"),
+        ("sglang_startup_timeout_s", "backend sglang"),
+    ):
+        assert any(
+            w.startswith(f"UNUSED_KEY: extract.{key} ") and f"read only with extract.{reader}" in w
+            for w in warned
+        ), key
+    assert not any(
+        "shard_size" in w for w in config_warnings(load_config(CONFIG, ["extract.shard_size=7"]))
+    )
 
 
 # ---- unused keys out of the keys
@@ -175,9 +188,15 @@ def test_unused_keys_change_no_key_and_used_ones_do(tmp_path):
         "train.dev_prompts=3", "train.dev_max_new_tokens=9", "train.dev_prompts_file=/x"
     )  # simulated: the dev keys are unused
     online = ("extract.mode=online",)  # no shard is written and no worker started online
-    unread_online = ("extract.shard_size=7", "extract.num_gpus=2", "extract.stall_timeout_s=9",
-                     "extract.startup_timeout_s=9", "extract.sglang_request_timeout_s=5",
-                     "extract.sglang_startup_timeout_s=5", "extract.sglang_env={A: b}")
+    unread_online = (
+        "extract.shard_size=7",
+        "extract.num_gpus=2",
+        "extract.stall_timeout_s=9",
+        "extract.startup_timeout_s=9",
+        "extract.sglang_request_timeout_s=5",
+        "extract.sglang_startup_timeout_s=5",
+        "extract.sglang_env={A: b}",
+    )
     assert h(*online) == h(*online, *unread_online)
     assert h() == h("extract.sglang_request_timeout_s=5")  # backend hf: never read
     assert h() != h("extract.shard_size=7")  # offline shards by it
@@ -397,7 +416,10 @@ def test_offline_extraction_logs_the_bytes_it_stored_under_online_s_name(tmp_pat
 @pytest.mark.parametrize("mode", ["online", "cached"])
 def test_online_modes_with_the_sglang_backend_are_refused_at_load(mode):
     window = WINDOW if mode == "cached" else []
-    with pytest.raises(ConfigError, match=rf"MODE_BACKEND: extract.backend: expected 'hf' with "
-                       rf"extract.mode={mode} \(the target runs inside the training process, "
-                       r"through transformers\), got 'sglang'"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"MODE_BACKEND: extract.backend: expected 'hf' with "
+        rf"extract.mode={mode} \(the target runs inside the training process, "
+        r"through transformers\), got 'sglang'",
+    ):
         load_config(CONFIG, [f"extract.mode={mode}", *window, "extract.backend=sglang"])

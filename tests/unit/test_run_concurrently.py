@@ -1,5 +1,5 @@
-"""flows.common.run_concurrently: the pipeline serves the trained and the untrained draft at once
-(issue 20)."""
+"""flows.common.run_concurrently: the pipeline serves the trained and the untrained draft
+at once."""
 
 import contextvars
 import threading

@@ -274,8 +274,8 @@ def test_smollm2_greedy_equals_target_greedy(tmp_path, smollm2_dir):
 
 
 def test_converted_speculators_draft_serves_with_unchanged_greedy_output(tmp_path, tiny):
-    """speculators checkpoint → eagle3.convert.stage → SpeculativeDecoder (from folders): output is
-    the target's."""
+    """speculators checkpoint → eagle3.convert.stage → SpeculativeDecoder (from folders):
+    output is the target's."""
     from testkit.broken_corpus import good_pair
 
     target_dir, model, tok = tiny

@@ -193,7 +193,7 @@ def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_ta
 def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(
     hs_dir, tmp_path, monkeypatch
 ):
-    """Issue 17: with train.compile the draft's frames hold one graph per TTT step and grad mode
+    """With train.compile the draft's frames hold one graph per TTT step and grad mode
     (training and the no-grad evaluation), all made by the first optimizer step and the first
     evaluation; later micro-batches, steps and evaluations compile nothing, and no frame reaches
     dynamo's recompile limit (default 8, after which it would run eagerly). Counted on the CPU with
@@ -239,7 +239,7 @@ def test_compiled_step_compiles_nothing_after_the_first_step_and_evaluation(
 
 @pytest.mark.parametrize("impl", ["fused", "foreach"])
 def test_optimizer_impl_keeps_the_losses(hs_dir, tmp_path, impl, monkeypatch):
-    """train.optimizer_impl (issue 17's fused-AdamW lever): the optimizer is built with it, and the
+    """train.optimizer_impl (the fused-AdamW lever): the optimizer is built with it, and the
     run's losses are those of torch's default AdamW."""
     made = []
 

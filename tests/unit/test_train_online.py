@@ -446,9 +446,12 @@ def test_a_window_larger_than_the_free_disk_is_refused(tmp_path, monkeypatch):
     cache = StateCache(tmp_path / "window", 10**14, "id")  # 100 TB
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**12, 0, 5 * 10**9))
-    with pytest.raises(DataError, match=r"extract.cache_max_gb: expected a window that fits the "
-                       r"free disk of .*window \(5,000,000,000 bytes free, 0 already in it\), "
-                       r"got 100000 GB, of which this data fills about 100,000,000,000,000 bytes"):
+    with pytest.raises(
+        DataError,
+        match=r"extract.cache_max_gb: expected a window that fits the "
+        r"free disk of .*window \(5,000,000,000 bytes free, 0 already in it\), "
+        r"got 100000 GB, of which this data fills about 100,000,000,000,000 bytes",
+    ):
         _check_window_disk(cache, None)
     _check_window_disk(cache, 4 * 10**9)  # the data fills 4 GB of it: fits
     with pytest.raises(DataError, match="fills about 6,000,000,000 bytes"):
@@ -469,7 +472,10 @@ def test_the_checkpoints_space_check_counts_the_window(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**9, 0, 3 * 2**20))
     need = check_checkpoint_space(state, model, keep_last=1)
     assert need < 3 * 2**20  # the checkpoints alone fit
-    with pytest.raises(DataError, match=r"plus 2\.0 MiB for the window of states, "
-                       r"extract.cache_max_gb\), but only 3\.0 MiB are free .* or "
-                       r"extract.cache_max_gb$"):
+    with pytest.raises(
+        DataError,
+        match=r"plus 2\.0 MiB for the window of states, "
+        r"extract.cache_max_gb\), but only 3\.0 MiB are free .* or "
+        r"extract.cache_max_gb$",
+    ):
         check_checkpoint_space(state, model, keep_last=1, window_bytes=2 * 2**20)

@@ -1,4 +1,4 @@
-"""This project's training forward (eagle3/train/ttt_forward.py, issue 17) against speculators' own.
+"""This project's training forward (eagle3/train/ttt_forward.py) against speculators' own.
 
 In float32 on the CPU it must give speculators' ``Eagle3DraftModel.forward`` loss and gradients
 (every layer flag, one and two draft layers, each attention layout) and the loop's accuracy counts
@@ -170,10 +170,10 @@ def _install_counting(monkeypatch) -> list:
 
 
 def test_compiled_step_is_one_graph_per_grad_mode_for_the_whole_run(hs_dir, tmp_path, monkeypatch):
-    """Issue 17's must-show: with fullgraph=True (a graph break would be an error) the training
-    forward is one graph with gradients and one without (evaluation), made by the first step and the
-    first evaluation; a run of 2.5× the steps and three evaluations — other micro-batches, every TTT
-    step — compiles nothing more, and no guard fails."""
+    """With fullgraph=True (a graph break would be an error) the training forward is one graph
+    with gradients and one without (evaluation), made by the first step and the first evaluation;
+    a run of 2.5× the steps and three evaluations — other micro-batches, every TTT step —
+    compiles nothing more, and no guard fails."""
     from torch._dynamo.utils import guard_failures
 
     graphs = _install_counting(monkeypatch)

@@ -1,4 +1,4 @@
-"""Classes `eagle3 validate` / `eagle3 convert` let through before issue 21: nested and unknown
+"""Cases `eagle3 validate` / `eagle3 convert` must not let through: nested and unknown
 flags carried or reported by conversion, absurd numbers refused quickly, a target stored as
 pytorch_model.bin, and vLLM's view of a speculators draft (no false alarm on the project's own
 draft; the embedding decision per TP rank)."""

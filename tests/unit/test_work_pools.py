@@ -1,4 +1,4 @@
-"""Work-pool templates and prefect.yaml against the workers that run them (issue 16).
+"""Work-pool templates and prefect.yaml against the workers that run them.
 
 The Kubernetes job template cannot run here (no cluster), so it is checked the way Prefect itself
 checks it: the server's rules for a base job template (every placeholder declared),
