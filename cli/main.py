@@ -20,7 +20,8 @@ import typer
 from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
                            BENCH_REQUEST_TIMEOUT_S, GATE_POLL_INTERVAL_S,
                            GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S)
-from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
+from eagle3.errors import (ConfigError, DataError, Eagle3Error, EngineUnsupported, GateFailed,
+                           TransientError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="EAGLE-3 draft models from extraction to a served, measured draft.")
@@ -87,7 +88,7 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
                override: Optional[List[str]] = OverridesOpt):
     """Regenerate the assistant turns of CONFIG's conversations with the target itself, once, into a
     file that many runs can share (-o data.source=file -o data.path=OUT). Uses data.regenerate
-    (default hf)."""
+    (default hf; sglang serves the target with serve.* for it, or asks data.regenerate_url)."""
     from eagle3.config import load_config
     from eagle3.extract.regen import regenerate_file
 
@@ -96,7 +97,7 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
         if cfg.data.regenerate == "none":
             cfg.data.regenerate = "hf"
         m = regenerate_file(cfg, out)
-    except (ConfigError, DataError, OSError) as e:
+    except (ConfigError, DataError, GateFailed, TransientError, OSError) as e:
         _fail(str(e), 2)
     typer.echo(f"regenerated {m['counts']['answers']} answers of {m['counts']['conversations']} "
                f"conversations in {m['seconds']:.1f} s -> {out}")

@@ -166,15 +166,20 @@ class DataConfig(_Section):
         "of the conversations tried, or of their tokens, that may be dropped because the chat "
         "template renders an earlier turn differently once later turns follow (no loss mask); "
         "above it extraction is refused (TEMPLATE_UNSTABLE), else warned about and recorded.")
-    regenerate: Literal["none", "hf", "openai"] = Field("none", description="Replace assistant "
-        "turns by the target's own greedy answers before extraction.")
-    regenerate_url: str | None = Field(None, description="regenerate 'openai': base URL (…/v1).")
+    regenerate: Literal["none", "hf", "sglang", "openai"] = Field("none", description="Replace "
+        "assistant turns by the target's own greedy answers before extraction: 'hf' (batched "
+        "generate in this process), 'sglang' (SGLang's native /generate: the server at "
+        "regenerate_url, else the target launched with serve.* and no draft), 'openai' "
+        "(chat/completions at regenerate_url).")
+    regenerate_url: str | None = Field(None, description="'sglang': the server's base URL "
+        "(none: launch one); 'openai': the base URL ending in /v1.")
     regenerate_max_new_tokens: int = Field(256, ge=1, le=32768,
                                            description="Tokens per regenerated assistant turn.")
     regenerate_max_rounds: int | None = Field(None, ge=1, description="Regenerate only the first "
         "N assistant turns and drop the turns after them (None = every turn, in order).")
     regenerate_batch_size: int | None = Field(None, ge=1, le=4096, description="Conversations per "
-        "batched generate call (None = extract.batch_size).")
+        "batched generate call, or requests in flight at once for a server (None = "
+        "extract.batch_size).")
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DataConfig:

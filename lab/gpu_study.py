@@ -374,6 +374,14 @@ def parse_args(argv=None):
         "regeneration cut short goes on from <work>/regenerated.chunks.jsonl",
     )
     p.add_argument(
+        "--regen-engine",
+        default="hf",
+        choices=["hf", "sglang"],
+        help="who regenerates: hf (batched generate in the study's process) or sglang (the "
+        "target served by SGLang with configs/smollm2-gpu-sglang.yaml's serve settings, a whole "
+        "round of a chunk in flight; with --device cpu the reference engine stands in)",
+    )
+    p.add_argument(
         "--all-size", type=int, default=11115, help="the 'all usable conversations' data size"
     )
     p.add_argument("--regen-file", default=None,
@@ -519,6 +527,7 @@ def main(argv=None) -> int:
             "dev_holdout": a.dev_holdout,
             "dev_prompts": a.dev_prompts if a.dev_holdout else None,
             "regen_rounds": a.regen_rounds,
+            "regen_engine": a.regen_engine,
             "all_size": a.all_size,
             "data": str(Path(a.data).resolve()) if a.data else None,
             "target": a.target or a.gguf,

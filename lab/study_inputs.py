@@ -417,16 +417,40 @@ def do_regen(a, base: list[str], out: Path) -> dict:
     if a.regen_file:
         return reuse_regen(Path(a.regen_file), a.regen, out)
     rounds = "null" if a.regen_rounds == 0 else a.regen_rounds  # null: every assistant turn
+    engine = getattr(a, "regen_engine", "hf")
     cfg = load_config(
         config_path(a),
-        base + [f"data.num_conversations={a.regen}", "data.regenerate=hf",
+        base + [f"data.num_conversations={a.regen}", f"data.regenerate={engine}",
                 f"data.regenerate_max_rounds={rounds}"],
     )
+    if engine == "sglang":
+        cfg = regen_server_config(cfg, a.device)
     m = regenerate_file(cfg, out, progress=not a.quiet)
     return {
         "path": str(out),
         **{k: m[k] for k in ("counts", "seconds", "answers_per_s", "settings")},
     }
+
+
+REGEN_IN_FLIGHT = 1024  # one chunk's round (eagle3.extract.regen.RESUME_CHUNK) in one batch
+REGEN_GRAPH_BS = 512  # CUDA graphs up to this decode batch: a 135M target is launch-bound
+
+
+def regen_server_config(cfg, device: str):
+    """``cfg`` for ``--regen-engine sglang``: on a GPU the serve section of
+    configs/smollm2-gpu-sglang.yaml (the SGLang kit's interpreter and flags) with the GPU's memory
+    for the target alone and CUDA graphs up to :data:`REGEN_GRAPH_BS`; on a CPU the config's own
+    reference engine (the rehearsal). :data:`REGEN_IN_FLIGHT` requests in flight either way."""
+    from eagle3.config import load_config
+
+    data = cfg.data.model_copy(update={"regenerate_batch_size": REGEN_IN_FLIGHT})
+    if device != "cuda":
+        serve = cfg.serve.model_copy(update={"engine": "reference"})
+    else:
+        srv = load_config(REPO / "configs" / "smollm2-gpu-sglang.yaml").serve
+        serve = srv.model_copy(update={"mem_fraction_static": 0.8,
+                                       "cuda_graph_max_bs": REGEN_GRAPH_BS})
+    return cfg.model_copy(update={"data": data, "serve": serve})
 
 
 STORE_FILE = "mlflow_store.tar.xz"  # --store-copy writes it to --out, --store-from reads it

@@ -1,7 +1,9 @@
 """Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do), so the draft
 learns the target's own distribution: each assistant turn is replaced, in order, by the target's
 greedy answer to the conversation so far, by ``hf`` (batched ``model.generate``, left padding,
-``max_new_tokens``, target template) or ``openai`` (``POST {url}/chat/completions``, temperature 0).
+``max_new_tokens``, target template), or by a served target (:mod:`eagle3.extract.regen_server`:
+``sglang``, SGLang's native ``/generate``, a server launched for it or at a URL; ``openai``,
+``POST {url}/chat/completions``).
 
 Each turn asked ends succeeded (truncated ones, which hit ``max_new_tokens``, kept and marked),
 failed or skipped (the original turn stays); the counts (:func:`regenerate_counted`) go beside the
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.errors import ConfigError, DataError, TransientError
+from eagle3.errors import ConfigError, DataError
 from eagle3.extract.conversations import Conversation
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ OUTCOMES = ("succeeded", "failed", "skipped")  # a partition; truncated ones are
 TRUNCATED_POLICY = ("marked: a truncated answer (it hit max_new_tokens before its end-of-turn) is "
                     "kept, counted and listed in its record's truncated_turns")
 LOUD_SHARE = 0.05  # a warning when this share of the turns or more is truncated or not regenerated
+REGENERATE_MODES = ("hf", "sglang", "openai")  # data.regenerate values that regenerate
 RESUME_CHUNK = 1024  # conversations regenerated (all their rounds) between two saved progress lines
 
 
@@ -311,60 +314,23 @@ def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | 
     return answer
 
 
-def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0):
-    """An ``answer_fn`` asking an OpenAI-compatible server (``{url}/chat/completions``, temperature
-    0); ``finish_reason`` ``length`` gives a :class:`Truncated`. TransientError for connection
-    failures and 5xx, DataError for other non-200 answers."""
-    import httpx
-
-    def answer(prefixes: list[list[dict]]) -> list[str]:
-        out = []
-        with httpx.Client(timeout=timeout_s) as client:
-            for msgs in prefixes:
-                body = {"model": model or "default", "messages": msgs, "temperature": 0.0,
-                        "max_tokens": max_new_tokens}
-                try:
-                    r = client.post(url.rstrip("/") + "/chat/completions", json=body)
-                except httpx.TransportError as e:
-                    raise TransientError(f"regeneration endpoint {url}: {e!r}") from e
-                if r.status_code >= 500:
-                    raise TransientError(f"regeneration endpoint {url}: HTTP {r.status_code}")
-                if r.status_code != 200:
-                    raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got "
-                                    f"{r.status_code}: {r.text[:200]}")
-                choice = r.json()["choices"][0]
-                text = (choice["message"].get("content") or "").strip()
-                out.append(Truncated(text) if choice.get("finish_reason") == "length" else text)
-        return out
-
-    return answer
-
-
 def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], progress: Path,
                 on_batch=None) -> tuple[list[Conversation], dict]:
-    """:func:`regenerate_resumable` with the answer function and batch size of ``cfg.data``."""
+    """:func:`regenerate_resumable` with the answer function and batch size of ``cfg.data``
+    (:func:`eagle3.extract.regen_server.answer_source`), opened only when a chunk is left and
+    released (server stopped, target freed) when the regeneration ends; a launched server's logs
+    go to ``<progress name>.server/``."""
+    import contextlib
+
+    from eagle3.extract.regen_server import answer_source
+
     d = cfg.data
-    return regenerate_resumable(convs, lambda: _answer_fn(cfg, target_dir, tokenizer),
-                                d.regenerate_batch_size or cfg.extract.batch_size,
-                                d.regenerate_max_rounds, progress, on_batch)
-
-
-def _answer_fn(cfg, target_dir: Path, tokenizer):
-    d = cfg.data
-    if d.regenerate == "hf":
-        from eagle3.target_model import load_target
-
-        model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device,
-                               cfg.target.trust_remote_code)
-        return hf_answer_fn(model, tokenizer, d.regenerate_max_new_tokens,
-                            d.chat_template_kwargs, max_prompt_tokens=d.max_seq_len)
-    if d.regenerate == "openai":
-        if not d.regenerate_url:
-            raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got "
-                              "none)")
-        return openai_answer_fn(d.regenerate_url, None, d.regenerate_max_new_tokens)
-    raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate, got "
-                      f"{d.regenerate!r}")
+    logs = progress.with_name(progress.name.removesuffix(".chunks.jsonl") + ".server")
+    with contextlib.ExitStack() as stack:
+        return regenerate_resumable(
+            convs, lambda: stack.enter_context(answer_source(cfg, target_dir, tokenizer, logs)),
+            d.regenerate_batch_size or cfg.extract.batch_size, d.regenerate_max_rounds, progress,
+            on_batch)
 
 
 def _write_jsonl(path: Path, convs: list[Conversation], truncated: dict) -> None:
@@ -418,8 +384,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line) and
     ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source path and sha256,
     target, settings, counts, ``regeneration`` (:func:`regenerate_counted`'s counts), seconds,
-    answers/s). ConfigError unless ``cfg.data.regenerate`` is ``hf`` or ``openai``; DataError when
-    the source gives no usable conversation."""
+    answers/s). ConfigError unless ``cfg.data.regenerate`` is in :data:`REGENERATE_MODES`;
+    DataError when the source gives no usable conversation."""
     import time
 
     from transformers import AutoTokenizer
@@ -429,9 +395,9 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     from eagle3.extract.plan import selected_conversations
     from eagle3.precision import resolved
 
-    if cfg.data.regenerate not in ("hf", "openai"):
-        raise ConfigError(f"data.regenerate: expected 'hf' or 'openai' to regenerate a file, got "
-                          f"{cfg.data.regenerate!r}")
+    if cfg.data.regenerate not in REGENERATE_MODES:
+        raise ConfigError(f"data.regenerate: expected one of {list(REGENERATE_MODES)} to "
+                          f"regenerate a file, got {cfg.data.regenerate!r}")
     cfg = resolved(cfg)  # target.dtype concrete
     target = resolve_target(cfg)
     tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)

@@ -12,7 +12,8 @@ import torch
 from eagle3.extract.conversations import Conversation
 from eagle3.errors import DataError, TransientError
 from eagle3.extract.stage import extract
-from eagle3.extract.regen import hf_answer_fn, openai_answer_fn, regenerate
+from eagle3.extract.regen import hf_answer_fn, regenerate
+from eagle3.extract.regen_server import openai_answer_fn
 from tests.unit.test_extract import file_cfg, write_convs
 
 TWO_TURNS = Conversation(
@@ -184,7 +185,7 @@ def test_regenerate_file_writes_shared_conversations_and_a_manifest(
     assert len(convs) == 3 and all(c.messages[-1]["role"] == "assistant" for c in convs)
     assert all(not c.messages[1]["content"].startswith("answer") for c in convs)
     assert json.loads((tmp_path / "regen.jsonl.manifest.json").read_text())["sha256"] == m["sha256"]
-    with pytest.raises(Exception, match="expected 'hf' or 'openai'"):
+    with pytest.raises(Exception, match="expected one of \['hf', 'sglang', 'openai'\]"):
         regenerate_file(
             file_cfg(tiny_cfg, tmp_path / "c.jsonl", n=3), tmp_path / "x.jsonl", progress=False
         )

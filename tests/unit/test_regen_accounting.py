@@ -155,7 +155,7 @@ def test_regenerate_file_records_the_counts_and_marks_truncated_turns(
 def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
     import httpx
 
-    from eagle3.extract.regen import openai_answer_fn
+    from eagle3.extract.regen_server import openai_answer_fn
 
     def reply(request):
         body = json.loads(request.content)

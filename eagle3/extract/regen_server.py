@@ -1,0 +1,216 @@
+"""Regeneration answers from a served target, many requests in flight at once.
+
+Two protocols:
+
+- ``sglang``: SGLang's native ``POST {url}/generate`` with ``input_ids`` rendered by the target's
+  own chat template (``add_generation_prompt=True``, ``data.chat_template_kwargs``), greedy; the
+  answer is ``output_ids`` decoded without special tokens (``text`` where a server sends no ids),
+  so the prompts are those of the ``hf`` mode token for token. Without ``data.regenerate_url`` the
+  target is launched by :func:`served_target` with the ``serve.*`` settings (SGLang, or the
+  project's reference engine, which speaks the same API) and no draft, behind the readiness gate,
+  and stopped when the regeneration ends.
+- ``openai``: ``POST {url}/chat/completions`` (temperature 0) on any OpenAI-compatible server.
+
+A batch's requests go out together (``data.regenerate_batch_size`` in flight), so the server's
+continuous batching, not the client, sets the pace. ``finish_reason`` ``length`` marks an answer
+:class:`~eagle3.extract.regen.Truncated`; a prompt longer than ``max_prompt_tokens`` is not sent
+(None: skipped, as the ``hf`` mode does); a request the server refuses with 400 or 422 is
+:class:`~eagle3.extract.regen.Failed` for that turn alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from eagle3.errors import ConfigError, DataError, TransientError
+from eagle3.extract.regen import Failed, Truncated
+
+log = logging.getLogger(__name__)
+
+RETRIES = 3  # attempts per request for connection failures and 5xx answers
+REFUSED = (400, 422)  # one prompt the server will not answer: that turn fails, the rest go on
+
+
+def _post(client, url: str, body: dict) -> dict | Failed:
+    """One POST with :data:`RETRIES` attempts for transient failures. The JSON answer, or
+    :class:`Failed` for :data:`REFUSED` statuses. TransientError after the last attempt; DataError
+    for other non-200 answers (a wrong URL or path) and for answers that are not JSON."""
+    import httpx
+
+    for attempt in range(1, RETRIES + 1):
+        try:
+            r = client.post(url, json=body)
+        except httpx.TransportError as e:
+            why = f"{type(e).__name__}: {e}"
+        else:
+            if r.status_code == 200:
+                try:
+                    return r.json()
+                except ValueError as e:
+                    raise DataError(f"regeneration endpoint {url}: expected a JSON answer, got "
+                                    f"{r.text[:200]!r}") from e
+            if r.status_code in REFUSED:
+                return Failed(f"HTTP {r.status_code}: {r.text[:200]}")
+            if r.status_code < 500:
+                raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got "
+                                f"{r.status_code}: {r.text[:200]}")
+            why = f"HTTP {r.status_code}"
+        if attempt == RETRIES:
+            raise TransientError(f"regeneration endpoint {url}: {why} ({RETRIES} attempts)")
+        time.sleep(attempt)
+    raise AssertionError("unreachable")
+
+
+def _in_flight(items: list, one: Callable, limit: int, timeout_s: float) -> list:
+    """``[one(client, x) for x in items]`` with every item's request in flight at once (at most
+    ``limit``; ``timeout_s`` per request), answers in input order."""
+    import httpx
+
+    n = max(1, min(len(items), limit))
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    with httpx.Client(timeout=timeout_s, limits=limits) as client, ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda x: one(client, x), items))
+
+
+def _prompt_ids(tokenizer, prefixes: list[list[dict]], template_kwargs: dict | None
+                ) -> list[list[int]]:
+    kw = dict(template_kwargs or {})
+    return [tokenizer(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                                    **kw), add_special_tokens=False)["input_ids"]
+            for p in prefixes]
+
+
+def sglang_answer_fn(url: str, tokenizer, max_new_tokens: int, *,
+                     template_kwargs: dict | None = None, max_prompt_tokens: int | None = None,
+                     timeout_s: float = 600.0, in_flight: int = 256):
+    """An ``answer_fn`` asking SGLang's native ``POST {url}/generate`` (greedy, ``input_ids`` from
+    ``tokenizer``'s chat template). Returns per prefix a ``str``, a :class:`Truncated` (finish
+    reason ``length``), a :class:`Failed` (HTTP 400/422) or None (prompt over
+    ``max_prompt_tokens`` tokens, not sent). ``timeout_s`` bounds each request; ``in_flight``
+    bounds the requests open at once. TransientError / DataError as :func:`_post`; DataError for
+    an answer without ``output_ids`` or ``text``."""
+    endpoint = url.rstrip("/") + "/generate"
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+
+    def one(client, ids: list[int] | None):
+        if ids is None:
+            return None
+        body = _post(client, endpoint, {"input_ids": ids, "sampling_params": sampling})
+        if isinstance(body, Failed):
+            return body
+        body = body[0] if isinstance(body, list) and body else body
+        if not isinstance(body, dict) or ("output_ids" not in body and "text" not in body):
+            raise DataError(f"{endpoint}: expected an object with 'output_ids' or 'text', got "
+                            f"{str(body)[:200]!r}")
+        out = body.get("output_ids")
+        text = (tokenizer.decode(out, skip_special_tokens=True) if out is not None
+                else body.get("text") or "").strip()
+        reason = (body.get("meta_info") or {}).get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        return Truncated(text) if kind == "length" else text
+
+    def answer(prefixes: list[list[dict]]) -> list:
+        ids = _prompt_ids(tokenizer, prefixes, template_kwargs)
+        if max_prompt_tokens is not None:
+            ids = [x if len(x) <= max_prompt_tokens else None for x in ids]
+        return _in_flight(ids, one, in_flight, timeout_s)
+
+    return answer
+
+
+def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0,
+                     *, tokenizer=None, template_kwargs: dict | None = None,
+                     max_prompt_tokens: int | None = None, in_flight: int = 256):
+    """An ``answer_fn`` asking an OpenAI-compatible server (``POST {url}/chat/completions``,
+    temperature 0, the server's own chat template; ``template_kwargs`` go as
+    ``chat_template_kwargs``). Returns per prefix a ``str``, a :class:`Truncated`
+    (``finish_reason`` ``length``), a :class:`Failed` (HTTP 400/422) or, given ``tokenizer`` and
+    ``max_prompt_tokens``, None for a prompt over that many tokens (not sent). TransientError /
+    DataError as :func:`_post`."""
+    endpoint = url.rstrip("/") + "/chat/completions"
+
+    def one(client, msgs: list[dict] | None):
+        if msgs is None:
+            return None
+        body = {"model": model or "default", "messages": msgs, "temperature": 0.0,
+                "max_tokens": max_new_tokens,
+                **({"chat_template_kwargs": template_kwargs} if template_kwargs else {})}
+        got = _post(client, endpoint, body)
+        if isinstance(got, Failed):
+            return got
+        try:
+            choice = got["choices"][0]
+            text = (choice["message"].get("content") or "").strip()
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            raise DataError(f"{endpoint}: expected choices[0].message.content, got "
+                            f"{str(got)[:200]!r}") from e
+        return Truncated(text) if choice.get("finish_reason") == "length" else text
+
+    def answer(prefixes: list[list[dict]]) -> list:
+        todo: list = list(prefixes)
+        if tokenizer is not None and max_prompt_tokens is not None:
+            lengths = map(len, _prompt_ids(tokenizer, prefixes, template_kwargs))
+            todo = [p if n <= max_prompt_tokens else None for p, n in zip(prefixes, lengths)]
+        return _in_flight(todo, one, in_flight, timeout_s)
+
+    return answer
+
+
+@contextlib.contextmanager
+def served_target(cfg, target_dir: Path, log_dir: Path, in_flight: int) -> Iterator[str]:
+    """The target served by ``serve.engine`` with no draft (``serve.*`` settings; SGLang's running
+    request limit raised to ``in_flight`` when lower), behind the readiness gate; yields its base
+    URL and stops the process group on exit. GateFailed / ConfigError as
+    :func:`eagle3.serve.launcher.launch_ready`; logs in ``log_dir``."""
+    from eagle3.serve.launcher import launch_ready, resolve_engine
+
+    s = cfg.serve
+    if resolve_engine(cfg) == "sglang" and (s.max_running_requests or 0) < in_flight:
+        log.info("regeneration server: serve.max_running_requests %s raised to %d (the requests "
+                 "data.regenerate_batch_size keeps in flight)", s.max_running_requests, in_flight)
+        cfg = cfg.model_copy(update={"serve": s.model_copy(
+            update={"max_running_requests": in_flight})})
+    t0 = time.monotonic()
+    with launch_ready(cfg, target_dir, None, log_dir) as (engine, gate):
+        log.info("regeneration server %s (%s) ready after %.1f s, phases %s", engine.url,
+                 cfg.serve.engine, time.monotonic() - t0, gate.phases)
+        yield engine.url
+
+
+@contextlib.contextmanager
+def answer_source(cfg, target_dir: Path, tokenizer, log_dir: Path) -> Iterator[Callable]:
+    """The ``answer_fn`` of ``cfg.data.regenerate`` (``hf``, ``sglang``, ``openai``) for as long
+    as the context lasts (a launched server or a loaded target is released after). ConfigError
+    for ``openai`` without ``data.regenerate_url`` and for any other mode."""
+    from eagle3.extract.regen import hf_answer_fn
+
+    d = cfg.data
+    batch = d.regenerate_batch_size or cfg.extract.batch_size
+    common = {"template_kwargs": d.chat_template_kwargs, "max_prompt_tokens": d.max_seq_len,
+              "in_flight": batch}
+    if d.regenerate == "hf":
+        from eagle3.target_model import load_target
+
+        model, _ = load_target(target_dir, cfg.target.dtype, cfg.extract.device,
+                               cfg.target.trust_remote_code)
+        yield hf_answer_fn(model, tokenizer, d.regenerate_max_new_tokens,
+                           d.chat_template_kwargs, max_prompt_tokens=d.max_seq_len)
+    elif d.regenerate == "sglang":
+        with contextlib.ExitStack() as stack:
+            url = d.regenerate_url or stack.enter_context(
+                served_target(cfg, target_dir, log_dir, batch))
+            yield sglang_answer_fn(url, tokenizer, d.regenerate_max_new_tokens, **common)
+    elif d.regenerate == "openai":
+        if not d.regenerate_url:
+            raise ConfigError("data.regenerate_url: required when data.regenerate is 'openai' (got "
+                              "none)")
+        yield openai_answer_fn(d.regenerate_url, None, d.regenerate_max_new_tokens,
+                               tokenizer=tokenizer, **common)
+    else:
+        raise ConfigError(f"data.regenerate: expected 'hf', 'sglang' or 'openai' to regenerate, "
+                          f"got {d.regenerate!r}")

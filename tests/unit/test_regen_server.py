@@ -1,0 +1,186 @@
+"""Regeneration by a served target (eagle3.extract.regen_server): SGLang's native /generate with
+the target's own prompt ids, requests in flight together, refusals and retries counted per turn,
+and a target launched for it that answers as the in-process ``hf`` mode does."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+import eagle3.extract.regen_server as RS
+from eagle3.errors import DataError, TransientError
+from eagle3.extract.conversations import Conversation
+from eagle3.extract.regen import Failed, Truncated, regenerate_counted
+
+
+class _Tok:
+    """A character tokenizer: ids are code points; the chat template joins the contents."""
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=True, **kw):
+        return "|".join(m["content"] for m in msgs) + ("|" + kw["tag"] if "tag" in kw else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if not (skip_special_tokens and i == 0))
+
+
+def _mock(monkeypatch, reply):
+    real = httpx.Client
+    monkeypatch.setattr(httpx, "Client",
+                        lambda **kw: real(transport=httpx.MockTransport(reply), **kw))
+
+
+def _generate_reply(request):
+    body = json.loads(request.content)
+    q = "".join(chr(i) for i in body["input_ids"])
+    assert body["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 5}
+    if q == "bad":
+        return httpx.Response(400, text="context too long")
+    ids = [ord(c) for c in f" to {q} "] + [0]  # the end-of-turn id, dropped by the decode
+    reason = {"type": "length", "length": 5} if q == "long" else {"type": "stop", "matched": 0}
+    return httpx.Response(200, json={"output_ids": ids, "meta_info": {"finish_reason": reason}})
+
+
+def test_sglang_answers_are_decoded_ids_truncated_failed_or_skipped(monkeypatch):
+    _mock(monkeypatch, _generate_reply)
+    fn = RS.sglang_answer_fn("http://127.0.0.1:9/", _Tok(), 5, max_prompt_tokens=6)
+    got = fn([[{"role": "user", "content": q}] for q in ("hi", "long", "bad", "far too long")])
+    assert got[:2] == ["to hi", "to long"]
+    assert not isinstance(got[0], Truncated) and isinstance(got[1], Truncated)
+    assert isinstance(got[2], Failed) and "HTTP 400: context too long" in got[2].reason
+    assert got[3] is None  # 12 prompt tokens > 6: not sent, skipped as prompt_too_long
+
+
+def test_the_template_switches_reach_the_prompt_ids(monkeypatch):
+    _mock(monkeypatch, _generate_reply)
+    got = RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5, template_kwargs={"tag": "T"})(
+        [[{"role": "user", "content": "q"}]])
+    assert got == ["to q|T"]
+
+
+def test_a_batch_is_in_flight_at_once():
+    """Four requests meet at a barrier inside the server: sent one after another they could not
+    all arrive before it times out."""
+    barrier = threading.Barrier(4, timeout=10)
+
+    def reply(request):
+        barrier.wait()
+        return _generate_reply(request)
+
+    fn = RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5)
+    real = httpx.Client
+    transport = httpx.MockTransport(reply)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(httpx, "Client", lambda **kw: real(transport=transport, **kw))
+        got = fn([[{"role": "user", "content": str(i)}] for i in range(4)])
+    assert got == [f"to {i}" for i in range(4)]
+
+
+def test_server_errors_are_retried_then_transient_and_other_statuses_are_data_errors(
+        monkeypatch):
+    calls = []
+    monkeypatch.setattr(RS.time, "sleep", lambda s: calls.append(("sleep", s)))
+
+    def reply(request):
+        calls.append("post")
+        q = "".join(chr(i) for i in json.loads(request.content)["input_ids"])
+        if q == "flaky" and calls.count("post") == 1:
+            return httpx.Response(503, text="warming")
+        if q == "down":
+            return httpx.Response(500, text="boom")
+        if q == "nowhere":
+            return httpx.Response(404, text="no route")
+        if q == "odd":
+            return httpx.Response(200, json={"meta_info": {}})
+        return _generate_reply(request)
+
+    _mock(monkeypatch, reply)
+    fn = RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5)
+    assert fn([[{"role": "user", "content": "flaky"}]]) == ["to flaky"]
+    assert calls == ["post", ("sleep", 1), "post"]
+    with pytest.raises(TransientError, match="HTTP 500 .3 attempts"):
+        fn([[{"role": "user", "content": "down"}]])
+    with pytest.raises(DataError, match="expected HTTP 200, got 404: no route"):
+        fn([[{"role": "user", "content": "nowhere"}]])
+    with pytest.raises(DataError, match="expected an object with 'output_ids' or 'text'"):
+        fn([[{"role": "user", "content": "odd"}]])
+
+
+def test_refused_turns_are_counted_as_failed_and_keep_their_original_answer(monkeypatch):
+    _mock(monkeypatch, _generate_reply)
+    convs = [Conversation(q, [{"role": "user", "content": q},
+                              {"role": "assistant", "content": "old"}]) for q in ("bad", "ok")]
+    out, counts = regenerate_counted(convs, RS.sglang_answer_fn("http://x", _Tok(), 5), 8)
+    assert [c.messages[1]["content"] for c in out] == ["old", "to ok"]
+    t = counts["turns"]
+    assert (t["input"], t["succeeded"], t["failed"], t["skipped"]) == (2, 1, 1, 0)
+    assert "bad turn 1: HTTP 400" in counts["failed_examples"][0]
+
+
+def test_openai_prompts_over_the_limit_are_not_sent_and_switches_travel(monkeypatch):
+    seen = []
+
+    def reply(request):
+        body = json.loads(request.content)
+        seen.append(body)
+        return httpx.Response(200, json={"choices": [{"message": {"content": "fine"},
+                                                      "finish_reason": "stop"}]})
+
+    _mock(monkeypatch, reply)
+    fn = RS.openai_answer_fn("http://127.0.0.1:9/v1", None, 4, tokenizer=_Tok(),
+                             template_kwargs={"tag": "T"}, max_prompt_tokens=6)
+    assert fn([[{"role": "user", "content": q}] for q in ("ok", "much too long")]) == ["fine", None]
+    assert len(seen) == 1 and seen[0]["chat_template_kwargs"] == {"tag": "T"}
+
+
+def test_openai_without_a_url_is_refused(tiny_cfg, tmp_path):
+    from eagle3.errors import ConfigError
+
+    cfg = tiny_cfg.model_copy(update={"data": tiny_cfg.data.model_copy(
+        update={"regenerate": "openai"})})
+    with pytest.raises(ConfigError, match="data.regenerate_url: required"):
+        with RS.answer_source(cfg, tmp_path, _Tok(), tmp_path / "logs"):
+            pass
+
+
+@pytest.mark.slow
+def test_a_launched_target_regenerates_as_the_hf_mode_does(tiny_cfg, tmp_path):
+    """``data.regenerate=sglang`` without a URL launches the target (here the reference engine,
+    which speaks SGLang's /generate) with no draft behind the readiness gate, and its greedy
+    answers are the in-process ``hf`` mode's, word for word; the server is gone afterwards."""
+    from eagle3.extract.regen import regenerate_file
+    from tests.unit.test_extract import file_cfg, write_convs
+
+    src = write_convs(tmp_path / "c.jsonl", 4)
+    common = dict(n=3, regenerate_max_new_tokens=6, regenerate_max_rounds=2,
+                  regenerate_batch_size=3)
+    cfg = file_cfg(tiny_cfg, src, regenerate="hf", **common)
+    m_hf = regenerate_file(cfg, tmp_path / "hf.jsonl", progress=False)
+    cfg = file_cfg(tiny_cfg, src, regenerate="sglang", **common)
+    cfg.serve.engine = "reference"
+    m_srv = regenerate_file(cfg, tmp_path / "srv.jsonl", progress=False)
+    assert (tmp_path / "hf.jsonl").read_text() == (tmp_path / "srv.jsonl").read_text()
+    assert m_srv["settings"]["mode"] == "sglang"
+    assert m_srv["regeneration"]["turns"] == m_hf["regeneration"]["turns"]
+    logs = list((tmp_path / "srv.server").glob("engine-*.log"))
+    assert logs, "the launched server's log is kept beside the output"
+    assert not _live_engines(), "the launched server outlived the regeneration"
+
+
+def _live_engines() -> list[int]:
+    """This test process's descendants running the reference engine, zombies left out."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "refengine" in " ".join(p.cmdline()):
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
