@@ -17,6 +17,9 @@
 #   collect CONFIG                              bring back the run's small files, the MLflow store,
 #                                               regenerated data and the serving draft (in parts)
 #   speedup [lab/sglang_speedup.py args]        SGLang side by side (plain, chain, tree)
+#   back PATH...                                bring back files (a folder's files, not its
+#                                               subfolders): .jsonl compressed with xz, anything
+#                                               over 15 MiB in 15 MiB parts (join with cat)
 # Built here by lab/gpu/carry.sh (.whl, .benchdata) and lab/gpu/sglang_kit.sh build (the kit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -98,5 +101,17 @@ EOF
     ls -l "$OUT" ;;
   speedup)
     python3 lab/sglang_speedup.py -o paths.runs_dir=$RUNS "$@" 2>&1 | tee "$OUT/speedup.log" ;;
+  back)
+    for p in "$@"; do
+      for f in $( [ -d "$p" ] && find "$p" -maxdepth 1 -type f || echo "$p" ); do
+        [ -f "$f" ] || { echo "back: no file $f"; continue; }
+        b=$(basename "$f"); src=$f
+        if [[ "$b" == *.jsonl ]]; then xz -T0 -c "$f" > "$H/$b.xz"; src=$H/$b.xz; b=$b.xz; fi
+        if [ "$(stat -c %s "$src")" -gt $((15 * 1024 * 1024)) ]; then
+          split -b 15M -d "$src" "$OUT/$b.part"
+        else cp "$src" "$OUT/$b"; fi
+      done
+    done
+    ls -l "$OUT" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
