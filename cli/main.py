@@ -43,7 +43,7 @@ def _run_flow(stage: str, config: Path, overrides: Optional[List[str]]) -> None:
 
         check_devices(cfg)  # a GPU config on a machine without the GPU, before Prefect starts
         if stage in ("pipeline", "extract"):
-            from eagle3.extract.stage import check_before_run
+            from eagle3.extract.precheck import check_before_run
 
             check_before_run(cfg)
         # lazy: Prefect is imported only for commands that run a flow

@@ -283,12 +283,12 @@ def target_text_config(target_dir: str | Path | None) -> dict | None:
 def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[str]:
     """The checks the stages repeat at their start that need files but no model, for ``eagle3
     preflight``, one ``CODE: message`` per problem, each from its one home: ``DATA_PATH`` /
-    ``AUX_LAYER_IDS`` (:func:`eagle3.extract.stage.check_before_run`), ``DEV_PROMPTS_FILE``,
+    ``AUX_LAYER_IDS`` (:func:`eagle3.extract.precheck.check_before_run`), ``DEV_PROMPTS_FILE``,
     ``BENCH_PROMPTS`` / ``BENCH_PROMPTS_FILE``, ``SERVE_HOST`` (the ``*_problem`` functions here),
     ``DRAFT_VOCAB_SIZE`` against the vocabulary in ``target_dir``'s config.json when readable
     (:func:`eagle3.train.vocab.check_draft_vocab_size`)."""
     from eagle3.errors import ConfigError
-    from eagle3.extract.stage import check_before_run
+    from eagle3.extract.precheck import check_before_run
 
     out = []
     try:

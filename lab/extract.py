@@ -78,7 +78,8 @@ def main(
 
     from eagle3.assets import resolve_target
     from eagle3.config import load_config
-    from eagle3.extract.stage import _aux_ids, build_plan, target_identity
+    from eagle3.extract.precheck import aux_ids
+    from eagle3.extract.stage import build_plan, target_identity
     from eagle3.extract.hf_backend import resolve_devices
     from eagle3.extract.store import make_shards
     from eagle3.target_model import load_target
@@ -89,7 +90,7 @@ def main(
     cfg = load_config(config, over)
     target_dir = resolve_target(cfg)
     ident = target_identity(target_dir, cfg)
-    capture = _aux_ids(cfg, ident["num_layers"]) + [ident["num_layers"]]
+    capture = aux_ids(cfg, ident["num_layers"]) + [ident["num_layers"]]
     plan = build_plan(cfg, AutoTokenizer.from_pretrained(target_dir))
     device = resolve_devices(cfg.extract.device, 1)[0]
     model, tok = load_target(target_dir, cfg.target.dtype, device)

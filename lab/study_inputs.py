@@ -86,16 +86,13 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     is not the recorded one, or the .xz is corrupt."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
-        raise RuntimeError(
-            f"--regen-file {src}: expected its manifest {man_path} beside it, found none"
-        )
+        raise RuntimeError(f"--regen-file {src}: expected its manifest {man_path} beside it, "
+                           "found none")
     man = json.loads(man_path.read_text())
     made_for = (man.get("settings") or {}).get("num_conversations")
     if made_for != expected:
-        raise RuntimeError(
-            f"--regen-file {src}: {man_path} settings.num_conversations "
-            f"is {made_for}, expected --regen {expected}"
-        )
+        raise RuntimeError(f"--regen-file {src}: {man_path} settings.num_conversations is "
+                           f"{made_for}, expected --regen {expected}")
     try:
         data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
     except lzma.LZMAError as e:
@@ -105,32 +102,21 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     lines = sum(1 for ln in data.splitlines() if ln.strip())
     want = (man.get("counts") or {}).get("conversations")
     if lines != want:
-        raise RuntimeError(
-            f"--regen-file {src}: {lines} conversations in the file, its "
-            f"manifest's counts.conversations says {want} (truncated copy?)"
-        )
+        raise RuntimeError(f"--regen-file {src}: {lines} conversations in the file, its "
+                           f"manifest's counts.conversations says {want} (truncated copy?)")
     digest = hashlib.sha256(data).hexdigest()
     if man.get("sha256") != digest:
-        raise RuntimeError(
-            f"--regen-file {src}: its content's sha256 is {digest}, {man_path} "
-            f"records {man.get('sha256')!r} (a changed or different file)"
-        )
+        raise RuntimeError(f"--regen-file {src}: its content's sha256 is {digest}, {man_path} "
+                           f"records {man.get('sha256')!r} (a changed or different file)")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     man = {**man, "path": str(out), "reused_from": str(src)}
     _manifest_of(out).write_text(json.dumps(man, indent=1))
-    log(
-        f"regen: reusing {lines} regenerated conversations "
-        f"from {src} (made in {man.get('seconds')} s)"
-    )
-    return {
-        "path": str(out),
-        "counts": man["counts"],
-        "seconds": 0.0,
-        "answers_per_s": man.get("answers_per_s"),
-        "settings": man.get("settings"),
-        "reused_from": str(src),
-    }
+    log(f"regen: reusing {lines} regenerated conversations from {src} (made in "
+        f"{man.get('seconds')} s)")
+    return {"path": str(out), "counts": man["counts"], "seconds": 0.0,
+            "answers_per_s": man.get("answers_per_s"), "settings": man.get("settings"),
+            "reused_from": str(src)}
 
 
 def carry_back_regen(regen_path: Path, out: Path) -> None:

@@ -1,7 +1,7 @@
 """Regeneration of assistant turns by the target itself (as EAGLE-3 and SpecForge do), so the draft
 learns the target's own distribution: each assistant turn is replaced, in order, by the target's
 greedy answer to the conversation so far, by ``hf`` (batched ``model.generate``, left padding,
-``max_new_tokens``, target template), or by a served target (:mod:`eagle3.extract.regen_server`:
+``max_new_tokens``, target template), or by a served target (:mod:`eagle3.extract.regen_answers`:
 ``sglang``, SGLang's native ``/generate``, a server launched for it or at a URL; ``openai``,
 ``POST {url}/chat/completions``).
 
@@ -17,13 +17,11 @@ import json
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from eagle3.errors import ConfigError, DataError
 from eagle3.extract.conversations import Conversation
+from eagle3.extract.regen_answers import Failed, Truncated
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +32,6 @@ TRUNCATED_POLICY = ("marked: a truncated answer (it hit max_new_tokens before it
 LOUD_SHARE = 0.05  # a warning when this share of the turns or more is truncated or not regenerated
 REGENERATE_MODES = ("hf", "sglang", "openai")  # data.regenerate values that regenerate
 RESUME_CHUNK = 1024  # conversations regenerated (all their rounds) between two saved progress lines
-
-
-class Truncated(str):
-    """An answer that hit ``max_new_tokens`` before its end-of-turn token (an ``answer_fn`` returns
-    it in place of a plain ``str``); kept and marked."""
-
-
-@dataclass(frozen=True)
-class Failed:
-    """No answer for one prompt (returned by an ``answer_fn`` in place of a ``str``) and why; the
-    original turn stays and counts as failed."""
-
-    reason: str
 
 
 def _turn_indices(conv: Conversation) -> list[int]:
@@ -259,70 +244,15 @@ def _read_progress(progress: Path, chunks: list[list[Conversation]]) -> list[dic
     return done
 
 
-def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
-                 max_prompt_tokens: int | None = None):
-    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding). An answer
-    without the tokenizer's EOS within ``max_new_tokens`` is a :class:`Truncated`; prompts over
-    ``max_prompt_tokens`` get None. A batch raising ``torch.OutOfMemoryError`` is retried as two
-    halves; a single prompt that does not fit raises DataError."""
-    kwargs = dict(template_kwargs or {})
-
-    def answer(prefixes: list[list[dict]]) -> list[str | None]:
-        prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
-                                                 **kwargs) for p in prefixes]
-        if max_prompt_tokens is None:
-            return answer_all(prompts)
-        keep = [i for i, x in enumerate(prompts)
-                if len(tokenizer(x, add_special_tokens=False)["input_ids"]) <= max_prompt_tokens]
-        if len(keep) == len(prompts):
-            return answer_all(prompts)
-        got = dict(zip(keep, answer_all([prompts[i] for i in keep]) if keep else []))
-        return [got.get(i) for i in range(len(prompts))]
-
-    def answer_all(prompts: list[str]) -> list[str]:
-        try:
-            return generate(prompts)
-        except torch.OutOfMemoryError as e:
-            if len(prompts) < 2:
-                raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does "
-                                f"not fit on the device ({e}); lower data.max_seq_len or "
-                                "data.regenerate_max_new_tokens") from e
-            half = len(prompts) // 2
-            log.warning("regeneration: a batch of %d prompts ran out of device memory; generating "
-                        "it as two batches of %d and %d (lower data.regenerate_batch_size to avoid "
-                        "the retry)", len(prompts), half, len(prompts) - half)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return answer_all(prompts[:half]) + answer_all(prompts[half:])
-
-    def generate(prompts: list[str]) -> list[str]:
-        side, tokenizer.padding_side = tokenizer.padding_side, "left"
-        try:
-            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        finally:
-            tokenizer.padding_side = side
-        eos = tokenizer.eos_token_id
-        with torch.inference_mode():
-            gen = model.generate(**enc.to(next(model.parameters()).device), do_sample=False,
-                                 max_new_tokens=max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
-        # a row without the end-of-turn token ran out of max_new_tokens
-        return [(Truncated if eos is not None and eos not in row.tolist() else str)(
-            tokenizer.decode(row, skip_special_tokens=True).strip())
-            for row in gen[:, enc["input_ids"].shape[1]:]]
-
-    return answer
-
-
 def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], progress: Path,
                 on_batch=None) -> tuple[list[Conversation], dict]:
     """:func:`regenerate_resumable` with the answer function and batch size of ``cfg.data``
-    (:func:`eagle3.extract.regen_server.answer_source`), opened only when a chunk is left and
+    (:func:`eagle3.extract.regen_answers.answer_source`), opened only when a chunk is left and
     released (server stopped, target freed) when the regeneration ends; a launched server's logs
     go to ``<progress name>.server/``."""
     import contextlib
 
-    from eagle3.extract.regen_server import answer_source
+    from eagle3.extract.regen_answers import answer_source
 
     d = cfg.data
     logs = progress.with_name(progress.name.removesuffix(".chunks.jsonl") + ".server")

@@ -42,6 +42,7 @@ from eagle3.artifacts import (atomic_directory, atomic_write_bytes, output_intac
                               weights_hash, write_manifest)
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
 from eagle3.extract.plan import Plan, build_plan
+from eagle3.extract.precheck import aux_ids
 from eagle3.extract.store import (
     HS_DIR, ONLINE_FILE, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
     make_shards, remove_stale_temporaries, start_or_resume,
@@ -90,52 +91,6 @@ def _check_free_disk(out_dir: Path, need: int, free_bytes: int | None) -> None:
                         "use extract.dtype=fp8")
 
 
-def _known_layer_count(cfg) -> int | None:
-    """The target's decoder layer count when known without loading anything (the tiny config, or
-    the ``config.json`` of a target folder that exists), else None."""
-    if cfg.target.kind == "tiny-random":
-        return int(cfg.target.tiny.num_hidden_layers)
-    if cfg.target.kind == "smollm2":
-        from eagle3.assets import SMOLLM2_DIRNAME
-
-        path = cfg.paths.resolved_cache_dir() / "models" / SMOLLM2_DIRNAME / "config.json"
-    else:
-        path = Path(cfg.target.path).expanduser() / "config.json"
-    try:
-        conf = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    conf = conf.get("text_config") or conf
-    n = conf.get("num_hidden_layers")
-    return int(n) if isinstance(n, int) else None
-
-
-def check_before_run(cfg) -> None:
-    """Checks that take a second, before any model loads (the stage repeats them): ``data.path``
-    exists (source 'file') and ``extract.aux_layer_ids`` fit the target when its layer count is
-    known. ConfigError naming the key and both values."""
-    if cfg.data.source == "file":
-        path = Path(cfg.data.path).expanduser()
-        what = ("a directory" if path.is_dir() else "not found") if not path.is_file() else (
-            "empty: 0 bytes" if path.stat().st_size == 0 else None)
-        if what:
-            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
-                              f"{str(path)!r} ({what})")
-    n = _known_layer_count(cfg)
-    if n is not None:
-        _aux_ids(cfg, n)
-
-
-def _aux_ids(cfg, n_layers: int) -> list[int]:
-    from eagle3.target_model import default_aux_layer_ids, validate_aux_layer_ids
-
-    if cfg.extract.aux_layer_ids is None:
-        return default_aux_layer_ids(n_layers)
-    ids = list(cfg.extract.aux_layer_ids)
-    validate_aux_layer_ids(ids, n_layers)
-    return ids
-
-
 def _plan_hash(plan: Plan, target: dict, aux: list[int], cfg) -> str:
     doc = {"ids": plan.ids, "input_ids": plan.input_ids, "loss_masks": plan.loss_masks,
            "num_train": plan.num_train, "weights": target["weights_hash"], "aux": aux,
@@ -168,7 +123,7 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
     _check_backend(cfg)
     target_dir = resolve_target(cfg)
     target = target_identity(target_dir, cfg)
-    aux = _aux_ids(cfg, target["num_layers"])
+    aux = aux_ids(cfg, target["num_layers"])
     if cfg.extract.backend == "sglang":
         from eagle3.extract.sglang_backend import sglang_layer_ids
 

@@ -109,7 +109,7 @@ def test_eagle3_run_refuses_a_missing_dev_prompts_file_before_prefect_starts(tar
 
 def test_an_uncoded_stage_message_gets_its_code_even_when_capitalised(target, monkeypatch):
     from eagle3.errors import ConfigError
-    from eagle3.extract import stage
+    from eagle3.extract import precheck as stage
 
     def refuse(cfg):
         raise ConfigError("Aux ids [9] out of range")

@@ -51,7 +51,7 @@ def test_a_missing_data_path_says_got_none_once():
 
 
 def test_a_data_path_that_is_a_directory_says_so(tmp_path):
-    from eagle3.extract.stage import check_before_run
+    from eagle3.extract.precheck import check_before_run
 
     cfg = load_config(None, ["data.source=file", f"data.path={tmp_path}"])
     with pytest.raises(ConfigError, match=r"got '.*' \(a directory\)$"):

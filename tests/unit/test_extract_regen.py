@@ -12,8 +12,8 @@ import torch
 from eagle3.extract.conversations import Conversation
 from eagle3.errors import DataError, TransientError
 from eagle3.extract.stage import extract
-from eagle3.extract.regen import hf_answer_fn, regenerate
-from eagle3.extract.regen_server import openai_answer_fn
+from eagle3.extract.regen import regenerate
+from eagle3.extract.regen_answers import hf_answer_fn, openai_answer_fn
 from tests.unit.test_extract import file_cfg, write_convs
 
 TWO_TURNS = Conversation(

@@ -10,7 +10,8 @@ import logging
 import pytest
 
 from eagle3.extract.conversations import Conversation
-from eagle3.extract.regen import Failed, Truncated, hf_answer_fn, regenerate_counted
+from eagle3.extract.regen import regenerate_counted
+from eagle3.extract.regen_answers import Failed, Truncated, hf_answer_fn
 
 
 def _conv(cid: str, *turns: str) -> Conversation:
@@ -155,7 +156,7 @@ def test_regenerate_file_records_the_counts_and_marks_truncated_turns(
 def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
     import httpx
 
-    from eagle3.extract.regen_server import openai_answer_fn
+    from eagle3.extract.regen_answers import openai_answer_fn
 
     def reply(request):
         body = json.loads(request.content)

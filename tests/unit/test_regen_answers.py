@@ -1,4 +1,4 @@
-"""Regeneration by a served target (eagle3.extract.regen_server): SGLang's native /generate with
+"""Regeneration by a served target (eagle3.extract.regen_answers): SGLang's native /generate with
 the target's own prompt ids, requests in flight together, refusals and retries counted per turn,
 and a target launched for it that answers as the in-process ``hf`` mode does."""
 
@@ -10,10 +10,11 @@ import threading
 import httpx
 import pytest
 
-import eagle3.extract.regen_server as RS
+import eagle3.extract.regen_answers as RS
 from eagle3.errors import DataError, TransientError
 from eagle3.extract.conversations import Conversation
-from eagle3.extract.regen import Failed, Truncated, regenerate_counted
+from eagle3.extract.regen import regenerate_counted
+from eagle3.extract.regen_answers import Failed, Truncated
 
 
 class _Tok:

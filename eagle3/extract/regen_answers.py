@@ -1,6 +1,7 @@
-"""Regeneration answers from a served target, many requests in flight at once.
-
-Two protocols:
+"""The answer functions of regeneration: ``answer_fn(prefixes) -> answers``, one answer per
+conversation prefix (a ``str``, a :class:`Truncated`, a :class:`Failed`, or None for a prompt too
+long to send), by the target in-process (``hf``: batched ``generate``) or by a served target, many
+requests in flight at once, in two protocols:
 
 - ``sglang``: SGLang's native ``POST {url}/generate`` with ``input_ids`` rendered by the target's
   own chat template (``add_generation_prompt=True``, ``data.chat_template_kwargs``), greedy; the
@@ -13,9 +14,9 @@ Two protocols:
 
 A batch's requests go out together (``data.regenerate_batch_size`` in flight), so the server's
 continuous batching, not the client, sets the pace. ``finish_reason`` ``length`` marks an answer
-:class:`~eagle3.extract.regen.Truncated`; a prompt longer than ``max_prompt_tokens`` is not sent
-(None: skipped, as the ``hf`` mode does); a request the server refuses with 400 or 422 is
-:class:`~eagle3.extract.regen.Failed` for that turn alone.
+:class:`Truncated`; a prompt longer than ``max_prompt_tokens`` is not sent (None: skipped, as in
+the ``hf`` mode); a request the server refuses with 400 or 422 is :class:`Failed` for that turn
+alone.
 """
 
 from __future__ import annotations
@@ -25,12 +26,28 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from eagle3.errors import ConfigError, DataError, TransientError
-from eagle3.extract.regen import Failed, Truncated
 
 log = logging.getLogger(__name__)
+
+
+class Truncated(str):
+    """An answer that hit ``max_new_tokens`` before its end-of-turn token (an ``answer_fn`` returns
+    it in place of a plain ``str``); kept and marked."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """No answer for one prompt (returned by an ``answer_fn`` in place of a ``str``) and why; the
+    original turn stays and counts as failed."""
+
+    reason: str
+
 
 RETRIES = 3  # attempts per request for connection failures and 5xx answers
 REFUSED = (400, 422)  # one prompt the server will not answer: that turn fails, the rest go on
@@ -83,6 +100,61 @@ def _prompt_ids(tokenizer, prefixes: list[list[dict]], template_kwargs: dict | N
     return [tokenizer(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
                                                     **kw), add_special_tokens=False)["input_ids"]
             for p in prefixes]
+
+
+def hf_answer_fn(model, tokenizer, max_new_tokens: int, template_kwargs: dict | None = None,
+                 max_prompt_tokens: int | None = None):
+    """An ``answer_fn`` doing batched greedy ``generate`` with the target (left padding). An answer
+    without the tokenizer's EOS within ``max_new_tokens`` is a :class:`Truncated`; prompts over
+    ``max_prompt_tokens`` get None. A batch raising ``torch.OutOfMemoryError`` is retried as two
+    halves; a single prompt that does not fit raises DataError."""
+    kwargs = dict(template_kwargs or {})
+
+    def answer(prefixes: list[list[dict]]) -> list[str | None]:
+        prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                                 **kwargs) for p in prefixes]
+        if max_prompt_tokens is None:
+            return answer_all(prompts)
+        keep = [i for i, x in enumerate(prompts)
+                if len(tokenizer(x, add_special_tokens=False)["input_ids"]) <= max_prompt_tokens]
+        if len(keep) == len(prompts):
+            return answer_all(prompts)
+        got = dict(zip(keep, answer_all([prompts[i] for i in keep]) if keep else []))
+        return [got.get(i) for i in range(len(prompts))]
+
+    def answer_all(prompts: list[str]) -> list[str]:
+        try:
+            return generate(prompts)
+        except torch.OutOfMemoryError as e:
+            if len(prompts) < 2:
+                raise DataError(f"regeneration: one prompt of {len(prompts[0])} characters does "
+                                f"not fit on the device ({e}); lower data.max_seq_len or "
+                                "data.regenerate_max_new_tokens") from e
+            half = len(prompts) // 2
+            log.warning("regeneration: a batch of %d prompts ran out of device memory; generating "
+                        "it as two batches of %d and %d (lower data.regenerate_batch_size to avoid "
+                        "the retry)", len(prompts), half, len(prompts) - half)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return answer_all(prompts[:half]) + answer_all(prompts[half:])
+
+    def generate(prompts: list[str]) -> list[str]:
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        finally:
+            tokenizer.padding_side = side
+        eos = tokenizer.eos_token_id
+        with torch.inference_mode():
+            gen = model.generate(**enc.to(next(model.parameters()).device), do_sample=False,
+                                 max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+        # a row without the end-of-turn token ran out of max_new_tokens
+        return [(Truncated if eos is not None and eos not in row.tolist() else str)(
+            tokenizer.decode(row, skip_special_tokens=True).strip())
+            for row in gen[:, enc["input_ids"].shape[1]:]]
+
+    return answer
 
 
 def sglang_answer_fn(url: str, tokenizer, max_new_tokens: int, *,
@@ -187,8 +259,6 @@ def answer_source(cfg, target_dir: Path, tokenizer, log_dir: Path) -> Iterator[C
     """The ``answer_fn`` of ``cfg.data.regenerate`` (``hf``, ``sglang``, ``openai``) for as long
     as the context lasts (a launched server or a loaded target is released after). ConfigError
     for ``openai`` without ``data.regenerate_url`` and for any other mode."""
-    from eagle3.extract.regen import hf_answer_fn
-
     d = cfg.data
     batch = d.regenerate_batch_size or cfg.extract.batch_size
     common = {"template_kwargs": d.chat_template_kwargs, "max_prompt_tokens": d.max_seq_len,

@@ -1,0 +1,59 @@
+"""Checks of the extraction's inputs that need no model and take a second (``data.path``, the
+auxiliary layer ids against the target's layer count when its config is at hand), run by
+``eagle3 preflight`` and before a run starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eagle3.errors import ConfigError
+
+
+def _known_layer_count(cfg) -> int | None:
+    """The target's decoder layer count when known without loading anything (the tiny config, or
+    the ``config.json`` of a target folder that exists), else None."""
+    if cfg.target.kind == "tiny-random":
+        return int(cfg.target.tiny.num_hidden_layers)
+    if cfg.target.kind == "smollm2":
+        from eagle3.assets import SMOLLM2_DIRNAME
+
+        path = cfg.paths.resolved_cache_dir() / "models" / SMOLLM2_DIRNAME / "config.json"
+    else:
+        path = Path(cfg.target.path).expanduser() / "config.json"
+    try:
+        conf = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    conf = conf.get("text_config") or conf
+    n = conf.get("num_hidden_layers")
+    return int(n) if isinstance(n, int) else None
+
+
+def check_before_run(cfg) -> None:
+    """Checks that take a second, before any model loads (the stage repeats them): ``data.path``
+    exists (source 'file') and ``extract.aux_layer_ids`` fit the target when its layer count is
+    known. ConfigError naming the key and both values."""
+    if cfg.data.source == "file":
+        path = Path(cfg.data.path).expanduser()
+        what = ("a directory" if path.is_dir() else "not found") if not path.is_file() else (
+            "empty: 0 bytes" if path.stat().st_size == 0 else None)
+        if what:
+            raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
+                              f"{str(path)!r} ({what})")
+    n = _known_layer_count(cfg)
+    if n is not None:
+        aux_ids(cfg, n)
+
+
+def aux_ids(cfg, n_layers: int) -> list[int]:
+    """``extract.aux_layer_ids``, or the default for ``n_layers`` decoder layers
+    (:func:`eagle3.target_model.default_aux_layer_ids`); ConfigError from
+    :func:`eagle3.target_model.validate_aux_layer_ids` for ids the target does not have."""
+    from eagle3.target_model import default_aux_layer_ids, validate_aux_layer_ids
+
+    if cfg.extract.aux_layer_ids is None:
+        return default_aux_layer_ids(n_layers)
+    ids = list(cfg.extract.aux_layer_ids)
+    validate_aux_layer_ids(ids, n_layers)
+    return ids
