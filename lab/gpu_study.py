@@ -527,7 +527,6 @@ def main(argv=None) -> int:
             "dev_holdout": a.dev_holdout,
             "dev_prompts": a.dev_prompts if a.dev_holdout else None,
             "regen_rounds": a.regen_rounds,
-            "regen_engine": a.regen_engine,
             "all_size": a.all_size,
             "data": str(Path(a.data).resolve()) if a.data else None,
             "target": a.target or a.gguf,
