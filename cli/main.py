@@ -20,8 +20,7 @@ import typer
 from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
                            BENCH_REQUEST_TIMEOUT_S, GATE_POLL_INTERVAL_S,
                            GATE_PROBE_TIMEOUT_S, GATE_STALL_TIMEOUT_S, GATE_TIMEOUT_S)
-from eagle3.errors import (ConfigError, DataError, Eagle3Error, EngineUnsupported, GateFailed,
-                           TransientError)
+from eagle3.errors import ConfigError, DataError, Eagle3Error, EngineUnsupported
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="EAGLE-3 draft models from extraction to a served, measured draft.")
@@ -92,15 +91,23 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
     from eagle3.config import load_config
     from eagle3.extract.regen import regenerate_file
 
+    import logging
+
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("eagle3").setLevel(logging.INFO)  # the server launched, chunks saved
     try:
         cfg = load_config(config, override)
         if cfg.data.regenerate == "none":
+            typer.echo("data.regenerate is none: regenerating with hf (the target in this process)")
             cfg.data.regenerate = "hf"
         m = regenerate_file(cfg, out)
-    except (ConfigError, DataError, GateFailed, TransientError, OSError) as e:
+    except (Eagle3Error, OSError) as e:
         _fail(str(e), 2)
-    typer.echo(f"regenerated {m['counts']['answers']} answers of {m['counts']['conversations']} "
-               f"conversations in {m['seconds']:.1f} s -> {out}")
+    t = m["regeneration"]["turns"]
+    typer.echo(f"regenerated {t['succeeded']} of {t['input']} assistant turns in "
+               f"{m['counts']['conversations']} conversations ({t['failed']} failed, "
+               f"{t['skipped']} skipped, {t['truncated']} truncated) in {m['seconds']:.1f} s "
+               f"-> {out}")
 
 
 @app.command()

@@ -177,6 +177,11 @@ class DataConfig(_Section):
                                            description="Tokens per regenerated assistant turn.")
     regenerate_max_rounds: int | None = Field(None, ge=1, description="Regenerate only the first "
         "N assistant turns and drop the turns after them (None = every turn, in order).")
+    regenerate_timeout_s: float = Field(600.0, gt=0, description="Seconds one request to a "
+        "regeneration server may take (per attempt; 3 attempts for transient failures).")
+    regenerate_max_failed_share: float = Field(0.05, ge=0.0, le=1.0, description="Largest share "
+        "of a chunk's turns a server may refuse or abort before regeneration stops (REGEN_FAILED; "
+        "the chunk is not saved, so a re-run asks again).")
     regenerate_batch_size: int | None = Field(None, ge=1, le=4096, description="Conversations per "
         "batched generate call, or requests in flight at once for a server (None = "
         "extract.batch_size).")

@@ -21,8 +21,10 @@ alone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,19 +51,29 @@ class Failed:
     reason: str
 
 
-RETRIES = 3  # attempts per request for connection failures and 5xx answers
+RETRIES = 3  # attempts per request for connection failures, timeouts and 5xx answers
 REFUSED = (400, 422)  # one prompt the server will not answer: that turn fails, the rest go on
+OPEN_NOTE_S = 60.0  # a line every this many seconds while requests are still open
 
 
-def _post(client, url: str, body: dict) -> dict | Failed:
+def shown_url(url: str) -> str:
+    """``url`` without the user name and password it may carry, for messages and records."""
+    return re.sub(r"//[^/@]*@", "//", url)
+
+
+async def _post(client, url: str, body: dict, timeout_key: str) -> dict | list | Failed:
     """One POST with :data:`RETRIES` attempts for transient failures. The JSON answer, or
-    :class:`Failed` for :data:`REFUSED` statuses. TransientError after the last attempt; DataError
-    for other non-200 answers (a wrong URL or path) and for answers that are not JSON."""
+    :class:`Failed` for :data:`REFUSED` statuses. TransientError after the last attempt
+    (connection failures, timeouts, 5xx); DataError for other non-200 answers (a wrong URL or path)
+    and for answers that are not JSON."""
     import httpx
 
+    where = f"regeneration endpoint {shown_url(url)}"
     for attempt in range(1, RETRIES + 1):
         try:
-            r = client.post(url, json=body)
+            r = await client.post(url, json=body)
+        except httpx.TimeoutException as e:
+            why = f"no answer within {timeout_key} ({type(e).__name__})"
         except httpx.TransportError as e:
             why = f"{type(e).__name__}: {e}"
         else:
@@ -69,29 +81,64 @@ def _post(client, url: str, body: dict) -> dict | Failed:
                 try:
                     return r.json()
                 except ValueError as e:
-                    raise DataError(f"regeneration endpoint {url}: expected a JSON answer, got "
-                                    f"{r.text[:200]!r}") from e
+                    raise DataError(f"{where}: expected a JSON answer, got {r.text[:200]!r}") from e
             if r.status_code in REFUSED:
                 return Failed(f"HTTP {r.status_code}: {r.text[:200]}")
             if r.status_code < 500:
-                raise DataError(f"regeneration endpoint {url}: expected HTTP 200, got "
-                                f"{r.status_code}: {r.text[:200]}")
+                hint = (" (SGLang's native API is at the server's root: drop /v1 from "
+                        "data.regenerate_url)" if r.status_code == 404 and "/v1/" in url
+                        and url.endswith("/generate") else "")
+                raise DataError(f"{where}: expected HTTP 200, got {r.status_code}: "
+                                f"{r.text[:200]}{hint}")
             why = f"HTTP {r.status_code}"
         if attempt == RETRIES:
-            raise TransientError(f"regeneration endpoint {url}: {why} ({RETRIES} attempts)")
-        time.sleep(attempt)
+            raise TransientError(f"{where}: {why} ({RETRIES} attempts)")
+        await asyncio.sleep(attempt)
     raise AssertionError("unreachable")
 
 
-def _in_flight(items: list, one: Callable, limit: int, timeout_s: float) -> list:
-    """``[one(client, x) for x in items]`` with every item's request in flight at once (at most
-    ``limit``; ``timeout_s`` per request), answers in input order."""
+def _in_flight(items: list, one: Callable, limit: int, timeout_s: float, url: str) -> list:
+    """``[await one(client, x) for x in items]`` with every item's request in flight at once (at
+    most ``limit``, ``timeout_s`` per attempt), answers in input order, on an event loop of its own
+    (in a worker thread when this thread already runs one). The first error cancels the requests
+    still open; so does Ctrl-C. A line every :data:`OPEN_NOTE_S` s names the requests still open."""
     import httpx
 
-    n = max(1, min(len(items), limit))
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    with httpx.Client(timeout=timeout_s, limits=limits) as client, ThreadPoolExecutor(n) as pool:
-        return list(pool.map(lambda x: one(client, x), items))
+    async def main() -> list:
+        n = max(1, min(len(items), limit))
+        gate = asyncio.Semaphore(n)
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+            async def run(x):
+                async with gate:
+                    return await one(client, x)
+
+            tasks = [asyncio.ensure_future(run(x)) for x in items]
+            t0 = time.monotonic()
+            try:
+                while True:
+                    done, pending = await asyncio.wait(tasks, timeout=OPEN_NOTE_S,
+                                                       return_when=asyncio.FIRST_EXCEPTION)
+                    for t in done:
+                        if t.exception() is not None:
+                            raise t.exception()
+                    if not pending:
+                        return [t.result() for t in tasks]
+                    log.warning("regeneration: %d of %d requests to %s still open after %.0f s "
+                                "(each attempt may take data.regenerate_timeout_s=%s s, %d "
+                                "attempts)", len(pending), len(tasks), shown_url(url),
+                                time.monotonic() - t0, timeout_s, RETRIES)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 def _prompt_ids(tokenizer, prefixes: list[list[dict]], template_kwargs: dict | None
@@ -162,35 +209,41 @@ def sglang_answer_fn(url: str, tokenizer, max_new_tokens: int, *,
                      timeout_s: float = 600.0, in_flight: int = 256):
     """An ``answer_fn`` asking SGLang's native ``POST {url}/generate`` (greedy, ``input_ids`` from
     ``tokenizer``'s chat template). Returns per prefix a ``str``, a :class:`Truncated` (finish
-    reason ``length``), a :class:`Failed` (HTTP 400/422) or None (prompt over
-    ``max_prompt_tokens`` tokens, not sent). ``timeout_s`` bounds each request; ``in_flight``
-    bounds the requests open at once. TransientError / DataError as :func:`_post`; DataError for
-    an answer without ``output_ids`` or ``text``."""
+    reason ``length``), a :class:`Failed` (HTTP 400/422, or finish reason ``abort`` with the
+    server's message) or None (prompt over ``max_prompt_tokens`` tokens, not sent).
+    ``timeout_s`` bounds each attempt; ``in_flight`` the requests open at once. TransientError /
+    DataError as :func:`_post`; DataError for an answer without ``output_ids`` or a text
+    ``text``."""
     endpoint = url.rstrip("/") + "/generate"
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
 
-    def one(client, ids: list[int] | None):
+    async def one(client, ids: list[int] | None):
         if ids is None:
             return None
-        body = _post(client, endpoint, {"input_ids": ids, "sampling_params": sampling})
+        body = await _post(client, endpoint, {"input_ids": ids, "sampling_params": sampling},
+                           f"data.regenerate_timeout_s ({timeout_s} s)")
         if isinstance(body, Failed):
             return body
         body = body[0] if isinstance(body, list) and body else body
-        if not isinstance(body, dict) or ("output_ids" not in body and "text" not in body):
-            raise DataError(f"{endpoint}: expected an object with 'output_ids' or 'text', got "
-                            f"{str(body)[:200]!r}")
-        out = body.get("output_ids")
-        text = (tokenizer.decode(out, skip_special_tokens=True) if out is not None
-                else body.get("text") or "").strip()
+        out = body.get("output_ids") if isinstance(body, dict) else None
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(out, list) and not isinstance(text, str):
+            raise DataError(f"{shown_url(endpoint)}: expected an object with 'output_ids' (a list "
+                            f"of token ids) or 'text' (a string), got {str(body)[:200]!r}")
         reason = (body.get("meta_info") or {}).get("finish_reason")
         kind = reason.get("type") if isinstance(reason, dict) else reason
+        if kind == "abort":
+            why = reason.get("message") if isinstance(reason, dict) else None
+            return Failed(f"aborted by the server: {why or reason}")
+        text = (tokenizer.decode(out, skip_special_tokens=True) if isinstance(out, list)
+                else text).strip()
         return Truncated(text) if kind == "length" else text
 
     def answer(prefixes: list[list[dict]]) -> list:
         ids = _prompt_ids(tokenizer, prefixes, template_kwargs)
         if max_prompt_tokens is not None:
             ids = [x if len(x) <= max_prompt_tokens else None for x in ids]
-        return _in_flight(ids, one, in_flight, timeout_s)
+        return _in_flight(ids, one, in_flight, timeout_s, endpoint)
 
     return answer
 
@@ -200,37 +253,61 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
                      max_prompt_tokens: int | None = None, in_flight: int = 256):
     """An ``answer_fn`` asking an OpenAI-compatible server (``POST {url}/chat/completions``,
     temperature 0, the server's own chat template; ``template_kwargs`` go as
-    ``chat_template_kwargs``). Returns per prefix a ``str``, a :class:`Truncated`
+    ``chat_template_kwargs``). ``model`` None: the first id of ``GET {url}/models`` (``default``
+    when the server lists none). Returns per prefix a ``str``, a :class:`Truncated`
     (``finish_reason`` ``length``), a :class:`Failed` (HTTP 400/422) or, given ``tokenizer`` and
     ``max_prompt_tokens``, None for a prompt over that many tokens (not sent). TransientError /
     DataError as :func:`_post`."""
-    endpoint = url.rstrip("/") + "/chat/completions"
+    base = url.rstrip("/")
+    endpoint = base + "/chat/completions"
+    name: list[str] = [model] if model else []
 
-    def one(client, msgs: list[dict] | None):
+    async def one(client, msgs: list[dict] | None):
         if msgs is None:
             return None
-        body = {"model": model or "default", "messages": msgs, "temperature": 0.0,
+        body = {"model": name[0], "messages": msgs, "temperature": 0.0,
                 "max_tokens": max_new_tokens,
                 **({"chat_template_kwargs": template_kwargs} if template_kwargs else {})}
-        got = _post(client, endpoint, body)
+        got = await _post(client, endpoint, body, f"data.regenerate_timeout_s ({timeout_s} s)")
         if isinstance(got, Failed):
             return got
         try:
             choice = got["choices"][0]
-            text = (choice["message"].get("content") or "").strip()
+            text = choice["message"].get("content") or ""
+            if not isinstance(text, str):
+                raise TypeError(type(text).__name__)
         except (KeyError, IndexError, TypeError, AttributeError) as e:
-            raise DataError(f"{endpoint}: expected choices[0].message.content, got "
-                            f"{str(got)[:200]!r}") from e
+            raise DataError(f"{shown_url(endpoint)}: expected choices[0].message.content (a "
+                            f"string), got {str(got)[:200]!r}") from e
+        text = text.strip()
         return Truncated(text) if choice.get("finish_reason") == "length" else text
 
     def answer(prefixes: list[list[dict]]) -> list:
+        if not name:
+            name.append(_served_model(base, timeout_s))
         todo: list = list(prefixes)
         if tokenizer is not None and max_prompt_tokens is not None:
             lengths = map(len, _prompt_ids(tokenizer, prefixes, template_kwargs))
             todo = [p if n <= max_prompt_tokens else None for p, n in zip(prefixes, lengths)]
-        return _in_flight(todo, one, in_flight, timeout_s)
+        return _in_flight(todo, one, in_flight, timeout_s, endpoint)
 
     return answer
+
+
+def _served_model(base: str, timeout_s: float) -> str:
+    """The first model id ``GET {base}/models`` lists (the name an OpenAI-compatible server such as
+    vLLM expects in each request), or ``default`` when it lists none or cannot say."""
+    import httpx
+
+    try:
+        r = httpx.get(base + "/models", timeout=min(timeout_s, 30.0))
+        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        ids = []
+    got = next((i for i in ids if isinstance(i, str) and i), None)
+    log.info("regeneration: %s serves model %r%s", shown_url(base), got or "default",
+             "" if got else " (no model listed at /models)")
+    return got or "default"
 
 
 @contextlib.contextmanager
@@ -262,7 +339,7 @@ def answer_source(cfg, target_dir: Path, tokenizer, log_dir: Path) -> Iterator[C
     d = cfg.data
     batch = d.regenerate_batch_size or cfg.extract.batch_size
     common = {"template_kwargs": d.chat_template_kwargs, "max_prompt_tokens": d.max_seq_len,
-              "in_flight": batch}
+              "in_flight": batch, "timeout_s": d.regenerate_timeout_s}
     if d.regenerate == "hf":
         from eagle3.target_model import load_target
 

@@ -185,7 +185,7 @@ def test_regenerate_file_writes_shared_conversations_and_a_manifest(
     assert len(convs) == 3 and all(c.messages[-1]["role"] == "assistant" for c in convs)
     assert all(not c.messages[1]["content"].startswith("answer") for c in convs)
     assert json.loads((tmp_path / "regen.jsonl.manifest.json").read_text())["sha256"] == m["sha256"]
-    with pytest.raises(Exception, match="expected one of \['hf', 'sglang', 'openai'\]"):
+    with pytest.raises(Exception, match=r"expected one of \['hf', 'sglang', 'openai'\]"):
         regenerate_file(
             file_cfg(tiny_cfg, tmp_path / "c.jsonl", n=3), tmp_path / "x.jsonl", progress=False
         )

@@ -173,9 +173,9 @@ def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
             },
         )
 
-    real = httpx.Client
+    real = httpx.AsyncClient
     monkeypatch.setattr(
-        httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(reply), **kw)
+        httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(reply), **kw)
     )
     got = openai_answer_fn("http://127.0.0.1:9/v1", "m", 8)(
         [[{"role": "user", "content": q}] for q in ("long", "short")]

@@ -5,7 +5,6 @@ and a target launched for it that answers as the in-process ``hf`` mode does."""
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import pytest
@@ -31,8 +30,8 @@ class _Tok:
 
 
 def _mock(monkeypatch, reply):
-    real = httpx.Client
-    monkeypatch.setattr(httpx, "Client",
+    real = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient",
                         lambda **kw: real(transport=httpx.MockTransport(reply), **kw))
 
 
@@ -64,28 +63,34 @@ def test_the_template_switches_reach_the_prompt_ids(monkeypatch):
     assert got == ["to q|T"]
 
 
-def test_a_batch_is_in_flight_at_once():
-    """Four requests meet at a barrier inside the server: sent one after another they could not
-    all arrive before it times out."""
-    barrier = threading.Barrier(4, timeout=10)
+def test_a_batch_is_in_flight_at_once(monkeypatch):
+    """The server answers only once all four requests have arrived: sent one after another they
+    could not all arrive, and the wait would time out."""
+    import asyncio
 
-    def reply(request):
-        barrier.wait()
+    arrived, everyone = [], asyncio.Event()
+
+    async def reply(request):
+        arrived.append(request)
+        if len(arrived) == 4:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), timeout=10)
         return _generate_reply(request)
 
-    fn = RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5)
-    real = httpx.Client
-    transport = httpx.MockTransport(reply)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(httpx, "Client", lambda **kw: real(transport=transport, **kw))
-        got = fn([[{"role": "user", "content": str(i)}] for i in range(4)])
+    _mock(monkeypatch, reply)
+    got = RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5)(
+        [[{"role": "user", "content": str(i)}] for i in range(4)])
     assert got == [f"to {i}" for i in range(4)]
 
 
 def test_server_errors_are_retried_then_transient_and_other_statuses_are_data_errors(
         monkeypatch):
     calls = []
-    monkeypatch.setattr(RS.time, "sleep", lambda s: calls.append(("sleep", s)))
+
+    async def no_wait(s):
+        calls.append(("sleep", s))
+
+    monkeypatch.setattr(RS.asyncio, "sleep", no_wait)
 
     def reply(request):
         calls.append("post")
@@ -108,7 +113,7 @@ def test_server_errors_are_retried_then_transient_and_other_statuses_are_data_er
         fn([[{"role": "user", "content": "down"}]])
     with pytest.raises(DataError, match="expected HTTP 200, got 404: no route"):
         fn([[{"role": "user", "content": "nowhere"}]])
-    with pytest.raises(DataError, match="expected an object with 'output_ids' or 'text'"):
+    with pytest.raises(DataError, match="expected an object with 'output_ids' .a list"):
         fn([[{"role": "user", "content": "odd"}]])
 
 
@@ -185,3 +190,100 @@ def _live_engines() -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def test_aborted_and_malformed_answers_fail_instead_of_passing_as_empty(monkeypatch):
+    def reply(request):
+        q = "".join(chr(i) for i in json.loads(request.content)["input_ids"])
+        if q == "abort":
+            return httpx.Response(200, json={"text": "", "meta_info": {"finish_reason": {
+                "type": "abort", "message": "prompt too long"}}})
+        return httpx.Response(200, json={"text": 42, "meta_info": {}})
+
+    _mock(monkeypatch, reply)
+    fn = RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5)
+    got = fn([[{"role": "user", "content": "abort"}]])[0]
+    assert isinstance(got, Failed) and got.reason == "aborted by the server: prompt too long"
+    with pytest.raises(DataError, match=r"'text' \(a string\), got .\{'text': 42"):
+        fn([[{"role": "user", "content": "number"}]])
+
+
+def test_the_first_error_cancels_the_requests_still_open(monkeypatch):
+    """One request is answered 404 at once while three others would hang for a minute: the
+    error comes back within seconds, not after the slow ones."""
+    import asyncio
+    import time
+
+    async def reply(request):
+        q = "".join(chr(i) for i in json.loads(request.content)["input_ids"])
+        if q == "nowhere":
+            await asyncio.sleep(0.2)
+            return httpx.Response(404, text="no route")
+        await asyncio.sleep(60)
+        return _generate_reply(request)
+
+    _mock(monkeypatch, reply)
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match="got 404"):
+        RS.sglang_answer_fn("http://127.0.0.1:9", _Tok(), 5)(
+            [[{"role": "user", "content": q}] for q in ("a", "b", "nowhere", "c")])
+    assert time.monotonic() - t0 < 10
+
+
+def test_requests_still_open_are_named_while_waiting(monkeypatch, caplog):
+    import asyncio
+
+    async def reply(request):
+        await asyncio.sleep(0.6)
+        return _generate_reply(request)
+
+    monkeypatch.setattr(RS, "OPEN_NOTE_S", 0.2)
+    _mock(monkeypatch, reply)
+    with caplog.at_level("WARNING"):
+        got = RS.sglang_answer_fn("http://user:secret@127.0.0.1:9", _Tok(), 5, timeout_s=30)(
+            [[{"role": "user", "content": "slow"}]])
+    assert got == ["to slow"]
+    notes = [r.getMessage() for r in caplog.records if "still open" in r.getMessage()]
+    assert notes and "1 of 1 requests to http://127.0.0.1:9/generate still open" in notes[0]
+    assert "data.regenerate_timeout_s=30" in notes[0] and "secret" not in notes[0]
+
+
+def test_a_native_url_ending_in_v1_gets_a_hint(monkeypatch):
+    _mock(monkeypatch, lambda request: httpx.Response(404, text="Not Found"))
+    with pytest.raises(DataError, match=r"got 404: Not Found \(SGLang's native API is at the "
+                       r"server's root: drop /v1 from data.regenerate_url\)"):
+        RS.sglang_answer_fn("http://127.0.0.1:9/v1", _Tok(), 5)([[{"role": "user",
+                                                                  "content": "q"}]])
+
+
+def test_openai_asks_the_server_for_its_model_name(monkeypatch):
+    names = []
+
+    def reply(request):
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"data": [{"id": "served-model"}]})
+        names.append(json.loads(request.content)["model"])
+        return httpx.Response(200, json={"choices": [{"message": {"content": "x"}}]})
+
+    _mock(monkeypatch, reply)
+    real_get = httpx.get
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Client(
+        transport=httpx.MockTransport(reply)).get(url, **kw))
+    fn = RS.openai_answer_fn("http://127.0.0.1:9/v1", None, 4)
+    assert fn([[{"role": "user", "content": "q"}]] * 2) == ["x", "x"]
+    assert names == ["served-model", "served-model"] and real_get is not httpx.get
+
+
+def test_regenerate_file_refuses_to_write_over_its_source_before_any_work(tiny_cfg, tmp_path):
+    from eagle3.errors import ConfigError
+    from eagle3.extract.regen import regenerate_file
+    from tests.unit.test_extract import file_cfg, write_convs
+
+    src = write_convs(tmp_path / "c.jsonl", 4)
+    before = src.read_bytes()
+    cfg = file_cfg(tiny_cfg, src, n=3, regenerate="sglang", regenerate_url="http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="expected a new file beside the source, got the source"):
+        regenerate_file(cfg, src, progress=False)
+    with pytest.raises(ConfigError, match="got a folder"):
+        regenerate_file(cfg, tmp_path, progress=False)
+    assert src.read_bytes() == before

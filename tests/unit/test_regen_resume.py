@@ -74,6 +74,7 @@ def test_a_stopped_run_goes_on_from_its_last_finished_chunk(monkeypatch, tmp_pat
     whole_answers = Answers()
     whole, whole_counts = R.regenerate_counted(CONVS, whole_answers, 2)
     assert _plain(out) == _plain(whole)
+    assert counts.pop("this_call") == {"chunks": 1, "turns": 2}  # the earlier chunks were read
     assert counts == whole_counts
     assert counts["turns"]["input"] == 9 and counts["turns"]["truncated"] == 1
     assert counts["turns"]["failed"] == 1 and counts["truncated_turns"] == {"B": [1]}
@@ -130,3 +131,53 @@ def test_a_progress_file_of_other_conversations_is_refused(monkeypatch, tmp_path
 def test_chunks_file_sits_beside_the_regenerated_file(tmp_path):
     assert R.chunks_path(tmp_path / "regenerated-ab.jsonl").name == "regenerated-ab.chunks.jsonl"
     assert R.chunks_path(tmp_path / "regen.jsonl.xz").name == "regen.jsonl.xz.chunks.jsonl"
+
+
+def test_a_resume_with_other_settings_is_refused_naming_them(monkeypatch, tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "regenerated-x.chunks.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        R.regenerate_resumable(CONVS, lambda: Answers(stop_at="E-q1"), 2, None, progress,
+                               settings={"mode": "hf", "max_new_tokens": 8})
+    with pytest.raises(DataError, match=r"REGEN_PROGRESS_MISMATCH: .* line 1: .*other settings "
+                       r".*'max_new_tokens': \(8, 16\)"):
+        R.regenerate_resumable(CONVS, Answers, 2, None, progress,
+                               settings={"mode": "hf", "max_new_tokens": 16})
+    out, _ = R.regenerate_resumable(CONVS, Answers, 2, None, progress,
+                                    settings={"mode": "hf", "max_new_tokens": 8})
+    assert len(out) == len(CONVS)
+
+
+def test_a_chunk_with_too_many_failed_turns_stops_unsaved_and_is_asked_again(monkeypatch,
+                                                                            tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "regenerated-x.chunks.jsonl"
+    # chunk 2 (C, D) holds the failed turn C-q2: 1 of 4 turns > 0.2 of them
+    with pytest.raises(DataError, match=r"REGEN_FAILED: .*1 of 4 assistant turns of chunk 2 "
+                       r"failed, above data.regenerate_max_failed_share=0.2; .*C turn 2: HTTP 500"):
+        R.regenerate_resumable(CONVS, Answers, 2, None, progress, max_failed_share=0.2)
+    assert len(progress.read_text().splitlines()) == 1  # chunk 1 kept, chunk 2 not saved
+    again = Answers()
+    _, counts = R.regenerate_resumable(CONVS, lambda: again, 2, None, progress,
+                                       max_failed_share=0.5)
+    assert "C-q1" in again.asked and "A-q1" not in again.asked
+    assert counts["turns"]["failed"] == 1 and counts["kept_turns"] == {"C": [2]}
+
+
+def test_nothing_regenerated_is_an_error_not_a_file(tmp_path):
+    with pytest.raises(DataError, match=r"REGEN_NOTHING: .*none of 9 assistant turns .*"
+                       r"skipped 9: \{'prompt_too_long': 9\}"):
+        R.regenerate_resumable(CONVS, lambda: (lambda ps: [None] * len(ps)), 2, None,
+                               tmp_path / "p.chunks.jsonl")
+
+
+def test_a_turn_with_no_user_message_before_it_is_skipped_not_sent():
+    conv = Conversation("s", [{"role": "assistant", "content": "hello first"},
+                              {"role": "user", "content": "q"},
+                              {"role": "assistant", "content": "old"}])
+    asked = []
+    out, counts = R.regenerate_counted(
+        [conv], lambda ps: asked.extend(ps) or ["new"] * len(ps), 4)
+    assert [m["content"] for m in out[0].messages] == ["hello first", "q", "new"]
+    assert len(asked) == 1 and counts["skipped_by_reason"] == {"no_user_turn_before": 1}
+    assert counts["kept_turns"] == {"s": [1]} and counts["turns"]["skipped"] == 1
