@@ -310,6 +310,28 @@ def _served_model(base: str, timeout_s: float) -> str:
     return got or "default"
 
 
+def _check_served_model(url: str, target_dir: Path) -> None:
+    """Log the model SGLang serves at ``url`` (``GET /get_model_info``: ``model_path``); warn when
+    its folder name is not the target's, since answers of another model would be trained on
+    silently. A server that cannot say is logged, not refused."""
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/get_model_info", timeout=30.0)
+        served = r.json().get("model_path") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        served = None
+    if not isinstance(served, str) or not served:
+        log.info("regeneration: %s did not say which model it serves (GET /get_model_info)",
+                 shown_url(url))
+    elif Path(served.rstrip("/")).name != Path(target_dir).name:
+        log.warning("regeneration: %s serves %r, but the target is %s: expected the same model "
+                    "(the draft learns the answers of the model that wrote them)",
+                    shown_url(url), served, target_dir)
+    else:
+        log.info("regeneration: %s serves %s", shown_url(url), served)
+
+
 @contextlib.contextmanager
 def served_target(cfg, target_dir: Path, log_dir: Path, in_flight: int) -> Iterator[str]:
     """The target served by ``serve.engine`` with no draft (``serve.*`` settings; SGLang's running
@@ -349,6 +371,8 @@ def answer_source(cfg, target_dir: Path, tokenizer, log_dir: Path) -> Iterator[C
                            d.chat_template_kwargs, max_prompt_tokens=d.max_seq_len)
     elif d.regenerate == "sglang":
         with contextlib.ExitStack() as stack:
+            if d.regenerate_url:
+                _check_served_model(d.regenerate_url, target_dir)
             url = d.regenerate_url or stack.enter_context(
                 served_target(cfg, target_dir, log_dir, batch))
             yield sglang_answer_fn(url, tokenizer, d.regenerate_max_new_tokens, **common)

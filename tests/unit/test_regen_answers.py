@@ -287,3 +287,17 @@ def test_regenerate_file_refuses_to_write_over_its_source_before_any_work(tiny_c
     with pytest.raises(ConfigError, match="got a folder"):
         regenerate_file(cfg, tmp_path, progress=False)
     assert src.read_bytes() == before
+
+
+def test_a_server_serving_another_model_is_warned_about(monkeypatch, caplog, tmp_path):
+    def reply(request):
+        return httpx.Response(200, json={"model_path": "/models/Other-7B"})
+
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Client(
+        transport=httpx.MockTransport(reply)).get(url, **kw))
+    with caplog.at_level("INFO"):
+        RS._check_served_model("http://127.0.0.1:9", tmp_path / "SmolLM2-135M-Instruct")
+        RS._check_served_model("http://127.0.0.1:9", tmp_path / "Other-7B")
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "serves '/models/Other-7B', but the target is" in \
+        warned[0].getMessage()
