@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import types
 import typing
 from functools import lru_cache
@@ -185,6 +186,14 @@ class DataConfig(_Section):
     regenerate_batch_size: int | None = Field(None, ge=1, le=4096, description="Conversations per "
         "batched generate call, or requests in flight at once for a server (None = "
         "extract.batch_size).")
+
+    @field_validator("regenerate_url")
+    @classmethod
+    def _url_with_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"https?://[^/]", v):
+            raise ValueError("expected a URL starting with http:// or https:// (e.g. "
+                             "http://127.0.0.1:30000)")
+        return v
 
     @model_validator(mode="after")
     def _path_for_file(self) -> DataConfig:

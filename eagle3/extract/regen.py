@@ -408,6 +408,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     if out_path.is_dir() or out_path.resolve() == Path(path).resolve():
         raise ConfigError(f"--out {str(out_path)!r}: expected a new file beside the source, got "
                           + ("a folder" if out_path.is_dir() else "the source file data.path"))
+    out_path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable place fails before work
     source_sha = sha256_file(path)
     bar = None
     if progress:

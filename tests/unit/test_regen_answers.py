@@ -301,3 +301,12 @@ def test_a_server_serving_another_model_is_warned_about(monkeypatch, caplog, tmp
     warned = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "serves '/models/Other-7B', but the target is" in \
         warned[0].getMessage()
+
+
+def test_a_regeneration_url_without_a_scheme_is_refused_at_load():
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.regenerate_url: .*expected a URL starting with "
+                       r"http:// or https://"):
+        load_config(None, ["data.regenerate=sglang", "data.regenerate_url=127.0.0.1:9"])
