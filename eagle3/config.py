@@ -184,7 +184,8 @@ class DataConfig(_Section):
         "of a chunk's turns a server may refuse or abort before regeneration stops (REGEN_FAILED; "
         "the chunk is not saved, so a re-run asks again).")
     regenerate_batch_size: int | None = Field(None, ge=1, le=4096, description="Conversations per "
-        "batched generate call, or requests in flight at once for a server (None = "
+        "batched generate call, or requests open at once to a server, where conversations go "
+        "side by side, each turn asked once its earlier turns are answered (None = "
         "extract.batch_size).")
 
     @field_validator("regenerate_url")

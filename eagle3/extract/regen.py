@@ -76,7 +76,11 @@ def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
     round r asks every conversation's (r+1)-th assistant turn, earlier turns already regenerated.
     ``max_rounds``: only the first N assistant turns, dropping every message after the last
     regenerated one. Prefixes are batched by length within a round; ``on_batch(n)`` is called
-    after each batch with its number of answers.
+    after each batch with its number of answers. An ``answer_fn`` with a ``converse`` method (a
+    served target, :class:`eagle3.extract.regen_answers.ServedAnswers`) runs the conversations
+    side by side instead, each turn after its own conversation's earlier ones (the same prefixes,
+    without a round waiting for another conversation); ``on_batch(1)`` after each answer. A turn
+    with no user message before it is skipped (``no_user_turn_before``).
 
     An answer is a ``str`` (succeeded; a :class:`Truncated` also counts as truncated,
     :data:`TRUNCATED_POLICY`; an empty one counts under ``turns.empty``; ``turns.clean`` counts
@@ -107,34 +111,57 @@ def _regenerate_raw(convs: list[Conversation], answer_fn, batch_size: int,
     reasons: Counter = Counter()
     failed_examples: list[str] = []
     empty = flagged = 0  # empty answers; answers truncated or empty
-    for r in range(rounds):
-        todo = [(k, i) for k, c in enumerate(out) if (i := _turn_index(c, r)) is not None]
-        for k, i in [(k, i) for k, i in todo if not _has_user(out[k].messages[:i])]:
-            outcomes[k].append("skipped")  # nothing to answer: the template would refuse it
-            reasons["no_user_turn_before"] += 1
-        todo = [(k, i) for k, i in todo if _has_user(out[k].messages[:i])]
-        todo.sort(key=lambda ki: sum(len(m["content"]) for m in out[ki[0]].messages[:ki[1]]))
-        for b in range(0, len(todo), batch_size):
-            chunk = todo[b: b + batch_size]
-            answers = answer_fn([out[k].messages[:i] for k, i in chunk])
-            if len(answers) != len(chunk):
-                raise DataError(f"regeneration: expected {len(chunk)} answers for a batch, got "
-                                f"{len(answers)}")
-            for (k, i), a in zip(chunk, answers):
-                what, why = _outcome(a)
-                outcomes[k].append(what)
-                if what == "succeeded":
-                    out[k].messages[i]["content"] = str(a)
-                    empty += not a.strip()
-                    flagged += isinstance(a, Truncated) or not a.strip()
-                    if isinstance(a, Truncated):
-                        cut[k].append(r + 1)
-                elif what == "skipped":
-                    reasons[why] += 1
-                else:
-                    failed_examples.append(f"{out[k].id} turn {r + 1}: {why}")
+
+    def apply(k: int, r: int, i: int, a) -> None:
+        nonlocal empty, flagged
+        what, why = _outcome(a)
+        outcomes[k].append(what)
+        if what == "succeeded":
+            out[k].messages[i]["content"] = str(a)
+            empty += not a.strip()
+            flagged += isinstance(a, Truncated) or not a.strip()
+            if isinstance(a, Truncated):
+                cut[k].append(r + 1)
+        elif what == "skipped":
+            reasons[why] += 1
+        else:
+            failed_examples.append(f"{out[k].id} turn {r + 1}: {why}")
+
+    def prefix_of(k: int, i: int) -> list[dict] | None:
+        prefix = out[k].messages[:i]
+        if _has_user(prefix):
+            return prefix
+        outcomes[k].append("skipped")  # nothing to answer: the template would refuse it
+        reasons["no_user_turn_before"] += 1
+        if on_batch is not None:
+            on_batch(1)
+        return None
+
+    if hasattr(answer_fn, "converse"):  # a server: conversations side by side, no rounds
+        jobs = [(k, [(r, i) for r in range(rounds) if (i := _turn_index(c, r)) is not None])
+                for k, c in enumerate(out)]
+
+        def applied(k: int, r: int, i: int, a) -> None:
+            apply(k, r, i, a)
             if on_batch is not None:
-                on_batch(len(chunk))
+                on_batch(1)
+
+        answer_fn.converse([j for j in jobs if j[1]], prefix_of, applied)
+    else:
+        for r in range(rounds):  # in-process: a round of every conversation at a time
+            todo = [(k, i) for k, c in enumerate(out) if (i := _turn_index(c, r)) is not None]
+            todo = [(k, i) for k, i in todo if prefix_of(k, i) is not None]
+            todo.sort(key=lambda ki: sum(len(m["content"]) for m in out[ki[0]].messages[:ki[1]]))
+            for b in range(0, len(todo), batch_size):
+                chunk = todo[b: b + batch_size]
+                answers = answer_fn([out[k].messages[:i] for k, i in chunk])
+                if len(answers) != len(chunk):
+                    raise DataError(f"regeneration: expected {len(chunk)} answers for a batch, got "
+                                    f"{len(answers)}")
+                for (k, i), a in zip(chunk, answers):
+                    apply(k, r, i, a)
+                if on_batch is not None:
+                    on_batch(len(chunk))
     if max_rounds is not None:
         for c in out:
             last = _turn_index(c, max_rounds - 1)

@@ -12,8 +12,9 @@ requests in flight at once, in two protocols:
   and stopped when the regeneration ends.
 - ``openai``: ``POST {url}/chat/completions`` (temperature 0) on any OpenAI-compatible server.
 
-A batch's requests go out together (``data.regenerate_batch_size`` in flight), so the server's
-continuous batching, not the client, sets the pace. ``finish_reason`` ``length`` marks an answer
+Against a server, conversations go side by side (:meth:`ServedAnswers.converse`): each turn is
+asked as soon as its conversation's earlier turns are answered, ``data.regenerate_batch_size``
+requests open at once, so the server's continuous batching, not the client, sets the pace. ``finish_reason`` ``length`` marks an answer
 :class:`Truncated`; a prompt longer than ``max_prompt_tokens`` is not sent (None: skipped, as in
 the ``hf`` mode); a request the server refuses with 400 or 422 is :class:`Failed` for that turn
 alone.
@@ -97,37 +98,43 @@ async def _post(client, url: str, body: dict, timeout_key: str) -> dict | list |
     raise AssertionError("unreachable")
 
 
-def _in_flight(items: list, one: Callable, limit: int, timeout_s: float, url: str) -> list:
-    """``[await one(client, x) for x in items]`` with every item's request in flight at once (at
-    most ``limit``, ``timeout_s`` per attempt), answers in input order, on an event loop of its own
-    (in a worker thread when this thread already runs one). The first error cancels the requests
-    still open; so does Ctrl-C. A line every :data:`OPEN_NOTE_S` s names the requests still open."""
+def _run(jobs: list, work: Callable, one: Callable, limit: int, timeout_s: float, url: str,
+         what: str) -> list:
+    """``[await work(ask, job) for job in jobs]`` all at once, on an event loop of its own (in a
+    worker thread when this thread already runs one), results in input order. ``ask(item)`` sends
+    one request, ``await one(client, item)``, through one shared client with at most ``limit``
+    requests open (``timeout_s`` per attempt); a None item is not sent and answers None. The first
+    error cancels everything still open; so does Ctrl-C. A line every :data:`OPEN_NOTE_S` s names
+    how many ``what`` are still open."""
     import httpx
 
     async def main() -> list:
-        n = max(1, min(len(items), limit))
+        n = max(1, min(max(len(jobs), 1), limit))
         gate = asyncio.Semaphore(n)
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-            async def run(x):
+            async def ask(item):
+                if item is None:
+                    return None
                 async with gate:
-                    return await one(client, x)
+                    return await one(client, item)
 
-            tasks = [asyncio.ensure_future(run(x)) for x in items]
+            tasks = [asyncio.ensure_future(work(ask, job)) for job in jobs]
             t0 = time.monotonic()
             try:
-                while True:
+                while tasks:
                     done, pending = await asyncio.wait(tasks, timeout=OPEN_NOTE_S,
                                                        return_when=asyncio.FIRST_EXCEPTION)
                     for t in done:
                         if t.exception() is not None:
                             raise t.exception()
                     if not pending:
-                        return [t.result() for t in tasks]
-                    log.warning("regeneration: %d of %d requests to %s still open after %.0f s "
-                                "(each attempt may take data.regenerate_timeout_s=%s s, %d "
-                                "attempts)", len(pending), len(tasks), shown_url(url),
+                        break
+                    log.warning("regeneration: %d of %d %s at %s still open after %.0f s (each "
+                                "request may take data.regenerate_timeout_s=%s s, %d attempts)",
+                                len(pending), len(tasks), what, shown_url(url),
                                 time.monotonic() - t0, timeout_s, RETRIES)
+                return [t.result() for t in tasks]
             finally:
                 for t in tasks:
                     t.cancel()
@@ -139,6 +146,46 @@ def _in_flight(items: list, one: Callable, limit: int, timeout_s: float, url: st
         return asyncio.run(main())
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, main()).result()
+
+
+class ServedAnswers:
+    """The ``answer_fn`` of a served target: called on a batch of prefixes it sends them all at
+    once; :meth:`converse` instead runs whole conversations side by side, each turn asked as soon
+    as that conversation's earlier turns are answered, so no round waits for the slowest answer of
+    another conversation. ``prepare(prefixes)`` gives the request items (None: not sent, e.g. over
+    the prompt limit); ``one(client, item)`` sends one (a coroutine)."""
+
+    def __init__(self, prepare: Callable, one: Callable, *, in_flight: int, timeout_s: float,
+                 url: str, before: Callable | None = None):
+        self.prepare, self.one, self.before = prepare, one, before
+        self.in_flight, self.timeout_s, self.url = in_flight, timeout_s, url
+
+    def __call__(self, prefixes: list[list[dict]]) -> list:
+        if self.before is not None:
+            self.before()
+
+        async def work(ask, item):
+            return await ask(item)
+
+        return _run(self.prepare(prefixes), work, self.one, self.in_flight, self.timeout_s,
+                    self.url, "requests")
+
+    def converse(self, jobs: list[tuple[int, list[tuple[int, int]]]], prefix_of: Callable,
+                 apply: Callable) -> None:
+        """For each ``(k, [(round, message index), ...])`` of ``jobs``, in round order: ``prefix =
+        prefix_of(k, i)`` (None: the turn is not asked; the caller has counted why), then
+        ``apply(k, round, i, answer)`` with the answer, before the conversation's next turn."""
+        if self.before is not None:
+            self.before()
+
+        async def work(ask, job):
+            k, turns = job
+            for r, i in turns:
+                prefix = prefix_of(k, i)
+                if prefix is not None:
+                    apply(k, r, i, await ask(self.prepare([prefix])[0]))
+
+        _run(jobs, work, self.one, self.in_flight, self.timeout_s, self.url, "conversations")
 
 
 def _prompt_ids(tokenizer, prefixes: list[list[dict]], template_kwargs: dict | None
@@ -217,9 +264,7 @@ def sglang_answer_fn(url: str, tokenizer, max_new_tokens: int, *,
     endpoint = url.rstrip("/") + "/generate"
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
 
-    async def one(client, ids: list[int] | None):
-        if ids is None:
-            return None
+    async def one(client, ids: list[int]):
         body = await _post(client, endpoint, {"input_ids": ids, "sampling_params": sampling},
                            f"data.regenerate_timeout_s ({timeout_s} s)")
         if isinstance(body, Failed):
@@ -239,13 +284,13 @@ def sglang_answer_fn(url: str, tokenizer, max_new_tokens: int, *,
                 else text).strip()
         return Truncated(text) if kind == "length" else text
 
-    def answer(prefixes: list[list[dict]]) -> list:
+    def prepare(prefixes: list[list[dict]]) -> list:
         ids = _prompt_ids(tokenizer, prefixes, template_kwargs)
         if max_prompt_tokens is not None:
             ids = [x if len(x) <= max_prompt_tokens else None for x in ids]
-        return _in_flight(ids, one, in_flight, timeout_s, endpoint)
+        return ids
 
-    return answer
+    return ServedAnswers(prepare, one, in_flight=in_flight, timeout_s=timeout_s, url=endpoint)
 
 
 def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s: float = 600.0,
@@ -262,9 +307,7 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
     endpoint = base + "/chat/completions"
     name: list[str] = [model] if model else []
 
-    async def one(client, msgs: list[dict] | None):
-        if msgs is None:
-            return None
+    async def one(client, msgs: list[dict]):
         body = {"model": name[0], "messages": msgs, "temperature": 0.0,
                 "max_tokens": max_new_tokens,
                 **({"chat_template_kwargs": template_kwargs} if template_kwargs else {})}
@@ -282,16 +325,19 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
         text = text.strip()
         return Truncated(text) if choice.get("finish_reason") == "length" else text
 
-    def answer(prefixes: list[list[dict]]) -> list:
-        if not name:
-            name.append(_served_model(base, timeout_s))
+    def prepare(prefixes: list[list[dict]]) -> list:
         todo: list = list(prefixes)
         if tokenizer is not None and max_prompt_tokens is not None:
             lengths = map(len, _prompt_ids(tokenizer, prefixes, template_kwargs))
             todo = [p if n <= max_prompt_tokens else None for p, n in zip(prefixes, lengths)]
-        return _in_flight(todo, one, in_flight, timeout_s, endpoint)
+        return todo
 
-    return answer
+    def before() -> None:
+        if not name:
+            name.append(_served_model(base, timeout_s))
+
+    return ServedAnswers(prepare, one, in_flight=in_flight, timeout_s=timeout_s, url=endpoint,
+                         before=before)
 
 
 def _served_model(base: str, timeout_s: float) -> str:

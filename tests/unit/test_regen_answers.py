@@ -244,7 +244,7 @@ def test_requests_still_open_are_named_while_waiting(monkeypatch, caplog):
             [[{"role": "user", "content": "slow"}]])
     assert got == ["to slow"]
     notes = [r.getMessage() for r in caplog.records if "still open" in r.getMessage()]
-    assert notes and "1 of 1 requests to http://127.0.0.1:9/generate still open" in notes[0]
+    assert notes and "1 of 1 requests at http://127.0.0.1:9/generate still open" in notes[0]
     assert "data.regenerate_timeout_s=30" in notes[0] and "secret" not in notes[0]
 
 
@@ -310,3 +310,35 @@ def test_a_regeneration_url_without_a_scheme_is_refused_at_load():
     with pytest.raises(ConfigError, match=r"data.regenerate_url: .*expected a URL starting with "
                        r"http:// or https://"):
         load_config(None, ["data.regenerate=sglang", "data.regenerate_url=127.0.0.1:9"])
+
+
+def test_a_server_conversation_goes_on_without_waiting_for_the_others(monkeypatch):
+    """B's first answer comes only once A's second turn has been asked: with rounds (every
+    first turn answered before any second one) that would never happen; conversations side by
+    side finish, and each turn still sees the conversation's regenerated earlier turns."""
+    import asyncio
+
+    a_second = asyncio.Event()
+
+    async def reply(request):
+        q = "".join(chr(i) for i in json.loads(request.content)["input_ids"])
+        if q.startswith("a1|"):
+            a_second.set()
+        if q == "b1":
+            await asyncio.wait_for(a_second.wait(), timeout=10)
+        return httpx.Response(200, json={"output_ids": [ord(c) for c in f"<{q}>"],
+                                         "meta_info": {"finish_reason": {"type": "stop"}}})
+
+    _mock(monkeypatch, reply)
+    convs = [Conversation("A", [{"role": "user", "content": "a1"},
+                                {"role": "assistant", "content": "old"},
+                                {"role": "user", "content": "a2"},
+                                {"role": "assistant", "content": "old"}]),
+             Conversation("B", [{"role": "user", "content": "b1"},
+                                {"role": "assistant", "content": "old"}])]
+    seen = []
+    out, counts = regenerate_counted(convs, RS.sglang_answer_fn("http://x", _Tok(), 5), 8,
+                                     on_batch=seen.append)
+    assert [m["content"] for m in out[0].messages] == ["a1", "<a1>", "a2", "<a1|<a1>|a2>"]
+    assert out[1].messages[1]["content"] == "<b1>" and sum(seen) == 3
+    assert counts["turns"]["succeeded"] == 3 and counts["per_turn"][1]["succeeded"] == 1
