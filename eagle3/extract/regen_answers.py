@@ -14,10 +14,10 @@ requests in flight at once, in two protocols:
 
 Against a server, conversations go side by side (:meth:`ServedAnswers.converse`): each turn is
 asked as soon as its conversation's earlier turns are answered, ``data.regenerate_batch_size``
-requests open at once, so the server's continuous batching, not the client, sets the pace. ``finish_reason`` ``length`` marks an answer
-:class:`Truncated`; a prompt longer than ``max_prompt_tokens`` is not sent (None: skipped, as in
-the ``hf`` mode); a request the server refuses with 400 or 422 is :class:`Failed` for that turn
-alone.
+requests open at once, so the server's continuous batching, not the client, sets the pace.
+``finish_reason`` ``length`` marks an answer :class:`Truncated`; a prompt longer than
+``max_prompt_tokens`` is not sent (None: skipped, as in the ``hf`` mode); a request the server
+refuses with 400 or 422 is :class:`Failed` for that turn alone.
 """
 
 from __future__ import annotations
