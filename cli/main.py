@@ -95,6 +95,8 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
 
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("eagle3").setLevel(logging.INFO)  # the server launched, chunks saved
+    if out.resolve() == config.resolve():
+        _fail(f"--out {str(out)!r}: expected a new file, got CONFIG itself", 2)
     try:
         cfg = load_config(config, override)
         if cfg.data.regenerate == "none":

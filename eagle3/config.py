@@ -191,9 +191,16 @@ class DataConfig(_Section):
     @field_validator("regenerate_url")
     @classmethod
     def _url_with_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"https?://[^/]", v):
+        if v is not None and not re.match(r"https?://[^/]", v, re.IGNORECASE):
             raise ValueError("expected a URL starting with http:// or https:// (e.g. "
                              "http://127.0.0.1:30000)")
+        if v is not None:
+            from urllib.parse import urlsplit
+
+            try:
+                urlsplit(v).port
+            except ValueError as e:
+                raise ValueError(f"expected a URL with a port in 0-65535 ({e})") from None
         return v
 
     @model_validator(mode="after")

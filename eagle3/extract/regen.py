@@ -236,6 +236,7 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
             answer_fn = make_answer_fn()
         out, raw = _regenerate_raw(chunk, answer_fn, batch_size, max_rounds, on_batch)
         _check_failed_share(raw, max_failed_share, len(done), progress)
+        _check_some_answer(raw, len(done), progress)
         line = {"ids": [c.id for c in chunk], "settings": settings, "raw": raw,
                 "records": [{"id": c.id, "messages": c.messages, "text": c.text} for c in out]}
         progress.parent.mkdir(parents=True, exist_ok=True)
@@ -256,14 +257,29 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
                   rounds=max((r["rounds"] for r in raws), default=0))
     counts = _finish(out, merged)
     t = counts["turns"]
-    if t["input"] and not t["succeeded"]:
-        raise DataError(f"REGEN_NOTHING: regeneration: none of {t['input']} assistant turns was "
-                        f"regenerated (failed {t['failed']}, skipped {t['skipped']}: "
-                        f"{counts['skipped_by_reason']}; failures "
+    if t["input"] and t["succeeded"] <= t["empty"]:
+        raise DataError(f"REGEN_NOTHING: regeneration: none of {t['input']} assistant turns got a "
+                        f"non-empty answer (failed {t['failed']}, skipped {t['skipped']}: "
+                        f"{counts['skipped_by_reason']}, empty {t['empty']}; failures "
                         f"{counts['failed_examples'][:3]}); prompts over data.max_seq_len tokens "
-                        "are skipped")
+                        f"are skipped; the saved chunks are {progress}")
     counts["this_call"] = {"chunks": len(done) - earlier, "turns": turns_now}
     return out, counts
+
+
+def _check_some_answer(raw: dict, index: int, progress: Path) -> None:
+    """DataError ``REGEN_NOTHING`` when one chunk asked turns and got no non-empty answer, so that
+    such a chunk is never saved (a re-run asks again)."""
+    outcomes = [o for per in raw["outcomes"] for o in per]
+    if "failed" in outcomes and outcomes.count("succeeded") <= raw["empty"]:
+        raise DataError(f"REGEN_NOTHING: regeneration: chunk {index + 1} got no answer for any "
+                        f"of its {len(outcomes)} assistant turns ({outcomes.count('failed')} "
+                        f"failed, e.g. {raw['failed_examples'][:3]}); it was not saved"
+                        f"{_kept_note(progress)}: fix the server and run again")
+
+
+def _kept_note(progress: Path) -> str:
+    return f" (finished chunks stay in {progress})" if progress.is_file() else ""
 
 
 def _check_failed_share(raw: dict, share: float, index: int, progress: Path) -> None:
@@ -273,8 +289,8 @@ def _check_failed_share(raw: dict, share: float, index: int, progress: Path) -> 
     if failed and failed > share * len(outcomes):
         raise DataError(f"REGEN_FAILED: regeneration: {failed} of {len(outcomes)} assistant turns "
                         f"of chunk {index + 1} failed, above data.regenerate_max_failed_share="
-                        f"{share}; e.g. {raw['failed_examples'][:3]}; the chunk was not saved "
-                        f"(finished chunks stay in {progress}): fix the server and run again")
+                        f"{share}; e.g. {raw['failed_examples'][:3]}; the chunk was not saved"
+                        f"{_kept_note(progress)}: fix the server and run again")
 
 
 def _read_progress(progress: Path, chunks: list[list[Conversation]],
@@ -345,12 +361,15 @@ def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], pro
 
 def answer_settings(cfg, target_dir: Path) -> dict:
     """What makes two regenerations' answers comparable (saved with each chunk and in the
-    manifest): mode, server URL (credentials removed), target folder and dtype, token limits,
-    rounds and template switches."""
+    manifest): mode, server URL (credentials removed) or the launched server's engine and dtype,
+    target folder and dtype, token limits, rounds and template switches."""
     from eagle3.extract.regen_answers import shown_url
 
     d = cfg.data
+    launched = d.regenerate == "sglang" and not d.regenerate_url
     return {"mode": d.regenerate, "url": shown_url(d.regenerate_url) if d.regenerate_url else None,
+            **({"served_by": {"engine": cfg.serve.engine, "dtype": cfg.serve.dtype}}
+               if launched else {}),
             "target": str(target_dir), "target_dtype": cfg.target.dtype,
             "max_new_tokens": d.regenerate_max_new_tokens, "max_rounds": d.regenerate_max_rounds,
             "max_seq_len": d.max_seq_len, "chat_template_kwargs": d.chat_template_kwargs}
@@ -432,9 +451,11 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: "
                         f"{dict(skipped)})")
     d, out_path = cfg.data, Path(out_path)
-    if out_path.is_dir() or out_path.resolve() == Path(path).resolve():
+    if out_path.is_dir() or Path(path).resolve() in (out_path.resolve(),
+                                                     chunks_path(out_path).resolve()):
         raise ConfigError(f"--out {str(out_path)!r}: expected a new file beside the source, got "
-                          + ("a folder" if out_path.is_dir() else "the source file data.path"))
+                          + ("a folder" if out_path.is_dir() else "the source file data.path or "
+                             f"the file its progress would be kept in ({chunks_path(out_path)})"))
     out_path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable place fails before work
     source_sha = sha256_file(path)
     bar = None

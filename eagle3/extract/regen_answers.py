@@ -316,14 +316,18 @@ def openai_answer_fn(url: str, model: str | None, max_new_tokens: int, timeout_s
             return got
         try:
             choice = got["choices"][0]
-            text = choice["message"].get("content") or ""
-            if not isinstance(text, str):
+            text = choice["message"].get("content")
+            if text is not None and not isinstance(text, str):
                 raise TypeError(type(text).__name__)
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             raise DataError(f"{shown_url(endpoint)}: expected choices[0].message.content (a "
                             f"string), got {str(got)[:200]!r}") from e
+        reason = choice.get("finish_reason")
+        if reason not in (None, "stop", "length") or text is None:
+            return Failed(f"finish_reason {reason!r}" if text is not None
+                          else f"no message content (finish_reason {reason!r})")
         text = text.strip()
-        return Truncated(text) if choice.get("finish_reason") == "length" else text
+        return Truncated(text) if reason == "length" else text
 
     def prepare(prefixes: list[list[dict]]) -> list:
         todo: list = list(prefixes)

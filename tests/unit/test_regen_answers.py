@@ -342,3 +342,61 @@ def test_a_server_conversation_goes_on_without_waiting_for_the_others(monkeypatc
     assert [m["content"] for m in out[0].messages] == ["a1", "<a1>", "a2", "<a1|<a1>|a2>"]
     assert out[1].messages[1]["content"] == "<b1>" and sum(seen) == 3
     assert counts["turns"]["succeeded"] == 3 and counts["per_turn"][1]["succeeded"] == 1
+
+
+def test_openai_aborted_filtered_or_contentless_answers_fail(monkeypatch):
+    def reply(request):
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"data": []})
+        q = json.loads(request.content)["messages"][-1]["content"]
+        choice = {"abort": {"message": {"content": "half"}, "finish_reason": "abort"},
+                  "filter": {"message": {"content": ""}, "finish_reason": "content_filter"},
+                  "null": {"message": {"content": None}, "finish_reason": "stop"},
+                  "ok": {"message": {"content": " fine "}, "finish_reason": "stop"}}[q]
+        return httpx.Response(200, json={"choices": [choice]})
+
+    _mock(monkeypatch, reply)
+    monkeypatch.setattr(httpx, "get", lambda url, **kw: httpx.Client(
+        transport=httpx.MockTransport(reply)).get(url, **kw))
+    got = RS.openai_answer_fn("http://127.0.0.1:9/v1", None, 4)(
+        [[{"role": "user", "content": q}] for q in ("abort", "filter", "null", "ok")])
+    assert [g.reason for g in got[:3]] == ["finish_reason 'abort'",
+                                          "finish_reason 'content_filter'",
+                                          "no message content (finish_reason 'stop')"]
+    assert got[3] == "fine"
+
+
+def test_urls_with_an_impossible_port_are_refused_and_the_scheme_case_is_free():
+    from eagle3.config import load_config
+    from eagle3.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.regenerate_url: .*port in 0-65535"):
+        load_config(None, ["data.regenerate=sglang", "data.regenerate_url=http://127.0.0.1:99999"])
+    cfg = load_config(None, ["data.regenerate=sglang", "data.regenerate_url=HTTP://127.0.0.1:9"])
+    assert cfg.data.regenerate_url == "HTTP://127.0.0.1:9"
+
+
+def test_a_launched_servers_engine_and_dtype_are_regeneration_settings(tiny_cfg, tmp_path):
+    from eagle3.extract.regen import answer_settings
+
+    cfg = tiny_cfg.model_copy(update={"data": tiny_cfg.data.model_copy(
+        update={"regenerate": "sglang"})})
+    a = answer_settings(cfg, tmp_path)
+    cfg.serve.dtype = "bfloat16"
+    b = answer_settings(cfg, tmp_path)
+    assert a["served_by"]["dtype"] != b["served_by"]["dtype"]
+    with_url = cfg.model_copy(update={"data": cfg.data.model_copy(
+        update={"regenerate_url": "http://u:p@127.0.0.1:9"})})
+    got = answer_settings(with_url, tmp_path)
+    assert "served_by" not in got and got["url"] == "http://127.0.0.1:9"
+
+
+def test_regenerate_file_refuses_an_out_whose_progress_file_is_the_source(tiny_cfg, tmp_path):
+    from eagle3.errors import ConfigError
+    from eagle3.extract.regen import regenerate_file
+    from tests.unit.test_extract import file_cfg, write_convs
+
+    src = write_convs(tmp_path / "set.chunks.jsonl", 4)
+    cfg = file_cfg(tiny_cfg, src, n=3, regenerate="sglang", regenerate_url="http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="the file its progress would be kept in"):
+        regenerate_file(cfg, tmp_path / "set.jsonl", progress=False)

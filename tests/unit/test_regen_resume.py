@@ -181,3 +181,17 @@ def test_a_turn_with_no_user_message_before_it_is_skipped_not_sent():
     assert [m["content"] for m in out[0].messages] == ["hello first", "q", "new"]
     assert len(asked) == 1 and counts["skipped_by_reason"] == {"no_user_turn_before": 1}
     assert counts["kept_turns"] == {"s": [1]} and counts["turns"]["skipped"] == 1
+
+
+def test_a_chunk_with_no_answer_is_never_saved_even_when_failures_are_allowed(tmp_path):
+    from eagle3.extract.regen_answers import Failed
+
+    progress = tmp_path / "p.chunks.jsonl"
+    refused = lambda: (lambda ps: [Failed("HTTP 400: no") for _ in ps])  # noqa: E731
+    with pytest.raises(DataError, match=r"REGEN_NOTHING: .*chunk 1 got no answer .*not saved"):
+        R.regenerate_resumable(CONVS, refused, 2, None, progress, max_failed_share=1.0)
+    assert not progress.exists()
+    again = Answers()
+    out, counts = R.regenerate_resumable(CONVS, lambda: again, 2, None, progress,
+                                         max_failed_share=1.0)
+    assert again.asked and counts["turns"]["succeeded"] >= 1
