@@ -21,7 +21,8 @@ from pathlib import Path
 
 from eagle3.errors import ConfigError, DataError
 from eagle3.extract.conversations import Conversation
-from eagle3.extract.regen_answers import Failed, Truncated
+from eagle3.extract.regen_answers import (Failed, Truncated, answer_source, served_model,
+                                           shown_url)
 
 log = logging.getLogger(__name__)
 
@@ -347,8 +348,6 @@ def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], pro
     go to ``<progress name>.server/``."""
     import contextlib
 
-    from eagle3.extract.regen_answers import answer_source
-
     d = cfg.data
     logs = progress.with_name(progress.name.removesuffix(".chunks.jsonl") + ".server")
     with contextlib.ExitStack() as stack:
@@ -361,15 +360,16 @@ def _regenerate(cfg, target_dir: Path, tokenizer, convs: list[Conversation], pro
 
 def answer_settings(cfg, target_dir: Path) -> dict:
     """What makes two regenerations' answers comparable (saved with each chunk and in the
-    manifest): mode, server URL (credentials removed) or the launched server's engine and dtype,
-    target folder and dtype, token limits, rounds and template switches."""
-    from eagle3.extract.regen_answers import shown_url
-
+    manifest): mode, server URL (credentials removed) and the model it says it serves, or the
+    launched server's engine and dtype, target folder and dtype, token limits, rounds and template
+    switches."""
     d = cfg.data
     launched = d.regenerate == "sglang" and not d.regenerate_url
+    model = (served_model(d.regenerate, d.regenerate_url, d.regenerate_timeout_s)
+             if d.regenerate_url and d.regenerate in ("sglang", "openai") else None)
     return {"mode": d.regenerate, "url": shown_url(d.regenerate_url) if d.regenerate_url else None,
             **({"served_by": {"engine": cfg.serve.engine, "dtype": cfg.serve.dtype}}
-               if launched else {}),
+               if launched else {}), **({"served_model": model} if model else {}),
             "target": str(target_dir), "target_dtype": cfg.target.dtype,
             "max_new_tokens": d.regenerate_max_new_tokens, "max_rounds": d.regenerate_max_rounds,
             "max_seq_len": d.max_seq_len, "chat_template_kwargs": d.chat_template_kwargs}

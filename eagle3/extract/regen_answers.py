@@ -360,20 +360,32 @@ def _served_model(base: str, timeout_s: float) -> str:
     return got or "default"
 
 
-def _check_served_model(url: str, target_dir: Path) -> None:
-    """Log the model SGLang serves at ``url`` (``GET /get_model_info``: ``model_path``); warn when
-    its folder name is not the target's, since answers of another model would be trained on
-    silently. A server that cannot say is logged, not refused."""
+def served_model(mode: str, url: str, timeout_s: float = 30.0) -> str | None:
+    """The model a regeneration server at ``url`` says it serves: SGLang's ``GET
+    /get_model_info`` ``model_path`` (``sglang``), the first id of ``GET /models`` (``openai``);
+    None when it cannot say. Recorded with the regeneration's settings, so a resume against a
+    server that now serves another model is refused."""
     import httpx
 
+    path, key = ("/get_model_info", "model_path") if mode == "sglang" else ("/models", None)
     try:
-        r = httpx.get(url.rstrip("/") + "/get_model_info", timeout=30.0)
-        served = r.json().get("model_path") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        served = None
-    if not isinstance(served, str) or not served:
-        log.info("regeneration: %s did not say which model it serves (GET /get_model_info)",
-                 shown_url(url))
+        r = httpx.get(url.rstrip("/") + path, timeout=min(timeout_s, 30.0))
+        body = r.json() if r.status_code == 200 else {}
+        got = body.get(key) if key else next(
+            (m.get("id") for m in body.get("data", []) if isinstance(m, dict)), None)
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        got = None
+    return got if isinstance(got, str) and got else None
+
+
+def _check_served_model(url: str, target_dir: Path) -> None:
+    """Log the model SGLang serves at ``url`` (:func:`served_model`); warn when its folder name is
+    not the target's, or when the server cannot say, since answers of another model would be
+    trained on silently."""
+    served = served_model("sglang", url)
+    if served is None:
+        log.warning("regeneration: %s did not say which model it serves (GET /get_model_info); "
+                    "expected the target %s", shown_url(url), target_dir)
     elif Path(served.rstrip("/")).name != Path(target_dir).name:
         log.warning("regeneration: %s serves %r, but the target is %s: expected the same model "
                     "(the draft learns the answers of the model that wrote them)",

@@ -195,3 +195,22 @@ def test_a_chunk_with_no_answer_is_never_saved_even_when_failures_are_allowed(tm
     out, counts = R.regenerate_resumable(CONVS, lambda: again, 2, None, progress,
                                          max_failed_share=1.0)
     assert again.asked and counts["turns"]["succeeded"] >= 1
+
+
+def test_a_resume_against_a_server_now_serving_another_model_is_refused(monkeypatch, tiny_cfg,
+                                                                        tmp_path):
+    import eagle3.extract.regen_answers as RA
+
+    cfg = tiny_cfg.model_copy(update={"data": tiny_cfg.data.model_copy(
+        update={"regenerate": "openai", "regenerate_url": "http://127.0.0.1:9/v1"})})
+    monkeypatch.setattr(RA, "served_model", lambda mode, url, timeout_s=30.0: "model-A")
+    monkeypatch.setattr(R, "served_model", RA.served_model)
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "p.chunks.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        R.regenerate_resumable(CONVS, lambda: Answers(stop_at="E-q1"), 2, None, progress,
+                               settings=R.answer_settings(cfg, tmp_path))
+    monkeypatch.setattr(R, "served_model", lambda mode, url, timeout_s=30.0: "model-B")
+    with pytest.raises(DataError, match=r"'served_model': \('model-A', 'model-B'\)"):
+        R.regenerate_resumable(CONVS, Answers, 2, None, progress,
+                               settings=R.answer_settings(cfg, tmp_path))
