@@ -262,8 +262,10 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
         raise DataError(f"REGEN_NOTHING: regeneration: none of {t['input']} assistant turns got a "
                         f"non-empty answer (failed {t['failed']}, skipped {t['skipped']}: "
                         f"{counts['skipped_by_reason']}, empty {t['empty']}; failures "
-                        f"{counts['failed_examples'][:3]}); prompts over data.max_seq_len tokens "
-                        f"are skipped; the saved chunks are {progress}")
+                        f"{counts['failed_examples'][:3]})"
+                        + ("; prompts over data.max_seq_len tokens are skipped"
+                           if counts["skipped_by_reason"].get("prompt_too_long") else "")
+                        + f"; the saved chunks are {progress}")
     counts["this_call"] = {"chunks": len(done) - earlier, "turns": turns_now}
     return out, counts
 
