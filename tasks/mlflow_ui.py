@@ -133,10 +133,6 @@ def experiment_url(base: str, experiment_id: str) -> str:
             f"&viewStateShareKey={quote(VIEW_KEY)}")
 
 
-def model_version_url(base: str, name: str, version: str) -> str:
-    return f"{base}/#/models/{quote(name)}/versions/{version}?{ML_VIEW}"
-
-
 def prefect_ui_base() -> str | None:
     """The Prefect UI's base URL when a Prefect server is used (``PREFECT_UI_URL``, derived by
     Prefect from ``PREFECT_API_URL``), else None (the ephemeral API has no UI)."""

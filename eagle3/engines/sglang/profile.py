@@ -32,7 +32,7 @@ import functools
 from typing import Mapping
 
 from eagle3.engines.bounds import bounded_int
-from eagle3.engines.profile import EngineProfile, FlagRule, ParamSpec, Route, dotted_get
+from eagle3.engines.profile import EngineProfile, FlagRule, ParamSpec, Route
 
 VERSION = "0.5.23"  # the pinned SGLang release: the one place it is written
 SOURCE_FILE = "sglang/srt/models/llama_eagle3.py"
@@ -275,7 +275,3 @@ def build(version: str) -> EngineProfile:
         eagle_config_keys=release["eagle_config_keys"], other_bool_keys=("bias", "use_aux_norm"),
     )
 
-
-def served_aux_ids(config: Mapping) -> tuple[bool, list | None]:
-    """``(found, ids)`` of the aux ids SGLang reads from a served config (``eagle_config`` only)."""
-    return dotted_get(config, "eagle_config.eagle_aux_hidden_state_layer_ids")
