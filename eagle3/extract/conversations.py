@@ -46,6 +46,22 @@ class Conversation:
     text: str | None = None
 
 
+def answered(convs: list[Conversation], kept_turns: dict[str, list[int]]
+             ) -> tuple[list[Conversation], int]:
+    """``(convs without those left with an unanswered placeholder, how many were left out)``: a
+    conversation is left out when one of its assistant turns that regeneration did not answer
+    (``kept_turns``: id → 1-based assistant turns that failed or were skipped) is empty, the
+    placeholder of a prompt without an answer (``data.source: instructions``); training on it
+    would teach an empty answer the target never gave. An empty answer the target did give stays."""
+    def placeholder(c: Conversation) -> bool:
+        answers = [m for m in c.messages or [] if m["role"] == "assistant"]
+        return any(not answers[k - 1]["content"].strip() for k in kept_turns.get(c.id, ())
+                   if 0 < k <= len(answers))
+
+    kept = [c for c in convs if not placeholder(c)]
+    return kept, len(convs) - len(kept)
+
+
 @dataclass
 class ReadStats:
     """``records`` read, ``usable``, and ``skipped`` by reason (with a few examples)."""

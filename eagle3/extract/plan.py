@@ -37,15 +37,21 @@ class Plan:
 
 
 def data_source_path(cfg) -> tuple[str, Path]:
-    """(kind, conversations file) of ``cfg.data``: the prepared ShareGPT JSONL or ``data.path``."""
+    """(kind, conversations file) of ``cfg.data``: the prepared ShareGPT or instruction-prompt
+    JSONL (:mod:`eagle3.assets`), or ``data.path``."""
     if cfg.data.source == "sharegpt":
         from eagle3.assets import prepare_sharegpt
 
         return "sharegpt", prepare_sharegpt(cfg.paths.resolved_cache_dir())
+    if cfg.data.source == "instructions":
+        from eagle3.assets import prepare_instructions
+
+        return "instructions", prepare_instructions(cfg.paths.resolved_cache_dir())
     return "file", Path(cfg.data.path).expanduser()
 
 
 UNSTABLE = "template_not_prefix_stable"
+NO_ANSWER = "no_answer_after_regeneration"
 
 
 @dataclass
@@ -102,13 +108,17 @@ def selected_conversations(cfg, tokenizer, tally: Tally | None = None
 
 def build_plan(cfg, tokenizer, regen=None) -> Plan:
     """Read, order (seeded), template and select the samples; split train/val. ``regen(convs) ->
-    convs`` (optional) rewrites the chosen assistant turns before they are templated again.
+    convs`` (optional) rewrites the chosen assistant turns before they are templated again; the
+    conversations it leaves out count as skipped :data:`NO_ANSWER`.
     DataError when the file is unreadable, no record gives a usable sample, or
     ``TEMPLATE_UNSTABLE`` (:func:`check_unstable`); ``Plan.unstable`` records the drop always."""
     tally = Tally()
     chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer, tally)
     if regen is not None:
-        chosen = _select(cfg, tokenizer, regen([c for c, _ in chosen]), skipped, tally)
+        convs = regen([c for c, _ in chosen])
+        if len(convs) < len(chosen):  # prompts left without an answer (regen.answered)
+            skipped[NO_ANSWER] += len(chosen) - len(convs)
+        chosen = _select(cfg, tokenizer, convs, skipped, tally)
     unstable = unstable_summary(tally, cfg.data.max_unstable_template_share)
     check_unstable(unstable, path)
     if not chosen:

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from eagle3.errors import ConfigError, DataError
-from eagle3.extract.conversations import Conversation
+from eagle3.extract.conversations import Conversation, answered
 from eagle3.extract.regen_answers import (Failed, Truncated, answer_source, served_model,
                                            shown_url)
 
@@ -399,20 +399,22 @@ def counts_path(cache: Path) -> Path:
 def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversation],
                         cache: Path) -> list:
     """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) if any; the
-    counts (:func:`regenerate_counted`) go to :func:`counts_path` beside it."""
+    counts (:func:`regenerate_counted`) go to :func:`counts_path` beside it. Returns them less
+    those left with an unanswered placeholder (:func:`~eagle3.extract.conversations.answered`)."""
     from eagle3.artifacts import atomic_write_json
 
     if cache.is_file():
         recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
         if [r["id"] for r in recs] == [c.id for c in convs]:
-            return [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
+            out = [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
+            return answered(out, {r["id"]: r["kept_turns"] for r in recs if "kept_turns" in r})[0]
     progress = chunks_path(cache)
     out, counts = _regenerate(cfg, target_dir, tokenizer, convs, progress)
     _write_jsonl(cache, out, counts)
     atomic_write_json(counts_path(cache), {**counts,
                                            "settings": answer_settings(cfg, target_dir)})
     progress.unlink(missing_ok=True)  # the finished file holds every chunk
-    return out
+    return answered(out, counts["kept_turns"])[0]
 
 
 def chunks_path(out: Path) -> Path:
@@ -428,7 +430,9 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
 
     Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line) and
     ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source path and sha256,
-    target, settings, counts, ``regeneration`` (:func:`regenerate_counted`'s counts), seconds,
+    target, settings, counts (``unanswered_left_out``: conversations left with an unanswered
+    empty turn, not written: :func:`eagle3.extract.conversations.answered`), ``regeneration``
+    (:func:`regenerate_counted`'s counts), seconds,
     regenerated turns per second of this call). ConfigError unless ``cfg.data.regenerate`` is in
     :data:`REGENERATE_MODES`, or when ``out_path`` is a folder or the source file itself (checked
     before any work); DataError when the source gives no usable conversation, and as
@@ -474,6 +478,11 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
+    out, unanswered = answered(out, regen_counts["kept_turns"])
+    if unanswered:
+        log.warning("regeneration: %d conversations left out of %s: an assistant turn without "
+                    "an original answer was not answered (skipped or failed)", unanswered,
+                    out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_path, out, regen_counts)
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
@@ -485,7 +494,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                              "num_conversations": d.num_conversations},
                 "counts": {"conversations": len(out), "answers": answers,
                            "regenerated": regen_counts["turns"]["succeeded"],
-                           "records": stats.records},
+                           "records": stats.records, "unanswered_left_out": unanswered},
                 "regeneration": regen_counts,
                 "seconds": round(seconds, 2),
                 "answers_per_s": round(now / seconds, 2) if seconds > 0 and now else None}

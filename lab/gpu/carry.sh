@@ -4,7 +4,7 @@
 #                resolved here with `pip install --dry-run --report` and downloaded with --no-deps, less the
 #                packages the image already has (PRESENT below: torch's stack, transformers, numpy, ...)
 #   .benchdata/  sg.jsonl.xz (the prepared English ShareGPT file, xz), question.jsonl.xz (MT-Bench),
-#                test.jsonl.xz (GSM8K), and the SmolLM2 GGUF split into parts of at most PART_BYTES (each call's
+#                test.jsonl.xz (GSM8K), instructions_en.jsonl.xz (data.source: instructions), and the SmolLM2 GGUF split into parts of at most PART_BYTES (each call's
 #                carry is limited to 64 MiB in all)
 # Usage: lab/gpu/carry.sh [PYTHON]      (PYTHON: the project's venv python, default .venv/bin/python)
 set -euo pipefail
@@ -50,6 +50,9 @@ import eagle3.assets as A
 for (pkg, rel), name in ((A.MTBENCH_PACKAGE, "question.jsonl"), (A.GSM8K_PACKAGE, "test.jsonl")):
     src = A.package_file(pkg, rel)
     pathlib.Path(f".benchdata/{name}.xz").write_bytes(lzma.compress(pathlib.Path(src).read_bytes()))
+from eagle3.config import PathsConfig
+ins = A.prepare_instructions(PathsConfig().resolved_cache_dir())  # data.source: instructions
+pathlib.Path(".benchdata/instructions_en.jsonl.xz").write_bytes(lzma.compress(ins.read_bytes()))
 EOF
 GGUF=$("$PY" -c 'import eagle3.assets as A; print(A.package_file(*A.SMOLLM2_PACKAGE))')
 rm -f .benchdata/gguf.part*

