@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import eagle3.assets as A
 from eagle3.errors import ConfigError, DataError
 from eagle3.extract.conversations import Conversation, answered
-from tests.unit.test_extract import file_cfg, write_convs
+from tests.unit.test_extract import file_cfg
 
 
 def _flat(text: str) -> str:
