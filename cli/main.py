@@ -70,6 +70,10 @@ def prepare(config: Path = typer.Argument(..., help="YAML run config"),
     from eagle3.config import load_config
     from eagle3.extract.plan import data_source_path
 
+    import logging
+
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("eagle3").setLevel(logging.INFO)  # what a preparation kept and left out
     try:
         cfg = load_config(config, override)
         target = resolve_target(cfg)
@@ -116,7 +120,7 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
     typer.echo(f"regenerated {t['succeeded']} of {t['input']} assistant turns in "
                f"{m['counts']['conversations']} conversations ({t['failed']} failed, "
                f"{t['skipped']} skipped, {t['truncated']} truncated) in {m['seconds']:.1f} s "
-               f"-> {out}" + (f"; {gone} conversations with an unanswered empty turn left out"
+               f"-> {out}" + (f"; {gone} conversations with an empty assistant turn left out"
                               if (gone := m["counts"]["unanswered_left_out"]) else ""))
 
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from eagle3.artifacts import atomic_directory, atomic_write_bytes, read_jsonl
+from eagle3.artifacts import atomic_directory, atomic_write_bytes, read_jsonl, sha256_file
 from eagle3.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ INSTRUCTION_SETS = {
     "writingbench": (f"{_EVAL_TASKS}/writingbench/benchmark_query/benchmark_all.jsonl", "query"),
 }
 HELD_OUT_MIN_CHARS = 40  # an evaluation prompt this long found inside a prompt holds it out
+INSTRUCTIONS_FORMAT = 1  # the selection rules' version: a file prepared by other ones is redone
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 IM_END = "<|im_end|>"
 _SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -218,14 +219,21 @@ def prepare_instructions(cache: Path) -> Path:
     regenerates. A prompt is left out when it is not a non-empty string, not mostly ASCII (the
     ShareGPT rule), or the same text as, or holding, an evaluation prompt (MT-Bench's turns, GSM8K
     test questions, HumanEval prompts; case and whitespace ignored; :data:`HELD_OUT_MIN_CHARS`).
-    The counts per set and reason are logged. DataError when a package or file is missing, a file
-    is not JSON/JSONL, or no prompt is left."""
+    The counts per set and reason are logged and kept in ``instructions_en.jsonl.manifest.json``
+    with the file's sha256 and :data:`INSTRUCTIONS_FORMAT`; a file that differs from its manifest
+    (cut, edited) or was made by other rules is prepared again, with a warning. DataError when a
+    package or file is missing, a file is not JSON/JSONL, no prompt is left, or the path is not a
+    file."""
     out = cache / "data" / "instructions_en.jsonl"
-    if out.is_file():
+    man = out.with_name(out.name + ".manifest.json")
+    if _prepared(out, man):
         return out
     with _lock(cache, "instructions"):
-        if out.is_file():
+        if _prepared(out, man):
             return out
+        if out.exists():
+            log.warning("%s: not as its manifest %s records it (changed since, or made by other "
+                        "rules): preparing it again", out, man.name)
         held = _evaluation_texts()
         long_held = [h for h in held if len(h) >= HELD_OUT_MIN_CHARS]
         lines, counts = [], {}
@@ -250,8 +258,27 @@ def prepare_instructions(cache: Path) -> Path:
         if not lines:
             raise DataError(f"{INSTRUCTIONS_PACKAGE}: no usable instruction prompt ({counts})")
         atomic_write_bytes(out, ("\n".join(lines) + "\n").encode())
+        atomic_write_bytes(man, json.dumps({"format": INSTRUCTIONS_FORMAT, "prompts": len(lines),
+                                            "sha256": sha256_file(out), "per_set": counts},
+                                           indent=1).encode())
         log.info("instructions: %d prompts kept -> %s; per set: %s", len(lines), out, counts)
     return out
+
+
+def _prepared(out: Path, man: Path) -> bool:
+    """Whether ``out`` is the file its manifest ``man`` records, made by these rules. DataError
+    when ``out`` exists and is not a file."""
+    if out.exists() and not out.is_file():
+        raise DataError(f"{out}: expected the prepared instruction prompts (a file), found a "
+                        "folder or other entry: remove it and run `eagle3 prepare` again")
+    if not (out.is_file() and man.is_file()):
+        return False
+    try:
+        rec = json.loads(man.read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(rec, dict) and rec.get("format") == INSTRUCTIONS_FORMAT
+            and rec.get("sha256") == sha256_file(out))
 
 
 def _flat(text: str) -> str:

@@ -46,19 +46,14 @@ class Conversation:
     text: str | None = None
 
 
-def answered(convs: list[Conversation], kept_turns: dict[str, list[int]]
-             ) -> tuple[list[Conversation], int]:
-    """``(convs without those left with an unanswered placeholder, how many were left out)``: a
-    conversation is left out when one of its assistant turns that regeneration did not answer
-    (``kept_turns``: id → 1-based assistant turns that failed or were skipped) is empty, the
-    placeholder of a prompt without an answer (``data.source: instructions``); training on it
-    would teach an empty answer the target never gave. An empty answer the target did give stays."""
-    def placeholder(c: Conversation) -> bool:
-        answers = [m for m in c.messages or [] if m["role"] == "assistant"]
-        return any(not answers[k - 1]["content"].strip() for k in kept_turns.get(c.id, ())
-                   if 0 < k <= len(answers))
-
-    kept = [c for c in convs if not placeholder(c)]
+def answered(convs: list[Conversation]) -> tuple[list[Conversation], int]:
+    """``(convs less those with an empty assistant turn, how many were left out)``, applied after
+    regeneration: an empty turn is the placeholder of a prompt whose answer failed or was skipped
+    (``data.source: instructions``), or an answer that decoded to nothing (cut before any text,
+    or a server answering ""). Training on it would teach an end-of-turn the target did not give
+    there. Text documents are kept."""
+    kept = [c for c in convs if not any(m["role"] == "assistant" and not m["content"].strip()
+                                        for m in c.messages or [])]
     return kept, len(convs) - len(kept)
 
 

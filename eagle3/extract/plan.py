@@ -116,7 +116,7 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
     chosen, stats, skipped, path, kind = selected_conversations(cfg, tokenizer, tally)
     if regen is not None:
         convs = regen([c for c, _ in chosen])
-        if len(convs) < len(chosen):  # prompts left without an answer (regen.answered)
+        if len(convs) < len(chosen):  # prompts left without an answer (conversations.answered)
             skipped[NO_ANSWER] += len(chosen) - len(convs)
         chosen = _select(cfg, tokenizer, convs, skipped, tally)
     unstable = unstable_summary(tally, cfg.data.max_unstable_template_share)

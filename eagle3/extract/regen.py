@@ -271,14 +271,16 @@ def regenerate_resumable(convs: list[Conversation], make_answer_fn, batch_size: 
 
 
 def _check_some_answer(raw: dict, index: int, progress: Path) -> None:
-    """DataError ``REGEN_NOTHING`` when one chunk asked turns and got no non-empty answer, so that
-    such a chunk is never saved (a re-run asks again)."""
+    """DataError ``REGEN_NOTHING`` when one chunk asked turns and got no non-empty answer (all
+    failed or empty), so that such a chunk is never saved (a re-run asks again)."""
     outcomes = [o for per in raw["outcomes"] for o in per]
-    if "failed" in outcomes and outcomes.count("succeeded") <= raw["empty"]:
-        raise DataError(f"REGEN_NOTHING: regeneration: chunk {index + 1} got no answer for any "
-                        f"of its {len(outcomes)} assistant turns ({outcomes.count('failed')} "
-                        f"failed, e.g. {raw['failed_examples'][:3]}); it was not saved"
-                        f"{_kept_note(progress)}: fix the server and run again")
+    asked = outcomes.count("succeeded") + outcomes.count("failed")
+    if asked and outcomes.count("succeeded") <= raw["empty"]:
+        raise DataError(f"REGEN_NOTHING: regeneration: chunk {index + 1} got no non-empty answer "
+                        f"for any of its {asked} asked assistant turns "
+                        f"({outcomes.count('failed')} failed, e.g. {raw['failed_examples'][:3]}; "
+                        f"{raw['empty']} empty); it was not saved{_kept_note(progress)}: fix the "
+                        "server and run again")
 
 
 def _kept_note(progress: Path) -> str:
@@ -400,21 +402,21 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
                         cache: Path) -> list:
     """Regenerate ``convs`` as ``cfg.data.regenerate`` says, reusing ``cache`` (JSONL) if any; the
     counts (:func:`regenerate_counted`) go to :func:`counts_path` beside it. Returns them less
-    those left with an unanswered placeholder (:func:`~eagle3.extract.conversations.answered`)."""
+    those left with an empty assistant turn (:func:`~eagle3.extract.conversations.answered`)."""
     from eagle3.artifacts import atomic_write_json
 
     if cache.is_file():
         recs = [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
         if [r["id"] for r in recs] == [c.id for c in convs]:
             out = [Conversation(r["id"], r.get("messages"), r.get("text")) for r in recs]
-            return answered(out, {r["id"]: r["kept_turns"] for r in recs if "kept_turns" in r})[0]
+            return answered(out)[0]
     progress = chunks_path(cache)
     out, counts = _regenerate(cfg, target_dir, tokenizer, convs, progress)
     _write_jsonl(cache, out, counts)
     atomic_write_json(counts_path(cache), {**counts,
                                            "settings": answer_settings(cfg, target_dir)})
     progress.unlink(missing_ok=True)  # the finished file holds every chunk
-    return answered(out, counts["kept_turns"])[0]
+    return answered(out)[0]
 
 
 def chunks_path(out: Path) -> Path:
@@ -430,8 +432,9 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
 
     Writes ``out_path`` (JSONL, ``{"id", "messages"}`` per line) and
     ``<out_path>.manifest.json`` (kind ``regenerated_conversations``: source path and sha256,
-    target, settings, counts (``unanswered_left_out``: conversations left with an unanswered
-    empty turn, not written: :func:`eagle3.extract.conversations.answered`), ``regeneration``
+    target, settings, counts (``unanswered_left_out``: conversations left with an empty
+    assistant turn, not written: :func:`eagle3.extract.conversations.answered`), ``selection``
+    (conversations asked for, selected, and the records skipped by reason), ``regeneration``
     (:func:`regenerate_counted`'s counts), seconds,
     regenerated turns per second of this call). ConfigError unless ``cfg.data.regenerate`` is in
     :data:`REGENERATE_MODES`, or when ``out_path`` is a folder or the source file itself (checked
@@ -457,10 +460,14 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         raise DataError(f"{path}: no usable conversation among {stats.records} records (skipped: "
                         f"{dict(skipped)})")
     d, out_path = cfg.data, Path(out_path)
+    if len(chosen) < d.num_conversations:
+        log.warning("regeneration: %s gives %d usable conversations of the %d asked for "
+                    "(data.num_conversations; %d records, skipped %s)", path, len(chosen),
+                    d.num_conversations, stats.records, dict(skipped))
     if out_path.is_dir() or Path(path).resolve() in (out_path.resolve(),
                                                      chunks_path(out_path).resolve()):
         raise ConfigError(f"--out {str(out_path)!r}: expected a new file beside the source, got "
-                          + ("a folder" if out_path.is_dir() else "the source file data.path or "
+                          + ("a folder" if out_path.is_dir() else f"the source file {path} or "
                              f"the file its progress would be kept in ({chunks_path(out_path)})"))
     out_path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable place fails before work
     source_sha = sha256_file(path)
@@ -478,11 +485,11 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
-    out, unanswered = answered(out, regen_counts["kept_turns"])
+    out, unanswered = answered(out)
     if unanswered:
-        log.warning("regeneration: %d conversations left out of %s: an assistant turn without "
-                    "an original answer was not answered (skipped or failed)", unanswered,
-                    out_path)
+        log.warning("regeneration: %d conversations left out of %s: an assistant turn is empty "
+                    "(an answer that failed, was skipped or decoded to nothing, with no original "
+                    "to keep)", unanswered, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_path, out, regen_counts)
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
@@ -495,6 +502,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                 "counts": {"conversations": len(out), "answers": answers,
                            "regenerated": regen_counts["turns"]["succeeded"],
                            "records": stats.records, "unanswered_left_out": unanswered},
+                "selection": {"asked": d.num_conversations, "selected": len(chosen),
+                              "skipped_by_reason": dict(skipped)},
                 "regeneration": regen_counts,
                 "seconds": round(seconds, 2),
                 "answers_per_s": round(now / seconds, 2) if seconds > 0 and now else None}

@@ -84,6 +84,28 @@ def test_a_broken_set_or_none_left_is_refused_naming_the_file(fake_sets, tmp_pat
     assert not (tmp_path / "c2" / "data" / "instructions_en.jsonl").exists()
 
 
+def test_a_cut_edited_or_stale_prepared_file_is_prepared_again(fake_sets, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    path = A.prepare_instructions(cache)
+    whole = path.read_text()
+    for broken in (whole[:10], whole + json.dumps({"id": "mtbench", "messages": []}) + "\n"):
+        path.write_text(broken)
+        caplog.clear()
+        assert A.prepare_instructions(cache).read_text() == whole
+        assert "preparing it again" in caplog.text
+    man = path.with_name(path.name + ".manifest.json")
+    rec = json.loads(man.read_text())
+    assert rec["prompts"] == 3 and rec["per_set"]["a"]["kept"] == 1
+    man.write_text(json.dumps({**rec, "format": A.INSTRUCTIONS_FORMAT + 1}))
+    caplog.clear()
+    assert A.prepare_instructions(cache).read_text() == whole and "again" in caplog.text
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(DataError, match=r"instructions_en\.jsonl: expected the prepared "
+                                        "instruction prompts \\(a file\\), found a folder"):
+        A.prepare_instructions(cache)
+
+
 def test_instructions_without_a_regeneration_mode_are_refused_at_load():
     from eagle3.config import load_config
     from tests.conftest import CONFIGS
@@ -96,21 +118,21 @@ def test_instructions_without_a_regeneration_mode_are_refused_at_load():
     assert cfg.data.source == "instructions"
 
 
-def test_answered_leaves_out_only_unanswered_placeholders():
+def test_answered_leaves_out_conversations_with_an_empty_assistant_turn():
     def conv(cid, *answers):
         pairs = [({"role": "user", "content": "q"}, {"role": "assistant", "content": a})
                  for a in answers]
         return Conversation(cid, [m for pair in pairs for m in pair])
 
-    convs = [conv("placeholder", ""), conv("said_nothing", ""), conv("kept_original", "old"),
-             conv("second", "new", " \n"), Conversation("doc", text="a document")]
-    kept_turns = {"placeholder": [1], "kept_original": [1], "second": [2]}
-    kept, gone = answered(convs, kept_turns)
-    assert [c.id for c in kept] == ["said_nothing", "kept_original", "doc"] and gone == 2
+    convs = [conv("placeholder", ""), conv("kept", "old"), conv("second", "new", " \n"),
+             conv("both", "a", "b"), Conversation("doc", text="a document")]
+    kept, gone = answered(convs)
+    assert [c.id for c in kept] == ["kept", "both", "doc"] and gone == 2
 
 
 class _Refusing(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that refuses (400) any prompt holding "refuse"."""
+    """An OpenAI-compatible server that refuses (400) any prompt holding "refuse" and answers
+    whitespace to any holding "silent"."""
 
     def _send(self, code: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
@@ -128,6 +150,9 @@ class _Refusing(BaseHTTPRequestHandler):
         last = body["messages"][-1]["content"]
         if "refuse" in last:
             self._send(400, {"error": "no"})
+        elif "silent" in last:
+            self._send(200, {"choices": [{"message": {"content": " \n"},
+                                          "finish_reason": "stop"}]})
         else:
             self._send(200, {"choices": [{"message": {"content": f"sure: {last}"},
                                           "finish_reason": "stop"}]})
@@ -155,15 +180,31 @@ def test_a_prompt_whose_answer_failed_is_never_trained_on(tiny_cfg, tiny_target_
     src = tmp_path / "prompts.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "messages": [
         {"role": "user", "content": text}, {"role": "assistant", "content": ""}]}) + "\n"
-        for i, text in enumerate(["Name a river.", "Please refuse this.", "Name a tree."])))
-    cfg = file_cfg(tiny_cfg, src, n=3, val=0.0, regenerate="openai",
+        for i, text in enumerate(["Name a river.", "Please refuse this.", "Name a tree.",
+                                  "Stay silent."])))
+    cfg = file_cfg(tiny_cfg, src, n=4, val=0.0, regenerate="openai",
                    regenerate_url=refusing_url, regenerate_max_failed_share=0.5)
     m = regenerate_file(cfg, tmp_path / "answers.jsonl", progress=False)
     ids = [json.loads(x)["id"] for x in (tmp_path / "answers.jsonl").read_text().splitlines()]
-    assert sorted(ids) == ["p0", "p2"] and m["counts"]["unanswered_left_out"] == 1
-    assert m["regeneration"]["turns"]["failed"] == 1
+    assert sorted(ids) == ["p0", "p2"] and m["counts"]["unanswered_left_out"] == 2
+    assert m["regeneration"]["turns"]["failed"] == 1 and m["regeneration"]["turns"]["empty"] == 1
     man = extract(cfg, tmp_path / "extract", progress=False)
-    assert man["counts"]["samples"] == 2 and man["skipped_by_reason"][NO_ANSWER] == 1
+    assert man["counts"]["samples"] == 2 and man["skipped_by_reason"][NO_ANSWER] == 2
+
+
+def test_a_chunk_of_empty_answers_is_never_saved(tmp_path):
+    from eagle3.extract import regen as R
+
+    convs = [Conversation(f"c{i}", [{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": ""}]) for i in range(3)]
+    progress = tmp_path / "p.chunks.jsonl"
+    with pytest.raises(DataError, match=r"REGEN_NOTHING: .*chunk 1 got no non-empty answer for "
+                                        r"any of its 3 asked .*3 empty.*not saved"):
+        R.regenerate_resumable(convs, lambda: (lambda ps: [""] * len(ps)), 2, None, progress)
+    assert not progress.exists()
+    out, counts = R.regenerate_resumable(convs, lambda: (lambda ps: ["fine"] * len(ps)), 2, None,
+                                         progress)
+    assert [c.messages[1]["content"] for c in out] == ["fine"] * 3
 
 
 def test_cli_regenerate_answers_instructions_with_hf_by_default(tmp_path, monkeypatch,
@@ -187,3 +228,4 @@ def test_cli_regenerate_answers_instructions_with_hf_by_default(tmp_path, monkey
     assert man["counts"]["conversations"] == len(recs)
     assert man["counts"]["conversations"] + man["counts"]["unanswered_left_out"] == 2
     assert man["source"]["path"] == str(src)
+    assert man["selection"]["selected"] == 2 and man["selection"]["asked"] > 2

@@ -139,16 +139,20 @@ def test_regenerate_file_records_the_counts_and_marks_truncated_turns(
     )
     m = regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
     r = m["regeneration"]
-    assert r["conversations"]["input"] == 3 and r["turns"]["input"] == m["counts"]["answers"]
+    lines = [json.loads(x) for x in (tmp_path / "regen.jsonl").read_text().splitlines()]
+    # answers that decoded to nothing leave their conversation out, counted
+    assert len(lines) == m["counts"]["conversations"] == 3 - m["counts"]["unanswered_left_out"]
+    assert r["conversations"]["input"] == 3 and r["turns"]["input"] == 3
+    assert r["turns"]["empty"] == m["counts"]["unanswered_left_out"]
+    assert all(x["messages"][-1]["content"].strip() for x in lines)
     assert (
         r["turns"]["succeeded"] + r["turns"]["failed"] + r["turns"]["skipped"]
         == r["turns"]["input"]
     )
     # 5 tokens never reach EOS here (an answer of special tokens only decodes to nothing)
     assert r["turns"]["truncated"] == r["turns"]["succeeded"] == 3 and r["turns"]["clean"] == 0
-    lines = [json.loads(x) for x in (tmp_path / "regen.jsonl").read_text().splitlines()]
-    assert r["truncated_turns"] == {
-        x["id"]: x["truncated_turns"] for x in lines if "truncated_turns" in x
+    assert {x["id"]: x["truncated_turns"] for x in lines if "truncated_turns" in x} == {
+        k: v for k, v in r["truncated_turns"].items() if k in {x["id"] for x in lines}
     }
     assert len(r["truncated_turns"]) == r["conversations"]["truncated"]
 
