@@ -188,7 +188,8 @@ def test_a_chunk_with_no_answer_is_never_saved_even_when_failures_are_allowed(tm
 
     progress = tmp_path / "p.chunks.jsonl"
     refused = lambda: (lambda ps: [Failed("HTTP 400: no") for _ in ps])  # noqa: E731
-    with pytest.raises(DataError, match=r"REGEN_NOTHING: .*chunk 1 got no non-empty answer .*not saved"):
+    with pytest.raises(DataError, match=r"REGEN_NOTHING: .*chunk 1 got no non-empty answer "
+                                        r".*not saved"):
         R.regenerate_resumable(CONVS, refused, 2, None, progress, max_failed_share=1.0)
     assert not progress.exists()
     again = Answers()
