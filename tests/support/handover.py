@@ -4,6 +4,7 @@ that points at it, the CLI through typer's runner, and an edit of a draft's conf
 from __future__ import annotations
 
 import json
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 
@@ -36,6 +37,21 @@ def edit_config(d: Path, **changes) -> None:
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(changes)
     (d / "config.json").write_text(json.dumps(cfg))
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet request handler that answers JSON (:meth:`send_json`)."""
+
+    def send_json(self, code: int, payload) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
 
 
 def loopback(handler):

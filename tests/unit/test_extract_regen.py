@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ from eagle3.errors import DataError, TransientError
 from eagle3.extract.stage import extract
 from eagle3.extract.regen import regenerate
 from eagle3.extract.regen_answers import hf_answer_fn, openai_answer_fn
+from tests.support.handover import JsonHandler
 from tests.unit.test_extract import file_cfg, write_convs
 
 TWO_TURNS = Conversation(
@@ -83,25 +84,14 @@ def test_hf_regeneration_in_extraction(tiny_cfg, tiny_target_dir, tmp_path):
     assert extract(cfg, out, progress=False)["content_hash"] == m["content_hash"]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     def do_POST(self):  # noqa: N802 - http.server API
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         last = body["messages"][-1]["content"]
         code = 500 if last == "boom" else 404 if last == "missing" else 200
-        payload = {
-            "choices": [
-                {"message": {"role": "assistant", "content": f" echo:{last}:{body['max_tokens']} "}}
-            ]
-        }
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(code, {"choices": [
+            {"message": {"role": "assistant", "content": f" echo:{last}:{body['max_tokens']} "}}
+        ]})
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ conversations left without any answer are not trained on."""
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +13,7 @@ from typer.testing import CliRunner
 import eagle3.assets as A
 from eagle3.errors import ConfigError, DataError
 from eagle3.extract.conversations import Conversation, answered
+from tests.support.handover import JsonHandler, loopback
 from tests.unit.test_extract import file_cfg
 
 
@@ -130,45 +129,30 @@ def test_answered_leaves_out_conversations_with_an_empty_assistant_turn():
     assert [c.id for c in kept] == ["kept", "both", "doc"] and gone == 2
 
 
-class _Refusing(BaseHTTPRequestHandler):
+class _Refusing(JsonHandler):
     """An OpenAI-compatible server that refuses (400) any prompt holding "refuse" and answers
     whitespace to any holding "silent"."""
 
-    def _send(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self):  # noqa: N802 - http.server API
-        self._send(200, {"data": [{"id": "m"}]})
+        self.send_json(200, {"data": [{"id": "m"}]})
 
     def do_POST(self):  # noqa: N802 - http.server API
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         last = body["messages"][-1]["content"]
         if "refuse" in last:
-            self._send(400, {"error": "no"})
-        elif "silent" in last:
-            self._send(200, {"choices": [{"message": {"content": " \n"},
+            self.send_json(400, {"error": "no"})
+            return
+        text = " \n" if "silent" in last else f"sure: {last}"
+        self.send_json(200, {"choices": [{"message": {"content": text},
                                           "finish_reason": "stop"}]})
-        else:
-            self._send(200, {"choices": [{"message": {"content": f"sure: {last}"},
-                                          "finish_reason": "stop"}]})
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def refusing_url():
-    server = HTTPServer(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server, url = loopback(_Refusing)
+    yield f"{url}/v1"
     server.shutdown()
-    thread.join(timeout=10)
+    server.server_close()
 
 
 def test_a_prompt_whose_answer_failed_is_never_trained_on(tiny_cfg, tiny_target_dir, tmp_path,
