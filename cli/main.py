@@ -117,9 +117,10 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
     except (Eagle3Error, OSError) as e:
         _fail(str(e), 2)
     t = m["regeneration"]["turns"]
-    typer.echo(f"regenerated {t['succeeded']} of {t['input']} assistant turns in "
+    typer.echo(f"regenerated {m['counts']['regenerated']} of {t['input']} assistant turns in "
                f"{m['counts']['conversations']} conversations ({t['failed']} failed, "
-               f"{t['skipped']} skipped, {t['truncated']} truncated) in {m['seconds']:.1f} s "
+               f"{t['skipped']} skipped, {t['empty']} blank, {t['truncated']} truncated) in "
+               f"{m['seconds']:.1f} s "
                f"-> {out}" + (f"; {gone} conversations with an empty assistant turn left out"
                               if (gone := m["counts"]["unanswered_left_out"]) else ""))
 

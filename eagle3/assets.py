@@ -226,14 +226,13 @@ def prepare_instructions(cache: Path) -> Path:
     file."""
     out = cache / "data" / "instructions_en.jsonl"
     man = out.with_name(out.name + ".manifest.json")
-    if _prepared(out, man):
+    if _unprepared(out, man) is None:
         return out
     with _lock(cache, "instructions"):
-        if _prepared(out, man):
+        if (why := _unprepared(out, man)) is None:
             return out
         if out.exists():
-            log.warning("%s: not as its manifest %s records it (changed since, or made by other "
-                        "rules): preparing it again", out, man.name)
+            log.warning("%s: %s: preparing it again", out, why)
         held = _evaluation_texts()
         long_held = [h for h in held if len(h) >= HELD_OUT_MIN_CHARS]
         lines, counts = [], {}
@@ -265,20 +264,29 @@ def prepare_instructions(cache: Path) -> Path:
     return out
 
 
-def _prepared(out: Path, man: Path) -> bool:
-    """Whether ``out`` is the file its manifest ``man`` records, made by these rules. DataError
-    when ``out`` exists and is not a file."""
-    if out.exists() and not out.is_file():
-        raise DataError(f"{out}: expected the prepared instruction prompts (a file), found a "
-                        "folder or other entry: remove it and run `eagle3 prepare` again")
-    if not (out.is_file() and man.is_file()):
-        return False
+def _unprepared(out: Path, man: Path) -> str | None:
+    """Why ``out`` is not the file its manifest ``man`` records, made by these rules, or None when
+    it is. DataError when either path exists and is not a file."""
+    for path in (out, man):
+        if path.exists() and not path.is_file():
+            raise DataError(f"{path}: expected a file of the prepared instruction prompts, found "
+                            "a folder or other entry: remove it and run `eagle3 prepare` again")
+    if not out.is_file():
+        return "not prepared yet"
     try:
         rec = json.loads(man.read_text())
-    except (OSError, ValueError):
-        return False
-    return (isinstance(rec, dict) and rec.get("format") == INSTRUCTIONS_FORMAT
-            and rec.get("sha256") == sha256_file(out))
+    except FileNotFoundError:
+        return f"its manifest {man.name} is missing"
+    except (OSError, ValueError) as e:
+        return f"its manifest {man.name} is unreadable ({type(e).__name__})"
+    if not isinstance(rec, dict):
+        return f"its manifest {man.name} holds a {type(rec).__name__}, expected an object"
+    if type(rec.get("format")) is not int or rec["format"] != INSTRUCTIONS_FORMAT:
+        return (f"made by selection rules {rec.get('format')!r}, expected "
+                f"{INSTRUCTIONS_FORMAT} ({man.name} format)")
+    if rec.get("sha256") != (digest := sha256_file(out)):
+        return f"its sha256 is {digest[:16]}…, {man.name} records {str(rec.get('sha256'))[:16]}…"
+    return None
 
 
 def _flat(text: str) -> str:

@@ -184,8 +184,8 @@ class DataConfig(_Section):
     regenerate_timeout_s: float = Field(600.0, gt=0, description="Seconds one request to a "
         "regeneration server may take (per attempt; 3 attempts for transient failures).")
     regenerate_max_failed_share: float = Field(0.05, ge=0.0, le=1.0, description="Largest share "
-        "of a chunk's turns a server may refuse or abort before regeneration stops (REGEN_FAILED; "
-        "the chunk is not saved, so a re-run asks again).")
+        "of a chunk's turns that may fail (refused, aborted) or come back blank before "
+        "regeneration stops (REGEN_FAILED; the chunk is not saved, so a re-run asks again).")
     regenerate_batch_size: int | None = Field(None, ge=1, le=4096, description="Conversations per "
         "batched generate call, or requests open at once to a server, where conversations go "
         "side by side, each turn asked once its earlier turns are answered (None = "

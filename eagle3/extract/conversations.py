@@ -46,13 +46,21 @@ class Conversation:
     text: str | None = None
 
 
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"  # invisible, yet not whitespace to str.strip
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: whitespace and zero-width characters only."""
+    return not text.strip().strip(ZERO_WIDTH).strip()
+
+
 def answered(convs: list[Conversation]) -> tuple[list[Conversation], int]:
-    """``(convs less those with an empty assistant turn, how many were left out)``, applied after
-    regeneration: an empty turn is the placeholder of a prompt whose answer failed or was skipped
-    (``data.source: instructions``), or an answer that decoded to nothing (cut before any text,
-    or a server answering ""). Training on it would teach an end-of-turn the target did not give
-    there. Text documents are kept."""
-    kept = [c for c in convs if not any(m["role"] == "assistant" and not m["content"].strip()
+    """``(convs less those with a blank assistant turn, how many were left out)``, applied after
+    regeneration: a blank turn (:func:`is_blank`) is the placeholder of a prompt whose answer
+    failed or was skipped (``data.source: instructions``), or an answer that decoded to nothing
+    (cut before any text, or a server answering ""). Training on it would teach an end-of-turn the
+    target did not give there. Text documents are kept."""
+    kept = [c for c in convs if not any(m["role"] == "assistant" and is_blank(m["content"])
                                         for m in c.messages or [])]
     return kept, len(convs) - len(kept)
 

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from eagle3.errors import ConfigError, DataError
-from eagle3.extract.conversations import Conversation, answered
+from eagle3.extract.conversations import Conversation, answered, is_blank
 from eagle3.extract.regen_answers import (Failed, Truncated, answer_source, served_model,
                                            shown_url)
 
@@ -119,8 +119,8 @@ def _regenerate_raw(convs: list[Conversation], answer_fn, batch_size: int,
         outcomes[k].append(what)
         if what == "succeeded":
             out[k].messages[i]["content"] = str(a)
-            empty += not a.strip()
-            flagged += isinstance(a, Truncated) or not a.strip()
+            empty += is_blank(a)
+            flagged += isinstance(a, Truncated) or is_blank(a)
             if isinstance(a, Truncated):
                 cut[k].append(r + 1)
         elif what == "skipped":
@@ -288,14 +288,25 @@ def _kept_note(progress: Path) -> str:
 
 
 def _check_failed_share(raw: dict, share: float, index: int, progress: Path) -> None:
-    """DataError ``REGEN_FAILED`` when more than ``share`` of one chunk's asked turns failed."""
+    """DataError ``REGEN_FAILED`` when more than ``share`` of one chunk's turns failed or came
+    back blank (their conversations would be left out: an answer that is nothing is no answer)."""
     outcomes = [o for per in raw["outcomes"] for o in per]
-    failed = outcomes.count("failed")
-    if failed and failed > share * len(outcomes):
-        raise DataError(f"REGEN_FAILED: regeneration: {failed} of {len(outcomes)} assistant turns "
-                        f"of chunk {index + 1} failed, above data.regenerate_max_failed_share="
-                        f"{share}; e.g. {raw['failed_examples'][:3]}; the chunk was not saved"
+    failed, empty = outcomes.count("failed"), raw["empty"]
+    if failed + empty and failed + empty > share * len(outcomes):
+        raise DataError(f"REGEN_FAILED: regeneration: {failed + empty} of {len(outcomes)} "
+                        f"assistant turns of chunk {index + 1} failed ({failed}, e.g. "
+                        f"{raw['failed_examples'][:3]}) or came back blank ({empty}), above "
+                        f"data.regenerate_max_failed_share={share}; the chunk was not saved"
                         f"{_kept_note(progress)}: fix the server and run again")
+
+
+def _chunk_record(line: dict) -> bool:
+    """Whether a progress line holds what merging it needs, of the types it needs."""
+    raw = line.get("raw")
+    return (isinstance(raw, dict) and isinstance(line.get("records"), list)
+            and all(isinstance(raw.get(k), list) for k in ("outcomes", "cut", "failed_examples"))
+            and isinstance(raw.get("reasons"), dict)
+            and all(type(raw.get(k)) is int for k in ("empty", "flagged", "rounds")))
 
 
 def _read_progress(progress: Path, chunks: list[list[Conversation]],
@@ -327,6 +338,11 @@ def _read_progress(progress: Path, chunks: list[list[Conversation]],
                             f"conversations of chunk {len(done)} ({len(want)} ids, first "
                             f"{want[:3]}), got {got!r}...; it was written for another selection "
                             "or chunk size: delete the file to regenerate from the start")
+        if not _chunk_record(line):
+            raise DataError(f"REGEN_PROGRESS_MISMATCH: {progress} line {n + 1}: expected a chunk "
+                            "record with 'raw' tallies (outcomes, cut, failed_examples, reasons, "
+                            "empty, flagged, rounds) and 'records', got keys "
+                            f"{sorted(line)}; delete the file to regenerate from the start")
         if line.get("settings") != settings:
             theirs = line.get("settings") or {}
             diff = {k: (theirs.get(k), (settings or {}).get(k))
@@ -452,6 +468,9 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     if cfg.data.regenerate not in REGENERATE_MODES:
         raise ConfigError(f"data.regenerate: expected one of {list(REGENERATE_MODES)} to "
                           f"regenerate a file, got {cfg.data.regenerate!r}")
+    if Path(out_path).is_dir():  # before loading anything
+        raise ConfigError(f"--out {str(out_path)!r}: expected a new file beside the source, got "
+                          "a folder")
     cfg = resolved(cfg)  # target.dtype concrete
     target = resolve_target(cfg)
     tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)
@@ -486,6 +505,10 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
             bar.close()
     seconds = time.perf_counter() - t0
     out, unanswered = answered(out)
+    if not out:
+        raise DataError(f"REGEN_NOTHING: regeneration: all {unanswered} conversations have a "
+                        f"blank assistant turn, none is left to write to {out_path} (failed, "
+                        f"skipped or blank answers: {regen_counts['turns']})")
     if unanswered:
         log.warning("regeneration: %d conversations left out of %s: an assistant turn is empty "
                     "(an answer that failed, was skipped or decoded to nothing, with no original "
@@ -500,7 +523,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                 "settings": {**answer_settings(cfg, target), "seed": d.seed,
                              "num_conversations": d.num_conversations},
                 "counts": {"conversations": len(out), "answers": answers,
-                           "regenerated": regen_counts["turns"]["succeeded"],
+                           "regenerated": regen_counts["turns"]["succeeded"]
+                           - regen_counts["turns"]["empty"],
                            "records": stats.records, "unanswered_left_out": unanswered},
                 "selection": {"asked": d.num_conversations, "selected": len(chosen),
                               "skipped_by_reason": dict(skipped)},

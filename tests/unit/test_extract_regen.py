@@ -53,6 +53,8 @@ def test_hf_regeneration_in_extraction(tiny_cfg, tiny_target_dir, tmp_path):
         n=3,
         regenerate="hf",
         regenerate_max_new_tokens=6,
+        # a random target's answers often decode to nothing: left out, not a stop
+        regenerate_max_failed_share=1.0,
     )
     out = tmp_path / "o"
     m = extract(cfg, out, progress=False)
@@ -167,6 +169,8 @@ def test_regenerate_file_writes_shared_conversations_and_a_manifest(
         regenerate_max_new_tokens=5,
         regenerate_max_rounds=1,
         regenerate_batch_size=2,
+        # a random target's answers often decode to nothing: left out, not a stop
+        regenerate_max_failed_share=1.0,
     )
     m = regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
     kept = 3 - m["counts"]["unanswered_left_out"]  # answers that decoded to nothing: left out

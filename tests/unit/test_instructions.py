@@ -95,13 +95,20 @@ def test_a_cut_edited_or_stale_prepared_file_is_prepared_again(fake_sets, tmp_pa
     man = path.with_name(path.name + ".manifest.json")
     rec = json.loads(man.read_text())
     assert rec["prompts"] == 3 and rec["per_set"]["a"]["kept"] == 1
-    man.write_text(json.dumps({**rec, "format": A.INSTRUCTIONS_FORMAT + 1}))
-    caplog.clear()
-    assert A.prepare_instructions(cache).read_text() == whole and "again" in caplog.text
+    for stale in (A.INSTRUCTIONS_FORMAT + 1, True, "1"):  # True == 1 in Python: still refused
+        man.write_text(json.dumps({**rec, "format": stale}))
+        caplog.clear()
+        assert A.prepare_instructions(cache).read_text() == whole and "again" in caplog.text
+    man.unlink()
+    man.mkdir()
+    with pytest.raises(DataError, match=r"manifest\.json: expected a file of the prepared "
+                                        "instruction prompts, found a folder"):
+        A.prepare_instructions(cache)
+    man.rmdir()
     path.unlink()
     path.mkdir()
-    with pytest.raises(DataError, match=r"instructions_en\.jsonl: expected the prepared "
-                                        "instruction prompts \\(a file\\), found a folder"):
+    with pytest.raises(DataError, match=r"instructions_en\.jsonl: expected a file of the "
+                                        "prepared instruction prompts, found a folder"):
         A.prepare_instructions(cache)
 
 
@@ -204,7 +211,9 @@ def test_cli_regenerate_answers_instructions_with_hf_by_default(tmp_path, monkey
     out = tmp_path / "answers.jsonl"
     res = CliRunner().invoke(app, ["regenerate", str(CONFIGS / "tiny-random.yaml"), "--out",
                                    str(out), "-o", "data.source=instructions", "-o",
-                                   "data.regenerate_max_new_tokens=4"])
+                                   "data.regenerate_max_new_tokens=4",
+                                   # a random target's answers often decode to nothing
+                                   "-o", "data.regenerate_max_failed_share=1.0"])
     assert res.exit_code == 0, res.output
     assert "data.regenerate is none: regenerating with hf" in res.output
     man = json.loads((tmp_path / "answers.jsonl.manifest.json").read_text())

@@ -136,6 +136,8 @@ def test_regenerate_file_records_the_counts_and_marks_truncated_turns(
         regenerate="hf",
         regenerate_max_new_tokens=5,
         regenerate_batch_size=2,
+        # a random target's answers often decode to nothing: left out, not a stop
+        regenerate_max_failed_share=1.0,
     )
     m = regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
     r = m["regeneration"]
@@ -186,3 +188,30 @@ def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
     )
     assert got == ["to long", "to short"]
     assert isinstance(got[0], Truncated) and not isinstance(got[1], Truncated)
+
+
+def test_a_file_whose_every_conversation_has_a_blank_answer_is_an_error_not_an_empty_file(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    import contextlib
+
+    import eagle3.extract.regen as R
+    from eagle3.errors import DataError
+    from tests.unit.test_extract import file_cfg
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i} about {w}"}, {"from": "gpt", "value": "Yes."},
+        {"from": "human", "value": "And then?"}, {"from": "gpt", "value": "Then no."}]}) + "\n"
+        for i, w in enumerate(["rain", "snow", "wind"])))
+
+    @contextlib.contextmanager
+    def second_answers_blank(*_):  # every chunk has a non-blank answer, every conversation not
+        yield lambda prefixes: ["  \u200b\n" if len(p) > 2 else "Fine." for p in prefixes]
+
+    monkeypatch.setattr(R, "answer_source", second_answers_blank)
+    cfg = file_cfg(tiny_cfg, src, n=3, regenerate="sglang", regenerate_max_failed_share=1.0)
+    with pytest.raises(DataError, match=r"REGEN_NOTHING: regeneration: all 3 conversations "
+                                        r"have a blank assistant turn, none is left to write"):
+        R.regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
+    assert not (tmp_path / "regen.jsonl").exists()

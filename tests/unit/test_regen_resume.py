@@ -154,7 +154,8 @@ def test_a_chunk_with_too_many_failed_turns_stops_unsaved_and_is_asked_again(mon
     progress = tmp_path / "regenerated-x.chunks.jsonl"
     # chunk 2 (C, D) holds the failed turn C-q2: 1 of 4 turns > 0.2 of them
     with pytest.raises(DataError, match=r"REGEN_FAILED: .*1 of 4 assistant turns of chunk 2 "
-                       r"failed, above data.regenerate_max_failed_share=0.2; .*C turn 2: HTTP 500"):
+                       r"failed \(1, e.g. \[.*C turn 2: HTTP 500.*\]\) or came back blank \(0\), "
+                       r"above data.regenerate_max_failed_share=0.2"):
         R.regenerate_resumable(CONVS, Answers, 2, None, progress, max_failed_share=0.2)
     assert len(progress.read_text().splitlines()) == 1  # chunk 1 kept, chunk 2 not saved
     again = Answers()
@@ -162,6 +163,41 @@ def test_a_chunk_with_too_many_failed_turns_stops_unsaved_and_is_asked_again(mon
                                        max_failed_share=0.5)
     assert "C-q1" in again.asked and "A-q1" not in again.asked
     assert counts["turns"]["failed"] == 1 and counts["kept_turns"] == {"C": [2]}
+
+
+def test_blank_answers_count_toward_the_failed_share_and_a_stop_saves_nothing(monkeypatch,
+                                                                              tmp_path):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "regenerated-x.chunks.jsonl"
+
+    class Blank(Answers):  # D-q1 answers zero-width characters only: shows nothing
+        def __call__(self, prefixes):
+            return ["\u200b \ufeff" if p[-1]["content"] == "D-q1" else a
+                    for p, a in zip(prefixes, super().__call__(prefixes))]
+
+    with pytest.raises(DataError, match=r"REGEN_FAILED: .*2 of 4 assistant turns of chunk 2 "
+                       r"failed \(1, .*\) or came back blank \(1\), above "
+                       r"data.regenerate_max_failed_share=0.3"):
+        R.regenerate_resumable(CONVS, Blank, 2, None, progress, max_failed_share=0.3)
+    assert len(progress.read_text().splitlines()) == 1
+    _, counts = R.regenerate_resumable(CONVS, Blank, 2, None, progress, max_failed_share=0.5)
+    assert counts["turns"]["empty"] == 1 and counts["turns"]["failed"] == 1
+
+
+@pytest.mark.parametrize("damage", [lambda x: x.pop("raw"), lambda x: x.pop("records"),
+                                    lambda x: x["raw"].update(empty="1"),
+                                    lambda x: x["raw"].update(outcomes=None)])
+def test_a_progress_line_without_its_tallies_is_refused_by_line(monkeypatch, tmp_path, damage):
+    monkeypatch.setattr(R, "RESUME_CHUNK", 2)
+    progress = tmp_path / "regenerated-x.chunks.jsonl"
+    R.regenerate_resumable(CONVS, Answers, 2, None, progress)
+    lines = progress.read_text().splitlines()
+    first = json.loads(lines[0])
+    damage(first)
+    progress.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    with pytest.raises(DataError, match=r"REGEN_PROGRESS_MISMATCH: .*line 1: expected a chunk "
+                                        r"record with 'raw' tallies"):
+        R.regenerate_resumable(CONVS, Answers, 2, None, progress)
 
 
 def test_nothing_regenerated_is_an_error_not_a_file(tmp_path):
