@@ -78,7 +78,7 @@ def prepare(config: Path = typer.Argument(..., help="YAML run config"),
         cfg = load_config(config, override)
         target = resolve_target(cfg)
         data = data_source_path(cfg)[1]
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, OSError) as e:
         _fail(str(e), 2)
     typer.echo(f"target: {target}\ndata:   {data}\ncache:  {cfg.paths.resolved_cache_dir()}")
 

@@ -189,11 +189,20 @@ def resolve_target(cfg) -> Path:
     return path
 
 
+def _data_file(cache: Path, name: str) -> Path:
+    """``<cache>/data/<name>``; DataError when ``<cache>/data`` exists and is not a folder."""
+    folder = cache / "data"
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"{folder}: expected the asset cache's data folder, found a file or other "
+                        "entry: move it away (or point EAGLE3_CACHE elsewhere) and run again")
+    return folder / name
+
+
 def prepare_sharegpt(cache: Path) -> Path:
     """Write ``<cache>/data/sharegpt_en.jsonl`` once (docs/ASSETS.md: 11,115 of 17,671 records
     kept): conversations starting with ``human``, only ``human``/``gpt``, ≥ 1 ``gpt`` turn, mostly
     ASCII."""
-    out = cache / "data" / "sharegpt_en.jsonl"
+    out = _data_file(cache, "sharegpt_en.jsonl")
     if out.is_file():
         return out
     with _lock(cache, "sharegpt"):
@@ -224,7 +233,7 @@ def prepare_instructions(cache: Path) -> Path:
     (cut, edited) or was made by other rules is prepared again, with a warning. DataError when a
     package or file is missing, a file is not JSON/JSONL, no prompt is left, or the path is not a
     file."""
-    out = cache / "data" / "instructions_en.jsonl"
+    out = _data_file(cache, "instructions_en.jsonl")
     man = out.with_name(out.name + ".manifest.json")
     if _unprepared(out, man) is None:
         return out

@@ -31,11 +31,16 @@ def dataset_file(cfg: Any) -> Path:
 
 def extract_key(context: Any, parameters: dict) -> str:
     """Cache key: target + data + extract sections, the dataset file's bytes, the target folder, the
-    code."""
+    code; with ``data.regenerate=sglang`` and no URL, also the engine (by version) and dtype of the
+    server launched to answer (its answers are the training data)."""
     from eagle3.assets import resolve_target
 
     cfg = parameters["cfg"]
-    return caching.stage_key("extract", cfg, parameters["out_dir"],
+    d = cfg.data
+    launched = d.regenerate == "sglang" and not d.regenerate_url
+    extra = ({"regenerated_by": {"engine": caching.engine_identity(cfg), "dtype": cfg.serve.dtype}}
+             if launched else None)
+    return caching.stage_key("extract", cfg, parameters["out_dir"], extra=extra,
                              files={"dataset": dataset_file(cfg), "target": resolve_target(cfg)})
 
 

@@ -147,7 +147,7 @@ def _regenerate_raw(convs: list[Conversation], answer_fn, batch_size: int,
             if on_batch is not None:
                 on_batch(1)
 
-        answer_fn.converse([j for j in jobs if j[1]], prefix_of, applied)
+        answer_fn.converse([j for j in jobs if j[1]], prefix_of, applied, lambda k: out[k].id)
     else:
         for r in range(rounds):  # in-process: a round of every conversation at a time
             todo = [(k, i) for k, c in enumerate(out) if (i := _turn_index(c, r)) is not None]

@@ -171,10 +171,12 @@ class ServedAnswers:
                     self.url, "requests")
 
     def converse(self, jobs: list[tuple[int, list[tuple[int, int]]]], prefix_of: Callable,
-                 apply: Callable) -> None:
+                 apply: Callable, name: Callable = str) -> None:
         """For each ``(k, [(round, message index), ...])`` of ``jobs``, in round order: ``prefix =
         prefix_of(k, i)`` (None: the turn is not asked; the caller has counted why), then
-        ``apply(k, round, i, answer)`` with the answer, before the conversation's next turn."""
+        ``apply(k, round, i, answer)`` with the answer, before the conversation's next turn.
+        TransientError (a request that kept failing) names the conversation, ``name(k)``, and
+        its turn."""
         if self.before is not None:
             self.before()
 
@@ -182,8 +184,14 @@ class ServedAnswers:
             k, turns = job
             for r, i in turns:
                 prefix = prefix_of(k, i)
-                if prefix is not None:
-                    apply(k, r, i, await ask(self.prepare([prefix])[0]))
+                if prefix is None:
+                    continue
+                try:
+                    answer = await ask(self.prepare([prefix])[0])
+                except TransientError as e:
+                    raise TransientError(f"{e}, asking assistant turn {r + 1} of conversation "
+                                         f"{name(k)!r}") from e
+                apply(k, r, i, answer)
 
         _run(jobs, work, self.one, self.in_flight, self.timeout_s, self.url, "conversations")
 

@@ -201,9 +201,9 @@ def _warn_plan(cfg, plan: Plan) -> None:
     warn_unstable(plan.unstable, src)
     if len(plan.ids) < cfg.data.num_conversations:
         log.warning("DATA_SHORT: data.num_conversations=%d asked, %s gives %d usable "
-                    "conversations (%d records, %d skipped): the extraction holds %d",
+                    "conversations (%d records, %d skipped: %s): the extraction holds %d",
                     cfg.data.num_conversations, src, len(plan.ids), plan.records, skipped,
-                    len(plan.ids))
+                    dict(plan.skipped), len(plan.ids))
 
 
 def _manifest_facts(cfg, plan: Plan, plan_hash: str, target: dict, aux: list[int], tok,

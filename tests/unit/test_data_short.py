@@ -49,7 +49,7 @@ def test_fewer_conversations_than_asked_is_said(tmp_path, caplog):
     assert m["counts"]["samples"] == 5
     assert len(said) == 1 and said[0].startswith(
         f"DATA_SHORT: data.num_conversations=12 asked, {tmp_path / 'five.jsonl'} gives 5 usable "
-        "conversations (5 records, 0 skipped)"
+        "conversations (5 records, 0 skipped: {})"
     )
 
 

@@ -222,3 +222,13 @@ def test_cli_regenerate_answers_instructions_with_hf_by_default(tmp_path, monkey
     assert man["counts"]["conversations"] + man["counts"]["unanswered_left_out"] == 2
     assert man["source"]["path"] == str(src)
     assert man["selection"]["selected"] == 2 and man["selection"]["asked"] > 2
+
+
+def test_a_data_entry_that_is_not_a_folder_is_named(fake_sets, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "data").write_text("not a folder")
+    for prepare in (A.prepare_instructions, A.prepare_sharegpt):
+        with pytest.raises(DataError, match=r"cache/data: expected the asset cache's data "
+                                            "folder, found a file"):
+            prepare(cache)

@@ -117,6 +117,21 @@ def test_server_errors_are_retried_then_transient_and_other_statuses_are_data_er
         fn([[{"role": "user", "content": "odd"}]])
 
 
+def test_a_turn_whose_requests_keep_failing_stops_naming_its_conversation(monkeypatch):
+    async def no_wait(s):
+        return None
+
+    monkeypatch.setattr(RS.asyncio, "sleep", no_wait)
+    _mock(monkeypatch, lambda request: httpx.Response(500, text="boom")
+          if "down" in "".join(chr(i) for i in json.loads(request.content)["input_ids"])
+          else _generate_reply(request))
+    convs = [Conversation(q, [{"role": "user", "content": q},
+                              {"role": "assistant", "content": "old"}]) for q in ("ok", "down")]
+    with pytest.raises(TransientError, match=r"HTTP 500 \(3 attempts\), asking assistant turn 1 "
+                                             r"of conversation 'down'"):
+        regenerate_counted(convs, RS.sglang_answer_fn("http://x", _Tok(), 5), 8)
+
+
 def test_refused_turns_are_counted_as_failed_and_keep_their_original_answer(monkeypatch):
     _mock(monkeypatch, _generate_reply)
     convs = [Conversation(q, [{"role": "user", "content": q},

@@ -67,6 +67,27 @@ def test_extract_key_follows_the_dataset_bytes_not_train_settings(tmp_path):
     assert caching.stage_key("extract", cfg, tmp_path / "extract", files={"dataset": ds}) != key
 
 
+def test_extract_key_names_the_launched_regeneration_server_only_when_one_answers(tmp_path,
+                                                                                monkeypatch):
+    import eagle3.assets
+    from tasks.extract import extract_key
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    ds = tmp_path / "conv.jsonl"
+    ds.write_text('{"id": 1}\n')
+    monkeypatch.setattr(eagle3.assets, "resolve_target", lambda cfg: tmp_path / "target")
+    key = lambda *o: extract_key(None, {  # noqa: E731
+        "out_dir": tmp_path / "extract",
+        "cfg": load_config(None, [f"paths.runs_dir={tmp_path}", "data.source=file",
+                                  f"data.path={ds}", "serve.engine=reference", *o])})
+    assert key() == key("serve.dtype=float32")  # nothing is served for extraction
+    launched = ("data.regenerate=sglang",)
+    assert key(*launched) != key(*launched, "serve.dtype=float32")
+    asked = ("data.regenerate=sglang", "data.regenerate_url=http://127.0.0.1:9")
+    assert key(*asked) == key(*asked, "serve.dtype=float32")  # a given server: its own dtype
+
+
 def test_deploy_key_ignores_the_gate_minimum(tmp_path):
     serving = _stage_dir(tmp_path / "serving", "s")
     key = lambda *o: caching.stage_key(  # noqa: E731
