@@ -214,7 +214,7 @@ def test_tiny_says_which_given_values_it_replaces(capsys):
 
     a = parse_args(["--device", "cpu", "--tiny", "--regen", "5", "--eval-tokens", "8"])
     err = capsys.readouterr().err
-    assert a.regen == 8 and "--tiny sets --regen 8 (given: 5)" in err and "eval-tokens" not in err
+    assert a.regen == 12 and "--tiny sets --regen 12 (given: 5)" in err and "eval-tokens" not in err
 
 
 def test_data_copy_follows_a_new_data_file_and_a_cut_xz_names_it(tmp_path):

@@ -5,6 +5,7 @@ a refused connection, each named differently."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -71,10 +72,10 @@ def test_an_overall_timeout_shorter_than_the_health_check_timeout_names_a_silent
     assert result.verdict == "timed_out", result.detail
     assert 2 <= took < 4, took
     assert result.last_health == "timeout"
-    assert (
-        f"Not answering: {url} accepted connections but gave no HTTP answer within "
-        "2.0 s to 1 health checks of /health_generate"
-    ) in result.detail, result.detail
+    # the seconds measured: 2.0 and a little more on a loaded machine
+    assert re.search(
+        rf"Not answering: {re.escape(url)} accepted connections but gave no HTTP answer within "
+        r"2\.\d s to 1 health checks of /health_generate", result.detail), result.detail
     assert "Connection refused" not in result.detail
 
 
