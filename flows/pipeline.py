@@ -94,6 +94,8 @@ def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision
           f"| served, trained draft | **{_fmt(figures.served)}** |",
           f"| offline, same draft and prompts | {_fmt(figures.offline)} |",
           f"| simulated, training validation | {_fmt(figures.simulated)} |",
+          *([f"| measured in training, development prompts | {_fmt(figures.dev)} |"]
+            if figures.dev is not None else []),
           f"| served, untrained baseline | {_fmt(figures.untrained)} |", "",
           "| stage | this run |", "|---|---|", *[f"| {k} | {v} |" for k, v in record.items()]]
     return {"config": cfg.name, "run_dir": str(cfg.run_dir()),
@@ -102,6 +104,7 @@ def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision
             "acceptance_length": figures.served, "acceptance_length_untrained": figures.untrained,
             "acceptance_length_offline": figures.offline,
             "acceptance_length_simulated": figures.simulated,
+            "acceptance_length_dev": figures.dev,
             "beats_baseline": figures.beats_baseline,
             "decision": decision.recommendation, "decision_rule": decision.rule, "markdown": md,
             "data": data_line(data.dir) if data else None}

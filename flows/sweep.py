@@ -309,12 +309,14 @@ def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str
              decision) -> None:
     fmt = (lambda v: "n/a" if v is None else f"{v:.3f}")
     publish_summary(cfg, parent, f"eagle3-sweep: {cfg.name}", [
-        "| point | served | offline (bench prompts) | offline (eval sets) | simulated |",
-        "|---|---|---|---|---|",
+        "| point | served | offline (bench prompts) | offline (eval sets) | development | "
+        "simulated |",
+        "|---|---|---|---|---|---|",
         *[f"| {r.get('point')} | {fmt(r['served'])} | {fmt(r['offline'])} | "
-          f"{fmt(r.get('offline_eval'))} | {fmt(r['simulated'])} |" for r in rows],
-        *[f"| {k} | failed: {v} | | | |" for k, v in failed.items()],
-        *[f"| {k} | pending | | | |" for k in pending], "",
+          f"{fmt(r.get('offline_eval'))} | {fmt(r.get('dev'))} | {fmt(r['simulated'])} |"
+          for r in rows],
+        *[f"| {k} | failed: {v} | | | | |" for k, v in failed.items()],
+        *[f"| {k} | pending | | | | |" for k in pending], "",
         f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])
 
 

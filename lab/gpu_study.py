@@ -263,7 +263,7 @@ def do_speedup(a, sweep: dict, target: Path, out: Path, base: list[str],
 
 
 def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
-    from tasks.reports import decision_text, format_table, simulated_pivot, sweep_table
+    from tasks.reports import decision_text, format_table, gap_table, simulated_pivot, sweep_table
 
     rows = sweep_table(sweep["parent_run_id"], sweep["mlflow_uri"])
     best = best_point(sweep)
@@ -285,6 +285,7 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
             "offline_gsm8k": best.get("offline_gsm8k"),
             "served": best.get("served"),
             "simulated": best.get("simulated"),
+            "dev": best.get("dev"),
             "serving_sha256": draft_digest(latest_output(best["run_dir"], "serving"))
             if best.get("run_dir")
             else None,
@@ -305,11 +306,14 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
                     "epochs_over_data",
                     "optimizer_steps",
                     "simulated",
+                    "dev",
+                    "dev_curve",
                     "served",
                     "offline",
                     "offline_eval",
                     "offline_eval_ci",
                     "offline_gsm8k",
+                    "eval_primary",
                     "eval",
                 )
             }
@@ -327,6 +331,10 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
                 "## Sweep table (read back from MLflow)",
                 "",
                 format_table(rows),
+                "",
+                "## Where simulated and measured acceptance part",
+                "",
+                gap_table(rows),
                 "",
                 "## Simulated acceptance by data / schedule × size",
                 "",

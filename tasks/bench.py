@@ -85,11 +85,13 @@ def prefetch_offline_figure(cfg: Any, serving_dir: Path) -> bool:
         return False
 
 
-def simulated_figure(train: StageResult | None) -> float | None:
-    """The training run's simulated acceptance length (validation, bonus token counted;
-    eagle3.train.metrics)."""
-    v = train.metric("simulated_acceptance_length") if train is not None else None
-    return float(v) if isinstance(v, (int, float)) else None
+def train_figure(train: StageResult | None, name: str) -> float | None:
+    """An acceptance length the training run recorded for its exported checkpoint (bonus token
+    counted): ``simulated_acceptance_length`` (validation, eagle3.train.metrics) or
+    ``dev_acceptance_length`` (measured on the development prompts,
+    eagle3.measure.dev_acceptance); None when it has none."""
+    v = train.metric(name) if train is not None else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) -> Path:
@@ -115,9 +117,10 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
                     parent_run_id: str, train: StageResult | None = None) -> AcceptanceFigures:
     """The acceptance figures of the run, logged on the parent run whatever they are: served (the
     trained draft's benchmark), untrained (the baseline's), offline (:func:`offline_figure`:
-    in-process, same draft and prompts) and simulated (training validation) — metrics
-    ``acceptance_length``, ``acceptance_length_untrained``, ``acceptance_length_offline``,
-    ``acceptance_length_simulated``, ``acceptance_gap_offline_minus_served`` — with the plot
+    in-process, same draft and prompts), simulated (training validation) and dev (measured in
+    training on the development prompts) — metrics ``acceptance_length``,
+    ``acceptance_length_untrained``, ``acceptance_length_offline``, ``acceptance_length_simulated``,
+    ``acceptance_length_dev``, ``acceptance_gap_offline_minus_served`` — with the plot
     ``plots/served_vs_offline.png``, so a serving gap is visible even when the gate passes. Also the
     gate's verdict against ``bench.min_acceptance_length`` (``passed``, ``failure``: the diagnosis),
     which :func:`gate_task` enforces after the decision is recorded."""
@@ -129,13 +132,15 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
                                  off.get("unlike_served"))
     fig = AcceptanceFigures(served=served,
                             untrained=untrained.acceptance_length if untrained else None,
-                            offline=off["acceptance_length"], simulated=simulated_figure(train),
+                            offline=off["acceptance_length"],
+                            simulated=train_figure(train, "simulated_acceptance_length"),
                             offline_wall_s=off.get("wall_s"), minimum=minimum,
-                            passed=failure is None, failure=failure)
+                            passed=failure is None, failure=failure,
+                            dev=train_figure(train, "dev_acceptance_length"))
     tracking.log_parent_metrics(cfg, parent_run_id, {
         "acceptance_length": fig.served, "acceptance_length_untrained": fig.untrained,
         "acceptance_gain_over_untrained": fig.gain, "acceptance_length_offline": fig.offline,
-        "acceptance_length_simulated": fig.simulated,
+        "acceptance_length_simulated": fig.simulated, "acceptance_length_dev": fig.dev,
         "acceptance_gap_offline_minus_served":
             fig.offline - fig.served if fig.served is not None else None,
         "offline_acceptance_wall_s": fig.offline_wall_s})

@@ -5,10 +5,11 @@ on each point's MLflow run.
 
 Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token counted), ``.ci_low`` /
 ``.ci_high`` (bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``,
-``.num_requests``, ``.verify_ct``, ``.completion_tokens``; the artifact ``offline_eval.json`` holds
-the whole result (per category). Points that already have every set are skipped, so a resumed sweep
-evaluates only its new points; a point whose draft is not on this machine (trained on another one)
-is named, not skipped in silence.
+``.num_requests``, ``.verify_ct``, ``.completion_tokens``; for a set of several turns (MT-Bench)
+the same per turn, ``offline.<set>.turn<k>.acceptance_length`` and so on; the artifact
+``offline_eval.json`` holds the whole result (per category). Points that already have every set
+are skipped, so a resumed sweep evaluates only its new points; a point whose draft is not on this
+machine (trained on another one) is named, not skipped in silence.
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
                           include_requests=False, progress=False)
     out = {}
     for key, (run_id, _) in todo.items():
-        per_set = res[key]["per_set"]
+        per_set, per_turn = res[key]["per_set"], res[key].get("per_turn") or {}
         metrics = {k: v for s in sets for k, v in _metrics(s, per_set[s]).items()}
+        for s in sets:
+            for turn, group in (per_turn.get(s) or {}).items():  # "turn1": second turns see
+                metrics.update(_metrics(f"{s}.{turn}", group))  # the target's first answer
         tracking.log_parent_metrics(cfg, run_id, metrics)
         tracking.set_parent_tags(cfg, run_id, {"eagle3.sweep.eval_primary": sets[0]})
         tracking.log_parent_artifact(cfg, run_id, res[key], "offline_eval.json")

@@ -106,8 +106,19 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
 
 
 TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_data",
-                 "optimizer_steps", "simulated", "served", "offline", "offline_eval",
-                 "offline_eval_ci", "offline_gsm8k", "registered_model", "run_id")
+                 "optimizer_steps", "simulated", "dev", "dev_curve", "served", "offline",
+                 "offline_eval", "offline_eval_ci", "offline_gsm8k", "registered_model", "run_id")
+DEV_CURVE_KEY = "dev/acceptance_length"  # logged by the train stage at each evaluation
+
+
+def dev_curve(history: list[tuple[int, float]]) -> str | None:
+    """``"first@step → best@step → last@step"`` of a measured development-acceptance curve
+    (``[(optimizer step, acceptance length)]``), or None for no curve: whether it still rose, or
+    peaked and fell, in one cell."""
+    if not history:
+        return None
+    best = max(history, key=lambda p: (p[1], -p[0]))  # the earliest of equal maxima
+    return " → ".join(f"{v:.3f}@{s}" for s, v in (history[0], best, history[-1]))
 
 
 def _ci(metrics: dict, prefix: str) -> str | None:
@@ -120,10 +131,15 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
     run>`` and FINISHED, sorted by (data variant, data size, schedule). Each row has
     :data:`TABLE_COLUMNS` — data variant, data size (conversations), schedule, unique training
     tokens, epochs over the data, optimizer steps, and the acceptance lengths (bonus token counted):
-    simulated (training validation), served (engine, bench prompts), offline (in-process, the same
-    bench prompts), offline_eval (in-process on the sweep's first evaluation set, all prompts, with
-    its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir`` and
-    per-set figures ``eval`` {set: {...}}. Raises DataError when the sweep run is unknown."""
+    simulated (training validation), dev (measured in training on the development prompts, the
+    exported checkpoint's) and ``dev_curve`` (:func:`dev_curve` of the train stage's
+    ``dev/acceptance_length`` history), served (engine, bench prompts), offline (in-process, the
+    same bench prompts), offline_eval (in-process on the sweep's first evaluation set, all prompts,
+    with its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir``,
+    ``eval_primary`` and per-set figures ``eval`` {set: {...}} (``turn1.acceptance_length`` ... for
+    sets of several turns). Raises DataError when the sweep run is unknown."""
+    from tasks.tracking import stage_metric_history
+
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         exp = client.get_run(sweep_run_id).info.experiment_id
@@ -147,11 +163,15 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "epochs_over_data": m.get("sweep.epochs_over_data"),
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
                      "simulated": m.get("acceptance_length_simulated"),
+                     "dev": m.get("acceptance_length_dev"),
+                     "dev_curve": dev_curve(stage_metric_history(r.info.run_id, "train",
+                                                                 DEV_CURVE_KEY, tracking_uri)),
                      "served": m.get("acceptance_length"),
                      "offline": m.get("acceptance_length_offline"),
                      "offline_eval": m.get(f"offline.{first}.acceptance_length") if first else None,
                      "offline_eval_ci": _ci(m, f"offline.{first}") if first else None,
                      "offline_gsm8k": m.get(f"offline.{gsm}.acceptance_length") if gsm else None,
+                     "eval_primary": first,
                      "eval": {s: {k.split(".", 2)[2]: v for k, v in m.items()
                                   if k.startswith(f"offline.{s}.")}
                               for s in sets},
@@ -174,6 +194,37 @@ def format_table(rows: list[dict]) -> str:
     head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
     return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |"
                              for r in rows])
+
+
+GAP_NOTE = ("Each step left to right changes one thing: teacher-forced on the data's own answers "
+            "(simulated) → decoding the target's own continuations of held-out first turns "
+            "(development) → the evaluation set's first turns (prompt distribution) → its second "
+            "turns (turn position: a context holding the target's first answer). Acceptance "
+            "lengths count the bonus token; n/a: not measured for that point.")
+
+
+def gap_table(rows: list[dict]) -> str:
+    """Markdown: where simulated and measured acceptance part, per :func:`sweep_table` row —
+    simulated, development, the primary evaluation set's turn 1 and turn 2, GSM8K, and the three
+    differences (teacher forcing = simulated − development; prompts = development − turn 1; turn
+    position = turn 1 − turn 2), with :data:`GAP_NOTE` above it."""
+    def f(v):
+        return "n/a" if v is None else f"{v:.3f}"
+
+    def diff(a, b):
+        return "n/a" if a is None or b is None else f"{a - b:+.3f}"
+
+    primary = next((r["eval_primary"] for r in rows if r.get("eval_primary")), "eval")
+    head = [f"| point | simulated | development | {primary} turn 1 | {primary} turn 2 | GSM8K | "
+            "teacher forcing | prompts | turn position |", "|---|" + "---|" * 8]
+    body = []
+    for r in rows:
+        ev = (r.get("eval") or {}).get(r.get("eval_primary") or "", {})
+        t1, t2 = ev.get("turn1.acceptance_length"), ev.get("turn2.acceptance_length")
+        body.append(f"| {r.get('point')} | {f(r['simulated'])} | {f(r.get('dev'))} | {f(t1)} | "
+                    f"{f(t2)} | {f(r.get('offline_gsm8k'))} | {diff(r['simulated'], r.get('dev'))}"
+                    f" | {diff(r.get('dev'), t1)} | {diff(t1, t2)} |")
+    return "\n".join([GAP_NOTE, ""] + head + body)
 
 
 def simulated_pivot(rows: list[dict]) -> str:
@@ -217,6 +268,7 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
     except Exception as e:  # noqa: BLE001 - reported in the text
         plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
     return "\n".join(["## MLflow comparison", "", format_table(rows), "",
+                      "## Where simulated and measured acceptance part", "", gap_table(rows), "",
                       "## Simulated acceptance length by schedule × data size", "",
                       simulated_pivot(rows), "",
                       f"- {plot_line}", "", "## Decision (`eagle3 decide`)", "", "```",

@@ -37,9 +37,10 @@ class StageResult:
 class AcceptanceFigures:
     """The acceptance lengths of one pipeline run (bonus token counted): ``served`` (engine),
     ``untrained`` (the baseline draft served), ``offline`` (in-process reference decoding, same
-    prompts), ``simulated`` (training validation), ``gain`` = served - untrained; ``minimum`` = the
-    gate's threshold and ``passed`` whether served ≥ minimum, with the gate's diagnosis in
-    ``failure`` when not."""
+    prompts), ``simulated`` (training validation), ``dev`` (measured during training on the
+    development prompts, ``train.select_best_by=measured``), ``gain`` = served - untrained;
+    ``minimum`` = the gate's threshold and ``passed`` whether served ≥ minimum, with the gate's
+    diagnosis in ``failure`` when not. ``simulated`` and ``dev`` are the exported checkpoint's."""
 
     served: float | None
     untrained: float | None
@@ -49,6 +50,7 @@ class AcceptanceFigures:
     minimum: float
     passed: bool
     failure: str | None = None
+    dev: float | None = None
 
     @property
     def gain(self) -> float | None:

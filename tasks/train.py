@@ -131,9 +131,10 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         sr.log_path(out_dir / "metrics.jsonl")
         sr.log_path(out_dir / "config.json", "draft")
         summary = tracking.numeric_leaves("final", manifest.get("metrics"))
-        sim = (manifest.get("metrics") or {}).get("simulated_acceptance_length")
-        if isinstance(sim, (int, float)):
-            summary["simulated_acceptance_length"] = float(sim)
+        for key in ("simulated_acceptance_length", "dev_acceptance_length"):  # exported weights'
+            v = (manifest.get("metrics") or {}).get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                summary[key] = float(v)
         summary["optimizer_steps"] = float(manifest.get("optimizer_steps", 0))
         online = online_metrics(manifest)
         summary.update(online)  # extraction folded into this stage: its figures are this run's

@@ -69,6 +69,11 @@ def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(
         "--store-copy",
         "--assets",
         str(_assets(tmp_path / "a")),
+        # held-out first turns measured at each evaluation: the development figure and curve
+        "--dev-holdout",
+        "4",
+        "--dev-prompts",
+        "4",
     ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
@@ -83,10 +88,13 @@ def test_gpu_study_tiny_runs_every_stage_and_writes_gpu_study_json(
             1.0 <= p["served"] <= 4.0
             and p["eval"]["mtbench2"]["acceptance_length"] == p["offline_eval"]
         )
+        assert 1.0 <= p["dev"] <= 4.0 and p["dev_curve"].count("@") == 3, p
+        assert {"turn1.acceptance_length", "turn2.acceptance_length"} <= set(p["eval"]["mtbench2"])
     assert study["best"]["point"] in {p["point"] for p in study["points"]}
     assert study["speedup"]["file"].endswith("gpu_speedup.json")
     report = (out / "sweep_report.md").read_text()
     assert "## eagle3 decide" in report and "regenerated" in report
+    assert "## Where simulated and measured acceptance part" in report
     assert (out / "mlflow_store.tar.xz").stat().st_size > 10_000
     again = subprocess.run(
         cmd + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=600

@@ -1,0 +1,99 @@
+"""The sweep's table and report, read back from an MLflow store: each point's development
+acceptance (measured in training, the exported checkpoint's) and its curve along the training, and
+the table of where simulated and measured acceptance part (teacher forcing, prompts, turn
+position); the offline evaluation logs each turn of a set of several turns."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3.config import load_config
+from tests.conftest import CONFIGS
+
+
+def _store(tmp_path):
+    """A sweep run with two finished points: one trained with measured selection (a development
+    curve that peaks and falls, MT-Bench by turn, GSM8K), one without any of those."""
+    from tasks import tracking
+    from tasks.reports import SWEEP_TAG
+
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={tmp_path / 'runs'}"])
+    client, exp = tracking.client_for(cfg)
+    sweep = client.create_run(exp).info.run_id
+    points = {}
+    for name, size in (("measured", 3000), ("plain", 1000)):
+        run = client.create_run(exp, tags={SWEEP_TAG: sweep, "eagle3.sweep.point": name,
+                                           "eagle3.sweep.data_size": str(size),
+                                           "eagle3.sweep.schedule": "constant",
+                                           "eagle3.sweep.eval_primary": "mtbench"}).info.run_id
+        client.log_metric(run, "acceptance_length_simulated", 2.9)
+        client.log_metric(run, "offline.mtbench.acceptance_length", 2.1)
+        client.set_terminated(run)
+        points[name] = run
+    run = points["measured"]
+    for k, v in {"acceptance_length_dev": 2.4, "offline.mtbench.turn1.acceptance_length": 2.25,
+                 "offline.mtbench.turn2.acceptance_length": 1.95,
+                 "offline.gsm8k.acceptance_length": 2.6}.items():
+        client.log_metric(run, k, v)
+    train = client.create_run(exp, tags={tracking.PARENT_TAG: run, "eagle3.stage": "train",
+                                         "eagle3.variant": "trained",
+                                         "eagle3.cached": "false"}).info.run_id
+    for step, v in ((500, 1.9), (1000, 2.4), (1500, 2.3)):
+        client.log_metric(train, "dev/acceptance_length", v, step=step)
+    client.set_terminated(train)
+    return cfg, sweep
+
+
+def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
+    from tasks.reports import format_table, gap_table, sweep_table
+
+    cfg, sweep = _store(tmp_path)
+    rows = {r["point"]: r for r in sweep_table(sweep, cfg.mlflow_uri())}
+    m, p = rows["measured"], rows["plain"]
+    assert m["dev"] == 2.4 and m["dev_curve"] == "1.900@500 → 2.400@1000 → 2.300@1500"
+    assert p["dev"] is None and p["dev_curve"] is None
+    assert m["eval"]["mtbench"]["turn1.acceptance_length"] == 2.25
+    assert m["eval_primary"] == "mtbench" and m["offline_eval"] == 2.1
+    assert "2.400@1000" in format_table(list(rows.values()))
+    table = gap_table([m, p]).splitlines()
+    assert "teacher-forced" in table[0]
+    # simulated − development, development − turn 1, turn 1 − turn 2
+    assert table[-2] == ("| measured | 2.900 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | +0.150 | "
+                         "+0.300 |")
+    assert table[-1] == "| plain | 2.900 | n/a | n/a | n/a | n/a | n/a | n/a | n/a |"
+
+
+def test_dev_curve_names_the_earliest_best_and_nothing_for_no_curve():
+    from tasks.reports import dev_curve
+
+    assert dev_curve([]) is None
+    assert dev_curve([(1, 2.0), (2, 2.0), (3, 1.5)]) == "2.000@1 → 2.000@1 → 1.500@3"
+
+
+def test_the_offline_evaluation_logs_each_turn_of_a_set_of_several(monkeypatch, tmp_path):
+    """:func:`tasks.evaluate.evaluate_task` with the measurement replaced: the per-turn groups of
+    ``evaluate_drafts`` become ``offline.<set>.turn<k>.*`` metrics on the point's run."""
+    import eagle3.measure.offline as offline
+    from tasks import evaluate, tracking
+
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    group = lambda al: {"acceptance_length": al, "num_requests": 2,  # noqa: E731
+                        "ci": {"low": al - 0.1, "high": al + 0.1}}
+    monkeypatch.setattr(evaluate, "points_to_evaluate",
+                        lambda cfg, sweep, sets: ({"p": ("RUN", serving)}, {}))
+    monkeypatch.setattr(offline, "evaluate_drafts", lambda *a, **k: {"p": {
+        "per_set": {"mtbench": group(2.0), "gsm8k": group(2.5)},
+        "per_turn": {"mtbench": {"turn1": group(2.2), "turn2": group(1.8)}}}})
+    logged = {}
+    monkeypatch.setattr(tracking, "log_parent_metrics",
+                        lambda cfg, run, metrics: logged.update(metrics))
+    monkeypatch.setattr(tracking, "set_parent_tags", lambda *a: None)
+    monkeypatch.setattr(tracking, "log_parent_artifact", lambda *a: None)
+    monkeypatch.setattr("eagle3.assets.resolve_target", lambda cfg: tmp_path)
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={tmp_path / 'runs'}"])
+    out = evaluate.evaluate_task.fn(cfg, "SWEEP", ["mtbench", "gsm8k"], 8)
+    assert out["evaluated"]["p"]["mtbench"]["acceptance_length"] == 2.0
+    assert logged["offline.mtbench.turn1.acceptance_length"] == pytest.approx(2.2)
+    assert logged["offline.mtbench.turn2.ci_low"] == pytest.approx(1.7)
+    assert not any(k.startswith("offline.gsm8k.turn") for k in logged)
