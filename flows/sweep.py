@@ -280,14 +280,14 @@ def training_curves(rows: list[dict], history=None) -> list[dict]:
     (trained on another one, its folders gone) is read with ``history(row, key)`` → ``[(step,
     value)]`` when given (:func:`tasks.tracking.stage_metric_history`: what its train stage
     logged to MLflow); a point with neither has no curve."""
-    from eagle3.measure.plots import read_metrics_jsonl
+    from eagle3.artifacts import read_jsonl
 
     curves = []
     for r in rows:
         path = latest_output(r.get("run_dir") or "", "train") / "metrics.jsonl"
         points: list[tuple[int, float]] = []
         if r.get("run_dir") and path.is_file():
-            logged = read_metrics_jsonl(path)
+            logged = read_jsonl(path)
             for key in CURVE_KEYS:
                 points = [(int(x["step"]), x[key]) for x in logged
                           if isinstance(x.get(key), float)]

@@ -64,12 +64,6 @@ def _tally(outcomes: list[str], truncated: int) -> dict[str, int]:
             "truncated": truncated}
 
 
-def regenerate(convs: list[Conversation], answer_fn, batch_size: int, max_rounds: int | None = None,
-               on_batch=None) -> list[Conversation]:
-    """:func:`regenerate_counted` without its counts."""
-    return regenerate_counted(convs, answer_fn, batch_size, max_rounds, on_batch)[0]
-
-
 def regenerate_counted(convs: list[Conversation], answer_fn, batch_size: int,
                        max_rounds: int | None = None,
                        on_batch=None) -> tuple[list[Conversation], dict]:

@@ -23,7 +23,7 @@ from eagle3.artifacts import atomic_write_json, write_manifest
 from eagle3.config import (BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS,
                            BENCH_REQUEST_TIMEOUT_S)
 from eagle3.engines.sglang.serving import running_problems
-from eagle3.errors import AcceptanceTooLow, ConfigError, DataError, TransientError
+from eagle3.errors import ConfigError, DataError, TransientError
 from eagle3.measure.acceptance import (ACCEPTANCE_CONVENTION, SERVING_EXCESS_RATIO,
                                        SERVING_FAULT_CHECKS, aggregate, parse_meta_info,
                                        parse_prometheus, parse_server_info, server_window,
@@ -430,10 +430,3 @@ def acceptance_verdict(served: float | None, offline: float | None, minimum: flo
                 f"{SERVING_FAULT_CHECKS}")
     return (f"{head}; offline (in-process) {offline:.3f} is low too: both low: draft quality or "
             "data — train longer or on more data (see eagle3.decide)")
-
-
-def check_acceptance(served: float | None, offline: float | None, minimum: float) -> None:
-    """Raise AcceptanceTooLow (:func:`acceptance_verdict`) unless ``served >= minimum``."""
-    verdict = acceptance_verdict(served, offline, minimum)
-    if verdict is not None:
-        raise AcceptanceTooLow(verdict)

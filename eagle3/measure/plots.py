@@ -11,7 +11,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from eagle3.artifacts import read_jsonl as read_metrics_jsonl  # noqa: E402
 from eagle3.errors import DataError  # noqa: E402
 
 
@@ -48,39 +47,6 @@ def plot_acceptance_by_category(report: dict, path: str | Path,
     ax.set_xticks(list(xs), cats, rotation=30, ha="right")
     ax.set(ylabel="acceptance length (tokens / verify pass)", title="Acceptance length by category")
     ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows)
-           if isinstance(r.get(key), (int, float))]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def plot_training_curves(metrics: str | Path | list[dict], path: str | Path) -> Path:
-    """Train/val loss vs optimizer step (``*/loss``, else keys with "loss"; val dashed) and
-    conditional accuracies (``acc_cond``, else "acc", ≤ 8) from ``metrics.jsonl`` rows."""
-    rows = read_metrics_jsonl(metrics) if not isinstance(metrics, list) else metrics
-    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))
-                   and k != "step"})
-    loss_keys = ([k for k in keys if k.endswith("/loss") or k == "loss"]
-                 or [k for k in keys if "loss" in k])
-    acc_keys = ([k for k in keys if "acc_cond" in k] or [k for k in keys if "acc" in k])[:8]
-    if not loss_keys:
-        raise DataError(f"plot_training_curves: no key containing 'loss' in {metrics!s:.120} "
-                        f"(keys: {keys})")
-    fig, axes = plt.subplots(1, 2 if acc_keys else 1, figsize=(10 if acc_keys else 5.5, 3.6),
-                             squeeze=False)
-    for k in loss_keys:
-        xs, ys = _series(rows, k)
-        axes[0][0].plot(xs, ys, "--o" if ("val" in k or "eval" in k) else "-", ms=3, label=k)
-    axes[0][0].set(xlabel="optimizer step", ylabel="loss", title="Training curves")
-    axes[0][0].legend(fontsize=7)
-    for k in acc_keys:
-        axes[0][1].plot(*_series(rows, k), label=k)
-    if acc_keys:
-        axes[0][1].set(xlabel="optimizer step", ylabel="accuracy")
-        axes[0][1].legend(fontsize=7)
     return _save(fig, path)
 
 

@@ -36,11 +36,8 @@ from eagle3.config import (GATE_POLL_INTERVAL_S, GATE_PROBE_TIMEOUT_S, GATE_STAL
 from eagle3.serve.diagnostics import collect_diagnostics, log_tail
 from eagle3.serve.liveness import ProgressMonitor
 from eagle3.procs import exit_status
-from eagle3.serve.watchdog import Watchdog  # noqa: F401 (re-exported)
 
-__all__ = ["GateResult", "Watchdog", "http_status", "probe_generate", "spec_fields", "wait_ready",
-           "VERDICTS"]
-VERDICTS = ("ready", "crashed", "stalled", "timed_out", "probe_failed")
+__all__ = ["GateResult", "http_status", "probe_generate", "spec_fields", "wait_ready"]
 MIN_HEALTH_TIMEOUT_S = 0.05  # s: the shortest wait of one health check (enough on the same host)
 HEALTH_GRACE_S = 0.5  # s waited once for a check past its timeout, so a verdict knows what it met
 PROBE_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,")
@@ -123,7 +120,7 @@ def probe_generate(url: str, prompt: str, timeout_s: float) -> dict:
 class GateResult:
     """Outcome of :func:`wait_ready`. Times are seconds since the gate started."""
 
-    verdict: str
+    verdict: str  # ready, crashed, stalled, timed_out or probe_failed
     url: str
     detail: str = ""
     phases: dict[str, float] = field(default_factory=dict)

@@ -264,13 +264,6 @@ FROZEN_FIELDS = ("ttt_steps", "num_layers", "draft_vocab_size", "seed", "max_tok
                  "grad_accum")
 
 
-def check_resume(info: dict, identity: dict, cfg, ckpt: Path) -> None:
-    """Raise the refused change between ``state.json`` ``info`` and the new run, if any."""
-    problem = resume_conflict(info, identity, cfg, ckpt)
-    if problem is not None:
-        raise problem
-
-
 def resume_conflict(info: dict, identity: dict, cfg, ckpt: Path) -> ConfigError | DataError | None:
     """The refused change between a checkpoint's ``state.json`` (``info``) and the new run as the
     error to raise (DataError: data or vocabulary; ConfigError: settings), or None. ``identity``:

@@ -183,7 +183,7 @@ def test_launch_ready_stalled_engine_is_ended_with_diagnostics(cfg, tmp_path):
 def test_watchdog_fails_a_benchmark_whose_server_stops_answering(cfg, tmp_path):
     import httpx
 
-    from eagle3.serve.readiness import Watchdog
+    from eagle3.serve.watchdog import Watchdog
 
     with launch_ready(
         cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"engine": "sglang"})}),

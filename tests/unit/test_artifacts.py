@@ -6,6 +6,7 @@ from eagle3.artifacts import (
     atomic_directory,
     atomic_write_json,
     content_hash,
+    read_jsonl,
     read_manifest,
     write_manifest,
 )
@@ -82,3 +83,17 @@ def test_outputs_are_readable_by_others(tmp_path):
         assert stat.S_IMODE((tmp_path / "out" / "m.json").stat().st_mode) == 0o644
     finally:
         os.umask(old)
+
+
+def test_read_jsonl_reads_every_row_and_names_a_bad_line(tmp_path):
+    rows = [
+        {"step": i, "train/loss": 3 - 0.1 * i, "train/full_acc_0": 0.1 + 0.02 * i}
+        for i in range(10)
+    ]
+    rows += [{"step": 5, "val/loss": 2.6}, {"step": 9, "val/loss": 2.3}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert len(read_jsonl(path)) == 12
+    path.write_text("{not json\n")
+    with pytest.raises(DataError, match=":1:"):
+        read_jsonl(path)

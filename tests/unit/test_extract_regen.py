@@ -12,7 +12,7 @@ import torch
 from eagle3.extract.conversations import Conversation
 from eagle3.errors import DataError, TransientError
 from eagle3.extract.stage import extract
-from eagle3.extract.regen import regenerate
+from eagle3.extract.regen import regenerate_counted
 from eagle3.extract.regen_answers import hf_answer_fn, openai_answer_fn
 from tests.support.handover import JsonHandler
 from tests.unit.test_extract import file_cfg, write_convs
@@ -28,6 +28,11 @@ TWO_TURNS = Conversation(
 )
 
 
+def _regenerate(convs, answer_fn, batch_size, max_rounds=None, on_batch=None):
+    """The regenerated conversations without their counts."""
+    return regenerate_counted(convs, answer_fn, batch_size, max_rounds, on_batch)[0]
+
+
 def test_regenerate_round_by_round_with_regenerated_history():
     seen = []
 
@@ -35,7 +40,7 @@ def test_regenerate_round_by_round_with_regenerated_history():
         seen.extend(json.dumps(p) for p in prefixes)
         return [f"new{len(p)}" for p in prefixes]
 
-    out = regenerate([TWO_TURNS, Conversation("x", text="plain")], fake, batch_size=4)
+    out = _regenerate([TWO_TURNS, Conversation("x", text="plain")], fake, batch_size=4)
     assert [m["content"] for m in out[0].messages] == ["a", "new1", "b", "new3"]
     assert out[1].text == "plain" and TWO_TURNS.messages[1]["content"] == "old1"  # input untouched
     assert '"content": "new1"' in seen[1]  # the second turn saw the regenerated first one
@@ -108,7 +113,7 @@ def endpoint():
 
 def test_openai_endpoint_regeneration(endpoint):
     fn = openai_answer_fn(endpoint, "m", 7, timeout_s=10)
-    out = regenerate([TWO_TURNS], fn, batch_size=2)
+    out = _regenerate([TWO_TURNS], fn, batch_size=2)
     assert [m["content"] for m in out[0].messages] == ["a", "echo:a:7", "b", "echo:b:7"]
     with pytest.raises(TransientError, match="HTTP 500"):
         fn([[{"role": "user", "content": "boom"}]])
@@ -123,7 +128,7 @@ def test_max_rounds_regenerates_the_first_turns_and_drops_the_rest():
         calls.append(len(prefixes))
         return [f"new{len(p)}" for p in prefixes]
 
-    out = regenerate([TWO_TURNS], fake, batch_size=4, max_rounds=1)
+    out = _regenerate([TWO_TURNS], fake, batch_size=4, max_rounds=1)
     assert [m["content"] for m in out[0].messages] == [
         "a",
         "new1",
@@ -132,10 +137,10 @@ def test_max_rounds_regenerates_the_first_turns_and_drops_the_rest():
 
 
 def test_a_too_long_prompt_keeps_its_original_answer_and_wrong_answer_counts_are_refused():
-    out = regenerate([TWO_TURNS], lambda ps: [None for _ in ps], batch_size=2)
+    out = _regenerate([TWO_TURNS], lambda ps: [None for _ in ps], batch_size=2)
     assert [m["content"] for m in out[0].messages] == ["a", "old1", "b", "old2"]
     with pytest.raises(DataError, match="expected 1 answers for a batch, got 0"):
-        regenerate([TWO_TURNS], lambda ps: [], batch_size=2)
+        _regenerate([TWO_TURNS], lambda ps: [], batch_size=2)
 
 
 def test_batches_are_ordered_by_prompt_length():
@@ -146,7 +151,7 @@ def test_batches_are_ordered_by_prompt_length():
         for i, n in enumerate([50, 5, 500, 10])
     ]
     batches = []
-    regenerate(
+    _regenerate(
         convs,
         lambda ps: batches.append([len(p[0]["content"]) for p in ps]) or ["n"] * len(ps),
         batch_size=2,

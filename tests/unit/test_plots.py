@@ -3,8 +3,6 @@ DataError."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from eagle3.errors import DataError
@@ -13,8 +11,6 @@ from eagle3.measure.plots import (
     plot_acceptance_by_category,
     plot_data_scaling,
     plot_served_vs_offline,
-    plot_training_curves,
-    read_metrics_jsonl,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -40,24 +36,6 @@ def test_acceptance_by_category_with_offline(tmp_path):
         plot_acceptance_by_category(
             {"per_category": {"x": {"acceptance_length": None}}}, tmp_path / "b.png"
         )
-
-
-def test_training_curves_from_metrics_jsonl(tmp_path):
-    rows = [
-        {"step": i, "train/loss": 3 - 0.1 * i, "train/full_acc_0": 0.1 + 0.02 * i}
-        for i in range(10)
-    ]
-    rows += [{"step": 5, "val/loss": 2.6}, {"step": 9, "val/loss": 2.3}]
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert len(read_metrics_jsonl(path)) == 12
-    assert _is_png(plot_training_curves(path, tmp_path / "curves.png"))
-    path.write_text('{"step": 1, "lr": 0.1}\n')
-    with pytest.raises(DataError, match="loss"):
-        plot_training_curves(path, tmp_path / "none.png")
-    path.write_text("{not json\n")
-    with pytest.raises(DataError, match=":1:"):
-        read_metrics_jsonl(path)
 
 
 def test_served_vs_offline_and_data_scaling(tmp_path):

@@ -105,8 +105,6 @@ def _flags(lines: dict, version: str) -> dict[str, FlagRule]:
     }
 
 
-FLAGS = _flags(FLAG_SOURCE_LINES, VERSION)
-
 # What the release reads inside the draft's ``eagle_config``: the aux ids and
 # ``use_aux_hidden_state`` (model_runner_components/spec_aux_hidden_state.py), ``norm_before_fc``
 # (llama_eagle3.py, 0.5.23 only). Every other key there, ``norm_output`` and ``fc_norm`` included
