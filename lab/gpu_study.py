@@ -262,6 +262,11 @@ def do_speedup(a, sweep: dict, target: Path, out: Path, base: list[str],
     return speedup_summary(json.loads(out.read_text()), best["point"], str(serving), str(out))
 
 
+POINT_KEYS = ("point", "data", "data_size", "schedule", "unique_tokens", "epochs_over_data",
+              "optimizer_steps", "simulated", "dev", "dev_curve", "served", "offline",
+              "offline_eval", "offline_eval_ci", "offline_gsm8k", "eval_primary", "eval")
+
+
 def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
     from tasks.reports import decision_text, format_table, gap_table, simulated_pivot, sweep_table
 
@@ -294,31 +299,7 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
         "in_process_speedup": (speedup or {}).get("in_process_speedup"),
         "speedup": speedup,
         "decision": decision.splitlines()[0] if decision else None,
-        "points": [
-            {
-                k: r.get(k)
-                for k in (
-                    "point",
-                    "data",
-                    "data_size",
-                    "schedule",
-                    "unique_tokens",
-                    "epochs_over_data",
-                    "optimizer_steps",
-                    "simulated",
-                    "dev",
-                    "dev_curve",
-                    "served",
-                    "offline",
-                    "offline_eval",
-                    "offline_eval_ci",
-                    "offline_gsm8k",
-                    "eval_primary",
-                    "eval",
-                )
-            }
-            for r in rows
-        ],
+        "points": [{k: r.get(k) for k in POINT_KEYS} for r in rows],
         "not_run": sweep.get("pending") or [],
         "failed": sweep.get("failed") or {},
         "mlflow": {"uri": sweep["mlflow_uri"], "sweep_run_id": sweep["parent_run_id"]},
