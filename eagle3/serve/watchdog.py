@@ -23,6 +23,7 @@ from eagle3.config import GATE_POLL_INTERVAL_S, GATE_STALL_TIMEOUT_S
 from eagle3.errors import GateFailed
 from eagle3.serve.diagnostics import collect_diagnostics
 from eagle3.serve.liveness import ProgressMonitor
+from eagle3.serve.readiness import Call
 from eagle3.procs import exit_status
 
 
@@ -70,26 +71,15 @@ class Watchdog:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` under the watchdog: its result, its exception, or GateFailed."""
-        box: dict = {}
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box["result"] = fn(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="eagle3-watched-work", daemon=True).start()
-        while not done.wait(timeout=min(0.2, self.check_interval_s)):
+        work = Call(lambda: fn(*args, **kwargs))
+        while not work.wait(min(0.2, self.check_interval_s)):
             if self._tripped.is_set():
                 if self._thread is not None:  # diagnostics are written before the thread ends
                     self._thread.join(timeout=120.0)
                 self.check()
-        if "error" in box:
-            raise box["error"]
-        return box.get("result")
+        if work.error is not None:
+            raise work.error
+        return work.result
 
     def _watch(self) -> None:
         mon = ProgressMonitor(self.pid, self.log_path, use_gpu=self.use_gpu)

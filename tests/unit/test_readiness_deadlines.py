@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.unit.test_readiness_not_answering import _silent_server
@@ -153,3 +154,19 @@ def test_a_connect_timeout_is_named_apart_from_a_silent_port(monkeypatch):
     note = readiness._health_note("http://127.0.0.1:9", st, 0.0, "")
     assert "did not accept a connection (connect timeout" in note, note
     assert "accepted connections but" not in note
+
+
+def test_work_under_a_watchdog_hands_back_its_result_and_its_own_error():
+    import os
+
+    from eagle3.serve.watchdog import Watchdog
+
+    with Watchdog("http://127.0.0.1:9", pid=os.getpid(), stall_timeout_s=60,
+                  check_interval_s=0.05, use_gpu=False) as wd:
+        assert wd.call(lambda a, b=0: a + b, 2, b=3) == 5
+
+        def fails():
+            raise KeyError("the work's own")
+
+        with pytest.raises(KeyError, match="the work's own"):
+            wd.call(fails)
