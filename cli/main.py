@@ -116,13 +116,15 @@ def regenerate(config: Path = typer.Argument(..., help="YAML run config (data.* 
         m = regenerate_file(cfg, out)
     except (Eagle3Error, OSError) as e:
         _fail(str(e), 2)
-    t = m["regeneration"]["turns"]
-    typer.echo(f"regenerated {m['counts']['regenerated']} of {t['input']} assistant turns in "
-               f"{m['counts']['conversations']} conversations ({t['failed']} failed, "
-               f"{t['skipped']} skipped, {t['empty']} blank, {t['truncated']} truncated) in "
-               f"{m['seconds']:.1f} s "
-               f"-> {out}" + (f"; {gone} conversations with an empty assistant turn left out"
-                              if (gone := m["counts"]["unanswered_left_out"]) else ""))
+    except KeyboardInterrupt:
+        _fail("interrupted: the finished chunks are kept; the same command goes on from them", 130)
+    t, c = m["regeneration"]["turns"], m["counts"]
+    typer.echo(f"regenerated {c['regenerated']} of {t['input']} assistant turns ({t['failed']} "
+               f"failed, {t['skipped']} skipped, {t['empty']} blank, {t['truncated']} truncated) "
+               f"in {m['seconds']:.1f} s -> {out}: {c['conversations']} conversations holding "
+               f"{c['regenerated_in_file']} of them"
+               + (f"; {gone} conversations with a blank assistant turn left out"
+                  if (gone := c["unanswered_left_out"]) else ""))
 
 
 @app.command()

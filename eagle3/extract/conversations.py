@@ -46,12 +46,20 @@ class Conversation:
     text: str | None = None
 
 
-ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"  # invisible, yet not whitespace to str.strip
+# Unicode categories that draw nothing by themselves: format characters (zero-width space, soft
+# hyphen, invisible separators), controls, separators, combining and enclosing marks (a variation
+# selector), private use and unassigned code points
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp", "Mn", "Me", "Co", "Cn"})
+FILLERS = frozenset("\u115f\u1160\u3164\uffa0")  # Hangul fillers: letters that draw nothing
 
 
 def is_blank(text: str) -> bool:
-    """Whether ``text`` shows nothing: whitespace and zero-width characters only."""
-    return not text.strip().strip(ZERO_WIDTH).strip()
+    """Whether ``text`` shows nothing: every character whitespace, in
+    :data:`INVISIBLE_CATEGORIES` (``unicodedata.category``) or a filler of :data:`FILLERS`."""
+    import unicodedata
+
+    return all(ch.isspace() or ch in FILLERS or unicodedata.category(ch) in INVISIBLE_CATEGORIES
+               for ch in text)
 
 
 def answered(convs: list[Conversation]) -> tuple[list[Conversation], int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -176,7 +177,9 @@ def _finish(out: list[Conversation], raw: dict) -> dict:
     turns = {**_tally([o for per in outcomes for o in per], sum(map(len, cut))),
              "empty": raw["empty"]}
     counts = {"turns": turns,
-              "conversations": _tally(per_conv, sum(bool(c) for c in cut)),
+              # a conversation counts as truncated among the succeeded ones, as turns do
+              "conversations": _tally(per_conv, sum(bool(c) and o == "succeeded"
+                                                    for c, o in zip(cut, per_conv))),
               "per_turn": [{"turn": r + 1, **_tally([per[r] for per in outcomes if len(per) > r],
                                                     sum(r + 1 in c for c in cut))}
                            for r in range(raw["rounds"])],
@@ -294,13 +297,31 @@ def _check_failed_share(raw: dict, share: float, index: int, progress: Path) -> 
                         f"{_kept_note(progress)}: fix the server and run again")
 
 
-def _chunk_record(line: dict) -> bool:
-    """Whether a progress line holds what merging it needs, of the types it needs."""
-    raw = line.get("raw")
-    return (isinstance(raw, dict) and isinstance(line.get("records"), list)
+def _chunk_problem(line: dict, ids: list[str]) -> str | None:
+    """What a progress line of the conversations ``ids`` lacks to be merged, or None: the tallies
+    (``raw``) and ``records`` of its types, one record and one outcome list per id in order,
+    known outcomes, and as many blank answers as the records hold."""
+    raw, recs = line.get("raw"), line.get("records")
+    if not (isinstance(raw, dict) and isinstance(recs, list)
             and all(isinstance(raw.get(k), list) for k in ("outcomes", "cut", "failed_examples"))
             and isinstance(raw.get("reasons"), dict)
-            and all(type(raw.get(k)) is int for k in ("empty", "flagged", "rounds")))
+            and all(type(raw.get(k)) is int for k in ("empty", "flagged", "rounds"))):
+        return ("a chunk record with 'raw' tallies (outcomes, cut, failed_examples, reasons, "
+                f"empty, flagged, rounds) and 'records', got keys {sorted(line)}")
+    if (len(recs) != len(ids) or len(raw["outcomes"]) != len(ids)
+            or not all(isinstance(r, dict) and r.get("id") == i for r, i in zip(recs, ids))):
+        return (f"{len(ids)} records and outcome lists, one per id in order, got "
+                f"{len(recs)} records and {len(raw['outcomes'])} outcome lists")
+    blank = 0
+    for r, per in zip(recs, raw["outcomes"]):
+        said = [m.get("content") for m in r.get("messages") or []
+                if isinstance(m, dict) and m.get("role") == "assistant"]
+        if not isinstance(per, list) or not set(per) <= set(OUTCOMES) or len(per) > len(said):
+            return f"outcomes of {OUTCOMES} for the assistant turns of {r['id']!r}, got {per!r}"
+        blank += sum(o == "succeeded" and is_blank(str(a)) for o, a in zip(per, said))
+    if blank != raw["empty"]:
+        return f"'empty' to count the {blank} blank answers its records hold, got {raw['empty']}"
+    return None
 
 
 def _read_progress(progress: Path, chunks: list[list[Conversation]],
@@ -332,11 +353,9 @@ def _read_progress(progress: Path, chunks: list[list[Conversation]],
                             f"conversations of chunk {len(done)} ({len(want)} ids, first "
                             f"{want[:3]}), got {got!r}...; it was written for another selection "
                             "or chunk size: delete the file to regenerate from the start")
-        if not _chunk_record(line):
-            raise DataError(f"REGEN_PROGRESS_MISMATCH: {progress} line {n + 1}: expected a chunk "
-                            "record with 'raw' tallies (outcomes, cut, failed_examples, reasons, "
-                            "empty, flagged, rounds) and 'records', got keys "
-                            f"{sorted(line)}; delete the file to regenerate from the start")
+        if (problem := _chunk_problem(line, want)) is not None:
+            raise DataError(f"REGEN_PROGRESS_MISMATCH: {progress} line {n + 1}: expected "
+                            f"{problem}; delete the file to regenerate from the start")
         if line.get("settings") != settings:
             theirs = line.get("settings") or {}
             diff = {k: (theirs.get(k), (settings or {}).get(k))
@@ -435,6 +454,25 @@ def chunks_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".chunks.jsonl")
 
 
+def _check_out(out: Path) -> None:
+    """ConfigError unless ``out`` can be written as a regular file: not an existing folder,
+    device, link or other entry (the write replaces the path), in a writable folder."""
+    why = ("a folder" if out.is_dir() else "a symbolic link (give the file it points to)"
+           if out.is_symlink() else "a device or other entry that is not a regular file"
+           if out.exists() and not out.is_file() else None)
+    if why is None and out.parent.exists() and not out.parent.is_dir():
+        why = f"a path under {out.parent}, which is a file"
+    if why is not None:
+        raise ConfigError(f"--out {str(out)!r}: expected a regular file to write, got {why}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".write-probe.", suffix=".tmp"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {str(out)!r}: expected a writable folder, {out.parent} is not "
+                          f"({type(e).__name__}: {e})") from e
+
+
 def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     """Regenerate the conversations an extraction of ``cfg`` would select (``data.*``: source,
     seed, ``num_conversations``, ``max_seq_len``, template switches) once, into a file many runs
@@ -462,9 +500,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     if cfg.data.regenerate not in REGENERATE_MODES:
         raise ConfigError(f"data.regenerate: expected one of {list(REGENERATE_MODES)} to "
                           f"regenerate a file, got {cfg.data.regenerate!r}")
-    if Path(out_path).is_dir():  # before loading anything
-        raise ConfigError(f"--out {str(out_path)!r}: expected a new file beside the source, got "
-                          "a folder")
+    _check_out(Path(out_path))  # before loading anything
     cfg = resolved(cfg)  # target.dtype concrete
     target = resolve_target(cfg)
     tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=cfg.target.trust_remote_code)
@@ -477,12 +513,14 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
         log.warning("regeneration: %s gives %d usable conversations of the %d asked for "
                     "(data.num_conversations; %d records, skipped %s)", path, len(chosen),
                     d.num_conversations, stats.records, dict(skipped))
-    if out_path.is_dir() or Path(path).resolve() in (out_path.resolve(),
-                                                     chunks_path(out_path).resolve()):
-        raise ConfigError(f"--out {str(out_path)!r}: expected a new file beside the source, got "
-                          + ("a folder" if out_path.is_dir() else f"the source file {path} or "
-                             f"the file its progress would be kept in ({chunks_path(out_path)})"))
-    out_path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable place fails before work
+    if Path(path).resolve() in (out_path.resolve(), chunks_path(out_path).resolve()):
+        raise ConfigError(f"--out {str(out_path)!r}: expected a file other than the source, got "
+                          f"the source file {path} or the file its progress would be kept in "
+                          f"({chunks_path(out_path)})")
+    ids = Counter(c.id for c, _ in chosen)
+    if twice := [i for i, n in ids.items() if n > 1]:  # tallies and marks are kept by id
+        raise DataError(f"{path}: expected one conversation per id, got {len(twice)} ids more "
+                        f"than once (e.g. {twice[:3]}); give each conversation its own id")
     source_sha = sha256_file(path)
     bar = None
     if progress:
@@ -510,6 +548,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_path, out, regen_counts)
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
+    kept = regen_counts["kept_turns"]  # turns that kept their original answer, by id
+    written = answers - sum(len(kept.get(c.id, [])) for c in out if c.messages)
     now = regen_counts["this_call"]["turns"]
     manifest = {"kind": "regenerated_conversations", "path": str(out_path),
                 "sha256": sha256_file(out_path),
@@ -518,7 +558,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                              "num_conversations": d.num_conversations},
                 "counts": {"conversations": len(out), "answers": answers,
                            "regenerated": regen_counts["turns"]["succeeded"]
-                           - regen_counts["turns"]["empty"],
+                           - regen_counts["turns"]["empty"], "regenerated_in_file": written,
                            "records": stats.records, "unanswered_left_out": unanswered},
                 "selection": {"asked": d.num_conversations, "selected": len(chosen),
                               "skipped_by_reason": dict(skipped)},

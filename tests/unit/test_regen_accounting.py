@@ -144,6 +144,8 @@ def test_regenerate_file_records_the_counts_and_marks_truncated_turns(
     lines = [json.loads(x) for x in (tmp_path / "regen.jsonl").read_text().splitlines()]
     # answers that decoded to nothing leave their conversation out, counted
     assert len(lines) == m["counts"]["conversations"] == 3 - m["counts"]["unanswered_left_out"]
+    # one turn a conversation, each regenerated: the file holds one regenerated answer a line
+    assert m["counts"]["regenerated_in_file"] == len(lines)
     assert r["conversations"]["input"] == 3 and r["turns"]["input"] == 3
     assert r["turns"]["empty"] == m["counts"]["unanswered_left_out"]
     assert all(x["messages"][-1]["content"].strip() for x in lines)
@@ -215,3 +217,69 @@ def test_a_file_whose_every_conversation_has_a_blank_answer_is_an_error_not_an_e
                                         r"have a blank assistant turn, none is left to write"):
         R.regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
     assert not (tmp_path / "regen.jsonl").exists()
+
+
+@pytest.mark.parametrize("text, blank", [
+    ("", True), (" \n", True), ("\u200b \u200b \u200b", True), ("\u200b\n\u200b", True),
+    ("\u00ad", True), ("\u2063", True), ("\u3164", True), ("\ufe0f", True),
+    ("a", False), (" x\u200b", False), ("日本", False), ("\U0001f44d", False),
+])
+def test_an_answer_is_blank_when_no_character_draws_anything(text, blank):
+    from eagle3.extract.conversations import is_blank
+
+    assert is_blank(text) is blank
+
+
+def test_out_must_be_a_regular_file_in_a_writable_folder(tiny_cfg, tmp_path):
+    import eagle3.extract.regen as R
+    from eagle3.errors import ConfigError
+    from tests.unit.test_extract import file_cfg, write_convs
+
+    cfg = file_cfg(tiny_cfg, write_convs(tmp_path / "c.jsonl", 3), n=3, regenerate="hf")
+    (tmp_path / "real.jsonl").write_text("")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "real.jsonl")
+    for out, why in ((tmp_path, "a folder"), (tmp_path / "link.jsonl", "a symbolic link"),
+                     (__import__("pathlib").Path("/dev/null"), "a device or other entry"),
+                     (tmp_path / "real.jsonl" / "x.jsonl", "a path under .*, which is a file")):
+        with pytest.raises(ConfigError, match=f"--out .*: expected a regular file to write, "
+                                              f"got {why}"):
+            R.regenerate_file(cfg, out, progress=False)
+    assert (tmp_path / "link.jsonl").is_symlink()
+
+
+def test_conversations_sharing_an_id_are_refused_before_any_answer(tiny_cfg, tmp_path):
+    import eagle3.extract.regen as R
+    from eagle3.errors import DataError
+    from tests.unit.test_extract import file_cfg, write_convs
+
+    src = write_convs(tmp_path / "c.jsonl", 3)
+    src.write_text(src.read_text() * 2)
+    cfg = file_cfg(tiny_cfg, src, n=6, regenerate="hf")
+    with pytest.raises(DataError, match=r"expected one conversation per id, got 3 ids more than "
+                                        r"once \(e.g. \[.*\]\); give each"):
+        R.regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)
+
+
+def test_the_answers_in_the_file_leave_out_those_of_conversations_left_out(tiny_cfg, tmp_path,
+                                                                           monkeypatch):
+    import contextlib
+
+    import eagle3.extract.regen as R
+    from tests.unit.test_extract import file_cfg
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i} about {w}"}, {"from": "gpt", "value": "Yes."},
+        {"from": "human", "value": "And then?"}, {"from": "gpt", "value": "Then no."}]}) + "\n"
+        for i, w in enumerate(["rain", "snow", "wind"])))
+
+    @contextlib.contextmanager
+    def rain_blank_then(*_):  # the rain conversation's second answer is blank
+        yield lambda prefixes: [" " if "rain" in p[0]["content"] and len(p) > 2 else "Fine."
+                                for p in prefixes]
+
+    monkeypatch.setattr(R, "answer_source", rain_blank_then)
+    cfg = file_cfg(tiny_cfg, src, n=3, regenerate="sglang", regenerate_max_failed_share=1.0)
+    c = R.regenerate_file(cfg, tmp_path / "regen.jsonl", progress=False)["counts"]
+    assert (c["regenerated"], c["regenerated_in_file"], c["unanswered_left_out"]) == (5, 4, 1)
+    assert c["conversations"] == 2 and c["answers"] == 4

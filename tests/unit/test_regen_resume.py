@@ -184,10 +184,23 @@ def test_blank_answers_count_toward_the_failed_share_and_a_stop_saves_nothing(mo
     assert counts["turns"]["empty"] == 1 and counts["turns"]["failed"] == 1
 
 
-@pytest.mark.parametrize("damage", [lambda x: x.pop("raw"), lambda x: x.pop("records"),
-                                    lambda x: x["raw"].update(empty="1"),
-                                    lambda x: x["raw"].update(outcomes=None)])
-def test_a_progress_line_without_its_tallies_is_refused_by_line(monkeypatch, tmp_path, damage):
+def _blank_first(x):
+    x["records"][0]["messages"][1]["content"] = "\u200b"
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda x: x.pop("raw"), "a chunk record with 'raw' tallies"),
+    (lambda x: x.pop("records"), "a chunk record with 'raw' tallies"),
+    (lambda x: x["raw"].update(empty="1"), "a chunk record with 'raw' tallies"),
+    (lambda x: x["raw"].update(outcomes=None), "a chunk record with 'raw' tallies"),
+    (lambda x: x.update(records=x["records"][:1]), "2 records and outcome lists, one per id"),
+    (lambda x: x["records"][1].update(id="zz"), "2 records and outcome lists, one per id"),
+    (lambda x: x["raw"]["outcomes"][0].append("succeeded"), "outcomes of .* for the assistant"),
+    (lambda x: x["raw"]["outcomes"][0].__setitem__(0, "fine"), "outcomes of .* for the assistant"),
+    (_blank_first, "'empty' to count the 1 blank answers its records hold, got 0"),
+])
+def test_a_progress_line_that_does_not_add_up_is_refused_by_line(monkeypatch, tmp_path, damage,
+                                                                   why):
     monkeypatch.setattr(R, "RESUME_CHUNK", 2)
     progress = tmp_path / "regenerated-x.chunks.jsonl"
     R.regenerate_resumable(CONVS, Answers, 2, None, progress)
@@ -195,8 +208,7 @@ def test_a_progress_line_without_its_tallies_is_refused_by_line(monkeypatch, tmp
     first = json.loads(lines[0])
     damage(first)
     progress.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
-    with pytest.raises(DataError, match=r"REGEN_PROGRESS_MISMATCH: .*line 1: expected a chunk "
-                                        r"record with 'raw' tallies"):
+    with pytest.raises(DataError, match=r"REGEN_PROGRESS_MISMATCH: .*line 1: expected " + why):
         R.regenerate_resumable(CONVS, Answers, 2, None, progress)
 
 
