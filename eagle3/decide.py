@@ -335,6 +335,12 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
     if target is not None and best["acceptance_length"] >= target:
         return Decision("stop", "target_reached",
                         [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
+    if best["acceptance_length"] < 1.0 + th.min_gain:  # no draft token accepted anywhere
+        return Decision("more evidence needed", "nothing_accepted", [
+            f"best acceptance length {best['acceptance_length']:.3f}: no run's draft gets tokens "
+            "accepted, so no lever's gain says anything — check the draft against its target "
+            "(eagle3 validate) and train on more or longer data before comparing levers"],
+            ev, "low")
     dg, (sg, longest), (vg, variant) = (_data_gain(results), _schedule_gain(results),
                                         _variant_gain(results))
     ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest,
@@ -343,8 +349,9 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
     lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
              f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
              f"data: {fmt(sg)}",
-             f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal size "
-             f"and schedule: {fmt(vg)}",
+             (f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal "
+              f"size and schedule: {fmt(vg)}" if variant else
+              "acceptance gain of another data variant: n/a (one variant)"),
              f"best run: {_variant(best)}, {best['data_size']} conversations, {best['schedule']}: "
              f"{best['acceptance_length']:.3f}"]
     levers = [("more data", "data_gain_dominates", dg),

@@ -28,12 +28,13 @@ Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 
 from __future__ import annotations
 
+import sys
 import time
 
 from prefect import flow
 
 from eagle3.artifacts import read_manifest
-from eagle3.errors import DataError
+from eagle3.errors import DataError, Eagle3Error
 from flows.common import flow_run_label, load_run_config, parent_run, publish_summary, reopen_run
 from flows.summary import decide_command
 from flows.pipeline import eagle3_pipeline
@@ -204,7 +205,8 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
                                                    "rows": rows}, "sweep.json")
         if not rows:
             raise DataError(f"sweep {cfg.name}: every point failed: {failed}")
-        decision = decide_and_plot(cfg, parent, rows, target_acceptance, pending, not_evaluated)
+        decision = decide_and_plot(cfg, parent, rows, target_acceptance, pending, not_evaluated,
+                                   failed)
         _publish(cfg, parent, rows, failed, pending, decision)
     return {"flow": "eagle3-sweep", "config": cfg.name, "run_dir": str(cfg.run_dir()),
             "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results,
@@ -229,11 +231,13 @@ def decision_rows(rows: list[dict]) -> list[dict]:
 
 
 def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pending: list[str],
-                    not_evaluated: dict[str, str] | None = None):
+                    not_evaluated: dict[str, str] | None = None,
+                    failed: dict[str, str] | None = None):
     """``sweep_decision`` over the table, the data-scaling and training-length plots, all logged on
-    the sweep run; points not run yet (``pending``), not evaluated offline (``not_evaluated``:
-    point → why) or without a training curve are named among the decision's reasons. Returns the
-    Decision."""
+    the sweep run; points that failed (``failed``: point → why), not run yet (``pending``), not
+    evaluated offline (``not_evaluated``: point → why) or without a training curve are named among
+    the decision's reasons, and a "stop" with failed or pending points has low confidence (a
+    lever they would have measured may pay). Returns the Decision."""
     from eagle3.decide import sweep_decision
     from eagle3.measure.plots import plot_training_length
 
@@ -241,9 +245,15 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     out_dir.mkdir(parents=True, exist_ok=True)
     decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png",
                               target=target)
+    if failed:
+        decision.reasons.append(f"{len(failed)} point(s) failed: "
+                                + "; ".join(f"{k}: {str(v)[:200]}" for k, v in failed.items())
+                                + " - this decision covers the finished points only")
     if pending:
         decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} - this "
                                 "decision covers the finished points only")
+    if (failed or pending) and decision.recommendation == "stop":
+        decision.confidence = "low"
     for key, why in (not_evaluated or {}).items():
         decision.reasons.append(f"{key} is not evaluated offline: {why} (it is judged by its "
                                 "served figure)")
@@ -341,10 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot-copy", default=None,
                     help="with --report: copy the data-scaling plot here")
     a = ap.parse_args(argv)
-    cfg = load_run_config(a.config, a.override)
-    if a.report:
-        print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
-        return 0
+    try:
+        cfg = load_run_config(a.config, a.override)
+        if a.report:
+            print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
+            return 0
+    except Eagle3Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         with local_prefect(cfg):
             state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,

@@ -9,6 +9,7 @@ tracking store is ``$MLFLOW_TRACKING_URI`` when set, else the default local stor
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -43,11 +44,7 @@ def _check_store(uri: str) -> None:
                         f"pipeline printed (--tracking-uri or MLFLOW_TRACKING_URI), "
                         f"e.g. sqlite:///<project>/runs/mlflow.db")
     if uri.startswith("sqlite:///"):
-        with open(uri[len("sqlite:///"):], "rb") as f:
-            head = f.read(16)
-        if head and head != b"SQLite format 3\x00":
-            raise DataError(f"MLflow store {uri}: expected an SQLite database (a file starting "
-                            f"'SQLite format 3'), got a file starting {head[:12]!r}")
+        _check_sqlite_store(uri, Path(uri[len("sqlite:///"):]))
     if uri.startswith(("http://", "https://")):
         import httpx
 
@@ -56,6 +53,28 @@ def _check_store(uri: str) -> None:
         except httpx.HTTPError as e:
             raise DataError(f"MLflow server {uri}: not reachable ({type(e).__name__}: {e}); "
                             f"expected a running tracking server (e.g. `make stack-up`)") from e
+
+
+def _check_sqlite_store(uri: str, path: Path) -> None:
+    """DataError unless ``path`` is an SQLite database holding MLflow's ``experiments`` and
+    ``runs`` tables, read without writing (MLflow would add its schema to any database)."""
+    import sqlite3
+
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head != b"SQLite format 3\x00":
+        got = f"a file starting {head[:12]!r}" if head else "an empty file"
+        raise DataError(f"MLflow store {uri}: expected an SQLite database (a file starting "
+                        f"'SQLite format 3'), got {got}")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as e:
+        raise DataError(f"MLflow store {uri}: not readable as SQLite ({e})") from e
+    if not {"experiments", "runs"} <= tables:
+        raise DataError(f"MLflow store {uri}: expected MLflow's tables (experiments, runs), found "
+                        f"{sorted(tables)[:6] or 'none'}: another program's database, not the "
+                        "store the pipeline printed")
 
 
 def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
@@ -241,8 +260,8 @@ def simulated_pivot(rows: list[dict]) -> str:
             r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data, sched)
                       and x["data_size"] == n), None)
             cells.append("n/a" if r is None or r["simulated"] is None else
-                         f"{r['simulated']:.3f} ({r['epochs_over_data']:.1f} ep, "
-                         f"{int(r['optimizer_steps'])} steps, "
+                         f"{r['simulated']:.3f} ({r['epochs_over_data'] or 0:.1f} ep, "
+                         f"{int(r['optimizer_steps'] or 0)} steps, "
                          f"{int(r['unique_tokens'] or 0):,} tok)")
         body.append(f"| {data} / {sched} | " + " | ".join(cells) + " |")
     return "\n".join(head + body)
@@ -256,8 +275,18 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
     bytes)."""
     import shutil
 
-    rows = sweep_table(sweep_run_id, tracking_uri)
+    _check_store(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        tags = client.get_run(sweep_run_id).data.tags
+    except MlflowException as e:
+        raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
+    if tags.get("prefect.flow_name") != "eagle3-sweep":
+        parent = tags.get(SWEEP_TAG) or tags.get("mlflow.parentRunId")
+        raise DataError(f"MLflow run {sweep_run_id}: expected a sweep's run (flow eagle3-sweep), "
+                        f"got a run of {tags.get('prefect.flow_name', 'no flow')!r}"
+                        + (f"; its sweep or parent run: {parent}" if parent else ""))
+    rows = sweep_table(sweep_run_id, tracking_uri)
     plot_line = "data-scaling plot: not found"
     try:
         local = Path(client.download_artifacts(sweep_run_id, "data_scaling.png"))

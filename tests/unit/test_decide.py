@@ -181,6 +181,15 @@ def test_sweep_schedule_dominates_and_plateau_and_serving():
         sweep_decision([{"data_size": 1, "schedule": "a", "acceptance_length": 1.0}])
 
 
+def test_a_sweep_where_no_draft_token_is_accepted_asks_for_evidence_not_a_stop():
+    d = sweep_decision(_sweep(lambda n, s: 1.0))
+    assert (d.recommendation, d.rule, d.confidence) == ("more evidence needed",
+                                                        "nothing_accepted", "low")
+    one = sweep_decision([r for r in _sweep(lambda n, s: 1.2) if r["schedule"] == "cosine-3ep"])
+    assert "another data variant: n/a (one variant)" in "\n".join(one.reasons)
+    assert "variant None" not in "\n".join(one.reasons)
+
+
 def test_history_from_metrics_aligns_train_loss_with_evals():
     from eagle3.decide import history_from_metrics
 

@@ -19,7 +19,8 @@ def _store(tmp_path):
 
     cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={tmp_path / 'runs'}"])
     client, exp = tracking.client_for(cfg)
-    sweep = client.create_run(exp).info.run_id
+    sweep = client.create_run(exp, tags={"prefect.flow_name": "eagle3-sweep",
+                                         "eagle3.decision": "stop"}).info.run_id
     points = {}
     for name, size in (("measured", 3000), ("plain", 1000)):
         run = client.create_run(exp, tags={SWEEP_TAG: sweep, "eagle3.sweep.point": name,
@@ -97,3 +98,55 @@ def test_the_offline_evaluation_logs_each_turn_of_a_set_of_several(monkeypatch, 
     assert logged["offline.mtbench.turn1.acceptance_length"] == pytest.approx(2.2)
     assert logged["offline.mtbench.turn2.ci_low"] == pytest.approx(1.7)
     assert not any(k.startswith("offline.gsm8k.turn") for k in logged)
+
+
+def test_the_report_refuses_a_point_run_and_a_database_that_is_not_a_store(tmp_path):
+    import sqlite3
+
+    from eagle3.errors import DataError
+    from tasks.reports import SWEEP_TAG, decision_text, sweep_report
+
+    cfg, sweep = _store(tmp_path)
+    uri = cfg.mlflow_uri()
+    assert "## Where simulated and measured acceptance part" in sweep_report(sweep, uri)
+    from mlflow import MlflowClient
+
+    point = next(r.info.run_id for r in MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_run(sweep).info.experiment_id],
+        filter_string=f"tags.`{SWEEP_TAG}` = '{sweep}'"))
+    with pytest.raises(DataError, match=f"expected a sweep's run .*its sweep or parent run: "
+                                        f"{sweep}"):
+        sweep_report(point, uri)
+    with pytest.raises(DataError, match="not found"):
+        sweep_report("0" * 32, uri)
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (x)")
+    before = other.read_bytes()
+    for read in (lambda: decision_text("0" * 32, f"sqlite:///{other}"),
+                 lambda: sweep_report("0" * 32, f"sqlite:///{other}")):
+        with pytest.raises(DataError, match=r"expected MLflow's tables .*found \['notes'\]"):
+            read()
+    assert other.read_bytes() == before  # nothing written into another program's database
+    (tmp_path / "empty.db").write_bytes(b"")
+    with pytest.raises(DataError, match="got an empty file"):
+        decision_text("0" * 32, f"sqlite:///{tmp_path / 'empty.db'}")
+
+
+def test_a_stop_with_failed_points_names_them_and_has_low_confidence(tmp_path):
+    from flows.sweep import decide_and_plot
+    from tasks import tracking
+
+    cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={tmp_path / 'runs'}"])
+    client, exp = tracking.client_for(cfg)
+    parent = client.create_run(exp).info.run_id
+    rows = [{"point": f"as-is-n{n}-{s}", "data": "as-is", "data_size": n, "schedule": s,
+             "unique_tokens": 100 * n, "epochs_over_data": 1.0, "optimizer_steps": n,
+             "served": 1.5, "offline": 1.5, "offline_eval": None, "simulated": 1.6}
+            for n in (4, 8) for s in ("short", "long")]
+    whole = decide_and_plot(cfg, parent, rows, None, [])
+    assert (whole.recommendation, whole.confidence) == ("stop", "high")
+    cut = decide_and_plot(cfg, parent, rows[:2], None, [],
+                          failed={"as-is-n8-short": "DATA_SHORT: 8 asked, gave 5"})
+    assert (cut.recommendation, cut.confidence) == ("stop", "low")
+    assert any("1 point(s) failed: as-is-n8-short: DATA_SHORT" in r for r in cut.reasons)
