@@ -216,8 +216,9 @@ SELECT_KEYS = {"simulated": "val/simulated_acceptance_length",
 def evaluate(run: Run) -> dict[str, float]:
     """Validation metrics over the val split (the train split, flagged, when val is empty), plus
     :func:`dev_metrics`. Saves ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so
-    far; ``run.best``: ``step``, ``simulated_acceptance_length``, ``selected_by``, ``score`` and,
-    when measured, ``measured_acceptance_length``."""
+    far (a measured tie: when the simulated figure does); ``run.best``: ``step``,
+    ``simulated_acceptance_length``, ``selected_by``, ``score`` and, when measured,
+    ``measured_acceptance_length``."""
     ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
@@ -240,7 +241,11 @@ def evaluate(run: Run) -> dict[str, float]:
     # a best chosen by the other figure (a resume with another select_best_by) is not comparable
     prev = run.best if run.best and run.best.get("selected_by", SELECT_KEYS["simulated"]) == key \
         else None
-    if prev is None or out[key] > prev.get("score", prev["simulated_acceptance_length"]):
+    score = None if prev is None else prev.get("score", prev["simulated_acceptance_length"])
+    # a measured tie (a few development prompts often give equal figures) goes to the higher
+    # simulated figure, the finer one
+    if prev is None or out[key] > score or (key != SELECT_KEYS["simulated"] and out[key] == score
+                                            and sim > prev["simulated_acceptance_length"]):
         run.best = {"step": run.step, "simulated_acceptance_length": sim, "selected_by": key,
                     "score": out[key]}
         if run.t.select_best_by == "measured":

@@ -243,6 +243,35 @@ def test_best_by_measured_picks_the_step_the_meter_rates_highest(
     assert evals[-1]["best/dev_acceptance_length"] == 2.5 and evals[-1]["best/step"] == 2.0
 
 
+def test_a_measured_tie_goes_to_the_higher_simulated_figure(tmp_path, tiny_target_dir, target,
+                                                            monkeypatch):
+    import eagle3.measure.dev_acceptance as da
+    import eagle3.train.loop as loop
+    from eagle3.train.stage import train
+
+    monkeypatch.setattr(da, "meter_for_training", lambda *a, **k: _ScriptedMeter([1.0] * 4))
+    sims = iter([1.1, 1.3, 1.2, 1.05])  # the simulated figure of each evaluation, scripted
+    real = loop.summarize
+
+    def scripted(counts, prefix):
+        out = real(counts, prefix)
+        if prefix == "val":
+            out["val/simulated_acceptance_length"] = next(sims)
+        return out
+
+    monkeypatch.setattr(loop, "summarize", scripted)
+    cfg, hs, _ = _training_run(tmp_path, tiny_target_dir, target, "train.select_best_by=measured",
+                               "train.max_steps=4", "train.schedule=constant",
+                               "train.eval_every=1", "train.lr=3e-3")
+    out = tmp_path / "tie"
+    manifest = train(cfg, hs, out, progress=False)
+    sims = [json.loads(x)["val/simulated_acceptance_length"]
+            for x in (out / "metrics.jsonl").read_text().splitlines()
+            if json.loads(x)["kind"] == "eval"]
+    assert sims == [1.1, 1.3, 1.2, 1.05]
+    assert manifest["best"]["step"] == 2 and manifest["exported"] == {"which": "best", "step": 2}
+
+
 def _metrics_rows(dev: bool) -> list[dict]:
     rows = []
     for step, (sim, al) in enumerate([(2.9, 1.6), (3.1, 1.9), (3.2, 1.8)], start=1):
