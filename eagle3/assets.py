@@ -190,11 +190,15 @@ def resolve_target(cfg) -> Path:
 
 
 def _data_file(cache: Path, name: str) -> Path:
-    """``<cache>/data/<name>``; DataError when ``<cache>/data`` exists and is not a folder."""
+    """``<cache>/data/<name>``; DataError when ``<cache>/data`` (or the file) exists and is not a
+    folder (a file)."""
     folder = cache / "data"
-    if folder.exists() and not folder.is_dir():
-        raise DataError(f"{folder}: expected the asset cache's data folder, found a file or other "
-                        "entry: move it away (or point EAGLE3_CACHE elsewhere) and run again")
+    for path, what in ((folder, "the asset cache's data folder"), (folder / name, "a file")):
+        if (path.exists() or path.is_symlink()) and not (path.is_dir() if path == folder
+                                                          else path.is_file()):
+            raise DataError(f"{path}: expected {what}, found another entry (a file, folder or "
+                            "dangling link): move it away (or point EAGLE3_CACHE elsewhere) and "
+                            "run again")
     return folder / name
 
 

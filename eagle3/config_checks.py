@@ -171,8 +171,10 @@ def _dev_prompts(cfg: Any) -> list[str]:
 # (tasks/stage_config.py) and are warned about when set (:func:`config_warnings`).
 UNUSED_UNLESS: dict[str, list[tuple[tuple[str, ...], str, Any, tuple[Any, ...]]]] = {
     "data": [(("path",), "source", "sharegpt", ("file",)),
-             (("regenerate_url", "regenerate_timeout_s", "regenerate_max_failed_share"),
-              "regenerate", "none", ("sglang", "openai"))],
+             (("regenerate_url", "regenerate_timeout_s"), "regenerate", "none",
+              ("sglang", "openai")),
+             # blank answers count toward it in every mode
+             (("regenerate_max_failed_share",), "regenerate", "none", ("hf", "sglang", "openai"))],
     "extract": [(("cache_max_gb",), "mode", "offline", ("cached",)),
                 (("shard_size", "num_gpus", "startup_timeout_s", "stall_timeout_s"), "mode",
                  "offline", ("offline",)),

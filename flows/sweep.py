@@ -345,24 +345,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--override", action="append", default=[],
                     help="section.key=value (repeatable)")
     ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
+    ap.add_argument("--eval-sets", default=None, metavar="SETS",
+                    help="comma-separated prompt sets every point is also evaluated on offline "
+                    "(e.g. mtbench,gsm8k200): the report's turn and GSM8K columns")
+    ap.add_argument("--eval-tokens", type=int, default=256,
+                    help="with --eval-sets: new tokens per prompt")
     ap.add_argument("--report", metavar="SWEEP_RUN_ID",
                     help="print the markdown report of a finished sweep "
                     "(tracking store of CONFIG + overrides) instead of running one")
     ap.add_argument("--plot-copy", default=None,
                     help="with --report: copy the data-scaling plot here")
     a = ap.parse_args(argv)
+    if a.eval_tokens < 1:
+        ap.error(f"--eval-tokens: expected >= 1, got {a.eval_tokens}")
     try:
         cfg = load_run_config(a.config, a.override)
         if a.report:
             print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
             return 0
+        eval_sets = [s for s in (a.eval_sets or "").split(",") if s] or None
+        if eval_sets:  # an unknown set name fails now, not after every point has trained
+            from eagle3.measure.offline import load_conversations
+
+            for s in eval_sets:
+                load_conversations(s)
     except Eagle3Error as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         with local_prefect(cfg):
             state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,
-                               target_acceptance=a.target, return_state=True)
+                               target_acceptance=a.target, return_state=True,
+                               eval_sets=eval_sets, eval_max_new_tokens=a.eval_tokens)
             if not state.is_completed():
                 print(f"sweep failed: {state.message}")
                 return 1

@@ -130,19 +130,30 @@ TABLE_COLUMNS = ("data", "data_size", "schedule", "unique_tokens", "epochs_over_
 DEV_CURVE_KEY = "dev/acceptance_length"  # logged by the train stage at each evaluation
 
 
-def dev_curve(history: list[tuple[int, float]]) -> str | None:
+def dev_curve(history: list[tuple[int, float]], prompts: float | None = None) -> str | None:
     """``"first@step → best@step → last@step"`` of a measured development-acceptance curve
-    (``[(optimizer step, acceptance length)]``), or None for no curve: whether it still rose, or
-    peaked and fell, in one cell."""
+    (``[(optimizer step, acceptance length)]``), with `` (N prompts)`` when ``prompts`` is given,
+    or None for no curve: whether it still rose, or peaked and fell, in one cell."""
     if not history:
         return None
     best = max(history, key=lambda p: (p[1], -p[0]))  # the earliest of equal maxima
-    return " → ".join(f"{v:.3f}@{s}" for s, v in (history[0], best, history[-1]))
+    return (" → ".join(f"{v:.3f}@{s}" for s, v in (history[0], best, history[-1]))
+            + (f" ({int(prompts)} prompts)" if prompts else ""))
 
 
 def _ci(metrics: dict, prefix: str) -> str | None:
     lo, hi = metrics.get(f"{prefix}.ci_low"), metrics.get(f"{prefix}.ci_high")
     return None if lo is None or hi is None else f"{lo:.3f}–{hi:.3f}"
+
+
+def _dev_history(run_id: str, tracking_uri: str) -> tuple[list[tuple[int, float]], float | None]:
+    """The development-acceptance history a point's train stage logged, and its prompt count."""
+    from tasks.tracking import stage_metric_history
+
+    history = stage_metric_history(run_id, "train", DEV_CURVE_KEY, tracking_uri)
+    counts = stage_metric_history(run_id, "train", "dev/num_prompts", tracking_uri) if history \
+        else []
+    return history, counts[-1][1] if counts else None
 
 
 def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
@@ -157,7 +168,6 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
     with its bootstrap interval ``offline_eval_ci``), offline_gsm8k — plus ``point``, ``run_dir``,
     ``eval_primary`` and per-set figures ``eval`` {set: {...}} (``turn1.acceptance_length`` ... for
     sets of several turns). Raises DataError when the sweep run is unknown."""
-    from tasks.tracking import stage_metric_history
 
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
@@ -183,8 +193,7 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
                      "simulated": m.get("acceptance_length_simulated"),
                      "dev": m.get("acceptance_length_dev"),
-                     "dev_curve": dev_curve(stage_metric_history(r.info.run_id, "train",
-                                                                 DEV_CURVE_KEY, tracking_uri)),
+                     "dev_curve": dev_curve(*_dev_history(r.info.run_id, tracking_uri)),
                      "served": m.get("acceptance_length"),
                      "offline": m.get("acceptance_length_offline"),
                      "offline_eval": m.get(f"offline.{first}.acceptance_length") if first else None,
@@ -218,8 +227,10 @@ def format_table(rows: list[dict]) -> str:
 GAP_NOTE = ("Each step left to right changes one thing: teacher-forced on the data's own answers "
             "(simulated) → decoding the target's own continuations of held-out first turns "
             "(development) → the evaluation set's first turns (prompt distribution) → its second "
-            "turns (turn position: a context holding the target's first answer). Acceptance "
-            "lengths count the bonus token; n/a: not measured for that point.")
+            "turns (turn position: a context holding the target's first answer). A positive "
+            "difference is acceptance lost at that step. Acceptance lengths count the bonus "
+            "token; n/a: not measured for that point (the turns and GSM8K: an offline evaluation, "
+            "flows.sweep --eval-sets).")
 
 
 def gap_table(rows: list[dict]) -> str:

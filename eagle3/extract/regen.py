@@ -277,7 +277,7 @@ def _check_some_answer(raw: dict, index: int, progress: Path) -> None:
                         f"for any of its {asked} asked assistant turns "
                         f"({outcomes.count('failed')} failed, e.g. {raw['failed_examples'][:3]}; "
                         f"{raw['empty']} empty); it was not saved{_kept_note(progress)}: fix the "
-                        "server and run again")
+                        "server or the target and run again")
 
 
 def _kept_note(progress: Path) -> str:
@@ -294,7 +294,7 @@ def _check_failed_share(raw: dict, share: float, index: int, progress: Path) -> 
                         f"assistant turns of chunk {index + 1} failed ({failed}, e.g. "
                         f"{raw['failed_examples'][:3]}) or came back blank ({empty}), above "
                         f"data.regenerate_max_failed_share={share}; the chunk was not saved"
-                        f"{_kept_note(progress)}: fix the server and run again")
+                        f"{_kept_note(progress)}: fix the server or the target and run again")
 
 
 def _chunk_problem(line: dict, ids: list[str]) -> str | None:

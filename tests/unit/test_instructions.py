@@ -107,8 +107,8 @@ def test_a_cut_edited_or_stale_prepared_file_is_prepared_again(fake_sets, tmp_pa
     man.rmdir()
     path.unlink()
     path.mkdir()
-    with pytest.raises(DataError, match=r"instructions_en\.jsonl: expected a file of the "
-                                        "prepared instruction prompts, found a folder"):
+    with pytest.raises(DataError, match=r"instructions_en\.jsonl: expected a file, found "
+                                        "another entry"):
         A.prepare_instructions(cache)
 
 
@@ -230,5 +230,13 @@ def test_a_data_entry_that_is_not_a_folder_is_named(fake_sets, tmp_path):
     (cache / "data").write_text("not a folder")
     for prepare in (A.prepare_instructions, A.prepare_sharegpt):
         with pytest.raises(DataError, match=r"cache/data: expected the asset cache's data "
-                                            "folder, found a file"):
+                                            "folder, found another entry"):
             prepare(cache)
+    (cache / "data").unlink()
+    (cache / "data").symlink_to(tmp_path / "gone")  # a dangling link
+    with pytest.raises(DataError, match="found another entry"):
+        A.prepare_sharegpt(cache)
+    (cache / "data").unlink()
+    (cache / "data" / "sharegpt_en.jsonl").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"sharegpt_en\.jsonl: expected a file, found another"):
+        A.prepare_sharegpt(cache)

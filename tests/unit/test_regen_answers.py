@@ -299,7 +299,7 @@ def test_regenerate_file_refuses_to_write_over_its_source_before_any_work(tiny_c
     src = write_convs(tmp_path / "c.jsonl", 4)
     before = src.read_bytes()
     cfg = file_cfg(tiny_cfg, src, n=3, regenerate="sglang", regenerate_url="http://127.0.0.1:9")
-    with pytest.raises(ConfigError, match="expected a new file beside the source, got the source"):
+    with pytest.raises(ConfigError, match="expected a file other than the source, got the source"):
         regenerate_file(cfg, src, progress=False)
     with pytest.raises(ConfigError, match="got a folder"):
         regenerate_file(cfg, tmp_path, progress=False)

@@ -41,6 +41,7 @@ def _store(tmp_path):
                                          "eagle3.cached": "false"}).info.run_id
     for step, v in ((500, 1.9), (1000, 2.4), (1500, 2.3)):
         client.log_metric(train, "dev/acceptance_length", v, step=step)
+        client.log_metric(train, "dev/num_prompts", 64, step=step)
     client.set_terminated(train)
     return cfg, sweep
 
@@ -51,7 +52,7 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     cfg, sweep = _store(tmp_path)
     rows = {r["point"]: r for r in sweep_table(sweep, cfg.mlflow_uri())}
     m, p = rows["measured"], rows["plain"]
-    assert m["dev"] == 2.4 and m["dev_curve"] == "1.900@500 → 2.400@1000 → 2.300@1500"
+    assert m["dev"] == 2.4 and m["dev_curve"] == "1.900@500 → 2.400@1000 → 2.300@1500 (64 prompts)"
     assert p["dev"] is None and p["dev_curve"] is None
     assert m["eval"]["mtbench"]["turn1.acceptance_length"] == 2.25
     assert m["eval_primary"] == "mtbench" and m["offline_eval"] == 2.1
