@@ -282,8 +282,8 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
                  max_plot_bytes: int = 200_000) -> str:
     """A markdown report of a finished sweep, all read from MLflow: the comparison table, the
     simulated acceptance pivot, the decision (``eagle3 decide`` text) and the data-scaling plot
-    (artifact ``data_scaling.png``, copied to ``plot_copy`` when it is at most ``max_plot_bytes``
-    bytes)."""
+    (artifact ``data_scaling.png``, copied to ``plot_copy``, a file or a folder, when it is at
+    most ``max_plot_bytes`` bytes)."""
     import shutil
 
     _check_store(tracking_uri)
@@ -303,8 +303,9 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
         local = Path(client.download_artifacts(sweep_run_id, "data_scaling.png"))
         plot_line = f"data-scaling plot: MLflow artifact `data_scaling.png` of run {sweep_run_id}"
         if plot_copy is not None and local.stat().st_size <= max_plot_bytes:
-            shutil.copyfile(local, plot_copy)
-            plot_line += f", copied to `{plot_copy}`"
+            dest = Path(plot_copy) / local.name if Path(plot_copy).is_dir() else Path(plot_copy)
+            shutil.copyfile(local, dest)
+            plot_line += f", copied to `{dest}`"
     except Exception as e:  # noqa: BLE001 - reported in the text
         plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
     return "\n".join(["## MLflow comparison", "", format_table(rows), "",

@@ -7,6 +7,7 @@ truncated), split into train/val rows (train first), with their provenance (file
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from eagle3.artifacts import sha256_file
 from eagle3.errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,6 +109,22 @@ def selected_conversations(cfg, tokenizer, tally: Tally | None = None
     return chosen, stats, skipped, path, kind
 
 
+def _warn_blank_answers(convs: list, path: Path) -> None:
+    """Warn (``BLANK_ANSWERS``) about selected conversations with a blank assistant turn: trained
+    as they are, such a turn teaches only an end-of-turn there. Kept, so the selection (and every
+    run's data) stays what it was; regeneration would leave them out."""
+    from eagle3.extract.conversations import answered
+
+    kept, blank = answered(convs)
+    if blank:
+        left = {id(c) for c in kept}
+        ids = [c.id for c in convs if id(c) not in left][:3]
+        log.warning("BLANK_ANSWERS: %s: %d of the %d selected conversations have a blank "
+                    "assistant turn (e.g. %s), trained on as an end-of-turn only; clean the file "
+                    "or regenerate (data.regenerate) to leave them out", path, blank, len(convs),
+                    ids)
+
+
 def build_plan(cfg, tokenizer, regen=None) -> Plan:
     """Read, order (seeded), template and select the samples; split train/val. ``regen(convs) ->
     convs`` (optional) rewrites the chosen assistant turns before they are templated again; the
@@ -119,6 +138,8 @@ def build_plan(cfg, tokenizer, regen=None) -> Plan:
         if len(convs) < len(chosen):  # prompts left without an answer (conversations.answered)
             skipped[NO_ANSWER] += len(chosen) - len(convs)
         chosen = _select(cfg, tokenizer, convs, skipped, tally)
+    else:
+        _warn_blank_answers([c for c, _ in chosen], path)
     unstable = unstable_summary(tally, cfg.data.max_unstable_template_share)
     check_unstable(unstable, path)
     if not chosen:

@@ -56,3 +56,24 @@ def test_fewer_conversations_than_asked_is_said(tmp_path, caplog):
 def test_as_many_as_asked_is_not(tmp_path, caplog):
     m, said = _extract(tmp_path, 5, caplog)
     assert m["counts"]["samples"] == 5 and said == []
+
+
+def test_blank_answers_trained_as_they_are_are_warned_about_and_kept(tmp_path, caplog,
+                                                                     smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from eagle3.extract.plan import build_plan
+
+    src = _file(tmp_path / "five.jsonl", 5)
+    lines = src.read_text().splitlines()
+    rec = json.loads(lines[2])
+    rec["conversations"][1]["value"] = " \u200b "
+    src.write_text("\n".join([*lines[:2], json.dumps(rec), *lines[3:]]) + "\n")
+    cfg = load_config(CONFIGS / "tiny-random.yaml", ["data.source=file", f"data.path={src}",
+                                                      "data.num_conversations=5",
+                                                      "data.val_fraction=0"])
+    with caplog.at_level(logging.WARNING, logger="eagle3.extract.plan"):
+        plan = build_plan(cfg, AutoTokenizer.from_pretrained(str(smollm2_dir)))
+    said = [r.getMessage() for r in caplog.records if "BLANK_ANSWERS" in r.getMessage()]
+    assert len(plan.ids) == 5  # kept: the selection is what it was
+    assert len(said) == 1 and "1 of the 5 selected conversations" in said[0] and "c2" in said[0]

@@ -107,10 +107,17 @@ def test_the_report_refuses_a_point_run_and_a_database_that_is_not_a_store(tmp_p
     from eagle3.errors import DataError
     from tasks.reports import SWEEP_TAG, decision_text, sweep_report
 
+    from mlflow import MlflowClient
+
     cfg, sweep = _store(tmp_path)
     uri = cfg.mlflow_uri()
-    assert "## Where simulated and measured acceptance part" in sweep_report(sweep, uri)
-    from mlflow import MlflowClient
+    png = tmp_path / "data_scaling.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 100)
+    MlflowClient(uri).log_artifact(sweep, str(png))
+    (tmp_path / "plots").mkdir()
+    text = sweep_report(sweep, uri, plot_copy=tmp_path / "plots")  # a folder: copied into it
+    assert "## Where simulated and measured acceptance part" in text
+    assert (tmp_path / "plots" / "data_scaling.png").read_bytes() == png.read_bytes()
 
     point = next(r.info.run_id for r in MlflowClient(uri).search_runs(
         [MlflowClient(uri).get_run(sweep).info.experiment_id],
