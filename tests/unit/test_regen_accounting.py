@@ -192,6 +192,15 @@ def test_openai_answers_cut_by_the_length_limit_are_truncated(monkeypatch):
     assert isinstance(got[0], Truncated) and not isinstance(got[1], Truncated)
 
 
+def _two_turns(path):
+    """Three two-turn conversations (about rain, snow and wind) in ShareGPT form."""
+    path.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i} about {w}"}, {"from": "gpt", "value": "Yes."},
+        {"from": "human", "value": "And then?"}, {"from": "gpt", "value": "Then no."}]}) + "\n"
+        for i, w in enumerate(["rain", "snow", "wind"])))
+    return path
+
+
 def test_a_file_whose_every_conversation_has_a_blank_answer_is_an_error_not_an_empty_file(
     tiny_cfg, tmp_path, monkeypatch
 ):
@@ -201,11 +210,7 @@ def test_a_file_whose_every_conversation_has_a_blank_answer_is_an_error_not_an_e
     from eagle3.errors import DataError
     from tests.unit.test_extract import file_cfg
 
-    src = tmp_path / "c.jsonl"
-    src.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
-        {"from": "human", "value": f"Question {i} about {w}"}, {"from": "gpt", "value": "Yes."},
-        {"from": "human", "value": "And then?"}, {"from": "gpt", "value": "Then no."}]}) + "\n"
-        for i, w in enumerate(["rain", "snow", "wind"])))
+    src = _two_turns(tmp_path / "c.jsonl")
 
     @contextlib.contextmanager
     def second_answers_blank(*_):  # every chunk has a non-blank answer, every conversation not
@@ -267,11 +272,7 @@ def test_the_answers_in_the_file_leave_out_those_of_conversations_left_out(tiny_
     import eagle3.extract.regen as R
     from tests.unit.test_extract import file_cfg
 
-    src = tmp_path / "c.jsonl"
-    src.write_text("".join(json.dumps({"id": f"c{i}", "conversations": [
-        {"from": "human", "value": f"Question {i} about {w}"}, {"from": "gpt", "value": "Yes."},
-        {"from": "human", "value": "And then?"}, {"from": "gpt", "value": "Then no."}]}) + "\n"
-        for i, w in enumerate(["rain", "snow", "wind"])))
+    src = _two_turns(tmp_path / "c.jsonl")
 
     @contextlib.contextmanager
     def rain_blank_then(*_):  # the rain conversation's second answer is blank
