@@ -298,7 +298,8 @@ def _unprepared(out: Path, man: Path) -> str | None:
         return (f"made by selection rules {rec.get('format')!r}, expected "
                 f"{INSTRUCTIONS_FORMAT} ({man.name} format)")
     if rec.get("sha256") != (digest := sha256_file(out)):
-        return f"its sha256 is {digest[:16]}…, {man.name} records {str(rec.get('sha256'))[:16]}…"
+        theirs = str(rec.get("sha256"))[:16]
+        return f"its sha256 is {digest[:16]}…, {man.name} records {theirs}…"
     return None
 
 

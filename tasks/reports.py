@@ -226,7 +226,8 @@ def format_table(rows: list[dict]) -> str:
 
 GAP_NOTE = ("Each step left to right changes one thing: teacher-forced on the data's own answers "
             "(simulated) → decoding the target's own continuations of held-out first turns "
-            "(development) → the evaluation set's first turns (prompt distribution) → its second "
+            "(development) → the evaluation set's first turns (prompt distribution) → its "
+            "second "
             "turns (turn position: a context holding the target's first answer). A positive "
             "difference is acceptance lost at that step. Acceptance lengths count the bonus "
             "token; n/a: not measured for that point (the turns and GSM8K: an offline evaluation, "

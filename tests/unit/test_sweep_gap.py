@@ -52,7 +52,8 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     cfg, sweep = _store(tmp_path)
     rows = {r["point"]: r for r in sweep_table(sweep, cfg.mlflow_uri())}
     m, p = rows["measured"], rows["plain"]
-    assert m["dev"] == 2.4 and m["dev_curve"] == "1.900@500 → 2.400@1000 → 2.300@1500 (64 prompts)"
+    assert m["dev"] == 2.4
+    assert m["dev_curve"] == "1.900@500 → 2.400@1000 → 2.300@1500 (64 prompts)"
     assert p["dev"] is None and p["dev_curve"] is None
     assert m["eval"]["mtbench"]["turn1.acceptance_length"] == 2.25
     assert m["eval_primary"] == "mtbench" and m["offline_eval"] == 2.1
