@@ -287,6 +287,40 @@ def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
     return _mean(gains), longest
 
 
+def steps_gain(steps: list[int], acceptance: list[float]) -> dict | None:
+    """What the last doubling of optimizer steps bought along one training curve: the
+    least-squares slope of acceptance length (bonus token counted) against log2(step) over the
+    evaluations at steps >= half the last one: the gain per doubling of steps, read as what the
+    next doubling is expected to buy. ``steps``: optimizer steps of the evaluations (ints > 0,
+    any order); ``acceptance``: their figures, same length. Returns ``{"gain", "from_step",
+    "to_step", "evaluations"}``, or None with fewer than 2 evaluations in that window. DataError:
+    lengths differ or a step ≤ 0."""
+    if len(steps) != len(acceptance):
+        raise DataError(f"steps_gain: expected as many steps as figures, got {len(steps)} steps "
+                        f"and {len(acceptance)} figures")
+    if any(int(s) <= 0 for s in steps):
+        raise DataError(f"steps_gain: expected optimizer steps > 0, got {sorted(steps)[:3]}")
+    pts = sorted(zip((int(s) for s in steps), (float(a) for a in acceptance)))
+    if not pts:
+        return None
+    window = [(s, a) for s, a in pts if s >= pts[-1][0] / 2]
+    if len({s for s, _ in window}) < 2:
+        return None
+    slope = linear_regression([math.log2(s) for s, _ in window], [a for _, a in window]).slope
+    return {"gain": slope, "from_step": window[0][0], "to_step": window[-1][0],
+            "evaluations": len(window)}
+
+
+def _curve_gain(best: dict, curves: list[dict] | None) -> dict | None:
+    """:func:`steps_gain` of ``best``'s measured development curve (``curves`` as
+    ``flows.sweep.training_curves`` gives them, matched by ``label`` = the row's ``point``)."""
+    for c in curves or []:
+        if c.get("kind") == "measured" and c.get("label") == best.get("point"):
+            g = steps_gain(c["steps"], c["acceptance"])
+            return None if g is None else {**g, "point": c["label"]}
+    return None
+
+
 def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
     """(gain, name) of the best other data variant over the first, at equal size and schedule."""
     variants = list(dict.fromkeys(_variant(r) for r in results))
@@ -299,7 +333,8 @@ def _variant_gain(results: list[dict]) -> tuple[float | None, str | None]:
 
 
 def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
-                   target: float | None = None, thresholds: Thresholds | None = None) -> Decision:
+                   target: float | None = None, thresholds: Thresholds | None = None,
+                   curves: list[dict] | None = None) -> Decision:
     """The decision over a sweep of data variants × sizes × schedules, plus the data-scaling plot.
 
     ``results``: per run ``{"data_size": int (conversations), "schedule": str, "unique_tokens": int,
@@ -308,7 +343,10 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
     int}``. Served ≪ offline → fix serving; best ≥ ``target`` → stop; else the largest lever ≥
     ``min_gain`` (gain per data doubling; longest vs shortest schedule; best other data variant)
     decides "more data", "longer training" or "regenerate data" (variant ``regen…``); all below →
-    stop; none measurable → "more evidence needed". DataError: empty sweep, missing key."""
+    stop; none measurable → "more evidence needed". ``curves`` (``[{"label", "steps",
+    "acceptance", "kind"}]``, label = a result's ``point``): the best point's measured development
+    curve gives the gain of the next doubling of optimizer steps (:func:`steps_gain`), a
+    "longer training" lever beside the schedules'. DataError: empty sweep, missing key."""
     th = thresholds or Thresholds()
     if not results:
         raise DataError("sweep_decision: expected at least one result, got none")
@@ -343,10 +381,19 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
             ev, "low")
     dg, (sg, longest), (vg, variant) = (_data_gain(results), _schedule_gain(results),
                                         _variant_gain(results))
+    cg = _curve_gain(best, curves)
     ev.update(data_gain_per_doubling=dg, schedule_gain=sg, longest_schedule=longest,
-              data_variant_gain=vg, data_variant=variant)
+              data_variant_gain=vg, data_variant=variant,
+              steps_gain_per_doubling=cg and cg["gain"])
     fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")  # noqa: E731
-    lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)}",
+    lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)} — what the next doubling "
+             "of data is expected to buy",
+             (f"acceptance gain per doubling of optimizer steps along {cg['point']}'s measured "
+              f"development curve, steps {cg['from_step']} to {cg['to_step']} "
+              f"({cg['evaluations']} evaluations): {fmt(cg['gain'])} — what the next doubling of "
+              "steps is expected to buy" if cg else
+              "acceptance gain per doubling of optimizer steps: n/a (no measured development "
+              "curve of the best point with 2 evaluations in its last doubling)"),
              f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
              f"data: {fmt(sg)}",
              (f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal "
@@ -357,7 +404,8 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
     levers = [("more data", "data_gain_dominates", dg),
               ("longer training", "schedule_gain_dominates", sg),
               ("regenerate data" if (variant or "").startswith("regen") else "more data",
-               "data_variant_gain_dominates", vg)]
+               "data_variant_gain_dominates", vg),
+              ("longer training", "steps_gain_dominates", cg and cg["gain"])]
     if not (known := [lv for lv in levers if lv[2] is not None]):
         return Decision("more evidence needed", "no_lever_measured", lines + [
             "one data size, one schedule and one data variant: no lever can be compared — add a "
@@ -367,9 +415,14 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
         return Decision("stop", "sweep_plateau",
                         lines + [f"every measured gain < {th.min_gain}: no lever pays"], ev)
     what = {"data_gain_dominates": "more data", "schedule_gain_dominates": "a longer schedule",
+            "steps_gain_dominates": "more optimizer steps",
             "data_variant_gain_dominates":
                 f"data variant {variant}" if variant else "another data variant"}
-    unmeasured = [what[r] for _, r, g in levers if g is None]
+    # longer training is measured by a longer schedule or by the best point's own curve
+    unmeasured = [name for name, gains in (("more data", [dg]),
+                                           ("a longer schedule", [sg, cg and cg["gain"]]),
+                                           (what["data_variant_gain_dominates"], [vg]))
+                  if all(g is None for g in gains)]
     if not unmeasured:
         return Decision(lever, rule, lines + [
             f"{what[rule]} raised acceptance more than the other levers did"], ev)

@@ -243,8 +243,11 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
 
     out_dir = cfg.run_dir() / "sweep"
     out_dir.mkdir(parents=True, exist_ok=True)
+    uri = tracking.tracking_uri(cfg)
+    curves = training_curves(rows, lambda r, key: tracking.stage_metric_history(
+        r["run_id"], "train", key, uri) if r.get("run_id") else [])
     decision = sweep_decision(decision_rows(rows), plot_path=out_dir / "data_scaling.png",
-                              target=target)
+                              target=target, curves=curves)
     if failed:
         decision.reasons.append(f"{len(failed)} point(s) failed: "
                                 + "; ".join(f"{k}: {str(v)[:200]}" for k, v in failed.items())
@@ -257,9 +260,6 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     for key, why in (not_evaluated or {}).items():
         decision.reasons.append(f"{key} is not evaluated offline: {why} (it is judged by its "
                                 "served figure)")
-    uri = tracking.tracking_uri(cfg)
-    curves = training_curves(rows, lambda r, key: tracking.stage_metric_history(
-        r["run_id"], "train", key, uri) if r.get("run_id") else [])
     drawn = {c["label"] for c in curves}
     no_curve = [r.get("point") for r in rows if r.get("point") not in drawn]
     if no_curve:

@@ -536,19 +536,27 @@ def metric_history(run_id: str, key: str,
 
 def stage_metric_history(parent_run_id: str, stage: str, key: str,
                          tracking_uri: str | None = None) -> list[tuple[int, float]]:
-    """(step, value) pairs of ``key`` as the latest stage run of ``stage`` under
-    ``parent_run_id`` that computed it (variant ``trained``, not served from the cache) logged
-    them, by step; ``[]`` when there is no such run or it has no such metric. What a pipeline
-    run's stage logged stays readable here after its folders are gone (another machine)."""
+    """(step, value) pairs of ``key`` as the latest stage run of ``stage`` (variant ``trained``)
+    under ``parent_run_id`` logged them, by step. A stage served from the cache logged no history:
+    its run's ``eagle3.produced_by_run_id``, the stage run that computed the artifact, is read
+    instead. ``[]`` when there is no such run, the producing run is not in this store, or it has no
+    such metric. What a pipeline run's stage logged stays readable here after its folders are gone
+    (another machine)."""
     client = MlflowClient(tracking_uri=tracking_uri)
     with _transient():
         exp = client.get_run(parent_run_id).info.experiment_id
         runs = client.search_runs([exp], filter_string=(
             f"tags.`{PARENT_TAG}` = '{parent_run_id}' and tags.`eagle3.stage` = '{stage}' and "
-            "tags.`eagle3.variant` = 'trained' and tags.`eagle3.cached` = 'false'"),
+            "tags.`eagle3.variant` = 'trained'"),
             order_by=["attributes.start_time DESC"], max_results=10)
     for r in runs:
-        history = client.get_metric_history(r.info.run_id, key)
+        run_id = r.info.run_id
+        if r.data.tags.get("eagle3.cached") == "true":
+            run_id = r.data.tags.get("eagle3.produced_by_run_id") or ""
+        try:
+            history = client.get_metric_history(run_id, key) if run_id else []
+        except MlflowException:  # the producing run is in another store
+            history = []
         if history:
             return sorted((m.step, m.value) for m in history)
     return []

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Iterable
 
 from eagle3.artifacts import read_jsonl
-from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions, package_file
+from eagle3 import assets
+from eagle3.assets import GSM8K_PACKAGE, HUMANEVAL_PACKAGE, mtbench_questions
 from eagle3.errors import DataError
 
 
@@ -31,7 +32,7 @@ def mtbench_prompts() -> list[dict]:
 
 def gsm8k_prompts() -> list[dict]:
     """GSM8K test questions (1,319); category ``"gsm8k"``."""
-    path = package_file(*GSM8K_PACKAGE)
+    path = assets.package_file(*GSM8K_PACKAGE)  # looked up at call time, so one hook moves it
     return [{"id": f"gsm8k-{i}", "category": "gsm8k", "text": _required_text(r, path, i)}
             for i, r in enumerate(read_jsonl(path))]
 
@@ -55,7 +56,7 @@ def gsm8k_sample(n: int, seed: int = 0) -> list[dict]:
 
 def humaneval_prompts() -> list[dict]:
     """HumanEval prompts (164), asked as "Complete the following Python function"."""
-    path = package_file(*HUMANEVAL_PACKAGE)
+    path = assets.package_file(*HUMANEVAL_PACKAGE)
     rows = read_jsonl(path, opener=gzip.open)
     return [{"id": r.get("task_id", f"humaneval-{i}"), "category": "humaneval",
              "text": "Complete the following Python function.\n\n" + _required_text(r, path, i)}

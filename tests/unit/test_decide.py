@@ -273,3 +273,51 @@ def test_one_measured_lever_recommends_it_at_medium_confidence_and_names_the_lev
     both = sweep_decision([{**r, "data": "as-is"} for r in full] + regen)
     assert (both.recommendation, both.confidence) == ("more data", "high")
     assert "raised acceptance more than the other levers did" in both.reasons[-1]
+
+
+def test_steps_gain_reads_the_last_doubling_of_a_curve():
+    from eagle3.decide import steps_gain
+
+    steps = [500, 1000, 2000, 4000, 6000, 8000]
+    acc = [1.0, 1.1, 1.2, 1.3, 1.35, 1.4]
+    g = steps_gain(steps, acc)
+    window = [(4000, 1.3), (6000, 1.35), (8000, 1.4)]
+    assert g["gain"] == pytest.approx(
+        np.polyfit(np.log2([s for s, _ in window]), [a for _, a in window], 1)[0]
+    )
+    assert (g["from_step"], g["to_step"], g["evaluations"]) == (4000, 8000, 3)
+    assert steps_gain(list(reversed(steps)), list(reversed(acc))) == g  # any order
+    assert steps_gain([8000], [1.4]) is None and steps_gain([], []) is None
+    assert steps_gain([100, 1000], [1.0, 1.2]) is None  # one evaluation in the last doubling
+    with pytest.raises(DataError, match="as many steps as figures"):
+        steps_gain([1, 2], [1.0])
+    with pytest.raises(DataError, match="steps > 0"):
+        steps_gain([0, 2], [1.0, 1.1])
+
+
+def test_the_best_points_measured_curve_gives_the_next_doubling_of_steps():
+    """Two sizes at equal steps, one schedule (a study at equal optimizer steps): the best point's
+    development curve measures what more steps buy, so both levers are compared."""
+    rows = [
+        {"point": "small", "data_size": 100, "schedule": "constant", "unique_tokens": 120_000,
+         "acceptance_length": 1.36},
+        {"point": "large", "data_size": 1000, "schedule": "constant", "unique_tokens": 1_200_000,
+         "acceptance_length": 1.91},
+    ]
+    rising = {"label": "large", "kind": "measured", "steps": [2500, 5000, 7500, 10000],
+              "acceptance": [1.3, 1.5, 1.8, 2.1]}
+    d = sweep_decision(rows, curves=[rising])
+    assert (d.recommendation, d.rule, d.confidence) == (
+        "longer training", "steps_gain_dominates", "medium")
+    assert d.evidence["steps_gain_per_doubling"] > d.evidence["data_gain_per_doubling"]
+    text = "\n".join(d.reasons)
+    assert "large's measured development curve, steps 5000 to 10000 (3 evaluations)" in text
+    assert "not measured in this sweep: another data variant" in d.reasons[-1]
+    flat = {**rising, "acceptance": [1.3, 1.7, 1.71, 1.7]}
+    d = sweep_decision(rows, curves=[flat])
+    assert (d.recommendation, d.rule) == ("more data", "data_gain_dominates")
+    # a simulated curve, or another point's, does not count
+    for other in ({**rising, "kind": "simulated"}, {**rising, "label": "small"}):
+        d = sweep_decision(rows, curves=[other])
+        assert d.evidence["steps_gain_per_doubling"] is None
+        assert "optimizer steps: n/a" in "\n".join(d.reasons)

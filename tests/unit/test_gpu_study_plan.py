@@ -296,6 +296,36 @@ def test_speedup_prompts_come_from_assets_when_the_mtbench_wheel_is_missing(
     )
 
 
+def test_the_offline_evaluation_reads_gsm8k_from_assets_when_its_wheel_is_missing(
+    tmp_path, monkeypatch
+):
+    """--eval-sets gsm8k<N> on a GPU machine without the GSM8K wheel reads --assets' test.jsonl.xz
+    (the evaluation once failed there with 'package ... is not installed')."""
+    import lzma
+
+    import eagle3.assets as A
+    from eagle3.errors import DataError
+    from eagle3.measure.prompts import load_conversations
+    from lab.gpu_study import patch_assets
+
+    def no_wheel(pkg, rel):
+        raise DataError(f"package {pkg!r} is not installed")
+
+    monkeypatch.setattr(A, "package_file", no_wheel)
+    with pytest.raises(DataError, match="is not installed"):
+        load_conversations("gsm8k2")
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
+    (assets / "test.jsonl.xz").write_bytes(
+        lzma.compress("\n".join(map(json.dumps, rows)).encode())
+    )
+    patch_assets(assets)
+    convs = load_conversations("gsm8k2")
+    assert len(convs) == 2
+    assert all(json.dumps(c).count("What is") == 1 for c in convs)
+
+
 def _parse_error(argv, capsys):
     from lab.gpu_study import parse_args
 
@@ -365,17 +395,18 @@ def _overrides(opts: list[str]) -> dict[str, str]:
     return dict(o.split("=", 1) for o in opts)
 
 
-def test_the_study_at_scale_plan_loads_and_its_arms_share_a_step_count():
+@pytest.mark.parametrize("name,regen", [("study-at-scale", 11115), ("study-one-session", 1024)])
+def test_the_study_plans_load_and_their_arms_share_a_step_count(name, regen):
     from lab.study_inputs import check_plan, plan_problem
     from tests.conftest import REPO
 
-    plans = {kind: REPO / "lab" / "plans" / f"study-at-scale{kind}.json" for kind in ("", "-tiny")}
+    plans = {kind: REPO / "lab" / "plans" / f"{name}{kind}.json" for kind in ("", "-tiny")}
     shapes = []
     for kind, path in plans.items():
         plan = check_plan(str(path))
         config = REPO / "configs" / ("tiny-random.yaml" if kind else "smollm2-gpu.yaml")
         a = argparse.Namespace(
-            regen=12 if kind else 11115,
+            regen=12 if kind else regen,
             all_size=12 if kind else 10915,
             plan=str(path),
             data=None,

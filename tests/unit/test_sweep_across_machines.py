@@ -18,18 +18,18 @@ def _store(tmp_path):
     return cfg, client, exp
 
 
-def _child(client, exp, parent, stage, cached, metrics=()):
+def _child(client, exp, parent, stage, cached, metrics=(), produced_by=None):
     from tasks.tracking import PARENT_TAG
 
-    run = client.create_run(
-        exp,
-        tags={
-            PARENT_TAG: parent,
-            "eagle3.stage": stage,
-            "eagle3.variant": "trained",
-            "eagle3.cached": "true" if cached else "false",
-        },
-    )
+    tags = {
+        PARENT_TAG: parent,
+        "eagle3.stage": stage,
+        "eagle3.variant": "trained",
+        "eagle3.cached": "true" if cached else "false",
+    }
+    if produced_by:
+        tags["eagle3.produced_by_run_id"] = produced_by
+    run = client.create_run(exp, tags=tags)
     for step, value in metrics:
         client.log_metric(run.info.run_id, "dev/acceptance_length", value, step=step)
     client.set_terminated(run.info.run_id)
@@ -49,6 +49,26 @@ def test_stage_metric_history_reads_the_train_run_that_computed(tmp_path):
     assert stage_metric_history(parent, "train", "val/loss", uri) == []
     other = client.create_run(exp).info.run_id
     assert stage_metric_history(other, "train", "dev/acceptance_length", uri) == []
+
+
+def test_a_point_whose_training_came_from_the_cache_has_the_curve_of_the_run_that_trained(
+    tmp_path,
+):
+    """A sweep that reuses a point's cached train stage (a rerun on the same machine) reads the
+    curve its producing stage run logged, not an empty one."""
+    from tasks.tracking import stage_metric_history, tracking_uri
+
+    cfg, client, exp = _store(tmp_path)
+    first = client.create_run(exp).info.run_id
+    trained = _child(client, exp, first, "train", cached=False, metrics=CURVE)
+    again = client.create_run(exp).info.run_id
+    _child(client, exp, again, "train", cached=True, produced_by=trained)
+    uri = tracking_uri(cfg)
+    assert stage_metric_history(again, "train", "dev/acceptance_length", uri) == CURVE
+    lost = client.create_run(exp).info.run_id  # its producer is in another store
+    _child(client, exp, lost, "train", cached=True, produced_by="0" * 32)
+    _child(client, exp, lost, "train", cached=True)  # no producer recorded
+    assert stage_metric_history(lost, "train", "dev/acceptance_length", uri) == []
 
 
 def test_training_curves_fall_back_to_the_history_when_the_folder_is_gone(tmp_path):
