@@ -256,6 +256,10 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
 
 
+# what decision rows' "figure" names (flows.sweep.decision_rows)
+FIGURES = {"offline_eval": "offline evaluation sets", "served": "served"}
+
+
 def _variant(r: dict) -> str:
     return r.get("data") or "as-is"
 
@@ -276,15 +280,17 @@ def _data_gain(results: list[dict]) -> float | None:
 
 
 def _schedule_gain(results: list[dict]) -> tuple[float | None, str | None]:
-    """Mean acceptance gain, longest schedule over shortest, per data variant and size."""
-    gains, longest = [], None
+    """Mean acceptance gain, longest schedule over shortest (by optimizer steps, then epochs), per
+    data variant and size; schedules of equal length at a size are no comparison. The name of the
+    longest schedule, or the names joined by "/" where sizes disagree."""
+    gains, longest = [], []
+    length = lambda r: (r.get("optimizer_steps") or 0, r.get("epochs") or 0)  # noqa: E731
     for key in dict.fromkeys((_variant(r), r["data_size"]) for r in results):
-        sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key),
-                     key=lambda r: (r.get("optimizer_steps") or 0, r.get("epochs") or 0))
-        if len(sel) >= 2 and sel[0]["schedule"] != sel[-1]["schedule"]:
+        sel = sorted((r for r in results if (_variant(r), r["data_size"]) == key), key=length)
+        if len(sel) >= 2 and length(sel[0]) != length(sel[-1]):
             gains.append(sel[-1]["acceptance_length"] - sel[0]["acceptance_length"])
-            longest = sel[-1]["schedule"]
-    return _mean(gains), longest
+            longest.append(sel[-1]["schedule"])
+    return _mean(gains), "/".join(dict.fromkeys(longest)) or None
 
 
 def steps_gain(steps: list[int], acceptance: list[float]) -> dict | None:
@@ -386,8 +392,10 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
               data_variant_gain=vg, data_variant=variant,
               steps_gain_per_doubling=cg and cg["gain"])
     fmt = (lambda v: "n/a" if v is None else f"{v:+.3f}")  # noqa: E731
-    lines = [f"acceptance gain per doubling of unique tokens: {fmt(dg)} — what the next doubling "
-             "of data is expected to buy",
+    figures = ", ".join(sorted({FIGURES.get(r.get("figure"), "acceptance length")
+                                for r in results}))
+    lines = [f"acceptance gain per doubling of unique tokens ({figures}): {fmt(dg)} — what the "
+             "next doubling of data is expected to buy",
              (f"acceptance gain per doubling of optimizer steps along {cg['point']}'s measured "
               f"development curve, steps {cg['from_step']} to {cg['to_step']} "
               f"({cg['evaluations']} evaluations): {fmt(cg['gain'])} — what the next doubling of "
@@ -395,14 +403,17 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
               "acceptance gain per doubling of optimizer steps: n/a (no measured development "
               "curve of the best point with 2 evaluations in its last doubling)"),
              f"acceptance gain of the longest schedule ({longest}) over the shortest at equal "
-             f"data: {fmt(sg)}",
+             f"data: {fmt(sg)}" + (" (evidence only: the measured curve above weighs longer "
+                                   "training)" if cg and sg is not None else ""),
              (f"acceptance gain of data variant {variant} over {_variant(results[0])} at equal "
               f"size and schedule: {fmt(vg)}" if variant else
               "acceptance gain of another data variant: n/a (one variant)"),
              f"best run: {_variant(best)}, {best['data_size']} conversations, {best['schedule']}: "
              f"{best['acceptance_length']:.3f}"]
+    # longer training: what the next doubling of steps buys along the best point's measured
+    # curve where there is one; the schedules' past gain otherwise
     levers = [("more data", "data_gain_dominates", dg),
-              ("longer training", "schedule_gain_dominates", sg),
+              ("longer training", "schedule_gain_dominates", None if cg else sg),
               ("regenerate data" if (variant or "").startswith("regen") else "more data",
                "data_variant_gain_dominates", vg),
               ("longer training", "steps_gain_dominates", cg and cg["gain"])]

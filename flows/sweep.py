@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from prefect import flow
 
@@ -94,10 +95,35 @@ def tag_point(cfg, sweep_run_id: str, row: dict) -> None:
                                            "sweep.optimizer_steps": row["optimizer_steps"]})
 
 
+SWEEP_OWNED = ("data.num_conversations", "name", "bench.baseline_untrained")  # set per point
+
+
 def _point_overrides(base: list[str], cfg_name: str, data: list[str], size: int, key: str,
                      sched: list[str]) -> list[str]:
     return [*base, *data, f"data.num_conversations={size}", *sched, f"name={cfg_name}-{key}",
             "bench.baseline_untrained=false"]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].strip()
+
+
+def overridden_settings(overrides: list[str], schedules: dict[str, list[str]]) -> str | None:
+    """Why ``overrides`` (the sweep's ``-o`` settings for every point) would not take effect, or
+    None: a key the sweep sets for each point (:data:`SWEEP_OWNED`) or one a schedule sets (a
+    point's schedule overrides come after the base ones, so the base value would be dropped in
+    silence)."""
+    for o in overrides:
+        k = _key(o)
+        if k in SWEEP_OWNED:
+            return (f"-o {o}: the sweep sets {k} for each point (--size, the point's name); "
+                    "leave it out")
+        setting = {name: v for name, sched in schedules.items() for v in sched if _key(v) == k}
+        if setting:
+            shown = ", ".join(f"{n}: {v}" for n, v in setting.items())
+            return (f"-o {o}: overridden by the sweep's schedules ({shown}); set it in each "
+                    "schedule instead (--schedule NAME=key=value,...)")
+    return None
 
 
 def sweep_points(sizes: list[int], schedules: dict, data: dict,
@@ -182,6 +208,11 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
     cfg = load_run_config(config_path, overrides)
     sizes = list(data_sizes or [cfg.data.num_conversations // 2, cfg.data.num_conversations])
     scheds, variants = dict(schedules or DEFAULT_SCHEDULES), dict(data or DEFAULT_DATA)
+    if why := overridden_settings(list(overrides or []), scheds):
+        raise DataError(f"sweep {cfg.name}: {why}")
+    if bad := [n for n in sizes if isinstance(n, bool) or not isinstance(n, int) or n < 1]:
+        raise DataError(f"sweep {cfg.name}: data sizes: expected integers >= 1 (conversations), "
+                        f"got {bad}")
     todo = sweep_points(sizes, scheds, variants, points)
     run = parent_run(cfg, "eagle3-sweep") if sweep_run_id is None else reopen_run(cfg, sweep_run_id)
     with run as parent:
@@ -212,8 +243,15 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
             "mlflow_uri": tracking.tracking_uri(cfg), "parent_run_id": parent, "results": results,
             "failed": failed, "pending": pending, "decision": decision.recommendation,
             "decision_rule": decision.rule,
-            "plot": str(cfg.run_dir() / "sweep" / "data_scaling.png"),
+            "plot": str(cfg.run_dir() / "sweep" / parent / "data_scaling.png"),
             "experiment_id": tracking.client_for(cfg)[1], "stages": {}}
+
+
+def _shorten(text: str, limit: int = 400) -> str:
+    """``text`` cut to ``limit`` characters at a word boundary, marked with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def decision_rows(rows: list[dict]) -> list[dict]:
@@ -241,7 +279,7 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
     from eagle3.decide import sweep_decision
     from eagle3.measure.plots import plot_training_length
 
-    out_dir = cfg.run_dir() / "sweep"
+    out_dir = cfg.run_dir() / "sweep" / parent  # one folder per sweep run: never overwritten
     out_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking.tracking_uri(cfg)
     curves = training_curves(rows, lambda r, key: tracking.stage_metric_history(
@@ -250,7 +288,8 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
                               target=target, curves=curves)
     if failed:
         decision.reasons.append(f"{len(failed)} point(s) failed: "
-                                + "; ".join(f"{k}: {str(v)[:200]}" for k, v in failed.items())
+                                + "; ".join(f"{k}: {_shorten(str(v))}"
+                                            for k, v in failed.items())
                                 + " - this decision covers the finished points only")
     if pending:
         decision.reasons.append(f"{len(pending)} point(s) not run yet: {', '.join(pending)} - this "
@@ -330,6 +369,67 @@ def _publish(cfg, parent: str, rows: list[dict], failed: dict, pending: list[str
         f"- decision: **{decision.recommendation}** (rule `{decision.rule}`)"])
 
 
+def _schedule(text: str) -> tuple[str, list[str]]:
+    """``NAME=KEY=VALUE,KEY=VALUE`` (``--schedule``) as ``(NAME, ["KEY=VALUE", ...])``. Raises
+    argparse.ArgumentTypeError naming what is missing."""
+    import argparse
+
+    name, _, rest = text.partition("=")
+    items = [i.strip() for i in rest.split(",") if i.strip()]
+    if not name.strip() or not items or any("=" not in i or not _key(i) for i in items):
+        raise argparse.ArgumentTypeError(
+            f"--schedule {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...], e.g. "
+            "long=train.schedule=constant,train.max_steps=400")
+    return name.strip(), items
+
+
+def _argument_problem(a) -> str | None:
+    """What is wrong with ``flows.sweep``'s arguments, before anything loads, or None."""
+    import argparse
+
+    if a.eval_tokens < 1:
+        return f"--eval-tokens: expected >= 1, got {a.eval_tokens}"
+    if bad := [n for n in a.size or [] if n < 1]:
+        return f"--size: expected a number of conversations >= 1, got {bad}"
+    if a.eval_sets is not None and not all(p.strip() for p in a.eval_sets.split(",")):
+        return f"--eval-sets: expected comma-separated set names, got {a.eval_sets!r}"
+    try:
+        names = [_schedule(t)[0] for t in a.schedule]
+    except argparse.ArgumentTypeError as e:
+        return str(e)
+    if len(set(names)) != len(names):
+        return f"--schedule: expected distinct names, got {names}"
+    if a.report is not None:
+        if not a.report.strip():
+            return "--report: expected a sweep run id (32 hex digits), got an empty string"
+        given = [f for f, v in (("--size", a.size), ("--schedule", a.schedule),
+                                ("--eval-sets", a.eval_sets), ("--target", a.target)) if v]
+        if given:
+            return f"--report reads a finished sweep: {', '.join(given)} would be ignored"
+        return _plot_copy_problem(a.plot_copy)
+    if a.plot_copy is not None:
+        return "--plot-copy: only with --report (a running sweep logs its plots to MLflow)"
+    return None
+
+
+def _plot_copy_problem(dest: str | None) -> str | None:
+    """Why ``--plot-copy dest`` cannot take the plot, or None: it must be a folder, or a ``.png``
+    file path in an existing folder."""
+    if dest is None:
+        return None
+    if not dest.strip():
+        return "--plot-copy: expected a folder or a .png path, got an empty string"
+    path = Path(dest)
+    if path.is_dir():
+        return None
+    if path.suffix.lower() != ".png":
+        return (f"--plot-copy {dest}: expected a folder or a path ending in .png, got "
+                f"{'an existing file' if path.exists() else 'neither'}")
+    if not path.parent.is_dir():
+        return f"--plot-copy {dest}: expected its folder {path.parent} to exist, it does not"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.sweep CONFIG [--size N ...] [-o key=value ...] [--target X]``: run the
     sweep on Prefect's ephemeral API, print the table, the decision and the MLflow ids. Returns the
@@ -341,7 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("--size", type=int, action="append",
-                    help="data size in conversations (repeatable)")
+                    help="data size in conversations (repeatable; default: half and all of "
+                    "data.num_conversations)")
+    ap.add_argument("--schedule", action="append", default=[], metavar="NAME=KEY=VALUE,...",
+                    help="a training schedule of the sweep: its name and the overrides it sets, "
+                    "e.g. long=train.schedule=constant,train.max_steps=400,train.eval_every=50 "
+                    "(repeatable; default: epochs3-cosine = train.schedule=epochs,train.epochs=3 "
+                    "and constant-long = train.schedule=constant,train.epochs=6,"
+                    "train.eval_every=50)")
     ap.add_argument("-o", "--override", action="append", default=[],
                     help="section.key=value (repeatable)")
     ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
@@ -354,15 +461,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the markdown report of a finished sweep "
                     "(tracking store of CONFIG + overrides) instead of running one")
     ap.add_argument("--plot-copy", default=None,
-                    help="with --report: copy the data-scaling plot here")
+                    help="with --report: copy the data-scaling plot here (a folder, or a .png "
+                    "file in an existing folder)")
     a = ap.parse_args(argv)
-    if a.eval_tokens < 1:
-        ap.error(f"--eval-tokens: expected >= 1, got {a.eval_tokens}")
+    if why := _argument_problem(a):
+        ap.error(why)
+    schedules = dict(_schedule(text) for text in a.schedule) or None
     try:
         cfg = load_run_config(a.config, a.override)
-        if a.report:
+        if a.report is not None:
             print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
             return 0
+        for name, sched in (schedules or {}).items():  # a schedule the config refuses, now
+            load_run_config(a.config, [*a.override, *sched])
+        if why := overridden_settings(a.override, schedules or DEFAULT_SCHEDULES):
+            raise DataError(why)
         eval_sets = [s for s in (a.eval_sets or "").split(",") if s] or None
         if eval_sets:  # an unknown set name fails now, not after every point has trained
             from eagle3.measure.offline import load_conversations
@@ -375,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with local_prefect(cfg):
             state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,
-                               target_acceptance=a.target, return_state=True,
+                               schedules=schedules, target_acceptance=a.target, return_state=True,
                                eval_sets=eval_sets, eval_max_new_tokens=a.eval_tokens)
             if not state.is_completed():
                 print(f"sweep failed: {state.message}")

@@ -275,7 +275,7 @@ def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:
     decision = decision_text(sweep["parent_run_id"], sweep["mlflow_uri"])
     plots = {}
     for name in ("data_scaling.png", "training_length.png"):
-        src = Path(sweep["run_dir"]) / "sweep" / name
+        src = Path(sweep["run_dir"]) / "sweep" / sweep["parent_run_id"] / name
         if src.is_file():
             shutil.copyfile(src, out / name)
             plots[name] = str(out / name)

@@ -28,9 +28,15 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or RunConfig().mlflow_uri()
 
 
+# stores the pipeline reads: SQLite (the default), an MLflow server, and the database servers of
+# MLflow's SQLAlchemy store (a "+driver" suffix is allowed)
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql")
+
+
 def _check_store(uri: str) -> None:
     """Refuse, with the URI named and what was expected, a store that cannot answer: a plain path
-    (MLflow would treat it as its retired file store), a SQLite file that does not exist (MLflow
+    or a ``file:`` URI (MLflow's retired file store), a scheme that is not a store
+    (:data:`STORE_SCHEMES`), a SQLite file that does not exist (MLflow
     would create an empty one), an HTTP server that does not answer within 5 s (MLflow would retry
     for minutes)."""
     if "://" not in uri:
@@ -38,11 +44,18 @@ def _check_store(uri: str) -> None:
                 else "sqlite:///<path>/mlflow.db")
         raise DataError(f"MLflow store {uri!r}: expected a URI such as {hint} or "
                         "http://host:port, got a plain path")
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme not in STORE_SCHEMES:
+        raise DataError(f"MLflow store {uri}: expected a URI of scheme "
+                        f"{', '.join(STORE_SCHEMES)} (e.g. sqlite:///<project>/runs/mlflow.db), "
+                        f"got {scheme!r}" + (" (MLflow's retired file store)"
+                                             if scheme == "file" else ""))
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         # MLflow would create an empty store there and then report the run as unknown
         raise DataError(f"MLflow store {uri}: no such database file; expected the store the "
-                        f"pipeline printed (--tracking-uri or MLFLOW_TRACKING_URI), "
-                        f"e.g. sqlite:///<project>/runs/mlflow.db")
+                        "pipeline printed (eagle3 decide --tracking-uri, flows.sweep -o "
+                        "tracking.mlflow_uri=, or MLFLOW_TRACKING_URI), "
+                        "e.g. sqlite:///<project>/runs/mlflow.db")
     if uri.startswith("sqlite:///"):
         _check_sqlite_store(uri, Path(uri[len("sqlite:///"):]))
     if uri.startswith(("http://", "https://")):

@@ -84,4 +84,5 @@ def test_tiny_sweep_one_size_two_schedules(tmp_path, tiny_target_dir, sharegpt_p
     text = decision_text(out["parent_run_id"], uri)
     assert f"# Decision: **{out['decision']}**" in text
     assert "| as-is | 8 | long |" in text and "| as-is | 8 | short |" in text
-    assert (cfg.run_dir() / "sweep" / "data_scaling.png").stat().st_size > 1000
+    plot = cfg.run_dir() / "sweep" / out["parent_run_id"] / "data_scaling.png"
+    assert plot.stat().st_size > 1000 and out["plot"] == str(plot)

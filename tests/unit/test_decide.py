@@ -321,3 +321,25 @@ def test_the_best_points_measured_curve_gives_the_next_doubling_of_steps():
         d = sweep_decision(rows, curves=[other])
         assert d.evidence["steps_gain_per_doubling"] is None
         assert "optimizer steps: n/a" in "\n".join(d.reasons)
+
+
+def test_the_curve_weighs_longer_training_where_it_exists_and_ties_are_no_schedule_gain():
+    """A longer schedule that gained +0.6 while the best point's curve has flattened: the next
+    doubling of steps is what is weighed, and the schedules' gain is shown as evidence only."""
+    rows = [
+        {"point": f"n{n}-{s}", "data_size": n, "schedule": s, "unique_tokens": 1000 * n,
+         "optimizer_steps": steps, "acceptance_length": acc, "figure": "served"}
+        for n, s, steps, acc in ((4, "short", 9, 1.0), (4, "long", 16, 1.6),
+                                 (8, "short", 16, 1.05), (8, "long", 16, 1.65))
+    ]
+    flat = {"label": "n8-long", "kind": "measured", "steps": [4, 8, 12, 16],
+            "acceptance": [1.2, 1.6, 1.6, 1.6]}
+    d = sweep_decision(rows, curves=[flat])
+    assert d.evidence["schedule_gain"] == pytest.approx(0.6)  # the 8s are equally long: no pair
+    assert d.evidence["longest_schedule"] == "long"
+    assert d.rule != "schedule_gain_dominates"
+    text = "\n".join(d.reasons)
+    assert "evidence only: the measured curve above weighs longer training" in text
+    assert "acceptance gain per doubling of unique tokens (served)" in text
+    d = sweep_decision(rows)  # no curve: the schedules' gain decides
+    assert (d.recommendation, d.rule) == ("longer training", "schedule_gain_dominates")

@@ -150,7 +150,8 @@ def test_a_stop_with_failed_points_names_them_and_has_low_confidence(tmp_path):
     client, exp = tracking.client_for(cfg)
     parent = client.create_run(exp).info.run_id
     rows = [{"point": f"as-is-n{n}-{s}", "data": "as-is", "data_size": n, "schedule": s,
-             "unique_tokens": 100 * n, "epochs_over_data": 1.0, "optimizer_steps": n,
+             "unique_tokens": 100 * n, "epochs_over_data": 1.0,
+             "optimizer_steps": n * (2 if s == "long" else 1),
              "served": 1.5, "offline": 1.5, "offline_eval": None, "simulated": 1.6}
             for n in (4, 8) for s in ("short", "long")]
     whole = decide_and_plot(cfg, parent, rows, None, [])

@@ -1,0 +1,96 @@
+"""``python -m flows.sweep``'s arguments: what the user typed takes effect or is refused before any
+point runs, with the argument, the expected and the actual value named."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import CONFIGS
+
+TINY = str(CONFIGS / "tiny-random.yaml")
+
+
+def _refused(argv, capsys) -> str:
+    from flows.sweep import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--report", ""], "--report: expected a sweep run id (32 hex digits), got an empty"),
+        (["--report", "abc", "--size", "4"], "--report reads a finished sweep: --size would be"),
+        (["--report", "abc", "--schedule", "a=train.epochs=2"], "--schedule would be ignored"),
+        (["--plot-copy", "/tmp"], "--plot-copy: only with --report"),
+        (["--size", "0"], "--size: expected a number of conversations >= 1, got [0]"),
+        (["--size", "-4"], "got [-4]"),
+        (["--eval-sets", ","], "--eval-sets: expected comma-separated set names, got ','"),
+        (["--schedule", "long"], "--schedule 'long': expected NAME=KEY=VALUE"),
+        (["--schedule", "long=train.epochs"], "expected NAME=KEY=VALUE"),
+        (["--schedule", "a=train.epochs=2", "--schedule", "a=train.epochs=3"],
+         "--schedule: expected distinct names, got ['a', 'a']"),
+    ],
+)
+def test_arguments_that_would_be_ignored_or_cannot_work_are_refused(argv, message, capsys):
+    assert message in _refused([TINY, *argv], capsys)
+
+
+def test_plot_copy_must_be_a_folder_or_a_png_in_an_existing_folder(tmp_path, capsys):
+    note = tmp_path / "notes.txt"
+    note.write_text("keep me")
+    for dest, message in ((str(note), "expected a folder or a path ending in .png, got an "
+                                      "existing file"),
+                          (str(tmp_path / "missing" / "p.png"), "expected its folder"),
+                          ("", "got an empty string")):
+        assert message in _refused([TINY, "--report", "0" * 32, "--plot-copy", dest], capsys)
+    assert note.read_text() == "keep me"
+
+
+def test_settings_the_sweep_would_override_are_refused_before_any_point(tmp_path, capsys):
+    from flows.sweep import main
+
+    runs = f"paths.runs_dir={tmp_path / 'runs'}"
+    for o, message in (
+        ("train.schedule=constant", "overridden by the sweep's schedules (epochs3-cosine: "
+                                    "train.schedule=epochs, constant-long: train.schedule="
+                                    "constant)"),
+        ("train.eval_every=2", "constant-long: train.eval_every=50"),
+        ("data.num_conversations=3", "the sweep sets data.num_conversations for each point"),
+        ("name=mine", "the sweep sets name for each point"),
+    ):
+        assert main([TINY, "-o", runs, "-o", o]) == 2
+        err = capsys.readouterr().err
+        assert f"-o {o}: " in err and message in err, err
+    # in a schedule of the user's own it is the schedule's
+    assert main([TINY, "-o", runs, "-o", "train.eval_every=2", "--schedule",
+                 "mine=train.epochs=1,train.eval_every=4"]) == 2
+    assert "mine: train.eval_every=4" in capsys.readouterr().err
+    # a schedule the config refuses is named before any point trains
+    assert main([TINY, "-o", runs, "--schedule", "bad=train.schedule=sometimes"]) == 2
+    assert "train.schedule" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.jsonl"))
+
+
+def test_a_failed_points_reason_is_cut_at_a_word_with_an_ellipsis():
+    from flows.sweep import _shorten
+
+    text = "stage train failed: set train.draft_vocab_size<=111 " + "x" * 500
+    short = _shorten(text, 60)
+    assert short.endswith(" …") and "<=111" in short and len(short) <= 62
+    assert _shorten("short", 60) == "short"
+
+
+@pytest.mark.parametrize("uri,message", [
+    ("file:///tmp/mlruns", "got 'file' (MLflow's retired file store)"),
+    ("bogus://x", "expected a URI of scheme sqlite, http, https"),
+])
+def test_a_uri_that_is_not_a_store_is_named_without_a_traceback(uri, message):
+    from eagle3.errors import DataError
+    from tasks.reports import decision_text
+
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        decision_text("0" * 32, uri)
