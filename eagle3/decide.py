@@ -381,7 +381,8 @@ def sweep_decision(results: list[dict], *, plot_path: str | Path | None = None,
                         [f"best {best['acceptance_length']:.3f} ≥ target {target:.3f}"], ev)
     if best["acceptance_length"] < 1.0 + th.min_gain:  # no draft token accepted anywhere
         return Decision("more evidence needed", "nothing_accepted", [
-            f"best acceptance length {best['acceptance_length']:.3f}: no run's draft gets tokens "
+            f"best acceptance length {best['acceptance_length']:.3f} "
+            f"({FIGURES.get(best.get('figure'), 'acceptance length')}): no run's draft gets tokens "
             "accepted, so no lever's gain says anything — check the draft against its target "
             "(eagle3 validate) and train on more or longer data before comparing levers"],
             ev, "low")

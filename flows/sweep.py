@@ -28,6 +28,7 @@ Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,10 @@ def overridden_settings(overrides: list[str], schedules: dict[str, list[str]]) -
     None: a key the sweep sets for each point (:data:`SWEEP_OWNED`) or one a schedule sets (a
     point's schedule overrides come after the base ones, so the base value would be dropped in
     silence)."""
+    for name, sched in schedules.items():
+        if owned := [o for o in sched if _key(o) in SWEEP_OWNED]:
+            return (f"schedule {name}: {owned[0]}: the sweep sets {_key(owned[0])} for each point "
+                    "(--size, the point's name); leave it out")
     for o in overrides:
         k = _key(o)
         if k in SWEEP_OWNED:
@@ -375,12 +380,21 @@ def _schedule(text: str) -> tuple[str, list[str]]:
     import argparse
 
     name, _, rest = text.partition("=")
+    name = name.strip()
     items = [i.strip() for i in rest.split(",") if i.strip()]
-    if not name.strip() or not items or any("=" not in i or not _key(i) for i in items):
+    if not name or not items or any("=" not in i or not _key(i) for i in items):
         raise argparse.ArgumentTypeError(
             f"--schedule {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE...], e.g. "
             "long=train.schedule=constant,train.max_steps=400")
-    return name.strip(), items
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise argparse.ArgumentTypeError(
+            f"--schedule {text!r}: expected a NAME of letters, digits, '.', '_' and '-' (it "
+            f"names the point's run and folder), got {name!r}")
+    keys = [_key(i) for i in items]
+    if twice := sorted({k for k in keys if keys.count(k) > 1}):
+        raise argparse.ArgumentTypeError(
+            f"--schedule {text!r}: expected each key once, got {twice} more than once")
+    return name, items
 
 
 def _argument_problem(a) -> str | None:
@@ -391,6 +405,8 @@ def _argument_problem(a) -> str | None:
         return f"--eval-tokens: expected >= 1, got {a.eval_tokens}"
     if bad := [n for n in a.size or [] if n < 1]:
         return f"--size: expected a number of conversations >= 1, got {bad}"
+    if a.size and len(set(a.size)) != len(a.size):
+        return f"--size: expected distinct sizes, got {a.size}"
     if a.eval_sets is not None and not all(p.strip() for p in a.eval_sets.split(",")):
         return f"--eval-sets: expected comma-separated set names, got {a.eval_sets!r}"
     try:
@@ -433,7 +449,8 @@ def _plot_copy_problem(dest: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.sweep CONFIG [--size N ...] [-o key=value ...] [--target X]``: run the
     sweep on Prefect's ephemeral API, print the table, the decision and the MLflow ids. Returns the
-    exit status."""
+    exit status: 0, 1 when the sweep or any point failed (the decision covers fewer points than
+    asked), 2 for arguments or a config refused before any point ran."""
     import argparse
 
     from flows.common import local_prefect, stop_ephemeral_server
@@ -462,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(tracking store of CONFIG + overrides) instead of running one")
     ap.add_argument("--plot-copy", default=None,
                     help="with --report: copy the data-scaling plot here (a folder, or a .png "
-                    "file in an existing folder)")
+                    "file in an existing folder; a plot already there is replaced)")
     a = ap.parse_args(argv)
     if why := _argument_problem(a):
         ap.error(why)
@@ -473,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
             print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
             return 0
         for name, sched in (schedules or {}).items():  # a schedule the config refuses, now
-            load_run_config(a.config, [*a.override, *sched])
+            try:
+                load_run_config(a.config, [*a.override, *sched])
+            except Eagle3Error as e:
+                raise DataError(f"--schedule {name}: {e}") from e
         if why := overridden_settings(a.override, schedules or DEFAULT_SCHEDULES):
             raise DataError(why)
         eval_sets = [s for s in (a.eval_sets or "").split(",") if s] or None
@@ -498,10 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         stop_ephemeral_server()
     print(format_table(sweep_table(out["parent_run_id"], out["mlflow_uri"])))
     print(f"failed points: {out['failed'] or 'none'}")
+    status = 1 if out["failed"] else 0  # a decision over fewer points than asked
     print(f"decision: {out['decision']} (rule {out['decision_rule']}); plot {out['plot']}")
     print(f"MLflow: {out['mlflow_uri']} sweep parent run {out['parent_run_id']}  "
           f"({decide_command(out['mlflow_uri'], out['parent_run_id'])})")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -131,7 +131,9 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
         if key in m:
             lines.append(f"acceptance length, {label}: {m[key]:.3f}")
     if tags.get("prefect.flow_name") == "eagle3-sweep":
-        lines += ["", "Sweep points (from MLflow; acceptance lengths count the bonus token):", "",
+        lines += ["", "Sweep points (from MLflow; acceptance lengths count the bonus token; "
+                  "dev_curve: first@step → best@step → last@step of the development "
+                  "acceptance):", "",
                   format_table(sweep_table(run_id, uri)), ""]
     lines.append(f"MLflow run {run_id} ({run.info.status}) in {uri}")
     return "\n".join(lines)

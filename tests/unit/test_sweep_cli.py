@@ -33,6 +33,11 @@ def _refused(argv, capsys) -> str:
         (["--schedule", "long=train.epochs"], "expected NAME=KEY=VALUE"),
         (["--schedule", "a=train.epochs=2", "--schedule", "a=train.epochs=3"],
          "--schedule: expected distinct names, got ['a', 'a']"),
+        (["--schedule", "a/b=train.epochs=2"], "expected a NAME of letters, digits"),
+        (["--schedule", "a b=train.epochs=2"], "got 'a b'"),
+        (["--schedule", "a=train.max_steps=3,train.max_steps=5"],
+         "expected each key once, got ['train.max_steps'] more than once"),
+        (["--size", "4", "--size", "4"], "--size: expected distinct sizes, got [4, 4]"),
     ],
 )
 def test_arguments_that_would_be_ignored_or_cannot_work_are_refused(argv, message, capsys):
@@ -71,7 +76,12 @@ def test_settings_the_sweep_would_override_are_refused_before_any_point(tmp_path
     assert "mine: train.eval_every=4" in capsys.readouterr().err
     # a schedule the config refuses is named before any point trains
     assert main([TINY, "-o", runs, "--schedule", "bad=train.schedule=sometimes"]) == 2
-    assert "train.schedule" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--schedule bad: " in err and "train.schedule" in err
+    # nor can a schedule set what the sweep sets per point
+    for o in ("data.num_conversations=4", "name=foo"):
+        assert main([TINY, "-o", runs, "--schedule", f"a={o}"]) == 2
+        assert f"schedule a: {o}: the sweep sets" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.jsonl"))
 
 
