@@ -29,6 +29,7 @@ Command line (Prefect's ephemeral API, like ``eagle3 run``)::
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -454,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from flows.common import local_prefect, stop_ephemeral_server
+    from flows.stopping import (SignalRecord, ended_message, raise_if_terminated, stop_grace_s,
+                                terminate_as_interrupt, terminating_signal)
 
     ap = argparse.ArgumentParser(prog="python -m flows.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
@@ -485,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(why)
     schedules = dict(_schedule(text) for text in a.schedule) or None
     try:
+        grace_s = stop_grace_s()  # $EAGLE3_STOP_GRACE_S, checked before Prefect starts
         cfg = load_run_config(a.config, a.override)
         if a.report is not None:
             print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
@@ -505,17 +509,33 @@ def main(argv: list[str] | None = None) -> int:
     except Eagle3Error as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # a SIGTERM/SIGHUP/Ctrl-C ends the sweep as an interrupt, within $EAGLE3_STOP_GRACE_S
+    previous = terminate_as_interrupt()
+    record = SignalRecord(grace_s)
+    record.install()
+    ended_by = None
     try:
         with local_prefect(cfg):
             state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,
                                schedules=schedules, target_acceptance=a.target, return_state=True,
                                eval_sets=eval_sets, eval_max_new_tokens=a.eval_tokens)
+            raise_if_terminated(record)
             if not state.is_completed():
                 print(f"sweep failed: {state.message}")
                 return 1
             out = state.result()
+    except KeyboardInterrupt:
+        ended_by = terminating_signal(record)
+        if ended_by is None:  # Ctrl-C: Python's own exit for an interrupt (130)
+            raise
     finally:
+        record.uninstall()
         stop_ephemeral_server()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if ended_by is not None:
+        print(ended_message("the sweep", ended_by), file=sys.stderr, flush=True)
+        return 128 + ended_by
     print(format_table(sweep_table(out["parent_run_id"], out["mlflow_uri"])))
     print(f"failed points: {out['failed'] or 'none'}")
     status = 1 if out["failed"] else 0  # a decision over fewer points than asked

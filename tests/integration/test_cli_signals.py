@@ -22,20 +22,24 @@ from tests.conftest import CONFIGS, REPO
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sig, to_group",
-    [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
-    ids=["to-the-run", "to-its-process-group", "ctrl-c-to-its-process-group"],
+    "sig, to_group, command",
+    [(signal.SIGTERM, False, "run"), (signal.SIGTERM, True, "run"), (signal.SIGINT, True, "run"),
+     (signal.SIGTERM, True, "sweep")],
+    ids=["to-the-run", "to-its-process-group", "ctrl-c-to-its-process-group",
+         "a-sweep-to-its-process-group"],
 )
-def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, ephemeral_prefect):
+def test_sigterm_during_a_run_stops_every_child(tmp_path, sig, to_group, command,
+                                                ephemeral_prefect):
     """SIGTERM to the run alone, or to its whole process group (a supervisor ending the group), or
     SIGINT to the group (a terminal's Ctrl-C): the ephemeral Prefect server then dies at the same
     moment, and the run must not hang draining logs to it (a Ctrl-C took 2 min 20 s before SIGINT
-    started the deadline too). The deadline is ``EAGLE3_STOP_GRACE_S`` (default 30 s), 8 s here."""
+    started the deadline too). The deadline is ``EAGLE3_STOP_GRACE_S`` (default 30 s), 8 s here.
+    ``python -m flows.sweep`` stops the same way (it once hung retrying its dead API server)."""
+    entry = (["-m", "cli.main", "run"] if command == "run"
+             else ["-m", "flows.sweep", "--size", "8"])
     cmd = [
         sys.executable,
-        "-m",
-        "cli.main",
-        "run",
+        *entry,
         str(CONFIGS / "tiny-random.yaml"),
         "-o",
         f"paths.runs_dir={tmp_path / 'runs'}",
@@ -102,7 +106,7 @@ def test_a_lost_sigterm_interrupt_still_fails_the_run():
     """When the KeyboardInterrupt a SIGTERM raises is swallowed inside the run (CPython's
     module-lock callback, or an ``except`` in a library), or another handler (Prefect's flow engine
     installs its own) takes the signal, the run must still end as interrupted, not exit 0."""
-    from cli import run
+    from flows import stopping as run
 
     record = run.SignalRecord()
     assert record.install()
@@ -123,7 +127,7 @@ def test_a_lost_sigterm_interrupt_still_fails_the_run():
 
 
 def test_the_stop_grace_comes_from_its_environment_variable_and_is_checked():
-    from cli import run
+    from flows import stopping as run
     from eagle3.errors import ConfigError
 
     assert run.stop_grace_s({}) == 30.0 and run.stop_grace_s({"EAGLE3_STOP_GRACE_S": " "}) == 30.0
@@ -137,7 +141,7 @@ def test_the_stop_grace_comes_from_its_environment_variable_and_is_checked():
 
 
 def test_terminate_as_interrupt_raises_keyboard_interrupt():
-    from cli import run
+    from flows import stopping as run
 
     previous = run.terminate_as_interrupt()
     try:
@@ -156,7 +160,7 @@ def test_the_deadline_exit_is_bounded_when_an_exit_handler_blocks(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(
         "import atexit, signal, subprocess, sys, time\n"
-        "from cli import run\n"
+        "from flows import stopping as run\n"
         "run.EXIT_HANDLERS_S = 1.0\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         "print(child.pid, flush=True)\n"
