@@ -159,6 +159,9 @@ class DataConfig(_Section):
         "(eagle3.assets.prepare_instructions), without answers: data.regenerate must give them.")
     path: str | None = Field(None, description="Conversations (JSON/JSONL/txt), source 'file'.")
     num_conversations: int = Field(128, ge=1)
+    on_short: Literal["warn", "fail"] = Field("warn", description="When the data gives fewer "
+        "usable conversations than num_conversations (DATA_SHORT): warn and extract what there "
+        "is, or fail before any hidden state is extracted (a sweep's data-size point).")
     max_seq_len: int = Field(512, ge=16, le=1 << 22, description="Tokens per sample after "
                              "templating; longer ones are cut and counted as truncated.")
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0)

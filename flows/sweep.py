@@ -12,8 +12,9 @@ is also measured offline on those prompt sets (``tasks.evaluate``: replayed gree
 with bootstrap intervals), logged on the point's run as ``offline.<set>.*``. The sweep's run holds
 ``sweep.json``, the table (``sweep_table.md``), the data-scaling and training-length plots and the
 decision ("more data" / "longer training" / "regenerate data" / "fix serving integration" / "stop").
-A point that fails is recorded as failed and left out of the decision; so is one whose data gave
-fewer conversations than its size (``DATA_SHORT``): its label would overstate its data.
+A point that fails is recorded as failed and left out of the decision; every point runs with
+``data.on_short=fail``, so one whose data gives fewer conversations than its size fails
+(``DATA_SHORT``) before its extraction: its label would overstate its data.
 
 Long sweeps span several sessions: ``deadline_s`` stops starting new points after that many seconds
 (the rest are returned as ``pending``), and ``sweep_run_id`` continues an earlier sweep's MLflow
@@ -97,34 +98,40 @@ def tag_point(cfg, sweep_run_id: str, row: dict) -> None:
                                            "sweep.optimizer_steps": row["optimizer_steps"]})
 
 
-SWEEP_OWNED = ("data.num_conversations", "name", "bench.baseline_untrained")  # set per point
+# set per point
+SWEEP_OWNED = ("data.num_conversations", "data.on_short", "name", "bench.baseline_untrained")
+_OWNED_HOW = "(--size, data.on_short=fail, the point's name, no untrained baseline)"
 
 
 def _point_overrides(base: list[str], cfg_name: str, data: list[str], size: int, key: str,
                      sched: list[str]) -> list[str]:
-    return [*base, *data, f"data.num_conversations={size}", *sched, f"name={cfg_name}-{key}",
-            "bench.baseline_untrained=false"]
+    return [*base, *data, f"data.num_conversations={size}", "data.on_short=fail", *sched,
+            f"name={cfg_name}-{key}", "bench.baseline_untrained=false"]
 
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].strip()
 
 
+def _value(override: str) -> str:
+    return override.split("=", 1)[1].strip() if "=" in override else ""
+
+
 def overridden_settings(overrides: list[str], schedules: dict[str, list[str]]) -> str | None:
     """Why ``overrides`` (the sweep's ``-o`` settings for every point) would not take effect, or
     None: a key the sweep sets for each point (:data:`SWEEP_OWNED`) or one a schedule sets (a
     point's schedule overrides come after the base ones, so the base value would be dropped in
-    silence)."""
+    silence). A schedule that sets the same value (the same text after ``=``) is no conflict."""
     for name, sched in schedules.items():
         if owned := [o for o in sched if _key(o) in SWEEP_OWNED]:
             return (f"schedule {name}: {owned[0]}: the sweep sets {_key(owned[0])} for each point "
-                    "(--size, the point's name); leave it out")
+                    f"{_OWNED_HOW}; leave it out")
     for o in overrides:
         k = _key(o)
         if k in SWEEP_OWNED:
-            return (f"-o {o}: the sweep sets {k} for each point (--size, the point's name); "
-                    "leave it out")
-        setting = {name: v for name, sched in schedules.items() for v in sched if _key(v) == k}
+            return f"-o {o}: the sweep sets {k} for each point {_OWNED_HOW}; leave it out"
+        setting = {name: v for name, sched in schedules.items() for v in sched
+                   if _key(v) == k and _value(v) != _value(o)}
         if setting:
             shown = ", ".join(f"{n}: {v}" for n, v in setting.items())
             return (f"-o {o}: overridden by the sweep's schedules ({shown}); set it in each "
@@ -177,13 +184,7 @@ def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds:
             config_path=config_path, overrides=point,
             extract_dir=str(cfg.run_dir() / f"extract-{d}-n{size}"), return_state=True)
         if state.is_completed():
-            row = point_result(state.result(), d, size, s)
-            if row["conversations"] < size:  # its label would overstate its data
-                failed[key] = (f"DATA_SHORT: {size} conversations asked, the data variant "
-                               f"{d!r} gave {row['conversations']} (raise the data or lower the "
-                               "point's size)")
-                continue
-            results.append(row)
+            results.append(point_result(state.result(), d, size, s))
             tag_point(cfg, parent, results[-1])
         else:
             failed[key] = state.message or state.name

@@ -141,6 +141,12 @@ def extract(cfg, out_dir: Path, *, progress: bool = True, free_bytes: int | None
             return regenerate_for_plan(cfg, target_dir, tok, convs, caches[-1])
     plan = build_plan(cfg, tok, regen)
     regeneration = regeneration_counts(caches[-1]) if caches else None
+    if cfg.data.on_short == "fail" and len(plan.ids) < cfg.data.num_conversations:
+        raise DataError(f"DATA_SHORT: data.num_conversations={cfg.data.num_conversations} asked, "
+                        f"{plan.source['path']} gives {len(plan.ids)} usable conversations "
+                        f"({plan.records} records, skipped: {dict(plan.skipped)}); "
+                        "data.on_short=fail stops before extraction (raise the data or lower "
+                        "the size)")
     if warn:
         _warn_plan(cfg, plan)
     plan_hash = _plan_hash(plan, target, aux, cfg)

@@ -147,6 +147,14 @@ def test_decide_names_a_store_that_cannot_answer(uri, message):
     assert res.exit_code == 1 and message in res.output
 
 
+@pytest.mark.parametrize("uri", ["", "  "])
+def test_decide_refuses_an_empty_store_instead_of_reading_the_default(uri, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", uri])
+    assert res.exit_code == 2 and "--tracking-uri: expected an MLflow store URI" in res.output
+    assert not (tmp_path / "runs").exists()
+
+
 def test_wait_ready_diagnostics_that_cannot_be_a_folder_is_a_bad_argument(tmp_path):
     a_file = tmp_path / "taken"
     a_file.write_text("x")

@@ -4,7 +4,10 @@ so (``DATA_SHORT``): a data-scaling point would otherwise be labelled with a siz
 import json
 import logging
 
+import pytest
+
 from eagle3.config import load_config
+from eagle3.errors import DataError
 from eagle3.extract.stage import extract
 from tests.conftest import CONFIGS
 
@@ -28,7 +31,7 @@ def _file(path, n):
     return path
 
 
-def _extract(tmp_path, n_asked, caplog):
+def _extract(tmp_path, n_asked, caplog, *more):
     cfg = load_config(
         CONFIGS / "tiny-random.yaml",
         [
@@ -37,6 +40,7 @@ def _extract(tmp_path, n_asked, caplog):
             f"data.path={_file(tmp_path / 'five.jsonl', 5)}",
             f"data.num_conversations={n_asked}",
             "data.max_seq_len=64",
+            *more,
         ],
     )
     with caplog.at_level(logging.WARNING, logger="eagle3.extract.stage"):
@@ -51,6 +55,18 @@ def test_fewer_conversations_than_asked_is_said(tmp_path, caplog):
         f"DATA_SHORT: data.num_conversations=12 asked, {tmp_path / 'five.jsonl'} gives 5 usable "
         "conversations (5 records, 0 skipped: {})"
     )
+
+
+def test_with_on_short_fail_it_stops_before_any_hidden_state(tmp_path, caplog):
+    with pytest.raises(DataError) as e:
+        _extract(tmp_path, 12, caplog, "data.on_short=fail")
+    assert str(e.value).startswith(
+        f"DATA_SHORT: data.num_conversations=12 asked, {tmp_path / 'five.jsonl'} gives 5 usable "
+        "conversations (5 records, skipped: {}); data.on_short=fail stops before extraction")
+    assert not (tmp_path / "x12").exists()
+    caplog.clear()
+    m, said = _extract(tmp_path, 5, caplog, "data.on_short=fail")
+    assert m["counts"]["samples"] == 5 and said == []
 
 
 def test_as_many_as_asked_is_not(tmp_path, caplog):

@@ -59,11 +59,21 @@ def test_every_point_runs_before_the_deadline(monkeypatch):
     )
 
 
-def test_a_point_whose_data_gave_fewer_conversations_than_its_size_is_failed(monkeypatch):
-    tagged = []
-    started, done, failed, pending = _run(monkeypatch, None, gave=1200, tagged=tagged)
-    assert len(started) == 2 and done == [] and tagged == [] and pending == []
-    assert failed["regenerated-n3000-cosine-20ep"] == (
-        "DATA_SHORT: 3000 conversations asked, the data variant 'regenerated' gave 1200 (raise "
-        "the data or lower the point's size)"
-    )
+def test_every_point_fails_before_extraction_when_its_data_is_short():
+    point = S._point_overrides(["-o-base"], "c", ["data.source=file"], 3000, "k", ["x=1"])
+    assert "data.num_conversations=3000" in point and "data.on_short=fail" in point
+    assert S.overridden_settings(["data.on_short=warn"], {}) is not None
+
+
+def test_a_failed_point_keeps_the_flow_s_message(monkeypatch):
+    pipe = _Pipeline()
+    failed_state = SimpleNamespace(is_completed=lambda: False, name="Failed",
+                                   message="DATA_SHORT: data.num_conversations=3000 asked")
+    pipe.with_options = lambda flow_run_name: (lambda **kw: failed_state)
+    monkeypatch.setattr(S, "eagle3_pipeline", pipe)
+    monkeypatch.setattr(S, "_point_overrides", lambda *a: [])
+    cfg = SimpleNamespace(name="c", run_dir=lambda: __import__("pathlib").Path("/nonexistent"))
+    res, failed, pending = S._run_points(cfg, "c.yaml", [], [["regenerated", 3000, "s"]],
+                                         {"s": []}, {"regenerated": []}, "parent", None)
+    assert res == [] and pending == []
+    assert failed == {"regenerated-n3000-s": "DATA_SHORT: data.num_conversations=3000 asked"}
