@@ -303,9 +303,11 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
                                 "decision covers the finished points only")
     if (failed or pending) and decision.recommendation == "stop":
         decision.confidence = "low"
+    offline = {r.get("point") for r in rows if r.get("offline_eval") is not None}
     for key, why in (not_evaluated or {}).items():
-        decision.reasons.append(f"{key} is not evaluated offline: {why} (it is judged by its "
-                                "served figure)")
+        judged = ("its earlier offline figure" if key in offline else "its served figure")
+        decision.reasons.append(f"{key} is not evaluated offline: {why} (it is judged by "
+                                f"{judged})")
     drawn = {c["label"] for c in curves}
     no_curve = [r.get("point") for r in rows if r.get("point") not in drawn]
     if no_curve:

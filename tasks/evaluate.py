@@ -45,7 +45,8 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]
                        ) -> tuple[dict[str, tuple[str, Path]], dict[str, str]]:
     """``({point key: (its parent run id, its serving checkpoint folder)}, {point key: why it
     cannot be evaluated here})`` for the sweep's FINISHED points that lack one of ``sets``: the
-    second holds those whose serving folder (``manifest.json`` included) is not on this machine."""
+    second holds those whose serving folder (``manifest.json`` included) is not on this machine,
+    naming the sets they lack."""
     client, exp = tracking.client_for(cfg)
     todo, missing = {}, {}
     for r in client.search_runs([exp], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_run_id}'",
@@ -59,7 +60,9 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]
         if (serving / "manifest.json").is_file():
             todo[key] = (r.info.run_id, serving)
         else:
-            missing[key] = f"its serving checkpoint {serving}/manifest.json is not on this machine"
+            lacks = [x for x in sets if f"offline.{x}.acceptance_length" not in r.data.metrics]
+            missing[key] = (f"{', '.join(lacks)} not measured: its serving checkpoint "
+                            f"{serving}/manifest.json is not on this machine")
     return todo, missing
 
 

@@ -121,11 +121,14 @@ def test_a_point_whose_draft_is_elsewhere_is_named_not_skipped(tmp_path):
     todo, missing = points_to_evaluate(cfg, "S", ["mtbench2"])
     assert todo == {"here": (runs["here"], serving)}
     assert missing == {
-        "gone": f"its serving checkpoint {tmp_path / 'gone' / 'serving'}"
+        "gone": f"mtbench2 not measured: its serving checkpoint {tmp_path / 'gone' / 'serving'}"
         "/manifest.json is not on this machine"
     }
     client.log_metric(runs["gone"], "offline.mtbench2.acceptance_length", 2.0)
     assert points_to_evaluate(cfg, "S", ["mtbench2"]) == (todo, {})  # evaluated earlier: done
+    # a set added later names only what the point lacks
+    assert points_to_evaluate(cfg, "S", ["mtbench2", "gsm8k200"])[1]["gone"].startswith(
+        "gsm8k200 not measured: ")
 
 
 def test_the_decision_names_the_points_left_out(tmp_path):
@@ -154,5 +157,8 @@ def test_the_decision_names_the_points_left_out(tmp_path):
     ]
     decision = decide_and_plot(cfg, parent, rows, None, [], {"b": why})
     text = "\n".join(decision.reasons)
-    assert f"b is not evaluated offline: {why}" in text
+    assert f"b is not evaluated offline: {why} (it is judged by its served figure)" in text
+    rows[1]["offline_eval"] = 1.9  # measured earlier on another set's machine
+    text = "\n".join(decide_and_plot(cfg, parent, rows, None, [], {"b": why}).reasons)
+    assert f"b is not evaluated offline: {why} (it is judged by its earlier offline figure)" in text
     assert "no training curve for a, b" in text
