@@ -398,7 +398,7 @@ def _overrides(opts: list[str]) -> dict[str, str]:
 @pytest.mark.parametrize(
     "name,regen",
     [("study-at-scale", 11115), ("study-one-session", 1024), ("best-draft-one-session", 3072),
-     ("study-one-session-rest", 330)],
+     ("study-one-session-rest", 1)],
 )
 def test_the_study_plans_load_and_their_arms_share_a_step_count(name, regen):
     from lab.study_inputs import check_plan, plan_problem
