@@ -33,6 +33,7 @@ STAGE`` and ``--resume`` spread the study over several calls of limited length o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import lzma
 import os
@@ -53,7 +54,7 @@ from lab.study_inputs import (  # noqa: E402,F401
     ALL, ASSET_FILES, PLAN, TINY_PLAN, _manifest_of, carry_back_regen, check_plan,
     holdout_problem, plan_digest, plan_problem, config_path, do_data, do_regen, raw_plan,
     read_store_record, store_problem, rebuild_command, resolve_plan, restore_store,
-    reuse_regen, write_store_copy,
+    reuse_regen, write_store_copy, StoreSnapshots,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 from tasks.stage_config import latest_output  # noqa: E402
@@ -151,8 +152,11 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
         }
         res.data["sweep_partial"] = earlier
         res._write()  # noqa: SLF001 - kept across calls
+    snapshots = (StoreSnapshots(Path(a.work), Path(a.out or a.work),
+                                lambda: earlier["parent_run_id"], raw_plan(a))
+                 if a.store_copy else contextlib.nullcontext())
     try:
-        with local_prefect(cfg):
+        with local_prefect(cfg), snapshots:
             out = sweep_flow(
                 config_path=str(config_path(a)),
                 overrides=base,

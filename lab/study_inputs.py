@@ -465,8 +465,10 @@ def write_store_copy(work: Path, out: Path, sweep_run_id: str | None,
                          "plan": {k: (plan or {}).get(k) for k in ("data", "schedules")}}
                         ).encode()
     tmp = dst.with_name(f".{dst.name}.tmp")
+    db = dst.with_name(f".{dst.name}.db")
+    _snapshot_sqlite(store / "mlflow.db", db)  # consistent while a sweep writes to it
     with tarfile.open(tmp, "w:xz") as tar:
-        tar.add(store / "mlflow.db", "mlflow.db")
+        tar.add(db, "mlflow.db")
         if (store / "mlartifacts").is_dir():
             tar.add(store / "mlartifacts", "mlartifacts",
                     filter=lambda ti: None if ti.name.endswith(WEIGHTS) else ti)
@@ -474,7 +476,64 @@ def write_store_copy(work: Path, out: Path, sweep_run_id: str | None,
         info.size = len(record)
         tar.addfile(info, io.BytesIO(record))
     tmp.replace(dst)
+    db.unlink()
     return dst
+
+
+def _snapshot_sqlite(src: Path, dst: Path) -> None:
+    """``dst``: a consistent copy of the SQLite database ``src`` (SQLite's online backup), also
+    while another process writes to it."""
+    import sqlite3
+
+    dst.unlink(missing_ok=True)
+    a = sqlite3.connect(f"{src.resolve().as_uri()}?mode=ro", uri=True)
+    b = sqlite3.connect(dst)
+    try:
+        a.backup(b)
+    finally:
+        a.close()
+        b.close()
+
+
+class StoreSnapshots:
+    """While a sweep runs, :func:`write_store_copy` every ``every_s`` seconds from a daemon thread
+    (``sweep_run_id()`` names the run, None until there is one), so that a call ended by its
+    device time still leaves the points finished so far: ``lab/gpu/h200_sglang.sh wait SECONDS
+    DIR`` copies the newest copy to the call's output at every poll. A copy taken mid-point holds
+    that point's run unfinished; ``--store-from`` runs such a point again. A failed copy is
+    logged and tried again at the next tick. Use as a context manager; leaving it stops the
+    thread (the caller writes the last copy)."""
+
+    def __init__(self, work: Path, out: Path, sweep_run_id, plan: dict | None,
+                 every_s: float = 60.0):
+        import threading
+
+        self.args, self.every_s, self.sweep_run_id = (work, out, plan), every_s, sweep_run_id
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="store-snapshots", daemon=True)
+        self.written = 0
+
+    def _loop(self) -> None:
+        work, out, plan = self.args
+        while not self.stopped.wait(self.every_s):
+            run_id = self.sweep_run_id()
+            if not run_id or not (work / "runs" / "mlflow.db").is_file():
+                continue
+            try:
+                write_store_copy(work, out, run_id, plan)
+                self.written += 1
+                log(f"store copy: snapshot {self.written} written to {out / STORE_FILE}")
+            except Exception as e:  # noqa: BLE001 - a snapshot must never stop the sweep
+                log(f"store copy: snapshot failed ({type(e).__name__}: {e}); next in "
+                    f"{self.every_s:.0f} s")
+
+    def __enter__(self) -> StoreSnapshots:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join()
 
 
 def read_store_record(src: Path) -> dict:

@@ -14,7 +14,8 @@
 #                                               its own process session like start
 #   bg CMD [ARGS]                               any command (a lab script) in its own process
 #                                               session like start, followed by wait
-#   wait SECONDS                                follow it until it ends or SECONDS pass
+#   wait SECONDS [DIR]                          follow it until it ends or SECONDS pass; DIR's
+#                                               small files are copied back at every poll
 #   collect CONFIG                              bring back the run's small files, the MLflow store,
 #                                               regenerated data and the serving draft (in parts)
 #   speedup [lab/sglang_speedup.py args]        SGLang side by side (plain, chain, tree)
@@ -24,7 +25,7 @@
 # Built here by lab/gpu/carry.sh (.whl, .benchdata) and lab/gpu/sglang_kit.sh build (the kit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-H=/tmp/h200 OUT=${OUT:-/tmp/out}
+H=${H200_DIR:-/tmp/h200} OUT=${OUT:-/tmp/out}  # H200_DIR: elsewhere in tests
 export EAGLE3_CACHE=$H/cache PYTHONPATH=$H/site:$PWD PYTHONUNBUFFERED=1
 RUNS=$H/runs
 mkdir -p "$H" "$OUT" "$EAGLE3_CACHE/data"
@@ -82,8 +83,13 @@ EOF
     setsid nohup bash -c '"$@"; echo $? > "'"$H"'/run.rc"' _ "$@" > "$H/run.log" 2>&1 < /dev/null &
     sleep 10; tail -5 "$H/run.log" ;;
   wait)
-    end=$(( $(date +%s) + ${1:?seconds} ))
-    while [ ! -f "$H/run.rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+    end=$(( $(date +%s) + ${1:?seconds} )); keep=${2:-}
+    # with DIR: its small files (the study's periodic store copy, results) copied at every poll,
+    # so that a call ended by the session's device time still brings back the latest ones
+    keep_copy() { [ -n "$keep" ] && [ -d "$keep" ] && find "$keep" -maxdepth 1 -type f \
+      -size -15M ! -name '*.jsonl' ! -name '.*' -exec cp -u {} "$OUT/" \; ; true; }
+    while [ ! -f "$H/run.rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; keep_copy; done
+    keep_copy
     grep -v -E '^\s*$' "$H/run.log" | tail -40; cp "$H/run.log" "$OUT/"
     if [ -f "$H/run.rc" ]; then echo "run exit $(cat "$H/run.rc")"; else echo "still running"; fi ;;
   collect)

@@ -214,3 +214,81 @@ def test_a_copy_with_an_escaping_member_leaves_nothing_unpacked(tmp_path):
     assert list((work / "runs").iterdir()) == [] and not (work / ".store-restoring").exists()
     assert not (tmp_path.parent / "escape.txt").exists()
     assert not (work / "runs" / "mlflow.db").exists()  # a next --store-from is not refused
+
+
+def test_copies_taken_while_the_sweep_writes_are_consistent_and_go_on(tmp_path):
+    """``StoreSnapshots`` writes a store copy every tick while another thread writes to the store;
+    every copy opens as a database and restores (a point finished mid-way is in the later ones)."""
+    import shutil
+    import time
+
+    from lab.study_inputs import StoreSnapshots, read_store_record, restore_store
+    from tasks import tracking
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    cfg, sweep, point = _study_store(work)
+    client, _ = tracking.client_for(cfg)
+    with StoreSnapshots(work, out, lambda: sweep, None, every_s=0.2) as snaps:
+        for step in range(40):
+            client.log_metric(point, "train/loss", 1.0 / (step + 1), step=step)
+            time.sleep(0.02)
+        client.set_terminated(point)
+        time.sleep(0.5)
+    assert snaps.written >= 2
+    assert read_store_record(out / "mlflow_store.tar.xz")["sweep_run_id"] == sweep
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
+    shutil.rmtree(work)
+    restore_store(out / "mlflow_store.tar.xz", work)
+    client, _ = tracking.client_for(cfg)
+    assert client.get_run(point).info.status == "FINISHED"
+    assert len(client.get_metric_history(point, "train/loss")) == 40
+
+
+def test_no_copy_before_the_sweep_run_exists(tmp_path):
+    import time
+
+    from lab.study_inputs import StoreSnapshots
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    _study_store(work)
+    with StoreSnapshots(work, out, lambda: None, None, every_s=0.05) as snaps:
+        time.sleep(0.3)
+    assert snaps.written == 0 and not list(out.iterdir())
+
+
+def test_wait_brings_back_the_newest_copy_at_every_poll(tmp_path):
+    """``h200_sglang.sh wait SECONDS DIR``: a call ended while the study still runs has DIR's small
+    files in its output already (hidden temporaries and .jsonl left out)."""
+    import os
+    import signal
+    import time
+
+    h, out, keep = tmp_path / "h", tmp_path / "out", tmp_path / "study-out"
+    for d in (h, out, keep):
+        d.mkdir()
+    (h / "run.log").write_text("running\n")
+    (keep / "mlflow_store.tar.xz").write_bytes(b"copy 1")
+    (keep / ".mlflow_store.tar.xz.tmp").write_bytes(b"half")
+    (keep / "regenerated.jsonl").write_text("{}\n")
+    env = {**os.environ, "H200_DIR": str(h), "OUT": str(out), "EAGLE3_CACHE": str(tmp_path / "c")}
+    proc = subprocess.Popen(["bash", str(REPO / "lab/gpu/h200_sglang.sh"), "wait", "120",
+                             str(keep)], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (out / "mlflow_store.tar.xz").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (out / "mlflow_store.tar.xz").read_bytes() == b"copy 1"
+        time.sleep(1.1)  # cp -u compares modification times (whole seconds on some systems)
+        (keep / "mlflow_store.tar.xz").write_bytes(b"copy 2")
+        deadline = time.monotonic() + 30
+        while (out / "mlflow_store.tar.xz").read_bytes() != b"copy 2":
+            assert time.monotonic() < deadline, "the newer copy was not brought back"
+            time.sleep(0.5)
+        assert sorted(p.name for p in out.iterdir()) == ["mlflow_store.tar.xz"]
+        assert proc.poll() is None  # still waiting: the copies came at the polls
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
