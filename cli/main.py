@@ -409,6 +409,8 @@ def decide(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline (
     run."""
     from tasks.reports import decision_text  # lazy: reads MLflow
 
+    if not run_id.strip():
+        _fail("RUN_ID: expected an MLflow run id (32 hex digits), got an empty string", 2)
     if tracking_uri is not None and not tracking_uri.strip():
         _fail("--tracking-uri: expected an MLflow store URI (e.g. sqlite:///runs/mlflow.db), "
               "got an empty string; leave the option out for the default store", 2)

@@ -343,7 +343,8 @@ def stop_ephemeral_server(drain_timeout_s: float = 15.0) -> None:
 
 def data_line(extract_dir: Path) -> str:
     """One line on what extraction used: samples, tokens, skipped records by reason, truncated
-    samples."""
+    samples, and ``DATA_SHORT`` when there are fewer samples than ``data.num_conversations``
+    asked (a run with ``data.on_short=warn``)."""
     from eagle3.artifacts import read_manifest
 
     m = read_manifest(extract_dir)
@@ -352,4 +353,8 @@ def data_line(extract_dir: Path) -> str:
     line = (f"{c.get('samples')} samples ({c.get('tokens')} tokens, {c.get('loss_tokens')} in the "
             f"loss) from {c.get('records')} records; skipped {c.get('skipped', 0)}")
     line += f" {skipped}" if skipped else ""
-    return line + f"; truncated {c.get('truncated', 0)}"
+    line += f"; truncated {c.get('truncated', 0)}"
+    asked = ((m.get("config") or {}).get("data") or {}).get("num_conversations")
+    if isinstance(asked, int) and isinstance(c.get("samples"), int) and c["samples"] < asked:
+        line += f"; DATA_SHORT: {asked} asked (data.num_conversations)"
+    return line

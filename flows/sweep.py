@@ -109,19 +109,37 @@ def _point_overrides(base: list[str], cfg_name: str, data: list[str], size: int,
             f"name={cfg_name}-{key}", "bench.baseline_untrained=false"]
 
 
+def default_sizes(num_conversations: int) -> list[int]:
+    """The sweep's data sizes when none are given: half and all of ``data.num_conversations``
+    (just the one size when half of it is no conversation)."""
+    n = num_conversations
+    return [n // 2, n] if n >= 2 else [n]
+
+
 def _key(override: str) -> str:
     return override.split("=", 1)[0].strip()
 
 
-def _value(override: str) -> str:
-    return override.split("=", 1)[1].strip() if "=" in override else ""
+def _value(override: str):
+    """The value an override sets, as the config would read it (YAML; a number written as text,
+    such as ``1e-3``, compared as a number)."""
+    from eagle3.overrides import _parse_value
+
+    v = _parse_value(override.split("=", 1)[1].strip()) if "=" in override else None
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
 def overridden_settings(overrides: list[str], schedules: dict[str, list[str]]) -> str | None:
     """Why ``overrides`` (the sweep's ``-o`` settings for every point) would not take effect, or
     None: a key the sweep sets for each point (:data:`SWEEP_OWNED`) or one a schedule sets (a
     point's schedule overrides come after the base ones, so the base value would be dropped in
-    silence). A schedule that sets the same value (the same text after ``=``) is no conflict."""
+    silence). A schedule that sets the same value (``1e-3`` and ``0.001`` alike) is no
+    conflict."""
     for name, sched in schedules.items():
         if owned := [o for o in sched if _key(o) in SWEEP_OWNED]:
             return (f"schedule {name}: {owned[0]}: the sweep sets {_key(owned[0])} for each point "
@@ -213,7 +231,7 @@ def sweep_flow(config_path: str, overrides: list[str] | None = None,
 
     t0 = time.monotonic()
     cfg = load_run_config(config_path, overrides)
-    sizes = list(data_sizes or [cfg.data.num_conversations // 2, cfg.data.num_conversations])
+    sizes = list(data_sizes or default_sizes(cfg.data.num_conversations))
     scheds, variants = dict(schedules or DEFAULT_SCHEDULES), dict(data or DEFAULT_DATA)
     if why := overridden_settings(list(overrides or []), scheds):
         raise DataError(f"sweep {cfg.name}: {why}")
@@ -319,7 +337,8 @@ def decide_and_plot(cfg, parent: str, rows: list[dict], target: float | None, pe
         client.log_artifact(parent, str(plot_training_length(curves,
                                                              out_dir / "training_length.png")))
     tracking.set_parent_tags(cfg, parent, {f"eagle3.{k}": v for k, v in decision.tags().items()})
-    tracking.set_parent_tags(cfg, parent, {"eagle3.sweep.pending": str(len(pending))})
+    tracking.set_parent_tags(cfg, parent, {"eagle3.sweep.pending": str(len(pending)),
+                                           "eagle3.sweep.failed": str(len(failed or {}))})
     client.log_text(parent, decision.to_markdown(), "decision.md")
     client.log_text(parent, format_table(rows), "sweep_table.md")
     if (out_dir / "data_scaling.png").is_file():
@@ -405,7 +424,7 @@ def _argument_problem(a) -> str | None:
     """What is wrong with ``flows.sweep``'s arguments, before anything loads, or None."""
     import argparse
 
-    if a.eval_tokens < 1:
+    if a.eval_tokens is not None and a.eval_tokens < 1:
         return f"--eval-tokens: expected >= 1, got {a.eval_tokens}"
     if bad := [n for n in a.size or [] if n < 1]:
         return f"--size: expected a number of conversations >= 1, got {bad}"
@@ -413,6 +432,14 @@ def _argument_problem(a) -> str | None:
         return f"--size: expected distinct sizes, got {a.size}"
     if a.eval_sets is not None and not all(p.strip() for p in a.eval_sets.split(",")):
         return f"--eval-sets: expected comma-separated set names, got {a.eval_sets!r}"
+    sets = [p.strip() for p in (a.eval_sets or "").split(",") if p.strip()]
+    if len(set(sets)) != len(sets):
+        return f"--eval-sets: expected distinct set names, got {a.eval_sets!r}"
+    if a.eval_tokens is not None and a.eval_sets is None and a.report is None:
+        return f"--eval-tokens {a.eval_tokens}: only with --eval-sets (no offline evaluation runs)"
+    if a.target is not None and not a.target > 1.0:
+        return (f"--target: expected an acceptance length above 1.0 (it counts the bonus token, "
+                f"so 1.0 is no speculation at all), got {a.target}")
     try:
         names = [_schedule(t)[0] for t in a.schedule]
     except argparse.ArgumentTypeError as e:
@@ -423,7 +450,8 @@ def _argument_problem(a) -> str | None:
         if not a.report.strip():
             return "--report: expected a sweep run id (32 hex digits), got an empty string"
         given = [f for f, v in (("--size", a.size), ("--schedule", a.schedule),
-                                ("--eval-sets", a.eval_sets), ("--target", a.target)) if v]
+                                ("--eval-sets", a.eval_sets), ("--eval-tokens", a.eval_tokens),
+                                ("--target", a.target)) if v is not None and v != []]
         if given:
             return f"--report reads a finished sweep: {', '.join(given)} would be ignored"
         return _plot_copy_problem(a.plot_copy)
@@ -478,8 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-sets", default=None, metavar="SETS",
                     help="comma-separated prompt sets every point is also evaluated on offline "
                     "(e.g. mtbench,gsm8k200): the report's turn and GSM8K columns")
-    ap.add_argument("--eval-tokens", type=int, default=256,
-                    help="with --eval-sets: new tokens per prompt")
+    ap.add_argument("--eval-tokens", type=int, default=None,
+                    help="with --eval-sets: new tokens per prompt (default 256)")
     ap.add_argument("--report", metavar="SWEEP_RUN_ID",
                     help="print the markdown report of a finished sweep "
                     "(tracking store of CONFIG + overrides) instead of running one")
@@ -496,14 +524,20 @@ def main(argv: list[str] | None = None) -> int:
         if a.report is not None:
             print(sweep_report(a.report, tracking.tracking_uri(cfg), a.plot_copy))
             return 0
+        from eagle3.extract.precheck import check_before_run
+
         for name, sched in (schedules or {}).items():  # a schedule the config refuses, now
             try:
-                load_run_config(a.config, [*a.override, *sched])
+                check_before_run(load_run_config(a.config, [*a.override, *sched]))
             except Eagle3Error as e:
                 raise DataError(f"--schedule {name}: {e}") from e
         if why := overridden_settings(a.override, schedules or DEFAULT_SCHEDULES):
             raise DataError(why)
-        eval_sets = [s for s in (a.eval_sets or "").split(",") if s] or None
+        check_before_run(cfg)  # data.path and the aux layers, as `eagle3 extract` checks them
+        if cfg.data.on_short == "warn" and "on_short" in cfg.data.model_fields_set:
+            print(f"note: {a.config}: data.on_short=warn is replaced by fail for every point (a "
+                  "point's data must hold its size)", file=sys.stderr)
+        eval_sets = [s.strip() for s in (a.eval_sets or "").split(",") if s.strip()] or None
         if eval_sets:  # an unknown set name fails now, not after every point has trained
             from eagle3.measure.offline import load_conversations
 
@@ -521,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         with local_prefect(cfg):
             state = sweep_flow(config_path=a.config, overrides=a.override, data_sizes=a.size,
                                schedules=schedules, target_acceptance=a.target, return_state=True,
-                               eval_sets=eval_sets, eval_max_new_tokens=a.eval_tokens)
+                               eval_sets=eval_sets, eval_max_new_tokens=a.eval_tokens or 256)
             raise_if_terminated(record)
             if not state.is_completed():
                 print(f"sweep failed: {state.message}")

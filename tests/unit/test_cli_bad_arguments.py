@@ -153,6 +153,9 @@ def test_decide_refuses_an_empty_store_instead_of_reading_the_default(uri, tmp_p
     res = CliRunner().invoke(app, ["decide", "0123abcd", "--tracking-uri", uri])
     assert res.exit_code == 2 and "--tracking-uri: expected an MLflow store URI" in res.output
     assert not (tmp_path / "runs").exists()
+    res = CliRunner().invoke(app, ["decide", "", "--tracking-uri", f"sqlite:///{tmp_path}/x.db"])
+    assert res.exit_code == 2 and "RUN_ID: expected an MLflow run id" in res.output
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_wait_ready_diagnostics_that_cannot_be_a_folder_is_a_bad_argument(tmp_path):

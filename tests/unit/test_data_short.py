@@ -93,3 +93,13 @@ def test_blank_answers_trained_as_they_are_are_warned_about_and_kept(tmp_path, c
     said = [r.getMessage() for r in caplog.records if "BLANK_ANSWERS" in r.getMessage()]
     assert len(plan.ids) == 5  # kept: the selection is what it was
     assert len(said) == 1 and "1 of the 5 selected conversations" in said[0] and "c2" in said[0]
+
+
+def test_the_run_summary_line_says_data_short_with_on_short_warn(tmp_path, caplog):
+    from flows.common import data_line
+
+    _extract(tmp_path, 12, caplog)
+    assert data_line(tmp_path / "x12").endswith(
+        "; DATA_SHORT: 12 asked (data.num_conversations)")
+    _extract(tmp_path, 5, caplog)
+    assert "DATA_SHORT" not in data_line(tmp_path / "x5")

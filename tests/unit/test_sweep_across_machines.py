@@ -161,4 +161,6 @@ def test_the_decision_names_the_points_left_out(tmp_path):
     rows[1]["offline_eval"] = 1.9  # measured earlier on another set's machine
     text = "\n".join(decide_and_plot(cfg, parent, rows, None, [], {"b": why}).reasons)
     assert f"b is not evaluated offline: {why} (it is judged by its earlier offline figure)" in text
+    decide_and_plot(cfg, parent, rows, None, [], None, {"c": "DATA_SHORT: 9 asked"})
+    assert client.get_run(parent).data.tags["eagle3.sweep.failed"] == "1"
     assert "no training curve for a, b" in text

@@ -38,6 +38,11 @@ def _refused(argv, capsys) -> str:
         (["--schedule", "a=train.max_steps=3,train.max_steps=5"],
          "expected each key once, got ['train.max_steps'] more than once"),
         (["--size", "4", "--size", "4"], "--size: expected distinct sizes, got [4, 4]"),
+        (["--eval-tokens", "5"], "--eval-tokens 5: only with --eval-sets"),
+        (["--eval-sets", "mtbench,mtbench"], "--eval-sets: expected distinct set names"),
+        (["--target", "1"], "--target: expected an acceptance length above 1.0"),
+        (["--target", "-1"], "got -1.0"),
+        (["--report", "abc", "--eval-tokens", "8"], "--eval-tokens would be ignored"),
     ],
 )
 def test_arguments_that_would_be_ignored_or_cannot_work_are_refused(argv, message, capsys):
@@ -77,6 +82,14 @@ def test_settings_the_sweep_would_override_are_refused_before_any_point(tmp_path
     from flows.sweep import overridden_settings
 
     assert overridden_settings(["train.eval_every=4"], {"a": ["train.eval_every = 4"]}) is None
+    assert overridden_settings(["train.lr=0.001"], {"a": ["train.lr=1e-3"]}) is None
+    assert overridden_settings(["train.lr=0.002"], {"a": ["train.lr=1e-3"]}) is not None
+    # a data file that is not there is refused before Prefect starts, as `eagle3 extract` does
+    for path, why in ((tmp_path / "nope.jsonl", "not found"), (tmp_path / "e.jsonl", "empty")):
+        if why == "empty":
+            path.write_text("")
+        assert main([TINY, "-o", runs, "-o", "data.source=file", "-o", f"data.path={path}"]) == 2
+        assert "data.path: expected a conversations file" in capsys.readouterr().err
     # a schedule the config refuses is named before any point trains
     assert main([TINY, "-o", runs, "--schedule", "bad=train.schedule=sometimes"]) == 2
     err = capsys.readouterr().err
@@ -107,3 +120,24 @@ def test_a_uri_that_is_not_a_store_is_named_without_a_traceback(uri, message):
 
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
         decision_text("0" * 32, uri)
+
+
+def test_default_sizes_are_half_and_all_and_never_zero():
+    from flows.sweep import default_sizes
+
+    assert default_sizes(128) == [64, 128] and default_sizes(3) == [1, 3]
+    assert default_sizes(1) == [1]
+
+
+def test_a_config_that_asks_to_warn_on_short_data_is_told_the_sweep_fails_instead(tmp_path,
+                                                                                 capsys):
+    from flows.sweep import main
+
+    warn = tmp_path / "warn.yaml"
+    warn.write_text(open(TINY).read().replace("\ndata:\n", "\ndata:\n  on_short: warn\n", 1))
+    assert "on_short: warn" in warn.read_text()
+    runs = f"paths.runs_dir={tmp_path / 'runs'}"
+    assert main([str(warn), "-o", runs, "--eval-sets", "no-such-set"]) == 2  # stops before Prefect
+    assert "data.on_short=warn is replaced by fail for every point" in capsys.readouterr().err
+    assert main([TINY, "-o", runs, "--eval-sets", "no-such-set"]) == 2
+    assert "on_short" not in capsys.readouterr().err
