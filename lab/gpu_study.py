@@ -416,7 +416,8 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--store-copy", action="store_true",
                    help="write --out/mlflow_store.tar.xz (the MLflow store the "
-                   "run wrote: database and small artifacts, without weights)")
+                   "run wrote: database and small artifacts, without weights) every 60 s "
+                   "while the sweep runs and at the end")
     p.add_argument(
         "--store-from",
         default=None,
