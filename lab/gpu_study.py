@@ -53,8 +53,10 @@ from lab.harness import Results, log, prepare_target, stage  # noqa: E402
 from lab.study_inputs import (  # noqa: E402,F401
     ALL, ASSET_FILES, PLAN, TINY_PLAN, _manifest_of, carry_back_regen, check_plan,
     holdout_problem, plan_digest, plan_problem, config_path, do_data, do_regen, raw_plan,
-    read_store_record, store_problem, rebuild_command, resolve_plan, restore_store,
-    reuse_regen, write_store_copy, StoreSnapshots,
+    rebuild_command, resolve_plan, reuse_regen,
+)
+from lab.study_store import (  # noqa: E402
+    StoreSnapshots, read_store_record, restore_store, store_problem, write_store_copy,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 from tasks.stage_config import latest_output  # noqa: E402

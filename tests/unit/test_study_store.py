@@ -31,7 +31,7 @@ def _study_store(work):
 
 
 def test_the_store_goes_to_a_fresh_machine_and_its_sweep_run_goes_on(tmp_path):
-    from lab.study_inputs import read_store_record, restore_store, write_store_copy
+    from lab.study_store import read_store_record, restore_store, write_store_copy
     from tasks import tracking
 
     work, out = tmp_path / "work", tmp_path / "out"
@@ -74,7 +74,7 @@ def test_the_store_goes_to_a_fresh_machine_and_its_sweep_run_goes_on(tmp_path):
 
 
 def test_no_store_or_no_sweep_run_no_copy(tmp_path, capsys):
-    from lab.study_inputs import write_store_copy
+    from lab.study_store import write_store_copy
 
     out = tmp_path / "out"
     out.mkdir()
@@ -166,7 +166,7 @@ def test_a_store_that_cannot_be_restored_stops_the_study_before_the_sweep(
 ):
     import lab.gpu_study as G
     from lab import study_inputs
-    from lab.study_inputs import write_store_copy
+    from lab.study_store import write_store_copy
 
     work = tmp_path / "work"
     _study_store(work)
@@ -195,7 +195,7 @@ def test_a_copy_with_an_escaping_member_leaves_nothing_unpacked(tmp_path):
     import io
     import tarfile
 
-    from lab.study_inputs import restore_store
+    from lab.study_store import restore_store
 
     work = tmp_path / "work"
     bad = tmp_path / "mlflow_store.tar.xz"
@@ -222,7 +222,7 @@ def test_copies_taken_while_the_sweep_writes_are_consistent_and_go_on(tmp_path):
     import shutil
     import time
 
-    from lab.study_inputs import StoreSnapshots, read_store_record, restore_store
+    from lab.study_store import StoreSnapshots, read_store_record, restore_store
     from tasks import tracking
 
     work, out = tmp_path / "work", tmp_path / "out"
@@ -248,7 +248,7 @@ def test_copies_taken_while_the_sweep_writes_are_consistent_and_go_on(tmp_path):
 def test_no_copy_before_the_sweep_run_exists(tmp_path):
     import time
 
-    from lab.study_inputs import StoreSnapshots
+    from lab.study_store import StoreSnapshots
 
     work, out = tmp_path / "work", tmp_path / "out"
     out.mkdir()
