@@ -25,6 +25,14 @@ TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 # KeyboardInterrupt, but a Ctrl-C to the whole group ends Prefect's API server as well, and
 # Prefect's engine then retries its crash report to it for minutes)
 RECORDED = (*TERMINATING, signal.SIGINT)
+_STOP = threading.Event()  # set once a recorded signal arrived during the installed record
+
+
+def stop_requested() -> bool:
+    """True once a SIGTERM, SIGHUP or Ctrl-C reached this process while a :class:`SignalRecord` was
+    installed: a loop of runs (the sweep's points) starts no further one, even when the interrupt
+    itself was caught inside the run that was going on."""
+    return _STOP.is_set()
 
 
 class SignalRecord:
@@ -55,6 +63,7 @@ class SignalRecord:
     def install(self) -> bool:
         if threading.current_thread() is not threading.main_thread():
             return False
+        _STOP.clear()
         self._r, self._w = os.pipe()
         os.set_blocking(self._w, False)
         self._previous_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
@@ -73,6 +82,8 @@ class SignalRecord:
                 chunk = os.read(self._r, 512)
                 new = [b for b in chunk if b in RECORDED]
                 self.seen += new
+                if new:
+                    _STOP.set()
                 if new and deadline is None:
                     deadline = time.monotonic() + self.grace_s
             if deadline is not None and time.monotonic() > deadline and not self._stop.is_set():

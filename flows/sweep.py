@@ -146,7 +146,7 @@ def overridden_settings(overrides: list[str], schedules: dict[str, list[str]]) -
                     f"{_OWNED_HOW}; leave it out")
     for o in overrides:
         k = _key(o)
-        if k in SWEEP_OWNED:
+        if k in SWEEP_OWNED and not (k == "data.on_short" and _value(o) == "fail"):
             return f"-o {o}: the sweep sets {k} for each point {_OWNED_HOW}; leave it out"
         setting = {name: v for name, sched in schedules.items() for v in sched
                    if _key(v) == k and _value(v) != _value(o)}
@@ -190,10 +190,16 @@ def _run_points(cfg, config_path: str, overrides: list[str], todo: list, scheds:
     """Run the ``todo`` points in order; once ``deadline`` (a ``time.monotonic()`` value) has passed
     no further point starts, but the first one always does (a call whose set-up outlasted its
     deadline still makes progress). Returns (results, failed {point: message}, pending point keys).
-    """
+    Raises KeyboardInterrupt before a point when a termination signal arrived during the sweep
+    (:func:`flows.stopping.stop_requested`)."""
     results, failed, pending = [], {}, []
+    from flows.stopping import stop_requested
+
     for i, (d, size, s) in enumerate(todo):
         key = point_key(d, size, s)
+        if stop_requested():  # the point that was running caught the interrupt as its failure
+            raise KeyboardInterrupt(f"a termination signal arrived: {key} and the points after "
+                                    "it were not started")
         if i > 0 and deadline is not None and time.monotonic() > deadline:
             pending.append(key)
             continue
@@ -437,9 +443,9 @@ def _argument_problem(a) -> str | None:
         return f"--eval-sets: expected distinct set names, got {a.eval_sets!r}"
     if a.eval_tokens is not None and a.eval_sets is None and a.report is None:
         return f"--eval-tokens {a.eval_tokens}: only with --eval-sets (no offline evaluation runs)"
-    if a.target is not None and not a.target > 1.0:
-        return (f"--target: expected an acceptance length above 1.0 (it counts the bonus token, "
-                f"so 1.0 is no speculation at all), got {a.target}")
+    if a.target is not None and not 1.0 < a.target < float("inf"):
+        return (f"--target: expected a finite acceptance length above 1.0 (it counts the bonus "
+                f"token, so 1.0 is no speculation at all), got {a.target}")
     try:
         names = [_schedule(t)[0] for t in a.schedule]
     except argparse.ArgumentTypeError as e:

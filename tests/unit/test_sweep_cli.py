@@ -40,8 +40,9 @@ def _refused(argv, capsys) -> str:
         (["--size", "4", "--size", "4"], "--size: expected distinct sizes, got [4, 4]"),
         (["--eval-tokens", "5"], "--eval-tokens 5: only with --eval-sets"),
         (["--eval-sets", "mtbench,mtbench"], "--eval-sets: expected distinct set names"),
-        (["--target", "1"], "--target: expected an acceptance length above 1.0"),
+        (["--target", "1"], "--target: expected a finite acceptance length above 1.0"),
         (["--target", "-1"], "got -1.0"),
+        (["--target", "inf"], "--target: expected a finite acceptance length above 1.0"),
         (["--report", "abc", "--eval-tokens", "8"], "--eval-tokens would be ignored"),
     ],
 )
@@ -84,6 +85,7 @@ def test_settings_the_sweep_would_override_are_refused_before_any_point(tmp_path
     assert overridden_settings(["train.eval_every=4"], {"a": ["train.eval_every = 4"]}) is None
     assert overridden_settings(["train.lr=0.001"], {"a": ["train.lr=1e-3"]}) is None
     assert overridden_settings(["train.lr=0.002"], {"a": ["train.lr=1e-3"]}) is not None
+    assert overridden_settings(["data.on_short=fail"], {}) is None  # what the sweep sets
     # a data file that is not there is refused before Prefect starts, as `eagle3 extract` does
     for path, why in ((tmp_path / "nope.jsonl", "not found"), (tmp_path / "e.jsonl", "empty")):
         if why == "empty":

@@ -77,3 +77,39 @@ def test_a_failed_point_keeps_the_flow_s_message(monkeypatch):
                                          {"s": []}, {"regenerated": []}, "parent", None)
     assert res == [] and pending == []
     assert failed == {"regenerated-n3000-s": "DATA_SHORT: data.num_conversations=3000 asked"}
+
+
+def test_no_point_starts_after_a_termination_signal(monkeypatch):
+    """Ctrl-C or SIGTERM during a point: that point may catch the interrupt as its own failure,
+    but the sweep starts no further point."""
+    import pytest
+
+    from flows import stopping
+
+    pipe = _Pipeline()
+    inner = pipe.with_options
+
+    def with_options(flow_run_name):
+        run = inner(flow_run_name)
+
+        def signalled(**kw):
+            stopping._STOP.set()  # what SignalRecord's reader does when a signal arrives
+            return run(**kw)
+
+        return signalled
+
+    pipe.with_options = with_options
+    monkeypatch.setattr(S, "eagle3_pipeline", pipe)
+    monkeypatch.setattr(S, "_point_overrides", lambda *a: [])
+    monkeypatch.setattr(S, "point_result", lambda summary, d, size, s: {"point": "x"})
+    monkeypatch.setattr(S, "tag_point", lambda *a: None)
+    cfg = SimpleNamespace(name="c", run_dir=lambda: __import__("pathlib").Path("/nonexistent"))
+    todo = [["regenerated", 3000, "a"], ["regenerated", 3000, "b"]]
+    try:
+        with pytest.raises(KeyboardInterrupt, match="regenerated-n3000-b and the points after"):
+            S._run_points(cfg, "c.yaml", [], todo, {"a": [], "b": []}, {"regenerated": []},
+                          "parent", None)
+        assert pipe.started == ["regenerated-n3000-a"]
+    finally:
+        stopping._STOP.clear()
+    assert not stopping.stop_requested()
