@@ -234,7 +234,9 @@ def test_copies_taken_while_the_sweep_writes_are_consistent_and_go_on(tmp_path):
             client.log_metric(point, "train/loss", 1.0 / (step + 1), step=step)
             time.sleep(0.02)
         client.set_terminated(point)
-        time.sleep(0.5)
+        written, deadline = snaps.written, time.monotonic() + 60
+        while snaps.written < written + 1 and time.monotonic() < deadline:  # a copy after the end
+            time.sleep(0.1)
     assert snaps.written >= 2
     assert read_store_record(out / "mlflow_store.tar.xz")["sweep_run_id"] == sweep
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
