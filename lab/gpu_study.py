@@ -269,8 +269,8 @@ def do_speedup(a, sweep: dict, target: Path, out: Path, base: list[str],
 
 
 POINT_KEYS = ("point", "data", "data_size", "schedule", "unique_tokens", "epochs_over_data",
-              "optimizer_steps", "simulated", "dev", "dev_curve", "served", "offline",
-              "offline_eval", "offline_eval_ci", "offline_gsm8k", "eval_primary", "eval")
+              "optimizer_steps", "simulated", "dev", "dev_all_positions", "dev_curve", "served",
+              "offline", "offline_eval", "offline_eval_ci", "offline_gsm8k", "eval_primary", "eval")
 
 
 def do_report(a, sweep: dict, speedup: dict | None, out: Path) -> dict:

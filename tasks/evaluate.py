@@ -5,7 +5,9 @@ on each point's MLflow run.
 
 Metrics per point and set: ``offline.<set>.acceptance_length`` (bonus token counted), ``.ci_low`` /
 ``.ci_high`` (bootstrap interval over conversations), ``.acceptance_rate``, ``.per_position.<k>``,
-``.num_requests``, ``.verify_ct``, ``.completion_tokens``; for a set of several turns (MT-Bench)
+``.num_requests``, ``.verify_ct``, ``.completion_tokens``, ``.acceptance_length_all_positions``
+(averaged over every position a pass could start at, as a simulated figure averages),
+``.out_of_draft_vocab_share``; for a set of several turns (MT-Bench)
 the same per turn, ``offline.<set>.turn<k>.acceptance_length`` and so on; the artifact
 ``offline_eval.json`` holds the whole result (per category). Points that already have every set
 are skipped, so a resumed sweep evaluates only its new points; a point whose draft is not on this
@@ -29,7 +31,7 @@ def _metrics(set_name: str, group: dict) -> dict[str, float]:
     figures, counts, ``ci`` {low, high})."""
     out = {}
     for k in ("acceptance_length", "acceptance_rate", "num_requests", "completion_tokens",
-              "verify_ct"):
+              "verify_ct", "acceptance_length_all_positions", "out_of_draft_vocab_share"):
         if isinstance(group.get(k), (int, float)) and not isinstance(group.get(k), bool):
             out[f"offline.{set_name}.{k}"] = float(group[k])
     ci = group.get("ci") or {}

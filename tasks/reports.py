@@ -161,6 +161,15 @@ def _ci(metrics: dict, prefix: str) -> str | None:
     return None if lo is None or hi is None else f"{lo:.3f}–{hi:.3f}"
 
 
+def _stage_figure(run_id: str, tracking_uri: str, key: str) -> float | None:
+    """The last value of ``key`` on the point's train stage run (the producing run when cached),
+    or None."""
+    from tasks.tracking import stage_metric_history
+
+    history = stage_metric_history(run_id, "train", key, tracking_uri)
+    return history[-1][1] if history else None
+
+
 def _dev_history(run_id: str, tracking_uri: str) -> tuple[list[tuple[int, float]], float | None]:
     """The development-acceptance history a point's train stage logged, and its prompt count."""
     from tasks.tracking import stage_metric_history
@@ -208,6 +217,8 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
                      "simulated": m.get("acceptance_length_simulated"),
                      "dev": m.get("acceptance_length_dev"),
+                     "dev_all_positions": _stage_figure(r.info.run_id, tracking_uri,
+                                                        "dev_acceptance_length_all_positions"),
                      "dev_curve": dev_curve(*_dev_history(r.info.run_id, tracking_uri)),
                      "served": m.get("acceptance_length"),
                      "offline": m.get("acceptance_length_offline"),
@@ -239,21 +250,27 @@ def format_table(rows: list[dict]) -> str:
                              for r in rows])
 
 
-GAP_NOTE = ("Each step left to right changes one thing: teacher-forced on the data's own answers "
-            "(simulated) → decoding the target's own continuations of held-out first turns "
-            "(development) → the evaluation set's first turns (prompt distribution) → its "
-            "second "
-            "turns (turn position: a context holding the target's first answer). A positive "
-            "difference is acceptance lost at that step. Acceptance lengths count the bonus "
-            "token; n/a: not measured for that point (the turns and GSM8K: an offline evaluation, "
-            "flows.sweep --eval-sets).")
+GAP_NOTE = ("Each step left to right changes one thing. Simulated: teacher-forced on the data's "
+            "own answers, averaged over every answer position. Development, every position: the "
+            "exact replay of the target's own greedy continuations of held-out first turns, "
+            "still averaged over every position a verify pass could start at (text and "
+            "scoring). Development: the same replay counted per verify pass, as decoding visits "
+            "positions — it jumps past the tokens a pass accepts, so easy stretches get fewer "
+            "passes than their length (position sampling). Then the evaluation set's first turns "
+            "(prompts) and second turns (turn position: a context holding the target's first "
+            "answer). A positive difference is acceptance lost at that step; the two parts of "
+            "simulated − development add up to it. Acceptance lengths count the bonus token; "
+            "n/a: not measured for that point (the turns and GSM8K: an offline evaluation, "
+            "flows.sweep --eval-sets; every position: logged by training since it was added).")
 
 
 def gap_table(rows: list[dict]) -> str:
     """Markdown: where simulated and measured acceptance part, per :func:`sweep_table` row —
-    simulated, development, the primary evaluation set's turn 1 and turn 2, GSM8K, and the three
-    differences (teacher forcing = simulated − development; prompts = development − turn 1; turn
-    position = turn 1 − turn 2), with :data:`GAP_NOTE` above it."""
+    simulated, development over every position, development, the primary evaluation set's turn 1
+    and turn 2, GSM8K, and the differences (simulated − development, split into text and scoring
+    = simulated − development over every position and position sampling = development over
+    every position − development; prompts = development − turn 1; turn position = turn 1 − turn
+    2), with :data:`GAP_NOTE` above it."""
     def f(v):
         return "n/a" if v is None else f"{v:.3f}"
 
@@ -261,15 +278,17 @@ def gap_table(rows: list[dict]) -> str:
         return "n/a" if a is None or b is None else f"{a - b:+.3f}"
 
     primary = next((r["eval_primary"] for r in rows if r.get("eval_primary")), "eval")
-    head = [f"| point | simulated | development | {primary} turn 1 | {primary} turn 2 | GSM8K | "
-            "teacher forcing | prompts | turn position |", "|---|" + "---|" * 8]
+    head = [f"| point | simulated | development, every position | development | {primary} turn 1 "
+            f"| {primary} turn 2 | GSM8K | simulated − development | text and scoring | "
+            "position sampling | prompts | turn position |", "|---|" + "---|" * 11]
     body = []
     for r in rows:
         ev = (r.get("eval") or {}).get(r.get("eval_primary") or "", {})
         t1, t2 = ev.get("turn1.acceptance_length"), ev.get("turn2.acceptance_length")
-        body.append(f"| {r.get('point')} | {f(r['simulated'])} | {f(r.get('dev'))} | {f(t1)} | "
-                    f"{f(t2)} | {f(r.get('offline_gsm8k'))} | {diff(r['simulated'], r.get('dev'))}"
-                    f" | {diff(r.get('dev'), t1)} | {diff(t1, t2)} |")
+        sim, every, dev = r["simulated"], r.get("dev_all_positions"), r.get("dev")
+        body.append(f"| {r.get('point')} | {f(sim)} | {f(every)} | {f(dev)} | {f(t1)} | {f(t2)} | "
+                    f"{f(r.get('offline_gsm8k'))} | {diff(sim, dev)} | {diff(sim, every)} | "
+                    f"{diff(every, dev)} | {diff(dev, t1)} | {diff(t1, t2)} |")
     return "\n".join([GAP_NOTE, ""] + head + body)
 
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,24 @@ def restore_superseded(aside: Path, out_dir: Path) -> bool:
     return True
 
 
+def _along_training_plot(out_dir: Path, dest: Path) -> Path | None:
+    """``<dest>/acceptance_along_training.png`` from ``<out_dir>/metrics.jsonl``'s evaluation rows
+    (:func:`eagle3.measure.plots.plot_acceptance_along_training`), or None when the run measured
+    no development acceptance or its metrics file is unreadable (the plot is optional; the
+    figures themselves are MLflow metrics). ``dest`` is outside the draft folder, whose files its
+    manifest lists."""
+    from eagle3.errors import DataError
+    from eagle3.measure.plots import plot_acceptance_along_training
+
+    try:
+        rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()
+                if x.strip()]
+        evals = [r for r in rows if isinstance(r, dict) and r.get("kind") == "eval"]
+        return plot_acceptance_along_training(evals, dest / "acceptance_along_training.png")
+    except (OSError, ValueError, DataError):
+        return None
+
+
 @task(name="train", cache_key_fn=train_key, **task_options(TIMEOUT_S))
 def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
                variant: str = "trained") -> StageResult:
@@ -129,9 +149,13 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
         if manifest.get("auto_resolved"):
             sr.set_tags({"eagle3.auto_resolved": summary_line(manifest["auto_resolved"])[:5000]})
         sr.log_path(out_dir / "metrics.jsonl")
+        with tempfile.TemporaryDirectory(prefix=".plots.") as tmp:
+            if (plot := _along_training_plot(out_dir, Path(tmp))) is not None:
+                sr.log_path(plot, "plots")
         sr.log_path(out_dir / "config.json", "draft")
         summary = tracking.numeric_leaves("final", manifest.get("metrics"))
-        for key in ("simulated_acceptance_length", "dev_acceptance_length"):  # exported weights'
+        for key in ("simulated_acceptance_length", "dev_acceptance_length",  # exported weights'
+                    "dev_acceptance_length_all_positions"):
             v = (manifest.get("metrics") or {}).get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 summary[key] = float(v)

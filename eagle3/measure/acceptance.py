@@ -160,6 +160,18 @@ def per_position_from_histogram(histogram: list[int]) -> list[float]:
     return [sum(histogram[k:]) / total for k in range(1, len(histogram))] if total > 0 else []
 
 
+def all_positions_acceptance_length(histogram: list[int]) -> float | None:
+    """The acceptance length averaged over every position a verify pass could start at, not only
+    the positions decoding visits: ``sum_a (a + 1) h[a] / sum_a h[a]`` with ``h[a]`` the number of
+    such positions whose chain would accept exactly ``a`` drafts (bonus counted, as
+    :func:`exact_acceptance_length`). This is the average a teacher-forced simulated figure takes
+    (every loss position is a start). Decoding jumps ``a + 1`` tokens after a pass, so a run of easy
+    positions gets fewer passes than its length: with acceptance correlated along the text this
+    figure exceeds the per-pass one. None for an empty histogram."""
+    total = sum(histogram)
+    return sum((a + 1) * n for a, n in enumerate(histogram)) / total if total > 0 else None
+
+
 def sum_lists(lists: list[list[int]]) -> list[int]:
     """Element-wise sums of lists of unequal lengths (missing entries count 0)."""
     return [sum(col) for col in zip_longest(*lists, fillvalue=0)]

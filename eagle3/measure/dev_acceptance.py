@@ -111,13 +111,18 @@ class DevAcceptance:
 
     def metrics(self, result: dict, prefix: str = "dev") -> dict[str, float]:
         """Flat metrics of a :meth:`measure` result: ``<prefix>/acceptance_length``,
-        ``/per_position_<k>`` (k 0-based), ``/num_prompts``, ``/seconds`` (the replay) and, for a
-        training draft, ``/convert_seconds``."""
+        ``/per_position_<k>`` (k 0-based), ``/num_prompts``, ``/seconds`` (the replay), for a
+        training draft ``/convert_seconds``, and from replay ``/acceptance_length_all_positions``
+        (every position a pass could start at: the average a simulated figure takes) and
+        ``/out_of_draft_vocab_share`` (continuation tokens the draft cannot propose)."""
         out = {f"{prefix}/acceptance_length": float(result["acceptance_length"]),
                f"{prefix}/num_prompts": float(len(self.requests)),
                f"{prefix}/seconds": float(result["wall_s"])}
         if "convert_s" in result:
             out[f"{prefix}/convert_seconds"] = float(result["convert_s"])
+        for key in ("acceptance_length_all_positions", "out_of_draft_vocab_share"):
+            if result.get(key) is not None:
+                out[f"{prefix}/{key}"] = float(result[key])
         out.update({f"{prefix}/per_position_{k}": float(v)
                     for k, v in enumerate(result["per_position"])})
         return out

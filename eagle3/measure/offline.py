@@ -17,7 +17,8 @@ import torch
 
 from eagle3.config import BENCH_MAX_NEW_TOKENS, BENCH_NUM_PROMPTS, BENCH_PROMPTS
 from eagle3.errors import ConfigError, DataError
-from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION, exact_acceptance_length, sum_lists
+from eagle3.measure.acceptance import (ACCEPTANCE_CONVENTION, all_positions_acceptance_length,
+                                       exact_acceptance_length, sum_lists)
 from eagle3.measure.prompts import encode_prompts, load_conversations, load_prompts
 from eagle3.measure.replay import (Request, capture_indices, check_lengths, generate_requests,
                                    greedy_continuations, replay_requests)
@@ -26,7 +27,7 @@ from eagle3.measure.spread import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, METHOD
 
 DEFAULT_SETS = ("mtbench2", "gsm8k200")
 GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate", "per_position",
-              "histogram")
+              "histogram", "acceptance_length_all_positions", "out_of_draft_vocab_share")
 
 
 def unlike_served(temperature: float, topk: int = 1) -> str | None:
@@ -105,7 +106,9 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
 
 def offline_row(prompt: dict, res) -> dict:
     """One request's figures from a decoder result (``output_ids``, ``verify_ct``,
-    ``accepted_per_position``, ``num_draft_tokens``/``histogram``). DataError: no verify pass."""
+    ``accepted_per_position``, ``num_draft_tokens``/``histogram``; from replay also
+    ``position_histogram`` and ``out_of_draft_vocab``, else ``[]`` / None). DataError: no verify
+    pass."""
     n_out, verify = len(res.output_ids), int(res.verify_ct)
     if verify <= 0:
         raise DataError(f"offline_acceptance: prompt {prompt['id']}: expected verify_ct > 0, "
@@ -116,11 +119,16 @@ def offline_row(prompt: dict, res) -> dict:
             "acceptance_length": exact_acceptance_length(sum(accepted), verify),
             "acceptance_length_sglang": n_out / verify, "accepted_per_position": accepted,
             "num_draft_tokens": getattr(res, "num_draft_tokens", None),
-            "histogram": list(getattr(res, "histogram", None) or [])}
+            "histogram": list(getattr(res, "histogram", None) or []),
+            "position_histogram": list(getattr(res, "position_histogram", None) or []),
+            "out_of_draft_vocab": getattr(res, "out_of_draft_vocab", None)}
 
 
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
-    """Pooled rows: token-weighted length, rate, per position/category, histogram, ``wall_s``."""
+    """Pooled rows: token-weighted length, rate, per position/category, histogram, ``wall_s``;
+    ``acceptance_length_all_positions`` (every position a pass could start at, pooled
+    ``position_histogram``) and ``out_of_draft_vocab_share`` (of the completion tokens), None
+    unless every row has them (replay)."""
     total_v = sum(r["verify_ct"] for r in rows)
     accepted = sum_lists([r["accepted_per_position"] for r in rows])
     proposed = [r["num_draft_tokens"] for r in rows]
@@ -129,10 +137,17 @@ def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
                          sum(r["verify_ct"] for r in sel)), "num_requests": len(sel)}
                for cat, sel in _by(rows, lambda r: r["category"]).items()}
     rate = (sum(accepted) / sum(proposed)) if None not in proposed and sum(proposed) else None
+    replayed = bool(rows) and all(r.get("position_histogram") for r in rows)
+    oov = [r.get("out_of_draft_vocab") for r in rows]
+    tokens = sum(r["completion_tokens"] for r in rows)
     return {"acceptance_length": exact_acceptance_length(sum(accepted), total_v),
             "acceptance_length_sglang": sum(r["completion_tokens"] for r in rows) / total_v,
             "acceptance_rate": rate, "per_position": [a / total_v for a in accepted],
             "histogram": sum_lists([r["histogram"] for r in rows]), "per_category": per_cat,
+            "acceptance_length_all_positions": all_positions_acceptance_length(
+                sum_lists([r["position_histogram"] for r in rows])) if replayed else None,
+            "out_of_draft_vocab_share":
+                sum(oov) / tokens if rows and None not in oov and tokens else None,
             "per_request": rows, "wall_s": wall_s, "settings": settings}
 
 

@@ -130,3 +130,32 @@ def plot_training_length(curves: list[dict], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+# the metrics.jsonl keys of one training run's acceptance along its evaluations, and their labels
+ALONG_TRAINING = (("val/simulated_acceptance_length", "simulated (validation, every position)"),
+                  ("dev/acceptance_length_all_positions", "development, every position"),
+                  ("dev/acceptance_length", "development, per verify pass (as decoding counts)"))
+
+
+def plot_acceptance_along_training(rows: list[dict], path: str | Path) -> Path:
+    """Acceptance length (bonus token counted) against optimizer steps for one training run, a
+    line per figure of :data:`ALONG_TRAINING`, from its ``metrics.jsonl`` evaluation rows
+    (``{"step", key: value}``): the gap between the lines is where simulated and measured
+    acceptance part (text and scoring, then position sampling). A figure no row has is left out.
+    DataError when no row has the development figure (``train.select_best_by=measured`` logs it).
+    """
+    if not any(isinstance(r.get("dev/acceptance_length"), (int, float)) for r in rows):
+        raise DataError("plot_acceptance_along_training: no evaluation row has "
+                        "dev/acceptance_length (train.select_best_by=measured logs it)")
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for key, label in ALONG_TRAINING:
+        pts = sorted((int(r["step"]), float(r[key])) for r in rows
+                     if isinstance(r.get(key), (int, float)) and "step" in r)
+        if pts:
+            ax.plot(*zip(*pts), "-o" if len(pts) < 30 else "-", markersize=3, label=label)
+    ax.set(xlabel="optimizer steps", ylabel="acceptance length (bonus counted)",
+           title="Simulated and measured acceptance along training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -38,7 +38,11 @@ LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [r
 class GenerationResult:
     """One generation: ``output_ids`` (prompt excluded), ``accepted_per_position[j]`` (0-based),
     ``histogram[j]`` (passes accepting exactly j), ``finish_reason`` (SGLang's),
-    ``accept_counts[i]`` (pass i's drafts before a stop cut)."""
+    ``accept_counts[i]`` (pass i's drafts before a stop cut); from replay also
+    ``position_histogram[j]`` (positions of the continuation where a pass *could* start whose
+    chain would accept exactly j, whether or not decoding visits them: see
+    :func:`eagle3.measure.acceptance.all_positions_acceptance_length`) and
+    ``out_of_draft_vocab`` (continuation tokens no draft token maps to)."""
 
     output_ids: list[int]
     verify_ct: int
@@ -48,6 +52,8 @@ class GenerationResult:
     finish_reason: dict = field(default_factory=dict)
     prompt_tokens: int = 0
     accept_counts: list[int] = field(default_factory=list)
+    position_histogram: list[int] = field(default_factory=list)
+    out_of_draft_vocab: int | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -240,26 +246,44 @@ def chain_proposals(draft: SGLangEagle3Draft, tokens: torch.Tensor, hidden: torc
     return torch.stack(out, -1)
 
 
+def _accepted(seq: list[int], proposals: list[list[int]], t: int, num_steps: int) -> int:
+    """Drafts a pass at ``t`` accepts: the leading run of ``proposals[t][j-1] == seq[t+1+j]``,
+    at most ``num_steps`` and within ``seq``."""
+    limit, row, a = min(num_steps, len(seq) - t - 2), proposals[t], 0
+    while a < limit and row[a] == seq[t + 2 + a]:
+        a += 1
+    return a
+
+
 def walk(prompt_len: int, seq: list[int], proposals: list[list[int]], num_steps: int,
          stops: set[int], max_new_tokens: int) -> GenerationResult:
     """Verify passes over a known greedy ``seq`` (``proposals[t][j-1]`` proposes ``seq[t+1+j]``),
-    counting drafts inside the continuation only (``min(accepted, emitted)``)."""
+    counting drafts inside the continuation only (``min(accepted, emitted)``); also
+    ``position_histogram`` over every position ``t`` a pass could start at (``prompt_len - 1 <=
+    t <= len(seq) - 3``), visited or not."""
     k, last = num_steps, len(seq) - 1
     out = list(seq[prompt_len:])
     res = GenerationResult(out, 0, [0] * k, 0, [0] * (k + 1), prompt_tokens=prompt_len,
-                           finish_reason=_finish(out, stops, max_new_tokens))
+                           finish_reason=_finish(out, stops, max_new_tokens),
+                           position_histogram=[0] * (k + 1))
+    for t in range(prompt_len - 1, last - 1):
+        res.position_histogram[_accepted(seq, proposals, t, k)] += 1
     t = prompt_len - 1
     while last - t - 1 >= 1:
-        limit = min(k, last - t - 1)
-        row, a = proposals[t], 0
-        while a < limit and row[a] == seq[t + 2 + a]:
-            a += 1
+        a = _accepted(seq, proposals, t, k)
         res.verify_ct += 1
         res.num_draft_tokens += k
         res.accepted_per_position[:a] = [c + 1 for c in res.accepted_per_position[:a]]
         res.histogram[a] += 1
         t += a + 1
     return res
+
+
+def draft_vocabulary(draft: SGLangEagle3Draft) -> set[int]:
+    """The target ids the draft can propose: ``d2t`` mapped over its whole vocabulary (the
+    target's whole vocabulary without ``d2t``)."""
+    ids = torch.arange(int(draft.lm_head.weight.shape[0]), device=draft.lm_head.weight.device)
+    return set(draft.to_target_ids(ids).tolist())
 
 
 @torch.no_grad()
@@ -293,6 +317,7 @@ def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: l
     seqs = [r.prompt_ids + r.output_ids[:max_new_tokens] for r in requests]
     order = sorted(range(len(requests)), key=lambda i: -len(seqs[i]))
     results: dict[str, list] = {n: [None] * len(requests) for n in drafts}
+    vocab = {n: draft_vocabulary(d) for n, d in drafts.items()}
     draft_s, target_s = {n: 0.0 for n in drafts}, 0.0
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
@@ -306,8 +331,10 @@ def replay_requests(target, drafts: Mapping[str, SGLangEagle3Draft], requests: l
             inputs = final if idx[name] is None else torch.cat([captured[i] for i in idx[name]], -1)
             props = chain_proposals(draft, tokens, inputs, num_steps).cpu()
             for row, i in enumerate(batch):
-                results[name][i] = walk(len(requests[i].prompt_ids), seqs[i], props[row].tolist(),
-                                        num_steps, stops, max_new_tokens)
+                res = walk(len(requests[i].prompt_ids), seqs[i], props[row].tolist(),
+                           num_steps, stops, max_new_tokens)
+                res.out_of_draft_vocab = sum(x not in vocab[name] for x in res.output_ids)
+                results[name][i] = res
             draft_s[name] += time.perf_counter() - t0
         if progress is not None:
             progress.update(len(batch))

@@ -218,7 +218,7 @@ def evaluate(run: Run) -> dict[str, float]:
     :func:`dev_metrics`. Saves ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so
     far (a measured tie: when the simulated figure does); ``run.best``: ``step``,
     ``simulated_acceptance_length``, ``selected_by``, ``score`` and, when measured,
-    ``measured_acceptance_length``."""
+    ``measured_acceptance_length`` and ``measured_all_positions``."""
     ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
     counts = new_counts(run.t.ttt_steps, run.device)
@@ -250,6 +250,9 @@ def evaluate(run: Run) -> dict[str, float]:
                     "score": out[key]}
         if run.t.select_best_by == "measured":
             run.best["measured_acceptance_length"] = out[key]
+            every = out.get("dev/acceptance_length_all_positions")
+            if every is not None:  # the same measurement over every position (simulated's mean)
+                run.best["measured_all_positions"] = every
         with run.parallel.gathered(run.model) as (weights, _):  # every rank (fsdp: a collective)
             if run.rank == 0:
                 save_best(run.state_dir, model=run.model, info={**run.best, "metrics": out},

@@ -358,6 +358,10 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
                                                        "val/simulated_acceptance_length"),
                  "dev_acceptance_length": figure("measured_acceptance_length",
                                                  "dev/acceptance_length"),
+                 # strict: a best saved without it (an older run resumed) has none
+                 "dev_acceptance_length_all_positions": best.get("measured_all_positions")
+                 if exported["which"] == "best"
+                 else final_eval.get("dev/acceptance_length_all_positions"),
                  "best_selected_by": best.get("selected_by"),
                  "final_eval": final_eval,
                  "final_train": run.last_train or {},

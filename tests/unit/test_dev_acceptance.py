@@ -86,6 +86,10 @@ def test_meter_equals_offline_acceptance_exactly(tmp_path, tiny_target_dir, targ
     m = meter.metrics(got)
     assert m["dev/acceptance_length"] == off["acceptance_length"]
     assert [m[f"dev/per_position_{k}"] for k in range(3)] == off["per_position"]
+    every = off["acceptance_length_all_positions"]
+    assert got["acceptance_length_all_positions"] == every is not None
+    assert m["dev/acceptance_length_all_positions"] == every
+    assert m["dev/out_of_draft_vocab_share"] == off["out_of_draft_vocab_share"] is not None
 
 
 def _training_run(tmp_path: Path, tiny_target_dir, target, *overrides: str):
@@ -199,6 +203,7 @@ class _ScriptedMeter:
         return {
             f"{prefix}/acceptance_length": result["acceptance_length"],
             f"{prefix}/per_position_0": 0.5,
+            f"{prefix}/acceptance_length_all_positions": result["acceptance_length"] + 0.25,
         }
 
 
@@ -239,6 +244,7 @@ def test_best_by_measured_picks_the_step_the_meter_rates_highest(
     assert manifest["best"]["selected_by"] == "dev/acceptance_length"
     assert manifest["metrics"]["best_selected_by"] == "dev/acceptance_length"
     assert manifest["metrics"]["dev_acceptance_length"] == 2.5
+    assert manifest["metrics"]["dev_acceptance_length_all_positions"] == 2.75  # step 2's too
     assert read_info(out / "state" / "best")["step"] == 2
     assert evals[-1]["best/dev_acceptance_length"] == 2.5 and evals[-1]["best/step"] == 2.0
 

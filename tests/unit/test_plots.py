@@ -68,3 +68,30 @@ def test_missing_figures_are_marked_not_measured(tmp_path):
         (1, "offline"),
     ]
     assert _is_png(plot_served_vs_offline(pts, tmp_path / "m.png"))
+
+
+def test_acceptance_along_training_draws_the_three_figures_or_refuses_without_dev(tmp_path):
+    import json
+
+    from eagle3.measure.plots import plot_acceptance_along_training
+    from tasks.train import _along_training_plot
+
+    rows = [{"kind": "eval", "step": s, "val/simulated_acceptance_length": 1.5 + s / 1000,
+             "dev/acceptance_length_all_positions": 1.3 + s / 2000,
+             "dev/acceptance_length": 1.2 + s / 3000} for s in (100, 200, 300)]
+    png = plot_acceptance_along_training(rows, tmp_path / "a.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plain = [{k: v for k, v in r.items() if not k.startswith("dev/")} for r in rows]
+    with pytest.raises(DataError, match="no evaluation row has dev/acceptance_length"):
+        plot_acceptance_along_training(plain, tmp_path / "b.png")
+    # the train task's plot: from metrics.jsonl, outside the draft folder; None without dev
+    draft, dest = tmp_path / "draft", tmp_path / "dest"
+    draft.mkdir()
+    (draft / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in
+                                                   [{"kind": "train", "step": 50}, *rows]))
+    assert _along_training_plot(draft, dest) == dest / "acceptance_along_training.png"
+    assert sorted(p.name for p in draft.iterdir()) == ["metrics.jsonl"]
+    (draft / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in plain))
+    assert _along_training_plot(draft, tmp_path / "none") is None
+    (draft / "metrics.jsonl").write_text("{not json")
+    assert _along_training_plot(draft, tmp_path / "none") is None

@@ -193,6 +193,56 @@ def test_walk_counts_a_request_ended_by_its_prefill_token_as_no_verify_pass():
     assert res.verify_ct == 1 and res.accepted_per_position == [1] and res.histogram == [0, 1]
 
 
+def test_every_position_counts_the_positions_decoding_jumps_over():
+    """An easy stretch (every draft right) then a hard one (every draft wrong): decoding visits
+    the easy stretch every 4 tokens and the hard one at every token, so the per-pass figure is
+    below the every-position one that a teacher-forced simulation averages."""
+    from eagle3.measure.acceptance import all_positions_acceptance_length
+
+    seq = list(range(25))  # prompt [0], continuation 1..24; a pass at t proposes seq[t+2..t+4]
+    proposals = [[t + 2, t + 3, t + 4] if t < 12 else [-1, -1, -1] for t in range(24)]
+    res = walk(1, seq, proposals, 3, set(), 24)
+    # passes at 0, 4, 8 accept 3; then one pass per token from 12 to 22
+    assert res.histogram == [11, 0, 0, 3] and res.verify_ct == 14
+    assert res.position_histogram == [11, 0, 0, 12]  # positions 0..22, each counted once
+    assert 1 + sum(res.accepted_per_position) / res.verify_ct == pytest.approx(23 / 14)
+    assert all_positions_acceptance_length(res.position_histogram) == pytest.approx(59 / 23)
+    assert all_positions_acceptance_length([0, 0]) is None
+    # near the end a position can accept only what is left of the continuation
+    res = walk(1, list(range(6)), [[t + 2, t + 3, t + 4] for t in range(5)], 3, set(), 5)
+    assert res.position_histogram == [0, 1, 1, 2] and res.histogram == [0, 0, 0, 1]
+
+
+def test_every_position_histogram_holds_each_pass_and_counts_every_position(chaotic):
+    model, draft, prompts = chaotic
+    conts = greedy_continuations(model, prompts, 40, batch_size=5)
+    results, _, _ = replay_requests(
+        model, {"d": draft}, _requests(prompts, conts), 3, max_new_tokens=40, batch_size=5
+    )
+    for c, r in zip(conts, results["d"]):
+        assert sum(r.position_histogram) == max(len(c) - 1, 0)
+        assert all(p >= h for p, h in zip(r.position_histogram, r.histogram))  # passes ⊂ positions
+        assert r.out_of_draft_vocab == 0  # the draft's vocabulary is the target's
+    pooled = [sum(col) for col in zip(*(r.position_histogram for r in results["d"]))]
+    assert 0 < pooled[0] < sum(pooled) and pooled[-1] > 0
+
+
+def test_out_of_draft_vocab_counts_what_the_d2t_map_cannot_reach(tmp_path, tiny_target_dir):
+    from safetensors.torch import load_file
+
+    model, tok = load_target(tiny_target_dir, dtype="float32", device="cpu")
+    d = make_random_draft(tmp_path / "draft", tiny_target_dir, draft_vocab_size=512)
+    draft = _load(d, model)
+    d2t = load_file(str(d / "model.safetensors"))["d2t"]
+    reachable = set((d2t + torch.arange(len(d2t))).tolist())
+    prompts = _chat(tok, ["Hi", "Write a haiku about the sea."])
+    conts = greedy_continuations(model, prompts, 16)
+    results, _, _ = replay_requests(model, {"d": draft}, _requests(prompts, conts), 3,
+                                    max_new_tokens=16)
+    want = [sum(t not in reachable for t in c) for c in conts]
+    assert [r.out_of_draft_vocab for r in results["d"]] == want and sum(want) > 0
+
+
 # --- the TTT forward against the draft's own incremental forward (two layers, forced tokens) ---
 
 

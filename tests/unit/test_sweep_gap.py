@@ -1,7 +1,7 @@
 """The sweep's table and report, read back from an MLflow store: each point's development
 acceptance (measured in training, the exported checkpoint's) and its curve along the training, and
-the table of where simulated and measured acceptance part (teacher forcing, prompts, turn
-position); the offline evaluation logs each turn of a set of several turns."""
+the table of where simulated and measured acceptance part (text and scoring, position sampling,
+prompts, turn position); the offline evaluation logs each turn of a set of several turns."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def _store(tmp_path):
     for step, v in ((500, 1.9), (1000, 2.4), (1500, 2.3)):
         client.log_metric(train, "dev/acceptance_length", v, step=step)
         client.log_metric(train, "dev/num_prompts", 64, step=step)
+    client.log_metric(train, "dev_acceptance_length_all_positions", 2.7)
     client.set_terminated(train)
     return cfg, sweep
 
@@ -58,12 +59,15 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     assert m["eval"]["mtbench"]["turn1.acceptance_length"] == 2.25
     assert m["eval_primary"] == "mtbench" and m["offline_eval"] == 2.1
     assert "2.400@1000" in format_table(list(rows.values()))
+    assert m["dev_all_positions"] == 2.7 and p["dev_all_positions"] is None
     table = gap_table([m, p]).splitlines()
-    assert "teacher-forced" in table[0]
-    # simulated − development, development − turn 1, turn 1 − turn 2
-    assert table[-2] == ("| measured | 2.900 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | +0.150 | "
-                         "+0.300 |")
-    assert table[-1] == "| plain | 2.900 | n/a | n/a | n/a | n/a | n/a | n/a | n/a |"
+    assert "teacher-forced" in table[0] and "position sampling" in table[0]
+    # simulated − development = text and scoring + position sampling; development − turn 1;
+    # turn 1 − turn 2
+    assert table[-2] == ("| measured | 2.900 | 2.700 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | "
+                         "+0.200 | +0.300 | +0.150 | +0.300 |")
+    assert table[-1] == ("| plain | 2.900 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a "
+                         "| n/a |")
 
 
 def test_dev_curve_names_the_earliest_best_and_nothing_for_no_curve():
