@@ -539,7 +539,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise DataError(f"--schedule {name}: {e}") from e
         if why := overridden_settings(a.override, schedules or DEFAULT_SCHEDULES):
             raise DataError(why)
-        check_before_run(cfg)  # data.path and the aux layers, as `eagle3 extract` checks them
+        # data.path (read whole when small) and the aux layers, as `eagle3 extract` checks them
+        usable = check_before_run(cfg)
+        largest = max(a.size or default_sizes(cfg.data.num_conversations))
+        if usable is not None and usable < largest:
+            print(f"note: data.path {cfg.data.path} holds {usable} usable conversations, fewer "
+                  f"than the largest size {largest}: points above {usable} will fail DATA_SHORT "
+                  "(the extraction's own selection may leave out more)", file=sys.stderr)
         if cfg.data.on_short == "warn" and "on_short" in cfg.data.model_fields_set:
             print(f"note: {a.config}: data.on_short=warn is replaced by fail for every point (a "
                   "point's data must hold its size)", file=sys.stderr)

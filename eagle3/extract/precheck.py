@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3.errors import ConfigError
+from eagle3.errors import ConfigError, DataError
 
 
 def _known_layer_count(cfg) -> int | None:
@@ -30,10 +30,19 @@ def _known_layer_count(cfg) -> int | None:
     return int(n) if isinstance(n, int) else None
 
 
-def check_before_run(cfg) -> None:
+# a conversations file up to this size is read whole before a run (about a second for 64 MB of
+# JSONL); a larger one is read by the extraction only
+READ_AHEAD_MAX_BYTES = 256 * 2**20
+
+
+def check_before_run(cfg) -> int | None:
     """Checks that take a second, before any model loads (the stage repeats them): ``data.path``
-    exists (source 'file') and ``extract.aux_layer_ids`` fit the target when its layer count is
-    known. ConfigError naming the key and both values."""
+    exists (source 'file') and, up to :data:`READ_AHEAD_MAX_BYTES`, holds a usable conversation
+    (:func:`eagle3.extract.conversations.read_conversations`: a file of blank lines or of invalid
+    JSON is refused now, not at every extraction); ``extract.aux_layer_ids`` fit the target when
+    its layer count is known. Returns the usable conversations of a file read whole, else None.
+    ConfigError naming the key, the file and what was expected and found."""
+    usable = None
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
         what = ("a directory" if path.is_dir() else "not found") if not path.is_file() else (
@@ -41,9 +50,17 @@ def check_before_run(cfg) -> None:
         if what:
             raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "
                               f"{str(path)!r} ({what})")
+        if path.stat().st_size <= READ_AHEAD_MAX_BYTES:
+            from eagle3.extract.conversations import read_conversations
+
+            try:
+                usable = len(read_conversations(path)[0])
+            except DataError as e:
+                raise ConfigError(f"data.path: {e}") from e
     n = _known_layer_count(cfg)
     if n is not None:
         aux_ids(cfg, n)
+    return usable
 
 
 def aux_ids(cfg, n_layers: int) -> list[int]:

@@ -88,6 +88,9 @@ def test_decide_on_a_file_that_is_no_database_says_so_without_a_traceback(tmp_pa
             "data.path: expected a conversations file",
         ),
         (["data.source=file", "data.path=EMPTY"], "(empty: 0 bytes)"),
+        (["data.source=file", "data.path=BLANK"], "empty file (expected conversations"),
+        (["data.source=file", "data.path=GARBLED"],
+         "no usable conversation among 2 records (skipped: {'malformed_json_line': 2}"),
     ],
 )
 def test_run_refuses_settings_that_cannot_work_before_loading_anything(
@@ -97,9 +100,10 @@ def test_run_refuses_settings_that_cannot_work_before_loading_anything(
 
     args = ["run", str(CONFIGS / "tiny-random.yaml"), "-o", f"paths.runs_dir={tmp_path}"]
     for o in overrides:
-        if o.endswith("=EMPTY"):
-            (tmp_path / "empty.jsonl").write_text("")
-            o = o.replace("EMPTY", str(tmp_path / "empty.jsonl"))
+        for name, text in (("EMPTY", ""), ("BLANK", "\n \n\n"), ("GARBLED", "{no\n\n[1,\n")):
+            if o.endswith(f"={name}"):  # a file read whole before anything starts
+                (tmp_path / f"{name}.jsonl").write_text(text)
+                o = o.replace(name, str(tmp_path / f"{name}.jsonl"))
         args += ["-o", o]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, res.output

@@ -143,3 +143,25 @@ def test_a_config_that_asks_to_warn_on_short_data_is_told_the_sweep_fails_instea
     assert "data.on_short=warn is replaced by fail for every point" in capsys.readouterr().err
     assert main([TINY, "-o", runs, "--eval-sets", "no-such-set"]) == 2
     assert "on_short" not in capsys.readouterr().err
+
+
+def test_a_data_file_short_of_the_largest_size_is_named_before_the_sweep(tmp_path, capsys):
+    import json
+
+    from flows.sweep import main
+
+    convs = tmp_path / "convs.jsonl"
+    convs.write_text("\n".join(json.dumps({"conversations": [
+        {"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]})
+        for i in range(3)) + "\n{garbled\n")
+    base = [TINY, "-o", f"paths.runs_dir={tmp_path / 'runs'}", "-o", "data.source=file",
+            "-o", f"data.path={convs}", "--eval-sets", "no-such-set"]  # stops before Prefect
+    assert main([*base, "--size", "2", "--size", "5"]) == 2
+    assert (f"data.path {convs} holds 3 usable conversations, fewer than the largest size 5: "
+            "points above 3 will fail DATA_SHORT") in capsys.readouterr().err
+    assert main([*base, "--size", "3"]) == 2
+    assert "usable conversations" not in capsys.readouterr().err
+    convs.write_text("\n\n{garbled\n")
+    assert main([*base, "--size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: data.path: {convs}: no usable conversation among 1 records" in err
