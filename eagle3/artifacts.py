@@ -177,7 +177,7 @@ def read_jsonl(path: str | Path, opener=open) -> list:
     """The records of a JSON Lines file (blank lines skipped). DataError names the file and line of
     a record that is not JSON."""
     out = []
-    with opener(path, "rt", encoding="utf-8") as fh:
+    with opener(path, "rt", encoding="utf-8-sig") as fh:  # a leading BOM dropped
         for n, line in enumerate(fh, 1):
             if line.strip():
                 try:

@@ -287,8 +287,9 @@ def target_text_config(target_dir: str | Path | None) -> dict | None:
 def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[str]:
     """The checks the stages repeat at their start that need files but no model, for ``eagle3
     preflight``, one ``CODE: message`` per problem, each from its one home: ``DATA_PATH`` /
-    ``AUX_LAYER_IDS`` (:func:`eagle3.extract.precheck.check_before_run`), ``DEV_PROMPTS_FILE``,
-    ``BENCH_PROMPTS`` / ``BENCH_PROMPTS_FILE``, ``SERVE_HOST`` (the ``*_problem`` functions here),
+    ``AUX_LAYER_IDS`` / ``DATA_SHORT`` (:func:`eagle3.extract.precheck.check_before_run`; the
+    last with ``data.on_short=fail``), ``DEV_PROMPTS_FILE``, ``BENCH_PROMPTS`` /
+    ``BENCH_PROMPTS_FILE``, ``SERVE_HOST`` (the ``*_problem`` functions here),
     ``DRAFT_VOCAB_SIZE`` against the vocabulary in ``target_dir``'s config.json when readable
     (:func:`eagle3.train.vocab.check_draft_vocab_size`)."""
     from eagle3.errors import ConfigError
@@ -296,12 +297,18 @@ def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[
 
     out = []
     try:
-        check_before_run(cfg)
+        usable = check_before_run(cfg)
     except ConfigError as e:
         msg = str(e)
         coded = re.match(r"[A-Z][A-Z0-9_]+: ", msg) is not None  # already CODE: message
         out.append(msg if coded else
                    f"{'DATA_PATH' if msg.startswith('data.path') else 'AUX_LAYER_IDS'}: {msg}")
+    else:  # the extraction's selection may leave out more: this is the least it would refuse
+        if usable is not None and cfg.data.on_short == "fail" \
+                and usable < cfg.data.num_conversations:
+            out.append(f"DATA_SHORT: data.path {cfg.data.path} holds {usable} usable "
+                       f"conversations, data.num_conversations={cfg.data.num_conversations} "
+                       "asked; data.on_short=fail stops the extraction")
     out += [p for p in (dev_prompts_file_problem(cfg.train), bench_prompts_file_problem(cfg.bench),
                         serve_host_problem(cfg.serve)) if p]
     vocab = (target_text_config(target_dir) or {}).get("vocab_size")

@@ -477,8 +477,9 @@ def _plot_copy_problem(dest: str | None) -> str | None:
     if path.is_dir():
         return None
     if path.suffix.lower() != ".png":
-        return (f"--plot-copy {dest}: expected a folder or a path ending in .png, got "
-                f"{'an existing file' if path.exists() else 'neither'}")
+        got = ("an existing file" if path.exists() else "a folder that does not exist"
+               if dest.endswith(("/", "\\")) else "neither")
+        return f"--plot-copy {dest}: expected a folder or a path ending in .png, got {got}"
     if not path.parent.is_dir():
         return f"--plot-copy {dest}: expected its folder {path.parent} to exist, it does not"
     return None
@@ -511,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
     ap.add_argument("--eval-sets", default=None, metavar="SETS",
                     help="comma-separated prompt sets every point is also evaluated on offline "
-                    "(e.g. mtbench,gsm8k200): the report's turn and GSM8K columns")
+                    "(e.g. mtbench2,gsm8k200: MT-Bench with both turns fills the report's "
+                    "turn columns, gsm8k<N> its GSM8K column; mtbench is first turns only)")
     ap.add_argument("--eval-tokens", type=int, default=None,
                     help="with --eval-sets: new tokens per prompt (default 256)")
     ap.add_argument("--report", metavar="SWEEP_RUN_ID",
@@ -532,16 +534,27 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from eagle3.extract.precheck import check_before_run
 
-        for name, sched in (schedules or {}).items():  # a schedule the config refuses, now
-            try:
-                check_before_run(load_run_config(a.config, [*a.override, *sched]))
-            except Eagle3Error as e:
-                raise DataError(f"--schedule {name}: {e}") from e
+        # every point's config as the flow will load it (a schedule, or a size, the config
+        # refuses, e.g. a validation split too small for measured selection), now; the data
+        # file again only for a schedule that changes data or extraction settings
+        sizes = a.size or default_sizes(cfg.data.num_conversations)
+        for name, sched in (schedules or DEFAULT_SCHEDULES).items():
+            for size in sizes:
+                key = point_key(next(iter(DEFAULT_DATA)), size, name)
+                try:
+                    point = load_run_config(a.config, _point_overrides(
+                        a.override, cfg.name, [], size, key, sched))
+                    if size == sizes[0] and any(_key(o).startswith(("data.", "extract."))
+                                                for o in sched):
+                        check_before_run(point)
+                except Eagle3Error as e:
+                    where = f"--schedule {name}: point {key}" if schedules else f"point {key}"
+                    raise DataError(f"{where}: {e}") from e
         if why := overridden_settings(a.override, schedules or DEFAULT_SCHEDULES):
             raise DataError(why)
         # data.path (read whole when small) and the aux layers, as `eagle3 extract` checks them
         usable = check_before_run(cfg)
-        largest = max(a.size or default_sizes(cfg.data.num_conversations))
+        largest = max(sizes)
         if usable is not None and usable < largest:
             print(f"note: data.path {cfg.data.path} holds {usable} usable conversations, fewer "
                   f"than the largest size {largest}: points above {usable} will fail DATA_SHORT "

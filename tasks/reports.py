@@ -274,8 +274,8 @@ def gap_table(rows: list[dict]) -> str:
     def f(v):
         return "n/a" if v is None else f"{v:.3f}"
 
-    def diff(a, b):
-        return "n/a" if a is None or b is None else f"{a - b:+.3f}"
+    def diff(a, b):  # of the figures as shown, so the parts add up to the whole
+        return "n/a" if a is None or b is None else f"{round(a, 3) - round(b, 3):+.3f}"
 
     primary = next((r["eval_primary"] for r in rows if r.get("eval_primary")), "eval")
     head = [f"| point | simulated | development, every position | development | {primary} turn 1 "

@@ -131,7 +131,7 @@ def _normalise(rec, where: str, stats: ReadStats) -> Conversation | None:
 
 
 def _iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[object, str]]:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = path.read_text(encoding="utf-8-sig", errors="replace")  # a leading BOM dropped
     if not text.strip():
         raise DataError(f"{path}: empty file (expected conversations as JSON, JSONL or text)")
     suffix = path.suffix.lower()
@@ -140,11 +140,16 @@ def _iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[object, str]]:
             if doc.strip():
                 yield doc.strip(), f"{path.name}#doc{n}"
         return
-    if suffix == ".json" or text.lstrip()[:1] == "[":
+    whole = suffix == ".json" or text.lstrip()[:1] == "["
+    if whole:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON ({e}); expected an array of records") from e
+            if suffix == ".json":
+                raise DataError(f"{path}: not valid JSON ({e}); expected an array of records") \
+                    from e
+            whole = False  # not one document: JSON Lines whose first line starts with "["
+    if whole:
         if isinstance(obj, dict):
             lists = [v for v in obj.values() if isinstance(v, list)]
             single = "conversations" in obj or "messages" in obj or len(lists) != 1

@@ -45,7 +45,8 @@ def check_before_run(cfg) -> int | None:
     usable = None
     if cfg.data.source == "file":
         path = Path(cfg.data.path).expanduser()
-        what = ("a directory" if path.is_dir() else "not found") if not path.is_file() else (
+        what = ("a directory" if path.is_dir() else "not a regular file" if path.exists()
+                else "not found") if not path.is_file() else (
             "empty: 0 bytes" if path.stat().st_size == 0 else None)
         if what:
             raise ConfigError("data.path: expected a conversations file (JSON, JSONL or text), got "

@@ -74,13 +74,18 @@ def _required_text(row, path: Path, index: int) -> str:
 
 
 def file_prompts(path: str | Path) -> list[dict]:
-    """A user prompt file. Raises DataError when missing, empty, or a record lacks prompt text."""
+    """A user prompt file. Raises DataError when missing, not UTF-8, empty, or a record lacks
+    prompt text."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"prompt file {path}: expected a JSON or JSONL file, got a directory")
     if not path.is_file():
         raise DataError(f"prompt file {path}: not found")
-    raw = path.read_text(encoding="utf-8")
+    try:
+        raw = path.read_text(encoding="utf-8-sig")  # a leading BOM dropped
+    except UnicodeDecodeError as e:
+        raise DataError(f"prompt file {path}: expected UTF-8 text (JSON, JSONL or one prompt a "
+                        f"line), got bytes that are not ({e.reason} at byte {e.start})") from e
     if path.suffix == ".json" or raw.lstrip().startswith("["):
         try:
             rows = json.loads(raw)

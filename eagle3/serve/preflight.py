@@ -560,5 +560,12 @@ def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
     if found:
         return Check("inputs", "failed", f"{len(found)} problem(s) a stage would refuse at its "
                      "start (below)")
+    from eagle3.extract.precheck import READ_AHEAD_MAX_BYTES
+
+    path = Path(cfg.data.path or "").expanduser()
+    unread = cfg.data.source == "file" and path.is_file() \
+        and path.stat().st_size > READ_AHEAD_MAX_BYTES
     return Check("inputs", "passed", "data, dev prompts and bench prompts files, aux layer ids "
-                 "and the draft vocabulary fit the target where known")
+                 "and the draft vocabulary fit the target where known" + (
+                     f"; data.path {path} is over {READ_AHEAD_MAX_BYTES // 2**20} MiB: its "
+                     "conversations are read by the extraction only" if unread else ""))

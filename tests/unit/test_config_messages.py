@@ -5,6 +5,8 @@ says so, and the pre-flight prints a failed check once, with its code."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from eagle3.config import load_config
@@ -58,6 +60,21 @@ def test_a_data_path_that_is_a_directory_says_so(tmp_path):
         check_before_run(cfg)
     with pytest.raises(ConfigError, match=r"\(not found\)$"):
         check_before_run(load_config(None, ["data.source=file", f"data.path={tmp_path / 'x'}"]))
+    with pytest.raises(ConfigError, match=r"'/dev/null' \(not a regular file\)$"):
+        check_before_run(load_config(None, ["data.source=file", "data.path=/dev/null"]))
+
+
+def test_preflight_names_a_file_short_of_its_size_when_short_data_fails(tmp_path):
+    from eagle3.config_checks import before_run_problems
+
+    convs = tmp_path / "convs.jsonl"
+    convs.write_text("\n".join(json.dumps({"conversations": [
+        {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}) for _ in range(3)))
+    base = ["data.source=file", f"data.path={convs}", "data.num_conversations=5"]
+    assert not [p for p in before_run_problems(load_config(None, base)) if "DATA_SHORT" in p]
+    got = before_run_problems(load_config(None, [*base, "data.on_short=fail"]))
+    assert (f"DATA_SHORT: data.path {convs} holds 3 usable conversations, "
+            "data.num_conversations=5 asked") in "\n".join(got)
 
 
 def test_the_preflight_prints_a_failed_check_once_with_its_code():

@@ -51,10 +51,10 @@ def test_too_few_bench_prompts_for_num_prompts(target, tmp_path):
     )
 
 
-@pytest.mark.parametrize("text", ["", '{"foo": "bar"}\n'])
+@pytest.mark.parametrize("text", ["", '{"foo": "bar"}\n', b"\x97\x00binary"])
 def test_a_dev_prompts_file_the_dev_acceptance_refuses(target, tmp_path, text):
     f = tmp_path / "dev.jsonl"
-    f.write_text(text)
+    f.write_bytes(text) if isinstance(text, bytes) else f.write_text(text)
     cfg = _cfg(target, "train.select_best_by=measured", f"train.dev_prompts_file={f}")
     got = before_run_problems(cfg, target)
     assert len(got) == 1, got
@@ -62,6 +62,8 @@ def test_a_dev_prompts_file_the_dev_acceptance_refuses(target, tmp_path, text):
         f"DEV_PROMPTS_FILE: train.dev_prompts_file: expected a prompts file "
         f"the dev acceptance reads, got {str(f)!r}: "
     )
+    if isinstance(text, bytes):
+        assert "expected UTF-8 text (JSON, JSONL or one prompt a line)" in got[0]
     f.write_text('{"prompt": "hi"}\n')
     assert before_run_problems(cfg, target) == []
 

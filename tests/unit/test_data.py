@@ -169,6 +169,24 @@ def test_bad_files_raise_data_error(tmp_path, content, match):
         read_conversations(tmp_path / "missing.jsonl")
 
 
+def test_a_bom_is_dropped_and_jsonl_starting_with_a_bracket_is_read_by_line(tmp_path):
+    conv = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+    p = tmp_path / "bom.jsonl"
+    p.write_text("\ufeff" + "\n".join(json.dumps(conv) for _ in range(3)), encoding="utf-8")
+    convs, stats = read_conversations(p)
+    assert len(convs) == 3 and not stats.skipped
+    (tmp_path / "bom.json").write_text("\ufeff" + json.dumps([conv, conv]), encoding="utf-8")
+    assert len(read_conversations(tmp_path / "bom.json")[0]) == 2
+    # lines that are JSON arrays: records that are not objects, not "expected an array"
+    p.write_text('[{"role": "user", "content": "q"}]\n[{"role": "user", "content": "r"}]\n')
+    with pytest.raises(DataError, match=r"no usable conversation among 2 records .*"
+                                        r"record_not_an_object \(list\)"):
+        read_conversations(p)
+    (tmp_path / "cut.json").write_text("[1, 2")  # a .json file stays one document
+    with pytest.raises(DataError, match="not valid JSON"):
+        read_conversations(tmp_path / "cut.json")
+
+
 # ----------------------------------------------------------------------------------------------
 # loss masks
 

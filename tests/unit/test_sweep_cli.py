@@ -165,3 +165,19 @@ def test_a_data_file_short_of_the_largest_size_is_named_before_the_sweep(tmp_pat
     assert main([*base, "--size", "3"]) == 2
     err = capsys.readouterr().err
     assert f"error: data.path: {convs}: no usable conversation among 1 records" in err
+
+
+def test_every_points_config_is_loaded_before_the_sweep_starts(tmp_path, capsys):
+    from flows.sweep import main
+
+    runs = f"paths.runs_dir={tmp_path / 'runs'}"
+    # size 1 leaves no validation split for measured selection: refused for that point, now
+    assert main([TINY, "-o", runs, "-o", "train.select_best_by=measured", "--size", "1",
+                 "--size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "error: point as-is-n1-" in err and "NO_DEV_PROMPTS" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.db"))
+    with pytest.raises(SystemExit) as ended:  # argparse's own refusal
+        main([TINY, "-o", runs, "--report", "x", "--plot-copy", str(tmp_path / "no") + "/"])
+    assert ended.value.code == 2
+    assert "got a folder that does not exist" in capsys.readouterr().err

@@ -70,6 +70,15 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
                          "| n/a |")
 
 
+def test_the_gap_tables_parts_add_up_as_shown():
+    from tasks.reports import gap_table
+
+    row = {"point": "p", "simulated": 1.2346, "dev_all_positions": 1.1233, "dev": 1.0119}
+    cells = gap_table([row]).splitlines()[-1].split(" | ")
+    assert cells[1:4] == ["1.235", "1.123", "1.012"]
+    assert cells[7:10] == ["+0.223", "+0.112", "+0.111"]  # 0.112 + 0.111 = 0.223
+
+
 def test_dev_curve_names_the_earliest_best_and_nothing_for_no_curve():
     from tasks.reports import dev_curve
 
