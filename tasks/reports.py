@@ -219,6 +219,9 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "dev": m.get("acceptance_length_dev"),
                      "dev_all_positions": _stage_figure(r.info.run_id, tracking_uri,
                                                         "dev_acceptance_length_all_positions"),
+                     # no validation split (a tiny size): simulated on the training data
+                     "simulated_on_train_split": _stage_figure(
+                         r.info.run_id, tracking_uri, "val/on_train_split") == 1.0,
                      "dev_curve": dev_curve(*_dev_history(r.info.run_id, tracking_uri)),
                      "served": m.get("acceptance_length"),
                      "offline": m.get("acceptance_length_offline"),
@@ -235,8 +238,8 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2).
-    """
+    """:func:`sweep_table` rows as a markdown table (acceptance lengths to 3 decimals, epochs to 2;
+    a simulated figure taken on the training data, with no validation split, marked so)."""
     def cell(k, v):
         if v is None:
             return "n/a"
@@ -245,8 +248,11 @@ def format_table(rows: list[dict]) -> str:
         if k == "epochs_over_data":
             return f"{v:.2f}"
         return f"{v:.3f}" if isinstance(v, float) else str(v)
+    def marked(r, k):
+        return cell(k, r.get(k)) + (" (train split)" if k == "simulated" and r.get(k) is not None
+                                    and r.get("simulated_on_train_split") else "")
     head = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    return "\n".join(head + ["| " + " | ".join(cell(k, r.get(k)) for k in TABLE_COLUMNS) + " |"
+    return "\n".join(head + ["| " + " | ".join(marked(r, k) for k in TABLE_COLUMNS) + " |"
                              for r in rows])
 
 
@@ -286,7 +292,8 @@ def gap_table(rows: list[dict]) -> str:
         ev = (r.get("eval") or {}).get(r.get("eval_primary") or "", {})
         t1, t2 = ev.get("turn1.acceptance_length"), ev.get("turn2.acceptance_length")
         sim, every, dev = r["simulated"], r.get("dev_all_positions"), r.get("dev")
-        body.append(f"| {r.get('point')} | {f(sim)} | {f(every)} | {f(dev)} | {f(t1)} | {f(t2)} | "
+        mark = " (train split)" if sim is not None and r.get("simulated_on_train_split") else ""
+        body.append(f"| {r.get('point')} | {f(sim)}{mark} | {f(every)} | {f(dev)} | {f(t1)} | {f(t2)} | "
                     f"{f(r.get('offline_gsm8k'))} | {diff(sim, dev)} | {diff(sim, every)} | "
                     f"{diff(every, dev)} | {diff(dev, t1)} | {diff(t1, t2)} |")
     return "\n".join([GAP_NOTE, ""] + head + body)

@@ -44,6 +44,11 @@ def _store(tmp_path):
         client.log_metric(train, "dev/num_prompts", 64, step=step)
     client.log_metric(train, "dev_acceptance_length_all_positions", 2.7)
     client.set_terminated(train)
+    plain = client.create_run(exp, tags={tracking.PARENT_TAG: points["plain"],
+                                         "eagle3.stage": "train", "eagle3.variant": "trained",
+                                         "eagle3.cached": "false"}).info.run_id
+    client.log_metric(plain, "val/on_train_split", 1.0, step=10)  # no validation split
+    client.set_terminated(plain)
     return cfg, sweep
 
 
@@ -59,6 +64,8 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     assert m["eval"]["mtbench"]["turn1.acceptance_length"] == 2.25
     assert m["eval_primary"] == "mtbench" and m["offline_eval"] == 2.1
     assert "2.400@1000" in format_table(list(rows.values()))
+    assert m["simulated_on_train_split"] is False and p["simulated_on_train_split"] is True
+    assert "| 2.900 (train split) |" in format_table([p])
     assert m["dev_all_positions"] == 2.7 and p["dev_all_positions"] is None
     table = gap_table([m, p]).splitlines()
     assert "teacher-forced" in table[0] and "position sampling" in table[0]
@@ -66,7 +73,7 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     # turn 1 − turn 2
     assert table[-2] == ("| measured | 2.900 | 2.700 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | "
                          "+0.200 | +0.300 | +0.150 | +0.300 |")
-    assert table[-1] == ("| plain | 2.900 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a "
+    assert table[-1] == ("| plain | 2.900 (train split) | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a "
                          "| n/a |")
 
 
