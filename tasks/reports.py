@@ -293,9 +293,9 @@ def gap_table(rows: list[dict]) -> str:
         t1, t2 = ev.get("turn1.acceptance_length"), ev.get("turn2.acceptance_length")
         sim, every, dev = r["simulated"], r.get("dev_all_positions"), r.get("dev")
         mark = " (train split)" if sim is not None and r.get("simulated_on_train_split") else ""
-        body.append(f"| {r.get('point')} | {f(sim)}{mark} | {f(every)} | {f(dev)} | {f(t1)} | "
-                    f"{f(t2)} | {f(r.get('offline_gsm8k'))} | {diff(sim, dev)} | {diff(sim, every)} | "
-                    f"{diff(every, dev)} | {diff(dev, t1)} | {diff(t1, t2)} |")
+        cells = [f"{f(sim)}{mark}", f(every), f(dev), f(t1), f(t2), f(r.get("offline_gsm8k")),
+                 diff(sim, dev), diff(sim, every), diff(every, dev), diff(dev, t1), diff(t1, t2)]
+        body.append(f"| {r.get('point')} | " + " | ".join(cells) + " |")
     return "\n".join([GAP_NOTE, ""] + head + body)
 
 

@@ -73,8 +73,8 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     # turn 1 − turn 2
     assert table[-2] == ("| measured | 2.900 | 2.700 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | "
                          "+0.200 | +0.300 | +0.150 | +0.300 |")
-    assert table[-1] == ("| plain | 2.900 (train split) | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a "
-                         "| n/a |")
+    assert table[-1] == ("| plain | 2.900 (train split) | n/a | n/a | n/a | n/a | n/a | n/a | "
+                         "n/a | n/a | n/a | n/a |")
 
 
 def test_the_gap_tables_parts_add_up_as_shown():
