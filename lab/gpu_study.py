@@ -90,8 +90,12 @@ def base_overrides(a, work: Path, target: Path | None, data: Path,
     ):  # fp8 hidden states: half the bytes of bf16, the same acceptance (lab/NOTEBOOK.md)
         out += ["extract.dtype=fp8"]
     if a.tiny:
+        # a plan whose every schedule sets its own draft vocabulary keeps it (the sweep refuses
+        # an override its schedules set otherwise)
+        own = all(any(o.startswith("train.draft_vocab_size=") for o in sched)
+                  for sched in raw_plan(a)["schedules"].values())
         out += [
-            "train.draft_vocab_size=128",
+            *([] if own else ["train.draft_vocab_size=128"]),
             "train.pad_draft_vocab=true",
             "bench.num_prompts=2",
             "bench.max_new_tokens=8",
