@@ -256,7 +256,7 @@ def recommend(history: dict, acceptance: dict, thresholds: Thresholds | None = N
     return Decision("more data", rule, reasons, ev, "high" if rule != "losses_flat" else "low")
 
 
-# what decision rows' "figure" names (flows.sweep.decision_rows)
+# what decision rows' "figure" names (flows.sweep_decision.decision_rows)
 FIGURES = {"offline_eval": "offline evaluation sets", "served": "served"}
 
 
@@ -319,7 +319,8 @@ def steps_gain(steps: list[int], acceptance: list[float]) -> dict | None:
 
 def _curve_gain(best: dict, curves: list[dict] | None) -> dict | None:
     """:func:`steps_gain` of ``best``'s measured development curve (``curves`` as
-    ``flows.sweep.training_curves`` gives them, matched by ``label`` = the row's ``point``)."""
+    ``flows.sweep_decision.training_curves`` gives them, matched by ``label`` = the row's
+    ``point``)."""
     for c in curves or []:
         if c.get("kind") == "measured" and c.get("label") == best.get("point"):
             g = steps_gain(c["steps"], c["acceptance"])

@@ -29,9 +29,11 @@ _STOP = threading.Event()  # set once a recorded signal arrived during the insta
 
 
 def stop_requested() -> bool:
-    """True once a SIGTERM, SIGHUP or Ctrl-C reached this process while a :class:`SignalRecord` was
-    installed: a loop of runs (the sweep's points) starts no further one, even when the interrupt
-    itself was caught inside the run that was going on."""
+    """True once a SIGTERM, SIGHUP or Ctrl-C reached this process while the :class:`SignalRecord`
+    installed now was: a loop of runs (the sweep's points) starts no further one, even when the
+    interrupt itself was caught inside the run that was going on. Cleared when a record is
+    installed or uninstalled, so an earlier run's signal never stops a later run of the same
+    process."""
     return _STOP.is_set()
 
 
@@ -101,6 +103,7 @@ class SignalRecord:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        _STOP.clear()  # the run this record watched is over
         signal.set_wakeup_fd(self._previous_fd)
         for fd in (self._r, self._w):
             os.close(fd)

@@ -296,7 +296,7 @@ def _metrics_rows(dev: bool) -> list[dict]:
 
 def test_decision_and_training_length_curve_read_the_measured_figure_when_logged(tmp_path):
     from eagle3.decide import history_from_metrics, recommend, training_signals
-    from flows.sweep import training_curves
+    from flows.sweep_decision import training_curves
 
     h = history_from_metrics(_metrics_rows(dev=True), epochs=1.0)
     assert h["dev_acceptance"] == [1.6, 1.9, 1.8]

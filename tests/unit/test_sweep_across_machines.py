@@ -72,7 +72,7 @@ def test_a_point_whose_training_came_from_the_cache_has_the_curve_of_the_run_tha
 
 
 def test_training_curves_fall_back_to_the_history_when_the_folder_is_gone(tmp_path):
-    from flows.sweep import training_curves
+    from flows.sweep_decision import training_curves
 
     here = tmp_path / "here" / "train"
     here.mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_a_point_whose_draft_is_elsewhere_is_named_not_skipped(tmp_path):
 
 
 def test_the_decision_names_the_points_left_out(tmp_path):
-    from flows.sweep import decide_and_plot
+    from flows.sweep_decision import decide_and_plot
 
     why = "its serving checkpoint /x/serving/manifest.json is not on this machine"
     cfg, client, exp = _store(tmp_path)

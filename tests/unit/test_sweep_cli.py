@@ -104,7 +104,7 @@ def test_settings_the_sweep_would_override_are_refused_before_any_point(tmp_path
 
 
 def test_a_failed_points_reason_is_cut_at_a_word_with_an_ellipsis():
-    from flows.sweep import _shorten
+    from flows.sweep_decision import _shorten
 
     text = "stage train failed: set train.draft_vocab_size<=111 " + "x" * 500
     short = _shorten(text, 60)

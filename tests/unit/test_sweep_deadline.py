@@ -113,3 +113,27 @@ def test_no_point_starts_after_a_termination_signal(monkeypatch):
     finally:
         stopping._STOP.clear()
     assert not stopping.stop_requested()
+
+
+def test_a_signal_seen_by_an_earlier_record_does_not_stop_a_later_run():
+    """The stop flag belongs to the installed record: a record that saw a signal and was then
+    uninstalled (its run ended) leaves no flag for the next run in the same process."""
+    import os
+    import signal
+
+    from flows import stopping
+
+    record = stopping.SignalRecord(grace_s=600)
+    assert record.install()
+    previous = signal.signal(signal.SIGHUP, lambda *_: None)  # a Python handler: the byte is sent
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        end = time.monotonic() + 10  # the reader thread takes the byte when it is scheduled
+        while not record.received() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert record.received() == [signal.SIGHUP]
+        assert stopping.stop_requested()
+    finally:
+        record.uninstall()
+        signal.signal(signal.SIGHUP, previous)
+    assert not stopping.stop_requested()

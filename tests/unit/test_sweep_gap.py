@@ -163,7 +163,7 @@ def test_the_report_refuses_a_point_run_and_a_database_that_is_not_a_store(tmp_p
 
 
 def test_a_stop_with_failed_points_names_them_and_has_low_confidence(tmp_path):
-    from flows.sweep import decide_and_plot
+    from flows.sweep_decision import decide_and_plot
     from tasks import tracking
 
     cfg = load_config(CONFIGS / "tiny-random.yaml", [f"paths.runs_dir={tmp_path / 'runs'}"])
