@@ -352,10 +352,12 @@ def _plot_copy_problem(dest: str | None) -> str | None:
     path = Path(dest)
     if path.is_dir():
         return None
+    if dest.endswith(("/", "\\")):
+        return f"--plot-copy {dest}: expected an existing folder, got a folder that does not exist"
     if path.suffix.lower() != ".png":
-        got = ("an existing file" if path.exists() else "a folder that does not exist"
-               if dest.endswith(("/", "\\")) else "neither")
-        return f"--plot-copy {dest}: expected a folder or a path ending in .png, got {got}"
+        got = "an existing file" if path.exists() else "a path that does not exist"
+        return (f"--plot-copy {dest}: expected an existing folder or a path ending in .png, got "
+                f"{got}")
     if not path.parent.is_dir():
         return f"--plot-copy {dest}: expected its folder {path.parent} to exist, it does not"
     return None
@@ -388,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=None, help="acceptance length at which to stop")
     ap.add_argument("--eval-sets", default=None, metavar="SETS",
                     help="comma-separated prompt sets every point is also evaluated on offline "
-                    "(e.g. mtbench2,gsm8k200: MT-Bench with both turns fills the report's "
-                    "turn columns, gsm8k<N> its GSM8K column; mtbench is first turns only)")
+                    "(e.g. mtbench2,gsm8k200). The first set is the report's primary one: "
+                    "mtbench2 (MT-Bench, both turns) first fills its turn columns; a gsm8k<N> "
+                    "set fills its GSM8K column; mtbench is first turns only")
     ap.add_argument("--eval-tokens", type=int, default=None,
                     help="with --eval-sets: new tokens per prompt (default 256)")
     ap.add_argument("--report", metavar="SWEEP_RUN_ID",
@@ -414,27 +417,29 @@ def main(argv: list[str] | None = None) -> int:
         # refuses, e.g. a validation split too small for measured selection), now; the data
         # file again only for a schedule that changes data or extraction settings
         sizes = a.size or default_sizes(cfg.data.num_conversations)
+        # data.path (read whole when small) and the aux layers, as `eagle3 extract` checks them
+        usable = check_before_run(cfg)
         for name, sched in (schedules or DEFAULT_SCHEDULES).items():
+            own = any(_key(o).startswith(("data.", "extract.")) for o in sched)
             for size in sizes:
                 key = point_key(next(iter(DEFAULT_DATA)), size, name)
+                where = f"--schedule {name}: point {key}" if schedules else f"point {key}"
                 try:
                     point = load_run_config(a.config, _point_overrides(
                         a.override, cfg.name, [], size, key, sched))
-                    if size == sizes[0] and any(_key(o).startswith(("data.", "extract."))
-                                                for o in sched):
-                        check_before_run(point)
+                    if own and size == sizes[0]:  # a schedule's own data or extraction settings
+                        usable_here = check_before_run(point)
                 except Eagle3Error as e:
-                    where = f"--schedule {name}: point {key}" if schedules else f"point {key}"
                     raise DataError(f"{where}: {e}") from e
+                have = usable_here if own else usable
+                if have is not None and have < size:  # data.on_short=fail: certain to fail
+                    path = point.data.path
+                    raise DataError(f"DATA_SHORT: {where}: data.path {path} holds {have} usable "
+                                    f"conversations, fewer than the point's size {size}; every "
+                                    "point runs with data.on_short=fail (lower --size or add "
+                                    "data)")
         if why := overridden_settings(a.override, schedules or DEFAULT_SCHEDULES):
             raise DataError(why)
-        # data.path (read whole when small) and the aux layers, as `eagle3 extract` checks them
-        usable = check_before_run(cfg)
-        largest = max(sizes)
-        if usable is not None and usable < largest:
-            print(f"note: data.path {cfg.data.path} holds {usable} usable conversations, fewer "
-                  f"than the largest size {largest}: points above {usable} will fail DATA_SHORT "
-                  "(the extraction's own selection may leave out more)", file=sys.stderr)
         if cfg.data.on_short == "warn" and "on_short" in cfg.data.model_fields_set:
             print(f"note: {a.config}: data.on_short=warn is replaced by fail for every point (a "
                   "point's data must hold its size)", file=sys.stderr)

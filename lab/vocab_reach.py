@@ -67,6 +67,33 @@ def vocabulary_only(requests, reach: set[int], num_steps: int, stops: set[int],
                               "out_of_draft_vocab_share")}
 
 
+def argument_problem(a) -> str | None:
+    """What is wrong with the arguments before anything loads (the sizes' upper bound, the
+    target's vocabulary, is checked once its config is read), or None."""
+    try:
+        sizes = [int(x) for x in a.sizes.split(",")]
+    except ValueError:
+        return f"--sizes: expected integers separated by commas, got {a.sizes!r}"
+    if not sizes or min(sizes) < 2:
+        return f"--sizes: expected draft vocabulary sizes >= 2, got {a.sizes!r}"
+    for d in a.draft:
+        name, _, folder = d.partition("=")
+        if not name.strip() or not folder.strip():
+            return f"--draft: expected NAME=SGLang serving folder, got {d!r}"
+    for flag, value in (("--conversations", a.conversations), ("--max-seq-len", a.max_seq_len),
+                        ("--max-new-tokens", a.max_new_tokens), ("--num-steps", a.num_steps),
+                        ("--batch-size", a.batch_size)):
+        if value is not None and value < 1:
+            return f"{flag}: expected an integer >= 1, got {value}"
+    out = Path(a.out)
+    if out.is_dir() or not out.parent.is_dir():
+        return (f"--out {a.out}: expected a file path in an existing folder, got "
+                + ("a folder" if out.is_dir() else f"a missing folder {out.parent}"))
+    if not [s for s in a.sets.split(",") if s.strip()]:
+        return f"--sets: expected prompt set names separated by commas, got {a.sets!r}"
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/smollm2-cpu.yaml",
@@ -84,11 +111,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    try:
-        sizes = [int(x) for x in a.sizes.split(",") if x.strip()]
-        drafts = dict(d.split("=", 1) for d in a.draft)
-    except ValueError as e:
-        p.error(f"--sizes: integers separated by commas; --draft: NAME=DIR ({e})")
+    if why := argument_problem(a):
+        p.error(why)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    drafts = dict(d.split("=", 1) for d in a.draft)
     from eagle3.assets import resolve_target
     from eagle3.config import load_config
     from eagle3.measure.offline import _load, offline_row, offline_summary
@@ -98,14 +124,17 @@ def main(argv=None) -> int:
 
     try:
         cfg = load_config(a.config)
+        convs = [c for s in a.sets.split(",") for c in load_conversations(s.strip())]
         target_dir = resolve_target(cfg)
+        vocab = int(json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"])
+        if too_big := [n for n in sizes if n >= vocab]:
+            p.error(f"--sizes: expected sizes below the target's vocabulary {vocab}, got {too_big}")
         data = Path(a.data) if a.data else cfg.paths.resolved_cache_dir() / "data" / \
             "sharegpt_en.jsonl"
         target, tok, loaded, _ = _load(target_dir, drafts, a.dtype, "cpu")
         t0 = time.perf_counter()
         counts = answer_token_counts(tok, data, a.conversations, a.max_seq_len)
         count_s = time.perf_counter() - t0
-        convs = [c for s in a.sets.split(",") for c in load_conversations(s.strip())]
         t0 = time.perf_counter()
         requests = generate_requests(target, tok, convs, a.max_new_tokens,
                                      batch_size=a.batch_size, num_steps=a.num_steps)
@@ -113,7 +142,7 @@ def main(argv=None) -> int:
     except Eagle3Error as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    vocab, stops = int(target.config.vocab_size), stop_ids(target)
+    stops = stop_ids(target)
     out = {"config": a.config, "data": str(data), "answer_tokens_counted": sum(counts.values()),
            "distinct_answer_tokens": len(counts), "sets": a.sets,
            "requests": len(requests), "max_new_tokens": a.max_new_tokens,

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import threading
 from pathlib import Path
 
 PACKAGE = "eagle3"
+# Prefect computes cache keys of concurrent tasks in threads; CPython 3.11's ast.parse from two
+# threads at once can raise "SystemError: AST constructor recursion depth mismatch"
+_PARSE_LOCK = threading.Lock()
 
 
 def module_file(root: Path, name: str) -> Path | None:
@@ -35,7 +39,8 @@ def module_file(root: Path, name: str) -> Path | None:
 def _imported_names(path: Path, module: str) -> set[str]:
     """Dotted names this file imports (``import x.y`` → x.y; ``from x import y`` → x and x.y;
     relative imports resolved against ``module``)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    with _PARSE_LOCK:  # CPython 3.11's ast.parse is not thread-safe (python/cpython#106905)
+        tree = ast.parse(path.read_text(), filename=str(path))
     pkg = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):

@@ -153,7 +153,7 @@ def dev_curve(history: list[tuple[int, float]], prompts: float | None = None) ->
         return None
     best = max(history, key=lambda p: (p[1], -p[0]))  # the earliest of equal maxima
     return (" → ".join(f"{v:.3f}@{s}" for s, v in (history[0], best, history[-1]))
-            + (f" ({int(prompts)} prompts)" if prompts else ""))
+            + (f" ({int(prompts)} prompt{'' if int(prompts) == 1 else 's'})" if prompts else ""))
 
 
 def _ci(metrics: dict, prefix: str) -> str | None:
@@ -219,6 +219,9 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "dev": m.get("acceptance_length_dev"),
                      "dev_all_positions": _stage_figure(r.info.run_id, tracking_uri,
                                                         "dev_acceptance_length_all_positions"),
+                     # fixed for a run: its draft vocabulary and its development continuations
+                     "dev_out_of_vocab": _stage_figure(r.info.run_id, tracking_uri,
+                                                       "dev/out_of_draft_vocab_share"),
                      # no validation split (a tiny size): simulated on the training data
                      "simulated_on_train_split": _stage_figure(
                          r.info.run_id, tracking_uri, "val/on_train_split") == 1.0,
@@ -265,7 +268,10 @@ GAP_NOTE = ("Each step left to right changes one thing. Simulated: teacher-force
             "passes than their length (position sampling). Then the evaluation set's first turns "
             "(prompts) and second turns (turn position: a context holding the target's first "
             "answer). A positive difference is acceptance lost at that step; the two parts of "
-            "simulated − development add up to it. Acceptance lengths count the bonus token; "
+            "simulated − development add up to it. Outside the vocabulary: the share of the "
+            "development continuations' tokens the draft can never propose (training scores "
+            "them against the target's best token inside the draft vocabulary). Acceptance "
+            "lengths count the bonus token; "
             "n/a: not measured for that point (the turns and GSM8K: an offline evaluation, "
             "flows.sweep --eval-sets; every position: logged by training since it was added).")
 
@@ -276,7 +282,8 @@ def gap_table(rows: list[dict]) -> str:
     and turn 2, GSM8K, and the differences (simulated − development, split into text and scoring
     = simulated − development over every position and position sampling = development over
     every position − development; prompts = development − turn 1; turn position = turn 1 − turn
-    2), with :data:`GAP_NOTE` above it."""
+    2), and the share of the development tokens outside the draft vocabulary, with
+    :data:`GAP_NOTE` above it."""
     def f(v):
         return "n/a" if v is None else f"{v:.3f}"
 
@@ -286,7 +293,8 @@ def gap_table(rows: list[dict]) -> str:
     primary = next((r["eval_primary"] for r in rows if r.get("eval_primary")), "eval")
     head = [f"| point | simulated | development, every position | development | {primary} turn 1 "
             f"| {primary} turn 2 | GSM8K | simulated − development | text and scoring | "
-            "position sampling | prompts | turn position |", "|---|" + "---|" * 11]
+            "position sampling | prompts | turn position | outside the vocabulary |",
+            "|---|" + "---|" * 12]
     body = []
     for r in rows:
         ev = (r.get("eval") or {}).get(r.get("eval_primary") or "", {})
@@ -294,7 +302,8 @@ def gap_table(rows: list[dict]) -> str:
         sim, every, dev = r["simulated"], r.get("dev_all_positions"), r.get("dev")
         mark = " (train split)" if sim is not None and r.get("simulated_on_train_split") else ""
         cells = [f"{f(sim)}{mark}", f(every), f(dev), f(t1), f(t2), f(r.get("offline_gsm8k")),
-                 diff(sim, dev), diff(sim, every), diff(every, dev), diff(dev, t1), diff(t1, t2)]
+                 diff(sim, dev), diff(sim, every), diff(every, dev), diff(dev, t1), diff(t1, t2),
+                 "n/a" if r.get("dev_out_of_vocab") is None else f"{r['dev_out_of_vocab']:.1%}"]
         body.append(f"| {r.get('point')} | " + " | ".join(cells) + " |")
     return "\n".join([GAP_NOTE, ""] + head + body)
 
@@ -313,7 +322,9 @@ def simulated_pivot(rows: list[dict]) -> str:
             r = next((x for x in rows if (x["data"], x["schedule"] or "") == (data, sched)
                       and x["data_size"] == n), None)
             cells.append("n/a" if r is None or r["simulated"] is None else
-                         f"{r['simulated']:.3f} ({r['epochs_over_data'] or 0:.1f} ep, "
+                         f"{r['simulated']:.3f}"
+                         + (" train split" if r.get("simulated_on_train_split") else "")
+                         + f" ({r['epochs_over_data'] or 0:.1f} ep, "
                          f"{int(r['optimizer_steps'] or 0)} steps, "
                          f"{int(r['unique_tokens'] or 0):,} tok)")
         body.append(f"| {data} / {sched} | " + " | ".join(cells) + " |")

@@ -149,11 +149,13 @@ def plot_acceptance_along_training(rows: list[dict], path: str | Path) -> Path:
         raise DataError("plot_acceptance_along_training: no evaluation row has "
                         "dev/acceptance_length (train.select_best_by=measured logs it)")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    for key, label in ALONG_TRAINING:
+    # distinct markers and dashes: equal figures (no position sampling) stay visible
+    for (key, label), style in zip(ALONG_TRAINING, ("-o", "--s", ":^")):
         pts = sorted((int(r["step"]), float(r[key])) for r in rows
                      if isinstance(r.get(key), (int, float)) and "step" in r)
         if pts:
-            ax.plot(*zip(*pts), "-o" if len(pts) < 30 else "-", markersize=3, label=label)
+            ax.plot(*zip(*pts), style, markersize=4 if len(pts) < 30 else 0, label=label,
+                    fillstyle="none")
     ax.set(xlabel="optimizer steps", ylabel="acceptance length (bonus counted)",
            title="Simulated and measured acceptance along training")
     ax.grid(alpha=0.3)

@@ -24,3 +24,31 @@ def test_the_vocabulary_only_draft_accepts_up_to_the_first_token_outside():
     got = vocabulary_only([req], reach=set(range(10)) - {5}, num_steps=3, stops=set(),
                           max_new_tokens=9)
     assert got["acceptance_length"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sizes", "abc"], "--sizes: expected integers separated by commas"),
+    (["--sizes", "0,8"], "--sizes: expected draft vocabulary sizes >= 2"),
+    (["--draft", "x"], "--draft: expected NAME=SGLang serving folder, got 'x'"),
+    (["--draft", "=/tmp"], "--draft: expected NAME=SGLang serving folder"),
+    (["--conversations", "-3"], "--conversations: expected an integer >= 1, got -3"),
+    (["--num-steps", "0"], "--num-steps: expected an integer >= 1"),
+    (["--out", "/no/such/folder/x.json"], "a missing folder /no/such/folder"),
+    (["--out", "/tmp"], "expected a file path in an existing folder, got a folder"),
+])
+def test_bad_arguments_are_refused_before_anything_loads(args, message, capsys):
+    from lab.vocab_reach import main
+
+    argv = ["--out", "/tmp/vocab-reach-test.json", *args]
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_unknown_prompt_set_is_named_before_the_target_loads(capsys, monkeypatch):
+    import eagle3.assets
+    from lab.vocab_reach import main
+
+    monkeypatch.setattr(eagle3.assets, "resolve_target", lambda cfg: pytest.fail("loaded"))
+    assert main(["--sets", "zzbogus", "--out", "/tmp/vocab-reach-test.json"]) == 2
+    assert "zzbogus" in capsys.readouterr().err

@@ -53,8 +53,10 @@ def test_arguments_that_would_be_ignored_or_cannot_work_are_refused(argv, messag
 def test_plot_copy_must_be_a_folder_or_a_png_in_an_existing_folder(tmp_path, capsys):
     note = tmp_path / "notes.txt"
     note.write_text("keep me")
-    for dest, message in ((str(note), "expected a folder or a path ending in .png, got an "
-                                      "existing file"),
+    for dest, message in ((str(note), "expected an existing folder or a path ending in .png, "
+                                      "got an existing file"),
+                          (str(tmp_path / "nodir"), "got a path that does not exist"),
+                          (str(tmp_path / "nodir.png") + "/", "got a folder that does not exist"),
                           (str(tmp_path / "missing" / "p.png"), "expected its folder"),
                           ("", "got an empty string")):
         assert message in _refused([TINY, "--report", "0" * 32, "--plot-copy", dest], capsys)
@@ -145,22 +147,28 @@ def test_a_config_that_asks_to_warn_on_short_data_is_told_the_sweep_fails_instea
     assert "on_short" not in capsys.readouterr().err
 
 
-def test_a_data_file_short_of_the_largest_size_is_named_before_the_sweep(tmp_path, capsys):
+def test_a_point_larger_than_its_data_file_is_refused_before_the_sweep(tmp_path, capsys):
     import json
 
     from flows.sweep import main
 
-    convs = tmp_path / "convs.jsonl"
+    convs, other = tmp_path / "convs.jsonl", tmp_path / "other.jsonl"
     convs.write_text("\n".join(json.dumps({"conversations": [
         {"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": f"a{i}"}]})
         for i in range(3)) + "\n{garbled\n")
+    other.write_text("\n".join(convs.read_text().splitlines()[:2]))
     base = [TINY, "-o", f"paths.runs_dir={tmp_path / 'runs'}", "-o", "data.source=file",
             "-o", f"data.path={convs}", "--eval-sets", "no-such-set"]  # stops before Prefect
     assert main([*base, "--size", "2", "--size", "5"]) == 2
-    assert (f"data.path {convs} holds 3 usable conversations, fewer than the largest size 5: "
-            "points above 3 will fail DATA_SHORT") in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (f"DATA_SHORT: point as-is-n5-epochs3-cosine: data.path {convs} holds 3 usable "
+            "conversations, fewer than the point's size 5") in err
     assert main([*base, "--size", "3"]) == 2
-    assert "usable conversations" not in capsys.readouterr().err
+    assert "DATA_SHORT" not in capsys.readouterr().err  # the set name stops it, nothing else
+    # a schedule with its own data file is checked against that file
+    assert main([*base, "--size", "3", "--schedule", f"s=data.path={other}"]) == 2
+    assert (f"DATA_SHORT: --schedule s: point as-is-n3-s: data.path {other} holds 2 usable"
+            in capsys.readouterr().err)
     convs.write_text("\n\n{garbled\n")
     assert main([*base, "--size", "3"]) == 2
     err = capsys.readouterr().err
@@ -180,4 +188,5 @@ def test_every_points_config_is_loaded_before_the_sweep_starts(tmp_path, capsys)
     with pytest.raises(SystemExit) as ended:  # argparse's own refusal
         main([TINY, "-o", runs, "--report", "x", "--plot-copy", str(tmp_path / "no") + "/"])
     assert ended.value.code == 2
-    assert "got a folder that does not exist" in capsys.readouterr().err
+    assert "expected an existing folder, got a folder that does not exist" in \
+        capsys.readouterr().err

@@ -43,6 +43,8 @@ def _store(tmp_path):
         client.log_metric(train, "dev/acceptance_length", v, step=step)
         client.log_metric(train, "dev/num_prompts", 64, step=step)
     client.log_metric(train, "dev_acceptance_length_all_positions", 2.7)
+    for step in (500, 1000):
+        client.log_metric(train, "dev/out_of_draft_vocab_share", 0.089, step=step)
     client.set_terminated(train)
     plain = client.create_run(exp, tags={tracking.PARENT_TAG: points["plain"],
                                          "eagle3.stage": "train", "eagle3.variant": "trained",
@@ -53,7 +55,7 @@ def _store(tmp_path):
 
 
 def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
-    from tasks.reports import format_table, gap_table, sweep_table
+    from tasks.reports import format_table, gap_table, simulated_pivot, sweep_table
 
     cfg, sweep = _store(tmp_path)
     rows = {r["point"]: r for r in sweep_table(sweep, cfg.mlflow_uri())}
@@ -72,9 +74,10 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     # simulated − development = text and scoring + position sampling; development − turn 1;
     # turn 1 − turn 2
     assert table[-2] == ("| measured | 2.900 | 2.700 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | "
-                         "+0.200 | +0.300 | +0.150 | +0.300 |")
+                         "+0.200 | +0.300 | +0.150 | +0.300 | 8.9% |")
     assert table[-1] == ("| plain | 2.900 (train split) | n/a | n/a | n/a | n/a | n/a | n/a | "
-                         "n/a | n/a | n/a | n/a |")
+                         "n/a | n/a | n/a | n/a | n/a |")
+    assert "2.900 train split (" in simulated_pivot([p])
 
 
 def test_the_gap_tables_parts_add_up_as_shown():
@@ -91,6 +94,7 @@ def test_dev_curve_names_the_earliest_best_and_nothing_for_no_curve():
 
     assert dev_curve([]) is None
     assert dev_curve([(1, 2.0), (2, 2.0), (3, 1.5)]) == "2.000@1 → 2.000@1 → 1.500@3"
+    assert dev_curve([(1, 2.0)], prompts=1) == "2.000@1 → 2.000@1 → 2.000@1 (1 prompt)"
 
 
 def test_the_offline_evaluation_logs_each_turn_of_a_set_of_several(monkeypatch, tmp_path):
