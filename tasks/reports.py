@@ -281,9 +281,9 @@ def gap_table(rows: list[dict]) -> str:
     simulated, development over every position, development, the primary evaluation set's turn 1
     and turn 2, GSM8K, and the differences (simulated − development, split into text and scoring
     = simulated − development over every position and position sampling = development over
-    every position − development; prompts = development − turn 1; turn position = turn 1 − turn
-    2), and the share of the development tokens outside the draft vocabulary, with
-    :data:`GAP_NOTE` above it."""
+    every position − development; prompts = development − turn 1; turn position =
+    turn 1 − turn 2), and the share of the development tokens outside the draft vocabulary,
+    with :data:`GAP_NOTE` above it."""
     def f(v):
         return "n/a" if v is None else f"{v:.3f}"
 

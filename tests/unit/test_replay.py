@@ -221,7 +221,7 @@ def test_every_position_histogram_holds_each_pass_and_counts_every_position(chao
     )
     for c, r in zip(conts, results["d"]):
         assert sum(r.position_histogram) == max(len(c) - 1, 0)
-        assert all(p >= h for p, h in zip(r.position_histogram, r.histogram))  # passes ⊂ positions
+        assert all(p >= h for p, h in zip(r.position_histogram, r.histogram))  # passes: a subset
         assert r.out_of_draft_vocab == 0  # the draft's vocabulary is the target's
     pooled = [sum(col) for col in zip(*(r.position_histogram for r in results["d"]))]
     assert 0 < pooled[0] < sum(pooled) and pooled[-1] > 0
