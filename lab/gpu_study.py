@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import lzma
 import os
 import shutil
 import subprocess
@@ -49,7 +48,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lab.harness import Results, log, prepare_target, stage  # noqa: E402
+from lab.harness import Results, log, patch_assets, prepare_target, stage  # noqa: E402
 from lab.study_inputs import (  # noqa: E402,F401
     ALL, ASSET_FILES, PLAN, TINY_PLAN, _manifest_of, carry_back_regen, check_plan,
     holdout_problem, plan_digest, plan_problem, config_path, do_data, do_regen, raw_plan,
@@ -107,29 +106,6 @@ def base_overrides(a, work: Path, target: Path | None, data: Path,
             "data.regenerate_max_failed_share=1.0",
         ]
     return out
-
-
-def patch_assets(assets: Path | None) -> None:
-    """Point the prompt sets at copies in ``--assets`` (the wheels that carry them are not installed
-    on a GPU machine without a network): ``question.jsonl[.xz]`` (MT-Bench), ``test.jsonl[.xz]``
-    (GSM8K)."""
-    if assets is None:
-        return
-    import eagle3.assets as A
-
-    files = {A.MTBENCH_PACKAGE[0]: "question.jsonl", A.GSM8K_PACKAGE[0]: "test.jsonl"}
-    orig = A.package_file
-
-    def local(pkg: str, rel: str) -> Path:
-        name = files.get(pkg)
-        if name is None:
-            return orig(pkg, rel)
-        plain = assets / name
-        if not plain.is_file() and (assets / f"{name}.xz").is_file():
-            plain.write_bytes(lzma.decompress((assets / f"{name}.xz").read_bytes()))
-        return plain if plain.is_file() else orig(pkg, rel)
-
-    A.package_file = local
 
 
 def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:

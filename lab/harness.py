@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import os
 import shutil
 import time
@@ -173,3 +174,26 @@ def stage(res: Results, name: str, fn, *args):
         log(f"stopping after {name} (--until); run again with --resume for the rest")
         res.stop = True
     return out
+
+
+def patch_assets(assets: Path | None) -> None:
+    """Point the prompt sets at copies in ``--assets`` (the wheels that carry them are not installed
+    on a GPU machine without a network): ``question.jsonl[.xz]`` (MT-Bench), ``test.jsonl[.xz]``
+    (GSM8K)."""
+    if assets is None:
+        return
+    import eagle3.assets as A
+
+    files = {A.MTBENCH_PACKAGE[0]: "question.jsonl", A.GSM8K_PACKAGE[0]: "test.jsonl"}
+    orig = A.package_file
+
+    def local(pkg: str, rel: str) -> Path:
+        name = files.get(pkg)
+        if name is None:
+            return orig(pkg, rel)
+        plain = assets / name
+        if not plain.is_file() and (assets / f"{name}.xz").is_file():
+            plain.write_bytes(lzma.decompress((assets / f"{name}.xz").read_bytes()))
+        return plain if plain.is_file() else orig(pkg, rel)
+
+    A.package_file = local

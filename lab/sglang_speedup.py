@@ -68,11 +68,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/smollm2-gpu-sglang.yaml")
     p.add_argument("-o", "--override", action="append", default=[], help="KEY=VALUE, as eagle3")
-    p.add_argument("--draft", help="serving checkpoint folder (the convert stage's 'serving')")
+    p.add_argument("--draft", help="serving checkpoint folder: the convert stage's "
+                   "<run>/serving (its latest.json names the settings folder) or that folder")
     p.add_argument("--shape", choices=sorted(SHAPES), help="random weights at this shape")
     p.add_argument("--modes", default="plain,chain,tree")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--prompts", default="mtbench")
+    p.add_argument("--assets", default=None, help="folder with question.jsonl[.xz] (MT-Bench), "
+                   "test.jsonl[.xz] (GSM8K), where their wheels are not installed")
     p.add_argument("--num-prompts", type=int, default=80)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--tree-topk", type=int, default=4,
@@ -101,7 +104,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if a.draft and a.shape:
         p.error("--draft and --shape exclude each other (a shape builds its own random draft)")
     if a.draft:
-        _check_draft(p, Path(a.draft))
+        a.draft = str(_check_draft(p, Path(a.draft)))
+    if a.assets is not None and not Path(a.assets).is_dir():
+        p.error(f"--assets: expected a folder, got {a.assets!r}")
     return a
 
 
@@ -167,21 +172,32 @@ def _positive_ints(p: argparse.ArgumentParser, flag: str, raw: str) -> list[int]
     return [int(c) for c in items]
 
 
-def _check_draft(p: argparse.ArgumentParser, draft: Path) -> None:
+def _check_draft(p: argparse.ArgumentParser, draft: Path) -> Path:
     """``--draft`` must be a serving folder (the convert stage's ``serving``): a directory with
-    ``config.json`` and ``*.safetensors``; else an argparse error (exit 2) saying what is there."""
+    ``config.json`` and ``*.safetensors``, or ``<run>/serving`` whose ``latest.json`` names it
+    (``tasks.stage_config.latest_output``). Returns that folder; else an argparse error (exit 2)
+    saying what is there."""
+    from eagle3.errors import DataError
+    from tasks.stage_config import LATEST_FILE, latest_output
+
     if not draft.exists():
         p.error(f"--draft {draft}: expected the convert stage's serving folder, got a path that "
                 "does not exist")
     if not draft.is_dir():
         p.error(f"--draft {draft}: expected the convert stage's serving folder, got a file")
+    if (draft / LATEST_FILE).is_file():
+        try:
+            draft = latest_output(draft.parent, draft.name)
+        except DataError as e:
+            p.error(f"--draft: {e}")
     missing = [what for what, ok in (("config.json", (draft / "config.json").is_file()),
                                      ("*.safetensors", any(draft.glob("*.safetensors")))) if not ok]
     if missing:
-        inside = sorted(f.name for f in draft.iterdir())[:8]
+        inside = sorted(f.name for f in draft.iterdir())[:8] if draft.is_dir() else []
         p.error(f"--draft {draft}: expected a serving folder with config.json and *.safetensors, "
                 f"missing {' and '.join(missing)} (it holds {inside or 'nothing'}); the convert "
                 "stage writes it as <run>/serving")
+    return draft
 
 
 def shape_models(shape: str, tokenizer_dir: Path, work: Path) -> tuple[Path, Path]:
@@ -342,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if a.shape:
         target, draft = shape_models(a.shape, target, work)
+    if a.assets is not None:
+        from lab.harness import patch_assets
+
+        patch_assets(Path(a.assets))
     plist = load_prompts(a.prompts, a.num_prompts)
     res = {"config": a.config, "overrides": a.override, "target": str(target),
            "draft": str(draft) if draft else None, "shape": a.shape, "prompts": a.prompts,

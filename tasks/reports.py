@@ -119,9 +119,8 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
     try:
         body = client.download_artifacts(run_id, "decision.md")
         text = open(body).read().rstrip()
-    except (MlflowException, OSError):
-        text = (f"# Decision: **{tags['eagle3.decision']}**\n\n"
-                f"Rule: `{tags.get('eagle3.decision.rule')}`")
+    except (MlflowException, OSError) as e:
+        text = _decision_from_tags(tags, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
     m = run.data.metrics
     lines = [text, ""]
     for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained",
@@ -178,6 +177,20 @@ def _dev_history(run_id: str, tracking_uri: str) -> tuple[list[tuple[int, float]
     counts = stage_metric_history(run_id, "train", "dev/num_prompts", tracking_uri) if history \
         else []
     return history, counts[-1][1] if counts else None
+
+
+def _decision_from_tags(tags: dict[str, str], why: str) -> str:
+    """The decision as the run's ``eagle3.decision*`` tags hold it (``Decision.tags``), when its
+    ``decision.md`` artifact cannot be read (``why``): a store copied from another machine keeps
+    the artifact paths of that machine. Says so, then lists the evidence tags."""
+    prefix = "eagle3.decision."
+    lines = [f"# Decision: **{tags['eagle3.decision']}**", "",
+             f"Rule: `{tags.get(prefix + 'rule')}` (confidence: "
+             f"{tags.get(prefix + 'confidence', 'not recorded')})", "",
+             f"decision.md could not be read ({why}); the evidence as the run's tags hold it:", ""]
+    lines += [f"- {k[len(prefix):]}: {v}" for k, v in sorted(tags.items())
+              if k.startswith(prefix) and k[len(prefix):] not in ("rule", "confidence")]
+    return "\n".join(lines)
 
 
 def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:

@@ -46,6 +46,29 @@ def test_draft_without_weights_or_config_names_what_is_missing(tmp_path, capsys)
     assert parse(["--out", "/tmp/x.json", "--draft", str(ok)]).draft == str(ok)
 
 
+def test_draft_given_as_the_run_serving_folder_follows_its_latest_json(tmp_path, capsys):
+    serving = tmp_path / "run" / "serving"
+    digest = serving / "41c45d7a6a35"
+    digest.mkdir(parents=True)
+    (digest / "config.json").write_text("{}")
+    (digest / "model.safetensors").write_text("")
+    (serving / "latest.json").write_text('{"dir": "41c45d7a6a35"}')
+    assert parse(["--out", "/tmp/x.json", "--draft", str(serving)]).draft == str(digest)
+    (serving / "latest.json").write_text('{"dir": "../elsewhere"}')
+    err = _error(capsys, "--draft", str(serving))
+    assert "--draft: " in err and "latest.json: key 'dir'" in err and "'../elsewhere'" in err
+    (serving / "latest.json").write_text('{"dir": "gone"}')
+    err = _error(capsys, "--draft", str(serving))
+    assert f"--draft {serving / 'gone'}: " in err and "holds nothing" in err
+
+
+def test_assets_must_be_a_folder(tmp_path, capsys):
+    err = _error(capsys, "--shape", "smollm2", "--assets", str(tmp_path / "none"))
+    assert "--assets: expected a folder, got " in err and "none'" in err
+    assert parse(["--out", "/tmp/x.json", "--shape", "smollm2",
+                  "--assets", str(tmp_path)]).assets == str(tmp_path)
+
+
 @pytest.mark.parametrize(
     "raw, item", [("1,x", "'x'"), ("0", "'0'"), ("1,,4", "''"), ("2.5", "'2.5'"), ("-1", "'-1'")]
 )

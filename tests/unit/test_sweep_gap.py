@@ -184,3 +184,22 @@ def test_a_stop_with_failed_points_names_them_and_has_low_confidence(tmp_path):
                           failed={"as-is-n8-short": "DATA_SHORT: 8 asked, gave 5"})
     assert (cut.recommendation, cut.confidence) == ("stop", "low")
     assert any("1 point(s) failed: as-is-n8-short: DATA_SHORT" in r for r in cut.reasons)
+
+
+def test_a_decision_without_its_markdown_artifact_is_read_from_its_tags_and_says_so(tmp_path):
+    from eagle3.decide import Decision
+    from tasks.reports import decision_text
+
+    from mlflow import MlflowClient
+
+    cfg, sweep = _store(tmp_path)
+    uri = cfg.mlflow_uri()
+    d = Decision("longer training", "steps_gain_dominates", ["steps"],
+                 {"steps_gain_per_doubling": 0.19987, "best_data_size": 2000}, "medium")
+    for k, v in d.tags().items():
+        MlflowClient(uri).set_tag(sweep, f"eagle3.{k}", v)
+    text = decision_text(sweep, uri)  # no decision.md logged: as a store copied without artifacts
+    assert text.startswith("# Decision: **longer training**\n\nRule: `steps_gain_dominates` "
+                           "(confidence: medium)")
+    assert "decision.md could not be read (MlflowException: " in text
+    assert "- best_data_size: 2000\n- steps_gain_per_doubling: 0.1999" in text
