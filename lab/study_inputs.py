@@ -116,7 +116,7 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
         f"{man.get('seconds')} s)")
     return {"path": str(out), "counts": man["counts"], "seconds": 0.0,
             "answers_per_s": man.get("answers_per_s"), "settings": man.get("settings"),
-            "reused_from": str(src)}
+            "repetition": man.get("repetition"), "reused_from": str(src)}
 
 
 def carry_back_regen(regen_path: Path, out: Path) -> None:
@@ -415,6 +415,7 @@ def do_regen(a, base: list[str], out: Path) -> dict:
     return {
         "path": str(out),
         **{k: m[k] for k in ("counts", "seconds", "answers_per_s", "settings")},
+        "repetition": m.get("repetition"),
     }
 
 

@@ -7,8 +7,10 @@ greedy answer to the conversation so far, by ``hf`` (batched ``model.generate``,
 
 Each turn asked ends succeeded (truncated ones, which hit ``max_new_tokens``, kept and marked),
 failed or skipped (the original turn stays); the counts (:func:`regenerate_counted`) go beside the
-output. Results are cached in ``<out>/.progress/regenerated-<key>.jsonl``; finished chunks of
-:data:`RESUME_CHUNK` conversations are kept meanwhile (:func:`chunks_path`) so a killed run resumes.
+output, with how much of the regenerated answers repeats itself
+(:mod:`eagle3.extract.repetition`). Results are cached in
+``<out>/.progress/regenerated-<key>.jsonl``; finished chunks of :data:`RESUME_CHUNK` conversations
+are kept meanwhile (:func:`chunks_path`) so a killed run resumes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from eagle3.errors import ConfigError, DataError
 from eagle3.extract.conversations import Conversation, answered, is_blank
 from eagle3.extract.regen_answers import (Failed, Truncated, answer_source, served_model,
                                            shown_url)
+from eagle3.extract.repetition import log_repetition, regenerated_answers, repetition_summary
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +445,9 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
     progress = chunks_path(cache)
     out, counts = _regenerate(cfg, target_dir, tokenizer, convs, progress)
     _write_jsonl(cache, out, counts)
-    atomic_write_json(counts_path(cache), {**counts,
+    repeats = repetition_summary(regenerated_answers(tokenizer, out, counts["kept_turns"]))
+    log_repetition(repeats, str(cache))
+    atomic_write_json(counts_path(cache), {**counts, "repetition": repeats,
                                            "settings": answer_settings(cfg, target_dir)})
     progress.unlink(missing_ok=True)  # the finished file holds every chunk
     return answered(out)[0]
@@ -547,6 +552,8 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                     "to keep)", unanswered, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_path, out, regen_counts)
+    repeats = repetition_summary(regenerated_answers(tok, out, regen_counts["kept_turns"]))
+    log_repetition(repeats, str(out_path))
     answers = sum(m["role"] == "assistant" for c in out for m in (c.messages or []))
     kept = regen_counts["kept_turns"]  # turns that kept their original answer, by id
     written = answers - sum(len(kept.get(c.id, [])) for c in out if c.messages)
@@ -562,7 +569,7 @@ def regenerate_file(cfg, out_path: Path, *, progress: bool = True) -> dict:
                            "records": stats.records, "unanswered_left_out": unanswered},
                 "selection": {"asked": d.num_conversations, "selected": len(chosen),
                               "skipped_by_reason": dict(skipped)},
-                "regeneration": regen_counts,
+                "regeneration": regen_counts, "repetition": repeats,
                 "seconds": round(seconds, 2),
                 "answers_per_s": round(now / seconds, 2) if seconds > 0 and now else None}
     atomic_write_json(out_path.with_name(out_path.name + ".manifest.json"), manifest)

@@ -179,6 +179,8 @@ def test_a_prompt_whose_answer_failed_is_never_trained_on(tiny_cfg, tiny_target_
     ids = [json.loads(x)["id"] for x in (tmp_path / "answers.jsonl").read_text().splitlines()]
     assert sorted(ids) == ["p0", "p2"] and m["counts"]["unanswered_left_out"] == 2
     assert m["regeneration"]["turns"]["failed"] == 1 and m["regeneration"]["turns"]["empty"] == 1
+    # the two answers written ("sure: Name a river.", "sure: Name a tree.") repeat nothing
+    assert m["repetition"]["answers"] == 2 and m["repetition"]["repeated_share"] == 0.0
     man = extract(cfg, tmp_path / "extract", progress=False)
     assert man["counts"]["samples"] == 2 and man["skipped_by_reason"][NO_ANSWER] == 2
 
