@@ -360,6 +360,12 @@ def parse_args(argv=None):
         "round of a chunk in flight; with --device cpu the reference engine stands in)",
     )
     p.add_argument(
+        "--regen-max-new-tokens", type=int, default=None,
+        help="data.regenerate_max_new_tokens of the regeneration (default: the config's, 512 in "
+        "configs/smollm2-gpu.yaml); a small target's greedy answers loop past their first "
+        "hundred tokens, so fewer tokens regenerate more conversations in the same time",
+    )
+    p.add_argument(
         "--all-size", type=int, default=11115, help="the 'all usable conversations' data size"
     )
     p.add_argument("--regen-file", default=None,
@@ -437,6 +443,9 @@ def parse_args(argv=None):
     for name in ("regen", "all_size", "eval_tokens", "speedup_tokens"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(a, name)}")
+    if a.regen_max_new_tokens is not None and not 1 <= a.regen_max_new_tokens <= 32768:
+        p.error(f"--regen-max-new-tokens: expected 1 to 32768 (data.regenerate_max_new_tokens), "
+                f"got {a.regen_max_new_tokens}")
     if a.regen_rounds < 0:
         p.error(f"--regen-rounds: expected >= 0 (0: every turn), got {a.regen_rounds}")
     if a.dev_holdout < 0 or not 1 <= a.dev_prompts <= 4096:  # train.dev_prompts' range

@@ -407,7 +407,9 @@ def do_regen(a, base: list[str], out: Path) -> dict:
     cfg = load_config(
         config_path(a),
         base + [f"data.num_conversations={a.regen}", f"data.regenerate={engine}",
-                f"data.regenerate_max_rounds={rounds}"],
+                f"data.regenerate_max_rounds={rounds}"]
+        + ([f"data.regenerate_max_new_tokens={cap}"]
+           if (cap := getattr(a, "regen_max_new_tokens", None)) is not None else []),
     )
     if engine == "sglang":
         cfg = regen_server_config(cfg, a.device)

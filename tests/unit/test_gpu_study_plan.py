@@ -391,6 +391,29 @@ def test_regen_rounds_reach_the_regeneration_and_a_negative_count_is_refused(mon
     assert "--regen-rounds: expected >= 0 (0: every turn), got -1" in capsys.readouterr().err
 
 
+def test_regen_max_new_tokens_reaches_the_regeneration_and_bad_values_are_refused(monkeypatch,
+                                                                                 capsys):
+    import lab.gpu_study as G
+
+    seen = {}
+
+    def fake_regenerate_file(cfg, out, progress=True):
+        seen["cap"] = cfg.data.regenerate_max_new_tokens
+        return {"counts": {}, "seconds": 0, "answers_per_s": 0, "settings": {}}
+
+    monkeypatch.setattr("eagle3.extract.regen.regenerate_file", fake_regenerate_file)
+    base = ["extract.device=cpu", "train.device=cpu", "serve.device=cpu"]
+    for argv, want in (([], 512), (["--regen-max-new-tokens", "256"], 256)):
+        a = G.parse_args(["--device", "cpu", *argv])
+        out = G.do_regen(a, base, Path("/tmp/regenerated.jsonl"))
+        assert seen["cap"] == want and "repetition" in out
+    for bad in ("0", "40000"):
+        with pytest.raises(SystemExit):
+            G.parse_args(["--device", "cpu", "--regen-max-new-tokens", bad])
+        assert (f"--regen-max-new-tokens: expected 1 to 32768 (data.regenerate_max_new_tokens), "
+                f"got {bad}") in capsys.readouterr().err
+
+
 def _overrides(opts: list[str]) -> dict[str, str]:
     return dict(o.split("=", 1) for o in opts)
 
@@ -398,7 +421,7 @@ def _overrides(opts: list[str]) -> dict[str, str]:
 @pytest.mark.parametrize(
     "name,regen",
     [("study-at-scale", 11115), ("study-one-session", 1024), ("best-draft-one-session", 3072),
-     ("study-one-session-rest", 1)],
+     ("study-one-session-rest", 1), ("best-draft-next", 4096)],
 )
 def test_the_study_plans_load_and_their_arms_share_a_step_count(name, regen):
     from lab.study_inputs import check_plan, plan_problem
