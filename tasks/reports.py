@@ -206,6 +206,8 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
     ``eval_primary`` and per-set figures ``eval`` {set: {...}} (``turn1.acceptance_length`` ... for
     sets of several turns). Raises DataError when the sweep run is unknown."""
 
+    from eagle3.train.metrics import FIRST_KEY
+
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         exp = client.get_run(sweep_run_id).info.experiment_id
@@ -229,6 +231,7 @@ def sweep_table(sweep_run_id: str, tracking_uri: str) -> list[dict]:
                      "epochs_over_data": m.get("sweep.epochs_over_data"),
                      "optimizer_steps": m.get("sweep.optimizer_steps"),
                      "simulated": m.get("acceptance_length_simulated"),
+                     "simulated_first": _stage_figure(r.info.run_id, tracking_uri, FIRST_KEY),
                      "dev": m.get("acceptance_length_dev"),
                      "dev_all_positions": _stage_figure(r.info.run_id, tracking_uri,
                                                         "dev_acceptance_length_all_positions"),
@@ -273,14 +276,17 @@ def format_table(rows: list[dict]) -> str:
 
 
 GAP_NOTE = ("Each step left to right changes one thing. Simulated: teacher-forced on the data's "
-            "own answers, averaged over every answer position. Development, every position: the "
+            "own answers, averaged over every answer position. Simulated, first tokens: the same "
+            "over the starts among each answer's first 64 tokens, the span the development "
+            "measurement decodes (answer position: long answers that loop weigh their easy "
+            "tokens). Development, every position: the "
             "exact replay of the target's own greedy continuations of held-out first turns, "
             "still averaged over every position a verify pass could start at (text and "
             "scoring). Development: the same replay counted per verify pass, as decoding visits "
             "positions — it jumps past the tokens a pass accepts, so easy stretches get fewer "
             "passes than their length (position sampling). Then the evaluation set's first turns "
             "(prompts) and second turns (turn position: a context holding the target's first "
-            "answer). A positive difference is acceptance lost at that step; the two parts of "
+            "answer). A positive difference is acceptance lost at that step; the three parts of "
             "simulated − development add up to it. Outside the vocabulary: the share of the "
             "development continuations' tokens the draft can never propose (training scores "
             "them against the target's best token inside the draft vocabulary). Acceptance "
@@ -291,12 +297,14 @@ GAP_NOTE = ("Each step left to right changes one thing. Simulated: teacher-force
 
 def gap_table(rows: list[dict]) -> str:
     """Markdown: where simulated and measured acceptance part, per :func:`sweep_table` row —
-    simulated, development over every position, development, the primary evaluation set's turn 1
-    and turn 2, GSM8K, and the differences (simulated − development, split into text and scoring
-    = simulated − development over every position and position sampling = development over
-    every position − development; prompts = development − turn 1; turn position =
-    turn 1 − turn 2), and the share of the development tokens outside the draft vocabulary,
-    with :data:`GAP_NOTE` above it."""
+    simulated, simulated over answers' first tokens, development over every position,
+    development, the primary evaluation set's turn 1 and turn 2, GSM8K, and the differences
+    (simulated − development, split into answer position = simulated − simulated over the first
+    tokens, text and scoring = that − development over every position, and position sampling =
+    development over every position − development; prompts = development − turn 1; turn
+    position = turn 1 − turn 2), and the share of the development tokens outside the draft
+    vocabulary, with :data:`GAP_NOTE` above it. A point without the first-tokens figure (trained
+    before it was logged) has its answer position n/a and text and scoring from simulated."""
     def f(v):
         return "n/a" if v is None else f"{v:.3f}"
 
@@ -304,18 +312,22 @@ def gap_table(rows: list[dict]) -> str:
         return "n/a" if a is None or b is None else f"{round(a, 3) - round(b, 3):+.3f}"
 
     primary = next((r["eval_primary"] for r in rows if r.get("eval_primary")), "eval")
-    head = [f"| point | simulated | development, every position | development | {primary} turn 1 "
-            f"| {primary} turn 2 | GSM8K | simulated − development | text and scoring | "
-            "position sampling | prompts | turn position | outside the vocabulary |",
-            "|---|" + "---|" * 12]
+    head = [f"| point | simulated | simulated, first tokens | development, every position | "
+            f"development | {primary} turn 1 | {primary} turn 2 | GSM8K | simulated − development "
+            "| answer position | text and scoring | position sampling | prompts | turn position | "
+            "outside the vocabulary |",
+            "|---|" + "---|" * 14]
     body = []
     for r in rows:
         ev = (r.get("eval") or {}).get(r.get("eval_primary") or "", {})
         t1, t2 = ev.get("turn1.acceptance_length"), ev.get("turn2.acceptance_length")
         sim, every, dev = r["simulated"], r.get("dev_all_positions"), r.get("dev")
+        first = r.get("simulated_first")
         mark = " (train split)" if sim is not None and r.get("simulated_on_train_split") else ""
-        cells = [f"{f(sim)}{mark}", f(every), f(dev), f(t1), f(t2), f(r.get("offline_gsm8k")),
-                 diff(sim, dev), diff(sim, every), diff(every, dev), diff(dev, t1), diff(t1, t2),
+        cells = [f"{f(sim)}{mark}", f(first), f(every), f(dev), f(t1), f(t2),
+                 f(r.get("offline_gsm8k")), diff(sim, dev), diff(sim, first),
+                 diff(sim if first is None else first, every), diff(every, dev), diff(dev, t1),
+                 diff(t1, t2),
                  "n/a" if r.get("dev_out_of_vocab") is None else f"{r['dev_out_of_vocab']:.1%}"]
         body.append(f"| {r.get('point')} | " + " | ".join(cells) + " |")
     return "\n".join([GAP_NOTE, ""] + head + body)

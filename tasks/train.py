@@ -153,9 +153,11 @@ def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
             if (plot := _along_training_plot(out_dir, Path(tmp))) is not None:
                 sr.log_path(plot, "plots")
         sr.log_path(out_dir / "config.json", "draft")
+        from eagle3.train.metrics import FIRST_KEY
+
         summary = tracking.numeric_leaves("final", manifest.get("metrics"))
         for key in ("simulated_acceptance_length", "dev_acceptance_length",  # exported weights'
-                    "dev_acceptance_length_all_positions"):
+                    "dev_acceptance_length_all_positions", FIRST_KEY):
             v = (manifest.get("metrics") or {}).get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 summary[key] = float(v)

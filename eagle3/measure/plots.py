@@ -133,16 +133,22 @@ def plot_training_length(curves: list[dict], path: str | Path) -> Path:
 
 
 # the metrics.jsonl keys of one training run's acceptance along its evaluations, and their labels
-ALONG_TRAINING = (("val/simulated_acceptance_length", "simulated (validation, every position)"),
-                  ("dev/acceptance_length_all_positions", "development, every position"),
-                  ("dev/acceptance_length", "development, per verify pass (as decoding counts)"))
+def along_training() -> tuple[tuple[str, str], ...]:
+    """The ``(metric key, label)`` of each figure :func:`plot_acceptance_along_training` draws."""
+    from eagle3.train.metrics import FIRST_KEY, FIRST_TOKENS
+
+    return (("val/simulated_acceptance_length", "simulated (validation, every position)"),
+            (f"val/{FIRST_KEY}", f"simulated (validation, answers' first {FIRST_TOKENS} tokens)"),
+            ("dev/acceptance_length_all_positions", "development, every position"),
+            ("dev/acceptance_length", "development, per verify pass (as decoding counts)"))
 
 
 def plot_acceptance_along_training(rows: list[dict], path: str | Path) -> Path:
     """Acceptance length (bonus token counted) against optimizer steps for one training run, a
-    line per figure of :data:`ALONG_TRAINING`, from its ``metrics.jsonl`` evaluation rows
+    line per figure of :func:`along_training`, from its ``metrics.jsonl`` evaluation rows
     (``{"step", key: value}``): the gap between the lines is where simulated and measured
-    acceptance part (text and scoring, then position sampling). A figure no row has is left out.
+    acceptance part (answer position, text and scoring, then position sampling). A figure no
+    row has is left out.
     DataError when no row has the development figure (``train.select_best_by=measured`` logs it).
     """
     if not any(isinstance(r.get("dev/acceptance_length"), (int, float)) for r in rows):
@@ -150,7 +156,7 @@ def plot_acceptance_along_training(rows: list[dict], path: str | Path) -> Path:
                         "dev/acceptance_length (train.select_best_by=measured logs it)")
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     # distinct markers and dashes: equal figures (no position sampling) stay visible
-    for (key, label), style in zip(ALONG_TRAINING, ("-o", "--s", ":^")):
+    for (key, label), style in zip(along_training(), ("-o", "-.d", "--s", ":^")):
         pts = sorted((int(r["step"]), float(r[key])) for r in rows
                      if isinstance(r.get(key), (int, float)) and "step" in r)
         if pts:

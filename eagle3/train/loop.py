@@ -22,7 +22,7 @@ import torch
 
 from eagle3.errors import TrainingDiverged
 from eagle3.train.data import HiddenStatesData, iterate_micro_batches, pack, plan_epoch, to_device
-from eagle3.train.metrics import add_batch, all_reduce_, new_counts, summarize
+from eagle3.train.metrics import FIRST_KEY, add_batch, all_reduce_, new_counts, summarize
 from eagle3.train.parallel import Whole
 from eagle3.train.state import list_checkpoints, save_best, save_checkpoint
 from eagle3.train.ttt_forward import uses_project_forward
@@ -217,7 +217,8 @@ def evaluate(run: Run) -> dict[str, float]:
     """Validation metrics over the val split (the train split, flagged, when val is empty), plus
     :func:`dev_metrics`. Saves ``state/best`` when the :data:`SELECT_KEYS` metric beats the best so
     far (a measured tie: when the simulated figure does); ``run.best``: ``step``,
-    ``simulated_acceptance_length``, ``selected_by``, ``score`` and, when measured,
+    ``simulated_acceptance_length``, ``simulated_first`` (over answers' first tokens,
+    ``metrics.FIRST_KEY``), ``selected_by``, ``score`` and, when measured,
     ``measured_acceptance_length`` and ``measured_all_positions``."""
     ids = (run.data.val_ids or run.data.train_ids)[:run.t.max_eval_samples or None]
     plan = pack(ids, [run.data.positions(i) for i in ids], run.data.max_tokens)
@@ -247,7 +248,7 @@ def evaluate(run: Run) -> dict[str, float]:
     if prev is None or out[key] > score or (key != SELECT_KEYS["simulated"] and out[key] == score
                                             and sim > prev["simulated_acceptance_length"]):
         run.best = {"step": run.step, "simulated_acceptance_length": sim, "selected_by": key,
-                    "score": out[key]}
+                    "score": out[key], "simulated_first": out[f"val/{FIRST_KEY}"]}
         if run.t.select_best_by == "measured":
             run.best["measured_acceptance_length"] = out[key]
             every = out.get("dev/acceptance_length_all_positions")

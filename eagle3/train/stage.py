@@ -29,6 +29,7 @@ from eagle3.train.data import data_identity, open_hidden_states
 from eagle3.train.draft_model import (build_draft, compile_forward, read_target_config,
                                       resolve_flags, save_draft, use_uncompiled_forward)
 from eagle3.train.loop import Run, evaluate, run_loop
+from eagle3.train.metrics import FIRST_KEY
 from eagle3.train.online import check_data_mode, is_online, open_online, window_to_come
 from eagle3.train.parallel import make_parallel
 from eagle3.train.state import (check_checkpoint_space, check_complete, ensure_writable,
@@ -362,6 +363,9 @@ def _write_manifest(run: Run, exported: dict, seconds: float) -> dict:
                  "dev_acceptance_length_all_positions": best.get("measured_all_positions")
                  if exported["which"] == "best"
                  else final_eval.get("dev/acceptance_length_all_positions"),
+                 # the simulated figure over the answers' first tokens (metrics.FIRST_KEY)
+                 FIRST_KEY: best.get("simulated_first") if exported["which"] == "best"
+                 else final_eval.get(f"val/{FIRST_KEY}"),
                  "best_selected_by": best.get("selected_by"),
                  "final_eval": final_eval,
                  "final_train": run.last_train or {},

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle3.errors import ConfigError
-from eagle3.train.metrics import step_stats
+from eagle3.train.metrics import first_tokens, step_stats
 
 ATTENTIONS = ("eager", "sdpa", "flex")
 
@@ -215,7 +215,7 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
     ``[1, S, H]``, before the final norm. ttt_steps, ttt_step_loss_decay, loss_config: as
     speculators' ``forward`` (None = eager KL). masks: :func:`step_masks` (None: built here).
     Returns ``(loss, stats)``: the scalar sum of per-step losses and a float32
-    ``[ttt_steps·6 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout."""
+    ``[ttt_steps·8 + 2]`` vector in :func:`eagle3.train.metrics.new_counts`' layout."""
     from speculators.losses import compound_loss, exp_loss_decay, resolve_loss_config
 
     if loss_config is None:
@@ -254,6 +254,7 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
     caches = [([], []) for _ in model.layers]
     mask_bool = loss_mask.to(torch.bool)
     valid_base = mask_bool[0]
+    first_starts = first_tokens(valid_base, document_ids[0])
     alive = torch.ones(S, dtype=torch.bool, device=device)
     run = torch.zeros(S, dtype=torch.float32, device=device)
     loss = torch.zeros((), dtype=torch.float32, device=device)
@@ -276,9 +277,9 @@ def ttt_forward(model, *, hidden_states: torch.Tensor, input_ids: torch.Tensor,
         loss = loss + s_loss
         with torch.no_grad():
             counts, alive, run = step_stats(logits[0].argmax(-1), target_ids, valid_base,
-                                             document_ids[0], k, alive, run)
-            stats.append(torch.cat([counts, s_loss.detach().float().reshape(1),
-                                    counts.new_ones(1)]))
+                                             document_ids[0], k, alive, run, first_starts)
+            stats.append(torch.cat([counts[:4], s_loss.detach().float().reshape(1),
+                                    counts.new_ones(1), counts[4:]]))
     with torch.no_grad():
         chain = torch.stack([(run + valid_base.float()).sum(), valid_base.float().sum()])
         return loss, torch.cat([*stats, chain])

@@ -77,6 +77,7 @@ def test_acceptance_along_training_draws_the_three_figures_or_refuses_without_de
     from tasks.train import _along_training_plot
 
     rows = [{"kind": "eval", "step": s, "val/simulated_acceptance_length": 1.5 + s / 1000,
+             "val/simulated_acceptance_length_first64": 1.4 + s / 1000,
              "dev/acceptance_length_all_positions": 1.3 + s / 2000,
              "dev/acceptance_length": 1.2 + s / 3000} for s in (100, 200, 300)]
     png = plot_acceptance_along_training(rows, tmp_path / "a.png")

@@ -43,6 +43,7 @@ def _store(tmp_path):
         client.log_metric(train, "dev/acceptance_length", v, step=step)
         client.log_metric(train, "dev/num_prompts", 64, step=step)
     client.log_metric(train, "dev_acceptance_length_all_positions", 2.7)
+    client.log_metric(train, "simulated_acceptance_length_first64", 2.75)
     for step in (500, 1000):
         client.log_metric(train, "dev/out_of_draft_vocab_share", 0.089, step=step)
     client.set_terminated(train)
@@ -71,12 +72,13 @@ def test_the_table_and_the_gap_report_read_the_measured_figures_back(tmp_path):
     assert m["dev_all_positions"] == 2.7 and p["dev_all_positions"] is None
     table = gap_table([m, p]).splitlines()
     assert "teacher-forced" in table[0] and "position sampling" in table[0]
-    # simulated − development = text and scoring + position sampling; development − turn 1;
-    # turn 1 − turn 2
-    assert table[-2] == ("| measured | 2.900 | 2.700 | 2.400 | 2.250 | 1.950 | 2.600 | +0.500 | "
-                         "+0.200 | +0.300 | +0.150 | +0.300 | 8.9% |")
+    # simulated − development = answer position + text and scoring + position sampling;
+    # development − turn 1; turn 1 − turn 2
+    assert m["simulated_first"] == 2.75 and p["simulated_first"] is None
+    assert table[-2] == ("| measured | 2.900 | 2.750 | 2.700 | 2.400 | 2.250 | 1.950 | 2.600 | "
+                         "+0.500 | +0.150 | +0.050 | +0.300 | +0.150 | +0.300 | 8.9% |")
     assert table[-1] == ("| plain | 2.900 (train split) | n/a | n/a | n/a | n/a | n/a | n/a | "
-                         "n/a | n/a | n/a | n/a | n/a |")
+                         "n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
     assert "2.900 train split (" in simulated_pivot([p])
 
 
@@ -85,8 +87,12 @@ def test_the_gap_tables_parts_add_up_as_shown():
 
     row = {"point": "p", "simulated": 1.2346, "dev_all_positions": 1.1233, "dev": 1.0119}
     cells = gap_table([row]).splitlines()[-1].split(" | ")
-    assert cells[1:4] == ["1.235", "1.123", "1.012"]
-    assert cells[7:10] == ["+0.223", "+0.112", "+0.111"]  # 0.112 + 0.111 = 0.223
+    assert cells[1:5] == ["1.235", "n/a", "1.123", "1.012"]
+    # without the first-tokens figure: answer position n/a, text and scoring from simulated
+    assert cells[8:12] == ["+0.223", "n/a", "+0.112", "+0.111"]  # 0.112 + 0.111 = 0.223
+    row["simulated_first"] = 1.1801
+    cells = gap_table([row]).splitlines()[-1].split(" | ")
+    assert cells[8:12] == ["+0.223", "+0.055", "+0.057", "+0.111"]  # the three add up
 
 
 def test_dev_curve_names_the_earliest_best_and_nothing_for_no_curve():

@@ -118,3 +118,30 @@ def test_static_accuracy_counts_equal_speculators_and_update_prev_correct_alike(
     assert 0 < float(got[0]) < float(got[1])
     if with_prev:
         assert torch.equal(prev_a, prev_b) and not torch.equal(prev_b, prev)
+
+
+def test_first_tokens_restart_at_each_answer_and_document():
+    from eagle3.train import metrics as M
+
+    n = M.FIRST_TOKENS
+    # doc 0: prompt (2), answer of n + 3 tokens, prompt (1), answer of 2; doc 1: answer of 4
+    valid = [False] * 2 + [True] * (n + 3) + [False] + [True] * 2 + [True] * 4
+    doc = [0] * (2 + n + 3 + 1 + 2) + [1] * 4
+    got = M.first_tokens(torch.tensor(valid), torch.tensor(doc)).tolist()
+    want = [False] * 2 + [True] * n + [False] * 3 + [False] + [True] * 2 + [True] * 4
+    assert got == want
+
+
+def test_the_simulated_figure_over_an_answers_first_tokens():
+    from eagle3.train import metrics as M
+
+    n = M.FIRST_TOKENS
+    S = 2 * n  # one answer: its first n tokens the draft gets wrong, the rest right
+    tgt, doc = torch.arange(S)[None], torch.zeros(1, S, dtype=torch.long)
+    pred = torch.where(torch.arange(S) < n, -1, torch.arange(S))[None]
+    c = new_counts(1)
+    add_batch(c, [pred], tgt, torch.ones(1, S, dtype=torch.bool), doc, [torch.tensor(0.1)])
+    m = summarize(c, "v")
+    assert m["v/simulated_acceptance_length"] == pytest.approx(1.5)
+    assert m[f"v/simulated_acceptance_length_first{n}"] == pytest.approx(1.0)
+    assert summarize(new_counts(2), "e")[f"e/simulated_acceptance_length_first{n}"] == 1.0
