@@ -531,6 +531,12 @@ def main(argv=None) -> int:
     d = stage(res, "data", do_data, a, work)
     dev = Path(d["dev_prompts_file"]) if d and d.get("dev_prompts_file") else None
     base = base_overrides(a, work, target, Path(d["dir"]), dev) if d else None
+    done = res.data["stages"].get("regen") or {}
+    made_with = (done.get("settings") or {}).get("max_new_tokens")
+    if a.regen_max_new_tokens is not None and done and made_with != a.regen_max_new_tokens:
+        log(f"warning: --regen-max-new-tokens {a.regen_max_new_tokens} not applied: the "
+            f"regeneration of an earlier call on this --work (--resume) was made with "
+            f"{made_with}; a new --work regenerates with it")
     regen = stage(res, "regen", do_regen, a, base, work / "regenerated.jsonl") if base else None
     if regen and not regen.get(
         "reused_from"

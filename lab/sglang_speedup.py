@@ -105,8 +105,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--draft and --shape exclude each other (a shape builds its own random draft)")
     if a.draft:
         a.draft = str(_check_draft(p, Path(a.draft)))
-    if a.assets is not None and not Path(a.assets).is_dir():
-        p.error(f"--assets: expected a folder, got {a.assets!r}")
+    if a.assets is not None:
+        from lab.study_inputs import ASSET_FILES
+
+        if not Path(a.assets).is_dir():
+            p.error(f"--assets: expected a folder, got {a.assets!r}")
+        if not any((Path(a.assets) / n).is_file() for n in ASSET_FILES):
+            p.error(f"--assets {a.assets}: expected at least one of {', '.join(ASSET_FILES)} "
+                    "there, found none")
     return a
 
 
@@ -187,9 +193,13 @@ def _check_draft(p: argparse.ArgumentParser, draft: Path) -> Path:
         p.error(f"--draft {draft}: expected the convert stage's serving folder, got a file")
     if (draft / LATEST_FILE).is_file():
         try:
-            draft = latest_output(draft.parent, draft.name)
+            named = latest_output(draft.parent, draft.name)
         except DataError as e:
             p.error(f"--draft: {e}")
+        if not named.is_dir():
+            p.error(f"--draft {draft}: its {LATEST_FILE} names the folder {named.name!r}, which "
+                    "does not exist (the convert stage's output was removed or moved)")
+        draft = named
     missing = [what for what, ok in (("config.json", (draft / "config.json").is_file()),
                                      ("*.safetensors", any(draft.glob("*.safetensors")))) if not ok]
     if missing:
@@ -197,6 +207,17 @@ def _check_draft(p: argparse.ArgumentParser, draft: Path) -> Path:
         p.error(f"--draft {draft}: expected a serving folder with config.json and *.safetensors, "
                 f"missing {' and '.join(missing)} (it holds {inside or 'nothing'}); the convert "
                 "stage writes it as <run>/serving")
+    from eagle3.engines.registry import get_profile
+
+    wanted = get_profile("sglang").draft_architectures
+    try:
+        archs = json.loads((draft / "config.json").read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError) as e:
+        p.error(f"--draft {draft}: config.json: expected a JSON object, could not read it ({e})")
+    if not isinstance(archs, list) or not set(archs) & set(wanted):
+        p.error(f"--draft {draft}: config.json architectures: expected one of {list(wanted)} (a "
+                f"serving folder, the convert stage's <run>/serving), got {archs!r}; a training "
+                "checkpoint (<run>/train) is not served as it is")
     return draft
 
 

@@ -75,15 +75,16 @@ def _manifest_of(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".xz") + ".manifest.json")
 
 
-def reuse_regen(src: Path, expected: int, out: Path) -> dict:
+def reuse_regen(src: Path, expected: int, out: Path, max_new_tokens: int | None = None) -> dict:
     """The regen stage from a file an earlier call carried back (``--regen-file``), instead of
     regenerating.
 
     ``src`` is ``regenerated.jsonl`` or ``.jsonl.xz`` with its manifest beside it (written by
     :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises
-    RuntimeError when the manifest is missing, was made for another ``--regen`` count, its
-    conversation count differs from the file's line count (a truncated copy), the content's sha256
-    is not the recorded one, or the .xz is corrupt."""
+    RuntimeError when the manifest is missing, was made for another ``--regen`` count (or, when
+    ``max_new_tokens`` is given, another ``--regen-max-new-tokens``), its conversation count
+    differs from the file's line count (a truncated copy), the content's sha256 is not the
+    recorded one, or the .xz is corrupt."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
         raise RuntimeError(f"--regen-file {src}: expected its manifest {man_path} beside it, "
@@ -93,6 +94,10 @@ def reuse_regen(src: Path, expected: int, out: Path) -> dict:
     if made_for != expected:
         raise RuntimeError(f"--regen-file {src}: {man_path} settings.num_conversations is "
                            f"{made_for}, expected --regen {expected}")
+    cap = (man.get("settings") or {}).get("max_new_tokens")
+    if max_new_tokens is not None and cap != max_new_tokens:
+        raise RuntimeError(f"--regen-file {src}: {man_path} settings.max_new_tokens is {cap}, "
+                           f"expected --regen-max-new-tokens {max_new_tokens}")
     try:
         data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
     except lzma.LZMAError as e:
@@ -401,7 +406,8 @@ def do_regen(a, base: list[str], out: Path) -> dict:
     from eagle3.extract.regen import regenerate_file
 
     if a.regen_file:
-        return reuse_regen(Path(a.regen_file), a.regen, out)
+        return reuse_regen(Path(a.regen_file), a.regen, out,
+                           getattr(a, "regen_max_new_tokens", None))
     rounds = "null" if a.regen_rounds == 0 else a.regen_rounds  # null: every assistant turn
     engine = getattr(a, "regen_engine", "hf")
     cfg = load_config(

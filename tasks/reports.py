@@ -116,11 +116,15 @@ def decision_text(run_id: str, tracking_uri: str | None = None) -> str:
         raise DataError(f"MLflow run {run_id} in {uri} has no eagle3.decision tag "
                         f"(status {run.info.status}; error: {tags.get('eagle3.error', 'none')}): "
                         f"the flow did not reach its decision step")
+    where = f"decision.md of {run.info.artifact_uri}"
     try:
         body = client.download_artifacts(run_id, "decision.md")
-        text = open(body).read().rstrip()
-    except (MlflowException, OSError) as e:
-        text = _decision_from_tags(tags, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        text = Path(body).read_text(encoding="utf-8").rstrip()
+        if not text:
+            text = _decision_from_tags(tags, f"{where}: an empty file")
+    except (MlflowException, OSError, UnicodeDecodeError) as e:
+        first = (str(e).splitlines() or [""])[0][:160]
+        text = _decision_from_tags(tags, f"{where}: {type(e).__name__}: {first}")
     m = run.data.metrics
     lines = [text, ""]
     for key, label in (("acceptance_length", "trained draft"), ("acceptance_length_untrained",
@@ -187,7 +191,8 @@ def _decision_from_tags(tags: dict[str, str], why: str) -> str:
     lines = [f"# Decision: **{tags['eagle3.decision']}**", "",
              f"Rule: `{tags.get(prefix + 'rule')}` (confidence: "
              f"{tags.get(prefix + 'confidence', 'not recorded')})", "",
-             f"decision.md could not be read ({why}); the evidence as the run's tags hold it:", ""]
+             f"The decision's text could not be read ({why}); the evidence as the run's tags "
+             "hold it:", ""]
     lines += [f"- {k[len(prefix):]}: {v}" for k, v in sorted(tags.items())
               if k.startswith(prefix) and k[len(prefix):] not in ("rule", "confidence")]
     return "\n".join(lines)
@@ -367,9 +372,10 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
     _check_store(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
-        tags = client.get_run(sweep_run_id).data.tags
+        run = client.get_run(sweep_run_id)
     except MlflowException as e:
         raise DataError(f"MLflow run {sweep_run_id!r} not found in {tracking_uri}: {e}") from e
+    tags = run.data.tags
     if tags.get("prefect.flow_name") != "eagle3-sweep":
         parent = tags.get(SWEEP_TAG) or tags.get("mlflow.parentRunId")
         raise DataError(f"MLflow run {sweep_run_id}: expected a sweep's run (flow eagle3-sweep), "
@@ -385,7 +391,10 @@ def sweep_report(sweep_run_id: str, tracking_uri: str, plot_copy: str | Path | N
             shutil.copyfile(local, dest)
             plot_line += f", copied to `{dest}`"
     except Exception as e:  # noqa: BLE001 - reported in the text
-        plot_line = f"data-scaling plot: not available ({type(e).__name__}: {e})"
+        first = (str(e).splitlines() or [""])[0][:160]
+        plot_line = (f"data-scaling plot: not available from {run.info.artifact_uri} "
+                     f"({type(e).__name__}: {first})"
+                     + (f"; --plot-copy {plot_copy}: nothing copied" if plot_copy else ""))
     return "\n".join(["## MLflow comparison", "", format_table(rows), "",
                       "## Where simulated and measured acceptance part", "", gap_table(rows), "",
                       "## Simulated acceptance length by schedule × data size", "",

@@ -445,7 +445,9 @@ def regenerate_for_plan(cfg, target_dir: Path, tokenizer, convs: list[Conversati
     progress = chunks_path(cache)
     out, counts = _regenerate(cfg, target_dir, tokenizer, convs, progress)
     _write_jsonl(cache, out, counts)
-    repeats = repetition_summary(regenerated_answers(tokenizer, out, counts["kept_turns"]))
+    # as regenerate_file: the answers of the conversations written with an answer each
+    repeats = repetition_summary(regenerated_answers(tokenizer, answered(out)[0],
+                                                     counts["kept_turns"]))
     log_repetition(repeats, str(cache))
     atomic_write_json(counts_path(cache), {**counts, "repetition": repeats,
                                            "settings": answer_settings(cfg, target_dir)})

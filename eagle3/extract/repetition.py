@@ -17,7 +17,9 @@ from collections.abc import Iterable, Sequence
 log = logging.getLogger(__name__)
 
 REPEAT_NGRAM = 9  # 8 tokens of context and the token
-LOOPING_SHARE = 0.5  # an answer loops when at least this share of its tokens repeats
+# an answer loops when at least this share of its tokens repeats; one shorter than
+# 2 * REPEAT_NGRAM tokens cannot (its first REPEAT_NGRAM - 1 tokens never repeat)
+LOOPING_SHARE = 0.5
 LOUD_SHARE = 0.25  # a warning when this share of all answer tokens repeats, or more
 BUCKETS = ((0, 64), (64, 256), (256, None))  # token positions in an answer, [from, to)
 
@@ -66,7 +68,13 @@ def repetition_summary(answers: Iterable[Sequence[int]], n: int = REPEAT_NGRAM) 
 def regenerated_answers(tokenizer, convs, kept_turns: dict[str, list[int]]) -> list[list[int]]:
     """The token ids of the assistant turns of ``convs`` (``Conversation``, ``messages`` form)
     that were regenerated: all but those ``kept_turns`` (``{id: [1-based turns]}``, the
-    regeneration's counts) lists as kept with their original answer."""
+    regeneration's counts) lists as kept with their original answer. The ids are the tokenizer's
+    for the answer's text, as training reads it, not the ids the target generated (a text may
+    tokenize back otherwise). ValueError when ``kept_turns`` is not such a mapping."""
+    if not isinstance(kept_turns, dict) or not all(
+            isinstance(v, list) for v in kept_turns.values()):
+        raise ValueError(f"kept_turns: expected {{conversation id: [1-based turns]}}, got "
+                         f"{str(kept_turns)[:80]}")
     texts = []
     for c in convs:
         kept = set(kept_turns.get(c.id, []))

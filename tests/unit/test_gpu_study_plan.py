@@ -101,6 +101,9 @@ def test_regen_file_made_for_another_count_or_truncated_or_without_manifest_is_r
     src = _regen(tmp_path, n_lines=2, made_for=3, conversations=3)
     with pytest.raises(RuntimeError, match=r"num_conversations is 3, expected --regen 5"):
         reuse_regen(src, 5, tmp_path / "w.jsonl")
+    with pytest.raises(RuntimeError, match=r"settings.max_new_tokens is None, expected "
+                                           r"--regen-max-new-tokens 256"):
+        reuse_regen(src, 3, tmp_path / "w.jsonl", 256)
     with pytest.raises(
         RuntimeError,
         match=r"2 conversations in the file, its manifest's counts.conversations says 3",

@@ -41,16 +41,20 @@ def test_draft_without_weights_or_config_names_what_is_missing(tmp_path, capsys)
     assert "missing *.safetensors" in err and "['config.json']" in err
     ok = tmp_path / "ok"
     ok.mkdir()
-    (ok / "config.json").write_text("{}")
+    (ok / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     (ok / "model.safetensors").write_text("")
     assert parse(["--out", "/tmp/x.json", "--draft", str(ok)]).draft == str(ok)
+    (ok / "config.json").write_text('{"architectures": ["Eagle3DraftModel"]}')  # a train folder
+    err = _error(capsys, "--draft", str(ok))
+    assert "config.json architectures: expected one of ['LlamaForCausalLMEagle3']" in err
+    assert "got ['Eagle3DraftModel']" in err
 
 
 def test_draft_given_as_the_run_serving_folder_follows_its_latest_json(tmp_path, capsys):
     serving = tmp_path / "run" / "serving"
     digest = serving / "41c45d7a6a35"
     digest.mkdir(parents=True)
-    (digest / "config.json").write_text("{}")
+    (digest / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     (digest / "model.safetensors").write_text("")
     (serving / "latest.json").write_text('{"dir": "41c45d7a6a35"}')
     assert parse(["--out", "/tmp/x.json", "--draft", str(serving)]).draft == str(digest)
@@ -59,12 +63,15 @@ def test_draft_given_as_the_run_serving_folder_follows_its_latest_json(tmp_path,
     assert "--draft: " in err and "latest.json: key 'dir'" in err and "'../elsewhere'" in err
     (serving / "latest.json").write_text('{"dir": "gone"}')
     err = _error(capsys, "--draft", str(serving))
-    assert f"--draft {serving / 'gone'}: " in err and "holds nothing" in err
+    assert f"--draft {serving}: its latest.json names the folder 'gone', which does not" in err
 
 
-def test_assets_must_be_a_folder(tmp_path, capsys):
+def test_assets_must_be_a_folder_with_a_prompt_set(tmp_path, capsys):
     err = _error(capsys, "--shape", "smollm2", "--assets", str(tmp_path / "none"))
     assert "--assets: expected a folder, got " in err and "none'" in err
+    err = _error(capsys, "--shape", "smollm2", "--assets", str(tmp_path))
+    assert f"--assets {tmp_path}: expected at least one of question.jsonl" in err
+    (tmp_path / "question.jsonl.xz").write_bytes(b"")
     assert parse(["--out", "/tmp/x.json", "--shape", "smollm2",
                   "--assets", str(tmp_path)]).assets == str(tmp_path)
 

@@ -207,5 +207,14 @@ def test_a_decision_without_its_markdown_artifact_is_read_from_its_tags_and_says
     text = decision_text(sweep, uri)  # no decision.md logged: as a store copied without artifacts
     assert text.startswith("# Decision: **longer training**\n\nRule: `steps_gain_dominates` "
                            "(confidence: medium)")
-    assert "decision.md could not be read (MlflowException: " in text
+    assert "The decision's text could not be read (decision.md of " in text
+    assert ": MlflowException: " in text
     assert "- best_data_size: 2000\n- steps_gain_per_doubling: 0.1999" in text
+    # an empty or undecodable decision.md: the same reading from the tags, saying why
+    for body, why in ((b"", "an empty file"), (b"# Decision: caf\xe9", "UnicodeDecodeError")):
+        md = tmp_path / "decision.md"
+        md.write_bytes(body)
+        MlflowClient(uri).log_artifact(sweep, str(md))
+        text = decision_text(sweep, uri)
+        assert text.startswith("# Decision: **longer training**") and why in text
+        assert "- steps_gain_per_doubling: 0.1999" in text
