@@ -87,7 +87,9 @@ def test_hf_regeneration_in_extraction(tiny_cfg, tiny_target_dir, tmp_path):
     assert turns["input"] == 3 and turns["succeeded"] + turns["failed"] + turns["skipped"] == 3
     assert m["regeneration"] == json.loads(counts_path(cache[0]).read_text())
     assert m["regeneration"]["settings"]["mode"] == "hf"
-    assert m["regeneration"]["repetition"]["answers"] == 3 - turns["failed"] - turns["skipped"]
+    # one turn a conversation: those left with an empty answer are not written, nor counted
+    assert m["regeneration"]["repetition"]["answers"] == (3 - turns["failed"] - turns["skipped"]
+                                                          - turns["empty"])
     # a resumed / repeated run reuses the cache (same content hash, no second generation)
     assert extract(cfg, out, progress=False)["content_hash"] == m["content_hash"]
 
