@@ -318,9 +318,9 @@ def gap_table(rows: list[dict]) -> str:
 
     primary = next((r["eval_primary"] for r in rows if r.get("eval_primary")), "eval")
     head = [f"| point | simulated | simulated, first tokens | development, every position | "
-            f"development | {primary} turn 1 | {primary} turn 2 | GSM8K | simulated − development "
-            "| answer position | text and scoring | position sampling | prompts | turn position | "
-            "outside the vocabulary |",
+            f"development | {primary} turn 1 | {primary} turn 2 | GSM8K | "
+            "simulated − development | answer position | text and scoring | position sampling | "
+            "prompts | turn position | outside the vocabulary |",
             "|---|" + "---|" * 14]
     body = []
     for r in rows:
