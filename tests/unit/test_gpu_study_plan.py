@@ -688,3 +688,26 @@ def test_points_asking_more_than_data_holds_after_the_holdout_are_refused(tmp_pa
     with pytest.raises(SystemExit):
         parse_args(["--device", "cpu", "--plan", regen, "--data", str(data), "--regen", "12"])
     assert "needs 12 conversations to regenerate, --data " in capsys.readouterr().err
+
+
+def test_the_steps_plan_goes_on_from_the_short_plans_store():
+    """best-draft-steps.json adds a longer schedule to best-draft-short.json's point: the store
+    copy of that point is accepted (same data and schedule overrides) and only the new one runs."""
+    from lab.study_inputs import check_plan
+    from lab.study_store import store_problem
+    from tests.conftest import REPO
+
+    plans = REPO / "lab" / "plans"
+    short = check_plan(str(plans / "best-draft-short.json"))
+    steps = check_plan(str(plans / "best-draft-steps.json"))
+    assert steps["points"][0] == short["points"][0]
+    steps_of = {s: int(_overrides(o)["train.max_steps"]) for s, o in steps["schedules"].items()}
+    assert steps_of == {"cosine-s14k-n2000-v32k": 14000, "cosine-s28k-n2000-v32k": 28000}
+    tiny = check_plan(str(plans / "best-draft-steps-tiny.json"))
+    assert [s.split("-n")[0] for _, _, s in tiny["points"]] == [
+        s.split("-n")[0] for _, _, s in steps["points"]]
+    store = REPO / "lab" / "results" / "2026-12-07-h100-best-draft" / "mlflow_store.tar.xz"
+    assert store_problem(store, Path("/tmp/h200/study"), steps) is None
+    changed = json.loads(json.dumps(steps))
+    changed["schedules"]["cosine-s14k-n2000-v32k"][1] = "train.epochs=10"
+    assert "was" in store_problem(store, Path("/tmp/h200/study"), changed)
