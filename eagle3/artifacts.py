@@ -187,6 +187,22 @@ def read_jsonl(path: str | Path, opener=open) -> list:
     return out
 
 
+def read_json_object(path: str | Path, what: str) -> dict:
+    """The JSON object in the file ``path``; ``what`` names the file in errors (e.g. ``"target
+    config.json"``). DataError naming the file when it is missing, unreadable (not UTF-8, not
+    JSON) or holds another JSON value than an object."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: {what} not found") from e
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: {what} unreadable ({e})") from e
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: {what} expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def read_manifest(directory: str | Path, kind: str | None = None) -> dict:
     """Read ``<directory>/manifest.json`` (a JSON object, as :func:`write_manifest` writes it).
     DataError naming the file: missing, not JSON, not a JSON object (a list, a number, ...), or a

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import json
 import math
 import re
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from eagle3.engines.sglang.serving import (concurrency_problem, draft_tokens_problem,
                                            reference_refusals, simulation_problem)
+from eagle3.target_config import target_text_config
 
 
 def _serving(cfg: Any) -> list[str]:
@@ -268,20 +268,6 @@ def serve_host_problem(serve: Any) -> str | None:
             return (f"SERVE_HOST: serve.host: expected a free port to bind on {host!r}, binding "
                     f"port 0 gives {why}")
     return None
-
-
-def target_text_config(target_dir: str | Path | None) -> dict | None:
-    """The ``config.json`` of the HF folder ``target_dir`` (its ``text_config`` when it has one),
-    or None when there is no folder or it cannot be read (the checks that need it are skipped)."""
-    try:
-        conf = (None if target_dir is None else
-                json.loads((Path(target_dir) / "config.json").read_text()))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(conf, dict):
-        return None
-    text = conf.get("text_config")
-    return text if isinstance(text, dict) else conf
 
 
 def before_run_problems(cfg: Any, target_dir: str | Path | None = None) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 
 from eagle3.errors import ConfigError
+from eagle3.target_config import text_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +61,7 @@ def load_target(target_dir: str | Path, dtype: str = "bfloat16", device: str = "
 def num_layers(model_or_config) -> int:
     """Number of decoder layers of a model or config (``num_hidden_layers``)."""
     cfg = getattr(model_or_config, "config", model_or_config)
-    return int((getattr(cfg, "text_config", None) or cfg).num_hidden_layers)
+    return int(text_config(cfg).num_hidden_layers)
 
 
 def default_aux_layer_ids(n_layers: int) -> list[int]:

@@ -120,13 +120,14 @@ def main(argv=None) -> int:
     from eagle3.measure.offline import _load, offline_row, offline_summary
     from eagle3.measure.prompts import load_conversations
     from eagle3.measure.replay import generate_requests, replay_requests, stop_ids
+    from eagle3.target_config import target_config_json, text_config
     from eagle3.train.vocab import build_vocab_map
 
     try:
         cfg = load_config(a.config)
         convs = [c for s in a.sets.split(",") for c in load_conversations(s.strip())]
         target_dir = resolve_target(cfg)
-        vocab = int(json.loads((Path(target_dir) / "config.json").read_text())["vocab_size"])
+        vocab = int(text_config(target_config_json(target_dir))["vocab_size"])
         if too_big := [n for n in sizes if n >= vocab]:
             p.error(f"--sizes: expected sizes below the target's vocabulary {vocab}, got {too_big}")
         data = Path(a.data) if a.data else cfg.paths.resolved_cache_dir() / "data" / \

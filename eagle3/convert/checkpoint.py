@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eagle3.artifacts import read_json_object
 from eagle3.engines.profile import dotted_get
 from eagle3.errors import DataError
+from eagle3.target_config import target_config_json, text_config
 
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 VOCAB_SIDE_FILES = ("d2t*", "t2d*", "vocab_map*")
@@ -39,18 +40,6 @@ class Checkpoint:
     weight_files: list[Path]
     manifest: dict | None
     problems: list[Problem] = field(default_factory=list)
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise DataError(f"{path}: {what} not found") from e
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: {what} unreadable ({e})") from e
-    if not isinstance(value, dict):
-        raise DataError(f"{path}: {what} expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def load_tensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[Problem]]:
@@ -89,11 +78,11 @@ def read_checkpoint(ckpt_dir: str | Path) -> Checkpoint:
                         "model.safetensors)")
     if not path.is_dir():
         raise DataError(f"{path}: checkpoint directory not found")
-    config = _read_json(path / "config.json", "config.json")
+    config = read_json_object(path / "config.json", "config.json")
     files = sorted({f for g in WEIGHT_GLOBS for f in path.glob(g)})
     if not files:
         raise DataError(f"{path}: no weight file (expected model.safetensors or pytorch_model.bin)")
-    manifest = (_read_json(path / "manifest.json", "manifest.json")
+    manifest = (read_json_object(path / "manifest.json", "manifest.json")
                 if (path / "manifest.json").is_file() else None)
     tensors, problems = load_tensors(files)
     return Checkpoint(path, config, tensors, files, manifest, problems)
@@ -113,9 +102,9 @@ class Target:
     @classmethod
     def read(cls, target_dir: str | Path) -> "Target":
         path = Path(target_dir)
-        raw = _read_json(path / "config.json", "target config.json")
+        raw = target_config_json(path)
         archs = raw.get("architectures") or ["(none)"]
-        return cls(path, raw.get("text_config") or raw, str(archs[0]), raw=raw)
+        return cls(path, text_config(raw), str(archs[0]), raw=raw)
 
     def embed(self) -> torch.Tensor | None:
         """The target's embedding ``[vocab, H]``: the first ``*embed_tokens.weight`` in

@@ -20,7 +20,8 @@ import torch
 
 from eagle3.engines.sglang.profile import VERSION as SGLANG_VERSION
 from eagle3.errors import CheckpointInvalid, ConfigError
-from eagle3.target_model import capture_hidden_states, default_aux_layer_ids, load_target
+from eagle3.target_model import (capture_hidden_states, default_aux_layer_ids, load_target,
+                                 num_layers)
 
 DEFAULT_TEXT = ("The capital of France is Paris. EAGLE drafts predict the next tokens from the "
                 "target's features.")
@@ -154,7 +155,7 @@ def check_equivalence(speculators_dir: str | Path, serving_dir: str | Path,
     spec_cfg = json.loads((speculators_dir / "config.json").read_text())
     serving_cfg = json.loads((serving_dir / "config.json").read_text())
     target, tok = load_target(target_dir, dtype="float32", device="cpu")
-    n_layers = int(target.config.num_hidden_layers)
+    n_layers = num_layers(target)
     input_ids = _tokens(Path(target_dir), Path(data_dir) if data_dir else None, num_tokens, tok)
     trained_hf = spec_cfg.get("eagle_aux_hidden_state_layer_ids") or default_aux_layer_ids(n_layers)
     with capture_hidden_states(target, list(range(n_layers + 1))) as hs, torch.no_grad():

@@ -17,7 +17,6 @@ final norm, LM head and embedding are read from the target's safetensors.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,6 +24,7 @@ from typing import Callable, Sequence
 import torch
 
 from eagle3.errors import DataError
+from eagle3.target_config import target_config_json, text_config
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ def load_head(target_dir: str | Path) -> Head | None:
     from safetensors import safe_open
 
     target_dir = Path(target_dir)
-    config = json.loads((target_dir / "config.json").read_text())
-    text = config.get("text_config") or config
+    text = text_config(target_config_json(target_dir))
     where: dict[str, Path] = {}
     for path in sorted(target_dir.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:

@@ -4,10 +4,10 @@ auxiliary layer ids against the target's layer count when its config is at hand)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from eagle3.errors import ConfigError, DataError
+from eagle3.target_config import target_text_config
 
 
 def _known_layer_count(cfg) -> int | None:
@@ -15,18 +15,9 @@ def _known_layer_count(cfg) -> int | None:
     the ``config.json`` of a target folder that exists), else None."""
     if cfg.target.kind == "tiny-random":
         return int(cfg.target.tiny.num_hidden_layers)
-    if cfg.target.kind == "smollm2":
-        from eagle3.assets import SMOLLM2_DIRNAME
+    from eagle3.assets import prepared_target
 
-        path = cfg.paths.resolved_cache_dir() / "models" / SMOLLM2_DIRNAME / "config.json"
-    else:
-        path = Path(cfg.target.path).expanduser() / "config.json"
-    try:
-        conf = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    conf = conf.get("text_config") or conf
-    n = conf.get("num_hidden_layers")
+    n = (target_text_config(prepared_target(cfg)) or {}).get("num_hidden_layers")
     return int(n) if isinstance(n, int) else None
 
 

@@ -47,6 +47,7 @@ from eagle3.extract.store import (
     HS_DIR, ONLINE_FILE, PROGRESS_DIR, assign_shards, bytes_per_token, completed_shards,
     make_shards, remove_stale_temporaries, start_or_resume,
 )
+from eagle3.target_config import text_config
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def target_identity(target_dir: Path, cfg) -> dict:
     from eagle3.target_model import num_layers
 
     conf = AutoConfig.from_pretrained(target_dir, trust_remote_code=cfg.target.trust_remote_code)
-    text = getattr(conf, "text_config", None) or conf
+    text = text_config(conf)
     wh = weights_hash(target_dir)
     if wh is None:
         raise DataError(f"target {target_dir}: no *.safetensors weights found")

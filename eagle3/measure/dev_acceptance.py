@@ -25,7 +25,8 @@ import torch
 from eagle3.errors import DataError
 from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
 from eagle3.measure.offline import offline_row, offline_summary
-from eagle3.measure.replay import Request, check_lengths, greedy_continuations, replay_requests
+from eagle3.measure.replay import (Request, check_lengths, context_limit, greedy_continuations,
+                                   replay_requests)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class DevAcceptance:
 
     def __init__(self, target, prompts: list[list[int]], *, num_steps: int, max_new_tokens: int,
                  batch_size: int = 16, pad_id: int | None = None):
-        limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+        limit = context_limit(target)
         fits = [p for p in prompts if p and len(p) + max_new_tokens + num_steps <= limit]
         self.dropped_too_long = len(prompts) - len(fits)
         if not fits:

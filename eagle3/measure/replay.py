@@ -29,6 +29,7 @@ from eagle3.engines.registry import get_profile
 from eagle3.engines.sglang.draft import CachedAttention, SGLangEagle3Draft
 from eagle3.errors import CheckpointInvalid, DataError, EngineUnsupported
 from eagle3.measure.prompts import encode_conversation
+from eagle3.target_config import text_config
 from eagle3.target_model import capture_hidden_states, num_layers
 
 LOGIT_ROWS = 8192  # rows per lm_head chunk when taking proposals (bounds the [rows, vocab] logits)
@@ -109,17 +110,23 @@ def capture_indices(draft: SGLangEagle3Draft, target, engine: str = "sglang",
         raise EngineUnsupported(f"draft eagle_config.eagle_aux_hidden_state_layer_ids {ids}: "
                                 f"{engine} captures inputs of layers 0..{n - 1}; HF indices {bad} "
                                 f"are never captured for a {n}-layer target")
-    width, fc_in = int(target.config.hidden_size) * len(indices), draft.model.fc.in_features
+    hidden = int(text_config(target.config).hidden_size)
+    width, fc_in = hidden * len(indices), draft.model.fc.in_features
     if check_fc and width != fc_in:
         raise CheckpointInvalid(f"draft fc.weight expects {fc_in} input features, but the target "
-                                f"feeds {len(indices)} aux states x hidden "
-                                f"{target.config.hidden_size} = {width}")
+                                f"feeds {len(indices)} aux states x hidden {hidden} = {width}")
     return indices
+
+
+def context_limit(target) -> int:
+    """The target's context length in tokens: ``max_position_embeddings`` of its text config
+    (2**30 when the config has none)."""
+    return int(getattr(text_config(target.config), "max_position_embeddings", 1 << 30))
 
 
 def check_lengths(target, prompts: list[list[int]], max_new_tokens: int, num_steps: int) -> None:
     """DataError: empty/out-of-vocab prompt, budget < 1, prompt + budget + num_steps > context."""
-    limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    limit = context_limit(target)
     vocab = int(target.get_output_embeddings().weight.shape[0])
     if max_new_tokens < 1:
         raise DataError(f"replay: max_new_tokens must be >= 1, got {max_new_tokens}")

@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3.artifacts import read_json_object
 from eagle3.convert.checkpoint import Problem
 from eagle3.engines.bounds import bounded_int
 from eagle3.engines.sglang.environment import install_advice
 from eagle3.engines.sglang.serving import (extra_args_problems, flag_value, resolve,
                                            simulation_problem)
 from eagle3.errors import ConfigError, DataError, EngineUnsupported
+from eagle3.target_config import target_architecture, target_config_json, text_config
 
 GIB = 1 << 30
 ENGINE_CODES = {"TARGET_NO_AUX_CAPTURE", "ENGINE_MISSING", "ENGINE_VERSION", "GPU_COUNT",
@@ -103,20 +105,6 @@ def _failed(name: str, problems: list[Problem], figs: dict | None = None):
     return Check(name, "failed", "; ".join(p.message for p in problems), figs or {}), problems
 
 
-def target_architecture(target_dir: str | Path) -> str:
-    """``architectures[0]`` of the target's ``config.json``; DataError if unreadable or absent."""
-    path = Path(target_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: unreadable target config ({e})") from e
-    archs = cfg.get("architectures") or []
-    if not archs:
-        raise DataError(f"{path}: 'architectures' expected a non-empty list, got "
-                        f"{cfg.get('architectures')!r}")
-    return str(archs[0])
-
-
 def _weights_bytes(model_dir: Path) -> int:
     files = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("*.bin"))
     if not files:
@@ -128,7 +116,7 @@ def _kv_bytes_per_token(cfg: dict, dtype_bytes: int, where: str, tp: int = 1) ->
     """KV bytes per token on one GPU: 2 × layers × max(1, KV heads // tp) × head_dim × bytes;
     MLA (``kv_lora_rank``: DeepSeek-V2/V3, Kimi): layers × (kv_lora_rank + qk_rope_head_dim) ×
     bytes, on every GPU."""
-    cfg = cfg.get("text_config") or cfg
+    cfg = text_config(cfg)
     try:
         layers = bounded_int(cfg, "num_hidden_layers", where=where)
         if cfg.get("kv_lora_rank"):
@@ -152,12 +140,12 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
     draft is its ``config.json`` dict plus ``draft_weights_bytes``. Returns every number and
     ``fits``; ConfigError with the breakdown when it does not fit (failure class 19)."""
     target_dir = Path(target_dir)
-    tcfg = json.loads((target_dir / "config.json").read_text())
+    tcfg = target_config_json(target_dir)
     if isinstance(draft_dir, dict):
         dcfg, draft_dir = draft_dir, Path("<draft sized from the run config>")
     else:
         draft_dir = Path(draft_dir)
-        dcfg = json.loads((draft_dir / "config.json").read_text())
+        dcfg = read_json_object(draft_dir / "config.json", "draft config.json")
     nbytes = _KV_BYTES.get(kv_dtype)
     if nbytes is None:
         raise ConfigError(f"kv_dtype: expected one of {sorted(_KV_BYTES)}, got {kv_dtype!r}")
@@ -279,7 +267,7 @@ def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
 def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
     """(config dict, weight bytes in the serving dtype) of the draft before it exists: target layer
     shape, embedding ``[vocab, H]``, head ``[draft_vocab, H]``, ``fc`` ``[H, n_aux · H]``."""
-    t = tcfg.get("text_config") or tcfg
+    t = text_config(tcfg)
     h, inter = int(t["hidden_size"]), int(t["intermediate_size"])
     heads = int(t["num_attention_heads"])
     kv, hd = int(t.get("num_key_value_heads") or heads), int(t.get("head_dim") or h // heads)
@@ -294,12 +282,11 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
 
 def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
                   gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
-    s, tcfg = cfg.serve, json.loads((target_dir / "config.json").read_text())
+    s, tcfg = cfg.serve, target_config_json(target_dir)
     draft, draft_bytes = serving_dir, None
     if serving_dir is None or not (serving_dir / "config.json").is_file():
         draft, draft_bytes = draft_size_from_config(cfg, tcfg)
-    ctx = s.context_length or int((tcfg.get("text_config") or tcfg).get("max_position_embeddings")
-                                  or 4096)
+    ctx = s.context_length or int(text_config(tcfg).get("max_position_embeddings") or 4096)
     if engine == "reference":
         return _reference_memory(cfg, target_dir, tcfg, draft, draft_bytes, ctx)
     if gpus is None:

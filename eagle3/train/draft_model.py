@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from eagle3.errors import CheckpointInvalid, ConfigError
+from eagle3.target_config import text_config
 from eagle3.train.verifier_weights import verifier_notices
 
 FLAG_NAMES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
@@ -48,8 +49,7 @@ def read_target_config(target_dir: str | Path):
     if not (target_dir / "config.json").is_file():
         raise ConfigError(f"target {target_dir}: expected an HF model folder with config.json, "
                           "found none")
-    conf = AutoConfig.from_pretrained(target_dir)
-    return getattr(conf, "text_config", None) or conf
+    return text_config(AutoConfig.from_pretrained(target_dir))
 
 
 def build_draft(target_dir: str | Path, *, aux_layer_ids: list[int], d2t: torch.Tensor,

@@ -17,7 +17,6 @@ Only these two exact messages are taken; every other message of that logger pass
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.errors import ConfigError
+from eagle3.target_config import target_config_json, text_config
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class _Filter:
 def _tied(target_dir: Path) -> bool | None:
     """``tie_word_embeddings`` of the target's ``config.json`` (its ``text_config`` first, for
     multimodal configs); None when the key is absent (transformers' default is then True)."""
-    conf = json.loads((target_dir / "config.json").read_text())
-    for section in (conf.get("text_config") or {}, conf):
+    conf = target_config_json(target_dir)
+    for section in (text_config(conf), conf):
         if "tie_word_embeddings" in section:
             return bool(section["tie_word_embeddings"])
     return None

@@ -9,7 +9,8 @@ import pytest
 
 from eagle3.errors import ConfigError, EngineUnsupported
 from eagle3.engines.sglang.source import check_aux_capture
-from eagle3.serve.preflight import estimate_memory, target_architecture
+from eagle3.serve.preflight import estimate_memory
+from eagle3.target_config import target_architecture
 
 
 @pytest.fixture(scope="module")
