@@ -10,6 +10,7 @@ import torch
 
 from eagle3.convert.checkpoint import VOCAB_SIDE_FILES, Checkpoint, Problem, Target, cfg_get
 from eagle3.convert.draft_checks import aux_ids_invalid
+from eagle3.convert.vocab_reading import offset_t2d, vocab_map_problems
 from eagle3.engines.profile import EngineProfile
 from eagle3.engines.sglang.draft_load import rope_parameters
 from eagle3.errors import ConfigError
@@ -192,45 +193,6 @@ def check_embedding(ck: Checkpoint, target: Target | None) -> list[Problem]:
     return []
 
 
-def _vocab_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int,
-                    vocab: int) -> list[Problem]:
-    from eagle3.convert.vocab_reading import absolute_reason
-
-    def bad(msg: str) -> Problem:
-        return Problem("VOCAB_MAP_INVALID", msg)
-
-    if d2t.dim() != 1 or d2t.numel() != draft_vocab:
-        return [bad(f"d2t: expected length draft_vocab_size={draft_vocab}, got shape "
-                    f"{list(d2t.shape)}")]
-    out = []
-    if d2t.is_floating_point() or d2t.dtype == torch.bool:
-        out.append(bad(f"d2t: expected an integer dtype (int64), got {d2t.dtype}"))
-    tid = d2t.to(torch.long) + torch.arange(draft_vocab)
-    reason = absolute_reason(d2t, t2d, vocab)  # target ids stored instead of offsets
-    if reason is not None:
-        return out + [Problem("VOCAB_MAP_ABSOLUTE", "d2t: expected offsets (target id = i + "
-                              f"d2t[i]), got absolute target ids: {reason}")]
-    lo, hi = int(tid.min()), int(tid.max())
-    if lo < 0 or hi >= vocab:
-        return out + [bad(f"d2t: i + d2t[i] expected in [0, {vocab}), got range [{lo}, {hi}]")]
-    distinct = int(tid.unique().numel())
-    if distinct != draft_vocab:
-        out.append(bad(f"d2t: expected {draft_vocab} distinct target ids i + d2t[i], got "
-                       f"{distinct} (two draft rows map to one target token)"))
-    if t2d is None:
-        return out
-    if t2d.dim() != 1 or t2d.numel() != vocab:
-        return out + [bad(f"t2d: expected length vocab_size={vocab}, got shape {list(t2d.shape)}")]
-    n_true = int(t2d.to(torch.bool).sum())
-    if n_true != draft_vocab:
-        out.append(bad(f"t2d: sum expected draft_vocab_size={draft_vocab}, got {n_true}"))
-    off = int((~t2d.to(torch.bool)[tid]).sum())
-    if off:
-        out.append(bad("d2t/t2d: expected t2d[i + d2t[i]] true for every draft index, got "
-                       f"{off} of {draft_vocab} false"))
-    return out
-
-
 def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
     """Classes 6, 7, 9: presence of d2t when the draft vocabulary is smaller, map invariants
     (``VOCAB_MAP_INVALID``; ``VOCAB_MAP_ABSOLUTE`` for target ids stored instead of offsets), map
@@ -259,10 +221,9 @@ def check_vocab_map(ck: Checkpoint, profile: EngineProfile) -> list[Problem]:
                             f"needs a d2t tensor in the weights, found none{where}: the engine "
                             "would use the identity map")]
         return []
-    out = _vocab_problems(d2t, t2d, dv, vocab)
+    out = vocab_map_problems(d2t, t2d, dv, vocab)
     recorded = (ck.manifest or {}).get("vocab_map_hash")
     if recorded and not out:
-        from eagle3.convert.vocab_reading import offset_t2d
         from eagle3.train.vocab import vocab_map_hash
 
         # without a t2d, the one training builds from d2t (the map is valid here)

@@ -1,4 +1,5 @@
-"""Which reading of a draft's ``d2t`` the tensors support: offsets, as every engine reads them
+"""The checks of a draft's vocabulary map, conversion's and training's (:func:`vocab_map_problems`),
+and which reading of ``d2t`` the tensors support: offsets, as every engine reads them
 (SGLang 0.5.16 and 0.5.23 ``srt/models/llama_eagle3.py``: ``hot_token_id = d2t + arange``, so
 draft id ``i`` proposes target id ``i + d2t[i]``), or the target ids themselves stored by mistake.
 
@@ -13,7 +14,7 @@ strongest first:
 2. read as offsets the map breaks (a target ``>= vocab_size`` or two draft ids on one target)
    while read as target ids it is ``len(d2t)`` distinct ids in ``[0, vocab_size)``;
 3. ``d2t == arange(n)``, or none of the many adjacent target ids a large vocabulary holds
-   (:func:`eagle3.train.vocab.absolute_d2t_reason`);
+   (:func:`absolute_d2t_reason`);
 4. for any size: read as target ids, at least half of the neighbours are adjacent ids (a
    contiguous stretch such as ``c + arange(n)``), while read as offsets no two draft ids sit on
    adjacent targets and those neighbours are all exactly 2 apart (see
@@ -32,6 +33,8 @@ import math
 
 import torch
 
+from eagle3.convert.checkpoint import Problem
+
 # Rule 4. Natural-text vocabularies cluster (frequent tokens sit on neighbouring ids), so a correct
 # map, read as offsets, has adjacent targets (equal neighbouring offsets) before it has targets
 # exactly 2 apart. A map whose neighbours are, read as offsets, never adjacent but for at least
@@ -47,6 +50,10 @@ ADJACENT_FALSE_ALARM_MAX = 1e-6
 # or 2 apart then sits 2 apart with probability at most 1/2, so k such pairs, none adjacent, have
 # probability at most 2**-k: TWO_APART_MIN is the least k with 2**-k <= ADJACENT_FALSE_ALARM_MAX.
 TWO_APART_MIN = math.ceil(math.log2(1 / ADJACENT_FALSE_ALARM_MAX))
+# Rule 3. An offset d2t is non-decreasing, equal at draft rows on adjacent target ids; a d2t of
+# target ids is strictly increasing. n frequent ids of V hold about (n-1)·n/V adjacent pairs (more:
+# text clusters); none while at least this many are expected (probability ~exp(-this)) reads as ids.
+ADJACENT_PAIRS_EXPECTED_MIN = 20.0
 
 
 def _poisson_at_least(k: int, lam: float) -> float:
@@ -73,12 +80,33 @@ def _marks_exactly(mask: torch.Tensor, ids: torch.Tensor) -> bool:
             and int(mask.sum()) == ids.numel())
 
 
+def absolute_d2t_reason(d2t: torch.Tensor, vocab_size: int) -> str | None:
+    """Rule 3: why ``d2t`` (int ``[draft_vocab_size]``) looks like absolute target ids rather than
+    the offsets every engine reads, or None. Absolute: a valid map read as ids (in ``[0,
+    vocab_size)``, strictly increasing) that equals ``arange(n)`` (n >= 3) or has no adjacent pair
+    while at least :data:`ADJACENT_PAIRS_EXPECTED_MIN` are expected."""
+    n = int(d2t.numel())
+    if d2t.dim() != 1 or n < 3 or d2t.is_floating_point():
+        return None
+    d = d2t.to(torch.long)
+    if int(d.min()) < 0 or int(d.max()) >= vocab_size or not bool((d[1:] > d[:-1]).all()):
+        return None
+    if torch.equal(d, torch.arange(n, dtype=torch.long)):
+        return (f"d2t[i] == i for all {n} draft ids (a list of target ids, not offsets): the "
+                "engine reads target = i + d2t[i], so draft id i would propose target id 2i")
+    expected = (n - 1) * n / vocab_size
+    if expected >= ADJACENT_PAIRS_EXPECTED_MIN:
+        return (f"d2t strictly increasing at every one of its {n} entries (range [{int(d.min())}, "
+                f"{int(d.max())}]): offsets repeat wherever two draft ids sit on adjacent target "
+                f"ids, about {expected:.0f} such pairs expected for {n} of {vocab_size} ids, none "
+                "found: these are target ids, and the engine reads target = i + d2t[i]")
+    return None
+
+
 def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int) -> str | None:
     """Why ``d2t`` (integer ``[n]``) holds target ids rather than offsets, else None (module
     docstring, rules 1-5). ``t2d`` (bool or 0/1 ``[vocab_size]``) is used only at that length.
     Raises nothing."""
-    from eagle3.train.vocab import absolute_d2t_reason
-
     n = int(d2t.numel())
     if d2t.dim() != 1 or n < 2 or d2t.is_floating_point() or d2t.dtype == torch.bool:
         return None
@@ -122,6 +150,50 @@ def absolute_reason(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int
     return None
 
 
+def vocab_map_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int,
+                       vocab: int) -> list[Problem]:
+    """The broken invariants of a vocabulary map (failure class 7): ``d2t`` (int64
+    ``[draft_vocab]`` offsets, target id ``i + d2t[i]``) of length ``draft_vocab``, of an integer
+    dtype, holding offsets rather than target ids (``VOCAB_MAP_ABSOLUTE``, :func:`absolute_reason`),
+    with ``draft_vocab`` distinct targets in ``[0, vocab)``; ``t2d`` (bool ``[vocab]``, optional)
+    of length ``vocab``, true at exactly those targets. ``VOCAB_MAP_INVALID`` otherwise, each
+    naming the tensor, the expected and the actual value; ``[]`` for a valid map."""
+
+    def bad(msg: str) -> Problem:
+        return Problem("VOCAB_MAP_INVALID", msg)
+
+    if d2t.dim() != 1 or d2t.numel() != draft_vocab:
+        return [bad(f"d2t: expected length draft_vocab_size={draft_vocab}, got shape "
+                    f"{list(d2t.shape)}")]
+    out = []
+    if d2t.is_floating_point() or d2t.dtype == torch.bool:
+        out.append(bad(f"d2t: expected an integer dtype (int64), got {d2t.dtype}"))
+    tid = d2t.to(torch.long) + torch.arange(draft_vocab)
+    reason = absolute_reason(d2t, t2d, vocab)  # target ids stored instead of offsets
+    if reason is not None:
+        return out + [Problem("VOCAB_MAP_ABSOLUTE", "d2t: expected offsets (target id = i + "
+                              f"d2t[i]), got absolute target ids: {reason}")]
+    lo, hi = (int(tid.min()), int(tid.max())) if tid.numel() else (0, -1)
+    if lo < 0 or hi >= vocab:
+        return out + [bad(f"d2t: i + d2t[i] expected in [0, {vocab}), got range [{lo}, {hi}]")]
+    distinct = int(tid.unique().numel())
+    if distinct != draft_vocab:
+        out.append(bad(f"d2t: expected {draft_vocab} distinct target ids i + d2t[i], got "
+                       f"{distinct} (two draft rows map to one target token)"))
+    if t2d is None:
+        return out
+    if t2d.dim() != 1 or t2d.numel() != vocab:
+        return out + [bad(f"t2d: expected length vocab_size={vocab}, got shape {list(t2d.shape)}")]
+    n_true = int(t2d.to(torch.bool).sum())
+    if n_true != draft_vocab:
+        out.append(bad(f"t2d: sum expected draft_vocab_size={draft_vocab}, got {n_true}"))
+    off = int((~t2d.to(torch.bool)[tid]).sum())
+    if off:
+        out.append(bad("d2t/t2d: expected t2d[i + d2t[i]] true for every draft index, got "
+                       f"{off} of {draft_vocab} false"))
+    return out
+
+
 def offset_t2d(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The ``t2d`` (bool ``[vocab_size]``, true at ``i + d2t[i]``) of an offset map ``d2t``, as
     :func:`eagle3.train.vocab.build_vocab_map` builds it; ValueError naming the range when a
@@ -135,5 +207,6 @@ def offset_t2d(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return mask
 
 
-__all__ = ["ADJACENT_FALSE_ALARM_MAX", "ADJACENT_PAIRS_MIN", "ADJACENT_SHARE_MIN",
-           "TWO_APART_MIN", "absolute_reason", "offset_t2d"]
+__all__ = ["ADJACENT_FALSE_ALARM_MAX", "ADJACENT_PAIRS_EXPECTED_MIN", "ADJACENT_PAIRS_MIN",
+           "ADJACENT_SHARE_MIN", "TWO_APART_MIN", "absolute_d2t_reason", "absolute_reason",
+           "offset_t2d", "vocab_map_problems"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from eagle3.convert.vocab_reading import vocab_map_problems
 from eagle3.errors import ConfigError, DataError
 
 
@@ -106,24 +107,19 @@ def build_vocab_map(token_freq: dict[int, int], draft_vocab_size: int, vocab_siz
 
 
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
-    """DataError unless (failure class 7, docs/FAILURE_CLASSES.md) ``len(t2d) == vocab_size``,
-    ``t2d.sum() == len(d2t)`` and ``i + d2t[i]`` is strictly increasing in ``[0, vocab)`` and
-    exactly the ids where ``t2d`` is True."""
-    if d2t.dim() != 1 or t2d.dim() != 1:
-        raise DataError(f"vocab map: d2t and t2d must be 1-D, got shapes {tuple(d2t.shape)}, "
-                        f"{tuple(t2d.shape)}")
-    if t2d.numel() != vocab_size:
-        raise DataError(f"vocab map: len(t2d) expected {vocab_size} (target vocab), got "
-                        f"{t2d.numel()}")
-    n_true = int(t2d.to(torch.bool).sum())
-    if n_true != d2t.numel():
-        raise DataError(f"vocab map: t2d.sum() expected len(d2t)={d2t.numel()}, got {n_true}")
+    """DataError (failure class 7, docs/FAILURE_CLASSES.md) naming each broken invariant: those
+    conversion checks (:func:`eagle3.convert.vocab_reading.vocab_map_problems`: ``d2t`` 1-D
+    integer offsets, ``i + d2t[i]`` distinct in ``[0, vocab_size)``, ``t2d`` of length
+    ``vocab_size`` true exactly there) and, as training writes the map, targets ascending."""
+    problems = vocab_map_problems(d2t, t2d, d2t.numel(), vocab_size)
+    if problems:
+        raise DataError("vocab map: " + "; ".join(map(str, problems)))
     tid = d2t.to(torch.long) + torch.arange(d2t.numel(), dtype=torch.long)
-    if tid.numel() and (int(tid.min()) < 0 or int(tid.max()) >= vocab_size):
-        raise DataError(f"vocab map: i + d2t[i] expected in [0, {vocab_size}), got range "
-                        f"[{int(tid.min())}, {int(tid.max())}]")
-    if not torch.equal(tid, torch.nonzero(t2d.to(torch.bool)).flatten()):
-        raise DataError("vocab map: i + d2t[i] is not the ascending list of ids where t2d is True")
+    down = torch.nonzero(tid[1:] <= tid[:-1]).flatten()
+    if down.numel():
+        i = int(down[0]) + 1
+        raise DataError(f"vocab map: i + d2t[i] expected ascending in i (the order training "
+                        f"writes), got {int(tid[i - 1])} at draft id {i - 1}, {int(tid[i])} at {i}")
 
 
 def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
@@ -135,36 +131,6 @@ def vocab_map_hash(d2t: torch.Tensor, t2d: torch.Tensor) -> str:
     h.update(b"t2d:")
     h.update(t2d.detach().cpu().to(torch.bool).to(torch.uint8).contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-# An offset d2t is non-decreasing, equal at draft rows on adjacent target ids; a d2t of target ids
-# is strictly increasing. n frequent ids of V hold about (n-1)·n/V adjacent pairs (more: text
-# clusters); none while at least this many are expected (probability ~exp(-this)) reads as ids.
-ADJACENT_PAIRS_EXPECTED_MIN = 20.0
-
-
-def absolute_d2t_reason(d2t: torch.Tensor, vocab_size: int) -> str | None:
-    """Why ``d2t`` (int ``[draft_vocab_size]``) looks like absolute target ids rather than the
-    offsets every engine reads (SGLang 0.5.23 ``llama_eagle3.py``: ``hot_token_id = d2t +
-    arange``), or None. Absolute: a valid map read as ids (in ``[0, vocab_size)``, strictly
-    increasing) that equals ``arange(n)`` (n >= 3) or has no adjacent pair while at least
-    :data:`ADJACENT_PAIRS_EXPECTED_MIN` are expected."""
-    n = int(d2t.numel())
-    if d2t.dim() != 1 or n < 3 or d2t.is_floating_point():
-        return None
-    d = d2t.to(torch.long)
-    if int(d.min()) < 0 or int(d.max()) >= vocab_size or not bool((d[1:] > d[:-1]).all()):
-        return None
-    if torch.equal(d, torch.arange(n, dtype=torch.long)):
-        return (f"d2t[i] == i for all {n} draft ids (a list of target ids, not offsets): the "
-                "engine reads target = i + d2t[i], so draft id i would propose target id 2i")
-    expected = (n - 1) * n / vocab_size
-    if expected >= ADJACENT_PAIRS_EXPECTED_MIN:
-        return (f"d2t strictly increasing at every one of its {n} entries (range [{int(d.min())}, "
-                f"{int(d.max())}]): offsets repeat wherever two draft ids sit on adjacent target "
-                f"ids, about {expected:.0f} such pairs expected for {n} of {vocab_size} ids, none "
-                "found: these are target ids, and the engine reads target = i + d2t[i]")
-    return None
 
 
 def is_identity_prefix(d2t: torch.Tensor, vocab_size: int) -> bool:

@@ -64,16 +64,20 @@ def test_hash_is_stable_and_content_sensitive():
 
 def test_invariant_checks():
     vm = build_vocab_map(_freq(), 6, 64)
-    with pytest.raises(DataError, match="len\\(t2d\\)"):
+    with pytest.raises(DataError, match="t2d: expected length vocab_size=64, got shape \\[63\\]"):
         check_vocab_map(vm.d2t, vm.t2d[:-1], 64)
     t2d = vm.t2d.clone()
     t2d[50] = True
-    with pytest.raises(DataError, match="t2d.sum"):
+    with pytest.raises(DataError, match="t2d: sum expected draft_vocab_size=6, got 7"):
         check_vocab_map(vm.d2t, t2d, 64)
     d2t = vm.d2t.clone()
     d2t[0] = -20
     with pytest.raises(DataError, match="i \\+ d2t"):
         check_vocab_map(d2t, vm.t2d, 64)
+    ids = vm.target_ids()  # the same ids, two swapped: a valid map, not in training's order
+    ids[[0, 1]] = ids[[1, 0]]
+    with pytest.raises(DataError, match="expected ascending in i"):
+        check_vocab_map(ids - torch.arange(6), vm.t2d, 64)
     assert isinstance(vm, VocabMap)
 
 
