@@ -117,9 +117,9 @@ def main(argv=None) -> int:
     drafts = dict(d.split("=", 1) for d in a.draft)
     from eagle3.assets import resolve_target
     from eagle3.config import load_config
-    from eagle3.measure.offline import _load, offline_row, offline_summary
+    from eagle3.measure.offline import _load, replay_summaries
     from eagle3.measure.prompts import load_conversations
-    from eagle3.measure.replay import generate_requests, replay_requests, stop_ids
+    from eagle3.measure.replay import generate_requests, stop_ids
     from eagle3.target_config import target_config_json, text_config
     from eagle3.train.vocab import build_vocab_map
 
@@ -159,13 +159,10 @@ def main(argv=None) -> int:
         out["vocabulary_only"][size] = {"train_coverage": vm.coverage, **vocabulary_only(
             requests, reach, a.num_steps, stops, a.max_new_tokens)}
     if loaded:
-        results, _, _ = replay_requests(target, loaded, requests, a.num_steps,
-                                        max_new_tokens=a.max_new_tokens,
-                                        batch_size=min(a.batch_size, 16))
-        for name, res in results.items():
-            rows = [offline_row({"id": q.id, "category": q.category}, r)
-                    for q, r in zip(requests, res) if r.verify_ct]
-            s = offline_summary(rows, 0.0, {})
+        summaries = replay_summaries(target, loaded, requests, a.num_steps,
+                                     max_new_tokens=a.max_new_tokens,
+                                     batch_size=min(a.batch_size, 16), skip_no_pass=True)
+        for name, s in summaries.items():
             out["drafts"][name] = {k: s[k] for k in (
                 "acceptance_length", "acceptance_length_all_positions",
                 "out_of_draft_vocab_share", "per_position")}

@@ -24,9 +24,8 @@ import torch
 
 from eagle3.errors import DataError
 from eagle3.measure.acceptance import ACCEPTANCE_CONVENTION
-from eagle3.measure.offline import offline_row, offline_summary
-from eagle3.measure.replay import (Request, check_lengths, context_limit, greedy_continuations,
-                                   replay_requests)
+from eagle3.measure.offline import REPLAY_METHOD, replay_summaries
+from eagle3.measure.replay import context_limit, prompt_requests
 
 log = logging.getLogger(__name__)
 
@@ -72,31 +71,27 @@ class DevAcceptance:
             raise DataError(f"dev acceptance: expected at least one prompt within the target's "
                             f"context {limit} (with max_new_tokens {max_new_tokens} and num_steps "
                             f"{num_steps}), got {len(prompts)} prompts, none fitting")
-        check_lengths(target, fits, max_new_tokens, num_steps)
         self.target, self.num_steps, self.max_new_tokens = target, num_steps, max_new_tokens
         self.batch_size = batch_size
         self.warned: set[str] = set()  # conversion warning codes logged so far
         t0 = time.perf_counter()
-        conts = greedy_continuations(target, fits, max_new_tokens, batch_size=batch_size,
-                                     pad_id=pad_id)
+        self.requests = prompt_requests(target, fits, [(f"dev-{i}", "dev", "dev")
+                                                       for i in range(len(fits))],
+                                        max_new_tokens, num_steps, batch_size=batch_size,
+                                        pad_id=pad_id)
         self.continuation_s = time.perf_counter() - t0
-        self.requests = [Request(f"dev-{i}", "dev", "dev", 1, f"dev-{i}", p, c)
-                         for i, (p, c) in enumerate(zip(fits, conts))]
 
     @torch.no_grad()
     def measure(self, draft) -> dict:
-        """:func:`eagle3.measure.offline.offline_summary` of an ``SGLangEagle3Draft`` on the
-        target's device."""
-        t0 = time.perf_counter()
-        results = replay_requests(self.target, {"d": draft}, self.requests, self.num_steps,
-                                  batch_size=self.batch_size,
-                                  max_new_tokens=self.max_new_tokens)[0]["d"]
-        rows = [offline_row({"id": r.id, "category": r.category}, res)
-                for r, res in zip(self.requests, results)]
-        return offline_summary(rows, time.perf_counter() - t0, {
-            "num_steps": self.num_steps, "max_new_tokens": self.max_new_tokens,
-            "num_prompts": len(self.requests), "convention": ACCEPTANCE_CONVENTION,
-            "method": "replay (eagle3.measure.replay)"})
+        """The summary (:func:`eagle3.measure.offline.replay_summaries`) of an
+        ``SGLangEagle3Draft`` on the target's device replayed over the dev prompts."""
+        return replay_summaries(self.target, {"d": draft}, self.requests, self.num_steps,
+                                max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                                settings={"num_steps": self.num_steps,
+                                          "max_new_tokens": self.max_new_tokens,
+                                          "num_prompts": len(self.requests),
+                                          "convention": ACCEPTANCE_CONVENTION,
+                                          "method": REPLAY_METHOD})["d"]
 
     def measure_training_draft(self, model, target_dir: str | Path, *,
                                state_dict: dict | None = None,

@@ -20,12 +20,13 @@ from eagle3.errors import ConfigError, DataError
 from eagle3.measure.acceptance import (ACCEPTANCE_CONVENTION, all_positions_acceptance_length,
                                        exact_acceptance_length, sum_lists)
 from eagle3.measure.prompts import encode_prompts, load_conversations, load_prompts
-from eagle3.measure.replay import (Request, capture_indices, check_lengths, generate_requests,
-                                   greedy_continuations, replay_requests)
+from eagle3.measure.replay import (Request, capture_indices, generate_requests, prompt_requests,
+                                   replay_requests)
 from eagle3.measure.spread import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, METHOD,
                                    bootstrap_acceptance)
 
 DEFAULT_SETS = ("mtbench2", "gsm8k200")
+REPLAY_METHOD = "replay (eagle3.measure.replay)"  # the ``method`` of a replayed figure
 GROUP_KEYS = ("acceptance_length", "acceptance_length_sglang", "acceptance_rate", "per_position",
               "histogram", "acceptance_length_all_positions", "out_of_draft_vocab_share")
 
@@ -78,28 +79,28 @@ def offline_acceptance(target_dir: str | Path, serving_dir: str | Path | None,
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     ids = encode_prompts(plist, tokenizer, chat_template_kwargs)
+    if decoder is not None:
+        num_steps, capture_aux = decoder.num_steps, getattr(decoder, "capture_aux", capture_aux)
+    settings = {
+        "target_dir": str(target_dir), "serving_dir": str(serving_dir), "num_steps": num_steps,
+        "dtype": dtype, "max_new_tokens": max_new_tokens,
+        "temperature": temperature if decoder is not None else 0.0,
+        "num_prompts": len(plist), "capture_aux": capture_aux, "convention": ACCEPTANCE_CONVENTION,
+        "method": "decoder" if decoder is not None else REPLAY_METHOD}
     t0 = time.perf_counter()
     with torch_threads(cpu_threads if str(device).startswith("cpu") else None):
         if decoder is not None:
             results = [decoder.generate(x, max_new_tokens, temperature=temperature, seed=seed)
                        for x in ids]
-            num_steps, capture_aux = decoder.num_steps, getattr(decoder, "capture_aux", capture_aux)
+            out = offline_summary([offline_row(p, r) for p, r in zip(plist, results)],
+                                  time.perf_counter() - t0, settings)
         else:
-            check_lengths(target, ids, max_new_tokens, num_steps)
-            conts = greedy_continuations(target, ids, max_new_tokens, batch_size=batch_size,
-                                         pad_id=tokenizer.pad_token_id)
-            reqs = [Request(p["id"], p["category"], "", 1, p["id"], x, c)
-                    for p, x, c in zip(plist, ids, conts)]
-            results = replay_requests(target, drafts, reqs, num_steps, batch_size=batch_size,
-                                      max_new_tokens=max_new_tokens,
-                                      capture_aux=capture_aux)[0]["d"]
-    rows = [offline_row(p, r) for p, r in zip(plist, results)]
-    out = offline_summary(rows, time.perf_counter() - t0, {
-        "target_dir": str(target_dir), "serving_dir": str(serving_dir), "num_steps": num_steps,
-        "dtype": dtype, "max_new_tokens": max_new_tokens,
-        "temperature": temperature if decoder is not None else 0.0,
-        "num_prompts": len(plist), "capture_aux": capture_aux, "convention": ACCEPTANCE_CONVENTION,
-        "method": "decoder" if decoder is not None else "replay (eagle3.measure.replay)"})
+            reqs = prompt_requests(target, ids, [(p["id"], p["category"], "") for p in plist],
+                                   max_new_tokens, num_steps, batch_size=batch_size,
+                                   pad_id=tokenizer.pad_token_id)
+            out = replay_summaries(target, drafts, reqs, num_steps, max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size, capture_aux=capture_aux,
+                                   settings=settings, started=t0)["d"]
     out["unlike_served"] = unlike_served(temperature if decoder is None else 0.0, topk)
     return out
 
@@ -122,6 +123,26 @@ def offline_row(prompt: dict, res) -> dict:
             "histogram": list(getattr(res, "histogram", None) or []),
             "position_histogram": list(getattr(res, "position_histogram", None) or []),
             "out_of_draft_vocab": getattr(res, "out_of_draft_vocab", None)}
+
+
+def replay_summaries(target, drafts: Mapping, requests: list[Request], num_steps: int, *,
+                     max_new_tokens: int, batch_size: int = 16, capture_aux: bool = True,
+                     settings: dict | None = None, started: float | None = None,
+                     skip_no_pass: bool = False) -> dict[str, dict]:
+    """Replay and summarise: every draft (``{name: SGLangEagle3Draft}``) replayed over
+    ``requests`` (:func:`eagle3.measure.replay.replay_requests`), then ``{name:
+    offline_summary}`` of its :func:`offline_row` rows (id and category from each request) with
+    ``settings``; ``wall_s`` counts from ``started`` (a ``time.perf_counter()`` value; None: the
+    replay's start). A request without a verify pass raises DataError unless ``skip_no_pass``
+    leaves it out."""
+    t0 = time.perf_counter() if started is None else started
+    results = replay_requests(target, drafts, requests, num_steps, max_new_tokens=max_new_tokens,
+                              batch_size=batch_size, capture_aux=capture_aux)[0]
+    rows = {name: [offline_row({"id": q.id, "category": q.category}, r)
+                   for q, r in zip(requests, res) if r.verify_ct or not skip_no_pass]
+            for name, res in results.items()}
+    wall_s = time.perf_counter() - t0
+    return {name: offline_summary(r, wall_s, dict(settings or {})) for name, r in rows.items()}
 
 
 def offline_summary(rows: list[dict], wall_s: float, settings: dict) -> dict:
@@ -288,7 +309,7 @@ def evaluate_drafts(target_dir: str | Path, drafts: Mapping[str, str | Path], *,
     settings = {"target_dir": str(target_dir), "prompt_sets": list(sets),
                 "max_new_tokens": max_new_tokens, "num_steps": num_steps, "topk": 1,
                 "temperature": 0.0, "dtype": dtype, "device": dev, "batch_size": batch_size,
-                "method": "replay (eagle3.measure.replay)",
+                "method": REPLAY_METHOD,
                 "bootstrap": {"resamples": resamples, "seed": seed,
                               "confidence": DEFAULT_CONFIDENCE, "method": METHOD},
                 "convention": ACCEPTANCE_CONVENTION, "torch": torch.__version__,

@@ -192,6 +192,19 @@ def greedy_continuations(target, prompts: list[list[int]], max_new_tokens: int, 
     return out  # type: ignore[return-value]
 
 
+def prompt_requests(target, prompts: list[list[int]], names: list[tuple[str, str, str]],
+                    max_new_tokens: int, num_steps: int, *, batch_size: int = 16,
+                    pad_id: int | None = None) -> list[Request]:
+    """One single-turn :class:`Request` per templated prompt (token ids) with the target's greedy
+    continuation (:func:`greedy_continuations`); ``names[i]``: prompt i's ``(id, category, set)``.
+    DataError (:func:`check_lengths`) for an empty, out-of-vocabulary or over-long prompt."""
+    check_lengths(target, prompts, max_new_tokens, num_steps)
+    conts = greedy_continuations(target, prompts, max_new_tokens, batch_size=batch_size,
+                                 pad_id=pad_id)
+    return [Request(rid, category, set_, 1, rid, p, c)
+            for (rid, category, set_), p, c in zip(names, prompts, conts)]
+
+
 def generate_requests(target, tokenizer, conversations: list[dict], max_new_tokens: int, *,
                       batch_size: int = 16, num_steps: int = 0, progress=None) -> list[Request]:
     """Greedy answers to every turn (``prompts.load_conversations``): turn r after the target's own
