@@ -57,29 +57,18 @@ class EngineProfile:
 
     engine: str
     version: str
-    pinned: bool
-    source_file: str
     draft_architectures: tuple[str, ...]
     legacy_renames: tuple[tuple[str, str], ...]
-    stacked: tuple[tuple[str, str, Any], ...]
-    name_prefixes: tuple[str, ...]
     unknown_tensor: str  # "skip" (silently) | "raise"
-    special_tensors: Mapping[str, str]
-    ignored_tensors: tuple[str, ...]
-    embed_from_target: bool
     aux_ids_key: str
     aux_ids_convention: str
     aux_id_offset: int
     aux_default_rule: str
     aux_capture_hf_range: str
-    residual_order: str
     flags: Mapping[str, FlagRule]
-    flags_not_read: tuple[str, ...]
     aux_capture_classes: frozenset[str]
-    max_draft_layers: int | None
     param_fn: Callable[[dict], dict[str, ParamSpec]] = field(repr=False, compare=False)
     route_fn: Callable[[str, Mapping[str, ParamSpec]], Route] = field(repr=False, compare=False)
-    notes: tuple[str, ...] = ()
     # keys the engine reads inside the draft's ``eagle_config``
     eagle_config_keys: tuple[str, ...] = ()
     # top-level booleans it reads besides the flags (``bias``)

@@ -50,7 +50,7 @@ def test_loader_name_maps_and_silent_skip(src, profile):
     load = _method(src.read(EAGLE3), "LlamaForCausalLMEagle3", "load_weights")
     for legacy, new in profile.legacy_renames:
         assert f"'{legacy}': '{new}'" in load
-    for param, weight, shard in profile.stacked:
+    for param, weight, shard in sglang_profile.STACKED:
         assert f"('{param}', '{weight}', {shard!r})" in load
     assert "loaded_weight + torch.arange(loaded_weight.shape[0])" in load
     assert re.search(r"if 't2d' in name:\s+continue", load)

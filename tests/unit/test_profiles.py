@@ -14,6 +14,7 @@ import re
 import pytest
 
 from eagle3.engines.registry import get_profile
+from eagle3.engines.sglang.profile import STACKED
 from eagle3.errors import ConfigError, EngineUnsupported
 
 EAGLE3 = "sglang/srt/models/llama_eagle3.py"
@@ -58,11 +59,12 @@ def test_name_maps_match_load_weights(sglang_source, profile):
     tree = ast.parse(sglang_source.read(EAGLE3))
     load = _function(tree, "LlamaForCausalLMEagle3", "load_weights")
     assert tuple(_literal(load, "legacy_name_map").items()) == profile.legacy_renames
-    assert tuple(map(tuple, _literal(load, "stacked_params_mapping"))) == profile.stacked
+    assert tuple(map(tuple, _literal(load, "stacked_params_mapping"))) == STACKED
     src = ast.unparse(load)
     assert "'d2t' in name" in src and "loaded_weight + torch.arange(loaded_weight.shape[0])" in src
     assert re.search(r"if 't2d' in name:\s+continue", src), "t2d is no longer ignored"
-    assert "f'model.{name}'" in src and profile.name_prefixes == ("", "model.")
+    assert "f'model.{name}'" in src  # each name tried as-is, then with the model. prefix
+    assert profile.route("x.w", {"model.x.w": None}).param == "model.x.w"
     # A name matching no parameter: no else branch raising -> silently skipped.
     assert "raise" not in src and profile.unknown_tensor == "skip"
 
@@ -124,7 +126,8 @@ def test_aux_id_convention(sglang_source, profile):
     assert profile.aux_ids_key == "eagle_config.eagle_aux_hidden_state_layer_ids"
     assert profile.hf_to_engine_ids([2, 15, 27]) == [1, 14, 26]
     worker = sglang_source.read("sglang/srt/speculative/eagle_worker_v2.py")
-    assert "self.draft_runner.model.set_embed(embed)" in worker and profile.embed_from_target
+    assert "self.draft_runner.model.set_embed(embed)" in worker
+    assert profile.flags["embed_requires_grad"].supported == (False,)
 
 
 def test_capture_classes_pinned(sglang_source, profile):

@@ -35,7 +35,6 @@ from eagle3.engines.bounds import bounded_int
 from eagle3.engines.profile import EngineProfile, FlagRule, ParamSpec, Route
 
 VERSION = "0.5.23"  # the pinned SGLang release: the one place it is written
-SOURCE_FILE = "sglang/srt/models/llama_eagle3.py"
 
 LEGACY_RENAMES = (("midlayer", "layers.0"), ("aux_norm_low", "fc_norm.0"),
                   ("aux_norm_mid", "fc_norm.1"), ("aux_norm_high", "fc_norm.2"))
@@ -253,23 +252,14 @@ def build(version: str) -> EngineProfile:
     release = RELEASES[version]
     has_input_norm = "norm_before_fc" in release["flag_source_lines"]
     return EngineProfile(
-        engine="sglang", version=version, pinned=True, source_file=SOURCE_FILE,
-        draft_architectures=("LlamaForCausalLMEagle3",),
-        legacy_renames=LEGACY_RENAMES, stacked=STACKED, name_prefixes=("", "model."),
-        unknown_tensor="skip", special_tensors={"d2t": "hot_token_id = d2t + arange(len(d2t))"},
-        ignored_tensors=("t2d",), embed_from_target=True,
+        engine="sglang", version=version, draft_architectures=("LlamaForCausalLMEagle3",),
+        legacy_renames=LEGACY_RENAMES, unknown_tensor="skip",
         aux_ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
         aux_ids_convention="output of layer k (captures the input of layer k+1)", aux_id_offset=1,
         aux_default_rule="HF indices [2, L//2, L-3] when no ids are given",
-        aux_capture_hf_range="[1, L-1]",
-        residual_order="residual from the un-normalised hidden state (norm_before_residual=False)",
-        flags=_flags(release["flag_source_lines"], version),
-        flags_not_read=("norm_before_residual", "embed_requires_grad")
-        + (() if has_input_norm else ("norm_before_fc",)),
-        aux_capture_classes=release["aux_capture_classes"], max_draft_layers=None,
+        aux_capture_hf_range="[1, L-1]", flags=_flags(release["flag_source_lines"], version),
+        aux_capture_classes=release["aux_capture_classes"],
         param_fn=functools.partial(engine_params, has_input_norm=has_input_norm), route_fn=route,
-        notes=("fc is bypassed when the incoming hidden states are as wide as the embeddings",
-               "layers >= 1 normalise their input with hidden_norm, not input_layernorm"),
         eagle_config_keys=release["eagle_config_keys"], other_bool_keys=("bias", "use_aux_norm"),
     )
 
