@@ -46,6 +46,18 @@ def log(msg: str) -> None:
     print(f"[{datetime.now():%Y-%m-%d %H:%M:%S}] {msg}", flush=True)
 
 
+def accept_length(res) -> float:
+    """SGLang's ``spec_accept_length`` of a GenerationResult: completion tokens / verify passes
+    (1.0 without a pass)."""
+    return res.completion_tokens / res.verify_ct if res.verify_ct else 1.0
+
+
+def accept_rate(res) -> float:
+    """SGLang's ``spec_accept_rate`` of a GenerationResult: accepted / proposed draft tokens (0.0
+    when none was proposed)."""
+    return res.num_correct_drafts / res.num_draft_tokens if res.num_draft_tokens else 0.0
+
+
 class BadRequest(Exception):
     """A request field the engine cannot honour; answered with HTTP 400 and this message."""
 
@@ -172,7 +184,7 @@ class Engine:
         t["proposed_drafts"] += res.num_draft_tokens
         log(f"Request {meta['id'][:8]} done: #prompt: {res.prompt_tokens}, #gen: "
             f"{res.completion_tokens}, "
-            f"accept len: {res.accept_length:.2f}, accept rate: {res.accept_rate:.2f}, "
+            f"accept len: {accept_length(res):.2f}, accept rate: {accept_rate(res):.2f}, "
             f"gen throughput (token/s): {res.completion_tokens / max(elapsed, 1e-9):.2f}")
         return body
 
@@ -188,7 +200,7 @@ class Engine:
             hist = list(res.histogram)
             while len(hist) > 1 and hist[-1] == 0:
                 hist.pop()
-            meta.update(spec_accept_rate=res.accept_rate, spec_accept_length=res.accept_length,
+            meta.update(spec_accept_rate=accept_rate(res), spec_accept_length=accept_length(res),
                         spec_num_correct_drafts=res.num_correct_drafts,
                         spec_num_proposed_drafts=res.num_draft_tokens,
                         spec_verify_ct=res.verify_ct, spec_correct_drafts_histogram=hist,

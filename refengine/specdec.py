@@ -31,11 +31,21 @@ from typing import Callable
 
 import torch
 
-from eagle3.engines.sglang.draft import SGLangEagle3Draft
+from eagle3.engines.sglang.draft import DraftKVCache, SGLangEagle3Draft
 from eagle3.errors import DataError, EngineUnsupported
 from eagle3.measure.replay import GenerationResult, capture_indices, stop_ids
 from eagle3.target_model import capture_hidden_states, load_target, torch_dtype
 from refengine import sampling
+
+
+def crop_draft_cache(cache: DraftKVCache, length: int) -> None:
+    """Keep the first ``length`` positions of a draft's KV cache (the speculative positions of a
+    verify pass dropped); ValueError naming the cache's length when ``length`` is outside
+    ``[0, cache.length]``."""
+    if length < 0 or length > cache.length:
+        raise ValueError(f"crop_draft_cache: expected 0 <= length <= {cache.length}, got {length}")
+    cache.kv = [None if e is None or length == 0 else (e[0][..., :length, :],
+                                                       e[1][..., :length, :]) for e in cache.kv]
 
 
 def check_request(input_ids: list[int], max_new_tokens: int, vocab_size: int) -> None:
@@ -200,7 +210,7 @@ class SpeculativeDecoder:
                 if i < k - 1:
                     dl, dh = self._draft([tok], committed + i, dh[-1:],
                                          dcache)  # draft step (own state)
-            dcache.crop(committed)
+            crop_draft_cache(dcache, committed)
             vlogits, vhidden = self._target_forward([last] + drafts,
                                                     cache)  # positions committed..committed+k
             a, bonus = self._verify(vlogits, drafts, qs, temperature, top_p, gen)

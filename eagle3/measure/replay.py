@@ -65,16 +65,6 @@ class GenerationResult:
         """Draft tokens accepted (bonus excluded)."""
         return sum(self.accepted_per_position)
 
-    @property
-    def accept_length(self) -> float:
-        """SGLang's ``spec_accept_length``: completion_tokens / verify_ct (1.0 without a pass)."""
-        return self.completion_tokens / self.verify_ct if self.verify_ct else 1.0
-
-    @property
-    def accept_rate(self) -> float:
-        """SGLang's ``spec_accept_rate``: accepted / proposed drafts (0.0 when none)."""
-        return self.num_correct_drafts / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
 
 @dataclass
 class Request:

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.engines.sglang.draft import SGLangEagle3Draft, rope_parameters
 from eagle3.errors import CheckpointInvalid, EngineUnsupported
+from refengine.specdec import crop_draft_cache
 from testkit.sglang_drafts import draft_config, random_draft_tensors, write_draft
 
 TARGET = {
@@ -181,7 +182,7 @@ def test_kv_cache_steps_equal_full_extend_and_attention_is_causal(tmp_path, num_
     torch.testing.assert_close(torch.cat([a[1], b[1]]), full_h, rtol=1e-5, atol=1e-5)
     # speculative rows then crop: the cache is back to 4 positions and gives the same continuation
     m(ids[4:5], pos[4:5], torch.randn(1, 32), cache)
-    cache.crop(4)
+    crop_draft_cache(cache, 4)
     torch.testing.assert_close(m(ids[4:], pos[4:], hs[4:], cache)[0], b[0], rtol=1e-5, atol=1e-5)
     # causal: changing the last token leaves earlier rows unchanged
     ids2 = ids.clone()

@@ -12,6 +12,7 @@ import torch
 from refengine import sampling
 from eagle3.engines.sglang.draft import SGLangEagle3Draft
 from eagle3.errors import EngineUnsupported
+from refengine.server import accept_length, accept_rate
 from refengine.specdec import SpeculativeDecoder
 from eagle3.target_model import load_target
 from testkit.sglang_drafts import (
@@ -79,8 +80,8 @@ def test_greedy_equals_target_greedy_with_random_draft(tmp_path, tiny, steps, ca
         res = dec.generate(ids, 20)
         assert res.output_ids == _hf_greedy(model, ids, 20)
         assert res.verify_ct >= 1 and res.num_draft_tokens == steps * res.verify_ct
-        assert 1.0 <= res.accept_length <= steps + 1
-        assert res.accept_length == res.completion_tokens / res.verify_ct
+        assert 1.0 <= accept_length(res) <= steps + 1
+        assert accept_length(res) == res.completion_tokens / res.verify_ct
         assert sum(res.histogram) == res.verify_ct
 
 
@@ -100,7 +101,7 @@ def test_always_agreeing_draft_reaches_max_acceptance_and_same_output(tmp_path, 
             and res.accepted_per_position == [5, 5, 5]
             and res.histogram == [0, 0, 0, 5]
         )
-        assert res.accept_rate == 1.0 and res.accept_length == pytest.approx(21 / 5)
+        assert accept_rate(res) == 1.0 and accept_length(res) == pytest.approx(21 / 5)
 
 
 def test_stop_token_ends_generation_and_is_kept(tmp_path, tiny):

@@ -84,14 +84,6 @@ class DraftKVCache:
         self.kv[layer] = (k, v)
         return k, v
 
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions (rejected / speculative positions dropped)."""
-        if length < 0 or length > self.length:
-            raise ValueError(f"DraftKVCache.crop: expected 0 <= length <= {self.length}, "
-                             f"got {length}")
-        self.kv = [None if e is None or length == 0 else (e[0][..., :length, :],
-                                                          e[1][..., :length, :]) for e in self.kv]
-
 
 class CachedAttention:
     """``attend`` over a :class:`DraftKVCache` (None: no cache): the rows' keys are appended, then
