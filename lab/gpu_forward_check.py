@@ -39,11 +39,11 @@ def _batch(hs: Path, target: Path, seq_len: int, device):
     padding."""
     import torch
 
-    from eagle3.train.data import collate, open_hidden_states
+    from eagle3.train.data import collate_host, open_hidden_states, to_device
     from eagle3.train.draft_model import read_target_config
 
     data = open_hidden_states(hs, target, read_target_config(target), max_tokens=seq_len)
-    b = collate([data.load_sample(0)], device, torch.float32)
+    b = to_device(collate_host([data.load_sample(0)]), device, torch.float32)
     S = b["input_ids"].shape[1]
     cuts = [0, int(S * 0.35), int(S * 0.80), int(S * 0.95), S]
     doc = torch.empty(S, dtype=torch.long)

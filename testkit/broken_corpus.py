@@ -2,6 +2,7 @@
 
 ``make_speculators_draft(target_dir, out)`` builds a good speculators-format draft for a target
 (random layers, the target's embedding, a valid vocab map);
+``validate(ckpt_dir, **kw)``: the problems of :func:`eagle3.convert.validate.validate_report`;
 ``build_corpus(good_serving_dir, root, target_dir)`` copies a good *converted* checkpoint once per
 case and breaks it in one way, returning :class:`Case` records (``expect`` = the Problem code and a
 string its message must contain). Run as a script to write the corpus to a folder::
@@ -20,6 +21,15 @@ from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
+
+
+def validate(ckpt_dir: str | Path, **kw) -> list:
+    """The ``problems`` (``Problem`` records) of :func:`eagle3.convert.validate.validate_report`
+    of ``ckpt_dir`` with the same keyword arguments; ``[]`` = valid."""
+    from eagle3.convert.validate import validate_report
+
+    return validate_report(ckpt_dir, **kw).problems
+
 
 ALL_OFF = {
     "norm_before_residual": False,

@@ -153,3 +153,19 @@ def tiny_train_cfg(runs_dir: Path, *overrides: str):
     return load_config(
         Path(__file__).resolve().parents[1] / "configs" / "tiny-random.yaml", base + list(overrides)
     )
+
+
+def determinism_probe(model, capture_ids: list[int], samples: list[list[int]], pad_id: int) -> dict:
+    """Extract ``samples`` one at a time and in one right-padded batch; returns ``{"max_rel_err",
+    "per_slot"}``: the largest ``|a - b| / |a|`` (L2 over the hidden dimension) over samples and
+    tokens, per captured slot (batch-independent: bf16 ~1e-2, fp32 ~1e-6), of
+    :func:`eagle3.extract.hf_backend.forward_capture`."""
+    from eagle3.extract.hf_backend import forward_capture
+
+    alone = [forward_capture(model, capture_ids, [s], pad_id)[0].float() for s in samples]
+    together = [x.float() for x in forward_capture(model, capture_ids, samples, pad_id)]
+    per_slot = torch.zeros(len(capture_ids))
+    for a, b in zip(alone, together):
+        rel = (a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-6)  # [T, S]
+        per_slot = torch.maximum(per_slot, rel.amax(dim=0))
+    return {"max_rel_err": float(per_slot.max()), "per_slot": per_slot.tolist()}

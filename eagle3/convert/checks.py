@@ -1,5 +1,5 @@
-"""The checks behind :func:`eagle3.convert.validate.validate`, each returning Problems that name
-the key, tensor or field with the expected and actual value."""
+"""The checks behind :func:`eagle3.convert.validate.validate_report`, each returning Problems that
+name the key, tensor or field with the expected and actual value."""
 
 from __future__ import annotations
 

@@ -43,16 +43,6 @@ class Findings:
     figures: dict = field(default_factory=dict)
 
 
-def validate(ckpt_dir: str | Path, *, target_dir: str | Path | None = None, engine: str = "sglang",
-             data_manifest: dict | None = None, version: str | None = None,
-             aux_capture: bool = True,
-             token_counts: Mapping[int, int] | None = None) -> list[Problem]:
-    """The ``problems`` of :func:`validate_report` (``[]`` = valid)."""
-    return validate_report(ckpt_dir, target_dir=target_dir, engine=engine,
-                           data_manifest=data_manifest, version=version, aux_capture=aux_capture,
-                           token_counts=token_counts).problems
-
-
 def validate_report(ckpt_dir: str | Path, *, target_dir: str | Path | None = None,
                     engine: str = "sglang", data_manifest: dict | None = None,
                     version: str | None = None, aux_capture: bool = True,
@@ -124,4 +114,4 @@ def _check_files(found: Findings, ck: Checkpoint, profile: EngineProfile, target
         found.warnings += checks.data_unchecked(ck, target, dict(data_manifest), where)
 
 
-__all__ = ["Findings", "Problem", "validate", "validate_report"]
+__all__ = ["Findings", "Problem", "validate_report"]

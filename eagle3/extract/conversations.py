@@ -87,10 +87,6 @@ class ReadStats:
         if len(self.examples) < 10:
             self.examples.append(f"{where}: {reason}")
 
-    @property
-    def num_skipped(self) -> int:
-        return sum(self.skipped.values())
-
 
 @dataclass
 class TokenizedSample:

@@ -348,12 +348,6 @@ def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None) -> d
                     non_blocking=True) for k, v in batch.items()}
 
 
-def collate(samples: list[dict[str, torch.Tensor]], device: torch.device,
-            dtype: torch.dtype) -> dict:
-    """:func:`collate_host` then :func:`to_device`."""
-    return to_device(collate_host(samples), device, dtype)
-
-
 class MicroBatches(torch.utils.data.Dataset):
     """Micro-batch ``k`` = ``(sample ids, collate_host of their samples, None)`` for DataLoader
     workers; a DataError comes back as ``(ids, None, message)`` for the training process to raise

@@ -121,7 +121,7 @@ def _corpus(good: Path, work: Path, target: Path) -> list:
 def _validate(cases: list) -> None:
     """Attach ``codes`` (the sorted Problem codes of ``eagle3.convert.validate``) to each corpus
     case."""
-    from eagle3.convert.validate import validate
+    from testkit.broken_corpus import validate
 
     for case in cases:
         case.codes = sorted(

@@ -75,7 +75,7 @@ def eagle31(tmp_path_factory, tiny_target_dir) -> dict:
     from eagle3.config import load_config
     from eagle3.convert.equivalence import check_equivalence
     from eagle3.convert.stage import convert
-    from eagle3.convert.validate import validate
+    from testkit.broken_corpus import validate
     from eagle3.extract.stage import extract
     from eagle3.train.stage import train
 

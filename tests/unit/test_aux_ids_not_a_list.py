@@ -13,9 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from eagle3.convert.stage import convert
-from eagle3.convert.validate import validate
 from eagle3.errors import CheckpointInvalid
-from testkit.broken_corpus import good_pair
+from testkit.broken_corpus import good_pair, validate
 
 TOP_KEY = "eagle_aux_hidden_state_layer_ids"
 ENGINE_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"

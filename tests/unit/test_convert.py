@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 from eagle3.artifacts import content_hash
 from eagle3.convert.stage import convert
 from eagle3.errors import CheckpointInvalid, ConfigError, EngineUnsupported
-from eagle3.convert.validate import validate
-from testkit.broken_corpus import good_pair
+from testkit.broken_corpus import good_pair, validate
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from eagle3.convert.draft_checks import COVERAGE_REFUSE, COVERAGE_WARN, sglang_theta
 from eagle3.convert.stage import convert
-from eagle3.convert.validate import validate, validate_report
+from eagle3.convert.validate import validate_report
 from eagle3.errors import CheckpointInvalid
 from eagle3.convert.vocab_reading import absolute_d2t_reason
-from testkit.broken_corpus import good_pair, make_speculators_draft
+from testkit.broken_corpus import good_pair, make_speculators_draft, validate
 
 AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
 

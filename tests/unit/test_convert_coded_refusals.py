@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from eagle3.artifacts import content_hash
 from eagle3.convert.stage import convert
-from eagle3.convert.validate import validate, validate_report
+from eagle3.convert.validate import validate_report
 from eagle3.errors import CheckpointInvalid
-from testkit.broken_corpus import good_pair
+from testkit.broken_corpus import good_pair, validate
 from tests.support.handover import cli as _cli
 from tests.support.handover import edit_config as _edit_config
 

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from eagle3.convert.stage import convert
-from eagle3.convert.validate import validate, validate_report
+from eagle3.convert.validate import validate_report
 from eagle3.convert.vocab_reading import TWO_APART_MIN, absolute_reason
-from testkit.broken_corpus import good_pair
+from testkit.broken_corpus import good_pair, validate
 
 
 @pytest.fixture(scope="module")

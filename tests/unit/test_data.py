@@ -109,7 +109,7 @@ def test_reads_sharegpt_jsonl_and_counts_bad_lines(tmp_path):
     convs, stats = read_conversations(p)
     assert [c.id for c in convs] == ["a", "d"]
     assert convs[1].messages[0] == {"role": "system", "content": "s"}
-    assert stats.records == 5 and stats.usable == 2 and stats.num_skipped == 3
+    assert stats.records == 5 and stats.usable == 2 and sum(stats.skipped.values()) == 3
     assert stats.skipped["malformed_json_line"] == 1 and stats.skipped["no_assistant_turn"] == 1
     assert stats.skipped["unknown_role ('alien')"] == 1
     assert "c.jsonl:2: malformed_json_line" in stats.examples

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from eagle3.convert.draft_checks import COVERAGE_MIN_TOKENS, COVERAGE_REFUSE
 from eagle3.convert.stage import convert
-from eagle3.convert.validate import validate, validate_report
+from eagle3.convert.validate import validate_report
 from eagle3.convert.vocab_reading import absolute_reason
 from eagle3.errors import CheckpointInvalid, DataError
-from testkit.broken_corpus import good_pair
+from testkit.broken_corpus import good_pair, validate
 
 
 @pytest.fixture(scope="module")

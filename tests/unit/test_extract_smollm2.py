@@ -62,8 +62,9 @@ def test_smollm2_sharegpt_walking_skeleton(smol_run, smollm2_dir):
 
 @pytest.mark.slow
 def test_smollm2_batch_vs_alone_determinism_probe(smol_run, smollm2_dir):
-    from eagle3.extract.hf_backend import determinism_probe, forward_capture
+    from eagle3.extract.hf_backend import forward_capture
     from eagle3.target_model import load_target
+    from testkit.hs_fixture import determinism_probe
 
     cfg, out, m = smol_run
     import datasets

@@ -131,11 +131,18 @@ def test_aux_id_convention(sglang_source, profile):
 
 
 def test_capture_classes_pinned(sglang_source, profile):
-    from eagle3.engines.sglang.source import ModelIndex
+    from eagle3.engines.sglang.source import CAPTURE_METHOD, ModelIndex
 
     index = ModelIndex(sglang_source)
-    assert index.capturing_classes() == profile.aux_capture_classes
-    assert len(index.files_defining()) == 29
+    # every registered architecture that implements the capture method, inherited or not
+    assert frozenset(filter(index.implements, index.entry_classes)) == profile.aux_capture_classes
+    # the model modules where some class defines it itself
+    defining = [
+        m
+        for m, (classes, _) in index._modules.items()
+        if any(CAPTURE_METHOD in c.methods for c in classes.values())
+    ]
+    assert len(defining) == 29
 
 
 def test_check_flags_messages(profile):

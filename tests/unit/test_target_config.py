@@ -10,8 +10,12 @@ import pytest
 
 from eagle3.errors import DataError
 from eagle3.extract.precheck import _known_layer_count
-from eagle3.target_config import (target_architecture, target_config_json, target_text_config,
-                                  text_config)
+from eagle3.target_config import (
+    target_architecture,
+    target_config_json,
+    target_text_config,
+    text_config,
+)
 
 
 def _write(folder, conf) -> None:
@@ -19,9 +23,12 @@ def _write(folder, conf) -> None:
     (folder / "config.json").write_text(json.dumps(conf))
 
 
-MULTIMODAL = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-              "text_config": {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 9},
-              "vision_config": {"hidden_size": 32}}
+MULTIMODAL = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "text_config": {"hidden_size": 64, "vocab_size": 1000, "num_hidden_layers": 9},
+    "vision_config": {"hidden_size": 32},
+}
 
 
 def test_text_config_picks_the_nested_section_of_dicts_and_config_objects():
@@ -40,8 +47,10 @@ def test_the_multimodal_target_is_read_through_its_text_config(tmp_path):
     assert target_text_config(tmp_path)["vocab_size"] == 1000
     assert target_config_json(tmp_path)["model_type"] == "gemma3"
     assert target_architecture(tmp_path) == "Gemma3ForConditionalGeneration"
-    cfg = SimpleNamespace(target=SimpleNamespace(kind="hf", path=str(tmp_path)),
-                          paths=SimpleNamespace(resolved_cache_dir=lambda: tmp_path))
+    cfg = SimpleNamespace(
+        target=SimpleNamespace(kind="hf", path=str(tmp_path)),
+        paths=SimpleNamespace(resolved_cache_dir=lambda: tmp_path),
+    )
     assert _known_layer_count(cfg) == 9
 
 

@@ -135,7 +135,7 @@ def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_ta
     refused by name."""
     from eagle3.train.draft_model import build_draft, compile_forward
     from eagle3.errors import ConfigError
-    from eagle3.train.data import collate, open_hidden_states
+    from eagle3.train.data import collate_host, open_hidden_states, to_device
     from eagle3.train.vocab import build_vocab_map, load_token_freq
 
     conf = json.loads((tiny_target_dir / "config.json").read_text())
@@ -158,7 +158,10 @@ def test_compile_forward_static_shapes_same_outputs_and_bad_mode(hs_dir, tiny_ta
     data = open_hidden_states(
         hs_dir, tiny_target_dir, read_target_config(tiny_target_dir), max_tokens=96
     )
-    batches = [collate([data.load_sample(i)], torch.device("cpu"), torch.float32) for i in (0, 1)]
+    batches = [
+        to_device(collate_host([data.load_sample(i)]), torch.device("cpu"), torch.float32)
+        for i in (0, 1)
+    ]
     assert batches[0]["input_ids"].shape != batches[1]["input_ids"].shape  # two lengths
 
     from speculators.losses import resolve_loss_config

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from eagle3.train.data import collate, pack
+from eagle3.train.data import collate_host, pack, to_device
 from eagle3.train.metrics import add_batch, new_counts, simulated_acceptance_length, summarize
 from eagle3.train.state import lr_factor
 
@@ -86,7 +86,7 @@ def test_packing_keeps_documents_and_budget():
         }
         for n in (3, 2)
     ]
-    b = collate(s, torch.device("cpu"), torch.float32)
+    b = to_device(collate_host(s), torch.device("cpu"), torch.float32)
     assert b["document_ids"].tolist() == [[0, 0, 0, 1, 1]]
     assert b["position_ids"].tolist() == [[1, 2, 3, 1, 2]]
     assert b["hidden_states"].shape == (1, 5, 6)

@@ -14,7 +14,7 @@ import torch
 
 from eagle3.errors import ConfigError
 from eagle3.train import ttt_forward
-from eagle3.train.data import collate, open_hidden_states
+from eagle3.train.data import collate_host, open_hidden_states, to_device
 from eagle3.train.draft_model import build_draft, read_target_config, use_uncompiled_forward
 from eagle3.train.metrics import add_batch, new_counts
 from eagle3.train.stage import train
@@ -47,7 +47,8 @@ def setup(hs_dir, tiny_target_dir):
     data = open_hidden_states(
         hs_dir, tiny_target_dir, read_target_config(tiny_target_dir), max_tokens=200
     )
-    batch = collate([data.load_sample(i) for i in (0, 1, 2)], torch.device("cpu"), torch.float32)
+    samples = [data.load_sample(i) for i in (0, 1, 2)]
+    batch = to_device(collate_host(samples), torch.device("cpu"), torch.float32)
     return vmap, aux, batch
 
 

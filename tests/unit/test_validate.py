@@ -9,8 +9,8 @@ import json
 import pytest
 
 from eagle3.errors import DataError
-from eagle3.convert.validate import Problem, validate
-from testkit.broken_corpus import CASES, build_corpus, good_data_manifest, good_pair
+from eagle3.convert.validate import Problem
+from testkit.broken_corpus import CASES, build_corpus, good_data_manifest, good_pair, validate
 
 FILE_CHECKABLE = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 26}
 

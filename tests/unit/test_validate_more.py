@@ -14,9 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3.convert.stage import convert
-from eagle3.convert.validate import validate
 from eagle3.errors import CheckpointInvalid, ConfigError
-from testkit.broken_corpus import good_data_manifest, good_pair
+from testkit.broken_corpus import good_data_manifest, good_pair, validate
 
 
 @pytest.fixture(scope="module")

@@ -166,14 +166,6 @@ class ModelIndex:
             self._has(module if b in classes else imports.get(b), b, method, seen)
             for b in info.bases)
 
-    def capturing_classes(self, method: str = CAPTURE_METHOD) -> frozenset[str]:
-        """All registered architectures (``EntryClass``) that implement ``method``."""
-        return frozenset(n for n in self.entry_classes if self.implements(n, method))
-
-    def files_defining(self, method: str = CAPTURE_METHOD) -> list[str]:
-        """Model modules where some class defines ``method`` itself."""
-        return sorted(m for m, (classes, _) in self._modules.items()
-                      if any(method in c.methods for c in classes.values()))
 
 
 @functools.lru_cache(maxsize=4)
