@@ -707,7 +707,8 @@ def test_the_steps_plan_goes_on_from_the_short_plans_store():
     assert [s.split("-n")[0] for _, _, s in tiny["points"]] == [
         s.split("-n")[0] for _, _, s in steps["points"]]
     store = REPO / "lab" / "results" / "2026-12-07-h100-best-draft" / "mlflow_store.tar.xz"
-    assert store_problem(store, Path("/tmp/h200/study"), steps) is None
+    work = Path("/tmp/h200/study")  # the copy's --work: the store records absolute paths
+    assert store_problem(store, work, steps) is None
     changed = json.loads(json.dumps(steps))
     changed["schedules"]["cosine-s14k-n2000-v32k"][1] = "train.epochs=10"
-    assert "was" in store_problem(store, Path("/tmp/h200/study"), changed)
+    assert "was" in store_problem(store, work, changed)
