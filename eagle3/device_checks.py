@@ -4,14 +4,13 @@ run. ``<section>.device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``; ``num_gpus``
 
 from __future__ import annotations
 
-from typing import Any
-
+from eagle3.config import RunConfig
 from eagle3.errors import ConfigError
 
 SECTIONS = ("extract", "train", "serve")
 
 
-def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
+def device_problems(cfg: RunConfig, cuda_count: int | None = None) -> list[str]:
     """One message per ``<section>.device`` naming CUDA when fewer CUDA devices are present than
     needed (``cuda_count``: None = ask torch). ``auto`` and ``cpu`` never fail. Then, for a
     section whose device is there and resolves to CUDA (``auto`` does when CUDA is present),
@@ -43,7 +42,7 @@ def device_problems(cfg: Any, cuda_count: int | None = None) -> list[str]:
     return out
 
 
-def check_devices(cfg: Any, cuda_count: int | None = None) -> None:
+def check_devices(cfg: RunConfig, cuda_count: int | None = None) -> None:
     """Raise ConfigError with every :func:`device_problems` message (one a line, each as
     ``DEVICE_MISSING: message``, the code ``eagle3 preflight`` gives them), if any."""
     problems = device_problems(cfg, cuda_count)

@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from eagle3.config import RunConfig
 
-def serve_and_measure(cfg: Any, target_dir: Path, serving_dir: Path, deploy_dir: Path,
+
+def serve_and_measure(cfg: RunConfig, target_dir: Path, serving_dir: Path, deploy_dir: Path,
                       bench_dir: Path, *,
                       on_ready: Callable[[Any, Any], None] | None = None) -> dict:
     """launch → readiness gate → watched benchmark → teardown; returns the ``run_bench`` report.

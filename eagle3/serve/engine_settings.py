@@ -6,15 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from eagle3.config import RunConfig
 from eagle3.engines.sglang.serving import asked_settings, compare_server_info, running_problems
 from eagle3.errors import ConfigError
 
 
-def check_running_settings(url: str, cfg: Any, engine: str, deploy_dir: str | Path, *,
+def check_running_settings(url: str, cfg: RunConfig, engine: str, deploy_dir: str | Path, *,
                            timeout_s: float = 10.0) -> dict:
     """``GET <url>/server_info`` (else ``/get_server_info``) against
     :func:`~eagle3.engines.sglang.serving.asked_settings`. Returns and writes ``{"engine", "asked",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.artifacts import read_json_object
+from eagle3.config import RunConfig
 from eagle3.convert.checkpoint import Problem
 from eagle3.engines.bounds import bounded_int
 from eagle3.engines.sglang.environment import install_advice
@@ -169,7 +170,7 @@ def estimate_memory(target_dir: str | Path, draft_dir: str | Path | dict, *, con
             "kv_dtype": kv_dtype, "tp": int(tp), "fits": True}
 
 
-def _sglang_env_problem(cfg: Any, who: str, fallback: str) -> Problem | None:
+def _sglang_env_problem(cfg: RunConfig, who: str, fallback: str) -> Problem | None:
     """ENGINE_MISSING / ENGINE_VERSION when ``serve.sglang_python`` lacks the release of
     ``convert.engine_version``; ``who`` names the setting that needs SGLang."""
     from eagle3.engines.sglang.environment import (sglang_installed, sglang_python,
@@ -190,7 +191,7 @@ def _sglang_env_problem(cfg: Any, who: str, fallback: str) -> Problem | None:
     return None
 
 
-def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+def _check_engine(cfg: RunConfig, engine: str) -> tuple[Check, list[Problem]]:
     if engine == "reference":
         return Check("engine", "passed", f"reference engine (refengine) in {sys.executable}"), []
     from eagle3.engines.sglang.environment import sglang_python
@@ -202,7 +203,7 @@ def _check_engine(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
                  f"SGLang {cfg.convert.engine_version} in {sglang_python(cfg)}"), []
 
 
-def _check_extraction(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+def _check_extraction(cfg: RunConfig, engine: str) -> tuple[Check, list[Problem]]:
     """``extract.backend sglang`` needs SGLang whatever serves: ``serve.sglang_python`` with the
     release of ``convert.engine_version``, and a release with a flag that returns the target's
     aux states without a draft (``RELEASES[v]["return_aux_flag"]``)."""
@@ -230,7 +231,7 @@ def _check_extraction(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
                  f"({flag})"), []
 
 
-def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Problem]]:
+def _check_aux(cfg: RunConfig, engine: str, target_dir: Path) -> tuple[Check, list[Problem]]:
     from eagle3.engines.sglang.source import check_aux_capture, find_engine_source
 
     arch, v = target_architecture(target_dir), cfg.convert.engine_version
@@ -253,7 +254,7 @@ def _check_aux(cfg: Any, engine: str, target_dir: Path) -> tuple[Check, list[Pro
                                           f"({got['how']})", {"captures": 1}), []
 
 
-def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
+def _visible_gpus(cfg: RunConfig, sample: list[dict]) -> list[dict]:
     """``serve.tp`` GPUs from ``--base-gpu-id``, in ``CUDA_VISIBLE_DEVICES`` order."""
     raw = cfg.serve.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     gpus = sample
@@ -264,7 +265,7 @@ def _visible_gpus(cfg: Any, sample: list[dict]) -> list[dict]:
     return gpus[base:base + cfg.serve.tp]
 
 
-def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
+def draft_size_from_config(cfg: RunConfig, tcfg: dict) -> tuple[dict, int]:
     """(config dict, weight bytes in the serving dtype) of the draft before it exists: target layer
     shape, embedding ``[vocab, H]``, head ``[draft_vocab, H]``, ``fc`` ``[H, n_aux · H]``."""
     t = text_config(tcfg)
@@ -280,7 +281,7 @@ def draft_size_from_config(cfg: Any, tcfg: dict) -> tuple[dict, int]:
     return dcfg, params * _DTYPE_BYTES.get(cfg.serve.dtype, 2)
 
 
-def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | None,
+def _check_memory(cfg: RunConfig, engine: str, target_dir: Path, serving_dir: Path | None,
                   gpus: list[dict] | None) -> tuple[Check, list[Problem]]:
     s, tcfg = cfg.serve, target_config_json(target_dir)
     draft, draft_bytes = serving_dir, None
@@ -332,8 +333,8 @@ def _check_memory(cfg: Any, engine: str, target_dir: Path, serving_dir: Path | N
                  {**figs, "gpus": len(used)}), problems
 
 
-def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_bytes: int | None,
-                      ctx: int) -> tuple[Check, list[Problem]]:
+def _reference_memory(cfg: RunConfig, target_dir: Path, tcfg: dict, draft: Any,
+                      draft_bytes: int | None, ctx: int) -> tuple[Check, list[Problem]]:
     import psutil
 
     from eagle3.serve.launcher import reference_device
@@ -366,7 +367,7 @@ def _reference_memory(cfg: Any, target_dir: Path, tcfg: dict, draft: Any, draft_
                                      f"{free / GIB:.2f} GiB free (context up to {ctx})", figs), []
 
 
-def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+def _check_settings(cfg: RunConfig, engine: str) -> tuple[Check, list[Problem]]:
     s, b = cfg.serve, cfg.bench
     if engine == "reference":  # the launcher's rules for its command line
         from eagle3.serve.launcher import reference_rules
@@ -398,7 +399,7 @@ def _check_settings(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
                  f"({r['max_running_requests_source']})", figs), []
 
 
-def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
+def _check_environment(cfg: RunConfig, engine: str) -> tuple[Check, list[Problem]]:
     env = {**os.environ, **cfg.serve.env}
     problem = simulation_problem(env, "the server's environment")
     if problem is None:
@@ -410,7 +411,7 @@ def _check_environment(cfg: Any, engine: str) -> tuple[Check, list[Problem]]:
     return _failed("environment", [Problem("SIMULATED_ACCEPTANCE", problem + "; fix: unset it")])
 
 
-def _check_template(cfg: Any, engine: str, target_dir: Path,
+def _check_template(cfg: RunConfig, engine: str, target_dir: Path,
                     data: dict | None) -> tuple[Check, list[Problem]]:
     if data is None:
         return Check("template", "skipped", "no extraction manifest to compare with"), []
@@ -438,7 +439,7 @@ def _check_template(cfg: Any, engine: str, target_dir: Path,
                                      f"benchmark{note}"), problems
 
 
-def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
+def _server_template(cfg: RunConfig, trained: dict, data: dict) -> list[Problem]:
     extra, out = cfg.serve.extra_args, []
     raw = flag_value(extra, "--default-chat-template-kwargs")
     server = cfg.data.chat_template_kwargs if raw is None else json.loads(raw)
@@ -468,14 +469,14 @@ def _server_template(cfg: Any, trained: dict, data: dict) -> list[Problem]:
     return out
 
 
-def _check_steps(cfg: Any) -> tuple[Check, list[Problem]]:
+def _check_steps(cfg: RunConfig) -> tuple[Check, list[Problem]]:
     s, t = cfg.serve.speculative_num_steps, cfg.train.ttt_steps
     how = "equal" if s == t else f"trained steps {s + 1}..{t} go unused"
     return Check("steps", "passed", f"{s} served draft steps, {t} trained TTT steps ({how})",
                  {"served_steps": s, "ttt_steps": t}), []
 
 
-def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
+def _check_port(cfg: RunConfig) -> tuple[Check, list[Problem]]:
     """SERVE_HOST (:func:`eagle3.config_checks.serve_host_problem`), and PORT_IN_USE for a set
     ``serve.port`` that does not bind."""
     import socket
@@ -500,7 +501,7 @@ def _check_port(cfg: Any) -> tuple[Check, list[Problem]]:
     return Check("port", "passed", f"serve.port {s.port} on {s.host} is free"), []
 
 
-def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | None = None, *,
+def run_preflight(cfg: RunConfig, target_dir: str | Path, serving_dir: str | Path | None = None, *,
                   data_manifest: dict | None = None, engine: str | None = None,
                   gpus: list[dict] | None = None) -> PreflightReport:
     """Every check above for RunConfig ``cfg``; starts nothing. ``serving_dir`` None: draft sized
@@ -518,7 +519,7 @@ def run_preflight(cfg: Any, target_dir: str | Path, serving_dir: str | Path | No
     return PreflightReport(engine, [c for c, _ in results], [p for _, ps in results for p in ps])
 
 
-def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
+def preflight_of_run(cfg: RunConfig, serving_dir: str | Path | None,
                      data_dir: str | Path | None) -> PreflightReport:
     """:func:`run_preflight` on a run's folders (each used when present); DataError/ConfigError
     only for unreadable inputs."""
@@ -536,7 +537,7 @@ def preflight_of_run(cfg: Any, serving_dir: str | Path | None,
     return report
 
 
-def _check_inputs(cfg: Any, target: Path, problems: list[Problem]) -> Check:
+def _check_inputs(cfg: RunConfig, target: Path, problems: list[Problem]) -> Check:
     """``inputs``: the file checks a stage repeats at its start (data, dev and bench prompts, aux
     layer ids and draft vocabulary against the target); its problems go first in ``problems``."""
     from eagle3.config_checks import before_run_problems
