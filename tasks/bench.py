@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import mlflow_ui, prefect_tags, task_options, tracking
 from tasks.results import AcceptanceFigures, StageResult
 
 
-def offline_settings(cfg: Any) -> dict:
+def offline_settings(cfg: RunConfig) -> dict:
     """The in-process decoding settings that match the served measurement: the bench's prompts,
     number of prompts, max new tokens (tokens) and temperature, the engine's
     ``speculative_num_steps``, and the dtype the reference engine serves in (``serve.dtype``;
@@ -38,7 +38,7 @@ def offline_settings(cfg: Any) -> dict:
             "cpu_threads": cfg.serve.cpu_threads if device.startswith("cpu") else None}
 
 
-def offline_figure(cfg: Any, serving_dir: Path) -> dict:
+def offline_figure(cfg: RunConfig, serving_dir: Path) -> dict:
     """``eagle3.measure.offline.offline_acceptance`` of the serving checkpoint with
     :func:`offline_settings`, memoised in ``<run_dir>/gate/offline_acceptance.json`` by (serving
     manifest content hash, settings).
@@ -69,7 +69,7 @@ def offline_figure(cfg: Any, serving_dir: Path) -> dict:
     return res
 
 
-def prefetch_offline_figure(cfg: Any, serving_dir: Path) -> bool:
+def prefetch_offline_figure(cfg: RunConfig, serving_dir: Path) -> bool:
     """:func:`offline_figure` computed ahead (its memo is what the acceptance task then reads), e.g.
     while the engines are benchmarked; True when it is ready. A failure here is only logged: the
     acceptance task computes the figure again and fails there, as a task, with the error recorded on
@@ -94,7 +94,7 @@ def train_figure(train: StageResult | None, name: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) -> Path:
+def log_acceptance_plot(cfg: RunConfig, parent_run_id: str, fig: AcceptanceFigures) -> Path:
     """``<run_dir>/gate/served_vs_offline.png`` (simulated / offline / served bars of the trained
     draft, and the untrained baseline's served bar when measured), logged on the parent run under
     ``plots/``."""
@@ -112,7 +112,7 @@ def log_acceptance_plot(cfg: Any, parent_run_id: str, fig: AcceptanceFigures) ->
 
 
 @task(name="acceptance", task_run_name="acceptance", **task_options(3600.0))
-def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | None,
+def acceptance_task(cfg: RunConfig, trained: StageResult, untrained: StageResult | None,
                     serving: StageResult,
                     parent_run_id: str, train: StageResult | None = None) -> AcceptanceFigures:
     """The acceptance figures of the run, logged on the parent run whatever they are: served (the
@@ -156,7 +156,7 @@ def acceptance_task(cfg: Any, trained: StageResult, untrained: StageResult | Non
 
 
 @task(name="acceptance-gate", task_run_name="acceptance-gate", **task_options(60.0))
-def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
+def gate_task(cfg: RunConfig, figures: AcceptanceFigures) -> AcceptanceFigures:
     """Pass when the trained draft's served acceptance length ≥ ``bench.min_acceptance_length``;
     else raise AcceptanceTooLow with the diagnosis (served far below offline: a serving fault;
     both low: the draft or data)."""
@@ -168,7 +168,7 @@ def gate_task(cfg: Any, figures: AcceptanceFigures) -> AcceptanceFigures:
 
 
 @task(name="decision", task_run_name="decision", **task_options(600.0))
-def decision_task(cfg: Any, train: StageResult | None, figures: AcceptanceFigures,
+def decision_task(cfg: RunConfig, train: StageResult | None, figures: AcceptanceFigures,
                   parent_run_id: str,
                   preflight: dict | None = None):
     """``eagle3.decide.recommend`` on the training history (``eagle3.decide.read_training_history``;

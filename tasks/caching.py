@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.artifacts import output_intact, read_manifest, sha256_file
+from eagle3.config import RunConfig
 from eagle3.errors import DataError
 from tasks.code_closure import code_hash
 from tasks.results import StageResult
@@ -73,10 +74,10 @@ def reference_engine_identity(folder: Path | None = None) -> str:
     return f"{REFERENCE_ENGINE} {m.group(1) if m else 'unversioned'} {h.hexdigest()[:16]}"
 
 
-def engine_identity(cfg: Any) -> str:
+def engine_identity(cfg: RunConfig) -> str:
     """The serving engine ``cfg.serve.engine`` resolves to, by version: ``sglang <release>`` (the
     configured ``convert.engine_version``) or :func:`reference_engine_identity`."""
-    engine = cfg.serve.engine
+    engine: str = cfg.serve.engine
     if engine == "auto":
         from eagle3.serve.launcher import resolve_engine
 
@@ -125,7 +126,7 @@ def manifest_hash(directory: str | Path) -> str:
     return f"{m.get('kind')}:{m['content_hash']}"
 
 
-def run_relative(path: str | Path, cfg: Any) -> str:
+def run_relative(path: str | Path, cfg: RunConfig) -> str:
     """``path`` relative to the runs directory as a POSIX string when it lies inside it, else its
     absolute path: how a folder is named to other machines (cache keys, hand-over records)."""
     p = Path(path).expanduser().resolve()
@@ -153,8 +154,9 @@ def relocate(result: Any, local_dir: str | Path) -> Any:
     return replace(result, dir=local)
 
 
-def stage_key(stage: str, cfg: Any, out_dir: str | Path, *, inputs: dict[str, str] | None = None,
-              files: dict[str, str | Path] | None = None, extra: dict | None = None) -> str:
+def stage_key(stage: str, cfg: RunConfig, out_dir: str | Path, *,
+              inputs: dict[str, str] | None = None, files: dict[str, str | Path] | None = None,
+              extra: dict | None = None) -> str:
     """The cache key of one stage run (see the module docstring); ``cfg`` is a RunConfig.
 
     Args:

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
 from tasks.results import StageResult
 
@@ -30,7 +31,7 @@ def convert_key(context: Any, parameters: dict) -> str:
                              files={"target": resolve_target(cfg)})
 
 
-def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path,
+def convert_validate_check(cfg: RunConfig, draft_dir: Path, data_dir: Path,
                            out_dir: Path) -> tuple[dict, dict]:
     """Convert (which validates once, against the target and the extraction manifest:
     CheckpointInvalid listing every ``CODE: message``), then check equivalence; whether the target's
@@ -59,8 +60,8 @@ def convert_validate_check(cfg: Any, draft_dir: Path, data_dir: Path,
 
 
 @task(name="convert-validate", cache_key_fn=convert_key, **task_options(TIMEOUT_S))
-def convert_task(cfg: Any, draft: StageResult, data: StageResult, out_dir: Path, parent_run_id: str,
-                 variant: str = "trained") -> StageResult:
+def convert_task(cfg: RunConfig, draft: StageResult, data: StageResult, out_dir: Path,
+                 parent_run_id: str, variant: str = "trained") -> StageResult:
     """Convert the speculators draft ``draft.dir`` to the serving format in ``out_dir`` and check
     it."""
     with tracking.stage_run(cfg, parent_run_id, "convert", variant, tags=prefect_tags()) as sr:

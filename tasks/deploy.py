@@ -11,11 +11,12 @@ from typing import Any
 
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
 from tasks.results import StageResult
 
 
-def deploy_timeout_s(cfg: Any) -> float:
+def deploy_timeout_s(cfg: RunConfig) -> float:
     """Task timeout (seconds): start-up deadline + probe + every request at its own timeout + 10 min
     slack."""
     s, b = cfg.serve, cfg.bench
@@ -40,7 +41,7 @@ def deploy_key(context: Any, parameters: dict) -> str:
                              extra={"chat_template_kwargs": cfg.data.chat_template_kwargs})
 
 
-def serve_and_measure(cfg: Any, serving_dir: Path, deploy_dir: Path, bench_dir: Path,
+def serve_and_measure(cfg: RunConfig, serving_dir: Path, deploy_dir: Path, bench_dir: Path,
                       sr: Any) -> dict:
     """``eagle3.measure.served.serve_and_measure`` with the gate's verdict and timeline logged to
     the stage run."""
@@ -79,7 +80,7 @@ def log_attempts(sr: Any, deploy_dir: Path) -> None:
 
 
 @task(name="deploy-bench", cache_key_fn=deploy_key, **task_options(4 * 3600.0))
-def deploy_task(cfg: Any, serving: StageResult, deploy_dir: Path, bench_dir: Path,
+def deploy_task(cfg: RunConfig, serving: StageResult, deploy_dir: Path, bench_dir: Path,
                 parent_run_id: str,
                 variant: str = "trained") -> StageResult:
     """Serve ``serving.dir`` behind the readiness gate, benchmark acceptance into ``bench_dir``,

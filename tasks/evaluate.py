@@ -17,10 +17,10 @@ machine (trained on another one) is named, not skipped in silence.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import task_options, tracking
 from tasks.reports import SWEEP_TAG
 from tasks.stage_config import latest_output
@@ -43,7 +43,7 @@ def _metrics(set_name: str, group: dict) -> dict[str, float]:
     return out
 
 
-def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]
+def points_to_evaluate(cfg: RunConfig, sweep_run_id: str, sets: list[str]
                        ) -> tuple[dict[str, tuple[str, Path]], dict[str, str]]:
     """``({point key: (its parent run id, its serving checkpoint folder)}, {point key: why it
     cannot be evaluated here})`` for the sweep's FINISHED points that lack one of ``sets``: the
@@ -69,7 +69,7 @@ def points_to_evaluate(cfg: Any, sweep_run_id: str, sets: list[str]
 
 
 @task(name="offline-eval", task_run_name="offline-eval", **task_options(4 * 3600.0))
-def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
+def evaluate_task(cfg: RunConfig, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
     """Evaluate the points of :func:`points_to_evaluate` together and log each one's figures on its
     run. Returns ``{"evaluated": {point: {set: summary}}, "not_evaluated": {point: why}}`` (the
     latter also logged as a warning)."""
@@ -106,7 +106,8 @@ def evaluate_task(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: 
     return {"evaluated": out, "not_evaluated": missing}
 
 
-def evaluate_points(cfg: Any, sweep_run_id: str, sets: list[str], max_new_tokens: int) -> dict:
+def evaluate_points(cfg: RunConfig, sweep_run_id: str, sets: list[str],
+                    max_new_tokens: int) -> dict:
     """:func:`evaluate_task` (a function the sweep flow calls; nothing is measured when every
     point is evaluated)."""
     return evaluate_task(cfg, sweep_run_id, list(sets), int(max_new_tokens))

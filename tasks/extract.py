@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
 from tasks.results import StageResult
 
@@ -22,7 +23,7 @@ MODE_TAGS = {"offline": "offline: the hidden states are written here",
                        "train stage, which keeps a window of them (extract.cache_max_gb)"}
 
 
-def dataset_file(cfg: Any) -> Path:
+def dataset_file(cfg: RunConfig) -> Path:
     """The conversations file extraction reads (``eagle3.extract.stage.data_source_path``)."""
     from eagle3.extract.plan import data_source_path
 
@@ -44,7 +45,7 @@ def extract_key(context: Any, parameters: dict) -> str:
                              files={"dataset": dataset_file(cfg), "target": resolve_target(cfg)})
 
 
-def extract_superseding(cfg: Any, out_dir: Path) -> dict:
+def extract_superseding(cfg: RunConfig, out_dir: Path) -> dict:
     """``eagle3.extract.stage.extract``, replacing an extraction of another plan that ``out_dir``
     still holds.
 
@@ -68,7 +69,7 @@ def extract_superseding(cfg: Any, out_dir: Path) -> dict:
 
 
 @task(name="extract", cache_key_fn=extract_key, **task_options(TIMEOUT_S))
-def extract_task(cfg: Any, out_dir: Path, parent_run_id: str,
+def extract_task(cfg: RunConfig, out_dir: Path, parent_run_id: str,
                  variant: str = "trained") -> StageResult:
     """Extract hidden states into ``out_dir``; log the counts (samples, tokens, truncated) to
     MLflow, and with ``data.regenerate`` the regenerated assistant turns

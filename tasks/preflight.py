@@ -9,17 +9,16 @@ holds every check's status as a tag, the numeric figures as metrics (GiB, counts
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from eagle3.config import RunConfig
 from tasks import prefect_tags, task_options, tracking
 from tasks.results import StageResult
 
 
 @task(name="preflight", task_run_name="preflight", cache_policy=NO_CACHE, **task_options(600.0))
-def preflight_task(cfg: Any, serving: StageResult | None, data: StageResult | None,
+def preflight_task(cfg: RunConfig, serving: StageResult | None, data: StageResult | None,
                    parent_run_id: str,
                    variant: str = "trained") -> dict:
     """Run the pre-flight and record it; raise EngineUnsupported / ConfigError (``.problems``) when

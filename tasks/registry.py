@@ -28,6 +28,7 @@ from typing import Any
 from mlflow import MlflowClient
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import prefect_tags, task_options, tracking
 from tasks.results import AcceptanceFigures, RegisteredDraft, StageResult
 
@@ -46,7 +47,7 @@ def model_name(target_name: str) -> str:
     return "eagle3-draft-" + re.sub(r"[^A-Za-z0-9._-]+", "-", target_name).strip("-")
 
 
-def registry_client(cfg: Any) -> MlflowClient:
+def registry_client(cfg: RunConfig) -> MlflowClient:
     """A client whose registry is the run's tracking store (``tasks.tracking.tracking_uri``): the
     SQLite file of a local run, or the tracking server of ``make stack-up``."""
     uri = tracking.tracking_uri(cfg)
@@ -57,8 +58,8 @@ def _fmt(v: Any) -> str:
     return "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
-def version_tags(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
-                 parent_run_id: str) -> dict[str, str]:
+def version_tags(cfg: RunConfig, serving: StageResult, train: StageResult,
+                 figures: AcceptanceFigures, parent_run_id: str) -> dict[str, str]:
     """The tags of a registered version (all strings; a missing figure is the empty string).
 
     ``serving``/``train``: the convert and train task results; ``figures``: the run's acceptance
@@ -116,7 +117,7 @@ def _artifact_source(client: MlflowClient, run_id: str) -> str:
     return client.get_run(run_id).info.artifact_uri.rstrip("/") + "/draft"
 
 
-def _version_description(cfg: Any, figures: AcceptanceFigures, parent_run_id: str) -> str:
+def _version_description(cfg: RunConfig, figures: AcceptanceFigures, parent_run_id: str) -> str:
     return (f"EAGLE-3 draft from config {cfg.name} (pipeline run {parent_run_id}): acceptance "
             f"length served {_fmt(figures.served) or 'n/a'}, offline "
             f"{_fmt(figures.offline) or 'n/a'}, simulated {_fmt(figures.simulated) or 'n/a'} "
@@ -151,8 +152,8 @@ def _existing(client: MlflowClient, name: str, content_hash: str) -> Any | None:
     return None
 
 
-def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
-                   parent_run_id: str) -> RegisteredDraft:
+def register_draft(cfg: RunConfig, serving: StageResult, train: StageResult,
+                   figures: AcceptanceFigures, parent_run_id: str) -> RegisteredDraft:
     """Register the serving checkpoint ``serving.dir`` (see the module doc) and return the version;
     also tags the parent run ``eagle3.registered_model`` = ``name/version``. Raises MlflowException
     from the registry (e.g. an unreachable server), DataError for a folder without a manifest."""
@@ -197,8 +198,8 @@ def register_draft(cfg: Any, serving: StageResult, train: StageResult, figures: 
 
 
 @task(name="register-draft", task_run_name="register-draft", **task_options(1800.0))
-def register_task(cfg: Any, serving: StageResult, train: StageResult, figures: AcceptanceFigures,
-                  parent_run_id: str) -> RegisteredDraft:
+def register_task(cfg: RunConfig, serving: StageResult, train: StageResult,
+                  figures: AcceptanceFigures, parent_run_id: str) -> RegisteredDraft:
     """:func:`register_draft` as a Prefect task (not cached: registering twice is made idempotent by
     the serving content hash)."""
     return register_draft(cfg, serving, train, figures, parent_run_id)

@@ -21,8 +21,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from eagle3.config import RunConfig
 # the library's tables (their one home), read here
 from eagle3.config_checks import KEYED_AS_DEFAULT, UNUSED_UNLESS
 
@@ -64,7 +64,7 @@ def used_values(section: str, values: dict) -> dict:
     return out
 
 
-def stage_sections(cfg: Any, stage: str, *, keyed: bool = False) -> dict[str, dict]:
+def stage_sections(cfg: RunConfig, stage: str, *, keyed: bool = False) -> dict[str, dict]:
     """``{section: its values}`` that ``stage`` reads from the RunConfig ``cfg`` (JSON form);
     ``keyed``: without the ``judge_only`` keys and the keys the settings leave unused
     (:func:`used_values`): what the cache key hashes. KeyError for a stage not in the table."""
@@ -79,7 +79,7 @@ def stage_sections(cfg: Any, stage: str, *, keyed: bool = False) -> dict[str, di
     return out
 
 
-def sections_hash(cfg: Any, stage: str) -> str:
+def sections_hash(cfg: RunConfig, stage: str) -> str:
     """sha256 (hex, 16 chars) of ``stage_sections(cfg, stage, keyed=True)``."""
     doc = json.dumps(stage_sections(cfg, stage, keyed=True), sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
@@ -98,7 +98,7 @@ LATEST_FILE = "latest.json"  # <run_dir>/<folder>/latest.json: the settings fold
 DIGEST_CHARS = 12
 
 
-def settings_digest(cfg: Any, stages: tuple[str, ...]) -> str:
+def settings_digest(cfg: RunConfig, stages: tuple[str, ...]) -> str:
     """The first ``DIGEST_CHARS`` hex characters of the sha256 of ``{stage: sections_hash(cfg,
     stage)}`` over ``stages``: the name of an output folder of those settings. The judge-only keys
     (the gate's minimum) stay out, as in the cache keys; code versions stay out (a code change
@@ -107,7 +107,7 @@ def settings_digest(cfg: Any, stages: tuple[str, ...]) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def output_dirs(cfg: Any, variant: str = "trained") -> dict[str, Path]:
+def output_dirs(cfg: RunConfig, variant: str = "trained") -> dict[str, Path]:
     """Output folders of one pipeline run of RunConfig ``cfg`` (docs/INTERNALS.md):
     ``<run_dir>/extract`` and, one folder per settings digest (:func:`settings_digest` over
     :data:`FOLDER_STAGES`), ``<run_dir>/train[-<variant>]/<digest>``, ``serving...``,

@@ -50,6 +50,7 @@ from mlflow.exceptions import MlflowException
 
 from eagle3.artifacts import read_manifest
 from eagle3.redaction import flatten, redact
+from eagle3.config import RunConfig
 from eagle3.errors import DataError, TransientError
 from tasks import mlflow_ui
 from tasks.results import StageResult
@@ -81,14 +82,14 @@ def _transient() -> Iterator[None]:
         raise TransientError(f"MLflow tracking server unreachable: {e}") from e
 
 
-def tracking_uri(cfg: Any) -> str:
+def tracking_uri(cfg: RunConfig) -> str:
     """Where a run logs: ``tracking.mlflow_uri`` when the config sets it, else
     ``$MLFLOW_TRACKING_URI`` (set by ``infra/stack.sh``'s env.sh), else the local store
     ``sqlite:///<runs_dir>/mlflow.db``."""
     return cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or cfg.mlflow_uri()
 
 
-def client_for(cfg: Any) -> tuple[MlflowClient, str]:
+def client_for(cfg: RunConfig) -> tuple[MlflowClient, str]:
     """(client, experiment id) for a RunConfig: :func:`tracking_uri`, experiment
     ``cfg.tracking.experiment``.
 
@@ -116,7 +117,7 @@ def client_for(cfg: Any) -> tuple[MlflowClient, str]:
         return client, exp.experiment_id
 
 
-def config_params(cfg: Any) -> dict[str, str]:
+def config_params(cfg: RunConfig) -> dict[str, str]:
     """The resolved config flattened to ``section.key`` params, secret-looking values replaced by
     ``***``; ``extract.mode`` always (the config's dump leaves ``offline`` out, to keep the cache
     keys of configs that do not name it)."""
@@ -124,7 +125,7 @@ def config_params(cfg: Any) -> dict[str, str]:
                             flatten(redact(cfg.model_dump(mode="json"))).items()})
 
 
-def _with_mode(cfg: Any, params: dict[str, str]) -> dict[str, str]:
+def _with_mode(cfg: RunConfig, params: dict[str, str]) -> dict[str, str]:
     """``params`` with ``extract.mode`` when they hold other ``extract.*`` keys."""
     if any(k.startswith("extract.") for k in params):
         params.setdefault("extract.mode", str(cfg.extract.mode))
@@ -220,7 +221,7 @@ def owner_gone(tags: dict[str, str]) -> bool:
         return False
 
 
-def close_stale_runs(cfg: Any, client: MlflowClient | None = None,
+def close_stale_runs(cfg: RunConfig, client: MlflowClient | None = None,
                      exp_id: str | None = None) -> list[str]:
     """Mark KILLED every run of this config (tag ``eagle3.config_name`` = ``cfg.name``: parent and
     stage runs) that is still RUNNING although its owning process is gone (:func:`owner_gone`:
@@ -254,7 +255,7 @@ def close_stale_runs(cfg: Any, client: MlflowClient | None = None,
     return killed
 
 
-def start_pipeline_run(cfg: Any, *, flow_run_id: str, flow_name: str,
+def start_pipeline_run(cfg: RunConfig, *, flow_run_id: str, flow_name: str,
                        config_file: Path | None = None) -> str:
     """Create the parent run of a pipeline run, or reuse the one already tagged with
     ``flow_run_id``.
@@ -301,7 +302,7 @@ def _error_text(error: BaseException) -> str:
     return "".join(traceback.format_exception(error))
 
 
-def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> None:
+def finish_run(cfg: RunConfig, run_id: str, *, error: BaseException | None = None) -> None:
     """Mark a run FINISHED, or FAILED with tag ``eagle3.error`` = ``"<Type>: <message>"``, the
     artifact ``error.txt`` (the traceback) and the error on top of the run's description (a decision
     already there stays below it)."""
@@ -320,7 +321,7 @@ def finish_run(cfg: Any, run_id: str, *, error: BaseException | None = None) -> 
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")
 
 
-def record_failure(cfg: Any, run_id: str, error: BaseException) -> None:
+def record_failure(cfg: RunConfig, run_id: str, error: BaseException) -> None:
     """Mark ``run_id`` FAILED with ``error``; if MLflow itself fails meanwhile (e.g. its SQLite file
     is on the disk that just filled up), the stage's own error stays the one raised, with a note
     about MLflow."""
@@ -384,7 +385,7 @@ class StageRun:
             log_hidden_states(self.client, self.run_id, directory, context)
 
 
-def stage_params(cfg: Any, stage: str) -> dict[str, str]:
+def stage_params(cfg: RunConfig, stage: str) -> dict[str, str]:
     """The config sections ``stage`` reads (``tasks.stage_config.STAGE_CONFIG``) as ``section.key``
     params (the train run shows ``train.lr``, ...; secret-looking values redacted); none for a stage
     not there."""
@@ -402,7 +403,7 @@ def stage_run_name(stage: str, variant: str, cached: bool, attempt: int) -> str:
     return name + (" (cached)" if cached else "") + (f" #{attempt}" if attempt > 1 else "")
 
 
-def _announce(cfg: Any, exp_id: str, info: Any) -> None:
+def _announce(cfg: RunConfig, exp_id: str, info: Any) -> None:
     """Inside a Prefect task: a task-run log line linking the stage's MLflow run (its URL on a
     tracking server, its id and store otherwise)."""
     from prefect.context import TaskRunContext
@@ -430,7 +431,7 @@ def _attempt(client: MlflowClient, exp_id: str, parent_run_id: str, stage: str,
 
 
 @contextmanager
-def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained",
+def stage_run(cfg: RunConfig, parent_run_id: str, stage: str, variant: str = "trained",
               tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
     """A nested run under ``parent_run_id`` for ``stage``; FINISHED on success, FAILED (with the
     error) else."""
@@ -454,8 +455,8 @@ def stage_run(cfg: Any, parent_run_id: str, stage: str, variant: str = "trained"
     finish_run(cfg, sr.run_id)
 
 
-def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, result: StageResult,
-                        tags: dict[str, Any] | None = None) -> str:
+def record_cached_stage(cfg: RunConfig, parent_run_id: str, stage: str, variant: str,
+                        result: StageResult, tags: dict[str, Any] | None = None) -> str:
     """A nested run for a stage Prefect served from its cache, pointing to the run that made the
     artifact.
 
@@ -473,19 +474,19 @@ def record_cached_stage(cfg: Any, parent_run_id: str, stage: str, variant: str, 
     return sr.run_id
 
 
-def log_parent_metrics(cfg: Any, run_id: str, metrics: dict[str, float]) -> None:
+def log_parent_metrics(cfg: RunConfig, run_id: str, metrics: dict[str, float]) -> None:
     """Headline numbers on the parent run (e.g. ``acceptance_length``,
     ``acceptance_length_untrained``)."""
     client, _ = client_for(cfg)
     log_metrics(client, run_id, {k: v for k, v in metrics.items() if v is not None})
 
 
-def set_parent_tags(cfg: Any, run_id: str, tags: dict[str, Any]) -> None:
+def set_parent_tags(cfg: RunConfig, run_id: str, tags: dict[str, Any]) -> None:
     client, _ = client_for(cfg)
     _log_batch(client, run_id, tags=tags)
 
 
-def log_parent_artifact(cfg: Any, run_id: str, obj: Any, name: str) -> None:
+def log_parent_artifact(cfg: RunConfig, run_id: str, obj: Any, name: str) -> None:
     client, _ = client_for(cfg)
     StageRun(client, run_id).log_dict(obj, name)
 

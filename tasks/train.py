@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import task
 
+from eagle3.config import RunConfig
 from tasks import caching, prefect_tags, stage_result, task_options, tracking
 from tasks.results import StageResult
 
@@ -57,7 +58,7 @@ def online_metrics(manifest: dict) -> dict[str, float]:
             if isinstance(online.get(k), (int, float)) and not isinstance(online.get(k), bool)}
 
 
-def supersede_finished(cfg: Any, out_dir: Path) -> Path | None:
+def supersede_finished(cfg: RunConfig, out_dir: Path) -> Path | None:
     """Move a *finished* draft in ``out_dir`` that was trained with another train section aside, to
     ``<out_dir>.superseded``; returns that folder, or None when there was nothing to move.
 
@@ -116,7 +117,7 @@ def _along_training_plot(out_dir: Path, dest: Path) -> Path | None:
 
 
 @task(name="train", cache_key_fn=train_key, **task_options(TIMEOUT_S))
-def train_task(cfg: Any, data: StageResult, out_dir: Path, parent_run_id: str,
+def train_task(cfg: RunConfig, data: StageResult, out_dir: Path, parent_run_id: str,
                variant: str = "trained") -> StageResult:
     """Train a draft on the hidden states ``data.dir`` into ``out_dir``; step metrics (loss,
     per-position accuracy) go to MLflow through ``on_metrics`` as they happen, the manifest and
