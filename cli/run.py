@@ -14,6 +14,7 @@ import signal
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from eagle3.config import RunConfig
 from flows.common import (SECRET_OVERRIDES_ENV, local_prefect, mlflow_ui, split_overrides,
                           stop_ephemeral_server)
 from flows.stopping import (SignalRecord, ended_message, raise_if_terminated,
@@ -22,7 +23,7 @@ from flows.summary import DECIDING_FLOWS, decide_command
 from flows.pipeline import FLOW_NAME, eagle3_pipeline
 
 
-def format_summary(summary: dict, cfg: Any) -> str:
+def format_summary(summary: dict, cfg: RunConfig) -> str:
     """The text ``eagle3 run`` prints; it ends with the acceptance lengths, the MLflow location,
     the UI command and, for a flow that records a decision (``flows.summary.DECIDING_FLOWS``), the
     ``eagle3 decide`` command (with ``--tracking-uri`` for a store other than the default)."""
@@ -83,7 +84,7 @@ def _with_retry_hint(state: Any, stage: str, env: dict) -> BaseException:
     return exc
 
 
-def check_target(cfg: Any) -> None:
+def check_target(cfg: RunConfig) -> None:
     """Refuse, before Prefect starts, a config whose target cannot be found or whose inputs a stage
     would refuse at its start: for ``target.kind: hf``, the same check as ``eagle3 prepare`` and
     ``eagle3 preflight`` (``eagle3.assets.resolve_target``, the one home of it); for every kind,

@@ -37,6 +37,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
+from eagle3.config import RunConfig
 from eagle3.errors import ConfigError, Eagle3Error
 from flows.common import finished, flow_run_label, load_run_config, parent_run, publish_summary
 from flows.handover import portable, read_handover
@@ -62,7 +63,7 @@ def stage_deployment(stage: str, config_deployment: str) -> str:
     return f"{flow_name(stage)}/{stage}-{config_deployment}"
 
 
-def stage_deadline_s(cfg: Any, stage: str) -> float:
+def stage_deadline_s(cfg: RunConfig, stage: str) -> float:
     """Seconds the orchestrator waits for a stage's flow run: its tasks' timeouts (both variants) +
     queue slack (deploy: the pre-flight's 600 s, both deploy-bench runs, the acceptance figures'
     3600 s)."""
@@ -81,7 +82,7 @@ def _logger() -> Any:
         return logging.getLogger(__name__)
 
 
-def fail_orphaned_stage_runs(cfg: Any, stage_flow_run_id: str, why: str) -> list[str]:
+def fail_orphaned_stage_runs(cfg: RunConfig, stage_flow_run_id: str, why: str) -> list[str]:
     """Mark FAILED (tag ``eagle3.error`` = ``why``) the MLflow runs of a stage flow run still
     RUNNING: what a killed container leaves behind. Returns their ids."""
     client, exp_id = tracking.client_for(cfg)
@@ -93,7 +94,7 @@ def fail_orphaned_stage_runs(cfg: Any, stage_flow_run_id: str, why: str) -> list
     return [r.info.run_id for r in runs]
 
 
-def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameters: dict,
+def run_stage_deployment(cfg: RunConfig, stage: str, config_deployment: str, parameters: dict,
                          record: dict,
                          parent: str, placements: dict | None = None) -> dict:
     """Run ``stage``'s deployment (:func:`stage_deployment`) as a child flow run, wait for it (at
@@ -145,8 +146,8 @@ def run_stage_deployment(cfg: Any, stage: str, config_deployment: str, parameter
     return doc["results"]
 
 
-def deployment_runner(cfg: Any, parent: str, record: dict, config_path: str, overrides: list[str],
-                      config_deployment: str, placements: dict) -> Runner:
+def deployment_runner(cfg: RunConfig, parent: str, record: dict, config_path: str,
+                      overrides: list[str], config_deployment: str, placements: dict) -> Runner:
     """Each stage as a flow run of its deployment; the stage flow reads its inputs from the run
     directory, except the trained draft's train result, which the deploy stage gets as a parameter.
     """

@@ -15,17 +15,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from eagle3.config import RunConfig
 from eagle3.errors import DataError
 from tasks import caching
 from tasks.results import AcceptanceFigures, StageResult
 
 
-def handover_path(cfg: Any, stage: str) -> Path:
+def handover_path(cfg: RunConfig, stage: str) -> Path:
     """``<run_dir>/handover/<stage>.json``."""
     return cfg.run_dir() / "handover" / f"{stage}.json"
 
 
-def portable(cfg: Any, result: Any) -> dict:
+def portable(cfg: RunConfig, result: Any) -> dict:
     """The JSON form of a stage result in a record (or a flow parameter): ``{"type": name, ...}``, a
     :class:`StageResult`'s ``dir`` relative to the runs directory; an :class:`AcceptanceFigures` as
     its fields; a dict (the pre-flight report) as ``{"type": "dict", "value": ...}``. DataError
@@ -41,7 +42,7 @@ def portable(cfg: Any, result: Any) -> dict:
                     f"got {type(result).__name__}: {result!r:.200}")
 
 
-def localized(cfg: Any, doc: dict) -> Any:
+def localized(cfg: RunConfig, doc: dict) -> Any:
     """The inverse of :func:`portable` here: a relative ``dir`` joined to this machine's runs
     directory. Raises DataError for an unknown ``type`` or fields that do not fit it."""
     kind = doc.get("type") if isinstance(doc, dict) else None
@@ -63,7 +64,7 @@ def localized(cfg: Any, doc: dict) -> Any:
                     "re-run the stage)")
 
 
-def write_handover(cfg: Any, stage: str, record: dict, results: dict) -> dict:
+def write_handover(cfg: RunConfig, stage: str, record: dict, results: dict) -> dict:
     """Write this stage flow run's record (see the module doc); returns it."""
     from prefect.runtime import flow_run
 
@@ -76,7 +77,7 @@ def write_handover(cfg: Any, stage: str, record: dict, results: dict) -> dict:
     return doc
 
 
-def read_handover(cfg: Any, stage: str, flow_run_id: str) -> dict:
+def read_handover(cfg: RunConfig, stage: str, flow_run_id: str) -> dict:
     """The record ``stage``'s flow run ``flow_run_id`` wrote, its results localized to this machine.
     Raises DataError when the file is missing or unreadable, or was written by another flow run."""
     path, runs = handover_path(cfg, stage), cfg.paths.resolved_runs_dir()

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from prefect import flow
 
+from eagle3.config import RunConfig
 from flows.common import (data_line, finished, flow_run_label, load_run_config, parent_run,
                           publish_summary)
 from flows.stages import STEPS
@@ -30,7 +31,8 @@ def _fmt(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
-def local_runner(cfg: Any, parent: str, record: dict, extract_dir: str | None = None) -> Runner:
+def local_runner(cfg: RunConfig, parent: str, record: dict,
+                 extract_dir: str | None = None) -> Runner:
     """Each stage's step of flows/stages.py in this process; ``extract_dir``: where extraction
     writes."""
     def run(stage: str, **inputs: Any) -> dict:
@@ -41,7 +43,7 @@ def local_runner(cfg: Any, parent: str, record: dict, extract_dir: str | None = 
     return run
 
 
-def run_sequence(cfg: Any, parent: str, record: dict, runner: Runner) -> dict:
+def run_sequence(cfg: RunConfig, parent: str, record: dict, runner: Runner) -> dict:
     """The pipeline on ``cfg`` under the MLflow parent run ``parent``, each stage through
     ``runner``; ``record`` collects the summary's stage lines. The acceptance figures and the
     decision are recorded before the acceptance gate decides, so a run whose gate fails still has
@@ -83,8 +85,8 @@ def eagle3_pipeline(config_path: str, overrides: list[str] | None = None,
     return finished(summary)  # the decision as the state's message; the result is the dict
 
 
-def pipeline_summary(cfg: Any, parent: str, figures: AcceptanceFigures, decision: Any, record: dict,
-                     data: StageResult | None = None) -> dict:
+def pipeline_summary(cfg: RunConfig, parent: str, figures: AcceptanceFigures, decision: Any,
+                     record: dict, data: StageResult | None = None) -> dict:
     """The numbers a user wants at the end (the flow's result; its ``markdown`` lines are the
     Prefect artifact). ``decision`` is the ``eagle3.decide.Decision`` the decision task recorded."""
     _, exp_id = tracking.client_for(cfg)

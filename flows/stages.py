@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from prefect import flow
 
+from eagle3.config import RunConfig
 from flows.common import (data_line, finished_output, flow_run_label, load_run_config, parent_run,
                           publish_summary, run_concurrently, run_stage, stage_dirs,
                           untrained_config)
@@ -37,7 +38,7 @@ from tasks.train import train_task
 STAGES = ("extract", "train", "convert", "deploy")
 
 
-def variants(cfg: Any) -> list[tuple[str, Any]]:
+def variants(cfg: RunConfig) -> list[tuple[str, RunConfig]]:
     """``[("trained", cfg)]`` plus ``("untrained", train.max_steps=0)`` when
     ``bench.baseline_untrained``."""
     base = [("untrained", untrained_config(cfg))] if cfg.bench.baseline_untrained else []
@@ -52,7 +53,7 @@ def flow_name(stage: str) -> str:
 # ---- steps
 # ------------------------------------------------------------------------------------------------
 
-def extract_step(cfg: Any, parent: str, record: dict, *, refresh: bool = False,
+def extract_step(cfg: RunConfig, parent: str, record: dict, *, refresh: bool = False,
                  out_dir: str | Path | None = None) -> dict:
     """Hidden states into ``out_dir`` (default ``<run_dir>/extract``): ``{"extract": StageResult}``.
     """
@@ -67,7 +68,8 @@ def _latest(*folders: Path) -> None:
         record_latest(f)
 
 
-def train_step(cfg: Any, parent: str, record: dict, *, data: Any, refresh: bool = False) -> dict:
+def train_step(cfg: RunConfig, parent: str, record: dict, *, data: Any,
+               refresh: bool = False) -> dict:
     """The trained and the untrained draft on ``data``: ``{variant: StageResult}``."""
     out = {v: run_stage(train_task, cfg=c, parent=parent, stage="train", variant=v, data=data,
                         out_dir=stage_dirs(c, v)["train"], refresh=refresh, record=record)
@@ -76,7 +78,7 @@ def train_step(cfg: Any, parent: str, record: dict, *, data: Any, refresh: bool 
     return out
 
 
-def convert_step(cfg: Any, parent: str, record: dict, *, data: Any, drafts: dict,
+def convert_step(cfg: RunConfig, parent: str, record: dict, *, data: Any, drafts: dict,
                  refresh: bool = False) -> dict:
     """Convert + validate + equivalence-check each draft: ``{variant: StageResult}``."""
     out = {v: run_stage(convert_task, cfg=c, parent=parent, stage="convert", variant=v,
@@ -87,7 +89,7 @@ def convert_step(cfg: Any, parent: str, record: dict, *, data: Any, drafts: dict
     return out
 
 
-def deploy_step(cfg: Any, parent: str, record: dict, *, data: Any, servings: dict,
+def deploy_step(cfg: RunConfig, parent: str, record: dict, *, data: Any, servings: dict,
                 train: Any = None,
                 refresh: bool = False) -> dict:
     """The pre-flight (before any engine starts), then both drafts served behind the readiness gate
@@ -137,7 +139,7 @@ def _command(stage: str, config_path: str, overrides: list[str] | None,
                      *[f"-o {shlex.quote(o)}" for o in overrides or []]])
 
 
-def _inputs(stage: str, cfg: Any, command: Any, train_result: dict | None) -> dict:
+def _inputs(stage: str, cfg: RunConfig, command: Any, train_result: dict | None) -> dict:
     """The step's inputs, read from the run directory (``command(stage)``: what makes a missing
     one)."""
     def need(d: Path, s: str) -> Any:
@@ -162,7 +164,7 @@ def _inputs(stage: str, cfg: Any, command: Any, train_result: dict | None) -> di
 
 
 @contextmanager
-def _parent(cfg: Any, parent_run_id: str | None, name: str, record: dict) -> Iterator[str]:
+def _parent(cfg: RunConfig, parent_run_id: str | None, name: str, record: dict) -> Iterator[str]:
     """The orchestrator's MLflow parent run (which it finishes or fails), else this flow's own."""
     if parent_run_id:
         yield parent_run_id

@@ -34,6 +34,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed, State
 from prefect.logging.handlers import APILogHandler
 
+from eagle3.config import RunConfig
 from tasks import mlflow_ui as ui
 from tasks import tracking
 
@@ -62,7 +63,7 @@ def decide_command(tracking_uri: str | None, run_id: str) -> str:
                                         f" --tracking-uri {shlex.quote(tracking_uri)}")
 
 
-def has_decision(cfg: Any, run_id: str) -> bool:
+def has_decision(cfg: RunConfig, run_id: str) -> bool:
     """Whether the MLflow run ``run_id`` carries a recorded decision (the ``eagle3.decision`` tag
     that ``eagle3 decide`` reads)."""
     client, _ = tracking.client_for(cfg)
@@ -99,7 +100,7 @@ def _run_logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger(__name__)
 
 
-def announce_parent(cfg: Any, parent: str, decides: bool = True) -> str:
+def announce_parent(cfg: RunConfig, parent: str, decides: bool = True) -> str:
     """Log (INFO, to the flow run) the MLflow parent run's id, where it is, and, when the flow
     records a decision (``decides``), the command that reads it: what a ``prefect deployment run``
     user needs for ``eagle3 decide``. Returns the line."""
@@ -166,7 +167,7 @@ def attach_library_logs(name: str = LIBRARY_LOGGER, level: int = logging.INFO) -
     return logger
 
 
-def mlflow_ui(cfg: Any, experiment_id: str | None = None,
+def mlflow_ui(cfg: RunConfig, experiment_id: str | None = None,
               run_id: str | None = None) -> tuple[str | None, str | None]:
     """(URL of the run in the MLflow UI, None) on a tracking server; (None, the command that opens
     the UI) on a local store."""
@@ -179,7 +180,7 @@ def mlflow_ui(cfg: Any, experiment_id: str | None = None,
     return base, None
 
 
-def _links(cfg: Any, exp_id: str, parent: str) -> list[str]:
+def _links(cfg: RunConfig, exp_id: str, parent: str) -> list[str]:
     """The MLflow lines of an artifact; the ``eagle3 decide`` line only when ``parent`` carries a
     decision (:func:`has_decision`: a stage flow's run has none)."""
     uri = tracking.tracking_uri(cfg)
@@ -194,11 +195,11 @@ def _links(cfg: Any, exp_id: str, parent: str) -> list[str]:
             f"[{cfg.tracking.experiment}]({ui.experiment_url(base, exp_id)})", *decide]
 
 
-def _key(cfg: Any, suffix: str = "") -> str:
+def _key(cfg: RunConfig, suffix: str = "") -> str:
     return re.sub(r"[^a-z0-9-]", "-", f"eagle3-{cfg.name}{suffix}".lower())
 
 
-def publish_summary(cfg: Any, parent: str, title: str, lines: list[str]) -> None:
+def publish_summary(cfg: RunConfig, parent: str, title: str, lines: list[str]) -> None:
     """A Prefect markdown artifact (key ``eagle3-<config name>``) with the run's numbers and links.
     """
     _, exp_id = tracking.client_for(cfg)
@@ -214,7 +215,7 @@ def failed_stage(error: BaseException) -> str | None:
     return m.group(1) if m else None
 
 
-def _failed_run(cfg: Any, exp_id: str, parent: str) -> Any | None:
+def _failed_run(cfg: RunConfig, exp_id: str, parent: str) -> Any | None:
     """The newest FAILED nested run of ``parent`` (the stage that failed), if any."""
     client, _ = tracking.client_for(cfg)
     runs = client.search_runs([exp_id],
@@ -236,7 +237,7 @@ def error_block(message: str, width: int = ERROR_WIDTH) -> list[str]:
     return out
 
 
-def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> list[str]:
+def failure_lines(cfg: RunConfig, exp_id: str, parent: str, error: BaseException) -> list[str]:
     """What failed and where to look: the stage, the error, the stage's MLflow run (its
     ``error.txt`` and logged files: the engine log of deploy-bench), its Prefect task-run log."""
     stage = failed_stage(error) or "the flow itself (before any stage)"
@@ -259,7 +260,8 @@ def failure_lines(cfg: Any, exp_id: str, parent: str, error: BaseException) -> l
     return lines
 
 
-def publish_failure(cfg: Any, parent: str, title: str, error: BaseException, record: dict) -> None:
+def publish_failure(cfg: RunConfig, parent: str, title: str, error: BaseException,
+                    record: dict) -> None:
     """A Prefect markdown artifact for a failed flow run (key ``eagle3-<config name>-failed``): the
     failed stage, its error, links to its MLflow run and log, what ran before. Never raises (the
     flow's own error is what the run reports)."""
