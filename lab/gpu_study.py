@@ -52,10 +52,11 @@ from lab.harness import Results, log, patch_assets, prepare_target, stage  # noq
 from lab.study_inputs import (  # noqa: E402,F401
     ALL, ASSET_FILES, PLAN, TINY_PLAN, _manifest_of, carry_back_regen, check_plan,
     holdout_problem, plan_digest, plan_problem, config_path, do_data, do_regen, raw_plan,
-    rebuild_command, resolve_plan, reuse_regen,
+    rebuild_command, regen_file_problem, resolve_plan, reuse_regen,
 )
 from lab.study_store import (  # noqa: E402
-    StoreSnapshots, read_store_record, restore_store, store_problem, write_store_copy,
+    STORE_ARGS, StoreSnapshots, read_store_record, restore_store, store_problem,
+    write_store_copy,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 from tasks.stage_config import latest_output  # noqa: E402
@@ -135,7 +136,7 @@ def do_sweep(a, base: list[str], regen: dict | None, res: Results) -> dict:
         res.data["sweep_partial"] = earlier
         res._write()  # noqa: SLF001 - kept across calls
     snapshots = (StoreSnapshots(Path(a.work), Path(a.out or a.work),
-                                lambda: earlier["parent_run_id"], raw_plan(a))
+                                lambda: earlier["parent_run_id"], store_plan(a))
                  if a.store_copy else contextlib.nullcontext())
     try:
         with local_prefect(cfg), snapshots:
@@ -467,13 +468,22 @@ def parse_args(argv=None):
             read_store_record(Path(a.store_from))
             restored = a.resume and (Path(a.work) / "runs" / "mlflow.db").exists()
             problem = None if restored else store_problem(Path(a.store_from), Path(a.work),
-                                                          raw_plan(a))
+                                                          store_plan(a))
         except ValueError as e:
             problem = str(e)
         if problem:
             p.error(problem)
+        if not restored and not (read_store_record(Path(a.store_from)).get("plan") or {}).get(
+                "args"):
+            print(f"warning: --store-from {a.store_from} records no settings to compare; its "
+                  "points are taken as measured with this call's "
+                  + ", ".join(f"--{k.replace('_', '-')} {getattr(a, k, None)}" for k in STORE_ARGS),
+                  file=sys.stderr)
     if a.regen_file and not Path(a.regen_file).is_file():
         p.error(f"--regen-file: expected a file, got {a.regen_file!r}")
+    if a.regen_file and (problem := regen_file_problem(
+            Path(a.regen_file), a.regen, a.regen_max_new_tokens, a.regen_rounds)):
+        p.error(problem)  # before the store is unpacked into --work or the target converted
     if a.assets and not Path(a.assets).is_dir():
         p.error(f"--assets: expected a folder, got {a.assets!r}")
     if a.assets and not any((Path(a.assets) / n).is_file() for n in ASSET_FILES):
@@ -495,6 +505,13 @@ def parse_args(argv=None):
 
         a.device_name = f"cpu ({platform.processor() or platform.machine()})"
     return a
+
+
+def store_plan(a) -> dict:
+    """The plan as a store copy records it (:func:`lab.study_store.write_store_copy`): the raw
+    plan and ``args``, the settings its finished points were measured with
+    (:data:`lab.study_store.STORE_ARGS`), which a later ``--store-from`` must repeat."""
+    return {**raw_plan(a), "args": {k: getattr(a, k, None) for k in STORE_ARGS}}
 
 
 def main(argv=None) -> int:
@@ -545,7 +562,7 @@ def main(argv=None) -> int:
             Path(regen["path"]), out
         )  # returns at most 8 files, so none is spent on a copy
     if base and a.store_from and not res.stop:  # a study begun elsewhere: its sweep run goes on
-        kept = stage(res, "store", restore_store, Path(a.store_from), work, raw_plan(a))
+        kept = stage(res, "store", restore_store, Path(a.store_from), work, store_plan(a))
         if kept and kept.get("from") != str(Path(a.store_from)):
             log(f"warning: --store-from {a.store_from} not unpacked: this --work holds the store "
                 f"restored from {kept.get('from')} in an earlier call (--resume)")
@@ -568,7 +585,7 @@ def main(argv=None) -> int:
     rep = stage(res, "final", do_report, a, sweep, speed, out) if speed else rep
     if a.store_copy:  # the store the run wrote, for reading back elsewhere (--store-from)
         write_store_copy(work, out, (res.data.get("sweep_partial") or {}).get("parent_run_id"),
-                         raw_plan(a))
+                         store_plan(a))
     log(f"done: {json.dumps(rep, default=str) if rep else 'report not written'}")
     if getattr(res, "until_failed", False):
         return 1  # --until stopped after its stage, which failed

@@ -75,44 +75,72 @@ def _manifest_of(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".xz") + ".manifest.json")
 
 
-def reuse_regen(src: Path, expected: int, out: Path, max_new_tokens: int | None = None) -> dict:
-    """The regen stage from a file an earlier call carried back (``--regen-file``), instead of
-    regenerating.
+def regen_file_problem(src: Path, expected: int, max_new_tokens: int | None = None,
+                       regen_rounds: int | None = None) -> str | None:
+    """What keeps ``src`` (``--regen-file``: ``regenerated.jsonl`` or ``.jsonl.xz`` with its
+    manifest beside it, written by :func:`eagle3.extract.regen.regenerate_file`) from standing
+    for this call's regeneration, or None. Checked before any stage: a missing manifest; another
+    ``--regen`` count; when given, another ``--regen-max-new-tokens`` or ``--regen-rounds``
+    (``0``: every turn, the manifest's ``max_rounds: null``; checked where the manifest records
+    it); a conversation count unlike the file's line count (a truncated copy); a sha256 unlike the
+    recorded one; a corrupt .xz."""
+    return _read_regen_file(src, expected, max_new_tokens, regen_rounds)[0]
 
-    ``src`` is ``regenerated.jsonl`` or ``.jsonl.xz`` with its manifest beside it (written by
-    :func:`eagle3.extract.regen.regenerate_file`); it is copied (decompressed) to ``out``. Raises
-    RuntimeError when the manifest is missing, was made for another ``--regen`` count (or, when
-    ``max_new_tokens`` is given, another ``--regen-max-new-tokens``), its conversation count
-    differs from the file's line count (a truncated copy), the content's sha256 is not the
-    recorded one, or the .xz is corrupt."""
+
+def _read_regen_file(src: Path, expected: int, max_new_tokens: int | None,
+                     regen_rounds: int | None) -> tuple[str | None, bytes, dict]:
+    """``(problem, content, manifest)`` of :func:`regen_file_problem` (content and manifest empty
+    where a problem stops the reading)."""
     man_path = _manifest_of(src)
     if not man_path.is_file():
-        raise RuntimeError(f"--regen-file {src}: expected its manifest {man_path} beside it, "
-                           "found none")
-    man = json.loads(man_path.read_text())
-    made_for = (man.get("settings") or {}).get("num_conversations")
+        return (f"--regen-file {src}: expected its manifest {man_path} beside it, found none",
+                b"", {})
+    try:
+        man = json.loads(man_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"--regen-file {src}: expected {man_path} to be a JSON manifest, got {e}", b"", {}
+    settings = (man.get("settings") or {}) if isinstance(man, dict) else {}
+    made_for = settings.get("num_conversations")
     if made_for != expected:
-        raise RuntimeError(f"--regen-file {src}: {man_path} settings.num_conversations is "
-                           f"{made_for}, expected --regen {expected}")
-    cap = (man.get("settings") or {}).get("max_new_tokens")
+        return (f"--regen-file {src}: {man_path} settings.num_conversations is {made_for}, "
+                f"expected --regen {expected}"), b"", {}
+    cap = settings.get("max_new_tokens")
     if max_new_tokens is not None and cap != max_new_tokens:
-        raise RuntimeError(f"--regen-file {src}: {man_path} settings.max_new_tokens is {cap}, "
-                           f"expected --regen-max-new-tokens {max_new_tokens}")
+        return (f"--regen-file {src}: {man_path} settings.max_new_tokens is {cap}, expected "
+                f"--regen-max-new-tokens {max_new_tokens}"), b"", {}
+    rounds = None if regen_rounds == 0 else regen_rounds
+    if regen_rounds is not None and "max_rounds" in settings and settings["max_rounds"] != rounds:
+        made = settings["max_rounds"]
+        return (f"--regen-file {src}: {man_path} settings.max_rounds is {made} ("
+                f"{'every turn' if made is None else f'{made} turns'}), expected --regen-rounds "
+                f"{regen_rounds} (--regen-rounds {0 if made is None else made} for this file)"), \
+            b"", {}
     try:
         data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
     except lzma.LZMAError as e:
-        raise RuntimeError(
-            f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}"
-        ) from e
+        return f"--regen-file {src}: expected a complete .xz file, decompressing failed: {e}", \
+            b"", {}
     lines = sum(1 for ln in data.splitlines() if ln.strip())
     want = (man.get("counts") or {}).get("conversations")
     if lines != want:
-        raise RuntimeError(f"--regen-file {src}: {lines} conversations in the file, its "
-                           f"manifest's counts.conversations says {want} (truncated copy?)")
+        return (f"--regen-file {src}: {lines} conversations in the file, its manifest's "
+                f"counts.conversations says {want} (truncated copy?)"), b"", {}
     digest = hashlib.sha256(data).hexdigest()
     if man.get("sha256") != digest:
-        raise RuntimeError(f"--regen-file {src}: its content's sha256 is {digest}, {man_path} "
-                           f"records {man.get('sha256')!r} (a changed or different file)")
+        return (f"--regen-file {src}: its content's sha256 is {digest}, {man_path} records "
+                f"{man.get('sha256')!r} (a changed or different file)"), b"", {}
+    return None, data, man
+
+
+def reuse_regen(src: Path, expected: int, out: Path, max_new_tokens: int | None = None,
+                regen_rounds: int | None = None) -> dict:
+    """The regen stage from a file an earlier call carried back (``--regen-file``), instead of
+    regenerating: ``src`` is copied (decompressed) to ``out`` with its manifest. Raises
+    RuntimeError with :func:`regen_file_problem`'s message."""
+    problem, data, man = _read_regen_file(src, expected, max_new_tokens, regen_rounds)
+    if problem:
+        raise RuntimeError(problem)
+    lines = man["counts"]["conversations"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
     man = {**man, "path": str(out), "reused_from": str(src)}
@@ -407,7 +435,8 @@ def do_regen(a, base: list[str], out: Path) -> dict:
 
     if a.regen_file:
         return reuse_regen(Path(a.regen_file), a.regen, out,
-                           getattr(a, "regen_max_new_tokens", None))
+                           getattr(a, "regen_max_new_tokens", None),
+                           getattr(a, "regen_rounds", None))
     rounds = "null" if a.regen_rounds == 0 else a.regen_rounds  # null: every assistant turn
     engine = getattr(a, "regen_engine", "hf")
     cfg = load_config(

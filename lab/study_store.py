@@ -14,6 +14,10 @@ from lab.harness import log
 
 STORE_FILE = "mlflow_store.tar.xz"  # --store-copy writes it to --out, --store-from reads it
 STORE_RECORD = "study.json"  # its member naming the sweep run and the --work it was made under
+# lab/gpu_study.py's settings that a store copy's finished points were measured with: a later
+# call going on from the copy must give the same (development curves and offline figures taken
+# otherwise do not compare)
+STORE_ARGS = ("dev_holdout", "dev_prompts", "eval_sets", "eval_tokens", "all_size")
 WEIGHTS = (".safetensors", ".pt", ".bin")  # left out of the copy: it carries records, not drafts
 
 
@@ -21,7 +25,8 @@ def write_store_copy(work: Path, out: Path, sweep_run_id: str | None,
                      plan: dict | None = None) -> Path | None:
     """``out/mlflow_store.tar.xz``: the MLflow store the study wrote under ``work/runs``
     (``mlflow.db`` and ``mlartifacts`` without weights) and :data:`STORE_RECORD` (the sweep run
-    id, ``work``, the plan's data variants and schedules), so that a later call on a fresh
+    id, ``work``, the plan's data variants and schedules, and ``args``, the settings of
+    :data:`STORE_ARGS` its points were measured with), so that a later call on a fresh
     machine goes on with the same sweep run (``--store-from``). None, with a line saying why and
     whatever copy ``out`` already holds left as it is, when there is no store or no sweep run
     (a copy without one could not be continued)."""
@@ -35,7 +40,8 @@ def write_store_copy(work: Path, out: Path, sweep_run_id: str | None,
         log(f"store copy: not written ({why} in {work}){older}")
         return None
     record = json.dumps({"sweep_run_id": sweep_run_id, "work": str(work.resolve()),
-                         "plan": {k: (plan or {}).get(k) for k in ("data", "schedules")}}
+                         "plan": {**{k: (plan or {}).get(k) for k in ("data", "schedules")},
+                                  **({"args": plan["args"]} if (plan or {}).get("args") else {})}}
                         ).encode()
     tmp = dst.with_name(f".{dst.name}.tmp")
     db = dst.with_name(f".{dst.name}.db")
@@ -136,8 +142,9 @@ def read_store_record(src: Path) -> dict:
 def store_problem(src: Path, work: Path, plan: dict | None) -> str | None:
     """What keeps the store copy ``src`` from going on under ``work`` with ``plan``, or None:
     another ``--work`` than the copy's (the store records absolute artifact paths), a store
-    already in ``work``, or a data variant or schedule of the copy's plan that ``plan`` names
-    with other overrides (its finished points, matched by name, would stand for points they are
+    already in ``work``, a setting of :data:`STORE_ARGS` unlike the copy's (where the copy
+    records them), or a data variant or schedule of the copy's plan that ``plan`` names with
+    other overrides (its finished points, matched by name, would stand for points they are
     not). ValueError as :func:`read_store_record` for a file that is not a store copy."""
     record = read_store_record(src)
     if str(work.resolve()) != record.get("work"):
@@ -147,6 +154,13 @@ def store_problem(src: Path, work: Path, plan: dict | None) -> str | None:
         return (f"--store-from {src}: {work / 'runs' / 'mlflow.db'} exists already; start from "
                 "an empty --work, or leave out --store-from (and add --resume) to go on here")
     old = record.get("plan") or {}
+    made, now = old.get("args") or {}, (plan or {}).get("args") or {}
+    for key in sorted(set(made) & set(now)):
+        if made[key] != now[key]:
+            flag = "--" + key.replace("_", "-")
+            return (f"--store-from {src}: its finished points were measured with {flag} "
+                    f"{made[key]}, got {flag} {now[key]}; give {made[key]} (figures measured "
+                    "otherwise would stand in one table with them)")
     for kind in ("data", "schedules"):
         for name, overrides in ((old.get(kind) or {}).items()):
             now = ((plan or {}).get(kind) or {}).get(name)

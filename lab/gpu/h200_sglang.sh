@@ -4,7 +4,7 @@
 #   wheels  carry .whl .benchdata/sg.jsonl.xz   pipeline wheels into /tmp/h200/site, ShareGPT
 #           [.benchdata/instructions_en.jsonl.xz] (and the instruction prompts, when carried)
 #   kit     carry .cache/sglang-kit             lab/gpu/sglang_kit.sh install -> /opt/sgl, doctors
-#   gguf N  carry .benchdata/gguf.partNN ...    collect GGUF parts in /tmp/h200
+#   gguf    carry .benchdata/gguf.partNN ...    collect the carried GGUF parts in /tmp/h200
 #   target                                      join the parts, convert SmolLM2 to an HF folder
 #   run CONFIG [eagle3 run args]                the pipeline; its run folder's small files, the
 #                                               MLflow store and regenerated data come back

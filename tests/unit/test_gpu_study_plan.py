@@ -712,3 +712,29 @@ def test_the_steps_plan_goes_on_from_the_short_plans_store():
     changed = json.loads(json.dumps(steps))
     changed["schedules"]["cosine-s14k-n2000-v32k"][1] = "train.epochs=10"
     assert "was" in store_problem(store, work, changed)
+
+
+def test_a_regen_file_is_checked_before_any_stage(tmp_path, capsys):
+    """``--regen-file`` made with every turn regenerated is refused for ``--regen-rounds 1``, a
+    missing manifest and another ``--regen`` count too, at argument parsing: no stage runs, no
+    store is unpacked into ``--work``."""
+    from lab.gpu_study import _manifest_of, parse_args, regen_file_problem
+
+    src = _regen(tmp_path, made_for=12)  # --tiny's --regen
+    man = json.loads(_manifest_of(src).read_text())
+    man["settings"]["max_rounds"] = None  # every turn (--regen-rounds 0)
+    _manifest_of(src).write_text(json.dumps(man))
+    assert regen_file_problem(src, 12, None, 0) is None
+    assert regen_file_problem(src, 12, None, 1) == (
+        f"--regen-file {src}: {_manifest_of(src)} settings.max_rounds is None (every turn), "
+        "expected --regen-rounds 1 (--regen-rounds 0 for this file)")
+    work = tmp_path / "w"
+    base = ["--tiny", "--device", "cpu", "--work", str(work), "--regen-file", str(src)]
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--regen-rounds", "1"])
+    assert "settings.max_rounds is None (every turn)" in capsys.readouterr().err
+    _manifest_of(src).unlink()
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--regen-rounds", "0"])
+    assert "expected its manifest" in capsys.readouterr().err
+    assert not work.exists()

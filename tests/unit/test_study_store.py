@@ -294,3 +294,29 @@ def test_wait_brings_back_the_newest_copy_at_every_poll(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
+
+
+def test_a_store_copy_refuses_a_call_measuring_with_other_settings(tmp_path):
+    """The settings a copy's points were measured with (``args``) travel in its record; a call
+    going on from it with another ``--dev-prompts`` is refused before anything is unpacked, one
+    with the same settings (or a copy recording none) is not."""
+    from lab.study_store import read_store_record, store_problem, write_store_copy
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    _, sweep, _ = _study_store(work)
+    args = {"dev_holdout": 200, "dev_prompts": 64, "eval_sets": "mtbench2", "eval_tokens": 256,
+            "all_size": 10915}
+    plan = {"data": {"as-is": []}, "schedules": {"c": ["train.epochs=1"]}, "args": args}
+    copy = write_store_copy(work, out, sweep, plan)
+    assert read_store_record(copy)["plan"]["args"] == args
+    import shutil
+
+    shutil.rmtree(work)
+    other = {**plan, "args": {**args, "dev_prompts": 32}}
+    assert store_problem(copy, work, other) == (
+        f"--store-from {copy}: its finished points were measured with --dev-prompts 64, got "
+        "--dev-prompts 32; give 64 (figures measured otherwise would stand in one table with "
+        "them)")
+    assert store_problem(copy, work, plan) is None
+    assert store_problem(copy, work, {k: v for k, v in plan.items() if k != "args"}) is None
