@@ -191,11 +191,16 @@ def check_plan(path: str) -> dict:
     size, schedule]`` naming them (size: conversations, 0 = all usable). Raises ValueError naming
     ``--plan``, the key and expected vs actual."""
     try:
-        plan = json.loads(Path(path).read_text(), object_pairs_hook=_unique_keys)
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"--plan {path}: expected a readable JSON file, got {type(e).__name__}: {e}"
-        ) from e
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--plan {path}: expected a readable UTF-8 file, got "
+                         f"{type(e).__name__}: {e}") from e
+    try:
+        plan = json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--plan {path}: expected JSON, got {e}") from e
+    except ValueError as e:  # _unique_keys: a key given twice
+        raise ValueError(f"--plan {path}: expected each key once, got {e}") from e
     if not isinstance(plan, dict):
         raise ValueError(f"--plan {path}: expected a JSON object, got {type(plan).__name__}")
     extra = sorted(set(plan) - {"data", "schedules", "points", "about"})

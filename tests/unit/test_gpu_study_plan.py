@@ -180,7 +180,9 @@ def test_regen_file_with_changed_content_or_a_cut_xz_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "text,match",
     [
-        ('{"data": {"as-is": []},\n', r"expected a readable JSON file, got JSONDecodeError"),
+        ('{"data": {"as-is": []},\n', r"expected JSON, got Expecting property name"),
+        ('{"data": {"as-is": []}, "data": {}}', r"expected each key once, got key 'data' given "
+         "twice in one object"),
         (
             '{"data": {"as-is": []}, "schedules": {"c": []}}',
             r"'points' expected a non-empty list .* got None",
