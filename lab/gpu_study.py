@@ -55,8 +55,7 @@ from lab.study_inputs import (  # noqa: E402,F401
     rebuild_command, regen_file_problem, resolve_plan, reuse_regen,
 )
 from lab.study_store import (  # noqa: E402
-    STORE_ARGS, StoreSnapshots, read_store_record, restore_store, store_problem,
-    write_store_copy,
+    STORE_ARGS, StoreSnapshots, restore_store, store_from_problem, write_store_copy,
 )
 from lab.study_speedup import draft_digest, speedup_summary  # noqa: E402
 from tasks.stage_config import latest_output  # noqa: E402
@@ -463,22 +462,9 @@ def parse_args(argv=None):
             check_plan(a.plan)
         except ValueError as e:
             p.error(str(e))
-    if a.store_from:
-        try:
-            read_store_record(Path(a.store_from))
-            restored = a.resume and (Path(a.work) / "runs" / "mlflow.db").exists()
-            problem = None if restored else store_problem(Path(a.store_from), Path(a.work),
-                                                          store_plan(a))
-        except ValueError as e:
-            problem = str(e)
-        if problem:
-            p.error(problem)
-        if not restored and not (read_store_record(Path(a.store_from)).get("plan") or {}).get(
-                "args"):
-            print(f"warning: --store-from {a.store_from} records no settings to compare; its "
-                  "points are taken as measured with this call's "
-                  + ", ".join(f"--{k.replace('_', '-')} {getattr(a, k, None)}" for k in STORE_ARGS),
-                  file=sys.stderr)
+    if a.store_from and (problem := store_from_problem(Path(a.store_from), Path(a.work),
+                                                        store_plan(a), a.resume)):
+        p.error(problem)
     if a.regen_file and not Path(a.regen_file).is_file():
         p.error(f"--regen-file: expected a file, got {a.regen_file!r}")
     if a.regen_file and (problem := regen_file_problem(

@@ -171,6 +171,26 @@ def store_problem(src: Path, work: Path, plan: dict | None) -> str | None:
     return None
 
 
+def store_from_problem(src: Path, work: Path, plan: dict, resume: bool) -> str | None:
+    """``--store-from src``'s check before any stage: :func:`store_problem`'s message (or
+    :func:`read_store_record`'s for a file that is not a store copy), or None; None also when
+    ``resume`` finds a store already restored in ``work``. A copy that records no settings
+    (:data:`STORE_ARGS`) is taken with a warning naming the values ``plan['args']`` assumes."""
+    try:
+        record = read_store_record(src)
+        if resume and (work / "runs" / "mlflow.db").exists():
+            return None
+        problem = store_problem(src, work, plan)
+    except ValueError as e:
+        return str(e)
+    if not problem and not (record.get("plan") or {}).get("args"):
+        args = (plan.get("args") or {}).items()
+        given = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in args)
+        log(f"warning: --store-from {src} records no settings to compare; its points are taken "
+            f"as measured with this call's {given}")
+    return problem
+
+
 def restore_store(src: Path, work: Path, plan: dict | None = None) -> dict:
     """Unpack the store copy ``src`` into ``work/runs`` (a fresh machine's) and return the
     ``sweep_partial`` record the sweep stage continues from (``from``: ``src``). Raises ValueError
